@@ -1,0 +1,177 @@
+"""Command line: ``repro {profile,plan,simulate,presets}`` (also ``python -m repro``).
+
+JSON in and out. Bad input ends with exit status 2 and one line on stderr naming the problem.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Sequence
+
+from repro.cost import CostModel, CostModelError, PRESETS, preset, preset_names, preset_workers
+from repro.plan import WIRE_DTYPE_BYTES, Plan, PlanError
+from repro.trace import TraceError, load_trace
+
+__all__ = ["main", "build_parser"]
+
+
+class UsageError(Exception):
+    """Bad command-line input; printed as one line."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # one line instead of usage + message
+        raise UsageError(f"{self.prog}: {message}")
+
+
+def _add_cost_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("communication cost (choose one source)")
+    g.add_argument("--alpha-s", type=float, help="all-reduce start-up A: a message of b bytes costs A + B*b s")
+    g.add_argument("--beta-s-per-byte", type=float, help="all-reduce seconds per byte B")
+    g.add_argument("--network", help=f"published preset: {', '.join(preset_names())}")
+    g.add_argument("--cost", type=Path, help="a CostModel JSON file (as written by fits)")
+    g.add_argument("--workers", type=int, help="number of workers P (required with --network)")
+
+
+def _cost_from_args(args: argparse.Namespace) -> CostModel:
+    sources = [args.alpha_s is not None or args.beta_s_per_byte is not None, args.network is not None,
+               args.cost is not None]
+    if sum(sources) != 1:
+        raise UsageError("give exactly one cost source: --alpha-s A --beta-s-per-byte B, "
+                         "--network PRESET --workers P, or --cost FILE")
+    if args.network is not None:
+        if args.workers is None:
+            raise UsageError(f"--network {args.network} needs --workers P")
+        return preset(args.network, args.workers)
+    if args.cost is not None:
+        if not args.cost.is_file():
+            raise UsageError(f"cost model file not found: {args.cost}")
+        try:
+            return CostModel.from_dict(json.loads(args.cost.read_text()))
+        except json.JSONDecodeError as e:
+            raise UsageError(f"{args.cost}: not valid JSON: {e}") from None
+    if args.alpha_s is None or args.beta_s_per_byte is None:
+        raise UsageError("--alpha-s and --beta-s-per-byte must be given together")
+    return CostModel.linear(args.workers or 2, args.alpha_s, args.beta_s_per_byte, source="cli alpha-beta")
+
+
+def _emit(obj: object, out: Path | None) -> None:
+    text = json.dumps(obj, indent=1)
+    if out is not None:
+        out.write_text(text + "\n")
+    else:
+        print(text)
+
+
+def cmd_profile(args: argparse.Namespace) -> None:
+    if args.batch_size <= 0:
+        raise UsageError(f"--batch-size must be positive, got {args.batch_size}")
+    if args.estimate_gpu:
+        from repro.estimate import estimate_trace
+
+        trace = estimate_trace(args.model, args.batch_size, gpu=args.estimate_gpu, view=args.view)
+    else:
+        from repro.profile import profile_model
+
+        trace = profile_model(args.model, args.batch_size, device=args.device, view=args.view,
+                              warmup=args.warmup, iters=args.iters)
+    trace.save(args.output)
+    print(json.dumps({"output": str(args.output), "model": trace.model, "device": trace.device,
+                      "layers": trace.num_layers, "forward_s": trace.total_forward_s,
+                      "backward_s": trace.total_backward_s}))
+
+
+def cmd_plan(args: argparse.Namespace) -> None:
+    from repro.planners import make_plan
+
+    trace = load_trace(args.trace)
+    cost = _cost_from_args(args)
+    options = {}
+    if args.threshold_bytes is not None:
+        if args.solver != "threshold":
+            raise UsageError("--threshold-bytes only applies to --solver threshold")
+        options["threshold_bytes"] = args.threshold_bytes
+    plan = make_plan(args.solver, trace, cost, **options)
+    if args.wire_dtype:
+        from repro.sim import simulate
+
+        plan = Plan(plan.buckets, plan.solver, args.wire_dtype, dict(plan.meta))
+        plan.meta["iteration_s"] = simulate(trace, plan, cost, with_ops=False).iteration_s
+    out = {"solver": plan.solver, "iteration_s": plan.meta["iteration_s"],
+           "buckets": [list(b.layers) for b in plan.buckets]}
+    out.update({k: v for k, v in plan.to_dict().items() if k not in out})
+    _emit(out, args.output)
+
+
+def cmd_simulate(args: argparse.Namespace) -> None:
+    from repro.sim import simulate
+
+    trace = load_trace(args.trace)
+    plan = Plan.load(args.plan)
+    cost = _cost_from_args(args)
+    _emit(simulate(trace, plan, cost, with_ops=not args.no_ops).to_dict(with_ops=not args.no_ops),
+          args.output)
+
+
+def cmd_presets(args: argparse.Namespace) -> None:
+    _emit({name: {"workers": preset_workers(name), "doc": PRESETS[name].doc} for name in preset_names()},
+          None)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="repro", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    p = sub.add_parser("profile", help="measure (or estimate) a model's per-layer trace")
+    p.add_argument("--model", required=True)
+    p.add_argument("--batch-size", type=int, required=True)
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    p.add_argument("--estimate-gpu", help="estimate for a named GPU (roofline) instead of measuring")
+    p.add_argument("--view", default="module", choices=["module", "tensor"])
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--iters", type=int, default=10)
+    p.add_argument("-o", "--output", type=Path, required=True)
+    p.set_defaults(func=cmd_profile)
+
+    from repro.planners import planner_names
+
+    p = sub.add_parser("plan", help="choose buckets for a trace under a cost model")
+    p.add_argument("--trace", required=True, help="trace JSON file or shipped trace name")
+    p.add_argument("--solver", required=True, choices=planner_names())
+    p.add_argument("--threshold-bytes", type=int)
+    p.add_argument("--wire-dtype", choices=sorted(WIRE_DTYPE_BYTES),
+                   help="communicate gradients in this dtype (e.g. float16)")
+    p.add_argument("-o", "--output", type=Path, help="write the plan here instead of stdout")
+    _add_cost_flags(p)
+    p.set_defaults(func=cmd_plan)
+
+    p = sub.add_parser("simulate", help="simulate one iteration of a plan")
+    p.add_argument("--trace", required=True, help="trace JSON file or shipped trace name")
+    p.add_argument("--plan", required=True, type=Path)
+    p.add_argument("--no-ops", action="store_true", help="omit the timeline")
+    p.add_argument("-o", "--output", type=Path)
+    _add_cost_flags(p)
+    p.set_defaults(func=cmd_simulate)
+
+    p = sub.add_parser("presets", help="list the published network presets")
+    p.set_defaults(func=cmd_presets)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        args = build_parser().parse_args(argv)
+        args.func(args)
+    except (UsageError, TraceError, PlanError, CostModelError, ValueError, FileNotFoundError,
+            RuntimeError) as e:
+        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+        print(f"repro: error: {msg}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,304 @@
+"""Collective communication cost models: seconds for a message of n bytes among P workers.
+
+A :class:`CostModel` holds one :class:`Linear` (``a + b * n``) per collective for a fixed worker
+count P. Byte conventions (``n`` is always the argument of the collective's method):
+
+- ``allreduce_s(n)``: n = bytes of the tensor being reduced (every worker holds n bytes).
+- ``reduce_scatter_s(n)``, ``allgather_s(n)``: n = bytes of the *full* tensor (each worker ends
+  with / starts from n / P bytes). A ring all-reduce is a reduce-scatter followed by an all-gather.
+- ``sparse_allgather_s(n)``: n = bytes each worker contributes (values + indices); every worker
+  receives P * n bytes. Its line is stored in terms of the gathered bytes P * n, as in OMGS-SGD's
+  ``T_ag(m) = a + b * m * P``.
+- ``push_s(n)``, ``pull_s(n)``: parameter-server traffic of an n-byte tensor per worker.
+
+Models come from (a) direct fitted lines (:meth:`CostModel.linear`), (b) per-hop alpha, beta,
+gamma and a collective algorithm (:meth:`CostModel.from_alpha_beta`), (c) least squares over
+measured (bytes, seconds) pairs (:func:`fit_linear`, :meth:`CostModel.fit`), (d) named presets
+holding published fits (:func:`preset`). This module never imports torch.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import Iterable, Mapping
+
+import numpy as np
+
+__all__ = [
+    "COLLECTIVES", "ALGORITHMS", "Linear", "CostModel", "CostModelError", "fit_linear",
+    "alpha_beta_lines", "preset", "PRESETS", "preset_names", "preset_workers",
+]
+
+COLLECTIVES = ("allreduce", "reduce_scatter", "allgather", "sparse_allgather", "push", "pull")
+ALGORITHMS = ("ring", "tree", "recursive_doubling", "halving_doubling")
+
+
+class CostModelError(ValueError):
+    """Bad cost-model input (unknown preset, worker count a preset lacks, bad fit data)."""
+
+
+@dataclass(frozen=True)
+class Linear:
+    """``seconds = a_s + b_s_per_byte * bytes``."""
+
+    a_s: float
+    b_s_per_byte: float
+
+    def __post_init__(self) -> None:
+        for name in ("a_s", "b_s_per_byte"):
+            v = getattr(self, name)
+            if not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+                raise CostModelError(f"{name} must be a finite non-negative number, got {v!r}")
+
+    def __call__(self, nbytes):
+        """Seconds for ``nbytes`` (scalar or numpy array); zero bytes cost nothing."""
+        n = np.asarray(nbytes, dtype=float)
+        t = np.where(n > 0, self.a_s + self.b_s_per_byte * n, 0.0)
+        return float(t) if t.ndim == 0 else t
+
+    def to_dict(self) -> dict[str, float]:
+        return {"a_s": self.a_s, "b_s_per_byte": self.b_s_per_byte}
+
+
+def fit_linear(nbytes: Iterable[float], seconds: Iterable[float]) -> Linear:
+    """Least-squares line through measured (bytes, seconds) pairs; negative terms are clipped to 0."""
+    x = np.asarray(list(nbytes), dtype=float)
+    y = np.asarray(list(seconds), dtype=float)
+    if x.shape != y.shape:
+        raise CostModelError(f"fit needs as many byte sizes as times, got {x.size} and {y.size}")
+    if x.size < 2 or np.unique(x).size < 2:
+        raise CostModelError("fit needs measurements at two or more distinct message sizes")
+    if not (np.all(np.isfinite(x)) and np.all(np.isfinite(y))) or np.any(x < 0) or np.any(y < 0):
+        raise CostModelError("fit data must be finite and non-negative")
+    b, a = np.polyfit(x, y, 1)
+    if b < 0:  # a flat or noisy series: fall back to a constant
+        a, b = float(np.mean(y)), 0.0
+    if a < 0:  # refit through the origin
+        a, b = 0.0, float(np.dot(x, y) / np.dot(x, x))
+    return Linear(float(a), float(b))
+
+
+def alpha_beta_lines(workers: int, alpha_s: float, beta_s_per_byte: float,
+                     gamma_s_per_byte: float = 0.0, algorithm: str = "ring") -> dict[str, Linear]:
+    """Lines of every collective from per-hop latency alpha, transfer beta and reduction gamma.
+
+    All-reduce forms follow the standard analysis (Thakur et al. 2005; Chan et al. 2007) as tabulated
+    in the MG-WFBP paper. Reduce-scatter and all-gather use the matching halves: ring (P-1 steps) for
+    ``ring``, recursive halving / doubling (log2 P steps) otherwise. Push/pull model one server that
+    receives (sends) P messages over one link.
+    """
+    _check_workers(workers)
+    if algorithm not in ALGORITHMS:
+        raise CostModelError(f"unknown algorithm '{algorithm}'; choose one of {', '.join(ALGORITHMS)}")
+    P = workers
+    frac = (P - 1) / P
+    lg = math.log2(P)
+    if algorithm == "ring":
+        ar = Linear(2 * (P - 1) * alpha_s, 2 * frac * beta_s_per_byte + frac * gamma_s_per_byte)
+        half_a = (P - 1) * alpha_s
+    elif algorithm == "tree":
+        ar = Linear(2 * lg * alpha_s, 2 * lg * (beta_s_per_byte + gamma_s_per_byte))
+        half_a = lg * alpha_s
+    elif algorithm == "recursive_doubling":
+        ar = Linear(lg * alpha_s, lg * (beta_s_per_byte + gamma_s_per_byte))
+        half_a = lg * alpha_s
+    else:  # halving_doubling
+        ar = Linear(2 * lg * alpha_s, 2 * frac * beta_s_per_byte + frac * gamma_s_per_byte)
+        half_a = lg * alpha_s
+    rs = Linear(half_a, frac * (beta_s_per_byte + gamma_s_per_byte))
+    ag = Linear(half_a, frac * beta_s_per_byte)
+    ps = Linear(alpha_s, P * beta_s_per_byte)
+    return {"allreduce": ar, "reduce_scatter": rs, "allgather": ag, "sparse_allgather": ag,
+            "push": ps, "pull": ps}
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """Per-collective linear costs for ``workers`` workers. ``source`` says where the numbers came from."""
+
+    workers: int
+    lines: Mapping[str, Linear]
+    source: str = "custom"
+    meta: Mapping[str, object] = field(default_factory=dict, compare=False)
+
+    def __post_init__(self) -> None:
+        _check_workers(self.workers)
+        unknown = set(self.lines) - set(COLLECTIVES)
+        if unknown:
+            raise CostModelError(f"unknown collective(s) {sorted(unknown)}; known: {', '.join(COLLECTIVES)}")
+        object.__setattr__(self, "lines", dict(self.lines))
+
+    # ---- constructors ----
+    @classmethod
+    def linear(cls, workers: int, a_s: float, b_s_per_byte: float, collective: str = "allreduce",
+               source: str = "linear") -> "CostModel":
+        """A model with one directly given line, e.g. the papers' fitted all-reduce ``a + b*M``."""
+        return cls(workers, {collective: Linear(a_s, b_s_per_byte)}, source=source)
+
+    @classmethod
+    def from_alpha_beta(cls, workers: int, alpha_s: float, beta_s_per_byte: float,
+                        gamma_s_per_byte: float = 0.0, algorithm: str = "ring",
+                        source: str | None = None) -> "CostModel":
+        lines = alpha_beta_lines(workers, alpha_s, beta_s_per_byte, gamma_s_per_byte, algorithm)
+        meta = {"alpha_s": alpha_s, "beta_s_per_byte": beta_s_per_byte,
+                "gamma_s_per_byte": gamma_s_per_byte, "algorithm": algorithm}
+        return cls(workers, lines, source=source or f"alpha-beta ({algorithm})", meta=meta)
+
+    @classmethod
+    def fit(cls, workers: int, measurements: Mapping[str, tuple[Iterable[float], Iterable[float]]],
+            source: str = "fitted") -> "CostModel":
+        """Fit each collective from ``{collective: (bytes, seconds)}`` measured among ``workers``."""
+        lines = {name: fit_linear(x, y) for name, (x, y) in measurements.items()}
+        return cls(workers, lines, source=source)
+
+    def with_line(self, collective: str, line: Linear) -> "CostModel":
+        lines = dict(self.lines)
+        lines[collective] = line
+        return replace(self, lines=lines)
+
+    # ---- queries ----
+    def line(self, collective: str) -> Linear:
+        if collective not in COLLECTIVES:
+            raise CostModelError(f"unknown collective '{collective}'; known: {', '.join(COLLECTIVES)}")
+        try:
+            return self.lines[collective]
+        except KeyError:
+            have = ", ".join(sorted(self.lines)) or "none"
+            raise CostModelError(
+                f"cost model '{self.source}' (P={self.workers}) has no {collective} line (has: {have}); "
+                f"fit one with CostModel.fit or use an alpha-beta model") from None
+
+    def time_s(self, collective: str, nbytes):
+        """Seconds of ``collective`` on ``nbytes`` (see the module docstring for the byte convention)."""
+        if collective == "sparse_allgather":
+            return self.line(collective)(np.asarray(nbytes, dtype=float) * self.workers)
+        return self.line(collective)(nbytes)
+
+    def allreduce_s(self, nbytes):
+        return self.time_s("allreduce", nbytes)
+
+    def reduce_scatter_s(self, nbytes):
+        return self.time_s("reduce_scatter", nbytes)
+
+    def allgather_s(self, nbytes):
+        return self.time_s("allgather", nbytes)
+
+    def sparse_allgather_s(self, nbytes_per_worker):
+        return self.time_s("sparse_allgather", nbytes_per_worker)
+
+    def push_s(self, nbytes):
+        return self.time_s("push", nbytes)
+
+    def pull_s(self, nbytes):
+        return self.time_s("pull", nbytes)
+
+    @property
+    def startup_s(self) -> float:
+        """All-reduce start-up latency ``a`` (the MG-WFBP merge rule's threshold)."""
+        return self.line("allreduce").a_s
+
+    def to_dict(self) -> dict[str, object]:
+        return {"workers": self.workers, "source": self.source,
+                "lines": {k: v.to_dict() for k, v in self.lines.items()}, "meta": dict(self.meta)}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, object]) -> "CostModel":
+        try:
+            lines = {k: Linear(float(v["a_s"]), float(v["b_s_per_byte"]))
+                     for k, v in dict(d["lines"]).items()}
+            return cls(int(d["workers"]), lines, source=str(d.get("source", "custom")),
+                       meta=dict(d.get("meta", {})))
+        except (KeyError, TypeError) as e:
+            raise CostModelError(f"malformed cost model JSON: missing or bad field {e}") from None
+
+
+def _check_workers(workers: int) -> None:
+    if not isinstance(workers, (int, np.integer)) or isinstance(workers, bool) or workers < 2:
+        raise CostModelError(f"number of workers must be an integer >= 2, got {workers!r}")
+
+
+# --------------------------------------------------------------------------------------------
+# Presets: published numbers (see ../shared/papers/*.md). Two shapes: a table of fitted all-reduce
+# (or all-gather) lines per P, or per-hop constants valid for any P.
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _TablePreset:
+    collective: str
+    table: Mapping[int, tuple[float, float]]
+    doc: str
+
+
+@dataclass(frozen=True)
+class _HopPreset:
+    alpha_s: float
+    beta_s_per_byte: float
+    gamma_s_per_byte: float
+    algorithm: str
+    doc: str
+
+
+_V100_INTRA = {2: (2.555e-6, 9.838e-11), 4: (4.204e-5, 2.059e-10)}
+
+# Per-hop constants derived from the P=16 fits by inverting the ring formulas
+# (a = 2(P-1) alpha, b = 2(P-1)/P beta). Our interpretation, labelled "derived" in the name.
+_IB16_A, _IB16_B = 2.358e-4, 4.059e-10
+_E16_A, _E16_B = 9.081e-4, 7.396e-10
+
+PRESETS: dict[str, _TablePreset | _HopPreset] = {
+    "10gbe-v100": _TablePreset("allreduce", {**_V100_INTRA, 8: (5.230e-4, 8.571e-10), 16: (9.081e-4, 7.396e-10)},
+                               "MG-WFBP (TPDS 2021) PyTorch version: fitted NCCL all-reduce, 4 nodes x 4 V100, 10GbE"),
+    "56gbib-v100": _TablePreset("allreduce", {**_V100_INTRA, 8: (9.754e-5, 3.057e-10), 16: (2.358e-4, 4.059e-10)},
+                                "MG-WFBP (TPDS 2021) PyTorch version: fitted NCCL all-reduce, 4 nodes x 4 V100, 56Gb InfiniBand"),
+    "10gbe-dear64": _TablePreset("allreduce", {64: (7.04e-3, 9.64e-10)},
+                                 "All-reduce fit for 64 workers on 10GbE used by the DeAR authors"),
+    "56gbib-dear64": _TablePreset("allreduce", {64: (8.06e-4, 5.89e-10)},
+                                  "All-reduce fit for 64 workers on 56Gb IB used by the DeAR authors"),
+    "1gbe-allgather": _TablePreset("sparse_allgather", {2: (1.6e-3, 1.0e-8), 4: (2.7e-3, 1.3e-8),
+                                                        8: (4.0e-3, 1.5e-8), 16: (1.1e-2, 1.7e-8)},
+                                   "OMGS-SGD (INFOCOM 2020): fitted all-gather, P102-100 GPUs, 1GbE"),
+    "10gbe-k80": _HopPreset(45.25e-6, 1.2 / (9e9 / 8), 160 / 64e9, "ring",
+                            "MG-WFBP (INFOCOM 2019) simulator: alpha 45.25 us/hop, 9 Gbit/s (beta = 1.2/B), "
+                            "gamma = 160/64e9 s/byte, ring all-reduce"),
+    "56gbib-derived": _HopPreset(_IB16_A / 30, _IB16_B * 16 / 30, 0.0, "ring",
+                                 "ring alpha/beta derived from the MG-WFBP 56Gb IB fit at P=16 (our interpretation)"),
+    "10gbe-derived": _HopPreset(_E16_A / 30, _E16_B * 16 / 30, 0.0, "ring",
+                                "ring alpha/beta derived from the MG-WFBP 10GbE fit at P=16 (our interpretation)"),
+}
+
+
+def preset_names() -> list[str]:
+    return sorted(PRESETS)
+
+
+def preset_workers(name: str) -> list[int] | None:
+    """Worker counts a table preset holds, or None for a per-hop preset valid for any P."""
+    p = _get_preset(name)
+    return sorted(p.table) if isinstance(p, _TablePreset) else None
+
+
+def preset(name: str, workers: int) -> CostModel:
+    """The published cost model ``name`` for ``workers`` workers."""
+    p = _get_preset(name)
+    _check_workers(workers)
+    if isinstance(p, _HopPreset):
+        return CostModel.from_alpha_beta(workers, p.alpha_s, p.beta_s_per_byte, p.gamma_s_per_byte,
+                                         p.algorithm, source=f"preset {name}")
+    if workers not in p.table:
+        have = ", ".join(str(k) for k in sorted(p.table))
+        anyp = ", ".join(k for k, v in PRESETS.items() if isinstance(v, _HopPreset))
+        raise CostModelError(
+            f"preset '{name}' has no fit for P={workers} (it has P = {have}); fit one from measured "
+            f"times with CostModel.fit / `--alpha-s A --beta-s-per-byte B`, or use a per-hop preset "
+            f"valid for any P ({anyp})")
+    a, b = p.table[workers]
+    return CostModel(workers, {p.collective: Linear(a, b)}, source=f"preset {name}", meta={"doc": p.doc})
+
+
+def _get_preset(name: str):
+    try:
+        return PRESETS[name]
+    except KeyError:
+        raise CostModelError(f"unknown network preset '{name}'; known: {', '.join(preset_names())}") from None

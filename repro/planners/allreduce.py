@@ -1,0 +1,121 @@
+"""Planners of the all-reduce family: bucket contiguous layers, send each bucket by all-reduce.
+
+All take a :class:`~repro.trace.Trace` and a :class:`~repro.cost.CostModel` and return a
+:class:`~repro.plan.Plan` whose buckets are in backward (communication) order. Each plan's
+``meta["iteration_s"]`` is its simulated iteration time under the same model (mgwfbp.md).
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from repro.cost import CostModel
+from repro.plan import Plan
+from repro.sim.allreduce import fifo_iteration_s, ready_times_s
+from repro.trace import Trace
+
+__all__ = ["wfbp", "syncea", "threshold", "mgwfbp", "optimal", "groups_time_s"]
+
+
+def groups_time_s(trace: Trace, groups: Sequence[Sequence[int]], cost: CostModel) -> float:
+    """Simulated iteration seconds of all-reduce ``groups`` (layer indices, communication order)."""
+    nbytes = trace.bytes()
+    comm = [float(cost.allreduce_s(float(nbytes[list(g)].sum()))) for g in groups]
+    return fifo_iteration_s(trace.total_forward_s, trace.backward_s(), groups, comm)
+
+
+def _plan(trace: Trace, groups: list[list[int]], cost: CostModel, solver: str, **meta) -> Plan:
+    meta["iteration_s"] = groups_time_s(trace, groups, cost)
+    return Plan.from_groups(trace, groups, solver, meta=meta)
+
+
+def wfbp(trace: Trace, cost: CostModel) -> Plan:
+    """Wait-free backpropagation: one all-reduce per layer, started as soon as it is ready."""
+    return _plan(trace, [[i] for i in reversed(range(trace.num_layers))], cost, "wfbp")
+
+
+def syncea(trace: Trace, cost: CostModel) -> Plan:
+    """SyncEASGD: one all-reduce of all gradients after backward."""
+    return _plan(trace, [list(range(trace.num_layers))], cost, "syncea")
+
+
+def threshold(trace: Trace, cost: CostModel, threshold_bytes: int = 25 * 2**20) -> Plan:
+    """Greedy fixed-size fusion (Horovod/DDP style) in backward order.
+
+    Layers are appended to the open bucket; the bucket closes once it holds ``threshold_bytes`` or
+    more. ``threshold_bytes <= 0`` reproduces WFBP.
+    """
+    if not isinstance(threshold_bytes, (int, np.integer)) or isinstance(threshold_bytes, bool):
+        raise ValueError(f"threshold_bytes must be an integer number of bytes, got {threshold_bytes!r}")
+    nbytes = trace.bytes()
+    groups: list[list[int]] = []
+    cur: list[int] = []
+    size = 0.0
+    for i in reversed(range(trace.num_layers)):
+        cur.append(i)
+        size += nbytes[i]
+        if size >= threshold_bytes:
+            groups.append(cur)
+            cur, size = [], 0.0
+    if cur:
+        groups.append(cur)
+    return _plan(trace, groups, cost, "threshold", threshold_bytes=int(threshold_bytes))
+
+
+def mgwfbp(trace: Trace, cost: CostModel) -> Plan:
+    """The published MG-WFBP merge rule (Shi, Chu, Li; INFOCOM 2019 / TPDS 2021).
+
+    Walk layers from the output side (l = L..2). With ``tau_c(l)`` the earliest start of the
+    all-reduce of the bucket whose input-most layer is l, merge l into l-1 iff
+    ``ready(l-1) - tau_c(l) < a`` (a: all-reduce start-up seconds); otherwise the bucket is closed
+    and its all-reduce scheduled. Start times are recomputed after each decision.
+    """
+    a = cost.startup_s
+    ready = ready_times_s(trace.backward_s())
+    nbytes = trace.bytes()
+    L = trace.num_layers
+    groups: list[list[int]] = []
+    cur = [L - 1]
+    cur_bytes = float(nbytes[L - 1])
+    prev_end = 0.0  # end of the previous bucket's all-reduce, from backward start
+    for l in range(L - 1, 0, -1):
+        tau_c = max(prev_end, float(ready[l]))
+        if float(ready[l - 1]) - tau_c < a:
+            cur.append(l - 1)
+            cur_bytes += float(nbytes[l - 1])
+        else:
+            prev_end = tau_c + float(cost.allreduce_s(cur_bytes))
+            groups.append(cur)
+            cur, cur_bytes = [l - 1], float(nbytes[l - 1])
+    groups.append(cur)
+    return _plan(trace, groups, cost, "mgwfbp", startup_s=a)
+
+
+def optimal(trace: Trace, cost: CostModel) -> Plan:
+    """Exact minimum iteration time over all contiguous groupings (O(L^2) dynamic program).
+
+    ``E[i]``: earliest end of the communication of layers i..L-1 when a bucket starts at layer i.
+    ``E[i] = min_j max(E[j+1], ready(i)) + T(bytes(i..j))``. Finishing earlier never hurts what
+    follows (the recursion is monotone in E), so the per-suffix minimum is globally optimal.
+    """
+    ready = ready_times_s(trace.backward_s())
+    L = trace.num_layers
+    cum = np.concatenate([[0.0], np.cumsum(trace.bytes())])
+    E = np.zeros(L + 1)
+    choice = np.zeros(L, dtype=np.int64)
+    for i in range(L - 1, -1, -1):
+        sizes = cum[i + 1:] - cum[i]                   # bucket i..j for j = i..L-1
+        finish = np.maximum(E[i + 1:], ready[i]) + cost.allreduce_s(sizes)
+        k = int(np.argmin(finish))
+        E[i] = finish[k]
+        choice[i] = i + k
+    groups: list[list[int]] = []
+    i = 0
+    while i < L:  # reconstruct from the input side, then reverse into communication order
+        j = int(choice[i])
+        groups.append(list(range(j, i - 1, -1)))
+        i = j + 1
+    groups.reverse()
+    return _plan(trace, groups, cost, "optimal")

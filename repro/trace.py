@@ -1,0 +1,242 @@
+"""Trace: a model's learnable layers in forward order, with timings and gradient sizes.
+
+The JSON format every tool of the project reads and writes::
+
+    {"model": "resnet50", "batch_size": 32, "device": "V100 (estimate)", "dtype": "float32",
+     "layers": [{"name": "conv1.weight", "params": 9408, "bytes": 37632,
+                 "forward_s": 1.2e-4, "backward_s": 2.5e-4}, ...]}
+
+Layer order is forward order (index 0 is the input side); backward visits layers in reverse. A
+"layer" is whatever unit gradients are produced in: a parameter tensor or a module (the profiler
+offers both views). ``forward_s``/``backward_s`` are seconds of compute attributed to the layer such
+that the gradient of layer ``l`` is ready ``sum(backward_s[l:])`` seconds after backward starts.
+Extra keys (top level or per layer) are kept on a round trip. This module never imports torch.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+import numpy as np
+
+__all__ = ["Layer", "Trace", "TraceError", "load_trace"]
+
+
+class TraceError(ValueError):
+    """A trace is malformed; the message names the offending field."""
+
+
+_LAYER_FIELDS = {"name": str, "params": int, "bytes": int, "forward_s": float, "backward_s": float}
+_TOP_FIELDS = {"model": str, "batch_size": int, "device": str, "dtype": str}
+
+
+@dataclass(frozen=True)
+class Layer:
+    """One unit of gradient production: ``params`` elements, ``bytes`` of gradient, seconds of compute."""
+
+    name: str
+    params: int
+    bytes: int
+    forward_s: float
+    backward_s: float
+    extra: dict[str, Any] = field(default_factory=dict, compare=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = {"name": self.name, "params": self.params, "bytes": self.bytes,
+             "forward_s": self.forward_s, "backward_s": self.backward_s}
+        d.update(self.extra)
+        return d
+
+
+@dataclass(frozen=True)
+class Trace:
+    """Per-layer forward/backward seconds and gradient bytes of one model at one batch size."""
+
+    model: str
+    batch_size: int
+    device: str
+    dtype: str
+    layers: tuple[Layer, ...]
+    extra: dict[str, Any] = field(default_factory=dict, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "layers", tuple(self.layers))
+        _check_top(self.to_dict_header())
+        if not self.layers:
+            raise TraceError("trace field 'layers' is empty: a trace needs at least one layer")
+        names = [layer.name for layer in self.layers]
+        if len(set(names)) != len(names):
+            dup = sorted({n for n in names if names.count(n) > 1})[:3]
+            raise TraceError(f"trace field 'layers' has duplicate layer names: {dup}")
+        for i, layer in enumerate(self.layers):
+            _check_layer(layer.to_dict(), i)
+
+    # ---- views used by planners and the simulator (numpy, forward order) ----
+    @property
+    def num_layers(self) -> int:
+        return len(self.layers)
+
+    @property
+    def names(self) -> list[str]:
+        return [layer.name for layer in self.layers]
+
+    def forward_s(self) -> np.ndarray:
+        return np.array([layer.forward_s for layer in self.layers], dtype=float)
+
+    def backward_s(self) -> np.ndarray:
+        return np.array([layer.backward_s for layer in self.layers], dtype=float)
+
+    def bytes(self) -> np.ndarray:
+        return np.array([layer.bytes for layer in self.layers], dtype=float)
+
+    def params(self) -> np.ndarray:
+        return np.array([layer.params for layer in self.layers], dtype=np.int64)
+
+    @property
+    def total_forward_s(self) -> float:
+        return float(sum(layer.forward_s for layer in self.layers))
+
+    @property
+    def total_backward_s(self) -> float:
+        return float(sum(layer.backward_s for layer in self.layers))
+
+    @property
+    def total_bytes(self) -> int:
+        return int(sum(layer.bytes for layer in self.layers))
+
+    @property
+    def total_params(self) -> int:
+        return int(sum(layer.params for layer in self.layers))
+
+    @property
+    def is_estimate(self) -> bool:
+        """True when timings come from the roofline estimator rather than a measurement."""
+        return bool(self.extra.get("estimate", False))
+
+    def index(self) -> dict[str, int]:
+        """Layer name -> position in forward order."""
+        return {name: i for i, name in enumerate(self.names)}
+
+    def replace_layers(self, layers: Iterable[Layer], **changes: Any) -> "Trace":
+        """A copy with other layers (and optionally other top-level fields)."""
+        d = {"model": self.model, "batch_size": self.batch_size, "device": self.device,
+             "dtype": self.dtype, "extra": dict(self.extra)}
+        d.update(changes)
+        return Trace(layers=tuple(layers), **d)
+
+    # ---- JSON ----
+    def to_dict_header(self) -> dict[str, Any]:
+        return {"model": self.model, "batch_size": self.batch_size, "device": self.device,
+                "dtype": self.dtype}
+
+    def to_dict(self) -> dict[str, Any]:
+        d = self.to_dict_header()
+        d.update(self.extra)
+        d["layers"] = [layer.to_dict() for layer in self.layers]
+        return d
+
+    def to_json(self, indent: int | None = 1) -> str:
+        return json.dumps(self.to_dict(), indent=indent)
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(self.to_json() + "\n")
+
+    @classmethod
+    def from_dict(cls, d: Any) -> "Trace":
+        if not isinstance(d, dict):
+            raise TraceError(f"a trace must be a JSON object, got {type(d).__name__}")
+        _check_top(d)
+        raw_layers = d.get("layers")
+        if raw_layers is None:
+            raise TraceError("trace field 'layers' is missing")
+        if not isinstance(raw_layers, list):
+            raise TraceError("trace field 'layers' must be a list")
+        if not raw_layers:
+            raise TraceError("trace field 'layers' is empty: a trace needs at least one layer")
+        layers = []
+        for i, raw in enumerate(raw_layers):
+            _check_layer(raw, i)
+            extra = {k: v for k, v in raw.items() if k not in _LAYER_FIELDS}
+            layers.append(Layer(name=raw["name"], params=int(raw["params"]), bytes=int(raw["bytes"]),
+                                forward_s=float(raw["forward_s"]), backward_s=float(raw["backward_s"]),
+                                extra=extra))
+        extra = {k: v for k, v in d.items() if k not in _TOP_FIELDS and k != "layers"}
+        return cls(model=d["model"], batch_size=int(d["batch_size"]), device=d["device"],
+                   dtype=d["dtype"], layers=tuple(layers), extra=extra)
+
+    @classmethod
+    def from_json(cls, text: str) -> "Trace":
+        try:
+            d = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise TraceError(f"trace is not valid JSON: {e}") from None
+        return cls.from_dict(d)
+
+    @classmethod
+    def load(cls, path: str | Path) -> "Trace":
+        p = Path(path)
+        if not p.is_file():
+            raise TraceError(f"trace file not found: {p}")
+        try:
+            return cls.from_json(p.read_text())
+        except TraceError as e:
+            raise TraceError(f"{p}: {e}") from None
+
+
+def load_trace(path_or_name: str | Path) -> Trace:
+    """Load a trace from a path, or a shipped trace by stem (e.g. ``"resnet50_b32_v100-estimate"``)."""
+    p = Path(path_or_name)
+    if p.suffix == ".json" or p.exists():
+        return Trace.load(p)
+    from repro.data import shipped_trace_path
+
+    return Trace.load(shipped_trace_path(str(path_or_name)))
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_number(v: Any) -> bool:
+    return (isinstance(v, (int, float)) and not isinstance(v, bool)) and math.isfinite(v)
+
+
+def _check_top(d: dict[str, Any]) -> None:
+    for key, typ in _TOP_FIELDS.items():
+        if key not in d:
+            raise TraceError(f"trace field '{key}' is missing")
+        v = d[key]
+        if typ is str and not isinstance(v, str):
+            raise TraceError(f"trace field '{key}' must be a string, got {v!r}")
+        if typ is int:
+            if not _is_int(v):
+                raise TraceError(f"trace field '{key}' must be an integer, got {v!r}")
+            if v <= 0:
+                raise TraceError(f"trace field '{key}' must be positive, got {v!r}")
+
+
+def _check_layer(raw: Any, i: int) -> None:
+    where = f"layers[{i}]"
+    if not isinstance(raw, dict):
+        raise TraceError(f"trace field '{where}' must be an object")
+    for key, typ in _LAYER_FIELDS.items():
+        if key not in raw:
+            raise TraceError(f"trace field '{where}.{key}' is missing")
+        v = raw[key]
+        if typ is str:
+            if not isinstance(v, str) or not v:
+                raise TraceError(f"trace field '{where}.{key}' must be a non-empty string")
+        elif typ is int:
+            if not _is_int(v):
+                raise TraceError(f"trace field '{where}.{key}' must be an integer, got {v!r}")
+            if v < 0:
+                raise TraceError(f"trace field '{where}.{key}' must not be negative, got {v!r}")
+        else:
+            if not _is_number(v):
+                raise TraceError(f"trace field '{where}.{key}' must be a finite number, got {v!r}")
+            if v < 0:
+                raise TraceError(f"trace field '{where}.{key}' must not be negative, got {v!r}")

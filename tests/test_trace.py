@@ -1,0 +1,70 @@
+import json
+
+import pytest
+
+from repro.trace import Trace, TraceError, load_trace
+from tests.helpers import make_trace
+
+
+def _valid():
+    return {"model": "m", "batch_size": 8, "device": "cpu", "dtype": "float32", "note": "kept",
+            "layers": [{"name": "a", "params": 10, "bytes": 40, "forward_s": 0.1, "backward_s": 0.2,
+                        "kind": "conv"},
+                       {"name": "b", "params": 0, "bytes": 0, "forward_s": 0.0, "backward_s": 0.0}]}
+
+
+def test_json_round_trip_keeps_extra_keys(tmp_path):
+    t = Trace.from_dict(_valid())
+    p = tmp_path / "t.json"
+    t.save(p)
+    back = Trace.load(p)
+    assert back == t
+    assert back.to_dict() == _valid()
+    assert back.extra["note"] == "kept" and back.layers[0].extra["kind"] == "conv"
+    assert back.total_bytes == 40 and back.total_params == 10
+    assert back.total_forward_s == pytest.approx(0.1) and back.total_backward_s == pytest.approx(0.2)
+
+
+@pytest.mark.parametrize("mutate, field", [
+    (lambda d: d.pop("model"), "'model' is missing"),
+    (lambda d: d.update(batch_size=-1), "'batch_size' must be positive"),
+    (lambda d: d.update(batch_size="8"), "'batch_size' must be an integer"),
+    (lambda d: d.update(layers=[]), "'layers' is empty"),
+    (lambda d: d.pop("layers"), "'layers' is missing"),
+    (lambda d: d["layers"][1].pop("bytes"), "'layers[1].bytes' is missing"),
+    (lambda d: d["layers"][0].update(backward_s=-0.1), "'layers[0].backward_s' must not be negative"),
+    (lambda d: d["layers"][0].update(params=-3), "'layers[0].params' must not be negative"),
+    (lambda d: d["layers"][0].update(forward_s="fast"), "'layers[0].forward_s' must be a finite number"),
+    (lambda d: d["layers"][0].update(forward_s=float("nan")), "'layers[0].forward_s' must be a finite"),
+    (lambda d: d["layers"][1].update(name="a"), "duplicate layer names"),
+])
+def test_malformed_trace_names_the_field(mutate, field):
+    d = _valid()
+    mutate(d)
+    with pytest.raises(TraceError, match=field.replace("[", r"\[").replace("]", r"\]")):
+        Trace.from_dict(d)
+
+
+def test_non_json_and_non_object_rejected(tmp_path):
+    with pytest.raises(TraceError, match="not valid JSON"):
+        Trace.from_json("{nope")
+    with pytest.raises(TraceError, match="must be a JSON object"):
+        Trace.from_json(json.dumps([1, 2]))
+    p = tmp_path / "bad.json"
+    p.write_text("garbage")
+    with pytest.raises(TraceError, match="bad.json"):
+        Trace.load(p)
+    with pytest.raises(TraceError, match="not found"):
+        Trace.load(tmp_path / "missing.json")
+
+
+def test_numpy_views_are_forward_order():
+    t = make_trace([1.0, 2.0, 3.0], [4, 8, 12])
+    assert list(t.backward_s()) == [1.0, 2.0, 3.0]
+    assert list(t.bytes()) == [4, 8, 12]
+    assert t.index() == {"l0": 0, "l1": 1, "l2": 2}
+
+
+def test_unknown_shipped_trace_name_lists_known():
+    with pytest.raises(FileNotFoundError, match="no shipped trace named"):
+        load_trace("no_such_trace_b1_cpu")
