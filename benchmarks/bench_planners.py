@@ -1,0 +1,84 @@
+"""Planner and simulator speed on this machine (prints figures; not a test).
+
+    python benchmarks/bench_planners.py [--layers 1000] [--repeats 5]
+
+Prints: each planner's wall time on a random L-layer trace; simulated iterations per second (event
+engine with timeline, and the closed-form recursion the planners use); wall time of the full
+``mgwfbp.sim_speedup`` sweep (all shipped V100-estimate models, two networks, 4..2048 GPUs, all
+planners, plus the K80 paper check). Targets (issue 2): optimal on 1000 layers < 1 s; sweep < 10 s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import numpy as np
+import pandas as pd
+
+from repro.cost import preset
+from repro.planners import make_plan, planner_names
+from repro.sim import simulate
+from repro.studies import mgwfbp_sim as study
+from repro.trace import Layer, Trace
+
+MODELS = ["resnet50", "resnet152", "densenet161", "densenet201", "inception_v4", "googlenet", "vgg16",
+          "bert_base", "bert_large"]
+WORKERS = [4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048]
+
+
+def random_trace(layers: int, seed: int = 0) -> Trace:
+    rng = np.random.default_rng(seed)
+    nbytes = (4 * np.exp(rng.uniform(np.log(10), np.log(5e6), layers))).astype(int)
+    bwd = rng.uniform(0, 3e-3, layers)
+    return Trace("random", 32, "synthetic", "float32",
+                 [Layer(f"l{i}", int(n) // 4, int(n), float(b / 2), float(b)) for i, (n, b) in enumerate(zip(nbytes, bwd))])
+
+
+def timed(fn, repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--layers", type=int, default=1000)
+    ap.add_argument("--repeats", type=int, default=5)
+    args = ap.parse_args()
+
+    trace = random_trace(args.layers)
+    cost = preset("10gbe-derived", 64)
+    rows = []
+    for name in planner_names():
+        t = timed(lambda: make_plan(name, trace, cost), args.repeats)
+        rows.append({"planner": name, "layers": args.layers, "median_s": round(t, 5)})
+    print(f"Planner wall time on a {args.layers}-layer trace (median of {args.repeats}):")
+    print(pd.DataFrame(rows).to_string(index=False))
+
+    r50 = study.load_traces(["resnet50"])["resnet50"]
+    plan = make_plan("mgwfbp", r50, preset("10gbe-v100", 16))
+    c16 = preset("10gbe-v100", 16)
+    full = timed(lambda: simulate(r50, plan, c16), args.repeats)
+    fast = timed(lambda: [simulate(r50, plan, c16, with_ops=False) for _ in range(100)], args.repeats) / 100
+    print(f"\nSimulated iterations per second, resnet50 ({r50.num_layers} layers, {plan.num_buckets} buckets):")
+    print(f"  event engine with timeline: {1 / full:10.1f} it/s")
+    print(f"  closed-form recursion:      {1 / fast:10.1f} it/s")
+
+    solvers = ["wfbp", "syncea", "threshold", "mgwfbp", "optimal"]
+    t0 = time.perf_counter()
+    traces = study.load_traces(MODELS)
+    sweep = study.speedup_sweep(traces, ["10gbe-derived", "56gbib-derived"], WORKERS, solvers, 64 * 2**20)
+    k80 = study.load_traces(["googlenet", "resnet50"], "k80-estimate")
+    sweep2 = study.speedup_sweep(k80, ["10gbe-k80"], [2] + WORKERS, solvers, 64 * 2**20)
+    wall = time.perf_counter() - t0
+    print(f"\nFull mgwfbp.sim_speedup sweep: {len(sweep) + len(sweep2)} rows "
+          f"({len(MODELS) + 2} traces x networks x P x {len(solvers)} planners + linear) in {wall:.2f} s")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,143 @@
+"""Figures of the MG-WFBP study, each drawn from the tidy tables of :mod:`repro.studies.mgwfbp_sim`.
+
+Every function takes DataFrames and returns a matplotlib Figure; saving is the caller's job
+(:func:`repro.figures.save_figure`).
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+
+from repro.figures.plots import gantt, scheduler_lines
+from repro.figures.style import PALETTE, scheduler_label, scheduler_style
+
+__all__ = ["plot_layer_sizes", "plot_cost_models", "plot_timeline", "plot_sim_speedup", "plot_optimal_gap"]
+
+
+def plot_layer_sizes(layers: pd.DataFrame, curve: pd.DataFrame, hist_models: Sequence[str]):
+    """Top: parameters per learnable layer (log) for every model. Bottom: size histogram of two
+    models' layers with the all-reduce time of each network on a second axis."""
+    models = list(dict.fromkeys(layers["model"]))
+    fig = plt.figure(figsize=(12, 7.5))
+    grid = fig.add_gridspec(2, max(2, len(hist_models)), height_ratios=[1.2, 1])
+    ax = fig.add_subplot(grid[0, :])
+    for i, m in enumerate(models):
+        sub = layers[layers["model"] == m]
+        ax.plot(sub["layer"], sub["params"], lw=1, color=PALETTE[i % len(PALETTE)], label=m)
+    ax.set_yscale("log")
+    ax.set_xlabel("learnable layer (forward order)")
+    ax.set_ylabel("parameters")
+    ax.legend(ncol=min(len(models), 5), fontsize="small")
+    ax.set_title("Gradient size per layer")
+    bins = np.logspace(1, 9, 33)
+    for j, m in enumerate(hist_models):
+        axh = fig.add_subplot(grid[1, j])
+        sub = layers[layers["model"] == m]
+        axh.hist(sub["bytes"], bins=bins, color=PALETTE[0], alpha=0.7)
+        axh.set_xscale("log")
+        axh.set_xlabel("gradient bytes per layer")
+        axh.set_ylabel("layers")
+        axh.set_title(f"{m}: {len(sub)} layers")
+        axt = axh.twinx()
+        for k, (net, c) in enumerate(curve.groupby("network", sort=False)):
+            axt.plot(c["bytes"], c["allreduce_s"] * 1e3, color=PALETTE[3 + k], lw=1.5,
+                     label=f"all-reduce, {net} (P={int(c['workers'].iloc[0])})")
+        axt.set_yscale("log")
+        axt.set_ylabel("all-reduce time (ms)")
+        axt.grid(False)
+        if j == 0:
+            axt.legend(fontsize="x-small", loc="upper left")
+    fig.tight_layout()
+    return fig
+
+
+def plot_cost_models(table: pd.DataFrame, hop_note: str):
+    """Start-up a and per-byte b of each all-reduce algorithm as P grows."""
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for k, (algo, g) in enumerate(table.groupby("algorithm", sort=False)):
+        for ax, col, scale in ((axes[0], "a_s", 1e3), (axes[1], "b_s_per_byte", 1e9)):
+            ax.plot(g["workers"], g[col] * scale, marker="o", ms=3, color=PALETTE[k], label=algo.replace("_", " "))
+    for ax, ylabel in ((axes[0], "start-up a (ms)"), (axes[1], "per-byte b (ns/byte)")):
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("workers P")
+        ax.set_ylabel(ylabel)
+    axes[0].legend()
+    fig.suptitle(f"All-reduce cost model T(M) = a + b*M by algorithm ({hop_note})")
+    fig.tight_layout()
+    return fig
+
+
+def plot_timeline(ops: pd.DataFrame, title: str):
+    """One Gantt chart per solver (rows: compute, comm), on a shared time axis."""
+    solvers = list(dict.fromkeys(ops["solver"]))
+    fig, axes = plt.subplots(len(solvers), 1, figsize=(12, 1.7 * len(solvers) + 0.8), sharex=True)
+    axes = np.atleast_1d(axes)
+    for i, (ax, s) in enumerate(zip(axes, solvers)):
+        sub = ops[ops["solver"] == s]
+        gantt(ax, sub, streams=["compute", "comm"], legend=(i == 0), label_min_width_frac=0.04)
+        ax.set_ylabel(f"{scheduler_label(s)}\n{sub['iteration_s'].iloc[0] * 1e3:.1f} ms", rotation=0,
+                      ha="right", va="center")
+        if i < len(solvers) - 1:
+            ax.set_xlabel("")
+    fig.suptitle(title)
+    fig.tight_layout()
+    return fig
+
+
+def plot_sim_speedup(sweep: pd.DataFrame, paper: pd.DataFrame | None = None,
+                     paper_models: Sequence[str] = ()):
+    """Speedup vs workers, one panel per model x network; paper numbers as markers where they apply."""
+    combos = sweep[["model", "network"]].drop_duplicates().values.tolist()
+    ncol = min(4, len(combos))
+    nrow = int(np.ceil(len(combos) / ncol))
+    fig, axes = plt.subplots(nrow, ncol, figsize=(3.6 * ncol, 3.1 * nrow), squeeze=False)
+    order = ["linear", "wfbp", "syncea", "threshold", "mgwfbp", "optimal"]
+    for ax, (model, net) in zip(axes.flat, combos):
+        sub = sweep[(sweep["model"] == model) & (sweep["network"] == net)]
+        scheduler_lines(ax, sub, x="workers", y="speedup", hue="solver",
+                        order=[s for s in order if s in set(sub["solver"])], logx=True, legend=False)
+        if paper is not None and model in paper_models:
+            pm = paper[paper["model"] == model.split("@")[0]]
+            for solver, g in pm.groupby("solver"):
+                st = scheduler_style(solver)
+                ax.scatter(g["workers"], g["speedup"], marker="x", s=40, color=st["color"], zorder=5)
+        ax.set_yscale("log", base=2)
+        ax.set_title(f"{model}\n{net}", fontsize="small")
+        ax.set_xlabel("workers")
+        ax.set_ylabel("speedup")
+    for ax in list(axes.flat)[len(combos):]:
+        ax.axis("off")
+    handles, labels = axes.flat[0].get_legend_handles_labels()
+    if paper is not None and len(paper_models):
+        handles.append(plt.Line2D([], [], ls="", marker="x", color="#4d4d4d"))
+        labels.append("paper, measured (INFOCOM'19, K80 10GbE)")
+    fig.legend(handles, labels, loc="lower center", ncol=min(len(labels), 7), bbox_to_anchor=(0.5, -0.02))
+    fig.suptitle("Speedup vs number of GPUs (simulated)")
+    fig.tight_layout(rect=(0, 0.04, 1, 1))
+    return fig
+
+
+def plot_optimal_gap(gap: pd.DataFrame):
+    """Distribution of MG-WFBP's extra iteration time over the exact optimum, per model and network."""
+    import seaborn as sns
+
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.2), gridspec_kw={"width_ratios": [2, 1]})
+    sns.stripplot(data=gap, x="model", y="gap_pct", hue="network", dodge=True, size=3, ax=axes[0], jitter=0.25)
+    axes[0].set_ylabel("MG-WFBP slower than optimum (%)")
+    axes[0].set_xlabel("")
+    axes[0].tick_params(axis="x", rotation=30)
+    axes[0].legend(fontsize="x-small", title="network")
+    for k, (net, g) in enumerate(gap.groupby("network", sort=False)):
+        axes[1].plot(g.groupby("workers")["gap_pct"].max(), marker="o", ms=3, color=PALETTE[k], label=net)
+    axes[1].set_xscale("log", base=2)
+    axes[1].set_xlabel("workers")
+    axes[1].set_ylabel("max gap over models (%)")
+    axes[1].legend(fontsize="x-small")
+    fig.suptitle("Gap of the MG-WFBP rule to the exact optimal merge (simulated)")
+    fig.tight_layout()
+    return fig

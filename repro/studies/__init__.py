@@ -1,0 +1,1 @@
+"""Studies: each paper's experiments as functions returning tidy tables."""

@@ -1,0 +1,143 @@
+"""The MG-WFBP simulation study as tidy tables (the notebook only calls these and plots).
+
+Every function returns a :class:`pandas.DataFrame`; nothing here draws. Speedup of P workers is
+``P * t_1 / t_P`` with ``t_1`` the single-worker iteration (forward + backward, no communication) and
+``t_P`` the simulated iteration under a plan and a cost model.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Iterable, Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+
+from repro.cost import ALGORITHMS, CostModel, alpha_beta_lines, preset, preset_workers
+from repro.data import data_dir, shipped_traces
+from repro.planners import make_plan
+from repro.sim import simulate
+from repro.trace import Trace, load_trace
+
+__all__ = ["find_trace", "load_traces", "layer_table", "allreduce_curve", "cost_model_table",
+           "timeline_table", "speedup_sweep", "optimal_gap_table", "gap_summary", "paper_speedups",
+           "workers_for"]
+
+
+def find_trace(model: str, device: str = "v100-estimate") -> str:
+    """Stem of the shipped trace of ``model`` on ``device`` (e.g. "v100-estimate", "k80-estimate", "cpu")."""
+    pattern = re.compile(rf"^{re.escape(model)}_b\d+_{re.escape(device)}$")
+    hits = [s for s in shipped_traces() if pattern.match(s)]
+    if not hits:
+        known = sorted({s.split("_b")[0] for s in shipped_traces() if s.endswith(device)})
+        raise ValueError(f"no shipped trace for model '{model}' on '{device}'; models with such traces: "
+                         f"{', '.join(known) or 'none'} (make one with `repro profile`)")
+    return hits[0]
+
+
+def load_traces(models: Sequence[str], device: str = "v100-estimate") -> dict[str, Trace]:
+    """Model name -> shipped trace."""
+    return {m: load_trace(find_trace(m, device)) for m in models}
+
+
+def workers_for(network: str, workers: Iterable[int]) -> list[int]:
+    """The worker counts of ``workers`` that preset ``network`` can model."""
+    have = preset_workers(network)
+    return [p for p in workers if have is None or p in have]
+
+
+def layer_table(traces: Mapping[str, Trace]) -> pd.DataFrame:
+    """One row per layer: model, layer (1-based forward index), name, params, bytes, seconds."""
+    rows = []
+    for model, t in traces.items():
+        for i, layer in enumerate(t.layers):
+            rows.append({"model": model, "layer": i + 1, "name": layer.name, "params": layer.params,
+                         "bytes": layer.bytes, "forward_s": layer.forward_s,
+                         "backward_s": layer.backward_s, "device": t.device})
+    return pd.DataFrame(rows)
+
+
+def allreduce_curve(networks: Sequence[str], workers: int, sizes_bytes: Sequence[float]) -> pd.DataFrame:
+    """All-reduce seconds of each preset at ``workers`` over message sizes."""
+    rows = []
+    for net in networks:
+        cost = preset(net, workers)
+        for n, t in zip(sizes_bytes, cost.allreduce_s(np.asarray(sizes_bytes, dtype=float))):
+            rows.append({"network": net, "workers": workers, "bytes": float(n), "allreduce_s": float(t)})
+    return pd.DataFrame(rows)
+
+
+def cost_model_table(alpha_s: float, beta_s_per_byte: float, gamma_s_per_byte: float,
+                     workers: Sequence[int]) -> pd.DataFrame:
+    """Start-up ``a`` and per-byte ``b`` of every all-reduce algorithm as P grows."""
+    rows = []
+    for algo in ALGORITHMS:
+        for p in workers:
+            line = alpha_beta_lines(p, alpha_s, beta_s_per_byte, gamma_s_per_byte, algo)["allreduce"]
+            rows.append({"algorithm": algo, "workers": p, "a_s": line.a_s, "b_s_per_byte": line.b_s_per_byte})
+    return pd.DataFrame(rows)
+
+
+def timeline_table(trace: Trace, cost: CostModel, solvers: Sequence[str]) -> pd.DataFrame:
+    """Simulated ops of one iteration per solver (columns: solver, stream, kind, label, start_s, end_s)."""
+    frames = []
+    for s in solvers:
+        res = simulate(trace, make_plan(s, trace, cost), cost)
+        df = pd.DataFrame([op.to_dict() for op in res.ops])
+        df.insert(0, "solver", s)
+        df["iteration_s"] = res.iteration_s
+        frames.append(df)
+    return pd.concat(frames, ignore_index=True)
+
+
+def speedup_sweep(traces: Mapping[str, Trace], networks: Sequence[str], workers: Sequence[int],
+                  solvers: Sequence[str], threshold_bytes: int | None = None) -> pd.DataFrame:
+    """Simulated iteration time and speedup for every model x network x P x solver.
+
+    Rows for ``solver == "linear"`` hold the ideal speedup P. Worker counts a table preset lacks are
+    skipped. ``threshold_bytes`` is passed to the ``threshold`` solver.
+    """
+    rows = []
+    for model, trace in traces.items():
+        t1 = trace.total_forward_s + trace.total_backward_s
+        base = {"model": model, "batch_size": trace.batch_size, "device": trace.device, "compute_s": t1}
+        for net in networks:
+            for p in workers_for(net, workers):
+                cost = preset(net, p)
+                rows.append({**base, "network": net, "workers": p, "solver": "linear",
+                             "iteration_s": t1, "speedup": float(p), "buckets": 0})
+                for s in solvers:
+                    opts = {"threshold_bytes": threshold_bytes} if s == "threshold" and threshold_bytes else {}
+                    plan = make_plan(s, trace, cost, **opts)
+                    t = plan.meta["iteration_s"]
+                    rows.append({**base, "network": net, "workers": p, "solver": s, "iteration_s": t,
+                                 "speedup": p * t1 / t, "buckets": plan.num_buckets})
+    return pd.DataFrame(rows)
+
+
+def optimal_gap_table(sweep: pd.DataFrame, solver: str = "mgwfbp") -> pd.DataFrame:
+    """Per model x network x P: how much slower ``solver`` is than the exact optimum (percent)."""
+    wide = sweep.pivot_table(index=["model", "network", "workers"], columns="solver",
+                             values="iteration_s").reset_index()
+    wide["gap_pct"] = 100.0 * (wide[solver] / wide["optimal"] - 1.0)
+    return wide[["model", "network", "workers", solver, "optimal", "gap_pct"]].rename(
+        columns={solver: f"{solver}_s", "optimal": "optimal_s"})
+
+
+def gap_summary(gap: pd.DataFrame, tol_pct: float = 1e-6) -> pd.DataFrame:
+    """How often and by how much the optimum beats MG-WFBP, per model (and overall)."""
+    def summarise(g: pd.DataFrame) -> pd.Series:
+        worse = g["gap_pct"] > tol_pct
+        return pd.Series({"cases": len(g), "cases_optimal_better": int(worse.sum()),
+                          "share_optimal_better": float(worse.mean()),
+                          "median_gap_pct": float(g["gap_pct"].median()),
+                          "max_gap_pct": float(g["gap_pct"].max())})
+
+    per_model = gap.groupby("model").apply(summarise, include_groups=False).reset_index()
+    overall = summarise(gap).to_frame().T.assign(model="all")
+    return pd.concat([per_model, overall], ignore_index=True)
+
+
+def paper_speedups() -> pd.DataFrame:
+    """Published measured speedups of the MG-WFBP conference paper (K80, 10GbE), with their source."""
+    return pd.read_csv(data_dir() / "paper_numbers" / "mgwfbp_conference_speedup.csv")
