@@ -1,0 +1,98 @@
+import json
+import subprocess
+import sys
+
+import pytest
+
+from repro.cli import main
+from tests.helpers import make_trace
+
+
+@pytest.fixture
+def trace_file(tmp_path):
+    p = tmp_path / "trace.json"
+    make_trace([1e-3, 2e-3, 3e-3, 1e-4], [4000, 4_000_000, 400, 40_000]).save(p)
+    return p
+
+
+def run(capsys, *argv):
+    rc = main(list(argv))
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+@pytest.mark.parametrize("solver", ["wfbp", "syncea", "threshold", "mgwfbp", "optimal"])
+def test_plan_then_simulate_round_trip(capsys, tmp_path, trace_file, solver):
+    rc, out, err = run(capsys, "plan", "--trace", str(trace_file), "--solver", solver,
+                       "--alpha-s", "1e-3", "--beta-s-per-byte", "1e-9")
+    assert rc == 0, err
+    plan = json.loads(out)
+    assert plan["solver"] == solver and plan["iteration_s"] > 0
+    assert sorted(n for b in plan["buckets"] for n in b) == ["l0", "l1", "l2", "l3"]
+    (tmp_path / "plan.json").write_text(out)
+    rc, out, err = run(capsys, "simulate", "--trace", str(trace_file), "--plan", str(tmp_path / "plan.json"),
+                       "--alpha-s", "1e-3", "--beta-s-per-byte", "1e-9")
+    assert rc == 0, err
+    sim = json.loads(out)
+    assert sim["iteration_s"] == pytest.approx(plan["iteration_s"])
+    assert {op["stream"] for op in sim["ops"]} == {"compute", "comm"}
+    assert set(sim["ops"][0]) == {"stream", "kind", "label", "start_s", "end_s"}
+
+
+def test_alpha_beta_means_a_plus_b_times_bytes(capsys, tmp_path):
+    p = tmp_path / "one.json"
+    make_trace([0.0], [1000], forward_s=[0.0]).save(p)
+    rc, out, _ = run(capsys, "plan", "--trace", str(p), "--solver", "wfbp", "--alpha-s", "0.5",
+                     "--beta-s-per-byte", "0.001")
+    assert rc == 0 and json.loads(out)["iteration_s"] == pytest.approx(0.5 + 1.0)
+
+
+def test_network_preset_and_threshold(capsys, trace_file):
+    rc, out, err = run(capsys, "plan", "--trace", str(trace_file), "--solver", "threshold",
+                       "--threshold-bytes", "1000000", "--network", "10gbe-v100", "--workers", "16")
+    assert rc == 0, err
+    assert json.loads(out)["threshold_bytes"] == 1000000
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["plan", "--trace", "T", "--solver", "bogus", "--alpha-s", "1", "--beta-s-per-byte", "1"], "invalid choice: 'bogus'"),
+    (["plan", "--trace", "T", "--solver", "wfbp"], "give exactly one cost source"),
+    (["plan", "--trace", "T", "--solver", "wfbp", "--network", "10gbe-v100"], "needs --workers"),
+    (["plan", "--trace", "T", "--solver", "wfbp", "--network", "10gbe-v100", "--workers", "32"], "no fit for P=32"),
+    (["plan", "--trace", "T", "--solver", "wfbp", "--network", "nope", "--workers", "4"], "unknown network preset 'nope'"),
+    (["plan", "--trace", "T", "--solver", "wfbp", "--alpha-s", "1"], "must be given together"),
+    (["plan", "--trace", "T", "--solver", "wfbp", "--alpha-s", "-1", "--beta-s-per-byte", "1"], "a_s must be"),
+    (["plan", "--trace", "T", "--solver", "wfbp", "--threshold-bytes", "5", "--alpha-s", "1", "--beta-s-per-byte", "1"], "only applies"),
+    (["plan", "--trace", "missing.json", "--solver", "wfbp", "--alpha-s", "1", "--beta-s-per-byte", "1"], "trace file not found"),
+    (["simulate", "--trace", "T", "--plan", "missing.json", "--alpha-s", "1", "--beta-s-per-byte", "1"], "plan file not found"),
+    (["bogus"], "invalid choice"),
+])
+def test_bad_input_gives_one_line_and_exit_2(capsys, trace_file, argv, message):
+    argv = [str(trace_file) if a == "T" else a for a in argv]
+    rc, out, err = run(capsys, *argv)
+    assert rc == 2
+    assert message in err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+def test_malformed_trace_file_is_named(capsys, tmp_path):
+    p = tmp_path / "bad.json"
+    p.write_text(json.dumps({"model": "m", "batch_size": 1, "device": "cpu", "dtype": "f", "layers": [{"name": "x"}]}))
+    rc, _, err = run(capsys, "plan", "--trace", str(p), "--solver", "wfbp", "--alpha-s", "1", "--beta-s-per-byte", "1")
+    assert rc == 2 and "'layers[0].params' is missing" in err
+
+
+def test_plan_with_unknown_layer_is_rejected(capsys, tmp_path, trace_file):
+    (tmp_path / "plan.json").write_text(json.dumps({"buckets": [["nope"]]}))
+    rc, _, err = run(capsys, "simulate", "--trace", str(trace_file), "--plan", str(tmp_path / "plan.json"),
+                     "--alpha-s", "1", "--beta-s-per-byte", "1")
+    assert rc == 2 and "'nope' is not in trace" in err
+
+
+def test_module_entry_point_and_console_script(trace_file):
+    r = subprocess.run([sys.executable, "-m", "repro", "plan", "--trace", str(trace_file), "--solver",
+                        "optimal", "--network", "56gbib-derived", "--workers", "64"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["solver"] == "optimal"
+    r = subprocess.run([sys.executable, "-m", "repro", "plan"], capture_output=True, text=True)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1
