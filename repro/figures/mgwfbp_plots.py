@@ -73,10 +73,11 @@ def plot_cost_models(table: pd.DataFrame, hop_note: str):
 
 
 def plot_timeline(ops: pd.DataFrame, title: str):
-    """One Gantt chart per solver (rows: compute, comm), on a shared time axis."""
+    """One Gantt chart per solver (rows: compute, comm), on one time axis; buckets labelled, layers not."""
     solvers = list(dict.fromkeys(ops["solver"]))
     fig, axes = plt.subplots(len(solvers), 1, figsize=(12, 1.7 * len(solvers) + 0.8), sharex=True)
     axes = np.atleast_1d(axes)
+    ops = ops.assign(label=ops["label"].where(ops["stream"] != "compute", ""))
     for i, (ax, s) in enumerate(zip(axes, solvers)):
         sub = ops[ops["solver"] == s]
         gantt(ax, sub, streams=["compute", "comm"], legend=(i == 0), label_min_width_frac=0.04)
@@ -84,6 +85,7 @@ def plot_timeline(ops: pd.DataFrame, title: str):
                       ha="right", va="center")
         if i < len(solvers) - 1:
             ax.set_xlabel("")
+    axes[0].set_xlim(0, ops["end_s"].max() * 1e3 * 1.01)
     fig.suptitle(title)
     fig.tight_layout()
     return fig

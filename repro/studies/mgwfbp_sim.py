@@ -19,24 +19,38 @@ from repro.planners import make_plan
 from repro.sim import simulate
 from repro.trace import Trace, load_trace
 
-__all__ = ["find_trace", "load_traces", "layer_table", "allreduce_curve", "cost_model_table",
+__all__ = ["MGWFBP_BATCH_SIZES", "find_trace", "load_traces", "layer_table", "allreduce_curve", "cost_model_table",
            "timeline_table", "speedup_sweep", "optimal_gap_table", "gap_summary", "paper_speedups",
            "workers_for"]
 
 
-def find_trace(model: str, device: str = "v100-estimate") -> str:
-    """Stem of the shipped trace of ``model`` on ``device`` (e.g. "v100-estimate", "k80-estimate", "cpu")."""
-    pattern = re.compile(rf"^{re.escape(model)}_b\d+_{re.escape(device)}$")
+# Per-GPU batch sizes of the MG-WFBP papers (mgwfbp.md); vgg16 and the BERTs (DeAR's) are our choice.
+MGWFBP_BATCH_SIZES = {"resnet50": 32, "resnet152": 128, "densenet161": 64, "densenet201": 64,
+                      "inception_v4": 128, "googlenet": 64, "vgg16": 32, "bert_base": 64, "bert_large": 32}
+
+
+def find_trace(model: str, device: str = "v100-estimate", batch_size: int | None = None) -> str:
+    """Stem of the shipped trace of ``model`` on ``device`` (e.g. "v100-estimate", "k80-estimate", "cpu").
+
+    With several batch sizes shipped, ``batch_size`` (default: the MG-WFBP papers' one) picks one.
+    """
+    batch = rf"{batch_size}" if batch_size else r"\d+"
+    pattern = re.compile(rf"^{re.escape(model)}_b{batch}_{re.escape(device)}$")
     hits = [s for s in shipped_traces() if pattern.match(s)]
+    if len(hits) > 1 and batch_size is None and model in MGWFBP_BATCH_SIZES:
+        return find_trace(model, device, MGWFBP_BATCH_SIZES[model])
+    if len(hits) > 1:
+        raise ValueError(f"several traces for '{model}' on '{device}' ({', '.join(hits)}): give batch_size")
     if not hits:
         known = sorted({s.split("_b")[0] for s in shipped_traces() if s.endswith(device)})
-        raise ValueError(f"no shipped trace for model '{model}' on '{device}'; models with such traces: "
+        raise ValueError(f"no shipped trace for model '{model}' on '{device}' (batch {batch_size or 'any'}); "
+                         f"models with such traces: "
                          f"{', '.join(known) or 'none'} (make one with `repro profile`)")
     return hits[0]
 
 
 def load_traces(models: Sequence[str], device: str = "v100-estimate") -> dict[str, Trace]:
-    """Model name -> shipped trace."""
+    """Model name -> shipped trace (at the MG-WFBP papers' batch size where several are shipped)."""
     return {m: load_trace(find_trace(m, device)) for m in models}
 
 
