@@ -1,0 +1,317 @@
+"""Model registry: the networks of the papers (and tiny stand-ins) by name, with synthetic batches.
+
+Every model is built from code with random weights (nothing is downloaded)::
+
+    model = build_model("resnet50", device="meta")          # cheap: shapes only, no memory
+    inputs, targets = make_batch("resnet50", 32)
+    loss = compute_loss("resnet50", model, inputs, targets)
+
+A :class:`ModelSpec` per name records where the model comes from, its default input size and the
+per-GPU batch size the papers used. ``family`` selects how batches and losses are made:
+
+* ``"vision"``: image classifier; inputs ``(B, C, H, W)`` float, targets ``(B,)`` class ids;
+  loss = cross-entropy. Keyword arguments: ``num_classes`` (model and targets), ``image_size``
+  (batch only; an int or ``(H, W)``).
+* ``"bert"``: ``BertForPreTraining``; inputs a dict (``input_ids``, ``token_type_ids``; no
+  ``attention_mask`` since nothing is padded), targets a dict (``labels`` for masked-LM, -100 at
+  unmasked positions; ``next_sentence_label``); loss = masked-LM + next-sentence prediction on
+  synthetic tokens. Keyword argument: ``seq_len`` (default 64 for BERT-Base/Large as in the DeAR
+  paper, 32 for tiny_bert).
+
+The same keyword arguments may be given to :func:`build_model`, :func:`make_batch` and
+:func:`compute_loss`; each uses the ones it needs, so callers (profiler, estimator) can pass one dict.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+__all__ = ["ModelSpec", "MODELS", "MODEL_NAMES", "PAPER_MODELS", "TINY_MODELS", "get_spec",
+           "build_model", "make_batch", "compute_loss", "count_params"]
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """How to build one named model and feed it."""
+
+    name: str
+    family: str                      # "vision" | "bert" (selects batch and loss functions)
+    builder: Callable[..., nn.Module]  # builder(**kwargs) -> module, called under a device context
+    input_size: tuple[int, ...]      # vision: (C, H, W); bert: (seq_len,)
+    num_classes: int                 # vision: classes; bert: vocabulary size
+    paper_batch_size: int | None     # per-GPU batch size of the paper we reproduce (None: no paper)
+    paper_batch_sizes: Mapping[str, int] = field(default_factory=dict)  # source -> batch size
+    source: str = ""                 # where the architecture comes from
+    tiny: bool = False               # a CPU-sized stand-in, not a paper model
+    kwargs: tuple[str, ...] = ()     # keyword arguments accepted by build/batch/loss
+
+
+# ---------------------------------------------------------------------------------------------
+# Builders (each runs under ``with torch.device(...)`` so parameters are created on that device).
+# ---------------------------------------------------------------------------------------------
+
+def _torchvision(arch: str, **fixed: Any) -> Callable[..., nn.Module]:
+    def build(num_classes: int = 1000) -> nn.Module:
+        import torchvision
+
+        return torchvision.models.get_model(arch, weights=None, num_classes=num_classes, **fixed)
+
+    return build
+
+
+def _timm(arch: str) -> Callable[..., nn.Module]:
+    def build(num_classes: int = 1000) -> nn.Module:
+        import timm
+
+        return timm.create_model(arch, pretrained=False, num_classes=num_classes)
+
+    return build
+
+
+def _bert(hidden: int, layers: int, heads: int, intermediate: int, vocab: int = 30522,
+          max_positions: int = 512) -> Callable[..., nn.Module]:
+    def build(seq_len: int | None = None) -> nn.Module:
+        from transformers import BertConfig, BertForPreTraining
+
+        positions = max(max_positions, seq_len or 0)
+        config = BertConfig(vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers,
+                            num_attention_heads=heads, intermediate_size=intermediate,
+                            max_position_embeddings=positions, type_vocab_size=2)
+        return BertForPreTraining(config)
+
+    return build
+
+
+class _BasicBlock(nn.Module):
+    """ResNet basic block: two 3x3 convs with batch norm and an identity (or 1x1) shortcut."""
+
+    def __init__(self, cin: int, cout: int, stride: int) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(cout)
+        self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(cout)
+        self.downsample = None
+        if stride != 1 or cin != cout:
+            self.downsample = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False),
+                                            nn.BatchNorm2d(cout))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = F.relu(self.bn1(self.conv1(x)))
+        out = self.bn2(self.conv2(out))
+        shortcut = x if self.downsample is None else self.downsample(x)
+        return F.relu(out + shortcut)
+
+
+class TinyResNet(nn.Module):
+    """A narrow ResNet for 32x32 inputs: 3x3 stem, three stages of one basic block, linear head."""
+
+    def __init__(self, num_classes: int = 10, widths: tuple[int, ...] = (16, 32, 64)) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, widths[0], 3, 1, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(widths[0])
+        blocks, cin = [], widths[0]
+        for i, w in enumerate(widths):
+            blocks.append(_BasicBlock(cin, w, stride=1 if i == 0 else 2))
+            cin = w
+        self.layers = nn.Sequential(*blocks)
+        self.fc = nn.Linear(cin, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.relu(self.bn1(self.conv1(x)))
+        x = self.layers(x)
+        x = torch.flatten(F.adaptive_avg_pool2d(x, 1), 1)
+        return self.fc(x)
+
+
+class TinyVGG(nn.Module):
+    """A narrow VGG-style net for 32x32 inputs: 3x3 convs + max-pools, then two linear layers."""
+
+    def __init__(self, num_classes: int = 10, cfg: tuple[Any, ...] = (16, 16, "M", 32, 32, "M", 64, "M"),
+                 hidden: int = 128) -> None:
+        super().__init__()
+        layers: list[nn.Module] = []
+        cin = 3
+        for v in cfg:
+            if v == "M":
+                layers.append(nn.MaxPool2d(2))
+            else:
+                layers += [nn.Conv2d(cin, v, 3, padding=1), nn.ReLU(inplace=True)]
+                cin = v
+        self.features = nn.Sequential(*layers)
+        self.pool = nn.AdaptiveAvgPool2d(4)
+        self.classifier = nn.Sequential(nn.Linear(cin * 16, hidden), nn.ReLU(inplace=True),
+                                        nn.Linear(hidden, num_classes))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.pool(self.features(x))
+        return self.classifier(torch.flatten(x, 1))
+
+
+# ---------------------------------------------------------------------------------------------
+# The registry
+# ---------------------------------------------------------------------------------------------
+
+_VISION_KW = ("num_classes", "image_size")
+_BERT_KW = ("seq_len",)
+_MGWFBP_J = "mgwfbp-journal"   # MG-WFBP journal version, 16 V100
+_MGWFBP_C = "mgwfbp-conf"      # MG-WFBP conference version, K80 cluster
+_DEAR = "dear"                 # DeAR, 64 GPUs
+
+MODELS: dict[str, ModelSpec] = {s.name: s for s in [
+    ModelSpec("resnet50", "vision", _torchvision("resnet50"), (3, 224, 224), 1000, 32,
+              {_MGWFBP_C: 32, _DEAR: 64}, "torchvision", kwargs=_VISION_KW),
+    ModelSpec("resnet152", "vision", _torchvision("resnet152"), (3, 224, 224), 1000, 128,
+              {_MGWFBP_J: 128}, "torchvision", kwargs=_VISION_KW),
+    ModelSpec("densenet161", "vision", _torchvision("densenet161"), (3, 224, 224), 1000, 64,
+              {_MGWFBP_J: 64}, "torchvision", kwargs=_VISION_KW),
+    ModelSpec("densenet201", "vision", _torchvision("densenet201"), (3, 224, 224), 1000, 64,
+              {_MGWFBP_J: 64, _DEAR: 32}, "torchvision", kwargs=_VISION_KW),
+    ModelSpec("googlenet", "vision",
+              _torchvision("googlenet", aux_logits=False, init_weights=True, transform_input=False),
+              (3, 224, 224), 1000, 64, {_MGWFBP_C: 64}, "torchvision (no auxiliary heads)",
+              kwargs=_VISION_KW),
+    # VGG-16's batch size in MG-WFBP is not stated with it; 32 is our interpretation.
+    ModelSpec("vgg16", "vision", _torchvision("vgg16"), (3, 224, 224), 1000, 32,
+              {"interpretation": 32}, "torchvision (no batch norm)", kwargs=_VISION_KW),
+    ModelSpec("inception_v4", "vision", _timm("inception_v4"), (3, 299, 299), 1000, 128,
+              {_MGWFBP_J: 128, _DEAR: 64}, "timm", kwargs=_VISION_KW),
+    ModelSpec("bert_base", "bert", _bert(768, 12, 12, 3072), (64,), 30522, 64,
+              {_DEAR: 64}, "transformers BertForPreTraining (BERT-Base config)", kwargs=_BERT_KW),
+    ModelSpec("bert_large", "bert", _bert(1024, 24, 16, 4096), (64,), 30522, 32,
+              {_DEAR: 32}, "transformers BertForPreTraining (BERT-Large config)", kwargs=_BERT_KW),
+    ModelSpec("tiny_resnet", "vision", TinyResNet, (3, 32, 32), 10, None, {}, "repro.models",
+              tiny=True, kwargs=_VISION_KW),
+    ModelSpec("tiny_vgg", "vision", TinyVGG, (3, 32, 32), 10, None, {}, "repro.models",
+              tiny=True, kwargs=_VISION_KW),
+    ModelSpec("tiny_bert", "bert", _bert(128, 2, 2, 512, vocab=1000, max_positions=128), (32,), 1000,
+              None, {}, "transformers BertForPreTraining (2 layers, hidden 128, vocab 1000)",
+              tiny=True, kwargs=_BERT_KW),
+]}
+
+MODEL_NAMES: tuple[str, ...] = tuple(MODELS)
+PAPER_MODELS: tuple[str, ...] = tuple(n for n, s in MODELS.items() if not s.tiny)
+TINY_MODELS: tuple[str, ...] = tuple(n for n, s in MODELS.items() if s.tiny)
+
+
+def get_spec(name: str) -> ModelSpec:
+    """The registry entry for ``name``; ``ValueError`` listing the valid names if unknown."""
+    spec = MODELS.get(name)
+    if spec is None:
+        raise ValueError(f"unknown model {name!r}; valid names: {', '.join(MODEL_NAMES)}")
+    return spec
+
+
+def _check_kwargs(spec: ModelSpec, kwargs: Mapping[str, Any]) -> None:
+    bad = sorted(set(kwargs) - set(spec.kwargs))
+    if bad:
+        allowed = ", ".join(spec.kwargs) or "none"
+        raise TypeError(f"model {spec.name!r} got unexpected keyword argument(s) {bad}; "
+                        f"accepted: {allowed}")
+
+
+def build_model(name: str, device: str | torch.device | None = None, **kwargs: Any) -> nn.Module:
+    """Build ``name`` with random weights, in train mode. ``device="meta"`` allocates nothing."""
+    spec = get_spec(name)
+    _check_kwargs(spec, kwargs)
+    build_kw = {k: v for k, v in kwargs.items() if k in ("num_classes", "seq_len")}
+    with torch.device(device if device is not None else "cpu"):
+        model = spec.builder(**build_kw)
+    return model.train()
+
+
+def count_params(model: nn.Module) -> int:
+    """Number of distinct learnable parameters (tied weights counted once)."""
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+
+# ---------------------------------------------------------------------------------------------
+# Batches and losses, per family
+# ---------------------------------------------------------------------------------------------
+
+def _rand_kw(device: torch.device, generator: torch.Generator | None) -> tuple[dict[str, Any], bool]:
+    """Where to draw random numbers: on the generator's device (then move), else on ``device``."""
+    if device.type == "meta" or generator is None:
+        return {"device": device}, False
+    return {"device": generator.device, "generator": generator}, generator.device != device
+
+
+def _vision_batch(spec: ModelSpec, batch_size: int, device: torch.device,
+                  generator: torch.Generator | None, num_classes: int | None = None,
+                  image_size: int | tuple[int, int] | None = None) -> tuple[Any, Any]:
+    c, h, w = spec.input_size
+    if image_size is not None:
+        h, w = (image_size, image_size) if isinstance(image_size, int) else tuple(image_size)
+    classes = num_classes or spec.num_classes
+    kw, move = _rand_kw(device, generator)
+    x = torch.randn(batch_size, c, h, w, **kw)
+    y = torch.randint(0, classes, (batch_size,), **kw)
+    return (x.to(device), y.to(device)) if move else (x, y)
+
+
+def _bert_batch(spec: ModelSpec, batch_size: int, device: torch.device,
+                generator: torch.Generator | None, seq_len: int | None = None,
+                mask_prob: float = 0.15) -> tuple[Any, Any]:
+    length = seq_len or spec.input_size[0]
+    vocab = spec.num_classes
+    kw, move = _rand_kw(device, generator)
+    input_ids = torch.randint(0, vocab, (batch_size, length), **kw)
+    # Two "sentences": the first half has segment 0, the second half segment 1.
+    token_type_ids = (torch.arange(length, device=kw["device"]) >= length // 2).long()
+    token_type_ids = token_type_ids.expand(batch_size, length).contiguous()
+    # Masked LM: predict random tokens at ~15% of positions (-100 = ignored elsewhere).
+    masked = torch.rand(batch_size, length, **kw) < mask_prob
+    labels = torch.where(masked, torch.randint(0, vocab, (batch_size, length), **kw),
+                         torch.full_like(input_ids, -100))
+    nsp = torch.randint(0, 2, (batch_size,), **kw)
+    # No attention_mask: there is no padding, so it would be all ones, which transformers treats
+    # like no mask (and checking that reads tensor values, which the meta device cannot).
+    inputs = {"input_ids": input_ids, "token_type_ids": token_type_ids}
+    targets = {"labels": labels, "next_sentence_label": nsp}
+    if move:
+        inputs = {k: v.to(device) for k, v in inputs.items()}
+        targets = {k: v.to(device) for k, v in targets.items()}
+    return inputs, targets
+
+
+def _classifier_loss(model: nn.Module, inputs: Any, targets: Any) -> torch.Tensor:
+    return F.cross_entropy(model(inputs), targets)
+
+
+def _bert_loss(model: nn.Module, inputs: Any, targets: Any) -> torch.Tensor:
+    out = model(**inputs)
+    logits, nsp_logits = out.prediction_logits, out.seq_relationship_logits
+    mlm = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets["labels"].reshape(-1),
+                          ignore_index=-100)
+    nsp = F.cross_entropy(nsp_logits, targets["next_sentence_label"])
+    return mlm + nsp
+
+
+# family -> (batch function, loss function); a new family (e.g. a language model) adds a row.
+_FAMILIES: dict[str, tuple[Callable[..., tuple[Any, Any]], Callable[..., torch.Tensor]]] = {
+    "vision": (_vision_batch, _classifier_loss),
+    "bert": (_bert_batch, _bert_loss),
+}
+
+
+def make_batch(name: str, batch_size: int, device: str | torch.device = "cpu",
+               generator: torch.Generator | None = None, **kwargs: Any) -> tuple[Any, Any]:
+    """A synthetic ``(inputs, targets)`` batch of the right shapes for ``name``."""
+    spec = get_spec(name)
+    _check_kwargs(spec, kwargs)
+    if not isinstance(batch_size, int) or batch_size <= 0:
+        raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+    batch_fn = _FAMILIES[spec.family][0]
+    return batch_fn(spec, batch_size, torch.device(device), generator, **kwargs)
+
+
+def compute_loss(name: str, model: nn.Module, inputs: Any, targets: Any, **kwargs: Any) -> torch.Tensor:
+    """The training loss of ``model`` on a batch from :func:`make_batch` (a scalar tensor)."""
+    spec = get_spec(name)
+    _check_kwargs(spec, kwargs)
+    return _FAMILIES[spec.family][1](model, inputs, targets)
