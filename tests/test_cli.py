@@ -96,3 +96,30 @@ def test_module_entry_point_and_console_script(trace_file):
     assert json.loads(r.stdout)["solver"] == "optimal"
     r = subprocess.run([sys.executable, "-m", "repro", "plan"], capture_output=True, text=True)
     assert r.returncode == 2 and r.stderr.count("\n") == 1
+
+
+def test_profile_measures_and_estimates(capsys, tmp_path):
+    out = tmp_path / "t.json"
+    rc, stdout, err = run(capsys, "profile", "--model", "tiny_vgg", "--batch-size", "4", "--warmup", "1",
+                          "--iters", "2", "-o", str(out))
+    assert rc == 0, err
+    from repro.trace import Trace
+
+    t = Trace.load(out)
+    assert t.model == "tiny_vgg" and t.device == "cpu" and t.total_backward_s > 0
+    assert json.loads(stdout)["layers"] == t.num_layers
+    rc, _, err = run(capsys, "profile", "--model", "tiny_vgg", "--batch-size", "4", "--estimate-gpu", "V100",
+                     "-o", str(out))
+    assert rc == 0, err
+    t = Trace.load(out)
+    assert t.is_estimate and "estimate" in t.device
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--model", "resnet5", "--batch-size", "4"], "unknown model 'resnet5'"),
+    (["--model", "tiny_vgg", "--batch-size", "0"], "--batch-size must be positive"),
+    (["--model", "tiny_vgg", "--batch-size", "4", "--estimate-gpu", "GTX480"], "GTX480"),
+])
+def test_profile_bad_input(capsys, tmp_path, argv, message):
+    rc, _, err = run(capsys, "profile", *argv, "-o", str(tmp_path / "t.json"))
+    assert rc == 2 and message in err and len(err.strip().splitlines()) == 1
