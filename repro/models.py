@@ -17,6 +17,14 @@ per-GPU batch size the papers used. ``family`` selects how batches and losses ar
   unmasked positions; ``next_sentence_label``); loss = masked-LM + next-sentence prediction on
   synthetic tokens. Keyword argument: ``seq_len`` (default 64 for BERT-Base/Large as in the DeAR
   paper, 32 for tiny_bert).
+* ``"lm"``: word-level LSTM language model (:class:`LSTMLanguageModel`); inputs ``(B, S)`` token
+  ids, targets ``(B, S)`` the next token at every position (the synthetic batch is one random
+  stream of ``S + 1`` tokens per row, shifted by one); loss = cross-entropy over all ``B * S``
+  positions. Every batch starts from a zero hidden state: truncated-BPTT state carrying between
+  batches is not implemented (it changes neither the layers nor the gradient sizes the schedulers
+  see). Keyword arguments: ``seq_len`` (default 35 for lstm_ptb, 16 for tiny_lstm),
+  ``num_classes`` (vocabulary size, model and tokens; e.g. ``len(dataset.vocab)`` of
+  :func:`repro.datasets.ptb`) and ``dropout`` (model only).
 
 The same keyword arguments may be given to :func:`build_model`, :func:`make_batch` and
 :func:`compute_loss`; each uses the ones it needs, so callers (profiler, estimator) can pass one dict.
@@ -31,8 +39,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["ModelSpec", "MODELS", "MODEL_NAMES", "PAPER_MODELS", "TINY_MODELS", "get_spec",
-           "build_model", "make_batch", "compute_loss", "count_params"]
+__all__ = ["ModelSpec", "LSTMLanguageModel", "MODELS", "MODEL_NAMES", "PAPER_MODELS", "TINY_MODELS",
+           "get_spec", "build_model", "make_batch", "compute_loss", "count_params"]
 
 
 @dataclass(frozen=True)
@@ -40,10 +48,10 @@ class ModelSpec:
     """How to build one named model and feed it."""
 
     name: str
-    family: str                      # "vision" | "bert" (selects batch and loss functions)
+    family: str                      # "vision" | "bert" | "lm" (selects batch and loss functions)
     builder: Callable[..., nn.Module]  # builder(**kwargs) -> module, called under a device context
-    input_size: tuple[int, ...]      # vision: (C, H, W); bert: (seq_len,)
-    num_classes: int                 # vision: classes; bert: vocabulary size
+    input_size: tuple[int, ...]      # vision: (C, H, W); bert, lm: (seq_len,)
+    num_classes: int                 # vision: classes; bert, lm: vocabulary size
     paper_batch_size: int | None     # per-GPU batch size of the paper we reproduce (None: no paper)
     paper_batch_sizes: Mapping[str, int] = field(default_factory=dict)  # source -> batch size
     source: str = ""                 # where the architecture comes from
@@ -153,15 +161,65 @@ class TinyVGG(nn.Module):
         return self.classifier(torch.flatten(x, 1))
 
 
+class LSTMLanguageModel(nn.Module):
+    """Word-level LSTM language model: embedding, stacked LSTM layers, linear decoder.
+
+    ``forward(tokens)`` maps ``(B, S)`` token ids to ``(B, S, vocab_size)`` logits, starting from a
+    zero hidden state (no state is carried between batches). Each LSTM layer is its own one-layer
+    ``nn.LSTM`` (``lstm.0``, ``lstm.1``, ...), so the profiler's module view has one layer per LSTM
+    layer (one ``nn.LSTM(num_layers=2)`` would hold both in a single module); the parameters are the
+    same. Dropout is applied to the embeddings, between LSTM layers and to the last LSTM output, as
+    in PyTorch's word-language-model example. Embedding and decoder weights are not tied.
+    """
+
+    def __init__(self, vocab_size: int, embed_dim: int, hidden: int, num_layers: int,
+                 dropout: float) -> None:
+        super().__init__()
+        if not 0 <= dropout < 1:
+            raise ValueError(f"dropout must be in [0, 1), got {dropout!r}")
+        self.vocab_size = vocab_size
+        self.encoder = nn.Embedding(vocab_size, embed_dim)
+        self.lstm = nn.ModuleList(nn.LSTM(embed_dim if i == 0 else hidden, hidden, batch_first=True)
+                                  for i in range(num_layers))
+        self.drop = nn.Dropout(dropout)
+        self.decoder = nn.Linear(hidden, vocab_size)
+        nn.init.uniform_(self.encoder.weight, -0.1, 0.1)
+        nn.init.uniform_(self.decoder.weight, -0.1, 0.1)
+        nn.init.zeros_(self.decoder.bias)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        x = self.drop(self.encoder(tokens))
+        for lstm in self.lstm:
+            x, _ = lstm(x)
+            x = self.drop(x)
+        return self.decoder(x)
+
+
 # ---------------------------------------------------------------------------------------------
 # The registry
 # ---------------------------------------------------------------------------------------------
 
 _VISION_KW = ("num_classes", "image_size")
 _BERT_KW = ("seq_len",)
+_LM_KW = ("seq_len", "num_classes", "dropout")
+_BUILD_KW = ("num_classes", "seq_len", "dropout")   # the keyword arguments builders take
 _MGWFBP_J = "mgwfbp-journal"   # MG-WFBP journal version, 16 V100
 _MGWFBP_C = "mgwfbp-conf"      # MG-WFBP conference version, K80 cluster
 _DEAR = "dear"                 # DeAR, 64 GPUs
+_OMGS = "omgs"                 # OMGS-SGD, 16 P102-100
+
+
+def _lstm_lm(vocab: int, embed_dim: int, hidden: int, layers: int,
+             dropout: float) -> Callable[..., nn.Module]:
+    default_dropout = dropout
+
+    def build(num_classes: int | None = None, seq_len: int | None = None,
+              dropout: float | None = None) -> nn.Module:
+        p = default_dropout if dropout is None else dropout
+        return LSTMLanguageModel(num_classes or vocab, embed_dim, hidden, layers, p)
+
+    return build
+
 
 MODELS: dict[str, ModelSpec] = {s.name: s for s in [
     ModelSpec("resnet50", "vision", _torchvision("resnet50"), (3, 224, 224), 1000, 32,
@@ -185,6 +243,12 @@ MODELS: dict[str, ModelSpec] = {s.name: s for s in [
               {_DEAR: 64}, "transformers BertForPreTraining (BERT-Base config)", kwargs=_BERT_KW),
     ModelSpec("bert_large", "bert", _bert(1024, 24, 16, 4096), (64,), 30522, 32,
               {_DEAR: 32}, "transformers BertForPreTraining (BERT-Large config)", kwargs=_BERT_KW),
+    # OMGS-SGD: "2-layer LSTM with 1500 hidden units on Penn Treebank (batch 20)". Embedding 1500,
+    # vocabulary 10000 (PTB's), dropout 0.65, sequence length 35 and untied weights are our
+    # interpretation (PyTorch word-language-model example, "large" configuration).
+    ModelSpec("lstm_ptb", "lm", _lstm_lm(10000, 1500, 1500, 2, 0.65), (35,), 10000, 20,
+              {_OMGS: 20}, "repro.models (2-layer LSTM LM, hidden 1500, embedding 1500, vocab 10000)",
+              kwargs=_LM_KW),
     ModelSpec("tiny_resnet", "vision", TinyResNet, (3, 32, 32), 10, None, {}, "repro.models",
               tiny=True, kwargs=_VISION_KW),
     ModelSpec("tiny_vgg", "vision", TinyVGG, (3, 32, 32), 10, None, {}, "repro.models",
@@ -192,6 +256,9 @@ MODELS: dict[str, ModelSpec] = {s.name: s for s in [
     ModelSpec("tiny_bert", "bert", _bert(128, 2, 2, 512, vocab=1000, max_positions=128), (32,), 1000,
               None, {}, "transformers BertForPreTraining (2 layers, hidden 128, vocab 1000)",
               tiny=True, kwargs=_BERT_KW),
+    ModelSpec("tiny_lstm", "lm", _lstm_lm(1000, 64, 64, 2, 0.0), (16,), 1000, None, {},
+              "repro.models (2-layer LSTM LM, hidden 64, embedding 64, vocab 1000, no dropout)",
+              tiny=True, kwargs=_LM_KW),
 ]}
 
 MODEL_NAMES: tuple[str, ...] = tuple(MODELS)
@@ -219,7 +286,7 @@ def build_model(name: str, device: str | torch.device | None = None, **kwargs: A
     """Build ``name`` with random weights, in train mode. ``device="meta"`` allocates nothing."""
     spec = get_spec(name)
     _check_kwargs(spec, kwargs)
-    build_kw = {k: v for k, v in kwargs.items() if k in ("num_classes", "seq_len")}
+    build_kw = {k: v for k, v in kwargs.items() if k in _BUILD_KW}
     with torch.device(device if device is not None else "cpu"):
         model = spec.builder(**build_kw)
     return model.train()
@@ -279,8 +346,24 @@ def _bert_batch(spec: ModelSpec, batch_size: int, device: torch.device,
     return inputs, targets
 
 
+def _lm_batch(spec: ModelSpec, batch_size: int, device: torch.device,
+              generator: torch.Generator | None, seq_len: int | None = None,
+              num_classes: int | None = None, dropout: float | None = None) -> tuple[Any, Any]:
+    length = seq_len or spec.input_size[0]
+    vocab = num_classes or spec.num_classes
+    kw, move = _rand_kw(device, generator)
+    stream = torch.randint(0, vocab, (batch_size, length + 1), **kw)
+    inputs, targets = stream[:, :-1].contiguous(), stream[:, 1:].contiguous()   # next tokens
+    return (inputs.to(device), targets.to(device)) if move else (inputs, targets)
+
+
 def _classifier_loss(model: nn.Module, inputs: Any, targets: Any) -> torch.Tensor:
     return F.cross_entropy(model(inputs), targets)
+
+
+def _lm_loss(model: nn.Module, inputs: Any, targets: Any) -> torch.Tensor:
+    logits = model(inputs)
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
 
 
 def _bert_loss(model: nn.Module, inputs: Any, targets: Any) -> torch.Tensor:
@@ -292,10 +375,11 @@ def _bert_loss(model: nn.Module, inputs: Any, targets: Any) -> torch.Tensor:
     return mlm + nsp
 
 
-# family -> (batch function, loss function); a new family (e.g. a language model) adds a row.
+# family -> (batch function, loss function); a new family adds a row.
 _FAMILIES: dict[str, tuple[Callable[..., tuple[Any, Any]], Callable[..., torch.Tensor]]] = {
     "vision": (_vision_batch, _classifier_loss),
     "bert": (_bert_batch, _bert_loss),
+    "lm": (_lm_batch, _lm_loss),
 }
 
 

@@ -11,7 +11,8 @@ from repro.models import (MODEL_NAMES, MODELS, PAPER_MODELS, TINY_MODELS, build_
 torch.set_num_threads(1)
 
 EXPECTED = {"resnet50", "resnet152", "densenet161", "densenet201", "googlenet", "vgg16",
-            "inception_v4", "bert_base", "bert_large", "tiny_resnet", "tiny_vgg", "tiny_bert"}
+            "inception_v4", "bert_base", "bert_large", "lstm_ptb", "tiny_resnet", "tiny_vgg", "tiny_bert",
+            "tiny_lstm"}
 
 
 def test_registry_names():
@@ -23,7 +24,8 @@ def test_registry_names():
 
 def test_paper_batch_sizes_and_input_sizes():
     expected = {"resnet152": 128, "densenet161": 64, "densenet201": 64, "inception_v4": 128,
-                "googlenet": 64, "resnet50": 32, "vgg16": 32, "bert_base": 64, "bert_large": 32}
+                "googlenet": 64, "resnet50": 32, "vgg16": 32, "bert_base": 64, "bert_large": 32,
+                "lstm_ptb": 20}
     assert {n: get_spec(n).paper_batch_size for n in PAPER_MODELS} == expected
     assert all(get_spec(n).paper_batch_size is None for n in TINY_MODELS)
     assert get_spec("inception_v4").input_size == (3, 299, 299)
@@ -31,6 +33,8 @@ def test_paper_batch_sizes_and_input_sizes():
     assert get_spec("tiny_resnet").input_size == (3, 32, 32)
     assert get_spec("bert_base").input_size == (64,)
     assert get_spec("tiny_bert").input_size == (32,)
+    assert get_spec("lstm_ptb").input_size == (35,) and get_spec("lstm_ptb").num_classes == 10000
+    assert get_spec("tiny_lstm").input_size == (16,)
 
 
 @pytest.mark.parametrize("call", [
@@ -120,3 +124,113 @@ def test_tiny_models_train_step(name):
     for n, p in model.named_parameters():
         assert p.grad is not None and p.grad.shape == p.shape, n
     assert count_params(model) < 1_000_000
+
+
+# ---- the LSTM language models ----
+
+def test_lstm_ptb_architecture():
+    model = build_model("lstm_ptb", device="meta")
+    assert get_spec("lstm_ptb").family == "lm" and get_spec("lstm_ptb").paper_batch_sizes == {"omgs": 20}
+    assert model.encoder.num_embeddings == 10000 and model.encoder.embedding_dim == 1500
+    assert len(model.lstm) == 2
+    assert all(m.hidden_size == 1500 and m.num_layers == 1 and m.batch_first for m in model.lstm)
+    assert model.decoder.out_features == 10000 and model.drop.p == 0.65
+    # embedding 10000*1500, per LSTM layer 4*1500*(1500+1500) + 2*4*1500, decoder 1500*10000 + 10000
+    assert count_params(model) == 15_000_000 + 2 * 18_012_000 + 15_010_000
+    assert build_model("lstm_ptb", device="meta", dropout=0.2).drop.p == 0.2
+    owners = [n for n, m in model.named_modules() if list(m.parameters(recurse=False))]
+    assert owners == ["encoder", "lstm.0", "lstm.1", "decoder"]
+
+
+def test_lm_batch_targets_are_next_tokens():
+    g1, g2 = torch.Generator().manual_seed(5), torch.Generator().manual_seed(5)
+    x, y = make_batch("tiny_lstm", 4, generator=g1)
+    assert x.shape == y.shape == (4, 16) and x.dtype == y.dtype == torch.int64
+    assert torch.equal(x[:, 1:], y[:, :-1])
+    assert 0 <= int(x.min()) and int(torch.cat([x, y]).max()) < 1000
+    x2, y2 = make_batch("tiny_lstm", 4, generator=g2)
+    assert torch.equal(x, x2) and torch.equal(y, y2)
+    x, y = make_batch("lstm_ptb", 20, device="meta")
+    assert x.shape == y.shape == (20, 35)
+    x, y = make_batch("tiny_lstm", 3, seq_len=7, num_classes=11)
+    assert x.shape == (3, 7) and int(torch.cat([x, y]).max()) < 11
+
+
+def test_lm_loss_is_cross_entropy_over_all_positions():
+    torch.manual_seed(0)
+    model = build_model("tiny_lstm", num_classes=50)
+    x, y = make_batch("tiny_lstm", 3, generator=torch.Generator().manual_seed(1), seq_len=5,
+                      num_classes=50)
+    logits = model(x)
+    assert logits.shape == (3, 5, 50)
+    expected = torch.stack([torch.nn.functional.cross_entropy(logits[b, s], y[b, s])
+                            for b in range(3) for s in range(5)]).mean()
+    assert compute_loss("tiny_lstm", model, x, y).item() == pytest.approx(expected.item(), rel=1e-6)
+    # An untrained model is near uniform over the vocabulary.
+    assert compute_loss("tiny_lstm", model, x, y).item() == pytest.approx(math.log(50), rel=0.05)
+
+
+def test_lm_starts_from_zero_state_each_batch():
+    model = build_model("tiny_lstm").eval()
+    x, _ = make_batch("tiny_lstm", 2, generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        assert torch.equal(model(x), model(x))
+        assert torch.allclose(model(x[:1]), model(x)[:1], atol=1e-6)
+
+
+def test_lm_kwargs_checked():
+    with pytest.raises(TypeError, match="image_size"):
+        make_batch("tiny_lstm", 2, image_size=8)
+    with pytest.raises(ValueError, match="dropout"):
+        build_model("tiny_lstm", dropout=1.5)
+
+
+def test_tiny_lstm_learns_a_repeating_sequence():
+    torch.manual_seed(0)
+    model = build_model("tiny_lstm", num_classes=20)
+    x = torch.arange(17).remainder(5).repeat(8, 1)
+    inputs, targets = x[:, :-1], x[:, 1:]
+    opt = torch.optim.Adam(model.parameters(), lr=0.02)
+    first = None
+    for _ in range(40):
+        opt.zero_grad()
+        loss = compute_loss("tiny_lstm", model, inputs, targets)
+        loss.backward()
+        opt.step()
+        first = loss.item() if first is None else first
+    assert loss.item() < 0.2 * first
+
+
+def test_tiny_lstm_iteration_is_fast_on_one_core():
+    import time
+    model = build_model("tiny_lstm")
+    x, y = make_batch("tiny_lstm", 20, generator=torch.Generator().manual_seed(0))
+    times = []
+    for _ in range(6):
+        t0 = time.perf_counter()
+        model.zero_grad(set_to_none=True)
+        compute_loss("tiny_lstm", model, x, y).backward()
+        times.append(time.perf_counter() - t0)
+    assert sorted(times)[3] < 0.05   # ~5 ms measured on one 2-core CI-class CPU core
+
+
+def test_lstm_layers_in_profiler_and_estimator():
+    from repro.estimate import estimate_trace
+    from repro.profile import profile_model
+
+    names = [n for n, _ in build_model("tiny_lstm").named_parameters()]
+    for view in ("module", "tensor"):
+        t = profile_model("tiny_lstm", 8, view=view, warmup=1, iters=2)
+        assert t.total_params == count_params(build_model("tiny_lstm"))
+        assert t.total_forward_s > 0 and t.total_backward_s > 0
+        if view == "module":
+            assert t.names == ["encoder", "lstm.0", "lstm.1", "decoder"]
+        else:
+            assert sorted(t.names) == sorted(names)
+    est = estimate_trace("lstm_ptb", 20, gpu="V100")
+    assert est.names == ["encoder", "lstm.0", "lstm.1", "decoder"]
+    assert est.params().tolist() == [15_000_000, 18_012_000, 18_012_000, 15_010_000]
+    # Forward: 2 FLOPs per multiply-add; per token 2 LSTM layers of 4*1500*(1500+1500) MACs and a
+    # 1500x10000 decoder, for 20*35 tokens.
+    assert est.extra["forward_flops"] == pytest.approx(2 * (2 * 18_000_000 + 15_000_000) * 700, rel=0.01)
+    assert all(layer.backward_s > 0 for layer in est.layers)

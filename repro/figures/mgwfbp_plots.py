@@ -12,10 +12,11 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from repro.figures.plots import gantt, scheduler_lines
+from repro.figures.plots import gantt, scheduler_lines, stacked_bars
 from repro.figures.style import PALETTE, scheduler_label, scheduler_style
 
-__all__ = ["plot_layer_sizes", "plot_cost_models", "plot_timeline", "plot_sim_speedup", "plot_optimal_gap"]
+__all__ = ["plot_layer_sizes", "plot_cost_models", "plot_timeline", "plot_sim_speedup", "plot_optimal_gap",
+           "plot_allreduce_fit", "plot_real_speedup", "plot_breakdown", "plot_threshold_sweep", "plot_convergence"]
 
 
 def plot_layer_sizes(layers: pd.DataFrame, curve: pd.DataFrame, hist_models: Sequence[str]):
@@ -141,5 +142,110 @@ def plot_optimal_gap(gap: pd.DataFrame):
     axes[1].set_ylabel("max gap over models (%)")
     axes[1].legend(fontsize="x-small")
     fig.suptitle("Gap of the MG-WFBP rule to the exact optimal merge (simulated)")
+    fig.tight_layout()
+    return fig
+
+
+# ---------------------------------------------------------------------------------------------
+# Measured (training) figures
+# ---------------------------------------------------------------------------------------------
+
+def plot_allreduce_fit(times: pd.DataFrame, fits: pd.DataFrame, note: str):
+    """Measured all-reduce seconds vs bytes per world size, with the fitted a + b*M lines."""
+    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    for k, (p, g) in enumerate(times.groupby("workers")):
+        c = PALETTE[k % len(PALETTE)]
+        f = fits[fits.workers == p].iloc[0]
+        ax.scatter(g["bytes"], g["seconds"] * 1e3, color=c, s=18, label=f"P={p} measured")
+        x = np.geomspace(g["bytes"].min(), g["bytes"].max(), 50)
+        ax.plot(x, (f.a_s + f.b_s_per_byte * x) * 1e3, color=c, lw=1.2,
+                label=f"P={p} fit: a={f.a_s * 1e6:.0f} us, b={f.b_s_per_byte * 1e9:.3f} ns/B")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("message bytes")
+    ax.set_ylabel("all-reduce time (ms)")
+    ax.legend(fontsize="x-small")
+    ax.set_title(f"All-reduce on the live process group ({note})")
+    fig.tight_layout()
+    return fig
+
+
+def plot_real_speedup(speedup: pd.DataFrame, note: str):
+    """Measured speedup vs workers per model (one panel each)."""
+    models = list(dict.fromkeys(speedup["model"]))
+    fig, axes = plt.subplots(1, len(models), figsize=(4.2 * len(models), 3.6), squeeze=False)
+    order = ["linear", "wfbp", "syncea", "ddp", "mgwfbp", "optimal"]
+    for ax, m in zip(axes.flat, models):
+        sub = speedup[speedup.model == m]
+        scheduler_lines(ax, sub, x="workers", y="speedup", hue="scheduler",
+                        order=[s for s in order if s in set(sub.scheduler)], legend=False)
+        ax.set_xticks(sorted(set(sub.workers)))
+        ax.set_title(m)
+    handles, labels = axes.flat[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=len(labels), bbox_to_anchor=(0.5, -0.04))
+    fig.suptitle(f"Measured speedup over one worker ({note})")
+    fig.tight_layout(rect=(0, 0.06, 1, 1))
+    return fig
+
+
+def plot_breakdown(breakdown: pd.DataFrame, note: str):
+    """Stacked bars: computation and non-overlapped communication per scheduler, precision and source."""
+    models = list(dict.fromkeys(breakdown["model"]))
+    fig, axes = plt.subplots(1, len(models), figsize=(5.5 * len(models), 4.2), squeeze=False)
+    for ax, m in zip(axes.flat, models):
+        sub = breakdown[breakdown.model == m].copy()
+        sub["bar"] = (sub.scheduler.map(scheduler_label) + "\n" + sub.wire_dtype.str.replace("float", "fp")
+                      + " " + sub.source.str[:4])
+        sub = sub.sort_values(["wire_dtype", "scheduler", "source"])
+        sub = sub.assign(computation_ms=sub.computation_s * 1e3, exposed_comm_ms=sub.exposed_comm_s * 1e3)
+        stacked_bars(ax, sub, x="bar", parts=["computation_ms", "exposed_comm_ms"],
+                     colors={"computation_ms": PALETTE[0], "exposed_comm_ms": PALETTE[3]},
+                     labels={"computation_ms": "computation", "exposed_comm_ms": "non-overlapped communication"},
+                     legend=(ax is axes.flat[0]))
+        ax.tick_params(axis="x", labelsize=7, rotation=90)
+        ax.set_ylabel("ms per iteration")
+        ax.set_title(f"{m}, P={int(sub.workers.max())}")
+    fig.suptitle(f"Iteration breakdown, measured vs simulated ({note})")
+    fig.tight_layout()
+    return fig
+
+
+def plot_threshold_sweep(sweep: pd.DataFrame, refs: pd.DataFrame, note: str):
+    """Iteration time vs fusion threshold (measured and simulated), MG-WFBP / optimal as reference lines."""
+    models = list(dict.fromkeys(sweep["model"]))
+    fig, axes = plt.subplots(1, len(models), figsize=(5.2 * len(models), 3.8), squeeze=False)
+    for ax, m in zip(axes.flat, models):
+        sub = sweep[sweep.model == m].sort_values("threshold_bytes")
+        for source, ls in (("measured", "-"), ("simulated", "--")):
+            s = sub[sub.source == source]
+            ax.plot(s.threshold_bytes, s.iteration_s * 1e3, ls, marker="o", ms=4,
+                    color=scheduler_style("threshold")["color"], label=f"fixed threshold ({source})")
+        for _, r in refs[refs.model == m].iterrows():
+            st = scheduler_style(r.scheduler)
+            ax.axhline(r.iteration_s * 1e3, color=st["color"], ls="-" if r.source == "measured" else "--", lw=1,
+                       label=f"{st['label']} ({r.source})")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("fusion threshold (bytes)")
+        ax.set_ylabel("iteration (ms)")
+        ax.set_title(m)
+        ax.legend(fontsize="x-small")
+    fig.suptitle(f"Iteration time vs fixed fusion threshold, measured and simulated ({note})")
+    fig.tight_layout()
+    return fig
+
+
+def plot_convergence(epochs: pd.DataFrame, note: str):
+    """Test accuracy vs epoch per scheduler (S-SGD and MG-WFBP make identical updates)."""
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for k, (s, g) in enumerate(epochs.groupby("scheduler", sort=False)):
+        st = scheduler_style(s)
+        g = g.sort_values("epoch")
+        ax.plot(g.epoch, g.test_accuracy, color=st["color"], marker="os^"[k % 3], ms=5,
+                ls="-" if k == 0 else "--", label=st["label"] if s != "ddp" else "S-SGD (PyTorch DDP)")
+    ax.set_xlabel("epoch")
+    ax.set_xticks(sorted(set(epochs.epoch)))
+    ax.set_ylabel("test accuracy")
+    ax.legend()
+    ax.set_title(f"Convergence ({note})")
     fig.tight_layout()
     return fig

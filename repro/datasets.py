@@ -1,0 +1,353 @@
+"""Datasets for training runs, and a loader that shards them over data-parallel ranks.
+
+Nothing is downloaded; real datasets are read from ``data/`` (see :func:`repro.data.data_dir`; set
+``REPRO_DATA_DIR`` to read them from elsewhere) and a missing one raises
+:class:`DatasetNotFoundError` saying which file was looked for, what layout to put there and where
+to get it.
+
+* :func:`synthetic`: a fixed list of random batches from the model registry, for throughput runs.
+* :func:`digits`: scikit-learn's 8x8 handwritten digits (shipped with scikit-learn), resized to
+  3x32x32 so the tiny CNNs train on it: the real dataset for tiny-scale convergence runs.
+* :func:`cifar10`: CIFAR-10 in its standard binary layout, ``data/cifar10/cifar-10-batches-bin/``.
+* :func:`imagenet`: an ImageNet folder, ``data/imagenet/{train,val}/<class>/<image>``.
+* :func:`ptb`: Penn Treebank (word level), ``data/ptb/ptb.{train,valid,test}.txt``.
+
+:func:`get_dataset` builds any of them by name. :func:`make_loader` wraps a dataset in a
+``DataLoader`` whose ``DistributedSampler`` gives rank ``rank`` of ``world_size`` its shard; rank and
+world size are explicit, so no process group is needed::
+
+    train = get_dataset("digits", split="train")
+    loader = make_loader(train, 32, rank=rank, world_size=world_size, seed=0)
+    for epoch in range(epochs):
+        loader.sampler.set_epoch(epoch)      # a new shuffle every epoch, the same on every rank
+        for inputs, targets in loader:
+            ...
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, Dataset, TensorDataset
+from torch.utils.data.distributed import DistributedSampler
+
+from repro.data import data_dir
+from repro.models import make_batch
+
+__all__ = ["DatasetNotFoundError", "UInt8ImageDataset", "TokenSequences", "CIFAR10_MEAN", "CIFAR10_STD",
+           "IMAGENET_MEAN", "IMAGENET_STD", "digits", "cifar10", "imagenet", "ptb", "synthetic",
+           "DATASETS", "DATASET_NAMES", "get_dataset", "make_loader"]
+
+CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)   # per-channel mean and std of the training images
+CIFAR10_STD = (0.2470, 0.2435, 0.2616)
+IMAGENET_MEAN = (0.485, 0.456, 0.406)     # the usual ImageNet normalisation (torchvision's)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+_CIFAR_RECORD = 1 + 3 * 32 * 32           # one label byte, then 3072 pixel bytes (CHW, uint8)
+_CIFAR_FILES = {"train": [f"data_batch_{i}.bin" for i in range(1, 6)], "test": ["test_batch.bin"]}
+_CIFAR_URL = "https://www.cs.toronto.edu/~kriz/cifar.html"
+_PTB_URL = "http://www.fit.vutbr.cz/~imikolov/rnnlm/simple-examples.tgz"
+
+
+class DatasetNotFoundError(FileNotFoundError):
+    """A dataset's files are not where they were looked for; the message says where and how."""
+
+
+def _check_choice(label: str, value: Any, choices: Sequence[str]) -> None:
+    if value not in choices:
+        raise ValueError(f"unknown {label} {value!r}; valid: {', '.join(choices)}")
+
+
+def _check_positive_int(label: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"{label} must be a positive integer, got {value!r}")
+
+
+def _root(root: str | Path | None, default: str) -> Path:
+    return Path(root) if root is not None else data_dir() / default
+
+
+# ---------------------------------------------------------------------------------------------
+# Image datasets held as uint8 (a quarter of the memory of float32; converted per sample)
+# ---------------------------------------------------------------------------------------------
+
+class UInt8ImageDataset(Dataset):
+    """Images ``(N, C, H, W)`` uint8 and labels ``(N,)`` int64; a sample is ``(image, label)`` with
+    the image as float32 scaled to [0, 1] and, if ``mean``/``std`` are given, normalised per channel."""
+
+    def __init__(self, images: torch.Tensor, labels: torch.Tensor,
+                 mean: Sequence[float] | None = None, std: Sequence[float] | None = None) -> None:
+        if images.dtype != torch.uint8 or images.dim() != 4 or len(images) != len(labels):
+            raise ValueError("images must be uint8 (N, C, H, W) with one label per image")
+        self.images, self.labels = images, labels
+        self.mean = None if mean is None else torch.tensor(mean, dtype=torch.float32).view(-1, 1, 1)
+        self.std = None if std is None else torch.tensor(std, dtype=torch.float32).view(-1, 1, 1)
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        x = self.images[index].float().div_(255)
+        if self.mean is not None:
+            x = (x - self.mean) / self.std
+        return x, self.labels[index]
+
+
+# ---------------------------------------------------------------------------------------------
+# scikit-learn's digits
+# ---------------------------------------------------------------------------------------------
+
+def digits(split: str = "train", image_size: int = 32, channels: int = 3, test_fraction: float = 0.2,
+           seed: int = 0) -> TensorDataset:
+    """scikit-learn's handwritten digits (1797 8x8 images, 10 classes) as ``(C, S, S)`` float images.
+
+    Pixels (0..16) are scaled to [0, 1], normalised with the mean and standard deviation of the
+    training split's pixels, resized to ``image_size`` (bilinear) and repeated to ``channels``, so
+    the default 3x32x32 fits ``tiny_resnet`` and ``tiny_vgg``. The train/test split is stratified
+    and depends only on ``test_fraction`` and ``seed`` (``test_fraction=0.2``: 1437 train, 360 test).
+    Samples are in the order of scikit-learn's array.
+    """
+    _check_choice("split", split, ("train", "test"))
+    _check_positive_int("image_size", image_size)
+    _check_positive_int("channels", channels)
+    if not 0 < test_fraction < 1:
+        raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction!r}")
+    try:
+        from sklearn.datasets import load_digits
+        from sklearn.model_selection import train_test_split
+    except ImportError as e:
+        raise ImportError("repro.datasets.digits needs scikit-learn (pip install scikit-learn); "
+                          "its digits ship with it, nothing is downloaded") from e
+
+    raw = load_digits()
+    images = raw.images.astype(np.float32) / 16.0           # (1797, 8, 8) in [0, 1]
+    labels = raw.target.astype(np.int64)
+    train_idx, test_idx = train_test_split(np.arange(len(labels)), test_size=test_fraction,
+                                           random_state=seed, stratify=labels)
+    mean, std = images[train_idx].mean(), images[train_idx].std()
+    idx = np.sort(train_idx if split == "train" else test_idx)
+    x = torch.from_numpy((images[idx] - mean) / std).unsqueeze(1)   # (N, 1, 8, 8)
+    if image_size != x.shape[-1]:
+        x = F.interpolate(x, size=(image_size, image_size), mode="bilinear", align_corners=False)
+    x = x.repeat(1, channels, 1, 1).contiguous()
+    return TensorDataset(x, torch.from_numpy(labels[idx]))
+
+
+# ---------------------------------------------------------------------------------------------
+# CIFAR-10 (binary version)
+# ---------------------------------------------------------------------------------------------
+
+def _read_cifar_file(path: Path) -> tuple[np.ndarray, np.ndarray]:
+    size = path.stat().st_size
+    if size == 0 or size % _CIFAR_RECORD:
+        raise ValueError(f"{path}: {size} bytes is not a positive multiple of {_CIFAR_RECORD} "
+                         f"(1 label byte + 3072 pixel bytes per record); the file is truncated or is "
+                         f"not from the CIFAR-10 binary version")
+    raw = np.fromfile(path, dtype=np.uint8).reshape(-1, _CIFAR_RECORD)
+    labels = raw[:, 0].astype(np.int64)
+    if labels.max() > 9:
+        raise ValueError(f"{path}: label {int(labels.max())} outside 0..9; this is not a CIFAR-10 "
+                         f"binary file (CIFAR-100's binary layout has two label bytes)")
+    return raw[:, 1:].reshape(-1, 3, 32, 32), labels
+
+
+def cifar10(root: str | Path | None = None, split: str = "train", normalize: bool = True
+            ) -> UInt8ImageDataset:
+    """CIFAR-10 from the standard binary layout, read with numpy.
+
+    Files: ``<root>/cifar-10-batches-bin/data_batch_{1..5}.bin`` (train, 50,000 images) and
+    ``test_batch.bin`` (test, 10,000); each record is 1 label byte then 3072 bytes of a 3x32x32
+    image in CHW order. ``root`` defaults to ``data/cifar10``; a ``root`` that directly holds the
+    ``.bin`` files works too. Samples are float32 in [0, 1], normalised with
+    :data:`CIFAR10_MEAN` / :data:`CIFAR10_STD` if ``normalize``; the raw bytes stay in
+    ``dataset.images`` (uint8) and ``dataset.labels``. No augmentation is applied.
+    """
+    _check_choice("split", split, ("train", "test"))
+    root = _root(root, "cifar10")
+    folder = root / "cifar-10-batches-bin"
+    names = _CIFAR_FILES[split]
+    if not folder.is_dir() and (root / names[0]).is_file():
+        folder = root
+    for name in names:
+        if not (folder / name).is_file():
+            raise DatasetNotFoundError(
+                f"CIFAR-10 not found: expected {folder / name} (the {split} split is "
+                f"{', '.join(names)} in {folder}). Put the 'CIFAR-10 binary version' there: download "
+                f"cifar-10-binary.tar.gz from the dataset's site ({_CIFAR_URL}) and extract it into "
+                f"{root}, which creates cifar-10-batches-bin/ (or pass root=..., or set REPRO_DATA_DIR)")
+    parts = [_read_cifar_file(folder / name) for name in names]
+    images = torch.from_numpy(np.concatenate([p[0] for p in parts]))
+    labels = torch.from_numpy(np.concatenate([p[1] for p in parts]))
+    if normalize:
+        return UInt8ImageDataset(images, labels, CIFAR10_MEAN, CIFAR10_STD)
+    return UInt8ImageDataset(images, labels)
+
+
+# ---------------------------------------------------------------------------------------------
+# ImageNet (a folder per class)
+# ---------------------------------------------------------------------------------------------
+
+def imagenet(root: str | Path | None = None, split: str = "train", image_size: int = 224) -> Dataset:
+    """An ImageNet-style folder, ``<root>/<split>/<class>/<image>``, as a torchvision ``ImageFolder``.
+
+    ``root`` defaults to ``data/imagenet``. Classes are the sub-folder names in sorted order (label
+    = index). Transforms: train = random resized crop to ``image_size`` + horizontal flip; val =
+    resize the short side to ``image_size * 256 / 224`` + center crop; both then to a float tensor
+    normalised with :data:`IMAGENET_MEAN` / :data:`IMAGENET_STD`.
+    """
+    _check_choice("split", split, ("train", "val"))
+    _check_positive_int("image_size", image_size)
+    from torchvision import datasets, transforms
+
+    root = _root(root, "imagenet")
+    folder = root / split
+    hint = (f"put one sub-folder per class there, holding that class's images, e.g. "
+            f"{folder / 'n01440764' / 'n01440764_10026.JPEG'}: the ILSVRC2012 training and validation "
+            f"images from https://image-net.org (registration required), validation images sorted "
+            f"into class folders like the training ones (or pass root=..., or set REPRO_DATA_DIR)")
+    if not folder.is_dir() or not any(p.is_dir() for p in folder.iterdir()):
+        raise DatasetNotFoundError(f"ImageNet not found: expected class folders in {folder}; {hint}")
+    normalize = transforms.Normalize(IMAGENET_MEAN, IMAGENET_STD)
+    if split == "train":
+        transform = transforms.Compose([transforms.RandomResizedCrop(image_size),
+                                        transforms.RandomHorizontalFlip(),
+                                        transforms.ToTensor(), normalize])
+    else:
+        transform = transforms.Compose([transforms.Resize(round(image_size * 256 / 224)),
+                                        transforms.CenterCrop(image_size),
+                                        transforms.ToTensor(), normalize])
+    try:
+        return datasets.ImageFolder(str(folder), transform=transform)
+    except FileNotFoundError as e:   # e.g. a class folder without any image
+        raise DatasetNotFoundError(f"ImageNet not usable in {folder}: {e}; {hint}") from e
+
+
+# ---------------------------------------------------------------------------------------------
+# Penn Treebank (word level)
+# ---------------------------------------------------------------------------------------------
+
+class TokenSequences(TensorDataset):
+    """``(input, target)`` pairs of token-id sequences (targets = inputs shifted by one token);
+    ``vocab[i]`` is the word with id ``i``."""
+
+    def __init__(self, inputs: torch.Tensor, targets: torch.Tensor, vocab: Sequence[str]) -> None:
+        super().__init__(inputs, targets)
+        self.vocab = list(vocab)
+
+
+def _words(path: Path) -> list[str]:
+    with open(path, encoding="utf-8") as f:
+        return [w for line in f for w in line.split() + ["<eos>"]]
+
+
+def ptb(root: str | Path | None = None, split: str = "train", seq_len: int = 35) -> TokenSequences:
+    """Penn Treebank, word level, from ``<root>/ptb.{train,valid,test}.txt`` (``root``: ``data/ptb``).
+
+    Each line's words are followed by ``<eos>``. The vocabulary is built from the training file
+    (ids in order of first appearance; ``<unk>`` is added if absent and stands for any word of
+    valid/test not in it), so every split needs ``ptb.train.txt``; the standard files give 10,000
+    words. The split's token stream is cut into ``len // seq_len`` non-overlapping sequences of
+    ``seq_len`` tokens (the last token only as a target); with the stream ``t``, sample ``i`` is
+    ``(t[i*S : (i+1)*S], t[i*S+1 : (i+1)*S+1])``. Pass ``num_classes=len(dataset.vocab)`` to the
+    language models if the vocabulary differs from theirs.
+    """
+    _check_choice("split", split, ("train", "valid", "test"))
+    _check_positive_int("seq_len", seq_len)
+    root = _root(root, "ptb")
+    for s in dict.fromkeys(("train", split)):
+        path = root / f"ptb.{s}.txt"
+        if not path.is_file():
+            raise DatasetNotFoundError(
+                f"Penn Treebank not found: expected {path} (word-level text, one sentence per line; "
+                f"ptb.train.txt, ptb.valid.txt and ptb.test.txt in {root}; the vocabulary comes from "
+                f"ptb.train.txt). These are the data/ptb.*.txt files of Mikolov's simple-examples.tgz "
+                f"({_PTB_URL}) (or pass root=..., or set REPRO_DATA_DIR)")
+    vocab = list(dict.fromkeys(_words(root / "ptb.train.txt")))
+    if "<unk>" not in vocab:
+        vocab.append("<unk>")
+    index = {w: i for i, w in enumerate(vocab)}
+    unk = index["<unk>"]
+    path = root / f"ptb.{split}.txt"
+    ids = [index.get(w, unk) for w in _words(path)]
+    n = (len(ids) - 1) // seq_len
+    if n < 1:
+        raise ValueError(f"{path}: {len(ids)} tokens (with <eos>) are too few for one sequence of "
+                         f"seq_len={seq_len} (needs seq_len + 1)")
+    stream = torch.tensor(ids[:n * seq_len + 1], dtype=torch.int64)
+    return TokenSequences(stream[:-1].view(n, seq_len), stream[1:].view(n, seq_len), vocab)
+
+
+# ---------------------------------------------------------------------------------------------
+# Synthetic batches
+# ---------------------------------------------------------------------------------------------
+
+def synthetic(model_name: str, batch_size: int, num_batches: int, seed: int = 0,
+              device: str | torch.device = "cpu", **model_kwargs: Any) -> list[tuple[Any, Any]]:
+    """``num_batches`` random ``(inputs, targets)`` batches of ``model_name`` (already batched: iterate
+    the list directly, not through :func:`make_loader`), from :func:`repro.models.make_batch` with
+    a generator seeded by ``seed`` (give ranks different seeds for different data).
+    ``model_kwargs`` go to ``make_batch`` (e.g. ``seq_len``)."""
+    _check_positive_int("num_batches", num_batches)
+    gen = torch.Generator().manual_seed(seed)
+    return [make_batch(model_name, batch_size, device=device, generator=gen, **model_kwargs)
+            for _ in range(num_batches)]
+
+
+# ---------------------------------------------------------------------------------------------
+# Registry and loader
+# ---------------------------------------------------------------------------------------------
+
+DATASETS: dict[str, Callable[..., Any]] = {
+    "digits": digits,
+    "cifar10": cifar10,
+    "imagenet": imagenet,
+    "ptb": ptb,
+    "synthetic": synthetic,
+}
+DATASET_NAMES: tuple[str, ...] = tuple(DATASETS)
+
+
+def get_dataset(name: str, **kwargs: Any) -> Any:
+    """The dataset ``name`` built with ``kwargs``; ``ValueError`` listing the valid names if unknown."""
+    fn = DATASETS.get(name)
+    if fn is None:
+        raise ValueError(f"unknown dataset {name!r}; valid names: {', '.join(DATASET_NAMES)}")
+    return fn(**kwargs)
+
+
+def make_loader(dataset: Dataset, batch_size: int, *, rank: int = 0, world_size: int = 1,
+                shuffle: bool = True, seed: int = 0, drop_last: bool = True,
+                num_workers: int = 0) -> DataLoader:
+    """A ``DataLoader`` over rank ``rank``'s shard of ``dataset`` (``world_size`` ranks).
+
+    Sharding is ``DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=shuffle,
+    seed=seed, drop_last=drop_last)``: each epoch every rank draws the same permutation (from
+    ``seed`` and the epoch) and takes every ``world_size``-th index from position ``rank``, so the
+    shards are disjoint. Every rank gets the same number of samples and batches, as synchronous
+    training needs: with ``drop_last=True`` the ``len % world_size`` leftover samples and each
+    rank's incomplete last batch are dropped; with ``drop_last=False`` the sampler repeats up to
+    ``world_size - 1`` samples to even the shards out and the last batch may be smaller.
+
+    Call ``loader.sampler.set_epoch(epoch)`` at the start of every epoch, with the same ``epoch``
+    (and ``seed``) on all ranks: without it every epoch repeats the first epoch's order.
+    """
+    _check_positive_int("batch_size", batch_size)
+    _check_positive_int("world_size", world_size)
+    if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < world_size:
+        raise ValueError(f"rank must be an integer in [0, world_size={world_size}), got {rank!r}")
+    n = len(dataset)
+    per_rank = n // world_size if drop_last else math.ceil(n / world_size)
+    batches = per_rank // batch_size if drop_last else math.ceil(per_rank / batch_size)
+    if batches < 1:
+        raise ValueError(f"dataset of {n} samples cannot give world_size={world_size} ranks a batch of "
+                         f"{batch_size} (each rank gets {per_rank} samples"
+                         f"{'; incomplete batches are dropped' if drop_last else ''})")
+    sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=shuffle,
+                                 seed=seed, drop_last=drop_last)
+    return DataLoader(dataset, batch_size=batch_size, sampler=sampler, drop_last=drop_last,
+                      num_workers=num_workers)

@@ -1,0 +1,190 @@
+"""Run an all-reduce Plan: per-bucket flat buffers filled by gradient hooks, async all-reduce per bucket.
+
+Contract of :class:`BucketedAllReduce`:
+
+- every layer of the model (in the plan's ``view``) appears in exactly one bucket of the plan;
+- during ``loss.backward()``, ``register_post_accumulate_grad_hook`` copies each gradient into its
+  bucket's flat buffer (cast to the wire dtype, e.g. float16); when a bucket's last gradient has
+  arrived, the bucket is divided by the world size and its asynchronous ``all_reduce`` starts, in the
+  plan's bucket order (a bucket never overtakes an earlier one, so every rank issues the same
+  sequence of collectives);
+- :meth:`finish` waits for every bucket and writes the averaged gradients back into ``param.grad``.
+  Parameters that received no gradient this iteration contribute zeros (as DDP's
+  ``find_unused_parameters``) and get a gradient afterwards.
+
+:class:`ScheduledOptimizer` wraps any optimizer so that ``step()`` first calls :meth:`finish`.
+With ``record_timeline=True`` each bucket's launch and completion times (``time.perf_counter``,
+seconds) and each layer's gradient-ready time are kept for the last iteration.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from repro.plan import WIRE_DTYPE_BYTES, Plan, PlanError
+from repro.runtime.layers import layer_parameters
+
+__all__ = ["BucketedAllReduce", "ScheduledOptimizer", "BucketTiming"]
+
+_TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+assert set(_TORCH_DTYPES) == set(WIRE_DTYPE_BYTES)
+
+
+@dataclass
+class BucketTiming:
+    """Wall-clock seconds (perf_counter) of one bucket's all-reduce in the last iteration."""
+
+    bucket: int
+    layers: tuple[str, ...]
+    bytes: int
+    launch_s: float = float("nan")
+    end_s: float = float("nan")
+
+
+@dataclass
+class _Slot:
+    bucket: int
+    offset: int
+    param: nn.Parameter
+    layer: str
+    written: bool = False
+
+
+@dataclass
+class _Bucket:
+    layers: tuple[str, ...]
+    buffer: torch.Tensor
+    slots: list[_Slot] = field(default_factory=list)
+    pending: int = 0
+    work: object | None = None
+
+
+class BucketedAllReduce:
+    """Synchronise gradients of ``model`` by executing ``plan`` (all-reduce buckets) on ``group``."""
+
+    def __init__(self, model: nn.Module, plan: Plan, *, view: str = "tensor",
+                 group: dist.ProcessGroup | None = None, record_timeline: bool = False) -> None:
+        if not dist.is_initialized():
+            raise RuntimeError("torch.distributed is not initialised: start ranks with repro.launch")
+        for b in plan.buckets:
+            if b.collective != "allreduce":
+                raise PlanError(f"BucketedAllReduce executes all-reduce buckets, got '{b.collective}'")
+        layers = layer_parameters(model, view)
+        planned = [name for b in plan.buckets for name in b.layers]
+        unknown = [n for n in planned if n not in layers]
+        if unknown:
+            raise PlanError(f"plan names {len(unknown)} layer(s) the model does not have in view "
+                            f"'{view}', e.g. {unknown[:3]}")
+        missing = [n for n in layers if n not in set(planned)]
+        if missing:
+            raise PlanError(f"plan leaves {len(missing)} layer(s) of the model out, e.g. {missing[:3]}")
+        self.plan = plan
+        self.group = group
+        self.world_size = dist.get_world_size(group)
+        self.record_timeline = record_timeline
+        self._buckets: list[_Bucket] = []
+        self._slots: list[_Slot] = []
+        for k, b in enumerate(plan.buckets):
+            params = [p for name in b.layers for _, p in layers[name]]
+            dtype = _TORCH_DTYPES[plan.wire_dtype] if plan.wire_dtype else params[0].dtype
+            numel = sum(p.numel() for p in params)
+            bucket = _Bucket(tuple(b.layers), torch.zeros(numel, dtype=dtype, device=params[0].device))
+            offset = 0
+            for name in b.layers:
+                for _, p in layers[name]:
+                    slot = _Slot(k, offset, p, name)
+                    bucket.slots.append(slot)
+                    self._slots.append(slot)
+                    offset += p.numel()
+            bucket.pending = len(bucket.slots)
+            self._buckets.append(bucket)
+        self._next = 0  # next bucket (plan order) to launch
+        self.timings = [BucketTiming(k, b.layers, b.buffer.numel() * b.buffer.element_size())
+                        for k, b in enumerate(self._buckets)]
+        self.grad_ready_s: dict[str, float] = {}
+        self._handles = [slot.param.register_post_accumulate_grad_hook(self._hook(slot)) for slot in self._slots]
+
+    # ---- hooks ----
+    def _hook(self, slot: _Slot):
+        def hook(param: torch.Tensor) -> None:
+            if self.record_timeline:
+                self.grad_ready_s[slot.layer] = time.perf_counter()
+            self._write(slot)
+            self._launch_ready()
+        return hook
+
+    def _write(self, slot: _Slot) -> None:
+        bucket = self._buckets[slot.bucket]
+        if slot.written:
+            raise RuntimeError(f"gradient of a parameter in layer '{slot.layer}' arrived twice in one "
+                               "iteration; call step() (finish()) between backward passes")
+        n = slot.param.numel()
+        view = bucket.buffer[slot.offset:slot.offset + n]
+        if slot.param.grad is None:
+            view.zero_()
+        else:
+            view.copy_(slot.param.grad.reshape(-1))
+        slot.written = True
+        bucket.pending -= 1
+
+    def _launch_ready(self) -> None:
+        while self._next < len(self._buckets) and self._buckets[self._next].pending == 0:
+            bucket = self._buckets[self._next]
+            bucket.buffer.div_(self.world_size)
+            if self.record_timeline:
+                self.timings[self._next].launch_s = time.perf_counter()
+                work = dist.all_reduce(bucket.buffer, group=self.group, async_op=True)
+                timing = self.timings[self._next]
+                work.get_future().then(lambda _f, t=timing: setattr(t, "end_s", time.perf_counter()))
+                bucket.work = work
+            else:
+                bucket.work = dist.all_reduce(bucket.buffer, group=self.group, async_op=True)
+            self._next += 1
+
+    # ---- step ----
+    def finish(self) -> None:
+        """Wait for all buckets of this iteration and write averaged gradients into ``.grad``."""
+        for slot in self._slots:  # parameters that got no gradient this iteration
+            if not slot.written:
+                self._write(slot)
+        self._launch_ready()
+        for bucket in self._buckets:
+            bucket.work.wait()
+            for slot in bucket.slots:
+                n = slot.param.numel()
+                avg = bucket.buffer[slot.offset:slot.offset + n].view_as(slot.param)
+                if slot.param.grad is None:
+                    slot.param.grad = avg.to(slot.param.dtype, copy=True)
+                else:
+                    slot.param.grad.copy_(avg)
+                slot.written = False
+            bucket.pending = len(bucket.slots)
+            bucket.work = None
+        self._next = 0
+
+    def remove(self) -> None:
+        """Remove the gradient hooks (the model is left as it was)."""
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+
+
+class ScheduledOptimizer:
+    """``step()`` = wait for the gradient exchange, then the wrapped optimizer's step."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, sync: BucketedAllReduce | None) -> None:
+        self.optimizer = optimizer
+        self.sync = sync
+
+    def step(self) -> None:
+        if self.sync is not None:
+            self.sync.finish()
+        self.optimizer.step()
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.optimizer.zero_grad(set_to_none=set_to_none)

@@ -1,0 +1,85 @@
+"""Functions that ranks started by ``repro.launch.launch_local`` run in tests (they must be importable).
+
+Run as a script under torchrun (``python -m torch.distributed.run --standalone --nproc-per-node 2
+-m tests.launch_targets OUT_DIR [BACKEND]``), each rank writes ``OUT_DIR/rank<R>.json`` with what it saw.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+
+def allreduce_and_report(ctx, base, *, scale=1.0, message=None):
+    import torch
+    import torch.distributed as dist
+
+    if message is not None:
+        print(f"{message} {ctx.rank}", flush=True)
+    t = torch.tensor([float(ctx.rank + 1), float(base)]) * scale
+    dist.all_reduce(t)
+    return {
+        "rank": ctx.rank,
+        "world_size": ctx.world_size,
+        "local_rank": ctx.local_rank,
+        "backend": ctx.backend,
+        "device": str(ctx.device),
+        "is_main": ctx.is_main,
+        "value": t.tolist(),
+        "threads": torch.get_num_threads(),
+        "omp": os.environ.get("OMP_NUM_THREADS"),
+        "extra_env": os.environ.get("REPRO_TEST_EXTRA"),
+        "pid": os.getpid(),
+    }
+
+
+def raise_on_rank1(ctx):
+    import torch
+    import torch.distributed as dist
+
+    if ctx.rank == 1:
+        time.sleep(0.5)  # let rank 0 block in its all_reduce first
+        raise ValueError("boom from rank 1")
+    dist.all_reduce(torch.ones(3))  # never completes: rank 1 never joins
+    return "unreachable"
+
+
+def exit_on_rank1(ctx, code):
+    if ctx.rank == 1:
+        time.sleep(0.3)
+        os._exit(code)
+    time.sleep(3600)  # not in a collective: only the launcher can end this rank
+    return "unreachable"
+
+
+def hang_on_rank1(ctx):
+    if ctx.rank == 1:
+        time.sleep(3600)
+    return ctx.rank
+
+
+def write_pid_and_hang(ctx, out_dir):
+    Path(out_dir, f"rank{ctx.rank}.pid").write_text(str(os.getpid()))
+    time.sleep(3600)
+
+
+def _torchrun_main(out_dir: str, backend: str | None = None) -> None:
+    import torch
+    import torch.distributed as dist
+
+    from repro.launch import distributed
+
+    with distributed(backend=backend, timeout_s=60) as ctx:
+        t = torch.tensor([float(ctx.rank + 1)])
+        dist.all_reduce(t)
+        Path(out_dir, f"rank{ctx.rank}.json").write_text(json.dumps({
+            "rank": ctx.rank, "world_size": ctx.world_size, "local_rank": ctx.local_rank,
+            "backend": ctx.backend, "device": str(ctx.device), "sum": t.item(),
+        }))
+
+
+if __name__ == "__main__":
+    _torchrun_main(sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else None)

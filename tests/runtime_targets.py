@@ -1,0 +1,27 @@
+"""Functions the distributed tests run on every rank (must be importable by spawned processes)."""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from repro.train import TrainConfig, run_training
+
+
+def train_params(ctx, runs: list[dict]) -> list[dict]:
+    """Run each config in turn; return per run the final parameters and the summary."""
+    torch.use_deterministic_algorithms(True)
+    out = []
+    for kw in runs:
+        cfg = TrainConfig(**{"quiet": True, "compute_steps": 0, "fit_repeats": 1, **kw})
+        model, summary = run_training(ctx, cfg)
+        out.append({"params": {n: p.detach().cpu().clone() for n, p in model.named_parameters()},
+                    "buffers": {n: b.detach().cpu().clone().double() for n, b in model.named_buffers()},
+                    "summary": summary})
+    return out
+
+
+def allreduce_sum(ctx, value: float) -> float:
+    t = torch.tensor([value])
+    dist.all_reduce(t)
+    return float(t)

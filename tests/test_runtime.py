@@ -1,0 +1,102 @@
+"""The runtime executes plans exactly: every scheduler ends with DDP's parameters (2 gloo ranks)."""
+
+import json
+
+import pytest
+import torch
+
+from repro.launch import launch_local
+from repro.plan import Plan, PlanError
+from tests.runtime_targets import train_params
+
+SCHEDULERS = ["wfbp", "syncea", "threshold", "mgwfbp", "optimal", "ddp_plan", "local"]
+COMMON = {"steps": 4, "warmup_steps": 2, "batch_size": 8, "lr": 0.05, "momentum": 0.9, "weight_decay": 1e-4,
+          "threshold_bytes": 40_000}
+
+
+def _max_diff(a, b):
+    return max((a[n] - b[n]).abs().max().item() for n in a)
+
+
+@pytest.fixture(scope="module")
+def resnet_runs():
+    runs = [{"model": "tiny_resnet", "scheduler": "ddp", **COMMON}]
+    runs += [{"model": "tiny_resnet", "scheduler": s, **COMMON} for s in SCHEDULERS]
+    runs += [{"model": "tiny_resnet", "scheduler": "mgwfbp", "view": "module", **COMMON},
+             {"model": "tiny_resnet", "scheduler": "optimal", "wire_dtype": "float16", **COMMON}]
+    return launch_local(train_params, 2, args=(runs,), timeout_s=300)
+
+
+def test_every_scheduler_matches_ddp(resnet_runs):
+    rank0, rank1 = resnet_runs
+    ddp = rank0[0]["params"]
+    for i, s in enumerate(SCHEDULERS, start=1):
+        if s == "local":
+            continue
+        assert _max_diff(rank0[i]["params"], ddp) < 1e-5, s
+        assert _max_diff(rank1[i]["params"], rank0[i]["params"]) == 0.0, s  # ranks agree
+        # BatchNorm statistics follow DDP's broadcast_buffers, on every rank
+        assert _max_diff(rank0[i]["buffers"], rank0[0]["buffers"]) < 1e-5, s
+        assert _max_diff(rank1[i]["buffers"], rank1[0]["buffers"]) < 1e-5, s
+    assert _max_diff(rank0[8]["params"], ddp) < 1e-5  # module view
+
+
+def test_the_comparison_can_fail(resnet_runs):
+    # without communication the ranks drift apart (different data) and away from DDP
+    rank0, rank1 = resnet_runs
+    local = SCHEDULERS.index("local") + 1
+    assert _max_diff(rank0[local]["params"], rank0[0]["params"]) > 1e-3
+    assert _max_diff(rank0[local]["params"], rank1[local]["params"]) > 1e-3
+
+
+def test_fp16_wire_is_close_but_not_identical(resnet_runs):
+    rank0, rank1 = resnet_runs
+    fp16 = rank0[9]
+    assert fp16["summary"]["wire_dtype"] == "float16"
+    d = _max_diff(fp16["params"], rank0[0]["params"])
+    assert 0 < d < 5e-3
+    assert _max_diff(rank1[9]["params"], fp16["params"]) == 0.0
+
+
+def test_plans_have_the_expected_shapes(resnet_runs):
+    s = {SCHEDULERS[i - 1]: r["summary"] for i, r in enumerate(resnet_runs[0][1:8], start=1)}
+    assert s["syncea"]["buckets"] == 1
+    assert s["wfbp"]["buckets"] == 29  # tiny_resnet has 29 parameter tensors
+    assert 1 <= s["mgwfbp"]["buckets"] <= 29 and 1 <= s["optimal"]["buckets"] <= 29
+    assert s["ddp_plan"]["buckets"] == s["threshold"]["buckets"] > 1
+    for name in ("wfbp", "syncea", "mgwfbp", "optimal"):
+        assert s[name]["iteration_s"] > 0 and s[name]["predicted_iteration_s"] > 0
+
+
+def test_bert_and_vgg_match_ddp():
+    runs = [{"model": m, "scheduler": s, **COMMON, "steps": 3} for m in ("tiny_bert", "tiny_vgg")
+            for s in ("ddp", "mgwfbp")]
+    rank0, _ = launch_local(train_params, 2, args=(runs,), timeout_s=300)
+    assert _max_diff(rank0[1]["params"], rank0[0]["params"]) < 1e-5
+    assert _max_diff(rank0[3]["params"], rank0[2]["params"]) < 1e-5
+
+
+def test_results_are_written(tmp_path):
+    runs = [{"model": "tiny_vgg", "scheduler": "mgwfbp", "steps": 3, "warmup_steps": 1, "batch_size": 4,
+             "results_dir": str(tmp_path), "run_id": "r1", "record_timeline": True, "compute_steps": 2}]
+    launch_local(train_params, 2, args=(runs,), timeout_s=300)
+    out = tmp_path / "r1"
+    for f in ("iterations.csv", "buckets.csv", "trace.json", "plan.json", "cost.json", "run.json"):
+        assert (out / f).is_file(), f
+    run = json.loads((out / "run.json").read_text())
+    assert run["summary"]["world_size"] == 2 and run["summary"]["backend"] == "gloo"
+    assert run["environment"]["torch"] == torch.__version__
+    assert run["summary"]["compute_s"] > 0
+    import pandas as pd
+
+    buckets = pd.read_csv(out / "buckets.csv")
+    assert (buckets.end_s >= buckets.start_s).all() and len(buckets) == Plan.load(out / "plan.json").num_buckets
+    assert len(pd.read_csv(out / "iterations.csv")) == 3
+
+
+def test_plan_must_cover_the_model():
+    from repro.runtime.bucketed import BucketedAllReduce
+
+    with pytest.raises(RuntimeError, match="not initialised"):
+        BucketedAllReduce(torch.nn.Linear(2, 2), Plan.from_dict({"buckets": [["weight", "bias"]]}))
+    assert PlanError  # plan/model mismatches are checked on ranks: see test_bad_plan_is_rejected
