@@ -1,4 +1,4 @@
-"""Command line: ``repro {profile,plan,simulate,presets}`` (also ``python -m repro``).
+"""Command line: ``repro {profile,plan,simulate,presets,train}`` (also ``python -m repro``).
 
 JSON in and out. Bad input ends with exit status 2 and one line on stderr naming the problem.
 """
@@ -156,12 +156,20 @@ def build_parser() -> argparse.ArgumentParser:
     _add_cost_flags(p)
     p.set_defaults(func=cmd_simulate)
 
+    sub.add_parser("train", help="train one model with one scheduler, per rank (under torchrun); "
+                                 "see `repro train --help`")
+
     p = sub.add_parser("presets", help="list the published network presets")
     p.set_defaults(func=cmd_presets)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["train"]:  # per-rank training entry point (run it under torchrun)
+        from repro.train import main as train_main
+
+        return train_main(argv[1:])
     try:
         args = build_parser().parse_args(argv)
         args.func(args)

@@ -80,19 +80,27 @@ class TrainConfig:
     def __post_init__(self) -> None:
         if self.scheduler not in SCHEDULERS:
             raise ValueError(f"unknown scheduler '{self.scheduler}'; choose one of {', '.join(SCHEDULERS)}")
+        from repro.datasets import DATASET_NAMES
         from repro.models import get_spec
 
         get_spec(self.model)
+        if self.dataset not in DATASET_NAMES:
+            raise ValueError(f"unknown dataset '{self.dataset}'; choose one of {', '.join(DATASET_NAMES)}")
+        if self.dataset == "synthetic" and self.epochs is not None:
+            raise ValueError("epochs need a real dataset (e.g. --dataset digits); synthetic runs use --steps")
         if self.wire_dtype is not None and self.wire_dtype not in WIRE_DTYPE_BYTES:
             raise ValueError(f"unknown wire dtype '{self.wire_dtype}'; choose one of {', '.join(WIRE_DTYPE_BYTES)}")
         if self.wire_dtype not in (None, "float32") and self.scheduler in ("ddp", "ddp_plan", "local"):
             raise ValueError(f"wire_dtype={self.wire_dtype} is supported by the plan schedulers "
                              f"({', '.join(PLAN_SCHEDULERS)}), not by '{self.scheduler}'")
-        for name in ("batch_size", "warmup_steps"):
-            if getattr(self, name) < (1 if name == "batch_size" else 0):
-                raise ValueError(f"{name} must be {'positive' if name == 'batch_size' else '>= 0'}")
+        if self.batch_size < 1:
+            raise ValueError(f"batch_size must be positive, got {self.batch_size}")
+        if self.warmup_steps < 0 or self.compute_steps < 0:
+            raise ValueError("warmup_steps and compute_steps must be >= 0")
         if self.epochs is None and self.steps < 1:
-            raise ValueError("steps must be positive")
+            raise ValueError(f"steps must be positive, got {self.steps}")
+        if self.epochs is not None and self.epochs < 1:
+            raise ValueError(f"epochs must be positive, got {self.epochs}")
         if self.warmup_steps < 1 and self.scheduler in PLAN_SCHEDULERS + ("ddp_plan",):
             raise ValueError("plan schedulers need warmup_steps >= 1 to measure the trace")
 
@@ -439,9 +447,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Per-rank entry point: ``torchrun ... -m repro.train`` or ``repro train`` (one line on bad input)."""
     import sys
 
-    from repro.launch import distributed
+    from repro.launch import DistributedSetupError, distributed
 
     try:
         args = build_parser().parse_args(argv)
@@ -449,13 +458,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.seq_len:
             kw["model_kwargs"] = {"seq_len": args.seq_len}
         cfg = TrainConfig(**kw)
-    except ValueError as e:
-        print(f"repro train: error: {e}", file=sys.stderr)
+        with distributed(backend=args.backend, timeout_s=args.pg_timeout_s) as ctx:
+            summary = train_worker(ctx, cfg)
+            if ctx.is_main:
+                print(json.dumps({k: v for k, v in summary.items() if k != "epochs"}))
+    except (ValueError, FileNotFoundError, DistributedSetupError) as e:
+        print(f"repro train: error: {str(e).splitlines()[0]}", file=sys.stderr)
         return 2
-    with distributed(backend=args.backend, timeout_s=args.pg_timeout_s) as ctx:
-        summary = train_worker(ctx, cfg)
-        if ctx.is_main:
-            print(json.dumps({k: v for k, v in summary.items() if k != "epochs"}))
     return 0
 
 

@@ -8,7 +8,9 @@ Contract of :class:`BucketedAllReduce`:
   arrived, the bucket is divided by the world size and its asynchronous ``all_reduce`` starts, in the
   plan's bucket order (a bucket never overtakes an earlier one, so every rank issues the same
   sequence of collectives);
-- :meth:`finish` waits for every bucket and writes the averaged gradients back into ``param.grad``.
+- :meth:`finish` waits for every bucket and hands the averaged gradients to ``param.grad`` (as views
+  of the bucket buffer when the wire dtype is the parameter's; the buffer is only rewritten by the
+  next backward, after ``zero_grad``).
   Parameters that received no gradient this iteration contribute zeros (as DDP's
   ``find_unused_parameters``) and get a gradient afterwards.
 
@@ -155,13 +157,13 @@ class BucketedAllReduce:
         self._launch_ready()
         for bucket in self._buckets:
             bucket.work.wait()
+            same_dtype = bucket.buffer.dtype == bucket.slots[0].param.dtype
             for slot in bucket.slots:
                 n = slot.param.numel()
                 avg = bucket.buffer[slot.offset:slot.offset + n].view_as(slot.param)
-                if slot.param.grad is None:
-                    slot.param.grad = avg.to(slot.param.dtype, copy=True)
-                else:
-                    slot.param.grad.copy_(avg)
+                # same dtype: the gradient becomes a view of the bucket (no copy; the next backward
+                # writes a fresh gradient, or accumulates into this view, and the hook copies it in)
+                slot.param.grad = avg if same_dtype else avg.to(slot.param.dtype)
                 slot.written = False
             bucket.pending = len(bucket.slots)
             bucket.work = None

@@ -1,0 +1,55 @@
+"""`repro train` / `python -m repro.train`: bad input, torchrun, failing ranks."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from repro.launch import RankFailedError, launch_local
+from repro.studies.mgwfbp_train import run_configs
+from repro.train import TrainConfig
+
+
+@pytest.mark.parametrize("kw, message", [
+    ({"scheduler": "nope"}, "unknown scheduler 'nope'"),
+    ({"model": "resnet5"}, "unknown model 'resnet5'"),
+    ({"dataset": "mnist"}, "unknown dataset 'mnist'"),
+    ({"wire_dtype": "int8"}, "unknown wire dtype"),
+    ({"scheduler": "ddp", "wire_dtype": "float16"}, "not by 'ddp'"),
+    ({"batch_size": 0}, "batch_size must be positive"),
+    ({"epochs": 2}, "epochs need a real dataset"),
+    ({"scheduler": "mgwfbp", "warmup_steps": 0}, "warmup_steps >= 1"),
+])
+def test_config_errors(kw, message):
+    with pytest.raises(ValueError, match=message):
+        TrainConfig(**kw)
+
+
+def test_cli_bad_input_is_one_line():
+    r = subprocess.run([sys.executable, "-m", "repro", "train", "--scheduler", "nope"], capture_output=True, text=True)
+    assert r.returncode == 2 and r.stderr.strip().startswith("repro train: error: unknown scheduler")
+    assert len(r.stderr.strip().splitlines()) == 1
+    r = subprocess.run([sys.executable, "-m", "repro.train"], capture_output=True, text=True)
+    assert r.returncode == 2 and "start with torchrun" in r.stderr and "Traceback" not in r.stderr
+
+
+@pytest.mark.slow
+def test_torchrun_two_ranks_writes_a_run(tmp_path):
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+           "-m", "repro.train", "--model", "tiny_vgg", "--scheduler", "mgwfbp", "--steps", "2",
+           "--warmup-steps", "1", "--compute-steps", "1", "--batch-size", "4", "--quiet",
+           "--results-dir", str(tmp_path), "--run-id", "tr", "--backend", "gloo"]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env={**__import__("os").environ,
+                                                                             "OMP_NUM_THREADS": "1"})
+    assert r.returncode == 0, r.stderr[-2000:]
+    summary = json.loads(r.stdout.strip().splitlines()[-1])
+    assert summary["world_size"] == 2 and summary["scheduler"] == "mgwfbp"
+    assert (tmp_path / "tr" / "run.json").is_file()
+
+
+def test_missing_dataset_fails_every_rank_fast_with_the_reason(tmp_path, monkeypatch):
+    monkeypatch.setenv("REPRO_DATA_DIR", str(tmp_path))
+    cfg = {"model": "tiny_vgg", "scheduler": "syncea", "dataset": "cifar10", "epochs": 1, "quiet": True}
+    with pytest.raises(RankFailedError, match=r"rank \d of 2 failed: DatasetNotFoundError: CIFAR-10 not found"):
+        launch_local(run_configs, 2, args=([cfg],), timeout_s=120, env={"REPRO_DATA_DIR": str(tmp_path)})
