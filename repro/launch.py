@@ -664,8 +664,16 @@ def _rank_main(rank: int, payload: tuple[bytes, bytes], conn, env: dict, parent_
         # Skip interpreter teardown: a process group with a dead peer may block in its destructor.
         os._exit(1)
     conn.close()
-    shutdown_distributed()
+    # The result is delivered. Wait for the peers, then leave without interpreter teardown: destroying
+    # a gloo group (or its threads at exit) after a peer has gone can abort the process (SIGABRT,
+    # "terminate called without an active exception"), which would turn a finished run into a failure.
+    with contextlib.suppress(Exception):
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.barrier()
     _flush_std()
+    os._exit(0)
 
 
 # --------------------------------------------------------------------------------------------------
