@@ -157,16 +157,13 @@ def _runtime_trace(cfg: TrainConfig, model: nn.Module, ready: list[dict[str, flo
                         "per-step medians; forward total spread evenly over layers", "view": cfg.view})
 
 
-def _plan_for(cfg: TrainConfig, trace: Trace, device: torch.device) -> tuple[Plan, CostModel | None]:
+def _plan_for(cfg: TrainConfig, trace: Trace, device: torch.device) -> tuple[Plan, CostModel]:
     """Rank 0 solves; the plan is broadcast so every rank executes the same buckets."""
-    world = dist.get_world_size()
-    cost = None
-    if cfg.scheduler in ("mgwfbp", "optimal", "wfbp", "syncea", "threshold", "ddp_plan"):
-        if cfg.network:
-            cost = preset(cfg.network, world)
-        else:
-            cost, _ = fit_allreduce(default_sizes_bytes(min(trace.total_bytes, 64 * 2**20)),
-                                    repeats=cfg.fit_repeats, device=device)
+    if cfg.network:
+        cost = preset(cfg.network, dist.get_world_size())
+    else:  # every plan scheduler gets a fit: mgwfbp/optimal plan with it, all record a prediction
+        cost, _ = fit_allreduce(default_sizes_bytes(min(trace.total_bytes, 64 * 2**20)),
+                                repeats=cfg.fit_repeats, device=device)
     solver = "threshold" if cfg.scheduler == "ddp_plan" else cfg.scheduler
     payload: list[Any] = [None]
     if dist.get_rank() == 0:

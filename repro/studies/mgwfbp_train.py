@@ -37,13 +37,14 @@ def run_grid(configs: Sequence[dict[str, Any]], world_sizes: Sequence[int], resu
     """Run every config at every world size on this machine (CPU: gloo, one thread per rank).
 
     ``configs`` are :class:`repro.train.TrainConfig` keyword dicts; ``results_dir``/``quiet`` are
-    filled in. Returns :func:`load_runs` of what was written.
+    filled in. ``local`` configs run only at P = 1 (the baseline of speedups), all others only at
+    P > 1. Returns :func:`load_runs` of what was written.
     """
     runs = Path(results_dir) / "runs"
     for p in world_sizes:
         todo = [{**c, "results_dir": str(runs), "quiet": quiet,
                  "run_id": c.get("run_id") or _run_id(c, p)} for c in configs
-                if p > 1 or c.get("scheduler") == "local"]
+                if (p == 1) == (c.get("scheduler") == "local")]  # "local" is the one-worker baseline
         if todo:
             launch_local(run_configs, p, args=(todo,), timeout_s=timeout_s, quiet=quiet)
     return load_runs(results_dir)
