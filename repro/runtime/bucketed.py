@@ -51,9 +51,9 @@ class BucketTiming:
 @dataclass
 class _Slot:
     bucket: int
-    offset: int
     param: nn.Parameter
     layer: str
+    view: torch.Tensor          # this parameter's slice of the bucket buffer, flat
     written: bool = False
 
 
@@ -99,7 +99,7 @@ class BucketedAllReduce:
             offset = 0
             for name in b.layers:
                 for _, p in layers[name]:
-                    slot = _Slot(k, offset, p, name)
+                    slot = _Slot(k, p, name, bucket.buffer[offset:offset + p.numel()])
                     bucket.slots.append(slot)
                     self._slots.append(slot)
                     offset += p.numel()
@@ -121,18 +121,16 @@ class BucketedAllReduce:
         return hook
 
     def _write(self, slot: _Slot) -> None:
-        bucket = self._buckets[slot.bucket]
         if slot.written:
             raise RuntimeError(f"gradient of a parameter in layer '{slot.layer}' arrived twice in one "
                                "iteration; call step() (finish()) between backward passes")
-        n = slot.param.numel()
-        view = bucket.buffer[slot.offset:slot.offset + n]
-        if slot.param.grad is None:
-            view.zero_()
-        else:
-            view.copy_(slot.param.grad.reshape(-1))
+        grad = slot.param.grad
+        if grad is None:
+            slot.view.zero_()
+        elif grad.data_ptr() != slot.view.data_ptr():  # not already accumulated in place in the bucket
+            slot.view.copy_(grad.reshape(-1))
         slot.written = True
-        bucket.pending -= 1
+        self._buckets[slot.bucket].pending -= 1
 
     def _launch_ready(self) -> None:
         while self._next < len(self._buckets) and self._buckets[self._next].pending == 0:
@@ -159,8 +157,7 @@ class BucketedAllReduce:
             bucket.work.wait()
             same_dtype = bucket.buffer.dtype == bucket.slots[0].param.dtype
             for slot in bucket.slots:
-                n = slot.param.numel()
-                avg = bucket.buffer[slot.offset:slot.offset + n].view_as(slot.param)
+                avg = slot.view.view_as(slot.param)
                 # same dtype: the gradient becomes a view of the bucket (no copy; the next backward
                 # writes a fresh gradient, or accumulates into this view, and the hook copies it in)
                 slot.param.grad = avg if same_dtype else avg.to(slot.param.dtype)
