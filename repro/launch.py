@@ -18,7 +18,11 @@ CUDA is available, gloo on the CPU otherwise — and either can be forced.
 Network interface: gloo picks the interface that the host name resolves to. To choose one, set
 ``GLOO_SOCKET_IFNAME`` (read by gloo itself) or ``REPRO_GLOO_IFNAME``; the latter is copied to
 ``GLOO_SOCKET_IFNAME`` by :func:`init_distributed` when that is unset, and is otherwise left to gloo.
-(Binding ranks to separate network namespaces to emulate slower links is future work.)
+
+Emulated networks: ``launch_local(..., emulate_bandwidth="1gbit")`` puts every rank in its own Linux
+network namespace behind a bridge, with each rank's link shaped to that bandwidth in both directions
+(:mod:`repro.netem`; needs root, ``ip`` and ``tc``), so the papers' 1-10 Gb/s regimes can be reproduced
+on one machine.
 
 This module imports torch only inside functions, so a spawned rank can set its thread count and
 environment before torch is loaded.
@@ -465,7 +469,8 @@ def _terminate(procs: list, grace_s: float = _KILL_GRACE_S) -> None:
 def launch_local(fn: Callable, world_size: int, *, args: Sequence = (), kwargs: Mapping | None = None,
                  backend: str | None = "gloo", timeout_s: float = 600.0, pg_timeout_s: float = 60.0,
                  threads_per_rank: int = 1, env: Mapping[str, Any] | None = None,
-                 master_addr: str = "127.0.0.1", quiet: bool = False) -> list:
+                 master_addr: str = "127.0.0.1", quiet: bool = False,
+                 emulate_bandwidth: str | float | None = None, emulate_burst_bytes: int | None = None) -> list:
     """Run ``fn(ctx, *args, **kwargs)`` on ``world_size`` local ranks and return their results in rank order.
 
     Each rank is a process started with the multiprocessing ``spawn`` method. Before torch is imported
@@ -490,10 +495,18 @@ def launch_local(fn: Callable, world_size: int, *, args: Sequence = (), kwargs: 
     (``PR_SET_PDEATHSIG`` on Linux, plus a thread that polls the parent pid once a second).
     Rank output goes to the launcher's stdout/stderr file descriptors; ``quiet=True`` discards the
     ranks' stdout (errors still come back as :class:`RankFailedError`).
-    """
-    import multiprocessing as mp
-    from multiprocessing.connection import wait
 
+    ``emulate_bandwidth`` (a tc-style rate such as ``"1gbit"`` or ``"200mbit"``, or bits per second) runs
+    the ranks on an emulated network (:class:`repro.netem.EmulatedNetwork`): each rank in its own network
+    namespace, joined by a bridge, every rank's link limited to that bandwidth in each direction by a
+    ``tbf`` qdisc (bucket ``emulate_burst_bytes``, default ``max(rate x 1 ms, 64 KiB)``). The rendezvous
+    store listens on the bridge's address, which becomes ``MASTER_ADDR`` (``master_addr`` is not used);
+    each rank enters its namespace before anything else and gets ``GLOO_SOCKET_IFNAME`` (the namespace's
+    interface) and ``REPRO_EMULATED_BANDWIDTH_BPS``. The network is removed after the ranks are reaped,
+    whatever the outcome. Needs root, ``ip`` and ``tc``; otherwise
+    :class:`repro.netem.EmulationUnavailableError` says so before anything starts (leave
+    ``emulate_bandwidth=None`` to run without emulation).
+    """
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
         raise ValueError(f"world_size must be a positive integer, got {world_size!r}")
     if isinstance(threads_per_rank, bool) or not isinstance(threads_per_rank, int) or threads_per_rank < 1:
@@ -505,7 +518,39 @@ def launch_local(fn: Callable, world_size: int, *, args: Sequence = (), kwargs: 
     if backend is not None and str(backend).lower() not in SUPPORTED_BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; use one of {', '.join(SUPPORTED_BACKENDS)} or None")
     payload = _pack_target(fn, args, kwargs)
+    if emulate_bandwidth is None:
+        if emulate_burst_bytes is not None:
+            raise ValueError("emulate_burst_bytes is only used with emulate_bandwidth")
+        return _launch(payload, world_size, backend=backend, timeout_s=timeout_s, pg_timeout_s=pg_timeout_s,
+                       threads_per_rank=threads_per_rank, env=env, master_addr=master_addr, quiet=quiet)
 
+    from repro import netem
+
+    bandwidth_bps = netem.parse_bandwidth(emulate_bandwidth)  # ValueError before anything is created
+    netem.check_emulation_available()
+    start = time.monotonic()
+    with netem.EmulatedNetwork(world_size, bandwidth=bandwidth_bps, burst_bytes=emulate_burst_bytes) as net:
+        timeout_left = timeout_s - (time.monotonic() - start)
+        if timeout_left <= 0:
+            raise LaunchTimeoutError(f"launch_local timed out after {timeout_s:g} s while setting up the emulated "
+                                     "network", unfinished=range(world_size), timeout_s=timeout_s,
+                                     world_size=world_size)
+        rank_env = [net.rank_env(r) for r in range(world_size)]
+        return _launch(payload, world_size, backend=backend, timeout_s=timeout_left, pg_timeout_s=pg_timeout_s,
+                       threads_per_rank=threads_per_rank, env=env, master_addr=net.master_address, quiet=quiet,
+                       namespaces=list(net.namespaces), rank_env=rank_env, reported_timeout_s=timeout_s)
+
+
+def _launch(payload: tuple[bytes, bytes], world_size: int, *, backend: str | None, timeout_s: float,
+            pg_timeout_s: float, threads_per_rank: int, env: Mapping[str, Any] | None, master_addr: str,
+            quiet: bool, namespaces: Sequence[str] | None = None,
+            rank_env: Sequence[Mapping[str, str]] | None = None, reported_timeout_s: float | None = None) -> list:
+    """The body of :func:`launch_local` once its arguments are checked (and a network emulated, if asked)."""
+    import multiprocessing as mp
+    from multiprocessing.connection import wait
+
+    if reported_timeout_s is None:
+        reported_timeout_s = timeout_s
     start = time.monotonic()
     deadline = start + timeout_s
     store, port = _start_store(master_addr, world_size)
@@ -528,10 +573,14 @@ def launch_local(fn: Callable, world_size: int, *, args: Sequence = (), kwargs: 
         for rank in range(world_size):
             reader, writer = ctx.Pipe(duplex=False)
             conns.append(reader)
-            rank_env = dict(base_env, RANK=str(rank), LOCAL_RANK=str(rank))
+            this_env = dict(base_env, RANK=str(rank), LOCAL_RANK=str(rank))
+            if rank_env is not None:
+                this_env.update(rank_env[rank])
+            netns = namespaces[rank] if namespaces is not None else None
             proc = ctx.Process(
                 target=_rank_main, name=f"repro-rank-{rank}",
-                args=(rank, payload, writer, rank_env, os.getpid(), backend, pg_timeout_s, threads_per_rank, quiet),
+                args=(rank, payload, writer, this_env, os.getpid(), backend, pg_timeout_s, threads_per_rank, quiet,
+                      netns),
             )
             proc.start()
             procs.append(proc)
@@ -556,13 +605,13 @@ def launch_local(fn: Callable, world_size: int, *, args: Sequence = (), kwargs: 
                 if now >= deadline:
                     unfinished = sorted(set(range(world_size)) - set(sup.results))
                     not_exited = sorted(r for r in sup.running if r in sup.results)
-                    msg = (f"launch_local timed out after {timeout_s:g} s: rank(s) {unfinished} of {world_size} "
-                           f"had not finished")
+                    msg = (f"launch_local timed out after {reported_timeout_s:g} s: rank(s) {unfinished} of "
+                           f"{world_size} had not finished")
                     if not_exited:
                         msg += f"; rank(s) {not_exited} returned but had not exited"
                     msg += "; all ranks were killed"
                     raise LaunchTimeoutError(msg, unfinished=unfinished, not_exited=not_exited,
-                                             timeout_s=timeout_s, world_size=world_size)
+                                             timeout_s=reported_timeout_s, world_size=world_size)
                 until = deadline
             watch = [conns[r] for r in sup.awaiting] + [procs[r].sentinel for r in sup.running]
             ready = wait(watch, timeout=max(0.0, until - now))
@@ -631,7 +680,23 @@ def _flush_std() -> None:
 
 
 def _rank_main(rank: int, payload: tuple[bytes, bytes], conn, env: dict, parent_pid: int, backend: str | None,
-               pg_timeout_s: float, threads: int, quiet: bool) -> None:
+               pg_timeout_s: float, threads: int, quiet: bool, netns: str | None = None) -> None:
+    if netns is not None:
+        # First of all (before torch is imported or any socket opened, and before any thread starts, since
+        # setns moves the calling thread only): join this rank's emulated network.
+        try:
+            from repro.netem import enter_namespace
+
+            enter_namespace(netns)
+        except BaseException as exc:  # noqa: BLE001 - reported like any other failure of the rank
+            info = {"type": type(exc).__name__, "message": str(exc).strip().splitlines()[0] if str(exc).strip() else "",
+                    "traceback": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)),
+                    "comm": False, "time": time.time()}
+            with contextlib.suppress(Exception):
+                conn.send(("error", info))
+                conn.close()
+            _flush_std()
+            os._exit(1)
     _watch_parent(parent_pid)
     os.environ.update(env)
     if quiet:

@@ -66,6 +66,59 @@ def write_pid_and_hang(ctx, out_dir):
     time.sleep(3600)
 
 
+def _network_seen() -> dict:
+    import socket
+
+    return {
+        "interfaces": sorted(name for _i, name in socket.if_nameindex()),
+        "gloo_ifname": os.environ.get("GLOO_SOCKET_IFNAME"),
+        "bandwidth_bps": os.environ.get("REPRO_EMULATED_BANDWIDTH_BPS"),
+        "netns": os.environ.get("REPRO_EMULATED_NETNS"),
+        "master_addr": os.environ.get("MASTER_ADDR"),
+        "netns_inode": os.stat("/proc/self/ns/net").st_ino,
+    }
+
+
+def time_allreduce(ctx, sizes_bytes, repeats=5, warmup=1, report_network=False):
+    """Seconds of a float32 ``dist.all_reduce`` of each size (bytes), ``repeats`` times after ``warmup``.
+
+    Every measurement starts right after a barrier; a rank reports its own wall times, and each result is
+    checked (the sum of ``rank + 1`` over the ranks). Returns ``{"times": {size: [s, ...]}, "network": ...}``
+    where ``network`` (with ``report_network``) is what the rank saw of its network.
+    """
+    import torch
+    import torch.distributed as dist
+
+    expected = ctx.world_size * (ctx.world_size + 1) / 2
+    out = {}
+    for size in sizes_bytes:
+        n = int(size) // 4
+        times = []
+        for i in range(warmup + repeats):
+            t = torch.full((n,), float(ctx.rank + 1))
+            dist.barrier()
+            t0 = time.perf_counter()
+            dist.all_reduce(t)
+            dt = time.perf_counter() - t0
+            if i >= warmup:
+                times.append(dt)
+            if not (t[0].item() == expected and t[-1].item() == expected):
+                raise AssertionError(f"wrong all_reduce result {t[0].item()} != {expected}")
+        out[int(size)] = times
+    return {"times": out, "network": _network_seen() if report_network else None}
+
+
+def raise_on_rank1_after_allreduce(ctx):
+    import torch
+    import torch.distributed as dist
+
+    dist.all_reduce(torch.ones(1000))
+    if ctx.rank == 1:
+        raise ValueError("boom from rank 1 on an emulated network")
+    dist.all_reduce(torch.ones(3))
+    return "unreachable"
+
+
 def _torchrun_main(out_dir: str, backend: str | None = None) -> None:
     import torch
     import torch.distributed as dist
