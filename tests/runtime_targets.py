@@ -25,3 +25,9 @@ def allreduce_sum(ctx, value: float) -> float:
     t = torch.tensor([value])
     dist.all_reduce(t)
     return float(t)
+
+
+def fit_all_collectives(ctx, sizes: list[int]) -> dict:
+    from repro.runtime.calibrate import MEASURABLE, fit_cost_model
+
+    return fit_cost_model(sizes, MEASURABLE, repeats=2, device=ctx.device).to_dict()

@@ -1,15 +1,23 @@
 """Measure collectives on the live process group and fit the cost model for this world and network.
 
-Every rank takes part; each size is timed ``repeats`` times after a barrier and the slowest rank's
-median counts (an all-reduce of the times with MAX), so all ranks get the same numbers and the same
-fit. Sizes are message bytes as :mod:`repro.cost` defines them for the collective.
+Every rank takes part; each size is timed ``repeats`` times after a barrier (small messages as the
+mean of up to 16 back-to-back calls, to amortise the ranks' skew leaving the barrier) and the slowest
+rank's median counts (an all-reduce of the times with MAX), so all ranks get the same numbers and the
+same fit. Sizes are message bytes as :mod:`repro.cost` defines them for each collective:
+
+- ``allreduce``: the tensor's bytes;
+- ``reduce_scatter`` / ``allgather``: the full tensor's bytes (``reduce_scatter_tensor`` /
+  ``all_gather_into_tensor``; the size is rounded to a multiple of P elements);
+- ``sparse_allgather``: the bytes each worker contributes (``all_gather_into_tensor`` of that payload,
+  as top-k values + indices are exchanged); its fitted line is stored against the gathered bytes
+  P * n, as :class:`~repro.cost.CostModel` expects.
 """
 
 from __future__ import annotations
 
 import statistics
 import time
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 import torch
@@ -17,7 +25,10 @@ import torch.distributed as dist
 
 from repro.cost import CostModel, fit_linear
 
-__all__ = ["default_sizes_bytes", "time_allreduce", "fit_allreduce"]
+__all__ = ["MEASURABLE", "default_sizes_bytes", "time_collective", "time_allreduce", "fit_allreduce",
+           "fit_cost_model"]
+
+MEASURABLE = ("allreduce", "reduce_scatter", "allgather", "sparse_allgather")
 
 
 def default_sizes_bytes(max_bytes: int, count: int = 8, min_bytes: int = 4096) -> list[int]:
@@ -31,35 +42,77 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def time_allreduce(sizes_bytes: Sequence[int], *, repeats: int = 5, warmup: int = 2,
-                   device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
-                   group: dist.ProcessGroup | None = None) -> list[float]:
-    """Median seconds of an all-reduce of each size (slowest rank's median, identical on all ranks)."""
+def _op(kind: str, numel: int, world: int, dtype, device, group) -> Callable[[], None]:
+    """A closure running one ``kind`` collective on preallocated tensors of the right shapes."""
+    if kind == "allreduce":
+        buf = torch.ones(numel, dtype=dtype, device=device)
+        return lambda: dist.all_reduce(buf, group=group)
+    if kind in ("reduce_scatter", "allgather"):
+        full = torch.ones(max(world, numel // world * world), dtype=dtype, device=device)
+        shard = torch.empty(full.numel() // world, dtype=dtype, device=device)
+        if kind == "reduce_scatter":
+            return lambda: dist.reduce_scatter_tensor(shard, full, group=group)
+        return lambda: dist.all_gather_into_tensor(full, shard, group=group)
+    if kind == "sparse_allgather":
+        mine = torch.ones(numel, dtype=dtype, device=device)
+        gathered = torch.empty(numel * world, dtype=dtype, device=device)
+        return lambda: dist.all_gather_into_tensor(gathered, mine, group=group)
+    raise ValueError(f"cannot measure collective '{kind}'; measurable: {', '.join(MEASURABLE)}")
+
+
+def time_collective(kind: str, sizes_bytes: Sequence[int], *, repeats: int = 5, warmup: int = 2,
+                    device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
+                    group: dist.ProcessGroup | None = None) -> list[float]:
+    """Median seconds of ``kind`` per size (slowest rank's median, identical on all ranks)."""
     device = torch.device(device)
+    world = dist.get_world_size(group)
     elem = torch.tensor([], dtype=dtype).element_size()
     medians = []
     for nbytes in sizes_bytes:
-        buf = torch.ones(max(1, int(nbytes) // elem), dtype=dtype, device=device)
+        run = _op(kind, max(1, int(nbytes) // elem), world, dtype, device, group)
+        inner = int(min(16, max(1, 2**20 // max(1, int(nbytes)))))
         times = []
         for i in range(warmup + repeats):
             dist.barrier(group=group)
             _sync(device)
             t0 = time.perf_counter()
-            dist.all_reduce(buf, group=group)
+            for _ in range(inner):
+                run()
             _sync(device)
             if i >= warmup:
-                times.append(time.perf_counter() - t0)
+                times.append((time.perf_counter() - t0) / inner)
         medians.append(statistics.median(times))
     out = torch.tensor(medians, dtype=torch.float64, device=device)
     dist.all_reduce(out, op=dist.ReduceOp.MAX, group=group)
     return out.cpu().tolist()
 
 
+def time_allreduce(sizes_bytes: Sequence[int], **kwargs) -> list[float]:
+    """:func:`time_collective` for all-reduce."""
+    return time_collective("allreduce", sizes_bytes, **kwargs)
+
+
+def fit_cost_model(sizes_bytes: Sequence[int], kinds: Sequence[str] = ("allreduce",), *, repeats: int = 5,
+                   device: torch.device | str = "cpu", group: dist.ProcessGroup | None = None,
+                   source: str | None = None) -> CostModel:
+    """Time each collective of ``kinds`` over ``sizes_bytes`` and fit one line per collective.
+
+    The measurements are kept in ``meta["measurements"]`` ({kind: {"bytes": [...], "seconds": [...]}})
+    so they can be saved with the results and plotted next to the fit.
+    """
+    world = dist.get_world_size(group)
+    lines, measurements = {}, {}
+    for kind in kinds:
+        seconds = time_collective(kind, sizes_bytes, repeats=repeats, device=device, group=group)
+        x = [n * world for n in sizes_bytes] if kind == "sparse_allgather" else list(sizes_bytes)
+        lines[kind] = fit_linear(x, seconds)
+        measurements[kind] = {"bytes": list(map(int, sizes_bytes)), "seconds": seconds}
+    return CostModel(world, lines, source=source or f"fitted on the live process group (P={world})",
+                     meta={"measurements": measurements})
+
+
 def fit_allreduce(sizes_bytes: Sequence[int], *, repeats: int = 5, device: torch.device | str = "cpu",
                   group: dist.ProcessGroup | None = None) -> tuple[CostModel, list[float]]:
     """Time all-reduces of ``sizes_bytes`` and fit ``a + b*bytes``; returns the model and the times."""
-    seconds = time_allreduce(sizes_bytes, repeats=repeats, device=device, group=group)
-    line = fit_linear(sizes_bytes, seconds)
-    world = dist.get_world_size(group)
-    return CostModel(world, {"allreduce": line}, source=f"fitted on the live process group (P={world})",
-                     meta={"sizes_bytes": list(map(int, sizes_bytes)), "seconds": seconds}), seconds
+    cost = fit_cost_model(sizes_bytes, ("allreduce",), repeats=repeats, device=device, group=group)
+    return cost, cost.meta["measurements"]["allreduce"]["seconds"]

@@ -1,0 +1,30 @@
+"""Collectives measured on a live 2-rank gloo group and fitted into one CostModel."""
+
+import pytest
+
+from repro.cost import CostModel
+from repro.launch import launch_local
+from repro.runtime.calibrate import default_sizes_bytes
+from tests.runtime_targets import fit_all_collectives
+
+
+def test_default_sizes_are_geometric_multiples_of_four():
+    sizes = default_sizes_bytes(1 << 20, count=6)
+    assert sizes[0] == 4096 and sizes[-1] == 1 << 20
+    assert all(s % 4 == 0 for s in sizes) and sizes == sorted(set(sizes))
+
+
+def test_every_collective_is_measured_and_fitted_identically_on_all_ranks():
+    sizes = [4096, 65536, 1 << 20, 4 << 20]
+    rank0, rank1 = launch_local(fit_all_collectives, 2, args=(sizes,), timeout_s=180)
+    assert rank0 == rank1  # the slowest rank's medians, shared
+    cost = CostModel.from_dict(rank0)
+    assert set(cost.lines) == {"allreduce", "reduce_scatter", "allgather", "sparse_allgather"}
+    for kind, m in rank0["meta"]["measurements"].items():
+        assert m["bytes"] == sizes and all(t > 0 for t in m["seconds"]), kind
+        assert m["seconds"][-1] > m["seconds"][0], kind  # 4 MB takes longer than 4 KB
+    # the sparse line is stored against gathered bytes: P * per-worker payload
+    m = rank0["meta"]["measurements"]["sparse_allgather"]
+    assert cost.sparse_allgather_s(sizes[-1]) == pytest.approx(
+        cost.line("sparse_allgather")(2 * sizes[-1]))
+    assert cost.sparse_allgather_s(sizes[-1]) == pytest.approx(m["seconds"][-1], rel=0.5)
