@@ -1,4 +1,4 @@
-"""Command line: ``repro {profile,plan,simulate,presets,train}`` (also ``python -m repro``).
+"""Command line: ``repro {profile,plan,simulate,presets,train,launch,calibrate}`` (also ``python -m repro``).
 
 JSON in and out. Bad input ends with exit status 2 and one line on stderr naming the problem.
 """
@@ -116,6 +116,47 @@ def cmd_simulate(args: argparse.Namespace) -> None:
           args.output)
 
 
+def _add_local_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--nproc", type=int, required=True, help="ranks to start on this machine")
+    p.add_argument("--emulate-bandwidth", help="run each rank in its own network namespace with links shaped "
+                                               "to this rate, e.g. 100mbit, 1gbit (needs root and tc)")
+    p.add_argument("--timeout-s", type=float, default=3600.0, help="give up (and kill the ranks) after this")
+
+
+def _launch(args: argparse.Namespace, fn, fn_args: tuple):
+    from repro.launch import launch_local
+
+    if args.nproc < 1:
+        raise UsageError(f"--nproc must be positive, got {args.nproc}")
+    return launch_local(fn, args.nproc, args=fn_args, timeout_s=args.timeout_s,
+                        emulate_bandwidth=args.emulate_bandwidth, quiet=True)[0]
+
+
+def cmd_launch(args: argparse.Namespace) -> None:
+    from repro.train import config_from_argv, worker_from_argv
+
+    train_args = [a for a in args.train_args if a != "--"] if args.train_args[:1] == ["--"] else args.train_args
+    config_from_argv(train_args)  # bad arguments fail here, before any rank starts
+    summary = _launch(args, worker_from_argv, (train_args,))
+    print(json.dumps({k: v for k, v in summary.items() if k != "epochs"}))
+
+
+def cmd_calibrate(args: argparse.Namespace) -> None:
+    from repro.runtime.calibrate import MEASURABLE, default_sizes_bytes, fit_on_ranks
+
+    kinds = [k.strip() for k in args.collectives.split(",") if k.strip()]
+    bad = [k for k in kinds if k not in MEASURABLE]
+    if bad or not kinds:
+        raise UsageError(f"unknown collective(s) {bad}; choose from {', '.join(MEASURABLE)}")
+    if args.nproc < 2:
+        raise UsageError("calibrate needs --nproc 2 or more")
+    sizes = default_sizes_bytes(args.max_bytes, args.sizes, args.min_bytes)
+    cost = _launch(args, fit_on_ranks, (sizes, kinds, args.repeats))
+    if args.emulate_bandwidth:
+        cost["meta"]["emulated_bandwidth"] = args.emulate_bandwidth
+    _emit(cost, args.output)
+
+
 def cmd_presets(args: argparse.Namespace) -> None:
     _emit({name: {"workers": preset_workers(name), "doc": PRESETS[name].doc} for name in preset_names()},
           None)
@@ -159,6 +200,23 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("train", help="train one model with one scheduler, per rank (under torchrun); "
                                  "see `repro train --help`")
 
+    p = sub.add_parser("launch", help="start N local ranks running `repro train ARGS` (optionally on an "
+                                      "emulated network) and print rank 0's summary")
+    _add_local_flags(p)
+    p.add_argument("train_args", nargs=argparse.REMAINDER, help="-- followed by `repro train` arguments")
+    p.set_defaults(func=cmd_launch)
+
+    p = sub.add_parser("calibrate", help="measure collectives on N local ranks and fit a cost model")
+    _add_local_flags(p)
+    p.add_argument("--collectives", default="allreduce",
+                   help="comma-separated: allreduce, reduce_scatter, allgather, sparse_allgather")
+    p.add_argument("--min-bytes", type=int, default=4096)
+    p.add_argument("--max-bytes", type=int, default=16 * 2**20)
+    p.add_argument("--sizes", type=int, default=8, help="number of message sizes (geometric)")
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("-o", "--output", type=Path, help="write the CostModel JSON here instead of stdout")
+    p.set_defaults(func=cmd_calibrate)
+
     p = sub.add_parser("presets", help="list the published network presets")
     p.set_defaults(func=cmd_presets)
     return parser
@@ -174,7 +232,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
         args.func(args)
     except (UsageError, TraceError, PlanError, CostModelError, ValueError, FileNotFoundError,
-            RuntimeError) as e:
+            RuntimeError, TimeoutError) as e:
         msg = str(e).splitlines()[0] if str(e) else type(e).__name__
         print(f"repro: error: {msg}", file=sys.stderr)
         return 2

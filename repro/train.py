@@ -44,7 +44,8 @@ from repro.runtime.calibrate import default_sizes_bytes, fit_allreduce
 from repro.runtime.layers import layer_parameters
 from repro.trace import Layer, Trace
 
-__all__ = ["SCHEDULERS", "PLAN_SCHEDULERS", "TrainConfig", "train_worker", "run_training", "main"]
+__all__ = ["SCHEDULERS", "PLAN_SCHEDULERS", "TrainConfig", "train_worker", "run_training", "config_from_argv",
+           "worker_from_argv", "main"]
 
 PLAN_SCHEDULERS = ("wfbp", "syncea", "threshold", "mgwfbp", "optimal")
 SCHEDULERS = PLAN_SCHEDULERS + ("ddp", "ddp_plan", "local")
@@ -383,7 +384,11 @@ def _summarise(cfg, ctx, rows, compute_times, plan, trace, cost) -> dict[str, An
                         statistics.median(compute_times) if compute_times else float("nan")], dtype=torch.float64)
     dist.all_reduce(med, op=dist.ReduceOp.MAX)  # the slowest rank decides
     iteration_s, compute_s = med.tolist()
+    import os
+
+    bandwidth = os.environ.get("REPRO_EMULATED_BANDWIDTH_BPS")
     return {"model": cfg.model, "scheduler": cfg.scheduler, "world_size": world, "backend": dist.get_backend(),
+            "emulated_bandwidth_bps": float(bandwidth) if bandwidth else None,
             "batch_size": cfg.batch_size, "wire_dtype": cfg.wire_dtype or "float32",
             "iteration_s": iteration_s, "compute_s": compute_s,
             "exposed_comm_s": max(0.0, iteration_s - compute_s),
@@ -443,6 +448,21 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def config_from_argv(argv: Sequence[str]) -> tuple[TrainConfig, argparse.Namespace]:
+    """Parse ``repro train`` arguments into a config (ValueError on bad input)."""
+    args = build_parser().parse_args(list(argv))
+    kw = {f.name: getattr(args, f.name) for f in fields(TrainConfig) if f.name != "model_kwargs"}
+    if args.seq_len:
+        kw["model_kwargs"] = {"seq_len": args.seq_len}
+    return TrainConfig(**kw), args
+
+
+def worker_from_argv(ctx, argv: Sequence[str]) -> dict[str, Any]:
+    """Launch target (``repro launch``): train the config given as ``repro train`` arguments."""
+    cfg, _ = config_from_argv(argv)
+    return train_worker(ctx, cfg)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Per-rank entry point: ``torchrun ... -m repro.train`` or ``repro train`` (one line on bad input)."""
     import sys
@@ -450,11 +470,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from repro.launch import DistributedSetupError, distributed
 
     try:
-        args = build_parser().parse_args(argv)
-        kw = {f.name: getattr(args, f.name) for f in fields(TrainConfig) if f.name != "model_kwargs"}
-        if args.seq_len:
-            kw["model_kwargs"] = {"seq_len": args.seq_len}
-        cfg = TrainConfig(**kw)
+        cfg, args = config_from_argv(sys.argv[1:] if argv is None else argv)
         with distributed(backend=args.backend, timeout_s=args.pg_timeout_s) as ctx:
             summary = train_worker(ctx, cfg)
             if ctx.is_main:

@@ -123,3 +123,31 @@ def test_profile_measures_and_estimates(capsys, tmp_path):
 def test_profile_bad_input(capsys, tmp_path, argv, message):
     rc, _, err = run(capsys, "profile", *argv, "-o", str(tmp_path / "t.json"))
     assert rc == 2 and message in err and len(err.strip().splitlines()) == 1
+
+
+def test_launch_and_calibrate_on_local_ranks(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "repro", "launch", "--nproc", "2", "--", "--model", "tiny_vgg",
+                        "--scheduler", "optimal", "--steps", "2", "--warmup-steps", "1", "--batch-size", "4"],
+                       capture_output=True, text=True, timeout=240)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert json.loads(r.stdout.strip().splitlines()[-1])["scheduler"] == "optimal"
+    out = tmp_path / "cost.json"
+    r = subprocess.run([sys.executable, "-m", "repro", "calibrate", "--nproc", "2", "--collectives",
+                        "allreduce,allgather", "--max-bytes", "262144", "--sizes", "3", "--repeats", "1",
+                        "-o", str(out)], capture_output=True, text=True, timeout=240)
+    assert r.returncode == 0, r.stderr[-2000:]
+    from repro.cost import CostModel
+
+    cost = CostModel.from_dict(json.loads(out.read_text()))
+    assert cost.workers == 2 and set(cost.lines) == {"allreduce", "allgather"}
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["launch", "--nproc", "2", "--", "--scheduler", "nope"], "unknown scheduler 'nope'"),
+    (["calibrate", "--nproc", "2", "--collectives", "broadcast"], "unknown collective"),
+    (["calibrate", "--nproc", "1"], "needs --nproc 2"),
+    (["launch", "--nproc", "2", "--emulate-bandwidth", "fast", "--", "--model", "tiny_vgg"], "bandwidth"),
+])
+def test_local_launch_bad_input(capsys, argv, message):
+    rc, _, err = run(capsys, *argv)
+    assert rc == 2 and message in err and len(err.strip().splitlines()) == 1

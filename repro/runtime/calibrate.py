@@ -6,8 +6,8 @@ rank's median counts (an all-reduce of the times with MAX), so all ranks get the
 same fit. Sizes are message bytes as :mod:`repro.cost` defines them for each collective:
 
 - ``allreduce``: the tensor's bytes;
-- ``reduce_scatter`` / ``allgather``: the full tensor's bytes (``reduce_scatter_tensor`` /
-  ``all_gather_into_tensor``; the size is rounded to a multiple of P elements);
+- ``reduce_scatter`` / ``allgather``: the full tensor's bytes (``reduce_scatter_single`` or
+  ``reduce_scatter_tensor`` / ``all_gather_into_tensor``; rounded to a multiple of P elements);
 - ``sparse_allgather``: the bytes each worker contributes (``all_gather_into_tensor`` of that payload,
   as top-k values + indices are exchanged); its fitted line is stored against the gathered bytes
   P * n, as :class:`~repro.cost.CostModel` expects.
@@ -26,7 +26,7 @@ import torch.distributed as dist
 from repro.cost import CostModel, fit_linear
 
 __all__ = ["MEASURABLE", "default_sizes_bytes", "time_collective", "time_allreduce", "fit_allreduce",
-           "fit_cost_model"]
+           "fit_cost_model", "fit_on_ranks"]
 
 MEASURABLE = ("allreduce", "reduce_scatter", "allgather", "sparse_allgather")
 
@@ -50,8 +50,9 @@ def _op(kind: str, numel: int, world: int, dtype, device, group) -> Callable[[],
     if kind in ("reduce_scatter", "allgather"):
         full = torch.ones(max(world, numel // world * world), dtype=dtype, device=device)
         shard = torch.empty(full.numel() // world, dtype=dtype, device=device)
-        if kind == "reduce_scatter":
-            return lambda: dist.reduce_scatter_tensor(shard, full, group=group)
+        if kind == "reduce_scatter":  # reduce_scatter_single is the newer name (torch >= 2.13)
+            rs = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+            return lambda: rs(shard, full, group=group)
         return lambda: dist.all_gather_into_tensor(full, shard, group=group)
     if kind == "sparse_allgather":
         mine = torch.ones(numel, dtype=dtype, device=device)
@@ -116,3 +117,8 @@ def fit_allreduce(sizes_bytes: Sequence[int], *, repeats: int = 5, device: torch
     """Time all-reduces of ``sizes_bytes`` and fit ``a + b*bytes``; returns the model and the times."""
     cost = fit_cost_model(sizes_bytes, ("allreduce",), repeats=repeats, device=device, group=group)
     return cost, cost.meta["measurements"]["allreduce"]["seconds"]
+
+
+def fit_on_ranks(ctx, sizes_bytes: Sequence[int], kinds: Sequence[str], repeats: int = 5) -> dict:
+    """Launch target: :func:`fit_cost_model` on every rank; returns the CostModel as a dict."""
+    return fit_cost_model(sizes_bytes, kinds, repeats=repeats, device=ctx.device).to_dict()

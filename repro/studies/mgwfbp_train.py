@@ -33,25 +33,32 @@ def run_configs(ctx, configs: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def run_grid(configs: Sequence[dict[str, Any]], world_sizes: Sequence[int], results_dir: str | Path, *,
-             timeout_s: float = 1800, quiet: bool = True) -> pd.DataFrame:
+             emulate_bandwidth: str | None = None, timeout_s: float = 1800, quiet: bool = True) -> pd.DataFrame:
     """Run every config at every world size on this machine (CPU: gloo, one thread per rank).
 
     ``configs`` are :class:`repro.train.TrainConfig` keyword dicts; ``results_dir``/``quiet`` are
     filled in. ``local`` configs run only at P = 1 (the baseline of speedups), all others only at
-    P > 1. Returns :func:`load_runs` of what was written.
+    P > 1. ``emulate_bandwidth`` (e.g. ``"100mbit"``) runs each rank in its own network namespace
+    with links shaped to that rate (:mod:`repro.netem`; needs root); run ids then end in ``_bw<rate>``.
+    Returns :func:`load_runs` of what was written.
     """
     runs = Path(results_dir) / "runs"
     for p in world_sizes:
         todo = [{**c, "results_dir": str(runs), "quiet": quiet,
-                 "run_id": c.get("run_id") or _run_id(c, p)} for c in configs
+                 "run_id": c.get("run_id") or _run_id(c, p, emulate_bandwidth)} for c in configs
                 if (p == 1) == (c.get("scheduler") == "local")]  # "local" is the one-worker baseline
         if todo:
-            launch_local(run_configs, p, args=(todo,), timeout_s=timeout_s, quiet=quiet)
+            launch_local(run_configs, p, args=(todo,), timeout_s=timeout_s, quiet=quiet,
+                         emulate_bandwidth=emulate_bandwidth if p > 1 else None)
     return load_runs(results_dir)
 
 
-def _run_id(c: dict[str, Any], p: int) -> str:
+def _run_id(c: dict[str, Any], p: int, bandwidth: str | None = None) -> str:
     parts = [c.get("model", "model"), c.get("scheduler", "s"), f"p{p}", c.get("wire_dtype") or "float32"]
+    if bandwidth and p > 1:
+        from repro.netem import format_bandwidth, parse_bandwidth
+
+        parts.append("bw" + format_bandwidth(parse_bandwidth(bandwidth)))
     if c.get("scheduler") == "threshold":
         parts.append(f"t{c.get('threshold_bytes')}")
     if c.get("epochs"):
@@ -67,19 +74,20 @@ def time_allreduce_sizes(ctx, sizes_bytes: Sequence[int], repeats: int) -> list[
 
 
 def measure_allreduce(world_sizes: Sequence[int], sizes_bytes: Sequence[int], results_dir: str | Path, *,
-                      repeats: int = 5, timeout_s: float = 600) -> pd.DataFrame:
+                      repeats: int = 5, emulate_bandwidth: str | None = None, timeout_s: float = 600) -> pd.DataFrame:
     """Time all-reduces at each world size here and write ``allreduce_times.csv``."""
     rows = []
     for p in world_sizes:
         if p < 2:
             continue
         times = launch_local(time_allreduce_sizes, p, args=(list(sizes_bytes), repeats), timeout_s=timeout_s,
-                             quiet=True)[0]
+                             quiet=True, emulate_bandwidth=emulate_bandwidth)[0]
         rows += [{"workers": p, "bytes": int(n), "seconds": t} for n, t in zip(sizes_bytes, times)]
     df = pd.DataFrame(rows)
     from repro.results import write_table
 
-    write_table(df, results_dir, "allreduce_times", {"world_sizes": list(world_sizes), "repeats": repeats})
+    write_table(df, results_dir, "allreduce_times", {"world_sizes": list(world_sizes), "repeats": repeats,
+                                                     "emulate_bandwidth": emulate_bandwidth})
     return df
 
 
