@@ -132,17 +132,19 @@ def _batches(cfg: TrainConfig, rank: int, world: int, device: torch.device, epoc
 # ---------------------------------------------------------------------------------------------
 
 def _runtime_trace(cfg: TrainConfig, model: nn.Module, ready: list[dict[str, float]],
-                   backward_start: list[float], forward_s: list[float], device: torch.device) -> Trace:
-    """Average per-layer backward gaps over warm-up steps and ranks into a Trace."""
+                   backward_start: list[float], fixed: list[tuple[float, float, float]],
+                   device: torch.device) -> Trace:
+    """Per-layer backward gaps (median over warm-up steps, mean over ranks) as a Trace, with the
+    forward total and the measured pre-forward (buffer broadcast) and update (optimizer) seconds."""
     layers = layer_parameters(model, cfg.view)
     names = list(layers)
-    # gradient-ready seconds after backward start, per layer, averaged over steps, then over ranks
     rel = torch.tensor([[r.get(n, b0) - b0 for n in names] for r, b0 in zip(ready, backward_start)], dtype=torch.float64)
-    vec = torch.cat([rel.median(dim=0).values, torch.tensor([statistics.median(forward_s)], dtype=torch.float64)])
+    vec = torch.cat([rel.median(dim=0).values, torch.tensor(fixed, dtype=torch.float64).median(dim=0).values])
     vec = vec.to(device)
     dist.all_reduce(vec)
     vec = (vec / dist.get_world_size()).cpu()
-    ready_s, fwd_total = vec[:-1].tolist(), float(vec[-1])
+    ready_s = vec[:-3].tolist()
+    fwd_total, pre_s, update_s = (float(v) for v in vec[-3:])
     order = sorted(range(len(names)), key=lambda i: ready_s[i], reverse=True)  # forward order
     out, prev = [], 0.0
     gaps = {}
@@ -155,7 +157,8 @@ def _runtime_trace(cfg: TrainConfig, model: nn.Module, ready: list[dict[str, flo
         out.append(Layer(names[i], numel, numel * params[0][1].element_size(), fwd_total / len(names), gaps[i]))
     return Trace(cfg.model, cfg.batch_size, str(device), "float32", out,
                  extra={"source": "measured", "method": "runtime gradient-ready hooks, mean over ranks of "
-                        "per-step medians; forward total spread evenly over layers", "view": cfg.view})
+                        "per-step medians; forward total spread evenly over layers", "view": cfg.view,
+                        "pre_forward_s": pre_s, "update_s": update_s})
 
 
 def _plan_for(cfg: TrainConfig, trace: Trace, device: torch.device) -> tuple[Plan, CostModel]:
@@ -247,22 +250,28 @@ def run_training(ctx, cfg: TrainConfig) -> tuple[nn.Module, dict[str, Any]]:
         warm_plan = Plan.from_dict({"solver": "syncea", "buckets": [names]})
         sync = BucketedAllReduce(model, warm_plan, view=cfg.view, record_timeline=True)
         wopt = ScheduledOptimizer(opt, sync)
-        ready, b0s, fwds = [], [], []
+        ready, b0s, fixed = [], [], []
         for _ in range(cfg.warmup_steps):
             x, y = next_batch()
             wopt.zero_grad()
+            _sync_device(device)
+            tp = time.perf_counter()
             broadcast_buffers(model)
             t0 = time.perf_counter()
             loss = loss_of(model, x, y)
             _sync_device(device)
             b0 = time.perf_counter()
             loss.backward()
-            wopt.step()
+            sync.finish()
+            _sync_device(device)
+            u0 = time.perf_counter()
+            opt.step()
+            _sync_device(device)
             ready.append(dict(sync.grad_ready_s))
             b0s.append(b0)
-            fwds.append(b0 - t0)
+            fixed.append((b0 - t0, t0 - tp, time.perf_counter() - u0))  # forward, pre-forward, update
         sync.remove()
-        trace = _runtime_trace(cfg, model, ready, b0s, fwds, device)
+        trace = _runtime_trace(cfg, model, ready, b0s, fixed, device)
         plan, cost = _plan_for(cfg, trace, device)
     net, sync = _wrap(cfg, model, plan, device)
     sopt = ScheduledOptimizer(opt, sync)
@@ -297,11 +306,14 @@ def run_training(ctx, cfg: TrainConfig) -> tuple[nn.Module, dict[str, Any]]:
         if sync is not None:  # DDP does this itself (broadcast_buffers=True)
             broadcast_buffers(model)
         loss = loss_of(net, x, y)
+        tb = time.perf_counter()
         loss.backward()
+        tw = time.perf_counter()  # backward returned (CPU: compute done; communication may go on)
         sopt.step()
         _sync_device(device)
         t1 = time.perf_counter()
-        rows.append({"step": step, "epoch": epoch - start_epoch, "iteration_s": t1 - t0, "loss": loss.item()})
+        rows.append({"step": step, "epoch": epoch - start_epoch, "iteration_s": t1 - t0,
+                     "forward_s": tb - t0, "backward_call_s": tw - tb, "step_s": t1 - tw, "loss": loss.item()})
         if sync is not None and cfg.record_timeline:
             bucket_rows = [{"bucket": t.bucket, "layers": len(t.layers), "bytes": t.bytes,
                             "start_s": t.launch_s - t0, "end_s": t.end_s - t0} for t in sync.timings]
@@ -387,8 +399,11 @@ def _summarise(cfg, ctx, rows, compute_times, plan, trace, cost) -> dict[str, An
     import os
 
     bandwidth = os.environ.get("REPRO_EMULATED_BANDWIDTH_BPS")
+    bwd = statistics.median(r["backward_call_s"] for r in rows) if rows else float("nan")
     return {"model": cfg.model, "scheduler": cfg.scheduler, "world_size": world, "backend": dist.get_backend(),
             "emulated_bandwidth_bps": float(bandwidth) if bandwidth else None,
+            "backward_call_s": bwd,
+            "trace_backward_s": trace.total_backward_s if trace is not None else None,
             "batch_size": cfg.batch_size, "wire_dtype": cfg.wire_dtype or "float32",
             "iteration_s": iteration_s, "compute_s": compute_s,
             "exposed_comm_s": max(0.0, iteration_s - compute_s),

@@ -31,3 +31,12 @@ def test_allreduce_fit_table_recovers_lines():
 def test_reading_a_missing_results_dir_says_what_to_do(tmp_path):
     with pytest.raises(FileNotFoundError, match="read_only=False or copy a cluster job"):
         study.load_runs(tmp_path)
+
+
+def test_convergence_runs_are_not_mixed_into_timings():
+    runs = _runs().assign(dataset="synthetic")
+    conv = {"model": "m", "scheduler": "mgwfbp", "world_size": 2, "iteration_s": 9.0, "wire_dtype": "float32",
+            "dataset": "digits"}
+    runs = pd.concat([runs, pd.DataFrame([conv])], ignore_index=True)
+    s = study.speedup_table(runs, ["mgwfbp"])
+    assert len(s[s.scheduler == "mgwfbp"]) == 1

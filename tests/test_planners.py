@@ -105,3 +105,10 @@ def test_planners_on_shipped_traces(stem):
     cost = preset("10gbe-v100", 16)
     t = {n: make_plan(n, trace, cost).meta["iteration_s"] for n in planner_names()}
     assert t["optimal"] <= t["mgwfbp"] * (1 + 1e-12) <= min(t["wfbp"], t["syncea"]) * (1 + 1e-12)
+
+
+def test_ddp_plan_has_a_small_first_bucket():
+    trace = make_trace([1e-3] * 8, [600_000] * 8)
+    plan = make_plan("ddp", trace, CostModel.linear(2, 1e-4, 1e-9), first_bucket_bytes=1_000_000,
+                     bucket_bytes=2_000_000)
+    assert plan.groups(trace) == [[7, 6], [5, 4, 3, 2], [1, 0]]

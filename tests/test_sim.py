@@ -128,3 +128,17 @@ def test_engine_priorities_and_cycles():
         run_tasks([Task("comm", "x", "a", 1.0, deps=(1,)), Task("comm", "x", "b", 1.0, deps=(0,))], set())
     with pytest.raises(ValueError, match="unknown task"):
         run_tasks([Task("comm", "x", "a", 1.0, deps=(7,))], set())
+
+
+def test_measured_pre_forward_and_update_costs_wrap_the_iteration():
+    trace = make_trace([1.0, 2.0, 3.0], [400, 400, 400])
+    timed = trace.replace_layers(trace.layers, extra={"pre_forward_s": 0.5, "update_s": 1.0})
+    cost = CostModel.linear(2, 2.0, 0.0)
+    plan = Plan.from_groups(trace, [[2], [1], [0]], "wfbp")
+    res = simulate(timed, plan, cost)
+    assert res.iteration_s == pytest.approx(12.0 + 1.5)
+    update = [op for op in res.ops if op.kind == "update"][0]
+    assert (update.start_s, update.end_s) == (12.5, 13.5)  # after the last all-reduce
+    assert simulate(timed, plan, cost, with_ops=False).iteration_s == pytest.approx(13.5)
+    with pytest.raises(ValueError, match="'update_s' must be a non-negative"):
+        simulate(trace.replace_layers(trace.layers, extra={"update_s": -1}), plan, cost)

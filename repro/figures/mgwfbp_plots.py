@@ -16,7 +16,8 @@ from repro.figures.plots import gantt, scheduler_lines, stacked_bars
 from repro.figures.style import PALETTE, scheduler_label, scheduler_style
 
 __all__ = ["plot_layer_sizes", "plot_cost_models", "plot_timeline", "plot_sim_speedup", "plot_optimal_gap",
-           "plot_allreduce_fit", "plot_real_speedup", "plot_breakdown", "plot_threshold_sweep", "plot_convergence"]
+           "plot_allreduce_fit", "plot_real_speedup", "plot_breakdown", "plot_threshold_sweep", "plot_convergence",
+           "plot_sim_vs_real"]
 
 
 def plot_layer_sizes(layers: pd.DataFrame, curve: pd.DataFrame, hist_models: Sequence[str]):
@@ -247,5 +248,42 @@ def plot_convergence(epochs: pd.DataFrame, note: str):
     ax.set_ylabel("test accuracy")
     ax.legend()
     ax.set_title(f"Convergence ({note})")
+    fig.tight_layout()
+    return fig
+
+
+def plot_sim_vs_real(table: pd.DataFrame, note: str, band_pct: float = 10.0):
+    """Left: simulated vs measured iteration time (y = x, +-band). Right: error per scheduler."""
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.6), gridspec_kw={"width_ratios": [1, 1.4]})
+    ax = axes[0]
+    markers = dict(zip(sorted(set(table.network)), "os^Dv"))
+    for (s, net), g in table.groupby(["scheduler", "network"]):
+        ax.scatter(g.measured_s * 1e3, g.simulated_s * 1e3, color=scheduler_style(s)["color"], marker=markers[net],
+                   s=36, label=f"{scheduler_label(s)}, {net}")
+    lo, hi = 0.8 * min(table.measured_s.min(), table.simulated_s.min()) * 1e3, \
+        1.2 * max(table.measured_s.max(), table.simulated_s.max()) * 1e3
+    x = np.array([lo, hi])
+    ax.plot(x, x, color="black", lw=1)
+    ax.fill_between(x, x * (1 - band_pct / 100), x * (1 + band_pct / 100), color="grey", alpha=0.15,
+                    label=f"+-{band_pct:.0f}%")
+    ax.set_xlabel("measured iteration (ms)")
+    ax.set_ylabel("simulated iteration (ms)")
+    ax.legend(fontsize="xx-small", ncol=2)
+    ax = axes[1]
+    t = table.assign(case=table.model + "\n" + table.network)
+    cases = list(dict.fromkeys(t.case))
+    schedulers = list(dict.fromkeys(t.scheduler))
+    w = 0.8 / len(schedulers)
+    for k, s in enumerate(schedulers):
+        g = t[t.scheduler == s].set_index("case").reindex(cases)
+        ax.bar(np.arange(len(cases)) + (k - (len(schedulers) - 1) / 2) * w, g.error_pct, w,
+               color=scheduler_style(s)["color"], label=scheduler_label(s))
+    ax.axhspan(-band_pct, band_pct, color="grey", alpha=0.15)
+    ax.axhline(0, color="black", lw=0.8)
+    ax.set_xticks(range(len(cases)))
+    ax.set_xticklabels(cases, fontsize="small")
+    ax.set_ylabel("(simulated - measured) / measured (%)")
+    ax.legend(fontsize="x-small", ncol=3)
+    fig.suptitle(f"Simulated vs measured iteration time ({note})")
     fig.tight_layout()
     return fig

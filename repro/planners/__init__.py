@@ -15,6 +15,7 @@ PLANNERS: dict[str, Callable[..., Plan]] = {
     "wfbp": allreduce.wfbp,
     "syncea": allreduce.syncea,
     "threshold": allreduce.threshold,
+    "ddp": allreduce.ddp,
     "mgwfbp": allreduce.mgwfbp,
     "optimal": allreduce.optimal,
 }

@@ -13,17 +13,17 @@ import numpy as np
 
 from repro.cost import CostModel
 from repro.plan import Plan
-from repro.sim.allreduce import fifo_iteration_s, ready_times_s
+from repro.sim.allreduce import fifo_iteration_s, fixed_costs_s, ready_times_s
 from repro.trace import Trace
 
-__all__ = ["wfbp", "syncea", "threshold", "mgwfbp", "optimal", "groups_time_s"]
+__all__ = ["wfbp", "syncea", "threshold", "ddp", "mgwfbp", "optimal", "groups_time_s"]
 
 
 def groups_time_s(trace: Trace, groups: Sequence[Sequence[int]], cost: CostModel) -> float:
     """Simulated iteration seconds of all-reduce ``groups`` (layer indices, communication order)."""
     nbytes = trace.bytes()
     comm = [float(cost.allreduce_s(float(nbytes[list(g)].sum()))) for g in groups]
-    return fifo_iteration_s(trace.total_forward_s, trace.backward_s(), groups, comm)
+    return fifo_iteration_s(trace.total_forward_s, trace.backward_s(), groups, comm, sum(fixed_costs_s(trace.extra)))
 
 
 def _plan(trace: Trace, groups: list[list[int]], cost: CostModel, solver: str, **meta) -> Plan:
@@ -41,14 +41,8 @@ def syncea(trace: Trace, cost: CostModel) -> Plan:
     return _plan(trace, [list(range(trace.num_layers))], cost, "syncea")
 
 
-def threshold(trace: Trace, cost: CostModel, threshold_bytes: int = 25 * 2**20) -> Plan:
-    """Greedy fixed-size fusion (Horovod/DDP style) in backward order.
-
-    Layers are appended to the open bucket; the bucket closes once it holds ``threshold_bytes`` or
-    more. ``threshold_bytes <= 0`` reproduces WFBP.
-    """
-    if not isinstance(threshold_bytes, (int, np.integer)) or isinstance(threshold_bytes, bool):
-        raise ValueError(f"threshold_bytes must be an integer number of bytes, got {threshold_bytes!r}")
+def _fuse(trace: Trace, first_cap: float, cap: float) -> list[list[int]]:
+    """Greedy fusion in backward order: a bucket closes once it holds its cap or more."""
     nbytes = trace.bytes()
     groups: list[list[int]] = []
     cur: list[int] = []
@@ -56,12 +50,37 @@ def threshold(trace: Trace, cost: CostModel, threshold_bytes: int = 25 * 2**20) 
     for i in reversed(range(trace.num_layers)):
         cur.append(i)
         size += nbytes[i]
-        if size >= threshold_bytes:
+        if size >= (first_cap if not groups else cap):
             groups.append(cur)
             cur, size = [], 0.0
     if cur:
         groups.append(cur)
+    return groups
+
+
+def _check_bytes(name: str, value) -> None:
+    if not isinstance(value, (int, np.integer)) or isinstance(value, bool):
+        raise ValueError(f"{name} must be an integer number of bytes, got {value!r}")
+
+
+def threshold(trace: Trace, cost: CostModel, threshold_bytes: int = 25 * 2**20) -> Plan:
+    """Greedy fixed-size fusion (Horovod/DDP style) in backward order.
+
+    Layers are appended to the open bucket; the bucket closes once it holds ``threshold_bytes`` or
+    more. ``threshold_bytes <= 0`` reproduces WFBP.
+    """
+    _check_bytes("threshold_bytes", threshold_bytes)
+    groups = _fuse(trace, threshold_bytes, threshold_bytes)
     return _plan(trace, groups, cost, "threshold", threshold_bytes=int(threshold_bytes))
+
+
+def ddp(trace: Trace, cost: CostModel, first_bucket_bytes: int = 2**20, bucket_bytes: int = 25 * 2**20) -> Plan:
+    """PyTorch DDP's default bucketing as a plan: 1 MiB first bucket, then 25 MiB buckets."""
+    _check_bytes("first_bucket_bytes", first_bucket_bytes)
+    _check_bytes("bucket_bytes", bucket_bytes)
+    groups = _fuse(trace, first_bucket_bytes, bucket_bytes)
+    return _plan(trace, groups, cost, "ddp", first_bucket_bytes=int(first_bucket_bytes),
+                 bucket_bytes=int(bucket_bytes))
 
 
 def mgwfbp(trace: Trace, cost: CostModel) -> Plan:

@@ -12,7 +12,7 @@ import numpy as np
 
 from repro.cost import CostModel
 from repro.plan import Plan, PlanError
-from repro.sim.allreduce import allreduce_tasks, fifo_iteration_s
+from repro.sim.allreduce import allreduce_tasks, fifo_iteration_s, fixed_costs_s
 from repro.sim.engine import Op, Task, run_tasks
 from repro.trace import Trace
 
@@ -58,7 +58,8 @@ def simulate(trace: Trace, plan: Plan, cost: CostModel, *, with_ops: bool = True
     """Simulate one iteration of ``trace`` under ``plan`` with communication costs from ``cost``.
 
     Every bucket is one message on a single FCFS communication stream, sent when all its gradients
-    are ready (the model of mgwfbp.md). Later families (DeAR, OMGS, OSP) add their own task builders.
+    are ready (the model of mgwfbp.md). A measured trace's ``pre_forward_s`` / ``update_s`` extras are
+    added as compute before the forward and after the last message (see :mod:`repro.sim.allreduce`). Later families (DeAR, OMGS, OSP) add their own task builders.
     """
     groups = plan.groups(trace)
     for b in plan.buckets:
@@ -67,12 +68,13 @@ def simulate(trace: Trace, plan: Plan, cost: CostModel, *, with_ops: bool = True
                             f"(supported: {', '.join(sorted(_SUPPORTED))})")
     comm = comm_times_s(trace, plan, cost)
     fwd, bwd = trace.forward_s(), trace.backward_s()
+    pre, update = fixed_costs_s(trace.extra)
     if with_ops:
-        tasks = allreduce_tasks(trace.names, fwd, bwd, groups, comm)
+        tasks = allreduce_tasks(trace.names, fwd, bwd, groups, comm, pre_forward_s=pre, update_s=update)
         ops = run_tasks(tasks, {"compute"})
         iteration = max(op.end_s for op in ops)
     else:
         ops = []
-        iteration = fifo_iteration_s(float(fwd.sum()), bwd, groups, comm)
-    return SimResult(iteration_s=float(iteration), forward_s=float(fwd.sum()), backward_s=float(bwd.sum()),
-                     comm_s=float(np.sum(comm)), ops=ops)
+        iteration = fifo_iteration_s(float(fwd.sum()), bwd, groups, comm, pre + update)
+    return SimResult(iteration_s=float(iteration), forward_s=float(fwd.sum()) + pre,
+                     backward_s=float(bwd.sum()) + update, comm_s=float(np.sum(comm)), ops=ops)

@@ -5,6 +5,10 @@ last of its gradients is produced; one communication stream serves ready buckets
 first-served (ties: plan order). Iteration time = forward + backward + the communication not hidden
 behind backward, i.e. ``t_f + max(t_b, end of the last all-reduce measured from backward start)``.
 
+Optional fixed costs a measured trace may carry in ``trace.extra`` (seconds; absent = 0, which is
+the papers' model): ``pre_forward_s`` (blocking work before the forward, e.g. a buffer broadcast) and
+``update_s`` (the optimizer step, which waits for the last all-reduce).
+
 Two implementations of the same model: :func:`allreduce_tasks` builds the event-engine task graph
 (gives the full timeline), :func:`fifo_iteration_s` is the closed-form recursion the planners call
 thousands of times. Tests check that they agree.
@@ -18,7 +22,19 @@ import numpy as np
 
 from repro.sim.engine import Task
 
-__all__ = ["ready_times_s", "fifo_comm_end_s", "fifo_iteration_s", "allreduce_tasks", "bucket_label"]
+__all__ = ["ready_times_s", "fifo_comm_end_s", "fifo_iteration_s", "allreduce_tasks", "bucket_label",
+           "fixed_costs_s"]
+
+
+def fixed_costs_s(extra: dict) -> tuple[float, float]:
+    """(pre_forward_s, update_s) from a trace's extras; 0 when absent."""
+    out = []
+    for key in ("pre_forward_s", "update_s"):
+        v = extra.get(key, 0.0)
+        if not isinstance(v, (int, float)) or isinstance(v, bool) or not v >= 0:
+            raise ValueError(f"trace extra '{key}' must be a non-negative number of seconds, got {v!r}")
+        out.append(float(v))
+    return out[0], out[1]
 
 
 def ready_times_s(backward_s: np.ndarray) -> np.ndarray:
@@ -36,12 +52,13 @@ def fifo_comm_end_s(bucket_ready_s: Sequence[float], bucket_comm_s: Sequence[flo
 
 
 def fifo_iteration_s(forward_total_s: float, backward_s: np.ndarray, groups: Sequence[Sequence[int]],
-                     comm_s: Sequence[float]) -> float:
-    """Iteration seconds for bucket ``groups`` (layer indices) whose messages take ``comm_s`` each."""
+                     comm_s: Sequence[float], fixed_s: float = 0.0) -> float:
+    """Iteration seconds for bucket ``groups`` (layer indices) whose messages take ``comm_s`` each;
+    ``fixed_s`` (pre-forward + update seconds) is added."""
     ready = ready_times_s(backward_s)
     bucket_ready = [float(ready[min(g)]) for g in groups]
     end = fifo_comm_end_s(bucket_ready, comm_s)
-    return float(forward_total_s + max(float(ready[0]), end))
+    return float(fixed_s + forward_total_s + max(float(ready[0]), end))
 
 
 def bucket_label(indices: Sequence[int]) -> str:
@@ -56,10 +73,13 @@ def bucket_label(indices: Sequence[int]) -> str:
 
 def allreduce_tasks(names: Sequence[str], forward_s: np.ndarray, backward_s: np.ndarray,
                     groups: Sequence[Sequence[int]], comm_s: Sequence[float],
-                    kinds: Sequence[str] | None = None) -> list[Task]:
-    """Task graph of one iteration: forward tasks, backward tasks, one message per bucket."""
+                    kinds: Sequence[str] | None = None, pre_forward_s: float = 0.0,
+                    update_s: float = 0.0) -> list[Task]:
+    """Task graph of one iteration: [pre-forward], forward tasks, backward tasks, one message per
+    bucket, [the update after the last message]."""
     L = len(names)
-    tasks = [Task("compute", "forward", names[i], float(forward_s[i])) for i in range(L)]
+    tasks = [Task("compute", "pre_forward", "pre", pre_forward_s)] if pre_forward_s else []
+    tasks += [Task("compute", "forward", names[i], float(forward_s[i])) for i in range(L)]
     bwd_task = {}
     for i in reversed(range(L)):
         bwd_task[i] = len(tasks)
@@ -68,4 +88,7 @@ def allreduce_tasks(names: Sequence[str], forward_s: np.ndarray, backward_s: np.
         kind = kinds[k] if kinds else "allreduce"
         tasks.append(Task("comm", kind, bucket_label(g), float(comm_s[k]),
                           deps=tuple(bwd_task[i] for i in g)))
+    if update_s:
+        tasks.append(Task("compute", "update", "update", update_s,
+                          deps=tuple(range(len(tasks) - len(groups), len(tasks)))))
     return tasks

@@ -142,8 +142,14 @@ def load_epochs(results_dir: str | Path) -> pd.DataFrame:
     return epochs.merge(runs, on="run_id")
 
 
+def _timing_runs(runs: pd.DataFrame) -> pd.DataFrame:
+    """Throughput runs only (synthetic data); convergence runs time data loading and evaluation too."""
+    return runs[runs["dataset"].fillna("synthetic") == "synthetic"] if "dataset" in runs else runs
+
+
 def speedup_table(runs: pd.DataFrame, schedulers: Sequence[str]) -> pd.DataFrame:
     """Measured speedup ``P * t_1 / t_P`` per model and scheduler; t_1: the one-worker ``local`` run."""
+    runs = _timing_runs(runs)
     single = runs[(runs.scheduler == "local") & (runs.world_size == 1)].set_index("model")["iteration_s"]
     rows = []
     for _, r in runs[runs.scheduler.isin(schedulers) & (runs.wire_dtype == "float32")].iterrows():
@@ -160,6 +166,7 @@ def breakdown_table(runs: pd.DataFrame, schedulers: Sequence[str]) -> pd.DataFra
     """Computation vs non-overlapped communication, measured and simulated from the run's own trace,
     plan and fitted cost model."""
     rows = []
+    runs = _timing_runs(runs)
     for _, r in runs[runs.scheduler.isin(schedulers)].iterrows():
         d = Path(r.path)
         sim = None
@@ -191,6 +198,7 @@ def threshold_sweep_table(runs: pd.DataFrame, references: Sequence[str] = ("mgwf
                           ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(sweep, references): iteration seconds of the ``threshold`` runs per threshold and of the
     reference schedulers, each measured and simulated, at the largest world size, FP32."""
+    runs = _timing_runs(runs)
     p = runs.world_size.max()
     base = runs[(runs.world_size == p) & (runs.wire_dtype == "float32")]
     sweep, refs = [], []

@@ -1,0 +1,109 @@
+"""Simulator vs reality: the same plan measured on this machine and simulated from the run's own
+measured trace and the cost model fitted on the same network.
+
+Each plan run (see :mod:`repro.train`) saves its trace (warm-up measurement), plan and fitted cost
+model; the simulated iteration is :func:`repro.sim.simulate` of exactly those. PyTorch DDP keeps no
+trace, so its prediction uses the MG-WFBP run of the same model and network with DDP's default
+bucketing (the ``ddp`` planner: 1 MiB first bucket, then 25 MiB).
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+from typing import Sequence
+
+import pandas as pd
+
+from repro.cost import CostModel
+from repro.plan import Plan
+from repro.planners import make_plan
+from repro.sim import simulate
+from repro.studies.mgwfbp_train import load_runs, run_grid
+from repro.trace import Trace
+
+__all__ = ["usable_bandwidths", "run_validation", "validation_table", "speedup_comparison"]
+
+LOOPBACK = "loopback"
+
+
+def usable_bandwidths(networks: Sequence[str], required: bool = False) -> list[str]:
+    """``networks`` minus emulated ones this machine cannot emulate (a warning says why), unless
+    ``required``, in which case the error is raised."""
+    from repro.netem import EmulationUnavailableError, check_emulation_available
+
+    out = []
+    for net in networks:
+        if net == LOOPBACK:
+            out.append(net)
+            continue
+        try:
+            check_emulation_available()
+            out.append(net)
+        except EmulationUnavailableError as e:
+            if required:
+                raise
+            warnings.warn(f"skipping emulated network {net}: {e}", stacklevel=2)
+    return out
+
+
+def run_validation(configs: Sequence[dict], networks: Sequence[str], world_size: int, results_dir: str | Path,
+                   **kwargs) -> pd.DataFrame:
+    """Run ``configs`` at ``world_size`` once per network (``"loopback"`` or a rate like ``"100mbit"``)."""
+    for net in networks:
+        run_grid(configs, [world_size], results_dir, emulate_bandwidth=None if net == LOOPBACK else net, **kwargs)
+    return load_runs(results_dir)
+
+
+def _network(row) -> str:
+    from repro.netem import format_bandwidth
+
+    bw = row.get("emulated_bandwidth_bps")
+    return format_bandwidth(bw) if isinstance(bw, (int, float)) and bw == bw and bw else LOOPBACK
+
+
+def _load(path: Path) -> tuple[Trace, Plan | None, CostModel]:
+    cost = CostModel.from_dict(json.loads((path / "cost.json").read_text()))
+    plan = Plan.load(path / "plan.json") if (path / "plan.json").is_file() else None
+    return Trace.load(path / "trace.json"), plan, cost
+
+
+def validation_table(runs: pd.DataFrame) -> pd.DataFrame:
+    """Measured vs simulated iteration seconds per model, network and scheduler, with the error."""
+    runs = runs.assign(network=[_network(r) for _, r in runs.iterrows()])
+    rows = []
+    for _, r in runs.iterrows():
+        path = Path(r.path)
+        if (path / "trace.json").is_file():
+            trace, plan, cost = _load(path)
+        elif r.scheduler == "ddp":
+            ref = runs[(runs.model == r.model) & (runs.network == r.network) & (runs.world_size == r.world_size)
+                       & (runs.scheduler == "mgwfbp") & (runs.wire_dtype == r.wire_dtype)]
+            if ref.empty:
+                continue
+            trace, _, cost = _load(Path(ref.iloc[0].path))
+            plan = make_plan("ddp", trace, cost)
+        else:
+            continue
+        sim = simulate(trace, plan, cost, with_ops=False)
+        rows.append({"model": r.model, "network": r.network, "workers": r.world_size, "scheduler": r.scheduler,
+                     "buckets": plan.num_buckets, "measured_s": r.iteration_s, "simulated_s": sim.iteration_s,
+                     "error_pct": 100.0 * (sim.iteration_s / r.iteration_s - 1.0),
+                     "trace_backward_s": trace.total_backward_s, "measured_backward_call_s": r.get("backward_call_s")})
+    return pd.DataFrame(rows)
+
+
+def speedup_comparison(table: pd.DataFrame, ours: Sequence[str] = ("mgwfbp", "optimal"),
+                       baselines: Sequence[str] = ("wfbp", "syncea", "ddp")) -> pd.DataFrame:
+    """Speedup of each of ``ours`` over each baseline, measured and simulated, side by side."""
+    rows = []
+    for (model, net), g in table.groupby(["model", "network"]):
+        t = g.set_index("scheduler")
+        for a in ours:
+            for b in baselines:
+                if a in t.index and b in t.index:
+                    rows.append({"model": model, "network": net, "scheduler": a, "over": b,
+                                 "measured_speedup": t.loc[b, "measured_s"] / t.loc[a, "measured_s"],
+                                 "simulated_speedup": t.loc[b, "simulated_s"] / t.loc[a, "simulated_s"]})
+    return pd.DataFrame(rows)
