@@ -505,3 +505,15 @@ def _real_done_notebooks() -> list[str]:
 @pytest.mark.parametrize("notebook", _real_done_notebooks())
 def test_real_notebook_makes_its_declared_figures(notebook, tmp_path):
     _check_notebook_outputs(REAL_MANIFEST, notebook, tmp_path / "results")
+
+
+def test_real_index_lists_every_done_figure_with_status(tmp_path):
+    from repro.figures.manifest import load_manifest
+    from repro.figures.runner import write_index
+
+    md, html = write_index(tmp_path)
+    md_text, html_text = Path(md).read_text(), Path(html).read_text()
+    done = [e for e in load_manifest() if e.done]
+    assert len(done) >= 11
+    for e in done:
+        assert f"`{e.id}`" in md_text and e.id in html_text, e.id
