@@ -227,7 +227,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv[:1] == ["train"]:  # per-rank training entry point (run it under torchrun)
         from repro.train import main as train_main
 
-        return train_main(argv[1:])
+        return train_main(argv[1:], hard_exit=True)
     try:
         args = build_parser().parse_args(argv)
         args.func(args)

@@ -223,6 +223,9 @@ def shutdown_distributed() -> None:
     except ImportError:  # pragma: no cover
         return
     if dist.is_available() and dist.is_initialized():
+        # Leave together: a gloo group torn down while a peer still works can abort at exit.
+        with contextlib.suppress(Exception):
+            dist.barrier()
         dist.destroy_process_group()
 
 

@@ -478,8 +478,12 @@ def worker_from_argv(ctx, argv: Sequence[str]) -> dict[str, Any]:
     return train_worker(ctx, cfg)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Per-rank entry point: ``torchrun ... -m repro.train`` or ``repro train`` (one line on bad input)."""
+def main(argv: Sequence[str] | None = None, *, hard_exit: bool = False) -> int:
+    """Per-rank entry point: ``torchrun ... -m repro.train`` or ``repro train`` (one line on bad input).
+
+    ``hard_exit``: after a successful run, leave with ``os._exit(0)`` once output is flushed, skipping
+    interpreter teardown (gloo's threads can abort a finished process there, failing the torchrun job).
+    """
     import sys
 
     from repro.launch import DistributedSetupError, distributed
@@ -493,8 +497,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ValueError, FileNotFoundError, DistributedSetupError) as e:
         print(f"repro train: error: {str(e).splitlines()[0]}", file=sys.stderr)
         return 2
+    if hard_exit:
+        import os
+
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
     return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(main(hard_exit=True))
