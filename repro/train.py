@@ -145,6 +145,13 @@ def _runtime_trace(cfg: TrainConfig, model: nn.Module, ready: list[dict[str, flo
     vec = (vec / dist.get_world_size()).cpu()
     ready_s = vec[:-3].tolist()
     fwd_total, pre_s, update_s = (float(v) for v in vec[-3:])
+    # straggler wait: per step, the slowest rank's computation minus the ranks' mean (median over steps)
+    per_step = torch.tensor([f[0] + max(r.values(), default=b0) - b0 for f, r, b0 in zip(fixed, ready, backward_start)],
+                            dtype=torch.float64, device=device)
+    everyone = torch.empty(dist.get_world_size() * per_step.numel(), dtype=torch.float64, device=device)
+    dist.all_gather_into_tensor(everyone, per_step)
+    everyone = everyone.view(dist.get_world_size(), -1).cpu()
+    straggler_s = float((everyone.max(dim=0).values - everyone.mean(dim=0)).median())
     order = sorted(range(len(names)), key=lambda i: ready_s[i], reverse=True)  # forward order
     out, prev = [], 0.0
     gaps = {}
@@ -158,7 +165,7 @@ def _runtime_trace(cfg: TrainConfig, model: nn.Module, ready: list[dict[str, flo
     return Trace(cfg.model, cfg.batch_size, str(device), "float32", out,
                  extra={"source": "measured", "method": "runtime gradient-ready hooks, mean over ranks of "
                         "per-step medians; forward total spread evenly over layers", "view": cfg.view,
-                        "pre_forward_s": pre_s, "update_s": update_s})
+                        "pre_forward_s": pre_s, "straggler_s": straggler_s, "update_s": update_s})
 
 
 def _plan_for(cfg: TrainConfig, trace: Trace, device: torch.device) -> tuple[Plan, CostModel]:
@@ -284,6 +291,7 @@ def run_training(ctx, cfg: TrainConfig) -> tuple[nn.Module, dict[str, Any]]:
 
     # ---- timed steps ----
     rows, bucket_rows = [], []
+    inrun_ready, inrun_b0, inrun_fixed = [], [], []  # the trace as measured under this schedule
     steps = cfg.steps if cfg.epochs is None else None
     progress = _progress(rank == 0 and not cfg.quiet, steps, cfg)
     step = 0
@@ -305,6 +313,7 @@ def run_training(ctx, cfg: TrainConfig) -> tuple[nn.Module, dict[str, Any]]:
         t0 = time.perf_counter()
         if sync is not None:  # DDP does this itself (broadcast_buffers=True)
             broadcast_buffers(model)
+        tf = time.perf_counter()
         loss = loss_of(net, x, y)
         tb = time.perf_counter()
         loss.backward()
@@ -314,6 +323,10 @@ def run_training(ctx, cfg: TrainConfig) -> tuple[nn.Module, dict[str, Any]]:
         t1 = time.perf_counter()
         rows.append({"step": step, "epoch": epoch - start_epoch, "iteration_s": t1 - t0,
                      "forward_s": tb - t0, "backward_call_s": tw - tb, "step_s": t1 - tw, "loss": loss.item()})
+        if sync is not None:
+            inrun_ready.append(dict(sync.grad_ready_s))
+            inrun_b0.append(tb)
+            inrun_fixed.append((tb - tf, tf - t0, trace.extra["update_s"]))
         if sync is not None and cfg.record_timeline:
             bucket_rows = [{"bucket": t.bucket, "layers": len(t.layers), "bytes": t.bytes,
                             "start_s": t.launch_s - t0, "end_s": t.end_s - t0} for t in sync.timings]
@@ -342,9 +355,15 @@ def run_training(ctx, cfg: TrainConfig) -> tuple[nn.Module, dict[str, Any]]:
                 compute_times.append(time.perf_counter() - t0)
         del solo, solo_opt
 
+    inrun = None
+    if sync is not None and inrun_ready and cfg.epochs is None:
+        inrun = _runtime_trace(cfg, model, inrun_ready, inrun_b0, inrun_fixed, device)
+        inrun.extra["method"] += f"; measured during the timed steps under '{cfg.scheduler}'"
     summary = _summarise(cfg, ctx, rows, compute_times, plan, trace, cost)
     if rank == 0 and cfg.results_dir:
         _write_run(cfg, summary, rows, epoch_rows, bucket_rows, trace, plan, cost)
+        if inrun is not None:
+            inrun.save(Path(cfg.results_dir) / summary["run_id"] / "trace_inrun.json")
     summary["epochs"] = epoch_rows
     return model, summary
 
@@ -400,7 +419,9 @@ def _summarise(cfg, ctx, rows, compute_times, plan, trace, cost) -> dict[str, An
 
     bandwidth = os.environ.get("REPRO_EMULATED_BANDWIDTH_BPS")
     bwd = statistics.median(r["backward_call_s"] for r in rows) if rows else float("nan")
-    return {"model": cfg.model, "scheduler": cfg.scheduler, "world_size": world, "backend": dist.get_backend(),
+    run_id = cfg.run_id or f"{cfg.model}_{cfg.scheduler}_p{world}_{int(time.time() * 1e3)}"
+    return {"run_id": run_id, "model": cfg.model, "scheduler": cfg.scheduler, "world_size": world,
+            "backend": dist.get_backend(),
             "emulated_bandwidth_bps": float(bandwidth) if bandwidth else None,
             "backward_call_s": bwd,
             "trace_backward_s": trace.total_backward_s if trace is not None else None,
@@ -417,7 +438,7 @@ def _write_run(cfg, summary, rows, epoch_rows, bucket_rows, trace, plan, cost) -
 
     from repro.results import environment
 
-    run_id = cfg.run_id or f"{cfg.model}_{cfg.scheduler}_p{summary['world_size']}_{int(time.time() * 1e3)}"
+    run_id = summary["run_id"]
     out = Path(cfg.results_dir) / run_id
     out.mkdir(parents=True, exist_ok=True)
     pd.DataFrame(rows).assign(run_id=run_id).to_csv(out / "iterations.csv", index=False)

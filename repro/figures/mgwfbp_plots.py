@@ -253,7 +253,8 @@ def plot_convergence(epochs: pd.DataFrame, note: str):
 
 
 def plot_sim_vs_real(table: pd.DataFrame, note: str, band_pct: float = 10.0):
-    """Left: simulated vs measured iteration time (y = x, +-band). Right: error per scheduler."""
+    """Left: simulated vs measured iteration time (y = x, +-band). Right: error per scheduler (bars:
+    predicted from the warm-up trace; black ticks: from the trace measured during the run itself)."""
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.6), gridspec_kw={"width_ratios": [1, 1.4]})
     ax = axes[0]
     markers = dict(zip(sorted(set(table.network)), "os^Dv"))
@@ -276,8 +277,12 @@ def plot_sim_vs_real(table: pd.DataFrame, note: str, band_pct: float = 10.0):
     w = 0.8 / len(schedulers)
     for k, s in enumerate(schedulers):
         g = t[t.scheduler == s].set_index("case").reindex(cases)
-        ax.bar(np.arange(len(cases)) + (k - (len(schedulers) - 1) / 2) * w, g.error_pct, w,
-               color=scheduler_style(s)["color"], label=scheduler_label(s))
+        xs = np.arange(len(cases)) + (k - (len(schedulers) - 1) / 2) * w
+        ax.bar(xs, g.error_pct, w, color=scheduler_style(s)["color"], label=scheduler_label(s))
+        if "error_inrun_pct" in g:
+            inrun = pd.to_numeric(g.error_inrun_pct, errors="coerce")
+            ax.scatter(xs, inrun, marker="_", s=60, color="black", zorder=5,
+                       label="from the in-run trace" if k == 0 else None)
     ax.axhspan(-band_pct, band_pct, color="grey", alpha=0.15)
     ax.axhline(0, color="black", lw=0.8)
     ax.set_xticks(range(len(cases)))

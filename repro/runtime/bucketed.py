@@ -15,8 +15,8 @@ Contract of :class:`BucketedAllReduce`:
   ``find_unused_parameters``) and get a gradient afterwards.
 
 :class:`ScheduledOptimizer` wraps any optimizer so that ``step()`` first calls :meth:`finish`.
-With ``record_timeline=True`` each bucket's launch and completion times (``time.perf_counter``,
-seconds) and each layer's gradient-ready time are kept for the last iteration.
+Each layer's gradient-ready time (``time.perf_counter``, seconds) is kept for the last iteration in
+``grad_ready_s``; with ``record_timeline=True`` so are each bucket's launch and completion times.
 """
 
 from __future__ import annotations
@@ -114,8 +114,7 @@ class BucketedAllReduce:
     # ---- hooks ----
     def _hook(self, slot: _Slot):
         def hook(param: torch.Tensor) -> None:
-            if self.record_timeline:
-                self.grad_ready_s[slot.layer] = time.perf_counter()
+            self.grad_ready_s[slot.layer] = time.perf_counter()
             self._write(slot)
             self._launch_ready()
         return hook

@@ -6,8 +6,10 @@ first-served (ties: plan order). Iteration time = forward + backward + the commu
 behind backward, i.e. ``t_f + max(t_b, end of the last all-reduce measured from backward start)``.
 
 Optional fixed costs a measured trace may carry in ``trace.extra`` (seconds; absent = 0, which is
-the papers' model): ``pre_forward_s`` (blocking work before the forward, e.g. a buffer broadcast) and
-``update_s`` (the optimizer step, which waits for the last all-reduce).
+the papers' model): ``pre_forward_s`` (blocking work before the forward, e.g. a buffer broadcast),
+``straggler_s`` (how much later than the average rank the slowest rank finishes its computation, so
+the last collective completes that much later) and ``update_s`` (the optimizer step, after the last
+all-reduce).
 
 Two implementations of the same model: :func:`allreduce_tasks` builds the event-engine task graph
 (gives the full timeline), :func:`fifo_iteration_s` is the closed-form recursion the planners call
@@ -27,14 +29,14 @@ __all__ = ["ready_times_s", "fifo_comm_end_s", "fifo_iteration_s", "allreduce_ta
 
 
 def fixed_costs_s(extra: dict) -> tuple[float, float]:
-    """(pre_forward_s, update_s) from a trace's extras; 0 when absent."""
+    """(pre_forward_s, straggler_s + update_s) from a trace's extras; 0 when absent."""
     out = []
-    for key in ("pre_forward_s", "update_s"):
+    for key in ("pre_forward_s", "straggler_s", "update_s"):
         v = extra.get(key, 0.0)
         if not isinstance(v, (int, float)) or isinstance(v, bool) or not v >= 0:
             raise ValueError(f"trace extra '{key}' must be a non-negative number of seconds, got {v!r}")
         out.append(float(v))
-    return out[0], out[1]
+    return out[0], out[1] + out[2]
 
 
 def ready_times_s(backward_s: np.ndarray) -> np.ndarray:
