@@ -192,7 +192,7 @@ def _wrap(cfg: TrainConfig, model: nn.Module, plan: Plan | None, device: torch.d
     if cfg.scheduler == "ddp":
         return nn.parallel.DistributedDataParallel(model, device_ids=_ids(device)), None
     if cfg.scheduler == "ddp_plan":
-        caps_mb = [b / 2**20 for b in plan.bucket_bytes(_plan_trace(plan, model, cfg))]
+        caps_mb = [b / 2**20 for b in plan.bucket_bytes(_sizes_trace(model, cfg))]
         return nn.parallel.DistributedDataParallel(model, device_ids=_ids(device), bucket_cap_mb_list=caps_mb), None
     if cfg.scheduler == "local":
         return model, None
@@ -203,7 +203,8 @@ def _ids(device: torch.device):
     return [device.index] if device.type == "cuda" else None
 
 
-def _plan_trace(plan: Plan, model: nn.Module, cfg: TrainConfig) -> Trace:
+def _sizes_trace(model: nn.Module, cfg: TrainConfig) -> Trace:
+    """The model's layers with their gradient sizes and no timings (enough for Plan.bucket_bytes)."""
     layers = layer_parameters(model, cfg.view)
     return Trace(cfg.model, cfg.batch_size, "-", "float32",
                  [Layer(n, sum(p.numel() for _, p in ps), sum(p.numel() * p.element_size() for _, p in ps), 0.0, 0.0)
@@ -255,7 +256,7 @@ def run_training(ctx, cfg: TrainConfig) -> tuple[nn.Module, dict[str, Any]]:
     if cfg.scheduler in PLAN_SCHEDULERS + ("ddp_plan",):
         names = list(layer_parameters(model, cfg.view))
         warm_plan = Plan.from_dict({"solver": "syncea", "buckets": [names]})
-        sync = BucketedAllReduce(model, warm_plan, view=cfg.view, record_timeline=True)
+        sync = BucketedAllReduce(model, warm_plan, view=cfg.view)
         wopt = ScheduledOptimizer(opt, sync)
         ready, b0s, fixed = [], [], []
         for _ in range(cfg.warmup_steps):
