@@ -407,22 +407,15 @@ def _name_pattern(prefix: str) -> re.Pattern:
 def _remove_objects(namespaces: Sequence[str], links: Sequence[str], bridge: str | None) -> list[str]:
     """Delete host-side links (which takes their peers along), namespaces and the bridge; return problems."""
     problems = []
-    present_links = set(_list_links())
-    for link in links:
-        if link in present_links:
-            proc = _ip("link", "del", link, check=False)
-            if proc.returncode != 0 and link in _list_links():
-                problems.append(f"link {link}: {proc.stderr.strip()}")
-    present_ns = set(_list_namespaces())
-    for ns in namespaces:
-        if ns in present_ns:
-            proc = _ip("netns", "del", ns, check=False)
-            if proc.returncode != 0 and ns in _list_namespaces():
-                problems.append(f"namespace {ns}: {proc.stderr.strip()}")
-    if bridge and bridge in _list_links():
-        proc = _ip("link", "del", bridge, check=False)
-        if proc.returncode != 0 and bridge in _list_links():
-            problems.append(f"bridge {bridge}: {proc.stderr.strip()}")
+    for kind, names, obj, listing in (("link", links, "link", _list_links),
+                                      ("namespace", namespaces, "netns", _list_namespaces),
+                                      ("bridge", [bridge] if bridge else [], "link", _list_links)):
+        present = set(listing())
+        for name in names:
+            if name in present:
+                proc = _ip(obj, "del", name, check=False)
+                if proc.returncode != 0 and name in listing():
+                    problems.append(f"{kind} {name}: {proc.stderr.strip()}")
     return problems
 
 
