@@ -31,3 +31,18 @@ def fit_all_collectives(ctx, sizes: list[int]) -> dict:
     from repro.runtime.calibrate import MEASURABLE, fit_cost_model
 
     return fit_cost_model(sizes, MEASURABLE, repeats=2, device=ctx.device).to_dict()
+
+
+def plan_errors(ctx) -> list[str]:
+    """Messages of BucketedAllReduce for plans that do not fit a Linear layer (tensor view)."""
+    from repro.plan import Plan, PlanError
+    from repro.runtime.bucketed import BucketedAllReduce
+
+    out = []
+    for buckets in ([["weight", "bias", "extra"]], [["weight"]]):
+        try:
+            BucketedAllReduce(torch.nn.Linear(2, 2), Plan.from_dict({"buckets": buckets}))
+            out.append("accepted")
+        except PlanError as e:
+            out.append(str(e))
+    return out

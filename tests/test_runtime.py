@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from repro.launch import launch_local
-from repro.plan import Plan, PlanError
-from tests.runtime_targets import train_params
+from repro.plan import Plan
+from tests.runtime_targets import plan_errors, train_params
 
 SCHEDULERS = ["wfbp", "syncea", "threshold", "mgwfbp", "optimal", "ddp_plan", "local"]
 COMMON = {"steps": 4, "warmup_steps": 2, "batch_size": 8, "lr": 0.05, "momentum": 0.9, "weight_decay": 1e-4,
@@ -99,4 +99,6 @@ def test_plan_must_cover_the_model():
 
     with pytest.raises(RuntimeError, match="not initialised"):
         BucketedAllReduce(torch.nn.Linear(2, 2), Plan.from_dict({"buckets": [["weight", "bias"]]}))
-    assert PlanError  # plan/model mismatches are checked on ranks: see test_bad_plan_is_rejected
+    unknown, missing = launch_local(plan_errors, 1, timeout_s=120)[0]
+    assert "plan names 1 layer(s) the model does not have" in unknown and "'extra'" in unknown
+    assert "plan leaves 1 layer(s) of the model out" in missing and "'bias'" in missing
