@@ -70,11 +70,11 @@ def cmd_profile(args: argparse.Namespace) -> None:
     if args.batch_size <= 0:
         raise UsageError(f"--batch-size must be positive, got {args.batch_size}")
     if args.estimate_gpu:
-        from repro.estimate import estimate_trace
+        from repro.workload.estimate import estimate_trace
 
         trace = estimate_trace(args.model, args.batch_size, gpu=args.estimate_gpu, view=args.view)
     else:
-        from repro.profile import profile_model
+        from repro.workload.profile import profile_model
 
         trace = profile_model(args.model, args.batch_size, device=args.device, view=args.view,
                               warmup=args.warmup, iters=args.iters)
@@ -124,7 +124,7 @@ def _add_local_flags(p: argparse.ArgumentParser) -> None:
 
 
 def _launch(args: argparse.Namespace, fn, fn_args: tuple):
-    from repro.launch import launch_local
+    from repro.cluster.local import launch_local
 
     if args.nproc < 1:
         raise UsageError(f"--nproc must be positive, got {args.nproc}")

@@ -4,7 +4,7 @@
         --batch-size 32 --results-dir results/data/runs
 
 Schedulers: ``wfbp``, ``syncea``, ``threshold``, ``mgwfbp``, ``optimal`` execute a Plan with
-:class:`~repro.runtime.bucketed.BucketedAllReduce`; ``ddp`` is PyTorch DDP with its defaults;
+:class:`~repro.runtime.allreduce.BucketedAllReduce`; ``ddp`` is PyTorch DDP with its defaults;
 ``ddp_plan`` is DDP with the per-bucket sizes of the ``threshold`` plan (``bucket_cap_mb_list``);
 ``local`` does no communication (computation only).
 
@@ -39,9 +39,9 @@ from repro.cost import CostModel, preset
 from repro.plan import WIRE_DTYPE_BYTES, Plan
 from repro.planners import make_plan
 from repro.runtime.buffers import broadcast_buffers
-from repro.runtime.bucketed import BucketedAllReduce, ScheduledOptimizer
+from repro.runtime.allreduce import BucketedAllReduce, ScheduledOptimizer
 from repro.runtime.calibrate import default_sizes_bytes, fit_allreduce
-from repro.runtime.layers import layer_parameters
+from repro.workload.layers import layer_parameters
 from repro.trace import Layer, Trace
 
 __all__ = ["SCHEDULERS", "PLAN_SCHEDULERS", "TrainConfig", "train_worker", "run_training", "config_from_argv",
@@ -81,8 +81,8 @@ class TrainConfig:
     def __post_init__(self) -> None:
         if self.scheduler not in SCHEDULERS:
             raise ValueError(f"unknown scheduler '{self.scheduler}'; choose one of {', '.join(SCHEDULERS)}")
-        from repro.datasets import DATASET_NAMES
-        from repro.models import get_spec
+        from repro.workload.datasets import DATASET_NAMES
+        from repro.workload.models import get_spec
 
         get_spec(self.model)
         if self.dataset not in DATASET_NAMES:
@@ -113,12 +113,12 @@ class TrainConfig:
 def _batches(cfg: TrainConfig, rank: int, world: int, device: torch.device, epoch: int):
     """(inputs, targets) for one epoch (real dataset) or an endless synthetic stream."""
     if cfg.dataset == "synthetic":
-        from repro.models import make_batch
+        from repro.workload.models import make_batch
 
         gen = torch.Generator().manual_seed(cfg.seed * 1000 + rank)
         while True:
             yield make_batch(cfg.model, cfg.batch_size, device=device, generator=gen, **cfg.model_kwargs)
-    from repro.datasets import get_dataset, make_loader
+    from repro.workload.datasets import get_dataset, make_loader
 
     loader = make_loader(get_dataset(cfg.dataset, split="train"), cfg.batch_size, rank=rank,
                          world_size=world, seed=cfg.seed)
@@ -227,7 +227,7 @@ def train_worker(ctx, cfg: TrainConfig) -> dict[str, Any]:
 
 def run_training(ctx, cfg: TrainConfig) -> tuple[nn.Module, dict[str, Any]]:
     """Train per ``cfg``; returns the trained (unwrapped) model and the run summary."""
-    from repro.models import build_model, compute_loss
+    from repro.workload.models import build_model, compute_loss
 
     device = torch.device(ctx.device) if not isinstance(ctx.device, torch.device) else ctx.device
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -388,7 +388,7 @@ def _progress(enabled: bool, total: int | None, cfg: TrainConfig):
 @torch.no_grad()
 def _evaluate(cfg: TrainConfig, model: nn.Module, epoch: int, rows: list[dict], device) -> dict[str, Any]:
     """Accuracy on the dataset's test split (each rank a shard, counts summed) and mean train loss."""
-    from repro.datasets import get_dataset, make_loader
+    from repro.workload.datasets import get_dataset, make_loader
 
     was_training = model.training
     model.eval()
@@ -508,7 +508,7 @@ def main(argv: Sequence[str] | None = None, *, hard_exit: bool = False) -> int:
     """
     import sys
 
-    from repro.launch import DistributedSetupError, distributed
+    from repro.cluster.local import DistributedSetupError, distributed
 
     try:
         cfg, args = config_from_argv(sys.argv[1:] if argv is None else argv)

@@ -1,4 +1,4 @@
-"""Functions that ranks started by ``repro.launch.launch_local`` run in tests (they must be importable).
+"""Functions that ranks started by ``repro.cluster.local.launch_local`` run in tests (they must be importable).
 
 Run as a script under torchrun (``python -m torch.distributed.run --standalone --nproc-per-node 2
 -m tests.launch_targets OUT_DIR [BACKEND]``), each rank writes ``OUT_DIR/rank<R>.json`` with what it saw.
@@ -123,7 +123,7 @@ def _torchrun_main(out_dir: str, backend: str | None = None) -> None:
     import torch
     import torch.distributed as dist
 
-    from repro.launch import distributed
+    from repro.cluster.local import distributed
 
     with distributed(backend=backend, timeout_s=60) as ctx:
         t = torch.tensor([float(ctx.rank + 1)])

@@ -36,7 +36,7 @@ def fit_all_collectives(ctx, sizes: list[int]) -> dict:
 def plan_errors(ctx) -> list[str]:
     """Messages of BucketedAllReduce for plans that do not fit a Linear layer (tensor view)."""
     from repro.plan import Plan, PlanError
-    from repro.runtime.bucketed import BucketedAllReduce
+    from repro.runtime.allreduce import BucketedAllReduce
 
     out = []
     for buckets in ([["weight", "bias", "extra"]], [["weight"]]):

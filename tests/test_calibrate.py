@@ -3,7 +3,7 @@
 import pytest
 
 from repro.cost import CostModel
-from repro.launch import launch_local
+from repro.cluster.local import launch_local
 from repro.runtime.calibrate import default_sizes_bytes
 from tests.runtime_targets import fit_all_collectives
 

@@ -5,9 +5,9 @@ import numpy as np
 import pytest
 import torch
 
-from repro.datasets import (CIFAR10_MEAN, CIFAR10_STD, DATASET_NAMES, DatasetNotFoundError, cifar10,
+from repro.workload.datasets import (CIFAR10_MEAN, CIFAR10_STD, DATASET_NAMES, DatasetNotFoundError, cifar10,
                             digits, get_dataset, imagenet, make_loader, ptb, synthetic)
-from repro.models import build_model, compute_loss
+from repro.workload.models import build_model, compute_loss
 
 torch.set_num_threads(1)
 

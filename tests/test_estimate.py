@@ -5,10 +5,10 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from repro.data import shipped_traces, traces_dir
-from repro.estimate import (COMPUTE_EFFICIENCY, GPU_SPECS, KERNEL_OVERHEAD_S, MEMORY_EFFICIENCY,
+from repro.workload.estimate import (COMPUTE_EFFICIENCY, GPU_SPECS, KERNEL_OVERHEAD_S, MEMORY_EFFICIENCY,
                             count_flops, estimate_trace, get_gpu)
-from repro.models import PAPER_MODELS, build_model, compute_loss, count_params, get_spec, make_batch
-from repro.profile import profile_model
+from repro.workload.models import PAPER_MODELS, build_model, compute_loss, count_params, get_spec, make_batch
+from repro.workload.profile import profile_model
 from repro.trace import Trace
 
 torch.set_num_threads(1)

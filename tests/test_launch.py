@@ -1,4 +1,4 @@
-"""repro.launch: init_distributed, the local launcher (results and failure handling), torchrun commands.
+"""repro.cluster.local: init_distributed, the local launcher (results and failure handling), torchrun commands.
 
 Every launch spawns 2 ranks that import torch (about 1.5-3 s on 2 cores), so launches are few.
 """
@@ -22,8 +22,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from repro import launch  # noqa: E402
-from repro.launch import (  # noqa: E402
+from repro.cluster import local as launch  # noqa: E402
+from repro.cluster.local import (  # noqa: E402
     DistContext,
     DistributedSetupError,
     LaunchTimeoutError,
@@ -180,7 +180,7 @@ def test_keyboard_interrupt_kills_the_ranks_and_is_reraised(tmp_path):
 @pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="uses /proc")
 def test_ranks_die_with_their_launcher(tmp_path):
-    code = ("import sys; from repro.launch import launch_local; from tests import launch_targets as t; "
+    code = ("import sys; from repro.cluster.local import launch_local; from tests import launch_targets as t; "
             f"launch_local(t.write_pid_and_hang, 2, args=({str(tmp_path)!r},), timeout_s=300)")
     parent = subprocess.Popen([sys.executable, "-c", code], cwd=REPO,
                               env=dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1"))

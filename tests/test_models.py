@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from repro.models import (MODEL_NAMES, MODELS, PAPER_MODELS, TINY_MODELS, build_model, compute_loss,
+from repro.workload.models import (MODEL_NAMES, MODELS, PAPER_MODELS, TINY_MODELS, build_model, compute_loss,
                           count_params, get_spec, make_batch)
 
 torch.set_num_threads(1)
@@ -215,8 +215,8 @@ def test_tiny_lstm_iteration_is_fast_on_one_core():
 
 
 def test_lstm_layers_in_profiler_and_estimator():
-    from repro.estimate import estimate_trace
-    from repro.profile import profile_model
+    from repro.workload.estimate import estimate_trace
+    from repro.workload.profile import profile_model
 
     names = [n for n, _ in build_model("tiny_lstm").named_parameters()]
     for view in ("module", "tensor"):

@@ -7,8 +7,10 @@ import pytest
 import torch
 from torch import nn
 
-from repro.models import build_model, compute_loss, count_params, make_batch
-from repro.profile import _attribute, _Param, _Timeline, profile_model
+from repro.workload.models import build_model, compute_loss, count_params, make_batch
+from repro.workload.layers import Param
+from repro.workload.profile import profile_model
+from repro.workload.recording import IterationTimeline, attribute
 from repro.trace import Trace
 
 torch.set_num_threads(1)
@@ -105,22 +107,22 @@ def test_tiny_bert_tied_weights_and_views():
 def _toy_params():
     def p(*shape):
         return nn.Parameter(torch.zeros(*shape))
-    return [_Param("a.weight", "a", p(2)), _Param("a.bias", "a", p(1)), _Param("b.weight", "b", p(3)),
-            _Param("c.weight", "c", p(4)), _Param("d.weight", "d", p(5))]
+    return [Param("a.weight", "a", p(2)), Param("a.bias", "a", p(1)), Param("b.weight", "b", p(3)),
+            Param("c.weight", "c", p(4)), Param("d.weight", "d", p(5))]
 
 
 def test_attribution_convention_on_a_hand_made_timeline():
     params = _toy_params()
     # Forward: a ends at 1, b at 3, c at 6, loss done at 7. d never runs, nor gets a gradient.
     # Backward starts at 10: c.weight ready at 12, b.weight 15, a.bias 16, a.weight 18.
-    tl = _Timeline(forward_ends=[("a", 1.0), ("b", 3.0), ("c", 6.0)], forward_end=7.0,
+    tl = IterationTimeline(forward_ends=[("a", 1.0), ("b", 3.0), ("c", 6.0)], forward_end=7.0,
                    backward_start=10.0, grad_ready=[(3, 12.0), (2, 15.0), (1, 16.0), (0, 18.0)],
                    backward_end=18.5)
-    order, fwd, bwd = _attribute(tl, params, "module")
+    order, fwd, bwd = attribute(tl, params, "module")
     assert order == ["d", "a", "b", "c"]
     assert fwd == {"d": 0.0, "a": 1.0, "b": 2.0, "c": 4.0}   # tail (loss) goes to c
     assert bwd == {"d": 0.0, "a": 3.0, "b": 3.0, "c": 2.0}   # a completes with a.weight at 18
-    order, fwd, bwd = _attribute(tl, params, "tensor")
+    order, fwd, bwd = attribute(tl, params, "tensor")
     assert order == ["d.weight", "a.weight", "a.bias", "b.weight", "c.weight"]
     assert bwd == {"d.weight": 0.0, "a.weight": 2.0, "a.bias": 1.0, "b.weight": 3.0, "c.weight": 2.0}
     # A module's forward goes to its first tensor in trace order.
@@ -132,9 +134,9 @@ def test_attribution_convention_on_a_hand_made_timeline():
 
 def test_module_called_twice_gets_both_gaps():
     params = _toy_params()[:3]
-    tl = _Timeline(forward_ends=[("a", 1.0), ("b", 2.0), ("a", 4.0)], forward_end=4.5,
+    tl = IterationTimeline(forward_ends=[("a", 1.0), ("b", 2.0), ("a", 4.0)], forward_end=4.5,
                    backward_start=5.0, grad_ready=[(2, 6.0), (1, 7.0), (0, 7.5)], backward_end=7.5)
-    _, fwd, _ = _attribute(tl, params, "module")
+    _, fwd, _ = attribute(tl, params, "module")
     assert fwd == {"a": 1.0 + 2.0 + 0.5, "b": 1.0}
 
 

@@ -5,7 +5,7 @@ import json
 import pytest
 import torch
 
-from repro.launch import launch_local
+from repro.cluster.local import launch_local
 from repro.plan import Plan
 from tests.runtime_targets import plan_errors, train_params
 
@@ -95,7 +95,7 @@ def test_results_are_written(tmp_path):
 
 
 def test_plan_must_cover_the_model():
-    from repro.runtime.bucketed import BucketedAllReduce
+    from repro.runtime.allreduce import BucketedAllReduce
 
     with pytest.raises(RuntimeError, match="not initialised"):
         BucketedAllReduce(torch.nn.Linear(2, 2), Plan.from_dict({"buckets": [["weight", "bias"]]}))

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from repro.launch import RankFailedError, launch_local
+from repro.cluster.local import RankFailedError, launch_local
 from repro.studies.mgwfbp_train import run_configs
 from repro.train import TrainConfig
 

@@ -15,7 +15,7 @@ from typing import Any, Sequence
 import pandas as pd
 
 from repro.cost import CostModel
-from repro.launch import launch_local
+from repro.cluster.local import launch_local
 from repro.plan import Plan
 from repro.sim import simulate
 from repro.trace import Trace
@@ -39,7 +39,7 @@ def run_grid(configs: Sequence[dict[str, Any]], world_sizes: Sequence[int], resu
     ``configs`` are :class:`repro.train.TrainConfig` keyword dicts; ``results_dir``/``quiet`` are
     filled in. ``local`` configs run only at P = 1 (the baseline of speedups), all others only at
     P > 1. ``emulate_bandwidth`` (e.g. ``"100mbit"``) runs each rank in its own network namespace
-    with links shaped to that rate (:mod:`repro.netem`; needs root); run ids then end in ``_bw<rate>``.
+    with links shaped to that rate (:mod:`repro.cluster.netns`; needs root); run ids then end in ``_bw<rate>``.
     Returns :func:`load_runs` of what was written.
     """
     runs = Path(results_dir) / "runs"
@@ -56,7 +56,7 @@ def run_grid(configs: Sequence[dict[str, Any]], world_sizes: Sequence[int], resu
 def _run_id(c: dict[str, Any], p: int, bandwidth: str | None = None) -> str:
     parts = [c.get("model", "model"), c.get("scheduler", "s"), f"p{p}", c.get("wire_dtype") or "float32"]
     if bandwidth and p > 1:
-        from repro.netem import format_bandwidth, parse_bandwidth
+        from repro.cluster.netns import format_bandwidth, parse_bandwidth
 
         parts.append("bw" + format_bandwidth(parse_bandwidth(bandwidth)))
     if c.get("scheduler") == "threshold":

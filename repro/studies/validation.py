@@ -37,7 +37,7 @@ LOOPBACK = "loopback"
 def usable_bandwidths(networks: Sequence[str], required: bool = False) -> list[str]:
     """``networks`` minus emulated ones this machine cannot emulate (a warning says why), unless
     ``required``, in which case the error is raised."""
-    from repro.netem import EmulationUnavailableError, check_emulation_available
+    from repro.cluster.netns import EmulationUnavailableError, check_emulation_available
 
     out = []
     for net in networks:
@@ -63,7 +63,7 @@ def run_validation(configs: Sequence[dict], networks: Sequence[str], world_size:
 
 
 def _network(row) -> str:
-    from repro.netem import format_bandwidth
+    from repro.cluster.netns import format_bandwidth
 
     bw = row.get("emulated_bandwidth_bps")
     return format_bandwidth(bw) if isinstance(bw, (int, float)) and bw == bw and bw else LOOPBACK

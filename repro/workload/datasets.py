@@ -37,7 +37,7 @@ from torch.utils.data import DataLoader, Dataset, TensorDataset
 from torch.utils.data.distributed import DistributedSampler
 
 from repro.data import data_dir
-from repro.models import make_batch
+from repro.workload.models import make_batch
 
 __all__ = ["DatasetNotFoundError", "UInt8ImageDataset", "TokenSequences", "CIFAR10_MEAN", "CIFAR10_STD",
            "IMAGENET_MEAN", "IMAGENET_STD", "digits", "cifar10", "imagenet", "ptb", "synthetic",
@@ -121,7 +121,7 @@ def digits(split: str = "train", image_size: int = 32, channels: int = 3, test_f
         from sklearn.datasets import load_digits
         from sklearn.model_selection import train_test_split
     except ImportError as e:
-        raise ImportError("repro.datasets.digits needs scikit-learn (pip install scikit-learn); "
+        raise ImportError("repro.workload.datasets.digits needs scikit-learn (pip install scikit-learn); "
                           "its digits ship with it, nothing is downloaded") from e
 
     raw = load_digits()
@@ -289,7 +289,7 @@ def ptb(root: str | Path | None = None, split: str = "train", seq_len: int = 35)
 def synthetic(model_name: str, batch_size: int, num_batches: int, seed: int = 0,
               device: str | torch.device = "cpu", **model_kwargs: Any) -> list[tuple[Any, Any]]:
     """``num_batches`` random ``(inputs, targets)`` batches of ``model_name`` (already batched: iterate
-    the list directly, not through :func:`make_loader`), from :func:`repro.models.make_batch` with
+    the list directly, not through :func:`make_loader`), from :func:`repro.workload.models.make_batch` with
     a generator seeded by ``seed`` (give ranks different seeds for different data).
     ``model_kwargs`` go to ``make_batch`` (e.g. ``seq_len``)."""
     _check_positive_int("num_batches", num_batches)

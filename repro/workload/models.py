@@ -24,7 +24,7 @@ per-GPU batch size the papers used. ``family`` selects how batches and losses ar
   batches is not implemented (it changes neither the layers nor the gradient sizes the schedulers
   see). Keyword arguments: ``seq_len`` (default 35 for lstm_ptb, 16 for tiny_lstm),
   ``num_classes`` (vocabulary size, model and tokens; e.g. ``len(dataset.vocab)`` of
-  :func:`repro.datasets.ptb`) and ``dropout`` (model only).
+  :func:`repro.workload.datasets.ptb`) and ``dropout`` (model only).
 
 The same keyword arguments may be given to :func:`build_model`, :func:`make_batch` and
 :func:`compute_loss`; each uses the ones it needs, so callers (profiler, estimator) can pass one dict.
@@ -247,17 +247,17 @@ MODELS: dict[str, ModelSpec] = {s.name: s for s in [
     # vocabulary 10000 (PTB's), dropout 0.65, sequence length 35 and untied weights are our
     # interpretation (PyTorch word-language-model example, "large" configuration).
     ModelSpec("lstm_ptb", "lm", _lstm_lm(10000, 1500, 1500, 2, 0.65), (35,), 10000, 20,
-              {_OMGS: 20}, "repro.models (2-layer LSTM LM, hidden 1500, embedding 1500, vocab 10000)",
+              {_OMGS: 20}, "repro.workload.models (2-layer LSTM LM, hidden 1500, embedding 1500, vocab 10000)",
               kwargs=_LM_KW),
-    ModelSpec("tiny_resnet", "vision", TinyResNet, (3, 32, 32), 10, None, {}, "repro.models",
+    ModelSpec("tiny_resnet", "vision", TinyResNet, (3, 32, 32), 10, None, {}, "repro.workload.models",
               tiny=True, kwargs=_VISION_KW),
-    ModelSpec("tiny_vgg", "vision", TinyVGG, (3, 32, 32), 10, None, {}, "repro.models",
+    ModelSpec("tiny_vgg", "vision", TinyVGG, (3, 32, 32), 10, None, {}, "repro.workload.models",
               tiny=True, kwargs=_VISION_KW),
     ModelSpec("tiny_bert", "bert", _bert(128, 2, 2, 512, vocab=1000, max_positions=128), (32,), 1000,
               None, {}, "transformers BertForPreTraining (2 layers, hidden 128, vocab 1000)",
               tiny=True, kwargs=_BERT_KW),
     ModelSpec("tiny_lstm", "lm", _lstm_lm(1000, 64, 64, 2, 0.0), (16,), 1000, None, {},
-              "repro.models (2-layer LSTM LM, hidden 64, embedding 64, vocab 1000, no dropout)",
+              "repro.workload.models (2-layer LSTM LM, hidden 64, embedding 64, vocab 1000, no dropout)",
               tiny=True, kwargs=_LM_KW),
 ]}
 

@@ -21,7 +21,7 @@ Network interface: gloo picks the interface that the host name resolves to. To c
 
 Emulated networks: ``launch_local(..., emulate_bandwidth="1gbit")`` puts every rank in its own Linux
 network namespace behind a bridge, with each rank's link shaped to that bandwidth in both directions
-(:mod:`repro.netem`; needs root, ``ip`` and ``tc``), so the papers' 1-10 Gb/s regimes can be reproduced
+(:mod:`repro.cluster.netns`; needs root, ``ip`` and ``tc``), so the papers' 1-10 Gb/s regimes can be reproduced
 on one machine.
 
 This module imports torch only inside functions, so a spawned rank can set its thread count and
@@ -61,7 +61,7 @@ __all__ = [
 
 SUPPORTED_BACKENDS = ("gloo", "nccl")
 _REQUIRED_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
-_ENV_HINT = "start with torchrun or repro.launch.launch_local"
+_ENV_HINT = "start with torchrun or repro.cluster.local.launch_local"
 
 # After the first failure, wait this long for the other ranks' reports (so that the root cause, not a
 # peer's "connection closed", is the one reported), then terminate the rest.
@@ -195,7 +195,7 @@ def init_distributed(backend: str | None = None, device: Any = None, timeout_s: 
         raise DistributedSetupError("this torch build has no torch.distributed support")
     if dist.is_initialized():
         raise DistributedSetupError(
-            "the default process group is already initialised; call repro.launch.shutdown_distributed() first"
+            "the default process group is already initialised; call repro.cluster.local.shutdown_distributed() first"
         )
     if not timeout_s > 0:
         raise ValueError(f"timeout_s must be positive, got {timeout_s}")
@@ -500,14 +500,14 @@ def launch_local(fn: Callable, world_size: int, *, args: Sequence = (), kwargs: 
     ranks' stdout (errors still come back as :class:`RankFailedError`).
 
     ``emulate_bandwidth`` (a tc-style rate such as ``"1gbit"`` or ``"200mbit"``, or bits per second) runs
-    the ranks on an emulated network (:class:`repro.netem.EmulatedNetwork`): each rank in its own network
+    the ranks on an emulated network (:class:`repro.cluster.netns.EmulatedNetwork`): each rank in its own network
     namespace, joined by a bridge, every rank's link limited to that bandwidth in each direction by a
     ``tbf`` qdisc (bucket ``emulate_burst_bytes``, default ``max(rate x 1 ms, 64 KiB)``). The rendezvous
     store listens on the bridge's address, which becomes ``MASTER_ADDR`` (``master_addr`` is not used);
     each rank enters its namespace before anything else and gets ``GLOO_SOCKET_IFNAME`` (the namespace's
     interface) and ``REPRO_EMULATED_BANDWIDTH_BPS``. The network is removed after the ranks are reaped,
     whatever the outcome. Needs root, ``ip`` and ``tc``; otherwise
-    :class:`repro.netem.EmulationUnavailableError` says so before anything starts (leave
+    :class:`repro.cluster.netns.EmulationUnavailableError` says so before anything starts (leave
     ``emulate_bandwidth=None`` to run without emulation).
     """
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
@@ -527,7 +527,7 @@ def launch_local(fn: Callable, world_size: int, *, args: Sequence = (), kwargs: 
         return _launch(payload, world_size, backend=backend, timeout_s=timeout_s, pg_timeout_s=pg_timeout_s,
                        threads_per_rank=threads_per_rank, env=env, master_addr=master_addr, quiet=quiet)
 
-    from repro import netem
+    from repro.cluster import netns as netem
 
     bandwidth_bps = netem.parse_bandwidth(emulate_bandwidth)  # ValueError before anything is created
     netem.check_emulation_available()
@@ -688,7 +688,7 @@ def _rank_main(rank: int, payload: tuple[bytes, bytes], conn, env: dict, parent_
         # First of all (before torch is imported or any socket opened, and before any thread starts, since
         # setns moves the calling thread only): join this rank's emulated network.
         try:
-            from repro.netem import enter_namespace
+            from repro.cluster.netns import enter_namespace
 
             enter_namespace(netns)
         except BaseException as exc:  # noqa: BLE001 - reported like any other failure of the rank

@@ -44,7 +44,7 @@ and ``sch_tbf`` kernel modules; :func:`check_emulation_available` says clearly w
 Without emulation, run as usual (leave out ``--emulate-bandwidth`` / pass ``emulate_bandwidth=None``).
 
 A rank enters its namespace with :func:`enter_namespace` before it opens any socket;
-:func:`repro.launch.launch_local` does this when given ``emulate_bandwidth``.
+:func:`repro.cluster.local.launch_local` does this when given ``emulate_bandwidth``.
 """
 
 from __future__ import annotations

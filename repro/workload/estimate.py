@@ -3,7 +3,7 @@
 Every trace produced here is an ESTIMATE, labelled as such: ``device`` reads e.g.
 ``"V100 (estimate)"`` and ``extra`` holds ``{"estimate": True, "source": "estimate", "gpu": ...,
 "assumptions": {...}}``. Use it for paper-scale simulation on hardware we do not have; prefer a
-measured trace (:func:`repro.profile.profile_model`) whenever the hardware is at hand.
+measured trace (:func:`repro.workload.profile.profile_model`) whenever the hardware is at hand.
 
 Method:
 
@@ -23,7 +23,7 @@ Method:
    with the peak of the dtype (fp32 CUDA-core peak for ``"float32"``; fp16 tensor-core peak for
    ``"float16"`` where the GPU has tensor cores).
 4. These seconds advance a virtual clock read by the same hooks the profiler uses
-   (:mod:`repro.profile`): forward time is the gap between ends of parameter-owning modules (so
+   (:mod:`repro.workload.profile`): forward time is the gap between ends of parameter-owning modules (so
    parameterless work, e.g. ReLU or pooling, is charged to the next parameter-owning module in
    forward order, and the loss to the last one); backward time is the gap between gradients
    becoming ready (so parameterless backward work is charged to the preceding parameter-owning
@@ -43,8 +43,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 from torch.utils.flop_counter import FlopCounterMode, flop_registry
 
-from repro.models import build_model, compute_loss, get_spec, make_batch
-from repro.profile import VIEWS, _attribute, _learnable_params, _Recorder, _resolve, _unit_sizes
+from repro.workload.models import build_model, compute_loss, get_spec, make_batch
+from repro.workload.layers import VIEWS, learnable_params, unit_sizes
+from repro.workload.recording import Recorder, attribute, resolve
 from repro.trace import Layer, Trace
 
 __all__ = ["GpuSpec", "GPU_SPECS", "DTYPES", "COMPUTE_EFFICIENCY", "MEMORY_EFFICIENCY",
@@ -241,21 +242,21 @@ def estimate_trace(model_name: str, batch_size: int, gpu: str | GpuSpec = "V100"
     torch_dtype = DTYPES[dtype]
     model = build_model(model_name, device="meta", **model_kwargs).to(torch_dtype)
     inputs, targets = _meta_batch(model_name, batch_size, torch_dtype, model_kwargs)
-    params = _learnable_params(model)
+    params = learnable_params(model)
     mode = _RooflineMode(spec, dtype, compute_efficiency, memory_efficiency, kernel_overhead_s)
-    recorder = _Recorder(model, params, _VirtualClock(mode))
+    recorder = Recorder(model, params, _VirtualClock(mode))
     try:
         with mode:
             raw = recorder.run(lambda: compute_loss(model_name, model, inputs, targets, **model_kwargs))
     finally:
         recorder.close()
 
-    order, fwd, bwd = _attribute(_resolve(raw, _component(0)), params, view)
-    _, fwd_flops, bwd_flops = _attribute(_resolve(raw, _component(1)), params, view)
-    _, fwd_bytes, bwd_bytes = _attribute(_resolve(raw, _component(2)), params, view)
+    order, fwd, bwd = attribute(resolve(raw, _component(0)), params, view)
+    _, fwd_flops, bwd_flops = attribute(resolve(raw, _component(1)), params, view)
+    _, fwd_bytes, bwd_bytes = attribute(resolve(raw, _component(2)), params, view)
     if forward_from_backward is not None:
         fwd = {u: forward_from_backward * bwd[u] for u in order}
-    sizes = _unit_sizes(params, view, bytes_per_element=torch.tensor([], dtype=torch_dtype).element_size())
+    sizes = unit_sizes(params, view, bytes_per_element=torch.tensor([], dtype=torch_dtype).element_size())
     layers = [Layer(name=u, params=sizes[u][0], bytes=sizes[u][1], forward_s=fwd[u], backward_s=bwd[u],
                     extra={"forward_flops": int(fwd_flops[u]), "backward_flops": int(bwd_flops[u])})
               for u in order]

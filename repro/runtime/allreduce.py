@@ -29,7 +29,7 @@ import torch.distributed as dist
 from torch import nn
 
 from repro.plan import WIRE_DTYPE_BYTES, Plan, PlanError
-from repro.runtime.layers import layer_parameters
+from repro.workload.layers import layer_parameters
 
 __all__ = ["BucketedAllReduce", "ScheduledOptimizer", "BucketTiming"]
 
@@ -72,7 +72,7 @@ class BucketedAllReduce:
     def __init__(self, model: nn.Module, plan: Plan, *, view: str = "tensor",
                  group: dist.ProcessGroup | None = None, record_timeline: bool = False) -> None:
         if not dist.is_initialized():
-            raise RuntimeError("torch.distributed is not initialised: start ranks with repro.launch")
+            raise RuntimeError("torch.distributed is not initialised: start ranks with repro.cluster.local")
         for b in plan.buckets:
             if b.collective != "allreduce":
                 raise PlanError(f"BucketedAllReduce executes all-reduce buckets, got '{b.collective}'")
