@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -254,27 +255,55 @@ def test_scheduler_lines_and_stacked_bars():
 
 # ---------------------------------------------------------------------------------------- manifest
 
+_FIGURES_MD_ROW = re.compile(r"^\|\s*`([a-z0-9_]+\.[a-z0-9_]+)`\s*\|(.*)\|(.*)\|\s*$")
+
+
 def _figures_md_rows() -> dict[str, str]:
-    """id -> kind, from the tables of FIGURES.md."""
-    rows = {}
+    """id -> kind, from the tables of FIGURES.md; a table row that does not parse is an error."""
+    rows: dict[str, str] = {}
     for line in FIGURES_MD.read_text(encoding="utf-8").splitlines():
-        m = re.match(r"^\|\s*`([a-z0-9_]+\.[a-z0-9_]+)`\s*\|(.*)\|(.*)\|\s*$", line)
-        if m:
-            rows[m.group(1)] = m.group(3).strip()
+        if not line.startswith("| `"):
+            continue  # headers, separators, prose
+        m = _FIGURES_MD_ROW.match(line)
+        assert m, f"FIGURES.md figure row does not parse: {line!r}"
+        assert m.group(1) not in rows, f"FIGURES.md lists {m.group(1)} twice"
+        rows[m.group(1)] = m.group(3).strip()
     return rows
+
+
+def _in_ci() -> bool:
+    """CI (GitHub Actions and most others) sets CI=true; there ../shared must be present."""
+    return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
 
 
 def test_manifest_covers_every_figure_of_the_inventory():
     if not FIGURES_MD.is_file():
-        pytest.skip(f"{FIGURES_MD} not present")
+        if _in_ci():
+            pytest.fail(f"CI is set but the figure inventory {FIGURES_MD} is missing: CI must check out "
+                        "shared/ beside the clone (<clone>/../shared/papers/FIGURES.md)")
+        pytest.skip(f"{FIGURES_MD} not present (outside CI)")
     inventory = _figures_md_rows()
-    assert len(inventory) >= 30
+    assert len(inventory) >= 34, f"FIGURES.md parsed to only {len(inventory)} ids"
     entries = load_manifest(REAL_MANIFEST, check_files=False)
     by_id = {e.id: e for e in entries}
     missing = sorted(set(inventory) - set(by_id))
     assert not missing, f"figure ids of FIGURES.md missing from the manifest: {missing}"
+    extra = sorted(set(by_id) - set(inventory))
+    assert not extra, f"manifest ids that FIGURES.md does not list: {extra}"
+    assert len(entries) == len(inventory)
     wrong_kind = {i: (by_id[i].kind, k) for i, k in inventory.items() if by_id[i].kind != k}
     assert not wrong_kind, f"manifest kind differs from FIGURES.md: {wrong_kind}"
+
+
+def test_inventory_check_fails_in_ci_when_figures_md_is_absent(monkeypatch, tmp_path):
+    """Outside CI a missing ../shared skips the coverage check; under CI=true it fails."""
+    monkeypatch.setattr(sys.modules[__name__], "FIGURES_MD", tmp_path / "absent" / "FIGURES.md")
+    monkeypatch.setenv("CI", "true")
+    with pytest.raises(pytest.fail.Exception, match="CI is set"):
+        test_manifest_covers_every_figure_of_the_inventory()
+    monkeypatch.delenv("CI")
+    with pytest.raises(pytest.skip.Exception):
+        test_manifest_covers_every_figure_of_the_inventory()
 
 
 def test_real_manifest_is_well_formed():
@@ -491,19 +520,45 @@ def test_cli_list_and_bad_input(tmp_path, capsys):
 # ------------------------------------------------------------------ the real notebooks, tiny scale
 
 def _real_done_notebooks() -> list[str]:
-    """Done notebooks of the real manifest, read without validation (validation is the test's job)."""
+    """Done notebooks of the real manifest; raises if the manifest is unreadable, invalid or has none."""
+    notebooks = done_notebooks(load_manifest(REAL_MANIFEST, check_files=False))
+    if not notebooks:
+        raise ManifestError(f"{REAL_MANIFEST}: no done notebook")
+    return notebooks
+
+
+def _real_notebook_params() -> list:
+    """One param per done notebook. A broken manifest gives one failing param, never zero tests."""
     try:
-        data = yaml.safe_load(REAL_MANIFEST.read_text(encoding="utf-8"))
-        figs = data["figures"]
-    except Exception:
-        return []
-    return list(dict.fromkeys(f["notebook"] for f in figs
-                              if isinstance(f, dict) and f.get("status") == "done" and f.get("notebook")))
+        return [pytest.param(nb, None, id=nb) for nb in _real_done_notebooks()]
+    except Exception as e:  # noqa: BLE001 - reported by the test itself
+        return [pytest.param(None, f"{type(e).__name__}: {e}", id="manifest-unreadable")]
+
+
+def test_real_manifest_yields_notebook_tests():
+    """Fast guard (not marked slow): the notebook tests below are generated from a readable manifest."""
+    assert _real_done_notebooks()
+
+
+@pytest.mark.parametrize("text", ["figures: [\n  - id: [unclosed\n", "- not a mapping\n",
+                                  "figures:\n  - id: mgwfbp.a\n", None])
+def test_a_broken_manifest_gives_a_failing_notebook_test(monkeypatch, tmp_path, text):
+    bad = tmp_path / "figures.yaml"
+    if text is not None:
+        bad.write_text(text, encoding="utf-8")
+    monkeypatch.setattr(sys.modules[__name__], "REAL_MANIFEST", bad)
+    params = _real_notebook_params()
+    assert len(params) == 1 and params[0].id == "manifest-unreadable"
+    assert "ManifestError" in params[0].values[1]
+    with pytest.raises(ManifestError):
+        test_real_manifest_yields_notebook_tests()
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("notebook", _real_done_notebooks())
-def test_real_notebook_makes_its_declared_figures(notebook, tmp_path):
+@pytest.mark.parametrize("notebook, manifest_error", _real_notebook_params())
+def test_real_notebook_makes_its_declared_figures(notebook, manifest_error, tmp_path):
+    if manifest_error is not None:
+        pytest.fail(f"cannot list the real notebooks: {manifest_error}")
     _check_notebook_outputs(REAL_MANIFEST, notebook, tmp_path / "results")
 
 
