@@ -15,7 +15,7 @@ import statistics
 
 import pandas as pd
 
-from repro.launch import launch_local
+from repro.cluster.local import launch_local
 from repro.studies.mgwfbp_train import run_configs
 
 

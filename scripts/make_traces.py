@@ -22,9 +22,9 @@ from typing import Callable
 import torch
 
 from repro.data import traces_dir
-from repro.estimate import estimate_trace
-from repro.models import PAPER_MODELS, TINY_MODELS, get_spec
-from repro.profile import profile_model
+from repro.workload.estimate import estimate_trace
+from repro.workload.models import PAPER_MODELS, TINY_MODELS, get_spec
+from repro.workload.profile import profile_model
 from repro.trace import Trace
 
 K80_RUNS = [("googlenet", 64), ("resnet50", 32)]
