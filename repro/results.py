@@ -8,6 +8,7 @@ Figures are drawn from what these files hold.
 from __future__ import annotations
 
 import json
+import os
 import platform
 import subprocess
 import sys
@@ -23,13 +24,21 @@ __all__ = ["git_revision", "environment", "write_table", "read_table"]
 
 
 def git_revision(cwd: str | Path | None = None) -> str | None:
-    """The repository's HEAD commit (with ``-dirty`` if the tree has changes), or None."""
+    """The repository's HEAD commit (with ``-dirty`` if tracked files changed), or None.
+
+    Read-only: git runs with ``--no-optional-locks`` (and ``GIT_OPTIONAL_LOCKS=0``), so ``git status``
+    does not take ``.git/index.lock`` to write back a refreshed index; recording a result never races
+    with (or blocks) the user's own git commands in the checkout.
+    """
     cwd = Path(cwd) if cwd else Path(repro.__file__).resolve().parent
+    env = {**os.environ, "GIT_OPTIONAL_LOCKS": "0"}
+    git = ["git", "--no-optional-locks"]
     try:
-        rev = subprocess.run(["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True,
-                             timeout=10, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=cwd,
-                               capture_output=True, text=True, timeout=10).stdout.strip()
+        rev = subprocess.run([*git, "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True,
+                             timeout=10, check=True, env=env).stdout.strip()
+        dirty = subprocess.run([*git, "status", "--porcelain", "--untracked-files=no"], cwd=cwd,
+                               capture_output=True, text=True, timeout=10, check=True,
+                               env=env).stdout.strip()
         return rev + ("-dirty" if dirty else "")
     except (OSError, subprocess.SubprocessError):
         return None
