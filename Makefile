@@ -38,6 +38,7 @@ figures: install
 
 benchmark: install
 	$(PY) benchmarks/bench_planners.py
+	$(PY) benchmarks/bench_engine.py
 
 clean:
 	rm -rf $(RESULTS) .pytest_cache

@@ -6,7 +6,19 @@ Two kinds of stream:
   stream is free and its dependencies have finished;
 - *queue* streams (communication streams) are non-preemptive servers: when free, they run the
   released task (all dependencies done) with the smallest ``(priority, release time, task index)``,
-  so with equal priorities they serve first-come first-served.
+  so with equal priorities they serve first-come first-served; if none is released by the time
+  the stream is free, they run the one released earliest (ties by priority, then task index) at
+  its release time.
+
+The simulation is event-driven: every stream offers a candidate ``(start time, stream rank, task)``
+(streams ranked by sorted name; a queue stream chooses among the tasks released so far) and the
+smallest candidate across streams runs next. Start times therefore never decrease, and a task
+released at the very instant a queue stream frees up competes for it only if the task releasing
+it ran earlier in that order (a zero-length task on a lower-ranked stream, say). Candidates live in
+heaps: one global heap of stream candidates and, per queue stream, one heap of the tasks released
+by its free time and one of those released later; so :func:`run_tasks` takes O((n + e) log n)
+time for ``n`` tasks and ``e`` dependency edges (100,000 tasks in well under a second; see
+``benchmarks/bench_engine.py``). Durations and priorities must not be NaN.
 
 Schedulers of every family build a task graph and hand it to :func:`run_tasks`; nothing here knows
 about layers, buckets or collectives. Never imports torch.
@@ -15,6 +27,7 @@ about layers, buckets or collectives. Never imports torch.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from heapq import heapify, heappop, heappush, heappushpop
 
 __all__ = ["Task", "Op", "run_tasks"]
 
@@ -49,7 +62,9 @@ class Op:
 def run_tasks(tasks: list[Task], in_order_streams: frozenset[str] | set[str]) -> list[Op]:
     """Schedule ``tasks``; returns one :class:`Op` per task, in task order.
 
-    Raises ``ValueError`` on a dependency cycle or a dependency on an unknown task.
+    Raises ``ValueError`` on a negative duration, a dependency on an unknown task, or a dependency
+    cycle (including an in-order stream whose next task waits on a later task of that stream).
+    Takes O((n + e) log n) time for ``n`` tasks and ``e`` dependency edges.
     """
     n = len(tasks)
     dependents: list[list[int]] = [[] for _ in range(n)]
@@ -67,54 +82,114 @@ def run_tasks(tasks: list[Task], in_order_streams: frozenset[str] | set[str]) ->
     end = [0.0] * n
 
     streams = sorted({t.stream for t in tasks})
-    free = {s: 0.0 for s in streams}
-    order: dict[str, list[int]] = {s: [] for s in streams if s in in_order_streams}
-    for i, t in enumerate(tasks):
-        if t.stream in order:
-            order[t.stream].append(i)
-    head = {s: 0 for s in order}
-    pending: dict[str, list[int]] = {s: [] for s in streams if s not in in_order_streams}
-    for i, t in enumerate(tasks):
-        if missing[i] == 0 and t.stream in pending:
-            pending[t.stream].append(i)
+    rank_of = {s: r for r, s in enumerate(streams)}
+    is_queue = [s not in in_order_streams for s in streams]
+    task_rank = [rank_of[t.stream] for t in tasks]
+    durations = [t.duration_s for t in tasks]
+    priorities = [t.priority for t in tasks]
+    free = [0.0] * len(streams)
+    # In-order streams: their tasks in the given order, and the position of the next one to run.
+    order: list[list[int]] = [[] for _ in streams]
+    head = [0] * len(streams)
+    # Queue streams: released tasks (all dependencies done) in two heaps, split by release time
+    # against the stream's free time (which never decreases): ``ready`` (release <= free) on
+    # (priority, release, index) and ``future`` (release > free) on (release, priority, index).
+    # Whenever a stream's free time moves, tasks it overtook move from ``future`` to ``ready``.
+    ready: list[list[tuple]] = [[] for _ in streams]
+    future: list[list[tuple]] = [[] for _ in streams]
+    for i, r in enumerate(task_rank):
+        if not is_queue[r]:
+            order[r].append(i)
+        elif missing[i] == 0:
+            ready[r].append((priorities[i], 0.0, i))  # free time and release time both 0.0
+    # Every stream's candidate (start, stream rank, task), or None: for an in-order stream its next
+    # task once released, at max(free, release); for a queue stream the top of ``ready`` at its
+    # free time, else the top of ``future`` at its release time. ``events`` is a heap holding each
+    # current candidate (the very tuple in ``cand``) plus stale ones, dropped when they surface.
+    cand: list[tuple[float, int, int] | None] = [None] * len(streams)
+    events: list[tuple[float, int, int]] = []
+    for r in range(len(streams)):
+        if is_queue[r]:
+            heapify(ready[r])
+            if ready[r]:
+                cand[r] = (0.0, r, ready[r][0][2])
+        elif order[r] and not missing[order[r][0]]:
+            cand[r] = (0.0, r, order[r][0])
+        if cand[r] is not None:
+            events.append(cand[r])  # type: ignore[arg-type]
+    heapify(events)
 
-    done = 0
-    while done < n:
-        best: tuple[float, int, int] | None = None  # (start, stream rank, task)
-        for rank, s in enumerate(streams):
-            if s in order:
-                if head[s] >= len(order[s]):
-                    continue
-                i = order[s][head[s]]
-                if missing[i]:
-                    continue
-                cand = (max(free[s], release[i]), rank, i)
-            else:
-                q = pending[s]
-                if not q:
-                    continue
-                t_free = free[s]
-                ready_now = [i for i in q if release[i] <= t_free]
-                pool = ready_now or [i for i in q if release[i] == min(release[j] for j in q)]
-                i = min(pool, key=lambda k: (tasks[k].priority, release[k], k))
-                cand = (max(t_free, release[i]), rank, i)
-            if best is None or cand < best:
-                best = cand
-        if best is None:
-            raise ValueError("task graph has a dependency cycle (or an in-order stream waits on itself)")
-        t0, _, i = best
-        s = tasks[i].stream
-        if s in order:
-            head[s] += 1
+    cycle = "task graph has a dependency cycle (or an in-order stream waits on itself)"
+    nxt = None  # the new candidate of the stream that ran last, not yet in ``events``
+    for _ in range(n):
+        # The smallest current candidate across streams runs next.
+        if nxt is not None:
+            best = heappushpop(events, nxt)
+        elif events:
+            best = heappop(events)
         else:
-            pending[s].remove(i)
+            raise ValueError(cycle)
+        while cand[best[1]] is not best:
+            if not events:
+                raise ValueError(cycle)
+            best = heappop(events)
+        t0, r, i = best
+        if is_queue[r]:
+            rd = ready[r]
+            if rd and rd[0][2] == i:
+                heappop(rd)
+            else:
+                heappop(future[r])
+        else:
+            head[r] += 1
         start[i] = t0
-        end[i] = t0 + tasks[i].duration_s
-        free[s] = end[i]
-        done += 1
+        e = end[i] = t0 + durations[i]
+        free[r] = e
         for j in dependents[i]:
             missing[j] -= 1
-            release[j] = max(release[j], end[i])
-            if missing[j] == 0 and tasks[j].stream in pending:
-                pending[tasks[j].stream].append(j)
+            release[j] = max(release[j], e)
+            if missing[j]:
+                continue
+            # j is released: file it; if it changes another stream's candidate, push the new one
+            # (stream r's own candidate is recomputed below).
+            rj = task_rank[j]
+            rel = release[j]
+            if is_queue[rj]:
+                f = free[rj]
+                if rel <= f:
+                    rd = ready[rj]
+                    heappush(rd, (priorities[j], rel, j))
+                    if rj != r and rd[0][2] == j:
+                        c = cand[rj] = (f, rj, j)
+                        heappush(events, c)
+                else:
+                    fu = future[rj]
+                    heappush(fu, (rel, priorities[j], j))
+                    if rj != r and not ready[rj] and fu[0][2] == j:
+                        c = cand[rj] = (rel, rj, j)
+                        heappush(events, c)
+            elif rj != r and order[rj][head[rj]] == j:
+                c = cand[rj] = (max(free[rj], rel), rj, j)
+                heappush(events, c)
+        # Stream r's next candidate.
+        if is_queue[r]:
+            rd, fu = ready[r], future[r]
+            while fu and fu[0][0] <= e:
+                rel, prio, j = heappop(fu)
+                heappush(rd, (prio, rel, j))
+            if rd:
+                nxt = (e, r, rd[0][2])
+            elif fu:
+                nxt = (fu[0][0], r, fu[0][2])
+            else:
+                nxt = None
+        else:
+            seq = order[r]
+            h = head[r]
+            if h < len(seq) and not missing[seq[h]]:
+                j = seq[h]
+                nxt = (max(e, release[j]), r, j)
+            else:
+                nxt = None
+        cand[r] = nxt
     return [Op(t.stream, t.kind, t.label, start[i], end[i]) for i, t in enumerate(tasks)]
