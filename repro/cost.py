@@ -19,9 +19,11 @@ holding published fits (:func:`preset`). This module never imports torch.
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, field, replace
-from typing import Iterable, Mapping
+from pathlib import Path
+from typing import Any, Iterable, Mapping
 
 import numpy as np
 
@@ -203,14 +205,50 @@ class CostModel:
                 "lines": {k: v.to_dict() for k, v in self.lines.items()}, "meta": dict(self.meta)}
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, object]) -> "CostModel":
+    def from_dict(cls, d: Any) -> "CostModel":
+        if not isinstance(d, Mapping):
+            raise CostModelError(f"a cost model must be a JSON object, got {type(d).__name__}")
+        lines_raw = d.get("lines")
+        if not isinstance(lines_raw, Mapping) or not lines_raw:
+            raise CostModelError("malformed cost model JSON: field 'lines' must be a non-empty object of "
+                                 "{collective: {a_s, b_s_per_byte}}")
+        lines = {}
+        for k, v in lines_raw.items():
+            if not isinstance(v, Mapping) or not {"a_s", "b_s_per_byte"} <= set(v):
+                raise CostModelError(f"malformed cost model JSON: field 'lines.{k}' must have a_s and b_s_per_byte")
+            lines[k] = Linear(v["a_s"], v["b_s_per_byte"])
+        workers = d.get("workers")
+        if isinstance(workers, float) and workers.is_integer():
+            workers = int(workers)
+        meta = d.get("meta", {})
+        if not isinstance(meta, Mapping):
+            raise CostModelError("malformed cost model JSON: field 'meta' must be an object")
+        return cls(workers, lines, source=str(d.get("source", "custom")), meta=dict(meta))
+
+    def to_json(self, indent: int | None = 1) -> str:
+        return json.dumps(self.to_dict(), indent=indent, allow_nan=False)
+
+    def save(self, path: str | Path) -> None:
+        """Write the model (with its fit measurements, if any) as JSON; :meth:`load` reads it back."""
+        Path(path).write_text(self.to_json() + "\n")
+
+    @classmethod
+    def from_json(cls, text: str) -> "CostModel":
         try:
-            lines = {k: Linear(float(v["a_s"]), float(v["b_s_per_byte"]))
-                     for k, v in dict(d["lines"]).items()}
-            return cls(int(d["workers"]), lines, source=str(d.get("source", "custom")),
-                       meta=dict(d.get("meta", {})))
-        except (KeyError, TypeError) as e:
-            raise CostModelError(f"malformed cost model JSON: missing or bad field {e}") from None
+            d = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise CostModelError(f"cost model is not valid JSON: {e}") from None
+        return cls.from_dict(d)
+
+    @classmethod
+    def load(cls, path: str | Path) -> "CostModel":
+        p = Path(path)
+        if not p.is_file():
+            raise CostModelError(f"cost model file not found: {p}")
+        try:
+            return cls.from_json(p.read_text())
+        except CostModelError as e:
+            raise CostModelError(f"{p}: {e}") from None
 
 
 def _check_workers(workers: int) -> None:

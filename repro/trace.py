@@ -10,7 +10,13 @@ Layer order is forward order (index 0 is the input side); backward visits layers
 "layer" is whatever unit gradients are produced in: a parameter tensor or a module (the profiler
 offers both views). ``forward_s``/``backward_s`` are seconds of compute attributed to the layer such
 that the gradient of layer ``l`` is ready ``sum(backward_s[l:])`` seconds after backward starts.
-Extra keys (top level or per layer) are kept on a round trip. This module never imports torch.
+Extra keys (top level or per layer) are kept on a round trip.
+
+A measured trace may also carry ``overheads`` (:class:`Overheads`): per-iteration seconds outside the
+layers' computation that the runtime measures (buffer broadcast before the forward, the slowest rank's
+lateness, the optimizer step); they are zero in the papers' model. Older files that kept them as
+top-level ``pre_forward_s`` / ``straggler_s`` / ``update_s`` keys still load. This module never
+imports torch.
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ from typing import Any, Iterable
 
 import numpy as np
 
-__all__ = ["Layer", "Trace", "TraceError", "load_trace"]
+__all__ = ["Layer", "Overheads", "Trace", "TraceError", "load_trace"]
 
 
 class TraceError(ValueError):
@@ -53,6 +59,54 @@ class Layer:
 
 
 @dataclass(frozen=True)
+class Overheads:
+    """Measured seconds per iteration outside the layers' compute (all 0 in the papers' model).
+
+    ``pre_forward_s``: blocking work before the forward (e.g. the buffer broadcast);
+    ``straggler_s``: how much later than the average rank the slowest rank finishes its computation
+    (the last collective completes that much later); ``update_s``: the optimizer step, after the last
+    collective.
+    """
+
+    pre_forward_s: float = 0.0
+    straggler_s: float = 0.0
+    update_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        for key in OVERHEAD_FIELDS:
+            v = getattr(self, key)
+            if not _is_number(v) or v < 0:
+                raise TraceError(f"trace field 'overheads.{key}' must be a finite non-negative number of "
+                                 f"seconds, got {v!r}")
+            object.__setattr__(self, key, float(v))
+
+    @property
+    def after_backward_s(self) -> float:
+        """Seconds added after the last collective: the straggler wait plus the update."""
+        return self.straggler_s + self.update_s
+
+    @property
+    def total_s(self) -> float:
+        return self.pre_forward_s + self.straggler_s + self.update_s
+
+    def to_dict(self) -> dict[str, float]:
+        return {k: getattr(self, k) for k in OVERHEAD_FIELDS}
+
+    @classmethod
+    def from_dict(cls, d: Any) -> "Overheads":
+        if not isinstance(d, dict):
+            raise TraceError(f"trace field 'overheads' must be an object, got {type(d).__name__}")
+        unknown = set(d) - set(OVERHEAD_FIELDS)
+        if unknown:
+            raise TraceError(f"trace field 'overheads' has unknown key(s) {sorted(unknown)}; "
+                             f"known: {', '.join(OVERHEAD_FIELDS)}")
+        return cls(**{k: d[k] for k in OVERHEAD_FIELDS if k in d})
+
+
+OVERHEAD_FIELDS = ("pre_forward_s", "straggler_s", "update_s")
+
+
+@dataclass(frozen=True)
 class Trace:
     """Per-layer forward/backward seconds and gradient bytes of one model at one batch size."""
 
@@ -62,9 +116,15 @@ class Trace:
     dtype: str
     layers: tuple[Layer, ...]
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
+    overheads: Overheads = field(default_factory=Overheads)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "layers", tuple(self.layers))
+        if not isinstance(self.overheads, Overheads):
+            raise TraceError(f"trace overheads must be an Overheads, got {type(self.overheads).__name__}")
+        clash = set(self.extra) & ({"overheads", "layers"} | set(OVERHEAD_FIELDS) | set(_TOP_FIELDS))
+        if clash:
+            raise TraceError(f"trace extra must not hold the typed field(s) {sorted(clash)}")
         _check_top(self.to_dict_header())
         if not self.layers:
             raise TraceError("trace field 'layers' is empty: a trace needs at least one layer")
@@ -124,7 +184,7 @@ class Trace:
     def replace_layers(self, layers: Iterable[Layer], **changes: Any) -> "Trace":
         """A copy with other layers (and optionally other top-level fields)."""
         d = {"model": self.model, "batch_size": self.batch_size, "device": self.device,
-             "dtype": self.dtype, "extra": dict(self.extra)}
+             "dtype": self.dtype, "extra": dict(self.extra), "overheads": self.overheads}
         d.update(changes)
         return Trace(layers=tuple(layers), **d)
 
@@ -136,11 +196,13 @@ class Trace:
     def to_dict(self) -> dict[str, Any]:
         d = self.to_dict_header()
         d.update(self.extra)
+        if self.overheads != Overheads():
+            d["overheads"] = self.overheads.to_dict()
         d["layers"] = [layer.to_dict() for layer in self.layers]
         return d
 
     def to_json(self, indent: int | None = 1) -> str:
-        return json.dumps(self.to_dict(), indent=indent)
+        return json.dumps(self.to_dict(), indent=indent, allow_nan=False)
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(self.to_json() + "\n")
@@ -165,8 +227,13 @@ class Trace:
                                 forward_s=float(raw["forward_s"]), backward_s=float(raw["backward_s"]),
                                 extra=extra))
         extra = {k: v for k, v in d.items() if k not in _TOP_FIELDS and k != "layers"}
+        legacy = {k: extra.pop(k) for k in OVERHEAD_FIELDS if k in extra}  # repro 0.1 kept them here
+        raw_over = extra.pop("overheads", {})
+        if legacy and raw_over:
+            raise TraceError("trace has both 'overheads' and top-level " + ", ".join(sorted(legacy)))
+        overheads = Overheads.from_dict(raw_over or legacy)
         return cls(model=d["model"], batch_size=int(d["batch_size"]), device=d["device"],
-                   dtype=d["dtype"], layers=tuple(layers), extra=extra)
+                   dtype=d["dtype"], layers=tuple(layers), extra=extra, overheads=overheads)
 
     @classmethod
     def from_json(cls, text: str) -> "Trace":
