@@ -109,6 +109,6 @@ def test_planners_on_shipped_traces(stem):
 
 def test_ddp_plan_has_a_small_first_bucket():
     trace = make_trace([1e-3] * 8, [600_000] * 8)
-    plan = make_plan("ddp", trace, CostModel.linear(2, 1e-4, 1e-9), first_bucket_bytes=1_000_000,
+    plan = make_plan("ddp_buckets", trace, CostModel.linear(2, 1e-4, 1e-9), first_bucket_bytes=1_000_000,
                      bucket_bytes=2_000_000)
     assert plan.groups(trace) == [[7, 6], [5, 4, 3, 2], [1, 0]]

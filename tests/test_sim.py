@@ -3,6 +3,7 @@ import pytest
 from repro.cost import CostModel
 from repro.plan import Bucket, Plan, PlanError
 from repro.sim import Task, run_tasks, simulate
+from repro.trace import Overheads, Trace
 from tests.helpers import make_trace, random_trace
 
 
@@ -101,7 +102,7 @@ def test_plan_errors_name_the_problem(tmp_path):
         Plan((Bucket(("l0",)), Bucket(("l0", "l1"))))
     with pytest.raises(PlanError, match="unknown collective"):
         Bucket(("l0",), "broadcast")
-    with pytest.raises(PlanError, match="does not execute 'reduce_scatter'"):
+    with pytest.raises(PlanError, match="does not send 'reduce_scatter'"):
         simulate(trace, Plan((Bucket(("l0", "l1"), "reduce_scatter"),)), CostModel.linear(2, 0, 0))
     p = tmp_path / "p.json"
     p.write_text("[]")
@@ -131,7 +132,7 @@ def test_engine_priorities_and_cycles():
 
 def test_measured_pre_forward_and_update_costs_wrap_the_iteration():
     trace = make_trace([1.0, 2.0, 3.0], [400, 400, 400])
-    timed = trace.replace_layers(trace.layers, extra={"pre_forward_s": 0.5, "update_s": 1.0})
+    timed = trace.replace_layers(trace.layers, overheads=Overheads(pre_forward_s=0.5, update_s=1.0))
     cost = CostModel.linear(2, 2.0, 0.0)
     plan = Plan.from_groups(trace, [[2], [1], [0]], "wfbp")
     res = simulate(timed, plan, cost)
@@ -139,5 +140,10 @@ def test_measured_pre_forward_and_update_costs_wrap_the_iteration():
     update = [op for op in res.ops if op.kind == "update"][0]
     assert (update.start_s, update.end_s) == (12.5, 13.5)  # after the last all-reduce
     assert simulate(timed, plan, cost, with_ops=False).iteration_s == pytest.approx(13.5)
-    with pytest.raises(ValueError, match="'update_s' must be a non-negative"):
-        simulate(trace.replace_layers(trace.layers, extra={"update_s": -1}), plan, cost)
+    with pytest.raises(ValueError, match="'overheads.update_s' must be a finite non-negative"):
+        Overheads(update_s=-1)
+    with pytest.raises(ValueError, match="must not hold the typed field"):  # no string-keyed overheads
+        trace.replace_layers(trace.layers, extra={"update_s": 1.0})
+    legacy = {**trace.to_dict(), "pre_forward_s": 0.5, "update_s": 1.0}  # a repro 0.1 trace file
+    assert Trace.from_dict(legacy).overheads == Overheads(pre_forward_s=0.5, update_s=1.0)
+    assert Trace.from_dict(timed.to_dict()).overheads == timed.overheads

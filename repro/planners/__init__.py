@@ -1,4 +1,9 @@
-"""Planners (solvers): Trace + CostModel -> Plan. Look one up by name with :func:`make_plan`."""
+"""Planners (solvers): Trace + CostModel -> Plan. Look one up by name with :func:`make_plan`.
+
+Every planner is a pure function ``fn(trace, cost, **options, wire_dtype=None) -> Plan`` with the rule
+it implements written in its docstring; it never imports torch. Which scheduler uses which planner
+is the scheduler registry's business (:mod:`repro.schedulers`).
+"""
 
 from __future__ import annotations
 
@@ -15,10 +20,13 @@ PLANNERS: dict[str, Callable[..., Plan]] = {
     "wfbp": allreduce.wfbp,
     "syncea": allreduce.syncea,
     "threshold": allreduce.threshold,
-    "ddp": allreduce.ddp,
+    "ddp_buckets": allreduce.ddp_buckets,
     "mgwfbp": allreduce.mgwfbp,
     "optimal": allreduce.optimal,
 }
+
+_RENAMED = {"ddp": "'ddp' is PyTorch DDP itself (a runtime baseline, see `repro schedulers`); its default "
+                   "bucketing as a plan is the planner 'ddp_buckets'"}
 
 
 def planner_names() -> list[str]:
@@ -26,9 +34,16 @@ def planner_names() -> list[str]:
 
 
 def make_plan(name: str, trace: Trace, cost: CostModel, **options: Any) -> Plan:
-    """Run planner ``name``; ``options`` are passed on (e.g. ``threshold_bytes`` for ``threshold``)."""
+    """Run planner ``name``; ``options`` are passed on (``threshold_bytes`` for ``threshold``,
+    ``wire_dtype`` for every planner)."""
     try:
         fn = PLANNERS[name]
-    except KeyError:
-        raise ValueError(f"unknown solver '{name}'; choose one of {', '.join(PLANNERS)}") from None
-    return fn(trace, cost, **options)
+    except (KeyError, TypeError):
+        hint = f" ({_RENAMED[name]})" if name in _RENAMED else ""
+        raise ValueError(f"unknown solver '{name}'{hint}; choose one of {', '.join(PLANNERS)}") from None
+    try:
+        return fn(trace, cost, **options)
+    except TypeError as e:
+        if "unexpected keyword" in str(e):
+            raise ValueError(f"planner '{name}' does not take option(s) {sorted(options)}: {e}") from None
+        raise

@@ -1,8 +1,11 @@
 """Planners of the all-reduce family: bucket contiguous layers, send each bucket by all-reduce.
 
-All take a :class:`~repro.trace.Trace` and a :class:`~repro.cost.CostModel` and return a
-:class:`~repro.plan.Plan` whose buckets are in backward (communication) order. Each plan's
-``meta["iteration_s"]`` is its simulated iteration time under the same model (mgwfbp.md).
+All take a :class:`~repro.trace.Trace`, a :class:`~repro.cost.CostModel` and the ``wire_dtype`` the
+gradients travel in (None: the trace's dtype), and return an all-reduce :class:`~repro.plan.Plan`
+whose buckets are in backward (communication) order. Every planner solves on the bytes actually sent
+(``layer_wire_bytes``), so under float16 ``optimal`` is optimal for float16 messages. Each plan's
+``meta["iteration_s"]`` is its simulated iteration time under the same model (mgwfbp.md), equal to
+``simulate(trace, plan, cost).iteration_s``.
 """
 
 from __future__ import annotations
@@ -12,38 +15,40 @@ from typing import Sequence
 import numpy as np
 
 from repro.cost import CostModel
-from repro.plan import Plan
-from repro.sim.allreduce import fifo_iteration_s, fixed_costs_s, ready_times_s
+from repro.plan import Plan, layer_wire_bytes
+from repro.sim.allreduce import fifo_iteration_s, ready_times_s
 from repro.trace import Trace
 
-__all__ = ["wfbp", "syncea", "threshold", "ddp", "mgwfbp", "optimal", "groups_time_s"]
+__all__ = ["wfbp", "syncea", "threshold", "ddp_buckets", "mgwfbp", "optimal", "groups_time_s"]
 
 
-def groups_time_s(trace: Trace, groups: Sequence[Sequence[int]], cost: CostModel) -> float:
+def groups_time_s(trace: Trace, groups: Sequence[Sequence[int]], cost: CostModel,
+                  wire_dtype: str | None = None) -> float:
     """Simulated iteration seconds of all-reduce ``groups`` (layer indices, communication order)."""
-    nbytes = trace.bytes()
+    nbytes = layer_wire_bytes(trace, wire_dtype)
     comm = [float(cost.allreduce_s(float(nbytes[list(g)].sum()))) for g in groups]
-    return fifo_iteration_s(trace.total_forward_s, trace.backward_s(), groups, comm, sum(fixed_costs_s(trace.extra)))
+    return fifo_iteration_s(trace.total_forward_s, trace.backward_s(), groups, comm, trace.overheads.total_s)
 
 
-def _plan(trace: Trace, groups: list[list[int]], cost: CostModel, solver: str, **meta) -> Plan:
-    meta["iteration_s"] = groups_time_s(trace, groups, cost)
-    return Plan.from_groups(trace, groups, solver, meta=meta)
+def _plan(trace: Trace, groups: list[list[int]], cost: CostModel, solver: str, wire_dtype: str | None,
+          **meta) -> Plan:
+    meta["iteration_s"] = groups_time_s(trace, groups, cost, wire_dtype)
+    return Plan.from_groups(trace, groups, solver, meta=meta, options={"wire_dtype": wire_dtype})
 
 
-def wfbp(trace: Trace, cost: CostModel) -> Plan:
+def wfbp(trace: Trace, cost: CostModel, *, wire_dtype: str | None = None) -> Plan:
     """Wait-free backpropagation: one all-reduce per layer, started as soon as it is ready."""
-    return _plan(trace, [[i] for i in reversed(range(trace.num_layers))], cost, "wfbp")
+    return _plan(trace, [[i] for i in reversed(range(trace.num_layers))], cost, "wfbp", wire_dtype)
 
 
-def syncea(trace: Trace, cost: CostModel) -> Plan:
+def syncea(trace: Trace, cost: CostModel, *, wire_dtype: str | None = None) -> Plan:
     """SyncEASGD: one all-reduce of all gradients after backward."""
-    return _plan(trace, [list(range(trace.num_layers))], cost, "syncea")
+    return _plan(trace, [list(range(trace.num_layers))], cost, "syncea", wire_dtype)
 
 
-def _fuse(trace: Trace, first_cap: float, cap: float) -> list[list[int]]:
-    """Greedy fusion in backward order: a bucket closes once it holds its cap or more."""
-    nbytes = trace.bytes()
+def _fuse(trace: Trace, first_cap: float, cap: float, wire_dtype: str | None) -> list[list[int]]:
+    """Greedy fusion in backward order: a bucket closes once it holds its cap (wire bytes) or more."""
+    nbytes = layer_wire_bytes(trace, wire_dtype)
     groups: list[list[int]] = []
     cur: list[int] = []
     size = 0.0
@@ -61,29 +66,34 @@ def _fuse(trace: Trace, first_cap: float, cap: float) -> list[list[int]]:
 def _check_bytes(name: str, value) -> None:
     if not isinstance(value, (int, np.integer)) or isinstance(value, bool):
         raise ValueError(f"{name} must be an integer number of bytes, got {value!r}")
+    if value < 0:
+        raise ValueError(f"{name} must not be negative, got {value}")
 
 
-def threshold(trace: Trace, cost: CostModel, threshold_bytes: int = 25 * 2**20) -> Plan:
+def threshold(trace: Trace, cost: CostModel, threshold_bytes: int = 25 * 2**20, *,
+              wire_dtype: str | None = None) -> Plan:
     """Greedy fixed-size fusion (Horovod/DDP style) in backward order.
 
-    Layers are appended to the open bucket; the bucket closes once it holds ``threshold_bytes`` or
-    more. ``threshold_bytes <= 0`` reproduces WFBP.
+    Layers are appended to the open bucket; the bucket closes once it holds ``threshold_bytes`` (on
+    the wire) or more. ``threshold_bytes == 0`` reproduces WFBP.
     """
     _check_bytes("threshold_bytes", threshold_bytes)
-    groups = _fuse(trace, threshold_bytes, threshold_bytes)
-    return _plan(trace, groups, cost, "threshold", threshold_bytes=int(threshold_bytes))
+    groups = _fuse(trace, threshold_bytes, threshold_bytes, wire_dtype)
+    return _plan(trace, groups, cost, "threshold", wire_dtype, threshold_bytes=int(threshold_bytes))
 
 
-def ddp(trace: Trace, cost: CostModel, first_bucket_bytes: int = 2**20, bucket_bytes: int = 25 * 2**20) -> Plan:
-    """PyTorch DDP's default bucketing as a plan: 1 MiB first bucket, then 25 MiB buckets."""
+def ddp_buckets(trace: Trace, cost: CostModel, first_bucket_bytes: int = 2**20, bucket_bytes: int = 25 * 2**20,
+                *, wire_dtype: str | None = None) -> Plan:
+    """PyTorch DDP's default bucketing as a plan: a 1 MiB first bucket, then 25 MiB buckets (the
+    scheduler ``ddp`` is PyTorch DDP itself; this plan runs on this package's executor or simulator)."""
     _check_bytes("first_bucket_bytes", first_bucket_bytes)
     _check_bytes("bucket_bytes", bucket_bytes)
-    groups = _fuse(trace, first_bucket_bytes, bucket_bytes)
-    return _plan(trace, groups, cost, "ddp", first_bucket_bytes=int(first_bucket_bytes),
+    groups = _fuse(trace, first_bucket_bytes, bucket_bytes, wire_dtype)
+    return _plan(trace, groups, cost, "ddp_buckets", wire_dtype, first_bucket_bytes=int(first_bucket_bytes),
                  bucket_bytes=int(bucket_bytes))
 
 
-def mgwfbp(trace: Trace, cost: CostModel) -> Plan:
+def mgwfbp(trace: Trace, cost: CostModel, *, wire_dtype: str | None = None) -> Plan:
     """The published MG-WFBP merge rule (Shi, Chu, Li; INFOCOM 2019 / TPDS 2021).
 
     Walk layers from the output side (l = L..2). With ``tau_c(l)`` the earliest start of the
@@ -93,7 +103,7 @@ def mgwfbp(trace: Trace, cost: CostModel) -> Plan:
     """
     a = cost.startup_s
     ready = ready_times_s(trace.backward_s())
-    nbytes = trace.bytes()
+    nbytes = layer_wire_bytes(trace, wire_dtype)
     L = trace.num_layers
     groups: list[list[int]] = []
     cur = [L - 1]
@@ -109,10 +119,10 @@ def mgwfbp(trace: Trace, cost: CostModel) -> Plan:
             groups.append(cur)
             cur, cur_bytes = [l - 1], float(nbytes[l - 1])
     groups.append(cur)
-    return _plan(trace, groups, cost, "mgwfbp", startup_s=a)
+    return _plan(trace, groups, cost, "mgwfbp", wire_dtype, startup_s=a)
 
 
-def optimal(trace: Trace, cost: CostModel) -> Plan:
+def optimal(trace: Trace, cost: CostModel, *, wire_dtype: str | None = None) -> Plan:
     """Exact minimum iteration time over all contiguous groupings (O(L^2) dynamic program).
 
     ``E[i]``: earliest end of the communication of layers i..L-1 when a bucket starts at layer i.
@@ -121,7 +131,7 @@ def optimal(trace: Trace, cost: CostModel) -> Plan:
     """
     ready = ready_times_s(trace.backward_s())
     L = trace.num_layers
-    cum = np.concatenate([[0.0], np.cumsum(trace.bytes())])
+    cum = np.concatenate([[0.0], np.cumsum(layer_wire_bytes(trace, wire_dtype))])
     E = np.zeros(L + 1)
     choice = np.zeros(L, dtype=np.int64)
     for i in range(L - 1, -1, -1):
@@ -137,4 +147,4 @@ def optimal(trace: Trace, cost: CostModel) -> Plan:
         groups.append(list(range(j, i - 1, -1)))
         i = j + 1
     groups.reverse()
-    return _plan(trace, groups, cost, "optimal")
+    return _plan(trace, groups, cost, "optimal", wire_dtype)

@@ -5,15 +5,13 @@ last of its gradients is produced; one communication stream serves ready buckets
 first-served (ties: plan order). Iteration time = forward + backward + the communication not hidden
 behind backward, i.e. ``t_f + max(t_b, end of the last all-reduce measured from backward start)``.
 
-Optional fixed costs a measured trace may carry in ``trace.extra`` (seconds; absent = 0, which is
-the papers' model): ``pre_forward_s`` (blocking work before the forward, e.g. a buffer broadcast),
-``straggler_s`` (how much later than the average rank the slowest rank finishes its computation, so
-the last collective completes that much later) and ``update_s`` (the optimizer step, after the last
-all-reduce).
+A measured trace's :class:`~repro.trace.Overheads` (seconds; 0 in the papers' model) are added:
+``pre_forward_s`` before the forward, ``straggler_s`` + ``update_s`` after the last all-reduce.
 
 Two implementations of the same model: :func:`allreduce_tasks` builds the event-engine task graph
 (gives the full timeline), :func:`fifo_iteration_s` is the closed-form recursion the planners call
-thousands of times. Tests check that they agree.
+thousands of times. Tests check that they agree. :func:`build_graph`, :func:`closed_form` and
+:func:`check_buckets` are the family's hooks (:mod:`repro.families`).
 """
 
 from __future__ import annotations
@@ -23,20 +21,10 @@ from typing import Sequence
 import numpy as np
 
 from repro.sim.engine import Task
+from repro.sim.result import SimGraph, SimResult
 
 __all__ = ["ready_times_s", "fifo_comm_end_s", "fifo_iteration_s", "allreduce_tasks", "bucket_label",
-           "fixed_costs_s"]
-
-
-def fixed_costs_s(extra: dict) -> tuple[float, float]:
-    """(pre_forward_s, straggler_s + update_s) from a trace's extras; 0 when absent."""
-    out = []
-    for key in ("pre_forward_s", "straggler_s", "update_s"):
-        v = extra.get(key, 0.0)
-        if not isinstance(v, (int, float)) or isinstance(v, bool) or not v >= 0:
-            raise ValueError(f"trace extra '{key}' must be a non-negative number of seconds, got {v!r}")
-        out.append(float(v))
-    return out[0], out[1] + out[2]
+           "build_graph", "closed_form", "check_buckets"]
 
 
 def ready_times_s(backward_s: np.ndarray) -> np.ndarray:
@@ -76,7 +64,7 @@ def bucket_label(indices: Sequence[int]) -> str:
 def allreduce_tasks(names: Sequence[str], forward_s: np.ndarray, backward_s: np.ndarray,
                     groups: Sequence[Sequence[int]], comm_s: Sequence[float],
                     kinds: Sequence[str] | None = None, pre_forward_s: float = 0.0,
-                    update_s: float = 0.0) -> list[Task]:
+                    update_s: float = 0.0, priorities: Sequence[float] | None = None) -> list[Task]:
     """Task graph of one iteration: [pre-forward], forward tasks, backward tasks, one message per
     bucket, [the update after the last message]."""
     L = len(names)
@@ -89,8 +77,46 @@ def allreduce_tasks(names: Sequence[str], forward_s: np.ndarray, backward_s: np.
     for k, g in enumerate(groups):
         kind = kinds[k] if kinds else "allreduce"
         tasks.append(Task("comm", kind, bucket_label(g), float(comm_s[k]),
-                          deps=tuple(bwd_task[i] for i in g)))
+                          deps=tuple(bwd_task[i] for i in g),
+                          priority=float(priorities[k]) if priorities is not None else 0.0))
     if update_s:
         tasks.append(Task("compute", "update", "update", update_s,
                           deps=tuple(range(len(tasks) - len(groups), len(tasks)))))
     return tasks
+
+
+# ---- the family's hooks ----------------------------------------------------------------------------
+
+def check_buckets(buckets) -> None:
+    """All-reduce buckets carry exactly one message (a backward all-reduce)."""
+    for i, b in enumerate(buckets):
+        if len(b.messages) != 1:
+            raise ValueError(f"bucket {i}: an all-reduce bucket has exactly one message, got {len(b.messages)}")
+
+
+def _inputs(trace, plan, cost):
+    from repro.sim import comm_times_s
+
+    return plan.groups(trace), comm_times_s(trace, plan, cost), trace.forward_s(), trace.backward_s()
+
+
+def build_graph(trace, plan, cost) -> SimGraph:
+    """The event-engine graph of one all-reduce iteration (priorities from the plan's messages)."""
+    groups, comm, fwd, bwd = _inputs(trace, plan, cost)
+    o = trace.overheads
+    tasks = allreduce_tasks(trace.names, fwd, bwd, groups, comm, pre_forward_s=o.pre_forward_s,
+                            update_s=o.after_backward_s,
+                            priorities=[b.messages[0].priority for b in plan.buckets])
+    return SimGraph(tasks, frozenset({"compute"}), forward_s=float(fwd.sum()) + o.pre_forward_s,
+                    backward_s=float(bwd.sum()) + o.after_backward_s, comm_s=float(np.sum(comm)))
+
+
+def closed_form(trace, plan, cost) -> SimResult | None:
+    """:func:`fifo_iteration_s` when every bucket has the same priority (pure FCFS); else None."""
+    if len({b.messages[0].priority for b in plan.buckets}) > 1:
+        return None
+    groups, comm, fwd, bwd = _inputs(trace, plan, cost)
+    o = trace.overheads
+    t = fifo_iteration_s(float(fwd.sum()), bwd, groups, comm, o.total_s)
+    return SimResult(iteration_s=t, forward_s=float(fwd.sum()) + o.pre_forward_s,
+                     backward_s=float(bwd.sum()) + o.after_backward_s, comm_s=float(np.sum(comm)))

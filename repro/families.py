@@ -1,0 +1,210 @@
+"""The family registry: what each kind of gradient exchange needs from the shared code.
+
+A **family** is a way of moving gradients: all-reduce during backward (MG-WFBP and its baselines),
+and the families later schedulers add (sparse all-gather, reduce-scatter + all-gather across
+iterations, a parameter server). A family is one :class:`Family` entry in :data:`FAMILIES`; the shared
+code (:class:`~repro.plan.Plan`, :func:`repro.sim.simulate`, the training loop) consults the entry and
+never compares family names. An entry supplies:
+
+- **plan validation**: the collectives and phases its messages may use, its options (name, meaning,
+  check), and an optional structural check of the buckets;
+- **bytes on the wire** per message (default: every message carries its bucket's gradient bytes);
+- **the simulator's task builder**: ``fn(trace, plan, cost) -> SimGraph`` for the event engine, and
+  optionally a closed form ``fn(trace, plan, cost) -> SimResult | None`` used when no timeline is
+  asked for;
+- **the runtime executor**: a class implementing :class:`repro.runtime.executor.Executor`.
+
+Hooks are ``"module:attribute"`` strings imported on first use, so this table (and the torch-free
+core) never imports torch, and a family's files are loaded only when a plan of that family is used.
+
+Adding a family: write ``planners/<f>.py``, ``sim/<f>.py`` and ``runtime/<f>.py``, then add one entry
+here (or call :func:`register_family` from your own package) and one per scheduler in
+:mod:`repro.schedulers`. Nothing else is edited.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Sequence
+
+__all__ = ["Option", "Family", "FAMILIES", "get_family", "family_names", "register_family", "resolve",
+           "choice_option", "number_option"]
+
+
+def resolve(ref: str) -> Any:
+    """Import ``"package.module:attribute"`` and return the attribute."""
+    module, _, attr = ref.partition(":")
+    if not module or not attr:
+        raise ValueError(f"a hook reference must look like 'package.module:attribute', got {ref!r}")
+    return getattr(importlib.import_module(module), attr)
+
+
+@dataclass(frozen=True)
+class Option:
+    """A family option of a plan: ``check(value)`` returns the normalised value or raises ValueError."""
+
+    name: str
+    doc: str
+    check: Callable[[Any], Any]
+    default: Any = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "doc": self.doc, "default": self.default}
+
+
+def choice_option(name: str, doc: str, choices: Sequence[Any], default: Any = None) -> Option:
+    """An option whose value is one of ``choices``."""
+    allowed = tuple(choices)
+
+    def check(v: Any) -> Any:
+        if isinstance(v, (list, dict)) or v not in allowed:
+            raise ValueError(f"must be one of {', '.join(map(str, allowed))}, got {v!r}")
+        return v
+
+    return Option(name, f"{doc} (one of {', '.join(map(str, allowed))})", check, default)
+
+
+def number_option(name: str, doc: str, *, minimum: float | None = None, maximum: float | None = None,
+                  integer: bool = False, open_minimum: bool = False, default: Any = None) -> Option:
+    """A numeric option in [minimum, maximum] (``open_minimum``: strictly above the minimum)."""
+
+    def check(v: Any) -> Any:
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+            raise ValueError(f"must be a finite number, got {v!r}")
+        if integer:
+            if isinstance(v, float) and not v.is_integer():
+                raise ValueError(f"must be an integer, got {v!r}")
+            v = int(v)
+        if minimum is not None and (v <= minimum if open_minimum else v < minimum):
+            raise ValueError(f"must be {'>' if open_minimum else '>='} {minimum}, got {v!r}")
+        if maximum is not None and v > maximum:
+            raise ValueError(f"must be <= {maximum}, got {v!r}")
+        return v
+
+    return Option(name, doc, check, default)
+
+
+@dataclass(frozen=True)
+class Family:
+    """One family's contract with the shared code (see the module docstring)."""
+
+    name: str
+    doc: str
+    paper: str
+    collectives: tuple[str, ...]
+    phases: tuple[str, ...]
+    options: tuple[Option, ...]
+    simulator: str                       # "module:fn", fn(trace, plan, cost) -> repro.sim.SimGraph
+    executor: str                        # "module:Class" implementing repro.runtime.executor.Executor
+    closed_form: str | None = None       # "module:fn", fn(trace, plan, cost) -> SimResult | None
+    message_bytes: str | None = None     # "module:fn", fn(trace, plan) -> [[bytes per message] per bucket]
+    check_buckets: str | None = None     # "module:fn", fn(buckets) raising ValueError on a bad shape
+    _cache: dict = field(default_factory=dict, compare=False, repr=False)
+
+    def hook(self, which: str) -> Callable[..., Any] | None:
+        ref = getattr(self, which)
+        if ref is None:
+            return None
+        if which not in self._cache:
+            self._cache[which] = resolve(ref)
+        return self._cache[which]
+
+    # ---- plan validation (called by Plan) ----
+    def check_options(self, options: Mapping[str, Any]) -> dict[str, Any]:
+        from repro.plan import PlanError
+
+        known = {o.name: o for o in self.options}
+        out = {}
+        for k, v in options.items():
+            if k not in known:
+                have = ", ".join(known) or "none"
+                raise PlanError(f"family '{self.name}' has no option '{k}' (its options: {have})")
+            if v is None:
+                continue
+            try:
+                out[k] = known[k].check(v)
+            except ValueError as e:
+                raise PlanError(f"plan option '{k}' of family '{self.name}' {e}") from None
+        return out
+
+    def check_messages(self, buckets: Sequence[Any]) -> None:
+        from repro.plan import PlanError
+
+        for i, b in enumerate(buckets):
+            for m in b.messages:
+                if m.collective not in self.collectives:
+                    raise PlanError(f"bucket {i}: family '{self.name}' does not send '{m.collective}' messages "
+                                    f"(it uses {', '.join(self.collectives)})")
+                if m.phase not in self.phases:
+                    raise PlanError(f"bucket {i}: family '{self.name}' has no '{m.phase}' phase "
+                                    f"(it uses {', '.join(self.phases)})")
+        extra = self.hook("check_buckets")
+        if extra is not None:
+            try:
+                extra(buckets)
+            except PlanError:
+                raise
+            except ValueError as e:
+                raise PlanError(str(e)) from None
+
+    # ---- bytes, simulation, execution ----
+    def bytes_per_message(self, trace: Any, plan: Any) -> list[list[float]]:
+        """Bytes of every message of every bucket, as :meth:`repro.cost.CostModel.time_s` takes them."""
+        fn = self.hook("message_bytes")
+        if fn is not None:
+            return fn(trace, plan)
+        return [[n] * len(b.messages) for b, n in zip(plan.buckets, plan.bucket_bytes(trace))]
+
+    def executor_class(self) -> Any:
+        """The runtime executor class (imports torch)."""
+        return self.hook("executor")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "doc": self.doc, "paper": self.paper, "collectives": list(self.collectives),
+                "phases": list(self.phases), "options": [o.to_dict() for o in self.options],
+                "simulator": self.simulator, "executor": self.executor}
+
+
+_WIRE_DTYPE = choice_option("wire_dtype", "dtype of gradients on the wire",
+                            ("float32", "float16", "bfloat16"))
+
+FAMILIES: dict[str, Family] = {
+    "allreduce": Family(
+        name="allreduce",
+        doc="each bucket is all-reduced once its gradients are ready during backward (one FCFS "
+            "communication stream; priorities, if set, reorder ready buckets)",
+        paper="MG-WFBP (Shi, Chu, Li; INFOCOM 2019 / TPDS 2021)",
+        collectives=("allreduce",),
+        phases=("backward",),
+        options=(_WIRE_DTYPE,),
+        simulator="repro.sim.allreduce:build_graph",
+        closed_form="repro.sim.allreduce:closed_form",
+        check_buckets="repro.sim.allreduce:check_buckets",
+        executor="repro.runtime.allreduce:AllReduceExecutor",
+    ),
+}
+
+
+def family_names() -> list[str]:
+    return list(FAMILIES)
+
+
+def get_family(name: str) -> Family:
+    from repro.plan import PlanError
+
+    try:
+        return FAMILIES[name]
+    except (KeyError, TypeError):
+        raise PlanError(f"unknown plan family {name!r}; known: {', '.join(FAMILIES)}") from None
+
+
+def register_family(family: Family, *, replace: bool = False) -> Family:
+    """Add ``family`` to the registry (``replace=True`` to redefine an existing name)."""
+    if not isinstance(family, Family):
+        raise TypeError(f"register_family takes a Family, got {type(family).__name__}")
+    if family.name in FAMILIES and not replace:
+        raise ValueError(f"family '{family.name}' is already registered")
+    FAMILIES[family.name] = family
+    return family
