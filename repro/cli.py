@@ -1,4 +1,4 @@
-"""Command line: ``repro {profile,plan,simulate,presets,train,launch,calibrate}`` (also ``python -m repro``).
+"""Command line: ``repro {profile,plan,simulate,schedulers,presets,train,launch,calibrate}`` (also ``python -m repro``).
 
 JSON in and out. Bad input ends with exit status 2 and one line on stderr naming the problem.
 """
@@ -47,12 +47,11 @@ def _cost_from_args(args: argparse.Namespace) -> CostModel:
             raise UsageError(f"--network {args.network} needs --workers P")
         return preset(args.network, args.workers)
     if args.cost is not None:
-        if not args.cost.is_file():
-            raise UsageError(f"cost model file not found: {args.cost}")
-        try:
-            return CostModel.from_dict(json.loads(args.cost.read_text()))
-        except json.JSONDecodeError as e:
-            raise UsageError(f"{args.cost}: not valid JSON: {e}") from None
+        cost = CostModel.load(args.cost)
+        if args.workers is not None and args.workers != cost.workers:
+            raise UsageError(f"--workers {args.workers} contradicts the cost model in {args.cost}, which is for "
+                             f"P={cost.workers}; leave --workers out or fit a model for P={args.workers}")
+        return cost
     if args.alpha_s is None or args.beta_s_per_byte is None:
         raise UsageError("--alpha-s and --beta-s-per-byte must be given together")
     return CostModel.linear(args.workers or 2, args.alpha_s, args.beta_s_per_byte, source="cli alpha-beta")
@@ -94,12 +93,9 @@ def cmd_plan(args: argparse.Namespace) -> None:
         if args.solver != "threshold":
             raise UsageError("--threshold-bytes only applies to --solver threshold")
         options["threshold_bytes"] = args.threshold_bytes
-    plan = make_plan(args.solver, trace, cost, **options)
     if args.wire_dtype:
-        from repro.sim import simulate
-
-        plan = Plan(plan.buckets, plan.solver, args.wire_dtype, dict(plan.meta))
-        plan.meta["iteration_s"] = simulate(trace, plan, cost, with_ops=False).iteration_s
+        options["wire_dtype"] = args.wire_dtype  # the planner solves on the bytes actually sent
+    plan = make_plan(args.solver, trace, cost, **options)
     out = {"solver": plan.solver, "iteration_s": plan.meta["iteration_s"],
            "buckets": [list(b.layers) for b in plan.buckets]}
     out.update({k: v for k, v in plan.to_dict().items() if k not in out})
@@ -155,6 +151,14 @@ def cmd_calibrate(args: argparse.Namespace) -> None:
     if args.emulate_bandwidth:
         cost["meta"]["emulated_bandwidth"] = args.emulate_bandwidth
     _emit(cost, args.output)
+
+
+def cmd_schedulers(args: argparse.Namespace) -> None:
+    from repro.families import FAMILIES
+    from repro.schedulers import ALIASES, schedulers_table
+
+    _emit({"schedulers": schedulers_table(), "aliases": dict(ALIASES),
+           "families": {name: f.to_dict() for name, f in FAMILIES.items()}}, None)
 
 
 def cmd_presets(args: argparse.Namespace) -> None:
@@ -216,6 +220,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("-o", "--output", type=Path, help="write the CostModel JSON here instead of stdout")
     p.set_defaults(func=cmd_calibrate)
+
+    p = sub.add_parser("schedulers", help="list every scheduler (planner or baseline, executor, paper, "
+                                          "what it supports) and every plan family, as JSON")
+    p.set_defaults(func=cmd_schedulers)
 
     p = sub.add_parser("presets", help="list the published network presets")
     p.set_defaults(func=cmd_presets)

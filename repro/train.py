@@ -3,21 +3,20 @@
     torchrun --nproc-per-node 4 -m repro.train --model resnet50 --scheduler mgwfbp --steps 100 \
         --batch-size 32 --results-dir results/data/runs
 
-Schedulers: ``wfbp``, ``syncea``, ``threshold``, ``mgwfbp``, ``optimal`` execute a Plan with
-:class:`~repro.runtime.allreduce.BucketedAllReduce`; ``ddp`` is PyTorch DDP with its defaults;
-``ddp_plan`` is DDP with the per-bucket sizes of the ``threshold`` plan (``bucket_cap_mb_list``);
-``local`` does no communication (computation only).
+Every scheduler is an entry of :mod:`repro.schedulers` (``repro schedulers`` lists them): its
+planner (if any) makes a Plan and its executor (:mod:`repro.runtime.executor`) runs it; one loop
+(:func:`run_training`) drives them all.
 
-Every scheduler first runs ``warmup_steps`` real training steps with one bucket after backward
-(SyncEASGD, exact and clean for timing) while per-layer gradient-ready times are recorded; the
-ranks average them into a Trace (layer order = reverse of the ready order). Planners that need a
-cost model (``mgwfbp``, ``optimal``) get one fitted by timing all-reduces on the live process group
-(any world size) unless ``network`` names a preset. Rank 0 solves and broadcasts the Plan.
+Plan schedulers first run ``warmup_steps`` real training steps with one all-reduce after backward
+(SyncEASGD, exact and clean for timing) while per-layer gradient-ready times are recorded; the ranks
+average them into a Trace (layer order = reverse of the ready order). Every plan scheduler gets a
+cost model fitted by timing all-reduces on the live process group (any world size) unless ``network``
+names a preset: online planners (``mgwfbp``, ``optimal``) plan with it, all record the plan's
+prediction. Rank 0 solves and broadcasts the Plan. Baselines warm up with their own executor.
 
-Rank 0 writes, under ``<results_dir>/<run_id>/``: ``iterations.csv`` (per-step wall seconds, loss),
-``epochs.csv`` (convergence runs), ``buckets.csv`` (measured bucket timeline of the last step, when
-recorded), ``trace.json``, ``plan.json``, ``cost.json`` and ``run.json`` (config, environment,
-summary). :func:`repro.results.combine_runs` joins many runs into one table.
+Rank 0 writes the run folder (:mod:`repro.runs`: ``run.json``, ``iterations.csv``, ``epochs.csv``,
+``buckets.csv``, ``trace.json``, ``trace_inrun.json``, ``plan.json``, ``cost.json``), atomically;
+an existing run id is refused unless ``overwrite``.
 """
 
 from __future__ import annotations
@@ -25,10 +24,11 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import math
+import os
 import statistics
 import time
 from dataclasses import asdict, dataclass, field, fields
-from pathlib import Path
 from typing import Any, Sequence
 
 import torch
@@ -38,72 +38,107 @@ from torch import nn
 from repro.cost import CostModel, preset
 from repro.plan import WIRE_DTYPE_BYTES, Plan
 from repro.planners import make_plan
-from repro.runtime.buffers import broadcast_buffers
-from repro.runtime.allreduce import BucketedAllReduce, ScheduledOptimizer
+from repro.runs import (BUCKETS_CSV, EPOCHS_CSV, ITERATIONS_CSV, TRACE_INRUN_JSON, RunWriter, check_run_id,
+                        prepare_run)
+from repro.runtime.allreduce import AllReduceExecutor
+from repro.runtime.baselines import LocalExecutor
 from repro.runtime.calibrate import default_sizes_bytes, fit_allreduce
-from repro.workload.layers import layer_parameters
-from repro.trace import Layer, Trace
+from repro.runtime.executor import Executor, ExecutorOptions
+from repro.schedulers import get_scheduler, scheduler_names
+from repro.trace import Layer, Overheads, Trace
+from repro.workload.layers import VIEWS, layer_parameters
 
-__all__ = ["SCHEDULERS", "PLAN_SCHEDULERS", "TrainConfig", "train_worker", "run_training", "config_from_argv",
-           "worker_from_argv", "main"]
+__all__ = ["TrainConfig", "train_worker", "run_training", "config_from_argv", "worker_from_argv", "main",
+           "build_parser"]
 
-PLAN_SCHEDULERS = ("wfbp", "syncea", "threshold", "mgwfbp", "optimal")
-SCHEDULERS = PLAN_SCHEDULERS + ("ddp", "ddp_plan", "local")
+
+def _opt(default: Any, help: str, **meta: Any) -> Any:
+    return field(default=default, metadata={"help": help, **meta})
 
 
 @dataclass
 class TrainConfig:
     """One run. Sizes in bytes, times in seconds; ``batch_size`` is per rank."""
 
-    model: str = "tiny_resnet"
-    scheduler: str = "mgwfbp"
-    dataset: str = "synthetic"
-    batch_size: int = 32
-    steps: int = 20                 # timed steps (synthetic) ; ignored when epochs is set
-    epochs: int | None = None       # convergence runs: full passes over the dataset
-    warmup_steps: int = 3           # untimed steps that also measure the trace
-    compute_steps: int = 5          # extra steps without communication: computation-only time
-    view: str = "tensor"
-    threshold_bytes: int = 25 * 2**20
-    wire_dtype: str | None = None   # "float16" to communicate half-precision gradients
-    network: str | None = None      # cost preset for planning instead of a live fit
-    fit_repeats: int = 5
-    lr: float = 0.05
-    momentum: float = 0.9
-    weight_decay: float = 1e-4
-    seed: int = 0
-    record_timeline: bool = False
-    results_dir: str | None = None
-    run_id: str | None = None
-    quiet: bool = False
-    model_kwargs: dict[str, Any] = field(default_factory=dict)
+    model: str = _opt("tiny_resnet", "model name (see repro.workload.models)")
+    scheduler: str = _opt("mgwfbp", "gradient-exchange scheduler (`repro schedulers` lists them)")
+    dataset: str = _opt("synthetic", "data: synthetic (throughput), digits, cifar10, imagenet, ptb")
+    batch_size: int = _opt(32, "samples per rank per step")
+    steps: int = _opt(20, "timed steps (synthetic data); ignored when --epochs is given")
+    epochs: int | None = _opt(None, "convergence run: full passes over a real dataset")
+    warmup_steps: int = _opt(3, "untimed steps first (plan schedulers measure the trace in them)")
+    compute_steps: int = _opt(5, "extra steps without communication: the computation-only time")
+    view: str = _opt("tensor", "layer granularity of the plan", choices=VIEWS)
+    threshold_bytes: int = _opt(25 * 2**20, "bucket threshold of the threshold schedulers, bytes")
+    wire_dtype: str | None = _opt(None, "communicate gradients in this dtype (default: the model's)",
+                                  choices=tuple(WIRE_DTYPE_BYTES))
+    network: str | None = _opt(None, "plan with this cost preset instead of fitting on the live group")
+    fit_repeats: int = _opt(5, "repeats per message size when fitting the all-reduce cost")
+    lr: float = _opt(0.05, "SGD learning rate")
+    momentum: float = _opt(0.9, "SGD momentum")
+    weight_decay: float = _opt(1e-4, "SGD weight decay")
+    seed: int = _opt(0, "seed of the model weights and the data")
+    record_timeline: bool = _opt(False, "record each message's launch and end time of the last step")
+    results_dir: str | None = _opt(None, "write the run folder under this directory (rank 0)")
+    run_id: str | None = _opt(None, "name of the run folder (default: model_scheduler_pP_<ms timestamp>)")
+    overwrite: bool = _opt(False, "replace an existing run folder of the same id (whole)")
+    quiet: bool = _opt(False, "no progress bar")
+    # Set by the launcher, not on the command line: the emulated link rate the ranks ran on (recorded).
+    emulated_bandwidth_bps: float | None = _opt(None, "", cli=False)
+    model_kwargs: dict[str, Any] = field(default_factory=dict, metadata={"cli": False})
 
     def __post_init__(self) -> None:
-        if self.scheduler not in SCHEDULERS:
-            raise ValueError(f"unknown scheduler '{self.scheduler}'; choose one of {', '.join(SCHEDULERS)}")
         from repro.workload.datasets import DATASET_NAMES
         from repro.workload.models import get_spec
 
+        sched = get_scheduler(self.scheduler)
+        self.scheduler = sched.name  # an old alias becomes the current name
         get_spec(self.model)
         if self.dataset not in DATASET_NAMES:
             raise ValueError(f"unknown dataset '{self.dataset}'; choose one of {', '.join(DATASET_NAMES)}")
         if self.dataset == "synthetic" and self.epochs is not None:
             raise ValueError("epochs need a real dataset (e.g. --dataset digits); synthetic runs use --steps")
+        if self.view not in VIEWS:
+            raise ValueError(f"unknown view '{self.view}'; choose one of {', '.join(VIEWS)}")
         if self.wire_dtype is not None and self.wire_dtype not in WIRE_DTYPE_BYTES:
             raise ValueError(f"unknown wire dtype '{self.wire_dtype}'; choose one of {', '.join(WIRE_DTYPE_BYTES)}")
-        if self.wire_dtype not in (None, "float32") and self.scheduler in ("ddp", "ddp_plan", "local"):
-            raise ValueError(f"wire_dtype={self.wire_dtype} is supported by the plan schedulers "
-                             f"({', '.join(PLAN_SCHEDULERS)}), not by '{self.scheduler}'")
-        if self.batch_size < 1:
-            raise ValueError(f"batch_size must be positive, got {self.batch_size}")
+        if self.wire_dtype not in (None, "float32") and not sched.wire_dtype:
+            able = [n for n in scheduler_names() if get_scheduler(n).wire_dtype]
+            raise ValueError(f"wire_dtype={self.wire_dtype} is supported by {', '.join(able)}, "
+                             f"not by '{self.scheduler}'")
+        for name in ("batch_size", "fit_repeats"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         if self.warmup_steps < 0 or self.compute_steps < 0:
             raise ValueError("warmup_steps and compute_steps must be >= 0")
         if self.epochs is None and self.steps < 1:
             raise ValueError(f"steps must be positive, got {self.steps}")
         if self.epochs is not None and self.epochs < 1:
             raise ValueError(f"epochs must be positive, got {self.epochs}")
-        if self.warmup_steps < 1 and self.scheduler in PLAN_SCHEDULERS + ("ddp_plan",):
-            raise ValueError("plan schedulers need warmup_steps >= 1 to measure the trace")
+        if self.threshold_bytes < 0:
+            raise ValueError(f"threshold_bytes must not be negative, got {self.threshold_bytes}")
+        for name in ("lr", "momentum", "weight_decay"):
+            v = getattr(self, name)
+            if not math.isfinite(v) or v < 0:
+                raise ValueError(f"{name} must be a finite non-negative number, got {v}")
+        if self.warmup_steps < 1 and sched.has_plan:
+            raise ValueError(f"'{self.scheduler}' plans from the warm-up: it needs warmup_steps >= 1")
+        if self.network is not None:
+            from repro.cost import preset_names
+
+            if self.network not in preset_names():
+                raise ValueError(f"unknown network preset '{self.network}'; known: {', '.join(preset_names())}")
+        if self.run_id is not None:
+            check_run_id(self.run_id)
+
+    def check_world(self, world_size: int) -> None:
+        """Checks that need the world size (made before any step)."""
+        sched = get_scheduler(self.scheduler)
+        if sched.online and self.network is None and world_size < 2:
+            raise ValueError(f"'{self.scheduler}' fits its cost model on the live group, which needs at least 2 "
+                             "ranks (or give --network PRESET)")
+        if self.network is not None:
+            preset(self.network, max(2, world_size))  # a preset without this P fails here, not after warm-up
 
 
 # ---------------------------------------------------------------------------------------------
@@ -127,30 +162,109 @@ def _batches(cfg: TrainConfig, rank: int, world: int, device: torch.device, epoc
         yield x.to(device), y.to(device)
 
 
+class _Data:
+    """Batches across epoch boundaries; ``epoch`` counts completed passes."""
+
+    def __init__(self, cfg: TrainConfig, rank: int, world: int, device: torch.device) -> None:
+        self.cfg, self.rank, self.world, self.device = cfg, rank, world, device
+        self.epoch = 0
+        self._it = _batches(cfg, rank, world, device, 0)
+
+    def next(self):
+        try:
+            return next(self._it)
+        except StopIteration:
+            self.epoch += 1
+            self._it = _batches(self.cfg, self.rank, self.world, self.device, self.epoch)
+            return next(self._it)
+
+
 # ---------------------------------------------------------------------------------------------
-# Trace from the live run, plan, sync
+# One step, for every executor
 # ---------------------------------------------------------------------------------------------
 
-def _runtime_trace(cfg: TrainConfig, model: nn.Module, ready: list[dict[str, float]],
-                   backward_start: list[float], fixed: list[tuple[float, float, float]],
-                   device: torch.device) -> Trace:
-    """Per-layer backward gaps (median over warm-up steps, mean over ranks) as a Trace, with the
-    forward total and the measured pre-forward (buffer broadcast) and update (optimizer) seconds."""
+def _sync_device(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+@dataclass
+class _StepTimes:
+    """``time.perf_counter`` stamps of one step (seconds)."""
+
+    start: float          # before before_forward()
+    forward_start: float  # after before_forward()
+    backward_start: float
+    backward_end: float   # loss.backward() returned (CPU: compute done; communication may go on)
+    exchange_end: float   # after_backward() returned: gradients exchanged
+    end: float            # optimizer step done
+    loss: float
+
+    def row(self, step: int, epoch: int) -> dict[str, Any]:
+        return {"step": step, "epoch": epoch, "iteration_s": self.end - self.start,
+                "forward_s": self.backward_start - self.start, "backward_call_s": self.backward_end - self.backward_start,
+                "step_s": self.end - self.backward_end, "pre_forward_s": self.forward_start - self.start,
+                "update_s": self.end - self.exchange_end, "loss": self.loss}
+
+
+def _step(ex: Executor, opt: torch.optim.Optimizer, batch, loss_of, device: torch.device, *,
+          sync_phases: bool = False) -> _StepTimes:
+    """One training step under the executor contract. ``sync_phases`` synchronises the device between
+    phases (exact phase times on a GPU, used while measuring the trace)."""
+    x, y = batch
+    opt.zero_grad(set_to_none=True)
+    _sync_device(device)
+    t0 = time.perf_counter()
+    ex.before_forward()
+    if sync_phases:
+        _sync_device(device)
+    tf = time.perf_counter()
+    loss = loss_of(ex.module, x, y)
+    if sync_phases:
+        _sync_device(device)
+    tb = time.perf_counter()
+    loss.backward()
+    tw = time.perf_counter()
+    ex.after_backward()
+    if sync_phases:
+        _sync_device(device)
+    tu = time.perf_counter()
+    opt.step()
+    _sync_device(device)
+    return _StepTimes(t0, tf, tb, tw, tu, time.perf_counter(), float(loss.detach()))
+
+
+# ---------------------------------------------------------------------------------------------
+# Trace from the live run, plan
+# ---------------------------------------------------------------------------------------------
+
+def _gather(vec: torch.Tensor) -> torch.Tensor:
+    """Every rank's ``vec`` stacked (world x n), identical on all ranks."""
+    parts = [torch.empty_like(vec) for _ in range(dist.get_world_size())]
+    dist.all_gather(parts, vec)
+    return torch.stack(parts)
+
+
+def _runtime_trace(cfg: TrainConfig, model: nn.Module, steps: list[tuple[_StepTimes, dict[str, float]]],
+                   device: torch.device, update_s: float | None = None) -> Trace:
+    """Per-layer backward gaps (median over steps, mean over ranks) as a Trace, with the forward total
+    and the measured overheads (buffer broadcast, straggler wait, optimizer step; ``update_s``
+    overrides the measured update)."""
     layers = layer_parameters(model, cfg.view)
     names = list(layers)
-    rel = torch.tensor([[r.get(n, b0) - b0 for n in names] for r, b0 in zip(ready, backward_start)], dtype=torch.float64)
-    vec = torch.cat([rel.median(dim=0).values, torch.tensor(fixed, dtype=torch.float64).median(dim=0).values])
-    vec = vec.to(device)
+    rel = torch.tensor([[ready.get(n, st.backward_start) - st.backward_start for n in names] for st, ready in steps],
+                       dtype=torch.float64)
+    fixed = torch.tensor([[st.backward_start - st.forward_start, st.forward_start - st.start, st.end - st.exchange_end]
+                          for st, _ in steps], dtype=torch.float64)
+    vec = torch.cat([rel.median(dim=0).values, fixed.median(dim=0).values]).to(device)
     dist.all_reduce(vec)
     vec = (vec / dist.get_world_size()).cpu()
     ready_s = vec[:-3].tolist()
-    fwd_total, pre_s, update_s = (float(v) for v in vec[-3:])
+    fwd_total, pre_s, measured_update_s = (float(v) for v in vec[-3:])
     # straggler wait: per step, the slowest rank's computation minus the ranks' mean (median over steps)
-    per_step = torch.tensor([f[0] + max(r.values(), default=b0) - b0 for f, r, b0 in zip(fixed, ready, backward_start)],
-                            dtype=torch.float64, device=device)
-    everyone = torch.empty(dist.get_world_size() * per_step.numel(), dtype=torch.float64, device=device)
-    dist.all_gather_into_tensor(everyone, per_step)
-    everyone = everyone.view(dist.get_world_size(), -1).cpu()
+    per_step = torch.tensor([(st.backward_start - st.forward_start) + max(ready.values(), default=st.backward_start)
+                             - st.backward_start for st, ready in steps], dtype=torch.float64, device=device)
+    everyone = _gather(per_step).cpu()
     straggler_s = float((everyone.max(dim=0).values - everyone.mean(dim=0)).median())
     order = sorted(range(len(names)), key=lambda i: ready_s[i], reverse=True)  # forward order
     out, prev = [], 0.0
@@ -162,67 +276,45 @@ def _runtime_trace(cfg: TrainConfig, model: nn.Module, ready: list[dict[str, flo
         params = layers[names[i]]
         numel = sum(p.numel() for _, p in params)
         out.append(Layer(names[i], numel, numel * params[0][1].element_size(), fwd_total / len(names), gaps[i]))
+    overheads = Overheads(pre_forward_s=max(0.0, pre_s), straggler_s=max(0.0, straggler_s),
+                          update_s=max(0.0, measured_update_s if update_s is None else update_s))
     return Trace(cfg.model, cfg.batch_size, str(device), "float32", out,
                  extra={"source": "measured", "method": "runtime gradient-ready hooks, mean over ranks of "
-                        "per-step medians; forward total spread evenly over layers", "view": cfg.view,
-                        "pre_forward_s": pre_s, "straggler_s": straggler_s, "update_s": update_s})
+                        "per-step medians; forward total spread evenly over layers", "view": cfg.view},
+                 overheads=overheads)
 
 
 def _plan_for(cfg: TrainConfig, trace: Trace, device: torch.device) -> tuple[Plan, CostModel]:
-    """Rank 0 solves; the plan is broadcast so every rank executes the same buckets."""
+    """Rank 0 solves (on the wire dtype's bytes); the plan is broadcast so every rank executes the same."""
+    sched = get_scheduler(cfg.scheduler)
     if cfg.network:
         cost = preset(cfg.network, dist.get_world_size())
-    else:  # every plan scheduler gets a fit: mgwfbp/optimal plan with it, all record a prediction
+    else:  # every plan scheduler gets a fit: online planners plan with it, all record a prediction
         cost, _ = fit_allreduce(default_sizes_bytes(min(trace.total_bytes, 64 * 2**20)),
                                 repeats=cfg.fit_repeats, device=device)
-    solver = "threshold" if cfg.scheduler == "ddp_plan" else cfg.scheduler
     payload: list[Any] = [None]
     if dist.get_rank() == 0:
-        opts = {"threshold_bytes": cfg.threshold_bytes} if solver == "threshold" else {}
-        plan = make_plan(solver, trace, cost, **opts)
+        opts = {name: getattr(cfg, name) for name in sched.planner_options}
         if cfg.wire_dtype:
-            plan = Plan(plan.buckets, plan.solver, cfg.wire_dtype, dict(plan.meta))
-        payload[0] = plan.to_dict()
+            opts["wire_dtype"] = cfg.wire_dtype
+        payload[0] = make_plan(sched.planner, trace, cost, **opts).to_dict()
     dist.broadcast_object_list(payload, src=0)
     return Plan.from_dict(payload[0]), cost
-
-
-def _wrap(cfg: TrainConfig, model: nn.Module, plan: Plan | None, device: torch.device):
-    """(model to call, BucketedAllReduce or None)."""
-    if cfg.scheduler == "ddp":
-        return nn.parallel.DistributedDataParallel(model, device_ids=_ids(device)), None
-    if cfg.scheduler == "ddp_plan":
-        caps_mb = [b / 2**20 for b in plan.bucket_bytes(_sizes_trace(model, cfg))]
-        return nn.parallel.DistributedDataParallel(model, device_ids=_ids(device), bucket_cap_mb_list=caps_mb), None
-    if cfg.scheduler == "local":
-        return model, None
-    return model, BucketedAllReduce(model, plan, view=cfg.view, record_timeline=cfg.record_timeline)
-
-
-def _ids(device: torch.device):
-    return [device.index] if device.type == "cuda" else None
-
-
-def _sizes_trace(model: nn.Module, cfg: TrainConfig) -> Trace:
-    """The model's layers with their gradient sizes and no timings (enough for Plan.bucket_bytes)."""
-    layers = layer_parameters(model, cfg.view)
-    return Trace(cfg.model, cfg.batch_size, "-", "float32",
-                 [Layer(n, sum(p.numel() for _, p in ps), sum(p.numel() * p.element_size() for _, p in ps), 0.0, 0.0)
-                  for n, ps in layers.items()])
 
 
 # ---------------------------------------------------------------------------------------------
 # The loop
 # ---------------------------------------------------------------------------------------------
 
-def _sync_device(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def train_worker(ctx, cfg: TrainConfig) -> dict[str, Any]:
     """Run ``cfg`` on this rank (process group already initialised); returns the run summary."""
     return run_training(ctx, cfg)[1]
+
+
+def _default_run_id(cfg: TrainConfig, world: int) -> str:
+    stamp = torch.tensor([int(time.time() * 1e3)], dtype=torch.int64)
+    dist.broadcast(stamp, src=0)  # one id for every rank
+    return f"{cfg.model}_{cfg.scheduler}_p{world}_{int(stamp)}"
 
 
 def run_training(ctx, cfg: TrainConfig) -> tuple[nn.Module, dict[str, Any]]:
@@ -231,140 +323,90 @@ def run_training(ctx, cfg: TrainConfig) -> tuple[nn.Module, dict[str, Any]]:
 
     device = torch.device(ctx.device) if not isinstance(ctx.device, torch.device) else ctx.device
     rank, world = dist.get_rank(), dist.get_world_size()
+    sched = get_scheduler(cfg.scheduler)
+    cfg.check_world(world)
+    run_id = cfg.run_id or _default_run_id(cfg, world)
+    if cfg.results_dir and rank == 0:
+        prepare_run(cfg.results_dir, run_id, cfg.overwrite)  # refuse a taken id before any work
     torch.manual_seed(cfg.seed)
     model = build_model(cfg.model, device=device, **cfg.model_kwargs)
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+    options = ExecutorOptions(view=cfg.view, record_timeline=cfg.record_timeline)
+    data = _Data(cfg, rank, world, device)
 
     def loss_of(m, x, y):
         return compute_loss(cfg.model, m, x, y, **cfg.model_kwargs)
 
-    epoch = 0
-    data = _batches(cfg, rank, world, device, epoch)
-
-    def next_batch():
-        nonlocal data, epoch
-        try:
-            return next(data)
-        except StopIteration:
-            epoch += 1
-            data = _batches(cfg, rank, world, device, epoch)
-            return next(data)
-
-    # ---- warm-up: exact SyncEASGD steps that measure the trace ----
+    # ---- warm-up: plan schedulers measure the trace under exact SyncEASGD steps ----
     trace = plan = cost = None
-    if cfg.scheduler in PLAN_SCHEDULERS + ("ddp_plan",):
+    if sched.has_plan:
         names = list(layer_parameters(model, cfg.view))
-        warm_plan = Plan.from_dict({"solver": "syncea", "buckets": [names]})
-        sync = BucketedAllReduce(model, warm_plan, view=cfg.view)
-        wopt = ScheduledOptimizer(opt, sync)
-        ready, b0s, fixed = [], [], []
+        warm = AllReduceExecutor(model, Plan.from_dict({"solver": "syncea", "buckets": [names]}), options)
+        measured = []
         for _ in range(cfg.warmup_steps):
-            x, y = next_batch()
-            wopt.zero_grad()
-            _sync_device(device)
-            tp = time.perf_counter()
-            broadcast_buffers(model)
-            t0 = time.perf_counter()
-            loss = loss_of(model, x, y)
-            _sync_device(device)
-            b0 = time.perf_counter()
-            loss.backward()
-            sync.finish()
-            _sync_device(device)
-            u0 = time.perf_counter()
-            opt.step()
-            _sync_device(device)
-            ready.append(dict(sync.grad_ready_s))
-            b0s.append(b0)
-            fixed.append((b0 - t0, t0 - tp, time.perf_counter() - u0))  # forward, pre-forward, update
-        sync.remove()
-        trace = _runtime_trace(cfg, model, ready, b0s, fixed, device)
+            st = _step(warm, opt, data.next(), loss_of, device, sync_phases=True)
+            measured.append((st, dict(warm.grad_ready_s)))
+        warm.remove()
+        trace = _runtime_trace(cfg, model, measured, device)
         plan, cost = _plan_for(cfg, trace, device)
-    net, sync = _wrap(cfg, model, plan, device)
-    sopt = ScheduledOptimizer(opt, sync)
-    if cfg.scheduler in ("ddp", "local"):
+    ex: Executor = sched.executor_class()(model, plan, options)
+    if not sched.has_plan:
         for _ in range(cfg.warmup_steps):
-            x, y = next_batch()
-            sopt.zero_grad()
-            loss_of(net, x, y).backward()
-            sopt.step()
+            _step(ex, opt, data.next(), loss_of, device)
 
     # ---- timed steps ----
-    rows, bucket_rows = [], []
-    inrun_ready, inrun_b0, inrun_fixed = [], [], []  # the trace as measured under this schedule
+    rows, bucket_rows, epoch_rows, inrun = [], [], [], []
     steps = cfg.steps if cfg.epochs is None else None
     progress = _progress(rank == 0 and not cfg.quiet, steps, cfg)
     step = 0
-    start_epoch = epoch
-    epoch_rows = []
+    start_epoch = data.epoch
     while True:
         if steps is not None and step >= steps:
             break
-        if steps is None and epoch - start_epoch >= cfg.epochs:
+        if steps is None and data.epoch - start_epoch >= cfg.epochs:
             break
-        cur_epoch = epoch
-        x, y = next_batch()
-        if steps is None and epoch != cur_epoch:
-            epoch_rows.append(_evaluate(cfg, model, epoch - start_epoch, rows, device))
-            if epoch - start_epoch >= cfg.epochs:
+        cur_epoch = data.epoch
+        batch = data.next()
+        if steps is None and data.epoch != cur_epoch:
+            ex.flush()
+            epoch_rows.append(_evaluate(cfg, model, data.epoch - start_epoch, rows, device))
+            if data.epoch - start_epoch >= cfg.epochs:
                 break
-        sopt.zero_grad()
-        _sync_device(device)
-        t0 = time.perf_counter()
-        if sync is not None:  # DDP does this itself (broadcast_buffers=True)
-            broadcast_buffers(model)
-        tf = time.perf_counter()
-        loss = loss_of(net, x, y)
-        tb = time.perf_counter()
-        loss.backward()
-        tw = time.perf_counter()  # backward returned (CPU: compute done; communication may go on)
-        sopt.step()
-        _sync_device(device)
-        t1 = time.perf_counter()
-        rows.append({"step": step, "epoch": epoch - start_epoch, "iteration_s": t1 - t0,
-                     "forward_s": tb - t0, "backward_call_s": tw - tb, "step_s": t1 - tw, "loss": loss.item()})
-        if sync is not None:
-            inrun_ready.append(dict(sync.grad_ready_s))
-            inrun_b0.append(tb)
-            inrun_fixed.append((tb - tf, tf - t0, trace.extra["update_s"]))
-        if sync is not None and cfg.record_timeline:
+        st = _step(ex, opt, batch, loss_of, device)
+        rows.append(st.row(step, data.epoch - start_epoch))
+        if ex.grad_ready_s:
+            inrun.append((st, dict(ex.grad_ready_s)))
+        if cfg.record_timeline and ex.timings:
             bucket_rows = [{"bucket": t.bucket, "layers": len(t.layers), "bytes": t.bytes,
-                            "start_s": t.launch_s - t0, "end_s": t.end_s - t0} for t in sync.timings]
+                            "start_s": t.launch_s - st.start, "end_s": t.end_s - st.start} for t in ex.timings]
         step += 1
         progress.update(1)
     progress.close()
+    ex.flush()
     if steps is None and (not epoch_rows or epoch_rows[-1]["epoch"] < cfg.epochs):
         epoch_rows.append(_evaluate(cfg, model, cfg.epochs, rows, device))
+    ex.remove()
 
     # ---- computation only: a copy of the model, no communication ----
-    if sync is not None:
-        sync.remove()
     compute_times = []
     if cfg.compute_steps:
         solo = copy.deepcopy(model)
         solo_opt = torch.optim.SGD(solo.parameters(), lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+        alone = LocalExecutor(solo)
         for i in range(cfg.compute_steps + 1):  # the first one warms the momentum buffers up
-            x, y = next_batch()
-            solo_opt.zero_grad(set_to_none=True)
-            _sync_device(device)
-            t0 = time.perf_counter()
-            loss_of(solo, x, y).backward()
-            solo_opt.step()
-            _sync_device(device)
+            st = _step(alone, solo_opt, data.next(), loss_of, device)
             if i:
-                compute_times.append(time.perf_counter() - t0)
+                compute_times.append(st.end - st.start)
         del solo, solo_opt
 
-    inrun = None
-    if sync is not None and inrun_ready and cfg.epochs is None:
-        inrun = _runtime_trace(cfg, model, inrun_ready, inrun_b0, inrun_fixed, device)
-        inrun.extra["method"] += f"; measured during the timed steps under '{cfg.scheduler}'"
-    summary = _summarise(cfg, ctx, rows, compute_times, plan, trace, cost)
+    inrun_trace = None
+    if trace is not None and inrun and cfg.epochs is None:
+        inrun_trace = _runtime_trace(cfg, model, inrun, device, update_s=trace.overheads.update_s)
+        inrun_trace.extra["method"] += f"; measured during the timed steps under '{cfg.scheduler}'"
+    summary = _summarise(cfg, run_id, rows, compute_times, plan, trace, cost)
     if rank == 0 and cfg.results_dir:
-        _write_run(cfg, summary, rows, epoch_rows, bucket_rows, trace, plan, cost)
-        if inrun is not None:
-            inrun.save(Path(cfg.results_dir) / summary["run_id"] / "trace_inrun.json")
+        _write_run(cfg, summary, rows, epoch_rows, bucket_rows, trace, inrun_trace, plan, cost)
     summary["epochs"] = epoch_rows
     return model, summary
 
@@ -409,21 +451,17 @@ def _evaluate(cfg: TrainConfig, model: nn.Module, epoch: int, rows: list[dict], 
             "test_accuracy": float(counts[0] / counts[1])}
 
 
-def _summarise(cfg, ctx, rows, compute_times, plan, trace, cost) -> dict[str, Any]:
+def _summarise(cfg, run_id, rows, compute_times, plan, trace, cost) -> dict[str, Any]:
     iters = [r["iteration_s"] for r in rows]
     world = dist.get_world_size()
     med = torch.tensor([statistics.median(iters) if iters else float("nan"),
                         statistics.median(compute_times) if compute_times else float("nan")], dtype=torch.float64)
     dist.all_reduce(med, op=dist.ReduceOp.MAX)  # the slowest rank decides
     iteration_s, compute_s = med.tolist()
-    import os
-
-    bandwidth = os.environ.get("REPRO_EMULATED_BANDWIDTH_BPS")
     bwd = statistics.median(r["backward_call_s"] for r in rows) if rows else float("nan")
-    run_id = cfg.run_id or f"{cfg.model}_{cfg.scheduler}_p{world}_{int(time.time() * 1e3)}"
     return {"run_id": run_id, "model": cfg.model, "scheduler": cfg.scheduler, "world_size": world,
             "backend": dist.get_backend(),
-            "emulated_bandwidth_bps": float(bandwidth) if bandwidth else None,
+            "emulated_bandwidth_bps": cfg.emulated_bandwidth_bps,
             "backward_call_s": bwd,
             "trace_backward_s": trace.total_backward_s if trace is not None else None,
             "batch_size": cfg.batch_size, "wire_dtype": cfg.wire_dtype or "float32",
@@ -434,29 +472,36 @@ def _summarise(cfg, ctx, rows, compute_times, plan, trace, cost) -> dict[str, An
             "predicted_iteration_s": plan.meta.get("iteration_s") if plan else None}
 
 
-def _write_run(cfg, summary, rows, epoch_rows, bucket_rows, trace, plan, cost) -> None:
-    import pandas as pd
-
+def run_environment() -> dict[str, Any]:
+    """The environment of this rank worth keeping with a run: versions, devices, CPUs and threads."""
     from repro.results import environment
 
-    run_id = summary["run_id"]
-    out = Path(cfg.results_dir) / run_id
-    out.mkdir(parents=True, exist_ok=True)
-    pd.DataFrame(rows).assign(run_id=run_id).to_csv(out / "iterations.csv", index=False)
-    if epoch_rows:
-        pd.DataFrame(epoch_rows).assign(run_id=run_id).to_csv(out / "epochs.csv", index=False)
-    if bucket_rows:
-        pd.DataFrame(bucket_rows).assign(run_id=run_id).to_csv(out / "buckets.csv", index=False)
-    if trace is not None:
-        trace.save(out / "trace.json")
-    if plan is not None:
-        plan.save(out / "plan.json")
-    if cost is not None:
-        (out / "cost.json").write_text(json.dumps(cost.to_dict(), indent=1) + "\n")
     env = environment()
     env["devices"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] or ["cpu"]
-    (out / "run.json").write_text(json.dumps({"run_id": run_id, "config": asdict(cfg), "summary": summary,
-                                              "environment": env}, indent=1, default=str) + "\n")
+    env["cpu_count"] = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    env["threads_per_rank"] = torch.get_num_threads()
+    return env
+
+
+def _write_run(cfg, summary, rows, epoch_rows, bucket_rows, trace, inrun_trace, plan, cost) -> None:
+    import pandas as pd
+
+    run_id = summary["run_id"]
+    with RunWriter(cfg.results_dir, run_id, overwrite=cfg.overwrite) as w:
+        w.table(ITERATIONS_CSV, pd.DataFrame(rows).assign(run_id=run_id))
+        if epoch_rows:
+            w.table(EPOCHS_CSV, pd.DataFrame(epoch_rows).assign(run_id=run_id))
+        if bucket_rows:
+            w.table(BUCKETS_CSV, pd.DataFrame(bucket_rows).assign(run_id=run_id))
+        if trace is not None:
+            w.trace(trace)
+        if inrun_trace is not None:
+            w.trace(inrun_trace, TRACE_INRUN_JSON)
+        if plan is not None:
+            w.plan(plan)
+        if cost is not None:
+            w.cost(cost)
+        w.record({"run_id": run_id, "config": asdict(cfg), "summary": summary, "environment": run_environment()})
 
 
 # ---------------------------------------------------------------------------------------------
@@ -464,39 +509,50 @@ def _write_run(cfg, summary, rows, epoch_rows, bucket_rows, trace, plan, cost) -
 # ---------------------------------------------------------------------------------------------
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="repro train", description="Train one model with one scheduler (per rank).")
+    p = argparse.ArgumentParser(prog="repro train", description="Train one model with one scheduler (per rank; "
+                                "run under torchrun or `repro launch`).",
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     defaults = TrainConfig()
     for f in fields(TrainConfig):
-        if f.name in ("model_kwargs",):
+        if not f.metadata.get("cli", True):
             continue
         flag = "--" + f.name.replace("_", "-")
         default = getattr(defaults, f.name)
+        kw: dict[str, Any] = {"default": default, "help": f.metadata.get("help", "")}
+        if "choices" in f.metadata:
+            kw["choices"] = list(f.metadata["choices"])
         if isinstance(default, bool):
-            p.add_argument(flag, action="store_true", default=default)
-        elif f.name in ("epochs",):
-            p.add_argument(flag, type=int, default=default)
-        elif f.name in ("wire_dtype", "network", "results_dir", "run_id"):
-            p.add_argument(flag, type=str, default=default)
+            p.add_argument(flag, action="store_true", **kw)
+        elif f.name == "scheduler":
+            p.add_argument(flag, type=str, **kw)
+        elif f.name == "epochs":
+            p.add_argument(flag, type=int, **kw)
+        elif default is None:
+            p.add_argument(flag, type=str, **kw)
         else:
-            p.add_argument(flag, type=type(default), default=default)
+            p.add_argument(flag, type=type(default), **kw)
     p.add_argument("--seq-len", type=int, help="sequence length for BERT/LSTM models")
     p.add_argument("--backend", choices=["gloo", "nccl"], help="force a backend (default: nccl with CUDA, else gloo)")
     p.add_argument("--pg-timeout-s", type=float, default=300.0, help="process-group timeout, seconds")
     return p
 
 
-def config_from_argv(argv: Sequence[str]) -> tuple[TrainConfig, argparse.Namespace]:
-    """Parse ``repro train`` arguments into a config (ValueError on bad input)."""
+def config_from_argv(argv: Sequence[str], **overrides: Any) -> tuple[TrainConfig, argparse.Namespace]:
+    """Parse ``repro train`` arguments into a config (ValueError on bad input); ``overrides`` set fields
+    that are not command-line options (e.g. ``emulated_bandwidth_bps``)."""
     args = build_parser().parse_args(list(argv))
-    kw = {f.name: getattr(args, f.name) for f in fields(TrainConfig) if f.name != "model_kwargs"}
+    kw = {f.name: getattr(args, f.name) for f in fields(TrainConfig) if f.metadata.get("cli", True)}
     if args.seq_len:
         kw["model_kwargs"] = {"seq_len": args.seq_len}
+    kw.update(overrides)
+    if not (isinstance(args.pg_timeout_s, float) and math.isfinite(args.pg_timeout_s) and args.pg_timeout_s > 0):
+        raise ValueError(f"--pg-timeout-s must be a finite positive number of seconds, got {args.pg_timeout_s}")
     return TrainConfig(**kw), args
 
 
-def worker_from_argv(ctx, argv: Sequence[str]) -> dict[str, Any]:
+def worker_from_argv(ctx, argv: Sequence[str], overrides: dict[str, Any] | None = None) -> dict[str, Any]:
     """Launch target (``repro launch``): train the config given as ``repro train`` arguments."""
-    cfg, _ = config_from_argv(argv)
+    cfg, _ = config_from_argv(argv, **(overrides or {}))
     return train_worker(ctx, cfg)
 
 
@@ -520,8 +576,6 @@ def main(argv: Sequence[str] | None = None, *, hard_exit: bool = False) -> int:
         print(f"repro train: error: {str(e).splitlines()[0]}", file=sys.stderr)
         return 2
     if hard_exit:
-        import os
-
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(0)

@@ -29,9 +29,11 @@ import torch.distributed as dist
 from torch import nn
 
 from repro.plan import WIRE_DTYPE_BYTES, Plan, PlanError
+from repro.runtime.buffers import broadcast_buffers
+from repro.runtime.executor import Executor, ExecutorOptions
 from repro.workload.layers import layer_parameters
 
-__all__ = ["BucketedAllReduce", "ScheduledOptimizer", "BucketTiming"]
+__all__ = ["AllReduceExecutor", "BucketedAllReduce", "ScheduledOptimizer", "BucketTiming"]
 
 _TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 assert set(_TORCH_DTYPES) == set(WIRE_DTYPE_BYTES)
@@ -73,9 +75,11 @@ class BucketedAllReduce:
                  group: dist.ProcessGroup | None = None, record_timeline: bool = False) -> None:
         if not dist.is_initialized():
             raise RuntimeError("torch.distributed is not initialised: start ranks with repro.cluster.local")
-        for b in plan.buckets:
-            if b.collective != "allreduce":
-                raise PlanError(f"BucketedAllReduce executes all-reduce buckets, got '{b.collective}'")
+        if plan.family != "allreduce":
+            raise PlanError(f"BucketedAllReduce executes all-reduce plans, got a '{plan.family}' plan")
+        if any(b.piece is not None for b in plan.buckets):
+            raise PlanError("BucketedAllReduce executes buckets of whole layers; this plan splits layers "
+                            "into pieces")
         layers = layer_parameters(model, view)
         planned = [name for b in plan.buckets for name in b.layers]
         unknown = [n for n in planned if n not in layers]
@@ -186,3 +190,27 @@ class ScheduledOptimizer:
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         self.optimizer.zero_grad(set_to_none=set_to_none)
+
+
+class AllReduceExecutor(Executor):
+    """The all-reduce family's executor (:class:`BucketedAllReduce`) under the executor contract:
+    buffers are broadcast from rank 0 before every forward (as DDP does), ``after_backward`` waits for
+    every bucket and hands the averaged gradients over."""
+
+    def __init__(self, model: nn.Module, plan: Plan | None = None, options: ExecutorOptions | None = None) -> None:
+        super().__init__(model, plan, options)
+        if plan is None:
+            raise PlanError("the all-reduce executor needs a plan")
+        self.sync = BucketedAllReduce(model, plan, view=self.options.view,
+                                      record_timeline=self.options.record_timeline)
+        self.grad_ready_s = self.sync.grad_ready_s
+        self.timings = self.sync.timings
+
+    def before_forward(self) -> None:
+        broadcast_buffers(self.model)
+
+    def after_backward(self) -> None:
+        self.sync.finish()
+
+    def remove(self) -> None:
+        self.sync.remove()

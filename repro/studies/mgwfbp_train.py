@@ -8,19 +8,18 @@ run folder under ``<results_dir>/runs``. A cluster job writes the same folders w
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Sequence
 
 import pandas as pd
 
-from repro.cost import CostModel
 from repro.cluster.local import launch_local
-from repro.plan import Plan
+from repro.cost import CostModel
+from repro.runs import EPOCHS_CSV, ITERATIONS_CSV, list_runs, load_run, runs_table
+from repro.schedulers import canonical_name
 from repro.sim import simulate
-from repro.trace import Trace
 
-__all__ = ["run_grid", "run_configs", "time_allreduce_sizes", "measure_allreduce", "load_runs",
+__all__ = ["clear_runs", "run_grid", "run_configs", "time_allreduce_sizes", "measure_allreduce", "load_runs",
            "load_iterations", "load_epochs", "speedup_table", "breakdown_table", "allreduce_fit_table",
            "threshold_sweep_table"]
 
@@ -32,24 +31,43 @@ def run_configs(ctx, configs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [train_worker(ctx, TrainConfig(**c)) for c in configs]
 
 
+def clear_runs(results_dir: str | Path) -> None:
+    """Remove ``<results_dir>/runs`` (a study's own run folders) so that a fresh execution of a study
+    never mixes its runs with those of an earlier execution with other parameters."""
+    import shutil
+
+    root = Path(results_dir) / "runs"
+    if root.is_dir():
+        shutil.rmtree(root)
+
+
 def run_grid(configs: Sequence[dict[str, Any]], world_sizes: Sequence[int], results_dir: str | Path, *,
-             emulate_bandwidth: str | None = None, timeout_s: float = 1800, quiet: bool = True) -> pd.DataFrame:
+             emulate_bandwidth: str | None = None, timeout_s: float = 1800, quiet: bool = True,
+             overwrite: bool = False) -> pd.DataFrame:
     """Run every config at every world size on this machine (CPU: gloo, one thread per rank).
 
     ``configs`` are :class:`repro.train.TrainConfig` keyword dicts; ``results_dir``/``quiet`` are
     filled in. ``local`` configs run only at P = 1 (the baseline of speedups), all others only at
     P > 1. ``emulate_bandwidth`` (e.g. ``"100mbit"``) runs each rank in its own network namespace
-    with links shaped to that rate (:mod:`repro.cluster.netns`; needs root); run ids then end in ``_bw<rate>``.
+    with links shaped to that rate (:mod:`repro.cluster.netns`; needs root); run ids then end in
+    ``_bw<rate>`` and the rate is recorded in each run. Run ids are deterministic, so running the
+    same grid twice needs ``overwrite=True`` (each run folder is then replaced whole).
     Returns :func:`load_runs` of what was written.
     """
+    from repro.cluster.netns import parse_bandwidth
+    from repro.runs import prepare_run
+
     runs = Path(results_dir) / "runs"
     for p in world_sizes:
-        todo = [{**c, "results_dir": str(runs), "quiet": quiet,
+        bw = emulate_bandwidth if p > 1 else None
+        todo = [{**c, "results_dir": str(runs), "quiet": quiet, "overwrite": overwrite,
+                 "emulated_bandwidth_bps": float(parse_bandwidth(bw)) if bw else None,
                  "run_id": c.get("run_id") or _run_id(c, p, emulate_bandwidth)} for c in configs
                 if (p == 1) == (c.get("scheduler") == "local")]  # "local" is the one-worker baseline
+        for c in todo:  # a taken id or an unwritable folder fails here, before any rank starts
+            prepare_run(runs, c["run_id"], overwrite)
         if todo:
-            launch_local(run_configs, p, args=(todo,), timeout_s=timeout_s, quiet=quiet,
-                         emulate_bandwidth=emulate_bandwidth if p > 1 else None)
+            launch_local(run_configs, p, args=(todo,), timeout_s=timeout_s, quiet=quiet, emulate_bandwidth=bw)
     return load_runs(results_dir)
 
 
@@ -105,37 +123,26 @@ def allreduce_fit_table(times: pd.DataFrame) -> pd.DataFrame:
 # Reading results (a local run or a cluster job's)
 # ---------------------------------------------------------------------------------------------
 
-def _run_dirs(results_dir: str | Path) -> list[Path]:
-    root = Path(results_dir) / "runs"
-    if not root.is_dir():
-        raise FileNotFoundError(f"no runs under {root}: run the notebook with read_only=False or copy a "
-                                "cluster job's results there")
-    return sorted(p.parent for p in root.glob("*/run.json"))
-
-
 def load_runs(results_dir: str | Path) -> pd.DataFrame:
-    """One row per run: its config and summary (iteration, computation-only and exposed seconds, ...)."""
-    rows = []
-    for d in _run_dirs(results_dir):
-        run = json.loads((d / "run.json").read_text())
-        cfg = run["config"]
-        row = {"run_id": run["run_id"], **run["summary"], "threshold_bytes": cfg.get("threshold_bytes"),
-               "dataset": cfg.get("dataset"), "epochs": cfg.get("epochs"), "path": str(d)}
-        rows.append(row)
-    return pd.DataFrame(rows)
+    """One row per run under ``<results_dir>/runs``: its summary (iteration, computation-only and exposed
+    seconds, ...), a few config fields and its ``path``; old scheduler names are mapped to current ones."""
+    df = runs_table(Path(results_dir) / "runs")
+    if "scheduler" in df:
+        df["scheduler"] = df["scheduler"].map(canonical_name)
+    return df
 
 
 def _concat(results_dir: str | Path, name: str) -> pd.DataFrame:
-    frames = [pd.read_csv(d / name) for d in _run_dirs(results_dir) if (d / name).is_file()]
+    frames = [t for r in list_runs(Path(results_dir) / "runs") if (t := r.table(name)) is not None]
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 
 def load_iterations(results_dir: str | Path) -> pd.DataFrame:
-    return _concat(results_dir, "iterations.csv")
+    return _concat(results_dir, ITERATIONS_CSV)
 
 
 def load_epochs(results_dir: str | Path) -> pd.DataFrame:
-    epochs = _concat(results_dir, "epochs.csv")
+    epochs = _concat(results_dir, EPOCHS_CSV)
     if epochs.empty:
         return epochs
     runs = load_runs(results_dir)[["run_id", "model", "scheduler", "world_size"]]
@@ -168,13 +175,8 @@ def breakdown_table(runs: pd.DataFrame, schedulers: Sequence[str]) -> pd.DataFra
     rows = []
     runs = _timing_runs(runs)
     for _, r in runs[runs.scheduler.isin(schedulers)].iterrows():
-        d = Path(r.path)
-        sim = None
-        if (d / "plan.json").is_file() and (d / "cost.json").is_file():
-            trace = Trace.load(d / "trace.json")
-            res = simulate(trace, Plan.load(d / "plan.json"),
-                           CostModel.from_dict(json.loads((d / "cost.json").read_text())), with_ops=False)
-            sim = res
+        run = load_run(r.path)
+        sim = simulate(run.trace, run.plan, run.cost, with_ops=False) if run.can_simulate else None
         for source, comp, exposed in (("measured", r.compute_s, r.exposed_comm_s),
                                       ("simulated", sim.compute_s if sim else None,
                                        sim.exposed_comm_s if sim else None)):
@@ -187,11 +189,10 @@ def breakdown_table(runs: pd.DataFrame, schedulers: Sequence[str]) -> pd.DataFra
 
 
 def _simulated_iteration_s(path: str | Path) -> float | None:
-    d = Path(path)
-    if not ((d / "plan.json").is_file() and (d / "cost.json").is_file() and (d / "trace.json").is_file()):
+    run = load_run(path)
+    if not run.can_simulate:
         return None
-    cost = CostModel.from_dict(json.loads((d / "cost.json").read_text()))
-    return simulate(Trace.load(d / "trace.json"), Plan.load(d / "plan.json"), cost, with_ops=False).iteration_s
+    return simulate(run.trace, run.plan, run.cost, with_ops=False).iteration_s
 
 
 def threshold_sweep_table(runs: pd.DataFrame, references: Sequence[str] = ("mgwfbp", "optimal")

@@ -15,19 +15,16 @@ checks the communication and overlap model alone.
 
 from __future__ import annotations
 
-import json
 import warnings
 from pathlib import Path
 from typing import Sequence
 
 import pandas as pd
 
-from repro.cost import CostModel
-from repro.plan import Plan
 from repro.planners import make_plan
+from repro.runs import load_run
 from repro.sim import simulate
 from repro.studies.mgwfbp_train import load_runs, run_grid
-from repro.trace import Trace
 
 __all__ = ["usable_bandwidths", "run_validation", "validation_table", "speedup_comparison"]
 
@@ -56,7 +53,8 @@ def usable_bandwidths(networks: Sequence[str], required: bool = False) -> list[s
 
 def run_validation(configs: Sequence[dict], networks: Sequence[str], world_size: int, results_dir: str | Path,
                    **kwargs) -> pd.DataFrame:
-    """Run ``configs`` at ``world_size`` once per network (``"loopback"`` or a rate like ``"100mbit"``)."""
+    """Run ``configs`` at ``world_size`` once per network (``"loopback"`` or a rate like ``"100mbit"``);
+    ``kwargs`` go to :func:`~repro.studies.mgwfbp_train.run_grid` (e.g. ``overwrite=True``)."""
     for net in networks:
         run_grid(configs, [world_size], results_dir, emulate_bandwidth=None if net == LOOPBACK else net, **kwargs)
     return load_runs(results_dir)
@@ -69,27 +67,22 @@ def _network(row) -> str:
     return format_bandwidth(bw) if isinstance(bw, (int, float)) and bw == bw and bw else LOOPBACK
 
 
-def _load(path: Path) -> tuple[Trace, Plan | None, CostModel]:
-    cost = CostModel.from_dict(json.loads((path / "cost.json").read_text()))
-    plan = Plan.load(path / "plan.json") if (path / "plan.json").is_file() else None
-    return Trace.load(path / "trace.json"), plan, cost
-
-
 def validation_table(runs: pd.DataFrame) -> pd.DataFrame:
     """Measured vs simulated iteration seconds per model, network and scheduler, with the error."""
     runs = runs.assign(network=[_network(r) for _, r in runs.iterrows()])
     rows = []
     for _, r in runs.iterrows():
-        path = Path(r.path)
-        if (path / "trace.json").is_file():
-            trace, plan, cost = _load(path)
+        run = load_run(r.path)
+        if run.can_simulate:
+            trace, plan, cost = run.trace, run.plan, run.cost
         elif r.scheduler == "ddp":
             ref = runs[(runs.model == r.model) & (runs.network == r.network) & (runs.world_size == r.world_size)
                        & (runs.scheduler == "mgwfbp") & (runs.wire_dtype == r.wire_dtype)]
             if ref.empty:
                 continue
-            trace, _, cost = _load(Path(ref.iloc[0].path))
-            plan = make_plan("ddp", trace, cost)
+            other = load_run(ref.iloc[0].path)
+            trace, cost = other.trace, other.cost
+            plan = make_plan("ddp_buckets", trace, cost)
         else:
             continue
         sim = simulate(trace, plan, cost, with_ops=False)
@@ -98,8 +91,8 @@ def validation_table(runs: pd.DataFrame) -> pd.DataFrame:
                "error_pct": 100.0 * (sim.iteration_s / r.iteration_s - 1.0),
                "trace_backward_s": trace.total_backward_s, "inrun_backward_s": None,
                "simulated_inrun_s": None, "error_inrun_pct": None}
-        if (path / "trace_inrun.json").is_file():  # the same plan, compute as measured under it
-            inrun = Trace.load(path / "trace_inrun.json")
+        inrun = run.inrun_trace
+        if inrun is not None:  # the same plan, compute as measured under it
             t = simulate(inrun, plan, cost, with_ops=False).iteration_s
             row.update(inrun_backward_s=inrun.total_backward_s, simulated_inrun_s=t,
                        error_inrun_pct=100.0 * (t / r.iteration_s - 1.0))

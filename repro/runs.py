@@ -1,0 +1,248 @@
+"""Run folders: the one module that writes and reads them.
+
+A run (one model, one scheduler, one world size; see :mod:`repro.train`) leaves a folder
+``<results_dir>/<run_id>/`` with:
+
+====================  ==================================================================
+``run.json``          config, summary and environment (always; written last)
+``iterations.csv``    per-step seconds and loss
+``epochs.csv``        per-epoch losses and accuracy (convergence runs)
+``buckets.csv``       measured per-message timeline of the last step (``--record-timeline``)
+``trace.json``        the trace measured in the warm-up (plan schedulers)
+``trace_inrun.json``  the trace measured during the timed steps under the run's own schedule
+``plan.json``         the plan executed
+``cost.json``         the cost model the plan was solved and predicted with
+====================  ==================================================================
+
+Guarantees: a run folder appears only complete (everything is written into a hidden temporary folder
+beside it, which is renamed into place at the end; a killed writer leaves only a ``.<id>.partial-*``
+folder, which readers ignore); an existing run id is refused unless ``overwrite=True``, and then the
+old folder is replaced whole (never mixed with the new run's files); a run id is one path component
+(no separators, no ``..``). Readers return typed objects (:class:`~repro.trace.Trace`,
+:class:`~repro.plan.Plan`, :class:`~repro.cost.CostModel`). Never imports torch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+import pandas as pd
+
+from repro.cost import CostModel
+from repro.plan import Plan
+from repro.trace import Trace
+
+__all__ = ["RUN_JSON", "TRACE_JSON", "TRACE_INRUN_JSON", "PLAN_JSON", "COST_JSON", "ITERATIONS_CSV", "EPOCHS_CSV",
+           "BUCKETS_CSV", "RunError", "RunExistsError", "check_run_id", "prepare_run", "RunWriter", "Run",
+           "load_run", "list_runs", "runs_table"]
+
+RUN_JSON = "run.json"
+TRACE_JSON = "trace.json"
+TRACE_INRUN_JSON = "trace_inrun.json"
+PLAN_JSON = "plan.json"
+COST_JSON = "cost.json"
+ITERATIONS_CSV = "iterations.csv"
+EPOCHS_CSV = "epochs.csv"
+BUCKETS_CSV = "buckets.csv"
+
+_ID = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.=+@-]{0,199}$")
+_PARTIAL = ".partial-"
+
+
+class RunError(ValueError):
+    """A run folder cannot be written or read as asked (bad id, unwritable place, missing files)."""
+
+
+class RunExistsError(RunError):
+    """The run id is taken and overwriting was not asked for."""
+
+
+def check_run_id(run_id: str) -> str:
+    """``run_id`` if it is one safe path component: letters, digits and ``_ . = + @ -``, not starting
+    with a dot or dash, at most 200 characters."""
+    if not isinstance(run_id, str) or not _ID.match(run_id) or run_id in (".", ".."):
+        raise RunError(f"run id {run_id!r} is not allowed: use 1-200 letters, digits and _ . = + @ - "
+                       "(no path separators, not starting with '.' or '-')")
+    return run_id
+
+
+def prepare_run(results_dir: str | Path, run_id: str, overwrite: bool = False) -> Path:
+    """Check, before any work, that ``<results_dir>/<run_id>`` can be written: a valid id, a writable
+    results folder (created if missing), and no existing run of that id unless ``overwrite``.
+    Returns the run folder's path."""
+    check_run_id(run_id)
+    root = Path(results_dir)
+    if root.exists() and not root.is_dir():
+        raise RunError(f"results dir {root} is a file, not a folder")
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        probe = root / f".write-probe-{uuid.uuid4().hex}"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as e:
+        raise RunError(f"results dir {root} is not writable: {e.strerror or e}") from None
+    final = root / run_id
+    if final.exists() and not overwrite:
+        raise RunExistsError(f"run '{run_id}' already exists in {root}; choose another run id or ask to "
+                             "overwrite it (--overwrite)")
+    return final
+
+
+class RunWriter:
+    """Write one run folder atomically. Use as a context manager::
+
+        with RunWriter(results_dir, run_id) as w:
+            w.table(ITERATIONS_CSV, df); w.trace(trace); ...; w.record({...})
+
+    Files go to a hidden temporary folder; on a clean exit it is renamed to ``<results_dir>/<run_id>``
+    (replacing an existing run whole when ``overwrite``); on an exception it is removed.
+    """
+
+    def __init__(self, results_dir: str | Path, run_id: str, *, overwrite: bool = False) -> None:
+        self.final = prepare_run(results_dir, run_id, overwrite)
+        self.run_id = run_id
+        self.overwrite = overwrite
+        self.tmp = self.final.parent / f".{run_id}{_PARTIAL}{uuid.uuid4().hex[:12]}"
+        self.tmp.mkdir()
+        self._has_record = False
+
+    def __enter__(self) -> "RunWriter":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.commit()
+        else:
+            self.abort()
+
+    # ---- writing ----
+    def path(self, name: str) -> Path:
+        if "/" in name or name.startswith("."):
+            raise RunError(f"bad run file name {name!r}")
+        return self.tmp / name
+
+    def table(self, name: str, df: pd.DataFrame) -> None:
+        df.to_csv(self.path(name), index=False)
+
+    def json(self, name: str, obj: Any) -> None:
+        self.path(name).write_text(json.dumps(obj, indent=1, default=str) + "\n")
+
+    def trace(self, trace: Trace, name: str = TRACE_JSON) -> None:
+        trace.save(self.path(name))
+
+    def plan(self, plan: Plan) -> None:
+        plan.save(self.path(PLAN_JSON))
+
+    def cost(self, cost: CostModel) -> None:
+        cost.save(self.path(COST_JSON))
+
+    def record(self, run: Mapping[str, Any]) -> None:
+        """``run.json``: run_id, config, summary, environment."""
+        self.json(RUN_JSON, dict(run))
+        self._has_record = True
+
+    # ---- finishing ----
+    def commit(self) -> Path:
+        if not self._has_record:
+            self.abort()
+            raise RunError(f"run '{self.run_id}' has no run.json; nothing was written")
+        old = None
+        if self.final.exists():
+            if not self.overwrite:
+                self.abort()
+                raise RunExistsError(f"run '{self.run_id}' appeared in {self.final.parent} while this run was "
+                                     "being written; its files were not touched")
+            old = self.final.parent / f".{self.run_id}.replaced-{uuid.uuid4().hex[:12]}"
+            os.replace(self.final, old)
+        os.replace(self.tmp, self.final)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+        return self.final
+
+    def abort(self) -> None:
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading
+# ---------------------------------------------------------------------------------------------
+
+@dataclass
+class Run:
+    """A finished run folder, read lazily."""
+
+    path: Path
+    run_id: str
+    config: dict[str, Any]
+    summary: dict[str, Any]
+    environment: dict[str, Any] = field(default_factory=dict)
+
+    def _file(self, name: str) -> Path | None:
+        p = self.path / name
+        return p if p.is_file() else None
+
+    @property
+    def trace(self) -> Trace | None:
+        p = self._file(TRACE_JSON)
+        return Trace.load(p) if p else None
+
+    @property
+    def inrun_trace(self) -> Trace | None:
+        p = self._file(TRACE_INRUN_JSON)
+        return Trace.load(p) if p else None
+
+    @property
+    def plan(self) -> Plan | None:
+        p = self._file(PLAN_JSON)
+        return Plan.load(p) if p else None
+
+    @property
+    def cost(self) -> CostModel | None:
+        p = self._file(COST_JSON)
+        return CostModel.load(p) if p else None
+
+    def table(self, name: str) -> pd.DataFrame | None:
+        p = self._file(name)
+        return pd.read_csv(p) if p else None
+
+    @property
+    def can_simulate(self) -> bool:
+        return all(self._file(n) for n in (TRACE_JSON, PLAN_JSON, COST_JSON))
+
+
+def load_run(path: str | Path) -> Run:
+    p = Path(path)
+    f = p / RUN_JSON
+    if not f.is_file():
+        raise RunError(f"{p} is not a run folder (no {RUN_JSON})")
+    try:
+        d = json.loads(f.read_text())
+        return Run(p, d["run_id"], dict(d.get("config", {})), dict(d["summary"]), dict(d.get("environment", {})))
+    except (json.JSONDecodeError, KeyError, TypeError) as e:
+        raise RunError(f"{f}: not a run record ({type(e).__name__}: {e})") from None
+
+
+def list_runs(results_dir: str | Path) -> list[Run]:
+    """Every complete run directly under ``results_dir`` (hidden partial folders are skipped)."""
+    root = Path(results_dir)
+    if not root.is_dir():
+        raise FileNotFoundError(f"no runs under {root}: run the notebook with read_only=False or copy a "
+                                "cluster job's results there")
+    return [load_run(p.parent) for p in sorted(root.glob(f"*/{RUN_JSON}")) if not p.parent.name.startswith(".")]
+
+
+def runs_table(results_dir: str | Path) -> pd.DataFrame:
+    """One row per run: its summary plus a few config fields and the folder's ``path``."""
+    rows = []
+    for run in list_runs(results_dir):
+        cfg = run.config
+        rows.append({"run_id": run.run_id, **run.summary, "threshold_bytes": cfg.get("threshold_bytes"),
+                     "dataset": cfg.get("dataset"), "epochs": cfg.get("epochs"), "path": str(run.path)})
+    return pd.DataFrame(rows)

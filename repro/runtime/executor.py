@@ -1,0 +1,72 @@
+"""The executor contract: how one training loop drives every scheduler, ours and the baselines.
+
+An executor owns the gradient exchange of one model on one rank. The loop (:mod:`repro.train`) calls,
+every step::
+
+    optimizer.zero_grad(); ex.before_forward(); loss = loss_fn(ex.module, x, y); loss.backward()
+    ex.after_backward(); optimizer.step()
+
+and ``ex.flush()`` at the end of training and before an evaluation or a checkpoint, then
+``ex.remove()``. Contract:
+
+- ``module``: what to call for the forward (the model itself, or a wrapper such as PyTorch DDP);
+- ``before_forward()``: whatever must happen before the forward (broadcast buffers as DDP does; a
+  family that gathers parameters in the next forward waits for them here or in forward pre-hooks);
+- ``after_backward()``: when it returns, every ``param.grad`` holds the exchanged (averaged) gradient
+  the optimizer should apply;
+- ``flush()``: no communication of this executor is outstanding afterwards, and the model's
+  parameters are the ones every rank agrees on (families that overlap iterations finish them here);
+- ``remove()``: detach hooks; the model is left usable without the executor;
+- ``grad_ready_s`` (layer -> ``time.perf_counter()`` when its gradient was ready in the last backward)
+  and ``timings`` (per-message launch/end times when recording) may be empty where not observed.
+
+Executors are built by ``Class(model, plan, options)`` with :class:`ExecutorOptions`; the scheduler
+registry (:mod:`repro.schedulers`) names each scheduler's executor class.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from torch import nn
+
+from repro.plan import Plan
+
+__all__ = ["Executor", "ExecutorOptions"]
+
+
+@dataclass(frozen=True)
+class ExecutorOptions:
+    """Run options an executor may use: the layer ``view`` of the plan, and whether to record the
+    per-message timeline of the last step."""
+
+    view: str = "tensor"
+    record_timeline: bool = False
+
+
+class Executor:
+    """Base class: no communication (every hook does nothing). Subclasses override what they need."""
+
+    def __init__(self, model: nn.Module, plan: Plan | None = None, options: ExecutorOptions | None = None) -> None:
+        self.model = model
+        self.plan = plan
+        self.options = options or ExecutorOptions()
+        self.grad_ready_s: dict[str, float] = {}
+        self.timings: list[Any] = []
+
+    @property
+    def module(self) -> nn.Module:
+        return self.model
+
+    def before_forward(self) -> None:
+        pass
+
+    def after_backward(self) -> None:
+        pass
+
+    def flush(self) -> None:
+        pass
+
+    def remove(self) -> None:
+        pass

@@ -1,0 +1,126 @@
+"""The scheduler registry: every name a user types (CLI, ``repro train``, notebooks), in one table.
+
+A **scheduler** is what a run uses to exchange gradients. It is either a plan scheduler (a planner of
+:mod:`repro.planners` makes a :class:`~repro.plan.Plan` of some family, which the family's executor
+runs) or a baseline that executes no plan of ours (PyTorch DDP, no communication at all). Each entry
+says where it comes from and what it supports, and names its runtime executor as a lazily imported
+``"module:Class"`` (this module never imports torch). The training loop (:mod:`repro.train`) reads
+the entry and never compares scheduler names.
+
+``repro schedulers`` prints the table as JSON. Adding a scheduler = one :class:`Scheduler` entry
+(plus its planner, and for a new family its files; see :mod:`repro.families`).
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+from repro.families import resolve
+
+__all__ = ["Scheduler", "SCHEDULERS", "ALIASES", "get_scheduler", "scheduler_names", "canonical_name",
+           "schedulers_table"]
+
+_MGWFBP = "MG-WFBP (Shi, Chu, Li; INFOCOM 2019 / TPDS 2021)"
+_DDP = "PyTorch DDP (Li et al., VLDB 2020)"
+_ALLREDUCE_EXECUTOR = "repro.runtime.allreduce:AllReduceExecutor"
+
+
+@dataclass(frozen=True)
+class Scheduler:
+    """One scheduler: its planner or baseline, its executor, its source and capabilities.
+
+    ``planner``: the planner that makes its plan (None for baselines that execute no plan of ours);
+    ``planner_options``: run options passed on to the planner (e.g. ``threshold_bytes``);
+    ``family``: the family of its plans; ``executor``: ``"module:Class"`` of the runtime executor;
+    ``wire_dtype``: can communicate gradients in another dtype (e.g. float16);
+    ``online``: plans from what the run measures (warm-up trace and a cost model fitted on the live
+    group), so it needs at least two workers or a cost preset; ``needs_cost``: the planner uses a
+    cost model (every plan scheduler still gets one, to record a prediction);
+    ``communicates``: exchanges gradients at all (False only for the one-worker baseline).
+    """
+
+    name: str
+    doc: str
+    paper: str
+    executor: str
+    planner: str | None = None
+    planner_options: tuple[str, ...] = ()
+    family: str | None = None
+    wire_dtype: bool = False
+    online: bool = False
+    needs_cost: bool = False
+    communicates: bool = True
+
+    @property
+    def has_plan(self) -> bool:
+        return self.planner is not None
+
+    def executor_class(self) -> Any:
+        """The runtime executor class (imports torch)."""
+        return resolve(self.executor)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"doc": self.doc, "paper": self.paper, "planner": self.planner, "family": self.family,
+                "executor": self.executor, "planner_options": list(self.planner_options),
+                "supports": {"wire_dtype": self.wire_dtype, "online_planning": self.online,
+                             "needs_cost_model": self.needs_cost}}
+
+
+def _plan_scheduler(name: str, doc: str, paper: str = _MGWFBP, **kw: Any) -> Scheduler:
+    planner = kw.pop("planner", name)
+    return Scheduler(name, doc, paper, _ALLREDUCE_EXECUTOR, planner=planner, family="allreduce", wire_dtype=True, **kw)
+
+
+SCHEDULERS: dict[str, Scheduler] = {s.name: s for s in (
+    _plan_scheduler("wfbp", "wait-free backpropagation: one all-reduce per layer as soon as its gradient is ready",
+                    "WFBP (Zhang et al., Poseidon, USENIX ATC 2017), as the MG-WFBP papers' baseline"),
+    _plan_scheduler("syncea", "SyncEASGD: one all-reduce of all gradients after backward",
+                    "SyncEASGD (Zhang et al. 2015), as the MG-WFBP papers' baseline"),
+    _plan_scheduler("threshold", "greedy fusion in backward order: a bucket closes at --threshold-bytes "
+                    "(Horovod tensor fusion style)", "Horovod tensor fusion (Sergeev & Del Balso 2018)",
+                    planner_options=("threshold_bytes",)),
+    _plan_scheduler("ddp_buckets", "PyTorch DDP's default bucketing (1 MiB, then 25 MiB) as a plan, run on "
+                    "this package's executor", _DDP),
+    _plan_scheduler("mgwfbp", "the published MG-WFBP merge rule, planned online from the measured trace and "
+                    "a cost model fitted on the live group", online=True, needs_cost=True),
+    _plan_scheduler("optimal", "exact optimum over contiguous bucketings (dynamic program), planned online",
+                    "this package (exact optimum of the MG-WFBP model)", online=True, needs_cost=True),
+    Scheduler("ddp", "PyTorch DistributedDataParallel with its defaults (real DDP, not a plan)", _DDP,
+              "repro.runtime.baselines:TorchDDPExecutor"),
+    Scheduler("ddp_threshold", "PyTorch DDP given the threshold plan's bucket sizes (bucket_cap_mb_list)",
+              _DDP, "repro.runtime.baselines:TorchDDPExecutor", planner="threshold",
+              planner_options=("threshold_bytes",), family="allreduce"),
+    Scheduler("local", "no communication: one worker's computation (the baseline of speedups)",
+              "-", "repro.runtime.baselines:LocalExecutor", communicates=False),
+)}
+
+# Older names, accepted with a DeprecationWarning.
+ALIASES = {"ddp_plan": "ddp_threshold"}
+
+
+def scheduler_names() -> list[str]:
+    return list(SCHEDULERS)
+
+
+def get_scheduler(name: str) -> Scheduler:
+    """The entry for ``name`` (an old alias is accepted with a DeprecationWarning)."""
+    if isinstance(name, str) and name in ALIASES:
+        new = ALIASES[name]
+        warnings.warn(f"scheduler '{name}' is now called '{new}'", DeprecationWarning, stacklevel=2)
+        name = new
+    try:
+        return SCHEDULERS[name]
+    except (KeyError, TypeError):
+        raise ValueError(f"unknown scheduler {name!r}; choose one of {', '.join(SCHEDULERS)}") from None
+
+
+def canonical_name(name: str) -> str:
+    """``name`` with old aliases replaced (no warning): for reading results written by older versions."""
+    return ALIASES.get(name, name)
+
+
+def schedulers_table() -> dict[str, dict[str, Any]]:
+    """Every scheduler as JSON-ready dicts (what ``repro schedulers`` prints)."""
+    return {name: s.to_dict() for name, s in SCHEDULERS.items()}
