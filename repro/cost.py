@@ -28,7 +28,7 @@ from typing import Any, Iterable, Mapping
 import numpy as np
 
 __all__ = [
-    "COLLECTIVES", "ALGORITHMS", "Linear", "CostModel", "CostModelError", "fit_linear",
+    "COLLECTIVES", "ALGORITHMS", "Linear", "CostModel", "CostModelError", "fit_linear", "relative_errors",
     "alpha_beta_lines", "preset", "PRESETS", "preset_names", "preset_workers",
 ]
 
@@ -63,8 +63,16 @@ class Linear:
         return {"a_s": self.a_s, "b_s_per_byte": self.b_s_per_byte}
 
 
-def fit_linear(nbytes: Iterable[float], seconds: Iterable[float]) -> Linear:
-    """Least-squares line through measured (bytes, seconds) pairs; negative terms are clipped to 0."""
+def fit_linear(nbytes: Iterable[float], seconds: Iterable[float], *, weighting: str = "relative") -> Linear:
+    """Least-squares line ``a + b*bytes`` through measured (bytes, seconds) pairs, with ``a, b >= 0``.
+
+    ``weighting="relative"`` (default) minimises the sum of squared *relative* errors
+    ``((a + b*x - y) / y)**2``, so a 4 KiB message whose time is dominated by the start-up ``a``
+    counts as much as a 64 MiB one dominated by ``b`` (an unweighted fit lets the largest messages
+    decide and can miss small ones several-fold). ``weighting="absolute"`` is ordinary least squares.
+    The non-negativity constraint is exact: when the unconstrained optimum has a negative term, the
+    best line with that term at 0 is returned.
+    """
     x = np.asarray(list(nbytes), dtype=float)
     y = np.asarray(list(seconds), dtype=float)
     if x.shape != y.shape:
@@ -73,12 +81,37 @@ def fit_linear(nbytes: Iterable[float], seconds: Iterable[float]) -> Linear:
         raise CostModelError("fit needs measurements at two or more distinct message sizes")
     if not (np.all(np.isfinite(x)) and np.all(np.isfinite(y))) or np.any(x < 0) or np.any(y < 0):
         raise CostModelError("fit data must be finite and non-negative")
-    b, a = np.polyfit(x, y, 1)
-    if b < 0:  # a flat or noisy series: fall back to a constant
-        a, b = float(np.mean(y)), 0.0
-    if a < 0:  # refit through the origin
-        a, b = 0.0, float(np.dot(x, y) / np.dot(x, x))
-    return Linear(float(a), float(b))
+    if weighting not in ("relative", "absolute"):
+        raise CostModelError(f"weighting must be 'relative' or 'absolute', got {weighting!r}")
+    if weighting == "relative":
+        if np.any(y <= 0):
+            raise CostModelError("a relative-error fit needs positive times")
+        w = 1.0 / y
+    else:
+        w = np.ones_like(y)
+    A = np.stack([np.ones_like(x), x], axis=1) * w[:, None]
+    t = y * w
+
+    def loss(a: float, b: float) -> float:
+        return float(np.sum((A @ np.array([a, b]) - t) ** 2))
+
+    candidates = []
+    sol, *_ = np.linalg.lstsq(A, t, rcond=None)
+    if sol[0] >= 0 and sol[1] >= 0:
+        candidates.append((float(sol[0]), float(sol[1])))
+    else:  # the constrained optimum lies on a boundary: a = 0 or b = 0
+        b0 = float(max(0.0, A[:, 1] @ t / (A[:, 1] @ A[:, 1]))) if np.any(A[:, 1]) else 0.0
+        a0 = float(max(0.0, A[:, 0] @ t / (A[:, 0] @ A[:, 0])))
+        candidates += [(0.0, b0), (a0, 0.0)]
+    a, b = min(candidates, key=lambda ab: loss(*ab))
+    return Linear(a, b)
+
+
+def relative_errors(line: Linear, nbytes: Iterable[float], seconds: Iterable[float]) -> np.ndarray:
+    """``fitted / measured - 1`` per measurement (what a relative-error fit minimises)."""
+    x = np.asarray(list(nbytes), dtype=float)
+    y = np.asarray(list(seconds), dtype=float)
+    return (line.a_s + line.b_s_per_byte * x) / y - 1.0
 
 
 def alpha_beta_lines(workers: int, alpha_s: float, beta_s_per_byte: float,

@@ -3,7 +3,7 @@ import math
 import numpy as np
 import pytest
 
-from repro.cost import (CostModel, CostModelError, Linear, alpha_beta_lines, fit_linear, preset,
+from repro.cost import (CostModel, CostModelError, Linear, alpha_beta_lines, fit_linear, preset, relative_errors,
                         preset_names, preset_workers)
 
 
@@ -84,3 +84,27 @@ def test_cost_model_json_round_trip_and_fit():
     assert back.allreduce_s(5e6) == pytest.approx(cm.allreduce_s(5e6))
     with pytest.raises(CostModelError, match="malformed"):
         CostModel.from_dict({"workers": 4})
+
+
+def test_relative_fit_honours_the_start_up_term_where_least_squares_misses_it():
+    # start-up dominated small messages plus a few large ones with 2% noise
+    x = np.array([4e3, 1.6e4, 6.5e4, 2.6e5, 1e6, 4e6, 1.6e7, 6.4e7])
+    true = Linear(2e-3, 8e-10)
+    y = true(x) * np.array([1.0, 1.02, 0.98, 1.0, 1.02, 0.98, 1.02, 0.97])
+    rel = fit_linear(x, y)
+    ols = fit_linear(x, y, weighting="absolute")
+    assert np.abs(relative_errors(rel, x, y)).max() < 0.05
+    assert np.abs(relative_errors(rel, x, y)).max() < np.abs(relative_errors(ols, x, y)).max()
+    assert rel.a_s == pytest.approx(2e-3, rel=0.05) and rel.b_s_per_byte == pytest.approx(8e-10, rel=0.05)
+    # OLS is decided by the 64 MB point: its start-up term is off by far more than the relative fit's
+    assert abs(ols.a_s / 2e-3 - 1) > 5 * abs(rel.a_s / 2e-3 - 1)
+
+
+def test_fits_stay_non_negative_at_the_constrained_optimum():
+    x = np.array([1e3, 1e4, 1e5])
+    falling = fit_linear(x, [3e-3, 2e-3, 1e-3])  # time falls with size: b clipped to 0
+    assert falling.b_s_per_byte == 0.0 and falling.a_s > 0
+    through_zero = fit_linear(x, [1e-6, 1.2e-5, 1.1e-4])  # negative intercept: a clipped to 0
+    assert through_zero.a_s == 0.0 and through_zero.b_s_per_byte == pytest.approx(1.1e-9, rel=0.1)
+    with pytest.raises(CostModelError, match="weighting"):
+        fit_linear(x, [1, 2, 3], weighting="log")
