@@ -1,4 +1,4 @@
-"""Regenerate the traces shipped in data/traces.
+"""Regenerate the traces shipped in repro/shipped/traces.
 
 * V100 estimates (module view) of every paper model at every per-GPU batch size a paper used:
   ``{model}_b{batch}_v100-estimate.json`` (MG-WFBP's sizes, plus DeAR's where they differ).
@@ -54,7 +54,7 @@ def jobs() -> list[tuple[str, Callable[[], Trace]]]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", type=Path, default=traces_dir(), help="output folder (default: data/traces)")
+    ap.add_argument("--out", type=Path, default=traces_dir(), help="output folder (default: the package's shipped traces)")
     ap.add_argument("--only", default="", help="only traces whose file stem contains this")
     ap.add_argument("--no-measure", action="store_true", help="skip the CPU measurements")
     args = ap.parse_args(argv)

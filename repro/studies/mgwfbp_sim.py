@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 
 from repro.cost import ALGORITHMS, CostModel, alpha_beta_lines, preset, preset_workers
-from repro.data import data_dir, shipped_traces
+from repro.data import paper_numbers_path, shipped_traces
 from repro.planners import make_plan
 from repro.sim import simulate
 from repro.trace import Trace, load_trace
@@ -154,4 +154,4 @@ def gap_summary(gap: pd.DataFrame, tol_pct: float = 1e-6) -> pd.DataFrame:
 
 def paper_speedups() -> pd.DataFrame:
     """Published measured speedups of the MG-WFBP conference paper (K80, 10GbE), with their source."""
-    return pd.read_csv(data_dir() / "paper_numbers" / "mgwfbp_conference_speedup.csv")
+    return pd.read_csv(paper_numbers_path("mgwfbp_conference_speedup"))
