@@ -134,6 +134,9 @@ class Trace:
             raise TraceError(f"trace field 'layers' has duplicate layer names: {dup}")
         for i, layer in enumerate(self.layers):
             _check_layer(layer.to_dict(), i)
+        if not math.isfinite(sum(layer.forward_s + layer.backward_s for layer in self.layers)):
+            raise TraceError("trace times overflow: the sum of the layers' forward_s and backward_s is not a "
+                             "finite number of seconds")
 
     # ---- views used by planners and the simulator (numpy, forward order) ----
     @property

@@ -68,3 +68,10 @@ def test_numpy_views_are_forward_order():
 def test_unknown_shipped_trace_name_lists_known():
     with pytest.raises(FileNotFoundError, match="no shipped trace named"):
         load_trace("no_such_trace_b1_cpu")
+
+
+def test_overflowing_times_are_refused_not_printed_as_infinity():
+    from repro.trace import Layer, Trace, TraceError
+
+    with pytest.raises(TraceError, match="times overflow"):
+        Trace("m", 1, "cpu", "float32", [Layer("a", 1, 4, 1e308, 1e308), Layer("b", 1, 4, 1e308, 0.0)])

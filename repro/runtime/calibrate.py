@@ -6,9 +6,9 @@ rank's median counts (an all-reduce of the times with MAX), so all ranks get the
 same fit. Sizes are message bytes as :mod:`repro.cost` defines them for each collective:
 
 - ``allreduce``: the tensor's bytes;
-- ``reduce_scatter`` / ``allgather``: the full tensor's bytes (``reduce_scatter_single`` or
-  ``reduce_scatter_tensor`` / ``all_gather_into_tensor``; rounded to a multiple of P elements);
-- ``sparse_allgather``: the bytes each worker contributes (``all_gather_into_tensor`` of that payload,
+- ``reduce_scatter`` / ``allgather``: the full tensor's bytes (``reduce_scatter_single`` /
+  ``all_gather_single``, or their older names on older torch; rounded to a multiple of P elements);
+- ``sparse_allgather``: the bytes each worker contributes (``all_gather_single`` of that payload,
   as top-k values + indices are exchanged); its fitted line is stored against the gathered bytes
   P * n, as :class:`~repro.cost.CostModel` expects.
 """
@@ -37,6 +37,11 @@ def default_sizes_bytes(max_bytes: int, count: int = 8, min_bytes: int = 4096) -
     return sorted({int(s) // 4 * 4 for s in np.geomspace(min_bytes, hi, count)})
 
 
+# The single-tensor collectives under their current names (torch >= 2.13; the older names warn there).
+_ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+_REDUCE_SCATTER = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -50,14 +55,13 @@ def _op(kind: str, numel: int, world: int, dtype, device, group) -> Callable[[],
     if kind in ("reduce_scatter", "allgather"):
         full = torch.ones(max(world, numel // world * world), dtype=dtype, device=device)
         shard = torch.empty(full.numel() // world, dtype=dtype, device=device)
-        if kind == "reduce_scatter":  # reduce_scatter_single is the newer name (torch >= 2.13)
-            rs = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
-            return lambda: rs(shard, full, group=group)
-        return lambda: dist.all_gather_into_tensor(full, shard, group=group)
+        if kind == "reduce_scatter":
+            return lambda: _REDUCE_SCATTER(shard, full, group=group)
+        return lambda: _ALL_GATHER(full, shard, group=group)
     if kind == "sparse_allgather":
         mine = torch.ones(numel, dtype=dtype, device=device)
         gathered = torch.empty(numel * world, dtype=dtype, device=device)
-        return lambda: dist.all_gather_into_tensor(gathered, mine, group=group)
+        return lambda: _ALL_GATHER(gathered, mine, group=group)
     raise ValueError(f"cannot measure collective '{kind}'; measurable: {', '.join(MEASURABLE)}")
 
 
