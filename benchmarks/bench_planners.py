@@ -5,13 +5,16 @@
 Prints: each planner's wall time on a random L-layer trace; simulated iterations per second (event
 engine with timeline, and the closed-form recursion the planners use); wall time of the full
 ``mgwfbp.sim_speedup`` sweep (all shipped V100-estimate models, two networks, 4..2048 GPUs, all
-planners, plus the K80 paper check). Targets (issue 2): optimal on 1000 layers < 1 s; sweep < 10 s.
+planners, plus the K80 paper check); the import time of the torch-free core in a fresh interpreter
+(and that it loads no torch). Targets (issue 2): optimal on 1000 layers < 1 s; sweep < 10 s.
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
+import subprocess
+import sys
 import time
 
 import numpy as np
@@ -78,6 +81,14 @@ def main() -> None:
     wall = time.perf_counter() - t0
     print(f"\nFull mgwfbp.sim_speedup sweep: {len(sweep) + len(sweep2)} rows "
           f"({len(MODELS) + 2} traces x networks x P x {len(solvers)} planners + linear) in {wall:.2f} s")
+
+    code = ("import sys, time; t = time.perf_counter(); import repro.trace, repro.cost, repro.plan, repro.planners, "
+            "repro.sim, repro.schedulers, repro.runs; print(time.perf_counter() - t, "
+            "any(m == 'torch' or m.startswith('torch.') for m in sys.modules))")
+    runs = [subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+            for _ in range(5)]
+    print(f"\nImport of the torch-free core (trace, cost, plan, planners, sim, schedulers, runs), fresh interpreter: "
+          f"median {1e3 * statistics.median(float(r[0]) for r in runs):.0f} ms; torch loaded: {runs[0][1]}")
 
 
 if __name__ == "__main__":

@@ -19,7 +19,8 @@ beside it, which is renamed into place at the end; a killed writer leaves only a
 folder, which readers ignore); an existing run id is refused unless ``overwrite=True``, and then the
 old folder is replaced whole (never mixed with the new run's files); a run id is one path component
 (no separators, no ``..``). Readers return typed objects (:class:`~repro.trace.Trace`,
-:class:`~repro.plan.Plan`, :class:`~repro.cost.CostModel`). Never imports torch.
+:class:`~repro.plan.Plan`, :class:`~repro.cost.CostModel`). Never imports torch (pandas only when a
+table is read or written).
 """
 
 from __future__ import annotations
@@ -31,13 +32,14 @@ import shutil
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
-
-import pandas as pd
+from typing import TYPE_CHECKING, Any, Mapping
 
 from repro.cost import CostModel
 from repro.plan import Plan
 from repro.trace import Trace
+
+if TYPE_CHECKING:  # pandas is imported where tables are read or written, not with the core
+    import pandas as pd
 
 __all__ = ["RUN_JSON", "TRACE_JSON", "TRACE_INRUN_JSON", "PLAN_JSON", "COST_JSON", "ITERATIONS_CSV", "EPOCHS_CSV",
            "BUCKETS_CSV", "RunError", "RunExistsError", "check_run_id", "prepare_run", "RunWriter", "Run",
@@ -209,6 +211,8 @@ class Run:
         return CostModel.load(p) if p else None
 
     def table(self, name: str) -> pd.DataFrame | None:
+        import pandas as pd
+
         p = self._file(name)
         return pd.read_csv(p) if p else None
 
@@ -240,6 +244,8 @@ def list_runs(results_dir: str | Path) -> list[Run]:
 
 def runs_table(results_dir: str | Path) -> pd.DataFrame:
     """One row per run: its summary plus a few config fields and the folder's ``path``."""
+    import pandas as pd
+
     rows = []
     for run in list_runs(results_dir):
         cfg = run.config
