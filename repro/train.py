@@ -36,6 +36,7 @@ import torch.distributed as dist
 from torch import nn
 
 from repro.cost import CostModel, preset
+from repro.log import get_logger
 from repro.plan import WIRE_DTYPE_BYTES, Plan
 from repro.planners import make_plan
 from repro.runs import (BUCKETS_CSV, EPOCHS_CSV, ITERATIONS_CSV, TRACE_INRUN_JSON, RunWriter, check_run_id,
@@ -47,6 +48,8 @@ from repro.runtime.executor import Executor, ExecutorOptions
 from repro.schedulers import get_scheduler, scheduler_names
 from repro.trace import Layer, Overheads, Trace
 from repro.workload.layers import VIEWS, layer_parameters
+
+log = get_logger(__name__)
 
 __all__ = ["TrainConfig", "train_worker", "run_training", "config_from_argv", "worker_from_argv", "main",
            "build_parser"]
@@ -350,6 +353,10 @@ def run_training(ctx, cfg: TrainConfig) -> tuple[nn.Module, dict[str, Any]]:
         warm.remove()
         trace = _runtime_trace(cfg, model, measured, device)
         plan, cost = _plan_for(cfg, trace, device)
+        if rank == 0:
+            log.info("%s: measured %d layers (backward %.4f s) in %d warm-up steps; %s plan has %d buckets, "
+                     "predicted %.4f s per iteration", run_id, trace.num_layers, trace.total_backward_s,
+                     cfg.warmup_steps, cfg.scheduler, plan.num_buckets, plan.meta.get("iteration_s", float("nan")))
     ex: Executor = sched.executor_class()(model, plan, options)
     if not sched.has_plan:
         for _ in range(cfg.warmup_steps):
@@ -407,6 +414,7 @@ def run_training(ctx, cfg: TrainConfig) -> tuple[nn.Module, dict[str, Any]]:
     summary = _summarise(cfg, run_id, rows, compute_times, plan, trace, cost)
     if rank == 0 and cfg.results_dir:
         _write_run(cfg, summary, rows, epoch_rows, bucket_rows, trace, inrun_trace, plan, cost)
+        log.info("%s: %.4f s per iteration; written to %s", run_id, summary["iteration_s"], cfg.results_dir)
     summary["epochs"] = epoch_rows
     return model, summary
 
