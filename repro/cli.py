@@ -113,31 +113,64 @@ def cmd_simulate(args: argparse.Namespace) -> None:
 
 
 def _add_local_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--nproc", type=int, required=True, help="ranks to start on this machine")
+    p.add_argument("--nproc", type=int, required=True,
+                   help="ranks to start on this machine (at most what its memory and process limit allow)")
     p.add_argument("--emulate-bandwidth", help="run each rank in its own network namespace with links shaped "
                                                "to this rate, e.g. 100mbit, 1gbit (needs root and tc)")
-    p.add_argument("--timeout-s", type=float, default=3600.0, help="give up (and kill the ranks) after this")
+    p.add_argument("--timeout-s", type=float, default=3600.0,
+                   help="give up (and kill the ranks) after this many seconds (finite, positive)")
 
 
-def _launch(args: argparse.Namespace, fn, fn_args: tuple):
+def _launch(args: argparse.Namespace, fn, fn_args: tuple, *, backend: str | None = "gloo",
+            pg_timeout_s: float | None = None):
+    """Rank 0's result of ``fn(ctx, *fn_args)`` on ``--nproc`` local ranks (launch_local checks the rest)."""
+    import math
+
     from repro.cluster.local import launch_local
 
     if args.nproc < 1:
         raise UsageError(f"--nproc must be positive, got {args.nproc}")
-    return launch_local(fn, args.nproc, args=fn_args, timeout_s=args.timeout_s,
-                        emulate_bandwidth=args.emulate_bandwidth, quiet=True)[0]
+    if not (math.isfinite(args.timeout_s) and args.timeout_s > 0):
+        raise UsageError(f"--timeout-s must be a finite positive number of seconds, got {args.timeout_s:g}")
+    options = {} if pg_timeout_s is None else {"pg_timeout_s": pg_timeout_s}
+    try:
+        return launch_local(fn, args.nproc, args=fn_args, timeout_s=args.timeout_s, backend=backend,
+                            emulate_bandwidth=args.emulate_bandwidth, quiet=True, **options)[0]
+    except ValueError as e:
+        if str(e).startswith(f"world_size {args.nproc} "):  # the launcher's bound, in this command's terms
+            raise UsageError(f"--nproc {str(e)[len('world_size '):]}") from None
+        raise
 
 
 def cmd_launch(args: argparse.Namespace) -> None:
+    """Train on ``--nproc`` local ranks; the train args' ``--backend`` and ``--pg-timeout-s`` reach the ranks.
+
+    Without ``--backend`` the ranks use gloo (the launcher's default: CPU processes, whatever GPUs there
+    are); ``--backend nccl`` needs CUDA and a GPU per rank, which is checked before any rank starts.
+    """
+    import math
+
     from repro.train import config_from_argv, worker_from_argv
 
     train_args = [a for a in args.train_args if a != "--"] if args.train_args[:1] == ["--"] else args.train_args
-    config_from_argv(train_args)  # bad arguments fail here, before any rank starts
-    summary = _launch(args, worker_from_argv, (train_args,))
+    _cfg, train = config_from_argv(train_args)  # bad arguments fail here, before any rank starts
+    if not (math.isfinite(train.pg_timeout_s) and train.pg_timeout_s > 0):
+        raise UsageError(f"--pg-timeout-s must be a finite positive number of seconds, got {train.pg_timeout_s:g}")
+    summary = _launch(args, worker_from_argv, (train_args,), backend=train.backend or "gloo",
+                      pg_timeout_s=train.pg_timeout_s)
     print(json.dumps({k: v for k, v in summary.items() if k != "epochs"}))
 
 
 def cmd_calibrate(args: argparse.Namespace) -> None:
+    """Fit a cost model on ``--nproc`` local ranks; every bound is checked before any rank starts.
+
+    ``--sizes`` in [2, 64], ``--repeats`` in [1, 1000], 4 <= ``--min-bytes``, 4 x ``--min-bytes`` <=
+    ``--max-bytes`` (the sizes span that range; nothing is swapped or stretched), ``--nproc`` within what
+    the machine can run, and the largest collective buffers on all ranks (``--nproc`` x ``--max-bytes``,
+    times ``--nproc + 1`` for sparse_allgather, whose gathered buffer is world size x max bytes) within
+    the available memory left after the ranks themselves.
+    """
+    from repro.cluster.local import RANK_MEMORY_BYTES, available_memory_bytes, max_local_ranks
     from repro.runtime.calibrate import MEASURABLE, default_sizes_bytes, fit_on_ranks
 
     kinds = [k.strip() for k in args.collectives.split(",") if k.strip()]
@@ -146,6 +179,34 @@ def cmd_calibrate(args: argparse.Namespace) -> None:
         raise UsageError(f"unknown collective(s) {bad}; choose from {', '.join(MEASURABLE)}")
     if args.nproc < 2:
         raise UsageError("calibrate needs --nproc 2 or more")
+    limit, why = max_local_ranks()
+    if args.nproc > limit:
+        raise UsageError(f"--nproc {args.nproc} is more than this machine can run: at most {limit} ranks ({why})")
+    if not 2 <= args.sizes <= 64:
+        raise UsageError(f"--sizes must be between 2 and 64 (message sizes to fit a line through), got {args.sizes}")
+    if not 1 <= args.repeats <= 1000:
+        raise UsageError(f"--repeats must be between 1 and 1000, got {args.repeats}")
+    if args.min_bytes < 4:
+        raise UsageError(f"--min-bytes must be at least 4 (one float32 element), got {args.min_bytes}")
+    if args.max_bytes < 4:
+        raise UsageError(f"--max-bytes must be at least 4 (one float32 element), got {args.max_bytes}")
+    if args.min_bytes > args.max_bytes:
+        raise UsageError(f"--min-bytes ({args.min_bytes}) must not exceed --max-bytes ({args.max_bytes})")
+    if args.max_bytes < 4 * args.min_bytes:
+        raise UsageError(f"--max-bytes ({args.max_bytes}) must be at least 4 x --min-bytes ({4 * args.min_bytes}) "
+                         "so that the message sizes span a range to fit a line through")
+    factor = {"allreduce": 1.0, "reduce_scatter": 1 + 1 / args.nproc, "allgather": 1 + 1 / args.nproc,
+              "sparse_allgather": 1.0 + args.nproc}  # buffers per rank, in units of --max-bytes
+    worst = max(kinds, key=factor.__getitem__)
+    need = args.nproc * factor[worst] * args.max_bytes
+    avail = available_memory_bytes()
+    if avail is not None and need > avail - args.nproc * RANK_MEMORY_BYTES:
+        room = max(0, avail - args.nproc * RANK_MEMORY_BYTES)
+        raise UsageError(
+            f"--max-bytes {args.max_bytes} needs more memory than is available: about {need / 2**30:.1f} GiB of "
+            f"collective buffers on {args.nproc} ranks ({worst}: {factor[worst]:g} x max bytes per rank), but "
+            f"about {room / 2**30:.1f} GiB are left ({avail / 2**30:.1f} GiB available less {args.nproc} x "
+            f"{RANK_MEMORY_BYTES // 2**20} MiB per rank)")
     sizes = default_sizes_bytes(args.max_bytes, args.sizes, args.min_bytes)
     cost = _launch(args, fit_on_ranks, (sizes, kinds, args.repeats))
     if args.emulate_bandwidth:
@@ -205,7 +266,8 @@ def build_parser() -> argparse.ArgumentParser:
                                  "see `repro train --help`")
 
     p = sub.add_parser("launch", help="start N local ranks running `repro train ARGS` (optionally on an "
-                                      "emulated network) and print rank 0's summary")
+                                      "emulated network) and print rank 0's summary; the ranks use gloo "
+                                      "unless ARGS say --backend nccl, and ARGS' --pg-timeout-s")
     _add_local_flags(p)
     p.add_argument("train_args", nargs=argparse.REMAINDER, help="-- followed by `repro train` arguments")
     p.set_defaults(func=cmd_launch)

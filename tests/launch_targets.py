@@ -33,6 +33,8 @@ def allreduce_and_report(ctx, base, *, scale=1.0, message=None):
         "omp": os.environ.get("OMP_NUM_THREADS"),
         "extra_env": os.environ.get("REPRO_TEST_EXTRA"),
         "pid": os.getpid(),
+        "role": getattr(ctx, "role", None),
+        "role_rank": getattr(ctx, "role_rank", None),
     }
 
 
@@ -119,11 +121,103 @@ def raise_on_rank1_after_allreduce(ctx):
     return "unreachable"
 
 
+def _role_info(ctx) -> dict:
+    return {"rank": ctx.rank, "world_size": ctx.world_size, "role": ctx.role, "role_rank": ctx.role_rank,
+            "role_world_size": ctx.role_world_size, "env": [os.environ.get(k) for k in
+                                                            ("ROLE_NAME", "ROLE_RANK", "ROLE_WORLD_SIZE")]}
+
+
+def sum_server(ctx, *, label="sum"):
+    """Server role: receive one tensor from every other rank (point to point), send each the total back."""
+    import torch
+    import torch.distributed as dist
+
+    got = []
+    for src in range(1, ctx.world_size):
+        t = torch.zeros(2)
+        dist.recv(t, src=src)
+        got.append(t.tolist())
+    total = torch.tensor([sum(g[0] for g in got), sum(g[1] for g in got)])
+    for dst in range(1, ctx.world_size):
+        dist.send(total, dst=dst)
+    everyone = torch.ones(1)
+    dist.all_reduce(everyone)  # the group holds every role
+    return dict(_role_info(ctx), label=label, received=got, all_reduce=everyone.item())
+
+
+def send_to_server(ctx, base, *, scale=1.0):
+    """Worker role: send ``[base + role_rank, rank] * scale`` to rank 0 and return what comes back."""
+    import torch
+    import torch.distributed as dist
+
+    dist.send(torch.tensor([base + ctx.role_rank, float(ctx.rank)]) * scale, dst=0)
+    total = torch.zeros(2)
+    dist.recv(total, src=0)
+    everyone = torch.ones(1)
+    dist.all_reduce(everyone)
+    return dict(_role_info(ctx), total=total.tolist(), all_reduce=everyone.item())
+
+
+def server_waits_for_workers(ctx):
+    """Server role that blocks receiving from every worker in turn."""
+    import torch
+    import torch.distributed as dist
+
+    for src in range(1, ctx.world_size):
+        dist.recv(torch.zeros(1), src=src)
+    return "unreachable"
+
+
+def worker_fails_on_role_rank1(ctx):
+    import torch
+    import torch.distributed as dist
+
+    if ctx.role_rank == 1:
+        time.sleep(0.5)  # let the server block in its recv first
+        raise ValueError(f"worker {ctx.role_rank} gave up")
+    dist.send(torch.ones(1), dst=0)
+    dist.barrier()  # never completes: the failing worker never joins
+    return "unreachable"
+
+
+def hang_if_worker(ctx):
+    if ctx.role == "worker":
+        time.sleep(3600)
+    return ctx.role
+
+
+def _listening_addresses(pid: int, port: int) -> list[str]:
+    """Addresses with a TCP socket listening on ``port`` in the network namespace of process ``pid``."""
+    import ipaddress
+
+    found = []
+    for name, width in (("tcp", 8), ("tcp6", 32)):
+        try:
+            lines = Path(f"/proc/{pid}/net/{name}").read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            addr_hex, port_hex = fields[1].split(":")
+            if fields[3] != "0A" or int(port_hex, 16) != port:  # 0A: LISTEN
+                continue
+            raw = b"".join(bytes.fromhex(addr_hex[i:i + 8])[::-1] for i in range(0, width, 8))
+            found.append(str(ipaddress.ip_address(raw)))
+    return sorted(found)
+
+
+def store_listeners(ctx):
+    """Where the launcher's rendezvous store listens (seen in the launcher's network namespace)."""
+    port = int(os.environ["MASTER_PORT"])
+    return dict(_role_info(ctx), master_addr=os.environ["MASTER_ADDR"], port=port,
+                listeners=_listening_addresses(os.getppid(), port))
+
+
 def _torchrun_main(out_dir: str, backend: str | None = None) -> None:
     import torch
     import torch.distributed as dist
 
-    from repro.cluster.local import distributed
+    from repro.cluster.torchrun import distributed
 
     with distributed(backend=backend, timeout_s=60) as ctx:
         t = torch.tensor([float(ctx.rank + 1)])

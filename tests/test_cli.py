@@ -151,3 +151,94 @@ def test_launch_and_calibrate_on_local_ranks(tmp_path):
 def test_local_launch_bad_input(capsys, argv, message):
     rc, _, err = run(capsys, *argv)
     assert rc == 2 and message in err and len(err.strip().splitlines()) == 1
+
+
+# --------------------------------------------------------------------------------------------------
+# launch / calibrate: what the train arguments ask of the launcher, and bounds checked before any rank
+# --------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def no_ranks(monkeypatch):
+    """Starting ranks is an error: these inputs must be refused before any rank starts."""
+    from repro.cluster import local
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("ranks would have been started")
+
+    monkeypatch.setattr(local, "_launch", refuse)
+    return monkeypatch
+
+
+def test_launch_passes_the_train_backend_and_pg_timeout_to_the_launcher(capsys, monkeypatch):
+    from repro.cluster import local
+    from repro.train import config_from_argv
+
+    seen = {}
+
+    def fake_launch_local(fn, world_size, **kwargs):
+        seen.clear()
+        seen.update(kwargs, world_size=world_size)
+        return [{"scheduler": "optimal", "epochs": []}] * world_size
+
+    monkeypatch.setattr(local, "launch_local", fake_launch_local)
+    rc, out, err = run(capsys, "launch", "--nproc", "2", "--timeout-s", "30", "--", "--model", "tiny_vgg",
+                       "--pg-timeout-s", "10", "--backend", "gloo")
+    assert rc == 0, err
+    assert json.loads(out) == {"scheduler": "optimal"}
+    assert (seen["world_size"], seen["backend"], seen["pg_timeout_s"], seen["timeout_s"]) == (2, "gloo", 10.0, 30.0)
+    rc, _, err = run(capsys, "launch", "--nproc", "2", "--", "--model", "tiny_vgg")
+    assert rc == 0, err
+    assert seen["backend"] == "gloo"  # the launcher's default: one CPU process per rank
+    assert seen["pg_timeout_s"] == config_from_argv(["--model", "tiny_vgg"])[1].pg_timeout_s
+
+
+def test_launch_with_nccl_without_cuda_fails_before_any_rank_starts(capsys, no_ranks):
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("checks the CPU-only error")
+    rc, _, err = run(capsys, "launch", "--nproc", "2", "--", "--model", "tiny_vgg", "--backend", "nccl")
+    assert rc == 2 and len(err.strip().splitlines()) == 1
+    assert "nccl" in err and "CUDA" in err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["launch", "--nproc", "2", "--timeout-s", "inf", "--", "--model", "tiny_vgg"],
+     "--timeout-s must be a finite positive number of seconds, got inf"),
+    (["launch", "--nproc", "2", "--timeout-s", "nan", "--", "--model", "tiny_vgg"], "--timeout-s must be a finite"),
+    (["launch", "--nproc", "2", "--timeout-s", "0", "--", "--model", "tiny_vgg"], "--timeout-s must be a finite"),
+    (["launch", "--nproc", "2", "--", "--model", "tiny_vgg", "--pg-timeout-s", "inf"],
+     "--pg-timeout-s must be a finite positive number of seconds, got inf"),
+    (["calibrate", "--nproc", "2", "--timeout-s", "inf"], "--timeout-s must be a finite"),
+    (["launch", "--nproc", "1000000000", "--", "--model", "tiny_vgg"], "at most"),
+    (["calibrate", "--nproc", "1000000000"], "at most"),
+    pytest.param(["calibrate", "--nproc", "2", "--sizes", "1000000000"], "--sizes must be between 2 and 64",
+                 id="huge_sizes"),
+    (["calibrate", "--nproc", "2", "--sizes", "1"], "--sizes must be between 2 and 64"),
+    (["calibrate", "--nproc", "2", "--repeats", "0"], "--repeats must be between 1 and 1000"),
+    (["calibrate", "--nproc", "2", "--repeats", "1000000000"], "--repeats must be between 1 and 1000"),
+    (["calibrate", "--nproc", "2", "--min-bytes", "0"], "--min-bytes must be at least 4"),
+    (["calibrate", "--nproc", "2", "--max-bytes", "-1"], "--max-bytes must be"),
+    (["calibrate", "--nproc", "2", "--min-bytes", "8192", "--max-bytes", "4096"],
+     "--min-bytes (8192) must not exceed --max-bytes (4096)"),
+    (["calibrate", "--nproc", "2", "--min-bytes", "4096", "--max-bytes", "8192"],
+     "--max-bytes (8192) must be at least 4 x --min-bytes"),
+    (["calibrate", "--nproc", "2", "--max-bytes", str(10**15)], "more memory than is available"),
+    (["calibrate", "--nproc", "8", "--collectives", "allreduce,sparse_allgather", "--max-bytes", str(2**34)],
+     "sparse_allgather"),
+])
+def test_launch_and_calibrate_bounds_are_checked_before_any_rank_starts(capsys, no_ranks, argv, message):
+    rc, _, err = run(capsys, *argv)
+    assert rc == 2, err
+    assert message in err and len(err.strip().splitlines()) == 1
+
+
+def test_nproc_bound_states_the_limit_of_this_machine(capsys, no_ranks):
+    import re
+
+    from repro.cluster.local import max_local_ranks
+
+    limit, _ = max_local_ranks()
+    rc, _, err = run(capsys, "calibrate", "--nproc", str(10 * limit + 100))
+    assert rc == 2 and len(err.strip().splitlines()) == 1
+    assert re.search(r"at most \d+ ranks \(.* GiB available memory / about \d+ MiB per rank", err), err

@@ -1,4 +1,5 @@
-"""repro.cluster.local: init_distributed, the local launcher (results and failure handling), torchrun commands.
+"""repro.cluster.local (the local launcher: results, roles, failure handling, bounds) and
+repro.cluster.torchrun (init_distributed, torchrun commands).
 
 Every launch spawns 2 ranks that import torch (about 1.5-3 s on 2 cores), so launches are few.
 """
@@ -11,6 +12,7 @@ import importlib.util
 import json
 import multiprocessing
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -23,14 +25,12 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from repro.cluster import local as launch  # noqa: E402
-from repro.cluster.local import (  # noqa: E402
+from repro.cluster.local import LaunchTimeoutError, RankFailedError, Role, launch_local  # noqa: E402
+from repro.cluster.torchrun import (  # noqa: E402
     DistContext,
     DistributedSetupError,
-    LaunchTimeoutError,
-    RankFailedError,
     distributed,
     init_distributed,
-    launch_local,
     shutdown_distributed,
     torchrun_command,
 )
@@ -103,6 +103,7 @@ def test_args_kwargs_env_and_quiet(capfd):
                        env={"REPRO_TEST_EXTRA": "xyz"}, quiet=True, timeout_s=120)
     assert [r["value"] for r in out] == [[6.0, 6.0], [6.0, 6.0]]  # 2*(1+2), 2*(1.5+1.5)
     assert [r["extra_env"] for r in out] == ["xyz", "xyz"]
+    assert [(r["role"], r["role_rank"]) for r in out] == [("worker", 0), ("worker", 1)]  # a plain launch
     assert "should not be seen" not in capfd.readouterr().out
     _assert_no_children()
 
@@ -226,13 +227,156 @@ def test_lambda_and_closure_are_refused_with_a_clear_type_error():
     _assert_no_children()
 
 
-def test_bad_launch_arguments():
+@pytest.fixture
+def no_ranks(monkeypatch):
+    """Make starting ranks an error: what is refused must be refused before any rank starts."""
+    def refuse(*args, **kwargs):
+        raise AssertionError("ranks would have been started")
+
+    monkeypatch.setattr(launch, "_launch", refuse)
+    return monkeypatch
+
+
+def test_bad_launch_arguments(no_ranks):
     with pytest.raises(ValueError, match="world_size"):
         launch_local(targets.hang_on_rank1, 0)
     with pytest.raises(ValueError, match="unknown backend"):
         launch_local(targets.hang_on_rank1, 2, backend="mpi2")
     with pytest.raises(ValueError, match="timeout_s"):
         launch_local(targets.hang_on_rank1, 2, timeout_s=0)
+
+
+@pytest.mark.parametrize("kwargs", [{"timeout_s": float("inf")}, {"timeout_s": float("nan")},
+                                    {"pg_timeout_s": float("inf")}, {"pg_timeout_s": -1.0},
+                                    {"timeout_s": "10"}])
+def test_timeouts_must_be_finite_and_positive(no_ranks, kwargs):
+    name = next(iter(kwargs))
+    with pytest.raises(ValueError, match=f"{name} must be a finite positive number of seconds"):
+        launch_local(targets.hang_on_rank1, 2, **kwargs)
+    _assert_no_children()
+
+
+def test_more_ranks_than_this_machine_can_run_are_refused_up_front(no_ranks):
+    limit, why = launch.max_local_ranks()
+    assert limit >= 2 and "MiB per rank" in why and "process slots" in why  # says what it is derived from
+    t0 = time.monotonic()
+    with pytest.raises(ValueError) as info:
+        launch_local(targets.hang_on_rank1, 1_000_000_000)
+    msg = str(info.value)
+    assert "\n" not in msg and "1000000000" in msg and "available memory" in msg
+    assert re.search(r"at most \d+ ranks \(", msg)
+    assert time.monotonic() - t0 < 5
+    with pytest.raises(ValueError, match=r"world_size 1000001 .* at most \d+ ranks"):
+        launch_local(roles=[Role("server", targets.hang_on_rank1), Role("worker", targets.hang_on_rank1, 10**6)])
+    _assert_no_children()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only error")
+def test_nccl_without_cuda_is_refused_before_any_rank_starts(no_ranks):
+    with pytest.raises(DistributedSetupError, match="nccl.*CUDA"):
+        launch_local(targets.hang_on_rank1, 2, backend="nccl")
+    _assert_no_children()
+
+
+# --------------------------------------------------------------------------------------------------
+# launch_local: roles
+# --------------------------------------------------------------------------------------------------
+
+
+def test_server_and_two_workers_exchange_tensors_and_see_their_roles():
+    out = launch_local(roles=[Role("server", targets.sum_server, kwargs={"label": "s"}),
+                              Role("worker", targets.send_to_server, 2, args=(10.0,), kwargs={"scale": 2.0})],
+                       timeout_s=120)
+    assert [(r["rank"], r["role"], r["role_rank"], r["role_world_size"]) for r in out] == [
+        (0, "server", 0, 1), (1, "worker", 0, 2), (2, "worker", 1, 2)]
+    assert [r["env"] for r in out] == [["server", "0", "1"], ["worker", "0", "2"], ["worker", "1", "2"]]
+    server, w0, w1 = out
+    assert server["label"] == "s" and server["world_size"] == 3
+    assert server["received"] == [[20.0, 2.0], [22.0, 4.0]]  # (10 + role_rank, rank) * 2
+    assert w0["total"] == w1["total"] == [42.0, 6.0]
+    assert [r["all_reduce"] for r in out] == [3.0, 3.0, 3.0]
+    _assert_no_children()
+
+
+def test_failing_worker_role_is_named_in_the_error():
+    t0 = time.monotonic()
+    with pytest.raises(RankFailedError) as info:
+        launch_local(roles=[Role("server", targets.server_waits_for_workers),
+                            Role("worker", targets.worker_fails_on_role_rank1, 2)], timeout_s=120, pg_timeout_s=100)
+    assert time.monotonic() - t0 < 30
+    err = info.value
+    assert str(err).splitlines()[0] == "rank 2 of 3 (role worker, 1 of 2) failed: ValueError: worker 1 gave up"
+    assert (err.rank, err.world_size, err.role, err.role_rank, err.exc_type) == (2, 3, "worker", 1, "ValueError")
+    _assert_no_children()
+
+
+def test_hanging_role_times_out_naming_the_roles():
+    with pytest.raises(LaunchTimeoutError) as info:
+        launch_local(roles=[Role("server", targets.hang_if_worker), Role("worker", targets.hang_if_worker)],
+                     timeout_s=5)
+    msg = str(info.value)
+    assert 1 in info.value.unfinished and "rank 1: role worker, 0 of 1" in msg
+    if info.value.unfinished == (1,):  # the server started and returned within the 5 s (not under heavy load)
+        assert "rank(s) [1] of 2 had not finished (rank 1: role worker, 0 of 1)" in msg
+    _assert_no_children()
+
+
+def test_bad_roles_are_refused(no_ranks):
+    fn = targets.hang_on_rank1
+    with pytest.raises(ValueError, match="either fn and world_size or roles"):
+        launch_local(fn, 2, roles=[Role("worker", fn, 2)])
+    with pytest.raises(ValueError, match="either fn and world_size or roles"):
+        launch_local()
+    with pytest.raises(ValueError, match="args and kwargs belong to each Role"):
+        launch_local(roles=[Role("worker", fn, 2)], args=(1,))
+    with pytest.raises(ValueError, match="at least one Role"):
+        launch_local(roles=[])
+    with pytest.raises(ValueError, match="duplicate role name 'a'"):
+        launch_local(roles=[Role("a", fn), Role("a", fn)])
+    with pytest.raises(ValueError, match="count"):
+        Role("a", fn, 0)
+    with pytest.raises(ValueError, match="name"):
+        Role("", fn)
+    with pytest.raises(TypeError, match="Role"):
+        launch_local(roles=[(fn, 2)])
+    with pytest.raises(TypeError, match="role 'w'.*lambda"):
+        launch_local(roles=[Role("w", lambda ctx: 0)])
+    _assert_no_children()
+
+
+# --------------------------------------------------------------------------------------------------
+# launch_local: the rendezvous store listens on MASTER_ADDR only
+# --------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.skipif(not Path("/proc/self/net/tcp").exists(), reason="reads /proc/PID/net/tcp")
+def test_rendezvous_store_listens_on_the_master_address_only():
+    (out,) = launch_local(targets.store_listeners, 1, timeout_s=120)
+    assert out["master_addr"] == "127.0.0.1"
+    assert out["listeners"] == ["127.0.0.1"]  # not 0.0.0.0 / :: (every interface)
+    _assert_no_children()
+
+
+def _emulation_available() -> bool:
+    from repro.cluster import netns
+
+    try:
+        netns.check_emulation_available()
+    except netns.EmulationUnavailableError:
+        return False
+    return True
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux") or not _emulation_available(),
+                    reason="network emulation needs root, ip and tc")
+def test_emulated_launch_with_roles_binds_the_store_to_the_bridge():
+    out = launch_local(roles=[Role("server", targets.store_listeners), Role("worker", targets.store_listeners)],
+                       emulate_bandwidth="1gbit", timeout_s=120, quiet=True)
+    assert [(r["role"], r["role_rank"]) for r in out] == [("server", 0), ("worker", 0)]
+    bridge = out[0]["master_addr"]
+    assert bridge != "127.0.0.1" and out[1]["master_addr"] == bridge
+    assert out[0]["listeners"] == [bridge]  # the launcher's socket, seen from its namespace
+    _assert_no_children()
 
 
 # --------------------------------------------------------------------------------------------------
@@ -287,6 +431,50 @@ def test_unknown_backend_and_bad_environment(monkeypatch):
     monkeypatch.setenv("RANK", "zero")
     with pytest.raises(DistributedSetupError, match="RANK='zero' is not an integer"):
         init_distributed()
+
+
+def test_init_distributed_refuses_non_finite_timeouts(monkeypatch):
+    _single_rank_env(monkeypatch)
+    for bad in (float("inf"), float("nan"), 0.0):
+        with pytest.raises(ValueError, match="timeout_s must be a finite positive number of seconds"):
+            init_distributed(backend="gloo", timeout_s=bad)
+    assert not torch.distributed.is_initialized()
+
+
+def test_role_environment_is_read_and_checked(monkeypatch):
+    from repro.cluster import torchrun
+
+    _single_rank_env(monkeypatch)
+    monkeypatch.setenv("ROLE_NAME", "server")
+    monkeypatch.setenv("ROLE_RANK", "0")
+    monkeypatch.setenv("ROLE_WORLD_SIZE", "1")
+    assert torchrun._read_role(0, 1) == ("server", 0, 1)
+    monkeypatch.setenv("ROLE_RANK", "1")
+    with pytest.raises(DistributedSetupError, match="ROLE_RANK must be in"):
+        init_distributed()
+    for name in ("ROLE_NAME", "ROLE_RANK", "ROLE_WORLD_SIZE"):
+        monkeypatch.delenv(name)
+    assert torchrun._read_role(0, 1) == ("worker", 0, 1)
+
+
+def test_per_rank_setup_lives_in_torchrun_and_is_reexported_by_local_and_the_old_alias():
+    import warnings
+
+    from repro.cluster import torchrun
+
+    shared = ["DistContext", "DistributedSetupError", "init_distributed", "shutdown_distributed", "distributed",
+              "torchrun_command", "SUPPORTED_BACKENDS"]
+    for name in shared:
+        assert name in torchrun.__all__ and name in launch.__all__
+        assert getattr(launch, name) is getattr(torchrun, name)
+        assert name == "SUPPORTED_BACKENDS" or getattr(launch, name).__module__ == "repro.cluster.torchrun"
+    assert "launch_local" not in torchrun.__all__ and not hasattr(torchrun, "launch_local")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        from repro.launch import DistributedSetupError as old_error, init_distributed as old_init
+    assert old_error is DistributedSetupError and old_init is init_distributed
+    ctx = DistContext(rank=1, world_size=2, local_rank=1, backend="gloo", device=torch.device("cpu"), is_main=False)
+    assert (ctx.role, ctx.role_rank, ctx.role_world_size) == ("worker", 1, 2)
 
 
 def test_single_rank_in_process_context_manager(monkeypatch):

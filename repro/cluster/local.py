@@ -1,28 +1,33 @@
-"""Distributed plumbing shared by ``torchrun`` and the local launcher.
+"""The local launcher: ``launch_local`` starts the ranks of a run on this machine and watches them.
 
-Two ways to start a data-parallel run, one per-rank code path:
+:func:`launch_local` spawns ``world_size`` processes, sets the variables that torchrun would set
+(``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``, ``ROLE_NAME``, ...), calls
+:func:`~repro.cluster.torchrun.init_distributed` in each and runs a module-level function
+``fn(ctx, *args, **kwargs)`` there; it returns the per-rank return values in rank order, or raises
+:class:`RankFailedError` / :class:`LaunchTimeoutError` within a bounded time when a rank raises, dies or
+hangs (the other ranks are killed; none is left behind). With ``roles=[Role("server", serve), Role("worker",
+work, 4)]`` the ranks run different functions: ranks are given to the roles in order (rank 0 is the
+server, ranks 1-4 the workers) and each rank sees its role in ``ctx.role``, ``ctx.role_rank`` and
+``ctx.role_world_size``.
 
-* **A cluster or a multi-GPU box** — ``torchrun`` (``python -m torch.distributed.run``) starts one process
-  per GPU and sets ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR`` and ``MASTER_PORT``; each
-  process calls :func:`init_distributed` (or uses :func:`distributed` as a context manager).
-  :func:`torchrun_command` builds such a command line.
-* **This machine, from a notebook or a test** — :func:`launch_local` spawns ``world_size`` processes,
-  sets the same variables, calls :func:`init_distributed` in each and runs a module-level function
-  ``fn(ctx, *args, **kwargs)`` there; it returns the per-rank return values in rank order, or raises
-  :class:`RankFailedError` / :class:`LaunchTimeoutError` within a bounded time when a rank raises,
-  dies or hangs (the other ranks are killed; none is left behind).
-
-Backend and device are chosen automatically — NCCL with one GPU per rank (``cuda:LOCAL_RANK``) when
-CUDA is available, gloo on the CPU otherwise — and either can be forced.
-
-Network interface: gloo picks the interface that the host name resolves to. To choose one, set
-``GLOO_SOCKET_IFNAME`` (read by gloo itself) or ``REPRO_GLOO_IFNAME``; the latter is copied to
-``GLOO_SOCKET_IFNAME`` by :func:`init_distributed` when that is unset, and is otherwise left to gloo.
+The per-rank set-up shared with torchrun — :class:`DistContext`, :class:`DistributedSetupError`,
+:func:`init_distributed`, :func:`shutdown_distributed`, :func:`distributed`, :func:`torchrun_command`,
+``SUPPORTED_BACKENDS`` — lives in :mod:`repro.cluster.torchrun` and is re-exported here (``repro.launch``,
+the deprecated name of this module, still provides it).
 
 Emulated networks: ``launch_local(..., emulate_bandwidth="1gbit")`` puts every rank in its own Linux
 network namespace behind a bridge, with each rank's link shaped to that bandwidth in both directions
-(:mod:`repro.cluster.netns`; needs root, ``ip`` and ``tc``), so the papers' 1-10 Gb/s regimes can be reproduced
-on one machine.
+(:mod:`repro.cluster.netns`; needs root, ``ip`` and ``tc``), so the papers' 1-10 Gb/s regimes can be
+reproduced on one machine.
+
+Why not torch's own launchers: ``torch.multiprocessing.start_processes`` (which
+``torch.distributed.elastic``'s function launcher builds on) starts each child in an entry point of
+torch's, so torch is imported before a rank could enter its network namespace or set its thread
+environment, it reports the first rank to exit non-zero instead of the one that raised (a peer's
+"connection closed" often comes first), it returns no results, and its parent-death signal is SIGINT,
+which a rank blocked in a collective does not act on. Elastic's ``@record`` error files would add
+nothing either: each rank already sends its exception, traceback and time through a pipe, which the
+watchdog reads the moment it arrives.
 
 This module imports torch only inside functions, so a spawned rank can set its thread count and
 environment before torch is loaded.
@@ -33,7 +38,6 @@ from __future__ import annotations
 import contextlib
 import os
 import pickle
-import shlex
 import signal
 import sys
 import threading
@@ -41,27 +45,36 @@ import time
 import traceback
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
 
-if TYPE_CHECKING:  # pragma: no cover
-    import torch
+from repro.cluster.torchrun import (
+    DEFAULT_ROLE,
+    SUPPORTED_BACKENDS,
+    DistContext,
+    DistributedSetupError,
+    _check_timeout,
+    distributed,
+    init_distributed,
+    shutdown_distributed,
+    torchrun_command,
+)
 
 __all__ = [
     "DistContext",
     "DistributedSetupError",
     "LaunchTimeoutError",
     "RankFailedError",
+    "Role",
     "SUPPORTED_BACKENDS",
+    "available_memory_bytes",
     "distributed",
     "init_distributed",
     "launch_local",
+    "max_local_ranks",
     "shutdown_distributed",
     "torchrun_command",
 ]
-
-SUPPORTED_BACKENDS = ("gloo", "nccl")
-_REQUIRED_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
-_ENV_HINT = "start with torchrun or repro.cluster.local.launch_local"
 
 # After the first failure, wait this long for the other ranks' reports (so that the root cause, not a
 # peer's "connection closed", is the one reported), then terminate the rest.
@@ -70,173 +83,11 @@ _FAILURE_GRACE_S = 0.5
 _KILL_GRACE_S = 3.0
 # How often a rank checks that its launcher is still alive (fallback to PR_SET_PDEATHSIG).
 _PARENT_POLL_S = 1.0
-
-
-# --------------------------------------------------------------------------------------------------
-# Per-rank set-up (torchrun or launch_local)
-# --------------------------------------------------------------------------------------------------
-
-
-class DistributedSetupError(RuntimeError):
-    """The process cannot join a process group as asked (missing environment, no CUDA for NCCL, ...)."""
-
-
-@dataclass(frozen=True)
-class DistContext:
-    """Where this process stands in the default process group."""
-
-    rank: int
-    world_size: int
-    local_rank: int
-    backend: str
-    device: "torch.device"
-    is_main: bool
-
-
-def _read_env() -> tuple[int, int, int, str, int]:
-    missing = [name for name in _REQUIRED_ENV if not os.environ.get(name, "").strip()]
-    if missing:
-        which = ", ".join(missing)
-        raise DistributedSetupError(
-            f"environment variable{'s' if len(missing) > 1 else ''} {which} not set; {_ENV_HINT} "
-            f"(they set {', '.join(_REQUIRED_ENV)})"
-        )
-    values = {}
-    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT"):
-        raw = os.environ[name].strip()
-        try:
-            values[name] = int(raw)
-        except ValueError:
-            raise DistributedSetupError(
-                f"environment variable {name}={raw!r} is not an integer; {_ENV_HINT}"
-            ) from None
-    rank, world, local_rank, port = (values[k] for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT"))
-    if world < 1:
-        raise DistributedSetupError(f"WORLD_SIZE must be at least 1, got {world}")
-    if not 0 <= rank < world:
-        raise DistributedSetupError(f"RANK must be in [0, WORLD_SIZE={world}), got {rank}")
-    if local_rank < 0:
-        raise DistributedSetupError(f"LOCAL_RANK must be non-negative, got {local_rank}")
-    if not 0 < port < 65536:
-        raise DistributedSetupError(f"MASTER_PORT must be in 1..65535, got {port}")
-    return rank, world, local_rank, os.environ["MASTER_ADDR"].strip(), port
-
-
-def _choose_backend_device(backend: str | None, device: Any, local_rank: int) -> tuple[str, "torch.device"]:
-    import torch
-    import torch.distributed as dist
-
-    if backend is not None:
-        backend = str(backend).lower()
-        if backend not in SUPPORTED_BACKENDS:
-            raise ValueError(
-                f"unknown backend {backend!r}; use one of {', '.join(SUPPORTED_BACKENDS)} "
-                "(or None to choose automatically)"
-            )
-    cuda = torch.cuda.is_available()
-    dev = None
-    if device is not None:
-        try:
-            dev = torch.device(device)
-        except (RuntimeError, TypeError, ValueError) as e:
-            raise ValueError(f"invalid device {device!r}: {e}") from None
-        if dev.type not in ("cpu", "cuda"):
-            raise ValueError(f"device must be 'cpu' or 'cuda[:N]', got {device!r}")
-        if dev.type == "cuda":
-            if not cuda:
-                raise DistributedSetupError(
-                    f"device {device!r} asked for, but CUDA is not available here "
-                    "(torch.cuda.is_available() is False); use device='cpu' or None"
-                )
-            if dev.index is None:
-                dev = torch.device("cuda", local_rank)
-    if backend is None:
-        backend = ("nccl" if dev.type == "cuda" else "gloo") if dev is not None else ("nccl" if cuda else "gloo")
-    if backend == "nccl":
-        if not cuda:
-            raise DistributedSetupError(
-                "backend 'nccl' needs CUDA, but torch.cuda.is_available() is False here; "
-                "use backend='gloo' (or None to choose automatically) on a CPU machine"
-            )
-        if not dist.is_nccl_available():
-            raise DistributedSetupError("backend 'nccl' asked for, but this torch build has no NCCL")
-        if dev is None:
-            dev = torch.device("cuda", local_rank)
-        elif dev.type != "cuda":
-            raise DistributedSetupError("backend 'nccl' communicates CUDA tensors only; use gloo for device 'cpu'")
-    else:
-        if not dist.is_gloo_available():
-            raise DistributedSetupError("backend 'gloo' asked for, but this torch build has no gloo")
-        if dev is None:
-            dev = torch.device("cpu")
-    if dev.type == "cuda":
-        count = torch.cuda.device_count()
-        if dev.index >= count:
-            raise DistributedSetupError(
-                f"device cuda:{dev.index} (LOCAL_RANK={local_rank}) does not exist: {count} GPU(s) visible; "
-                "start at most one process per visible GPU on each node"
-            )
-    return backend, dev
-
-
-def init_distributed(backend: str | None = None, device: Any = None, timeout_s: float = 300.0) -> DistContext:
-    """Join the default process group of a process started by torchrun or :func:`launch_local`.
-
-    Reads ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT`` from the environment.
-    ``backend=None`` picks ``"nccl"`` when CUDA is available (device ``cuda:LOCAL_RANK``, made current with
-    ``torch.cuda.set_device``) and ``"gloo"`` on the CPU otherwise; ``device=None`` follows the backend
-    (``"cuda"`` without an index means ``cuda:LOCAL_RANK``). ``timeout_s`` bounds every collective and the
-    rendezvous, so a rank whose peer crashed fails instead of waiting forever.
-    """
-    import torch
-    import torch.distributed as dist
-
-    if not dist.is_available():
-        raise DistributedSetupError("this torch build has no torch.distributed support")
-    if dist.is_initialized():
-        raise DistributedSetupError(
-            "the default process group is already initialised; call repro.cluster.local.shutdown_distributed() first"
-        )
-    if not timeout_s > 0:
-        raise ValueError(f"timeout_s must be positive, got {timeout_s}")
-    rank, world, local_rank, _addr, _port = _read_env()
-    backend, dev = _choose_backend_device(backend, device, local_rank)
-
-    ifname = os.environ.get("REPRO_GLOO_IFNAME", "").strip()
-    if ifname and not os.environ.get("GLOO_SOCKET_IFNAME"):
-        os.environ["GLOO_SOCKET_IFNAME"] = ifname
-
-    kwargs: dict[str, Any] = {}
-    if dev.type == "cuda":
-        torch.cuda.set_device(dev)
-    if backend == "nccl":
-        kwargs["device_id"] = dev  # binds the communicator to this rank's GPU (eager NCCL init)
-    dist.init_process_group(backend=backend, init_method="env://", timeout=timedelta(seconds=timeout_s), **kwargs)
-    return DistContext(rank=rank, world_size=world, local_rank=local_rank, backend=backend, device=dev,
-                       is_main=rank == 0)
-
-
-def shutdown_distributed() -> None:
-    """Destroy the default process group if there is one; safe to call twice (or without torch)."""
-    try:
-        import torch.distributed as dist
-    except ImportError:  # pragma: no cover
-        return
-    if dist.is_available() and dist.is_initialized():
-        # Leave together: a gloo group torn down while a peer still works can abort at exit.
-        with contextlib.suppress(Exception):
-            dist.barrier()
-        dist.destroy_process_group()
-
-
-@contextlib.contextmanager
-def distributed(backend: str | None = None, device: Any = None, timeout_s: float = 300.0) -> Iterator[DistContext]:
-    """``with distributed() as ctx:`` — :func:`init_distributed` on entry, :func:`shutdown_distributed` on exit."""
-    ctx = init_distributed(backend=backend, device=device, timeout_s=timeout_s)
-    try:
-        yield ctx
-    finally:
-        shutdown_distributed()
+# What one rank costs at least, for the bound on world_size (max_local_ranks): a spawned CPU rank with torch
+# imported and a gloo group holds about 280 MiB of private memory (torch 2.14; its ~400 MiB of shared
+# libraries are mapped once) and runs about 5 threads (gloo's grow with the world size).
+RANK_MEMORY_BYTES = 320 * 2**20
+RANK_TASKS = 16
 
 
 # --------------------------------------------------------------------------------------------------
@@ -248,18 +99,22 @@ class RankFailedError(RuntimeError):
     """A rank of :func:`launch_local` raised or died.
 
     The message's first line says which rank and how (``rank 1 of 2 failed: ValueError: boom`` or
-    ``rank 0 of 2 died with exit code -9 (SIGKILL) ...``); the rank's traceback follows. Attributes:
-    ``rank``, ``world_size``, ``exc_type`` (name of the exception class, or None when the rank died without
-    raising), ``exitcode`` (when it died), ``rank_traceback`` (the formatted traceback text, or None) and
-    ``other_failures`` (first lines about further ranks that failed within the same half second).
+    ``rank 0 of 2 died with exit code -9 (SIGKILL) ...``; a launch with ``roles`` names the role too:
+    ``rank 2 of 3 (role worker, 1 of 2) failed: ...``); the rank's traceback follows. Attributes:
+    ``rank``, ``world_size``, ``role`` and ``role_rank`` (``"worker"`` and ``rank`` in a plain launch),
+    ``exc_type`` (name of the exception class, or None when the rank died without raising), ``exitcode``
+    (when it died), ``rank_traceback`` (the formatted traceback text, or None) and ``other_failures``
+    (first lines about further ranks that failed within the same half second).
     """
 
     def __init__(self, message: str, *, rank: int | None = None, world_size: int | None = None,
                  exc_type: str | None = None, exitcode: int | None = None, rank_traceback: str | None = None,
-                 other_failures: Sequence[str] = ()):
+                 other_failures: Sequence[str] = (), role: str | None = None, role_rank: int | None = None):
         super().__init__(message)
         self.rank = rank
         self.world_size = world_size
+        self.role = role
+        self.role_rank = role_rank
         self.exc_type = exc_type
         self.exitcode = exitcode
         self.rank_traceback = rank_traceback
@@ -274,8 +129,9 @@ class RankFailedError(RuntimeError):
 class LaunchTimeoutError(TimeoutError):
     """:func:`launch_local` ran past ``timeout_s``; every rank was killed.
 
-    ``unfinished``: ranks that had not returned a result; ``not_exited``: ranks that returned but had
-    not exited; ``timeout_s`` and ``world_size`` as given.
+    ``unfinished``: ranks that had not returned a result (a launch with ``roles`` names their roles in
+    the message); ``not_exited``: ranks that returned but had not exited; ``timeout_s`` and
+    ``world_size`` as given.
     """
 
     def __init__(self, message: str, *, unfinished: Sequence[int] = (), not_exited: Sequence[int] = (),
@@ -287,6 +143,108 @@ class LaunchTimeoutError(TimeoutError):
         self.world_size = world_size
 
 
+@dataclass(frozen=True)
+class Role:
+    """``count`` ranks of a :func:`launch_local` run that each call ``fn(ctx, *args, **kwargs)``.
+
+    ``name`` (non-empty, unique within a launch) is what those ranks see in ``ctx.role``; ``fn`` must be a
+    module-level function, as for a plain launch; ``args``/``kwargs`` are sent to every rank of the role.
+    """
+
+    name: str
+    fn: Callable
+    count: int = 1
+    args: Sequence = ()
+    kwargs: Mapping | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name.strip() or self.name != self.name.strip() \
+                or "\n" in self.name or "\0" in self.name:
+            raise ValueError(f"Role name must be a non-empty string without surrounding spaces, got {self.name!r}")
+        if isinstance(self.count, bool) or not isinstance(self.count, int) or self.count < 1:
+            raise ValueError(f"Role {self.name!r}: count must be a positive integer, got {self.count!r}")
+
+
+def available_memory_bytes() -> int | None:
+    """Memory this process could still use: ``MemAvailable``, lowered to the cgroup's limit minus its usage.
+
+    None when neither can be read (not Linux and no ``sysconf``).
+    """
+    avail = None
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                avail = int(line.split()[1]) * 1024
+    if avail is None:
+        with contextlib.suppress(AttributeError, ValueError, OSError):
+            avail = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    with contextlib.suppress(OSError, ValueError):
+        for line in Path("/proc/self/cgroup").read_text().splitlines():
+            hier, controllers, path = line.split(":", 2)
+            if hier == "0" and controllers == "":  # cgroup v2
+                base = Path("/sys/fs/cgroup") / path.lstrip("/")
+                files = ("memory.max", "memory.current")
+            elif "memory" in controllers.split(","):  # cgroup v1
+                base = Path("/sys/fs/cgroup/memory") / path.lstrip("/")
+                if not base.is_dir():  # a cgroup namespace shows its own root
+                    base = Path("/sys/fs/cgroup/memory")
+                files = ("memory.limit_in_bytes", "memory.usage_in_bytes")
+            else:
+                continue
+            with contextlib.suppress(OSError, ValueError):
+                limit_text = (base / files[0]).read_text().strip()
+                if limit_text != "max" and int(limit_text) < 2**60:
+                    room = int(limit_text) - int((base / files[1]).read_text().strip())
+                    avail = max(0, room) if avail is None else max(0, min(avail, room))
+    return avail
+
+
+def _free_task_slots() -> int | None:
+    """How many more processes/threads the kernel (pid_max, threads-max) and RLIMIT_NPROC allow."""
+    caps = []
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        running = int(Path("/proc/loadavg").read_text().split()[3].split("/")[1])
+        for name in ("pid_max", "threads-max"):
+            with contextlib.suppress(OSError, ValueError):
+                caps.append(int(Path(f"/proc/sys/kernel/{name}").read_text()) - running)
+        with contextlib.suppress(ImportError, OSError, ValueError):
+            import resource
+
+            soft = resource.getrlimit(resource.RLIMIT_NPROC)[0]
+            if soft != resource.RLIM_INFINITY:
+                caps.append(soft - running)
+    return max(0, min(caps)) if caps else None
+
+
+def max_local_ranks() -> tuple[int, str]:
+    """How many ranks :func:`launch_local` may start on this machine now, and how that was derived.
+
+    The smaller of available memory / :data:`RANK_MEMORY_BYTES` (what a CPU rank with torch and a gloo
+    group costs at least) and the free process slots / :data:`RANK_TASKS` threads per rank; at least 1.
+    This is a ceiling against runaway values (``--nproc 1000000000``), not a promise that a workload
+    fits: ranks that train a model need more memory each.
+    """
+    limits, reasons = [], []
+    avail = available_memory_bytes()
+    if avail is not None:
+        limits.append(avail // RANK_MEMORY_BYTES)
+        reasons.append(f"{avail / 2**30:.1f} GiB available memory / about {RANK_MEMORY_BYTES // 2**20} MiB per rank "
+                       f"= {limits[-1]}")
+    slots = _free_task_slots()
+    if slots is not None:
+        limits.append(slots // RANK_TASKS)
+        reasons.append(f"{slots} free process slots / {RANK_TASKS} per rank = {limits[-1]}")
+    if not limits:
+        return sys.maxsize, "no memory or process limit could be read"
+    return max(1, min(limits)), "; ".join(reasons)
+
+
+def _check_world_size(world_size: int) -> None:
+    limit, why = max_local_ranks()
+    if world_size > limit:
+        raise ValueError(f"world_size {world_size} is more than this machine can run: at most {limit} ranks ({why})")
+
+
 def _callable_name(fn: Any) -> tuple[str | None, str | None]:
     import functools
 
@@ -295,49 +253,80 @@ def _callable_name(fn: Any) -> tuple[str | None, str | None]:
     return getattr(fn, "__module__", None), getattr(fn, "__qualname__", None)
 
 
-def _pack_target(fn: Callable, args: Sequence, kwargs: Mapping | None) -> tuple[bytes, bytes]:
-    """Pickle ``fn`` (by reference) and its arguments, with a clear TypeError when that cannot work."""
+def _pack_target(fn: Callable, args: Sequence, kwargs: Mapping | None, what: str = "fn") -> tuple[bytes, bytes]:
+    """Pickle ``fn`` (by reference) and its arguments, with a clear TypeError when that cannot work.
+
+    ``what`` names the function in messages (``"fn"``, or ``"role 'server' fn"``).
+    """
     if not callable(fn):
-        raise TypeError(f"launch_local: fn must be callable, got {type(fn).__name__}")
+        raise TypeError(f"launch_local: {what} must be callable, got {type(fn).__name__}")
     module, qualname = _callable_name(fn)
     advice = ("launch_local runs fn in freshly spawned processes, which import it by name: define it with "
               "`def` at the top level of an importable .py module and import it from there")
     if qualname and "<lambda>" in qualname:
-        raise TypeError(f"launch_local: fn is a lambda ({qualname}), which cannot be imported by the ranks; {advice}")
+        raise TypeError(f"launch_local: {what} is a lambda ({qualname}), which cannot be imported by the ranks; "
+                        f"{advice}")
     if qualname and "<locals>" in qualname:
         raise TypeError(
-            f"launch_local: fn {qualname} is a nested function or closure, which cannot be imported by the ranks; "
-            f"{advice}"
+            f"launch_local: {what} {qualname} is a nested function or closure, which cannot be imported by the "
+            f"ranks; {advice}"
         )
     if module == "__main__" and not getattr(sys.modules.get("__main__"), "__file__", None):
         raise TypeError(
-            f"launch_local: fn {qualname} is defined in an interactive session or notebook (module __main__ has "
-            f"no file), which the ranks cannot import; {advice}"
+            f"launch_local: {what} {qualname} is defined in an interactive session or notebook (module __main__ "
+            f"has no file), which the ranks cannot import; {advice}"
         )
     try:
         fn_bytes = pickle.dumps(fn, protocol=pickle.HIGHEST_PROTOCOL)
     except Exception as e:
-        raise TypeError(f"launch_local: fn {qualname or fn!r} cannot be sent to the ranks ({e}); {advice}") from e
+        raise TypeError(f"launch_local: {what} {qualname or fn!r} cannot be sent to the ranks ({e}); {advice}") from e
+    where = "" if what == "fn" else f" of {what.rsplit(' ', 1)[0]}"
     try:
         arg_bytes = pickle.dumps((tuple(args), dict(kwargs or {})), protocol=pickle.HIGHEST_PROTOCOL)
     except Exception as e:
-        raise TypeError(f"launch_local: args/kwargs cannot be pickled to send them to the ranks: {e}") from e
+        raise TypeError(f"launch_local: args/kwargs{where} cannot be pickled to send them to the ranks: {e}") from e
     return fn_bytes, arg_bytes
 
 
 def _start_store(master_addr: str, world_size: int):
-    """Host the rendezvous TCPStore in the launcher on a port the OS picks (no free-port race).
+    """Host the rendezvous TCPStore in the launcher, listening on ``master_addr`` only; (store, address, port).
 
-    The ranks join it as clients (``TORCHELASTIC_USE_AGENT_STORE``, as under torchrun), so the store also
-    outlives any rank that finishes early. Falls back to a free port that rank 0 binds itself.
+    A TCPStore server binds every interface (``*:PORT``, IPv4 and IPv6) by itself, although the ranks
+    reach it at one address. So the launcher binds and listens a socket on (``master_addr``, 0) — a port
+    the OS picks, so no free-port race — and hands a duplicate of it to the store (``master_listen_fd``;
+    the store owns and closes that one; torch 2.4-2.14 take it with the libuv server, the default, and
+    with the older one, tried second). The returned address is the numeric one bound, which becomes
+    ``MASTER_ADDR``. The ranks join the store as clients (``TORCHELASTIC_USE_AGENT_STORE``, as under
+    torchrun), so it also outlives any rank that finishes early.
     """
-    try:
-        from torch.distributed import TCPStore
+    import socket
 
-        store = TCPStore(master_addr, 0, world_size, True, timeout=timedelta(seconds=60), wait_for_workers=False)
-        return store, int(store.port)
-    except Exception:  # pragma: no cover - fallback when the launcher cannot host a store
-        return None, _free_port(master_addr)
+    from torch.distributed import TCPStore
+
+    try:
+        family, _type, _proto, _name, sockaddr = socket.getaddrinfo(master_addr, 0, type=socket.SOCK_STREAM)[0]
+    except (socket.gaierror, IndexError) as e:
+        raise DistributedSetupError(f"master_addr {master_addr!r} cannot be resolved: {e}") from None
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind(sockaddr)
+            sock.listen(max(128, world_size))
+        except OSError as e:
+            raise DistributedSetupError(f"cannot listen on {master_addr} for the rendezvous store: {e}") from None
+        host, port = sock.getsockname()[:2]
+        errors = []
+        for use_libuv in (True, False):
+            fd = os.dup(sock.fileno())
+            try:
+                store = TCPStore(host, port, world_size, True, timeout=timedelta(seconds=60), wait_for_workers=False,
+                                 master_listen_fd=fd, use_libuv=use_libuv)
+            except Exception as e:  # noqa: BLE001 - the other server implementation is tried next
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+                errors.append(f"{type(e).__name__}: {e}")
+                continue
+            return store, host, int(port)
+    raise DistributedSetupError(f"cannot host the rendezvous store on {master_addr}: {'; '.join(errors)}")
 
 
 def _free_port(master_addr: str) -> int:
@@ -374,6 +363,8 @@ class _Supervisor:
     procs: list
     conns: list
     world_size: int
+    labels: list                                 # "rank 2 of 3" or "rank 2 of 3 (role worker, 1 of 2)"
+    roles: list                                  # (role, role_rank) per rank
     results: dict = field(default_factory=dict)
     failures: list = field(default_factory=list)
     awaiting: set = field(default_factory=set)   # ranks whose pipe may still carry a message
@@ -389,7 +380,7 @@ class _Supervisor:
             return
         except Exception as e:  # the result could not be unpickled here
             self.awaiting.discard(rank)
-            self._fail(_Failure(rank, 0, f"rank {rank} of {self.world_size} failed: its result could not be "
+            self._fail(_Failure(rank, 0, f"{self.labels[rank]} failed: its result could not be "
                                 f"unpickled in the launcher: {type(e).__name__}: {e}", time.time(),
                                 exc_type=type(e).__name__))
             return
@@ -400,7 +391,7 @@ class _Supervisor:
             info = msg[1]
             first = f"{info['type']}: {info['message']}" if info["message"] else info["type"]
             self._fail(_Failure(rank, 2 if info["comm"] else 0,
-                                f"rank {rank} of {self.world_size} failed: {first}", info["time"],
+                                f"{self.labels[rank]} failed: {first}", info["time"],
                                 exc_type=info["type"], tb=info["traceback"]))
 
     def exited(self, rank: int) -> None:
@@ -418,10 +409,10 @@ class _Supervisor:
         code = proc.exitcode
         if code != 0:
             after = "after returning its result" if rank in self.results else "without reporting an error"
-            self._fail(_Failure(rank, 1, f"rank {rank} of {self.world_size} died with exit code {code}"
+            self._fail(_Failure(rank, 1, f"{self.labels[rank]} died with exit code {code}"
                                 f"{_signal_name(code)} {after}", time.time(), exitcode=code))
         elif rank not in self.results:
-            self._fail(_Failure(rank, 1, f"rank {rank} of {self.world_size} exited with code 0 without "
+            self._fail(_Failure(rank, 1, f"{self.labels[rank]} exited with code 0 without "
                                 "returning a result (os._exit?)", time.time(), exitcode=code))
 
     def _fail(self, failure: _Failure) -> None:
@@ -438,9 +429,10 @@ class _Supervisor:
         if others:
             lines.append("--- other ranks ---")
             lines.extend(f.headline for f in others)
+        role, role_rank = self.roles[main.rank]
         return RankFailedError("\n".join(lines), rank=main.rank, world_size=self.world_size,
                                exc_type=main.exc_type, exitcode=main.exitcode, rank_traceback=main.tb,
-                               other_failures=[f.headline for f in others])
+                               other_failures=[f.headline for f in others], role=role, role_rank=role_rank)
 
 
 def _terminate(procs: list, grace_s: float = _KILL_GRACE_S) -> None:
@@ -469,21 +461,38 @@ def _terminate(procs: list, grace_s: float = _KILL_GRACE_S) -> None:
                 p.close()
 
 
-def launch_local(fn: Callable, world_size: int, *, args: Sequence = (), kwargs: Mapping | None = None,
+def launch_local(fn: Callable | None = None, world_size: int | None = None, *, roles: Sequence[Role] | None = None,
+                 args: Sequence = (), kwargs: Mapping | None = None,
                  backend: str | None = "gloo", timeout_s: float = 600.0, pg_timeout_s: float = 60.0,
                  threads_per_rank: int = 1, env: Mapping[str, Any] | None = None,
                  master_addr: str = "127.0.0.1", quiet: bool = False,
                  emulate_bandwidth: str | float | None = None, emulate_burst_bytes: int | None = None) -> list:
     """Run ``fn(ctx, *args, **kwargs)`` on ``world_size`` local ranks and return their results in rank order.
 
+    Roles: instead of ``fn``/``world_size``/``args``/``kwargs``, ``roles=[Role("server", serve),
+    Role("worker", work, 4, args=(...))]`` starts ``sum(role.count)`` ranks, given to the roles in order
+    (here rank 0 runs ``serve(ctx)``, ranks 1-4 ``work(ctx, ...)``), all in one process group. Each rank
+    sees its role in ``ctx.role``, ``ctx.role_rank`` (0-based within the role) and ``ctx.role_world_size``
+    (``ROLE_NAME``, ``ROLE_RANK``, ``ROLE_WORLD_SIZE`` in its environment, as under torchrun); a plain
+    launch is one role named ``"worker"``. The results still come back as one list in rank order, so
+    role ``i``'s results are the slice ``[sum(counts[:i]):sum(counts[:i + 1])]``. Everything below —
+    failures, timeouts, emulated networks — is the same with roles; only the messages name the role
+    (``rank 2 of 3 (role worker, 1 of 2) failed: ...``).
+
     Each rank is a process started with the multiprocessing ``spawn`` method. Before torch is imported
     there it gets ``OMP_NUM_THREADS``/``MKL_NUM_THREADS`` = ``threads_per_rank`` (and
     ``torch.set_num_threads``), ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``,
-    ``MASTER_ADDR``, ``MASTER_PORT`` and ``env`` (the launcher's variables win over ``env``); it then calls
-    :func:`init_distributed` with ``backend`` (None: automatic) and ``pg_timeout_s``, runs ``fn`` and sends
-    its return value (which must be picklable) back. ``fn`` must be a module-level function (or a
-    ``functools.partial`` of one) that the ranks can import; lambdas, closures and functions defined in
-    a notebook are refused up front with a TypeError.
+    ``MASTER_ADDR``, ``MASTER_PORT``, the role variables and ``env`` (the launcher's variables win over
+    ``env``); it then calls :func:`init_distributed` with ``backend`` (None: automatic) and
+    ``pg_timeout_s``, runs its function and sends the return value (which must be picklable) back. The
+    function must be a module-level function (or a ``functools.partial`` of one) that the ranks can
+    import; lambdas, closures and functions defined in a notebook are refused up front with a TypeError.
+
+    Refused up front with a ValueError, before any rank starts: ``timeout_s`` or ``pg_timeout_s`` not a
+    finite positive number of seconds, and more ranks than this machine can run
+    (:func:`max_local_ranks`: available memory and free process slots; the message states the limit).
+    ``backend="nccl"`` (or automatic with CUDA) without CUDA, or with fewer GPUs than ranks, is a
+    :class:`DistributedSetupError` up front too.
 
     Failures, all within a bounded time, never a hang, and with every rank process reaped:
 
@@ -499,33 +508,69 @@ def launch_local(fn: Callable, world_size: int, *, args: Sequence = (), kwargs: 
     Rank output goes to the launcher's stdout/stderr file descriptors; ``quiet=True`` discards the
     ranks' stdout (errors still come back as :class:`RankFailedError`).
 
+    The rendezvous store is hosted by the launcher and listens on ``master_addr`` only (not on every
+    interface); ``MASTER_ADDR`` is that address in numeric form.
+
     ``emulate_bandwidth`` (a tc-style rate such as ``"1gbit"`` or ``"200mbit"``, or bits per second) runs
     the ranks on an emulated network (:class:`repro.cluster.netns.EmulatedNetwork`): each rank in its own network
     namespace, joined by a bridge, every rank's link limited to that bandwidth in each direction by a
     ``tbf`` qdisc (bucket ``emulate_burst_bytes``, default ``max(rate x 1 ms, 64 KiB)``). The rendezvous
-    store listens on the bridge's address, which becomes ``MASTER_ADDR`` (``master_addr`` is not used);
-    each rank enters its namespace before anything else and gets ``GLOO_SOCKET_IFNAME`` (the namespace's
-    interface) and ``REPRO_EMULATED_BANDWIDTH_BPS``. The network is removed after the ranks are reaped,
-    whatever the outcome. Needs root, ``ip`` and ``tc``; otherwise
+    store listens on the bridge's address only, which becomes ``MASTER_ADDR`` (``master_addr`` is not
+    used); each rank enters its namespace before anything else and gets ``GLOO_SOCKET_IFNAME`` (the
+    namespace's interface) and ``REPRO_EMULATED_BANDWIDTH_BPS``. The network is removed after the ranks
+    are reaped, whatever the outcome. Needs root, ``ip`` and ``tc``; otherwise
     :class:`repro.cluster.netns.EmulationUnavailableError` says so before anything starts (leave
     ``emulate_bandwidth=None`` to run without emulation).
     """
-    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
-        raise ValueError(f"world_size must be a positive integer, got {world_size!r}")
+    if roles is None:
+        if fn is None or world_size is None:
+            raise ValueError("launch_local: give either fn and world_size or roles=[Role(name, fn, count), ...]")
+        if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+            raise ValueError(f"world_size must be a positive integer, got {world_size!r}")
+    else:
+        if fn is not None or world_size is not None:
+            raise ValueError("launch_local: give either fn and world_size or roles=[Role(name, fn, count), ...], "
+                             "not both")
+        if tuple(args) or kwargs:
+            raise ValueError("launch_local: with roles, args and kwargs belong to each Role")
+        roles = list(roles)
+        if not roles:
+            raise ValueError("launch_local: roles needs at least one Role")
+        seen = set()
+        for role in roles:
+            if not isinstance(role, Role):
+                raise TypeError(f"launch_local: roles must be Role objects, got {type(role).__name__}")
+            if role.name in seen:
+                raise ValueError(f"launch_local: duplicate role name {role.name!r}")
+            seen.add(role.name)
     if isinstance(threads_per_rank, bool) or not isinstance(threads_per_rank, int) or threads_per_rank < 1:
         raise ValueError(f"threads_per_rank must be a positive integer, got {threads_per_rank!r}")
-    if not timeout_s > 0:
-        raise ValueError(f"timeout_s must be positive, got {timeout_s}")
-    if not pg_timeout_s > 0:
-        raise ValueError(f"pg_timeout_s must be positive, got {pg_timeout_s}")
+    timeout_s = _check_timeout("timeout_s", timeout_s)
+    pg_timeout_s = _check_timeout("pg_timeout_s", pg_timeout_s)
     if backend is not None and str(backend).lower() not in SUPPORTED_BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; use one of {', '.join(SUPPORTED_BACKENDS)} or None")
-    payload = _pack_target(fn, args, kwargs)
+    if roles is None:
+        roles = [Role(DEFAULT_ROLE, fn, world_size, args, kwargs)]
+        named_roles = False
+        payloads = [_pack_target(fn, args, kwargs)]
+    else:
+        named_roles = True
+        payloads = [_pack_target(role.fn, role.args, role.kwargs, what=f"role {role.name!r} fn") for role in roles]
+        world_size = sum(role.count for role in roles)
+    _check_world_size(world_size)  # before anything per rank is built
+    _check_backend_devices(backend, world_size)
+    ranks = [(payload, role.name, i, role.count) for role, payload in zip(roles, payloads) for i in range(role.count)]
+    if named_roles:
+        labels = [f"rank {r} of {world_size} (role {name}, {i} of {count})"
+                  for r, (_p, name, i, count) in enumerate(ranks)]
+    else:
+        labels = [f"rank {r} of {world_size}" for r in range(world_size)]
+    common = dict(backend=backend, pg_timeout_s=pg_timeout_s, threads_per_rank=threads_per_rank, env=env,
+                  quiet=quiet, labels=labels, named_roles=named_roles)
     if emulate_bandwidth is None:
         if emulate_burst_bytes is not None:
             raise ValueError("emulate_burst_bytes is only used with emulate_bandwidth")
-        return _launch(payload, world_size, backend=backend, timeout_s=timeout_s, pg_timeout_s=pg_timeout_s,
-                       threads_per_rank=threads_per_rank, env=env, master_addr=master_addr, quiet=quiet)
+        return _launch(ranks, timeout_s=timeout_s, master_addr=master_addr, **common)
 
     from repro.cluster import netns as netem
 
@@ -539,33 +584,57 @@ def launch_local(fn: Callable, world_size: int, *, args: Sequence = (), kwargs: 
                                      "network", unfinished=range(world_size), timeout_s=timeout_s,
                                      world_size=world_size)
         rank_env = [net.rank_env(r) for r in range(world_size)]
-        return _launch(payload, world_size, backend=backend, timeout_s=timeout_left, pg_timeout_s=pg_timeout_s,
-                       threads_per_rank=threads_per_rank, env=env, master_addr=net.master_address, quiet=quiet,
-                       namespaces=list(net.namespaces), rank_env=rank_env, reported_timeout_s=timeout_s)
+        return _launch(ranks, timeout_s=timeout_left, master_addr=net.master_address,
+                       namespaces=list(net.namespaces), rank_env=rank_env, reported_timeout_s=timeout_s, **common)
 
 
-def _launch(payload: tuple[bytes, bytes], world_size: int, *, backend: str | None, timeout_s: float,
+def _check_backend_devices(backend: str | None, world_size: int) -> None:
+    """NCCL (asked for, or chosen automatically because CUDA is there) needs CUDA and one GPU per rank."""
+    if backend is not None and str(backend).lower() != "nccl":
+        return
+    import torch
+
+    cuda = torch.cuda.is_available()
+    if backend is None and not cuda:
+        return  # automatic: gloo on the CPU
+    if not cuda:
+        raise DistributedSetupError(
+            "backend 'nccl' needs CUDA, but torch.cuda.is_available() is False on this machine; use backend "
+            "'gloo' (or leave the backend to the automatic choice) to run the ranks on the CPU")
+    count = torch.cuda.device_count()
+    if world_size > count:
+        chosen = "backend 'nccl'" if backend is not None else "the automatic backend (nccl, as CUDA is available)"
+        raise DistributedSetupError(
+            f"{chosen} needs one GPU per rank, but {world_size} ranks were asked for and {count} GPU(s) are "
+            "visible; start at most that many ranks or use backend 'gloo'")
+
+
+def _launch(ranks: Sequence[tuple[tuple[bytes, bytes], str, int, int]], *, backend: str | None, timeout_s: float,
             pg_timeout_s: float, threads_per_rank: int, env: Mapping[str, Any] | None, master_addr: str,
-            quiet: bool, namespaces: Sequence[str] | None = None,
+            quiet: bool, labels: Sequence[str], named_roles: bool, namespaces: Sequence[str] | None = None,
             rank_env: Sequence[Mapping[str, str]] | None = None, reported_timeout_s: float | None = None) -> list:
-    """The body of :func:`launch_local` once its arguments are checked (and a network emulated, if asked)."""
+    """The body of :func:`launch_local` once its arguments are checked (and a network emulated, if asked).
+
+    ``ranks[r]`` = (pickled function and arguments, role, rank within the role, ranks in the role).
+    """
     import multiprocessing as mp
     from multiprocessing.connection import wait
 
+    world_size = len(ranks)
     if reported_timeout_s is None:
         reported_timeout_s = timeout_s
     start = time.monotonic()
     deadline = start + timeout_s
-    store, port = _start_store(master_addr, world_size)
+    store, master_host, port = _start_store(master_addr, world_size)
     base_env = {"OMP_NUM_THREADS": str(threads_per_rank), "MKL_NUM_THREADS": str(threads_per_rank)}
     base_env.update({str(k): str(v) for k, v in (env or {}).items()})
     base_env.update({
         "WORLD_SIZE": str(world_size),
         "LOCAL_WORLD_SIZE": str(world_size),
-        "MASTER_ADDR": master_addr,
+        "MASTER_ADDR": master_host,
         "MASTER_PORT": str(port),
         # With the store hosted here every rank is a client, as under torchrun's agent.
-        "TORCHELASTIC_USE_AGENT_STORE": str(store is not None),
+        "TORCHELASTIC_USE_AGENT_STORE": "True",
         "TORCHELASTIC_RESTART_COUNT": "0",
     })
 
@@ -573,10 +642,11 @@ def _launch(payload: tuple[bytes, bytes], world_size: int, *, backend: str | Non
     procs: list = []
     conns: list = []
     try:
-        for rank in range(world_size):
+        for rank, (payload, role, role_rank, role_count) in enumerate(ranks):
             reader, writer = ctx.Pipe(duplex=False)
             conns.append(reader)
-            this_env = dict(base_env, RANK=str(rank), LOCAL_RANK=str(rank))
+            this_env = dict(base_env, RANK=str(rank), LOCAL_RANK=str(rank), ROLE_NAME=role,
+                            ROLE_RANK=str(role_rank), ROLE_WORLD_SIZE=str(role_count))
             if rank_env is not None:
                 this_env.update(rank_env[rank])
             netns = namespaces[rank] if namespaces is not None else None
@@ -589,8 +659,8 @@ def _launch(payload: tuple[bytes, bytes], world_size: int, *, backend: str | Non
             procs.append(proc)
             writer.close()
 
-        sup = _Supervisor(procs, conns, world_size, awaiting=set(range(world_size)),
-                          running=set(range(world_size)))
+        sup = _Supervisor(procs, conns, world_size, list(labels), [(r[1], r[2]) for r in ranks],
+                          awaiting=set(range(world_size)), running=set(range(world_size)))
         conn_rank = {conns[r]: r for r in range(world_size)}
         sentinel_rank = {procs[r].sentinel: r for r in range(world_size)}
         first_failure = None
@@ -610,6 +680,9 @@ def _launch(payload: tuple[bytes, bytes], world_size: int, *, backend: str | Non
                     not_exited = sorted(r for r in sup.running if r in sup.results)
                     msg = (f"launch_local timed out after {reported_timeout_s:g} s: rank(s) {unfinished} of "
                            f"{world_size} had not finished")
+                    if named_roles:
+                        msg += " (" + "; ".join(f"rank {r}: role {ranks[r][1]}, {ranks[r][2]} of {ranks[r][3]}"
+                                                for r in unfinished) + ")"
                     if not_exited:
                         msg += f"; rank(s) {not_exited} returned but had not exited"
                     msg += "; all ranks were killed"
@@ -742,73 +815,3 @@ def _rank_main(rank: int, payload: tuple[bytes, bytes], conn, env: dict, parent_
             dist.barrier()
     _flush_std()
     os._exit(0)
-
-
-# --------------------------------------------------------------------------------------------------
-# torchrun command lines
-# --------------------------------------------------------------------------------------------------
-
-
-def torchrun_command(module_args: Sequence[str] | str, nproc_per_node: int | str, nnodes: int | str = 1,
-                     node_rank: int | str = 0, rdzv_endpoint: str | None = None, standalone: bool | None = None,
-                     *, python: str | None = None) -> list[str]:
-    """The ``python -m torch.distributed.run ...`` command line that starts a run (torchrun).
-
-    ``module_args``: what torchrun runs — ``["repro.train", "--steps", "10"]`` (a module name; ``-m`` is
-    added), ``["-m", "repro.train", ...]`` or ``["path/to/script.py", ...]`` (a ``.py`` file or a path);
-    a string is split with :func:`shlex.split`. ``nproc_per_node``: processes per node (an int, or
-    torchrun's ``"gpu"``/``"cpu"``/``"auto"``). ``standalone=None`` means ``--standalone`` (a private
-    rendezvous on this machine) for one node without ``rdzv_endpoint``. Several nodes need
-    ``rdzv_endpoint="HEAD:PORT"`` (the host of node 0) and each node's ``node_rank`` (static rendezvous);
-    ``nnodes``/``node_rank`` may be shell variables (strings). ``python`` defaults to ``sys.executable``.
-
-    Example::
-
-        >>> torchrun_command(["repro.train", "--steps", "10"], 2, python="python")
-        ['python', '-m', 'torch.distributed.run', '--standalone', '--nnodes', '1', '--nproc-per-node', '2', '-m', 'repro.train', '--steps', '10']
-
-    On SLURM, one task per node (``#SBATCH --nodes=2 --ntasks-per-node=1 --gpus-per-node=4``)::
-
-        HEAD=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
-        srun bash -c "python -m torch.distributed.run --nnodes \\$SLURM_NNODES --node-rank \\$SLURM_NODEID \\
-            --rdzv-endpoint $HEAD:29500 --nproc-per-node 4 -m repro.train ..."
-
-    which is ``" ".join(torchrun_command(["repro.train", ...], 4, nnodes="$SLURM_NNODES",
-    node_rank="$SLURM_NODEID", rdzv_endpoint=f"{head}:29500", python="python"))``
-    (``torchrun --nnodes $SLURM_NNODES --node_rank $SLURM_NODEID --rdzv-endpoint $HEAD:29500 ...`` is the
-    same with the ``torchrun`` script).
-    """
-    parts = shlex.split(module_args) if isinstance(module_args, str) else [str(a) for a in module_args]
-    if not parts or parts in (["-m"], ["--module"]):
-        raise ValueError("module_args must name a module or a script to run")
-    if isinstance(nproc_per_node, int) and not isinstance(nproc_per_node, bool):
-        if nproc_per_node < 1:
-            raise ValueError(f"nproc_per_node must be at least 1, got {nproc_per_node}")
-    elif str(nproc_per_node) not in ("gpu", "cpu", "auto") and not str(nproc_per_node).startswith("$"):
-        raise ValueError(f"nproc_per_node must be a positive int or one of gpu, cpu, auto; got {nproc_per_node!r}")
-    if isinstance(nnodes, int) and nnodes < 1:
-        raise ValueError(f"nnodes must be at least 1, got {nnodes}")
-    if isinstance(nnodes, int) and isinstance(node_rank, int) and not 0 <= node_rank < nnodes:
-        raise ValueError(f"node_rank must be in [0, nnodes={nnodes}), got {node_rank}")
-    single = str(nnodes) == "1"
-    if standalone is None:
-        standalone = single and rdzv_endpoint is None
-    if standalone and (not single or rdzv_endpoint is not None):
-        raise ValueError("standalone=True is for one node without rdzv_endpoint")
-    if not single and rdzv_endpoint is None:
-        raise ValueError("several nodes need rdzv_endpoint='HOST:PORT' (the host of node_rank 0)")
-
-    cmd = [python or sys.executable, "-m", "torch.distributed.run"]
-    if standalone:
-        cmd.append("--standalone")
-    cmd += ["--nnodes", str(nnodes)]
-    if rdzv_endpoint is not None:
-        cmd += ["--node-rank", str(node_rank), "--rdzv-endpoint", str(rdzv_endpoint)]
-    cmd += ["--nproc-per-node", str(nproc_per_node)]
-    if parts[0] in ("-m", "--module"):
-        cmd += ["-m", *parts[1:]]
-    elif parts[0].endswith(".py") or os.sep in parts[0] or "/" in parts[0]:
-        cmd += parts
-    else:
-        cmd += ["-m", *parts]
-    return cmd
