@@ -153,10 +153,21 @@ def cmd_launch(args: argparse.Namespace) -> None:
     from repro.train import config_from_argv, worker_from_argv
 
     train_args = [a for a in args.train_args if a != "--"] if args.train_args[:1] == ["--"] else args.train_args
-    _cfg, train = config_from_argv(train_args)  # bad arguments fail here, before any rank starts
+    overrides = {}
+    if args.emulate_bandwidth:  # the rate travels in the run's config (run.json), not in the environment
+        from repro.cluster.netns import parse_bandwidth
+
+        overrides["emulated_bandwidth_bps"] = float(parse_bandwidth(args.emulate_bandwidth))
+    cfg, train = config_from_argv(train_args, **overrides)  # bad arguments fail here, before any rank starts
     if not (math.isfinite(train.pg_timeout_s) and train.pg_timeout_s > 0):
         raise UsageError(f"--pg-timeout-s must be a finite positive number of seconds, got {train.pg_timeout_s:g}")
-    summary = _launch(args, worker_from_argv, (train_args,), backend=train.backend or "gloo",
+    if args.nproc >= 1:
+        cfg.check_world(args.nproc)  # e.g. an online planner on one rank, a preset without this P
+    if cfg.results_dir and cfg.run_id:
+        from repro.runs import prepare_run
+
+        prepare_run(cfg.results_dir, cfg.run_id, cfg.overwrite)  # a taken id or unwritable folder: now
+    summary = _launch(args, worker_from_argv, (train_args, overrides), backend=train.backend or "gloo",
                       pg_timeout_s=train.pg_timeout_s)
     print(json.dumps({k: v for k, v in summary.items() if k != "epochs"}))
 

@@ -53,7 +53,7 @@ from repro.cluster.torchrun import (
     SUPPORTED_BACKENDS,
     DistContext,
     DistributedSetupError,
-    _check_timeout,
+    check_timeout_s,
     distributed,
     init_distributed,
     shutdown_distributed,
@@ -545,8 +545,8 @@ def launch_local(fn: Callable | None = None, world_size: int | None = None, *, r
             seen.add(role.name)
     if isinstance(threads_per_rank, bool) or not isinstance(threads_per_rank, int) or threads_per_rank < 1:
         raise ValueError(f"threads_per_rank must be a positive integer, got {threads_per_rank!r}")
-    timeout_s = _check_timeout("timeout_s", timeout_s)
-    pg_timeout_s = _check_timeout("pg_timeout_s", pg_timeout_s)
+    timeout_s = check_timeout_s("timeout_s", timeout_s)
+    pg_timeout_s = check_timeout_s("pg_timeout_s", pg_timeout_s)
     if backend is not None and str(backend).lower() not in SUPPORTED_BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; use one of {', '.join(SUPPORTED_BACKENDS)} or None")
     if roles is None:

@@ -39,9 +39,11 @@ if TYPE_CHECKING:  # pragma: no cover
     import torch
 
 __all__ = [
+    "DEFAULT_ROLE",
     "DistContext",
     "DistributedSetupError",
     "SUPPORTED_BACKENDS",
+    "check_timeout_s",
     "distributed",
     "init_distributed",
     "shutdown_distributed",
@@ -54,7 +56,7 @@ _REQUIRED_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT
 _ENV_HINT = "start with torchrun or repro.cluster.local.launch_local"
 
 
-def _check_timeout(name: str, value: Any) -> float:
+def check_timeout_s(name: str, value: Any) -> float:
     """``value`` as seconds if it is a finite positive number; ValueError naming ``name`` otherwise."""
     ok = isinstance(value, numbers.Real) and not isinstance(value, bool)
     if not ok or not math.isfinite(value) or not value > 0:
@@ -216,7 +218,7 @@ def init_distributed(backend: str | None = None, device: Any = None, timeout_s: 
         raise DistributedSetupError(
             "the default process group is already initialised; call repro.cluster.torchrun.shutdown_distributed() first"
         )
-    timeout_s = _check_timeout("timeout_s", timeout_s)
+    timeout_s = check_timeout_s("timeout_s", timeout_s)
     rank, world, local_rank, _addr, _port = _read_env()
     role, role_rank, role_world = _read_role(rank, world)
     backend, dev = _choose_backend_device(backend, device, local_rank)
