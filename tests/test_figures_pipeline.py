@@ -38,7 +38,9 @@ from repro.figures.manifest import (  # noqa: E402
     load_manifest,
 )
 from repro.figures.runner import (  # noqa: E402
+    KERNEL_NAME,
     FiguresError,
+    check_kernel,
     main,
     notebook_parameters,
     run,
@@ -424,12 +426,22 @@ def _check_notebook_outputs(manifest: Path, notebook: str, out: Path) -> None:
 
 @pytest.mark.slow
 def test_runner_end_to_end_on_fixture(demo_manifest, tmp_path, capsys):
+    import repro
+
     out = tmp_path / "results"
     rc = main(["run", "--out", str(out), "--manifest", str(demo_manifest),
                "--parameters-json", '{"fig_id": "demo.tiny"}'])
     captured = capsys.readouterr()
     assert rc == 0, captured.err
-    assert "demo.ipynb" in captured.out
+    # progress: which notebook, its time, then one line per figure (id, status, file); then the index
+    lines = captured.out.splitlines()
+    assert lines[0] == "[1/1] demo.ipynb: 1 figure(s), running ..."
+    assert re.fullmatch(r"\[1/1\] demo\.ipynb: done in \d+ s", lines[1]), lines[1]
+    assert re.fullmatch(r"    done    demo\.tiny  \S*demo_tiny\.png", lines[2]), lines[2]
+    assert lines[3].startswith("index: ") and lines[3].endswith("index.html (and index.md)")
+    assert re.fullmatch(r"done: 1 notebook\(s\), 1 figure\(s\) in \S+ \(\d+ s\); open \S+index\.html",
+                        lines[4]), lines[4]
+    assert len(lines) == 5, "concise: nothing else on stdout"
 
     executed = json.loads((out / "notebooks" / "demo.ipynb").read_text())
     params = executed["metadata"]["papermill"]["parameters"]
@@ -438,6 +450,12 @@ def test_runner_end_to_end_on_fixture(demo_manifest, tmp_path, capsys):
     assert params["scale"] == "tiny"
     # the notebook ran in the notebooks folder
     assert (out / "data" / "cwd.txt").read_text() == str(demo_manifest.parent.resolve())
+    # beside the executed notebook: its nbconvert HTML page and the run record
+    page_nb = (out / "notebooks" / "demo.html").read_text()
+    assert page_nb.lstrip().lower().startswith("<!doctype html") and "Fixture notebook" in page_nb
+    record = json.loads((out / "notebooks" / "demo.run.json").read_text())
+    assert record["status"] == "done" and record["error"] is None and record["kernel"] == "repro"
+    assert record["tables"] == [] and record["seconds"] > 0
 
     for ext in ("png", "pdf", "json"):
         assert _nonempty(out / "figures" / f"demo_tiny.{ext}")
@@ -450,14 +468,21 @@ def test_runner_end_to_end_on_fixture(demo_manifest, tmp_path, capsys):
     for text in (md, page):
         assert "demo.tiny" in text and "demo.later" in text
         assert "Demo paper" in text
-        assert "planned — not yet generated" in text
-        assert "figures/demo_tiny.png" in text
-        assert "notebooks/demo.ipynb" in text
+        assert "figures/demo_tiny.png" in text and "figures/thumbs/demo_tiny.png" in text
+        assert "figures/demo_tiny.pdf" in text
+        assert "notebooks/demo.html" in text and "notebooks/demo.ipynb" not in text
         assert "A two-op timeline." in text
-        assert "repro 0.1.0" in text
+        assert f"repro {repro.__version__}" in text
+        assert "2 figures: 1 done, 1 planned, 0 failed, 0 missing" in text
+        assert "generated" not in text.split("\n", 3)[3], "one word per status: done, not generated"
     assert md.index("demo.tiny") < md.index("demo.later")
-    later = md[md.index("### `demo.later`"):]
-    assert "planned — not yet generated" in later and "figures/demo_later.png" not in later
+    assert "| [`demo.tiny`](#demo_tiny) | A tiny timeline | tiny | simulated | done |" in md
+    assert "| [`demo.later`](#demo_later) | Something for later | — | — | planned |" in md
+    later = page[page.index('id="demo_later"'):]
+    later = later[:later.index("</article>")]
+    assert 'class="badge planned"' in later and "Something for later" in later and "later.ipynb" in later
+    assert "<img" not in later and "demo_later.png" not in later
+    assert _nonempty(out / "figures" / "thumbs" / "demo_tiny.png")
 
     # rebuilding only the index gives the same listing
     (out / "index.md").unlink()
@@ -473,13 +498,16 @@ def test_runner_fails_naming_the_missing_figure(demo_manifest, tmp_path, capsys)
     stale.write_bytes(b"stale output of an earlier run")
     rc = main(["run", "--out", str(out), "--manifest", str(demo_manifest),
                "--parameters-json", '{"make_figure": false}'])
-    err = capsys.readouterr().err.strip()
+    captured = capsys.readouterr()
+    err = captured.err.strip()
     assert rc == 1
     assert len(err.splitlines()) == 1
     assert "demo_tiny.png" in err and "demo_tiny.pdf" in err and "demo.tiny" in err
+    assert "    failed  demo.tiny  missing demo_tiny.png, demo_tiny.pdf" in captured.out.splitlines()
     assert not stale.exists()
     assert (out / "index.md").is_file(), "the index is written even when the run fails"
-    assert "missing" in (out / "index.md").read_text()
+    assert "| [`demo.tiny`](#demo_tiny) | A tiny timeline | — | — | failed |" in (out / "index.md").read_text()
+    assert json.loads((out / "notebooks" / "demo.run.json").read_text())["status"] == "failed"
 
 
 @pytest.mark.slow
@@ -488,6 +516,10 @@ def test_runner_reports_a_failing_notebook(demo_manifest, tmp_path):
         run(tmp_path / "results", manifest=demo_manifest, parameters={"fail": True},
             say=lambda _msg: None)
     assert (tmp_path / "results" / "notebooks" / "demo.ipynb").is_file()
+    assert (tmp_path / "results" / "notebooks" / "demo.html").is_file(), "the traceback is readable as HTML"
+    page = (tmp_path / "results" / "index.html").read_text()
+    card = page[page.index('<article class="card failed" id="demo_tiny">'):]
+    assert "fixture asked to fail" in card[:card.index("</article>")]
 
 
 @pytest.mark.slow
@@ -495,12 +527,101 @@ def test_notebook_check_logic_on_fixture(demo_manifest, tmp_path):
     _check_notebook_outputs(demo_manifest, "demo.ipynb", tmp_path / "out")
 
 
+@pytest.mark.slow
+def test_runner_links_the_tables_a_notebook_writes(tmp_path):
+    """The run record lists the data/*.csv a notebook created or changed; the card links them."""
+    import nbformat
+
+    nbs = tmp_path / "nbs"
+    nbs.mkdir()
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [
+        nbformat.v4.new_code_cell('output_dir = "figures"\nresults_dir = "data"\nscale = "tiny"',
+                                  metadata={"tags": ["parameters"]}),
+        nbformat.v4.new_code_cell(
+            "import matplotlib\nmatplotlib.use('Agg')\nimport matplotlib.pyplot as plt\nimport pandas as pd\n"
+            "from repro.figures import save_figure\nfrom repro.results import write_table\n"
+            "df = pd.DataFrame({'P': [1, 2], 'speedup': [1.0, 1.9]})\n"
+            "write_table(df, results_dir, 'demo_tables_points', {})\n"
+            "write_table(df, results_dir, 'demo_tables', {})\n"
+            "fig, ax = plt.subplots(figsize=(3, 2))\nax.plot(df.P, df.speedup)\n"
+            "save_figure(fig, 'demo.tables', output_dir, scale=scale, source='measured')"),
+    ]
+    nb.metadata["kernelspec"] = {"name": "repro", "display_name": "Python (repro)", "language": "python"}
+    nbformat.write(nb, str(nbs / "tables.ipynb"))
+    manifest = _write_manifest(nbs, [_entry("demo.tables", "done", "tables.ipynb")], papers={"demo": "Demo"})
+    out = tmp_path / "results"
+    (out / "data").mkdir(parents=True)
+    pd.DataFrame({"x": [1]}).to_csv(out / "data" / "older_table.csv", index=False)  # not this notebook's
+    run(out, manifest=manifest, say=lambda _msg: None)
+    record = json.loads((out / "notebooks" / "tables.run.json").read_text())
+    assert record["tables"] == ["demo_tables", "demo_tables_points"]
+    page = (out / "index.html").read_text()
+    assert re.findall(r'href="(data/[^"]+)"', page) == ["data/demo_tables.csv", "data/demo_tables_points.csv"]
+
+
 def test_write_index_without_any_output(demo_manifest, tmp_path):
     md, page = write_index(tmp_path / "empty", manifest=demo_manifest)
     text = md.read_text()
-    assert "0 of 2 figures present" in text
-    assert "demo.tiny" in text and "missing" in text
-    assert "demo.later" in page.read_text()
+    assert "2 figures: 0 done, 1 planned, 0 failed, 1 missing" in text
+    assert "| [`demo.tiny`](#demo_tiny) | A tiny timeline | — | — | missing |" in text
+    assert "demo.later" in page.read_text() and 'class="card missing"' in page.read_text()
+
+
+def test_runner_says_how_to_install_a_missing_kernel(demo_manifest, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("JUPYTER_PATH", str(tmp_path / "no-kernels-here"))
+    rc = main(["run", "--out", str(tmp_path / "o"), "--manifest", str(demo_manifest),
+               "--kernel", "no-such-kernel-xyz"])
+    err = capsys.readouterr().err
+    assert rc == 1 and len(err.strip().splitlines()) == 1
+    assert "Jupyter kernel 'no-such-kernel-xyz' is not installed" in err
+    assert "-m ipykernel install --sys-prefix --name no-such-kernel-xyz" in err
+    assert not (tmp_path / "o" / "notebooks").exists(), "nothing runs without the kernel"
+
+
+def test_runner_refuses_a_kernel_without_repro(demo_manifest, tmp_path, monkeypatch):
+    """A kernel registered under the name but running a Python that lacks repro is found before running."""
+    fake_python = tmp_path / "bin" / "python-without-repro"
+    fake_python.parent.mkdir()
+    fake_python.write_text("#!/bin/sh\nexit 1\n")
+    fake_python.chmod(0o755)
+    spec_dir = tmp_path / "jupyter" / "kernels" / "repro"
+    spec_dir.mkdir(parents=True)
+    (spec_dir / "kernel.json").write_text(json.dumps({
+        "argv": [str(fake_python), "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+        "display_name": "Python (repro)", "language": "python"}))
+    monkeypatch.setenv("JUPYTER_PATH", str(tmp_path / "jupyter"))
+    with pytest.raises(FiguresError, match=r"kernel 'repro' runs .*python-without-repro, which cannot "
+                                           r"import repro; register it with: .* --name repro "
+                                           r'--display-name "Python \(repro\)"'):
+        check_kernel("repro")
+    # the default kernel of this environment (make install registers it) is fine
+    monkeypatch.delenv("JUPYTER_PATH")
+    assert KERNEL_NAME == "repro"
+    assert (check_kernel() / "kernel.json").is_file()
+
+
+def test_heartbeat_says_elapsed_time_and_cell(tmp_path):
+    import time as _time
+
+    from repro.figures.runner import _Heartbeat
+
+    executed = tmp_path / "nb.ipynb"
+    executed.write_text(json.dumps({"cells": [
+        {"cell_type": "markdown", "metadata": {}},
+        {"cell_type": "code", "metadata": {"papermill": {"status": "completed"}}},
+        {"cell_type": "code", "metadata": {"papermill": {"status": "running"}}},
+        {"cell_type": "code", "metadata": {"papermill": {"status": "pending"}}}]}))
+    said: list[str] = []
+    with _Heartbeat("[2/3] nb.ipynb:", executed, said.append, every=0.05):
+        _time.sleep(0.3)
+    assert said and all(re.fullmatch(r"\[2/3\] nb\.ipynb: running \d+ s, cell 2/3", m) for m in said), said
+    n = len(said)
+    _time.sleep(0.15)
+    assert len(said) == n, "stops with the notebook"
+    with _Heartbeat("x:", tmp_path / "absent.ipynb", said.append, every=0):
+        _time.sleep(0.1)
+    assert len(said) == n, "every=0 says nothing"
 
 
 def test_cli_list_and_bad_input(tmp_path, capsys):
@@ -568,7 +689,9 @@ def test_real_index_lists_every_done_figure_with_status(tmp_path):
 
     md, html = write_index(tmp_path)
     md_text, html_text = Path(md).read_text(), Path(html).read_text()
-    done = [e for e in load_manifest() if e.done]
-    assert len(done) >= 11
-    for e in done:
-        assert f"`{e.id}`" in md_text and e.id in html_text, e.id
+    entries = load_manifest()
+    assert sum(e.done for e in entries) >= 11
+    for e in entries:  # nothing ran in tmp_path: done figures are missing here, the others planned
+        state = "missing" if e.done else "planned"
+        assert re.search(rf"^\| \[`{re.escape(e.id)}`\]\(#{e.stem}\) \|.*\| {state} \|$", md_text, re.M), e.id
+        assert f'<article class="card {state}" id="{e.stem}">' in html_text, e.id

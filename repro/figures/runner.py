@@ -1,38 +1,54 @@
-"""Run the figure notebooks with papermill, check their outputs, and write the figure index.
+"""Run the figure notebooks with papermill, check their outputs, and write the figure gallery.
 
 ``python -m repro.figures run --out results`` (what ``make figures`` does):
 
 1. reads the manifest (``notebooks/figures.yaml``) and picks every notebook with a ``done`` figure
    (or those named by ``--only``: a figure id, a stem, a notebook or a paper prefix);
-2. executes each once with papermill (kernel ``python3``, working directory = the notebooks folder)
-   with the parameters ``output_dir = <out>/figures``, ``results_dir = <out>/data``,
-   ``scale = "tiny"`` plus any ``--parameters-json``; executed copies go to ``<out>/notebooks/``;
-3. checks that every declared figure of those notebooks exists as non-empty PNG and PDF in
-   ``<out>/figures/``;
-4. writes ``<out>/index.md`` and ``<out>/index.html`` listing every manifest id.
+2. checks that the Jupyter kernel (``repro``, registered by ``make install``) exists and can import
+   ``repro``, else stops with one line saying how to register it;
+3. executes each notebook once with papermill on that kernel (working directory = the notebooks
+   folder) with the parameters ``output_dir = <out>/figures``, ``results_dir = <out>/data``,
+   ``scale = "tiny"`` plus any ``--parameters-json``; executed copies go to ``<out>/notebooks/``, with
+   ``<name>.html`` (nbconvert) and ``<name>.run.json`` (status, seconds, error, tables written) beside
+   them; while a notebook runs, a line every 30 s says how long it has been running and which cell;
+4. checks that every declared figure of those notebooks exists as non-empty PNG and PDF in
+   ``<out>/figures/`` and prints one line per figure: id, status (done | failed), file;
+5. writes the gallery ``<out>/index.html`` and ``<out>/index.md`` (:mod:`repro.figures.gallery`).
 
-``index`` rebuilds only the index; ``list`` prints the manifest.
+``index`` rebuilds only the gallery; ``list`` prints the manifest. Status words are the same
+everywhere: ``done`` and ``planned`` in the manifest; ``done``, ``planned``, ``failed`` and ``missing``
+in the runner's lines and the gallery (see :data:`repro.figures.gallery.STATES`).
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime as _dt
-import html
 import json
-import os
+import shutil
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
-from .manifest import FigureEntry, ManifestError, done_notebooks, load_manifest, paper_titles
+from .gallery import (
+    notebook_html_path,
+    render_notebook_html,
+    run_record_path,
+    write_index,
+    write_run_record,
+)
+from .manifest import STATUSES, FigureEntry, ManifestError, done_notebooks, load_manifest, paper_titles
 
 __all__ = [
     "FiguresError",
     "RunReport",
+    "KERNEL_NAME",
+    "KERNEL_DISPLAY_NAME",
+    "check_kernel",
     "select_notebooks",
     "notebook_parameters",
     "missing_figures",
@@ -43,6 +59,9 @@ __all__ = [
 
 RESERVED_PARAMETERS = ("output_dir", "results_dir")
 DEFAULT_SCALE = "tiny"
+KERNEL_NAME = "repro"
+KERNEL_DISPLAY_NAME = "Python (repro)"
+HEARTBEAT_S = 30.0
 
 
 class FiguresError(RuntimeError):
@@ -124,6 +143,94 @@ def missing_figures(entries: Sequence[FigureEntry], notebooks: Iterable[str],
     return problems
 
 
+def _install_hint(name: str) -> str:
+    return (f"register it with: {_display_path(Path(sys.executable))} -m ipykernel install --sys-prefix "
+            f"--name {name} --display-name \"{KERNEL_DISPLAY_NAME if name == KERNEL_NAME else name}\" "
+            "(make install does this)")
+
+
+def _display_path(p: Path) -> str:
+    """``p`` relative to the working directory when it lies below it, else absolute."""
+    try:
+        return str(p.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(p)
+
+
+def check_kernel(name: str = KERNEL_NAME, cwd: str | Path | None = None) -> Path:
+    """Check that Jupyter kernel ``name`` is installed and its Python imports ``repro``; return its folder.
+
+    The import is tried in ``cwd`` (the notebooks folder, where the notebooks run), and only when the
+    kernel runs another interpreter than this one. Raises :class:`FiguresError` with one line saying
+    how to register the kernel.
+    """
+    try:
+        from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
+    except ImportError:
+        raise FiguresError("jupyter_client is not installed; install the notebooks extra: "
+                           "pip install -e '.[notebooks]' (make install does this)") from None
+    try:
+        spec = KernelSpecManager().get_kernel_spec(name)
+    except NoSuchKernel:
+        raise FiguresError(f"Jupyter kernel '{name}' is not installed; {_install_hint(name)}") from None
+    argv = list(spec.argv or [])
+    exe = shutil.which(argv[0]) if argv else None
+    if exe and Path(exe).resolve() != Path(sys.executable).resolve():
+        try:
+            ok = subprocess.run([exe, "-c", "import repro"], capture_output=True, timeout=120,
+                                cwd=str(cwd) if cwd else None).returncode == 0
+        except (OSError, subprocess.SubprocessError):
+            ok = False
+        if not ok:
+            raise FiguresError(f"Jupyter kernel '{name}' runs {exe}, which cannot import repro; "
+                               f"{_install_hint(name)}")
+    return Path(spec.resource_dir)
+
+
+def _cell_progress(executed: Path) -> str:
+    """``"cell 4/12"`` from the notebook papermill is writing (it saves at each cell start), or ``""``."""
+    try:
+        nb = json.loads(executed.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return ""  # not written yet, or caught mid-write
+    code = [c for c in nb.get("cells", []) if c.get("cell_type") == "code"]
+    for i, c in enumerate(code, 1):
+        if ((c.get("metadata") or {}).get("papermill") or {}).get("status") == "running":
+            return f"cell {i}/{len(code)}"
+    return ""
+
+
+class _Heartbeat:
+    """Says every ``every`` seconds how long a notebook has been running (and which cell), until stopped."""
+
+    def __init__(self, prefix: str, executed: Path, say: Callable[[str], None], every: float):
+        self.prefix, self.executed, self.say, self.every = prefix, executed, say, every
+        self.t0 = time.perf_counter()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="repro-figures-heartbeat", daemon=True)
+
+    def __enter__(self) -> "_Heartbeat":
+        if self.every > 0:
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.every):
+            cell = _cell_progress(self.executed)
+            self.say(f"{self.prefix} running {_duration(time.perf_counter() - self.t0)}"
+                     + (f", {cell}" if cell else ""))
+
+
+def _duration(seconds: float) -> str:
+    s = int(round(seconds))
+    return f"{s} s" if s < 60 else f"{s // 60}m{s % 60:02d}s"
+
+
 def _execute(src: Path, dst: Path, params: dict[str, Any], cwd: Path, kernel_name: str,
              log_output: bool, execution_timeout: float | None) -> str | None:
     """Execute one notebook; return None on success or a one-line reason."""
@@ -139,14 +246,16 @@ def _execute(src: Path, dst: Path, params: dict[str, Any], cwd: Path, kernel_nam
                             cwd=str(cwd), progress_bar=False, log_output=log_output, **kwargs)
     except PapermillExecutionError as e:
         evalue = " ".join(str(e.evalue).split())[:300]
-        return f"{src.name} failed in cell {e.exec_count}: {e.ename}: {evalue} (see {dst})"
-    except Exception as e:  # kernel missing, bad notebook JSON, timeout...
+        return f"{src.name} failed in cell {e.exec_count}: {e.ename}: {evalue} (see {dst.with_suffix('.html')})"
+    except Exception as e:  # kernel died, bad notebook JSON, timeout...
         msg = " ".join(str(e).split())[:300]
-        hint = ""
-        if "kernel" in msg.lower():
-            hint = " (register it with: python -m ipykernel install --sys-prefix --name python3)"
+        hint = f" ({_install_hint(kernel_name)})" if "kernel" in msg.lower() else ""
         return f"{src.name} could not be executed: {type(e).__name__}: {msg}{hint}"
     return None
+
+
+def _table_stamps(data_dir: Path) -> dict[str, int]:
+    return {p.stem: p.stat().st_mtime_ns for p in data_dir.glob("*.csv")}
 
 
 def run(
@@ -155,20 +264,24 @@ def run(
     only: Iterable[str] | None = None,
     parameters: dict[str, Any] | None = None,
     manifest: str | Path | None = None,
-    kernel_name: str = "python3",
+    kernel_name: str = KERNEL_NAME,
     log_output: bool = False,
     execution_timeout: float | None = None,
     say: Callable[[str], None] = _say,
+    heartbeat_s: float = HEARTBEAT_S,
 ) -> RunReport:
-    """Execute the selected notebooks, verify their figures, write the index; raise on any failure.
+    """Execute the selected notebooks, verify their figures, write the gallery; raise on any failure.
 
     Raises :class:`FiguresError` (one-line message naming failed notebooks and missing files) after
-    writing the index, or :class:`repro.figures.manifest.ManifestError` for a bad manifest.
+    writing the gallery, or before running anything when the kernel is missing;
+    :class:`repro.figures.manifest.ManifestError` for a bad manifest.
     """
     entries = load_manifest(manifest)
     out = Path(out).resolve()
     params = notebook_parameters(out, parameters)
     notebooks = select_notebooks(entries, only)
+    if notebooks:
+        check_kernel(kernel_name, cwd=entries[0].notebooks_dir)
     fig_dir, data_dir, nb_out = out / "figures", out / "data", out / "notebooks"
     for d in (fig_dir, data_dir, nb_out):
         d.mkdir(parents=True, exist_ok=True)
@@ -177,6 +290,7 @@ def run(
         say("no notebook has a done figure; writing the index only")
 
     failures: list[str] = []
+    n = len(notebooks)
     for i, nb in enumerate(notebooks, 1):
         declared = [e for e in entries if e.done and e.notebook == nb]
         for e in declared:  # stale files from an earlier run must not pass the check
@@ -184,34 +298,55 @@ def run(
                 p.unlink(missing_ok=True)
         src = declared[0].notebook_path
         dst = nb_out / nb
-        dst.unlink(missing_ok=True)
-        say(f"[{i}/{len(notebooks)}] {nb}: {len(declared)} figure(s) ...")
+        for stale in (dst, notebook_html_path(out, nb), run_record_path(out, nb)):
+            stale.unlink(missing_ok=True)
+        prefix = f"[{i}/{n}] {nb}:"
+        say(f"{prefix} {len(declared)} figure(s), running ...")
+        before = _table_stamps(data_dir)
+        started = _dt.datetime.now(_dt.timezone.utc)
         t0 = time.perf_counter()
-        err = _execute(src, dst, params, src.parent, kernel_name, log_output, execution_timeout)
+        with _Heartbeat(prefix, dst, say, heartbeat_s):
+            err = _execute(src, dst, params, src.parent, kernel_name, log_output, execution_timeout)
         dt = time.perf_counter() - t0
         report.seconds[nb] = dt
+        after = _table_stamps(data_dir)
+        tables = sorted(t for t, stamp in after.items() if before.get(t) != stamp)
         if dst.is_file():
             report.executed.append(dst)
+            try:
+                render_notebook_html(dst, notebook_html_path(out, nb))
+            except Exception as exc:  # the run itself is fine; the gallery just lacks the page
+                say(f"warning: could not render {nb} as HTML: {type(exc).__name__}: "
+                    f"{' '.join(str(exc).split())[:200]}")
+        missing = missing_figures(declared, [nb], fig_dir)
+        status = "failed" if (err or missing) else "done"
+        write_run_record(out, nb, {"status": status, "error": err, "seconds": round(dt, 3),
+                                   "started_utc": started.isoformat(timespec="seconds"),
+                                   "kernel": kernel_name, "parameters": params, "tables": tables})
         if err:
             failures.append(err)
-            say(f"[{i}/{len(notebooks)}] {nb}: FAILED after {dt:.1f} s")
-        else:
-            say(f"[{i}/{len(notebooks)}] {nb}: ok in {dt:.1f} s")
+        say(f"{prefix} {status} in {_duration(dt)}")
+        width = max(len(e.id) for e in declared)
+        for e in declared:
+            files = e.files(fig_dir)
+            absent = [files[x].name for x in ("png", "pdf")
+                      if not files[x].is_file() or files[x].stat().st_size == 0]
+            if absent:
+                say(f"    failed  {e.id:<{width}}  missing {', '.join(absent)}")
+            else:
+                report.figures += [files["png"], files["pdf"]]
+                say(f"    done    {e.id:<{width}}  {_display_path(files['png'])}")
+                if not files["json"].is_file():
+                    say(f"    warning: {e.id} has no sidecar {files['json'].name} (save it with save_figure)")
 
     missing = missing_figures(entries, notebooks, fig_dir)
-    for e in entries:
-        if e.done and e.notebook in notebooks:
-            files = e.files(fig_dir)
-            report.figures += [files[x] for x in ("png", "pdf") if files[x].is_file()]
-            if files["png"].is_file() and not files["json"].is_file():
-                say(f"warning: {e.id} has no sidecar {files['json'].name} (save it with save_figure)")
     known = {e.stem for e in entries}
     extra = sorted(p.name for p in fig_dir.glob("*.png") if p.stem not in known)
     if extra:
         say(f"warning: figures not in the manifest (not indexed): {', '.join(extra)}")
 
-    report.index_md, report.index_html = write_index(out, manifest=manifest, entries=entries)
-    say(f"index: {report.index_md} and {report.index_html.name}")
+    report.index_md, report.index_html = write_index(out, manifest=manifest, entries=entries, warn=say)
+    say(f"index: {_display_path(report.index_html)} (and {report.index_md.name})")
 
     problems = list(failures)
     if missing:
@@ -219,188 +354,6 @@ def run(
     if problems:
         raise FiguresError(" | ".join(problems))
     return report
-
-
-# ------------------------------------------------------------------------------------------ index
-
-def _git_revision(where: Path) -> str:
-    env = dict(os.environ, GIT_OPTIONAL_LOCKS="0")
-    try:
-        rev = subprocess.run(["git", "-C", str(where), "rev-parse", "--short", "HEAD"],
-                             capture_output=True, text=True, timeout=10, env=env)
-        if rev.returncode != 0:
-            return "unknown"
-        dirty = subprocess.run(["git", "-C", str(where), "diff", "--quiet", "HEAD", "--"],
-                               capture_output=True, timeout=10, env=env)
-        return rev.stdout.strip() + ("+dirty" if dirty.returncode == 1 else "")
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-
-
-def _read_sidecar(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-        return data if isinstance(data, dict) else {}
-    except (OSError, ValueError):
-        return {}
-
-
-def _source_text(src: Any) -> str:
-    if isinstance(src, list):
-        return " + ".join(str(s) for s in src)
-    return str(src) if src else "?"
-
-
-def _figure_rows(out: Path, entries: Sequence[FigureEntry]) -> list[dict[str, Any]]:
-    rows = []
-    for e in entries:
-        files = e.files(out / "figures")
-        exists = files["png"].is_file()
-        side = _read_sidecar(files["json"]) if files["json"].is_file() else {}
-        executed = out / "notebooks" / e.notebook
-        if exists:
-            state = "generated"
-        elif e.done:
-            state = "missing"
-        else:
-            state = "planned"
-        rows.append({
-            "entry": e,
-            "state": state,
-            "png": f"figures/{files['png'].name}" if exists else None,
-            "pdf": f"figures/{files['pdf'].name}" if files["pdf"].is_file() else None,
-            "scale": side.get("scale"),
-            "source": _source_text(side.get("source")) if side else None,
-            "caption": side.get("caption") or "",
-            "paper_numbers": side.get("paper_numbers") or "",
-            "notebook": f"notebooks/{e.notebook}" if executed.is_file() else None,
-        })
-    return rows
-
-
-def _status_text(row: dict[str, Any]) -> str:
-    e = row["entry"]
-    if row["state"] == "planned":
-        return "planned — not yet generated"
-    if row["state"] == "missing":
-        return f"{e.status} — missing: not generated in this folder (run make figures)"
-    return e.status
-
-
-def write_index(out: str | Path, *, manifest: str | Path | None = None,
-                entries: Sequence[FigureEntry] | None = None) -> tuple[Path, Path]:
-    """Write ``<out>/index.md`` and ``<out>/index.html`` listing every manifest id; return both paths."""
-    from repro import __version__
-
-    out = Path(out).resolve()
-    out.mkdir(parents=True, exist_ok=True)
-    if entries is None:
-        entries = load_manifest(manifest, check_files=False)
-    titles = paper_titles(manifest)
-    rows = _figure_rows(out, entries)
-    where = entries[0].notebooks_dir if entries else Path(__file__).resolve().parent
-    date = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    rev = _git_revision(where)
-    n_gen = sum(r["state"] == "generated" for r in rows)
-    n_done = sum(r["entry"].done for r in rows)
-    header = (f"Generated {date} · repro {__version__} · git {rev} · "
-              f"{n_gen} of {len(rows)} figures present ({n_done} done, {len(rows) - n_done} planned)")
-    papers: list[str] = []
-    for r in rows:
-        if r["entry"].paper not in papers:
-            papers.append(r["entry"].paper)
-
-    md_path, html_path = out / "index.md", out / "index.html"
-    md_path.write_text(_render_md(rows, papers, titles, header), encoding="utf-8")
-    html_path.write_text(_render_html(rows, papers, titles, header), encoding="utf-8")
-    return md_path, html_path
-
-
-def _render_md(rows, papers, titles, header) -> str:
-    lines = ["# Figures", "", header, "",
-             "Scale \"tiny\" = CPU-sized runs; \"paper\" = the papers' settings. Source says whether a figure is "
-             "measured, simulated, an estimate, a cost model or read from a trace.", ""]
-    lines += ["| id | title | status |", "|---|---|---|"]
-    for r in rows:
-        e = r["entry"]
-        lines.append(f"| [`{e.id}`](#{e.stem}) | {e.title} | {r['state']} |")
-    for paper in papers:
-        lines += ["", f"## {titles.get(paper, paper)}", ""]
-        for r in (r for r in rows if r["entry"].paper == paper):
-            e = r["entry"]
-            lines += [f'<a id="{e.stem}"></a>', "", f"### `{e.id}` — {e.title}", ""]
-            lines.append(f"- status: {_status_text(r)}")
-            lines.append(f"- kind: {e.kind}")
-            if r["state"] == "generated":
-                lines.append(f"- scale: {r['scale'] or '?'} · source: {r['source'] or '?'}")
-            if r["paper_numbers"]:
-                lines.append(f"- paper numbers: {r['paper_numbers']}")
-            if r["notebook"]:
-                lines.append(f"- notebook: [{e.notebook}]({r['notebook']})")
-            else:
-                lines.append(f"- notebook: {e.notebook}" + (" (planned)" if not e.done else " (not executed here)"))
-            if e.notes:
-                lines.append(f"- notes: {e.notes}")
-            if r["caption"]:
-                lines += ["", r["caption"]]
-            if r["png"]:
-                pdf = f" ([PDF]({r['pdf']}))" if r["pdf"] else ""
-                lines += ["", f"![{e.id}]({r['png']}){pdf}"]
-            lines.append("")
-    return "\n".join(lines).rstrip() + "\n"
-
-
-_CSS = """
-body{font-family:system-ui,-apple-system,Segoe UI,Helvetica,Arial,sans-serif;max-width:1100px;margin:2em auto;
-padding:0 1em;color:#222;line-height:1.45}
-h1,h2{border-bottom:1px solid #ddd;padding-bottom:.2em} code{background:#f4f4f4;padding:0 .25em}
-table{border-collapse:collapse} td,th{border:1px solid #ddd;padding:.2em .6em;text-align:left}
-.figure{margin:1.2em 0 2em} .meta{color:#555;font-size:.92em;margin:.2em 0}
-.planned{color:#888} .missing{color:#b00020} .generated{color:#1a7f37}
-img{max-width:100%;border:1px solid #eee}
-"""
-
-
-def _render_html(rows, papers, titles, header) -> str:
-    esc = html.escape
-    parts = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
-             "<title>repro figures</title>", f"<style>{_CSS}</style></head><body>",
-             "<h1>Figures</h1>", f"<p>{esc(header)}</p>",
-             "<table><tr><th>id</th><th>title</th><th>status</th></tr>"]
-    for r in rows:
-        e = r["entry"]
-        parts.append(f'<tr><td><a href="#{esc(e.stem)}"><code>{esc(e.id)}</code></a></td>'
-                     f'<td>{esc(e.title)}</td><td class="{r["state"]}">{r["state"]}</td></tr>')
-    parts.append("</table>")
-    for paper in papers:
-        parts.append(f"<h2>{esc(titles.get(paper, paper))}</h2>")
-        for r in (r for r in rows if r["entry"].paper == paper):
-            e = r["entry"]
-            parts.append(f'<div class="figure" id="{esc(e.stem)}">')
-            parts.append(f"<h3><code>{esc(e.id)}</code> — {esc(e.title)}</h3>")
-            parts.append(f'<p class="meta">status: <span class="{r["state"]}">{esc(_status_text(r))}</span>'
-                         f" · kind: {esc(e.kind)}</p>")
-            if r["state"] == "generated":
-                parts.append(f'<p class="meta">scale: {esc(r["scale"] or "?")} · '
-                             f'source: {esc(r["source"] or "?")}</p>')
-            if r["paper_numbers"]:
-                parts.append(f'<p class="meta">paper numbers: {esc(r["paper_numbers"])}</p>')
-            if r["notebook"]:
-                parts.append(f'<p class="meta">notebook: <a href="{esc(r["notebook"])}">'
-                             f"{esc(e.notebook)}</a></p>")
-            else:
-                suffix = " (planned)" if not e.done else " (not executed here)"
-                parts.append(f'<p class="meta">notebook: {esc(e.notebook)}{suffix}</p>')
-            if e.notes:
-                parts.append(f'<p class="meta">notes: {esc(e.notes)}</p>')
-            if r["caption"]:
-                parts.append(f"<p>{esc(r['caption'])}</p>")
-            if r["png"]:
-                pdf = f' (<a href="{esc(r["pdf"])}">PDF</a>)' if r["pdf"] else ""
-                parts.append(f'<p><img src="{esc(r["png"])}" alt="{esc(e.id)}">{pdf}</p>')
-            parts.append("</div>")
-    parts.append("</body></html>")
-    return "\n".join(parts) + "\n"
 
 
 # -------------------------------------------------------------------------------------------- CLI
@@ -431,15 +384,20 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--parameters-json", default=None, metavar="JSON",
                    help='extra notebook parameters, e.g. \'{"scale": "paper"}\'')
     r.add_argument("--manifest", default=None, help="manifest path (default: notebooks/figures.yaml)")
-    r.add_argument("--kernel", default="python3", help="Jupyter kernel name (default: python3)")
+    r.add_argument("--kernel", default=KERNEL_NAME,
+                   help=f"Jupyter kernel to run the notebooks on (default: {KERNEL_NAME}, registered by "
+                        "make install)")
     r.add_argument("--log-output", action="store_true", help="stream the notebooks' output")
-    r.add_argument("--cell-timeout", type=float, default=None, help="seconds per cell (default: none)")
-    i = sub.add_parser("index", help="rebuild <out>/index.md and index.html only")
-    i.add_argument("--out", default="results")
-    i.add_argument("--manifest", default=None)
+    r.add_argument("--heartbeat", type=float, default=HEARTBEAT_S, metavar="SECONDS",
+                   help=f"say every SECONDS how long a notebook has run, 0: never (default: {HEARTBEAT_S:g})")
+    r.add_argument("--cell-timeout", type=float, default=None, metavar="SECONDS",
+                   help="seconds per cell (default: none)")
+    i = sub.add_parser("index", help="rebuild the gallery <out>/index.html and index.md only")
+    i.add_argument("--out", default="results", help="results folder (default: results)")
+    i.add_argument("--manifest", default=None, help="manifest path (default: notebooks/figures.yaml)")
     ls = sub.add_parser("list", help="print the manifest")
-    ls.add_argument("--manifest", default=None)
-    ls.add_argument("--status", choices=("done", "planned"), default=None)
+    ls.add_argument("--manifest", default=None, help="manifest path (default: notebooks/figures.yaml)")
+    ls.add_argument("--status", choices=STATUSES, default=None, help="only figures with this status")
     return p
 
 
@@ -458,12 +416,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             t0 = time.perf_counter()
             report = run(args.out, only=args.only, parameters=params, manifest=args.manifest,
                          kernel_name=args.kernel, log_output=args.log_output,
-                         execution_timeout=args.cell_timeout)
-            print(f"ok: {len(report.notebooks)} notebook(s), {len(report.figures)} file(s) in "
-                  f"{report.out / 'figures'} ({time.perf_counter() - t0:.0f} s)")
+                         execution_timeout=args.cell_timeout, heartbeat_s=args.heartbeat)
+            print(f"done: {len(report.notebooks)} notebook(s), {len(report.figures) // 2} figure(s) in "
+                  f"{_display_path(report.out / 'figures')} ({_duration(time.perf_counter() - t0)}); "
+                  f"open {_display_path(report.index_html)}")
         elif args.command == "index":
-            md, _ = write_index(args.out, manifest=args.manifest)
-            print(f"wrote {md} and {md.with_suffix('.html').name}")
+            md, page = write_index(args.out, manifest=args.manifest, warn=print)
+            print(f"wrote {_display_path(page)} and {md.name}")
         else:
             _print_manifest(load_manifest(args.manifest, check_files=False),
                             paper_titles(args.manifest), args.status)

@@ -1,0 +1,560 @@
+"""The figure gallery: ``<out>/index.html`` and ``<out>/index.md`` for a results folder.
+
+``write_index(out)`` reads the manifest and what lies under ``out`` (``figures/``, ``data/``,
+``notebooks/``) and writes a page that works from the file system (relative links only, nothing
+fetched from the network) and in any browser:
+
+* a summary table (id, title, scale, source, status), then one section per paper with a grid of
+  cards, one per manifest figure; a done figure's card shows its thumbnail and links to the full PNG,
+  the PDF, its data table(s) (CSV) and the executed notebook rendered as HTML; a planned figure's card
+  shows its title and notebook;
+* one status word per figure (:data:`STATES`), the same words the runner prints:
+
+  ``done``     the PNG and PDF are in ``figures/``;
+  ``planned``  the manifest says planned: no notebook makes it yet;
+  ``failed``   its notebook ran in this folder (a run record exists) but the figure is not there;
+  ``missing``  done in the manifest, but its notebook has not run in this folder.
+
+Side files it writes: ``figures/thumbs/<stem>.png`` (downscaled copies, refreshed when the figure is
+newer) and ``notebooks/<name>.html`` (nbconvert of the executed notebook, refreshed when stale).
+
+**Which tables a figure is drawn from** (:func:`figure_tables`), first rule that gives a table wins:
+
+1. ``tables`` in the figure's sidecar (``figures/<stem>.json``): table names (``mgwfbp_timeline``,
+   ``mgwfbp_timeline.csv`` or ``data/mgwfbp_timeline.csv``), as ``save_figure`` may record them;
+2. the tables written by the figure's notebook whose name is the figure's stem or starts with
+   ``<stem>_`` (``mgwfbp_optimal_gap`` and ``mgwfbp_optimal_gap_summary`` for ``mgwfbp.optimal_gap``);
+3. every table written by the figure's notebook (the card then says "tables of <notebook>").
+
+"Written by the notebook" is what the runner recorded in the notebook's run record
+(``notebooks/<name>.run.json``: the ``data/*.csv`` files created or changed while it ran). Without a
+record (a notebook executed by hand with papermill into ``notebooks/``), it is the tables whose
+``data/<name>.json`` time (``environment.time_utc``, from :func:`repro.results.write_table`) falls within
+the executed notebook's papermill start and end times.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import html
+import json
+import os
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+from urllib.parse import quote
+
+from .manifest import FigureEntry, load_manifest, paper_titles
+
+__all__ = [
+    "STATES",
+    "STATE_HELP",
+    "Card",
+    "run_record_path",
+    "read_run_record",
+    "write_run_record",
+    "notebook_html_path",
+    "render_notebook_html",
+    "make_thumbnail",
+    "figure_tables",
+    "collect_cards",
+    "write_index",
+]
+
+STATES: tuple[str, ...] = ("done", "planned", "failed", "missing")
+STATE_HELP: dict[str, str] = {
+    "done": "figure present (PNG and PDF)",
+    "planned": "no notebook makes it yet",
+    "failed": "its notebook ran here but the figure was not made (see the notebook)",
+    "missing": "its notebook has not run in this folder (make figures)",
+}
+THUMB_BOX: tuple[int, int] = (640, 400)  # 2x a card's picture area, for sharp thumbnails on HiDPI
+
+
+# ------------------------------------------------------------------------------------ side files
+
+def run_record_path(out: str | Path, notebook: str) -> Path:
+    """``<out>/notebooks/<name>.run.json``: what the runner did with ``notebook`` in ``out``."""
+    return Path(out) / "notebooks" / Path(notebook).with_suffix(".run.json")
+
+
+def notebook_html_path(out: str | Path, notebook: str) -> Path:
+    """``<out>/notebooks/<name>.html``: the executed notebook rendered by nbconvert."""
+    return Path(out) / "notebooks" / Path(notebook).with_suffix(".html")
+
+
+def write_run_record(out: str | Path, notebook: str, record: dict[str, Any]) -> Path:
+    p = run_record_path(out, notebook)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    tmp = p.with_name(p.name + ".tmp")
+    tmp.write_text(json.dumps({"notebook": notebook, **record}, indent=1) + "\n", encoding="utf-8")
+    os.replace(tmp, p)
+    return p
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def read_run_record(out: str | Path, notebook: str) -> dict[str, Any] | None:
+    """The run record of ``notebook`` in ``out``, or None if it never ran there (or it is unreadable)."""
+    return _read_json(run_record_path(out, notebook))
+
+
+def render_notebook_html(ipynb: str | Path, html_path: str | Path | None = None) -> Path:
+    """Render an executed notebook to standalone HTML with nbconvert (``lab`` template); return its path."""
+    import nbformat
+    from nbconvert import HTMLExporter
+
+    ipynb = Path(ipynb)
+    dst = Path(html_path) if html_path is not None else ipynb.with_suffix(".html")
+    nb = nbformat.read(str(ipynb), as_version=4)
+    body, _ = HTMLExporter().from_notebook_node(nb, resources={"metadata": {"name": ipynb.stem}})
+    tmp = dst.with_name(dst.name + ".tmp")
+    tmp.write_text(body, encoding="utf-8")
+    os.replace(tmp, dst)
+    return dst
+
+
+def make_thumbnail(png: str | Path, thumb: str | Path, box: tuple[int, int] = THUMB_BOX) -> Path:
+    """Write a copy of ``png`` downscaled to fit ``box`` (aspect kept, never upscaled); return its path."""
+    from PIL import Image
+
+    thumb = Path(thumb)
+    thumb.parent.mkdir(parents=True, exist_ok=True)
+    with Image.open(png) as im:
+        im = im.convert("RGBA") if im.mode in ("P", "LA", "RGBA") else im.convert("RGB")
+        im.thumbnail(box, Image.Resampling.LANCZOS)
+        tmp = thumb.with_name(thumb.name + ".tmp")
+        im.save(tmp, format="PNG", optimize=True)
+    os.replace(tmp, thumb)
+    return thumb
+
+
+def _fresh(derived: Path, source: Path) -> bool:
+    return derived.is_file() and derived.stat().st_mtime_ns >= source.stat().st_mtime_ns
+
+
+# ---------------------------------------------------------------------------------------- tables
+
+def _table_names_in(data_dir: Path) -> list[str]:
+    return sorted(p.stem for p in data_dir.glob("*.csv")) if data_dir.is_dir() else []
+
+
+def _parse_time(value: Any) -> _dt.datetime | None:
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        t = _dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return t if t.tzinfo else t.replace(tzinfo=_dt.timezone.utc)
+
+
+def _tables_in_time_window(data_dir: Path, executed: Path) -> list[str]:
+    """Tables whose write_table time lies within the executed notebook's papermill start/end."""
+    nb = _read_json(executed)
+    pm = ((nb or {}).get("metadata") or {}).get("papermill") or {}
+    start, end = _parse_time(pm.get("start_time")), _parse_time(pm.get("end_time"))
+    if start is None or end is None:
+        return []
+    slack = _dt.timedelta(seconds=1)  # time_utc is rounded down to whole seconds
+    names = []
+    for name in _table_names_in(data_dir):
+        meta = _read_json(data_dir / f"{name}.json") or {}
+        t = _parse_time((meta.get("environment") or {}).get("time_utc"))
+        if t is not None and start - slack <= t <= end + slack:
+            names.append(name)
+    return names
+
+
+def notebook_tables(out: str | Path, notebook: str, record: dict[str, Any] | None = None) -> list[str]:
+    """Names of the ``data/`` tables written by ``notebook`` in ``out`` (see the module docstring)."""
+    out = Path(out)
+    data_dir = out / "data"
+    if record is None:
+        record = read_run_record(out, notebook)
+    if record is not None and isinstance(record.get("tables"), list):
+        return [str(t) for t in record["tables"] if (data_dir / f"{t}.csv").is_file()]
+    executed = out / "notebooks" / notebook
+    return _tables_in_time_window(data_dir, executed) if executed.is_file() else []
+
+
+def _sidecar_table_name(item: Any) -> str | None:
+    if not isinstance(item, str) or not item.strip():
+        return None
+    name = Path(item.strip()).name
+    return name[:-4] if name.endswith(".csv") else name
+
+
+def figure_tables(out: str | Path, entry: FigureEntry, sidecar: dict[str, Any] | None = None,
+                  record: dict[str, Any] | None = None) -> tuple[list[str], list[str], str]:
+    """The tables ``entry`` is drawn from: ``(present names, absent names, rule)``.
+
+    ``rule`` is ``"sidecar"``, ``"name"`` or ``"notebook"`` (the three rules of the module docstring),
+    or ``""`` when none gives a table. Absent names come only from a sidecar naming a missing table.
+    """
+    out = Path(out)
+    data_dir = out / "data"
+    listed = (sidecar or {}).get("tables")
+    if isinstance(listed, (list, tuple)) and listed:
+        names = [n for n in (_sidecar_table_name(t) for t in listed) if n]
+        names = list(dict.fromkeys(names))
+        present = [n for n in names if (data_dir / f"{n}.csv").is_file()]
+        if names:
+            return present, [n for n in names if n not in present], "sidecar"
+    written = notebook_tables(out, entry.notebook, record)
+    named = [n for n in written if n == entry.stem or n.startswith(entry.stem + "_")]
+    if named:
+        return named, [], "name"
+    if written:
+        return written, [], "notebook"
+    return [], [], ""
+
+
+# ----------------------------------------------------------------------------------------- cards
+
+@dataclass
+class Card:
+    """One figure as the index shows it; paths are relative to the index's folder (POSIX)."""
+
+    entry: FigureEntry
+    state: str
+    png: str | None = None
+    pdf: str | None = None
+    thumb: str | None = None
+    notebook_html: str | None = None
+    tables: list[str] = field(default_factory=list)          # relative CSV paths
+    tables_absent: list[str] = field(default_factory=list)   # names a sidecar lists but data/ lacks
+    tables_rule: str = ""
+    scale: str | None = None
+    source: str | None = None
+    caption: str = ""
+    paper_numbers: str = ""
+    error: str = ""                                           # the notebook's failure, if it failed
+
+    @property
+    def anchor(self) -> str:
+        return self.entry.stem
+
+
+def _source_text(src: Any) -> str | None:
+    if isinstance(src, list):
+        return " + ".join(str(s) for s in src) or None
+    return str(src) if src else None
+
+
+def _rel(out: Path, p: Path) -> str:
+    return p.relative_to(out).as_posix()
+
+
+def _nonempty(p: Path) -> bool:
+    return p.is_file() and p.stat().st_size > 0
+
+
+def collect_cards(out: str | Path, entries: Sequence[FigureEntry], *,
+                  warn: Callable[[str], None] | None = None) -> list[Card]:
+    """A :class:`Card` per manifest entry, refreshing thumbnails and notebook HTML on the way."""
+    out = Path(out).resolve()
+    warn = warn or (lambda _msg: None)
+    records: dict[str, dict[str, Any] | None] = {}
+    html_links: dict[str, str | None] = {}
+    cards = []
+    for e in entries:
+        if not e.done:
+            cards.append(Card(entry=e, state="planned"))
+            continue
+        if e.notebook not in records:
+            records[e.notebook] = read_run_record(out, e.notebook)
+            html_links[e.notebook] = _notebook_link(out, e.notebook, warn)
+        record = records[e.notebook]
+        files = e.files(out / "figures")
+        png_ok, pdf_ok = _nonempty(files["png"]), _nonempty(files["pdf"])
+        if png_ok and pdf_ok:
+            state = "done"
+        elif record is not None:
+            state = "failed"
+        else:
+            state = "missing"
+        card = Card(entry=e, state=state, notebook_html=html_links[e.notebook])
+        if record is not None and record.get("status") == "failed":
+            card.error = str(record.get("error") or "the notebook failed")
+        if png_ok:
+            card.png = _rel(out, files["png"])
+            thumb = out / "figures" / "thumbs" / files["png"].name
+            try:
+                if not _fresh(thumb, files["png"]):
+                    make_thumbnail(files["png"], thumb)
+                card.thumb = _rel(out, thumb)
+            except Exception as exc:  # a PNG Pillow cannot read: show the full picture instead
+                warn(f"warning: no thumbnail for {e.id}: {type(exc).__name__}: {exc}")
+                card.thumb = card.png
+        if pdf_ok:
+            card.pdf = _rel(out, files["pdf"])
+        side = _read_json(files["json"]) if files["json"].is_file() else None
+        if side:
+            card.scale = str(side["scale"]) if side.get("scale") else None
+            card.source = _source_text(side.get("source"))
+            card.caption = str(side.get("caption") or "")
+            card.paper_numbers = str(side.get("paper_numbers") or "")
+        if state == "done":
+            present, absent, rule = figure_tables(out, e, side, record)
+            card.tables = [_rel(out, out / "data" / f"{n}.csv") for n in present]
+            card.tables_absent, card.tables_rule = absent, rule
+        cards.append(card)
+    return cards
+
+
+def _notebook_link(out: Path, notebook: str, warn: Callable[[str], None]) -> str | None:
+    """Relative link to the executed notebook's HTML (rendered now if absent or stale), or None."""
+    executed = out / "notebooks" / notebook
+    if not executed.is_file():
+        return None
+    page = notebook_html_path(out, notebook)
+    if not _fresh(page, executed):
+        try:
+            render_notebook_html(executed, page)
+        except Exception as exc:  # nbconvert missing or the notebook unreadable: no link, say why
+            warn(f"warning: could not render {executed.name} as HTML: {type(exc).__name__}: "
+                 f"{' '.join(str(exc).split())[:200]}")
+            return None
+    return _rel(out, page)
+
+
+# ----------------------------------------------------------------------------------------- index
+
+def _git_revision(where: Path) -> str:
+    env = dict(os.environ, GIT_OPTIONAL_LOCKS="0")
+    try:
+        rev = subprocess.run(["git", "-C", str(where), "rev-parse", "--short", "HEAD"],
+                             capture_output=True, text=True, timeout=10, env=env)
+        if rev.returncode != 0:
+            return "unknown"
+        dirty = subprocess.run(["git", "-C", str(where), "diff", "--quiet", "HEAD", "--"],
+                               capture_output=True, timeout=10, env=env)
+        return rev.stdout.strip() + ("+dirty" if dirty.returncode == 1 else "")
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def write_index(out: str | Path, *, manifest: str | Path | None = None,
+                entries: Sequence[FigureEntry] | None = None,
+                warn: Callable[[str], None] | None = None) -> tuple[Path, Path]:
+    """Write ``<out>/index.md`` and ``<out>/index.html`` listing every manifest id; return both paths."""
+    from repro import __version__
+
+    out = Path(out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    if entries is None:
+        entries = load_manifest(manifest, check_files=False)
+    titles = paper_titles(manifest)
+    cards = collect_cards(out, entries, warn=warn)
+    where = entries[0].notebooks_dir if entries else Path(__file__).resolve().parent
+    date = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    counts = {s: sum(c.state == s for c in cards) for s in STATES}
+    header = (f"Generated {date} · repro {__version__} · git {_git_revision(where)} · "
+              f"{len(cards)} figures: " + ", ".join(f"{counts[s]} {s}" for s in STATES))
+    papers: list[str] = []
+    for c in cards:
+        if c.entry.paper not in papers:
+            papers.append(c.entry.paper)
+    md_path, html_path = out / "index.md", out / "index.html"
+    md_path.write_text(_render_md(cards, papers, titles, header), encoding="utf-8")
+    html_path.write_text(_render_html(cards, papers, titles, header), encoding="utf-8")
+    return md_path, html_path
+
+
+_INTRO = ("Scale: \"tiny\" = CPU-sized runs, \"paper\" = the papers' settings. Source: measured, simulated, "
+          "estimate, model (cost model) or trace.")
+
+
+def _href(path: str) -> str:
+    return quote(path, safe="/#")
+
+
+def _tables_label(card: Card) -> str:
+    return f"tables of {card.entry.notebook}" if card.tables_rule == "notebook" else "data"
+
+
+# -- Markdown
+
+def _md_cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def _md_card(c: Card) -> str:
+    e = c.entry
+    parts = []
+    if c.thumb and c.png:
+        parts.append(f"[![{e.id}]({_href(c.thumb)})]({_href(c.png)})")
+    parts.append(f'<a id="{e.stem}"></a>**`{e.id}`** · **{c.state}**')
+    parts.append(_md_cell(e.title))
+    if c.scale or c.source:
+        parts.append(f"scale: {c.scale or '?'} · source: {_md_cell(c.source or '?')}")
+    else:
+        parts.append(f"kind: {_md_cell(e.kind)}")
+    links = []
+    if c.png:
+        links.append(f"[PNG]({_href(c.png)})")
+    if c.pdf:
+        links.append(f"[PDF]({_href(c.pdf)})")
+    if c.tables:
+        csvs = ", ".join(f"[{Path(t).name}]({_href(t)})" for t in c.tables)
+        links.append(f"{_tables_label(c)}: {csvs}")
+    if c.notebook_html:
+        links.append(f"notebook: [{_md_cell(e.notebook)}]({_href(c.notebook_html)})")
+    else:
+        links.append(f"notebook: {_md_cell(e.notebook)}")
+    parts.append(" · ".join(links))
+    if c.tables_absent:
+        parts.append("tables not found: " + ", ".join(c.tables_absent))
+    if c.caption:
+        parts.append(f"*{_md_cell(c.caption)}*")
+    if c.state in ("failed", "missing"):
+        parts.append(_md_cell(c.error or STATE_HELP[c.state]))
+    return "<br>".join(parts)
+
+
+def _render_md(cards: list[Card], papers: list[str], titles: dict[str, str], header: str) -> str:
+    lines = ["# Figures", "", header, "", _INTRO, "",
+             "Status: " + "; ".join(f"**{s}** = {STATE_HELP[s]}" for s in STATES) + ".", "",
+             "| id | title | scale | source | status |", "|---|---|---|---|---|"]
+    for c in cards:
+        e = c.entry
+        lines.append(f"| [`{e.id}`](#{e.stem}) | {_md_cell(e.title)} | {c.scale or '—'} | "
+                     f"{_md_cell(c.source or '—')} | {c.state} |")
+    per_row = 3
+    for paper in papers:
+        group = [c for c in cards if c.entry.paper == paper]
+        lines += ["", f"## {titles.get(paper, paper)}", "",
+                  "|" + " |" * per_row, "|" + "---|" * per_row]
+        for i in range(0, len(group), per_row):
+            row = [_md_card(c) for c in group[i:i + per_row]]
+            row += [""] * (per_row - len(row))
+            lines.append("| " + " | ".join(row) + " |")
+    return "\n".join(lines).rstrip() + "\n"
+
+
+# -- HTML
+
+_CSS = """
+:root{--fg:#1f2328;--muted:#59636e;--line:#d1d9e0;--bg:#f6f8fa}
+*{box-sizing:border-box}
+body{font-family:system-ui,-apple-system,"Segoe UI",Helvetica,Arial,sans-serif;margin:0 auto;max-width:1440px;
+padding:1.2em 1.6em 3em;color:var(--fg);line-height:1.45;font-size:15px}
+h1{margin:.2em 0 .1em} h2{margin:1.8em 0 .6em;padding-bottom:.25em;border-bottom:1px solid var(--line)}
+code{font-family:ui-monospace,SFMono-Regular,Menlo,Consolas,monospace;font-size:.92em}
+a{color:#0969da;text-decoration:none} a:hover{text-decoration:underline}
+.header,.intro{color:var(--muted);margin:.2em 0}
+table.summary{border-collapse:collapse;margin:1em 0;font-size:.92em;width:100%}
+.summary th,.summary td{border-bottom:1px solid var(--line);padding:.25em .6em;text-align:left;vertical-align:top}
+.summary th{background:var(--bg)}
+.grid{display:grid;grid-template-columns:repeat(auto-fill,minmax(300px,1fr));gap:16px;align-items:start}
+.card{border:1px solid var(--line);border-radius:8px;background:#fff;overflow:hidden;display:flex;
+flex-direction:column}
+.card:target{outline:3px solid #0969da}
+.thumb{display:flex;align-items:center;justify-content:center;height:210px;background:#fff;
+border-bottom:1px solid var(--line);padding:6px}
+.thumb img{max-width:100%;max-height:100%;object-fit:contain}
+.placeholder{height:64px;display:flex;align-items:center;justify-content:center;color:var(--muted);
+background:repeating-linear-gradient(45deg,#f6f8fa,#f6f8fa 8px,#eef1f4 8px,#eef1f4 16px);
+border-bottom:1px solid var(--line);font-size:.85em}
+.card.failed .placeholder,.card.missing .placeholder{height:120px}
+.body{padding:.6em .8em .7em}
+.id{display:flex;justify-content:space-between;align-items:baseline;gap:.5em}
+.id code{font-weight:600;word-break:break-all}
+.title{margin:.25em 0}
+.meta{color:var(--muted);font-size:.86em;margin:.2em 0}
+.links{font-size:.86em;margin:.35em 0 0}
+.links a{white-space:nowrap}
+.error{color:#b3261e;font-size:.85em;margin:.3em 0;word-break:break-word}
+details{font-size:.86em;margin-top:.35em;color:var(--muted)} summary{cursor:pointer}
+.badge{display:inline-block;font-size:.72em;font-weight:600;letter-spacing:.04em;text-transform:uppercase;
+padding:.1em .55em;border-radius:1em;white-space:nowrap}
+.badge.done{background:#dafbe1;color:#116329} .badge.planned{background:#eaeef2;color:#59636e}
+.badge.failed{background:#ffebe9;color:#a40e26} .badge.missing{background:#fff8c5;color:#7d4e00}
+"""
+
+
+def _badge(state: str) -> str:
+    return f'<span class="badge {state}" title="{html.escape(STATE_HELP[state])}">{state}</span>'
+
+
+def _html_card(c: Card) -> str:
+    esc = html.escape
+    e = c.entry
+    out = [f'<article class="card {c.state}" id="{esc(e.stem)}">']
+    if c.thumb and c.png:
+        out.append(f'<a class="thumb" href="{esc(_href(c.png))}" title="full-size PNG">'
+                   f'<img src="{esc(_href(c.thumb))}" alt="{esc(e.id)}: {esc(e.title)}" loading="lazy"></a>')
+    else:
+        out.append(f'<div class="placeholder">{esc(STATE_HELP[c.state])}</div>')
+    out.append('<div class="body">')
+    out.append(f'<div class="id"><code>{esc(e.id)}</code>{_badge(c.state)}</div>')
+    out.append(f'<p class="title">{esc(e.title)}</p>')
+    if c.scale or c.source:
+        out.append(f'<p class="meta">scale: {esc(c.scale or "?")} · source: {esc(c.source or "?")}</p>')
+    else:
+        out.append(f'<p class="meta">kind: {esc(e.kind)}</p>')
+    links = []
+    if c.png:
+        links.append(f'<a href="{esc(_href(c.png))}">PNG</a>')
+    if c.pdf:
+        links.append(f'<a href="{esc(_href(c.pdf))}">PDF</a>')
+    if c.tables:
+        csvs = ", ".join(f'<a href="{esc(_href(t))}">{esc(Path(t).name)}</a>' for t in c.tables)
+        links.append(f"{esc(_tables_label(c))}: {csvs}")
+    if c.notebook_html:
+        links.append(f'notebook: <a href="{esc(_href(c.notebook_html))}">{esc(e.notebook)}</a>')
+    else:
+        links.append(f"notebook: {esc(e.notebook)}")
+    out.append(f'<p class="links">{" · ".join(links)}</p>')
+    if c.tables_absent:
+        out.append(f'<p class="error">tables not found: {esc(", ".join(c.tables_absent))}</p>')
+    if c.error and c.state != "done":
+        out.append(f'<p class="error">{esc(c.error)}</p>')
+    more = []
+    if c.caption:
+        more.append(f"<p>{esc(c.caption)}</p>")
+    if c.paper_numbers:
+        more.append(f"<p>paper numbers: {esc(c.paper_numbers)}</p>")
+    if c.scale or c.source:
+        more.append(f"<p>kind: {esc(e.kind)}</p>")
+    if c.error and c.state == "done":
+        more.append(f'<p class="error">{esc(c.error)}</p>')
+    if e.notes:
+        more.append(f"<p>notes: {esc(e.notes)}</p>")
+    if more:
+        label = "caption" if c.caption else "details"
+        out.append(f"<details><summary>{label}</summary>{''.join(more)}</details>")
+    out.append("</div></article>")
+    return "".join(out)
+
+
+def _render_html(cards: list[Card], papers: list[str], titles: dict[str, str], header: str) -> str:
+    esc = html.escape
+    parts = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
+             '<meta name="viewport" content="width=device-width, initial-scale=1">',
+             "<title>repro figures</title>", f"<style>{_CSS}</style></head><body>",
+             "<h1>Figures</h1>", f'<p class="header">{esc(header)}</p>', f'<p class="intro">{esc(_INTRO)} '
+             "Status: " + "; ".join(f"{_badge(s)} {esc(STATE_HELP[s])}" for s in STATES) + ".</p>",
+             '<table class="summary"><thead><tr><th>id</th><th>title</th><th>scale</th><th>source</th>'
+             "<th>status</th></tr></thead><tbody>"]
+    for c in cards:
+        e = c.entry
+        parts.append(f'<tr><td><a href="#{esc(e.stem)}"><code>{esc(e.id)}</code></a></td>'
+                     f"<td>{esc(e.title)}</td><td>{esc(c.scale or '—')}</td><td>{esc(c.source or '—')}</td>"
+                     f"<td>{_badge(c.state)}</td></tr>")
+    parts.append("</tbody></table>")
+    for paper in papers:
+        parts.append(f'<section id="paper-{esc(paper)}"><h2>{esc(titles.get(paper, paper))}</h2>'
+                     '<div class="grid">')
+        parts += [_html_card(c) for c in cards if c.entry.paper == paper]
+        parts.append("</div></section>")
+    parts.append("</body></html>")
+    return "\n".join(parts) + "\n"
