@@ -4,20 +4,25 @@ SHELL := /bin/bash
 PYTHON ?= python3
 ifdef VIRTUAL_ENV
   PY := python
-  STAMP := $(VIRTUAL_ENV)/.repro-installed
+  ENV_DIR := $(VIRTUAL_ENV)
 else ifdef CONDA_PREFIX
   PY := python
-  STAMP := $(CONDA_PREFIX)/.repro-installed
+  ENV_DIR := $(CONDA_PREFIX)
 else
   PY := .venv/bin/python
-  STAMP := .venv/.repro-installed
+  ENV_DIR := .venv
 endif
+STAMP := $(ENV_DIR)/.repro-installed
+# The notebooks run on a Jupyter kernel of their own, "repro" ("Python (repro)"), registered in the env.
+KERNEL := $(ENV_DIR)/share/jupyter/kernels/repro/kernel.json
+# Headless browser for tests/test_gallery.py (skipped without one, except under CI).
+BROWSERS := chromium chromium-browser google-chrome google-chrome-stable
 RESULTS ?= results
 PYTEST_ARGS ?=
 
 .PHONY: install test figures benchmark clean
 
-install: $(STAMP)
+install: $(STAMP) $(KERNEL)
 
 $(STAMP): pyproject.toml constraints.txt
 ifndef VIRTUAL_ENV
@@ -27,8 +32,22 @@ endif
 endif
 	$(PY) -m pip install --upgrade pip >/dev/null
 	$(PY) -m pip install -c constraints.txt -e ".[notebooks,dev]"
-	$(PY) -m ipykernel install --sys-prefix --name python3 >/dev/null
+	@# chromium for the gallery test: only when none is found, only as root with apt-get, never fatal
+	@for b in $(BROWSERS); do command -v $$b >/dev/null 2>&1 && exit 0; done; \
+	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	  echo "installing chromium (headless browser for tests/test_gallery.py) ..."; \
+	  export DEBIAN_FRONTEND=noninteractive; \
+	  { apt-get install -y -qq chromium >/dev/null 2>&1 || \
+	    { apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq chromium >/dev/null 2>&1; }; } || \
+	  echo "note: could not install chromium; tests/test_gallery.py's browser test will skip (fail under CI)"; \
+	else \
+	  echo "note: no chromium (as root: apt-get install chromium); tests/test_gallery.py's browser test will skip (fail under CI)"; \
+	fi
 	touch $(STAMP)
+
+$(KERNEL): $(STAMP)
+	$(PY) -m ipykernel install --sys-prefix --name repro --display-name "Python (repro)" >/dev/null
+	@test -f $(KERNEL) || { echo "error: kernel spec not written at $(KERNEL)" >&2; exit 1; }
 
 test: install
 	$(PY) -m pytest $(PYTEST_ARGS)
