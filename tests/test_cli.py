@@ -242,3 +242,20 @@ def test_nproc_bound_states_the_limit_of_this_machine(capsys, no_ranks):
     rc, _, err = run(capsys, "calibrate", "--nproc", str(10 * limit + 100))
     assert rc == 2 and len(err.strip().splitlines()) == 1
     assert re.search(r"at most \d+ ranks \(.* GiB available memory / about \d+ MiB per rank", err), err
+
+
+def test_launch_records_the_emulated_rate_and_refuses_bad_runs_before_ranks_start(tmp_path):
+    import json as _json
+    import subprocess as _sp
+    import sys as _sys
+
+    base = [_sys.executable, "-m", "repro", "launch", "--nproc", "1", "--"]
+    r = _sp.run(base + ["--model", "tiny_vgg", "--scheduler", "optimal", "--steps", "1"], capture_output=True,
+                text=True)
+    assert r.returncode == 2 and "at least 2 ranks" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    (tmp_path / "taken").mkdir()
+    r = _sp.run(base + ["--model", "tiny_vgg", "--scheduler", "syncea", "--steps", "1", "--results-dir",
+                        str(tmp_path), "--run-id", "taken"], capture_output=True, text=True)
+    assert r.returncode == 2 and "already exists" in r.stderr
+    r = _sp.run(base + ["--model", "tiny_vgg", "--run-id", "../../x"], capture_output=True, text=True)
+    assert r.returncode == 2 and "is not allowed" in r.stderr

@@ -527,3 +527,19 @@ def test_timeout_and_interrupt_in_an_emulated_launch_leave_nothing_behind():
         launch_local(targets.hang_on_rank1, 2, emulate_bandwidth="1gbit", timeout_s=60, quiet=True)
     assert multiprocessing.active_children() == []
     _assert_nothing_new(before)
+
+
+@needs_emulation
+def test_repro_launch_records_the_emulated_rate_in_the_run(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", "repro", "launch", "--nproc", "2", "--emulate-bandwidth", "1gbit", "--",
+                        "--model", "tiny_vgg", "--scheduler", "syncea", "--steps", "1", "--warmup-steps", "1",
+                        "--compute-steps", "0", "--batch-size", "4", "--results-dir", str(tmp_path), "--run-id", "r"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    run = json.loads((tmp_path / "r" / "run.json").read_text())
+    assert run["config"]["emulated_bandwidth_bps"] == 1e9
+    assert run["summary"]["emulated_bandwidth_bps"] == 1e9
