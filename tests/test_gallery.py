@@ -213,7 +213,13 @@ def test_gallery_cards_statuses_and_links(fake_run):
     assert 'href="figures/demo_speedup.pdf"' in card
     assert "scale: tiny" in card and "source: simulated" in card
     assert 'href="notebooks/sim.html"' in card and "Caption of demo.speedup." in card
-    assert re.findall(r'href="(data/[^"]+)"', card) == ["data/demo_speedup.csv", "data/demo_speedup_summary.csv"]
+    links_part = card[:card.index('<details class="more">')]
+    assert re.findall(r'href="(data/[^"]+)"', links_part) == ["data/demo_speedup.csv", "data/demo_speedup_summary.csv"]
+    # found by name: the notebook's other tables are listed too, folded away (it may use them)
+    more = card[card.index('<details class="more">'):]
+    more = more[:more.index("</details>")]
+    assert "2 other table(s) of sim.ipynb" in more
+    assert re.findall(r'href="(data/[^"]+)"', more) == ["data/demo_layer_table.csv", "data/demo_unrelated.csv"]
     # the sidecar's list wins; a listed table that does not exist is said, not linked
     assert re.findall(r'href="(data/[^"]+)"', cards["demo_layers"]) == ["data/demo_layer_table.csv"]
     assert "tables not found: demo_absent" in cards["demo_layers"]
@@ -250,7 +256,9 @@ def test_thumbnails_are_downscaled_and_refreshed(fake_run):
     for stem in ("demo_speedup", "demo_layers", "demo_wide"):
         full = Image.open(out / "figures" / f"{stem}.png")
         thumb = Image.open(out / "figures" / "thumbs" / f"{stem}.png")
-        assert thumb.width <= 640 and thumb.height <= 400
+        assert thumb.width <= 640 and thumb.height <= 520
+        assert thumb.mode == "P", "palette PNG: a few times smaller than true colour"
+        assert (out / "figures" / "thumbs" / f"{stem}.png").stat().st_size < 60_000
         assert thumb.width < full.width
         assert abs(thumb.width / thumb.height - full.width / full.height) < 0.05, "aspect ratio kept"
     # a figure redrawn later gets a new thumbnail

@@ -26,6 +26,9 @@ newer) and ``notebooks/<name>.html`` (nbconvert of the executed notebook, refres
    ``<stem>_`` (``mgwfbp_optimal_gap`` and ``mgwfbp_optimal_gap_summary`` for ``mgwfbp.optimal_gap``);
 3. every table written by the figure's notebook (the card then says "tables of <notebook>").
 
+With rule 2 the card also lists, folded away, the notebook's other tables: a figure may be drawn from
+more than the tables named like it (paper values, reference lines) until its sidecar says which.
+
 "Written by the notebook" is what the runner recorded in the notebook's run record
 (``notebooks/<name>.run.json``: the ``data/*.csv`` files created or changed while it ran). Without a
 record (a notebook executed by hand with papermill into ``notebooks/``), it is the tables whose
@@ -57,6 +60,7 @@ __all__ = [
     "notebook_html_path",
     "render_notebook_html",
     "make_thumbnail",
+    "notebook_tables",
     "figure_tables",
     "collect_cards",
     "write_index",
@@ -69,7 +73,7 @@ STATE_HELP: dict[str, str] = {
     "failed": "its notebook ran here but the figure was not made (see the notebook)",
     "missing": "its notebook has not run in this folder (make figures)",
 }
-THUMB_BOX: tuple[int, int] = (640, 400)  # 2x a card's picture area, for sharp thumbnails on HiDPI
+THUMB_BOX: tuple[int, int] = (640, 520)  # 2x a card's picture area, for sharp thumbnails on HiDPI
 
 
 # ------------------------------------------------------------------------------------ side files
@@ -122,14 +126,21 @@ def render_notebook_html(ipynb: str | Path, html_path: str | Path | None = None)
 
 
 def make_thumbnail(png: str | Path, thumb: str | Path, box: tuple[int, int] = THUMB_BOX) -> Path:
-    """Write a copy of ``png`` downscaled to fit ``box`` (aspect kept, never upscaled); return its path."""
+    """Write a copy of ``png`` downscaled to fit ``box`` (aspect kept, never upscaled); return its path.
+
+    Transparency is flattened onto white and the result stored with a 256-colour palette: plots
+    look the same and the file is a few times smaller than a true-colour one.
+    """
     from PIL import Image
 
     thumb = Path(thumb)
     thumb.parent.mkdir(parents=True, exist_ok=True)
-    with Image.open(png) as im:
-        im = im.convert("RGBA") if im.mode in ("P", "LA", "RGBA") else im.convert("RGB")
+    with Image.open(png) as src:
+        rgba = src.convert("RGBA")
+        im = Image.new("RGB", rgba.size, "white")
+        im.paste(rgba, mask=rgba.getchannel("A"))
         im.thumbnail(box, Image.Resampling.LANCZOS)
+        im = im.quantize(colors=256, method=Image.Quantize.MEDIANCUT, dither=Image.Dither.NONE)
         tmp = thumb.with_name(thumb.name + ".tmp")
         im.save(tmp, format="PNG", optimize=True)
     os.replace(tmp, thumb)
@@ -198,6 +209,8 @@ def figure_tables(out: str | Path, entry: FigureEntry, sidecar: dict[str, Any] |
 
     ``rule`` is ``"sidecar"``, ``"name"`` or ``"notebook"`` (the three rules of the module docstring),
     or ``""`` when none gives a table. Absent names come only from a sidecar naming a missing table.
+    With rule ``"name"`` the figure may be drawn from more tables than those named like it (paper
+    values, reference lines): the gallery lists the notebook's other tables too, folded away.
     """
     out = Path(out)
     data_dir = out / "data"
@@ -230,6 +243,7 @@ class Card:
     thumb: str | None = None
     notebook_html: str | None = None
     tables: list[str] = field(default_factory=list)          # relative CSV paths
+    other_tables: list[str] = field(default_factory=list)    # the notebook's other tables (rule "name")
     tables_absent: list[str] = field(default_factory=list)   # names a sidecar lists but data/ lacks
     tables_rule: str = ""
     scale: str | None = None
@@ -306,6 +320,9 @@ def collect_cards(out: str | Path, entries: Sequence[FigureEntry], *,
             present, absent, rule = figure_tables(out, e, side, record)
             card.tables = [_rel(out, out / "data" / f"{n}.csv") for n in present]
             card.tables_absent, card.tables_rule = absent, rule
+            if rule == "name":
+                others = [n for n in notebook_tables(out, e.notebook, record) if n not in present]
+                card.other_tables = [_rel(out, out / "data" / f"{n}.csv") for n in others]
         cards.append(card)
     return cards
 
@@ -411,6 +428,9 @@ def _md_card(c: Card) -> str:
     else:
         links.append(f"notebook: {_md_cell(e.notebook)}")
     parts.append(" · ".join(links))
+    if c.other_tables:
+        parts.append(f"other tables of {_md_cell(e.notebook)}: "
+                     + ", ".join(f"[{Path(t).name}]({_href(t)})" for t in c.other_tables))
     if c.tables_absent:
         parts.append("tables not found: " + ", ".join(c.tables_absent))
     if c.caption:
@@ -458,7 +478,7 @@ table.summary{border-collapse:collapse;margin:1em 0;font-size:.92em;width:100%}
 .card{border:1px solid var(--line);border-radius:8px;background:#fff;overflow:hidden;display:flex;
 flex-direction:column}
 .card:target{outline:3px solid #0969da}
-.thumb{display:flex;align-items:center;justify-content:center;height:210px;background:#fff;
+.thumb{display:flex;align-items:center;justify-content:center;height:260px;background:#fff;
 border-bottom:1px solid var(--line);padding:6px}
 .thumb img{max-width:100%;max-height:100%;object-fit:contain}
 .placeholder{height:64px;display:flex;align-items:center;justify-content:center;color:var(--muted);
@@ -474,6 +494,7 @@ border-bottom:1px solid var(--line);font-size:.85em}
 .links a{white-space:nowrap}
 .error{color:#b3261e;font-size:.85em;margin:.3em 0;word-break:break-word}
 details{font-size:.86em;margin-top:.35em;color:var(--muted)} summary{cursor:pointer}
+details p{margin:.3em 0}
 .badge{display:inline-block;font-size:.72em;font-weight:600;letter-spacing:.04em;text-transform:uppercase;
 padding:.1em .55em;border-radius:1em;white-space:nowrap}
 .badge.done{background:#dafbe1;color:#116329} .badge.planned{background:#eaeef2;color:#59636e}
@@ -514,6 +535,10 @@ def _html_card(c: Card) -> str:
     else:
         links.append(f"notebook: {esc(e.notebook)}")
     out.append(f'<p class="links">{" · ".join(links)}</p>')
+    if c.other_tables:
+        csvs = ", ".join(f'<a href="{esc(_href(t))}">{esc(Path(t).name)}</a>' for t in c.other_tables)
+        out.append(f'<details class="more"><summary>{len(c.other_tables)} other table(s) of '
+                   f"{esc(e.notebook)}</summary><p>{csvs}</p></details>")
     if c.tables_absent:
         out.append(f'<p class="error">tables not found: {esc(", ".join(c.tables_absent))}</p>')
     if c.error and c.state != "done":
