@@ -1,13 +1,19 @@
 """Command line: ``repro {profile,plan,simulate,schedulers,presets,train,launch,calibrate}`` (also ``python -m repro``).
 
-JSON in and out. Bad input ends with exit status 2 and one line on stderr naming the problem.
+JSON in and out. Bad input ends with exit status 2 and one line on stderr, ``repro: error: ...``, naming
+the problem, before any work (outputs are checked to be writable first, and written atomically).
+Ctrl-C ends with status 130 and one line; a closed pipe (``repro presets | head``) ends quietly.
+``-v``/``-q`` before the subcommand set how much the package logs (see :mod:`repro.log`).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import signal
 import sys
+import uuid
 from pathlib import Path
 from typing import Sequence
 
@@ -23,17 +29,60 @@ class UsageError(Exception):
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):  # one line instead of usage + message
-        raise UsageError(f"{self.prog}: {message}")
+    """One line instead of usage + message; defaults shown in ``--help``."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        kwargs.setdefault("formatter_class", argparse.ArgumentDefaultsHelpFormatter)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str):
+        sub = self.prog[len("repro "):] if self.prog.startswith("repro ") else ""
+        raise UsageError(f"{sub}: {message}" if sub else message)
 
 
 def _add_cost_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("communication cost (choose one source)")
-    g.add_argument("--alpha-s", type=float, help="all-reduce start-up A: a message of b bytes costs A + B*b s")
+    g.add_argument("--alpha-s", type=float, help="all-reduce start-up A, seconds: a message of b bytes costs "
+                                                 "A + B*b s")
     g.add_argument("--beta-s-per-byte", type=float, help="all-reduce seconds per byte B")
-    g.add_argument("--network", help=f"published preset: {', '.join(preset_names())}")
-    g.add_argument("--cost", type=Path, help="a CostModel JSON file (as written by fits)")
-    g.add_argument("--workers", type=int, help="number of workers P (required with --network)")
+    g.add_argument("--network", metavar="PRESET",
+                   help=f"published preset: {', '.join(preset_names())} (`repro presets`)")
+    g.add_argument("--cost", type=Path, help="a CostModel JSON file (as written by `repro calibrate`)")
+    g.add_argument("--workers", type=int, help="number of workers P (required with --network; with --cost it "
+                                               "must match the file's P)")
+
+
+def _check_output(path: Path | None) -> None:
+    """Refuse, before any work, an output path that cannot be written: a folder, a path under a file or a
+    missing folder, or a place this process may not write."""
+    if path is None:
+        return
+    if path.is_dir():
+        raise UsageError(f"output {path} is a folder; give a file name")
+    parent = path.parent if str(path.parent) else Path(".")
+    for up in (parent, *parent.parents):
+        if up.exists():
+            if not up.is_dir():
+                raise UsageError(f"output {path}: {up} is a file, not a folder")
+            break
+    if not parent.is_dir():
+        raise UsageError(f"output {path}: folder {parent} does not exist")
+    probe = parent / f".{path.name}.probe-{uuid.uuid4().hex[:8]}"
+    try:
+        probe.write_text("")
+        probe.unlink()
+    except OSError as e:
+        raise UsageError(f"output {path} cannot be written: {e.strerror or e}") from None
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    tmp = path.parent / f".{path.name}.partial-{uuid.uuid4().hex[:8]}"
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise UsageError(f"output {path} cannot be written: {e.strerror or e}") from None
 
 
 def _cost_from_args(args: argparse.Namespace) -> CostModel:
@@ -58,9 +107,13 @@ def _cost_from_args(args: argparse.Namespace) -> CostModel:
 
 
 def _emit(obj: object, out: Path | None) -> None:
-    text = json.dumps(obj, indent=1)
+    try:
+        text = json.dumps(obj, indent=1, allow_nan=False)
+    except ValueError:
+        raise UsageError("the result holds a non-finite number (NaN or infinity); check the inputs' times "
+                         "and costs") from None
     if out is not None:
-        out.write_text(text + "\n")
+        _write_atomically(out, text + "\n")
     else:
         print(text)
 
@@ -68,6 +121,16 @@ def _emit(obj: object, out: Path | None) -> None:
 def cmd_profile(args: argparse.Namespace) -> None:
     if args.batch_size <= 0:
         raise UsageError(f"--batch-size must be positive, got {args.batch_size}")
+    if args.warmup < 0 or args.iters < 1:
+        raise UsageError(f"--warmup must be >= 0 and --iters >= 1, got {args.warmup} and {args.iters}")
+    from repro.workload.models import get_spec
+
+    get_spec(args.model)  # an unknown model fails now, before any work
+    if args.estimate_gpu:
+        from repro.workload.estimate import get_gpu
+
+        get_gpu(args.estimate_gpu)
+    _check_output(args.output)
     if args.estimate_gpu:
         from repro.workload.estimate import estimate_trace
 
@@ -77,7 +140,7 @@ def cmd_profile(args: argparse.Namespace) -> None:
 
         trace = profile_model(args.model, args.batch_size, device=args.device, view=args.view,
                               warmup=args.warmup, iters=args.iters)
-    trace.save(args.output)
+    _write_atomically(args.output, trace.to_json() + "\n")
     print(json.dumps({"output": str(args.output), "model": trace.model, "device": trace.device,
                       "layers": trace.num_layers, "forward_s": trace.total_forward_s,
                       "backward_s": trace.total_backward_s}))
@@ -86,6 +149,7 @@ def cmd_profile(args: argparse.Namespace) -> None:
 def cmd_plan(args: argparse.Namespace) -> None:
     from repro.planners import make_plan
 
+    _check_output(args.output)
     trace = load_trace(args.trace)
     cost = _cost_from_args(args)
     options = {}
@@ -105,6 +169,7 @@ def cmd_plan(args: argparse.Namespace) -> None:
 def cmd_simulate(args: argparse.Namespace) -> None:
     from repro.sim import simulate
 
+    _check_output(args.output)
     trace = load_trace(args.trace)
     plan = Plan.load(args.plan)
     cost = _cost_from_args(args)
@@ -218,6 +283,7 @@ def cmd_calibrate(args: argparse.Namespace) -> None:
             f"collective buffers on {args.nproc} ranks ({worst}: {factor[worst]:g} x max bytes per rank), but "
             f"about {room / 2**30:.1f} GiB are left ({avail / 2**30:.1f} GiB available less {args.nproc} x "
             f"{RANK_MEMORY_BYTES // 2**20} MiB per rank)")
+    _check_output(args.output)
     sizes = default_sizes_bytes(args.max_bytes, args.sizes, args.min_bytes)
     cost = _launch(args, fit_on_ranks, (sizes, kinds, args.repeats))
     if args.emulate_bandwidth:
@@ -239,37 +305,52 @@ def cmd_presets(args: argparse.Namespace) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="repro", description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    from repro import __version__
 
-    p = sub.add_parser("profile", help="measure (or estimate) a model's per-layer trace")
-    p.add_argument("--model", required=True)
-    p.add_argument("--batch-size", type=int, required=True)
-    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
-    p.add_argument("--estimate-gpu", help="estimate for a named GPU (roofline) instead of measuring")
-    p.add_argument("--view", default="module", choices=["module", "tensor"])
-    p.add_argument("--warmup", type=int, default=3)
-    p.add_argument("--iters", type=int, default=10)
-    p.add_argument("-o", "--output", type=Path, required=True)
+    parser = _Parser(prog="repro", description=__doc__.split("\n\n")[0].replace("``", ""))
+    parser.add_argument("--version", action="version", version=f"repro {__version__}")
+    parser.add_argument("-v", "--verbose", action="count", default=0,
+                        help="log progress (-v) or details (-vv) on stderr")
+    parser.add_argument("-q", "--quiet", action="store_true", help="log errors only")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser, metavar="COMMAND")
+
+    p = sub.add_parser("profile", help="measure (or estimate) a model's per-layer trace",
+                       description="Measure a model's per-layer forward/backward seconds on this device, or "
+                                   "estimate them for a named GPU (roofline), and write the Trace JSON.")
+    p.add_argument("--model", required=True, help="model name, e.g. resnet50, bert_base, tiny_resnet (an unknown "
+                                                   "name is refused with the list of valid ones)")
+    p.add_argument("--batch-size", type=int, required=True, help="samples per step")
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="where to measure")
+    p.add_argument("--estimate-gpu", help="estimate for this named GPU (roofline) instead of measuring, e.g. "
+                                          "V100 (an unknown name is refused with the list of valid ones)")
+    p.add_argument("--view", default="module", choices=["module", "tensor"],
+                   help="one layer per parameter-owning module, or per parameter tensor")
+    p.add_argument("--warmup", type=int, default=3, help="untimed iterations first")
+    p.add_argument("--iters", type=int, default=10, help="timed iterations (per-layer medians)")
+    p.add_argument("-o", "--output", type=Path, required=True, help="trace JSON file to write")
     p.set_defaults(func=cmd_profile)
 
     from repro.planners import planner_names
 
-    p = sub.add_parser("plan", help="choose buckets for a trace under a cost model")
+    p = sub.add_parser("plan", help="choose buckets for a trace under a cost model",
+                       description="Run a planner on a trace and a cost model; print the Plan JSON with its "
+                                   "predicted iteration seconds.")
     p.add_argument("--trace", required=True, help="trace JSON file or shipped trace name")
-    p.add_argument("--solver", required=True, choices=planner_names())
-    p.add_argument("--threshold-bytes", type=int)
+    p.add_argument("--solver", required=True, choices=planner_names(), help="planner")
+    p.add_argument("--threshold-bytes", type=int, help="bucket threshold of --solver threshold, bytes (>= 0)")
     p.add_argument("--wire-dtype", choices=sorted(WIRE_DTYPE_BYTES),
-                   help="communicate gradients in this dtype (e.g. float16)")
+                   help="communicate gradients in this dtype; the planner solves on those bytes")
     p.add_argument("-o", "--output", type=Path, help="write the plan here instead of stdout")
     _add_cost_flags(p)
     p.set_defaults(func=cmd_plan)
 
-    p = sub.add_parser("simulate", help="simulate one iteration of a plan")
+    p = sub.add_parser("simulate", help="simulate one iteration of a plan",
+                       description="Simulate one iteration of a trace under a plan and a cost model; print "
+                                   "the iteration seconds and the timeline.")
     p.add_argument("--trace", required=True, help="trace JSON file or shipped trace name")
-    p.add_argument("--plan", required=True, type=Path)
+    p.add_argument("--plan", required=True, type=Path, help="plan JSON file (from `repro plan`)")
     p.add_argument("--no-ops", action="store_true", help="omit the timeline")
-    p.add_argument("-o", "--output", type=Path)
+    p.add_argument("-o", "--output", type=Path, help="write the result here instead of stdout")
     _add_cost_flags(p)
     p.set_defaults(func=cmd_simulate)
 
@@ -283,14 +364,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("train_args", nargs=argparse.REMAINDER, help="-- followed by `repro train` arguments")
     p.set_defaults(func=cmd_launch)
 
-    p = sub.add_parser("calibrate", help="measure collectives on N local ranks and fit a cost model")
+    p = sub.add_parser("calibrate", help="measure collectives on N local ranks and fit a cost model",
+                       description="Time collectives on N local ranks (optionally on an emulated network) and "
+                                   "fit one line a + b*bytes per collective (relative-error least squares); "
+                                   "print the CostModel JSON with its measurements.")
     _add_local_flags(p)
     p.add_argument("--collectives", default="allreduce",
                    help="comma-separated: allreduce, reduce_scatter, allgather, sparse_allgather")
-    p.add_argument("--min-bytes", type=int, default=4096)
-    p.add_argument("--max-bytes", type=int, default=16 * 2**20)
-    p.add_argument("--sizes", type=int, default=8, help="number of message sizes (geometric)")
-    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--min-bytes", type=int, default=4096, help="smallest message, bytes (>= 4)")
+    p.add_argument("--max-bytes", type=int, default=16 * 2**20, help="largest message, bytes (>= 4 x --min-bytes)")
+    p.add_argument("--sizes", type=int, default=8, help="number of message sizes, geometric (2-64)")
+    p.add_argument("--repeats", type=int, default=5, help="timings per size (1-1000); the median counts")
     p.add_argument("-o", "--output", type=Path, help="write the CostModel JSON here instead of stdout")
     p.set_defaults(func=cmd_calibrate)
 
@@ -303,19 +387,31 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _first_line(e: BaseException) -> str:
+    return str(e).splitlines()[0] if str(e).strip() else type(e).__name__
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["train"]:  # per-rank training entry point (run it under torchrun)
         from repro.train import main as train_main
 
         return train_main(argv[1:], hard_exit=True)
+    if hasattr(signal, "SIGPIPE"):  # `repro presets | head`: end quietly when the reader goes away
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     try:
         args = build_parser().parse_args(argv)
+        from repro.log import configure
+
+        configure(args.verbose, args.quiet)
         args.func(args)
-    except (UsageError, TraceError, PlanError, CostModelError, ValueError, FileNotFoundError,
-            RuntimeError, TimeoutError) as e:
-        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
-        print(f"repro: error: {msg}", file=sys.stderr)
+        sys.stdout.flush()
+    except KeyboardInterrupt:
+        print("repro: interrupted", file=sys.stderr)
+        return 130
+    except (UsageError, TraceError, PlanError, CostModelError, ValueError, FileNotFoundError, RuntimeError,
+            TimeoutError, OSError) as e:
+        print(f"repro: error: {_first_line(e)}", file=sys.stderr)
         return 2
     return 0
 

@@ -516,10 +516,16 @@ def _write_run(cfg, summary, rows, epoch_rows, bucket_rows, trace, inrun_trace, 
 # Command line (per rank, under torchrun)
 # ---------------------------------------------------------------------------------------------
 
+class _Parser(argparse.ArgumentParser):
+    """Bad arguments raise ValueError (one line: ``repro: error: train: ...``), never a usage block."""
+
+    def error(self, message: str):
+        raise ValueError(f"train: {message}")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="repro train", description="Train one model with one scheduler (per rank; "
-                                "run under torchrun or `repro launch`).",
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = _Parser(prog="repro train", description="Train one model with one scheduler (per rank; run under "
+                "torchrun or `repro launch`).", formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     defaults = TrainConfig()
     for f in fields(TrainConfig):
         if not f.metadata.get("cli", True):
@@ -580,8 +586,11 @@ def main(argv: Sequence[str] | None = None, *, hard_exit: bool = False) -> int:
             summary = train_worker(ctx, cfg)
             if ctx.is_main:
                 print(json.dumps({k: v for k, v in summary.items() if k != "epochs"}))
+    except KeyboardInterrupt:
+        print("repro: interrupted", file=sys.stderr)
+        return 130
     except (ValueError, FileNotFoundError, DistributedSetupError) as e:
-        print(f"repro train: error: {str(e).splitlines()[0]}", file=sys.stderr)
+        print(f"repro: error: {str(e).splitlines()[0]}", file=sys.stderr)
         return 2
     if hard_exit:
         sys.stdout.flush()

@@ -28,7 +28,7 @@ def test_config_errors(kw, message):
 
 def test_cli_bad_input_is_one_line():
     r = subprocess.run([sys.executable, "-m", "repro", "train", "--scheduler", "nope"], capture_output=True, text=True)
-    assert r.returncode == 2 and r.stderr.strip().startswith("repro train: error: unknown scheduler")
+    assert r.returncode == 2 and r.stderr.strip().startswith("repro: error: unknown scheduler")
     assert len(r.stderr.strip().splitlines()) == 1
     r = subprocess.run([sys.executable, "-m", "repro.train"], capture_output=True, text=True)
     assert r.returncode == 2 and "start with torchrun" in r.stderr and "Traceback" not in r.stderr
