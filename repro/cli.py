@@ -228,10 +228,13 @@ def cmd_launch(args: argparse.Namespace) -> None:
         raise UsageError(f"--pg-timeout-s must be a finite positive number of seconds, got {train.pg_timeout_s:g}")
     if args.nproc >= 1:
         cfg.check_world(args.nproc)  # e.g. an online planner on one rank, a preset without this P
-    if cfg.results_dir and cfg.run_id:
-        from repro.runs import prepare_run
+    if cfg.results_dir:  # a taken id or an unwritable folder fails now, not after training
+        from repro.runs import check_results_dir, prepare_run
 
-        prepare_run(cfg.results_dir, cfg.run_id, cfg.overwrite)  # a taken id or unwritable folder: now
+        if cfg.run_id:
+            prepare_run(cfg.results_dir, cfg.run_id, cfg.overwrite)
+        else:
+            check_results_dir(cfg.results_dir)
     summary = _launch(args, worker_from_argv, (train_args, overrides), backend=train.backend or "gloo",
                       pg_timeout_s=train.pg_timeout_s)
     print(json.dumps({k: v for k, v in summary.items() if k != "epochs"}))

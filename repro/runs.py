@@ -42,7 +42,7 @@ if TYPE_CHECKING:  # pandas is imported where tables are read or written, not wi
     import pandas as pd
 
 __all__ = ["RUN_JSON", "TRACE_JSON", "TRACE_INRUN_JSON", "PLAN_JSON", "COST_JSON", "ITERATIONS_CSV", "EPOCHS_CSV",
-           "BUCKETS_CSV", "RunError", "RunExistsError", "check_run_id", "prepare_run", "RunWriter", "Run",
+           "BUCKETS_CSV", "RunError", "RunExistsError", "check_run_id", "check_results_dir", "prepare_run", "RunWriter", "Run",
            "load_run", "list_runs", "runs_table"]
 
 RUN_JSON = "run.json"
@@ -75,11 +75,8 @@ def check_run_id(run_id: str) -> str:
     return run_id
 
 
-def prepare_run(results_dir: str | Path, run_id: str, overwrite: bool = False) -> Path:
-    """Check, before any work, that ``<results_dir>/<run_id>`` can be written: a valid id, a writable
-    results folder (created if missing), and no existing run of that id unless ``overwrite``.
-    Returns the run folder's path."""
-    check_run_id(run_id)
+def check_results_dir(results_dir: str | Path) -> Path:
+    """The results folder, created if missing; :class:`RunError` if it is a file or cannot be written."""
     root = Path(results_dir)
     if root.exists() and not root.is_dir():
         raise RunError(f"results dir {root} is a file, not a folder")
@@ -90,6 +87,15 @@ def prepare_run(results_dir: str | Path, run_id: str, overwrite: bool = False) -
         probe.unlink()
     except OSError as e:
         raise RunError(f"results dir {root} is not writable: {e.strerror or e}") from None
+    return root
+
+
+def prepare_run(results_dir: str | Path, run_id: str, overwrite: bool = False) -> Path:
+    """Check, before any work, that ``<results_dir>/<run_id>`` can be written: a valid id, a writable
+    results folder (created if missing), and no existing run of that id unless ``overwrite``.
+    Returns the run folder's path."""
+    check_run_id(run_id)
+    root = check_results_dir(results_dir)
     final = root / run_id
     if final.exists() and not overwrite:
         raise RunExistsError(f"run '{run_id}' already exists in {root}; choose another run id or ask to "

@@ -82,6 +82,7 @@ def test_outputs_that_cannot_be_written_fail_first_with_one_line(capsys, tmp_pat
     (["launch", "--nproc", "2", "--", "--no-such-flag"], "train: unrecognized arguments: --no-such-flag"),
     (["launch", "--nproc", "2", "--", "--lr", "nan"], "lr must be a finite non-negative number"),
     (["launch", "--nproc", "2", "--", "--network", "nope"], "unknown network preset 'nope'"),
+    (["launch", "--nproc", "2", "--", "--results-dir", "/proc/repro-runs"], "results dir /proc/repro-runs is not"),
 ])
 def test_bad_input_is_one_line_with_one_prefix(capsys, argv, message):
     rc, out, err = run(capsys, *argv)
