@@ -48,6 +48,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
+from repro.log import get_logger
 from repro.cluster.torchrun import (
     DEFAULT_ROLE,
     SUPPORTED_BACKENDS,
@@ -59,6 +60,8 @@ from repro.cluster.torchrun import (
     shutdown_distributed,
     torchrun_command,
 )
+
+log = get_logger(__name__)
 
 __all__ = [
     "DistContext",
@@ -577,6 +580,7 @@ def launch_local(fn: Callable | None = None, world_size: int | None = None, *, r
     bandwidth_bps = netem.parse_bandwidth(emulate_bandwidth)  # ValueError before anything is created
     netem.check_emulation_available()
     start = time.monotonic()
+    log.info("emulating %s links for %d ranks (network namespaces, tc tbf)", emulate_bandwidth, world_size)
     with netem.EmulatedNetwork(world_size, bandwidth=bandwidth_bps, burst_bytes=emulate_burst_bytes) as net:
         timeout_left = timeout_s - (time.monotonic() - start)
         if timeout_left <= 0:
@@ -621,6 +625,7 @@ def _launch(ranks: Sequence[tuple[tuple[bytes, bytes], str, int, int]], *, backe
     from multiprocessing.connection import wait
 
     world_size = len(ranks)
+    log.info("starting %d rank(s) (backend %s, timeout %g s)", world_size, backend or "auto", timeout_s)
     if reported_timeout_s is None:
         reported_timeout_s = timeout_s
     start = time.monotonic()
