@@ -7,9 +7,12 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Mapping, Sequence
 
-from .style import kind_color, scheduler_style
+from .style import (OVERSUBSCRIBED_HATCH, kind_color, legend_outside, mark_oversubscribed, oversubscribed_handle,
+                    scheduler_style)
 
-__all__ = ["gantt", "scheduler_lines", "stacked_bars"]
+__all__ = ["gantt", "scheduler_lines", "stacked_bars", "OVERSUBSCRIBED_COLUMN"]
+
+OVERSUBSCRIBED_COLUMN = "oversubscribed"
 
 _OP_FIELDS = ("stream", "kind", "label", "start_s", "end_s")
 
@@ -129,14 +132,20 @@ def scheduler_lines(
     base: float = 2,
     markers: bool = True,
     legend: bool = True,
+    mark: str | None = OVERSUBSCRIBED_COLUMN,
 ):
     """One line per scheduler (``hue`` column of the DataFrame ``df``), sorted by ``x``; return ``ax``.
 
-    Colours, display names and line styles come from :func:`repro.figures.style.scheduler_style`,
-    so "linear" is dashed grey, "optimal" dotted black and "paper" (published numbers) markers only.
-    Suits speedup-vs-workers and time-vs-size plots.
+    Colours, display names, markers, line styles and drawing order come from
+    :func:`repro.figures.style.scheduler_style`, so "linear" is dashed grey, "optimal" dotted black
+    (above the line it often equals) and every scheduler has its own marker. Rows whose boolean
+    column ``mark`` (default ``"oversubscribed"``) is true are ringed
+    (:func:`repro.figures.style.mark_oversubscribed`) and the legend says what the ring means.
+    The legend goes right of the axes, outside the data. Suits speedup-vs-workers and
+    time-vs-size plots.
     """
     names = list(order) if order is not None else list(dict.fromkeys(df[hue]))
+    marked = False
     for name in names:
         sub = df[df[hue] == name].sort_values(x)
         if sub.empty:
@@ -145,6 +154,11 @@ def scheduler_lines(
         if not markers and kw["linestyle"]:
             kw["marker"] = ""
         ax.plot(sub[x].to_numpy(), sub[y].to_numpy(), **kw)
+        if mark and mark in sub.columns:
+            flag = sub[mark].fillna(False).astype(bool).to_numpy()
+            if flag.any():
+                mark_oversubscribed(ax, sub[x].to_numpy()[flag], sub[y].to_numpy()[flag])
+                marked = True
     if logx:
         from matplotlib.ticker import FuncFormatter
 
@@ -153,7 +167,11 @@ def scheduler_lines(
     ax.set_xlabel(x)
     ax.set_ylabel(y)
     if legend and names:
-        ax.legend()
+        handles, labels = ax.get_legend_handles_labels()
+        if marked:
+            h = oversubscribed_handle()
+            handles, labels = handles + [h], labels + [h.get_label()]
+        legend_outside(ax, handles, labels)
     return ax
 
 
@@ -167,25 +185,37 @@ def stacked_bars(
     labels: Mapping[str, str] | None = None,
     width: float = 0.75,
     legend: bool = True,
+    mark: str | None = OVERSUBSCRIBED_COLUMN,
 ):
     """Stacked bars, one per row of ``df``: ``x`` names the bar, ``parts`` are the stacked columns.
 
     Colours default to :func:`repro.figures.style.kind_color` of the part name (so "backward",
-    "allreduce"... match the Gantt charts). Suits computation vs exposed-communication breakdowns.
+    "allreduce"... match the Gantt charts). Rows whose boolean column ``mark`` is true are hatched
+    (:data:`repro.figures.style.OVERSUBSCRIBED_HATCH`). The legend goes right of the axes. Suits
+    computation vs exposed-communication breakdowns.
     """
     import numpy as np
 
     pos = np.arange(len(df))
     bottom = np.zeros(len(df))
+    flags = (df[mark].fillna(False).astype(bool).to_numpy() if mark and mark in df.columns
+             else np.zeros(len(df), dtype=bool))
     for part in parts:
         vals = df[part].to_numpy(dtype=float)
         c = (colors or {}).get(part) or kind_color(part)
-        ax.bar(pos, vals, width, bottom=bottom, color=c, label=(labels or {}).get(part, part),
-               edgecolor="white", linewidth=0.5)
+        bars = ax.bar(pos, vals, width, bottom=bottom, color=c, label=(labels or {}).get(part, part),
+                      edgecolor="white", linewidth=0.5)
+        for bar, flag in zip(bars, flags):
+            if flag:
+                bar.set_hatch(OVERSUBSCRIBED_HATCH)
         bottom = bottom + vals
     ax.set_xticks(pos)
     ax.set_xticklabels([str(v) for v in df[x]])
     ax.grid(axis="x", visible=False)
     if legend and len(parts):
-        ax.legend()
+        handles, labs = ax.get_legend_handles_labels()
+        if flags.any():
+            h = oversubscribed_handle("bar")
+            handles, labs = handles + [h], labs + [h.get_label()]
+        legend_outside(ax, handles, labs)
     return ax

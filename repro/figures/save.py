@@ -17,7 +17,10 @@ import re
 from pathlib import Path
 from typing import Any, Iterable
 
-__all__ = ["SCALES", "SOURCES", "save_figure", "tag_title", "figure_stem", "normalize_source"]
+__all__ = ["SCALES", "SOURCES", "MAX_ASPECT", "save_figure", "tag_title", "figure_stem", "normalize_source",
+           "png_size"]
+
+from .style import MAX_ASPECT  # noqa: E402 - the widest (or tallest) a saved figure may be
 
 SCALES: tuple[str, ...] = ("tiny", "paper")
 SOURCES: tuple[str, ...] = ("measured", "simulated", "estimate", "model", "trace")
@@ -51,6 +54,15 @@ def normalize_source(source: str | Iterable[str]) -> str | list[str]:
         if s not in out:
             out.append(s)
     return out[0] if len(out) == 1 else out
+
+
+def png_size(path: str | Path) -> tuple[int, int]:
+    """(width, height) in pixels of a PNG file, read from its header."""
+    with open(path, "rb") as f:
+        head = f.read(24)
+    if head[:8] != b"\x89PNG\r\n\x1a\n" or len(head) < 24:
+        raise ValueError(f"{path} is not a PNG file")
+    return int.from_bytes(head[16:20], "big"), int.from_bytes(head[20:24], "big")
 
 
 def _suptitle(fig) -> str:
@@ -126,13 +138,18 @@ def save_figure(
     paper_numbers: str | None = None,
     stem: str | None = None,
     dpi: int = 150,
+    tables: Iterable[str] = (),
 ) -> dict[str, Any]:
     """Write ``<out_dir>/<stem>.png``, ``<stem>.pdf`` and the sidecar ``<stem>.json``; return the sidecar.
 
     ``scale`` is ``"tiny"`` or ``"paper"``; ``source`` is one of ``measured``, ``simulated``,
     ``estimate``, ``model``, ``trace`` or a list of them; ``paper_numbers`` is a short note naming the
     published numbers drawn in the figure and where they come from (None when there are none).
-    The figure's title is tagged first (see :func:`tag_title`). The figure is not closed.
+    ``tables`` names the result tables (``repro.results.write_table`` names, i.e. CSV stems under the
+    results folder) holding everything the figure draws, paper values and reference lines included.
+    The figure's title is tagged first (see :func:`tag_title`). The figure is not closed. A picture
+    more than :data:`MAX_ASPECT` times wider than high (or higher than wide) gives a warning: use
+    small multiples or a legend below instead of a long strip.
     """
     if not isinstance(fig_id, str) or not fig_id.strip():
         raise ValueError(f"figure id must be a non-empty string, got {fig_id!r}")
@@ -143,6 +160,11 @@ def save_figure(
         raise ValueError(f"caption must be a string, got {type(caption).__name__}")
     if paper_numbers is not None and not isinstance(paper_numbers, str):
         raise ValueError(f"paper_numbers must be a string or None, got {type(paper_numbers).__name__}")
+    if isinstance(tables, str):
+        tables = [tables]
+    tables = list(tables)
+    if not all(isinstance(t, str) and _STEM_RE.match(t) for t in tables):
+        raise ValueError(f"tables must be result table names (plain file stems), got {tables!r}")
     stem = figure_stem(fig_id) if stem is None else stem
     if not _STEM_RE.match(stem):
         raise ValueError(f"figure stem {stem!r} is not a plain file name (letters, digits, '_', '-', '.')")
@@ -154,6 +176,12 @@ def save_figure(
     fig.savefig(png, dpi=dpi, bbox_inches="tight")
     # No creation date in the PDF: the same figure gives the same file.
     fig.savefig(pdf, bbox_inches="tight", metadata={"CreationDate": None})
+    width, height = png_size(png)
+    if max(width / height, height / width) > MAX_ASPECT:
+        import warnings
+
+        warnings.warn(f"figure {fig_id} is {width}x{height} px (aspect > {MAX_ASPECT:g}:1): hard to read in the "
+                      "gallery; use small multiples or a legend below the axes", stacklevel=2)
 
     try:
         from repro import __version__ as version
@@ -168,6 +196,8 @@ def save_figure(
         "caption": caption,
         "paper_numbers": paper_numbers,
         "files": [png.name, pdf.name],
+        "tables": tables,
+        "size_px": [width, height],
         "repro_version": version,
     }
     side.write_text(json.dumps(sidecar, indent=2) + "\n", encoding="utf-8")

@@ -1,10 +1,29 @@
-"""One plotting style for every figure of the project, and fixed colours/names per scheduler.
+"""One plotting convention for every figure of the project.
 
-Call :func:`use_style` once at the top of a notebook. Colours come from seaborn's colour-blind-safe
-``"colorblind"`` palette (hard-coded here so they never depend on seaborn's defaults), and each
-scheduler keeps the same colour and display name in every figure::
+Call :func:`use_style` once at the top of a notebook. Every scheduler — of the four papers, the
+baselines, published ("paper") values and the ideal ("linear") reference — has one fixed
+:class:`SchedulerStyle`: a colour from a colour-blind-safe palette (seaborn's ``"colorblind"``,
+i.e. Okabe-Ito, plus three of Paul Tol's muted colours, hard-coded here), a marker, a line style, a
+display name and a drawing order. Within one paper's family the colours are distinct, and every
+(colour, marker) pair is unique across all names, so a scheduler looks the same in every figure::
 
-    ax.plot(p, speedup, color=scheduler_color("mgwfbp"), label=scheduler_label("mgwfbp"))
+    ax.plot(p, speedup, **scheduler_style("mgwfbp"))      # color, label, linestyle, marker, zorder
+
+The rules every figure follows (helpers below):
+
+* **Paper values on top**: :func:`paper_marker_style` draws published numbers as large hollow
+  diamonds edged in the scheduler's colour, above everything else (``zorder`` :data:`PAPER_ZORDER`),
+  so a simulated point of the same colour stays visible inside them.
+* **Coinciding curves stay visible**: schedulers differ in line style and marker as well as colour;
+  the exact optimum is drawn dotted above the others; :func:`coinciding_lines` finds curves that lie
+  on each other and :func:`add_note` writes that on the figure.
+* **Legends never cover data**: :func:`legend_below` (one legend for the figure, under the axes) or
+  :func:`legend_outside` (right of one axes).
+* **Bounded aspect ratios**: :func:`panel_figsize` sizes small multiples; :data:`MAX_ASPECT` is what
+  :func:`repro.figures.save.save_figure` accepts.
+* **Oversubscribed measurements** (more ranks than CPU cores) are marked with
+  :func:`mark_oversubscribed` (a black ring around the point) or :data:`OVERSUBSCRIBED_HATCH` on bars,
+  with :func:`oversubscribed_handle` as their legend entry.
 
 Unknown names get a deterministic colour (a hash into the palette) and are displayed as given.
 """
@@ -12,19 +31,38 @@ Unknown names get a deterministic colour (a hash into the palette) and are displ
 from __future__ import annotations
 
 import zlib
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Iterable, Sequence
 
 __all__ = [
     "PALETTE",
+    "EXTRA_COLORS",
+    "SchedulerStyle",
+    "STYLES",
+    "FAMILIES",
     "SCHEDULER_COLORS",
     "SCHEDULER_LABELS",
     "KIND_COLORS",
+    "PAPER_ZORDER",
+    "MAX_ASPECT",
+    "OVERSUBSCRIBED_HATCH",
+    "OVERSUBSCRIBED_LABEL",
     "use_style",
     "canonical_scheduler",
     "scheduler_color",
     "scheduler_label",
+    "scheduler_marker",
     "scheduler_style",
+    "paper_marker_style",
+    "paper_handle",
     "kind_color",
+    "panel_figsize",
+    "legend_below",
+    "legend_outside",
+    "add_note",
+    "coinciding_lines",
+    "mark_oversubscribed",
+    "oversubscribed_handle",
 ]
 
 # seaborn.color_palette("colorblind") (Okabe-Ito based), fixed here.
@@ -37,61 +75,103 @@ PALETTE: tuple[str, ...] = (
     "#ca9161",  # 5 brown
     "#fbafe4",  # 6 pink
     "#949494",  # 7 grey
-    "#ece133",  # 8 yellow
+    "#ece133",  # 8 yellow (weak on white: not used for schedulers)
     "#56b4e9",  # 9 sky blue
 )
+# Paul Tol's "muted" scheme (colour-blind safe), for the families that need more colours.
+EXTRA_COLORS: tuple[str, ...] = (
+    "#332288",  # 0 indigo
+    "#882255",  # 1 wine
+    "#44aa99",  # 2 teal
+)
+BLACK = "#000000"
+DARK_GREY = "#4d4d4d"
 
-SCHEDULER_COLORS: dict[str, str] = {
-    # MG-WFBP
-    "wfbp": PALETTE[0],
-    "syncea": PALETTE[1],
-    "threshold": PALETTE[4],
-    "mgwfbp": PALETTE[3],
-    "optimal": "#000000",
-    "linear": PALETTE[7],
-    "paper": "#4d4d4d",
+# Line styles (matplotlib dash patterns; proposed methods solid, baselines dashed variants).
+_SOLID = "-"
+_DOTTED = ":"
+_DASHED = "--"
+_DASH_DOT = "-."
+_LONG_DASH = (0, (6, 2))
+_SHORT_DASH = (0, (2, 1.5))
+_DASH_DOT_DOT = (0, (4, 1.5, 1, 1.5, 1, 1.5))
+_LONG_DASH_DOT = (0, (6, 2, 1, 2))
+_LOOSE_DOT = (0, (1, 2.5))
+
+PAPER_ZORDER = 10
+_REFERENCE_ZORDER = 1.5
+_METHOD_ZORDER = 2.0
+_TOP_ZORDER = 2.6  # the exact optimum, dotted, above the method it often equals
+
+MAX_ASPECT = 3.0  # width / height (and height / width) that save_figure accepts
+OVERSUBSCRIBED_HATCH = "///"
+OVERSUBSCRIBED_LABEL = "oversubscribed: more ranks than CPU cores"
+
+
+@dataclass(frozen=True)
+class SchedulerStyle:
+    """How one scheduler is drawn everywhere."""
+
+    color: str
+    marker: str
+    linestyle: Any
+    label: str
+    family: str
+    zorder: float = _METHOD_ZORDER
+
+    def plot_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments for ``ax.plot``."""
+        return {"color": self.color, "label": self.label, "linestyle": self.linestyle,
+                "marker": self.marker, "zorder": self.zorder}
+
+
+def _s(color: str, marker: str, linestyle: Any, label: str, family: str,
+       zorder: float = _METHOD_ZORDER) -> SchedulerStyle:
+    return SchedulerStyle(color, marker, linestyle, label, family, zorder)
+
+
+STYLES: dict[str, SchedulerStyle] = {
+    # all-reduce family (MG-WFBP): repro.schedulers.SCHEDULERS
+    "wfbp": _s(PALETTE[0], "o", _LONG_DASH, "WFBP", "allreduce"),
+    "syncea": _s(PALETTE[1], "s", _DASH_DOT, "SyncEASGD", "allreduce"),
+    "threshold": _s(PALETTE[4], "^", _SHORT_DASH, "Fixed threshold", "allreduce"),
+    "ddp_buckets": _s(PALETTE[2], "v", _DASH_DOT_DOT, "DDP buckets (plan)", "allreduce"),
+    "mgwfbp": _s(PALETTE[3], "P", _SOLID, "MG-WFBP", "allreduce"),
+    "optimal": _s(BLACK, "*", _DOTTED, "Optimal (exact DP)", "allreduce", _TOP_ZORDER),
+    "ddp": _s(EXTRA_COLORS[0], "X", _LONG_DASH_DOT, "PyTorch DDP", "allreduce"),
+    "ddp_threshold": _s(PALETTE[9], "h", (0, (6, 2, 1, 2, 1, 2)), "DDP, threshold buckets", "allreduce"),
+    "local": _s(PALETTE[5], "8", _LOOSE_DOT, "Local (no communication)", "allreduce"),
+    "horovod": _s(PALETTE[9], "<", _SHORT_DASH, "Horovod (fusion)", "allreduce"),
     # DeAR
-    "ddp": PALETTE[5],
-    "horovod": PALETTE[9],
-    "bytescheduler": PALETTE[6],
-    "dear": PALETTE[2],
+    "dear": _s(PALETTE[2], "d", _SOLID, "DeAR", "dear"),
+    "bytescheduler": _s(EXTRA_COLORS[1], ">", _DASH_DOT, "ByteScheduler", "dear"),
     # OMGS-SGD
-    "ssgd": PALETTE[0],
-    "topk": PALETTE[1],
-    "omgs": PALETTE[2],
-    # OSP
-    "bsp": PALETTE[0],
-    "asp": PALETTE[1],
-    "ssp": PALETTE[4],
-    "osp": PALETTE[2],
-    "osp_nolgp": PALETTE[9],
+    "ssgd": _s(EXTRA_COLORS[0], "8", _LONG_DASH, "S-SGD (dense)", "omgs"),
+    "topk": _s(PALETTE[1], "p", _DASH_DOT, "TopK-SGD", "omgs"),
+    "omgs": _s(EXTRA_COLORS[2], "H", _SOLID, "OMGS-SGD", "omgs"),
+    # OSP (parameter server)
+    "bsp": _s(EXTRA_COLORS[0], "s", _LONG_DASH, "BSP", "osp"),
+    "asp": _s(PALETTE[1], "v", _DASH_DOT, "ASP", "osp"),
+    "ssp": _s(PALETTE[4], "<", _SHORT_DASH, "SSP", "osp"),
+    "osp": _s(PALETTE[2], "h", _SOLID, "OSP", "osp"),
+    "osp_nolgp": _s(PALETTE[9], ">", _LONG_DASH_DOT, "OSP w/o LGP", "osp"),
+    # references
+    "linear": _s(PALETTE[7], "", _DASHED, "Linear", "reference", _REFERENCE_ZORDER),
+    "paper": _s(DARK_GREY, "D", "", "Paper (published)", "reference", PAPER_ZORDER),
 }
 
-SCHEDULER_LABELS: dict[str, str] = {
-    "wfbp": "WFBP",
-    "syncea": "SyncEASGD",
-    "threshold": "Fixed threshold",
-    "mgwfbp": "MG-WFBP",
-    "optimal": "Optimal (exact DP)",
-    "linear": "Linear",
-    "paper": "Paper (published)",
-    "ddp": "PyTorch DDP",
-    "horovod": "Horovod (fusion)",
-    "bytescheduler": "ByteScheduler",
-    "dear": "DeAR",
-    "ssgd": "S-SGD (dense)",
-    "topk": "TopK-SGD",
-    "omgs": "OMGS-SGD",
-    "bsp": "BSP",
-    "asp": "ASP",
-    "ssp": "SSP",
-    "osp": "OSP",
-    "osp_nolgp": "OSP w/o LGP",
+# Which names are drawn together (their colours must differ): each family with the references and
+# the baselines its paper compares against.
+FAMILIES: dict[str, tuple[str, ...]] = {
+    "allreduce": ("wfbp", "syncea", "threshold", "ddp_buckets", "mgwfbp", "optimal", "ddp", "ddp_threshold",
+                  "local", "linear", "paper"),
+    "dear": ("dear", "bytescheduler", "horovod", "ddp", "wfbp", "mgwfbp", "optimal", "linear", "paper"),
+    "omgs": ("ssgd", "topk", "omgs", "wfbp", "mgwfbp", "optimal", "linear", "paper"),
+    "osp": ("bsp", "asp", "ssp", "osp", "osp_nolgp", "linear", "paper"),
 }
 
-# Reference curves are drawn differently from methods.
-_LINESTYLES: dict[str, str] = {"linear": "--", "optimal": ":", "paper": ""}
-_MARKERS: dict[str, str] = {"paper": "D", "optimal": "", "linear": ""}
+SCHEDULER_COLORS: dict[str, str] = {k: v.color for k, v in STYLES.items()}
+SCHEDULER_LABELS: dict[str, str] = {k: v.label for k, v in STYLES.items()}
 
 _ALIASES: dict[str, str] = {
     "syncea_sgd": "syncea",
@@ -108,6 +188,8 @@ _ALIASES: dict[str, str] = {
     "omgs_sgd": "omgs",
     "osp_no_lgp": "osp_nolgp",
     "osp_without_lgp": "osp_nolgp",
+    "ddp_plan": "ddp_threshold",
+    "none": "local",
 }
 
 # Gantt-chart colours per operation kind.
@@ -126,45 +208,74 @@ KIND_COLORS: dict[str, str] = {
     "idle": "#d9d9d9",
 }
 
+_HASH_MARKERS = ("o", "s", "^", "v", "D", "P", "X", "<", ">")
+
 
 def _hashed_color(name: str) -> str:
-    return PALETTE[zlib.crc32(name.encode("utf-8")) % len(PALETTE)]
+    usable = [c for c in PALETTE if c != PALETTE[8]]
+    return usable[zlib.crc32(name.encode("utf-8")) % len(usable)]
 
 
 def canonical_scheduler(name: str) -> str:
     """Lower-case key of a scheduler name: ``"MG-WFBP"`` -> ``"mgwfbp"``, ``"SyncEA-SGD"`` -> ``"syncea"``."""
     key = str(name).strip().lower().replace("-", "_").replace(" ", "_")
-    if key in SCHEDULER_COLORS:
+    if key in STYLES:
         return key
     if key in _ALIASES:
         return _ALIASES[key]
     squashed = key.replace("_", "")
-    for k in SCHEDULER_COLORS:
+    for k in STYLES:
         if k.replace("_", "") == squashed:
             return k
     return _ALIASES.get(squashed, key)
 
 
+def _style(name: str) -> SchedulerStyle:
+    key = canonical_scheduler(name)
+    st = STYLES.get(key)
+    if st is not None:
+        return st
+    h = zlib.crc32(key.encode("utf-8"))
+    return SchedulerStyle(_hashed_color(key), _HASH_MARKERS[h % len(_HASH_MARKERS)], _SOLID, str(name), "unknown")
+
+
 def scheduler_color(name: str) -> str:
     """Fixed colour (hex) of a scheduler; deterministic fallback for unknown names."""
-    key = canonical_scheduler(name)
-    return SCHEDULER_COLORS.get(key) or _hashed_color(key)
+    return _style(name).color
 
 
 def scheduler_label(name: str) -> str:
     """Display name of a scheduler (``"mgwfbp"`` -> ``"MG-WFBP"``); unknown names are returned as given."""
-    return SCHEDULER_LABELS.get(canonical_scheduler(name), str(name))
+    return _style(name).label
+
+
+def scheduler_marker(name: str) -> str:
+    """Marker of a scheduler (empty for the "linear" reference)."""
+    return _style(name).marker
 
 
 def scheduler_style(name: str) -> dict[str, Any]:
-    """Keyword arguments for ``ax.plot``: color, label, linestyle, marker."""
-    key = canonical_scheduler(name)
-    return {
-        "color": scheduler_color(key),
-        "label": scheduler_label(name),
-        "linestyle": _LINESTYLES.get(key, "-"),
-        "marker": _MARKERS.get(key, "o"),
-    }
+    """Keyword arguments for ``ax.plot``: color, label, linestyle, marker, zorder."""
+    return _style(name).plot_kwargs()
+
+
+def paper_marker_style(name: str | None = None, *, size: float = 80) -> dict[str, Any]:
+    """Keyword arguments for ``ax.scatter`` of published values of scheduler ``name``.
+
+    Large hollow diamonds edged in the scheduler's colour (dark grey without a name), drawn above
+    every line and marker, so the simulated/measured point of the same colour stays visible inside.
+    """
+    color = scheduler_color(name) if name else DARK_GREY
+    return {"marker": STYLES["paper"].marker, "s": size, "facecolors": "none", "edgecolors": color,
+            "linewidths": 1.6, "zorder": PAPER_ZORDER}
+
+
+def paper_handle(label: str = "Paper (published)"):
+    """A legend handle for published values (hollow dark-grey diamond)."""
+    from matplotlib.lines import Line2D
+
+    return Line2D([], [], ls="", marker=STYLES["paper"].marker, markersize=8, markerfacecolor="none",
+                  markeredgecolor=DARK_GREY, markeredgewidth=1.6, label=label)
 
 
 def kind_color(kind: str) -> str:
@@ -173,6 +284,115 @@ def kind_color(kind: str) -> str:
     key = {"all_reduce": "allreduce", "all_gather": "allgather", "reducescatter": "reduce_scatter",
            "fwd": "forward", "bwd": "backward"}.get(key, key)
     return KIND_COLORS.get(key) or _hashed_color(key)
+
+
+# ------------------------------------------------------------------------------------ layout helpers
+
+def panel_figsize(n_panels: int, *, ncols: int | None = None, panel: tuple[float, float] = (3.4, 2.8),
+                  max_cols: int = 4, extra_height: float = 0.9) -> tuple[int, int, tuple[float, float]]:
+    """``(nrows, ncols, figsize)`` for ``n_panels`` small multiples of size ``panel`` (inches).
+
+    At most ``max_cols`` columns; ``extra_height`` leaves room for a title and a legend below.
+    """
+    n = max(1, int(n_panels))
+    cols = max(1, min(ncols or max_cols, n))
+    rows = -(-n // cols)
+    return rows, cols, (panel[0] * cols, panel[1] * rows + extra_height)
+
+
+def legend_below(fig, handles: Sequence[Any] | None = None, labels: Sequence[str] | None = None, *,
+                 ncol: int | None = None, axes: Sequence[Any] | None = None, max_ncol: int = 5, **kwargs):
+    """One legend for the whole figure, centred under the axes (never over data).
+
+    Without ``handles``, the unique handles of ``axes`` (default: all of the figure's axes) are used.
+    Call it after the axes are drawn and before ``fig.tight_layout``; ``save_figure`` saves with a
+    tight bounding box, so the legend is always inside the picture. Returns the legend (or None).
+    """
+    if handles is None:
+        seen: dict[str, Any] = {}
+        for ax in (axes if axes is not None else fig.axes):
+            for h, lab in zip(*ax.get_legend_handles_labels()):
+                if lab and not lab.startswith("_") and lab not in seen:
+                    seen[lab] = h
+        handles, labels = list(seen.values()), list(seen.keys())
+    elif labels is None:
+        labels = [h.get_label() for h in handles]
+    if not handles:
+        return None
+    n = ncol or min(len(handles), max_ncol)
+    kw = {"loc": "upper center", "bbox_to_anchor": (0.5, 0.0), "frameon": False, "fontsize": "small",
+          "borderaxespad": 0.0, **kwargs}
+    return fig.legend(list(handles), list(labels), ncol=n, **kw)
+
+
+def legend_outside(ax, handles: Sequence[Any] | None = None, labels: Sequence[str] | None = None, **kwargs):
+    """The legend of one axes, to its right, outside the data area."""
+    kw = {"loc": "upper left", "bbox_to_anchor": (1.02, 1.0), "frameon": False, "fontsize": "small",
+          "borderaxespad": 0.0, **kwargs}
+    if handles is None:
+        return ax.legend(**kw)
+    if labels is None:
+        labels = [h.get_label() for h in handles]
+    return ax.legend(list(handles), list(labels), **kw)
+
+
+def add_note(ax, text: str, *, loc: str = "above", fontsize: str = "x-small"):
+    """A short note on the figure (e.g. "S-SGD and MG-WFBP coincide").
+
+    ``loc="above"`` (default) writes it between the axes and their title, outside the data area (the
+    title is moved up to make room: set the title first); ``"upper left"``, ``"lower right"``... write it inside the axes,
+    boxed, for a corner known to be empty.
+    """
+    if loc == "above":
+        title = ax.get_title()
+        if title:
+            ax.set_title(title, pad=ax.title.get_fontsize() * 1.35 + 4)
+        return ax.annotate(text, xy=(0.5, 1.0), xycoords="axes fraction", xytext=(0, 3), textcoords="offset points",
+                           ha="center", va="bottom", fontsize=fontsize, style="italic", color="#333333")
+    x, ha = (0.98, "right") if "right" in loc else (0.02, "left")
+    y, va = (0.03, "bottom") if "lower" in loc else (0.97, "top")
+    return ax.text(x, y, text, transform=ax.transAxes, ha=ha, va=va, fontsize=fontsize, style="italic",
+                   zorder=PAPER_ZORDER + 1,
+                   bbox={"boxstyle": "round,pad=0.25", "facecolor": "white", "edgecolor": "#bbbbbb", "alpha": 0.9})
+
+
+def coinciding_lines(ax, *, rtol: float = 1e-3) -> list[tuple[str, str]]:
+    """Pairs of labelled lines of ``ax`` with the same x values whose y values agree within ``rtol``."""
+    import numpy as np
+
+    lines = [ln for ln in ax.get_lines() if ln.get_label() and not ln.get_label().startswith("_")]
+    out = []
+    for i, a in enumerate(lines):
+        xa, ya = (np.asarray(v, dtype=float) for v in a.get_data())
+        for b in lines[i + 1:]:
+            xb, yb = (np.asarray(v, dtype=float) for v in b.get_data())
+            if xa.shape == xb.shape and xa.size and np.allclose(xa, xb) and np.allclose(ya, yb, rtol=rtol, atol=0):
+                out.append((a.get_label(), b.get_label()))
+    return out
+
+
+def mark_oversubscribed(ax, x: Iterable[float], y: Iterable[float], *, size: float = 150, label: str | None = None):
+    """Ring the points measured with more ranks than CPU cores (a black circle around each, above the data)."""
+    import numpy as np
+
+    x, y = np.asarray(list(x), dtype=float), np.asarray(list(y), dtype=float)
+    if not x.size:
+        return None
+    return ax.scatter(x, y, s=size, marker="o", facecolors="none", edgecolors=BLACK, linewidths=1.1,
+                      zorder=PAPER_ZORDER - 1,
+                      label=label if label is not None else "_oversubscribed")
+
+
+def oversubscribed_handle(kind: str = "marker", label: str = OVERSUBSCRIBED_LABEL):
+    """Legend handle for oversubscribed points (``kind="marker"``) or bars (``kind="bar"``)."""
+    if kind == "bar":
+        from matplotlib.patches import Patch
+
+        return Patch(facecolor=PALETTE[7], edgecolor="white", hatch=OVERSUBSCRIBED_HATCH, label=label)
+    from matplotlib.lines import Line2D
+
+    return Line2D([], [], ls="", marker="o", markersize=11, markerfacecolor="none", markeredgecolor=BLACK,
+                  markeredgewidth=1.1, label=label)
 
 
 def use_style(*, context: str = "notebook", font_scale: float = 1.0) -> None:
@@ -185,16 +405,16 @@ def use_style(*, context: str = "notebook", font_scale: float = 1.0) -> None:
     sns.set_theme(
         context=context,
         style="whitegrid",
-        palette=list(PALETTE),
+        palette=[c for c in PALETTE if c != PALETTE[8]],
         font_scale=font_scale,
         rc={
             "figure.figsize": (6.4, 4.0),
             "figure.dpi": 100,
             "savefig.dpi": 150,
             "savefig.bbox": "tight",
-            "axes.titlesize": "large",
+            "axes.titlesize": "medium",
             "axes.titleweight": "bold",
-            "figure.titlesize": "x-large",
+            "figure.titlesize": "large",
             "figure.titleweight": "bold",
             "axes.labelsize": "medium",
             "legend.fontsize": "small",
