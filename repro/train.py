@@ -314,10 +314,10 @@ def train_worker(ctx, cfg: TrainConfig) -> dict[str, Any]:
     return run_training(ctx, cfg)[1]
 
 
-def _default_run_id(cfg: TrainConfig, world: int) -> str:
-    stamp = torch.tensor([int(time.time() * 1e3)], dtype=torch.int64)
+def _default_run_id(cfg: TrainConfig, world: int, device: torch.device) -> str:
+    stamp = torch.tensor([int(time.time() * 1e3)], dtype=torch.int64, device=device)  # NCCL: on the GPU
     dist.broadcast(stamp, src=0)  # one id for every rank
-    return f"{cfg.model}_{cfg.scheduler}_p{world}_{int(stamp)}"
+    return f"{cfg.model}_{cfg.scheduler}_p{world}_{int(stamp.item())}"
 
 
 def run_training(ctx, cfg: TrainConfig) -> tuple[nn.Module, dict[str, Any]]:
@@ -328,7 +328,7 @@ def run_training(ctx, cfg: TrainConfig) -> tuple[nn.Module, dict[str, Any]]:
     rank, world = dist.get_rank(), dist.get_world_size()
     sched = get_scheduler(cfg.scheduler)
     cfg.check_world(world)
-    run_id = cfg.run_id or _default_run_id(cfg, world)
+    run_id = cfg.run_id or _default_run_id(cfg, world, device)
     if cfg.results_dir and rank == 0:
         prepare_run(cfg.results_dir, run_id, cfg.overwrite)  # refuse a taken id before any work
     torch.manual_seed(cfg.seed)
@@ -411,7 +411,7 @@ def run_training(ctx, cfg: TrainConfig) -> tuple[nn.Module, dict[str, Any]]:
     if trace is not None and inrun and cfg.epochs is None:
         inrun_trace = _runtime_trace(cfg, model, inrun, device, update_s=trace.overheads.update_s)
         inrun_trace.extra["method"] += f"; measured during the timed steps under '{cfg.scheduler}'"
-    summary = _summarise(cfg, run_id, rows, compute_times, plan, trace, cost)
+    summary = _summarise(cfg, run_id, rows, compute_times, plan, trace, device)
     if rank == 0 and cfg.results_dir:
         _write_run(cfg, summary, rows, epoch_rows, bucket_rows, trace, inrun_trace, plan, cost)
         log.info("%s: %.4f s per iteration; written to %s", run_id, summary["iteration_s"], cfg.results_dir)
@@ -459,13 +459,14 @@ def _evaluate(cfg: TrainConfig, model: nn.Module, epoch: int, rows: list[dict], 
             "test_accuracy": float(counts[0] / counts[1])}
 
 
-def _summarise(cfg, run_id, rows, compute_times, plan, trace, cost) -> dict[str, Any]:
+def _summarise(cfg, run_id, rows, compute_times, plan, trace, device) -> dict[str, Any]:
     iters = [r["iteration_s"] for r in rows]
     world = dist.get_world_size()
     med = torch.tensor([statistics.median(iters) if iters else float("nan"),
-                        statistics.median(compute_times) if compute_times else float("nan")], dtype=torch.float64)
+                        statistics.median(compute_times) if compute_times else float("nan")], dtype=torch.float64,
+                       device=device)  # NCCL reduces GPU tensors only
     dist.all_reduce(med, op=dist.ReduceOp.MAX)  # the slowest rank decides
-    iteration_s, compute_s = med.tolist()
+    iteration_s, compute_s = med.cpu().tolist()
     bwd = statistics.median(r["backward_call_s"] for r in rows) if rows else float("nan")
     return {"run_id": run_id, "model": cfg.model, "scheduler": cfg.scheduler, "world_size": world,
             "backend": dist.get_backend(),
