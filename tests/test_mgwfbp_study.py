@@ -8,6 +8,7 @@ import pytest  # noqa: E402
 
 from repro.cost import preset  # noqa: E402
 from repro.figures import mgwfbp_plots  # noqa: E402
+from repro.figures.style import PAPER_ZORDER  # noqa: E402
 from repro.results import read_table, write_table  # noqa: E402
 from repro.studies import mgwfbp_sim as study  # noqa: E402
 from tests.helpers import random_trace  # noqa: E402
@@ -24,12 +25,32 @@ def test_speedup_sweep_rows_and_definition(traces):
     # 10gbe-v100 has no P=32 fit: skipped for that network only
     assert set(sweep[sweep.network == "10gbe-v100"].workers) == {4, 16}
     assert set(sweep[sweep.network == "10gbe-derived"].workers) == {4, 16, 32}
-    lin = sweep[sweep.solver == "linear"]
-    assert (lin.speedup == lin.workers).all()
-    row = sweep[(sweep.model == "a") & (sweep.solver == "optimal") & (sweep.workers == 16) & (sweep.network == "10gbe-derived")].iloc[0]
+    lin = sweep[sweep.scheduler == "linear"]
+    assert (lin.speedup == lin.workers).all() and (lin.origin == "ideal").all()
+    row = sweep[(sweep.model == "a") & (sweep.scheduler == "optimal") & (sweep.workers == 16) & (sweep.network == "10gbe-derived")].iloc[0]
     t = traces["a"]
     assert row.speedup == pytest.approx(16 * (t.total_forward_s + t.total_backward_s) / row.iteration_s)
-    assert (sweep[sweep.solver != "linear"].speedup <= sweep[sweep.solver != "linear"].workers + 1e-9).all()
+    sim = sweep[sweep.scheduler != "linear"]
+    assert (sim.speedup <= sim.workers + 1e-9).all()
+    # relative to the best scheduler at the same model, network and P: the optimum is the best
+    assert (sim.relative_to_best <= 1 + 1e-12).all()
+    opt = sim[sim.scheduler == "optimal"].relative_to_best
+    assert opt.to_list() == pytest.approx([1.0] * len(opt))
+    assert lin.relative_to_best.isna().all()
+
+
+def test_sim_speedup_table_holds_paper_values_and_comparison(traces):
+    sweep = study.speedup_sweep({"googlenet@k80": traces["a"]}, ["10gbe-k80"], [2, 4, 8], ["wfbp", "mgwfbp"])
+    paper = study.paper_speedups()
+    table = study.sim_speedup_table(sweep, paper, ["googlenet@k80"])
+    pub = table[table.origin == "paper"]
+    assert set(pub.model) == {"googlenet@k80"} and set(pub.network) == {"10gbe-k80"}
+    assert len(pub) == len(paper[paper.model == "googlenet"])
+    assert pub.citation.str.contains("INFOCOM 2019").all()
+    cmp = study.paper_comparison(table)
+    assert set(cmp.scheduler) == {"wfbp", "mgwfbp"} and set(cmp.workers) == {2, 4, 8}
+    assert (cmp.simulated_over_paper == cmp.speedup_simulated / cmp.speedup_paper).all()
+    assert study.paper_comparison(sweep).empty  # no published values: an empty table, not an error
 
 
 def test_gap_is_non_negative_and_summary_counts(traces):
@@ -46,14 +67,15 @@ def test_cost_model_table_matches_formulas():
     table = study.cost_model_table(1e-5, 1e-9, 0.0, [4, 64])
     ring = table[(table.algorithm == "ring") & (table.workers == 64)].iloc[0]
     assert ring.a_s == pytest.approx(2 * 63 * 1e-5)
+    assert ring.alpha_s == 1e-5 and ring.beta_s_per_byte == 1e-9  # the constants are in the table too
     assert set(table.algorithm) == {"ring", "tree", "recursive_doubling", "halving_doubling"}
 
 
 def test_timeline_table_has_one_iteration_per_solver(traces):
     ops = study.timeline_table(traces["b"], preset("10gbe-v100", 16), ["wfbp", "syncea"])
-    assert set(ops.solver) == {"wfbp", "syncea"}
-    assert len(ops[(ops.solver == "syncea") & (ops.stream == "comm")]) == 1
-    assert len(ops[(ops.solver == "wfbp") & (ops.stream == "comm")]) == 12
+    assert set(ops.scheduler) == {"wfbp", "syncea"}
+    assert len(ops[(ops.scheduler == "syncea") & (ops.stream == "comm")]) == 1
+    assert len(ops[(ops.scheduler == "wfbp") & (ops.stream == "comm")]) == 12
 
 
 def test_find_trace_error_names_the_model():
@@ -63,9 +85,9 @@ def test_find_trace_error_names_the_model():
 
 def test_paper_numbers_are_labelled():
     paper = study.paper_speedups()
-    assert set(paper.solver) == {"wfbp", "syncea", "mgwfbp"}
+    assert set(paper.scheduler) == {"wfbp", "syncea", "mgwfbp"}
     assert paper.source.str.contains("INFOCOM 2019").all()
-    assert paper[(paper.model == "googlenet") & (paper.solver == "mgwfbp") & (paper.workers == 8)].speedup.item() == 7.41
+    assert paper[(paper.model == "googlenet") & (paper.scheduler == "mgwfbp") & (paper.workers == 8)].speedup.item() == 7.41
 
 
 def test_results_round_trip_with_metadata(tmp_path, traces):
@@ -85,12 +107,31 @@ def test_results_round_trip_with_metadata(tmp_path, traces):
 def test_plots_draw_from_tables(traces):
     sweep = study.speedup_sweep({"googlenet@k80": traces["a"]}, ["10gbe-k80"], [2, 4, 8],
                                 ["wfbp", "syncea", "mgwfbp", "optimal"])
-    fig = mgwfbp_plots.plot_sim_speedup(sweep, study.paper_speedups(), ["googlenet@k80"])
-    assert len(fig.axes[0].collections) == 3  # one marker set per published method
+    table = study.sim_speedup_table(sweep, study.paper_speedups(), ["googlenet@k80"])
+    fig = mgwfbp_plots.plot_sim_speedup(table)
+    top = fig.axes[0]
+    paper_sets = [c for c in top.collections if c.get_zorder() == PAPER_ZORDER]
+    assert len(paper_sets) == 3  # one marker set per published method, drawn above every line
+    assert all(c.get_zorder() > max(ln.get_zorder() for ln in top.get_lines()) for c in paper_sets)
+    assert len(fig.axes) == 2 and fig.axes[1].get_ylim()[1] <= 1.1  # the "relative to the best" panel, linear
+    assert "Paper" in " ".join(t.get_text() for t in fig.legends[0].get_texts())
+    # the same figure from the bare sweep plus the published table
+    assert len(mgwfbp_plots.plot_sim_speedup(sweep, study.paper_speedups(), ["googlenet@k80"]).axes) == 2
     fig = mgwfbp_plots.plot_optimal_gap(study.optimal_gap_table(sweep))
-    assert fig.axes
+    assert fig.axes[0].get_xlabel() and fig.axes[1].get_xlabel()
     ops = study.timeline_table(traces["b"], preset("10gbe-v100", 16), ["wfbp", "mgwfbp"])
     assert len(mgwfbp_plots.plot_timeline(ops, "t").axes) == 2
     curve = study.allreduce_curve(["10gbe-v100"], 16, [1e3, 1e6])
-    assert mgwfbp_plots.plot_layer_sizes(study.layer_table(traces), curve, ["a", "b"]).axes
-    assert mgwfbp_plots.plot_cost_models(study.cost_model_table(1e-5, 1e-9, 0, [4, 8]), "x").axes
+    fig = mgwfbp_plots.plot_layer_sizes(study.layer_table(traces), curve, ["a", "b"])
+    assert len(fig.axes) == 2 + 2 * 2  # one small multiple per model, two histograms with twin axes
+
+
+def test_cost_models_figure_names_the_coinciding_curves():
+    fig = mgwfbp_plots.plot_cost_models(study.cost_model_table(1e-5, 1e-9, 0, [4, 8, 16]), "x")
+    a_ax, b_ax = fig.axes[:2]
+    notes = [t.get_text() for ax in (a_ax, b_ax) for t in ax.texts]
+    assert any("binary tree = recursive halving-doubling" in n for n in notes)
+    assert any("ring = recursive halving-doubling" in n for n in notes)
+    styles = {(ln.get_linestyle(), ln.get_marker()) for ln in a_ax.get_lines()}
+    assert len(styles) == 4  # every algorithm has its own dashes and marker
+    assert len(fig.get_suptitle().splitlines()[0]) < 60

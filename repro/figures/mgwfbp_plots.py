@@ -1,91 +1,187 @@
-"""Figures of the MG-WFBP study, each drawn from the tidy tables of :mod:`repro.studies.mgwfbp_sim`.
+"""Figures of the MG-WFBP study, each drawn from one tidy table of :mod:`repro.studies.mgwfbp_sim`,
+:mod:`repro.studies.mgwfbp_train` or :mod:`repro.studies.validation`.
 
 Every function takes DataFrames and returns a matplotlib Figure; saving is the caller's job
-(:func:`repro.figures.save_figure`).
+(:func:`repro.figures.save_figure`). They follow the conventions of :mod:`repro.figures.style`:
+one style per scheduler, paper values on top, legends below the axes, small multiples, notes where
+curves coincide, oversubscribed measurements marked.
 """
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
+from matplotlib.lines import Line2D
+from matplotlib.patches import Patch
+from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator
 
-from repro.figures.plots import gantt, scheduler_lines, stacked_bars
-from repro.figures.style import PALETTE, scheduler_label, scheduler_style
+from repro.figures.plots import gantt, scheduler_lines
+from repro.figures.style import (
+    DARK_GREY,
+    OVERSUBSCRIBED_HATCH,
+    PALETTE,
+    add_note,
+    coinciding_lines,
+    legend_below,
+    mark_oversubscribed,
+    oversubscribed_handle,
+    panel_figsize,
+    paper_handle,
+    paper_marker_style,
+    scheduler_label,
+    scheduler_style,
+)
 
 __all__ = ["plot_layer_sizes", "plot_cost_models", "plot_timeline", "plot_sim_speedup", "plot_optimal_gap",
            "plot_allreduce_fit", "plot_real_speedup", "plot_breakdown", "plot_threshold_sweep", "plot_convergence",
-           "plot_sim_vs_real"]
+           "plot_sim_vs_real", "ALGORITHM_STYLES", "series_style"]
 
+_PLAIN = FuncFormatter(lambda v, _pos: f"{v:g}")  # 16, not 2^4
+
+# All-reduce algorithms (not schedulers): colour, marker, line style, hollow marker.
+ALGORITHM_STYLES: dict[str, dict] = {
+    "ring": {"color": PALETTE[0], "marker": "o", "linestyle": "-", "mfc": None, "label": "ring"},
+    "tree": {"color": PALETTE[1], "marker": "s", "linestyle": "--", "mfc": "none", "label": "binary tree"},
+    "recursive_doubling": {"color": PALETTE[2], "marker": "^", "linestyle": "-.", "mfc": None,
+                           "label": "recursive doubling"},
+    "halving_doubling": {"color": PALETTE[3], "marker": "D", "linestyle": ":", "mfc": "none",
+                         "label": "recursive halving-doubling"},
+}
+
+# Series that are not schedulers (networks, world sizes): colour-blind-safe colours, markers, dashes.
+_SERIES_COLORS = (PALETTE[0], PALETTE[1], PALETTE[2], PALETTE[4], PALETTE[9], PALETTE[5], PALETTE[3])
+_SERIES_MARKERS = ("o", "s", "^", "D", "v", "P", "X")
+_SERIES_DASHES = ("-", "--", "-.", ":", (0, (6, 2)), (0, (2, 1.5)), (0, (4, 1.5, 1, 1.5, 1, 1.5)))
+
+
+def series_style(i: int) -> dict:
+    """The i-th style for series that are not schedulers (networks, world sizes, models)."""
+    return {"color": _SERIES_COLORS[i % len(_SERIES_COLORS)], "marker": _SERIES_MARKERS[i % len(_SERIES_MARKERS)],
+            "linestyle": _SERIES_DASHES[i % len(_SERIES_DASHES)]}
+
+
+def _log2_x(ax) -> None:
+    ax.set_xscale("log", base=2)
+    ax.xaxis.set_major_formatter(_PLAIN)
+
+
+def _flags(df: pd.DataFrame, column: str = "oversubscribed") -> np.ndarray:
+    if column not in df:
+        return np.zeros(len(df), dtype=bool)
+    return df[column].fillna(False).astype(bool).to_numpy()
+
+
+# ---------------------------------------------------------------------------------------------
+# Simulation figures
+# ---------------------------------------------------------------------------------------------
 
 def plot_layer_sizes(layers: pd.DataFrame, curve: pd.DataFrame, hist_models: Sequence[str]):
-    """Top: parameters per learnable layer (log) for every model. Bottom: size histogram of two
-    models' layers with the all-reduce time of each network on a second axis."""
+    """Small multiples of parameters per learnable layer (log y, shared), one panel per model; below,
+    the size histogram of ``hist_models``' layers with each network's all-reduce time on a second axis."""
     models = list(dict.fromkeys(layers["model"]))
-    fig = plt.figure(figsize=(12, 7.5))
-    grid = fig.add_gridspec(2, max(2, len(hist_models)), height_ratios=[1.2, 1])
-    ax = fig.add_subplot(grid[0, :])
+    hist_models = list(hist_models)
+    ncols = 3 if len(models) > 4 else max(1, len(models))
+    nrows = -(-len(models) // ncols)
+    hcols = max(1, len(hist_models))
+    fig = plt.figure(figsize=(3.6 * max(ncols, hcols, 2), 1.75 * nrows + 3.4))
+    outer = fig.add_gridspec(2, 1, height_ratios=[1.75 * nrows, 2.6], hspace=0.35)
+    top = outer[0].subgridspec(nrows, ncols, hspace=0.75, wspace=0.12)
+    first = None
+    vmax = float(layers["params"].max()) if len(layers) else 1.0
     for i, m in enumerate(models):
+        ax = fig.add_subplot(top[i // ncols, i % ncols], sharey=first)
+        first = first or ax
         sub = layers[layers["model"] == m]
-        ax.plot(sub["layer"], sub["params"], lw=1, color=PALETTE[i % len(PALETTE)], label=m)
-    ax.set_yscale("log")
-    ax.set_xlabel("learnable layer (forward order)")
-    ax.set_ylabel("parameters")
-    ax.legend(ncol=min(len(models), 5), fontsize="small")
-    ax.set_title("Gradient size per layer")
+        ax.vlines(sub["layer"], 1, sub["params"], color=PALETTE[0], lw=max(0.4, min(2.0, 160 / max(len(sub), 1))))
+        ax.set_yscale("log")
+        ax.set_ylim(1, vmax * 3)
+        ax.set_xlim(0, len(sub) + 1)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True, nbins=6))
+        ax.set_title(f"{m}: {len(sub)} layers, {sub['params'].sum() / 1e6:.1f}M", fontsize="small")
+        ax.tick_params(labelsize="x-small")
+        ax.grid(axis="x", visible=False)
+        if i % ncols:
+            ax.tick_params(labelleft=False)
+        else:
+            ax.set_ylabel("parameters", fontsize="small")
+        if i // ncols == nrows - 1 or i + ncols >= len(models):
+            ax.set_xlabel("layer (forward order)", fontsize="small")
+    bottom = outer[1].subgridspec(1, hcols, wspace=0.45)
     bins = np.logspace(1, 9, 33)
+    handles = []
     for j, m in enumerate(hist_models):
-        axh = fig.add_subplot(grid[1, j])
+        axh = fig.add_subplot(bottom[0, j])
         sub = layers[layers["model"] == m]
-        axh.hist(sub["bytes"], bins=bins, color=PALETTE[0], alpha=0.7)
+        axh.hist(sub["bytes"], bins=bins, color=PALETTE[7], alpha=0.8)
         axh.set_xscale("log")
         axh.set_xlabel("gradient bytes per layer")
         axh.set_ylabel("layers")
-        axh.set_title(f"{m}: {len(sub)} layers")
+        axh.set_title(f"{m}: layer sizes and all-reduce time", fontsize="small")
         axt = axh.twinx()
         for k, (net, c) in enumerate(curve.groupby("network", sort=False)):
-            axt.plot(c["bytes"], c["allreduce_s"] * 1e3, color=PALETTE[3 + k], lw=1.5,
-                     label=f"all-reduce, {net} (P={int(c['workers'].iloc[0])})")
+            st = series_style(k + 3)
+            line, = axt.plot(c["bytes"], c["allreduce_s"] * 1e3, color=st["color"], ls=st["linestyle"], lw=1.8,
+                             label=f"all-reduce time, {net} (P={int(c['workers'].iloc[0])})")
+            if j == 0:
+                handles.append(line)
         axt.set_yscale("log")
         axt.set_ylabel("all-reduce time (ms)")
         axt.grid(False)
-        if j == 0:
-            axt.legend(fontsize="x-small", loc="upper left")
-    fig.tight_layout()
+    handles.insert(0, Patch(facecolor=PALETTE[7], alpha=0.8, label="layers per size bin (left axis)"))
+    fig.suptitle("Gradient size per learnable layer", y=0.995)
+    legend_below(fig, handles, ncol=len(handles))
+    fig.subplots_adjust(top=0.93, bottom=0.1, left=0.07, right=0.93)
     return fig
 
 
-def plot_cost_models(table: pd.DataFrame, hop_note: str):
-    """Start-up a and per-byte b of each all-reduce algorithm as P grows."""
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    for k, (algo, g) in enumerate(table.groupby("algorithm", sort=False)):
+def plot_cost_models(table: pd.DataFrame, hop_note: str = ""):
+    """Start-up a and per-byte b of each all-reduce algorithm as P grows (two panels); coinciding
+    algorithms are drawn in different dashes and markers and named in a note on their panel."""
+    fig, axes = plt.subplots(1, 2, figsize=(9.6, 4.0))
+    for algo, g in table.groupby("algorithm", sort=False):
+        st = ALGORITHM_STYLES.get(algo, {"color": DARK_GREY, "marker": "x", "linestyle": "-", "mfc": None,
+                                         "label": algo.replace("_", " ")})
+        g = g.sort_values("workers")
         for ax, col, scale in ((axes[0], "a_s", 1e3), (axes[1], "b_s_per_byte", 1e9)):
-            ax.plot(g["workers"], g[col] * scale, marker="o", ms=3, color=PALETTE[k], label=algo.replace("_", " "))
-    for ax, ylabel in ((axes[0], "start-up a (ms)"), (axes[1], "per-byte b (ns/byte)")):
-        ax.set_xscale("log", base=2)
+            kw = {"markerfacecolor": st["mfc"]} if st["mfc"] else {}
+            ax.plot(g["workers"], g[col] * scale, marker=st["marker"], ms=6 if st["mfc"] else 4,
+                    color=st["color"], ls=st["linestyle"], lw=1.6, label=st["label"], **kw)
+    for ax, ylabel, title in ((axes[0], "start-up a (ms)", "start-up a"),
+                              (axes[1], "per-byte b (ns/byte)", "per-byte b")):
+        _log2_x(ax)
         ax.set_yscale("log")
+        ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+        ax.yaxis.set_major_formatter(_PLAIN)
+        ax.yaxis.set_minor_formatter(FuncFormatter(lambda v, _pos: ""))
         ax.set_xlabel("workers P")
         ax.set_ylabel(ylabel)
-    axes[0].legend()
-    fig.suptitle(f"All-reduce cost model T(M) = a + b*M by algorithm ({hop_note})")
+        ax.set_title(title)
+        same = coinciding_lines(ax)
+        if same:
+            add_note(ax, "; ".join(f"{a} = {b}: drawn on top of each other" for a, b in same))
+    title = "All-reduce cost T(M) = a + b·M by algorithm"
+    fig.suptitle(title + (f"\n{hop_note}" if hop_note else ""))
+    legend_below(fig, axes=[axes[0]], ncol=4)
     fig.tight_layout()
     return fig
 
 
 def plot_timeline(ops: pd.DataFrame, title: str):
-    """One Gantt chart per solver (rows: compute, comm), on one time axis; buckets labelled, layers not."""
-    solvers = list(dict.fromkeys(ops["solver"]))
-    fig, axes = plt.subplots(len(solvers), 1, figsize=(12, 1.7 * len(solvers) + 0.8), sharex=True)
+    """One Gantt chart per scheduler (rows: compute, comm), on one time axis; buckets labelled, layers not."""
+    col = "scheduler" if "scheduler" in ops else "solver"
+    schedulers = list(dict.fromkeys(ops[col]))
+    fig, axes = plt.subplots(len(schedulers), 1, figsize=(11, 1.6 * len(schedulers) + 1.0), sharex=True)
     axes = np.atleast_1d(axes)
     ops = ops.assign(label=ops["label"].where(ops["stream"] != "compute", ""))
-    for i, (ax, s) in enumerate(zip(axes, solvers)):
-        sub = ops[ops["solver"] == s]
+    for i, (ax, s) in enumerate(zip(axes, schedulers)):
+        sub = ops[ops[col] == s]
         gantt(ax, sub, streams=["compute", "comm"], legend=(i == 0), label_min_width_frac=0.04)
         ax.set_ylabel(f"{scheduler_label(s)}\n{sub['iteration_s'].iloc[0] * 1e3:.1f} ms", rotation=0,
                       ha="right", va="center")
-        if i < len(solvers) - 1:
+        if i < len(schedulers) - 1:
             ax.set_xlabel("")
     axes[0].set_xlim(0, ops["end_s"].max() * 1e3 * 1.01)
     fig.suptitle(title)
@@ -93,56 +189,105 @@ def plot_timeline(ops: pd.DataFrame, title: str):
     return fig
 
 
-def plot_sim_speedup(sweep: pd.DataFrame, paper: pd.DataFrame | None = None,
-                     paper_models: Sequence[str] = ()):
-    """Speedup vs workers, one panel per model x network; paper numbers as markers where they apply."""
-    combos = sweep[["model", "network"]].drop_duplicates().values.tolist()
-    ncol = min(4, len(combos))
-    nrow = int(np.ceil(len(combos) / ncol))
-    fig, axes = plt.subplots(nrow, ncol, figsize=(3.6 * ncol, 3.1 * nrow), squeeze=False)
-    order = ["linear", "wfbp", "syncea", "threshold", "mgwfbp", "optimal"]
-    for ax, (model, net) in zip(axes.flat, combos):
-        sub = sweep[(sweep["model"] == model) & (sweep["network"] == net)]
-        scheduler_lines(ax, sub, x="workers", y="speedup", hue="solver",
-                        order=[s for s in order if s in set(sub["solver"])], logx=True, legend=False)
-        if paper is not None and model in paper_models:
-            pm = paper[paper["model"] == model.split("@")[0]]
-            for solver, g in pm.groupby("solver"):
-                st = scheduler_style(solver)
-                ax.scatter(g["workers"], g["speedup"], marker="x", s=40, color=st["color"], zorder=5)
+def plot_sim_speedup(table: pd.DataFrame, paper: pd.DataFrame | None = None,
+                     paper_models: Mapping[str, str] | Sequence[str] = ()):
+    """Speedup vs workers, one cell per model x network: on top the speedup (log-log, as in the paper)
+    with published values as hollow diamonds drawn above the simulated lines; below, each scheduler's
+    speedup relative to the best one at that P (linear axis), where 10-30 % gaps stay visible.
+
+    ``table`` is :func:`repro.studies.mgwfbp_sim.sim_speedup_table` (the sweep, with ``origin``
+    "paper" rows for published values); a bare sweep plus ``paper`` and ``paper_models`` works too.
+    """
+    from repro.studies.mgwfbp_sim import sim_speedup_table
+
+    if paper is not None:
+        table = sim_speedup_table(table[table.get("origin", "simulated") != "paper"] if "origin" in table else table,
+                                  paper, paper_models)
+    if "origin" not in table:
+        table = table.assign(origin=np.where(table["scheduler"] == "linear", "ideal", "simulated"))
+    if "relative_to_best" not in table:
+        sim = table["origin"] == "simulated"
+        best = table[sim].groupby(["model", "network", "workers"])["speedup"].transform("max")
+        table = table.assign(relative_to_best=np.nan)
+        table.loc[sim, "relative_to_best"] = table.loc[sim, "speedup"] / best
+    drawn = table[table["origin"] != "paper"]
+    published = table[table["origin"] == "paper"]
+    combos = drawn[["model", "network"]].drop_duplicates().values.tolist()
+    nrow, ncol, (w, h) = panel_figsize(len(combos), panel=(3.5, 3.6), max_cols=4, extra_height=1.2)
+    fig = plt.figure(figsize=(w, h))
+    outer = fig.add_gridspec(nrow, ncol, hspace=0.38, wspace=0.3)
+    order = ["linear", "wfbp", "syncea", "threshold", "ddp_buckets", "mgwfbp", "optimal"]
+    for i, (model, net) in enumerate(combos):
+        cell = outer[i // ncol, i % ncol].subgridspec(2, 1, height_ratios=[2.1, 1], hspace=0.08)
+        ax, axr = fig.add_subplot(cell[0]), None
+        axr = fig.add_subplot(cell[1], sharex=ax)
+        sub = drawn[(drawn["model"] == model) & (drawn["network"] == net)]
+        names = [s for s in order if s in set(sub["scheduler"])] + \
+                [s for s in dict.fromkeys(sub["scheduler"]) if s not in order]
+        scheduler_lines(ax, sub, x="workers", y="speedup", hue="scheduler", order=names, logx=True, legend=False)
+        rel = sub[sub["origin"] == "simulated"]
+        scheduler_lines(axr, rel, x="workers", y="relative_to_best", hue="scheduler",
+                        order=[s for s in names if s != "linear"], logx=True, legend=False)
+        pub = published[(published["model"] == model) & (published["network"] == net)]
+        for s, g in pub.groupby("scheduler"):
+            ax.scatter(g["workers"], g["speedup"], **paper_marker_style(s, size=70))
         ax.set_yscale("log", base=2)
-        ax.set_title(f"{model}\n{net}", fontsize="small")
-        ax.set_xlabel("workers")
-        ax.set_ylabel("speedup")
-    for ax in list(axes.flat)[len(combos):]:
-        ax.axis("off")
-    handles, labels = axes.flat[0].get_legend_handles_labels()
-    if paper is not None and len(paper_models):
-        handles.append(plt.Line2D([], [], ls="", marker="x", color="#4d4d4d"))
-        labels.append("paper, measured (INFOCOM'19, K80 10GbE)")
-    fig.legend(handles, labels, loc="lower center", ncol=min(len(labels), 7), bbox_to_anchor=(0.5, -0.02))
-    fig.suptitle("Speedup vs number of GPUs (simulated)")
-    fig.tight_layout(rect=(0, 0.04, 1, 1))
+        ax.yaxis.set_major_formatter(_PLAIN)
+        ax.set_title(f"{model} · {net}", fontsize="small")
+        ax.tick_params(labelbottom=False, labelsize="x-small")
+        ax.set_xlabel("")
+        ax.set_ylabel("speedup" if i % ncol == 0 else "", fontsize="small")
+        axr.set_ylim(0, 1.08)
+        axr.set_yticks([0, 0.5, 1.0])
+        axr.tick_params(labelsize="x-small")
+        axr.set_ylabel("÷ best" if i % ncol == 0 else "", fontsize="small")
+        axr.set_xlabel("workers", fontsize="small")
+    handles = [Line2D([], [], **{k: v for k, v in scheduler_style(s).items() if k != "zorder"})
+               for s in order if s in set(drawn["scheduler"])]
+    if len(published):
+        handles.append(paper_handle("Paper, measured (hollow diamonds)"))
+    fig.suptitle("Speedup vs number of GPUs (simulated); lower panels: speedup ÷ best scheduler's", y=0.995)
+    fig.text(0.5, 1 - 0.36 / h, "Coinciding curves (e.g. Optimal on MG-WFBP, Fixed threshold on SyncEASGD when the "
+             "model is below the threshold) are drawn in order: dotted Optimal on top; every value is in the table.",
+             ha="center", va="top", fontsize="small", style="italic", color="#333333")
+    legend_below(fig, handles, ncol=min(len(handles), 4))
+    fig.subplots_adjust(top=1 - 1.0 / h, bottom=0.7 / h, left=0.06, right=0.98)
     return fig
 
 
 def plot_optimal_gap(gap: pd.DataFrame):
-    """Distribution of MG-WFBP's extra iteration time over the exact optimum, per model and network."""
-    import seaborn as sns
-
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.2), gridspec_kw={"width_ratios": [2, 1]})
-    sns.stripplot(data=gap, x="model", y="gap_pct", hue="network", dodge=True, size=3, ax=axes[0], jitter=0.25)
-    axes[0].set_ylabel("MG-WFBP slower than optimum (%)")
-    axes[0].set_xlabel("")
-    axes[0].tick_params(axis="x", rotation=30)
-    axes[0].legend(fontsize="x-small", title="network")
+    """Left: every configuration's gap of the MG-WFBP rule to the exact optimum, one row per model
+    (points jittered, one colour and marker per network). Right: the largest gap over models vs P."""
+    nets = list(dict.fromkeys(gap["network"]))
+    models = sorted(dict.fromkeys(gap["model"]))
+    fig, axes = plt.subplots(1, 2, figsize=(10.5, max(4.2, 0.42 * len(models) + 2.4)),
+                             gridspec_kw={"width_ratios": [1.7, 1]})
+    ax = axes[0]
+    rng = np.random.default_rng(0)
+    step = 0.8 / max(len(nets), 1)
+    for k, net in enumerate(nets):
+        g = gap[gap["network"] == net]
+        y = g["model"].map({m: i for i, m in enumerate(models)}).to_numpy(dtype=float)
+        y = y - 0.4 + step * (k + 0.5) + rng.uniform(-step / 3, step / 3, size=len(y))
+        st = series_style(k)
+        ax.scatter(g["gap_pct"], y, s=14, color=st["color"], marker=st["marker"], alpha=0.85, label=net, lw=0)
+    ax.set_yticks(range(len(models)))
+    ax.set_yticklabels(models, fontsize="small")
+    ax.set_ylim(len(models) - 0.5, -0.5)
+    ax.set_xlabel("MG-WFBP slower than the optimum (%)")
+    ax.set_ylabel("")
+    ax.set_title("every model x network x P", fontsize="small")
     for k, (net, g) in enumerate(gap.groupby("network", sort=False)):
-        axes[1].plot(g.groupby("workers")["gap_pct"].max(), marker="o", ms=3, color=PALETTE[k], label=net)
-    axes[1].set_xscale("log", base=2)
-    axes[1].set_xlabel("workers")
-    axes[1].set_ylabel("max gap over models (%)")
-    axes[1].legend(fontsize="x-small")
+        st = series_style(nets.index(net))
+        m = g.groupby("workers")["gap_pct"].max()
+        axes[1].plot(m.index, m.to_numpy(), color=st["color"], marker=st["marker"], ls=st["linestyle"], ms=4,
+                     label=net)
+    _log2_x(axes[1])
+    axes[1].set_xlabel("workers P")
+    axes[1].set_ylabel("largest gap over models (%)")
+    axes[1].set_title("worst case per P", fontsize="small")
     fig.suptitle("Gap of the MG-WFBP rule to the exact optimal merge (simulated)")
+    legend_below(fig, axes=[ax], ncol=len(nets), title="network preset", markerscale=1.6)
     fig.tight_layout()
     return fig
 
@@ -151,144 +296,260 @@ def plot_optimal_gap(gap: pd.DataFrame):
 # Measured (training) figures
 # ---------------------------------------------------------------------------------------------
 
-def plot_allreduce_fit(times: pd.DataFrame, fits: pd.DataFrame, note: str):
-    """Measured all-reduce seconds vs bytes per world size, with the fitted a + b*M lines."""
-    fig, ax = plt.subplots(figsize=(6.5, 4.2))
-    for k, (p, g) in enumerate(times.groupby("workers")):
-        c = PALETTE[k % len(PALETTE)]
-        f = fits[fits.workers == p].iloc[0]
-        ax.scatter(g["bytes"], g["seconds"] * 1e3, color=c, s=18, label=f"P={p} measured")
-        x = np.geomspace(g["bytes"].min(), g["bytes"].max(), 50)
-        ax.plot(x, (f.a_s + f.b_s_per_byte * x) * 1e3, color=c, lw=1.2,
-                label=f"P={p} fit: a={f.a_s * 1e6:.0f} us, b={f.b_s_per_byte * 1e9:.3f} ns/B")
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlabel("message bytes")
-    ax.set_ylabel("all-reduce time (ms)")
-    ax.legend(fontsize="x-small")
-    ax.set_title(f"All-reduce on the live process group ({note})")
+def plot_allreduce_fit(errors: pd.DataFrame, fits: pd.DataFrame, note: str):
+    """Left (log-log): measured all-reduce seconds vs bytes per world size with the fitted a + b*M line
+    (relative-error fit). Right: the fit's relative error per message size. Oversubscribed world sizes
+    (more ranks than CPU cores) are ringed and named in the legend.
+
+    ``errors`` is :func:`repro.studies.mgwfbp_train.allreduce_fit_errors` (columns workers, bytes,
+    measured_s, fitted_s, relative_error, oversubscribed); ``fits`` is ``allreduce_fit_table``.
+    """
+    if "measured_s" not in errors and "seconds" in errors:  # raw times
+        from repro.studies.mgwfbp_train import allreduce_fit_errors
+
+        errors = allreduce_fit_errors(errors, fits)
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4.2), gridspec_kw={"width_ratios": [1.3, 1]})
+    any_over = False
+    for k, (p, g) in enumerate(errors.groupby("workers")):
+        st = series_style(k)
+        f = fits[fits["workers"] == p].iloc[0]
+        over = bool(_flags(g).any())
+        any_over |= over
+        tag = " (oversubscribed)" if over else ""
+        axes[0].scatter(g["bytes"], g["measured_s"] * 1e3, color=st["color"], marker=st["marker"], s=26, zorder=3,
+                        label=f"P={p} measured{tag}")
+        x = np.geomspace(g["bytes"].min(), g["bytes"].max(), 60)
+        axes[0].plot(x, (f.a_s + f.b_s_per_byte * x) * 1e3, color=st["color"], ls=st["linestyle"], lw=1.4,
+                     label=f"P={p} fit: a={f.a_s * 1e6:.0f} µs, b={f.b_s_per_byte * 1e9:.2f} ns/B")
+        axes[1].plot(g["bytes"], g["relative_error"] * 100, color=st["color"], marker=st["marker"],
+                     ls=st["linestyle"], ms=5, label=f"P={p}")
+        if over:
+            mark_oversubscribed(axes[0], g["bytes"], g["measured_s"] * 1e3)
+            mark_oversubscribed(axes[1], g["bytes"], g["relative_error"] * 100)
+    axes[0].set_xscale("log")
+    axes[0].set_yscale("log")
+    axes[0].set_xlabel("message bytes")
+    axes[0].set_ylabel("all-reduce time (ms)")
+    axes[0].set_title("measured and fitted (relative-error fit)", fontsize="small")
+    axes[1].set_xscale("log")
+    axes[1].axhline(0, color="black", lw=0.8)
+    lim = max(5.0, float(np.nanmax(np.abs(errors["relative_error"]))) * 100 * 1.25) if len(errors) else 5.0
+    axes[1].set_ylim(-lim, lim)
+    axes[1].set_xlabel("message bytes")
+    axes[1].set_ylabel("fit error: fitted / measured - 1 (%)")
+    axes[1].set_title("relative error of the fit per size", fontsize="small")
+    handles, labels = axes[0].get_legend_handles_labels()
+    if any_over:
+        h = oversubscribed_handle()
+        handles, labels = handles + [h], labels + [h.get_label()]
+    fig.suptitle(f"All-reduce on the live process group ({note})")
+    legend_below(fig, handles, labels, ncol=2)
     fig.tight_layout()
     return fig
 
 
 def plot_real_speedup(speedup: pd.DataFrame, note: str):
-    """Measured speedup vs workers per model (one panel each)."""
+    """Measured speedup vs workers per model (one panel each); oversubscribed points ringed."""
     models = list(dict.fromkeys(speedup["model"]))
-    fig, axes = plt.subplots(1, len(models), figsize=(4.2 * len(models), 3.6), squeeze=False)
-    order = ["linear", "wfbp", "syncea", "ddp", "mgwfbp", "optimal"]
+    fig, axes = plt.subplots(1, len(models), figsize=(4.0 * len(models) + 0.6, 3.8), squeeze=False)
+    order = ["linear", "wfbp", "syncea", "threshold", "ddp_buckets", "ddp", "ddp_threshold", "mgwfbp", "optimal"]
     for ax, m in zip(axes.flat, models):
         sub = speedup[speedup.model == m]
-        scheduler_lines(ax, sub, x="workers", y="speedup", hue="scheduler",
-                        order=[s for s in order if s in set(sub.scheduler)], legend=False)
+        names = [s for s in order if s in set(sub.scheduler)] + [s for s in dict.fromkeys(sub.scheduler)
+                                                                  if s not in order]
+        scheduler_lines(ax, sub, x="workers", y="speedup", hue="scheduler", order=names, logx=True, legend=False)
+        ax.set_yscale("log", base=2)
+        ax.yaxis.set_major_formatter(_PLAIN)
         ax.set_xticks(sorted(set(sub.workers)))
+        ax.set_ylabel("speedup (log scale)")
+        ax.set_xlabel("workers (ranks)")
         ax.set_title(m)
     handles, labels = axes.flat[0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="lower center", ncol=len(labels), bbox_to_anchor=(0.5, -0.04))
+    if _flags(speedup).any():
+        h = oversubscribed_handle()
+        handles, labels = handles + [h], labels + [h.get_label()]
     fig.suptitle(f"Measured speedup over one worker ({note})")
-    fig.tight_layout(rect=(0, 0.06, 1, 1))
-    return fig
-
-
-def plot_breakdown(breakdown: pd.DataFrame, note: str):
-    """Stacked bars: computation and non-overlapped communication per scheduler, precision and source."""
-    models = list(dict.fromkeys(breakdown["model"]))
-    fig, axes = plt.subplots(1, len(models), figsize=(5.5 * len(models), 4.2), squeeze=False)
-    for ax, m in zip(axes.flat, models):
-        sub = breakdown[breakdown.model == m].copy()
-        sub["bar"] = (sub.scheduler.map(scheduler_label) + "\n" + sub.wire_dtype.str.replace("float", "fp")
-                      + " " + sub.source.str[:4])
-        sub = sub.sort_values(["wire_dtype", "scheduler", "source"])
-        sub = sub.assign(computation_ms=sub.computation_s * 1e3, exposed_comm_ms=sub.exposed_comm_s * 1e3)
-        stacked_bars(ax, sub, x="bar", parts=["computation_ms", "exposed_comm_ms"],
-                     colors={"computation_ms": PALETTE[0], "exposed_comm_ms": PALETTE[3]},
-                     labels={"computation_ms": "computation", "exposed_comm_ms": "non-overlapped communication"},
-                     legend=(ax is axes.flat[0]))
-        ax.tick_params(axis="x", labelsize=7, rotation=90)
-        ax.set_ylabel("ms per iteration")
-        ax.set_title(f"{m}, P={int(sub.workers.max())}")
-    fig.suptitle(f"Iteration breakdown, measured vs simulated ({note})")
+    legend_below(fig, handles, labels, ncol=min(len(handles), 4))
     fig.tight_layout()
     return fig
 
 
-def plot_threshold_sweep(sweep: pd.DataFrame, refs: pd.DataFrame, note: str):
-    """Iteration time vs fusion threshold (measured and simulated), MG-WFBP / optimal as reference lines."""
+def plot_breakdown(breakdown: pd.DataFrame, note: str):
+    """Stacked bars of computation and non-overlapped communication, one panel per model and wire
+    precision; per scheduler a pair of bars: measured (left, solid) and simulated from the run's own
+    trace, plan and cost model (right, lighter). Oversubscribed runs are hatched."""
+    models = list(dict.fromkeys(breakdown["model"]))
+    dtypes = [d for d in ("float32", "float16") if d in set(breakdown["wire_dtype"])] + \
+             [d for d in dict.fromkeys(breakdown["wire_dtype"]) if d not in ("float32", "float16")]
+    fig, axes = plt.subplots(len(models), len(dtypes), figsize=(4.3 * len(dtypes) + 0.4, 3.1 * len(models) + 0.9),
+                             squeeze=False, sharey="row")
+    order = ["wfbp", "syncea", "threshold", "ddp_buckets", "ddp", "mgwfbp", "optimal"]
+    alpha = {"measured": 1.0, "simulated": 0.5}
+    offset = {"measured": -0.2, "simulated": 0.2}
+    for r, m in enumerate(models):
+        for c, dt in enumerate(dtypes):
+            ax = axes[r, c]
+            sub = breakdown[(breakdown.model == m) & (breakdown.wire_dtype == dt)]
+            names = [s for s in order if s in set(sub.scheduler)] + [s for s in dict.fromkeys(sub.scheduler)
+                                                                      if s not in order]
+            for i, sched in enumerate(names):
+                for _, row in sub[sub.scheduler == sched].iterrows():
+                    x = i + offset.get(row.source, 0.0)
+                    comp, comm = row.computation_s * 1e3, row.exposed_comm_s * 1e3
+                    hatch = OVERSUBSCRIBED_HATCH if _flags(pd.DataFrame([row])).any() else None
+                    kw = {"width": 0.38, "alpha": alpha.get(row.source, 1.0), "edgecolor": "white", "linewidth": 0.5,
+                          "hatch": hatch}
+                    ax.bar(x, comp, color=PALETTE[0], **kw)
+                    ax.bar(x, comm, bottom=comp, color=PALETTE[3], **kw)
+            ax.set_xticks(range(len(names)))
+            ax.set_xticklabels([scheduler_label(n) for n in names], fontsize="small")
+            ax.grid(axis="x", visible=False)
+            ax.set_ylabel("ms per iteration" if c == 0 else "")
+            p = int(sub.workers.max()) if len(sub) else 0
+            ax.set_title(f"{m}, {dt.replace('float', 'FP')}, P={p}", fontsize="small")
+    handles = [Patch(facecolor=PALETTE[0], label="computation"),
+               Patch(facecolor=PALETTE[3], label="non-overlapped communication"),
+               Patch(facecolor=DARK_GREY, label="left bar: measured"),
+               Patch(facecolor=DARK_GREY, alpha=0.5, label="right bar (lighter): simulated")]
+    if _flags(breakdown).any():
+        handles.append(oversubscribed_handle("bar"))
+    fig.suptitle(f"Iteration breakdown, measured vs simulated ({note})")
+    legend_below(fig, handles, ncol=3)
+    fig.tight_layout()
+    return fig
+
+
+def plot_threshold_sweep(sweep: pd.DataFrame, refs: pd.DataFrame | None = None, note: str = ""):
+    """Iteration time vs fusion threshold (measured solid, simulated dashed), with the reference
+    schedulers (MG-WFBP, the optimum) as horizontal lines; legend below the panels.
+
+    ``sweep`` is :func:`repro.studies.mgwfbp_train.threshold_sweep_table` (reference rows have no
+    ``threshold_bytes``); a separate ``refs`` table is accepted too.
+    """
+    if refs is not None and len(refs):
+        sweep = pd.concat([sweep, refs.assign(threshold_bytes=np.nan)], ignore_index=True)
+    sweep = sweep.assign(threshold_bytes=pd.to_numeric(sweep["threshold_bytes"], errors="coerce"))
     models = list(dict.fromkeys(sweep["model"]))
-    fig, axes = plt.subplots(1, len(models), figsize=(5.2 * len(models), 3.8), squeeze=False)
+    fig, axes = plt.subplots(1, len(models), figsize=(4.6 * len(models) + 0.4, 3.9), squeeze=False)
+    any_over = False
     for ax, m in zip(axes.flat, models):
-        sub = sweep[sweep.model == m].sort_values("threshold_bytes")
-        for source, ls in (("measured", "-"), ("simulated", "--")):
-            s = sub[sub.source == source]
-            ax.plot(s.threshold_bytes, s.iteration_s * 1e3, ls, marker="o", ms=4,
-                    color=scheduler_style("threshold")["color"], label=f"fixed threshold ({source})")
-        for _, r in refs[refs.model == m].iterrows():
-            st = scheduler_style(r.scheduler)
-            ax.axhline(r.iteration_s * 1e3, color=st["color"], ls="-" if r.source == "measured" else "--", lw=1,
-                       label=f"{st['label']} ({r.source})")
+        sub = sweep[sweep.model == m]
+        th = sub[sub.scheduler == "threshold"].sort_values("threshold_bytes")
+        st = scheduler_style("threshold")
+        for source, ls, mfc in (("measured", "-", None), ("simulated", "--", "white")):
+            s = th[th.source == source]
+            ax.plot(s.threshold_bytes, s.iteration_s * 1e3, ls=ls, marker=st["marker"], ms=5, color=st["color"],
+                    markerfacecolor=mfc or st["color"], label=f"{st['label']} ({source})")
+            if _flags(s).any():
+                any_over = True
+                mark_oversubscribed(ax, s.threshold_bytes[_flags(s)], s.iteration_s[_flags(s)] * 1e3)
+        for _, r in sub[sub.scheduler != "threshold"].iterrows():
+            rs = scheduler_style(r.scheduler)
+            ax.axhline(r.iteration_s * 1e3, color=rs["color"], ls="-" if r.source == "measured" else "--", lw=1.2,
+                       zorder=rs["zorder"], label=f"{rs['label']} ({r.source})")
         ax.set_xscale("log", base=2)
         ax.set_xlabel("fusion threshold (bytes)")
         ax.set_ylabel("iteration (ms)")
-        ax.set_title(m)
-        ax.legend(fontsize="x-small")
+        ax.set_title(m + (" (every run oversubscribed)" if len(sub) and _flags(sub).all() else ""))
+    handles, labels = axes.flat[0].get_legend_handles_labels()
+    if any_over:
+        h = oversubscribed_handle()
+        handles, labels = handles + [h], labels + [h.get_label()]
     fig.suptitle(f"Iteration time vs fixed fusion threshold, measured and simulated ({note})")
+    legend_below(fig, handles, labels, ncol=3)
     fig.tight_layout()
     return fig
 
 
 def plot_convergence(epochs: pd.DataFrame, note: str):
-    """Test accuracy vs epoch per scheduler (S-SGD and MG-WFBP make identical updates)."""
-    fig, ax = plt.subplots(figsize=(6, 4))
+    """Test accuracy vs epoch per scheduler. S-SGD (PyTorch DDP) and MG-WFBP make identical updates, so
+    their curves coincide: the first is drawn with large hollow markers, the next with small filled ones
+    on top, and a note on the figure says that they coincide."""
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
     for k, (s, g) in enumerate(epochs.groupby("scheduler", sort=False)):
         st = scheduler_style(s)
         g = g.sort_values("epoch")
-        ax.plot(g.epoch, g.test_accuracy, color=st["color"], marker="os^"[k % 3], ms=5,
-                ls="-" if k == 0 else "--", label=st["label"] if s != "ddp" else "S-SGD (PyTorch DDP)")
+        label = st["label"] if s != "ddp" else "S-SGD (PyTorch DDP)"
+        big = k == 0
+        ax.plot(g.epoch, g.test_accuracy, color=st["color"], marker=st["marker"], ms=11 if big else 5,
+                markerfacecolor="none" if big else st["color"], markeredgewidth=1.6 if big else 1.0,
+                ls=st["linestyle"], lw=2.6 if big else 1.4, zorder=2 + k, label=label)
     ax.set_xlabel("epoch")
     ax.set_xticks(sorted(set(epochs.epoch)))
     ax.set_ylabel("test accuracy")
-    ax.legend()
-    ax.set_title(f"Convergence ({note})")
+    ax.set_title(f"Convergence ({note})", fontsize="small")
+    same = coinciding_lines(ax, rtol=1e-9)
+    if same:
+        add_note(ax, "; ".join(f"{a} and {b} coincide: identical updates" for a, b in same), fontsize="small")
+    legend_below(fig, axes=[ax], ncol=2)
     fig.tight_layout()
     return fig
 
 
 def plot_sim_vs_real(table: pd.DataFrame, note: str, band_pct: float = 10.0):
-    """Left: simulated vs measured iteration time (y = x, +-band). Right: error per scheduler (bars:
-    predicted from the warm-up trace; black ticks: from the trace measured during the run itself)."""
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.6), gridspec_kw={"width_ratios": [1, 1.4]})
+    """Left: simulated vs measured iteration time (y = x, +-band; colour: scheduler, marker: network).
+    Right: the error per scheduler (bars: predicted from the warm-up trace; white diamonds: from the trace
+    measured during the run itself). One legend below both panels; oversubscribed runs ringed/hatched."""
+    fig, axes = plt.subplots(1, 2, figsize=(12, 5.0), gridspec_kw={"width_ratios": [1, 1.5]})
     ax = axes[0]
-    markers = dict(zip(sorted(set(table.network)), "os^Dv"))
-    for (s, net), g in table.groupby(["scheduler", "network"]):
-        ax.scatter(g.measured_s * 1e3, g.simulated_s * 1e3, color=scheduler_style(s)["color"], marker=markers[net],
-                   s=36, label=f"{scheduler_label(s)}, {net}")
-    lo, hi = 0.8 * min(table.measured_s.min(), table.simulated_s.min()) * 1e3, \
-        1.2 * max(table.measured_s.max(), table.simulated_s.max()) * 1e3
+    nets = list(dict.fromkeys(table.network))
+    net_marker = {n: series_style(i)["marker"] for i, n in enumerate(nets)}
+    order = ["wfbp", "syncea", "threshold", "ddp_buckets", "mgwfbp", "optimal", "ddp", "ddp_threshold"]
+    schedulers = [s for s in order if s in set(table.scheduler)] + \
+                 [s for s in dict.fromkeys(table.scheduler) if s not in order]
+    for (s, net), g in table.groupby(["scheduler", "network"], sort=False):
+        ax.scatter(g.measured_s * 1e3, g.simulated_s * 1e3, color=scheduler_style(s)["color"],
+                   marker=net_marker[net], s=40, edgecolors="white", linewidths=0.4, zorder=3)
+        over = _flags(g)
+        if over.any():
+            mark_oversubscribed(ax, g.measured_s[over] * 1e3, g.simulated_s[over] * 1e3)
+    lo = 0.8 * min(table.measured_s.min(), table.simulated_s.min()) * 1e3
+    hi = 1.2 * max(table.measured_s.max(), table.simulated_s.max()) * 1e3
     x = np.array([lo, hi])
     ax.plot(x, x, color="black", lw=1)
-    ax.fill_between(x, x * (1 - band_pct / 100), x * (1 + band_pct / 100), color="grey", alpha=0.15,
-                    label=f"+-{band_pct:.0f}%")
+    ax.fill_between(x, x * (1 - band_pct / 100), x * (1 + band_pct / 100), color="grey", alpha=0.15, lw=0)
+    ax.set_xlim(lo, hi)
+    ax.set_ylim(lo, hi)
     ax.set_xlabel("measured iteration (ms)")
     ax.set_ylabel("simulated iteration (ms)")
-    ax.legend(fontsize="xx-small", ncol=2)
+    ax.set_title("each point: one run", fontsize="small")
     ax = axes[1]
-    t = table.assign(case=table.model + "\n" + table.network)
+    keys = ["model", "network"] + (["workers"] if table["workers"].nunique() > 1 else [])
+    t = table.assign(case=table[keys].astype(str).agg("\n".join, axis=1) if len(keys) == 2 else
+                     table.model + "\n" + table.network + "\nP=" + table.workers.astype(str))
     cases = list(dict.fromkeys(t.case))
-    schedulers = list(dict.fromkeys(t.scheduler))
-    w = 0.8 / len(schedulers)
+    w = 0.84 / max(len(schedulers), 1)
+    has_inrun = False
     for k, s in enumerate(schedulers):
         g = t[t.scheduler == s].set_index("case").reindex(cases)
         xs = np.arange(len(cases)) + (k - (len(schedulers) - 1) / 2) * w
-        ax.bar(xs, g.error_pct, w, color=scheduler_style(s)["color"], label=scheduler_label(s))
+        st = scheduler_style(s)
+        bars = ax.bar(xs, g.error_pct, w, color=st["color"], edgecolor="white", linewidth=0.4)
+        for bar, flag in zip(bars, g.get("oversubscribed", pd.Series(False, index=g.index)).fillna(False)):
+            if bool(flag):
+                bar.set_hatch(OVERSUBSCRIBED_HATCH)
         if "error_inrun_pct" in g:
             inrun = pd.to_numeric(g.error_inrun_pct, errors="coerce")
-            ax.scatter(xs, inrun, marker="_", s=60, color="black", zorder=5,
-                       label="from the in-run trace" if k == 0 else None)
-    ax.axhspan(-band_pct, band_pct, color="grey", alpha=0.15)
+            if inrun.notna().any():
+                has_inrun = True
+                ax.scatter(xs, inrun, marker="D", s=26, facecolors="white", edgecolors="black", linewidths=1.0,
+                           zorder=5)
+    ax.axhspan(-band_pct, band_pct, color="grey", alpha=0.15, lw=0)
     ax.axhline(0, color="black", lw=0.8)
     ax.set_xticks(range(len(cases)))
     ax.set_xticklabels(cases, fontsize="small")
     ax.set_ylabel("(simulated - measured) / measured (%)")
-    ax.legend(fontsize="x-small", ncol=3)
+    ax.set_title("prediction error per run", fontsize="small")
+    ax.grid(axis="x", visible=False)
+    handles = [Patch(facecolor=scheduler_style(s)["color"], label=scheduler_label(s)) for s in schedulers]
+    handles += [Line2D([], [], ls="", marker=net_marker[n], color=DARK_GREY, label=f"network: {n}") for n in nets]
+    if has_inrun:
+        handles.append(Line2D([], [], ls="", marker="D", markerfacecolor="white", markeredgecolor="black",
+                              label="predicted from the in-run trace"))
+    handles.append(Patch(facecolor="grey", alpha=0.15, label=f"±{band_pct:g}%"))
+    if _flags(table).any():
+        handles.append(oversubscribed_handle("bar"))
     fig.suptitle(f"Simulated vs measured iteration time ({note})")
+    legend_below(fig, handles, ncol=5)
     fig.tight_layout()
     return fig

@@ -20,11 +20,11 @@ from repro.sim import simulate
 from repro.trace import Trace, load_trace
 
 __all__ = ["MGWFBP_BATCH_SIZES", "find_trace", "load_traces", "layer_table", "allreduce_curve", "cost_model_table",
-           "timeline_table", "speedup_sweep", "optimal_gap_table", "gap_summary", "paper_speedups",
-           "workers_for"]
+           "timeline_table", "speedup_sweep", "sim_speedup_table", "paper_comparison", "optimal_gap_table",
+           "gap_summary", "paper_speedups", "workers_for"]
 
 
-# Per-GPU batch sizes of the MG-WFBP papers (mgwfbp.md); vgg16 and the BERTs (DeAR's) are our choice.
+# Per-GPU batch sizes of the MG-WFBP papers; vgg16 and the BERTs (DeAR's) are our choice.
 MGWFBP_BATCH_SIZES = {"resnet50": 32, "resnet152": 128, "densenet161": 64, "densenet201": 64,
                       "inception_v4": 128, "googlenet": 64, "vgg16": 32, "bert_base": 64, "bert_large": 32}
 
@@ -83,33 +83,40 @@ def allreduce_curve(networks: Sequence[str], workers: int, sizes_bytes: Sequence
 
 def cost_model_table(alpha_s: float, beta_s_per_byte: float, gamma_s_per_byte: float,
                      workers: Sequence[int]) -> pd.DataFrame:
-    """Start-up ``a`` and per-byte ``b`` of every all-reduce algorithm as P grows."""
+    """Start-up ``a`` and per-byte ``b`` of every all-reduce algorithm as P grows (with the per-hop
+    constants they are computed from in every row)."""
     rows = []
     for algo in ALGORITHMS:
         for p in workers:
             line = alpha_beta_lines(p, alpha_s, beta_s_per_byte, gamma_s_per_byte, algo)["allreduce"]
-            rows.append({"algorithm": algo, "workers": p, "a_s": line.a_s, "b_s_per_byte": line.b_s_per_byte})
+            rows.append({"algorithm": algo, "workers": p, "a_s": line.a_s, "b_s_per_byte": line.b_s_per_byte,
+                         "alpha_s": alpha_s, "beta_s_per_byte": beta_s_per_byte,
+                         "gamma_s_per_byte": gamma_s_per_byte})
     return pd.DataFrame(rows)
 
 
-def timeline_table(trace: Trace, cost: CostModel, solvers: Sequence[str]) -> pd.DataFrame:
-    """Simulated ops of one iteration per solver (columns: solver, stream, kind, label, start_s, end_s)."""
+def timeline_table(trace: Trace, cost: CostModel, schedulers: Sequence[str]) -> pd.DataFrame:
+    """Simulated ops of one iteration per scheduler (columns: scheduler, stream, kind, label, start_s,
+    end_s, iteration_s)."""
     frames = []
-    for s in solvers:
+    for s in schedulers:
         res = simulate(trace, make_plan(s, trace, cost), cost)
         df = pd.DataFrame([op.to_dict() for op in res.ops])
-        df.insert(0, "solver", s)
+        df.insert(0, "scheduler", s)
         df["iteration_s"] = res.iteration_s
         frames.append(df)
     return pd.concat(frames, ignore_index=True)
 
 
 def speedup_sweep(traces: Mapping[str, Trace], networks: Sequence[str], workers: Sequence[int],
-                  solvers: Sequence[str], threshold_bytes: int | None = None) -> pd.DataFrame:
-    """Simulated iteration time and speedup for every model x network x P x solver.
+                  schedulers: Sequence[str], threshold_bytes: int | None = None) -> pd.DataFrame:
+    """Simulated iteration time and speedup for every model x network preset x P x scheduler.
 
-    Rows for ``solver == "linear"`` hold the ideal speedup P. Worker counts a table preset lacks are
-    skipped. ``threshold_bytes`` is passed to the ``threshold`` solver.
+    Rows for ``scheduler == "linear"`` hold the ideal speedup P (``origin`` "ideal"; the others are
+    "simulated"). ``relative_to_best`` is a scheduler's speedup over the best scheduler's at the same
+    model, network and P (1 for the best), the view in which 10-30 % gaps stay visible at any P.
+    Worker counts a table preset lacks are skipped. ``threshold_bytes`` is passed to the
+    ``threshold`` scheduler.
     """
     rows = []
     for model, trace in traces.items():
@@ -118,24 +125,68 @@ def speedup_sweep(traces: Mapping[str, Trace], networks: Sequence[str], workers:
         for net in networks:
             for p in workers_for(net, workers):
                 cost = preset(net, p)
-                rows.append({**base, "network": net, "workers": p, "solver": "linear",
+                rows.append({**base, "network": net, "workers": p, "scheduler": "linear", "origin": "ideal",
                              "iteration_s": t1, "speedup": float(p), "buckets": 0})
-                for s in solvers:
+                for s in schedulers:
                     opts = {"threshold_bytes": threshold_bytes} if s == "threshold" and threshold_bytes else {}
                     plan = make_plan(s, trace, cost, **opts)
                     t = plan.meta["iteration_s"]
-                    rows.append({**base, "network": net, "workers": p, "solver": s, "iteration_s": t,
-                                 "speedup": p * t1 / t, "buckets": plan.num_buckets})
-    return pd.DataFrame(rows)
+                    rows.append({**base, "network": net, "workers": p, "scheduler": s, "origin": "simulated",
+                                 "iteration_s": t, "speedup": p * t1 / t, "buckets": plan.num_buckets})
+    df = pd.DataFrame(rows)
+    if df.empty:
+        return df
+    sim = df["origin"] == "simulated"
+    best = df[sim].groupby(["model", "network", "workers"])["speedup"].transform("max")
+    df["relative_to_best"] = np.nan
+    df.loc[sim, "relative_to_best"] = df.loc[sim, "speedup"] / best
+    return df
 
 
-def optimal_gap_table(sweep: pd.DataFrame, solver: str = "mgwfbp") -> pd.DataFrame:
-    """Per model x network x P: how much slower ``solver`` is than the exact optimum (percent)."""
-    wide = sweep.pivot_table(index=["model", "network", "workers"], columns="solver",
-                             values="iteration_s").reset_index()
-    wide["gap_pct"] = 100.0 * (wide[solver] / wide["optimal"] - 1.0)
-    return wide[["model", "network", "workers", solver, "optimal", "gap_pct"]].rename(
-        columns={solver: f"{solver}_s", "optimal": "optimal_s"})
+def sim_speedup_table(sweep: pd.DataFrame, paper: pd.DataFrame | None = None,
+                      paper_models: Mapping[str, str] | Sequence[str] = (), network: str = "10gbe-k80"
+                      ) -> pd.DataFrame:
+    """Everything ``mgwfbp.sim_speedup`` draws: the sweep plus the published speedups (``origin``
+    "paper", with their ``citation``) placed in the panels of ``paper_models`` (panel model name ->
+    published model name; a list of ``"<model>@<device>"`` names maps each to ``<model>``) on
+    ``network``."""
+    out = sweep.copy()
+    if paper is None or not len(paper_models):
+        return out
+    if not isinstance(paper_models, Mapping):
+        paper_models = {m: m.split("@")[0] for m in paper_models}
+    frames = [out]
+    for panel, published in paper_models.items():
+        pm = paper[paper["model"] == published]
+        if pm.empty:
+            continue
+        frames.append(pd.DataFrame({"model": panel, "batch_size": pm["batch_size"].to_numpy(), "network": network,
+                                    "workers": pm["workers"].to_numpy(), "scheduler": pm["scheduler"].to_numpy(),
+                                    "origin": "paper", "speedup": pm["speedup"].to_numpy(),
+                                    "citation": pm["source"].to_numpy()}))
+    return pd.concat(frames, ignore_index=True)
+
+
+def paper_comparison(table: pd.DataFrame) -> pd.DataFrame:
+    """Simulated next to published speedup wherever both exist (model, network, scheduler, P)."""
+    keys = ["model", "network", "scheduler", "workers"]
+    if "citation" not in table or not (table["origin"] == "paper").any():
+        return pd.DataFrame(columns=keys + ["speedup_simulated", "speedup_paper", "citation", "simulated_over_paper"])
+    sim = table[table["origin"] == "simulated"][keys + ["speedup"]]
+    pub = table[table["origin"] == "paper"][keys + ["speedup", "citation"]]
+    both = sim.merge(pub, on=keys, suffixes=("_simulated", "_paper"))
+    both["simulated_over_paper"] = both["speedup_simulated"] / both["speedup_paper"]
+    return both
+
+
+def optimal_gap_table(sweep: pd.DataFrame, scheduler: str = "mgwfbp") -> pd.DataFrame:
+    """Per model x network x P: how much slower ``scheduler`` is than the exact optimum (percent)."""
+    sim = sweep[sweep["origin"] == "simulated"] if "origin" in sweep else sweep
+    wide = sim.pivot_table(index=["model", "network", "workers"], columns="scheduler",
+                           values="iteration_s").reset_index()
+    wide["gap_pct"] = 100.0 * (wide[scheduler] / wide["optimal"] - 1.0)
+    return wide[["model", "network", "workers", scheduler, "optimal", "gap_pct"]].rename(
+        columns={scheduler: f"{scheduler}_s", "optimal": "optimal_s"})
 
 
 def gap_summary(gap: pd.DataFrame, tol_pct: float = 1e-6) -> pd.DataFrame:
@@ -153,5 +204,6 @@ def gap_summary(gap: pd.DataFrame, tol_pct: float = 1e-6) -> pd.DataFrame:
 
 
 def paper_speedups() -> pd.DataFrame:
-    """Published measured speedups of the MG-WFBP conference paper (K80, 10GbE), with their source."""
-    return pd.read_csv(paper_numbers_path("mgwfbp_conference_speedup"))
+    """Published measured speedups of the MG-WFBP conference paper (K80, 10GbE), with their source
+    (columns: model, batch_size, scheduler, workers, speedup, source)."""
+    return pd.read_csv(paper_numbers_path("mgwfbp_conference_speedup")).rename(columns={"solver": "scheduler"})

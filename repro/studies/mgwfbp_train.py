@@ -14,14 +14,15 @@ from typing import Any, Sequence
 import pandas as pd
 
 from repro.cluster.local import launch_local
-from repro.cost import CostModel
+from repro.cost import fit_linear, relative_errors
 from repro.runs import EPOCHS_CSV, ITERATIONS_CSV, list_runs, load_run, runs_table
 from repro.schedulers import canonical_name
 from repro.sim import simulate
+from repro.studies.common import available_cpus, warn_if_oversubscribed, with_oversubscription
 
 __all__ = ["clear_runs", "run_grid", "run_configs", "time_allreduce_sizes", "measure_allreduce", "load_runs",
            "load_iterations", "load_epochs", "speedup_table", "breakdown_table", "allreduce_fit_table",
-           "threshold_sweep_table"]
+           "allreduce_fit_errors", "threshold_sweep_table"]
 
 
 def run_configs(ctx, configs: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -52,7 +53,8 @@ def run_grid(configs: Sequence[dict[str, Any]], world_sizes: Sequence[int], resu
     with links shaped to that rate (:mod:`repro.cluster.netns`; needs root); run ids then end in
     ``_bw<rate>`` and the rate is recorded in each run. Run ids are deterministic, so running the
     same grid twice needs ``overwrite=True`` (each run folder is then replaced whole).
-    Returns :func:`load_runs` of what was written.
+    A world size above this machine's CPU cores warns (:class:`repro.studies.common.OversubscriptionWarning`);
+    its runs are marked ``oversubscribed`` in :func:`load_runs`. Returns :func:`load_runs` of what was written.
     """
     from repro.cluster.netns import parse_bandwidth
     from repro.runs import prepare_run
@@ -67,6 +69,7 @@ def run_grid(configs: Sequence[dict[str, Any]], world_sizes: Sequence[int], resu
         for c in todo:  # a taken id or an unwritable folder fails here, before any rank starts
             prepare_run(runs, c["run_id"], overwrite)
         if todo:
+            warn_if_oversubscribed(p, f"training {len(todo)} configuration(s)")
             launch_local(run_configs, p, args=(todo,), timeout_s=timeout_s, quiet=quiet, emulate_bandwidth=bw)
     return load_runs(results_dir)
 
@@ -93,15 +96,21 @@ def time_allreduce_sizes(ctx, sizes_bytes: Sequence[int], repeats: int) -> list[
 
 def measure_allreduce(world_sizes: Sequence[int], sizes_bytes: Sequence[int], results_dir: str | Path, *,
                       repeats: int = 5, emulate_bandwidth: str | None = None, timeout_s: float = 600) -> pd.DataFrame:
-    """Time all-reduces at each world size here and write ``allreduce_times.csv``."""
+    """Time all-reduces at each world size here and write ``allreduce_times.csv`` (with this machine's
+    ``cpu_count`` and whether the world was ``oversubscribed``; such worlds warn before they start)."""
     rows = []
+    cpus = available_cpus()
     for p in world_sizes:
         if p < 2:
             continue
+        warn_if_oversubscribed(p, "all-reduce timing", cpus=cpus)
         times = launch_local(time_allreduce_sizes, p, args=(list(sizes_bytes), repeats), timeout_s=timeout_s,
                              quiet=True, emulate_bandwidth=emulate_bandwidth)[0]
-        rows += [{"workers": p, "bytes": int(n), "seconds": t} for n, t in zip(sizes_bytes, times)]
+        rows += [{"workers": p, "bytes": int(n), "seconds": t, "cpu_count": cpus, "threads_per_rank": 1}
+                 for n, t in zip(sizes_bytes, times)]
     df = pd.DataFrame(rows)
+    if not df.empty:
+        df = with_oversubscription(df, workers="workers")
     from repro.results import write_table
 
     write_table(df, results_dir, "allreduce_times", {"world_sizes": list(world_sizes), "repeats": repeats,
@@ -110,13 +119,35 @@ def measure_allreduce(world_sizes: Sequence[int], sizes_bytes: Sequence[int], re
 
 
 def allreduce_fit_table(times: pd.DataFrame) -> pd.DataFrame:
-    """Least-squares a + b*bytes per world size from measured times."""
+    """Per world size: the line ``a + b*bytes`` fitted to measured times by :func:`repro.cost.fit_linear`
+    (relative-error weighting, so the start-up term of small messages counts as much as the bandwidth
+    term of large ones), the largest relative error of the fit over the sizes, and ``oversubscribed``."""
     rows = []
     for p, g in times.groupby("workers"):
-        cm = CostModel.fit(int(p), {"allreduce": (g["bytes"], g["seconds"])})
-        line = cm.line("allreduce")
-        rows.append({"workers": int(p), "a_s": line.a_s, "b_s_per_byte": line.b_s_per_byte})
+        line = fit_linear(g["bytes"], g["seconds"])
+        err = relative_errors(line, g["bytes"], g["seconds"])
+        rows.append({"workers": int(p), "a_s": line.a_s, "b_s_per_byte": line.b_s_per_byte, "weighting": "relative",
+                     "max_abs_relative_error": float(abs(err).max()),
+                     "oversubscribed": bool(g["oversubscribed"].any()) if "oversubscribed" in g else False})
     return pd.DataFrame(rows)
+
+
+def allreduce_fit_errors(times: pd.DataFrame, fits: pd.DataFrame) -> pd.DataFrame:
+    """Per world size and message size: measured and fitted seconds and the fit's relative error
+    (``fitted / measured - 1``, :func:`repro.cost.relative_errors`)."""
+    frames = []
+    for p, g in times.groupby("workers"):
+        f = fits[fits["workers"] == p].iloc[0]
+        from repro.cost import Linear
+
+        line = Linear(float(f["a_s"]), float(f["b_s_per_byte"]))
+        g = g.sort_values("bytes")
+        frames.append(pd.DataFrame({
+            "workers": int(p), "bytes": g["bytes"].to_numpy(), "measured_s": g["seconds"].to_numpy(),
+            "fitted_s": line.a_s + line.b_s_per_byte * g["bytes"].to_numpy(dtype=float),
+            "relative_error": relative_errors(line, g["bytes"], g["seconds"]),
+            "oversubscribed": g["oversubscribed"].to_numpy() if "oversubscribed" in g else False}))
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -125,11 +156,18 @@ def allreduce_fit_table(times: pd.DataFrame) -> pd.DataFrame:
 
 def load_runs(results_dir: str | Path) -> pd.DataFrame:
     """One row per run under ``<results_dir>/runs``: its summary (iteration, computation-only and exposed
-    seconds, ...), a few config fields and its ``path``; old scheduler names are mapped to current ones."""
+    seconds, ...), a few config fields, its ``path``, the ``cpu_count`` and ``threads_per_rank`` its
+    environment recorded, and ``oversubscribed`` (more ranks x threads than CPU cores); old scheduler names
+    are mapped to current ones."""
     df = runs_table(Path(results_dir) / "runs")
     if "scheduler" in df:
         df["scheduler"] = df["scheduler"].map(canonical_name)
-    return df
+    if df.empty:
+        return df
+    envs = [load_run(p).environment for p in df["path"]]
+    df["cpu_count"] = [e.get("cpu_count") for e in envs]
+    df["threads_per_rank"] = [e.get("threads_per_rank") for e in envs]
+    return with_oversubscription(df) if "world_size" in df else df
 
 
 def _concat(results_dir: str | Path, name: str) -> pd.DataFrame:
@@ -154,24 +192,33 @@ def _timing_runs(runs: pd.DataFrame) -> pd.DataFrame:
     return runs[runs["dataset"].fillna("synthetic") == "synthetic"] if "dataset" in runs else runs
 
 
+def _flag(r, name: str = "oversubscribed") -> bool:
+    v = r.get(name) if hasattr(r, "get") else None
+    return bool(v) if v is not None and v == v else False
+
+
 def speedup_table(runs: pd.DataFrame, schedulers: Sequence[str]) -> pd.DataFrame:
-    """Measured speedup ``P * t_1 / t_P`` per model and scheduler; t_1: the one-worker ``local`` run."""
+    """Measured speedup ``P * t_1 / t_P`` per model and scheduler; t_1: the one-worker ``local`` run.
+    ``linear`` rows hold the ideal P; ``oversubscribed`` marks runs with more ranks than CPU cores."""
     runs = _timing_runs(runs)
+    if "oversubscribed" not in runs:
+        runs = with_oversubscription(runs)
     single = runs[(runs.scheduler == "local") & (runs.world_size == 1)].set_index("model")["iteration_s"]
     rows = []
     for _, r in runs[runs.scheduler.isin(schedulers) & (runs.wire_dtype == "float32")].iterrows():
         if r.model in single.index and r.world_size > 1 and r.scheduler != "threshold":
             rows.append({"model": r.model, "scheduler": r.scheduler, "workers": r.world_size,
-                         "speedup": r.world_size * single[r.model] / r.iteration_s})
+                         "speedup": r.world_size * single[r.model] / r.iteration_s, "oversubscribed": _flag(r)})
     for model, t1 in single.items():
         for p in sorted(set(runs.world_size)):
-            rows.append({"model": model, "scheduler": "linear", "workers": p, "speedup": float(p)})
+            rows.append({"model": model, "scheduler": "linear", "workers": p, "speedup": float(p),
+                         "oversubscribed": False})
     return pd.DataFrame(rows)
 
 
 def breakdown_table(runs: pd.DataFrame, schedulers: Sequence[str]) -> pd.DataFrame:
     """Computation vs non-overlapped communication, measured and simulated from the run's own trace,
-    plan and fitted cost model."""
+    plan and fitted cost model (``oversubscribed`` as in :func:`load_runs`)."""
     rows = []
     runs = _timing_runs(runs)
     for _, r in runs[runs.scheduler.isin(schedulers)].iterrows():
@@ -184,7 +231,7 @@ def breakdown_table(runs: pd.DataFrame, schedulers: Sequence[str]) -> pd.DataFra
                 continue
             rows.append({"model": r.model, "scheduler": r.scheduler, "workers": r.world_size,
                          "wire_dtype": r.wire_dtype, "source": source, "computation_s": comp,
-                         "exposed_comm_s": exposed})
+                         "exposed_comm_s": exposed, "oversubscribed": _flag(r)})
     return pd.DataFrame(rows)
 
 
@@ -195,21 +242,22 @@ def _simulated_iteration_s(path: str | Path) -> float | None:
     return simulate(run.trace, run.plan, run.cost, with_ops=False).iteration_s
 
 
-def threshold_sweep_table(runs: pd.DataFrame, references: Sequence[str] = ("mgwfbp", "optimal")
-                          ) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(sweep, references): iteration seconds of the ``threshold`` runs per threshold and of the
-    reference schedulers, each measured and simulated, at the largest world size, FP32."""
+def threshold_sweep_table(runs: pd.DataFrame, references: Sequence[str] = ("mgwfbp", "optimal")) -> pd.DataFrame:
+    """Iteration seconds of the ``threshold`` runs per threshold (``threshold_bytes``) and of the reference
+    schedulers (``threshold_bytes`` empty: drawn as horizontal lines), each measured and simulated, at the
+    largest world size, FP32; ``oversubscribed`` as in :func:`load_runs`."""
     runs = _timing_runs(runs)
     p = runs.world_size.max()
     base = runs[(runs.world_size == p) & (runs.wire_dtype == "float32")]
-    sweep, refs = [], []
+    rows = []
     for _, r in base.iterrows():
+        if r.scheduler != "threshold" and r.scheduler not in references:
+            continue
         for source, t in (("measured", r.iteration_s), ("simulated", _simulated_iteration_s(r.path))):
             if t is None:
                 continue
-            row = {"model": r.model, "scheduler": r.scheduler, "workers": p, "source": source, "iteration_s": t}
-            if r.scheduler == "threshold":
-                sweep.append({**row, "threshold_bytes": r.threshold_bytes})
-            elif r.scheduler in references:
-                refs.append(row)
-    return pd.DataFrame(sweep), pd.DataFrame(refs)
+            rows.append({"model": r.model, "scheduler": r.scheduler, "workers": p, "source": source,
+                         "iteration_s": t,
+                         "threshold_bytes": r.threshold_bytes if r.scheduler == "threshold" else None,
+                         "oversubscribed": _flag(r)})
+    return pd.DataFrame(rows)

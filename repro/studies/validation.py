@@ -31,13 +31,13 @@ __all__ = ["usable_bandwidths", "run_validation", "validation_table", "speedup_c
 LOOPBACK = "loopback"
 
 
-def usable_bandwidths(networks: Sequence[str], required: bool = False) -> list[str]:
-    """``networks`` minus emulated ones this machine cannot emulate (a warning says why), unless
-    ``required``, in which case the error is raised."""
+def usable_bandwidths(link_rates: Sequence[str], required: bool = False) -> list[str]:
+    """``link_rates`` (``"loopback"`` or tc rates like ``"100mbit"``) minus emulated ones this machine
+    cannot emulate (a warning says why), unless ``required``, in which case the error is raised."""
     from repro.cluster.netns import EmulationUnavailableError, check_emulation_available
 
     out = []
-    for net in networks:
+    for net in link_rates:
         if net == LOOPBACK:
             out.append(net)
             continue
@@ -51,12 +51,14 @@ def usable_bandwidths(networks: Sequence[str], required: bool = False) -> list[s
     return out
 
 
-def run_validation(configs: Sequence[dict], networks: Sequence[str], world_size: int, results_dir: str | Path,
-                   **kwargs) -> pd.DataFrame:
-    """Run ``configs`` at ``world_size`` once per network (``"loopback"`` or a rate like ``"100mbit"``);
-    ``kwargs`` go to :func:`~repro.studies.mgwfbp_train.run_grid` (e.g. ``overwrite=True``)."""
-    for net in networks:
-        run_grid(configs, [world_size], results_dir, emulate_bandwidth=None if net == LOOPBACK else net, **kwargs)
+def run_validation(configs: Sequence[dict], link_rates: Sequence[str], world_sizes: Sequence[int] | int,
+                   results_dir: str | Path, **kwargs) -> pd.DataFrame:
+    """Run ``configs`` at each of ``world_sizes`` once per link rate (``"loopback"`` or a rate like
+    ``"100mbit"``); ``kwargs`` go to :func:`~repro.studies.mgwfbp_train.run_grid` (e.g. ``overwrite=True``),
+    which warns when a world size exceeds this machine's CPU cores."""
+    sizes = [world_sizes] if isinstance(world_sizes, int) else list(world_sizes)
+    for net in link_rates:
+        run_grid(configs, sizes, results_dir, emulate_bandwidth=None if net == LOOPBACK else net, **kwargs)
     return load_runs(results_dir)
 
 
@@ -86,7 +88,9 @@ def validation_table(runs: pd.DataFrame) -> pd.DataFrame:
         else:
             continue
         sim = simulate(trace, plan, cost, with_ops=False)
+        over = r.get("oversubscribed")
         row = {"model": r.model, "network": r.network, "workers": r.world_size, "scheduler": r.scheduler,
+               "oversubscribed": bool(over) if over is not None and over == over else False,
                "buckets": plan.num_buckets, "measured_s": r.iteration_s, "simulated_s": sim.iteration_s,
                "error_pct": 100.0 * (sim.iteration_s / r.iteration_s - 1.0),
                "trace_backward_s": trace.total_backward_s, "inrun_backward_s": None,
@@ -104,12 +108,12 @@ def speedup_comparison(table: pd.DataFrame, ours: Sequence[str] = ("mgwfbp", "op
                        baselines: Sequence[str] = ("wfbp", "syncea", "ddp")) -> pd.DataFrame:
     """Speedup of each of ``ours`` over each baseline, measured and simulated, side by side."""
     rows = []
-    for (model, net), g in table.groupby(["model", "network"]):
+    for (model, net, p), g in table.groupby(["model", "network", "workers"]):
         t = g.set_index("scheduler")
         for a in ours:
             for b in baselines:
                 if a in t.index and b in t.index:
-                    rows.append({"model": model, "network": net, "scheduler": a, "over": b,
+                    rows.append({"model": model, "network": net, "workers": p, "scheduler": a, "over": b,
                                  "measured_speedup": t.loc[b, "measured_s"] / t.loc[a, "measured_s"],
                                  "simulated_speedup": t.loc[b, "simulated_s"] / t.loc[a, "simulated_s"]})
     return pd.DataFrame(rows)
