@@ -92,6 +92,9 @@ class Message:
         return cls(d["collective"], d.get("phase", "backward"), d.get("priority", 0.0))
 
 
+_ONE_ALLREDUCE = (Message("allreduce"),)
+
+
 @dataclass(frozen=True)
 class Bucket:
     """Layers (by name) whose gradients travel together, and the messages that carry them.
@@ -102,7 +105,7 @@ class Bucket:
     """
 
     layers: tuple[str, ...]
-    messages: tuple[Message, ...] = (Message("allreduce"),)
+    messages: tuple[Message, ...] = _ONE_ALLREDUCE
     piece: tuple[int, int] | None = None
 
     def __post_init__(self) -> None:
@@ -116,12 +119,13 @@ class Bucket:
         if len(set(self.layers)) != len(self.layers):
             raise PlanError(f"a bucket names a layer twice: {list(self.layers)[:3]}")
         messages = self.messages
-        if isinstance(messages, (str, Message)):
-            messages = (messages,)
-        messages = tuple(m if isinstance(m, Message) else Message(m) for m in messages)
-        if not messages:
-            raise PlanError("a bucket needs at least one message")
-        object.__setattr__(self, "messages", messages)
+        if messages is not _ONE_ALLREDUCE:  # the common case is shared and already valid
+            if isinstance(messages, (str, Message)):
+                messages = (messages,)
+            messages = tuple(m if isinstance(m, Message) else Message(m) for m in messages)
+            if not messages:
+                raise PlanError("a bucket needs at least one message")
+            object.__setattr__(self, "messages", messages)
         if self.piece is not None:
             p = self.piece
             if (not isinstance(p, (tuple, list)) or len(p) != 2
@@ -301,7 +305,8 @@ class Plan:
                     collective: str = "allreduce", **kwargs: Any) -> "Plan":
         """Buckets from groups of layer indices (forward order), given in communication order."""
         names = trace.names
-        buckets = tuple(Bucket(tuple(names[i] for i in g), (Message(collective),)) for g in groups)
+        messages = _ONE_ALLREDUCE if collective == "allreduce" else (Message(collective),)
+        buckets = tuple(Bucket(tuple(names[i] for i in g), messages) for g in groups)
         return cls(buckets, solver=solver, **kwargs)
 
     def groups(self, trace: Trace) -> list[list[int]]:

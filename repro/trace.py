@@ -25,7 +25,8 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from types import MappingProxyType
+from typing import Any, Iterable, Mapping
 
 import numpy as np
 
@@ -137,6 +138,16 @@ class Trace:
         if not math.isfinite(sum(layer.forward_s + layer.backward_s for layer in self.layers)):
             raise TraceError("trace times overflow: the sum of the layers' forward_s and backward_s is not a "
                              "finite number of seconds")
+        # Views the planners and the simulator read many times: computed once (the trace is immutable),
+        # handed out read-only.
+        names = tuple(layer.name for layer in self.layers)
+        cache = {"names": names, "index": {n: i for i, n in enumerate(names)}}
+        for key, attr, dtype in (("forward", "forward_s", float), ("backward", "backward_s", float),
+                                 ("bytes", "bytes", float), ("params", "params", np.int64)):
+            arr = np.array([getattr(layer, attr) for layer in self.layers], dtype=dtype)
+            arr.setflags(write=False)
+            cache[key] = arr
+        object.__setattr__(self, "_views", cache)
 
     # ---- views used by planners and the simulator (numpy, forward order) ----
     @property
@@ -145,19 +156,23 @@ class Trace:
 
     @property
     def names(self) -> list[str]:
-        return [layer.name for layer in self.layers]
+        return list(self._views["names"])
 
     def forward_s(self) -> np.ndarray:
-        return np.array([layer.forward_s for layer in self.layers], dtype=float)
+        """Forward seconds per layer (read-only array, forward order)."""
+        return self._views["forward"]
 
     def backward_s(self) -> np.ndarray:
-        return np.array([layer.backward_s for layer in self.layers], dtype=float)
+        """Backward seconds per layer (read-only array, forward order)."""
+        return self._views["backward"]
 
     def bytes(self) -> np.ndarray:
-        return np.array([layer.bytes for layer in self.layers], dtype=float)
+        """Gradient bytes per layer (read-only float array)."""
+        return self._views["bytes"]
 
     def params(self) -> np.ndarray:
-        return np.array([layer.params for layer in self.layers], dtype=np.int64)
+        """Parameters per layer (read-only int64 array)."""
+        return self._views["params"]
 
     @property
     def total_forward_s(self) -> float:
@@ -180,9 +195,9 @@ class Trace:
         """True when timings come from the roofline estimator rather than a measurement."""
         return bool(self.extra.get("estimate", False))
 
-    def index(self) -> dict[str, int]:
-        """Layer name -> position in forward order."""
-        return {name: i for i, name in enumerate(self.names)}
+    def index(self) -> Mapping[str, int]:
+        """Layer name -> position in forward order (read-only mapping)."""
+        return MappingProxyType(self._views["index"])
 
     def replace_layers(self, layers: Iterable[Layer], **changes: Any) -> "Trace":
         """A copy with other layers (and optionally other top-level fields)."""

@@ -26,7 +26,8 @@ def groups_time_s(trace: Trace, groups: Sequence[Sequence[int]], cost: CostModel
                   wire_dtype: str | None = None) -> float:
     """Simulated iteration seconds of all-reduce ``groups`` (layer indices, communication order)."""
     nbytes = layer_wire_bytes(trace, wire_dtype)
-    comm = [float(cost.allreduce_s(float(nbytes[list(g)].sum()))) for g in groups]
+    sizes = np.array([float(nbytes[list(g)].sum()) for g in groups])
+    comm = np.atleast_1d(cost.allreduce_s(sizes)).tolist()  # one vectorised call, same float arithmetic
     return fifo_iteration_s(trace.total_forward_s, trace.backward_s(), groups, comm, trace.overheads.total_s)
 
 
