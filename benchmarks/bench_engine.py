@@ -23,7 +23,6 @@ ops there. Target: 100,000 tasks in < 1 s.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -31,6 +30,7 @@ from pathlib import Path
 from repro.sim.engine import Task, run_tasks
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.bench_planners import timed  # noqa: E402  (median wall time of a few calls)
 from tests.test_engine import _reference_run_tasks  # noqa: E402  (the original engine, compare only)
 
 LAYERS = 100
@@ -64,15 +64,6 @@ def training_graph(n_tasks: int, variant: str) -> list[Task]:
                 msgs.append(len(tasks) - 1)
         prev_msgs = msgs
     return tasks
-
-
-def timed(fn, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
 
 
 def main() -> None:

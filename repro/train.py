@@ -484,10 +484,11 @@ def _summarise(cfg, run_id, rows, compute_times, plan, trace, device) -> dict[st
 def run_environment() -> dict[str, Any]:
     """The environment of this rank worth keeping with a run: versions, devices, CPUs and threads."""
     from repro.results import environment
+    from repro.studies.common import available_cpus
 
     env = environment()
     env["devices"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] or ["cpu"]
-    env["cpu_count"] = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    env["cpu_count"] = available_cpus()
     env["threads_per_rank"] = torch.get_num_threads()
     return env
 

@@ -20,6 +20,7 @@ from typing import Sequence
 
 import numpy as np
 
+from repro.sim import comm_times_s  # the package is initialised before its submodules
 from repro.sim.engine import Task
 from repro.sim.result import SimGraph, SimResult
 
@@ -95,8 +96,6 @@ def check_buckets(buckets) -> None:
 
 
 def _inputs(trace, plan, cost):
-    from repro.sim import comm_times_s
-
     return plan.groups(trace), comm_times_s(trace, plan, cost), trace.forward_s(), trace.backward_s()
 
 
