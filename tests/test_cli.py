@@ -244,8 +244,7 @@ def test_nproc_bound_states_the_limit_of_this_machine(capsys, no_ranks):
     assert re.search(r"at most \d+ ranks \(.* GiB available memory / about \d+ MiB per rank", err), err
 
 
-def test_launch_records_the_emulated_rate_and_refuses_bad_runs_before_ranks_start(tmp_path):
-    import json as _json
+def test_launch_refuses_bad_runs_before_ranks_start(tmp_path):
     import subprocess as _sp
     import sys as _sys
 
