@@ -11,6 +11,11 @@ count P. Byte conventions (``n`` is always the argument of the collective's meth
   ``T_ag(m) = a + b * m * P``.
 - ``push_s(n)``, ``pull_s(n)``: parameter-server traffic of an n-byte tensor per worker.
 
+A model may also carry the device's **top-k selection** cost, ``topk_s(d) = gamma * d * log2(d)``
+seconds for d elements (OMGS-SGD's ``t_spar``; ``topk_gamma_s``), fitted by :func:`fit_topk_gamma`
+from measured top-k times. It is computation, not communication, but it is what sparse planners and
+the sparse simulator need beside the all-gather line, so it travels with the cost model.
+
 Models come from (a) direct fitted lines (:meth:`CostModel.linear`), (b) per-hop alpha, beta,
 gamma and a collective algorithm (:meth:`CostModel.from_alpha_beta`), (c) least squares over
 measured (bytes, seconds) pairs (:func:`fit_linear`, :meth:`CostModel.fit`), (d) named presets
@@ -29,6 +34,7 @@ import numpy as np
 
 __all__ = [
     "COLLECTIVES", "ALGORITHMS", "Linear", "CostModel", "CostModelError", "fit_linear", "relative_errors",
+    "fit_topk_gamma", "topk_time_s",
     "alpha_beta_lines", "preset", "PRESETS", "preset_names", "preset_workers",
 ]
 
@@ -114,6 +120,27 @@ def relative_errors(line: Linear, nbytes: Iterable[float], seconds: Iterable[flo
     return (line.a_s + line.b_s_per_byte * x) / y - 1.0
 
 
+def topk_time_s(gamma_s: float, numel):
+    """``gamma * d * log2(d)`` seconds for top-k selection on ``d`` elements (0 for d <= 1)."""
+    d = np.asarray(numel, dtype=float)
+    t = np.where(d > 1, gamma_s * d * np.log2(np.maximum(d, 1.0)), 0.0)
+    return float(t) if t.ndim == 0 else t
+
+
+def fit_topk_gamma(numel: Iterable[float], seconds: Iterable[float]) -> float:
+    """Least-squares ``gamma`` of ``t = gamma * d * log2(d)`` through measured (elements, seconds)
+    pairs, minimising squared *relative* errors (small and large tensors count alike):
+    ``gamma = sum(x/y) / sum((x/y)**2)`` with ``x = d log2 d``."""
+    d = np.asarray(list(numel), dtype=float)
+    y = np.asarray(list(seconds), dtype=float)
+    if d.shape != y.shape or d.size < 1:
+        raise CostModelError(f"top-k fit needs as many sizes as times (and at least one), got {d.size} and {y.size}")
+    if not (np.all(np.isfinite(d)) and np.all(np.isfinite(y))) or np.any(d < 2) or np.any(y <= 0):
+        raise CostModelError("top-k fit data must be finite, with sizes >= 2 elements and positive times")
+    r = d * np.log2(d) / y
+    return float(np.sum(r) / np.sum(r * r))
+
+
 def alpha_beta_lines(workers: int, alpha_s: float, beta_s_per_byte: float,
                      gamma_s_per_byte: float = 0.0, algorithm: str = "ring") -> dict[str, Linear]:
     """Lines of every collective from per-hop latency alpha, transfer beta and reduction gamma.
@@ -156,9 +183,14 @@ class CostModel:
     lines: Mapping[str, Linear]
     source: str = "custom"
     meta: Mapping[str, object] = field(default_factory=dict, compare=False)
+    topk_gamma_s: float | None = None   # top-k selection: gamma * d * log2(d) seconds (None: unknown)
 
     def __post_init__(self) -> None:
         _check_workers(self.workers)
+        g = self.topk_gamma_s
+        if g is not None and (isinstance(g, bool) or not isinstance(g, (int, float)) or not math.isfinite(g)
+                              or g < 0):
+            raise CostModelError(f"topk_gamma_s must be a finite non-negative number, got {g!r}")
         unknown = set(self.lines) - set(COLLECTIVES)
         if unknown:
             raise CostModelError(f"unknown collective(s) {sorted(unknown)}; known: {', '.join(COLLECTIVES)}")
@@ -186,6 +218,19 @@ class CostModel:
         """Fit each collective from ``{collective: (bytes, seconds)}`` measured among ``workers``."""
         lines = {name: fit_linear(x, y) for name, (x, y) in measurements.items()}
         return cls(workers, lines, source=source)
+
+    def with_topk(self, gamma_s: float) -> "CostModel":
+        """A copy that also knows the top-k cost ``gamma_s * d * log2(d)``."""
+        return replace(self, topk_gamma_s=gamma_s)
+
+    def topk_s(self, numel):
+        """Seconds of top-k selection on ``numel`` elements (scalar or array): ``gamma d log2 d``."""
+        if self.topk_gamma_s is None:
+            raise CostModelError(
+                f"cost model '{self.source}' (P={self.workers}) has no top-k cost; fit gamma from measured "
+                "top-k times (repro.cost.fit_topk_gamma, repro.runtime.sparse.fit_topk) and use "
+                "CostModel.with_topk(gamma), or the preset '1gbe-allgather'")
+        return topk_time_s(self.topk_gamma_s, numel)
 
     def with_line(self, collective: str, line: Linear) -> "CostModel":
         lines = dict(self.lines)
@@ -234,8 +279,11 @@ class CostModel:
         return self.line("allreduce").a_s
 
     def to_dict(self) -> dict[str, object]:
-        return {"workers": self.workers, "source": self.source,
-                "lines": {k: v.to_dict() for k, v in self.lines.items()}, "meta": dict(self.meta)}
+        d: dict[str, object] = {"workers": self.workers, "source": self.source,
+                                "lines": {k: v.to_dict() for k, v in self.lines.items()}, "meta": dict(self.meta)}
+        if self.topk_gamma_s is not None:
+            d["topk_gamma_s"] = self.topk_gamma_s
+        return d
 
     @classmethod
     def from_dict(cls, d: Any) -> "CostModel":
@@ -256,7 +304,10 @@ class CostModel:
         meta = d.get("meta", {})
         if not isinstance(meta, Mapping):
             raise CostModelError("malformed cost model JSON: field 'meta' must be an object")
-        return cls(workers, lines, source=str(d.get("source", "custom")), meta=dict(meta))
+        gamma = d.get("topk_gamma_s")
+        if gamma is not None and (isinstance(gamma, bool) or not isinstance(gamma, (int, float))):
+            raise CostModelError("malformed cost model JSON: field 'topk_gamma_s' must be a number")
+        return cls(workers, lines, source=str(d.get("source", "custom")), meta=dict(meta), topk_gamma_s=gamma)
 
     def to_json(self, indent: int | None = 1) -> str:
         return json.dumps(self.to_dict(), indent=indent, allow_nan=False)
@@ -300,6 +351,7 @@ class _TablePreset:
     collective: str
     table: Mapping[int, tuple[float, float]]
     doc: str
+    topk_gamma_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -329,7 +381,9 @@ PRESETS: dict[str, _TablePreset | _HopPreset] = {
                                   "All-reduce fit for 64 workers on 56Gb IB used by the DeAR authors"),
     "1gbe-allgather": _TablePreset("sparse_allgather", {2: (1.6e-3, 1.0e-8), 4: (2.7e-3, 1.3e-8),
                                                         8: (4.0e-3, 1.5e-8), 16: (1.1e-2, 1.7e-8)},
-                                   "OMGS-SGD (INFOCOM 2020): fitted all-gather, P102-100 GPUs, 1GbE"),
+                                   "OMGS-SGD (INFOCOM 2020): fitted all-gather, P102-100 GPUs, 1GbE; with the "
+                                   "published top-k fit gamma = 2.19e-10 s (P102-100, density 0.001)",
+                                   topk_gamma_s=2.19e-10),
     "10gbe-k80": _HopPreset(45.25e-6, 1.2 / (9e9 / 8), 160 / 64e9, "ring",
                             "MG-WFBP (INFOCOM 2019) simulator: alpha 45.25 us/hop, 9 Gbit/s (beta = 1.2/B), "
                             "gamma = 160/64e9 s/byte, ring all-reduce"),
@@ -365,7 +419,8 @@ def preset(name: str, workers: int) -> CostModel:
             f"times with CostModel.fit / `--alpha-s A --beta-s-per-byte B`, or use a per-hop preset "
             f"valid for any P ({anyp})")
     a, b = p.table[workers]
-    return CostModel(workers, {p.collective: Linear(a, b)}, source=f"preset {name}", meta={"doc": p.doc})
+    return CostModel(workers, {p.collective: Linear(a, b)}, source=f"preset {name}", meta={"doc": p.doc},
+                     topk_gamma_s=p.topk_gamma_s)
 
 
 def _get_preset(name: str):

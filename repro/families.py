@@ -49,9 +49,10 @@ class Option:
     doc: str
     check: Callable[[Any], Any]
     default: Any = None
+    required: bool = False   # every plan of the family must set it
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "doc": self.doc, "default": self.default}
+        return {"name": self.name, "doc": self.doc, "default": self.default, "required": self.required}
 
 
 def choice_option(name: str, doc: str, choices: Sequence[Any], default: Any = None) -> Option:
@@ -67,7 +68,8 @@ def choice_option(name: str, doc: str, choices: Sequence[Any], default: Any = No
 
 
 def number_option(name: str, doc: str, *, minimum: float | None = None, maximum: float | None = None,
-                  integer: bool = False, open_minimum: bool = False, default: Any = None) -> Option:
+                  integer: bool = False, open_minimum: bool = False, default: Any = None,
+                  required: bool = False) -> Option:
     """A numeric option in [minimum, maximum] (``open_minimum``: strictly above the minimum)."""
 
     def check(v: Any) -> Any:
@@ -83,7 +85,7 @@ def number_option(name: str, doc: str, *, minimum: float | None = None, maximum:
             raise ValueError(f"must be <= {maximum}, got {v!r}")
         return v
 
-    return Option(name, doc, check, default)
+    return Option(name, doc, check, default, required)
 
 
 @dataclass(frozen=True)
@@ -127,6 +129,9 @@ class Family:
                 out[k] = known[k].check(v)
             except ValueError as e:
                 raise PlanError(f"plan option '{k}' of family '{self.name}' {e}") from None
+        for o in self.options:
+            if o.required and o.name not in out:
+                raise PlanError(f"a '{self.name}' plan needs option '{o.name}' ({o.doc})")
         return out
 
     def check_messages(self, buckets: Sequence[Any]) -> None:
@@ -183,6 +188,23 @@ FAMILIES: dict[str, Family] = {
         closed_form="repro.sim.allreduce:closed_form",
         check_buckets="repro.sim.allreduce:check_buckets",
         executor="repro.runtime.allreduce:AllReduceExecutor",
+    ),
+    "sparse": Family(
+        name="sparse",
+        doc="top-k sparsified gradients with error feedback: when a bucket's gradients are ready, its "
+            "top-k (k = ceil(density x elements)) is selected on the compute stream, then values and "
+            "indices are all-gathered (two messages, or one packed message) on one FCFS communication "
+            "stream; every worker sums the P sparse contributions and divides by P",
+        paper="OMGS-SGD (Shi et al.; INFOCOM 2020)",
+        collectives=("sparse_allgather",),
+        phases=("backward",),
+        options=(number_option("density", "fraction of each bucket's elements sent (k = ceil(density x n))",
+                               minimum=0.0, open_minimum=True, maximum=1.0, required=True),),
+        simulator="repro.sim.sparse:build_graph",
+        closed_form="repro.sim.sparse:closed_form",
+        message_bytes="repro.sim.sparse:message_bytes",
+        check_buckets="repro.sim.sparse:check_buckets",
+        executor="repro.runtime.sparse:SparseExecutor",
     ),
 }
 

@@ -25,6 +25,8 @@ __all__ = ["Scheduler", "SCHEDULERS", "ALIASES", "get_scheduler", "scheduler_nam
 _MGWFBP = "MG-WFBP (Shi, Chu, Li; INFOCOM 2019 / TPDS 2021)"
 _DDP = "PyTorch DDP (Li et al., VLDB 2020)"
 _ALLREDUCE_EXECUTOR = "repro.runtime.allreduce:AllReduceExecutor"
+_OMGS = "OMGS-SGD (Shi et al.; INFOCOM 2020)"
+_SPARSE_EXECUTOR = "repro.runtime.sparse:SparseExecutor"
 
 
 @dataclass(frozen=True)
@@ -73,6 +75,11 @@ def _plan_scheduler(name: str, doc: str, paper: str = _MGWFBP, **kw: Any) -> Sch
     return Scheduler(name, doc, paper, _ALLREDUCE_EXECUTOR, planner=planner, family="allreduce", wire_dtype=True, **kw)
 
 
+def _sparse_scheduler(name: str, doc: str, paper: str = _OMGS, **kw: Any) -> Scheduler:
+    return Scheduler(name, doc, paper, _SPARSE_EXECUTOR, planner=name, family="sparse",
+                     planner_options=("density",), **kw)
+
+
 SCHEDULERS: dict[str, Scheduler] = {s.name: s for s in (
     _plan_scheduler("wfbp", "wait-free backpropagation: one all-reduce per layer as soon as its gradient is ready",
                     "WFBP (Zhang et al., Poseidon, USENIX ATC 2017), as the MG-WFBP papers' baseline"),
@@ -92,6 +99,18 @@ SCHEDULERS: dict[str, Scheduler] = {s.name: s for s in (
     Scheduler("ddp_threshold", "PyTorch DDP given the threshold plan's bucket sizes (bucket_cap_mb_list)",
               _DDP, "repro.runtime.baselines:TorchDDPExecutor", planner="threshold",
               planner_options=("threshold_bytes",), family="allreduce"),
+    _sparse_scheduler("topk_layerwise", "top-k sparsification with error feedback, one top-k and all-gather "
+                      "per layer as soon as its gradient is ready (--density)",
+                      "layer-wise TopK-SGD, as the OMGS-SGD paper's baseline"),
+    _sparse_scheduler("topk_single", "TopK-SGD: one global top-k of all gradients after backward, one "
+                      "all-gather of values and indices (--density)",
+                      "TopK-SGD (Aji & Heafield 2017; Lin et al. 2018), as the OMGS-SGD paper's baseline"),
+    _sparse_scheduler("omgs", "OMGS-SGD: layers merged for top-k by the published rule, planned online from "
+                      "the measured trace, measured top-k times and a sparse all-gather fit on the live group",
+                      online=True, needs_cost=True),
+    _sparse_scheduler("omgs_optimal", "exact optimum of the OMGS timeline over contiguous merges (Pareto "
+                      "dynamic program), planned online", "this package (exact optimum of the OMGS-SGD model)",
+                      online=True, needs_cost=True),
     Scheduler("local", "no communication: one worker's computation (the baseline of speedups)",
               "-", "repro.runtime.baselines:LocalExecutor", communicates=False),
 )}

@@ -11,10 +11,10 @@ from typing import Any, Callable
 
 from repro.cost import CostModel
 from repro.plan import Plan
-from repro.planners import allreduce
+from repro.planners import allreduce, sparse
 from repro.trace import Trace
 
-__all__ = ["PLANNERS", "planner_names", "make_plan"]
+__all__ = ["PLANNERS", "PLANNER_FAMILY", "planner_names", "make_plan"]
 
 PLANNERS: dict[str, Callable[..., Plan]] = {
     "wfbp": allreduce.wfbp,
@@ -23,19 +23,28 @@ PLANNERS: dict[str, Callable[..., Plan]] = {
     "ddp_buckets": allreduce.ddp_buckets,
     "mgwfbp": allreduce.mgwfbp,
     "optimal": allreduce.optimal,
+    "topk_layerwise": sparse.topk_layerwise,
+    "topk_single": sparse.topk_single,
+    "omgs": sparse.omgs,
+    "omgs_optimal": sparse.omgs_optimal,
 }
+
+# The family of the plans each planner makes.
+PLANNER_FAMILY: dict[str, str] = {name: ("sparse" if fn.__module__ == sparse.__name__ else "allreduce")
+                                  for name, fn in PLANNERS.items()}
 
 _RENAMED = {"ddp": "'ddp' is PyTorch DDP itself (a runtime baseline, see `repro schedulers`); its default "
                    "bucketing as a plan is the planner 'ddp_buckets'"}
 
 
-def planner_names() -> list[str]:
-    return list(PLANNERS)
+def planner_names(family: str | None = None) -> list[str]:
+    """Every planner's name, or those making plans of ``family``."""
+    return [n for n in PLANNERS if family is None or PLANNER_FAMILY[n] == family]
 
 
 def make_plan(name: str, trace: Trace, cost: CostModel, **options: Any) -> Plan:
     """Run planner ``name``; ``options`` are passed on (``threshold_bytes`` for ``threshold``,
-    ``wire_dtype`` for every planner)."""
+    ``wire_dtype`` for the all-reduce planners, ``density`` and ``pack`` for the sparse ones)."""
     try:
         fn = PLANNERS[name]
     except (KeyError, TypeError):

@@ -51,4 +51,4 @@ def simulate(trace: Trace, plan: Plan, cost: CostModel, *, with_ops: bool = True
     ops = run_tasks(list(graph.tasks), graph.in_order_streams)
     iteration = graph.iteration_s(ops) if graph.iteration_s else max((op.end_s for op in ops), default=0.0)
     return SimResult(iteration_s=float(iteration), forward_s=graph.forward_s, backward_s=graph.backward_s,
-                     comm_s=graph.comm_s, ops=ops if with_ops else [])
+                     comm_s=graph.comm_s, ops=ops if with_ops else [], sparsify_s=graph.sparsify_s)

@@ -16,8 +16,9 @@ class SimGraph:
 
     ``in_order_streams``: streams that run their tasks in the given order (compute); all others are
     queue streams (communication). ``forward_s``/``backward_s``: computation seconds of one iteration
-    (overheads included); ``comm_s``: communication seconds of one iteration. ``iteration_s`` maps the
-    engine's ops to the iteration time (default: the end of the last op).
+    (overheads included); ``comm_s``: communication seconds of one iteration; ``sparsify_s``: gradient
+    compression (top-k selection) seconds on the compute stream. ``iteration_s`` maps the engine's ops
+    to the iteration time (default: the end of the last op).
     """
 
     tasks: Sequence[Task]
@@ -26,6 +27,7 @@ class SimGraph:
     backward_s: float
     comm_s: float
     iteration_s: Callable[[list[Op]], float] | None = None
+    sparsify_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -37,10 +39,11 @@ class SimResult:
     backward_s: float
     comm_s: float
     ops: list[Op] = field(default_factory=list, repr=False)
+    sparsify_s: float = 0.0   # compression on the compute stream (sparse family), seconds
 
     @property
     def compute_s(self) -> float:
-        return self.forward_s + self.backward_s
+        return self.forward_s + self.backward_s + self.sparsify_s
 
     @property
     def exposed_comm_s(self) -> float:
@@ -49,8 +52,8 @@ class SimResult:
 
     def to_dict(self, with_ops: bool = True) -> dict[str, object]:
         d: dict[str, object] = {"iteration_s": self.iteration_s, "forward_s": self.forward_s,
-                                "backward_s": self.backward_s, "comm_s": self.comm_s,
-                                "exposed_comm_s": self.exposed_comm_s}
+                                "backward_s": self.backward_s, "sparsify_s": self.sparsify_s,
+                                "comm_s": self.comm_s, "exposed_comm_s": self.exposed_comm_s}
         if with_ops:
             d["ops"] = [op.to_dict() for op in self.ops]
         return d
