@@ -3,6 +3,7 @@
 import math
 
 import pytest
+import torch
 
 from repro.cost import CostModel, topk_time_s
 from repro.runtime.calibrate import fit_topk, time_topk
@@ -41,3 +42,57 @@ def test_fit_topk_returns_the_least_squares_gamma_of_its_own_measurements():
     # and it plugs into the cost model
     cost = CostModel.from_alpha_beta(2, 1e-4, 1e-9).with_topk(gamma_s)
     assert cost.topk_s(sizes[-1]) == pytest.approx(topk_time_s(gamma_s, sizes[-1]))
+
+
+# ---- the paper's models and GPU (estimates) ----
+
+def test_vgg16_cifar_is_the_authors_cifar_vgg16():
+    from repro.workload.models import build_model, compute_loss, count_params, get_spec, make_batch
+
+    spec = get_spec("vgg16_cifar")
+    assert spec.input_size == (3, 32, 32) and spec.num_classes == 10 and spec.paper_batch_sizes == {"omgs": 32}
+    model = build_model("vgg16_cifar", device="meta")
+    convs = [m for m in model.modules() if isinstance(m, torch.nn.Conv2d)]
+    assert [c.out_channels for c in convs] == [64, 64, 128, 128, 256, 256, 256] + [512] * 6
+    # 13 convs (3x3, bias) + batch norm (scale, shift) per conv + one linear 512 -> 10
+    expected, cin = 0, 3
+    for c in convs:
+        expected += 9 * cin * c.out_channels + c.out_channels + 2 * c.out_channels
+        cin = c.out_channels
+    expected += 512 * 10 + 10
+    assert count_params(model) == expected == 14_728_266
+    x, y = make_batch("vgg16_cifar", 2, generator=torch.Generator().manual_seed(0))
+    assert compute_loss("vgg16_cifar", build_model("vgg16_cifar"), x, y).isfinite()
+
+
+def test_p102_is_in_the_gpu_table_between_its_pascal_neighbours():
+    from repro.workload.estimate import GPU_SPECS, get_gpu
+
+    p102 = get_gpu("P102-100")
+    assert p102 is GPU_SPECS["P102"] is get_gpu("p102")
+    assert p102.fp32_flops == pytest.approx(10.77e12, rel=1e-3) and p102.memory_bandwidth == 440.3e9
+    assert p102.compute_efficiency is None and p102.memory_efficiency is None   # the defaults
+    # GP102 with fewer cores than a 1080 Ti: about a P100's fp32, less memory bandwidth
+    assert GPU_SPECS["K80"].fp32_flops < p102.fp32_flops < GPU_SPECS["V100"].fp32_flops
+    assert p102.memory_bandwidth < GPU_SPECS["P100"].memory_bandwidth
+
+
+@pytest.mark.parametrize("stem", ["vgg16_cifar_b32_p102-estimate", "resnet50_b32_p102-estimate",
+                                  "inception_v4_b64_p102-estimate", "lstm_ptb_b20_p102-estimate"])
+def test_p102_traces_of_the_papers_models_are_shipped_and_slower_than_v100(stem):
+    from repro.data import shipped_trace_path
+    from repro.trace import Trace
+
+    t = Trace.load(shipped_trace_path(stem))
+    assert t.device == "P102 (estimate)" and t.extra["estimate"] is True and t.extra["gpu"] == "P102"
+    assert t.batch_size == get_spec_batch(t.model)
+    v100 = Trace.load(shipped_trace_path(stem.replace("p102", "v100")))
+    assert t.names == v100.names and t.total_params == v100.total_params
+    ratio = (t.total_forward_s + t.total_backward_s) / (v100.total_forward_s + v100.total_backward_s)
+    assert 1.2 < ratio < 2.5   # peaks: 15.7/10.77 = 1.46x fp32, 900/440 = 2.04x bandwidth
+
+
+def get_spec_batch(model):
+    from repro.workload.models import get_spec
+
+    return get_spec(model).paper_batch_sizes["omgs"]

@@ -88,7 +88,20 @@ GPU_SPECS: dict[str, GpuSpec] = {g.name: g for g in [
     GpuSpec("A100", 19.5e12, 312e12, 2039e9, "A100 SXM4 80GB"),
     # H100 (SXM5) datasheet: 67 TFLOPS fp32, 989 TFLOPS fp16 tensor (1,979 with sparsity), 3.35 TB/s.
     GpuSpec("H100", 67e12, 989e12, 3.35e12, "H100 SXM5"),
+    # P102-100, the OMGS-SGD paper's GPU: a GP102 crypto-mining board (no display outputs, PCIe x4)
+    # for which NVIDIA publishes no datasheet. Numbers from the TechPowerUp GPU Database entry as
+    # reproduced at https://sysrqmts.com/gpus/compare/nvidia-jetson-tk1-gpu-vs-nvidia-p102-100 and
+    # https://llmperf.net/categories/gpu/Nvidia-P102-100-GPUs: 3,200 CUDA cores (25 SMs), boost
+    # 1,683 MHz, so 2 * 3200 * 1.683e9 = 10.77 TFLOPS fp32; 5 GB GDDR5X on a 320-bit bus at 11 Gbps,
+    # 440.3 GB/s. ESTIMATE twice over: the peaks are third-party, and the efficiencies are the module
+    # defaults of the datasheet GPUs (no P102-100 training benchmark to tune them against). Pascal
+    # GP102 computes fp16 at 1/64 of the fp32 rate; cuDNN then runs fp16 layers with fp32 arithmetic,
+    # so fp16 is given the fp32 rate (as for the K80).
+    GpuSpec("P102", 2 * 3200 * 1.683e9, 2 * 3200 * 1.683e9, 440.3e9,
+            "P102-100 (GP102 mining board, 3200 cores, 5 GB GDDR5X; third-party specs)"),
 ]}
+
+_GPU_ALIASES = {"p102-100": "p102"}  # full product names of table entries, lower case
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16}
 
@@ -115,11 +128,14 @@ _FREE_OPS = {
 
 
 def get_gpu(gpu: str | GpuSpec) -> GpuSpec:
-    """The :class:`GpuSpec` named ``gpu`` (case-insensitive); ``ValueError`` listing known ones."""
+    """The :class:`GpuSpec` named ``gpu`` (case-insensitive; ``"P102-100"`` is ``"P102"``);
+    ``ValueError`` listing known ones."""
     if isinstance(gpu, GpuSpec):
         return gpu
+    key = gpu.strip().lower() if isinstance(gpu, str) else None
+    key = _GPU_ALIASES.get(key, key)
     for name, spec in GPU_SPECS.items():
-        if isinstance(gpu, str) and gpu.strip().lower() == name.lower():
+        if key == name.lower():
             return spec
     raise ValueError(f"unknown GPU {gpu!r}; known GPUs: {', '.join(GPU_SPECS)}")
 

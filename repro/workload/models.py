@@ -39,7 +39,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["ModelSpec", "LSTMLanguageModel", "MODELS", "MODEL_NAMES", "PAPER_MODELS", "TINY_MODELS",
+__all__ = ["ModelSpec", "LSTMLanguageModel", "CifarVGG16", "MODELS", "MODEL_NAMES", "PAPER_MODELS", "TINY_MODELS",
            "get_spec", "build_model", "make_batch", "compute_loss", "count_params"]
 
 
@@ -161,6 +161,37 @@ class TinyVGG(nn.Module):
         return self.classifier(torch.flatten(x, 1))
 
 
+class CifarVGG16(nn.Module):
+    """VGG-16 for 32x32 CIFAR images as the OMGS-SGD authors train it.
+
+    Thirteen 3x3 convolutions (64, 64, M, 128, 128, M, 256 x3, M, 512 x3, M, 512 x3, M; ``M`` a 2x2
+    max-pool), each followed by batch norm and ReLU, then one linear layer 512 -> classes on the
+    1x1x512 map (no 4096-unit classifier). Architecture as in ``models/vgg.py`` of the authors'
+    sparse-SGD code (github.com/hclhkbu/gtopkssgd, Shi et al.; the OMGS-SGD repository
+    github.com/HKBU-HPML/OMGS-SGD builds on the same trainer), itself the widely used CIFAR VGG of
+    kuangliu/pytorch-cifar: 14,728,266 parameters for 10 classes. Written here from that description.
+    """
+
+    CFG: tuple[Any, ...] = (64, 64, "M", 128, 128, "M", 256, 256, 256, "M",
+                            512, 512, 512, "M", 512, 512, 512, "M")
+
+    def __init__(self, num_classes: int = 10) -> None:
+        super().__init__()
+        layers: list[nn.Module] = []
+        cin = 3
+        for v in self.CFG:
+            if v == "M":
+                layers.append(nn.MaxPool2d(2, 2))
+            else:
+                layers += [nn.Conv2d(cin, v, 3, padding=1), nn.BatchNorm2d(v), nn.ReLU(inplace=True)]
+                cin = v
+        self.features = nn.Sequential(*layers)
+        self.fc = nn.Linear(cin, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(torch.flatten(self.features(x), 1))
+
+
 class LSTMLanguageModel(nn.Module):
     """Word-level LSTM language model: embedding, stacked LSTM layers, linear decoder.
 
@@ -223,7 +254,7 @@ def _lstm_lm(vocab: int, embed_dim: int, hidden: int, layers: int,
 
 MODELS: dict[str, ModelSpec] = {s.name: s for s in [
     ModelSpec("resnet50", "vision", _torchvision("resnet50"), (3, 224, 224), 1000, 32,
-              {_MGWFBP_C: 32, _DEAR: 64}, "torchvision", kwargs=_VISION_KW),
+              {_MGWFBP_C: 32, _DEAR: 64, _OMGS: 32}, "torchvision", kwargs=_VISION_KW),
     ModelSpec("resnet152", "vision", _torchvision("resnet152"), (3, 224, 224), 1000, 128,
               {_MGWFBP_J: 128}, "torchvision", kwargs=_VISION_KW),
     ModelSpec("densenet161", "vision", _torchvision("densenet161"), (3, 224, 224), 1000, 64,
@@ -237,8 +268,14 @@ MODELS: dict[str, ModelSpec] = {s.name: s for s in [
     # VGG-16's batch size in MG-WFBP is not stated with it; 32 is our interpretation.
     ModelSpec("vgg16", "vision", _torchvision("vgg16"), (3, 224, 224), 1000, 32,
               {"interpretation": 32}, "torchvision (no batch norm)", kwargs=_VISION_KW),
+    # OMGS-SGD: "VGG-16 (CIFAR-10, batch 32)": the authors' CIFAR VGG-16 (see CifarVGG16).
+    ModelSpec("vgg16_cifar", "vision", CifarVGG16, (3, 32, 32), 10, 32, {_OMGS: 32},
+              "repro.workload.models (CIFAR VGG-16 with batch norm, one 512->10 linear layer, as in the "
+              "OMGS-SGD authors' code)", kwargs=_VISION_KW),
+    # Inception-v4 in OMGS-SGD: the paper summary gives no batch size; 64 is the default of the
+    # authors' public script (HKBU-HPML/OMGS-SGD, exp_configs/inceptionv4.conf).
     ModelSpec("inception_v4", "vision", _timm("inception_v4"), (3, 299, 299), 1000, 128,
-              {_MGWFBP_J: 128, _DEAR: 64}, "timm", kwargs=_VISION_KW),
+              {_MGWFBP_J: 128, _DEAR: 64, _OMGS: 64}, "timm", kwargs=_VISION_KW),
     ModelSpec("bert_base", "bert", _bert(768, 12, 12, 3072), (64,), 30522, 64,
               {_DEAR: 64}, "transformers BertForPreTraining (BERT-Base config)", kwargs=_BERT_KW),
     ModelSpec("bert_large", "bert", _bert(1024, 24, 16, 4096), (64,), 30522, 32,
