@@ -237,7 +237,7 @@ def test_synthetic_batches_are_fixed_and_seeded():
 
 
 def test_registry_names_and_unknown_name():
-    assert DATASET_NAMES == ("digits", "cifar10", "imagenet", "ptb", "synthetic")
+    assert DATASET_NAMES == ("digits", "cifar10", "imagenet", "ptb", "pydoc", "synthetic")
     assert len(get_dataset("digits", split="test")) == 360
     with pytest.raises(ValueError, match="unknown dataset 'mnist'") as e:
         get_dataset("mnist")

@@ -96,3 +96,66 @@ def get_spec_batch(model):
     from repro.workload.models import get_spec
 
     return get_spec(model).paper_batch_sizes["omgs"]
+
+
+# ---- text for the language models without downloads (pydoc_data.topics) ----
+
+def test_pydoc_splits_are_contiguous_deterministic_and_sized_by_the_fractions():
+    from repro.workload.datasets import get_dataset, pydoc, pydoc_words
+
+    words = pydoc_words()
+    assert len(words) > 50_000 and words.count("<eos>") > 5_000       # ~74k words in Python 3.11
+    sets = {s: pydoc(s, seq_len=20) for s in ("train", "valid", "test")}
+    tokens = {s: d.tensors[0].numel() for s, d in sets.items()}
+    assert tokens["train"] == pytest.approx(0.8 * len(words), abs=25)
+    assert tokens["valid"] == pytest.approx(0.1 * len(words), abs=25)
+    assert tokens["test"] == pytest.approx(0.1 * len(words), abs=25)
+    again = get_dataset("pydoc", split="train", seq_len=20)
+    assert torch.equal(again.tensors[0], sets["train"].tensors[0]) and again.vocab == sets["train"].vocab
+    # targets are the inputs shifted by one token, and the train split decodes back to the text
+    x, y = sets["train"].tensors
+    assert torch.equal(x.flatten()[1:], y.flatten()[:-1])
+    vocab = sets["train"].vocab
+    decoded = [vocab[i] for i in x[0].tolist()]
+    assert [w if w in vocab else "<unk>" for w in words[:20]] == decoded
+
+
+def test_pydoc_vocabulary_is_capped_with_the_rarest_words_unknown():
+    from collections import Counter
+
+    from repro.workload.datasets import pydoc, pydoc_words
+
+    d = pydoc("train", vocab_size=50)
+    assert len(d.vocab) == 50 and d.vocab[:2] == ["<eos>", "<unk>"] and len(set(d.vocab)) == 50
+    assert int(d.tensors[0].max()) < 50
+    train = pydoc_words()[:round(0.8 * len(pydoc_words()))]
+    counts = Counter(w for w in train if w != "<eos>")
+    kept = set(d.vocab[2:])
+    assert min(counts[w] for w in kept) >= max(counts[w] for w in counts if w not in kept)
+    assert (d.tensors[0] == 1).any()                                     # rare words became <unk>
+    assert len(pydoc("train").vocab) == 1000                             # default: tiny_lstm's vocabulary
+    with pytest.raises(ValueError, match="vocab_size"):
+        pydoc(vocab_size=2)
+    with pytest.raises(ValueError, match="split"):
+        pydoc("dev")
+
+
+def test_pydoc_trains_tiny_lstm():
+    from repro.workload.datasets import make_loader, pydoc
+    from repro.workload.models import build_model, compute_loss
+
+    torch.manual_seed(0)
+    data = pydoc("train", seq_len=16)
+    model = build_model("tiny_lstm", num_classes=len(data.vocab))
+    x, y = next(iter(make_loader(data, 8, seed=0)))
+    assert x.shape == y.shape == (8, 16)
+    opt = torch.optim.SGD(model.parameters(), lr=1.0)
+    losses = []
+    for _ in range(6):
+        opt.zero_grad()
+        loss = compute_loss("tiny_lstm", model, x, y)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert losses[0] == pytest.approx(math.log(1000), rel=0.05)          # uniform over 1000 words at start
+    assert losses[-1] < losses[0]

@@ -11,6 +11,8 @@ to get it.
 * :func:`cifar10`: CIFAR-10 in its standard binary layout, ``data/cifar10/cifar-10-batches-bin/``.
 * :func:`imagenet`: an ImageNet folder, ``data/imagenet/{train,val}/<class>/<image>``.
 * :func:`ptb`: Penn Treebank (word level), ``data/ptb/ptb.{train,valid,test}.txt``.
+* :func:`pydoc`: English text that ships with Python (the help topics of ``pydoc_data.topics``), word
+  level like PTB: the real text for tiny-scale language-model runs when PTB is not there.
 
 :func:`get_dataset` builds any of them by name. :func:`make_loader` wraps a dataset in a
 ``DataLoader`` whose ``DistributedSampler`` gives rank ``rank`` of ``world_size`` its shard; rank and
@@ -27,6 +29,7 @@ world size are explicit, so no process group is needed::
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -40,8 +43,8 @@ from repro.data import data_dir
 from repro.workload.models import make_batch
 
 __all__ = ["DatasetNotFoundError", "UInt8ImageDataset", "TokenSequences", "CIFAR10_MEAN", "CIFAR10_STD",
-           "IMAGENET_MEAN", "IMAGENET_STD", "digits", "cifar10", "imagenet", "ptb", "synthetic",
-           "DATASETS", "DATASET_NAMES", "get_dataset", "make_loader"]
+           "IMAGENET_MEAN", "IMAGENET_STD", "digits", "cifar10", "imagenet", "ptb", "pydoc", "synthetic",
+           "pydoc_words", "DATASETS", "DATASET_NAMES", "get_dataset", "make_loader"]
 
 CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)   # per-channel mean and std of the training images
 CIFAR10_STD = (0.2470, 0.2435, 0.2616)
@@ -270,16 +273,84 @@ def ptb(root: str | Path | None = None, split: str = "train", seq_len: int = 35)
     vocab = list(dict.fromkeys(_words(root / "ptb.train.txt")))
     if "<unk>" not in vocab:
         vocab.append("<unk>")
+    path = root / f"ptb.{split}.txt"
+    return _cut(_words(path), vocab, seq_len, str(path))
+
+
+def _cut(words: Sequence[str], vocab: Sequence[str], seq_len: int, what: str) -> TokenSequences:
+    """Word stream -> ids (words outside ``vocab`` are ``<unk>``) -> ``len // seq_len`` sequences."""
     index = {w: i for i, w in enumerate(vocab)}
     unk = index["<unk>"]
-    path = root / f"ptb.{split}.txt"
-    ids = [index.get(w, unk) for w in _words(path)]
+    ids = [index.get(w, unk) for w in words]
     n = (len(ids) - 1) // seq_len
     if n < 1:
-        raise ValueError(f"{path}: {len(ids)} tokens (with <eos>) are too few for one sequence of "
+        raise ValueError(f"{what}: {len(ids)} tokens (with <eos>) are too few for one sequence of "
                          f"seq_len={seq_len} (needs seq_len + 1)")
     stream = torch.tensor(ids[:n * seq_len + 1], dtype=torch.int64)
     return TokenSequences(stream[:-1].view(n, seq_len), stream[1:].view(n, seq_len), vocab)
+
+
+# ---------------------------------------------------------------------------------------------
+# Python's own help text (pydoc_data.topics, standard library)
+# ---------------------------------------------------------------------------------------------
+
+_PYDOC_WORD = re.compile(r"[a-z]+(?:'[a-z]+)?|[0-9]+")
+
+
+def pydoc_words() -> list[str]:
+    """The word stream of :func:`pydoc` before the split: every topic of ``pydoc_data.topics`` in
+    sorted topic order, each non-empty line lower-cased, cut into words (letters, with an inner
+    apostrophe), numbers written as ``N`` (as in PTB) and punctuation dropped, then ``<eos>``."""
+    from pydoc_data.topics import topics
+
+    out: list[str] = []
+    for key in sorted(topics):
+        for line in topics[key].splitlines():
+            words = ["N" if w[0].isdigit() else w for w in _PYDOC_WORD.findall(line.lower())]
+            if words:
+                out += words + ["<eos>"]
+    return out
+
+
+def pydoc(split: str = "train", seq_len: int = 35, vocab_size: int = 1000,
+          valid_fraction: float = 0.1, test_fraction: float = 0.1) -> TokenSequences:
+    """Word-level language-model data from the Python documentation's help texts, nothing downloaded.
+
+    The text is ``pydoc_data.topics.topics`` of the running Python's standard library: the reference
+    manual sections that ``help("if")``, ``help("assert")`` and the like print (language keywords,
+    statements, operators, special methods; 79 topics, about 70,000 words, in Python 3.11). It is
+    English technical prose with code, so it differs from PTB's news text; it also changes a little
+    from one Python version to the next (the dataset is deterministic for one interpreter).
+
+    Words: :func:`pydoc_words` (lower case, numbers as ``N``, ``<eos>`` after every line). The
+    stream is split contiguously: the first ``1 - valid_fraction - test_fraction`` of it is
+    ``train``, then ``valid``, then ``test`` (no shuffling). The vocabulary comes from the training
+    part: ``<eos>``, ``<unk>`` and the ``vocab_size - 2`` most frequent other words (ties: first
+    appearance first), so ``len(dataset.vocab) <= vocab_size`` (1000 by default, ``tiny_lstm``'s);
+    every rarer word, and any word of valid/test not in it, is ``<unk>``. Sequences are cut as in
+    :func:`ptb`.
+    """
+    _check_choice("split", split, ("train", "valid", "test"))
+    _check_positive_int("seq_len", seq_len)
+    _check_positive_int("vocab_size", vocab_size)
+    if vocab_size < 3:
+        raise ValueError(f"vocab_size must be at least 3 (<eos>, <unk> and one word), got {vocab_size}")
+    for label, v in (("valid_fraction", valid_fraction), ("test_fraction", test_fraction)):
+        if not 0 < v < 1:
+            raise ValueError(f"{label} must be in (0, 1), got {v!r}")
+    if valid_fraction + test_fraction >= 1:
+        raise ValueError(f"valid_fraction + test_fraction must be below 1, got {valid_fraction + test_fraction!r}")
+    words = pydoc_words()
+    a = round(len(words) * (1 - valid_fraction - test_fraction))
+    b = round(len(words) * (1 - test_fraction))
+    parts = {"train": words[:a], "valid": words[a:b], "test": words[b:]}
+    counts: dict[str, int] = {}
+    for w in parts["train"]:
+        counts[w] = counts.get(w, 0) + 1
+    counts.pop("<eos>", None)
+    ranked = sorted(counts, key=lambda w: -counts[w])   # stable: ties keep first appearance
+    vocab = ["<eos>", "<unk>"] + ranked[:vocab_size - 2]
+    return _cut(parts[split], vocab, seq_len, f"pydoc ({split} split)")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -307,6 +378,7 @@ DATASETS: dict[str, Callable[..., Any]] = {
     "cifar10": cifar10,
     "imagenet": imagenet,
     "ptb": ptb,
+    "pydoc": pydoc,
     "synthetic": synthetic,
 }
 DATASET_NAMES: tuple[str, ...] = tuple(DATASETS)
