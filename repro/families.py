@@ -12,7 +12,11 @@ never compares family names. An entry supplies:
 - **the simulator's task builder**: ``fn(trace, plan, cost) -> SimGraph`` for the event engine, and
   optionally a closed form ``fn(trace, plan, cost) -> SimResult | None`` used when no timeline is
   asked for;
-- **the runtime executor**: a class implementing :class:`repro.runtime.executor.Executor`.
+- **the runtime executor**: a class implementing :class:`repro.runtime.executor.Executor`;
+- **calibration** (optional): ``fn(trace, device, repeats, network_cost, **planner_options) ->
+  CostModel``, called on every rank of a live run before planning, returns what the family's planners
+  need (a fitted line of its collective, the top-k cost, ...); ``network_cost`` is the ``--network``
+  preset's model or None (then fit on the live group).
 
 Hooks are ``"module:attribute"`` strings imported on first use, so this table (and the torch-free
 core) never imports torch, and a family's files are loaded only when a plan of that family is used.
@@ -103,6 +107,7 @@ class Family:
     closed_form: str | None = None       # "module:fn", fn(trace, plan, cost) -> SimResult | None
     message_bytes: str | None = None     # "module:fn", fn(trace, plan) -> [[bytes per message] per bucket]
     check_buckets: str | None = None     # "module:fn", fn(buckets) raising ValueError on a bad shape
+    calibrate: str | None = None         # "module:fn", fn(trace, device, repeats, network_cost, **options) -> CostModel
     _cache: dict = field(default_factory=dict, compare=False, repr=False)
 
     def hook(self, which: str) -> Callable[..., Any] | None:
@@ -166,10 +171,22 @@ class Family:
         """The runtime executor class (imports torch)."""
         return self.hook("executor")
 
+    def calibrate_cost(self, trace: Any, device: Any, repeats: int, network_cost: Any = None,
+                       **options: Any) -> Any:
+        """The cost model for planning this family on the live group (see the module docstring);
+        without a calibration hook, ``network_cost`` (which must then be given)."""
+        fn = self.hook("calibrate")
+        if fn is not None:
+            return fn(trace, device, repeats, network_cost, **options)
+        if network_cost is None:
+            raise ValueError(f"family '{self.name}' cannot fit a cost model on the live group; give a "
+                             "network preset")
+        return network_cost
+
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "doc": self.doc, "paper": self.paper, "collectives": list(self.collectives),
                 "phases": list(self.phases), "options": [o.to_dict() for o in self.options],
-                "simulator": self.simulator, "executor": self.executor}
+                "simulator": self.simulator, "executor": self.executor, "calibrate": self.calibrate}
 
 
 _WIRE_DTYPE = choice_option("wire_dtype", "dtype of gradients on the wire",
@@ -188,6 +205,7 @@ FAMILIES: dict[str, Family] = {
         closed_form="repro.sim.allreduce:closed_form",
         check_buckets="repro.sim.allreduce:check_buckets",
         executor="repro.runtime.allreduce:AllReduceExecutor",
+        calibrate="repro.runtime.allreduce:calibrate",
     ),
     "sparse": Family(
         name="sparse",
@@ -205,6 +223,7 @@ FAMILIES: dict[str, Family] = {
         message_bytes="repro.sim.sparse:message_bytes",
         check_buckets="repro.sim.sparse:check_buckets",
         executor="repro.runtime.sparse:SparseExecutor",
+        calibrate="repro.runtime.sparse:calibrate",
     ),
 }
 

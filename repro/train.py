@@ -11,8 +11,10 @@ Plan schedulers first run ``warmup_steps`` real training steps with one all-redu
 (SyncEASGD, exact and clean for timing) while per-layer gradient-ready times are recorded; the ranks
 average them into a Trace (layer order = reverse of the ready order). Every plan scheduler gets a
 cost model fitted by timing all-reduces on the live process group (any world size) unless ``network``
-names a preset: online planners (``mgwfbp``, ``optimal``) plan with it, all record the plan's
-prediction. Rank 0 solves and broadcasts the Plan. Baselines warm up with their own executor.
+names a preset: online planners (``mgwfbp``, ``optimal``, ``omgs``, ...) plan with it, all record the
+plan's prediction. What is fitted is the plan family's business (its ``calibrate`` hook in
+:mod:`repro.families`: the all-reduce line; the sparse all-gather line and the top-k cost). Rank 0
+solves and broadcasts the Plan. Baselines warm up with their own executor.
 
 Rank 0 writes the run folder (:mod:`repro.runs`: ``run.json``, ``iterations.csv``, ``epochs.csv``,
 ``buckets.csv``, ``trace.json``, ``trace_inrun.json``, ``plan.json``, ``cost.json``), atomically;
@@ -36,6 +38,7 @@ import torch.distributed as dist
 from torch import nn
 
 from repro.cost import CostModel, preset
+from repro.families import get_family
 from repro.log import get_logger
 from repro.plan import WIRE_DTYPE_BYTES, Plan
 from repro.planners import make_plan
@@ -43,7 +46,6 @@ from repro.runs import (BUCKETS_CSV, EPOCHS_CSV, ITERATIONS_CSV, TRACE_INRUN_JSO
                         prepare_run)
 from repro.runtime.allreduce import AllReduceExecutor
 from repro.runtime.baselines import LocalExecutor
-from repro.runtime.calibrate import default_sizes_bytes, fit_allreduce
 from repro.runtime.executor import Executor, ExecutorOptions
 from repro.schedulers import get_scheduler, scheduler_names
 from repro.trace import Layer, Overheads, Trace
@@ -73,10 +75,13 @@ class TrainConfig:
     compute_steps: int = _opt(5, "extra steps without communication: the computation-only time")
     view: str = _opt("tensor", "layer granularity of the plan", choices=VIEWS)
     threshold_bytes: int = _opt(25 * 2**20, "bucket threshold of the threshold schedulers, bytes")
+    density: float = _opt(0.001, "top-k density of the sparse schedulers (topk_*, omgs*): the fraction of "
+                          "each bucket's gradient elements a worker sends per step, k = ceil(density x "
+                          "elements), in (0, 1]; 1 sends everything (dense S-SGD)")
     wire_dtype: str | None = _opt(None, "communicate gradients in this dtype (default: the model's)",
                                   choices=tuple(WIRE_DTYPE_BYTES))
     network: str | None = _opt(None, "plan with this cost preset instead of fitting on the live group")
-    fit_repeats: int = _opt(5, "repeats per message size when fitting the all-reduce cost")
+    fit_repeats: int = _opt(5, "repeats per message size (and per top-k size) when fitting the cost model")
     lr: float = _opt(0.05, "SGD learning rate")
     momentum: float = _opt(0.9, "SGD momentum")
     weight_decay: float = _opt(1e-4, "SGD weight decay")
@@ -120,6 +125,9 @@ class TrainConfig:
             raise ValueError(f"epochs must be positive, got {self.epochs}")
         if self.threshold_bytes < 0:
             raise ValueError(f"threshold_bytes must not be negative, got {self.threshold_bytes}")
+        if (isinstance(self.density, bool) or not isinstance(self.density, (int, float))
+                or not math.isfinite(self.density) or not 0 < self.density <= 1):
+            raise ValueError(f"density must be a number in (0, 1] (fraction of elements sent), got {self.density}")
         for name in ("lr", "momentum", "weight_decay"):
             v = getattr(self, name)
             if not math.isfinite(v) or v < 0:
@@ -141,7 +149,13 @@ class TrainConfig:
             raise ValueError(f"'{self.scheduler}' fits its cost model on the live group, which needs at least 2 "
                              "ranks (or give --network PRESET)")
         if self.network is not None:
-            preset(self.network, max(2, world_size))  # a preset without this P fails here, not after warm-up
+            cost = preset(self.network, max(2, world_size))  # a preset without this P fails here, not after warm-up
+            if sched.family is not None:  # ... and one without the collective the plan family sends
+                for collective in get_family(sched.family).collectives:
+                    if collective not in cost.lines:
+                        raise ValueError(f"network preset '{self.network}' has no {collective} line, which "
+                                         f"'{self.scheduler}' ({sched.family} family) plans with; choose a "
+                                         f"preset that has one or leave --network out to fit on the live group")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -288,18 +302,18 @@ def _runtime_trace(cfg: TrainConfig, model: nn.Module, steps: list[tuple[_StepTi
 
 
 def _plan_for(cfg: TrainConfig, trace: Trace, device: torch.device) -> tuple[Plan, CostModel]:
-    """Rank 0 solves (on the wire dtype's bytes); the plan is broadcast so every rank executes the same."""
+    """Rank 0 solves (on the wire dtype's bytes); the plan is broadcast so every rank executes the same.
+
+    Every plan scheduler gets a cost model from its family's calibration hook (every rank takes part):
+    online planners plan with it, all record a prediction."""
     sched = get_scheduler(cfg.scheduler)
-    if cfg.network:
-        cost = preset(cfg.network, dist.get_world_size())
-    else:  # every plan scheduler gets a fit: online planners plan with it, all record a prediction
-        cost, _ = fit_allreduce(default_sizes_bytes(min(trace.total_bytes, 64 * 2**20)),
-                                repeats=cfg.fit_repeats, device=device)
+    opts = {name: getattr(cfg, name) for name in sched.planner_options}
+    if cfg.wire_dtype:
+        opts["wire_dtype"] = cfg.wire_dtype
+    network_cost = preset(cfg.network, dist.get_world_size()) if cfg.network else None
+    cost = get_family(sched.family).calibrate_cost(trace, device, cfg.fit_repeats, network_cost, **opts)
     payload: list[Any] = [None]
     if dist.get_rank() == 0:
-        opts = {name: getattr(cfg, name) for name in sched.planner_options}
-        if cfg.wire_dtype:
-            opts["wire_dtype"] = cfg.wire_dtype
         payload[0] = make_plan(sched.planner, trace, cost, **opts).to_dict()
     dist.broadcast_object_list(payload, src=0)
     return Plan.from_dict(payload[0]), cost
@@ -385,8 +399,7 @@ def run_training(ctx, cfg: TrainConfig) -> tuple[nn.Module, dict[str, Any]]:
         if ex.grad_ready_s:
             inrun.append((st, dict(ex.grad_ready_s)))
         if cfg.record_timeline and ex.timings:
-            bucket_rows = [{"bucket": t.bucket, "layers": len(t.layers), "bytes": t.bytes,
-                            "start_s": t.launch_s - st.start, "end_s": t.end_s - st.start} for t in ex.timings]
+            bucket_rows = [_timing_row(t, st.start) for t in ex.timings]
         step += 1
         progress.update(1)
     progress.close()
@@ -419,6 +432,18 @@ def run_training(ctx, cfg: TrainConfig) -> tuple[nn.Module, dict[str, Any]]:
     return model, summary
 
 
+def _timing_row(timing: Any, origin_s: float) -> dict[str, Any]:
+    """One ``buckets.csv`` row from an executor's timing record, whatever its fields: its own ``row``
+    (times after ``origin_s``), else a dataclass's fields with ``*_s`` time stamps made relative."""
+    if hasattr(timing, "row"):
+        return timing.row(origin_s)
+    from dataclasses import is_dataclass
+
+    items = asdict(timing).items() if is_dataclass(timing) else vars(timing).items()
+    return {k: (len(v) if isinstance(v, (tuple, list)) else
+                v - origin_s if k.endswith("_s") and isinstance(v, float) else v) for k, v in items}
+
+
 def _progress(enabled: bool, total: int | None, cfg: TrainConfig):
     if enabled:
         from tqdm.auto import tqdm
@@ -437,8 +462,12 @@ def _progress(enabled: bool, total: int | None, cfg: TrainConfig):
 
 @torch.no_grad()
 def _evaluate(cfg: TrainConfig, model: nn.Module, epoch: int, rows: list[dict], device) -> dict[str, Any]:
-    """Accuracy on the dataset's test split (each rank a shard, counts summed) and mean train loss."""
+    """Loss and accuracy on the dataset's test split (each rank a shard, sums over ranks) and the mean
+    train loss of the epoch. Classifiers: per-sample cross-entropy and top-1 accuracy. Language models
+    (kind ``lm``): per-token cross-entropy (nats) as ``test_loss``, next-token accuracy as
+    ``test_accuracy`` and ``test_perplexity = exp(test_loss)``."""
     from repro.workload.datasets import get_dataset, make_loader
+    from repro.workload.models import get_spec
 
     was_training = model.training
     model.eval()
@@ -449,14 +478,19 @@ def _evaluate(cfg: TrainConfig, model: nn.Module, epoch: int, rows: list[dict], 
     for x, y in loader:
         x, y = x.to(device), y.to(device)
         logits = model(x)
-        counts[0] += (logits.argmax(dim=1) == y).sum()
+        logits, y = logits.reshape(-1, logits.shape[-1]), y.reshape(-1)  # LM: every position a prediction
+        counts[0] += (logits.argmax(dim=-1) == y).sum()
         counts[1] += y.numel()
         counts[2] += nn.functional.cross_entropy(logits, y, reduction="sum")
     dist.all_reduce(counts)
     model.train(was_training)
     losses = [r["loss"] for r in rows if r["epoch"] == epoch - 1] or [float("nan")]
-    return {"epoch": epoch, "train_loss": statistics.fmean(losses), "test_loss": float(counts[2] / counts[1]),
-            "test_accuracy": float(counts[0] / counts[1])}
+    test_loss = float(counts[2] / counts[1])
+    out = {"epoch": epoch, "train_loss": statistics.fmean(losses), "test_loss": test_loss,
+           "test_accuracy": float(counts[0] / counts[1])}
+    if get_spec(cfg.model).family == "lm":
+        out["test_perplexity"] = math.exp(test_loss) if test_loss < 700 else float("inf")
+    return out
 
 
 def _summarise(cfg, run_id, rows, compute_times, plan, trace, device) -> dict[str, Any]:

@@ -46,3 +46,111 @@ def plan_errors(ctx) -> list[str]:
         except PlanError as e:
             out.append(str(e))
     return out
+
+
+# ---- sparse family (tests/test_runtime_sparse.py) ----
+
+def _synthetic_trace(model, name: str):
+    """A trace of ``model``'s layers (tensor view) with made-up times: planners get real layer sizes."""
+    from repro.trace import Layer, Trace
+    from repro.workload.layers import layer_parameters
+
+    layers = []
+    for layer, params in layer_parameters(model).items():
+        n = sum(p.numel() for _, p in params)
+        layers.append(Layer(layer, n, 4 * n, 1e-4, 1e-4 + 2e-8 * n))
+    return Trace(name, 8, "cpu", "float32", layers)
+
+
+def _reference_sparse_sgd(model_name: str, plan, world: int, steps: int, batch_size: int, density: float,
+                          error_feedback: bool = True) -> dict:
+    """Single-process reference of top-k SGD with error feedback over ``world`` workers' data, written
+    from the math, not from repro.runtime.sparse: per worker, gradient on its own batch + its residual,
+    per bucket of ``plan`` the k = ceil(density n) largest magnitudes sent, the rest kept as the new
+    residual; the sent entries summed over workers (worker 0 first) / P; then the SGD step."""
+    import math
+
+    from repro.workload.layers import layer_parameters
+    from repro.workload.models import build_model, compute_loss, make_batch
+
+    torch.manual_seed(0)
+    model = build_model(model_name)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=1e-4)
+    layers = layer_parameters(model)
+    buckets = [[p for layer in b.layers for _, p in layers[layer]] for b in plan.buckets]
+    gens = [torch.Generator().manual_seed(100 + r) for r in range(world)]
+    residual = [[None] * len(buckets) for _ in range(world)]
+    for _ in range(steps):
+        total = [torch.zeros(sum(p.numel() for p in ps)) for ps in buckets]
+        for r in range(world):
+            x, y = make_batch(model_name, batch_size, generator=gens[r])
+            model.zero_grad(set_to_none=True)
+            compute_loss(model_name, model, x, y).backward()
+            for b, ps in enumerate(buckets):
+                flat = torch.cat([p.grad.reshape(-1) for p in ps])
+                if error_feedback and residual[r][b] is not None:
+                    flat = flat + residual[r][b]
+                n = flat.numel()
+                k = max(1, min(n, math.ceil(density * n - 1e-9)))
+                idx = torch.topk(flat.abs(), k, sorted=False).indices
+                sent = torch.zeros_like(flat)
+                sent[idx] = flat[idx]
+                keep = flat.clone()
+                keep[idx] = 0
+                residual[r][b] = keep
+                total[b] += sent
+        for ps, t in zip(buckets, total):
+            avg = t / world
+            offset = 0
+            for p in ps:
+                p.grad = avg[offset:offset + p.numel()].view_as(p).clone()
+                offset += p.numel()
+        opt.step()
+    return {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+def sparse_executor_vs_reference(ctx, model_name: str, cases: list[dict], steps: int, batch_size: int) -> list[dict]:
+    """Per case (planner, density, pack): ``steps`` SGD steps with SparseExecutor executing the plan the
+    planner makes of ``model_name``'s layers; returns the parameters, the plan's bucket count and the
+    largest difference to :func:`_reference_sparse_sgd` (and to the same without error feedback)."""
+    from repro.cost import CostModel
+    from repro.planners import make_plan
+    from repro.runtime.sparse import SparseExecutor
+    from repro.workload.models import build_model, compute_loss, make_batch
+
+    torch.use_deterministic_algorithms(True)
+    world, rank = dist.get_world_size(), dist.get_rank()
+    cost = CostModel.linear(world, 1e-4, 1e-9, "sparse_allgather").with_topk(2e-9)
+    out = []
+    for case in cases:
+        torch.manual_seed(0)
+        model = build_model(model_name)
+        plan = make_plan(case["planner"], _synthetic_trace(model, model_name), cost, density=case["density"],
+                         pack=case.get("pack", False))
+        opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=1e-4)
+        ex = SparseExecutor(model, plan)
+        gen = torch.Generator().manual_seed(100 + rank)
+        for _ in range(steps):
+            x, y = make_batch(model_name, batch_size, generator=gen)
+            opt.zero_grad(set_to_none=True)
+            ex.before_forward()
+            compute_loss(model_name, ex.module, x, y).backward()
+            ex.after_backward()
+            opt.step()
+        ex.remove()
+        params = {n: p.detach().clone() for n, p in model.named_parameters()}
+        ref = _reference_sparse_sgd(model_name, plan, world, steps, batch_size, case["density"])
+        row = {"params": params, "buckets": plan.num_buckets, "messages": len(plan.buckets[0].messages),
+               "diff": max((params[n] - ref[n]).abs().max().item() for n in params)}
+        if case.get("control"):
+            no_ef = _reference_sparse_sgd(model_name, plan, world, steps, batch_size, case["density"],
+                                          error_feedback=False)
+            row["diff_without_error_feedback"] = max((params[n] - no_ef[n]).abs().max().item() for n in params)
+        out.append(row)
+    return out
+
+
+def sparse_suite(ctx, cases: list[dict], runs: list[dict], model_name: str = "tiny_resnet") -> dict:
+    """What tests/test_runtime_sparse.py needs from one 2-rank world: the executor cases and train runs."""
+    return {"cases": sparse_executor_vs_reference(ctx, model_name, cases, steps=3, batch_size=4),
+            "runs": train_params(ctx, runs)}

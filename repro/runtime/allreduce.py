@@ -22,7 +22,7 @@ Each layer's gradient-ready time (``time.perf_counter``, seconds) is kept for th
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import torch
 import torch.distributed as dist
@@ -33,7 +33,7 @@ from repro.runtime.buffers import broadcast_buffers
 from repro.runtime.executor import Executor, ExecutorOptions
 from repro.workload.layers import layer_parameters
 
-__all__ = ["AllReduceExecutor", "BucketedAllReduce", "ScheduledOptimizer", "BucketTiming"]
+__all__ = ["AllReduceExecutor", "BucketedAllReduce", "ScheduledOptimizer", "BucketTiming", "calibrate"]
 
 _TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 assert set(_TORCH_DTYPES) == set(WIRE_DTYPE_BYTES)
@@ -48,6 +48,20 @@ class BucketTiming:
     bytes: int
     launch_s: float = float("nan")
     end_s: float = float("nan")
+
+    def row(self, origin_s: float) -> dict:
+        """This record as one ``buckets.csv`` row: every field, ``layers`` as their count, every time
+        stamp (a float field ending in ``_s``) in seconds after ``origin_s``; ``launch_s`` is written
+        as ``start_s`` (the communication's start)."""
+        out = {}
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if f.name == "layers":
+                v = len(v)
+            elif f.name.endswith("_s") and isinstance(v, float):
+                v = v - origin_s
+            out["start_s" if f.name == "launch_s" else f.name] = v
+        return out
 
 
 @dataclass
@@ -214,3 +228,18 @@ class AllReduceExecutor(Executor):
 
     def remove(self) -> None:
         self.sync.remove()
+
+
+def calibrate(trace, device, repeats: int, network_cost=None, **_options):
+    """The all-reduce family's calibration hook (:mod:`repro.families`): ``network_cost`` (a
+    ``--network`` preset; one without an all-reduce line raises :class:`repro.cost.CostModelError`),
+    else ``a + b * bytes`` fitted by timing all-reduces on the live group from 4 KiB up to the model's
+    gradient bytes (at most 64 MiB). Every rank calls it and gets the same model."""
+    from repro.runtime.calibrate import default_sizes_bytes, fit_allreduce
+
+    if network_cost is not None:
+        network_cost.line("allreduce")
+        return network_cost
+    cost, _ = fit_allreduce(default_sizes_bytes(min(trace.total_bytes, 64 * 2**20)), repeats=repeats,
+                            device=device)
+    return cost

@@ -1,0 +1,458 @@
+"""Run a ``sparse`` Plan: top-k sparsified gradients with error feedback (OMGS-SGD, TopK-SGD).
+
+The exchange is split into three small parts with sharp contracts, state kept apart from the
+algorithm (the compressor / memory / communicator split of GRACE, and the hook-state idea of
+PyTorch's PowerSGD hook):
+
+- a :class:`Compressor` turns a flat gradient into ``(values, indices)`` and scatter-adds such pairs
+  back into a dense tensor; :class:`TopKCompressor` keeps the ``k = ceil(density * n)`` entries of
+  largest magnitude (:func:`repro.sim.sparse.topk_count`), indices as int32 (what goes on the wire);
+- a :class:`Memory` holds what a worker did not send: ``compensate(key, flat)`` adds the held-back
+  residual to the new gradient, ``update(key, compensated, indices)`` keeps ``compensated`` with
+  the sent entries zeroed. :class:`ResidualMemory` is exact: the sent values scattered into zeros
+  plus the new residual equal ``gradient + old residual`` bit for bit (each element is in one or the
+  other);
+- an :class:`AllGatherCommunicator` starts the asynchronous all-gather(s) of every worker's values
+  and indices on the process group (two all-gathers, or one packed message: 4-byte values bit-cast to
+  int32 next to the int32 indices) and hands back the ``P * k`` gathered values and indices.
+
+:class:`SparseExecutor` runs a plan under :mod:`repro.runtime.executor`'s contract. During
+``loss.backward()`` ``register_post_accumulate_grad_hook`` copies each gradient into its bucket's flat
+buffer; when a bucket is complete (buckets strictly in plan order, so every rank issues the same
+collectives), the bucket is compensated and compressed **on the calling thread** (the paper's
+"sparsification on the compute stream": it delays the next layers' backward) and its all-gathers are
+launched. ``after_backward`` waits for them, scatter-adds the ``P`` contributions (an index sent by
+several workers adds up), divides by ``P`` and hands the result to ``param.grad``. Every worker thus
+applies the same sparse average; what it held back stays in its own residual.
+
+With ``record_timeline`` each bucket's :class:`SparseBucketTiming` holds the compression's start and
+end and the communication's launch and end (``time.perf_counter`` seconds).
+
+:func:`calibrate` is the family's calibration hook (:mod:`repro.families`): the sparse all-gather
+line fitted on the live group over the message sizes this model sends, and the top-k cost measured on
+this rank's device.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from repro.plan import Plan, PlanError
+from repro.runtime.allreduce import BucketTiming
+from repro.runtime.buffers import broadcast_buffers
+from repro.runtime.executor import Executor, ExecutorOptions
+from repro.sim.sparse import INDEX_BYTES, topk_count
+from repro.workload.layers import layer_parameters
+
+__all__ = ["Compressor", "TopKCompressor", "Memory", "NoMemory", "ResidualMemory", "AllGatherCommunicator",
+           "Exchange", "SparseBucketTiming", "SparseExecutor", "calibrate"]
+
+INDEX_DTYPE = torch.int32  # indices on the wire (INDEX_BYTES bytes each)
+assert torch.tensor([], dtype=INDEX_DTYPE).element_size() == INDEX_BYTES
+
+# the single-tensor all-gather under its current name (older torch: all_gather_into_tensor)
+_ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+
+def _check_density(density: Any) -> float:
+    if isinstance(density, bool) or not isinstance(density, (int, float)) or not 0 < density <= 1:
+        raise ValueError(f"density must be a number in (0, 1], got {density!r}")
+    return float(density)
+
+
+# ---------------------------------------------------------------------------------------------
+# Compressor
+# ---------------------------------------------------------------------------------------------
+
+class Compressor(ABC):
+    """Flat gradient -> ``(values, indices)`` (indices int32, 1-D, each at most once) and back."""
+
+    @abstractmethod
+    def count(self, numel: int) -> int:
+        """How many entries :meth:`compress` keeps of a tensor of ``numel`` elements."""
+
+    @abstractmethod
+    def compress(self, flat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(values, indices)`` of the entries sent, ``values[i] == flat[indices[i]]``."""
+
+    @staticmethod
+    def decompress(values: torch.Tensor, indices: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """Scatter-add ``values`` at ``indices`` into the dense flat tensor ``out`` (in place; repeated
+        indices add up) and return ``out``."""
+        return out.index_add_(0, indices, values)
+
+
+class TopKCompressor(Compressor):
+    """Keep the ``k = ceil(density * n)`` entries of largest magnitude (at least one)."""
+
+    def __init__(self, density: float) -> None:
+        self.density = _check_density(density)
+
+    def count(self, numel: int) -> int:
+        return int(topk_count(int(numel), self.density))
+
+    def compress(self, flat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if flat.dim() != 1:
+            raise ValueError(f"compress takes a flat (1-D) tensor, got shape {tuple(flat.shape)}")
+        n = flat.numel()
+        if n >= 2**31:
+            raise ValueError(f"a bucket of {n} elements does not fit int32 indices; split it")
+        k = self.count(n)
+        if k == n:  # density 1 (or a tiny tensor): everything, no selection
+            return flat.clone(), torch.arange(n, dtype=INDEX_DTYPE, device=flat.device)
+        indices = torch.topk(flat.abs(), k, sorted=False).indices
+        return flat[indices], indices.to(INDEX_DTYPE)
+
+    def __repr__(self) -> str:
+        return f"TopKCompressor(density={self.density})"
+
+
+# ---------------------------------------------------------------------------------------------
+# Memory (error feedback)
+# ---------------------------------------------------------------------------------------------
+
+class Memory(ABC):
+    """What a worker holds back between iterations, per key (a bucket)."""
+
+    @abstractmethod
+    def compensate(self, key: Any, flat: torch.Tensor) -> torch.Tensor:
+        """The gradient plus what was held back for ``key``; may work in place on ``flat``."""
+
+    @abstractmethod
+    def update(self, key: Any, compensated: torch.Tensor, indices: torch.Tensor) -> None:
+        """Record that the entries ``indices`` of ``compensated`` were sent."""
+
+    def reset(self) -> None:
+        """Forget everything held back."""
+
+
+class NoMemory(Memory):
+    """No error feedback: unsent entries are dropped."""
+
+    def compensate(self, key: Any, flat: torch.Tensor) -> torch.Tensor:
+        return flat
+
+    def update(self, key: Any, compensated: torch.Tensor, indices: torch.Tensor) -> None:
+        pass
+
+
+class ResidualMemory(Memory):
+    """Error feedback (residual accumulation as in TopK-SGD): ``compensate`` adds the residual to the
+    gradient **in place** and returns it; ``update`` keeps ``residual = compensated`` with the sent
+    entries set to zero. The residual of a key starts at zero."""
+
+    def __init__(self) -> None:
+        self.residuals: dict[Any, torch.Tensor] = {}
+
+    def compensate(self, key: Any, flat: torch.Tensor) -> torch.Tensor:
+        residual = self.residuals.get(key)
+        if residual is not None:
+            if residual.shape != flat.shape:
+                raise ValueError(f"residual of {key!r} has shape {tuple(residual.shape)}, the gradient "
+                                 f"{tuple(flat.shape)}")
+            flat.add_(residual)
+        return flat
+
+    def update(self, key: Any, compensated: torch.Tensor, indices: torch.Tensor) -> None:
+        residual = self.residuals.get(key)
+        if residual is None or residual.shape != compensated.shape:
+            residual = self.residuals[key] = torch.empty_like(compensated)
+        residual.copy_(compensated)
+        residual.index_fill_(0, indices.long(), 0)
+
+    def reset(self) -> None:
+        self.residuals.clear()
+
+
+# ---------------------------------------------------------------------------------------------
+# Communicator
+# ---------------------------------------------------------------------------------------------
+
+@dataclass
+class Exchange:
+    """One bucket's all-gather(s) in flight: ``futures`` complete when the gathered buffers are filled."""
+
+    k: int
+    value_dtype: torch.dtype
+    packed: bool
+    outputs: list[torch.Tensor]
+    futures: list[Any]
+
+
+class AllGatherCommunicator:
+    """All-gathers every worker's ``(values, indices)`` of equal ``k`` on ``group``.
+
+    ``start(values, indices, packed)`` launches asynchronously: two all-gathers (values, then
+    indices), or with ``packed`` one all-gather of both (4-byte values bit-cast to int32 next to the
+    indices; other value sizes as raw bytes). ``finish(exchange)`` waits and returns the ``P * k``
+    gathered values and int32 indices, worker 0's first. ``on_message_end`` (if given) is called with
+    the message number when each all-gather completes (on a communication thread)."""
+
+    def __init__(self, group: dist.ProcessGroup | None = None) -> None:
+        self.group = group
+        self.world_size = dist.get_world_size(group)
+
+    def start(self, values: torch.Tensor, indices: torch.Tensor, packed: bool,
+              on_message_end: Callable[[int], None] | None = None) -> Exchange:
+        if values.shape != indices.shape or values.dim() != 1 or indices.dtype != INDEX_DTYPE:
+            raise ValueError("start takes 1-D values and int32 indices of one length")
+        k, P = values.numel(), self.world_size
+        if packed:
+            if values.element_size() == INDEX_BYTES:
+                sends = [torch.cat([values.view(INDEX_DTYPE), indices])]
+            else:
+                sends = [torch.cat([values.view(torch.uint8), indices.view(torch.uint8)])]
+        else:
+            sends = [values, indices]
+        outputs, futures = [], []
+        for m, send in enumerate(sends):
+            out = torch.empty(P * send.numel(), dtype=send.dtype, device=send.device)
+            work = _ALL_GATHER(out, send, group=self.group, async_op=True)
+            fut = work.get_future()
+            if on_message_end is not None:
+                fut = fut.then(lambda _f, m=m: on_message_end(m))
+            outputs.append(out)
+            futures.append(fut)
+        return Exchange(k, values.dtype, packed, outputs, futures)
+
+    def finish(self, ex: Exchange) -> tuple[torch.Tensor, torch.Tensor]:
+        for fut in ex.futures:
+            fut.wait()
+        P, k = self.world_size, ex.k
+        if not ex.packed:
+            return ex.outputs[0], ex.outputs[1]
+        out = ex.outputs[0]
+        if out.dtype == INDEX_DTYPE:  # int32 words: [values | indices] per worker
+            rows = out.view(P, 2, k)
+            return rows[:, 0].view(ex.value_dtype).reshape(-1), rows[:, 1].reshape(-1)
+        rows = out.view(P, -1)  # raw bytes
+        vb = rows.shape[1] - k * INDEX_BYTES
+        values = rows[:, :vb].contiguous().view(ex.value_dtype).reshape(-1)
+        return values, rows[:, vb:].contiguous().view(INDEX_DTYPE).reshape(-1)
+
+
+# ---------------------------------------------------------------------------------------------
+# Executor
+# ---------------------------------------------------------------------------------------------
+
+@dataclass
+class SparseBucketTiming(BucketTiming):
+    """One bucket of the last iteration: ``bytes`` each worker sends (values + indices), ``numel`` and
+    ``k`` elements, ``messages`` all-gathers; the compression's ``compress_start_s`` / ``compress_end_s``
+    and the communication's ``launch_s`` / ``end_s`` (``time.perf_counter`` seconds)."""
+
+    numel: int = 0
+    k: int = 0
+    messages: int = 0
+    compress_start_s: float = float("nan")
+    compress_end_s: float = float("nan")
+
+
+@dataclass
+class _Slot:
+    bucket: int
+    param: nn.Parameter
+    layer: str
+    view: torch.Tensor
+    written: bool = False
+
+
+@dataclass
+class _Bucket:
+    layers: tuple[str, ...]
+    buffer: torch.Tensor
+    packed: bool
+    slots: list[_Slot] = field(default_factory=list)
+    pending: int = 0
+    exchange: Exchange | None = None
+
+
+def _check_plan(model: nn.Module, plan: Plan | None, view: str) -> dict[str, list[tuple[str, nn.Parameter]]]:
+    if plan is None:
+        raise PlanError("the sparse executor needs a plan")
+    if plan.family != "sparse":
+        raise PlanError(f"SparseExecutor executes 'sparse' plans, got a '{plan.family}' plan "
+                        f"(solver '{plan.solver}')")
+    layers = layer_parameters(model, view)
+    planned = [name for b in plan.buckets for name in b.layers]
+    unknown = [n for n in planned if n not in layers]
+    if unknown:
+        raise PlanError(f"plan names {len(unknown)} layer(s) the model does not have in view '{view}', "
+                        f"e.g. {unknown[:3]}")
+    missing = [n for n in layers if n not in set(planned)]
+    if missing:
+        raise PlanError(f"plan leaves {len(missing)} layer(s) of the model out, e.g. {missing[:3]}")
+    return layers
+
+
+class SparseExecutor(Executor):
+    """The sparse family's executor (see the module docstring). ``compressor`` and ``memory`` default
+    to :class:`TopKCompressor` at the plan's density and :class:`ResidualMemory`."""
+
+    def __init__(self, model: nn.Module, plan: Plan | None = None, options: ExecutorOptions | None = None, *,
+                 group: dist.ProcessGroup | None = None, compressor: Compressor | None = None,
+                 memory: Memory | None = None) -> None:
+        super().__init__(model, plan, options)
+        layers = _check_plan(model, plan, self.options.view)
+        if not dist.is_initialized():
+            raise RuntimeError("torch.distributed is not initialised: start ranks with repro.cluster.local")
+        self.compressor = compressor or TopKCompressor(plan.option("density"))
+        self.memory = memory if memory is not None else ResidualMemory()
+        self.comm = AllGatherCommunicator(group)
+        self.world_size = self.comm.world_size
+        self.record_timeline = self.options.record_timeline
+        self._buckets: list[_Bucket] = []
+        self._slots: list[_Slot] = []
+        for i, b in enumerate(plan.buckets):
+            params = [p for name in b.layers for _, p in layers[name]]
+            numel = sum(p.numel() for p in params)
+            bucket = _Bucket(tuple(b.layers), torch.zeros(numel, dtype=params[0].dtype, device=params[0].device),
+                             packed=len(b.messages) == 1)
+            offset = 0
+            for name in b.layers:
+                for _, p in layers[name]:
+                    slot = _Slot(i, p, name, bucket.buffer[offset:offset + p.numel()])
+                    bucket.slots.append(slot)
+                    self._slots.append(slot)
+                    offset += p.numel()
+            bucket.pending = len(bucket.slots)
+            self._buckets.append(bucket)
+        self._next = 0
+        self.timings = []
+        for i, b in enumerate(self._buckets):
+            n, k = b.buffer.numel(), self.compressor.count(b.buffer.numel())
+            self.timings.append(SparseBucketTiming(i, b.layers, k * (b.buffer.element_size() + INDEX_BYTES),
+                                                   numel=n, k=k, messages=1 if b.packed else 2))
+        self._handles = [s.param.register_post_accumulate_grad_hook(self._hook(s)) for s in self._slots]
+
+    # ---- during backward ----
+    def _hook(self, slot: _Slot):
+        def hook(param: torch.Tensor) -> None:
+            self.grad_ready_s[slot.layer] = time.perf_counter()
+            self._write(slot)
+            self._launch_ready()
+        return hook
+
+    def _write(self, slot: _Slot) -> None:
+        if slot.written:
+            raise RuntimeError(f"gradient of a parameter in layer '{slot.layer}' arrived twice in one "
+                               "iteration; call after_backward() between backward passes")
+        grad = slot.param.grad
+        if grad is None:
+            slot.view.zero_()
+        elif grad.data_ptr() != slot.view.data_ptr():
+            slot.view.copy_(grad.reshape(-1))
+        slot.written = True
+        self._buckets[slot.bucket].pending -= 1
+
+    def _launch_ready(self) -> None:
+        while self._next < len(self._buckets) and self._buckets[self._next].pending == 0:
+            i, bucket = self._next, self._buckets[self._next]
+            timing = self.timings[i] if self.record_timeline else None
+            if timing is not None:
+                timing.end_s = float("nan")
+                timing.compress_start_s = time.perf_counter()
+            flat = self.memory.compensate(i, bucket.buffer)
+            values, indices = self.compressor.compress(flat)
+            self.memory.update(i, flat, indices)
+            if timing is not None:
+                timing.compress_end_s = timing.launch_s = time.perf_counter()
+                bucket.exchange = self.comm.start(values, indices, bucket.packed,
+                                                  lambda _m, t=timing: _stamp_end(t))
+            else:
+                bucket.exchange = self.comm.start(values, indices, bucket.packed)
+            self._next += 1
+
+    # ---- the executor contract ----
+    def before_forward(self) -> None:
+        broadcast_buffers(self.model)
+
+    def after_backward(self) -> None:
+        """Wait for every bucket, average the P sparse contributions into ``param.grad``."""
+        for slot in self._slots:  # parameters that got no gradient this iteration count as zeros
+            if not slot.written:
+                self._write(slot)
+        self._launch_ready()
+        for bucket in self._buckets:
+            values, indices = self.comm.finish(bucket.exchange)
+            dense = bucket.buffer.zero_()
+            self.compressor.decompress(values, indices, dense)
+            dense.div_(self.world_size)
+            for slot in bucket.slots:
+                slot.param.grad = slot.view.view_as(slot.param)  # a view of the bucket (no copy)
+                slot.written = False
+            bucket.pending = len(bucket.slots)
+            bucket.exchange = None
+        self._next = 0
+
+    def remove(self) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+
+
+def _stamp_end(timing: SparseBucketTiming) -> None:
+    now = time.perf_counter()
+    if math.isnan(timing.end_s) or now > timing.end_s:
+        timing.end_s = now
+
+
+# ---------------------------------------------------------------------------------------------
+# Calibration hook of the family
+# ---------------------------------------------------------------------------------------------
+
+def _geometric(lo: float, hi: float, count: int) -> list[int]:
+    import numpy as np
+
+    lo, hi = max(1.0, float(lo)), max(1.0, float(hi))
+    if hi <= lo:
+        return [int(lo)]
+    return sorted({int(round(v)) for v in np.geomspace(lo, hi, count)})
+
+
+def calibrate(trace, device, repeats: int, network_cost=None, *, density: float = 0.001, **_: Any):
+    """The cost model the sparse planners need, measured on the live group (every rank calls it).
+
+    - the ``sparse_allgather`` line: ``network_cost``'s (a ``--network`` preset; one without that line
+      raises :class:`repro.cost.CostModelError`), else fitted on the live group
+      (:func:`repro.runtime.calibrate.fit_cost_model`) over message sizes from the smallest layer's index
+      message (``k * 4`` bytes) to the whole model's packed message (``k * (value bytes + 4)``),
+      ``k = ceil(density * elements)``: the range this model sends;
+    - ``topk_gamma_s``: top-k selections timed on this rank's device
+      (:func:`repro.runtime.calibrate.fit_topk`) over the layer sizes up to the whole model (at most
+      2**24 elements), the largest gamma of the ranks (the slowest rank decides).
+    """
+    from dataclasses import replace
+
+    from repro.runtime.calibrate import fit_cost_model, fit_topk
+    from repro.sim.sparse import value_bytes
+
+    density = _check_density(density)
+    params = [int(n) for n in trace.params() if n > 0]
+    if not params:
+        raise ValueError(f"trace '{trace.model}' has no parameters to sparsify")
+    total = sum(params)
+    if network_cost is not None:
+        network_cost.line("sparse_allgather")  # a preset without it fails here, in one line
+        cost = network_cost
+    else:
+        lo_bytes = topk_count(min(params), density) * INDEX_BYTES
+        hi_bytes = topk_count(total, density) * (value_bytes(trace) + INDEX_BYTES)
+        sizes = sorted({max(4, s // 4 * 4) for s in _geometric(lo_bytes, hi_bytes, 8)})
+        cost = fit_cost_model(sizes, ("sparse_allgather",), repeats=repeats, device=device,
+                              source=f"sparse all-gather fitted on the live process group (P={dist.get_world_size()})")
+    numels = [n for n in _geometric(max(2, min(params)), min(total, 2**24), 6) if n >= 2]
+    gamma_s, seconds = fit_topk(numels, density, repeats=repeats, device=device)
+    agreed = torch.tensor([gamma_s], dtype=torch.float64, device=device)
+    dist.all_reduce(agreed, op=dist.ReduceOp.MAX)  # the slowest rank decides; every rank plans alike
+    meta = {**cost.meta, "topk": {"numel": numels, "seconds_this_rank": seconds, "density": density,
+                                  "gamma_s_this_rank": gamma_s, "agreed": "max over ranks"}}
+    return replace(cost, meta=meta).with_topk(float(agreed.item()))
