@@ -159,3 +159,133 @@ def test_pydoc_trains_tiny_lstm():
         losses.append(loss.item())
     assert losses[0] == pytest.approx(math.log(1000), rel=0.05)          # uniform over 1000 words at start
     assert losses[-1] < losses[0]
+
+
+# ---- the micro-benchmark study (repro.studies.omgs_micro) and its figures ----
+
+def _fake_allgather(workers=(2,), a_s=1e-3, b_s_per_byte=1e-9, sizes=(8, 20, 68, 264, 4096, 65536)):
+    import pandas as pd
+
+    rows = [{"workers": p, "bytes_per_worker": m, "gathered_bytes": m * p,
+             "measured_s": a_s + b_s_per_byte * p * m, "oversubscribed": p > 2}
+            for p in workers for m in sizes]
+    return pd.DataFrame(rows)
+
+
+def test_published_numbers_are_the_papers():
+    from repro.studies import omgs_micro as st
+
+    assert st.PUBLISHED_GAMMA_S == 2.19e-10
+    t = st.paper_iteration_times()
+    assert list(t.model) == ["vgg16_cifar", "resnet50", "inception_v4", "lstm_ptb"]
+    assert list(t.topk_sgd_s) == [0.336, 0.666, 1.602, 1.019] and list(t.omgs_sgd_s) == [0.331, 0.507, 1.243, 0.916]
+    assert list(t.speedup) == [1.02, 1.31, 1.29, 1.11]
+    # the published speedups are the published times' ratios, rounded
+    assert all(abs(a / b - s) < 0.006 for a, b, s in zip(t.topk_sgd_s, t.omgs_sgd_s, t.speedup))
+    assert set(t.workers) == {16} and set(t.network) == {"1GbE"}
+    from repro.workload.models import get_spec
+
+    assert all(get_spec(m).paper_batch_sizes["omgs"] == b for m, b in zip(t.model, t.batch_size))
+
+
+def test_topk_fit_table_recovers_gamma_and_sets_the_published_line_beside_it():
+    import pandas as pd
+
+    from repro.studies import omgs_micro as st
+
+    numels = st.default_numels(10, 16)
+    assert numels == [1024, 4096, 16384, 65536]
+    times = pd.DataFrame({"numel": numels, "k": 1, "density": 0.001, "threads": 1,
+                          "measured_s": [topk_time_s(3e-10, n) for n in numels]})
+    per_size, fits = st.topk_fit_table(times)
+    mine = fits[fits.source == "measured"].iloc[0]
+    assert mine.gamma_s == pytest.approx(3e-10) and mine.max_abs_relative_error < 1e-9
+    assert fits[fits.source == "published"].iloc[0].gamma_s == 2.19e-10
+    assert per_size.relative_error.abs().max() < 1e-9
+    assert per_size.published_p102_s.iloc[-1] == pytest.approx(2.19e-10 * 65536 * 16)
+
+
+def test_measure_topk_restores_the_thread_count():
+    from repro.studies import omgs_micro as st
+
+    before = torch.get_num_threads()
+    t = st.measure_topk([256, 1024], 0.01, repeats=1, threads=1)
+    assert torch.get_num_threads() == before
+    assert list(t.k) == [3, 11] and set(t.threads) == {1} and (t.measured_s > 0).all()
+
+
+def test_allgather_sizes_hold_every_sparse_message_and_reach_max_bytes():
+    from repro.studies import omgs_micro as st
+
+    numels = st.default_numels()
+    sizes = st.allgather_sizes_bytes(numels, 0.001, max_bytes=2**20)
+    assert {4 * int(math.ceil(0.001 * n)) for n in numels} <= set(sizes)
+    assert max(sizes) == 2**20 and sizes == sorted(sizes) and all(s % 4 == 0 for s in sizes)
+
+
+def test_allgather_fit_table_refits_measured_worlds_and_adds_the_published_fits():
+    from repro.studies import omgs_micro as st
+
+    ag = _fake_allgather(workers=(2, 3))
+    fits = st.allgather_fit_table(ag)
+    measured = fits[fits.source == "measured"].set_index("workers")
+    assert list(measured.index) == [2, 3]
+    assert measured.a_s.tolist() == pytest.approx([1e-3, 1e-3]) and measured.b_s_per_byte.tolist() == pytest.approx([1e-9] * 2)
+    assert measured.oversubscribed.tolist() == [False, True]
+    published = fits[fits.source == "published"].set_index("workers")
+    assert published.loc[16, "a_s"] == 1.1e-2 and published.loc[16, "b_s_per_byte"] == 1.7e-8
+    assert list(published.index) == [2, 4, 8, 16]
+    errors = st.allgather_fit_errors(ag, fits)
+    assert errors.relative_error.abs().max() < 1e-9
+
+
+def test_cost_compare_uses_two_allgathers_per_tensor_and_the_papers_setting():
+    import pandas as pd
+
+    from repro.studies import omgs_micro as st
+
+    numels = [1024, 65536]
+    topk = pd.DataFrame({"numel": numels, "k": [2, 66], "density": 0.001, "measured_s": [1e-5, 1e-3]})
+    ag = _fake_allgather(sizes=(8, 264))
+    table = st.cost_compare_table(topk, ag, st.allgather_fit_table(ag))
+    q = table.set_index(["setting", "numel", "quantity"]).seconds
+    assert q["measured", 65536, "topk_s"] == 1e-3
+    assert q["measured", 65536, "sparse_allgather_s"] == pytest.approx(2 * (1e-3 + 1e-9 * 2 * 264))
+    assert q["measured", 65536, "allgather_startup_s"] == pytest.approx(1e-3)
+    assert q["paper", 65536, "topk_s"] == pytest.approx(2.19e-10 * 65536 * 16)
+    assert q["paper", 65536, "sparse_allgather_s"] == pytest.approx(2 * (1.1e-2 + 1.7e-8 * 16 * 4 * 66))
+    with pytest.raises(ValueError, match="no all-gather measured at 264 bytes"):
+        st.cost_compare_table(topk, ag[ag.bytes_per_worker != 264], st.allgather_fit_table(ag))
+
+
+def test_the_three_figures_draw_log_axes_and_legends_below(tmp_path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import pandas as pd
+
+    from repro.figures import save_figure
+    from repro.figures.omgs_micro_plots import (crossover_numel, plot_allgather_fit, plot_cost_compare,
+                                                plot_topk_time)
+    from repro.studies import omgs_micro as st
+
+    numels = [1024, 65536, 1048576]
+    topk = pd.DataFrame({"numel": numels, "k": [2, 66, 1049], "density": 0.001, "threads": 1,
+                         "measured_s": [2e-6, 2e-4, 5e-3]})
+    per_size, tfits = st.topk_fit_table(topk)
+    ag = _fake_allgather(workers=(2, 3), sizes=(8, 264, 4196, 65536))
+    afits = st.allgather_fit_table(ag)
+    compare = st.cost_compare_table(topk, ag, afits)
+    assert crossover_numel(compare, "measured") == 1048576 and crossover_numel(compare, "paper") is None
+    for fig_id, fig in (("omgs.topk_time", plot_topk_time(per_size, tfits, "tiny scale, measured")),
+                        ("omgs.allgather_fit", plot_allgather_fit(st.allgather_fit_errors(ag, afits), afits, "x")),
+                        ("omgs.cost_compare", plot_cost_compare(compare, "tiny scale, measured"))):
+        ax = fig.axes[0]
+        assert ax.get_xscale() == "log" and ax.get_yscale() == "log" and ax.get_xlabel() and ax.get_ylabel()
+        assert fig.legends and not ax.get_legend()          # one legend for the figure, below the axes
+        side = save_figure(fig, fig_id, tmp_path, scale="tiny", source="measured")
+        assert "tiny" in side["title"] and (tmp_path / f"{fig_id.replace('.', '_')}.png").is_file()
+        plt.close(fig)
+    labels = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert any("published" in t for t in labels)
