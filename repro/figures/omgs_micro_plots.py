@@ -154,8 +154,7 @@ def plot_cost_compare(table: pd.DataFrame, note: str, *, paper: bool = True):
         sub = table[table["setting"] == setting]
         if sub.empty:
             continue
-        p = int(sub["workers"].iloc[0])
-        for q, (label, color, marker) in _QUANTITIES.items():
+        for q, (_label, color, marker) in _QUANTITIES.items():
             g = sub[sub["quantity"] == q].sort_values("numel")
             ax.plot(g["numel"], g["seconds"] * 1e3, color=color, ls=ls, lw=lw,
                     marker=marker if setting == "measured" else None, ms=5)
