@@ -151,3 +151,21 @@ def test_executor_refuses_plans_it_cannot_run():
         SparseExecutor(model, sparse("weight"))
     with pytest.raises(PlanError, match="plan names 1 layer"):
         SparseExecutor(model, sparse("weight", "bias", "nope"))
+
+
+def test_config_refuses_what_the_sparse_schedulers_cannot_do():
+    from repro.train import TrainConfig, config_from_argv
+
+    with pytest.raises(ValueError, match="wire_dtype=float16 is supported by .*not by 'omgs'"):
+        TrainConfig(scheduler="omgs", wire_dtype="float16")
+    for bad in (0, 1.5, float("nan")):
+        with pytest.raises(ValueError, match=r"density must be a number in \(0, 1\]"):
+            TrainConfig(scheduler="omgs", density=bad)
+    with pytest.raises(ValueError, match="preset '10gbe-v100' has no sparse_allgather line"):
+        TrainConfig(scheduler="omgs", network="10gbe-v100").check_world(2)
+    with pytest.raises(ValueError, match="preset '1gbe-allgather' has no allreduce line"):
+        TrainConfig(scheduler="mgwfbp", network="1gbe-allgather").check_world(2)
+    TrainConfig(scheduler="omgs_optimal", network="1gbe-allgather").check_world(4)
+    TrainConfig(scheduler="omgs", network="10gbe-k80").check_world(3)  # per-hop presets have every line
+    cfg, _ = config_from_argv(["--scheduler", "topk_layerwise", "--density", "0.004"])
+    assert cfg.density == 0.004
