@@ -1,0 +1,273 @@
+"""Figures of the OMGS-SGD simulation study, each drawn from one tidy table of
+:mod:`repro.studies.omgs_sim`.
+
+Every function takes DataFrames and returns a matplotlib Figure; saving is the caller's job
+(:func:`repro.figures.save_figure`). Conventions of :mod:`repro.figures.style`: one style per planner,
+legends outside the data, notes where curves coincide.
+"""
+
+from __future__ import annotations
+
+import textwrap
+from typing import Sequence
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+from matplotlib.colors import Normalize
+from matplotlib.lines import Line2D
+from matplotlib.patches import Patch
+from matplotlib.ticker import FuncFormatter, NullFormatter
+
+from repro.figures.plots import gantt
+from repro.figures.style import PALETTE, add_note, legend_below, scheduler_style
+
+__all__ = ["PLANNER_ORDER", "planner_style", "planner_label", "plot_optimal_gap", "plot_timeline"]
+
+PLANNER_ORDER: tuple[str, ...] = ("topk_layerwise", "topk_single", "omgs", "omgs_optimal")
+
+_PLAIN = FuncFormatter(lambda v, _pos: f"{v:g}")
+
+# The sparse planners drawn as the project's OMGS family: TopK-SGD and OMGS-SGD keep their styles, the
+# exact optimum is drawn like every optimum (black, dotted, on top), layer-wise top-k gets its own.
+_STYLES = {
+    "topk_layerwise": {"color": PALETTE[0], "marker": "v", "linestyle": (0, (6, 2)), "label": "Layer-wise top-k",
+                       "zorder": 2.0},
+    "topk_single": {**scheduler_style("topk"), "label": "TopK-SGD (single top-k)"},
+    "omgs": {**scheduler_style("omgs"), "label": "OMGS-SGD (published rule)"},
+    "omgs_optimal": {**scheduler_style("optimal"), "label": "Optimum (exact, contiguous merges)"},
+}
+_KIND_COLORS = {"sparse_allgather": PALETTE[2], "sparsify": PALETTE[4], "compress": PALETTE[4]}
+
+
+def planner_style(name: str) -> dict:
+    """``ax.plot`` keyword arguments of a sparse planner (colour, marker, linestyle, label, zorder)."""
+    return dict(_STYLES.get(name) or scheduler_style(name))
+
+
+def planner_label(name: str) -> str:
+    return planner_style(name)["label"]
+
+
+def _text_color(rgba) -> str:
+    r, g, b = rgba[:3]
+    return "black" if 0.299 * r + 0.587 * g + 0.114 * b > 0.5 else "white"
+
+
+def plot_optimal_gap(sweep: pd.DataFrame, rule: str = "omgs", paper_density: dict | None = None):
+    """Top row, one heatmap per model: how much slower the published rule is than the exact optimum
+    (percent) over workers x density, each cell also giving the rule's and the optimum's bucket counts.
+    Bottom row, per model: every planner's iteration time divided by the optimum's vs workers, at the
+    paper's density of that model (``paper_density``: model -> density; default: the smallest density).
+
+    ``sweep`` is :func:`repro.studies.omgs_sim.sparse_sweep` (with ``omgs_optimal``)."""
+    models = list(dict.fromkeys(sweep["model"]))
+    n = len(models)
+    fig, axes = plt.subplots(2, n, figsize=(max(3.3 * n, 6.6), 7.4), squeeze=False,
+                             gridspec_kw={"height_ratios": [1.05, 1]})
+    r = sweep[sweep["planner"] == rule]
+    vmax = max(float(r["gap_pct"].max()), 1.0)
+    norm = Normalize(0, vmax)
+    cmap = plt.get_cmap("cividis_r")
+    opt = sweep[sweep["planner"] == "omgs_optimal"].set_index(["model", "workers", "density"])["buckets"]
+    image = None
+    notes: list[str] = []
+    for j, m in enumerate(models):
+        ax = axes[0, j]
+        g = r[r["model"] == m]
+        ps, ds = sorted(set(g["workers"])), sorted(set(g["density"]))
+        grid = g.pivot_table(index="workers", columns="density", values="gap_pct").reindex(index=ps, columns=ds)
+        nb = g.pivot_table(index="workers", columns="density", values="buckets").reindex(index=ps, columns=ds)
+        image = ax.imshow(grid.to_numpy(), cmap=cmap, norm=norm, aspect="auto", origin="lower")
+        for a, p in enumerate(ps):
+            for b, d in enumerate(ds):
+                v = grid.iloc[a, b]
+                if np.isnan(v):
+                    continue
+                ob = int(opt.get((m, p, d), -1))
+                ax.text(b, a, f"{v:.1f}%\n{int(nb.iloc[a, b])} vs {ob}", ha="center", va="center", fontsize=7.5,
+                        color=_text_color(cmap(norm(v))))
+        ax.set_xticks(range(len(ds)))
+        ax.set_xticklabels([f"{d:g}" for d in ds], fontsize="x-small")
+        ax.set_yticks(range(len(ps)))
+        ax.set_yticklabels([str(p) for p in ps], fontsize="small")
+        ax.grid(False)
+        ax.set_xlabel("density (k / elements)", fontsize="small")
+        if j == 0:
+            ax.set_ylabel("workers P")
+        dev = str(g["device"].iloc[0]) if "device" in g and len(g) else ""
+        ax.set_title(f"{m} ({dev})" if dev else m, fontsize="small")
+
+        ax = axes[1, j]
+        d0 = (paper_density or {}).get(m, min(ds))
+        sub = sweep[(sweep["model"] == m) & (np.isclose(sweep["density"], d0))]
+        names = [p for p in PLANNER_ORDER if p in set(sub["planner"])]
+        for name in names:
+            s = sub[sub["planner"] == name].sort_values("workers")
+            ax.plot(s["workers"], s["iteration_s"] / s["optimal_s"], **_line_kw(name))
+        ax.set_xscale("log", base=2)
+        ax.xaxis.set_major_formatter(_PLAIN)
+        ax.set_xticks(ps)
+        ax.set_yscale("log")
+        ratio = sub["iteration_s"] / sub["optimal_s"]
+        hi = max(float(ratio.max()) * 1.15, 1.3)
+        ax.set_ylim(0.95, hi)
+        ticks = [t for t in ((1, 1.5, 2, 3, 5, 10, 20, 50) if hi > 3 else (1, 1.1, 1.25, 1.5, 2, 3)) if t <= hi]
+        ax.set_yticks(ticks)
+        ax.yaxis.set_major_formatter(_PLAIN)
+        ax.yaxis.set_minor_formatter(NullFormatter())
+        ax.set_xlabel("workers P", fontsize="small")
+        if j == 0:
+            ax.set_ylabel("iteration ÷ optimum (log)")
+        equal = _equal_points(sub, names)
+        if equal:
+            notes.append(f"{m}: {equal}")
+        ax.set_title(f"density {d0:g}", fontsize="small")
+    fig.subplots_adjust(top=0.86, bottom=0.13, left=0.07, right=0.9, hspace=0.45, wspace=0.28)
+    top = axes[0, -1].get_position()
+    cax = fig.add_axes([0.915, top.y0, 0.012, top.height])
+    cb = fig.colorbar(image, cax=cax)
+    cb.set_label("rule slower than optimum (%)", fontsize="small")
+    handles = [Line2D([], [], **{k: v for k, v in planner_style(p).items() if k != "zorder"})
+               for p in PLANNER_ORDER if p in set(sweep["planner"])]
+    fig.suptitle("The published OMGS rule vs the optimal sparse merge", fontsize="medium")
+    fig.text(0.5, 0.935, "top: rule ÷ optimum − 1 per workers and density (cell: gap; buckets of the rule vs the optimum); "
+             "bottom: each planner ÷ optimum at the paper's density", ha="center", va="top", fontsize="small",
+             style="italic", color="#333333")
+    legend_below(fig, handles, ncol=len(handles))
+    if notes:
+        fig.text(0.5, 0.035, "Drawn on top of each other (equal times): " + "; ".join(notes), ha="center", va="top",
+                 fontsize="x-small", style="italic", color="#333333", wrap=True)
+    return fig
+
+
+def _line_kw(name: str) -> dict:
+    st = {k: v for k, v in planner_style(name).items()}
+    if name == "topk_single":  # hollow and larger: visible around the rule's markers where they coincide
+        st.update(markerfacecolor="none", markersize=10, markeredgewidth=1.5, zorder=2.4)
+    elif name == "omgs_optimal":
+        st.update(markersize=8)
+    else:
+        st.update(markersize=6)
+    return st
+
+
+def _equal_points(sub: pd.DataFrame, names: Sequence[str]) -> str:
+    """"a = b at P=..." for the pairs of planners whose iteration times coincide at some P (drawn on top
+    of each other)."""
+    t = sub.pivot_table(index="workers", columns="planner", values="iteration_s")
+    short = {"topk_layerwise": "layer-wise", "topk_single": "TopK-SGD", "omgs": "rule", "omgs_optimal": "optimum"}
+    out = []
+    for i, a in enumerate(names):
+        for b in names[i + 1:]:
+            same = [int(p) for p in t.index if np.isclose(t.loc[p, a], t.loc[p, b], rtol=1e-9, atol=0)]
+            if same:
+                where = "every P" if len(same) == len(t.index) else "P=" + ",".join(map(str, same))
+                out.append(f"{short.get(a, a)} = {short.get(b, b)} at {where}")
+    return "; ".join(out)
+
+
+def _ms(v: float) -> str:
+    return f"{v * 1e3:.0f} ms" if v >= 0.1 else f"{v * 1e3:.1f} ms"
+
+
+def plot_timeline(ops: pd.DataFrame, title: str, measured: pd.DataFrame | None = None, measured_title: str = ""):
+    """One Gantt chart per planner, rows computation (forward, backward), sparsification (top-k on the
+    compute stream, drawn on its own row) and communication (all-gathers), on one shared time axis, each
+    with its iteration time marked and written. ``ops`` is :func:`repro.studies.omgs_sim.timeline_table`.
+
+    ``measured`` (optional, same columns; from :func:`repro.studies.omgs_sim.measured_timeline`) adds
+    one panel per planner below, on its own time axis, titled ``measured_title``."""
+    planners = [p for p in PLANNER_ORDER if p in set(ops["planner"])] + \
+               [p for p in dict.fromkeys(ops["planner"]) if p not in PLANNER_ORDER]
+    mplanners = []
+    if measured is not None and len(measured):
+        mplanners = [p for p in PLANNER_ORDER if p in set(measured["planner"])] + \
+                    [p for p in dict.fromkeys(measured["planner"]) if p not in PLANNER_ORDER]
+    rows = ["compute", "sparsify", "comm"]
+    n_sim, n_meas = len(planners), len(mplanners)
+    heights = [1.0] * n_sim + ([0.8] if n_meas else []) + [0.85] * n_meas
+    fig = plt.figure(figsize=(11.5, 1.45 * n_sim + (1.25 * n_meas + 1.45 if n_meas else 0) + 1.3))
+    gs = fig.add_gridspec(len(heights), 1, height_ratios=heights, hspace=0.3)
+    t_end = float(ops["iteration_s"].max())
+    sim_axes = []
+    for i, p in enumerate(planners):
+        ax = fig.add_subplot(gs[i], sharex=sim_axes[0] if sim_axes else None)
+        sim_axes.append(ax)
+        sub = ops[ops["planner"] == p]
+        gantt(ax, _drawable(sub, t_end), streams=rows, legend=False, kind_colors=_KIND_COLORS,
+              label_min_width_frac=0.0)
+        it = float(sub["iteration_s"].iloc[0])
+        ax.axvline(it * 1e3, color="black", lw=1.0, ls="--")
+        ax.text(it * 1e3, 0, f" {_ms(it)}", ha="left", va="center", fontsize="small", fontweight="bold")
+        nb = int(sub["buckets"].iloc[0]) if "buckets" in sub else 0
+        ax.set_title(f"{planner_label(p)}: {nb} bucket{'s' if nb != 1 else ''}, iteration {_ms(it)}",
+                     fontsize="small", loc="left")
+        ax.set_yticklabels(["computation", "top-k", "all-gather"], fontsize="small")
+        if i < n_sim - 1:
+            ax.tick_params(labelbottom=False)
+            ax.set_xlabel("")
+        else:
+            ax.set_xlabel("time since the iteration start (ms), simulated")
+    sim_axes[0].set_xlim(0, t_end * 1e3 * 1.08)
+    if n_meas:
+        head = fig.add_subplot(gs[n_sim])
+        head.axis("off")
+        head.set_title(textwrap.fill(measured_title or "measured", 105), loc="left", fontsize="medium",
+                       fontweight="bold", y=0.0, va="bottom")
+        m_axes = []
+        m_end = float(np.nanmax(measured["end_s"]))
+        for i, p in enumerate(mplanners):
+            ax = fig.add_subplot(gs[n_sim + 1 + i], sharex=m_axes[0] if m_axes else None)
+            m_axes.append(ax)
+            sub = measured[measured["planner"] == p]
+            mrows = [r for r in rows if r in set(sub["row"])]
+            gantt(ax, _drawable(sub, m_end), streams=mrows, legend=False, kind_colors=_KIND_COLORS,
+                  label_min_width_frac=0.0)
+            ax.set_yticklabels([{"compute": "step", "sparsify": "top-k", "comm": "all-gather"}[r] for r in mrows],
+                               fontsize="small")
+            it = float(sub["iteration_s"].iloc[0]) if "iteration_s" in sub else float("nan")
+            if np.isfinite(it):
+                ax.axvline(it * 1e3, color="black", lw=1.0, ls="--")
+            ax.set_title(f"{planner_label(p)}, measured: step {_ms(it)}", fontsize="small", loc="left")
+            if i < n_meas - 1:
+                ax.tick_params(labelbottom=False)
+                ax.set_xlabel("")
+            else:
+                ax.set_xlabel("time since the step start (ms), measured")
+        m_axes[0].set_xlim(0, max(m_end, float(measured["iteration_s"].max())) * 1e3 * 1.08)
+    seen = set(ops["kind"]) | (set(measured["kind"]) if n_meas else set())
+    kinds = [k for k in ("forward", "backward", "sparsify", "sparse_allgather", "update") if k in seen]
+    names = {"forward": "forward", "backward": "backward", "sparsify": "top-k selection (compute stream)",
+             "sparse_allgather": "all-gather of values / indices", "update": "update (measured)"}
+    handles = [Patch(facecolor=_KIND_COLORS.get(k) or _kind(k), label=names[k]) for k in kinds]
+    handles.append(Line2D([], [], color="black", ls="--", lw=1.0, label="iteration end"))
+    fig.suptitle(title, fontsize="medium")
+    legend_below(fig, handles, ncol=len(handles))
+    fig.subplots_adjust(top=1 - 0.75 / fig.get_figheight(), bottom=0.9 / fig.get_figheight(), left=0.09, right=0.98)
+    return fig
+
+
+def _drawable(ops: pd.DataFrame, span_s: float, min_label_frac: float = 0.045) -> pd.DataFrame:
+    """Ops ready for :func:`gantt`: ``row`` as the stream; back-to-back ops of one kind on the computation
+    row merged into one bar (a hundred 1 ms layers are otherwise only white edges); only top-k bars at
+    least ``min_label_frac`` of ``span_s`` wide keep their bucket label."""
+    out = []
+    for r in ops.sort_values("start_s").to_dict("records"):
+        r = {**r, "stream": r["row"]}
+        if r["row"] != "sparsify" or (r["end_s"] - r["start_s"]) < min_label_frac * span_s:
+            r["label"] = ""
+        if r["row"] == "compute":  # the last computation bar (other rows interleave in time order)
+            last = next((o for o in reversed(out) if o["stream"] == "compute"), None)
+            if (last is not None and last["kind"] == r["kind"]
+                    and abs(last["end_s"] - r["start_s"]) <= 1e-9 * max(1.0, span_s)):
+                last["end_s"] = r["end_s"]
+                continue
+        out.append(r)
+    return pd.DataFrame(out)
+
+
+def _kind(kind: str) -> str:
+    from repro.figures.style import kind_color
+
+    return kind_color(kind)

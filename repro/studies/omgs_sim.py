@@ -1,0 +1,339 @@
+"""The OMGS-SGD simulation study as tidy tables (the notebook only calls these and plots).
+
+Sparse iterations are simulated with :mod:`repro.sim.sparse` (top-k on the compute stream, the
+buckets' value and index all-gathers on one FCFS stream) under the ``1gbe-allgather`` preset: the
+paper's fitted all-gather lines for P in {2, 4, 8, 16} with its top-k cost ``gamma d log2 d``
+(gamma = 2.19e-10 s, P102-100). Planners (:mod:`repro.planners.sparse`): ``topk_layerwise`` (one top-k
+per layer), ``topk_single`` (TopK-SGD), ``omgs`` (the published merge rule) and ``omgs_optimal`` (the
+exact optimum over contiguous merges, this package's addition).
+
+Every function returns a :class:`pandas.DataFrame` (or plain data); nothing here draws.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+import warnings
+from typing import Iterable, Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+
+from repro.cost import CostModel, preset, preset_workers
+from repro.data import shipped_traces
+from repro.planners import make_plan
+from repro.sim import simulate
+from repro.sim.allreduce import bucket_label
+from repro.sim.sparse import bucket_numels, sparse_times_s
+from repro.trace import Trace, load_trace
+
+__all__ = ["SPARSE_PLANNERS", "OMGS_MODELS", "PAPER_CSV", "paper_iterations", "paper_density",
+           "find_trace", "load_traces", "trace_table", "sparse_sweep", "gap_summary", "worst_case",
+           "bucket_table", "explain_case", "timeline_table", "paper_setting_table"]
+
+SPARSE_PLANNERS: tuple[str, ...] = ("topk_layerwise", "topk_single", "omgs", "omgs_optimal")
+# The paper's models (omgs.md, "Experimental setup") -> batch size per worker of the shipped traces.
+OMGS_MODELS: dict[str, int] = {"vgg16_cifar": 32, "resnet50": 32, "inception_v4": 64, "lstm_ptb": 20}
+PAPER_CSV = "omgs_iteration_times"  # shipped published seconds per iteration (repro/shipped/paper_numbers)
+
+
+def paper_iterations() -> pd.DataFrame:
+    """The paper's measured seconds per iteration (16 workers, 1GbE), tidy: model, planner
+    (``topk_single`` for TopK-SGD, ``omgs`` for OMGS-SGD), workers, paper_s, citation."""
+    from repro.data import paper_numbers_path
+
+    raw = pd.read_csv(paper_numbers_path(PAPER_CSV))
+    rows = []
+    for r in raw.itertuples():
+        cite = f"{r.source}: measured, {r.workers} nodes, {r.network}, {r.paper_model} batch {r.batch_size}"
+        rows += [{"model": r.model, "planner": "topk_single", "workers": int(r.workers), "paper_s": float(r.topk_sgd_s),
+                  "citation": cite},
+                 {"model": r.model, "planner": "omgs", "workers": int(r.workers), "paper_s": float(r.omgs_sgd_s),
+                  "citation": cite}]
+    return pd.DataFrame(rows)
+
+
+def paper_density(model: str) -> float:
+    """The paper's density: 0.004 for the LSTM, 0.001 for the CNNs."""
+    return 0.004 if model.startswith("lstm") else 0.001
+
+
+def find_trace(model: str, gpus: Sequence[str] = ("p102", "v100")) -> str:
+    """Stem of the shipped estimate trace of ``model``: the first of ``gpus`` that has one (at the
+    paper's batch size when several are shipped). A fallback to a later GPU warns."""
+    have = shipped_traces()
+    for k, gpu in enumerate(gpus):
+        hits = sorted(s for s in have if re.match(rf"^{re.escape(model)}_b\d+_{re.escape(gpu)}-estimate$", s))
+        if len(hits) > 1 and model in OMGS_MODELS:
+            hits = [s for s in hits if s == f"{model}_b{OMGS_MODELS[model]}_{gpu}-estimate"] or hits[:1]
+        if hits:
+            if k:
+                warnings.warn(f"no {gpus[0]} estimate trace of {model}: using {hits[0]}", stacklevel=2)
+            return hits[0]
+    known = sorted({s.split("_b")[0] for s in have if s.endswith("-estimate")})
+    raise ValueError(f"no shipped estimate trace for model '{model}' on {', '.join(gpus)}; models with estimate "
+                     f"traces: {', '.join(known) or 'none'}")
+
+
+def load_traces(models: Sequence[str], gpu: str = "p102") -> dict[str, Trace]:
+    """Model name -> shipped estimate trace on ``gpu`` (falling back to the V100 estimate, with a warning)."""
+    gpus = [gpu] + [g for g in ("p102", "v100") if g != gpu]
+    return {m: load_trace(find_trace(m, gpus)) for m in models}
+
+
+def trace_table(traces: Mapping[str, Trace]) -> pd.DataFrame:
+    """One row per model: batch, device, layers, parameters, forward and backward seconds."""
+    return pd.DataFrame([{"model": m, "batch_size": t.batch_size, "device": t.device, "layers": t.num_layers,
+                          "params": int(t.total_params), "forward_s": t.total_forward_s,
+                          "backward_s": t.total_backward_s} for m, t in traces.items()])
+
+
+def _cost(network: str, workers: int) -> CostModel:
+    return preset(network, workers)
+
+
+def sparse_sweep(traces: Mapping[str, Trace], workers: Sequence[int], densities: Sequence[float],
+                 planners: Sequence[str] = SPARSE_PLANNERS, network: str = "1gbe-allgather",
+                 pack: bool = False) -> pd.DataFrame:
+    """Simulated iteration per model x P x density x planner (tidy).
+
+    Columns: model, device, batch_size, network, workers, density, planner, iteration_s, buckets,
+    sparsify_s (top-k seconds on the compute stream), optimal_s and gap_pct = 100 (iteration_s /
+    optimal_s - 1) when ``omgs_optimal`` is among ``planners`` (NaN otherwise), plan_wall_s (seconds
+    the planner took here). Worker counts the preset lacks are skipped.
+    """
+    have = preset_workers(network)
+    rows = []
+    for model, trace in traces.items():
+        for p in workers:
+            if have is not None and p not in have:
+                continue
+            cost = _cost(network, p)
+            for d in densities:
+                for name in planners:
+                    t0 = time.perf_counter()
+                    plan = make_plan(name, trace, cost, density=float(d), pack=pack)
+                    wall = time.perf_counter() - t0
+                    spar = float(np.sum(cost.topk_s(np.asarray(bucket_numels(trace, plan), dtype=float))))
+                    rows.append({"model": model, "device": trace.device, "batch_size": trace.batch_size,
+                                 "network": network, "workers": int(p), "density": float(d), "planner": name,
+                                 "iteration_s": float(plan.meta["iteration_s"]), "buckets": plan.num_buckets,
+                                 "sparsify_s": spar, "plan_wall_s": wall})
+    df = pd.DataFrame(rows)
+    if df.empty:
+        return df
+    keys = ["model", "workers", "density"]
+    if "omgs_optimal" in set(df["planner"]):
+        opt = df[df["planner"] == "omgs_optimal"].set_index(keys)["iteration_s"].rename("optimal_s")
+        df = df.join(opt, on=keys)
+        df["gap_pct"] = 100.0 * (df["iteration_s"] / df["optimal_s"] - 1.0)
+    else:
+        df["optimal_s"] = np.nan
+        df["gap_pct"] = np.nan
+    return df
+
+
+def gap_summary(sweep: pd.DataFrame, planner: str = "omgs", tol_pct: float = 1e-6) -> pd.DataFrame:
+    """Per model (and ``all``): how often and by how much ``planner`` is slower than the optimum, and
+    where it loses most (P, density, its buckets and the optimum's)."""
+    g = sweep[sweep["planner"] == planner]
+    opt = sweep[sweep["planner"] == "omgs_optimal"].set_index(["model", "workers", "density"])["buckets"]
+
+    def summarise(x: pd.DataFrame) -> pd.Series:
+        worst = x.loc[x["gap_pct"].idxmax()]
+        return pd.Series({
+            "planner": planner, "cases": len(x), "cases_optimal_better": int((x["gap_pct"] > tol_pct).sum()),
+            "median_gap_pct": float(x["gap_pct"].median()), "max_gap_pct": float(x["gap_pct"].max()),
+            "worst_model": worst["model"], "worst_workers": int(worst["workers"]),
+            "worst_density": float(worst["density"]), "worst_buckets": int(worst["buckets"]),
+            "worst_optimal_buckets": int(opt.loc[(worst["model"], worst["workers"], worst["density"])]),
+            "worst_iteration_s": float(worst["iteration_s"]), "worst_optimal_s": float(worst["optimal_s"])})
+
+    rows = [summarise(x).to_dict() | {"model": m} for m, x in g.groupby("model", sort=False)]
+    rows.append(summarise(g).to_dict() | {"model": "all"})
+    out = pd.DataFrame(rows)
+    return out[["model"] + [c for c in out.columns if c != "model"]]
+
+
+def worst_case(sweep: pd.DataFrame, planner: str = "omgs", model: str | None = None) -> dict:
+    """``{model, workers, density}`` where ``planner`` is furthest from the optimum (of ``model``)."""
+    g = sweep[sweep["planner"] == planner]
+    if model is not None:
+        g = g[g["model"] == model]
+    r = g.loc[g["gap_pct"].idxmax()]
+    return {"model": r["model"], "workers": int(r["workers"]), "density": float(r["density"])}
+
+
+def bucket_table(trace: Trace, cost: CostModel, planners: Sequence[str], density: float,
+                 pack: bool = False) -> pd.DataFrame:
+    """Per planner and bucket (communication order): its layers (1-based forward numbers), elements,
+    k, the backward seconds of its layers, its top-k (start, end) on the compute stream and its
+    all-gathers (start, end) on the comm stream, simulated; plus the planner's iteration_s."""
+    rows = []
+    bwd = trace.backward_s()
+    for name in planners:
+        plan = make_plan(name, trace, cost, density=density, pack=pack)
+        res = simulate(trace, plan, cost)
+        groups = plan.groups(trace)
+        spar, msgs = sparse_times_s(trace, plan, cost)
+        numel = bucket_numels(trace, plan)
+        for k, g in enumerate(groups):
+            lab = bucket_label(g)
+            sp = [o for o in res.ops if o.kind == "sparsify" and o.label == lab]
+            cm = [o for o in res.ops if o.stream == "comm" and (o.label == lab or o.label.startswith(lab + " "))]
+            rows.append({"planner": name, "bucket": k + 1, "layers": lab, "num_layers": len(g),
+                         "elements": int(numel[k]), "k": int(np.ceil(density * numel[k] - 1e-9)) if numel[k] else 0,
+                         "backward_s": float(bwd[list(g)].sum()), "sparsify_s": float(spar[k]),
+                         "comm_s": float(sum(msgs[k])),
+                         "sparsify_start_s": sp[0].start_s if sp else np.nan,
+                         "sparsify_end_s": sp[0].end_s if sp else np.nan,
+                         "comm_start_s": min(o.start_s for o in cm) if cm else np.nan,
+                         "comm_end_s": max(o.end_s for o in cm) if cm else np.nan,
+                         "iteration_s": res.iteration_s, "density": density, "workers": cost.workers})
+    return pd.DataFrame(rows)
+
+
+def explain_case(buckets: pd.DataFrame, trace: Trace, cost: CostModel, rule: str = "omgs",
+                 optimum: str = "omgs_optimal") -> str:
+    """A few sentences, from the numbers of :func:`bucket_table`, on why the rule loses to the optimum."""
+    r, o = buckets[buckets["planner"] == rule], buckets[buckets["planner"] == optimum]
+    t_r, t_o = float(r["iteration_s"].iloc[0]), float(o["iteration_s"].iloc[0])
+    save_s = 2 * float(cost.line("sparse_allgather").a_s)  # one merge saves one start-up per all-gather
+    bwd = trace.backward_s()
+    bwd_end = trace.total_forward_s + trace.overheads.pre_forward_s + float(bwd.sum())
+
+    def what(b: pd.DataFrame, name: str) -> str:
+        first = b["comm_start_s"].min()
+        return (f"{name} sends {len(b)} bucket(s) ({', '.join(b['layers'].head(6))}{', ...' if len(b) > 6 else ''}): "
+                f"top-k {b['sparsify_s'].sum() * 1e3:.1f} ms and all-gathers {b['comm_s'].sum() * 1e3:.1f} ms in "
+                f"total; its first all-gather starts {first * 1e3:.1f} ms into the iteration "
+                f"(forward and backward alone end at {bwd_end * 1e3:.1f} ms), iteration {b['iteration_s'].iloc[0] * 1e3:.1f} ms")
+
+    text = (f"P={cost.workers}, density {float(r['density'].iloc[0]):g}: the rule is {100 * (t_r / t_o - 1):.1f}% "
+             f"slower than the optimum. " + what(r, "The rule") + ". " + what(o, "The optimum") + ". ")
+    merges = int(r["num_layers"].sum() - len(r))
+    text += (f"Each merge test of the rule weighs one layer's backward plus the extra top-k (the largest layer "
+             f"backward is {bwd.max() * 1e3:.2f} ms) against the start-ups one merge saves (2a = {save_s * 1e3:.1f} ms "
+             f"for values and indices); {merges} of {trace.num_layers - 1} merges passed. ")
+    if len(r) < len(o):
+        text += ("Merged that far, the rule's all-gathers wait for the whole backward and one large top-k, so none of "
+                 "the communication overlaps computation, while the optimum pays "
+                 f"{len(o) - len(r)} more start-up pair(s) to start communicating under the backward and top-k.")
+    else:
+        text += ("The optimum merges differently at equal or larger bucket counts: the rule's local test does not see "
+                 "how a merge shifts the later buckets on the shared communication stream.")
+    return text
+
+
+def timeline_table(trace: Trace, cost: CostModel, planners: Sequence[str], density: float,
+                   pack: bool = False) -> pd.DataFrame:
+    """Simulated ops of one iteration per planner (columns: planner, stream, row, kind, label, start_s,
+    end_s, iteration_s, buckets, density, workers). ``row`` splits the compute stream into
+    ``compute`` (forward, backward) and ``sparsify`` (top-k) for drawing; ``stream`` is the simulator's."""
+    frames = []
+    for name in planners:
+        plan = make_plan(name, trace, cost, density=density, pack=pack)
+        res = simulate(trace, plan, cost)
+        df = pd.DataFrame([op.to_dict() for op in res.ops])
+        df.insert(0, "planner", name)
+        df.insert(2, "row", np.where(df["kind"] == "sparsify", "sparsify", df["stream"]))
+        df["iteration_s"] = res.iteration_s
+        df["buckets"] = plan.num_buckets
+        df["density"] = density
+        df["workers"] = cost.workers
+        frames.append(df)
+    return pd.concat(frames, ignore_index=True)
+
+
+def paper_setting_table(traces: Mapping[str, Trace], planners: Iterable[str] = ("topk_single", "omgs",
+                                                                                "omgs_optimal"),
+                        workers: int = 16, network: str = "1gbe-allgather") -> pd.DataFrame:
+    """The paper's setting (16 workers, 1GbE, the paper's density per model): simulated seconds per
+    iteration per planner beside the published ones (``paper_s``, NaN where none), tidy."""
+    rows = []
+    cost = _cost(network, workers)
+    for model, trace in traces.items():
+        d = paper_density(model)
+        for name in planners:
+            plan = make_plan(name, trace, cost, density=d)
+            rows.append({"model": model, "device": trace.device, "batch_size": trace.batch_size, "workers": workers,
+                         "density": d, "planner": name, "iteration_s": float(plan.meta["iteration_s"]),
+                         "buckets": plan.num_buckets})
+    df = pd.DataFrame(rows)
+    paper = paper_iterations()
+    df = df.merge(paper[paper["workers"] == workers].drop(columns="workers"), on=["model", "planner"], how="left")
+    df["citation"] = df["citation"].fillna("")
+    df["simulated_over_paper"] = df["iteration_s"] / df["paper_s"]
+    return df
+
+
+# ---------------------------------------------------------------------------------------------
+# The measured panel: run folders whose buckets.csv holds a recorded sparse timeline
+# ---------------------------------------------------------------------------------------------
+
+MEASURED_PLANNERS: tuple[str, ...] = ("topk_layerwise", "topk_single", "omgs")
+
+
+def sparse_runtime_available() -> bool:
+    """Whether this checkout has the sparse executor (``repro.runtime.sparse``)."""
+    import importlib.util
+
+    return importlib.util.find_spec("repro.runtime.sparse") is not None
+
+
+def measure_timelines(results_dir, *, model: str = "tiny_resnet", world_size: int = 2,
+                      planners: Sequence[str] = MEASURED_PLANNERS, density: float = 0.001, batch_size: int = 32,
+                      steps: int = 3, warmup_steps: int = 2, network: str | None = None,
+                      timeout_s: float = 600) -> pd.DataFrame:
+    """Train ``model`` for a few steps under each sparse planner in one local world of ``world_size``
+    ranks (CPU, gloo), recording the last step's per-bucket timeline; run folders go to
+    ``<results_dir>/runs`` (replaced). The planners use the cost preset ``network`` when given (no
+    calibration), else the all-gather line and top-k cost fitted on the live group. Returns
+    :func:`repro.studies.mgwfbp_train.load_runs` of them."""
+    from repro.studies.mgwfbp_train import run_grid
+
+    configs = [{"model": model, "scheduler": p, "batch_size": batch_size, "steps": steps,
+                "warmup_steps": warmup_steps, "compute_steps": 0, "density": float(density),
+                "record_timeline": True, "network": network} for p in planners]
+    return run_grid(configs, [world_size], results_dir, timeout_s=timeout_s, overwrite=True)
+
+
+def measured_timeline(runs_root) -> pd.DataFrame:
+    """Ops of the recorded last step of every sparse run folder under ``runs_root`` that has a
+    ``buckets.csv`` (columns as :func:`timeline_table`, plus model, world_size, cpu_count,
+    threads_per_rank, oversubscribed, run_id). Rows: ``compute`` (forward, the backward call, which
+    includes the top-k selections, and the update), ``sparsify`` (each bucket's compression) and
+    ``comm`` (each bucket's all-gathers, launch to completion). Seconds from the step start."""
+    from pathlib import Path
+
+    from repro.runs import BUCKETS_CSV, ITERATIONS_CSV, list_runs
+    from repro.studies.common import is_oversubscribed
+
+    frames = []
+    for run in list_runs(Path(runs_root)):
+        b, it = run.table(BUCKETS_CSV), run.table(ITERATIONS_CSV)
+        cfg, env = run.config, run.environment
+        if b is None or it is None or b.empty or "compress_start_s" not in b:
+            continue
+        last = it.sort_values("step").iloc[-1]
+        world = int(run.summary.get("world_size") or cfg.get("world_size") or 0)
+        t_fwd = float(last["forward_s"])  # from the step start to the backward call (pre-forward included)
+        t_bwd_end = t_fwd + float(last["backward_call_s"])
+        iteration = float(last["iteration_s"])
+        ops = [("compute", "compute", "forward", "", 0.0, t_fwd),
+               ("compute", "compute", "backward", "", t_fwd, t_bwd_end),
+               ("compute", "compute", "update", "", iteration - float(last.get("update_s", 0.0)), iteration)]
+        for r in b.sort_values("bucket").itertuples():
+            lab = f"b{int(r.bucket) + 1}"
+            ops.append(("compute", "sparsify", "sparsify", lab, float(r.compress_start_s), float(r.compress_end_s)))
+            ops.append(("comm", "comm", "sparse_allgather", lab, float(r.start_s), float(r.end_s)))
+        df = pd.DataFrame(ops, columns=["stream", "row", "kind", "label", "start_s", "end_s"])
+        df.insert(0, "planner", cfg.get("scheduler"))
+        df = df.assign(iteration_s=iteration, buckets=len(b), density=cfg.get("density"), workers=world,
+                       model=cfg.get("model"), world_size=world, cpu_count=env.get("cpu_count"),
+                       threads_per_rank=env.get("threads_per_rank"),
+                       oversubscribed=is_oversubscribed(world, env.get("cpu_count"), env.get("threads_per_rank") or 1),
+                       run_id=run.run_id)
+        frames.append(df)
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()

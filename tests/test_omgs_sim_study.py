@@ -1,0 +1,154 @@
+"""The OMGS-SGD simulation study: its tables (the optimal-gap grid, the worst case, the paper's setting,
+the timelines) and the figures drawn from them."""
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+import pytest  # noqa: E402
+
+from repro.cost import preset  # noqa: E402
+from repro.figures import omgs_plots  # noqa: E402
+from repro.planners import make_plan  # noqa: E402
+from repro.studies import omgs_sim as study  # noqa: E402
+from tests.helpers import random_trace  # noqa: E402
+
+PLANNERS = list(study.SPARSE_PLANNERS)
+
+
+@pytest.fixture(scope="module")
+def traces():
+    rng = np.random.default_rng(7)
+    return {"a": random_trace(rng, 14), "b": random_trace(rng, 6)}
+
+
+@pytest.fixture(scope="module")
+def sweep(traces):
+    return study.sparse_sweep(traces, [2, 16, 32], [0.001, 0.05], PLANNERS)
+
+
+def test_sweep_shape_and_gap_definition(traces, sweep):
+    # 1gbe-allgather has fits for P in {2, 4, 8, 16}: P=32 is skipped
+    assert set(sweep.workers) == {2, 16}
+    assert len(sweep) == 2 * 2 * 2 * len(PLANNERS)
+    assert not sweep.duplicated(["model", "workers", "density", "planner"]).any()
+    assert np.allclose(sweep.gap_pct, 100 * (sweep.iteration_s / sweep.optimal_s - 1))
+    assert (sweep.gap_pct >= -1e-9).all()  # the optimum is never slower than any planner
+    best = sweep.groupby(["model", "workers", "density"]).iteration_s.transform("min")
+    opt = sweep[sweep.planner == "omgs_optimal"]
+    assert np.allclose(opt.iteration_s, best[opt.index])
+    assert (sweep[sweep.planner == "topk_single"].buckets == 1).all()
+    assert (sweep[sweep.planner == "topk_layerwise"].buckets == [traces[m].num_layers for m in
+                                                                 sweep[sweep.planner == "topk_layerwise"].model]).all()
+
+
+def test_the_rules_row_is_make_plan_omgs(traces, sweep):
+    for r in sweep[sweep.planner == "omgs"].itertuples():
+        plan = make_plan("omgs", traces[r.model], preset("1gbe-allgather", r.workers), density=r.density)
+        assert r.iteration_s == pytest.approx(plan.meta["iteration_s"], rel=1e-12)
+        assert r.buckets == plan.num_buckets
+
+
+def test_gap_summary_and_worst_case(traces, sweep):
+    summary = study.gap_summary(sweep, "omgs")
+    assert list(summary.model) == ["a", "b", "all"]
+    rule = sweep[sweep.planner == "omgs"]
+    assert summary.iloc[-1].cases == len(rule)
+    assert summary.iloc[-1].max_gap_pct == pytest.approx(rule.gap_pct.max())
+    assert summary.iloc[0].median_gap_pct == pytest.approx(rule[rule.model == "a"].gap_pct.median())
+    case = study.worst_case(sweep, "omgs")
+    assert case["model"] == summary.iloc[-1].worst_model and case["workers"] == summary.iloc[-1].worst_workers
+    cost = preset("1gbe-allgather", case["workers"])
+    b = study.bucket_table(traces[case["model"]], cost, ["omgs", "omgs_optimal"], case["density"])
+    for name, g in b.groupby("planner"):
+        plan = make_plan(name, traces[case["model"]], cost, density=case["density"])
+        assert len(g) == plan.num_buckets
+        assert g.num_layers.sum() == traces[case["model"]].num_layers
+        assert g.comm_end_s.max() <= g.iteration_s.iloc[0] + 1e-12
+        assert (g.comm_start_s >= g.sparsify_end_s - 1e-12).all()  # an all-gather waits for its top-k
+    text = study.explain_case(b, traces[case["model"]], cost)
+    assert "slower than the optimum" in text and f"P={case['workers']}" in text
+
+
+def test_paper_setting_carries_the_published_times():
+    traces = study.load_traces(["lstm_ptb"])
+    t = study.paper_setting_table(traces, ["topk_single", "omgs", "omgs_optimal"])
+    assert set(t.planner) == {"topk_single", "omgs", "omgs_optimal"} and (t.workers == 16).all()
+    assert (t.density == 0.004).all()  # the paper's LSTM density
+    row = t.set_index("planner")
+    assert row.loc["topk_single", "paper_s"] == 1.019 and row.loc["omgs", "paper_s"] == 0.916
+    assert np.isnan(row.loc["omgs_optimal", "paper_s"]) and row.loc["omgs", "citation"].startswith("OMGS-SGD")
+    assert row.loc["omgs_optimal", "iteration_s"] <= row.loc["omgs", "iteration_s"] + 1e-12
+
+
+def test_find_trace_prefers_the_papers_gpu_and_falls_back_with_a_warning():
+    assert study.find_trace("resnet50") == "resnet50_b32_p102-estimate"
+    with pytest.warns(UserWarning, match="using googlenet_b64_v100-estimate"):
+        assert study.find_trace("googlenet") == "googlenet_b64_v100-estimate"
+    with pytest.raises(ValueError, match="no shipped estimate trace for model 'nope'"):
+        study.find_trace("nope")
+
+
+def test_timeline_table_rows(traces):
+    ops = study.timeline_table(traces["b"], preset("1gbe-allgather", 16), PLANNERS, 0.01)
+    assert list(dict.fromkeys(ops.planner)) == PLANNERS
+    lw = ops[ops.planner == "topk_layerwise"]
+    assert (lw.row == "sparsify").sum() == 6 and (lw.kind == "sparse_allgather").sum() == 12  # values + indices
+    assert set(ops[ops.row == "sparsify"].stream) == {"compute"}  # top-k runs on the compute stream
+    single = ops[ops.planner == "topk_single"]
+    assert (single.row == "sparsify").sum() == 1
+    for _, g in ops.groupby("planner"):
+        assert g.end_s.max() == pytest.approx(g.iteration_s.iloc[0])
+
+
+def _measured_ops():
+    rows = []
+    for p, it in (("topk_single", 0.05), ("omgs", 0.04)):
+        rows += [{"planner": p, "stream": "compute", "row": "compute", "kind": "forward", "label": "", "start_s": 0.0,
+                  "end_s": 0.01},
+                 {"planner": p, "stream": "compute", "row": "compute", "kind": "backward", "label": "",
+                  "start_s": 0.01, "end_s": 0.03},
+                 {"planner": p, "stream": "compute", "row": "sparsify", "kind": "sparsify", "label": "b1",
+                  "start_s": 0.02, "end_s": 0.025},
+                 {"planner": p, "stream": "comm", "row": "comm", "kind": "sparse_allgather", "label": "b1",
+                  "start_s": 0.025, "end_s": it}]
+    return pd.DataFrame(rows).assign(iteration_s=lambda d: d.end_s.where(d.row == "comm").groupby(d.planner)
+                                     .transform("max"), buckets=1)
+
+
+def test_plots_draw_from_the_tables(traces, sweep):
+    fig = omgs_plots.plot_optimal_gap(sweep, "omgs", {"a": 0.001, "b": 0.05})
+    heat = [ax for ax in fig.axes if ax.images]
+    assert len(heat) == 2  # one heatmap per model
+    texts = [t.get_text() for t in heat[0].texts]
+    assert len(texts) == 2 * 2 and all("%" in t and " vs " in t for t in texts)
+    lines = [ax for ax in fig.axes if ax.get_lines()]
+    assert len(lines) == 2 and all(len(ax.get_lines()) == len(PLANNERS) for ax in lines)
+    assert "optimum" in fig.axes[-1].get_ylabel()  # the colour bar says what the colour is
+    labels = " ".join(t.get_text() for t in fig.legends[0].get_texts())
+    assert "Optimum" in labels and "published rule" in labels
+
+    ops = study.timeline_table(traces["b"], preset("1gbe-allgather", 16), PLANNERS, 0.01)
+    fig = omgs_plots.plot_timeline(ops, "t")
+    axes = [ax for ax in fig.axes if ax.axison]
+    assert len(axes) == len(PLANNERS)
+    assert [t.get_text() for t in axes[0].get_yticklabels()] == ["computation", "top-k", "all-gather"]
+    assert len({ax.get_xlim() for ax in axes}) == 1  # one shared time axis
+    assert all("ms" in ax.get_title(loc="left") for ax in axes)  # iteration times written, with their unit
+
+    fig = omgs_plots.plot_timeline(ops, "t", _measured_ops(), "measured at tiny scale: 2 ranks on 2 CPU cores")
+    assert len([ax for ax in fig.axes if ax.axison]) == len(PLANNERS) + 2
+    assert any("tiny scale" in ax.get_title(loc="left") for ax in fig.axes)  # tag_title sees it: no "(tiny scale)" on the simulated title
+
+
+def test_drawable_merges_back_to_back_compute():
+    ops = pd.DataFrame([
+        {"row": "compute", "stream": "compute", "kind": "backward", "label": "l3", "start_s": 0.0, "end_s": 1.0},
+        {"row": "compute", "stream": "compute", "kind": "backward", "label": "l2", "start_s": 1.0, "end_s": 2.0},
+        {"row": "sparsify", "stream": "compute", "kind": "sparsify", "label": "l2-l3", "start_s": 2.0, "end_s": 3.0},
+        {"row": "compute", "stream": "compute", "kind": "backward", "label": "l1", "start_s": 3.0, "end_s": 4.0}])
+    d = omgs_plots._drawable(ops, 4.0)
+    assert len(d) == 3 and d.iloc[0].end_s == 2.0 and (d.stream == d.row).all()
+    assert list(d.label) == ["", "l2-l3", ""]
