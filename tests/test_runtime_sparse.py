@@ -169,3 +169,23 @@ def test_config_refuses_what_the_sparse_schedulers_cannot_do():
     TrainConfig(scheduler="omgs", network="10gbe-k80").check_world(3)  # per-hop presets have every line
     cfg, _ = config_from_argv(["--scheduler", "topk_layerwise", "--density", "0.004"])
     assert cfg.density == 0.004
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.float64])
+def test_communicator_unpacks_what_it_packed(dtype):
+    import torch.distributed as dist
+
+    from repro.runtime.sparse import AllGatherCommunicator
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        comm = AllGatherCommunicator()
+        values = torch.tensor([1.5, -2.25, 3.0], dtype=dtype)
+        indices = torch.tensor([7, 0, 2], dtype=torch.int32)
+        for packed in (False, True):
+            ex = comm.start(values, indices, packed)
+            assert len(ex.outputs) == (1 if packed else 2)
+            v, i = comm.finish(ex)
+            assert v.dtype == dtype and torch.equal(v, values) and torch.equal(i, indices)
+    finally:
+        dist.destroy_process_group()

@@ -235,8 +235,9 @@ class AllGatherCommunicator:
             return rows[:, 0].view(ex.value_dtype).reshape(-1), rows[:, 1].reshape(-1)
         rows = out.view(P, -1)  # raw bytes
         vb = rows.shape[1] - k * INDEX_BYTES
-        values = rows[:, :vb].contiguous().view(ex.value_dtype).reshape(-1)
-        return values, rows[:, vb:].contiguous().view(INDEX_DTYPE).reshape(-1)
+        # fresh copies start at offset 0: a byte slice cannot be reinterpreted at an unaligned offset
+        values = rows[:, :vb].clone(memory_format=torch.contiguous_format).view(ex.value_dtype).reshape(-1)
+        return values, rows[:, vb:].clone(memory_format=torch.contiguous_format).view(INDEX_DTYPE).reshape(-1)
 
 
 # ---------------------------------------------------------------------------------------------
