@@ -72,8 +72,9 @@ def test_each_planner_matches_the_written_reference(two_ranks):
 
 
 def test_three_ranks_match_the_reference():
-    cases = [dict(CASES[2], pack=True), dict(CASES[3], pack=False)]
+    cases = [dict(c, pack=not c["pack"], control=False) for c in CASES]  # the other message layout
     out = launch_local(sparse_executor_vs_reference, 3, args=("tiny_vgg", cases, 2, 4), timeout_s=300)
+    assert [r["buckets"] for r in out[0]][:2] == [14, 1]
     for case, *ranks in zip(cases, *out):
         assert all(r["diff"] < 1e-6 for r in ranks), case
         assert _max_diff(ranks[0]["params"], ranks[2]["params"]) == 0.0
