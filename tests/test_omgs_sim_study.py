@@ -140,7 +140,8 @@ def test_plots_draw_from_the_tables(traces, sweep):
 
     fig = omgs_plots.plot_timeline(ops, "t", _measured_ops(), "measured at tiny scale: 2 ranks on 2 CPU cores")
     assert len([ax for ax in fig.axes if ax.axison]) == len(PLANNERS) + 2
-    assert any("tiny scale" in ax.get_title(loc="left") for ax in fig.axes)  # tag_title sees it: no "(tiny scale)" on the simulated title
+    # an axes title says "tiny scale", so tag_title adds no "(tiny scale)" to the simulated suptitle
+    assert any("tiny scale" in ax.get_title(loc="left") for ax in fig.axes)
 
 
 def test_drawable_merges_back_to_back_compute():

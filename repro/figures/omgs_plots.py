@@ -20,7 +20,7 @@ from matplotlib.patches import Patch
 from matplotlib.ticker import FuncFormatter, NullFormatter
 
 from repro.figures.plots import gantt
-from repro.figures.style import PALETTE, add_note, legend_below, scheduler_style
+from repro.figures.style import PALETTE, legend_below, scheduler_style
 
 __all__ = ["PLANNER_ORDER", "planner_style", "planner_label", "plot_optimal_gap", "plot_timeline"]
 
@@ -131,12 +131,12 @@ def plot_optimal_gap(sweep: pd.DataFrame, rule: str = "omgs", paper_density: dic
     handles = [Line2D([], [], **{k: v for k, v in planner_style(p).items() if k != "zorder"})
                for p in PLANNER_ORDER if p in set(sweep["planner"])]
     fig.suptitle("The published OMGS rule vs the optimal sparse merge", fontsize="medium")
-    fig.text(0.5, 0.935, "top: rule ÷ optimum − 1 per workers and density (cell: gap; buckets of the rule vs the optimum); "
-             "bottom: each planner ÷ optimum at the paper's density", ha="center", va="top", fontsize="small",
-             style="italic", color="#333333")
+    fig.text(0.5, 0.935, "top: rule ÷ optimum − 1 per workers and density (cell: gap; buckets of the rule vs the "
+             "optimum); bottom: each planner ÷ optimum at the paper's density", ha="center", va="top",
+             fontsize="small", style="italic", color="#333333")
     legend_below(fig, handles, ncol=len(handles))
     if notes:
-        fig.text(0.5, 0.035, "Drawn on top of each other (equal times): " + "; ".join(notes), ha="center", va="top",
+        fig.text(0.5, 0.045, "Drawn on top of each other (equal times): " + "; ".join(notes), ha="center", va="top",
                  fontsize="x-small", style="italic", color="#333333", wrap=True)
     return fig
 

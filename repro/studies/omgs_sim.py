@@ -208,7 +208,8 @@ def explain_case(buckets: pd.DataFrame, trace: Trace, cost: CostModel, rule: str
         return (f"{name} sends {len(b)} bucket(s) ({', '.join(b['layers'].head(6))}{', ...' if len(b) > 6 else ''}): "
                 f"top-k {b['sparsify_s'].sum() * 1e3:.1f} ms and all-gathers {b['comm_s'].sum() * 1e3:.1f} ms in "
                 f"total; its first all-gather starts {first * 1e3:.1f} ms into the iteration "
-                f"(forward and backward alone end at {bwd_end * 1e3:.1f} ms), iteration {b['iteration_s'].iloc[0] * 1e3:.1f} ms")
+                f"(forward and backward alone end at {bwd_end * 1e3:.1f} ms), "
+                f"iteration {b['iteration_s'].iloc[0] * 1e3:.1f} ms")
 
     text = (f"P={cost.workers}, density {float(r['density'].iloc[0]):g}: the rule is {100 * (t_r / t_o - 1):.1f}% "
              f"slower than the optimum. " + what(r, "The rule") + ". " + what(o, "The optimum") + ". ")
