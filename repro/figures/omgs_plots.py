@@ -213,8 +213,8 @@ def plot_timeline(ops: pd.DataFrame, title: str, measured: pd.DataFrame | None =
     if n_meas:
         head = fig.add_subplot(gs[n_sim])
         head.axis("off")
-        head.set_title(textwrap.fill(measured_title or "measured", 105, break_on_hyphens=False), loc="left", fontsize="medium",
-                       fontweight="bold", y=0.0, va="bottom")
+        head.set_title(textwrap.fill(measured_title or "measured", 105, break_on_hyphens=False), loc="left",
+                       fontsize="medium", fontweight="bold", y=0.0, va="bottom")
         m_axes = []
         m_end = float(np.nanmax(measured["end_s"]))
         for i, p in enumerate(mplanners):
