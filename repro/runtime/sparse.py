@@ -388,7 +388,8 @@ class SparseExecutor(Executor):
             self.compressor.decompress(values, indices, dense)
             dense.div_(self.world_size)
             for slot in bucket.slots:
-                slot.param.grad = slot.view.view_as(slot.param)  # a view of the bucket (no copy)
+                avg = slot.view.view_as(slot.param)  # a view of the bucket (no copy) ...
+                slot.param.grad = avg if avg.dtype == slot.param.dtype else avg.to(slot.param.dtype)  # ... or cast
                 slot.written = False
             bucket.pending = len(bucket.slots)
             bucket.exchange = None
