@@ -1,0 +1,210 @@
+"""Figures of the OMGS-SGD training study (:mod:`repro.studies.omgs_train`): ``omgs.convergence`` and
+``omgs.breakdown``. Each function takes the study's tidy tables and returns a matplotlib Figure; saving
+is the caller's (:func:`repro.figures.save_figure`). Conventions of :mod:`repro.figures.style`: one style
+per scheduler, paper values as hollow diamonds on top, legends below the axes, notes where curves
+coincide, oversubscribed runs hatched.
+"""
+
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+from matplotlib.lines import Line2D
+from matplotlib.patches import Patch
+from matplotlib.transforms import blended_transform_factory
+
+from repro.figures.style import (
+    DARK_GREY,
+    OVERSUBSCRIBED_HATCH,
+    PALETTE,
+    add_note,
+    coinciding_lines,
+    kind_color,
+    legend_below,
+    oversubscribed_handle,
+    paper_marker_style,
+    scheduler_style,
+)
+
+__all__ = ["STYLE_KEYS", "LABELS", "PHASE_STYLES", "omgs_style", "plot_convergence", "plot_breakdown"]
+
+# Scheduler names of the runs -> the OMGS family's drawing styles (repro.figures.style).
+STYLE_KEYS = {"wfbp": "ssgd", "ssgd": "ssgd", "topk_single": "topk", "topk": "topk", "omgs": "omgs",
+              "topk_layerwise": "topk_layerwise", "omgs_optimal": "optimal"}
+LABELS = {"wfbp": "S-SGD (dense, WFBP)", "topk_single": "TopK-SGD", "omgs": "OMGS-SGD",
+          "topk_layerwise": "TopK-SGD, layer-wise", "omgs_optimal": "OMGS, exact optimum"}
+SHORT = {"wfbp": "S-SGD", "topk_single": "TopK", "omgs": "OMGS", "topk_layerwise": "TopK-LW",
+         "omgs_optimal": "OMGS-opt"}
+# Bars bottom to top: (column, colour, label).
+PHASE_STYLES = (("forward_s", kind_color("forward"), "forward"),
+                ("backward_s", kind_color("backward"), "backward"),
+                ("sparsify_s", kind_color("sparsify"), "sparsification (top-k)"),
+                ("comm_exposed_s", kind_color("comm"), "communication (not overlapped)"),
+                ("other_s", PALETTE[2], "other (optimizer update)"))
+_ORDER = ("wfbp", "topk_layerwise", "topk_single", "omgs", "omgs_optimal")
+
+
+def omgs_style(scheduler: str) -> dict:
+    """``ax.plot`` keywords of a run's scheduler in this study (dense WFBP drawn as S-SGD)."""
+    st = scheduler_style(STYLE_KEYS.get(scheduler, scheduler))
+    st["label"] = LABELS.get(scheduler, st["label"])
+    return st
+
+
+def _ordered(names) -> list[str]:
+    names = list(dict.fromkeys(names))
+    return [s for s in _ORDER if s in names] + [s for s in names if s not in _ORDER]
+
+
+# ---------------------------------------------------------------------------------------------
+# omgs.convergence
+# ---------------------------------------------------------------------------------------------
+
+def _metric_columns(sub: pd.DataFrame) -> list[tuple[str, str, str]]:
+    """(column, axis label, panel title) of the three panels of one model."""
+    lm = bool(sub["lm"].any()) if "lm" in sub else bool(sub["perplexity"].notna().any())
+    per = "per token" if lm else "per sample"
+    third = ("perplexity", "test perplexity", "test perplexity = exp(test loss)") if lm else \
+        ("test_accuracy", "test accuracy", "test accuracy")
+    return [("train_loss", f"cross-entropy {per}", "training loss (epoch mean)"),
+            ("test_loss", f"cross-entropy {per}", "test loss"), third]
+
+
+def plot_convergence(conv: pd.DataFrame, notes: dict[str, str] | None = None, title_note: str = ""):
+    """One row per model (dataset and density in the row heading): training loss, test loss, and test
+    accuracy (classifiers) or test perplexity (language models) per epoch, dense S-SGD vs TopK-SGD vs
+    OMGS-SGD.
+
+    ``conv`` is :func:`repro.studies.omgs_train.convergence_table`; ``notes`` adds text to a model's row
+    heading. The first scheduler is drawn with big hollow markers under the others' small filled ones, and
+    curves that coincide are named above their panel. Big hollow markers for the first schedulers and
+    small filled ones for the last keep coinciding curves visible."""
+    models = list(dict.fromkeys(conv["model"]))
+    fig = plt.figure(figsize=(11.5, 3.3 * len(models) + 1.2), layout="constrained")
+    rows = np.atleast_1d(fig.subfigures(len(models), 1, hspace=0.04))
+    first = None
+    for sf, m in zip(rows, models):
+        sub = conv[conv["model"] == m]
+        ds = ", ".join(str(d) for d in dict.fromkeys(sub["dataset"]))
+        dens = sub[sub["scheduler"] != "wfbp"]["density"].dropna()
+        dens_txt = f", density {dens.iloc[0]:g}" if len(dens) else ""
+        sf.suptitle(f"{m} on {ds}{dens_txt}" + (f"; {notes[m]}" if notes and m in notes else ""), x=0.01,
+                    ha="left", fontsize="medium")
+        axes = sf.subplots(1, 3)
+        first = first if first is not None else axes[0]
+        for ax, (col, ylabel, title) in zip(axes, _metric_columns(sub)):
+            names = _ordered(sub["scheduler"])
+            n = len(names)
+            for k, s in enumerate(names):
+                g = sub[sub["scheduler"] == s].sort_values("epoch")
+                st = omgs_style(s)
+                last = k == n - 1  # big hollow markers first, the last scheduler small and filled on top
+                ax.plot(g["epoch"], g[col], color=st["color"], marker=st["marker"], ls=st["linestyle"],
+                        ms=4.5 if last else 12 - 4 * k, markerfacecolor=st["color"] if last else "none",
+                        markeredgewidth=1.0 if last else 1.6, lw=1.4 if last else 2.6 - 0.6 * k, zorder=2 + k,
+                        label=st["label"])
+            ax.set_xlabel("epoch")
+            ax.set_xticks(sorted(set(int(e) for e in sub["epoch"])))
+            ax.set_ylabel(ylabel, fontsize="small")
+            ax.set_title(title, fontsize="small")
+            same = coinciding_lines(ax, rtol=1e-6)
+            if same:
+                names_same = list(dict.fromkeys(x for pair in same for x in pair))
+                short = {omgs_style(s)["label"]: SHORT.get(s, s) for s in sub["scheduler"].unique()}
+                add_note(ax, " = ".join(short.get(x, x) for x in names_same) + " (curves coincide)")
+    fig.suptitle("Convergence: dense S-SGD vs TopK-SGD vs OMGS-SGD" + (f"\n({title_note})" if title_note else ""))
+    legend_below(fig, axes=[first], ncol=3)
+    return fig
+
+
+# ---------------------------------------------------------------------------------------------
+# omgs.breakdown
+# ---------------------------------------------------------------------------------------------
+
+def _bars(ax, rows: pd.DataFrame, unit: float, unit_name: str, paper: pd.DataFrame | None = None):
+    """Stacked bars of ``rows`` grouped by model; returns whether any bar is hatched (oversubscribed)."""
+    models = list(dict.fromkeys(rows["model"]))
+    x, ticks, labels, centres = 0.0, [], [], []
+    any_over = False
+    top = 0.0
+    for m in models:
+        sub = rows[rows["model"] == m]
+        start = x
+        for s in _ordered(sub["scheduler"]):
+            for source in ("measured", "simulated"):
+                for _, r in sub[(sub["scheduler"] == s) & (sub["source"] == source)].iterrows():
+                    over = bool(r.get("oversubscribed", False))
+                    any_over |= over
+                    sim = source == "simulated"
+                    bottom = 0.0
+                    for col, color, _label in PHASE_STYLES:
+                        v = float(r.get(col, 0.0) or 0.0)
+                        if v != v or v <= 0:
+                            continue
+                        ax.bar(x, v * unit, 0.8, bottom=bottom, color=color, alpha=0.5 if sim else 1.0,
+                               edgecolor=DARK_GREY if sim else "white", linewidth=0.8 if sim else 0.5,
+                               linestyle="--" if sim else "-", hatch=OVERSUBSCRIBED_HATCH if over else None)
+                        bottom += v * unit
+                    total = float(r["iteration_s"]) * unit
+                    top = max(top, total)
+                    ax.text(x, total, f"{total:.3g} {unit_name}", ha="center", va="bottom", fontsize=6.5,
+                            color="#222222")
+                    if paper is not None and len(paper):
+                        p = paper[(paper["model"] == m) & (paper["scheduler"] == s)]
+                        for v in p["iteration_s"]:
+                            ax.scatter([x], [float(v) * unit], **paper_marker_style(STYLE_KEYS.get(s, s), size=90))
+                            top = max(top, float(v) * unit)
+                    ticks.append(x)
+                    labels.append(f"{SHORT.get(s, s)}\n{'sim.' if sim else 'meas.'}")
+                    x += 1.0
+        centres.append(((start + x - 1.0) / 2, m))
+        x += 0.6
+    ax.set_xticks(ticks)
+    ax.set_xticklabels(labels, fontsize=7.5)
+    ax.grid(axis="x", visible=False)
+    ax.set_ylim(0, top * 1.12 if top > 0 else 1)
+    ax.set_ylabel(f"time per iteration ({unit_name})")
+    trans = blended_transform_factory(ax.transData, ax.transAxes)
+    for cx, m in centres:
+        ax.text(cx, -0.2, m, transform=trans, ha="center", va="top", fontsize="small", fontweight="bold")
+    ax.set_xlim(-0.7, x - 0.9)
+    return any_over
+
+
+def plot_breakdown(table: pd.DataFrame, tiny_note: str = "", paper_note: str = ""):
+    """Left: measured at tiny scale (solid bars) beside each run simulated from its own trace, plan and
+    cost model (lighter, dashed edges), ms. Right: simulated at paper scale (lighter, dashed edges), s,
+    with the paper's measured seconds per iteration as hollow diamonds. Bars stack forward, backward,
+    sparsification, non-overlapped communication and the optimizer update; the number on a bar is its
+    total. Oversubscribed runs (more ranks than CPU cores) are hatched.
+
+    ``table`` is :func:`repro.studies.omgs_train.breakdown_table` (column ``panel``: tiny / paper)."""
+    tiny = table[(table["panel"] == "tiny")] if "panel" in table else table.iloc[0:0]
+    paper_sim = table[(table["panel"] == "paper") & (table["source"] == "simulated")] if "panel" in table else table
+    paper_vals = table[(table["panel"] == "paper") & (table["source"] == "paper")] if "panel" in table else None
+    panels = [(tiny, 1e3, "ms", "measured, tiny scale" + (f"\n{tiny_note}" if tiny_note else ""), None),
+              (paper_sim, 1.0, "s", "simulated, paper scale" + (f"\n{paper_note}" if paper_note else ""), paper_vals)]
+    panels = [p for p in panels if len(p[0])]
+    widths = [max(len(p[0]), 2) for p in panels]
+    fig, axes = plt.subplots(1, len(panels), figsize=(max(7.0, 0.62 * sum(widths) + 2.4), 5.0), squeeze=False,
+                             gridspec_kw={"width_ratios": widths})
+    any_over = False
+    for ax, (rows, unit, unit_name, title, paper) in zip(axes.flat, panels):
+        any_over |= _bars(ax, rows, unit, unit_name, paper)
+        ax.set_title(title, fontsize="small")
+    handles = [Patch(facecolor=color, label=label) for _col, color, label in PHASE_STYLES]
+    grey = "#777777"
+    handles += [Patch(facecolor=grey, edgecolor="white", label="measured (solid colours)"),
+                Patch(facecolor=grey, alpha=0.5, edgecolor=DARK_GREY, linestyle="--",
+                      label="simulated (light colours, dashed edge)")]
+    if paper_vals is not None and len(paper_vals):
+        handles.append(Line2D([], [], ls="", marker="D", markersize=8, markerfacecolor="none",
+                              markeredgecolor=DARK_GREY, markeredgewidth=1.6,
+                              label="paper, measured iteration time (hollow diamond, scheduler's colour)"))
+    if any_over:
+        handles.append(oversubscribed_handle("bar"))
+    fig.suptitle("Iteration breakdown: TopK-SGD vs OMGS-SGD (number on a bar: its total per iteration)")
+    fig.tight_layout()
+    legend_below(fig, handles, ncol=3, bbox_to_anchor=(0.5, -0.02))
+    return fig

@@ -1,0 +1,500 @@
+"""The OMGS-SGD training experiments: real sparse training runs read back as tidy tables, and the
+paper-scale breakdown simulated beside the paper's numbers.
+
+Runs are launched with :func:`repro.studies.mgwfbp_train.run_grid` (one local world per world size,
+optionally on an emulated bandwidth-limited network, :mod:`repro.cluster.netns`) and written as run
+folders under ``<results_dir>/runs``; a cluster job writes the same folders with
+``torchrun -m repro.train --scheduler omgs --density ... --results-dir ...`` and everything below only
+reads them.
+
+- :func:`convergence_configs` / :func:`convergence_table`: loss, accuracy (classifiers) or perplexity
+  (language models) per epoch, dense S-SGD (``wfbp``) vs TopK-SGD (``topk_single``) vs OMGS-SGD (``omgs``);
+- :func:`breakdown_configs` / :func:`measured_breakdown_table`: forward / backward / sparsification /
+  communication per iteration of timing runs (``record_timeline=True``), measured, with the same run
+  simulated from its own trace, plan and cost model;
+- :func:`paper_breakdown_table`: the same bars simulated at paper scale (16 workers, the 1GbE all-gather
+  preset, P102-100 traces where shipped) and :func:`paper_iteration_table`: the paper's seconds per
+  iteration (shipped CSV), labelled with their source.
+
+How each measured bar is derived is written into the table (column ``derivation``).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import pandas as pd
+
+from repro.runs import BUCKETS_CSV, EPOCHS_CSV, ITERATIONS_CSV, list_runs, load_run
+from repro.studies import mgwfbp_train
+from repro.studies.common import with_oversubscription
+from repro.studies.mgwfbp_train import clear_runs, run_grid
+
+__all__ = ["SPARSE_SCHEDULERS", "CONVERGENCE_SCHEDULERS", "PHASES", "PAPER_MODELS", "clear_runs", "run_grid",
+           "runs_folder", "load_runs", "load_epochs", "language_dataset", "run_id", "convergence_configs", "breakdown_configs",
+           "convergence_table", "final_epoch_table", "measured_breakdown_table", "paper_trace_stem",
+           "paper_breakdown_table", "paper_iteration_table", "breakdown_table"]
+
+SPARSE_SCHEDULERS: tuple[str, ...] = ("topk_single", "omgs")
+CONVERGENCE_SCHEDULERS: tuple[str, ...] = ("wfbp", "topk_single", "omgs")
+# Bars of the breakdown, bottom to top (seconds per iteration).
+PHASES: tuple[str, ...] = ("forward_s", "backward_s", "sparsify_s", "comm_exposed_s", "other_s")
+# The paper's models (omgs.md, "Experimental setup"): (model, batch per worker, density).
+PAPER_MODELS: tuple[tuple[str, int, float], ...] = (("vgg16_cifar", 32, 0.001), ("resnet50", 32, 0.001),
+                                                    ("inception_v4", 64, 0.001), ("lstm_ptb", 20, 0.004))
+_PAPER_CSV = "omgs_iteration_times"
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading run folders (this study's own, or a cluster job's)
+# ---------------------------------------------------------------------------------------------
+
+def runs_folder(path: str | Path) -> Path:
+    """The folder holding the run folders: ``<path>/runs`` (a study folder, as :func:`run_grid` writes)
+    if it exists, else ``path`` itself (e.g. a cluster job's ``--results-dir``)."""
+    p = Path(path)
+    return p / "runs" if (p / "runs").is_dir() else p
+
+
+def load_runs(path: str | Path) -> pd.DataFrame:
+    """One row per run under :func:`runs_folder` of ``path``, as :func:`repro.studies.mgwfbp_train.load_runs`
+    (summary, config fields, ``cpu_count``, ``threads_per_rank``, ``oversubscribed``)."""
+    folder = runs_folder(path)
+    if folder.name == "runs":
+        return mgwfbp_train.load_runs(folder.parent)
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:  # mgwfbp_train reads <dir>/runs: point a link at the folder
+        (Path(tmp) / "runs").symlink_to(folder.resolve(), target_is_directory=True)
+        df = mgwfbp_train.load_runs(tmp)
+    if len(df):
+        df["path"] = [str(folder / Path(p).name) for p in df["path"]]
+    return df
+
+
+def load_epochs(path: str | Path) -> pd.DataFrame:
+    """Every run's ``epochs.csv`` with its model, scheduler and world size."""
+    frames = [t for r in list_runs(runs_folder(path)) if (t := r.table(EPOCHS_CSV)) is not None]
+    if not frames:
+        return pd.DataFrame()
+    runs = load_runs(path)[["run_id", "model", "scheduler", "world_size"]]
+    return pd.concat(frames, ignore_index=True).merge(runs, on="run_id")
+
+
+# ---------------------------------------------------------------------------------------------
+# Configurations
+# ---------------------------------------------------------------------------------------------
+
+def language_dataset(ptb_dir: str | Path | None = None) -> tuple[str, str]:
+    """``(dataset, description)`` for the language-model runs: ``"ptb"`` when Penn Treebank is there
+    (``ptb_dir``, else ``<data>/ptb``, :func:`repro.data.data_dir`), else ``"pydoc"`` (CPython's
+    ``pydoc_data.topics``, English text shipped with Python).
+
+    A ``ptb_dir`` not named ``ptb`` is linked as ``<tmp>/ptb`` and ``REPRO_DATA_DIR`` pointed there
+    (the training ranks inherit the environment), as :func:`repro.workload.datasets.ptb` reads
+    ``<REPRO_DATA_DIR>/ptb``."""
+    from repro.data import data_dir
+
+    if ptb_dir:
+        d = Path(ptb_dir).expanduser().resolve()
+        if not (d / "ptb.train.txt").is_file():
+            raise FileNotFoundError(f"ptb_dir {d} has no ptb.train.txt (Penn Treebank, word level: ptb.train.txt, "
+                                    "ptb.valid.txt, ptb.test.txt)")
+        if d.name != "ptb":
+            import tempfile
+
+            root = Path(tempfile.mkdtemp(prefix="repro-ptb-"))
+            (root / "ptb").symlink_to(d, target_is_directory=True)
+            d = root / "ptb"
+        os.environ["REPRO_DATA_DIR"] = str(d.parent)
+        return "ptb", f"Penn Treebank ({d})"
+    if (data_dir() / "ptb" / "ptb.train.txt").is_file():
+        return "ptb", f"Penn Treebank ({data_dir() / 'ptb'})"
+    return "pydoc", "pydoc text (CPython's pydoc_data.topics; Penn Treebank not found)"
+
+
+def _fmt_density(density: float) -> str:
+    return f"{density:g}".replace("-", "m")
+
+
+def run_id(c: dict[str, Any], world_size: int, bandwidth: str | None = None) -> str:
+    """Deterministic run id of a config: model, scheduler, P, density (sparse), link, dataset and epochs."""
+    parts = [c["model"], c["scheduler"], f"p{world_size}"]
+    if c["scheduler"] not in ("wfbp", "local") and c.get("density") is not None:
+        parts.append(f"d{_fmt_density(float(c['density']))}")
+    if bandwidth and world_size > 1:
+        from repro.cluster.netns import format_bandwidth, parse_bandwidth
+
+        parts.append("bw" + format_bandwidth(parse_bandwidth(bandwidth)))
+    if c.get("epochs"):
+        parts.append(f"{c.get('dataset')}-e{c['epochs']}")
+    return "_".join(str(x) for x in parts)
+
+
+def _with_density(c: dict[str, Any], density: float) -> dict[str, Any]:
+    from repro.schedulers import get_scheduler
+
+    if get_scheduler(c["scheduler"]).family == "sparse":
+        return {**c, "density": float(density)}
+    return c
+
+
+def convergence_configs(models: dict[str, tuple[str, float]], world_size: int, *, epochs: int, batch_size: int,
+                        seed: int = 0, warmup_steps: int = 2, lr: float | None = None,
+                        lm_lr: float | None = None, schedulers: Sequence[str] = CONVERGENCE_SCHEDULERS,
+                        extra: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """TrainConfig dicts of the convergence runs: every model (``{model: (dataset, density)}``) with every
+    scheduler, same seed (same initial weights and data order), no computation-only steps. ``lr`` and
+    ``lm_lr`` set the learning rate of classifiers and language models (TrainConfig's default if None)."""
+    from repro.workload.models import get_spec
+
+    out = []
+    for model, (dataset, density) in models.items():
+        lm = get_spec(model).family == "lm"
+        rate = lm_lr if lm else lr
+        for s in schedulers:
+            c = {"model": model, "scheduler": s, "dataset": dataset, "epochs": int(epochs), "batch_size": batch_size,
+                 "seed": int(seed), "warmup_steps": warmup_steps, "compute_steps": 0, **(extra or {})}
+            if rate is not None:
+                c["lr"] = float(rate)
+            c = _with_density(c, density)
+            c["run_id"] = run_id(c, world_size)
+            out.append(c)
+    return out
+
+
+def breakdown_configs(models: dict[str, float], world_size: int, *, batch_size: int, steps: int,
+                      warmup_steps: int = 2, compute_steps: int = 0, bandwidth: str | None = None,
+                      schedulers: Sequence[str] = SPARSE_SCHEDULERS, seed: int = 0) -> list[dict[str, Any]]:
+    """TrainConfig dicts of the timing runs (synthetic data, ``record_timeline=True``): every model
+    (``{model: density}``) with every sparse scheduler; ``compute_steps`` (none by default: the bars come
+    from the run's own steps) time the model without communication or sparsification (``compute_only_s``)."""
+    out = []
+    for model, density in models.items():
+        for s in schedulers:
+            c = _with_density({"model": model, "scheduler": s, "batch_size": batch_size, "steps": steps,
+                               "warmup_steps": warmup_steps, "compute_steps": compute_steps, "seed": seed,
+                               "record_timeline": True}, density)
+            c["run_id"] = run_id(c, world_size, bandwidth)
+            out.append(c)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Convergence
+# ---------------------------------------------------------------------------------------------
+
+def convergence_table(results_dir: str | Path) -> pd.DataFrame:
+    """One row per (convergence run, epoch): model, dataset, scheduler, density, world_size, epoch,
+    train_loss, test_loss (cross-entropy per sample, per token for language models), test_accuracy
+    (classifiers; next-token accuracy for language models when recorded), perplexity (language models:
+    exp(test_loss) unless the run recorded it), buckets and min_elements_sent_per_bucket (sparse runs: the
+    plan's bucket count and the fewest top-k elements a bucket sends), oversubscribed."""
+    epochs = load_epochs(results_dir)
+    if epochs.empty:
+        return epochs
+    runs = load_runs(results_dir)
+    runs = runs[runs["epochs"].notna()] if "epochs" in runs else runs
+    meta = []
+    from repro.workload.models import get_spec
+
+    for _, r in runs.iterrows():
+        run = load_run(r.path)
+        cfg = run.config
+        sparse = cfg.get("scheduler") in SPARSE_SCHEDULERS or str(cfg.get("scheduler", "")).startswith(("topk", "omgs"))
+        numels = _bucket_numels(run) if sparse else None
+        sent = None
+        if numels and cfg.get("density"):
+            from repro.sim.sparse import topk_count
+
+            sent = int(min(topk_count(n, float(cfg["density"])) for n in numels))
+        meta.append({"run_id": r.run_id, "dataset": cfg.get("dataset"),
+                     "density": cfg.get("density") if sparse else None,
+                     "buckets": len(numels) if numels else r.get("buckets"), "min_elements_sent_per_bucket": sent,
+                     "seed": cfg.get("seed"), "lr": cfg.get("lr"), "batch_size": cfg.get("batch_size"),
+                     "lm": get_spec(r.model).family == "lm",
+                     "oversubscribed": bool(r.get("oversubscribed", False))})
+    meta = pd.DataFrame(meta)
+    df = epochs.merge(meta, on="run_id")
+    if "perplexity" not in df:
+        df["perplexity"] = np.nan
+    if "test_perplexity" in df:  # the runtime's own name, if it records one
+        df["perplexity"] = df["perplexity"].fillna(df["test_perplexity"])
+    fill = df["lm"] & df["perplexity"].isna() & df["test_loss"].notna()
+    df.loc[fill, "perplexity"] = np.exp(df.loc[fill, "test_loss"].astype(float))
+    df.loc[~df["lm"], "perplexity"] = np.nan
+    if "test_accuracy" not in df:
+        df["test_accuracy"] = np.nan
+    cols = ["model", "dataset", "scheduler", "density", "world_size", "epoch", "train_loss", "test_loss",
+            "test_accuracy", "perplexity", "lm", "buckets", "min_elements_sent_per_bucket", "seed", "lr", "batch_size",
+            "oversubscribed", "run_id"]
+    order = {s: i for i, s in enumerate(CONVERGENCE_SCHEDULERS)}
+    df = df.assign(_o=df["scheduler"].map(order).fillna(len(order)))
+    return df.sort_values(["model", "_o", "epoch"])[cols].reset_index(drop=True)
+
+
+def final_epoch_table(conv: pd.DataFrame) -> pd.DataFrame:
+    """The last epoch of each (model, scheduler), with each sparse scheduler's gap to dense S-SGD
+    (``wfbp``): ``test_loss_vs_dense`` (difference) and ``test_accuracy_vs_dense`` (difference)."""
+    if conv.empty:
+        return conv
+    last = conv.sort_values("epoch").groupby(["model", "scheduler"], sort=False).tail(1).copy()
+    dense = last[last["scheduler"] == "wfbp"].set_index("model")
+    last["test_loss_vs_dense"] = last["test_loss"] - last["model"].map(dense["test_loss"])
+    last["test_accuracy_vs_dense"] = last["test_accuracy"] - last["model"].map(dense["test_accuracy"])
+    order = {s: i for i, s in enumerate(CONVERGENCE_SCHEDULERS)}
+    last = last.assign(_o=last["scheduler"].map(order).fillna(len(order)))
+    return last.sort_values(["model", "_o"]).drop(columns="_o").reset_index(drop=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# Breakdown: measured (tiny, real runs)
+# ---------------------------------------------------------------------------------------------
+
+def _median(df: pd.DataFrame | None, col: str) -> float:
+    if df is None or col not in df or df[col].dropna().empty:
+        return float("nan")
+    return float(df[col].median())
+
+
+def _timeline_sparsify_s(buckets: pd.DataFrame | None) -> float | None:
+    """Seconds of top-k selection (with error feedback) in the recorded timeline of the last step: the sum
+    over buckets of ``compress_end_s - compress_start_s`` (:class:`repro.runtime.sparse.SparseBucketTiming`),
+    None if the timeline has no such columns or values."""
+    if buckets is None or buckets.empty:
+        return None
+    for start, end in (("compress_start_s", "compress_end_s"), ("sparsify_start_s", "sparsify_end_s")):
+        if {start, end} <= set(buckets.columns):
+            d = (pd.to_numeric(buckets[end], errors="coerce") - pd.to_numeric(buckets[start], errors="coerce")).dropna()
+            if len(d):
+                return float(d.clip(lower=0).sum())
+    return None
+
+
+def _bucket_numels(run) -> list[int] | None:
+    trace, plan = run.trace, run.plan
+    if trace is None or plan is None:
+        return None
+    from repro.sim.sparse import bucket_numels
+
+    return bucket_numels(trace, plan)
+
+
+MEASURED_DERIVATION = (
+    "rank 0's medians over the timed steps (iterations.csv) unless said otherwise. forward: forward_s "
+    "(buffer broadcast + forward); sparsification: {spar}; backward: backward_call_s - sparsification (top-k "
+    "runs in the gradient hooks, inside the backward call); communication: step_s - update_s (waiting after "
+    "backward for the all-gathers, and averaging the sparse contributions: communication not overlapped); "
+    "other: update_s (optimizer step)")
+
+
+def _measured_row(r: pd.Series) -> dict[str, Any] | None:
+    """Phase seconds of one timing run (see :func:`measured_breakdown_table`)."""
+    run = load_run(r.path)
+    it = run.table(ITERATIONS_CSV)
+    if it is None or it.empty:
+        return None
+    forward = _median(it, "forward_s")
+    backward_call = _median(it, "backward_call_s")
+    update = _median(it, "update_s")
+    update = 0.0 if math.isnan(update) else update
+    comm = float((it["step_s"] - it["update_s"].fillna(0.0)).median()) if "step_s" in it else float("nan")
+    spar = _timeline_sparsify_s(run.table(BUCKETS_CSV))
+    how = "the recorded timeline of the last step (record_timeline: sum of each bucket's compression time)"
+    if spar is None:
+        cost, numels = run.cost, _bucket_numels(run)
+        if cost is not None and cost.topk_gamma_s is not None and numels:
+            spar = float(np.sum(np.atleast_1d(cost.topk_s(np.asarray(numels, dtype=float)))))
+            how = "the top-k cost fitted on this machine during the run (gamma d log2 d) at the plan's bucket sizes"
+        else:
+            spar, how = 0.0, "not recorded (counted in backward)"
+    spar = min(spar, backward_call) if not math.isnan(backward_call) else spar
+    backward = backward_call - spar
+    compute = r.get("compute_s")
+    compute = float(compute) if compute is not None and compute == compute else float("nan")
+    return {"forward_s": forward, "backward_s": backward, "sparsify_s": spar, "comm_exposed_s": max(0.0, comm),
+            "other_s": update, "iteration_s": forward + backward_call + max(0.0, comm) + update,
+            "summary_iteration_s": float(r.iteration_s), "backward_call_s": backward_call,
+            "compute_only_s": compute, "buckets": r.get("buckets"), "derivation": MEASURED_DERIVATION.format(spar=how)}
+
+
+def _simulated_row(run) -> dict[str, Any] | None:
+    if not run.can_simulate:
+        return None
+    from repro.sim import simulate
+
+    trace, plan, cost = run.trace, run.plan, run.cost
+    try:
+        sim = simulate(trace, plan, cost, with_ops=False)
+    except Exception:  # noqa: BLE001 - a cost model without the sparse line or top-k fit: no simulated bar
+        return None
+    return _sim_phases(trace, sim)
+
+
+def _sim_phases(trace, sim) -> dict[str, Any]:
+    o = trace.overheads
+    forward = float(trace.total_forward_s) + o.pre_forward_s
+    backward = float(trace.total_backward_s)
+    other = o.after_backward_s
+    return {"forward_s": forward, "backward_s": backward, "sparsify_s": float(sim.sparsify_s),
+            "comm_exposed_s": max(0.0, float(sim.iteration_s) - forward - backward - float(sim.sparsify_s) - other),
+            "other_s": other, "iteration_s": float(sim.iteration_s), "comm_total_s": float(sim.comm_s)}
+
+
+def measured_breakdown_table(runs: pd.DataFrame, schedulers: Sequence[str] = SPARSE_SCHEDULERS) -> pd.DataFrame:
+    """Per timing run (synthetic data) of ``schedulers``: seconds per iteration split into ``forward_s``,
+    ``backward_s``, ``sparsify_s``, ``comm_exposed_s`` and ``other_s`` (they add up to ``iteration_s``),
+    one row ``source="measured"`` and one ``source="simulated"`` (the run's own trace, plan and cost model
+    fed to :func:`repro.sim.simulate`).
+
+    Measured bars (rank 0's medians over the timed steps, iterations.csv): forward = ``forward_s``;
+    sparsification = the compression times of the recorded timeline of the last step (``record_timeline``
+    runs; else the top-k cost fitted during the run at the plan's bucket sizes); backward = ``backward_call_s``
+    minus sparsification (top-k runs in the gradient hooks, inside the backward call); communication =
+    ``step_s - update_s`` (waiting for the all-gathers after backward: the part not overlapped); other =
+    ``update_s``. ``iteration_s`` is their sum (``summary_iteration_s``: the run's slowest-rank median).
+    ``derivation`` says which applied; ``oversubscribed`` marks runs with more ranks than CPU cores.
+    """
+    if runs.empty:
+        return pd.DataFrame()
+    if "oversubscribed" not in runs:
+        runs = with_oversubscription(runs)
+    timing = runs[runs["dataset"].fillna("synthetic") == "synthetic"] if "dataset" in runs else runs
+    rows = []
+    for _, r in timing[timing["scheduler"].isin(schedulers)].iterrows():
+        run = load_run(r.path)
+        base = {"model": r.model, "scheduler": r.scheduler, "workers": int(r.world_size),
+                "density": run.config.get("density"),
+                "network": _network_label(r.get("emulated_bandwidth_bps")), "scale": "tiny",
+                "oversubscribed": bool(r.get("oversubscribed", False)), "run_id": r.run_id,
+                "trace": "measured in the run's warm-up"}
+        m = _measured_row(r)
+        if m is not None:
+            rows.append({**base, "source": "measured", **m})
+        s = _simulated_row(run)
+        if s is not None:
+            rows.append({**base, "source": "simulated", **s,
+                         "derivation": "repro.sim.simulate of the run's own trace.json, plan.json and cost.json"})
+    return pd.DataFrame(rows)
+
+
+def _network_label(bps: Any) -> str:
+    try:
+        v = float(bps)
+    except (TypeError, ValueError):
+        return "loopback"
+    if v != v or v <= 0:
+        return "loopback"
+    return f"emulated {v / 1e6:g} Mbit/s links"
+
+
+# ---------------------------------------------------------------------------------------------
+# Breakdown: simulated at paper scale, and the paper's numbers
+# ---------------------------------------------------------------------------------------------
+
+def paper_trace_stem(model: str, batch_size: int) -> tuple[str, str]:
+    """``(trace stem, GPU)`` of the shipped trace for a paper model: the P102-100 estimate (the paper's
+    GPU) when shipped, else the V100 estimate of the same batch, else any V100 estimate of the model."""
+    from repro.data import shipped_traces
+
+    have = shipped_traces()
+    for stem, gpu in ((f"{model}_b{batch_size}_p102-estimate", "P102-100"),
+                      (f"{model}_b{batch_size}_v100-estimate", "V100")):
+        if stem in have:
+            return stem, gpu
+    p102 = sorted(s for s in have if s.startswith(f"{model}_b") and s.endswith("_p102-estimate"))
+    if p102:
+        return p102[0], "P102-100"
+    v100 = sorted(s for s in have if s.startswith(f"{model}_b") and s.endswith("_v100-estimate"))
+    if v100:
+        return v100[0], "V100"
+    raise FileNotFoundError(f"no shipped trace of {model}")
+
+
+def paper_breakdown_table(models: Sequence[tuple[str, int, float]] = PAPER_MODELS, *, workers: int = 16,
+                          network: str = "1gbe-allgather",
+                          schedulers: Sequence[str] = SPARSE_SCHEDULERS) -> pd.DataFrame:
+    """Simulated phase seconds (as :func:`measured_breakdown_table`) per paper model (``(model, batch,
+    density)``) and scheduler at ``workers`` workers with the ``network`` preset (all-gather line and the
+    paper's top-k gamma), on the shipped trace :func:`paper_trace_stem` picks (``trace``, ``gpu``)."""
+    from repro.cost import preset
+    from repro.data import shipped_trace_path
+    from repro.planners import make_plan
+    from repro.sim import simulate
+    from repro.trace import Trace
+
+    cost = preset(network, workers)
+    rows = []
+    for model, batch, density in models:
+        stem, gpu = paper_trace_stem(model, batch)
+        trace = Trace.load(shipped_trace_path(stem))
+        for s in schedulers:
+            plan = make_plan(s, trace, cost, density=density)
+            sim = simulate(trace, plan, cost, with_ops=False)
+            rows.append({"model": model, "scheduler": s, "workers": workers, "density": density,
+                         "network": f"preset {network}", "scale": "paper", "source": "simulated",
+                         **_sim_phases(trace, sim), "buckets": plan.num_buckets, "trace": stem, "gpu": gpu,
+                         "oversubscribed": False,
+                         "derivation": f"repro.sim.simulate: shipped trace {stem} ({gpu}), preset {network} "
+                                       f"(P={workers}), plan of repro.planners.{s}"})
+    return pd.DataFrame(rows)
+
+
+_PAPER_SCHEDULERS = {"topk_sgd_s": "topk_single", "omgs_sgd_s": "omgs", "topk-sgd": "topk_single",
+                     "topk_sgd": "topk_single", "topk_single": "topk_single", "omgs-sgd": "omgs", "omgs_sgd": "omgs",
+                     "omgs": "omgs"}
+_PAPER_CITATION = "OMGS-SGD (Shi et al., INFOCOM 2020): measured s/iteration, 16 P102-100 nodes, 1GbE"
+
+
+def paper_iteration_table(path: str | Path | None = None) -> pd.DataFrame:
+    """The paper's seconds per iteration as tidy rows: model (this package's name), scheduler
+    (``topk_single``/``omgs``), workers, iteration_s, source ``"paper"``, citation.
+
+    Reads the shipped ``omgs_iteration_times.csv`` (one row per model: ``model``, ``topk_sgd_s``,
+    ``omgs_sgd_s``, ``workers``, ``source``; or long: ``model``, ``scheduler``, ``iteration_s``). An empty
+    frame (same columns) if it is not shipped."""
+    from repro.data import paper_numbers_path
+
+    cols = ["model", "scheduler", "workers", "iteration_s", "source", "citation"]
+    try:
+        p = Path(path) if path else paper_numbers_path(_PAPER_CSV)
+    except FileNotFoundError:
+        return pd.DataFrame(columns=cols)
+    raw = pd.read_csv(p, comment="#")
+    rows = []
+    for _, r in raw.iterrows():
+        workers = int(r["workers"]) if "workers" in raw and r["workers"] == r["workers"] else 16
+        cite = str(r["source"]) if "source" in raw and isinstance(r["source"], str) else _PAPER_CITATION
+        if "scheduler" in raw and "iteration_s" in raw:
+            pairs = [(_PAPER_SCHEDULERS.get(str(r["scheduler"]).strip().lower()), r["iteration_s"])]
+        else:
+            pairs = [(_PAPER_SCHEDULERS[c], r[c]) for c in raw.columns if c in ("topk_sgd_s", "omgs_sgd_s")]
+        for s, v in pairs:
+            if s is not None and v == v:
+                rows.append({"model": str(r["model"]), "scheduler": s, "workers": workers, "iteration_s": float(v),
+                             "source": "paper", "citation": cite})
+    return pd.DataFrame(rows, columns=cols)
+
+
+def breakdown_table(measured: pd.DataFrame, simulated: pd.DataFrame, paper: pd.DataFrame) -> pd.DataFrame:
+    """One tidy table of the figure: measured and run-simulated rows (tiny), paper-scale simulated rows,
+    and the paper's iteration seconds (``source="paper"``, phases empty), with ``panel`` naming where
+    each row is drawn."""
+    frames = []
+    if len(measured):
+        frames.append(measured.assign(panel="tiny"))
+    if len(simulated):
+        frames.append(simulated.assign(panel="paper"))
+    if len(paper):
+        frames.append(paper.assign(panel="paper", scale="paper", network="1GbE (paper's cluster)",
+                                   derivation=paper["citation"]).drop(columns="citation"))
+    if not frames:
+        return pd.DataFrame()
+    df = pd.concat(frames, ignore_index=True)
+    first = ["panel", "scale", "model", "scheduler", "source", "workers", "density", "network", *PHASES,
+             "iteration_s"]
+    return df[[c for c in first if c in df] + [c for c in df.columns if c not in first]]
