@@ -32,7 +32,7 @@ from repro.figures.style import (  # noqa: E402
 )
 from repro.schedulers import SCHEDULERS  # noqa: E402
 
-FUTURE = ["topk", "omgs", "dear", "bytescheduler", "osp", "bsp", "asp", "ssp", "horovod"]
+FUTURE = ["dear", "bytescheduler", "osp", "bsp", "asp", "ssp", "horovod"]
 
 
 @pytest.fixture(autouse=True)

@@ -28,15 +28,11 @@ PLANNER_ORDER: tuple[str, ...] = ("topk_layerwise", "topk_single", "omgs", "omgs
 
 _PLAIN = FuncFormatter(lambda v, _pos: f"{v:g}")
 
-# The sparse planners drawn as the project's OMGS family: TopK-SGD and OMGS-SGD keep their styles, the
-# exact optimum is drawn like every optimum (black, dotted, on top), layer-wise top-k gets its own.
-_STYLES = {
-    "topk_layerwise": {"color": PALETTE[0], "marker": "v", "linestyle": (0, (6, 2)), "label": "Layer-wise top-k",
-                       "zorder": 2.0},
-    "topk_single": {**scheduler_style("topk"), "label": "TopK-SGD (single top-k)"},
-    "omgs": {**scheduler_style("omgs"), "label": "OMGS-SGD (published rule)"},
-    "omgs_optimal": {**scheduler_style("optimal"), "label": "Optimum (exact, contiguous merges)"},
-}
+# The sparse planners in the project's fixed styles (repro.figures.style), with labels saying which
+# rule each is.
+_LABELS = {"topk_layerwise": "Layer-wise top-k", "topk_single": "TopK-SGD (single top-k)",
+           "omgs": "OMGS-SGD (published rule)", "omgs_optimal": "Optimum (exact, contiguous merges)"}
+_STYLES = {name: {**scheduler_style(name), "label": label} for name, label in _LABELS.items()}
 _KIND_COLORS = {"sparse_allgather": PALETTE[2], "sparsify": PALETTE[4], "compress": PALETTE[4]}
 
 

@@ -147,8 +147,10 @@ STYLES: dict[str, SchedulerStyle] = {
     "bytescheduler": _s(EXTRA_COLORS[1], ">", _DASH_DOT, "ByteScheduler", "dear"),
     # OMGS-SGD
     "ssgd": _s(EXTRA_COLORS[0], "8", _LONG_DASH, "S-SGD (dense)", "omgs"),
-    "topk": _s(PALETTE[1], "p", _DASH_DOT, "TopK-SGD", "omgs"),
+    "topk_single": _s(PALETTE[1], "p", _DASH_DOT, "TopK-SGD", "omgs"),
+    "topk_layerwise": _s(PALETTE[9], "v", _SHORT_DASH, "Layer-wise top-k", "omgs"),
     "omgs": _s(EXTRA_COLORS[2], "H", _SOLID, "OMGS-SGD", "omgs"),
+    "omgs_optimal": _s(BLACK, "d", _DOTTED, "OMGS optimum (exact DP)", "omgs", _TOP_ZORDER),
     # OSP (parameter server)
     "bsp": _s(EXTRA_COLORS[0], "s", _LONG_DASH, "BSP", "osp"),
     "asp": _s(PALETTE[1], "v", _DASH_DOT, "ASP", "osp"),
@@ -166,7 +168,7 @@ FAMILIES: dict[str, tuple[str, ...]] = {
     "allreduce": ("wfbp", "syncea", "threshold", "ddp_buckets", "mgwfbp", "optimal", "ddp", "ddp_threshold",
                   "local", "linear", "paper"),
     "dear": ("dear", "bytescheduler", "horovod", "ddp", "wfbp", "mgwfbp", "optimal", "linear", "paper"),
-    "omgs": ("ssgd", "topk", "omgs", "wfbp", "mgwfbp", "optimal", "linear", "paper"),
+    "omgs": ("ssgd", "topk_single", "topk_layerwise", "omgs", "omgs_optimal", "wfbp", "linear", "paper"),
     "osp": ("bsp", "asp", "ssp", "osp", "osp_nolgp", "linear", "paper"),
 }
 
@@ -184,7 +186,8 @@ _ALIASES: dict[str, str] = {
     "ideal": "linear",
     "s_sgd": "ssgd",
     "dense": "ssgd",
-    "topk_sgd": "topk",
+    "topk": "topk_single",
+    "topk_sgd": "topk_single",
     "omgs_sgd": "omgs",
     "osp_no_lgp": "osp_nolgp",
     "osp_without_lgp": "osp_nolgp",
