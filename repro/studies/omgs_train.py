@@ -34,9 +34,9 @@ from repro.studies import mgwfbp_train
 from repro.studies.common import with_oversubscription
 from repro.studies.mgwfbp_train import clear_runs, run_grid
 
-__all__ = ["SPARSE_SCHEDULERS", "CONVERGENCE_SCHEDULERS", "PHASES", "PAPER_MODELS", "clear_runs", "run_grid",
-           "runs_folder", "load_runs", "load_epochs", "language_dataset", "run_id", "convergence_configs", "breakdown_configs",
-           "convergence_table", "final_epoch_table", "measured_breakdown_table", "paper_trace_stem",
+__all__ = ["SPARSE_SCHEDULERS", "CONVERGENCE_SCHEDULERS", "PHASES", "PAPER_MODELS", "MEASURED_DERIVATION",
+           "clear_runs", "run_grid", "runs_folder", "load_runs", "load_epochs", "language_dataset", "run_id",
+           "convergence_configs", "breakdown_configs", "convergence_table", "final_epoch_table", "measured_breakdown_table", "paper_trace_stem",
            "paper_breakdown_table", "paper_iteration_table", "breakdown_table"]
 
 SPARSE_SCHEDULERS: tuple[str, ...] = ("topk_single", "omgs")
