@@ -30,8 +30,7 @@ from repro.figures.style import (
 __all__ = ["STYLE_KEYS", "LABELS", "PHASE_STYLES", "omgs_style", "plot_convergence", "plot_breakdown"]
 
 # Scheduler names of the runs -> the OMGS family's drawing styles (repro.figures.style).
-STYLE_KEYS = {"wfbp": "ssgd", "ssgd": "ssgd", "topk_single": "topk", "topk": "topk", "omgs": "omgs",
-              "topk_layerwise": "topk_layerwise", "omgs_optimal": "optimal"}
+STYLE_KEYS = {"wfbp": "ssgd", "ssgd": "ssgd", "topk": "topk_single"}
 LABELS = {"wfbp": "S-SGD (dense, WFBP)", "topk_single": "TopK-SGD", "omgs": "OMGS-SGD",
           "topk_layerwise": "TopK-SGD, layer-wise", "omgs_optimal": "OMGS, exact optimum"}
 SHORT = {"wfbp": "S-SGD", "topk_single": "TopK", "omgs": "OMGS", "topk_layerwise": "TopK-LW",
