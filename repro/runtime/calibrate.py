@@ -27,6 +27,7 @@ import torch
 import torch.distributed as dist
 
 from repro.cost import CostModel, fit_linear, fit_topk_gamma
+from repro.runtime.topk import topk_indices
 from repro.sim.sparse import topk_count
 
 __all__ = ["MEASURABLE", "default_sizes_bytes", "time_collective", "time_allreduce", "fit_allreduce",
@@ -137,7 +138,8 @@ def time_topk(numels: Sequence[int], density: float, *, repeats: int = 5, warmup
               device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32) -> list[float]:
     """Median seconds of one top-k selection by magnitude per tensor size (no process group needed).
 
-    One selection is ``torch.topk(x.abs(), k)`` with ``k = topk_count(n, density)`` on a random
+    One selection is :func:`repro.runtime.topk.topk_indices` of ``x.abs()`` (what the sparse
+    executor's compressor runs) with ``k = topk_count(n, density)`` on a random
     tensor of ``n`` elements (fixed seed; the values are not kept), as a sparse worker does on its
     gradient before exchanging values and indices. Small tensors are timed as the mean of up to 16
     back-to-back selections, so the timer's resolution does not dominate.
@@ -161,7 +163,7 @@ def time_topk(numels: Sequence[int], density: float, *, repeats: int = 5, warmup
             _sync(device)
             t0 = time.perf_counter()
             for _ in range(inner):
-                torch.topk(x.abs(), k, sorted=False)
+                topk_indices(x.abs(), k)
             _sync(device)
             if i >= warmup:
                 times.append((time.perf_counter() - t0) / inner)

@@ -49,6 +49,7 @@ from repro.plan import Plan, PlanError
 from repro.runtime.allreduce import BucketTiming
 from repro.runtime.buffers import broadcast_buffers
 from repro.runtime.executor import Executor, ExecutorOptions
+from repro.runtime.topk import topk_indices
 from repro.sim.sparse import INDEX_BYTES, topk_count
 from repro.workload.layers import layer_parameters
 
@@ -108,7 +109,7 @@ class TopKCompressor(Compressor):
         k = self.count(n)
         if k == n:  # density 1 (or a tiny tensor): everything, no selection
             return flat.clone(), torch.arange(n, dtype=INDEX_DTYPE, device=flat.device)
-        indices = torch.topk(flat.abs(), k, sorted=False).indices
+        indices = topk_indices(flat.abs(), k)
         return flat[indices], indices.to(INDEX_DTYPE)
 
     def __repr__(self) -> str:
