@@ -4,6 +4,8 @@
   ``{model}_b{batch}_v100-estimate.json`` (MG-WFBP's sizes, plus DeAR's where they differ).
 * K80 estimates of GoogLeNet (batch 64) and ResNet-50 (batch 32), for comparison with the MG-WFBP
   conference paper's K80 measurements: ``{model}_b{batch}_k80-estimate.json``.
+* P102-100 estimates of OMGS-SGD's four models at its batch sizes (VGG-16 on CIFAR-10 b32, ResNet-50
+  b32, Inception-v4 b64, LSTM-PTB b20): ``{model}_b{batch}_p102-estimate.json``.
 * CPU measurements of the tiny models at batch 32, one thread, 5 warm-up + 50 timed iterations
   (the MG-WFBP journal's profiling protocol): ``{model}_b32_cpu.json`` (module view) and
   ``{model}_b32_cpu-tensor.json`` (tensor view). These differ from machine to machine.
@@ -28,6 +30,7 @@ from repro.workload.profile import profile_model
 from repro.trace import Trace
 
 K80_RUNS = [("googlenet", 64), ("resnet50", 32)]
+P102_RUNS = [("vgg16_cifar", 32), ("resnet50", 32), ("inception_v4", 64), ("lstm_ptb", 20)]
 TINY_BATCH = 32
 WARMUP, ITERS = 5, 50
 
@@ -44,6 +47,9 @@ def jobs() -> list[tuple[str, Callable[[], Trace]]]:
     for name, b in K80_RUNS:
         out.append((f"{name}_b{b}_k80-estimate",
                     lambda name=name, b=b: estimate_trace(name, b, gpu="K80", view="module")))
+    for name, b in P102_RUNS:
+        out.append((f"{name}_b{b}_p102-estimate",
+                    lambda name=name, b=b: estimate_trace(name, b, gpu="P102", view="module")))
     for name in TINY_MODELS:
         for view, suffix in (("module", "cpu"), ("tensor", "cpu-tensor")):
             out.append((f"{name}_b{TINY_BATCH}_{suffix}",

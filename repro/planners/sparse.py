@@ -148,10 +148,17 @@ def omgs_optimal(trace: Trace, cost: CostModel, density: float = 0.001, *, pack:
     same ``e`` can never lead to a better end: keeping each prefix's Pareto front of (C, M) is exact,
     and the optimum is the least ``M`` after all L layers (``t_iter = t_f + M``).
 
-    States whose lower bound, ``max(M + t_c(rest merged), C + t_b(rest) + sum of per-layer t_spar(rest)
-    + t_c(one element))``, exceeds the best of the simple plans (layer-wise, single, the OMGS rule)
-    are dropped; t_spar is superadditive and t_c subadditive, so the bound is valid and the pruning
-    exact. Every extension step is one numpy pass over the stored states.
+    Three exact reductions keep the fronts small. (1) Every continuation's first group holds at least
+    layer ``e``, so its top-k cannot start before ``C + t_b(e) + t_spar(p_e)``: ``M`` is raised to that
+    (no future changes). (2) When ``M >= C + t_b(rest) + t_spar(rest merged)`` the communication
+    stream can never again wait for the compute stream, so ``C`` no longer matters and is lowered to
+    the least value any grouping can have there. (3) States whose lower bound
+    ``max(M + t_c(rest merged), C + t_b(rest) + sum of per-layer t_spar(rest) + t_c(one element))``
+    exceeds the best simple plan (layer-wise, single, the OMGS rule) are dropped (t_spar is
+    superadditive and t_c subadditive, so the bound is valid). Every extension step is one numpy pass
+    over the stored states. The fronts still grow large where the top-k's superadditivity and the
+    start-ups trade off over hundreds of layers: seconds for Inception-v4's 299 layers at P = 2 (see
+    ``benchmarks/bench_omgs.py`` for times).
     """
     c = SparseCosts(trace, cost, density, pack)
     L = trace.num_layers
@@ -179,10 +186,12 @@ def omgs_optimal(trace: Trace, cost: CostModel, density: float = 0.001, *, pack:
         d = cumP[f] - cumP[e]
         C2 = Cs[:n] + (cumT[f] - cumT[e]) + np.atleast_1d(c.spar_s(d))
         M2 = np.maximum(Ms[:n], C2) + np.atleast_1d(c.comm_s(d))
-        if f < L:  # lower bound of the final M from each candidate
+        if f < L:
             rest = cumP[L] - cumP[f]
-            lb = np.maximum(M2 + float(c.comm_s(rest)),
-                            C2 + (cumT[L] - cumT[f]) + (cumS[L] - cumS[f]) + min_comm)
+            rest_tb = cumT[L] - cumT[f]
+            M2 = np.maximum(M2, C2 + tbB[f] + sparB[f])                                  # (1)
+            C2 = np.where(M2 >= C2 + rest_tb + float(c.spar_s(rest)), cumT[f] + cumS[f], C2)  # (2)
+            lb = np.maximum(M2 + float(c.comm_s(rest)), C2 + rest_tb + (cumS[L] - cumS[f]) + min_comm)  # (3)
             keep = lb <= upper
         else:
             keep = M2 <= upper
