@@ -58,6 +58,8 @@ figures: install
 benchmark: install
 	$(PY) benchmarks/bench_planners.py
 	$(PY) benchmarks/bench_engine.py
+	$(PY) benchmarks/bench_omgs.py
+	$(PY) benchmarks/bench_sparse_exchange.py
 
 clean:
 	rm -rf $(RESULTS) .pytest_cache
