@@ -150,20 +150,30 @@ def cmd_plan(args: argparse.Namespace) -> None:
     from repro.planners import make_plan
 
     _check_output(args.output)
+    given = {"threshold_bytes": args.threshold_bytes, "wire_dtype": args.wire_dtype,  # wire dtype: the planner
+             "density": args.density, "pack": True if args.pack else None}              # solves on those bytes
+    options = {k: v for k, v in given.items() if v is not None}
+    for name in options:
+        takers = _planners_taking(name)
+        if args.solver not in takers:
+            flag = "--" + name.replace("_", "-")
+            raise UsageError(f"{flag} does not apply to --solver {args.solver} (it applies to: {', '.join(takers)})")
     trace = load_trace(args.trace)
     cost = _cost_from_args(args)
-    options = {}
-    if args.threshold_bytes is not None:
-        if args.solver != "threshold":
-            raise UsageError("--threshold-bytes only applies to --solver threshold")
-        options["threshold_bytes"] = args.threshold_bytes
-    if args.wire_dtype:
-        options["wire_dtype"] = args.wire_dtype  # the planner solves on the bytes actually sent
     plan = make_plan(args.solver, trace, cost, **options)
     out = {"solver": plan.solver, "iteration_s": plan.meta["iteration_s"],
-           "buckets": [list(b.layers) for b in plan.buckets]}
+           "buckets": plan.to_dict()["buckets"]}  # a bucket that is not one all-reduce keeps its messages
     out.update({k: v for k, v in plan.to_dict().items() if k not in out})
     _emit(out, args.output)
+
+
+def _planners_taking(option: str) -> list[str]:
+    """Planners whose function has a parameter ``option``."""
+    import inspect
+
+    from repro.planners import PLANNERS
+
+    return [n for n, fn in PLANNERS.items() if option in inspect.signature(fn).parameters]
 
 
 def cmd_simulate(args: argparse.Namespace) -> None:
@@ -343,6 +353,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threshold-bytes", type=int, help="bucket threshold of --solver threshold, bytes (>= 0)")
     p.add_argument("--wire-dtype", choices=sorted(WIRE_DTYPE_BYTES),
                    help="communicate gradients in this dtype; the planner solves on those bytes")
+    p.add_argument("--density", type=float, help="sparse planners: fraction of each bucket's elements sent, "
+                   "k = ceil(density x elements), in (0, 1] (planner default 0.001)")
+    p.add_argument("--pack", action="store_true", help="sparse planners: values and indices in one all-gather "
+                   "message per bucket instead of two")
     p.add_argument("-o", "--output", type=Path, help="write the plan here instead of stdout")
     _add_cost_flags(p)
     p.set_defaults(func=cmd_plan)

@@ -62,7 +62,7 @@ def test_network_preset_and_threshold(capsys, trace_file):
     (["plan", "--trace", "T", "--solver", "wfbp", "--network", "nope", "--workers", "4"], "unknown network preset 'nope'"),
     (["plan", "--trace", "T", "--solver", "wfbp", "--alpha-s", "1"], "must be given together"),
     (["plan", "--trace", "T", "--solver", "wfbp", "--alpha-s", "-1", "--beta-s-per-byte", "1"], "a_s must be"),
-    (["plan", "--trace", "T", "--solver", "wfbp", "--threshold-bytes", "5", "--alpha-s", "1", "--beta-s-per-byte", "1"], "only applies"),
+    (["plan", "--trace", "T", "--solver", "wfbp", "--threshold-bytes", "5", "--alpha-s", "1", "--beta-s-per-byte", "1"], "--threshold-bytes does not apply to --solver wfbp"),
     (["plan", "--trace", "missing.json", "--solver", "wfbp", "--alpha-s", "1", "--beta-s-per-byte", "1"], "trace file not found"),
     (["simulate", "--trace", "T", "--plan", "missing.json", "--alpha-s", "1", "--beta-s-per-byte", "1"], "plan file not found"),
     (["bogus"], "invalid choice"),
@@ -258,3 +258,31 @@ def test_launch_refuses_bad_runs_before_ranks_start(tmp_path):
     assert r.returncode == 2 and "already exists" in r.stderr
     r = _sp.run(base + ["--model", "tiny_vgg", "--run-id", "../../x"], capture_output=True, text=True)
     assert r.returncode == 2 and "is not allowed" in r.stderr
+
+
+@pytest.mark.parametrize("solver", ["topk_layerwise", "topk_single", "omgs", "omgs_optimal"])
+def test_sparse_plan_then_simulate_round_trip(capsys, tmp_path, trace_file, solver):
+    rc, out, err = run(capsys, "plan", "--trace", str(trace_file), "--solver", solver, "--density", "0.01",
+                       "--network", "1gbe-allgather", "--workers", "4", "-o", str(tmp_path / "plan.json"))
+    assert rc == 0, err
+    plan = json.loads((tmp_path / "plan.json").read_text())
+    assert plan["family"] == "sparse" and plan["options"] == {"density": 0.01}
+    assert all(len(b["messages"]) == 2 for b in plan["buckets"])  # values and indices
+    rc, out, err = run(capsys, "simulate", "--trace", str(trace_file), "--plan", str(tmp_path / "plan.json"),
+                       "--network", "1gbe-allgather", "--workers", "4")
+    assert rc == 0, err
+    sim = json.loads(out)
+    assert sim["iteration_s"] == pytest.approx(plan["iteration_s"]) and sim["sparsify_s"] > 0
+    assert {op["kind"] for op in sim["ops"]} >= {"sparsify", "sparse_allgather"}
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--solver", "mgwfbp", "--density", "0.1", "--network", "10gbe-v100"], "--density does not apply to --solver mgwfbp"),
+    (["--solver", "omgs", "--threshold-bytes", "5", "--network", "1gbe-allgather"], "--threshold-bytes does not apply"),
+    (["--solver", "omgs", "--density", "2", "--network", "1gbe-allgather"], "density must be a number in"),
+    (["--solver", "omgs", "--network", "10gbe-v100"], "has no sparse_allgather line"),
+])
+def test_sparse_plan_bad_input_is_one_line(capsys, trace_file, argv, message):
+    rc, out, err = run(capsys, "plan", "--trace", str(trace_file), *argv, "--workers", "16")
+    assert rc == 2 and out == ""
+    assert err.startswith("repro: error:") and message in err and err.count("\n") == 1, err
