@@ -2,7 +2,7 @@
 
 import pytest
 
-from repro.cost import CostModel
+from repro.cost import CostModel, fit_linear
 from repro.cluster.local import launch_local
 from repro.runtime.calibrate import default_sizes_bytes
 from tests.runtime_targets import fit_all_collectives
@@ -27,4 +27,6 @@ def test_every_collective_is_measured_and_fitted_identically_on_all_ranks():
     m = rank0["meta"]["measurements"]["sparse_allgather"]
     assert cost.sparse_allgather_s(sizes[-1]) == pytest.approx(
         cost.line("sparse_allgather")(2 * sizes[-1]))
-    assert cost.sparse_allgather_s(sizes[-1]) == pytest.approx(m["seconds"][-1], rel=0.5)
+    # ... and it is the fit of the measured times against those gathered bytes (an exact check; comparing
+    # the fit with one noisy measurement failed on a loaded machine)
+    assert cost.line("sparse_allgather") == fit_linear([2 * n for n in m["bytes"]], m["seconds"])
