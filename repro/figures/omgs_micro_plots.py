@@ -72,7 +72,8 @@ def plot_topk_time(per_size: pd.DataFrame, fits: pd.DataFrame, note: str):
     ax.set_yscale("log")
     ax.set_xlabel("tensor size d (elements)")
     ax.set_ylabel("top-k selection time (ms)")
-    ax.set_title(f"abs() + torch.topk, k = ⌈{per_size['density'].iloc[0]:g}·d⌉", fontsize="small")
+    density = per_size["density"].iloc[0]
+    ax.set_title(f"exact top-k of |x| (repro.runtime.topk), k = ⌈{density:g}·d⌉", fontsize="small")
     if abs(mine.gamma_s / pub.gamma_s - 1) < 0.25:
         add_note(ax, "the fitted and the published line nearly coincide: different hardware (CPU here, GPU there)")
     err = per_size["relative_error"].to_numpy() * 100

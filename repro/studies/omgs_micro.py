@@ -3,8 +3,8 @@
 Three measurements behind the figures ``omgs.topk_time``, ``omgs.allgather_fit`` and
 ``omgs.cost_compare`` (notebook ``notebooks/omgs_microbench.ipynb``), each returned as a tidy table:
 
-* :func:`measure_topk`: median seconds of one top-k selection by magnitude (``abs()`` + ``torch.topk``
-  of ``k = ceil(density * d)``) on this machine's CPU, per tensor size ``d``
+* :func:`measure_topk`: median seconds of one top-k selection by magnitude (``abs()`` +
+  :func:`repro.runtime.topk.topk_indices` of ``k = ceil(density * d)``) on this machine's CPU, per tensor size ``d``
   (:func:`repro.runtime.calibrate.time_topk`); :func:`topk_fit_table` fits ``gamma * d * log2(d)``
   (:func:`repro.cost.fit_topk_gamma`) and sets the paper's published P102-100 gamma beside it.
 * :func:`measure_allgather`: median seconds of an all-gather of ``m`` bytes per worker on ``P`` local
@@ -93,7 +93,7 @@ def topk_fit_table(times: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
         {"source": "measured", "device": f"local CPU ({threads} thread{'s' if threads != 1 else ''})",
          "gamma_s": gamma, "density": float(times["density"].iloc[0]),
          "max_abs_relative_error": float(np.abs(per_size["relative_error"]).max()),
-         "citation": "measured here: abs() + torch.topk, median of repeats"},
+         "citation": "measured here: abs() + repro.runtime.topk (exact top-k), median of repeats"},
         {"source": "published", "device": "P102-100 GPU", "gamma_s": PUBLISHED_GAMMA_S, "density": 0.001,
          "max_abs_relative_error": np.nan, "citation": _PUBLISHED_TOPK},
     ])
