@@ -352,6 +352,9 @@ class _TablePreset:
     table: Mapping[int, tuple[float, float]]
     doc: str
     topk_gamma_s: float | None = None
+    # Also give reduce-scatter and all-gather lines, each half the all-reduce line: a ring all-reduce
+    # is a reduce-scatter then an all-gather of (P-1) alpha + (P-1)/P n beta each (dear.md).
+    ring_halves: bool = False
 
 
 @dataclass(frozen=True)
@@ -376,9 +379,12 @@ PRESETS: dict[str, _TablePreset | _HopPreset] = {
     "56gbib-v100": _TablePreset("allreduce", {**_V100_INTRA, 8: (9.754e-5, 3.057e-10), 16: (2.358e-4, 4.059e-10)},
                                 "MG-WFBP (TPDS 2021) PyTorch version: fitted NCCL all-reduce, 4 nodes x 4 V100, 56Gb InfiniBand"),
     "10gbe-dear64": _TablePreset("allreduce", {64: (7.04e-3, 9.64e-10)},
-                                 "All-reduce fit for 64 workers on 10GbE used by the DeAR authors"),
+                                 "All-reduce fit for 64 workers on 10GbE used by the DeAR authors (mgwfbp.md); "
+                                 "reduce-scatter and all-gather each half of it (ring)", ring_halves=True),
     "56gbib-dear64": _TablePreset("allreduce", {64: (8.06e-4, 5.89e-10)},
-                                  "All-reduce fit for 64 workers on 56Gb IB used by the DeAR authors"),
+                                  "All-reduce fit for 64 workers on InfiniBand used by the DeAR authors (their "
+                                  "constants are labelled 56Gb IB; the DeAR paper's testbed is 100Gb IB); "
+                                  "reduce-scatter and all-gather each half of it (ring)", ring_halves=True),
     "1gbe-allgather": _TablePreset("sparse_allgather", {2: (1.6e-3, 1.0e-8), 4: (2.7e-3, 1.3e-8),
                                                         8: (4.0e-3, 1.5e-8), 16: (1.1e-2, 1.7e-8)},
                                    "OMGS-SGD (INFOCOM 2020): fitted all-gather, P102-100 GPUs, 1GbE; with the "
@@ -419,8 +425,10 @@ def preset(name: str, workers: int) -> CostModel:
             f"times with CostModel.fit / `--alpha-s A --beta-s-per-byte B`, or use a per-hop preset "
             f"valid for any P ({anyp})")
     a, b = p.table[workers]
-    return CostModel(workers, {p.collective: Linear(a, b)}, source=f"preset {name}", meta={"doc": p.doc},
-                     topk_gamma_s=p.topk_gamma_s)
+    lines = {p.collective: Linear(a, b)}
+    if p.ring_halves:
+        lines["reduce_scatter"] = lines["allgather"] = Linear(a / 2, b / 2)
+    return CostModel(workers, lines, source=f"preset {name}", meta={"doc": p.doc}, topk_gamma_s=p.topk_gamma_s)
 
 
 def _get_preset(name: str):

@@ -200,7 +200,9 @@ FAMILIES: dict[str, Family] = {
         paper="MG-WFBP (Shi, Chu, Li; INFOCOM 2019 / TPDS 2021)",
         collectives=("allreduce",),
         phases=("backward",),
-        options=(_WIRE_DTYPE,),
+        options=(_WIRE_DTYPE,
+                 number_option("cycle_s", "Horovod-style cycle time: messages are launched only at the ticks of a "
+                               "background loop waking every cycle_s seconds", minimum=0.0, open_minimum=True)),
         simulator="repro.sim.allreduce:build_graph",
         closed_form="repro.sim.allreduce:closed_form",
         check_buckets="repro.sim.allreduce:check_buckets",
@@ -224,6 +226,37 @@ FAMILIES: dict[str, Family] = {
         check_buckets="repro.sim.sparse:check_buckets",
         executor="repro.runtime.sparse:SparseExecutor",
         calibrate="repro.runtime.sparse:calibrate",
+    ),
+    "dear": Family(
+        name="dear",
+        doc="decoupled all-reduce: buckets are contiguous runs of layers in forward order; each bucket's "
+            "reduce-scatter runs in backward once its gradients are ready, its all-gather in the next "
+            "iteration's forward just before its layers run (after which its parameters are updated); one "
+            "FCFS communication stream",
+        paper="DeAR (Zhang et al.; ICDCS 2023)",
+        collectives=("reduce_scatter", "allgather"),
+        phases=("backward", "next_forward"),
+        options=(),
+        simulator="repro.sim.dear:build_graph",
+        closed_form="repro.sim.dear:closed_form",
+        check_buckets="repro.sim.dear:check_buckets",
+        executor="repro.runtime.dear:DeARExecutor",
+        calibrate="repro.runtime.dear:calibrate",
+    ),
+    "bytescheduler": Family(
+        name="bytescheduler",
+        doc="priority scheduling of all-reduce chunks (a layer, or a piece of one) across iterations: the free "
+            "communication stream starts the most urgent ready chunk (input-side layers first); a layer's "
+            "update is applied once its chunks are reduced and the next forward of a layer waits only for it",
+        paper="ByteScheduler (Peng et al.; SOSP 2019), as the DeAR paper's baseline",
+        collectives=("allreduce",),
+        phases=("backward",),
+        options=(number_option("credit_bytes", "bytes of chunks in flight at most (the runtime's credit; the "
+                               "simulator serves one chunk at a time)", minimum=1, integer=True),),
+        simulator="repro.sim.bytescheduler:build_graph",
+        check_buckets="repro.sim.bytescheduler:check_buckets",
+        executor="repro.runtime.bytescheduler:ByteSchedulerExecutor",
+        calibrate="repro.runtime.allreduce:calibrate",
     ),
 }
 

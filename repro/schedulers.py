@@ -27,6 +27,8 @@ _DDP = "PyTorch DDP (Li et al., VLDB 2020)"
 _ALLREDUCE_EXECUTOR = "repro.runtime.allreduce:AllReduceExecutor"
 _OMGS = "OMGS-SGD (Shi et al.; INFOCOM 2020)"
 _SPARSE_EXECUTOR = "repro.runtime.sparse:SparseExecutor"
+_DEAR = "DeAR (Zhang et al.; ICDCS 2023)"
+_DEAR_EXECUTOR = "repro.runtime.dear:DeARExecutor"
 
 
 @dataclass(frozen=True)
@@ -111,6 +113,23 @@ SCHEDULERS: dict[str, Scheduler] = {s.name: s for s in (
     _sparse_scheduler("omgs_optimal", "exact optimum of the OMGS timeline over contiguous merges (Pareto "
                       "dynamic program), planned online", "this package (exact optimum of the OMGS-SGD model)",
                       online=True, needs_cost=True),
+    _plan_scheduler("horovod", "Horovod-style tensor fusion: a background loop wakes every 5 ms and fuses the "
+                    "gradients ready since its last tick into buckets of at most 64 MiB, planned from the measured "
+                    "trace", "Horovod tensor fusion (Sergeev & Del Balso 2018), as the DeAR paper's baseline"),
+    Scheduler("dear_threshold", "DeAR: reduce-scatter in backward, all-gather in the next forward, buckets of "
+              "consecutive layers below --threshold-bytes (25 MiB by default)", _DEAR, _DEAR_EXECUTOR,
+              planner="dear_threshold", planner_options=("threshold_bytes",), family="dear"),
+    Scheduler("dear_nofusion", "DeAR without tensor fusion: one layer per bucket", _DEAR, _DEAR_EXECUTOR,
+              planner="dear_nofusion", family="dear"),
+    Scheduler("dear_model", "DeAR with the buffer size the simulator predicts best (exact over every bucketing "
+              "of the threshold rule), planned online from the measured trace and reduce-scatter / all-gather "
+              "lines fitted on the live group", "this package (model-based DeAR tensor fusion)", _DEAR_EXECUTOR,
+              planner="dear_model", family="dear", online=True, needs_cost=True),
+    Scheduler("bytescheduler", "ByteScheduler-style priority scheduling: layers partitioned into chunks of at "
+              "most 4M parameters, input-side chunks first, a credit bounding bytes in flight, each layer "
+              "updated as its chunks complete", "ByteScheduler (Peng et al.; SOSP 2019), as the DeAR paper's "
+              "baseline", "repro.runtime.bytescheduler:ByteSchedulerExecutor", planner="bytescheduler",
+              family="bytescheduler"),
     Scheduler("local", "no communication: one worker's computation (the baseline of speedups)",
               "-", "repro.runtime.baselines:LocalExecutor", communicates=False),
 )}

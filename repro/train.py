@@ -372,9 +372,10 @@ def run_training(ctx, cfg: TrainConfig) -> tuple[nn.Module, dict[str, Any]]:
                      "predicted %.4f s per iteration", run_id, trace.num_layers, trace.total_backward_s,
                      cfg.warmup_steps, cfg.scheduler, plan.num_buckets, plan.meta.get("iteration_s", float("nan")))
     ex: Executor = sched.executor_class()(model, plan, options)
+    run_opt = ex.wrap_optimizer(opt)  # the executor may take the update over (DeAR: in the next forward)
     if not sched.has_plan:
         for _ in range(cfg.warmup_steps):
-            _step(ex, opt, data.next(), loss_of, device)
+            _step(ex, run_opt, data.next(), loss_of, device)
 
     # ---- timed steps ----
     rows, bucket_rows, epoch_rows, inrun = [], [], [], []
@@ -394,7 +395,7 @@ def run_training(ctx, cfg: TrainConfig) -> tuple[nn.Module, dict[str, Any]]:
             epoch_rows.append(_evaluate(cfg, model, data.epoch - start_epoch, rows, device))
             if data.epoch - start_epoch >= cfg.epochs:
                 break
-        st = _step(ex, opt, batch, loss_of, device)
+        st = _step(ex, run_opt, batch, loss_of, device)
         rows.append(st.row(step, data.epoch - start_epoch))
         if ex.grad_ready_s:
             inrun.append((st, dict(ex.grad_ready_s)))

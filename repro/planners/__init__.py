@@ -7,11 +7,12 @@ is the scheduler registry's business (:mod:`repro.schedulers`).
 
 from __future__ import annotations
 
+import sys
 from typing import Any, Callable
 
 from repro.cost import CostModel
 from repro.plan import Plan
-from repro.planners import allreduce, sparse
+from repro.planners import allreduce, bytescheduler, dear, sparse
 from repro.trace import Trace
 
 __all__ = ["PLANNERS", "PLANNER_FAMILY", "planner_names", "make_plan"]
@@ -21,17 +22,21 @@ PLANNERS: dict[str, Callable[..., Plan]] = {
     "syncea": allreduce.syncea,
     "threshold": allreduce.threshold,
     "ddp_buckets": allreduce.ddp_buckets,
+    "horovod": allreduce.horovod,
     "mgwfbp": allreduce.mgwfbp,
     "optimal": allreduce.optimal,
     "topk_layerwise": sparse.topk_layerwise,
     "topk_single": sparse.topk_single,
     "omgs": sparse.omgs,
     "omgs_optimal": sparse.omgs_optimal,
+    "dear_nofusion": dear.dear_nofusion,
+    "dear_threshold": dear.dear_threshold,
+    "dear_model": dear.dear_model,
+    "bytescheduler": bytescheduler.bytescheduler,
 }
 
-# The family of the plans each planner makes.
-PLANNER_FAMILY: dict[str, str] = {name: ("sparse" if fn.__module__ == sparse.__name__ else "allreduce")
-                                  for name, fn in PLANNERS.items()}
+# The family of the plans each planner makes (each planner module names its family as FAMILY).
+PLANNER_FAMILY: dict[str, str] = {name: sys.modules[fn.__module__].FAMILY for name, fn in PLANNERS.items()}
 
 _RENAMED = {"ddp": "'ddp' is PyTorch DDP itself (a runtime baseline, see `repro schedulers`); its default "
                    "bucketing as a plan is the planner 'ddp_buckets'"}

@@ -19,7 +19,10 @@ from repro.plan import Plan, layer_wire_bytes
 from repro.sim.allreduce import fifo_iteration_s, ready_times_s
 from repro.trace import Trace
 
-__all__ = ["wfbp", "syncea", "threshold", "ddp_buckets", "mgwfbp", "optimal", "groups_time_s"]
+__all__ = ["FAMILY", "wfbp", "syncea", "threshold", "ddp_buckets", "horovod", "mgwfbp", "optimal",
+           "groups_time_s"]
+
+FAMILY = "allreduce"
 
 
 def groups_time_s(trace: Trace, groups: Sequence[Sequence[int]], cost: CostModel,
@@ -92,6 +95,38 @@ def ddp_buckets(trace: Trace, cost: CostModel, first_bucket_bytes: int = 2**20, 
     groups = _fuse(trace, first_bucket_bytes, bucket_bytes, wire_dtype)
     return _plan(trace, groups, cost, "ddp_buckets", wire_dtype, first_bucket_bytes=int(first_bucket_bytes),
                  bucket_bytes=int(bucket_bytes))
+
+
+def horovod(trace: Trace, cost: CostModel, threshold_bytes: int = 64 * 2**20, cycle_s: float = 5e-3, *,
+            wire_dtype: str | None = None) -> Plan:
+    """Horovod-style tensor fusion (Sergeev & Del Balso 2018; settings from dear.md: threshold 64-128 MB,
+    cycle time 1-5 ms).
+
+    A background loop wakes every ``cycle_s`` seconds (ticks counted from the backward start) and
+    fuses the gradients that became ready since its last tick, in readiness order, into buckets of at
+    most ``threshold_bytes`` (a gradient that alone exceeds it travels alone); each bucket is launched
+    at the tick. The buckets follow from the trace's ready times; the plan keeps ``cycle_s`` so the
+    simulator releases each bucket at its tick.
+    """
+    _check_bytes("threshold_bytes", threshold_bytes)
+    if isinstance(cycle_s, bool) or not isinstance(cycle_s, (int, float)) or not np.isfinite(cycle_s) or cycle_s <= 0:
+        raise ValueError(f"cycle_s must be a positive number of seconds, got {cycle_s!r}")
+    ready = ready_times_s(trace.backward_s())
+    nbytes = layer_wire_bytes(trace, wire_dtype)
+    tick = np.ceil(ready / cycle_s - 1e-12)
+    groups: list[list[int]] = []
+    size = 0.0
+    for i in reversed(range(trace.num_layers)):
+        if groups and tick[groups[-1][0]] == tick[i] and size + nbytes[i] <= threshold_bytes:
+            groups[-1].append(i)
+            size += float(nbytes[i])
+        else:
+            groups.append([i])
+            size = float(nbytes[i])
+    comm = np.atleast_1d(cost.allreduce_s(np.array([float(nbytes[g].sum()) for g in groups]))).tolist()
+    t = fifo_iteration_s(trace.total_forward_s, trace.backward_s(), groups, comm, trace.overheads.total_s, cycle_s)
+    return Plan.from_groups(trace, groups, "horovod", options={"wire_dtype": wire_dtype, "cycle_s": float(cycle_s)},
+                            meta={"iteration_s": t, "threshold_bytes": int(threshold_bytes)})
 
 
 def mgwfbp(trace: Trace, cost: CostModel, *, wire_dtype: str | None = None) -> Plan:

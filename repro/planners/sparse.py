@@ -26,7 +26,9 @@ from repro.plan import Bucket, Message, Plan
 from repro.sim.sparse import INDEX_BYTES, sparse_iteration_s, topk_count, value_bytes
 from repro.trace import Trace
 
-__all__ = ["topk_layerwise", "topk_single", "omgs", "omgs_optimal", "groups_time_s", "SparseCosts"]
+__all__ = ["FAMILY", "topk_layerwise", "topk_single", "omgs", "omgs_optimal", "groups_time_s", "SparseCosts"]
+
+FAMILY = "sparse"
 
 _TWO = (Message("sparse_allgather"), Message("sparse_allgather"))
 _ONE = (Message("sparse_allgather"),)

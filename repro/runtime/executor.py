@@ -1,10 +1,10 @@
 """The executor contract: how one training loop drives every scheduler, ours and the baselines.
 
 An executor owns the gradient exchange of one model on one rank. The loop (:mod:`repro.train`) calls,
-every step::
+every step, with ``opt = ex.wrap_optimizer(optimizer)`` made once::
 
-    optimizer.zero_grad(); ex.before_forward(); loss = loss_fn(ex.module, x, y); loss.backward()
-    ex.after_backward(); optimizer.step()
+    opt.zero_grad(); ex.before_forward(); loss = loss_fn(ex.module, x, y); loss.backward()
+    ex.after_backward(); opt.step()
 
 and ``ex.flush()`` at the end of training and before an evaluation or a checkpoint, then
 ``ex.remove()``. Contract:
@@ -13,7 +13,11 @@ and ``ex.flush()`` at the end of training and before an evaluation or a checkpoi
 - ``before_forward()``: whatever must happen before the forward (broadcast buffers as DDP does; a
   family that gathers parameters in the next forward waits for them here or in forward pre-hooks);
 - ``after_backward()``: when it returns, every ``param.grad`` holds the exchanged (averaged) gradient
-  the optimizer should apply;
+  the optimizer should apply — unless ``wrap_optimizer`` took the update over;
+- ``wrap_optimizer(optimizer)``: what the loop calls ``zero_grad()`` and ``step()`` on (default: the
+  optimizer itself). A family that applies updates elsewhere (DeAR: bucket by bucket in the next
+  forward) returns a wrapper whose ``step()`` only starts that; ``flush()`` then applies what is
+  pending;
 - ``flush()``: no communication of this executor is outstanding afterwards, and the model's
   parameters are the ones every rank agrees on (families that overlap iterations finish them here);
 - ``remove()``: detach hooks; the model is left usable without the executor;
@@ -58,6 +62,9 @@ class Executor:
     @property
     def module(self) -> nn.Module:
         return self.model
+
+    def wrap_optimizer(self, optimizer: Any) -> Any:
+        return optimizer
 
     def before_forward(self) -> None:
         pass

@@ -8,6 +8,11 @@ behind backward, i.e. ``t_f + max(t_b, end of the last all-reduce measured from 
 A measured trace's :class:`~repro.trace.Overheads` (seconds; 0 in the papers' model) are added:
 ``pre_forward_s`` before the forward, ``straggler_s`` + ``update_s`` after the last all-reduce.
 
+With the plan option ``cycle_s`` (Horovod's cycle time), messages are launched by a background loop
+that wakes every ``cycle_s`` seconds: a bucket ready at ``r`` (from backward start) is released at
+the next tick ``ceil(r / cycle_s) * cycle_s`` (ticks aligned with the backward start; Horovod's are
+free-running, so this is the average case only to within half a cycle).
+
 Two implementations of the same model: :func:`allreduce_tasks` builds the event-engine task graph
 (gives the full timeline), :func:`fifo_iteration_s` is the closed-form recursion the planners call
 thousands of times. Tests check that they agree. :func:`build_graph`, :func:`closed_form` and
@@ -24,13 +29,22 @@ from repro.sim import comm_times_s  # the package is initialised before its subm
 from repro.sim.engine import Task
 from repro.sim.result import SimGraph, SimResult
 
-__all__ = ["ready_times_s", "fifo_comm_end_s", "fifo_iteration_s", "allreduce_tasks", "bucket_label",
-           "build_graph", "closed_form", "check_buckets"]
+__all__ = ["ready_times_s", "cycle_release_s", "fifo_comm_end_s", "fifo_iteration_s", "allreduce_tasks",
+           "bucket_label", "build_graph", "closed_form", "check_buckets"]
 
 
 def ready_times_s(backward_s: np.ndarray) -> np.ndarray:
     """Seconds after backward start at which each layer's gradient is ready (forward order input)."""
     return np.cumsum(np.asarray(backward_s, dtype=float)[::-1])[::-1]
+
+
+def cycle_release_s(ready_s, cycle_s: float | None):
+    """When a background loop ticking every ``cycle_s`` seconds launches what is ready at ``ready_s``
+    (seconds from backward start): the next tick at or after it (``ready_s`` itself without a cycle)."""
+    r = np.asarray(ready_s, dtype=float)
+    if not cycle_s:
+        return r
+    return np.ceil(r / cycle_s - 1e-12) * cycle_s
 
 
 def fifo_comm_end_s(bucket_ready_s: Sequence[float], bucket_comm_s: Sequence[float]) -> float:
@@ -43,11 +57,11 @@ def fifo_comm_end_s(bucket_ready_s: Sequence[float], bucket_comm_s: Sequence[flo
 
 
 def fifo_iteration_s(forward_total_s: float, backward_s: np.ndarray, groups: Sequence[Sequence[int]],
-                     comm_s: Sequence[float], fixed_s: float = 0.0) -> float:
+                     comm_s: Sequence[float], fixed_s: float = 0.0, cycle_s: float | None = None) -> float:
     """Iteration seconds for bucket ``groups`` (layer indices) whose messages take ``comm_s`` each;
-    ``fixed_s`` (pre-forward + update seconds) is added."""
+    ``fixed_s`` (pre-forward + update seconds) is added; ``cycle_s``: launches only at cycle ticks."""
     ready = ready_times_s(backward_s)
-    bucket_ready = [float(ready[min(g)]) for g in groups]
+    bucket_ready = cycle_release_s([float(ready[min(g)]) for g in groups], cycle_s).tolist()
     end = fifo_comm_end_s(bucket_ready, comm_s)
     return float(fixed_s + forward_total_s + max(float(ready[0]), end))
 
@@ -65,9 +79,10 @@ def bucket_label(indices: Sequence[int]) -> str:
 def allreduce_tasks(names: Sequence[str], forward_s: np.ndarray, backward_s: np.ndarray,
                     groups: Sequence[Sequence[int]], comm_s: Sequence[float],
                     kinds: Sequence[str] | None = None, pre_forward_s: float = 0.0,
-                    update_s: float = 0.0, priorities: Sequence[float] | None = None) -> list[Task]:
+                    update_s: float = 0.0, priorities: Sequence[float] | None = None,
+                    cycle_s: float | None = None) -> list[Task]:
     """Task graph of one iteration: [pre-forward], forward tasks, backward tasks, one message per
-    bucket, [the update after the last message]."""
+    bucket (with ``cycle_s``: not before its cycle tick), [the update after the last message]."""
     L = len(names)
     tasks = [Task("compute", "pre_forward", "pre", pre_forward_s)] if pre_forward_s else []
     tasks += [Task("compute", "forward", names[i], float(forward_s[i])) for i in range(L)]
@@ -75,11 +90,14 @@ def allreduce_tasks(names: Sequence[str], forward_s: np.ndarray, backward_s: np.
     for i in reversed(range(L)):
         bwd_task[i] = len(tasks)
         tasks.append(Task("compute", "backward", names[i], float(backward_s[i])))
+    backward_start = pre_forward_s + float(np.sum(forward_s))
+    ready = ready_times_s(backward_s)
     for k, g in enumerate(groups):
         kind = kinds[k] if kinds else "allreduce"
+        earliest = backward_start + float(cycle_release_s(float(ready[min(g)]), cycle_s)) if cycle_s else 0.0
         tasks.append(Task("comm", kind, bucket_label(g), float(comm_s[k]),
                           deps=tuple(bwd_task[i] for i in g),
-                          priority=float(priorities[k]) if priorities is not None else 0.0))
+                          priority=float(priorities[k]) if priorities is not None else 0.0, earliest_s=earliest))
     if update_s:
         tasks.append(Task("compute", "update", "update", update_s,
                           deps=tuple(range(len(tasks) - len(groups), len(tasks)))))
@@ -105,7 +123,8 @@ def build_graph(trace, plan, cost) -> SimGraph:
     o = trace.overheads
     tasks = allreduce_tasks(trace.names, fwd, bwd, groups, comm, pre_forward_s=o.pre_forward_s,
                             update_s=o.after_backward_s,
-                            priorities=[b.messages[0].priority for b in plan.buckets])
+                            priorities=[b.messages[0].priority for b in plan.buckets],
+                            cycle_s=plan.option("cycle_s"))
     return SimGraph(tasks, frozenset({"compute"}), forward_s=float(fwd.sum()) + o.pre_forward_s,
                     backward_s=float(bwd.sum()) + o.after_backward_s, comm_s=float(np.sum(comm)))
 
@@ -116,6 +135,6 @@ def closed_form(trace, plan, cost) -> SimResult | None:
         return None
     groups, comm, fwd, bwd = _inputs(trace, plan, cost)
     o = trace.overheads
-    t = fifo_iteration_s(float(fwd.sum()), bwd, groups, comm, o.total_s)
+    t = fifo_iteration_s(float(fwd.sum()), bwd, groups, comm, o.total_s, plan.option("cycle_s"))
     return SimResult(iteration_s=t, forward_s=float(fwd.sum()) + o.pre_forward_s,
                      backward_s=float(bwd.sum()) + o.after_backward_s, comm_s=float(np.sum(comm)))

@@ -10,6 +10,10 @@ Two kinds of stream:
   the stream is free, they run the one released earliest (ties by priority, then task index) at
   its release time.
 
+A task is *released* when all its dependencies have finished and not before its ``earliest_s``
+(an absolute time, 0 by default: e.g. a Horovod-style background cycle that only launches
+messages at its ticks).
+
 The simulation is event-driven: every stream offers a candidate ``(start time, stream rank, task)``
 (streams ranked by sorted name; a queue stream chooses among the tasks released so far) and the
 smallest candidate across streams runs next. Start times therefore never decrease, and a task
@@ -42,6 +46,7 @@ class Task:
     duration_s: float
     deps: tuple[int, ...] = ()
     priority: float = 0.0
+    earliest_s: float = 0.0   # released no earlier than this absolute time (seconds)
 
 
 @dataclass(frozen=True)
@@ -72,12 +77,14 @@ def run_tasks(tasks: list[Task], in_order_streams: frozenset[str] | set[str]) ->
     for i, t in enumerate(tasks):
         if t.duration_s < 0:
             raise ValueError(f"task {i} ({t.label}) has a negative duration {t.duration_s}")
+        if not t.earliest_s >= 0:
+            raise ValueError(f"task {i} ({t.label}) has a negative or NaN earliest start {t.earliest_s}")
         for d in t.deps:
             if not 0 <= d < n:
                 raise ValueError(f"task {i} ({t.label}) depends on unknown task {d}")
             dependents[d].append(i)
             missing[i] += 1
-    release = [0.0] * n
+    release = [float(t.earliest_s) for t in tasks]
     start = [0.0] * n
     end = [0.0] * n
 
@@ -101,7 +108,10 @@ def run_tasks(tasks: list[Task], in_order_streams: frozenset[str] | set[str]) ->
         if not is_queue[r]:
             order[r].append(i)
         elif missing[i] == 0:
-            ready[r].append((priorities[i], 0.0, i))  # free time and release time both 0.0
+            if release[i] <= 0.0:
+                ready[r].append((priorities[i], 0.0, i))  # free time and release time both 0.0
+            else:
+                future[r].append((release[i], priorities[i], i))
     # Every stream's candidate (start, stream rank, task), or None: for an in-order stream its next
     # task once released, at max(free, release); for a queue stream the top of ``ready`` at its
     # free time, else the top of ``future`` at its release time. ``events`` is a heap holding each
@@ -111,10 +121,13 @@ def run_tasks(tasks: list[Task], in_order_streams: frozenset[str] | set[str]) ->
     for r in range(len(streams)):
         if is_queue[r]:
             heapify(ready[r])
+            heapify(future[r])
             if ready[r]:
                 cand[r] = (0.0, r, ready[r][0][2])
+            elif future[r]:
+                cand[r] = (future[r][0][0], r, future[r][0][2])
         elif order[r] and not missing[order[r][0]]:
-            cand[r] = (0.0, r, order[r][0])
+            cand[r] = (release[order[r][0]], r, order[r][0])
         if cand[r] is not None:
             events.append(cand[r])  # type: ignore[arg-type]
     heapify(events)
