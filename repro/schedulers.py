@@ -125,6 +125,15 @@ SCHEDULERS: dict[str, Scheduler] = {s.name: s for s in (
               "of the threshold rule), planned online from the measured trace and reduce-scatter / all-gather "
               "lines fitted on the live group", "this package (model-based DeAR tensor fusion)", _DEAR_EXECUTOR,
               planner="dear_model", family="dear", online=True, needs_cost=True),
+    Scheduler("dear_bo", "DeAR whose buffer size is tuned live by Bayesian optimisation (Gaussian process, expected "
+              "improvement, 1-256 MiB, over measured iteration times; rank 0 decides and broadcasts, buckets are "
+              "regrouped between trials without losing a gradient or an update)", _DEAR,
+              "repro.runtime.dear_tuner:DeARTunedExecutor", planner="dear_threshold",
+              planner_options=("threshold_bytes",), family="dear"),
+    Scheduler("fsdp", "PyTorch FSDP2 (fully_shard, parameters kept unsharded after forward): reduce-scatter of "
+              "gradients in backward, all-gather of parameters in the next forward (real FSDP2, not a plan)",
+              "PyTorch FSDP2 (Zhao et al., VLDB 2023), what a user would pick instead of DeAR today",
+              "repro.runtime.fsdp:FSDPExecutor"),
     Scheduler("bytescheduler", "ByteScheduler-style priority scheduling: layers partitioned into chunks of at "
               "most 4M parameters, input-side chunks first, a credit bounding bytes in flight, each layer "
               "updated as its chunks complete", "ByteScheduler (Peng et al.; SOSP 2019), as the DeAR paper's "

@@ -82,9 +82,10 @@ class TrainConfig:
                                   choices=tuple(WIRE_DTYPE_BYTES))
     network: str | None = _opt(None, "plan with this cost preset instead of fitting on the live group")
     fit_repeats: int = _opt(5, "repeats per message size (and per top-k size) when fitting the cost model")
-    lr: float = _opt(0.05, "SGD learning rate")
-    momentum: float = _opt(0.9, "SGD momentum")
-    weight_decay: float = _opt(1e-4, "SGD weight decay")
+    optimizer: str = _opt("sgd", "optimizer: sgd (with --momentum) or adamw", choices=("sgd", "adamw"))
+    lr: float = _opt(0.05, "learning rate")
+    momentum: float = _opt(0.9, "SGD momentum (sgd only)")
+    weight_decay: float = _opt(1e-4, "weight decay (decoupled for adamw)")
     seed: int = _opt(0, "seed of the model weights and the data")
     record_timeline: bool = _opt(False, "record each message's launch and end time of the last step")
     results_dir: str | None = _opt(None, "write the run folder under this directory (rank 0)")
@@ -106,6 +107,8 @@ class TrainConfig:
             raise ValueError(f"unknown dataset '{self.dataset}'; choose one of {', '.join(DATASET_NAMES)}")
         if self.dataset == "synthetic" and self.epochs is not None:
             raise ValueError("epochs need a real dataset (e.g. --dataset digits); synthetic runs use --steps")
+        if self.optimizer not in ("sgd", "adamw"):
+            raise ValueError(f"unknown optimizer '{self.optimizer}'; choose sgd or adamw")
         if self.view not in VIEWS:
             raise ValueError(f"unknown view '{self.view}'; choose one of {', '.join(VIEWS)}")
         if self.wire_dtype is not None and self.wire_dtype not in WIRE_DTYPE_BYTES:
@@ -328,6 +331,12 @@ def train_worker(ctx, cfg: TrainConfig) -> dict[str, Any]:
     return run_training(ctx, cfg)[1]
 
 
+def _make_optimizer(cfg: TrainConfig, params) -> torch.optim.Optimizer:
+    if cfg.optimizer == "adamw":
+        return torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+
+
 def _default_run_id(cfg: TrainConfig, world: int, device: torch.device) -> str:
     stamp = torch.tensor([int(time.time() * 1e3)], dtype=torch.int64, device=device)  # NCCL: on the GPU
     dist.broadcast(stamp, src=0)  # one id for every rank
@@ -348,7 +357,7 @@ def run_training(ctx, cfg: TrainConfig) -> tuple[nn.Module, dict[str, Any]]:
     torch.manual_seed(cfg.seed)
     model = build_model(cfg.model, device=device, **cfg.model_kwargs)
     params = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+    opt = _make_optimizer(cfg, params)
     options = ExecutorOptions(view=cfg.view, record_timeline=cfg.record_timeline)
     data = _Data(cfg, rank, world, device)
 
@@ -407,13 +416,14 @@ def run_training(ctx, cfg: TrainConfig) -> tuple[nn.Module, dict[str, Any]]:
     ex.flush()
     if steps is None and (not epoch_rows or epoch_rows[-1]["epoch"] < cfg.epochs):
         epoch_rows.append(_evaluate(cfg, model, cfg.epochs, rows, device))
+    extra_tables = ex.tables()
     ex.remove()
 
     # ---- computation only: a copy of the model, no communication ----
     compute_times = []
     if cfg.compute_steps:
         solo = copy.deepcopy(model)
-        solo_opt = torch.optim.SGD(solo.parameters(), lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+        solo_opt = _make_optimizer(cfg, solo.parameters())
         alone = LocalExecutor(solo)
         for i in range(cfg.compute_steps + 1):  # the first one warms the momentum buffers up
             st = _step(alone, solo_opt, data.next(), loss_of, device)
@@ -427,7 +437,7 @@ def run_training(ctx, cfg: TrainConfig) -> tuple[nn.Module, dict[str, Any]]:
         inrun_trace.extra["method"] += f"; measured during the timed steps under '{cfg.scheduler}'"
     summary = _summarise(cfg, run_id, rows, compute_times, plan, trace, device)
     if rank == 0 and cfg.results_dir:
-        _write_run(cfg, summary, rows, epoch_rows, bucket_rows, trace, inrun_trace, plan, cost)
+        _write_run(cfg, summary, rows, epoch_rows, bucket_rows, trace, inrun_trace, plan, cost, extra_tables)
         log.info("%s: %.4f s per iteration; written to %s", run_id, summary["iteration_s"], cfg.results_dir)
     summary["epochs"] = epoch_rows
     return model, summary
@@ -528,7 +538,8 @@ def run_environment() -> dict[str, Any]:
     return env
 
 
-def _write_run(cfg, summary, rows, epoch_rows, bucket_rows, trace, inrun_trace, plan, cost) -> None:
+def _write_run(cfg, summary, rows, epoch_rows, bucket_rows, trace, inrun_trace, plan, cost,
+               extra_tables=None) -> None:
     import pandas as pd
 
     run_id = summary["run_id"]
@@ -538,6 +549,9 @@ def _write_run(cfg, summary, rows, epoch_rows, bucket_rows, trace, inrun_trace, 
             w.table(EPOCHS_CSV, pd.DataFrame(epoch_rows).assign(run_id=run_id))
         if bucket_rows:
             w.table(BUCKETS_CSV, pd.DataFrame(bucket_rows).assign(run_id=run_id))
+        for name, table_rows in (extra_tables or {}).items():  # e.g. a tuner's trials
+            if table_rows:
+                w.table(f"{name}.csv", pd.DataFrame(table_rows).assign(run_id=run_id))
         if trace is not None:
             w.trace(trace)
         if inrun_trace is not None:

@@ -21,6 +21,8 @@ and ``ex.flush()`` at the end of training and before an evaluation or a checkpoi
 - ``flush()``: no communication of this executor is outstanding afterwards, and the model's
   parameters are the ones every rank agrees on (families that overlap iterations finish them here);
 - ``remove()``: detach hooks; the model is left usable without the executor;
+- ``tables()``: extra tidy tables the executor recorded (name -> list of row dicts, e.g. a tuner's
+  trials), written by rank 0 as ``<name>.csv`` in the run folder; empty by default;
 - ``grad_ready_s`` (layer -> ``time.perf_counter()`` when its gradient was ready in the last backward)
   and ``timings`` (per-message launch/end times when recording) may be empty where not observed.
 
@@ -65,6 +67,9 @@ class Executor:
 
     def wrap_optimizer(self, optimizer: Any) -> Any:
         return optimizer
+
+    def tables(self) -> dict[str, list[dict[str, Any]]]:
+        return {}
 
     def before_forward(self) -> None:
         pass
