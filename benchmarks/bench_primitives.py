@@ -8,7 +8,8 @@ times (median of ``repeats`` after one warm-up, each repeat started by a barrier
 median), in milliseconds:
 
 - ``AR``, ``nat_RS``, ``nat_AG``: torch's ``all_reduce``, ``reduce_scatter_tensor`` and
-  ``all_gather_into_tensor`` (called directly, on the default group);
+  ``all_gather_into_tensor`` (called directly, on the default group; torch 2.14's names for the last
+  two are ``reduce_scatter_single`` / ``all_gather_single``, used when present);
 - ``RS``, ``AG``, ``RS+AG``: :class:`repro.runtime.collectives.CommStream`'s ring reduce-scatter,
   ring all-gather, and the two back to back (submitted together, waited once), on its thread;
 - ``stream_AR``: the stream's own ``all_reduce`` (auto: native all_reduce on the stream's group);
@@ -33,7 +34,7 @@ def primitive_times(ctx, sizes_bytes: list[int], repeats: int) -> list[dict]:
     import torch
     import torch.distributed as dist
 
-    from repro.runtime.collectives import CommStream
+    from repro.runtime.collectives import CommStream, _all_gather_into_tensor, _reduce_scatter_tensor
 
     P, rank = dist.get_world_size(), dist.get_rank()
     stream = CommStream()
@@ -58,8 +59,8 @@ def primitive_times(ctx, sizes_bytes: list[int], repeats: int) -> list[dict]:
         shard = torch.empty(n // P)
         row = {"world_size": P, "bytes": n * 4}
         row["AR"] = timed(lambda: dist.all_reduce(buf))
-        row["nat_RS"] = timed(lambda: dist.reduce_scatter_tensor(shard, buf))
-        row["nat_AG"] = timed(lambda: dist.all_gather_into_tensor(buf, shard))
+        row["nat_RS"] = timed(lambda: _reduce_scatter_tensor(shard, buf))
+        row["nat_AG"] = timed(lambda: _all_gather_into_tensor(buf, shard))
         row["RS"] = timed(lambda: stream.reduce_scatter(buf).wait())
         row["AG"] = timed(lambda: stream.all_gather(buf).wait())
 

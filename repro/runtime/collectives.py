@@ -41,6 +41,10 @@ __all__ = ["CommStream", "Handle", "BACKEND_IMPLS"]
 
 BACKEND_IMPLS = ("auto", "ring", "native")
 
+# torch 2.14 renamed reduce_scatter_tensor / all_gather_into_tensor (the old names warn); same semantics.
+_reduce_scatter_tensor = getattr(dist, "reduce_scatter_single", dist.reduce_scatter_tensor)
+_all_gather_into_tensor = getattr(dist, "all_gather_single", dist.all_gather_into_tensor)
+
 # Each ring step's shard is sent as chunks of at most this many bytes, so that the receiver can add
 # chunk k while chunk k+1 is still on the wire (reduce-scatter); all chunks of a step are in flight at once.
 _CHUNK_BYTES = 1 << 20
@@ -323,12 +327,12 @@ class CommStream:
     def _native_reduce_scatter(self, flat: torch.Tensor) -> None:
         shard = flat.chunk(self.world_size)[self.rank]
         out = torch.empty_like(shard)  # output must not alias the input
-        dist.reduce_scatter_tensor(out, flat, group=self.group)
+        _reduce_scatter_tensor(out, flat, group=self.group)
         shard.copy_(out)
 
     def _native_all_gather(self, flat: torch.Tensor) -> None:
         shard = flat.chunk(self.world_size)[self.rank].clone()  # input must not alias the output
-        dist.all_gather_into_tensor(flat, shard, group=self.group)
+        _all_gather_into_tensor(flat, shard, group=self.group)
 
     def _native_all_reduce(self, flat: torch.Tensor) -> None:
         dist.all_reduce(flat, group=self.group)
