@@ -372,6 +372,9 @@ _V100_INTRA = {2: (2.555e-6, 9.838e-11), 4: (4.204e-5, 2.059e-10)}
 # (a = 2(P-1) alpha, b = 2(P-1)/P beta). Our interpretation, labelled "derived" in the name.
 _IB16_A, _IB16_B = 2.358e-4, 4.059e-10
 _E16_A, _E16_B = 9.081e-4, 7.396e-10
+# The same inversion of the DeAR authors' 64-worker fits (a = 2*63 alpha, b = 2*63/64 beta).
+_D64E_A, _D64E_B = 7.04e-3, 9.64e-10
+_D64I_A, _D64I_B = 8.06e-4, 5.89e-10
 
 PRESETS: dict[str, _TablePreset | _HopPreset] = {
     "10gbe-v100": _TablePreset("allreduce", {**_V100_INTRA, 8: (5.230e-4, 8.571e-10), 16: (9.081e-4, 7.396e-10)},
@@ -397,6 +400,12 @@ PRESETS: dict[str, _TablePreset | _HopPreset] = {
                                  "ring alpha/beta derived from the MG-WFBP 56Gb IB fit at P=16 (our interpretation)"),
     "10gbe-derived": _HopPreset(_E16_A / 30, _E16_B * 16 / 30, 0.0, "ring",
                                 "ring alpha/beta derived from the MG-WFBP 10GbE fit at P=16 (our interpretation)"),
+    "10gbe-dear-derived": _HopPreset(_D64E_A / 126, _D64E_B * 64 / 126, 0.0, "ring",
+                                     "ring alpha/beta derived from the DeAR authors' 10GbE fit at P=64 (our "
+                                     "interpretation; any P, reduce-scatter and all-gather are the ring halves)"),
+    "56gbib-dear-derived": _HopPreset(_D64I_A / 126, _D64I_B * 64 / 126, 0.0, "ring",
+                                      "ring alpha/beta derived from the DeAR authors' InfiniBand fit at P=64 (our "
+                                      "interpretation; their constants say 56Gb IB, the paper's testbed 100Gb IB)"),
 }
 
 
