@@ -119,8 +119,9 @@ class CommStream:
       same order relative to every other ``new_group`` call.
     - ``backend_impl``: ``"ring"`` (ring RS / AG over point-to-point messages; gloo, CPU tensors),
       ``"native"`` (torch's ``reduce_scatter_tensor`` / ``all_gather_into_tensor`` / ``all_reduce`` on
-      the stream's group), ``"auto"`` (ring for RS/AG on gloo, native on NCCL; all_reduce native on
-      both, which measured faster than RS+AG on gloo, see :meth:`all_reduce`).
+      the stream's group), ``"auto"`` (ring for RS/AG on gloo, native otherwise, e.g. NCCL; all_reduce
+      native, which measured as fast as or faster than RS+AG on gloo, see :meth:`all_reduce`).
+      Shard ``r`` belongs to the rank whose rank *in the stream's group* is ``r`` (``self.rank``).
     - ``timeout_s``: bound (seconds) on every message of the stream's group; a peer that dies or never
       submits the matching op makes the op fail within about this long (``wait()`` raises) instead of
       hanging. None: the default group's timeout.
@@ -148,8 +149,10 @@ class CommStream:
         self.backend = dist.get_backend(self.group)
         self.world_size = dist.get_world_size(self.group)
         self.rank = dist.get_rank(self.group)
+        if backend_impl == "ring" and self.backend != "gloo":
+            raise ValueError(f"backend_impl='ring' needs the gloo backend, the stream's group uses {self.backend!r}")
         self.backend_impl = backend_impl
-        self._ring = backend_impl == "ring" or (backend_impl == "auto" and self.backend != "nccl")
+        self._ring = backend_impl == "ring" or (backend_impl == "auto" and self.backend == "gloo")
         self._cuda_stream = torch.cuda.Stream() if self.backend == "nccl" else None
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._lock = threading.Lock()
@@ -191,7 +194,7 @@ class CommStream:
         ``all_reduce`` on the stream's group (any numel): gloo's own ring all-reduce was measured as fast
         as or faster than our RS+AG (benchmarks/bench_primitives.py).
         """
-        if self._ring and self.backend_impl == "ring":
+        if self.backend_impl == "ring":
             flat = self._check("all_reduce", buffer)
 
             def fn(buf):
@@ -267,7 +270,7 @@ class CommStream:
             handle.start_s = time.perf_counter()
             try:
                 if self._cuda_stream is not None:
-                    with torch.cuda.stream(self._cuda_stream):
+                    with torch.cuda.device(flat.device), torch.cuda.stream(self._cuda_stream):
                         self._cuda_stream.wait_event(ready)
                         fn(flat)
                     self._cuda_stream.synchronize()
