@@ -350,7 +350,7 @@ def build_parser() -> argparse.ArgumentParser:
                                    "predicted iteration seconds.")
     p.add_argument("--trace", required=True, help="trace JSON file or shipped trace name")
     p.add_argument("--solver", required=True, choices=planner_names(), help="planner")
-    p.add_argument("--threshold-bytes", type=int, help="bucket threshold of --solver threshold, bytes (>= 0)")
+    p.add_argument("--threshold-bytes", type=int, help="bucket threshold in bytes (>= 0) of the threshold, horovod and dear_threshold solvers")
     p.add_argument("--wire-dtype", choices=sorted(WIRE_DTYPE_BYTES),
                    help="communicate gradients in this dtype; the planner solves on those bytes")
     p.add_argument("--density", type=float, help="sparse planners: fraction of each bucket's elements sent, "
