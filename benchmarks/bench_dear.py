@@ -1,0 +1,126 @@
+"""DeAR and its baselines, simulated at the paper's scale and measured on this machine (prints tables;
+not a test).
+
+    python benchmarks/bench_dear.py [--models tiny_resnet tiny_vgg] [--bandwidth 1gbit] [--steps 10]
+        [--world-size 2] [--bo-steps 80] [--no-measure]
+
+1. **Simulated, paper setting**: 64 workers on the DeAR authors' 10GbE and InfiniBand all-reduce fits
+   (presets ``10gbe-dear64`` / ``56gbib-dear64``; reduce-scatter and all-gather are their ring halves),
+   V100 roofline-estimate traces of the paper's five models at its batch sizes. Seconds per iteration
+   of every scheduler and DeAR's speedup over the best baseline, beside the paper's claim (up to 83% on
+   10GbE and 15% on 100Gb IB, measured on its testbed).
+2. **Measured on an emulated network**: ``--world-size`` gloo ranks, each in its own network namespace
+   behind a link of ``--bandwidth`` (needs root; loopback otherwise, say so), tiny models, every
+   scheduler as ``repro train`` runs it, the simulator's prediction beside each measurement
+   (:func:`repro.studies.dear_train.throughput_table`).
+3. **Buffer-size tuning**: a measured sweep of DeAR's fusion threshold, then one ``dear_bo`` run;
+   the number of trials BO needed to come within 5% of the sweep's best, and where the model-based
+   planner (``dear_model``) lands.
+
+The primitives (ring reduce-scatter / all-gather vs all-reduce) are ``benchmarks/bench_primitives.py``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import warnings
+
+import numpy as np
+import pandas as pd
+
+from repro.cost import preset
+from repro.data import shipped_traces  # noqa: F401  (documents where the traces come from)
+from repro.planners import make_plan
+from repro.trace import load_trace
+
+PAPER_MODELS = [("resnet50", 64), ("densenet201", 32), ("inception_v4", 64), ("bert_base", 64), ("bert_large", 32)]
+BASELINES_NOFUSION = ["wfbp", "bytescheduler"]
+BASELINES_FUSION = ["horovod", "ddp_buckets", "mgwfbp"]
+DEAR = ["dear_nofusion", "dear_threshold", "dear_model"]
+PAPER_CLAIM = {"10gbe-dear64": 0.83, "56gbib-dear64": 0.15}
+
+
+def simulated_paper_table() -> pd.DataFrame:
+    rows = []
+    for model, batch in PAPER_MODELS:
+        trace = load_trace(f"{model}_b{batch}_v100-estimate")
+        for net in PAPER_CLAIM:
+            cost = preset(net, 64)
+            row = {"model": model, "batch": batch, "network": net}
+            for s in BASELINES_NOFUSION + BASELINES_FUSION + DEAR:
+                row[s] = make_plan(s, trace, cost).meta["iteration_s"] * 1e3
+            best_base = min(row[s] for s in BASELINES_NOFUSION + BASELINES_FUSION)
+            best_dear = min(row[s] for s in DEAR)
+            row["dear_speedup_vs_best_baseline"] = best_base / best_dear - 1
+            row["paper_claim_up_to"] = PAPER_CLAIM[net]
+            rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def measured_tables(models, world_size, bandwidth, steps, bo_steps, thresholds) -> tuple[pd.DataFrame, ...]:
+    from repro.studies import dear_train
+
+    with tempfile.TemporaryDirectory() as tmp:
+        configs = dear_train.throughput_configs(models, dear_train.ALL_SCHEDULERS, world_size, bandwidth, steps=steps)
+        sweep = dear_train.buffer_sweep_configs(models[0], thresholds, world_size, bandwidth, steps=steps)
+        tune = dear_train.tuning_configs(models[0], world_size, bandwidth, steps=bo_steps)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            dear_train.run_grid(configs + sweep + tune, [world_size], tmp, emulate_bandwidth=bandwidth)
+        return (dear_train.throughput_table(tmp), dear_train.buffer_sweep_table(tmp), dear_train.tuning_table(tmp))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", nargs="+", default=["tiny_resnet", "tiny_vgg"])
+    ap.add_argument("--bandwidth", default="1gbit", help="emulated link rate (tc style); 'none' for loopback")
+    ap.add_argument("--world-size", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--bo-steps", type=int, default=80, help="steps of the dear_bo run (its trials need them)")
+    ap.add_argument("--thresholds-bytes", nargs="+", type=int,
+                    default=[0, 2**16, 2**18, 2**20, 2**22, 2**24, 2**26], help="measured buffer sweep, bytes")
+    ap.add_argument("--no-measure", action="store_true")
+    args = ap.parse_args()
+    pd.set_option("display.width", 250)
+    pd.set_option("display.max_columns", 30)
+
+    print("== 1. Simulated at the paper's setting: 64 workers, the DeAR authors' fits, V100 roofline-estimate "
+          "traces; milliseconds per iteration ==")
+    print(simulated_paper_table().round(3).to_string(index=False))
+    if args.no_measure:
+        return
+    bandwidth = None if args.bandwidth == "none" else args.bandwidth
+    if bandwidth:
+        from repro.cluster.netns import EmulationUnavailableError, check_emulation_available
+
+        try:
+            check_emulation_available()
+        except EmulationUnavailableError as e:
+            print(f"(no emulated network: {e}; measuring on loopback)")
+            bandwidth = None
+    where = f"emulated {bandwidth} links" if bandwidth else "loopback"
+    thr, sweep, tuning = measured_tables(args.models, args.world_size, bandwidth, args.steps, args.bo_steps,
+                                         args.thresholds_bytes)
+    print(f"\n== 2. Measured: {args.world_size} gloo ranks on {where}, 1 thread each; seconds per iteration "
+          "(median of the timed steps, slowest rank) and the simulator's predictions ==")
+    cols = ["model", "scheduler", "buckets", "iteration_s", "compute_s", "predicted_s", "prediction_error",
+            "simulated_inrun_s", "prediction_from"]
+    print(thr[cols].round(4).to_string(index=False))
+    print(f"\n== 3. Buffer size ({args.models[0]}): measured sweep of dear_threshold, simulated beside ==")
+    print(sweep.pivot_table(index="threshold_bytes", columns="source", values="iteration_s").round(4).to_string())
+    if tuning.empty:
+        print("(no tuning trials recorded)")
+        return
+    best = sweep[sweep.source == "measured"].iteration_s.min()
+    print(tuning.round(4).to_string(index=False))
+    from repro.studies.dear_train import trials_to_within
+
+    n = trials_to_within(tuning, best) if best == best else np.nan
+    model_row = thr[(thr.model == args.models[0]) & (thr.scheduler == "dear_model")]
+    print(f"BO trials to come within 5% of the sweep's best ({best:.4f} s): {n}; "
+          f"dear_model measured {float(model_row.iteration_s.iloc[0]) if len(model_row) else float('nan'):.4f} s")
+
+
+if __name__ == "__main__":
+    main()
