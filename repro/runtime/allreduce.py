@@ -17,10 +17,29 @@ Contract of :class:`BucketedAllReduce`:
 :class:`ScheduledOptimizer` wraps any optimizer so that ``step()`` first calls :meth:`finish`.
 Each layer's gradient-ready time (``time.perf_counter``, seconds) is kept for the last iteration in
 ``grad_ready_s``; with ``record_timeline=True`` so are each bucket's launch and completion times.
+
+**Horovod's cycle time** (plan option ``cycle_s``, the ``horovod`` planner's plans): Horovod's
+background loop wakes every ``cycle_s`` seconds and launches what became ready since its last tick.
+Here the ticks are counted from the backward start (the first gradient hook of the iteration, kept in
+``cycle_origin_s``): tick ``k`` is at ``cycle_origin_s + k * cycle_s``. A background thread (one per
+:class:`BucketedAllReduce`, started by the first hook of an iteration) sleeps until the next tick and
+launches the complete buckets there, in plan order (never overtaking an incomplete earlier bucket, so
+every rank issues the same sequence); a bucket complete at ``r`` therefore goes out at the first tick
+at or after ``r`` (the simulator's ``ceil(r / cycle_s) * cycle_s``, :mod:`repro.sim.allreduce`), later
+when an earlier bucket holds it back. :meth:`finish` does not launch early either: it waits for the
+remaining buckets' tick (at most one cycle after the last gradient), launches them there and waits
+for every bucket. The gradient hooks never launch in this mode. *One thread issues at a time*: gloo
+collectives are launched from the ticker thread while the main thread runs backward, and from the main
+thread in :meth:`finish`; every launch (and the bucket-order cursor) is under one lock, so only one
+thread issues a collective on the group at a time and the plan order is kept. The main thread issues
+no other collective while a backward is in flight (the loop's buffer broadcast is before the forward).
+Without ``cycle_s`` nothing of this exists: the hooks launch as before.
 """
 
 from __future__ import annotations
 
+import math
+import threading
 import time
 from dataclasses import dataclass, field, fields
 
@@ -124,6 +143,17 @@ class BucketedAllReduce:
             bucket.pending = len(bucket.slots)
             self._buckets.append(bucket)
         self._next = 0  # next bucket (plan order) to launch
+        cycle_s = plan.option("cycle_s")
+        if cycle_s is not None and not (isinstance(cycle_s, (int, float)) and not isinstance(cycle_s, bool)
+                                        and math.isfinite(cycle_s) and cycle_s > 0):
+            raise PlanError(f"plan option cycle_s must be a positive number of seconds, got {cycle_s!r}")
+        self.cycle_s: float | None = float(cycle_s) if cycle_s is not None else None
+        self.cycle_origin_s: float | None = None   # backward start of the current iteration (cycle mode)
+        self.bucket_ready_s: list[float] = [float("nan")] * len(self._buckets)  # last gradient written
+        self._lock = threading.Lock()               # one thread launches at a time; guards _next
+        self._wake = threading.Condition(threading.Lock())
+        self._ticker: threading.Thread | None = None
+        self._closed = False
         self.timings = [BucketTiming(k, b.layers, b.buffer.numel() * b.buffer.element_size())
                         for k, b in enumerate(self._buckets)]
         self.grad_ready_s: dict[str, float] = {}
@@ -132,9 +162,18 @@ class BucketedAllReduce:
     # ---- hooks ----
     def _hook(self, slot: _Slot):
         def hook(param: torch.Tensor) -> None:
-            self.grad_ready_s[slot.layer] = time.perf_counter()
-            self._write(slot)
-            self._launch_ready()
+            now = time.perf_counter()
+            self.grad_ready_s[slot.layer] = now
+            if self.cycle_s is None:
+                self._write(slot)
+                self._launch_ready()
+                return
+            with self._wake:
+                if self.cycle_origin_s is None:  # first gradient of the iteration: the backward start
+                    self.cycle_origin_s = now
+                    self._start_ticker()
+                self._write(slot)
+                self._wake.notify_all()
         return hook
 
     def _write(self, slot: _Slot) -> None:
@@ -147,9 +186,55 @@ class BucketedAllReduce:
         elif grad.data_ptr() != slot.view.data_ptr():  # not already accumulated in place in the bucket
             slot.view.copy_(grad.reshape(-1))
         slot.written = True
-        self._buckets[slot.bucket].pending -= 1
+        bucket = self._buckets[slot.bucket]
+        bucket.pending -= 1
+        if bucket.pending == 0:
+            self.bucket_ready_s[slot.bucket] = time.perf_counter()
+
+    # ---- Horovod cycle time ----
+    def _start_ticker(self) -> None:
+        if self._ticker is None or not self._ticker.is_alive():
+            self._ticker = threading.Thread(target=self._tick_loop, name="horovod-cycle", daemon=True)
+            self._ticker.start()
+
+    def _next_tick_s(self, now: float) -> float:
+        """The first tick at or after ``now`` (ticks every cycle_s from ``cycle_origin_s``)."""
+        k = math.ceil((now - self.cycle_origin_s) / self.cycle_s - 1e-9)
+        return self.cycle_origin_s + max(k, 0) * self.cycle_s
+
+    def _launchable(self) -> bool:
+        return self._next < len(self._buckets) and self._buckets[self._next].pending == 0
+
+    def _tick_loop(self) -> None:
+        """Background loop of one iteration: at each tick after a bucket became complete, launch the
+        complete buckets (plan order); ends when every bucket is launched (the next iteration's first
+        hook starts a new loop) or the executor is removed."""
+        while True:
+            with self._wake:
+                while not self._closed and self._next < len(self._buckets) and not self._launchable():
+                    self._wake.wait()
+                if self._closed or self._next >= len(self._buckets):
+                    return
+                tick = self._next_tick_s(time.perf_counter())
+            delay = tick - time.perf_counter()
+            if delay > 0:
+                time.sleep(delay)
+            with self._wake:
+                if self._closed:
+                    return
+                self._launch_ready()
+
+    def _sleep_to_tick(self) -> None:
+        if self.cycle_origin_s is not None:
+            delay = self._next_tick_s(time.perf_counter()) - time.perf_counter()
+            if delay > 0:
+                time.sleep(delay)
 
     def _launch_ready(self) -> None:
+        with self._lock:
+            self._launch_ready_locked()
+
+    def _launch_ready_locked(self) -> None:
         while self._next < len(self._buckets) and self._buckets[self._next].pending == 0:
             bucket = self._buckets[self._next]
             bucket.buffer.div_(self.world_size)
@@ -166,10 +251,30 @@ class BucketedAllReduce:
     # ---- step ----
     def finish(self) -> None:
         """Wait for all buckets of this iteration and write averaged gradients into ``.grad``."""
-        for slot in self._slots:  # parameters that got no gradient this iteration
-            if not slot.written:
-                self._write(slot)
-        self._launch_ready()
+        if self.cycle_s is None:
+            for slot in self._slots:  # parameters that got no gradient this iteration
+                if not slot.written:
+                    self._write(slot)
+            self._launch_ready()
+        else:
+            with self._wake:
+                if self.cycle_origin_s is None:  # no gradient at all: the loop starts now
+                    self.cycle_origin_s = time.perf_counter()
+                for slot in self._slots:
+                    if not slot.written:
+                        self._write(slot)
+                self._wake.notify_all()
+            while True:  # what is left goes out at the loop's next tick, as Horovod's would
+                with self._wake:
+                    if self._next >= len(self._buckets):
+                        break
+                self._sleep_to_tick()
+                with self._wake:
+                    self._launch_ready()
+            if self._ticker is not None:
+                self._ticker.join()
+                self._ticker = None
+            self.cycle_origin_s = None
         for bucket in self._buckets:
             bucket.work.wait()
             same_dtype = bucket.buffer.dtype == bucket.slots[0].param.dtype
@@ -184,7 +289,13 @@ class BucketedAllReduce:
         self._next = 0
 
     def remove(self) -> None:
-        """Remove the gradient hooks (the model is left as it was)."""
+        """Remove the gradient hooks (the model is left as it was) and stop the cycle loop."""
+        with self._wake:
+            self._closed = True
+            self._wake.notify_all()
+        if self._ticker is not None:
+            self._ticker.join()
+            self._ticker = None
         for h in self._handles:
             h.remove()
         self._handles = []
