@@ -21,7 +21,7 @@ Each layer's gradient-ready time (``time.perf_counter``, seconds) is kept for th
 **Horovod's cycle time** (plan option ``cycle_s``, the ``horovod`` planner's plans): Horovod's
 background loop wakes every ``cycle_s`` seconds and launches what became ready since its last tick.
 Here the ticks are counted from the backward start (the first gradient hook of the iteration, kept in
-``cycle_origin_s``): tick ``k`` is at ``cycle_origin_s + k * cycle_s``. A background thread (one per
+``cycle_origin_s``, after :meth:`finish` ``last_cycle_origin_s``): tick ``k`` is at ``cycle_origin_s + k * cycle_s``. A background thread (one per
 :class:`BucketedAllReduce`, started by the first hook of an iteration) sleeps until the next tick and
 launches the complete buckets there, in plan order (never overtaking an incomplete earlier bucket, so
 every rank issues the same sequence); a bucket complete at ``r`` therefore goes out at the first tick
@@ -149,6 +149,7 @@ class BucketedAllReduce:
             raise PlanError(f"plan option cycle_s must be a positive number of seconds, got {cycle_s!r}")
         self.cycle_s: float | None = float(cycle_s) if cycle_s is not None else None
         self.cycle_origin_s: float | None = None   # backward start of the current iteration (cycle mode)
+        self.last_cycle_origin_s: float | None = None  # the same of the last finished iteration
         self.bucket_ready_s: list[float] = [float("nan")] * len(self._buckets)  # last gradient written
         self._lock = threading.Lock()               # one thread launches at a time; guards _next
         self._wake = threading.Condition(threading.Lock())
@@ -274,7 +275,7 @@ class BucketedAllReduce:
             if self._ticker is not None:
                 self._ticker.join()
                 self._ticker = None
-            self.cycle_origin_s = None
+            self.last_cycle_origin_s, self.cycle_origin_s = self.cycle_origin_s, None
         for bucket in self._buckets:
             bucket.work.wait()
             same_dtype = bucket.buffer.dtype == bucket.slots[0].param.dtype

@@ -1,0 +1,125 @@
+"""PyTorch FSDP2 (``torch.distributed.fsdp.fully_shard``) under the executor contract (scheduler ``fsdp``).
+
+What a user would pick instead of DeAR today (dear.md): reduce-scatter of gradients in backward,
+all-gather of parameters in the forward, here with ``reshard_after_forward=False`` (parameters stay
+unsharded from the forward to the backward; after the backward they are resharded, and the next
+forward all-gathers them again). ``fully_shard`` is applied to every top-level child module that holds
+parameters (a layer or a block of the model), then to the root (which takes whatever parameters are
+left, e.g. the root's own).
+
+FSDP2 runs on CPU with gloo in torch 2.14 (device mesh ``init_device_mesh("cpu", (world,))``): checked
+by the tests (parameters after several steps equal PyTorch DDP's). Where ``fully_shard`` refuses (no
+distributed group, another backend without the collectives it needs), the executor raises one
+ValueError naming the reason before any step.
+
+**A sharded copy.** ``fully_shard`` converts a module in place (its class becomes ``FSDP<Class>``, its
+parameters DTensor shards), and there is no public way back. The training loop evaluates, and
+returns, the model object it built (plain tensors expected by everything after training), so the
+executor shards a *copy* of the model (``module``, what the loop calls in the forward) and leaves
+the original plain: rank 0's parameters and buffers are broadcast into the copy first (as DDP does
+at construction), and :meth:`flush` (called before every evaluation, before a checkpoint and at the
+end) all-gathers the full parameters (``DTensor.full_tensor()``) and copies them, and the buffers,
+into the original model. So evaluation runs on the original, unsharded model (no FSDP collectives,
+any number of batches per rank), and after :meth:`remove` the original model holds the trained
+parameters. The cost is one more copy of the model's memory (irrelevant for the models run here).
+
+**The optimizer.** The loop builds its optimizer over the original parameters before the executor
+exists; :meth:`wrap_optimizer` returns a new optimizer of the same class over the sharded parameters
+with the same hyperparameters: ``defaults`` for the constructor and each param group's own settings
+(the groups map parameter by parameter through their names). An optimizer that already holds state
+(momentum buffers) is refused, since that state is the unsharded tensors'.
+
+Buffers (BatchNorm statistics) are not synchronised by FSDP; :meth:`before_forward` broadcasts rank
+0's, as DDP does. ``after_backward`` does nothing: FSDP reduce-scatters inside ``backward()``.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from repro.plan import Plan
+from repro.runtime.buffers import broadcast_buffers
+from repro.runtime.executor import Executor, ExecutorOptions
+
+__all__ = ["FSDPExecutor"]
+
+
+class FSDPExecutor(Executor):
+    """FSDP2 per top-level block, ``reshard_after_forward=False``, on a sharded copy (see the module)."""
+
+    def __init__(self, model: nn.Module, plan: Plan | None = None, options: ExecutorOptions | None = None) -> None:
+        super().__init__(model, plan, options)
+        if not dist.is_initialized():
+            raise ValueError("fsdp: torch.distributed is not initialised (start ranks with repro.cluster.local)")
+        try:
+            from torch.distributed.device_mesh import init_device_mesh
+            from torch.distributed.fsdp import fully_shard
+        except ImportError as e:
+            raise ValueError(f"fsdp: this torch has no FSDP2 (torch.distributed.fsdp.fully_shard): {e}") from None
+        params = list(model.parameters())
+        if not params:
+            raise ValueError("fsdp: the model has no parameters to shard")
+        device = params[0].device
+        sharded = copy.deepcopy(model)
+        with torch.no_grad():
+            for t in list(sharded.parameters()) + list(sharded.buffers()):
+                dist.broadcast(t, src=0)  # every rank starts from rank 0's model, as DDP does
+        try:
+            mesh = init_device_mesh(device.type, (dist.get_world_size(),))
+            for child in sharded.children():
+                if any(True for _ in child.parameters()):
+                    fully_shard(child, mesh=mesh, reshard_after_forward=False)
+            fully_shard(sharded, mesh=mesh, reshard_after_forward=False)
+        except Exception as e:  # noqa: BLE001 - one clear line, whatever FSDP2 objects to
+            raise ValueError(f"fsdp: PyTorch FSDP2 cannot shard this model on backend "
+                             f"'{dist.get_backend()}' ({device.type}): {type(e).__name__}: {e}") from e
+        self._sharded = sharded
+        self._names = {id(p): n for n, p in model.named_parameters()}
+        self._sharded_params = dict(sharded.named_parameters())
+
+    @property
+    def module(self) -> nn.Module:
+        return self._sharded
+
+    def wrap_optimizer(self, optimizer: Any) -> Any:
+        """The same optimizer class and hyperparameters over the sharded parameters (see the module)."""
+        if not isinstance(optimizer, torch.optim.Optimizer):
+            raise ValueError(f"fsdp: cannot rebuild a {type(optimizer).__name__} over the sharded parameters")
+        if any(optimizer.state.values()):
+            raise ValueError("fsdp: the optimizer already holds state (e.g. momentum) of the unsharded "
+                             "parameters; wrap it before the first step")
+        groups = []
+        for g in optimizer.param_groups:
+            try:
+                ps = [self._sharded_params[self._names[id(p)]] for p in g["params"]]
+            except KeyError:
+                raise ValueError("fsdp: the optimizer holds a parameter that is not the model's") from None
+            groups.append({**{k: v for k, v in g.items() if k != "params"}, "params": ps})
+        return type(optimizer)(groups, **optimizer.defaults)
+
+    def before_forward(self) -> None:
+        broadcast_buffers(self._sharded)
+
+    @torch.no_grad()
+    def flush(self) -> None:
+        """Copy the full (all-gathered) parameters and the buffers into the original model."""
+        from torch.distributed.tensor import DTensor
+
+        originals = dict(self.model.named_parameters())
+        for name, p in self._sharded.named_parameters():
+            full = p.full_tensor() if isinstance(p, DTensor) else p
+            originals[name].copy_(full)
+        originals_b = dict(self.model.named_buffers())
+        for name, b in self._sharded.named_buffers():
+            originals_b[name].copy_(b)
+
+    def remove(self) -> None:
+        """Leave the original model holding the trained parameters and drop the sharded copy."""
+        if self._sharded is not None:
+            self.flush()
+            self._sharded = None
