@@ -1,0 +1,332 @@
+"""Figures of the DeAR simulation study, each drawn from one tidy table of :mod:`repro.studies.dear_sim`.
+
+Every function takes DataFrames and returns a matplotlib Figure; saving is the caller's job
+(:func:`repro.figures.save_figure`). Conventions of :mod:`repro.figures.style`: one style per scheduler,
+legends below the axes (never over data), notes where curves coincide, and every figure says it is
+simulated, with which cost preset and from which traces (``note``).
+"""
+
+from __future__ import annotations
+
+import textwrap
+from typing import Sequence
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+from matplotlib.lines import Line2D
+from matplotlib.patches import Patch
+from matplotlib.ticker import FuncFormatter
+
+from repro.figures.plots import gantt
+from repro.figures.style import EXTRA_COLORS, PALETTE, STYLES, kind_color, legend_below, scheduler_style
+
+__all__ = ["METHOD_ORDER", "DEAR_STYLES", "method_style", "method_label", "plot_timeline", "plot_scaling",
+           "plot_throughput", "plot_breakdown", "plot_buffer_sweep"]
+
+METHOD_ORDER: tuple[str, ...] = ("wfbp", "bytescheduler", "horovod", "ddp_buckets", "mgwfbp", "dear_nofusion",
+                                 "dear_threshold", "dear_model", "dear_bo", "fsdp")
+
+_PLAIN = FuncFormatter(lambda v, _pos: f"{v:g}")
+_THOUSANDS = FuncFormatter(lambda v, _pos: f"{v / 1e3:g}")
+
+# repro.figures.style has no entries yet for the DeAR variants (it has "dear", "bytescheduler",
+# "horovod"): these are used until it does (an entry there wins). Colours differ from every other
+# method of the DeAR figures (ddp_buckets is green like "dear", MG-WFBP vermillion: the variants are
+# purple, teal and brown).
+DEAR_STYLES: dict[str, dict] = {
+    "dear_nofusion": {"color": PALETTE[5], "marker": "p", "linestyle": "-", "label": "DeAR (no fusion)"},
+    "dear_threshold": {"color": EXTRA_COLORS[2], "marker": "d", "linestyle": "-", "label": "DeAR (25 MiB threshold)"},
+    "dear_model": {"color": PALETTE[4], "marker": "*", "linestyle": "-", "label": "DeAR (model-tuned threshold)"},
+    "dear_bo": {"color": PALETTE[6], "marker": "h", "linestyle": "-", "label": "DeAR (BO-tuned threshold)"},
+    "fsdp": {"color": PALETTE[1], "marker": "X", "linestyle": (0, (6, 2, 1, 2)), "label": "FSDP2 (no reshard)"},
+}
+_LABELS = {"ddp_buckets": "DDP buckets (25 MiB)", "horovod": "Horovod (64 MiB fusion, 5 ms cycle)",
+           "bytescheduler": "ByteScheduler (4M-param chunks)"}
+_ROW_NAMES = {"compute": "computation", "comm": "communication"}
+_KIND_NAMES = {"forward": "forward", "backward": "backward", "allreduce": "all-reduce",
+               "reduce_scatter": "reduce-scatter", "allgather": "all-gather", "update": "update",
+               "pre_forward": "pre-forward"}
+
+
+def method_style(name: str) -> dict:
+    """``ax.plot`` keyword arguments (color, marker, linestyle, label, zorder) of a method."""
+    if name not in STYLES and name in DEAR_STYLES:
+        st = {**DEAR_STYLES[name], "zorder": 2.2}
+    else:
+        st = dict(scheduler_style(name))
+    if name in _LABELS:
+        st["label"] = _LABELS[name]
+    return st
+
+
+def method_label(name: str) -> str:
+    return method_style(name)["label"]
+
+
+def _ordered(names) -> list[str]:
+    names = list(dict.fromkeys(names))
+    return [m for m in METHOD_ORDER if m in names] + [m for m in names if m not in METHOD_ORDER]
+
+
+def _ms(v: float) -> str:
+    return f"{v * 1e3:.0f} ms" if v >= 0.1 else f"{v * 1e3:.1f} ms"
+
+
+def _note_text(fig, text: str, y_in: float, width: int = 150) -> None:
+    """An italic note ``y_in`` inches from the bottom of the figure."""
+    fig.text(0.5, y_in / fig.get_figheight(), textwrap.fill(text, width), ha="center", va="top",
+             fontsize="x-small", style="italic", color="#333333")
+
+
+# ---------------------------------------------------------------------------------------------
+# dear.timeline
+# ---------------------------------------------------------------------------------------------
+
+def _drawable(ops: pd.DataFrame, span_s: float, min_label_frac: float = 0.035) -> pd.DataFrame:
+    """Ops ready for :func:`gantt` (``row`` as the stream): back-to-back computation of one kind merged
+    into one bar; communication bars keep their bucket label when wide enough."""
+    out: list[dict] = []
+    for r in ops.sort_values("start_s", kind="stable").to_dict("records"):
+        r = {**r, "stream": r["row"]}
+        if r["row"] != "comm" or (r["end_s"] - r["start_s"]) < min_label_frac * span_s:
+            r["label"] = ""
+        if r["row"] == "compute":
+            last = next((o for o in reversed(out) if o["stream"] == "compute"), None)
+            if (last is not None and last["kind"] == r["kind"]
+                    and abs(last["end_s"] - r["start_s"]) <= 1e-9 * max(1.0, span_s)):
+                last["end_s"] = r["end_s"]
+                continue
+        out.append(r)
+    return pd.DataFrame(out)
+
+
+def plot_timeline(ops: pd.DataFrame, title: str, note: str = ""):
+    """One Gantt chart per scheduler (rows: computation, communication) on one shared time axis (ms):
+    one iteration and the next forward. A dashed line marks where the next iteration starts (DeAR: the
+    step barrier, after the last reduce-scatter; WFBP-style: after the last all-reduce); the steady-state
+    period is written in each panel's title. ``ops`` is :func:`repro.studies.dear_sim.timeline_table`;
+    ``note`` (e.g. the cost preset and traces) goes under the title."""
+    schedulers = _ordered(ops["scheduler"])
+    n = len(schedulers)
+    fig = plt.figure(figsize=(11.5, 1.55 * n + 1.9))
+    gs = fig.add_gridspec(n, 1, hspace=0.55)
+    t_end = float(ops["end_s"].max())
+    axes = []
+    for i, s in enumerate(schedulers):
+        ax = fig.add_subplot(gs[i], sharex=axes[0] if axes else None)
+        axes.append(ax)
+        sub = ops[ops["scheduler"] == s]
+        gantt(ax, _drawable(sub, t_end), streams=["compute", "comm"], legend=False, label_min_width_frac=0.0,
+              fontsize=6.5)
+        it, bnd = float(sub["iteration_s"].iloc[0]), float(sub["boundary_s"].iloc[0])
+        ax.axvline(bnd * 1e3, color="black", lw=1.1, ls="--", zorder=5)
+        ax.text(bnd * 1e3, -0.62, " next iteration →", ha="left", va="bottom", fontsize="x-small",
+                color="black", clip_on=False)
+        nb = int(sub["buckets"].iloc[0])
+        ax.set_title(f"{method_label(s)}: {nb} bucket{'s' if nb != 1 else ''}, iteration (period) {_ms(it)}",
+                     fontsize="small", loc="left")
+        ax.set_yticklabels([_ROW_NAMES[r] for r in ("compute", "comm")], fontsize="small")
+        if i < n - 1:
+            ax.tick_params(labelbottom=False)
+            ax.set_xlabel("")
+        else:
+            ax.set_xlabel("time since the iteration start (ms), simulated")
+    axes[0].set_xlim(0, t_end * 1e3 * 1.02)
+    kinds = [k for k in ("forward", "backward", "allreduce", "reduce_scatter", "allgather", "update", "pre_forward")
+             if k in set(ops["kind"])]
+    handles = [Patch(facecolor=kind_color(k), label=_KIND_NAMES[k]) for k in kinds]
+    handles.append(Line2D([], [], color="black", ls="--", lw=1.1, label="next iteration starts"))
+    fig.suptitle(title, fontsize="medium")
+    top = 0.95 / fig.get_figheight()
+    if note:
+        fig.text(0.5, 1 - 0.5 / fig.get_figheight(), textwrap.fill(note, 140), ha="center", va="top",
+                 fontsize="small", style="italic", color="#333333")
+        top = 1.25 / fig.get_figheight()
+    legend_below(fig, handles, ncol=len(handles))
+    fig.subplots_adjust(top=1 - top, bottom=0.85 / fig.get_figheight(), left=0.1, right=0.98)
+    return fig
+
+
+# ---------------------------------------------------------------------------------------------
+# dear.scaling and the throughput bars
+# ---------------------------------------------------------------------------------------------
+
+def _coinciding(sub: pd.DataFrame, names: Sequence[str], x: str = "workers", rtol: float = 1e-3) -> list[str]:
+    t = sub.pivot_table(index=x, columns="scheduler", values="throughput")
+    out = []
+    for i, a in enumerate(names):
+        for b in names[i + 1:]:
+            if a in t and b in t and np.allclose(t[a], t[b], rtol=rtol, atol=0):
+                out.append(f"{method_label(a)} = {method_label(b)}")
+    return out
+
+
+def plot_scaling(table: pd.DataFrame, note: str = ""):
+    """``dear.scaling``: throughput (samples/s over all GPUs) vs number of GPUs, one column per model and
+    one row per network; under each panel, each method's throughput divided by the best method's at that
+    P (where gaps of a few percent stay visible). ``table`` is :func:`repro.studies.dear_sim.scaling_table`."""
+    models = list(dict.fromkeys(table["model"]))
+    nets = list(dict.fromkeys(table["network"]))
+    names = _ordered(table["scheduler"])
+    ncol, nrow = len(models), len(nets)
+    w, h = max(3.1 * ncol, 7.0), 3.9 * nrow + 1.9
+    fig = plt.figure(figsize=(w, h))
+    outer = fig.add_gridspec(nrow, ncol, hspace=0.42, wspace=0.32)
+    same_notes = []
+    ps = sorted(set(table["workers"]))
+    for i, net in enumerate(nets):
+        for j, m in enumerate(models):
+            cell = outer[i, j].subgridspec(2, 1, height_ratios=[2.0, 1], hspace=0.08)
+            ax = fig.add_subplot(cell[0])
+            axr = fig.add_subplot(cell[1], sharex=ax)
+            sub = table[(table["model"] == m) & (table["network"] == net)]
+            for s in names:
+                g = sub[sub["scheduler"] == s].sort_values("workers")
+                if g.empty:
+                    continue
+                st = method_style(s)
+                kw = {"color": st["color"], "marker": st["marker"], "linestyle": st["linestyle"],
+                      "zorder": st.get("zorder", 2), "markersize": 4.5, "lw": 1.3}
+                ax.plot(g["workers"], g["throughput"], **kw)
+                axr.plot(g["workers"], g["relative_to_best"], **kw)
+            for a in (ax, axr):
+                a.set_xscale("log", base=2)
+                a.xaxis.set_major_formatter(_PLAIN)
+                a.set_xticks(ps)
+                a.tick_params(labelsize="x-small")
+            ax.set_ylim(0, float(sub["throughput"].max()) * 1.08)
+            ax.yaxis.set_major_formatter(_THOUSANDS)
+            ax.tick_params(labelbottom=False)
+            lo = float(sub["relative_to_best"].min())
+            axr.set_ylim(max(0.0, min(0.9, lo - 0.05)), 1.03)
+            ax.set_title(f"{m} · {net}", fontsize="small")
+            if j == 0:
+                ax.set_ylabel("throughput\n(1000 samples/s)", fontsize="small")
+                axr.set_ylabel("÷ best", fontsize="small")
+            axr.set_xlabel("GPUs P", fontsize="small")
+            same = _coinciding(sub, names)
+            if same:
+                same_notes.append(f"{m} · {net}: " + ", ".join(same))
+    handles = [Line2D([], [], color=method_style(s)["color"], marker=method_style(s)["marker"],
+                      linestyle=method_style(s)["linestyle"], label=method_label(s)) for s in names]
+    fig.suptitle("Throughput vs number of GPUs per method (simulated)", fontsize="medium")
+    sub_title = "throughput = P × batch ÷ simulated iteration; lower panels: ÷ the best method's at each P"
+    if note:
+        sub_title += "\n" + note
+    fig.text(0.5, 1 - 0.42 / h, sub_title, ha="center", va="top", fontsize="small", style="italic",
+             color="#333333")
+    legend_below(fig, handles, ncol=min(len(handles), 4))
+    bottom = 1.05
+    if same_notes:
+        _note_text(fig, "Drawn on top of each other (equal at every P): " + "; ".join(same_notes), 0.32,
+                   width=int(16 * w))
+        bottom = 1.15
+    fig.subplots_adjust(top=1 - 1.05 / h, bottom=bottom / h, left=0.07, right=0.985)
+    return fig
+
+
+def plot_throughput(table: pd.DataFrame, note: str = "", title: str = "Throughput (simulated)"):
+    """Grouped bars (simulated only): throughput per model, one bar per method, one panel per network
+    (``dear.throughput_nofusion`` / ``dear.throughput_fusion`` without their measured halves).
+    ``table`` is :func:`repro.studies.dear_sim.throughput_table` at one worker count."""
+    models = list(dict.fromkeys(table["model"]))
+    nets = list(dict.fromkeys(table["network"]))
+    names = _ordered(table["scheduler"])
+    fig, axes = plt.subplots(1, len(nets), figsize=(max(5.5 * len(nets), 7), 4.4), squeeze=False)
+    width = 0.8 / len(names)
+    for ax, net in zip(axes[0], nets):
+        sub = table[table["network"] == net]
+        for k, s in enumerate(names):
+            g = sub[sub["scheduler"] == s].set_index("model").reindex(models)
+            ax.bar(np.arange(len(models)) + (k - (len(names) - 1) / 2) * width, g["throughput"], width,
+                   color=method_style(s)["color"], label=method_label(s), edgecolor="white", linewidth=0.5)
+        ax.set_xticks(range(len(models)))
+        ax.set_xticklabels(models, fontsize="small", rotation=20)
+        ax.yaxis.set_major_formatter(_THOUSANDS)
+        ax.set_ylabel("throughput (1000 samples/s)")
+        p = int(sub["workers"].iloc[0])
+        ax.set_title(f"{net}, P={p}", fontsize="small")
+    fig.suptitle(title + (f"\n{note}" if note else ""), fontsize="medium")
+    legend_below(fig, [Patch(facecolor=method_style(s)["color"], label=method_label(s)) for s in names],
+                 ncol=min(len(names), 4))
+    fig.tight_layout()
+    return fig
+
+
+# ---------------------------------------------------------------------------------------------
+# dear.breakdown and dear.buffer_sweep (simulated halves)
+# ---------------------------------------------------------------------------------------------
+
+_BREAKDOWN = (("computation_s", "computation", "#bdbdbd"),
+              ("exposed_rs_s", "exposed reduce-scatter", kind_color("reduce_scatter")),
+              ("exposed_ag_s", "exposed all-gather", kind_color("allgather")),
+              ("exposed_allreduce_s", "exposed all-reduce", kind_color("allreduce")),
+              ("exposed_idle_s", "idle (e.g. cycle wait)", "#ffffff"))
+
+
+def plot_breakdown(table: pd.DataFrame, note: str = ""):
+    """Stacked bars per model and scheduler: computation vs exposed communication (ms per iteration),
+    one panel per network. ``table`` is :func:`repro.studies.dear_sim.breakdown_table`."""
+    nets = list(dict.fromkeys(table["network"]))
+    models = list(dict.fromkeys(table["model"]))
+    names = _ordered(table["scheduler"])
+    fig, axes = plt.subplots(1, len(nets), figsize=(max(5.5 * len(nets), 7), 4.6), squeeze=False)
+    width = 0.8 / len(names)
+    for ax, net in zip(axes[0], nets):
+        sub = table[table["network"] == net]
+        for k, s in enumerate(names):
+            g = sub[sub["scheduler"] == s].set_index("model").reindex(models)
+            x = np.arange(len(models)) + (k - (len(names) - 1) / 2) * width
+            bottom = np.zeros(len(models))
+            for col, _, c in _BREAKDOWN:
+                v = g[col].fillna(0).to_numpy() * 1e3
+                ax.bar(x, v, width * 0.92, bottom=bottom, color=c, edgecolor=method_style(s)["color"], linewidth=1.0)
+                bottom += v
+        ax.set_xticks(range(len(models)))
+        ax.set_xticklabels(models, fontsize="small", rotation=20)
+        ax.set_ylabel("ms per iteration")
+        ax.set_title(f"{net}, P={int(sub['workers'].iloc[0])}", fontsize="small")
+    seen = [(col, lab, c) for col, lab, c in _BREAKDOWN if col in table and table[col].abs().sum() > 0]
+    handles = [Patch(facecolor=c, edgecolor="#666666", label=lab) for _, lab, c in seen]
+    handles += [Patch(facecolor="white", edgecolor=method_style(s)["color"], linewidth=1.5,
+                      label=f"outline: {method_label(s)}") for s in names]
+    fig.suptitle("Computation vs exposed communication (simulated)" + (f"\n{note}" if note else ""),
+                 fontsize="medium")
+    legend_below(fig, handles, ncol=min(len(handles), 4))
+    fig.tight_layout()
+    return fig
+
+
+def plot_buffer_sweep(table: pd.DataFrame, note: str = ""):
+    """Simulated DeAR iteration vs fusion threshold (log x, MiB), the step function through every
+    breakpoint; dear_model's choice and the 25 MiB default marked. One panel per model, one line per
+    network. ``table`` is :func:`repro.studies.dear_sim.buffer_sweep_table`."""
+    models = list(dict.fromkeys(table["model"]))
+    nets = list(dict.fromkeys(table["network"]))
+    fig, axes = plt.subplots(1, len(models), figsize=(max(3.3 * len(models), 6.5), 3.9), squeeze=False)
+    colors = [PALETTE[0], PALETTE[3], PALETTE[2], PALETTE[4]]
+    for ax, m in zip(axes[0], models):
+        for k, net in enumerate(nets):
+            g = table[(table["model"] == m) & (table["network"] == net)].sort_values("threshold_bytes")
+            ax.step(g["threshold_mib"], g["iteration_s"] * 1e3, where="post", color=colors[k % 4], lw=1.3)
+            c = g[g["model_choice"]]
+            ax.scatter(c["threshold_mib"], c["iteration_s"] * 1e3, marker="*", s=110, color=colors[k % 4],
+                       edgecolor="black", zorder=5)
+            d = g[g["point"] == "default"]
+            ax.scatter(d["threshold_mib"], d["iteration_s"] * 1e3, marker="o", s=40, facecolor="none",
+                       edgecolor="black", zorder=5)
+        ax.set_xscale("log", base=2)
+        ax.xaxis.set_major_formatter(_PLAIN)
+        ax.set_xlabel("fusion threshold (MiB)", fontsize="small")
+        ax.set_title(m, fontsize="small")
+    axes[0, 0].set_ylabel("iteration (ms)")
+    handles = [Line2D([], [], color=colors[k % 4], lw=1.3, label=net) for k, net in enumerate(nets)]
+    handles += [Line2D([], [], marker="*", ls="", markersize=11, markerfacecolor="white", markeredgecolor="black",
+                       label="dear_model's choice"),
+                Line2D([], [], marker="o", ls="", markerfacecolor="none", markeredgecolor="black",
+                       label="25 MiB default")]
+    fig.suptitle("DeAR iteration vs fusion threshold (simulated)" + (f"\n{note}" if note else ""), fontsize="medium")
+    legend_below(fig, handles, ncol=len(handles))
+    fig.tight_layout()
+    return fig

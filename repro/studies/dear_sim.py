@@ -1,0 +1,397 @@
+"""The DeAR simulation study as tidy tables (the notebooks only call these and plot).
+
+Iterations are simulated with the torch-free core: :mod:`repro.sim.dear` (DeAR: each bucket's
+reduce-scatter in backward, its all-gather in the next forward, one FIFO communication stream),
+:mod:`repro.sim.allreduce` (WFBP, Horovod with its cycle time, DDP buckets, MG-WFBP) and
+:mod:`repro.sim.bytescheduler` (priority-scheduled chunks across iterations). Planners
+(:mod:`repro.planners`): ``wfbp``, ``bytescheduler``, ``horovod``, ``ddp_buckets``, ``mgwfbp``,
+``dear_nofusion``, ``dear_threshold`` (25 MiB) and ``dear_model`` (the threshold the model predicts best,
+this package's addition).
+
+Inputs, and what is an interpretation:
+
+- Per-layer times are **roofline estimates** of a V100 (``<model>_b<batch>_v100-estimate``, the paper's
+  models at its per-GPU batch sizes), not measurements.
+- Costs: ``10gbe-dear64`` / ``56gbib-dear64`` are the DeAR authors' all-reduce fits at P=64 (their IB
+  constants say 56Gb; the paper's testbed is 100Gb IB), reduce-scatter and all-gather each the ring half;
+  ``10gbe-dear-derived`` / ``56gbib-dear-derived`` are per-hop ring constants derived from those fits, valid
+  for any P (used for scaling; equal to the fits at P=64).
+- Throughput is samples per second over all GPUs: ``workers * batch / iteration_s`` (the paper's metric).
+
+Every function returns a :class:`pandas.DataFrame` (or plain data); nothing here draws.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+
+from repro.cost import CostModel, preset
+from repro.data import shipped_traces
+from repro.planners import PLANNER_FAMILY, make_plan
+from repro.planners.dear import (DEFAULT_THRESHOLD_BYTES, dear_model, groups_period_s, threshold_groups,
+                                 threshold_sweep)
+from repro.sim import simulate
+from repro.trace import Trace, load_trace
+
+__all__ = ["DEAR_MODELS", "DEAR_METHODS", "BASELINES", "ALL_METHODS", "NOFUSION_METHODS", "FUSION_METHODS",
+           "PAPER_NETWORKS", "SCALING_NETWORKS", "SCALING_WORKERS", "PAPER_CLAIM_PCT", "PAPER_CLAIM_SOURCE",
+           "TRACE_NOTE", "MIB", "find_trace", "load_traces", "trace_table", "network_kind", "network_label",
+           "iteration", "throughput_table", "scaling_table", "timeline_table", "exposed_breakdown",
+           "breakdown_table", "buffer_sweep", "buffer_sweep_table", "speedup_summary"]
+
+MIB = 2**20
+# The paper's models -> per-GPU batch size (dear.md, "Experimental setup"); shipped V100 estimate traces.
+DEAR_MODELS: dict[str, int] = {"resnet50": 64, "densenet201": 32, "inception_v4": 64, "bert_base": 64,
+                               "bert_large": 32}
+DEAR_METHODS: tuple[str, ...] = ("dear_nofusion", "dear_threshold", "dear_model")
+BASELINES: tuple[str, ...] = ("wfbp", "bytescheduler", "horovod", "ddp_buckets", "mgwfbp")
+ALL_METHODS: tuple[str, ...] = ("wfbp", "bytescheduler", "horovod", "ddp_buckets", "mgwfbp", "dear_nofusion",
+                                "dear_threshold", "dear_model")
+NOFUSION_METHODS: tuple[str, ...] = ("wfbp", "bytescheduler", "dear_nofusion")  # dear.throughput_nofusion
+FUSION_METHODS: tuple[str, ...] = ("horovod", "ddp_buckets", "mgwfbp", "dear_threshold", "dear_model")
+PAPER_NETWORKS: tuple[str, ...] = ("10gbe-dear64", "56gbib-dear64")  # the authors' fits, P=64 only
+SCALING_NETWORKS: tuple[str, ...] = ("10gbe-dear-derived", "56gbib-dear-derived")  # any P
+SCALING_WORKERS: tuple[int, ...] = (8, 16, 32, 64)
+# The paper's headline (dear.md, "Published numbers we hold"): up to this speedup over the best baseline.
+PAPER_CLAIM_PCT: dict[str, float] = {"10gbe": 83.0, "ib": 15.0}
+PAPER_CLAIM_SOURCE = ("the paper's claim (measured): up to 83% (10GbE) and 15% (100Gb IB) over the best "
+                      "baseline, 64 GPUs, five models")
+TRACE_NOTE = "V100 roofline-estimate traces (not measurements)"
+
+
+# ---------------------------------------------------------------------------------------------
+# Traces and networks
+# ---------------------------------------------------------------------------------------------
+
+def find_trace(model: str, batch_size: int | None = None) -> str:
+    """Stem of the shipped V100 estimate trace of ``model`` at the paper's batch size (or ``batch_size``)."""
+    have = set(shipped_traces())
+    b = batch_size if batch_size is not None else DEAR_MODELS.get(model)
+    if b is not None and f"{model}_b{b}_v100-estimate" in have:
+        return f"{model}_b{b}_v100-estimate"
+    hits = sorted(s for s in have if s.startswith(f"{model}_b") and s.endswith("_v100-estimate"))
+    if batch_size is None and hits:
+        return hits[0]
+    known = sorted({s.rsplit("_b", 1)[0] for s in have if s.endswith("_v100-estimate")})
+    raise ValueError(f"no shipped V100 estimate trace for model '{model}'"
+                     + (f" at batch {batch_size}" if batch_size is not None else "")
+                     + f"; models with one: {', '.join(known) or 'none'}")
+
+
+def load_traces(models: Sequence[str]) -> dict[str, Trace]:
+    """Model name -> its shipped V100 estimate trace (the paper's batch size)."""
+    return {m: load_trace(find_trace(m)) for m in models}
+
+
+def _traces(models: Sequence[str] | Mapping[str, Trace]) -> dict[str, Trace]:
+    return dict(models) if isinstance(models, Mapping) else load_traces(list(models))
+
+
+def trace_table(traces: Mapping[str, Trace]) -> pd.DataFrame:
+    """One row per model: batch, device, layers, parameters, gradient MiB, forward and backward seconds."""
+    return pd.DataFrame([{"model": m, "batch_size": t.batch_size, "device": t.device, "layers": t.num_layers,
+                          "params": int(t.total_params), "gradient_mib": float(np.sum(t.bytes())) / MIB,
+                          "forward_s": t.total_forward_s, "backward_s": t.total_backward_s}
+                         for m, t in traces.items()])
+
+
+def network_kind(network: str) -> str:
+    """``"10gbe"`` or ``"ib"`` (the key of :data:`PAPER_CLAIM_PCT`) of a cost preset name."""
+    n = network.lower()
+    if "10gbe" in n:
+        return "10gbe"
+    if "ib" in n:
+        return "ib"
+    return n
+
+
+def network_label(network: str) -> str:
+    """Short display name: ``10GbE`` or ``InfiniBand``, with the preset in parentheses."""
+    names = {"10gbe": "10GbE", "ib": "InfiniBand"}
+    k = network_kind(network)
+    return f"{names.get(k, k)} ({network})"
+
+
+# ---------------------------------------------------------------------------------------------
+# Iteration time and throughput
+# ---------------------------------------------------------------------------------------------
+
+def iteration(trace: Trace, method: str, cost: CostModel, **options) -> dict:
+    """Simulated steady-state iteration of ``method`` (a planner name): iteration_s, buckets,
+    threshold_bytes (DeAR's, NaN otherwise), plan_wall_s (seconds planning took here)."""
+    t0 = time.perf_counter()
+    plan = make_plan(method, trace, cost, **options)
+    wall = time.perf_counter() - t0
+    res = simulate(trace, plan, cost, with_ops=False)
+    return {"iteration_s": float(res.iteration_s), "buckets": plan.num_buckets,
+            "threshold_bytes": float(plan.meta.get("threshold_bytes", np.nan)), "plan_wall_s": wall}
+
+
+def throughput_table(models: Sequence[str] | Mapping[str, Trace], networks: Sequence[str] = PAPER_NETWORKS,
+                     methods: Sequence[str] = ALL_METHODS, workers: int | Sequence[int] = 64) -> pd.DataFrame:
+    """Simulated throughput per model x network x workers x method (tidy).
+
+    ``models``: names (shipped V100 estimate traces at the paper's batch sizes) or a mapping name -> trace.
+    Columns: model, device, batch_size, network, workers, scheduler, iteration_s, throughput
+    (samples/s over all GPUs = workers * batch / iteration_s), buckets, threshold_bytes (DeAR plans),
+    relative_to_best (throughput / the best method's at that model, network, workers), plan_wall_s,
+    origin ("simulated"). The simulated halves of ``dear.throughput_nofusion`` (methods
+    :data:`NOFUSION_METHODS`) and ``dear.throughput_fusion`` (:data:`FUSION_METHODS`).
+    """
+    traces = _traces(models)
+    ps = [int(workers)] if np.isscalar(workers) else [int(p) for p in workers]
+    rows = []
+    for model, trace in traces.items():
+        for net in networks:
+            for p in ps:
+                cost = preset(net, p)
+                for m in methods:
+                    r = iteration(trace, m, cost)
+                    rows.append({"model": model, "device": trace.device, "batch_size": trace.batch_size,
+                                 "network": net, "workers": p, "scheduler": m, **r,
+                                 "throughput": p * trace.batch_size / r["iteration_s"]})
+    df = pd.DataFrame(rows)
+    if df.empty:
+        return df
+    best = df.groupby(["model", "network", "workers"])["throughput"].transform("max")
+    df["relative_to_best"] = df["throughput"] / best
+    df["origin"] = "simulated"
+    cols = ["model", "device", "batch_size", "network", "workers", "scheduler", "iteration_s", "throughput",
+            "buckets", "threshold_bytes", "relative_to_best", "plan_wall_s", "origin"]
+    return df[cols]
+
+
+def scaling_table(models: Sequence[str] | Mapping[str, Trace], workers: Sequence[int] = SCALING_WORKERS,
+                  networks: Sequence[str] = SCALING_NETWORKS, methods: Sequence[str] = ALL_METHODS) -> pd.DataFrame:
+    """``dear.scaling``: :func:`throughput_table` over ``workers`` on the per-hop presets (any P)."""
+    return throughput_table(models, networks, methods, workers)
+
+
+def speedup_summary(table: pd.DataFrame, dear: Sequence[str] = DEAR_METHODS) -> pd.DataFrame:
+    """Per model x network x workers: the best DeAR variant against the best baseline (every other method
+    in ``table``), as ``speedup_pct = 100 (baseline iteration / DeAR iteration - 1)`` (= throughput ratio);
+    then one ``all models`` row per network and workers with the largest speedup, beside the paper's
+    claim (``paper_claim_pct``: up to 83% on 10GbE, 15% on IB; measured, labelled as the paper's claim)."""
+    rows = []
+    for (model, net, p), g in table.groupby(["model", "network", "workers"], sort=False):
+        d, b = g[g["scheduler"].isin(dear)], g[~g["scheduler"].isin(dear)]
+        if d.empty or b.empty:
+            continue
+        bd, bb = d.loc[d["iteration_s"].idxmin()], b.loc[b["iteration_s"].idxmin()]
+        rows.append({"model": model, "network": net, "workers": int(p), "best_dear": bd["scheduler"],
+                     "dear_iteration_s": float(bd["iteration_s"]), "dear_throughput": float(bd["throughput"]),
+                     "best_baseline": bb["scheduler"], "baseline_iteration_s": float(bb["iteration_s"]),
+                     "baseline_throughput": float(bb["throughput"]),
+                     "speedup_pct": 100.0 * (float(bb["iteration_s"]) / float(bd["iteration_s"]) - 1.0)})
+    out = pd.DataFrame(rows)
+    if out.empty:
+        return out
+    tops = []
+    for (net, p), g in out.groupby(["network", "workers"], sort=False):
+        top = g.loc[g["speedup_pct"].idxmax()]
+        tops.append({**top.to_dict(), "model": f"all models (max: {top['model']})"})
+    out = pd.concat([out, pd.DataFrame(tops)], ignore_index=True)
+    out["paper_claim_pct"] = [PAPER_CLAIM_PCT.get(network_kind(n), np.nan) for n in out["network"]]
+    out["paper_claim"] = [f"up to {c:g}% (paper's claim, measured)" if np.isfinite(c) else ""
+                          for c in out["paper_claim_pct"]]
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Timelines
+# ---------------------------------------------------------------------------------------------
+
+def _ops_frame(res) -> pd.DataFrame:
+    df = pd.DataFrame([op.to_dict() for op in res.ops])
+    df["task"] = np.arange(len(df))
+    return df
+
+
+def _dear_iterations(df: pd.DataFrame) -> pd.Series:
+    """Iteration number (1-based) of each op of a DeAR graph: ops after the k-th step barrier (task
+    order) belong to iteration k; the barriers themselves get the iteration they open (0 for the last)."""
+    step = (df["kind"] == "step").cumsum()
+    return step.where(step <= step.max() - 1, 0) if len(df) else step
+
+
+def timeline_table(trace: Trace, cost: CostModel, schedulers: Sequence[str] = ("wfbp", "dear_threshold"),
+                   network: str = "") -> pd.DataFrame:
+    """``dear.timeline``: simulated ops of one iteration and the next forward, per scheduler.
+
+    - DeAR family: the simulator's graph of two iterations, from the first step barrier (t = 0) to the end
+      of the second iteration's forward: forward 1 (with its all-gathers), backward 1 (with its
+      reduce-scatters), the step barrier, forward 2 (with the all-gathers of iteration 1's buckets).
+    - All-reduce family (WFBP, MG-WFBP, DDP buckets, Horovod): the simulated iteration, plus its forward
+      copied to start at ``iteration_s`` (the next forward waits for every all-reduce).
+
+    Columns: scheduler, stream, row (``compute`` or ``comm``), kind, label, start_s, end_s, iteration
+    (1 or 2), iteration_s (steady-state period), boundary_s (where iteration 2 starts: the step barrier /
+    ``iteration_s``), buckets, workers, network. Zero-length ops (barriers, waits) are left out.
+    """
+    frames = []
+    for name in schedulers:
+        plan = make_plan(name, trace, cost)
+        res = simulate(trace, plan, cost)
+        df = _ops_frame(res)
+        family = PLANNER_FAMILY[name]
+        if family == "dear":
+            df["iteration"] = _dear_iterations(df)
+            steps = df[df["kind"] == "step"]
+            boundary = float(steps["end_s"].iloc[1])
+            first_bwd = df[(df["iteration"] == 2) & (df["kind"] == "backward")]["task"].min()
+            keep = (df["iteration"] == 1) | ((df["iteration"] == 2) & (df["task"] < first_bwd))
+            df = df[keep & (df["kind"] != "step")]
+        elif family == "allreduce":
+            boundary = float(res.iteration_s)
+            df["iteration"] = 1
+            nxt = df[df["kind"].isin(["pre_forward", "forward"])].copy()
+            nxt["start_s"] += boundary
+            nxt["end_s"] += boundary
+            nxt["iteration"] = 2
+            df = pd.concat([df, nxt], ignore_index=True)
+        else:
+            raise ValueError(f"timeline_table draws the dear and allreduce families, not {name} ({family})")
+        df = df[df["end_s"] > df["start_s"]].drop(columns="task")
+        df.insert(0, "scheduler", name)
+        df.insert(2, "row", np.where(df["stream"] == "comm", "comm", "compute"))
+        df = df.assign(iteration_s=float(res.iteration_s), boundary_s=boundary, buckets=plan.num_buckets,
+                       workers=cost.workers, network=network)
+        frames.append(df.sort_values(["row", "start_s"], kind="stable"))
+    return pd.concat(frames, ignore_index=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# Breakdown: computation vs exposed communication
+# ---------------------------------------------------------------------------------------------
+
+def _merge(intervals) -> list[tuple[float, float]]:
+    out: list[list[float]] = []
+    for a, b in sorted(intervals):
+        if b <= a:
+            continue
+        if out and a <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], b)
+        else:
+            out.append([a, b])
+    return [(a, b) for a, b in out]
+
+
+def _overlap(a: float, b: float, merged: Sequence[tuple[float, float]]) -> float:
+    return float(sum(max(0.0, min(b, y) - max(a, x)) for x, y in merged))
+
+
+_EXPOSED_COLUMN = {"reduce_scatter": "exposed_rs_s", "allgather": "exposed_ag_s", "allreduce": "exposed_allreduce_s"}
+
+
+def exposed_breakdown(trace: Trace, plan, cost: CostModel) -> dict:
+    """Computation vs exposed communication in one steady-state period of ``plan`` (simulated ops).
+
+    The period window: DeAR, the last barrier-to-barrier interval of the simulated graph (the
+    iteration's all-gathers, forward, backward and reduce-scatters); all-reduce family, ``[0,
+    iteration_s]``. ``computation_s`` is the time in the window that the compute stream is busy (forward,
+    backward, updates, pre-forward, straggler wait). Every other instant of the window is on the critical
+    path but not covered by computation; it is **exposed** communication, attributed to the kind of the
+    communication op running at that instant (one FIFO stream: at most one): ``exposed_rs_s``,
+    ``exposed_ag_s``, ``exposed_allreduce_s``; ``exposed_idle_s`` is the rest (nothing running, e.g. Horovod
+    waiting for its cycle tick). So computation_s + the exposed columns = iteration_s. Also: the total
+    seconds of each communication kind in the window (``rs_s``, ``ag_s``, ``allreduce_s``).
+    """
+    family = plan.family
+    res = simulate(trace, plan, cost)
+    df = _ops_frame(res)
+    if family == "dear":
+        steps = df[df["kind"] == "step"]
+        t0, t1 = float(steps["end_s"].iloc[-2]), float(steps["end_s"].iloc[-1])
+    elif family == "allreduce":
+        t0, t1 = 0.0, float(res.iteration_s)
+    else:
+        raise ValueError(f"exposed_breakdown is defined for the dear and allreduce families, not {family}")
+    comp = df[(df["stream"] != "comm")]
+    busy = _merge((max(a, t0), min(b, t1)) for a, b in zip(comp["start_s"], comp["end_s"]))
+    out = {"iteration_s": float(res.iteration_s), "window_s": t1 - t0,
+           "computation_s": float(sum(b - a for a, b in busy)),
+           "exposed_rs_s": 0.0, "exposed_ag_s": 0.0, "exposed_allreduce_s": 0.0,
+           "rs_s": 0.0, "ag_s": 0.0, "allreduce_s": 0.0}
+    total = {"reduce_scatter": "rs_s", "allgather": "ag_s", "allreduce": "allreduce_s"}
+    for r in df[df["stream"] == "comm"].itertuples():
+        a, b = max(float(r.start_s), t0), min(float(r.end_s), t1)
+        if b <= a or r.kind not in _EXPOSED_COLUMN:
+            continue
+        out[total[r.kind]] += b - a
+        out[_EXPOSED_COLUMN[r.kind]] += (b - a) - _overlap(a, b, busy)
+    out["exposed_idle_s"] = max(0.0, out["window_s"] - out["computation_s"] - out["exposed_rs_s"]
+                                - out["exposed_ag_s"] - out["exposed_allreduce_s"])
+    return out
+
+
+def breakdown_table(models: Sequence[str] | Mapping[str, Trace], networks: Sequence[str] = PAPER_NETWORKS,
+                    schedulers: Sequence[str] = ("wfbp", "dear_threshold", "dear_model"),
+                    workers: int = 64) -> pd.DataFrame:
+    """The simulated half of ``dear.breakdown``: per model x network x scheduler, computation vs exposed
+    reduce-scatter / all-gather (DeAR) or exposed all-reduce (WFBP-style), in seconds per iteration, from
+    :func:`exposed_breakdown` (see there for the exact definition). Columns: model, network, workers,
+    scheduler, iteration_s, computation_s, exposed_rs_s, exposed_ag_s, exposed_allreduce_s, exposed_idle_s,
+    rs_s, ag_s, allreduce_s, buckets."""
+    traces = _traces(models)
+    rows = []
+    for model, trace in traces.items():
+        for net in networks:
+            cost = preset(net, workers)
+            for s in schedulers:
+                plan = make_plan(s, trace, cost)
+                rows.append({"model": model, "network": net, "workers": int(workers), "scheduler": s,
+                             **exposed_breakdown(trace, plan, cost), "buckets": plan.num_buckets})
+    df = pd.DataFrame(rows)
+    return df.drop(columns="window_s") if len(df) else df
+
+
+# ---------------------------------------------------------------------------------------------
+# Buffer (threshold) sweep
+# ---------------------------------------------------------------------------------------------
+
+def buffer_sweep(trace: Trace, cost: CostModel, min_bytes: int = MIB, max_bytes: int = 256 * MIB,
+                 points: int = 33) -> pd.DataFrame:
+    """Simulated DeAR period vs fusion threshold for one trace and cost: ``points`` log-spaced thresholds
+    in ``[min_bytes, max_bytes]`` (1-256 MiB by default, the BO tuner's range), 25 MiB (the released
+    default) and every breakpoint of :func:`repro.planners.dear.threshold_sweep` in range (the smallest
+    threshold of each distinct bucketing), so the table holds the whole step function. Columns:
+    threshold_bytes, threshold_mib, iteration_s, buckets, point ("grid", "breakpoint", "default"),
+    model_choice (True on the breakpoint ``dear_model`` picks when searching the same range; its period is
+    the table's minimum)."""
+    nbytes = np.rint(trace.bytes()).astype(np.int64)
+    grid = {int(t): "grid" for t in np.rint(np.geomspace(min_bytes, max_bytes, points))}
+    for t, _ in threshold_sweep(trace, min_bytes, max_bytes):
+        grid[int(t)] = "breakpoint"
+    if min_bytes <= DEFAULT_THRESHOLD_BYTES <= max_bytes:
+        grid[DEFAULT_THRESHOLD_BYTES] = "default"
+    choice = int(dear_model(trace, cost, min_bytes, max_bytes).meta["threshold_bytes"])
+    rows = []
+    for t in sorted(grid):
+        groups = threshold_groups(nbytes, t)
+        rows.append({"threshold_bytes": t, "threshold_mib": t / MIB,
+                     "iteration_s": groups_period_s(trace, groups, cost),
+                     "buckets": len(groups), "point": grid[t], "model_choice": t == choice})
+    return pd.DataFrame(rows)
+
+
+def buffer_sweep_table(models: Sequence[str] | Mapping[str, Trace], networks: Sequence[str] = PAPER_NETWORKS,
+                       workers: int = 64, min_bytes: int = MIB, max_bytes: int = 256 * MIB,
+                       points: int = 33) -> pd.DataFrame:
+    """The simulated half of ``dear.buffer_sweep``: :func:`buffer_sweep` per model x network (tidy, with
+    model, network, workers and the model's throughput at each threshold)."""
+    traces = _traces(models)
+    frames = []
+    for model, trace in traces.items():
+        for net in networks:
+            cost = preset(net, workers)
+            df = buffer_sweep(trace, cost, min_bytes, max_bytes, points)
+            df.insert(0, "model", model)
+            df.insert(1, "network", net)
+            df.insert(2, "workers", int(workers))
+            df["throughput"] = workers * trace.batch_size / df["iteration_s"]
+            frames.append(df)
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
