@@ -283,6 +283,7 @@ def plot_breakdown(table: pd.DataFrame, note: str = ""):
                 v = g[col].fillna(0).to_numpy() * 1e3
                 ax.bar(x, v, width * 0.92, bottom=bottom, color=c, edgecolor=method_style(s)["color"], linewidth=1.0)
                 bottom += v
+        ax.set_ylim(0, float(sub["iteration_s"].max()) * 1e3 * 1.06)  # stacked bars: autoscale may clip the top
         ax.set_xticks(range(len(models)))
         ax.set_xticklabels(models, fontsize="small", rotation=20)
         ax.set_ylabel("ms per iteration")
