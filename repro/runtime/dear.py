@@ -1,0 +1,501 @@
+"""Run a DeAR plan: reduce-scatter in backward, all-gather in the next forward, updates just in time.
+
+DeAR (``../shared/papers/dear.md``) splits each bucket's all-reduce into a reduce-scatter (RS), launched in
+backward as soon as the bucket's gradients are ready, and an all-gather (AG), deferred to the next
+iteration's forward just before the bucket's layers run; the bucket's parameters are updated right
+after its AG. :class:`DeARExecutor` runs a ``"dear"`` plan (buckets: contiguous runs of layers in forward
+order, bucket 0 on the input side) under the executor contract (:mod:`repro.runtime.executor`):
+
+- one flat buffer per bucket, padded with zeros to a multiple of P; a
+  ``register_post_accumulate_grad_hook`` per parameter copies its gradient into its slice of the buffer;
+  a complete bucket's RS is submitted to one FIFO :class:`~repro.runtime.collectives.CommStream` in a
+  fixed order, bucket K-1 first (a bucket never overtakes a later one, so every rank submits the same
+  sequence). Parameters that got no gradient contribute zeros at ``step()`` (as DDP's
+  ``find_unused_parameters``); each buffer carries one flag per parameter (1 where this rank had a
+  gradient), reduced with the gradients, so a parameter no rank had a gradient for gets no update (its
+  ``.grad`` stays None for the optimizer, as DDP leaves globally unused parameters alone);
+- ``wrap_optimizer(opt)`` returns a wrapper whose ``step()`` waits for every RS (submitting any not yet
+  submitted), submits AG(0) and updates nothing; ``zero_grad`` passes through;
+- a forward pre-hook on every module that directly owns a parameter of bucket k: the first one to fire
+  after a step applies every pending bucket up to k, in order: per bucket wait AG(j), submit AG(j+1),
+  divide the gathered sum by P, and run the wrapped optimizer on bucket j's parameters only;
+- per iteration the stream sees AG(0..K-1) then RS(K-1..0): before the first RS of a backward, every AG
+  not yet submitted is submitted (a bucket whose modules did not run in forward still gets its AG in
+  order), and a gradient arriving for a bucket whose update is still pending applies that update first.
+
+**Applying one bucket with a whole-model optimizer.** The wrapped optimizer steps once per bucket: every
+parameter's ``.grad`` is stashed and set to None, bucket j's parameters get their averaged gradients
+(views of the buffer), ``optimizer.step()`` runs, and the stashed gradients come back. This relies on
+the optimizer skipping parameters whose ``.grad`` is None and keeping per-parameter state only (true of
+torch's SGD (momentum, weight decay, Nesterov) and Adam/AdamW, whose step counts are per parameter), so
+the per-bucket steps equal one whole-model step. Optimizers with cross-parameter state (LARS/LAMB trust
+ratios over a group are still per parameter; a global gradient-norm clip is not) or learning-rate
+schedulers stepping between ``step()`` calls see the update one forward later, as in DeAR.
+
+**Evaluation and no_grad forwards.** Pre-hooks apply pending updates whether or not gradients are
+enabled: a forward (training or ``torch.no_grad()`` evaluation) never computes with a parameter whose
+update is pending, and each update is applied exactly once (a bucket is marked done when applied). The
+loop calls ``flush()`` before evaluation anyway, after which pre-hooks find nothing to do. Parameters used
+in forward outside their owning module's ``forward`` (e.g. read by a parent module) are not covered by
+the pre-hooks; they are applied at the latest when their gradient arrives or at ``step()``.
+
+``flush()`` waits for all communication and applies every pending update (the authors' code drops the
+last iteration's update; here evaluation, checkpoints and the end of training see it). ``remove()``
+flushes, removes every hook and closes the stream (unless it was handed in).
+
+GPUs (NCCL; untested here, no GPU on the machines this was written on): buffers live on the parameters'
+device; :class:`CommStream` records a CUDA event on the submitting thread's current stream at
+submission and its side stream waits for it, so the RS is ordered after the gradient copies without a
+host sync; ``wait()`` returns once the side stream has finished.
+
+:func:`calibrate` is the family's calibration hook (:mod:`repro.families`): ``reduce_scatter`` and
+``allgather`` lines of a ``--network`` preset, or fitted by timing :class:`CommStream` RS and AG on the
+live group.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from repro.plan import Plan, PlanError
+from repro.runtime.buffers import broadcast_buffers
+from repro.runtime.executor import Executor, ExecutorOptions
+from repro.workload.layers import layer_parameters
+
+__all__ = ["DeARExecutor", "DeARTiming", "DeAROptimizer", "calibrate", "time_stream_collectives"]
+
+
+@dataclass
+class DeARTiming:
+    """One message of the last iteration: ``kind`` ``"reduce_scatter"`` (this step's backward) or
+    ``"allgather"`` (this step's forward, for the previous step's gradients). Times are
+    ``time.perf_counter()`` seconds: ``launch_s`` when submitted, ``start_s`` / ``end_s`` when it ran on
+    the communication stream."""
+
+    bucket: int
+    kind: str
+    layers: tuple[str, ...]
+    bytes: int
+    launch_s: float = float("nan")
+    start_s: float = float("nan")
+    end_s: float = float("nan")
+
+    def row(self, origin_s: float) -> dict:
+        """This record as a ``buckets.csv`` row: ``layers`` as their count, time stamps relative to
+        ``origin_s``."""
+        out: dict[str, Any] = {}
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if f.name == "layers":
+                v = len(v)
+            elif f.name.endswith("_s") and isinstance(v, float):
+                v = v - origin_s
+            out[f.name] = v
+        return out
+
+
+@dataclass
+class _Slot:
+    bucket: int
+    param: nn.Parameter
+    layer: str
+    view: torch.Tensor            # this parameter's slice of the bucket buffer, flat
+    written: bool = False
+    flag: int = 0                 # index of its "got a gradient" flag in the bucket's flags
+
+
+@dataclass
+class _Bucket:
+    index: int
+    layers: tuple[str, ...]
+    buffer: torch.Tensor          # padded to a multiple of P
+    slots: list[_Slot] = field(default_factory=list)
+    pending: int = 0              # gradients still to arrive this backward
+    rs: Any = None                # Handle of this iteration's reduce-scatter
+    ag: Any = None                # Handle of the all-gather feeding the pending update
+    update_pending: bool = False  # gathered gradient waiting to be applied
+    flags: Any = None             # per parameter: number of ranks that had a gradient (after the exchange)
+
+
+class DeAROptimizer:
+    """What the loop calls ``zero_grad()`` and ``step()`` on: ``step()`` finishes the reduce-scatters and
+    starts the all-gather of bucket 0; the update itself happens bucket by bucket in the next forward
+    (or at :meth:`DeARExecutor.flush`)."""
+
+    def __init__(self, executor: "DeARExecutor", optimizer: Any) -> None:
+        self.executor = executor
+        self.optimizer = optimizer
+
+    def step(self, closure=None) -> None:
+        if closure is not None:
+            raise ValueError("DeAR applies updates in the next forward; a closure cannot be evaluated")
+        self.executor.step()
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.optimizer.zero_grad(set_to_none=set_to_none)
+
+    @property
+    def param_groups(self):
+        return self.optimizer.param_groups
+
+    @property
+    def state(self):
+        return self.optimizer.state
+
+    def state_dict(self):
+        self.executor.flush()
+        return self.optimizer.state_dict()
+
+
+class DeARExecutor(Executor):
+    """The DeAR family's executor (see the module docstring).
+
+    ``DeARExecutor(model, plan, options, stream=None)``: ``stream`` lets a caller share one
+    :class:`CommStream` across executors (the tuner regroups without making a process group per
+    trial); otherwise the executor makes its own (collective: every rank builds it at the same point)
+    and closes it in :meth:`remove`.
+    """
+
+    def __init__(self, model: nn.Module, plan: Plan | None = None, options: ExecutorOptions | None = None,
+                 *, stream=None) -> None:
+        super().__init__(model, plan, options)
+        if plan is None:
+            raise PlanError("the DeAR executor needs a plan")
+        if plan.family != "dear":
+            raise PlanError(f"DeARExecutor executes 'dear' plans, got a '{plan.family}' plan")
+        if any(b.piece is not None for b in plan.buckets):
+            raise PlanError("DeARExecutor executes buckets of whole layers; this plan splits layers into pieces")
+        if not dist.is_initialized():
+            raise RuntimeError("torch.distributed is not initialised: start ranks with repro.cluster.local")
+        layers = layer_parameters(model, self.options.view)
+        planned = [name for b in plan.buckets for name in b.layers]
+        unknown = [n for n in planned if n not in layers]
+        if unknown:
+            raise PlanError(f"plan names {len(unknown)} layer(s) the model does not have in view "
+                            f"'{self.options.view}', e.g. {unknown[:3]}")
+        missing = [n for n in layers if n not in set(planned)]
+        if missing:
+            raise PlanError(f"plan leaves {len(missing)} layer(s) of the model out, e.g. {missing[:3]}")
+
+        from repro.runtime.collectives import CommStream
+
+        self._own_stream = stream is None
+        self.stream = CommStream() if stream is None else stream
+        self.world_size = self.stream.world_size
+        P = self.world_size
+        self._buckets: list[_Bucket] = []
+        self._slots: list[_Slot] = []
+        for k, b in enumerate(plan.buckets):
+            params = [p for name in b.layers for _, p in layers[name]]
+            numel = sum(p.numel() for p in params) + len(params)  # + one "got a gradient" flag per parameter
+            padded = -(-numel // P) * P
+            dtype = params[0].dtype
+            if any(p.dtype != dtype for p in params):
+                raise PlanError(f"bucket {k} mixes parameter dtypes; DeAR buffers hold one dtype")
+            bucket = _Bucket(k, tuple(b.layers), torch.zeros(padded, dtype=dtype, device=params[0].device))
+            offset = 0
+            for name in b.layers:
+                for _, p in layers[name]:
+                    slot = _Slot(k, p, name, bucket.buffer[offset:offset + p.numel()])
+                    bucket.slots.append(slot)
+                    self._slots.append(slot)
+                    offset += p.numel()
+            bucket.flags = bucket.buffer[offset:offset + len(bucket.slots)]
+            for i, slot in enumerate(bucket.slots):
+                slot.flag = i
+            bucket.pending = len(bucket.slots)
+            self._buckets.append(bucket)
+        K = len(self._buckets)
+        self._next_rs = K - 1          # next bucket whose RS is submitted (descending)
+        self._next_ag = K              # next bucket whose AG is submitted (ascending); K: none pending
+        self._in_backward = False
+        self._first_pending = K        # no bucket below this one has a pending update
+        self._optimizer: Any = None
+        self._wrapper: DeAROptimizer | None = None
+        self.timings: list[DeARTiming] = []
+        if self.options.record_timeline:
+            nbytes = [b.buffer.numel() * b.buffer.element_size() for b in self._buckets]
+            self.timings = ([DeARTiming(k, "reduce_scatter", b.layers, nbytes[k]) for k, b in enumerate(self._buckets)]
+                            + [DeARTiming(k, "allgather", b.layers, nbytes[k]) for k, b in enumerate(self._buckets)])
+        self.grad_ready_s: dict[str, float] = {}
+
+        # hooks: gradients, and a forward pre-hook on every module directly owning a parameter of a bucket
+        self._handles = [s.param.register_post_accumulate_grad_hook(self._grad_hook(s)) for s in self._slots]
+        bucket_of = {id(s.param): s.bucket for s in self._slots}
+        for module in model.modules():
+            owned = sorted({bucket_of[id(p)] for p in module.parameters(recurse=False) if id(p) in bucket_of})
+            if owned:
+                self._handles.append(module.register_forward_pre_hook(self._pre_hook(max(owned))))
+
+    # ---------------------------------------------------------------------------------------------
+    # contract
+    # ---------------------------------------------------------------------------------------------
+
+    @property
+    def num_buckets(self) -> int:
+        return len(self._buckets)
+
+    def wrap_optimizer(self, optimizer: Any) -> DeAROptimizer:
+        self.set_optimizer(optimizer)
+        self._wrapper = DeAROptimizer(self, optimizer)
+        return self._wrapper
+
+    def set_optimizer(self, optimizer: Any) -> None:
+        """The optimizer whose per-bucket steps apply the updates (``wrap_optimizer`` sets it)."""
+        if self.pending_updates():
+            self.flush()
+        self._optimizer = optimizer
+
+    def before_forward(self) -> None:
+        broadcast_buffers(self.model)
+
+    def after_backward(self) -> None:
+        """Every gradient is in its bucket (unused parameters as zeros) and every RS submitted; the
+        exchange finishes in ``step()``."""
+        if self._in_backward:
+            self._fill_unwritten()
+
+    def step(self) -> None:
+        """The wrapped optimizer's ``step()``: finish the reduce-scatters, start AG(0), update nothing."""
+        if self._optimizer is None:
+            raise RuntimeError("DeARExecutor: call wrap_optimizer(optimizer) before stepping")
+        self._start_backward()   # no gradient at all this iteration: still every AG before the RS
+        self._fill_unwritten()
+        for bucket in self._buckets:
+            self._wait_rs(bucket)
+        for bucket in self._buckets:
+            bucket.update_pending = True
+            for slot in bucket.slots:
+                slot.written = False
+            bucket.pending = len(bucket.slots)
+        self._next_rs = len(self._buckets) - 1
+        self._in_backward = False
+        self._next_ag = 0
+        self._first_pending = 0
+        self._submit_ag(0)
+
+    def flush(self) -> None:
+        """Wait for all communication and apply every pending update (in bucket order)."""
+        if self._in_backward:
+            raise RuntimeError("DeARExecutor.flush() between backward and step(): call step() first")
+        self._apply_through(len(self._buckets) - 1)
+
+    def remove(self) -> None:
+        """Flush, then remove every hook; close the stream if this executor made it."""
+        try:
+            if self._optimizer is not None and not self._in_backward:
+                self.flush()
+        finally:
+            for h in self._handles:
+                h.remove()
+            self._handles = []
+            if self._own_stream:
+                self.stream.close()
+
+    def pending_updates(self) -> list[int]:
+        """Buckets whose update is still to be applied."""
+        return [b.index for b in self._buckets if b.update_pending]
+
+    # ---------------------------------------------------------------------------------------------
+    # hooks
+    # ---------------------------------------------------------------------------------------------
+
+    def _grad_hook(self, slot: _Slot):
+        def hook(param: torch.Tensor) -> None:
+            self.grad_ready_s[slot.layer] = time.perf_counter()
+            self._start_backward()
+            bucket = self._buckets[slot.bucket]
+            if bucket.update_pending:  # its modules did not run in forward: apply before overwriting
+                self._apply(bucket)
+            self._write(slot)
+            self._launch_ready()
+        return hook
+
+    def _pre_hook(self, last_bucket: int):
+        def hook(module: nn.Module, args) -> None:
+            if self._first_pending <= last_bucket:
+                self._apply_through(last_bucket)
+        return hook
+
+    # ---------------------------------------------------------------------------------------------
+    # machinery
+    # ---------------------------------------------------------------------------------------------
+
+    def _start_backward(self) -> None:
+        if not self._in_backward:
+            self._in_backward = True
+            self._submit_ag(len(self._buckets) - 1)  # every AG precedes this iteration's RS on the stream
+
+    def _write(self, slot: _Slot) -> None:
+        if slot.written:
+            raise RuntimeError(f"gradient of a parameter in layer '{slot.layer}' arrived twice in one "
+                               "iteration; call step() between backward passes")
+        grad = slot.param.grad
+        flags = self._buckets[slot.bucket].flags
+        if grad is None:
+            slot.view.zero_()
+            flags[slot.flag] = 0
+        else:
+            slot.view.copy_(grad.reshape(-1))
+            flags[slot.flag] = 1
+        slot.written = True
+        self._buckets[slot.bucket].pending -= 1
+
+    def _fill_unwritten(self) -> None:
+        for slot in self._slots:
+            if not slot.written:
+                bucket = self._buckets[slot.bucket]
+                if bucket.update_pending:
+                    self._apply(bucket)
+                self._write(slot)
+        self._launch_ready()
+
+    def _launch_ready(self) -> None:
+        while self._next_rs >= 0 and self._buckets[self._next_rs].pending == 0:
+            bucket = self._buckets[self._next_rs]
+            bucket.rs = self.stream.reduce_scatter(bucket.buffer)
+            self._next_rs -= 1
+
+    def _wait_rs(self, bucket: _Bucket) -> None:
+        handle, bucket.rs = bucket.rs, None
+        handle.wait()
+        if self.timings:
+            self._record(self.timings[bucket.index], handle)
+
+    def _submit_ag(self, upto: int) -> None:
+        """Submit the all-gathers of buckets ``_next_ag .. upto`` (those with a pending update)."""
+        while self._next_ag <= min(upto, len(self._buckets) - 1):
+            bucket = self._buckets[self._next_ag]
+            if bucket.update_pending and bucket.ag is None:
+                bucket.ag = self.stream.all_gather(bucket.buffer)
+            self._next_ag += 1
+
+    def _apply_through(self, last: int) -> None:
+        """Apply every pending update of buckets ``<= last``, in order."""
+        for bucket in self._buckets[self._first_pending:last + 1]:
+            if bucket.update_pending:
+                self._apply(bucket)
+        self._advance_first_pending()
+
+    def _advance_first_pending(self) -> None:
+        K = len(self._buckets)
+        while self._first_pending < K and not self._buckets[self._first_pending].update_pending:
+            self._first_pending += 1
+
+    def _apply(self, bucket: _Bucket) -> None:
+        """Wait AG(k), start AG(k+1), average, and step the optimizer on bucket k's parameters only."""
+        k = bucket.index
+        self._submit_ag(k + 1)  # AG(k+1) overlaps bucket k's forward
+        handle, bucket.ag = bucket.ag, None
+        handle.wait()
+        if self.timings:
+            self._record(self.timings[len(self._buckets) + k], handle)
+        bucket.buffer.div_(self.world_size)
+        self._step_bucket(bucket)
+        bucket.update_pending = False
+        self._advance_first_pending()
+
+    @torch.no_grad()
+    def _step_bucket(self, bucket: _Bucket) -> None:
+        if self._optimizer is None:
+            raise RuntimeError("DeARExecutor: an update is pending but no optimizer was given (wrap_optimizer)")
+        params = [p for g in self._optimizer.param_groups for p in g["params"]]
+        stash = {id(p): p.grad for p in params if p.grad is not None}
+        for p in params:
+            p.grad = None
+        mine = []
+        used = (bucket.flags > 0).tolist()
+        for slot in bucket.slots:
+            if used[slot.flag]:  # a parameter no rank had a gradient for keeps no gradient (as DDP)
+                slot.param.grad = slot.view.view_as(slot.param)
+                mine.append(slot.param)
+        try:
+            self._optimizer.step()
+        finally:
+            for p in mine:
+                p.grad = None
+            for p in params:
+                if id(p) in stash:
+                    p.grad = stash[id(p)]
+
+    @staticmethod
+    def _record(timing: DeARTiming, handle) -> None:
+        timing.launch_s = handle.submit_s
+        timing.start_s = handle.start_s if handle.start_s is not None else float("nan")
+        timing.end_s = handle.end_s if handle.end_s is not None else float("nan")
+
+
+# -------------------------------------------------------------------------------------------------
+# calibration
+# -------------------------------------------------------------------------------------------------
+
+def time_stream_collectives(sizes_bytes, *, repeats: int = 3, warmup: int = 1,
+                            device: torch.device | str = "cpu", stream=None) -> dict[str, list[float]]:
+    """Median seconds of a :class:`CommStream` reduce-scatter and all-gather per buffer size (bytes of
+    the full float32 buffer, rounded to a multiple of P elements), the slowest rank's median (an
+    all-reduce MAX), identical on every rank. Small buffers are timed as the mean of up to 16
+    back-to-back ops. Every rank calls it at the same point (it makes a stream unless given one)."""
+    from repro.runtime.collectives import CommStream
+
+    device = torch.device(device)
+    own = stream is None
+    stream = CommStream() if own else stream
+    P = stream.world_size
+    out: dict[str, list[float]] = {"reduce_scatter": [], "allgather": []}
+    try:
+        for nbytes in sizes_bytes:
+            numel = max(P, int(nbytes) // 4 // P * P)
+            buf = torch.zeros(numel, dtype=torch.float32, device=device)
+            inner = int(min(16, max(1, 2**20 // max(1, int(nbytes)))))
+            for kind, op in (("reduce_scatter", stream.reduce_scatter), ("allgather", stream.all_gather)):
+                times = []
+                for i in range(warmup + repeats):
+                    dist.barrier()
+                    if device.type == "cuda":
+                        torch.cuda.synchronize(device)
+                    t0 = time.perf_counter()
+                    handles = [op(buf) for _ in range(inner)]
+                    handles[-1].wait()
+                    if i >= warmup:
+                        times.append((time.perf_counter() - t0) / inner)
+                out[kind].append(statistics.median(times))
+    finally:
+        if own:
+            stream.close()
+    flat = torch.tensor(out["reduce_scatter"] + out["allgather"], dtype=torch.float64, device=device)
+    dist.all_reduce(flat, op=dist.ReduceOp.MAX)
+    vals = flat.cpu().tolist()
+    n = len(out["reduce_scatter"])
+    return {"reduce_scatter": vals[:n], "allgather": vals[n:]}
+
+
+def calibrate(trace, device, repeats: int, network_cost=None, **_options):
+    """The DeAR family's calibration hook (:mod:`repro.families`).
+
+    With ``network_cost`` (a ``--network`` preset): it must have ``reduce_scatter`` and ``allgather``
+    lines (else :class:`repro.cost.CostModelError` naming the missing one) and is returned. Otherwise
+    both lines are fitted (:func:`repro.cost.fit_linear`, bytes of the full buffer -> seconds) by timing
+    :class:`CommStream` RS and AG on the live group (:func:`time_stream_collectives`) for sizes from
+    4 KiB up to the model's gradient bytes (at most 64 MiB). Every rank calls it and gets the same model.
+    """
+    from repro.cost import CostModel, fit_linear
+    from repro.runtime.calibrate import default_sizes_bytes
+
+    if network_cost is not None:
+        network_cost.line("reduce_scatter")
+        network_cost.line("allgather")
+        return network_cost
+    sizes = default_sizes_bytes(min(int(trace.total_bytes), 64 * 2**20), count=6)
+    seconds = time_stream_collectives(sizes, repeats=max(1, int(repeats)), device=device)
+    P = dist.get_world_size()
+    lines = {kind: fit_linear(sizes, secs) for kind, secs in seconds.items()}
+    meta = {"measurements": {kind: {"bytes": list(map(int, sizes)), "seconds": secs} for kind, secs in seconds.items()}}
+    return CostModel(P, lines, source=f"CommStream reduce-scatter / all-gather fitted on the live process group "
+                     f"(P={P})", meta=meta)
