@@ -21,11 +21,12 @@ Each layer's gradient-ready time (``time.perf_counter``, seconds) is kept for th
 **Horovod's cycle time** (plan option ``cycle_s``, the ``horovod`` planner's plans): Horovod's
 background loop wakes every ``cycle_s`` seconds and launches what became ready since its last tick.
 Here the ticks are counted from the backward start (the first gradient hook of the iteration, kept in
-``cycle_origin_s``, after :meth:`finish` ``last_cycle_origin_s``): tick ``k`` is at ``cycle_origin_s + k * cycle_s``. A background thread (one per
-:class:`BucketedAllReduce`, started by the first hook of an iteration) sleeps until the next tick and
-launches the complete buckets there, in plan order (never overtaking an incomplete earlier bucket, so
-every rank issues the same sequence); a bucket complete at ``r`` therefore goes out at the first tick
-at or after ``r`` (the simulator's ``ceil(r / cycle_s) * cycle_s``, :mod:`repro.sim.allreduce`), later
+``cycle_origin_s``; after :meth:`finish` in ``last_cycle_origin_s``): tick ``k`` is at
+``cycle_origin_s + k * cycle_s``. A background thread (one per :class:`BucketedAllReduce`, started by
+the first hook of an iteration) sleeps until the next tick and launches there the buckets complete by
+that tick, in plan order (never overtaking an incomplete earlier bucket, so every rank issues the same
+sequence; a bucket completed while the thread overslept the tick waits for the next tick); a bucket
+complete at ``r`` therefore goes out at the first tick at or after ``r`` (the simulator's ``ceil(r / cycle_s) * cycle_s``, :mod:`repro.sim.allreduce`), later
 when an earlier bucket holds it back. :meth:`finish` does not launch early either: it waits for the
 remaining buckets' tick (at most one cycle after the last gradient), launches them there and waits
 for every bucket. The gradient hooks never launch in this mode. *One thread issues at a time*: gloo
@@ -223,20 +224,26 @@ class BucketedAllReduce:
             with self._wake:
                 if self._closed:
                     return
-                self._launch_ready()
+                # what completed by the tick; a bucket completed while this thread overslept the tick
+                # waits for the next one, as the model has it
+                self._launch_ready(upto_s=tick)
 
-    def _sleep_to_tick(self) -> None:
-        if self.cycle_origin_s is not None:
-            delay = self._next_tick_s(time.perf_counter()) - time.perf_counter()
-            if delay > 0:
-                time.sleep(delay)
+    def _sleep_to_tick(self) -> float:
+        tick = self._next_tick_s(time.perf_counter())
+        delay = tick - time.perf_counter()
+        if delay > 0:
+            time.sleep(delay)
+        return tick
 
-    def _launch_ready(self) -> None:
+    def _launch_ready(self, upto_s: float | None = None) -> None:
+        """Launch the complete buckets at the head of the plan order (cycle mode: those complete by
+        ``upto_s``, the tick being served)."""
         with self._lock:
-            self._launch_ready_locked()
+            self._launch_ready_locked(upto_s)
 
-    def _launch_ready_locked(self) -> None:
-        while self._next < len(self._buckets) and self._buckets[self._next].pending == 0:
+    def _launch_ready_locked(self, upto_s: float | None = None) -> None:
+        while (self._next < len(self._buckets) and self._buckets[self._next].pending == 0
+               and (upto_s is None or self.bucket_ready_s[self._next] <= upto_s)):
             bucket = self._buckets[self._next]
             bucket.buffer.div_(self.world_size)
             if self.record_timeline:
@@ -269,9 +276,9 @@ class BucketedAllReduce:
                 with self._wake:
                     if self._next >= len(self._buckets):
                         break
-                self._sleep_to_tick()
+                tick = self._sleep_to_tick()
                 with self._wake:
-                    self._launch_ready()
+                    self._launch_ready(upto_s=tick)
             if self._ticker is not None:
                 self._ticker.join()
                 self._ticker = None
