@@ -32,12 +32,12 @@ BATCH = 4
 # Rank functions
 # ---------------------------------------------------------------------------------------------
 
-def _trace(model, name: str):
+def _trace(model, name: str, view: str = "tensor"):
     from repro.trace import Layer, Trace
     from repro.workload.layers import layer_parameters
 
     layers = []
-    for layer, params in layer_parameters(model).items():
+    for layer, params in layer_parameters(model, view).items():
         n = sum(p.numel() for _, p in params)
         layers.append(Layer(layer, n, 4 * n, 1e-4, 2e-4 + 2e-8 * n))
     return Trace(name, BATCH, "cpu", "float32", layers)
@@ -112,12 +112,14 @@ def bytescheduler_cases(ctx, model_name: str, cases: list[dict]) -> list[dict]:
     out = []
     for case in cases:
         torch.manual_seed(0)
-        plan = make_plan("bytescheduler", _trace(build_model(model_name), model_name), cost,
-                         partition_params=case["partition_params"], credit_bytes=case["credit_bytes"])
+        view = case.get("view", "tensor")
+        trace = _trace(build_model(model_name), model_name, view)
+        plan = make_plan("bytescheduler", trace, cost, partition_params=case["partition_params"],
+                         credit_bytes=case["credit_bytes"])
         ref, ref_model = _ddp_params(model_name, case["optimizer"])
 
         def make(model):
-            return ByteSchedulerExecutor(model, plan, ExecutorOptions(record_timeline=True))
+            return ByteSchedulerExecutor(model, plan, ExecutorOptions(view=view, record_timeline=True))
 
         r = _run(model_name, case["optimizer"], make, flush=False)
         before = _diff(_params(r["model"]), ref)
@@ -126,7 +128,7 @@ def bytescheduler_cases(ctx, model_name: str, cases: list[dict]) -> list[dict]:
         timings = [t.row(0.0) for t in r["ex"].timings]
         eval_diff = (_eval_out(model_name, r["model"]) - _eval_out(model_name, ref_model)).abs().max().item()
         r["ex"].remove()
-        out.append({"chunks": len(plan.buckets), "pieces": sum(b.piece is not None for b in plan.buckets),
+        out.append({"layers": trace.num_layers, "chunks": len(plan.buckets), "pieces": sum(b.piece is not None for b in plan.buckets),
                     "before_flush": before, "diff": _diff(after, ref), "eval_diff": eval_diff,
                     "params": after, "timings": timings})
     return out
@@ -189,7 +191,8 @@ def bytescheduler_three_ranks(ctx, cases: list[dict]) -> list[dict]:
 # ---------------------------------------------------------------------------------------------
 
 BS_CASES = [{"optimizer": "sgd", "partition_params": 5000, "credit_bytes": 30_000},
-            {"optimizer": "adamw", "partition_params": 3000, "credit_bytes": 1}]  # credit < a chunk: one at a time
+            {"optimizer": "adamw", "partition_params": 3000, "credit_bytes": 1,  # credit < a chunk: one at a time
+             "view": "module"}]
 TRAIN = {"model": "tiny_resnet", "steps": 3, "warmup_steps": 1, "batch_size": 4}
 RUNS = [{**TRAIN, "scheduler": "horovod", "record_timeline": True},
         {**TRAIN, "scheduler": "bytescheduler", "record_timeline": True},
@@ -207,7 +210,7 @@ def two_ranks():
 def test_bytescheduler_equals_ddp_on_two_ranks(two_ranks):
     rank0, rank1 = two_ranks
     for case, r0, r1 in zip(BS_CASES, rank0["bytescheduler"], rank1["bytescheduler"]):
-        assert r0["pieces"] > 0 and r0["chunks"] > 29, case  # layers were split
+        assert r0["pieces"] > 0 and r0["chunks"] > r0["layers"], case  # layers were split
         assert r0["before_flush"] > 1e-4, case  # updates were pending before the flush ...
         assert r0["diff"] < 1e-5 and r1["diff"] < 1e-5, case  # ... and DDP's parameters after it
         assert r0["eval_diff"] < 1e-4, case  # an evaluation sees the flushed parameters
@@ -282,3 +285,17 @@ def test_the_loop_evaluates_flushed_parameters(two_ranks):
         assert abs(ev["test_loss"] - ddp["test_loss"]) < 1e-4, name
         assert ev["test_accuracy"] == ddp["test_accuracy"], name
         assert _diff(runs[name]["params"], runs["ddp"]["params"]) < 1e-4, name
+
+
+def test_refusals_before_any_communication():
+    from repro.plan import Plan, PlanError
+    from repro.runtime.bytescheduler import ByteSchedulerExecutor
+    from repro.runtime.fsdp import FSDPExecutor
+
+    model = torch.nn.Linear(2, 2)
+    with pytest.raises(PlanError, match="needs a plan"):
+        ByteSchedulerExecutor(model)
+    with pytest.raises(PlanError, match="bytescheduler plans, got a 'allreduce' plan"):
+        ByteSchedulerExecutor(model, Plan.from_dict({"buckets": [["weight", "bias"]]}))
+    with pytest.raises(ValueError, match="fsdp: torch.distributed is not initialised"):
+        FSDPExecutor(model)
