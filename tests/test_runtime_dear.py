@@ -7,7 +7,8 @@
   the comparison can fail;
 - an evaluation forward after a flush sees DDP's parameters; a no_grad forward with updates pending
   applies them first (never computes with stale parameters) and exactly once;
-- a model with a parameter that gets no gradient (zeros, as DDP's find_unused_parameters);
+- a model with a layer no rank uses (no update, as DDP leaves it) and one only rank 0 uses (zeros from
+  the others, as DDP's find_unused_parameters);
 - through ``repro train``: dear_threshold / dear_nofusion (SGD, AdamW) end where wfbp ends;
 - the calibration hook fits reduce-scatter and all-gather lines (identical on every rank) or checks a
   preset's.
@@ -35,20 +36,24 @@ class _WithUnused(nn.Module):
     """Small model with BatchNorm and a layer whose parameters never get a gradient. (No bias right
     before the BatchNorm: its gradient is zero up to rounding, which AdamW would blow up to whole steps.)"""
 
-    def __init__(self) -> None:
+    def __init__(self, use_extra: bool = False) -> None:
         super().__init__()
+        self.use_extra = use_extra  # the "unused" layer is used (on this rank only)
         self.body = nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.BatchNorm1d(8), nn.Linear(8, 8), nn.ReLU())
         self.unused = nn.Linear(8, 8)
         self.head = nn.Linear(8, 3)
 
     def forward(self, x):
-        return self.head(self.body(x))
+        h = self.body(x)
+        return self.head(h + self.unused(h) if self.use_extra else h)
 
 
 def _model(name: str) -> nn.Module:
     from repro.workload.models import build_model
 
     torch.manual_seed(0)
+    if name == "rank_branch":  # rank 0 uses a layer the other ranks do not use
+        return _WithUnused(use_extra=dist.get_rank() == 0)
     return _WithUnused() if name == "with_unused" else build_model(name)
 
 
@@ -56,7 +61,7 @@ def _batches(name: str, steps: int, batch_size: int, rank: int) -> list:
     from repro.workload.models import make_batch
 
     gen = torch.Generator().manual_seed(100 + rank)
-    if name == "with_unused":
+    if name in ("with_unused", "rank_branch"):
         return [(torch.randn(batch_size, 6, generator=gen), torch.randint(0, 3, (batch_size,), generator=gen))
                 for _ in range(steps)]
     return [make_batch(name, batch_size, generator=gen) for _ in range(steps)]
@@ -65,7 +70,7 @@ def _batches(name: str, steps: int, batch_size: int, rank: int) -> list:
 def _loss(name: str, model, x, y):
     from repro.workload.models import compute_loss
 
-    if name == "with_unused":
+    if name in ("with_unused", "rank_branch"):
         return nn.functional.cross_entropy(model(x), y)
     return compute_loss(name, model, x, y)
 
@@ -120,7 +125,7 @@ def dear_vs_ddp(ctx, cases: list[dict]) -> list[dict]:
         probe = batches[-1][0]
         # ---- reference: DDP ----
         ref = _model(name)
-        ddp = DistributedDataParallel(ref, find_unused_parameters=name == "with_unused")
+        ddp = DistributedDataParallel(ref, find_unused_parameters=name in ("with_unused", "rank_branch"))
         ref_opt = _optimizer(case["optimizer"], ref.parameters())
         ref_states = []
         for x, y in batches[:steps]:
@@ -213,6 +218,7 @@ CASES_2 = [
     {"model": "tiny_resnet", "optimizer": "sgd", "planner": "dear_threshold", "threshold_bytes": 40 * 1024,
      "view": "module"},
     {"model": "with_unused", "optimizer": "sgd", "planner": "dear_nofusion", "view": "module"},
+    {"model": "rank_branch", "optimizer": "sgd", "planner": "dear_nofusion"},
 ]
 CASES_3 = [
     {"model": "tiny_vgg", "optimizer": "sgd", "planner": "dear_threshold", "threshold_bytes": 100 * 1024},

@@ -122,6 +122,7 @@ class _Bucket:
     ag: Any = None                # Handle of the all-gather feeding the pending update
     update_pending: bool = False  # gathered gradient waiting to be applied
     flags: Any = None             # per parameter: number of ranks that had a gradient (after the exchange)
+    local_missing: bool = False   # this rank had no gradient for some parameter of the bucket
 
 
 class DeAROptimizer:
@@ -342,6 +343,7 @@ class DeARExecutor(Executor):
         if grad is None:
             slot.view.zero_()
             flags[slot.flag] = 0
+            self._buckets[slot.bucket].local_missing = True
         else:
             slot.view.copy_(grad.reshape(-1))
             flags[slot.flag] = 1
@@ -411,7 +413,10 @@ class DeARExecutor(Executor):
         for p in params:
             p.grad = None
         mine = []
-        used = (bucket.flags > 0).tolist()
+        # a parameter no rank had a gradient for is one this rank had none for: only then read the flags
+        # (a device-to-host copy on GPUs); the common case needs no synchronisation
+        used = (bucket.flags > 0).tolist() if bucket.local_missing else [True] * len(bucket.slots)
+        bucket.local_missing = False
         for slot in bucket.slots:
             if used[slot.flag]:  # a parameter no rank had a gradient for keeps no gradient (as DDP)
                 slot.param.grad = slot.view.view_as(slot.param)
