@@ -284,8 +284,12 @@ def test_calibration_fits_both_halves(two_ranks):
     c0, c1 = (r["calibrate"] for r in two_ranks)
     assert c0["cost"] == c1["cost"]  # every rank gets the same model
     assert set(c0["cost"]["lines"]) == {"reduce_scatter", "allgather"}
-    assert c0["cost"]["lines"]["allgather"]["b_s_per_byte"] > 0
-    assert c0["cost"]["meta"]["measurements"]["reduce_scatter"]["bytes"][0] == 4096
+    m = c0["cost"]["meta"]["measurements"]
+    for kind in ("reduce_scatter", "allgather"):
+        assert m[kind]["bytes"][0] == 4096 and m[kind]["bytes"][-1] == 2**20  # 4 KiB .. the model's bytes
+        assert all(s > 0 for s in m[kind]["seconds"])
+        line = c0["cost"]["lines"][kind]
+        assert line["a_s"] >= 0 and line["b_s_per_byte"] >= 0 and line["a_s"] + line["b_s_per_byte"] > 0
     assert {"reduce_scatter", "allgather"} <= set(c0["preset"]["lines"])  # a preset with both is returned
     assert "no reduce_scatter line" in c0["preset_error"]
 

@@ -39,6 +39,9 @@ loop calls ``flush()`` before evaluation anyway, after which pre-hooks find noth
 in forward outside their owning module's ``forward`` (e.g. read by a parent module) are not covered by
 the pre-hooks; they are applied at the latest when their gradient arrives or at ``step()``.
 
+One backward per ``step()``: a gradient arriving twice for a parameter before ``step()`` raises
+(gradient accumulation over several backward passes is not supported).
+
 ``flush()`` waits for all communication and applies every pending update (the authors' code drops the
 last iteration's update; here evaluation, checkpoints and the end of training see it). ``remove()``
 flushes, removes every hook and closes the stream (unless it was handed in).
@@ -151,8 +154,13 @@ class DeAROptimizer:
         return self.optimizer.state
 
     def state_dict(self):
-        self.executor.flush()
+        self.executor.flush()  # the state must include the pending update
         return self.optimizer.state_dict()
+
+    def __getattr__(self, name: str):  # anything else (defaults, add_param_group, ...): the optimizer's
+        if name in ("executor", "optimizer"):
+            raise AttributeError(name)
+        return getattr(self.optimizer, name)
 
 
 class DeARExecutor(Executor):

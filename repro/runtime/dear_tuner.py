@@ -171,6 +171,15 @@ class _TunedOptimizer:
     def state(self):
         return self.optimizer.state
 
+    def state_dict(self):
+        self.tuner.flush()  # the state must include the pending update
+        return self.optimizer.state_dict()
+
+    def __getattr__(self, name: str):  # anything else: the optimizer's
+        if name in ("tuner", "optimizer"):
+            raise AttributeError(name)
+        return getattr(self.optimizer, name)
+
 
 class DeARTunedExecutor(Executor):
     """DeAR whose bucket threshold is tuned by Bayesian optimisation while training (module docstring).
