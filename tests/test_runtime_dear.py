@@ -233,8 +233,13 @@ RUNS = [{"model": "tiny_resnet", "scheduler": "wfbp", **COMMON},
 
 
 @pytest.fixture(scope="module")
-def two_ranks():
-    return launch_local(dear_suite, 2, args=(CASES_2, RUNS), timeout_s=300)
+def two_ranks(tmp_path_factory):
+    runs_dir = tmp_path_factory.mktemp("dear_runs")
+    runs = [dict(r, results_dir=str(runs_dir), run_id="thr") if r.get("record_timeline") else r for r in RUNS]
+    out = launch_local(dear_suite, 2, args=(CASES_2, runs), timeout_s=300)
+    for r in out:
+        r["runs_dir"] = runs_dir
+    return out
 
 
 def _check_cases(cases, results_per_rank):
@@ -356,3 +361,19 @@ def test_executor_refuses_plans_it_cannot_run():
             assert torch.allclose(p, q, atol=1e-6)
     finally:
         dist.destroy_process_group()
+
+
+def test_train_writes_both_halves_to_buckets_csv(two_ranks):
+    import pandas as pd
+
+    b = pd.read_csv(two_ranks[0]["runs_dir"] / "thr" / "buckets.csv")
+    k = two_ranks[0]["runs"][1]["summary"]["buckets"]
+    assert sorted(b.kind.unique()) == ["allgather", "reduce_scatter"] and len(b) == 2 * k
+    assert (b.launch_s <= b.start_s).all() and (b.start_s <= b.end_s).all()
+    ag, rs = b[b.kind == "allgather"].sort_values("bucket"), b[b.kind == "reduce_scatter"].sort_values("bucket")
+    # the last step: AG(0) was launched by the previous step's step() (before this step started), the
+    # other all-gathers in this step's forward, all before this step's reduce-scatters (bucket K-1 first)
+    assert ag.end_s.max() <= rs.start_s.min() + 1e-6
+    assert ag.launch_s.iloc[0] < 0 < ag.launch_s.iloc[1]
+    assert list(rs.sort_values("start_s").bucket) == list(range(k - 1, -1, -1))
+    assert list(ag.sort_values("start_s").bucket) == list(range(k))
