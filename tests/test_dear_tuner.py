@@ -51,12 +51,14 @@ def tuner_vs_ddp(ctx, cases: list[dict], runs: list[dict]) -> dict:
         tuner = DeARTunedExecutor(model, plan, ExecutorOptions(), **case["tuner"])
         opt = tuner.wrap_optimizer(_optimizer(case["optimizer"], model.parameters()))
         buckets, executors = [], []
-        for x, y in batches:
+        for i, (x, y) in enumerate(batches):
             opt.zero_grad(set_to_none=True)
             tuner.before_forward()
             _loss(name, tuner.module, x, y).backward()
             tuner.after_backward()
             opt.step()
+            if i == case.get("flush_after"):
+                tuner.flush()  # as before an evaluation, in the middle of a trial
             buckets.append(tuner.current_plan.num_buckets)
             executors.append(id(tuner.executor))
         tuner.flush()
@@ -70,7 +72,7 @@ def tuner_vs_ddp(ctx, cases: list[dict], runs: list[dict]) -> dict:
     return {"cases": out, "runs": train_params(ctx, runs)}
 
 
-CASES = [{"optimizer": "sgd", "steps": 14, "tuner": TUNER},
+CASES = [{"optimizer": "sgd", "steps": 14, "tuner": TUNER, "flush_after": 4},
          {"optimizer": "adamw", "steps": 8, "tuner": dict(TUNER, trials=2, settle_steps=0, seed=1)}]
 
 

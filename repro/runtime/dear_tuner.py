@@ -246,6 +246,7 @@ class DeARTunedExecutor(Executor):
 
     def flush(self) -> None:
         self.executor.flush()
+        self._last = None  # an evaluation or checkpoint may follow: the next step's time is not an iteration's
 
     def remove(self) -> None:
         try:
