@@ -314,6 +314,9 @@ class ByteSchedulerExecutor(Executor):
                 self._cond.wait(timeout=1.0)
         for c in layer.chunks:
             c.work.wait()
+        with self._cond:  # and for the completion callbacks (they stamp end_s; gloo runs them after wait())
+            while not all(c.done for c in layer.chunks):
+                self._cond.wait(timeout=1.0)
         layer.buffer.div_(self.world_size)
         opt = self._optimizer
         if opt is None:
