@@ -433,8 +433,8 @@ class ByteSchedulerExecutor(Executor):
 
 class LayerwiseOptimizer:
     """What the loop steps under ByteScheduler: ``step()`` only marks every layer's update as pending
-    (the executor applies each in the next forward, or in ``flush()``); ``zero_grad`` and the rest are
-    the wrapped optimizer's."""
+    (the executor applies each in the next forward, or in ``flush()``); ``state_dict()`` flushes first;
+    ``zero_grad`` and the rest are the wrapped optimizer's."""
 
     def __init__(self, optimizer: Any, executor: ByteSchedulerExecutor) -> None:
         self.optimizer = optimizer
@@ -445,6 +445,11 @@ class LayerwiseOptimizer:
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         self.optimizer.zero_grad(set_to_none=set_to_none)
+
+    def state_dict(self) -> dict:
+        """The wrapped optimizer's state after every pending update is applied."""
+        self.executor.flush()
+        return self.optimizer.state_dict()
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.optimizer, name)
