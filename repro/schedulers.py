@@ -125,6 +125,10 @@ SCHEDULERS: dict[str, Scheduler] = {s.name: s for s in (
               "of the threshold rule), planned online from the measured trace and reduce-scatter / all-gather "
               "lines fitted on the live group", "this package (model-based DeAR tensor fusion)", _DEAR_EXECUTOR,
               planner="dear_model", family="dear", online=True, needs_cost=True),
+    Scheduler("dear_optimal", "DeAR with the exact optimum of its model over every contiguous bucketing (dynamic "
+              "program), planned online from the measured trace and reduce-scatter / all-gather lines fitted on "
+              "the live group", "this package (exact optimum of the DeAR model)", _DEAR_EXECUTOR,
+              planner="dear_optimal", family="dear", online=True, needs_cost=True),
     Scheduler("dear_bo", "DeAR whose buffer size is tuned live by Bayesian optimisation (Gaussian process, expected "
               "improvement, 1-256 MiB, over measured iteration times; rank 0 decides and broadcasts, buckets are "
               "regrouped between trials without losing a gradient or an update)", _DEAR,

@@ -310,3 +310,17 @@ def test_engine_earliest_start():
     assert [(o.start_s, o.end_s) for o in ops] == [(0.0, 1.0), (2.5, 3.5), (0.5, 1.5), (3.0, 4.0)]
     with pytest.raises(ValueError, match="earliest"):
         run_tasks([Task("c", "f", "a", 1.0, earliest_s=float("nan"))], {"c"})
+
+
+def test_dear_optimal_is_the_brute_force_optimum_over_all_contiguous_bucketings():
+    rng = np.random.default_rng(9)
+    for trial in range(120):
+        L = int(rng.integers(1, 10))
+        tr, cost = _trace(rng, L, overheads=bool(trial % 2)), _cost(rng)
+        best = min(groups_period_s(tr, [list(range(a, b)) for a, b in zip(bounds[:-1], bounds[1:])], cost)
+                   for cuts in itertools.chain.from_iterable(itertools.combinations(range(1, L), r) for r in range(L))
+                   for bounds in [(0, *cuts, L)])
+        plan = make_plan("dear_optimal", tr, cost)
+        assert plan.meta["iteration_s"] == pytest.approx(best, rel=1e-12)
+        assert simulate(tr, plan, cost).iteration_s == pytest.approx(best, rel=1e-9)
+        assert plan.meta["iteration_s"] <= make_plan("dear_model", tr, cost).meta["iteration_s"] + 1e-15

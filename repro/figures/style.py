@@ -145,6 +145,12 @@ STYLES: dict[str, SchedulerStyle] = {
     # DeAR
     "dear": _s(PALETTE[2], "d", _SOLID, "DeAR", "dear"),
     "bytescheduler": _s(EXTRA_COLORS[1], ">", _DASH_DOT, "ByteScheduler", "dear"),
+    "dear_nofusion": _s(PALETTE[5], "p", _SOLID, "DeAR (no fusion)", "dear"),
+    "dear_threshold": _s(EXTRA_COLORS[2], "d", _SOLID, "DeAR (25 MiB threshold)", "dear"),
+    "dear_model": _s(PALETTE[4], "*", _SOLID, "DeAR (model-tuned threshold)", "dear"),
+    "dear_bo": _s(PALETTE[6], "h", _SOLID, "DeAR (BO-tuned threshold)", "dear"),
+    "dear_optimal": _s(BLACK, "^", _DOTTED, "DeAR optimum (exact DP)", "dear", _TOP_ZORDER),
+    "fsdp": _s(PALETTE[1], "8", _LONG_DASH_DOT, "FSDP2 (no reshard)", "dear"),
     # OMGS-SGD
     "ssgd": _s(EXTRA_COLORS[0], "8", _LONG_DASH, "S-SGD (dense)", "omgs"),
     "topk_single": _s(PALETTE[1], "p", _DASH_DOT, "TopK-SGD", "omgs"),
@@ -167,7 +173,8 @@ STYLES: dict[str, SchedulerStyle] = {
 FAMILIES: dict[str, tuple[str, ...]] = {
     "allreduce": ("wfbp", "syncea", "threshold", "ddp_buckets", "mgwfbp", "optimal", "ddp", "ddp_threshold",
                   "local", "linear", "paper"),
-    "dear": ("dear", "bytescheduler", "horovod", "ddp", "wfbp", "mgwfbp", "optimal", "linear", "paper"),
+    "dear": ("dear_nofusion", "dear_threshold", "dear_model", "dear_bo", "dear_optimal", "bytescheduler", "horovod",
+             "ddp", "ddp_buckets", "fsdp", "wfbp", "mgwfbp", "linear", "paper"),
     "omgs": ("ssgd", "topk_single", "topk_layerwise", "omgs", "omgs_optimal", "wfbp", "linear", "paper"),
     "osp": ("bsp", "asp", "ssp", "osp", "osp_nolgp", "linear", "paper"),
 }

@@ -32,6 +32,7 @@ PLANNERS: dict[str, Callable[..., Plan]] = {
     "dear_nofusion": dear.dear_nofusion,
     "dear_threshold": dear.dear_threshold,
     "dear_model": dear.dear_model,
+    "dear_optimal": dear.dear_optimal,
     "bytescheduler": bytescheduler.bytescheduler,
 }
 

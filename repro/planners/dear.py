@@ -8,7 +8,12 @@ plan's steady-state period under the model, equal to ``simulate(trace, plan, cos
 - :func:`dear_threshold`: the released code's fixed-threshold fusion (25 MB by default);
 - :func:`dear_model`: beyond the paper, the threshold the simulator predicts best, exact over every
   bucketing the threshold rule can produce (:func:`threshold_sweep` enumerates them all), i.e. over
-  the very search space the Bayesian-optimisation tuner explores with live measurements.
+  the very search space the Bayesian-optimisation tuner explores with live measurements;
+- :func:`dear_optimal`: beyond the paper, the exact optimum over every contiguous bucketing (a
+  dynamic program). On the paper's models at 64 workers it is 2-23% faster than the best threshold
+  bucketing: e.g. ResNet-50 on 10GbE gets buckets of 0.7, 19, 53 and 25 MiB (forward order), a
+  small first bucket whose all-gather, which nothing can hide, is short — one threshold cannot make
+  that.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ from repro.sim.dear import bucket_update_s, dear_period_s
 from repro.trace import Trace
 
 __all__ = ["FAMILY", "DEAR_MESSAGES", "DEFAULT_THRESHOLD_BYTES", "dear_plan", "threshold_groups",
-           "threshold_sweep", "groups_period_s", "dear_nofusion", "dear_threshold", "dear_model"]
+           "threshold_sweep", "groups_period_s", "dear_nofusion", "dear_threshold", "dear_model", "dear_optimal"]
 
 FAMILY = "dear"
 DEAR_MESSAGES = (Message("reduce_scatter", "backward"), Message("allgather", "next_forward"))
@@ -129,3 +134,172 @@ def dear_model(trace: Trace, cost: CostModel, min_threshold_bytes: int = 0,
         raise ValueError(f"no threshold in [{lo}, {hi}] bytes")
     _, t, groups = best
     return dear_plan(trace, groups, cost, "dear_model", threshold_bytes=t, candidates=n)
+
+
+
+class _Model:
+    """The DeAR period of contiguous bucketings given as boundaries ``[0, b_1, ..., L]``, vectorised:
+    ``period = phi_K + c_K + M + straggler`` with ``phi_1 = max(pre, a_1)``,
+    ``phi_{k+1} = phi_k + max(c_k, a_{k+1})``, ``M = max_k (r_k + S_k)`` (``c_k = u_k + f_k``,
+    ``a_k = T_ag(n_k)``, ``S_k = sum_{j<=k} T_rs(n_j)``, ``r_k`` the backward seconds from bucket k's
+    first layer to the output): the reduce-scatters are served K..1, so the last ends at
+    ``max_k (r_k + S_k)`` (which is at least ``r_1 = sum b``). Equal to :func:`groups_period_s`."""
+
+    def __init__(self, trace: Trace, cost: CostModel) -> None:
+        o = trace.overheads
+        L = trace.num_layers
+        upd = np.asarray(bucket_update_s(trace.params(), [[i] for i in range(L)], o.update_s))
+        self.L = L
+        self.cum_c = np.concatenate([[0.0], np.cumsum(trace.forward_s() + upd)])
+        self.cum_n = np.concatenate([[0.0], np.cumsum(trace.bytes())])
+        self.ready = np.concatenate([np.cumsum(trace.backward_s()[::-1])[::-1], [0.0]])
+        self.rs, self.ag = cost.line("reduce_scatter"), cost.line("allgather")
+        self.pre, self.straggler = o.pre_forward_s, o.straggler_s
+
+    def period(self, bounds: Sequence[int]) -> float:
+        b = np.asarray(bounds)
+        n = self.cum_n[b[1:]] - self.cum_n[b[:-1]]
+        c = self.cum_c[b[1:]] - self.cum_c[b[:-1]]
+        a = np.atleast_1d(self.ag(n))
+        phi = max(self.pre, float(a[0])) + float(np.sum(np.maximum(c[:-1], a[1:])))
+        M = float(np.max(self.ready[b[:-1]] + np.cumsum(np.atleast_1d(self.rs(n)))))
+        return phi + float(c[-1]) + M + self.straggler
+
+
+def _local_search(model: _Model, bounds: list[int], max_passes: int = 50) -> list[int]:
+    """First-improvement descent over boundary moves (shift by one layer, remove, add)."""
+    best = model.period(bounds)
+    for _ in range(max_passes):
+        improved = False
+        inner = bounds[1:-1]
+        moves = [sorted(set(inner) - {x}) for x in inner]
+        moves += [sorted(set(inner) - {x} | {x + d}) for x in inner for d in (-1, 1)
+                  if 0 < x + d < model.L and x + d not in inner]
+        moves += [sorted(set(inner) | {x}) for x in range(1, model.L) if x not in inner]
+        for m in moves:
+            cand = [0, *m, model.L]
+            p = model.period(cand)
+            if p < best - 1e-15:
+                best, bounds, improved = p, cand, True
+                break
+        if not improved:
+            break
+    return bounds
+
+
+def dear_optimal(trace: Trace, cost: CostModel) -> Plan:
+    """Exact minimum of the DeAR period over **every** contiguous bucketing (not only those of the
+    threshold rule), by a label-setting dynamic program with dominance and bound pruning.
+
+    The period of a bucketing is ``phi_K + c_K + M`` (+ the straggler) as in :class:`_Model`. Buckets
+    are chosen left to right (input side first). A partial bucketing whose last bucket ends before
+    layer ``i`` is the label ``(phi, c, S, M)`` of its last bucket's forward start ``phi`` and compute
+    ``c`` and its running ``S`` and ``M``; what any continuation adds depends on it only through
+    ``phi`` and ``phi + c`` (``phi' = max(phi + c, phi + a')``), ``S`` and ``M``, monotonically. So at
+    each ``i`` a label no smaller in all four than another is dropped (dominance), and a label whose
+    lower bound ``phi' + c(i..L) + max(M', S' + T_rs(rest))`` is not below the best bucketing known
+    (first :func:`dear_model`'s, improved by a boundary local search) is pruned. Neither rule drops a
+    label that could lead to a strictly better bucketing, so the result is optimal (the tests compare
+    it with brute force over all ``2^(L-1)`` bucketings).
+    """
+    model = _Model(trace, cost)
+    L = model.L
+    start = dear_model(trace, cost)
+    bounds0 = [0, *np.cumsum([len(b.layers) for b in start.buckets]).tolist()]
+    best_bounds = _local_search(model, bounds0)
+    best = model.period(best_bounds) - model.straggler
+    cum_c, cum_n, ready = model.cum_c, model.cum_n, model.ready
+    rest_rs = np.array([float(model.rs(cum_n[L] - cum_n[j])) for j in range(L + 1)])  # T_rs(layers j..L-1)
+    # candidate labels per end position: rows (phi, c, S, M, start, parent id)
+    cand: list[list[np.ndarray]] = [[] for _ in range(L + 1)]
+    nodes: list[tuple[int, int, int]] = []  # kept labels: (start, end, parent id)
+    j = np.arange(1, L + 1)
+    n0 = cum_n[j] - cum_n[0]
+    S0 = np.atleast_1d(model.rs(n0))
+    first = np.stack([np.maximum(model.pre, np.atleast_1d(model.ag(n0))), cum_c[j] - cum_c[0], S0,
+                      ready[0] + S0, np.zeros(L), np.full(L, -1.0)], axis=1)
+    for k in range(L):
+        cand[k + 1].append(first[k:k + 1])
+    for i in range(1, L + 1):
+        if not cand[i]:
+            continue
+        C = np.concatenate(cand[i])
+        cand[i] = []
+        phi, c, S, M = C[:, 0], C[:, 1], C[:, 2], C[:, 3]
+        lb = phi + c + (cum_c[L] - cum_c[i]) + np.maximum(M, S + (rest_rs[i] if i < L else 0.0))
+        C = C[lb < best - 1e-15]
+        if not len(C):
+            continue
+        if i == L:
+            totals = C[:, 0] + C[:, 1] + C[:, 3]
+            t = int(np.argmin(totals))
+            if totals[t] < best - 1e-15:
+                best = float(totals[t])
+                nodes.append((int(C[t, 4]), L, int(C[t, 5])))
+                best_bounds = _bounds_from(nodes, len(nodes) - 1)
+            continue
+        C = _pareto(C)
+        js = np.arange(i + 1, L + 1)
+        n = cum_n[js] - cum_n[i]
+        a = np.atleast_1d(model.ag(n))
+        r = np.atleast_1d(model.rs(n))
+        cn = cum_c[js] - cum_c[i]
+        tail = np.where(js < L, rest_rs[js], 0.0)
+        ids = np.arange(len(nodes), len(nodes) + len(C), dtype=float)
+        nodes.extend((int(row[4]), i, int(row[5])) for row in C)
+        # every kept label (rows) extended by every next bucket [i, j) (columns) at once
+        phi_n = C[:, :1] + np.maximum(C[:, 1:2], a[None, :])
+        S_n = C[:, 2:3] + r[None, :]
+        M_n = np.maximum(C[:, 3:4], ready[i] + S_n)
+        bound = phi_n + (cum_c[L] - cum_c[i]) + np.maximum(M_n, S_n + tail[None, :])
+        rows, cols = np.nonzero(bound < best - 1e-15)
+        if not len(rows):
+            continue
+        block = np.stack([phi_n[rows, cols], cn[cols], S_n[rows, cols], M_n[rows, cols],
+                          np.full(len(rows), float(i)), ids[rows]], axis=1)
+        order = np.argsort(cols, kind="stable")
+        block, cols = block[order], cols[order]
+        cuts = np.flatnonzero(np.diff(cols)) + 1
+        for part, col in zip(np.split(block, cuts), cols[np.concatenate([[0], cuts])]):
+            cand[int(js[col])].append(part)
+    groups = [list(range(x, y)) for x, y in zip(best_bounds[:-1], best_bounds[1:])]
+    return dear_plan(trace, groups, cost, "dear_optimal", labels=len(nodes))
+
+
+def _pareto(C: np.ndarray, block: int = 512) -> np.ndarray:
+    """Rows of ``C`` not dominated in (phi, phi + c, S, M) by another row (of equal rows, one is kept).
+
+    Rows are sorted lexicographically, so a row can only be dominated by an earlier one (a later row
+    that is <= in every key is equal). Each block of sorted rows is checked against the rows kept so
+    far and against the earlier rows of its own block (transitivity makes dropped ones harmless)."""
+    keys = np.stack([C[:, 0], C[:, 0] + C[:, 1], C[:, 2], C[:, 3]], axis=1)
+    if len(keys) <= 1:
+        return C
+    order = np.lexsort(keys.T[::-1])
+    keys, C = keys[order], C[order]
+    kept: list[np.ndarray] = []
+    kept_keys = np.empty((0, 4))
+    for start in range(0, len(keys), block):
+        blk, rows = keys[start:start + block], C[start:start + block]
+        if len(kept_keys):
+            alive = ~np.any(np.all(kept_keys[None, :, :] <= blk[:, None, :], axis=2), axis=1)
+            blk, rows = blk[alive], rows[alive]
+        if not len(blk):
+            continue
+        le = np.all(blk[None, :, :] <= blk[:, None, :], axis=2)
+        earlier = np.arange(len(blk))[None, :] < np.arange(len(blk))[:, None]
+        alive = ~np.any(le & earlier, axis=1)
+        kept.append(rows[alive])
+        kept_keys = np.vstack([kept_keys, blk[alive]])
+    return np.concatenate(kept)
+
+
+def _bounds_from(nodes: list[tuple[int, int, int]], nid: int) -> list[int]:
+    out = []
+    while nid >= 0:
+        s, e, parent = nodes[nid]
+        out.append(e)
+        nid = parent
+        if nid < 0:
+            out.append(s)
+    return sorted(set(out))

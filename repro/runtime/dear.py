@@ -193,8 +193,10 @@ class DeARExecutor(Executor):
         if missing:
             raise PlanError(f"plan leaves {len(missing)} layer(s) of the model out, e.g. {missing[:3]}")
 
-        from repro.runtime.collectives import CommStream
+        from repro.runtime.collectives import CommStream, lower_switch_interval
 
+        # the stream thread needs the GIL between its messages while forward/backward run Python
+        self._restore_switch = lower_switch_interval()
         self._own_stream = stream is None
         self.stream = CommStream() if stream is None else stream
         self.world_size = self.stream.world_size
@@ -307,6 +309,7 @@ class DeARExecutor(Executor):
             self._handles = []
             if self._own_stream:
                 self.stream.close()
+            self._restore_switch()
 
     def pending_updates(self) -> list[int]:
         """Buckets whose update is still to be applied."""
