@@ -19,28 +19,17 @@ from matplotlib.patches import Patch
 from matplotlib.ticker import FuncFormatter
 
 from repro.figures.plots import gantt
-from repro.figures.style import EXTRA_COLORS, PALETTE, STYLES, kind_color, legend_below, scheduler_style
+from repro.figures.style import PALETTE, kind_color, legend_below, scheduler_style
 
-__all__ = ["METHOD_ORDER", "DEAR_STYLES", "method_style", "method_label", "plot_timeline", "plot_scaling",
+__all__ = ["METHOD_ORDER", "method_style", "method_label", "plot_timeline", "plot_scaling",
            "plot_throughput", "plot_breakdown", "plot_buffer_sweep"]
 
 METHOD_ORDER: tuple[str, ...] = ("wfbp", "bytescheduler", "horovod", "ddp_buckets", "mgwfbp", "dear_nofusion",
-                                 "dear_threshold", "dear_model", "dear_bo", "fsdp")
+                                 "dear_threshold", "dear_model", "dear_optimal", "dear_bo", "fsdp")
 
 _PLAIN = FuncFormatter(lambda v, _pos: f"{v:g}")
 _THOUSANDS = FuncFormatter(lambda v, _pos: f"{v / 1e3:g}")
 
-# repro.figures.style has no entries yet for the DeAR variants (it has "dear", "bytescheduler",
-# "horovod"): these are used until it does (an entry there wins). Colours differ from every other
-# method of the DeAR figures (ddp_buckets is green like "dear", MG-WFBP vermillion: the variants are
-# purple, teal and brown).
-DEAR_STYLES: dict[str, dict] = {
-    "dear_nofusion": {"color": PALETTE[5], "marker": "p", "linestyle": "-", "label": "DeAR (no fusion)"},
-    "dear_threshold": {"color": EXTRA_COLORS[2], "marker": "d", "linestyle": "-", "label": "DeAR (25 MiB threshold)"},
-    "dear_model": {"color": PALETTE[4], "marker": "*", "linestyle": "-", "label": "DeAR (model-tuned threshold)"},
-    "dear_bo": {"color": PALETTE[6], "marker": "h", "linestyle": "-", "label": "DeAR (BO-tuned threshold)"},
-    "fsdp": {"color": PALETTE[1], "marker": "X", "linestyle": (0, (6, 2, 1, 2)), "label": "FSDP2 (no reshard)"},
-}
 _LABELS = {"ddp_buckets": "DDP buckets (25 MiB)", "horovod": "Horovod (64 MiB fusion, 5 ms cycle)",
            "bytescheduler": "ByteScheduler (4M-param chunks)"}
 _ROW_NAMES = {"compute": "computation", "comm": "communication"}
@@ -51,10 +40,7 @@ _KIND_NAMES = {"forward": "forward", "backward": "backward", "allreduce": "all-r
 
 def method_style(name: str) -> dict:
     """``ax.plot`` keyword arguments (color, marker, linestyle, label, zorder) of a method."""
-    if name not in STYLES and name in DEAR_STYLES:
-        st = {**DEAR_STYLES[name], "zorder": 2.2}
-    else:
-        st = dict(scheduler_style(name))
+    st = dict(scheduler_style(name))
     if name in _LABELS:
         st["label"] = _LABELS[name]
     return st

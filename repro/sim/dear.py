@@ -114,7 +114,7 @@ def dear_tasks(names: Sequence[str], forward_s: np.ndarray, backward_s: np.ndarr
     launches AG(k+1), the bucket's ``update`` and its layers' forward; then backward L..1, each
     bucket's reduce-scatter after its layers' backward. AG(1) follows the barrier.
     """
-    L, K = len(names), len(groups)
+    L = len(names)
     tasks: list[Task] = []
     barriers: list[int] = []
     prev_rs: tuple[int, ...] = ()

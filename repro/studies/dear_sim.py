@@ -47,12 +47,12 @@ MIB = 2**20
 # The paper's models -> per-GPU batch size (dear.md, "Experimental setup"); shipped V100 estimate traces.
 DEAR_MODELS: dict[str, int] = {"resnet50": 64, "densenet201": 32, "inception_v4": 64, "bert_base": 64,
                                "bert_large": 32}
-DEAR_METHODS: tuple[str, ...] = ("dear_nofusion", "dear_threshold", "dear_model")
+DEAR_METHODS: tuple[str, ...] = ("dear_nofusion", "dear_threshold", "dear_model", "dear_optimal")
 BASELINES: tuple[str, ...] = ("wfbp", "bytescheduler", "horovod", "ddp_buckets", "mgwfbp")
 ALL_METHODS: tuple[str, ...] = ("wfbp", "bytescheduler", "horovod", "ddp_buckets", "mgwfbp", "dear_nofusion",
-                                "dear_threshold", "dear_model")
+                                "dear_threshold", "dear_model", "dear_optimal")
 NOFUSION_METHODS: tuple[str, ...] = ("wfbp", "bytescheduler", "dear_nofusion")  # dear.throughput_nofusion
-FUSION_METHODS: tuple[str, ...] = ("horovod", "ddp_buckets", "mgwfbp", "dear_threshold", "dear_model")
+FUSION_METHODS: tuple[str, ...] = ("horovod", "ddp_buckets", "mgwfbp", "dear_threshold", "dear_model", "dear_optimal")
 PAPER_NETWORKS: tuple[str, ...] = ("10gbe-dear64", "56gbib-dear64")  # the authors' fits, P=64 only
 SCALING_NETWORKS: tuple[str, ...] = ("10gbe-dear-derived", "56gbib-dear-derived")  # any P
 SCALING_WORKERS: tuple[int, ...] = (8, 16, 32, 64)
