@@ -60,6 +60,8 @@ benchmark: install
 	$(PY) benchmarks/bench_engine.py
 	$(PY) benchmarks/bench_omgs.py
 	$(PY) benchmarks/bench_sparse_exchange.py
+	$(PY) benchmarks/bench_primitives.py
+	$(PY) benchmarks/bench_dear.py
 
 clean:
 	rm -rf $(RESULTS) .pytest_cache
