@@ -14,7 +14,16 @@ reads them.
 - :func:`buffer_sweep_configs` / :func:`buffer_sweep_table`: DeAR's iteration time per fusion
   threshold, measured and simulated;
 - :func:`tuning_table` / :func:`trials_to_within`: the buffer-size tuner's trials (``tuning.csv`` of
-  ``dear_bo`` runs) and how many it needed to come within a tolerance of the best measured threshold.
+  ``dear_bo`` runs) and how many it needed to come within a tolerance of the best measured threshold;
+  :func:`search_comparison_table`: BO against grid and random search (same trial budget, seeds) on an
+  objective given as a function, e.g. :func:`interpolated_objective` of the measured sweep or
+  :func:`model_objective` (the DeAR model's period of the threshold rule's buckets);
+- :func:`measure_primitives` / :func:`primitive_cost_table` / :func:`primitive_model_table`: all-reduce vs
+  ring reduce-scatter vs ring all-gather on the live group, fitted lines and the ring model;
+- :func:`measured_breakdown_table`: computation vs exposed reduce-scatter / all-gather / all-reduce of
+  each timing run (definition in :data:`MEASURED_DERIVATION`), with the run simulated beside it;
+- :func:`paper_scale_tables`: throughput and breakdown simulated at the paper's 64 GPUs, each plan
+  made once (``dear_optimal`` plans take seconds) and shared by both tables.
 
 Baselines without a plan of ours (``ddp``, ``fsdp``) have no prediction of their own: for ``ddp`` the
 table simulates DDP's default buckets (planner ``ddp_buckets``) on the trace and cost of another run of
@@ -26,6 +35,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Sequence
 
+import math
+import statistics
+import time
+
 import numpy as np
 import pandas as pd
 
@@ -34,13 +47,16 @@ from repro.runs import load_run
 from repro.sim import simulate
 from repro.studies.mgwfbp_train import clear_runs, load_runs, run_grid
 
-__all__ = ["NOFUSION_SCHEDULERS", "FUSION_SCHEDULERS", "ALL_SCHEDULERS", "clear_runs", "run_grid", "load_runs",
-           "run_id", "throughput_configs", "buffer_sweep_configs", "tuning_configs", "throughput_table",
-           "buffer_sweep_table", "tuning_table", "trials_to_within"]
+__all__ = ["NOFUSION_SCHEDULERS", "FUSION_SCHEDULERS", "ALL_SCHEDULERS", "PRIMITIVES", "MEASURED_DERIVATION",
+           "clear_runs", "run_grid", "load_runs", "run_id", "throughput_configs", "buffer_sweep_configs",
+           "tuning_configs", "throughput_table", "buffer_sweep_table", "tuning_table", "trials_to_within",
+           "time_primitives", "measure_primitives", "primitive_cost_table", "primitive_model_table",
+           "measured_breakdown_table", "speedup_vs_best_baseline", "interpolated_objective", "model_objective",
+           "search_comparison_table", "planner_marks_table", "paper_scale_tables", "gradient_bytes"]
 
 # The DeAR paper's two comparisons (dear.md "Baselines").
 NOFUSION_SCHEDULERS: tuple[str, ...] = ("wfbp", "bytescheduler", "dear_nofusion")
-FUSION_SCHEDULERS: tuple[str, ...] = ("horovod", "ddp", "mgwfbp", "dear_threshold", "dear_model")
+FUSION_SCHEDULERS: tuple[str, ...] = ("horovod", "ddp", "mgwfbp", "dear_threshold", "dear_model", "dear_optimal")
 ALL_SCHEDULERS: tuple[str, ...] = NOFUSION_SCHEDULERS + FUSION_SCHEDULERS + ("fsdp",)
 
 
@@ -59,32 +75,36 @@ def run_id(c: dict[str, Any], world_size: int, bandwidth: str | None = None) -> 
 def _config(model: str, scheduler: str, world_size: int, bandwidth: str | None, *, steps: int, batch_size: int,
             warmup_steps: int, tag: str | None = None, **extra: Any) -> dict[str, Any]:
     c = {"model": model, "scheduler": scheduler, "steps": steps, "batch_size": batch_size,
-         "warmup_steps": warmup_steps, "compute_steps": 2, "record_timeline": True, **extra}
+         "warmup_steps": warmup_steps, "compute_steps": 3, "record_timeline": True, **extra}
     c["run_id"] = run_id({**c, "run_tag": tag}, world_size, bandwidth)
     return c
 
 
 def throughput_configs(models: Sequence[str], schedulers: Sequence[str], world_size: int,
                        bandwidth: str | None = None, *, steps: int = 10, batch_size: int = 16,
-                       warmup_steps: int = 3) -> list[dict[str, Any]]:
-    """One timing run (synthetic data, timeline recorded) per model and scheduler."""
-    return [_config(m, s, world_size, bandwidth, steps=steps, batch_size=batch_size, warmup_steps=warmup_steps)
-            for m in models for s in schedulers]
+                       warmup_steps: int = 3, extra: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """One timing run (synthetic data, timeline recorded) per model and scheduler; ``extra``: more
+    :class:`repro.train.TrainConfig` fields for every run (e.g. ``fit_repeats``, ``seed``)."""
+    return [_config(m, s, world_size, bandwidth, steps=steps, batch_size=batch_size, warmup_steps=warmup_steps,
+                    **(extra or {})) for m in models for s in schedulers]
 
 
 def buffer_sweep_configs(model: str, thresholds_bytes: Sequence[int], world_size: int,
                          bandwidth: str | None = None, *, steps: int = 10, batch_size: int = 16,
-                         warmup_steps: int = 3) -> list[dict[str, Any]]:
+                         warmup_steps: int = 3, extra: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """``dear_threshold`` at each fusion threshold (bytes)."""
     return [_config(model, "dear_threshold", world_size, bandwidth, steps=steps, batch_size=batch_size,
-                    warmup_steps=warmup_steps, tag=f"t{int(t)}", threshold_bytes=int(t)) for t in thresholds_bytes]
+                    warmup_steps=warmup_steps, tag=f"t{int(t)}", threshold_bytes=int(t), **(extra or {}))
+            for t in thresholds_bytes]
 
 
 def tuning_configs(model: str, world_size: int, bandwidth: str | None = None, *, steps: int = 80,
-                   batch_size: int = 16, warmup_steps: int = 3) -> list[dict[str, Any]]:
-    """One ``dear_bo`` run long enough for its trials (see :mod:`repro.runtime.dear_tuner`)."""
+                   batch_size: int = 16, warmup_steps: int = 3, extra: dict[str, Any] | None = None
+                   ) -> list[dict[str, Any]]:
+    """One ``dear_bo`` run long enough for its trials (see :mod:`repro.runtime.dear_tuner`: with its
+    defaults, 10 trials after the initial one, each 2 settling + 6 timed steps, so about 77 steps)."""
     return [_config(model, "dear_bo", world_size, bandwidth, steps=steps, batch_size=batch_size,
-                    warmup_steps=warmup_steps)]
+                    warmup_steps=warmup_steps, **(extra or {}))]
 
 
 def _simulate_run(path: str | Path, trace_kind: str = "inrun") -> float | None:
@@ -131,10 +151,17 @@ def throughput_table(results_dir: str | Path, schedulers: Sequence[str] | None =
                      "iteration_s": r.iteration_s, "compute_s": r.compute_s,
                      "throughput_samples_s": r.throughput_samples_s, "predicted_s": pred,
                      "simulated_inrun_s": _simulate_run(r.path), "prediction_from": src,
-                     "buckets": r.get("buckets"), "oversubscribed": bool(r.get("oversubscribed", False))})
+                     "buckets": r.get("buckets"), "plan_threshold_bytes": _plan_threshold(r.path),
+                     "oversubscribed": bool(r.get("oversubscribed", False))})
     df = pd.DataFrame(rows)
     df["prediction_error"] = df["predicted_s"] / df["iteration_s"] - 1
     return df
+
+
+def _plan_threshold(path: str | Path) -> float:
+    plan = load_run(path).plan
+    t = plan.meta.get("threshold_bytes") if plan is not None else None
+    return float(t) if t is not None else float("nan")
 
 
 def buffer_sweep_table(results_dir: str | Path) -> pd.DataFrame:
@@ -172,3 +199,362 @@ def trials_to_within(trials: pd.DataFrame, best_s: float, tolerance: float = 0.0
     ``best_s`` (e.g. the best of a full measured sweep); NaN if none is."""
     ok = np.flatnonzero(trials[value].to_numpy(dtype=float) <= best_s * (1 + tolerance))
     return float(ok[0] + 1) if ok.size else float("nan")
+
+
+# ---------------------------------------------------------------------------------------------
+# Primitives: all-reduce vs ring reduce-scatter vs ring all-gather (dear.primitive_cost)
+# ---------------------------------------------------------------------------------------------
+
+PRIMITIVES: tuple[str, ...] = ("allreduce", "reduce_scatter", "allgather", "rs_plus_ag")
+
+
+def time_primitives(ctx, sizes_bytes: Sequence[int], repeats: int) -> list[dict[str, Any]]:
+    """Per rank (launch target): median seconds of gloo's native ``all_reduce`` and of
+    :class:`repro.runtime.collectives.CommStream`'s ring reduce-scatter, ring all-gather and the two back to
+    back (what DeAR sends per bucket), per size; each repeat starts at a barrier, one warm-up, the slowest
+    rank's median (as ``benchmarks/bench_primitives.py``)."""
+    import torch
+    import torch.distributed as dist
+
+    from repro.runtime.collectives import CommStream
+
+    P, rank = dist.get_world_size(), dist.get_rank()
+    stream = CommStream()
+
+    def timed(fn) -> float:
+        samples = []
+        for i in range(repeats + 1):
+            dist.barrier()
+            t0 = time.perf_counter()
+            fn()
+            if i:
+                samples.append(time.perf_counter() - t0)
+        med = torch.tensor([statistics.median(samples)], dtype=torch.float64)
+        dist.all_reduce(med, op=dist.ReduceOp.MAX)
+        return float(med.item())
+
+    def rs_ag(buf):
+        stream.reduce_scatter(buf)
+        stream.all_gather(buf).wait()
+
+    rows = []
+    try:
+        for nbytes in sizes_bytes:
+            n = max(P, int(nbytes) // 4 // P * P)
+            buf = torch.randn(n, generator=torch.Generator().manual_seed(rank))
+            for name, fn in (("allreduce", lambda: dist.all_reduce(buf)),
+                             ("reduce_scatter", lambda: stream.reduce_scatter(buf).wait()),
+                             ("allgather", lambda: stream.all_gather(buf).wait()),
+                             ("rs_plus_ag", lambda: rs_ag(buf))):
+                rows.append({"workers": P, "bytes": n * 4, "primitive": name, "seconds": timed(fn)})
+    finally:
+        stream.close()
+    return rows
+
+
+def measure_primitives(world_sizes: Sequence[int], sizes_bytes: Sequence[int], results_dir: str | Path, *,
+                       repeats: int = 3, emulate_bandwidth: str | None = None,
+                       timeout_s: float = 600) -> pd.DataFrame:
+    """Time the primitives (:func:`time_primitives`) at each world size (> 1) here and write
+    ``primitive_times`` under ``results_dir`` (tidy: workers, bytes, primitive, seconds, cpu_count,
+    threads_per_rank, oversubscribed, emulated_bandwidth). ``bytes`` is the whole buffer (float32, rounded
+    down to a multiple of 4 P); ``emulate_bandwidth`` runs every rank behind an emulated link."""
+    from repro.cluster.local import launch_local
+    from repro.results import write_table
+    from repro.studies.common import available_cpus, warn_if_oversubscribed, with_oversubscription
+
+    rows: list[dict[str, Any]] = []
+    cpus = available_cpus()
+    for p in world_sizes:
+        if p < 2:
+            continue
+        warn_if_oversubscribed(p, "primitive timing", cpus=cpus)
+        rows += launch_local(time_primitives, p, args=(list(sizes_bytes), repeats), timeout_s=timeout_s,
+                             quiet=True, emulate_bandwidth=emulate_bandwidth)[0]
+    df = pd.DataFrame(rows)
+    if not df.empty:
+        df = df.assign(cpu_count=cpus, threads_per_rank=1, emulated_bandwidth=emulate_bandwidth or "loopback")
+        df = with_oversubscription(df, workers="workers")
+    write_table(df, results_dir, "primitive_times", {"world_sizes": list(world_sizes), "repeats": repeats,
+                                                     "sizes_bytes": [int(n) for n in sizes_bytes],
+                                                     "emulate_bandwidth": emulate_bandwidth})
+    return df
+
+
+def primitive_cost_table(times: pd.DataFrame) -> pd.DataFrame:
+    """Measured seconds per primitive and size beside two models, per world size (tidy):
+
+    - ``fit``: the line ``a + b*bytes`` fitted to that primitive's own measurements
+      (:func:`repro.cost.fit_linear`, relative-error weighting);
+    - ``ring model``: what the ring algorithm predicts from the all-reduce measured here: reduce-scatter
+      = all-gather = half of the fitted all-reduce line, RS+AG = the whole line (the same traffic).
+
+    Columns: workers, primitive, bytes, source (measured / fit / ring model), seconds, a_s, b_s_per_byte
+    (the line, on model rows), relative_error (model / measured - 1), oversubscribed."""
+    from repro.cost import Linear, fit_linear
+
+    rows: list[dict[str, Any]] = []
+    for p, g in times.groupby("workers"):
+        over = bool(g["oversubscribed"].any()) if "oversubscribed" in g else False
+        ar = g[g.primitive == "allreduce"]
+        ar_line = fit_linear(ar["bytes"], ar["seconds"]) if len(ar) >= 2 else None
+        for prim, h in g.groupby("primitive", sort=False):
+            h = h.sort_values("bytes")
+            n, t = h["bytes"].to_numpy(dtype=float), h["seconds"].to_numpy(dtype=float)
+            lines = []
+            if len(h) >= 2:
+                lines.append(("fit", fit_linear(n, t)))
+            if ar_line is not None:
+                k = 0.5 if prim in ("reduce_scatter", "allgather") else 1.0
+                lines.append(("ring model", Linear(ar_line.a_s * k, ar_line.b_s_per_byte * k)))
+            for nb, sec in zip(n, t):
+                rows.append({"workers": int(p), "primitive": prim, "bytes": int(nb), "source": "measured",
+                             "seconds": float(sec), "a_s": np.nan, "b_s_per_byte": np.nan,
+                             "relative_error": np.nan, "oversubscribed": over})
+            for src, line in lines:
+                for nb, sec in zip(n, t):
+                    m = float(line.a_s + line.b_s_per_byte * nb)
+                    rows.append({"workers": int(p), "primitive": prim, "bytes": int(nb), "source": src,
+                                 "seconds": m, "a_s": line.a_s, "b_s_per_byte": line.b_s_per_byte,
+                                 "relative_error": m / sec - 1, "oversubscribed": over})
+    return pd.DataFrame(rows)
+
+
+def primitive_model_table(presets: Sequence[str] = ("10gbe-dear-derived", "56gbib-dear-derived"),
+                          workers: Sequence[int] = (2, 4, 8, 16, 32, 64), nbytes: int = 25 * 2**20) -> pd.DataFrame:
+    """The cost model's all-reduce, reduce-scatter and all-gather seconds of one ``nbytes`` message vs the
+    number of workers, per per-hop preset (the DeAR authors' fits at P=64 turned into ring constants,
+    :mod:`repro.cost`). Columns: preset, workers, bytes, primitive, seconds, source ("model")."""
+    from repro.cost import preset
+
+    rows = []
+    for name in presets:
+        for p in workers:
+            c = preset(name, int(p))
+            for prim, t in (("allreduce", c.allreduce_s(nbytes)), ("reduce_scatter", c.reduce_scatter_s(nbytes)),
+                            ("allgather", c.allgather_s(nbytes))):
+                rows.append({"preset": name, "workers": int(p), "bytes": int(nbytes), "primitive": prim,
+                             "seconds": float(t), "source": "model"})
+    return pd.DataFrame(rows)
+
+
+# ---------------------------------------------------------------------------------------------
+# Breakdown: computation vs exposed reduce-scatter / all-gather (measured)
+# ---------------------------------------------------------------------------------------------
+
+MEASURED_DERIVATION = (
+    "computation = median over this model's timing runs of their computation-only time (compute_s: steps of "
+    "a copy of the model without communication; one estimate per model, since each run's own is noisy on "
+    "shared cores); exposed = iteration - computation (>= 0); DeAR runs: exposed reduce-scatter = the "
+    "reduce-scatter time on the communication stream after the backward call returned (union of the "
+    "intervals of the last step's timeline, buckets.csv), at most the exposed time; exposed all-gather = the "
+    "rest of the exposed time (the forward's waits for all-gathers, plus any other overhead); all-reduce runs: "
+    "all of it is exposed all-reduce")
+
+
+def _union_after(intervals: Sequence[tuple[float, float]], t0: float) -> float:
+    merged: list[list[float]] = []
+    for a, b in sorted((max(a, t0), b) for a, b in intervals if b > t0 and a == a and b == b):
+        if merged and a <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], b)
+        else:
+            merged.append([a, b])
+    return float(sum(b - a for a, b in merged))
+
+
+def measured_breakdown_table(results_dir: str | Path, schedulers: Sequence[str] | None = None) -> pd.DataFrame:
+    """Per timing run (not the sweep or tuning runs): computation vs exposed reduce-scatter, all-gather and
+    all-reduce in seconds per iteration, ``source`` "measured" (see :data:`MEASURED_DERIVATION`, also in
+    the ``derivation`` column) and "simulated" (the run's own in-run trace, plan and fitted cost model,
+    :func:`repro.studies.dear_sim.exposed_breakdown`; DeAR and all-reduce plans only). Columns: model,
+    scheduler, workers, source, iteration_s, computation_s, exposed_rs_s, exposed_ag_s,
+    exposed_allreduce_s, exposed_idle_s, rs_after_backward_s, derivation, oversubscribed."""
+    from repro.studies.dear_sim import exposed_breakdown
+
+    runs = load_runs(results_dir)
+    if runs.empty:
+        return pd.DataFrame()
+    runs = runs[(runs.scheduler != "dear_bo") & ~runs.run_id.str.contains(r"_t\d+_|_t\d+$", regex=True)]
+    if schedulers is not None:
+        runs = runs[runs.scheduler.isin(list(schedulers))]
+    comp = runs.groupby("model")["compute_s"].median()
+    rows = []
+    for _, r in runs.iterrows():
+        run = load_run(r.path)
+        family = run.plan.family if run.plan is not None else None
+        it, c = float(r.iteration_s), float(comp[r.model])
+        exposed = max(0.0, it - c)
+        rs_after = np.nan
+        rs = ag = ar = 0.0
+        if family == "dear":
+            tl, its = run.table("buckets.csv"), run.table("iterations.csv")
+            rs_after = 0.0
+            if tl is not None and its is not None and len(its):
+                last = its.iloc[-1]
+                bwd_end = float(last.forward_s + last.backward_call_s)
+                sub = tl[tl["kind"] == "reduce_scatter"]
+                rs_after = _union_after(list(zip(sub.start_s.astype(float), sub.end_s.astype(float))), bwd_end)
+            rs = min(exposed, rs_after)
+            ag = exposed - rs
+        else:
+            ar = exposed
+        over = bool(r.get("oversubscribed", False))
+        rows.append({"model": r.model, "scheduler": r.scheduler, "workers": int(r.world_size), "source": "measured",
+                     "iteration_s": it, "computation_s": min(c, it), "exposed_rs_s": rs, "exposed_ag_s": ag,
+                     "exposed_allreduce_s": ar, "exposed_idle_s": 0.0, "rs_after_backward_s": rs_after,
+                     "derivation": MEASURED_DERIVATION, "oversubscribed": over})
+        trace = run.inrun_trace or run.trace
+        if family in ("dear", "allreduce") and trace is not None and run.cost is not None:
+            try:
+                b = exposed_breakdown(trace, run.plan, run.cost)
+            except Exception:  # noqa: BLE001 - a plan the simulator cannot draw (e.g. Horovod's cycle)
+                continue
+            rows.append({"model": r.model, "scheduler": r.scheduler, "workers": int(r.world_size),
+                         "source": "simulated", "iteration_s": b["iteration_s"], "computation_s": b["computation_s"],
+                         "exposed_rs_s": b["exposed_rs_s"], "exposed_ag_s": b["exposed_ag_s"],
+                         "exposed_allreduce_s": b["exposed_allreduce_s"], "exposed_idle_s": b["exposed_idle_s"],
+                         "rs_after_backward_s": np.nan,
+                         "derivation": "the run's in-run trace, plan and fitted cost model, simulated "
+                                       "(repro.studies.dear_sim.exposed_breakdown)", "oversubscribed": over})
+    return pd.DataFrame(rows)
+
+
+def speedup_vs_best_baseline(table: pd.DataFrame, dear: Sequence[str], value: str = "iteration_s",
+                             by: Sequence[str] = ("model",)) -> pd.DataFrame:
+    """Per group: the fastest DeAR variant among ``dear`` against the fastest other scheduler of the table,
+    ``speedup_pct = 100 (baseline / DeAR - 1)`` of ``value`` (seconds per iteration)."""
+    rows = []
+    for key, g in table.groupby(list(by), sort=False):
+        g = g[g[value].notna()]
+        d, b = g[g.scheduler.isin(dear)], g[~g.scheduler.isin(dear)]
+        if d.empty or b.empty:
+            continue
+        bd, bb = d.loc[d[value].idxmin()], b.loc[b[value].idxmin()]
+        key = key if isinstance(key, tuple) else (key,)
+        rows.append({**dict(zip(by, key)), "best_dear": bd.scheduler, "dear_s": float(bd[value]),
+                     "best_baseline": bb.scheduler, "baseline_s": float(bb[value]),
+                     "speedup_pct": 100.0 * (float(bb[value]) / float(bd[value]) - 1.0)})
+    return pd.DataFrame(rows)
+
+
+# ---------------------------------------------------------------------------------------------
+# Buffer-size tuning: BO vs grid vs random (dear.bo_tuning)
+# ---------------------------------------------------------------------------------------------
+
+def gradient_bytes(results_dir: str | Path, model: str) -> int:
+    """Total gradient bytes of ``model`` as a run of it recorded them (its trace), for scaling thresholds."""
+    runs = load_runs(results_dir)
+    for p in runs[runs.model == model].path if not runs.empty else []:
+        t = load_run(p).trace
+        if t is not None:
+            return int(np.sum(t.bytes()))
+    raise ValueError(f"no run of {model} with a trace under {results_dir}")
+
+
+def interpolated_objective(thresholds_bytes: Sequence[float], seconds: Sequence[float]):
+    """``f(threshold_bytes) -> seconds``: the measured points joined linearly in log2(threshold), constant
+    beyond the end points (an objective for :func:`repro.runtime.dear_tuner.tune_offline` made from a
+    measured sweep: a search's trials then cost nothing but land on measured values or between them)."""
+    x = np.log2(np.maximum(np.asarray(thresholds_bytes, dtype=float), 1.0))
+    y = np.asarray(seconds, dtype=float)
+    order = np.argsort(x)
+    x, y = x[order], y[order]
+
+    def f(t: int) -> float:
+        return float(np.interp(math.log2(max(float(t), 1.0)), x, y))
+
+    return f
+
+
+def model_objective(trace, cost):
+    """``f(threshold_bytes) -> seconds``: the DeAR model's period (:func:`repro.planners.dear.groups_period_s`)
+    of the threshold rule's buckets (:func:`repro.planners.dear.threshold_groups`) on ``trace`` and ``cost``."""
+    from repro.planners.dear import groups_period_s, threshold_groups
+
+    nbytes = np.rint(trace.bytes()).astype(np.int64)
+
+    def f(t: int) -> float:
+        return float(groups_period_s(trace, threshold_groups(nbytes, int(t)), cost))
+
+    return f
+
+
+def search_comparison_table(objectives: dict[str, Any], bounds: tuple[int, int], trials: int = 8,
+                            seeds: Sequence[int] = (0, 1, 2), methods: Sequence[str] = ("bo", "grid", "random"),
+                            ) -> pd.DataFrame:
+    """BO, grid and random search (:func:`repro.runtime.dear_tuner.tune_offline`, ``trials`` evaluations
+    each, the same ``bounds`` in bytes) on each named objective; grid is deterministic and runs once, BO and
+    random once per seed. Columns: objective, method, seed, trial (1-based), threshold_bytes, iteration_s,
+    best_so_far_s, best_threshold_bytes, bounds_low_bytes, bounds_high_bytes."""
+    from repro.runtime.dear_tuner import tune_offline
+
+    frames = []
+    for name, f in objectives.items():
+        for m in methods:
+            for seed in (seeds if m != "grid" else seeds[:1]):
+                rows = tune_offline(f, method=m, trials=trials, bounds=bounds, seed=int(seed))
+                df = pd.DataFrame(rows)
+                df["trial"] = df["trial"] + 1
+                frames.append(df.assign(objective=name, method=m, seed=int(seed), bounds_low_bytes=int(bounds[0]),
+                                        bounds_high_bytes=int(bounds[1])))
+    out = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+    cols = ["objective", "method", "seed", "trial", "threshold_bytes", "iteration_s", "best_so_far_s",
+            "best_threshold_bytes", "bounds_low_bytes", "bounds_high_bytes"]
+    return out[cols] if len(out) else out
+
+
+def planner_marks_table(throughput: pd.DataFrame, model: str,
+                        schedulers: Sequence[str] = ("dear_model", "dear_optimal")) -> pd.DataFrame:
+    """Where the model-based planners land: measured and predicted seconds per iteration of their timing
+    runs (from :func:`throughput_table`), the buckets, and the threshold when the plan has one."""
+    rows = []
+    for _, r in throughput[(throughput.model == model) & throughput.scheduler.isin(list(schedulers))].iterrows():
+        rows.append({"model": model, "scheduler": r.scheduler, "buckets": r.buckets,
+                     "measured_s": float(r.iteration_s), "predicted_s": r.predicted_s,
+                     "simulated_inrun_s": r.get("simulated_inrun_s"),
+                     "threshold_bytes": r.get("plan_threshold_bytes", np.nan)})
+    return pd.DataFrame(rows)
+
+
+# ---------------------------------------------------------------------------------------------
+# Paper scale (simulated): throughput and breakdown from one set of plans
+# ---------------------------------------------------------------------------------------------
+
+def paper_scale_tables(models: Sequence[str], networks: Sequence[str], methods: Sequence[str],
+                       breakdown_methods: Sequence[str], workers: int = 64) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(throughput, breakdown) simulated at ``workers`` GPUs on each cost preset, from the shipped V100
+    roofline-estimate traces of ``models`` (:mod:`repro.studies.dear_sim`): the columns of
+    :func:`repro.studies.dear_sim.throughput_table` and :func:`repro.studies.dear_sim.breakdown_table`,
+    each plan made once for both (``dear_optimal``'s exact search takes seconds per model)."""
+    from repro.cost import preset
+    from repro.studies.dear_sim import exposed_breakdown, load_traces
+
+    traces = load_traces(list(models))
+    thr_rows, bd_rows = [], []
+    for model, trace in traces.items():
+        for net in networks:
+            cost = preset(net, workers)
+            for m in dict.fromkeys([*methods, *breakdown_methods]):
+                t0 = time.perf_counter()
+                plan = make_plan(m, trace, cost)
+                wall = time.perf_counter() - t0
+                if m in methods:
+                    res = simulate(trace, plan, cost, with_ops=False)
+                    thr_rows.append({"model": model, "device": trace.device, "batch_size": trace.batch_size,
+                                     "network": net, "workers": int(workers), "scheduler": m,
+                                     "iteration_s": float(res.iteration_s),
+                                     "throughput": workers * trace.batch_size / float(res.iteration_s),
+                                     "buckets": plan.num_buckets,
+                                     "threshold_bytes": float(plan.meta.get("threshold_bytes", np.nan)),
+                                     "plan_wall_s": wall})
+                if m in breakdown_methods:
+                    b = exposed_breakdown(trace, plan, cost)
+                    b.pop("window_s", None)
+                    bd_rows.append({"model": model, "network": net, "workers": int(workers), "scheduler": m, **b,
+                                    "buckets": plan.num_buckets})
+    thr = pd.DataFrame(thr_rows)
+    if len(thr):
+        best = thr.groupby(["model", "network", "workers"])["throughput"].transform("max")
+        thr["relative_to_best"] = thr["throughput"] / best
+        thr["origin"] = "simulated"
+    return thr, pd.DataFrame(bd_rows)
