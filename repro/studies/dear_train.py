@@ -52,7 +52,8 @@ __all__ = ["NOFUSION_SCHEDULERS", "FUSION_SCHEDULERS", "ALL_SCHEDULERS", "PRIMIT
            "tuning_configs", "throughput_table", "buffer_sweep_table", "tuning_table", "trials_to_within",
            "time_primitives", "measure_primitives", "primitive_cost_table", "primitive_model_table",
            "measured_breakdown_table", "speedup_vs_best_baseline", "interpolated_objective", "model_objective",
-           "search_comparison_table", "planner_marks_table", "paper_scale_tables", "gradient_bytes"]
+           "search_comparison_table", "planner_marks_table", "paper_scale_tables", "gradient_bytes",
+           "run_trace_cost", "planner_periods"]
 
 # The DeAR paper's two comparisons (dear.md "Baselines").
 NOFUSION_SCHEDULERS: tuple[str, ...] = ("wfbp", "bytescheduler", "dear_nofusion")
@@ -449,6 +450,30 @@ def gradient_bytes(results_dir: str | Path, model: str) -> int:
         if t is not None:
             return int(np.sum(t.bytes()))
     raise ValueError(f"no run of {model} with a trace under {results_dir}")
+
+
+def run_trace_cost(results_dir: str | Path, model: str, scheduler: str = "dear_threshold"):
+    """(trace, cost) of the first timing run of ``model`` under ``scheduler`` that recorded both: its
+    warm-up trace (what its plan was made from) and the cost model fitted on its live group."""
+    runs = load_runs(results_dir)
+    if not runs.empty:
+        runs = runs[(runs.model == model) & (runs.scheduler == scheduler)]
+        for p in sorted(runs.path, key=lambda q: ("_t" in Path(q).name, str(q))):
+            run = load_run(p)
+            if run.trace is not None and run.cost is not None:
+                return run.trace, run.cost
+    raise ValueError(f"no {scheduler} run of {model} with a trace and a cost model under {results_dir}")
+
+
+def planner_periods(trace, cost, planners: Sequence[str] = ("dear_model", "dear_optimal")) -> pd.DataFrame:
+    """Where the model-based planners land on ``trace`` and ``cost``: each plan's simulated period,
+    buckets and threshold (``dear_model``; NaN for ``dear_optimal``, whose buckets need no threshold)."""
+    rows = []
+    for name in planners:
+        plan = make_plan(name, trace, cost)
+        rows.append({"scheduler": name, "seconds": float(simulate(trace, plan, cost, with_ops=False).iteration_s),
+                     "buckets": plan.num_buckets, "threshold_bytes": float(plan.meta.get("threshold_bytes", np.nan))})
+    return pd.DataFrame(rows)
 
 
 def interpolated_objective(thresholds_bytes: Sequence[float], seconds: Sequence[float]):

@@ -1,0 +1,429 @@
+"""Figures of the DeAR training notebook (``notebooks/dear_training.ipynb``): measured runs at tiny scale
+beside the simulation at the paper's scale, each drawn from tidy tables of
+:mod:`repro.studies.dear_train` and :mod:`repro.studies.dear_sim`.
+
+Every function returns a matplotlib Figure; saving is the caller's (:func:`repro.figures.save_figure`).
+Conventions: one style per method (:func:`repro.figures.dear_plots.method_style`), legends below the axes,
+every panel says whether it is measured or simulated (``*_note`` arguments: the network, ranks and cores
+of the measurement; the preset and traces of the simulation), paper claims labelled as such.
+"""
+
+from __future__ import annotations
+
+import textwrap
+from typing import Sequence
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+from matplotlib.lines import Line2D
+from matplotlib.patches import Patch
+from matplotlib.ticker import FuncFormatter
+
+from repro.figures.dear_plots import method_label, method_style
+from repro.figures.style import OVERSUBSCRIBED_HATCH, PALETTE, kind_color, legend_below
+
+__all__ = ["PRIMITIVE_STYLES", "plot_primitive_cost", "plot_throughput", "plot_breakdown", "plot_buffer_sweep",
+           "plot_bo_tuning"]
+
+_PLAIN = FuncFormatter(lambda v, _pos: f"{v:g}")
+PRIMITIVE_STYLES: dict[str, dict] = {
+    "allreduce": {"color": kind_color("allreduce"), "marker": "o", "label": "all-reduce (gloo)"},
+    "reduce_scatter": {"color": kind_color("reduce_scatter"), "marker": "v", "label": "reduce-scatter (ring)"},
+    "allgather": {"color": kind_color("allgather"), "marker": "^", "label": "all-gather (ring)"},
+    "rs_plus_ag": {"color": "#222222", "marker": "s", "label": "reduce-scatter + all-gather"},
+}
+_MEASURED_ORDER = ("wfbp", "bytescheduler", "horovod", "ddp", "ddp_buckets", "mgwfbp", "dear_nofusion",
+                   "dear_threshold", "dear_model", "dear_optimal", "dear_bo", "fsdp")
+
+
+def _ordered(names) -> list[str]:
+    names = list(dict.fromkeys(names))
+    return [m for m in _MEASURED_ORDER if m in names] + [m for m in names if m not in _MEASURED_ORDER]
+
+
+def _label(name: str) -> str:
+    if name == "ddp":
+        return "PyTorch DDP"
+    if name == "dear_optimal" and method_label(name) == name:
+        return "DeAR (exact model optimum)"
+    return method_label(name)
+
+
+def _color(name: str) -> str:
+    return method_style(name)["color"]
+
+
+def _wrap(text: str, width: int = 110) -> str:
+    return "\n".join(textwrap.fill(p, width) for p in text.split("\n"))
+
+
+def _bytes_label(v: float) -> str:
+    for unit, k in (("MiB", 2**20), ("KiB", 2**10)):
+        if v >= k:
+            return f"{v / k:g} {unit}"
+    return f"{v:g} B"
+
+
+# ---------------------------------------------------------------------------------------------
+# dear.primitive_cost
+# ---------------------------------------------------------------------------------------------
+
+def plot_primitive_cost(cost: pd.DataFrame, model: pd.DataFrame, measured_note: str, model_note: str):
+    """Left (one panel per measured world size): measured seconds of each primitive vs message size
+    (points), its fitted line (solid) and the ring model from the measured all-reduce (dashed: RS = AG =
+    half of it). Right: the cost model's seconds of one message vs P for the per-hop presets.
+    ``cost``: :func:`repro.studies.dear_train.primitive_cost_table`; ``model``:
+    :func:`repro.studies.dear_train.primitive_model_table`."""
+    ps = sorted(set(cost["workers"])) if len(cost) else []
+    n = len(ps) + 1
+    fig, axes = plt.subplots(1, n, figsize=(4.6 * n, 4.2), squeeze=False)
+    axes = axes[0]
+    for ax, p in zip(axes, ps):
+        sub = cost[cost["workers"] == p]
+        for prim, st in PRIMITIVE_STYLES.items():
+            g = sub[sub["primitive"] == prim].sort_values("bytes")
+            if g.empty:
+                continue
+            m = g[g["source"] == "measured"]
+            ax.scatter(m["bytes"], m["seconds"] * 1e3, color=st["color"], marker=st["marker"], s=34, zorder=3)
+            f = g[g["source"] == "fit"]
+            ax.plot(f["bytes"], f["seconds"] * 1e3, color=st["color"], lw=1.2)
+            r = g[g["source"] == "ring model"]
+            if prim != "allreduce":
+                ax.plot(r["bytes"], r["seconds"] * 1e3, color=st["color"], lw=1.2, ls="--")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _p: _bytes_label(v)))
+        ax.yaxis.set_major_formatter(_PLAIN)
+        ax.tick_params(axis="x", labelsize="x-small", rotation=20)
+        ax.set_xlabel("message (bytes of float32)")
+        ax.set_ylabel("time (ms)")
+        over = bool(sub["oversubscribed"].any()) if "oversubscribed" in sub else False
+        ax.set_title(_wrap(f"measured, P={p}" + (" (oversubscribed)" if over else "") + f"\n{measured_note}", 55),
+                     fontsize="small")
+    ax = axes[-1]
+    presets = list(dict.fromkeys(model["preset"])) if len(model) else []
+    dashes = ["-", ":", "-.", "--"]
+    for k, pre in enumerate(presets):
+        for prim in ("allreduce", "reduce_scatter", "allgather"):
+            st = PRIMITIVE_STYLES[prim]
+            g = model[(model["preset"] == pre) & (model["primitive"] == prim)].sort_values("workers")
+            ax.plot(g["workers"], g["seconds"] * 1e3, color=st["color"], marker=st["marker"], ms=4,
+                    ls=dashes[k % 4], lw=1.3 if prim == "allreduce" else 1.0)
+    if len(model):
+        nb = int(model["bytes"].iloc[0])
+        ax.set_title(_wrap(f"model: one {_bytes_label(nb)} message vs P\n{model_note}", 55), fontsize="small")
+        ax.text(0.98, 0.02, "reduce-scatter and all-gather\ncoincide (each half the ring)", transform=ax.transAxes,
+                ha="right", va="bottom", fontsize="x-small", style="italic")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.xaxis.set_major_formatter(_PLAIN)
+    ax.yaxis.set_major_formatter(_PLAIN)
+    ax.set_xlabel("workers P")
+    ax.set_ylabel("time (ms)")
+    handles = [Line2D([], [], color=st["color"], marker=st["marker"], ls="", label=st["label"])
+               for st in PRIMITIVE_STYLES.values()]
+    handles += [Line2D([], [], color="#555555", lw=1.2, label="line fitted to the measurements"),
+                Line2D([], [], color="#555555", lw=1.2, ls="--", label="ring model: ½ of the fitted all-reduce")]
+    handles += [Line2D([], [], color="#555555", ls=dashes[k % 4], label=f"model, preset {pre}")
+                for k, pre in enumerate(presets)]
+    fig.suptitle("All-reduce vs reduce-scatter vs all-gather time", fontsize="medium")
+    legend_below(fig, handles, ncol=4)
+    fig.tight_layout()
+    return fig
+
+
+# ---------------------------------------------------------------------------------------------
+# dear.throughput_nofusion / dear.throughput_fusion
+# ---------------------------------------------------------------------------------------------
+
+def _measured_throughput_panel(ax, measured: pd.DataFrame, schedulers: Sequence[str], note: str) -> None:
+    names = [s for s in _ordered(measured["scheduler"]) if s in schedulers]
+    models = list(dict.fromkeys(measured["model"]))
+    width = 0.8 / max(1, len(names))
+    top = 0.0
+    for k, s in enumerate(names):
+        g = measured[measured["scheduler"] == s].set_index("model").reindex(models)
+        x = np.arange(len(models)) + (k - (len(names) - 1) / 2) * width
+        thr = g["throughput_samples_s"].to_numpy(dtype=float)
+        over = g["oversubscribed"].fillna(False).astype(bool).to_numpy() if "oversubscribed" in g else \
+            np.zeros(len(models), bool)
+        ax.bar(x, thr, width * 0.92, color=_color(s), edgecolor="white",
+               hatch=[OVERSUBSCRIBED_HATCH if o else None for o in over])
+        pred = (thr * g["iteration_s"].to_numpy(dtype=float) / g["predicted_s"].to_numpy(dtype=float))
+        ax.scatter(x, pred, marker="D", s=26, facecolor="white", edgecolor="black", zorder=4, linewidth=0.9)
+        top = max(top, np.nanmax(np.r_[thr, pred, 0.0]))
+    ax.set_ylim(0, top * 1.12 if top > 0 else 1)
+    ax.set_xticks(range(len(models)))
+    ax.set_xticklabels(models, fontsize="small")
+    ax.set_ylabel("throughput (samples/s, all ranks)")
+    ax.set_title(_wrap(f"measured: {note}", 48), fontsize="small")
+
+
+def _simulated_relative_panels(axes, simulated: pd.DataFrame, schedulers: Sequence[str], note: str) -> None:
+    nets = list(dict.fromkeys(simulated["network"]))
+    models = list(dict.fromkeys(simulated["model"]))
+    names = [s for s in _ordered(simulated["scheduler"]) if s in schedulers]
+    sub_all = simulated[simulated["scheduler"].isin(names)].copy()
+    sub_all["rel"] = sub_all["throughput"] / sub_all.groupby(["model", "network"])["throughput"].transform("max")
+    width = 0.8 / max(1, len(names))
+    for ax, net in zip(axes, nets):
+        sub = sub_all[sub_all["network"] == net]
+        for k, s in enumerate(names):
+            g = sub[sub["scheduler"] == s].set_index("model").reindex(models)
+            ax.bar(np.arange(len(models)) + (k - (len(names) - 1) / 2) * width, g["rel"], width * 0.92,
+                   color=_color(s), edgecolor="white")
+        lo = float(sub["rel"].min()) if len(sub) else 0.0
+        ax.set_ylim(max(0.0, min(0.8, lo - 0.1)), 1.04)
+        ax.set_xticks(range(len(models)))
+        ax.set_xticklabels(models, fontsize="x-small", rotation=25)
+        ax.set_ylabel("throughput ÷ best of these methods (ratio)")
+        p = int(sub["workers"].iloc[0]) if len(sub) else 0
+        ax.set_title(_wrap(f"simulated, {p} GPUs, {net}: {note}", 48), fontsize="small")
+
+
+def plot_throughput(measured: pd.DataFrame, simulated: pd.DataFrame, schedulers: Sequence[str],
+                    sim_schedulers: Sequence[str], title: str, measured_note: str, sim_note: str,
+                    summary: str = ""):
+    """Left: measured throughput (bars; hollow diamonds: the throughput each run's plan predicted before
+    its timed steps) of ``schedulers``; right, one panel per network: simulated throughput at the paper's
+    scale of ``sim_schedulers`` divided by the best of them per model. ``summary``: our speedup beside the
+    paper's claim (drawn under the title). ``measured``: :func:`repro.studies.dear_train.throughput_table`;
+    ``simulated``: :func:`repro.studies.dear_train.paper_scale_tables` (throughput)."""
+    nets = list(dict.fromkeys(simulated["network"])) if len(simulated) else []
+    n = 1 + len(nets)
+    fig, axes = plt.subplots(1, n, figsize=(4.3 * n + 0.6, 4.6), squeeze=False,
+                             gridspec_kw={"width_ratios": [0.8] + [1.2] * len(nets)})
+    axes = axes[0]
+    _measured_throughput_panel(axes[0], measured, schedulers, measured_note)
+    _simulated_relative_panels(axes[1:], simulated, sim_schedulers, sim_note)
+    names = _ordered([*schedulers, *sim_schedulers])
+    handles = [Patch(facecolor=_color(s), label=_label(s)) for s in names]
+    handles.append(Line2D([], [], marker="D", ls="", markerfacecolor="white", markeredgecolor="black",
+                          label="measured runs: the plan's prediction"))
+    if "oversubscribed" in measured and measured["oversubscribed"].fillna(False).astype(bool).any():
+        handles.append(Patch(facecolor="white", edgecolor="black", hatch=OVERSUBSCRIBED_HATCH,
+                             label="oversubscribed: more ranks than CPU cores"))
+    fig.suptitle(title + (f"\n{_wrap(summary, 150)}" if summary else ""), fontsize="medium")
+    legend_below(fig, handles, ncol=4)
+    fig.tight_layout()
+    return fig
+
+
+# ---------------------------------------------------------------------------------------------
+# dear.breakdown
+# ---------------------------------------------------------------------------------------------
+
+_PARTS = (("computation_s", "computation", "#bdbdbd"),
+          ("exposed_rs_s", "exposed reduce-scatter", kind_color("reduce_scatter")),
+          ("exposed_ag_s", "exposed all-gather", kind_color("allgather")),
+          ("exposed_allreduce_s", "exposed all-reduce", kind_color("allreduce")),
+          ("exposed_idle_s", "idle (e.g. cycle wait)", "#ffffff"))
+
+
+def _stack(ax, x, row, width, edge, alpha=1.0, hatch=None) -> float:
+    bottom = 0.0
+    for col, _, c in _PARTS:
+        v = float(row.get(col, 0.0) or 0.0) * 1e3
+        if v > 0:
+            ax.bar(x, v, width, bottom=bottom, color=c, edgecolor=edge, linewidth=1.0, alpha=alpha, hatch=hatch)
+            bottom += v
+    return bottom
+
+
+def plot_breakdown(measured: pd.DataFrame, simulated: pd.DataFrame, measured_note: str, sim_note: str):
+    """Stacked bars, ms per iteration: computation, exposed reduce-scatter, exposed all-gather, exposed
+    all-reduce. Left: each measured timing run (solid, outlined in its method's colour) beside the same
+    run simulated from its own trace, plan and cost (hatched). Right, one panel per network: the paper's
+    models simulated at its scale. ``measured``: :func:`repro.studies.dear_train.measured_breakdown_table`;
+    ``simulated``: :func:`repro.studies.dear_train.paper_scale_tables` (breakdown)."""
+    nets = list(dict.fromkeys(simulated["network"])) if len(simulated) else []
+    n = 1 + len(nets)
+    fig, axes = plt.subplots(1, n, figsize=(4.5 * n + 0.8, 4.8), squeeze=False,
+                             gridspec_kw={"width_ratios": [1.0] + [1.25] * len(nets)})
+    axes = axes[0]
+    ax = axes[0]
+    names = _ordered(measured["scheduler"]) if len(measured) else []
+    top = 0.0
+    for k, s in enumerate(names):
+        for j, src in enumerate(("measured", "simulated")):
+            g = measured[(measured["scheduler"] == s) & (measured["source"] == src)]
+            if g.empty:
+                continue
+            h = _stack(ax, k + (j - 0.5) * 0.4, g.iloc[0], 0.38, _color(s), hatch=None if src == "measured" else "///")
+            top = max(top, h)
+    ax.set_xticks(range(len(names)))
+    ax.set_xticklabels([_label(s) for s in names], fontsize="x-small", rotation=35, ha="right")
+    ax.set_ylim(0, top * 1.08 if top else 1)
+    ax.set_ylabel("ms per iteration")
+    model = ", ".join(dict.fromkeys(measured["model"])) if len(measured) else ""
+    ax.set_title(_wrap(f"measured ({model}): {measured_note}; left bar measured, right bar (hatched) the run "
+                       "simulated", 52), fontsize="small")
+    sim_names = _ordered(simulated["scheduler"]) if len(simulated) else []
+    models = list(dict.fromkeys(simulated["model"])) if len(simulated) else []
+    width = 0.8 / max(1, len(sim_names))
+    for ax, net in zip(axes[1:], nets):
+        sub = simulated[simulated["network"] == net]
+        for k, s in enumerate(sim_names):
+            g = sub[sub["scheduler"] == s].set_index("model").reindex(models)
+            for i, m in enumerate(models):
+                if m in g.index and g.loc[m].notna().any():
+                    _stack(ax, i + (k - (len(sim_names) - 1) / 2) * width, g.loc[m], width * 0.9, _color(s))
+        ax.set_ylim(0, float(sub["iteration_s"].max()) * 1e3 * 1.06)
+        ax.set_xticks(range(len(models)))
+        ax.set_xticklabels(models, fontsize="x-small", rotation=25)
+        ax.set_ylabel("ms per iteration")
+        ax.set_title(_wrap(f"simulated, {int(sub['workers'].iloc[0])} GPUs, {net}: {sim_note}", 52), fontsize="small")
+    seen = [(lab, c) for col, lab, c in _PARTS
+            if any(col in t and t[col].fillna(0).abs().sum() > 0 for t in (measured, simulated))]
+    handles = [Patch(facecolor=c, edgecolor="#666666", label=lab) for lab, c in seen]
+    handles += [Patch(facecolor="white", edgecolor=_color(s), linewidth=1.5, label=f"outline: {_label(s)}")
+                for s in _ordered([*names, *sim_names])]
+    handles.append(Patch(facecolor="white", edgecolor="#666666", hatch="///", label="measured run, simulated"))
+    fig.suptitle("Computation vs exposed reduce-scatter vs exposed all-gather", fontsize="medium")
+    legend_below(fig, handles, ncol=4)
+    fig.tight_layout()
+    return fig
+
+
+# ---------------------------------------------------------------------------------------------
+# dear.buffer_sweep
+# ---------------------------------------------------------------------------------------------
+
+def plot_buffer_sweep(measured: pd.DataFrame, references: pd.DataFrame, simulated: pd.DataFrame,
+                      measured_note: str, sim_note: str):
+    """Left: DeAR's iteration (ms) vs fusion threshold, measured (points, solid) and each run simulated
+    from its own trace and cost (dashed); horizontal lines: the model-based planners' runs, measured.
+    Right, one panel per network: simulated at the paper's scale, iteration ÷ the model's best threshold,
+    one line per model, with ``dear_model``'s choice (star) and the 25 MiB default (circle).
+    ``measured``: :func:`repro.studies.dear_train.buffer_sweep_table`; ``references``: rows of
+    :func:`repro.studies.dear_train.throughput_table` to draw as lines; ``simulated``:
+    :func:`repro.studies.dear_sim.buffer_sweep_table`."""
+    nets = list(dict.fromkeys(simulated["network"])) if len(simulated) else []
+    n = 1 + len(nets)
+    fig, axes = plt.subplots(1, n, figsize=(4.4 * n + 0.6, 4.4), squeeze=False)
+    axes = axes[0]
+    ax = axes[0]
+    for src, ls, mk in (("measured", "-", "o"), ("simulated", "--", "")):
+        g = measured[measured["source"] == src].sort_values("threshold_bytes")
+        ax.plot(g["threshold_bytes"] / 1024, g["iteration_s"] * 1e3, ls=ls, marker=mk or None, color=PALETTE[0],
+                lw=1.4, ms=5)
+        if src == "measured":
+            for r in g.itertuples():
+                ax.annotate(f"{int(r.buckets)}", (r.threshold_bytes / 1024, r.iteration_s * 1e3), fontsize="x-small",
+                            xytext=(0, 5), textcoords="offset points", ha="center")
+    for r in references.itertuples():
+        ax.axhline(r.iteration_s * 1e3, color=_color(r.scheduler), lw=1.2, ls=method_style(r.scheduler)["linestyle"])
+    ax.set_xscale("log", base=2)
+    ax.xaxis.set_major_formatter(_PLAIN)
+    ax.set_xlabel("fusion threshold (KiB)")
+    ax.set_ylabel("iteration (ms)")
+    ax.set_ylim(bottom=0)
+    model = ", ".join(dict.fromkeys(measured["model"])) if len(measured) else ""
+    ax.set_title(_wrap(f"measured ({model}; numbers: buckets): {measured_note}", 52), fontsize="small")
+    models = list(dict.fromkeys(simulated["model"])) if len(simulated) else []
+    colors = [PALETTE[i] for i in (0, 1, 2, 3, 5)] + [PALETTE[9]]
+    for ax, net in zip(axes[1:], nets):
+        for k, m in enumerate(models):
+            g = simulated[(simulated["model"] == m) & (simulated["network"] == net)].sort_values("threshold_bytes")
+            best = float(g["iteration_s"].min())
+            c = colors[k % len(colors)]
+            ax.step(g["threshold_mib"], g["iteration_s"] / best, where="post", color=c, lw=1.2)
+            ch = g[g["model_choice"]]
+            ax.scatter(ch["threshold_mib"], ch["iteration_s"] / best, marker="*", s=90, color=c, edgecolor="black",
+                       zorder=5, linewidth=0.6)
+            d = g[g["point"] == "default"]
+            ax.scatter(d["threshold_mib"], d["iteration_s"] / best, marker="o", s=30, facecolor="none", edgecolor=c,
+                       zorder=5)
+        ax.set_xscale("log", base=2)
+        ax.xaxis.set_major_formatter(_PLAIN)
+        ax.set_xlabel("fusion threshold (MiB)")
+        ax.set_ylabel("iteration ÷ the model's best (ratio)")
+        p = int(simulated["workers"].iloc[0])
+        ax.set_title(_wrap(f"simulated, {p} GPUs, {net}: {sim_note}", 52), fontsize="small")
+    handles = [Line2D([], [], color=PALETTE[0], marker="o", lw=1.4, label="DeAR threshold runs, measured"),
+               Line2D([], [], color=PALETTE[0], ls="--", lw=1.4, label="the same runs, simulated")]
+    handles += [Line2D([], [], color=_color(s), ls=method_style(s)["linestyle"], label=f"{_label(s)}, measured")
+                for s in dict.fromkeys(references["scheduler"])]
+    handles += [Line2D([], [], color=colors[k % len(colors)], lw=1.2, label=f"{m} (simulated)")
+                for k, m in enumerate(models)]
+    if models:
+        handles += [Line2D([], [], marker="*", ls="", markersize=10, markerfacecolor="white", markeredgecolor="black",
+                           label="dear_model's choice"),
+                    Line2D([], [], marker="o", ls="", markerfacecolor="none", markeredgecolor="black",
+                           label="25 MiB default")]
+    fig.suptitle("DeAR iteration time vs fusion buffer size", fontsize="medium")
+    legend_below(fig, handles, ncol=4)
+    fig.tight_layout()
+    return fig
+
+
+# ---------------------------------------------------------------------------------------------
+# dear.bo_tuning
+# ---------------------------------------------------------------------------------------------
+
+_SEARCH = {"bo": ("Bayesian optimisation", PALETTE[6], "-"), "grid": ("grid search", PALETTE[0], "--"),
+           "random": ("random search", PALETTE[1], ":")}
+
+
+def plot_bo_tuning(live: pd.DataFrame, comparison: pd.DataFrame, marks: dict[str, pd.DataFrame],
+                   live_note: str, titles: dict[str, str]):
+    """Left: the live ``dear_bo`` run's trials, measured seconds per iteration per trial (the chosen one
+    ringed; each point labelled with its threshold). Then one panel per objective of ``comparison``
+    (:func:`repro.studies.dear_train.search_comparison_table`): best-so-far seconds vs trial of BO, grid
+    and random search (one thin line per seed, their median thick), and horizontal lines where the
+    model-based planners land (``marks[objective]``: rows scheduler, seconds, label). ``titles``:
+    objective -> panel title (says measured / simulated and how the objective was made)."""
+    objectives = list(dict.fromkeys(comparison["objective"])) if len(comparison) else []
+    n = 1 + len(objectives)
+    fig, axes = plt.subplots(1, n, figsize=(4.3 * n + 0.4, 4.4), squeeze=False)
+    axes = axes[0]
+    ax = axes[0]
+    if len(live):
+        live = live.sort_values("trial")
+        ax.plot(live["trial"], live["iteration_s"] * 1e3, color=_SEARCH["bo"][1], marker="h", lw=1.0)
+        ax.plot(live["trial"], live["best_so_far_s"] * 1e3, color="black", lw=1.0, ls="--", drawstyle="steps-post")
+        ch = live[live["chosen"].astype(bool)]
+        ax.scatter(ch["trial"], ch["iteration_s"] * 1e3, s=160, facecolor="none", edgecolor="black", zorder=5)
+        for r in live.itertuples():
+            t = r.threshold_bytes
+            txt = _bytes_label(float(t)) if t == t and t is not None else "initial"
+            ax.annotate(f"{txt}, {int(r.buckets)}b", (r.trial, r.iteration_s * 1e3), fontsize=6, rotation=60,
+                        xytext=(0, 5), textcoords="offset points", ha="left")
+        top = float(live["iteration_s"].max()) * 1e3
+        ax.set_ylim(0, top * 1.35)
+    else:
+        ax.text(0.5, 0.5, "no dear_bo run", ha="center", transform=ax.transAxes)
+    ax.set_xlabel("trial")
+    ax.set_ylabel("iteration (ms)")
+    ax.set_title(_wrap(f"measured, live dear_bo run: {live_note}", 50), fontsize="small")
+    for ax, obj in zip(axes[1:], objectives):
+        sub = comparison[comparison["objective"] == obj]
+        for m, (lab, c, ls) in _SEARCH.items():
+            g = sub[sub["method"] == m]
+            if g.empty:
+                continue
+            piv = g.pivot_table(index="trial", columns="seed", values="best_so_far_s")
+            for seed in piv.columns:
+                ax.plot(piv.index, piv[seed] * 1e3, color=c, lw=0.6, alpha=0.45, ls=ls, drawstyle="steps-post")
+            ax.plot(piv.index, piv.median(axis=1) * 1e3, color=c, lw=1.8, ls=ls, drawstyle="steps-post")
+        for r in marks.get(obj, pd.DataFrame()).itertuples():
+            ax.axhline(r.seconds * 1e3, color=_color(r.scheduler), lw=1.1, ls=(0, (1, 1)) if "predicted" in r.label else "-")
+            ax.annotate(r.label, (1.0, r.seconds * 1e3), xycoords=("axes fraction", "data"), fontsize=6, ha="right",
+                        va="bottom", color=_color(r.scheduler))
+        ax.set_xlabel("trial")
+        ax.set_ylabel("best iteration so far (ms)")
+        ax.set_title(_wrap(titles.get(obj, obj), 50), fontsize="small")
+    handles = [Line2D([], [], color=c, ls=ls, lw=1.8, label=f"{lab} (median over seeds; thin: each seed)")
+               for lab, c, ls in _SEARCH.values()]
+    handles += [Line2D([], [], color=_SEARCH["bo"][1], marker="h", lw=1.0, label="live BO trial, measured"),
+                Line2D([], [], color="black", ls="--", label="live BO: best so far"),
+                Line2D([], [], marker="o", ls="", markersize=11, markerfacecolor="none", markeredgecolor="black",
+                       label="chosen buffer size"),
+                Line2D([], [], color=_color("dear_model"), label="model-based planner, measured (solid)"),
+                Line2D([], [], color=_color("dear_model"), ls=(0, (1, 1)), label="model-based planner, predicted")]
+    fig.suptitle("Buffer-size tuning: Bayesian optimisation vs grid and random search", fontsize="medium")
+    legend_below(fig, handles, ncol=3)
+    fig.tight_layout()
+    return fig
