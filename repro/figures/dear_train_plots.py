@@ -18,19 +18,22 @@ import numpy as np
 import pandas as pd
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
-from matplotlib.ticker import FuncFormatter
+from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
 from repro.figures.dear_plots import method_label, method_style
-from repro.figures.style import OVERSUBSCRIBED_HATCH, PALETTE, kind_color, legend_below
+from repro.figures.style import EXTRA_COLORS, OVERSUBSCRIBED_HATCH, PALETTE, legend_below
 
 __all__ = ["PRIMITIVE_STYLES", "plot_primitive_cost", "plot_throughput", "plot_breakdown", "plot_buffer_sweep",
            "plot_bo_tuning"]
 
 _PLAIN = FuncFormatter(lambda v, _pos: f"{v:g}")
+# Communication kinds, the same colours in every figure of this module (distinct from each other and from
+# the computation grey; kind_color's all-reduce and reduce-scatter are two oranges).
+_RS, _AG, _AR = PALETTE[9], PALETTE[2], PALETTE[3]
 PRIMITIVE_STYLES: dict[str, dict] = {
-    "allreduce": {"color": kind_color("allreduce"), "marker": "o", "label": "all-reduce (gloo)"},
-    "reduce_scatter": {"color": kind_color("reduce_scatter"), "marker": "v", "label": "reduce-scatter (ring)"},
-    "allgather": {"color": kind_color("allgather"), "marker": "^", "label": "all-gather (ring)"},
+    "allreduce": {"color": _AR, "marker": "o", "label": "all-reduce (gloo)"},
+    "reduce_scatter": {"color": _RS, "marker": "v", "label": "reduce-scatter (ring)"},
+    "allgather": {"color": _AG, "marker": "^", "label": "all-gather (ring)"},
     "rs_plus_ag": {"color": "#222222", "marker": "s", "label": "reduce-scatter + all-gather"},
 }
 _MEASURED_ORDER = ("wfbp", "bytescheduler", "horovod", "ddp", "ddp_buckets", "mgwfbp", "dear_nofusion",
@@ -56,6 +59,14 @@ def _color(name: str) -> str:
 
 def _wrap(text: str, width: int = 110) -> str:
     return "\n".join(textwrap.fill(p, width) for p in text.split("\n"))
+
+
+def _log_ms(ax) -> None:
+    """Log y axis with plain tick labels at 1, 2, 5 x 10^k (ms)."""
+    ax.set_yscale("log")
+    ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    ax.yaxis.set_major_formatter(_PLAIN)
+    ax.yaxis.set_minor_formatter(NullFormatter())
 
 
 def _bytes_label(v: float) -> str:
@@ -89,13 +100,11 @@ def plot_primitive_cost(cost: pd.DataFrame, model: pd.DataFrame, measured_note: 
             ax.scatter(m["bytes"], m["seconds"] * 1e3, color=st["color"], marker=st["marker"], s=34, zorder=3)
             f = g[g["source"] == "fit"]
             ax.plot(f["bytes"], f["seconds"] * 1e3, color=st["color"], lw=1.2)
-            r = g[g["source"] == "ring model"]
-            if prim != "allreduce":
-                ax.plot(r["bytes"], r["seconds"] * 1e3, color=st["color"], lw=1.2, ls="--")
+        r = sub[(sub["primitive"] == "reduce_scatter") & (sub["source"] == "ring model")].sort_values("bytes")
+        ax.plot(r["bytes"], r["seconds"] * 1e3, color="#777777", lw=1.4, ls="--")
         ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
+        _log_ms(ax)
         ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _p: _bytes_label(v)))
-        ax.yaxis.set_major_formatter(_PLAIN)
         ax.tick_params(axis="x", labelsize="x-small", rotation=20)
         ax.set_xlabel("message (bytes of float32)")
         ax.set_ylabel("time (ms)")
@@ -117,15 +126,15 @@ def plot_primitive_cost(cost: pd.DataFrame, model: pd.DataFrame, measured_note: 
         ax.text(0.98, 0.02, "reduce-scatter and all-gather\ncoincide (each half the ring)", transform=ax.transAxes,
                 ha="right", va="bottom", fontsize="x-small", style="italic")
     ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
+    _log_ms(ax)
     ax.xaxis.set_major_formatter(_PLAIN)
-    ax.yaxis.set_major_formatter(_PLAIN)
     ax.set_xlabel("workers P")
     ax.set_ylabel("time (ms)")
     handles = [Line2D([], [], color=st["color"], marker=st["marker"], ls="", label=st["label"])
                for st in PRIMITIVE_STYLES.values()]
-    handles += [Line2D([], [], color="#555555", lw=1.2, label="line fitted to the measurements"),
-                Line2D([], [], color="#555555", lw=1.2, ls="--", label="ring model: ½ of the fitted all-reduce")]
+    handles += [Line2D([], [], color="#555555", lw=1.2, label="line fitted to each primitive's measurements"),
+                Line2D([], [], color="#777777", lw=1.4, ls="--",
+                       label="ring model of RS or AG: ½ of the fitted all-reduce")]
     handles += [Line2D([], [], color="#555555", ls=dashes[k % 4], label=f"model, preset {pre}")
                 for k, pre in enumerate(presets)]
     fig.suptitle("All-reduce vs reduce-scatter vs all-gather time", fontsize="medium")
@@ -178,7 +187,7 @@ def _simulated_relative_panels(axes, simulated: pd.DataFrame, schedulers: Sequen
         ax.set_ylim(max(0.0, min(0.8, lo - 0.1)), 1.04)
         ax.set_xticks(range(len(models)))
         ax.set_xticklabels(models, fontsize="x-small", rotation=25)
-        ax.set_ylabel("throughput ÷ best of these methods (ratio)")
+        ax.set_ylabel("throughput ÷ best (ratio)")
         p = int(sub["workers"].iloc[0]) if len(sub) else 0
         ax.set_title(_wrap(f"simulated, {p} GPUs, {net}: {note}", 48), fontsize="small")
 
@@ -205,9 +214,14 @@ def plot_throughput(measured: pd.DataFrame, simulated: pd.DataFrame, schedulers:
     if "oversubscribed" in measured and measured["oversubscribed"].fillna(False).astype(bool).any():
         handles.append(Patch(facecolor="white", edgecolor="black", hatch=OVERSUBSCRIBED_HATCH,
                              label="oversubscribed: more ranks than CPU cores"))
-    fig.suptitle(title + (f"\n{_wrap(summary, 150)}" if summary else ""), fontsize="medium")
+    fig.suptitle(title, fontsize="medium", y=0.995)
+    top = 0.9
+    if summary:
+        text = _wrap(summary, int(13 * fig.get_figwidth()))
+        fig.text(0.5, 0.94, text, ha="center", va="top", fontsize="small", style="italic", color="#333333")
+        top = 0.9 - 0.045 * text.count("\n")
     legend_below(fig, handles, ncol=4)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0, 1, top))
     return fig
 
 
@@ -216,9 +230,9 @@ def plot_throughput(measured: pd.DataFrame, simulated: pd.DataFrame, schedulers:
 # ---------------------------------------------------------------------------------------------
 
 _PARTS = (("computation_s", "computation", "#bdbdbd"),
-          ("exposed_rs_s", "exposed reduce-scatter", kind_color("reduce_scatter")),
-          ("exposed_ag_s", "exposed all-gather", kind_color("allgather")),
-          ("exposed_allreduce_s", "exposed all-reduce", kind_color("allreduce")),
+          ("exposed_rs_s", "exposed reduce-scatter", _RS),
+          ("exposed_ag_s", "exposed all-gather", _AG),
+          ("exposed_allreduce_s", "exposed all-reduce", _AR),
           ("exposed_idle_s", "idle (e.g. cycle wait)", "#ffffff"))
 
 
@@ -315,11 +329,16 @@ def plot_buffer_sweep(measured: pd.DataFrame, references: pd.DataFrame, simulate
                             xytext=(0, 5), textcoords="offset points", ha="center")
     for r in references.itertuples():
         ax.axhline(r.iteration_s * 1e3, color=_color(r.scheduler), lw=1.2, ls=method_style(r.scheduler)["linestyle"])
+        t = getattr(r, "plan_threshold_bytes", float("nan"))
+        if t == t and t is not None:  # a planner that chose a threshold: where it lands on the x axis
+            ax.scatter([t / 1024], [r.iteration_s * 1e3], marker="*", s=130, color=_color(r.scheduler),
+                       edgecolor="black", linewidth=0.6, zorder=6)
     ax.set_xscale("log", base=2)
     ax.xaxis.set_major_formatter(_PLAIN)
     ax.set_xlabel("fusion threshold (KiB)")
     ax.set_ylabel("iteration (ms)")
-    ax.set_ylim(bottom=0)
+    ax.set_ylim(0, max([float(measured["iteration_s"].max()) if len(measured) else 0.0]
+                       + [float(v) for v in references["iteration_s"]]) * 1e3 * 1.12)
     model = ", ".join(dict.fromkeys(measured["model"])) if len(measured) else ""
     ax.set_title(_wrap(f"measured ({model}; numbers: buckets): {measured_note}", 52), fontsize="small")
     models = list(dict.fromkeys(simulated["model"])) if len(simulated) else []
@@ -344,8 +363,11 @@ def plot_buffer_sweep(measured: pd.DataFrame, references: pd.DataFrame, simulate
         ax.set_title(_wrap(f"simulated, {p} GPUs, {net}: {sim_note}", 52), fontsize="small")
     handles = [Line2D([], [], color=PALETTE[0], marker="o", lw=1.4, label="DeAR threshold runs, measured"),
                Line2D([], [], color=PALETTE[0], ls="--", lw=1.4, label="the same runs, simulated")]
-    handles += [Line2D([], [], color=_color(s), ls=method_style(s)["linestyle"], label=f"{_label(s)}, measured")
+    handles += [Line2D([], [], color=_color(s), ls=method_style(s)["linestyle"], label=f"{_label(s)}, measured run")
                 for s in dict.fromkeys(references["scheduler"])]
+    if "plan_threshold_bytes" in references and references["plan_threshold_bytes"].notna().any():
+        handles.append(Line2D([], [], marker="*", ls="", markersize=11, markerfacecolor=_color("dear_model"),
+                              markeredgecolor="black", label="its chosen threshold (measured run)"))
     handles += [Line2D([], [], color=colors[k % len(colors)], lw=1.2, label=f"{m} (simulated)")
                 for k, m in enumerate(models)]
     if models:
@@ -363,8 +385,9 @@ def plot_buffer_sweep(measured: pd.DataFrame, references: pd.DataFrame, simulate
 # dear.bo_tuning
 # ---------------------------------------------------------------------------------------------
 
-_SEARCH = {"bo": ("Bayesian optimisation", PALETTE[6], "-"), "grid": ("grid search", PALETTE[0], "--"),
+_SEARCH = {"bo": ("Bayesian optimisation", EXTRA_COLORS[1], "-"), "grid": ("grid search", PALETTE[0], "--"),
            "random": ("random search", PALETTE[1], ":")}
+MARK_KINDS: dict[str, object] = {"measured run": "-", "predicted": (0, (1, 1)), "its threshold on the sweep": "--"}
 
 
 def plot_bo_tuning(live: pd.DataFrame, comparison: pd.DataFrame, marks: dict[str, pd.DataFrame],
@@ -373,7 +396,8 @@ def plot_bo_tuning(live: pd.DataFrame, comparison: pd.DataFrame, marks: dict[str
     ringed; each point labelled with its threshold). Then one panel per objective of ``comparison``
     (:func:`repro.studies.dear_train.search_comparison_table`): best-so-far seconds vs trial of BO, grid
     and random search (one thin line per seed, their median thick), and horizontal lines where the
-    model-based planners land (``marks[objective]``: rows scheduler, seconds, label). ``titles``:
+    model-based planners land (``marks[objective]``: rows scheduler, seconds, kind, one of
+    :data:`MARK_KINDS`: colour by planner, line style by kind). ``titles``:
     objective -> panel title (says measured / simulated and how the objective was made)."""
     objectives = list(dict.fromkeys(comparison["objective"])) if len(comparison) else []
     n = 1 + len(objectives)
@@ -388,11 +412,11 @@ def plot_bo_tuning(live: pd.DataFrame, comparison: pd.DataFrame, marks: dict[str
         ax.scatter(ch["trial"], ch["iteration_s"] * 1e3, s=160, facecolor="none", edgecolor="black", zorder=5)
         for r in live.itertuples():
             t = r.threshold_bytes
-            txt = _bytes_label(float(t)) if t == t and t is not None else "initial"
-            ax.annotate(f"{txt}, {int(r.buckets)}b", (r.trial, r.iteration_s * 1e3), fontsize=6, rotation=60,
-                        xytext=(0, 5), textcoords="offset points", ha="left")
+            txt = f"{float(t) / 2**20:.3g}" if t == t and t is not None else "initial"
+            ax.annotate(txt, (r.trial, r.iteration_s * 1e3), fontsize=6.5, rotation=90, xytext=(0, 6),
+                        textcoords="offset points", ha="center", va="bottom")
         top = float(live["iteration_s"].max()) * 1e3
-        ax.set_ylim(0, top * 1.35)
+        ax.set_ylim(0, top * 1.3)
     else:
         ax.text(0.5, 0.5, "no dear_bo run", ha="center", transform=ax.transAxes)
     ax.set_xlabel("trial")
@@ -409,9 +433,7 @@ def plot_bo_tuning(live: pd.DataFrame, comparison: pd.DataFrame, marks: dict[str
                 ax.plot(piv.index, piv[seed] * 1e3, color=c, lw=0.6, alpha=0.45, ls=ls, drawstyle="steps-post")
             ax.plot(piv.index, piv.median(axis=1) * 1e3, color=c, lw=1.8, ls=ls, drawstyle="steps-post")
         for r in marks.get(obj, pd.DataFrame()).itertuples():
-            ax.axhline(r.seconds * 1e3, color=_color(r.scheduler), lw=1.1, ls=(0, (1, 1)) if "predicted" in r.label else "-")
-            ax.annotate(r.label, (1.0, r.seconds * 1e3), xycoords=("axes fraction", "data"), fontsize=6, ha="right",
-                        va="bottom", color=_color(r.scheduler))
+            ax.axhline(r.seconds * 1e3, color=_color(r.scheduler), lw=1.2, ls=MARK_KINDS.get(r.kind, "-"))
         ax.set_xlabel("trial")
         ax.set_ylabel("best iteration so far (ms)")
         ax.set_title(_wrap(titles.get(obj, obj), 50), fontsize="small")
@@ -420,9 +442,12 @@ def plot_bo_tuning(live: pd.DataFrame, comparison: pd.DataFrame, marks: dict[str
     handles += [Line2D([], [], color=_SEARCH["bo"][1], marker="h", lw=1.0, label="live BO trial, measured"),
                 Line2D([], [], color="black", ls="--", label="live BO: best so far"),
                 Line2D([], [], marker="o", ls="", markersize=11, markerfacecolor="none", markeredgecolor="black",
-                       label="chosen buffer size"),
-                Line2D([], [], color=_color("dear_model"), label="model-based planner, measured (solid)"),
-                Line2D([], [], color=_color("dear_model"), ls=(0, (1, 1)), label="model-based planner, predicted")]
+                       label="chosen buffer size (numbers: thresholds, MiB)")]
+    planners = list(dict.fromkeys(s for m in marks.values() for s in m.get("scheduler", [])))
+    kinds = list(dict.fromkeys(k for m in marks.values() for k in m.get("kind", [])))
+    handles += [Patch(facecolor=_color(s), label=_label(s)) for s in planners]
+    handles += [Line2D([], [], color="#555555", ls=MARK_KINDS.get(k, "-"), label=f"model-based planner: {k}")
+                for k in kinds]
     fig.suptitle("Buffer-size tuning: Bayesian optimisation vs grid and random search", fontsize="medium")
     legend_below(fig, handles, ncol=3)
     fig.tight_layout()
