@@ -83,7 +83,7 @@ def _bytes_label(v: float) -> str:
 def plot_primitive_cost(cost: pd.DataFrame, model: pd.DataFrame, measured_note: str, model_note: str):
     """Left (one panel per measured world size): measured seconds of each primitive vs message size
     (points), its fitted line (solid) and the ring model from the measured all-reduce (dashed: RS = AG =
-    half of it). Right: the cost model's seconds of one message vs P for the per-hop presets.
+    half of the all-reduce measured at the same size). Right: the cost model's seconds of one message vs P for the per-hop presets.
     ``cost``: :func:`repro.studies.dear_train.primitive_cost_table`; ``model``:
     :func:`repro.studies.dear_train.primitive_model_table`."""
     ps = sorted(set(cost["workers"])) if len(cost) else []
@@ -134,7 +134,7 @@ def plot_primitive_cost(cost: pd.DataFrame, model: pd.DataFrame, measured_note: 
                for st in PRIMITIVE_STYLES.values()]
     handles += [Line2D([], [], color="#555555", lw=1.2, label="line fitted to each primitive's measurements"),
                 Line2D([], [], color="#777777", lw=1.4, ls="--",
-                       label="ring model of RS or AG: ½ of the fitted all-reduce")]
+                       label="ring model of RS or AG: ½ of the measured all-reduce")]
     handles += [Line2D([], [], color="#555555", ls=dashes[k % 4], label=f"model, preset {pre}")
                 for k, pre in enumerate(presets)]
     fig.suptitle("All-reduce vs reduce-scatter vs all-gather time", fontsize="medium")
@@ -401,8 +401,12 @@ def plot_bo_tuning(live: pd.DataFrame, comparison: pd.DataFrame, marks: dict[str
     objective -> panel title (says measured / simulated and how the objective was made)."""
     objectives = list(dict.fromkeys(comparison["objective"])) if len(comparison) else []
     n = 1 + len(objectives)
-    fig, axes = plt.subplots(1, n, figsize=(4.3 * n + 0.4, 4.4), squeeze=False)
-    axes = axes[0]
+    ncol = 2 if n > 2 else n
+    nrow = -(-n // ncol)
+    fig, grid = plt.subplots(nrow, ncol, figsize=(5.2 * ncol, 4.0 * nrow + 0.6), squeeze=False)
+    axes = list(grid.ravel())
+    for extra in axes[n:]:
+        extra.set_visible(False)
     ax = axes[0]
     if len(live):
         live = live.sort_values("trial")
@@ -421,8 +425,8 @@ def plot_bo_tuning(live: pd.DataFrame, comparison: pd.DataFrame, marks: dict[str
         ax.text(0.5, 0.5, "no dear_bo run", ha="center", transform=ax.transAxes)
     ax.set_xlabel("trial")
     ax.set_ylabel("iteration (ms)")
-    ax.set_title(_wrap(f"measured, live dear_bo run: {live_note}", 50), fontsize="small")
-    for ax, obj in zip(axes[1:], objectives):
+    ax.set_title(_wrap(f"measured, live dear_bo run: {live_note}", 60), fontsize="small")
+    for ax, obj in zip(axes[1:n], objectives):
         sub = comparison[comparison["objective"] == obj]
         for m, (lab, c, ls) in _SEARCH.items():
             g = sub[sub["method"] == m]
@@ -436,7 +440,7 @@ def plot_bo_tuning(live: pd.DataFrame, comparison: pd.DataFrame, marks: dict[str
             ax.axhline(r.seconds * 1e3, color=_color(r.scheduler), lw=1.2, ls=MARK_KINDS.get(r.kind, "-"))
         ax.set_xlabel("trial")
         ax.set_ylabel("best iteration so far (ms)")
-        ax.set_title(_wrap(titles.get(obj, obj), 50), fontsize="small")
+        ax.set_title(_wrap(titles.get(obj, obj), 60), fontsize="small")
     handles = [Line2D([], [], color=c, ls=ls, lw=1.8, label=f"{lab} (median over seeds; thin: each seed)")
                for lab, c, ls in _SEARCH.values()]
     handles += [Line2D([], [], color=_SEARCH["bo"][1], marker="h", lw=1.0, label="live BO trial, measured"),

@@ -287,37 +287,36 @@ def primitive_cost_table(times: pd.DataFrame) -> pd.DataFrame:
 
     - ``fit``: the line ``a + b*bytes`` fitted to that primitive's own measurements
       (:func:`repro.cost.fit_linear`, relative-error weighting);
-    - ``ring model``: what the ring algorithm predicts from the all-reduce measured here: reduce-scatter
-      = all-gather = half of the fitted all-reduce line, RS+AG = the whole line (the same traffic).
+    - ``ring model``: what the ring algorithm predicts from the all-reduce measured here at the same size:
+      reduce-scatter = all-gather = half of it, RS+AG = all of it (the same traffic, the same steps).
 
     Columns: workers, primitive, bytes, source (measured / fit / ring model), seconds, a_s, b_s_per_byte
-    (the line, on model rows), relative_error (model / measured - 1), oversubscribed."""
-    from repro.cost import Linear, fit_linear
+    (the fitted line), relative_error (model / measured - 1), oversubscribed."""
+    from repro.cost import fit_linear
 
     rows: list[dict[str, Any]] = []
     for p, g in times.groupby("workers"):
         over = bool(g["oversubscribed"].any()) if "oversubscribed" in g else False
-        ar = g[g.primitive == "allreduce"]
-        ar_line = fit_linear(ar["bytes"], ar["seconds"]) if len(ar) >= 2 else None
+        ar = g[g.primitive == "allreduce"].groupby("bytes")["seconds"].median()
         for prim, h in g.groupby("primitive", sort=False):
             h = h.sort_values("bytes")
             n, t = h["bytes"].to_numpy(dtype=float), h["seconds"].to_numpy(dtype=float)
-            lines = []
-            if len(h) >= 2:
-                lines.append(("fit", fit_linear(n, t)))
-            if ar_line is not None:
-                k = 0.5 if prim in ("reduce_scatter", "allgather") else 1.0
-                lines.append(("ring model", Linear(ar_line.a_s * k, ar_line.b_s_per_byte * k)))
+            base = {"workers": int(p), "primitive": prim, "oversubscribed": over}
             for nb, sec in zip(n, t):
-                rows.append({"workers": int(p), "primitive": prim, "bytes": int(nb), "source": "measured",
-                             "seconds": float(sec), "a_s": np.nan, "b_s_per_byte": np.nan,
-                             "relative_error": np.nan, "oversubscribed": over})
-            for src, line in lines:
+                rows.append({**base, "bytes": int(nb), "source": "measured", "seconds": float(sec), "a_s": np.nan,
+                             "b_s_per_byte": np.nan, "relative_error": np.nan})
+            if len(h) >= 2:
+                line = fit_linear(n, t)
                 for nb, sec in zip(n, t):
                     m = float(line.a_s + line.b_s_per_byte * nb)
-                    rows.append({"workers": int(p), "primitive": prim, "bytes": int(nb), "source": src,
-                                 "seconds": m, "a_s": line.a_s, "b_s_per_byte": line.b_s_per_byte,
-                                 "relative_error": m / sec - 1, "oversubscribed": over})
+                    rows.append({**base, "bytes": int(nb), "source": "fit", "seconds": m, "a_s": line.a_s,
+                                 "b_s_per_byte": line.b_s_per_byte, "relative_error": m / sec - 1})
+            k = 0.5 if prim in ("reduce_scatter", "allgather") else 1.0
+            for nb, sec in zip(n, t):
+                if int(nb) in ar.index:
+                    m = k * float(ar[int(nb)])
+                    rows.append({**base, "bytes": int(nb), "source": "ring model", "seconds": m, "a_s": np.nan,
+                                 "b_s_per_byte": np.nan, "relative_error": m / sec - 1})
     return pd.DataFrame(rows)
 
 
