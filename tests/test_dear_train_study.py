@@ -321,3 +321,14 @@ def test_notebook_runs_with_tiny_parameters(tmp_path, monkeypatch):
     stderr = "".join("".join(o.get("text", "")) for c in executed["cells"] for o in c.get("outputs", [])
                      if o.get("name") == "stderr")
     assert "FutureWarning" not in stderr and "DeprecationWarning" not in stderr, stderr
+
+
+def test_tuning_configs_set_the_tuners_range_only_where_a_run_can(monkeypatch):
+    plain = study.tuning_configs("tiny_resnet", 2, trials=5, bounds_bytes=(8192, 524288))[0]
+    if not study.tuner_options_supported():
+        assert not set(study.TUNER_FIELDS) & set(plain)
+    monkeypatch.setattr(study, "tuner_options_supported", lambda: True)
+    c = study.tuning_configs("tiny_resnet", 2, "100mbit", trials=5, bounds_bytes=(8192, 524288))[0]
+    assert (c["tuner_trials"], c["tuner_min_bytes"], c["tuner_max_bytes"]) == (5, 8192, 524288)
+    assert c["scheduler"] == "dear_bo" and c["run_id"] == "tiny_resnet_dear_bo_p2_bw100mbit"
+    assert "tuner_trials" not in study.tuning_configs("tiny_resnet", 2)[0]

@@ -53,7 +53,7 @@ __all__ = ["NOFUSION_SCHEDULERS", "FUSION_SCHEDULERS", "ALL_SCHEDULERS", "PRIMIT
            "time_primitives", "measure_primitives", "primitive_cost_table", "primitive_model_table",
            "measured_breakdown_table", "speedup_vs_best_baseline", "interpolated_objective", "model_objective",
            "search_comparison_table", "planner_marks_table", "paper_scale_tables", "gradient_bytes",
-           "run_trace_cost", "planner_periods"]
+           "run_trace_cost", "planner_periods", "TUNER_FIELDS", "tuner_options_supported"]
 
 # The DeAR paper's two comparisons (dear.md "Baselines").
 NOFUSION_SCHEDULERS: tuple[str, ...] = ("wfbp", "bytescheduler", "dear_nofusion")
@@ -99,13 +99,36 @@ def buffer_sweep_configs(model: str, thresholds_bytes: Sequence[int], world_size
             for t in thresholds_bytes]
 
 
+TUNER_FIELDS: tuple[str, ...] = ("tuner_trials", "tuner_min_bytes", "tuner_max_bytes")
+
+
+def tuner_options_supported() -> bool:
+    """True when :class:`repro.train.TrainConfig` can set the live tuner's trials and search range
+    (fields :data:`TUNER_FIELDS`); until then a ``dear_bo`` run uses the tuner's defaults (10 trials,
+    1-256 MiB)."""
+    from dataclasses import fields
+
+    from repro.train import TrainConfig
+
+    return set(TUNER_FIELDS) <= {f.name for f in fields(TrainConfig)}
+
+
 def tuning_configs(model: str, world_size: int, bandwidth: str | None = None, *, steps: int = 80,
-                   batch_size: int = 16, warmup_steps: int = 3, extra: dict[str, Any] | None = None
+                   batch_size: int = 16, warmup_steps: int = 3, trials: int | None = None,
+                   bounds_bytes: tuple[int, int] | None = None, extra: dict[str, Any] | None = None
                    ) -> list[dict[str, Any]]:
     """One ``dear_bo`` run long enough for its trials (see :mod:`repro.runtime.dear_tuner`: with its
-    defaults, 10 trials after the initial one, each 2 settling + 6 timed steps, so about 77 steps)."""
+    defaults, 10 trials after the initial one, each 2 settling + 5 timed steps, so about 77 steps).
+    ``trials`` / ``bounds_bytes`` set the tuner's trial count and search range where
+    :func:`tuner_options_supported`; otherwise they are left out (the run uses the tuner's defaults)."""
+    tuner: dict[str, Any] = {}
+    if (trials is not None or bounds_bytes is not None) and tuner_options_supported():
+        if trials is not None:
+            tuner["tuner_trials"] = int(trials)
+        if bounds_bytes is not None:
+            tuner["tuner_min_bytes"], tuner["tuner_max_bytes"] = (int(b) for b in bounds_bytes)
     return [_config(model, "dear_bo", world_size, bandwidth, steps=steps, batch_size=batch_size,
-                    warmup_steps=warmup_steps, **(extra or {}))]
+                    warmup_steps=warmup_steps, **tuner, **(extra or {}))]
 
 
 def _simulate_run(path: str | Path, trace_kind: str = "inrun") -> float | None:
