@@ -117,8 +117,7 @@ def test_throughput_table_keeps_the_plans_threshold_and_marks_the_planners(tmp_p
     t = thr.set_index("scheduler")
     assert t.loc["dear_model", "plan_threshold_bytes"] >= 0 and np.isnan(t.loc["wfbp", "plan_threshold_bytes"])
     marks = study.planner_marks_table(thr, "tiny_resnet")
-    assert list(marks.scheduler) == ["dear_model", "dear_optimal"] or set(marks.scheduler) == {"dear_model",
-                                                                                                "dear_optimal"}
+    assert set(marks.scheduler) == {"dear_model", "dear_optimal"}
     assert set(marks.measured_s) == {0.08, 0.07}
     sp = study.speedup_vs_best_baseline(thr, ["dear_model", "dear_optimal"])
     assert sp.iloc[0].best_dear == "dear_optimal" and sp.iloc[0].best_baseline == "wfbp"
@@ -143,7 +142,8 @@ def test_primitive_cost_table_fits_each_primitive_and_the_ring_model_halves_the_
     df = study.primitive_cost_table(pd.DataFrame(rows))
     assert set(df.source) == {"measured", "fit", "ring model"}
     fit = df[(df.source == "fit") & (df.primitive == "allreduce")]
-    assert fit.a_s.iloc[0] == pytest.approx(1e-3, rel=1e-3) and fit.b_s_per_byte.iloc[0] == pytest.approx(8e-9, rel=1e-3)
+    assert fit.a_s.iloc[0] == pytest.approx(1e-3, rel=1e-3)
+    assert fit.b_s_per_byte.iloc[0] == pytest.approx(8e-9, rel=1e-3)
     ring = df[(df.source == "ring model") & (df.primitive == "reduce_scatter")].sort_values("bytes")
     assert np.allclose(ring.seconds, [ar(n) / 2 for n in sizes], rtol=1e-3)
     assert np.allclose(ring.relative_error, 0, atol=1e-3)

@@ -83,7 +83,8 @@ def _bytes_label(v: float) -> str:
 def plot_primitive_cost(cost: pd.DataFrame, model: pd.DataFrame, measured_note: str, model_note: str):
     """Left (one panel per measured world size): measured seconds of each primitive vs message size
     (points), its fitted line (solid) and the ring model from the measured all-reduce (dashed: RS = AG =
-    half of the all-reduce measured at the same size). Right: the cost model's seconds of one message vs P for the per-hop presets.
+    half of the all-reduce measured at the same size). Right: the cost model's seconds of one message vs P
+    for the per-hop presets.
     ``cost``: :func:`repro.studies.dear_train.primitive_cost_table`; ``model``:
     :func:`repro.studies.dear_train.primitive_model_table`."""
     ps = sorted(set(cost["workers"])) if len(cost) else []
@@ -219,7 +220,7 @@ def plot_throughput(measured: pd.DataFrame, simulated: pd.DataFrame, schedulers:
     if summary:
         text = _wrap(summary, int(13 * fig.get_figwidth()))
         fig.text(0.5, 0.94, text, ha="center", va="top", fontsize="small", style="italic", color="#333333")
-        top = 0.9 - 0.045 * text.count("\n")
+        top = 0.97 - 0.05 * (text.count("\n") + 1)
     legend_below(fig, handles, ncol=4)
     fig.tight_layout(rect=(0, 0, 1, top))
     return fig
