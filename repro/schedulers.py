@@ -42,7 +42,9 @@ class Scheduler:
     ``online``: plans from what the run measures (warm-up trace and a cost model fitted on the live
     group), so it needs at least two workers or a cost preset; ``needs_cost``: the planner uses a
     cost model (every plan scheduler still gets one, to record a prediction);
-    ``communicates``: exchanges gradients at all (False only for the one-worker baseline).
+    ``communicates``: exchanges gradients at all (False only for the one-worker baseline);
+    ``executor_options``: run options (:class:`repro.train.TrainConfig` fields) passed to the executor
+    as keyword arguments of the same name (e.g. the DeAR tuner's trial count and search range).
     """
 
     name: str
@@ -56,6 +58,7 @@ class Scheduler:
     online: bool = False
     needs_cost: bool = False
     communicates: bool = True
+    executor_options: tuple[str, ...] = ()
 
     @property
     def has_plan(self) -> bool:
@@ -68,6 +71,7 @@ class Scheduler:
     def to_dict(self) -> dict[str, Any]:
         return {"doc": self.doc, "paper": self.paper, "planner": self.planner, "family": self.family,
                 "executor": self.executor, "planner_options": list(self.planner_options),
+                "executor_options": list(self.executor_options),
                 "supports": {"wire_dtype": self.wire_dtype, "online_planning": self.online,
                              "needs_cost_model": self.needs_cost}}
 
@@ -133,7 +137,8 @@ SCHEDULERS: dict[str, Scheduler] = {s.name: s for s in (
               "improvement, 1-256 MiB, over measured iteration times; rank 0 decides and broadcasts, buckets are "
               "regrouped between trials without losing a gradient or an update)", _DEAR,
               "repro.runtime.dear_tuner:DeARTunedExecutor", planner="dear_threshold",
-              planner_options=("threshold_bytes",), family="dear"),
+              planner_options=("threshold_bytes",), family="dear",
+              executor_options=("tuner_trials", "tuner_min_bytes", "tuner_max_bytes", "seed")),
     Scheduler("fsdp", "PyTorch FSDP2 (fully_shard, parameters kept unsharded after forward): reduce-scatter of "
               "gradients in backward, all-gather of parameters in the next forward (real FSDP2, not a plan)",
               "PyTorch FSDP2 (Zhao et al., VLDB 2023), what a user would pick instead of DeAR today",

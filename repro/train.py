@@ -75,6 +75,9 @@ class TrainConfig:
     compute_steps: int = _opt(5, "extra steps without communication: the computation-only time")
     view: str = _opt("tensor", "layer granularity of the plan", choices=VIEWS)
     threshold_bytes: int = _opt(25 * 2**20, "bucket threshold of the threshold schedulers, bytes")
+    tuner_trials: int = _opt(10, "dear_bo: Bayesian-optimisation trials after the initial threshold")
+    tuner_min_bytes: int = _opt(2**20, "dear_bo: smallest fusion threshold the tuner tries, bytes")
+    tuner_max_bytes: int = _opt(2**28, "dear_bo: largest fusion threshold the tuner tries, bytes")
     density: float = _opt(0.001, "top-k density of the sparse schedulers (topk_*, omgs*): the fraction of "
                           "each bucket's gradient elements a worker sends per step, k = ceil(density x "
                           "elements), in (0, 1]; 1 sends everything (dense S-SGD)")
@@ -126,6 +129,11 @@ class TrainConfig:
             raise ValueError(f"steps must be positive, got {self.steps}")
         if self.epochs is not None and self.epochs < 1:
             raise ValueError(f"epochs must be positive, got {self.epochs}")
+        if self.tuner_trials < 0:
+            raise ValueError(f"tuner_trials must not be negative, got {self.tuner_trials}")
+        if not 1 <= self.tuner_min_bytes < self.tuner_max_bytes:
+            raise ValueError(f"the tuner's range needs 1 <= tuner_min_bytes < tuner_max_bytes, got "
+                             f"{self.tuner_min_bytes} and {self.tuner_max_bytes}")
         if self.threshold_bytes < 0:
             raise ValueError(f"threshold_bytes must not be negative, got {self.threshold_bytes}")
         if (isinstance(self.density, bool) or not isinstance(self.density, (int, float))
@@ -380,7 +388,8 @@ def run_training(ctx, cfg: TrainConfig) -> tuple[nn.Module, dict[str, Any]]:
             log.info("%s: measured %d layers (backward %.4f s) in %d warm-up steps; %s plan has %d buckets, "
                      "predicted %.4f s per iteration", run_id, trace.num_layers, trace.total_backward_s,
                      cfg.warmup_steps, cfg.scheduler, plan.num_buckets, plan.meta.get("iteration_s", float("nan")))
-    ex: Executor = sched.executor_class()(model, plan, options)
+    ex: Executor = sched.executor_class()(model, plan, options,
+                                          **{name: getattr(cfg, name) for name in sched.executor_options})
     run_opt = ex.wrap_optimizer(opt)  # the executor may take the update over (DeAR: in the next forward)
     if not sched.has_plan:
         for _ in range(cfg.warmup_steps):

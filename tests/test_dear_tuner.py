@@ -80,7 +80,11 @@ CASES = [{"optimizer": "sgd", "steps": 14, "tuner": TUNER, "flush_after": 4},
 def two_ranks(tmp_path_factory):
     runs_dir = tmp_path_factory.mktemp("dear_bo_runs")
     runs = [{"model": "tiny_resnet", "scheduler": "dear_bo", "steps": 8, "warmup_steps": 1, "batch_size": 4,
-             "threshold_bytes": 64 * 1024, "results_dir": str(runs_dir), "run_id": "bo"}]
+             "threshold_bytes": 64 * 1024, "results_dir": str(runs_dir), "run_id": "bo"},
+            # the tuner's trials and range as run options (repro train --tuner-trials ... flags)
+            {"model": "tiny_resnet", "scheduler": "dear_bo", "steps": 22, "warmup_steps": 1, "batch_size": 4,
+             "threshold_bytes": 64 * 1024, "tuner_trials": 2, "tuner_min_bytes": 4096,
+             "tuner_max_bytes": 256 * 1024, "results_dir": str(runs_dir), "run_id": "bo_range"}]
     return launch_local(tuner_vs_ddp, 2, args=(CASES, runs), timeout_s=300), runs_dir
 
 
@@ -122,6 +126,23 @@ def test_train_writes_the_trials_table(two_ranks):
     # defaults: settle 2, measure 5 -> the initial trial ends after 7 of the 8 steps
     assert len(table) == 1 and table.source[0] == "initial" and table.threshold_bytes[0] == 64 * 1024
     assert set(TUNING_COLUMNS) <= set(table.columns)
+
+
+def test_train_passes_the_tuner_options(two_ranks):
+    _, runs_dir = two_ranks
+    table = pd.read_csv(runs_dir / "bo_range" / "tuning.csv")
+    # 7 steps for the initial threshold, then 2 trials of 2 settling + 5 timed steps
+    assert list(table.source) == ["initial", "bo", "bo"]
+    assert table.threshold_bytes.between(4096, 256 * 1024).all()
+
+
+def test_bad_tuner_options_are_refused_before_any_rank_starts():
+    from repro.train import TrainConfig
+
+    with pytest.raises(ValueError, match="tuner_min_bytes < tuner_max_bytes"):
+        TrainConfig(scheduler="dear_bo", tuner_min_bytes=2**20, tuner_max_bytes=2**20)
+    with pytest.raises(ValueError, match="tuner_trials"):
+        TrainConfig(scheduler="dear_bo", tuner_trials=-1)
 
 
 @pytest.mark.parametrize("optimum", [21.3, 26.6])

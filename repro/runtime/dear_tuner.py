@@ -192,7 +192,15 @@ class DeARTunedExecutor(Executor):
 
     def __init__(self, model: nn.Module, plan: Plan | None = None, options: ExecutorOptions | None = None, *,
                  trials: int = DEFAULT_TRIALS, settle_steps: int = 2, trial_steps: int = 5,
-                 bounds: Sequence[float] = DEFAULT_BOUNDS, seed: int = 0, xi: float = DEFAULT_XI) -> None:
+                 bounds: Sequence[float] = DEFAULT_BOUNDS, seed: int = 0, xi: float = DEFAULT_XI,
+                 tuner_trials: int | None = None, tuner_min_bytes: int | None = None,
+                 tuner_max_bytes: int | None = None) -> None:
+        # the run options of `repro train` (TrainConfig fields, see Scheduler.executor_options)
+        if tuner_trials is not None:
+            trials = tuner_trials
+        if tuner_min_bytes is not None or tuner_max_bytes is not None:
+            bounds = (bounds[0] if tuner_min_bytes is None else tuner_min_bytes,
+                      bounds[1] if tuner_max_bytes is None else tuner_max_bytes)
         super().__init__(model, plan, options)
         if plan is None:
             raise PlanError("the DeAR tuner needs a starting plan")
