@@ -1,8 +1,7 @@
 """The DeAR training study (repro.studies.dear_train) and its figures: tables on hand-built run folders
-(the numbers test the code's arithmetic; they are not results), one tiny real run on loopback, and the
-notebook at its tiniest (slow)."""
+(the numbers test the code's arithmetic; they are not results) and one tiny real run on loopback. The
+notebook itself runs at its tiny defaults in tests/test_figures_pipeline.py."""
 
-import json
 from pathlib import Path
 
 import matplotlib
@@ -278,49 +277,11 @@ def test_bench_dear_simulated_half_runs():
     import sys
 
     argv = sys.argv
-    sys.argv = ["bench_dear.py", "--no-measure"]
+    sys.argv = ["bench_dear.py", "--no-measure", "--paper-models", "resnet50"]
     try:
         runpy.run_path(str(ROOT / "benchmarks" / "bench_dear.py"), run_name="__main__")
     finally:
         sys.argv = argv
-
-
-# ------------------------------------------------------------------------------------------ notebook
-
-def _kernel() -> str:
-    from jupyter_client.kernelspec import KernelSpecManager
-
-    return "repro" if "repro" in KernelSpecManager().find_kernel_specs() else "python3"
-
-
-@pytest.mark.slow
-def test_notebook_runs_with_tiny_parameters(tmp_path, monkeypatch):
-    import papermill as pm
-
-    monkeypatch.chdir(ROOT)
-    out = tmp_path / "out.ipynb"
-    params = {"nofusion_schedulers": "[wfbp, dear_nofusion]", "fusion_schedulers": "[mgwfbp, dear_model]",
-              "threshold_sweep_bytes": "[16384, 131072]", "steps": 2, "warmup_steps": 1, "bo_steps": 12,
-              "search_trials": 3, "search_seeds": 1, "primitive_sizes_bytes": "[4096, 65536]",
-              "primitive_repeats": 1, "link_rate": "loopback", "paper_models": "[resnet50]",
-              "network_presets": "[10gbe-dear64]", "tuning_model": "resnet50",
-              "output_dir": str(tmp_path / "figures"), "results_dir": str(tmp_path / "data")}
-    pm.execute_notebook(str(ROOT / "notebooks" / "dear_training.ipynb"), str(out), parameters=params,
-                        kernel_name=_kernel(), progress_bar=False)
-    for stem in ("dear_primitive_cost", "dear_throughput_nofusion", "dear_throughput_fusion", "dear_breakdown",
-                 "dear_bo_tuning", "dear_buffer_sweep"):
-        for ext in ("png", "pdf", "json"):
-            assert (tmp_path / "figures" / f"{stem}.{ext}").stat().st_size > 0, (stem, ext)
-        side = json.loads((tmp_path / "figures" / f"{stem}.json").read_text())
-        assert side["scale"] == "tiny"
-    bd = pd.read_csv(tmp_path / "data" / "dear_breakdown_measured.csv")
-    assert {"measured", "simulated"} <= set(bd.source) and bd.derivation.notna().all()
-    sp = pd.read_csv(tmp_path / "data" / "dear_throughput_fusion_speedup.csv")
-    assert set(sp.origin) == {"simulated", "measured"}
-    executed = json.loads(out.read_text())
-    stderr = "".join("".join(o.get("text", "")) for c in executed["cells"] for o in c.get("outputs", [])
-                     if o.get("name") == "stderr")
-    assert "FutureWarning" not in stderr and "DeprecationWarning" not in stderr, stderr
 
 
 def test_tuning_configs_set_the_tuners_range_only_where_a_run_can(monkeypatch):
