@@ -197,7 +197,8 @@ def dear_optimal(trace: Trace, cost: CostModel) -> Plan:
     ``c`` and its running ``S`` and ``M``; what any continuation adds depends on it only through
     ``phi`` and ``phi + c`` (``phi' = max(phi + c, phi + a')``), ``S`` and ``M``, monotonically. So at
     each ``i`` a label no smaller in all four than another is dropped (dominance), and a label whose
-    lower bound ``phi' + c(i..L) + max(M', S' + T_rs(rest))`` is not below the best bucketing known
+    lower bound (``lower_bound`` inside: the remaining forward, the next bucket's all-gather and
+    reduce-scatter at least those of its first layer) is not below the best bucketing known
     (first :func:`dear_model`'s, improved by a boundary local search) is pruned. Neither rule drops a
     label that could lead to a strictly better bucketing, so the result is optimal (the tests compare
     it with brute force over all ``2^(L-1)`` bucketings).
@@ -210,6 +211,23 @@ def dear_optimal(trace: Trace, cost: CostModel) -> Plan:
     best = model.period(best_bounds) - model.straggler
     cum_c, cum_n, ready = model.cum_c, model.cum_n, model.ready
     rest_rs = np.array([float(model.rs(cum_n[L] - cum_n[j])) for j in range(L + 1)])  # T_rs(layers j..L-1)
+    # the smallest next bucket starting at layer j (layer j alone): its all-gather and reduce-scatter
+    head_ag = np.append(np.atleast_1d(model.ag(np.diff(cum_n))), 0.0)
+    head_rs = np.append(np.atleast_1d(model.rs(np.diff(cum_n))), 0.0)
+
+    def lower_bound(phi, c, S, M, j):
+        """A lower bound on the period (without the straggler) of any completion of a partial bucketing
+        whose last bucket (forward compute ``c``, forward start ``phi``) ends before layer ``j``: the next
+        bucket starts at j and holds layer j at least, so its forward starts after max(c, T_ag(layer j));
+        its reduce-scatter ends after ready(j) + S + T_rs(layer j); the remaining buckets' reduce-scatters
+        take T_rs(rest) at least."""
+        if np.isscalar(j) and j == L:
+            return phi + c + M
+        jj = np.minimum(j, L)
+        last = jj >= L
+        fwd = phi + np.where(last, c, np.maximum(c, head_ag[jj]) + (cum_c[L] - cum_c[jj]))
+        m = np.where(last, M, np.maximum(np.maximum(M, ready[jj] + S + head_rs[jj]), S + rest_rs[jj]))
+        return fwd + m
     # candidate labels per end position: rows (phi, c, S, M, start, parent id)
     cand: list[list[np.ndarray]] = [[] for _ in range(L + 1)]
     nodes: list[tuple[int, int, int]] = []  # kept labels: (start, end, parent id)
@@ -226,8 +244,7 @@ def dear_optimal(trace: Trace, cost: CostModel) -> Plan:
         C = np.concatenate(cand[i])
         cand[i] = []
         phi, c, S, M = C[:, 0], C[:, 1], C[:, 2], C[:, 3]
-        lb = phi + c + (cum_c[L] - cum_c[i]) + np.maximum(M, S + (rest_rs[i] if i < L else 0.0))
-        C = C[lb < best - 1e-15]
+        C = C[lower_bound(phi, c, S, M, i) < best - 1e-15]
         if not len(C):
             continue
         if i == L:
@@ -244,14 +261,13 @@ def dear_optimal(trace: Trace, cost: CostModel) -> Plan:
         a = np.atleast_1d(model.ag(n))
         r = np.atleast_1d(model.rs(n))
         cn = cum_c[js] - cum_c[i]
-        tail = np.where(js < L, rest_rs[js], 0.0)
         ids = np.arange(len(nodes), len(nodes) + len(C), dtype=float)
         nodes.extend((int(row[4]), i, int(row[5])) for row in C)
         # every kept label (rows) extended by every next bucket [i, j) (columns) at once
         phi_n = C[:, :1] + np.maximum(C[:, 1:2], a[None, :])
         S_n = C[:, 2:3] + r[None, :]
         M_n = np.maximum(C[:, 3:4], ready[i] + S_n)
-        bound = phi_n + (cum_c[L] - cum_c[i]) + np.maximum(M_n, S_n + tail[None, :])
+        bound = lower_bound(phi_n, cn[None, :], S_n, M_n, js[None, :])
         rows, cols = np.nonzero(bound < best - 1e-15)
         if not len(rows):
             continue
