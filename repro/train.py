@@ -156,9 +156,9 @@ class TrainConfig:
     def check_world(self, world_size: int) -> None:
         """Checks that need the world size (made before any step)."""
         sched = get_scheduler(self.scheduler)
-        if sched.online and self.network is None and world_size < 2:
-            raise ValueError(f"'{self.scheduler}' fits its cost model on the live group, which needs at least 2 "
-                             "ranks (or give --network PRESET)")
+        if sched.has_plan and world_size < 2:
+            raise ValueError(f"'{self.scheduler}' exchanges gradients between ranks: it needs at least 2 ranks (got "
+                             f"{world_size}); the one-worker baseline is --scheduler local")
         if self.network is not None:
             cost = preset(self.network, max(2, world_size))  # a preset without this P fails here, not after warm-up
             if sched.family is not None:  # ... and one without the collective the plan family sends

@@ -253,7 +253,10 @@ def test_launch_refuses_bad_runs_before_ranks_start(tmp_path):
                 text=True)
     assert r.returncode == 2 and "at least 2 ranks" in r.stderr and len(r.stderr.strip().splitlines()) == 1
     (tmp_path / "taken").mkdir()
-    r = _sp.run(base + ["--model", "tiny_vgg", "--scheduler", "syncea", "--steps", "1", "--results-dir",
+    r = _sp.run(base + ["--model", "tiny_vgg", "--scheduler", "syncea", "--steps", "1"], capture_output=True,
+                text=True)  # a plan scheduler on one rank: it would fail inside the rank on a P=1 cost model
+    assert r.returncode == 2 and "at least 2 ranks" in r.stderr and "--scheduler local" in r.stderr
+    r = _sp.run(base + ["--model", "tiny_vgg", "--scheduler", "local", "--steps", "1", "--results-dir",
                         str(tmp_path), "--run-id", "taken"], capture_output=True, text=True)
     assert r.returncode == 2 and "already exists" in r.stderr
     r = _sp.run(base + ["--model", "tiny_vgg", "--run-id", "../../x"], capture_output=True, text=True)

@@ -47,9 +47,12 @@ def test_train_config_reads_capabilities_from_the_registry():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
         assert TrainConfig(scheduler="ddp_plan").scheduler == "ddp_threshold"
-    with pytest.raises(ValueError, match="fits its cost model on the live group.*at least 2"):
+    with pytest.raises(ValueError, match="'optimal' exchanges gradients between ranks: it needs at least 2 ranks"):
         TrainConfig(scheduler="optimal").check_world(1)
-    TrainConfig(scheduler="optimal", network="10gbe-k80").check_world(1)
+    with pytest.raises(ValueError, match="exchanges gradients between ranks: it needs at least 2 ranks"):
+        TrainConfig(scheduler="optimal", network="10gbe-k80").check_world(1)  # (it used to fail inside the rank)
+    TrainConfig(scheduler="optimal", network="10gbe-k80").check_world(2)
+    TrainConfig(scheduler="local").check_world(1)
     with pytest.raises(ValueError, match="unknown network preset 'nope'"):
         TrainConfig(network="nope")
     with pytest.raises(ValueError, match="no fit for P=3"):
