@@ -36,6 +36,7 @@ Buffers (BatchNorm statistics) are not synchronised by FSDP; :meth:`before_forwa
 from __future__ import annotations
 
 import copy
+import inspect
 from typing import Any
 
 import torch
@@ -100,7 +101,10 @@ class FSDPExecutor(Executor):
             except KeyError:
                 raise ValueError("fsdp: the optimizer holds a parameter that is not the model's") from None
             groups.append({**{k: v for k, v in g.items() if k != "params"}, "params": ps})
-        return type(optimizer)(groups, **optimizer.defaults)
+        # every group carries all its settings; the constructor gets the defaults it accepts (AdamW's
+        # defaults hold `decoupled_weight_decay`, which AdamW sets itself and its constructor refuses)
+        accepted = inspect.signature(type(optimizer)).parameters
+        return type(optimizer)(groups, **{k: v for k, v in optimizer.defaults.items() if k in accepted})
 
     def before_forward(self) -> None:
         broadcast_buffers(self._sharded)
