@@ -141,7 +141,7 @@ def test_a_taken_run_id_is_refused_before_training(tmp_path):
 
     (tmp_path / "r1").mkdir()
     (tmp_path / "r1" / "run.json").write_text("{}")
-    runs = [{"model": "tiny_vgg", "scheduler": "syncea", "steps": 1, "warmup_steps": 1, "batch_size": 4,
+    runs = [{"model": "tiny_vgg", "scheduler": "local", "steps": 1, "warmup_steps": 1, "batch_size": 4,
              "results_dir": str(tmp_path), "run_id": "r1"}]
     with pytest.raises(RankFailedError, match="run 'r1' already exists"):
         launch_local(train_params, 1, args=(runs,), timeout_s=120)
