@@ -23,7 +23,6 @@ root). One thread per rank.
 from __future__ import annotations
 
 import argparse
-import statistics
 import time
 
 import pandas as pd
@@ -34,6 +33,7 @@ def primitive_times(ctx, sizes_bytes: list[int], repeats: int) -> list[dict]:
     import torch
     import torch.distributed as dist
 
+    from repro.runtime.calibrate import slowest_median_s
     from repro.runtime.collectives import CommStream, _all_gather_into_tensor, _reduce_scatter_tensor
 
     P, rank = dist.get_world_size(), dist.get_rank()
@@ -41,16 +41,7 @@ def primitive_times(ctx, sizes_bytes: list[int], repeats: int) -> list[dict]:
     rows = []
 
     def timed(fn) -> float:
-        samples = []
-        for i in range(repeats + 1):
-            dist.barrier()
-            t0 = time.perf_counter()
-            fn()
-            if i:
-                samples.append(time.perf_counter() - t0)
-        med = torch.tensor([statistics.median(samples)], dtype=torch.float64)
-        dist.all_reduce(med, op=dist.ReduceOp.MAX)
-        return med.item()
+        return slowest_median_s(fn, repeats)
 
     for nbytes in sizes_bytes:
         n = max(P, nbytes // 4 // P * P)

@@ -454,14 +454,12 @@ def run_training(ctx, cfg: TrainConfig) -> tuple[nn.Module, dict[str, Any]]:
 
 def _timing_row(timing: Any, origin_s: float) -> dict[str, Any]:
     """One ``buckets.csv`` row from an executor's timing record, whatever its fields: its own ``row``
-    (times after ``origin_s``), else a dataclass's fields with ``*_s`` time stamps made relative."""
+    (times after ``origin_s``), else :func:`repro.runtime.executor.timing_row`."""
     if hasattr(timing, "row"):
         return timing.row(origin_s)
-    from dataclasses import is_dataclass
+    from repro.runtime.executor import timing_row
 
-    items = asdict(timing).items() if is_dataclass(timing) else vars(timing).items()
-    return {k: (len(v) if isinstance(v, (tuple, list)) else
-                v - origin_s if k.endswith("_s") and isinstance(v, float) else v) for k, v in items}
+    return timing_row(timing, origin_s)
 
 
 def _progress(enabled: bool, total: int | None, cfg: TrainConfig):

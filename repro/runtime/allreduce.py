@@ -42,7 +42,7 @@ from __future__ import annotations
 import math
 import threading
 import time
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
@@ -50,7 +50,7 @@ from torch import nn
 
 from repro.plan import WIRE_DTYPE_BYTES, Plan, PlanError
 from repro.runtime.buffers import broadcast_buffers
-from repro.runtime.executor import Executor, ExecutorOptions
+from repro.runtime.executor import Executor, ExecutorOptions, timing_row
 from repro.workload.layers import layer_parameters
 
 __all__ = ["AllReduceExecutor", "BucketedAllReduce", "ScheduledOptimizer", "BucketTiming", "calibrate"]
@@ -70,18 +70,9 @@ class BucketTiming:
     end_s: float = float("nan")
 
     def row(self, origin_s: float) -> dict:
-        """This record as one ``buckets.csv`` row: every field, ``layers`` as their count, every time
-        stamp (a float field ending in ``_s``) in seconds after ``origin_s``; ``launch_s`` is written
-        as ``start_s`` (the communication's start)."""
-        out = {}
-        for f in fields(self):
-            v = getattr(self, f.name)
-            if f.name == "layers":
-                v = len(v)
-            elif f.name.endswith("_s") and isinstance(v, float):
-                v = v - origin_s
-            out["start_s" if f.name == "launch_s" else f.name] = v
-        return out
+        """This record as one ``buckets.csv`` row (:func:`~repro.runtime.executor.timing_row`);
+        ``launch_s`` is written as ``start_s`` (the communication's start)."""
+        return timing_row(self, origin_s, {"launch_s": "start_s"})
 
 
 @dataclass

@@ -37,6 +37,21 @@ __all__ = ["MEASURABLE", "default_sizes_bytes", "time_collective", "time_allredu
 MEASURABLE = ("allreduce", "reduce_scatter", "allgather", "sparse_allgather")
 
 
+def slowest_median_s(fn: Callable[[], object], repeats: int, group=None) -> float:
+    """Seconds of ``fn()`` on this group: ``repeats`` runs after one warm-up, each starting at a barrier;
+    the median per rank, then the slowest rank's (identical on every rank)."""
+    samples = []
+    for i in range(repeats + 1):
+        dist.barrier(group=group)
+        t0 = time.perf_counter()
+        fn()
+        if i:
+            samples.append(time.perf_counter() - t0)
+    med = torch.tensor([statistics.median(samples)], dtype=torch.float64)
+    dist.all_reduce(med, op=dist.ReduceOp.MAX, group=group)
+    return float(med.item())
+
+
 def default_sizes_bytes(max_bytes: int, count: int = 8, min_bytes: int = 4096) -> list[int]:
     """Geometric message sizes from ``min_bytes`` to ``max_bytes`` (multiples of 4 bytes)."""
     hi = max(int(max_bytes), min_bytes * 4)

@@ -60,7 +60,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -69,7 +69,7 @@ from torch import nn
 
 from repro.plan import Plan, PlanError
 from repro.runtime.buffers import broadcast_buffers
-from repro.runtime.executor import Executor, ExecutorOptions
+from repro.runtime.executor import Executor, ExecutorOptions, timing_row
 from repro.workload.layers import layer_parameters
 
 __all__ = ["DeARExecutor", "DeARTiming", "DeAROptimizer", "calibrate", "time_stream_collectives"]
@@ -91,17 +91,8 @@ class DeARTiming:
     end_s: float = float("nan")
 
     def row(self, origin_s: float) -> dict:
-        """This record as a ``buckets.csv`` row: ``layers`` as their count, time stamps relative to
-        ``origin_s``."""
-        out: dict[str, Any] = {}
-        for f in fields(self):
-            v = getattr(self, f.name)
-            if f.name == "layers":
-                v = len(v)
-            elif f.name.endswith("_s") and isinstance(v, float):
-                v = v - origin_s
-            out[f.name] = v
-        return out
+        """This record as a ``buckets.csv`` row (:func:`~repro.runtime.executor.timing_row`)."""
+        return timing_row(self, origin_s)
 
 
 @dataclass
@@ -131,9 +122,10 @@ class _Bucket:
 class DeAROptimizer:
     """What the loop calls ``zero_grad()`` and ``step()`` on: ``step()`` finishes the reduce-scatters and
     starts the all-gather of bucket 0; the update itself happens bucket by bucket in the next forward
-    (or at :meth:`DeARExecutor.flush`)."""
+    (or at :meth:`DeARExecutor.flush`). ``executor``: anything with ``step()`` and ``flush()`` (a
+    :class:`DeARExecutor`, or the tuner that owns one)."""
 
-    def __init__(self, executor: "DeARExecutor", optimizer: Any) -> None:
+    def __init__(self, executor: Any, optimizer: Any) -> None:
         self.executor = executor
         self.optimizer = optimizer
 

@@ -147,40 +147,6 @@ def tune_offline(objective: Callable[[int], float], method: str = "bo", trials: 
     return rows
 
 
-class _TunedOptimizer:
-    """What the loop steps: forwards to the tuner's current executor, then lets the tuner measure."""
-
-    def __init__(self, tuner: "DeARTunedExecutor", optimizer: Any) -> None:
-        self.tuner = tuner
-        self.optimizer = optimizer
-
-    def step(self, closure=None) -> None:
-        if closure is not None:
-            raise ValueError("DeAR applies updates in the next forward; a closure cannot be evaluated")
-        self.tuner.executor.step()
-        self.tuner._after_step()
-
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        self.optimizer.zero_grad(set_to_none=set_to_none)
-
-    @property
-    def param_groups(self):
-        return self.optimizer.param_groups
-
-    @property
-    def state(self):
-        return self.optimizer.state
-
-    def state_dict(self):
-        self.tuner.flush()  # the state must include the pending update
-        return self.optimizer.state_dict()
-
-    def __getattr__(self, name: str):  # anything else: the optimizer's
-        if name in ("tuner", "optimizer"):
-            raise AttributeError(name)
-        return getattr(self.optimizer, name)
-
-
 class DeARTunedExecutor(Executor):
     """DeAR whose bucket threshold is tuned by Bayesian optimisation while training (module docstring).
 
@@ -241,10 +207,17 @@ class DeARTunedExecutor(Executor):
         self._last: float | None = None
 
     # ---- contract ----
-    def wrap_optimizer(self, optimizer: Any) -> _TunedOptimizer:
+    def wrap_optimizer(self, optimizer: Any) -> Any:
+        from repro.runtime.dear import DeAROptimizer
+
         self._optimizer = optimizer
         self.executor.set_optimizer(optimizer)
-        return _TunedOptimizer(self, optimizer)
+        return DeAROptimizer(self, optimizer)  # its step() and state_dict() come here: step() / flush()
+
+    def step(self) -> None:
+        """The loop's optimizer step: the current executor's, then the tuner measures (and may regroup)."""
+        self.executor.step()
+        self._after_step()
 
     def before_forward(self) -> None:
         self.executor.before_forward()

@@ -32,14 +32,25 @@ registry (:mod:`repro.schedulers`) names each scheduler's executor class.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, is_dataclass
 from typing import Any
 
 from torch import nn
 
 from repro.plan import Plan
 
-__all__ = ["Executor", "ExecutorOptions"]
+__all__ = ["Executor", "ExecutorOptions", "timing_row"]
+
+
+def timing_row(record: Any, origin_s: float, rename: dict[str, str] | None = None) -> dict[str, Any]:
+    """One ``buckets.csv`` row of a timing record (a dataclass, or any object's attributes): sequences
+    (e.g. ``layers``) as their length, float time stamps (names ending in ``_s``) in seconds after
+    ``origin_s``; ``rename`` maps field names to column names."""
+    items = ((f.name, getattr(record, f.name)) for f in fields(record)) if is_dataclass(record) \
+        else vars(record).items()
+    rename = rename or {}
+    return {rename.get(k, k): (len(v) if isinstance(v, (tuple, list)) else
+                               v - origin_s if k.endswith("_s") and isinstance(v, float) else v) for k, v in items}
 
 
 @dataclass(frozen=True)

@@ -36,7 +36,6 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import math
-import statistics
 import time
 
 import numpy as np
@@ -240,22 +239,14 @@ def time_primitives(ctx, sizes_bytes: Sequence[int], repeats: int) -> list[dict[
     import torch
     import torch.distributed as dist
 
+    from repro.runtime.calibrate import slowest_median_s
     from repro.runtime.collectives import CommStream
 
     P, rank = dist.get_world_size(), dist.get_rank()
     stream = CommStream()
 
     def timed(fn) -> float:
-        samples = []
-        for i in range(repeats + 1):
-            dist.barrier()
-            t0 = time.perf_counter()
-            fn()
-            if i:
-                samples.append(time.perf_counter() - t0)
-        med = torch.tensor([statistics.median(samples)], dtype=torch.float64)
-        dist.all_reduce(med, op=dist.ReduceOp.MAX)
-        return float(med.item())
+        return slowest_median_s(fn, repeats)
 
     def rs_ag(buf):
         stream.reduce_scatter(buf)
