@@ -9,7 +9,7 @@ count P. Byte conventions (``n`` is always the argument of the collective's meth
 - ``sparse_allgather_s(n)``: n = bytes each worker contributes (values + indices); every worker
   receives P * n bytes. Its line is stored in terms of the gathered bytes P * n, as in OMGS-SGD's
   ``T_ag(m) = a + b * m * P``.
-- ``push_s(n)``, ``pull_s(n)``: parameter-server traffic of an n-byte tensor per worker.
+- ``push_s(n)``, ``pull_s(n)``: one worker's n-byte message to (from) a parameter server, alone on the link.
 
 A model may also carry the device's **top-k selection** cost, ``topk_s(d) = gamma * d * log2(d)``
 seconds for d elements (OMGS-SGD's ``t_spar``; ``topk_gamma_s``), fitted by :func:`fit_topk_gamma`
@@ -147,8 +147,9 @@ def alpha_beta_lines(workers: int, alpha_s: float, beta_s_per_byte: float,
 
     All-reduce forms follow the standard analysis (Thakur et al. 2005; Chan et al. 2007) as tabulated
     in the MG-WFBP paper. Reduce-scatter and all-gather use the matching halves: ring (P-1 steps) for
-    ``ring``, recursive halving / doubling (log2 P steps) otherwise. Push/pull model one server that
-    receives (sends) P messages over one link.
+    ``ring``, recursive halving / doubling (log2 P steps) otherwise. Push/pull are one message of one
+    worker to (from) a parameter server over one link, ``alpha + beta * n``: the parameter-server
+    simulator (:mod:`repro.sim.ps`) queues the P workers' messages on the server's link itself.
     """
     _check_workers(workers)
     if algorithm not in ALGORITHMS:
@@ -170,7 +171,7 @@ def alpha_beta_lines(workers: int, alpha_s: float, beta_s_per_byte: float,
         half_a = lg * alpha_s
     rs = Linear(half_a, frac * (beta_s_per_byte + gamma_s_per_byte))
     ag = Linear(half_a, frac * beta_s_per_byte)
-    ps = Linear(alpha_s, P * beta_s_per_byte)
+    ps = Linear(alpha_s, beta_s_per_byte)
     return {"allreduce": ar, "reduce_scatter": rs, "allgather": ag, "sparse_allgather": ag,
             "push": ps, "pull": ps}
 

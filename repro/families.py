@@ -16,7 +16,12 @@ never compares family names. An entry supplies:
 - **calibration** (optional): ``fn(trace, device, repeats, network_cost, **planner_options) ->
   CostModel``, called on every rank of a live run before planning, returns what the family's planners
   need (a fitted line of its collective, the top-k cost, ...); ``network_cost`` is the ``--network``
-  preset's model or None (then fit on the live group).
+  preset's model or None (then fit on the live group);
+- **serving ranks** (optional, the parameter server): ``fn(ctx, cfg, model, optimizer, plan) -> dict``
+  run by the first ``cfg.servers`` ranks instead of the training loop, with the model and optimizer in
+  the state the trainers reached at the end of the warm-up; the other ranks train (their
+  collectives go over a process group of the training ranks only) and the executor talks to the
+  servers. The dict holds tidy tables the servers recorded (name -> rows), written with the run.
 
 Hooks are ``"module:attribute"`` strings imported on first use, so this table (and the torch-free
 core) never imports torch, and a family's files are loaded only when a plan of that family is used.
@@ -108,6 +113,7 @@ class Family:
     message_bytes: str | None = None     # "module:fn", fn(trace, plan) -> [[bytes per message] per bucket]
     check_buckets: str | None = None     # "module:fn", fn(buckets) raising ValueError on a bad shape
     calibrate: str | None = None         # "module:fn", fn(trace, device, repeats, network_cost, **options) -> CostModel
+    server: str | None = None            # "module:fn", fn(ctx, cfg, model, optimizer, plan) -> dict: serving ranks
     _cache: dict = field(default_factory=dict, compare=False, repr=False)
 
     def hook(self, which: str) -> Callable[..., Any] | None:
@@ -186,7 +192,8 @@ class Family:
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "doc": self.doc, "paper": self.paper, "collectives": list(self.collectives),
                 "phases": list(self.phases), "options": [o.to_dict() for o in self.options],
-                "simulator": self.simulator, "executor": self.executor, "calibrate": self.calibrate}
+                "simulator": self.simulator, "executor": self.executor, "calibrate": self.calibrate,
+                "server": self.server}
 
 
 _WIRE_DTYPE = choice_option("wire_dtype", "dtype of gradients on the wire",
@@ -259,6 +266,53 @@ FAMILIES: dict[str, Family] = {
         calibrate="repro.runtime.allreduce:calibrate",
     ),
 }
+
+
+def _required(option: Option) -> Option:
+    from dataclasses import replace
+
+    return replace(option, required=True)
+
+
+def _flag_option(name: str, doc: str, default: bool) -> Option:
+    def check(v: Any) -> bool:
+        if not isinstance(v, bool):
+            raise ValueError(f"must be true or false, got {v!r}")
+        return v
+
+    return Option(name, doc, check, default)
+
+
+def _servers_of_buckets(v: Any) -> tuple[int, ...]:
+    if not isinstance(v, (list, tuple)) or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0
+                                                   for s in v):
+        raise ValueError(f"must be a list of server indices (integers >= 0), one per bucket, got {v!r}")
+    return tuple(v)
+
+
+FAMILIES["ps"] = Family(
+    name="ps",
+    doc="parameter server: S server ranks hold the parameters (layers balanced by bytes); every worker pushes "
+        "each bucket's gradients to its server and pulls the new values; the server applies the optimizer. "
+        "Stage-1 buckets (phase backward) block the next iteration, stage-2 buckets (phase background, OSP only) "
+        "overlap with it",
+    paper="OSP (2-stage synchronization with LGP), this package's reading of its abstract (osp.md); BSP, "
+          "ASP and SSP (Ho et al., NeurIPS 2013) as its baselines",
+    collectives=("push", "pull"),
+    phases=("backward", "background"),
+    options=(_required(choice_option("mode", "how the servers synchronise the workers", ("bsp", "asp", "ssp", "osp"))),
+             number_option("servers", "parameter-server ranks (ranks 0..servers-1 serve)", minimum=1, integer=True,
+                           required=True),
+             number_option("staleness", "SSP: iterations a worker may run ahead of the slowest", minimum=0,
+                           integer=True, default=0),
+             _flag_option("lgp", "OSP: correct stale stage-2 parameters with the local gradient, w - lr * g", True),
+             Option("bucket_servers", "the server of each bucket", _servers_of_buckets, required=True)),
+    simulator="repro.sim.ps:build_graph",
+    check_buckets="repro.sim.ps:check_buckets",
+    executor="repro.runtime.ps:PSExecutor",
+    calibrate="repro.runtime.ps:calibrate",
+    server="repro.runtime.ps:serve",
+)
 
 
 def family_names() -> list[str]:

@@ -29,6 +29,8 @@ _OMGS = "OMGS-SGD (Shi et al.; INFOCOM 2020)"
 _SPARSE_EXECUTOR = "repro.runtime.sparse:SparseExecutor"
 _DEAR = "DeAR (Zhang et al.; ICDCS 2023)"
 _DEAR_EXECUTOR = "repro.runtime.dear:DeARExecutor"
+_OSP = "OSP (2-stage synchronization with LGP), this package's reading of its abstract (osp.md)"
+_PS_EXECUTOR = "repro.runtime.ps:PSExecutor"
 
 
 @dataclass(frozen=True)
@@ -148,6 +150,24 @@ SCHEDULERS: dict[str, Scheduler] = {s.name: s for s in (
               "updated as its chunks complete", "ByteScheduler (Peng et al.; SOSP 2019), as the DeAR paper's "
               "baseline", "repro.runtime.bytescheduler:ByteSchedulerExecutor", planner="bytescheduler",
               family="bytescheduler"),
+    Scheduler("ps_bsp", "parameter server, BSP: ranks 0..--servers-1 serve (layers balanced by bytes, the optimizer "
+              "runs there); every worker pushes its gradients, the servers average all workers' and every worker "
+              "pulls the new values before its next iteration", "BSP on a parameter server, as OSP's baseline",
+              _PS_EXECUTOR, planner="ps_bsp", planner_options=("servers",), family="ps"),
+    Scheduler("ps_asp", "parameter server, ASP: each worker's gradient is applied (scaled by 1/workers) as soon as it "
+              "arrives and the worker pulls whatever is current", "ASP on a parameter server, as OSP's baseline",
+              _PS_EXECUTOR, planner="ps_asp", planner_options=("servers",), family="ps"),
+    Scheduler("ps_ssp", "parameter server, SSP: as ASP, but no worker runs more than --staleness iterations ahead of "
+              "the slowest", "SSP (Ho et al., NeurIPS 2013), as OSP's baseline", _PS_EXECUTOR, planner="ps_ssp",
+              planner_options=("servers", "staleness"), family="ps"),
+    Scheduler("osp", "OSP: the important --stage1-share of the gradient bytes (--importance) is synchronised as BSP, "
+              "the rest in the background during the next iteration, its stale parameters corrected by the local "
+              "gradient (LGP, --no-lgp to turn off)", _OSP, _PS_EXECUTOR, planner="osp",
+              planner_options=("servers", "stage1_share", "importance", "lgp"), family="ps"),
+    Scheduler("osp_auto", "OSP with the automatic split: the largest stage-2 share whose traffic hides behind one "
+              "computation under a cost model fitted on the live job (or --network)", _OSP, _PS_EXECUTOR,
+              planner="osp_auto", planner_options=("servers", "importance", "lgp"), family="ps", online=True,
+              needs_cost=True),
     Scheduler("local", "no communication: one worker's computation (the baseline of speedups)",
               "-", "repro.runtime.baselines:LocalExecutor", communicates=False),
 )}

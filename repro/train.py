@@ -78,6 +78,14 @@ class TrainConfig:
     tuner_trials: int = _opt(10, "dear_bo: Bayesian-optimisation trials after the initial threshold")
     tuner_min_bytes: int = _opt(2**20, "dear_bo: smallest fusion threshold the tuner tries, bytes")
     tuner_max_bytes: int = _opt(2**28, "dear_bo: largest fusion threshold the tuner tries, bytes")
+    servers: int = _opt(1, "parameter-server schedulers (ps_*, osp*): ranks 0..servers-1 serve the parameters, "
+                        "the other ranks train")
+    staleness: int = _opt(2, "ps_ssp: iterations a worker may run ahead of the slowest")
+    stage1_share: float = _opt(0.5, "osp: fraction of the gradient bytes synchronised in the blocking stage 1, "
+                               "in [0, 1]; the rest goes to stage 2, overlapped with the next iteration")
+    importance: str = _opt("magnitude", "osp*: which layers go to stage 1 first: magnitude (largest mean |gradient| "
+                           "in the warm-up) or position (input side first)", choices=("magnitude", "position"))
+    lgp: bool = _opt(True, "osp*: correct stale stage-2 parameters with the local gradient (--no-lgp: off)")
     density: float = _opt(0.001, "top-k density of the sparse schedulers (topk_*, omgs*): the fraction of "
                           "each bucket's gradient elements a worker sends per step, k = ceil(density x "
                           "elements), in (0, 1]; 1 sends everything (dense S-SGD)")
@@ -129,6 +137,15 @@ class TrainConfig:
             raise ValueError(f"steps must be positive, got {self.steps}")
         if self.epochs is not None and self.epochs < 1:
             raise ValueError(f"epochs must be positive, got {self.epochs}")
+        if isinstance(self.servers, bool) or not isinstance(self.servers, int) or self.servers < 1:
+            raise ValueError(f"servers must be a positive integer, got {self.servers!r}")
+        if isinstance(self.staleness, bool) or not isinstance(self.staleness, int) or self.staleness < 0:
+            raise ValueError(f"staleness must be a non-negative integer, got {self.staleness!r}")
+        if (isinstance(self.stage1_share, bool) or not isinstance(self.stage1_share, (int, float))
+                or not 0.0 <= self.stage1_share <= 1.0):
+            raise ValueError(f"stage1_share must be a number in [0, 1], got {self.stage1_share!r}")
+        if self.importance not in ("magnitude", "position"):
+            raise ValueError(f"unknown importance policy '{self.importance}'; choose magnitude or position")
         if self.tuner_trials < 0:
             raise ValueError(f"tuner_trials must not be negative, got {self.tuner_trials}")
         if not 1 <= self.tuner_min_bytes < self.tuner_max_bytes:
@@ -153,9 +170,20 @@ class TrainConfig:
         if self.run_id is not None:
             check_run_id(self.run_id)
 
+    def serving_ranks(self) -> int:
+        """Ranks that serve rather than train: ``servers`` for a family with serving ranks, else 0."""
+        sched = get_scheduler(self.scheduler)
+        return self.servers if sched.family is not None and get_family(sched.family).server else 0
+
     def check_world(self, world_size: int) -> None:
         """Checks that need the world size (made before any step)."""
         sched = get_scheduler(self.scheduler)
+        serving = self.serving_ranks()
+        if serving:
+            if world_size - serving < 2:
+                raise ValueError(f"'{self.scheduler}' runs {serving} server rank(s) and needs at least 2 workers "
+                                 f"besides: at least {serving + 2} ranks, got {world_size}")
+            world_size -= serving  # the cost model is for the workers
         if sched.has_plan and world_size < 2:
             raise ValueError(f"'{self.scheduler}' exchanges gradients between ranks: it needs at least 2 ranks (got "
                              f"{world_size}); the one-worker baseline is --scheduler local")
@@ -266,15 +294,58 @@ def _step(ex: Executor, opt: torch.optim.Optimizer, batch, loss_of, device: torc
 # Trace from the live run, plan
 # ---------------------------------------------------------------------------------------------
 
-def _gather(vec: torch.Tensor) -> torch.Tensor:
-    """Every rank's ``vec`` stacked (world x n), identical on all ranks."""
-    parts = [torch.empty_like(vec) for _ in range(dist.get_world_size())]
-    dist.all_gather(parts, vec)
+@dataclass(frozen=True)
+class _Ranks:
+    """Who trains. ``group``: the process group of the training ranks (None: every rank); ``rank`` and
+    ``size``: this rank's index among them and their number; ``first``: the global rank of the first
+    trainer (it plans and writes the run); ``servers``: ranks before it that serve instead (a family
+    with serving ranks, :mod:`repro.families`)."""
+
+    group: Any
+    rank: int
+    size: int
+    first: int = 0
+    servers: int = 0
+
+    @property
+    def serving(self) -> bool:
+        return dist.get_rank() < self.servers
+
+    @property
+    def is_first(self) -> bool:
+        return dist.get_rank() == self.first
+
+
+def _ranks(cfg: TrainConfig) -> _Ranks:
+    """The trainers of this job (every rank calls it: a new group is made collectively)."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    servers = cfg.serving_ranks()
+    if not servers:
+        return _Ranks(None, rank, world)
+    group = dist.new_group(list(range(servers, world)))
+    return _Ranks(group, rank - servers, world - servers, servers, servers)
+
+
+def _gather(vec: torch.Tensor, group=None) -> torch.Tensor:
+    """Every trainer's ``vec`` stacked (trainers x n), identical on all of them."""
+    parts = [torch.empty_like(vec) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(parts, vec, group=group)
     return torch.stack(parts)
 
 
+def _grad_abs_mean(model: nn.Module, view: str) -> dict[str, float]:
+    """Each layer's mean absolute gradient per element (the exchanged gradients after a step)."""
+    out = {}
+    for name, params in layer_parameters(model, view).items():
+        grads = [p.grad for _, p in params if p.grad is not None]
+        n = sum(g.numel() for g in grads)
+        out[name] = float(sum(g.detach().abs().sum() for g in grads) / n) if n else 0.0
+    return out
+
+
 def _runtime_trace(cfg: TrainConfig, model: nn.Module, steps: list[tuple[_StepTimes, dict[str, float]]],
-                   device: torch.device, update_s: float | None = None) -> Trace:
+                   device: torch.device, update_s: float | None = None, group=None,
+                   grad_abs_mean: dict[str, float] | None = None) -> Trace:
     """Per-layer backward gaps (median over steps, mean over ranks) as a Trace, with the forward total
     and the measured overheads (buffer broadcast, straggler wait, optimizer step; ``update_s``
     overrides the measured update)."""
@@ -285,14 +356,14 @@ def _runtime_trace(cfg: TrainConfig, model: nn.Module, steps: list[tuple[_StepTi
     fixed = torch.tensor([[st.backward_start - st.forward_start, st.forward_start - st.start, st.end - st.exchange_end]
                           for st, _ in steps], dtype=torch.float64)
     vec = torch.cat([rel.median(dim=0).values, fixed.median(dim=0).values]).to(device)
-    dist.all_reduce(vec)
-    vec = (vec / dist.get_world_size()).cpu()
+    dist.all_reduce(vec, group=group)
+    vec = (vec / dist.get_world_size(group)).cpu()
     ready_s = vec[:-3].tolist()
     fwd_total, pre_s, measured_update_s = (float(v) for v in vec[-3:])
     # straggler wait: per step, the slowest rank's computation minus the ranks' mean (median over steps)
     per_step = torch.tensor([(st.backward_start - st.forward_start) + max(ready.values(), default=st.backward_start)
                              - st.backward_start for st, ready in steps], dtype=torch.float64, device=device)
-    everyone = _gather(per_step).cpu()
+    everyone = _gather(per_step, group).cpu()
     straggler_s = float((everyone.max(dim=0).values - everyone.mean(dim=0)).median())
     order = sorted(range(len(names)), key=lambda i: ready_s[i], reverse=True)  # forward order
     out, prev = [], 0.0
@@ -303,7 +374,9 @@ def _runtime_trace(cfg: TrainConfig, model: nn.Module, steps: list[tuple[_StepTi
     for i in order:
         params = layers[names[i]]
         numel = sum(p.numel() for _, p in params)
-        out.append(Layer(names[i], numel, numel * params[0][1].element_size(), fwd_total / len(names), gaps[i]))
+        extra = {"grad_abs_mean": grad_abs_mean[names[i]]} if grad_abs_mean else {}
+        out.append(Layer(names[i], numel, numel * params[0][1].element_size(), fwd_total / len(names), gaps[i],
+                         extra=extra))
     overheads = Overheads(pre_forward_s=max(0.0, pre_s), straggler_s=max(0.0, straggler_s),
                           update_s=max(0.0, measured_update_s if update_s is None else update_s))
     return Trace(cfg.model, cfg.batch_size, str(device), "float32", out,
@@ -312,22 +385,29 @@ def _runtime_trace(cfg: TrainConfig, model: nn.Module, steps: list[tuple[_StepTi
                  overheads=overheads)
 
 
-def _plan_for(cfg: TrainConfig, trace: Trace, device: torch.device) -> tuple[Plan, CostModel]:
-    """Rank 0 solves (on the wire dtype's bytes); the plan is broadcast so every rank executes the same.
+def _plan_for(cfg: TrainConfig, trace: Trace | None, device: torch.device,
+              ranks: _Ranks | None = None) -> tuple[Plan, CostModel, Trace]:
+    """The first trainer solves (on the wire dtype's bytes); the plan is broadcast so every rank executes
+    the same (serving ranks, which have no trace, get the trainers' trace first).
 
-    Every plan scheduler gets a cost model from its family's calibration hook (every rank takes part):
-    online planners plan with it, all record a prediction."""
+    Every plan scheduler gets a cost model from its family's calibration hook (every rank of the job
+    takes part): online planners plan with it, all record a prediction."""
+    ranks = ranks or _Ranks(None, dist.get_rank(), dist.get_world_size())
     sched = get_scheduler(cfg.scheduler)
     opts = {name: getattr(cfg, name) for name in sched.planner_options}
     if cfg.wire_dtype:
         opts["wire_dtype"] = cfg.wire_dtype
-    network_cost = preset(cfg.network, dist.get_world_size()) if cfg.network else None
+    if ranks.servers:
+        box: list[Any] = [trace.to_dict() if ranks.is_first else None]
+        dist.broadcast_object_list(box, src=ranks.first)
+        trace = Trace.from_dict(box[0])
+    network_cost = preset(cfg.network, ranks.size) if cfg.network else None
     cost = get_family(sched.family).calibrate_cost(trace, device, cfg.fit_repeats, network_cost, **opts)
     payload: list[Any] = [None]
-    if dist.get_rank() == 0:
+    if ranks.is_first:
         payload[0] = make_plan(sched.planner, trace, cost, **opts).to_dict()
-    dist.broadcast_object_list(payload, src=0)
-    return Plan.from_dict(payload[0]), cost
+    dist.broadcast_object_list(payload, src=ranks.first)
+    return Plan.from_dict(payload[0]), cost, trace
 
 
 # ---------------------------------------------------------------------------------------------
@@ -345,29 +425,33 @@ def _make_optimizer(cfg: TrainConfig, params) -> torch.optim.Optimizer:
     return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
 
 
-def _default_run_id(cfg: TrainConfig, world: int, device: torch.device) -> str:
+def _default_run_id(cfg: TrainConfig, world: int, device: torch.device, servers: int = 0) -> str:
     stamp = torch.tensor([int(time.time() * 1e3)], dtype=torch.int64, device=device)  # NCCL: on the GPU
     dist.broadcast(stamp, src=0)  # one id for every rank
-    return f"{cfg.model}_{cfg.scheduler}_p{world}_{int(stamp.item())}"
+    serving = f"_s{servers}" if servers else ""
+    return f"{cfg.model}_{cfg.scheduler}_p{world}{serving}_{int(stamp.item())}"
 
 
 def run_training(ctx, cfg: TrainConfig) -> tuple[nn.Module, dict[str, Any]]:
-    """Train per ``cfg``; returns the trained (unwrapped) model and the run summary."""
+    """Train per ``cfg``; returns the trained (unwrapped) model and the run summary (every rank of the
+    job returns the same summary; serving ranks return their model copy)."""
     from repro.workload.models import build_model, compute_loss
 
     device = torch.device(ctx.device) if not isinstance(ctx.device, torch.device) else ctx.device
-    rank, world = dist.get_rank(), dist.get_world_size()
     sched = get_scheduler(cfg.scheduler)
-    cfg.check_world(world)
-    run_id = cfg.run_id or _default_run_id(cfg, world, device)
-    if cfg.results_dir and rank == 0:
+    cfg.check_world(dist.get_world_size())
+    ranks = _ranks(cfg)
+    run_id = cfg.run_id or _default_run_id(cfg, ranks.size, device, ranks.servers)
+    if cfg.results_dir and ranks.is_first:
         prepare_run(cfg.results_dir, run_id, cfg.overwrite)  # refuse a taken id before any work
     torch.manual_seed(cfg.seed)
     model = build_model(cfg.model, device=device, **cfg.model_kwargs)
     params = [p for p in model.parameters() if p.requires_grad]
     opt = _make_optimizer(cfg, params)
-    options = ExecutorOptions(view=cfg.view, record_timeline=cfg.record_timeline)
-    data = _Data(cfg, rank, world, device)
+    if ranks.serving:
+        return model, _serve(ctx, cfg, model, opt, device, ranks)
+    options = ExecutorOptions(view=cfg.view, record_timeline=cfg.record_timeline, group=ranks.group)
+    data = _Data(cfg, ranks.rank, ranks.size, device)
 
     def loss_of(m, x, y):
         return compute_loss(cfg.model, m, x, y, **cfg.model_kwargs)
@@ -381,10 +465,13 @@ def run_training(ctx, cfg: TrainConfig) -> tuple[nn.Module, dict[str, Any]]:
         for _ in range(cfg.warmup_steps):
             st = _step(warm, opt, data.next(), loss_of, device, sync_phases=True)
             measured.append((st, dict(warm.grad_ready_s)))
+        magnitudes = _grad_abs_mean(model, cfg.view)  # the exchanged gradients of the last warm-up step
         warm.remove()
-        trace = _runtime_trace(cfg, model, measured, device)
-        plan, cost = _plan_for(cfg, trace, device)
-        if rank == 0:
+        trace = _runtime_trace(cfg, model, measured, device, group=ranks.group, grad_abs_mean=magnitudes)
+        plan, cost, trace = _plan_for(cfg, trace, device, ranks)
+        if ranks.servers:
+            _share_state(model, opt, ranks)
+        if ranks.is_first:
             log.info("%s: measured %d layers (backward %.4f s) in %d warm-up steps; %s plan has %d buckets, "
                      "predicted %.4f s per iteration", run_id, trace.num_layers, trace.total_backward_s,
                      cfg.warmup_steps, cfg.scheduler, plan.num_buckets, plan.meta.get("iteration_s", float("nan")))
@@ -398,7 +485,7 @@ def run_training(ctx, cfg: TrainConfig) -> tuple[nn.Module, dict[str, Any]]:
     # ---- timed steps ----
     rows, bucket_rows, epoch_rows, inrun = [], [], [], []
     steps = cfg.steps if cfg.epochs is None else None
-    progress = _progress(rank == 0 and not cfg.quiet, steps, cfg)
+    progress = _progress(ranks.is_first and not cfg.quiet, steps, cfg)
     step = 0
     start_epoch = data.epoch
     while True:
@@ -410,7 +497,7 @@ def run_training(ctx, cfg: TrainConfig) -> tuple[nn.Module, dict[str, Any]]:
         batch = data.next()
         if steps is None and data.epoch != cur_epoch:
             ex.flush()
-            epoch_rows.append(_evaluate(cfg, model, data.epoch - start_epoch, rows, device))
+            epoch_rows.append(_evaluate(cfg, model, data.epoch - start_epoch, rows, device, ranks.group))
             if data.epoch - start_epoch >= cfg.epochs:
                 break
         st = _step(ex, run_opt, batch, loss_of, device)
@@ -424,7 +511,7 @@ def run_training(ctx, cfg: TrainConfig) -> tuple[nn.Module, dict[str, Any]]:
     progress.close()
     ex.flush()
     if steps is None and (not epoch_rows or epoch_rows[-1]["epoch"] < cfg.epochs):
-        epoch_rows.append(_evaluate(cfg, model, cfg.epochs, rows, device))
+        epoch_rows.append(_evaluate(cfg, model, cfg.epochs, rows, device, ranks.group))
     extra_tables = ex.tables()
     ex.remove()
 
@@ -442,14 +529,61 @@ def run_training(ctx, cfg: TrainConfig) -> tuple[nn.Module, dict[str, Any]]:
 
     inrun_trace = None
     if trace is not None and inrun and cfg.epochs is None:
-        inrun_trace = _runtime_trace(cfg, model, inrun, device, update_s=trace.overheads.update_s)
+        inrun_trace = _runtime_trace(cfg, model, inrun, device, update_s=trace.overheads.update_s, group=ranks.group)
         inrun_trace.extra["method"] += f"; measured during the timed steps under '{cfg.scheduler}'"
-    summary = _summarise(cfg, run_id, rows, compute_times, plan, trace, device)
-    if rank == 0 and cfg.results_dir:
+    summary = _summarise(cfg, run_id, rows, compute_times, plan, trace, device, ranks)
+    if ranks.servers:  # the servers' tables (e.g. SSP clocks) join the run's
+        for table, table_rows in _collect_server_tables({}, ranks).items():
+            extra_tables[table] = extra_tables.get(table, []) + table_rows
+    if ranks.is_first and cfg.results_dir:
         _write_run(cfg, summary, rows, epoch_rows, bucket_rows, trace, inrun_trace, plan, cost, extra_tables)
         log.info("%s: %.4f s per iteration; written to %s", run_id, summary["iteration_s"], cfg.results_dir)
     summary["epochs"] = epoch_rows
+    if ranks.servers:
+        summary = _share_summary(summary, ranks)
     return model, summary
+
+
+def _share_state(model: nn.Module, opt: torch.optim.Optimizer, ranks: _Ranks) -> None:
+    """Serving ranks get the first trainer's parameters and optimizer state at the end of the warm-up
+    (every rank of the job calls this)."""
+    box: list[Any] = [None]
+    if ranks.is_first:
+        box[0] = ({k: v.detach().cpu() for k, v in model.state_dict().items()}, opt.state_dict())
+    dist.broadcast_object_list(box, src=ranks.first)
+    if ranks.serving:
+        state, opt_state = box[0]
+        model.load_state_dict(state)
+        opt.load_state_dict(opt_state)
+
+
+def _collect_server_tables(tables: dict[str, list], ranks: _Ranks) -> dict[str, list]:
+    """Every rank's ``tables`` (serving ranks' records) merged on the first trainer (every rank calls)."""
+    everyone: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, tables)
+    merged: dict[str, list] = {}
+    for part in everyone:
+        for name, rows in (part or {}).items():
+            merged.setdefault(name, []).extend(rows)
+    return merged
+
+
+def _share_summary(summary: dict[str, Any] | None, ranks: _Ranks) -> dict[str, Any]:
+    box = [summary if ranks.is_first else None]
+    dist.broadcast_object_list(box, src=ranks.first)
+    return box[0]
+
+
+def _serve(ctx, cfg: TrainConfig, model: nn.Module, opt: torch.optim.Optimizer, device: torch.device,
+           ranks: _Ranks) -> dict[str, Any]:
+    """A serving rank's run: take part in planning, take the trainers' state, serve until they stop,
+    hand the records to the first trainer; returns the run summary (the first trainer's)."""
+    sched = get_scheduler(cfg.scheduler)
+    plan, _, _ = _plan_for(cfg, None, device, ranks)
+    _share_state(model, opt, ranks)
+    tables = get_family(sched.family).hook("server")(ctx, cfg, model, opt, plan)
+    _collect_server_tables(tables or {}, ranks)
+    return _share_summary(None, ranks)
 
 
 def _timing_row(timing: Any, origin_s: float) -> dict[str, Any]:
@@ -479,7 +613,7 @@ def _progress(enabled: bool, total: int | None, cfg: TrainConfig):
 
 
 @torch.no_grad()
-def _evaluate(cfg: TrainConfig, model: nn.Module, epoch: int, rows: list[dict], device) -> dict[str, Any]:
+def _evaluate(cfg: TrainConfig, model: nn.Module, epoch: int, rows: list[dict], device, group=None) -> dict[str, Any]:
     """Loss and accuracy on the dataset's test split (each rank a shard, sums over ranks) and the mean
     train loss of the epoch. Classifiers: per-sample cross-entropy and top-1 accuracy. Language models
     (kind ``lm``): per-token cross-entropy (nats) as ``test_loss``, next-token accuracy as
@@ -490,7 +624,7 @@ def _evaluate(cfg: TrainConfig, model: nn.Module, epoch: int, rows: list[dict], 
     was_training = model.training
     model.eval()
     test = get_dataset(cfg.dataset, split="test")
-    loader = make_loader(test, min(cfg.batch_size, 64), rank=dist.get_rank(), world_size=dist.get_world_size(),
+    loader = make_loader(test, min(cfg.batch_size, 64), rank=dist.get_rank(group), world_size=dist.get_world_size(group),
                          shuffle=False, drop_last=False)
     counts = torch.zeros(3, dtype=torch.float64, device=device)
     for x, y in loader:
@@ -500,7 +634,7 @@ def _evaluate(cfg: TrainConfig, model: nn.Module, epoch: int, rows: list[dict], 
         counts[0] += (logits.argmax(dim=-1) == y).sum()
         counts[1] += y.numel()
         counts[2] += nn.functional.cross_entropy(logits, y, reduction="sum")
-    dist.all_reduce(counts)
+    dist.all_reduce(counts, group=group)
     model.train(was_training)
     losses = [r["loss"] for r in rows if r["epoch"] == epoch - 1] or [float("nan")]
     test_loss = float(counts[2] / counts[1])
@@ -511,16 +645,18 @@ def _evaluate(cfg: TrainConfig, model: nn.Module, epoch: int, rows: list[dict], 
     return out
 
 
-def _summarise(cfg, run_id, rows, compute_times, plan, trace, device) -> dict[str, Any]:
+def _summarise(cfg, run_id, rows, compute_times, plan, trace, device, ranks: _Ranks | None = None) -> dict[str, Any]:
+    ranks = ranks or _Ranks(None, dist.get_rank(), dist.get_world_size())
     iters = [r["iteration_s"] for r in rows]
-    world = dist.get_world_size()
+    world = ranks.size
     med = torch.tensor([statistics.median(iters) if iters else float("nan"),
                         statistics.median(compute_times) if compute_times else float("nan")], dtype=torch.float64,
                        device=device)  # NCCL reduces GPU tensors only
-    dist.all_reduce(med, op=dist.ReduceOp.MAX)  # the slowest rank decides
+    dist.all_reduce(med, op=dist.ReduceOp.MAX, group=ranks.group)  # the slowest rank decides
     iteration_s, compute_s = med.cpu().tolist()
     bwd = statistics.median(r["backward_call_s"] for r in rows) if rows else float("nan")
     return {"run_id": run_id, "model": cfg.model, "scheduler": cfg.scheduler, "world_size": world,
+            "servers": ranks.servers,
             "backend": dist.get_backend(),
             "emulated_bandwidth_bps": cfg.emulated_bandwidth_bps,
             "backward_call_s": bwd,
@@ -594,7 +730,7 @@ def build_parser() -> argparse.ArgumentParser:
         if "choices" in f.metadata:
             kw["choices"] = list(f.metadata["choices"])
         if isinstance(default, bool):
-            p.add_argument(flag, action="store_true", **kw)
+            p.add_argument(flag, action=argparse.BooleanOptionalAction if default else "store_true", **kw)
         elif f.name == "scheduler":
             p.add_argument(flag, type=str, **kw)
         elif f.name == "epochs":

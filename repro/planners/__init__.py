@@ -12,7 +12,7 @@ from typing import Any, Callable
 
 from repro.cost import CostModel
 from repro.plan import Plan
-from repro.planners import allreduce, bytescheduler, dear, sparse
+from repro.planners import allreduce, bytescheduler, dear, ps, sparse
 from repro.trace import Trace
 
 __all__ = ["PLANNERS", "PLANNER_FAMILY", "planner_names", "make_plan"]
@@ -34,6 +34,11 @@ PLANNERS: dict[str, Callable[..., Plan]] = {
     "dear_model": dear.dear_model,
     "dear_optimal": dear.dear_optimal,
     "bytescheduler": bytescheduler.bytescheduler,
+    "ps_bsp": ps.ps_bsp,
+    "ps_asp": ps.ps_asp,
+    "ps_ssp": ps.ps_ssp,
+    "osp": ps.osp,
+    "osp_auto": ps.osp_auto,
 }
 
 # The family of the plans each planner makes (each planner module names its family as FAMILY).

@@ -317,21 +317,24 @@ class ScheduledOptimizer:
 
 
 class AllReduceExecutor(Executor):
-    """The all-reduce family's executor (:class:`BucketedAllReduce`) under the executor contract:
-    buffers are broadcast from rank 0 before every forward (as DDP does), ``after_backward`` waits for
+    """The all-reduce family's executor (:class:`BucketedAllReduce`) under the executor contract, on the
+    options' group of training ranks: buffers are broadcast from its first rank before every forward (as DDP does), ``after_backward`` waits for
     every bucket and hands the averaged gradients over."""
 
     def __init__(self, model: nn.Module, plan: Plan | None = None, options: ExecutorOptions | None = None) -> None:
         super().__init__(model, plan, options)
         if plan is None:
             raise PlanError("the all-reduce executor needs a plan")
-        self.sync = BucketedAllReduce(model, plan, view=self.options.view,
+        group = self.options.group
+        self.sync = BucketedAllReduce(model, plan, view=self.options.view, group=group,
                                       record_timeline=self.options.record_timeline)
         self.grad_ready_s = self.sync.grad_ready_s
         self.timings = self.sync.timings
+        # buffers come from the group's first rank (a global rank; 0 unless some ranks serve)
+        self._buffer_src = 0 if group is None else dist.get_global_rank(group, 0)
 
     def before_forward(self) -> None:
-        broadcast_buffers(self.model)
+        broadcast_buffers(self.model, src=self._buffer_src, group=self.options.group)
 
     def after_backward(self) -> None:
         self.sync.finish()

@@ -55,11 +55,13 @@ def timing_row(record: Any, origin_s: float, rename: dict[str, str] | None = Non
 
 @dataclass(frozen=True)
 class ExecutorOptions:
-    """Run options an executor may use: the layer ``view`` of the plan, and whether to record the
-    per-message timeline of the last step."""
+    """Run options an executor may use: the layer ``view`` of the plan, whether to record the
+    per-message timeline of the last step, and the process ``group`` of the training ranks (None: the
+    whole job; a family with serving ranks trains on the others)."""
 
     view: str = "tensor"
     record_timeline: bool = False
+    group: Any = None
 
 
 class Executor:

@@ -37,8 +37,10 @@ from typing import Callable, Sequence
 import numpy as np
 
 from repro.sim.engine import Op, Task, run_tasks
+from repro.sim.result import SimGraph
 
-__all__ = ["MODES", "PSSetting", "PSResult", "ps_tasks", "simulate_ps", "auto_stage2_share"]
+__all__ = ["MODES", "PSSetting", "PSResult", "ps_tasks", "simulate_ps", "auto_stage2_share", "trace_compute_s",
+           "plan_layout", "plan_setting", "check_buckets", "build_graph"]
 
 MODES = ("bsp", "asp", "ssp", "osp")
 
@@ -83,17 +85,27 @@ class PSResult:
 
 def ps_tasks(compute_s: Sequence[float], grad_bytes: float, push: Callable[[float], float],
              pull: Callable[[float], float], setting: PSSetting, update_s: float = 0.0,
-             lgp_s: float = 0.0) -> tuple[list[Task], list[list[int]]]:
+             lgp_s: float = 0.0, stage_bytes: Sequence[Sequence[float]] | None = None
+             ) -> tuple[list[Task], list[list[int]]]:
     """The task graph of ``setting.iterations`` iterations (module docstring) and the compute task of
     every worker and iteration. ``compute_s[w]``: worker w's forward + backward seconds;
     ``grad_bytes``: the model's gradient (= parameter) bytes; ``push``/``pull``: seconds of one message
-    of that many bytes on a server link; ``update_s``: the optimizer's seconds for the whole model."""
+    of that many bytes on a server link; ``update_s``: the optimizer's seconds for the whole model.
+    ``stage_bytes``: the bytes each shard holds per stage, ``[[stage 1 bytes per shard], [stage 2 bytes
+    per shard]]`` (a plan's layout); by default ``stage1_share`` of ``grad_bytes`` split evenly."""
     N, S, M = setting.workers, setting.servers, setting.iterations
     if len(compute_s) != N:
         raise ValueError(f"compute_s has {len(compute_s)} entries for {N} workers")
     mode = setting.mode
     r = setting.stage1_share if mode == "osp" else 1.0
-    stages = [(0, r)] + ([(1, 1.0 - r)] if mode == "osp" and r < 1.0 else [])
+    if stage_bytes is None:
+        shares = [r] + ([1.0 - r] if mode == "osp" and r < 1.0 else [])
+        stage_bytes = [[grad_bytes * share / S] * S for share in shares]
+    if len(stage_bytes) not in (1, 2) or any(len(row) != S for row in stage_bytes):
+        raise ValueError(f"stage_bytes must hold 1 or 2 stages of {S} shard sizes")
+    if mode != "osp" and len(stage_bytes) == 2 and any(stage_bytes[1]):
+        raise ValueError(f"only OSP has a second stage, not '{mode}'")
+    stages = list(enumerate(stage_bytes))
     tasks: list[Task] = []
     compute = [[0] * M for _ in range(N)]
     pulls: dict[tuple[int, int, int], list[int]] = {}    # (stage, worker, iteration) -> pull tasks
@@ -115,15 +127,15 @@ def ps_tasks(compute_s: Sequence[float], grad_bytes: float, push: Callable[[floa
                 compute_dep = add(Task(f"worker{w}", "lgp", f"w{w} i{i}", lgp_s, deps=tuple(deps)))
                 deps = [compute_dep]
             compute[w][i] = add(Task(f"worker{w}", "compute", f"w{w} i{i}", float(compute_s[w]), deps=tuple(deps)))
-        for stage, share in stages:
-            if share <= 0.0:
-                continue
-            nbytes = grad_bytes * share / S
+        for stage, shard_bytes in stages:
             kind = "" if len(stages) == 1 else f" stage{stage + 1}"
             for s in range(S):
+                nbytes = shard_bytes[s]
+                if nbytes <= 0.0:
+                    continue
                 pushed = [add(Task(f"server{s}.in", "push" + kind.replace(" ", "_"), f"w{w} i{i}", push(nbytes),
                                    deps=(compute[w][i],), priority=float(stage))) for w in range(N)]
-                upd = update_s * share / S
+                upd = update_s * nbytes / grad_bytes if grad_bytes > 0 else 0.0
                 if mode in ("asp", "ssp"):
                     updates = [add(Task(f"server{s}.cpu", "update", f"w{w} i{i}", upd, deps=(pushed[w],)))
                                for w in range(N)]
@@ -174,3 +186,88 @@ def auto_stage2_share(compute_s: float, grad_bytes: float, push: Callable[[float
         mid = (lo + hi) / 2
         lo, hi = (mid, hi) if fits(mid) else (lo, mid)
     return lo
+
+
+# ---------------------------------------------------------------------------------------------
+# The family's simulator: a PS plan (repro.planners.ps) on a trace and a cost model
+# ---------------------------------------------------------------------------------------------
+
+def trace_compute_s(trace) -> float:
+    """One worker's computation per iteration: forward, backward and the measured pre-forward and
+    straggler overheads (the optimizer runs on the servers)."""
+    o = trace.overheads
+    return float(trace.total_forward_s + trace.total_backward_s + o.pre_forward_s + o.straggler_s)
+
+
+def check_buckets(buckets) -> None:
+    """Every PS bucket sends one ``push`` then one ``pull``, both in phase ``backward`` (stage 1,
+    blocking) or ``background`` (stage 2, overlapped)."""
+    for i, b in enumerate(buckets):
+        kinds = [m.collective for m in b.messages]
+        phases = {m.phase for m in b.messages}
+        if kinds != ["push", "pull"] or len(phases) != 1 or not phases <= {"backward", "background"}:
+            raise ValueError(f"bucket {i}: a parameter-server bucket sends a push then a pull in one phase "
+                             f"(backward: stage 1; background: stage 2), got {kinds} in {sorted(phases)}")
+        if b.piece is not None:
+            raise ValueError(f"bucket {i}: parameter-server buckets carry whole layers, not pieces")
+
+
+def plan_layout(plan) -> list[tuple[int, int]]:
+    """(stage 1 or 2, server shard) of every bucket of a PS plan, checked against its options."""
+    from repro.plan import PlanError
+
+    servers = plan.option("servers")
+    owners = plan.option("bucket_servers")
+    if owners is None or len(owners) != plan.num_buckets:
+        raise PlanError(f"a parameter-server plan names the server of each of its {plan.num_buckets} buckets in "
+                        f"option 'bucket_servers', got {owners!r}")
+    if any(s >= servers for s in owners):
+        raise PlanError(f"option 'bucket_servers' names a server >= servers={servers}: {list(owners)}")
+    stages = [1 if b.messages[0].phase == "backward" else 2 for b in plan.buckets]
+    if plan.option("mode") != "osp" and 2 in stages:
+        raise PlanError(f"only OSP plans have stage-2 (background) buckets, not mode '{plan.option('mode')}'")
+    seen = set()
+    for key in zip(stages, owners):
+        if key in seen:
+            raise PlanError(f"a parameter-server plan has one bucket per (stage, server), got two for {key}")
+        seen.add(key)
+    return list(zip(stages, owners))
+
+
+def plan_setting(plan, workers: int, iterations: int = 8, warmup: int = 2) -> PSSetting:
+    """The :class:`PSSetting` of a PS plan for ``workers`` workers."""
+    return PSSetting(workers, plan.option("servers"), plan.option("mode"), plan.option("staleness", 0),
+                     iterations=iterations, warmup=warmup)
+
+
+def build_graph(trace, plan, cost, iterations: int = 8, warmup: int = 2) -> SimGraph:
+    """The event-engine graph of a PS plan: ``cost.workers`` identical workers computing the trace,
+    each bucket's push and pull on its shard's link (``cost``'s ``push``/``pull`` lines: one message
+    alone on a link), the optimizer (the trace's ``update_s``, by bytes) on the shard; LGP, when on,
+    costs the stage-2 share of one update on the worker. The iteration time is the steady-state period."""
+    layout = plan_layout(plan)
+    setting = plan_setting(plan, cost.workers, iterations, warmup)
+    nbytes = plan.bucket_bytes(trace)
+    stage_bytes = [[0.0] * setting.servers for _ in range(2)]
+    for (stage, s), b in zip(layout, nbytes):
+        stage_bytes[stage - 1][s] += float(b)
+    if setting.mode != "osp":
+        stage_bytes = stage_bytes[:1]
+    total = float(sum(nbytes))
+    stage2 = sum(stage_bytes[1]) / total if len(stage_bytes) == 2 and total else 0.0
+    update_s = trace.overheads.update_s
+    lgp_s = update_s * stage2 if setting.mode == "osp" and plan.option("lgp", True) else 0.0
+    compute = trace_compute_s(trace)
+    push, pull = cost.line("push"), cost.line("pull")
+    tasks, comp = ps_tasks([compute] * setting.workers, total, push, pull, setting, update_s, lgp_s,
+                           stage_bytes=stage_bytes)
+    first, last = setting.warmup, setting.iterations - 1
+
+    def period(ops: list[Op]) -> float:
+        return float(np.mean([(ops[row[last]].start_s - ops[row[first]].start_s) / (last - first) for row in comp]))
+
+    comm = sum(push(b) + pull(b) for b in nbytes)
+    o = trace.overheads
+    return SimGraph(tasks, frozenset(f"worker{w}" for w in range(setting.workers)),
+                    forward_s=trace.total_forward_s + o.pre_forward_s,
+                    backward_s=trace.total_backward_s + o.straggler_s, comm_s=float(comm), iteration_s=period)

@@ -1,0 +1,481 @@
+"""A parameter server on torch.distributed: S server ranks, N workers, BSP / ASP / SSP(s) / OSP.
+
+This package's reading of OSP (``../shared/papers/osp.md``; only the abstract is published, so the
+interpretation written there is what runs here). Ranks ``0..S-1`` serve (:func:`serve`), ranks
+``S..S+N-1`` train with :class:`PSExecutor`. A ``"ps"`` plan (:mod:`repro.planners.ps`) gives each
+bucket (the layers of one stage held by one server) its server; everything travels point to point on
+the default process group (gloo: ``isend``/``irecv``; the workers' own collectives, evaluation and
+summaries, use a process group of the workers only).
+
+**Wire protocol**, per worker step ``t`` and server ``s`` (tags: 0 for headers, ``1 + b`` for bucket
+``b``): the worker sends a header ``[STEP, t]``, then, for each of the server's buckets in plan order,
+the flat gradient (push); the server answers each bucket with its flat parameters (pull). A header
+``[FETCH, t]`` asks for every bucket's current parameters (no push); ``[STOP, t]`` ends the server's
+thread for that worker. Each server runs one thread per worker; updates are serialised by one lock.
+
+**Server.** It holds a full copy of the model and the run's optimizer, with the trainers' state at the
+end of the warm-up (the generic loop hands both over), and updates only its shard's parameters: for a
+bucket it sets those parameters' ``.grad``, calls ``optimizer.step()`` and clears them (torch's
+optimizers skip parameters without a gradient and keep per-parameter state, so per-bucket steps equal
+one whole-model step; see :mod:`repro.runtime.dear`, which relies on the same property).
+
+- **BSP** and OSP's stages: a bucket's update waits for all N gradients of the step; they are summed in
+  worker order (deterministic) and divided by N, then every worker gets the same updated values.
+- **ASP**: each worker's gradient is applied on its own as soon as it arrives, scaled by 1/N (one round
+  of N gradients is one BSP step in expectation); the worker gets the values right after.
+- **SSP(s)**: ASP, except that the answer to worker w's step ``t`` waits until every worker's gradients
+  of step ``t - s`` are applied (so w starts iteration ``t + 1`` at most ``s`` iterations ahead of the
+  slowest). Every answer is recorded (``server_clocks`` table: iteration, the slowest worker's clock).
+
+**Worker** (:class:`PSExecutor`). ``after_backward`` pushes every bucket (asynchronously: ``isend``)
+and posts its pulls (``irecv``); the wrapped optimizer's ``step()`` waits for the stage-1 pulls and
+copies them into the parameters. Stage-2 (OSP) pulls of step ``t`` are waited for only in
+``before_forward`` of step ``t + 2``, so their traffic overlaps iteration ``t + 1``, whose stage-2
+parameters are therefore one step stale. **LGP**: with ``lgp`` on, ``before_forward`` of step ``t + 1``
+first installs the freshest aggregated stage-2 values (those of step ``t - 1``, if any) and then
+corrects them with this worker's own stage-2 gradient of step ``t``: ``w <- w - lr * g_local`` (``lr``
+of the wrapped optimizer's first group), an estimate of the update still in flight; stage-1
+parameters are never touched. ``flush()`` waits for everything, installs the last aggregated values
+(no correction); under ASP/SSP the workers then meet at a barrier and fetch the servers' values, so
+that every worker holds the servers' model; then the first worker's buffers (e.g. BatchNorm statistics,
+which a PS does not synchronise) are broadcast to the workers. ``remove()`` flushes and stops the
+worker's server threads.
+
+:func:`calibrate` (the family's calibration hook) times ping-pongs of n bytes between server 0 and the
+first worker on the live job and fits ``push`` = ``pull`` = half the round trip (a symmetric link).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from repro.plan import Plan, PlanError
+from repro.runtime.executor import Executor, ExecutorOptions
+from repro.workload.layers import layer_parameters
+
+__all__ = ["PSExecutor", "PSOptimizer", "serve", "calibrate", "ps_layout", "STEP", "FETCH", "STOP"]
+
+STEP, FETCH, STOP = 0, 1, 2
+_HEADER_TAG = 0
+
+
+@dataclass(frozen=True)
+class _Bucket:
+    index: int
+    stage: int              # 1 (blocking) or 2 (background)
+    server: int
+    params: tuple           # parameters in bucket order
+    numel: int
+
+
+def ps_layout(model: nn.Module, plan: Plan, view: str) -> list[_Bucket]:
+    """The plan's buckets with their parameters on ``model`` (PlanError if the plan does not fit)."""
+    from repro.sim.ps import plan_layout
+
+    if plan is None or plan.family != "ps":
+        raise PlanError(f"a parameter-server run needs a 'ps' plan, got {getattr(plan, 'family', None)!r}")
+    layers = layer_parameters(model, view)
+    out = []
+    for b, (bucket, (stage, server)) in enumerate(zip(plan.buckets, plan_layout(plan))):
+        params = []
+        for name in bucket.layers:
+            if name not in layers:
+                raise PlanError(f"plan layer '{name}' is not a layer of this model ({view} view)")
+            params += [p for _, p in layers[name]]
+        out.append(_Bucket(b, stage, server, tuple(params), sum(p.numel() for p in params)))
+    covered = sum(len(b.params) for b in out)
+    if covered != sum(len(v) for v in layers.values()):
+        raise PlanError(f"the plan covers {covered} of the model's {sum(len(v) for v in layers.values())} "
+                        "parameters")
+    return out
+
+
+def _flatten_into(buf: torch.Tensor, tensors) -> None:
+    off = 0
+    for t in tensors:
+        n = t.numel()
+        buf[off:off + n].copy_(t.reshape(-1))
+        off += n
+
+
+def _unflatten_from(buf: torch.Tensor, params) -> None:
+    off = 0
+    with torch.no_grad():
+        for p in params:
+            n = p.numel()
+            p.copy_(buf[off:off + n].view_as(p))
+            off += n
+
+
+def _header(kind: int, step: int) -> torch.Tensor:
+    return torch.tensor([kind, step], dtype=torch.int64)
+
+
+# ---------------------------------------------------------------------------------------------
+# Worker
+# ---------------------------------------------------------------------------------------------
+
+class PSOptimizer:
+    """What the training loop steps on a PS worker: ``step()`` installs the stage-1 values pulled from
+    the servers (the servers applied the optimizer); ``zero_grad`` passes through."""
+
+    def __init__(self, executor: "PSExecutor", optimizer: Any) -> None:
+        self.executor = executor
+        self.optimizer = optimizer
+
+    @property
+    def param_groups(self):
+        return self.optimizer.param_groups
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.optimizer.zero_grad(set_to_none=set_to_none)
+
+    def step(self) -> None:
+        self.executor._install_stage_one()
+
+    def state_dict(self):
+        return self.optimizer.state_dict()
+
+
+class PSExecutor(Executor):
+    """A PS worker (module docstring). Built on ranks ``servers..world-1`` with a ``"ps"`` plan."""
+
+    def __init__(self, model: nn.Module, plan: Plan | None = None, options: ExecutorOptions | None = None) -> None:
+        super().__init__(model, plan, options)
+        self.buckets = ps_layout(model, plan, self.options.view)
+        self.servers = int(plan.option("servers"))
+        self.mode = plan.option("mode")
+        self.lgp = bool(plan.option("lgp", True)) and self.mode == "osp"
+        self.rank = dist.get_rank()
+        self.workers = dist.get_world_size() - self.servers
+        if self.rank < self.servers:
+            raise ValueError(f"rank {self.rank} serves ({self.servers} server ranks); it cannot be a worker")
+        self.group = self.options.group
+        self.step_index = 0
+        dev = self.buckets[0].params[0].device if self.buckets and self.buckets[0].params else torch.device("cpu")
+        self.device = dev
+        self._push = [torch.zeros(b.numel, device=dev) for b in self.buckets]
+        self._pull = [[torch.zeros(b.numel, device=dev) for b in self.buckets] for _ in range(2)]  # by step parity
+        self._sends: list[Any] = []
+        self._stage1: list[tuple[_Bucket, Any, torch.Tensor]] = []
+        self._stage2: dict[int, list[tuple[_Bucket, Any, torch.Tensor]]] = {}   # step -> pending pulls
+        self._local2: list[tuple[_Bucket, torch.Tensor]] = []                  # LGP: last stage-2 gradients
+        self._lr = None
+        self._stopped = False
+        self.bytes_pushed = 0
+        self.bytes_pulled = 0
+
+    # ---- the executor contract ----
+    def wrap_optimizer(self, optimizer: Any) -> PSOptimizer:
+        self._optimizer = optimizer
+        return PSOptimizer(self, optimizer)
+
+    def before_forward(self) -> None:
+        t = self.step_index
+        pending = self._stage2.pop(t - 2, None)       # stage 2 of step t-2: the freshest aggregated values
+        if pending:
+            self._install(pending)
+        if self.lgp and self._local2:
+            lr = float(self._optimizer.param_groups[0]["lr"])
+            with torch.no_grad():
+                for bucket, grad in self._local2:
+                    off = 0
+                    for p in bucket.params:
+                        n = p.numel()
+                        p.add_(grad[off:off + n].view_as(p), alpha=-lr)
+                        off += n
+            self._local2 = []
+
+    def after_backward(self) -> None:
+        t = self.step_index
+        for w in self._sends:            # the push buffers are reused: last step's sends must be done
+            w.wait()
+        self._sends = []
+        for s in range(self.servers):
+            self._sends.append(dist.isend(_header(STEP, t), dst=s, tag=_HEADER_TAG))
+        parity = t % 2
+        self._stage1 = []
+        local2 = []
+        for b in self.buckets:
+            buf = self._push[b.index]
+            _flatten_into(buf, [p.grad if p.grad is not None else torch.zeros_like(p) for p in b.params])
+            self._sends.append(dist.isend(buf, dst=b.server, tag=1 + b.index))
+            recv = self._pull[parity][b.index]
+            handle = dist.irecv(recv, src=b.server, tag=1 + b.index)
+            self.bytes_pushed += buf.numel() * buf.element_size()
+            self.bytes_pulled += recv.numel() * recv.element_size()
+            if b.stage == 1:
+                self._stage1.append((b, handle, recv))
+            else:
+                self._stage2.setdefault(t, []).append((b, handle, recv))
+                if self.lgp:
+                    local2.append((b, buf))   # read (not written) while it is sent
+        self._local2 = local2
+
+    def _install(self, pending) -> None:
+        for bucket, handle, buf in pending:
+            handle.wait()
+            _unflatten_from(buf, bucket.params)
+
+    def _install_stage_one(self) -> None:
+        self._install(self._stage1)
+        self._stage1 = []
+        self.step_index += 1
+
+    def flush(self) -> None:
+        """Wait for every pull, install the last aggregated values; ASP/SSP: barrier, then fetch."""
+        if self._stopped:
+            return
+        self._install(self._stage1)
+        self._stage1 = []
+        for t in sorted(self._stage2):
+            self._install(self._stage2.pop(t))
+        self._local2 = []
+        for w in self._sends:
+            w.wait()
+        self._sends = []
+        if self.mode in ("asp", "ssp"):
+            dist.barrier(group=self.group)
+            self._fetch()
+        self._broadcast_buffers()
+
+    def _fetch(self) -> None:
+        sends = [dist.isend(_header(FETCH, self.step_index), dst=s, tag=_HEADER_TAG) for s in range(self.servers)]
+        pending = [(b, dist.irecv(self._pull[0][b.index], src=b.server, tag=1 + b.index), self._pull[0][b.index])
+                   for b in self.buckets]
+        self._install(pending)
+        for w in sends:
+            w.wait()
+
+    def _broadcast_buffers(self) -> None:
+        buffers = [b for b in self.model.buffers() if b.is_floating_point() or b.dtype == torch.int64]
+        first = self.servers
+        for buf in buffers:
+            dist.broadcast(buf, src=first, group=self.group)
+
+    def remove(self) -> None:
+        if self._stopped:
+            return
+        self.flush()
+        sends = [dist.isend(_header(STOP, self.step_index), dst=s, tag=_HEADER_TAG) for s in range(self.servers)]
+        for w in sends:
+            w.wait()
+        self._stopped = True
+
+    def tables(self) -> dict[str, list[dict[str, Any]]]:
+        return {}
+
+
+# ---------------------------------------------------------------------------------------------
+# Server
+# ---------------------------------------------------------------------------------------------
+
+class _Aggregate:
+    """The N gradients of one (bucket, step), summed in worker order once all have arrived."""
+
+    def __init__(self, workers: int) -> None:
+        self.slots: list[torch.Tensor | None] = [None] * workers
+        self.count = 0
+        self.result: torch.Tensor | None = None
+
+
+class _Server:
+    def __init__(self, model: nn.Module, optimizer: Any, plan: Plan, view: str, index: int, workers: int,
+                 servers: int) -> None:
+        self.index, self.workers, self.servers = index, workers, servers
+        self.mode = plan.option("mode")
+        self.staleness = int(plan.option("staleness", 0) or 0)
+        self.buckets = [b for b in ps_layout(model, plan, view) if b.server == index]
+        self.optimizer = optimizer
+        self.update_lock = threading.Lock()
+        self.cond = threading.Condition()
+        self.aggregates: dict[tuple[int, int], _Aggregate] = {}
+        self.clock = [0] * workers                # SSP: steps of each worker applied on this server
+        self.clock_rows: list[dict[str, Any]] = []
+        self.update_rows: list[dict[str, Any]] = []
+        self.errors: list[BaseException] = []
+        self.t0 = time.perf_counter()
+
+    # ---- optimizer on one bucket ----
+    def _apply(self, bucket: _Bucket, grad: torch.Tensor) -> torch.Tensor:
+        """Set the bucket's gradients from ``grad``, step, clear; returns a snapshot of its values."""
+        with self.update_lock:
+            off = 0
+            for p in bucket.params:
+                n = p.numel()
+                p.grad = grad[off:off + n].view_as(p).clone()
+                off += n
+            self.optimizer.step()
+            for p in bucket.params:
+                p.grad = None
+            out = torch.empty(bucket.numel, device=grad.device)
+            with torch.no_grad():
+                _flatten_into(out, bucket.params)
+        return out
+
+    def _snapshot(self, bucket: _Bucket) -> torch.Tensor:
+        with self.update_lock:
+            out = torch.empty(bucket.numel, device=bucket.params[0].device)
+            with torch.no_grad():
+                _flatten_into(out, bucket.params)
+        return out
+
+    def _sync_contribute(self, bucket: _Bucket, step: int, worker: int, grad: torch.Tensor) -> None:
+        key = (bucket.index, step)
+        last = False
+        with self.cond:
+            agg = self.aggregates.setdefault(key, _Aggregate(self.workers))
+            agg.slots[worker] = grad
+            agg.count += 1
+            last = agg.count == self.workers
+        if last:
+            total = agg.slots[0].clone()
+            for g in agg.slots[1:]:
+                total += g
+            total /= self.workers
+            result = self._apply(bucket, total)
+            with self.cond:
+                agg.result = result
+                agg.slots = []
+                self.cond.notify_all()
+
+    def _sync_result(self, bucket: _Bucket, step: int) -> torch.Tensor:
+        key = (bucket.index, step)
+        with self.cond:
+            while self.aggregates[key].result is None:
+                if self.errors:
+                    raise RuntimeError("another server thread failed")
+                self.cond.wait(timeout=1.0)
+            agg = self.aggregates[key]
+            agg.count -= 1            # each worker's thread collects once; the last one drops the entry
+            if agg.count == 0:
+                del self.aggregates[key]
+            return agg.result
+
+    # ---- one thread per worker ----
+    def run_worker(self, worker: int) -> None:
+        try:
+            self._loop(worker)
+        except BaseException as e:  # noqa: BLE001 - reported by serve()
+            with self.cond:
+                self.errors.append(e)
+                self.cond.notify_all()
+
+    def _loop(self, worker: int) -> None:
+        src = self.servers + worker
+        header = torch.zeros(2, dtype=torch.int64)
+        recv = {b.index: torch.zeros(b.numel) for b in self.buckets}
+        while True:
+            dist.irecv(header, src=src, tag=_HEADER_TAG).wait()
+            kind, step = int(header[0]), int(header[1])
+            if kind == STOP:
+                return
+            if kind == FETCH:
+                sends = [dist.isend(self._snapshot(b), dst=src, tag=1 + b.index) for b in self.buckets]
+                for w in sends:
+                    w.wait()
+                continue
+            if kind != STEP:
+                raise RuntimeError(f"server {self.index}: unknown header {kind} from worker {worker}")
+            handles = [(b, dist.irecv(recv[b.index], src=src, tag=1 + b.index)) for b in self.buckets]
+            replies = []
+            if self.mode in ("bsp", "osp"):
+                for b, h in handles:
+                    h.wait()
+                    self._sync_contribute(b, step, worker, recv[b.index].clone())
+                for b, _ in handles:
+                    out = self._sync_result(b, step)
+                    replies.append(dist.isend(out, dst=src, tag=1 + b.index))
+            elif self.mode == "asp":
+                for b, h in handles:
+                    h.wait()
+                    out = self._apply(b, recv[b.index] / self.workers)
+                    replies.append(dist.isend(out, dst=src, tag=1 + b.index))
+            else:  # ssp
+                for b, h in handles:
+                    h.wait()
+                    self._apply(b, recv[b.index] / self.workers)
+                with self.cond:
+                    self.clock[worker] = step + 1
+                    self.cond.notify_all()
+                    while min(self.clock) < step + 1 - self.staleness:
+                        if self.errors:
+                            raise RuntimeError("another server thread failed")
+                        self.cond.wait(timeout=1.0)
+                    self.clock_rows.append({"server": self.index, "worker": worker, "iteration": step + 1,
+                                            "slowest_clock": min(self.clock), "staleness": self.staleness,
+                                            "time_s": time.perf_counter() - self.t0})
+                for b in self.buckets:
+                    replies.append(dist.isend(self._snapshot(b), dst=src, tag=1 + b.index))
+            for w in replies:
+                w.wait()
+
+
+def serve(ctx: Any, cfg: Any, model: nn.Module, optimizer: Any, plan: Plan) -> dict[str, list[dict[str, Any]]]:
+    """Serve the plan's buckets of this rank (``dist.get_rank()`` < servers) until every worker stops;
+    returns the tables it recorded (``server_clocks`` under SSP)."""
+    servers = int(plan.option("servers"))
+    rank = dist.get_rank()
+    workers = dist.get_world_size() - servers
+    server = _Server(model, optimizer, plan, getattr(cfg, "view", "tensor"), rank, workers, servers)
+    threads = [threading.Thread(target=server.run_worker, args=(w,), name=f"ps{rank}-worker{w}", daemon=True)
+               for w in range(workers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if server.errors:
+        raise server.errors[0]
+    return {"server_clocks": server.clock_rows} if server.clock_rows else {}
+
+
+# ---------------------------------------------------------------------------------------------
+# Calibration
+# ---------------------------------------------------------------------------------------------
+
+def calibrate(trace, device, repeats: int, network_cost=None, servers: int = 1, **_options):
+    """The PS family's calibration hook: the ``push``/``pull`` lines of a ``--network`` preset, else
+    fitted from ping-pongs of n bytes between rank 0 (a server) and rank ``servers`` (the first worker),
+    4 KiB up to the model's bytes (at most 64 MiB): push = pull = half the median round trip. Every rank
+    of the job calls it and gets the same model (for N = world - servers workers)."""
+    from repro.cost import CostModel, fit_linear
+    from repro.runtime.calibrate import default_sizes_bytes
+
+    if network_cost is not None:
+        network_cost.line("push")
+        network_cost.line("pull")
+        return network_cost
+    rank, world = dist.get_rank(), dist.get_world_size()
+    first = int(servers)
+    sizes = default_sizes_bytes(min(int(trace.total_bytes), 64 * 2**20), count=6)
+    halves = []
+    for nbytes in sizes:
+        buf = torch.zeros(max(1, nbytes // 4))
+        times = []
+        for i in range(max(1, int(repeats)) + 1):
+            if rank == first:
+                t0 = time.perf_counter()
+                dist.send(buf, dst=0, tag=7)
+                dist.recv(buf, src=0, tag=7)
+                if i:
+                    times.append((time.perf_counter() - t0) / 2)
+            elif rank == 0:
+                dist.recv(buf, src=first, tag=7)
+                dist.send(buf, dst=first, tag=7)
+        times.sort()
+        halves.append(times[len(times) // 2] if times else 0.0)
+    payload = [halves]
+    dist.broadcast_object_list(payload, src=first)
+    halves = payload[0]
+    line = fit_linear(sizes, halves)
+    meta = {"measurements": {"push": {"bytes": list(map(int, sizes)), "seconds": halves}}}
+    return CostModel(world - first, {"push": line, "pull": line},
+                     source=f"point-to-point ping-pong between a server and a worker on the live job "
+                     f"({world - first} workers, {first} servers)", meta=meta)
