@@ -151,12 +151,14 @@ def cmd_plan(args: argparse.Namespace) -> None:
 
     _check_output(args.output)
     given = {"threshold_bytes": args.threshold_bytes, "wire_dtype": args.wire_dtype,  # wire dtype: the planner
-             "density": args.density, "pack": True if args.pack else None}              # solves on those bytes
+             "density": args.density, "pack": True if args.pack else None,              # solves on those bytes
+             "servers": args.servers, "staleness": args.staleness, "stage1_share": args.stage1_share,
+             "importance": args.importance, "lgp": False if args.no_lgp else None}
     options = {k: v for k, v in given.items() if v is not None}
     for name in options:
         takers = _planners_taking(name)
         if args.solver not in takers:
-            flag = "--" + name.replace("_", "-")
+            flag = "--no-lgp" if name == "lgp" else "--" + name.replace("_", "-")
             raise UsageError(f"{flag} does not apply to --solver {args.solver} (it applies to: {', '.join(takers)})")
     trace = load_trace(args.trace)
     cost = _cost_from_args(args)
@@ -197,20 +199,27 @@ def _add_local_flags(p: argparse.ArgumentParser) -> None:
 
 
 def _launch(args: argparse.Namespace, fn, fn_args: tuple, *, backend: str | None = "gloo",
-            pg_timeout_s: float | None = None):
-    """Rank 0's result of ``fn(ctx, *fn_args)`` on ``--nproc`` local ranks (launch_local checks the rest)."""
+            pg_timeout_s: float | None = None, serving: int = 0):
+    """Rank 0's result of ``fn(ctx, *fn_args)`` on ``--nproc`` local ranks (launch_local checks the rest).
+    ``serving``: the first ranks serve (role ``server``), the others train (role ``worker``), so that
+    failures name the role."""
     import math
 
-    from repro.cluster.local import launch_local
+    from repro.cluster.local import Role, launch_local
 
     if args.nproc < 1:
         raise UsageError(f"--nproc must be positive, got {args.nproc}")
     if not (math.isfinite(args.timeout_s) and args.timeout_s > 0):
         raise UsageError(f"--timeout-s must be a finite positive number of seconds, got {args.timeout_s:g}")
     options = {} if pg_timeout_s is None else {"pg_timeout_s": pg_timeout_s}
+    if serving and 0 < serving < args.nproc:
+        target = {"roles": [Role("server", fn, serving, args=fn_args), Role("worker", fn, args.nproc - serving,
+                                                                             args=fn_args)]}
+    else:
+        target = {"fn": fn, "world_size": args.nproc, "args": fn_args}
     try:
-        return launch_local(fn, args.nproc, args=fn_args, timeout_s=args.timeout_s, backend=backend,
-                            emulate_bandwidth=args.emulate_bandwidth, quiet=True, **options)[0]
+        return launch_local(timeout_s=args.timeout_s, backend=backend, emulate_bandwidth=args.emulate_bandwidth,
+                            quiet=True, **target, **options)[0]
     except ValueError as e:
         if str(e).startswith(f"world_size {args.nproc} "):  # the launcher's bound, in this command's terms
             raise UsageError(f"--nproc {str(e)[len('world_size '):]}") from None
@@ -246,7 +255,7 @@ def cmd_launch(args: argparse.Namespace) -> None:
         else:
             check_results_dir(cfg.results_dir)
     summary = _launch(args, worker_from_argv, (train_args, overrides), backend=train.backend or "gloo",
-                      pg_timeout_s=train.pg_timeout_s)
+                      pg_timeout_s=train.pg_timeout_s, serving=cfg.serving_ranks())
     print(json.dumps({k: v for k, v in summary.items() if k != "epochs"}))
 
 
@@ -357,6 +366,14 @@ def build_parser() -> argparse.ArgumentParser:
                    "k = ceil(density x elements), in (0, 1] (planner default 0.001)")
     p.add_argument("--pack", action="store_true", help="sparse planners: values and indices in one all-gather "
                    "message per bucket instead of two")
+    p.add_argument("--servers", type=int, help="parameter-server planners (ps_*, osp*): server shards (default 1)")
+    p.add_argument("--staleness", type=int, help="ps_ssp: iterations a worker may run ahead of the slowest "
+                   "(planner default 2)")
+    p.add_argument("--stage1-share", type=float, help="osp: fraction of the gradient bytes in the blocking stage 1, "
+                   "in [0, 1] (planner default 0.5)")
+    p.add_argument("--importance", choices=["position", "magnitude"], help="osp*: which layers go to stage 1 first "
+                   "(magnitude needs a trace measured in a run; planner default position)")
+    p.add_argument("--no-lgp", action="store_true", help="osp*: no local-gradient correction of stale parameters")
     p.add_argument("-o", "--output", type=Path, help="write the plan here instead of stdout")
     _add_cost_flags(p)
     p.set_defaults(func=cmd_plan)
