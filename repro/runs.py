@@ -14,6 +14,12 @@ A run (one model, one scheduler, one world size; see :mod:`repro.train`) leaves 
 ``cost.json``         the cost model the plan was solved and predicted with
 ====================  ==================================================================
 
+``<results_dir>/<run_id>.incomplete/`` holds the progress of a convergence run while it trains
+(``epochs.csv`` of the completed epochs and ``progress.json``, each replaced atomically after every
+epoch): a run stopped part-way leaves its completed epochs readable (:func:`load_progress`); it is
+removed when the run folder is written. It has no ``run.json``, so readers of runs never mistake it for
+a finished run.
+
 Guarantees: a run folder appears only complete (everything is written into a hidden temporary folder
 beside it, which is renamed into place at the end; a killed writer leaves only a ``.<id>.partial-*``
 folder, which readers ignore); an existing run id is refused unless ``overwrite=True``, and then the
@@ -42,8 +48,9 @@ if TYPE_CHECKING:  # pandas is imported where tables are read or written, not wi
     import pandas as pd
 
 __all__ = ["RUN_JSON", "TRACE_JSON", "TRACE_INRUN_JSON", "PLAN_JSON", "COST_JSON", "ITERATIONS_CSV", "EPOCHS_CSV",
-           "BUCKETS_CSV", "RunError", "RunExistsError", "check_run_id", "check_results_dir", "prepare_run", "RunWriter", "Run",
-           "load_run", "list_runs", "runs_table"]
+           "BUCKETS_CSV", "PROGRESS_JSON", "RunError", "RunExistsError", "check_run_id", "check_results_dir", "prepare_run",
+           "RunWriter", "ProgressWriter", "Run", "load_run", "list_runs", "runs_table", "load_progress",
+           "list_incomplete"]
 
 RUN_JSON = "run.json"
 TRACE_JSON = "trace.json"
@@ -53,6 +60,8 @@ COST_JSON = "cost.json"
 ITERATIONS_CSV = "iterations.csv"
 EPOCHS_CSV = "epochs.csv"
 BUCKETS_CSV = "buckets.csv"
+PROGRESS_JSON = "progress.json"
+INCOMPLETE = ".incomplete"
 
 _ID = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.=+@-]{0,199}$")
 _PARTIAL = ".partial-"
@@ -90,16 +99,20 @@ def check_results_dir(results_dir: str | Path) -> Path:
     return root
 
 
-def prepare_run(results_dir: str | Path, run_id: str, overwrite: bool = False) -> Path:
+def prepare_run(results_dir: str | Path, run_id: str, overwrite: bool = False, *, own_progress: bool = False) -> Path:
     """Check, before any work, that ``<results_dir>/<run_id>`` can be written: a valid id, a writable
-    results folder (created if missing), and no existing run of that id unless ``overwrite``.
-    Returns the run folder's path."""
+    results folder (created if missing), and no existing run of that id, complete or stopped part-way,
+    unless ``overwrite`` (``own_progress``: the progress folder is this run's own). Returns the run
+    folder's path."""
     check_run_id(run_id)
     root = check_results_dir(results_dir)
     final = root / run_id
     if final.exists() and not overwrite:
         raise RunExistsError(f"run '{run_id}' already exists in {root}; choose another run id or ask to "
                              "overwrite it (--overwrite)")
+    if (root / f"{run_id}{INCOMPLETE}").exists() and not overwrite and not own_progress:
+        raise RunExistsError(f"an earlier run '{run_id}' stopped part-way in {root} (its completed epochs are in "
+                             f"{run_id}{INCOMPLETE}); choose another run id or ask to overwrite it (--overwrite)")
     return final
 
 
@@ -114,7 +127,7 @@ class RunWriter:
     """
 
     def __init__(self, results_dir: str | Path, run_id: str, *, overwrite: bool = False) -> None:
-        self.final = prepare_run(results_dir, run_id, overwrite)
+        self.final = prepare_run(results_dir, run_id, overwrite, own_progress=True)
         self.run_id = run_id
         self.overwrite = overwrite
         self.tmp = self.final.parent / f".{run_id}{_PARTIAL}{uuid.uuid4().hex[:12]}"
@@ -172,10 +185,55 @@ class RunWriter:
         os.replace(self.tmp, self.final)
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
+        shutil.rmtree(self.final.parent / f"{self.run_id}{INCOMPLETE}", ignore_errors=True)  # superseded
         return self.final
 
     def abort(self) -> None:
         shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+class ProgressWriter:
+    """The progress of a convergence run, rewritten after every epoch: ``<run_id>.incomplete/`` with
+    ``epochs.csv`` (the completed epochs) and ``progress.json`` (run id, config, epochs completed).
+    Each file is written beside its final name and renamed into place, so a reader (or a killed run)
+    never sees half a file. :class:`RunWriter` removes the folder once the run is complete."""
+
+    def __init__(self, results_dir: str | Path, run_id: str) -> None:
+        check_run_id(run_id)
+        self.run_id = run_id
+        self.folder = Path(results_dir) / f"{run_id}{INCOMPLETE}"
+
+    def _replace(self, name: str, write) -> None:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        tmp = self.folder / f".{name}.{uuid.uuid4().hex[:8]}"
+        write(tmp)
+        os.replace(tmp, self.folder / name)
+
+    def update(self, epoch_rows: list[Mapping[str, Any]], config: Mapping[str, Any]) -> None:
+        import pandas as pd
+
+        df = pd.DataFrame(list(epoch_rows)).assign(run_id=self.run_id)
+        self._replace(EPOCHS_CSV, lambda p: df.to_csv(p, index=False))
+        info = {"run_id": self.run_id, "complete": False, "epochs_completed": len(epoch_rows), "config": dict(config)}
+        self._replace(PROGRESS_JSON, lambda p: p.write_text(json.dumps(info, indent=1, default=str) + "\n"))
+
+
+def list_incomplete(results_dir: str | Path) -> list[Path]:
+    """The progress folders of runs under ``results_dir`` that stopped part-way (or are still running)."""
+    root = Path(results_dir)
+    return sorted(p for p in root.glob(f"*{INCOMPLETE}") if (p / PROGRESS_JSON).is_file()) if root.is_dir() else []
+
+
+def load_progress(path: str | Path) -> tuple[dict[str, Any], pd.DataFrame]:
+    """``(progress.json, epochs.csv)`` of a progress folder (see :class:`ProgressWriter`)."""
+    import pandas as pd
+
+    p = Path(path)
+    if not (p / PROGRESS_JSON).is_file():
+        raise RunError(f"{p} is not the progress folder of a run (no {PROGRESS_JSON})")
+    info = json.loads((p / PROGRESS_JSON).read_text())
+    epochs = pd.read_csv(p / EPOCHS_CSV) if (p / EPOCHS_CSV).is_file() else pd.DataFrame()
+    return info, epochs
 
 
 # ---------------------------------------------------------------------------------------------

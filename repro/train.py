@@ -42,8 +42,8 @@ from repro.families import get_family
 from repro.log import get_logger
 from repro.plan import WIRE_DTYPE_BYTES, Plan
 from repro.planners import make_plan
-from repro.runs import (BUCKETS_CSV, EPOCHS_CSV, ITERATIONS_CSV, TRACE_INRUN_JSON, RunWriter, check_run_id,
-                        prepare_run)
+from repro.runs import (BUCKETS_CSV, EPOCHS_CSV, ITERATIONS_CSV, TRACE_INRUN_JSON, ProgressWriter, RunWriter,
+                        check_run_id, prepare_run)
 from repro.runtime.allreduce import AllReduceExecutor
 from repro.runtime.baselines import LocalExecutor
 from repro.runtime.executor import Executor, ExecutorOptions
@@ -486,6 +486,8 @@ def run_training(ctx, cfg: TrainConfig) -> tuple[nn.Module, dict[str, Any]]:
     rows, bucket_rows, epoch_rows, inrun = [], [], [], []
     steps = cfg.steps if cfg.epochs is None else None
     progress = _progress(ranks.is_first and not cfg.quiet, steps, cfg)
+    progress_file = ProgressWriter(cfg.results_dir, run_id) if cfg.results_dir and ranks.is_first and \
+        steps is None else None
     step = 0
     start_epoch = data.epoch
     while True:
@@ -498,6 +500,8 @@ def run_training(ctx, cfg: TrainConfig) -> tuple[nn.Module, dict[str, Any]]:
         if steps is None and data.epoch != cur_epoch:
             ex.flush()
             epoch_rows.append(_evaluate(cfg, model, data.epoch - start_epoch, rows, device, ranks.group))
+            if progress_file is not None:  # a run stopped later keeps this epoch readable
+                progress_file.update(epoch_rows, asdict(cfg))
             if data.epoch - start_epoch >= cfg.epochs:
                 break
         st = _step(ex, run_opt, batch, loss_of, device)

@@ -230,3 +230,19 @@ def _torchrun_main(out_dir: str, backend: str | None = None) -> None:
 
 if __name__ == "__main__":
     _torchrun_main(sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else None)
+
+
+def train_then_fail_in_epoch(ctx, cfg_kwargs, fail_epoch):
+    """Train per ``cfg_kwargs`` but raise (on every rank) when evaluating epoch ``fail_epoch``: a run
+    stopped part-way, whose earlier epochs must stay readable."""
+    import repro.train as train
+
+    real = train._evaluate
+
+    def evaluate(cfg, model, epoch, *args, **kwargs):
+        if epoch >= fail_epoch:
+            raise RuntimeError(f"stopped on purpose in epoch {epoch}")
+        return real(cfg, model, epoch, *args, **kwargs)
+
+    train._evaluate = evaluate
+    return train.train_worker(ctx, train.TrainConfig(**cfg_kwargs))

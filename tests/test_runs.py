@@ -111,3 +111,43 @@ def test_unwritable_or_file_results_dirs_fail_before_any_work(tmp_path):
 def test_plan_file_name_is_owned_here(tmp_path):
     write(tmp_path, "r1", 1.0)
     assert (tmp_path / "r1" / PLAN_JSON).is_file()
+
+
+def test_progress_of_a_run_is_readable_and_superseded_by_the_finished_run(tmp_path):
+    import pandas as pd
+
+    from repro.runs import ProgressWriter, RunWriter, list_incomplete, load_progress, prepare_run
+
+    pw = ProgressWriter(tmp_path, "r1")
+    pw.update([{"epoch": 1, "test_accuracy": 0.5}], {"model": "m"})
+    pw.update([{"epoch": 1, "test_accuracy": 0.5}, {"epoch": 2, "test_accuracy": 0.7}], {"model": "m"})
+    assert list_incomplete(tmp_path) == [tmp_path / "r1.incomplete"]
+    info, epochs = load_progress(tmp_path / "r1.incomplete")
+    assert info["epochs_completed"] == 2 and not info["complete"]
+    assert epochs["test_accuracy"].tolist() == [0.5, 0.7]
+    assert not [p for p in (tmp_path / "r1.incomplete").iterdir() if p.name.startswith(".")]  # no temp left
+    assert list_runs(tmp_path) == []  # never mistaken for a finished run
+    with pytest.raises(RunExistsError, match="stopped part-way"):  # a new run of the id is refused ...
+        prepare_run(tmp_path, "r1")
+    prepare_run(tmp_path, "r1", overwrite=True)  # ... unless asked to overwrite
+    with RunWriter(tmp_path, "r1") as w:  # the run itself finishes: its progress folder goes
+        w.table("epochs.csv", pd.DataFrame({"epoch": [1, 2, 3]}))
+        w.record({"run_id": "r1", "summary": {}})
+    assert list_incomplete(tmp_path) == [] and not (tmp_path / "r1.incomplete").exists()
+    assert [r.run_id for r in list_runs(tmp_path)] == ["r1"]
+
+
+def test_a_run_stopped_part_way_leaves_its_completed_epochs_readable(tmp_path):
+    from repro.cluster.local import RankFailedError, launch_local
+    from repro.runs import list_incomplete, load_progress
+    from tests.launch_targets import train_then_fail_in_epoch
+
+    cfg = {"model": "tiny_resnet", "scheduler": "ddp", "dataset": "digits", "epochs": 3, "batch_size": 256,
+           "warmup_steps": 0, "compute_steps": 0, "quiet": True, "results_dir": str(tmp_path), "run_id": "stopped"}
+    with pytest.raises(RankFailedError, match="stopped on purpose in epoch 2"):
+        launch_local(train_then_fail_in_epoch, 2, args=(cfg, 2), timeout_s=120)
+    assert not (tmp_path / "stopped").exists()
+    [folder] = list_incomplete(tmp_path)
+    info, epochs = load_progress(folder)
+    assert info["run_id"] == "stopped" and info["epochs_completed"] == 1
+    assert epochs["epoch"].tolist() == [1] and 0 < epochs["test_accuracy"].iloc[0] <= 1
