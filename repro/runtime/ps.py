@@ -12,6 +12,9 @@ summaries, use a process group of the workers only).
 the flat gradient (push); the server answers each bucket with its flat parameters (pull). A header
 ``[FETCH, t]`` asks for every bucket's current parameters (no push); ``[STOP, t]`` ends the server's
 thread for that worker. Each server runs one thread per worker; updates are serialised by one lock.
+Under BSP/OSP a step's stage-1 buckets are answered before its stage-2 pushes are awaited, so the
+blocking pulls never wait for the background traffic. A server thread that fails (e.g. its worker died)
+ends :func:`serve` at once with an error naming that worker's rank.
 
 **Server.** It holds a full copy of the model and the run's optimizer, with the trainers' state at the
 end of the warm-up (the generic loop hands both over), and updates only its shard's parameters: for a
@@ -27,7 +30,8 @@ one whole-model step; see :mod:`repro.runtime.dear`, which relies on the same pr
   of step ``t - s`` are applied (so w starts iteration ``t + 1`` at most ``s`` iterations ahead of the
   slowest). Every answer is recorded (``server_clocks`` table: iteration, the slowest worker's clock).
 
-**Worker** (:class:`PSExecutor`). ``after_backward`` pushes every bucket (asynchronously: ``isend``)
+**Worker** (:class:`PSExecutor`; ``ExecutorOptions.group`` must be the workers' own process group).
+``after_backward`` pushes every bucket (asynchronously: ``isend``)
 and posts its pulls (``irecv``); the wrapped optimizer's ``step()`` waits for the stage-1 pulls and
 copies them into the parameters. Stage-2 (OSP) pulls of step ``t`` are waited for only in
 ``before_forward`` of step ``t + 2``, so their traffic overlaps iteration ``t + 1``, whose stage-2
@@ -158,6 +162,9 @@ class PSExecutor(Executor):
         if self.rank < self.servers:
             raise ValueError(f"rank {self.rank} serves ({self.servers} server ranks); it cannot be a worker")
         self.group = self.options.group
+        if self.group is None:  # a collective on the default group would wait for the servers forever
+            raise ValueError("a PS worker needs ExecutorOptions.group, the process group of the workers only "
+                             f"(ranks {self.servers}..{dist.get_world_size() - 1}: dist.new_group on every rank)")
         self.step_index = 0
         dev = self.buckets[0].params[0].device if self.buckets and self.buckets[0].params else torch.device("cpu")
         self.device = dev
@@ -277,6 +284,10 @@ class PSExecutor(Executor):
 # Server
 # ---------------------------------------------------------------------------------------------
 
+class _PeerFailed(RuntimeError):
+    """Raised in a server thread that stops because another one failed (that one's error is reported)."""
+
+
 class _Aggregate:
     """The N gradients of one (bucket, step), summed in worker order once all have arrived."""
 
@@ -351,7 +362,7 @@ class _Server:
         with self.cond:
             while self.aggregates[key].result is None:
                 if self.errors:
-                    raise RuntimeError("another server thread failed")
+                    raise _PeerFailed("another server thread failed")
                 self.cond.wait(timeout=1.0)
             agg = self.aggregates[key]
             agg.count -= 1            # each worker's thread collects once; the last one drops the entry
@@ -363,9 +374,14 @@ class _Server:
     def run_worker(self, worker: int) -> None:
         try:
             self._loop(worker)
+        except _PeerFailed:
+            pass
         except BaseException as e:  # noqa: BLE001 - reported by serve()
+            err = RuntimeError(f"server {self.index}: serving worker rank {self.servers + worker} failed: "
+                               f"{type(e).__name__}: {e}")
+            err.__cause__ = e
             with self.cond:
-                self.errors.append(e)
+                self.errors.append(err)
                 self.cond.notify_all()
 
     def _loop(self, worker: int) -> None:
@@ -387,12 +403,16 @@ class _Server:
             handles = [(b, dist.irecv(recv[b.index], src=src, tag=1 + b.index)) for b in self.buckets]
             replies = []
             if self.mode in ("bsp", "osp"):
-                for b, h in handles:
-                    h.wait()
-                    self._sync_contribute(b, step, worker, recv[b.index].clone())
-                for b, _ in handles:
-                    out = self._sync_result(b, step)
-                    replies.append(dist.isend(out, dst=src, tag=1 + b.index))
+                # stage 1 is answered before stage 2's pushes are awaited: the blocking pulls must not
+                # wait for the background traffic (the plan orders the stage-1 buckets first)
+                for stage in (1, 2):
+                    mine = [(b, h) for b, h in handles if b.stage == stage]
+                    for b, h in mine:
+                        h.wait()
+                        self._sync_contribute(b, step, worker, recv[b.index].clone())
+                    for b, _ in mine:
+                        out = self._sync_result(b, step)
+                        replies.append(dist.isend(out, dst=src, tag=1 + b.index))
             elif self.mode == "asp":
                 for b, h in handles:
                     h.wait()
@@ -407,7 +427,7 @@ class _Server:
                     self.cond.notify_all()
                     while min(self.clock) < step + 1 - self.staleness:
                         if self.errors:
-                            raise RuntimeError("another server thread failed")
+                            raise _PeerFailed("another server thread failed")
                         self.cond.wait(timeout=1.0)
                     self.clock_rows.append({"server": self.index, "worker": worker, "iteration": step + 1,
                                             "slowest_clock": min(self.clock), "staleness": self.staleness,
@@ -429,8 +449,13 @@ def serve(ctx: Any, cfg: Any, model: nn.Module, optimizer: Any, plan: Plan) -> d
                for w in range(workers)]
     for t in threads:
         t.start()
-    for t in threads:
-        t.join()
+    # the first failure ends the rank at once (the other threads may be blocked in a receive from a
+    # worker that waits for this server: the launcher, or the job's teardown, ends them)
+    while any(t.is_alive() for t in threads):
+        if server.errors:
+            break
+        for t in threads:
+            t.join(timeout=0.2)
     if server.errors:
         raise server.errors[0]
     return {"server_clocks": server.clock_rows} if server.clock_rows else {}
