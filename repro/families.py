@@ -7,7 +7,8 @@ code (:class:`~repro.plan.Plan`, :func:`repro.sim.simulate`, the training loop) 
 never compares family names. An entry supplies:
 
 - **plan validation**: the collectives and phases its messages may use, its options (name, meaning,
-  check), and an optional structural check of the buckets;
+  check), an optional structural check of the buckets and an optional check of the whole plan (its
+  options against its buckets);
 - **bytes on the wire** per message (default: every message carries its bucket's gradient bytes);
 - **the simulator's task builder**: ``fn(trace, plan, cost) -> SimGraph`` for the event engine, and
   optionally a closed form ``fn(trace, plan, cost) -> SimResult | None`` used when no timeline is
@@ -112,6 +113,7 @@ class Family:
     closed_form: str | None = None       # "module:fn", fn(trace, plan, cost) -> SimResult | None
     message_bytes: str | None = None     # "module:fn", fn(trace, plan) -> [[bytes per message] per bucket]
     check_buckets: str | None = None     # "module:fn", fn(buckets) raising ValueError on a bad shape
+    check_plan: str | None = None        # "module:fn", fn(plan) raising ValueError across options and buckets
     calibrate: str | None = None         # "module:fn", fn(trace, device, repeats, network_cost, **options) -> CostModel
     server: str | None = None            # "module:fn", fn(ctx, cfg, model, optimizer, plan) -> dict: serving ranks
     _cache: dict = field(default_factory=dict, compare=False, repr=False)
@@ -309,6 +311,7 @@ FAMILIES["ps"] = Family(
              Option("bucket_servers", "the server of each bucket", _servers_of_buckets, required=True)),
     simulator="repro.sim.ps:build_graph",
     check_buckets="repro.sim.ps:check_buckets",
+    check_plan="repro.sim.ps:plan_layout",
     executor="repro.runtime.ps:PSExecutor",
     calibrate="repro.runtime.ps:calibrate",
     server="repro.runtime.ps:serve",

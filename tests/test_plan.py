@@ -185,7 +185,7 @@ def test_a_new_family_is_one_registry_entry():
 
 def test_every_family_hook_resolves():
     for fam in FAMILIES.values():
-        for which in ("simulator", "closed_form", "message_bytes", "check_buckets"):
+        for which in ("simulator", "closed_form", "message_bytes", "check_buckets", "check_plan"):
             ref = getattr(fam, which)
             assert ref is None or callable(fam.hook(which)), (fam.name, which)
     assert get_family("allreduce").executor_class().__name__ == "AllReduceExecutor"

@@ -11,9 +11,10 @@ synchronised, and how the cluster synchronises (``mode``):
   phase ``backward`` (blocking: the next iteration waits for their pull), stage 2 buckets phase
   ``background`` (overlapped with the next iteration, one step stale);
 - ``bsp``, ``asp``, ``ssp`` put every layer in stage 1; ``osp`` puts the most important layers, up to
-  ``stage1_share`` of the gradient bytes, in stage 1 and the rest in stage 2. A layer joins stage 1
-  when at least half of its bytes fit within the share, so a share of 1 is BSP's layout and a share of
-  0 puts everything in stage 2.
+  ``stage1_share`` of the gradient bytes, in stage 1 and the rest in stage 2. In importance order, a
+  layer joins stage 1 when at least half of its bytes still fit within what is left of the share; a
+  layer that does not fit is passed over and less important, smaller ones may still join (a greedy
+  fill). A share of 1 is BSP's layout and a share of 0 puts everything in stage 2.
 
 Importance policies (osp.md): ``position`` (input-side layers first: the next forward needs them
 first) and ``magnitude`` (largest mean absolute gradient per element first, from the magnitudes a
@@ -72,8 +73,9 @@ def importance_order(trace: Trace, importance: str) -> list[int]:
 
 
 def stage_one_layers(trace: Trace, stage1_share: float, importance: str = "position") -> set[int]:
-    """Layers in stage 1: in importance order, a layer joins while at least half of its bytes fit within
-    ``stage1_share`` of the gradient bytes (a share of 1 takes every layer, 0 none)."""
+    """Layers in stage 1: in importance order, each layer joins when at least half of its bytes still fit
+    within what is left of ``stage1_share`` of the gradient bytes, else it is passed over (a greedy fill;
+    a share of 1 takes every layer, 0 none)."""
     if isinstance(stage1_share, bool) or not isinstance(stage1_share, (int, float)) \
             or not 0.0 <= stage1_share <= 1.0:
         raise ValueError(f"stage1_share must be a number in [0, 1], got {stage1_share!r}")

@@ -45,6 +45,10 @@ that every worker holds the servers' model; then the first worker's buffers (e.g
 which a PS does not synchronise) are broadcast to the workers. ``remove()`` flushes and stops the
 worker's server threads.
 
+Tested on CPU with gloo only (no GPU was available to this work): the server's buffers live on its
+parameters' device, but the headers are CPU tensors and NCCL's point-to-point from several threads of
+one process is not tried; on GPU machines run the PS with ``--backend gloo``.
+
 :func:`calibrate` (the family's calibration hook) times ping-pongs of n bytes between server 0 and the
 first worker on the live job and fits ``push`` = ``pull`` = half the round trip (a symmetric link).
 """
@@ -387,7 +391,7 @@ class _Server:
     def _loop(self, worker: int) -> None:
         src = self.servers + worker
         header = torch.zeros(2, dtype=torch.int64)
-        recv = {b.index: torch.zeros(b.numel) for b in self.buckets}
+        recv = {b.index: torch.zeros(b.numel, device=b.params[0].device) for b in self.buckets}
         while True:
             dist.irecv(header, src=src, tag=_HEADER_TAG).wait()
             kind, step = int(header[0]), int(header[1])
