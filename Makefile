@@ -62,6 +62,7 @@ benchmark: install
 	$(PY) benchmarks/bench_sparse_exchange.py
 	$(PY) benchmarks/bench_primitives.py
 	$(PY) benchmarks/bench_dear.py
+	$(PY) benchmarks/bench_ps.py
 
 clean:
 	rm -rf $(RESULTS) .pytest_cache
