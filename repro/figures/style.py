@@ -163,6 +163,11 @@ STYLES: dict[str, SchedulerStyle] = {
     "ssp": _s(PALETTE[4], "<", _SHORT_DASH, "SSP", "osp"),
     "osp": _s(PALETTE[2], "h", _SOLID, "OSP", "osp"),
     "osp_nolgp": _s(PALETTE[9], ">", _LONG_DASH_DOT, "OSP w/o LGP", "osp"),
+    # the parameter-server schedulers (repro.schedulers: ps_bsp, ps_asp, ps_ssp, osp, osp_auto)
+    "ps_bsp": _s(EXTRA_COLORS[0], "o", _LONG_DASH, "BSP", "osp"),
+    "ps_asp": _s(PALETTE[1], "^", _DASH_DOT, "ASP", "osp"),
+    "ps_ssp": _s(PALETTE[4], "P", _SHORT_DASH, "SSP", "osp"),
+    "osp_auto": _s(PALETTE[3], "*", _SOLID, "OSP (automatic share)", "osp"),
     # references
     "linear": _s(PALETTE[7], "", _DASHED, "Linear", "reference", _REFERENCE_ZORDER),
     "paper": _s(DARK_GREY, "D", "", "Paper (published)", "reference", PAPER_ZORDER),
@@ -177,6 +182,7 @@ FAMILIES: dict[str, tuple[str, ...]] = {
              "ddp", "ddp_buckets", "fsdp", "wfbp", "mgwfbp", "linear", "paper"),
     "omgs": ("ssgd", "topk_single", "topk_layerwise", "omgs", "omgs_optimal", "wfbp", "linear", "paper"),
     "osp": ("bsp", "asp", "ssp", "osp", "osp_nolgp", "linear", "paper"),
+    "ps": ("ps_bsp", "ps_asp", "ps_ssp", "osp", "osp_nolgp", "osp_auto", "linear", "paper"),
 }
 
 SCHEDULER_COLORS: dict[str, str] = {k: v.color for k, v in STYLES.items()}

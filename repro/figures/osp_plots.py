@@ -1,0 +1,392 @@
+"""Figures of the OSP study, each drawn from the tidy tables of :mod:`repro.studies.osp_sim` and
+:mod:`repro.studies.osp_train`.
+
+Every function takes DataFrames and returns a matplotlib Figure; saving is the caller's job
+(:func:`repro.figures.save_figure`). Conventions of :mod:`repro.figures.style`: one style per scheduler
+(``ps_bsp``, ``ps_asp``, ``ps_ssp``, ``osp``, ``osp_nolgp``, ``osp_auto``), legends below the axes,
+simulated panels say so, measured panels say at which tiny scale, and the paper's claim is drawn
+labelled as the paper's claim (abstract).
+"""
+
+from __future__ import annotations
+
+import textwrap
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+from matplotlib.lines import Line2D
+from matplotlib.patches import Patch
+
+from repro.figures.plots import gantt
+from repro.figures.style import (DARK_GREY, EXTRA_COLORS, OVERSUBSCRIBED_HATCH, PALETTE, kind_color, legend_below,
+                                 scheduler_style)
+
+__all__ = ["METHOD_ORDER", "STAGE_COLORS", "method_style", "method_label", "plot_timeline", "plot_throughput",
+           "plot_accuracy", "plot_lgp_ablation", "plot_stage_ratio"]
+
+METHOD_ORDER: tuple[str, ...] = ("ps_bsp", "ps_asp", "ps_ssp", "osp", "osp_nolgp", "osp_auto")
+STAGE_COLORS: dict[str, str] = {"compute": kind_color("backward"), "stage 1": PALETTE[3], "stage 2": PALETTE[2],
+                                "lgp": PALETTE[4], "update": PALETTE[5]}
+MODEL_COLORS: tuple[str, ...] = (PALETTE[0], PALETTE[4], PALETTE[5], EXTRA_COLORS[1], PALETTE[9], EXTRA_COLORS[2],
+                                 PALETTE[6], PALETTE[7])  # models, not schedulers
+MODEL_MARKERS: tuple[str, ...] = ("o", "s", "^", "D", "v", "P", "X", "<")
+CLAIM_COLOR = DARK_GREY
+
+
+def method_style(name: str) -> dict:
+    """``ax.plot`` keyword arguments (color, marker, linestyle, label, zorder) of a method."""
+    return dict(scheduler_style(name))
+
+
+def method_label(name: str) -> str:
+    return method_style(name)["label"]
+
+
+def _order(names) -> list[str]:
+    names = list(dict.fromkeys(names))
+    return [m for m in METHOD_ORDER if m in names] + [m for m in names if m not in METHOD_ORDER]
+
+
+def _wrap(text: str, width: int) -> str:
+    return "\n".join(textwrap.fill(p, width) for p in text.split("\n"))
+
+
+def _ms(v: float) -> str:
+    return f"{v * 1e3:.0f} ms" if v >= 0.1 else f"{v * 1e3:.1f} ms"
+
+
+def _head(fig, title: str, note: str, width_chars: int, panel_title_lines: int = 1, pad: float = 0.45) -> float:
+    """Suptitle and an italic note under it; returns the top of the axes area (figure fraction), leaving
+    room for ``panel_title_lines`` lines of axes titles."""
+    h = fig.get_figheight()
+    fig.suptitle(title, fontsize="medium", y=1 - 0.08 / h, va="top")
+    room = pad + 0.2 * panel_title_lines
+    if not note:
+        return 1 - room / h
+    text = _wrap(note, width_chars)
+    fig.text(0.5, 1 - 0.38 / h, text, ha="center", va="top", fontsize="small", style="italic", color="#333333")
+    return 1 - (room + 0.05 + 0.19 * (text.count("\n") + 1)) / h
+
+
+# ---------------------------------------------------------------------------------------------
+# osp.timeline
+# ---------------------------------------------------------------------------------------------
+
+def _stream_names(workers: int) -> dict[str, str]:
+    return {"worker0": "worker 1: compute", f"worker{workers - 1}": f"worker {workers}: compute",
+            "server0.in": "server in-link: push", "server0.out": "server out-link: pull",
+            "server0.cpu": "server: update"}
+
+
+def plot_timeline(ops: pd.DataFrame, title: str, note: str = ""):
+    """One Gantt chart per scheduler on a shared time axis (ms): the first and the last worker's
+    computation, the server's incoming link (every worker's push, one after the other) and outgoing link
+    (pulls). Messages are coloured by stage (BSP: all stage 1; OSP: stage 1 blocking, stage 2 under the
+    next iteration); dashed lines: where worker 1 starts each iteration. ``ops`` is
+    :func:`repro.studies.osp_sim.timeline_table` (one server)."""
+    schedulers = [s for s in dict.fromkeys(ops["scheduler"])]
+    n = len(schedulers)
+    workers = int(ops["workers"].iloc[0])
+    names = _stream_names(workers)
+    fig_h = 1.9 * n + 2.0
+    fig = plt.figure(figsize=(12.0, fig_h))
+    gs = fig.add_gridspec(n, 1, hspace=0.62)
+    span = float(ops["window_s"].max())
+    axes = []
+    for i, s in enumerate(schedulers):
+        ax = fig.add_subplot(gs[i], sharex=axes[0] if axes else None)
+        axes.append(ax)
+        sub = ops[(ops["scheduler"] == s) & ops["stream"].isin(list(names))].copy()
+        sub["kind_drawn"] = np.where(sub["kind"].isin(["compute", "lgp", "update"]), sub["kind"], sub["stage"])
+        sub["label"] = ""
+        is_compute = sub["kind"] == "compute"
+        sub.loc[is_compute, "label"] = "iteration " + (sub.loc[is_compute, "iteration"].astype(int) + 1).astype(str)
+        msg = sub["kind"].isin(["push", "pull"])
+        sub.loc[msg, "label"] = "w" + (sub.loc[msg, "worker"].astype(int) + 1).astype(str)
+        streams = [k for k in names if k in set(sub["stream"])]
+        draw = sub.assign(stream=sub["stream"].map(names), kind=sub["kind_drawn"])
+        gantt(ax, draw, streams=[names[k] for k in streams], legend=False, label_min_width_frac=0.022,
+              kind_colors={k: c for k, c in STAGE_COLORS.items()}, fontsize=6)
+        starts = sub[(sub["stream"] == "worker0") & is_compute]["start_s"]
+        for t in sorted(set(starts.round(12))) + [float(sub["window_s"].iloc[0])]:
+            ax.axvline(t * 1e3, color="black", lw=0.9, ls="--", zorder=5)
+        r = sub.iloc[0]
+        what = method_label(s)
+        if s in ("osp", "osp_auto"):
+            what += f", stage 1 = {100 * float(r['stage1_bytes_share']):.0f}% of the gradient bytes"
+        ax.set_title(f"{what}: period {_ms(float(r['iteration_s']))} per iteration", fontsize="small", loc="left")
+        ax.tick_params(axis="y", labelsize="x-small")
+        if i < n - 1:
+            ax.tick_params(labelbottom=False)
+            ax.set_xlabel("")
+        else:
+            ax.set_xlabel("time since worker 1 starts an iteration in steady state (ms), simulated")
+    axes[0].set_xlim(0, span * 1e3 * 1.005)
+    kinds = [k for k in ("compute", "stage 1", "stage 2", "lgp", "update")
+             if k in set(ops["stage"].replace("", np.nan).dropna()) | set(ops["kind"])]
+    text = {"compute": "computation (forward + backward)", "stage 1": "stage 1 message (blocking; all of BSP's)",
+            "stage 2": "stage 2 message (overlapped, one step stale)", "lgp": "LGP correction",
+            "update": "server update"}
+    handles = [Patch(facecolor=STAGE_COLORS[k], label=text[k]) for k in kinds]
+    handles.append(Line2D([], [], color="black", ls="--", lw=0.9, label="worker 1 starts an iteration"))
+    top = _head(fig, title, note, 150)
+    legend_below(fig, handles, ncol=len(handles))
+    fig.subplots_adjust(top=top, bottom=0.8 / fig_h, left=0.13, right=0.985)
+    return fig
+
+
+# ---------------------------------------------------------------------------------------------
+# osp.throughput
+# ---------------------------------------------------------------------------------------------
+
+def _claim_line(ax, y: float) -> None:
+    ax.axhline(y, color=CLAIM_COLOR, ls=(0, (5, 2)), lw=1.2, zorder=9)
+
+
+def _bar_style(method: str) -> dict:
+    c = method_style(method)["color"]
+    hollow = method.endswith("_nolgp")
+    return {"facecolor": "white" if hollow else c, "edgecolor": c, "linewidth": 1.8}
+
+
+def plot_throughput(measured: pd.DataFrame, simulated: pd.DataFrame, measured_note: str, sim_note: str,
+                    summary: str = "", claim_pct: float = 50.0):
+    """Top: measured throughput of every run (bars; hollow: OSP without LGP; hatched: oversubscribed),
+    the speedup over BSP written on each bar, hollow diamonds: each run's plan's prediction, and the
+    paper's claim drawn at (1 + claim) x BSP's measured throughput. Bottom, one panel per network:
+    simulated throughput divided by BSP's per model, with the claim at 1 + claim. ``measured``:
+    :func:`repro.studies.osp_train.throughput_table`; ``simulated``:
+    :func:`repro.studies.osp_sim.throughput_table`."""
+    nets = list(dict.fromkeys(simulated["network"])) if len(simulated) else []
+    ncol = max(1, len(nets))
+    fig_h = 9.4
+    fig = plt.figure(figsize=(max(6.0 * ncol, 9.0) + 0.6, fig_h))
+    gs = fig.add_gridspec(2, ncol, hspace=0.62, wspace=0.2, height_ratios=[1.1, 1.0])
+    ax = fig.add_subplot(gs[0, :])
+    m = measured.copy()
+    m["_o"] = m["method"].map({k: i for i, k in enumerate(METHOD_ORDER)}).fillna(99)
+    m = m.sort_values(["_o", "stage1_bytes_share"], ascending=[True, False]).reset_index(drop=True)
+    over = bool(m["oversubscribed"].fillna(False).astype(bool).any()) if "oversubscribed" in m else False
+    for i, r in m.iterrows():
+        ax.bar(i, r.throughput_samples_s, 0.62, **_bar_style(r.method))
+        if bool(r.get("oversubscribed", False)):
+            ax.bar(i, r.throughput_samples_s, 0.62, facecolor="none", edgecolor="#333333", linewidth=0,
+                   hatch=OVERSUBSCRIBED_HATCH)
+        ax.text(i, r.throughput_samples_s * 0.96, f"×{r.speedup_vs_bsp:.2f}", ha="center", va="top", fontsize="small",
+                bbox={"boxstyle": "round,pad=0.15", "facecolor": "white", "edgecolor": "none", "alpha": 0.9}, zorder=7)
+        pred = r.get("predicted_s")
+        if pred is not None and pred == pred and pred > 0:
+            ax.scatter(i + 0.42, r.workers * r.batch_size / pred, marker="D", s=30, facecolor="white",
+                       edgecolor="black", zorder=6)
+    bsp = m[m.method == "ps_bsp"]
+    top = float(m.throughput_samples_s.max()) if len(m) else 1.0
+    if len(bsp):
+        y = float(bsp.throughput_samples_s.iloc[0]) * (1 + claim_pct / 100)
+        _claim_line(ax, y)
+        top = max(top, y)
+    if "predicted_s" in m:
+        preds = (m.workers * m.batch_size / m.predicted_s).replace([np.inf], np.nan).dropna()
+        top = max([top] + [float(v) for v in preds])
+    ax.set_ylim(0, top * 1.12)
+    ax.set_xlim(-0.6, len(m) - 0.3)
+    ax.set_xticks(range(len(m)))
+    ax.set_xticklabels(m["label"], fontsize="small", rotation=18, ha="right")
+    ax.set_ylabel("throughput\n(samples/s, all workers)")
+    ax.set_title(_wrap(f"measured: {measured_note}; ×: throughput ÷ BSP's", 125), fontsize="small")
+    for j, net in enumerate(nets):
+        a = fig.add_subplot(gs[1, j])
+        sub = simulated[simulated["network"] == net]
+        models = list(dict.fromkeys(sub["model"]))
+        names = _order(sub["method"])
+        width = 0.8 / len(names)
+        for k, s in enumerate(names):
+            g = sub[sub["method"] == s].set_index("model").reindex(models)
+            a.bar(np.arange(len(models)) + (k - (len(names) - 1) / 2) * width, g["speedup_vs_bsp"], width,
+                  color=method_style(s)["color"], edgecolor="white", linewidth=0.4)
+        _claim_line(a, 1 + claim_pct / 100)
+        a.axhline(1.0, color="black", lw=0.8)
+        a.set_ylim(0, max(float(sub["speedup_vs_bsp"].max()), 1 + claim_pct / 100) * 1.1)
+        a.set_xticks(range(len(models)))
+        a.set_xticklabels(models, fontsize="small", rotation=15)
+        if j == 0:
+            a.set_ylabel("throughput ÷ BSP's\n(simulated)")
+        label = sub["network_label"].iloc[0] if "network_label" in sub else net
+        a.set_title(f"simulated, {label} link, 1 server + {int(sub['workers'].iloc[0])} workers", fontsize="small")
+    names = _order(list(m["method"]) + (list(simulated["method"]) if len(simulated) else []))
+    handles = [Patch(**_bar_style(s), label=method_label(s)) for s in names]
+    handles.append(Line2D([], [], marker="D", ls="", markerfacecolor="white", markeredgecolor="black",
+                          label="measured run: its plan's prediction"))
+    handles.append(Line2D([], [], color=CLAIM_COLOR, ls=(0, (5, 2)),
+                          label=f"paper's claim (abstract): up to +{claim_pct:g}% (measured: drawn over BSP)"))
+    if over:
+        handles.append(Patch(facecolor="white", edgecolor="#333333", hatch=OVERSUBSCRIBED_HATCH,
+                             label="oversubscribed: more ranks than CPU cores"))
+    note = "\n".join(t for t in (f"simulated: {sim_note}", summary) if t)
+    top = _head(fig, "Throughput of BSP, ASP, SSP and OSP: measured at tiny scale, simulated at 9 nodes", note,
+                int(14 * fig.get_figwidth()))
+    legend_below(fig, handles, ncol=4)
+    fig.subplots_adjust(top=top, bottom=1.0 / fig_h, left=0.09, right=0.985)
+    return fig
+
+
+# ---------------------------------------------------------------------------------------------
+# osp.accuracy_epochs / osp.accuracy_time / osp.lgp_ablation
+# ---------------------------------------------------------------------------------------------
+
+def _line_kw(method: str) -> dict:
+    st = method_style(method)
+    return {"color": st["color"], "marker": st["marker"], "linestyle": st["linestyle"], "zorder": st["zorder"],
+            "markersize": 6, "lw": 1.6}
+
+
+def _runs_in_order(acc: pd.DataFrame) -> list[str]:
+    r = acc.drop_duplicates("run_id").copy()
+    r["_o"] = r["method"].map({k: i for i, k in enumerate(METHOD_ORDER)}).fillna(99)
+    return list(r.sort_values(["_o", "stage1_bytes_share"], ascending=[True, False])["run_id"])
+
+
+def plot_accuracy(acc: pd.DataFrame, x: str, title: str, note: str = "", claim: str = ""):
+    """Test accuracy (left) and mean train loss of the epoch (right) per run against ``x`` (``"epoch"``
+    or ``"time_s"``, drawn in seconds). ``acc`` is :func:`repro.studies.osp_train.accuracy_table` (the
+    runs to draw). ``claim``: the paper's accuracy claim, written under the title, labelled."""
+    fig_h = 4.9
+    fig, axes = plt.subplots(1, 2, figsize=(11.0, fig_h))
+    handles = []
+    for rid in _runs_in_order(acc):
+        g = acc[acc.run_id == rid].sort_values("epoch")
+        r = g.iloc[0]
+        kw = _line_kw(r.method)
+        xs = g[x].to_numpy(dtype=float)
+        axes[0].plot(xs, 100 * g["test_accuracy"], **kw)
+        axes[1].plot(xs, g["train_loss"], **kw)
+        handles.append(Line2D([], [], **kw, label=r.label))
+    xlabel = "epoch" if x == "epoch" else "training time (s, sum of measured step times; evaluation excluded)"
+    for a in axes:
+        a.set_xlabel(xlabel, fontsize="small")
+        if x == "epoch":
+            a.set_xticks(sorted(set(acc["epoch"].astype(int))))
+        else:
+            a.set_xlim(left=0)
+    axes[0].set_ylabel("test accuracy (%)")
+    axes[0].set_ylim(0, 100)
+    axes[1].set_ylabel("train loss (mean over the epoch)")
+    axes[1].set_ylim(bottom=0)
+    text = note + (f"\n{claim}" if claim else "")
+    top = _head(fig, title, text, 150, panel_title_lines=0, pad=0.05)
+    legend_below(fig, handles, ncol=min(len(handles), 5))
+    fig.tight_layout(rect=(0, 0, 1, top))
+    return fig
+
+
+def plot_lgp_ablation(table: pd.DataFrame, title: str, note: str = ""):
+    """One panel per stage-1 share: test accuracy per epoch of OSP with LGP, without LGP and of BSP
+    (reference); the final difference LGP - no LGP in each panel's title. ``table`` is
+    :func:`repro.studies.osp_train.lgp_ablation_table`."""
+    shares = list(dict.fromkeys(table["panel_share"]))
+    fig_h = 4.6
+    fig, axes = plt.subplots(1, len(shares), figsize=(max(5.6 * len(shares), 7.0), fig_h), squeeze=False)
+    seen = {}
+    for a, s in zip(axes[0], shares):
+        sub = table[table.panel_share == s]
+        final, mean = {}, {}
+        for rid in _runs_in_order(sub):
+            g = sub[sub.run_id == rid].sort_values("epoch")
+            r = g.iloc[0]
+            kw = _line_kw(r.method)
+            a.plot(g["epoch"], 100 * g["test_accuracy"], **kw)
+            final[r.method] = 100 * float(g["test_accuracy"].iloc[-1])
+            mean[r.method] = 100 * float(g["test_accuracy"].mean())
+            name = "BSP (reference)" if r.method == "ps_bsp" else method_label(r.method)
+            seen.setdefault(name, Line2D([], [], **kw, label=name))
+        a.set_ylim(0, 100)
+        a.set_xticks(sorted(set(sub["epoch"].astype(int))))
+        a.set_xlabel("epoch")
+        diff = final.get("osp", np.nan) - final.get("osp_nolgp", np.nan)
+        dmean = mean.get("osp", np.nan) - mean.get("osp_nolgp", np.nan)
+        a.set_title(f"stage 1 = {100 * s:.0f}% of the bytes ({100 - 100 * s:.0f}% one step stale)\n"
+                    f"LGP − no LGP: final {diff:+.1f} pts, mean over epochs {dmean:+.1f} pts",
+                    fontsize="small")
+    axes[0, 0].set_ylabel("test accuracy (%)")
+    top = _head(fig, title, note, 140, panel_title_lines=0, pad=0.05)
+    legend_below(fig, list(seen.values()), ncol=len(seen))
+    fig.tight_layout(rect=(0, 0, 1, top))
+    return fig
+
+
+# ---------------------------------------------------------------------------------------------
+# osp.stage_ratio
+# ---------------------------------------------------------------------------------------------
+
+def plot_stage_ratio(measured: pd.DataFrame, simulated: pd.DataFrame, measured_note: str, sim_note: str,
+                     note: str = ""):
+    """Top: measured throughput and final accuracy vs the share of the gradient bytes in stage 1 (OSP with
+    LGP; share 1 is the BSP run; the star: osp_auto's share). Bottom, one panel per network: simulated
+    throughput ÷ BSP's vs the share per model, osp_auto's choice starred. ``measured``:
+    :func:`repro.studies.osp_train.stage_ratio_table`; ``simulated``:
+    :func:`repro.studies.osp_sim.stage_ratio_table`."""
+    nets = list(dict.fromkeys(simulated["network"])) if len(simulated) else []
+    ncol = max(2, len(nets))
+    fig_h = 9.4
+    fig = plt.figure(figsize=(5.4 * ncol + 0.6, fig_h))
+    gs = fig.add_gridspec(2, ncol, hspace=0.6, wspace=0.25)
+    osp_kw = _line_kw("osp")
+    auto_kw = {"marker": "*", "s": 190, "color": method_style("osp_auto")["color"], "edgecolor": "black",
+               "zorder": 8, "linewidths": 0.8}
+    bsp_kw = {"marker": method_style("ps_bsp")["marker"], "s": 60, "color": method_style("ps_bsp")["color"],
+              "zorder": 7}
+    over = bool(measured["oversubscribed"].fillna(False).astype(bool).any()) if len(measured) else False
+    for j, (col, ylab, scale) in enumerate((("throughput_samples_s", "throughput (samples/s, all workers)", 1.0),
+                                            ("final_accuracy", "final test accuracy (%)", 100.0))):
+        a = fig.add_subplot(gs[0, j])
+        sweep = measured[measured.point.isin(["sweep", "bsp"])].sort_values("stage1_bytes_share")
+        a.plot(sweep.stage1_bytes_share * 100, sweep[col] * scale, **{**osp_kw, "marker": ""})
+        osp_pts = sweep[sweep.point == "sweep"]
+        a.scatter(osp_pts.stage1_bytes_share * 100, osp_pts[col] * scale, marker=osp_kw["marker"],
+                  color=osp_kw["color"], s=45, zorder=7)
+        b = measured[measured.point == "bsp"]
+        a.scatter(b.stage1_bytes_share * 100, b[col] * scale, **bsp_kw)
+        au = measured[measured.point == "auto"]
+        a.scatter(au.stage1_bytes_share * 100, au[col] * scale, **auto_kw)
+        for _, r in au.iterrows():
+            a.annotate(f"auto: {100 * r.stage1_bytes_share:.0f}%", (100 * r.stage1_bytes_share, r[col] * scale),
+                       xytext=(8, -12), textcoords="offset points", fontsize="x-small")
+        a.set_xlim(-5, 105)
+        a.set_xlabel("share of the gradient bytes in stage 1 (%)", fontsize="small")
+        a.set_ylabel(ylab, fontsize="small")
+        if col == "final_accuracy":
+            a.set_ylim(0, 100)
+        else:
+            a.set_ylim(0, float(measured[col].max()) * 1.15 if len(measured) else 1)
+        epochs = int(measured.epochs.max()) if len(measured) and measured.epochs.notna().any() else 0
+        what = "throughput" if j == 0 else f"test accuracy after {epochs} epochs"
+        a.set_title(f"measured {what}" + (" (oversubscribed)" if over else ""), fontsize="small")
+    model_handles = {}
+    for j, net in enumerate(nets):
+        a = fig.add_subplot(gs[1, j])
+        sub = simulated[simulated.network == net]
+        for k, model in enumerate(dict.fromkeys(sub["model"])):
+            g = sub[(sub.model == model) & (sub.point == "sweep")].sort_values("stage1_bytes_share")
+            c, mk = MODEL_COLORS[k % len(MODEL_COLORS)], MODEL_MARKERS[k % len(MODEL_MARKERS)]
+            a.plot(g.stage1_bytes_share * 100, g.speedup_vs_bsp, color=c, marker=mk, markersize=5, lw=1.4)
+            au = sub[(sub.model == model) & (sub.point == "auto")]
+            a.scatter(au.stage1_bytes_share * 100, au.speedup_vs_bsp, **{**auto_kw, "color": c, "s": 150})
+            model_handles.setdefault(model, Line2D([], [], color=c, marker=mk, lw=1.4, label=model))
+        a.axhline(1.0, color="black", lw=0.8)
+        a.set_xlim(-5, 105)
+        a.set_ylim(0, max(1.1, float(sub.speedup_vs_bsp.max()) * 1.12))
+        a.set_xlabel("share of the gradient bytes in stage 1 (%)", fontsize="small")
+        if j == 0:
+            a.set_ylabel("throughput ÷ BSP's (simulated)", fontsize="small")
+        label = sub["network_label"].iloc[0] if "network_label" in sub else net
+        a.set_title(f"simulated, {label} link, 1 server + {int(sub['workers'].iloc[0])} workers", fontsize="small")
+    handles = [Line2D([], [], **{**osp_kw, "label": "OSP (with LGP), measured"}),
+               Line2D([], [], ls="", marker=bsp_kw["marker"], color=bsp_kw["color"], label="BSP (= stage 1 at 100%)"),
+               Line2D([], [], ls="", marker="*", markersize=13, markerfacecolor="white", markeredgecolor="black",
+                      label="osp_auto's share (filled in the line's colour)")]
+    handles += list(model_handles.values())
+    text = "\n".join(t for t in (f"measured: {measured_note}", f"simulated: {sim_note}", note) if t)
+    top = _head(fig, "Throughput and accuracy vs the share of the gradient synchronised in stage 1", text,
+                int(14 * fig.get_figwidth()))
+    legend_below(fig, handles, ncol=min(len(handles), 5))
+    fig.subplots_adjust(top=top, bottom=1.05 / fig_h, left=0.08, right=0.98)
+    return fig

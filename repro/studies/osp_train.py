@@ -1,0 +1,293 @@
+"""The OSP experiments on this machine: real parameter-server training runs (BSP, ASP, SSP, OSP with and
+without LGP, at several stage-1 shares and osp_auto's own), read back as tidy tables.
+
+OSP's full text is not available (abstract only, Chen et al., arXiv 2306.16926): what runs is this
+project's interpretation (``repro.runtime.ps``; osp.md). Runs are launched with
+:func:`repro.studies.mgwfbp_train.run_grid` in one local world of ``servers + workers`` ranks (ranks
+``0..servers-1`` serve), optionally on an emulated bandwidth-limited network (one network namespace per
+rank, :mod:`repro.cluster.netns`), and written as run folders under ``<results_dir>/runs``; a cluster job
+writes the same folders with ``torchrun -m repro.train --scheduler osp --servers 1 --dataset digits
+--epochs 3 ... --results-dir ...`` and everything below only reads them.
+
+Every run is a convergence run (a real dataset, ``epochs`` passes) and gives both numbers of the OSP
+figures: the **accuracy** after each epoch (``epochs.csv``) and the **throughput** (the slowest worker's
+median step time during those epochs, ``workers * batch / iteration_s``; data loading of the in-memory
+dataset and the per-epoch evaluation are outside the step). **Training time** at an epoch is the sum of
+the measured step times before it (evaluation excluded).
+
+Oversubscription: a PS world has ``servers + workers`` processes; the run summaries' ``world_size``
+counts the workers only, so :func:`load_runs` recomputes ``oversubscribed`` from the whole world.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import pandas as pd
+
+from repro.runs import load_run
+from repro.studies.common import is_oversubscribed
+from repro.studies.mgwfbp_train import clear_runs, load_iterations, run_grid
+from repro.studies.mgwfbp_train import load_runs as _load_runs
+from repro.studies.osp_sim import method_name
+
+__all__ = ["clear_runs", "run_grid", "variant", "default_variants", "run_id", "convergence_configs", "run_study",
+           "load_runs", "throughput_table", "accuracy_table", "lgp_ablation_table", "stage_ratio_table",
+           "summary_table", "variant_label", "TIME_DERIVATION", "THROUGHPUT_DERIVATION"]
+
+THROUGHPUT_DERIVATION = ("throughput = workers x batch / iteration, iteration = the slowest worker's median step "
+                         "time over the run's epochs (evaluation excluded)")
+TIME_DERIVATION = "training time at epoch e = sum of the measured step times of epochs 1..e (evaluation excluded)"
+
+
+# ---------------------------------------------------------------------------------------------
+# What to run
+# ---------------------------------------------------------------------------------------------
+
+def variant(scheduler: str, *, stage1_share: float | None = None, lgp: bool = True, staleness: int | None = None
+            ) -> dict[str, Any]:
+    """One configuration of a PS scheduler as TrainConfig fields: ``osp`` takes ``stage1_share``,
+    ``osp``/``osp_auto`` take ``lgp``, ``ps_ssp`` takes ``staleness``."""
+    v: dict[str, Any] = {"scheduler": scheduler}
+    if scheduler == "osp":
+        if stage1_share is None:
+            raise ValueError("osp needs a stage1_share")
+        v["stage1_share"] = float(stage1_share)
+    if scheduler in ("osp", "osp_auto"):
+        v["lgp"] = bool(lgp)
+    if scheduler == "ps_ssp":
+        v["staleness"] = int(2 if staleness is None else staleness)
+    return v
+
+
+def default_variants(fixed_share: float = 0.5, ablation_shares: Sequence[float] = (0.0,),
+                     ratio_shares: Sequence[float] = (0.0, 0.5), staleness: int = 2) -> list[dict[str, Any]]:
+    """Every run of the OSP notebook, each once: BSP, ASP, SSP(``staleness``); OSP at ``fixed_share``
+    with and without LGP; osp_auto; OSP with and without LGP at each of ``ablation_shares``; OSP at each
+    of ``ratio_shares`` (with LGP). Share 1 is BSP's layout (the ``ps_bsp`` run stands for it)."""
+    out = [variant("ps_bsp"), variant("ps_asp"), variant("ps_ssp", staleness=staleness),
+           variant("osp", stage1_share=fixed_share), variant("osp", stage1_share=fixed_share, lgp=False),
+           variant("osp_auto")]
+    for s in ablation_shares:
+        out += [variant("osp", stage1_share=s), variant("osp", stage1_share=s, lgp=False)]
+    out += [variant("osp", stage1_share=s) for s in ratio_shares if float(s) < 1.0]
+    unique: list[dict[str, Any]] = []
+    for v in out:
+        if v not in unique:
+            unique.append(v)
+    return unique
+
+
+def _share_tag(share: float) -> str:
+    return f"s{round(100 * float(share)):d}" if abs(100 * share - round(100 * share)) < 1e-9 else f"s{share:g}"
+
+
+def run_id(c: dict[str, Any], workers: int, servers: int, bandwidth: str | None = None) -> str:
+    """``<model>_<scheduler>[_s<stage-1 %>][_nolgp][_st<staleness>]_ps<servers>w<workers>[_bw<rate>]
+    _<dataset>-e<epochs>`` (deterministic: a rerun needs overwrite)."""
+    parts = [c["model"], c["scheduler"]]
+    if c["scheduler"] == "osp":
+        parts.append(_share_tag(c["stage1_share"]))
+    if c["scheduler"] in ("osp", "osp_auto") and not c.get("lgp", True):
+        parts.append("nolgp")
+    if c["scheduler"] == "ps_ssp":
+        parts.append(f"st{c.get('staleness', 2)}")
+    parts.append(f"ps{servers}w{workers}")
+    if bandwidth:
+        from repro.cluster.netns import format_bandwidth, parse_bandwidth
+
+        parts.append("bw" + format_bandwidth(parse_bandwidth(bandwidth)))
+    parts.append(f"{c.get('dataset', 'digits')}-e{c.get('epochs')}")
+    return "_".join(str(p) for p in parts)
+
+
+def convergence_configs(variants: Sequence[dict[str, Any]], model: str, workers: int, servers: int = 1,
+                        bandwidth: str | None = None, *, dataset: str = "digits", epochs: int = 3,
+                        batch_size: int = 32, warmup_steps: int = 2, importance: str = "magnitude",
+                        extra: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """TrainConfig dicts, one per variant: ``epochs`` passes over ``dataset``, ``servers`` serving ranks,
+    OSP's ``importance`` policy; ``extra``: more fields for every run (e.g. ``fit_repeats``, ``lr``)."""
+    out = []
+    for v in variants:
+        c = {"model": model, "dataset": dataset, "epochs": int(epochs), "batch_size": int(batch_size),
+             "warmup_steps": int(warmup_steps), "compute_steps": 3, "servers": int(servers), **(extra or {}), **v}
+        if v["scheduler"] in ("osp", "osp_auto"):
+            c["importance"] = importance
+        c["run_id"] = run_id(c, workers, servers, bandwidth)
+        out.append(c)
+    return out
+
+
+def run_study(configs: Sequence[dict[str, Any]], workers: int, servers: int, results_dir: str | Path, *,
+              emulate_bandwidth: str | None = None, timeout_s: float = 1800, overwrite: bool = False) -> pd.DataFrame:
+    """Run ``configs`` in one local world of ``servers + workers`` ranks (see :func:`run_grid`); returns
+    :func:`load_runs` of ``results_dir``."""
+    run_grid(configs, [int(servers) + int(workers)], results_dir, emulate_bandwidth=emulate_bandwidth,
+             timeout_s=timeout_s, overwrite=overwrite)
+    return load_runs(results_dir)
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading runs
+# ---------------------------------------------------------------------------------------------
+
+def variant_label(method: str, stage1_share: float | None = None, staleness: int | None = None,
+                  stage1_bytes_share: float | None = None) -> str:
+    """Display name of a run: ``BSP``, ``SSP (s=2)``, ``OSP 50%``, ``OSP 50% w/o LGP``, ``OSP auto (88%)``
+    (shares: of the gradient bytes in stage 1; the actual share where the layers make it differ)."""
+    def pct(v):
+        return f"{100 * float(v):.0f}%"
+
+    base = method.replace("_nolgp", "")
+    suffix = " w/o LGP" if method.endswith("_nolgp") else ""
+    if base == "ps_bsp":
+        return "BSP"
+    if base == "ps_asp":
+        return "ASP"
+    if base == "ps_ssp":
+        return f"SSP (s={int(staleness)})" if staleness is not None and staleness == staleness else "SSP"
+    actual = stage1_bytes_share if stage1_bytes_share is not None and stage1_bytes_share == stage1_bytes_share else None
+    if base == "osp_auto":
+        return f"OSP auto ({pct(actual)}){suffix}" if actual is not None else f"OSP auto{suffix}"
+    if base == "osp" and stage1_share is not None and stage1_share == stage1_share:
+        shown = pct(stage1_share)
+        if actual is not None and abs(actual - float(stage1_share)) > 0.02:
+            shown += f" (actual {pct(actual)})"
+        return f"OSP {shown}{suffix}"
+    return method
+
+
+def load_runs(results_dir: str | Path) -> pd.DataFrame:
+    """One row per run under ``<results_dir>/runs`` (:func:`repro.studies.mgwfbp_train.load_runs`) with
+    the PS fields: workers (the summary's ``world_size``), servers, ranks (servers + workers),
+    oversubscribed (recomputed on all ranks), stage1_share (requested; osp_auto: chosen; 1 for
+    BSP/ASP/SSP), stage1_bytes_share (what the plan's layers put in stage 1), lgp, staleness,
+    importance, method (style key: scheduler, ``_nolgp`` without LGP) and label."""
+    runs = _load_runs(results_dir)
+    if runs.empty:
+        return runs
+    rows = []
+    for _, r in runs.iterrows():
+        run = load_run(r.path)
+        cfg, meta = run.config, (run.plan.meta if run.plan is not None else {})
+        sched = r.scheduler
+        is_osp = sched in ("osp", "osp_auto")
+        servers = int(r.get("servers") or cfg.get("servers") or 1)
+        lgp = bool(cfg.get("lgp", True)) if is_osp else np.nan
+        share = float(meta.get("stage1_share", cfg.get("stage1_share", 1.0))) if is_osp else 1.0
+        actual = float(meta.get("stage1_bytes_share", share)) if is_osp else 1.0
+        staleness = int(cfg.get("staleness", 2)) if sched == "ps_ssp" else np.nan
+        method = method_name(sched, bool(lgp) if is_osp else True)
+        rows.append({"workers": int(r.world_size), "servers": servers, "ranks": int(r.world_size) + servers,
+                     "stage1_share": share, "stage1_bytes_share": actual, "lgp": lgp, "staleness": staleness,
+                     "importance": cfg.get("importance") if is_osp else None, "method": method,
+                     "label": variant_label(method, share if sched == "osp" else None, staleness, actual),
+                     "lr": cfg.get("lr")})
+    extra = pd.DataFrame(rows, index=runs.index)
+    runs = pd.concat([runs.drop(columns=[c for c in extra.columns if c in runs.columns]), extra], axis=1)
+    cpus = runs["cpu_count"] if "cpu_count" in runs else pd.Series([None] * len(runs), index=runs.index)
+    threads = runs["threads_per_rank"] if "threads_per_rank" in runs else pd.Series([1] * len(runs), index=runs.index)
+    runs["oversubscribed"] = [is_oversubscribed(p, c, t) for p, c, t in zip(runs.ranks, cpus, threads)]
+    return runs
+
+
+_RUN_COLUMNS = ["run_id", "model", "scheduler", "method", "label", "workers", "servers", "ranks", "stage1_share",
+                "stage1_bytes_share", "lgp", "staleness", "importance", "emulated_bandwidth_bps", "batch_size",
+                "oversubscribed"]
+
+
+def _keep(runs: pd.DataFrame) -> list[str]:
+    return [c for c in _RUN_COLUMNS if c in runs.columns]
+
+
+def throughput_table(results_dir: str | Path, runs: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Per run: measured ``iteration_s`` (see :data:`THROUGHPUT_DERIVATION`), ``compute_s`` (steps of a
+    copy of the model without communication), ``throughput_samples_s``, ``predicted_s`` (the plan's
+    simulated period from its warm-up trace and the push/pull lines fitted on the live job),
+    ``speedup_vs_bsp`` (throughput / the BSP run's), ``comm_bound`` (iteration / computation)."""
+    runs = load_runs(results_dir) if runs is None else runs
+    if runs.empty:
+        return pd.DataFrame()
+    df = runs[_keep(runs) + ["iteration_s", "compute_s", "throughput_samples_s", "predicted_iteration_s"]].rename(
+        columns={"predicted_iteration_s": "predicted_s"}).copy()
+    bsp = df[df.scheduler == "ps_bsp"]["throughput_samples_s"]
+    df["speedup_vs_bsp"] = df["throughput_samples_s"] / (float(bsp.iloc[0]) if len(bsp) else np.nan)
+    df["comm_bound"] = df["iteration_s"] / df["compute_s"]
+    df["prediction_error"] = df["predicted_s"] / df["iteration_s"] - 1
+    return df.reset_index(drop=True)
+
+
+def accuracy_table(results_dir: str | Path, runs: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Per run and epoch: test accuracy and loss, train loss, and ``time_s`` (see :data:`TIME_DERIVATION`),
+    with the run's method, label and shares."""
+    runs = load_runs(results_dir) if runs is None else runs
+    if runs.empty:
+        return pd.DataFrame()
+    its = load_iterations(results_dir)
+    frames = []
+    for _, r in runs.iterrows():
+        ep = load_run(r.path).table("epochs.csv")
+        if ep is None or ep.empty:
+            continue
+        steps = its[its.run_id == r.run_id]
+        ep = ep.drop(columns=["run_id"], errors="ignore")
+        ep["time_s"] = [float(steps[steps.epoch < e].iteration_s.sum()) for e in ep.epoch]
+        ep["steps"] = [int((steps.epoch < e).sum()) for e in ep.epoch]
+        for c in _keep(runs):
+            ep[c] = r[c]
+        frames.append(ep)
+    if not frames:
+        return pd.DataFrame()
+    out = pd.concat(frames, ignore_index=True)
+    first = _keep(runs)
+    return out[first + [c for c in out.columns if c not in first]]
+
+
+def lgp_ablation_table(accuracy: pd.DataFrame, shares: Sequence[float]) -> pd.DataFrame:
+    """The accuracy rows of OSP with and without LGP at each of ``shares`` (requested stage-1 share), with
+    the BSP run's rows repeated per share as the reference (``panel_share``: the share of the panel)."""
+    if accuracy.empty:
+        return accuracy
+    frames = []
+    for s in shares:
+        osp = accuracy[(accuracy.scheduler == "osp") & np.isclose(accuracy.stage1_share.astype(float), float(s))]
+        bsp = accuracy[accuracy.scheduler == "ps_bsp"]
+        frames.append(pd.concat([bsp, osp]).assign(panel_share=float(s)))
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+
+def stage_ratio_table(throughput: pd.DataFrame, accuracy: pd.DataFrame) -> pd.DataFrame:
+    """Throughput and final accuracy vs stage-1 share, measured: every OSP run with LGP (``point`` "sweep";
+    osp_auto: "auto") and the BSP run as share 1 ("bsp"). Columns: run_id, method, label, point,
+    stage1_share (requested / chosen), stage1_bytes_share (actual), iteration_s, throughput_samples_s,
+    speedup_vs_bsp, final_accuracy, epochs, oversubscribed."""
+    if throughput.empty:
+        return pd.DataFrame()
+    keep = throughput[(throughput.method.isin(["osp", "osp_auto"])) | (throughput.scheduler == "ps_bsp")].copy()
+    keep["point"] = keep.scheduler.map({"osp": "sweep", "osp_auto": "auto", "ps_bsp": "bsp"})
+    final = accuracy.sort_values("epoch").groupby("run_id").last() if len(accuracy) else pd.DataFrame()
+    keep["final_accuracy"] = keep.run_id.map(final["test_accuracy"]) if len(final) else np.nan
+    keep["epochs"] = keep.run_id.map(final["epoch"]) if len(final) else np.nan
+    cols = ["run_id", "method", "label", "point", "stage1_share", "stage1_bytes_share", "iteration_s",
+            "throughput_samples_s", "speedup_vs_bsp", "final_accuracy", "epochs", "oversubscribed"]
+    return keep[cols].sort_values(["stage1_bytes_share", "point"], ignore_index=True)
+
+
+def summary_table(throughput: pd.DataFrame, accuracy: pd.DataFrame) -> pd.DataFrame:
+    """Per run: throughput, speedup over BSP (percent), final accuracy and its difference from BSP's
+    (percentage points), beside the paper's claim (up to +50% throughput, no accuracy loss; abstract)."""
+    from repro.studies.osp_sim import PAPER_CLAIM_PCT
+
+    if throughput.empty:
+        return pd.DataFrame()
+    final = accuracy.sort_values("epoch").groupby("run_id").last() if len(accuracy) else pd.DataFrame()
+    df = throughput[["run_id", "method", "label", "stage1_bytes_share", "iteration_s", "throughput_samples_s",
+                     "speedup_vs_bsp", "oversubscribed"]].copy()
+    df["speedup_vs_bsp_pct"] = 100 * (df["speedup_vs_bsp"] - 1)
+    df["final_accuracy"] = df.run_id.map(final["test_accuracy"]) if len(final) else np.nan
+    bsp = df[df.method == "ps_bsp"]["final_accuracy"]
+    df["accuracy_vs_bsp_pts"] = 100 * (df["final_accuracy"] - (float(bsp.iloc[0]) if len(bsp) else np.nan))
+    df["paper_claim_pct"] = PAPER_CLAIM_PCT
+    return df.drop(columns="speedup_vs_bsp")

@@ -1,0 +1,177 @@
+"""The OSP training study (repro.studies.osp_train) and its figures: tables on hand-built run folders (the
+numbers test the code's arithmetic; they are not results) and one minimal real parameter-server run on
+loopback. The notebook itself runs at its tiny defaults in tests/test_figures_pipeline.py."""
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+import pytest  # noqa: E402
+
+from repro.cost import CostModel  # noqa: E402
+from repro.figures import osp_plots as plots  # noqa: E402
+from repro.figures.style import use_style  # noqa: E402
+from repro.planners import make_plan  # noqa: E402
+from repro.runs import EPOCHS_CSV, ITERATIONS_CSV, RunWriter  # noqa: E402
+from repro.studies import osp_train as study  # noqa: E402
+from repro.trace import load_trace  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _close():
+    use_style()
+    yield
+    plt.close("all")
+
+
+@pytest.fixture(scope="module")
+def trace():
+    return load_trace("tiny_resnet_b32_cpu")
+
+
+@pytest.fixture(scope="module")
+def cost():
+    return CostModel.from_alpha_beta(2, 1e-4, 8 / 1e8)
+
+
+def _write_run(root, trace, cost, variant, *, step_s, accuracy, cpus=2):
+    """A run folder as repro.train writes it for a PS convergence run (2 workers, 1 server, 2 epochs of
+    3 steps each at ``step_s`` seconds per step)."""
+    sched = variant["scheduler"]
+    opts = {k: variant[k] for k in ("stage1_share", "lgp", "staleness") if k in variant}
+    if sched in ("osp", "osp_auto"):
+        opts["importance"] = "position"
+    plan = make_plan(sched, trace, cost, servers=1, **opts)
+    c = {"model": "tiny_resnet", "dataset": "digits", "epochs": 2, "batch_size": 32, "servers": 1,
+         "staleness": 2, "stage1_share": 0.5, "lgp": True, "importance": "position", **variant}
+    run_id = study.run_id(c, 2, 1, "100mbit")
+    summary = {"run_id": run_id, "model": "tiny_resnet", "scheduler": sched, "world_size": 2, "servers": 1,
+               "iteration_s": step_s, "compute_s": 0.05, "exposed_comm_s": max(0.0, step_s - 0.05),
+               "throughput_samples_s": 2 * 32 / step_s, "buckets": plan.num_buckets, "batch_size": 32,
+               "predicted_iteration_s": plan.meta.get("iteration_s"), "emulated_bandwidth_bps": 1e8,
+               "wire_dtype": "float32"}
+    iters = pd.DataFrame([{"step": i, "epoch": i // 3, "iteration_s": step_s, "forward_s": 0.01,
+                           "backward_call_s": 0.02, "step_s": 0.0, "pre_forward_s": 0.0, "update_s": 0.0,
+                           "loss": 1.0 - 0.1 * i} for i in range(6)])
+    epochs = pd.DataFrame([{"epoch": e + 1, "train_loss": 1.0 - 0.3 * e, "test_loss": 1.0, "test_accuracy": a}
+                           for e, a in enumerate(accuracy)])
+    with RunWriter(root, run_id) as w:
+        w.table(ITERATIONS_CSV, iters.assign(run_id=run_id))
+        w.table(EPOCHS_CSV, epochs.assign(run_id=run_id))
+        w.trace(trace)
+        w.plan(plan)
+        w.cost(cost)
+        w.record({"run_id": run_id, "config": c, "summary": summary,
+                  "environment": {"cpu_count": cpus, "threads_per_rank": 1}})
+    return run_id
+
+
+@pytest.fixture
+def results(tmp_path, trace, cost):
+    runs = tmp_path / "runs"
+    for v, step, acc in ((study.variant("ps_bsp"), 0.2, [0.5, 0.8]), (study.variant("ps_asp"), 0.16, [0.4, 0.7]),
+                         (study.variant("ps_ssp", staleness=2), 0.18, [0.45, 0.75]),
+                         (study.variant("osp", stage1_share=0.5), 0.15, [0.5, 0.78]),
+                         (study.variant("osp", stage1_share=0.5, lgp=False), 0.15, [0.4, 0.6]),
+                         (study.variant("osp", stage1_share=0.0), 0.1, [0.3, 0.7]),
+                         (study.variant("osp", stage1_share=0.0, lgp=False), 0.1, [0.2, 0.5]),
+                         (study.variant("osp_auto"), 0.12, [0.5, 0.79])):
+        _write_run(runs, trace, cost, v, step_s=step, accuracy=acc)
+    return tmp_path
+
+
+def test_variants_are_unique_and_ids_say_what_ran():
+    v = study.default_variants(0.5, [0.0, 0.5], [0.0, 0.25, 1.0], staleness=3)
+    assert len(v) == len({tuple(sorted(x.items())) for x in v})
+    assert {"scheduler": "ps_ssp", "staleness": 3} in v
+    assert {"scheduler": "osp", "stage1_share": 0.25, "lgp": True} in v
+    assert not any(x.get("stage1_share") == 1.0 for x in v)  # share 1 is the BSP run
+    with pytest.raises(ValueError, match="stage1_share"):
+        study.variant("osp")
+    cfg = study.convergence_configs([study.variant("osp", stage1_share=0.25, lgp=False)], "tiny_resnet", 2, 1,
+                                    "100mbit", epochs=3, importance="position")[0]
+    assert cfg["run_id"] == "tiny_resnet_osp_s25_nolgp_ps1w2_bw100mbit_digits-e3"
+    assert cfg["importance"] == "position" and cfg["servers"] == 1 and cfg["lgp"] is False
+    from repro.train import TrainConfig
+
+    TrainConfig(**{k: v for k, v in cfg.items()})  # every field is a TrainConfig field
+
+
+def test_load_runs_counts_the_servers_as_ranks(results):
+    runs = study.load_runs(results)
+    assert len(runs) == 8 and (runs.ranks == 3).all() and (runs.workers == 2).all()
+    assert runs.oversubscribed.all()  # 3 processes on 2 cores, though each summary says world_size 2
+    r = runs.set_index("run_id")
+    assert r.loc["tiny_resnet_osp_s0_nolgp_ps1w2_bw100mbit_digits-e2", "method"] == "osp_nolgp"
+    assert r.loc["tiny_resnet_osp_s50_ps1w2_bw100mbit_digits-e2", "label"].startswith("OSP 50%")
+    assert r.loc["tiny_resnet_ps_ssp_st2_ps1w2_bw100mbit_digits-e2", "label"] == "SSP (s=2)"
+    auto = r.loc["tiny_resnet_osp_auto_ps1w2_bw100mbit_digits-e2"]
+    assert auto.label.startswith("OSP auto (") and 0.0 <= auto.stage1_bytes_share <= 1.0
+
+
+def test_throughput_accuracy_and_summary_tables(results):
+    runs = study.load_runs(results)
+    thr = study.throughput_table(results, runs)
+    bsp = thr[thr.scheduler == "ps_bsp"].iloc[0]
+    assert bsp.speedup_vs_bsp == pytest.approx(1.0)
+    osp0 = thr[(thr.method == "osp") & (thr.stage1_share == 0.0)].iloc[0]
+    assert osp0.speedup_vs_bsp == pytest.approx(0.2 / 0.1)
+    assert np.allclose(thr.comm_bound, thr.iteration_s / thr.compute_s)
+    acc = study.accuracy_table(results, runs)
+    assert len(acc) == 16 and set(acc.epoch) == {1, 2}
+    one = acc[acc.scheduler == "ps_bsp"].sort_values("epoch")
+    assert list(one.time_s) == pytest.approx([3 * 0.2, 6 * 0.2]) and list(one.steps) == [3, 6]
+    s = study.summary_table(thr, acc).set_index("method")
+    assert s.loc["ps_bsp", "accuracy_vs_bsp_pts"] == pytest.approx(0.0)
+    assert s.loc["ps_asp", "accuracy_vs_bsp_pts"] == pytest.approx(-10.0)
+    assert s.loc["ps_asp", "speedup_vs_bsp_pct"] == pytest.approx(100 * (0.2 / 0.16 - 1))
+    assert (s.paper_claim_pct == 50.0).all()
+
+
+def test_lgp_ablation_and_stage_ratio_tables(results):
+    runs = study.load_runs(results)
+    thr, acc = study.throughput_table(results, runs), study.accuracy_table(results, runs)
+    abl = study.lgp_ablation_table(acc, [0.0, 0.5])
+    for s in (0.0, 0.5):
+        panel = abl[abl.panel_share == s]
+        assert set(panel.method) == {"ps_bsp", "osp", "osp_nolgp"} and len(panel) == 3 * 2
+    ratio = study.stage_ratio_table(thr, acc)
+    assert set(ratio.point) == {"bsp", "sweep", "auto"} and "osp_nolgp" not in set(ratio.method)
+    assert ratio[ratio.point == "bsp"].stage1_bytes_share.iloc[0] == 1.0
+    assert ratio.set_index("run_id").loc["tiny_resnet_ps_bsp_ps1w2_bw100mbit_digits-e2", "final_accuracy"] == 0.8
+    assert (ratio.epochs == 2).all()
+
+
+def test_figures_draw_from_the_tables(results, tmp_path):
+    from repro.studies import osp_sim
+
+    runs = study.load_runs(results)
+    thr, acc = study.throughput_table(results, runs), study.accuracy_table(results, runs)
+    for x in ("epoch", "time_s"):
+        fig = plots.plot_accuracy(acc, x, "accuracy", "note", "claim")
+        assert "accuracy" in fig.axes[0].get_ylabel() and len(fig.axes[0].get_lines()) == 8
+    assert "s" in fig.axes[0].get_xlabel()
+    fig = plots.plot_lgp_ablation(study.lgp_ablation_table(acc, [0.0, 0.5]), "LGP", "note")
+    assert len(fig.axes) == 2 and "LGP − no LGP" in fig.axes[0].get_title()
+    assert "final +20.0 pts" in fig.axes[0].get_title()  # 0.7 - 0.5 at share 0
+    assert "mean over epochs +15.0 pts" in fig.axes[0].get_title()  # (0.3 + 0.7 - 0.2 - 0.5) / 2
+    sim_thr = osp_sim.throughput_table(["resnet50"], ["10gbit"])
+    fig = plots.plot_throughput(thr, sim_thr, "m", "s", summary="x")
+    assert len(fig.axes) == 2
+    fig.savefig(tmp_path / "thr.png")
+
+
+@pytest.mark.filterwarnings("ignore::repro.studies.common.OversubscriptionWarning")
+def test_a_minimal_real_run_on_loopback(tmp_path):
+    """1 server + 2 workers on loopback: one OSP epoch of digits (a large batch: few steps), read back."""
+    cfgs = study.convergence_configs([study.variant("osp", stage1_share=0.5)], "tiny_resnet", 2, 1, None, epochs=1,
+                                     batch_size=128, warmup_steps=1, extra={"fit_repeats": 1, "compute_steps": 1})
+    runs = study.run_study(cfgs, 2, 1, tmp_path)
+    assert len(runs) == 1 and runs.ranks.iloc[0] == 3 and runs.servers.iloc[0] == 1
+    thr = study.throughput_table(tmp_path, runs)
+    assert thr.iteration_s.iloc[0] > 0 and thr.method.iloc[0] == "osp"
+    acc = study.accuracy_table(tmp_path, runs)
+    assert list(acc.epoch) == [1] and 0.0 <= acc.test_accuracy.iloc[0] <= 1.0 and acc.time_s.iloc[0] > 0
