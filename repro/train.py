@@ -660,7 +660,7 @@ def _summarise(cfg, run_id, rows, compute_times, plan, trace, device, ranks: _Ra
     iteration_s, compute_s = med.cpu().tolist()
     bwd = statistics.median(r["backward_call_s"] for r in rows) if rows else float("nan")
     return {"run_id": run_id, "model": cfg.model, "scheduler": cfg.scheduler, "world_size": world,
-            "servers": ranks.servers,
+            "servers": ranks.servers, "ranks": ranks.size + ranks.servers,
             "backend": dist.get_backend(),
             "emulated_bandwidth_bps": cfg.emulated_bandwidth_bps,
             "backward_call_s": bwd,

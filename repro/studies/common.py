@@ -58,10 +58,15 @@ def warn_if_oversubscribed(world_size: int, what: str = "run", *, cpus: int | No
 
 def with_oversubscription(df: pd.DataFrame, *, workers: str = "world_size") -> pd.DataFrame:
     """``df`` with a boolean ``oversubscribed`` column from its ``workers``, ``cpu_count`` and
-    (optional) ``threads_per_rank`` columns (False where the CPU count is unknown)."""
+    (optional) ``threads_per_rank`` columns (False where the CPU count is unknown). Run summaries
+    count every process of the job in ``ranks`` (a parameter server's world is its workers plus its
+    servers); where that column is filled it is used instead of ``workers``."""
     if df.empty:
         return df.assign(oversubscribed=pd.Series(dtype=bool))
     cpus = df["cpu_count"] if "cpu_count" in df else pd.Series([None] * len(df), index=df.index)
     threads = df["threads_per_rank"] if "threads_per_rank" in df else pd.Series([1] * len(df), index=df.index)
-    flags = [is_oversubscribed(p, c, t) for p, c, t in zip(df[workers], cpus, threads)]
+    counts = df[workers]
+    if "ranks" in df and workers == "world_size":
+        counts = df["ranks"].where(df["ranks"].notna(), df[workers])
+    flags = [is_oversubscribed(p, c, t) for p, c, t in zip(counts, cpus, threads)]
     return df.assign(oversubscribed=pd.Series(flags, index=df.index, dtype=bool))
