@@ -328,16 +328,26 @@ def _configs(model: str, methods, **common) -> list[dict]:
 
 
 def train_runs(configs: list[dict], workers: int, bandwidth: str | None) -> list[dict]:
-    """Train every config in one local job (1 server + ``workers``), in order; the summaries."""
+    """Train every config in one local job (1 server + ``workers``), in order; the summaries, each with
+    its plan's ``stage1_bytes_share`` (the run folders are written to a temporary directory)."""
+    import json
+    import tempfile
+    from pathlib import Path
+
     from repro.cluster.local import launch_local
     from repro.studies.mgwfbp_train import run_configs
 
-    todo = [{k: v for k, v in c.items() if not k.startswith("_")} for c in configs]
-    with warnings.catch_warnings():
+    with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings():
         warnings.simplefilter("ignore")
+        todo = [{**{k: v for k, v in c.items() if not k.startswith("_")}, "results_dir": tmp,
+                 "run_id": f"run{i}"} for i, c in enumerate(configs)]
         res = launch_local(run_configs, workers + 1, args=(todo,), timeout_s=3600, pg_timeout_s=300, quiet=True,
                            emulate_bandwidth=bandwidth)
-    return [{**s, "_label": c["_label"]} for c, s in zip(configs, res[-1])]
+        out = []
+        for i, (c, s) in enumerate(zip(configs, res[-1])):
+            plan = json.loads((Path(tmp) / f"run{i}" / "plan.json").read_text())
+            out.append({**s, "_label": c["_label"], "stage1_share": plan.get("stage1_bytes_share")})
+    return out
 
 
 def measured_throughput(model: str, steps: int, repeats: int, workers: int, bandwidth: str | None) -> pd.DataFrame:
@@ -352,7 +362,8 @@ def measured_throughput(model: str, steps: int, repeats: int, workers: int, band
                      "compute_s": statistics.median(r["compute_s"] for r in mine),
                      "samples_per_s": statistics.median(r["throughput_samples_s"] for r in mine),
                      "predicted_s": statistics.median(r.get("predicted_iteration_s") or float("nan") for r in mine),
-                     "buckets": mine[0].get("buckets")})
+                     "buckets": mine[0].get("buckets"),
+                     "stage1_share": statistics.median(r["stage1_share"] for r in mine)})
     df = pd.DataFrame(rows)
     bsp = float(df.loc[df.scheduler == "ps_bsp", "samples_per_s"].iloc[0])
     df["vs_BSP"] = df["samples_per_s"] / bsp - 1
@@ -417,7 +428,8 @@ def accuracy_table(model: str, epochs: int, workers: int, bandwidth: str | None,
     rows = []
     for r in runs:
         last = r["epochs"][-1] if r.get("epochs") else {}
-        rows.append({"method": r["_label"], "scheduler": r["scheduler"], "epochs": last.get("epoch"),
+        rows.append({"method": r["_label"], "scheduler": r["scheduler"], "stage1_share": r.get("stage1_share"),
+                     "epochs": last.get("epoch"),
                      "test_accuracy": last.get("test_accuracy"), "test_loss": last.get("test_loss"),
                      "iteration_s": r["iteration_s"], "steps": r.get("steps")})
     return pd.DataFrame(rows)
@@ -463,7 +475,8 @@ def main() -> None:
         thr = measured_throughput(args.model, args.steps, args.repeats, args.workers, bw)
         print(f"\n== 2a. Measured throughput: {args.model}, synthetic data, 1 server + {args.workers} workers on "
               f"{where}, {cores}; seconds per iteration (median over {args.repeats} runs of each run's median "
-              f"of {args.steps} steps, slowest worker), samples/s of all workers, change vs BSP "
+              f"of {args.steps} steps, slowest worker), samples/s of all workers, change vs BSP; stage1_share: "
+              "the plan's stage-1 bytes (osp_auto: its rule's choice; 0 = everything one step stale) "
               f"[{time.perf_counter() - t:.0f} s] ==")
         print(thr.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
     sim = simulated_throughput(args.sim_traces, args.sim_networks, args.sim_alpha_us * 1e-6)
