@@ -317,27 +317,37 @@ class _Server:
         self.update_rows: list[dict[str, Any]] = []
         self.errors: list[BaseException] = []
         self.t0 = time.perf_counter()
+        # Buffers allocated once (fresh large allocations page-fault on every step): the sum of a
+        # bucket's N gradients; its aggregated values by step parity (the pulls of step t are sent
+        # while step t+1 aggregates; step t+2 starts only once every thread has seen them out); and
+        # one snapshot per (worker thread, bucket) for ASP/SSP/FETCH answers, reused once sent.
+        def zeros(b: _Bucket) -> torch.Tensor:
+            return torch.zeros(b.numel, device=b.params[0].device)
+
+        self._sum = {b.index: zeros(b) for b in self.buckets}
+        self._result = {b.index: [zeros(b), zeros(b)] for b in self.buckets}
+        self._own = [{b.index: zeros(b) for b in self.buckets} for _ in range(workers)]
 
     # ---- optimizer on one bucket ----
-    def _apply(self, bucket: _Bucket, grad: torch.Tensor) -> torch.Tensor:
-        """Set the bucket's gradients from ``grad``, step, clear; returns a snapshot of its values."""
+    def _apply(self, bucket: _Bucket, grad: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor | None:
+        """Set the bucket's gradients to views of ``grad`` (which the optimizer may change: it is not
+        used afterwards), step, clear; with ``out``, copy the bucket's new values into it."""
         with self.update_lock:
             off = 0
             for p in bucket.params:
                 n = p.numel()
-                p.grad = grad[off:off + n].view_as(p).clone()
+                p.grad = grad[off:off + n].view_as(p)
                 off += n
             self.optimizer.step()
             for p in bucket.params:
                 p.grad = None
-            out = torch.empty(bucket.numel, device=grad.device)
-            with torch.no_grad():
-                _flatten_into(out, bucket.params)
+            if out is not None:
+                with torch.no_grad():
+                    _flatten_into(out, bucket.params)
         return out
 
-    def _snapshot(self, bucket: _Bucket) -> torch.Tensor:
+    def _snapshot(self, bucket: _Bucket, out: torch.Tensor) -> torch.Tensor:
         with self.update_lock:
-            out = torch.empty(bucket.numel, device=bucket.params[0].device)
             with torch.no_grad():
                 _flatten_into(out, bucket.params)
         return out
@@ -351,11 +361,12 @@ class _Server:
             agg.count += 1
             last = agg.count == self.workers
         if last:
-            total = agg.slots[0].clone()
+            total = self._sum[bucket.index]
+            total.copy_(agg.slots[0])
             for g in agg.slots[1:]:
-                total += g
-            total /= self.workers
-            result = self._apply(bucket, total)
+                total.add_(g)
+            total.div_(self.workers)
+            result = self._apply(bucket, total, self._result[bucket.index][step % 2])
             with self.cond:
                 agg.result = result
                 agg.slots = []
@@ -392,13 +403,14 @@ class _Server:
         src = self.servers + worker
         header = torch.zeros(2, dtype=torch.int64)
         recv = {b.index: torch.zeros(b.numel, device=b.params[0].device) for b in self.buckets}
+        own = self._own[worker]
         while True:
             dist.irecv(header, src=src, tag=_HEADER_TAG).wait()
             kind, step = int(header[0]), int(header[1])
             if kind == STOP:
                 return
             if kind == FETCH:
-                sends = [dist.isend(self._snapshot(b), dst=src, tag=1 + b.index) for b in self.buckets]
+                sends = [dist.isend(self._snapshot(b, own[b.index]), dst=src, tag=1 + b.index) for b in self.buckets]
                 for w in sends:
                     w.wait()
                 continue
@@ -413,19 +425,19 @@ class _Server:
                     mine = [(b, h) for b, h in handles if b.stage == stage]
                     for b, h in mine:
                         h.wait()
-                        self._sync_contribute(b, step, worker, recv[b.index].clone())
+                        self._sync_contribute(b, step, worker, recv[b.index])  # re-posted only next step
                     for b, _ in mine:
                         out = self._sync_result(b, step)
                         replies.append(dist.isend(out, dst=src, tag=1 + b.index))
             elif self.mode == "asp":
                 for b, h in handles:
                     h.wait()
-                    out = self._apply(b, recv[b.index] / self.workers)
+                    out = self._apply(b, recv[b.index].div_(self.workers), own[b.index])
                     replies.append(dist.isend(out, dst=src, tag=1 + b.index))
             else:  # ssp
                 for b, h in handles:
                     h.wait()
-                    self._apply(b, recv[b.index] / self.workers)
+                    self._apply(b, recv[b.index].div_(self.workers))
                 with self.cond:
                     self.clock[worker] = step + 1
                     self.cond.notify_all()
@@ -437,7 +449,7 @@ class _Server:
                                             "slowest_clock": min(self.clock), "staleness": self.staleness,
                                             "time_s": time.perf_counter() - self.t0})
                 for b in self.buckets:
-                    replies.append(dist.isend(self._snapshot(b), dst=src, tag=1 + b.index))
+                    replies.append(dist.isend(self._snapshot(b, own[b.index]), dst=src, tag=1 + b.index))
             for w in replies:
                 w.wait()
 
