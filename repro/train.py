@@ -61,6 +61,9 @@ def _opt(default: Any, help: str, **meta: Any) -> Any:
     return field(default=default, metadata={"help": help, **meta})
 
 
+_PS_OPTIONS = ("servers", "staleness", "stage1_share", "importance", "lgp")
+
+
 @dataclass
 class TrainConfig:
     """One run. Sizes in bytes, times in seconds; ``batch_size`` is per rank."""
@@ -78,14 +81,19 @@ class TrainConfig:
     tuner_trials: int = _opt(10, "dear_bo: Bayesian-optimisation trials after the initial threshold")
     tuner_min_bytes: int = _opt(2**20, "dear_bo: smallest fusion threshold the tuner tries, bytes")
     tuner_max_bytes: int = _opt(2**28, "dear_bo: largest fusion threshold the tuner tries, bytes")
-    servers: int = _opt(1, "parameter-server schedulers (ps_*, osp*): ranks 0..servers-1 serve the parameters, "
-                        "the other ranks train")
-    staleness: int = _opt(2, "ps_ssp: iterations a worker may run ahead of the slowest")
-    stage1_share: float = _opt(0.5, "osp: fraction of the gradient bytes synchronised in the blocking stage 1, "
-                               "in [0, 1]; the rest goes to stage 2, overlapped with the next iteration")
-    importance: str = _opt("magnitude", "osp*: which layers go to stage 1 first: magnitude (largest mean |gradient| "
-                           "in the warm-up) or position (input side first)", choices=("magnitude", "position"))
-    lgp: bool = _opt(True, "osp*: correct stale stage-2 parameters with the local gradient (--no-lgp: off)")
+    # Parameter-server options: None = the planner's default; refused by schedulers that do not take them.
+    servers: int | None = _opt(None, "parameter-server schedulers (ps_*, osp*): ranks 0..servers-1 serve the "
+                               "parameters, the other ranks train (default 1)", kind=int)
+    staleness: int | None = _opt(None, "ps_ssp: iterations a worker may run ahead of the slowest (default 2)",
+                                 kind=int)
+    stage1_share: float | None = _opt(None, "osp: fraction of the gradient bytes synchronised in the blocking stage "
+                                      "1, in [0, 1]; the rest goes to stage 2, overlapped with the next iteration "
+                                      "(default 0.5)", kind=float)
+    importance: str | None = _opt(None, "osp*: which layers go to stage 1 first: position (input side first; the "
+                                  "default) or magnitude (largest mean |gradient| in the warm-up)",
+                                  choices=("position", "magnitude"))
+    lgp: bool | None = _opt(None, "osp*: correct stale stage-2 parameters with the local gradient (default on; "
+                            "--no-lgp: off)", kind=bool)
     density: float = _opt(0.001, "top-k density of the sparse schedulers (topk_*, omgs*): the fraction of "
                           "each bucket's gradient elements a worker sends per step, k = ceil(density x "
                           "elements), in (0, 1]; 1 sends everything (dense S-SGD)")
@@ -137,15 +145,26 @@ class TrainConfig:
             raise ValueError(f"steps must be positive, got {self.steps}")
         if self.epochs is not None and self.epochs < 1:
             raise ValueError(f"epochs must be positive, got {self.epochs}")
-        if isinstance(self.servers, bool) or not isinstance(self.servers, int) or self.servers < 1:
+        for name in _PS_OPTIONS:  # set where it does not apply: refused, never silently ignored
+            if getattr(self, name) is not None and name not in sched.planner_options:
+                takers = [n for n in scheduler_names() if name in get_scheduler(n).planner_options]
+                flag = "--lgp/--no-lgp" if name == "lgp" else "--" + name.replace("_", "-")
+                raise ValueError(f"{flag} does not apply to --scheduler {self.scheduler} (it applies to: "
+                                 f"{', '.join(takers)})")
+        if self.servers is not None and (isinstance(self.servers, bool) or not isinstance(self.servers, int)
+                                         or self.servers < 1):
             raise ValueError(f"servers must be a positive integer, got {self.servers!r}")
-        if isinstance(self.staleness, bool) or not isinstance(self.staleness, int) or self.staleness < 0:
+        if self.staleness is not None and (isinstance(self.staleness, bool) or not isinstance(self.staleness, int)
+                                           or self.staleness < 0):
             raise ValueError(f"staleness must be a non-negative integer, got {self.staleness!r}")
-        if (isinstance(self.stage1_share, bool) or not isinstance(self.stage1_share, (int, float))
-                or not 0.0 <= self.stage1_share <= 1.0):
+        if self.stage1_share is not None and (isinstance(self.stage1_share, bool)
+                                              or not isinstance(self.stage1_share, (int, float))
+                                              or not 0.0 <= self.stage1_share <= 1.0):
             raise ValueError(f"stage1_share must be a number in [0, 1], got {self.stage1_share!r}")
-        if self.importance not in ("magnitude", "position"):
+        if self.importance is not None and self.importance not in ("magnitude", "position"):
             raise ValueError(f"unknown importance policy '{self.importance}'; choose magnitude or position")
+        if self.lgp is not None and not isinstance(self.lgp, bool):
+            raise ValueError(f"lgp must be true or false, got {self.lgp!r}")
         if self.tuner_trials < 0:
             raise ValueError(f"tuner_trials must not be negative, got {self.tuner_trials}")
         if not 1 <= self.tuner_min_bytes < self.tuner_max_bytes:
@@ -173,7 +192,7 @@ class TrainConfig:
     def serving_ranks(self) -> int:
         """Ranks that serve rather than train: ``servers`` for a family with serving ranks, else 0."""
         sched = get_scheduler(self.scheduler)
-        return self.servers if sched.family is not None and get_family(sched.family).server else 0
+        return (self.servers or 1) if sched.family is not None and get_family(sched.family).server else 0
 
     def check_world(self, world_size: int) -> None:
         """Checks that need the world size (made before any step)."""
@@ -394,7 +413,7 @@ def _plan_for(cfg: TrainConfig, trace: Trace | None, device: torch.device,
     takes part): online planners plan with it, all record a prediction."""
     ranks = ranks or _Ranks(None, dist.get_rank(), dist.get_world_size())
     sched = get_scheduler(cfg.scheduler)
-    opts = {name: getattr(cfg, name) for name in sched.planner_options}
+    opts = {name: getattr(cfg, name) for name in sched.planner_options if getattr(cfg, name) is not None}
     if cfg.wire_dtype:
         opts["wire_dtype"] = cfg.wire_dtype
     if ranks.servers:
@@ -733,8 +752,13 @@ def build_parser() -> argparse.ArgumentParser:
         kw: dict[str, Any] = {"default": default, "help": f.metadata.get("help", "")}
         if "choices" in f.metadata:
             kw["choices"] = list(f.metadata["choices"])
-        if isinstance(default, bool):
-            p.add_argument(flag, action=argparse.BooleanOptionalAction if default else "store_true", **kw)
+        kind = f.metadata.get("kind")
+        if kind is bool or (isinstance(default, bool) and default):
+            p.add_argument(flag, action=argparse.BooleanOptionalAction, **kw)
+        elif isinstance(default, bool):
+            p.add_argument(flag, action="store_true", **kw)
+        elif kind is not None:
+            p.add_argument(flag, type=kind, **kw)
         elif f.name == "scheduler":
             p.add_argument(flag, type=str, **kw)
         elif f.name == "epochs":
@@ -790,6 +814,14 @@ def main(argv: Sequence[str] | None = None, *, hard_exit: bool = False) -> int:
     except (ValueError, FileNotFoundError, DistributedSetupError) as e:
         print(f"repro: error: {str(e).splitlines()[0]}", file=sys.stderr)
         return 2
+    except (RuntimeError, TimeoutError) as e:  # e.g. a peer that died or stopped: one line per rank, no traceback
+        print(f"repro: error: rank {os.environ.get('RANK', '?')}: {type(e).__name__}: "
+              f"{(str(e).splitlines() or [''])[0]}", file=sys.stderr)
+        if hard_exit:  # gloo's threads can hang a failed process's teardown
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(1)
+        return 1
     if hard_exit:
         sys.stdout.flush()
         sys.stderr.flush()

@@ -83,6 +83,8 @@ def _die(die: dict) -> None:
 def _maybe_die(case: dict, step: int) -> None:
     die = case.get("die")
     if die and dist.get_rank() == die["rank"] and step >= die["after"]:
+        if die.get("hang"):   # alive but silent (as a stopped or stuck process)
+            time.sleep(3600)
         _die(die)
 
 

@@ -236,3 +236,10 @@ def test_ps_planning_is_torch_free():
             "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_more_servers_than_layers_is_refused():
+    t = _trace([400, 400, 400])
+    assert make_plan("ps_bsp", t, _cost(2), servers=3).option("servers") == 3
+    with pytest.raises(ValueError, match=r"servers \(4\) exceeds the model's 3 layers"):
+        make_plan("ps_bsp", t, _cost(2), servers=4)

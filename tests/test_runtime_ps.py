@@ -355,3 +355,14 @@ def test_a_dead_rank_ends_the_run_naming_it(tmp_path, who):
     assert str(err).splitlines()[0].startswith(f"rank {rank} of 3 (role {who}") and "exit code 3" in str(err)
     died = float(stamp.read_text())
     assert noticed - died < 10, noticed - died      # well within the process-group timeout (20 s)
+
+
+def test_a_silent_worker_is_named_by_the_server():
+    # worker rank 2 stops sending (alive, as a stopped process): the server's wait for it reaches the
+    # process-group limit and the run ends naming rank 2, not the innocent worker the server's exit cuts off
+    case = {"mode": "bsp", "steps": 400, "sleep": {0: 0.02, 1: 0.02}, "die": {"rank": 2, "after": 2, "hang": True}}
+    with pytest.raises(RankFailedError) as e:
+        launch_local(roles=[Role("server", T.ps_server, 1, args=([case],)),
+                            Role("worker", T.ps_worker, 2, args=([case],))], timeout_s=120, pg_timeout_s=6)
+    first = str(e.value).splitlines()[0]
+    assert e.value.rank == 0 and "PSPeerSilentError" in first and "no message from worker rank 2" in first, first

@@ -1,6 +1,7 @@
 """`repro train` / `python -m repro.train`: bad input, torchrun, failing ranks."""
 
 import json
+import re
 import subprocess
 import sys
 
@@ -53,3 +54,18 @@ def test_missing_dataset_fails_every_rank_fast_with_the_reason(tmp_path, monkeyp
     cfg = {"model": "tiny_vgg", "scheduler": "syncea", "dataset": "cifar10", "epochs": 1, "quiet": True}
     with pytest.raises(RankFailedError, match=r"rank \d of 2 failed: DatasetNotFoundError: CIFAR-10 not found"):
         launch_local(run_configs, 2, args=([cfg],), timeout_s=120, env={"REPRO_DATA_DIR": str(tmp_path)})
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--scheduler", "mgwfbp", "--servers", "2"], "--servers does not apply to --scheduler mgwfbp"),
+    (["--scheduler", "ps_bsp", "--no-lgp"], "--lgp/--no-lgp does not apply to --scheduler ps_bsp"),
+    (["--scheduler", "ps_asp", "--staleness", "3"], "--staleness does not apply to --scheduler ps_asp"),
+    (["--scheduler", "osp", "--stage1-share", "1.5"], "stage1_share must be a number in"),
+])
+def test_parameter_server_options_are_refused_where_they_do_not_apply(argv, message):
+    from repro.train import config_from_argv
+
+    with pytest.raises(ValueError, match=re.escape(message)):
+        config_from_argv(argv)
+    cfg, _ = config_from_argv(["--scheduler", "osp", "--no-lgp", "--stage1-share", "0.25"])
+    assert (cfg.lgp, cfg.stage1_share, cfg.servers, cfg.serving_ranks()) == (False, 0.25, None, 1)

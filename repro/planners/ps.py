@@ -94,6 +94,8 @@ def ps_plan(trace: Trace, cost: CostModel | None, mode: str, servers: int = 1, *
     """The plan of ``mode`` with the layers ``stage1`` in stage 1 (all when None); with a cost model,
     ``meta["iteration_s"]`` holds the simulated period."""
     n = trace.num_layers
+    if isinstance(servers, (int, np.integer)) and not isinstance(servers, bool) and servers > n:
+        raise ValueError(f"servers ({servers}) exceeds the model's {n} layers: some servers would hold nothing")
     stage1 = set(range(n)) if stage1 is None else set(stage1)
     shard = shard_layers(trace.bytes(), servers)
     buckets, owners = [], []

@@ -68,10 +68,25 @@ from repro.plan import Plan, PlanError
 from repro.runtime.executor import Executor, ExecutorOptions
 from repro.workload.layers import layer_parameters
 
-__all__ = ["PSExecutor", "PSOptimizer", "serve", "calibrate", "ps_layout", "STEP", "FETCH", "STOP"]
+__all__ = ["PSExecutor", "PSOptimizer", "PSPeerSilentError", "PSTiming", "serve", "calibrate", "ps_layout", "STEP", "FETCH",
+           "STOP"]
 
 STEP, FETCH, STOP = 0, 1, 2
 _HEADER_TAG = 0
+
+
+@dataclass
+class PSTiming:
+    """One bucket of the last step (``--record-timeline``): when its push was launched and when its pull
+    was installed (``perf_counter`` seconds). A stage-2 pull is installed two steps later, after this
+    step's record was taken, so its ``end_s`` stays None."""
+
+    bucket: int
+    stage: int
+    server: int
+    bytes: int
+    launch_s: float
+    end_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -124,6 +139,27 @@ def _unflatten_from(buf: torch.Tensor, params) -> None:
 
 def _header(kind: int, step: int) -> torch.Tensor:
     return torch.tensor([kind, step], dtype=torch.int64)
+
+
+class PSPeerSilentError(RuntimeError):
+    """A peer sent nothing within the process-group timeout. Worded so that the launcher reports it
+    first (it names the silent rank), ahead of the communication errors it causes elsewhere."""
+
+
+def _silent(exc: BaseException) -> bool:
+    text = str(exc).lower()
+    return isinstance(exc, RuntimeError) and ("timed out" in text or "timeout" in text)
+
+
+def _wait(handle: Any, who: str, peer: str) -> None:
+    """``handle.wait()``; a timeout becomes a :class:`PSPeerSilentError` naming the silent peer."""
+    try:
+        handle.wait()
+    except RuntimeError as e:
+        if _silent(e):
+            raise PSPeerSilentError(f"{who}: no message from {peer} within the process-group limit "
+                                    "(--pg-timeout-s): that rank died, hung, was stopped or is itself stuck") from None
+        raise
 
 
 # ---------------------------------------------------------------------------------------------
@@ -207,15 +243,19 @@ class PSExecutor(Executor):
     def after_backward(self) -> None:
         t = self.step_index
         for w in self._sends:            # the push buffers are reused: last step's sends must be done
-            w.wait()
+            _wait(w, f"worker rank {self.rank}", "a server")
         self._sends = []
         for s in range(self.servers):
             self._sends.append(dist.isend(_header(STEP, t), dst=s, tag=_HEADER_TAG))
         parity = t % 2
         self._stage1 = []
         local2 = []
+        timings = []
         for b in self.buckets:
             buf = self._push[b.index]
+            if self.options.record_timeline:
+                timings.append(PSTiming(b.index, b.stage, b.server, buf.numel() * buf.element_size(),
+                                        time.perf_counter()))
             _flatten_into(buf, [p.grad if p.grad is not None else torch.zeros_like(p) for p in b.params])
             self._sends.append(dist.isend(buf, dst=b.server, tag=1 + b.index))
             recv = self._pull[parity][b.index]
@@ -229,11 +269,16 @@ class PSExecutor(Executor):
                 if self.lgp:
                     local2.append((b, buf))   # read (not written) while it is sent
         self._local2 = local2
+        if self.options.record_timeline:
+            self.timings = timings
 
     def _install(self, pending) -> None:
         for bucket, handle, buf in pending:
-            handle.wait()
+            _wait(handle, f"worker rank {self.rank}", f"server rank {bucket.server} (bucket {bucket.index})")
             _unflatten_from(buf, bucket.params)
+            for t in self.timings:
+                if t.bucket == bucket.index and t.end_s is None and bucket.stage == 1:
+                    t.end_s = time.perf_counter()
 
     def _install_stage_one(self) -> None:
         self._install(self._stage1)
@@ -250,7 +295,7 @@ class PSExecutor(Executor):
             self._install(self._stage2.pop(t))
         self._local2 = []
         for w in self._sends:
-            w.wait()
+            _wait(w, f"worker rank {self.rank}", "a server")
         self._sends = []
         if self.mode in ("asp", "ssp"):
             dist.barrier(group=self.group)
@@ -263,7 +308,7 @@ class PSExecutor(Executor):
                    for b in self.buckets]
         self._install(pending)
         for w in sends:
-            w.wait()
+            _wait(w, f"worker rank {self.rank}", "a server")
 
     def _broadcast_buffers(self) -> None:
         buffers = [b for b in self.model.buffers() if b.is_floating_point() or b.dtype == torch.int64]
@@ -277,7 +322,7 @@ class PSExecutor(Executor):
         self.flush()
         sends = [dist.isend(_header(STOP, self.step_index), dst=s, tag=_HEADER_TAG) for s in range(self.servers)]
         for w in sends:
-            w.wait()
+            _wait(w, f"worker rank {self.rank}", "a server")
         self._stopped = True
 
     def tables(self) -> dict[str, list[dict[str, Any]]]:
@@ -392,8 +437,13 @@ class _Server:
         except _PeerFailed:
             pass
         except BaseException as e:  # noqa: BLE001 - reported by serve()
-            err = RuntimeError(f"server {self.index}: serving worker rank {self.servers + worker} failed: "
-                               f"{type(e).__name__}: {e}")
+            rank = self.servers + worker
+            if _silent(e):
+                err = PSPeerSilentError(f"server {self.index}: no message from worker rank {rank} within the "
+                                        "process-group limit (--pg-timeout-s): that worker died, hung, was "
+                                        "stopped or is itself stuck")
+            else:
+                err = RuntimeError(f"server {self.index}: serving worker rank {rank} failed: {type(e).__name__}: {e}")
             err.__cause__ = e
             with self.cond:
                 self.errors.append(err)
