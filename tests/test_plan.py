@@ -194,7 +194,7 @@ def test_every_family_hook_resolves():
 def test_the_torch_free_core_does_not_import_torch():
     code = ("import sys, repro.trace, repro.cost, repro.plan, repro.families, repro.planners, repro.sim, "
             "repro.schedulers, repro.runs, repro.sim.allreduce, repro.planners.allreduce, repro.sim.sparse, "
-            "repro.sim.dear, repro.sim.bytescheduler, repro.sim.ps, repro.planners.dear, repro.planners.bytescheduler\n"
+            "repro.sim.dear, repro.sim.bytescheduler, repro.sim.ps, repro.planners.dear, repro.planners.bytescheduler, repro.planners.ps, repro.topology\n"
             "from repro.planners import make_plan\nfrom repro.sim import simulate\n"
             "from repro.trace import load_trace\nfrom repro.cost import preset\n"
             "t = load_trace('resnet50_b32_v100-estimate'); c = preset('10gbe-v100', 16)\n"
