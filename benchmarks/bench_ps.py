@@ -372,14 +372,6 @@ def measured_throughput(model: str, steps: int, repeats: int, workers: int, band
 
 SIM_TRACES = ["resnet50_b64_v100-estimate", "vgg16_b32_v100-estimate", "inception_v4_b64_v100-estimate",
               "densenet201_b64_v100-estimate", "bert_base_b64_v100-estimate", "lstm_ptb_b20_v100-estimate"]
-SIM_METHODS = [
-    ("BSP", "ps_bsp", {}),
-    ("ASP", "ps_asp", {}),
-    ("SSP s=2", "ps_ssp", {"staleness": 2}),
-    ("OSP r=0.5 +LGP", "osp", {"stage1_share": 0.5, "lgp": True}),
-    ("OSP r=0.5 -LGP", "osp", {"stage1_share": 0.5, "lgp": False}),
-    ("OSP auto +LGP", "osp_auto", {"lgp": True}),
-]
 
 
 def simulated_throughput(traces, networks, alpha_s: float, workers: int = 8) -> pd.DataFrame:
@@ -398,7 +390,7 @@ def simulated_throughput(traces, networks, alpha_s: float, workers: int = 8) -> 
             row = {"trace": name.replace("_v100-estimate", ""), "MB": trace.total_bytes / 1e6,
                    "compute_ms": 1e3 * (trace.total_forward_s + trace.total_backward_s), "network": net}
             its = {}
-            for label, sched, extra in SIM_METHODS:
+            for label, sched, extra in METHODS:
                 plan = make_plan(sched, trace, cost, servers=1, **extra)
                 its[label] = plan.meta["iteration_s"]
                 row[f"{label} ms"] = 1e3 * its[label]

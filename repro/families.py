@@ -158,14 +158,25 @@ class Family:
                 if m.phase not in self.phases:
                     raise PlanError(f"bucket {i}: family '{self.name}' has no '{m.phase}' phase "
                                     f"(it uses {', '.join(self.phases)})")
-        extra = self.hook("check_buckets")
-        if extra is not None:
-            try:
-                extra(buckets)
-            except PlanError:
-                raise
-            except ValueError as e:
-                raise PlanError(str(e)) from None
+        self._run_check("check_buckets", buckets)
+
+    def validate_plan(self, plan: Any) -> None:
+        """The family's whole-plan check (its options against its buckets), if it has one."""
+        self._run_check("check_plan", plan)
+
+    def _run_check(self, which: str, arg: Any) -> None:
+        """Call check hook ``which`` on ``arg``; its ValueError becomes a one-line PlanError."""
+        from repro.plan import PlanError
+
+        check = self.hook(which)
+        if check is None:
+            return
+        try:
+            check(arg)
+        except PlanError:
+            raise
+        except ValueError as e:
+            raise PlanError(str(e)) from None
 
     # ---- bytes, simulation, execution ----
     def bytes_per_message(self, trace: Any, plan: Any) -> list[list[float]]:

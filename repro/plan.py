@@ -258,14 +258,7 @@ class Plan:
         set_(self, "family", fam.name)
         set_(self, "_options", tuple(sorted(opts.items())))
         set_(self, "meta", dict(meta or {}))
-        check = fam.hook("check_plan")  # checks across options and buckets (e.g. a server per bucket)
-        if check is not None:
-            try:
-                check(self)
-            except PlanError:
-                raise
-            except ValueError as e:
-                raise PlanError(str(e)) from None
+        fam.validate_plan(self)  # checks across options and buckets (e.g. a server per bucket)
 
     def __setattr__(self, name: str, value: Any) -> None:
         raise AttributeError(f"Plan is immutable; build a new one (cannot set '{name}')")

@@ -207,14 +207,12 @@ class PSExecutor(Executor):
                              f"(ranks {self.servers}..{dist.get_world_size() - 1}: dist.new_group on every rank)")
         self.step_index = 0
         dev = self.buckets[0].params[0].device if self.buckets and self.buckets[0].params else torch.device("cpu")
-        self.device = dev
         self._push = [torch.zeros(b.numel, device=dev) for b in self.buckets]
         self._pull = [[torch.zeros(b.numel, device=dev) for b in self.buckets] for _ in range(2)]  # by step parity
         self._sends: list[Any] = []
         self._stage1: list[tuple[_Bucket, Any, torch.Tensor]] = []
         self._stage2: dict[int, list[tuple[_Bucket, Any, torch.Tensor]]] = {}   # step -> pending pulls
         self._local2: list[tuple[_Bucket, torch.Tensor]] = []                  # LGP: last stage-2 gradients
-        self._lr = None
         self._stopped = False
         self.bytes_pushed = 0
         self.bytes_pulled = 0
@@ -325,9 +323,6 @@ class PSExecutor(Executor):
             _wait(w, f"worker rank {self.rank}", "a server")
         self._stopped = True
 
-    def tables(self) -> dict[str, list[dict[str, Any]]]:
-        return {}
-
 
 # ---------------------------------------------------------------------------------------------
 # Server
@@ -359,7 +354,6 @@ class _Server:
         self.aggregates: dict[tuple[int, int], _Aggregate] = {}
         self.clock = [0] * workers                # SSP: steps of each worker applied on this server
         self.clock_rows: list[dict[str, Any]] = []
-        self.update_rows: list[dict[str, Any]] = []
         self.errors: list[BaseException] = []
         self.t0 = time.perf_counter()
         # Buffers allocated once (fresh large allocations page-fault on every step): the sum of a
