@@ -32,10 +32,12 @@ from typing import Any, Iterable, Mapping
 
 import numpy as np
 
+from repro.realism import Realism, RealismError
+
 __all__ = [
     "COLLECTIVES", "ALGORITHMS", "Linear", "CostModel", "CostModelError", "fit_linear", "relative_errors",
     "fit_topk_gamma", "topk_time_s",
-    "alpha_beta_lines", "preset", "PRESETS", "preset_names", "preset_workers",
+    "alpha_beta_lines", "preset", "PRESETS", "preset_names", "preset_workers", "is_calibrated_preset",
 ]
 
 COLLECTIVES = ("allreduce", "reduce_scatter", "allgather", "sparse_allgather", "push", "pull")
@@ -185,9 +187,14 @@ class CostModel:
     source: str = "custom"
     meta: Mapping[str, object] = field(default_factory=dict, compare=False)
     topk_gamma_s: float | None = None   # top-k selection: gamma * d * log2(d) seconds (None: unknown)
+    # Effects beyond the papers' model (repro.realism); None = the paper model. Its message overhead
+    # and copy cost are added to every line that :meth:`line` returns; ``lines`` stay the network's own.
+    realism: Realism | None = None
 
     def __post_init__(self) -> None:
         _check_workers(self.workers)
+        if self.realism is not None and not isinstance(self.realism, Realism):
+            raise CostModelError(f"realism must be a repro.realism.Realism, got {type(self.realism).__name__}")
         g = self.topk_gamma_s
         if g is not None and (isinstance(g, bool) or not isinstance(g, (int, float)) or not math.isfinite(g)
                               or g < 0):
@@ -233,6 +240,24 @@ class CostModel:
                 "CostModel.with_topk(gamma), or the preset '1gbe-allgather'")
         return topk_time_s(self.topk_gamma_s, numel)
 
+    def with_realism(self, realism: Realism | None) -> "CostModel":
+        """A copy carrying ``realism`` (``None`` or an all-off one: the paper model)."""
+        if realism is not None and realism.is_paper_model:
+            realism = None
+        return replace(self, realism=realism)
+
+    @property
+    def is_paper_model(self) -> bool:
+        """True when no realism is attached: the lines and the papers' perfect-overlap model."""
+        return self.realism is None
+
+    def for_wire_dtype(self, wire_dtype: str | None) -> "CostModel":
+        """The model a plan sending ``wire_dtype`` gradients sees: 16-bit ones also pay the cast cost."""
+        if self.realism is None:
+            return self
+        r = self.realism.for_wire_dtype(wire_dtype)
+        return self if r is self.realism else replace(self, realism=r)
+
     def with_line(self, collective: str, line: Linear) -> "CostModel":
         lines = dict(self.lines)
         lines[collective] = line
@@ -243,12 +268,16 @@ class CostModel:
         if collective not in COLLECTIVES:
             raise CostModelError(f"unknown collective '{collective}'; known: {', '.join(COLLECTIVES)}")
         try:
-            return self.lines[collective]
+            raw = self.lines[collective]
         except KeyError:
             have = ", ".join(sorted(self.lines)) or "none"
             raise CostModelError(
                 f"cost model '{self.source}' (P={self.workers}) has no {collective} line (has: {have}); "
                 f"fit one with CostModel.fit or use an alpha-beta model") from None
+        if self.realism is None:
+            return raw
+        extra_a, extra_b = self.realism.line_extra()
+        return Linear(raw.a_s + extra_a, raw.b_s_per_byte + extra_b) if (extra_a or extra_b) else raw
 
     def time_s(self, collective: str, nbytes):
         """Seconds of ``collective`` on ``nbytes`` (see the module docstring for the byte convention)."""
@@ -284,6 +313,8 @@ class CostModel:
                                 "lines": {k: v.to_dict() for k, v in self.lines.items()}, "meta": dict(self.meta)}
         if self.topk_gamma_s is not None:
             d["topk_gamma_s"] = self.topk_gamma_s
+        if self.realism is not None:
+            d["realism"] = self.realism.to_dict()
         return d
 
     @classmethod
@@ -308,7 +339,14 @@ class CostModel:
         gamma = d.get("topk_gamma_s")
         if gamma is not None and (isinstance(gamma, bool) or not isinstance(gamma, (int, float))):
             raise CostModelError("malformed cost model JSON: field 'topk_gamma_s' must be a number")
-        return cls(workers, lines, source=str(d.get("source", "custom")), meta=dict(meta), topk_gamma_s=gamma)
+        realism = d.get("realism")
+        if realism is not None:
+            try:
+                realism = Realism.from_dict(realism)
+            except RealismError as e:
+                raise CostModelError(f"malformed cost model JSON: field 'realism': {e}") from None
+        return cls(workers, lines, source=str(d.get("source", "custom")), meta=dict(meta), topk_gamma_s=gamma,
+                   realism=realism)
 
     def to_json(self, indent: int | None = 1) -> str:
         return json.dumps(self.to_dict(), indent=indent, allow_nan=False)
@@ -410,18 +448,37 @@ PRESETS: dict[str, _TablePreset | _HopPreset] = {
 }
 
 
+def _calibrated() -> dict[str, Any]:
+    """The shipped calibrated presets (repro.calibration; imported late: it imports this module)."""
+    from repro.calibration import calibrated_presets
+
+    return calibrated_presets()
+
+
 def preset_names() -> list[str]:
-    return sorted(PRESETS)
+    """Published presets and the shipped calibrated ones (``*-calibrated``)."""
+    return sorted(PRESETS) + sorted(_calibrated())
+
+
+def is_calibrated_preset(name: str) -> bool:
+    """True for a calibrated preset (a hierarchical cluster with realism, fitted to measurements)."""
+    return name not in PRESETS and name in _calibrated()
 
 
 def preset_workers(name: str) -> list[int] | None:
-    """Worker counts a table preset holds, or None for a per-hop preset valid for any P."""
+    """Worker counts a table preset holds, or None for a preset valid for any P (per-hop or calibrated)."""
+    if is_calibrated_preset(name):
+        return None
     p = _get_preset(name)
     return sorted(p.table) if isinstance(p, _TablePreset) else None
 
 
 def preset(name: str, workers: int) -> CostModel:
-    """The published cost model ``name`` for ``workers`` workers."""
+    """The cost model ``name`` for ``workers`` workers: a published fit (the paper model) or a
+    calibrated preset (``*-calibrated``: :mod:`repro.calibration`; hierarchical cluster + realism)."""
+    if is_calibrated_preset(name):
+        _check_workers(workers)
+        return _calibrated()[name].cost_model(workers)
     p = _get_preset(name)
     _check_workers(workers)
     if isinstance(p, _HopPreset):

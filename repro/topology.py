@@ -9,8 +9,9 @@ use it unchanged. The all-reduce algorithm across both levels is a parameter:
 
 - ``"ring"`` (flat): one ring over all P devices, placed node by node. Every step moves ``M/P`` bytes
   over every hop at once, so a step takes as long as the slowest hop: inside one node the intra link,
-  across nodes the inter link: ``2(P-1)·alpha + 2(P-1)/P·M·beta`` with that link's constants
-  (Thakur et al. 2005). This is what makes the cliff when a job first spans two nodes.
+  across nodes the slower of the two (usually the inter link; on a fast network with PCIe inside the
+  nodes it can be the intra one): ``2(P-1)·alpha + 2(P-1)/P·M·beta`` with the slowest hop's alpha and
+  beta (Thakur et al. 2005). This is what makes the cliff when a job first spans two nodes.
 - ``"hierarchical"``: reduce-scatter inside each node (``g-1`` intra steps on ``M/g``), a ring
   all-reduce of each device's ``M/g`` shard across the ``n`` nodes (inter), all-gather inside each node:
   ``2(g-1)·alpha_i + 2(g-1)/g·M·beta_i + 2(n-1)·alpha_e + 2(n-1)/n·(M/g)·beta_e`` (the two-level scheme
@@ -111,9 +112,12 @@ class Topology:
             raise CostModelError(f"unknown algorithm '{algorithm}'; choose one of {', '.join(TOPOLOGY_ALGORITHMS)}")
         n, g = self.placement(workers)
         P = workers
-        if n == 1 or algorithm == "ring":
-            link = self.intra if n == 1 else self.inter
-            return Linear((P - 1) * link.alpha_s, (P - 1) / P * link.beta_s_per_byte)
+        if n == 1:
+            return Linear((P - 1) * self.intra.alpha_s, (P - 1) / P * self.intra.beta_s_per_byte)
+        if algorithm == "ring":  # every step waits for its slowest hop, intra or inter
+            alpha = max(self.intra.alpha_s, self.inter.alpha_s)
+            beta = max(self.intra.beta_s_per_byte, self.inter.beta_s_per_byte)
+            return Linear((P - 1) * alpha, (P - 1) / P * beta)
         a = (g - 1) * self.intra.alpha_s + (n - 1) * self.inter.alpha_s
         b = (g - 1) / g * self.intra.beta_s_per_byte + (n - 1) / (n * g) * self.inter.beta_s_per_byte
         return Linear(a, b)

@@ -79,3 +79,16 @@ def test_bad_input_is_one_clear_error(make, match):
 
 def test_link_from_rate():
     assert Link.from_rate(1e-5, 10e9).beta_s_per_byte == pytest.approx(8e-10)
+
+
+def test_a_flat_ring_across_nodes_waits_for_its_slowest_hop_even_inside_a_node():
+    # A fast network and slower links inside the nodes (PCIe): the ring's steps run at the intra link.
+    slow_intra = Link(2e-5, 4e-10)
+    fast_inter = Link(1e-5, 1e-10)
+    topo = Topology(4, 4, slow_intra, fast_inter)
+    line = topo.allreduce_line(8, "ring")
+    assert line.a_s == pytest.approx(2 * 7 * 2e-5)
+    assert line.b_s_per_byte == pytest.approx(2 * 7 / 8 * 4e-10)
+    # The slowest alpha and the slowest beta may come from different links.
+    mixed = Topology(4, 4, Link(1e-6, 4e-10), Link(3e-5, 1e-10)).allreduce_line(16, "ring")
+    assert mixed.a_s == pytest.approx(2 * 15 * 3e-5) and mixed.b_s_per_byte == pytest.approx(2 * 15 / 16 * 4e-10)

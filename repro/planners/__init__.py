@@ -55,12 +55,17 @@ def planner_names(family: str | None = None) -> list[str]:
 
 def make_plan(name: str, trace: Trace, cost: CostModel, **options: Any) -> Plan:
     """Run planner ``name``; ``options`` are passed on (``threshold_bytes`` for ``threshold``,
-    ``wire_dtype`` for the all-reduce planners, ``density`` and ``pack`` for the sparse ones)."""
+    ``wire_dtype`` for the all-reduce planners, ``density`` and ``pack`` for the sparse ones). A cost
+    model with a :class:`~repro.realism.Realism` is applied to the trace first, as the simulator does,
+    so the plan is made under the model it will be judged by."""
     try:
         fn = PLANNERS[name]
     except (KeyError, TypeError):
         hint = f" ({_RENAMED[name]})" if name in _RENAMED else ""
         raise ValueError(f"unknown solver '{name}'{hint}; choose one of {', '.join(PLANNERS)}") from None
+    if cost.realism is not None:  # plan under the same effects the simulator applies (repro.realism)
+        trace = cost.realism.apply_to_trace(trace)
+        cost = cost.for_wire_dtype(options.get("wire_dtype"))
     try:
         return fn(trace, cost, **options)
     except TypeError as e:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from repro.cost import CostModel
 from repro.families import get_family
 from repro.plan import Plan
+from repro.sim.contention import run_tasks_with_contention
 from repro.sim.engine import Op, Task, run_tasks
 from repro.sim.result import SimGraph, SimResult
 from repro.trace import Trace
@@ -36,19 +37,27 @@ def simulate(trace: Trace, plan: Plan, cost: CostModel, *, with_ops: bool = True
 
     The family decides the model (for all-reduce plans: :mod:`repro.sim.allreduce`, the model of
     mgwfbp.md). ``with_ops=False`` skips the timeline and uses the family's closed form when it has one
-    (same result, faster). Raises :class:`~repro.plan.PlanError` when the plan does not fit the trace
+    (same result, faster). A cost model carrying a :class:`~repro.realism.Realism` also scales the
+    trace's computation and adds the optimizer update (:meth:`~repro.realism.Realism.apply_to_trace`),
+    charges 16-bit plans the cast cost, and slows computation while communication is in flight
+    (:mod:`repro.sim.contention`; the closed form is then skipped). Raises :class:`~repro.plan.PlanError` when the plan does not fit the trace
     and :class:`~repro.cost.CostModelError` when the cost model lacks a collective the plan uses.
     """
     family = get_family(plan.family)
     plan.groups(trace)  # every layer covered exactly once, every name known
-    if not with_ops:
+    contention = 0.0
+    if cost.realism is not None:  # effects beyond the papers' model (repro.realism)
+        trace = cost.realism.apply_to_trace(trace)
+        cost = cost.for_wire_dtype(plan.options.get("wire_dtype"))
+        contention = cost.realism.contention if cost.realism is not None else 0.0
+    if not with_ops and contention == 0:
         closed = family.hook("closed_form")
         if closed is not None:
             result = closed(trace, plan, cost)
             if result is not None:
                 return result
     graph: SimGraph = family.hook("simulator")(trace, plan, cost)
-    ops = run_tasks(list(graph.tasks), graph.in_order_streams)
+    ops = run_tasks_with_contention(list(graph.tasks), graph.in_order_streams, contention)
     iteration = graph.iteration_s(ops) if graph.iteration_s else max((op.end_s for op in ops), default=0.0)
     return SimResult(iteration_s=float(iteration), forward_s=graph.forward_s, backward_s=graph.backward_s,
                      comm_s=graph.comm_s, ops=ops if with_ops else [], sparsify_s=graph.sparsify_s)

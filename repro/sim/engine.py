@@ -64,19 +64,25 @@ class Op:
                 "start_s": self.start_s, "end_s": self.end_s}
 
 
-def run_tasks(tasks: list[Task], in_order_streams: frozenset[str] | set[str]) -> list[Op]:
-    """Schedule ``tasks``; returns one :class:`Op` per task, in task order.
+def run_tasks(tasks: list[Task], in_order_streams: frozenset[str] | set[str],
+              durations: list[float] | None = None) -> list[Op]:
+    """Schedule ``tasks``; returns one :class:`Op` per task, in task order. ``durations`` (seconds,
+    one per task) replaces the tasks' own ``duration_s`` when given (a re-run with stretched tasks).
 
     Raises ``ValueError`` on a negative duration, a dependency on an unknown task, or a dependency
     cycle (including an in-order stream whose next task waits on a later task of that stream).
     Takes O((n + e) log n) time for ``n`` tasks and ``e`` dependency edges.
     """
     n = len(tasks)
+    if durations is None:
+        durations = [t.duration_s for t in tasks]
+    elif len(durations) != n:
+        raise ValueError(f"durations has {len(durations)} entries for {n} tasks")
     dependents: list[list[int]] = [[] for _ in range(n)]
     missing = [0] * n
     for i, t in enumerate(tasks):
-        if t.duration_s < 0:
-            raise ValueError(f"task {i} ({t.label}) has a negative duration {t.duration_s}")
+        if durations[i] < 0:
+            raise ValueError(f"task {i} ({t.label}) has a negative duration {durations[i]}")
         if not t.earliest_s >= 0:
             raise ValueError(f"task {i} ({t.label}) has a negative or NaN earliest start {t.earliest_s}")
         for d in t.deps:
@@ -92,7 +98,6 @@ def run_tasks(tasks: list[Task], in_order_streams: frozenset[str] | set[str]) ->
     rank_of = {s: r for r, s in enumerate(streams)}
     is_queue = [s not in in_order_streams for s in streams]
     task_rank = [rank_of[t.stream] for t in tasks]
-    durations = [t.duration_s for t in tasks]
     priorities = [t.priority for t in tasks]
     free = [0.0] * len(streams)
     # In-order streams: their tasks in the given order, and the position of the next one to run.
