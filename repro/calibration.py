@@ -1,0 +1,366 @@
+"""Calibrating the simulator on published measurements, and saying how far to trust it.
+
+The published data (``repro/shipped/paper_numbers/ddl_benchmarks_measured.csv``: HKBU-HPML
+ddl-benchmarks, Shi et al., arXiv 2005.13247) are iteration times of ResNet-50 (batch 64), BERT-Base
+(64) and BERT-Large (8) on 1-32 GPUs of 8 nodes x 4 GPUs, over 10GbE (TCP) and 100Gb InfiniBand
+(RDMA). A **calibration** of one network is a hierarchical cluster (:class:`~repro.topology.Topology`:
+an intra-node and an inter-node link, each ``alpha`` seconds per message and ``beta`` seconds per
+byte, and the all-reduce across them, flat ring or two-level) plus the effects beyond the papers'
+model (:class:`~repro.realism.Realism`: per-message overhead, contention). They are fitted by least
+squares on the log of predicted / measured iteration time (:func:`fit`) over the all-reduce rows:
+
+    minimise  sum_rows  log( sim(trace_m scaled, plan_s under theta, P; theta) / measured )^2
+
+with ``theta = (alpha_intra, beta_intra, alpha_inter, beta_inter, message_overhead_s, contention)``
+searched in log space within physical bounds (``PARAMETER_BOUNDS``), from several starts, by
+:func:`scipy.optimize.least_squares`. Each row's prediction re-plans under theta (MG-WFBP's merges
+depend on the model), so the objective is piecewise smooth; the finite-difference step is large
+enough to see across plan changes. The two-level all-reduce and the flat ring are both fitted; the
+better one is kept.
+
+Fixed, not fitted (no data in the table can tell them apart from the fitted ones):
+
+- ``compute_scale`` per model: the 1-GPU row is a single GPU without communication, so each model's
+  computation is scaled to it (:meth:`Realism.scaled_to_measured`);
+- ``update_s_per_byte``: SGD with momentum reads weight, gradient and momentum and writes weight and
+  momentum, 5 bytes per gradient byte, at about 800 GB/s of device memory: 6.25e-12 s per byte;
+- ``copy_s_per_byte`` and ``fp16_cast_s_per_byte``: 0 (a per-byte copy is indistinguishable from
+  ``beta`` here, and no row is FP16).
+
+:func:`cross_validate` reports every row's error when the row was *not* in the fit: leave one model
+out (fit on the two others, predict the third) and leave one worker count out. That error, not the
+fit's, is what a forecast of an unseen model or cluster size deserves to be trusted to.
+
+The **paper model** prediction of the same rows uses the MG-WFBP journal's published fits at P=16
+(the ``10gbe-derived`` and ``56gbib-derived`` presets: flat ring, one link; the IB one is 56 Gb, the
+nearest published) and the V100 estimate's computation at the benchmark's batch size, with perfect
+overlap. Never imports torch; pandas and scipy only where tables are read and fits are made.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, replace
+from functools import lru_cache
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
+
+import numpy as np
+
+from repro.cost import CostModel, CostModelError, preset
+from repro.realism import Realism
+from repro.topology import TOPOLOGY_ALGORITHMS, Link, Topology
+from repro.trace import Trace, load_trace
+
+if TYPE_CHECKING:  # pandas is imported where tables are read: the presets load without it
+    import pandas as pd
+
+__all__ = [
+    "PUBLISHED_CSV", "MODEL_TRACES", "NETWORK_PAPER_PRESETS", "FIT_SCHEDULERS", "PARAMETER_BOUNDS",
+    "UPDATE_S_PER_BYTE", "Calibration", "CalibrationError", "load_published", "calibration_rows",
+    "model_trace", "predict", "fit", "cross_validate", "calibrated_presets", "calibrated_preset",
+    "calibrated_cost", "SHIPPED_DIR", "VALIDATION_SCHEDULERS", "CV_TABLE",
+]
+
+PUBLISHED_CSV = Path(__file__).resolve().parent / "shipped" / "paper_numbers" / "ddl_benchmarks_measured.csv"
+SHIPPED_DIR = Path(__file__).resolve().parent / "shipped" / "calibration"
+# Every published multi-GPU row with its paper-model, calibrated and cross-validated predictions,
+# written by scripts/fit_calibration.py with the shipped presets (see its docstring).
+CV_TABLE = SHIPPED_DIR / "ddl_benchmarks_predictions.csv"
+# The shipped trace whose layers stand for each published model (computation scaled to the batch).
+MODEL_TRACES = {"resnet50": "resnet50_b64_v100-estimate", "bert_base": "bert_base_b64_v100-estimate",
+                "bert_large": "bert_large_b32_v100-estimate"}
+# Paper-model network of each published network: the nearest published fit (see the module docstring).
+NETWORK_PAPER_PRESETS = {"10gbe": "10gbe-derived", "100gbib": "56gbib-derived"}
+FIT_SCHEDULERS = ("syncea", "wfbp", "mgwfbp")   # BSP-A2A, WFBP-A2A, MG-WFBP: the rows fitted and targeted
+UPDATE_S_PER_BYTE = 5.0 / 800e9
+DEVICES_PER_NODE = 4
+NODES = 8
+# (low, high) of each fitted parameter; physical ranges, searched in log10.
+PARAMETER_BOUNDS: dict[str, tuple[float, float]] = {
+    "intra_alpha_s": (1e-7, 1e-3), "intra_beta_s_per_byte": (1e-11, 1e-8),
+    "inter_alpha_s": (1e-7, 1e-2), "inter_beta_s_per_byte": (1e-11, 1e-8),
+    "message_overhead_s": (1e-7, 1e-2), "contention": (1e-4, 3.0),
+}
+PARAMETERS = tuple(PARAMETER_BOUNDS)
+
+
+class CalibrationError(ValueError):
+    """Bad calibration input (unknown network, empty rows, a malformed saved calibration)."""
+
+
+# ------------------------------------------------------------------------------------------ data
+def load_published(path: str | Path | None = None) -> pd.DataFrame:
+    """The published measurements as shipped (one row per model, network, method, GPU count)."""
+    import pandas as pd
+
+    p = Path(path) if path is not None else PUBLISHED_CSV
+    if not p.is_file():
+        raise CalibrationError(f"published measurements not found: {p}")
+    return pd.read_csv(p)
+
+
+def calibration_rows(published: pd.DataFrame | None = None, network: str | None = None,
+                     schedulers: Sequence[str] = FIT_SCHEDULERS) -> pd.DataFrame:
+    """Multi-GPU rows of ``schedulers`` (default: the all-reduce ones) on ``network`` (all if None),
+    with ``single_s``: the same model's measured 1-GPU iteration."""
+    d = load_published() if published is None else published
+    single = d[d.gpus == 1].groupby("model").iteration_s.first()
+    rows = d[(d.gpus > 1) & d.scheduler.isin(list(schedulers))].copy()
+    if network is not None:
+        if network not in set(d.network):
+            raise CalibrationError(f"unknown network '{network}'; the data have {', '.join(sorted(set(d.network)))}")
+        rows = rows[rows.network == network]
+    rows["single_s"] = rows.model.map(single)
+    return rows.reset_index(drop=True)
+
+
+@lru_cache(maxsize=None)
+def model_trace(model: str) -> Trace:
+    """The shipped trace standing for published model ``model`` (computation not yet scaled)."""
+    try:
+        return load_trace(MODEL_TRACES[model])
+    except KeyError:
+        raise CalibrationError(f"no trace for published model '{model}'; known: {', '.join(MODEL_TRACES)}") from None
+
+
+@lru_cache(maxsize=None)
+def _batch_scaled(model: str, batch: int) -> Trace:
+    """The model's trace with computation scaled linearly to ``batch`` samples per device."""
+    tr = model_trace(model)
+    if batch == tr.batch_size:
+        return tr
+    scaled = Realism(compute_scale=batch / tr.batch_size).apply_to_trace(tr)
+    return scaled.replace_layers(scaled.layers, batch_size=int(batch))
+
+
+# ------------------------------------------------------------------------------------------ model
+@dataclass(frozen=True)
+class Calibration:
+    """A calibrated network: cluster shape and links, the all-reduce across them, and realism
+    (``compute_scale`` 1: it is set per model from a measured single device)."""
+
+    name: str
+    network: str
+    topology: Topology
+    algorithm: str
+    realism: Realism
+    source: str = ""
+    fit: Mapping[str, Any] | None = None   # fit diagnostics: rows, rms log error, parameters fitted
+
+    def __post_init__(self) -> None:
+        if self.algorithm not in TOPOLOGY_ALGORITHMS:
+            raise CalibrationError(f"unknown algorithm '{self.algorithm}'; choose one of {', '.join(TOPOLOGY_ALGORITHMS)}")
+
+    def cost_model(self, workers: int, realism: Realism | None = None) -> CostModel:
+        """Every collective's line for ``workers`` on this cluster, carrying the realism (or ``realism``,
+        e.g. with a model's ``compute_scale``). Beyond the measured cluster's size, nodes of the same
+        kind are added (whole nodes: above one node, ``workers`` must be a multiple of the node size)."""
+        topo = self.topology
+        if isinstance(workers, int) and not isinstance(workers, bool) and workers > topo.devices:
+            # The same nodes and links, as many nodes as the job needs.
+            topo = replace(topo, nodes=-(-workers // topo.devices_per_node))
+        cm = topo.cost_model(workers, self.algorithm)
+        return replace(cm.with_realism(realism or self.realism), source=f"calibrated {self.name}: {cm.source}")
+
+    def for_trace(self, trace: Trace, measured_single_s: float | None) -> Realism:
+        """This calibration's realism with computation scaled to a measured single-device iteration
+        of ``trace`` (``None``: the trace's own computation)."""
+        if measured_single_s is None:
+            return self.realism
+        return self.realism.scaled_to_measured(trace, measured_single_s)
+
+    def params(self) -> dict[str, float]:
+        t = self.topology
+        return {"intra_alpha_s": t.intra.alpha_s, "intra_beta_s_per_byte": t.intra.beta_s_per_byte,
+                "inter_alpha_s": t.inter.alpha_s, "inter_beta_s_per_byte": t.inter.beta_s_per_byte,
+                "message_overhead_s": self.realism.message_overhead_s, "contention": self.realism.contention}
+
+    def to_dict(self) -> dict[str, Any]:
+        t = self.topology
+        return {"name": self.name, "network": self.network, "algorithm": self.algorithm, "source": self.source,
+                "topology": {"nodes": t.nodes, "devices_per_node": t.devices_per_node,
+                             "intra": {"alpha_s": t.intra.alpha_s, "beta_s_per_byte": t.intra.beta_s_per_byte},
+                             "inter": {"alpha_s": t.inter.alpha_s, "beta_s_per_byte": t.inter.beta_s_per_byte},
+                             "gamma_s_per_byte": t.gamma_s_per_byte},
+                "realism": self.realism.to_dict(), "fit": dict(self.fit or {})}
+
+    @classmethod
+    def from_dict(cls, d: Any) -> "Calibration":
+        try:
+            t = d["topology"]
+            topo = Topology(int(t["nodes"]), int(t["devices_per_node"]), Link(**t["intra"]), Link(**t["inter"]),
+                            float(t.get("gamma_s_per_byte", 0.0)))
+            return cls(str(d["name"]), str(d["network"]), topo, str(d["algorithm"]),
+                       Realism.from_dict(d["realism"]), str(d.get("source", "")), dict(d.get("fit") or {}))
+        except (KeyError, TypeError, ValueError) as e:
+            raise CalibrationError(f"malformed calibration: {e}") from None
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_dict(), indent=1, allow_nan=False) + "\n")
+
+    @classmethod
+    def load(cls, path: str | Path) -> "Calibration":
+        p = Path(path)
+        if not p.is_file():
+            raise CalibrationError(f"calibration file not found: {p}")
+        try:
+            return cls.from_dict(json.loads(p.read_text()))
+        except (json.JSONDecodeError, CalibrationError) as e:
+            raise CalibrationError(f"{p}: {e}") from None
+
+
+def _calibration(theta: Mapping[str, float], network: str, algorithm: str, name: str = "",
+                 fit_info: Mapping[str, Any] | None = None) -> Calibration:
+    topo = Topology(NODES, DEVICES_PER_NODE, Link(theta["intra_alpha_s"], theta["intra_beta_s_per_byte"]),
+                    Link(theta["inter_alpha_s"], theta["inter_beta_s_per_byte"]))
+    realism = Realism(message_overhead_s=theta["message_overhead_s"], contention=theta["contention"],
+                      update_s_per_byte=UPDATE_S_PER_BYTE)
+    return Calibration(name or f"{network}-calibrated", network, topo, algorithm, realism,
+                       source="fitted to HKBU-HPML/ddl-benchmarks 2020-05-29 (Shi et al., arXiv 2005.13247) "
+                              "by repro.calibration.fit", fit=fit_info)
+
+
+# ------------------------------------------------------------------------------------------ predict
+# Validation-only rows (not fitted): the plan options that match the published setup.
+VALIDATION_SCHEDULERS = ("bytescheduler", "ps_bsp")
+
+
+def _plan_options(scheduler: str, gpus: int) -> dict[str, Any]:
+    """BytePS (BSP-PS) runs one server per node: ``servers`` = nodes used."""
+    if scheduler == "ps_bsp":
+        return {"servers": max(1, -(-gpus // DEVICES_PER_NODE))}
+    return {}
+
+
+def _simulate_row(trace: Trace, scheduler: str, cost: CostModel) -> float:
+    from repro.planners import make_plan
+    from repro.sim import simulate
+
+    plan = make_plan(scheduler, trace, cost, **_plan_options(scheduler, cost.workers))
+    return simulate(trace, plan, cost, with_ops=False).iteration_s
+
+
+def predict(rows: pd.DataFrame, calibration: Calibration | None) -> np.ndarray:
+    """Predicted seconds per iteration of each row: calibrated (computation scaled to the row's
+    ``single_s``), or with ``calibration=None`` the paper model (module docstring)."""
+    out = np.empty(len(rows))
+    applied: dict[tuple, tuple[Trace, Realism]] = {}
+    for k, r in enumerate(rows.itertuples(index=False)):
+        trace = _batch_scaled(r.model, int(r.batch_size))
+        if calibration is None:
+            try:
+                cost = preset(NETWORK_PAPER_PRESETS[r.network], int(r.gpus))
+            except KeyError:
+                raise CalibrationError(f"no paper-model network for '{r.network}'") from None
+        else:
+            # Scale the computation once per model (the same as simulate would, every call).
+            key = (r.model, int(r.batch_size), float(r.single_s))
+            if key not in applied:
+                realism = calibration.for_trace(trace, float(r.single_s))
+                applied[key] = (realism.apply_to_trace(trace), replace(realism, compute_scale=1.0))
+            trace, realism = applied[key]
+            cost = calibration.cost_model(int(r.gpus), realism)
+        out[k] = _simulate_row(trace, r.scheduler, cost)
+    return out
+
+
+# ------------------------------------------------------------------------------------------ fit
+def _theta(x: np.ndarray) -> dict[str, float]:
+    return {k: float(10.0 ** v) for k, v in zip(PARAMETERS, x)}
+
+
+def _start_points() -> list[np.ndarray]:
+    # A PCIe-like intra link, a network-like inter link, small overheads.
+    return [np.log10([5e-6, 2.5e-10, 5e-5, 1e-9, 5e-5, 0.05])]
+
+
+def fit(rows: pd.DataFrame, network: str | None = None, *, algorithms: Iterable[str] = TOPOLOGY_ALGORITHMS,
+        name: str = "", max_nfev: int = 60) -> Calibration:
+    """Least-squares calibration of one network from ``rows`` (module docstring). ``rows`` must hold
+    one network's all-reduce rows with ``single_s`` (:func:`calibration_rows`)."""
+    from scipy.optimize import least_squares
+
+    if rows.empty:
+        raise CalibrationError("no rows to fit")
+    nets = sorted(set(rows.network))
+    if len(nets) != 1:
+        raise CalibrationError(f"fit one network at a time; rows have {', '.join(nets)}")
+    network = network or nets[0]
+    measured = rows.iteration_s.to_numpy(float)
+    lo = np.log10([PARAMETER_BOUNDS[k][0] for k in PARAMETERS])
+    hi = np.log10([PARAMETER_BOUNDS[k][1] for k in PARAMETERS])
+    best: tuple[float, np.ndarray, str] | None = None
+    for algorithm in algorithms:
+        def residuals(x: np.ndarray) -> np.ndarray:
+            cal = _calibration(_theta(x), network, algorithm)
+            return np.log(predict(rows, cal) / measured)
+
+        for x0 in _start_points():
+            sol = least_squares(residuals, np.clip(x0, lo, hi), bounds=(lo, hi), diff_step=0.02,
+                                max_nfev=max_nfev, x_scale=1.0)
+            cost = float(np.sqrt(np.mean(sol.fun ** 2)))
+            if best is None or cost < best[0]:
+                best = (cost, sol.x, algorithm)
+    assert best is not None
+    rms, x, algorithm = best
+    info = {"rows": int(len(rows)), "rms_log_error": rms, "fitted": list(PARAMETERS),
+            "fixed": {"update_s_per_byte": UPDATE_S_PER_BYTE, "copy_s_per_byte": 0.0, "fp16_cast_s_per_byte": 0.0,
+                      "compute_scale": "per model, from its 1-GPU row"},
+            "models": sorted(set(rows.model)), "gpus": sorted(int(g) for g in set(rows.gpus)),
+            "schedulers": sorted(set(rows.scheduler))}
+    return _calibration(_theta(x), network, algorithm, name, info)
+
+
+def cross_validate(rows: pd.DataFrame, *, max_nfev: int = 60) -> pd.DataFrame:
+    """Each row's predicted iteration when held out of the fit, under two schemes: leave one model
+    out (``cv_model_s``) and leave one worker count out (``cv_gpus_s``); with ``fit_s`` (all rows in
+    the fit) and the relative errors ``*_error`` = predicted / measured - 1. One network at a time."""
+    out = rows.copy()
+    full = fit(rows, max_nfev=max_nfev)
+    out["fit_s"] = predict(rows, full)
+    for column, key in (("cv_model_s", "model"), ("cv_gpus_s", "gpus")):
+        pred = np.full(len(rows), np.nan)
+        for value in sorted(set(rows[key])):
+            held = (rows[key] == value).to_numpy()
+            cal = fit(rows[~held], max_nfev=max_nfev)
+            pred[held] = predict(rows[held], cal)
+        out[column] = pred
+    for c in ("fit_s", "cv_model_s", "cv_gpus_s"):
+        out[c.replace("_s", "_error")] = out[c] / out.iteration_s - 1.0
+    out["cv_worst_error"] = out[["cv_model_error", "cv_gpus_error"]].abs().max(axis=1)
+    return out
+
+
+# ------------------------------------------------------------------------------------------ presets
+def calibrated_presets() -> dict[str, Calibration]:
+    """The shipped calibrations (``repro/shipped/calibration/*.json``), by name."""
+    return dict(_load_shipped())
+
+
+@lru_cache(maxsize=1)
+def _load_shipped() -> tuple[tuple[str, Calibration], ...]:
+    out = []
+    for p in sorted(SHIPPED_DIR.glob("*-calibrated.json")):
+        cal = Calibration.load(p)
+        out.append((cal.name, cal))
+    return tuple(out)
+
+
+def calibrated_preset(name: str) -> Calibration:
+    """A shipped calibration by name (e.g. ``"10gbe-calibrated"``) or by network (``"10gbe"``)."""
+    presets = calibrated_presets()
+    for cal in presets.values():
+        if name in (cal.name, cal.network):
+            return cal
+    raise CostModelError(f"unknown calibrated preset '{name}'; known: {', '.join(presets) or 'none shipped'}")
+
+
+def calibrated_cost(name: str, workers: int, trace: Trace | None = None,
+                    measured_single_s: float | None = None) -> CostModel:
+    """The cost model of shipped calibration ``name`` for ``workers``; with ``trace`` and
+    ``measured_single_s`` its computation is scaled to that measured single-device iteration."""
+    cal = calibrated_preset(name)
+    realism = cal.for_trace(trace, measured_single_s) if trace is not None else cal.realism
+    return cal.cost_model(workers, realism)
+
