@@ -59,7 +59,8 @@ __all__ = [
     "PUBLISHED_CSV", "MODEL_TRACES", "NETWORK_PAPER_PRESETS", "FIT_SCHEDULERS", "PARAMETER_BOUNDS",
     "UPDATE_S_PER_BYTE", "Calibration", "CalibrationError", "load_published", "calibration_rows",
     "model_trace", "predict", "fit", "cross_validate", "calibrated_presets", "calibrated_preset",
-    "calibrated_cost", "SHIPPED_DIR", "VALIDATION_SCHEDULERS", "CV_TABLE",
+    "calibrated_cost", "SHIPPED_DIR", "VALIDATION_SCHEDULERS", "CV_TABLE", "COST_MODES", "check_cost_mode",
+    "cost_for_mode", "mode_label",
 ]
 
 PUBLISHED_CSV = Path(__file__).resolve().parent / "shipped" / "paper_numbers" / "ddl_benchmarks_measured.csv"
@@ -364,3 +365,51 @@ def calibrated_cost(name: str, workers: int, trace: Trace | None = None,
     realism = cal.for_trace(trace, measured_single_s) if trace is not None else cal.realism
     return cal.cost_model(workers, realism)
 
+
+# ------------------------------------------------------------------------------------------ modes
+COST_MODES = ("paper", "calibrated")
+# The calibrated cluster standing for each published network, by preset-name prefix. A network with
+# no calibrated cluster of its own (1GbE) keeps its published lines and gains the realism fitted for
+# the same transport (TCP Ethernet: 10gbe).
+_CALIBRATED_FOR = (("10gbe", "10gbe-calibrated", True), ("56gbib", "100gbib-calibrated", True),
+                   ("100gbib", "100gbib-calibrated", True), ("1gbe", "10gbe-calibrated", False))
+
+
+def check_cost_mode(mode: str) -> str:
+    """``mode`` if it is ``"paper"`` or ``"calibrated"``; else one line naming the choices."""
+    if mode not in COST_MODES:
+        raise CalibrationError(f"cost_mode must be one of {', '.join(COST_MODES)}, got {mode!r}")
+    return mode
+
+
+def cost_for_mode(preset_name: str, workers: int, mode: str = "paper") -> CostModel:
+    """The cost model a simulated figure uses for network preset ``preset_name`` and ``workers``.
+
+    ``"paper"``: the published preset itself (the papers' model: their lines, perfect overlap).
+    ``"calibrated"``: the calibrated cluster of the same network (``10gbe-*`` -> ``10gbe-calibrated``;
+    ``56gbib-*`` and ``100gbib-*`` -> ``100gbib-calibrated``, the measured InfiniBand being 100 Gb)
+    with its realism, keeping the preset's top-k cost; for ``1gbe-*`` (no measured cluster) the
+    published lines with the realism fitted on 10GbE. The computation is the trace's own in both
+    modes (``compute_scale`` 1: the papers' devices are not the measured cluster's). Calibrated
+    models name what they are in ``source``.
+    """
+    check_cost_mode(mode)
+    paper = preset(preset_name, workers)
+    if mode == "paper" or preset_name.endswith("-calibrated"):
+        return paper
+    for prefix, name, own_cluster in _CALIBRATED_FOR:
+        if preset_name.startswith(prefix):
+            cal = calibrated_preset(name)
+            if own_cluster:
+                cm = cal.cost_model(workers)
+                return replace(cm, topk_gamma_s=paper.topk_gamma_s,
+                               source=f"{cm.source} (calibrated mode of preset {preset_name})")
+            return replace(paper.with_realism(cal.realism),
+                           source=f"preset {preset_name}'s lines + realism of {name} (calibrated mode)")
+    raise CalibrationError(f"no calibrated model for network preset '{preset_name}'; calibrated modes exist "
+                           f"for presets starting with {', '.join(p for p, _, _ in _CALIBRATED_FOR)}")
+
+
+def mode_label(mode: str) -> str:
+    """How a figure names its cost mode."""
+    return {"paper": "paper model", "calibrated": "calibrated on ddl-benchmarks"}[check_cost_mode(mode)]
