@@ -240,3 +240,74 @@ def test_notebook_runs_with_tiny_parameters(tmp_path, monkeypatch):
     stderr = "".join("".join(o.get("text", "")) for c in executed["cells"] for o in c.get("outputs", [])
                      if o.get("name") == "stderr")
     assert "DeprecationWarning" not in stderr and "FutureWarning" not in stderr, stderr
+
+
+# ------------------------------------------------------------------------------------------ cost modes
+
+def test_paper_mode_is_the_presets_own_simulation(traces):
+    """Paper mode (the default) simulates the presets themselves: every row equals a simulation of a plan
+    made on ``preset(...)`` directly, and the tables say which mode."""
+    from repro.sim import simulate
+
+    methods = ["wfbp", "horovod", "mgwfbp", "dear_threshold", "dear_model"]
+    t = study.throughput_table(traces, study.PAPER_NETWORKS + study.SCALING_NETWORKS, methods, 64)
+    assert set(t.cost_mode) == {"paper"}
+    for r in t.itertuples():
+        cost = preset(r.network, r.workers)
+        assert r.iteration_s == simulate(traces[r.model], make_plan(r.scheduler, traces[r.model], cost), cost,
+                                         with_ops=False).iteration_s, r
+    scaling = study.scaling_table(traces, [8, 64], methods=["wfbp"], cost_mode="paper")
+    for r in scaling.itertuples():
+        assert r.iteration_s == study.iteration(traces[r.model], "wfbp", preset(r.network, r.workers))["iteration_s"]
+    b = study.breakdown_table(traces, ["10gbe-dear64"], ["wfbp", "dear_threshold"])
+    for r in b.itertuples():
+        cost = preset("10gbe-dear64", 64)
+        assert r.iteration_s == study.exposed_breakdown(traces[r.model], make_plan(r.scheduler, traces[r.model], cost),
+                                                        cost)["iteration_s"] and r.cost_mode == "paper"
+    s = study.buffer_sweep_table(traces, ["10gbe-dear64"], min_bytes=2**12, max_bytes=2**24, points=5)
+    ref = study.buffer_sweep(traces["a"], preset("10gbe-dear64", 64), 2**12, 2**24, 5)
+    assert s[s.model == "a"].iteration_s.to_list() == ref.iteration_s.to_list() and set(s.cost_mode) == {"paper"}
+    assert set(study.speedup_summary(t).cost_mode) == {"paper"}
+
+
+def test_calibrated_mode_differs_is_finite_and_says_so(traces):
+    import matplotlib.pyplot as plt
+
+    from repro.calibration import cost_for_mode
+
+    for net in study.PAPER_NETWORKS + study.SCALING_NETWORKS:
+        cost = cost_for_mode(net, 64, "calibrated")
+        assert "calibrated" in cost.source and not cost.is_paper_model, net
+    methods = ["wfbp", "mgwfbp", "dear_threshold", "dear_model"]
+    paper = study.scaling_table(traces, [8, 64], methods=methods)
+    cal = study.scaling_table(traces, [8, 64], methods=methods, cost_mode="calibrated")
+    keys = ["model", "network", "workers", "scheduler"]
+    assert (cal[keys].to_numpy() == paper[keys].to_numpy()).all() and set(cal.cost_mode) == {"calibrated"}
+    assert np.isfinite(cal.iteration_s).all() and (cal.iteration_s > 0).all()
+    assert not np.allclose(cal.iteration_s, paper.iteration_s)
+    assert set(study.speedup_summary(cal).cost_mode) == {"calibrated"}
+    b = study.breakdown_table(traces, ["56gbib-dear64"], ["wfbp", "dear_threshold"], cost_mode="calibrated")
+    assert set(b.cost_mode) == {"calibrated"} and np.isfinite(b.iteration_s).all()
+    s = study.buffer_sweep_table(traces, ["10gbe-dear64"], min_bytes=2**12, max_bytes=2**24, points=5,
+                                 cost_mode="calibrated")
+    assert set(s.cost_mode) == {"calibrated"} and np.isfinite(s.iteration_s).all()
+    assert "(simulated, calibrated on ddl-benchmarks)" in dear_plots.plot_scaling(cal).get_suptitle()
+    assert "(simulated, paper model)" in dear_plots.plot_scaling(paper).get_suptitle()
+    assert "calibrated on ddl-benchmarks" in dear_plots.plot_breakdown(b).get_suptitle()
+    assert "calibrated on ddl-benchmarks" in dear_plots.plot_buffer_sweep(s).get_suptitle()
+    ops = study.timeline_table(traces["a"], cost_for_mode("56gbib-dear64", 64, "calibrated"),
+                               ["wfbp", "dear_threshold"], "56gbib-dear64", "calibrated")
+    assert set(ops.cost_mode) == {"calibrated"}
+    assert dear_plots.plot_timeline(ops, "t").get_suptitle() == "t (calibrated on ddl-benchmarks)"
+    plt.close("all")
+
+
+def test_a_bad_cost_mode_is_one_line(traces):
+    for call in (lambda: study.throughput_table(traces, methods=["wfbp"], cost_mode="measured"),
+                 lambda: study.scaling_table(traces, [8], methods=["wfbp"], cost_mode="PAPER"),
+                 lambda: study.breakdown_table(traces, cost_mode="x"),
+                 lambda: study.buffer_sweep_table(traces, cost_mode="x"),
+                 lambda: study.timeline_table(traces["a"], preset("10gbe-dear64", 64), cost_mode="x")):
+        with pytest.raises(ValueError, match="cost_mode must be one of paper, calibrated") as e:
+            call()
+        assert "\n" not in str(e.value)

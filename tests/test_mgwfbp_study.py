@@ -135,3 +135,64 @@ def test_cost_models_figure_names_the_coinciding_curves():
     styles = {(ln.get_linestyle(), ln.get_marker()) for ln in a_ax.get_lines()}
     assert len(styles) == 4  # every algorithm has its own dashes and marker
     assert len(fig.get_suptitle().splitlines()[0]) < 60
+
+
+# ------------------------------------------------------------------------------------------ cost modes
+
+def test_paper_mode_is_the_presets_own_simulation(traces):
+    """Paper mode (the default) simulates the presets themselves: every iteration equals a plan made on
+    ``preset(...)`` directly, and the table says which mode."""
+    from repro.planners import make_plan
+
+    nets, ps, scheds = ["10gbe-derived", "10gbe-v100"], [4, 16], ["wfbp", "threshold", "mgwfbp", "optimal"]
+    sweep = study.speedup_sweep(traces, nets, ps, scheds, threshold_bytes=2**20)
+    assert sweep.equals(study.speedup_sweep(traces, nets, ps, scheds, threshold_bytes=2**20, cost_mode="paper"))
+    assert set(sweep.cost_mode) == {"paper"}
+    sim = sweep[sweep.origin == "simulated"]
+    for r in sim.itertuples():
+        opts = {"threshold_bytes": 2**20} if r.scheduler == "threshold" else {}
+        plan = make_plan(r.scheduler, traces[r.model], preset(r.network, r.workers), **opts)
+        assert r.iteration_s == plan.meta["iteration_s"], r
+    assert set(study.optimal_gap_table(sweep).cost_mode) == {"paper"}
+    ops = study.timeline_table(traces["b"], preset("10gbe-v100", 16), ["wfbp"])
+    assert set(ops.cost_mode) == {"paper"}
+
+
+def test_calibrated_mode_differs_is_finite_and_says_so(traces):
+    from repro.calibration import cost_for_mode
+
+    cost = cost_for_mode("10gbe-derived", 16, "calibrated")
+    assert "calibrated" in cost.source and not cost.is_paper_model
+    args = (traces, ["10gbe-derived", "56gbib-derived"], [4, 16, 64], ["wfbp", "mgwfbp", "optimal"])
+    paper, cal = study.speedup_sweep(*args), study.speedup_sweep(*args, cost_mode="calibrated")
+    assert set(cal.cost_mode) == {"calibrated"}
+    keys = ["model", "network", "workers", "scheduler"]
+    assert (paper[keys].to_numpy() == cal[keys].to_numpy()).all()  # the same points
+    assert np.isfinite(cal.iteration_s).all() and (cal.iteration_s > 0).all()
+    sim = (cal.origin == "simulated").to_numpy()
+    assert not np.allclose(cal.iteration_s[sim], paper.iteration_s[sim])
+    gap = study.optimal_gap_table(cal)
+    assert set(gap.cost_mode) == {"calibrated"} and np.isfinite(gap.gap_pct).all()
+    from repro.planners import make_plan
+    from repro.sim import simulate
+
+    r = cal[(cal.scheduler == "mgwfbp") & (cal.workers == 16)].iloc[0]
+    c16 = cost_for_mode(r.network, 16, "calibrated")
+    plan = make_plan("mgwfbp", traces[r.model], c16)
+    assert r.iteration_s == simulate(traces[r.model], plan, c16, with_ops=False).iteration_s  # the simulator's
+    fig = mgwfbp_plots.plot_sim_speedup(cal)
+    assert "calibrated on ddl-benchmarks" in fig.get_suptitle()
+    assert "paper model" in mgwfbp_plots.plot_optimal_gap(study.optimal_gap_table(paper)).get_suptitle()
+    ops = study.timeline_table(traces["b"], cost, ["wfbp", "mgwfbp"], "calibrated")
+    assert mgwfbp_plots.plot_timeline(ops, "t").get_suptitle() == "t (calibrated on ddl-benchmarks)"
+    import matplotlib.pyplot as plt
+
+    plt.close("all")
+
+
+def test_a_bad_cost_mode_is_one_line(traces):
+    for call in (lambda: study.speedup_sweep(traces, ["10gbe-derived"], [4], ["wfbp"], cost_mode="fitted"),
+                 lambda: study.timeline_table(traces["b"], preset("10gbe-v100", 16), ["wfbp"], "Paper")):
+        with pytest.raises(ValueError, match="cost_mode must be one of paper, calibrated") as e:
+            call()
+        assert "\n" not in str(e.value)

@@ -18,7 +18,7 @@ VOCABULARY = {
     "models": "list[str]", "schedulers": "list[str]", "workers": "list[int]", "world_sizes": "list[int]",
     "network_presets": "list[str]", "link_rates": "list[str]", "link_rate": "str", "threshold_bytes": "int",
     "threshold_sweep_bytes": "list[int]", "batch_size": "int", "steps": "int", "warmup_steps": "int",
-    "read_only": "bool", "scale": "str", "output_dir": "str", "results_dir": "str",
+    "read_only": "bool", "scale": "str", "output_dir": "str", "results_dir": "str", "cost_mode": "str",
 }
 RETIRED = {"networks", "world_size", "thresholds_bytes", "emulate_bandwidth", "timeline_network", "solvers"}
 

@@ -153,3 +153,55 @@ def test_drawable_merges_back_to_back_compute():
     d = omgs_plots._drawable(ops, 4.0)
     assert len(d) == 3 and d.iloc[0].end_s == 2.0 and (d.stream == d.row).all()
     assert list(d.label) == ["", "l2-l3", ""]
+
+
+# ------------------------------------------------------------------------------------------ cost modes
+
+def test_paper_mode_is_the_presets_own_simulation(traces, sweep):
+    """Paper mode (the default) simulates ``preset("1gbe-allgather", P)`` itself, and says so."""
+    assert set(sweep.cost_mode) == {"paper"}
+    again = study.sparse_sweep(traces, [2, 16], [0.001, 0.05], PLANNERS, cost_mode="paper")
+    pd.testing.assert_frame_equal(again.drop(columns="plan_wall_s"), sweep.drop(columns="plan_wall_s"))
+    for r in sweep.itertuples():
+        plan = make_plan(r.planner, traces[r.model], preset("1gbe-allgather", r.workers), density=r.density)
+        assert r.iteration_s == plan.meta["iteration_s"], r
+    setting = study.paper_setting_table(traces, ["omgs"])
+    for r in setting.itertuples():
+        plan = make_plan("omgs", traces[r.model], preset("1gbe-allgather", 16), density=r.density)
+        assert r.iteration_s == plan.meta["iteration_s"] and r.cost_mode == "paper"
+    assert set(study.timeline_table(traces["b"], preset("1gbe-allgather", 16), ["omgs"], 0.01).cost_mode) == {"paper"}
+
+
+def test_calibrated_mode_differs_is_finite_and_says_so(traces, sweep):
+    from repro.calibration import cost_for_mode
+
+    cost = cost_for_mode("1gbe-allgather", 16, "calibrated")
+    assert "calibrated" in cost.source and not cost.is_paper_model
+    assert cost.topk_gamma_s == preset("1gbe-allgather", 16).topk_gamma_s  # the paper's top-k cost is kept
+    cal = study.sparse_sweep(traces, [2, 16], [0.001, 0.05], PLANNERS, cost_mode="calibrated")
+    keys = ["model", "workers", "density", "planner"]
+    assert (cal[keys].to_numpy() == sweep[keys].to_numpy()).all() and set(cal.cost_mode) == {"calibrated"}
+    assert np.isfinite(cal.iteration_s).all() and (cal.iteration_s > 0).all()
+    assert not np.allclose(cal.iteration_s, sweep.iteration_s)
+    assert np.isfinite(cal.gap_pct).all()  # the planners' optimum need not stay optimal under realism
+    buckets = study.bucket_table(traces["a"], cost, ["omgs", "omgs_optimal"], 0.01, cost_mode="calibrated")
+    assert set(buckets.cost_mode) == {"calibrated"} and np.isfinite(buckets.iteration_s).all()
+    setting = study.paper_setting_table(traces, ["omgs"], cost_mode="calibrated")
+    assert set(setting.cost_mode) == {"calibrated"}
+    assert "(simulated, calibrated on ddl-benchmarks)" in omgs_plots.plot_optimal_gap(cal).get_suptitle()
+    assert "paper model" in omgs_plots.plot_optimal_gap(sweep).get_suptitle()
+    ops = study.timeline_table(traces["b"], cost, PLANNERS, 0.01, cost_mode="calibrated")
+    assert omgs_plots.plot_timeline(ops, "t").get_suptitle() == "t (calibrated on ddl-benchmarks)"
+    import matplotlib.pyplot as plt
+
+    plt.close("all")
+
+
+def test_a_bad_cost_mode_is_one_line(traces):
+    for call in (lambda: study.sparse_sweep(traces, [2], [0.01], ["omgs"], cost_mode="calibrate"),
+                 lambda: study.paper_setting_table(traces, ["omgs"], cost_mode=""),
+                 lambda: study.timeline_table(traces["b"], preset("1gbe-allgather", 16), ["omgs"], 0.01,
+                                              cost_mode=None)):
+        with pytest.raises(ValueError, match="cost_mode must be one of paper, calibrated") as e:
+            call()
+        assert "\n" not in str(e.value)

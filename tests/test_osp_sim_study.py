@@ -175,3 +175,57 @@ def test_figures_draw_from_the_tables(tmp_path, traces, thr):
     _legends_clear_of_axes(fig)
     side = save_figure(fig, "osp.stage_ratio", tmp_path, scale="tiny", source=["measured", "simulated"])
     assert "tiny" in side["title"] and (tmp_path / "osp_stage_ratio.png").is_file()
+
+
+# ------------------------------------------------------------------------------------------ cost modes
+
+def test_paper_mode_is_the_alpha_beta_link(traces, thr):
+    """Paper mode (the default) is :func:`network_cost` itself: every row equals a simulation on it."""
+    assert set(thr.cost_mode) == {"paper"}
+    for rate in ("10gbit", "100gbit", "1gbit"):
+        assert study.cost_for_rate(rate, 8, 50e-6) == study.network_cost(rate, 8, 50e-6)
+    for r in thr.itertuples():
+        ref = study.iteration(traces[r.model], r.scheduler, study.network_cost(r.network, 8))
+        assert r.iteration_s == ref["iteration_s"], r
+    ratio = study.stage_ratio_table(traces, [0.0, 1.0], ["10gbit"], cost_mode="paper")
+    bsp = {m: study.iteration(t, "ps_bsp", study.network_cost("10gbit", 8))["iteration_s"] for m, t in traces.items()}
+    one = ratio[(ratio.point == "sweep") & (ratio.stage1_share == 1.0)]
+    assert np.allclose(one.iteration_s, one.model.map(bsp)) and set(ratio.cost_mode) == {"paper"}
+    assert set(study.speedup_summary(thr).cost_mode) == {"paper"}
+
+
+def test_calibrated_mode_differs_is_finite_and_says_so(traces, thr):
+    for rate, net in (("10gbit", "10gbe"), ("100gbit", "100gbib")):
+        c = study.cost_for_rate(rate, 8, 50e-6, "calibrated")
+        assert f"calibrated {net}-calibrated" in c.source and not c.is_paper_model, rate
+        assert c.line("push")(1e6) > 0 and c.line("pull")(1e6) > 0
+    other = study.cost_for_rate("1gbit", 8, 50e-6, "calibrated")  # no measured 1 Gbit/s network: its link + realism
+    assert "calibrated mode" in other.source and not other.is_paper_model
+    assert other.lines == study.network_cost("1gbit", 8, 50e-6).lines
+    cal = study.throughput_table(traces, ["10gbit", "100gbit"], cost_mode="calibrated")
+    keys = ["model", "network", "scheduler"]
+    assert (cal[keys].to_numpy() == thr[keys].to_numpy()).all() and set(cal.cost_mode) == {"calibrated"}
+    assert np.isfinite(cal.iteration_s).all() and (cal.iteration_s > 0).all()
+    assert not np.allclose(cal.iteration_s, thr.iteration_s)
+    ratio = study.stage_ratio_table(traces, [0.0, 1.0], ["10gbit"], cost_mode="calibrated")
+    assert set(ratio.cost_mode) == {"calibrated"} and np.isfinite(ratio.iteration_s).all()
+    cost = study.cost_for_rate("10gbit", 8, cost_mode="calibrated")
+    ops = study.timeline_table(traces["resnet50"], cost, ["ps_bsp", "osp_auto"], cost_mode="calibrated")
+    assert set(ops.cost_mode) == {"calibrated"}
+    fig = plots.plot_timeline(ops, "t (simulated)", "note")
+    assert fig.get_suptitle() == "t (simulated) (calibrated on ddl-benchmarks)"
+    _legends_clear_of_axes(fig)
+    fig = plots.plot_throughput(_measured_throughput(), cal, "measured note", "sim note")
+    assert all("simulated (calibrated on ddl-benchmarks)" in ax.get_title() for ax in fig.axes[1:])
+    fig = plots.plot_throughput(_measured_throughput(), thr, "measured note", "sim note")
+    assert all("simulated (paper model)" in ax.get_title() for ax in fig.axes[1:])
+
+
+def test_a_bad_cost_mode_is_one_line(traces):
+    for call in (lambda: study.throughput_table(traces, cost_mode="fitted"),
+                 lambda: study.stage_ratio_table(traces, [0.5], cost_mode="fitted"),
+                 lambda: study.cost_for_rate("10gbit", cost_mode="fitted"),
+                 lambda: study.timeline_table(traces["resnet50"], study.network_cost("10gbit"), cost_mode="fitted")):
+        with pytest.raises(ValueError, match="cost_mode must be one of paper, calibrated") as e:
+            call()
+        assert "\n" not in str(e.value)

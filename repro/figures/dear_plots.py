@@ -3,7 +3,9 @@
 Every function takes DataFrames and returns a matplotlib Figure; saving is the caller's job
 (:func:`repro.figures.save_figure`). Conventions of :mod:`repro.figures.style`: one style per scheduler,
 legends below the axes (never over data), notes where curves coincide, and every figure says it is
-simulated, with which cost preset and from which traces (``note``).
+simulated, with which cost preset and from which traces (``note``), and in its title which cost mode drew
+it ("paper model" or "calibrated on ddl-benchmarks": the table's ``cost_mode`` column or the ``cost_mode``
+argument; :func:`repro.figures.mgwfbp_plots.cost_mode_label`).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 from matplotlib.ticker import FuncFormatter
 
+from repro.figures.mgwfbp_plots import cost_mode_label
 from repro.figures.plots import gantt
 from repro.figures.style import PALETTE, kind_color, legend_below, scheduler_style
 
@@ -87,7 +90,18 @@ def _drawable(ops: pd.DataFrame, span_s: float, min_label_frac: float = 0.035) -
     return pd.DataFrame(out)
 
 
-def plot_timeline(ops: pd.DataFrame, title: str, note: str = ""):
+def _titled(title: str, table: pd.DataFrame, cost_mode: str | None) -> str:
+    """``title`` with the cost mode (``cost_mode``, else the table's column): a closing "(simulated)"
+    becomes "(simulated, <mode>)", any other title gains "(<mode>)"."""
+    mode = cost_mode_label(table, cost_mode)
+    if not mode:
+        return title
+    if title.endswith("(simulated)"):
+        return f"{title[:-1]}, {mode})"
+    return f"{title} ({mode})"
+
+
+def plot_timeline(ops: pd.DataFrame, title: str, note: str = "", cost_mode: str | None = None):
     """One Gantt chart per scheduler (rows: computation, communication) on one shared time axis (ms):
     one iteration and the next forward. A dashed line marks where the next iteration starts (DeAR: the
     step barrier, after the last reduce-scatter; WFBP-style: after the last all-reduce); the steady-state
@@ -123,7 +137,7 @@ def plot_timeline(ops: pd.DataFrame, title: str, note: str = ""):
              if k in set(ops["kind"])]
     handles = [Patch(facecolor=kind_color(k), label=_KIND_NAMES[k]) for k in kinds]
     handles.append(Line2D([], [], color="black", ls="--", lw=1.1, label="next iteration starts"))
-    fig.suptitle(title, fontsize="medium")
+    fig.suptitle(_titled(title, ops, cost_mode), fontsize="medium")
     top = 0.95 / fig.get_figheight()
     if note:
         fig.text(0.5, 1 - 0.5 / fig.get_figheight(), textwrap.fill(note, 140), ha="center", va="top",
@@ -148,7 +162,7 @@ def _coinciding(sub: pd.DataFrame, names: Sequence[str], x: str = "workers", rto
     return out
 
 
-def plot_scaling(table: pd.DataFrame, note: str = ""):
+def plot_scaling(table: pd.DataFrame, note: str = "", cost_mode: str | None = None):
     """``dear.scaling``: throughput (samples/s over all GPUs) vs number of GPUs, one column per model and
     one row per network; under each panel, each method's throughput divided by the best method's at that
     P (where gaps of a few percent stay visible). ``table`` is :func:`repro.studies.dear_sim.scaling_table`."""
@@ -196,7 +210,7 @@ def plot_scaling(table: pd.DataFrame, note: str = ""):
                 same_notes.append(f"{m} · {net}: " + ", ".join(same))
     handles = [Line2D([], [], color=method_style(s)["color"], marker=method_style(s)["marker"],
                       linestyle=method_style(s)["linestyle"], label=method_label(s)) for s in names]
-    fig.suptitle("Throughput vs number of GPUs per method (simulated)", fontsize="medium")
+    fig.suptitle(_titled("Throughput vs number of GPUs per method (simulated)", table, cost_mode), fontsize="medium")
     sub_title = "throughput = P × batch ÷ simulated iteration; lower panels: ÷ the best method's at each P"
     if note:
         sub_title += "\n" + note
@@ -212,7 +226,8 @@ def plot_scaling(table: pd.DataFrame, note: str = ""):
     return fig
 
 
-def plot_throughput(table: pd.DataFrame, note: str = "", title: str = "Throughput (simulated)"):
+def plot_throughput(table: pd.DataFrame, note: str = "", title: str = "Throughput (simulated)",
+                    cost_mode: str | None = None):
     """Grouped bars (simulated only): throughput per model, one bar per method, one panel per network
     (``dear.throughput_nofusion`` / ``dear.throughput_fusion`` without their measured halves).
     ``table`` is :func:`repro.studies.dear_sim.throughput_table` at one worker count."""
@@ -233,7 +248,7 @@ def plot_throughput(table: pd.DataFrame, note: str = "", title: str = "Throughpu
         ax.set_ylabel("throughput (1000 samples/s)")
         p = int(sub["workers"].iloc[0])
         ax.set_title(f"{net}, P={p}", fontsize="small")
-    fig.suptitle(title + (f"\n{note}" if note else ""), fontsize="medium")
+    fig.suptitle(_titled(title, table, cost_mode) + (f"\n{note}" if note else ""), fontsize="medium")
     legend_below(fig, [Patch(facecolor=method_style(s)["color"], label=method_label(s)) for s in names],
                  ncol=min(len(names), 4))
     fig.tight_layout()
@@ -251,7 +266,7 @@ _BREAKDOWN = (("computation_s", "computation", "#bdbdbd"),
               ("exposed_idle_s", "idle (e.g. cycle wait)", "#ffffff"))
 
 
-def plot_breakdown(table: pd.DataFrame, note: str = ""):
+def plot_breakdown(table: pd.DataFrame, note: str = "", cost_mode: str | None = None):
     """Stacked bars per model and scheduler: computation vs exposed communication (ms per iteration),
     one panel per network. ``table`` is :func:`repro.studies.dear_sim.breakdown_table`."""
     nets = list(dict.fromkeys(table["network"]))
@@ -278,14 +293,15 @@ def plot_breakdown(table: pd.DataFrame, note: str = ""):
     handles = [Patch(facecolor=c, edgecolor="#666666", label=lab) for _, lab, c in seen]
     handles += [Patch(facecolor="white", edgecolor=method_style(s)["color"], linewidth=1.5,
                       label=f"outline: {method_label(s)}") for s in names]
-    fig.suptitle("Computation vs exposed communication (simulated)" + (f"\n{note}" if note else ""),
+    fig.suptitle(_titled("Computation vs exposed communication (simulated)", table, cost_mode)
+                 + (f"\n{note}" if note else ""),
                  fontsize="medium")
     legend_below(fig, handles, ncol=min(len(handles), 4))
     fig.tight_layout()
     return fig
 
 
-def plot_buffer_sweep(table: pd.DataFrame, note: str = ""):
+def plot_buffer_sweep(table: pd.DataFrame, note: str = "", cost_mode: str | None = None):
     """Simulated DeAR iteration vs fusion threshold (log x, MiB), the step function through every
     breakpoint; dear_model's choice and the 25 MiB default marked. One panel per model, one line per
     network. ``table`` is :func:`repro.studies.dear_sim.buffer_sweep_table`."""
@@ -313,7 +329,8 @@ def plot_buffer_sweep(table: pd.DataFrame, note: str = ""):
                        label="dear_model's choice"),
                 Line2D([], [], marker="o", ls="", markerfacecolor="none", markeredgecolor="black",
                        label="25 MiB default")]
-    fig.suptitle("DeAR iteration vs fusion threshold (simulated)" + (f"\n{note}" if note else ""), fontsize="medium")
+    fig.suptitle(_titled("DeAR iteration vs fusion threshold (simulated)", table, cost_mode)
+                 + (f"\n{note}" if note else ""), fontsize="medium")
     legend_below(fig, handles, ncol=len(handles))
     fig.tight_layout()
     return fig

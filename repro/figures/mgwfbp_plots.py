@@ -4,7 +4,8 @@
 Every function takes DataFrames and returns a matplotlib Figure; saving is the caller's job
 (:func:`repro.figures.save_figure`). They follow the conventions of :mod:`repro.figures.style`:
 one style per scheduler, paper values on top, legends below the axes, small multiples, notes where
-curves coincide, oversubscribed measurements marked.
+curves coincide, oversubscribed measurements marked. Simulated figures say in their title which cost
+mode drew them (:func:`cost_mode_label`: "paper model" or "calibrated on ddl-benchmarks").
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator
 
+from repro.calibration import mode_label
 from repro.figures.plots import gantt, scheduler_lines
 from repro.figures.style import (
     DARK_GREY,
@@ -37,7 +39,7 @@ from repro.figures.style import (
 
 __all__ = ["plot_layer_sizes", "plot_cost_models", "plot_timeline", "plot_sim_speedup", "plot_optimal_gap",
            "plot_allreduce_fit", "plot_real_speedup", "plot_breakdown", "plot_threshold_sweep", "plot_convergence",
-           "plot_sim_vs_real", "ALGORITHM_STYLES", "series_style"]
+           "plot_sim_vs_real", "ALGORITHM_STYLES", "series_style", "cost_mode_label"]
 
 _PLAIN = FuncFormatter(lambda v, _pos: f"{v:g}")  # 16, not 2^4
 
@@ -55,6 +57,21 @@ ALGORITHM_STYLES: dict[str, dict] = {
 _SERIES_COLORS = (PALETTE[0], PALETTE[1], PALETTE[2], PALETTE[4], PALETTE[9], PALETTE[5], PALETTE[3])
 _SERIES_MARKERS = ("o", "s", "^", "D", "v", "P", "X")
 _SERIES_DASHES = ("-", "--", "-.", ":", (0, (6, 2)), (0, (2, 1.5)), (0, (4, 1.5, 1, 1.5, 1, 1.5)))
+
+
+def cost_mode_label(table: pd.DataFrame | None = None, cost_mode: str | None = None) -> str:
+    """How a simulated figure names its cost mode (:func:`repro.calibration.mode_label`): ``cost_mode`` if
+    given, else the modes in ``table``'s ``cost_mode`` column (rows without one, e.g. published values,
+    ignored); ``""`` when neither says."""
+    if cost_mode is not None:
+        return mode_label(cost_mode)
+    if table is None or "cost_mode" not in table:
+        return ""
+    return " + ".join(mode_label(m) for m in dict.fromkeys(table["cost_mode"].dropna()))
+
+
+def _with_mode(text: str, label: str) -> str:
+    return f"{text} ({label})" if label else text
 
 
 def series_style(i: int) -> dict:
@@ -169,8 +186,9 @@ def plot_cost_models(table: pd.DataFrame, hop_note: str = ""):
     return fig
 
 
-def plot_timeline(ops: pd.DataFrame, title: str):
-    """One Gantt chart per scheduler (rows: compute, comm), on one time axis; buckets labelled, layers not."""
+def plot_timeline(ops: pd.DataFrame, title: str, cost_mode: str | None = None):
+    """One Gantt chart per scheduler (rows: compute, comm), on one time axis; buckets labelled, layers not.
+    The title ends with the cost mode (``cost_mode``, else the table's column; :func:`cost_mode_label`)."""
     col = "scheduler" if "scheduler" in ops else "solver"
     schedulers = list(dict.fromkeys(ops[col]))
     fig, axes = plt.subplots(len(schedulers), 1, figsize=(11, 1.6 * len(schedulers) + 1.0), sharex=True)
@@ -184,19 +202,20 @@ def plot_timeline(ops: pd.DataFrame, title: str):
         if i < len(schedulers) - 1:
             ax.set_xlabel("")
     axes[0].set_xlim(0, ops["end_s"].max() * 1e3 * 1.01)
-    fig.suptitle(title)
+    fig.suptitle(_with_mode(title, cost_mode_label(ops, cost_mode)))
     fig.tight_layout()
     return fig
 
 
 def plot_sim_speedup(table: pd.DataFrame, paper: pd.DataFrame | None = None,
-                     paper_models: Mapping[str, str] | Sequence[str] = ()):
+                     paper_models: Mapping[str, str] | Sequence[str] = (), cost_mode: str | None = None):
     """Speedup vs workers, one cell per model x network: on top the speedup (log-log, as in the paper)
     with published values as hollow diamonds drawn above the simulated lines; below, each scheduler's
     speedup relative to the best one at that P (linear axis), where 10-30 % gaps stay visible.
 
     ``table`` is :func:`repro.studies.mgwfbp_sim.sim_speedup_table` (the sweep, with ``origin``
     "paper" rows for published values); a bare sweep plus ``paper`` and ``paper_models`` works too.
+    The title names the cost mode (``cost_mode``, else the table's column; :func:`cost_mode_label`).
     """
     from repro.studies.mgwfbp_sim import sim_speedup_table
 
@@ -246,7 +265,9 @@ def plot_sim_speedup(table: pd.DataFrame, paper: pd.DataFrame | None = None,
                for s in order if s in set(drawn["scheduler"])]
     if len(published):
         handles.append(paper_handle("Paper, measured (hollow diamonds)"))
-    fig.suptitle("Speedup vs number of GPUs (simulated); lower panels: speedup ÷ best scheduler's", y=0.995)
+    mode = cost_mode_label(drawn, cost_mode)
+    fig.suptitle(f"Speedup vs number of GPUs (simulated{', ' + mode if mode else ''}); lower panels: speedup ÷ "
+                 "best scheduler's", y=0.995)
     fig.text(0.5, 1 - 0.36 / h, "Coinciding curves (e.g. Optimal on MG-WFBP, Fixed threshold on SyncEASGD when the "
              "model is below the threshold) are drawn in order: dotted Optimal on top; every value is in the table.",
              ha="center", va="top", fontsize="small", style="italic", color="#333333")
@@ -255,9 +276,10 @@ def plot_sim_speedup(table: pd.DataFrame, paper: pd.DataFrame | None = None,
     return fig
 
 
-def plot_optimal_gap(gap: pd.DataFrame):
+def plot_optimal_gap(gap: pd.DataFrame, cost_mode: str | None = None):
     """Left: every configuration's gap of the MG-WFBP rule to the exact optimum, one row per model
-    (points jittered, one colour and marker per network). Right: the largest gap over models vs P."""
+    (points jittered, one colour and marker per network). Right: the largest gap over models vs P.
+    The title names the cost mode (``cost_mode``, else the table's column; :func:`cost_mode_label`)."""
     nets = list(dict.fromkeys(gap["network"]))
     models = sorted(dict.fromkeys(gap["model"]))
     fig, axes = plt.subplots(1, 2, figsize=(10.5, max(4.2, 0.42 * len(models) + 2.4)),
@@ -286,7 +308,8 @@ def plot_optimal_gap(gap: pd.DataFrame):
     axes[1].set_xlabel("workers P")
     axes[1].set_ylabel("largest gap over models (%)")
     axes[1].set_title("worst case per P", fontsize="small")
-    fig.suptitle("Gap of the MG-WFBP rule to the exact optimal merge (simulated)")
+    mode = cost_mode_label(gap, cost_mode)
+    fig.suptitle(f"Gap of the MG-WFBP rule to the exact optimal merge (simulated{', ' + mode if mode else ''})")
     legend_below(fig, axes=[ax], ncol=len(nets), title="network preset", markerscale=1.6)
     fig.tight_layout()
     return fig

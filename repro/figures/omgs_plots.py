@@ -3,7 +3,8 @@
 
 Every function takes DataFrames and returns a matplotlib Figure; saving is the caller's job
 (:func:`repro.figures.save_figure`). Conventions of :mod:`repro.figures.style`: one style per planner,
-legends outside the data, notes where curves coincide.
+legends outside the data, notes where curves coincide; the title of a simulated figure names its cost
+mode ("paper model" or "calibrated on ddl-benchmarks", :func:`repro.figures.mgwfbp_plots.cost_mode_label`).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 from matplotlib.ticker import FuncFormatter, NullFormatter
 
+from repro.figures.mgwfbp_plots import cost_mode_label
 from repro.figures.plots import gantt
 from repro.figures.style import PALETTE, legend_below, scheduler_style
 
@@ -50,13 +52,15 @@ def _text_color(rgba) -> str:
     return "black" if 0.299 * r + 0.587 * g + 0.114 * b > 0.5 else "white"
 
 
-def plot_optimal_gap(sweep: pd.DataFrame, rule: str = "omgs", paper_density: dict | None = None):
+def plot_optimal_gap(sweep: pd.DataFrame, rule: str = "omgs", paper_density: dict | None = None,
+                     cost_mode: str | None = None):
     """Top row, one heatmap per model: how much slower the published rule is than the exact optimum
     (percent) over workers x density, each cell also giving the rule's and the optimum's bucket counts.
     Bottom row, per model: every planner's iteration time divided by the optimum's vs workers, at the
     paper's density of that model (``paper_density``: model -> density; default: the smallest density).
 
-    ``sweep`` is :func:`repro.studies.omgs_sim.sparse_sweep` (with ``omgs_optimal``)."""
+    ``sweep`` is :func:`repro.studies.omgs_sim.sparse_sweep` (with ``omgs_optimal``). The title names the
+    cost mode (``cost_mode``, else the sweep's ``cost_mode`` column)."""
     models = list(dict.fromkeys(sweep["model"]))
     n = len(models)
     fig, axes = plt.subplots(2, n, figsize=(max(3.3 * n, 6.6), 7.4), squeeze=False,
@@ -126,7 +130,9 @@ def plot_optimal_gap(sweep: pd.DataFrame, rule: str = "omgs", paper_density: dic
     cb.set_label("rule slower than optimum (%)", fontsize="small")
     handles = [Line2D([], [], **{k: v for k, v in planner_style(p).items() if k != "zorder"})
                for p in PLANNER_ORDER if p in set(sweep["planner"])]
-    fig.suptitle("The published OMGS rule vs the optimal sparse merge", fontsize="medium")
+    mode = cost_mode_label(sweep, cost_mode)
+    fig.suptitle("The published OMGS rule vs the optimal sparse merge" + (f" (simulated, {mode})" if mode else ""),
+                 fontsize="medium")
     fig.text(0.5, 0.935, "top: rule ÷ optimum − 1 per workers and density (cell: gap; buckets of the rule vs the "
              "optimum); bottom: each planner ÷ optimum at the paper's density", ha="center", va="top",
              fontsize="small", style="italic", color="#333333")
@@ -167,13 +173,15 @@ def _ms(v: float) -> str:
     return f"{v * 1e3:.0f} ms" if v >= 0.1 else f"{v * 1e3:.1f} ms"
 
 
-def plot_timeline(ops: pd.DataFrame, title: str, measured: pd.DataFrame | None = None, measured_title: str = ""):
+def plot_timeline(ops: pd.DataFrame, title: str, measured: pd.DataFrame | None = None, measured_title: str = "",
+                  cost_mode: str | None = None):
     """One Gantt chart per planner, rows computation (forward, backward), sparsification (top-k on the
     compute stream, drawn on its own row) and communication (all-gathers), on one shared time axis, each
     with its iteration time marked and written. ``ops`` is :func:`repro.studies.omgs_sim.timeline_table`.
 
     ``measured`` (optional, same columns; from :func:`repro.studies.omgs_sim.measured_timeline`) adds
-    one panel per planner below, on its own time axis, titled ``measured_title``."""
+    one panel per planner below, on its own time axis, titled ``measured_title``. The title ends with the
+    simulated panels' cost mode (``cost_mode``, else ``ops``'s ``cost_mode`` column)."""
     planners = [p for p in PLANNER_ORDER if p in set(ops["planner"])] + \
                [p for p in dict.fromkeys(ops["planner"]) if p not in PLANNER_ORDER]
     mplanners = []
@@ -238,7 +246,8 @@ def plot_timeline(ops: pd.DataFrame, title: str, measured: pd.DataFrame | None =
              "sparse_allgather": "all-gather of values / indices", "update": "update (measured)"}
     handles = [Patch(facecolor=_KIND_COLORS.get(k) or _kind(k), label=names[k]) for k in kinds]
     handles.append(Line2D([], [], color="black", ls="--", lw=1.0, label="iteration end"))
-    fig.suptitle(title, fontsize="medium")
+    mode = cost_mode_label(ops, cost_mode)
+    fig.suptitle(f"{title} ({mode})" if mode else title, fontsize="medium")
     legend_below(fig, handles, ncol=len(handles))
     fig.subplots_adjust(top=1 - 0.75 / fig.get_figheight(), bottom=0.9 / fig.get_figheight(), left=0.09, right=0.98)
     return fig

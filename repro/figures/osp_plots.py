@@ -5,7 +5,9 @@ Every function takes DataFrames and returns a matplotlib Figure; saving is the c
 (:func:`repro.figures.save_figure`). Conventions of :mod:`repro.figures.style`: one style per scheduler
 (``ps_bsp``, ``ps_asp``, ``ps_ssp``, ``osp``, ``osp_nolgp``, ``osp_auto``), legends below the axes,
 simulated panels say so, measured panels say at which tiny scale, and the paper's claim is drawn
-labelled as the paper's claim (abstract).
+labelled as the paper's claim (abstract). Simulated titles and panels name the cost mode ("paper model"
+or "calibrated on ddl-benchmarks": the table's ``cost_mode`` column or the ``cost_mode`` argument;
+:func:`repro.figures.mgwfbp_plots.cost_mode_label`).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import pandas as pd
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
+from repro.figures.mgwfbp_plots import cost_mode_label
 from repro.figures.plots import gantt
 from repro.figures.style import (DARK_GREY, EXTRA_COLORS, OVERSUBSCRIBED_HATCH, PALETTE, kind_color, legend_below,
                                  scheduler_style)
@@ -68,6 +71,12 @@ def _head(fig, title: str, note: str, width_chars: int, panel_title_lines: int =
     return 1 - (room + 0.05 + 0.19 * (text.count("\n") + 1)) / h
 
 
+def _simulated_what(simulated: pd.DataFrame, cost_mode: str | None) -> str:
+    """"simulated", with the cost mode in parentheses where known."""
+    mode = cost_mode_label(simulated, cost_mode)
+    return f"simulated ({mode})" if mode else "simulated"
+
+
 # ---------------------------------------------------------------------------------------------
 # osp.timeline
 # ---------------------------------------------------------------------------------------------
@@ -78,12 +87,13 @@ def _stream_names(workers: int) -> dict[str, str]:
             "server0.cpu": "server: update"}
 
 
-def plot_timeline(ops: pd.DataFrame, title: str, note: str = ""):
+def plot_timeline(ops: pd.DataFrame, title: str, note: str = "", cost_mode: str | None = None):
     """One Gantt chart per scheduler on a shared time axis (ms): the first and the last worker's
     computation, the server's incoming link (every worker's push, one after the other) and outgoing link
     (pulls). Messages are coloured by stage (BSP: all stage 1; OSP: stage 1 blocking, stage 2 under the
     next iteration); dashed lines: where worker 1 starts each iteration. ``ops`` is
-    :func:`repro.studies.osp_sim.timeline_table` (one server)."""
+    :func:`repro.studies.osp_sim.timeline_table` (one server). The title ends with the cost mode
+    (``cost_mode``, else the table's column)."""
     schedulers = [s for s in dict.fromkeys(ops["scheduler"])]
     n = len(schedulers)
     workers = int(ops["workers"].iloc[0])
@@ -129,7 +139,8 @@ def plot_timeline(ops: pd.DataFrame, title: str, note: str = ""):
             "update": "server update"}
     handles = [Patch(facecolor=STAGE_COLORS[k], label=text[k]) for k in kinds]
     handles.append(Line2D([], [], color="black", ls="--", lw=0.9, label="worker 1 starts an iteration"))
-    top = _head(fig, title, note, 150)
+    mode = cost_mode_label(ops, cost_mode)
+    top = _head(fig, f"{title} ({mode})" if mode else title, note, 150)
     legend_below(fig, handles, ncol=len(handles))
     fig.subplots_adjust(top=top, bottom=0.8 / fig_h, left=0.13, right=0.985)
     return fig
@@ -150,14 +161,16 @@ def _bar_style(method: str) -> dict:
 
 
 def plot_throughput(measured: pd.DataFrame, simulated: pd.DataFrame, measured_note: str, sim_note: str,
-                    summary: str = "", claim_pct: float = 50.0):
+                    summary: str = "", claim_pct: float = 50.0, cost_mode: str | None = None):
     """Top: measured throughput of every run (bars; hollow: OSP without LGP; hatched: oversubscribed),
     the speedup over BSP written on each bar, hollow diamonds: each run's plan's prediction, and the
     paper's claim drawn at (1 + claim) x BSP's measured throughput. Bottom, one panel per network:
     simulated throughput divided by BSP's per model, with the claim at 1 + claim. ``measured``:
     :func:`repro.studies.osp_train.throughput_table`; ``simulated``:
-    :func:`repro.studies.osp_sim.throughput_table`."""
+    :func:`repro.studies.osp_sim.throughput_table`. The simulated panels name their cost mode
+    (``cost_mode``, else ``simulated``'s column)."""
     nets = list(dict.fromkeys(simulated["network"])) if len(simulated) else []
+    sim_what = _simulated_what(simulated, cost_mode)
     ncol = max(1, len(nets))
     fig_h = 9.4
     fig = plt.figure(figsize=(max(6.0 * ncol, 9.0) + 0.6, fig_h))
@@ -211,7 +224,7 @@ def plot_throughput(measured: pd.DataFrame, simulated: pd.DataFrame, measured_no
         if j == 0:
             a.set_ylabel("throughput ÷ BSP's\n(simulated)")
         label = sub["network_label"].iloc[0] if "network_label" in sub else net
-        a.set_title(f"simulated, {label} link, 1 server + {int(sub['workers'].iloc[0])} workers", fontsize="small")
+        a.set_title(f"{sim_what}, {label} link, 1 server + {int(sub['workers'].iloc[0])} workers", fontsize="small")
     names = _order(list(m["method"]) + (list(simulated["method"]) if len(simulated) else []))
     handles = [Patch(**_bar_style(s), label=method_label(s)) for s in names]
     handles.append(Line2D([], [], marker="D", ls="", markerfacecolor="white", markeredgecolor="black",
@@ -318,13 +331,15 @@ def plot_lgp_ablation(table: pd.DataFrame, title: str, note: str = ""):
 # ---------------------------------------------------------------------------------------------
 
 def plot_stage_ratio(measured: pd.DataFrame, simulated: pd.DataFrame, measured_note: str, sim_note: str,
-                     note: str = ""):
+                     note: str = "", cost_mode: str | None = None):
     """Top: measured throughput and final accuracy vs the share of the gradient bytes in stage 1 (OSP with
     LGP; share 1 is the BSP run; the star: osp_auto's share). Bottom, one panel per network: simulated
     throughput ÷ BSP's vs the share per model, osp_auto's choice starred. ``measured``:
     :func:`repro.studies.osp_train.stage_ratio_table`; ``simulated``:
-    :func:`repro.studies.osp_sim.stage_ratio_table`."""
+    :func:`repro.studies.osp_sim.stage_ratio_table`. The simulated panels name their cost mode
+    (``cost_mode``, else ``simulated``'s column)."""
     nets = list(dict.fromkeys(simulated["network"])) if len(simulated) else []
+    sim_what = _simulated_what(simulated, cost_mode)
     ncol = max(2, len(nets))
     fig_h = 9.4
     fig = plt.figure(figsize=(5.4 * ncol + 0.6, fig_h))
@@ -378,7 +393,7 @@ def plot_stage_ratio(measured: pd.DataFrame, simulated: pd.DataFrame, measured_n
         if j == 0:
             a.set_ylabel("throughput ÷ BSP's (simulated)", fontsize="small")
         label = sub["network_label"].iloc[0] if "network_label" in sub else net
-        a.set_title(f"simulated, {label} link, 1 server + {int(sub['workers'].iloc[0])} workers", fontsize="small")
+        a.set_title(f"{sim_what}, {label} link, 1 server + {int(sub['workers'].iloc[0])} workers", fontsize="small")
     handles = [Line2D([], [], **{**osp_kw, "label": "OSP (with LGP), measured"}),
                Line2D([], [], ls="", marker=bsp_kw["marker"], color=bsp_kw["color"], label="BSP (= stage 1 at 100%)"),
                Line2D([], [], ls="", marker="*", markersize=13, markerfacecolor="white", markeredgecolor="black",

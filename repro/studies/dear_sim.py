@@ -17,6 +17,10 @@ Inputs, and what is an interpretation:
   ``10gbe-dear-derived`` / ``56gbib-dear-derived`` are per-hop ring constants derived from those fits, valid
   for any P (used for scaling; equal to the fits at P=64).
 - Throughput is samples per second over all GPUs: ``workers * batch / iteration_s`` (the paper's metric).
+- ``cost_mode`` (:data:`repro.calibration.COST_MODES`) of every simulation at paper scale: ``"paper"``
+  (default) simulates the presets themselves, the paper's model; ``"calibrated"`` the calibrated cluster
+  and realism of the same network (:func:`repro.calibration.cost_for_mode`: ``10gbe-*`` -> the fitted
+  10GbE cluster, ``56gbib-*`` -> the fitted 100Gb InfiniBand one). Tables record it in ``cost_mode``.
 
 Every function returns a :class:`pandas.DataFrame` (or plain data); nothing here draws.
 """
@@ -29,11 +33,12 @@ from typing import Mapping, Sequence
 import numpy as np
 import pandas as pd
 
-from repro.cost import CostModel, preset
+from repro.calibration import check_cost_mode, cost_for_mode
+from repro.cost import CostModel
 from repro.data import shipped_traces
 from repro.planners import PLANNER_FAMILY, make_plan
-from repro.planners.dear import (DEFAULT_THRESHOLD_BYTES, dear_model, groups_period_s, threshold_groups,
-                                 threshold_sweep)
+from repro.planners.dear import (DEFAULT_THRESHOLD_BYTES, dear_model, dear_plan, groups_period_s,
+                                 threshold_groups, threshold_sweep)
 from repro.sim import simulate
 from repro.trace import Trace, load_trace
 
@@ -132,23 +137,26 @@ def iteration(trace: Trace, method: str, cost: CostModel, **options) -> dict:
 
 
 def throughput_table(models: Sequence[str] | Mapping[str, Trace], networks: Sequence[str] = PAPER_NETWORKS,
-                     methods: Sequence[str] = ALL_METHODS, workers: int | Sequence[int] = 64) -> pd.DataFrame:
+                     methods: Sequence[str] = ALL_METHODS, workers: int | Sequence[int] = 64,
+                     cost_mode: str = "paper") -> pd.DataFrame:
     """Simulated throughput per model x network x workers x method (tidy).
 
     ``models``: names (shipped V100 estimate traces at the paper's batch sizes) or a mapping name -> trace.
     Columns: model, device, batch_size, network, workers, scheduler, iteration_s, throughput
     (samples/s over all GPUs = workers * batch / iteration_s), buckets, threshold_bytes (DeAR plans),
     relative_to_best (throughput / the best method's at that model, network, workers), plan_wall_s,
-    origin ("simulated"). The simulated halves of ``dear.throughput_nofusion`` (methods
-    :data:`NOFUSION_METHODS`) and ``dear.throughput_fusion`` (:data:`FUSION_METHODS`).
+    origin ("simulated"), cost_mode. The simulated halves of ``dear.throughput_nofusion`` (methods
+    :data:`NOFUSION_METHODS`) and ``dear.throughput_fusion`` (:data:`FUSION_METHODS`). ``cost_mode``:
+    ``"paper"`` (the presets) or ``"calibrated"`` (:func:`repro.calibration.cost_for_mode`).
     """
+    check_cost_mode(cost_mode)
     traces = _traces(models)
     ps = [int(workers)] if np.isscalar(workers) else [int(p) for p in workers]
     rows = []
     for model, trace in traces.items():
         for net in networks:
             for p in ps:
-                cost = preset(net, p)
+                cost = cost_for_mode(net, p, cost_mode)
                 for m in methods:
                     r = iteration(trace, m, cost)
                     rows.append({"model": model, "device": trace.device, "batch_size": trace.batch_size,
@@ -160,23 +168,28 @@ def throughput_table(models: Sequence[str] | Mapping[str, Trace], networks: Sequ
     best = df.groupby(["model", "network", "workers"])["throughput"].transform("max")
     df["relative_to_best"] = df["throughput"] / best
     df["origin"] = "simulated"
+    df["cost_mode"] = cost_mode
     cols = ["model", "device", "batch_size", "network", "workers", "scheduler", "iteration_s", "throughput",
-            "buckets", "threshold_bytes", "relative_to_best", "plan_wall_s", "origin"]
+            "buckets", "threshold_bytes", "relative_to_best", "plan_wall_s", "origin", "cost_mode"]
     return df[cols]
 
 
 def scaling_table(models: Sequence[str] | Mapping[str, Trace], workers: Sequence[int] = SCALING_WORKERS,
-                  networks: Sequence[str] = SCALING_NETWORKS, methods: Sequence[str] = ALL_METHODS) -> pd.DataFrame:
-    """``dear.scaling``: :func:`throughput_table` over ``workers`` on the per-hop presets (any P)."""
-    return throughput_table(models, networks, methods, workers)
+                  networks: Sequence[str] = SCALING_NETWORKS, methods: Sequence[str] = ALL_METHODS,
+                  cost_mode: str = "paper") -> pd.DataFrame:
+    """``dear.scaling``: :func:`throughput_table` over ``workers`` on the per-hop presets (any P), in
+    ``cost_mode``."""
+    return throughput_table(models, networks, methods, workers, cost_mode)
 
 
 def speedup_summary(table: pd.DataFrame, dear: Sequence[str] = DEAR_METHODS) -> pd.DataFrame:
     """Per model x network x workers: the best DeAR variant against the best baseline (every other method
     in ``table``), as ``speedup_pct = 100 (baseline iteration / DeAR iteration - 1)`` (= throughput ratio);
     then one ``all models`` row per network and workers with the largest speedup, beside the paper's
-    claim (``paper_claim_pct``: up to 83% on 10GbE, 15% on IB; measured, labelled as the paper's claim)."""
+    claim (``paper_claim_pct``: up to 83% on 10GbE, 15% on IB; measured, labelled as the paper's claim).
+    The table's ``cost_mode`` is kept where it has one."""
     rows = []
+    mode = str(table["cost_mode"].iloc[0]) if "cost_mode" in table and len(table) else None
     for (model, net, p), g in table.groupby(["model", "network", "workers"], sort=False):
         d, b = g[g["scheduler"].isin(dear)], g[~g["scheduler"].isin(dear)]
         if d.empty or b.empty:
@@ -198,6 +211,8 @@ def speedup_summary(table: pd.DataFrame, dear: Sequence[str] = DEAR_METHODS) -> 
     out["paper_claim_pct"] = [PAPER_CLAIM_PCT.get(network_kind(n), np.nan) for n in out["network"]]
     out["paper_claim"] = [f"up to {c:g}% (paper's claim, measured)" if np.isfinite(c) else ""
                           for c in out["paper_claim_pct"]]
+    if mode is not None:
+        out["cost_mode"] = mode
     return out
 
 
@@ -219,7 +234,7 @@ def _dear_iterations(df: pd.DataFrame) -> pd.Series:
 
 
 def timeline_table(trace: Trace, cost: CostModel, schedulers: Sequence[str] = ("wfbp", "dear_threshold"),
-                   network: str = "") -> pd.DataFrame:
+                   network: str = "", cost_mode: str = "paper") -> pd.DataFrame:
     """``dear.timeline``: simulated ops of one iteration and the next forward, per scheduler.
 
     - DeAR family: the simulator's graph of two iterations, from the first step barrier (t = 0) to the end
@@ -230,8 +245,10 @@ def timeline_table(trace: Trace, cost: CostModel, schedulers: Sequence[str] = ("
 
     Columns: scheduler, stream, row (``compute`` or ``comm``), kind, label, start_s, end_s, iteration
     (1 or 2), iteration_s (steady-state period), boundary_s (where iteration 2 starts: the step barrier /
-    ``iteration_s``), buckets, workers, network. Zero-length ops (barriers, waits) are left out.
+    ``iteration_s``), buckets, workers, network, cost_mode (how ``cost`` was obtained: recorded, not
+    applied). Times in seconds. Zero-length ops (barriers, waits) are left out.
     """
+    check_cost_mode(cost_mode)
     frames = []
     for name in schedulers:
         plan = make_plan(name, trace, cost)
@@ -259,7 +276,7 @@ def timeline_table(trace: Trace, cost: CostModel, schedulers: Sequence[str] = ("
         df.insert(0, "scheduler", name)
         df.insert(2, "row", np.where(df["stream"] == "comm", "comm", "compute"))
         df = df.assign(iteration_s=float(res.iteration_s), boundary_s=boundary, buckets=plan.num_buckets,
-                       workers=cost.workers, network=network)
+                       workers=cost.workers, network=network, cost_mode=cost_mode)
         frames.append(df.sort_values(["row", "start_s"], kind="stable"))
     return pd.concat(frames, ignore_index=True)
 
@@ -330,21 +347,24 @@ def exposed_breakdown(trace: Trace, plan, cost: CostModel) -> dict:
 
 def breakdown_table(models: Sequence[str] | Mapping[str, Trace], networks: Sequence[str] = PAPER_NETWORKS,
                     schedulers: Sequence[str] = ("wfbp", "dear_threshold", "dear_model"),
-                    workers: int = 64) -> pd.DataFrame:
+                    workers: int = 64, cost_mode: str = "paper") -> pd.DataFrame:
     """The simulated half of ``dear.breakdown``: per model x network x scheduler, computation vs exposed
     reduce-scatter / all-gather (DeAR) or exposed all-reduce (WFBP-style), in seconds per iteration, from
     :func:`exposed_breakdown` (see there for the exact definition). Columns: model, network, workers,
     scheduler, iteration_s, computation_s, exposed_rs_s, exposed_ag_s, exposed_allreduce_s, exposed_idle_s,
-    rs_s, ag_s, allreduce_s, buckets."""
+    rs_s, ag_s, allreduce_s, buckets, cost_mode (``"paper"``: the presets; ``"calibrated"``:
+    :func:`repro.calibration.cost_for_mode`)."""
+    check_cost_mode(cost_mode)
     traces = _traces(models)
     rows = []
     for model, trace in traces.items():
         for net in networks:
-            cost = preset(net, workers)
+            cost = cost_for_mode(net, workers, cost_mode)
             for s in schedulers:
                 plan = make_plan(s, trace, cost)
                 rows.append({"model": model, "network": net, "workers": int(workers), "scheduler": s,
-                             **exposed_breakdown(trace, plan, cost), "buckets": plan.num_buckets})
+                             **exposed_breakdown(trace, plan, cost), "buckets": plan.num_buckets,
+                             "cost_mode": cost_mode})
     df = pd.DataFrame(rows)
     return df.drop(columns="window_s") if len(df) else df
 
@@ -361,7 +381,9 @@ def buffer_sweep(trace: Trace, cost: CostModel, min_bytes: int = MIB, max_bytes:
     threshold of each distinct bucketing), so the table holds the whole step function. Columns:
     threshold_bytes, threshold_mib, iteration_s, buckets, point ("grid", "breakpoint", "default"),
     model_choice (True on the breakpoint ``dear_model`` picks when searching the same range; its period is
-    the table's minimum)."""
+    the table's minimum under the paper model). Under a cost model with realism (calibrated mode) each
+    period is the simulator's (:func:`repro.sim.simulate` of the DeAR plan of those buckets), which the
+    model's choice need not minimise."""
     nbytes = np.rint(trace.bytes()).astype(np.int64)
     grid = {int(t): "grid" for t in np.rint(np.geomspace(min_bytes, max_bytes, points))}
     for t, _ in threshold_sweep(trace, min_bytes, max_bytes):
@@ -372,26 +394,31 @@ def buffer_sweep(trace: Trace, cost: CostModel, min_bytes: int = MIB, max_bytes:
     rows = []
     for t in sorted(grid):
         groups = threshold_groups(nbytes, t)
+        period = (groups_period_s(trace, groups, cost) if cost.is_paper_model
+                  else float(simulate(trace, dear_plan(trace, groups, cost, "threshold"), cost, with_ops=False).iteration_s))
         rows.append({"threshold_bytes": t, "threshold_mib": t / MIB,
-                     "iteration_s": groups_period_s(trace, groups, cost),
+                     "iteration_s": period,
                      "buckets": len(groups), "point": grid[t], "model_choice": t == choice})
     return pd.DataFrame(rows)
 
 
 def buffer_sweep_table(models: Sequence[str] | Mapping[str, Trace], networks: Sequence[str] = PAPER_NETWORKS,
                        workers: int = 64, min_bytes: int = MIB, max_bytes: int = 256 * MIB,
-                       points: int = 33) -> pd.DataFrame:
+                       points: int = 33, cost_mode: str = "paper") -> pd.DataFrame:
     """The simulated half of ``dear.buffer_sweep``: :func:`buffer_sweep` per model x network (tidy, with
-    model, network, workers and the model's throughput at each threshold)."""
+    model, network, workers, the model's throughput at each threshold and ``cost_mode``: ``"paper"``, the
+    presets, or ``"calibrated"``, :func:`repro.calibration.cost_for_mode`)."""
+    check_cost_mode(cost_mode)
     traces = _traces(models)
     frames = []
     for model, trace in traces.items():
         for net in networks:
-            cost = preset(net, workers)
+            cost = cost_for_mode(net, workers, cost_mode)
             df = buffer_sweep(trace, cost, min_bytes, max_bytes, points)
             df.insert(0, "model", model)
             df.insert(1, "network", net)
             df.insert(2, "workers", int(workers))
             df["throughput"] = workers * trace.batch_size / df["iteration_s"]
+            df["cost_mode"] = cost_mode
             frames.append(df)
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()

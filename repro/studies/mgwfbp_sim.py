@@ -3,6 +3,11 @@
 Every function returns a :class:`pandas.DataFrame`; nothing here draws. Speedup of P workers is
 ``P * t_1 / t_P`` with ``t_1`` the single-worker iteration (forward + backward, no communication) and
 ``t_P`` the simulated iteration under a plan and a cost model.
+
+Every simulation at paper scale takes ``cost_mode`` (:data:`repro.calibration.COST_MODES`): ``"paper"``
+(default) simulates the network presets themselves, the papers' model; ``"calibrated"`` the calibrated
+cluster and realism of the same network (:func:`repro.calibration.cost_for_mode`). Tables record it in a
+``cost_mode`` column.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from typing import Iterable, Mapping, Sequence
 import numpy as np
 import pandas as pd
 
+from repro.calibration import check_cost_mode, cost_for_mode
 from repro.cost import ALGORITHMS, CostModel, alpha_beta_lines, preset, preset_workers
 from repro.data import paper_numbers_path, shipped_traces
 from repro.planners import make_plan
@@ -21,7 +27,7 @@ from repro.trace import Trace, load_trace
 
 __all__ = ["MGWFBP_BATCH_SIZES", "find_trace", "load_traces", "layer_table", "allreduce_curve", "cost_model_table",
            "timeline_table", "speedup_sweep", "sim_speedup_table", "paper_comparison", "optimal_gap_table",
-           "gap_summary", "paper_speedups", "workers_for"]
+           "gap_summary", "paper_speedups", "workers_for", "simulated_iteration_s"]
 
 
 # Per-GPU batch sizes of the MG-WFBP papers; vgg16 and the BERTs (DeAR's) are our choice.
@@ -95,42 +101,63 @@ def cost_model_table(alpha_s: float, beta_s_per_byte: float, gamma_s_per_byte: f
     return pd.DataFrame(rows)
 
 
-def timeline_table(trace: Trace, cost: CostModel, schedulers: Sequence[str]) -> pd.DataFrame:
+def simulated_iteration_s(trace: Trace, plan, cost: CostModel) -> float:
+    """Seconds per iteration of ``plan`` as the simulator runs it under ``cost``. Under the paper model the
+    planner's own prediction is that simulation (``plan.meta["iteration_s"]``, kept bit for bit); with
+    realism (calibrated mode) the planner plans on its model and :func:`repro.sim.simulate` runs the plan
+    with every effect (e.g. contention slowing computation), which can differ."""
+    if cost.is_paper_model:
+        return float(plan.meta["iteration_s"])
+    return float(simulate(trace, plan, cost, with_ops=False).iteration_s)
+
+
+def timeline_table(trace: Trace, cost: CostModel, schedulers: Sequence[str], cost_mode: str = "paper"
+                   ) -> pd.DataFrame:
     """Simulated ops of one iteration per scheduler (columns: scheduler, stream, kind, label, start_s,
-    end_s, iteration_s)."""
+    end_s, iteration_s in seconds, cost_mode). ``cost_mode`` names how ``cost`` was obtained
+    (:func:`repro.calibration.cost_for_mode`); it is recorded, not applied."""
+    check_cost_mode(cost_mode)
     frames = []
     for s in schedulers:
         res = simulate(trace, make_plan(s, trace, cost), cost)
         df = pd.DataFrame([op.to_dict() for op in res.ops])
         df.insert(0, "scheduler", s)
         df["iteration_s"] = res.iteration_s
+        df["cost_mode"] = cost_mode
         frames.append(df)
     return pd.concat(frames, ignore_index=True)
 
 
 def speedup_sweep(traces: Mapping[str, Trace], networks: Sequence[str], workers: Sequence[int],
-                  schedulers: Sequence[str], threshold_bytes: int | None = None) -> pd.DataFrame:
+                  schedulers: Sequence[str], threshold_bytes: int | None = None, cost_mode: str = "paper"
+                  ) -> pd.DataFrame:
     """Simulated iteration time and speedup for every model x network preset x P x scheduler.
 
     Rows for ``scheduler == "linear"`` hold the ideal speedup P (``origin`` "ideal"; the others are
     "simulated"). ``relative_to_best`` is a scheduler's speedup over the best scheduler's at the same
     model, network and P (1 for the best), the view in which 10-30 % gaps stay visible at any P.
-    Worker counts a table preset lacks are skipped. ``threshold_bytes`` is passed to the
-    ``threshold`` scheduler.
+    Worker counts a table preset lacks are skipped (in both modes: the same points). ``threshold_bytes``
+    is passed to the ``threshold`` scheduler. ``cost_mode``: ``"paper"`` (the presets) or
+    ``"calibrated"`` (each preset's calibrated cluster, :func:`repro.calibration.cost_for_mode`);
+    recorded in the ``cost_mode`` column. Iterations are simulated (:func:`simulated_iteration_s`); in
+    calibrated mode ``optimal`` is the optimum of the planner's model, which the simulation with realism
+    need not keep (another scheduler can come out faster).
     """
+    check_cost_mode(cost_mode)
     rows = []
     for model, trace in traces.items():
         t1 = trace.total_forward_s + trace.total_backward_s
-        base = {"model": model, "batch_size": trace.batch_size, "device": trace.device, "compute_s": t1}
+        base = {"model": model, "batch_size": trace.batch_size, "device": trace.device, "compute_s": t1,
+                "cost_mode": cost_mode}
         for net in networks:
             for p in workers_for(net, workers):
-                cost = preset(net, p)
+                cost = cost_for_mode(net, p, cost_mode)
                 rows.append({**base, "network": net, "workers": p, "scheduler": "linear", "origin": "ideal",
                              "iteration_s": t1, "speedup": float(p), "buckets": 0})
                 for s in schedulers:
                     opts = {"threshold_bytes": threshold_bytes} if s == "threshold" and threshold_bytes else {}
                     plan = make_plan(s, trace, cost, **opts)
-                    t = plan.meta["iteration_s"]
+                    t = simulated_iteration_s(trace, plan, cost)
                     rows.append({**base, "network": net, "workers": p, "scheduler": s, "origin": "simulated",
                                  "iteration_s": t, "speedup": p * t1 / t, "buckets": plan.num_buckets})
     df = pd.DataFrame(rows)
@@ -180,12 +207,14 @@ def paper_comparison(table: pd.DataFrame) -> pd.DataFrame:
 
 
 def optimal_gap_table(sweep: pd.DataFrame, scheduler: str = "mgwfbp") -> pd.DataFrame:
-    """Per model x network x P: how much slower ``scheduler`` is than the exact optimum (percent)."""
+    """Per model x network x P: how much slower ``scheduler`` is than the exact optimum (percent); with
+    the sweep's ``cost_mode`` column where it has one."""
     sim = sweep[sweep["origin"] == "simulated"] if "origin" in sweep else sweep
-    wide = sim.pivot_table(index=["model", "network", "workers"], columns="scheduler",
-                           values="iteration_s").reset_index()
+    keys = ["model", "network", "workers"] + (["cost_mode"] if "cost_mode" in sim else [])
+    wide = sim.pivot_table(index=keys, columns="scheduler", values="iteration_s").reset_index()
+    wide.columns.name = None
     wide["gap_pct"] = 100.0 * (wide[scheduler] / wide["optimal"] - 1.0)
-    return wide[["model", "network", "workers", scheduler, "optimal", "gap_pct"]].rename(
+    return wide[keys[:3] + [scheduler, "optimal", "gap_pct"] + keys[3:]].rename(
         columns={scheduler: f"{scheduler}_s", "optimal": "optimal_s"})
 
 

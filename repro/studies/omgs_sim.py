@@ -7,6 +7,12 @@ paper's fitted all-gather lines for P in {2, 4, 8, 16} with its top-k cost ``gam
 per layer), ``topk_single`` (TopK-SGD), ``omgs`` (the published merge rule) and ``omgs_optimal`` (the
 exact optimum over contiguous merges, this package's addition).
 
+Every simulation at paper scale takes ``cost_mode`` (:data:`repro.calibration.COST_MODES`): ``"paper"``
+(default) simulates the preset itself, the paper's model; ``"calibrated"`` its calibrated counterpart
+(:func:`repro.calibration.cost_for_mode`: for ``1gbe-allgather``, no measured 1GbE cluster exists, so the
+paper's all-gather lines and top-k cost with the realism fitted on 10GbE). Tables record it in a
+``cost_mode`` column.
+
 Every function returns a :class:`pandas.DataFrame` (or plain data); nothing here draws.
 """
 
@@ -20,12 +26,14 @@ from typing import Iterable, Mapping, Sequence
 import numpy as np
 import pandas as pd
 
-from repro.cost import CostModel, preset, preset_workers
+from repro.calibration import check_cost_mode, cost_for_mode
+from repro.cost import CostModel, preset_workers
 from repro.data import shipped_traces
 from repro.planners import make_plan
 from repro.sim import simulate
 from repro.sim.allreduce import bucket_label
 from repro.sim.sparse import bucket_numels, sparse_times_s
+from repro.studies.mgwfbp_sim import simulated_iteration_s
 from repro.trace import Trace, load_trace
 
 __all__ = ["SPARSE_PLANNERS", "OMGS_MODELS", "PAPER_CSV", "paper_iterations", "paper_density",
@@ -89,27 +97,32 @@ def trace_table(traces: Mapping[str, Trace]) -> pd.DataFrame:
                           "backward_s": t.total_backward_s} for m, t in traces.items()])
 
 
-def _cost(network: str, workers: int) -> CostModel:
-    return preset(network, workers)
+def _cost(network: str, workers: int, cost_mode: str = "paper") -> CostModel:
+    return cost_for_mode(network, workers, cost_mode)
 
 
 def sparse_sweep(traces: Mapping[str, Trace], workers: Sequence[int], densities: Sequence[float],
                  planners: Sequence[str] = SPARSE_PLANNERS, network: str = "1gbe-allgather",
-                 pack: bool = False) -> pd.DataFrame:
+                 pack: bool = False, cost_mode: str = "paper") -> pd.DataFrame:
     """Simulated iteration per model x P x density x planner (tidy).
 
     Columns: model, device, batch_size, network, workers, density, planner, iteration_s, buckets,
     sparsify_s (top-k seconds on the compute stream), optimal_s and gap_pct = 100 (iteration_s /
     optimal_s - 1) when ``omgs_optimal`` is among ``planners`` (NaN otherwise), plan_wall_s (seconds
-    the planner took here). Worker counts the preset lacks are skipped.
+    the planner took here), cost_mode. Worker counts the preset lacks are skipped. ``cost_mode``:
+    ``"paper"`` (the preset) or ``"calibrated"`` (:func:`repro.calibration.cost_for_mode`). Iterations are
+    simulated (:func:`repro.studies.mgwfbp_sim.simulated_iteration_s`): in calibrated mode ``omgs_optimal``
+    is the optimum of the planner's model, which the simulation with realism need not keep (``gap_pct``
+    can then be negative).
     """
+    check_cost_mode(cost_mode)
     have = preset_workers(network)
     rows = []
     for model, trace in traces.items():
         for p in workers:
             if have is not None and p not in have:
                 continue
-            cost = _cost(network, p)
+            cost = _cost(network, p, cost_mode)
             for d in densities:
                 for name in planners:
                     t0 = time.perf_counter()
@@ -118,8 +131,8 @@ def sparse_sweep(traces: Mapping[str, Trace], workers: Sequence[int], densities:
                     spar = float(np.sum(cost.topk_s(np.asarray(bucket_numels(trace, plan), dtype=float))))
                     rows.append({"model": model, "device": trace.device, "batch_size": trace.batch_size,
                                  "network": network, "workers": int(p), "density": float(d), "planner": name,
-                                 "iteration_s": float(plan.meta["iteration_s"]), "buckets": plan.num_buckets,
-                                 "sparsify_s": spar, "plan_wall_s": wall})
+                                 "iteration_s": simulated_iteration_s(trace, plan, cost), "buckets": plan.num_buckets,
+                                 "sparsify_s": spar, "plan_wall_s": wall, "cost_mode": cost_mode})
     df = pd.DataFrame(rows)
     if df.empty:
         return df
@@ -166,10 +179,12 @@ def worst_case(sweep: pd.DataFrame, planner: str = "omgs", model: str | None = N
 
 
 def bucket_table(trace: Trace, cost: CostModel, planners: Sequence[str], density: float,
-                 pack: bool = False) -> pd.DataFrame:
+                 pack: bool = False, cost_mode: str = "paper") -> pd.DataFrame:
     """Per planner and bucket (communication order): its layers (1-based forward numbers), elements,
     k, the backward seconds of its layers, its top-k (start, end) on the compute stream and its
-    all-gathers (start, end) on the comm stream, simulated; plus the planner's iteration_s."""
+    all-gathers (start, end) on the comm stream, simulated; plus the planner's iteration_s (seconds)
+    and ``cost_mode`` (how ``cost`` was obtained; recorded, not applied)."""
+    check_cost_mode(cost_mode)
     rows = []
     bwd = trace.backward_s()
     for name in planners:
@@ -190,7 +205,8 @@ def bucket_table(trace: Trace, cost: CostModel, planners: Sequence[str], density
                          "sparsify_end_s": sp[0].end_s if sp else np.nan,
                          "comm_start_s": min(o.start_s for o in cm) if cm else np.nan,
                          "comm_end_s": max(o.end_s for o in cm) if cm else np.nan,
-                         "iteration_s": res.iteration_s, "density": density, "workers": cost.workers})
+                         "iteration_s": res.iteration_s, "density": density, "workers": cost.workers,
+                         "cost_mode": cost_mode})
     return pd.DataFrame(rows)
 
 
@@ -228,10 +244,12 @@ def explain_case(buckets: pd.DataFrame, trace: Trace, cost: CostModel, rule: str
 
 
 def timeline_table(trace: Trace, cost: CostModel, planners: Sequence[str], density: float,
-                   pack: bool = False) -> pd.DataFrame:
+                   pack: bool = False, cost_mode: str = "paper") -> pd.DataFrame:
     """Simulated ops of one iteration per planner (columns: planner, stream, row, kind, label, start_s,
-    end_s, iteration_s, buckets, density, workers). ``row`` splits the compute stream into
-    ``compute`` (forward, backward) and ``sparsify`` (top-k) for drawing; ``stream`` is the simulator's."""
+    end_s, iteration_s (seconds), buckets, density, workers, cost_mode). ``row`` splits the compute stream
+    into ``compute`` (forward, backward) and ``sparsify`` (top-k) for drawing; ``stream`` is the
+    simulator's. ``cost_mode`` names how ``cost`` was obtained (recorded, not applied)."""
+    check_cost_mode(cost_mode)
     frames = []
     for name in planners:
         plan = make_plan(name, trace, cost, density=density, pack=pack)
@@ -243,24 +261,28 @@ def timeline_table(trace: Trace, cost: CostModel, planners: Sequence[str], densi
         df["buckets"] = plan.num_buckets
         df["density"] = density
         df["workers"] = cost.workers
+        df["cost_mode"] = cost_mode
         frames.append(df)
     return pd.concat(frames, ignore_index=True)
 
 
 def paper_setting_table(traces: Mapping[str, Trace], planners: Iterable[str] = ("topk_single", "omgs",
                                                                                 "omgs_optimal"),
-                        workers: int = 16, network: str = "1gbe-allgather") -> pd.DataFrame:
+                        workers: int = 16, network: str = "1gbe-allgather", cost_mode: str = "paper"
+                        ) -> pd.DataFrame:
     """The paper's setting (16 workers, 1GbE, the paper's density per model): simulated seconds per
-    iteration per planner beside the published ones (``paper_s``, NaN where none), tidy."""
+    iteration per planner beside the published ones (``paper_s``, NaN where none), tidy, with
+    ``cost_mode`` (``"paper"``: the preset; ``"calibrated"``: :func:`repro.calibration.cost_for_mode`)."""
+    check_cost_mode(cost_mode)
     rows = []
-    cost = _cost(network, workers)
+    cost = _cost(network, workers, cost_mode)
     for model, trace in traces.items():
         d = paper_density(model)
         for name in planners:
             plan = make_plan(name, trace, cost, density=d)
             rows.append({"model": model, "device": trace.device, "batch_size": trace.batch_size, "workers": workers,
-                         "density": d, "planner": name, "iteration_s": float(plan.meta["iteration_s"]),
-                         "buckets": plan.num_buckets})
+                         "density": d, "planner": name, "iteration_s": simulated_iteration_s(trace, plan, cost),
+                         "buckets": plan.num_buckets, "cost_mode": cost_mode})
     df = pd.DataFrame(rows)
     paper = paper_iterations()
     df = df.merge(paper[paper["workers"] == workers].drop(columns="workers"), on=["model", "planner"], how="left")

@@ -21,17 +21,25 @@ Inputs, and what is an interpretation:
   accuracy, which only the measured runs show).
 - With identical simulated workers (no stragglers) SSP never waits for its bound and equals ASP.
 - Throughput is samples per second over all workers: ``workers * batch / period``.
+- ``cost_mode`` (:data:`repro.calibration.COST_MODES`, :func:`cost_for_rate`): ``"paper"`` (default) is the
+  alpha-beta link above; ``"calibrated"`` replaces it by the cluster fitted on published measurements of
+  the same network where one exists (10 Gbit/s: the 10GbE cluster; 100 Gbit/s: the 100Gb InfiniBand one;
+  through :func:`repro.calibration.cost_for_mode`), a push or pull being one message over its inter-node
+  link, with that fit's realism (message overhead, contention); any other rate keeps its alpha-beta link
+  and gains the realism fitted on 10GbE (TCP Ethernet). Tables record it in ``cost_mode``.
 
 Every function returns a :class:`pandas.DataFrame`; nothing here draws.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Mapping, Sequence
 
 import numpy as np
 import pandas as pd
 
+from repro.calibration import check_cost_mode, cost_for_mode
 from repro.cost import CostModel
 from repro.planners import make_plan
 from repro.sim import simulate
@@ -39,7 +47,7 @@ from repro.trace import Trace, load_trace
 
 __all__ = ["OSP_MODELS", "SIM_METHODS", "PAPER_SERVERS", "PAPER_WORKERS", "PAPER_CLAIM_PCT", "PAPER_CLAIM_SOURCE",
            "PAPER_CLAIM_SHORT", "SCALE_NOTE", "TRACE_NOTE", "INTERPRETATION_NOTE", "DEFAULT_LATENCY_S",
-           "find_trace", "load_traces", "trace_table", "network_cost", "network_label", "method_name",
+           "CALIBRATED_RATE_PRESETS", "cost_for_rate", "find_trace", "load_traces", "trace_table", "network_cost", "network_label", "method_name",
            "iteration", "throughput_table", "speedup_summary", "stage_ratio_table", "timeline_table"]
 
 # Shipped V100 estimate traces (model -> per-GPU batch); the abstract names no models.
@@ -106,6 +114,36 @@ def network_cost(rate: str | float, workers: int = PAPER_WORKERS, latency_s: flo
                                      source=f"alpha-beta link {format_bandwidth(bps)}, {latency_s * 1e6:g} us/message")
 
 
+# Link rate (bits per second) -> the calibrated preset of the measured network of that rate.
+CALIBRATED_RATE_PRESETS: dict[float, str] = {10e9: "10gbe-calibrated", 100e9: "100gbib-calibrated"}
+# The calibration whose realism a rate without a measured network of its own gains (TCP Ethernet).
+FALLBACK_CALIBRATION = "10gbe-calibrated"
+
+
+def cost_for_rate(rate: str | float, workers: int = PAPER_WORKERS, latency_s: float = DEFAULT_LATENCY_S,
+                  cost_mode: str = "paper") -> CostModel:
+    """The cost model of a simulated server link of ``rate`` in ``cost_mode``.
+
+    ``"paper"``: :func:`network_cost` (``latency_s`` seconds + bytes x 8 / rate per message). ``"calibrated"``:
+    for a rate in :data:`CALIBRATED_RATE_PRESETS` (10 and 100 Gbit/s) that network's fitted cluster and
+    realism (:func:`repro.calibration.cost_for_mode`; ``latency_s`` is then the fit's, not the argument);
+    for any other rate, :func:`network_cost` with the realism fitted on 10GbE. ``source`` says which.
+    """
+    check_cost_mode(cost_mode)
+    paper = network_cost(rate, workers, latency_s)
+    if cost_mode == "paper":
+        return paper
+    from repro.calibration import calibrated_preset
+    from repro.cluster.netns import parse_bandwidth
+
+    name = CALIBRATED_RATE_PRESETS.get(float(parse_bandwidth(rate)))
+    if name is not None:
+        return cost_for_mode(name, int(workers), cost_mode)
+    realism = calibrated_preset(FALLBACK_CALIBRATION).realism
+    return replace(paper.with_realism(realism),
+                   source=f"{paper.source} + realism of {FALLBACK_CALIBRATION} (calibrated mode)")
+
+
 def network_label(rate: str | float) -> str:
     """``"10gbit"`` -> ``"10 Gbit/s"``."""
     from repro.cluster.netns import parse_bandwidth
@@ -153,17 +191,19 @@ def iteration(trace: Trace, scheduler: str, cost: CostModel, *, servers: int = P
 def throughput_table(models: Sequence[str] | Mapping[str, Trace], rates: Sequence[str] = ("10gbit",),
                      methods: Sequence[str] = SIM_METHODS, *, workers: int = PAPER_WORKERS,
                      servers: int = PAPER_SERVERS, stage1_share: float = 0.5, staleness: int = 2,
-                     latency_s: float = DEFAULT_LATENCY_S) -> pd.DataFrame:
+                     latency_s: float = DEFAULT_LATENCY_S, cost_mode: str = "paper") -> pd.DataFrame:
     """Simulated throughput per model x network x method (tidy). ``osp`` runs at ``stage1_share``,
     ``osp_auto`` chooses its own, ``ps_ssp`` at ``staleness``. Columns: model, batch_size, network
     (rate), network_label, workers, servers, scheduler, method, iteration_s, throughput (samples/s over
     all workers), speedup_vs_bsp (throughput / BSP's), relative_to_best, stage1_share,
-    stage1_bytes_share, auto_stage2_share, buckets, origin ("simulated")."""
+    stage1_bytes_share, auto_stage2_share, buckets, origin ("simulated"), cost_mode (``"paper"``: the
+    alpha-beta link; ``"calibrated"``: :func:`cost_for_rate`)."""
+    check_cost_mode(cost_mode)
     traces = _traces(models)
     rows = []
     for model, trace in traces.items():
         for rate in rates:
-            cost = network_cost(rate, workers, latency_s)
+            cost = cost_for_rate(rate, workers, latency_s, cost_mode)
             for m in methods:
                 r = iteration(trace, m, cost, servers=servers, stage1_share=stage1_share, staleness=staleness)
                 rows.append({"model": model, "batch_size": trace.batch_size, "network": str(rate),
@@ -178,6 +218,7 @@ def throughput_table(models: Sequence[str] | Mapping[str, Trace], rates: Sequenc
     df["speedup_vs_bsp"] = [t / bsp.get((m, n), np.nan) for m, n, t in zip(df.model, df.network, df.throughput)]
     df["relative_to_best"] = df["throughput"] / df.groupby(keys)["throughput"].transform("max")
     df["origin"] = "simulated"
+    df["cost_mode"] = cost_mode
     return df
 
 
@@ -185,8 +226,9 @@ def speedup_summary(table: pd.DataFrame, osp: Sequence[str] = ("osp", "osp_auto"
     """Per model x network: the best OSP variant among ``osp`` against BSP and against the best of the
     other methods (``speedup_pct = 100 (their period / OSP's - 1)`` = the throughput ratio), then one
     ``all models`` row per network with the largest of each, beside the paper's claim (``paper_claim_pct``:
-    up to 50%, measured; labelled as the paper's claim)."""
+    up to 50%, measured; labelled as the paper's claim). The table's ``cost_mode`` is kept where it has one."""
     rows = []
+    mode = str(table["cost_mode"].iloc[0]) if "cost_mode" in table and len(table) else None
     for (model, net), g in table.groupby(["model", "network"], sort=False):
         o, b = g[g.scheduler.isin(osp)], g[~g.scheduler.isin(osp)]
         bsp = g[g.scheduler == "ps_bsp"]
@@ -210,21 +252,25 @@ def speedup_summary(table: pd.DataFrame, osp: Sequence[str] = ("osp", "osp_auto"
     out = pd.concat([out, pd.DataFrame(tops)], ignore_index=True)
     out["paper_claim_pct"] = PAPER_CLAIM_PCT
     out["paper_claim"] = f"up to {PAPER_CLAIM_PCT:g}% (paper's claim, abstract; measured, baselines unnamed)"
+    if mode is not None:
+        out["cost_mode"] = mode
     return out
 
 
 def stage_ratio_table(models: Sequence[str] | Mapping[str, Trace], shares: Sequence[float],
                       rates: Sequence[str] = ("10gbit",), *, workers: int = PAPER_WORKERS, servers: int = PAPER_SERVERS,
-                      latency_s: float = DEFAULT_LATENCY_S) -> pd.DataFrame:
+                      latency_s: float = DEFAULT_LATENCY_S, cost_mode: str = "paper") -> pd.DataFrame:
     """OSP's simulated period vs the stage-1 share (``point`` "sweep"), plus osp_auto's choice (``point``
     "auto") per model x network. Share 1 is BSP's layout. Columns: model, network, network_label,
     workers, servers, point, stage1_share (requested / chosen), stage1_bytes_share (actual, layer
-    granularity), iteration_s, throughput, speedup_vs_bsp, origin."""
+    granularity), iteration_s, throughput, speedup_vs_bsp, origin, cost_mode (``"paper"``: the alpha-beta
+    link; ``"calibrated"``: :func:`cost_for_rate`)."""
+    check_cost_mode(cost_mode)
     traces = _traces(models)
     rows = []
     for model, trace in traces.items():
         for rate in rates:
-            cost = network_cost(rate, workers, latency_s)
+            cost = cost_for_rate(rate, workers, latency_s, cost_mode)
             bsp = iteration(trace, "ps_bsp", cost, servers=servers)["iteration_s"]
             points = [("sweep", "osp", float(s)) for s in shares] + [("auto", "osp_auto", np.nan)]
             for point, sched, share in points:
@@ -238,6 +284,7 @@ def stage_ratio_table(models: Sequence[str] | Mapping[str, Trace], shares: Seque
     df = pd.DataFrame(rows)
     if len(df):
         df["origin"] = "simulated"
+        df["cost_mode"] = cost_mode
     return df
 
 
@@ -255,7 +302,7 @@ def _stage(kind: str) -> str:
 
 def timeline_table(trace: Trace, cost: CostModel, schedulers: Sequence[str] = ("ps_bsp", "osp_auto"), *,
                    servers: int = PAPER_SERVERS, stage1_share: float = 0.5, iterations: int = 3,
-                   first_iteration: int = 2, network: str = "") -> pd.DataFrame:
+                   first_iteration: int = 2, network: str = "", cost_mode: str = "paper") -> pd.DataFrame:
     """``osp.timeline``: the simulated ops of ``iterations`` steady-state iterations per scheduler, from
     the first worker's (``worker0``) compute of iteration ``first_iteration`` (t = 0) to its compute of
     ``first_iteration + iterations`` (every op overlapping the window, clipped to it).
@@ -264,9 +311,11 @@ def timeline_table(trace: Trace, cost: CostModel, schedulers: Sequence[str] = ("
     ``server<s>.cpu`` updates), kind (compute, lgp, push, pull, update), stage ("stage 1", "stage 2",
     "" for computation; BSP's messages are all stage 1), worker, iteration (of the op's worker and
     step), start_s, end_s, iteration_s (the scheduler's steady-state period), window_s,
-    stage1_share / stage1_bytes_share (the plan's), workers, servers, network. Zero-length ops (an
+    stage1_share / stage1_bytes_share (the plan's), workers, servers, network, cost_mode (how ``cost`` was
+    obtained, :func:`cost_for_rate`: recorded, not applied). Times in seconds. Zero-length ops (an
     optimizer with no measured time) are left out.
     """
+    check_cost_mode(cost_mode)
     frames = []
     for name in schedulers:
         plan = make_plan(name, trace, cost, **_options(name, servers, stage1_share, 2))
@@ -289,6 +338,6 @@ def timeline_table(trace: Trace, cost: CostModel, schedulers: Sequence[str] = ("
         df = df.assign(iteration_s=float(res.iteration_s), window_s=t1 - t0,
                        stage1_share=float(plan.meta.get("stage1_share", 1.0)),
                        stage1_bytes_share=float(plan.meta.get("stage1_bytes_share", 1.0)),
-                       workers=int(cost.workers), servers=int(servers), network=network)
+                       workers=int(cost.workers), servers=int(servers), network=network, cost_mode=cost_mode)
         frames.append(df.drop(columns="label").sort_values(["stream", "start_s"], kind="stable"))
     return pd.concat(frames, ignore_index=True)
