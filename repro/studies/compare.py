@@ -1,0 +1,466 @@
+"""Every scheduler of the four papers on one footing, as tidy tables (the notebook only calls these and plots).
+
+The table a practitioner wants before choosing a scheduler: the same models, networks and worker
+counts for the all-reduce family of MG-WFBP (with Horovod's and DDP's bucketings), the sparse family of
+OMGS-SGD, DeAR and its baselines, and the parameter-server modes of OSP. Two tables, each with a
+``best`` flag per configuration:
+
+- :func:`simulated_table` — **simulated at paper scale**: shipped V100 roofline-estimate traces
+  (``<model>_b<batch>_v100-estimate``, not measurements), worker counts P, network presets mapped by
+  :func:`repro.calibration.cost_for_mode` (``cost_mode="calibrated"``: the clusters calibrated on the
+  published ddl-benchmarks measurements, 4 GPUs per node, with their realism; ``"paper"``: the published
+  lines, perfect overlap). Plans come from :func:`repro.planners.make_plan` and iterations from
+  :func:`repro.sim.simulate`; both apply the cost model's realism themselves.
+- :func:`measured_table` (after :func:`run_measured`) — **measured at tiny scale** on this machine:
+  each scheduler once on a tiny CPU model, gloo, each rank in its own network namespace behind an
+  emulated link (:mod:`repro.cluster.netns`), launched with the training studies' runner
+  (:func:`repro.studies.mgwfbp_train.run_grid`): ``workers`` ranks, plus one serving rank for a
+  parameter-server scheduler. Iteration = the slowest rank's median step time over the timed steps.
+
+Assumptions, stated once here and in the tables:
+
+- **Math.** Top-k sparsification (density :data:`DEFAULT_DENSITY`, error feedback) and the ASP, SSP and
+  OSP modes change the update of synchronous SGD; ``keeps_sync_sgd`` is False for them and
+  ``math_note`` says how. Every other scheduler computes the same update as synchronous SGD (DeAR's
+  all-gather lands before the next forward needs the parameters). ``osp_auto`` is marked as OSP even
+  where its rule keeps every byte in stage 1 on a configuration (``stage1_bytes_share`` = 1 then).
+- **Top-k cost.** ``gamma * d * log2(d)`` seconds for d elements with the OMGS-SGD paper's published
+  fit (:data:`TOPK_GAMMA_S`, a P102-100 GPU at density 0.001: the only published one; a V100 is likely
+  faster, so the sparse family is if anything penalised). All-gather lines: the network's own.
+- **Parameter server.** One server per node (``servers = ceil(P / 4)``: the calibrated clusters' 4 GPUs
+  per node), co-located with the workers and not counted in P; layers balanced over servers by bytes;
+  SSP's bound ``staleness`` = 2; OSP's stage-1 share 0.5 and importance by ``position`` (the estimate
+  traces hold no gradient magnitudes); ``osp_auto`` chooses its share itself.
+- **Other options**: each planner's default (``threshold``: 25 MiB buckets, ``horovod``: 64 MiB and a
+  5 ms cycle, ``dear_threshold``: 25 MiB, ``ddp_buckets``: 1 MiB then 25 MiB), FP32 gradients.
+- **Best.** Per configuration (simulated: model, network, P; measured: model, link, workers), ``best`` marks
+  the smallest iteration time over every scheduler, ``best_sync_sgd`` the smallest among those with
+  ``keeps_sync_sgd``; equal times (within a relative 1e-9) are all marked. ``relative_to_best`` =
+  iteration / the configuration's smallest. Throughput = P x batch / iteration (samples/s over the
+  workers).
+
+Never imports torch (the measured runs start their own processes). Every function returns a
+:class:`pandas.DataFrame` or plain data; nothing here draws.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+
+from repro.calibration import DEVICES_PER_NODE, check_cost_mode, cost_for_mode
+from repro.cost import PRESETS
+from repro.planners import PLANNER_FAMILY, make_plan
+from repro.schedulers import get_scheduler
+from repro.sim import simulate
+from repro.trace import Trace, load_trace
+
+__all__ = ["CompareError", "GROUPS", "SCHEDULERS", "SPARSE", "PARAMETER_SERVER", "DEFAULT_MODELS",
+           "DEFAULT_NETWORKS", "DEFAULT_WORKERS", "DEFAULT_DENSITY", "DEFAULT_STALENESS", "DEFAULT_STAGE1_SHARE",
+           "DEFAULT_MEASURED", "TOPK_GAMMA_S", "TOPK_GAMMA_SOURCE", "NETWORK_LABELS", "TIE_RTOL", "group_of",
+           "keeps_sync_sgd", "math_note", "servers_for", "resolve_trace", "check_schedulers", "check_workers",
+           "plan_options", "scheduler_table", "simulated_table", "mark_best", "best_table", "measured_configs",
+           "run_measured", "measured_table", "link_name"]
+
+
+class CompareError(ValueError):
+    """A bad input of the comparison (unknown scheduler or model, bad worker count...); one line."""
+
+
+# Rows of the comparison, grouped by the paper that introduced or compared them (figure order).
+GROUPS: dict[str, tuple[str, ...]] = {
+    "MG-WFBP: all-reduce": ("wfbp", "syncea", "threshold", "horovod", "ddp_buckets", "mgwfbp", "optimal"),
+    "OMGS-SGD: sparse top-k": ("topk_layerwise", "topk_single", "omgs", "omgs_optimal"),
+    "DeAR: reduce-scatter + all-gather": ("dear_nofusion", "dear_threshold", "dear_model", "dear_optimal",
+                                          "bytescheduler"),
+    "OSP: parameter server": ("ps_bsp", "ps_asp", "ps_ssp", "osp", "osp_auto"),
+}
+SCHEDULERS: tuple[str, ...] = tuple(s for names in GROUPS.values() for s in names)
+SPARSE: tuple[str, ...] = GROUPS["OMGS-SGD: sparse top-k"]
+PARAMETER_SERVER: tuple[str, ...] = GROUPS["OSP: parameter server"]
+_STALE = {"ps_asp", "ps_ssp", "osp", "osp_auto"}
+
+DEFAULT_MODELS: tuple[str, ...] = ("resnet50", "bert_base", "vgg16")
+DEFAULT_NETWORKS: tuple[str, ...] = ("10gbe-derived", "56gbib-derived")
+DEFAULT_WORKERS: tuple[int, ...] = (8, 16, 32)
+DEFAULT_DENSITY = 0.001        # OMGS-SGD's density for the CNNs (omgs.md)
+DEFAULT_STALENESS = 2          # SSP's bound, iterations
+DEFAULT_STAGE1_SHARE = 0.5     # OSP's blocking share of the gradient bytes
+# At tiny scale by default: two per group, so every family is measured within the CI budget.
+DEFAULT_MEASURED: tuple[str, ...] = ("wfbp", "mgwfbp", "topk_single", "omgs", "dear_threshold", "bytescheduler",
+                                     "ps_bsp", "osp")
+TOPK_GAMMA_S: float = float(PRESETS["1gbe-allgather"].topk_gamma_s)  # type: ignore[union-attr, arg-type]
+TOPK_GAMMA_SOURCE = ("top-k cost gamma*d*log2(d), gamma = 2.19e-10 s: OMGS-SGD's published fit (P102-100 GPU, "
+                     "density 0.001; preset 1gbe-allgather)")
+NETWORK_LABELS = {"10gbe": "10GbE", "56gbib": "InfiniBand", "100gbib": "InfiniBand", "1gbe": "1GbE"}
+TIE_RTOL = 1e-9
+
+
+# ---------------------------------------------------------------------------------------------
+# What each scheduler is
+# ---------------------------------------------------------------------------------------------
+
+def group_of(scheduler: str) -> str:
+    """The row group (paper) of ``scheduler``."""
+    for g, names in GROUPS.items():
+        if scheduler in names:
+            return g
+    raise CompareError(f"unknown scheduler {scheduler!r}; the compared ones are {', '.join(SCHEDULERS)}")
+
+
+def keeps_sync_sgd(scheduler: str) -> bool:
+    """False for the schedulers that change the update of synchronous SGD (top-k; ASP, SSP, OSP)."""
+    group_of(scheduler)
+    return scheduler not in SPARSE and scheduler not in _STALE
+
+
+def math_note(scheduler: str, *, density: float = DEFAULT_DENSITY, staleness: int = DEFAULT_STALENESS) -> str:
+    """How ``scheduler`` changes the update of synchronous SGD ("" when it does not)."""
+    group_of(scheduler)
+    if scheduler in SPARSE:
+        return f"changes the update (top-k, density {density:g}, error feedback)"
+    if scheduler == "ps_asp":
+        return "changes the update (asynchronous: gradients of stale parameters)"
+    if scheduler == "ps_ssp":
+        return f"changes the update (stale parameters, at most {int(staleness)} iterations)"
+    if scheduler in ("osp", "osp_auto"):
+        return "changes the update (stage-2 parameters one iteration stale, LGP-corrected)"
+    return ""
+
+
+def servers_for(workers: int, devices_per_node: int = DEVICES_PER_NODE) -> int:
+    """Parameter servers for ``workers`` GPUs: one per node of ``devices_per_node`` GPUs."""
+    return max(1, -(-int(workers) // int(devices_per_node)))
+
+
+def plan_options(scheduler: str, workers: int, *, density: float = DEFAULT_DENSITY,
+                 staleness: int = DEFAULT_STALENESS, stage1_share: float = DEFAULT_STAGE1_SHARE) -> dict[str, Any]:
+    """Planner options of ``scheduler`` in this comparison (see the module docstring)."""
+    if scheduler in SPARSE:
+        return {"density": float(density)}
+    if scheduler in PARAMETER_SERVER:
+        opts: dict[str, Any] = {"servers": servers_for(workers)}
+        if scheduler == "ps_ssp":
+            opts["staleness"] = int(staleness)
+        if scheduler == "osp":
+            opts.update(stage1_share=float(stage1_share), importance="position")
+        return opts
+    return {}
+
+
+def check_schedulers(schedulers: Sequence[str], *, name: str = "schedulers") -> list[str]:
+    """``schedulers`` as a list of compared names (order kept, duplicates dropped); else one line."""
+    if isinstance(schedulers, str):
+        schedulers = [schedulers]
+    out = list(dict.fromkeys(schedulers))
+    if not out:
+        raise CompareError(f"{name}: give at least one scheduler ({', '.join(SCHEDULERS)})")
+    bad = [s for s in out if s not in SCHEDULERS]
+    if bad:
+        raise CompareError(f"{name}: unknown scheduler(s) {', '.join(map(str, bad))}; "
+                           f"choose from {', '.join(SCHEDULERS)}")
+    return out
+
+
+def check_workers(workers: Sequence[int], cost_mode: str) -> list[int]:
+    """Worker counts as ints >= 2; calibrated clusters have 4 GPUs per node, so there P must be 2, 4 or a
+    multiple of 4 (whole nodes). Else one line."""
+    if isinstance(workers, (int, np.integer)):
+        workers = [int(workers)]
+    out = []
+    for p in workers:
+        if isinstance(p, bool) or not isinstance(p, (int, np.integer)) or p < 2:
+            raise CompareError(f"workers: {p!r} is not a worker count (an integer >= 2)")
+        if cost_mode == "calibrated" and p > DEVICES_PER_NODE and p % DEVICES_PER_NODE:
+            raise CompareError(f"workers: P={p} is not whole nodes of the calibrated clusters ({DEVICES_PER_NODE} GPUs "
+                               f"per node): use 2, 4 or a multiple of {DEVICES_PER_NODE}")
+        out.append(int(p))
+    if not out:
+        raise CompareError("workers: give at least one worker count")
+    return list(dict.fromkeys(out))
+
+
+def _check_density(density: float) -> float:
+    if isinstance(density, bool) or not isinstance(density, (int, float)) or not 0 < density <= 1:
+        raise CompareError(f"density: must be a number in (0, 1], got {density!r}")
+    return float(density)
+
+
+def scheduler_table(schedulers: Sequence[str] = SCHEDULERS, *, density: float = DEFAULT_DENSITY,
+                    staleness: int = DEFAULT_STALENESS) -> pd.DataFrame:
+    """One row per compared scheduler: group, family (of its plans), paper, keeps_sync_sgd, math_note."""
+    rows = []
+    for s in check_schedulers(schedulers):
+        entry = get_scheduler(s)
+        rows.append({"scheduler": s, "group": group_of(s), "family": PLANNER_FAMILY[entry.planner or s],
+                     "paper": entry.paper, "keeps_sync_sgd": keeps_sync_sgd(s),
+                     "math_note": math_note(s, density=density, staleness=staleness)})
+    return pd.DataFrame(rows)
+
+
+# ---------------------------------------------------------------------------------------------
+# Simulated at paper scale
+# ---------------------------------------------------------------------------------------------
+
+def resolve_trace(model: str) -> str:
+    """The shipped trace of ``model``: a shipped stem as given, or the model's V100 estimate at the papers'
+    batch size (:func:`repro.studies.dear_sim.find_trace`; e.g. ``vgg16`` -> ``vgg16_b32_v100-estimate``)."""
+    from repro.data import shipped_traces
+    from repro.studies.dear_sim import find_trace
+
+    if model in set(shipped_traces()):
+        return model
+    try:
+        return find_trace(model)
+    except ValueError as e:
+        raise CompareError(f"models: {e}") from None
+
+
+def network_label(network: str) -> str:
+    """``10GbE`` / ``InfiniBand`` for a preset name (the name itself when unknown)."""
+    for prefix, label in NETWORK_LABELS.items():
+        if network.startswith(prefix):
+            return label
+    return network
+
+
+def _cost(network: str, workers: int, cost_mode: str, topk_gamma_s: float):
+    from repro.cost import CostModelError
+
+    try:
+        return cost_for_mode(network, workers, cost_mode).with_topk(topk_gamma_s)
+    except (CostModelError, ValueError) as e:
+        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise CompareError(f"network {network!r} at P={workers} ({cost_mode}): {msg}") from None
+
+
+def _cost_name(cost, network: str) -> str:
+    """The cost model's name: the calibrated preset it comes from, or the network preset itself."""
+    src = str(cost.source)
+    if src.startswith("calibrated "):
+        return src[len("calibrated "):].split(":", 1)[0].strip()
+    return network
+
+
+def simulated_table(models: Sequence[str] | Mapping[str, Trace] = DEFAULT_MODELS,
+                    networks: Sequence[str] = DEFAULT_NETWORKS, workers: Sequence[int] = DEFAULT_WORKERS,
+                    schedulers: Sequence[str] = SCHEDULERS, *, cost_mode: str = "calibrated",
+                    density: float = DEFAULT_DENSITY, topk_gamma_s: float = TOPK_GAMMA_S,
+                    staleness: int = DEFAULT_STALENESS, stage1_share: float = DEFAULT_STAGE1_SHARE) -> pd.DataFrame:
+    """Simulated iteration of every scheduler per model x network x P (tidy; module docstring).
+
+    ``models``: model names or shipped trace stems (:func:`resolve_trace`), or a mapping name -> Trace;
+    ``networks``: network presets for :func:`repro.calibration.cost_for_mode` (``cost_mode`` ``"calibrated"``
+    or ``"paper"``); ``topk_gamma_s``: seconds of the top-k cost ``gamma d log2 d``.
+    Columns: model, trace, device, batch_size, network, network_label, cost_mode, cost_model (the calibrated
+    preset standing for ``network``, or ``network`` itself), cost_source, workers,
+    servers (parameter-server rows; NaN elsewhere), density (sparse rows; NaN elsewhere), scheduler, group,
+    family, keeps_sync_sgd, math_note, iteration_s, throughput_samples_s, buckets, stage1_bytes_share
+    (OSP rows), plan_wall_s (seconds planning took here), relative_to_best, best, best_sync_sgd, origin.
+    """
+    cost_mode = check_cost_mode(cost_mode)
+    names = check_schedulers(schedulers)
+    ps = check_workers(workers, cost_mode)
+    density = _check_density(density)
+    if isinstance(networks, str):
+        networks = [networks]
+    if not list(networks):
+        raise CompareError("networks: give at least one network preset")
+    if isinstance(topk_gamma_s, bool) or not isinstance(topk_gamma_s, (int, float)) or not topk_gamma_s >= 0:
+        raise CompareError(f"topk_gamma_s: must be a non-negative number of seconds, got {topk_gamma_s!r}")
+    if isinstance(models, Mapping):
+        traces = {str(m): (str(t.model), t) for m, t in models.items()}
+    else:
+        if isinstance(models, str):
+            models = [models]
+        if not list(models):
+            raise CompareError("models: give at least one model")
+        traces = {}
+        for m in models:
+            stem = resolve_trace(m)
+            traces[m] = (stem, load_trace(stem))
+    info = scheduler_table(names, density=density, staleness=staleness).set_index("scheduler")
+    rows = []
+    for model, (stem, trace) in traces.items():
+        for net in networks:
+            for p in ps:
+                cost = _cost(net, p, cost_mode, topk_gamma_s)
+                for s in names:
+                    opts = plan_options(s, p, density=density, staleness=staleness, stage1_share=stage1_share)
+                    t0 = time.perf_counter()
+                    plan = make_plan(s, trace, cost, **opts)
+                    wall = time.perf_counter() - t0
+                    res = simulate(trace, plan, cost, with_ops=False)
+                    it = float(res.iteration_s)
+                    rows.append({"model": model, "trace": stem, "device": trace.device, "batch_size": trace.batch_size,
+                                 "network": net, "network_label": network_label(net), "cost_mode": cost_mode,
+                                 "cost_model": _cost_name(cost, net), "cost_source": cost.source, "workers": p,
+                                 "servers": opts.get("servers", np.nan),
+                                 "density": opts.get("density", np.nan), "scheduler": s, **info.loc[s].to_dict(),
+                                 "iteration_s": it, "throughput_samples_s": p * trace.batch_size / it,
+                                 "buckets": plan.num_buckets,
+                                 "stage1_bytes_share": float(plan.meta.get("stage1_bytes_share", np.nan))
+                                 if s in ("osp", "osp_auto") else np.nan,
+                                 "plan_wall_s": wall})
+    df = pd.DataFrame(rows).drop(columns=["paper"])
+    df = mark_best(df, ["model", "network", "workers"])
+    df["origin"] = f"simulated, {cost_mode}"
+    return df
+
+
+def mark_best(df: pd.DataFrame, keys: Sequence[str]) -> pd.DataFrame:
+    """``df`` with ``relative_to_best`` (iteration_s / the smallest of its configuration ``keys``), ``best``
+    (the smallest, ties within :data:`TIE_RTOL` all marked) and ``best_sync_sgd`` (the smallest among rows
+    with ``keeps_sync_sgd``). Rows without an iteration time (NaN) are never best."""
+    out = df.copy()
+    if out.empty:
+        return out.assign(relative_to_best=pd.Series(dtype=float), best=pd.Series(dtype=bool),
+                          best_sync_sgd=pd.Series(dtype=bool))
+    it = out["iteration_s"].astype(float)
+    low = it.groupby([out[k] for k in keys]).transform("min")
+    sync = it.where(out["keeps_sync_sgd"].astype(bool))
+    low_sync = sync.groupby([out[k] for k in keys]).transform("min")
+    out["relative_to_best"] = it / low
+    out["best"] = (it <= low * (1 + TIE_RTOL)).fillna(False).astype(bool)
+    sync_best = out["keeps_sync_sgd"].astype(bool) & (it <= low_sync * (1 + TIE_RTOL))
+    out["best_sync_sgd"] = sync_best.fillna(False).astype(bool)
+    return out
+
+
+def best_table(df: pd.DataFrame, keys: Sequence[str]) -> pd.DataFrame:
+    """Per configuration: the fastest scheduler(s) overall and among those keeping synchronous SGD's math,
+    their iteration seconds, throughput (samples/s) and how much faster the overall best is
+    (``sync_over_best`` = best_sync iteration / best iteration)."""
+    rows = []
+    for key, g in df.groupby(list(keys), sort=False):
+        key = key if isinstance(key, tuple) else (key,)
+        b, bs = g[g["best"]], g[g["best_sync_sgd"]]
+        row = dict(zip(keys, key))
+        row.update({"best": ", ".join(b["scheduler"]), "best_iteration_s": float(b["iteration_s"].min()),
+                    "best_throughput_samples_s": float(b["throughput_samples_s"].max()),
+                    "best_changes_math": bool((~b["keeps_sync_sgd"].astype(bool)).all()),
+                    "best_sync_sgd": ", ".join(bs["scheduler"]) if len(bs) else "",
+                    "best_sync_iteration_s": float(bs["iteration_s"].min()) if len(bs) else np.nan,
+                    "best_sync_throughput_samples_s": float(bs["throughput_samples_s"].max()) if len(bs) else np.nan})
+        row["sync_over_best"] = row["best_sync_iteration_s"] / row["best_iteration_s"]
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+# ---------------------------------------------------------------------------------------------
+# Measured at tiny scale
+# ---------------------------------------------------------------------------------------------
+
+def link_name(bandwidth: str | float | None) -> str:
+    """``"100mbit"`` for an emulated rate (tc string or bits/s), ``"loopback"`` for none."""
+    if bandwidth is None or bandwidth == "loopback" or (isinstance(bandwidth, float) and math.isnan(bandwidth)):
+        return "loopback"
+    from repro.cluster.netns import format_bandwidth, parse_bandwidth
+
+    bps = parse_bandwidth(bandwidth) if isinstance(bandwidth, str) else float(bandwidth)
+    return format_bandwidth(bps)
+
+
+def measured_configs(schedulers: Sequence[str] = DEFAULT_MEASURED, model: str = "tiny_resnet", *, workers: int = 2,
+                     bandwidth: str | None = None, steps: int = 6, warmup_steps: int = 2, batch_size: int = 16,
+                     density: float = DEFAULT_DENSITY, staleness: int = DEFAULT_STALENESS,
+                     stage1_share: float = DEFAULT_STAGE1_SHARE, fit_repeats: int = 1, seed: int = 0
+                     ) -> dict[int, list[dict[str, Any]]]:
+    """:class:`repro.train.TrainConfig` dicts of one timing run per scheduler (synthetic data), by the size of
+    the world that runs them: ``workers`` ranks, or ``1 + workers`` for a parameter-server scheduler (rank 0
+    serves). The online planners fit their cost lines on the live group in the warm-up (``fit_repeats``
+    repeats per size). No computation-only steps (the comparison needs iteration times only)."""
+    names = check_schedulers(schedulers)
+    density = _check_density(density)
+    if isinstance(workers, bool) or not isinstance(workers, (int, np.integer)) or workers < 2:
+        raise CompareError(f"workers: the measured runs need 2 or more worker ranks, got {workers!r}")
+    for name, v, low in (("steps", steps, 1), ("warmup_steps", warmup_steps, 1), ("batch_size", batch_size, 1),
+                         ("fit_repeats", fit_repeats, 1)):
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < low:
+            raise CompareError(f"{name}: must be an integer >= {low}, got {v!r}")
+    tag = f"_bw{link_name(bandwidth)}" if bandwidth else ""
+    out: dict[int, list[dict[str, Any]]] = {}
+    for s in names:
+        c: dict[str, Any] = {"model": model, "scheduler": s, "steps": int(steps), "warmup_steps": int(warmup_steps),
+                             "compute_steps": 0, "batch_size": int(batch_size), "fit_repeats": int(fit_repeats),
+                             "seed": int(seed)}
+        world = int(workers)
+        if s in SPARSE:
+            c["density"] = density
+        if s in PARAMETER_SERVER:
+            c["servers"] = 1
+            world += 1
+            if s == "ps_ssp":
+                c["staleness"] = int(staleness)
+            if s == "osp":
+                c["stage1_share"] = float(stage1_share)
+        c["run_id"] = f"{model}_{s}_w{int(workers)}" + ("_ps1" if s in PARAMETER_SERVER else "") + tag
+        out.setdefault(world, []).append(c)
+    return out
+
+
+def run_measured(schedulers: Sequence[str], results_dir: str | Path, *, model: str = "tiny_resnet", workers: int = 2,
+                 bandwidth: str | None = "100mbit", timeout_s: float = 900, overwrite: bool = True,
+                 **config: Any) -> pd.DataFrame:
+    """Run :func:`measured_configs` with :func:`repro.studies.mgwfbp_train.run_grid` (one local world per size,
+    gloo, one thread per rank; ``bandwidth`` e.g. ``"100mbit"``: emulated links, needs root; None:
+    loopback) into ``<results_dir>/runs``; returns :func:`measured_table` of ``results_dir``.
+    ``config``: more :func:`measured_configs` options (steps, warmup_steps, batch_size, density...)."""
+    from repro.studies.mgwfbp_train import run_grid
+    from repro.workload.models import MODEL_NAMES
+
+    if model not in MODEL_NAMES:
+        raise CompareError(f"model: unknown model {model!r}; choose one of {', '.join(MODEL_NAMES)}")
+    by_world = measured_configs(schedulers, model, workers=workers, bandwidth=bandwidth, **config)
+    for world, configs in sorted(by_world.items()):
+        run_grid(configs, [world], results_dir, emulate_bandwidth=bandwidth, timeout_s=timeout_s, overwrite=overwrite)
+    return measured_table(results_dir)
+
+
+def measured_table(results_dir: str | Path, *, density: float = DEFAULT_DENSITY,
+                   staleness: int = DEFAULT_STALENESS) -> pd.DataFrame:
+    """One row per measured run of a compared scheduler under ``<results_dir>/runs`` (tidy).
+
+    Columns: model, scheduler, group, family, keeps_sync_sgd, math_note, workers, servers, ranks, link,
+    cpu_count, oversubscribed (more ranks than CPU cores: the time includes CPU sharing), batch_size,
+    steps, iteration_s (the slowest rank's median over the timed steps), iteration_q25_s /
+    iteration_q75_s (quartiles of the steps one rank recorded: the noise), throughput_samples_s
+    (workers x batch / iteration), predicted_iteration_s (the run's own plan prediction from its
+    warm-up), relative_to_best, best, best_sync_sgd (per model, link, workers), origin."""
+    from repro.studies.mgwfbp_train import load_iterations, load_runs
+
+    runs = load_runs(results_dir)
+    if runs.empty:
+        raise CompareError(f"no measured runs under {Path(results_dir) / 'runs'} (run run_measured first)")
+    runs = runs[runs["scheduler"].isin(SCHEDULERS)].copy()
+    iters = load_iterations(results_dir)
+    q = (iters.groupby("run_id")["iteration_s"].quantile([0.25, 0.75]).unstack() if len(iters)
+         else pd.DataFrame(columns=[0.25, 0.75]))
+    info = scheduler_table(list(dict.fromkeys(runs["scheduler"])), density=density,
+                           staleness=staleness).set_index("scheduler")
+    rows = []
+    for _, r in runs.iterrows():
+        servers = r.get("servers")
+        servers = int(servers) if servers is not None and servers == servers else 0
+        ranks = r.get("ranks")
+        ranks = int(ranks) if ranks is not None and ranks == ranks else int(r.world_size) + servers
+        rows.append({"model": r.model, "scheduler": r.scheduler, **info.loc[r.scheduler].to_dict(),
+                     "workers": int(r.world_size), "servers": servers, "ranks": ranks,
+                     "link": link_name(r.get("emulated_bandwidth_bps")), "cpu_count": r.get("cpu_count"),
+                     "oversubscribed": bool(r.get("oversubscribed", False)), "batch_size": int(r.batch_size),
+                     "steps": int(r.steps), "iteration_s": float(r.iteration_s),
+                     "iteration_q25_s": float(q.loc[r.run_id, 0.25]) if r.run_id in q.index else np.nan,
+                     "iteration_q75_s": float(q.loc[r.run_id, 0.75]) if r.run_id in q.index else np.nan,
+                     "throughput_samples_s": float(r.throughput_samples_s),
+                     "predicted_iteration_s": r.get("predicted_iteration_s"), "run_id": r.run_id})
+    df = pd.DataFrame(rows).drop(columns=["paper"])
+    order = {s: k for k, s in enumerate(SCHEDULERS)}
+    df = df.sort_values("scheduler", key=lambda c: c.map(order), kind="stable").reset_index(drop=True)
+    df = mark_best(df, ["model", "link", "workers"])
+    df["origin"] = "measured, tiny scale"
+    return df
