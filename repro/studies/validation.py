@@ -6,29 +6,43 @@ model; the simulated iteration is :func:`repro.sim.simulate` of exactly those. P
 trace, so its prediction uses the MG-WFBP run of the same model and network with DDP's default
 bucketing (the ``ddp`` planner: 1 MiB first bucket, then 25 MiB).
 
-Two predictions per run: ``simulated_s`` from the warm-up trace (computation measured without
-overlapping communication: a true prediction) and ``simulated_inrun_s`` from the per-layer times
-measured during the run itself under its own schedule. Their difference isolates how much slower
-computation runs while communication overlaps it (CPU contention on a small host); the second
-checks the communication and overlap model alone.
+Three predictions per run:
+
+- ``simulated_s``: the warm-up trace (computation measured without overlapping communication) and the
+  fitted cost model, in the papers' model (perfect overlap): a true prediction;
+- ``simulated_prerun_s``: the same warm-up trace and cost model plus the measured slowdown of
+  computation while communication is in flight (``Realism(contention=c)``, :mod:`repro.sim.contention`),
+  with ``c`` measured on the same network and world size before the runs by the microbenchmark
+  :mod:`repro.runtime.contention` (:func:`measure_contention`): everything in it is known before the
+  scheduled run starts;
+- ``simulated_inrun_s``: the per-layer times measured during the run itself under its own schedule
+  (not a prediction: it checks the communication and overlap model alone).
+
+The gap between the first and the third is how much slower computation runs while communication
+overlaps it (CPU contention on a small host); the second predicts that gap.
 """
 
 from __future__ import annotations
 
+import math
 import warnings
 from pathlib import Path
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import pandas as pd
 
 from repro.planners import make_plan
+from repro.realism import Realism
 from repro.runs import load_run
 from repro.sim import simulate
 from repro.studies.mgwfbp_train import load_runs, run_grid
 
-__all__ = ["usable_bandwidths", "run_validation", "validation_table", "speedup_comparison"]
+__all__ = ["usable_bandwidths", "run_validation", "validation_table", "speedup_comparison", "measure_contention",
+           "contention_fits", "load_contention", "prerun_cost", "CONTENTION_CSV"]
 
 LOOPBACK = "loopback"
+CONTENTION_CSV = "contention.csv"
+"""Where :func:`run_validation` keeps the contention it measured before the runs (under its results_dir)."""
 
 
 def usable_bandwidths(link_rates: Sequence[str], required: bool = False) -> list[str]:
@@ -51,15 +65,99 @@ def usable_bandwidths(link_rates: Sequence[str], required: bool = False) -> list
     return out
 
 
+def measure_contention(models: Sequence[str], link_rates: Sequence[str], world_sizes: Sequence[int] | int, *,
+                       batch_size: int = 32, timeout_s: float = 600.0, **kwargs) -> pd.DataFrame:
+    """The slowdown of each model's forward + backward while all-reduces are in flight
+    (:func:`repro.runtime.contention.measure_contention`) on each network (``"loopback"`` or an
+    emulated rate) and world size, one local launch per (network, world size). One row per message
+    size with a ``network`` column and ``contention`` (:func:`repro.runtime.contention.fit_contention`
+    over the sizes of that model, network and world size, weighted by each size's all-reduce seconds:
+    dimensionless, compute runs ``1 + c`` times slower while communication is in flight). ``kwargs`` go to the microbenchmark (``repeats``,
+    ``steps``, ``sizes_bytes``)."""
+    from repro.runtime.contention import fit_contention, measure_contention_local
+
+    sizes = [world_sizes] if isinstance(world_sizes, int) else list(world_sizes)
+    frames = []
+    for net in link_rates:
+        for p in sizes:
+            if p < 2:
+                continue
+            df = measure_contention_local(list(models), p, emulate_bandwidth=None if net == LOOPBACK else net,
+                                          batch_size=batch_size, timeout_s=timeout_s, **kwargs)
+            df.insert(0, "network", net)
+            fits = {m: fit_contention(g.slowdown, g.allreduce_s) for m, g in df.groupby("model")}
+            df["contention"] = df.model.map(fits)
+            frames.append(df)
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+
+def contention_fits(contention: pd.DataFrame) -> pd.DataFrame:
+    """One row per (model, network, workers) of a :func:`measure_contention` table: the fitted
+    ``contention``, the per-size slowdowns' range and whether the communication covered every kernel."""
+    if contention is None or contention.empty:
+        return pd.DataFrame(columns=["model", "network", "workers", "contention", "min_slowdown", "max_slowdown",
+                                     "sizes", "covered"])
+    g = contention.groupby(["model", "network", "workers"], sort=False)
+    return g.agg(contention=("contention", "first"), min_slowdown=("slowdown", "min"),
+                 max_slowdown=("slowdown", "max"), sizes=("bytes", "size"), covered=("covered", "all")).reset_index()
+
+
+def load_contention(results_dir: str | Path) -> pd.DataFrame | None:
+    """The contention table :func:`run_validation` measured into ``results_dir`` (None if there is none)."""
+    p = Path(results_dir) / CONTENTION_CSV
+    return pd.read_csv(p) if p.is_file() else None
+
+
 def run_validation(configs: Sequence[dict], link_rates: Sequence[str], world_sizes: Sequence[int] | int,
-                   results_dir: str | Path, **kwargs) -> pd.DataFrame:
+                   results_dir: str | Path, *, contention: bool | Mapping = True, **kwargs) -> pd.DataFrame:
     """Run ``configs`` at each of ``world_sizes`` once per link rate (``"loopback"`` or a rate like
     ``"100mbit"``); ``kwargs`` go to :func:`~repro.studies.mgwfbp_train.run_grid` (e.g. ``overwrite=True``),
-    which warns when a world size exceeds this machine's CPU cores."""
+    which warns when a world size exceeds this machine's CPU cores.
+
+    With ``contention`` (True, or a dict of keyword arguments for :func:`measure_contention`), each
+    network's contention is measured first, before its runs (the models of ``configs``, their
+    batch size), and written to ``<results_dir>/contention.csv`` (:func:`load_contention`), so that
+    :func:`validation_table` can make the pre-run prediction."""
     sizes = [world_sizes] if isinstance(world_sizes, int) else list(world_sizes)
+    ckw = dict(contention) if isinstance(contention, Mapping) else {}
+    models = list(dict.fromkeys(c["model"] for c in configs))
+    batch = {c.get("batch_size", 32) for c in configs}
+    if contention and len(batch) > 1:
+        raise ValueError(f"the contention microbenchmark needs one batch size across configs, got {sorted(batch)}")
+    measured = []
     for net in link_rates:
+        if contention and models:
+            measured.append(measure_contention(models, [net], sizes, batch_size=next(iter(batch)), **ckw))
         run_grid(configs, sizes, results_dir, emulate_bandwidth=None if net == LOOPBACK else net, **kwargs)
+    path = Path(results_dir) / CONTENTION_CSV
+    if contention:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        table = pd.concat(measured, ignore_index=True) if measured else pd.DataFrame()
+        table.to_csv(path, index=False)
+    elif path.is_file():  # never pair these runs with an earlier execution's contention
+        path.unlink()
     return load_runs(results_dir)
+
+
+def prerun_cost(cost, contention: float):
+    """``cost`` with the measured ``contention`` (dimensionless slowdown) joined to its realism (the
+    paper model's realism, or the one it already carries, e.g. of a calibrated preset)."""
+    from dataclasses import replace
+
+    return cost.with_realism(replace(cost.realism or Realism(), contention=float(contention)))
+
+
+def _contention_lookup(contention) -> dict[tuple[str, str, int], float]:
+    """{(model, network, workers): c} from a :func:`measure_contention` or :func:`contention_fits` table,
+    or a mapping with those keys (or with ``network`` alone as key: every model and world size)."""
+    if contention is None:
+        return {}
+    if isinstance(contention, Mapping):
+        return dict(contention)
+    if contention.empty:
+        return {}
+    return {(str(r.model), str(r.network), int(r.workers)): float(r.contention)
+            for r in contention.drop_duplicates(["model", "network", "workers"]).itertuples()}
 
 
 def _network(row) -> str:
@@ -69,8 +167,14 @@ def _network(row) -> str:
     return format_bandwidth(bw) if isinstance(bw, (int, float)) and bw == bw and bw else LOOPBACK
 
 
-def validation_table(runs: pd.DataFrame) -> pd.DataFrame:
-    """Measured vs simulated iteration seconds per model, network and scheduler, with the error."""
+def validation_table(runs: pd.DataFrame, contention: pd.DataFrame | Mapping | None = None) -> pd.DataFrame:
+    """Measured vs simulated iteration seconds per model, network and scheduler, with the errors
+    (``100 * (simulated / measured - 1)``): ``simulated_s`` (warm-up trace, paper model),
+    ``simulated_prerun_s`` (the same plus ``Realism(contention=c)`` with ``c`` = ``prerun_contention``
+    from ``contention``, a :func:`measure_contention` / :func:`contention_fits` table or a mapping
+    ``{(model, network, workers): c}``; NaN where none was measured) and ``simulated_inrun_s``
+    (in-run trace, paper model)."""
+    lookup = _contention_lookup(contention)
     runs = runs.assign(network=[_network(r) for _, r in runs.iterrows()])
     rows = []
     for _, r in runs.iterrows():
@@ -93,8 +197,13 @@ def validation_table(runs: pd.DataFrame) -> pd.DataFrame:
                "oversubscribed": bool(over) if over is not None and over == over else False,
                "buckets": plan.num_buckets, "measured_s": r.iteration_s, "simulated_s": sim.iteration_s,
                "error_pct": 100.0 * (sim.iteration_s / r.iteration_s - 1.0),
+               "prerun_contention": math.nan, "simulated_prerun_s": math.nan, "error_prerun_pct": math.nan,
                "trace_backward_s": trace.total_backward_s, "inrun_backward_s": None,
                "simulated_inrun_s": None, "error_inrun_pct": None}
+        c = lookup.get((r.model, r.network, int(r.world_size)))
+        if c is not None and math.isfinite(c):  # the same warm-up trace, compute slowed under communication
+            t = simulate(trace, plan, prerun_cost(cost, c), with_ops=False).iteration_s
+            row.update(prerun_contention=c, simulated_prerun_s=t, error_prerun_pct=100.0 * (t / r.iteration_s - 1.0))
         inrun = run.inrun_trace
         if inrun is not None:  # the same plan, compute as measured under it
             t = simulate(inrun, plan, cost, with_ops=False).iteration_s
