@@ -141,8 +141,10 @@ def plot_timeline(ops: pd.DataFrame, title: str, note: str = "", cost_mode: str 
     handles.append(Line2D([], [], color="black", ls="--", lw=0.9, label="worker 1 starts an iteration"))
     mode = cost_mode_label(ops, cost_mode)
     top = _head(fig, f"{title} ({mode})" if mode else title, note, 150)
-    legend_below(fig, handles, ncol=len(handles))
-    fig.subplots_adjust(top=top, bottom=0.8 / fig_h, left=0.13, right=0.985)
+    ncol = len(handles) if len(handles) <= 4 else -(-len(handles) // 2)  # at most two rows, never wider than the axes
+    legend_below(fig, handles, ncol=ncol)
+    rows = -(-len(handles) // ncol)
+    fig.subplots_adjust(top=top, bottom=(0.8 + 0.25 * (rows - 1)) / fig_h, left=0.13, right=0.985)
     return fig
 
 
