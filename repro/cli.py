@@ -46,7 +46,8 @@ def _add_cost_flags(p: argparse.ArgumentParser) -> None:
                                                  "A + B*b s")
     g.add_argument("--beta-s-per-byte", type=float, help="all-reduce seconds per byte B")
     g.add_argument("--network", metavar="PRESET",
-                   help=f"published preset: {', '.join(preset_names())} (`repro presets`)")
+                   help=f"network preset (published fits, and *-calibrated: a hierarchical cluster with realism "
+                        f"fitted to published measurements): {', '.join(preset_names())} (`repro presets`)")
     g.add_argument("--cost", type=Path, help="a CostModel JSON file (as written by `repro calibrate`)")
     g.add_argument("--workers", type=int, help="number of workers P (required with --network; with --cost it "
                                                "must match the file's P)")
@@ -321,9 +322,21 @@ def cmd_schedulers(args: argparse.Namespace) -> None:
            "families": {name: f.to_dict() for name, f in FAMILIES.items()}}, None)
 
 
+def _preset_doc(name: str) -> str:
+    if name in PRESETS:
+        return PRESETS[name].doc
+    from repro.calibration import calibrated_preset
+
+    cal = calibrated_preset(name)
+    t = cal.topology
+    return (f"calibrated: {t.devices_per_node} devices per node, {cal.algorithm} all-reduce, intra link "
+            f"{t.intra.alpha_s:.3g} s + {t.intra.beta_s_per_byte:.3g} s/B, inter link {t.inter.alpha_s:.3g} s + "
+            f"{t.inter.beta_s_per_byte:.3g} s/B, message overhead {cal.realism.message_overhead_s:.3g} s, contention "
+            f"{cal.realism.contention:.3g}; {cal.source}")
+
+
 def cmd_presets(args: argparse.Namespace) -> None:
-    _emit({name: {"workers": preset_workers(name), "doc": PRESETS[name].doc} for name in preset_names()},
-          None)
+    _emit({name: {"workers": preset_workers(name), "doc": _preset_doc(name)} for name in preset_names()}, None)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -416,7 +429,7 @@ def build_parser() -> argparse.ArgumentParser:
                                           "what it supports) and every plan family, as JSON")
     p.set_defaults(func=cmd_schedulers)
 
-    p = sub.add_parser("presets", help="list the published network presets")
+    p = sub.add_parser("presets", help="list the network presets (published and calibrated)")
     p.set_defaults(func=cmd_presets)
     return parser
 
