@@ -293,3 +293,12 @@ def test_tuning_configs_set_the_tuners_range_only_where_a_run_can(monkeypatch):
     assert (c["tuner_trials"], c["tuner_min_bytes"], c["tuner_max_bytes"]) == (5, 8192, 524288)
     assert c["scheduler"] == "dear_bo" and c["run_id"] == "tiny_resnet_dear_bo_p2_bw100mbit"
     assert "tuner_trials" not in study.tuning_configs("tiny_resnet", 2)[0]
+
+
+def test_paper_scale_tables_take_the_cost_mode():
+    thr_p, _ = study.paper_scale_tables(["resnet50"], ["10gbe-dear64"], ["wfbp"], [], 64)
+    thr_c, _ = study.paper_scale_tables(["resnet50"], ["10gbe-dear64"], ["wfbp"], [], 64, cost_mode="calibrated")
+    assert set(thr_p.cost_mode) == {"paper"} and set(thr_c.cost_mode) == {"calibrated"}
+    assert thr_c.iteration_s.iloc[0] != thr_p.iteration_s.iloc[0]
+    with pytest.raises(ValueError, match="cost_mode must be one of"):
+        study.paper_scale_tables(["resnet50"], ["10gbe-dear64"], ["wfbp"], [], 64, cost_mode="x")

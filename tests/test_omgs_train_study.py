@@ -250,3 +250,12 @@ def test_breakdown_figure_measured_solid_simulated_light_paper_diamonds_oversubs
     assert any(t.get_text() == "46 ms" for t in left.texts)  # totals written on the bars, with their unit
     totals = [t.get_text() for t in right.texts if t.get_text()[:1].isdigit()]
     assert len(totals) == 2 and all(t.endswith(" s") for t in totals)
+
+
+def test_paper_breakdown_table_in_calibrated_mode_adds_the_realism_and_says_so():
+    paper = study.paper_breakdown_table([("resnet50", 32, 0.001)], schedulers=["omgs"])
+    cal = study.paper_breakdown_table([("resnet50", 32, 0.001)], schedulers=["omgs"], cost_mode="calibrated")
+    assert set(paper.cost_mode) == {"paper"} and set(cal.cost_mode) == {"calibrated"}
+    assert cal.iteration_s.iloc[0] > paper.iteration_s.iloc[0]   # overheads and contention only add time
+    with pytest.raises(ValueError, match="cost_mode must be one of"):
+        study.paper_breakdown_table([("resnet50", 32, 0.001)], cost_mode="optimistic")

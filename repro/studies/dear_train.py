@@ -559,19 +559,22 @@ def planner_marks_table(throughput: pd.DataFrame, model: str,
 # ---------------------------------------------------------------------------------------------
 
 def paper_scale_tables(models: Sequence[str], networks: Sequence[str], methods: Sequence[str],
-                       breakdown_methods: Sequence[str], workers: int = 64) -> tuple[pd.DataFrame, pd.DataFrame]:
+                       breakdown_methods: Sequence[str], workers: int = 64,
+                       cost_mode: str = "paper") -> tuple[pd.DataFrame, pd.DataFrame]:
     """(throughput, breakdown) simulated at ``workers`` GPUs on each cost preset, from the shipped V100
     roofline-estimate traces of ``models`` (:mod:`repro.studies.dear_sim`): the columns of
     :func:`repro.studies.dear_sim.throughput_table` and :func:`repro.studies.dear_sim.breakdown_table`,
-    each plan made once for both (``dear_optimal``'s exact search takes seconds per model)."""
-    from repro.cost import preset
+    each plan made once for both (``dear_optimal``'s exact search takes seconds per model). ``cost_mode``:
+    ``"paper"`` (the presets themselves) or ``"calibrated"`` (:func:`repro.calibration.cost_for_mode`)."""
+    from repro.calibration import check_cost_mode, cost_for_mode
     from repro.studies.dear_sim import exposed_breakdown, load_traces
 
+    check_cost_mode(cost_mode)
     traces = load_traces(list(models))
     thr_rows, bd_rows = [], []
     for model, trace in traces.items():
         for net in networks:
-            cost = preset(net, workers)
+            cost = cost_for_mode(net, workers, cost_mode)
             for m in dict.fromkeys([*methods, *breakdown_methods]):
                 t0 = time.perf_counter()
                 plan = make_plan(m, trace, cost)
@@ -584,12 +587,12 @@ def paper_scale_tables(models: Sequence[str], networks: Sequence[str], methods: 
                                      "throughput": workers * trace.batch_size / float(res.iteration_s),
                                      "buckets": plan.num_buckets,
                                      "threshold_bytes": float(plan.meta.get("threshold_bytes", np.nan)),
-                                     "plan_wall_s": wall})
+                                     "plan_wall_s": wall, "cost_mode": cost_mode})
                 if m in breakdown_methods:
                     b = exposed_breakdown(trace, plan, cost)
                     b.pop("window_s", None)
                     bd_rows.append({"model": model, "network": net, "workers": int(workers), "scheduler": m, **b,
-                                    "buckets": plan.num_buckets})
+                                    "buckets": plan.num_buckets, "cost_mode": cost_mode})
     thr = pd.DataFrame(thr_rows)
     if len(thr):
         best = thr.groupby(["model", "network", "workers"])["throughput"].transform("max")

@@ -417,17 +417,19 @@ def paper_trace_stem(model: str, batch_size: int) -> tuple[str, str]:
 
 def paper_breakdown_table(models: Sequence[tuple[str, int, float]] = PAPER_MODELS, *, workers: int = 16,
                           network: str = "1gbe-allgather",
-                          schedulers: Sequence[str] = SPARSE_SCHEDULERS) -> pd.DataFrame:
+                          schedulers: Sequence[str] = SPARSE_SCHEDULERS, cost_mode: str = "paper") -> pd.DataFrame:
     """Simulated phase seconds (as :func:`measured_breakdown_table`) per paper model (``(model, batch,
     density)``) and scheduler at ``workers`` workers with the ``network`` preset (all-gather line and the
-    paper's top-k gamma), on the shipped trace :func:`paper_trace_stem` picks (``trace``, ``gpu``)."""
-    from repro.cost import preset
+    paper's top-k gamma), on the shipped trace :func:`paper_trace_stem` picks (``trace``, ``gpu``).
+    ``cost_mode``: ``"paper"`` (the preset) or ``"calibrated"`` (:func:`repro.calibration.cost_for_mode`:
+    the 1GbE lines with the realism fitted on 10GbE)."""
+    from repro.calibration import cost_for_mode
     from repro.data import shipped_trace_path
     from repro.planners import make_plan
     from repro.sim import simulate
     from repro.trace import Trace
 
-    cost = preset(network, workers)
+    cost = cost_for_mode(network, workers, cost_mode)
     rows = []
     for model, batch, density in models:
         stem, gpu = paper_trace_stem(model, batch)
@@ -438,9 +440,9 @@ def paper_breakdown_table(models: Sequence[tuple[str, int, float]] = PAPER_MODEL
             rows.append({"model": model, "scheduler": s, "workers": workers, "density": density,
                          "network": f"preset {network}", "scale": "paper", "source": "simulated",
                          **_sim_phases(trace, sim), "buckets": plan.num_buckets, "trace": stem, "gpu": gpu,
-                         "oversubscribed": False,
+                         "oversubscribed": False, "cost_mode": cost_mode,
                          "derivation": f"repro.sim.simulate: shipped trace {stem} ({gpu}), preset {network} "
-                                       f"(P={workers}), plan of repro.planners.{s}"})
+                                       f"(P={workers}, {cost_mode} mode), plan of repro.planners.{s}"})
     return pd.DataFrame(rows)
 
 
