@@ -186,3 +186,23 @@ def test_measured_tiny_runs_give_a_table_with_best_flags(tmp_path):
     assert (df["iteration_s"] > 0).all()
     assert df["best"].sum() == 1 and df.loc[df["best"], "iteration_s"].iloc[0] == df["iteration_s"].min()
     assert r.loc["wfbp", "best_sync_sgd"]
+
+
+@pytest.mark.parametrize("cost_mode", ["paper", "calibrated"])
+def test_parameter_server_rows_equal_a_fresh_simulation(cost_mode):
+    """The table takes a PS plan's own simulated period (no second simulation): it must be simulate's."""
+    from repro.calibration import calibrated_presets
+    from repro.planners import make_plan
+    from repro.sim import simulate
+    from repro.trace import load_trace
+
+    if cost_mode == "calibrated" and not {"10gbe-calibrated", "100gbib-calibrated"} <= set(calibrated_presets()):
+        pytest.skip("calibrated presets not shipped in this checkout")
+    names = ["ps_bsp", "ps_ssp", "osp", "osp_auto"]
+    sim = compare.simulated_table(["resnet50"], ["10gbe-derived"], [8], names, cost_mode=cost_mode)
+    trace = load_trace("resnet50_b64_v100-estimate")
+    cost = compare._cost("10gbe-derived", 8, cost_mode, compare.TOPK_GAMMA_S)
+    for s in names:
+        plan = make_plan(s, trace, cost, **compare.plan_options(s, 8))
+        fresh = simulate(trace, plan, cost, with_ops=False).iteration_s
+        assert sim.set_index("scheduler").loc[s, "iteration_s"] == pytest.approx(fresh, rel=1e-12)

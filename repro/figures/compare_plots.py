@@ -140,11 +140,11 @@ def plot_compare(simulated: pd.DataFrame, measured: pd.DataFrame | None = None, 
     widths = [len(sim_cols)] * len(networks) + ([max(1.6, 1.1 * len(m_cols))] if m_cols else [])
     cell_w, cell_h = 0.62, 0.25
     fig_w = 3.0 + cell_w * sum(widths) + 0.8
-    fig_h = 1.7 + cell_h * len(rows)
+    fig_h = 1.55 + cell_h * len(rows)
     fig = plt.figure(figsize=(fig_w, fig_h))
     # Room in inches: row labels left, panel titles and column labels on top, the x labels below.
     gs = fig.add_gridspec(1, len(panels) + 1, width_ratios=widths + [0.18], wspace=0.06, left=2.9 / fig_w,
-                          right=1 - 0.75 / fig_w, top=1 - 1.2 / fig_h, bottom=0.5 / fig_h)
+                          right=1 - 0.75 / fig_w, top=1 - 1.05 / fig_h, bottom=0.5 / fig_h)
     norm = LogNorm(vmin=1.0, vmax=max(vmax, 1.01), clip=True)
     cmap = plt.get_cmap(_CMAP)
     mode = str(simulated["cost_mode"].iloc[0]) if "cost_mode" in simulated else "calibrated"
