@@ -126,3 +126,16 @@ def test_contention_in_the_simulator_slows_overlapped_schedules_only():
     # At most every compute second overlapped: c/(1+c) of the backward.
     assert b - a <= 0.5 / 1.5 * tr.total_backward_s + 1e-9
     assert math.isfinite(b)
+
+
+def test_a_planner_that_simulates_its_candidates_sees_the_trace_side_once():
+    # osp_auto simulates candidate plans; with compute scaled by 3 its view must equal simulate's.
+    from repro.sim.ps import PSSetting  # noqa: F401  (the PS family is importable torch-free)
+
+    tr = load_trace(TRACE)
+    cm = preset("10gbe-derived", 8).with_realism(Realism(compute_scale=3.0, message_overhead_s=1e-4))
+    scaled = Realism(compute_scale=3.0).apply_to_trace(tr)
+    direct = preset("10gbe-derived", 8).with_realism(Realism(message_overhead_s=1e-4))
+    a = make_plan("osp_auto", tr, cm)
+    b = make_plan("osp_auto", scaled, direct)
+    assert a.groups(tr) == b.groups(tr) and a.meta == b.meta

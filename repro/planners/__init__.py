@@ -8,6 +8,7 @@ is the scheduler registry's business (:mod:`repro.schedulers`).
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 from typing import Any, Callable
 
 from repro.cost import CostModel
@@ -65,7 +66,9 @@ def make_plan(name: str, trace: Trace, cost: CostModel, **options: Any) -> Plan:
         raise ValueError(f"unknown solver '{name}'{hint}; choose one of {', '.join(PLANNERS)}") from None
     if cost.realism is not None:  # plan under the same effects the simulator applies (repro.realism)
         trace = cost.realism.apply_to_trace(trace)
-        cost = cost.for_wire_dtype(options.get("wire_dtype"))
+        # The trace side is applied: a planner that simulates its candidates must not apply it again.
+        cost = cost.for_wire_dtype(options.get("wire_dtype")).with_realism(
+            replace(cost.realism, compute_scale=1.0, update_s_per_byte=0.0))
     try:
         return fn(trace, cost, **options)
     except TypeError as e:
