@@ -110,9 +110,7 @@ def test_bad_inputs_give_one_clear_line(kwargs, match):
 def test_calibrated_mode_uses_the_calibrated_clusters():
     from repro.calibration import calibrated_presets
 
-    have = calibrated_presets()
-    if not {"10gbe-calibrated", "100gbib-calibrated"} <= set(have):
-        pytest.skip("calibrated presets not shipped in this checkout")
+    assert {"10gbe-calibrated", "100gbib-calibrated"} <= set(calibrated_presets())   # package data
     sim = compare.simulated_table(["resnet50"], ["10gbe-derived", "56gbib-derived"], [8],
                                   ["mgwfbp", "topk_single", "dear_threshold", "ps_bsp"])
     assert set(sim["cost_model"]) == {"10gbe-calibrated", "100gbib-calibrated"}
@@ -196,8 +194,6 @@ def test_parameter_server_rows_equal_a_fresh_simulation(cost_mode):
     from repro.sim import simulate
     from repro.trace import load_trace
 
-    if cost_mode == "calibrated" and not {"10gbe-calibrated", "100gbib-calibrated"} <= set(calibrated_presets()):
-        pytest.skip("calibrated presets not shipped in this checkout")
     names = ["ps_bsp", "ps_ssp", "osp", "osp_auto"]
     sim = compare.simulated_table(["resnet50"], ["10gbe-derived"], [8], names, cost_mode=cost_mode)
     trace = load_trace("resnet50_b64_v100-estimate")
