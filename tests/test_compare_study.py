@@ -189,7 +189,6 @@ def test_measured_tiny_runs_give_a_table_with_best_flags(tmp_path):
 @pytest.mark.parametrize("cost_mode", ["paper", "calibrated"])
 def test_parameter_server_rows_equal_a_fresh_simulation(cost_mode):
     """The table takes a PS plan's own simulated period (no second simulation): it must be simulate's."""
-    from repro.calibration import calibrated_presets
     from repro.planners import make_plan
     from repro.sim import simulate
     from repro.trace import load_trace
