@@ -39,7 +39,7 @@ from repro.figures.style import (
 
 __all__ = ["plot_layer_sizes", "plot_cost_models", "plot_timeline", "plot_sim_speedup", "plot_optimal_gap",
            "plot_allreduce_fit", "plot_real_speedup", "plot_breakdown", "plot_threshold_sweep", "plot_convergence",
-           "plot_sim_vs_real", "ALGORITHM_STYLES", "series_style", "cost_mode_label"]
+           "ALGORITHM_STYLES", "series_style", "cost_mode_label"]
 
 _PLAIN = FuncFormatter(lambda v, _pos: f"{v:g}")  # 16, not 2^4
 
@@ -505,74 +505,5 @@ def plot_convergence(epochs: pd.DataFrame, note: str):
     if same:
         add_note(ax, "; ".join(f"{a} and {b} coincide: identical updates" for a, b in same), fontsize="small")
     legend_below(fig, axes=[ax], ncol=2)
-    fig.tight_layout()
-    return fig
-
-
-def plot_sim_vs_real(table: pd.DataFrame, note: str, band_pct: float = 10.0):
-    """Left: simulated vs measured iteration time (y = x, +-band; colour: scheduler, marker: network).
-    Right: the error per scheduler (bars: predicted from the warm-up trace; white diamonds: from the trace
-    measured during the run itself). One legend below both panels; oversubscribed runs ringed/hatched."""
-    fig, axes = plt.subplots(1, 2, figsize=(12, 5.0), gridspec_kw={"width_ratios": [1, 1.5]})
-    ax = axes[0]
-    nets = list(dict.fromkeys(table.network))
-    net_marker = {n: series_style(i)["marker"] for i, n in enumerate(nets)}
-    order = ["wfbp", "syncea", "threshold", "ddp_buckets", "mgwfbp", "optimal", "ddp", "ddp_threshold"]
-    schedulers = [s for s in order if s in set(table.scheduler)] + \
-                 [s for s in dict.fromkeys(table.scheduler) if s not in order]
-    for (s, net), g in table.groupby(["scheduler", "network"], sort=False):
-        ax.scatter(g.measured_s * 1e3, g.simulated_s * 1e3, color=scheduler_style(s)["color"],
-                   marker=net_marker[net], s=40, edgecolors="white", linewidths=0.4, zorder=3)
-        over = _flags(g)
-        if over.any():
-            mark_oversubscribed(ax, g.measured_s[over] * 1e3, g.simulated_s[over] * 1e3)
-    lo = 0.8 * min(table.measured_s.min(), table.simulated_s.min()) * 1e3
-    hi = 1.2 * max(table.measured_s.max(), table.simulated_s.max()) * 1e3
-    x = np.array([lo, hi])
-    ax.plot(x, x, color="black", lw=1)
-    ax.fill_between(x, x * (1 - band_pct / 100), x * (1 + band_pct / 100), color="grey", alpha=0.15, lw=0)
-    ax.set_xlim(lo, hi)
-    ax.set_ylim(lo, hi)
-    ax.set_xlabel("measured iteration (ms)")
-    ax.set_ylabel("simulated iteration (ms)")
-    ax.set_title("each point: one run", fontsize="small")
-    ax = axes[1]
-    keys = ["model", "network"] + (["workers"] if table["workers"].nunique() > 1 else [])
-    t = table.assign(case=table[keys].astype(str).agg("\n".join, axis=1) if len(keys) == 2 else
-                     table.model + "\n" + table.network + "\nP=" + table.workers.astype(str))
-    cases = list(dict.fromkeys(t.case))
-    w = 0.84 / max(len(schedulers), 1)
-    has_inrun = False
-    for k, s in enumerate(schedulers):
-        g = t[t.scheduler == s].set_index("case").reindex(cases)
-        xs = np.arange(len(cases)) + (k - (len(schedulers) - 1) / 2) * w
-        st = scheduler_style(s)
-        bars = ax.bar(xs, g.error_pct, w, color=st["color"], edgecolor="white", linewidth=0.4)
-        for bar, flag in zip(bars, g.get("oversubscribed", pd.Series(False, index=g.index)).fillna(False)):
-            if bool(flag):
-                bar.set_hatch(OVERSUBSCRIBED_HATCH)
-        if "error_inrun_pct" in g:
-            inrun = pd.to_numeric(g.error_inrun_pct, errors="coerce")
-            if inrun.notna().any():
-                has_inrun = True
-                ax.scatter(xs, inrun, marker="D", s=26, facecolors="white", edgecolors="black", linewidths=1.0,
-                           zorder=5)
-    ax.axhspan(-band_pct, band_pct, color="grey", alpha=0.15, lw=0)
-    ax.axhline(0, color="black", lw=0.8)
-    ax.set_xticks(range(len(cases)))
-    ax.set_xticklabels(cases, fontsize="small")
-    ax.set_ylabel("(simulated - measured) / measured (%)")
-    ax.set_title("prediction error per run", fontsize="small")
-    ax.grid(axis="x", visible=False)
-    handles = [Patch(facecolor=scheduler_style(s)["color"], label=scheduler_label(s)) for s in schedulers]
-    handles += [Line2D([], [], ls="", marker=net_marker[n], color=DARK_GREY, label=f"network: {n}") for n in nets]
-    if has_inrun:
-        handles.append(Line2D([], [], ls="", marker="D", markerfacecolor="white", markeredgecolor="black",
-                              label="predicted from the in-run trace"))
-    handles.append(Patch(facecolor="grey", alpha=0.15, label=f"±{band_pct:g}%"))
-    if _flags(table).any():
-        handles.append(oversubscribed_handle("bar"))
-    fig.suptitle(f"Simulated vs measured iteration time ({note})")
-    legend_below(fig, handles, ncol=5)
     fig.tight_layout()
     return fig
