@@ -51,6 +51,7 @@ from repro.cost import CostModel, CostModelError, preset
 from repro.realism import Realism
 from repro.topology import TOPOLOGY_ALGORITHMS, Link, Topology
 from repro.trace import Trace, load_trace
+from repro.outputs import write_output
 
 if TYPE_CHECKING:  # pandas is imported where tables are read: the presets load without it
     import pandas as pd
@@ -198,7 +199,7 @@ class Calibration:
             raise CalibrationError(f"malformed calibration: {e}") from None
 
     def save(self, path: str | Path) -> None:
-        Path(path).write_text(json.dumps(self.to_dict(), indent=1, allow_nan=False) + "\n")
+        write_output(path, json.dumps(self.to_dict(), indent=1, allow_nan=False) + "\n")
 
     @classmethod
     def load(cls, path: str | Path) -> "Calibration":

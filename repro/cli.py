@@ -13,10 +13,10 @@ import json
 import os
 import signal
 import sys
-import uuid
 from pathlib import Path
 from typing import Sequence
 
+from repro.outputs import OutputPathError, check_output, write_output
 from repro.cost import CostModel, CostModelError, PRESETS, preset, preset_names, preset_workers
 from repro.plan import WIRE_DTYPE_BYTES, Plan, PlanError
 from repro.trace import TraceError, load_trace
@@ -54,36 +54,22 @@ def _add_cost_flags(p: argparse.ArgumentParser) -> None:
 
 
 def _check_output(path: Path | None) -> None:
-    """Refuse, before any work, an output path that cannot be written: a folder, a path under a file or a
-    missing folder, or a place this process may not write."""
+    """Refuse, before any work, an output path that cannot be written without harm (see
+    :mod:`repro.outputs`: a folder, a path under a file, a missing folder, an unwritable place, a block
+    device or socket; a FIFO or character device is written into, a link's target is written)."""
     if path is None:
         return
-    if path.is_dir():
-        raise UsageError(f"output {path} is a folder; give a file name")
-    parent = path.parent if str(path.parent) else Path(".")
-    for up in (parent, *parent.parents):
-        if up.exists():
-            if not up.is_dir():
-                raise UsageError(f"output {path}: {up} is a file, not a folder")
-            break
-    if not parent.is_dir():
-        raise UsageError(f"output {path}: folder {parent} does not exist")
-    probe = parent / f".{path.name}.probe-{uuid.uuid4().hex[:8]}"
     try:
-        probe.write_text("")
-        probe.unlink()
-    except OSError as e:
-        raise UsageError(f"output {path} cannot be written: {e.strerror or e}") from None
+        check_output(path)
+    except OutputPathError as e:
+        raise UsageError(str(e)) from None
 
 
 def _write_atomically(path: Path, text: str) -> None:
-    tmp = path.parent / f".{path.name}.partial-{uuid.uuid4().hex[:8]}"
     try:
-        tmp.write_text(text)
-        os.replace(tmp, path)
-    except OSError as e:
-        tmp.unlink(missing_ok=True)
-        raise UsageError(f"output {path} cannot be written: {e.strerror or e}") from None
+        write_output(path, text)
+    except OutputPathError as e:
+        raise UsageError(str(e)) from None
 
 
 def _cost_from_args(args: argparse.Namespace) -> CostModel:

@@ -33,6 +33,7 @@ from typing import Any, Iterable, Mapping
 import numpy as np
 
 from repro.realism import Realism, RealismError
+from repro.outputs import write_output
 
 __all__ = [
     "COLLECTIVES", "ALGORITHMS", "Linear", "CostModel", "CostModelError", "fit_linear", "relative_errors",
@@ -353,7 +354,7 @@ class CostModel:
 
     def save(self, path: str | Path) -> None:
         """Write the model (with its fit measurements, if any) as JSON; :meth:`load` reads it back."""
-        Path(path).write_text(self.to_json() + "\n")
+        write_output(path, self.to_json() + "\n")  # atomic; never replaces a link, FIFO or device
 
     @classmethod
     def from_json(cls, text: str) -> "CostModel":

@@ -40,6 +40,7 @@ import numpy as np
 
 from repro.cost import COLLECTIVES
 from repro.trace import Trace
+from repro.outputs import write_output
 
 __all__ = ["Message", "Bucket", "Plan", "PlanError", "PHASES", "WIRE_DTYPE_BYTES", "layer_wire_bytes"]
 
@@ -358,7 +359,7 @@ class Plan:
         return json.dumps(self.to_dict(), indent=indent, allow_nan=False)
 
     def save(self, path: str | Path) -> None:
-        Path(path).write_text(self.to_json(indent=1) + "\n")
+        write_output(path, self.to_json(indent=1) + "\n")  # atomic; never replaces a link, FIFO or device
 
     @classmethod
     def from_dict(cls, d: Any) -> "Plan":

@@ -30,6 +30,8 @@ from typing import Any, Iterable, Mapping
 
 import numpy as np
 
+from repro.outputs import write_output
+
 __all__ = ["Layer", "Overheads", "Trace", "TraceError", "load_trace"]
 
 
@@ -223,7 +225,7 @@ class Trace:
         return json.dumps(self.to_dict(), indent=indent, allow_nan=False)
 
     def save(self, path: str | Path) -> None:
-        Path(path).write_text(self.to_json() + "\n")
+        write_output(path, self.to_json() + "\n")  # atomic; never replaces a link, FIFO or device
 
     @classmethod
     def from_dict(cls, d: Any) -> "Trace":

@@ -1,0 +1,191 @@
+"""Writing to a path the user gave, without destroying anything that is there.
+
+Every file this package writes at a user's path (``repro plan -o``, figures, tables, gallery pages)
+goes through :func:`check_output` (before any work) and :func:`write_output` / :func:`output_file`
+(at the end). The rules, by what is at the path:
+
+* nothing, or a regular file: the new content is written to a temporary file in the same folder
+  and renamed over the path, so a reader (or a killed run) sees the old file or the new one, never
+  half of one;
+* a symbolic link: the link stays a link; its target is written by the rules here (a dangling link
+  creates its target, when the target's folder exists);
+* a FIFO or a character device (``/dev/null``, ``/dev/stdout``, a terminal): the content is written
+  *into* it, as a shell redirection would; it is never replaced by a regular file. A FIFO with no
+  reader is refused instead of waiting for one forever;
+* a folder, a block device, a socket, a path below a file, a missing folder or a place this process
+  may not write: refused with :class:`OutputPathError`, one line naming the path.
+
+The temporary name is short (``.repro-<8 hex>.tmp`` plus the suffix), so any name the file system
+accepts as an output is accepted here.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+import tempfile
+import uuid
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+__all__ = ["OutputPathError", "check_output", "write_output", "output_file", "resolve_output"]
+
+_MAX_LINKS = 40  # as the kernel's own limit on symbolic links in one lookup
+
+
+class OutputPathError(ValueError):
+    """An output path that cannot be written without harm; the message is one line naming it."""
+
+
+def _why(e: OSError) -> str:
+    return e.strerror or str(e)
+
+
+def resolve_output(path: str | os.PathLike) -> Path:
+    """The path that will really be written: ``path`` with its symbolic links followed (a dangling
+    link gives its target). Raises :class:`OutputPathError` for a link loop."""
+    p = Path(path)
+    for _ in range(_MAX_LINKS):
+        try:
+            if not p.is_symlink():
+                return p
+            target = Path(os.readlink(p))
+        except OSError as e:
+            raise OutputPathError(f"output {path}: {_why(e)}") from None
+        p = target if target.is_absolute() else p.parent / target
+    raise OutputPathError(f"output {path}: too many levels of symbolic links")
+
+
+def _kind(p: Path) -> str:
+    """'missing', 'regular', 'fifo', 'chardev', 'dir' or 'other' (block device, socket)."""
+    try:
+        mode = p.stat().st_mode
+    except FileNotFoundError:
+        return "missing"
+    except NotADirectoryError:
+        return "below-file"
+    if stat.S_ISREG(mode):
+        return "regular"
+    if stat.S_ISFIFO(mode):
+        return "fifo"
+    if stat.S_ISCHR(mode):
+        return "chardev"
+    if stat.S_ISDIR(mode):
+        return "dir"
+    return "other"
+
+
+def check_output(path: str | os.PathLike) -> Path:
+    """Refuse, before any work, an output path that cannot be written by the rules of this module;
+    return the path that will be written (links followed). Writes nothing (the folder's
+    writability is checked with :func:`os.access`, so not even a probe file appears)."""
+    shown = Path(path)
+    if str(path) == "":
+        raise OutputPathError("output path is empty; give a file name")
+    real = resolve_output(path)
+    kind = _kind(real)
+    via = f" (a link to {real})" if real != shown else ""
+    if kind == "dir":
+        raise OutputPathError(f"output {shown}{via} is a folder; give a file name")
+    if kind == "other":
+        raise OutputPathError(f"output {shown}{via} is a block device or socket; refusing to write there")
+    if kind in ("fifo", "chardev"):
+        if not os.access(real, os.W_OK):
+            raise OutputPathError(f"output {shown}{via} cannot be written: permission denied")
+        return real
+    parent = real.parent if str(real.parent) else Path(".")
+    for up in (parent, *parent.parents):
+        if up.exists():
+            if not up.is_dir():
+                raise OutputPathError(f"output {shown}{via}: {up} is a file, not a folder")
+            break
+    if not parent.is_dir():
+        raise OutputPathError(f"output {shown}{via}: folder {parent} does not exist")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise OutputPathError(f"output {shown}{via} cannot be written: folder {parent} is not writable")
+    if kind == "regular" and not os.access(real, os.W_OK):
+        raise OutputPathError(f"output {shown}{via} cannot be written: the file is read-only")
+    return real
+
+
+def _write_into(real: Path, shown: Path, data: bytes) -> None:
+    """Write ``data`` into a FIFO or character device, never replacing it."""
+    flags = os.O_WRONLY | getattr(os, "O_NOCTTY", 0)
+    if _kind(real) == "fifo":
+        try:  # with no reader, opening would block forever: ask without blocking first
+            fd = os.open(real, flags | os.O_NONBLOCK)
+        except OSError as e:
+            if e.errno == errno.ENXIO:
+                raise OutputPathError(f"output {shown} is a FIFO with no process reading it; start the reader "
+                                      "first") from None
+            raise OutputPathError(f"output {shown} cannot be written: {_why(e)}") from None
+        os.set_blocking(fd, True)
+    else:
+        try:
+            fd = os.open(real, flags)
+        except OSError as e:
+            raise OutputPathError(f"output {shown} cannot be written: {_why(e)}") from None
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+    except OSError as e:
+        if e.errno == errno.EPIPE:
+            raise OutputPathError(f"output {shown}: the reader closed it before the end") from None
+        raise OutputPathError(f"output {shown} cannot be written: {_why(e)}") from None
+    finally:
+        os.close(fd)
+
+
+def _temp_name(real: Path) -> Path:
+    return real.parent / f".repro-{uuid.uuid4().hex[:8]}.tmp{real.suffix[:16]}"
+
+
+@contextmanager
+def output_file(path: str | os.PathLike) -> Iterator[Path]:
+    """A temporary path to write the output into; on a clean exit it becomes ``path`` by the rules of
+    this module (renamed over a regular file or a link's target; copied into a FIFO or device); on an
+    exception it is removed and ``path`` is untouched. The temporary path keeps ``path``'s suffix, so
+    writers that pick a format by suffix (``savefig``) work::
+
+        with output_file(out / "fig.png") as tmp:
+            fig.savefig(tmp)
+    """
+    shown = Path(path)
+    real = check_output(path)
+    special = _kind(real) in ("fifo", "chardev")
+    if special:  # never a temporary file beside a device (e.g. in /dev): use the temp folder
+        fd, name = tempfile.mkstemp(prefix=".repro-", suffix=real.suffix[:16])
+        os.close(fd)
+        tmp = Path(name)
+    else:
+        tmp = _temp_name(real)
+    try:
+        yield tmp
+        if special:
+            _write_into(real, shown, tmp.read_bytes())
+        else:
+            try:
+                os.replace(tmp, real)
+            except OSError as e:
+                raise OutputPathError(f"output {shown} cannot be written: {_why(e)}") from None
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def write_output(path: str | os.PathLike, content: str | bytes, *, encoding: str = "utf-8") -> Path:
+    """Write ``content`` at ``path`` by the rules of this module; return the path written (links
+    followed). Raises :class:`OutputPathError` (one line) when it cannot."""
+    data = content.encode(encoding) if isinstance(content, str) else bytes(content)
+    real = check_output(path)
+    if _kind(real) in ("fifo", "chardev"):
+        _write_into(real, Path(path), data)
+        return real
+    with output_file(path) as tmp:
+        try:
+            tmp.write_bytes(data)
+        except OSError as e:
+            raise OutputPathError(f"output {path} cannot be written: {_why(e)}") from None
+    return real

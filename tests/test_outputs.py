@@ -1,0 +1,147 @@
+"""Output paths are the user's: a FIFO, a link or a device at ``-o`` is never replaced (repro.outputs)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import stat
+import threading
+from pathlib import Path
+
+import pytest
+
+from repro.cli import main
+from repro.outputs import OutputPathError, check_output, output_file, write_output
+
+PLAN_ARGS = ["plan", "--trace", "resnet50_b64_v100-estimate", "--solver", "mgwfbp", "--network", "10gbe-v100",
+             "--workers", "16"]
+
+
+def _read_fifo(path: Path, out: list[bytes]) -> threading.Thread:
+    def reader():
+        with open(path, "rb") as f:
+            out.append(f.read())
+
+    t = threading.Thread(target=reader, daemon=True)
+    t.start()
+    return t
+
+
+def _wait_for_reader(t: threading.Thread) -> None:
+    import time
+
+    time.sleep(0.2)  # the reader blocks in open() until a writer comes; give it time to get there
+
+
+def test_regular_file_is_replaced_whole(tmp_path):
+    p = tmp_path / "out.json"
+    p.write_text("old")
+    assert write_output(p, "new") == p
+    assert p.read_text() == "new"
+    assert [q.name for q in tmp_path.iterdir()] == ["out.json"]  # no temporary left beside it
+
+
+def test_fifo_stays_a_fifo_and_gets_the_content(tmp_path):
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    got: list[bytes] = []
+    t = _read_fifo(fifo, got)
+    _wait_for_reader(t)
+    assert main([*PLAN_ARGS, "-o", str(fifo)]) == 0
+    t.join(10)
+    assert stat.S_ISFIFO(fifo.lstat().st_mode)
+    assert b'"solver": "mgwfbp"' in got[0]
+
+
+def test_fifo_without_reader_is_refused_not_waited_on(tmp_path, capsys):
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    assert main([*PLAN_ARGS, "-o", str(fifo)]) == 2
+    assert "FIFO with no process reading it" in capsys.readouterr().err
+    assert stat.S_ISFIFO(fifo.lstat().st_mode)
+
+
+def test_symlink_stays_a_link_and_its_target_is_written(tmp_path):
+    target = tmp_path / "real.json"
+    target.write_text("old")
+    link = tmp_path / "link.json"
+    link.symlink_to(target.name)  # relative link
+    assert main([*PLAN_ARGS, "-o", str(link)]) == 0
+    assert link.is_symlink() and os.readlink(link) == target.name
+    assert '"solver": "mgwfbp"' in target.read_text()
+
+
+def test_dangling_symlink_creates_its_target(tmp_path):
+    link = tmp_path / "link.json"
+    link.symlink_to(tmp_path / "new.json")
+    write_output(link, "x")
+    assert link.is_symlink() and (tmp_path / "new.json").read_text() == "x"
+
+
+def test_symlink_loop_is_refused(tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.symlink_to(b)
+    b.symlink_to(a)
+    with pytest.raises(OutputPathError, match="symbolic links"):
+        check_output(a)
+
+
+def test_dev_null_stays_a_character_device(capsys):
+    before = os.stat("/dev/null")
+    assert main([*PLAN_ARGS, "-o", "/dev/null"]) == 0
+    after = os.stat("/dev/null")
+    assert stat.S_ISCHR(after.st_mode) and after.st_rdev == before.st_rdev
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="making a device node needs root")
+def test_character_device_node_is_written_into_not_replaced(tmp_path):
+    dev = tmp_path / "null"
+    os.mknod(dev, 0o666 | stat.S_IFCHR, os.makedev(1, 3))  # a second /dev/null
+    assert main([*PLAN_ARGS, "-o", str(dev)]) == 0
+    assert stat.S_ISCHR(dev.lstat().st_mode)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["null"]  # no temporary beside the device
+
+
+def test_socket_and_folder_are_refused(tmp_path):
+    with pytest.raises(OutputPathError, match="is a folder"):
+        check_output(tmp_path)
+    sock = tmp_path / "s.sock"
+    s = socket.socket(socket.AF_UNIX)
+    try:
+        s.bind(str(sock))
+        with pytest.raises(OutputPathError, match="socket"):
+            write_output(sock, "x")
+        assert stat.S_ISSOCK(sock.lstat().st_mode)
+    finally:
+        s.close()
+
+
+def test_missing_folder_and_path_below_a_file_are_refused(tmp_path):
+    (tmp_path / "f").write_text("")
+    with pytest.raises(OutputPathError, match="is a file, not a folder"):
+        check_output(tmp_path / "f" / "out.json")
+    with pytest.raises(OutputPathError, match="does not exist"):
+        check_output(tmp_path / "nope" / "out.json")
+
+
+def test_longest_legal_name_is_accepted(tmp_path):
+    name = "x" * 250 + ".json"  # 255 bytes: the longest name most file systems take
+    write_output(tmp_path / name, "ok")
+    assert (tmp_path / name).read_text() == "ok"
+
+
+def test_failed_writer_leaves_the_old_file_and_no_temporary(tmp_path):
+    p = tmp_path / "fig.png"
+    p.write_bytes(b"old")
+    with pytest.raises(RuntimeError):
+        with output_file(p) as tmp:
+            assert tmp.suffix == ".png" and tmp.parent == tmp_path
+            tmp.write_bytes(b"half")
+            raise RuntimeError("killed mid-write")
+    assert p.read_bytes() == b"old"
+    assert [q.name for q in tmp_path.iterdir()] == ["fig.png"]
+
+
+def test_check_output_writes_nothing(tmp_path):
+    check_output(tmp_path / "out.json")
+    assert list(tmp_path.iterdir()) == []
