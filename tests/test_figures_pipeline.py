@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -50,7 +49,9 @@ from repro.figures.runner import (  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
-FIGURES_MD = Path(__file__).resolve().parents[2] / "shared/papers/FIGURES.md"
+# The project's figure inventory, kept in the repository (a copy of shared/papers/FIGURES.md; see
+# tests/fixtures/README.md), so the coverage check runs in a clone of the project alone.
+FIGURES_MD = Path(__file__).resolve().parent / "fixtures" / "FIGURES.md"
 REAL_MANIFEST = ROOT / "notebooks" / "figures.yaml"
 
 
@@ -273,17 +274,10 @@ def _figures_md_rows() -> dict[str, str]:
     return rows
 
 
-def _in_ci() -> bool:
-    """CI (GitHub Actions and most others) sets CI=true; there ../shared must be present."""
-    return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
-
-
 def test_manifest_covers_every_figure_of_the_inventory():
     if not FIGURES_MD.is_file():
-        if _in_ci():
-            pytest.fail(f"CI is set but the figure inventory {FIGURES_MD} is missing: CI must check out "
-                        "shared/ beside the clone (<clone>/../shared/papers/FIGURES.md)")
-        pytest.skip(f"{FIGURES_MD} not present (outside CI)")
+        pytest.fail(f"the figure inventory {FIGURES_MD} is missing: it is part of the repository "
+                    "(tests/fixtures/FIGURES.md, a copy of shared/papers/FIGURES.md)")
     inventory = _figures_md_rows()
     assert len(inventory) >= 34, f"FIGURES.md parsed to only {len(inventory)} ids"
     entries = load_manifest(REAL_MANIFEST, check_files=False)
@@ -297,15 +291,13 @@ def test_manifest_covers_every_figure_of_the_inventory():
     assert not wrong_kind, f"manifest kind differs from FIGURES.md: {wrong_kind}"
 
 
-def test_inventory_check_fails_in_ci_when_figures_md_is_absent(monkeypatch, tmp_path):
-    """Outside CI a missing ../shared skips the coverage check; under CI=true it fails."""
+def test_inventory_check_fails_when_figures_md_is_absent(monkeypatch, tmp_path):
+    """The inventory is in the repository: a missing one fails the coverage check, in CI or not (never a skip)."""
     monkeypatch.setattr(sys.modules[__name__], "FIGURES_MD", tmp_path / "absent" / "FIGURES.md")
-    monkeypatch.setenv("CI", "true")
-    with pytest.raises(pytest.fail.Exception, match="CI is set"):
-        test_manifest_covers_every_figure_of_the_inventory()
-    monkeypatch.delenv("CI")
-    with pytest.raises(pytest.skip.Exception):
-        test_manifest_covers_every_figure_of_the_inventory()
+    for ci in ("true", ""):
+        monkeypatch.setenv("CI", ci)
+        with pytest.raises(pytest.fail.Exception, match="part of the repository"):
+            test_manifest_covers_every_figure_of_the_inventory()
 
 
 def test_real_manifest_is_well_formed():
