@@ -9,6 +9,26 @@ The torch-free core (trace, cost, plan, families, planners, sim) never imports t
 
 from repro import _moved
 
-__version__ = "0.2.0.dev0"
+
+def _version() -> str:
+    """The installed distribution's version (pyproject.toml is the one source); a checkout that is not
+    installed reads its pyproject.toml, and anything else says it does not know."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("repro")
+    except PackageNotFoundError:
+        import re
+        from pathlib import Path
+
+        pyproject = Path(__file__).resolve().parent.parent / "pyproject.toml"
+        try:
+            found = re.search(r'^version = "([^"]+)"', pyproject.read_text(), re.M)
+        except OSError:
+            found = None
+        return found.group(1) if found else "0+unknown"
+
+
+__version__ = _version()
 
 _moved.install()
