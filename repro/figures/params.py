@@ -12,19 +12,36 @@ was started from, so ``results/figures`` means ``<repo>/results/figures`` in eve
 
 :func:`default_world_sizes` gives the real rank counts a tiny-scale notebook uses by default: no more
 ranks than this process may use CPU cores (``os.sched_getaffinity``).
+
+Each notebook declares all its parameters in one pydantic schema (a :class:`NotebookParams` subclass,
+one module per notebook under :mod:`repro.figures.schemas`) and checks them in its first code cell after
+the parameters with ``p = apply_parameters(Schema, globals())``, before any rank starts or any file is
+written: unknown parameter names (from papermill's injected cell), wrong types (``2.5`` for an int,
+``"maybe"`` for a bool, ``"abc"`` for a number), values out of range and unknown choices all fail there
+with one :class:`ParameterError` line naming the parameter. The building blocks (:data:`Int`,
+:data:`Float`, :data:`Bool`, :data:`Str`, :data:`PathParam`, :func:`ListOf`, :func:`OneOf`) accept what
+papermill hands a notebook (``-p workers "[4, 16]"`` is a string) and refuse the rest.
 """
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Annotated, Any, Callable, ClassVar, Iterable, Mapping, MutableMapping, Sequence, Union, \
+    get_args, get_origin
+
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, StringConstraints, ValidationError, \
+    ValidationInfo
+from pydantic_core import PydanticCustomError
 
 from repro.studies.common import available_cpus
 
 __all__ = ["ParameterError", "parse_list", "parse_choice", "resolve_path", "repo_root", "available_cpus",
-           "default_world_sizes"]
+           "default_world_sizes", "NotebookParams", "apply_parameters", "validate_parameters",
+           "injected_parameter_names", "notebook_type", "Int", "Float", "Bool", "Str", "Name", "PathParam",
+           "ListOf", "OneOf", "parameter_error"]
 
 
 class ParameterError(ValueError):
@@ -71,6 +88,7 @@ def _convert(item: Any, item_type: type, name: str, raw: Any) -> Any:
 
 
 def _load_flow_list(text: str, name: str) -> Any:
+    """A JSON or YAML flow list given as text; else a one-line :class:`ParameterError` naming ``name``."""
     try:
         return json.loads(text)
     except ValueError:
@@ -165,3 +183,243 @@ def default_world_sizes(max_ranks: int = 4, cpus: int | None = None) -> list[int
         sizes.append(p)
         p *= 2
     return sizes
+
+
+# ------------------------------------------------------------------------------------------ schemas
+
+def _items(value: Any, name: str) -> list:
+    """The items of a list parameter, unconverted: a list or tuple; a JSON/YAML flow list given as text
+    (``"[4, 16]"``, ``"[resnet50, vgg16]"``); a comma-separated string (``"4,16"``) or a single number
+    or word. Anything else: a :class:`ParameterError` naming ``name``."""
+    raw = value
+    if isinstance(value, str):
+        text = value.strip()
+        if text.startswith("["):
+            value = _load_flow_list(text, name)
+            if not isinstance(value, list):
+                raise ParameterError(f"{name}: {raw!r} is not a list; give e.g. -p {name} '[4, 16]'")
+            return value
+        if text.startswith("{"):
+            raise ParameterError(f"{name}: expected a list, got a mapping {raw!r}")
+        return [part for part in (p.strip() for p in text.split(",")) if part]
+    if isinstance(value, (list, tuple)):
+        return list(value)
+    if value is None:
+        return []
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return [value]
+    raise ParameterError(f"{name}: expected a list, got {type(value).__name__} {raw!r}")
+
+
+def _strip_name(message: str, name: str) -> str:
+    prefix = f"{name}: "
+    return message[len(prefix):] if message.startswith(prefix) else message
+
+
+def _reject_bool(value: Any) -> Any:
+    if isinstance(value, bool):
+        raise PydanticCustomError("not_a_number", "expected a number, got a boolean")
+    return value
+
+
+def _bool(value: Any) -> Any:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lower() in ("true", "false"):
+        return value.strip().lower() == "true"
+    raise PydanticCustomError("not_a_bool", "expected true or false")
+
+
+def _path(value: Any) -> Path:
+    if not isinstance(value, (str, os.PathLike)):
+        raise PydanticCustomError("not_a_path", "expected a folder path (a string)")
+    try:
+        return resolve_path(value)
+    except ParameterError as e:
+        raise PydanticCustomError("empty_path", str(e)) from None
+
+
+#: An integer: ``2``, ``"2"`` or ``2.0``; never ``2.5``, ``True`` or ``"abc"``. Ranges: ``Field(ge=..., le=...)``.
+Int = Annotated[int, BeforeValidator(_reject_bool)]
+#: A finite number (an int is taken as a float); never ``True`` or ``"abc"``.
+Float = Annotated[float, BeforeValidator(_reject_bool)]
+#: ``True``/``False`` (or the strings ``"true"``/``"false"``, any case); never ``"maybe"`` or ``1``.
+Bool = Annotated[bool, BeforeValidator(_bool)]
+#: A string (a number is refused: ``-p model 5``), surrounding blanks stripped.
+Str = Annotated[str, StringConstraints(strip_whitespace=True)]
+#: A non-empty string (a name: model, preset, scheduler, rate).
+Name = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1)]
+#: A folder given as a string; the schema turns it into an absolute :class:`~pathlib.Path`
+#: (:func:`resolve_path`: relative paths are relative to the repository root).
+PathParam = Annotated[Path, BeforeValidator(_path)]
+
+def _choices(choices: Iterable[Any] | Callable[[], Iterable[Any]]) -> list:
+    return list(choices() if callable(choices) else choices)
+
+
+def OneOf(choices: Iterable[Any] | Callable[[], Iterable[Any]], item: Any = None) -> Any:
+    """A value (default type: :data:`Name`) that must be one of ``choices`` (a sequence, or a callable
+    returning one, read when validating: a registry)."""
+    def check(value: Any) -> Any:
+        allowed = _choices(choices)
+        if value not in allowed:
+            raise PydanticCustomError("unknown_choice", f"unknown value {value!r}; choose from "
+                                      f"{', '.join(map(str, allowed))}")
+        return value
+
+    return Annotated[item if item is not None else Name, AfterValidator(check)]
+
+
+def ListOf(item: Any, *, min_length: int = 1) -> Any:
+    """A list of ``item`` (a type such as :data:`Int`, ``Annotated[int, Field(ge=2)]``, :func:`OneOf`)
+    that also accepts papermill's strings (``"[4, 16]"``, ``"4,16"``, ``"resnet50"``), with at least
+    ``min_length`` items (0: may be empty)."""
+    def split(value: Any, info: ValidationInfo) -> list:
+        name = info.field_name or "parameter"
+        try:
+            items = _items(value, name)
+        except ParameterError as e:
+            raise PydanticCustomError("not_a_list", _strip_name(str(e), name)) from None
+        if len(items) < min_length:
+            if not items:
+                raise PydanticCustomError("empty_list", "the list is empty; give at least one value, e.g. -p {name} "
+                                          "'[...]'", {"name": name})
+            raise PydanticCustomError("short_list", "give at least {n} values", {"n": min_length})
+        return items
+
+    return Annotated[list[item], BeforeValidator(split)]
+
+
+def notebook_type(annotation: Any) -> str:
+    """The annotation a notebook's parameters cell gives a schema field: ``int``, ``float``, ``bool``,
+    ``str`` (also for paths and choices) or ``list[...]`` of those."""
+    origin = get_origin(annotation)
+    if origin is Annotated:
+        return notebook_type(get_args(annotation)[0])
+    if origin is list:
+        return f"list[{notebook_type(get_args(annotation)[0])}]"
+    if origin is Union:
+        args = [a for a in get_args(annotation) if a is not type(None)]
+        return notebook_type(args[0]) if len(args) == 1 else repr(annotation)
+    if annotation is Path:
+        return "str"
+    if str(origin) == "typing.Literal":
+        kinds = {type(a) for a in get_args(annotation)}
+        return kinds.pop().__name__ if len(kinds) == 1 else repr(annotation)
+    return getattr(annotation, "__name__", repr(annotation))
+
+
+class NotebookParams(BaseModel):
+    """Base of the notebooks' parameter schemas: every field is a parameter of the notebook's
+    ``parameters`` cell, with the same name, default and type (tests/test_notebook_schemas.py checks
+    that). Unknown fields are refused; defaults are validated too (paths are resolved)."""
+
+    model_config = ConfigDict(extra="forbid", validate_default=True, allow_inf_nan=False, frozen=True)
+
+    #: the notebook's file stem, for messages
+    notebook: ClassVar[str] = ""
+
+
+def parameter_error(name: str, message: str) -> PydanticCustomError:
+    """An error for a schema's model validator (checks across parameters), naming ``name``."""
+    return PydanticCustomError("parameter", "{name}: {message}", {"name": name, "message": message})
+
+
+def _short(value: Any, limit: int = 120) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _error_line(error: Mapping[str, Any], data: Mapping[str, Any]) -> str:
+    loc = error.get("loc") or ()
+    if error.get("type") == "value_error" and (error.get("ctx") or {}).get("error") is not None:
+        message = str(error["ctx"]["error"])
+    elif error.get("type") == "extra_forbidden":
+        message = "not a parameter of this notebook"
+    else:
+        message = str(error.get("msg", ""))
+    message = message.replace("\n", " ")
+    if not loc:  # a model validator: its message names the parameter(s)
+        return message
+    name = str(loc[0])
+    message = _strip_name(message, name)
+    if error.get("type") == "missing":
+        return f"{name}: missing"
+    raw = data.get(name, error.get("input"))
+    if len(loc) > 1:  # an item of a list
+        return f"{name}: {message} (got {_short(error.get('input'))} in {_short(raw)})"
+    return f"{name}: {message} (got {_short(raw)})"
+
+
+def validate_parameters(schema: type[NotebookParams], data: Mapping[str, Any]) -> NotebookParams:
+    """``schema`` built from ``data``, or one :class:`ParameterError` line: ``name: message (got value)``
+    (several errors are joined by ``; `` on that line)."""
+    try:
+        return schema(**dict(data))
+    except ValidationError as e:
+        lines = list(dict.fromkeys(_error_line(err, data) for err in e.errors()))
+        where = f" ({schema.notebook})" if schema.notebook else ""
+        raise ParameterError("; ".join(lines) if len(lines) == 1 else f"{len(lines)} bad parameters{where}: "
+                             + "; ".join(lines)) from None
+
+
+def _assigned_names(source: str) -> list[str]:
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return []
+    names: list[str] = []
+
+    def targets(node: ast.AST) -> None:
+        if isinstance(node, ast.Name):
+            names.append(node.id)
+        elif isinstance(node, (ast.Tuple, ast.List)):
+            for elt in node.elts:
+                targets(elt)
+
+    for node in tree.body:
+        if isinstance(node, ast.Assign):
+            for t in node.targets:
+                targets(t)
+        elif isinstance(node, (ast.AnnAssign, ast.AugAssign)):
+            targets(node.target)
+    return names
+
+
+def injected_parameter_names(namespace: Mapping[str, Any]) -> list[str]:
+    """Names assigned in papermill's injected parameters cell(s): the executed cells (IPython's ``In``)
+    whose first line is ``# Parameters`` (the notebooks' own parameters cell begins
+    ``# Parameters (papermill ...``). Empty outside IPython."""
+    cells = namespace.get("In")
+    if not isinstance(cells, (list, tuple)):
+        return []
+    names: list[str] = []
+    for source in cells:
+        if not isinstance(source, str):
+            continue
+        lines = source.lstrip().splitlines()
+        if lines and lines[0].strip() == "# Parameters":
+            names.extend(_assigned_names(source))
+    return list(dict.fromkeys(names))
+
+
+def apply_parameters(schema: type[NotebookParams], namespace: MutableMapping[str, Any]) -> NotebookParams:
+    """Check a notebook's parameters, all at once, before it does anything.
+
+    1. Any name papermill injected (``-p NAME VALUE``) that ``schema`` does not declare is refused,
+       naming it and listing the declared ones.
+    2. The declared parameters found in ``namespace`` (a notebook's ``globals()``) are validated:
+       a bad one is one :class:`ParameterError` line, ``name: message (got value)``.
+    3. The normalised values (parsed lists, resolved paths) are written back into ``namespace``, so
+       the rest of the notebook uses them; the validated model is returned.
+    """
+    declared = list(schema.model_fields)
+    unknown = [n for n in injected_parameter_names(namespace) if n not in schema.model_fields]
+    if unknown:
+        what = f"{schema.notebook} has" if schema.notebook else "this notebook has"
+        raise ParameterError(f"{', '.join(unknown)}: unknown parameter{'s' if len(unknown) > 1 else ''} "
+                             f"({what} {', '.join(declared)})")
+    data = {name: namespace[name] for name in declared if name in namespace}
+    model = validate_parameters(schema, data)
+    namespace.update(dict(model))
+    return model

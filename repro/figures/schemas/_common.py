@@ -1,0 +1,63 @@
+"""Parameter types several notebooks share: scale, cost mode, link rates, shares, densities, counts."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import AfterValidator, Field
+
+from repro.calibration import COST_MODES
+from repro.cost import PRESETS
+from repro.figures.params import Float, Int, Name, OneOf, Str
+from repro.workload.models import MODEL_NAMES
+
+__all__ = ["SCALES", "Scale", "CostMode", "Preset", "Model", "LinkRate", "LinkRateOrLoopback", "Share", "Density",
+           "Positive", "NonNegative", "AtLeast2", "PositiveFloat", "Bytes", "estimate_gpus"]
+
+SCALES = ("tiny", "paper")
+#: ``tiny`` or ``paper`` (each notebook says what it changes)
+Scale = OneOf(SCALES)
+#: ``paper`` or ``calibrated`` (repro.calibration.COST_MODES)
+CostMode = OneOf(COST_MODES)
+#: a cost-model preset name (repro.cost.PRESETS)
+Preset = OneOf(lambda: list(PRESETS))
+#: a model repro can build and train (repro.workload.models.MODEL_NAMES)
+Model = OneOf(MODEL_NAMES)
+
+
+def _rate(value: str) -> str:
+    from repro.cluster.netns import parse_bandwidth
+
+    parse_bandwidth(value)  # ValueError: one line saying what a rate looks like
+    return value
+
+
+def _rate_or_loopback(value: str) -> str:
+    return value if value in ("", "loopback") else _rate(value)
+
+
+#: a tc-style link rate: ``10gbit``, ``100mbit``, ``1e9`` (bits per second)
+LinkRate = Annotated[Name, AfterValidator(_rate)]
+#: a tc-style link rate, or ``loopback`` (or empty: loopback) for no emulation
+LinkRateOrLoopback = Annotated[Str, AfterValidator(_rate_or_loopback)]
+#: a fraction in [0, 1]
+Share = Annotated[Float, Field(ge=0, le=1)]
+#: a top-k density in (0, 1]
+Density = Annotated[Float, Field(gt=0, le=1)]
+#: an integer >= 1 (steps, repeats, epochs, sizes)
+Positive = Annotated[Int, Field(ge=1)]
+#: an integer >= 0
+NonNegative = Annotated[Int, Field(ge=0)]
+#: an integer >= 2 (GPU or rank counts of collectives)
+AtLeast2 = Annotated[Int, Field(ge=2)]
+#: a number > 0 (learning rates)
+PositiveFloat = Annotated[Float, Field(gt=0)]
+#: a byte count >= 1
+Bytes = Annotated[Int, Field(ge=1)]
+
+
+def estimate_gpus() -> list[str]:
+    """GPUs with shipped estimate traces (``<model>_b<batch>_<gpu>-estimate``): v100, k80, p102."""
+    from repro.data import shipped_traces
+
+    return sorted({s.rsplit("_", 1)[1][: -len("-estimate")] for s in shipped_traces() if s.endswith("-estimate")})
