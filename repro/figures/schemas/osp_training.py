@@ -1,0 +1,41 @@
+"""Parameters of notebooks/osp_training.ipynb (OSP measured on a local parameter server, and simulated)."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from pydantic import Field
+
+from repro.figures.params import Bool, Float, ListOf, NotebookParams, OneOf, PathParam
+from repro.figures.schemas._common import (AtLeast2, CostMode, LinkRate, LinkRateOrLoopback, Model, NonNegative,
+                                           Positive, PositiveFloat, Scale, Share)
+from repro.studies.osp_sim import OSP_MODELS
+
+
+class OspTrainingParams(NotebookParams):
+    notebook: ClassVar[str] = "osp_training"
+
+    model: Model = "tiny_resnet"
+    dataset: OneOf(["digits", "cifar10", "imagenet"]) = "digits"
+    ps_workers: AtLeast2 = 2
+    servers: Positive = 1
+    link_rate: LinkRateOrLoopback = "100mbit"
+    epochs: Positive = 3
+    batch_size: Positive = 32
+    warmup_steps: Positive = 2
+    lr: PositiveFloat = 0.05
+    momentum: Float = Field(0.5, ge=0, lt=1)
+    stage1_share: Share = 0.5
+    ablation_shares: ListOf(Share) = [0.0, 0.5]
+    ratio_shares: ListOf(Share, min_length=0) = [0.0, 0.5]
+    staleness: NonNegative = 2
+    importance: OneOf(["magnitude", "position"]) = "magnitude"
+    paper_models: ListOf(OneOf(list(OSP_MODELS))) = ["resnet50", "vgg16", "bert_base", "inception_v4"]
+    sim_link_rates: ListOf(LinkRate) = ["10gbit", "100gbit"]
+    sim_stage1_shares: ListOf(Share) = [0.0, 0.25, 0.5, 0.75, 1.0]
+    paper_workers: AtLeast2 = 8
+    read_only: Bool = False
+    cost_mode: CostMode = "paper"
+    scale: Scale = "tiny"
+    output_dir: PathParam = "results/figures"
+    results_dir: PathParam = "results/data"

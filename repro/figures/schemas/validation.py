@@ -1,0 +1,29 @@
+"""Parameters of notebooks/validation.ipynb (the simulator against measured runs on this machine)."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from repro.figures.params import Bool, ListOf, NotebookParams, OneOf, PathParam
+from repro.figures.schemas._common import AtLeast2, LinkRateOrLoopback, Model, NonNegative, Positive, Scale
+from repro.schedulers import SCHEDULERS
+
+
+class ValidationParams(NotebookParams):
+    notebook: ClassVar[str] = "validation"
+
+    models: ListOf(Model) = ["tiny_resnet"]
+    schedulers: ListOf(OneOf([s for s in SCHEDULERS if s != "local"])) = ["wfbp", "syncea", "threshold", "mgwfbp",
+                                                                          "optimal", "ddp"]
+    link_rates: ListOf(LinkRateOrLoopback) = ["loopback", "100mbit"]
+    world_sizes: ListOf(AtLeast2) = [2]
+    batch_size: Positive = 32
+    steps: Positive = 10
+    warmup_steps: Positive = 3
+    threshold_bytes: NonNegative = 65536
+    contention_repeats: Positive = 7
+    require_emulation: Bool = False
+    read_only: Bool = False
+    scale: Scale = "tiny"
+    output_dir: PathParam = "results/figures"
+    results_dir: PathParam = "results/data"
