@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
+from repro._help import DefaultsHelpFormatter
 from repro.outputs import OutputPathError, check_output, write_output
 from repro.cost import CostModel, CostModelError, PRESETS, preset, preset_names, preset_workers
 from repro.plan import WIRE_DTYPE_BYTES, Plan, PlanError
@@ -29,10 +30,10 @@ class UsageError(Exception):
 
 
 class _Parser(argparse.ArgumentParser):
-    """One line instead of usage + message; defaults shown in ``--help``."""
+    """One line instead of usage + message; defaults shown in ``--help`` (where there is one)."""
 
     def __init__(self, *args, **kwargs) -> None:
-        kwargs.setdefault("formatter_class", argparse.ArgumentDefaultsHelpFormatter)
+        kwargs.setdefault("formatter_class", DefaultsHelpFormatter)
         super().__init__(*args, **kwargs)
 
     def error(self, message: str):
@@ -221,7 +222,7 @@ def cmd_launch(args: argparse.Namespace) -> None:
     """
     import math
 
-    from repro.train import config_from_argv, worker_from_argv
+    from repro.train_config import config_from_argv
 
     train_args = [a for a in args.train_args if a != "--"] if args.train_args[:1] == ["--"] else args.train_args
     overrides = {}
@@ -241,6 +242,8 @@ def cmd_launch(args: argparse.Namespace) -> None:
             prepare_run(cfg.results_dir, cfg.run_id, cfg.overwrite)
         else:
             check_results_dir(cfg.results_dir)
+    from repro.train import worker_from_argv
+
     summary = _launch(args, worker_from_argv, (train_args, overrides), backend=train.backend or "gloo",
                       pg_timeout_s=train.pg_timeout_s, serving=cfg.serving_ranks())
     print(json.dumps({k: v for k, v in summary.items() if k != "epochs"}))
@@ -427,6 +430,14 @@ def _first_line(e: BaseException) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["train"]:  # per-rank training entry point (run it under torchrun)
+        if {"-h", "--help"} & set(argv[1:]):  # the options, without importing torch
+            from repro.train_config import build_parser as train_parser
+
+            try:
+                train_parser().parse_args(argv[1:])
+            except ValueError as e:
+                print(f"repro: error: {_first_line(e)}", file=sys.stderr)
+                return 2
         from repro.train import main as train_main
 
         return train_main(argv[1:], hard_exit=True)

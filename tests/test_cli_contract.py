@@ -30,9 +30,10 @@ def test_every_option_has_help_and_defaults_are_shown():
             if isinstance(action, (argparse._HelpAction, argparse._SubParsersAction, argparse._VersionAction)):
                 continue
             assert action.help, f"{name} {action.option_strings or action.dest} has no help"
-        if name != "train" and name != "repro" and parser._actions[1:]:
-            assert "(default:" in parser.format_help(), name  # ArgumentDefaultsHelpFormatter
+        text = " ".join(parser.format_help().split())
+        assert "(default: None)" not in text and "(default: False)" not in text, name  # only real defaults
     assert "(default: 0.05)" in train_parser().format_help()  # --lr
+    assert "(default: 5)" in " ".join(dict(_subparsers(build_parser()))["calibrate"].format_help().split())
 
 
 def test_version(capsys):

@@ -39,6 +39,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from repro.workload.catalog import MODEL_INFO, MODEL_NAMES, PAPER_MODELS, TINY_MODELS, model_info
+
 __all__ = ["ModelSpec", "LSTMLanguageModel", "CifarVGG16", "MODELS", "MODEL_NAMES", "PAPER_MODELS", "TINY_MODELS",
            "get_spec", "build_model", "make_batch", "compute_loss", "count_params"]
 
@@ -230,14 +232,7 @@ class LSTMLanguageModel(nn.Module):
 # The registry
 # ---------------------------------------------------------------------------------------------
 
-_VISION_KW = ("num_classes", "image_size")
-_BERT_KW = ("seq_len",)
-_LM_KW = ("seq_len", "num_classes", "dropout")
 _BUILD_KW = ("num_classes", "seq_len", "dropout")   # the keyword arguments builders take
-_MGWFBP_J = "mgwfbp-journal"   # MG-WFBP journal version, 16 V100
-_MGWFBP_C = "mgwfbp-conf"      # MG-WFBP conference version, K80 cluster
-_DEAR = "dear"                 # DeAR, 64 GPUs
-_OMGS = "omgs"                 # OMGS-SGD, 16 P102-100
 
 
 def _lstm_lm(vocab: int, embed_dim: int, hidden: int, layers: int,
@@ -252,63 +247,32 @@ def _lstm_lm(vocab: int, embed_dim: int, hidden: int, layers: int,
     return build
 
 
-MODELS: dict[str, ModelSpec] = {s.name: s for s in [
-    ModelSpec("resnet50", "vision", _torchvision("resnet50"), (3, 224, 224), 1000, 32,
-              {_MGWFBP_C: 32, _DEAR: 64, _OMGS: 32}, "torchvision", kwargs=_VISION_KW),
-    ModelSpec("resnet152", "vision", _torchvision("resnet152"), (3, 224, 224), 1000, 128,
-              {_MGWFBP_J: 128}, "torchvision", kwargs=_VISION_KW),
-    ModelSpec("densenet161", "vision", _torchvision("densenet161"), (3, 224, 224), 1000, 64,
-              {_MGWFBP_J: 64}, "torchvision", kwargs=_VISION_KW),
-    ModelSpec("densenet201", "vision", _torchvision("densenet201"), (3, 224, 224), 1000, 64,
-              {_MGWFBP_J: 64, _DEAR: 32}, "torchvision", kwargs=_VISION_KW),
-    ModelSpec("googlenet", "vision",
-              _torchvision("googlenet", aux_logits=False, init_weights=True, transform_input=False),
-              (3, 224, 224), 1000, 64, {_MGWFBP_C: 64}, "torchvision (no auxiliary heads)",
-              kwargs=_VISION_KW),
-    # VGG-16's batch size in MG-WFBP is not stated with it; 32 is our interpretation.
-    ModelSpec("vgg16", "vision", _torchvision("vgg16"), (3, 224, 224), 1000, 32,
-              {"interpretation": 32}, "torchvision (no batch norm)", kwargs=_VISION_KW),
-    # OMGS-SGD: "VGG-16 (CIFAR-10, batch 32)": the authors' CIFAR VGG-16 (see CifarVGG16).
-    ModelSpec("vgg16_cifar", "vision", CifarVGG16, (3, 32, 32), 10, 32, {_OMGS: 32},
-              "repro.workload.models (CIFAR VGG-16 with batch norm, one 512->10 linear layer, as in the "
-              "OMGS-SGD authors' code)", kwargs=_VISION_KW),
-    # Inception-v4 in OMGS-SGD: the paper summary gives no batch size; 64 is the default of the
-    # authors' public script (HKBU-HPML/OMGS-SGD, exp_configs/inceptionv4.conf).
-    ModelSpec("inception_v4", "vision", _timm("inception_v4"), (3, 299, 299), 1000, 128,
-              {_MGWFBP_J: 128, _DEAR: 64, _OMGS: 64}, "timm", kwargs=_VISION_KW),
-    ModelSpec("bert_base", "bert", _bert(768, 12, 12, 3072), (64,), 30522, 64,
-              {_DEAR: 64}, "transformers BertForPreTraining (BERT-Base config)", kwargs=_BERT_KW),
-    ModelSpec("bert_large", "bert", _bert(1024, 24, 16, 4096), (64,), 30522, 32,
-              {_DEAR: 32}, "transformers BertForPreTraining (BERT-Large config)", kwargs=_BERT_KW),
-    # OMGS-SGD: "2-layer LSTM with 1500 hidden units on Penn Treebank (batch 20)". Embedding 1500,
-    # vocabulary 10000 (PTB's), dropout 0.65, sequence length 35 and untied weights are our
-    # interpretation (PyTorch word-language-model example, "large" configuration).
-    ModelSpec("lstm_ptb", "lm", _lstm_lm(10000, 1500, 1500, 2, 0.65), (35,), 10000, 20,
-              {_OMGS: 20}, "repro.workload.models (2-layer LSTM LM, hidden 1500, embedding 1500, vocab 10000)",
-              kwargs=_LM_KW),
-    ModelSpec("tiny_resnet", "vision", TinyResNet, (3, 32, 32), 10, None, {}, "repro.workload.models",
-              tiny=True, kwargs=_VISION_KW),
-    ModelSpec("tiny_vgg", "vision", TinyVGG, (3, 32, 32), 10, None, {}, "repro.workload.models",
-              tiny=True, kwargs=_VISION_KW),
-    ModelSpec("tiny_bert", "bert", _bert(128, 2, 2, 512, vocab=1000, max_positions=128), (32,), 1000,
-              None, {}, "transformers BertForPreTraining (2 layers, hidden 128, vocab 1000)",
-              tiny=True, kwargs=_BERT_KW),
-    ModelSpec("tiny_lstm", "lm", _lstm_lm(1000, 64, 64, 2, 0.0), (16,), 1000, None, {},
-              "repro.workload.models (2-layer LSTM LM, hidden 64, embedding 64, vocab 1000, no dropout)",
-              tiny=True, kwargs=_LM_KW),
-]}
+# The builder of each model of the catalogue (repro.workload.catalog: family, sizes, papers' batch sizes).
+_BUILDERS: dict[str, Callable[..., nn.Module]] = {
+    "resnet50": _torchvision("resnet50"),
+    "resnet152": _torchvision("resnet152"),
+    "densenet161": _torchvision("densenet161"),
+    "densenet201": _torchvision("densenet201"),
+    "googlenet": _torchvision("googlenet", aux_logits=False, init_weights=True, transform_input=False),
+    "vgg16": _torchvision("vgg16"),
+    "vgg16_cifar": CifarVGG16,
+    "inception_v4": _timm("inception_v4"),
+    "bert_base": _bert(768, 12, 12, 3072),
+    "bert_large": _bert(1024, 24, 16, 4096),
+    "lstm_ptb": _lstm_lm(10000, 1500, 1500, 2, 0.65),
+    "tiny_resnet": TinyResNet,
+    "tiny_vgg": TinyVGG,
+    "tiny_bert": _bert(128, 2, 2, 512, vocab=1000, max_positions=128),
+    "tiny_lstm": _lstm_lm(1000, 64, 64, 2, 0.0),
+}
 
-MODEL_NAMES: tuple[str, ...] = tuple(MODELS)
-PAPER_MODELS: tuple[str, ...] = tuple(n for n, s in MODELS.items() if not s.tiny)
-TINY_MODELS: tuple[str, ...] = tuple(n for n, s in MODELS.items() if s.tiny)
+MODELS: dict[str, ModelSpec] = {name: ModelSpec(builder=_BUILDERS[name], **info.as_kwargs())
+                                for name, info in MODEL_INFO.items()}
 
 
 def get_spec(name: str) -> ModelSpec:
     """The registry entry for ``name``; ``ValueError`` listing the valid names if unknown."""
-    spec = MODELS.get(name)
-    if spec is None:
-        raise ValueError(f"unknown model {name!r}; valid names: {', '.join(MODEL_NAMES)}")
-    return spec
+    return MODELS[model_info(name).name]
 
 
 def _check_kwargs(spec: ModelSpec, kwargs: Mapping[str, Any]) -> None:

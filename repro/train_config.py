@@ -1,0 +1,264 @@
+"""The options of one training run (:class:`TrainConfig`) and the ``repro train`` command line.
+
+Kept apart from :mod:`repro.train` (the per-rank loop) so that reading, checking and explaining the
+options never imports torch: ``repro train --help`` and ``repro launch``'s checks of a run made before
+any rank starts are quick. :mod:`repro.train` re-exports everything here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from dataclasses import dataclass, field, fields
+from typing import Any, Sequence
+
+from repro._help import DefaultsHelpFormatter
+from repro.cost import preset
+from repro.families import get_family
+from repro.plan import WIRE_DTYPE_BYTES
+from repro.runs import check_run_id
+from repro.schedulers import get_scheduler, scheduler_names
+from repro.workload.catalog import MODEL_NAMES, model_info
+
+__all__ = ["TrainConfig", "VIEWS", "build_parser", "config_from_argv"]
+
+#: layer granularities of a plan (the same as :data:`repro.workload.layers.VIEWS`, which imports torch)
+VIEWS = ("tensor", "module")
+
+
+def _opt(default: Any, help: str, **meta: Any) -> Any:
+    return field(default=default, metadata={"help": help, **meta})
+
+
+_PS_OPTIONS = ("servers", "staleness", "stage1_share", "importance", "lgp")
+
+
+@dataclass
+class TrainConfig:
+    """One run. Sizes in bytes, times in seconds; ``batch_size`` is per rank."""
+
+    model: str = _opt("tiny_resnet", f"model: {', '.join(MODEL_NAMES)} (`repro models` describes them)")
+    scheduler: str = _opt("mgwfbp", f"gradient-exchange scheduler: {', '.join(scheduler_names())} (`repro "
+                                    "schedulers` describes them)")
+    dataset: str = _opt("synthetic", "data: synthetic (throughput), digits, cifar10, imagenet, ptb")
+    batch_size: int = _opt(32, "samples per rank per step")
+    steps: int = _opt(20, "timed steps (synthetic data); ignored when --epochs is given")
+    epochs: int | None = _opt(None, "convergence run: full passes over a real dataset")
+    warmup_steps: int = _opt(3, "untimed steps first (plan schedulers measure the trace in them)")
+    compute_steps: int = _opt(5, "extra steps without communication: the computation-only time")
+    view: str = _opt("tensor", "layer granularity of the plan", choices=VIEWS)
+    threshold_bytes: int = _opt(25 * 2**20, "bucket threshold of the threshold schedulers, bytes")
+    tuner_trials: int = _opt(10, "dear_bo: Bayesian-optimisation trials after the initial threshold")
+    tuner_min_bytes: int = _opt(2**20, "dear_bo: smallest fusion threshold the tuner tries, bytes")
+    tuner_max_bytes: int = _opt(2**28, "dear_bo: largest fusion threshold the tuner tries, bytes")
+    # Parameter-server options: None = the planner's default; refused by schedulers that do not take them.
+    servers: int | None = _opt(None, "parameter-server schedulers (ps_*, osp*): ranks 0..servers-1 serve the "
+                               "parameters, the other ranks train (default 1)", kind=int)
+    staleness: int | None = _opt(None, "ps_ssp: iterations a worker may run ahead of the slowest (default 2)",
+                                 kind=int)
+    stage1_share: float | None = _opt(None, "osp: fraction of the gradient bytes synchronised in the blocking stage "
+                                      "1, in [0, 1]; the rest goes to stage 2, overlapped with the next iteration "
+                                      "(default 0.5)", kind=float)
+    importance: str | None = _opt(None, "osp*: which layers go to stage 1 first: position (input side first; the "
+                                  "default) or magnitude (largest mean |gradient| in the warm-up)",
+                                  choices=("position", "magnitude"))
+    lgp: bool | None = _opt(None, "osp*: correct stale stage-2 parameters with the local gradient (default on; "
+                            "--no-lgp: off)", kind=bool)
+    density: float = _opt(0.001, "top-k density of the sparse schedulers (topk_*, omgs*): the fraction of "
+                          "each bucket's gradient elements a worker sends per step, k = ceil(density x "
+                          "elements), in (0, 1]; 1 sends everything (dense S-SGD)")
+    wire_dtype: str | None = _opt(None, "communicate gradients in this dtype (default: the model's)",
+                                  choices=tuple(WIRE_DTYPE_BYTES))
+    network: str | None = _opt(None, "plan with this cost preset (`repro presets` lists them) instead of fitting "
+                               "on the live group")
+    fit_repeats: int = _opt(5, "repeats per message size (and per top-k size) when fitting the cost model")
+    optimizer: str = _opt("sgd", "optimizer: sgd (with --momentum) or adamw", choices=("sgd", "adamw"))
+    lr: float = _opt(0.05, "learning rate")
+    momentum: float = _opt(0.9, "SGD momentum (sgd only)")
+    weight_decay: float = _opt(1e-4, "weight decay (decoupled for adamw)")
+    seed: int = _opt(0, "seed of the model weights and the data")
+    record_timeline: bool = _opt(False, "record each message's launch and end time of the last step")
+    results_dir: str | None = _opt(None, "write the run folder under this directory (rank 0)")
+    run_id: str | None = _opt(None, "name of the run folder (default: model_scheduler_pP_<ms timestamp>)")
+    overwrite: bool = _opt(False, "replace an existing run folder of the same id (whole)")
+    quiet: bool = _opt(False, "no progress bar")
+    # Set by the launcher, not on the command line: the emulated link rate the ranks ran on (recorded).
+    emulated_bandwidth_bps: float | None = _opt(None, "", cli=False)
+    model_kwargs: dict[str, Any] = field(default_factory=dict, metadata={"cli": False})
+
+    def __post_init__(self) -> None:
+        from repro.workload.datasets import DATASET_NAMES
+
+        sched = get_scheduler(self.scheduler)
+        self.scheduler = sched.name  # an old alias becomes the current name
+        spec = model_info(self.model)
+        self._check_model_kwargs(spec)
+        if self.dataset not in DATASET_NAMES:
+            raise ValueError(f"unknown dataset '{self.dataset}'; choose one of {', '.join(DATASET_NAMES)}")
+        if self.dataset == "synthetic" and self.epochs is not None:
+            raise ValueError("epochs need a real dataset (e.g. --dataset digits); synthetic runs use --steps")
+        if self.optimizer not in ("sgd", "adamw"):
+            raise ValueError(f"unknown optimizer '{self.optimizer}'; choose sgd or adamw")
+        if self.view not in VIEWS:
+            raise ValueError(f"unknown view '{self.view}'; choose one of {', '.join(VIEWS)}")
+        if self.wire_dtype is not None and self.wire_dtype not in WIRE_DTYPE_BYTES:
+            raise ValueError(f"unknown wire dtype '{self.wire_dtype}'; choose one of {', '.join(WIRE_DTYPE_BYTES)}")
+        if self.wire_dtype not in (None, "float32") and not sched.wire_dtype:
+            able = [n for n in scheduler_names() if get_scheduler(n).wire_dtype]
+            raise ValueError(f"wire_dtype={self.wire_dtype} is supported by {', '.join(able)}, "
+                             f"not by '{self.scheduler}'")
+        for name in ("batch_size", "fit_repeats"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 2**32:
+            raise ValueError(f"seed must be an integer in [0, 2**32), got {self.seed!r}")
+        if self.warmup_steps < 0 or self.compute_steps < 0:
+            raise ValueError("warmup_steps and compute_steps must be >= 0")
+        if self.epochs is None and self.steps < 1:
+            raise ValueError(f"steps must be positive, got {self.steps}")
+        if self.epochs is not None and self.epochs < 1:
+            raise ValueError(f"epochs must be positive, got {self.epochs}")
+        for name in _PS_OPTIONS:  # set where it does not apply: refused, never silently ignored
+            if getattr(self, name) is not None and name not in sched.planner_options:
+                takers = [n for n in scheduler_names() if name in get_scheduler(n).planner_options]
+                flag = "--lgp/--no-lgp" if name == "lgp" else "--" + name.replace("_", "-")
+                raise ValueError(f"{flag} does not apply to --scheduler {self.scheduler} (it applies to: "
+                                 f"{', '.join(takers)})")
+        if self.servers is not None and (isinstance(self.servers, bool) or not isinstance(self.servers, int)
+                                         or self.servers < 1):
+            raise ValueError(f"servers must be a positive integer, got {self.servers!r}")
+        if self.staleness is not None and (isinstance(self.staleness, bool) or not isinstance(self.staleness, int)
+                                           or self.staleness < 0):
+            raise ValueError(f"staleness must be a non-negative integer, got {self.staleness!r}")
+        if self.stage1_share is not None and (isinstance(self.stage1_share, bool)
+                                              or not isinstance(self.stage1_share, (int, float))
+                                              or not 0.0 <= self.stage1_share <= 1.0):
+            raise ValueError(f"stage1_share must be a number in [0, 1], got {self.stage1_share!r}")
+        if self.importance is not None and self.importance not in ("magnitude", "position"):
+            raise ValueError(f"unknown importance policy '{self.importance}'; choose magnitude or position")
+        if self.lgp is not None and not isinstance(self.lgp, bool):
+            raise ValueError(f"lgp must be true or false, got {self.lgp!r}")
+        if self.tuner_trials < 0:
+            raise ValueError(f"tuner_trials must not be negative, got {self.tuner_trials}")
+        if not 1 <= self.tuner_min_bytes < self.tuner_max_bytes:
+            raise ValueError(f"the tuner's range needs 1 <= tuner_min_bytes < tuner_max_bytes, got "
+                             f"{self.tuner_min_bytes} and {self.tuner_max_bytes}")
+        if self.threshold_bytes < 0:
+            raise ValueError(f"threshold_bytes must not be negative, got {self.threshold_bytes}")
+        if (isinstance(self.density, bool) or not isinstance(self.density, (int, float))
+                or not math.isfinite(self.density) or not 0 < self.density <= 1):
+            raise ValueError(f"density must be a number in (0, 1] (fraction of elements sent), got {self.density}")
+        for name in ("lr", "momentum", "weight_decay"):
+            v = getattr(self, name)
+            if not math.isfinite(v) or v < 0:
+                raise ValueError(f"{name} must be a finite non-negative number, got {v}")
+        if self.warmup_steps < 1 and sched.has_plan:
+            raise ValueError(f"'{self.scheduler}' plans from the warm-up: it needs warmup_steps >= 1")
+        if self.network is not None:
+            from repro.cost import preset_names
+
+            if self.network not in preset_names():
+                raise ValueError(f"unknown network preset '{self.network}'; known: {', '.join(preset_names())}")
+        if self.run_id is not None:
+            check_run_id(self.run_id)
+
+    def _check_model_kwargs(self, spec) -> None:
+        """``model_kwargs`` (e.g. ``--seq-len``): ones the model takes, with values it can build with."""
+        if not isinstance(self.model_kwargs, dict):
+            raise ValueError(f"model_kwargs must be a dict, got {type(self.model_kwargs).__name__}")
+        bad = sorted(set(self.model_kwargs) - set(spec.kwargs))
+        if bad:
+            raise ValueError(f"model '{self.model}' does not take {', '.join(bad)} (it takes: "
+                             f"{', '.join(spec.kwargs) or 'nothing'})")
+        for name in ("seq_len", "num_classes"):
+            v = self.model_kwargs.get(name)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+                raise ValueError(f"{name} must be a positive integer, got {v!r}")
+
+    def serving_ranks(self) -> int:
+        """Ranks that serve rather than train: ``servers`` for a family with serving ranks, else 0."""
+        sched = get_scheduler(self.scheduler)
+        return (self.servers or 1) if sched.family is not None and get_family(sched.family).server else 0
+
+    def check_world(self, world_size: int) -> None:
+        """Checks that need the world size (made before any step)."""
+        sched = get_scheduler(self.scheduler)
+        serving = self.serving_ranks()
+        if serving:
+            if world_size - serving < 2:
+                raise ValueError(f"'{self.scheduler}' runs {serving} server rank(s) and needs at least 2 workers "
+                                 f"besides: at least {serving + 2} ranks, got {world_size}")
+            world_size -= serving  # the cost model is for the workers
+        if sched.has_plan and world_size < 2:
+            raise ValueError(f"'{self.scheduler}' exchanges gradients between ranks: it needs at least 2 ranks (got "
+                             f"{world_size}); the one-worker baseline is --scheduler local")
+        if self.network is not None:
+            cost = preset(self.network, max(2, world_size))  # a preset without this P fails here, not after warm-up
+            if sched.family is not None:  # ... and one without the collective the plan family sends
+                for collective in get_family(sched.family).collectives:
+                    if collective not in cost.lines:
+                        raise ValueError(f"network preset '{self.network}' has no {collective} line, which "
+                                         f"'{self.scheduler}' ({sched.family} family) plans with; choose a "
+                                         f"preset that has one or leave --network out to fit on the live group")
+
+
+
+# ---------------------------------------------------------------------------------------------
+# Command line (per rank, under torchrun)
+# ---------------------------------------------------------------------------------------------
+
+class _Parser(argparse.ArgumentParser):
+    """Bad arguments raise ValueError (one line: ``repro: error: train: ...``), never a usage block."""
+
+    def error(self, message: str):
+        raise ValueError(f"train: {message}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="repro train", description="Train one model with one scheduler (per rank; run under "
+                "torchrun or `repro launch`).", formatter_class=DefaultsHelpFormatter)
+    for f in fields(TrainConfig):  # the fields' defaults, not TrainConfig(): its checks import the datasets
+        if not f.metadata.get("cli", True):
+            continue
+        flag = "--" + f.name.replace("_", "-")
+        default = f.default
+        kw: dict[str, Any] = {"default": default, "help": f.metadata.get("help", "")}
+        if "choices" in f.metadata:
+            kw["choices"] = list(f.metadata["choices"])
+        kind = f.metadata.get("kind")
+        if kind is bool or (isinstance(default, bool) and default):
+            p.add_argument(flag, action=argparse.BooleanOptionalAction, **kw)
+        elif isinstance(default, bool):
+            p.add_argument(flag, action="store_true", **kw)
+        elif kind is not None:
+            p.add_argument(flag, type=kind, **kw)
+        elif f.name == "scheduler":
+            p.add_argument(flag, type=str, **kw)
+        elif f.name == "epochs":
+            p.add_argument(flag, type=int, **kw)
+        elif default is None:
+            p.add_argument(flag, type=str, **kw)
+        else:
+            p.add_argument(flag, type=type(default), **kw)
+    p.add_argument("--seq-len", type=int, help="sequence length of the BERT and LSTM models (positive; default: "
+                                               "the model's)")
+    p.add_argument("--backend", choices=["gloo", "nccl"], help="force a backend (default: nccl with CUDA, else gloo)")
+    p.add_argument("--pg-timeout-s", type=float, default=300.0, help="process-group timeout, seconds")
+    return p
+
+
+def config_from_argv(argv: Sequence[str], **overrides: Any) -> tuple[TrainConfig, argparse.Namespace]:
+    """Parse ``repro train`` arguments into a config (ValueError on bad input); ``overrides`` set fields
+    that are not command-line options (e.g. ``emulated_bandwidth_bps``)."""
+    args = build_parser().parse_args(list(argv))
+    kw = {f.name: getattr(args, f.name) for f in fields(TrainConfig) if f.metadata.get("cli", True)}
+    if args.seq_len is not None:
+        if args.seq_len < 1:
+            raise ValueError(f"--seq-len must be a positive number of tokens, got {args.seq_len}")
+        kw["model_kwargs"] = {"seq_len": args.seq_len}
+    kw.update(overrides)
+    if not (isinstance(args.pg_timeout_s, float) and math.isfinite(args.pg_timeout_s) and args.pg_timeout_s > 0):
+        raise ValueError(f"--pg-timeout-s must be a finite positive number of seconds, got {args.pg_timeout_s}")
+    return TrainConfig(**kw), args
+
+
