@@ -160,6 +160,86 @@ def test_hanging_rank_times_out_and_is_killed():
     _assert_no_children()
 
 
+def kill_self_on_rank1(ctx, out_dir):
+    """Rank 1 kills itself with SIGKILL (as the OOM killer or ``kill -9`` would) while rank 0 waits for it
+    in an all_reduce. (Module level: the ranks import it from here.)"""
+    import torch.distributed as dist
+
+    Path(out_dir, f"rank{ctx.rank}.pid").write_text(str(os.getpid()))
+    if ctx.rank == 1:
+        time.sleep(0.5)  # let rank 0 block in its all_reduce first
+        Path(out_dir, "killed_at").write_text(repr(time.time()))
+        os.kill(os.getpid(), signal.SIGKILL)
+    dist.all_reduce(torch.ones(3))  # never completes: rank 1 is gone
+    time.sleep(3600)  # should gloo notice the closed connection and return, still never finish
+    return "unreachable"
+
+
+def test_rank_killed_by_sigkill_is_named_and_its_peer_is_not_left_hanging(tmp_path):
+    """End to end: a rank really dies of SIGKILL (exit code -9, no report through its pipe). The launcher
+    names that rank and the signal (not its peer's consequent "connection closed"), and ends the peer
+    blocked in a collective within a bound: the half-second grace for further reports, then SIGTERM and
+    at most 3 s to SIGKILL (the limit below leaves room for a loaded machine), far below timeout_s."""
+    with pytest.raises(RankFailedError) as info:
+        launch_local(kill_self_on_rank1, 2, args=(str(tmp_path),), timeout_s=120, pg_timeout_s=120)
+    returned_after_s = time.time() - float((tmp_path / "killed_at").read_text())
+    err = info.value
+    first = str(err).splitlines()[0]
+    assert first.startswith("rank 1 of 2 died with exit code -9 (SIGKILL)"), str(err)
+    assert (err.rank, err.world_size, err.exitcode, err.exc_type, err.rank_traceback) == (1, 2, -9, None, None)
+    assert returned_after_s < 20, f"the launcher returned {returned_after_s:.1f} s after the kill"
+    pids = [int((tmp_path / f"rank{r}.pid").read_text()) for r in range(2)]
+    assert all(_pid_gone(p) for p in pids)  # rank 0 was ended, not left in its all_reduce
+    _assert_no_children()
+
+
+def make_progress_bar(ctx, fail_on_rank1=False):
+    """What a training rank does: draw a tqdm progress bar (tqdm makes a multiprocessing RLock for its bars,
+    a named POSIX semaphore under the spawn start method, registered with the launcher's resource
+    tracker). Returns the semaphore's name, so the test knows that one was made."""
+    from tqdm import tqdm
+
+    if fail_on_rank1 and ctx.rank == 0:
+        # rank 0 may be terminated by the launcher once rank 1 has failed, and a killed process cannot
+        # clean up; only the rank that raises (and leaves through its error path) draws a bar
+        return []
+    for _ in tqdm(range(2), disable=True):
+        pass
+    names = [getattr(getattr(lock, "_semlock", None), "name", None) for lock in getattr(tqdm.get_lock(), "locks", [])]
+    if fail_on_rank1 and ctx.rank == 1:
+        raise ValueError("boom after drawing a progress bar")
+    return [n for n in names if n]
+
+
+_SEMAPHORE_LAUNCHER = """
+import json
+from repro.cluster.local import RankFailedError, launch_local
+from tests.test_launch import make_progress_bar
+
+names = launch_local(make_progress_bar, 2, timeout_s=120)
+try:  # a rank that raises leaves through the launcher's error path
+    launch_local(make_progress_bar, 2, kwargs={"fail_on_rank1": True}, timeout_s=120)
+except RankFailedError as e:
+    failed = str(e).splitlines()[0]
+print(json.dumps({"names": names, "failed": failed}))
+"""
+
+
+def test_launches_leak_no_semaphores():
+    """Ranks leave with os._exit (a process group's teardown can hang or abort), which used to skip
+    multiprocessing's exit finalizers: every launch whose ranks drew a progress bar ended with the resource
+    tracker's "There appear to be N leaked semaphore objects to clean up at shutdown". Ranks that return
+    and ranks that raise now unlink their semaphores before leaving."""
+    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
+    proc = subprocess.run([sys.executable, "-c", _SEMAPHORE_LAUNCHER], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert all(len(names) >= 1 for names in out["names"])  # each rank did make a named semaphore
+    assert out["failed"].startswith("rank 1 of 2 failed: ValueError: boom after drawing a progress bar")
+    assert "leaked semaphore" not in proc.stderr and "resource_tracker" not in proc.stderr, proc.stderr[-4000:]
+
+
 def test_keyboard_interrupt_kills_the_ranks_and_is_reraised(tmp_path):
     main_thread = threading.main_thread().ident
 

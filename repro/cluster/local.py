@@ -760,6 +760,25 @@ def _flush_std() -> None:
             stream.flush()
 
 
+def _exit_rank(code: int) -> None:
+    """Leave the rank without interpreter teardown, after what a normal exit does for multiprocessing.
+
+    ``os._exit`` skips a process group's destructors (which can block or abort with a dead peer), but
+    also multiprocessing's exit finalizers. A spawned rank's named semaphores — tqdm's progress-bar
+    lock is one, ``multiprocessing.RLock`` made under the ``spawn`` start method the rank inherits —
+    are registered with the launcher's resource tracker and unlinked by those finalizers; skipped,
+    the tracker reports "There appear to be N leaked semaphore objects" when the launcher exits. So
+    the finalizers of priority >= 0 (those an interpreter exit runs: semaphore unlinking, pools,
+    managers) run first; the rest of the teardown is still skipped.
+    """
+    with contextlib.suppress(Exception):
+        from multiprocessing import util as mp_util
+
+        mp_util._run_finalizers(0)
+    _flush_std()
+    os._exit(code)
+
+
 def _rank_main(rank: int, payload: tuple[bytes, bytes], conn, env: dict, parent_pid: int, backend: str | None,
                pg_timeout_s: float, threads: int, quiet: bool, netns: str | None = None) -> None:
     if netns is not None:
@@ -776,8 +795,7 @@ def _rank_main(rank: int, payload: tuple[bytes, bytes], conn, env: dict, parent_
             with contextlib.suppress(Exception):
                 conn.send(("error", info))
                 conn.close()
-            _flush_std()
-            os._exit(1)
+            _exit_rank(1)
     _watch_parent(parent_pid)
     os.environ.update(env)
     if quiet:
@@ -806,9 +824,8 @@ def _rank_main(rank: int, payload: tuple[bytes, bytes], conn, env: dict, parent_
         with contextlib.suppress(Exception):
             conn.send(("error", info))
             conn.close()
-        _flush_std()
         # Skip interpreter teardown: a process group with a dead peer may block in its destructor.
-        os._exit(1)
+        _exit_rank(1)
     conn.close()
     # The result is delivered. Wait for the peers, then leave without interpreter teardown: destroying
     # a gloo group (or its threads at exit) after a peer has gone can abort the process (SIGABRT,
@@ -818,5 +835,4 @@ def _rank_main(rank: int, payload: tuple[bytes, bytes], conn, env: dict, parent_
 
         if dist.is_initialized():
             dist.barrier()
-    _flush_std()
-    os._exit(0)
+    _exit_rank(0)
