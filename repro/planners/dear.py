@@ -18,17 +18,22 @@ plan's steady-state period under the model, equal to ``simulate(trace, plan, cos
 
 from __future__ import annotations
 
+import logging
+import time
 from typing import Iterator, Sequence
 
 import numpy as np
 
 from repro.cost import CostModel
+from repro.planners._budget import DEFAULT_TIME_BUDGET_S, Search
 from repro.plan import Bucket, Message, Plan
 from repro.sim.dear import bucket_update_s, dear_period_s
 from repro.trace import Trace
 
 __all__ = ["FAMILY", "DEAR_MESSAGES", "DEFAULT_THRESHOLD_BYTES", "dear_plan", "threshold_groups",
            "threshold_sweep", "groups_period_s", "dear_nofusion", "dear_threshold", "dear_model", "dear_optimal"]
+
+log = logging.getLogger(__name__)
 
 FAMILY = "dear"
 DEAR_MESSAGES = (Message("reduce_scatter", "backward"), Message("allgather", "next_forward"))
@@ -55,6 +60,27 @@ def threshold_groups(nbytes: Sequence[int], threshold_bytes: int) -> list[list[i
     return groups
 
 
+def _sweep_bounds(nbytes: np.ndarray, lo: int, hi: int) -> Iterator[tuple[int, np.ndarray]]:
+    """:func:`threshold_sweep` as bucket boundaries ``[0, b_1, ..., L]`` (int arrays): a bucket
+    starting at layer s ends before the first layer i > s with ``cum[i + 1] - cum[s] >= t`` (one
+    :func:`numpy.searchsorted` for every start at once), and the chain from layer 0 is followed."""
+    L = len(nbytes)
+    cum = np.concatenate([[0], np.cumsum(nbytes)])
+    at_least = np.arange(1, L + 1)
+    t = lo
+    while t <= hi:
+        nxt = np.maximum(np.searchsorted(cum, cum[:L] + t, side="left") - 1, at_least).tolist()
+        b, s = [0], 0
+        while s < L:
+            s = nxt[s]
+            b.append(s)
+        bounds = np.array(b)
+        yield t, bounds
+        if len(bounds) == 2:
+            return
+        t = int(np.min(cum[bounds[1:-1] + 1] - cum[bounds[:-2]])) + 1
+
+
 def threshold_sweep(trace: Trace, min_threshold_bytes: int = 0,
                     max_threshold_bytes: int | None = None) -> Iterator[tuple[int, list[list[int]]]]:
     """Every distinct bucketing :func:`threshold_groups` makes for thresholds in
@@ -66,15 +92,9 @@ def threshold_sweep(trace: Trace, min_threshold_bytes: int = 0,
     and none is repeated.
     """
     nbytes = _layer_bytes(trace)
-    t = int(min_threshold_bytes)
     top = int(nbytes.sum()) + 1 if max_threshold_bytes is None else int(max_threshold_bytes)
-    while t <= top:
-        groups = threshold_groups(nbytes, t)
-        yield t, groups
-        if len(groups) == 1:
-            return
-        sizes = [int(nbytes[g].sum()) for g in groups]
-        t = min(sizes[k] + int(nbytes[groups[k + 1][0]]) for k in range(len(groups) - 1)) + 1
+    for t, b in _sweep_bounds(nbytes, int(min_threshold_bytes), top):
+        yield t, [list(range(x, y)) for x, y in zip(b[:-1].tolist(), b[1:].tolist())]
 
 
 def groups_period_s(trace: Trace, groups: Sequence[Sequence[int]], cost: CostModel) -> float:
@@ -123,18 +143,59 @@ def dear_model(trace: Trace, cost: CostModel, min_threshold_bytes: int = 0,
     hi = None if max_threshold_bytes is None else _check_bytes("max_threshold_bytes", max_threshold_bytes)
     if hi is not None and hi < lo:
         raise ValueError(f"max_threshold_bytes ({hi}) is below min_threshold_bytes ({lo})")
-    best = None
-    n = 0
-    for t, groups in threshold_sweep(trace, lo, hi):
-        n += 1
-        p = groups_period_s(trace, groups, cost)
-        if best is None or p < best[0]:
-            best = (p, t, groups)
-    if best is None:
+    found = _best_threshold(trace, cost, _Model(trace, cost), lo, hi)
+    if found is None:
         raise ValueError(f"no threshold in [{lo}, {hi}] bytes")
-    _, t, groups = best
-    return dear_plan(trace, groups, cost, "dear_model", threshold_bytes=t, candidates=n)
+    t, bounds, n, _ = found
+    return dear_plan(trace, _groups(bounds), cost, "dear_model", threshold_bytes=t, candidates=n)
 
+
+def _groups(bounds: Sequence[int]) -> list[list[int]]:
+    b = [int(x) for x in bounds]
+    return [list(range(x, y)) for x, y in zip(b[:-1], b[1:])]
+
+
+def _best_threshold(trace: Trace, cost: CostModel, model: "_Model", lo: int, hi: int | None,
+                    deadline: float | None = None, chunk: int = 256):
+    """``(threshold, bounds, candidates, complete)`` of :func:`dear_model`'s choice (None: no
+    threshold in range). The sweep's bucketings are evaluated in batches (:meth:`_Model.periods`);
+    those within 1e-9 of the batch minimum are evaluated again with :func:`groups_period_s` in
+    threshold order, so the choice (the first strict minimum) is exactly the one a one-by-one sweep
+    makes. With a ``deadline`` (``time.perf_counter()`` seconds) the sweep stops there (``complete``
+    False) and the best bucketing swept so far is returned."""
+    nbytes = _layer_bytes(trace)
+    top = int(nbytes.sum()) + 1 if hi is None else hi
+    best = None  # (exact period, threshold, bounds)
+    n = 0
+    complete = True
+    batch: list[tuple[int, np.ndarray]] = []
+
+    def flush():
+        nonlocal best
+        p = model.periods([b for _, b in batch])
+        floor = float(np.min(p))
+        if best is not None and floor > best[0] * (1 + 1e-9) + 1e-15:
+            return
+        for k in np.flatnonzero(p <= floor * (1 + 1e-9) + 1e-15).tolist():
+            t, b = batch[k]
+            exact = groups_period_s(trace, _groups(b), cost)
+            if best is None or exact < best[0]:
+                best = (exact, t, b)
+
+    for t, b in _sweep_bounds(nbytes, lo, top):
+        batch.append((t, b))
+        n += 1
+        if len(batch) >= chunk:
+            flush()
+            batch = []
+            if deadline is not None and time.perf_counter() >= deadline:
+                complete = False
+                break
+    if batch:
+        flush()
+    if best is None:
+        return None
+    return best[1], best[2], n, complete
 
 
 class _Model:
@@ -156,6 +217,27 @@ class _Model:
         self.rs, self.ag = cost.line("reduce_scatter"), cost.line("allgather")
         self.pre, self.straggler = o.pre_forward_s, o.straggler_s
 
+    def periods(self, many: Sequence[Sequence[int]]) -> np.ndarray:
+        """:meth:`period` of many bucketings at once (equal up to rounding)."""
+        lens = np.array([len(b) - 1 for b in many])
+        starts = np.concatenate([np.asarray(b[:-1]) for b in many])
+        ends = np.concatenate([np.asarray(b[1:]) for b in many])
+        last = np.cumsum(lens) - 1
+        first = last - lens + 1
+        n = self.cum_n[ends] - self.cum_n[starts]
+        c = self.cum_c[ends] - self.cum_c[starts]
+        a = np.atleast_1d(self.ag(n))
+        r = np.atleast_1d(self.rs(n))
+        pair = np.zeros(len(n))
+        pair[:-1] = np.maximum(c[:-1], a[1:])
+        pair[last] = 0.0
+        cs = np.concatenate([[0.0], np.cumsum(pair)])
+        phi = np.maximum(self.pre, a[first]) + (cs[last] - cs[first])
+        cr = np.cumsum(r)
+        S = cr - np.repeat(cr[first] - r[first], lens)
+        M = np.maximum.reduceat(self.ready[starts] + S, first)
+        return phi + c[last] + M + self.straggler
+
     def period(self, bounds: Sequence[int]) -> float:
         b = np.asarray(bounds)
         n = self.cum_n[b[1:]] - self.cum_n[b[:-1]]
@@ -166,28 +248,36 @@ class _Model:
         return phi + float(c[-1]) + M + self.straggler
 
 
-def _local_search(model: _Model, bounds: list[int], max_passes: int = 50) -> list[int]:
-    """First-improvement descent over boundary moves (shift by one layer, remove, add)."""
+def _local_search(model: _Model, bounds: list[int], max_passes: int = 50,
+                  deadline: float | None = None) -> list[int]:
+    """First-improvement descent over boundary moves (shift by one layer, remove, add). Each pass's
+    moves are evaluated in one batch (:meth:`_Model.periods`); the first (in move order) whose
+    :meth:`_Model.period` improves is taken, as a one-by-one scan would. Stops at ``deadline``."""
     best = model.period(bounds)
     for _ in range(max_passes):
+        if deadline is not None and time.perf_counter() >= deadline:
+            break
         improved = False
         inner = bounds[1:-1]
         moves = [sorted(set(inner) - {x}) for x in inner]
         moves += [sorted(set(inner) - {x} | {x + d}) for x in inner for d in (-1, 1)
                   if 0 < x + d < model.L and x + d not in inner]
         moves += [sorted(set(inner) | {x}) for x in range(1, model.L) if x not in inner]
-        for m in moves:
-            cand = [0, *m, model.L]
-            p = model.period(cand)
+        if not moves:
+            break
+        cands = [[0, *m, model.L] for m in moves]
+        approx = model.periods(cands)
+        for k in np.flatnonzero(approx < best * (1 + 1e-9) + 1e-15).tolist():
+            p = model.period(cands[k])
             if p < best - 1e-15:
-                best, bounds, improved = p, cand, True
+                best, bounds, improved = p, cands[k], True
                 break
         if not improved:
             break
     return bounds
 
 
-def dear_optimal(trace: Trace, cost: CostModel) -> Plan:
+def dear_optimal(trace: Trace, cost: CostModel, *, time_budget_s: float = DEFAULT_TIME_BUDGET_S) -> Plan:
     """Exact minimum of the DeAR period over **every** contiguous bucketing (not only those of the
     threshold rule), by a label-setting dynamic program with dominance and bound pruning.
 
@@ -202,12 +292,26 @@ def dear_optimal(trace: Trace, cost: CostModel) -> Plan:
     (first :func:`dear_model`'s, improved by a boundary local search) is pruned. Neither rule drops a
     label that could lead to a strictly better bucketing, so the result is optimal (the tests compare
     it with brute force over all ``2^(L-1)`` bucketings).
+
+    ``time_budget_s`` (seconds of wall clock, default 10; finite and positive) bounds the whole
+    search: when it runs out first, the best bucketing found so far is returned (never worse than
+    the released code's 25 MiB threshold rule, :func:`dear_threshold`, nor than the best threshold
+    swept so far) with ``meta["optimal"] = False`` and its proven ``meta["gap_pct"]`` above the
+    optimum (``meta["lower_bound_s"]``: the least lower bound of the labels not yet expanded), and
+    one WARNING is logged; a finished search records ``optimal: True, gap_pct: 0``
+    (:mod:`repro.planners._budget`). A search longer than 2 s logs progress lines (INFO).
     """
+    search = Search("dear_optimal", time_budget_s, trace.num_layers, log)
     model = _Model(trace, cost)
     L = model.L
-    start = dear_model(trace, cost)
-    bounds0 = [0, *np.cumsum([len(b.layers) for b in start.buckets]).tolist()]
-    best_bounds = _local_search(model, bounds0)
+    # the incumbent: dear_model's bucketing (as much of its sweep as the budget allows), or the
+    # released code's 25 MiB threshold if better, then improved by a local search
+    found = _best_threshold(trace, cost, model, 0, None, deadline=search.deadline)
+    seed = [] if found is None else [found[1]]
+    seed.append(np.array([0, *np.cumsum([len(g) for g in threshold_groups(_layer_bytes(trace),
+                                                                          DEFAULT_THRESHOLD_BYTES)])]))
+    bounds0 = [int(x) for x in seed[int(np.argmin([groups_period_s(trace, _groups(b), cost) for b in seed]))]]
+    best_bounds = _local_search(model, bounds0, deadline=search.deadline)
     best = model.period(best_bounds) - model.straggler
     cum_c, cum_n, ready = model.cum_c, model.cum_n, model.ready
     rest_rs = np.array([float(model.rs(cum_n[L] - cum_n[j])) for j in range(L + 1)])  # T_rs(layers j..L-1)
@@ -238,7 +342,13 @@ def dear_optimal(trace: Trace, cost: CostModel) -> Plan:
                       ready[0] + S0, np.zeros(L), np.full(L, -1.0)], axis=1)
     for k in range(L):
         cand[k + 1].append(first[k:k + 1])
+    stopped = None
     for i in range(1, L + 1):
+        if search.expired():
+            stopped = i
+            break
+        search.progress(i - 1, best + model.straggler,
+                        lambda: _pending_bound(cand, i, best, lower_bound) + model.straggler)
         if not cand[i]:
             continue
         C = np.concatenate(cand[i])
@@ -279,7 +389,23 @@ def dear_optimal(trace: Trace, cost: CostModel) -> Plan:
         for part, col in zip(np.split(block, cuts), cols[np.concatenate([[0], cuts])]):
             cand[int(js[col])].append(part)
     groups = [list(range(x, y)) for x, y in zip(best_bounds[:-1], best_bounds[1:])]
-    return dear_plan(trace, groups, cost, "dear_optimal", labels=len(nodes))
+    meta = {"labels": len(nodes)}
+    plan = dear_plan(trace, groups, cost, "dear_optimal", **meta)
+    bound = None if stopped is None else _pending_bound(cand, stopped, best, lower_bound) + model.straggler
+    search.record(plan.meta, plan.meta["iteration_s"], bound, 0 if stopped is None else stopped - 1)
+    return plan
+
+
+def _pending_bound(cand: list[list[np.ndarray]], i: int, best: float, lower_bound) -> float:
+    """The least lower bound (without the straggler) over the incumbent ``best`` and every label not
+    yet expanded (those ending at ``i`` or later): every bucketing not dominated or pruned so far
+    passes through one of them."""
+    lb = best
+    for j in range(i, len(cand)):
+        for C in cand[j]:
+            if len(C):
+                lb = min(lb, float(np.min(lower_bound(C[:, 0], C[:, 1], C[:, 2], C[:, 3], np.full(len(C), j)))))
+    return lb
 
 
 def _pareto(C: np.ndarray, block: int = 512) -> np.ndarray:

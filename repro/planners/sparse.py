@@ -17,16 +17,20 @@ Never imports torch.
 
 from __future__ import annotations
 
+import logging
 from typing import Sequence
 
 import numpy as np
 
 from repro.cost import CostModel
 from repro.plan import Bucket, Message, Plan
+from repro.planners._budget import DEFAULT_TIME_BUDGET_S, Search
 from repro.sim.sparse import INDEX_BYTES, sparse_iteration_s, topk_count, value_bytes
 from repro.trace import Trace
 
 __all__ = ["FAMILY", "topk_layerwise", "topk_single", "omgs", "omgs_optimal", "groups_time_s", "SparseCosts"]
+
+log = logging.getLogger(__name__)
 
 FAMILY = "sparse"
 
@@ -138,7 +142,8 @@ def omgs(trace: Trace, cost: CostModel, density: float = 0.001, *, pack: bool = 
     return _plan(trace, groups, cost, "omgs", density, pack)
 
 
-def omgs_optimal(trace: Trace, cost: CostModel, density: float = 0.001, *, pack: bool = False) -> Plan:
+def omgs_optimal(trace: Trace, cost: CostModel, density: float = 0.001, *, pack: bool = False,
+                 time_budget_s: float = DEFAULT_TIME_BUDGET_S) -> Plan:
     """Exact minimum iteration time over all contiguous groupings of the sparse timeline.
 
     The MG-WFBP argument (a bucket's later start never helps) does not carry over: a bigger bucket
@@ -161,7 +166,15 @@ def omgs_optimal(trace: Trace, cost: CostModel, density: float = 0.001, *, pack:
     over the stored states. The fronts still grow large where the top-k's superadditivity and the
     start-ups trade off over hundreds of layers: seconds for Inception-v4's 299 layers at P = 2 (see
     ``benchmarks/bench_omgs.py`` for times).
+
+    ``time_budget_s`` (seconds of wall clock, default 10; finite and positive) bounds the search: when
+    it runs out first, the best simple plan (the published OMGS rule, or layer-wise or single top-k
+    when better) is returned with ``meta["optimal"] = False``, its proven ``meta["gap_pct"]`` above
+    the optimum and ``meta["lower_bound_s"]`` (the least lower bound of the stored states), and one
+    WARNING is logged; a finished search records ``optimal: True, gap_pct: 0``
+    (:mod:`repro.planners._budget`). A search longer than 2 s logs progress lines (INFO).
     """
+    search = Search("omgs_optimal", time_budget_s, trace.num_layers, log)
     c = SparseCosts(trace, cost, density, pack)
     L = trace.num_layers
     pB = trace.params().astype(float)[::-1]           # backward order
@@ -171,10 +184,10 @@ def omgs_optimal(trace: Trace, cost: CostModel, density: float = 0.001, *, pack:
     sparB = np.atleast_1d(c.spar_s(pB))
     cumS = np.concatenate([[0.0], np.cumsum(sparB)])
     fixed = trace.total_forward_s + trace.overheads.total_s
-    upper = min(float(pl.meta["iteration_s"]) for pl in (topk_layerwise(trace, cost, density, pack=pack),
-                                                            topk_single(trace, cost, density, pack=pack),
-                                                            omgs(trace, cost, density, pack=pack))) - fixed
-    upper = upper * (1 + 1e-9) + 1e-15
+    simple = min((omgs(trace, cost, density, pack=pack), topk_layerwise(trace, cost, density, pack=pack),
+                  topk_single(trace, cost, density, pack=pack)), key=lambda pl: float(pl.meta["iteration_s"]))
+    incumbent = float(simple.meta["iteration_s"])
+    upper = (incumbent - fixed) * (1 + 1e-9) + 1e-15
     min_comm = float(c.comm_s(1.0))
     # the store of states: prefix length, C, M, parent state
     cap = 1024
@@ -183,7 +196,23 @@ def omgs_optimal(trace: Trace, cost: CostModel, density: float = 0.001, *, pack:
     Ms = np.zeros(cap)
     parent = np.full(cap, -1, dtype=np.int64)
     n = 1
+
+    def bound() -> float:
+        """The least lower bound (iteration seconds) over the incumbent and every stored state: a
+        better grouping leaves the stored states through one of them (the rest were dominated or
+        could not beat the incumbent)."""
+        e = E[:n]
+        rest = cumP[L] - cumP[e]
+        lb = np.where(e < L, np.maximum(Ms[:n] + np.atleast_1d(c.comm_s(rest)),
+                                        Cs[:n] + (cumT[L] - cumT[e]) + (cumS[L] - cumS[e]) + min_comm), Ms[:n])
+        return min(incumbent, float(np.min(lb)) + fixed)
+
+    stopped = None
     for f in range(1, L + 1):
+        if search.expired():
+            stopped = f
+            break
+        search.progress(f - 1, incumbent, bound)
         e = E[:n]
         d = cumP[f] - cumP[e]
         C2 = Cs[:n] + (cumT[f] - cumT[e]) + np.atleast_1d(c.spar_s(d))
@@ -210,6 +239,10 @@ def omgs_optimal(trace: Trace, cost: CostModel, density: float = 0.001, *, pack:
         sl = slice(n, n + front.size)
         E[sl], Cs[sl], Ms[sl], parent[sl] = f, C2[front], M2[front], front
         n += front.size
+    if stopped is not None:
+        plan = simple.replace(solver="omgs_optimal", meta=dict(simple.meta))
+        search.record(plan.meta, incumbent, bound(), stopped - 1)
+        return plan
     finals = np.nonzero(E[:n] == L)[0]
     if finals.size == 0:  # cannot happen: the best simple plan is itself a contiguous grouping
         raise RuntimeError("omgs_optimal found no grouping within the bound (please report this)")
@@ -220,4 +253,6 @@ def omgs_optimal(trace: Trace, cost: CostModel, density: float = 0.001, *, pack:
         s = int(parent[s])
     cuts = [0] + cuts[::-1]
     groups = [[L - 1 - j for j in range(a, b)] for a, b in zip(cuts[:-1], cuts[1:])]
-    return _plan(trace, groups, cost, "omgs_optimal", density, pack)
+    plan = _plan(trace, groups, cost, "omgs_optimal", density, pack)
+    search.record(plan.meta, float(plan.meta["iteration_s"]), None, L)
+    return plan
