@@ -1,6 +1,6 @@
-"""Command line: ``repro {profile,plan,simulate,schedulers,presets,train,launch,calibrate}`` (also ``python -m repro``).
+"""Command line: ``repro {profile,plan,simulate,train,launch,calibrate,schedulers,presets,models,traces}`` (also ``python -m repro``).
 
-JSON in and out. Bad input ends with exit status 2 and one line on stderr, ``repro: error: ...``, naming
+JSON in and out (the listings print a table unless ``--format json``). Bad input ends with exit status 2 and one line on stderr, ``repro: error: ...``, naming
 the problem, before any work (outputs are checked to be writable first, and written atomically).
 Ctrl-C ends with status 130 and one line; a closed pipe (``repro presets | head``) ends quietly.
 ``-v``/``-q`` before the subcommand set how much the package logs (see :mod:`repro.log`).
@@ -303,12 +303,36 @@ def cmd_calibrate(args: argparse.Namespace) -> None:
     _emit(cost, args.output)
 
 
+def _table(rows: Sequence[Sequence[object]], header: Sequence[str]) -> str:
+    """Aligned columns for a person (the last one, often prose, is not padded)."""
+    cells = [[str(c) for c in header]] + [["-" if c is None else str(c) for c in row] for row in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(header) - 1)]
+    return "\n".join("  ".join([c.ljust(w) for c, w in zip(r, widths)] + [r[-1]]).rstrip() for r in cells)
+
+
+def _listing(args: argparse.Namespace, obj: object, table: str) -> None:
+    """``--format json``: the object for scripts; ``table`` (the default): ``table`` for a person."""
+    if args.format == "json":
+        _emit(obj, None)
+    else:
+        print(table)
+
+
 def cmd_schedulers(args: argparse.Namespace) -> None:
     from repro.families import FAMILIES
     from repro.schedulers import ALIASES, schedulers_table
 
-    _emit({"schedulers": schedulers_table(), "aliases": dict(ALIASES),
-           "families": {name: f.to_dict() for name, f in FAMILIES.items()}}, None)
+    obj = {"schedulers": schedulers_table(), "aliases": dict(ALIASES),
+           "families": {name: f.to_dict() for name, f in FAMILIES.items()}}
+    rows = [(name, s["family"] or "(baseline)", s["planner"], ", ".join(s["planner_options"] + s["executor_options"]),
+             s["doc"]) for name, s in obj["schedulers"].items()]
+    fams = [(name, ", ".join(f["collectives"]), ", ".join(f["phases"]), f["doc"])
+            for name, f in obj["families"].items()]
+    text = (_table(rows, ("scheduler", "family", "planner", "options", "what it does")) + "\n\n"
+            + _table(fams, ("family", "collectives", "phases", "what it does")))
+    if obj["aliases"]:
+        text += "\n\nold names: " + ", ".join(f"{old} -> {new}" for old, new in obj["aliases"].items())
+    _listing(args, obj, text)
 
 
 def _preset_doc(name: str) -> str:
@@ -325,7 +349,50 @@ def _preset_doc(name: str) -> str:
 
 
 def cmd_presets(args: argparse.Namespace) -> None:
-    _emit({name: {"workers": preset_workers(name), "doc": _preset_doc(name)} for name in preset_names()}, None)
+    obj = {name: {"workers": preset_workers(name), "doc": _preset_doc(name)} for name in preset_names()}
+    rows = [(name, "any" if p["workers"] is None else ", ".join(map(str, p["workers"])), p["doc"])
+            for name, p in obj.items()]
+    _listing(args, obj, _table(rows, ("preset", "workers", "what it is")))
+
+
+def _shipped_trace_headers() -> dict[str, dict]:
+    """Name -> model, batch size, device, dtype, layers, parameters and gradient bytes of every shipped
+    trace (read as JSON; nothing is built)."""
+    from repro.data import shipped_trace_path, shipped_traces
+
+    out = {}
+    for name in shipped_traces():
+        path = shipped_trace_path(name)
+        t = load_trace(path)
+        out[name] = {"model": t.model, "batch_size": t.batch_size, "device": t.device, "dtype": t.dtype,
+                     "layers": t.num_layers, "params": t.total_params, "bytes": t.total_bytes,
+                     "file": path.name}
+    return out
+
+
+def cmd_traces(args: argparse.Namespace) -> None:
+    obj = _shipped_trace_headers()
+    rows = [(name, t["model"], t["batch_size"], t["device"], t["layers"], f"{t['params']:,}")
+            for name, t in obj.items()]
+    _listing(args, obj, _table(rows, ("trace", "model", "batch", "device", "layers", "params")))
+
+
+def cmd_models(args: argparse.Namespace) -> None:
+    """The model catalogue (torch-free: nothing is built); parameters as counted by a shipped trace."""
+    from repro.workload.catalog import MODEL_INFO
+
+    params = {}
+    for t in _shipped_trace_headers().values():
+        params.setdefault(t["model"], t["params"])
+    obj = {name: {"family": m.family, "kind": "tiny" if m.tiny else "paper", "input_size": list(m.input_size),
+                  "num_classes": m.num_classes, "paper_batch_size": m.paper_batch_size,
+                  "paper_batch_sizes": dict(m.paper_batch_sizes), "params": params.get(name),
+                  "kwargs": list(m.kwargs), "source": m.source} for name, m in MODEL_INFO.items()}
+    rows = [(name, m["family"], m["kind"], "x".join(map(str, m["input_size"])), m["num_classes"],
+             m["paper_batch_size"], None if m["params"] is None else f"{m['params']:,}", m["source"])
+            for name, m in obj.items()]
+    _listing(args, obj, _table(rows, ("model", "family", "kind", "input", "classes", "paper batch", "params",
+                                      "source")))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -414,12 +481,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", type=Path, help="write the CostModel JSON here instead of stdout")
     p.set_defaults(func=cmd_calibrate)
 
-    p = sub.add_parser("schedulers", help="list every scheduler (planner or baseline, executor, paper, "
-                                          "what it supports) and every plan family, as JSON")
-    p.set_defaults(func=cmd_schedulers)
-
-    p = sub.add_parser("presets", help="list the network presets (published and calibrated)")
-    p.set_defaults(func=cmd_presets)
+    listings = [
+        ("schedulers", cmd_schedulers, "list every scheduler (planner or baseline, executor, paper, what it "
+                                       "supports) and every plan family"),
+        ("presets", cmd_presets, "list the network presets (published and calibrated)"),
+        ("models", cmd_models, "list the models (family, input, classes, the papers' batch size, parameters as "
+                               "counted by a shipped trace; nothing is built)"),
+        ("traces", cmd_traces, "list the shipped traces (name, model, batch size, device, layers): the names "
+                               "--trace takes"),
+    ]
+    for name, func, what in listings:
+        p = sub.add_parser(name, help=what, description=what[0].upper() + what[1:] + ".")
+        p.add_argument("--format", choices=["table", "json"], default="table",
+                       help="table: aligned columns for a person; json: everything, for scripts")
+        p.set_defaults(func=func)
     return parser
 
 

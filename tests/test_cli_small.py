@@ -118,3 +118,56 @@ def test_train_numbers_are_refused_before_any_rank_starts(capsys, no_ranks, trai
     assert err.startswith("repro: error: ") and err.count("\n") == 1
     rc, out, err = run(capsys, "train", *train_args)  # per rank: before the process group
     assert rc == 2 and message in err and err.count("\n") == 1, err
+
+
+# ---- listings: a table for a person, --format json for scripts ----
+
+@pytest.mark.parametrize("command", ["schedulers", "presets", "models", "traces"])
+def test_listings_print_a_table_or_json(capsys, command):
+    rc, table, err = run(capsys, command)
+    assert rc == 0 and err == ""
+    with pytest.raises(json.JSONDecodeError):
+        json.loads(table)
+    header = table.splitlines()[0].split()
+    assert header[0] == command.rstrip("s")
+    rc, out, err = run(capsys, command, "--format", "json")
+    assert rc == 0 and err == ""
+    obj = json.loads(out)
+    names = obj["schedulers"] if command == "schedulers" else obj
+    rows = [line.split()[0] for line in table.splitlines()[1:len(names) + 1]]
+    assert rows == list(names)  # one row per entry, in the JSON's order
+    rc, _, err = run(capsys, command, "--format", "yaml")
+    assert rc == 2 and "invalid choice: 'yaml'" in err and err.count("\n") == 1
+
+
+def test_listings_json_content():
+    from repro.cost import preset_names
+    from repro.data import shipped_traces
+    from repro.schedulers import SCHEDULERS
+    from repro.workload.catalog import MODEL_NAMES
+
+    def listing(command):
+        r = subprocess.run(PY + [command, "--format", "json"], capture_output=True, text=True, check=True)
+        return json.loads(r.stdout)
+
+    s = listing("schedulers")
+    assert set(s) == {"schedulers", "aliases", "families"} and set(s["schedulers"]) == set(SCHEDULERS)
+    p = listing("presets")
+    assert list(p) == list(preset_names()) and set(p["10gbe-v100"]) == {"workers", "doc"}
+    m = listing("models")
+    assert list(m) == list(MODEL_NAMES)
+    assert m["resnet50"]["family"] == "vision" and m["resnet50"]["params"] == 25_557_032
+    assert m["tiny_vgg"]["kind"] == "tiny" and m["tiny_vgg"]["paper_batch_size"] is None
+    t = listing("traces")
+    assert list(t) == shipped_traces()
+    assert {k: t["resnet50_b32_v100-estimate"][k] for k in ("model", "batch_size", "device")} == \
+        {"model": "resnet50", "batch_size": 32, "device": "V100 (estimate)"}
+    assert t["resnet50_b32_v100-estimate"]["layers"] > 50
+
+
+def test_models_and_traces_do_not_import_torch():
+    code = ("import sys; from repro.cli import main; assert main(['models']) == 0; assert main(['traces']) == 0; "
+            "assert 'torch' not in sys.modules, 'torch was imported'")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "resnet50" in r.stdout and "tiny_vgg_b32_cpu" in r.stdout

@@ -63,7 +63,8 @@ def test_train_config_reads_capabilities_from_the_registry():
 
 
 def test_repro_schedulers_prints_the_table():
-    r = subprocess.run([sys.executable, "-m", "repro", "schedulers"], capture_output=True, text=True, check=True)
+    r = subprocess.run([sys.executable, "-m", "repro", "schedulers", "--format", "json"], capture_output=True, text=True,
+                       check=True)
     out = json.loads(r.stdout)
     assert set(out["schedulers"]) == set(SCHEDULERS)
     assert out["schedulers"]["optimal"]["supports"] == {"wire_dtype": True, "online_planning": True,
