@@ -523,7 +523,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from repro.log import configure
 
         configure(args.verbose, args.quiet)
-        args.func(args)
+        import numpy as np
+
+        with np.errstate(all="ignore"):  # an overflow becomes inf or NaN, refused in one line (_emit), not warned
+            args.func(args)
         sys.stdout.flush()
     except KeyboardInterrupt:
         print("repro: interrupted", file=sys.stderr)

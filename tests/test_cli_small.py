@@ -171,3 +171,21 @@ def test_models_and_traces_do_not_import_torch():
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "resnet50" in r.stdout and "tiny_vgg_b32_cpu" in r.stdout
+
+
+# ---- huge numbers: one line, no numpy warnings ----
+
+@pytest.mark.parametrize("solver", ["mgwfbp", "optimal"])
+def test_overflowing_costs_are_one_line_without_warnings(tmp_path, solver):
+    huge = ["--alpha-s", "1e308", "--beta-s-per-byte", "1e308"]
+    r = subprocess.run(PY + ["plan", "--trace", "tiny_vgg_b32_cpu", "--solver", solver, *huge], capture_output=True,
+                       text=True)
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr.startswith("repro: error: ") and r.stderr.count("\n") == 1, r.stderr
+    assert "Warning" not in r.stderr and "non-finite" in r.stderr
+    plan = tmp_path / "plan.json"
+    assert main(["plan", "--trace", "tiny_vgg_b32_cpu", "--solver", "syncea", "--alpha-s", "1", "--beta-s-per-byte",
+                 "1", "-o", str(plan)]) == 0
+    r = subprocess.run(PY + ["simulate", "--trace", "tiny_vgg_b32_cpu", "--plan", str(plan), *huge],
+                       capture_output=True, text=True)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "Warning" not in r.stderr, r.stderr
