@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
@@ -261,27 +262,59 @@ class Trace:
             d = json.loads(text)
         except json.JSONDecodeError as e:
             raise TraceError(f"trace is not valid JSON: {e}") from None
+        except RecursionError:  # e.g. 100000 nested lists: no trace is nested like that
+            raise TraceError("trace JSON is nested too deeply to be a trace") from None
         return cls.from_dict(d)
 
     @classmethod
     def load(cls, path: str | Path) -> "Trace":
+        """Read a trace file; every error names the file."""
         p = Path(path)
+        if p.is_dir():
+            raise TraceError(f"trace {p} is a folder, not a trace file")
+        if p.exists() and not p.is_file():
+            raise TraceError(f"trace {p} is not a regular file (a device, pipe or socket)")
         if not p.is_file():
             raise TraceError(f"trace file not found: {p}")
         try:
-            return cls.from_json(p.read_text())
+            text = p.read_bytes().decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise TraceError(f"{p}: a trace is UTF-8 JSON text, but byte {e.start} is not UTF-8") from None
+        except OSError as e:
+            raise TraceError(f"{p}: cannot be read: {e.strerror or e}") from None
+        try:
+            return cls.from_json(text)
         except TraceError as e:
             raise TraceError(f"{p}: {e}") from None
+        except (ValueError, TypeError, RecursionError) as e:  # anything else a malformed file can raise
+            raise TraceError(f"{p}: not a trace: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+                             ) from None
+
+
+_SHIPPED_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 
 
 def load_trace(path_or_name: str | Path) -> Trace:
-    """Load a trace from a path, or a shipped trace by stem (e.g. ``"resnet50_b32_v100-estimate"``)."""
+    """Load a trace from a path, or a shipped trace by stem (e.g. ``"resnet50_b32_v100-estimate"``).
+
+    Something that is neither an existing path nor a ``.json`` name is a shipped trace's name: letters,
+    digits, ``_``, ``.`` and ``-``, never ``..`` or a folder separator, so it cannot name a file outside the
+    shipped folder (``repro traces`` lists the names)."""
     p = Path(path_or_name)
     if p.suffix == ".json" or p.exists():
         return Trace.load(p)
-    from repro.data import shipped_trace_path
+    name = str(path_or_name)
+    if "/" in name or "\\" in name or name != p.name:  # a path to a file that is not there
+        raise TraceError(f"trace file not found: {p}")
+    if not _SHIPPED_NAME.fullmatch(name) or ".." in name:
+        raise TraceError(f"{name!r} is not a shipped trace name (letters, digits, _ . - and no '..'; "
+                         "`repro traces` lists them) nor a trace file")
+    from repro.data import shipped_trace_path, traces_dir
 
-    return Trace.load(shipped_trace_path(str(path_or_name)))
+    path = shipped_trace_path(name)
+    if path.resolve().parent != traces_dir().resolve():
+        raise TraceError(f"shipped trace name {name!r} resolves outside the shipped traces folder")
+    return Trace.load(path)
 
 
 def _is_int(v: Any) -> bool:

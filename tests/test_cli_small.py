@@ -189,3 +189,13 @@ def test_overflowing_costs_are_one_line_without_warnings(tmp_path, solver):
     r = subprocess.run(PY + ["simulate", "--trace", "tiny_vgg_b32_cpu", "--plan", str(plan), *huge],
                        capture_output=True, text=True)
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "Warning" not in r.stderr, r.stderr
+
+
+def test_trace_errors_name_the_file_in_one_line(capsys, tmp_path):
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 100000 + "]" * 100000)
+    for trace, message in [(deep, f"{deep}: trace JSON is nested too deeply"), (tmp_path, "is a folder"),
+                           ("../calibration/10gbe-calibrated", "trace file not found")]:
+        rc, out, err = run(capsys, "plan", "--trace", str(trace), "--solver", "syncea", "--alpha-s", "1",
+                           "--beta-s-per-byte", "1")
+        assert rc == 2 and out == "" and message in err and err.count("\n") == 1, err

@@ -75,3 +75,35 @@ def test_overflowing_times_are_refused_not_printed_as_infinity():
 
     with pytest.raises(TraceError, match="times overflow"):
         Trace("m", 1, "cpu", "float32", [Layer("a", 1, 4, 1e308, 1e308), Layer("b", 1, 4, 1e308, 0.0)])
+
+
+# ---- every load error names the file; shipped names stay in the shipped folder ----
+
+def test_load_errors_name_the_file(tmp_path):
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 100000 + "]" * 100000)
+    latin = tmp_path / "latin.json"
+    latin.write_bytes(b'{"model": "caf\xe9"}')
+    folder = tmp_path / "folder.json"
+    folder.mkdir()
+    for path, message in [(deep, "nested too deeply"), (latin, "not UTF-8"), (folder, "is a folder"),
+                          (tmp_path / "missing.json", "not found")]:
+        with pytest.raises(TraceError) as e:
+            load_trace(path)
+        assert str(path) in str(e.value) and message in str(e.value), str(e.value)
+        assert len(str(e.value).splitlines()) == 1
+    with pytest.raises(TraceError, match="is a folder"):
+        load_trace(tmp_path)  # no .json suffix: a folder that exists is still a folder
+    with pytest.raises(TraceError, match="is not a regular file"):
+        load_trace("/dev/null")
+
+
+@pytest.mark.parametrize("name", ["..", "../calibration/10gbe-calibrated", "../traces/tiny_vgg_b32_cpu",
+                                  "tiny_vgg_b32_cpu/..", "x/../../data", "..tiny_vgg_b32_cpu", "a..b"])
+def test_shipped_trace_names_cannot_leave_the_shipped_folder(tmp_path, monkeypatch, name):
+    monkeypatch.chdir(tmp_path)  # none of these exists here as a path
+    # before, "../calibration/10gbe-calibrated" reached repro/shipped/calibration/10gbe-calibrated.json
+    with pytest.raises(TraceError) as e:
+        load_trace(name)
+    assert len(str(e.value).splitlines()) == 1
+    assert load_trace("tiny_vgg_b32_cpu").model == "tiny_vgg"
