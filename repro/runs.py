@@ -3,16 +3,14 @@
 A run (one model, one scheduler, one world size; see :mod:`repro.train`) leaves a folder
 ``<results_dir>/<run_id>/`` with:
 
-====================  ==================================================================
-``run.json``          config, summary and environment (always; written last)
-``iterations.csv``    per-step seconds and loss
-``epochs.csv``        per-epoch losses and accuracy (convergence runs)
-``buckets.csv``       measured per-message timeline of the last step (``--record-timeline``)
-``trace.json``        the trace measured in the warm-up (plan schedulers)
-``trace_inrun.json``  the trace measured during the timed steps under the run's own schedule
-``plan.json``         the plan executed
-``cost.json``         the cost model the plan was solved and predicted with
-====================  ==================================================================
+- ``run.json``: config, summary and environment (always; written last);
+- ``iterations.csv``: per-step seconds and loss;
+- ``epochs.csv``: per-epoch losses and accuracy (convergence runs);
+- ``buckets.csv``: measured per-message timeline of the last step (``--record-timeline``);
+- ``trace.json``: the trace measured in the warm-up (plan schedulers);
+- ``trace_inrun.json``: the trace measured during the timed steps under the run's own schedule;
+- ``plan.json``: the plan executed;
+- ``cost.json``: the cost model the plan was solved and predicted with.
 
 ``<results_dir>/<run_id>.incomplete/`` holds the progress of a convergence run while it trains
 (``epochs.csv`` of the completed epochs and ``progress.json``, each replaced atomically after every
