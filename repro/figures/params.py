@@ -322,7 +322,7 @@ class NotebookParams(BaseModel):
 
 def parameter_error(name: str, message: str) -> PydanticCustomError:
     """An error for a schema's model validator (checks across parameters), naming ``name``."""
-    return PydanticCustomError("parameter", "{name}: {message}", {"name": name, "message": message})
+    return PydanticCustomError("parameter", "{name}: {message}", {"name": name, "message": _strip_name(message, name)})
 
 
 def _short(value: Any, limit: int = 120) -> str:
@@ -357,7 +357,10 @@ def validate_parameters(schema: type[NotebookParams], data: Mapping[str, Any]) -
     try:
         return schema(**dict(data))
     except ValidationError as e:
-        lines = list(dict.fromkeys(_error_line(err, data) for err in e.errors()))
+        first: dict[Any, Mapping[str, Any]] = {}  # one error per parameter (the first), then the cross checks
+        for err in e.errors():
+            first.setdefault(err["loc"][0] if err.get("loc") else len(first), err)
+        lines = list(dict.fromkeys(_error_line(err, data) for err in first.values()))
         where = f" ({schema.notebook})" if schema.notebook else ""
         raise ParameterError("; ".join(lines) if len(lines) == 1 else f"{len(lines)} bad parameters{where}: "
                              + "; ".join(lines)) from None
