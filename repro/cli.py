@@ -242,10 +242,26 @@ def cmd_launch(args: argparse.Namespace) -> None:
             prepare_run(cfg.results_dir, cfg.run_id, cfg.overwrite)
         else:
             check_results_dir(cfg.results_dir)
+    import shutil
+    import tempfile
+
     from repro.train import worker_from_argv
 
-    summary = _launch(args, worker_from_argv, (train_args, overrides), backend=train.backend or "gloo",
-                      pg_timeout_s=train.pg_timeout_s, serving=cfg.serving_ranks())
+    # While rank 0's progress bar is open a file says so: a run that fails or is interrupted there (a killed
+    # rank cannot end its line) gets the bar's line ended before the error line.
+    marks = tempfile.mkdtemp(prefix="repro-launch-")
+    mark = os.path.join(marks, "progress-bar-open")
+    try:
+        summary = _launch(args, worker_from_argv, (train_args, overrides, None if cfg.quiet else mark),
+                          backend=train.backend or "gloo", pg_timeout_s=train.pg_timeout_s,
+                          serving=cfg.serving_ranks())
+    except BaseException:
+        if os.path.exists(mark):
+            sys.stderr.write("\n")
+            sys.stderr.flush()
+        raise
+    finally:
+        shutil.rmtree(marks, ignore_errors=True)
     print(json.dumps({k: v for k, v in summary.items() if k != "epochs"}))
 
 

@@ -468,11 +468,51 @@ def _timing_row(timing: Any, origin_s: float) -> dict[str, Any]:
     return timing_row(timing, origin_s)
 
 
-def _progress(enabled: bool, total: int | None, cfg: TrainConfig):
-    if enabled:
+#: a file that exists while this rank's progress bar is open (``repro launch`` sets it: when a rank is
+#: killed mid-line, the launcher ends the bar's line before its own error line)
+_PROGRESS_MARK: str | None = None
+
+
+class _Progress:
+    """A tqdm bar that :func:`_end_progress_lines` can close, so that an error line starts its own line."""
+
+    live: list["_Progress"] = []
+
+    def __init__(self, total: int | None, desc: str) -> None:
         from tqdm.auto import tqdm
 
-        return tqdm(total=total, desc=f"{cfg.model}/{cfg.scheduler}", unit="step")
+        self.mark = _PROGRESS_MARK
+        if self.mark:
+            open(self.mark, "w").close()
+        self.bar = tqdm(total=total, desc=desc, unit="step")
+        _Progress.live.append(self)
+
+    def update(self, n: int) -> None:
+        self.bar.update(n)
+
+    def close(self) -> None:
+        self.bar.close()  # ends the bar's line
+        if self in _Progress.live:
+            _Progress.live.remove(self)
+        if self.mark:
+            try:
+                os.unlink(self.mark)
+            except OSError:
+                pass
+
+
+def _end_progress_lines() -> None:
+    """Close every progress bar still open (an error interrupted the run) before an error line is printed."""
+    for bar in list(_Progress.live):
+        try:
+            bar.close()
+        except Exception:  # noqa: BLE001 - the error line matters more than the bar
+            _Progress.live.remove(bar)
+
+
+def _progress(enabled: bool, total: int | None, cfg: TrainConfig):
+    if enabled:
+        return _Progress(total, f"{cfg.model}/{cfg.scheduler}")
 
     class _Null:
         def update(self, n):
@@ -582,10 +622,18 @@ def _write_run(cfg, summary, rows, epoch_rows, bucket_rows, trace, inrun_trace, 
 # Command line (per rank, under torchrun)
 # ---------------------------------------------------------------------------------------------
 
-def worker_from_argv(ctx, argv: Sequence[str], overrides: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Launch target (``repro launch``): train the config given as ``repro train`` arguments."""
+def worker_from_argv(ctx, argv: Sequence[str], overrides: dict[str, Any] | None = None,
+                     progress_mark: str | None = None) -> dict[str, Any]:
+    """Launch target (``repro launch``): train the config given as ``repro train`` arguments.
+    ``progress_mark``: a file that exists while the progress bar is open (see :data:`_PROGRESS_MARK`)."""
+    global _PROGRESS_MARK
+    _PROGRESS_MARK = progress_mark
     cfg, _ = config_from_argv(argv, **(overrides or {}))
-    return train_worker(ctx, cfg)
+    try:
+        return train_worker(ctx, cfg)
+    except BaseException:
+        _end_progress_lines()
+        raise
 
 
 def main(argv: Sequence[str] | None = None, *, hard_exit: bool = False) -> int:
@@ -605,12 +653,15 @@ def main(argv: Sequence[str] | None = None, *, hard_exit: bool = False) -> int:
             if ctx.is_main:
                 print(json.dumps({k: v for k, v in summary.items() if k != "epochs"}))
     except KeyboardInterrupt:
+        _end_progress_lines()
         print("repro: interrupted", file=sys.stderr)
         return 130
     except (ValueError, FileNotFoundError, DistributedSetupError) as e:
+        _end_progress_lines()
         print(f"repro: error: {str(e).splitlines()[0]}", file=sys.stderr)
         return 2
     except (RuntimeError, TimeoutError) as e:  # e.g. a peer that died or stopped: one line per rank, no traceback
+        _end_progress_lines()
         print(f"repro: error: rank {os.environ.get('RANK', '?')}: {type(e).__name__}: "
               f"{(str(e).splitlines() or [''])[0]}", file=sys.stderr)
         if hard_exit:  # gloo's threads can hang a failed process's teardown

@@ -199,3 +199,47 @@ def test_trace_errors_name_the_file_in_one_line(capsys, tmp_path):
         rc, out, err = run(capsys, "plan", "--trace", str(trace), "--solver", "syncea", "--alpha-s", "1",
                            "--beta-s-per-byte", "1")
         assert rc == 2 and out == "" and message in err and err.count("\n") == 1, err
+
+
+# ---- a progress bar's line is ended before the error line ----
+
+def test_launch_ends_a_killed_ranks_progress_bar_line_before_the_error(capsys, monkeypatch):
+    from repro.cluster import local
+
+    def rank_killed_mid_bar(fn, world_size, args, **kwargs):
+        mark = args[2]
+        assert mark, "the ranks were not given a progress mark"
+        open(mark, "w").close()  # what rank 0's bar does when it opens
+        sys.stderr.write("tiny_vgg/local:   3%|#         | 3/100")  # ... and the rank is killed mid-line
+        raise RuntimeError("rank 0 of 2 failed: killed")
+
+    monkeypatch.setattr(local, "launch_local", rank_killed_mid_bar)
+    rc, out, err = run(capsys, "launch", "--nproc", "2", "--", "--model", "tiny_vgg", "--scheduler", "local")
+    assert rc == 2
+    assert err.splitlines()[-1] == "repro: error: rank 0 of 2 failed: killed", err
+
+    def quiet_run(fn, world_size, args, **kwargs):
+        assert args[2] is None  # --quiet: no bar, no mark
+        raise RuntimeError("rank 0 of 2 failed: killed")
+
+    monkeypatch.setattr(local, "launch_local", quiet_run)
+    rc, out, err = run(capsys, "launch", "--nproc", "2", "--", "--model", "tiny_vgg", "--scheduler", "local",
+                       "--quiet")
+    assert rc == 2 and err == "repro: error: rank 0 of 2 failed: killed\n"
+
+
+def test_a_rank_ends_its_progress_bar_line_when_training_fails(capsys, monkeypatch, tmp_path):
+    import repro.train as train
+
+    def fail_mid_run(ctx, cfg):
+        bar = train._progress(True, 10, cfg)
+        bar.update(3)
+        assert (tmp_path / "mark").exists()
+        raise RuntimeError("peer went away")
+
+    monkeypatch.setattr(train, "train_worker", fail_mid_run)
+    with pytest.raises(RuntimeError, match="peer went away"):
+        train.worker_from_argv(None, ["--model", "tiny_vgg", "--scheduler", "local"], None, str(tmp_path / "mark"))
+    err = capsys.readouterr().err
+    assert err.endswith("\n") and "3/10" in err  # the bar's line is ended
+    assert not (tmp_path / "mark").exists() and train._Progress.live == []
