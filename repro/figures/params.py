@@ -1,12 +1,13 @@
 """Notebook parameters as papermill users give them.
 
 ``papermill nb.ipynb out.ipynb -p workers "[4, 16]"`` hands the notebook the *string* ``"[4, 16]"``
-(``-p`` never parses lists; ``-y``/``-f`` YAML does). Every notebook therefore passes its list
-parameters through :func:`parse_list`, which accepts a list, a JSON/YAML flow list
-(``"[4, 16]"``, ``"[resnet50, vgg16]"``) or a comma-separated string (``"4,16"``), and rejects
-anything else with a one-line :class:`ParameterError` naming the parameter and an example.
+(``-p`` never parses lists; ``-y``/``-f`` YAML does). List parameters therefore accept a list, a
+JSON/YAML flow list (``"[4, 16]"``, ``"[resnet50, vgg16]"``) or a comma-separated string (``"4,16"``)
+(:func:`parse_list`, and :func:`ListOf` in the schemas below), and anything else is a one-line
+:class:`ParameterError` naming the parameter and an example.
 
-Paths (``output_dir``, ``results_dir``) go through :func:`resolve_path`: a relative path is taken
+Paths (``output_dir``, ``results_dir``) go through :func:`resolve_path` (:data:`PathParam` in the
+schemas): a relative path is taken
 relative to the repository root (the folder holding ``notebooks/``), wherever papermill or Jupyter
 was started from, so ``results/figures`` means ``<repo>/results/figures`` in every case.
 
