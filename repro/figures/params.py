@@ -254,6 +254,7 @@ Name = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1)]
 #: (:func:`resolve_path`: relative paths are relative to the repository root).
 PathParam = Annotated[Path, BeforeValidator(_path)]
 
+
 def _choices(choices: Iterable[Any] | Callable[[], Iterable[Any]]) -> list:
     return list(choices() if callable(choices) else choices)
 
