@@ -69,3 +69,29 @@ def test_parameter_server_options_are_refused_where_they_do_not_apply(argv, mess
         config_from_argv(argv)
     cfg, _ = config_from_argv(["--scheduler", "osp", "--no-lgp", "--stage1-share", "0.25"])
     assert (cfg.lgp, cfg.stage1_share, cfg.servers, cfg.serving_ranks()) == (False, 0.25, None, 1)
+
+
+def test_an_unresolvable_master_addr_is_refused_in_one_line(monkeypatch):
+    from repro.cluster.torchrun import DistributedSetupError, _read_env
+
+    for k, v in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "no.such.host.invalid",
+                 "MASTER_PORT": "29555"}.items():
+        monkeypatch.setenv(k, v)
+    with pytest.raises(DistributedSetupError, match=r"MASTER_ADDR='no.such.host.invalid' cannot be resolved"):
+        _read_env()
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    assert _read_env()[3] == "127.0.0.1"
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_repro_train_with_an_unresolvable_master_addr_exits_2_with_one_line():
+    import os
+
+    env = {**os.environ, "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "no.such.host.invalid",
+           "MASTER_PORT": "29555", "OMP_NUM_THREADS": "1"}
+    r = subprocess.run([sys.executable, "-m", "repro", "train", "--model", "tiny_vgg", "--scheduler", "local",
+                        "--steps", "1", "--quiet", "--pg-timeout-s", "20"], capture_output=True, text=True,
+                       timeout=120, env=env)
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert r.stderr.count("\n") == 1 and r.stderr.startswith("repro: error: MASTER_ADDR='no.such.host.invalid'")

@@ -121,7 +121,31 @@ def _read_env() -> tuple[int, int, int, str, int]:
         raise DistributedSetupError(f"LOCAL_RANK must be non-negative, got {local_rank}")
     if not 0 < port < 65536:
         raise DistributedSetupError(f"MASTER_PORT must be in 1..65535, got {port}")
-    return rank, world, local_rank, os.environ["MASTER_ADDR"].strip(), port
+    addr = os.environ["MASTER_ADDR"].strip()
+    _check_master_addr(addr, port)
+    return rank, world, local_rank, addr, port
+
+
+def _check_master_addr(addr: str, port: int, tries: int = 3) -> None:
+    """Refuse a ``MASTER_ADDR`` that does not resolve, in one line, before the rendezvous: c10d would
+    retry it until the timeout, printing a warning per try, and then fail with a page of C++ frames."""
+    import socket
+    import time
+
+    for attempt in range(tries):
+        try:
+            socket.getaddrinfo(addr, port, type=socket.SOCK_STREAM)
+            return
+        except socket.gaierror as e:
+            if e.errno == socket.EAI_AGAIN and attempt + 1 < tries:  # the resolver is busy: try again
+                time.sleep(1.0)
+                continue
+            raise DistributedSetupError(
+                f"MASTER_ADDR={addr!r} cannot be resolved ({e.strerror or e}); set it to an address or host name "
+                "of rank 0's machine that every rank can reach"
+            ) from None
+        except (UnicodeError, ValueError) as e:  # e.g. an empty label or a NUL byte
+            raise DistributedSetupError(f"MASTER_ADDR={addr!r} is not a host name or address ({e})") from None
 
 
 def _read_role(rank: int, world: int) -> tuple[str, int, int]:
