@@ -155,17 +155,26 @@ def omgs_optimal(trace: Trace, cost: CostModel, density: float = 0.001, *, pack:
     same ``e`` can never lead to a better end: keeping each prefix's Pareto front of (C, M) is exact,
     and the optimum is the least ``M`` after all L layers (``t_iter = t_f + M``).
 
-    Three exact reductions keep the fronts small. (1) Every continuation's first group holds at least
-    layer ``e``, so its top-k cannot start before ``C + t_b(e) + t_spar(p_e)``: ``M`` is raised to that
-    (no future changes). (2) When ``M >= C + t_b(rest) + t_spar(rest merged)`` the communication
-    stream can never again wait for the compute stream, so ``C`` no longer matters and is lowered to
-    the least value any grouping can have there. (3) States whose lower bound
-    ``max(M + t_c(rest merged), C + t_b(rest) + sum of per-layer t_spar(rest) + t_c(one element))``
-    exceeds the best simple plan (layer-wise, single, the OMGS rule) are dropped (t_spar is
-    superadditive and t_c subadditive, so the bound is valid). Every extension step is one numpy pass
-    over the stored states. The fronts still grow large where the top-k's superadditivity and the
-    start-ups trade off over hundreds of layers: seconds for Inception-v4's 299 layers at P = 2 (see
-    ``benchmarks/bench_omgs.py`` for times).
+    Exact reductions keep the work small. (1) Every continuation's first group holds at least layer
+    ``e``, so its top-k cannot start before ``C + t_b(e) + t_spar(p_e)``: ``M`` is raised to that (no
+    future changes). (2) When ``M >= C + t_b(rest) + t_spar(rest merged)`` the communication stream
+    can never again wait for the compute stream, so ``C`` no longer matters and is lowered to the least
+    value any grouping can have there. (3) States whose lower bound (:class:`_GroupsBound`: for m more
+    groups the communication stream needs ``M + m t_c0 + t_c1 k(rest)``, the compute stream
+    ``C + t_b(rest) + max(sum of per-layer t_spar, m t_spar(rest / m)) + t_c(1)`` -- t_spar is convex
+    and superadditive, t_c affine in k -- minimised over m) exceeds the search's upper bound are
+    dropped. (4) A state stops starting groups once ``max(max(M, C') + t_c(rest from e),
+    C' + t_b(rest) + per-layer t_spar(rest) + t_c(1))`` for its group ``[e, f)`` exceeds the upper
+    bound (it only grows with f). (5) A state at ``e`` also stops when a state made at ``f - 1`` has
+    ``C'`` and ``max(M, C')`` no larger for the group ending at f: the difference in ``C'`` only grows
+    with the end (t_spar is convex), so every later group from the older state is dominated.
+
+    The upper bound rises in rounds: first 1% above the root's lower bound (3), doubling the margin
+    while a round finds no grouping (which proves the optimum is above it), up to the best simple plan
+    (layer-wise, single, the OMGS rule). A round that finds a grouping has found the optimum. Every
+    extension step is one numpy pass over the active states. Where the top-k's superadditivity and
+    the start-ups trade off over hundreds of layers (communication-bound, e.g. P = 16) the fronts
+    stay large: ``benchmarks/bench_planners.py`` prints times.
 
     ``time_budget_s`` (seconds of wall clock, default 10; finite and positive) bounds the search: when
     it runs out first, the best simple plan (the published OMGS rule, or layer-wise or single top-k
@@ -187,72 +196,153 @@ def omgs_optimal(trace: Trace, cost: CostModel, density: float = 0.001, *, pack:
     simple = min((omgs(trace, cost, density, pack=pack), topk_layerwise(trace, cost, density, pack=pack),
                   topk_single(trace, cost, density, pack=pack)), key=lambda pl: float(pl.meta["iteration_s"]))
     incumbent = float(simple.meta["iteration_s"])
-    upper = (incumbent - fixed) * (1 + 1e-9) + 1e-15
     min_comm = float(c.comm_s(1.0))
-    # the store of states: prefix length, C, M, parent state
+    comm_rest = np.atleast_1d(c.comm_s(cumP[L] - cumP))       # the rest after prefix e as one group
+    spar_rest = np.atleast_1d(c.spar_s(cumP[L] - cumP))
+    groups_bound = _GroupsBound(c, cumP, cumT, cumS, min_comm, pB)
+    fresh = lambda x: (x - fixed) * (1 + 1e-9) + 1e-15  # noqa: E731  (an upper bound on M, with slack)
+    root = float(groups_bound(np.zeros(1), np.zeros(1), 0)[0])  # a lower bound on every grouping's M
+    proven = root + fixed   # no grouping is faster (raised by every round that finds none)
+    step = 0.01
+    while True:  # rounds of the search, under upper bounds rising to the incumbent (see the docstring)
+        target = min(incumbent, proven * (1 + step))
+        out = _omgs_round(L, fresh(target), c, cumP, cumT, cumS, sparB, tbB, comm_rest, spar_rest, min_comm,
+                          groups_bound, search, incumbent, proven, fixed)
+        if out[0] == "stopped":
+            plan = simple.replace(solver="omgs_optimal", meta=dict(simple.meta))
+            search.record(plan.meta, incumbent, max(proven, min(out[1], target)), out[2])
+            return plan
+        if out[0] == "found":
+            cuts = out[1]
+            break
+        if target >= incumbent:  # cannot happen: the incumbent is itself a contiguous grouping
+            raise RuntimeError("omgs_optimal found no grouping within the bound (please report this)")
+        proven = max(proven, target)
+        step *= 2
+    groups = [[L - 1 - j for j in range(a, b)] for a, b in zip(cuts[:-1], cuts[1:])]
+    plan = _plan(trace, groups, cost, "omgs_optimal", density, pack)
+    search.record(plan.meta, float(plan.meta["iteration_s"]), None, L)
+    return plan
+
+
+class _GroupsBound:
+    """A lower bound on the final ``M`` of every completion of states ``(C, M)`` after prefix ``f``
+    (backward order), taking the number m of remaining groups into account: the communication
+    stream needs ``M + m t_c0 + t_c1 (k of the rest)`` at least (t_c is affine in k, subadditive),
+    the compute stream ``C + t_b(rest) + max(sum of per-layer t_spar, m t_spar(rest / m)) + t_c(1)``
+    (t_spar is convex, so Jensen's inequality bounds m groups' top-k). The first grows with m, the
+    second shrinks, so the least over m of their maximum is found by one binary search per state."""
+
+    def __init__(self, c: SparseCosts, cumP, cumT, cumS, min_comm: float, params) -> None:
+        self.c, self.cumP, self.cumT, self.cumS, self.min_comm = c, cumP, cumT, cumS, min_comm
+        self.L = len(cumP) - 1
+        line = c.cost.line("sparse_allgather")
+        per_k = line.b_s_per_byte * c.cost.workers * (c.value_bytes + INDEX_BYTES)
+        start = line.a_s * (1 if c.pack else 2)
+        if np.any(np.asarray(params) <= 0):  # a group of parameter-free layers sends nothing
+            start = 0.0
+        self.start, self.per_k = start, per_k
+        self._cache: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+
+    def tables(self, f: int):
+        if f not in self._cache:
+            L, rest = self.L, self.cumP[self.L] - self.cumP[f]
+            m = np.arange(1, L - f + 1, dtype=float)
+            k_rest = np.maximum(self.c.density * rest - m * 1e-9, 0.0)  # k of m groups: at least this in all
+            X = m * self.start + self.per_k * k_rest * (1 - 1e-12)
+            Y = (self.cumT[L] - self.cumT[f]) + np.maximum(self.cumS[L] - self.cumS[f],
+                                                          m * np.atleast_1d(self.c.spar_s(rest / m))) + self.min_comm
+            Y = Y * (1 - 1e-12)
+            D = np.maximum.accumulate(X - Y)  # non-decreasing (it is already, up to rounding)
+            self._cache[f] = (X, Y, D)
+        return self._cache[f]
+
+    def __call__(self, C: np.ndarray, M: np.ndarray, f: int) -> np.ndarray:
+        if f >= self.L:
+            return M.copy()
+        X, Y, D = self.tables(f)
+        k = np.searchsorted(D, C - M, side="left")     # first m (index) where the comm side reaches the compute side
+        R = len(X)
+        at = np.minimum(k, R - 1)
+        before = np.maximum(k - 1, 0)
+        cand_x = np.where(k < R, np.maximum(M + X[at], C + Y[at]), np.inf)
+        cand_y = np.where(k > 0, np.maximum(M + X[before], C + Y[before]), np.inf)
+        return np.minimum(cand_x, cand_y)
+
+
+def _omgs_round(L, upper, c, cumP, cumT, cumS, sparB, tbB, comm_rest, spar_rest, min_comm, groups_bound,
+                search, incumbent, proven, fixed):
+    """One search under ``upper`` (on M): ``("found", cuts)``, ``("none",)`` when no grouping has
+    ``M <= upper``, or ``("stopped", bound_s, done)`` when the budget ran out."""
     cap = 1024
     E = np.zeros(cap, dtype=np.int64)
     Cs = np.zeros(cap)
     Ms = np.zeros(cap)
     parent = np.full(cap, -1, dtype=np.int64)
     n = 1
+    active = np.zeros(1, dtype=np.int64)   # states that may still start a group ending further on
 
     def bound() -> float:
-        """The least lower bound (iteration seconds) over the incumbent and every stored state: a
-        better grouping leaves the stored states through one of them (the rest were dominated or
-        could not beat the incumbent)."""
-        e = E[:n]
-        rest = cumP[L] - cumP[e]
-        lb = np.where(e < L, np.maximum(Ms[:n] + np.atleast_1d(c.comm_s(rest)),
-                                        Cs[:n] + (cumT[L] - cumT[e]) + (cumS[L] - cumS[e]) + min_comm), Ms[:n])
-        return min(incumbent, float(np.min(lb)) + fixed)
+        if not len(active):
+            return min(incumbent, max(proven, upper + fixed))
+        lbs = [groups_bound(Cs[active[E[active] == e]], Ms[active[E[active] == e]], int(e))
+               for e in np.unique(E[active])]
+        return min(incumbent, upper + fixed, float(np.min(np.concatenate(lbs))) + fixed)
 
-    stopped = None
     for f in range(1, L + 1):
         if search.expired():
-            stopped = f
-            break
+            return "stopped", bound(), f - 1
         search.progress(f - 1, incumbent, bound)
-        e = E[:n]
+        if not len(active):
+            return ("none",)
+        e = E[active]
         d = cumP[f] - cumP[e]
-        C2 = Cs[:n] + (cumT[f] - cumT[e]) + np.atleast_1d(c.spar_s(d))
-        M2 = np.maximum(Ms[:n], C2) + np.atleast_1d(c.comm_s(d))
+        C2 = Cs[active] + (cumT[f] - cumT[e]) + np.atleast_1d(c.spar_s(d))
+        busy = np.maximum(Ms[active], C2)
+        M2 = busy + np.atleast_1d(c.comm_s(d))
+        # retire states that cannot start a useful group ending at f or later: this bound only grows with f
+        retire = np.maximum(busy + comm_rest[e], C2 + (cumT[L] - cumT[f]) + (cumS[L] - cumS[f]) + min_comm) > upper
+        # retire states whose group [e, f) is beaten by a state of the last step's (e' = f - 1) in both
+        # C' and max(M, C'): that stays so for every later end (see the docstring), so every later
+        # group from them is dominated
+        old_n = int(np.searchsorted(e, f - 1))  # active is ordered by prefix length
+        if 0 < old_n < len(e):
+            cn, bn = C2[old_n:], busy[old_n:]
+            o = np.lexsort((bn, cn))
+            cn, stair = cn[o], np.minimum.accumulate(bn[o])
+            k = np.searchsorted(cn, C2[:old_n], side="right") - 1
+            retire[:old_n] |= (k >= 0) & (stair[np.maximum(k, 0)] <= busy[:old_n])
         if f < L:
-            rest = cumP[L] - cumP[f]
             rest_tb = cumT[L] - cumT[f]
             M2 = np.maximum(M2, C2 + tbB[f] + sparB[f])                                  # (1)
-            C2 = np.where(M2 >= C2 + rest_tb + float(c.spar_s(rest)), cumT[f] + cumS[f], C2)  # (2)
-            lb = np.maximum(M2 + float(c.comm_s(rest)), C2 + rest_tb + (cumS[L] - cumS[f]) + min_comm)  # (3)
-            keep = lb <= upper
+            C2 = np.where(M2 >= C2 + rest_tb + spar_rest[f], cumT[f] + cumS[f], C2)     # (2)
+            keep = groups_bound(C2, M2, f) <= upper                                      # (3)
         else:
             keep = M2 <= upper
         idx = np.nonzero(keep)[0]
-        if idx.size == 0:
-            continue
-        order = idx[np.lexsort((M2[idx], C2[idx]))]
-        Mo = M2[order]
-        prev_min = np.concatenate([[np.inf], np.minimum.accumulate(Mo)[:-1]])
-        front = order[Mo < prev_min]
-        if n + front.size > cap:
-            cap = max(2 * cap, n + front.size)
-            E, Cs, Ms, parent = (np.resize(a, cap) for a in (E, Cs, Ms, parent))
-        sl = slice(n, n + front.size)
-        E[sl], Cs[sl], Ms[sl], parent[sl] = f, C2[front], M2[front], front
-        n += front.size
-    if stopped is not None:
-        plan = simple.replace(solver="omgs_optimal", meta=dict(simple.meta))
-        search.record(plan.meta, incumbent, bound(), stopped - 1)
-        return plan
+        if idx.size:
+            order = idx[np.lexsort((M2[idx], C2[idx]))]
+            Mo = M2[order]
+            prev_min = np.concatenate([[np.inf], np.minimum.accumulate(Mo)[:-1]])
+            front = order[Mo < prev_min]
+            if n + front.size > cap:
+                cap = max(2 * cap, n + front.size)
+                E, Cs, Ms, parent = (np.resize(a, cap) for a in (E, Cs, Ms, parent))
+            sl = slice(n, n + front.size)
+            E[sl], Cs[sl], Ms[sl], parent[sl] = f, C2[front], M2[front], active[front]
+            new = np.arange(n, n + front.size)
+            n += front.size
+        else:
+            new = np.zeros(0, dtype=np.int64)
+        active = active[~retire]
+        if f < L:
+            active = np.concatenate([active, new])
     finals = np.nonzero(E[:n] == L)[0]
-    if finals.size == 0:  # cannot happen: the best simple plan is itself a contiguous grouping
-        raise RuntimeError("omgs_optimal found no grouping within the bound (please report this)")
+    if finals.size == 0:
+        return ("none",)
     s = int(finals[np.argmin(Ms[finals])])
     cuts = []
     while s > 0:
         cuts.append(int(E[s]))
         s = int(parent[s])
-    cuts = [0] + cuts[::-1]
-    groups = [[L - 1 - j for j in range(a, b)] for a, b in zip(cuts[:-1], cuts[1:])]
-    plan = _plan(trace, groups, cost, "omgs_optimal", density, pack)
-    search.record(plan.meta, float(plan.meta["iteration_s"]), None, L)
-    return plan
+    return "found", [0] + cuts[::-1]
