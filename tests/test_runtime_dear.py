@@ -137,6 +137,17 @@ def dear_vs_ddp(ctx, cases: list[dict]) -> list[dict]:
         with torch.no_grad():
             ref_eval = ref(probe).detach().clone()
         ref.train()
+        # ---- the same training in float64 (same initial weights and data): DDP's and DeAR's float32
+        # results are both approximations of it, and their distance to it is their rounding error ----
+        exact = _model(name).double()
+        ddp64 = DistributedDataParallel(exact, find_unused_parameters=name in ("with_unused", "rank_branch"))
+        opt64 = _optimizer(case["optimizer"], exact.parameters())
+        exact_states = []
+        for x, y in batches[:steps]:
+            opt64.zero_grad(set_to_none=True)
+            _loss(name, ddp64, x.double() if x.is_floating_point() else x, y).backward()
+            opt64.step()
+            exact_states.append(_state(exact))
         # ---- DeAR ----
         model = _model(name)
         plan = _plan(model, name, view, case["planner"], case.get("threshold_bytes"))
@@ -154,6 +165,8 @@ def dear_vs_ddp(ctx, cases: list[dict]) -> list[dict]:
         row["diff_unflushed"] = _diff(_state(model), ref_states[-1])
         params_only = {k: v for k, v in _state(model).items() if not k.startswith("buffer:")}
         row["diff_previous_step"] = _diff(params_only, ref_states[-2]) if steps > 1 else None
+        row["ddp_error_previous_step"] = _diff({k: v for k, v in ref_states[-2].items() if not k.startswith("buffer:")},
+                                               exact_states[-2]) if steps > 1 else None
         if case.get("nograd_probe"):
             # updates pending: a no_grad eval forward must apply them first, and only once
             model.eval()
@@ -167,6 +180,8 @@ def dear_vs_ddp(ctx, cases: list[dict]) -> list[dict]:
         ex.flush()
         row["pending_after_flush"] = len(ex.pending_updates())
         row["diff"] = _diff(_state(model), ref_states[-1])
+        row["ddp_error"] = _diff(ref_states[-1], exact_states[-1])  # DDP's float32 rounding error
+        row["dear_error"] = _diff(_state(model), exact_states[-1])  # DeAR's
         model.eval()
         with torch.no_grad():
             row["eval_diff"] = (model(probe) - ref_eval).abs().max().item()
@@ -242,32 +257,67 @@ def two_ranks(tmp_path_factory):
     return out
 
 
+# Float32 noise allowed beside the measured rounding error (a few ulps of parameters of size ~1).
+_ULPS = 1e-6
+# The largest float32 rounding error of DDP's training (against float64) for which the check below still
+# means something: a real fault (a rank's gradient missing, an update applied twice or late) moves the
+# parameters by about one step, lr x O(1) >= 1e-3 here (``diff_unflushed``), far above 3 x this.
+_MAX_FLOAT32_ERROR = 2e-4
+
+
 def _check_cases(cases, results_per_rank):
+    """DeAR equals DDP up to float32 rounding, with a tolerance derived from the rounding itself.
+
+    Each case also trains in float64 (same initial weights, data and optimizer; ``exact``); ``ddp_error``
+    and ``dear_error`` are the largest distances of DDP's and DeAR's float32 parameters and buffers from
+    it. On 2 ranks the two agree to the bit in practice (a + b is commutative and /2 exact). On 3 ranks
+    they reduce in different orders — DDP all-reduces gradients already divided by 3 (gloo's ring
+    order), DeAR reduce-scatters, all-gathers and then divides — so the averaged gradients differ in
+    their last bits. SGD passes that on unchanged (differences ~1e-8). AdamW divides by sqrt(v) + eps:
+    where a parameter's averaged gradient is much smaller than the per-rank gradients it cancels out of
+    (the backward's own float32 error is then a large part of it), m/sqrt(v) changes by far more than
+    2**-24 relative, and lr = 0.01 over 3 steps turns that into parameter differences of 1e-6..3e-5
+    (tiny_resnet: 2e-6 on one machine, 2.7e-5 on another). That is the size of float32's error of this
+    training: DDP itself is 2.5e-5 from the float64 result. So the checks are (1) DeAR is as close to the
+    exact training as DDP is: dear_error <= 2 x ddp_error + _ULPS; and hence (2) |DeAR - DDP| <=
+    ddp_error + dear_error <= 3 x ddp_error + _ULPS; (3) that bound stays meaningful: ddp_error <
+    _MAX_FLOAT32_ERROR, far below the one-step error of a real fault. The same holds one step earlier.
+    """
     for i, case in enumerate(cases):
         rows = [r[i] for r in results_per_rank]
         for row in rows:
             assert row["buckets"] >= 3, case
-            assert row["diff"] < 2e-5, (case, row["diff"])
+            assert row["ddp_error"] < _MAX_FLOAT32_ERROR, (case, row["ddp_error"])
+            assert row["dear_error"] <= 2 * row["ddp_error"] + _ULPS, (case, row["dear_error"], row["ddp_error"])
+            assert row["diff"] <= 3 * row["ddp_error"] + _ULPS, (case, row["diff"], row["ddp_error"])
             assert row["eval_diff"] < 2e-4, (case, row["eval_diff"])
             assert row["pending_after_flush"] == 0 and row["hooks_left"] == 0
             assert row["pending_after_step"] == row["buckets"]  # step() updates nothing
             # the comparison can fail: before the flush the last update is still pending
             assert row["diff_unflushed"] > 1e-4, case
-            assert row["diff_previous_step"] < 2e-5, case  # ... and the parameters are one step behind
+            # ... and the parameters are one step behind
+            assert row["diff_previous_step"] <= 3 * row["ddp_error_previous_step"] + _ULPS, (
+                case, row["diff_previous_step"], row["ddp_error_previous_step"])
         ref = rows[0]["params"]
         for row in rows[1:]:  # every rank ends with the same parameters, bit for bit
             assert max((row["params"][n] - ref[n]).abs().max().item() for n in ref) == 0.0, case
 
 
+@pytest.mark.distributed
 def test_dear_equals_ddp_on_two_ranks(two_ranks):
     _check_cases(CASES_2, [r["cases"] for r in two_ranks])
 
 
+@pytest.mark.distributed
 def test_dear_equals_ddp_on_three_ranks():
+    """Three ranks: summation order differs from DDP's, so equality holds up to float32 rounding, bounded
+    against a float64 run of the same training (see _check_cases). The old fixed 2e-5 was below that
+    rounding error (DDP's own: 2.5e-5 with AdamW) and failed on some machines (2.7e-5)."""
     out = launch_local(dear_vs_ddp, 3, args=(CASES_3,), timeout_s=300)
     _check_cases(CASES_3, out)
 
 
+@pytest.mark.distributed
 def test_nograd_forward_applies_pending_updates_once(two_ranks):
     row = two_ranks[0]["cases"][0]
     assert row["nograd_eval_diff"] < 2e-4       # computed with DDP's (updated) parameters
@@ -275,6 +325,7 @@ def test_nograd_forward_applies_pending_updates_once(two_ranks):
     assert row["diff_after_nograd"] < 2e-5      # a second forward and the flush apply nothing again
 
 
+@pytest.mark.distributed
 def test_timeline_has_both_halves(two_ranks):
     row = two_ranks[0]["cases"][0]
     kinds = [t["kind"] for t in row["timings"]]
@@ -285,6 +336,7 @@ def test_timeline_has_both_halves(two_ranks):
     assert rs_end > 0 and row["ready_layers"] == 29
 
 
+@pytest.mark.distributed
 def test_calibration_fits_both_halves(two_ranks):
     c0, c1 = (r["calibrate"] for r in two_ranks)
     assert c0["cost"] == c1["cost"]  # every rank gets the same model
@@ -309,6 +361,7 @@ def test_calibration_names_a_missing_preset_line():
         calibrate(None, "cpu", 1, CostModel.linear(2, 1e-4, 1e-9, "reduce_scatter"))
 
 
+@pytest.mark.distributed
 def test_train_runs_end_where_wfbp_ends(two_ranks):
     runs = two_ranks[0]["runs"]
     wfbp, thr, wfbp_adamw, nof_adamw = runs
@@ -323,6 +376,7 @@ def test_train_runs_end_where_wfbp_ends(two_ranks):
         assert run["summary"]["iteration_s"] > 0
 
 
+@pytest.mark.distributed
 def test_executor_refuses_plans_it_cannot_run():
     from repro.plan import Bucket, Plan, PlanError
     from repro.planners.dear import DEAR_MESSAGES
@@ -363,6 +417,7 @@ def test_executor_refuses_plans_it_cannot_run():
         dist.destroy_process_group()
 
 
+@pytest.mark.distributed
 def test_train_writes_both_halves_to_buckets_csv(two_ranks):
     import pandas as pd
 
