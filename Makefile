@@ -1,4 +1,8 @@
 # Two commands (see README): `make figures` and `make test`.
+# Test tiers (markers in pyproject.toml): `make test` runs everything; `make test-fast` only the unit tier
+# (no slow, distributed, notebook, netns or gpu test; under 2 minutes). `make install-browser` installs
+# chromium (a system package, so only on request; CI asks) for tests/test_gallery.py's browser test.
+# `make docs` builds the documentation site (mkdocs, strict) into site/.
 # Uses the active virtual environment if there is one, else creates .venv here.
 SHELL := /bin/bash
 PYTHON ?= python3
@@ -15,25 +19,30 @@ endif
 STAMP := $(ENV_DIR)/.repro-installed
 # The notebooks run on a Jupyter kernel of their own, "repro" ("Python (repro)"), registered in the env.
 KERNEL := $(ENV_DIR)/share/jupyter/kernels/repro/kernel.json
-# Headless browser for tests/test_gallery.py (skipped without one, except under CI).
+# Headless browser for tests/test_gallery.py (skipped without one, except under CI): `make install-browser`.
 BROWSERS := chromium chromium-browser google-chrome google-chrome-stable
 RESULTS ?= results
 PYTEST_ARGS ?=
+# The unit tier: what needs no extra processes, notebooks, root network namespaces or GPU, and is quick.
+FAST_MARKERS := not (slow or distributed or notebook or netns or gpu)
 
-.PHONY: install test figures benchmark clean
+.PHONY: install install-browser test test-fast docs figures benchmark clean
 
 install: $(STAMP) $(KERNEL)
 
-$(STAMP): pyproject.toml constraints.txt
+$(STAMP): pyproject.toml constraints.txt Makefile
 ifndef VIRTUAL_ENV
 ifndef CONDA_PREFIX
 	test -x .venv/bin/python || $(PYTHON) -m venv .venv
 endif
 endif
 	$(PY) -m pip install --upgrade pip >/dev/null
-	$(PY) -m pip install -c constraints.txt -e ".[notebooks,dev]"
-	@# chromium for the gallery test: only when none is found, only as root with apt-get, never fatal
-	@for b in $(BROWSERS); do command -v $$b >/dev/null 2>&1 && exit 0; done; \
+	$(PY) -m pip install -c constraints.txt -e ".[notebooks,dev,docs]"
+	touch $(STAMP)
+
+# chromium for the gallery test: only when none is found, only as root with apt-get, never fatal
+install-browser:
+	@for b in $(BROWSERS); do command -v $$b >/dev/null 2>&1 && { echo "headless browser: $$b"; exit 0; }; done; \
 	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
 	  echo "installing chromium (headless browser for tests/test_gallery.py) ..."; \
 	  export DEBIAN_FRONTEND=noninteractive; \
@@ -43,7 +52,6 @@ endif
 	else \
 	  echo "note: no chromium (as root: apt-get install chromium); tests/test_gallery.py's browser test will skip (fail under CI)"; \
 	fi
-	touch $(STAMP)
 
 $(KERNEL): $(STAMP)
 	$(PY) -m ipykernel install --sys-prefix --name repro --display-name "Python (repro)" >/dev/null
@@ -51,6 +59,12 @@ $(KERNEL): $(STAMP)
 
 test: install
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+test-fast: install
+	$(PY) -m pytest -m "$(FAST_MARKERS)" $(PYTEST_ARGS)
+
+docs: install
+	$(PY) -m mkdocs build --strict -d site
 
 figures: install
 	$(PY) -m repro.figures run --out $(RESULTS)
@@ -65,4 +79,4 @@ benchmark: install
 	$(PY) benchmarks/bench_ps.py
 
 clean:
-	rm -rf $(RESULTS) .pytest_cache
+	rm -rf $(RESULTS) .pytest_cache site
