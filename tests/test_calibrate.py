@@ -14,6 +14,7 @@ def test_default_sizes_are_geometric_multiples_of_four():
     assert all(s % 4 == 0 for s in sizes) and sizes == sorted(set(sizes))
 
 
+@pytest.mark.distributed
 def test_every_collective_is_measured_and_fitted_identically_on_all_ranks():
     sizes = [4096, 65536, 1 << 20, 4 << 20]
     rank0, rank1 = launch_local(fit_all_collectives, 2, args=(sizes,), timeout_s=180)

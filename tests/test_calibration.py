@@ -53,6 +53,7 @@ def test_calibrated_prediction_scales_computation_to_the_measured_single_gpu():
     assert C.predict(r, cal)[0] == pytest.approx(expected, rel=1e-9)
 
 
+@pytest.mark.slow
 def test_the_fit_recovers_a_known_model_from_its_own_predictions():
     rows, truth = _synthetic_rows()
     cal = C.fit(rows, algorithms=("ring",), max_nfev=40)

@@ -110,6 +110,7 @@ def test_a_closed_pipe_ends_quietly():
     assert r.returncode == 0 and r.stderr == ""
 
 
+@pytest.mark.distributed
 def test_ctrl_c_is_one_line():
     p = subprocess.Popen(PY + ["launch", "--nproc", "1", "--", "--model", "tiny_vgg", "--scheduler", "local",
                                "--steps", "100000", "--quiet"], stderr=subprocess.PIPE, text=True)

@@ -181,6 +181,7 @@ def suite(request):
     return request.param, launch_local(correctness_suite, request.param, timeout_s=120)
 
 
+@pytest.mark.distributed
 def test_reduce_scatter_is_the_sum_of_every_ranks_shard(suite):
     P, out = suite
     for res in out:
@@ -191,6 +192,7 @@ def test_reduce_scatter_is_the_sum_of_every_ranks_shard(suite):
             assert err_c < 1e-5 and err_n == 0.0, (P, dtype, n)
 
 
+@pytest.mark.distributed
 def test_all_gather_is_the_concatenation(suite):
     P, out = suite
     for res in out:
@@ -198,6 +200,7 @@ def test_all_gather_is_the_concatenation(suite):
             assert err == 0.0 and not has_nan, (P, dtype, n)
 
 
+@pytest.mark.distributed
 def test_reduce_scatter_then_all_gather_is_an_all_reduce(suite):
     P, out = suite
     for res in out:
@@ -207,6 +210,7 @@ def test_reduce_scatter_then_all_gather_is_an_all_reduce(suite):
     assert "ring" in out[0]["repr"] and f"of {P}" in out[0]["repr"]
 
 
+@pytest.mark.distributed
 def test_back_to_back_ops_run_in_fifo_order_beside_main_thread_collectives(suite):
     P, out = suite
     assert out[0]["first_pending"]
@@ -216,6 +220,7 @@ def test_back_to_back_ops_run_in_fifo_order_beside_main_thread_collectives(suite
         assert res["side"] == (P * (P + 1) / 2) * P ** 4  # 5 all-reduces of (r + 1)
 
 
+@pytest.mark.distributed
 def test_bad_buffers_are_refused_before_any_communication(suite):
     P, out = suite
     errs = out[0]["errors"]
@@ -230,6 +235,7 @@ def test_bad_buffers_are_refused_before_any_communication(suite):
         assert max(res["close_s"]) < 1.0
 
 
+@pytest.mark.distributed
 def test_an_absent_peer_fails_wait_within_the_timeout():
     r0, r1 = launch_local(absent_peer, 2, args=(2.0,), timeout_s=60)
     assert r0["error"] is not None and "reduce_scatter" in r0["error"], r0

@@ -33,6 +33,7 @@ def _independent_best(df: pd.DataFrame, keys) -> tuple[pd.Series, pd.Series]:
     return best, best_sync
 
 
+@pytest.mark.slow
 def test_every_scheduler_of_the_four_papers_is_compared(sim):
     assert set(compare.SCHEDULERS) == FOUR_PAPERS == set(PLANNERS)  # every planner of every family
     assert {PLANNER_FAMILY[s] for s in FOUR_PAPERS} == {"allreduce", "sparse", "dear", "bytescheduler", "ps"}
@@ -142,6 +143,7 @@ def test_measured_configs_one_run_per_scheduler_in_the_right_world():
         compare.measured_configs(["wfbp"], workers=1)
 
 
+@pytest.mark.slow
 def test_figure_draws_every_row_and_marks_the_best(sim):
     import matplotlib
 
@@ -170,6 +172,7 @@ def test_figure_draws_every_row_and_marks_the_best(sim):
     plt.close(fig)
 
 
+@pytest.mark.distributed
 @pytest.mark.slow
 def test_measured_tiny_runs_give_a_table_with_best_flags(tmp_path):
     """Two schedulers on loopback (one all-reduce world of 2 ranks, one PS world of 3), 2 timed steps each."""

@@ -19,6 +19,7 @@ def digits_train():
     return digits("train")
 
 
+@pytest.mark.slow
 def test_digits_shapes_classes_and_split_sizes(digits_train):
     test = digits("test")
     x, y = digits_train.tensors
@@ -60,6 +61,7 @@ def test_tiny_cnn_runs_on_a_digits_batch(digits_train, name):
     loss.backward()
 
 
+@pytest.mark.slow
 def test_tiny_vgg_learns_digits(digits_train):
     torch.manual_seed(0)
     model = build_model("tiny_vgg")

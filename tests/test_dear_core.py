@@ -312,6 +312,7 @@ def test_engine_earliest_start():
         run_tasks([Task("c", "f", "a", 1.0, earliest_s=float("nan"))], {"c"})
 
 
+@pytest.mark.slow
 def test_dear_optimal_is_the_brute_force_optimum_over_all_contiguous_bucketings():
     rng = np.random.default_rng(9)
     for trial in range(120):

@@ -92,6 +92,7 @@ def test_dear_equals_compute_when_communication_is_free_and_wfbp_with_one_bucket
             assert b["iteration_s"] <= wfbp_same + b["ag_s"] + 1e-12
 
 
+@pytest.mark.slow
 def test_throughput_rises_with_p_when_communication_is_cheap(resnet):
     t = study.scaling_table(resnet, [8, 16, 32, 64], ["56gbib-dear-derived"], METHODS)
     for s, g in t.groupby("scheduler"):
@@ -216,6 +217,7 @@ def _kernel() -> str:
     return "repro" if "repro" in KernelSpecManager().find_kernel_specs() else "python3"
 
 
+@pytest.mark.notebook
 @pytest.mark.slow
 def test_notebook_runs_with_tiny_parameters(tmp_path, monkeypatch):
     import papermill as pm

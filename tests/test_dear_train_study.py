@@ -251,6 +251,7 @@ def test_figures_draw_from_the_tables(tmp_path, trace, cost):
 
 # ------------------------------------------------------------------------------------------ real runs
 
+@pytest.mark.distributed
 def test_a_tiny_real_run_and_primitive_timing_on_loopback(tmp_path):
     """2 ranks on loopback: a DeAR run with its timeline, read back as the breakdown; the primitives timed."""
     configs = study.throughput_configs(["tiny_resnet"], ["dear_threshold"], 2, steps=2, warmup_steps=1,
@@ -272,6 +273,7 @@ def test_a_tiny_real_run_and_primitive_timing_on_loopback(tmp_path):
     assert (tmp_path / "primitive_times.csv").is_file()
 
 
+@pytest.mark.slow
 def test_bench_dear_simulated_half_runs():
     import runpy
     import sys

@@ -88,6 +88,7 @@ def two_ranks(tmp_path_factory):
     return launch_local(tuner_vs_ddp, 2, args=(CASES, runs), timeout_s=300), runs_dir
 
 
+@pytest.mark.distributed
 def test_regrouping_loses_no_gradient_or_update(two_ranks):
     out, _ = two_ranks
     for case, r0, r1 in zip(CASES, out[0]["cases"], out[1]["cases"]):
@@ -99,6 +100,7 @@ def test_regrouping_loses_no_gradient_or_update(two_ranks):
         assert r0["buckets"] == r1["buckets"] and r0["table"] == r1["table"]  # ranks agree on every threshold
 
 
+@pytest.mark.distributed
 def test_tuning_table(two_ranks):
     out, _ = two_ranks
     table = out[0]["cases"][0]["table"]
@@ -118,6 +120,7 @@ def test_tuning_table(two_ranks):
     assert out[0]["cases"][0]["buckets"][-1] == chosen[0]["buckets"]
 
 
+@pytest.mark.distributed
 def test_train_writes_the_trials_table(two_ranks):
     out, runs_dir = two_ranks
     summary = out[0]["runs"][0]["summary"]
@@ -128,6 +131,7 @@ def test_train_writes_the_trials_table(two_ranks):
     assert set(TUNING_COLUMNS) <= set(table.columns)
 
 
+@pytest.mark.distributed
 def test_train_passes_the_tuner_options(two_ranks):
     _, runs_dir = two_ranks
     table = pd.read_csv(runs_dir / "bo_range" / "tuning.csv")

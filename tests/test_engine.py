@@ -178,6 +178,7 @@ def graphs(draw):
     return tasks, in_order
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(graphs())
 def test_matches_reference_hypothesis(graph):

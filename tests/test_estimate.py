@@ -65,6 +65,7 @@ def test_resnet50_flops_convention():
     assert f["backward"] == pytest.approx(2 * f["forward"], rel=0.10)
 
 
+@pytest.mark.slow
 def test_flops_match_flop_counter_totals_and_modules():
     t = estimate_trace("resnet50", 1, gpu="V100")
     f = count_flops("resnet50", 1)
@@ -107,6 +108,7 @@ def test_same_layers_and_order_as_the_profiler():
         assert est.params().tolist() == meas.params().tolist()
 
 
+@pytest.mark.slow
 def test_tensor_view_and_tied_weights():
     t = estimate_trace("tiny_bert", 4, gpu="A100", view="tensor")
     assert t.total_params == count_params(build_model("tiny_bert"))
@@ -134,6 +136,7 @@ def test_argument_errors(kwargs, match):
         estimate_trace(**args)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["densenet201", "inception_v4", "bert_base", "vgg16"])
 def test_paper_models_estimate(name):
     t = estimate_trace(name, 2, gpu="V100")

@@ -158,6 +158,7 @@ def _every_figure():
     yield "sim_vs_real", plot_sim_vs_real(val, "n")
 
 
+@pytest.mark.slow
 def test_every_figure_keeps_legends_off_the_data_and_a_bounded_aspect(tmp_path):
     names = []
     for name, fig in _every_figure():
@@ -191,6 +192,7 @@ def test_sim_vs_real_in_run_markers_are_visible_on_black_bars():
     assert "from the in-run trace (check)" in labels and "network: loopback" in labels
 
 
+@pytest.mark.slow
 def test_save_figure_warns_on_a_long_strip(tmp_path):
     fig = plt.figure(figsize=(16, 3))
     fig.add_subplot().plot([0, 1])

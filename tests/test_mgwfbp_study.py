@@ -158,6 +158,7 @@ def test_paper_mode_is_the_presets_own_simulation(traces):
     assert set(ops.cost_mode) == {"paper"}
 
 
+@pytest.mark.slow
 def test_calibrated_mode_differs_is_finite_and_says_so(traces):
     from repro.calibration import cost_for_mode
 

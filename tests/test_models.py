@@ -123,6 +123,7 @@ def test_bert_base_pretraining_heads():
     assert 330_000_000 < count_params(large) < 345_000_000
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", PAPER_MODELS)
 def test_paper_models_build_and_run_on_meta(name):
     model = build_model(name, device="meta")
@@ -314,6 +315,7 @@ def test_tiny_lstm_iteration_is_fast_on_one_core():
     assert sorted(times)[3] < 0.05   # ~5 ms measured on one 2-core CI-class CPU core
 
 
+@pytest.mark.slow
 def test_lstm_layers_in_profiler_and_estimator():
     from repro.workload.estimate import estimate_trace
     from repro.workload.profile import profile_model

@@ -222,6 +222,7 @@ def test_launch_rejects_bad_emulation_arguments():
 # --------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.netns
 @needs_emulation
 def test_three_rank_network_is_built_as_described_and_fully_removed():
     before = _snapshot()
@@ -261,6 +262,7 @@ def test_three_rank_network_is_built_as_described_and_fully_removed():
     net.close()  # a second close does nothing
 
 
+@pytest.mark.netns
 @needs_emulation
 def test_exception_inside_the_with_block_still_removes_everything():
     before = _snapshot()
@@ -272,6 +274,7 @@ def test_exception_inside_the_with_block_still_removes_everything():
     _assert_nothing_new(before)
 
 
+@pytest.mark.netns
 @needs_emulation
 def test_failure_half_way_through_setup_removes_what_was_made(monkeypatch):
     before = _snapshot()
@@ -293,6 +296,7 @@ def test_failure_half_way_through_setup_removes_what_was_made(monkeypatch):
     _assert_nothing_new(before)
 
 
+@pytest.mark.netns
 @needs_emulation
 def test_concurrent_networks_get_different_names_and_subnets():
     before = _snapshot()
@@ -346,6 +350,7 @@ def _start_holder() -> tuple[subprocess.Popen, str]:
     return proc, run_id
 
 
+@pytest.mark.netns
 @needs_emulation
 def test_leftovers_of_a_killed_run_are_removed_by_the_next_run():
     before = _snapshot()
@@ -377,6 +382,7 @@ def test_leftovers_of_a_killed_run_are_removed_by_the_next_run():
     _assert_nothing_new(before)
 
 
+@pytest.mark.netns
 @needs_emulation
 def test_sigterm_removes_the_network():
     before = _snapshot()
@@ -394,6 +400,7 @@ def test_sigterm_removes_the_network():
     _assert_nothing_new(before)
 
 
+@pytest.mark.netns
 @needs_emulation
 def test_interpreter_exit_removes_a_network_left_open():
     before = _snapshot()
@@ -406,6 +413,7 @@ def test_interpreter_exit_removes_a_network_left_open():
     _assert_nothing_new(before)
 
 
+@pytest.mark.netns
 @needs_emulation
 def test_enter_namespace_moves_the_calling_thread():
     with EmulatedNetwork(1, "1gbit") as net:
@@ -460,6 +468,8 @@ def _measure(world: int, sizes: list[int], bandwidth: str, tolerance: float = 0.
     return results, rows
 
 
+@pytest.mark.distributed
+@pytest.mark.netns
 @needs_emulation
 def test_two_ranks_all_reduce_time_follows_the_bandwidth(record_property):
     pytest.importorskip("torch")
@@ -479,6 +489,8 @@ def test_two_ranks_all_reduce_time_follows_the_bandwidth(record_property):
     _assert_nothing_new(before)
 
 
+@pytest.mark.distributed
+@pytest.mark.netns
 @needs_emulation
 def test_three_ranks_all_reduce_time_follows_the_ring_model(record_property):
     pytest.importorskip("torch")
@@ -491,6 +503,8 @@ def test_three_ranks_all_reduce_time_follows_the_ring_model(record_property):
     _assert_nothing_new(before)
 
 
+@pytest.mark.distributed
+@pytest.mark.netns
 @needs_emulation
 def test_failing_rank_in_an_emulated_launch_leaves_nothing_behind():
     pytest.importorskip("torch")
@@ -507,6 +521,8 @@ def test_failing_rank_in_an_emulated_launch_leaves_nothing_behind():
     _assert_nothing_new(before)
 
 
+@pytest.mark.distributed
+@pytest.mark.netns
 @needs_emulation
 def test_timeout_and_interrupt_in_an_emulated_launch_leave_nothing_behind():
     pytest.importorskip("torch")
@@ -529,6 +545,8 @@ def test_timeout_and_interrupt_in_an_emulated_launch_leave_nothing_behind():
     _assert_nothing_new(before)
 
 
+@pytest.mark.distributed
+@pytest.mark.netns
 @needs_emulation
 def test_repro_launch_records_the_emulated_rate_in_the_run(tmp_path):
     import json

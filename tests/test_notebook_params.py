@@ -147,6 +147,7 @@ def _kernel() -> str:
     return "repro" if "repro" in KernelSpecManager().find_kernel_specs() else "python3"
 
 
+@pytest.mark.notebook
 @pytest.mark.slow
 def test_papermill_string_lists_run_and_bad_lists_fail_clearly(tmp_path, monkeypatch):
     """The issue's command: `papermill mgwfbp_simulation.ipynb out.ipynb -p workers "[4, 16]"` (strings)."""

@@ -258,6 +258,7 @@ def test_cost_compare_uses_two_allgathers_per_tensor_and_the_papers_setting():
         st.cost_compare_table(topk, ag[ag.bytes_per_worker != 264], st.allgather_fit_table(ag))
 
 
+@pytest.mark.slow
 def test_the_three_figures_draw_log_axes_and_legends_below(tmp_path):
     import matplotlib
 

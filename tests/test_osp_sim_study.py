@@ -152,6 +152,7 @@ def _measured_throughput() -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+@pytest.mark.slow
 def test_figures_draw_from_the_tables(tmp_path, traces, thr):
     from repro.figures import save_figure
 
@@ -194,6 +195,7 @@ def test_paper_mode_is_the_alpha_beta_link(traces, thr):
     assert set(study.speedup_summary(thr).cost_mode) == {"paper"}
 
 
+@pytest.mark.slow
 def test_calibrated_mode_differs_is_finite_and_says_so(traces, thr):
     for rate, net in (("10gbit", "10gbe"), ("100gbit", "100gbib")):
         c = study.cost_for_rate(rate, 8, 50e-6, "calibrated")

@@ -145,6 +145,7 @@ def test_lgp_ablation_and_stage_ratio_tables(results):
     assert (ratio.epochs == 2).all()
 
 
+@pytest.mark.slow
 def test_figures_draw_from_the_tables(results, tmp_path):
     from repro.studies import osp_sim
 

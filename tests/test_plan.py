@@ -118,6 +118,7 @@ def test_resnet50_fp16_optimal_is_planned_on_fp16_bytes():
     assert fp16.num_buckets > make_plan("optimal", trace, cost).num_buckets
 
 
+@pytest.mark.slow
 @settings(max_examples=150, deadline=None)
 @given(seed=st.integers(0, 10**6), layers=st.integers(1, 30),
        dtype=st.sampled_from([None, "float32", "float16", "bfloat16"]),

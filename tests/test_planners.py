@@ -80,6 +80,7 @@ def test_property_optimal_is_best_and_mgwfbp_beats_both_extremes(data):
     assert times["mgwfbp"] <= min(times["wfbp"], times["syncea"]) + eps, times
 
 
+@pytest.mark.slow
 def test_mgwfbp_never_worse_than_wfbp_or_syncea_on_thousands_of_traces():
     rng = np.random.default_rng(7)
     worse = 0

@@ -34,6 +34,7 @@ def _grad_ready_order(name):
     return order
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("view", ["module", "tensor"])
 def test_valid_trace_and_labels(traces, view):
     t = traces[view]
@@ -166,7 +167,7 @@ def test_cuda_unavailable_is_a_clear_error():
         profile_model("tiny_vgg", 2, device="cuda")
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.gpu
 def test_cuda_profile():
     t = profile_model("tiny_resnet", BATCH, device="cuda", view="module", warmup=2, iters=5)
     assert t.device == torch.cuda.get_device_name()

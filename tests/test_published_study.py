@@ -14,6 +14,7 @@ def wide():
     return published.predictions_table()   # re-checks every shipped row against the shipped presets
 
 
+@pytest.mark.slow
 def test_the_shipped_table_matches_the_presets_and_long_table_has_every_prediction(wide):
     assert len(wide) == len(C.calibration_rows(schedulers=C.FIT_SCHEDULERS + C.VALIDATION_SCHEDULERS))
     long = published.long_table(wide)

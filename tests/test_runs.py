@@ -137,6 +137,7 @@ def test_progress_of_a_run_is_readable_and_superseded_by_the_finished_run(tmp_pa
     assert [r.run_id for r in list_runs(tmp_path)] == ["r1"]
 
 
+@pytest.mark.distributed
 def test_a_run_stopped_part_way_leaves_its_completed_epochs_readable(tmp_path):
     from repro.cluster.local import RankFailedError, launch_local
     from repro.runs import list_incomplete, load_progress

@@ -37,6 +37,7 @@ def resnet_runs(runs_dir):
     return launch_local(train_params, 2, args=(runs,), timeout_s=300)
 
 
+@pytest.mark.distributed
 def test_every_scheduler_matches_ddp(resnet_runs):
     rank0, rank1 = resnet_runs
     ddp = rank0[0]["params"]
@@ -52,6 +53,7 @@ def test_every_scheduler_matches_ddp(resnet_runs):
     assert _max_diff(rank0[10]["params"], ddp) < 1e-5  # DDP's bucketing on our executor
 
 
+@pytest.mark.distributed
 def test_the_comparison_can_fail(resnet_runs):
     # without communication the ranks drift apart (different data) and away from DDP
     rank0, rank1 = resnet_runs
@@ -60,6 +62,7 @@ def test_the_comparison_can_fail(resnet_runs):
     assert _max_diff(rank0[local]["params"], rank1[local]["params"]) > 1e-3
 
 
+@pytest.mark.distributed
 def test_fp16_wire_is_close_but_not_identical(resnet_runs):
     rank0, rank1 = resnet_runs
     fp16 = rank0[9]
@@ -69,6 +72,7 @@ def test_fp16_wire_is_close_but_not_identical(resnet_runs):
     assert _max_diff(rank1[9]["params"], fp16["params"]) == 0.0
 
 
+@pytest.mark.distributed
 def test_plans_are_what_the_planners_make_of_the_measured_trace(resnet_runs, runs_dir):
     s = {SCHEDULERS[i - 1]: r["summary"] for i, r in enumerate(resnet_runs[0][1:8], start=1)}
     assert s["syncea"]["buckets"] == 1
@@ -97,6 +101,7 @@ def test_plans_are_what_the_planners_make_of_the_measured_trace(resnet_runs, run
     assert fp16.plan.buckets == make_plan("optimal", fp16.trace, fp16.cost, wire_dtype="float16").buckets
 
 
+@pytest.mark.distributed
 def test_bert_and_vgg_match_ddp():
     runs = [{"model": m, "scheduler": s, **COMMON, "steps": 3} for m in ("tiny_bert", "tiny_vgg")
             for s in ("ddp", "mgwfbp")]
@@ -105,6 +110,7 @@ def test_bert_and_vgg_match_ddp():
     assert _max_diff(rank0[3]["params"], rank0[2]["params"]) < 1e-5
 
 
+@pytest.mark.distributed
 def test_results_are_written(tmp_path):
     runs = [{"model": "tiny_vgg", "scheduler": "mgwfbp", "steps": 3, "warmup_steps": 1, "batch_size": 4,
              "results_dir": str(tmp_path), "run_id": "r1", "record_timeline": True, "compute_steps": 2}]
@@ -126,6 +132,7 @@ def test_results_are_written(tmp_path):
     assert len(pd.read_csv(out / "iterations.csv")) == 3
 
 
+@pytest.mark.distributed
 def test_plan_must_cover_the_model():
     from repro.runtime.allreduce import BucketedAllReduce
 
@@ -136,6 +143,7 @@ def test_plan_must_cover_the_model():
     assert "plan leaves 1 layer(s) of the model out" in missing and "'bias'" in missing
 
 
+@pytest.mark.distributed
 def test_a_taken_run_id_is_refused_before_training(tmp_path):
     from repro.cluster.local import RankFailedError
 

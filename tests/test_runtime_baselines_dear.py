@@ -209,6 +209,7 @@ def two_ranks():
     return launch_local(suite_two_ranks, 2, args=(BS_CASES, RUNS), timeout_s=300)
 
 
+@pytest.mark.distributed
 def test_bytescheduler_equals_ddp_on_two_ranks(two_ranks):
     rank0, rank1 = two_ranks
     for case, r0, r1 in zip(BS_CASES, rank0["bytescheduler"], rank1["bytescheduler"]):
@@ -223,6 +224,7 @@ def test_bytescheduler_equals_ddp_on_two_ranks(two_ranks):
         assert {"layer", "piece", "pieces", "bytes", "priority", "start_s", "end_s"} <= set(rows[0])
 
 
+@pytest.mark.distributed
 def test_bytescheduler_serves_urgent_chunks_first_within_the_credit(two_ranks):
     rows = two_ranks[0]["bytescheduler"][1]["timings"]  # credit below one chunk: strictly one at a time
     by_start = sorted(rows, key=lambda r: r["start_s"])
@@ -232,6 +234,7 @@ def test_bytescheduler_serves_urgent_chunks_first_within_the_credit(two_ranks):
             assert a["priority"] <= b["priority"]
 
 
+@pytest.mark.distributed
 def test_bytescheduler_equals_ddp_on_three_ranks():
     cases = [{"optimizer": "sgd", "partition_params": 20_000, "credit_bytes": 100_000}]
     out = launch_local(bytescheduler_three_ranks, 3, args=(cases,), timeout_s=300)
@@ -240,6 +243,7 @@ def test_bytescheduler_equals_ddp_on_three_ranks():
     assert _diff(out[0][0]["params"], out[2][0]["params"]) == 0.0
 
 
+@pytest.mark.distributed
 def test_horovod_cycle_time_keeps_the_parameters_and_launches_at_ticks(two_ranks):
     for r in two_ranks:
         h = r["horovod"]
@@ -255,6 +259,7 @@ def test_horovod_cycle_time_keeps_the_parameters_and_launches_at_ticks(two_ranks
         assert cyc["launch_s"] == sorted(cyc["launch_s"])  # plan order
 
 
+@pytest.mark.distributed
 def test_fsdp2_runs_on_gloo_and_equals_ddp(two_ranks):
     for r in two_ranks:
         f = r["fsdp"]
@@ -264,6 +269,7 @@ def test_fsdp2_runs_on_gloo_and_equals_ddp(two_ranks):
         assert f["diff_adamw"] < 1e-4, f["diff_adamw"]
 
 
+@pytest.mark.distributed
 def test_each_baseline_trains_through_run_training(two_ranks):
     rank0, rank1 = two_ranks
     runs = {kw["scheduler"]: (a, b) for kw, a, b in zip(RUNS, rank0["train"], rank1["train"]) if "epochs" not in kw}
@@ -277,6 +283,7 @@ def test_each_baseline_trains_through_run_training(two_ranks):
     assert _diff(runs["bytescheduler"][0]["params"], runs["ddp"][0]["params"]) < 1e-5
 
 
+@pytest.mark.distributed
 def test_the_loop_evaluates_flushed_parameters(two_ranks):
     """One epoch of digits: the loop flushes before its evaluation; ByteScheduler's and FSDP's test loss
     is DDP's (their parameters are)."""

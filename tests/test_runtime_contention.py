@@ -19,6 +19,7 @@ def table():
                                     steps=1, timeout_s=120)
 
 
+@pytest.mark.distributed
 def test_microbenchmark_table_on_loopback(table):
     assert list(table.columns[:len(CONTENTION_COLUMNS)]) == list(CONTENTION_COLUMNS)
     assert {"cpu_count", "oversubscribed"} <= set(table.columns)

@@ -139,6 +139,7 @@ def reference(case: dict, stage2: set[str], workers: int = 2) -> list[dict]:
 # 1-3: OSP, BSP and the reference
 # ---------------------------------------------------------------------------------------------
 
+@pytest.mark.distributed
 def test_osp_with_everything_in_stage_one_is_bsp_exactly(world):
     from repro.plan import Plan
 
@@ -156,6 +157,7 @@ def test_osp_with_everything_in_stage_one_is_bsp_exactly(world):
     assert _equal(world["server"]["bsp"]["params"], world["workers"][0]["bsp"]["params"])
 
 
+@pytest.mark.distributed
 def test_bsp_equals_the_reference_without_staleness(world):
     for name in ("bsp", "bsp_adamw"):
         ref = reference(CASES[name], set())
@@ -163,6 +165,7 @@ def test_bsp_equals_the_reference_without_staleness(world):
             assert _diff(w[name]["params"], ref[-1]) < 1e-6, name
 
 
+@pytest.mark.distributed
 def test_osp_share_zero_without_lgp_is_one_step_stale(world):
     case = CASES["osp_share0_nolgp"]
     w0 = world["workers"][0]["osp_share0_nolgp"]
@@ -186,6 +189,7 @@ def test_osp_share_zero_without_lgp_is_one_step_stale(world):
         assert _diff(row["unflushed"], ref[K - 2]) < 1e-6 and _diff(row["unflushed"], ref[K]) > 1e-5
 
 
+@pytest.mark.distributed
 @pytest.mark.parametrize("name", ["osp_half_lgp", "osp_share0_lgp", "osp_half_lgp_adamw"])
 def test_lgp_corrects_only_stage_two_by_its_formula(world, name):
     for w in world["workers"]:
@@ -222,6 +226,7 @@ def test_lgp_corrects_only_stage_two_by_its_formula(world, name):
         assert _diff(world["workers"][0][name]["params"], world["workers"][0][no_lgp]["params"]) > 1e-5
 
 
+@pytest.mark.distributed
 def test_without_lgp_stale_parameters_are_the_aggregated_values(world):
     row = world["workers"][1]["osp_half_nolgp"]
     stage2 = {n for n, s in row["stages"].items() if s == 2}
@@ -239,6 +244,7 @@ def test_without_lgp_stale_parameters_are_the_aggregated_values(world):
 # 4: SSP and ASP
 # ---------------------------------------------------------------------------------------------
 
+@pytest.mark.distributed
 def test_ssp_never_exceeds_its_staleness_bound(world):
     rows = world["server"]["ssp"]["tables"]["server_clocks"]
     s = CASES["ssp"]["staleness"]
@@ -253,6 +259,7 @@ def test_ssp_never_exceeds_its_staleness_bound(world):
         assert its == list(range(1, CASES["ssp"]["steps"] + 1))
 
 
+@pytest.mark.distributed
 @pytest.mark.parametrize("name", ["ssp", "asp"])
 def test_asynchronous_workers_end_with_the_servers_values(world, name):
     server = world["server"][name]
@@ -271,6 +278,7 @@ def test_asynchronous_workers_end_with_the_servers_values(world, name):
 # 5: DDP
 # ---------------------------------------------------------------------------------------------
 
+@pytest.mark.distributed
 @pytest.mark.parametrize("kind,name,tol", [("sgd", "bsp", 1e-6), ("adamw", "bsp_adamw", 1e-6)])
 def test_bsp_on_the_ps_equals_ddp(world, kind, name, tol):
     for w, ddp in zip(world["workers"], world["ddp"]):
@@ -289,6 +297,7 @@ def _summary(run_dir):
     return json.loads((run_dir / "run.json").read_text())["summary"]
 
 
+@pytest.mark.distributed
 def test_train_runs_on_one_server_and_two_workers(world):
     import pandas as pd
 
@@ -312,6 +321,7 @@ def test_train_runs_on_one_server_and_two_workers(world):
     assert {m["phase"] for b in plan["buckets"] for m in b["messages"]} == {"backward", "background"}
 
 
+@pytest.mark.distributed
 def test_train_runs_on_two_servers(tmp_path):
     from repro.plan import Plan
     from repro.sim.ps import plan_layout
@@ -336,6 +346,7 @@ def test_train_runs_on_two_servers(tmp_path):
 # 8: faults
 # ---------------------------------------------------------------------------------------------
 
+@pytest.mark.distributed
 @pytest.mark.parametrize("who", ["worker", "server"])
 def test_a_dead_rank_ends_the_run_naming_it(tmp_path, who):
     stamp = tmp_path / "died_at"
@@ -357,6 +368,7 @@ def test_a_dead_rank_ends_the_run_naming_it(tmp_path, who):
     assert noticed - died < 10, noticed - died      # well within the process-group timeout (20 s)
 
 
+@pytest.mark.distributed
 def test_a_silent_worker_is_named_by_the_server():
     # worker rank 2 stops sending (alive, as a stopped process): the server's wait for it reaches the
     # process-group limit and the run ends naming rank 2, not the innocent worker the server's exit cuts off

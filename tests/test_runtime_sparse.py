@@ -57,6 +57,7 @@ def two_ranks(tmp_path_factory):
     return out, runs_dir
 
 
+@pytest.mark.distributed
 def test_each_planner_matches_the_written_reference(two_ranks):
     (rank0, rank1), _ = two_ranks
     buckets = [c["buckets"] for c in rank0["cases"]]
@@ -71,6 +72,7 @@ def test_each_planner_matches_the_written_reference(two_ranks):
     assert _max_diff(rank0["cases"][0]["params"], rank0["cases"][1]["params"]) > 1e-4
 
 
+@pytest.mark.distributed
 def test_three_ranks_match_the_reference():
     cases = [dict(c, pack=not c["pack"], control=False) for c in CASES]  # the other message layout
     out = launch_local(sparse_executor_vs_reference, 3, args=("tiny_vgg", cases, 2, 4), timeout_s=300)
@@ -80,6 +82,7 @@ def test_three_ranks_match_the_reference():
         assert _max_diff(ranks[0]["params"], ranks[2]["params"]) == 0.0
 
 
+@pytest.mark.distributed
 def test_density_one_is_dense_sgd(two_ranks):
     (rank0, rank1), _ = two_ranks
     wfbp, dense = rank0["runs"][0], rank0["runs"][1]
@@ -89,6 +92,7 @@ def test_density_one_is_dense_sgd(two_ranks):
     assert _max_diff(rank1["runs"][2]["params"], sparse["params"]) == 0.0
 
 
+@pytest.mark.distributed
 def test_online_plan_cost_and_timeline(two_ranks):
     (rank0, _), runs_dir = two_ranks
     run = load_run(runs_dir / "omgs")
@@ -105,6 +109,7 @@ def test_online_plan_cost_and_timeline(two_ranks):
     assert (b.k == [math.ceil(0.01 * n - 1e-9) for n in b.numel]).all()
 
 
+@pytest.mark.distributed
 def test_language_model_reports_perplexity(two_ranks):
     (rank0, _), _ = two_ranks
     ep = rank0["runs"][3]["summary"]["epochs"][-1]
@@ -172,6 +177,7 @@ def test_config_refuses_what_the_sparse_schedulers_cannot_do():
     assert cfg.density == 0.004
 
 
+@pytest.mark.distributed
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.float64])
 def test_communicator_unpacks_what_it_packed(dtype):
     import torch.distributed as dist

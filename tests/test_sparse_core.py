@@ -266,6 +266,7 @@ def test_omgs_optimal_equals_brute_force(seed):
     assert simulate(tr, plan, c).iteration_s == pytest.approx(best, rel=1e-12)
 
 
+@pytest.mark.slow
 def test_omgs_optimal_is_never_worse_on_thousands_of_random_traces():
     rng = np.random.default_rng(2024)
     worse = []

@@ -27,6 +27,7 @@ def test_config_errors(kw, message):
         TrainConfig(**kw)
 
 
+@pytest.mark.slow
 def test_cli_bad_input_is_one_line():
     r = subprocess.run([sys.executable, "-m", "repro", "train", "--scheduler", "nope"], capture_output=True, text=True)
     assert r.returncode == 2 and r.stderr.strip().startswith("repro: error: unknown scheduler")
@@ -35,6 +36,7 @@ def test_cli_bad_input_is_one_line():
     assert r.returncode == 2 and "start with torchrun" in r.stderr and "Traceback" not in r.stderr
 
 
+@pytest.mark.distributed
 @pytest.mark.slow
 def test_torchrun_two_ranks_writes_a_run(tmp_path):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
@@ -49,6 +51,7 @@ def test_torchrun_two_ranks_writes_a_run(tmp_path):
     assert (tmp_path / "tr" / "run.json").is_file()
 
 
+@pytest.mark.distributed
 def test_missing_dataset_fails_every_rank_fast_with_the_reason(tmp_path, monkeypatch):
     monkeypatch.setenv("REPRO_DATA_DIR", str(tmp_path))
     cfg = {"model": "tiny_vgg", "scheduler": "syncea", "dataset": "cifar10", "epochs": 1, "quiet": True}

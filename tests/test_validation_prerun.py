@@ -103,6 +103,7 @@ def test_prerun_cost_keeps_existing_realism():
     assert validation.prerun_cost(_cost(), 0.0).realism is None  # c = 0: the paper model
 
 
+@pytest.mark.distributed
 @pytest.mark.slow
 def test_run_validation_measures_contention_before_runs(tmp_path):
     configs = [{"model": "tiny_vgg", "scheduler": "wfbp", "batch_size": 8, "steps": 2, "warmup_steps": 1}]
