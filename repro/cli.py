@@ -73,6 +73,24 @@ def _write_atomically(path: Path, text: str) -> None:
         raise UsageError(str(e)) from None
 
 
+def _load_file(kind: str, path: Path, load):
+    """``load(path)`` of a plan or cost-model JSON file, every error naming the file (the loaders name it for
+    what they check; a folder, a device, bytes that are not UTF-8 and absurd nesting are checked here)."""
+    p = Path(path)
+    if p.is_dir():
+        raise UsageError(f"{kind} {p} is a folder, not a {kind} file")
+    if p.exists() and not p.is_file():
+        raise UsageError(f"{kind} {p} is not a regular file (a device, pipe or socket)")
+    try:
+        return load(p)
+    except RecursionError:
+        raise UsageError(f"{p}: {kind} JSON is nested too deeply to be a {kind}") from None
+    except UnicodeDecodeError as e:
+        raise UsageError(f"{p}: a {kind} file is UTF-8 JSON text, but byte {e.start} is not UTF-8") from None
+    except PermissionError as e:
+        raise UsageError(f"{p}: cannot be read: {e.strerror}") from None
+
+
 def _cost_from_args(args: argparse.Namespace) -> CostModel:
     sources = [args.alpha_s is not None or args.beta_s_per_byte is not None, args.network is not None,
                args.cost is not None]
@@ -84,7 +102,7 @@ def _cost_from_args(args: argparse.Namespace) -> CostModel:
             raise UsageError(f"--network {args.network} needs --workers P")
         return preset(args.network, args.workers)
     if args.cost is not None:
-        cost = CostModel.load(args.cost)
+        cost = _load_file("cost model", args.cost, CostModel.load)
         if args.workers is not None and args.workers != cost.workers:
             raise UsageError(f"--workers {args.workers} contradicts the cost model in {args.cost}, which is for "
                              f"P={cost.workers}; leave --workers out or fit a model for P={args.workers}")
@@ -109,8 +127,9 @@ def _emit(obj: object, out: Path | None) -> None:
 def cmd_profile(args: argparse.Namespace) -> None:
     if args.batch_size <= 0:
         raise UsageError(f"--batch-size must be positive, got {args.batch_size}")
-    if args.warmup < 0 or args.iters < 1:
-        raise UsageError(f"--warmup must be >= 0 and --iters >= 1, got {args.warmup} and {args.iters}")
+    if not (0 <= args.warmup <= 1000 and 1 <= args.iters <= 10000):
+        raise UsageError(f"--warmup must be in [0, 1000] and --iters in [1, 10000], got {args.warmup} and "
+                         f"{args.iters}")
     from repro.workload.models import get_spec
 
     get_spec(args.model)  # an unknown model fails now, before any work
@@ -171,7 +190,7 @@ def cmd_simulate(args: argparse.Namespace) -> None:
 
     _check_output(args.output)
     trace = load_trace(args.trace)
-    plan = Plan.load(args.plan)
+    plan = _load_file("plan", args.plan, Plan.load)
     cost = _cost_from_args(args)
     _emit(simulate(trace, plan, cost, with_ops=not args.no_ops).to_dict(with_ops=not args.no_ops),
           args.output)
@@ -432,8 +451,8 @@ def build_parser() -> argparse.ArgumentParser:
                                           "V100 (an unknown name is refused with the list of valid ones)")
     p.add_argument("--view", default="module", choices=["module", "tensor"],
                    help="one layer per parameter-owning module, or per parameter tensor")
-    p.add_argument("--warmup", type=int, default=3, help="untimed iterations first")
-    p.add_argument("--iters", type=int, default=10, help="timed iterations (per-layer medians)")
+    p.add_argument("--warmup", type=int, default=3, help="untimed iterations first (at most 1000)")
+    p.add_argument("--iters", type=int, default=10, help="timed iterations (per-layer medians; at most 10000)")
     p.add_argument("-o", "--output", type=Path, required=True, help="trace JSON file to write")
     p.set_defaults(func=cmd_profile)
 
@@ -534,6 +553,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return train_main(argv[1:], hard_exit=True)
     if hasattr(signal, "SIGPIPE"):  # `repro presets | head`: end quietly when the reader goes away
         signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    args = None
     try:
         args = build_parser().parse_args(argv)
         from repro.log import configure
@@ -550,6 +570,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (UsageError, TraceError, PlanError, CostModelError, ValueError, FileNotFoundError, RuntimeError,
             TimeoutError, OSError) as e:
         print(f"repro: error: {_first_line(e)}", file=sys.stderr)
+        return 2
+    except Exception as e:  # noqa: BLE001 - a bug still ends in one line (-vv before the command: the traceback)
+        if args is not None and args.verbose >= 2:
+            import traceback
+
+            traceback.print_exc()
+        print(f"repro: error: {type(e).__name__}: {_first_line(e)} (an internal error; please report it)",
+              file=sys.stderr)
         return 2
     return 0
 

@@ -300,6 +300,8 @@ def load_trace(path_or_name: str | Path) -> Trace:
     Something that is neither an existing path nor a ``.json`` name is a shipped trace's name: letters,
     digits, ``_``, ``.`` and ``-``, never ``..`` or a folder separator, so it cannot name a file outside the
     shipped folder (``repro traces`` lists the names)."""
+    if not str(path_or_name).strip():
+        raise TraceError("the trace is empty: give a trace file or a shipped trace name (`repro traces`)")
     p = Path(path_or_name)
     if p.suffix == ".json" or p.exists():
         return Trace.load(p)

@@ -4,6 +4,7 @@ import json
 import subprocess
 import sys
 from importlib.metadata import version
+from pathlib import Path
 
 import pytest
 
@@ -243,3 +244,56 @@ def test_a_rank_ends_its_progress_bar_line_when_training_fails(capsys, monkeypat
     err = capsys.readouterr().err
     assert err.endswith("\n") and "3/10" in err  # the bar's line is ended
     assert not (tmp_path / "mark").exists() and train._Progress.live == []
+
+
+# ---- every error of main() is one line, exit 2 ----
+
+@pytest.fixture
+def bad_files(tmp_path):
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 100000 + "]" * 100000)
+    latin = tmp_path / "latin.json"
+    latin.write_bytes(b'{"buckets": "caf\xe9"}')
+    folder = tmp_path / "folder.json"
+    folder.mkdir()
+    return {"deep": (deep, "nested too deeply"), "latin": (latin, "not UTF-8"), "folder": (folder, "is a folder"),
+            "device": (Path("/dev/null"), "is not a regular file")}
+
+
+@pytest.mark.parametrize("which", ["deep", "latin", "folder", "device"])
+@pytest.mark.parametrize("kind", ["plan", "cost"])
+def test_plan_and_cost_file_errors_name_the_file(capsys, bad_files, which, kind):
+    path, message = bad_files[which]
+    if kind == "plan":
+        argv = ["simulate", "--trace", "tiny_vgg_b32_cpu", "--plan", str(path), "--alpha-s", "1",
+                "--beta-s-per-byte", "1"]
+    else:
+        argv = ["plan", "--trace", "tiny_vgg_b32_cpu", "--solver", "syncea", "--cost", str(path)]
+    rc, out, err = run(capsys, *argv)
+    assert rc == 2 and out == "" and str(path) in err and message in err, err
+    assert err.startswith("repro: error: ") and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["plan", "--trace", "", "--solver", "syncea", "--alpha-s", "1", "--beta-s-per-byte", "1"], "the trace is empty"),
+    (["profile", "--model", "tiny_vgg", "--batch-size", "2", "--warmup", str(10**20), "-o", "x.json"],
+     "--warmup must be in [0, 1000]"),
+    (["profile", "--model", "tiny_vgg", "--batch-size", "2", "--iters", str(10**9), "-o", "x.json"],
+     "--iters in [1, 10000]"),
+])
+def test_more_bad_input_is_one_line(capsys, argv, message):
+    rc, out, err = run(capsys, *argv)
+    assert rc == 2 and message in err and err.count("\n") == 1, err
+
+
+def test_an_internal_error_is_one_line_too(capsys, monkeypatch):
+    import repro.cli as cli
+
+    def bug(args):
+        raise KeyError("oops")
+
+    monkeypatch.setattr(cli, "cmd_presets", bug)
+    rc, out, err = run(capsys, "presets")
+    assert rc == 2 and err.startswith("repro: error: KeyError: 'oops'") and err.count("\n") == 1, err
+    rc, out, err = run(capsys, "-vv", "presets")  # asked for details: the traceback, then the line
+    assert rc == 2 and "Traceback" in err and err.splitlines()[-1].startswith("repro: error: KeyError")
