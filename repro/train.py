@@ -19,6 +19,10 @@ solves and broadcasts the Plan. Baselines warm up with their own executor.
 Rank 0 writes the run folder (:mod:`repro.runs`: ``run.json``, ``iterations.csv``, ``epochs.csv``,
 ``buckets.csv``, ``trace.json``, ``trace_inrun.json``, ``plan.json``, ``cost.json``), atomically;
 an existing run id is refused unless ``overwrite``.
+
+The run's options (:class:`TrainConfig`) and the ``repro train`` command line live in the torch-free
+:mod:`repro.train_config` (re-exported here), so ``--help`` and the checks made before any rank starts
+do not import torch.
 """
 
 from __future__ import annotations
