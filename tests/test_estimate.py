@@ -87,6 +87,7 @@ def test_flops_match_flop_counter_totals_and_modules():
     assert checked == 50   # 49 convolutions outside the downsample branches, and fc
 
 
+@pytest.mark.slow
 def test_v100_faster_than_k80_and_forward_convention():
     v100 = estimate_trace("googlenet", 64, gpu="V100")
     k80 = estimate_trace("googlenet", 64, gpu="K80")

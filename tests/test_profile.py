@@ -77,6 +77,7 @@ def test_layer_order_is_reverse_of_grad_ready_order(traces):
     assert traces["module"].extra["order_changes"] == 0
 
 
+@pytest.mark.slow
 def test_sum_of_layers_matches_separately_timed_iteration(traces):
     model = build_model("tiny_resnet")
     inputs, targets = make_batch("tiny_resnet", BATCH)

@@ -26,6 +26,7 @@ def test_the_shipped_table_matches_the_presets_and_long_table_has_every_predicti
     assert np.allclose(long.error, long.predicted_s / long.measured_s - 1)
 
 
+@pytest.mark.slow
 def test_error_summary_counts_rows_within_ten_percent(wide):
     long = published.long_table(wide)
     summary = published.error_summary(long)
