@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import numbers
 from dataclasses import dataclass, field, fields
 from typing import Any, Sequence
 
@@ -110,8 +111,9 @@ class TrainConfig:
         for name in ("batch_size", "fit_repeats"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 2**32:
+        if isinstance(self.seed, bool) or not isinstance(self.seed, numbers.Integral) or not 0 <= self.seed < 2**32:
             raise ValueError(f"seed must be an integer in [0, 2**32), got {self.seed!r}")
+        self.seed = int(self.seed)  # e.g. a numpy integer from a notebook's grid
         if self.warmup_steps < 0 or self.compute_steps < 0:
             raise ValueError("warmup_steps and compute_steps must be >= 0")
         if self.epochs is None and self.steps < 1:
