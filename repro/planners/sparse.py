@@ -33,6 +33,7 @@ __all__ = ["FAMILY", "topk_layerwise", "topk_single", "omgs", "omgs_optimal", "g
 log = logging.getLogger(__name__)
 
 FAMILY = "sparse"
+BEAM = 8  # states per prefix in omgs_optimal's first, heuristic pass
 
 _TWO = (Message("sparse_allgather"), Message("sparse_allgather"))
 _ONE = (Message("sparse_allgather"),)
@@ -203,13 +204,22 @@ def omgs_optimal(trace: Trace, cost: CostModel, density: float = 0.001, *, pack:
     fresh = lambda x: (x - fixed) * (1 + 1e-9) + 1e-15  # noqa: E731  (an upper bound on M, with slack)
     root = float(groups_bound(np.zeros(1), np.zeros(1), 0)[0])  # a lower bound on every grouping's M
     proven = root + fixed   # no grouping is faster (raised by every round that finds none)
+    best_plan = simple
+    # a heuristic first pass (BEAM states per prefix) for a close incumbent: tighter pruning after it,
+    # and the plan returned if the budget runs out
+    out = _omgs_round(L, fresh(incumbent), c, cumP, cumT, cumS, sparB, tbB, comm_rest, spar_rest, min_comm,
+                      groups_bound, search, incumbent, proven, fixed, beam=BEAM)
+    if out[0] == "found":
+        beamed = _plan(trace, _groups_of(out[1], L), cost, "omgs_optimal", density, pack)
+        if float(beamed.meta["iteration_s"]) < incumbent:
+            best_plan, incumbent = beamed, float(beamed.meta["iteration_s"])
     step = 0.01
     while True:  # rounds of the search, under upper bounds rising to the incumbent (see the docstring)
         target = min(incumbent, proven * (1 + step))
         out = _omgs_round(L, fresh(target), c, cumP, cumT, cumS, sparB, tbB, comm_rest, spar_rest, min_comm,
                           groups_bound, search, incumbent, proven, fixed)
         if out[0] == "stopped":
-            plan = simple.replace(solver="omgs_optimal", meta=dict(simple.meta))
+            plan = best_plan.replace(solver="omgs_optimal", meta=dict(best_plan.meta))
             search.record(plan.meta, incumbent, max(proven, min(out[1], target)), out[2])
             return plan
         if out[0] == "found":
@@ -219,10 +229,14 @@ def omgs_optimal(trace: Trace, cost: CostModel, density: float = 0.001, *, pack:
             raise RuntimeError("omgs_optimal found no grouping within the bound (please report this)")
         proven = max(proven, target)
         step *= 2
-    groups = [[L - 1 - j for j in range(a, b)] for a, b in zip(cuts[:-1], cuts[1:])]
-    plan = _plan(trace, groups, cost, "omgs_optimal", density, pack)
+    plan = _plan(trace, _groups_of(cuts, L), cost, "omgs_optimal", density, pack)
     search.record(plan.meta, float(plan.meta["iteration_s"]), None, L)
     return plan
+
+
+def _groups_of(cuts: list[int], L: int) -> list[list[int]]:
+    """Groups (layer indices, backward order) of cuts in backward positions ``[0, ..., L]``."""
+    return [[L - 1 - j for j in range(a, b)] for a, b in zip(cuts[:-1], cuts[1:])]
 
 
 class _GroupsBound:
@@ -271,9 +285,10 @@ class _GroupsBound:
 
 
 def _omgs_round(L, upper, c, cumP, cumT, cumS, sparB, tbB, comm_rest, spar_rest, min_comm, groups_bound,
-                search, incumbent, proven, fixed):
+                search, incumbent, proven, fixed, beam=None):
     """One search under ``upper`` (on M): ``("found", cuts)``, ``("none",)`` when no grouping has
-    ``M <= upper``, or ``("stopped", bound_s, done)`` when the budget ran out."""
+    ``M <= upper``, or ``("stopped", bound_s, done)`` when the budget ran out. With ``beam``, each
+    prefix keeps only the ``beam`` states of least lower bound (a heuristic pass)."""
     cap = 1024
     E = np.zeros(cap, dtype=np.int64)
     Cs = np.zeros(cap)
@@ -325,6 +340,8 @@ def _omgs_round(L, upper, c, cumP, cumT, cumS, sparB, tbB, comm_rest, spar_rest,
             Mo = M2[order]
             prev_min = np.concatenate([[np.inf], np.minimum.accumulate(Mo)[:-1]])
             front = order[Mo < prev_min]
+            if beam is not None and front.size > beam:
+                front = front[np.argsort(groups_bound(C2[front], M2[front], f), kind="stable")[:beam]]
             if n + front.size > cap:
                 cap = max(2 * cap, n + front.size)
                 E, Cs, Ms, parent = (np.resize(a, cap) for a in (E, Cs, Ms, parent))
