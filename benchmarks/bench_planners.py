@@ -1,8 +1,12 @@
 """Planner and simulator speed on this machine (prints figures; not a test).
 
-    python benchmarks/bench_planners.py [--layers 1000] [--repeats 5]
+    python benchmarks/bench_planners.py [--layers 1000] [--repeats 5] [--exact-layers 100 400 1000]
+        [--time-budget 10] [--exact-only]
 
-Prints: each planner's wall time on a random L-layer trace; simulated iterations per second (event
+Prints: the exact planners (``optimal``, ``omgs_optimal``, ``dear_optimal``) on random traces of
+100, 400 and 1000 layers, one run each: seconds, whether the plan is a proven optimum, its proven
+gap (target, issue 23: < 0.5 s at 1000 layers, exact); each planner's wall time on a random L-layer
+trace (exact planners excepted); simulated iterations per second (event
 engine with timeline, and the closed-form recursion the planners use); wall time of the full
 ``mgwfbp.sim_speedup`` sweep (all shipped V100-estimate models, two networks, 4..2048 GPUs, all
 planners, plus the K80 paper check); the import time of the torch-free core in a fresh interpreter
@@ -48,19 +52,65 @@ def timed(fn, repeats: int) -> float:
     return statistics.median(times)
 
 
+EXACT = ["optimal", "omgs_optimal", "dear_optimal"]
+
+
+def planner_case(name: str, workers: int | None = None) -> tuple[object, dict]:
+    """The cost model and options a planner is timed with: the 10GbE fit at P = 64, except the sparse
+    planners, which need the top-k cost: the 1GbE all-gather fit (P = 16 unless given), density 0.001."""
+    from repro.planners import PLANNER_FAMILY
+
+    if PLANNER_FAMILY[name] == "sparse":
+        return preset("1gbe-allgather", workers or 16), {"density": 0.001}
+    return preset("10gbe-derived", workers or 64), {}
+
+
+def exact_table(layers: list[int], budget_s: float) -> pd.DataFrame:
+    """One run of each exact planner per trace size (and P = 2 and 16 for the sparse one, compute- and
+    communication-bound): seconds, proven optimal or not, the proven gap."""
+    rows = []
+    for L in layers:
+        trace = random_trace(L)
+        for name in EXACT:
+            for workers in ((2, 16) if name == "omgs_optimal" else (None,)):
+                cost, options = planner_case(name, workers)
+                if name != "optimal":
+                    options["time_budget_s"] = budget_s
+                t0 = time.perf_counter()
+                plan = make_plan(name, trace, cost, **options)
+                wall = time.perf_counter() - t0
+                rows.append({"planner": name, "layers": L, "workers": cost.workers, "seconds": round(wall, 3),
+                             "optimal": plan.meta.get("optimal", True), "gap_pct": round(plan.meta.get("gap_pct", 0.0), 3),
+                             "iteration_s": plan.meta["iteration_s"]})
+                print(f"  {name:13s} L={L:5d} P={cost.workers:3d}: {wall:8.3f} s, optimal={rows[-1]['optimal']}, "
+                      f"gap {rows[-1]['gap_pct']}%", flush=True)
+    return pd.DataFrame(rows)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--layers", type=int, default=1000)
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--exact-layers", type=int, nargs="+", default=[100, 400, 1000])
+    ap.add_argument("--time-budget", type=float, default=10.0,
+                    help="time_budget_s of dear_optimal and omgs_optimal (seconds)")
+    ap.add_argument("--exact-only", action="store_true", help="only the exact planners' table")
     args = ap.parse_args()
 
+    print(f"Exact planners, one run each (budget {args.time_budget:g} s; target < 0.5 s at 1000 layers, proven optimal):")
+    print(exact_table(args.exact_layers, args.time_budget).to_string(index=False))
+    if args.exact_only:
+        return
+
     trace = random_trace(args.layers)
-    cost = preset("10gbe-derived", 64)
     rows = []
     for name in planner_names():
-        t = timed(lambda: make_plan(name, trace, cost), args.repeats)
+        if name in EXACT:
+            continue
+        cost, options = planner_case(name)
+        t = timed(lambda: make_plan(name, trace, cost, **options), args.repeats)
         rows.append({"planner": name, "layers": args.layers, "median_s": round(t, 5)})
-    print(f"Planner wall time on a {args.layers}-layer trace (median of {args.repeats}):")
+    print(f"\nPlanner wall time on a {args.layers}-layer trace (median of {args.repeats}; exact ones above):")
     print(pd.DataFrame(rows).to_string(index=False))
 
     r50 = study.load_traces(["resnet50"])["resnet50"]
