@@ -25,6 +25,8 @@ RESULTS ?= results
 PYTEST_ARGS ?=
 # The unit tier: what needs no extra processes, notebooks, root network namespaces or GPU, and is quick.
 FAST_MARKERS := not (slow or distributed or notebook or netns or gpu)
+# pytest-xdist workers for the unit tier (its tests start no processes of their own, so they run side by side)
+FAST_WORKERS ?= 2
 
 .PHONY: install install-browser test test-fast docs figures benchmark clean
 
@@ -61,7 +63,7 @@ test: install
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 test-fast: install
-	$(PY) -m pytest -m "$(FAST_MARKERS)" $(PYTEST_ARGS)
+	$(PY) -m pytest -m "$(FAST_MARKERS)" -n $(FAST_WORKERS) $(PYTEST_ARGS)
 
 docs: install
 	$(PY) -m mkdocs build --strict -d site
