@@ -19,6 +19,7 @@ from typing import Any, Mapping
 import pandas as pd
 
 import repro
+from repro.outputs import output_file, write_output
 
 __all__ = ["git_revision", "environment", "write_table", "read_table"]
 
@@ -63,10 +64,12 @@ def write_table(df: pd.DataFrame, results_dir: str | Path, name: str,
     out = Path(results_dir)
     out.mkdir(parents=True, exist_ok=True)
     csv = out / f"{name}.csv"
-    df.to_csv(csv, index=False)
     meta = {"table": name, "rows": int(len(df)), "columns": list(map(str, df.columns)),
             "params": dict(params or {}), "environment": environment()}
-    (out / f"{name}.json").write_text(json.dumps(meta, indent=1, default=str) + "\n")
+    text = json.dumps(meta, indent=1, default=str) + "\n"  # fails (unserialisable) before anything is written
+    with output_file(csv) as tmp:  # renamed into place whole: a reader never sees half a table
+        df.to_csv(tmp, index=False)
+    write_output(out / f"{name}.json", text)
     return csv
 
 

@@ -10,9 +10,12 @@ fetched from the network) and in any browser:
   shows its title and notebook;
 * one status word per figure (:data:`STATES`), the same words the runner prints:
 
-  ``done``     the PNG and PDF are in ``figures/``;
+  ``done``     its notebook finished a run in this folder (a run record, or papermill's end time in the
+               executed copy) and the figure is whole: the PNG decodes, the PDF is complete and the
+               sidecar (written last) is there;
   ``planned``  the manifest says planned: no notebook makes it yet;
-  ``failed``   its notebook ran in this folder (a run record exists) but the figure is not there;
+  ``failed``   its notebook ran in this folder but the figure is not whole, or the run stopped
+               part-way (an executed copy without a run record);
   ``missing``  done in the manifest, but its notebook has not run in this folder.
 
 Side files it writes: ``figures/thumbs/<stem>.png`` (downscaled copies, refreshed when the figure is
@@ -48,6 +51,8 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 from urllib.parse import quote
 
+from repro.outputs import output_file, write_output
+
 from .manifest import FigureEntry, load_manifest, paper_titles
 
 __all__ = [
@@ -63,12 +68,13 @@ __all__ = [
     "notebook_tables",
     "figure_tables",
     "collect_cards",
+    "figure_problem",
     "write_index",
 ]
 
 STATES: tuple[str, ...] = ("done", "planned", "failed", "missing")
 STATE_HELP: dict[str, str] = {
-    "done": "figure present (PNG and PDF)",
+    "done": "figure whole (PNG decodes, PDF complete, sidecar) from a finished run of its notebook here",
     "planned": "no notebook makes it yet",
     "failed": "its notebook ran here but the figure was not made (see the notebook)",
     "missing": "its notebook has not run in this folder (make figures)",
@@ -91,9 +97,7 @@ def notebook_html_path(out: str | Path, notebook: str) -> Path:
 def write_run_record(out: str | Path, notebook: str, record: dict[str, Any]) -> Path:
     p = run_record_path(out, notebook)
     p.parent.mkdir(parents=True, exist_ok=True)
-    tmp = p.with_name(p.name + ".tmp")
-    tmp.write_text(json.dumps({"notebook": notebook, **record}, indent=1) + "\n", encoding="utf-8")
-    os.replace(tmp, p)
+    write_output(p, json.dumps({"notebook": notebook, **record}, indent=1) + "\n")
     return p
 
 
@@ -119,9 +123,7 @@ def render_notebook_html(ipynb: str | Path, html_path: str | Path | None = None)
     dst = Path(html_path) if html_path is not None else ipynb.with_suffix(".html")
     nb = nbformat.read(str(ipynb), as_version=4)
     body, _ = HTMLExporter().from_notebook_node(nb, resources={"metadata": {"name": ipynb.stem}})
-    tmp = dst.with_name(dst.name + ".tmp")
-    tmp.write_text(body, encoding="utf-8")
-    os.replace(tmp, dst)
+    write_output(dst, body)
     return dst
 
 
@@ -141,9 +143,8 @@ def make_thumbnail(png: str | Path, thumb: str | Path, box: tuple[int, int] = TH
         im.paste(rgba, mask=rgba.getchannel("A"))
         im.thumbnail(box, Image.Resampling.LANCZOS)
         im = im.quantize(colors=256, method=Image.Quantize.MEDIANCUT, dither=Image.Dither.NONE)
-        tmp = thumb.with_name(thumb.name + ".tmp")
-        im.save(tmp, format="PNG", optimize=True)
-    os.replace(tmp, thumb)
+        with output_file(thumb) as tmp:
+            im.save(tmp, format="PNG", optimize=True)
     return thumb
 
 
@@ -271,6 +272,56 @@ def _nonempty(p: Path) -> bool:
     return p.is_file() and p.stat().st_size > 0
 
 
+def _png_problem(png: Path) -> str | None:
+    if not _nonempty(png):
+        return f"{png.name} is missing or empty"
+    try:
+        from PIL import Image
+
+        with Image.open(png) as im:
+            im.load()  # decodes every pixel: a truncated file fails here
+    except Exception as exc:
+        return f"{png.name} does not decode ({type(exc).__name__})"
+    return None
+
+
+def _pdf_problem(pdf: Path) -> str | None:
+    if not _nonempty(pdf):
+        return f"{pdf.name} is missing or empty"
+    with open(pdf, "rb") as f:
+        head = f.read(5)
+        f.seek(max(0, pdf.stat().st_size - 1024))
+        tail = f.read()
+    if head != b"%PDF-" or b"%%EOF" not in tail:
+        return f"{pdf.name} is not a whole PDF"
+    return None
+
+
+def figure_problem(files: dict[str, Path]) -> str | None:
+    """Why the figure at ``files`` (``png``, ``pdf``, ``json`` paths, as ``FigureEntry.files`` gives them)
+    is not whole, or None when it is: the PNG decodes, the PDF has its header and end marker, and the
+    sidecar (written last by :func:`repro.figures.save_figure`) is a JSON object."""
+    absent = [files[x].name for x in ("png", "pdf") if not _nonempty(files[x])]
+    if absent:
+        return "missing " + ", ".join(absent)
+    problems = [p for p in (_png_problem(files["png"]), _pdf_problem(files["pdf"])) if p]
+    if not problems and _read_json(files["json"]) is None:
+        problems.append(f"{files['json'].name} (the sidecar) is missing or unreadable")
+    return ", ".join(problems) or None
+
+
+def _executed_status(out: Path, notebook: str) -> dict[str, Any] | None:
+    """A run record for a notebook executed by hand with papermill into ``notebooks/``: from the
+    executed copy's papermill metadata, when papermill finished it (an end time); else None."""
+    nb = _read_json(out / "notebooks" / notebook)
+    pm = ((nb or {}).get("metadata") or {}).get("papermill") or {}
+    if not pm.get("end_time"):
+        return None
+    failed = bool(pm.get("exception"))
+    return {"status": "failed" if failed else "done", "error": "the notebook failed (see it)" if failed else None,
+            "by_hand": True}
+
+
 def collect_cards(out: str | Path, entries: Sequence[FigureEntry], *,
                   warn: Callable[[str], None] | None = None) -> list[Card]:
     """A :class:`Card` per manifest entry, refreshing thumbnails and notebook HTML on the way."""
@@ -284,20 +335,28 @@ def collect_cards(out: str | Path, entries: Sequence[FigureEntry], *,
             cards.append(Card(entry=e, state="planned"))
             continue
         if e.notebook not in records:
-            records[e.notebook] = read_run_record(out, e.notebook)
+            records[e.notebook] = (read_run_record(out, e.notebook)
+                                   or _executed_status(out, e.notebook))
             html_links[e.notebook] = _notebook_link(out, e.notebook, warn)
         record = records[e.notebook]
         files = e.files(out / "figures")
-        png_ok, pdf_ok = _nonempty(files["png"]), _nonempty(files["pdf"])
-        if png_ok and pdf_ok:
-            state = "done"
-        elif record is not None:
+        problem = figure_problem(files)
+        interrupted = record is None and (out / "notebooks" / e.notebook).is_file()
+        if record is not None and problem is None:
+            state = "done"  # a finished run of its notebook here, and the figure whole
+        elif record is not None or interrupted:
             state = "failed"
         else:
-            state = "missing"
+            state = "missing"  # never run here (files without a finished run are not trusted)
         card = Card(entry=e, state=state, notebook_html=html_links[e.notebook])
         if record is not None and record.get("status") == "failed":
             card.error = str(record.get("error") or "the notebook failed")
+        elif interrupted:
+            card.error = "its run stopped part-way (no run record)"
+        elif state == "failed" and problem:
+            card.error = problem
+        png_ok = _png_problem(files["png"]) is None
+        pdf_ok = _pdf_problem(files["pdf"]) is None
         if png_ok:
             card.png = _rel(out, files["png"])
             thumb = out / "figures" / "thumbs" / files["png"].name
@@ -381,8 +440,8 @@ def write_index(out: str | Path, *, manifest: str | Path | None = None,
         if c.entry.paper not in papers:
             papers.append(c.entry.paper)
     md_path, html_path = out / "index.md", out / "index.html"
-    md_path.write_text(_render_md(cards, papers, titles, header), encoding="utf-8")
-    html_path.write_text(_render_html(cards, papers, titles, header), encoding="utf-8")
+    write_output(md_path, _render_md(cards, papers, titles, header))
+    write_output(html_path, _render_html(cards, papers, titles, header))
     return md_path, html_path
 
 

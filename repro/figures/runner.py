@@ -8,14 +8,19 @@
    ``repro``, else stops with one line saying how to register it;
 3. executes each notebook once with papermill on that kernel (working directory = the notebooks
    folder) with the parameters ``output_dir = <out>/figures``, ``results_dir = <out>/data``,
-   ``scale = "tiny"`` plus any ``--parameters-json``; executed copies go to ``<out>/notebooks/``, with
+   ``scale = "tiny"`` plus any ``--parameters-json`` (each notebook gets the ones its ``parameters``
+   cell declares; one that no notebook to run declares is refused before anything runs); executed
+   copies go to ``<out>/notebooks/``, with
    ``<name>.html`` (nbconvert) and ``<name>.run.json`` (status, seconds, error, tables written) beside
    them; while a notebook runs, a line every 30 s says how long it has been running and which cell;
-4. checks that every declared figure of those notebooks exists as non-empty PNG and PDF in
-   ``<out>/figures/`` and prints one line per figure: id, status (done | failed), file;
+4. checks that every declared figure of those notebooks is whole in ``<out>/figures/`` (the PNG
+   decodes, the PDF is complete, the sidecar is there) and prints one line per figure: id, status
+   (done | failed), file;
 5. writes the gallery ``<out>/index.html`` and ``<out>/index.md`` (:mod:`repro.figures.gallery`).
 
-``index`` rebuilds only the gallery; ``list`` prints the manifest. Status words are the same
+Every option is checked before anything is deleted; ``--out`` must be a writable folder (or one that
+can be created), and a lock file (``<out>/.repro-figures.lock``) refuses a second runner into the same
+folder. ``index`` rebuilds only the gallery; ``list`` prints the manifest. Status words are the same
 everywhere: ``done`` and ``planned`` in the manifest; ``done``, ``planned``, ``failed`` and ``missing``
 in the runner's lines and the gallery (see :data:`repro.figures.gallery.STATES`).
 """
@@ -25,16 +30,20 @@ from __future__ import annotations
 import argparse
 import datetime as _dt
 import json
+import math
+import os
 import shutil
 import subprocess
 import sys
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
 from .gallery import (
+    figure_problem,
     notebook_html_path,
     render_notebook_html,
     run_record_path,
@@ -51,6 +60,10 @@ __all__ = [
     "check_kernel",
     "select_notebooks",
     "notebook_parameters",
+    "declared_parameters",
+    "parameters_by_notebook",
+    "check_out_folder",
+    "out_folder_lock",
     "missing_figures",
     "run",
     "write_index",
@@ -127,19 +140,95 @@ def notebook_parameters(out: str | Path, parameters: dict[str, Any] | None = Non
     return params
 
 
+def declared_parameters(notebook_path: str | Path) -> list[str]:
+    """Names of the parameters ``notebook_path`` declares in its ``parameters`` cell (papermill's own
+    reading of the cell, :func:`papermill.inspect_notebook`)."""
+    import papermill as pm
+
+    return list(pm.inspect_notebook(str(notebook_path)))
+
+
+def parameters_by_notebook(entries: Sequence[FigureEntry], notebooks: Sequence[str],
+                           params: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The parameters each notebook gets: those of ``params`` it declares. A parameter that no
+    selected notebook declares is refused (:class:`FiguresError`, naming it and the notebooks), so a
+    typo is never reported as applied; the runner's own (``output_dir``, ``results_dir``, ``scale``)
+    go to every notebook that declares them."""
+    paths = {e.notebook: e.notebook_path for e in entries}
+    declared = {nb: set(declared_parameters(paths[nb])) for nb in notebooks}
+    user = [k for k in params if k not in (*RESERVED_PARAMETERS, "scale")]
+    unknown = [k for k in user if not any(k in d for d in declared.values())]
+    if unknown and notebooks:
+        raise FiguresError(f"parameter(s) {', '.join(unknown)} are declared by none of the notebooks to run "
+                           f"({', '.join(notebooks)}); `papermill --help-notebook notebooks/<name>.ipynb` lists "
+                           "each notebook's parameters")
+    return {nb: {k: v for k, v in params.items() if k in declared[nb]} for nb in notebooks}
+
+
+def check_out_folder(out: str | Path) -> Path:
+    """The output folder, resolved, if the runner can write there; :class:`FiguresError` (one line)
+    when it is a file, lies below a file, or is not writable (a read-only mount). Creates nothing."""
+    out = Path(out).resolve()
+    if out.exists():
+        if not out.is_dir():
+            raise FiguresError(f"--out {out} is a file, not a folder")
+        for sub in ("figures", "data", "notebooks"):
+            if (out / sub).exists() and not (out / sub).is_dir():
+                raise FiguresError(f"--out {out}: {out / sub} is a file, not a folder")
+        if not os.access(out, os.W_OK | os.X_OK):
+            raise FiguresError(f"--out {out} is not writable (read-only or not ours)")
+        return out
+    for up in out.parents:
+        if up.exists():
+            if not up.is_dir():
+                raise FiguresError(f"--out {out}: {up} is a file, not a folder")
+            if not os.access(up, os.W_OK | os.X_OK):
+                raise FiguresError(f"--out {out} cannot be created: {up} is not writable (read-only or not ours)")
+            break
+    return out
+
+
+LOCK_NAME = ".repro-figures.lock"
+
+
+@contextmanager
+def out_folder_lock(out: Path):
+    """Hold ``<out>/.repro-figures.lock`` (an exclusive ``flock``) while writing into ``out``: a second
+    runner into the same folder is refused in one line instead of deleting the first one's files."""
+    import fcntl
+
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / LOCK_NAME
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as e:
+        raise FiguresError(f"--out {out}: cannot create its lock file: {e.strerror or e}") from None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
+            raise FiguresError(f"another figure run (pid {holder}) is writing to {out}; wait for it to end or "
+                               "choose another --out") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        yield path
+    finally:
+        os.close(fd)  # closing releases the lock
+
+
 def missing_figures(entries: Sequence[FigureEntry], notebooks: Iterable[str],
                     figures_dir: str | Path) -> list[str]:
-    """Descriptions of the declared PNG/PDF files of ``notebooks`` that are absent or empty."""
+    """Descriptions of the declared figures of ``notebooks`` that are not whole (see
+    :func:`repro.figures.gallery.figure_problem`: PNG decodes, PDF complete, sidecar present)."""
     nbs = set(notebooks)
     problems = []
     for e in entries:
         if not (e.done and e.notebook in nbs):
             continue
-        files = e.files(figures_dir)
-        bad = [files[x].name for x in ("png", "pdf")
-               if not files[x].is_file() or files[x].stat().st_size == 0]
-        if bad:
-            problems.append(f"{', '.join(bad)} ({e.id}, from {e.notebook})")
+        problem = figure_problem(e.files(figures_dir))
+        if problem:
+            problems.append(f"{problem} ({e.id}, from {e.notebook})")
     return problems
 
 
@@ -276,12 +365,27 @@ def run(
     writing the gallery, or before running anything when the kernel is missing;
     :class:`repro.figures.manifest.ManifestError` for a bad manifest.
     """
+    # Every option is checked before anything is deleted or written.
+    if execution_timeout is not None and not (math.isfinite(execution_timeout) and execution_timeout > 0):
+        raise FiguresError(f"--cell-timeout must be a finite positive number of seconds, got {execution_timeout}")
+    if not (math.isfinite(heartbeat_s) and heartbeat_s >= 0):
+        raise FiguresError(f"--heartbeat must be a finite number of seconds >= 0, got {heartbeat_s}")
     entries = load_manifest(manifest)
-    out = Path(out).resolve()
+    out = check_out_folder(out)
     params = notebook_parameters(out, parameters)
     notebooks = select_notebooks(entries, only)
+    nb_params = parameters_by_notebook(entries, notebooks, params)
     if notebooks:
         check_kernel(kernel_name, cwd=entries[0].notebooks_dir)
+    with out_folder_lock(out):
+        return _run_locked(out, entries, notebooks, nb_params, manifest, kernel_name, log_output,
+                           execution_timeout, say, heartbeat_s)
+
+
+def _run_locked(out: Path, entries: Sequence[FigureEntry], notebooks: list[str],
+                nb_params: dict[str, dict[str, Any]], manifest: str | Path | None, kernel_name: str,
+                log_output: bool, execution_timeout: float | None, say: Callable[[str], None],
+                heartbeat_s: float) -> RunReport:
     fig_dir, data_dir, nb_out = out / "figures", out / "data", out / "notebooks"
     for d in (fig_dir, data_dir, nb_out):
         d.mkdir(parents=True, exist_ok=True)
@@ -306,7 +410,7 @@ def run(
         started = _dt.datetime.now(_dt.timezone.utc)
         t0 = time.perf_counter()
         with _Heartbeat(prefix, dst, say, heartbeat_s):
-            err = _execute(src, dst, params, src.parent, kernel_name, log_output, execution_timeout)
+            err = _execute(src, dst, nb_params[nb], src.parent, kernel_name, log_output, execution_timeout)
         dt = time.perf_counter() - t0
         report.seconds[nb] = dt
         after = _table_stamps(data_dir)
@@ -322,22 +426,19 @@ def run(
         status = "failed" if (err or missing) else "done"
         write_run_record(out, nb, {"status": status, "error": err, "seconds": round(dt, 3),
                                    "started_utc": started.isoformat(timespec="seconds"),
-                                   "kernel": kernel_name, "parameters": params, "tables": tables})
+                                   "kernel": kernel_name, "parameters": nb_params[nb], "tables": tables})
         if err:
             failures.append(err)
         say(f"{prefix} {status} in {_duration(dt)}")
         width = max(len(e.id) for e in declared)
         for e in declared:
             files = e.files(fig_dir)
-            absent = [files[x].name for x in ("png", "pdf")
-                      if not files[x].is_file() or files[x].stat().st_size == 0]
-            if absent:
-                say(f"    failed  {e.id:<{width}}  missing {', '.join(absent)}")
+            problem = figure_problem(files)
+            if problem:
+                say(f"    failed  {e.id:<{width}}  {problem}")
             else:
                 report.figures += [files["png"], files["pdf"]]
                 say(f"    done    {e.id:<{width}}  {_display_path(files['png'])}")
-                if not files["json"].is_file():
-                    say(f"    warning: {e.id} has no sidecar {files['json'].name} (save it with save_figure)")
 
     missing = missing_figures(entries, notebooks, fig_dir)
     known = {e.stem for e in entries}
@@ -350,7 +451,7 @@ def run(
 
     problems = list(failures)
     if missing:
-        problems.append(f"missing or empty in {fig_dir}: " + "; ".join(missing))
+        problems.append(f"not whole (missing, empty or cut short) in {fig_dir}: " + "; ".join(missing))
     if problems:
         raise FiguresError(" | ".join(problems))
     return report
@@ -421,7 +522,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                   f"{_display_path(report.out / 'figures')} ({_duration(time.perf_counter() - t0)}); "
                   f"open {_display_path(report.index_html)}")
         elif args.command == "index":
-            md, page = write_index(args.out, manifest=args.manifest, warn=print)
+            out = check_out_folder(args.out)
+            with out_folder_lock(out):
+                md, page = write_index(out, manifest=args.manifest, warn=print)
             print(f"wrote {_display_path(page)} and {md.name}")
         else:
             _print_manifest(load_manifest(args.manifest, check_files=False),
@@ -429,4 +532,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (FiguresError, ManifestError) as e:
         print(f"repro.figures: error: {' '.join(str(e).split())}", file=sys.stderr)
         return 1
+    except OSError as e:  # e.g. the disk filled up or a folder vanished mid-run: one line, not a traceback
+        where = f" ({e.filename})" if getattr(e, "filename", None) else ""
+        print(f"repro.figures: error: {e.strerror or e}{where}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("repro.figures: interrupted", file=sys.stderr)
+        return 130
     return 0

@@ -20,6 +20,8 @@ from typing import Any, Iterable
 __all__ = ["SCALES", "SOURCES", "MAX_ASPECT", "save_figure", "tag_title", "figure_stem", "normalize_source",
            "png_size"]
 
+from repro.outputs import output_file, write_output  # noqa: E402
+
 from .style import MAX_ASPECT  # noqa: E402 - the widest (or tallest) a saved figure may be
 
 SCALES: tuple[str, ...] = ("tiny", "paper")
@@ -173,10 +175,13 @@ def save_figure(
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     png, pdf, side = out / f"{stem}.png", out / f"{stem}.pdf", out / f"{stem}.json"
-    fig.savefig(png, dpi=dpi, bbox_inches="tight")
-    # No creation date in the PDF: the same figure gives the same file.
-    fig.savefig(pdf, bbox_inches="tight", metadata={"CreationDate": None})
-    width, height = png_size(png)
+    # Each file is written beside its name and renamed into place, the sidecar last: a figure whose
+    # sidecar exists is whole, and a run killed part-way leaves the old files or none, never half a file.
+    with output_file(png) as tmp:
+        fig.savefig(tmp, dpi=dpi, bbox_inches="tight")
+        width, height = png_size(tmp)
+    with output_file(pdf) as tmp:  # no creation date in the PDF: the same figure gives the same file
+        fig.savefig(tmp, bbox_inches="tight", metadata={"CreationDate": None})
     if max(width / height, height / width) > MAX_ASPECT:
         import warnings
 
@@ -200,5 +205,5 @@ def save_figure(
         "size_px": [width, height],
         "repro_version": version,
     }
-    side.write_text(json.dumps(sidecar, indent=2) + "\n", encoding="utf-8")
+    write_output(side, json.dumps(sidecar, indent=2) + "\n")
     return sidecar
