@@ -162,10 +162,10 @@ def omgs_optimal(trace: Trace, cost: CostModel, density: float = 0.001, *, pack:
     can never again wait for the compute stream, so ``C`` no longer matters and is lowered to the least
     value any grouping can have there. (3) States whose lower bound (:class:`_GroupsBound`: for m more
     groups the communication stream needs ``M + m t_c0 + t_c1 k(rest)``, the compute stream
-    ``C + t_b(rest) + max(sum of per-layer t_spar, m t_spar(rest / m)) + t_c(1)`` -- t_spar is convex
+    ``C + t_b(rest) + max(sum of per-layer t_spar, m t_spar(rest / m)) + t_c(layer 0)`` -- t_spar is convex
     and superadditive, t_c affine in k -- minimised over m) exceeds the search's upper bound are
     dropped. (4) A state stops starting groups once ``max(max(M, C') + t_c(rest from e),
-    C' + t_b(rest) + per-layer t_spar(rest) + t_c(1))`` for its group ``[e, f)`` exceeds the upper
+    C' + t_b(rest) + per-layer t_spar(rest) + t_c(layer 0))`` for its group ``[e, f)`` exceeds the upper
     bound (it only grows with f). (5) A state at ``e`` also stops when a state made at ``f - 1`` has
     ``C'`` and ``max(M, C')`` no larger for the group ending at f: the difference in ``C'`` only grows
     with the end (t_spar is convex), so every later group from the older state is dominated.
@@ -197,7 +197,7 @@ def omgs_optimal(trace: Trace, cost: CostModel, density: float = 0.001, *, pack:
     simple = min((omgs(trace, cost, density, pack=pack), topk_layerwise(trace, cost, density, pack=pack),
                   topk_single(trace, cost, density, pack=pack)), key=lambda pl: float(pl.meta["iteration_s"]))
     incumbent = float(simple.meta["iteration_s"])
-    min_comm = float(c.comm_s(1.0))
+    min_comm = float(c.comm_s(pB[L - 1]))  # the last group holds layer 0 (no message if it has no parameters)
     comm_rest = np.atleast_1d(c.comm_s(cumP[L] - cumP))       # the rest after prefix e as one group
     spar_rest = np.atleast_1d(c.spar_s(cumP[L] - cumP))
     groups_bound = _GroupsBound(c, cumP, cumT, cumS, min_comm, pB)
@@ -243,7 +243,7 @@ class _GroupsBound:
     """A lower bound on the final ``M`` of every completion of states ``(C, M)`` after prefix ``f``
     (backward order), taking the number m of remaining groups into account: the communication
     stream needs ``M + m t_c0 + t_c1 (k of the rest)`` at least (t_c is affine in k, subadditive),
-    the compute stream ``C + t_b(rest) + max(sum of per-layer t_spar, m t_spar(rest / m)) + t_c(1)``
+    the compute stream ``C + t_b(rest) + max(sum of per-layer t_spar, m t_spar(rest / m)) + t_c(layer 0)``
     (t_spar is convex, so Jensen's inequality bounds m groups' top-k). The first grows with m, the
     second shrinks, so the least over m of their maximum is found by one binary search per state."""
 
