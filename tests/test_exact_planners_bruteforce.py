@@ -67,8 +67,8 @@ def test_dear_optimal_matches_brute_force_with_parameter_free_and_equal_layers(e
 
 def test_dear_optimal_does_not_depend_on_its_heuristic_pass(monkeypatch):
     rng = np.random.default_rng(5)
-    for _ in range(15):
-        tr, cost = _dear_trace(rng, int(rng.integers(20, 60))), _dear_cost(rng)
+    for _ in range(8):
+        tr, cost = _dear_trace(rng, int(rng.integers(20, 50))), _dear_cost(rng)
         got = []
         for beam in (1, 8, 10_000):
             monkeypatch.setattr(dear, "BEAM", beam)
@@ -121,8 +121,8 @@ def test_omgs_optimal_matches_brute_force_with_parameter_free_and_equal_layers(e
 
 def test_omgs_optimal_does_not_depend_on_its_heuristic_pass(monkeypatch):
     rng = np.random.default_rng(6)
-    for _ in range(15):
-        tr, cost = _sparse_trace(rng, int(rng.integers(20, 60))), _sparse_cost(rng)
+    for _ in range(8):
+        tr, cost = _sparse_trace(rng, int(rng.integers(20, 40))), _sparse_cost(rng)
         got = []
         for beam in (1, 8, 10_000):
             monkeypatch.setattr(sparse, "BEAM", beam)
