@@ -404,14 +404,16 @@ def dear_optimal(trace: Trace, cost: CostModel, *, time_budget_s: float = DEFAUL
             ids = np.arange(len(nodes), len(nodes) + len(C))
             nodes.extend((int(row[4]), i, int(row[5])) for row in C)
             # each label's next bucket [i, j) can only be useful up to the last j whose bound
-            # phi + max(c, T_ag) + forward(i..L) + max(M, ready(i) + S + T_rs), non-decreasing in j, is below
-            # the incumbent; found by bisection, then only those buckets are made
+            # phi + max(c, T_ag) + forward(i..L) + max(M, ready(i) + S + T_rs, S + rw), non-decreasing in j,
+            # is below the incumbent; found by bisection, then only those buckets are made
             room = best - 1e-15 - phi - (cum_c[L] - cum_c[i])
+            # the reduce-scatters' least end after a bucket [i, j) or any longer one: non-decreasing in j
+            rw = np.minimum.accumulate((r + W[js])[::-1])[::-1]
             lo, hi = np.zeros(len(C), dtype=np.int64), np.full(len(C), len(js), dtype=np.int64)  # count in [lo, hi]
             while np.any(lo < hi):
                 mid = (lo + hi + 1) // 2
                 k = np.maximum(mid - 1, 0)
-                ok = np.maximum(c, a[k]) + np.maximum(M, ready[i] + S + r[k]) < room
+                ok = np.maximum(c, a[k]) + np.maximum(np.maximum(M, ready[i] + S + r[k]), S + rw[k]) < room
                 lo = np.where(ok & (lo < hi), mid, lo)
                 hi = np.where(ok | (lo >= hi), hi, mid - 1)
             counts = lo
