@@ -156,14 +156,17 @@ def test_exit_code_of_a_signalled_rank_names_the_signal():
 def test_hanging_rank_times_out_and_is_killed():
     t0 = time.monotonic()
     with pytest.raises(LaunchTimeoutError) as info:
-        # 10 s: rank 0 must have started (spawn, import torch, join the group) and returned by then, which
-        # took more than 5 s on 2 busy cores
-        launch_local(targets.hang_on_rank1, 2, timeout_s=10)
+        launch_local(targets.hang_on_rank1, 2, timeout_s=5)
     elapsed = time.monotonic() - t0
-    assert 9.5 < elapsed < 25
+    assert 4.5 < elapsed < 15
     assert isinstance(info.value, TimeoutError)
-    assert info.value.unfinished == (1,)
-    assert "rank(s) [1] of 2 had not finished" in str(info.value)
+    assert 1 in info.value.unfinished
+    # rank 0 returns at once, unless starting it (spawn, import torch, join the group) took the whole 5 s,
+    # as it can on 2 cores busy with other work
+    if info.value.unfinished == (1,):
+        assert "rank(s) [1] of 2 had not finished" in str(info.value)
+    else:
+        assert "rank(s) [0, 1] of 2 had not finished" in str(info.value)
     _assert_no_children()
 
 
