@@ -4,9 +4,9 @@ The exchange is split into three small parts with sharp contracts, state kept ap
 algorithm (the compressor / memory / communicator split of GRACE, and the hook-state idea of
 PyTorch's PowerSGD hook):
 
-- a :class:`Compressor` turns a flat gradient into ``(values, indices)`` and scatter-adds such pairs
-  back into a dense tensor; :class:`TopKCompressor` keeps the ``k = ceil(density * n)`` entries of
-  largest magnitude (:func:`repro.sim.sparse.topk_count`), indices as int32 (what goes on the wire);
+- a :class:`Compressor` turns a flat gradient into ``(values, indices)`` and adds such pairs back
+  into a dense tensor, in one fixed order on every device (:func:`deterministic_index_add_`);
+  :class:`TopKCompressor` keeps the ``k = ceil(density * n)`` entries of largest magnitude (:func:`repro.sim.sparse.topk_count`), indices as int32 (what goes on the wire);
 - a :class:`Memory` holds what a worker did not send: ``compensate(key, flat)`` adds the held-back
   residual to the new gradient, ``update(key, compensated, indices)`` keeps ``compensated`` with
   the sent entries zeroed. :class:`ResidualMemory` is exact: the sent values scattered into zeros
@@ -21,9 +21,10 @@ PyTorch's PowerSGD hook):
 buffer; when a bucket is complete (buckets strictly in plan order, so every rank issues the same
 collectives), the bucket is compensated and compressed **on the calling thread** (the paper's
 "sparsification on the compute stream": it delays the next layers' backward) and its all-gathers are
-launched. ``after_backward`` waits for them, scatter-adds the ``P`` contributions (an index sent by
-several workers adds up), divides by ``P`` and hands the result to ``param.grad``. Every worker thus
-applies the same sparse average; what it held back stays in its own residual.
+launched. ``after_backward`` waits for them, adds the ``P`` contributions (an index sent by several
+workers adds up: worker 0's value first, then worker 1's, ..., in that order on every replica and
+device), divides by ``P`` and hands the result to ``param.grad``. Every worker thus applies the same
+sparse average, bit for bit; what it held back stays in its own residual.
 
 With ``record_timeline`` each bucket's :class:`SparseBucketTiming` holds the compression's start and
 end and the communication's launch and end (``time.perf_counter`` seconds).
@@ -53,7 +54,7 @@ from repro.runtime.topk import topk_indices
 from repro.sim.sparse import INDEX_BYTES, topk_count
 from repro.workload.layers import layer_parameters
 
-__all__ = ["Compressor", "TopKCompressor", "Memory", "NoMemory", "ResidualMemory", "AllGatherCommunicator",
+__all__ = ["deterministic_index_add_", "Compressor", "TopKCompressor", "Memory", "NoMemory", "ResidualMemory", "AllGatherCommunicator",
            "Exchange", "SparseBucketTiming", "SparseExecutor", "calibrate"]
 
 INDEX_DTYPE = torch.int32  # indices on the wire (INDEX_BYTES bytes each)
@@ -67,6 +68,50 @@ def _check_density(density: Any) -> float:
     if isinstance(density, bool) or not isinstance(density, (int, float)) or not 0 < density <= 1:
         raise ValueError(f"density must be a number in (0, 1], got {density!r}")
     return float(density)
+
+
+def deterministic_index_add_(out: torch.Tensor, indices: torch.Tensor, values: torch.Tensor,
+                             blocks: int | None = None) -> torch.Tensor:
+    """``out[indices[i]] += values[i]`` for every ``i``, in place, in one fixed order on every device.
+
+    ``out.index_add_`` over repeated indices is a scatter-add: on CUDA the repeated indices are added
+    with atomics in whatever order the threads run, so the float sum of an index several workers sent
+    differs from run to run and from replica to replica, and nothing re-synchronises the replicas'
+    parameters afterwards. Here every element gets its additions in the order its pairs are given,
+    ``((out + v_first) + v_second) + ...``, by construction: each ``index_add_`` below adds pairs of
+    **distinct** indices (one addition per element, whatever order the threads run in) and the calls
+    run one after the other. That is also the order of the CPU ``index_add_`` (a sequential loop), so
+    on the CPU the result is the same bit for bit.
+
+    - ``blocks=B``: the pairs are ``B`` equal runs, each with distinct indices (what ``B`` workers'
+      :meth:`Compressor.compress` calls give, gathered worker 0 first): one ``index_add_`` per run, in
+      order. Costs what one ``index_add_`` of all pairs costs. (Were a run's indices repeated after
+      all, the sum would still be right, only that run's repeats added in an unspecified order.)
+    - ``blocks=None`` (any pairs): a **stable** sort by index keeps each index's pairs in the given
+      order; round ``j`` adds the ``j``-th pair of every index. Rounds: the largest multiplicity of an
+      index. Costs two sorts of the pairs and a host synchronisation.
+    """
+    if indices.dim() != 1 or values.dim() != 1 or indices.numel() != values.numel():
+        raise ValueError("deterministic_index_add_ takes 1-D indices and values of one length")
+    n = indices.numel()
+    if n == 0:
+        return out
+    if blocks is not None:
+        if blocks < 1 or n % blocks:
+            raise ValueError(f"{n} pairs do not split into {blocks} equal blocks")
+        for idx, vals in zip(indices.view(blocks, -1), values.view(blocks, -1)):
+            out.index_add_(0, idx, vals)
+        return out
+    sorted_idx, perm = torch.sort(indices.long(), stable=True)
+    _, counts = torch.unique_consecutive(sorted_idx, return_counts=True)
+    starts = torch.cumsum(counts, 0) - counts
+    occurrence = torch.arange(n, device=sorted_idx.device) - torch.repeat_interleave(starts, counts, output_size=n)
+    rounds, order = torch.sort(occurrence, stable=True)  # round j: the j-th pair of every index
+    sizes = torch.unique_consecutive(rounds, return_counts=True)[1].tolist()
+    perm = perm[order]
+    for idx, pos in zip(sorted_idx[order].split(sizes), perm.split(sizes)):
+        out.index_add_(0, idx, values[pos])
+    return out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -85,10 +130,14 @@ class Compressor(ABC):
         """``(values, indices)`` of the entries sent, ``values[i] == flat[indices[i]]``."""
 
     @staticmethod
-    def decompress(values: torch.Tensor, indices: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-        """Scatter-add ``values`` at ``indices`` into the dense flat tensor ``out`` (in place; repeated
-        indices add up) and return ``out``."""
-        return out.index_add_(0, indices, values)
+    def decompress(values: torch.Tensor, indices: torch.Tensor, out: torch.Tensor,
+                   blocks: int | None = None) -> torch.Tensor:
+        """Add ``values`` at ``indices`` into the dense flat tensor ``out`` (in place; repeated indices
+        add up) and return ``out``, with :func:`deterministic_index_add_`: every element's additions
+        happen in the order its pairs are given, on every device. ``blocks``: the pairs are that many
+        :meth:`compress` outputs one after the other (the executor's ``P`` gathered ones, worker 0
+        first), each with distinct indices, which makes the fixed order cost nothing extra."""
+        return deterministic_index_add_(out, indices, values, blocks)
 
 
 class TopKCompressor(Compressor):
@@ -386,7 +435,7 @@ class SparseExecutor(Executor):
         for bucket in self._buckets:
             values, indices = self.comm.finish(bucket.exchange)
             dense = bucket.buffer.zero_()
-            self.compressor.decompress(values, indices, dense)
+            self.compressor.decompress(values, indices, dense, blocks=self.world_size)
             dense.div_(self.world_size)
             for slot in bucket.slots:
                 avg = slot.view.view_as(slot.param)  # a view of the bucket (no copy) ...
