@@ -289,9 +289,9 @@ def dear_optimal(trace: Trace, cost: CostModel, *, time_budget_s: float = DEFAUL
     reduce-scatters at ``max(M, S + X)``. Exact reductions:
 
     - normalisation at ``i``: every next bucket's all-gather is at least layer i's, so ``c`` is raised
-      to it; every next reduce-scatter ends after ``ready(i) + S + T_rs(layer i)``, so ``M`` is raised
-      to that; once ``M`` is past ``S`` plus all the remaining reduce-scatters could add, ``S`` cannot
-      matter and is set to 0;
+      to it; the remaining reduce-scatters end no earlier than ``S + W[i]`` (:func:`_least_rs_end`), so
+      ``M`` is raised to that; once ``M`` is past ``S`` plus all the remaining reduce-scatters could
+      add, ``S`` cannot matter and is set to 0;
     - dominance (:func:`_pareto`): a label is dropped when another has ``phi`` and ``phi + c`` no
       larger and ``S`` and ``M`` no larger up to that label's forward lead;
     - bounds: a label whose lower bound (the rest of the forward after the next all-gather, and the
@@ -388,10 +388,10 @@ def dear_optimal(trace: Trace, cost: CostModel, *, time_budget_s: float = DEFAUL
                     best_bounds = _bounds_from(nodes, len(nodes) - 1)
                 continue
             # exact normalisations (the docstring): every next bucket's all-gather is at least layer i's,
-            # its reduce-scatter ends after ready(i) + S + T_rs(layer i), and S cannot matter any more
+            # the remaining reduce-scatters end after S + W[i], and S cannot matter any more
             # once M is past all that the remaining reduce-scatters can add
             C[:, 1] = np.maximum(C[:, 1], head_ag[i])
-            C[:, 3] = np.maximum(C[:, 3], ready[i] + C[:, 2] + head_rs[i])
+            C[:, 3] = np.maximum(C[:, 3], C[:, 2] + W[i])
             C[:, 2] = np.where(C[:, 3] >= C[:, 2] + most_rs[i], 0.0, C[:, 2])
             C = _pareto(C)
             if beam is not None and len(C) > beam:
