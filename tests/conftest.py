@@ -1,4 +1,6 @@
+import contextlib
 import os
+import sys
 
 import numpy as np
 import pytest
@@ -26,6 +28,56 @@ def pytest_collection_modifyitems(config, items):
     skip = pytest.mark.skip(reason="needs CUDA (torch.cuda.is_available() is False)")
     for item in gpu_items:
         item.add_marker(skip)
+
+
+@contextlib.contextmanager
+def _no_ranks_unless_marked(item):
+    """A test not marked ``distributed`` may not start multiprocessing processes or a torch process group.
+
+    Keeps the markers honest: such a test would run in ``make test-fast`` (the unit tier) and start
+    ranks there. Starting one raises with what to add. (Processes started through ``subprocess``, such
+    as ``repro launch`` or git, are not seen here.)
+    """
+    if item.get_closest_marker("distributed") is not None:
+        yield
+        return
+    import multiprocessing.process as mp_process
+
+    def refuse(what):
+        raise RuntimeError(f"{item.nodeid} {what} but is not marked distributed: add @pytest.mark.distributed "
+                           "(or pytestmark = pytest.mark.distributed) so the unit tier leaves it out")
+
+    def start(self):
+        refuse(f"starts a process ({self.name})")
+
+    def init_process_group(*args, **kwargs):
+        refuse("starts a torch process group")
+
+    saved = [(mp_process.BaseProcess, "start", mp_process.BaseProcess.start)]
+    mp_process.BaseProcess.start = start
+    dist = sys.modules.get("torch.distributed")  # never imported here: only patched where already loaded
+    if dist is not None and hasattr(dist, "init_process_group"):
+        for module in (dist, sys.modules.get("torch.distributed.distributed_c10d")):
+            if module is not None and hasattr(module, "init_process_group"):
+                saved.append((module, "init_process_group", module.init_process_group))
+                module.init_process_group = init_process_group
+    try:
+        yield
+    finally:
+        for owner, name, value in saved:
+            setattr(owner, name, value)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item):
+    with _no_ranks_unless_marked(item):  # module fixtures that launch ranks are set up here
+        return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    with _no_ranks_unless_marked(item):
+        return (yield)
 
 
 @pytest.fixture
