@@ -54,6 +54,27 @@ class SparseCosts:
     def spar_s(self, numel):
         return self.cost.topk_s(numel)
 
+    def fast(self):
+        """``(spar, comm)``: :meth:`spar_s` and :meth:`comm_s` for float arrays, the same operations
+        without the per-call lookups (the exact planner calls them once per prefix length)."""
+        gamma, density, P = self.cost.topk_gamma_s, self.density, self.cost.workers
+        line = self.cost.line("sparse_allgather")
+        a, b = line.a_s, line.b_s_per_byte
+
+        def spar(d):
+            return np.where(d > 1, gamma * d * np.log2(np.maximum(d, 1.0)), 0.0)
+
+        def ag(x):
+            n = x * P
+            return np.where(n > 0, a + b * n, 0.0)
+
+        vb = self.value_bytes
+
+        def comm(d):
+            k = np.where(d > 0, np.minimum(d, np.maximum(1.0, np.ceil(density * d - 1e-9))), 0.0)
+            return ag(k * (vb + INDEX_BYTES)) if self.pack else ag(k * vb) + ag(k * INDEX_BYTES)
+        return spar, comm
+
     def comm_s(self, numel):
         k = topk_count(numel, self.density)
         if self.pack:
@@ -123,19 +144,20 @@ def omgs(trace: Trace, cost: CostModel, density: float = 0.001, *, pack: bool = 
     p_cur, tb_cur = float(p[L - 1]), float(tb[L - 1])
     tau_b = 0.0       # backward start of the current (merged) layer
     comm_free = 0.0   # end of the previous bucket's all-gather
+    spar, comm = c.fast()  # the same operations as c.spar_s / c.comm_s, without the per-call lookups
     for l in range(L - 1, 0, -1):
-        ts = float(c.spar_s(p_cur))
+        ts = float(spar(p_cur))
         tau_s = tau_b + tb_cur
         tau_c = max(comm_free, tau_s + ts)
         merged = p_cur + float(p[l - 1])
-        t_w = (float(tb[l - 1]) + float(c.spar_s(merged)) - ts - float(c.spar_s(p[l - 1]))
+        t_w = (float(tb[l - 1]) + float(spar(merged)) - ts - float(spar(p[l - 1]))
                - (tau_c - tau_s - ts))
-        t_save = float(c.comm_s(p_cur)) + float(c.comm_s(p[l - 1])) - float(c.comm_s(merged))
+        t_save = float(comm(p_cur)) + float(comm(p[l - 1])) - float(comm(merged))
         if t_w < t_save:
             cur.append(l - 1)
             p_cur, tb_cur = merged, tb_cur + float(tb[l - 1])
         else:
-            comm_free = tau_c + float(c.comm_s(p_cur))
+            comm_free = tau_c + float(comm(p_cur))
             tau_b = tau_s + ts
             groups.append(cur)
             cur, p_cur, tb_cur = [l - 1], float(p[l - 1]), float(tb[l - 1])
@@ -249,6 +271,7 @@ class _GroupsBound:
 
     def __init__(self, c: SparseCosts, cumP, cumT, cumS, min_comm: float, params) -> None:
         self.c, self.cumP, self.cumT, self.cumS, self.min_comm = c, cumP, cumT, cumS, min_comm
+        self.spar_f = c.fast()[0]
         self.L = len(cumP) - 1
         line = c.cost.line("sparse_allgather")
         per_k = line.b_s_per_byte * c.cost.workers * (c.value_bytes + INDEX_BYTES)
@@ -265,7 +288,7 @@ class _GroupsBound:
             k_rest = np.maximum(self.c.density * rest - m * 1e-9, 0.0)  # k of m groups: at least this in all
             X = m * self.start + self.per_k * k_rest * (1 - 1e-12)
             Y = (self.cumT[L] - self.cumT[f]) + np.maximum(self.cumS[L] - self.cumS[f],
-                                                          m * np.atleast_1d(self.c.spar_s(rest / m))) + self.min_comm
+                                                          m * self.spar_f(rest / m)) + self.min_comm
             Y = Y * (1 - 1e-12)
             D = np.maximum.accumulate(X - Y)  # non-decreasing (it is already, up to rounding)
             self._cache[f] = (X, Y, D)
@@ -289,6 +312,7 @@ def _omgs_round(L, upper, c, cumP, cumT, cumS, sparB, tbB, comm_rest, spar_rest,
     """One search under ``upper`` (on M): ``("found", cuts)``, ``("none",)`` when no grouping has
     ``M <= upper``, or ``("stopped", bound_s, done)`` when the budget ran out. With ``beam``, each
     prefix keeps only the ``beam`` states of least lower bound (a heuristic pass)."""
+    spar_f, comm_f = c.fast()
     cap = 1024
     E = np.zeros(cap, dtype=np.int64)
     Cs = np.zeros(cap)
@@ -312,9 +336,9 @@ def _omgs_round(L, upper, c, cumP, cumT, cumS, sparB, tbB, comm_rest, spar_rest,
             return ("none",)
         e = E[active]
         d = cumP[f] - cumP[e]
-        C2 = Cs[active] + (cumT[f] - cumT[e]) + np.atleast_1d(c.spar_s(d))
+        C2 = Cs[active] + (cumT[f] - cumT[e]) + spar_f(d)
         busy = np.maximum(Ms[active], C2)
-        M2 = busy + np.atleast_1d(c.comm_s(d))
+        M2 = busy + comm_f(d)
         # retire states that cannot start a useful group ending at f or later: this bound only grows with f
         retire = np.maximum(busy + comm_rest[e], C2 + (cumT[L] - cumT[f]) + (cumS[L] - cumS[f]) + min_comm) > upper
         # retire states whose group [e, f) is beaten by a state of the last step's (e' = f - 1) in both
