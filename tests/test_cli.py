@@ -125,6 +125,7 @@ def test_profile_bad_input(capsys, tmp_path, argv, message):
     assert rc == 2 and message in err and len(err.strip().splitlines()) == 1
 
 
+@pytest.mark.distributed
 def test_launch_and_calibrate_on_local_ranks(tmp_path):
     r = subprocess.run([sys.executable, "-m", "repro", "launch", "--nproc", "2", "--", "--model", "tiny_vgg",
                         "--scheduler", "optimal", "--steps", "2", "--warmup-steps", "1", "--batch-size", "4"],
@@ -244,6 +245,7 @@ def test_nproc_bound_states_the_limit_of_this_machine(capsys, no_ranks):
     assert re.search(r"at most \d+ ranks \(.* GiB available memory / about \d+ MiB per rank", err), err
 
 
+@pytest.mark.slow
 def test_launch_refuses_bad_runs_before_ranks_start(tmp_path):
     import subprocess as _sp
     import sys as _sys

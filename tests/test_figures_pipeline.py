@@ -416,6 +416,7 @@ def _check_notebook_outputs(manifest: Path, notebook: str, out: Path) -> None:
             assert _nonempty(f), f"{notebook} did not write {f.name}"
 
 
+@pytest.mark.notebook
 @pytest.mark.slow
 def test_runner_end_to_end_on_fixture(demo_manifest, tmp_path, capsys):
     import repro
@@ -482,6 +483,7 @@ def test_runner_end_to_end_on_fixture(demo_manifest, tmp_path, capsys):
     assert "figures/demo_tiny.png" in (out / "index.md").read_text()
 
 
+@pytest.mark.notebook
 @pytest.mark.slow
 def test_runner_fails_naming_the_missing_figure(demo_manifest, tmp_path, capsys):
     out = tmp_path / "results"
@@ -502,6 +504,7 @@ def test_runner_fails_naming_the_missing_figure(demo_manifest, tmp_path, capsys)
     assert json.loads((out / "notebooks" / "demo.run.json").read_text())["status"] == "failed"
 
 
+@pytest.mark.notebook
 @pytest.mark.slow
 def test_runner_reports_a_failing_notebook(demo_manifest, tmp_path):
     with pytest.raises(FiguresError, match=r"demo.ipynb failed.*RuntimeError: fixture asked to fail"):
@@ -514,11 +517,13 @@ def test_runner_reports_a_failing_notebook(demo_manifest, tmp_path):
     assert "fixture asked to fail" in card[:card.index("</article>")]
 
 
+@pytest.mark.notebook
 @pytest.mark.slow
 def test_notebook_check_logic_on_fixture(demo_manifest, tmp_path):
     _check_notebook_outputs(demo_manifest, "demo.ipynb", tmp_path / "out")
 
 
+@pytest.mark.notebook
 @pytest.mark.slow
 def test_runner_links_the_tables_a_notebook_writes(tmp_path):
     """The run record lists the data/*.csv a notebook created or changed; the card links them."""
@@ -667,6 +672,7 @@ def test_a_broken_manifest_gives_a_failing_notebook_test(monkeypatch, tmp_path, 
         test_real_manifest_yields_notebook_tests()
 
 
+@pytest.mark.notebook
 @pytest.mark.slow
 @pytest.mark.parametrize("notebook, manifest_error", _real_notebook_params())
 def test_real_notebook_makes_its_declared_figures(notebook, manifest_error, tmp_path):

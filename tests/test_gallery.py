@@ -183,6 +183,7 @@ def _cards(page_text: str) -> dict[str, str]:
 
 # ------------------------------------------------------------------------------------------ tests
 
+@pytest.mark.slow
 def test_gallery_cards_statuses_and_links(fake_run):
     manifest, out = fake_run
     md, page = write_index(out, manifest=manifest)
@@ -250,6 +251,7 @@ def test_gallery_cards_statuses_and_links(fake_run):
     assert "8 figures: 4 done, 2 planned, 1 failed, 1 missing" in text
 
 
+@pytest.mark.slow
 def test_thumbnails_are_downscaled_and_refreshed(fake_run):
     manifest, out = fake_run
     write_index(out, manifest=manifest)
@@ -273,6 +275,7 @@ def test_thumbnails_are_downscaled_and_refreshed(fake_run):
     assert full.width / full.height < 1.5, "the thumbnail shows the redrawn, near-square figure"
 
 
+@pytest.mark.slow
 def test_figure_tables_rules(fake_run):
     manifest, out = fake_run
     entries = {e.id: e for e in load_manifest(manifest, check_files=False)}
@@ -288,6 +291,7 @@ def test_figure_tables_rules(fake_run):
     assert figure_tables(out, entries["demo.speedup"], {"tables": []})[2] == "name"
 
 
+@pytest.mark.slow
 def test_states_are_one_vocabulary(fake_run):
     manifest, out = fake_run
     cards = collect_cards(out, load_manifest(manifest, check_files=False))
@@ -337,6 +341,7 @@ def _chromium(browser: str, tmp_path: Path, *args: str, timeout: float = 120) ->
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
 
 
+@pytest.mark.slow
 def test_gallery_in_headless_browser(fake_run, tmp_path):
     browser = _require_browser()
     manifest, out = fake_run
