@@ -27,7 +27,13 @@ How :class:`ByteSchedulerExecutor` runs it, per rank:
   exactly as a whole-model step would update it. So the next forward starts as soon as the input-side
   layers are updated, while output-side chunks are still in flight. :meth:`flush` applies everything
   pending (the loop calls it before an evaluation or a checkpoint and at the end);
-- buffers are broadcast from rank 0 before every forward (as DDP does).
+- buffers are broadcast from rank 0 before every forward (as DDP does);
+- mixed precision: with ``torch.amp.GradScaler`` the loop stays ``scaler.scale(loss).backward();
+  ex.after_backward(); scaler.step(opt); scaler.update()`` with ``opt = ex.wrap_optimizer(optimizer,
+  grad_scaler=scaler)``; ``step()`` then waits for every chunk, decides the skip on the all-reduced
+  sums (the same on every rank), tells the scaler's ``update()``, and the layer-wise updates apply
+  ``sum / P / scale``; ``opt.synchronize()`` finishes the exchange early for ``scaler.unscale_(opt)``
+  and clipping (:meth:`ByteSchedulerExecutor.step`).
 
 **Same collectives on every rank.** Which chunks are ready, and which completed, at a given moment
 differs between ranks, and so would a priority order decided locally. So rank 0 decides: its
@@ -63,7 +69,7 @@ from torch import nn
 
 from repro.plan import Plan, PlanError
 from repro.runtime.buffers import broadcast_buffers
-from repro.runtime.executor import Executor, ExecutorOptions
+from repro.runtime.executor import Executor, ExecutorOptions, FoundInfReport, ScaledStep, scaled_step
 from repro.workload.layers import layer_parameters
 
 __all__ = ["ByteSchedulerExecutor", "ChunkTiming", "LayerwiseOptimizer"]
@@ -129,6 +135,7 @@ class _Layer:
         self.pending = len(params)
         self.chunks: list[_Chunk] = []
         self.armed = False    # its update (of the last step) is still to be applied
+        self.inv_scale: Any = None  # GradScaler's 1/scale for that update (None: not scaled)
 
 
 class ByteSchedulerExecutor(Executor):
@@ -197,6 +204,8 @@ class ByteSchedulerExecutor(Executor):
         self._closed = False
         self._error: BaseException | None = None
         self._optimizer: Any = None
+        self._found_inf_report: FoundInfReport | None = None
+        self._synchronized = False  # synchronize() ran: param.grad holds this step's averaged gradient
         self.timings = [c.timing for c in self._chunks] if self.options.record_timeline else []
         self._hooks = []
         for layer in self._layers.values():
@@ -217,9 +226,96 @@ class ByteSchedulerExecutor(Executor):
         self._thread.start()
 
     # ---- executor contract ----
-    def wrap_optimizer(self, optimizer: Any) -> "LayerwiseOptimizer":
+    def wrap_optimizer(self, optimizer: Any, grad_scaler: Any = None) -> "LayerwiseOptimizer":
+        """The optimizer the loop steps. ``grad_scaler``: the ``torch.amp.GradScaler`` the loop steps it
+        with (needed for ``scaler.step(opt)`` without ``synchronize()``: its ``update()`` must learn the
+        verdict on the exchanged gradient, see :meth:`step`)."""
         self._optimizer = optimizer
+        if grad_scaler is not None:
+            device = next(iter(self._layers.values())).buffer.device
+            self._found_inf_report = FoundInfReport(grad_scaler, device)
         return LayerwiseOptimizer(optimizer, self)
+
+    def step(self, amp: ScaledStep | None = None) -> None:
+        """The wrapped optimizer's ``step()``: mark every layer's update pending (applied in the next
+        forward); nothing is waited for.
+
+        Under ``torch.amp.GradScaler`` (``amp``: what ``scaler.step(opt)`` attached; every rank calls
+        this every step, skipped or not):
+
+        - the skip needs the whole exchanged gradient, so this waits for every chunk's all-reduce (the
+          chunks still in flight no longer overlap the next forward) and checks the sums for inf/nan.
+          The all-reduced sums are the same on every rank, so is the verdict; and an inf/nan in any
+          rank's own gradient makes its sum inf/nan (IEEE: inf + finite = inf, inf - inf = nan, nan + x
+          = nan), so the verdict covers GradScaler's check of this rank's ``param.grad``;
+        - found: no layer is updated (optimizer state untouched), as ``GradScaler.step`` skips
+          ``optimizer.step()``; else each layer's averaged gradient is multiplied by GradScaler's
+          ``1 / scale`` just before its update (``sum / P * inv_scale``, the order DDP + GradScaler use);
+        - the verdict goes to the scaler's ``update()`` (:class:`~repro.runtime.executor.FoundInfReport`,
+          hence ``wrap_optimizer(opt, grad_scaler=scaler)``), so it backs off on every rank or on none;
+        - ``scaler.unscale_(opt)`` before ``scaler.step(opt)`` is refused unless :meth:`synchronize` ran.
+
+        After :meth:`synchronize`: one optimizer step on ``param.grad`` (unscaled first when GradScaler
+        has not yet; skipped when it found an inf/nan, a verdict the same on every rank).
+        """
+        if self._optimizer is None:
+            raise RuntimeError("ByteSchedulerExecutor: call wrap_optimizer(optimizer) before stepping")
+        if self._synchronized:
+            self._step_synchronized(amp)
+            return
+        if amp is not None:
+            if amp.inv_scale is None:
+                raise RuntimeError("ByteScheduler: scaler.unscale_(opt) was called before the exchange finished; "
+                                   "call opt.synchronize() first (or leave the unscaling to scaler.step(opt))")
+            if self._found_inf_report is None:
+                raise RuntimeError("ByteScheduler under a GradScaler: pass it to wrap_optimizer(optimizer, "
+                                   "grad_scaler=scaler) (its update() must learn whether this step was skipped)")
+        self._arm()
+        if amp is None:
+            for layer in self._layers.values():
+                layer.inv_scale = None
+            return
+        armed = [layer for layer in self._layers.values() if layer.armed]
+        found = False
+        for layer in armed:
+            self._wait(layer)
+            found = found or not bool(torch.isfinite(layer.buffer).all())
+        self._found_inf_report.report(found)
+        for layer in armed:
+            if found:
+                self._reset(layer)
+            else:
+                layer.inv_scale = amp.inv_scale
+
+    def synchronize(self) -> None:
+        """Finish this step's exchange now (every chunk's all-reduce waited): ``param.grad`` of every
+        parameter is its averaged gradient (a view of the layer's buffer, the same on every rank). The
+        next :meth:`step` applies ``param.grad`` in one optimizer step instead of layer by layer in the
+        next forward. For ``scaler.unscale_(opt)``, gradient clipping or inspection before ``step()``."""
+        if self._synchronized:
+            return
+        self._arm()
+        for layer in self._layers.values():
+            if not layer.armed:
+                continue
+            self._wait(layer)
+            layer.buffer.div_(self.world_size)
+            for p, v in zip(layer.params, layer.views):
+                avg = v.view_as(p)
+                p.grad = avg if avg.dtype == p.dtype else avg.to(p.dtype)
+            self._reset(layer)
+        self._synchronized = True
+
+    def _step_synchronized(self, amp: ScaledStep | None) -> None:
+        self._synchronized = False
+        if amp is None or not amp.found_inf:
+            if amp is not None and amp.inv_scale is not None:
+                with torch.no_grad():
+                    for layer in self._layers.values():
+                        for p in layer.params:
+                            if p.grad is not None:
+                                p.grad.mul_(amp.inv_scale)
+            self._optimizer.step()
 
     def before_forward(self) -> None:
         broadcast_buffers(self.model)
@@ -305,8 +401,8 @@ class ByteSchedulerExecutor(Executor):
                     self._apply(layer)
         return hook
 
-    def _apply(self, layer: _Layer) -> None:
-        """Wait for ``layer``'s chunks and take the wrapped optimizer's step on its parameters alone."""
+    def _wait(self, layer: _Layer) -> None:
+        """Wait for every chunk of ``layer``: issued, completed, and its completion callback run."""
         with self._cond:
             while any(c.state != _ISSUED for c in layer.chunks):
                 if self._error is not None:
@@ -317,7 +413,25 @@ class ByteSchedulerExecutor(Executor):
         with self._cond:  # and for the completion callbacks (they stamp end_s; gloo runs them after wait())
             while not all(c.done for c in layer.chunks):
                 self._cond.wait(timeout=1.0)
+
+    def _reset(self, layer: _Layer) -> None:
+        """``layer``'s exchange is over (applied, skipped or handed to ``param.grad``): ready for the next
+        backward."""
+        with self._cond:
+            for c in layer.chunks:
+                c.state = _IDLE
+                c.work = None
+        layer.written = [False] * len(layer.params)
+        layer.pending = len(layer.params)
+        layer.armed = False
+        layer.inv_scale = None
+
+    def _apply(self, layer: _Layer) -> None:
+        """Wait for ``layer``'s chunks and take the wrapped optimizer's step on its parameters alone."""
+        self._wait(layer)
         layer.buffer.div_(self.world_size)
+        if layer.inv_scale is not None:  # GradScaler: sum / P * (1 / scale), as DDP + GradScaler
+            layer.buffer.mul_(layer.inv_scale)
         opt = self._optimizer
         if opt is None:
             raise RuntimeError("ByteSchedulerExecutor applies updates itself: call wrap_optimizer(optimizer) "
@@ -336,13 +450,7 @@ class ByteSchedulerExecutor(Executor):
         opt.step()
         for p, g in own + saved:
             p.grad = g
-        with self._cond:
-            for c in layer.chunks:
-                c.state = _IDLE
-                c.work = None
-        layer.written = [False] * len(layer.params)
-        layer.pending = len(layer.params)
-        layer.armed = False
+        self._reset(layer)
 
     # ---- scheduler thread ----
     def _pick(self) -> list[_Chunk]:
@@ -434,14 +542,30 @@ class ByteSchedulerExecutor(Executor):
 class LayerwiseOptimizer:
     """What the loop steps under ByteScheduler: ``step()`` only marks every layer's update as pending
     (the executor applies each in the next forward, or in ``flush()``); ``state_dict()`` flushes first;
-    ``zero_grad`` and the rest are the wrapped optimizer's."""
+    ``zero_grad`` and the rest are the wrapped optimizer's.
+
+    **GradScaler** (``_step_supports_amp_scaling``): ``scaler.step(opt)`` always calls :meth:`step` with
+    the scale and its own inf check attached (:func:`~repro.runtime.executor.scaled_step`); see
+    :meth:`ByteSchedulerExecutor.step`. ``synchronize()`` (Horovod-style) finishes the exchange now so
+    that ``param.grad`` holds the averaged gradient for ``scaler.unscale_(opt)`` or clipping before
+    ``step()``, which then applies it in one optimizer step."""
+
+    _step_supports_amp_scaling = True
 
     def __init__(self, optimizer: Any, executor: ByteSchedulerExecutor) -> None:
         self.optimizer = optimizer
         self.executor = executor
 
     def step(self) -> None:
-        self.executor._arm()
+        amp = scaled_step(self)
+        if amp is None:
+            self.executor.step()
+        else:
+            self.executor.step(amp=amp)
+
+    def synchronize(self) -> None:
+        """Finish this step's exchange now: ``param.grad`` is the averaged gradient (see the class)."""
+        self.executor.synchronize()
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         self.optimizer.zero_grad(set_to_none=set_to_none)

@@ -42,6 +42,13 @@ the pre-hooks; they are applied at the latest when their gradient arrives or at 
 One backward per ``step()``: a gradient arriving twice for a parameter before ``step()`` raises
 (gradient accumulation over several backward passes is not supported).
 
+**Mixed precision.** With ``torch.amp.GradScaler`` the loop stays ``scaler.scale(loss).backward();
+ex.after_backward(); scaler.step(opt); scaler.update()``, with ``opt = ex.wrap_optimizer(optimizer,
+grad_scaler=scaler)``: ``step()`` decides the skip on the reduce-scattered gradient (one all-reduce of
+a count, the same verdict on every rank), tells the scaler's ``update()``, and the updates in the next
+forward apply ``sum / P / scale``; ``opt.synchronize()`` finishes the exchange early for
+``scaler.unscale_(opt)`` and clipping (see :meth:`DeARExecutor.step`, :class:`DeAROptimizer`).
+
 ``flush()`` waits for all communication and applies every pending update (the authors' code drops the
 last iteration's update; here evaluation, checkpoints and the end of training see it). ``remove()``
 flushes, removes every hook and closes the stream (unless it was handed in).
@@ -69,7 +76,7 @@ from torch import nn
 
 from repro.plan import Plan, PlanError
 from repro.runtime.buffers import broadcast_buffers
-from repro.runtime.executor import Executor, ExecutorOptions, timing_row
+from repro.runtime.executor import Executor, ExecutorOptions, FoundInfReport, ScaledStep, scaled_step, timing_row
 from repro.workload.layers import layer_parameters
 
 __all__ = ["DeARExecutor", "DeARTiming", "DeAROptimizer", "calibrate", "time_stream_collectives"]
@@ -117,13 +124,26 @@ class _Bucket:
     update_pending: bool = False  # gathered gradient waiting to be applied
     flags: Any = None             # per parameter: number of ranks that had a gradient (after the exchange)
     local_missing: bool = False   # this rank had no gradient for some parameter of the bucket
+    grads: Any = None             # the gradient part of the buffer (no flags, no padding)
+    inv_scale: Any = None         # GradScaler's 1/scale for the pending update (None: not scaled)
 
 
 class DeAROptimizer:
     """What the loop calls ``zero_grad()`` and ``step()`` on: ``step()`` finishes the reduce-scatters and
     starts the all-gather of bucket 0; the update itself happens bucket by bucket in the next forward
     (or at :meth:`DeARExecutor.flush`). ``executor``: anything with ``step()`` and ``flush()`` (a
-    :class:`DeARExecutor`, or the tuner that owns one)."""
+    :class:`DeARExecutor`, or the tuner that owns one; GradScaler and :meth:`synchronize` need a
+    :class:`DeARExecutor`).
+
+    **GradScaler** (``_step_supports_amp_scaling``): ``scaler.step(opt)`` always calls :meth:`step`
+    (with the scale and its own inf check attached, :func:`~repro.runtime.executor.scaled_step`), so
+    every rank takes part in the exchange; see :meth:`DeARExecutor.step` for what it does with them.
+    ``synchronize()`` is the Horovod-style escape hatch: it finishes the whole exchange now, so that
+    ``param.grad`` holds the averaged gradient (the same on every rank) for ``scaler.unscale_(opt)``,
+    clipping or inspection before ``step()``, which then applies ``param.grad`` in one optimizer step
+    (no update in the next forward; the all-gathers do not overlap it)."""
+
+    _step_supports_amp_scaling = True
 
     def __init__(self, executor: Any, optimizer: Any) -> None:
         self.executor = executor
@@ -132,7 +152,15 @@ class DeAROptimizer:
     def step(self, closure=None) -> None:
         if closure is not None:
             raise ValueError("DeAR applies updates in the next forward; a closure cannot be evaluated")
-        self.executor.step()
+        amp = scaled_step(self)
+        if amp is None:
+            self.executor.step()
+        else:
+            self.executor.step(amp=amp)
+
+    def synchronize(self) -> None:
+        """Finish this step's exchange now: ``param.grad`` is the averaged gradient (see the class)."""
+        self.executor.synchronize()
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         self.optimizer.zero_grad(set_to_none=set_to_none)
@@ -210,6 +238,7 @@ class DeARExecutor(Executor):
                     bucket.slots.append(slot)
                     self._slots.append(slot)
                     offset += p.numel()
+            bucket.grads = bucket.buffer[:offset]
             bucket.flags = bucket.buffer[offset:offset + len(bucket.slots)]
             for i, slot in enumerate(bucket.slots):
                 slot.flag = i
@@ -222,6 +251,8 @@ class DeARExecutor(Executor):
         self._first_pending = K        # no bucket below this one has a pending update
         self._optimizer: Any = None
         self._wrapper: DeAROptimizer | None = None
+        self._found_inf_report: FoundInfReport | None = None
+        self._synchronized = False     # synchronize() ran: param.grad holds this step's averaged gradient
         self.timings: list[DeARTiming] = []
         if self.options.record_timeline:
             nbytes = [b.buffer.numel() * b.buffer.element_size() for b in self._buckets]
@@ -245,9 +276,14 @@ class DeARExecutor(Executor):
     def num_buckets(self) -> int:
         return len(self._buckets)
 
-    def wrap_optimizer(self, optimizer: Any) -> DeAROptimizer:
+    def wrap_optimizer(self, optimizer: Any, grad_scaler: Any = None) -> DeAROptimizer:
+        """The optimizer the loop steps. ``grad_scaler``: the ``torch.amp.GradScaler`` the loop steps it
+        with (needed for ``scaler.step(opt)`` without :meth:`synchronize`: its ``update()`` must learn
+        the verdict on the exchanged gradient, see :meth:`step`)."""
         self.set_optimizer(optimizer)
         self._wrapper = DeAROptimizer(self, optimizer)
+        if grad_scaler is not None:
+            self._found_inf_report = FoundInfReport(grad_scaler, self._buckets[0].buffer.device)
         return self._wrapper
 
     def set_optimizer(self, optimizer: Any) -> None:
@@ -265,24 +301,120 @@ class DeARExecutor(Executor):
         if self._in_backward:
             self._fill_unwritten()
 
-    def step(self) -> None:
-        """The wrapped optimizer's ``step()``: finish the reduce-scatters, start AG(0), update nothing."""
+    def step(self, amp: ScaledStep | None = None) -> None:
+        """The wrapped optimizer's ``step()``: finish the reduce-scatters, start AG(0), update nothing.
+
+        Under ``torch.amp.GradScaler`` (``amp``: what ``scaler.step(opt)`` attached; every rank calls
+        this every step, skipped or not, so the collectives stay matched):
+
+        - the skip is decided on the exchanged gradient, the same way on every rank: each rank checks
+          its reduce-scattered shard (the sum over ranks: an inf/nan of any rank's gradient, or a sum
+          that overflowed, is non-finite there) and adds GradScaler's check of its own ``param.grad``;
+          one all-reduce of these counts on the stream gives every rank the same verdict;
+        - found: no bucket is updated (no all-gather; optimizer state untouched), as ``GradScaler.step``
+          skips ``optimizer.step()``; else every bucket's averaged gradient is multiplied by
+          GradScaler's ``1 / scale`` just before its update in the next forward (``sum / P * inv_scale``,
+          the order DDP + GradScaler use);
+        - the verdict goes to the scaler's ``update()`` (:class:`~repro.runtime.executor.FoundInfReport`,
+          hence ``wrap_optimizer(opt, grad_scaler=scaler)``); it covers GradScaler's own local check,
+          so ``update()`` backs off on every rank or on none;
+        - ``scaler.unscale_(opt)`` before ``scaler.step(opt)`` is refused (it would unscale this rank's
+          local ``param.grad``, not the exchanged gradient) unless :meth:`synchronize` ran first.
+
+        After :meth:`synchronize`: one optimizer step on ``param.grad`` (unscaled first when GradScaler
+        has not yet; skipped when it found an inf/nan: ``param.grad`` is the same on every rank, so its
+        check agrees everywhere).
+        """
         if self._optimizer is None:
             raise RuntimeError("DeARExecutor: call wrap_optimizer(optimizer) before stepping")
+        if self._synchronized:
+            self._step_synchronized(amp)
+            return
+        if amp is not None:
+            if amp.inv_scale is None:
+                raise RuntimeError("DeAR: scaler.unscale_(opt) was called before the exchange finished; call "
+                                   "opt.synchronize() first (or leave the unscaling to scaler.step(opt))")
+            if self._found_inf_report is None:
+                raise RuntimeError("DeAR under a GradScaler: pass it to wrap_optimizer(optimizer, grad_scaler=scaler) "
+                                   "(its update() must learn whether this step was skipped on every rank)")
         self._start_backward()   # no gradient at all this iteration: still every AG before the RS
         self._fill_unwritten()
         for bucket in self._buckets:
             self._wait_rs(bucket)
+        skip = False
+        if amp is not None:
+            skip = self._found_inf(amp)
+            self._found_inf_report.report(skip)
         for bucket in self._buckets:
-            bucket.update_pending = True
+            bucket.update_pending = not skip
+            bucket.inv_scale = None if amp is None else amp.inv_scale
+            if skip:
+                bucket.local_missing = False
             for slot in bucket.slots:
                 slot.written = False
             bucket.pending = len(bucket.slots)
         self._next_rs = len(self._buckets) - 1
         self._in_backward = False
-        self._next_ag = 0
-        self._first_pending = 0
-        self._submit_ag(0)
+        K = len(self._buckets)
+        self._next_ag = K if skip else 0
+        self._first_pending = K if skip else 0
+        if not skip:
+            self._submit_ag(0)
+
+    def _found_inf(self, amp: ScaledStep) -> bool:
+        """Whether any rank's exchanged shard (or GradScaler's check of any rank's ``param.grad``) has an
+        inf/nan: one all-reduce of per-rank counts on the stream (after every RS, the same position on
+        every rank)."""
+        P, rank = self.world_size, self.stream.rank
+        device = self._buckets[0].buffer.device
+        count = torch.zeros((), dtype=torch.float32, device=device)
+        for bucket in self._buckets:
+            count += (~torch.isfinite(bucket.buffer.chunk(P)[rank])).sum()
+        counts = torch.zeros(P, dtype=torch.float32, device=device)
+        counts[rank] = count + float(amp.found_inf)
+        self.stream.all_reduce(counts).wait()
+        return bool(counts.sum().item() > 0)
+
+    def synchronize(self) -> None:
+        """Finish this step's exchange now (every RS, then every AG, waited): ``param.grad`` of every
+        parameter some rank had a gradient for is its averaged gradient (a view of the bucket, the same
+        on every rank), the others' None. The next :meth:`step` applies ``param.grad`` in one optimizer
+        step instead of bucket by bucket in the next forward. For ``scaler.unscale_(opt)``, gradient
+        clipping or inspection before ``step()``."""
+        if self._synchronized:
+            return
+        if self._optimizer is None:
+            raise RuntimeError("DeARExecutor: call wrap_optimizer(optimizer) before synchronize()")
+        self._start_backward()
+        self._fill_unwritten()
+        for bucket in self._buckets:
+            self._wait_rs(bucket)
+        handles = [self.stream.all_gather(bucket.buffer) for bucket in self._buckets]
+        for bucket, handle in zip(self._buckets, handles):
+            handle.wait()
+            bucket.buffer.div_(self.world_size)
+            used = (bucket.flags > 0).tolist() if bucket.local_missing else [True] * len(bucket.slots)
+            bucket.local_missing = False
+            for slot in bucket.slots:
+                slot.param.grad = slot.view.view_as(slot.param) if used[slot.flag] else None
+        self._synchronized = True
+
+    def _step_synchronized(self, amp: ScaledStep | None) -> None:
+        self._synchronized = False
+        try:
+            if amp is None or not amp.found_inf:
+                if amp is not None and amp.inv_scale is not None:
+                    with torch.no_grad():
+                        for bucket in self._buckets:
+                            bucket.grads.mul_(amp.inv_scale)
+                self._optimizer.step()
+        finally:
+            for bucket in self._buckets:
+                for slot in bucket.slots:
+                    slot.written = False
+                bucket.pending = len(bucket.slots)
+            self._next_rs = len(self._buckets) - 1
+            self._in_backward = False
 
     def flush(self) -> None:
         """Wait for all communication and apply every pending update (in bucket order)."""
@@ -403,6 +535,9 @@ class DeARExecutor(Executor):
         if self.timings:
             self._record(self.timings[len(self._buckets) + k], handle)
         bucket.buffer.div_(self.world_size)
+        if bucket.inv_scale is not None:  # GradScaler: sum / P * (1 / scale), as DDP + GradScaler
+            bucket.grads.mul_(bucket.inv_scale)
+            bucket.inv_scale = None
         self._step_bucket(bucket)
         bucket.update_pending = False
         self._advance_first_pending()

@@ -18,6 +18,15 @@ and ``ex.flush()`` at the end of training and before an evaluation or a checkpoi
   optimizer itself). A family that applies updates elsewhere (DeAR: bucket by bucket in the next
   forward) returns a wrapper whose ``step()`` only starts that; ``flush()`` then applies what is
   pending;
+- mixed precision (``torch.amp.GradScaler``): the loop is the ordinary one,
+  ``scaler.scale(loss).backward(); ex.after_backward(); scaler.step(opt); scaler.update()``. Families
+  whose ``after_backward`` leaves the exchanged gradients in ``param.grad`` need nothing more. A family
+  that updates parameters itself (DeAR, ByteScheduler) returns a wrapper with
+  ``_step_supports_amp_scaling``: ``GradScaler.step`` then calls its ``step()`` every time (never skips
+  it, so every rank issues the same collectives) with the scale and its inf check attached
+  (:func:`scaled_step`), and the family unscales what it applies, decides the skip from the exchanged
+  gradient (the same on every rank) and reports that verdict to the scaler's ``update()``
+  (:class:`FoundInfReport`; such families take ``wrap_optimizer(optimizer, grad_scaler=scaler)``);
 - ``flush()``: no communication of this executor is outstanding afterwards, and the model's
   parameters are the ones every rank agrees on (families that overlap iterations finish them here);
 - ``remove()``: detach hooks; the model is left usable without the executor;
@@ -35,11 +44,56 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, is_dataclass
 from typing import Any
 
+import torch
 from torch import nn
 
 from repro.plan import Plan
 
-__all__ = ["Executor", "ExecutorOptions", "timing_row"]
+__all__ = ["Executor", "ExecutorOptions", "FoundInfReport", "ScaledStep", "scaled_step", "timing_row"]
+
+
+@dataclass(frozen=True)
+class ScaledStep:
+    """What ``torch.amp.GradScaler.step`` hands an optimizer that sets ``_step_supports_amp_scaling``:
+    ``inv_scale`` (float32 ``1 / scale``, computed as ``GradScaler.unscale_`` does; None when
+    ``scaler.unscale_(opt)`` already ran this step) and ``found_inf`` (its inf/nan check of the
+    ``param.grad`` of ``opt.param_groups`` on this rank)."""
+
+    inv_scale: torch.Tensor | None
+    found_inf: bool
+
+
+def scaled_step(optimizer: Any) -> ScaledStep | None:
+    """The :class:`ScaledStep` ``GradScaler.step`` attached to ``optimizer`` (its ``grad_scale`` and
+    ``found_inf`` attributes, set for the duration of the call to ``optimizer.step()``), or None when
+    ``step()`` was called without an enabled GradScaler."""
+    d = vars(optimizer)
+    if "found_inf" not in d:
+        return None
+    grad_scale = d.get("grad_scale")
+    inv = None if grad_scale is None else grad_scale.double().reciprocal().float()
+    found = d["found_inf"]
+    return ScaledStep(inv, bool(found.item() if isinstance(found, torch.Tensor) else found))
+
+
+class FoundInfReport:
+    """Tells a ``GradScaler``'s ``update()`` that this step's gradient had an inf/nan (or not).
+
+    ``update()`` backs the scale off when any found_inf recorded since the last update is nonzero, and
+    those are recorded only by ``scaler.unscale_(x)`` (or its check inside ``step``) for whatever ``x``
+    holds the gradients. ``report(found)`` calls ``scaler.unscale_`` on a one-parameter holder whose
+    gradient is ``inf`` (found) or 0: only public GradScaler API, and the verdict ``update()`` sees is
+    the holder's OR the scaler's own check of ``param.grad`` (so a family must report a verdict that
+    covers that check: every rank then backs off together)."""
+
+    def __init__(self, grad_scaler: Any, device: torch.device | str = "cpu") -> None:
+        self.grad_scaler = grad_scaler
+        self._param = nn.Parameter(torch.zeros(1, device=device), requires_grad=False)
+        self.param_groups = [{"params": [self._param]}]
+
+    def report(self, found: bool) -> None:
+        self._param.grad = torch.full_like(self._param, float("inf") if found else 0.0)
+        self.grad_scaler.unscale_(self)
 
 
 def timing_row(record: Any, origin_s: float, rename: dict[str, str] | None = None) -> dict[str, Any]:
