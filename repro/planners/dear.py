@@ -39,6 +39,7 @@ FAMILY = "dear"
 DEAR_MESSAGES = (Message("reduce_scatter", "backward"), Message("allgather", "next_forward"))
 DEFAULT_THRESHOLD_BYTES = 25 * 2**20
 BEAM = 8  # labels per position in dear_optimal's first, heuristic pass
+STALL_LAYERS = 2500  # up to this many layers dear_optimal bounds the forward's stalls exactly (O(L^2) memory)
 
 
 def _layer_bytes(trace: Trace) -> np.ndarray:
@@ -338,19 +339,24 @@ def dear_optimal(trace: Trace, cost: CostModel, *, time_budget_s: float = DEFAUL
     most_rs = ready + np.append(np.cumsum(head_rs[:L][::-1])[::-1], 0.0)
     W = _least_rs_end(model)
 
+    stalls = _Stalls(model)
+
     def lower_bound(phi, c, S, M, j):
         """A lower bound on the period (without the straggler) of any completion of a partial bucketing
-        whose last bucket (forward compute ``c``, forward start ``phi``) ends before layer ``j``: the next
-        bucket starts at j and holds layer j at least, so its forward starts after max(c, T_ag(layer j)),
-        and the rest of the forward follows; the reduce-scatters from layer j on end no earlier than
-        ``S + W[j]``, their least end on their own (:func:`_least_rs_end`)."""
+        whose last bucket (forward compute ``c``, forward start ``phi``) ends before layer ``j``: the
+        forward ends at ``phi + c + forward(j..L-1)`` plus the least the all-gathers can stall it
+        (:class:`_Stalls`, exact for the forward alone); the reduce-scatters from layer j on end no
+        earlier than ``S + W[j]``, their least end on their own (:func:`_least_rs_end`). Lowered by
+        1e-12 relative, so that rounding never prunes a better bucketing."""
         if np.isscalar(j) and j == L:
             return phi + c + M
         jj = np.minimum(j, L)
         last = jj >= L
-        fwd = phi + np.where(last, c, np.maximum(c, head_ag[jj]) + (cum_c[L] - cum_c[jj]))
+        fwd = phi + c + np.where(last, 0.0, (cum_c[L] - cum_c[jj]) + stalls.least(jj, c))
         m = np.where(last, M, np.maximum(M, S + W[jj]))
-        return fwd + m
+        lb = fwd + m
+        return lb - 1e-12 * np.abs(lb)
+
     def run(best: float, best_bounds: list[int], beam: int | None):
         """The label-setting search under the incumbent ``best`` (``best_bounds``). With ``beam``, only
         the ``beam`` labels of least lower bound are kept per position (a heuristic: a fast first
@@ -446,7 +452,7 @@ def dear_optimal(trace: Trace, cost: CostModel, *, time_budget_s: float = DEFAUL
     n0 = cum_n[j]
     root = float(np.min(lower_bound(np.maximum(model.pre, np.atleast_1d(model.ag(n0))), cum_c[j],
                                     np.atleast_1d(model.rs(n0)), ready[0] + np.atleast_1d(model.rs(n0)), j)))
-    best, best_bounds, _, stopped, cand = run(best, best_bounds, BEAM)
+    best, best_bounds, _, stopped, cand = run(best, best_bounds, BEAM) if BEAM else (best, best_bounds, 0, None, [])
     labels = 0
     if stopped is not None:  # the heuristic pass's labels bound nothing: only the root's bound is proven
         proven = min(best, root)
@@ -471,6 +477,70 @@ def _pending_bound(cand: list[list[np.ndarray]], i: int, best: float, lower_boun
             if len(C):
                 lb = min(lb, float(np.min(lower_bound(C[:, 0], C[:, 1], C[:, 2], C[:, 3], np.full(len(C), j)))))
     return lb
+
+
+class _Stalls:
+    """The least the all-gathers can stall the forward after a bucket of compute ``t`` that ends
+    before layer ``j``, over every bucketing of layers ``j..L-1`` (the forward alone, exactly):
+    ``least(j, t) = min_w [(T_ag(j..w-1) - t)^+ + G(j, w)]``, ``G(y, z) = least(z, compute(y..z-1))``,
+    ``G(y, L) = 0``. Since ``T_ag(j..w-1)`` grows with w, the minimum is
+    ``min(min_{w <= w*} G(j, w), min_{w > w*} (T_ag(j..w-1) + G(j, w)) - t)`` with w* the last w whose
+    all-gather is at most t: a prefix minimum and a suffix minimum per j, one binary search per
+    query. O(L^2) memory and O(L^2 log L) time; beyond :data:`STALL_LAYERS` layers only the next
+    all-gather's stall ``(T_ag(layer j) - t)^+`` is used."""
+
+    def __init__(self, model: _Model) -> None:
+        L = self.L = model.L
+        cum_n, cum_c = model.cum_n, model.cum_c
+        self.head = np.append(np.atleast_1d(model.ag(np.diff(cum_n))), 0.0)
+        self.exact = L <= STALL_LAYERS
+        if not self.exact:
+            return
+        K = L + 1
+        self.A = np.full((K, K), np.inf)    # A[z, k] = T_ag(z..z+k)  (bucket [z, z+k+1))
+        self.PG = np.full((K, K), np.inf)   # prefix minimum of G(z, w)
+        self.SAG = np.full((K, K), np.inf)  # suffix minimum of T_ag + G
+        self.lens = np.zeros(K, dtype=np.int64)
+        G = np.zeros((K, K))
+        for z in range(L - 1, -1, -1):
+            w = np.arange(z + 1, L + 1)
+            a = np.atleast_1d(model.ag(cum_n[w] - cum_n[z]))
+            g = G[z, w]
+            n = len(w)
+            self.A[z, :n], self.lens[z] = a, n
+            self.PG[z, :n] = np.minimum.accumulate(g)
+            self.SAG[z, :n] = np.minimum.accumulate((a + g)[::-1])[::-1]
+            if z:
+                t = cum_c[z] - cum_c[:z]  # buckets [y, z) for every y < z: one sorted row, one search
+                k = np.searchsorted(a, t, side="right")
+                G[:z, z] = np.minimum(np.where(k > 0, self.PG[z, np.maximum(k - 1, 0)], np.inf),
+                                      np.where(k < n, self.SAG[z, np.minimum(k, n - 1)] - t, np.inf))
+        # every row's all-gathers in one sorted array (row z shifted by z * offset), so that a batch
+        # of queries is one search; rounding there can only miscount k at a tie, which lowers the bound
+        top = float(np.max(self.A[np.isfinite(self.A)], initial=0.0)) + 1.0
+        self.top, self.offset = top, 2.0 * top
+        rows = np.repeat(np.arange(K), self.lens)
+        cols = np.arange(len(rows)) - np.repeat(np.cumsum(self.lens) - self.lens, self.lens)
+        self.flat = rows * self.offset + self.A[rows, cols]
+        self.row_start = np.cumsum(self.lens) - self.lens
+
+    def _query(self, z: np.ndarray, t: np.ndarray) -> np.ndarray:
+        k = np.searchsorted(self.flat, z * self.offset + np.minimum(t, self.top), side="right") - self.row_start[z]
+        n = self.lens[z]
+        lo = np.clip(k, 0, n)
+        v1 = np.where(lo > 0, self.PG[z, np.maximum(lo - 1, 0)], np.inf)
+        v2 = np.where(lo < n, self.SAG[z, np.minimum(lo, np.maximum(n - 1, 0))] - t, np.inf)
+        return np.minimum(v1, v2)
+
+    def least(self, j, t) -> np.ndarray:
+        j, t = np.broadcast_arrays(np.asarray(j), np.asarray(t, dtype=float))
+        if not self.exact:
+            return np.maximum(self.head[j] - t, 0.0)
+        out = np.zeros(j.shape)
+        inner = j < self.L
+        if inner.any():
+            out[inner] = self._query(j[inner].astype(np.int64), t[inner])
+        return out
 
 
 def _least_rs_end(model: _Model) -> np.ndarray:
