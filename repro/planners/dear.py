@@ -346,16 +346,16 @@ def dear_optimal(trace: Trace, cost: CostModel, *, time_budget_s: float = DEFAUL
         whose last bucket (forward compute ``c``, forward start ``phi``) ends before layer ``j``: the
         forward ends at ``phi + c + forward(j..L-1)`` plus the least the all-gathers can stall it
         (:class:`_Stalls`, exact for the forward alone); the reduce-scatters from layer j on end no
-        earlier than ``S + W[j]``, their least end on their own (:func:`_least_rs_end`). Lowered by
-        1e-12 relative, so that rounding never prunes a better bucketing."""
+        earlier than ``S + W[j]``, their least end on their own (:func:`_least_rs_end`). (As the totals,
+        it is computed in floating point: bucketings better than the incumbent by rounding only, 1e-15 s,
+        are not pursued.)"""
         if np.isscalar(j) and j == L:
             return phi + c + M
         jj = np.minimum(j, L)
         last = jj >= L
         fwd = phi + c + np.where(last, 0.0, (cum_c[L] - cum_c[jj]) + stalls.least(jj, c))
         m = np.where(last, M, np.maximum(M, S + W[jj]))
-        lb = fwd + m
-        return lb - 1e-12 * np.abs(lb)
+        return fwd + m
 
     def run(best: float, best_bounds: list[int], beam: int | None):
         """The label-setting search under the incumbent ``best`` (``best_bounds``). With ``beam``, only
@@ -413,16 +413,19 @@ def dear_optimal(trace: Trace, cost: CostModel, *, time_budget_s: float = DEFAUL
             ids = np.arange(len(nodes), len(nodes) + len(C))
             nodes.extend((int(row[4]), i, int(row[5])) for row in C)
             # each label's next bucket [i, j) can only be useful up to the last j whose bound
-            # phi + max(c, T_ag) + forward(i..L) + max(M, ready(i) + S + T_rs, S + rw), non-decreasing in j,
-            # is below the incumbent; found by bisection, then only those buckets are made
-            room = best - 1e-15 - phi - (cum_c[L] - cum_c[i])
-            # the reduce-scatters' least end after a bucket [i, j) or any longer one: non-decreasing in j
+            # phi + forward(i..L) + max(c, T_ag) + sg + max(M, ready(i) + S + T_rs, S + rw), non-decreasing
+            # in j, is below the incumbent; found by bisection, then only those buckets are made
+            base = phi + (cum_c[L] - cum_c[i])
+            # the reduce-scatters' least end after a bucket [i, j) or any longer one, and the forward's
+            # least stall after one: both non-decreasing in j
             rw = np.minimum.accumulate((r + W[js])[::-1])[::-1]
+            sg = stalls.suffix(i)
             lo, hi = np.zeros(len(C), dtype=np.int64), np.full(len(C), len(js), dtype=np.int64)  # count in [lo, hi]
             while np.any(lo < hi):
                 mid = (lo + hi + 1) // 2
                 k = np.maximum(mid - 1, 0)
-                ok = np.maximum(c, a[k]) + np.maximum(np.maximum(M, ready[i] + S + r[k]), S + rw[k]) < room
+                mb = base + np.maximum(c, a[k]) + sg[k] + np.maximum(np.maximum(M, ready[i] + S + r[k]), S + rw[k])
+                ok = mb < best - 1e-15
                 lo = np.where(ok & (lo < hi), mid, lo)
                 hi = np.where(ok | (lo >= hi), hi, mid - 1)
             counts = lo
@@ -452,7 +455,9 @@ def dear_optimal(trace: Trace, cost: CostModel, *, time_budget_s: float = DEFAUL
     n0 = cum_n[j]
     root = float(np.min(lower_bound(np.maximum(model.pre, np.atleast_1d(model.ag(n0))), cum_c[j],
                                     np.atleast_1d(model.rs(n0)), ready[0] + np.atleast_1d(model.rs(n0)), j)))
+    log.debug("dear_optimal: incumbent %.9g s", best + model.straggler)
     best, best_bounds, _, stopped, cand = run(best, best_bounds, BEAM) if BEAM else (best, best_bounds, 0, None, [])
+    log.debug("dear_optimal: after the heuristic pass %.9g s (%.1f s)", best + model.straggler, search.elapsed_s())
     labels = 0
     if stopped is not None:  # the heuristic pass's labels bound nothing: only the root's bound is proven
         proven = min(best, root)
@@ -515,6 +520,9 @@ class _Stalls:
                 k = np.searchsorted(a, t, side="right")
                 G[:z, z] = np.minimum(np.where(k > 0, self.PG[z, np.maximum(k - 1, 0)], np.inf),
                                       np.where(k < n, self.SAG[z, np.minimum(k, n - 1)] - t, np.inf))
+        # SG[i, j]: the least stall after a bucket [i, j') with j' >= j (non-decreasing in j)
+        G[np.tril_indices(K)] = np.inf
+        self.SG = np.minimum.accumulate(G[:, ::-1], axis=1)[:, ::-1]
         # every row's all-gathers in one sorted array (row z shifted by z * offset), so that a batch
         # of queries is one search; rounding there can only miscount k at a tie, which lowers the bound
         top = float(np.max(self.A[np.isfinite(self.A)], initial=0.0)) + 1.0
@@ -531,6 +539,10 @@ class _Stalls:
         v1 = np.where(lo > 0, self.PG[z, np.maximum(lo - 1, 0)], np.inf)
         v2 = np.where(lo < n, self.SAG[z, np.minimum(lo, np.maximum(n - 1, 0))] - t, np.inf)
         return np.minimum(v1, v2)
+
+    def suffix(self, i: int) -> np.ndarray:
+        """For ends ``j = i+1..L``: the least stall after a bucket ``[i, j')`` with ``j' >= j``."""
+        return self.SG[i, i + 1:] if self.exact else np.zeros(self.L - i)
 
     def least(self, j, t) -> np.ndarray:
         j, t = np.broadcast_arrays(np.asarray(j), np.asarray(t, dtype=float))
