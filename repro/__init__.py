@@ -32,3 +32,13 @@ def _version() -> str:
 __version__ = _version()
 
 _moved.install()
+
+
+def __getattr__(name: str):
+    """``repro.distribute`` (the one-call API, :mod:`repro.api`) imports torch only when first used, so
+    ``import repro`` and the torch-free core stay light."""
+    if name in ("distribute", "DistributedOptimizer"):
+        from repro import api
+
+        return getattr(api, name)
+    raise AttributeError(f"module 'repro' has no attribute {name!r}")

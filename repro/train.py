@@ -52,14 +52,14 @@ from repro.cost import CostModel, preset
 from repro.families import get_family
 from repro.log import get_logger
 from repro.plan import Plan
-from repro.planners import make_plan
 from repro.runs import (BUCKETS_CSV, EPOCHS_CSV, ITERATIONS_CSV, TRACE_INRUN_JSON, ProgressWriter, RunWriter,
                         prepare_run)
 from repro.runtime.allreduce import AllReduceExecutor
 from repro.runtime.baselines import LocalExecutor
 from repro.runtime.executor import Executor, ExecutorOptions
+from repro.runtime.online import StepTimes, grad_abs_mean, measured_trace, plan_online, sync_device
 from repro.schedulers import get_scheduler
-from repro.trace import Layer, Overheads, Trace
+from repro.trace import Trace
 from repro.train_config import TrainConfig, build_parser, config_from_argv
 from repro.workload.layers import layer_parameters
 
@@ -111,55 +111,31 @@ class _Data:
 # One step, for every executor
 # ---------------------------------------------------------------------------------------------
 
-def _sync_device(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-@dataclass
-class _StepTimes:
-    """``time.perf_counter`` stamps of one step (seconds)."""
-
-    start: float          # before before_forward()
-    forward_start: float  # after before_forward()
-    backward_start: float
-    backward_end: float   # loss.backward() returned (CPU: compute done; communication may go on)
-    exchange_end: float   # after_backward() returned: gradients exchanged
-    end: float            # optimizer step done
-    loss: float
-
-    def row(self, step: int, epoch: int) -> dict[str, Any]:
-        return {"step": step, "epoch": epoch, "iteration_s": self.end - self.start,
-                "forward_s": self.backward_start - self.start, "backward_call_s": self.backward_end - self.backward_start,
-                "step_s": self.end - self.backward_end, "pre_forward_s": self.forward_start - self.start,
-                "update_s": self.end - self.exchange_end, "loss": self.loss}
-
-
 def _step(ex: Executor, opt: torch.optim.Optimizer, batch, loss_of, device: torch.device, *,
-          sync_phases: bool = False) -> _StepTimes:
+          sync_phases: bool = False) -> StepTimes:
     """One training step under the executor contract. ``sync_phases`` synchronises the device between
     phases (exact phase times on a GPU, used while measuring the trace)."""
     x, y = batch
     opt.zero_grad(set_to_none=True)
-    _sync_device(device)
+    sync_device(device)
     t0 = time.perf_counter()
     ex.before_forward()
     if sync_phases:
-        _sync_device(device)
+        sync_device(device)
     tf = time.perf_counter()
     loss = loss_of(ex.module, x, y)
     if sync_phases:
-        _sync_device(device)
+        sync_device(device)
     tb = time.perf_counter()
     loss.backward()
     tw = time.perf_counter()
     ex.after_backward()
     if sync_phases:
-        _sync_device(device)
+        sync_device(device)
     tu = time.perf_counter()
     opt.step()
-    _sync_device(device)
-    return _StepTimes(t0, tf, tb, tw, tu, time.perf_counter(), float(loss.detach()))
+    sync_device(device)
+    return StepTimes(t0, tf, tb, tw, tu, time.perf_counter(), float(loss.detach()))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -198,88 +174,21 @@ def _ranks(cfg: TrainConfig) -> _Ranks:
     return _Ranks(group, rank - servers, world - servers, servers, servers)
 
 
-def _gather(vec: torch.Tensor, group=None) -> torch.Tensor:
-    """Every trainer's ``vec`` stacked (trainers x n), identical on all of them."""
-    parts = [torch.empty_like(vec) for _ in range(dist.get_world_size(group))]
-    dist.all_gather(parts, vec, group=group)
-    return torch.stack(parts)
-
-
-def _grad_abs_mean(model: nn.Module, view: str) -> dict[str, float]:
-    """Each layer's mean absolute gradient per element (the exchanged gradients after a step)."""
-    out = {}
-    for name, params in layer_parameters(model, view).items():
-        grads = [p.grad for _, p in params if p.grad is not None]
-        n = sum(g.numel() for g in grads)
-        out[name] = float(sum(g.detach().abs().sum() for g in grads) / n) if n else 0.0
-    return out
-
-
-def _runtime_trace(cfg: TrainConfig, model: nn.Module, steps: list[tuple[_StepTimes, dict[str, float]]],
-                   device: torch.device, update_s: float | None = None, group=None,
-                   grad_abs_mean: dict[str, float] | None = None) -> Trace:
-    """Per-layer backward gaps (median over steps, mean over ranks) as a Trace, with the forward total
-    and the measured overheads (buffer broadcast, straggler wait, optimizer step; ``update_s``
-    overrides the measured update)."""
-    layers = layer_parameters(model, cfg.view)
-    names = list(layers)
-    rel = torch.tensor([[ready.get(n, st.backward_start) - st.backward_start for n in names] for st, ready in steps],
-                       dtype=torch.float64)
-    fixed = torch.tensor([[st.backward_start - st.forward_start, st.forward_start - st.start, st.end - st.exchange_end]
-                          for st, _ in steps], dtype=torch.float64)
-    vec = torch.cat([rel.median(dim=0).values, fixed.median(dim=0).values]).to(device)
-    dist.all_reduce(vec, group=group)
-    vec = (vec / dist.get_world_size(group)).cpu()
-    ready_s = vec[:-3].tolist()
-    fwd_total, pre_s, measured_update_s = (float(v) for v in vec[-3:])
-    # straggler wait: per step, the slowest rank's computation minus the ranks' mean (median over steps)
-    per_step = torch.tensor([(st.backward_start - st.forward_start) + max(ready.values(), default=st.backward_start)
-                             - st.backward_start for st, ready in steps], dtype=torch.float64, device=device)
-    everyone = _gather(per_step, group).cpu()
-    straggler_s = float((everyone.max(dim=0).values - everyone.mean(dim=0)).median())
-    order = sorted(range(len(names)), key=lambda i: ready_s[i], reverse=True)  # forward order
-    out, prev = [], 0.0
-    gaps = {}
-    for i in reversed(order):  # backward order
-        gaps[i] = max(0.0, ready_s[i] - prev)
-        prev = max(prev, ready_s[i])
-    for i in order:
-        params = layers[names[i]]
-        numel = sum(p.numel() for _, p in params)
-        extra = {"grad_abs_mean": grad_abs_mean[names[i]]} if grad_abs_mean else {}
-        out.append(Layer(names[i], numel, numel * params[0][1].element_size(), fwd_total / len(names), gaps[i],
-                         extra=extra))
-    overheads = Overheads(pre_forward_s=max(0.0, pre_s), straggler_s=max(0.0, straggler_s),
-                          update_s=max(0.0, measured_update_s if update_s is None else update_s))
-    return Trace(cfg.model, cfg.batch_size, str(device), "float32", out,
-                 extra={"source": "measured", "method": "runtime gradient-ready hooks, mean over ranks of "
-                        "per-step medians; forward total spread evenly over layers", "view": cfg.view},
-                 overheads=overheads)
-
-
 def _plan_for(cfg: TrainConfig, trace: Trace | None, device: torch.device,
               ranks: _Ranks | None = None) -> tuple[Plan, CostModel, Trace]:
-    """The first trainer solves (on the wire dtype's bytes); the plan is broadcast so every rank executes
-    the same (serving ranks, which have no trace, get the trainers' trace first).
-
-    Every plan scheduler gets a cost model from its family's calibration hook (every rank of the job
-    takes part): online planners plan with it, all record a prediction."""
+    """``cfg``'s plan, solved online on the first trainer and broadcast (:func:`plan_online`)."""
     ranks = ranks or _Ranks(None, dist.get_rank(), dist.get_world_size())
     sched = get_scheduler(cfg.scheduler)
     opts = {name: getattr(cfg, name) for name in sched.planner_options if getattr(cfg, name) is not None}
     if cfg.wire_dtype:
         opts["wire_dtype"] = cfg.wire_dtype
-    if ranks.servers:
-        box: list[Any] = [trace.to_dict() if ranks.is_first else None]
-        dist.broadcast_object_list(box, src=ranks.first)
-        trace = Trace.from_dict(box[0])
     network_cost = preset(cfg.network, ranks.size) if cfg.network else None
-    cost = get_family(sched.family).calibrate_cost(trace, device, cfg.fit_repeats, network_cost, **opts)
-    payload: list[Any] = [None]
-    if ranks.is_first:
-        payload[0] = make_plan(sched.planner, trace, cost, **opts).to_dict()
-    dist.broadcast_object_list(payload, src=ranks.first)
-    return Plan.from_dict(payload[0]), cost, trace
+    return plan_online(cfg.scheduler, trace, device, planner_options=opts, network_cost=network_cost,
+                       fit_repeats=cfg.fit_repeats, first=ranks.first, servers=ranks.servers)
+
+
+def _runtime_trace(cfg: TrainConfig, model: nn.Module, steps, device: torch.device, **kw) -> Trace:
+    return measured_trace(model, steps, device, model_name=cfg.model, batch_size=cfg.batch_size, view=cfg.view, **kw)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -337,7 +246,7 @@ def run_training(ctx, cfg: TrainConfig) -> tuple[nn.Module, dict[str, Any]]:
         for _ in range(cfg.warmup_steps):
             st = _step(warm, opt, data.next(), loss_of, device, sync_phases=True)
             measured.append((st, dict(warm.grad_ready_s)))
-        magnitudes = _grad_abs_mean(model, cfg.view)  # the exchanged gradients of the last warm-up step
+        magnitudes = grad_abs_mean(model, cfg.view)  # the exchanged gradients of the last warm-up step
         warm.remove()
         trace = _runtime_trace(cfg, model, measured, device, group=ranks.group, grad_abs_mean=magnitudes)
         plan, cost, trace = _plan_for(cfg, trace, device, ranks)

@@ -1,0 +1,337 @@
+"""The public door: any scheduler of this package in your own model and training loop, one call.
+
+Under torchrun (your process group, model, optimizer, loss and data)::
+
+    import repro
+    model, optimizer = repro.distribute(model, optimizer, scheduler="mgwfbp")  # or a Plan, or "plan.json"
+    for x, y in loader:                                                        # the loop is unchanged
+        optimizer.zero_grad(); loss_fn(model(x), y).backward(); optimizer.step()
+    optimizer.flush()  # before evaluating or saving: nothing of the exchange is left in flight
+
+What happens (the same code as ``repro train``, :mod:`repro.runtime.online`):
+
+* a scheduler that plans (every one with a planner, ``repro schedulers``) runs its first
+  ``warmup_steps`` steps with one exact all-reduce after backward while recording when each layer's
+  gradient is ready; at the end of the last warm-up ``step()`` the ranks average that into a Trace,
+  the family fits its cost model on the live group (or uses ``network`` / ``cost``), rank 0 plans and
+  broadcasts, and the plan's executor takes over from the next step on. The warm-up steps train
+  exactly (averaged gradients), so nothing is lost;
+* a :class:`~repro.plan.Plan` (or a plan file from ``repro plan``) is executed as it is, from the
+  first step;
+* a baseline (``ddp``, ``fsdp``, ``local``) wraps the model as it would itself: use the returned model.
+
+The returned model is the one you gave (hooks added), except for baselines that wrap it; the returned
+optimizer is a :class:`torch.optim.Optimizer` (LR schedulers take it) sharing your optimizer's
+parameter groups and state. Its ``step()`` finishes the exchange, then steps; ``flush()`` finishes
+everything in flight (DeAR applies pending updates); ``plan`` is the plan being executed (None during
+the warm-up and for baselines); ``remove()`` detaches the hooks.
+
+Not yet through this door (use ``repro train``): the parameter-server family (its servers are not
+co-located on the training ranks yet). Every option is checked before any collective, in one line.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from repro.cost import CostModel, preset
+from repro.plan import Plan
+from repro.runtime.executor import Executor, ExecutorOptions
+from repro.runtime.online import StepTimes, grad_abs_mean, measured_trace, plan_online, sync_device
+from repro.schedulers import get_scheduler
+from repro.workload.layers import VIEWS, layer_parameters
+
+__all__ = ["distribute", "DistributedOptimizer"]
+
+
+def _fail(message: str) -> None:
+    raise ValueError(f"repro.distribute: {message}")
+
+
+def _load_plan(scheduler: Any) -> Plan | None:
+    if isinstance(scheduler, Plan):
+        return scheduler
+    if isinstance(scheduler, (str, os.PathLike)) and (str(scheduler).endswith(".json") or os.sep in str(scheduler)):
+        path = Path(scheduler)
+        if not path.is_file():
+            _fail(f"plan file {path} not found (a scheduler name has no '.json' or '/')")
+        return Plan.load(path)
+    return None
+
+
+def _check_plan_fits(plan: Plan, model: nn.Module, view: str) -> None:
+    names = set(layer_parameters(model, view))
+    wanted = {layer for b in plan.buckets for layer in b.layers}
+    if wanted <= names:
+        return
+    other = [v for v in VIEWS if v != view and wanted <= set(layer_parameters(model, v))]
+    hint = f"; its layers are the model's in the '{other[0]}' view: pass view='{other[0]}'" if other else ""
+    missing = sorted(wanted - names)
+    _fail(f"the plan names {len(missing)} layer(s) this model does not have in the '{view}' view "
+          f"(e.g. {missing[0]!r}){hint}")
+
+
+class _Door:
+    """The state behind a distributed model and optimizer (kept apart from both, as DDP's comm-hook
+    states are): the executor in use, the warm-up's measurements, the plan."""
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: str | None,
+                 plan: Plan | None, *, warmup_steps: int, network_cost: CostModel | None, view: str,
+                 planner_options: dict[str, Any], executor_options: dict[str, Any], fit_repeats: int,
+                 record_timeline: bool) -> None:
+        self.model, self.inner = model, optimizer
+        self.scheduler = scheduler
+        self.plan = plan
+        self.view = view
+        self.warmup_left = 0
+        self.network_cost, self.planner_options = network_cost, planner_options
+        self.executor_options, self.fit_repeats = executor_options, fit_repeats
+        self.options = ExecutorOptions(view=view, record_timeline=record_timeline)
+        self.device = next(model.parameters()).device
+        self.batch_size = 0
+        self.cost: CostModel | None = None
+        self.trace = None
+        self._measured: list[tuple[StepTimes, dict[str, float]]] = []
+        self._stamps: dict[str, float] = {}
+        sched = get_scheduler(scheduler) if scheduler else None
+        if plan is None and sched is not None and sched.has_plan:  # plan online after a warm-up
+            from repro.runtime.allreduce import AllReduceExecutor
+
+            self.warmup_left = warmup_steps
+            names = list(layer_parameters(model, view))
+            self.ex: Executor = AllReduceExecutor(model, Plan.from_dict({"solver": "syncea", "buckets": [names]}),
+                                                  self.options)
+            self.run_opt: Any = optimizer
+        else:
+            self._start(plan)
+        self._hooks = [model.register_forward_pre_hook(self._before_forward),
+                       model.register_forward_hook(self._after_forward)]
+
+    # ---- the executor in use ----
+    def _start(self, plan: Plan | None) -> None:
+        sched = get_scheduler(self.scheduler) if self.scheduler else None
+        if sched is None:  # a plan given on its own: its family's executor
+            from repro.families import get_family
+
+            cls = get_family(plan.family).executor_class()
+        else:
+            cls = sched.executor_class()
+        self.plan = plan
+        self.ex = cls(self.model, plan, self.options, **self.executor_options)
+        self.run_opt = self.ex.wrap_optimizer(self.inner)
+
+    @property
+    def warming_up(self) -> bool:
+        return self.warmup_left > 0
+
+    # ---- hooks ----
+    def _before_forward(self, module: nn.Module, args: tuple) -> None:
+        if not module.training:
+            self.ex.before_forward()  # e.g. DeAR applies pending updates before an evaluation
+            return
+        if self.warming_up:
+            sync_device(self.device)
+            if not self.batch_size and args and isinstance(args[0], torch.Tensor) and args[0].dim() > 0:
+                self.batch_size = int(args[0].shape[0])
+        self._stamps = {"start": time.perf_counter()}
+        self.ex.before_forward()
+        if self.warming_up:
+            sync_device(self.device)
+        self._stamps["forward_start"] = time.perf_counter()
+
+    def _after_forward(self, module: nn.Module, args: tuple, output: Any) -> None:
+        if module.training:
+            if self.warming_up:
+                sync_device(self.device)
+            self._stamps["backward_start"] = time.perf_counter()
+
+    # ---- the optimizer's step ----
+    def step(self, closure: Callable[[], Any] | None) -> Any:
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        stamps = self._stamps
+        stamps["backward_end"] = time.perf_counter()
+        self.ex.after_backward()
+        if self.warming_up:
+            sync_device(self.device)
+        stamps["exchange_end"] = time.perf_counter()
+        self.run_opt.step()
+        if self.warming_up:
+            sync_device(self.device)
+            if {"start", "forward_start", "backward_start"} <= set(stamps):
+                st = StepTimes(stamps["start"], stamps["forward_start"], stamps["backward_start"],
+                               stamps["backward_end"], stamps["exchange_end"], time.perf_counter(), float("nan"))
+                self._measured.append((st, dict(self.ex.grad_ready_s)))
+            self.warmup_left -= 1
+            if not self.warming_up:
+                self._plan_and_switch()
+        return loss
+
+    def _plan_and_switch(self) -> None:
+        magnitudes = grad_abs_mean(self.model, self.view)  # the exchanged gradients of the last warm-up step
+        self.ex.remove()
+        if not self._measured:
+            _fail("no training step was seen during the warm-up (call the returned model in train mode, "
+                  "then backward, then optimizer.step())")
+        trace = measured_trace(self.model, self._measured, self.device, model_name=type(self.model).__name__,
+                               batch_size=max(1, self.batch_size), view=self.view, grad_abs_mean=magnitudes)
+        plan, self.cost, self.trace = plan_online(self.scheduler, trace, self.device,
+                                                  planner_options=self.planner_options,
+                                                  network_cost=self.network_cost, fit_repeats=self.fit_repeats)
+        self._measured.clear()
+        self._start(plan)
+
+    def flush(self) -> None:
+        self.ex.flush()
+
+    def remove(self) -> None:
+        for h in self._hooks:
+            h.remove()
+        self._hooks = []
+        self.ex.remove()
+
+
+class DistributedOptimizer(torch.optim.Optimizer):
+    """Your optimizer, with this package's gradient exchange: ``step()`` finishes the exchange of the
+    step's gradients, then updates (or lets the executor update, as DeAR does in the next forward).
+    It shares the wrapped optimizer's ``param_groups`` and ``state``, so LR schedulers and
+    ``state_dict`` see one optimizer. Made by :func:`distribute`."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, door: _Door) -> None:
+        super().__init__(optimizer.param_groups, optimizer.defaults)
+        self.param_groups = optimizer.param_groups  # the same list: an LR scheduler's change reaches both
+        self.state = optimizer.state
+        self.optimizer = optimizer
+        self._door = door
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:  # type: ignore[override]
+        return self._door.step(closure)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self._door.run_opt.zero_grad(set_to_none=set_to_none)
+
+    def flush(self) -> None:
+        """Finish every exchange in flight: afterwards the parameters are the ones all ranks agree on
+        (call it before evaluating, checkpointing or reading the parameters)."""
+        self._door.flush()
+
+    synchronize = flush  # Horovod's name
+
+    def state_dict(self) -> dict[str, Any]:
+        self._door.flush()
+        return self.optimizer.state_dict()
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self._door.flush()
+        self.optimizer.load_state_dict(state_dict)
+
+    @property
+    def plan(self) -> Plan | None:
+        """The plan being executed (None during the warm-up and for baselines)."""
+        return self._door.plan
+
+    @property
+    def warming_up(self) -> bool:
+        return self._door.warming_up
+
+    def remove(self) -> None:
+        """Detach the hooks (after a flush): the model trains alone again."""
+        self._door.flush()
+        self._door.remove()
+
+
+def distribute(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: str | Plan | os.PathLike = "mgwfbp",
+               *, warmup_steps: int = 3, network: str | None = None, cost: CostModel | str | os.PathLike | None = None,
+               view: str = "tensor", wire_dtype: str | None = None, fit_repeats: int = 5,
+               record_timeline: bool = False, **options: Any) -> tuple[nn.Module, DistributedOptimizer]:
+    """Put ``scheduler`` between ``model``'s backward and ``optimizer``'s step; returns ``(model,
+    optimizer)`` to use in place of yours (see the module docstring).
+
+    ``scheduler``: a name of ``repro schedulers`` (``mgwfbp``, ``optimal``, ``dear_threshold``,
+    ``bytescheduler``, ``omgs``, ...), a :class:`~repro.plan.Plan`, or a plan file (``repro plan -o``).
+    ``warmup_steps``: steps measured before planning online (>= 1). ``network``: a cost preset name
+    for this world size instead of fitting the live group; ``cost``: a CostModel or its JSON file.
+    ``view``: layers are parameter tensors (``tensor``) or parameter-owning modules (``module``); a
+    given plan's layer names must be the model's in that view. ``wire_dtype``: send gradients in
+    float16/bfloat16 (schedulers that support it). ``options``: the scheduler's own options (e.g.
+    ``threshold_bytes``, ``density``; ``repro schedulers`` lists each one's). The process group must
+    be initialised (torchrun + ``torch.distributed.init_process_group``)."""
+    if not dist.is_available() or not dist.is_initialized():
+        _fail("the default process group is not initialised: call torch.distributed.init_process_group() "
+              "first (under torchrun it reads its settings from the environment)")
+    if not isinstance(model, nn.Module):
+        _fail(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        _fail(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
+    if isinstance(optimizer, DistributedOptimizer):
+        _fail("this optimizer is already distributed")
+    own = {id(p) for p in model.parameters()}
+    if not any(p is not None and id(p) in own for g in optimizer.param_groups for p in g["params"]):
+        _fail("the optimizer holds none of the model's parameters")
+    if view not in VIEWS:
+        _fail(f"view must be one of {', '.join(VIEWS)}, got {view!r}")
+    if isinstance(warmup_steps, bool) or not isinstance(warmup_steps, int) or warmup_steps < 1:
+        _fail(f"warmup_steps must be an integer >= 1, got {warmup_steps!r}")
+    if isinstance(fit_repeats, bool) or not isinstance(fit_repeats, int) or fit_repeats < 1:
+        _fail(f"fit_repeats must be an integer >= 1, got {fit_repeats!r}")
+    plan = _load_plan(scheduler)
+    name = None if plan is not None else scheduler
+    if name is not None and not isinstance(name, str):
+        _fail(f"scheduler must be a name, a Plan or a plan file, got {type(name).__name__}")
+    sched = None
+    if name is not None:
+        try:
+            sched = get_scheduler(name)
+        except ValueError as e:
+            _fail(str(e))
+    family = sched.family if sched is not None else plan.family
+    if family is not None:
+        from repro.families import get_family
+
+        if get_family(family).hook("server") is not None:
+            _fail(f"the parameter-server family ('{name or plan.solver}') does not go through distribute yet "
+                  "(its servers are not co-located on the training ranks); use repro train / repro launch")
+    if sched is not None and sched.has_plan and plan is None and sched.executor_class().module is not Executor.module:
+        _fail(f"'{name}' plans online and then wraps the model (its executor's module is another object), so "
+              "the model you hold during the warm-up would not be the one that trains; plan first (repro "
+              f"plan) and pass the Plan, or use repro train")
+    allowed = set(sched.planner_options + sched.executor_options) if sched is not None else set()
+    unknown = sorted(set(options) - allowed)
+    if unknown:
+        takes = ", ".join(sorted(allowed)) or "none"
+        _fail(f"option(s) {', '.join(unknown)} do not apply to scheduler {name or 'given as a plan'} "
+              f"(it takes: {takes})")
+    if wire_dtype is not None:
+        if sched is None or not sched.wire_dtype:
+            _fail(f"wire_dtype does not apply to {name or 'a given plan'} (schedulers that take it: "
+                  "the all-reduce planners)")
+        options = {**options, "wire_dtype": wire_dtype}
+    if network is not None and cost is not None:
+        _fail("give network or cost, not both")
+    network_cost = None
+    if network is not None:
+        try:
+            network_cost = preset(network, dist.get_world_size())
+        except (ValueError, KeyError) as e:
+            _fail(str(e).splitlines()[0])
+    elif cost is not None:
+        network_cost = cost if isinstance(cost, CostModel) else CostModel.load(cost)
+    if plan is not None:
+        _check_plan_fits(plan, model, view)
+    planner_options = {k: v for k, v in options.items() if sched is not None and
+                       (k in sched.planner_options or k == "wire_dtype")}
+    executor_options = {k: v for k, v in options.items() if sched is not None and k in sched.executor_options}
+    door = _Door(model, optimizer, name, plan, warmup_steps=warmup_steps, network_cost=network_cost, view=view,
+                 planner_options=planner_options, executor_options=executor_options, fit_repeats=fit_repeats,
+                 record_timeline=record_timeline)
+    return door.ex.module, DistributedOptimizer(optimizer, door)

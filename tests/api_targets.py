@@ -1,0 +1,124 @@
+"""Rank functions for tests/test_api.py: a user's own model (not in the registry), trained through
+``repro.distribute`` and through PyTorch DDP on the same data (module-level, so spawned ranks import it)."""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+
+class UserNet(nn.Module):
+    """A small convolutional network of the kind a user writes: conv, batch norm, pooling, two linears."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.features = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
+                                      nn.Conv2d(8, 16, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(4))
+        self.head = nn.Sequential(nn.Flatten(), nn.Linear(16 * 16, 32), nn.ReLU(), nn.Linear(32, 10))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.features(x))
+
+
+def _batches(rank: int, steps: int, batch: int = 8):
+    g = torch.Generator().manual_seed(1000 + rank)  # every rank its own data, the same in every run
+    return [(torch.randn(batch, 3, 12, 12, generator=g), torch.randint(0, 10, (batch,), generator=g))
+            for _ in range(steps)]
+
+
+def _train(model: nn.Module, opt: torch.optim.Optimizer, data) -> None:
+    loss_fn = nn.CrossEntropyLoss()
+    for x, y in data:  # the user's loop, unchanged
+        opt.zero_grad()
+        loss_fn(model(x), y).backward()
+        opt.step()
+
+
+def _state(model: nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone().double() for k, v in model.state_dict().items()}
+
+
+def _max_diff(a: dict, b: dict) -> float:
+    return max(float((a[k] - b[k]).abs().max()) for k in a)
+
+
+def distribute_vs_ddp(ctx, cases: list[dict], steps: int) -> list[dict]:
+    """Per case (``scheduler`` + distribute keywords): the largest difference of the parameters and
+    buffers after ``steps`` steps against DDP on the same data, the plan's bucket count, and whether
+    the returned optimizer is a torch Optimizer."""
+    import repro
+
+    torch.use_deterministic_algorithms(True)
+    data = _batches(dist.get_rank(), steps)
+    torch.manual_seed(0)
+    ref = UserNet()
+    ddp = nn.parallel.DistributedDataParallel(ref)
+    _train(ddp, torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9), data)
+    reference = _state(ref)
+    out = []
+    for case in cases:
+        torch.manual_seed(0)
+        net = UserNet()
+        opt = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9)
+        model, dopt = repro.distribute(net, opt, **case)
+        _train(model, dopt, data)
+        dopt.flush()
+        plan = dopt.plan
+        out.append({"case": case, "diff": _max_diff(_state(net), reference),
+                    "buckets": plan.num_buckets if plan is not None else None,
+                    "family": plan.family if plan is not None else None,
+                    "is_optimizer": isinstance(dopt, torch.optim.Optimizer), "warming_up": dopt.warming_up})
+        dopt.remove()
+    return out
+
+
+def distribute_runs(ctx, cases: list[dict], steps: int) -> list[dict]:
+    """Per case: trains ``steps`` steps on one repeated batch and reports the loss before and after, the plan's family and
+    bucket count, and whether the ranks' parameters agree (for methods that change the math)."""
+    import repro
+
+    data = _batches(dist.get_rank(), 1) * steps  # one batch again and again: a loss that must fall
+    loss_fn = nn.CrossEntropyLoss()
+    out = []
+    for case in cases:
+        torch.manual_seed(0)
+        net = UserNet()
+        opt = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9)
+        model, dopt = repro.distribute(net, opt, **case)
+        losses = []
+        for x, y in data:
+            dopt.zero_grad()
+            loss = loss_fn(model(x), y)
+            loss.backward()
+            dopt.step()
+            losses.append(float(loss.detach()))
+        dopt.flush()
+        flat = torch.cat([p.detach().reshape(-1) for p in net.parameters()])
+        everyone = [torch.empty_like(flat) for _ in range(dist.get_world_size())]
+        dist.all_gather(everyone, flat)
+        out.append({"case": case, "first_loss": losses[0], "last_loss": losses[-1],
+                    "family": dopt.plan.family if dopt.plan is not None else None,
+                    "buckets": dopt.plan.num_buckets if dopt.plan is not None else None,
+                    "replicas_agree": max(float((e - flat).abs().max()) for e in everyone)})
+        dopt.remove()
+    return out
+
+
+def lr_scheduler_and_state(ctx) -> dict:
+    """An LR scheduler steps the returned optimizer; its state_dict is the wrapped optimizer's."""
+    import repro
+
+    torch.manual_seed(0)
+    net = UserNet()
+    opt = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
+    model, dopt = repro.distribute(net, opt, scheduler="wfbp", warmup_steps=1)
+    sched = torch.optim.lr_scheduler.StepLR(dopt, step_size=1, gamma=0.5)
+    _train(model, dopt, _batches(dist.get_rank(), 3))
+    for _ in range(3):
+        sched.step()
+    state = dopt.state_dict()
+    out = {"lr": dopt.param_groups[0]["lr"], "inner_lr": opt.param_groups[0]["lr"],
+           "momentum_buffers": sum("momentum_buffer" in s for s in state["state"].values())}
+    dopt.remove()
+    return out

@@ -1,0 +1,112 @@
+"""repro.distribute: a user's own model and loop, one call (issue 21's door, first slice)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import repro
+from repro.cluster.local import launch_local
+from tests import api_targets
+
+
+def test_distribute_without_a_process_group_is_one_clear_error():
+    net = api_targets.UserNet()
+    with pytest.raises(ValueError, match="process group is not initialised"):
+        repro.distribute(net, torch.optim.SGD(net.parameters(), lr=0.1))
+
+
+def test_import_repro_stays_torch_free():
+    import subprocess
+    import sys
+
+    code = "import sys, repro; assert 'torch' not in sys.modules; print(repro.__version__)"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True).returncode == 0
+
+
+# Two gloo ranks: every gradient exchange here adds two float32 numbers per element (exact up to the
+# order, and a + b == b + a in IEEE arithmetic), then halves them (exact), as DDP does; so the
+# exchanged gradients equal DDP's bit for bit and only the optimizer's kernels may differ (a per-bucket
+# update vs one foreach update: a few ulps of the parameters, ~1e-7 each, over 6 steps). The bound
+# 1e-6 is ten times that; a wrong exchange (a missed or double-counted bucket, a stale parameter, an
+# un-averaged gradient) moves the parameters by ~1e-2 after one step at lr 0.05.
+TOL = 1e-6
+EXACT = [{"scheduler": "mgwfbp", "warmup_steps": 2}, {"scheduler": "optimal", "warmup_steps": 2},
+         {"scheduler": "dear_threshold", "warmup_steps": 2, "threshold_bytes": 4096},
+         {"scheduler": "bytescheduler", "warmup_steps": 2}, {"scheduler": "wfbp", "warmup_steps": 1, "view": "module"},
+         {"scheduler": "ddp"}]
+
+
+@pytest.fixture(scope="module")
+def exact_runs():
+    rank0, rank1 = launch_local(api_targets.distribute_vs_ddp, 2, args=(EXACT, 6), timeout_s=600)
+    return rank0, rank1
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+@pytest.mark.parametrize("i", range(len(EXACT)), ids=[c["scheduler"] for c in EXACT])
+def test_user_model_through_distribute_equals_ddp(exact_runs, i):
+    for rank in exact_runs:
+        row = rank[i]
+        assert row["diff"] < TOL, row
+        assert row["is_optimizer"] and not row["warming_up"]
+    case = EXACT[i]
+    if case["scheduler"] != "ddp":  # planned online from the user's own model, then executed
+        assert exact_runs[0][i]["buckets"] >= 1
+    if case["scheduler"] == "dear_threshold":
+        assert exact_runs[0][i]["family"] == "dear" and exact_runs[0][i]["buckets"] > 1
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_omgs_runs_and_replicas_agree():
+    """OMGS changes the math on purpose (top-k with error feedback): it must train (the loss falls on
+    batch it sees again and again) and every replica must hold the same parameters (the exchange is the same
+    everywhere, decompression in one order)."""
+    cases = [{"scheduler": "omgs", "warmup_steps": 2, "density": 0.05}]
+    rank0, rank1 = launch_local(api_targets.distribute_runs, 2, args=(cases, 12), timeout_s=600)
+    for row in (rank0[0], rank1[0]):
+        assert row["family"] == "sparse" and row["buckets"] >= 1
+        assert row["replicas_agree"] == 0.0
+        assert row["last_loss"] < row["first_loss"]
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_lr_scheduler_and_state_dict_work_on_the_returned_optimizer():
+    rank0, _ = launch_local(api_targets.lr_scheduler_and_state, 2, timeout_s=300)
+    assert rank0["lr"] == rank0["inner_lr"] == pytest.approx(0.1 * 0.5 ** 3)
+    assert rank0["momentum_buffers"] > 0
+
+
+def _refused(ctx, kwargs: dict) -> str:
+    net = api_targets.UserNet()
+    try:
+        repro.distribute(net, torch.optim.SGD(net.parameters(), lr=0.1), **kwargs)
+    except ValueError as e:
+        return str(e)
+    return "accepted"
+
+
+BAD = [({"scheduler": "nosuch"}, "unknown scheduler"),
+       ({"scheduler": "mgwfbp", "density": 0.1}, "density do not apply"),
+       ({"scheduler": "osp"}, "parameter-server family"),
+       ({"scheduler": "mgwfbp", "warmup_steps": 0}, "warmup_steps"),
+       ({"scheduler": "mgwfbp", "view": "neuron"}, "view must be"),
+       ({"scheduler": "dear_threshold", "wire_dtype": "float16"}, "wire_dtype does not apply"),
+       ({"scheduler": "ddp_threshold"}, "plans online and then wraps"),
+       ({"scheduler": "no/such/plan.json"}, "plan file"),
+       ({"scheduler": "mgwfbp", "network": "nosuchnet"}, "nosuchnet")]
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_bad_arguments_are_refused_before_any_collective():
+    out = launch_local(_refused_all, 2, args=([k for k, _ in BAD],), timeout_s=300)[0]
+    for (kwargs, words), message in zip(BAD, out):
+        assert message.startswith("repro.distribute: ") and words in message, (kwargs, message)
+
+
+def _refused_all(ctx, cases: list[dict]) -> list[str]:
+    return [_refused(ctx, kw) for kw in cases]
