@@ -65,22 +65,29 @@ def threshold_groups(nbytes: Sequence[int], threshold_bytes: int) -> list[list[i
 def _sweep_bounds(nbytes: np.ndarray, lo: int, hi: int) -> Iterator[tuple[int, np.ndarray]]:
     """:func:`threshold_sweep` as bucket boundaries ``[0, b_1, ..., L]`` (int arrays): a bucket
     starting at layer s ends before the first layer i > s with ``cum[i + 1] - cum[s] >= t`` (one
-    :func:`numpy.searchsorted` for every start at once), and the chain from layer 0 is followed."""
+    :func:`numpy.searchsorted` for every start at once), and the chain from layer 0 is followed. From
+    one threshold to the next, the buckets before the first one that grows are unchanged, so the
+    chain is only followed again from there."""
     L = len(nbytes)
     cum = np.concatenate([[0], np.cumsum(nbytes)])
     at_least = np.arange(1, L + 1)
     t = lo
+    b: list[int] = [0]
+    keep = 0  # the buckets b[:keep + 1] hold for the new threshold too
     while t <= hi:
-        nxt = np.maximum(np.searchsorted(cum, cum[:L] + t, side="left") - 1, at_least).tolist()
-        b, s = [0], 0
+        b = b[:keep + 1]
+        s = b[-1]
+        nxt = np.maximum(np.searchsorted(cum, cum[s:L] + t, side="left") - 1, at_least[s:]).tolist()
         while s < L:
-            s = nxt[s]
+            s = nxt[s - b[keep]]
             b.append(s)
         bounds = np.array(b)
         yield t, bounds
         if len(bounds) == 2:
             return
-        t = int(np.min(cum[bounds[1:-1] + 1] - cum[bounds[:-2]])) + 1
+        v = cum[bounds[1:-1] + 1] - cum[bounds[:-2]]  # bucket k's bytes with the next layer
+        t = int(np.min(v)) + 1
+        keep = int(np.argmax(v < t))  # the first bucket that absorbs its next layer at the new threshold
 
 
 def threshold_sweep(trace: Trace, min_threshold_bytes: int = 0,
