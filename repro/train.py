@@ -239,7 +239,10 @@ def run_training(ctx, cfg: TrainConfig) -> tuple[nn.Module, dict[str, Any]]:
 
     # ---- warm-up: plan schedulers measure the trace under exact SyncEASGD steps ----
     trace = plan = cost = None
-    if sched.has_plan:
+    if cfg.plan is not None:  # a given plan, executed as it is (checked against the model first)
+        plan = Plan.load(cfg.plan)
+        _check_plan_layers(plan, model, cfg.view, cfg.plan)
+    elif sched.has_plan:
         names = list(layer_parameters(model, cfg.view))
         warm = AllReduceExecutor(model, Plan.from_dict({"solver": "syncea", "buckets": [names]}), options)
         measured = []
@@ -259,7 +262,7 @@ def run_training(ctx, cfg: TrainConfig) -> tuple[nn.Module, dict[str, Any]]:
     ex: Executor = sched.executor_class()(model, plan, options,
                                           **{name: getattr(cfg, name) for name in sched.executor_options})
     run_opt = ex.wrap_optimizer(opt)  # the executor may take the update over (DeAR: in the next forward)
-    if not sched.has_plan:
+    if not sched.has_plan or cfg.plan is not None:
         for _ in range(cfg.warmup_steps):
             _step(ex, run_opt, data.next(), loss_of, device)
 
@@ -327,6 +330,15 @@ def run_training(ctx, cfg: TrainConfig) -> tuple[nn.Module, dict[str, Any]]:
     if ranks.servers:
         summary = _share_summary(summary, ranks)
     return model, summary
+
+
+def _check_plan_layers(plan: Plan, model: nn.Module, view: str, where: str) -> None:
+    """Every layer the plan names is one of the model's in ``view`` (else one line naming the first)."""
+    names = set(layer_parameters(model, view))
+    missing = [layer for b in plan.buckets for layer in b.layers if layer not in names]
+    if missing:
+        raise ValueError(f"--plan {where} names {len(missing)} layer(s) this model does not have in the '{view}' "
+                         f"view (e.g. {missing[0]!r}): was it planned for another model or view?")
 
 
 def _share_state(model: nn.Module, opt: torch.optim.Optimizer, ranks: _Ranks) -> None:

@@ -70,6 +70,9 @@ class TrainConfig:
                           "elements), in (0, 1]; 1 sends everything (dense S-SGD)")
     wire_dtype: str | None = _opt(None, "communicate gradients in this dtype (default: the model's)",
                                   choices=tuple(WIRE_DTYPE_BYTES))
+    plan: str | None = _opt(None, "execute this plan file (from `repro plan`) as it is, from the first step: no "
+                            "warm-up trace and no cost fit; the scheduler becomes the plan's solver (or stays "
+                            "--scheduler if it runs that plan family) and the view the plan's recorded one")
     network: str | None = _opt(None, "plan with this cost preset (`repro presets` lists them) instead of fitting "
                                "on the live group")
     fit_repeats: int = _opt(5, "repeats per message size (and per top-k size) when fitting the cost model")
@@ -92,6 +95,8 @@ class TrainConfig:
 
         sched = get_scheduler(self.scheduler)
         self.scheduler = sched.name  # an old alias becomes the current name
+        if self.plan is not None:
+            sched = self._take_plan(sched)
         spec = model_info(self.model)
         self._check_model_kwargs(spec)
         if self.dataset not in DATASET_NAMES:
@@ -154,7 +159,7 @@ class TrainConfig:
             v = getattr(self, name)
             if not math.isfinite(v) or v < 0:
                 raise ValueError(f"{name} must be a finite non-negative number, got {v}")
-        if self.warmup_steps < 1 and sched.has_plan:
+        if self.warmup_steps < 1 and sched.has_plan and self.plan is None:
             raise ValueError(f"'{self.scheduler}' plans from the warm-up: it needs warmup_steps >= 1")
         if self.network is not None:
             from repro.cost import preset_names
@@ -163,6 +168,27 @@ class TrainConfig:
                 raise ValueError(f"unknown network preset '{self.network}'; known: {', '.join(preset_names())}")
         if self.run_id is not None:
             check_run_id(self.run_id)
+
+    def _take_plan(self, sched):
+        """``--plan FILE``: load it (one line if it cannot be read), pick the scheduler that runs it and
+        the view its layer names are in; returns the scheduler entry."""
+        from repro.plan import Plan, PlanError
+
+        try:
+            plan = Plan.load(self.plan)
+        except (OSError, ValueError, PlanError) as e:
+            raise ValueError(f"--plan {self.plan}: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+        solver = plan.solver if plan.solver in scheduler_names() else None
+        if solver is not None and get_scheduler(solver).family == plan.family:
+            sched = get_scheduler(solver)  # the run is recorded under the planner that made the plan
+            self.scheduler = sched.name
+        elif sched.family != plan.family:
+            raise ValueError(f"--plan {self.plan} is a '{plan.family}' plan; give --scheduler one that runs that "
+                             f"family ({', '.join(n for n in scheduler_names() if get_scheduler(n).family == plan.family)})")
+        view = (plan.meta.get("provenance") or {}).get("view")
+        if view in VIEWS:
+            self.view = view
+        return sched
 
     def _check_model_kwargs(self, spec) -> None:
         """``model_kwargs`` (e.g. ``--seq-len``): ones the model takes, with values it can build with."""

@@ -110,3 +110,42 @@ def test_bad_arguments_are_refused_before_any_collective():
 
 def _refused_all(ctx, cases: list[dict]) -> list[str]:
     return [_refused(ctx, kw) for kw in cases]
+
+
+# ---------------------------------------------------------------- repro plan -> repro launch --plan
+
+def test_train_config_takes_the_plans_scheduler_and_view(tmp_path):
+    from repro.cost import preset
+    from repro.planners import make_plan
+    from repro.trace import load_trace
+    from repro.train_config import TrainConfig
+
+    trace = load_trace("resnet50_b32_v100-estimate")
+    plan = make_plan("dear_threshold", trace, preset("10gbe-derived", 4), threshold_bytes=2**20)
+    assert plan.meta["provenance"]["trace_model"] == "resnet50" and plan.meta["provenance"]["workers"] == 4
+    f = tmp_path / "plan.json"
+    plan.save(f)
+    cfg = TrainConfig(model="tiny_resnet", plan=str(f))  # the default scheduler runs all-reduce plans
+    assert cfg.scheduler == "dear_threshold"
+    with pytest.raises(ValueError, match="--plan .*nope.json"):
+        TrainConfig(plan=str(tmp_path / "nope.json"))
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_profile_plan_launch_runs_exactly_that_plan(tmp_path, capsys):
+    import json
+
+    from repro.cli import main
+
+    trace, plan, runs = tmp_path / "trace.json", tmp_path / "plan.json", tmp_path / "runs"
+    assert main(["profile", "--model", "tiny_resnet", "--batch-size", "8", "--iters", "2", "-o", str(trace)]) == 0
+    assert main(["plan", "--trace", str(trace), "--solver", "threshold", "--threshold-bytes", "20000",
+                 "--network", "10gbe-v100", "--workers", "2", "-o", str(plan)]) == 0
+    assert main(["launch", "--nproc", "2", "--", "--model", "tiny_resnet", "--plan", str(plan), "--steps", "2",
+                 "--batch-size", "8", "--results-dir", str(runs), "--run-id", "r", "--quiet",
+                 "--compute-steps", "0"]) == 0
+    given, ran = json.loads(plan.read_text()), json.loads((runs / "r" / "plan.json").read_text())
+    assert ran["buckets"] == given["buckets"] and len(given["buckets"]) > 1  # the profile's module view
+    config = json.loads((runs / "r" / "run.json").read_text())["config"]
+    assert config["scheduler"] == "threshold" and config["view"] == "module"

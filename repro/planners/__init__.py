@@ -70,8 +70,18 @@ def make_plan(name: str, trace: Trace, cost: CostModel, **options: Any) -> Plan:
         cost = cost.for_wire_dtype(options.get("wire_dtype")).with_realism(
             replace(cost.realism, compute_scale=1.0, update_s_per_byte=0.0))
     try:
-        return fn(trace, cost, **options)
+        plan = fn(trace, cost, **options)
     except TypeError as e:
         if "unexpected keyword" in str(e):
             raise ValueError(f"planner '{name}' does not take option(s) {sorted(options)}: {e}") from None
         raise
+    return plan.replace(meta={**plan.meta, "provenance": provenance(trace, cost, options.get("wire_dtype"))})
+
+
+def provenance(trace: Trace, cost: CostModel, wire_dtype: str | None = None) -> dict[str, Any]:
+    """Where a plan comes from, as ``plan.meta["provenance"]`` records it: the trace (model, batch,
+    device, layers, and the layer ``view`` its names are in, which an executor must use), the cost
+    model's source and P, and the wire dtype."""
+    return {"trace_model": trace.model, "batch_size": trace.batch_size, "device": trace.device,
+            "layers": trace.num_layers, "view": (trace.extra or {}).get("view"), "cost_source": cost.source,
+            "workers": cost.workers, "wire_dtype": wire_dtype}
