@@ -54,7 +54,10 @@ def _bounds(L):
 
 
 @pytest.mark.parametrize("equal", [False, True])
-def test_dear_optimal_matches_brute_force_with_parameter_free_and_equal_layers(equal):
+@pytest.mark.parametrize("stall_table", [True, False])  # False: the cheaper bound used beyond STALL_LAYERS
+def test_dear_optimal_matches_brute_force_with_parameter_free_and_equal_layers(equal, stall_table, monkeypatch):
+    if not stall_table:
+        monkeypatch.setattr(dear, "STALL_LAYERS", 0)
     rng = np.random.default_rng(31 + equal)
     for _ in range(60):
         L = int(rng.integers(1, 10))

@@ -39,7 +39,7 @@ FAMILY = "dear"
 DEAR_MESSAGES = (Message("reduce_scatter", "backward"), Message("allgather", "next_forward"))
 DEFAULT_THRESHOLD_BYTES = 25 * 2**20
 BEAM = 8  # labels per position in dear_optimal's first, heuristic pass
-STALL_LAYERS = 2500  # up to this many layers dear_optimal bounds the forward's stalls exactly (O(L^2) memory)
+STALL_LAYERS = 2000  # up to this many layers dear_optimal bounds the forward's stalls exactly (O(L^2) memory)
 
 
 def _layer_bytes(trace: Trace) -> np.ndarray:
@@ -498,8 +498,9 @@ class _Stalls:
     ``G(y, L) = 0``. Since ``T_ag(j..w-1)`` grows with w, the minimum is
     ``min(min_{w <= w*} G(j, w), min_{w > w*} (T_ag(j..w-1) + G(j, w)) - t)`` with w* the last w whose
     all-gather is at most t: a prefix minimum and a suffix minimum per j, one binary search per
-    query. O(L^2) memory and O(L^2 log L) time; beyond :data:`STALL_LAYERS` layers only the next
-    all-gather's stall ``(T_ag(layer j) - t)^+`` is used."""
+    query. O(L^2 log L) time; O(L^2) memory while building (5 x 8 (L+1)^2 bytes, 40 MB at 1000
+    layers), 4 x 4 (L+1)^2 bytes after; beyond :data:`STALL_LAYERS` layers only the next all-gather's
+    stall ``(T_ag(layer j) - t)^+`` is used."""
 
     def __init__(self, model: _Model) -> None:
         L = self.L = model.L
@@ -529,27 +530,34 @@ class _Stalls:
                                       np.where(k < n, self.SAG[z, np.minimum(k, n - 1)] - t, np.inf))
         # SG[i, j]: the least stall after a bucket [i, j') with j' >= j (non-decreasing in j)
         G[np.tril_indices(K)] = np.inf
-        self.SG = np.minimum.accumulate(G[:, ::-1], axis=1)[:, ::-1]
-        # every row's all-gathers in one sorted array (row z shifted by z * offset), so that a batch
-        # of queries is one search; rounding there can only miscount k at a tie, which lowers the bound
+        SG = np.minimum.accumulate(G[:, ::-1], axis=1)[:, ::-1]
+        del G
+        # the rows kept as one flat array each (row z: its ends z+1..L); the all-gathers shifted by
+        # z * offset, so that a batch of queries is one search (rounding there can only miscount k at a
+        # tie, which lowers the bound)
         top = float(np.max(self.A[np.isfinite(self.A)], initial=0.0)) + 1.0
         self.top, self.offset = top, 2.0 * top
         rows = np.repeat(np.arange(K), self.lens)
         cols = np.arange(len(rows)) - np.repeat(np.cumsum(self.lens) - self.lens, self.lens)
         self.flat = rows * self.offset + self.A[rows, cols]
+        self.PG, self.SAG, self.SG = self.PG[rows, cols], self.SAG[rows, cols], SG[rows, rows + 1 + cols]
+        del self.A, SG
         self.row_start = np.cumsum(self.lens) - self.lens
 
     def _query(self, z: np.ndarray, t: np.ndarray) -> np.ndarray:
-        k = np.searchsorted(self.flat, z * self.offset + np.minimum(t, self.top), side="right") - self.row_start[z]
+        start = self.row_start[z]
+        k = np.searchsorted(self.flat, z * self.offset + np.minimum(t, self.top), side="right") - start
         n = self.lens[z]
         lo = np.clip(k, 0, n)
-        v1 = np.where(lo > 0, self.PG[z, np.maximum(lo - 1, 0)], np.inf)
-        v2 = np.where(lo < n, self.SAG[z, np.minimum(lo, np.maximum(n - 1, 0))] - t, np.inf)
+        v1 = np.where(lo > 0, self.PG[start + np.maximum(lo - 1, 0)], np.inf)
+        v2 = np.where(lo < n, self.SAG[np.minimum(start + lo, len(self.SAG) - 1)] - t, np.inf)
         return np.minimum(v1, v2)
 
     def suffix(self, i: int) -> np.ndarray:
         """For ends ``j = i+1..L``: the least stall after a bucket ``[i, j')`` with ``j' >= j``."""
-        return self.SG[i, i + 1:] if self.exact else np.zeros(self.L - i)
+        if not self.exact:
+            return np.zeros(self.L - i)
+        return self.SG[self.row_start[i]:self.row_start[i] + self.lens[i]]
 
     def least(self, j, t) -> np.ndarray:
         j, t = np.broadcast_arrays(np.asarray(j), np.asarray(t, dtype=float))
