@@ -302,10 +302,12 @@ def dear_optimal(trace: Trace, cost: CostModel, *, time_budget_s: float = DEFAUL
       add, ``S`` cannot matter and is set to 0;
     - dominance (:func:`_pareto`): a label is dropped when another has ``phi`` and ``phi + c`` no
       larger and ``S`` and ``M`` no larger up to that label's forward lead;
-    - bounds: a label whose lower bound (the rest of the forward after the next all-gather, and the
-      reduce-scatters from layer i on no earlier than ``S + W[i]``, their least end on their own,
-      :func:`_least_rs_end`) is not below the incumbent is pruned, and a label only makes next
-      buckets up to the last end whose monotone bound is below it.
+    - bounds: a label whose lower bound is not below the incumbent is pruned. The bound is the least
+      the forward can take on its own (the rest of the compute plus the least the all-gathers can
+      stall it over every bucketing of the rest, :class:`_Stalls`) plus the least end of the
+      reduce-scatters on their own (``S + W[i]``); each part is exact for its stream alone, so the
+      sum is tight where one stream dominates. A label only makes next buckets up to the last end
+      whose monotone version of that bound is below the incumbent.
 
     The incumbent is :func:`dear_model`'s bucketing improved by a boundary local search, then by a
     first pass of the same search keeping only the :data:`BEAM` labels of least bound per position (a
@@ -313,10 +315,10 @@ def dear_optimal(trace: Trace, cost: CostModel, *, time_budget_s: float = DEFAUL
     to a strictly better bucketing, so the result is optimal (the tests compare it with brute force
     over all ``2^(L-1)`` bucketings). Where several bucketings have the same period (to rounding),
     which one is returned is the search's choice (e.g. 7% of random 1-40 layer traces have such ties,
-    where the planner before the time budget could pick another of them). Times
-    (``benchmarks/bench_planners.py``, random traces, 10GbE at P = 64): about 0.3 s at 100 layers,
-    1.2 s at 400, 1.4 s for DenseNet-201's 402; about 90 s at 1000, where the default budget returns
-    the heuristic pass's bucketing with a proven gap near 0.3%.
+    where the planner before the time budget could pick another of them). Times on a shared 2-core
+    machine (``benchmarks/bench_planners.py``, random traces, 10GbE at P = 64), proven optimal: about
+    0.3 s at 100 layers, 1.2-1.6 s at 400, 3 s at 1000 (the incumbent and the heuristic pass take
+    most of it; the exact pass keeps ~130 labels); DenseNet-201's 402 layers 0.7-1.2 s.
 
     ``time_budget_s`` (seconds of wall clock, default 10; finite and positive) bounds the whole
     search: when it runs out first, the best bucketing found so far is returned (never worse than
