@@ -39,26 +39,18 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from repro.workload.catalog import MODEL_INFO, MODEL_NAMES, PAPER_MODELS, TINY_MODELS, model_info
+from repro.workload.catalog import MODEL_INFO, MODEL_NAMES, PAPER_MODELS, TINY_MODELS, ModelInfo, model_info
 
 __all__ = ["ModelSpec", "LSTMLanguageModel", "CifarVGG16", "MODELS", "MODEL_NAMES", "PAPER_MODELS", "TINY_MODELS",
            "get_spec", "build_model", "make_batch", "compute_loss", "count_params"]
 
 
 @dataclass(frozen=True)
-class ModelSpec:
-    """How to build one named model and feed it."""
+class ModelSpec(ModelInfo):
+    """How to build one named model and feed it: the catalogue's facts (:class:`ModelInfo`) and a
+    ``builder(**kwargs) -> module``, called under a device context."""
 
-    name: str
-    family: str                      # "vision" | "bert" | "lm" (selects batch and loss functions)
-    builder: Callable[..., nn.Module]  # builder(**kwargs) -> module, called under a device context
-    input_size: tuple[int, ...]      # vision: (C, H, W); bert, lm: (seq_len,)
-    num_classes: int                 # vision: classes; bert, lm: vocabulary size
-    paper_batch_size: int | None     # per-GPU batch size of the paper we reproduce (None: no paper)
-    paper_batch_sizes: Mapping[str, int] = field(default_factory=dict)  # source -> batch size
-    source: str = ""                 # where the architecture comes from
-    tiny: bool = False               # a CPU-sized stand-in, not a paper model
-    kwargs: tuple[str, ...] = ()     # keyword arguments accepted by build/batch/loss
+    builder: Callable[..., nn.Module] = field(default=None, kw_only=True)  # type: ignore[assignment]
 
 
 # ---------------------------------------------------------------------------------------------
