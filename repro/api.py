@@ -22,9 +22,11 @@ What happens (the same code as ``repro train``, :mod:`repro.runtime.online`):
 
 The returned model is the one you gave (hooks added), except for baselines that wrap it; the returned
 optimizer is a :class:`torch.optim.Optimizer` (LR schedulers take it) sharing your optimizer's
-parameter groups and state. Its ``step()`` finishes the exchange, then steps; ``flush()`` finishes
-everything in flight (DeAR applies pending updates); ``plan`` is the plan being executed (None during
-the warm-up and for baselines); ``remove()`` detaches the hooks.
+parameter groups and state. Its ``step()`` finishes the exchange, then steps; ``synchronize()``
+finishes this step's exchange early (then unscale or clip); ``flush()`` finishes everything in flight
+(DeAR applies pending updates); ``plan`` is the plan being executed (None during the warm-up and for
+baselines); ``remove()`` detaches the hooks. With ``grad_scaler=scaler`` the ordinary GradScaler loop
+works: a step with an inf/nan on any rank is skipped on every rank, as under DDP.
 
 Not yet through this door (use ``repro train``): the parameter-server family (its servers are not
 co-located on the training ranks yet). Every option is checked before any collective, in one line.
@@ -32,6 +34,7 @@ co-located on the training ranks yet). Every option is checked before any collec
 
 from __future__ import annotations
 
+import inspect
 import os
 import time
 from pathlib import Path
@@ -43,7 +46,7 @@ from torch import nn
 
 from repro.cost import CostModel, preset
 from repro.plan import Plan
-from repro.runtime.executor import Executor, ExecutorOptions
+from repro.runtime.executor import Executor, ExecutorOptions, FoundInfReport, ScaledStep, scaled_step
 from repro.runtime.online import StepTimes, grad_abs_mean, measured_trace, plan_online, sync_device
 from repro.schedulers import get_scheduler
 from repro.workload.layers import VIEWS, layer_parameters
@@ -85,8 +88,11 @@ class _Door:
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: str | None,
                  plan: Plan | None, *, warmup_steps: int, network_cost: CostModel | None, view: str,
                  planner_options: dict[str, Any], executor_options: dict[str, Any], fit_repeats: int,
-                 record_timeline: bool) -> None:
+                 record_timeline: bool, grad_scaler: Any = None) -> None:
         self.model, self.inner = model, optimizer
+        self.grad_scaler = grad_scaler
+        self.synchronized = False  # synchronize() finished this step's exchange already
+        self._report = None
         self.scheduler = scheduler
         self.plan = plan
         self.view = view
@@ -125,7 +131,11 @@ class _Door:
             cls = sched.executor_class()
         self.plan = plan
         self.ex = cls(self.model, plan, self.options, **self.executor_options)
-        self.run_opt = self.ex.wrap_optimizer(self.inner)
+        takes_scaler = "grad_scaler" in inspect.signature(self.ex.wrap_optimizer).parameters
+        if self.grad_scaler is not None and takes_scaler:  # the family unscales and skips itself
+            self.run_opt = self.ex.wrap_optimizer(self.inner, grad_scaler=self.grad_scaler)
+        else:
+            self.run_opt = self.ex.wrap_optimizer(self.inner)
 
     @property
     def warming_up(self) -> bool:
@@ -153,18 +163,46 @@ class _Door:
             self._stamps["backward_start"] = time.perf_counter()
 
     # ---- the optimizer's step ----
-    def step(self, closure: Callable[[], Any] | None) -> Any:
+    def synchronize(self) -> None:
+        """Finish this step's exchange now (``param.grad`` averaged on every rank), for unscaling or
+        clipping before ``step()``."""
+        if self.synchronized:
+            return
+        self._stamps["backward_end"] = time.perf_counter()
+        if getattr(self.run_opt, "_step_supports_amp_scaling", False) and hasattr(self.run_opt, "synchronize"):
+            self.ex.after_backward()
+            self.run_opt.synchronize()  # the family's own (DeAR, ByteScheduler finish their exchange here)
+        else:
+            self.ex.after_backward()
+        self.synchronized = True
+
+    def step(self, closure: Callable[[], Any] | None, outer: torch.optim.Optimizer) -> Any:
+        """``outer``: the optimizer GradScaler.step called, with its ``grad_scale`` and ``found_inf``
+        attributes when there is one (:func:`~repro.runtime.executor.scaled_step`)."""
+        amp = scaled_step(outer)
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
         stamps = self._stamps
-        stamps["backward_end"] = time.perf_counter()
-        self.ex.after_backward()
+        family_amp = getattr(self.run_opt, "_step_supports_amp_scaling", False)
+        if not self.synchronized:
+            stamps["backward_end"] = time.perf_counter()
+            self.ex.after_backward()
+        self.synchronized = False
         if self.warming_up:
             sync_device(self.device)
         stamps["exchange_end"] = time.perf_counter()
-        self.run_opt.step()
+        if amp is None:
+            self.run_opt.step()
+        elif family_amp:  # the family's optimizer takes GradScaler's attributes as GradScaler gave them
+            self.run_opt.grad_scale, self.run_opt.found_inf = vars(outer)["grad_scale"], vars(outer)["found_inf"]
+            try:
+                self.run_opt.step()
+            finally:
+                del self.run_opt.grad_scale, self.run_opt.found_inf
+        else:
+            self._scaled_step(amp)
         if self.warming_up:
             sync_device(self.device)
             if {"start", "forward_start", "backward_start"} <= set(stamps):
@@ -175,6 +213,28 @@ class _Door:
             if not self.warming_up:
                 self._plan_and_switch()
         return loss
+
+    def _scaled_step(self, amp: ScaledStep) -> None:
+        """A GradScaler step on the exchanged gradients: they are the same on every rank, so the inf/nan
+        verdict is too (a rank's inf reaches every rank's average); skipped everywhere or nowhere, and
+        the scaler's ``update()`` is told (its own check saw this rank's gradient before the exchange)."""
+        grads = [p.grad for g in self.inner.param_groups for p in g["params"] if p.grad is not None]
+        if amp.inv_scale is None:  # scaler.unscale_(opt) after synchronize(): it checked the exchanged gradients
+            if not amp.found_inf:
+                self.run_opt.step()
+            return
+        if self.grad_scaler is None:
+            _fail("a GradScaler stepped this optimizer: pass it to repro.distribute(..., grad_scaler=scaler) so "
+                  "that every rank skips (and backs the scale off) together")
+        found = any(not bool(torch.isfinite(g).all()) for g in grads)
+        if self._report is None:
+            self._report = FoundInfReport(self.grad_scaler, self.device)
+        self._report.report(found)
+        if not found:
+            inv = amp.inv_scale.to(self.device)
+            for g in grads:
+                g.mul_(inv.to(g.dtype))
+            self.run_opt.step()
 
     def _plan_and_switch(self) -> None:
         magnitudes = grad_abs_mean(self.model, self.view)  # the exchanged gradients of the last warm-up step
@@ -206,6 +266,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
     It shares the wrapped optimizer's ``param_groups`` and ``state``, so LR schedulers and
     ``state_dict`` see one optimizer. Made by :func:`distribute`."""
 
+    _step_supports_amp_scaling = True  # GradScaler.step always calls step(): every rank joins the exchange
+
     def __init__(self, optimizer: torch.optim.Optimizer, door: _Door) -> None:
         super().__init__(optimizer.param_groups, optimizer.defaults)
         self.param_groups = optimizer.param_groups  # the same list: an LR scheduler's change reaches both
@@ -215,7 +277,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure: Callable[[], Any] | None = None) -> Any:  # type: ignore[override]
-        return self._door.step(closure)
+        return self._door.step(closure, self)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         self._door.run_opt.zero_grad(set_to_none=set_to_none)
@@ -225,7 +287,11 @@ class DistributedOptimizer(torch.optim.Optimizer):
         (call it before evaluating, checkpointing or reading the parameters)."""
         self._door.flush()
 
-    synchronize = flush  # Horovod's name
+    def synchronize(self) -> None:
+        """Finish this step's gradient exchange now, before ``step()`` (Horovod's escape hatch):
+        ``param.grad`` then holds the averaged gradient on every rank, ready for
+        ``scaler.unscale_(optimizer)`` and clipping; ``step()`` then only updates."""
+        self._door.synchronize()
 
     def state_dict(self) -> dict[str, Any]:
         self._door.flush()
@@ -253,7 +319,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
 def distribute(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: str | Plan | os.PathLike = "mgwfbp",
                *, warmup_steps: int = 3, network: str | None = None, cost: CostModel | str | os.PathLike | None = None,
                view: str = "tensor", wire_dtype: str | None = None, fit_repeats: int = 5,
-               record_timeline: bool = False, **options: Any) -> tuple[nn.Module, DistributedOptimizer]:
+               record_timeline: bool = False, grad_scaler: Any = None,
+               **options: Any) -> tuple[nn.Module, DistributedOptimizer]:
     """Put ``scheduler`` between ``model``'s backward and ``optimizer``'s step; returns ``(model,
     optimizer)`` to use in place of yours (see the module docstring).
 
@@ -264,8 +331,12 @@ def distribute(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: st
     ``view``: layers are parameter tensors (``tensor``) or parameter-owning modules (``module``); a
     given plan's layer names must be the model's in that view. ``wire_dtype``: send gradients in
     float16/bfloat16 (schedulers that support it). ``options``: the scheduler's own options (e.g.
-    ``threshold_bytes``, ``density``; ``repro schedulers`` lists each one's). The process group must
-    be initialised (torchrun + ``torch.distributed.init_process_group``)."""
+    ``threshold_bytes``, ``density``; ``repro schedulers`` lists each one's). ``grad_scaler``: the
+    ``torch.amp.GradScaler`` your loop uses (``scaler.scale(loss).backward(); scaler.step(optimizer);
+    scaler.update()``): the exchanged gradients are unscaled, and a step with an inf/nan on any rank is
+    skipped on every rank; to clip, call ``optimizer.synchronize()`` then ``scaler.unscale_(optimizer)``
+    and clip before ``scaler.step``. The process group must be initialised (torchrun +
+    ``torch.distributed.init_process_group``)."""
     if not dist.is_available() or not dist.is_initialized():
         _fail("the default process group is not initialised: call torch.distributed.init_process_group() "
               "first (under torchrun it reads its settings from the environment)")
@@ -316,6 +387,12 @@ def distribute(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: st
             _fail(f"wire_dtype does not apply to {name or 'a given plan'} (schedulers that take it: "
                   "the all-reduce planners)")
         options = {**options, "wire_dtype": wire_dtype}
+    if grad_scaler is not None:
+        if not (hasattr(grad_scaler, "scale") and hasattr(grad_scaler, "unscale_") and hasattr(grad_scaler, "update")):
+            _fail(f"grad_scaler must be a torch.amp.GradScaler, got {type(grad_scaler).__name__}")
+        if family == "sparse":
+            _fail("grad_scaler is not supported by the sparse family yet (its error-feedback residuals would mix "
+                  "gradients of different scales)")
     if network is not None and cost is not None:
         _fail("give network or cost, not both")
     network_cost = None
@@ -333,5 +410,5 @@ def distribute(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: st
     executor_options = {k: v for k, v in options.items() if sched is not None and k in sched.executor_options}
     door = _Door(model, optimizer, name, plan, warmup_steps=warmup_steps, network_cost=network_cost, view=view,
                  planner_options=planner_options, executor_options=executor_options, fit_repeats=fit_repeats,
-                 record_timeline=record_timeline)
+                 record_timeline=record_timeline, grad_scaler=grad_scaler)
     return door.ex.module, DistributedOptimizer(optimizer, door)

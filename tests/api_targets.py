@@ -122,3 +122,53 @@ def lr_scheduler_and_state(ctx) -> dict:
            "momentum_buffers": sum("momentum_buffer" in s for s in state["state"].values())}
     dopt.remove()
     return out
+
+
+def _amp_train(model, opt, scaler, data, inf_steps, clip: bool, synchronize) -> list[float]:
+    """The user's GradScaler loop; on ``inf_steps`` rank 1's loss is inf (its gradient inf/nan)."""
+    loss_fn = nn.CrossEntropyLoss()
+    scales = []
+    for i, (x, y) in enumerate(data):
+        opt.zero_grad()
+        loss = loss_fn(model(x), y)
+        if i in inf_steps and dist.get_rank() == 1:
+            loss = loss * float("inf")
+        scaler.scale(loss).backward()
+        if clip:
+            synchronize()  # DDP: nothing to do; repro: finish the exchange first (Horovod's rule)
+            scaler.unscale_(opt)
+            torch.nn.utils.clip_grad_norm_([p for g in opt.param_groups for p in g["params"]], 0.5)
+        scaler.step(opt)
+        scaler.update()
+        scales.append(float(scaler.get_scale()))
+    return scales
+
+
+def amp_vs_ddp(ctx, cases: list[dict], steps: int, inf_steps: list[int]) -> list[dict]:
+    """Per case (distribute keywords + ``clip``): parameters and the scale history after ``steps``
+    GradScaler steps, against DDP + GradScaler on the same data and the same inf steps."""
+    import repro
+
+    torch.use_deterministic_algorithms(True)
+    data = _batches(dist.get_rank(), steps)
+    out = []
+    for case in cases:
+        case = dict(case)
+        clip = case.pop("clip", False)
+        torch.manual_seed(0)
+        ref = UserNet()
+        ddp = nn.parallel.DistributedDataParallel(ref)
+        ref_scales = _amp_train(ddp, torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9),
+                                torch.amp.GradScaler("cpu", init_scale=2.0 ** 10, growth_interval=2), data,
+                                inf_steps, clip, lambda: None)
+        torch.manual_seed(0)
+        net = UserNet()
+        scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 10, growth_interval=2)
+        model, dopt = repro.distribute(net, torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9),
+                                       grad_scaler=scaler, **case)
+        scales = _amp_train(model, dopt, scaler, data, inf_steps, clip, dopt.synchronize)
+        dopt.flush()
+        out.append({"case": case, "clip": clip, "diff": _max_diff(_state(net), _state(ref)),
+                    "scales": scales, "ref_scales": ref_scales, "family": dopt.plan.family if dopt.plan else None})
+        dopt.remove()
+    return out

@@ -149,3 +149,24 @@ def test_profile_plan_launch_runs_exactly_that_plan(tmp_path, capsys):
     assert ran["buckets"] == given["buckets"] and len(given["buckets"]) > 1  # the profile's module view
     config = json.loads((runs / "r" / "run.json").read_text())["config"]
     assert config["scheduler"] == "threshold" and config["view"] == "module"
+
+
+# GradScaler: the scale is a power of two, so scaling and unscaling are exact and the exchange of two
+# ranks is exact (see TOL); an inf on one rank reaches both ranks' averages, so both skip, as DDP +
+# GradScaler does (it checks the averaged gradient). Inf steps fall in the warm-up (1) and after the
+# switch to the planned executor (4).
+AMP = [{"scheduler": "mgwfbp", "warmup_steps": 2}, {"scheduler": "dear_threshold", "warmup_steps": 2},
+       {"scheduler": "bytescheduler", "warmup_steps": 2},
+       {"scheduler": "mgwfbp", "warmup_steps": 2, "clip": True},
+       {"scheduler": "dear_threshold", "warmup_steps": 2, "clip": True}]
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_grad_scaler_through_distribute_equals_ddp_with_grad_scaler():
+    rank0, rank1 = launch_local(api_targets.amp_vs_ddp, 2, args=(AMP, 7, [1, 4]), timeout_s=600)
+    for row in rank0 + rank1:
+        assert row["diff"] < TOL, row
+        assert row["scales"] == row["ref_scales"], row  # skipped (backed off) on the same steps
+    assert rank0[0]["scales"][1] < rank0[0]["scales"][0]  # the inf steps did back the scale off
+
