@@ -33,11 +33,13 @@ follow the same convention.
 
 from __future__ import annotations
 
+import inspect
 import platform
 import statistics
 from typing import Any, Callable
 
 import torch
+from torch import nn
 
 from repro.trace import Layer, Trace
 from repro.workload.layers import VIEWS, learnable_params, unit_sizes
@@ -90,37 +92,229 @@ def _cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
-def profile_model(model_name: str, batch_size: int, device: str | torch.device = "cpu",
-                  view: str = "tensor", warmup: int = 3, iters: int = 10, *, seed: int = 0,
+def profile_model(model: str | nn.Module | None = None, batch_size: int | None = None,
+                  device: str | torch.device | None = None, view: str = "tensor", warmup: int = 3,
+                  iters: int = 10, *, batch: Any = None, loss_fn: Callable[..., torch.Tensor] | None = None,
+                  name: str | None = None, seed: int = 0, model_name: str | None = None,
                   **model_kwargs: Any) -> Trace:
-    """Measure ``model_name`` at ``batch_size`` on ``device``; per-layer medians as a :class:`Trace`.
+    """Measure one model's per-layer forward/backward seconds on ``device``; per-layer medians as a :class:`Trace`.
 
-    ``model_kwargs`` go to :func:`repro.workload.models.build_model` / :func:`~repro.workload.models.make_batch`
-    (e.g. ``seq_len`` for BERT). The model has random weights (seeded by ``seed``) and is trained
-    on one synthetic batch in train mode; gradients are reset to ``None`` between iterations and no
-    optimizer step is taken.
+    Two ways to name the model:
+
+    * **A registry name** with a batch size, ``profile_model("resnet50", 32, device="cpu")`` (``model_name=``
+      is accepted for the name too). ``model_kwargs`` go to :func:`repro.workload.models.build_model` /
+      :func:`~repro.workload.models.make_batch` (e.g. ``seq_len`` for BERT). The model is built with random
+      weights (seeded by ``seed``, which seeds torch's global generator) and trained on one synthetic batch.
+      ``device`` defaults to ``"cpu"``.
+    * **Any** :class:`torch.nn.Module` with an example batch and a loss,
+      ``profile_model(module, batch=(x, y), loss_fn=nn.functional.cross_entropy, device="cuda")``.
+      ``x`` is what the module takes (``module(x)``): a tensor, or a tuple/list/dict holding tensors when
+      ``loss_fn`` calls the module itself; ``y`` the targets (anything ``loss_fn`` takes). Tensors in the
+      batch (also inside tuples, lists and dicts) are copied to ``device``. ``loss_fn`` is either
+      ``loss_fn(output, y)`` (the PyTorch losses' convention: ``output = module(x)``) or
+      ``loss_fn(module, x, y)`` (any call of the module, e.g. keyword inputs), told apart by its number of
+      required positional parameters (3: the second form; 2, or a signature that cannot be read: the
+      first); it returns a scalar tensor. ``loss_fn=None`` is cross-entropy on ``module(x)`` (logits
+      against integer class targets). The trace's model name is the module's class name unless ``name``
+      is given; its batch size is the size of the first dimension of ``x`` (of its first tensor, for a
+      tuple, list or dict); ``batch_size``, if given, must agree. ``device=None`` measures where the
+      module's parameters are; another device moves the module there **in place** (``module.to``),
+      and it stays there. The module is put in train mode for the measurement and given back in its
+      former mode with its former ``.grad`` tensors and buffers (e.g. batch-norm running statistics);
+      its parameters are not changed (no optimizer step).
+      ``seed`` seeds torch's generators inside a forked RNG state (dropout, ...), so the caller's random
+      state is left as it was. ``model_kwargs`` do not apply (refused).
+
+    Units and assumptions (both ways): times in seconds, per layer, medians over ``iters`` timed
+    iterations after ``warmup`` untimed ones (one forward with the loss and one backward each, gradients
+    reset to ``None`` before each, no optimizer step); gradient sizes in bytes of the parameters' own
+    dtype (the trace's ``dtype``: the parameters' dtype, ``"mixed"`` if they differ). Only parameters with
+    ``requires_grad`` count (frozen ones are not layers); a module without any is refused. Layer order
+    is the reverse of the observed gradient-ready order (the forward order for sequential networks),
+    and parameters that never receive a gradient sit first with zero backward time (see the module
+    docstring for how time between parameter-owning modules is charged). The batch is reused every
+    iteration, so data loading is not measured.
     """
+    if model is None:
+        model = model_name
+    elif model_name is not None:
+        raise ValueError("give the model once: as the first argument or as model_name=, not both")
+    if isinstance(model, nn.Module):
+        if model_kwargs:
+            raise ValueError(f"model_kwargs ({', '.join(sorted(model_kwargs))}) are for registry models; a module "
+                             "is profiled as it is")
+        return _profile_module(model, batch, loss_fn, batch_size=batch_size, device=device, view=view,
+                               warmup=warmup, iters=iters, name=name, seed=seed)
+    if not isinstance(model, str):
+        raise ValueError(f"model must be a registry name (str) or a torch.nn.Module, got "
+                         f"{type(model).__name__}")
+    if batch is not None or loss_fn is not None or name is not None:
+        given = [k for k, v in (("batch", batch), ("loss_fn", loss_fn), ("name", name)) if v is not None]
+        raise ValueError(f"{', '.join(given)} apply to a torch.nn.Module; registry model {model!r} makes its own "
+                         "batch and loss (give batch_size)")
+    if batch_size is None:
+        raise ValueError(f"batch_size is needed for registry model {model!r}")
+    model_name = model
+    device = "cpu" if device is None else device
     get_spec(model_name)
     _check_view(view)
     dev = _check_device(device)
     if not isinstance(batch_size, int) or batch_size <= 0:
         raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
-    if not isinstance(warmup, int) or warmup < 0:
-        raise ValueError(f"warmup must be a non-negative integer, got {warmup!r}")
-    if not isinstance(iters, int) or iters < 1:
-        raise ValueError(f"iters must be a positive integer, got {iters!r}")
+    _check_counts(warmup, iters)
 
     torch.manual_seed(seed)
-    model = build_model(model_name, device=dev, **model_kwargs)
+    module = build_model(model_name, device=dev, **model_kwargs)
     gen = torch.Generator(device="cpu").manual_seed(seed)
     inputs, targets = make_batch(model_name, batch_size, device=dev, generator=gen, **model_kwargs)
-    params = learnable_params(model)
-    clock: Clock = CudaClock(dev) if dev.type == "cuda" else CpuClock()
-    recorder = Recorder(model, params, clock)
+    params = learnable_params(module)
 
     def forward() -> torch.Tensor:
-        return compute_loss(model_name, model, inputs, targets, **model_kwargs)
+        return compute_loss(model_name, module, inputs, targets, **model_kwargs)
 
+    extra: dict[str, Any] = {"seed": seed}
+    if model_kwargs:
+        extra["model_kwargs"] = dict(model_kwargs)
+    return _measure(module, params, forward, dev, view, warmup, iters, model_name=model_name,
+                    batch_size=batch_size, extra=extra)
+
+
+def _module_device(module: nn.Module) -> torch.device:
+    """Where ``module`` lives: its first parameter's (or buffer's) device; the CPU if it has neither."""
+    for t in module.parameters():
+        return t.device
+    for t in module.buffers():
+        return t.device
+    return torch.device("cpu")
+
+
+def _to_device(obj: Any, dev: torch.device) -> Any:
+    """``obj`` with its tensors (also inside tuples, lists and dicts) on ``dev``."""
+    if isinstance(obj, torch.Tensor):
+        return obj.to(dev)
+    if isinstance(obj, tuple) and hasattr(obj, "_fields"):  # a named tuple
+        return type(obj)(*(_to_device(v, dev) for v in obj))
+    if isinstance(obj, (tuple, list)):
+        return type(obj)(_to_device(v, dev) for v in obj)
+    if isinstance(obj, dict):
+        return {k: _to_device(v, dev) for k, v in obj.items()}
+    return obj
+
+
+def _first_tensor(obj: Any) -> torch.Tensor | None:
+    if isinstance(obj, torch.Tensor):
+        return obj
+    values = obj.values() if isinstance(obj, dict) else obj if isinstance(obj, (tuple, list)) else ()
+    for v in values:
+        t = _first_tensor(v)
+        if t is not None:
+            return t
+    return None
+
+
+def _batch_size_of(x: Any) -> int:
+    t = _first_tensor(x)
+    if t is None:
+        raise ValueError(f"the batch's inputs hold no tensor (got {type(x).__name__}); the batch size is the "
+                         "first dimension of the inputs' (first) tensor")
+    if t.dim() == 0 or t.shape[0] < 1:
+        raise ValueError(f"the batch's input tensor has shape {tuple(t.shape)}; its first dimension is the batch "
+                         "size and must be at least 1")
+    return int(t.shape[0])
+
+
+def _loss_takes_module(loss_fn: Callable[..., Any]) -> bool:
+    """True for ``loss_fn(module, x, y)``, False for ``loss_fn(output, y)`` (see :func:`profile_model`)."""
+    target = loss_fn.forward if isinstance(loss_fn, nn.Module) else loss_fn
+    try:
+        sig = inspect.signature(target)
+    except (TypeError, ValueError):  # e.g. a builtin without a signature: the PyTorch losses' convention
+        return False
+    params = list(sig.parameters.values())
+    if any(p.kind is p.VAR_POSITIONAL for p in params):
+        return False
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    required = [p for p in positional if p.default is p.empty]
+    if len(required) == 3:
+        return True
+    if len(required) <= 2 <= len(positional):
+        return False
+    raise ValueError(f"loss_fn {getattr(loss_fn, '__name__', type(loss_fn).__name__)} takes {len(required)} "
+                     "required positional argument(s); give loss_fn(output, y) or loss_fn(module, x, y)")
+
+
+def _profile_module(module: nn.Module, batch: Any, loss_fn: Callable[..., torch.Tensor] | None, *,
+                    batch_size: int | None, device: str | torch.device | None, view: str, warmup: int,
+                    iters: int, name: str | None, seed: int) -> Trace:
+    """:func:`profile_model` of a user's ``nn.Module`` (its second form)."""
+    if not (isinstance(batch, (tuple, list)) and len(batch) == 2):
+        raise ValueError("batch must be a pair (x, y): the module's inputs and the loss's targets, got "
+                         + (f"a {type(batch).__name__} of {len(batch)}" if isinstance(batch, (tuple, list))
+                            else type(batch).__name__))
+    if loss_fn is not None and not callable(loss_fn):
+        raise ValueError(f"loss_fn must be callable, got {type(loss_fn).__name__}")
+    if name is None:
+        name = type(module).__name__
+    if not isinstance(name, str) or not name.strip():
+        raise ValueError(f"name must be a non-empty string, got {name!r}")
+    _check_view(view)
+    dev = _check_device(_module_device(module) if device is None else device)
+    _check_counts(warmup, iters)
+    n = _batch_size_of(batch[0])
+    if batch_size is not None and batch_size != n:
+        raise ValueError(f"batch_size={batch_size!r} contradicts the batch, whose first dimension is {n}; leave "
+                         "batch_size out for a module")
+    takes_module = False if loss_fn is None else _loss_takes_module(loss_fn)
+    params = learnable_params(module)
+    if any(p.tensor.device != dev for p in params) or any(b.device != dev for b in module.buffers()):
+        module.to(dev)
+    x, y = _to_device(batch[0], dev), _to_device(batch[1], dev)
+
+    def forward() -> torch.Tensor:
+        if loss_fn is None:
+            loss = nn.functional.cross_entropy(module(x), y)
+        elif takes_module:
+            loss = loss_fn(module, x, y)
+        else:
+            loss = loss_fn(module(x), y)
+        if not isinstance(loss, torch.Tensor) or loss.numel() != 1 or not loss.requires_grad:
+            what = (f"a tensor of shape {tuple(loss.shape)}" + ("" if loss.requires_grad else " without grad")
+                    if isinstance(loss, torch.Tensor) else f"a {type(loss).__name__}")
+            raise ValueError(f"loss_fn must return a scalar tensor that depends on the parameters, got {what}")
+        return loss
+
+    was_training = module.training
+    saved_grads = [p.tensor.grad for p in params]
+    buffers = list(module.buffers())  # e.g. batch-norm running statistics, which train mode updates
+    saved_buffers = [b.detach().clone() for b in buffers]
+    extra: dict[str, Any] = {"seed": seed, "module": f"{type(module).__module__}.{type(module).__qualname__}"}
+    try:
+        with torch.random.fork_rng(devices=[dev.index] if dev.type == "cuda" else []):
+            torch.manual_seed(seed)
+            module.train()
+            return _measure(module, params, forward, dev, view, warmup, iters, model_name=name, batch_size=n,
+                            extra=extra)
+    finally:
+        module.train(was_training)
+        for p, g in zip(params, saved_grads):
+            p.tensor.grad = g
+        with torch.no_grad():
+            for b, v in zip(buffers, saved_buffers):
+                b.copy_(v)
+
+
+def _check_counts(warmup: Any, iters: Any) -> None:
+    if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
+        raise ValueError(f"warmup must be a non-negative integer, got {warmup!r}")
+    if isinstance(iters, bool) or not isinstance(iters, int) or iters < 1:
+        raise ValueError(f"iters must be a positive integer, got {iters!r}")
+
+
+def _measure(model: nn.Module, params: list, forward: Callable[[], torch.Tensor], dev: torch.device, view: str,
+             warmup: int, iters: int, *, model_name: str, batch_size: int, extra: dict[str, Any]) -> Trace:
+    """Time ``warmup + iters`` iterations of ``forward()`` (the loss) and backward; the Trace."""
+    clock: Clock = CudaClock(dev) if dev.type == "cuda" else CpuClock()
+    recorder = Recorder(model, params, clock)
     timelines: list[IterationTimeline] = []
     try:
         for i in range(warmup + iters):
@@ -146,7 +340,7 @@ def profile_model(model_name: str, batch_size: int, device: str | torch.device =
         return statistics.median(f(tl) for tl in timelines)
 
     last_ready = [tl.grad_ready[-1][1] if tl.grad_ready else tl.backward_start for tl in timelines]
-    extra: dict[str, Any] = {
+    extra = {
         "source": "measured",
         "view": view,
         "warmup": warmup,
@@ -158,10 +352,8 @@ def profile_model(model_name: str, batch_size: int, device: str | torch.device =
         "wall_backward_s": med(lambda tl: tl.backward_end - tl.backward_start),
         "backward_tail_s": statistics.median(tl.backward_end - t for tl, t in zip(timelines, last_ready)),
         "order_changes": order_changes,
-        "seed": seed,
+        **extra,
     }
-    if model_kwargs:
-        extra["model_kwargs"] = dict(model_kwargs)
     if dev.type == "cpu":
         extra["cpu"] = _cpu_name()
         extra["num_threads"] = torch.get_num_threads()
@@ -169,5 +361,7 @@ def profile_model(model_name: str, batch_size: int, device: str | torch.device =
     else:
         device_name = torch.cuda.get_device_name(dev)
         extra["cuda"] = torch.version.cuda
-    return Trace(model=model_name, batch_size=batch_size, device=device_name, dtype="float32",
+    dtypes = {p.tensor.dtype for p in params}
+    dtype = str(dtypes.pop()).removeprefix("torch.") if len(dtypes) == 1 else "mixed"
+    return Trace(model=model_name, batch_size=batch_size, device=device_name, dtype=dtype,
                  layers=tuple(layers), extra=extra)
