@@ -124,21 +124,152 @@ def _emit(obj: object, out: Path | None) -> None:
         print(text)
 
 
+def _is_factory_reference(model: str) -> bool:
+    """``--model`` names the user's own model (``package.module:factory``) rather than a registry model:
+    it has a colon or a dot (registry names have neither)."""
+    return ":" in model or "." in model
+
+
+def _parse_input_shape(text: str) -> tuple[int, ...]:
+    """``--input-shape C,H,W`` (any number of positive integers) as a tuple."""
+    try:
+        shape = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        shape = ()
+    if not shape or any(n < 1 for n in shape):
+        raise UsageError(f"--input-shape must be positive integers separated by commas (one sample's shape, e.g. "
+                         f"3,32,32), got {text!r}")
+    return shape
+
+
+def _load_factory_model(ref: str):
+    """Import ``package.module``, get ``factory`` (dots walk attributes: ``module:Class.build``), call it with
+    no arguments and return the ``torch.nn.Module`` it makes; a bad reference is one line (UsageError).
+    The current folder is searched first, as ``python -m`` does, so ``mymodels:build`` finds ./mymodels.py."""
+    import importlib
+
+    module_name, colon, attr = ref.partition(":")
+    if not colon:
+        raise UsageError(f"--model {ref}: not a model name, and a model of your own is written "
+                         "package.module:factory, with a colon (e.g. mymodels:build_net); `repro models` lists "
+                         "the names")
+    if not (all(p.isidentifier() for p in module_name.split("."))
+            and all(p.isidentifier() for p in attr.split("."))):
+        raise UsageError(f"--model {ref}: write a model of your own as package.module:factory (dotted Python "
+                         "names, one colon between the module and the factory)")
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        obj = importlib.import_module(module_name)
+    except ModuleNotFoundError as e:
+        if e.name and (module_name == e.name or module_name.startswith(e.name + ".")):
+            raise UsageError(f"--model {ref}: no module named {e.name!r} (searched the current folder and "
+                             "sys.path; install it or set PYTHONPATH)") from None
+        raise UsageError(f"--model {ref}: importing {module_name!r} failed: ModuleNotFoundError: "
+                         f"{_first_line(e)}") from None
+    except Exception as e:  # noqa: BLE001 - the user's module: whatever it raises is one line
+        raise UsageError(f"--model {ref}: importing {module_name!r} failed: {type(e).__name__}: "
+                         f"{_first_line(e)}") from None
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise UsageError(f"--model {ref}: {module_name!r} has no attribute {attr!r}")
+        obj = getattr(obj, part)
+    from torch import nn
+
+    if isinstance(obj, nn.Module):
+        raise UsageError(f"--model {ref}: {attr} is a model instance, not a factory; give the function or class "
+                         "that builds it (called with no arguments)")
+    if not callable(obj):
+        raise UsageError(f"--model {ref}: {attr} is not callable (type {type(obj).__name__}); the factory is called "
+                         "with no arguments and returns a torch.nn.Module")
+    try:
+        model = obj()
+    except Exception as e:  # noqa: BLE001 - the user's factory: whatever it raises is one line
+        raise UsageError(f"--model {ref}: calling {attr}() failed: {type(e).__name__}: {_first_line(e)}") from None
+    if not isinstance(model, nn.Module):
+        raise UsageError(f"--model {ref}: {attr}() returned type {type(model).__name__}, not a torch.nn.Module")
+    return model
+
+
+def _factory_batch(args: argparse.Namespace, model, shape: tuple[int, ...]):
+    """The example batch of a factory model: standard-normal inputs ``(batch, *shape)`` and integer class
+    targets uniform in [0, classes) (seed 0), with classes from ``--num-classes`` or the output's second
+    dimension, read from one forward pass without gradients; a model that cannot take such inputs or does
+    not return ``(batch, classes)`` logits is one line (UsageError). The model is moved to the device."""
+    import torch
+
+    from repro.workload.profile import _check_device
+
+    dev = _check_device(args.device)  # CUDA that is not there: one line, before any work
+    model.to(dev)
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn((args.batch_size, *shape), generator=gen)
+    try:
+        with torch.no_grad():
+            out = model(x.to(dev))
+    except Exception as e:  # noqa: BLE001 - the user's model: whatever it raises is one line
+        raise UsageError(f"--model {args.model}: a forward pass on inputs of shape {tuple(x.shape)} (--batch-size, "
+                         f"--input-shape) failed: {type(e).__name__}: {_first_line(e)}") from None
+    if not (isinstance(out, torch.Tensor) and out.dim() == 2 and out.shape[0] == args.batch_size
+            and out.is_floating_point()):
+        got = f"shape {tuple(out.shape)}" if isinstance(out, torch.Tensor) else f"a {type(out).__name__}"
+        raise UsageError(f"--model {args.model}: its output is {got}, but profile trains a model of your own with "
+                         f"cross-entropy on (batch, classes) logits, here ({args.batch_size}, classes); for another "
+                         "output or loss use repro.workload.profile_model(module, batch=..., loss_fn=...) in Python")
+    classes = args.num_classes if args.num_classes is not None else int(out.shape[1])
+    if classes > out.shape[1]:
+        raise UsageError(f"--num-classes {classes} is more than the model's {out.shape[1]} outputs per sample")
+    y = torch.randint(0, classes, (args.batch_size,), generator=gen)
+    return x, y, classes
+
+
 def cmd_profile(args: argparse.Namespace) -> None:
+    """Profile a registry model, or ``--model package.module:factory`` (a model of your own: see the
+    ``profile`` options' help, and :func:`_load_factory_model` / :func:`_factory_batch`)."""
     if args.batch_size <= 0:
         raise UsageError(f"--batch-size must be positive, got {args.batch_size}")
     if not (0 <= args.warmup <= 1000 and 1 <= args.iters <= 10000):
         raise UsageError(f"--warmup must be in [0, 1000] and --iters in [1, 10000], got {args.warmup} and "
                          f"{args.iters}")
-    from repro.workload.models import get_spec
+    own = _is_factory_reference(args.model)
+    if own:
+        if args.input_shape is None:
+            raise UsageError(f"--model {args.model} (a model of your own) needs --input-shape, one sample's shape, "
+                             "e.g. 3,32,32")
+        shape = _parse_input_shape(args.input_shape)
+        if args.num_classes is not None and args.num_classes < 1:
+            raise UsageError(f"--num-classes must be positive, got {args.num_classes}")
+        if args.estimate_gpu:
+            raise UsageError("--estimate-gpu estimates registry models only (`repro models`); measure a model of "
+                             "your own on this machine's --device")
+        module = _load_factory_model(args.model)  # a bad reference fails now, before any work
+    else:
+        for flag, value in (("--input-shape", args.input_shape), ("--num-classes", args.num_classes)):
+            if value is not None:
+                raise UsageError(f"{flag} is for a model of your own (--model package.module:factory); registry "
+                                 f"model {args.model!r} makes its own inputs")
+        from repro.workload.models import get_spec
 
-    get_spec(args.model)  # an unknown model fails now, before any work
+        try:
+            get_spec(args.model)  # an unknown model fails now, before any work
+        except ValueError as e:
+            raise UsageError(f"{_first_line(e)}; or a model of your own as package.module:factory") from None
     if args.estimate_gpu:
         from repro.workload.estimate import get_gpu
 
         get_gpu(args.estimate_gpu)
     _check_output(args.output)
-    if args.estimate_gpu:
+    if own:
+        from repro.workload.profile import profile_model
+
+        x, y, classes = _factory_batch(args, module, shape)
+        import torch.nn.functional as F
+
+        trace = profile_model(module, batch=(x, y), loss_fn=F.cross_entropy, device=args.device, view=args.view,
+                              warmup=args.warmup, iters=args.iters)
+        trace.extra.update({"factory": args.model, "input_shape": list(shape), "num_classes": classes,
+                            "loss": "cross_entropy"})
+    elif args.estimate_gpu:
         from repro.workload.estimate import estimate_trace
 
         trace = estimate_trace(args.model, args.batch_size, gpu=args.estimate_gpu, view=args.view)
@@ -443,9 +574,19 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("profile", help="measure (or estimate) a model's per-layer trace",
                        description="Measure a model's per-layer forward/backward seconds on this device, or "
                                    "estimate them for a named GPU (roofline), and write the Trace JSON.")
-    p.add_argument("--model", required=True, help="model name, e.g. resnet50, bert_base, tiny_resnet (an unknown "
-                                                   "name is refused with the list of valid ones)")
+    p.add_argument("--model", required=True,
+                   help="model name, e.g. resnet50, bert_base, tiny_resnet (an unknown name is refused with the list "
+                        "of valid ones), or a model of your own as package.module:factory: the factory (a function "
+                        "or class; module:Class.method walks attributes) is called with no arguments and returns a "
+                        "torch.nn.Module; the module is imported from the current folder or sys.path")
     p.add_argument("--batch-size", type=int, required=True, help="samples per step")
+    p.add_argument("--input-shape", metavar="C,H,W",
+                   help="a model of your own: one sample's input shape, comma-separated (e.g. 3,32,32 for images, "
+                        "784 for flat vectors); it is profiled on standard-normal float32 inputs of shape "
+                        "(batch, *shape) with cross-entropy loss on its (batch, classes) output")
+    p.add_argument("--num-classes", type=int,
+                   help="a model of your own: targets are integer classes uniform in [0, N) (default: the number "
+                        "of outputs per sample, read from one forward pass made before profiling)")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="where to measure")
     p.add_argument("--estimate-gpu", help="estimate for this named GPU (roofline) instead of measuring, e.g. "
                                           "V100 (an unknown name is refused with the list of valid ones)")
