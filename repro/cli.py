@@ -369,6 +369,8 @@ def cmd_launch(args: argparse.Namespace) -> None:
 
     Without ``--backend`` the ranks use gloo (the launcher's default: CPU processes, whatever GPUs there
     are); ``--backend nccl`` needs CUDA and a GPU per rank, which is checked before any rank starts.
+    The train args' ``--device`` (default: cuda with nccl, else cpu) says where each rank trains;
+    ``--device cuda`` (also with gloo) needs CUDA and a GPU per rank, checked before any rank starts too.
     """
     import math
 
@@ -385,6 +387,15 @@ def cmd_launch(args: argparse.Namespace) -> None:
         raise UsageError(f"--pg-timeout-s must be a finite positive number of seconds, got {train.pg_timeout_s:g}")
     if args.nproc >= 1:
         cfg.check_world(args.nproc)  # e.g. an online planner on one rank, a preset without this P
+    if cfg.device == "cuda":  # checked here, before any rank starts (nccl's own check is launch_local's)
+        import torch
+
+        if not torch.cuda.is_available():
+            raise UsageError("--device cuda, but CUDA is not available on this machine (torch.cuda.is_available() "
+                             "is False); use --device cpu")
+        if args.nproc > torch.cuda.device_count():
+            raise UsageError(f"--device cuda trains each rank on its own GPU, but --nproc {args.nproc} ranks were asked "
+                             f"for and {torch.cuda.device_count()} GPU(s) are visible")
     if cfg.results_dir:  # a taken id or an unwritable folder fails now, not after training
         from repro.runs import check_results_dir, prepare_run
 

@@ -201,9 +201,47 @@ def train_worker(ctx, cfg: TrainConfig) -> dict[str, Any]:
 
 
 def _make_optimizer(cfg: TrainConfig, params) -> torch.optim.Optimizer:
-    if cfg.optimizer == "adamw":
+    """``cfg.optimizer`` (a name of :data:`repro.train_config.OPTIMIZERS`): sgd with ``lr``, ``momentum`` and
+    ``weight_decay``, adamw with ``lr`` and (decoupled) ``weight_decay``, any other with ``lr`` and
+    ``weight_decay`` where its constructor takes them (its own defaults for the rest)."""
+    import inspect
+
+    from repro.train_config import OPTIMIZERS
+
+    name = cfg.optimizer.lower()
+    if name == "adamw":
         return torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
-    return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+    cls_name = OPTIMIZERS.get(name, cfg.optimizer)
+    cls = getattr(torch.optim, cls_name, None)
+    if not (isinstance(cls, type) and issubclass(cls, torch.optim.Optimizer)):
+        raise ValueError(f"optimizer '{cfg.optimizer}': torch {torch.__version__} has no torch.optim.{cls_name}")
+    takes = inspect.signature(cls).parameters
+    return cls(params, **{k: getattr(cfg, k) for k in ("lr", "weight_decay") if k in takes})
+
+
+def _train_device(ctx, cfg: TrainConfig) -> torch.device:
+    """Where this rank trains: ``cfg.device`` if given (``cuda``: this rank's GPU, ``cuda:LOCAL_RANK``),
+    else the process group's device (``ctx.device``: cuda with nccl, cpu with gloo)."""
+    device = torch.device(ctx.device) if not isinstance(ctx.device, torch.device) else ctx.device
+    if cfg.device is None or cfg.device == device.type:
+        return device
+    if cfg.device == "cpu":
+        if dist.get_backend() == "nccl":
+            raise ValueError("--device cpu does not go with the nccl backend, which communicates CUDA tensors only; "
+                             "use --backend gloo")
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise ValueError("--device cuda, but CUDA is not available here (torch.cuda.is_available() is False); use "
+                         "--device cpu")
+    index, count = getattr(ctx, "local_rank", 0), torch.cuda.device_count()
+    if index >= count:
+        raise ValueError(f"--device cuda trains each rank on its own GPU, cuda:LOCAL_RANK, but LOCAL_RANK is {index} "
+                         f"and {count} GPU(s) are visible; start at most {count} rank(s) per node")
+    device = torch.device("cuda", index)
+    torch.cuda.set_device(device)
+    return device
 
 
 def _default_run_id(cfg: TrainConfig, world: int, device: torch.device, servers: int = 0) -> str:
@@ -218,7 +256,7 @@ def run_training(ctx, cfg: TrainConfig) -> tuple[nn.Module, dict[str, Any]]:
     job returns the same summary; serving ranks return their model copy)."""
     from repro.workload.models import build_model, compute_loss
 
-    device = torch.device(ctx.device) if not isinstance(ctx.device, torch.device) else ctx.device
+    device = _train_device(ctx, cfg)
     sched = get_scheduler(cfg.scheduler)
     cfg.check_world(dist.get_world_size())
     ranks = _ranks(cfg)
@@ -573,7 +611,11 @@ def main(argv: Sequence[str] | None = None, *, hard_exit: bool = False) -> int:
 
     try:
         cfg, args = config_from_argv(sys.argv[1:] if argv is None else argv)
-        with distributed(backend=args.backend, timeout_s=args.pg_timeout_s) as ctx:
+        if cfg.device == "cuda" and not torch.cuda.is_available():  # before joining the process group
+            raise ValueError("--device cuda, but CUDA is not available here (torch.cuda.is_available() is False); "
+                             "use --device cpu")
+        # --device without --backend chooses it (cuda: nccl, cpu: gloo); neither: nccl with CUDA, else gloo
+        with distributed(backend=args.backend, device=cfg.device, timeout_s=args.pg_timeout_s) as ctx:
             summary = train_worker(ctx, cfg)
             if ctx.is_main:
                 print(json.dumps({k: v for k, v in summary.items() if k != "epochs"}))

@@ -21,10 +21,31 @@ from repro.runs import check_run_id
 from repro.schedulers import get_scheduler, scheduler_names
 from repro.workload.catalog import MODEL_NAMES, model_info
 
-__all__ = ["TrainConfig", "VIEWS", "build_parser", "config_from_argv"]
+__all__ = ["TrainConfig", "VIEWS", "OPTIMIZERS", "REFUSED_OPTIMIZERS", "DEVICES", "build_parser", "config_from_argv"]
 
 #: layer granularities of a plan (the same as :data:`repro.workload.layers.VIEWS`, which imports torch)
 VIEWS = ("tensor", "module")
+
+#: ``--optimizer`` names (lower case; the option is case-insensitive) -> the ``torch.optim`` class. Kept here,
+#: torch-free, so that a bad name is refused before any rank starts; tests/test_train_optimizers.py checks it
+#: against ``torch.optim`` (every optimizer class there is here or in :data:`REFUSED_OPTIMIZERS`). Adafactor
+#: needs torch >= 2.5: on an older torch the rank says so in one line. ``sgd`` gets ``lr``, ``momentum`` and
+#: ``weight_decay``, ``adamw`` ``lr`` and (decoupled) ``weight_decay``, the others ``lr`` and ``weight_decay``
+#: where their constructor takes them (Rprop has no weight decay), their own defaults for everything else.
+OPTIMIZERS: dict[str, str] = {name.lower(): name for name in (
+    "SGD", "AdamW", "Adam", "Adamax", "NAdam", "RAdam", "Adagrad", "Adadelta", "Adafactor", "RMSprop", "Rprop",
+    "ASGD")}
+
+#: ``torch.optim`` classes that ``repro train``'s loop cannot drive, with the reason (refused in one line)
+REFUSED_OPTIMIZERS: dict[str, str] = {
+    "lbfgs": "LBFGS steps with a closure that re-evaluates the loss; repro train takes one step per batch",
+    "sparseadam": "SparseAdam takes sparse gradients only, and the models' gradients are dense",
+    "muon": "Muon updates 2-D weight matrices only, and every model here has other parameters (biases, norms, "
+            "convolutions)",
+}
+
+#: ``--device`` values (``cuda``: this rank's own GPU, ``cuda:LOCAL_RANK``)
+DEVICES = ("cpu", "cuda")
 
 
 def _opt(default: Any, help: str, **meta: Any) -> Any:
@@ -76,16 +97,21 @@ class TrainConfig:
     network: str | None = _opt(None, "plan with this cost preset (`repro presets` lists them) instead of fitting "
                                "on the live group")
     fit_repeats: int = _opt(5, "repeats per message size (and per top-k size) when fitting the cost model")
-    optimizer: str = _opt("sgd", "optimizer: sgd (with --momentum) or adamw", choices=("sgd", "adamw"))
+    optimizer: str = _opt("sgd", "optimizer: a torch.optim class name, case-insensitive: "
+                          f"{', '.join(OPTIMIZERS.values())}; sgd takes --momentum, every one --lr and (where it "
+                          "has one) --weight-decay")
     lr: float = _opt(0.05, "learning rate")
     momentum: float = _opt(0.9, "SGD momentum (sgd only)")
-    weight_decay: float = _opt(1e-4, "weight decay (decoupled for adamw)")
+    weight_decay: float = _opt(1e-4, "weight decay, for the optimizers that take one (decoupled for adamw)")
     seed: int = _opt(0, "seed of the model weights and the data")
     record_timeline: bool = _opt(False, "record each message's launch and end time of the last step")
     results_dir: str | None = _opt(None, "write the run folder under this directory (rank 0)")
     run_id: str | None = _opt(None, "name of the run folder (default: model_scheduler_pP_<ms timestamp>)")
     overwrite: bool = _opt(False, "replace an existing run folder of the same id (whole)")
     quiet: bool = _opt(False, "no progress bar")
+    device: str | None = _opt(None, "where each rank trains: cpu, or cuda (its own GPU, cuda:LOCAL_RANK); default: "
+                              "cuda when the backend is nccl, else cpu (refused in one line if CUDA is not "
+                              "available; nccl needs cuda)", choices=DEVICES)
     # Set by the launcher, not on the command line: the emulated link rate the ranks ran on (recorded).
     emulated_bandwidth_bps: float | None = _opt(None, "", cli=False)
     model_kwargs: dict[str, Any] = field(default_factory=dict, metadata={"cli": False})
@@ -103,8 +129,12 @@ class TrainConfig:
             raise ValueError(f"unknown dataset '{self.dataset}'; choose one of {', '.join(DATASET_NAMES)}")
         if self.dataset == "synthetic" and self.epochs is not None:
             raise ValueError("epochs need a real dataset (e.g. --dataset digits); synthetic runs use --steps")
-        if self.optimizer not in ("sgd", "adamw"):
-            raise ValueError(f"unknown optimizer '{self.optimizer}'; choose sgd or adamw")
+        self._check_optimizer()
+        if self.device is not None:
+            if not isinstance(self.device, str) or self.device.lower() not in DEVICES:
+                raise ValueError(f"unknown device {self.device!r}; choose cpu or cuda (or leave it out: cuda when "
+                                 "the backend is nccl, else cpu)")
+            self.device = self.device.lower()
         if self.view not in VIEWS:
             raise ValueError(f"unknown view '{self.view}'; choose one of {', '.join(VIEWS)}")
         if self.wire_dtype is not None and self.wire_dtype not in WIRE_DTYPE_BYTES:
@@ -168,6 +198,16 @@ class TrainConfig:
                 raise ValueError(f"unknown network preset '{self.network}'; known: {', '.join(preset_names())}")
         if self.run_id is not None:
             check_run_id(self.run_id)
+
+    def _check_optimizer(self) -> None:
+        """``optimizer``: a name of :data:`OPTIMIZERS`, any case; kept in lower case (``sgd``, ``adamw``, ...)."""
+        key = self.optimizer.lower() if isinstance(self.optimizer, str) else None
+        if key in REFUSED_OPTIMIZERS:
+            raise ValueError(f"optimizer '{self.optimizer}' is not supported: {REFUSED_OPTIMIZERS[key]}")
+        if key not in OPTIMIZERS:
+            raise ValueError(f"unknown optimizer {self.optimizer!r}; choose one of {', '.join(OPTIMIZERS.values())} "
+                             "(torch.optim class names, any case)")
+        self.optimizer = key
 
     def _take_plan(self, sched):
         """``--plan FILE``: load it (one line if it cannot be read), pick the scheduler that runs it and
@@ -285,6 +325,9 @@ def config_from_argv(argv: Sequence[str], **overrides: Any) -> tuple[TrainConfig
             raise ValueError(f"--seq-len must be a positive number of tokens, got {args.seq_len}")
         kw["model_kwargs"] = {"seq_len": args.seq_len}
     kw.update(overrides)
+    if args.backend == "nccl" and kw.get("device") == "cpu":
+        raise ValueError("--device cpu does not go with --backend nccl, which communicates CUDA tensors only; use "
+                         "--backend gloo (or leave it out)")
     if not (isinstance(args.pg_timeout_s, float) and math.isfinite(args.pg_timeout_s) and args.pg_timeout_s > 0):
         raise ValueError(f"--pg-timeout-s must be a finite positive number of seconds, got {args.pg_timeout_s}")
     return TrainConfig(**kw), args
