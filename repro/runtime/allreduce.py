@@ -15,8 +15,10 @@ Contract of :class:`BucketedAllReduce`:
   ``find_unused_parameters``) and get a gradient afterwards.
 
 :class:`ScheduledOptimizer` wraps any optimizer so that ``step()`` first calls :meth:`finish`.
-Each layer's gradient-ready time (``time.perf_counter``, seconds) is kept for the last iteration in
-``grad_ready_s``; with ``record_timeline=True`` so are each bucket's launch and completion times.
+Each layer's gradient-ready time is kept for the last iteration in ``grad_ready_s``, marked through
+the executor's clock (:mod:`repro.runtime.clock`: ``time.perf_counter`` on a CPU, a CUDA event on a
+GPU, resolved to ``perf_counter`` seconds when read); with ``record_timeline=True`` so are each
+bucket's launch and completion times (host ``perf_counter``).
 
 **Horovod's cycle time** (plan option ``cycle_s``, the ``horovod`` planner's plans): Horovod's
 background loop wakes every ``cycle_s`` seconds and launches what became ready since its last tick.
@@ -50,6 +52,7 @@ from torch import nn
 
 from repro.plan import WIRE_DTYPE_BYTES, Plan, PlanError
 from repro.runtime.buffers import broadcast_buffers
+from repro.runtime.clock import clock_for
 from repro.runtime.executor import Executor, ExecutorOptions, timing_row
 from repro.workload.layers import layer_parameters
 
@@ -97,7 +100,7 @@ class BucketedAllReduce:
     """Synchronise gradients of ``model`` by executing ``plan`` (all-reduce buckets) on ``group``."""
 
     def __init__(self, model: nn.Module, plan: Plan, *, view: str = "tensor",
-                 group: dist.ProcessGroup | None = None, record_timeline: bool = False) -> None:
+                 group: dist.ProcessGroup | None = None, record_timeline: bool = False, clock=None) -> None:
         if not dist.is_initialized():
             raise RuntimeError("torch.distributed is not initialised: start ranks with repro.cluster.local")
         if plan.family != "allreduce":
@@ -149,14 +152,15 @@ class BucketedAllReduce:
         self._closed = False
         self.timings = [BucketTiming(k, b.layers, b.buffer.numel() * b.buffer.element_size())
                         for k, b in enumerate(self._buckets)]
-        self.grad_ready_s: dict[str, float] = {}
+        self.clock = clock_for(model, clock)
+        self.grad_ready_s = self.clock.ready  # layer -> ready time, resolved when read
         self._handles = [slot.param.register_post_accumulate_grad_hook(self._hook(slot)) for slot in self._slots]
 
     # ---- hooks ----
     def _hook(self, slot: _Slot):
         def hook(param: torch.Tensor) -> None:
-            now = time.perf_counter()
-            self.grad_ready_s[slot.layer] = now
+            now = time.perf_counter()  # host time: the cycle ticks are host time
+            self.clock.mark(slot.layer, now)
             if self.cycle_s is None:
                 self._write(slot)
                 self._launch_ready()
@@ -327,7 +331,8 @@ class AllReduceExecutor(Executor):
             raise PlanError("the all-reduce executor needs a plan")
         group = self.options.group
         self.sync = BucketedAllReduce(model, plan, view=self.options.view, group=group,
-                                      record_timeline=self.options.record_timeline)
+                                      record_timeline=self.options.record_timeline, clock=self.options.clock)
+        self.clock = self.sync.clock
         self.grad_ready_s = self.sync.grad_ready_s
         self.timings = self.sync.timings
         # buffers come from the group's first rank (a global rank; 0 unless some ranks serve)

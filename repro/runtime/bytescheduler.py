@@ -69,6 +69,7 @@ from torch import nn
 
 from repro.plan import Plan, PlanError
 from repro.runtime.buffers import broadcast_buffers
+from repro.runtime.clock import clock_for
 from repro.runtime.executor import Executor, ExecutorOptions, FoundInfReport, ScaledStep, scaled_step
 from repro.workload.layers import layer_parameters
 
@@ -207,6 +208,8 @@ class ByteSchedulerExecutor(Executor):
         self._found_inf_report: FoundInfReport | None = None
         self._synchronized = False  # synchronize() ran: param.grad holds this step's averaged gradient
         self.timings = [c.timing for c in self._chunks] if self.options.record_timeline else []
+        self.clock = clock_for(model, self.options.clock)
+        self.grad_ready_s = self.clock.ready  # layer -> ready time, resolved when read
         self._hooks = []
         for layer in self._layers.values():
             for k, p in enumerate(layer.params):
@@ -360,7 +363,7 @@ class ByteSchedulerExecutor(Executor):
         layer.written[k] = True
         layer.pending -= 1
         if layer.pending == 0:
-            self.grad_ready_s[layer.name] = time.perf_counter()
+            self.clock.mark(layer.name)
             with self._cond:
                 now = time.perf_counter()
                 for c in layer.chunks:

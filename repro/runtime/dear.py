@@ -76,6 +76,7 @@ from torch import nn
 
 from repro.plan import Plan, PlanError
 from repro.runtime.buffers import broadcast_buffers
+from repro.runtime.clock import clock_for
 from repro.runtime.executor import Executor, ExecutorOptions, FoundInfReport, ScaledStep, scaled_step, timing_row
 from repro.workload.layers import layer_parameters
 
@@ -258,7 +259,8 @@ class DeARExecutor(Executor):
             nbytes = [b.buffer.numel() * b.buffer.element_size() for b in self._buckets]
             self.timings = ([DeARTiming(k, "reduce_scatter", b.layers, nbytes[k]) for k, b in enumerate(self._buckets)]
                             + [DeARTiming(k, "allgather", b.layers, nbytes[k]) for k, b in enumerate(self._buckets)])
-        self.grad_ready_s: dict[str, float] = {}
+        self.clock = clock_for(model, self.options.clock)
+        self.grad_ready_s = self.clock.ready  # layer -> ready time, resolved when read
 
         # hooks: gradients, and a forward pre-hook on every module directly owning a parameter of a bucket
         self._handles = [s.param.register_post_accumulate_grad_hook(self._grad_hook(s)) for s in self._slots]
@@ -445,7 +447,7 @@ class DeARExecutor(Executor):
 
     def _grad_hook(self, slot: _Slot):
         def hook(param: torch.Tensor) -> None:
-            self.grad_ready_s[slot.layer] = time.perf_counter()
+            self.clock.mark(slot.layer)
             self._start_backward()
             bucket = self._buckets[slot.bucket]
             if bucket.update_pending:  # its modules did not run in forward: apply before overwriting

@@ -32,8 +32,11 @@ and ``ex.flush()`` at the end of training and before an evaluation or a checkpoi
 - ``remove()``: detach hooks; the model is left usable without the executor;
 - ``tables()``: extra tidy tables the executor recorded (name -> list of row dicts, e.g. a tuner's
   trials), written by rank 0 as ``<name>.csv`` in the run folder; empty by default;
-- ``grad_ready_s`` (layer -> ``time.perf_counter()`` when its gradient was ready in the last backward)
-  and ``timings`` (per-message launch/end times when recording) may be empty where not observed.
+- ``grad_ready_s`` (layer -> when its gradient was ready in the last backward, in seconds on the host's
+  ``time.perf_counter()`` base; marked through the executor's clock, :mod:`repro.runtime.clock`: on a
+  GPU a CUDA event per mark, resolved when read after the step, so it is when the device computed the
+  gradient, not when the host enqueued it) and ``timings`` (per-message launch/end times when
+  recording) may be empty where not observed.
 
 Executors are built by ``Class(model, plan, options)`` with :class:`ExecutorOptions`; the scheduler
 registry (:mod:`repro.schedulers`) names each scheduler's executor class.
@@ -110,12 +113,15 @@ def timing_row(record: Any, origin_s: float, rename: dict[str, str] | None = Non
 @dataclass(frozen=True)
 class ExecutorOptions:
     """Run options an executor may use: the layer ``view`` of the plan, whether to record the
-    per-message timeline of the last step, and the process ``group`` of the training ranks (None: the
-    whole job; a family with serving ranks trains on the others)."""
+    per-message timeline of the last step, the process ``group`` of the training ranks (None: the
+    whole job; a family with serving ranks trains on the others), and the ``clock`` its gradient-ready
+    marks go through (None: :func:`repro.runtime.clock.make_clock` for the model's device, CUDA events
+    on a GPU)."""
 
     view: str = "tensor"
     record_timeline: bool = False
     group: Any = None
+    clock: Any = None
 
 
 class Executor:

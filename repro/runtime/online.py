@@ -10,8 +10,14 @@ A plan scheduler that plans online runs a few warm-up steps with one exact all-r
    the given network cost), the first trainer solves, and the Plan is broadcast, so every rank
    executes the same plan.
 
-Times are ``time.perf_counter()`` seconds, taken after synchronising the device between phases
-during the warm-up (:func:`sync_device`), so on a GPU they are the device's phase times.
+Times are seconds on the host's ``time.perf_counter()`` base. The phase stamps (:class:`StepTimes`)
+are taken after synchronising the device between phases during the warm-up (:func:`sync_device`), so
+on a GPU they are when the device finished each phase. The gradient-ready times come from the
+executor's clock (:mod:`repro.runtime.clock`): on a GPU a CUDA event recorded in each gradient hook,
+resolved after the step against a reference event recorded on the idle device, i.e. when the device
+computed the gradient (not when the host enqueued the backward kernels), on the same base. The
+trace's gaps (``ready - backward_start`` and between layers) are therefore device times on a GPU and
+host times on a CPU.
 """
 
 from __future__ import annotations
@@ -42,7 +48,9 @@ def sync_device(device: torch.device) -> None:
 
 @dataclass
 class StepTimes:
-    """``time.perf_counter`` stamps of one step (seconds)."""
+    """``time.perf_counter`` stamps of one step (seconds); during the warm-up each one is taken right
+    after :func:`sync_device`, on the time base the executors' clocks resolve gradient-ready times to
+    (:mod:`repro.runtime.clock`)."""
 
     start: float          # before before_forward()
     forward_start: float  # after before_forward()

@@ -49,6 +49,7 @@ from torch import nn
 from repro.plan import Plan, PlanError
 from repro.runtime.allreduce import BucketTiming
 from repro.runtime.buffers import broadcast_buffers
+from repro.runtime.clock import clock_for
 from repro.runtime.executor import Executor, ExecutorOptions
 from repro.runtime.topk import topk_indices
 from repro.sim.sparse import INDEX_BYTES, topk_count
@@ -382,12 +383,14 @@ class SparseExecutor(Executor):
             n, k = b.buffer.numel(), self.compressor.count(b.buffer.numel())
             self.timings.append(SparseBucketTiming(i, b.layers, k * (b.buffer.element_size() + INDEX_BYTES),
                                                    numel=n, k=k, messages=1 if b.packed else 2))
+        self.clock = clock_for(model, self.options.clock)
+        self.grad_ready_s = self.clock.ready  # layer -> ready time, resolved when read
         self._handles = [s.param.register_post_accumulate_grad_hook(self._hook(s)) for s in self._slots]
 
     # ---- during backward ----
     def _hook(self, slot: _Slot):
         def hook(param: torch.Tensor) -> None:
-            self.grad_ready_s[slot.layer] = time.perf_counter()
+            self.clock.mark(slot.layer)
             self._write(slot)
             self._launch_ready()
         return hook

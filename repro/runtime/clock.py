@@ -1,0 +1,196 @@
+"""The clock the executors stamp gradient-ready times with: host time on a CPU, CUDA events on a GPU.
+
+An executor's ``grad_ready_s`` (layer -> when its gradient was ready in the last backward) feeds the
+online planners (:mod:`repro.runtime.online`). The stamp is taken in a
+``register_post_accumulate_grad_hook``, which runs when the *host* reaches that point of the backward.
+On a CPU that is when the gradient was computed; on a GPU it is only when the host *enqueued* the
+kernels, which may be long before the device ran them. So:
+
+- :class:`HostClock` (CPU): ``mark(key)`` keeps ``time.perf_counter()``;
+- :class:`DeviceClock` (CUDA): ``mark(key)`` records a ``torch.cuda.Event(enable_timing=True)`` on the
+  current stream (it completes when the device has done the work queued before it: the gradient);
+  nothing is read back then. The events are resolved when the times are read (after the step), once
+  per step and not per mark: one device synchronize, then one reference event recorded on the idle
+  device with the host time ``h`` right after it completed; a mark's time is
+  ``h - elapsed(mark, reference)``.
+
+Both clocks give seconds on the host's ``time.perf_counter()`` time base, so a ready time minus a host
+stamp taken right after synchronising the device (what the warm-up's phase stamps are, see
+:func:`repro.runtime.online.sync_device` and :meth:`Clock.now`) is a *device* time gap on a GPU, and
+exactly today's host gap on a CPU.
+
+:func:`make_clock` picks the clock for a device; :func:`clock_for` is what the executors call (the
+clock given in :class:`~repro.runtime.executor.ExecutorOptions`, else the one for the model's device).
+``clock.ready`` is a live read-only mapping of the resolved times: executors expose it as
+``grad_ready_s``.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator, Mapping
+from typing import Any, Callable, Protocol
+
+import torch
+from torch import nn
+
+__all__ = ["Clock", "HostClock", "DeviceClock", "ReadyTimes", "make_clock", "clock_for", "model_device"]
+
+
+class Clock(Protocol):
+    """What an executor needs of a clock."""
+
+    ready: "ReadyTimes"
+
+    def mark(self, key: str, host_s: float | None = None) -> None: ...
+    def resolve(self) -> dict[str, float]: ...
+    def now(self) -> float: ...
+    def reset(self) -> None: ...
+
+
+class ReadyTimes(Mapping):
+    """Read-only live view of a clock's marks (key -> seconds, host ``perf_counter`` base), resolved
+    when read: ``dict(view)`` is a snapshot. ``len`` and ``in`` do not resolve (no device sync)."""
+
+    def __init__(self, clock: "HostClock | DeviceClock") -> None:
+        self._clock = clock
+
+    def __getitem__(self, key: str) -> float:
+        return self._clock.resolve()[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(list(self._clock.resolve()))
+
+    def __len__(self) -> int:
+        return self._clock.count()
+
+    def __contains__(self, key: object) -> bool:
+        return self._clock.has(key)
+
+    def clear(self) -> None:
+        self._clock.reset()
+
+    def __repr__(self) -> str:
+        return f"ReadyTimes({dict(self)!r})"
+
+
+class HostClock:
+    """``time.perf_counter()`` at each mark (what the executors always did, and what a CPU needs)."""
+
+    kind = "host"
+
+    def __init__(self) -> None:
+        self._times: dict[str, float] = {}
+        self.ready = ReadyTimes(self)
+
+    def mark(self, key: str, host_s: float | None = None) -> None:
+        """``key`` is ready now (``host_s``: a ``perf_counter`` value the caller already took)."""
+        self._times[key] = time.perf_counter() if host_s is None else host_s
+
+    def resolve(self) -> dict[str, float]:
+        return self._times
+
+    def count(self) -> int:
+        return len(self._times)
+
+    def has(self, key: object) -> bool:
+        return key in self._times
+
+    def now(self) -> float:
+        return time.perf_counter()
+
+    def reset(self) -> None:
+        self._times.clear()
+
+
+def _cuda_event() -> Any:
+    return torch.cuda.Event(enable_timing=True)
+
+
+class DeviceClock:
+    """CUDA events at each mark, resolved to host ``perf_counter`` seconds once per step when read.
+
+    ``event_factory`` (a new timing event: ``record()``, ``synchronize()``, ``elapsed_time(other)`` in
+    milliseconds), ``synchronize`` (wait for the device) and ``host_time`` are injectable so that the
+    logic can be driven without a GPU (the CPU tests use events whose times the test sets)."""
+
+    kind = "device"
+
+    def __init__(self, device: torch.device | str | None = None, *, event_factory: Callable[[], Any] | None = None,
+                 synchronize: Callable[[], None] | None = None,
+                 host_time: Callable[[], float] = time.perf_counter) -> None:
+        self.device = torch.device(device if device is not None else "cuda")
+        self._new_event = event_factory or _cuda_event
+        self._synchronize = synchronize or (lambda: torch.cuda.synchronize(self.device))
+        self._host_time = host_time
+        self._events: dict[str, Any] = {}     # key -> its event (one per key, re-recorded every step)
+        self._reference: Any = None
+        self._resolved: dict[str, float] | None = None
+        self._lock = threading.Lock()          # marks come from autograd's threads
+        self.resolutions = 0                   # how many times the events were read back (tests)
+        self.ready = ReadyTimes(self)
+
+    def mark(self, key: str, host_s: float | None = None) -> None:
+        """Record ``key``'s event on the current stream (``host_s`` is ignored: the device decides)."""
+        with self._lock:
+            ev = self._events.get(key)
+            if ev is None:
+                ev = self._events[key] = self._new_event()
+            ev.record()
+            self._resolved = None
+
+    def resolve(self) -> dict[str, float]:
+        """Every mark in host ``perf_counter`` seconds; reads the events back once after the last mark."""
+        with self._lock:
+            if self._resolved is not None:
+                return self._resolved
+            events = dict(self._events)
+            if not events:
+                self._resolved = {}
+                return self._resolved
+            self._synchronize()
+            if self._reference is None:
+                self._reference = self._new_event()
+            ref = self._reference
+            ref.record()            # on an idle device: completes at once
+            ref.synchronize()
+            host = self._host_time()
+            self._resolved = {k: host - ev.elapsed_time(ref) / 1e3 for k, ev in events.items()}
+            self.resolutions += 1
+            return self._resolved
+
+    def count(self) -> int:
+        return len(self._events)
+
+    def has(self, key: object) -> bool:
+        return key in self._events
+
+    def now(self) -> float:
+        """The host time once the device has done what was queued (a phase stamp on this base)."""
+        self._synchronize()
+        return self._host_time()
+
+    def reset(self) -> None:
+        with self._lock:
+            self._events.clear()
+            self._resolved = None
+
+
+def make_clock(device: torch.device | str | None) -> HostClock | DeviceClock:
+    """The clock for ``device``: :class:`DeviceClock` on CUDA, :class:`HostClock` otherwise."""
+    device = torch.device(device if device is not None else "cpu")
+    if device.type == "cuda":
+        return DeviceClock(device)
+    return HostClock()
+
+
+def model_device(model: nn.Module) -> torch.device:
+    """The device of ``model``'s first parameter (CPU for a model without parameters)."""
+    p = next(model.parameters(), None)
+    return p.device if p is not None else torch.device("cpu")
+
+
+def clock_for(model: nn.Module, clock: Any = None) -> Any:
+    """``clock`` when given (an executor's ``options.clock``), else :func:`make_clock` for the model's device."""
+    return clock if clock is not None else make_clock(model_device(model))
