@@ -215,7 +215,7 @@ def _factory_batch(args: argparse.Namespace, model, shape: tuple[int, ...]):
         got = f"shape {tuple(out.shape)}" if isinstance(out, torch.Tensor) else f"a {type(out).__name__}"
         raise UsageError(f"--model {args.model}: its output is {got}, but profile trains a model of your own with "
                          f"cross-entropy on (batch, classes) logits, here ({args.batch_size}, classes); for another "
-                         "output or loss use repro.workload.profile_model(module, batch=..., loss_fn=...) in Python")
+                         "output or loss use repro.workload.profile.profile_model(module, batch=..., loss_fn=...) in Python")
     classes = args.num_classes if args.num_classes is not None else int(out.shape[1])
     if classes > out.shape[1]:
         raise UsageError(f"--num-classes {classes} is more than the model's {out.shape[1]} outputs per sample")
@@ -244,16 +244,16 @@ def cmd_profile(args: argparse.Namespace) -> None:
                              "your own on this machine's --device")
         module = _load_factory_model(args.model)  # a bad reference fails now, before any work
     else:
-        for flag, value in (("--input-shape", args.input_shape), ("--num-classes", args.num_classes)):
-            if value is not None:
-                raise UsageError(f"{flag} is for a model of your own (--model package.module:factory); registry "
-                                 f"model {args.model!r} makes its own inputs")
         from repro.workload.models import get_spec
 
         try:
             get_spec(args.model)  # an unknown model fails now, before any work
         except ValueError as e:
             raise UsageError(f"{_first_line(e)}; or a model of your own as package.module:factory") from None
+        for flag, value in (("--input-shape", args.input_shape), ("--num-classes", args.num_classes)):
+            if value is not None:
+                raise UsageError(f"{flag} is for a model of your own (--model package.module:factory); registry "
+                                 f"model {args.model!r} makes its own inputs")
     if args.estimate_gpu:
         from repro.workload.estimate import get_gpu
 
