@@ -117,8 +117,12 @@ class _Door:
             self.run_opt: Any = optimizer
         else:
             self._start(plan)
+        # model.state_dict() / load_state_dict() see no update in flight (DeAR's are applied in the next
+        # forward): a checkpoint written in the usual order, model first, holds the last step's update
         self._hooks = [model.register_forward_pre_hook(self._before_forward),
-                       model.register_forward_hook(self._after_forward)]
+                       model.register_forward_hook(self._after_forward),
+                       model.register_state_dict_pre_hook(lambda *_: self.flush()),
+                       model.register_load_state_dict_pre_hook(lambda *_: self.flush())]
 
     # ---- the executor in use ----
     def _start(self, plan: Plan | None) -> None:
@@ -253,6 +257,25 @@ class _Door:
     def flush(self) -> None:
         self.ex.flush()
 
+    def state(self) -> dict[str, Any]:
+        """What a checkpoint needs besides the model and the optimizer: the plan (so a resumed run
+        executes the same one instead of planning again), the executor's state (e.g. residuals) and
+        how much of the warm-up is left. Taken after a flush."""
+        return {"plan": self.plan.to_dict() if self.plan is not None else None, "scheduler": self.scheduler,
+                "executor": self.ex.state_dict(), "warmup_left": self.warmup_left}
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        plan = Plan.from_dict(state["plan"]) if state.get("plan") is not None else None
+        if plan is not None and (self.plan is None or plan.to_dict() != self.plan.to_dict()):
+            _check_plan_fits(plan, self.model, self.view)
+            self.ex.remove()
+            self.warmup_left = 0
+            self._measured.clear()
+            self._start(plan)
+        elif plan is None:
+            self.warmup_left = min(self.warmup_left, int(state.get("warmup_left", self.warmup_left)))
+        self.ex.load_state_dict(state.get("executor") or {})
+
     def remove(self) -> None:
         for h in self._hooks:
             h.remove()
@@ -294,12 +317,22 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._door.synchronize()
 
     def state_dict(self) -> dict[str, Any]:
+        """The wrapped optimizer's ``state_dict`` (after a flush), plus under ``"repro"`` the plan, the
+        executor's state (e.g. error-feedback residuals) and the warm-up left, so that
+        :meth:`load_state_dict` resumes the run bit for bit. A plain torch optimizer loading it ignores
+        the extra key."""
         self._door.flush()
-        return self.optimizer.state_dict()
+        return {**self.optimizer.state_dict(), "repro": self._door.state()}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict`: the optimizer's state, and the saved plan executed from the next
+        step on (no second warm-up, no new plan), with the executor's state."""
+        state_dict = dict(state_dict)
+        extra = state_dict.pop("repro", None)
         self._door.flush()
         self.optimizer.load_state_dict(state_dict)
+        if extra is not None:
+            self._door.load_state(extra)
 
     @property
     def plan(self) -> Plan | None:

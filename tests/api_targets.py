@@ -172,3 +172,42 @@ def amp_vs_ddp(ctx, cases: list[dict], steps: int, inf_steps: list[int]) -> list
                     "scales": scales, "ref_scales": ref_scales, "family": dopt.plan.family if dopt.plan else None})
         dopt.remove()
     return out
+
+
+def resume_bit_exact(ctx, cases: list[dict], steps: int, cut: int) -> list[dict]:
+    """Per case: ``steps`` steps straight vs ``cut`` steps, a checkpoint (model + optimizer state_dict),
+    a fresh model/optimizer/distribute loading it, and the rest: the largest parameter difference."""
+    import repro
+
+    torch.use_deterministic_algorithms(True)
+    data = _batches(dist.get_rank(), steps)
+    out = []
+    for case in cases:
+        torch.manual_seed(0)
+        straight = UserNet()
+        model, dopt = repro.distribute(straight, torch.optim.SGD(straight.parameters(), lr=0.05, momentum=0.9),
+                                       **case)
+        _train(model, dopt, data)
+        dopt.flush()
+        dopt.remove()
+
+        torch.manual_seed(0)
+        first = UserNet()
+        model, dopt = repro.distribute(first, torch.optim.SGD(first.parameters(), lr=0.05, momentum=0.9), **case)
+        _train(model, dopt, data[:cut])
+        checkpoint = {"model": {k: v.clone() for k, v in first.state_dict().items()},
+                      "optimizer": dopt.state_dict()}
+        dopt.remove()
+
+        torch.manual_seed(123)  # a fresh process would start from other weights: the checkpoint decides
+        second = UserNet()
+        second.load_state_dict(checkpoint["model"])
+        model, dopt = repro.distribute(second, torch.optim.SGD(second.parameters(), lr=0.05, momentum=0.9),
+                                       **case)
+        dopt.load_state_dict(checkpoint["optimizer"])
+        _train(model, dopt, data[cut:])
+        dopt.flush()
+        out.append({"case": case, "diff": _max_diff(_state(second), _state(straight)),
+                    "has_residuals": bool(checkpoint["optimizer"]["repro"]["executor"].get("residuals"))})
+        dopt.remove()
+    return out

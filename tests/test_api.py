@@ -170,3 +170,18 @@ def test_grad_scaler_through_distribute_equals_ddp_with_grad_scaler():
         assert row["scales"] == row["ref_scales"], row  # skipped (backed off) on the same steps
     assert rank0[0]["scales"][1] < rank0[0]["scales"][0]  # the inf steps did back the scale off
 
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_checkpoint_resumes_bit_exactly():
+    """Resuming from the returned optimizer's state_dict executes the saved plan with the saved
+    residuals: the parameters equal an uninterrupted run's exactly (difference 0, same operations in
+    the same order), OMGS's error feedback included."""
+    cases = [{"scheduler": "omgs", "warmup_steps": 2, "density": 0.05},
+             {"scheduler": "dear_threshold", "warmup_steps": 2, "threshold_bytes": 4096},
+             {"scheduler": "mgwfbp", "warmup_steps": 2}]
+    rank0, rank1 = launch_local(api_targets.resume_bit_exact, 2, args=(cases, 7, 4), timeout_s=600)
+    for row in rank0 + rank1:
+        assert row["diff"] == 0.0, row
+    assert rank0[0]["has_residuals"]

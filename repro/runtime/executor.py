@@ -155,3 +155,13 @@ class Executor:
 
     def remove(self) -> None:
         pass
+
+    def state_dict(self) -> dict[str, Any]:
+        """What the executor keeps across steps besides the model and the optimizer (e.g. error-feedback
+        residuals), as tensors and plain values, taken after :meth:`flush`; empty by default."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict` (on an executor built with the same plan)."""
+        if state:
+            raise ValueError(f"{type(self).__name__} keeps no state, but the checkpoint holds {sorted(state)}")

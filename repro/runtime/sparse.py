@@ -448,6 +448,26 @@ class SparseExecutor(Executor):
             bucket.exchange = None
         self._next = 0
 
+    def state_dict(self) -> dict[str, Any]:
+        """The error-feedback residuals (what each bucket held back), by bucket index; a checkpoint
+        without them would resume with different gradients. Only :class:`ResidualMemory` keeps any."""
+        residuals = getattr(self.memory, "residuals", None)
+        if not residuals:
+            return {}
+        return {"residuals": {int(k): v.detach().clone() for k, v in residuals.items()}}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        residuals = getattr(self.memory, "residuals", None)
+        if residuals is None:
+            if state.get("residuals"):
+                raise ValueError("this executor's memory keeps no residuals, but the checkpoint holds some")
+            return
+        residuals.clear()
+        for k, v in (state.get("residuals") or {}).items():
+            if not 0 <= int(k) < len(self._buckets):
+                raise ValueError(f"checkpoint residual of bucket {k}: the plan has {len(self._buckets)} buckets")
+            residuals[int(k)] = v.to(self._buckets[int(k)].buffer.device).clone()
+
     def remove(self) -> None:
         for h in self._handles:
             h.remove()
