@@ -5,7 +5,18 @@
 A torchvision model trained on random images (nothing to download), by the loop you would write for
 PyTorch alone. On CPUs the ranks use gloo, on GPUs NCCL (one GPU per rank). With --check-ddp the same
 steps are also run under PyTorch DDP and the largest parameter difference is printed: the all-reduce,
-DeAR and ByteScheduler schedulers exchange gradients exactly, so it is zero up to float rounding.
+DeAR and ByteScheduler schedulers exchange gradients exactly, so it is zero up to float rounding; the
+sparse ones (topk_*, omgs*) change the math on purpose (top-k with error feedback), so it is not.
+
+One command per family (2 CPU ranks; on GPUs drop nothing, NCCL is picked by itself):
+
+    torchrun --standalone --nproc-per-node 2 examples/distribute_torchvision.py --scheduler optimal --check-ddp
+    torchrun --standalone --nproc-per-node 2 examples/distribute_torchvision.py --scheduler omgs --option density=0.01
+    torchrun --standalone --nproc-per-node 2 examples/distribute_torchvision.py --scheduler dear_threshold \
+        --option threshold_bytes=1048576 --check-ddp
+    torchrun --standalone --nproc-per-node 2 examples/distribute_torchvision.py --scheduler bytescheduler --check-ddp
+
+The parameter-server family (ps_*, osp*) runs through `repro launch` for now.
 """
 
 import argparse
@@ -41,8 +52,14 @@ def main() -> None:
     p.add_argument("--scheduler", default="mgwfbp", help="any name of `repro schedulers` (or a plan file)")
     p.add_argument("--steps", type=int, default=6)
     p.add_argument("--batch-size", type=int, default=4, help="samples per rank per step")
+    p.add_argument("--option", action="append", default=[], metavar="NAME=VALUE",
+                   help="a scheduler option, e.g. density=0.01 (sparse), threshold_bytes=1048576 (DeAR)")
     p.add_argument("--check-ddp", action="store_true", help="also train under DDP and print the difference")
     args = p.parse_args()
+    options = {}
+    for item in args.option:
+        name, _, value = item.partition("=")
+        options[name] = float(value) if "." in value or "e" in value else int(value)
 
     cuda = torch.cuda.is_available()
     dist.init_process_group("nccl" if cuda else "gloo")
@@ -54,7 +71,7 @@ def main() -> None:
     torch.manual_seed(0)
     net = torchvision.models.mobilenet_v3_small(num_classes=10).to(device)
     opt = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9)
-    model, opt = repro.distribute(net, opt, scheduler=args.scheduler, warmup_steps=2)  # the one repro line
+    model, opt = repro.distribute(net, opt, scheduler=args.scheduler, warmup_steps=2, **options)  # the repro line
     loss = train(model, opt, batches(rank, args.steps, args.batch_size, device))
     opt.flush()  # nothing in flight: the parameters are the ones every rank agrees on
     line = f"{args.scheduler}: {opt.plan.num_buckets if opt.plan else '-'} buckets, last loss {loss:.4f}"
