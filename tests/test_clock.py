@@ -155,7 +155,7 @@ def one_rank():
         dist.destroy_process_group()
 
 
-def _plan(kind: str):
+def _plan(kind: str, density: float = 0.5):
     from repro.plan import Bucket, Message, Plan
     from repro.planners.dear import DEAR_MESSAGES
 
@@ -163,7 +163,7 @@ def _plan(kind: str):
     if kind == "allreduce":
         return Plan.from_dict({"buckets": [backward[:1], backward[1:]]})
     if kind == "sparse":
-        return Plan.from_dict({"family": "sparse", "options": {"density": 0.5},
+        return Plan.from_dict({"family": "sparse", "options": {"density": density},
                                "buckets": [{"layers": backward, "messages": ["sparse_allgather"]}]})
     if kind == "dear":
         return Plan([Bucket(tuple(backward[:1]), DEAR_MESSAGES), Bucket(tuple(backward[1:]), DEAR_MESSAGES)],
@@ -175,11 +175,11 @@ def _plan(kind: str):
     raise AssertionError(kind)
 
 
-def _executor(kind: str, model: nn.Module, clock):
+def _executor(kind: str, model: nn.Module, clock, density: float = 0.5):
     from repro.runtime.executor import ExecutorOptions
 
     options = ExecutorOptions(view="module", clock=clock)
-    plan = _plan(kind)
+    plan = _plan(kind, density)
     if kind == "allreduce":
         from repro.runtime.allreduce import AllReduceExecutor
         return AllReduceExecutor(model, plan, options)

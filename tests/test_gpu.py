@@ -1,0 +1,353 @@
+"""What one GPU can prove (``pytest -m gpu``; skipped where CUDA is not available, see tests/conftest.py).
+
+``scripts/gpu_check.py`` runs these and writes docs/gpu_report.md. Every check runs one rank on
+``cuda:0`` with an NCCL process group of world size 1 (an in-process FileStore):
+
+- each executor (all-reduce, sparse at density 1, DeAR, ByteScheduler) trains as plain SGD does;
+- gradient-ready times are CUDA-event times (issue 21, defect 2): positive, in the backward order,
+  and the device's (the hooks return long before a heavy backward's kernels ran);
+- the online warm-up's trace (SyncEASGD executor + synced phase stamps + measured_trace) on CUDA;
+- ``repro.distribute`` on CUDA for mgwfbp, dear_threshold and bytescheduler (planning online needs
+  two ranks, refused at one by design, so each gets its planner's Plan for a measured CUDA trace);
+- autocast: a bfloat16 forward, and float16 with a GradScaler, through ``repro.distribute``.
+
+The bodies are functions of ``(device, backend)`` so that the same code can be tried on a CPU with
+gloo; the tests themselves run on CUDA only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from tests.test_clock import LAYERS, MLP, _executor
+
+pytestmark = pytest.mark.gpu
+
+CUDA = torch.device("cuda", 0)
+EXECUTORS = ["allreduce", "sparse", "dear", "bytescheduler"]
+SCHEDULERS = ["mgwfbp", "dear_threshold", "bytescheduler"]
+
+
+@contextlib.contextmanager
+def one_rank(backend: str, device: torch.device, store_path):
+    """A process group of world size 1 in this process (FileStore at ``store_path``)."""
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    store = dist.FileStore(str(store_path), 1)
+    kwargs = {"device_id": device} if backend == "nccl" else {}
+    dist.init_process_group(backend, store=store, rank=0, world_size=1, **kwargs)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def _batches(device: torch.device, steps: int, n: int = 8):
+    g = torch.Generator().manual_seed(1)
+    return [(torch.randn(n, 6, generator=g).to(device), torch.randint(0, 3, (n,), generator=g).to(device))
+            for _ in range(steps)]
+
+
+def _max_diff(a: nn.Module, b: nn.Module) -> float:
+    return max(float((p.detach() - q.detach()).abs().max()) for p, q in zip(a.parameters(), b.parameters()))
+
+
+def _sgd(params):
+    return torch.optim.SGD(params, lr=0.05, momentum=0.9)
+
+
+# ---------------------------------------------------------------------------------------------
+# bodies (device, backend)
+# ---------------------------------------------------------------------------------------------
+
+def executor_matches_sgd(kind: str, device: torch.device) -> dict:
+    """``kind``'s executor at world size 1 against plain SGD on the same batches."""
+    from repro.runtime.clock import DeviceClock, HostClock
+
+    torch.manual_seed(0)
+    model = MLP().to(device)
+    ref = copy.deepcopy(model)
+    ex = _executor(kind, model, None, density=1.0)
+    try:
+        opt = ex.wrap_optimizer(_sgd(model.parameters()))
+        ref_opt = _sgd(ref.parameters())
+        ready = {}
+        for x, y in _batches(device, 4):
+            opt.zero_grad()
+            ex.before_forward()
+            nn.functional.cross_entropy(ex.module(x), y).backward()
+            ex.after_backward()
+            opt.step()
+            ready = dict(ex.grad_ready_s)
+            ref_opt.zero_grad()
+            nn.functional.cross_entropy(ref(x), y).backward()
+            ref_opt.step()
+        ex.flush()
+        clock = type(ex.clock)
+        assert clock is (DeviceClock if device.type == "cuda" else HostClock), clock
+        return {"diff": _max_diff(model, ref), "ready": ready}
+    finally:
+        ex.remove()
+
+
+class Heavy(nn.Module):
+    """Wide layers: a backward whose kernels run well after the host enqueued them."""
+
+    def __init__(self, width: int, depth: int = 4) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Linear(width, width) for _ in range(depth))
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = torch.relu(layer(x))
+        return x
+
+
+def device_ready_times(device: torch.device, width: int = 4096, batch: int = 4096) -> dict:
+    """A heavy MLP's backward through the all-reduce executor with its default clock: gradient-ready
+    times relative to a synced backward start, the host times at which the hooks marked, and the
+    synced backward's duration."""
+    torch.manual_seed(0)
+    model = Heavy(width).to(device)
+    ex = _executor_for(model, [f"layers.{i}" for i in range(len(model.layers))][::-1])
+    marks: dict[str, float] = {}
+    mark = ex.clock.mark
+
+    def spy(key, host_s=None):
+        marks[key] = time.perf_counter()
+        mark(key, host_s)
+
+    ex.clock.mark = spy
+    try:
+        x = torch.randn(batch, width, device=device)
+        for _ in range(3):  # the last one counts
+            ex.before_forward()
+            loss = ex.module(x).square().mean()
+            _sync(device)
+            backward_start = time.perf_counter()
+            loss.backward()
+            host_return = time.perf_counter()
+            ex.after_backward()
+            _sync(device)
+            backward_end = time.perf_counter()
+            ready = {k: v - backward_start for k, v in dict(ex.grad_ready_s).items()}
+            host = {k: v - backward_start for k, v in marks.items()}
+            for p in model.parameters():
+                p.grad = None
+        return {"ready": ready, "host": host, "backward_s": backward_end - backward_start,
+                "host_return_s": host_return - backward_start}
+    finally:
+        ex.remove()
+
+
+def _executor_for(model: nn.Module, backward_order: list[str]):
+    from repro.plan import Plan
+    from repro.runtime.allreduce import AllReduceExecutor
+    from repro.runtime.executor import ExecutorOptions
+
+    return AllReduceExecutor(model, Plan.from_dict({"solver": "syncea", "buckets": [backward_order]}),
+                             ExecutorOptions(view="module"))
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def warmup_trace(device: torch.device, steps: int = 3, width: int = 2048):
+    """The online warm-up as repro train runs it (SyncEASGD executor, phases stamped after a device
+    sync, measured_trace) on a heavy MLP; and the profiler's trace of the same model."""
+    from repro.runtime.online import StepTimes, measured_trace, sync_device
+    from repro.workload.profile import profile_model
+
+    torch.manual_seed(0)
+    model = Heavy(width).to(device)
+    names = [f"layers.{i}" for i in range(len(model.layers))]
+    ex = _executor_for(model, names[::-1])
+    opt = _sgd(model.parameters())
+    x = torch.randn(width, width, device=device)
+    measured = []
+    try:
+        for _ in range(steps):
+            opt.zero_grad(set_to_none=True)
+            sync_device(device)
+            t0 = time.perf_counter()
+            ex.before_forward()
+            sync_device(device)
+            tf = time.perf_counter()
+            loss = ex.module(x).square().mean()
+            sync_device(device)
+            tb = time.perf_counter()
+            loss.backward()
+            tw = time.perf_counter()
+            ex.after_backward()
+            sync_device(device)
+            tu = time.perf_counter()
+            opt.step()
+            sync_device(device)
+            measured.append((StepTimes(t0, tf, tb, tw, tu, time.perf_counter(), float(loss.detach())),
+                             dict(ex.grad_ready_s)))
+    finally:
+        ex.remove()
+    trace = measured_trace(model, measured, device, model_name="heavy", batch_size=width, view="module")
+    profiled = profile_model(model, batch=(x, None), loss_fn=lambda m, xx, _y: m(xx).square().mean(),
+                             view="module", warmup=2, iters=3)
+    return trace, profiled
+
+
+def _plan_for(scheduler: str, model: nn.Module, x, y):
+    """``scheduler``'s planner on the model's trace measured here (CUDA events on a GPU), with a
+    two-worker preset (planning at one worker is refused by design)."""
+    from repro.cost import preset
+    from repro.planners import make_plan
+    from repro.schedulers import get_scheduler
+    from repro.workload.profile import profile_model
+
+    trace = profile_model(model, batch=(x, y), loss_fn=nn.functional.cross_entropy, warmup=1, iters=2)
+    cost = preset("10gbe-dear-derived" if scheduler.startswith("dear") else "10gbe-v100", 2)
+    return make_plan(get_scheduler(scheduler).planner, trace, cost)
+
+
+def distribute_matches_sgd(scheduler: str, device: torch.device, steps: int = 5) -> dict:
+    import repro
+
+    data = _batches(device, steps)
+    torch.manual_seed(0)
+    net = MLP().to(device)
+    ref = copy.deepcopy(net)
+    plan = _plan_for(scheduler, net, *data[0])
+    model, dopt = repro.distribute(net, _sgd(net.parameters()), scheduler=plan)
+    ref_opt = _sgd(ref.parameters())
+    try:
+        for x, y in data:
+            dopt.zero_grad()
+            nn.functional.cross_entropy(model(x), y).backward()
+            dopt.step()
+            ref_opt.zero_grad()
+            nn.functional.cross_entropy(ref(x), y).backward()
+            ref_opt.step()
+        dopt.flush()
+        return {"diff": _max_diff(net, ref), "family": dopt.plan.family, "buckets": dopt.plan.num_buckets}
+    finally:
+        dopt.remove()
+
+
+def amp_through_distribute(scheduler: str, device: torch.device, dtype: torch.dtype, steps: int = 6,
+                           inf_step: int | None = None) -> dict:
+    """autocast(``dtype``) forward; float16 with a GradScaler (an inf loss at ``inf_step``: skipped),
+    bfloat16 without. Against the same loop without repro."""
+    import repro
+
+    data = _batches(device, steps)
+    torch.manual_seed(0)
+    net = MLP().to(device)
+    ref = copy.deepcopy(net)
+    plan = _plan_for(scheduler, net, *data[0])
+    scaled = dtype == torch.float16
+
+    def new_scaler():
+        return torch.amp.GradScaler(device.type, init_scale=2.0 ** 12, growth_interval=2) if scaled else None
+
+    def loop(model, opt, scaler) -> list[float]:
+        scales = []
+        for i, (x, y) in enumerate(data):
+            opt.zero_grad()
+            with torch.autocast(device.type, dtype=dtype):
+                loss = nn.functional.cross_entropy(model(x), y)
+            if i == inf_step:
+                loss = loss * float("inf")
+            if scaler is None:
+                loss.backward()
+                opt.step()
+            else:
+                scaler.scale(loss).backward()
+                scaler.step(opt)
+                scaler.update()
+                scales.append(float(scaler.get_scale()))
+        return scales
+
+    scaler = new_scaler()
+    model, dopt = repro.distribute(net, _sgd(net.parameters()), scheduler=plan, grad_scaler=scaler)
+    try:
+        scales = loop(model, dopt, scaler)
+        dopt.flush()
+    finally:
+        dopt.remove()
+    ref_scales = loop(ref, _sgd(ref.parameters()), new_scaler())
+    finite = all(bool(torch.isfinite(p).all()) for p in net.parameters())
+    return {"diff": _max_diff(net, ref), "scales": scales, "ref_scales": ref_scales, "finite": finite}
+
+
+# ---------------------------------------------------------------------------------------------
+# the tests (CUDA, NCCL)
+# ---------------------------------------------------------------------------------------------
+
+@pytest.fixture
+def nccl(tmp_path):
+    with one_rank("nccl", CUDA, tmp_path / "store"):
+        yield
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("kind", EXECUTORS)
+def test_executor_on_nccl_equals_local_sgd(nccl, kind):
+    out = executor_matches_sgd(kind, CUDA)
+    assert out["diff"] < 1e-5, out["diff"]
+    assert set(out["ready"]) == set(LAYERS)
+    assert out["ready"]["fc3"] <= out["ready"]["fc2"] <= out["ready"]["fc1"]  # backward order
+
+
+@pytest.mark.distributed
+def test_gradient_ready_times_are_the_devices(nccl):
+    out = device_ready_times(CUDA)
+    ready, host = out["ready"], out["host"]
+    backward = [f"layers.{i}" for i in range(4)][::-1]
+    assert list(sorted(ready, key=ready.get)) == backward  # the backward order
+    assert all(t > 0 for t in ready.values())
+    # on the device the last gradient is ready when the backward is done, long after the host marked it
+    last = ready[backward[-1]]
+    assert 0.5 * out["backward_s"] <= last <= out["backward_s"] + 1e-3, (last, out)
+    assert last - host[backward[-1]] > 0.25 * out["backward_s"], (ready, host, out)
+    gaps = [ready[b] - ready[a] for a, b in zip(backward, backward[1:])]
+    assert all(g > 0 for g in gaps), gaps
+
+
+@pytest.mark.distributed
+def test_online_warmup_trace_is_measured_on_the_device(nccl):
+    trace, profiled = warmup_trace(CUDA)
+    assert trace.names == [f"layers.{i}" for i in range(4)]
+    assert all(layer.backward_s > 0 for layer in trace.layers)
+    assert trace.total_forward_s > 0
+    # the profiler (CUDA events as well) sees the same backward, within a generous factor
+    ratio = trace.total_backward_s / profiled.total_backward_s
+    assert 0.25 < ratio < 4, (trace.total_backward_s, profiled.total_backward_s)
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("scheduler", SCHEDULERS)
+def test_distribute_on_cuda_equals_local_sgd(nccl, scheduler):
+    out = distribute_matches_sgd(scheduler, CUDA)
+    assert out["diff"] < 1e-5, out
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("scheduler", SCHEDULERS)
+def test_distribute_with_autocast_bfloat16(nccl, scheduler):
+    out = amp_through_distribute(scheduler, CUDA, torch.bfloat16)
+    assert out["finite"] and out["diff"] < 1e-4, out
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("scheduler", SCHEDULERS)
+def test_distribute_with_float16_and_grad_scaler(nccl, scheduler):
+    out = amp_through_distribute(scheduler, CUDA, torch.float16, inf_step=2)
+    assert out["finite"] and out["diff"] < 1e-4, out
+    assert out["scales"] == out["ref_scales"]
+    assert out["scales"][2] < out["scales"][1]  # the inf step was skipped and the scale backed off
