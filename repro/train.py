@@ -114,7 +114,10 @@ class _Data:
 def _step(ex: Executor, opt: torch.optim.Optimizer, batch, loss_of, device: torch.device, *,
           sync_phases: bool = False) -> StepTimes:
     """One training step under the executor contract. ``sync_phases`` synchronises the device between
-    phases (exact phase times on a GPU, used while measuring the trace)."""
+    phases (exact phase times on a GPU, used while measuring the trace): each stamp is then the host
+    ``perf_counter`` right after the device finished the phase, the time base the executor's clock
+    resolves its CUDA-event gradient-ready times to (:mod:`repro.runtime.clock`), so the trace's gaps
+    are device times. Without it the stamps are host enqueue times on a GPU (the in-run trace)."""
     x, y = batch
     opt.zero_grad(set_to_none=True)
     sync_device(device)
