@@ -116,26 +116,7 @@ def parse_list(value: Any, item_type: type = str, *, name: str = "parameter", al
     :class:`ParameterError` with a one-line message naming ``name``.
     """
     raw = value
-    if isinstance(value, str):
-        text = value.strip()
-        if text.startswith("["):
-            value = _load_flow_list(text, name)
-            if not isinstance(value, list):
-                raise ParameterError(f"{name}: {raw!r} is not a list; give e.g. -p {name} '[4, 16]'")
-        elif text.startswith("{"):
-            raise ParameterError(f"{name}: expected a list, got a mapping {raw!r}")
-        elif text == "":
-            value = []
-        else:
-            value = [part for part in (p.strip() for p in text.split(",")) if part]
-    elif isinstance(value, (list, tuple)):
-        value = list(value)
-    elif value is None:
-        value = []
-    elif isinstance(value, (int, float)) and not isinstance(value, bool):
-        value = [value]
-    else:
-        raise ParameterError(f"{name}: expected a list, got {type(value).__name__} {raw!r}")
+    value = _items(value, name)
     out = [_convert(item, item_type, name, raw) for item in value]
     if not out and not allow_empty:
         raise ParameterError(f"{name}: the list is empty; give at least one value, e.g. -p {name} '[...]'")
