@@ -70,7 +70,8 @@ from torch import nn
 from repro.plan import Plan, PlanError
 from repro.runtime.buffers import broadcast_buffers
 from repro.runtime.clock import clock_for
-from repro.runtime.executor import Executor, ExecutorOptions, FoundInfReport, ScaledStep, scaled_step
+from repro.runtime.executor import (Executor, ExecutorOptions, FoundInfReport, ScaledStep, check_scaled_step,
+                                    scaled_step)
 from repro.workload.layers import layer_parameters
 
 __all__ = ["ByteSchedulerExecutor", "ChunkTiming", "LayerwiseOptimizer"]
@@ -266,13 +267,7 @@ class ByteSchedulerExecutor(Executor):
         if self._synchronized:
             self._step_synchronized(amp)
             return
-        if amp is not None:
-            if amp.inv_scale is None:
-                raise RuntimeError("ByteScheduler: scaler.unscale_(opt) was called before the exchange finished; "
-                                   "call opt.synchronize() first (or leave the unscaling to scaler.step(opt))")
-            if self._found_inf_report is None:
-                raise RuntimeError("ByteScheduler under a GradScaler: pass it to wrap_optimizer(optimizer, "
-                                   "grad_scaler=scaler) (its update() must learn whether this step was skipped)")
+        check_scaled_step(amp, self._found_inf_report, "ByteScheduler")
         self._arm()
         if amp is None:
             for layer in self._layers.values():

@@ -77,7 +77,8 @@ from torch import nn
 from repro.plan import Plan, PlanError
 from repro.runtime.buffers import broadcast_buffers
 from repro.runtime.clock import clock_for
-from repro.runtime.executor import Executor, ExecutorOptions, FoundInfReport, ScaledStep, scaled_step, timing_row
+from repro.runtime.executor import (Executor, ExecutorOptions, FoundInfReport, ScaledStep, check_scaled_step,
+                                    scaled_step, timing_row)
 from repro.workload.layers import layer_parameters
 
 __all__ = ["DeARExecutor", "DeARTiming", "DeAROptimizer", "calibrate", "time_stream_collectives"]
@@ -332,13 +333,7 @@ class DeARExecutor(Executor):
         if self._synchronized:
             self._step_synchronized(amp)
             return
-        if amp is not None:
-            if amp.inv_scale is None:
-                raise RuntimeError("DeAR: scaler.unscale_(opt) was called before the exchange finished; call "
-                                   "opt.synchronize() first (or leave the unscaling to scaler.step(opt))")
-            if self._found_inf_report is None:
-                raise RuntimeError("DeAR under a GradScaler: pass it to wrap_optimizer(optimizer, grad_scaler=scaler) "
-                                   "(its update() must learn whether this step was skipped on every rank)")
+        check_scaled_step(amp, self._found_inf_report, "DeAR")
         self._start_backward()   # no gradient at all this iteration: still every AG before the RS
         self._fill_unwritten()
         for bucket in self._buckets:

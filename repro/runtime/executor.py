@@ -52,7 +52,7 @@ from torch import nn
 
 from repro.plan import Plan
 
-__all__ = ["Executor", "ExecutorOptions", "FoundInfReport", "ScaledStep", "scaled_step", "timing_row"]
+__all__ = ["Executor", "ExecutorOptions", "FoundInfReport", "ScaledStep", "check_scaled_step", "scaled_step", "timing_row"]
 
 
 @dataclass(frozen=True)
@@ -77,6 +77,20 @@ def scaled_step(optimizer: Any) -> ScaledStep | None:
     inv = None if grad_scale is None else grad_scale.double().reciprocal().float()
     found = d["found_inf"]
     return ScaledStep(inv, bool(found.item() if isinstance(found, torch.Tensor) else found))
+
+
+def check_scaled_step(amp: ScaledStep | None, report: "FoundInfReport | None", family: str) -> None:
+    """Refuse a GradScaler step a family that applies its own updates cannot do right: gradients
+    unscaled by ``scaler.unscale_(opt)`` before the exchange finished (they are the local ones), or a
+    scaler the family was not given (its ``update()`` would not learn the verdict on every rank)."""
+    if amp is None:
+        return
+    if amp.inv_scale is None:
+        raise RuntimeError(f"{family}: scaler.unscale_(opt) was called before the exchange finished; call "
+                           "opt.synchronize() first (or leave the unscaling to scaler.step(opt))")
+    if report is None:
+        raise RuntimeError(f"{family} under a GradScaler: pass it to wrap_optimizer(optimizer, grad_scaler=scaler) "
+                           "(its update() must learn whether this step was skipped on every rank)")
 
 
 class FoundInfReport:
