@@ -281,6 +281,12 @@ class _Door:
             h.remove()
         self._hooks = []
         self.ex.remove()
+        self.removed = True
+
+    def check_live(self) -> None:
+        if getattr(self, "removed", False):
+            _fail("this optimizer was removed (remove() detached the exchange); step the optimizer it wraps "
+                  "(optimizer.optimizer) to train alone, or call repro.distribute again")
 
 
 class DistributedOptimizer(torch.optim.Optimizer):
@@ -300,9 +306,11 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure: Callable[[], Any] | None = None) -> Any:  # type: ignore[override]
+        self._door.check_live()
         return self._door.step(closure, self)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
+        self._door.check_live()
         self._door.run_opt.zero_grad(set_to_none=set_to_none)
 
     def flush(self) -> None:
@@ -344,7 +352,10 @@ class DistributedOptimizer(torch.optim.Optimizer):
         return self._door.warming_up
 
     def remove(self) -> None:
-        """Detach the hooks (after a flush): the model trains alone again."""
+        """Detach the hooks (after a flush): the model trains alone again, with the wrapped optimizer
+        (``optimizer.optimizer``); this one refuses further steps. Removing twice does nothing."""
+        if getattr(self._door, "removed", False):
+            return
         self._door.flush()
         self._door.remove()
 

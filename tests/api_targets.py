@@ -211,3 +211,20 @@ def resume_bit_exact(ctx, cases: list[dict], steps: int, cut: int) -> list[dict]
                     "has_residuals": bool(checkpoint["optimizer"]["repro"]["executor"].get("residuals"))})
         dopt.remove()
     return out
+
+
+def step_after_remove(ctx) -> str:
+    import repro
+
+    torch.manual_seed(0)
+    net = UserNet()
+    model, dopt = repro.distribute(net, torch.optim.SGD(net.parameters(), lr=0.05), scheduler="dear_threshold",
+                                   warmup_steps=1)
+    _train(model, dopt, _batches(dist.get_rank(), 2))
+    dopt.remove()
+    dopt.remove()  # twice: nothing
+    try:
+        _train(model, dopt, _batches(dist.get_rank(), 1))
+    except ValueError as e:
+        return str(e)
+    return "accepted"

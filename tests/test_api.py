@@ -185,3 +185,10 @@ def test_checkpoint_resumes_bit_exactly():
     for row in rank0 + rank1:
         assert row["diff"] == 0.0, row
     assert rank0[0]["has_residuals"]
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_a_removed_optimizer_says_so():
+    message = launch_local(api_targets.step_after_remove, 2, timeout_s=300)[0]
+    assert "was removed" in message and "optimizer.optimizer" in message
