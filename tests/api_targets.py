@@ -175,8 +175,12 @@ def amp_vs_ddp(ctx, cases: list[dict], steps: int, inf_steps: list[int]) -> list
 
 
 def resume_bit_exact(ctx, cases: list[dict], steps: int, cut: int) -> list[dict]:
-    """Per case: ``steps`` steps straight vs ``cut`` steps, a checkpoint (model + optimizer state_dict),
-    a fresh model/optimizer/distribute loading it, and the rest: the largest parameter difference."""
+    """Per case: a run of ``steps`` steps that writes a checkpoint (model, then optimizer state_dict,
+    copied as torch.save would) after ``cut`` steps and goes on; then a fresh model, optimizer and
+    distribute load that checkpoint and do the rest: the largest difference to the run that went on
+    (the same run, so the same online plan; an independent run may plan differently)."""
+    import copy
+
     import repro
 
     torch.use_deterministic_algorithms(True)
@@ -184,19 +188,14 @@ def resume_bit_exact(ctx, cases: list[dict], steps: int, cut: int) -> list[dict]
     out = []
     for case in cases:
         torch.manual_seed(0)
-        straight = UserNet()
-        model, dopt = repro.distribute(straight, torch.optim.SGD(straight.parameters(), lr=0.05, momentum=0.9),
-                                       **case)
-        _train(model, dopt, data)
-        dopt.flush()
-        dopt.remove()
-
-        torch.manual_seed(0)
         first = UserNet()
         model, dopt = repro.distribute(first, torch.optim.SGD(first.parameters(), lr=0.05, momentum=0.9), **case)
         _train(model, dopt, data[:cut])
-        checkpoint = {"model": {k: v.clone() for k, v in first.state_dict().items()},
-                      "optimizer": dopt.state_dict()}
+        checkpoint = {"model": copy.deepcopy(first.state_dict())}  # saved one after the other, model first,
+        checkpoint["optimizer"] = copy.deepcopy(dopt.state_dict())  # as two torch.save calls would
+        _train(model, dopt, data[cut:])
+        dopt.flush()
+        went_on = _state(first)
         dopt.remove()
 
         torch.manual_seed(123)  # a fresh process would start from other weights: the checkpoint decides
@@ -207,7 +206,7 @@ def resume_bit_exact(ctx, cases: list[dict], steps: int, cut: int) -> list[dict]
         dopt.load_state_dict(checkpoint["optimizer"])
         _train(model, dopt, data[cut:])
         dopt.flush()
-        out.append({"case": case, "diff": _max_diff(_state(second), _state(straight)),
+        out.append({"case": case, "diff": _max_diff(_state(second), went_on),
                     "has_residuals": bool(checkpoint["optimizer"]["repro"]["executor"].get("residuals"))})
         dopt.remove()
     return out

@@ -176,8 +176,9 @@ def test_grad_scaler_through_distribute_equals_ddp_with_grad_scaler():
 @pytest.mark.slow
 def test_checkpoint_resumes_bit_exactly():
     """Resuming from the returned optimizer's state_dict executes the saved plan with the saved
-    residuals: the parameters equal an uninterrupted run's exactly (difference 0, same operations in
-    the same order), OMGS's error feedback included."""
+    residuals: the parameters equal those of the run that wrote the checkpoint and went on, exactly
+    (difference 0: the same operations in the same order), OMGS's error feedback included. The
+    checkpoint is written model first, so the model's state_dict must flush DeAR's pending update."""
     cases = [{"scheduler": "omgs", "warmup_steps": 2, "density": 0.05},
              {"scheduler": "dear_threshold", "warmup_steps": 2, "threshold_bytes": 4096},
              {"scheduler": "mgwfbp", "warmup_steps": 2}]
