@@ -1,4 +1,4 @@
-"""Command line: ``repro {profile,plan,simulate,train,launch,calibrate,schedulers,presets,models,traces}`` (also ``python -m repro``).
+"""Command line: ``repro {profile,plan,simulate,compare,train,launch,calibrate,cost,schedulers,presets,models,traces}`` (also ``python -m repro``).
 
 JSON in and out (the listings print a table unless ``--format json``). Bad input ends with exit status 2 and one line on stderr, ``repro: error: ...``, naming
 the problem, before any work (outputs are checked to be writable first, and written atomically).
@@ -42,16 +42,38 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _add_cost_flags(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("communication cost (choose one source)")
+    g = p.add_argument_group("communication cost (choose one source: --alpha-s/--beta-s-per-byte, --network, "
+                             "--cost, or a cluster: --inter-link and/or --intra-link)")
     g.add_argument("--alpha-s", type=float, help="all-reduce start-up A, seconds: a message of b bytes costs "
                                                  "A + B*b s")
     g.add_argument("--beta-s-per-byte", type=float, help="all-reduce seconds per byte B")
-    g.add_argument("--network", metavar="PRESET",
+    g.add_argument("--network", metavar="PRESET|FILE",
                    help=f"network preset (published fits, and *-calibrated: a hierarchical cluster with realism "
-                        f"fitted to published measurements): {', '.join(preset_names())} (`repro presets`)")
-    g.add_argument("--cost", type=Path, help="a CostModel JSON file (as written by `repro calibrate`)")
-    g.add_argument("--workers", type=int, help="number of workers P (required with --network; with --cost it "
-                                               "must match the file's P)")
+                        f"fitted to published measurements): {', '.join(preset_names())} (`repro presets`), or a "
+                        f"CostModel JSON file")
+    g.add_argument("--cost", metavar="FILE|PRESET",
+                   help="a CostModel JSON file (as written by `repro calibrate` or `repro cost fit`), or a preset name")
+    g.add_argument("--workers", type=int, help="number of workers P (a preset needs it or --nodes/--gpus-per-node; "
+                                               "with a file it must match the file's P; with a cluster: default "
+                                               "every device)")
+    c = p.add_argument_group("your cluster (a cost line for every collective of every family)")
+    c.add_argument("--nodes", type=int, help="nodes N; P = N x --gpus-per-node unless --workers says otherwise")
+    c.add_argument("--gpus-per-node", type=int, help="devices per node G (default 1)")
+    c.add_argument("--inter-link", metavar="RATE[@LATENCY]",
+                   help="the network between nodes, e.g. 25gbit, 100mbit@50us, 10GB/s@0.5ms (latency default "
+                        "25us)")
+    c.add_argument("--intra-link", metavar="RATE[@LATENCY]",
+                   help="the link between devices of a node, e.g. 300GB/s@3us (latency default 5us; without it: "
+                        "the intra-node link fitted on the measured V100 cluster, preset 10gbe-calibrated)")
+    c.add_argument("--algorithm", help="collective algorithm across the cluster: ring (default: one ring over "
+                                       "every device), hierarchical (intra-node reduce-scatter, ring across "
+                                       "nodes, intra-node all-gather), tree, recursive_doubling, halving_doubling")
+    t = p.add_argument_group("top-k cost of the sparse family (gamma d log2 d seconds on d elements)")
+    t.add_argument("--topk-gamma", type=float, metavar="S", help="gamma in seconds (default: the cost model's, "
+                                                                 "else the trace's GPU in the device table)")
+    t.add_argument("--topk-device", metavar="GPU", help="gamma of this GPU from the device table: OMGS-SGD's "
+                                                        "P102-100 fit scaled by memory bandwidth (K80, P100, V100, "
+                                                        "A100, H100, P102)")
 
 
 def _check_output(path: Path | None) -> None:
@@ -91,25 +113,77 @@ def _load_file(kind: str, path: Path, load):
         raise UsageError(f"{p}: cannot be read: {e.strerror}") from None
 
 
-def _cost_from_args(args: argparse.Namespace) -> CostModel:
+def _positive_flag(flag: str, value: int | None) -> int | None:
+    if value is not None and value < 1:
+        raise UsageError(f"{flag} must be a positive integer, got {value}")
+    return value
+
+
+def _cost_from_args(args: argparse.Namespace, trace=None) -> CostModel:
+    """The cost model of the cost flags (one source; see :func:`_add_cost_flags`), with a top-k cost from
+    ``--topk-gamma``, ``--topk-device``, the model itself, or ``trace``'s GPU (:mod:`repro.cluster_cost`)."""
+    from dataclasses import replace
+
+    from repro.cluster_cost import (CLUSTER_ALGORITHMS, DEFAULT_INTER_LATENCY_S, DEFAULT_INTRA_LATENCY_S,
+                                    cluster_cost_model, load_cost, parse_link, topk_device_of_trace,
+                                    topk_gamma_for_device)
+
+    cluster = args.inter_link is not None or args.intra_link is not None
     sources = [args.alpha_s is not None or args.beta_s_per_byte is not None, args.network is not None,
-               args.cost is not None]
+               args.cost is not None, cluster]
     if sum(sources) != 1:
         raise UsageError("give exactly one cost source: --alpha-s A --beta-s-per-byte B, "
-                         "--network PRESET --workers P, or --cost FILE")
-    if args.network is not None:
-        if args.workers is None:
-            raise UsageError(f"--network {args.network} needs --workers P")
-        return preset(args.network, args.workers)
-    if args.cost is not None:
-        cost = _load_file("cost model", args.cost, CostModel.load)
-        if args.workers is not None and args.workers != cost.workers:
-            raise UsageError(f"--workers {args.workers} contradicts the cost model in {args.cost}, which is for "
-                             f"P={cost.workers}; leave --workers out or fit a model for P={args.workers}")
-        return cost
-    if args.alpha_s is None or args.beta_s_per_byte is None:
-        raise UsageError("--alpha-s and --beta-s-per-byte must be given together")
-    return CostModel.linear(args.workers or 2, args.alpha_s, args.beta_s_per_byte, source="cli alpha-beta")
+                         "--network PRESET|FILE, --cost FILE|PRESET, or a cluster (--nodes N --gpus-per-node G "
+                         "--inter-link RATE[@LATENCY])")
+    if args.algorithm is not None and not cluster:
+        raise UsageError("--algorithm applies to a cluster given by --inter-link / --intra-link")
+    if args.algorithm is not None and args.algorithm not in CLUSTER_ALGORITHMS:
+        raise UsageError(f"--algorithm: unknown algorithm {args.algorithm!r}; choose one of "
+                         f"{', '.join(CLUSTER_ALGORITHMS)}")
+    nodes = _positive_flag("--nodes", args.nodes)
+    gpus = _positive_flag("--gpus-per-node", args.gpus_per_node)
+    workers = args.workers
+    if workers is not None and workers < 2:
+        raise UsageError(f"--workers must be an integer >= 2, got {workers}")
+    if cluster:
+        if nodes is None:
+            raise UsageError("a cluster needs --nodes N (and --gpus-per-node G, default 1)")
+        inter = None if args.inter_link is None else parse_link(args.inter_link, "--inter-link",
+                                                                  DEFAULT_INTER_LATENCY_S)
+        intra = None if args.intra_link is None else parse_link(args.intra_link, "--intra-link",
+                                                                  DEFAULT_INTRA_LATENCY_S)
+        cost = cluster_cost_model(nodes, gpus or 1, inter, intra, args.algorithm or "ring", workers)
+    else:
+        if nodes is not None or gpus is not None:
+            devices = (nodes or 1) * (gpus or 1)
+            if workers is not None and workers != devices:
+                raise UsageError(f"--workers {workers} contradicts --nodes {nodes or 1} x --gpus-per-node {gpus or 1}"
+                                 f" = {devices} workers; give one of them")
+            workers = devices
+        if args.network is not None:
+            cost = load_cost(args.network, workers, "--network")
+        elif args.cost is not None:
+            cost = load_cost(args.cost, workers, "--cost")
+        else:
+            if args.alpha_s is None or args.beta_s_per_byte is None:
+                raise UsageError("--alpha-s and --beta-s-per-byte must be given together")
+            cost = CostModel.linear(workers or 2, args.alpha_s, args.beta_s_per_byte, source="cli alpha-beta")
+    if args.topk_gamma is not None and args.topk_device is not None:
+        raise UsageError("give one top-k cost: --topk-gamma S or --topk-device GPU")
+    source = None
+    if args.topk_gamma is not None:
+        g = args.topk_gamma
+        if not (g >= 0 and g < float("inf")):
+            raise UsageError(f"--topk-gamma must be a finite non-negative number of seconds, got {g}")
+        gamma, source = g, f"top-k gamma {g:g} s (--topk-gamma)"
+    elif args.topk_device is not None:
+        gamma, source = topk_gamma_for_device(args.topk_device)
+    elif cost.topk_gamma_s is None and trace is not None and topk_device_of_trace(trace) is not None:
+        gamma, source = topk_gamma_for_device(topk_device_of_trace(trace))
+        source += f", the GPU of trace {trace.model}"
+    if source is not None:
+        cost = replace(cost.with_topk(gamma), meta={**cost.meta, "topk_source": source})
+    return cost
 
 
 def _emit(obj: object, out: Path | None) -> None:
@@ -299,7 +373,7 @@ def cmd_plan(args: argparse.Namespace) -> None:
             flag = "--no-lgp" if name == "lgp" else "--" + name.replace("_", "-")
             raise UsageError(f"{flag} does not apply to --solver {args.solver} (it applies to: {', '.join(takers)})")
     trace = load_trace(args.trace)
-    cost = _cost_from_args(args)
+    cost = _cost_from_args(args, trace)
     plan = make_plan(args.solver, trace, cost, **options)
     out = {"solver": plan.solver, "iteration_s": plan.meta["iteration_s"],
            "buckets": plan.to_dict()["buckets"]}  # a bucket that is not one all-reduce keeps its messages
@@ -322,9 +396,57 @@ def cmd_simulate(args: argparse.Namespace) -> None:
     _check_output(args.output)
     trace = load_trace(args.trace)
     plan = _load_file("plan", args.plan, Plan.load)
-    cost = _cost_from_args(args)
+    cost = _cost_from_args(args, trace)
     _emit(simulate(trace, plan, cost, with_ops=not args.no_ops).to_dict(with_ops=not args.no_ops),
           args.output)
+
+
+def cmd_compare(args: argparse.Namespace) -> None:
+    """Every scheduler's predicted iteration on one trace and cost model (:mod:`repro.compare_cli`)."""
+    from repro.compare_cli import compare, format_csv, format_table
+    from repro.planners._budget import check_time_budget
+
+    _check_output(args.output)
+    try:
+        budget = check_time_budget(args.time_budget_s)
+    except ValueError:
+        raise UsageError(f"--time-budget-s must be a finite positive number of seconds, got {args.time_budget_s:g}") \
+            from None
+    if args.density is not None and not 0 < args.density <= 1:
+        raise UsageError(f"--density must be a number in (0, 1], got {args.density:g}")
+    if args.servers is not None and args.servers < 1:
+        raise UsageError(f"--servers must be a positive integer, got {args.servers}")
+    names = None if args.schedulers is None else [n.strip() for n in args.schedulers.split(",") if n.strip()]
+    trace = load_trace(args.trace)
+    cost = _cost_from_args(args, trace)
+    records = compare(trace, cost, servers=args.servers, time_budget_s=budget,
+                      options={"density": args.density}, schedulers=names)
+    if args.format == "json":
+        _emit(records, args.output)
+        return
+    if args.format == "csv":
+        text = format_csv(records)
+    else:
+        header = [f"trace {args.trace}: {trace.model}, batch {trace.batch_size}, {trace.device}",
+                  f"P={cost.workers}, cost: {cost.source}"]
+        if cost.topk_gamma_s is not None:
+            header.append(str(cost.meta.get("topk_source", f"top-k gamma {cost.topk_gamma_s:g} s")))
+        text = format_table(records, header)
+    if args.output is not None:
+        _write_atomically(args.output, text + "\n")
+    else:
+        print(text)
+
+
+def cmd_cost_fit(args: argparse.Namespace) -> None:
+    """Fit a cost file to a user's measured collectives (:func:`repro.cluster_cost.fit_measurements_csv`)."""
+    from repro.cluster_cost import fit_measurements_csv
+
+    if args.workers is not None and args.workers < 2:
+        raise UsageError(f"--workers must be an integer >= 2, got {args.workers}")
+    _check_output(args.output)
+    cost = fit_measurements_csv(args.measurements, args.workers)
+    _emit(cost.to_dict(), args.output)
 
 
 def _add_local_flags(p: argparse.ArgumentParser) -> None:
@@ -643,6 +765,40 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", type=Path, help="write the result here instead of stdout")
     _add_cost_flags(p)
     p.set_defaults(func=cmd_simulate)
+
+    p = sub.add_parser("compare", help="predict every scheduler's iteration on one trace and network",
+                       description="Plan and simulate every scheduler of the registry on one trace and one cost "
+                                   "model (e.g. your cluster: --nodes --gpus-per-node --inter-link); print each one's "
+                                   "predicted iteration seconds, buckets and speedup over SyncEASGD. A scheduler "
+                                   "that cannot be planned gets a note saying why.")
+    p.add_argument("--trace", required=True, help="trace JSON file or shipped trace name")
+    p.add_argument("--format", choices=["table", "csv", "json"], default="table",
+                   help="table: aligned columns for a person; csv; json: a list of records (units in the keys)")
+    p.add_argument("--schedulers", metavar="A,B,...", help="only these schedulers (default: every one)")
+    p.add_argument("--density", type=float, help="sparse planners: fraction of elements sent, in (0, 1] (planner "
+                                                 "default 0.001)")
+    p.add_argument("--servers", type=int, help="parameter-server planners: server shards (default: one per node "
+                                               "the job uses)")
+    p.add_argument("--time-budget-s", type=float, default=10.0,
+                   help="exact planners (dear_optimal, omgs_optimal): seconds each may search before returning "
+                        "its best plan with a proven gap")
+    p.add_argument("-o", "--output", type=Path, help="write the result here instead of stdout")
+    _add_cost_flags(p)
+    p.set_defaults(func=cmd_compare)
+
+    p = sub.add_parser("cost", help="cost files: `repro cost fit` fits one to your measured collectives",
+                       description="Cost files (CostModel JSON), which --cost and --network take.")
+    cost_sub = p.add_subparsers(dest="cost_command", required=True, parser_class=_Parser, metavar="ACTION")
+    f = cost_sub.add_parser("fit", help="fit a cost file to measured collectives (CSV)",
+                            description="Fit one line a + b*bytes per collective (relative-error least squares, as "
+                                        "`repro calibrate`) to a CSV of your measurements with the columns bytes "
+                                        "(message bytes), workers (P), seconds (one collective) and collective "
+                                        "(allreduce, reduce_scatter, allgather, sparse_allgather, push, pull); print "
+                                        "the CostModel JSON.")
+    f.add_argument("measurements", type=Path, help="the CSV file")
+    f.add_argument("--workers", type=int, help="fit the rows of this P (needed when the file has several)")
+    f.add_argument("-o", "--output", type=Path, help="write the cost file here instead of stdout")
+    f.set_defaults(func=cmd_cost_fit)
 
     sub.add_parser("train", help="train one model with one scheduler, per rank (under torchrun); "
                                  "see `repro train --help`")
