@@ -37,9 +37,7 @@ if __name__ == "__main__":  # `python -m repro.train --help`: the options, witho
 
 import copy
 import json
-import math
 import os
-import statistics
 import time
 from dataclasses import asdict, dataclass
 from typing import Any, Sequence
@@ -52,8 +50,7 @@ from repro.cost import CostModel, preset
 from repro.families import get_family
 from repro.log import get_logger
 from repro.plan import Plan
-from repro.runs import (BUCKETS_CSV, EPOCHS_CSV, ITERATIONS_CSV, TRACE_INRUN_JSON, ProgressWriter, RunWriter,
-                        prepare_run)
+from repro.runs import ProgressWriter, prepare_run
 from repro.runtime.allreduce import AllReduceExecutor
 from repro.runtime.baselines import LocalExecutor
 from repro.runtime.executor import Executor, ExecutorOptions
@@ -61,50 +58,17 @@ from repro.runtime.online import StepTimes, grad_abs_mean, measured_trace, plan_
 from repro.schedulers import get_scheduler
 from repro.trace import Trace
 from repro.train_config import TrainConfig, build_parser, config_from_argv
+from repro.train_data import Batches
+from repro.train_record import evaluate as _evaluate
+from repro.train_record import summarise as _summarise
+from repro.train_record import timing_row as _timing_row
+from repro.train_record import write_run as _write_run
 from repro.workload.layers import layer_parameters
 
 log = get_logger(__name__)
 
 __all__ = ["TrainConfig", "train_worker", "run_training", "config_from_argv", "worker_from_argv", "main",
            "build_parser"]
-
-
-# ---------------------------------------------------------------------------------------------
-# Data
-# ---------------------------------------------------------------------------------------------
-
-def _batches(cfg: TrainConfig, rank: int, world: int, device: torch.device, epoch: int):
-    """(inputs, targets) for one epoch (real dataset) or an endless synthetic stream."""
-    if cfg.dataset == "synthetic":
-        from repro.workload.models import make_batch
-
-        gen = torch.Generator().manual_seed(cfg.seed * 1000 + rank)
-        while True:
-            yield make_batch(cfg.model, cfg.batch_size, device=device, generator=gen, **cfg.model_kwargs)
-    from repro.workload.datasets import get_dataset, make_loader
-
-    loader = make_loader(get_dataset(cfg.dataset, split="train"), cfg.batch_size, rank=rank,
-                         world_size=world, seed=cfg.seed)
-    loader.sampler.set_epoch(epoch)
-    for x, y in loader:
-        yield x.to(device), y.to(device)
-
-
-class _Data:
-    """Batches across epoch boundaries; ``epoch`` counts completed passes."""
-
-    def __init__(self, cfg: TrainConfig, rank: int, world: int, device: torch.device) -> None:
-        self.cfg, self.rank, self.world, self.device = cfg, rank, world, device
-        self.epoch = 0
-        self._it = _batches(cfg, rank, world, device, 0)
-
-    def next(self):
-        try:
-            return next(self._it)
-        except StopIteration:
-            self.epoch += 1
-            self._it = _batches(self.cfg, self.rank, self.world, self.device, self.epoch)
-            return next(self._it)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -273,7 +237,7 @@ def run_training(ctx, cfg: TrainConfig) -> tuple[nn.Module, dict[str, Any]]:
     if ranks.serving:
         return model, _serve(ctx, cfg, model, opt, device, ranks)
     options = ExecutorOptions(view=cfg.view, record_timeline=cfg.record_timeline, group=ranks.group)
-    data = _Data(cfg, ranks.rank, ranks.size, device)
+    data = Batches(cfg, ranks.rank, ranks.size, device, cfg.num_workers)
 
     def loss_of(m, x, y):
         return compute_loss(cfg.model, m, x, y, **cfg.model_kwargs)
@@ -424,16 +388,6 @@ def _serve(ctx, cfg: TrainConfig, model: nn.Module, opt: torch.optim.Optimizer, 
     return _share_summary(None, ranks)
 
 
-def _timing_row(timing: Any, origin_s: float) -> dict[str, Any]:
-    """One ``buckets.csv`` row from an executor's timing record, whatever its fields: its own ``row``
-    (times after ``origin_s``), else :func:`repro.runtime.executor.timing_row`."""
-    if hasattr(timing, "row"):
-        return timing.row(origin_s)
-    from repro.runtime.executor import timing_row
-
-    return timing_row(timing, origin_s)
-
-
 #: a file that exists while this rank's progress bar is open (``repro launch`` sets it: when a rank is
 #: killed mid-line, the launcher ends the bar's line before its own error line)
 _PROGRESS_MARK: str | None = None
@@ -488,100 +442,6 @@ def _progress(enabled: bool, total: int | None, cfg: TrainConfig):
             pass
 
     return _Null()
-
-
-@torch.no_grad()
-def _evaluate(cfg: TrainConfig, model: nn.Module, epoch: int, rows: list[dict], device, group=None) -> dict[str, Any]:
-    """Loss and accuracy on the dataset's test split (each rank a shard, sums over ranks) and the mean
-    train loss of the epoch. Classifiers: per-sample cross-entropy and top-1 accuracy. Language models
-    (kind ``lm``): per-token cross-entropy (nats) as ``test_loss``, next-token accuracy as
-    ``test_accuracy`` and ``test_perplexity = exp(test_loss)``."""
-    from repro.workload.datasets import get_dataset, make_loader
-    from repro.workload.models import get_spec
-
-    was_training = model.training
-    model.eval()
-    test = get_dataset(cfg.dataset, split="test")
-    loader = make_loader(test, min(cfg.batch_size, 64), rank=dist.get_rank(group), world_size=dist.get_world_size(group),
-                         shuffle=False, drop_last=False)
-    counts = torch.zeros(3, dtype=torch.float64, device=device)
-    for x, y in loader:
-        x, y = x.to(device), y.to(device)
-        logits = model(x)
-        logits, y = logits.reshape(-1, logits.shape[-1]), y.reshape(-1)  # LM: every position a prediction
-        counts[0] += (logits.argmax(dim=-1) == y).sum()
-        counts[1] += y.numel()
-        counts[2] += nn.functional.cross_entropy(logits, y, reduction="sum")
-    dist.all_reduce(counts, group=group)
-    model.train(was_training)
-    losses = [r["loss"] for r in rows if r["epoch"] == epoch - 1] or [float("nan")]
-    test_loss = float(counts[2] / counts[1])
-    out = {"epoch": epoch, "train_loss": statistics.fmean(losses), "test_loss": test_loss,
-           "test_accuracy": float(counts[0] / counts[1])}
-    if get_spec(cfg.model).family == "lm":
-        out["test_perplexity"] = math.exp(test_loss) if test_loss < 700 else float("inf")
-    return out
-
-
-def _summarise(cfg, run_id, rows, compute_times, plan, trace, device, ranks: _Ranks | None = None) -> dict[str, Any]:
-    ranks = ranks or _Ranks(None, dist.get_rank(), dist.get_world_size())
-    iters = [r["iteration_s"] for r in rows]
-    world = ranks.size
-    med = torch.tensor([statistics.median(iters) if iters else float("nan"),
-                        statistics.median(compute_times) if compute_times else float("nan")], dtype=torch.float64,
-                       device=device)  # NCCL reduces GPU tensors only
-    dist.all_reduce(med, op=dist.ReduceOp.MAX, group=ranks.group)  # the slowest rank decides
-    iteration_s, compute_s = med.cpu().tolist()
-    bwd = statistics.median(r["backward_call_s"] for r in rows) if rows else float("nan")
-    return {"run_id": run_id, "model": cfg.model, "scheduler": cfg.scheduler, "world_size": world,
-            "servers": ranks.servers, "ranks": ranks.size + ranks.servers,
-            "backend": dist.get_backend(),
-            "emulated_bandwidth_bps": cfg.emulated_bandwidth_bps,
-            "backward_call_s": bwd,
-            "trace_backward_s": trace.total_backward_s if trace is not None else None,
-            "batch_size": cfg.batch_size, "wire_dtype": cfg.wire_dtype or "float32",
-            "iteration_s": iteration_s, "compute_s": compute_s,
-            "exposed_comm_s": max(0.0, iteration_s - compute_s),
-            "throughput_samples_s": world * cfg.batch_size / iteration_s,
-            "buckets": plan.num_buckets if plan else None, "steps": len(rows),
-            "predicted_iteration_s": plan.meta.get("iteration_s") if plan else None}
-
-
-def run_environment() -> dict[str, Any]:
-    """The environment of this rank worth keeping with a run: versions, devices, CPUs and threads."""
-    from repro.results import environment
-    from repro.studies.common import available_cpus
-
-    env = environment()
-    env["devices"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] or ["cpu"]
-    env["cpu_count"] = available_cpus()
-    env["threads_per_rank"] = torch.get_num_threads()
-    return env
-
-
-def _write_run(cfg, summary, rows, epoch_rows, bucket_rows, trace, inrun_trace, plan, cost,
-               extra_tables=None) -> None:
-    import pandas as pd
-
-    run_id = summary["run_id"]
-    with RunWriter(cfg.results_dir, run_id, overwrite=cfg.overwrite) as w:
-        w.table(ITERATIONS_CSV, pd.DataFrame(rows).assign(run_id=run_id))
-        if epoch_rows:
-            w.table(EPOCHS_CSV, pd.DataFrame(epoch_rows).assign(run_id=run_id))
-        if bucket_rows:
-            w.table(BUCKETS_CSV, pd.DataFrame(bucket_rows).assign(run_id=run_id))
-        for name, table_rows in (extra_tables or {}).items():  # e.g. a tuner's trials
-            if table_rows:
-                w.table(f"{name}.csv", pd.DataFrame(table_rows).assign(run_id=run_id))
-        if trace is not None:
-            w.trace(trace)
-        if inrun_trace is not None:
-            w.trace(inrun_trace, TRACE_INRUN_JSON)
-        if plan is not None:
-            w.plan(plan)
-        if cost is not None:
-            w.cost(cost)
-        w.record({"run_id": run_id, "config": asdict(cfg), "summary": summary, "environment": run_environment()})
 
 
 # ---------------------------------------------------------------------------------------------

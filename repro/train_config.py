@@ -112,6 +112,8 @@ class TrainConfig:
     device: str | None = _opt(None, "where each rank trains: cpu, or cuda (its own GPU, cuda:LOCAL_RANK); default: "
                               "cuda when the backend is nccl, else cpu (refused in one line if CUDA is not "
                               "available; nccl needs cuda)", choices=DEVICES)
+    num_workers: int | None = _opt(None, "loader processes per rank for a real dataset (default: 0 on a CPU; on a "
+                                   "GPU up to 4, within the rank's share of the CPUs; batches pinned there)", kind=int)
     # Set by the launcher, not on the command line: the emulated link rate the ranks ran on (recorded).
     emulated_bandwidth_bps: float | None = _opt(None, "", cli=False)
     model_kwargs: dict[str, Any] = field(default_factory=dict, metadata={"cli": False})
@@ -130,6 +132,9 @@ class TrainConfig:
         if self.dataset == "synthetic" and self.epochs is not None:
             raise ValueError("epochs need a real dataset (e.g. --dataset digits); synthetic runs use --steps")
         self._check_optimizer()
+        if self.num_workers is not None and (isinstance(self.num_workers, bool) or not isinstance(self.num_workers, int)
+                                             or self.num_workers < 0):
+            raise ValueError(f"num_workers must be an integer >= 0, got {self.num_workers!r}")
         if self.device is not None:
             if not isinstance(self.device, str) or self.device.lower() not in DEVICES:
                 raise ValueError(f"unknown device {self.device!r}; choose cpu or cuda (or leave it out: cuda when "

@@ -394,7 +394,7 @@ def get_dataset(name: str, **kwargs: Any) -> Any:
 
 def make_loader(dataset: Dataset, batch_size: int, *, rank: int = 0, world_size: int = 1,
                 shuffle: bool = True, seed: int = 0, drop_last: bool = True,
-                num_workers: int = 0) -> DataLoader:
+                num_workers: int = 0, pin_memory: bool = False) -> DataLoader:
     """A ``DataLoader`` over rank ``rank``'s shard of ``dataset`` (``world_size`` ranks).
 
     Sharding is ``DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=shuffle,
@@ -404,6 +404,9 @@ def make_loader(dataset: Dataset, batch_size: int, *, rank: int = 0, world_size:
     training needs: with ``drop_last=True`` the ``len % world_size`` leftover samples and each
     rank's incomplete last batch are dropped; with ``drop_last=False`` the sampler repeats up to
     ``world_size - 1`` samples to even the shards out and the last batch may be smaller.
+
+    ``num_workers`` loader processes; ``pin_memory`` (for a CUDA device) pins the batches in page-locked
+    memory, so that ``.to(device, non_blocking=True)`` copies them while the GPU computes.
 
     Call ``loader.sampler.set_epoch(epoch)`` at the start of every epoch, with the same ``epoch``
     (and ``seed``) on all ranks: without it every epoch repeats the first epoch's order.
@@ -422,4 +425,4 @@ def make_loader(dataset: Dataset, batch_size: int, *, rank: int = 0, world_size:
     sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=shuffle,
                                  seed=seed, drop_last=drop_last)
     return DataLoader(dataset, batch_size=batch_size, sampler=sampler, drop_last=drop_last,
-                      num_workers=num_workers)
+                      num_workers=num_workers, pin_memory=pin_memory)
