@@ -402,12 +402,12 @@ def demo_manifest(tmp_path) -> Path:
     ], papers={"demo": "Demo paper"})
 
 
-def _check_notebook_outputs(manifest: Path, notebook: str, out: Path) -> None:
+def _check_notebook_outputs(manifest: Path, notebook: str, out: Path, parameters: dict | None = None) -> None:
     """Run one notebook of ``manifest`` at tiny scale; every declared figure must be a non-empty PNG+PDF."""
     entries = load_manifest(manifest)
     declared = [e for e in entries if e.done and e.notebook == notebook]
     assert declared, f"{notebook} declares no done figure"
-    report = run(out, only=[notebook], manifest=manifest, say=lambda _msg: None)
+    report = run(out, only=[notebook], manifest=manifest, parameters=parameters, say=lambda _msg: None)
     assert report.notebooks == [notebook]
     assert _nonempty(out / "notebooks" / notebook)
     for e in declared:
@@ -672,13 +672,38 @@ def test_a_broken_manifest_gives_a_failing_notebook_test(monkeypatch, tmp_path, 
         test_real_manifest_yields_notebook_tests()
 
 
+# CI's smoke scale for the notebooks that train: every cell and every figure of the notebook runs, with
+# fewer timed steps, epochs and sweep points than the tiny defaults (`make figures` runs those). The
+# grids keep every scheduler, model and link a figure draws, so a figure that needs one still fails here.
+SMOKE_PARAMETERS: dict[str, dict] = {
+    "mgwfbp_training.ipynb": {"steps": 4, "warmup_steps": 2, "convergence_epochs": 1,
+                              "threshold_sweep_bytes": [16384, 262144],
+                              "allreduce_sizes_bytes": [4096, 262144, 4194304]},
+    "validation.ipynb": {"steps": 5, "warmup_steps": 2, "contention_repeats": 3},
+    "compare_schedulers.ipynb": {"steps": 4},
+    "omgs_training.ipynb": {"convergence_epochs": 1, "steps": 4},
+    "osp_training.ipynb": {"epochs": 1},
+    "dear_training.ipynb": {"steps": 4, "search_trials": 4, "search_seeds": 2, "primitive_repeats": 2,
+                            "threshold_sweep_bytes": [8192, 131072]},
+}
+
+
+def test_smoke_parameters_are_declared_by_their_notebooks():
+    """Fast guard: a renamed parameter must not make the smoke run fail late (or silently run the defaults)."""
+    import papermill
+
+    for notebook, params in SMOKE_PARAMETERS.items():
+        declared = set(papermill.inspect_notebook(str(REAL_MANIFEST.parent / notebook)))
+        assert set(params) <= declared, (notebook, set(params) - declared)
+
+
 @pytest.mark.notebook
 @pytest.mark.slow
 @pytest.mark.parametrize("notebook, manifest_error", _real_notebook_params())
 def test_real_notebook_makes_its_declared_figures(notebook, manifest_error, tmp_path):
     if manifest_error is not None:
         pytest.fail(f"cannot list the real notebooks: {manifest_error}")
-    _check_notebook_outputs(REAL_MANIFEST, notebook, tmp_path / "results")
+    _check_notebook_outputs(REAL_MANIFEST, notebook, tmp_path / "results", SMOKE_PARAMETERS.get(notebook))
 
 
 def test_real_index_lists_every_done_figure_with_status(tmp_path):
