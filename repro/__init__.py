@@ -35,10 +35,15 @@ _moved.install()
 
 
 def __getattr__(name: str):
-    """``repro.distribute`` (the one-call API, :mod:`repro.api`) imports torch only when first used, so
-    ``import repro`` and the torch-free core stay light."""
+    """``repro.distribute`` (the one-call API, :mod:`repro.api`) and the DDP bridge
+    (``repro.ddp_bucket_caps``, ``repro.check_ddp_buckets``: :mod:`repro.runtime.ddp_bridge`) import
+    torch only when first used, so ``import repro`` and the torch-free core stay light."""
     if name in ("distribute", "DistributedOptimizer"):
         from repro import api
 
         return getattr(api, name)
+    if name in ("ddp_bucket_caps", "check_ddp_buckets"):
+        from repro.runtime import ddp_bridge
+
+        return getattr(ddp_bridge, name)
     raise AttributeError(f"module 'repro' has no attribute {name!r}")

@@ -28,12 +28,30 @@ finishes this step's exchange early (then unscale or clip); ``flush()`` finishes
 baselines); ``remove()`` detaches the hooks. With ``grad_scaler=scaler`` the ordinary GradScaler loop
 works: a step with an inf/nan on any rank is skipped on every rank, as under DDP.
 
-Not yet through this door (use ``repro train``): the parameter-server family (its servers are not
-co-located on the training ranks yet). Every option is checked before any collective, in one line.
+**Gradient accumulation** is written as under DDP: ``with model.no_sync(): loss.backward()`` for the
+first micro-batches (forward included), then a normal forward, backward and ``optimizer.step()``.
+Inside the block the exchange's gradient hooks are held off (every family exchanges from
+post-accumulate-grad hooks; the ones the executor registered are taken out of the parameters' hook
+tables and put back in their place on leaving), so the gradients accumulate locally in ``param.grad``
+and the last backward exchanges the accumulated sum, as DDP does. Forward hooks stay (DeAR's pending
+updates are applied before the first micro-batch's forward). Buffers are broadcast from rank 0 before
+every forward (DDP: before the first forward of each accumulation cycle), so rank 0's buffers are
+DDP's and every rank's are after the next forward. ``optimizer.step()`` inside ``no_sync`` is
+refused. A baseline that wraps the model (``ddp``) has its own ``no_sync`` on the returned module.
+
+**Unused parameters** (a branch not used in a forward, on some ranks or on all) need no option: the
+exchange counts a missing gradient as zeros and never waits for it, and a parameter that no rank had
+a gradient for keeps ``.grad`` None, as under ``DDP(find_unused_parameters=True)`` (the all-reduce
+and DeAR families).
+
+The parameter-server family (``ps_*``, ``osp*``) runs with its servers co-located on the training
+ranks (server s on rank s; ``servers`` defaults to the world size, one shard per rank;
+:mod:`repro.runtime.ps_colocated`). Every option is checked before any collective, in one line.
 """
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import os
 import time
@@ -81,6 +99,43 @@ def _check_plan_fits(plan: Plan, model: nn.Module, view: str) -> None:
           f"(e.g. {missing[0]!r}){hint}")
 
 
+def _grad_hook_keys(model: nn.Module) -> dict[int, tuple[torch.Tensor, set]]:
+    """Per parameter (by id): the keys of its post-accumulate-grad hooks now."""
+    return {id(p): (p, set(p._post_accumulate_grad_hooks or ())) for p in model.parameters()}
+
+
+class _HeldHooks:
+    """The post-accumulate-grad hooks one executor registered on the model's parameters (those added
+    while it was built), which :meth:`hold` takes out of each parameter's hook table and :meth:`put_back`
+    returns to their places (the user's own hooks stay and keep their order). Every family exchanges
+    from these hooks, so holding them is ``no_sync`` for any executor, with no change to its code."""
+
+    def __init__(self, before: dict[int, tuple[torch.Tensor, set]], model: nn.Module) -> None:
+        self.mine = [(p, key) for pid, (p, keys) in _grad_hook_keys(model).items()
+                     for key in keys - before.get(pid, (None, set()))[1]]
+        self.held: list[tuple[torch.Tensor, Any, Any, list]] = []
+
+    def hold(self) -> None:
+        for p, key in self.mine:
+            table = p._post_accumulate_grad_hooks
+            if table is not None and key in table:
+                order = list(table)
+                self.held.append((p, key, table.pop(key), order))
+
+    def put_back(self) -> None:
+        held, self.held = self.held, []
+        for p, key, fn, order in held:
+            table = p._post_accumulate_grad_hooks
+            others = dict(table)  # hooks still there, and any registered meanwhile
+            table.clear()
+            for k in order:
+                if k == key:
+                    table[k] = fn
+                elif k in others:
+                    table[k] = others.pop(k)
+            table.update(others)
+
+
 class _Door:
     """The state behind a distributed model and optimizer (kept apart from both, as DDP's comm-hook
     states are): the executor in use, the warm-up's measurements, the plan."""
@@ -106,14 +161,17 @@ class _Door:
         self.trace = None
         self._measured: list[tuple[StepTimes, dict[str, float]]] = []
         self._stamps: dict[str, float] = {}
+        self.accumulating = 0  # depth of model.no_sync() blocks
         sched = get_scheduler(scheduler) if scheduler else None
         if plan is None and sched is not None and sched.has_plan:  # plan online after a warm-up
             from repro.runtime.allreduce import AllReduceExecutor
 
             self.warmup_left = warmup_steps
             names = list(layer_parameters(model, view))
+            before = _grad_hook_keys(model)
             self.ex: Executor = AllReduceExecutor(model, Plan.from_dict({"solver": "syncea", "buckets": [names]}),
                                                   self.options)
+            self._ex_hooks = _HeldHooks(before, model)
             self.run_opt: Any = optimizer
         else:
             self._start(plan)
@@ -134,7 +192,9 @@ class _Door:
         else:
             cls = sched.executor_class()
         self.plan = plan
+        before = _grad_hook_keys(self.model)
         self.ex = cls(self.model, plan, self.options, **self.executor_options)
+        self._ex_hooks = _HeldHooks(before, self.model)
         takes_scaler = "grad_scaler" in inspect.signature(self.ex.wrap_optimizer).parameters
         if self.grad_scaler is not None and takes_scaler:  # the family unscales and skips itself
             self.run_opt = self.ex.wrap_optimizer(self.inner, grad_scaler=self.grad_scaler)
@@ -144,6 +204,22 @@ class _Door:
     @property
     def warming_up(self) -> bool:
         return self.warmup_left > 0
+
+    @contextlib.contextmanager
+    def no_sync(self):
+        """DDP's ``no_sync``: backward passes inside accumulate ``param.grad`` locally, without any
+        exchange; the first backward after the block exchanges the accumulated gradients."""
+        self.check_live()
+        ex_hooks = self._ex_hooks
+        if self.accumulating == 0:
+            ex_hooks.hold()
+        self.accumulating += 1
+        try:
+            yield
+        finally:
+            self.accumulating -= 1
+            if self.accumulating == 0 and ex_hooks is self._ex_hooks and not getattr(self, "removed", False):
+                ex_hooks.put_back()
 
     # ---- hooks ----
     def _before_forward(self, module: nn.Module, args: tuple) -> None:
@@ -183,6 +259,9 @@ class _Door:
     def step(self, closure: Callable[[], Any] | None, outer: torch.optim.Optimizer) -> Any:
         """``outer``: the optimizer GradScaler.step called, with its ``grad_scale`` and ``found_inf``
         attributes when there is one (:func:`~repro.runtime.executor.scaled_step`)."""
+        if self.accumulating:
+            _fail("optimizer.step() inside model.no_sync(): leave the block for the last micro-batch's forward "
+                  "and backward, then step (as with DDP, the gradients inside are not exchanged)")
         amp = scaled_step(outer)
         loss = None
         if closure is not None:
@@ -281,6 +360,8 @@ class _Door:
             h.remove()
         self._hooks = []
         self.ex.remove()
+        if self.model.__dict__.get("no_sync") == self.no_sync:
+            del self.model.__dict__["no_sync"]
         self.removed = True
 
     def check_live(self) -> None:
@@ -413,9 +494,14 @@ def distribute(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: st
     if family is not None:
         from repro.families import get_family
 
-        if get_family(family).hook("server") is not None:
-            _fail(f"the parameter-server family ('{name or plan.solver}') does not go through distribute yet "
-                  "(its servers are not co-located on the training ranks); use repro train / repro launch")
+        if get_family(family).hook("server") is not None:  # serving ranks: co-located on the training ranks here
+            from repro.runtime.ps_colocated import colocated_options
+
+            try:
+                options = colocated_options(plan, sched.planner_options if sched is not None else (), options,
+                                            grad_scaler, dist.get_world_size())
+            except ValueError as e:
+                _fail(str(e))
     if sched is not None and sched.has_plan and plan is None and sched.executor_class().module is not Executor.module:
         _fail(f"'{name}' plans online and then wraps the model (its executor's module is another object), so "
               "the model you hold during the warm-up would not be the one that trains; plan first (repro "
@@ -452,7 +538,12 @@ def distribute(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: st
     planner_options = {k: v for k, v in options.items() if sched is not None and
                        (k in sched.planner_options or k == "wire_dtype")}
     executor_options = {k: v for k, v in options.items() if sched is not None and k in sched.executor_options}
+    if getattr(model, "no_sync", None) is not None:
+        _fail(f"the model already has a 'no_sync' ({type(model).__name__}.no_sync): distribute the plain module "
+              f"(not one wrapped by DDP) so that model.no_sync() can hold off this package's exchange")
     door = _Door(model, optimizer, name, plan, warmup_steps=warmup_steps, network_cost=network_cost, view=view,
                  planner_options=planner_options, executor_options=executor_options, fit_repeats=fit_repeats,
                  record_timeline=record_timeline, grad_scaler=grad_scaler)
+    if door.ex.module is model:  # a baseline's wrapper (DDP) has its own no_sync
+        model.__dict__["no_sync"] = door.no_sync  # DDP's spelling: `with model.no_sync(): loss.backward()`
     return door.ex.module, DistributedOptimizer(optimizer, door)

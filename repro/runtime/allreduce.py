@@ -11,8 +11,19 @@ Contract of :class:`BucketedAllReduce`:
 - :meth:`finish` waits for every bucket and hands the averaged gradients to ``param.grad`` (as views
   of the bucket buffer when the wire dtype is the parameter's; the buffer is only rewritten by the
   next backward, after ``zero_grad``).
-  Parameters that received no gradient this iteration contribute zeros (as DDP's
-  ``find_unused_parameters``) and get a gradient afterwards.
+- **Unused parameters** (a branch not used in this forward, on some ranks or on all): a parameter
+  whose ``.grad`` is None at :meth:`finish` contributes zeros, as under DDP's
+  ``find_unused_parameters=True``, so nothing waits for a gradient that never comes. Each bucket also
+  carries one "had a gradient" flag per parameter (1 or 0, reduced with the gradients, as DeAR's
+  buffers do): a parameter no rank had a gradient for keeps ``.grad`` None (DDP leaves globally unused
+  parameters untouched), so the optimizer skips it (no momentum or weight-decay step), exactly as DDP's.
+  The flags are read on the host only on a rank that missed a gradient itself.
+- **Mixed dtypes** (e.g. some float16/bfloat16 parameters beside float32 ones): without a wire dtype a
+  bucket keeps one flat buffer per parameter dtype and sends one all-reduce per buffer, back to back
+  (DDP puts different dtypes in different buckets for the same reason: each gradient is summed in its
+  own dtype, so the result equals DDP's); with a wire dtype the bucket is one buffer of that dtype and
+  each averaged gradient is cast back to its parameter's dtype. ``BucketTiming.bytes`` is the
+  bucket's gradient bytes on the wire (the flags, one element per parameter, are not counted).
 
 :class:`ScheduledOptimizer` wraps any optimizer so that ``step()`` first calls :meth:`finish`.
 Each layer's gradient-ready time is kept for the last iteration in ``grad_ready_s``, marked through
@@ -85,15 +96,23 @@ class _Slot:
     layer: str
     view: torch.Tensor          # this parameter's slice of the bucket buffer, flat
     written: bool = False
+    flag: int = 0               # index of its "had a gradient" flag in the bucket's flags
 
 
 @dataclass
 class _Bucket:
     layers: tuple[str, ...]
-    buffer: torch.Tensor
+    buffers: list[torch.Tensor]  # one flat buffer per dtype (one only with a wire dtype); flags at the end of [0]
     slots: list[_Slot] = field(default_factory=list)
     pending: int = 0
-    work: object | None = None
+    works: list = field(default_factory=list)
+    flags: torch.Tensor | None = None  # per slot: 1 where this rank had a gradient (averaged: > 0 where any had)
+    missing: list[int] = field(default_factory=list)  # flags of the parameters this rank had no gradient for
+
+    @property
+    def nbytes(self) -> int:
+        """Gradient bytes of the bucket (without the flags)."""
+        return sum(s.view.numel() * s.view.element_size() for s in self.slots)
 
 
 class BucketedAllReduce:
@@ -124,17 +143,22 @@ class BucketedAllReduce:
         self._buckets: list[_Bucket] = []
         self._slots: list[_Slot] = []
         for k, b in enumerate(plan.buckets):
-            params = [p for name in b.layers for _, p in layers[name]]
-            dtype = _TORCH_DTYPES[plan.wire_dtype] if plan.wire_dtype else params[0].dtype
-            numel = sum(p.numel() for p in params)
-            bucket = _Bucket(tuple(b.layers), torch.zeros(numel, dtype=dtype, device=params[0].device))
-            offset = 0
-            for name in b.layers:
-                for _, p in layers[name]:
-                    slot = _Slot(k, p, name, bucket.buffer[offset:offset + p.numel()])
-                    bucket.slots.append(slot)
-                    self._slots.append(slot)
-                    offset += p.numel()
+            members = [(name, p) for name in b.layers for _, p in layers[name]]
+            wire = _TORCH_DTYPES[plan.wire_dtype] if plan.wire_dtype else None
+            dtypes = [wire] if wire is not None else list(dict.fromkeys(p.dtype for _, p in members))
+            numel = {d: sum(p.numel() for _, p in members if wire is not None or p.dtype == d) for d in dtypes}
+            numel[dtypes[0]] += len(members)  # the "had a gradient" flags, at the end of the first buffer
+            device = members[0][1].device
+            buffers = {d: torch.zeros(n, dtype=d, device=device) for d, n in numel.items()}
+            bucket = _Bucket(tuple(b.layers), list(buffers.values()))
+            offset = dict.fromkeys(dtypes, 0)
+            for name, p in members:
+                d = wire if wire is not None else p.dtype
+                slot = _Slot(k, p, name, buffers[d][offset[d]:offset[d] + p.numel()], flag=len(bucket.slots))
+                bucket.slots.append(slot)
+                self._slots.append(slot)
+                offset[d] += p.numel()
+            bucket.flags = buffers[dtypes[0]][offset[dtypes[0]]:]
             bucket.pending = len(bucket.slots)
             self._buckets.append(bucket)
         self._next = 0  # next bucket (plan order) to launch
@@ -150,8 +174,7 @@ class BucketedAllReduce:
         self._wake = threading.Condition(threading.Lock())
         self._ticker: threading.Thread | None = None
         self._closed = False
-        self.timings = [BucketTiming(k, b.layers, b.buffer.numel() * b.buffer.element_size())
-                        for k, b in enumerate(self._buckets)]
+        self.timings = [BucketTiming(k, b.layers, b.nbytes) for k, b in enumerate(self._buckets)]
         self.clock = clock_for(model, clock)
         self.grad_ready_s = self.clock.ready  # layer -> ready time, resolved when read
         self._handles = [slot.param.register_post_accumulate_grad_hook(self._hook(slot)) for slot in self._slots]
@@ -178,12 +201,14 @@ class BucketedAllReduce:
             raise RuntimeError(f"gradient of a parameter in layer '{slot.layer}' arrived twice in one "
                                "iteration; call step() (finish()) between backward passes")
         grad = slot.param.grad
+        bucket = self._buckets[slot.bucket]
         if grad is None:
             slot.view.zero_()
-        elif grad.data_ptr() != slot.view.data_ptr():  # not already accumulated in place in the bucket
-            slot.view.copy_(grad.reshape(-1))
+            bucket.missing.append(slot.flag)
+        else:
+            if grad.data_ptr() != slot.view.data_ptr():  # not already accumulated in place in the bucket
+                slot.view.copy_(grad.reshape(-1))
         slot.written = True
-        bucket = self._buckets[slot.bucket]
         bucket.pending -= 1
         if bucket.pending == 0:
             self.bucket_ready_s[slot.bucket] = time.perf_counter()
@@ -240,15 +265,19 @@ class BucketedAllReduce:
         while (self._next < len(self._buckets) and self._buckets[self._next].pending == 0
                and (upto_s is None or self.bucket_ready_s[self._next] <= upto_s)):
             bucket = self._buckets[self._next]
-            bucket.buffer.div_(self.world_size)
+            bucket.flags.fill_(1)
+            if bucket.missing:
+                bucket.flags[bucket.missing] = 0
+            timing = self.timings[self._next]
             if self.record_timeline:
-                self.timings[self._next].launch_s = time.perf_counter()
-                work = dist.all_reduce(bucket.buffer, group=self.group, async_op=True)
-                timing = self.timings[self._next]
-                work.get_future().then(lambda _f, t=timing: setattr(t, "end_s", time.perf_counter()))
-                bucket.work = work
-            else:
-                bucket.work = dist.all_reduce(bucket.buffer, group=self.group, async_op=True)
+                timing.launch_s = time.perf_counter()
+            ends = [float("nan")] * len(bucket.buffers)
+            for i, buffer in enumerate(bucket.buffers):  # one message per dtype, back to back
+                buffer.div_(self.world_size)
+                work = dist.all_reduce(buffer, group=self.group, async_op=True)
+                if self.record_timeline:
+                    work.get_future().then(lambda _f, t=timing, ends=ends, i=i: _ended(t, ends, i))
+                bucket.works.append(work)
             self._next += 1
 
     # ---- step ----
@@ -279,16 +308,23 @@ class BucketedAllReduce:
                 self._ticker = None
             self.last_cycle_origin_s, self.cycle_origin_s = self.cycle_origin_s, None
         for bucket in self._buckets:
-            bucket.work.wait()
-            same_dtype = bucket.buffer.dtype == bucket.slots[0].param.dtype
+            for work in bucket.works:
+                work.wait()
+            # a parameter no rank had a gradient for keeps none (as DDP leaves it); only a rank that missed
+            # one itself can see such a flag, so only there are the flags read (a device sync on GPUs)
+            used = (bucket.flags > 0).tolist() if bucket.missing else None
             for slot in bucket.slots:
+                slot.written = False
+                if used is not None and not used[slot.flag]:
+                    slot.param.grad = None
+                    continue
                 avg = slot.view.view_as(slot.param)
                 # same dtype: the gradient becomes a view of the bucket (no copy; the next backward
                 # writes a fresh gradient, or accumulates into this view, and the hook copies it in)
-                slot.param.grad = avg if same_dtype else avg.to(slot.param.dtype)
-                slot.written = False
+                slot.param.grad = avg if avg.dtype == slot.param.dtype else avg.to(slot.param.dtype)
             bucket.pending = len(bucket.slots)
-            bucket.work = None
+            bucket.works = []
+            bucket.missing = []
         self._next = 0
 
     def remove(self) -> None:
@@ -302,6 +338,14 @@ class BucketedAllReduce:
         for h in self._handles:
             h.remove()
         self._handles = []
+
+
+def _ended(timing: BucketTiming, ends: list[float], i: int) -> None:
+    """A bucket's message ``i`` completed (a future callback): the bucket's ``end_s`` is its last
+    message's completion."""
+    ends[i] = time.perf_counter()
+    if all(math.isfinite(e) for e in ends):
+        timing.end_s = max(ends)
 
 
 class ScheduledOptimizer:
