@@ -419,7 +419,10 @@ def cmd_compare(args: argparse.Namespace) -> None:
     names = None if args.schedulers is None else [n.strip() for n in args.schedulers.split(",") if n.strip()]
     trace = load_trace(args.trace)
     cost = _cost_from_args(args, trace)
-    records = compare(trace, cost, servers=args.servers, time_budget_s=budget,
+    servers = args.servers
+    if servers is None and args.nodes is not None and "cluster" not in cost.meta:  # a preset or file on N nodes
+        servers = args.nodes
+    records = compare(trace, cost, servers=servers, time_budget_s=budget,
                       options={"density": args.density}, schedulers=names)
     if args.format == "json":
         _emit(records, args.output)

@@ -159,7 +159,10 @@ def cluster_cost_model(nodes: int, gpus_per_node: int, inter: Link | None, intra
         raise CostModelError(f"{nodes} node(s) x {gpus_per_node} device(s) is {P} worker: nothing to communicate "
                              "(give 2 or more workers)")
     topo = Topology(nodes, gpus_per_node, intra, inter)
-    n, g = topo.placement(P)
+    try:
+        n, g = topo.placement(P)
+    except CostModelError as e:
+        raise CostModelError(f"--workers {P}: {e}") from None
     if algorithm in TOPOLOGY_ALGORITHMS:
         cm = topo.cost_model(P, algorithm)
         lines = dict(cm.lines)
@@ -249,6 +252,8 @@ def load_cost(spec: str | Path, workers: int | None, flag: str = "--cost") -> Co
         raise CostModelError(f"{flag}: {path}: JSON nested too deeply to be a cost model") from None
     except PermissionError as e:
         raise CostModelError(f"{flag}: {path}: cannot be read: {e.strerror}") from None
+    except CostModelError as e:
+        raise CostModelError(f"{flag}: {e}") from None
     if workers is not None and workers != cost.workers:
         raise CostModelError(f"{flag}: the cost model in {path} is for P={cost.workers}, not the {workers} workers "
                              f"asked for; leave the worker count out or fit a model for P={workers}")

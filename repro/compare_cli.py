@@ -29,7 +29,8 @@ import math
 import time
 from typing import Any, Mapping, Sequence
 
-from repro.cost import CostModel
+from repro.cost import CostModel, CostModelError
+from repro.families import get_family
 from repro.planners import PLANNER_FAMILY, PLANNERS, make_plan
 from repro.planners._budget import DEFAULT_TIME_BUDGET_S, check_time_budget
 from repro.schedulers import SCHEDULERS
@@ -67,7 +68,8 @@ def compare(trace: Trace, cost: CostModel, *, servers: int | None = None,
             time_budget_s: float = DEFAULT_TIME_BUDGET_S, options: Mapping[str, Any] | None = None,
             schedulers: Sequence[str] | None = None) -> list[dict[str, Any]]:
     """One record per scheduler (module docstring). ``servers``: parameter servers (default: one per node
-    the job uses, ``cost.meta["cluster"]["nodes_used"]``, else 1); ``options``: e.g. ``{"density": 0.01}``,
+    the job uses, ``cost.meta["cluster"]["nodes_used"]`` or a calibrated cluster's ``meta["nodes_used"]``,
+    else 1); ``options``: e.g. ``{"density": 0.01}``,
     passed to the planners that take them; ``schedulers``: a subset (default: every scheduler)."""
     time_budget_s = check_time_budget(time_budget_s)
     names = list(SCHEDULERS) if schedulers is None else list(dict.fromkeys(schedulers))
@@ -76,13 +78,13 @@ def compare(trace: Trace, cost: CostModel, *, servers: int | None = None,
         raise ValueError(f"--schedulers: unknown scheduler(s) {', '.join(unknown)}; choose from "
                          f"{', '.join(SCHEDULERS)}")
     if servers is None:
-        servers = int((cost.meta.get("cluster") or {}).get("nodes_used", 1))
+        servers = int((cost.meta.get("cluster") or {}).get("nodes_used") or cost.meta.get("nodes_used") or 1)
     if isinstance(servers, bool) or not isinstance(servers, int) or servers < 1:
         raise ValueError(f"--servers must be a positive integer, got {servers!r}")
     from repro.sim import simulate
 
     records = []
-    for name in names:
+    for name in names + ([BASELINE] if BASELINE not in names else []):  # the baseline of the speedups
         entry = SCHEDULERS[name]
         rec: dict[str, Any] = {"scheduler": name, "family": entry.family, "planner": entry.planner,
                                "iteration_s": None, "buckets": None, "speedup_over_syncea": None,
@@ -93,6 +95,13 @@ def compare(trace: Trace, cost: CostModel, *, servers: int | None = None,
             continue
         rec["family"] = PLANNER_FAMILY[entry.planner]
         notes = [] if entry.planner == name else [f"predicted with planner {entry.planner}'s plan"]
+        missing = [c for c in get_family(rec["family"]).collectives if c not in cost.lines]
+        if missing:
+            rec["note"] = (f"not planned: the cost model has no {' or '.join(missing)} line (it has "
+                           f"{', '.join(sorted(cost.lines))}); describe the cluster (--nodes --gpus-per-node "
+                           "--inter-link) or give a cost file with it")
+            records.append(rec)
+            continue
         try:
             opts = planner_options(entry.planner, servers=servers, time_budget_s=time_budget_s, given=options)
             t0 = time.perf_counter()
@@ -104,6 +113,11 @@ def compare(trace: Trace, cost: CostModel, *, servers: int | None = None,
             rec.update(iteration_s=it, buckets=plan.num_buckets,
                        throughput_samples_per_s=cost.workers * trace.batch_size / it)
             notes.append(_budget_note(plan.meta, time_budget_s))
+        except CostModelError as e:
+            if cost.topk_gamma_s is None and "top-k" in str(e):  # the sparse family's computation cost
+                notes = ["not planned: the cost model has no top-k cost (give --topk-gamma S or --topk-device GPU)"]
+            else:
+                notes = [f"not planned: {_first_line(e)}"]
         except Exception as e:  # noqa: BLE001 - every reason is a note, never a traceback
             notes = [f"not planned: {_first_line(e)}"]
         rec["note"] = "; ".join(n for n in notes if n)
@@ -113,7 +127,7 @@ def compare(trace: Trace, cost: CostModel, *, servers: int | None = None,
         for r in records:
             if r["iteration_s"] is not None:
                 r["speedup_over_syncea"] = base / r["iteration_s"]
-    return records
+    return [r for r in records if r["scheduler"] in names]
 
 
 def _fmt(value: Any, digits: int = 4) -> str:
