@@ -47,13 +47,29 @@ is one rank 0 has still to decide or has decided in a broadcast that rank has no
 every broadcast is matched. The decision stream also never waits on a later iteration: rank 0 decides
 a chunk of iteration ``i + 1`` only after its forward ``i + 1`` applied every used layer, i.e. after
 deciding all of iteration ``i``'s chunks that the other ranks' forwards wait for.
-Only the scheduler thread issues collectives on the control and data groups; the main thread issues
-the buffer broadcast on the default group (before the forward) and nothing else. The control group is
-gloo (a CPU tensor); with NCCL the data group is NCCL (untested: no GPU where this was written).
+**One thread issues every collective.** Only the scheduler thread issues collectives, on the control
+and data groups; the main thread issues none. The buffer broadcast before each forward (as DDP) is
+one more decision of rank 0 (``before_forward`` asks the scheduler thread and waits for it), so it
+too sits at the same place among the data group's all-reduces on every rank (NCCL documents
+interleavings of communicators that differ between ranks as a deadlock risk;
+``tests/test_comm_order.py`` records the sequences). A decision to broadcast the buffers is taken
+before any chunk (the forward waits for it), and never blocks on a later iteration either: rank 0
+asks for the broadcast of step ``n`` only after its step ``n - 1``, when every chunk of the
+iterations before ``n - 1`` (the only ones another rank's main thread can still wait for before its
+own ``before_forward``) has been decided. The control group is gloo (a CPU tensor); with NCCL the
+data group is NCCL (untested: no GPU where this was written).
+
+**Completion is measured where the work runs** (:class:`HostComm`, :class:`CudaComm`). On a CPU a
+gloo ``Work``'s future completes when the data is there. On CUDA an NCCL ``Work`` completes at
+*enqueue*, so there the scheduler thread issues on a side stream, records a CUDA event after each
+all-reduce, and a watcher thread (:class:`~repro.runtime.clock.EventCompletions`, no collectives)
+waits for the events in issue order: a chunk's bytes leave the credit (:func:`pick_chunks`) only
+when the device has finished it, and its ``end_s`` is the event's time on the host base. The forward
+pre-hooks make the training stream wait for the events instead of blocking the host.
 
 With ``record_timeline`` ``timings`` holds per chunk of the last iteration a :class:`ChunkTiming`
 (layer, piece, bytes, priority, and ``time.perf_counter()`` seconds: ready, decided (picked by rank 0;
-received elsewhere), launched, completed).
+received elsewhere), launched (enqueued), completed (on the device, on CUDA)).
 """
 
 from __future__ import annotations
@@ -69,12 +85,12 @@ from torch import nn
 
 from repro.plan import Plan, PlanError
 from repro.runtime.buffers import broadcast_buffers
-from repro.runtime.clock import clock_for
-from repro.runtime.executor import (Executor, ExecutorOptions, FoundInfReport, ScaledStep, check_scaled_step,
-                                    scaled_step)
+from repro.runtime.clock import EventCompletions, clock_for
+from repro.runtime.deferred import DeferredUpdateOptimizer
+from repro.runtime.executor import Executor, ExecutorOptions, FoundInfReport, ScaledStep, check_scaled_step
 from repro.workload.layers import layer_parameters
 
-__all__ = ["ByteSchedulerExecutor", "ChunkTiming", "LayerwiseOptimizer"]
+__all__ = ["ByteSchedulerExecutor", "ChunkTiming", "LayerwiseOptimizer", "HostComm", "CudaComm", "pick_chunks"]
 
 _IDLE, _READY, _DECIDED, _ISSUED = range(4)
 
@@ -95,7 +111,12 @@ class ChunkTiming:
     end_s: float = float("nan")
 
     def row(self, origin_s: float) -> dict:
-        """One ``buckets.csv`` row: time stamps in seconds after ``origin_s``, ``launch_s`` as ``start_s``."""
+        """One ``buckets.csv`` row: time stamps in seconds after ``origin_s``, ``launch_s`` as ``start_s``.
+        A chunk launched but not yet seen complete (CUDA: completions are stamped by a watcher thread)
+        is waited for first (at most 60 s; NaN after that)."""
+        done = self.__dict__.get("_done")
+        if done is not None and self.launch_s == self.launch_s:
+            done.wait(60.0)
         out = {}
         for f in fields(self):
             v = getattr(self, f.name)
@@ -116,6 +137,7 @@ class _Chunk:
         self.state = _IDLE
         self.seq = 0          # readiness order (rank-local)
         self.work: Any = None
+        self.event: Any = None  # CUDA: event recorded after the all-reduce (what consumers wait for)
         self.done = False
         self.gen = 0          # issue count: a late completion callback of an earlier issue is ignored
 
@@ -137,13 +159,129 @@ class _Layer:
         self.pending = len(params)
         self.chunks: list[_Chunk] = []
         self.armed = False    # its update (of the last step) is still to be applied
+        self.ready_event: Any = None  # CUDA: recorded after its gradients were copied into the buffer
         self.inv_scale: Any = None  # GradScaler's 1/scale for that update (None: not scaled)
+
+
+def pick_chunks(ready: list, in_flight_bytes: int, credit_bytes: int) -> list:
+    """Which of ``ready`` (objects with ``nbytes``, most urgent first) to issue now: a prefix, while the
+    bytes in flight (``in_flight_bytes``: issued or decided, not yet *completed*) plus the picked stay
+    within ``credit_bytes``; one chunk is always allowed when nothing is in flight. Strict priority: a
+    chunk that does not fit holds back every less urgent one."""
+    pick = []
+    for c in ready:
+        if in_flight_bytes + c.nbytes <= credit_bytes or (in_flight_bytes == 0 and not pick):
+            pick.append(c)
+            in_flight_bytes += c.nbytes
+        else:
+            break
+    return pick
+
+
+class HostComm:
+    """How the scheduler thread issues collectives and learns they finished, on a CPU (gloo): an async
+    ``all_reduce``; finished when its future completes (gloo completes it when the data is there).
+    Consumers wait on the host (``work.wait()``)."""
+
+    on_device = False
+
+    def ready_marker(self) -> Any:
+        """Marks "the tensors this thread wrote so far": None on a CPU (nothing to order)."""
+        return None
+
+    def issue(self, tensor: torch.Tensor, group: Any, after: Any) -> tuple[Any, Any]:
+        """Sum-all-reduce ``tensor`` on ``group`` (async) after ``after`` (a ready marker); returns
+        ``(work, event)`` (``event`` None on a CPU)."""
+        return dist.all_reduce(tensor, group=group, async_op=True), None
+
+    def on_complete(self, work: Any, event: Any, done) -> None:
+        """Call ``done(end_s)`` (host ``perf_counter`` seconds) once ``work`` has finished."""
+        work.get_future().then(lambda _f: done(time.perf_counter()))
+
+    def run(self, fn, after: Any) -> Any:
+        """Run ``fn()`` (collectives on the scheduler thread) after ``after``; returns what a consumer
+        waits for (None on a CPU: ``fn`` has finished when this returns)."""
+        fn()
+        return None
+
+    def consume(self, event: Any) -> None:
+        """Order the calling thread's work after ``event`` (nothing to do on a CPU)."""
+
+    def close(self) -> None:
+        pass
+
+
+class CudaComm:
+    """The same on CUDA (NCCL), where a ``Work`` and its future complete at *enqueue*: the scheduler
+    thread issues on a side stream of its own (so that ``work.wait()`` makes only that stream wait for
+    NCCL's, never the training's), first waiting for the event recorded when the chunk was ready (its
+    gradients copied on the training's stream); after the work it records an event on the side stream.
+    Completion is that event, waited for in issue order by an :class:`~repro.runtime.clock.EventCompletions`
+    thread (which issues no collective), so the credit is released when the device finished the
+    all-reduce and ``end_s`` is when it did. Consumers make their current stream wait for the event
+    (no host block).
+
+    ``event_factory``, ``side_stream``, ``current_stream`` and ``completions`` are injectable (the CPU
+    tests drive the executor's credit and timeline with fakes)."""
+
+    on_device = True
+
+    def __init__(self, device: torch.device | str | None = None, *, event_factory=None, side_stream: Any = None,
+                 current_stream=None, completions: EventCompletions | None = None) -> None:
+        self.device = torch.device(device if device is not None else "cuda")
+        self._new_event = event_factory or (lambda: torch.cuda.Event(enable_timing=True))
+        self._side = side_stream if side_stream is not None else torch.cuda.Stream(self.device)
+        self._current_stream = current_stream or (lambda: torch.cuda.current_stream(self.device))
+        self.completions = completions or EventCompletions(self.device, name="bytescheduler-completions")
+
+    def ready_marker(self) -> Any:
+        ev = self._new_event()
+        ev.record(self._current_stream())
+        return ev
+
+    def _on_side(self):
+        import contextlib
+
+        if isinstance(self._side, torch.cuda.Stream):
+            return torch.cuda.stream(self._side)
+        return contextlib.nullcontext()
+
+    def issue(self, tensor: torch.Tensor, group: Any, after: Any) -> tuple[Any, Any]:
+        with self._on_side():
+            if after is not None:
+                self._side.wait_event(after)
+            work = dist.all_reduce(tensor, group=group, async_op=True)
+            work.wait()          # NCCL: the side stream waits for the collective (the host does not)
+            event = self._new_event()
+            event.record(self._side)
+        return work, event
+
+    def on_complete(self, work: Any, event: Any, done) -> None:
+        self.completions.watch(event, done)
+
+    def run(self, fn, after: Any) -> Any:
+        with self._on_side():
+            if after is not None:
+                self._side.wait_event(after)
+            fn()
+            event = self._new_event()
+            event.record(self._side)
+        return event
+
+    def consume(self, event: Any) -> None:
+        self._current_stream().wait_event(event)
+
+    def close(self) -> None:
+        self.completions.close()
 
 
 class ByteSchedulerExecutor(Executor):
     """Priority-scheduled chunked all-reduce with layer-wise updates in the next forward (see the module)."""
 
-    def __init__(self, model: nn.Module, plan: Plan | None = None, options: ExecutorOptions | None = None) -> None:
+    def __init__(self, model: nn.Module, plan: Plan | None = None, options: ExecutorOptions | None = None, *,
+                 comm: HostComm | CudaComm | None = None) -> None:
+        """``comm``: how collectives are issued and completions learnt (None: :class:`CudaComm` for a
+        model on CUDA, else :class:`HostComm`; tests inject fakes)."""
         super().__init__(model, plan, options)
         if plan is None:
             raise PlanError("the ByteScheduler executor needs a plan (planner 'bytescheduler')")
@@ -200,7 +338,18 @@ class ByteSchedulerExecutor(Executor):
         # every rank creates the groups in the same order (collective calls)
         self._ctrl = dist.new_group(backend="gloo")
         self._data = dist.new_group()
+        device = next(iter(self._layers.values())).buffer.device
+        self._comm = comm if comm is not None else (CudaComm(device) if device.type == "cuda" else HostComm())
+        if isinstance(self._comm, CudaComm) and self._comm.completions is not None:
+            self._comm.completions._on_error = self._fail
         self._cond = threading.Condition()
+        self._in_flight_bytes = 0      # decided or issued, not yet completed (the credit's count)
+        self._buffers = any(True for _ in model.buffers())
+        self._buf_requested = 0        # buffer broadcasts asked for by before_forward (this rank)
+        self._buf_decided = 0          # ... decided by rank 0 (rank 0) / received (other ranks)
+        self._buf_done = 0             # ... finished on the scheduler thread
+        self._buf_after: Any = None    # CUDA: the request's event (buffers written by the last forward)
+        self._buf_event: Any = None    # CUDA: event after the broadcast (what the forward waits for)
         self._seq = 0
         self._backward_seen = False
         self._closed = False
@@ -209,6 +358,8 @@ class ByteSchedulerExecutor(Executor):
         self._found_inf_report: FoundInfReport | None = None
         self._synchronized = False  # synchronize() ran: param.grad holds this step's averaged gradient
         self.timings = [c.timing for c in self._chunks] if self.options.record_timeline else []
+        for t in self.timings:
+            t.__dict__["_done"] = threading.Event()  # set when its end_s is stamped (ChunkTiming.row waits)
         self.clock = clock_for(model, self.options.clock)
         self.grad_ready_s = self.clock.ready  # layer -> ready time, resolved when read
         self._hooks = []
@@ -316,7 +467,33 @@ class ByteSchedulerExecutor(Executor):
             self._optimizer.step()
 
     def before_forward(self) -> None:
-        broadcast_buffers(self.model)
+        """Rank 0's buffers on every rank (as DDP), broadcast by the scheduler thread: it is the only
+        thread issuing collectives, and rank 0 decides when (the broadcast is one more decision on the
+        control group), so every rank issues it at the same place among the all-reduces."""
+        if not self._buffers:
+            return
+        with self._cond:
+            self._buf_after = self._comm.ready_marker()
+            self._buf_requested += 1
+            want = self._buf_requested
+            self._cond.notify_all()
+            while self._buf_done < want:
+                if self._error is not None:
+                    raise RuntimeError("ByteScheduler's scheduler thread failed") from self._error
+                self._cond.wait(timeout=1.0)
+            event = self._buf_event
+        if event is not None:
+            self._comm.consume(event)
+
+    def _broadcast_buffers(self) -> None:
+        """On the scheduler thread: broadcast the buffers on the data group."""
+        with self._cond:
+            after = self._buf_after
+        event = self._comm.run(lambda: broadcast_buffers(self.model, src=0, group=self._data), after)
+        with self._cond:
+            self._buf_event = event
+            self._buf_done += 1
+            self._cond.notify_all()
 
     def after_backward(self) -> None:
         self._fill_missing()
@@ -334,6 +511,7 @@ class ByteSchedulerExecutor(Executor):
             self._closed = True
             self._cond.notify_all()
         self._thread.join(timeout=60)
+        self._comm.close()
         for h in self._hooks:
             h.remove()
         self._hooks = []
@@ -359,6 +537,7 @@ class ByteSchedulerExecutor(Executor):
         layer.pending -= 1
         if layer.pending == 0:
             self.clock.mark(layer.name)
+            layer.ready_event = self._comm.ready_marker()  # CUDA: the issue waits for the copies above
             with self._cond:
                 now = time.perf_counter()
                 for c in layer.chunks:
@@ -367,7 +546,10 @@ class ByteSchedulerExecutor(Executor):
                     self._seq += 1
                     c.done = False
                     c.work = None
+                    c.event = None
                     c.timing.ready_s = now
+                    if "_done" in c.timing.__dict__:
+                        c.timing.__dict__["_done"].clear()
                     c.timing.decided_s = c.timing.launch_s = c.timing.end_s = float("nan")
                 self._cond.notify_all()
 
@@ -400,12 +582,17 @@ class ByteSchedulerExecutor(Executor):
         return hook
 
     def _wait(self, layer: _Layer) -> None:
-        """Wait for every chunk of ``layer``: issued, completed, and its completion callback run."""
+        """Wait for every chunk of ``layer``: issued, then (CPU) completed and its completion callback
+        run on the host, or (CUDA) the calling thread's stream ordered after each chunk's event."""
         with self._cond:
             while any(c.state != _ISSUED for c in layer.chunks):
                 if self._error is not None:
                     raise RuntimeError("ByteScheduler's scheduler thread failed") from self._error
                 self._cond.wait(timeout=1.0)
+        if self._comm.on_device:  # CUDA: this stream waits for the all-reduces' events; the host does not
+            for c in layer.chunks:
+                self._comm.consume(c.event)
+            return
         for c in layer.chunks:
             c.work.wait()
         with self._cond:  # and for the completion callbacks (they stamp end_s; gloo runs them after wait())
@@ -419,6 +606,7 @@ class ByteSchedulerExecutor(Executor):
             for c in layer.chunks:
                 c.state = _IDLE
                 c.work = None
+                c.event = None
         layer.written = [False] * len(layer.params)
         layer.pending = len(layer.params)
         layer.armed = False
@@ -452,21 +640,19 @@ class ByteSchedulerExecutor(Executor):
 
     # ---- scheduler thread ----
     def _pick(self) -> list[_Chunk]:
-        """Rank 0, under the lock: ready chunks by (priority, readiness) while the credit allows."""
+        """Rank 0, under the lock: ready chunks by (priority, readiness) while the credit allows
+        (:func:`pick_chunks`; bytes in flight until their all-reduce *completed*, on the device on CUDA)."""
         ready = sorted((c for c in self._chunks if c.state == _READY), key=lambda c: (c.priority, c.seq))
         if not ready:
             return []
-        in_flight = sum(c.nbytes for c in self._chunks if c.state in (_DECIDED, _ISSUED) and not c.done)
-        pick = []
-        for c in ready:
-            if in_flight + c.nbytes <= self.credit_bytes or (in_flight == 0 and not pick):
-                pick.append(c)
-                in_flight += c.nbytes
-            else:
-                break  # strict priority: a less urgent chunk never passes one waiting for credit
-        return pick
+        return pick_chunks(ready, self._in_flight_bytes, self.credit_bytes)
+
+    def _buffers_wanted(self) -> bool:
+        """Under the lock: a buffer broadcast this rank asked for that is not yet decided / received."""
+        return self._buf_requested > self._buf_decided
 
     def _decide_loop(self) -> None:
+        buf_id = len(self._chunks)  # the control message's id of "broadcast the buffers now"
         msg = torch.zeros(len(self._chunks) + 1, dtype=torch.int64)
         try:
             while True:
@@ -474,35 +660,56 @@ class ByteSchedulerExecutor(Executor):
                     while True:
                         if self._closed:
                             return
+                        if self._buffers_wanted():  # the forward waits for it: before any chunk
+                            self._buf_decided += 1
+                            pick = None
+                            break
                         pick = self._pick()
                         if pick:
                             break
                         self._cond.wait()
-                    now = time.perf_counter()
-                    for c in pick:
-                        c.state = _DECIDED
-                        c.timing.decided_s = now
+                    if pick is not None:
+                        now = time.perf_counter()
+                        for c in pick:
+                            c.state = _DECIDED
+                            c.timing.decided_s = now
+                            self._in_flight_bytes += c.nbytes
+                if pick is None:
+                    msg[0] = 1
+                    msg[1] = buf_id
+                    dist.broadcast(msg, src=0, group=self._ctrl)
+                    self._broadcast_buffers()
+                    continue
                 msg[0] = len(pick)
                 msg[1:1 + len(pick)] = torch.tensor([c.id for c in pick], dtype=torch.int64)
                 dist.broadcast(msg, src=0, group=self._ctrl)
                 for c in pick:
                     self._issue(c)
         except BaseException as e:  # surfaced in the main thread by _apply
-            with self._cond:
-                self._error = e
-                self._cond.notify_all()
+            self._fail(e)
 
     def _follow_loop(self) -> None:
+        buf_id = len(self._chunks)
         msg = torch.zeros(len(self._chunks) + 1, dtype=torch.int64)
         try:
             while True:
                 with self._cond:
-                    while not self._closed and not any(c.state == _READY for c in self._chunks):
+                    while not self._closed and not self._buffers_wanted() \
+                            and not any(c.state == _READY for c in self._chunks):
                         self._cond.wait()
                     if self._closed:
                         return
                 dist.broadcast(msg, src=0, group=self._ctrl)
                 for cid in msg[1:1 + int(msg[0])].tolist():
+                    if cid == buf_id:
+                        with self._cond:
+                            while not self._buffers_wanted():
+                                if self._closed:
+                                    return
+                                self._cond.wait()
+                            self._buf_decided += 1
+                        self._broadcast_buffers()
+                        continue
                     c = self._chunks[cid]
                     with self._cond:
                         while c.state != _READY:
@@ -511,67 +718,53 @@ class ByteSchedulerExecutor(Executor):
                             self._cond.wait()
                         c.state = _DECIDED
                         c.timing.decided_s = time.perf_counter()
+                        self._in_flight_bytes += c.nbytes
                     self._issue(c)
         except BaseException as e:
-            with self._cond:
+            self._fail(e)
+
+    def _fail(self, e: BaseException) -> None:
+        with self._cond:
+            if self._error is None:
                 self._error = e
-                self._cond.notify_all()
+            self._cond.notify_all()
 
     def _issue(self, c: _Chunk) -> None:
         c.timing.launch_s = time.perf_counter()
-        work = dist.all_reduce(c.view, group=self._data, async_op=True)
+        work, event = self._comm.issue(c.view, self._data, c.layer.ready_event)
         with self._cond:
             c.gen += 1
             gen = c.gen
             c.work = work
+            c.event = event
             c.state = _ISSUED
             self._cond.notify_all()
-        work.get_future().then(lambda _f, c=c, gen=gen: self._completed(c, gen))
+        self._comm.on_complete(work, event, lambda end_s, c=c, gen=gen: self._completed(c, gen, end_s))
 
-    def _completed(self, c: _Chunk, gen: int) -> None:
-        now = time.perf_counter()
+    def _completed(self, c: _Chunk, gen: int, end_s: float) -> None:
+        """``c``'s all-reduce of issue ``gen`` finished at ``end_s``: its bytes leave the credit (always:
+        every issue completes once); its ``done`` and ``end_s`` only if it was not issued again since."""
         with self._cond:
+            self._in_flight_bytes -= c.nbytes
             if c.gen == gen:
-                c.timing.end_s = now
+                c.timing.end_s = end_s
                 c.done = True
-                self._cond.notify_all()
+                done = c.timing.__dict__.get("_done")
+                if done is not None:
+                    done.set()
+            self._cond.notify_all()
 
 
-class LayerwiseOptimizer:
+class LayerwiseOptimizer(DeferredUpdateOptimizer):
     """What the loop steps under ByteScheduler: ``step()`` only marks every layer's update as pending
     (the executor applies each in the next forward, or in ``flush()``); ``state_dict()`` flushes first;
-    ``zero_grad`` and the rest are the wrapped optimizer's.
+    ``zero_grad`` and the rest are the wrapped optimizer's; GradScaler and ``synchronize()`` as
+    :class:`~repro.runtime.deferred.DeferredUpdateOptimizer` (shared with DeAR) and
+    :meth:`ByteSchedulerExecutor.step` say.
 
-    **GradScaler** (``_step_supports_amp_scaling``): ``scaler.step(opt)`` always calls :meth:`step` with
-    the scale and its own inf check attached (:func:`~repro.runtime.executor.scaled_step`); see
-    :meth:`ByteSchedulerExecutor.step`. ``synchronize()`` (Horovod-style) finishes the exchange now so
-    that ``param.grad`` holds the averaged gradient for ``scaler.unscale_(opt)`` or clipping before
-    ``step()``, which then applies it in one optimizer step."""
+    ``LayerwiseOptimizer(optimizer, executor)`` (this argument order, kept for callers)."""
 
-    _step_supports_amp_scaling = True
+    family = "ByteScheduler"
 
-    def __init__(self, optimizer: Any, executor: ByteSchedulerExecutor) -> None:
-        self.optimizer = optimizer
-        self.executor = executor
-
-    def step(self) -> None:
-        amp = scaled_step(self)
-        if amp is None:
-            self.executor.step()
-        else:
-            self.executor.step(amp=amp)
-
-    def synchronize(self) -> None:
-        """Finish this step's exchange now: ``param.grad`` is the averaged gradient (see the class)."""
-        self.executor.synchronize()
-
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        self.optimizer.zero_grad(set_to_none=set_to_none)
-
-    def state_dict(self) -> dict:
-        """The wrapped optimizer's state after every pending update is applied."""
-        self.executor.flush()
-        return self.optimizer.state_dict()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.optimizer, name)
+    def __init__(self, optimizer: Any, executor: "ByteSchedulerExecutor") -> None:
+        super().__init__(executor, optimizer)

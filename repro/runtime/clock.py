@@ -23,6 +23,14 @@ exactly today's host gap on a CPU.
 clock given in :class:`~repro.runtime.executor.ExecutorOptions`, else the one for the model's device).
 ``clock.ready`` is a live read-only mapping of the resolved times: executors expose it as
 ``grad_ready_s``.
+
+The same rule for communication (issue 21, defects 4 and 7): a ``Work`` or future that completes at
+enqueue (NCCL) is not a completion. :func:`waits_for` picks how a consumer waits for a collective
+another thread issued: :class:`HostWaits` (CPU: block on the host until it finished) or
+:class:`StreamWaits` (CUDA: the consumer's current stream waits for an event recorded after the
+collective; the host waits only until it was enqueued). :class:`EventCompletions` learns when device
+work finished (a thread synchronizing events in issue order) and stamps that time on the host base.
+Events, streams and the host clock are injectable, so the CPU tests drive this logic with fakes.
 """
 
 from __future__ import annotations
@@ -35,7 +43,8 @@ from typing import Any, Callable, Protocol
 import torch
 from torch import nn
 
-__all__ = ["Clock", "HostClock", "DeviceClock", "ReadyTimes", "make_clock", "clock_for", "model_device"]
+__all__ = ["Clock", "HostClock", "DeviceClock", "ReadyTimes", "make_clock", "clock_for", "model_device",
+           "HostWaits", "StreamWaits", "waits_for", "EventCompletions"]
 
 
 class Clock(Protocol):
@@ -196,3 +205,122 @@ def model_device(model: nn.Module) -> torch.device:
 def clock_for(model: nn.Module, clock: Any = None) -> Any:
     """``clock`` when given (an executor's ``options.clock``), else :func:`make_clock` for the model's device."""
     return clock if clock is not None else make_clock(model_device(model))
+
+
+# -------------------------------------------------------------------------------------------------
+# waiting for, and timing, collectives that another thread issued
+# -------------------------------------------------------------------------------------------------
+
+class HostWaits:
+    """CPU: a consumer waits for a collective on the host (``work.wait()``: it has finished then)."""
+
+    on_device = False
+
+    def wait(self, work: Any) -> None:
+        """``work``: anything with ``wait()`` (a :class:`~repro.runtime.collectives.Handle`, a chunk)."""
+        work.wait()
+
+
+class StreamWaits:
+    """CUDA: a consumer orders its *current stream* after a collective, without blocking the host.
+
+    ``wait(work)``: ``work.wait_enqueued()`` (host: until the issuing thread has put the collective on
+    its stream and recorded ``work.event`` after it; no device wait), then
+    ``current_stream().wait_event(work.event)``: kernels the consumer enqueues afterwards run after
+    the collective. ``current_stream`` is injectable (tests: a fake stream recording the waits)."""
+
+    on_device = True
+
+    def __init__(self, device: torch.device | str | None = None,
+                 current_stream: Callable[[], Any] | None = None) -> None:
+        self.device = torch.device(device if device is not None else "cuda")
+        self._current_stream = current_stream or (lambda: torch.cuda.current_stream(self.device))
+
+    def wait(self, work: Any) -> None:
+        work.wait_enqueued()
+        self._current_stream().wait_event(work.event)
+
+
+def waits_for(device: torch.device | str | None) -> HostWaits | StreamWaits:
+    """How consumers on ``device`` wait for collectives: :class:`StreamWaits` on CUDA, else :class:`HostWaits`."""
+    device = torch.device(device if device is not None else "cpu")
+    return StreamWaits(device) if device.type == "cuda" else HostWaits()
+
+
+class EventCompletions:
+    """When device work finished, measured on the device: ``watch(event, done)`` hands ``event`` (a
+    CUDA event recorded right after the work, on the stream that ran it) to a thread that waits for the
+    events one after the other, in the order given (``event.synchronize()``; work of one communicator
+    finishes in issue order) and then calls ``done(end_s)``.
+
+    ``end_s`` (seconds, host ``time.perf_counter()`` base): when the device reached ``event``. Right
+    after it completed, a reference event is recorded on a stream of its own (idle: it completes at
+    once) and waited for, and the host time ``h`` taken: ``end_s = h - elapsed(event, reference)``,
+    as :class:`DeviceClock` resolves its marks, without synchronising the device.
+
+    ``event_factory`` (a timing event: ``record(stream)``, ``synchronize()``, ``elapsed_time(other)``
+    in ms), ``stream_factory`` (the reference's stream) and ``host_time`` are injectable (the CPU tests
+    use fake events whose completion the test controls). The thread issues no collective. ``close()``
+    lets watched events finish, then joins it. A ``done`` that raises, or an event whose ``synchronize``
+    raises, is kept in ``error``, handed to ``on_error`` and stops the thread (``done`` is not called for
+    later events)."""
+
+    def __init__(self, device: torch.device | str | None = None, *,
+                 event_factory: Callable[[], Any] | None = None,
+                 stream_factory: Callable[[], Any] | None = None,
+                 host_time: Callable[[], float] = time.perf_counter, name: str = "event-completions",
+                 on_error: Callable[[BaseException], None] | None = None) -> None:
+        import queue
+
+        self.device = torch.device(device if device is not None else "cuda")
+        self._new_event = event_factory or _cuda_event
+        self._new_stream = stream_factory or (lambda: torch.cuda.Stream(self.device))
+        self._host_time = host_time
+        self._queue: "queue.SimpleQueue" = queue.SimpleQueue()
+        self._stream: Any = None
+        self._reference: Any = None
+        self.error: BaseException | None = None
+        self._on_error = on_error
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def watch(self, event: Any, done: Callable[[float], None]) -> None:
+        """Call ``done(end_s)`` once ``event`` (and every event watched before it) has completed."""
+        if self._closed:
+            raise RuntimeError("EventCompletions.watch after close()")
+        self._queue.put((event, done))
+
+    def close(self) -> None:
+        """Let every watched event complete (and its ``done`` run), then join the thread. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self._queue.put(None)
+        self._thread.join()
+
+    def end_time(self, event: Any) -> float:
+        """Host ``perf_counter`` seconds at which the device reached ``event`` (already completed)."""
+        if self._reference is None:
+            self._stream = self._new_stream()
+            self._reference = self._new_event()
+        ref = self._reference
+        ref.record(self._stream)
+        ref.synchronize()
+        host = self._host_time()
+        return host - event.elapsed_time(ref) / 1e3
+
+    def _run(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            event, done = item
+            try:
+                event.synchronize()
+                done(self.end_time(event))
+            except BaseException as e:  # noqa: BLE001 - the owner reads it (or learns it through on_error)
+                self.error = e
+                if self._on_error is not None:
+                    self._on_error(e)
+                return

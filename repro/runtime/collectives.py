@@ -58,6 +58,13 @@ class Handle:
     bytes), ``submit_s`` / ``start_s`` / ``end_s``: ``time.perf_counter()`` stamps (seconds) of when the op
     was submitted, started on the stream and finished there (None until then). A failed op has
     ``end_s`` set too (when it failed).
+
+    On a CUDA stream (NCCL) the op is asynchronous on the device: ``event`` is a CUDA event recorded on
+    the stream's side stream right after the op (None on a CPU stream), set before
+    :meth:`wait_enqueued` returns; a consumer on another CUDA stream orders itself after the op with
+    ``torch.cuda.current_stream().wait_event(handle.event)`` instead of blocking the host
+    (:class:`repro.runtime.clock.StreamWaits`). ``end_s`` is then the host time at which a watcher
+    thread saw that event complete.
     """
 
     def __init__(self, op: str, nbytes: int):
@@ -67,6 +74,8 @@ class Handle:
         self.start_s: float | None = None
         self.end_s: float | None = None
         self._done = threading.Event()
+        self._enqueued = threading.Event()  # set once the op is on the device stream (or finished)
+        self.event = None                   # CUDA: event recorded on the side stream after the op
         self._error: BaseException | None = None
 
     def is_completed(self) -> bool:
@@ -86,10 +95,19 @@ class Handle:
             raise RuntimeError(f"CommStream {self.op} of {self.nbytes} bytes failed: "
                                f"{type(self._error).__name__}: {self._error}") from self._error
 
+    def wait_enqueued(self, timeout_s: float | None = None) -> None:
+        """Block until the op is enqueued on the device (CUDA: ``event`` is set) or has finished (CPU);
+        a failure is re-raised as in :meth:`wait`. Returns at once after :meth:`wait`."""
+        if not self._enqueued.wait(timeout_s):
+            raise TimeoutError(f"CommStream {self.op} of {self.nbytes} bytes not enqueued after {timeout_s} s")
+        if self._error is not None:
+            self.wait(0)
+
     def _finish(self, error: BaseException | None = None) -> None:
         self.end_s = time.perf_counter()
         self._error = error
         self._done.set()
+        self._enqueued.set()
 
     def __repr__(self) -> str:
         state = "failed" if self._error else ("done" if self.is_completed() else "pending")
@@ -173,8 +191,10 @@ class CommStream:
 
     ``close()`` (idempotent; also on ``with CommStream(...) as s:`` exit) lets queued ops finish and
     joins the thread. NCCL (untested here, no GPU): the ops run natively on a side CUDA stream that
-    first waits for the submitting thread's current stream; ``wait()`` returns after that side stream
-    has finished the op.
+    first waits for the submitting thread's current stream; the stream thread records an event after
+    each op (``Handle.event``) and goes on to the next op without waiting for the device; a watcher
+    thread (no collectives) waits for the events in order; ``wait()`` returns once the device has
+    finished the op, ``wait_enqueued()`` once it is on the side stream.
     """
 
     def __init__(self, group=None, backend_impl: str = "auto", timeout_s: float | None = None):
@@ -199,6 +219,15 @@ class CommStream:
         self._failure: str | None = None
         self._scratch: dict[torch.dtype, torch.Tensor] = {}  # the stream thread's receive buffers (ring RS)
         self._thread = threading.Thread(target=self._run, name=f"CommStream-rank{self.rank}", daemon=True)
+        # CUDA: the stream thread only enqueues (it never waits for the device, so it can enqueue the
+        # next op at once); this thread waits for each op's event, in order, and finishes its handle.
+        # It issues no collective: the stream thread stays the only user of the group.
+        self._watch_queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._watcher = None
+        if self._cuda_stream is not None:
+            self._watcher = threading.Thread(target=self._watch, name=f"CommStream-watch-rank{self.rank}",
+                                             daemon=True)
+            self._watcher.start()
         self._thread.start()
 
     # ----------------------------------------------------------------------------------------------
@@ -245,14 +274,33 @@ class CommStream:
             fn = self._native_all_reduce
         return self._submit("all_reduce", flat, fn)
 
+    def broadcast(self, buffer: torch.Tensor, src: int = 0) -> Handle:
+        """Overwrite ``buffer`` on every rank with rank ``src``'s (``src``: rank in the stream's group),
+        async, native ``broadcast`` on the stream's group: so that a family issuing everything else on
+        this stream keeps every collective of a step on one thread and in one order on every rank
+        (e.g. DeAR's buffer broadcast before the forward, behind the all-gather in flight)."""
+        flat = self._check("broadcast", buffer, divisible=False)
+        if not 0 <= int(src) < self.world_size:
+            raise ValueError(f"CommStream.broadcast: src must be a rank of the stream's group (0..{self.world_size - 1}), "
+                             f"got {src}")
+        group_src = int(src)
+
+        def fn(buf):
+            dist.broadcast(buf, group=self.group, group_src=group_src)
+        return self._submit("broadcast", flat, fn)
+
     def close(self) -> None:
-        """Let queued ops finish, then join the stream's thread. Idempotent; returns at once when idle."""
+        """Let queued ops finish, then join the stream's thread (and the CUDA watcher). Idempotent;
+        returns at once when idle."""
         with self._lock:
             if self._closed:
                 return
             self._closed = True
             self._queue.put(None)
         self._thread.join()
+        if self._watcher is not None:
+            self._watch_queue.put(None)
+            self._watcher.join()
         self._scratch.clear()
 
     def __enter__(self) -> "CommStream":
@@ -314,9 +362,30 @@ class CommStream:
                     with torch.cuda.device(flat.device), torch.cuda.stream(self._cuda_stream):
                         self._cuda_stream.wait_event(ready)
                         fn(flat)
-                    self._cuda_stream.synchronize()
-                elif flat.numel():
+                        done = torch.cuda.Event()
+                        done.record(self._cuda_stream)
+                    handle.event = done
+                    handle._enqueued.set()
+                    self._watch_queue.put((handle, done))
+                    continue
+                if flat.numel():
                     fn(flat)
+            except BaseException as e:  # noqa: BLE001 - handed to the waiting thread
+                with self._lock:
+                    self._failure = f"{handle.op} of {handle.nbytes} bytes: {type(e).__name__}: {e}"
+                handle._finish(e)
+            else:
+                handle._finish()
+
+    def _watch(self) -> None:
+        """CUDA: finish each handle when the device has run its op (events in submission order)."""
+        while True:
+            item = self._watch_queue.get()
+            if item is None:
+                return
+            handle, done = item
+            try:
+                done.synchronize()
             except BaseException as e:  # noqa: BLE001 - handed to the waiting thread
                 with self._lock:
                     self._failure = f"{handle.op} of {handle.nbytes} bytes: {type(e).__name__}: {e}"

@@ -53,10 +53,22 @@ forward apply ``sum / P / scale``; ``opt.synchronize()`` finishes the exchange e
 last iteration's update; here evaluation, checkpoints and the end of training see it). ``remove()``
 flushes, removes every hook and closes the stream (unless it was handed in).
 
+**One thread, one order.** Every collective of the executor goes through its :class:`CommStream` (one
+thread, one process group, FIFO): RS, AG, the GradScaler verdict's all-reduce and the buffer
+broadcast before each forward (``before_forward``; as DDP, rank 0's buffers), so every rank issues
+the same collectives on the stream's group in the same order from one thread, and the main thread
+issues none while the stream may be busy (NCCL documents interleavings of two communicators that
+differ between ranks as a deadlock risk). ``tests/test_comm_order.py`` records the sequences.
+
 GPUs (NCCL; untested here, no GPU on the machines this was written on): buffers live on the parameters'
 device; :class:`CommStream` records a CUDA event on the submitting thread's current stream at
 submission and its side stream waits for it, so the RS is ordered after the gradient copies without a
-host sync; ``wait()`` returns once the side stream has finished.
+host sync. The main thread consumes every collective through :func:`repro.runtime.clock.waits_for`:
+on a CPU it waits on the host; on CUDA (:class:`~repro.runtime.clock.StreamWaits`) its current stream
+waits for the event the stream records after the op (``Handle.event``) and the host only waits until
+the op is enqueued: the forward pre-hook of bucket k orders the update and the forward after AG(k) on
+the device and never blocks the host on the all-gather. With ``record_timeline`` a message still
+running when its consumer went on is stamped when its row is written (:meth:`DeARTiming.row`).
 
 :func:`calibrate` is the family's calibration hook (:mod:`repro.families`): ``reduce_scatter`` and
 ``allgather`` lines of a ``--network`` preset, or fitted by timing :class:`CommStream` RS and AG on the
@@ -75,10 +87,9 @@ import torch.distributed as dist
 from torch import nn
 
 from repro.plan import Plan, PlanError
-from repro.runtime.buffers import broadcast_buffers
-from repro.runtime.clock import clock_for
-from repro.runtime.executor import (Executor, ExecutorOptions, FoundInfReport, ScaledStep, check_scaled_step,
-                                    scaled_step, timing_row)
+from repro.runtime.clock import clock_for, waits_for
+from repro.runtime.deferred import DeferredUpdateOptimizer
+from repro.runtime.executor import Executor, ExecutorOptions, FoundInfReport, ScaledStep, check_scaled_step, timing_row
 from repro.workload.layers import layer_parameters
 
 __all__ = ["DeARExecutor", "DeARTiming", "DeAROptimizer", "calibrate", "time_stream_collectives"]
@@ -101,7 +112,28 @@ class DeARTiming:
 
     def row(self, origin_s: float) -> dict:
         """This record as a ``buckets.csv`` row (:func:`~repro.runtime.executor.timing_row`)."""
+        self.settle()
         return timing_row(self, origin_s)
+
+    def fill(self, handle) -> None:
+        """Take the stamps of ``handle`` (its :class:`~repro.runtime.collectives.Handle`); one still
+        running on the device (CUDA: the consumer did not wait for it on the host) is read at
+        :meth:`settle`."""
+        self.launch_s = handle.submit_s
+        self.start_s = handle.start_s if handle.start_s is not None else float("nan")
+        self.end_s = handle.end_s if handle.end_s is not None else float("nan")
+        self.__dict__["_handle"] = None if handle.is_completed() else handle
+
+    def settle(self) -> None:
+        """Wait for the message's handle if it is still running, and take its final stamps."""
+        handle = self.__dict__.pop("_handle", None)
+        if handle is not None:
+            try:
+                handle.wait()
+            except Exception:  # noqa: BLE001 - a failed op keeps the stamps it has; its consumer raised
+                pass
+            self.fill(handle)
+            self.__dict__.pop("_handle", None)
 
 
 @dataclass
@@ -130,59 +162,17 @@ class _Bucket:
     inv_scale: Any = None         # GradScaler's 1/scale for the pending update (None: not scaled)
 
 
-class DeAROptimizer:
+class DeAROptimizer(DeferredUpdateOptimizer):
     """What the loop calls ``zero_grad()`` and ``step()`` on: ``step()`` finishes the reduce-scatters and
     starts the all-gather of bucket 0; the update itself happens bucket by bucket in the next forward
     (or at :meth:`DeARExecutor.flush`). ``executor``: anything with ``step()`` and ``flush()`` (a
     :class:`DeARExecutor`, or the tuner that owns one; GradScaler and :meth:`synchronize` need a
-    :class:`DeARExecutor`).
+    :class:`DeARExecutor`). The wrapper itself is the one ByteScheduler shares
+    (:class:`~repro.runtime.deferred.DeferredUpdateOptimizer`): with ``synchronize()`` first, ``step()``
+    applies ``param.grad`` in one optimizer step (no update in the next forward; the all-gathers do not
+    overlap it)."""
 
-    **GradScaler** (``_step_supports_amp_scaling``): ``scaler.step(opt)`` always calls :meth:`step`
-    (with the scale and its own inf check attached, :func:`~repro.runtime.executor.scaled_step`), so
-    every rank takes part in the exchange; see :meth:`DeARExecutor.step` for what it does with them.
-    ``synchronize()`` is the Horovod-style escape hatch: it finishes the whole exchange now, so that
-    ``param.grad`` holds the averaged gradient (the same on every rank) for ``scaler.unscale_(opt)``,
-    clipping or inspection before ``step()``, which then applies ``param.grad`` in one optimizer step
-    (no update in the next forward; the all-gathers do not overlap it)."""
-
-    _step_supports_amp_scaling = True
-
-    def __init__(self, executor: Any, optimizer: Any) -> None:
-        self.executor = executor
-        self.optimizer = optimizer
-
-    def step(self, closure=None) -> None:
-        if closure is not None:
-            raise ValueError("DeAR applies updates in the next forward; a closure cannot be evaluated")
-        amp = scaled_step(self)
-        if amp is None:
-            self.executor.step()
-        else:
-            self.executor.step(amp=amp)
-
-    def synchronize(self) -> None:
-        """Finish this step's exchange now: ``param.grad`` is the averaged gradient (see the class)."""
-        self.executor.synchronize()
-
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        self.optimizer.zero_grad(set_to_none=set_to_none)
-
-    @property
-    def param_groups(self):
-        return self.optimizer.param_groups
-
-    @property
-    def state(self):
-        return self.optimizer.state
-
-    def state_dict(self):
-        self.executor.flush()  # the state must include the pending update
-        return self.optimizer.state_dict()
-
-    def __getattr__(self, name: str):  # anything else (defaults, add_param_group, ...): the optimizer's
-        if name in ("executor", "optimizer"):
-            raise AttributeError(name)
-        return getattr(self.optimizer, name)
+    family = "DeAR"
 
 
 class DeARExecutor(Executor):
@@ -262,6 +252,9 @@ class DeARExecutor(Executor):
                             + [DeARTiming(k, "allgather", b.layers, nbytes[k]) for k, b in enumerate(self._buckets)])
         self.clock = clock_for(model, self.options.clock)
         self.grad_ready_s = self.clock.ready  # layer -> ready time, resolved when read
+        # how the main thread waits for the stream's collectives: on the host (CPU), or by making its
+        # current CUDA stream wait for the event recorded after each (no host block in forward)
+        self._waits = waits_for(self._buckets[0].buffer.device)
 
         # hooks: gradients, and a forward pre-hook on every module directly owning a parameter of a bucket
         self._handles = [s.param.register_post_accumulate_grad_hook(self._grad_hook(s)) for s in self._slots]
@@ -296,7 +289,28 @@ class DeARExecutor(Executor):
         self._optimizer = optimizer
 
     def before_forward(self) -> None:
-        broadcast_buffers(self.model)
+        """Rank 0's buffers on every rank (as DDP), broadcast on the stream (see :meth:`_broadcast_buffers`)."""
+        self._broadcast_buffers()
+
+    @torch.no_grad()
+    def _broadcast_buffers(self) -> None:
+        """:func:`~repro.runtime.buffers.broadcast_buffers` on the communication stream, not on the
+        default group from this thread: every collective of a step then goes through one thread and one
+        FIFO (behind the all-gather of bucket 0 that ``step()`` submitted), in the same order on every
+        rank (NCCL: two threads driving two communicators could interleave differently per rank)."""
+        groups: dict[tuple[torch.dtype, torch.device], list[torch.Tensor]] = {}
+        for b in self.model.buffers():
+            groups.setdefault((b.dtype, b.device), []).append(b)
+        jobs = []
+        for bufs in groups.values():
+            flat = torch.cat([b.reshape(-1) for b in bufs])
+            jobs.append((bufs, flat, self.stream.broadcast(flat, src=0)))
+        for bufs, flat, handle in jobs:
+            self._waits.wait(handle)
+            offset = 0
+            for b in bufs:
+                b.copy_(flat[offset:offset + b.numel()].view_as(b))
+                offset += b.numel()
 
     def after_backward(self) -> None:
         """Every gradient is in its bucket (unused parameters as zeros) and every RS submitted; the
@@ -369,7 +383,7 @@ class DeARExecutor(Executor):
             count += (~torch.isfinite(bucket.buffer.chunk(P)[rank])).sum()
         counts = torch.zeros(P, dtype=torch.float32, device=device)
         counts[rank] = count + float(amp.found_inf)
-        self.stream.all_reduce(counts).wait()
+        self._waits.wait(self.stream.all_reduce(counts))
         return bool(counts.sum().item() > 0)
 
     def synchronize(self) -> None:
@@ -388,7 +402,7 @@ class DeARExecutor(Executor):
             self._wait_rs(bucket)
         handles = [self.stream.all_gather(bucket.buffer) for bucket in self._buckets]
         for bucket, handle in zip(self._buckets, handles):
-            handle.wait()
+            self._waits.wait(handle)
             bucket.buffer.div_(self.world_size)
             used = (bucket.flags > 0).tolist() if bucket.local_missing else [True] * len(bucket.slots)
             bucket.local_missing = False
@@ -499,7 +513,7 @@ class DeARExecutor(Executor):
 
     def _wait_rs(self, bucket: _Bucket) -> None:
         handle, bucket.rs = bucket.rs, None
-        handle.wait()
+        self._waits.wait(handle)
         if self.timings:
             self._record(self.timings[bucket.index], handle)
 
@@ -528,7 +542,7 @@ class DeARExecutor(Executor):
         k = bucket.index
         self._submit_ag(k + 1)  # AG(k+1) overlaps bucket k's forward
         handle, bucket.ag = bucket.ag, None
-        handle.wait()
+        self._waits.wait(handle)  # CPU: on the host; CUDA: this stream waits for AG(k)'s event, the host does not
         if self.timings:
             self._record(self.timings[len(self._buckets) + k], handle)
         bucket.buffer.div_(self.world_size)
@@ -567,9 +581,7 @@ class DeARExecutor(Executor):
 
     @staticmethod
     def _record(timing: DeARTiming, handle) -> None:
-        timing.launch_s = handle.submit_s
-        timing.start_s = handle.start_s if handle.start_s is not None else float("nan")
-        timing.end_s = handle.end_s if handle.end_s is not None else float("nan")
+        timing.fill(handle)
 
 
 # -------------------------------------------------------------------------------------------------
