@@ -10,13 +10,14 @@ from __future__ import annotations
 import argparse
 import math
 import numbers
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, make_dataclass
 from typing import Any, Sequence
 
 from repro._help import DefaultsHelpFormatter
 from repro.cost import preset
 from repro.families import get_family
 from repro.plan import WIRE_DTYPE_BYTES
+from repro.run_options import RUN_OPTIONS, check_run_options
 from repro.runs import check_run_id
 from repro.schedulers import get_scheduler, scheduler_names
 from repro.workload.catalog import MODEL_NAMES, model_info
@@ -52,12 +53,9 @@ def _opt(default: Any, help: str, **meta: Any) -> Any:
     return field(default=default, metadata={"help": help, **meta})
 
 
-_PS_OPTIONS = ("servers", "staleness", "stage1_share", "importance", "lgp")
-
-
 @dataclass
-class TrainConfig:
-    """One run. Sizes in bytes, times in seconds; ``batch_size`` is per rank."""
+class _CommonConfig:
+    """The settings every run has (:class:`TrainConfig` adds the run options of every family)."""
 
     model: str = _opt("tiny_resnet", f"model: {', '.join(MODEL_NAMES)} (`repro models` describes them)")
     scheduler: str = _opt("mgwfbp", f"gradient-exchange scheduler: {', '.join(scheduler_names())} (`repro "
@@ -69,26 +67,6 @@ class TrainConfig:
     warmup_steps: int = _opt(3, "untimed steps first (plan schedulers measure the trace in them)")
     compute_steps: int = _opt(5, "extra steps without communication: the computation-only time")
     view: str = _opt("tensor", "layer granularity of the plan", choices=VIEWS)
-    threshold_bytes: int = _opt(25 * 2**20, "bucket threshold of the threshold schedulers, bytes")
-    tuner_trials: int = _opt(10, "dear_bo: Bayesian-optimisation trials after the initial threshold")
-    tuner_min_bytes: int = _opt(2**20, "dear_bo: smallest fusion threshold the tuner tries, bytes")
-    tuner_max_bytes: int = _opt(2**28, "dear_bo: largest fusion threshold the tuner tries, bytes")
-    # Parameter-server options: None = the planner's default; refused by schedulers that do not take them.
-    servers: int | None = _opt(None, "parameter-server schedulers (ps_*, osp*): ranks 0..servers-1 serve the "
-                               "parameters, the other ranks train (default 1)", kind=int)
-    staleness: int | None = _opt(None, "ps_ssp: iterations a worker may run ahead of the slowest (default 2)",
-                                 kind=int)
-    stage1_share: float | None = _opt(None, "osp: fraction of the gradient bytes synchronised in the blocking stage "
-                                      "1, in [0, 1]; the rest goes to stage 2, overlapped with the next iteration "
-                                      "(default 0.5)", kind=float)
-    importance: str | None = _opt(None, "osp*: which layers go to stage 1 first: position (input side first; the "
-                                  "default) or magnitude (largest mean |gradient| in the warm-up)",
-                                  choices=("position", "magnitude"))
-    lgp: bool | None = _opt(None, "osp*: correct stale stage-2 parameters with the local gradient (default on; "
-                            "--no-lgp: off)", kind=bool)
-    density: float = _opt(0.001, "top-k density of the sparse schedulers (topk_*, omgs*): the fraction of "
-                          "each bucket's gradient elements a worker sends per step, k = ceil(density x "
-                          "elements), in (0, 1]; 1 sends everything (dense S-SGD)")
     wire_dtype: str | None = _opt(None, "communicate gradients in this dtype (default: the model's)",
                                   choices=tuple(WIRE_DTYPE_BYTES))
     plan: str | None = _opt(None, "execute this plan file (from `repro plan`) as it is, from the first step: no "
@@ -160,36 +138,9 @@ class TrainConfig:
             raise ValueError(f"steps must be positive, got {self.steps}")
         if self.epochs is not None and self.epochs < 1:
             raise ValueError(f"epochs must be positive, got {self.epochs}")
-        for name in _PS_OPTIONS:  # set where it does not apply: refused, never silently ignored
-            if getattr(self, name) is not None and name not in sched.planner_options:
-                takers = [n for n in scheduler_names() if name in get_scheduler(n).planner_options]
-                flag = "--lgp/--no-lgp" if name == "lgp" else "--" + name.replace("_", "-")
-                raise ValueError(f"{flag} does not apply to --scheduler {self.scheduler} (it applies to: "
-                                 f"{', '.join(takers)})")
-        if self.servers is not None and (isinstance(self.servers, bool) or not isinstance(self.servers, int)
-                                         or self.servers < 1):
-            raise ValueError(f"servers must be a positive integer, got {self.servers!r}")
-        if self.staleness is not None and (isinstance(self.staleness, bool) or not isinstance(self.staleness, int)
-                                           or self.staleness < 0):
-            raise ValueError(f"staleness must be a non-negative integer, got {self.staleness!r}")
-        if self.stage1_share is not None and (isinstance(self.stage1_share, bool)
-                                              or not isinstance(self.stage1_share, (int, float))
-                                              or not 0.0 <= self.stage1_share <= 1.0):
-            raise ValueError(f"stage1_share must be a number in [0, 1], got {self.stage1_share!r}")
-        if self.importance is not None and self.importance not in ("magnitude", "position"):
-            raise ValueError(f"unknown importance policy '{self.importance}'; choose magnitude or position")
-        if self.lgp is not None and not isinstance(self.lgp, bool):
-            raise ValueError(f"lgp must be true or false, got {self.lgp!r}")
-        if self.tuner_trials < 0:
-            raise ValueError(f"tuner_trials must not be negative, got {self.tuner_trials}")
-        if not 1 <= self.tuner_min_bytes < self.tuner_max_bytes:
-            raise ValueError(f"the tuner's range needs 1 <= tuner_min_bytes < tuner_max_bytes, got "
-                             f"{self.tuner_min_bytes} and {self.tuner_max_bytes}")
-        if self.threshold_bytes < 0:
-            raise ValueError(f"threshold_bytes must not be negative, got {self.threshold_bytes}")
-        if (isinstance(self.density, bool) or not isinstance(self.density, (int, float))
-                or not math.isfinite(self.density) or not 0 < self.density <= 1):
-            raise ValueError(f"density must be a number in (0, 1] (fraction of elements sent), got {self.density}")
+        checked = check_run_options({name: getattr(self, name) for name in RUN_OPTIONS}, sched, where="flag")
+        for name, value in checked.items():  # set where it does not apply: refused, never silently ignored
+            setattr(self, name, value)
         for name in ("lr", "momentum", "weight_decay"):
             v = getattr(self, name)
             if not math.isfinite(v) or v < 0:
@@ -274,6 +225,27 @@ class TrainConfig:
                                          f"'{self.scheduler}' ({sched.family} family) plans with; choose a "
                                          f"preset that has one or leave --network out to fit on the live group")
 
+
+
+def _option_fields() -> list[tuple[str, Any, Any]]:
+    """One field per run option of :data:`repro.run_options.RUN_OPTIONS` (declared once, by its family)."""
+    out = []
+    for option in RUN_OPTIONS.values():
+        meta: dict[str, Any] = {"help": option.help + (f" ({option.unit})" if option.unit and option.unit not in
+                                                       option.help else ""), "kind": option.kind}
+        if option.choices:
+            meta["choices"] = option.choices
+        kind = option.kind if option.default is not None else (option.kind | None)
+        out.append((option.name, kind, field(default=option.default, metadata=meta)))
+    return out
+
+
+TrainConfig = make_dataclass(
+    "TrainConfig", _option_fields(), bases=(_CommonConfig,),
+    namespace={"__module__": __name__, "__qualname__": "TrainConfig",
+               "__doc__": "One run: the common settings and every family's run options (:mod:`repro.run_options`; "
+                          "None: the planner's default). Sizes in bytes, times in seconds; ``batch_size`` is per "
+                          "rank."})
 
 
 # ---------------------------------------------------------------------------------------------
