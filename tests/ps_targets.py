@@ -255,3 +255,91 @@ def ps_suite(ctx, cases: list[dict], argvs: list[list[str]]) -> dict:
     return {"cases": (ps_server if serving else ps_worker)(ctx, cases),
             "ddp": ddp_worker(ctx, ["sgd", "adamw"], steps),
             "runs": train_runs(ctx, argvs)}
+
+
+# ---------------------------------------------------------------------------------------------
+# co-located servers through repro.distribute (tests/test_api_ps.py)
+# ---------------------------------------------------------------------------------------------
+
+#: the torch.distributed calls a co-located run is watched for (any of them would be recorded)
+RECORDED_CALLS = ("reduce", "gather", "broadcast", "all_reduce", "all_gather", "scatter", "reduce_scatter",
+                  "reduce_scatter_tensor", "all_gather_into_tensor", "isend", "irecv", "send", "recv", "barrier",
+                  "batch_isend_irecv", "all_to_all", "all_to_all_single")
+
+
+def _tensors_of(value) -> list:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return [t for v in value for t in _tensors_of(v)]
+    return []
+
+
+class RecordingDist:
+    """While entered, every call of :data:`RECORDED_CALLS` through ``torch.distributed`` is recorded
+    (op, root, and shape/dtype/device of every tensor it is handed) before it runs."""
+
+    def __init__(self) -> None:
+        self.calls: list[dict] = []
+        self._saved: dict = {}
+
+    def __enter__(self) -> "RecordingDist":
+        for name in RECORDED_CALLS:
+            fn = getattr(dist, name, None)
+            if fn is None:
+                continue
+            self._saved[name] = fn
+
+            def wrapper(*args, _fn=fn, _name=name, **kwargs):
+                tensors = _tensors_of(list(args) + list(kwargs.values()))
+                root = kwargs.get("dst", kwargs.get("src"))
+                self.calls.append({"op": _name, "root": root,
+                                   "tensors": [(tuple(t.shape), str(t.dtype), str(t.device)) for t in tensors]})
+                return _fn(*args, **kwargs)
+
+            setattr(dist, name, wrapper)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for name, fn in self._saved.items():
+            setattr(dist, name, fn)
+
+
+def colocated_runs(ctx, cases: list[dict]) -> list[dict]:
+    """Per case, on every rank (each rank trains and serves): ``repro.distribute`` with ``case["plan"]``
+    (a plan made here from the case, as :func:`make_case_plan`, with ``servers`` ranks serving) or
+    ``case["scheduler"]`` (planned online) and ``case["kwargs"]``; this rank's data is
+    :func:`batches` (rank). Returns the final (flushed) parameters, those before the flush, the
+    parameters each iteration's forward used, every recorded torch.distributed call from distribute
+    on (the online warm-up's included), the plan and the parameters' device."""
+    import repro
+
+    torch.use_deterministic_algorithms(True)
+    out = []
+    for case in cases:
+        model = make_model()
+        opt = make_optimizer(case.get("optimizer", "sgd"), model.parameters())
+        scheduler = case.get("scheduler") or make_case_plan(model, case, workers=dist.get_world_size())
+        used: list[dict] = []
+        with RecordingDist() as rec:
+            net, dopt = repro.distribute(model, opt, scheduler=scheduler, **case.get("kwargs", {}))
+            hook = net.register_forward_pre_hook(lambda m, a: used.append(_params(m)))  # after the door's hook
+            for x, y in batches(dist.get_rank(), case["steps"]):
+                dopt.zero_grad()
+                loss_of(net, x, y).backward()
+                dopt.step()
+            unflushed = _params(model)
+            dopt.flush()
+            hook.remove()
+            plan = dopt.plan
+            dopt.remove()
+        out.append({"params": _params(model), "unflushed": unflushed, "used": used, "calls": rec.calls,
+                    "plan": plan.to_dict(), "device": str(next(model.parameters()).device),
+                    "is_optimizer": isinstance(dopt, torch.optim.Optimizer)})
+    return out
+
+
+def colocated_suite(ctx, cases: list[dict], steps: int) -> dict:
+    """Everything tests/test_api_ps.py needs from one 2-rank world: the co-located cases and DDP on
+    every rank with the same data (SGD and AdamW)."""
+    return {"cases": colocated_runs(ctx, cases), "ddp": ddp_worker(ctx, ["sgd", "adamw"], steps, servers=0)}

@@ -45,9 +45,17 @@ that every worker holds the servers' model; then the first worker's buffers (e.g
 which a PS does not synchronise) are broadcast to the workers. ``remove()`` flushes and stops the
 worker's server threads.
 
-Tested on CPU with gloo only (no GPU was available to this work): the server's buffers live on its
-parameters' device, but the headers are CPU tensors and NCCL's point-to-point from several threads of
-one process is not tried; on GPU machines run the PS with ``--backend gloo``.
+**Co-located servers.** Built with ``ExecutorOptions.group`` None (the whole job trains, which is
+what :func:`repro.distribute` does), ``PSExecutor(...)`` is a
+:class:`repro.runtime.ps_colocated.ColocatedPSExecutor`: every rank trains and serves the plan's
+shard with its index, over collectives issued from the training thread in plan order (the same math;
+that module's docstring). That path is the one for NCCL.
+
+**Devices.** Headers, gradients, parameters and the calibration's ping-pong buffers all live on the
+parameters' device (headers: int64 there). The dedicated servers still serve each worker from a
+thread of its own, point to point on one communicator, which NCCL does not support (several threads
+issuing point-to-point on one communicator, in an order that depends on arrival): on the nccl
+backend they refuse to start, in one line; use the co-located servers, or gloo.
 
 :func:`calibrate` (the family's calibration hook) times ping-pongs of n bytes between server 0 and the
 first worker on the live job and fits ``push`` = ``pull`` = half the round trip (a symmetric link).
@@ -137,8 +145,17 @@ def _unflatten_from(buf: torch.Tensor, params) -> None:
             off += n
 
 
-def _header(kind: int, step: int) -> torch.Tensor:
-    return torch.tensor([kind, step], dtype=torch.int64)
+def _header(kind: int, step: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    """A ``[kind, step]`` header, int64 on ``device`` (the data's device, so a backend that moves
+    device tensors only can carry it)."""
+    return torch.tensor([kind, step], dtype=torch.int64, device=device)
+
+
+def _refuse_nccl(who: str) -> None:
+    if dist.get_backend() == "nccl":
+        raise ValueError(f"{who}: dedicated parameter servers serve each worker from its own thread, point to point on "
+                         "one communicator, which NCCL does not support; use co-located servers (repro.distribute) "
+                         "or the gloo backend")
 
 
 class PSPeerSilentError(RuntimeError):
@@ -189,10 +206,21 @@ class PSOptimizer:
 
 
 class PSExecutor(Executor):
-    """A PS worker (module docstring). Built on ranks ``servers..world-1`` with a ``"ps"`` plan."""
+    """A PS worker (module docstring). Built on ranks ``servers..world-1`` with a ``"ps"`` plan and the
+    workers' group; with no group (the whole job trains) it is a
+    :class:`~repro.runtime.ps_colocated.ColocatedPSExecutor` instead (servers co-located)."""
+
+    def __new__(cls, model: nn.Module, plan: Plan | None = None, options: ExecutorOptions | None = None,
+                *args: Any, **kwargs: Any):
+        if cls is PSExecutor and (options is None or options.group is None):
+            from repro.runtime.ps_colocated import ColocatedPSExecutor
+
+            return ColocatedPSExecutor(model, plan, options, *args, **kwargs)
+        return super().__new__(cls)
 
     def __init__(self, model: nn.Module, plan: Plan | None = None, options: ExecutorOptions | None = None) -> None:
         super().__init__(model, plan, options)
+        _refuse_nccl("PSExecutor")
         self.buckets = ps_layout(model, plan, self.options.view)
         self.servers = int(plan.option("servers"))
         self.mode = plan.option("mode")
@@ -207,6 +235,7 @@ class PSExecutor(Executor):
                              f"(ranks {self.servers}..{dist.get_world_size() - 1}: dist.new_group on every rank)")
         self.step_index = 0
         dev = self.buckets[0].params[0].device if self.buckets and self.buckets[0].params else torch.device("cpu")
+        self.device = dev
         self._push = [torch.zeros(b.numel, device=dev) for b in self.buckets]
         self._pull = [[torch.zeros(b.numel, device=dev) for b in self.buckets] for _ in range(2)]  # by step parity
         self._sends: list[Any] = []
@@ -244,7 +273,7 @@ class PSExecutor(Executor):
             _wait(w, f"worker rank {self.rank}", "a server")
         self._sends = []
         for s in range(self.servers):
-            self._sends.append(dist.isend(_header(STEP, t), dst=s, tag=_HEADER_TAG))
+            self._sends.append(dist.isend(_header(STEP, t, self.device), dst=s, tag=_HEADER_TAG))
         parity = t % 2
         self._stage1 = []
         local2 = []
@@ -301,7 +330,8 @@ class PSExecutor(Executor):
         self._broadcast_buffers()
 
     def _fetch(self) -> None:
-        sends = [dist.isend(_header(FETCH, self.step_index), dst=s, tag=_HEADER_TAG) for s in range(self.servers)]
+        sends = [dist.isend(_header(FETCH, self.step_index, self.device), dst=s, tag=_HEADER_TAG)
+                 for s in range(self.servers)]
         pending = [(b, dist.irecv(self._pull[0][b.index], src=b.server, tag=1 + b.index), self._pull[0][b.index])
                    for b in self.buckets]
         self._install(pending)
@@ -318,7 +348,8 @@ class PSExecutor(Executor):
         if self._stopped:
             return
         self.flush()
-        sends = [dist.isend(_header(STOP, self.step_index), dst=s, tag=_HEADER_TAG) for s in range(self.servers)]
+        sends = [dist.isend(_header(STOP, self.step_index, self.device), dst=s, tag=_HEADER_TAG)
+                 for s in range(self.servers)]
         for w in sends:
             _wait(w, f"worker rank {self.rank}", "a server")
         self._stopped = True
@@ -349,6 +380,7 @@ class _Server:
         self.staleness = int(plan.option("staleness", 0) or 0)
         self.buckets = [b for b in ps_layout(model, plan, view) if b.server == index]
         self.optimizer = optimizer
+        self.device = next(iter(model.parameters())).device
         self.update_lock = threading.Lock()
         self.cond = threading.Condition()
         self.aggregates: dict[tuple[int, int], _Aggregate] = {}
@@ -445,7 +477,7 @@ class _Server:
 
     def _loop(self, worker: int) -> None:
         src = self.servers + worker
-        header = torch.zeros(2, dtype=torch.int64)
+        header = torch.zeros(2, dtype=torch.int64, device=self.device)
         recv = {b.index: torch.zeros(b.numel, device=b.params[0].device) for b in self.buckets}
         own = self._own[worker]
         while True:
@@ -501,6 +533,7 @@ class _Server:
 def serve(ctx: Any, cfg: Any, model: nn.Module, optimizer: Any, plan: Plan) -> dict[str, list[dict[str, Any]]]:
     """Serve the plan's buckets of this rank (``dist.get_rank()`` < servers) until every worker stops;
     returns the tables it recorded (``server_clocks`` under SSP)."""
+    _refuse_nccl("serve")
     servers = int(plan.option("servers"))
     rank = dist.get_rank()
     workers = dist.get_world_size() - servers
@@ -527,28 +560,41 @@ def serve(ctx: Any, cfg: Any, model: nn.Module, optimizer: Any, plan: Plan) -> d
 
 def calibrate(trace, device, repeats: int, network_cost=None, servers: int = 1, **_options):
     """The PS family's calibration hook: the ``push``/``pull`` lines of a ``--network`` preset, else
-    fitted from ping-pongs of n bytes between rank 0 (a server) and rank ``servers`` (the first worker),
+    fitted from ping-pongs of n bytes (a buffer on ``device``) between rank 0 (a server) and a worker,
     4 KiB up to the model's bytes (at most 64 MiB): push = pull = half the median round trip. Every rank
-    of the job calls it and gets the same model (for N = world - servers workers)."""
+    of the job calls it and gets the same model. Dedicated servers (``servers`` < world size, as
+    ``repro train`` runs them): the worker is rank ``servers``, for N = world - servers workers.
+    Co-located servers with ``servers`` >= world size (:func:`repro.distribute`'s default): the worker
+    is rank 1, for N = world workers. (Co-located with fewer servers than ranks is fitted as the
+    dedicated case: the same link, but N = world - servers.)"""
     from repro.cost import CostModel, fit_linear
     from repro.runtime.calibrate import default_sizes_bytes
+    from repro.runtime.online import sync_device
 
     if network_cost is not None:
         network_cost.line("push")
         network_cost.line("pull")
         return network_cost
     rank, world = dist.get_rank(), dist.get_world_size()
-    first = int(servers)
+    colocated = int(servers) >= world
+    first = 1 if colocated else int(servers)
+    workers = world if colocated else world - first
+    if world < 2:
+        raise ValueError("fitting the parameter server's push/pull needs at least 2 ranks; give a network preset "
+                         "or a cost model")
+    dev = torch.device(device) if not isinstance(device, torch.device) else device
     sizes = default_sizes_bytes(min(int(trace.total_bytes), 64 * 2**20), count=6)
     halves = []
     for nbytes in sizes:
-        buf = torch.zeros(max(1, nbytes // 4))
+        buf = torch.zeros(max(1, nbytes // 4), device=dev)
         times = []
         for i in range(max(1, int(repeats)) + 1):
             if rank == first:
+                sync_device(dev)
                 t0 = time.perf_counter()
                 dist.send(buf, dst=0, tag=7)
                 dist.recv(buf, src=0, tag=7)
+                sync_device(dev)   # NCCL's recv returns at enqueue: the round trip ends on the device
                 if i:
                     times.append((time.perf_counter() - t0) / 2)
             elif rank == 0:
@@ -561,6 +607,7 @@ def calibrate(trace, device, repeats: int, network_cost=None, servers: int = 1, 
     halves = payload[0]
     line = fit_linear(sizes, halves)
     meta = {"measurements": {"push": {"bytes": list(map(int, sizes)), "seconds": halves}}}
-    return CostModel(world - first, {"push": line, "pull": line},
-                     source=f"point-to-point ping-pong between a server and a worker on the live job "
-                     f"({world - first} workers, {first} servers)", meta=meta)
+    where = (f"{world} ranks, servers co-located" if colocated else f"{workers} workers, {first} servers")
+    return CostModel(workers, {"push": line, "pull": line},
+                     source=f"point-to-point ping-pong between a server and a worker on the live job ({where})",
+                     meta=meta)

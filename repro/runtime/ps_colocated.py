@@ -1,0 +1,371 @@
+"""The parameter server co-located on the training ranks (as BytePS places its servers): every rank
+trains *and* serves the plan's shard with its own index, over collectives only.
+
+Used by :class:`repro.runtime.ps.PSExecutor` when ``ExecutorOptions.group`` is None (the whole job
+trains; this is what :func:`repro.distribute` builds), so a 2-rank job runs every PS scheduler
+(``ps_bsp``, ``ps_asp``, ``ps_ssp``, ``osp``, ``osp_auto``). Server ``s`` of a ``"ps"`` plan is rank
+``s`` (``servers`` <= world size; :func:`colocated_options` makes it the world size by default, one
+shard per rank). The owner of a bucket holds its optimizer state (the user's optimizer, stepped on
+the owner only for the owner's parameters, as a sharded optimizer: the state of the other shards
+stays empty there).
+
+**Correct on NCCL by construction.** Nothing but collectives on one process group, issued from the
+training thread only, in an order fixed by the plan and the step (never by timing or arrival), so
+every rank issues the same sequence: per step ``t``
+
+1. ``after_backward``: the lagged buckets of step ``t - 1`` (below) are finished: wait for their push,
+   the owner applies the update to its master copy, then one ``broadcast`` per lagged bucket (plan
+   order, asynchronous, into a fresh pull buffer); then one push per bucket in plan order
+   (asynchronous): ``reduce`` to the owner (sum) under BSP/OSP, ``gather`` to the owner (one
+   gradient per rank) under ASP/SSP;
+2. the optimizer's ``step()``: the fresh buckets' pushes are waited for, the owner updates, then one
+   ``broadcast`` per fresh bucket from its owner (plan order); waited for and installed;
+3. ``before_forward`` of step ``t``: the pulls due now are waited for and installed (local: no
+   collective is issued there except DDP's buffer broadcast from rank 0, as the all-reduce executor
+   does), then OSP's LGP correction.
+
+Every tensor handed to ``torch.distributed`` is a flat buffer of the bucket's parameters' dtype on
+their device; there is no header (the protocol is the plan) and no CPU tensor.
+
+**The math** (the same as the dedicated servers of :mod:`repro.runtime.ps` and their written
+references in ``tests/test_runtime_ps.py``). ``W_t``: the servers' parameters after ``t`` updates;
+N ranks. A bucket with lag ``L`` is computed on at iteration ``c`` with ``W_{max(c - L, 0)}``:
+
+- **BSP**: ``L = 0``; ``W_{t+1} = opt(W_t, (g_0 + ... + g_{N-1}) / N)`` (the owner's reduce sums; it
+  divides by N);
+- **OSP**: stage-1 buckets ``L = 0``, stage-2 buckets ``L = 1`` (their values of step t are
+  installed before the forward of step t + 2; the push and pull overlap the next iteration); with
+  LGP, the stage-2 parameters of iteration ``c >= 1`` are corrected by this rank's own last
+  gradient, ``w - lr * g_local(c - 1)`` (``lr`` of the first parameter group);
+- **ASP**: each rank's gradient is applied on its own, scaled by 1/N, one optimizer step per rank
+  in rank order; the pulls are fresh (``L = 0``). With collectives every rank joins every exchange,
+  so this is the ASP execution in which all N pushes of a round arrive (rank 0 first) before any
+  pull is answered, which equals the dedicated servers' SSP(0);
+- **SSP(s)**: ASP's update, pulls lagged by ``L = s``: iteration ``c`` computes with ``W_{c-s}``,
+  which holds every update of the iterations ``<= c - s - 1``: SSP's bound (no rank more than s
+  iterations ahead of the updates it sees), at its worst case, deterministic; the lag lets s
+  iterations of computation hide each pull.
+
+An owner updates a lagged bucket on a **master copy** (its training copy holds the stale or
+LGP-corrected values): the master is swapped into the parameters for the optimizer's step and the
+training values are restored. Only the updated parameters carry a ``.grad`` during an owner's step
+(the others' gradients are put back afterwards, so ``param.grad`` stays this rank's own gradient).
+
+``flush()`` finishes the lagged buckets of the last step and installs every pull: afterwards every
+rank holds ``W_t``, the servers' model (a collective when lagged work is pending, OSP and SSP(s > 0):
+call it on every rank, as ``optimizer.flush()``, ``model.state_dict()`` through
+:func:`repro.distribute` do). Not supported: ``torch.amp.GradScaler`` (the servers apply the pushed
+gradients; :func:`colocated_options` refuses it).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Sequence
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from repro.plan import Plan, PlanError
+from repro.runtime.buffers import broadcast_buffers
+from repro.runtime.executor import Executor, ExecutorOptions
+from repro.runtime.ps import PSTiming, _Bucket, _flatten_into, _unflatten_from, ps_layout
+
+__all__ = ["ColocatedPSExecutor", "ColocatedPSOptimizer", "colocated_options", "bucket_lag"]
+
+
+def colocated_options(plan: Plan | None, planner_options: Sequence[str], options: dict[str, Any],
+                      grad_scaler: Any, world: int) -> dict[str, Any]:
+    """The PS scheduler's options under :func:`repro.distribute` (servers co-located on its ``world``
+    ranks): ``servers`` defaults to ``world`` (one shard per rank) and may not exceed it; a GradScaler
+    is refused. Raises ValueError with one line naming the problem."""
+    if grad_scaler is not None:
+        raise ValueError("the parameter-server family does not take grad_scaler: its servers apply the optimizer to "
+                         "the pushed gradients, which a GradScaler cannot unscale or skip on every rank")
+    if plan is not None:
+        servers = int(plan.option("servers"))
+        where = "the plan's"
+    else:
+        options = dict(options)
+        if "servers" in planner_options:
+            options.setdefault("servers", world)
+        servers = options.get("servers", 1)
+        where = "servers"
+        if isinstance(servers, bool) or not isinstance(servers, int) or servers < 1:
+            raise ValueError(f"servers must be a positive integer, got {servers!r}")
+    if servers > world:
+        raise ValueError(f"{where} {servers} server(s) exceed the job's {world} rank(s): under repro.distribute the "
+                         "servers are co-located on the training ranks (server s on rank s)")
+    return options
+
+
+def bucket_lag(mode: str, stage: int, staleness: int) -> int:
+    """Iterations between a push and the forward that uses its pulled values, minus one (see the module
+    docstring): 0 = fresh (installed by the optimizer's step)."""
+    if mode == "osp":
+        return 1 if stage == 2 else 0
+    if mode == "ssp":
+        return int(staleness)
+    return 0
+
+
+def _views(flat: torch.Tensor, params: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    out, off = [], 0
+    for p in params:
+        n = p.numel()
+        out.append(flat[off:off + n].view_as(p))
+        off += n
+    return out
+
+
+class ColocatedPSOptimizer:
+    """What the loop steps: ``step()`` finishes the fresh buckets' exchange (owners update, everyone
+    installs); ``zero_grad`` passes through."""
+
+    def __init__(self, executor: "ColocatedPSExecutor", optimizer: Any) -> None:
+        self.executor = executor
+        self.optimizer = optimizer
+
+    @property
+    def param_groups(self):
+        return self.optimizer.param_groups
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.optimizer.zero_grad(set_to_none=set_to_none)
+
+    def step(self) -> None:
+        self.executor._finish_fresh()
+
+    def state_dict(self):
+        return self.optimizer.state_dict()
+
+    def load_state_dict(self, state) -> None:
+        self.optimizer.load_state_dict(state)
+
+
+class ColocatedPSExecutor(Executor):
+    """A rank that trains and serves its shard (module docstring)."""
+
+    def __init__(self, model: nn.Module, plan: Plan | None = None, options: ExecutorOptions | None = None) -> None:
+        super().__init__(model, plan, options)
+        if not (dist.is_available() and dist.is_initialized()):
+            raise ValueError("the co-located parameter server needs an initialised process group")
+        self.buckets: list[_Bucket] = ps_layout(model, plan, self.options.view)
+        self.group = self.options.group
+        self.rank, self.world = dist.get_rank(self.group), dist.get_world_size(self.group)
+        self.servers = int(plan.option("servers"))
+        if self.servers > self.world:
+            raise PlanError(f"the plan's {self.servers} server(s) exceed the job's {self.world} rank(s): co-located "
+                            "servers live on the training ranks (server s on rank s)")
+        self.mode = plan.option("mode")
+        self.staleness = int(plan.option("staleness", 0) or 0)
+        self.lgp = bool(plan.option("lgp", True)) and self.mode == "osp"
+        self.per_rank = self.mode in ("asp", "ssp")   # each rank's gradient is its own optimizer step
+        self.lag = {b.index: bucket_lag(self.mode, b.stage, self.staleness) for b in self.buckets}
+        for b in self.buckets:
+            kinds = {(p.dtype, p.device) for p in b.params}
+            if len(kinds) > 1:
+                raise PlanError(f"bucket {b.index} mixes parameter dtypes/devices {sorted(map(str, kinds))}: the "
+                                "parameter server sends one flat buffer per bucket")
+        self._owner = {b.index: self._global(b.server) for b in self.buckets}
+        self._mine = [b for b in self.buckets if b.server == self.rank]
+        self._fresh = [b for b in self.buckets if self.lag[b.index] == 0]
+        self._lagged = [b for b in self.buckets if self.lag[b.index] > 0]
+        self._push = {b.index: self._zeros(b) for b in self.buckets}
+        self._gathered = {b.index: [self._zeros(b) for _ in range(self.world)]
+                          for b in self._mine if self.per_rank}
+        self._free: dict[int, list[torch.Tensor]] = {b.index: [] for b in self.buckets}   # spare pull buffers
+        self._inflight: dict[int, tuple[int, Any]] = {}       # bucket -> (step, push work)
+        self._pulls: dict[int, list[tuple[_Bucket, Any, torch.Tensor]]] = {}  # iteration -> pulls to install
+        self._local2: list[tuple[_Bucket, torch.Tensor]] = []  # LGP: this rank's last stage-2 gradients
+        self._local_buf = {b.index: self._zeros(b) for b in self._lagged} if self.lgp else {}
+        self._scratch = {b.index: self._zeros(b) for b in self._mine if self.lag[b.index]}
+        self._optimizer: Any = None
+        self.step_index = 0
+        self.bytes_pushed = 0
+        self.bytes_pulled = 0
+        self._buffer_src = self._global(0)
+        # every rank starts from the owners' values (as DDP broadcasts rank 0's); owners keep masters
+        with torch.no_grad():
+            for b in self.buckets:
+                buf = self._take(b)
+                if self._owner[b.index] == dist.get_rank():
+                    _flatten_into(buf, b.params)
+                dist.broadcast(buf, src=self._owner[b.index], group=self.group)
+                _unflatten_from(buf, b.params)
+                self._free[b.index].append(buf)
+        self._master = {b.index: self._zeros(b) for b in self._mine if self.lag[b.index]}
+        self._resync = False
+        for b in self._mine:
+            if b.index in self._master:
+                _flatten_into(self._master[b.index], [p.detach() for p in b.params])
+
+    # ---- helpers ----
+    def _global(self, rank: int) -> int:
+        return rank if self.group is None else dist.get_global_rank(self.group, rank)
+
+    @staticmethod
+    def _zeros(b: _Bucket) -> torch.Tensor:
+        p = b.params[0]
+        return torch.zeros(b.numel, dtype=p.dtype, device=p.device)
+
+    def _take(self, b: _Bucket) -> torch.Tensor:
+        free = self._free[b.index]
+        return free.pop() if free else self._zeros(b)
+
+    def _owns(self, b: _Bucket) -> bool:
+        return b.server == self.rank
+
+    # ---- the executor contract ----
+    def wrap_optimizer(self, optimizer: Any) -> ColocatedPSOptimizer:
+        self._optimizer = optimizer
+        return ColocatedPSOptimizer(self, optimizer)
+
+    def before_forward(self) -> None:
+        broadcast_buffers(self.model, src=self._buffer_src, group=self.group)
+        c = self.step_index
+        if self._resync:  # after a flush (or a load) the parameters are the servers' model: masters follow
+            for b in self._mine:
+                if b.index in self._master:
+                    _flatten_into(self._master[b.index], [p.detach() for p in b.params])
+            self._resync = False
+        for b, work, buf in self._pulls.pop(c, []):
+            work.wait()
+            _unflatten_from(buf, b.params)
+            self._free[b.index].append(buf)
+        if self.lgp and self._local2:
+            lr = float(self._optimizer.param_groups[0]["lr"])
+            with torch.no_grad():
+                for b, grad in self._local2:
+                    for p, g in zip(b.params, _views(grad, b.params)):
+                        p.add_(g, alpha=-lr)
+            self._local2 = []
+
+    def after_backward(self) -> None:
+        t = self.step_index
+        self._finish_lagged()
+        timings = []
+        local2 = []
+        with torch.no_grad():
+            for b in self.buckets:  # plan order, the same on every rank
+                buf = self._push[b.index]
+                _flatten_into(buf, [p.grad if p.grad is not None else torch.zeros_like(p) for p in b.params])
+                if self.lgp and b.stage == 2:   # a reduce may overwrite a non-owner's input (gloo): keep a copy
+                    local = self._local_buf[b.index]
+                    local.copy_(buf)
+                    local2.append((b, local))
+                if self.options.record_timeline:
+                    timings.append(PSTiming(b.index, b.stage, b.server, buf.numel() * buf.element_size(),
+                                            time.perf_counter()))
+                owner = self._owner[b.index]
+                if self.per_rank:
+                    gather = self._gathered[b.index] if self._owns(b) else None
+                    work = dist.gather(buf, gather_list=gather, dst=owner, group=self.group, async_op=True)
+                else:
+                    work = dist.reduce(buf, dst=owner, op=dist.ReduceOp.SUM, group=self.group, async_op=True)
+                self._inflight[b.index] = (t, work)
+                self.bytes_pushed += buf.numel() * buf.element_size()
+        self._local2 = local2
+        if self.options.record_timeline:
+            self.timings = timings
+
+    def _apply(self, buckets: list[_Bucket]) -> None:
+        """The owner's update of ``buckets`` (all its own, their pushes complete): lagged ones on their
+        masters; BSP/OSP one step with the summed gradient / N, ASP/SSP one step per rank's gradient / N
+        in rank order."""
+        if not buckets:
+            return
+        if self._optimizer is None:
+            raise RuntimeError("the co-located parameter server updates with the optimizer: call "
+                               "executor.wrap_optimizer(optimizer) first")
+        lagged = [b for b in buckets if b.index in self._master]
+        with torch.no_grad():
+            for b in lagged:   # swap the master in, keep the training values
+                _flatten_into(self._scratch[b.index], b.params)
+                _unflatten_from(self._master[b.index], b.params)
+        rounds = ([[self._gathered[b.index][w] for b in buckets] for w in range(self.world)] if self.per_rank
+                  else [[self._push[b.index] for b in buckets]])
+        params = [p for g in self._optimizer.param_groups for p in g["params"]]
+        saved = [p.grad for p in params]
+        try:
+            for grads in rounds:
+                for p in params:
+                    p.grad = None
+                for b, g in zip(buckets, grads):
+                    g.div_(self.world)
+                    for p, v in zip(b.params, _views(g, b.params)):
+                        p.grad = v
+                self._optimizer.step()
+        finally:
+            for p, g in zip(params, saved):
+                p.grad = g
+        with torch.no_grad():
+            for b in lagged:
+                _flatten_into(self._master[b.index], b.params)
+                _unflatten_from(self._scratch[b.index], b.params)
+
+    def _pull(self, b: _Bucket, source: torch.Tensor | Sequence[torch.Tensor]) -> tuple[Any, torch.Tensor]:
+        """Broadcast bucket ``b``'s new values from its owner (``source``: the owner's master buffer or
+        parameters) into a pull buffer (asynchronous)."""
+        buf = self._take(b)
+        if self._owns(b):
+            with torch.no_grad():
+                if isinstance(source, torch.Tensor):
+                    buf.copy_(source)
+                else:
+                    _flatten_into(buf, [p.detach() for p in source])
+        work = dist.broadcast(buf, src=self._owner[b.index], group=self.group, async_op=True)
+        self.bytes_pulled += buf.numel() * buf.element_size()
+        return work, buf
+
+    def _finish_fresh(self) -> None:
+        """The optimizer's step: wait for the fresh pushes, owners update, broadcast, install."""
+        t = self.step_index
+        for b in self._fresh:
+            step, work = self._inflight.pop(b.index, (None, None))
+            if work is None:
+                raise RuntimeError("step() without after_backward(): the parameter server has no gradient to apply")
+            work.wait()
+        self._apply([b for b in self._fresh if self._owns(b)])
+        pulls = [(b, *self._pull(b, b.params)) for b in self._fresh]
+        for b, work, buf in pulls:
+            work.wait()
+            if not self._owns(b):
+                _unflatten_from(buf, b.params)
+            self._free[b.index].append(buf)
+        now = time.perf_counter()
+        for timing in self.timings:
+            if timing.end_s is None and self.lag[timing.bucket] == 0:
+                timing.end_s = now
+        self.step_index = t + 1
+
+    def _finish_lagged(self) -> None:
+        """Wait for the lagged pushes in flight, owners update their masters, broadcast (to be installed
+        before the forward of iteration ``t + 1 + lag``)."""
+        pending = [(b, *self._inflight.pop(b.index)) for b in self._lagged if b.index in self._inflight]
+        if not pending:
+            return
+        for _, _, work in pending:
+            work.wait()
+        self._apply([b for b, _, _ in pending if self._owns(b)])
+        for b, step, _ in pending:
+            work, buf = self._pull(b, self._master.get(b.index, b.params))
+            self._pulls.setdefault(step + 1 + self.lag[b.index], []).append((b, work, buf))
+
+    def flush(self) -> None:
+        """Finish the last step's lagged buckets and install every pull: every rank then holds the
+        servers' model. A collective when lagged work is pending (call it on every rank)."""
+        if any(b.index in self._inflight for b in self._fresh):
+            raise RuntimeError("flush() between backward and step(): call step() first")
+        self._finish_lagged()
+        for c in sorted(self._pulls):
+            for b, work, buf in self._pulls.pop(c):
+                work.wait()
+                _unflatten_from(buf, b.params)
+                self._free[b.index].append(buf)
+        self._local2 = []
+        self._resync = True
+
+    def remove(self) -> None:
+        self.flush()
