@@ -39,6 +39,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
+from repro.errors import PlanError
+
 __all__ = ["Option", "Family", "FAMILIES", "get_family", "family_names", "register_family", "resolve",
            "choice_option", "number_option"]
 
@@ -128,8 +130,6 @@ class Family:
 
     # ---- plan validation (called by Plan) ----
     def check_options(self, options: Mapping[str, Any]) -> dict[str, Any]:
-        from repro.plan import PlanError
-
         known = {o.name: o for o in self.options}
         out = {}
         for k, v in options.items():
@@ -148,8 +148,6 @@ class Family:
         return out
 
     def check_messages(self, buckets: Sequence[Any]) -> None:
-        from repro.plan import PlanError
-
         for i, b in enumerate(buckets):
             for m in b.messages:
                 if m.collective not in self.collectives:
@@ -166,8 +164,6 @@ class Family:
 
     def _run_check(self, which: str, arg: Any) -> None:
         """Call check hook ``which`` on ``arg``; its ValueError becomes a one-line PlanError."""
-        from repro.plan import PlanError
-
         check = self.hook(which)
         if check is None:
             return
@@ -334,8 +330,6 @@ def family_names() -> list[str]:
 
 
 def get_family(name: str) -> Family:
-    from repro.plan import PlanError
-
     try:
         return FAMILIES[name]
     except (KeyError, TypeError):

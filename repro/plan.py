@@ -39,6 +39,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import numpy as np
 
 from repro.cost import COLLECTIVES
+from repro.errors import PlanError
 from repro.trace import Trace
 from repro.outputs import write_output
 
@@ -47,10 +48,6 @@ __all__ = ["Message", "Bucket", "Plan", "PlanError", "PHASES", "WIRE_DTYPE_BYTES
 WIRE_DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 PHASES = ("backward", "next_forward", "background")
 DEFAULT_FAMILY = "allreduce"
-
-
-class PlanError(ValueError):
-    """A plan is malformed or does not fit the trace it is used with."""
 
 
 def _finite_number(value: Any) -> bool:
