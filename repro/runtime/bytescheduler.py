@@ -112,8 +112,8 @@ class ChunkTiming:
 
     def row(self, origin_s: float) -> dict:
         """One ``buckets.csv`` row: time stamps in seconds after ``origin_s``, ``launch_s`` as ``start_s``.
-        A chunk launched but not yet seen complete (CUDA: completions are stamped by a watcher thread)
-        is waited for first (at most 60 s; NaN after that)."""
+        On CUDA (completions stamped by a watcher thread) a chunk launched but not yet seen complete is
+        waited for first (at most 60 s; NaN after that); on a CPU its ``end_s`` is NaN until then."""
         done = self.__dict__.get("_done")
         if done is not None and self.launch_s == self.launch_s:
             done.wait(60.0)
@@ -340,8 +340,8 @@ class ByteSchedulerExecutor(Executor):
         self._data = dist.new_group()
         device = next(iter(self._layers.values())).buffer.device
         self._comm = comm if comm is not None else (CudaComm(device) if device.type == "cuda" else HostComm())
-        if isinstance(self._comm, CudaComm) and self._comm.completions is not None:
-            self._comm.completions._on_error = self._fail
+        if isinstance(self._comm, CudaComm):
+            self._comm.completions.on_error = self._fail  # a failed device wait surfaces in the main thread
         self._cond = threading.Condition()
         self._in_flight_bytes = 0      # decided or issued, not yet completed (the credit's count)
         self._buffers = any(True for _ in model.buffers())
@@ -358,8 +358,9 @@ class ByteSchedulerExecutor(Executor):
         self._found_inf_report: FoundInfReport | None = None
         self._synchronized = False  # synchronize() ran: param.grad holds this step's averaged gradient
         self.timings = [c.timing for c in self._chunks] if self.options.record_timeline else []
-        for t in self.timings:
-            t.__dict__["_done"] = threading.Event()  # set when its end_s is stamped (ChunkTiming.row waits)
+        if self._comm.on_device:  # CUDA: completions come late, from the watcher: ChunkTiming.row waits for them
+            for t in self.timings:
+                t.__dict__["_done"] = threading.Event()  # set when its end_s is stamped
         self.clock = clock_for(model, self.options.clock)
         self.grad_ready_s = self.clock.ready  # layer -> ready time, resolved when read
         self._hooks = []

@@ -280,7 +280,7 @@ class EventCompletions:
         self._stream: Any = None
         self._reference: Any = None
         self.error: BaseException | None = None
-        self._on_error = on_error
+        self.on_error = on_error
         self._closed = False
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
@@ -321,6 +321,6 @@ class EventCompletions:
                 done(self.end_time(event))
             except BaseException as e:  # noqa: BLE001 - the owner reads it (or learns it through on_error)
                 self.error = e
-                if self._on_error is not None:
-                    self._on_error(e)
+                if self.on_error is not None:
+                    self.on_error(e)
                 return
