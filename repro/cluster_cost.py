@@ -163,12 +163,17 @@ def cluster_cost_model(nodes: int, gpus_per_node: int, inter: Link | None, intra
         n, g = topo.placement(P)
     except CostModelError as e:
         raise CostModelError(f"--workers {P}: {e}") from None
+    if g == 1:  # one device per node: no intra-node hop to wait for (a ring's step is the network's)
+        intra_used = inter
+        topo = Topology(nodes, gpus_per_node, inter, inter)
+    else:
+        intra_used = intra
     if algorithm in TOPOLOGY_ALGORITHMS:
         cm = topo.cost_model(P, algorithm)
         lines = dict(cm.lines)
     else:  # a flat algorithm over the slowest link the job crosses
-        alpha = max(intra.alpha_s, inter.alpha_s) if n > 1 else intra.alpha_s
-        beta = max(intra.beta_s_per_byte, inter.beta_s_per_byte) if n > 1 else intra.beta_s_per_byte
+        alpha = max(intra_used.alpha_s, inter.alpha_s) if n > 1 else intra.alpha_s
+        beta = max(intra_used.beta_s_per_byte, inter.beta_s_per_byte) if n > 1 else intra.beta_s_per_byte
         lines = alpha_beta_lines(P, alpha, beta, 0.0, algorithm)
         p2p = inter if n > 1 else intra
         lines["push"] = lines["pull"] = Linear(p2p.alpha_s, p2p.beta_s_per_byte)
@@ -176,8 +181,10 @@ def cluster_cost_model(nodes: int, gpus_per_node: int, inter: Link | None, intra
                "algorithm": algorithm, "inter": {"alpha_s": inter.alpha_s, "beta_s_per_byte": inter.beta_s_per_byte},
                "intra": {"alpha_s": intra.alpha_s, "beta_s_per_byte": intra.beta_s_per_byte},
                "intra_default": not intra_given}
-    where = (f"inter {describe_link(inter)}, " if n > 1 else "") + \
-        f"intra {describe_link(intra)}{' (default: 10gbe-calibrated intra link)' if not intra_given else ''}"
+    parts = [f"inter {describe_link(inter)}"] if n > 1 else []
+    if g > 1:  # with one device per node the intra link carries nothing
+        parts.append(f"intra {describe_link(intra)}{' (default: 10gbe-calibrated intra link)' if not intra_given else ''}")
+    where = ", ".join(parts)
     return CostModel(P, lines, source=f"cluster {n} node(s) x {g} ({algorithm}; {where})", meta={"cluster": cluster})
 
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 import csv
 import inspect
 import io
+import logging
 import math
 import time
 from typing import Any, Mapping, Sequence
@@ -35,6 +36,8 @@ from repro.planners import PLANNER_FAMILY, PLANNERS, make_plan
 from repro.planners._budget import DEFAULT_TIME_BUDGET_S, check_time_budget
 from repro.schedulers import SCHEDULERS
 from repro.trace import Trace
+
+log = logging.getLogger(__name__)
 
 __all__ = ["BASELINE", "FIELDS", "compare", "planner_options", "format_table", "format_csv"]
 
@@ -122,6 +125,8 @@ def compare(trace: Trace, cost: CostModel, *, servers: int | None = None,
             notes = [f"not planned: {_first_line(e)}"]
         rec["note"] = "; ".join(n for n in notes if n)
         records.append(rec)
+        log.info("compare: %s %s", name, "predicted %.6g s" % rec["iteration_s"] if rec["iteration_s"] is not None
+                 else rec["note"])
     base = next((r["iteration_s"] for r in records if r["scheduler"] == BASELINE), None)
     if base is not None:
         for r in records:

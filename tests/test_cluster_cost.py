@@ -226,3 +226,15 @@ def test_a_csv_of_measurements_fits_and_bad_cells_name_the_line(tmp_path):
         with pytest.raises(CostModelError, match=message):
             fit_measurements_csv(bad)
     assert math.isfinite(cm.allreduce_s(np.float64(1e6)))
+
+
+def test_one_device_per_node_waits_only_for_the_network():
+    slow_intra = Link(1e-3, 1e-8)   # slower than the network: it must not count when no node holds two devices
+    cm = cluster_cost_model(4, 1, INTER, slow_intra, "ring")
+    assert cm.line("allreduce").a_s == pytest.approx(2 * 3 * 30e-6, rel=RTOL)
+    assert cm.line("allreduce").b_s_per_byte == pytest.approx(2 * 3 / 4 * 8 / 25e9, rel=RTOL)
+    assert cluster_cost_model(4, 1, INTER, slow_intra, "tree").line("allreduce").a_s == \
+        pytest.approx(2 * 2 * 30e-6, rel=RTOL)
+    # with two devices per node the slow intra hop is every ring step's bottleneck
+    assert cluster_cost_model(2, 2, INTER, slow_intra, "ring").line("allreduce").a_s == \
+        pytest.approx(2 * 3 * 1e-3, rel=RTOL)
