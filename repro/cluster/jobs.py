@@ -1,0 +1,447 @@
+"""Launch a paper's grid (:mod:`repro.cluster.grid`): on this node's GPUs, through SLURM, or as job scripts.
+
+Every run is one ``torchrun`` (``python -m torch.distributed.run``) of ``repro.train`` per node, built by
+:func:`torchrun_argv` with every flag spelled out, writing its run folder under ``runs_dir`` with the
+grid's run id (rank 0 writes it, so ``runs_dir`` must be one folder every node sees: a shared file system).
+Several nodes meet by c10d rendezvous (``--rdzv-backend c10d --rdzv-endpoint HEAD:PORT --rdzv-id ID``):
+the agents agree on node ranks themselves, so no node needs to know its own.
+
+Launchers (the notebooks' ``launcher`` parameter, :func:`prepare_paper_runs`):
+
+- ``"print"`` (:func:`write_job_scripts`): ``commands.txt`` (one torchrun command per run), one
+  ``<run_id>.sh`` per run (run it once on every node of an allocation; it skips a finished run and marks a
+  failed one) and ``runs.json`` (the configurations), for any scheduler;
+- ``"local"`` (:func:`launch_local_grid`): torchrun on this node's GPUs with NCCL, one run after another;
+  refused in one line, before any run starts, when a run needs more GPUs (or nodes) than this node has;
+- ``"slurm"`` (:func:`submit_slurm`): submitit (``pip install submitit``) submits one SLURM array per
+  node shape; each array task holds ``nodes`` nodes with one task per node, and that task starts torchrun
+  with the job id as the rendezvous id and the first host of the allocation as the endpoint
+  (:func:`_node_main`); :func:`wait_jobs` shows progress until every job has ended.
+
+:func:`emulate_nodes` runs one configuration as ``nodes`` torchrun agents on this machine (c10d on
+127.0.0.1, gloo on the CPU): the multi-node path, testable without a cluster.
+
+A run is launched only when it is not finished (:func:`repro.cluster.grid.run_status`); a failed launch
+leaves ``<runs_dir>/.grid/<run_id>.failed`` and is launched again next time (with ``--overwrite``, which
+replaces only what a stopped run left: a finished run is never launched).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from repro.cluster.grid import (GRID_PAPERS, Grid, RunConfig, clear_failed, count_status, load_grid, mark_failed,
+                                run_status, status_table)
+
+__all__ = ["LAUNCHERS", "GridStop", "DEFAULT_PORT", "train_argv", "torchrun_argv", "shell_command",
+           "write_job_scripts", "launch_local_grid", "emulate_nodes", "submit_slurm", "wait_jobs",
+           "local_gpu_count", "prepare_paper_runs", "pending_runs"]
+
+#: values of a notebook's ``launcher`` parameter ("" = launch nothing)
+LAUNCHERS = ("", "local", "slurm", "print")
+#: TCP port of the c10d rendezvous on the first node
+DEFAULT_PORT = 29500
+_SUBMITIT_HINT = "pip install submitit (or pip install 'repro[cluster]')"
+
+
+class GridStop(ValueError):
+    """The notebook stops here: a launch refused, or job scripts written. One line, shown as it is."""
+
+    def _render_traceback_(self) -> list[str]:  # IPython: print the line, not a traceback
+        return [f"{type(self).__name__}: {self}"]
+
+
+def pending_runs(runs: Sequence[RunConfig], runs_dir: str | Path) -> list[RunConfig]:
+    """The runs of ``runs`` that are not finished (pending or failed), in order."""
+    return [r for r in runs if run_status(runs_dir, r.run_id) != "done"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Command lines
+# ---------------------------------------------------------------------------------------------
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def train_argv(run: RunConfig, runs_dir: str | Path, *, backend: str = "nccl", device: str = "cuda") -> list[str]:
+    """``-m repro.train`` and every flag of ``run`` (model, scheduler, batch, wire dtype, its options),
+    its run id, ``--results-dir runs_dir``, ``--backend``/``--device`` and ``--overwrite --quiet``."""
+    argv = ["-m", "repro.train", "--model", str(run["model"]), "--scheduler", str(run["scheduler"]),
+            "--batch-size", str(run["batch_size"]), "--wire-dtype", str(run["wire_dtype"])]
+    for key, value in run.train_options().items():
+        if key in ("model", "scheduler", "batch_size", "wire_dtype"):
+            continue
+        if isinstance(value, bool):
+            argv.append(_flag(key) if value else _flag(f"no_{key}"))
+        else:
+            argv += [_flag(key), str(value)]
+    argv += ["--results-dir", str(runs_dir), "--run-id", run.run_id, "--backend", backend, "--device", device,
+             "--overwrite", "--quiet"]
+    return argv
+
+
+def torchrun_argv(run: RunConfig, runs_dir: str | Path, *, head: str = "$REPRO_HEAD", port: int | str = DEFAULT_PORT,
+                  rdzv_id: str | None = None, node_rank: int | str | None = None, backend: str = "nccl",
+                  device: str = "cuda", python: str | None = None) -> list[str]:
+    """The torchrun command of one node of ``run``.
+
+    One node: ``--standalone`` (a private rendezvous). Several: ``--rdzv-backend c10d --rdzv-endpoint
+    HEAD:PORT --rdzv-id ID`` (``rdzv_id`` defaults to the run id; on SLURM pass the job id), the same
+    command on every node; ``node_rank`` is optional (c10d assigns ranks; give it to pin node 0's
+    ranks to the head). ``head``/``port``/``rdzv_id`` may be shell variables (``$REPRO_HEAD``)."""
+    cmd = [python or sys.executable, "-m", "torch.distributed.run"]
+    if run.nodes == 1:
+        cmd += ["--standalone", "--nnodes", "1"]
+    else:
+        cmd += ["--nnodes", str(run.nodes), "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{head}:{port}",
+                "--rdzv-id", str(rdzv_id or run.run_id)]
+        if node_rank is not None:
+            cmd += ["--node-rank", str(node_rank)]
+    cmd += ["--nproc-per-node", str(run.procs_per_node), "--max-restarts", "0"]
+    return cmd + train_argv(run, runs_dir, backend=backend, device=device)
+
+
+_VAR = re.compile(r"\$\{?[A-Za-z_]")
+
+
+def shell_command(argv: Sequence[str]) -> str:
+    """``argv`` as one shell line: arguments quoted, except that ``$VAR`` inside one is left to expand."""
+    return " ".join(f'"{a}"' if _VAR.search(a) and '"' not in a and "`" not in a else shlex.quote(a) for a in argv)
+
+
+# ---------------------------------------------------------------------------------------------
+# launcher="print": job scripts for any scheduler
+# ---------------------------------------------------------------------------------------------
+
+_SCRIPT = """#!/usr/bin/env bash
+# {run_id}: {what}
+# Needs {nodes} node(s) x {gpn} GPU(s). Run this script once on every node of the allocation{multi}.
+# The run folder goes to {runs_dir}: every node must see that folder (a shared file system).
+set -uo pipefail
+RUNS_DIR={runs_dir_q}
+if [ -f "$RUNS_DIR/{run_id}/run.json" ]; then echo "{run_id}: finished already"; exit 0; fi
+{head_check}{cmd}
+rc=$?
+if [ "$rc" -ne 0 ]; then
+  mkdir -p "$RUNS_DIR/.grid" && echo "exit status $rc on $(hostname)" > "$RUNS_DIR/.grid/{run_id}.failed"
+fi
+exit "$rc"
+"""
+
+
+def write_job_scripts(runs: Sequence[RunConfig], runs_dir: str | Path, jobs_dir: str | Path, *,
+                      port: int = DEFAULT_PORT, python: str = "python") -> Path:
+    """Write ``commands.txt``, one ``<run_id>.sh`` per run and ``runs.json`` to ``jobs_dir``; returns it.
+
+    Multi-node scripts read the first node's host from ``REPRO_HEAD`` (and the rendezvous id from
+    ``REPRO_RDZV_ID``, default the run id): ``REPRO_HEAD=node001 bash <run_id>.sh`` on each node, or under
+    SLURM ``REPRO_HEAD=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
+    REPRO_RDZV_ID=$SLURM_JOB_ID srun --ntasks-per-node=1 bash <run_id>.sh``."""
+    import json
+
+    jobs = Path(jobs_dir)
+    jobs.mkdir(parents=True, exist_ok=True)
+    runs_dir = Path(runs_dir).resolve()
+    lines = []
+    for run in runs:
+        argv = torchrun_argv(run, runs_dir, head="${REPRO_HEAD}", port=port, rdzv_id="${REPRO_RDZV_ID:-%s}" % run.run_id,
+                             python=python)
+        cmd = shell_command(argv)
+        lines.append(cmd)
+        multi = run.nodes > 1
+        what = (f"{run['model']} batch {run['batch_size']}, {run['scheduler']}, P={run['world_size']}, "
+                f"{run['wire_dtype']} ({run['paper']} grid, experiment {run['experiment']})")
+        script = _SCRIPT.format(run_id=run.run_id, what=what, nodes=run.nodes, gpn=run.procs_per_node,
+                                multi=" with REPRO_HEAD set to the first node's host" if multi else "",
+                                runs_dir=runs_dir, runs_dir_q=shlex.quote(str(runs_dir)), cmd=cmd,
+                                head_check=(': "${REPRO_HEAD:?set REPRO_HEAD to the host name of the first node}"\n'
+                                            if multi else ""))
+        path = jobs / f"{run.run_id}.sh"
+        path.write_text(script)
+        path.chmod(0o755)
+    (jobs / "commands.txt").write_text("".join(line + "\n" for line in lines))
+    (jobs / "runs.json").write_text(json.dumps([{"run_id": r.run_id, **r.config} for r in runs], indent=1) + "\n")
+    return jobs
+
+
+# ---------------------------------------------------------------------------------------------
+# launcher="local": this node's GPUs
+# ---------------------------------------------------------------------------------------------
+
+def local_gpu_count() -> int:
+    """CUDA devices visible to this process (0 without CUDA)."""
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def _check_local(runs: Sequence[RunConfig], gpus: int) -> None:
+    for run in runs:
+        if run.nodes > 1:
+            raise GridStop(f"launcher='local' runs on this node only, but {run.run_id} needs {run.nodes} nodes x "
+                           f"{run.procs_per_node} GPUs: use launcher='slurm' or 'print'")
+        if run.processes > gpus:
+            raise GridStop(f"launcher='local' needs {run.processes} GPUs for {run.run_id} (P={run['world_size']}), "
+                           f"but this node has {gpus}: use launcher='slurm' or 'print'")
+
+
+def _log_path(logs_dir: Path, run: RunConfig, suffix: str = "") -> Path:
+    logs_dir.mkdir(parents=True, exist_ok=True)
+    return logs_dir / f"{run.run_id}{suffix}.log"
+
+
+def launch_local_grid(runs: Sequence[RunConfig], runs_dir: str | Path, logs_dir: str | Path, *,
+                      gpus: int | None = None, timeout_s: float = 7200.0) -> dict[str, int]:
+    """Run every unfinished run of ``runs`` with torchrun on this node's GPUs (NCCL), one after another.
+
+    Refused (:class:`GridStop`, one line) before any run starts when a run needs more GPUs than ``gpus``
+    (default: :func:`local_gpu_count`) or more than one node. Each run logs to ``<logs_dir>/<run_id>.log``;
+    a failed one is marked and the others go on. Returns the status counts afterwards."""
+    todo = pending_runs(runs, runs_dir)
+    _check_local(todo, local_gpu_count() if gpus is None else gpus)
+    logs = Path(logs_dir)
+    for i, run in enumerate(todo, 1):
+        print(f"[{i}/{len(todo)}] {run.run_id}", flush=True)
+        rc = _run_logged(torchrun_argv(run, runs_dir, backend="nccl", device="cuda"), _log_path(logs, run), timeout_s)
+        _record(runs_dir, run, rc, _log_path(logs, run))
+    return count_status(status_table(runs, runs_dir))
+
+
+def _run_logged(argv: Sequence[str], log: Path, timeout_s: float, env: Mapping[str, str] | None = None) -> int:
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(list(argv), stdout=out, stderr=subprocess.STDOUT, env=dict(env or os.environ),
+                                start_new_session=True)
+        try:
+            return proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            _kill(proc)
+            return 124
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    """End a torchrun agent we started and its workers (its own process group)."""
+    import signal
+
+    if proc.poll() is None:
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(timeout=15)
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            proc.wait()
+
+
+def _record(runs_dir: str | Path, run: RunConfig, rc: int, log: Path) -> None:
+    if rc == 0 and run_status(runs_dir, run.run_id) == "done":
+        clear_failed(runs_dir, run.run_id)
+    else:
+        mark_failed(runs_dir, run.run_id, f"exit status {rc}; log {log}")
+
+
+def emulate_nodes(run: RunConfig, runs_dir: str | Path, logs_dir: str | Path, *, port: int, backend: str = "gloo",
+                  device: str = "cpu", timeout_s: float = 600.0, env: Mapping[str, str] | None = None) -> int:
+    """Run ``run`` as ``run.nodes`` torchrun agents on this machine: the multi-node command of
+    :func:`torchrun_argv` with c10d rendezvous on 127.0.0.1:``port`` and ``--node-rank i`` per agent.
+
+    Returns 0 when every agent succeeded, else the first non-zero exit status; an agent that fails or
+    outlives ``timeout_s`` has its peers ended (none is left behind). Logs: ``<logs_dir>/<run_id>.node<i>.log``."""
+    logs = Path(logs_dir)
+    environ = dict(env or os.environ)
+    procs, files = [], []
+    try:
+        for i in range(run.nodes):
+            argv = torchrun_argv(run, runs_dir, head="127.0.0.1", port=port, node_rank=i, backend=backend,
+                                 device=device)
+            out = open(_log_path(logs, run, f".node{i}"), "wb")
+            files.append(out)
+            procs.append(subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=environ,
+                                          start_new_session=True))
+        deadline = time.monotonic() + timeout_s
+        rc = 0
+        while any(p.poll() is None for p in procs):
+            failed = [p.returncode for p in procs if p.returncode not in (None, 0)]
+            if failed or time.monotonic() > deadline:
+                rc = failed[0] if failed else 124
+                break
+            time.sleep(0.2)
+        rc = rc or next((p.returncode for p in procs if p.returncode), 0)
+        return rc
+    finally:
+        for p in procs:
+            _kill(p)
+        for f in files:
+            f.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# launcher="slurm": submitit
+# ---------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class _NodeTask:
+    """What one SLURM task (one per node) needs: the run, where its folder goes, how to talk."""
+
+    run: RunConfig
+    runs_dir: str
+    logs_dir: str
+    port: int
+    backend: str
+    device: str
+
+
+def _node_main(task: _NodeTask) -> int:
+    """One node of one run, inside a submitit job: torchrun with c10d rendezvous at the allocation's
+    first host, the job id as the rendezvous id; the node that fails marks the run failed."""
+    import submitit
+
+    job = submitit.JobEnvironment()
+    head = job.hostnames[0] if task.run.nodes > 1 else "127.0.0.1"
+    argv = torchrun_argv(task.run, task.runs_dir, head=head, port=task.port, rdzv_id=str(job.job_id),
+                         node_rank=job.node, backend=task.backend, device=task.device)
+    log = _log_path(Path(task.logs_dir), task.run, f".node{job.node}")
+    rc = _run_logged(argv, log, timeout_s=10 * 24 * 3600.0)  # SLURM's time limit ends it first
+    if job.node == 0 or rc != 0:
+        _record(task.runs_dir, task.run, rc, log)
+    if rc != 0:
+        raise RuntimeError(f"{task.run.run_id}: torchrun exited with status {rc} on {job.hostname} (log {log})")
+    return rc
+
+
+def _submitit():
+    try:
+        import submitit
+    except ImportError:
+        raise GridStop(f"launcher='slurm' submits through submitit, which is not installed: {_SUBMITIT_HINT}") from None
+    return submitit
+
+
+def submit_slurm(runs: Sequence[RunConfig], runs_dir: str | Path, jobs_dir: str | Path, *, executor: Any = None,
+                 port: int = DEFAULT_PORT, backend: str = "nccl", device: str = "cuda", timeout_min: int = 120,
+                 slurm_parameters: Mapping[str, Any] | None = None) -> list[Any]:
+    """Submit every unfinished run through submitit: one job array per node shape (nodes x GPUs), one
+    task per node, ``gpus_per_node`` GPUs each; returns the submitit jobs (see :func:`wait_jobs`).
+
+    ``executor``: a submitit executor (default ``submitit.AutoExecutor(folder=<jobs_dir>/submitit)``, which
+    is SLURM on a SLURM cluster; ``submitit.LocalExecutor`` runs one-node jobs on this machine).
+    ``slurm_parameters``: more ``update_parameters`` keywords (``slurm_partition``, ``slurm_account``, ...).
+    Without submitit: :class:`GridStop`, one line saying ``pip install submitit``."""
+    submitit = _submitit()
+    todo = pending_runs(runs, runs_dir)
+    if executor is None:
+        executor = submitit.AutoExecutor(folder=Path(jobs_dir) / "submitit")
+    logs = Path(jobs_dir) / "logs"
+    shapes: dict[tuple[int, int], list[RunConfig]] = {}
+    for run in todo:
+        shapes.setdefault((run.nodes, run.procs_per_node), []).append(run)
+    jobs: list[Any] = []
+    for (nodes, per_node), group in shapes.items():
+        gpus = per_node if device == "cuda" else 0
+        executor.update_parameters(nodes=nodes, tasks_per_node=1, gpus_per_node=gpus, timeout_min=timeout_min,
+                                   **dict(slurm_parameters or {}))
+        for run in group:
+            clear_failed(runs_dir, run.run_id)
+        jobs += executor.map_array(_node_main, [_NodeTask(r, str(Path(runs_dir).resolve()), str(logs.resolve()), port,
+                                                          backend, device) for r in group])
+    return jobs
+
+
+def wait_jobs(jobs: Sequence[Any], poll_s: float = 10.0, *, quiet: bool = False) -> tuple[int, int]:
+    """Wait until every submitit job has ended, with a progress bar; ``(succeeded, failed)``."""
+    from tqdm.auto import tqdm
+
+    pending = list(jobs)
+    with tqdm(total=len(pending), desc="grid runs", unit="run", disable=quiet) as bar:
+        while pending:
+            ended = [j for j in pending if j.done()]
+            for j in ended:
+                pending.remove(j)
+            bar.update(len(ended))
+            if pending:
+                time.sleep(poll_s)
+    failed = sum(1 for j in jobs if j.exception() is not None)
+    return len(jobs) - failed, failed
+
+
+# ---------------------------------------------------------------------------------------------
+# The notebooks' gate
+# ---------------------------------------------------------------------------------------------
+
+def _check_finished(grid: Grid, runs_dir: Path) -> None:
+    from repro.runs import list_runs
+
+    rows = status_table(grid, runs_dir)
+    done = sum(r["status"] == "done" for r in rows)
+    if not done:
+        raise GridStop(f"scale='paper', read_only=True: none of the {len(rows)} runs of the {grid.paper} grid has "
+                       f"finished under {runs_dir}: launch them (launcher='local', 'slurm' or 'print') or copy a "
+                       f"cluster job's run folders there")
+    models = set(grid.models())
+    foreign = sorted({str(r.config.get("model")) for r in list_runs(runs_dir)} - models)
+    if foreign:
+        raise GridStop(f"runs under {runs_dir} are not all the {grid.paper} grid's (models {', '.join(foreign)}): "
+                       "they are not drawn under a paper label; read them at scale='tiny' or move them away")
+
+
+def prepare_paper_runs(paper: str | None, *, scale: str, read_only: bool, launcher: str, runs_dir: str | Path,
+                       jobs_dir: str | Path | None = None, what: str = "") -> bool:
+    """What a measured notebook does about ``scale``; returns the ``read_only`` it goes on with.
+
+    ``scale="tiny"``: ``read_only`` as given (a ``launcher`` is refused: it launches the paper's grid).
+    ``scale="paper"``: the paper's grid (``paper``, a key of :data:`GRID_PAPERS`), never this machine's
+    tiny runs. With ``read_only`` the finished runs under ``runs_dir`` are read (refused when none of the
+    grid has finished, or when other models' runs are there); else ``launcher`` decides: ``"print"``
+    writes the job scripts to ``jobs_dir`` and stops the notebook (:class:`GridStop`, one line saying
+    where), ``"local"``/``"slurm"`` run the unfinished runs and wait, then the notebook reads them; no
+    launcher is refused in one line. ``paper=None``: the notebook has no paper grid (it measures this
+    machine), so only ``read_only`` works at paper scale; ``what`` names it in the message."""
+    if launcher not in LAUNCHERS:
+        raise GridStop(f"launcher={launcher!r} is not one of local, slurm, print (or '' for none)")
+    if scale != "paper":
+        if launcher:
+            raise GridStop(f"launcher={launcher!r} launches the paper's grid: use it with scale='paper'")
+        return read_only
+    runs_dir = Path(runs_dir)
+    if paper is None:
+        if launcher or not read_only:
+            raise GridStop(f"scale='paper': {what or 'this notebook'} measures this machine and has no paper grid; "
+                           "read a cluster's runs with read_only=True, or run it at scale='tiny'")
+        return True
+    grid = load_grid(paper)
+    if read_only:
+        if launcher:
+            raise GridStop(f"read_only=True reads finished runs and launches nothing: drop launcher={launcher!r}")
+        _check_finished(grid, runs_dir)
+        return True
+    if not launcher:
+        raise GridStop(f"scale='paper' trains the {grid.summary()}, not this machine's tiny models: set launcher to "
+                       f"'local' (this node's GPUs), 'slurm' (submitit) or 'print' (job scripts), or read finished runs "
+                       "with read_only=True")
+    jobs = Path(jobs_dir) if jobs_dir is not None else runs_dir.parent / "jobs"
+    todo = pending_runs(grid.runs, runs_dir)
+    if launcher == "print":
+        write_job_scripts(todo, runs_dir, jobs)
+        raise GridStop(f"{len(todo)} job scripts of the {grid.paper} grid ({len(grid.runs) - len(todo)} finished, "
+                       f"skipped) written to {jobs} (commands.txt, <run_id>.sh); run them, then rerun with "
+                       "read_only=True")
+    if launcher == "local":
+        launch_local_grid(todo, runs_dir, jobs / "logs")
+    else:
+        wait_jobs(submit_slurm(todo, runs_dir, jobs))
+    rows = status_table(grid, runs_dir)
+    counts = count_status(rows)
+    print(f"{grid.paper} grid: {counts['done']} of {len(rows)} runs finished, {counts['failed']} failed "
+          f"(logs under {jobs / 'logs'})")
+    _check_finished(grid, runs_dir)
+    return True
