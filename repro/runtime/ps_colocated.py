@@ -54,8 +54,15 @@ training values are restored. Only the updated parameters carry a ``.grad`` duri
 ``flush()`` finishes the lagged buckets of the last step and installs every pull: afterwards every
 rank holds ``W_t``, the servers' model (a collective when lagged work is pending, OSP and SSP(s > 0):
 call it on every rank, as ``optimizer.flush()``, ``model.state_dict()`` through
-:func:`repro.distribute` do). Not supported: ``torch.amp.GradScaler`` (the servers apply the pushed
-gradients; :func:`colocated_options` refuses it).
+:func:`repro.distribute` do).
+
+Limits: ``torch.amp.GradScaler`` is refused (:func:`colocated_options`: the servers apply the pushed
+gradients); clipping after ``optimizer.synchronize()`` changes nothing (``param.grad`` stays this
+rank's own gradient, the owners apply what was pushed); the optimizer state is sharded (each rank's
+``optimizer.state_dict()`` holds its own shard's state: save one per rank to resume); a parameter
+no rank has a gradient for is pushed as zeros (momentum and weight decay still move it, as on the
+dedicated servers). Dedicated server ranks are :mod:`repro.runtime.ps` (``repro train`` /
+``repro launch``); :func:`repro.distribute` does not start them.
 """
 
 from __future__ import annotations
