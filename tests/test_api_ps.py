@@ -39,6 +39,8 @@ CASES = {
     "ssp": {"mode": "ssp", "staleness": 2, "steps": K, "servers": 2},
     "online_bsp": {"scheduler": "ps_bsp", "steps": K, "kwargs": {"warmup_steps": 1}},
     "online_osp": {"scheduler": "osp", "steps": K, "kwargs": {"warmup_steps": 1, "stage1_share": 0.5}},
+    "online_ssp_one_server": {"scheduler": "ps_ssp", "steps": K, "kwargs": {"warmup_steps": 1, "servers": 1,
+                                                                          "staleness": 1}},
 }
 NAMES = list(CASES)
 
@@ -193,10 +195,11 @@ def test_every_rank_issues_the_same_collectives_on_device_tensors(world, name):
 
 @pytest.mark.distributed
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["online_bsp", "online_osp"])
+@pytest.mark.parametrize("name", ["online_bsp", "online_osp", "online_ssp_one_server"])
 def test_online_planning_with_colocated_servers(world, name):
     rank0, rank1 = (r[name] for r in world["ranks"])
-    assert rank0["plan"] == rank1["plan"] and rank0["plan"]["options"]["servers"] == 2
+    assert rank0["plan"] == rank1["plan"]
+    assert rank0["plan"]["options"]["servers"] == CASES[name]["kwargs"].get("servers", 2)
     assert _diff(rank0["params"], rank1["params"]) == 0.0              # the flush leaves the servers' model
     assert _diff(rank0["params"], dict(T.make_model().named_parameters())) > 1e-3
     # collectives match; the calibration's ping-pong is point to point, each send met by the peer's recv
@@ -236,3 +239,15 @@ def test_bucket_lag_follows_the_modes():
 
     assert [bucket_lag("bsp", 1, 0), bucket_lag("asp", 1, 0), bucket_lag("ssp", 1, 3)] == [0, 0, 3]
     assert [bucket_lag("osp", 1, 0), bucket_lag("osp", 2, 0)] == [0, 1]
+
+
+def test_dedicated_servers_send_headers_on_the_data_device_and_refuse_nccl(monkeypatch):
+    import torch.distributed as dist
+
+    from repro.runtime import ps
+
+    header = ps._header(ps.STEP, 7, torch.device("meta"))   # a stand-in for a GPU: any device but the CPU
+    assert header.device.type == "meta" and header.dtype == torch.int64 and header.shape == (2,)
+    monkeypatch.setattr(dist, "get_backend", lambda *a, **k: "nccl")
+    with pytest.raises(ValueError, match="NCCL does not support; use co-located servers"):
+        ps._refuse_nccl("serve")

@@ -564,9 +564,11 @@ def calibrate(trace, device, repeats: int, network_cost=None, servers: int = 1, 
     4 KiB up to the model's bytes (at most 64 MiB): push = pull = half the median round trip. Every rank
     of the job calls it and gets the same model. Dedicated servers (``servers`` < world size, as
     ``repro train`` runs them): the worker is rank ``servers``, for N = world - servers workers.
-    Co-located servers with ``servers`` >= world size (:func:`repro.distribute`'s default): the worker
-    is rank 1, for N = world workers. (Co-located with fewer servers than ranks is fitted as the
-    dedicated case: the same link, but N = world - servers.)"""
+    Co-located servers (:func:`repro.distribute`), recognised by ``servers`` >= world size (its
+    default) or by fewer than 2 ranks left to be dedicated workers (a dedicated job has at least 2):
+    the worker is rank 1 (or ``servers``), for N = world workers. (Co-located with fewer servers than
+    ranks and at least 2 ranks besides them is fitted as the dedicated case: the same link, but
+    N = world - servers.)"""
     from repro.cost import CostModel, fit_linear
     from repro.runtime.calibrate import default_sizes_bytes
     from repro.runtime.online import sync_device
@@ -576,8 +578,8 @@ def calibrate(trace, device, repeats: int, network_cost=None, servers: int = 1, 
         network_cost.line("pull")
         return network_cost
     rank, world = dist.get_rank(), dist.get_world_size()
-    colocated = int(servers) >= world
-    first = 1 if colocated else int(servers)
+    colocated = world - int(servers) < 2
+    first = int(servers) if int(servers) < world else 1
     workers = world if colocated else world - first
     if world < 2:
         raise ValueError("fitting the parameter server's push/pull needs at least 2 ranks; give a network preset "
@@ -607,7 +609,7 @@ def calibrate(trace, device, repeats: int, network_cost=None, servers: int = 1, 
     halves = payload[0]
     line = fit_linear(sizes, halves)
     meta = {"measurements": {"push": {"bytes": list(map(int, sizes)), "seconds": halves}}}
-    where = (f"{world} ranks, servers co-located" if colocated else f"{workers} workers, {first} servers")
+    where = (f"{world} ranks, {servers} server(s) co-located" if colocated else f"{workers} workers, {first} servers")
     return CostModel(workers, {"push": line, "pull": line},
                      source=f"point-to-point ping-pong between a server and a worker on the live job ({where})",
                      meta=meta)
