@@ -19,7 +19,7 @@ A grid file::
       - name: speedup
         models: {resnet152: {batch_size: 128}, densenet161: {batch_size: 64}}
         world_sizes: [1, 16]           # P: training ranks (a parameter server's ranks come on top)
-        schedulers: [wfbp, mgwfbp]
+        schedulers: [wfbp, mgwfbp]     # or a mapping: scheduler -> its own options ({ps_ssp: {staleness: 2}})
         precisions: [float32, float16] # wire dtypes (repro train --wire-dtype)
         train: {}                      # options of this experiment only (override the file's)
 
@@ -215,7 +215,11 @@ def parse_grid(data: Any, path: Path | str | None = None) -> Grid:
         if not isinstance(sizes, list) or not sizes:
             raise _fail(ew, f"world_sizes must be a non-empty list of GPU counts, got {sizes!r}")
         sizes = [_positive_int(ew, "world_sizes", p) for p in sizes]
-        schedulers = _names(ew, "schedulers", exp.get("schedulers"))
+        schedulers = exp.get("schedulers")
+        if isinstance(schedulers, dict) and schedulers:  # name -> options of that scheduler only
+            sched_opts = {k: _options(f"{ew}: schedulers.{k}", "options", v) for k, v in schedulers.items()}
+        else:
+            sched_opts = {k: {} for k in _names(ew, "schedulers", schedulers)}
         precisions = _names(ew, "precisions", exp.get("precisions", ["float32"]))
         bad = [p for p in precisions if p not in _PRECISIONS]
         if bad:
@@ -225,10 +229,10 @@ def parse_grid(data: Any, path: Path | str | None = None) -> Grid:
             mopts = _options(f"{ew}: models.{model}", "options", mopts)
             batch = _positive_int(f"{ew}: models.{model}", "batch_size", mopts.pop("batch_size", None))
             for p in sizes:
-                for sched in schedulers:
+                for sched, sopts in sched_opts.items():
                     for prec in precisions:
                         cfg = {"model": model, "scheduler": sched, "batch_size": batch, "world_size": p,
-                               "wire_dtype": prec, **options, **mopts}
+                               "wire_dtype": prec, **options, **mopts, **sopts}
                         procs = p + int(cfg.get("servers") or 0)
                         if procs > gpn and procs % gpn:
                             raise _fail(ew, f"{procs} processes ({model}, P={p}) do not fill whole nodes of "

@@ -190,7 +190,7 @@ def _check_local(runs: Sequence[RunConfig], gpus: int) -> None:
             raise GridStop(f"launcher='local' runs on this node only, but {run.run_id} needs {run.nodes} nodes x "
                            f"{run.procs_per_node} GPUs: use launcher='slurm' or 'print'")
         if run.processes > gpus:
-            raise GridStop(f"launcher='local' needs {run.processes} GPUs for {run.run_id} (P={run['world_size']}), "
+            raise GridStop(f"launcher='local' needs {run.processes} GPU(s) for {run.run_id} (P={run['world_size']}), "
                            f"but this node has {gpus}: use launcher='slurm' or 'print'")
 
 

@@ -33,6 +33,9 @@ __all__ = ["MGWFBP_BATCH_SIZES", "find_trace", "load_traces", "layer_table", "al
 # Per-GPU batch sizes of the MG-WFBP papers; vgg16 and the BERTs (DeAR's) are our choice.
 MGWFBP_BATCH_SIZES = {"resnet50": 32, "resnet152": 128, "densenet161": 64, "densenet201": 64,
                       "inception_v4": 128, "googlenet": 64, "vgg16": 32, "bert_base": 64, "bert_large": 32}
+#: the notebook's sweep at ``scale="paper"``: every model above, the journal's 4 to 2048 simulated GPUs
+PAPER_MODELS: tuple[str, ...] = tuple(MGWFBP_BATCH_SIZES)
+PAPER_WORKERS: tuple[int, ...] = tuple(2**k for k in range(2, 12))
 
 
 def find_trace(model: str, device: str = "v100-estimate", batch_size: int | None = None) -> str:

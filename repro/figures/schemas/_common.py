@@ -7,16 +7,20 @@ from typing import Annotated
 from pydantic import AfterValidator, Field
 
 from repro.calibration import COST_MODES
+from repro.cluster.jobs import LAUNCHERS
 from repro.cost import PRESETS
 from repro.figures.params import Float, Int, Name, OneOf, Str
 from repro.workload.models import MODEL_NAMES
 
-__all__ = ["SCALES", "Scale", "CostMode", "Preset", "Model", "LinkRate", "LinkRateOrLoopback", "Share", "Density",
-           "Positive", "NonNegative", "AtLeast2", "PositiveFloat", "Bytes", "estimate_gpus"]
+__all__ = ["SCALES", "Scale", "Launcher", "CostMode", "Preset", "Model", "LinkRate", "LinkRateOrLoopback", "Share",
+           "Density", "Positive", "NonNegative", "AtLeast2", "PositiveFloat", "Bytes", "estimate_gpus"]
 
 SCALES = ("tiny", "paper")
 #: ``tiny`` or ``paper`` (each notebook says what it changes)
 Scale = OneOf(SCALES)
+#: how a measured notebook at ``scale="paper"`` runs the paper's grid: "" (none), local, slurm, print
+#: (repro.cluster.jobs.LAUNCHERS)
+Launcher = OneOf(LAUNCHERS, Str)
 #: ``paper`` or ``calibrated`` (repro.calibration.COST_MODES)
 CostMode = OneOf(COST_MODES)
 #: a cost-model preset name (repro.cost.PRESETS)

@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import ClassVar
 
 from repro.figures.params import Bool, ListOf, NotebookParams, OneOf, PathParam
-from repro.figures.schemas._common import (AtLeast2, Bytes, CostMode, LinkRateOrLoopback, Model, Positive, Preset,
-                                           Scale)
+from repro.figures.schemas._common import (AtLeast2, Bytes, CostMode, Launcher, LinkRateOrLoopback, Model, Positive,
+                                           Preset, Scale)
 from repro.schedulers import SCHEDULERS
 from repro.studies import dear_sim as sim
 
@@ -40,5 +40,6 @@ class DearTrainingParams(NotebookParams):
     tuning_model: PaperModel = "bert_base"
     read_only: Bool = False
     scale: Scale = "tiny"
+    launcher: Launcher = ""
     output_dir: PathParam = "results/figures"
     results_dir: PathParam = "results/data"

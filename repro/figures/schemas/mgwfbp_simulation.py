@@ -28,7 +28,7 @@ class MgwfbpSimulationParams(NotebookParams):
     timeline_workers: AtLeast2 = 16
     hist_models: ListOf(Name, min_length=0) = ["resnet50", "bert_base"]
     cost_mode: CostMode = "paper"
-    scale: Scale = "paper"
+    scale: Scale = "tiny"
     output_dir: PathParam = "results/figures"
     results_dir: PathParam = "results/data"
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import ClassVar
 
 from repro.figures.params import Bool, ListOf, NotebookParams, OneOf, PathParam
-from repro.figures.schemas._common import Bytes, LinkRateOrLoopback, Model, Positive, Scale
+from repro.figures.schemas._common import Bytes, Launcher, LinkRateOrLoopback, Model, Positive, Scale
 from repro.schedulers import SCHEDULERS
 from repro.workload.datasets import DATASET_NAMES
 
@@ -30,5 +30,6 @@ class MgwfbpTrainingParams(NotebookParams):
     link_rate: LinkRateOrLoopback = "100mbit"
     read_only: Bool = False
     scale: Scale = "tiny"
+    launcher: Launcher = ""
     output_dir: PathParam = "results/figures"
     results_dir: PathParam = "results/data"

@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import ClassVar
 
 from repro.figures.params import ListOf, NotebookParams, PathParam, Str
-from repro.figures.schemas._common import (AtLeast2, CostMode, Density, LinkRateOrLoopback, Model, NonNegative,
-                                           Positive, PositiveFloat, Preset, Scale)
+from repro.figures.schemas._common import (AtLeast2, CostMode, Density, Launcher, LinkRateOrLoopback, Model,
+                                           NonNegative, Positive, PositiveFloat, Preset, Scale)
 
 
 class OmgsTrainingParams(NotebookParams):
@@ -34,5 +34,6 @@ class OmgsTrainingParams(NotebookParams):
     cost_mode: CostMode = "paper"
     runs_dir: Str = ""  # a cluster job's folder to read, or "": train here (the notebook resolves it)
     scale: Scale = "tiny"
+    launcher: Launcher = ""
     output_dir: PathParam = "results/figures"
     results_dir: PathParam = "results/data"

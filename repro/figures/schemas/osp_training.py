@@ -7,8 +7,8 @@ from typing import ClassVar
 from pydantic import Field
 
 from repro.figures.params import Bool, Float, ListOf, NotebookParams, OneOf, PathParam
-from repro.figures.schemas._common import (AtLeast2, CostMode, LinkRate, LinkRateOrLoopback, Model, NonNegative,
-                                           Positive, PositiveFloat, Scale, Share)
+from repro.figures.schemas._common import (AtLeast2, CostMode, Launcher, LinkRate, LinkRateOrLoopback, Model,
+                                           NonNegative, Positive, PositiveFloat, Scale, Share)
 from repro.studies.osp_sim import OSP_MODELS
 
 
@@ -37,5 +37,6 @@ class OspTrainingParams(NotebookParams):
     read_only: Bool = False
     cost_mode: CostMode = "paper"
     scale: Scale = "tiny"
+    launcher: Launcher = ""
     output_dir: PathParam = "results/figures"
     results_dir: PathParam = "results/data"
