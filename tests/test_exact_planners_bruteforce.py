@@ -109,8 +109,10 @@ def _sparse_cost(rng):
 
 
 @pytest.mark.parametrize("equal", [False, True])
-def test_omgs_optimal_matches_brute_force_with_parameter_free_and_equal_layers(equal):
-    rng = np.random.default_rng(41 + equal)
+@pytest.mark.parametrize("window", [64, 1, 2])  # 1, 2: the count bound's long-group (split) bound is used
+def test_omgs_optimal_matches_brute_force_with_parameter_free_and_equal_layers(equal, window, monkeypatch):
+    monkeypatch.setattr(sparse, "COUNT_WINDOW", window)
+    rng = np.random.default_rng(41 + equal + 2 * window)
     for _ in range(60):
         L = int(rng.integers(1, 10))
         tr, cost = _sparse_trace(rng, L, equal), _sparse_cost(rng)
@@ -122,12 +124,18 @@ def test_omgs_optimal_matches_brute_force_with_parameter_free_and_equal_layers(e
         assert plan.meta["optimal"] is True
 
 
-def test_omgs_optimal_does_not_depend_on_its_heuristic_pass(monkeypatch):
+def test_omgs_optimal_does_not_depend_on_its_rounds_or_its_bound(monkeypatch):
+    """The first round's upper bound (just above the root's bound, or far above it), the count bound
+    (used, or not: COUNT_MAX_GROUPS 0) and its window change the work, never the optimum."""
     rng = np.random.default_rng(6)
     for _ in range(8):
         tr, cost = _sparse_trace(rng, int(rng.integers(20, 40))), _sparse_cost(rng)
         got = []
-        for beam in (1, 8, 10_000):
-            monkeypatch.setattr(sparse, "BEAM", beam)
-            got.append(make_plan("omgs_optimal", tr, cost, density=0.01).meta["iteration_s"])
-        assert got[0] == pytest.approx(got[1], rel=1e-12) and got[1] == pytest.approx(got[2], rel=1e-12)
+        for step, most, window in ((1e-6, 256, 64), (1e-9, 256, 3), (0.5, 256, 64), (1e-6, 0, 64)):
+            monkeypatch.setattr(sparse, "FIRST_STEP", step)
+            monkeypatch.setattr(sparse, "COUNT_MAX_GROUPS", most)
+            monkeypatch.setattr(sparse, "COUNT_WINDOW", window)
+            plan = make_plan("omgs_optimal", tr, cost, density=0.01)
+            assert plan.meta["optimal"] is True
+            got.append(plan.meta["iteration_s"])
+        assert all(g == pytest.approx(got[0], rel=1e-12) for g in got)

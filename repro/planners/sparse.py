@@ -33,7 +33,7 @@ __all__ = ["FAMILY", "topk_layerwise", "topk_single", "omgs", "omgs_optimal", "g
 log = logging.getLogger(__name__)
 
 FAMILY = "sparse"
-BEAM = 8  # states per prefix in omgs_optimal's first, heuristic pass
+FIRST_STEP = 1e-6  # omgs_optimal's first upper bound: this far (relative) above the root's lower bound
 
 _TWO = (Message("sparse_allgather"), Message("sparse_allgather"))
 _ONE = (Message("sparse_allgather"),)
@@ -182,26 +182,29 @@ def omgs_optimal(trace: Trace, cost: CostModel, density: float = 0.001, *, pack:
     ``e``, so its top-k cannot start before ``C + t_b(e) + t_spar(p_e)``: ``M`` is raised to that (no
     future changes). (2) When ``M >= C + t_b(rest) + t_spar(rest merged)`` the communication stream
     can never again wait for the compute stream, so ``C`` no longer matters and is lowered to the least
-    value any grouping can have there. (3) States whose lower bound (:class:`_GroupsBound`: for m more
-    groups the communication stream needs ``M + m t_c0 + t_c1 k(rest)``, the compute stream
-    ``C + t_b(rest) + max(sum of per-layer t_spar, m t_spar(rest / m)) + t_c(layer 0)`` -- t_spar is convex
-    and superadditive, t_c affine in k -- minimised over m) exceeds the search's upper bound are
-    dropped. (4) A state stops starting groups once ``max(max(M, C') + t_c(rest from e),
-    C' + t_b(rest) + per-layer t_spar(rest) + t_c(layer 0))`` for its group ``[e, f)`` exceeds the upper
-    bound (it only grows with f). (5) A state at ``e`` also stops when a state made at ``f - 1`` has
-    ``C'`` and ``max(M, C')`` no larger for the group ending at f: the difference in ``C'`` only grows
-    with the end (t_spar is convex), so every later group from the older state is dominated.
+    value any grouping can have there. (3) States whose lower bound exceeds the search's upper bound
+    are dropped. The bound is :class:`_CountBound` (a backward table over the number of groups left:
+    each group costs an all-gather start-up, so the communication the rest needs is nearly fixed by
+    how many groups it has, and the least compute-side end for each count is a one-dimensional
+    recursion) where fewer than :data:`COUNT_MAX_GROUPS` groups fit under the upper bound, else
+    :class:`_GroupsBound` (for m more groups the communication stream needs ``M + m t_c0 + t_c1
+    k(rest)``, the compute stream ``C + t_b(rest) + max(sum of per-layer t_spar, m t_spar(rest / m)) +
+    t_c(layer 0)`` -- t_spar is convex and superadditive, t_c affine in k -- minimised over m). (4) A
+    state stops starting groups once ``max(max(M, C') + t_c(rest from e), C' + t_b(rest) + per-layer
+    t_spar(rest) + t_c(layer 0))`` for its group ``[e, f)`` exceeds the upper bound (it only grows
+    with f). (5) A state at ``e`` also stops when a state made at ``f - 1`` has ``C'`` and ``max(M,
+    C')`` no larger for the group ending at f: the difference in ``C'`` only grows with the end
+    (t_spar is convex), so every later group from the older state is dominated.
 
-    The incumbent is the best simple plan (layer-wise, single, the OMGS rule), then the result of a
-    first, heuristic pass of the same search keeping only :data:`BEAM` states per prefix when better.
-    The upper bound then rises in rounds: first 1% above the root's lower bound (3), doubling the
+    The incumbent is the best simple plan (layer-wise, single, the OMGS rule). The upper bound rises
+    in rounds: first :data:`FIRST_STEP` (relative) above the root's lower bound, four times the
     margin while a round finds no grouping (which proves the optimum is above it), up to the
-    incumbent. A round that finds a grouping has found the optimum. Every extension step is one
-    numpy pass over the active states. Where the top-k's superadditivity and the start-ups trade off
-    over hundreds of layers (communication-bound, e.g. P = 16) the fronts stay large:
-    ``benchmarks/bench_planners.py`` prints times (random traces, 1000 layers: about 0.5 s at P = 2,
-    about a minute at P = 16, where the default budget returns the heuristic pass's plan with a
-    proven gap under 0.5%).
+    incumbent. A round that finds a grouping has found the optimum (nothing at or below its upper
+    bound was dropped). Every extension step is one numpy pass over the active states. The bounds are
+    tight on random traces (the count bound about 1e-5 relative below the optimum at P = 16, the
+    groups bound about 1e-6 at P = 2), so the first rounds keep few states: random traces of 1000
+    layers take about 0.3 s of CPU at P = 2 and at P = 16 (``benchmarks/bench_planners.py``; before
+    the count bound, P = 16 took about a minute, since some 0.4% of slack let huge fronts survive).
 
     ``time_budget_s`` (seconds of wall clock, default 10; finite and positive) bounds the search: when
     it runs out first, the incumbent (never worse than the published OMGS rule, nor layer-wise or
@@ -228,18 +231,13 @@ def omgs_optimal(trace: Trace, cost: CostModel, density: float = 0.001, *, pack:
     spar_rest = np.atleast_1d(c.spar_s(cumP[L] - cumP))
     groups_bound = _GroupsBound(c, cumP, cumT, cumS, min_comm, pB)
     fresh = lambda x: (x - fixed) * (1 + 1e-9) + 1e-15  # noqa: E731  (an upper bound on M, with slack)
+    counted = _CountBound(c, cumP, cumT, cumS, pB, fresh(incumbent))
+    if counted.usable:
+        groups_bound = counted
     root = float(groups_bound(np.zeros(1), np.zeros(1), 0)[0])  # a lower bound on every grouping's M
     proven = root + fixed   # no grouping is faster (raised by every round that finds none)
     best_plan = simple
-    # a heuristic first pass (BEAM states per prefix) for a close incumbent: tighter pruning after it,
-    # and the plan returned if the budget runs out
-    out = _omgs_round(L, fresh(incumbent), c, cumP, cumT, cumS, sparB, tbB, comm_rest, spar_rest, min_comm,
-                      groups_bound, search, incumbent, proven, fixed, beam=BEAM)
-    if out[0] == "found":
-        beamed = _plan(trace, _groups_of(out[1], L), cost, "omgs_optimal", density, pack)
-        if float(beamed.meta["iteration_s"]) < incumbent:
-            best_plan, incumbent = beamed, float(beamed.meta["iteration_s"])
-    step = 0.01
+    step = FIRST_STEP
     while True:  # rounds of the search, under upper bounds rising to the incumbent (see the docstring)
         target = min(incumbent, proven * (1 + step))
         out = _omgs_round(L, fresh(target), c, cumP, cumT, cumS, sparB, tbB, comm_rest, spar_rest, min_comm,
@@ -254,7 +252,7 @@ def omgs_optimal(trace: Trace, cost: CostModel, density: float = 0.001, *, pack:
         if target >= incumbent:  # cannot happen: the incumbent is itself a contiguous grouping
             raise RuntimeError("omgs_optimal found no grouping within the bound (please report this)")
         proven = max(proven, target)
-        step *= 2
+        step *= 4
     plan = _plan(trace, _groups_of(cuts, L), cost, "omgs_optimal", density, pack)
     search.record(plan.meta, float(plan.meta["iteration_s"]), None, L)
     return plan
@@ -311,11 +309,101 @@ class _GroupsBound:
         return np.minimum(cand_x, cand_y)
 
 
+COUNT_WINDOW = 64   # group lengths the count bound evaluates one by one (longer ones: one split bound)
+COUNT_MAX_GROUPS = 256  # the count bound is skipped when more groups than this fit under the upper bound
+
+
+class _CountBound:
+    """A lower bound on the final ``M`` of every completion of states ``(C, M)`` after prefix ``f``
+    that keeps track of how many groups the rest is cut into -- the bound that makes the search small
+    where communication dominates (about 0.001% below the optimum on random 1000-layer traces at
+    P = 16, where :class:`_GroupsBound` is 0.4% below).
+
+    The rest's value from a state is ``C + F(f, M - C)`` (the recursion only depends on ``M - C``
+    past ``C``); a grouping of the rest with first group ``[f, g)`` (compute ``p1``, communication
+    ``p2``) followed by a grouping of ``g..L`` that ends its compute ``A`` after its start and needs
+    ``B`` seconds of communication ends at ``max(C + p1 + max(A, p2 + B), M + p2 + B)``. A group with
+    parameters costs at least ``t_c0 + t_c1 k`` with ``k >= density x elements`` (``t_c`` is affine in
+    k), so a rest cut into m groups with parameters needs ``B >= Bm(f, m) = m t_c0 + t_c1 density
+    (elements of the rest)``. The table ``G(f, m) = min_g p1(f, g) + max(G(g, m'), p2(f, g) + Bm(g,
+    m'))`` (``m' = m - 1``, or m when the group has no parameters; ``G(L, 0) = 0``) is at most the
+    ``A`` of every grouping of the rest into m groups with parameters, by induction from the output
+    side, since the right side is non-decreasing in A and B. So the final ``M >= min_m max(C + G(f, m), M + Bm(f, m))``:
+    this is :meth:`__call__`. Exact up to the rounding of k (under ``t_c1`` per group).
+
+    Groups ``[f, g)`` up to :data:`COUNT_WINDOW` layers long are evaluated one by one; every longer
+    one is covered at once by splitting it at ``h = f + COUNT_WINDOW``: ``p1(f, g) >= p1(f, h) +
+    p1(h, g)`` (t_b adds up, t_spar is convex with ``t_spar(0) = 0``, so superadditive) and ``p2(f, g)
+    >= p2(h, g)`` (more elements, no fewer values), so its value is at least ``p1(f, h) + G(h, m)``
+    (the same count m: ``G(h, m)`` is at most the value of ``[h, g)`` followed by the same rest, also
+    when ``[h, g)`` has no elements, as G is a running minimum over m); and at least ``p1(f, h) +
+    Bm(f, m)`` (``p2(f, g) + Bm(g, m - 1) >= Bm(f, m)``). ``G`` is
+    stored as its running minimum over m (a pair with more groups and no smaller A never gives a
+    smaller bound, and a lower table only lowers the bound). A count m with ``Bm(0, m)`` above the
+    search's upper bound ``upper`` (on M) can never be within it (the communication stream alone
+    needs ``(groups before + m) t_c0 + t_c1 density (all elements)``), so counts stop there; with more
+    than :data:`COUNT_MAX_GROUPS` the bound is not built (:attr:`usable` False). Tables are floats;
+    ``G`` and ``Bm`` are lowered by a relative 1e-10 so that rounding cannot lift the bound above a
+    grouping's value."""
+
+    def __init__(self, c: SparseCosts, cumP, cumT, cumS, params, upper: float) -> None:
+        L = self.L = len(cumP) - 1
+        line = c.cost.line("sparse_allgather")
+        per_k = line.b_s_per_byte * c.cost.workers * (c.value_bytes + INDEX_BYTES)
+        start = line.a_s * (1 if c.pack else 2)
+        rest = cumP[L] - cumP
+        need = per_k * c.density * rest[0] * (1 - 1e-9)
+        self.usable = start > 0 and (upper - need) / start < COUNT_MAX_GROUPS
+        if not self.usable:
+            return
+        MM = int(min(max((upper - need) / start, 0.0), np.count_nonzero(np.asarray(params) > 0))) + 1
+        m = np.arange(MM + 1, dtype=float)
+        # Bm[f, m]; the 1e-9 per group as _GroupsBound: k >= density x elements - 1e-9
+        Bm = m[None, :] * start + per_k * np.maximum(c.density * rest[:, None] - m[None, :] * 1e-9, 0.0)
+        spar, comm = c.fast()
+        G = np.full((L + 1, MM + 1), np.inf)
+        G[L, 0] = 0.0
+        G[L] = np.minimum.accumulate(G[L])
+        nonzero_after = np.searchsorted(cumP, cumP, side="right")  # first g with elements in [f, g)
+        for f in range(L - 1, -1, -1):
+            # groups [f, g) one by one up to COUNT_WINDOW layers (and up to the first with elements)
+            top = min(L, max(f + COUNT_WINDOW, int(nonzero_after[f])))
+            gs = np.arange(f + 1, top + 1)
+            d = cumP[gs] - cumP[f]
+            p1 = (cumT[gs] - cumT[f]) + spar(d)
+            p2 = comm(d)
+            z = int(nonzero_after[f])  # groups [f, g) with g < z have no elements: no message, same count
+            row = np.full(MM + 1, np.inf)
+            if z <= top:
+                k = z - f - 1
+                row[1:] = np.min(p1[k:, None] + np.maximum(G[z:top + 1, :-1], p2[k:, None] + Bm[z:top + 1, :-1]),
+                                 axis=0)
+            if z > f + 1:
+                k = min(z, top + 1) - f - 1
+                row = np.minimum(row, np.min(p1[:k, None] + np.maximum(G[f + 1:f + 1 + k], Bm[f + 1:f + 1 + k]),
+                                             axis=0))
+            if top < L:  # every longer group [f, g), g > top (it has elements), split at top: the docstring
+                row = np.minimum(row, float(p1[-1]) + np.maximum(G[top], Bm[f]))
+            G[f] = np.minimum.accumulate(row)
+        slack = 1 - 1e-10
+        self.G, self.Bm = G * slack, Bm * slack
+        self.D = self.Bm - self.G  # non-decreasing in m: Bm grows, G does not
+        self.root = float(self(np.zeros(1), np.zeros(1), 0)[0])
+
+    def __call__(self, C: np.ndarray, M: np.ndarray, f: int) -> np.ndarray:
+        G, B, D = self.G[f], self.Bm[f], self.D[f]
+        k = np.searchsorted(D, C - M, side="left")  # first m where the communication side is the larger
+        R = len(D)
+        at, before = np.minimum(k, R - 1), np.maximum(k - 1, 0)
+        cand_x = np.where(k < R, np.maximum(C + G[at], M + B[at]), np.inf)
+        cand_y = np.where(k > 0, np.maximum(C + G[before], M + B[before]), np.inf)
+        return np.minimum(cand_x, cand_y)
+
+
 def _omgs_round(L, upper, c, cumP, cumT, cumS, sparB, tbB, comm_rest, spar_rest, min_comm, groups_bound,
-                search, incumbent, proven, fixed, beam=None):
+                search, incumbent, proven, fixed):
     """One search under ``upper`` (on M): ``("found", cuts)``, ``("none",)`` when no grouping has
-    ``M <= upper``, or ``("stopped", bound_s, done)`` when the budget ran out. With ``beam``, each
-    prefix keeps only the ``beam`` states of least lower bound (a heuristic pass)."""
+    ``M <= upper``, or ``("stopped", bound_s, done)`` when the budget ran out."""
     spar_f, comm_f = c.fast()
     cap = 1024
     E = np.zeros(cap, dtype=np.int64)
@@ -368,8 +456,6 @@ def _omgs_round(L, upper, c, cumP, cumT, cumS, sparB, tbB, comm_rest, spar_rest,
             Mo = M2[order]
             prev_min = np.concatenate([[np.inf], np.minimum.accumulate(Mo)[:-1]])
             front = order[Mo < prev_min]
-            if beam is not None and front.size > beam:
-                front = front[np.argsort(groups_bound(C2[front], M2[front], f), kind="stable")[:beam]]
             if n + front.size > cap:
                 cap = max(2 * cap, n + front.size)
                 E, Cs, Ms, parent = (np.resize(a, cap) for a in (E, Cs, Ms, parent))
