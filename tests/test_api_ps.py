@@ -251,3 +251,63 @@ def test_dedicated_servers_send_headers_on_the_data_device_and_refuse_nccl(monke
     monkeypatch.setattr(dist, "get_backend", lambda *a, **k: "nccl")
     with pytest.raises(ValueError, match="NCCL does not support; use co-located servers"):
         ps._refuse_nccl("serve")
+
+
+# ---------------------------------------------------------------------------------------------
+# one rank on a device: NCCL on a GPU (pytest -m gpu), the same body on the CPU with gloo
+# ---------------------------------------------------------------------------------------------
+
+def colocated_on_one_rank(device: torch.device, steps: int = 4) -> dict:
+    """BSP and OSP (share 0.5, LGP) through distribute on a process group of one on ``device``: the
+    largest difference of BSP from plain SGD on the same device and data (a reduce of one rank and a
+    broadcast from itself change nothing: the same kernels, so equal up to the grouping of a
+    multi-tensor update), and the dtype/device of every tensor handed to torch.distributed."""
+    import repro
+
+    data = [(x.to(device), y.to(device)) for x, y in T.batches(0, steps)]
+    out = {}
+    for case in ({"mode": "bsp", "servers": 1}, {"mode": "osp", "share": 0.5, "lgp": True, "servers": 1}):
+        model = T.make_model().to(device)
+        opt = T.make_optimizer("sgd", model.parameters())
+        with T.RecordingDist() as rec:
+            net, dopt = repro.distribute(model, opt, scheduler=T.make_case_plan(T.make_model(), case))
+            for x, y in data:
+                dopt.zero_grad()
+                T.loss_of(net, x, y).backward()
+                dopt.step()
+            dopt.flush()
+            dopt.remove()
+        ref = T.make_model().to(device)
+        ref_opt = T.make_optimizer("sgd", ref.parameters())
+        for x, y in data:
+            ref_opt.zero_grad()
+            T.loss_of(ref, x, y).backward()
+            ref_opt.step()
+        diff = max(float((p.detach() - q.detach()).abs().max()) for p, q in zip(model.parameters(), ref.parameters()))
+        out[case["mode"]] = {"diff": diff, "kinds": {(dtype, dev) for c in rec.calls for _, dtype, dev in c["tensors"]},
+                             "ops": {c["op"] for c in rec.calls}, "finite": all(bool(torch.isfinite(p).all())
+                                                                              for p in model.parameters())}
+    return out
+
+
+def _check_one_rank(out: dict, device: torch.device) -> None:
+    want = {("torch.float32", str(device))}
+    assert out["bsp"]["diff"] < 1e-6 and out["bsp"]["kinds"] == want and out["bsp"]["ops"] == {"reduce", "broadcast"}
+    assert out["osp"]["finite"] and out["osp"]["kinds"] == want and out["osp"]["diff"] > 1e-5  # stale: not SGD
+
+
+@pytest.mark.distributed
+def test_colocated_on_a_gloo_group_of_one(tmp_path):
+    from tests.test_gpu import one_rank
+
+    with one_rank("gloo", torch.device("cpu"), tmp_path / "store"):
+        _check_one_rank(colocated_on_one_rank(torch.device("cpu")), torch.device("cpu"))
+
+
+@pytest.mark.gpu
+@pytest.mark.distributed
+def test_colocated_on_an_nccl_group_of_one(tmp_path):
+    from tests.test_gpu import CUDA, one_rank
+
+    with one_rank("nccl", CUDA, tmp_path / "store"):
+        _check_one_rank(colocated_on_one_rank(CUDA), CUDA)
