@@ -29,7 +29,7 @@ import warnings
 import numpy as np
 import pandas as pd
 
-from repro.cost import preset
+from repro.presets import preset
 from repro.planners import make_plan
 from repro.trace import load_trace
 

@@ -37,7 +37,8 @@ import pandas as pd
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_planners import random_trace  # noqa: E402
 
-from repro.cost import CostModel, Linear, preset  # noqa: E402
+from repro.cost import CostModel, Linear
+from repro.presets import preset
 from repro.planners import make_plan  # noqa: E402
 from repro.studies import omgs_sim  # noqa: E402
 

@@ -24,7 +24,7 @@ import time
 import numpy as np
 import pandas as pd
 
-from repro.cost import preset
+from repro.presets import preset
 from repro.planners import make_plan, planner_names
 from repro.sim import simulate
 from repro.studies import mgwfbp_sim as study

@@ -62,7 +62,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from repro.cost import CostModel, preset
+from repro.cost import CostModel
+from repro.presets import preset
 from repro.plan import Plan
 from repro.runtime.executor import Executor, ExecutorOptions, FoundInfReport, ScaledStep, scaled_step
 from repro.runtime.online import StepTimes, grad_abs_mean, measured_trace, plan_online, sync_device

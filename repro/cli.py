@@ -18,7 +18,8 @@ from typing import Sequence
 
 from repro._help import DefaultsHelpFormatter
 from repro.outputs import OutputPathError, check_output, write_output
-from repro.cost import CostModel, CostModelError, PRESETS, preset, preset_names, preset_workers
+from repro.cost import CostModel, CostModelError
+from repro.presets import PRESETS, preset, preset_names, preset_workers
 from repro.plan import WIRE_DTYPE_BYTES, Plan, PlanError
 from repro.trace import TraceError, load_trace
 

@@ -47,8 +47,8 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from repro.cost import (ALGORITHMS, COLLECTIVES, CostModel, CostModelError, Linear, alpha_beta_lines, fit_linear,
-                        preset, preset_names, relative_errors)
+from repro.cost import ALGORITHMS, COLLECTIVES, CostModel, CostModelError, Linear, alpha_beta_lines, fit_linear, relative_errors
+from repro.presets import preset, preset_names
 from repro.topology import TOPOLOGY_ALGORITHMS, Link, Topology
 
 __all__ = [

@@ -19,7 +19,8 @@ the sparse simulator need beside the all-gather line, so it travels with the cos
 Models come from (a) direct fitted lines (:meth:`CostModel.linear`), (b) per-hop alpha, beta,
 gamma and a collective algorithm (:meth:`CostModel.from_alpha_beta`), (c) least squares over
 measured (bytes, seconds) pairs (:func:`fit_linear`, :meth:`CostModel.fit`), (d) named presets
-holding published fits (:func:`preset`). This module never imports torch.
+holding published fits (:func:`repro.presets.preset`, a module above this one). This module never
+imports torch.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from repro.outputs import write_output
 __all__ = [
     "COLLECTIVES", "ALGORITHMS", "Linear", "CostModel", "CostModelError", "fit_linear", "relative_errors",
     "fit_topk_gamma", "topk_time_s",
-    "alpha_beta_lines", "preset", "PRESETS", "preset_names", "preset_workers", "is_calibrated_preset",
+    "alpha_beta_lines", "check_workers",
 ]
 
 COLLECTIVES = ("allreduce", "reduce_scatter", "allgather", "sparse_allgather", "push", "pull")
@@ -154,7 +155,7 @@ def alpha_beta_lines(workers: int, alpha_s: float, beta_s_per_byte: float,
     worker to (from) a parameter server over one link, ``alpha + beta * n``: the parameter-server
     simulator (:mod:`repro.sim.ps`) queues the P workers' messages on the server's link itself.
     """
-    _check_workers(workers)
+    check_workers(workers)
     if algorithm not in ALGORITHMS:
         raise CostModelError(f"unknown algorithm '{algorithm}'; choose one of {', '.join(ALGORITHMS)}")
     P = workers
@@ -193,7 +194,7 @@ class CostModel:
     realism: Realism | None = None
 
     def __post_init__(self) -> None:
-        _check_workers(self.workers)
+        check_workers(self.workers)
         if self.realism is not None and not isinstance(self.realism, Realism):
             raise CostModelError(f"realism must be a repro.realism.Realism, got {type(self.realism).__name__}")
         g = self.topk_gamma_s
@@ -375,132 +376,7 @@ class CostModel:
             raise CostModelError(f"{p}: {e}") from None
 
 
-def _check_workers(workers: int) -> None:
+def check_workers(workers: int) -> None:
+    """A worker count a cost model can be made for (an integer >= 2), else CostModelError."""
     if not isinstance(workers, (int, np.integer)) or isinstance(workers, bool) or workers < 2:
         raise CostModelError(f"number of workers must be an integer >= 2, got {workers!r}")
-
-
-# --------------------------------------------------------------------------------------------
-# Presets: published numbers (see ../shared/papers/*.md). Two shapes: a table of fitted all-reduce
-# (or all-gather) lines per P, or per-hop constants valid for any P.
-# --------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class _TablePreset:
-    collective: str
-    table: Mapping[int, tuple[float, float]]
-    doc: str
-    topk_gamma_s: float | None = None
-    # Also give reduce-scatter and all-gather lines, each half the all-reduce line: a ring all-reduce
-    # is a reduce-scatter then an all-gather of (P-1) alpha + (P-1)/P n beta each (dear.md).
-    ring_halves: bool = False
-
-
-@dataclass(frozen=True)
-class _HopPreset:
-    alpha_s: float
-    beta_s_per_byte: float
-    gamma_s_per_byte: float
-    algorithm: str
-    doc: str
-
-
-_V100_INTRA = {2: (2.555e-6, 9.838e-11), 4: (4.204e-5, 2.059e-10)}
-
-# Per-hop constants derived from the P=16 fits by inverting the ring formulas
-# (a = 2(P-1) alpha, b = 2(P-1)/P beta). Our interpretation, labelled "derived" in the name.
-_IB16_A, _IB16_B = 2.358e-4, 4.059e-10
-_E16_A, _E16_B = 9.081e-4, 7.396e-10
-# The same inversion of the DeAR authors' 64-worker fits (a = 2*63 alpha, b = 2*63/64 beta).
-_D64E_A, _D64E_B = 7.04e-3, 9.64e-10
-_D64I_A, _D64I_B = 8.06e-4, 5.89e-10
-
-PRESETS: dict[str, _TablePreset | _HopPreset] = {
-    "10gbe-v100": _TablePreset("allreduce", {**_V100_INTRA, 8: (5.230e-4, 8.571e-10), 16: (9.081e-4, 7.396e-10)},
-                               "MG-WFBP (TPDS 2021) PyTorch version: fitted NCCL all-reduce, 4 nodes x 4 V100, 10GbE"),
-    "56gbib-v100": _TablePreset("allreduce", {**_V100_INTRA, 8: (9.754e-5, 3.057e-10), 16: (2.358e-4, 4.059e-10)},
-                                "MG-WFBP (TPDS 2021) PyTorch version: fitted NCCL all-reduce, 4 nodes x 4 V100, 56Gb InfiniBand"),
-    "10gbe-dear64": _TablePreset("allreduce", {64: (7.04e-3, 9.64e-10)},
-                                 "All-reduce fit for 64 workers on 10GbE used by the DeAR authors (mgwfbp.md); "
-                                 "reduce-scatter and all-gather each half of it (ring)", ring_halves=True),
-    "56gbib-dear64": _TablePreset("allreduce", {64: (8.06e-4, 5.89e-10)},
-                                  "All-reduce fit for 64 workers on InfiniBand used by the DeAR authors (their "
-                                  "constants are labelled 56Gb IB; the DeAR paper's testbed is 100Gb IB); "
-                                  "reduce-scatter and all-gather each half of it (ring)", ring_halves=True),
-    "1gbe-allgather": _TablePreset("sparse_allgather", {2: (1.6e-3, 1.0e-8), 4: (2.7e-3, 1.3e-8),
-                                                        8: (4.0e-3, 1.5e-8), 16: (1.1e-2, 1.7e-8)},
-                                   "OMGS-SGD (INFOCOM 2020): fitted all-gather, P102-100 GPUs, 1GbE; with the "
-                                   "published top-k fit gamma = 2.19e-10 s (P102-100, density 0.001)",
-                                   topk_gamma_s=2.19e-10),
-    "10gbe-k80": _HopPreset(45.25e-6, 1.2 / (9e9 / 8), 160 / 64e9, "ring",
-                            "MG-WFBP (INFOCOM 2019) simulator: alpha 45.25 us/hop, 9 Gbit/s (beta = 1.2/B), "
-                            "gamma = 160/64e9 s/byte, ring all-reduce"),
-    "56gbib-derived": _HopPreset(_IB16_A / 30, _IB16_B * 16 / 30, 0.0, "ring",
-                                 "ring alpha/beta derived from the MG-WFBP 56Gb IB fit at P=16 (our interpretation)"),
-    "10gbe-derived": _HopPreset(_E16_A / 30, _E16_B * 16 / 30, 0.0, "ring",
-                                "ring alpha/beta derived from the MG-WFBP 10GbE fit at P=16 (our interpretation)"),
-    "10gbe-dear-derived": _HopPreset(_D64E_A / 126, _D64E_B * 64 / 126, 0.0, "ring",
-                                     "ring alpha/beta derived from the DeAR authors' 10GbE fit at P=64 (our "
-                                     "interpretation; any P, reduce-scatter and all-gather are the ring halves)"),
-    "56gbib-dear-derived": _HopPreset(_D64I_A / 126, _D64I_B * 64 / 126, 0.0, "ring",
-                                      "ring alpha/beta derived from the DeAR authors' InfiniBand fit at P=64 (our "
-                                      "interpretation; their constants say 56Gb IB, the paper's testbed 100Gb IB)"),
-}
-
-
-def _calibrated() -> dict[str, Any]:
-    """The shipped calibrated presets (repro.calibration; imported late: it imports this module)."""
-    from repro.calibration import calibrated_presets
-
-    return calibrated_presets()
-
-
-def preset_names() -> list[str]:
-    """Published presets and the shipped calibrated ones (``*-calibrated``)."""
-    return sorted(PRESETS) + sorted(_calibrated())
-
-
-def is_calibrated_preset(name: str) -> bool:
-    """True for a calibrated preset (a hierarchical cluster with realism, fitted to measurements)."""
-    return name not in PRESETS and name in _calibrated()
-
-
-def preset_workers(name: str) -> list[int] | None:
-    """Worker counts a table preset holds, or None for a preset valid for any P (per-hop or calibrated)."""
-    if is_calibrated_preset(name):
-        return None
-    p = _get_preset(name)
-    return sorted(p.table) if isinstance(p, _TablePreset) else None
-
-
-def preset(name: str, workers: int) -> CostModel:
-    """The cost model ``name`` for ``workers`` workers: a published fit (the paper model) or a
-    calibrated preset (``*-calibrated``: :mod:`repro.calibration`; hierarchical cluster + realism)."""
-    if is_calibrated_preset(name):
-        _check_workers(workers)
-        return _calibrated()[name].cost_model(workers)
-    p = _get_preset(name)
-    _check_workers(workers)
-    if isinstance(p, _HopPreset):
-        return CostModel.from_alpha_beta(workers, p.alpha_s, p.beta_s_per_byte, p.gamma_s_per_byte,
-                                         p.algorithm, source=f"preset {name}")
-    if workers not in p.table:
-        have = ", ".join(str(k) for k in sorted(p.table))
-        anyp = ", ".join(k for k, v in PRESETS.items() if isinstance(v, _HopPreset))
-        raise CostModelError(
-            f"preset '{name}' has no fit for P={workers} (it has P = {have}); fit one from measured "
-            f"times with CostModel.fit / `--alpha-s A --beta-s-per-byte B`, or use a per-hop preset "
-            f"valid for any P ({anyp})")
-    a, b = p.table[workers]
-    lines = {p.collective: Linear(a, b)}
-    if p.ring_halves:
-        lines["reduce_scatter"] = lines["allgather"] = Linear(a / 2, b / 2)
-    return CostModel(workers, lines, source=f"preset {name}", meta={"doc": p.doc}, topk_gamma_s=p.topk_gamma_s)
-
-
-def _get_preset(name: str):
-    try:
-        return PRESETS[name]
-    except KeyError:
-        raise CostModelError(f"unknown network preset '{name}'; known: {', '.join(preset_names())}") from None

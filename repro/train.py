@@ -46,7 +46,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from repro.cost import CostModel, preset
+from repro.cost import CostModel
+from repro.presets import preset
 from repro.families import get_family
 from repro.log import get_logger
 from repro.plan import Plan

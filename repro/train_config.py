@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, fields, make_dataclass
 from typing import Any, Sequence
 
 from repro._help import DefaultsHelpFormatter
-from repro.cost import preset
+from repro.presets import preset
 from repro.families import get_family
 from repro.plan import WIRE_DTYPE_BYTES
 from repro.run_options import RUN_OPTIONS, check_run_options
@@ -148,7 +148,7 @@ class _CommonConfig:
         if self.warmup_steps < 1 and sched.has_plan and self.plan is None:
             raise ValueError(f"'{self.scheduler}' plans from the warm-up: it needs warmup_steps >= 1")
         if self.network is not None:
-            from repro.cost import preset_names
+            from repro.presets import preset_names
 
             if self.network not in preset_names():
                 raise ValueError(f"unknown network preset '{self.network}'; known: {', '.join(preset_names())}")

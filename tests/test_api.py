@@ -115,7 +115,7 @@ def _refused_all(ctx, cases: list[dict]) -> list[str]:
 # ---------------------------------------------------------------- repro plan -> repro launch --plan
 
 def test_train_config_takes_the_plans_scheduler_and_view(tmp_path):
-    from repro.cost import preset
+    from repro.presets import preset
     from repro.planners import make_plan
     from repro.trace import load_trace
     from repro.train_config import TrainConfig

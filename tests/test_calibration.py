@@ -9,7 +9,8 @@ import pandas as pd
 import pytest
 
 from repro import calibration as C
-from repro.cost import CostModelError, is_calibrated_preset, preset, preset_names
+from repro.cost import CostModelError
+from repro.presets import is_calibrated_preset, preset, preset_names
 from repro.realism import Realism
 from repro.topology import Link, Topology
 

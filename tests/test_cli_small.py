@@ -142,7 +142,7 @@ def test_listings_print_a_table_or_json(capsys, command):
 
 
 def test_listings_json_content():
-    from repro.cost import preset_names
+    from repro.presets import preset_names
     from repro.data import shipped_traces
     from repro.schedulers import SCHEDULERS
     from repro.workload.catalog import MODEL_NAMES

@@ -13,7 +13,7 @@ import pytest
 
 from repro.cli import main
 from repro.compare_cli import FIELDS, compare, planner_options
-from repro.cost import preset
+from repro.presets import preset
 from repro.schedulers import SCHEDULERS
 from repro.trace import load_trace
 

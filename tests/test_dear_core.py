@@ -8,7 +8,8 @@ import math
 import numpy as np
 import pytest
 
-from repro.cost import CostModel, Linear, preset
+from repro.cost import CostModel, Linear
+from repro.presets import preset
 from repro.plan import Bucket, Message, Plan, PlanError
 from repro.planners import make_plan
 from repro.planners.dear import (DEAR_MESSAGES, dear_plan, groups_period_s, threshold_groups,

@@ -12,7 +12,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import pytest  # noqa: E402
 
-from repro.cost import preset  # noqa: E402
+from repro.presets import preset
 from repro.figures import dear_plots  # noqa: E402
 from repro.planners import make_plan  # noqa: E402
 from repro.planners.dear import dear_model  # noqa: E402

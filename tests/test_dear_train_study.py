@@ -13,7 +13,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import pytest  # noqa: E402
 
-from repro.cost import preset  # noqa: E402
+from repro.presets import preset
 from repro.figures import dear_train_plots as plots  # noqa: E402
 from repro.planners import make_plan  # noqa: E402
 from repro.planners.dear import groups_period_s, threshold_groups  # noqa: E402

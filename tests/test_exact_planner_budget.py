@@ -14,7 +14,7 @@ import time
 import numpy as np
 import pytest
 
-from repro.cost import preset
+from repro.presets import preset
 from repro.planners import make_plan
 from repro.planners import _budget
 from repro.sim import simulate

@@ -100,7 +100,7 @@ def _legends_clear_of_data(fig) -> None:
 
 
 def _sim_tables():
-    from repro.cost import preset
+    from repro.presets import preset
     from repro.studies import mgwfbp_sim as study
     from tests.helpers import random_trace
 

@@ -205,7 +205,7 @@ def warmup_trace(device: torch.device, steps: int = 3, width: int = 2048):
 def _plan_for(scheduler: str, model: nn.Module, x, y):
     """``scheduler``'s planner on the model's trace measured here (CUDA events on a GPU), with a
     two-worker preset (planning at one worker is refused by design)."""
-    from repro.cost import preset
+    from repro.presets import preset
     from repro.planners import make_plan
     from repro.schedulers import get_scheduler
     from repro.workload.profile import profile_model

@@ -6,7 +6,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import pytest  # noqa: E402
 
-from repro.cost import preset  # noqa: E402
+from repro.presets import preset
 from repro.figures import mgwfbp_plots  # noqa: E402
 from repro.figures.style import PAPER_ZORDER  # noqa: E402
 from repro.results import read_table, write_table  # noqa: E402

@@ -9,7 +9,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import pytest  # noqa: E402
 
-from repro.cost import preset  # noqa: E402
+from repro.presets import preset
 from repro.figures import omgs_plots  # noqa: E402
 from repro.planners import make_plan  # noqa: E402
 from repro.studies import omgs_sim as study  # noqa: E402

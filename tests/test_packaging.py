@@ -11,7 +11,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 README_EXAMPLE = """
 from repro.trace import load_trace
-from repro.cost import preset
+from repro.presets import preset
 from repro.planners import make_plan
 from repro.sim import simulate
 

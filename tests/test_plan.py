@@ -9,7 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from repro.cost import CostModel, preset
+from repro.cost import CostModel
+from repro.presets import preset
 from repro.families import FAMILIES, Family, choice_option, get_family, number_option, register_family
 from repro.plan import Bucket, Message, Plan, PlanError, layer_wire_bytes
 from repro.planners import make_plan, planner_names
@@ -197,7 +198,7 @@ def test_the_torch_free_core_does_not_import_torch():
             "repro.schedulers, repro.runs, repro.sim.allreduce, repro.planners.allreduce, repro.sim.sparse, "
             "repro.sim.dear, repro.sim.bytescheduler, repro.sim.ps, repro.planners.dear, repro.planners.bytescheduler, repro.planners.ps, repro.topology\n"
             "from repro.planners import make_plan\nfrom repro.sim import simulate\n"
-            "from repro.trace import load_trace\nfrom repro.cost import preset\n"
+            "from repro.trace import load_trace\nfrom repro.presets import preset\n"
             "t = load_trace('resnet50_b32_v100-estimate'); c = preset('10gbe-v100', 16)\n"
             "simulate(t, make_plan('optimal', t, c, wire_dtype='float16'), c)\n"
             "d = preset('10gbe-dear64', 64); simulate(t, make_plan('dear_threshold', t, d), d)\n"

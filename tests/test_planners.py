@@ -5,7 +5,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from repro.cost import CostModel, preset
+from repro.cost import CostModel
+from repro.presets import preset
 from repro.data import shipped_traces
 from repro.planners import make_plan, planner_names
 from repro.planners.allreduce import groups_time_s

@@ -5,7 +5,8 @@ import math
 
 import pytest
 
-from repro.cost import CostModel, CostModelError, Linear, preset
+from repro.cost import CostModel, CostModelError, Linear
+from repro.presets import preset
 from repro.planners import make_plan
 from repro.realism import PAPER_MODEL, Realism, RealismError
 from repro.sim import simulate

@@ -197,7 +197,8 @@ def dear_vs_ddp(ctx, cases: list[dict]) -> list[dict]:
 
 
 def calibrate_target(ctx, with_preset: bool) -> dict:
-    from repro.cost import CostModelError, preset
+    from repro.cost import CostModelError
+    from repro.presets import preset
     from repro.runtime.dear import calibrate
     from repro.trace import Layer, Trace
 

@@ -11,7 +11,8 @@ import math
 import numpy as np
 import pytest
 
-from repro.cost import CostModel, CostModelError, Linear, fit_topk_gamma, preset, topk_time_s
+from repro.cost import CostModel, CostModelError, Linear, fit_topk_gamma, topk_time_s
+from repro.presets import preset
 from repro.plan import Bucket, Message, Plan, PlanError
 from repro.planners import make_plan, planner_names
 from repro.planners.sparse import groups_time_s

@@ -54,7 +54,7 @@ import numpy as np
 import pandas as pd
 
 from repro.calibration import DEVICES_PER_NODE, check_cost_mode, cost_for_mode
-from repro.cost import PRESETS
+from repro.presets import PRESETS
 from repro.planners import PLANNER_FAMILY, make_plan
 from repro.schedulers import get_scheduler
 from repro.sim import simulate

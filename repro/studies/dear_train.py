@@ -339,7 +339,7 @@ def primitive_model_table(presets: Sequence[str] = ("10gbe-dear-derived", "56gbi
     """The cost model's all-reduce, reduce-scatter and all-gather seconds of one ``nbytes`` message vs the
     number of workers, per per-hop preset (the DeAR authors' fits at P=64 turned into ring constants,
     :mod:`repro.cost`). Columns: preset, workers, bytes, primitive, seconds, source ("model")."""
-    from repro.cost import preset
+    from repro.presets import preset
 
     rows = []
     for name in presets:

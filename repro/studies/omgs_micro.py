@@ -29,7 +29,8 @@ import numpy as np
 import pandas as pd
 import torch
 
-from repro.cost import fit_linear, preset, preset_workers, relative_errors, topk_time_s
+from repro.cost import fit_linear, relative_errors, topk_time_s
+from repro.presets import preset, preset_workers
 from repro.sim.sparse import INDEX_BYTES, topk_count
 
 __all__ = ["PUBLISHED_GAMMA_S", "PUBLISHED_NETWORK", "PAPER_WORKERS", "default_numels", "measure_topk",

@@ -27,7 +27,8 @@ import numpy as np
 import pandas as pd
 
 from repro.calibration import check_cost_mode, cost_for_mode
-from repro.cost import CostModel, preset_workers
+from repro.cost import CostModel
+from repro.presets import preset_workers
 from repro.data import shipped_traces
 from repro.planners import make_plan
 from repro.sim import simulate

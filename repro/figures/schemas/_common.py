@@ -8,7 +8,7 @@ from pydantic import AfterValidator, Field
 
 from repro.calibration import COST_MODES
 from repro.cluster.jobs import LAUNCHERS
-from repro.cost import PRESETS
+from repro.presets import PRESETS
 from repro.figures.params import Float, Int, Name, OneOf, Str
 from repro.workload.models import MODEL_NAMES
 
@@ -23,7 +23,7 @@ Scale = OneOf(SCALES)
 Launcher = OneOf(LAUNCHERS, Str)
 #: ``paper`` or ``calibrated`` (repro.calibration.COST_MODES)
 CostMode = OneOf(COST_MODES)
-#: a cost-model preset name (repro.cost.PRESETS)
+#: a cost-model preset name (repro.presets.PRESETS)
 Preset = OneOf(lambda: list(PRESETS))
 #: a model repro can build and train (repro.workload.models.MODEL_NAMES)
 Model = OneOf(MODEL_NAMES)

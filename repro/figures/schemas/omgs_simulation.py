@@ -14,7 +14,7 @@ from repro.studies import omgs_sim as study
 
 
 def _preset_or_empty(value: str) -> str:
-    from repro.cost import PRESETS
+    from repro.presets import PRESETS
 
     if value and value not in PRESETS:
         raise ValueError(f"unknown value {value!r}; choose from {', '.join(PRESETS)} (or empty: fit on the live group)")
