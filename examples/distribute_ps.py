@@ -83,8 +83,8 @@ def main() -> None:
     loss = train(model, opt, batches(rank, args.steps, args.batch_size, device))
     opt.flush()  # every rank now holds the servers' parameters (collective: call it on every rank)
     plan = opt.plan
-    line = (f"{args.scheduler}: mode {plan.option('mode')}, {plan.option('servers')} servers, {plan.num_buckets} buckets, "
-            f"last loss {loss:.4f}")
+    line = (f"{args.scheduler}: mode {plan.option('mode')}, {plan.option('servers')} servers, "
+            f"{plan.num_buckets} buckets, last loss {loss:.4f}")
 
     if args.check_ddp:
         torch.manual_seed(0)

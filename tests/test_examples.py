@@ -45,8 +45,8 @@ def test_parameter_server_example_under_torchrun(scheduler, options, tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
     assert done.returncode == 0, done.stderr[-2000:]
-    m = re.search(rf"^{scheduler}: mode (\w+), 2 servers, (\d+) buckets, last loss [\d.]+, max \|param - DDP's\| (\S+)$",
-                  done.stdout, re.M)
+    line = rf"^{scheduler}: mode (\w+), 2 servers, (\d+) buckets, last loss [\d.]+, max \|param - DDP's\| (\S+)$"
+    m = re.search(line, done.stdout, re.M)
     assert m, done.stdout
     assert m.group(1) == scheduler.removeprefix("ps_") and int(m.group(2)) >= 2
     assert (float(m.group(3)) < 1e-6) == (scheduler == "ps_bsp")
