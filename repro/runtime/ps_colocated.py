@@ -103,7 +103,7 @@ def colocated_options(plan: Plan | None, planner_options: Sequence[str], options
             raise ValueError(f"servers must be a positive integer, got {servers!r}")
     if servers > world:
         raise ValueError(f"{where} {servers} server(s) exceed the job's {world} rank(s): under repro.distribute the "
-                         "servers are co-located on the training ranks (server s on rank s)")
+                         "parameter-server family's servers are co-located on the training ranks (server s on rank s)")
     return options
 
 
