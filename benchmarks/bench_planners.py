@@ -1,11 +1,12 @@
 """Planner and simulator speed on this machine (prints figures; not a test).
 
     python benchmarks/bench_planners.py [--layers 1000] [--repeats 5] [--exact-layers 100 400 1000]
-        [--time-budget 10] [--exact-only]
+        [--exact-real resnet50 densenet201] [--time-budget 10] [--exact-only]
 
 Prints: the exact planners (``optimal``, ``omgs_optimal``, ``dear_optimal``) on random traces of
-100, 400 and 1000 layers, one run each: seconds, whether the plan is a proven optimum, its proven
-gap (target, issue 23: < 0.5 s at 1000 layers, exact); each planner's wall time on a random L-layer
+100, 400 and 1000 layers and on two shipped traces (ResNet-50, DenseNet-201), one run each: wall and
+CPU seconds, whether the plan is a proven optimum, its proven gap (target, issue 23: < 0.5 s at 1000
+layers, exact); each planner's wall time on a random L-layer
 trace (exact planners excepted); simulated iterations per second (event
 engine with timeline, and the closed-form recursion the planners use); wall time of the full
 ``mgwfbp.sim_speedup`` sweep (all shipped V100-estimate models, two networks, 4..2048 GPUs, all
@@ -65,25 +66,32 @@ def planner_case(name: str, workers: int | None = None) -> tuple[object, dict]:
     return preset("10gbe-derived", workers or 64), {}
 
 
-def exact_table(layers: list[int], budget_s: float) -> pd.DataFrame:
-    """One run of each exact planner per trace size (and P = 2 and 16 for the sparse one, compute- and
-    communication-bound): seconds, proven optimal or not, the proven gap."""
+REAL = ["resnet50", "densenet201"]  # shipped traces (V100 estimates): 161 and 402 layers
+
+
+def exact_table(layers: list[int], budget_s: float, real: list[str] = ()) -> pd.DataFrame:
+    """One run of each exact planner per trace (random traces of each size in ``layers``, then the
+    shipped traces ``real``; P = 2 and 16 for the sparse one, compute- and communication-bound): wall
+    and CPU seconds (CPU: this process only, so a machine shared with other jobs shows in wall only),
+    proven optimal or not, the proven gap."""
+    traces = [(f"random {L}", random_trace(L)) for L in layers]
+    traces += list(study.load_traces(list(real)).items()) if real else []
     rows = []
-    for L in layers:
-        trace = random_trace(L)
+    for label, trace in traces:
         for name in EXACT:
             for workers in ((2, 16) if name == "omgs_optimal" else (None,)):
                 cost, options = planner_case(name, workers)
                 if name != "optimal":
                     options["time_budget_s"] = budget_s
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), time.process_time()
                 plan = make_plan(name, trace, cost, **options)
-                wall = time.perf_counter() - t0
-                rows.append({"planner": name, "layers": L, "workers": cost.workers, "seconds": round(wall, 3),
+                wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+                rows.append({"planner": name, "trace": label, "layers": trace.num_layers, "workers": cost.workers,
+                             "seconds": round(wall, 3), "cpu_s": round(cpu, 3),
                              "optimal": plan.meta.get("optimal", True), "gap_pct": round(plan.meta.get("gap_pct", 0.0), 3),
                              "iteration_s": plan.meta["iteration_s"]})
-                print(f"  {name:13s} L={L:5d} P={cost.workers:3d}: {wall:8.3f} s, optimal={rows[-1]['optimal']}, "
-                      f"gap {rows[-1]['gap_pct']}%", flush=True)
+                print(f"  {name:13s} {label:12s} L={trace.num_layers:5d} P={cost.workers:3d}: {wall:8.3f} s "
+                      f"(cpu {cpu:.3f} s), optimal={rows[-1]['optimal']}, gap {rows[-1]['gap_pct']}%", flush=True)
     return pd.DataFrame(rows)
 
 
@@ -95,10 +103,12 @@ def main() -> None:
     ap.add_argument("--time-budget", type=float, default=10.0,
                     help="time_budget_s of dear_optimal and omgs_optimal (seconds)")
     ap.add_argument("--exact-only", action="store_true", help="only the exact planners' table")
+    ap.add_argument("--exact-real", nargs="*", default=REAL,
+                    help="shipped traces the exact planners also plan (default: %(default)s; none: no real trace)")
     args = ap.parse_args()
 
     print(f"Exact planners, one run each (budget {args.time_budget:g} s; target < 0.5 s at 1000 layers, proven optimal):")
-    print(exact_table(args.exact_layers, args.time_budget).to_string(index=False))
+    print(exact_table(args.exact_layers, args.time_budget, args.exact_real).to_string(index=False))
     if args.exact_only:
         return
 

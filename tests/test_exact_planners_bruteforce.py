@@ -139,3 +139,68 @@ def test_omgs_optimal_does_not_depend_on_its_rounds_or_its_bound(monkeypatch):
             assert plan.meta["optimal"] is True
             got.append(plan.meta["iteration_s"])
         assert all(g == pytest.approx(got[0], rel=1e-12) for g in got)
+
+
+def _sparse_final_M(c, pB, tbB, C, M, cuts):
+    """(C, M) after groups ``cuts`` (backward positions) from the state (C, M), as the search steps."""
+    spar, comm = c.fast()
+    for a, b in zip(cuts[:-1], cuts[1:]):
+        d = float(pB[a:b].sum())
+        C = C + float(tbB[a:b].sum()) + float(spar(d))
+        M = max(M, C) + float(comm(d))
+    return C, M
+
+
+@pytest.mark.parametrize("window", [64, 1])
+def test_the_count_bound_is_below_every_completion(window, monkeypatch):
+    """omgs_optimal's count bound at every prefix of every grouping is at most the best completion's
+    final M (brute force over all completions), also with its long-group split bound (window 1)."""
+    monkeypatch.setattr(sparse, "COUNT_WINDOW", window)
+    monkeypatch.setattr(sparse, "COUNT_MAX_GROUPS", 10**15)  # built for an upper bound of 1e9 s (every count)
+    rng = np.random.default_rng(12 + window)
+    checked = 0
+    for _ in range(25):
+        L = int(rng.integers(1, 8))
+        tr, cost = _sparse_trace(rng, L, equal=bool(rng.random() < 0.2)), _sparse_cost(rng)
+        density, pack = float(rng.choice([0.001, 0.1, 1.0])), bool(rng.integers(0, 2))
+        c = sparse.SparseCosts(tr, cost, density, pack)
+        pB, tbB = tr.params().astype(float)[::-1], tr.backward_s()[::-1]
+        cumP, cumT = np.concatenate([[0.0], np.cumsum(pB)]), np.concatenate([[0.0], np.cumsum(tbB)])
+        cumS = np.concatenate([[0.0], np.cumsum(np.atleast_1d(c.spar_s(pB)))])
+        bound = sparse._CountBound(c, cumP, cumT, cumS, pB, upper=1e9)
+        if not bound.usable:
+            continue
+        for bd in _bounds(L):
+            for k in range(1, len(bd) - 1):  # the state after the first k groups
+                C, M = _sparse_final_M(c, pB, tbB, 0.0, 0.0, bd[:k + 1])
+                f = bd[k]
+                best = min(_sparse_final_M(c, pB, tbB, C, M, [f + x for x in rest])[1] for rest in _bounds(L - f))
+                assert float(bound(np.array([C]), np.array([M]), f)[0]) <= best * (1 + 1e-12)
+                checked += 1
+    assert checked > 100
+
+
+def test_exact_planners_on_degenerate_traces():
+    """One layer, only parameter-free layers, identical layers, a zero start-up (the count bound is
+    not usable then): both exact planners equal brute force."""
+    def trace(params, bwd):
+        return Trace("edge", 32, "test", "float32", [Layer(f"l{i}", int(p), 4 * int(p), float(b / 2), float(b))
+                                                     for i, (p, b) in enumerate(zip(params, bwd))])
+    cases = [trace([1000], [1e-3]), trace([0, 0, 0], [1e-3, 2e-3, 0.0]), trace([5000] * 7, [1e-3] * 7),
+             trace([0, 300000, 0, 0, 20, 0], [1e-3, 3e-3, 0.0, 1e-4, 2e-3, 5e-4])]
+    sparse_costs = [CostModel(16, {"sparse_allgather": Linear(1e-3, 1e-9)}).with_topk(1e-10),
+                    CostModel(2, {"sparse_allgather": Linear(0.0, 1e-9)}).with_topk(1e-10)]
+    dear_cost = CostModel(8, {"reduce_scatter": Linear(1e-3, 1e-9), "allgather": Linear(1e-3, 1e-9),
+                              "allreduce": Linear(1e-3, 1e-9)})
+    for tr in cases:
+        L = tr.num_layers
+        for cost in sparse_costs:
+            for pack in (False, True):
+                best = min(groups_time_s(tr, [[L - 1 - j for j in range(a, b)] for a, b in zip(bd[:-1], bd[1:])],
+                                         cost, 0.01, pack) for bd in _bounds(L))
+                plan = make_plan("omgs_optimal", tr, cost, density=0.01, pack=pack)
+                assert plan.meta["iteration_s"] == pytest.approx(best, rel=1e-12) and plan.meta["optimal"] is True
+        best = min(groups_period_s(tr, [list(range(a, b)) for a, b in zip(bd[:-1], bd[1:])], dear_cost)
+                   for bd in _bounds(L))
+        plan = make_plan("dear_optimal", tr, dear_cost)
+        assert plan.meta["iteration_s"] == pytest.approx(best, rel=1e-12) and plan.meta["optimal"] is True

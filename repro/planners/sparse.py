@@ -231,7 +231,7 @@ def omgs_optimal(trace: Trace, cost: CostModel, density: float = 0.001, *, pack:
     spar_rest = np.atleast_1d(c.spar_s(cumP[L] - cumP))
     groups_bound = _GroupsBound(c, cumP, cumT, cumS, min_comm, pB)
     fresh = lambda x: (x - fixed) * (1 + 1e-9) + 1e-15  # noqa: E731  (an upper bound on M, with slack)
-    counted = _CountBound(c, cumP, cumT, cumS, pB, fresh(incumbent))
+    counted = _CountBound(c, cumP, cumT, cumS, pB, fresh(incumbent), search.expired)
     if counted.usable:
         groups_bound = counted
     root = float(groups_bound(np.zeros(1), np.zeros(1), 0)[0])  # a lower bound on every grouping's M
@@ -342,11 +342,12 @@ class _CountBound:
     smaller bound, and a lower table only lowers the bound). A count m with ``Bm(0, m)`` above the
     search's upper bound ``upper`` (on M) can never be within it (the communication stream alone
     needs ``(groups before + m) t_c0 + t_c1 density (all elements)``), so counts stop there; with more
-    than :data:`COUNT_MAX_GROUPS` the bound is not built (:attr:`usable` False). Tables are floats;
+    than :data:`COUNT_MAX_GROUPS` the bound is not built (:attr:`usable` False; also when
+    ``expired()`` says the time budget ran out while building). Tables are floats;
     ``G`` and ``Bm`` are lowered by a relative 1e-10 so that rounding cannot lift the bound above a
     grouping's value."""
 
-    def __init__(self, c: SparseCosts, cumP, cumT, cumS, params, upper: float) -> None:
+    def __init__(self, c: SparseCosts, cumP, cumT, cumS, params, upper: float, expired=lambda: False) -> None:
         L = self.L = len(cumP) - 1
         line = c.cost.line("sparse_allgather")
         per_k = line.b_s_per_byte * c.cost.workers * (c.value_bytes + INDEX_BYTES)
@@ -366,6 +367,9 @@ class _CountBound:
         G[L] = np.minimum.accumulate(G[L])
         nonzero_after = np.searchsorted(cumP, cumP, side="right")  # first g with elements in [f, g)
         for f in range(L - 1, -1, -1):
+            if f % 64 == 0 and expired():  # the time budget is spent: no table (the search stops at once)
+                self.usable = False
+                return
             # groups [f, g) one by one up to COUNT_WINDOW layers (and up to the first with elements)
             top = min(L, max(f + COUNT_WINDOW, int(nonzero_after[f])))
             gs = np.arange(f + 1, top + 1)
