@@ -384,7 +384,7 @@ def _check_finished(grid: Grid, runs_dir: Path) -> None:
     rows = status_table(grid, runs_dir)
     done = sum(r["status"] == "done" for r in rows)
     if not done:
-        raise GridStop(f"scale='paper', read_only=True: none of the {len(rows)} runs of the {grid.paper} grid has "
+        raise GridStop(f"scale='paper': none of the {len(rows)} runs of the {grid.paper} grid has "
                        f"finished under {runs_dir}: launch them (launcher='local', 'slurm' or 'print') or copy a "
                        f"cluster job's run folders there")
     models = set(grid.models())
@@ -395,7 +395,7 @@ def _check_finished(grid: Grid, runs_dir: Path) -> None:
 
 
 def prepare_paper_runs(paper: str | None, *, scale: str, read_only: bool, launcher: str, runs_dir: str | Path,
-                       jobs_dir: str | Path | None = None, what: str = "") -> bool:
+                       jobs_dir: str | Path | None = None, what: str = "", how_to_read: str = "read_only=True") -> bool:
     """What a measured notebook does about ``scale``; returns the ``read_only`` it goes on with.
 
     ``scale="tiny"``: ``read_only`` as given (a ``launcher`` is refused: it launches the paper's grid).
@@ -405,7 +405,8 @@ def prepare_paper_runs(paper: str | None, *, scale: str, read_only: bool, launch
     writes the job scripts to ``jobs_dir`` and stops the notebook (:class:`GridStop`, one line saying
     where), ``"local"``/``"slurm"`` run the unfinished runs and wait, then the notebook reads them; no
     launcher is refused in one line. ``paper=None``: the notebook has no paper grid (it measures this
-    machine), so only ``read_only`` works at paper scale; ``what`` names it in the message."""
+    machine), so only ``read_only`` works at paper scale; ``what`` names it in the message.
+    ``how_to_read``: the parameter that reads finished runs, as the messages name it ("" for none)."""
     if launcher not in LAUNCHERS:
         raise GridStop(f"launcher={launcher!r} is not one of local, slurm, print (or '' for none)")
     if scale != "paper":
@@ -416,25 +417,26 @@ def prepare_paper_runs(paper: str | None, *, scale: str, read_only: bool, launch
     if paper is None:
         if launcher or not read_only:
             raise GridStop(f"scale='paper': {what or 'this notebook'} measures this machine and has no paper grid; "
-                           "read a cluster's runs with read_only=True, or run it at scale='tiny'")
+                           + (f"read a cluster's runs with {how_to_read}, or " if how_to_read else "")
+                           + "run it at scale='tiny'")
         return True
     grid = load_grid(paper)
     if read_only:
         if launcher:
-            raise GridStop(f"read_only=True reads finished runs and launches nothing: drop launcher={launcher!r}")
+            raise GridStop(f"{how_to_read} reads finished runs and launches nothing: drop launcher={launcher!r}")
         _check_finished(grid, runs_dir)
         return True
     if not launcher:
         raise GridStop(f"scale='paper' trains the {grid.summary()}, not this machine's tiny models: set launcher to "
                        f"'local' (this node's GPUs), 'slurm' (submitit) or 'print' (job scripts), or read finished runs "
-                       "with read_only=True")
+                       f"with {how_to_read}")
     jobs = Path(jobs_dir) if jobs_dir is not None else runs_dir.parent / "jobs"
     todo = pending_runs(grid.runs, runs_dir)
     if launcher == "print":
         write_job_scripts(todo, runs_dir, jobs)
         raise GridStop(f"{len(todo)} job scripts of the {grid.paper} grid ({len(grid.runs) - len(todo)} finished, "
                        f"skipped) written to {jobs} (commands.txt, <run_id>.sh); run them, then rerun with "
-                       "read_only=True")
+                       f"{how_to_read}")
     if launcher == "local":
         launch_local_grid(todo, runs_dir, jobs / "logs")
     else:
