@@ -5,10 +5,6 @@ import them)."""
 
 from __future__ import annotations
 
-import contextlib
-import time
-import traceback
-
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -18,14 +14,6 @@ from tests.api_targets import UserNet, _batches, _max_diff, _state
 
 def _sgd(params, **kw):
     return torch.optim.SGD(params, lr=0.05, momentum=0.9, **kw)
-
-
-def _guarded(fn, *args) -> dict:
-    """``fn(*args)``, or the error it raised as a row (so that one part's failure names itself)."""
-    try:
-        return {"rows": fn(*args)}
-    except Exception as e:  # noqa: BLE001 - reported to the test, which fails naming it
-        return {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}
 
 
 # ---------------------------------------------------------------- gradient accumulation (no_sync)
@@ -146,8 +134,8 @@ def _unused_rows(cases: list[dict], steps: int) -> list[dict]:
         dopt.flush()
         out.append({"case": case, "diff": _max_diff(_state(net), _state(ref)),
                     "family": dopt.plan.family if dopt.plan is not None else None,
-                    "never_moved": float((net.never.weight - never0).abs().max()),
-                    "ddp_never_moved": float((ref.never.weight - never0).abs().max())})
+                    "never_moved": float((net.never.weight.detach() - never0).abs().max()),
+                    "ddp_never_moved": float((ref.never.weight.detach() - never0).abs().max())})
         dopt.remove()
     return out
 
@@ -208,6 +196,7 @@ def _mixed_rows(cases: list[dict], steps: int) -> list[dict]:
         plan = dopt.plan
         out.append({"case": {k: v for k, v in case.items() if k != "scheduler"} | {"plan": plan.solver},
                     "diff": _max_diff(_state(net), _state(ref)), "buckets": plan.num_buckets,
+                    "wire_dtype": plan.wire_dtype,
                     "grad_dtypes_ok": all(p.grad is None or p.grad.dtype == p.dtype for p in net.parameters()),
                     "replicas_agree": max(float((e - flat).abs().max()) for e in everyone)})
         dopt.remove()
@@ -262,12 +251,15 @@ def _autocast_rows(cases: list[dict], steps: int) -> list[dict]:
 
 
 def loops_vs_ddp(ctx, parts: dict) -> dict:
-    """Each part of ``parts`` (name -> keyword arguments of its rows function), its rows or its error."""
+    """Each part of ``parts`` (name -> the arguments of its rows function): its rows. One launch for all
+    (starting two ranks costs more than most parts); an error on a rank fails the launch, naming it."""
     torch.use_deterministic_algorithms(True)
     fns = {"no_sync": _no_sync_rows, "unused": _unused_rows, "mixed": _mixed_rows, "autocast": _autocast_rows}
-    out = {name: _guarded(fns[name], *kw) for name, kw in parts.items() if name in fns}
+    out = {name: {"rows": fns[name](*kw)} for name, kw in parts.items() if name in fns}
     if "step_inside_no_sync" in parts:
         out["step_inside_no_sync"] = _step_inside_no_sync(*parts["step_inside_no_sync"])
+    if "compiled_dear" in parts:
+        out["compiled_dear"] = _compiled_dear_refused()
     return out
 
 
@@ -284,11 +276,9 @@ class SmallNet(nn.Module):
 
 
 def compile_vs_ddp(ctx, cases: list[dict], steps: int, backend: str) -> list[dict]:
-    """Per case (``order``: ``"before"`` = ``distribute(torch.compile(net))``, ``"after"`` =
-    ``torch.compile(model)`` of the returned model; plus distribute keywords): parameters after ``steps``
-    steps against eager DDP, and against the same model compiled and trained alone on the mean of the
-    ranks' batches? No: against eager local training of the compiled model's reference (the compiler's
-    own numerical difference, measured here: ``compile_noise``)."""
+    """Per case (``order``: ``"before"`` = ``distribute(torch.compile(net), ...)``, ``"after"`` =
+    ``torch.compile(model)`` of the model distribute returned; plus distribute keywords): the largest
+    difference of the parameters after ``steps`` steps against eager DDP on the same data."""
     import repro
 
     data = _branch_batches(dist.get_rank(), steps)
@@ -304,12 +294,6 @@ def compile_vs_ddp(ctx, cases: list[dict], steps: int, backend: str) -> list[dic
     ref = SmallNet()
     ddp = nn.parallel.DistributedDataParallel(ref)
     train(ddp, _sgd(ddp.parameters()))
-    # the compiler's own numerical difference: the same DDP loop with the module compiled
-    torch.manual_seed(0)
-    ref_c = SmallNet()
-    ddp_c = nn.parallel.DistributedDataParallel(torch.compile(ref_c, backend=backend))
-    train(ddp_c, _sgd(ddp_c.parameters()))
-    noise = _max_diff(_state(ref_c), _state(ref))
     out = []
     for case in cases:
         case = dict(case)
@@ -325,9 +309,26 @@ def compile_vs_ddp(ctx, cases: list[dict], steps: int, backend: str) -> list[dic
         train(model, dopt)
         dopt.flush()
         out.append({"case": case, "order": order, "diff": _max_diff(_state(net), _state(ref)),
-                    "compile_noise": noise, "plan": dopt.plan.solver if dopt.plan is not None else None})
+                    "plan": dopt.plan.solver if dopt.plan is not None else None})
         dopt.remove()
     return out
+
+
+def _compiled_dear_refused() -> str:
+    """distribute(torch.compile(net), scheduler=<a DeAR plan>): refused before any step."""
+    import repro
+    from repro.plan import Bucket, Plan
+    from repro.planners.dear import DEAR_MESSAGES, FAMILY
+    from repro.workload.layers import layer_parameters
+
+    torch.manual_seed(0)
+    compiled = torch.compile(SmallNet(), backend="eager")
+    plan = Plan([Bucket(tuple(layer_parameters(compiled, "tensor")), DEAR_MESSAGES)], "dear_threshold", family=FAMILY)
+    try:
+        repro.distribute(compiled, _sgd(compiled.parameters()), scheduler=plan)
+    except ValueError as e:
+        return str(e)
+    return "accepted"
 
 
 # ---------------------------------------------------------------- the DDP bridge
@@ -362,10 +363,7 @@ def _bridge_plan(model: nn.Module, sizes: list[int]):
     return Plan.from_dict({"solver": "custom", "buckets": buckets})
 
 
-def ddp_bridge(ctx, sizes: list[int], wrong_sizes: list[int], find_unused: bool) -> dict:
-    """DDP built with ``ddp_bucket_caps`` of a plan trains 3 steps; its buckets are checked against
-    that plan (``ok``: no error) and against another plan (the error's line); its parameters are
-    compared with default DDP's (the bucketing must not change the math)."""
+def _bridge_once(sizes: list[int], wrong_sizes: list[int], find_unused: bool) -> dict:
     import repro
 
     data = _branch_batches(dist.get_rank(), 3)
@@ -383,7 +381,7 @@ def ddp_bridge(ctx, sizes: list[int], wrong_sizes: list[int], find_unused: bool)
     caps = repro.ddp_bucket_caps(plan, net, find_unused_parameters=find_unused)
     ddp = nn.parallel.DistributedDataParallel(net, bucket_cap_mb_list=caps, find_unused_parameters=find_unused)
     train(ddp, _sgd(ddp.parameters()))
-    out: dict = {"caps": caps, "buckets": len(ddp.reducer._get_zeros_like_grad_buckets())}
+    out: dict = {"find_unused": find_unused, "caps": caps, "buckets": len(ddp.reducer._get_zeros_like_grad_buckets())}
     try:
         repro.check_ddp_buckets(ddp, plan)
         out["ok"] = "ok"
@@ -396,53 +394,21 @@ def ddp_bridge(ctx, sizes: list[int], wrong_sizes: list[int], find_unused: bool)
         out["wrong"] = str(e)
     torch.manual_seed(0)
     ref = DeepNet()
-    ddp_ref = nn.parallel.DistributedDataParallel(ref, find_unused_parameters=find_unused)
-    train(ddp_ref, _sgd(ddp_ref.parameters()))
+    plain = nn.parallel.DistributedDataParallel(ref, find_unused_parameters=find_unused)  # DDP's own buckets
+    train(plain, _sgd(plain.parameters()))
+    try:
+        repro.check_ddp_buckets(plain, plan)
+        out["default_ddp"] = "accepted"
+    except ValueError as e:
+        out["default_ddp"] = str(e)
     out["diff"] = _max_diff(_state(net), _state(ref))
     return out
 
 
-# ---------------------------------------------------------------- measuring what compile does to overlap
-
-def hook_times(ctx, compiled: str, steps: int, width: int, depth: int) -> dict:
-    """For ``compiled`` in ``eager``, ``compile`` (torch.compile, inductor) or ``compiled_autograd``:
-    per step, when (after the backward's start) the all-reduce executor's gradient hooks fired, when the
-    backward call returned, and when the exchange finished (``optimizer.step()`` done), in seconds; the
-    median over ``steps`` steps after two warm-up steps."""
-    import repro
-    from repro.plan import Plan
-    from repro.workload.layers import layer_parameters
-
-    torch.manual_seed(0)
-    layers = [nn.Linear(width, width) for _ in range(depth)]
-    net = nn.Sequential(*[m for layer in layers for m in (layer, nn.Tanh())])
-    names = list(layer_parameters(net, "tensor"))[::-1]
-    plan = Plan.from_dict({"solver": "wfbp", "buckets": [[n] for n in names]})  # one message per tensor
-    model, dopt = repro.distribute(net, torch.optim.SGD(net.parameters(), lr=1e-3), scheduler=plan)
-    if compiled in ("compile", "compiled_autograd"):
-        model = torch.compile(model)
-    ex = dopt._door.ex
-    x = torch.randn(64, width)
-    rows = []
-    ctx_ca = contextlib.nullcontext()
-    if compiled == "compiled_autograd":
-        import torch._dynamo.config as dcfg
-
-        ctx_ca = dcfg.patch(compiled_autograd=True)
-    with ctx_ca:
-        for step in range(steps + 2):
-            dopt.zero_grad()
-            loss = model(x).square().mean()
-            t0 = time.perf_counter()
-            loss.backward()
-            t1 = time.perf_counter()
-            dopt.step()
-            t2 = time.perf_counter()
-            ready = sorted(ex.grad_ready_s.values())
-            if step >= 2:
-                rows.append({"first_hook_s": ready[0] - t0, "last_hook_s": ready[-1] - t0, "backward_s": t1 - t0,
-                             "step_s": t2 - t0, "hooks": len(ready)})
-    dopt.remove()
-    import statistics
-
-    return {k: statistics.median(r[k] for r in rows) for k in rows[0]}
+def ddp_bridge(ctx, sizes: list[int], wrong_sizes: list[int]) -> list[dict]:
+    """For DDP with and without ``find_unused_parameters``: DDP built with ``ddp_bucket_caps`` of a plan
+    (buckets of ``sizes`` tensors) trains 3 steps; its buckets are checked against that plan (``ok``),
+    against a plan of ``wrong_sizes`` (``wrong``: the error's line), and default DDP's buckets against the
+    plan (``default_ddp``); its parameters are compared with default DDP's (``diff``: bucketing must not
+    change the math)."""
+    return [_bridge_once(sizes, wrong_sizes, fu) for fu in (False, True)]

@@ -117,6 +117,6 @@ def check_ddp_buckets(ddp: Any, plan: Plan, *, view: str = "tensor") -> None:
         ddp_k = sorted(names.get(id(p), "?") for p in actual[k]) if k < len(actual) else []
         if plan_k != ddp_k:
             def show(ns: list[str]) -> str:
-                return "nothing" if not ns else f"{len(ns)} parameter(s) {ns[:4]}{'...' if len(ns) > 4 else ''}"
-            raise ValueError(f"DDP bucket {k} of {len(actual)} holds {show(ddp_k)}, the plan's bucket {k} of "
-                             f"{len(wanted)} {show(plan_k)}{when}")
+                return "nothing" if not ns else f"{ns[:4]}{'...' if len(ns) > 4 else ''} ({len(ns)} tensors)"
+            raise ValueError(f"DDP's bucket {k} (of {len(actual)}) holds {show(ddp_k)} but the plan's bucket {k} "
+                             f"(of {len(wanted)}) holds {show(plan_k)}{when}")
