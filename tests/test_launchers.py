@@ -84,7 +84,8 @@ def test_print_writes_one_command_and_one_script_per_unfinished_run(tmp_path):
             assert argv[argv.index(flag) + 1] == str(run[key]), (run.run_id, flag)
         assert argv[argv.index("--nnodes") + 1] == str(run.nodes)
         script = (jobs / f"{run.run_id}.sh").read_text()
-        assert line in script and f"{runs_dir.resolve()}/{run.run_id}/run.json" in script.replace('"$RUNS_DIR', str(runs_dir.resolve()))
+        assert line in script and f'RUNS_DIR={runs_dir.resolve()}' in script
+        assert f'if [ -f "$RUNS_DIR/{run.run_id}/run.json" ]' in script  # a finished run is skipped on the node
         assert ("REPRO_HEAD:?" in script) == (run.nodes > 1)
     assert not (jobs / f"{grid.runs[0].run_id}.sh").exists()
     assert len(json.loads((jobs / "runs.json").read_text())) == len(todo)

@@ -43,7 +43,8 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 __all__ = ["GRID_PAPERS", "GridError", "Grid", "RunConfig", "grids_dir", "grid_path", "load_grid", "parse_grid",
-           "run_id", "run_status", "status_table", "mark_failed", "clear_failed", "count_status", "FAILED_DIR", "STATUSES"]
+           "run_id", "run_status", "status_table", "mark_failed", "clear_failed", "count_status", "FAILED_DIR",
+           "STATUSES"]
 
 #: papers with a shipped grid file (repro/shipped/grids/<paper>.yaml)
 GRID_PAPERS = ("mgwfbp", "omgs", "dear", "osp")

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from repro.cluster.grid import (GRID_PAPERS, Grid, RunConfig, clear_failed, count_status, load_grid, mark_failed,
+from repro.cluster.grid import (Grid, RunConfig, clear_failed, count_status, load_grid, mark_failed,
                                 run_status, status_table)
 
 __all__ = ["LAUNCHERS", "GridStop", "DEFAULT_PORT", "train_argv", "torchrun_argv", "shell_command",
@@ -153,8 +153,8 @@ def write_job_scripts(runs: Sequence[RunConfig], runs_dir: str | Path, jobs_dir:
     runs_dir = Path(runs_dir).resolve()
     lines = []
     for run in runs:
-        argv = torchrun_argv(run, runs_dir, head="${REPRO_HEAD}", port=port, rdzv_id="${REPRO_RDZV_ID:-%s}" % run.run_id,
-                             python=python)
+        argv = torchrun_argv(run, runs_dir, head="${REPRO_HEAD}", port=port,
+                             rdzv_id="${REPRO_RDZV_ID:-%s}" % run.run_id, python=python)
         cmd = shell_command(argv)
         lines.append(cmd)
         multi = run.nodes > 1
@@ -308,7 +308,9 @@ def _node_main(task: _NodeTask) -> int:
 
     job = submitit.JobEnvironment()
     head = job.hostnames[0] if task.run.nodes > 1 else "127.0.0.1"
-    argv = torchrun_argv(task.run, task.runs_dir, head=head, port=task.port, rdzv_id=str(job.job_id),
+    # two array tasks may share a head node: offset the rendezvous port by the job id (same on every node)
+    port = task.port + int(re.sub(r"\D", "", str(job.job_id)) or 0) % 1000
+    argv = torchrun_argv(task.run, task.runs_dir, head=head, port=port, rdzv_id=str(job.job_id),
                          node_rank=job.node, backend=task.backend, device=task.device)
     log = _log_path(Path(task.logs_dir), task.run, f".node{job.node}")
     rc = _run_logged(argv, log, timeout_s=10 * 24 * 3600.0)  # SLURM's time limit ends it first
@@ -427,9 +429,9 @@ def prepare_paper_runs(paper: str | None, *, scale: str, read_only: bool, launch
         _check_finished(grid, runs_dir)
         return True
     if not launcher:
-        raise GridStop(f"scale='paper' trains the {grid.summary()}, not this machine's tiny models: set launcher to "
-                       f"'local' (this node's GPUs), 'slurm' (submitit) or 'print' (job scripts), or read finished runs "
-                       f"with {how_to_read}")
+        raise GridStop(f"scale='paper' trains the {grid.summary()}, not this machine's tiny models: set launcher "
+                       f"to 'local' (this node's GPUs), 'slurm' (submitit) or 'print' (job scripts), or read finished "
+                       f"runs with {how_to_read}")
     jobs = Path(jobs_dir) if jobs_dir is not None else runs_dir.parent / "jobs"
     todo = pending_runs(grid.runs, runs_dir)
     if launcher == "print":
