@@ -34,6 +34,7 @@ log = logging.getLogger(__name__)
 
 FAMILY = "sparse"
 FIRST_STEP = 1e-6  # omgs_optimal's first upper bound: this far (relative) above the root's lower bound
+GROWTH = 4  # and the margin's growth from one round to the next
 
 _TWO = (Message("sparse_allgather"), Message("sparse_allgather"))
 _ONE = (Message("sparse_allgather"),)
@@ -252,7 +253,7 @@ def omgs_optimal(trace: Trace, cost: CostModel, density: float = 0.001, *, pack:
         if target >= incumbent:  # cannot happen: the incumbent is itself a contiguous grouping
             raise RuntimeError("omgs_optimal found no grouping within the bound (please report this)")
         proven = max(proven, target)
-        step *= 4
+        step *= GROWTH
     plan = _plan(trace, _groups_of(cuts, L), cost, "omgs_optimal", density, pack)
     search.record(plan.meta, float(plan.meta["iteration_s"]), None, L)
     return plan
