@@ -258,9 +258,13 @@ class DeARTunedExecutor(Executor):
         self._last = now
         if len(self._intervals) < self.trial_steps:
             return
-        mean = torch.tensor([statistics.fmean(self._intervals)], dtype=torch.float64, device=self._device)
-        dist.all_reduce(mean, op=dist.ReduceOp.MAX)
-        seconds = float(mean.item())
+        # Every collective of the run goes through the executor's stream (one thread, one order on every
+        # rank, as NCCL needs): the slowest rank's mean is the max of a one-hot vector summed over ranks.
+        world = dist.get_world_size()
+        means = torch.zeros(world, dtype=torch.float64, device=self._device)
+        means[self._rank] = statistics.fmean(self._intervals)
+        self._stream.all_reduce(means).wait()
+        seconds = float(means.max().item())
         best = min([r["iteration_s"] for r in self._rows] + [seconds])
         row = {**self._trial, "iteration_s": seconds, "best_so_far_s": best, "chosen": False}
         self._rows.append({c: row[c] for c in TUNING_COLUMNS})
@@ -270,7 +274,7 @@ class DeARTunedExecutor(Executor):
             if self._trial["threshold_bytes"] is not None:
                 self._bo.register(self._trial["threshold_bytes"], seconds)
             nxt[0] = -1.0 if done else float(self._bo.suggest())
-        dist.broadcast(nxt, src=0)
+        self._stream.broadcast(nxt, src=0).wait()
         if done:  # keep the best measured bucketing (the earliest of equals)
             k = min(range(len(self._rows)), key=lambda i: self._rows[i]["iteration_s"])
             self._rows[k]["chosen"] = True
