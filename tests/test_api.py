@@ -91,7 +91,7 @@ def _refused(ctx, kwargs: dict) -> str:
 
 BAD = [({"scheduler": "nosuch"}, "unknown scheduler"),
        ({"scheduler": "mgwfbp", "density": 0.1}, "density do not apply"),
-       ({"scheduler": "osp"}, "parameter-server family"),
+       ({"scheduler": "osp", "servers": 3}, "parameter-server family"),
        ({"scheduler": "mgwfbp", "warmup_steps": 0}, "warmup_steps"),
        ({"scheduler": "mgwfbp", "view": "neuron"}, "view must be"),
        ({"scheduler": "dear_threshold", "wire_dtype": "float16"}, "wire_dtype does not apply"),

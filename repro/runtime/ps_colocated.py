@@ -77,7 +77,7 @@ from torch import nn
 from repro.plan import Plan, PlanError
 from repro.runtime.buffers import broadcast_buffers
 from repro.runtime.executor import Executor, ExecutorOptions
-from repro.runtime.ps import PSTiming, _Bucket, _flatten_into, _unflatten_from, ps_layout
+from repro.runtime.ps_layout import PSTiming, _Bucket, _flatten_into, _unflatten_from, ps_layout
 
 __all__ = ["ColocatedPSExecutor", "ColocatedPSOptimizer", "colocated_options", "bucket_lag"]
 
