@@ -790,6 +790,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_cost_flags(p)
     p.set_defaults(func=cmd_compare)
 
+    from repro.grid_cli import add_grid_parser
+
+    add_grid_parser(sub)  # repro grid show|status|launch: a paper's measured grid
+
     p = sub.add_parser("cost", help="cost files: `repro cost fit` fits one to your measured collectives",
                        description="Cost files (CostModel JSON), which --cost and --network take.")
     cost_sub = p.add_subparsers(dest="cost_command", required=True, parser_class=_Parser, metavar="ACTION")

@@ -1,8 +1,8 @@
-"""``python -m repro.grid_cli`` (``repro grid``): a paper's grid from the command line.
+"""``repro grid`` (or ``python -m repro.grid_cli grid``): a paper's grid from the command line.
 
-    python -m repro.grid_cli show mgwfbp                       # the runs: id, model, scheduler, P, nodes
-    python -m repro.grid_cli status mgwfbp --runs-dir DIR      # done / failed / pending per run, and counts
-    python -m repro.grid_cli launch mgwfbp --runs-dir DIR --launcher print --jobs-dir JOBS
+    repro grid show mgwfbp                       # the runs: id, model, scheduler, P, nodes
+    repro grid status mgwfbp --runs-dir DIR      # done / failed / pending per run, and counts
+    repro grid launch mgwfbp --runs-dir DIR --launcher print --jobs-dir JOBS
 
 ``launch`` runs the unfinished runs as the notebooks' ``launcher`` does (:mod:`repro.cluster.jobs`):
 ``print`` writes the job scripts, ``local`` uses this node's GPUs, ``slurm`` submits through submitit and
@@ -15,31 +15,42 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 from repro.cluster.grid import GRID_PAPERS, GridError, count_status, load_grid, status_table
 from repro.cluster.jobs import GridStop, launch_local_grid, pending_runs, submit_slurm, wait_jobs, write_job_scripts
 
-__all__ = ["main", "build_parser"]
+__all__ = ["main", "build_parser", "add_grid_parser", "run_grid_command"]
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="repro grid", description="A paper's measured grid: show it, check "
-                                     "which runs finished, launch the others.")
-    sub = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
+def add_grid_parser(sub: Any) -> argparse.ArgumentParser:
+    """Add ``grid`` (show / status / launch) to a subparsers action (``repro``'s, or :func:`build_parser`'s)."""
+    parser = sub.add_parser("grid", help="a paper's measured grid: show it, check which runs finished, launch the rest",
+                            description="A paper's measured grid (repro/shipped/grids): show its runs, check which "
+                                        "finished, launch the others (print, local or slurm).")
+    actions = parser.add_subparsers(dest="grid_action", required=True, metavar="ACTION",
+                                    parser_class=type(parser))
     for name, text in (("show", "list the grid's runs"), ("status", "done / failed / pending per run"),
                        ("launch", "run the unfinished runs (print, local or slurm)")):
-        p = sub.add_parser(name, help=text, description=text)
+        p = actions.add_parser(name, help=text, description=text)
         p.add_argument("grid", help=f"{', '.join(GRID_PAPERS)} or a grid .yaml file")
-        p.add_argument("--format", choices=("table", "json"), default="table", help="output format (default: table)")
+        p.add_argument("--format", choices=("table", "json"), default="table", help="output format")
         if name != "show":
             p.add_argument("--runs-dir", required=True, type=Path,
                            help="folder of the run folders (a notebook's results_dir/<notebook>/runs; shared by "
                                 "every node)")
         if name == "launch":
-            p.add_argument("--launcher", required=True, choices=("print", "local", "slurm"))
-            p.add_argument("--jobs-dir", type=Path, default=None,
-                           help="job scripts, logs and submitit files (default: <runs-dir>/../jobs)")
+            p.add_argument("--launcher", required=True, choices=("print", "local", "slurm"), help="how to run them")
+            p.add_argument("--jobs-dir", type=Path,
+                           help="job scripts, logs and submitit files (if not given: <runs-dir>/../jobs)")
+        p.set_defaults(func=run_grid_command)
+    return parser
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """``python -m repro.grid_cli``'s parser: the ``grid`` command of ``repro`` on its own."""
+    parser = argparse.ArgumentParser(prog="python -m repro.grid_cli", description=__doc__.split("\n\n")[0])
+    add_grid_parser(parser.add_subparsers(dest="command", required=True, metavar="COMMAND"))
     return parser
 
 
@@ -50,38 +61,45 @@ def _table(rows: list[dict], columns: Sequence[str]) -> str:
     return "\n".join(lines)
 
 
+def run_grid_command(args: argparse.Namespace) -> None:
+    """Carry out ``repro grid ACTION``; bad input and refusals raise :class:`GridError` / :class:`GridStop`
+    (ValueErrors, one line)."""
+    grid = load_grid(args.grid)
+    if args.grid_action == "show":
+        rows = [{"run_id": r.run_id, "experiment": r["experiment"], **{k: r[k] for k in (
+            "model", "scheduler", "world_size", "wire_dtype", "batch_size")}, "nodes": r.nodes,
+            "procs_per_node": r.procs_per_node} for r in grid.runs]
+        print(json.dumps(rows, indent=1) if args.format == "json"
+              else f"{grid.summary()}\n" + _table(rows, list(rows[0])))
+        return
+    if args.grid_action == "status":
+        rows = status_table(grid, args.runs_dir)
+        counts = count_status(rows)
+        if args.format == "json":
+            print(json.dumps({"counts": counts, "runs": rows}, indent=1))
+        else:
+            print(_table(rows, ["run_id", "status", "model", "scheduler", "world_size", "wire_dtype", "nodes"]))
+            print(", ".join(f"{v} {k}" for k, v in counts.items()) + f" of {len(rows)} runs")
+        return
+    jobs = args.jobs_dir or args.runs_dir.parent / "jobs"
+    todo = pending_runs(grid.runs, args.runs_dir)
+    if args.launcher == "print":
+        write_job_scripts(todo, args.runs_dir, jobs)
+        print(f"{len(todo)} job scripts ({len(grid.runs) - len(todo)} runs finished, skipped) written to {jobs}")
+    elif args.launcher == "local":
+        launch_local_grid(todo, args.runs_dir, jobs / "logs")
+    else:
+        wait_jobs(submit_slurm(todo, args.runs_dir, jobs))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m repro.grid_cli grid ACTION ...`` (the same as ``repro grid ACTION ...``)."""
     args = build_parser().parse_args(argv)
     try:
-        grid = load_grid(args.grid)
-        if args.action == "show":
-            rows = [{"run_id": r.run_id, "experiment": r["experiment"], **{k: r[k] for k in (
-                "model", "scheduler", "world_size", "wire_dtype", "batch_size")}, "nodes": r.nodes,
-                "procs_per_node": r.procs_per_node} for r in grid.runs]
-            print(json.dumps(rows, indent=1) if args.format == "json" else
-                  f"{grid.summary()}\n" + _table(rows, list(rows[0])))
-            return 0
-        if args.action == "status":
-            rows = status_table(grid, args.runs_dir)
-            counts = count_status(rows)
-            if args.format == "json":
-                print(json.dumps({"counts": counts, "runs": rows}, indent=1))
-            else:
-                print(_table(rows, ["run_id", "status", "model", "scheduler", "world_size", "wire_dtype", "nodes"]))
-                print(", ".join(f"{v} {k}" for k, v in counts.items()) + f" of {len(rows)} runs")
-            return 0
-        jobs = args.jobs_dir or args.runs_dir.parent / "jobs"
-        todo = pending_runs(grid.runs, args.runs_dir)
-        if args.launcher == "print":
-            write_job_scripts(todo, args.runs_dir, jobs)
-            print(f"{len(todo)} job scripts ({len(grid.runs) - len(todo)} runs finished, skipped) written to {jobs}")
-        elif args.launcher == "local":
-            launch_local_grid(todo, args.runs_dir, jobs / "logs")
-        else:
-            wait_jobs(submit_slurm(todo, args.runs_dir, jobs))
+        args.func(args)
         return 0
     except (GridError, GridStop, OSError) as e:
-        print(f"repro grid: error: {str(e).splitlines()[0]}", file=sys.stderr)
+        print(f"repro: error: {str(e).splitlines()[0]}", file=sys.stderr)
         return 2
 
 

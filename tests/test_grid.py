@@ -165,22 +165,26 @@ def test_run_config_is_a_plain_value():
 # ------------------------------------------------------------------------------- python -m repro.grid_cli
 
 def test_grid_cli_show_status_and_print(tmp_path, capsys):
-    from repro.grid_cli import main
+    from repro.cli import main
 
-    assert main(["show", "omgs", "--format", "json"]) == 0
+    assert main(["grid", "show", "omgs", "--format", "json"]) == 0
     shown = json.loads(capsys.readouterr().out)
     assert [r["run_id"] for r in shown] == load_grid("omgs").run_ids()
     runs = tmp_path / "runs"
     first = load_grid("omgs").run_ids()[0]
     (runs / first).mkdir(parents=True)
     (runs / first / "run.json").write_text("{}")
-    assert main(["status", "omgs", "--runs-dir", str(runs), "--format", "json"]) == 0
+    assert main(["grid", "status", "omgs", "--runs-dir", str(runs), "--format", "json"]) == 0
     assert json.loads(capsys.readouterr().out)["counts"] == {"done": 1, "failed": 0, "pending": 15}
-    assert main(["launch", "omgs", "--runs-dir", str(runs), "--launcher", "print"]) == 0
+    assert main(["grid", "launch", "omgs", "--runs-dir", str(runs), "--launcher", "print"]) == 0
     assert "15 job scripts" in capsys.readouterr().out
     assert len((tmp_path / "jobs" / "commands.txt").read_text().splitlines()) == 15
-    assert main(["launch", "omgs", "--runs-dir", str(runs), "--launcher", "local"]) == 2
+    assert main(["grid", "launch", "omgs", "--runs-dir", str(runs), "--launcher", "local"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "needs 16 nodes" in err
-    assert main(["status", "nope", "--runs-dir", str(runs)]) == 2
-    assert "no grid 'nope'" in capsys.readouterr().err
+    assert main(["grid", "status", "nope", "--runs-dir", str(runs)]) == 2
+    assert "repro: error: no grid 'nope'" in capsys.readouterr().err
+    from repro.grid_cli import main as grid_main  # the same without repro's other commands
+
+    assert grid_main(["grid", "status", "omgs", "--runs-dir", str(runs), "--format", "json"]) == 0
+    assert json.loads(capsys.readouterr().out)["counts"]["done"] == 1
