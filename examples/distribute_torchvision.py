@@ -16,7 +16,7 @@ One command per family (2 CPU ranks; on GPUs drop nothing, NCCL is picked by its
         --option threshold_bytes=1048576 --check-ddp
     torchrun --standalone --nproc-per-node 2 examples/distribute_torchvision.py --scheduler bytescheduler --check-ddp
 
-The parameter-server family (ps_*, osp*) runs through `repro launch` for now.
+The parameter-server family (ps_*, osp*): examples/distribute_ps.py (servers co-located on the ranks).
 """
 
 import argparse
