@@ -97,7 +97,7 @@ def main() -> None:
         except Exception as e:  # noqa: BLE001 - a mode that fails is a result too
             rows.append({"mode": mode, "error": str(e).splitlines()[0][:200]})
             continue
-        rows.append({"mode": mode, "tensors": r["tensors"], "hooks": r["hooks"],
+        rows.append({"mode": mode, "tensors": r["tensors"], "hooks": round(r["hooks"]),
                      "first_hook_ms": 1e3 * r["first_hook_s"], "last_hook_ms": 1e3 * r["last_hook_s"],
                      "backward_ms": 1e3 * r["backward_s"], "first_hook_frac": r["first_hook_s"] / r["backward_s"],
                      "tail_ms": 1e3 * (r["step_end_s"] - r["backward_s"])})

@@ -44,6 +44,12 @@ exchange counts a missing gradient as zeros and never waits for it, and a parame
 a gradient for keeps ``.grad`` None, as under ``DDP(find_unused_parameters=True)`` (the all-reduce
 and DeAR families).
 
+**torch.compile**: ``distribute(torch.compile(model), ...)`` or ``torch.compile(model)`` of the returned
+model both train correctly with the all-reduce and sparse families (the gradient hooks still fire once
+per parameter, but after the compiled backward graph rather than during it: docs/training.md has the
+measured overlap). Families that apply updates in forward pre-hooks of the model's modules (DeAR,
+ByteScheduler) are refused with a compiled model, at distribute or at the first step.
+
 The parameter-server family (``ps_*``, ``osp*``) runs with its servers co-located on the training
 ranks (server s on rank s; ``servers`` defaults to the world size, one shard per rank;
 :mod:`repro.runtime.ps_colocated`). Every option is checked before any collective, in one line.
