@@ -314,21 +314,32 @@ def compile_vs_ddp(ctx, cases: list[dict], steps: int, backend: str) -> list[dic
     return out
 
 
-def _compiled_dear_refused() -> str:
-    """distribute(torch.compile(net), scheduler=<a DeAR plan>): refused before any step."""
+def _compiled_dear_refused() -> list[str]:
+    """A DeAR plan with a compiled model: ``distribute(torch.compile(net))`` is refused at once;
+    ``torch.compile`` of the returned model at the first step (the door's forward hook saw the trace)."""
     import repro
     from repro.plan import Bucket, Plan
     from repro.planners.dear import DEAR_MESSAGES, FAMILY
     from repro.workload.layers import layer_parameters
 
-    torch.manual_seed(0)
-    compiled = torch.compile(SmallNet(), backend="eager")
-    plan = Plan([Bucket(tuple(layer_parameters(compiled, "tensor")), DEAR_MESSAGES)], "dear_threshold", family=FAMILY)
-    try:
-        repro.distribute(compiled, _sgd(compiled.parameters()), scheduler=plan)
-    except ValueError as e:
-        return str(e)
-    return "accepted"
+    out = []
+    for order in ("before", "after"):
+        torch.manual_seed(0)
+        net = SmallNet()
+        model = torch.compile(net, backend="eager") if order == "before" else net
+        plan = Plan([Bucket(tuple(layer_parameters(model, "tensor")), DEAR_MESSAGES)], "dear_threshold",
+                    family=FAMILY)
+        try:
+            model, dopt = repro.distribute(model, _sgd(model.parameters()), scheduler=plan)
+            model = torch.compile(model, backend="eager")
+            x, y = _branch_batches(dist.get_rank(), 1)[0]
+            dopt.zero_grad()
+            nn.CrossEntropyLoss()(model(x), y).backward()
+            dopt.step()
+            out.append("accepted")
+        except ValueError as e:
+            out.append(str(e))
+    return out
 
 
 # ---------------------------------------------------------------- the DDP bridge

@@ -146,9 +146,11 @@ def test_compiled_model_through_distribute_equals_ddp_in_either_order():
 @pytest.mark.slow
 def test_compiled_model_with_a_family_that_updates_in_forward_is_refused(loops):
     """DeAR applies updates in forward pre-hooks, which a compiled forward does not run in place
-    (measured: 7.6e-4 away from DDP after 5 steps, in either order): refused in one line."""
-    message = loops[0]["compiled_dear"]
-    assert message.startswith("repro.distribute: 'dear_threshold' applies updates in forward pre-hooks"), message
+    (measured: 7.6e-4 away from DDP after 5 steps, in either order): refused in one line, at distribute
+    when the model given is compiled, at the first step when the returned model was compiled after."""
+    for rank in loops:  # torch.compile before distribute (refused there), after it (at the first step)
+        for message in rank["compiled_dear"]:
+            assert message.startswith("repro.distribute: 'dear_threshold' applies updates in forward pre-hooks"), message
 
 
 # ---------------------------------------------------------------- the DDP bridge
