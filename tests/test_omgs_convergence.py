@@ -143,3 +143,49 @@ def test_one_merged_bucket_is_topk_sgd(ranks):
     for r in ranks:
         assert r["one_bucket_buckets"] == 1
         assert _max_diff(r["one_bucket"][0]["params"], r["topk_single"]["params"]) == 0.0
+
+
+# ---- the evaluation path: what made the tiny runs' test loss explode while the training loss fell ----
+
+def evaluate_with_stale_statistics(ctx) -> dict:
+    """Per rank: repro.train's evaluation of one model, then of the same weights with its BatchNorm running
+    statistics made stale (as after a burst of top-k updates with error feedback: the running averages of
+    the last ~10 batches describe older weights), and whether the evaluation left the buffers as they were."""
+    from repro.train import TrainConfig, _evaluate
+    from repro.workload.models import build_model
+
+    from repro.workload.datasets import get_dataset, make_loader
+
+    torch.manual_seed(0)
+    model = build_model("tiny_resnet")
+    cfg = TrainConfig(model="tiny_resnet", scheduler="wfbp", dataset="digits", epochs=1, batch_size=32, seed=0)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    for i, (x, y) in enumerate(make_loader(get_dataset("digits", split="train"), 32, seed=0)):  # a classifier, alone
+        if i == 25:
+            break
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+    first = _evaluate(cfg, model, 1, [], torch.device("cpu"))
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, torch.nn.BatchNorm2d):
+                m.running_var.mul_(50.0)
+                m.running_mean.add_(2.0)
+    before = [b.clone() for b in model.buffers()]
+    stale = _evaluate(cfg, model, 1, [], torch.device("cpu"))
+    kept = all(torch.equal(a, b) for a, b in zip(before, model.buffers()))
+    return {"first": first, "stale": stale, "buffers_kept": kept}
+
+
+@pytest.mark.distributed
+@pytest.mark.xfail(strict=True, reason="issue 24: repro.train._evaluate evaluates with BatchNorm's running "
+                   "statistics, which lag the weights under top-k updates with error feedback; the fix "
+                   "(re-estimate them with the evaluated weights) belongs in repro/train.py")
+def test_evaluation_uses_batchnorm_statistics_of_the_evaluated_weights():
+    ranks = launch_local(evaluate_with_stale_statistics, 2, timeout_s=300)
+    for r in ranks:
+        assert r["buffers_kept"]  # evaluating does not change the model
+        # the same weights are the same model: the accuracy may not depend on statistics of older weights
+        assert r["stale"]["test_accuracy"] == pytest.approx(r["first"]["test_accuracy"], abs=1e-12)
+        assert r["stale"]["test_loss"] == pytest.approx(r["first"]["test_loss"], rel=1e-6)
