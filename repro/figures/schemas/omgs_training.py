@@ -13,7 +13,7 @@ class OmgsTrainingParams(NotebookParams):
     notebook: ClassVar[str] = "omgs_training"
 
     cnn_model: Model = "tiny_resnet"
-    cnn_density: Density = 0.05
+    cnn_density: Density = 0.2
     lm_model: Model = "tiny_lstm"
     lm_density: Density = 0.004
     ptb_dir: Str = ""  # a folder, or "": data/ptb if present, else the pydoc text (the notebook decides)
