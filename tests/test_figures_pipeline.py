@@ -90,7 +90,7 @@ def test_scheduler_colors_are_fixed_distinct_and_aliased():
     assert scheduler_label("wfbp") == "WFBP"
     assert scheduler_label("syncea") == "SyncEASGD"
     assert scheduler_label("mgwfbp") == "MG-WFBP"
-    assert scheduler_label("optimal") == "Optimal (exact DP)"
+    assert scheduler_label("optimal") == "Optimal (ours, exact DP)"
     assert scheduler_label("Mystery") == "Mystery"
 
 

@@ -37,6 +37,7 @@ def test_a_wheel_carries_traces_paper_numbers_and_types_and_runs_the_readme_exam
     assert "repro/shipped/traces/resnet50_b32_v100-estimate.json" in names
     assert "repro/shipped/paper_numbers/mgwfbp_conference_speedup.csv" in names
     assert {f"repro/shipped/grids/{p}.yaml" for p in ("mgwfbp", "omgs", "dear", "osp")} <= set(names)
+    assert {f"repro/shipped/claims/{p}.yaml" for p in ("mgwfbp", "omgs", "dear", "osp")} <= set(names)
     meta = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith("METADATA"))).decode()
     assert "Requires-Dist: torch" in meta
     # A clean environment with the wheel and the torch-free core's one dependency (numpy): the

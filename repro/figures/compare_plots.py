@@ -8,6 +8,10 @@ label gives the fastest iteration in milliseconds. A star marks the fastest of t
 fastest among the schedulers that keep synchronous SGD's update, where that is not the fastest overall.
 Rows of schedulers that change the update (top-k, ASP, SSP, OSP) carry a dagger. Measured cells of runs
 with more ranks than CPU cores are hatched (oversubscribed); schedulers not run are left grey.
+Exact planners (``optimal``, ``omgs_optimal``, ``dear_optimal``: ours) are labelled "ours, exact"; their
+row is the best of their exact plan and their family's heuristic plans under the judging cost model
+(:func:`repro.studies.compare.exact_choice`), and a cell whose plan came from a heuristic (the exact
+plan lost under contention) carries a double dagger; :data:`EXACT_NOTE` says so under the figure.
 The notes and legend are below the axes, never over data. Saving is the caller's job.
 """
 
@@ -24,21 +28,49 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch, Rectangle
 
 from repro.figures.style import OVERSUBSCRIBED_HATCH, OVERSUBSCRIBED_LABEL, scheduler_label
-from repro.studies.compare import GROUPS, SCHEDULERS
+from repro.studies.compare import EXACT, GROUPS, SCHEDULERS
 
-__all__ = ["BEST_MARK", "BEST_SYNC_MARK", "CHANGES_MATH_MARK", "row_label", "plot_compare"]
+__all__ = ["BEST_MARK", "BEST_SYNC_MARK", "CHANGES_MATH_MARK", "HEURISTIC_PLAN_MARK", "EXACT_NOTE", "row_label",
+           "exact_note", "plot_compare"]
 
 BEST_MARK = "\u2605"          # black star: fastest of the column
 BEST_SYNC_MARK = "\u25c6"     # diamond: fastest keeping synchronous SGD's update (when the star changes it)
 CHANGES_MATH_MARK = "\u2020"  # dagger: changes the update of synchronous SGD
+HEURISTIC_PLAN_MARK = "\u2021"  # double dagger: an exact planner's row used a heuristic's plan (contention)
+EXACT_NOTE = ("Exact planners (ours): optimal under their paper's contention-free model; the calibrated cost model "
+              "adds contention they do not see, so each such row is the best of the exact plan and its family's "
+              "heuristic plans, simulated under the cost model that judges them.")
 _MISSING = "#e6e6e6"
 _CMAP = "viridis_r"
 
 
+def exact_note(simulated: pd.DataFrame) -> str:
+    """:data:`EXACT_NOTE` plus, where an exact plan lost under the judging model, by how much (largest
+    ``exact_plan_loss_pct`` per exact planner of ``simulated``); "" when no exact planner is in it."""
+    if "scheduler" not in simulated or not simulated["scheduler"].isin(EXACT).any():
+        return ""
+    if "exact_plan_loss_pct" not in simulated:
+        return EXACT_NOTE
+    ex = simulated[simulated["scheduler"].isin(EXACT)]
+    lost = ex[ex["exact_plan_loss_pct"] > 0]
+    if lost.empty:
+        return EXACT_NOTE + " Here the exact plan was the fastest in every configuration."
+    parts = []
+    for s, g in lost.groupby("scheduler", sort=False):
+        r = g.loc[g["exact_plan_loss_pct"].idxmax()]
+        parts.append(f"{s}'s own plan loses in {len(g)} of {int((ex['scheduler'] == s).sum())} configurations, "
+                     f"by up to {r['exact_plan_loss_pct']:.1f}% ({r['model']}, P={int(r['workers'])}, "
+                     f"{r['network']}: {r['plan_from']}'s plan used)")
+    return f"{EXACT_NOTE} {HEURISTIC_PLAN_MARK}: " + "; ".join(parts) + "."
+
+
 def row_label(scheduler: str, changes_math: bool) -> str:
-    """``"name: Display name"`` with a dagger when the scheduler changes the update."""
+    """``"name: Display name"`` with a dagger when the scheduler changes the update; exact planners say
+    "(ours, exact)"."""
     label = scheduler_label(scheduler)
     text = scheduler if label == scheduler else f"{scheduler}: {label}"
+    if scheduler in EXACT and "ours" not in text:
+        text += " (ours, exact)"
     return f"{text} {CHANGES_MATH_MARK}" if changes_math else text
 
 
@@ -84,6 +116,8 @@ def _panel(ax, table: pd.DataFrame, rows, columns: list[tuple], column_keys: lis
             colour = cmap(norm(ratio[i, j]))
             lum = 0.2126 * colour[0] + 0.7152 * colour[1] + 0.0722 * colour[2]
             mark = BEST_MARK if bool(r["best"]) else (BEST_SYNC_MARK if bool(r["best_sync_sgd"]) else "")
+            if str(r.get("plan_from", s)) not in ("", "nan", s):
+                mark = HEURISTIC_PLAN_MARK + mark
             ax.text(j, i, _ratio_text(ratio[i, j], bool(r["best"])) + mark, ha="center", va="center", fontsize=6.3,
                     color="white" if lum < 0.45 else "black", fontweight="bold" if mark else "normal")
             if hatch_oversubscribed and bool(r.get("oversubscribed", False)):
@@ -215,7 +249,11 @@ def plot_compare(simulated: pd.DataFrame, measured: pd.DataFrame | None = None, 
                                  label=OVERSUBSCRIBED_LABEL))
     legend = fig.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=2, frameon=False,
                         fontsize=7.5, handlelength=1.2)
-    notes = [n for n in (sim_note, measured_note) if n]
+    if (simulated["plan_from"].astype(str) != simulated["scheduler"]).any() if "plan_from" in simulated else False:
+        handles.append(Patch(facecolor="white", edgecolor="white",
+                             label=f"{HEURISTIC_PLAN_MARK} exact planner's row: a heuristic's plan simulated faster "
+                                   "under contention"))
+    notes = [n for n in (sim_note, exact_note(simulated), measured_note) if n]
     if notes:
         # Under the legend: its bottom edge, known once drawn, in figure coordinates.
         fig.canvas.draw()

@@ -193,6 +193,33 @@ def _simulated_relative_panels(axes, simulated: pd.DataFrame, schedulers: Sequen
         ax.set_title(_wrap(f"simulated, {p} GPUs, {net}: {note}", 48), fontsize="small")
 
 
+RELEASED_DEAR: tuple[str, ...] = ("dear_nofusion", "dear_threshold")  # the authors' method, as released
+OURS_DEAR: tuple[str, ...] = ("dear_model", "dear_optimal")               # this package's planners
+
+
+def released_note(simulated: pd.DataFrame) -> str:
+    """One sentence for the subtitle: DeAR as released (:data:`RELEASED_DEAR`) against the best non-DeAR
+    method of the same model and network in ``simulated`` (percent faster; negative: slower), smallest and
+    largest, and that :data:`OURS_DEAR` are ours; "" when the table lacks them."""
+    need = {"model", "network", "scheduler", "iteration_s"}
+    if simulated is None or not len(simulated) or not need <= set(simulated.columns):
+        return ""
+    dear = set(RELEASED_DEAR) | set(OURS_DEAR) | {"dear", "dear_bo"}
+    gains = []
+    for (model, net), g in simulated.groupby(["model", "network"], sort=False):
+        rel, base = g[g.scheduler.isin(RELEASED_DEAR)], g[~g.scheduler.isin(dear)]
+        if rel.empty or base.empty:
+            continue
+        gains.append((100.0 * (float(base.iteration_s.min()) / float(rel.iteration_s.min()) - 1.0), model, net))
+    if not gains:
+        return ""
+    lo, hi = min(gains), max(gains)
+    ours = [s for s in OURS_DEAR if s in set(simulated.scheduler)]
+    return (f"DeAR as released ({' or '.join(RELEASED_DEAR)}) vs the best baseline, simulated: {lo[0]:+.1f}% "
+            f"({lo[1]}, {lo[2]}) to {hi[0]:+.1f}% ({hi[1]}, {hi[2]})"
+            + (f"; {' and '.join(ours)} are ours (this package's planners)." if ours else "."))
+
+
 def plot_throughput(measured: pd.DataFrame, simulated: pd.DataFrame, schedulers: Sequence[str],
                     sim_schedulers: Sequence[str], title: str, measured_note: str, sim_note: str,
                     summary: str = ""):
@@ -217,6 +244,7 @@ def plot_throughput(measured: pd.DataFrame, simulated: pd.DataFrame, schedulers:
                              label="oversubscribed: more ranks than CPU cores"))
     fig.suptitle(title, fontsize="medium", y=0.995)
     top = 0.9
+    summary = " ".join(t for t in (summary, released_note(simulated)) if t)
     if summary:
         text = _wrap(summary, int(13 * fig.get_figwidth()))
         fig.text(0.5, 0.94, text, ha="center", va="top", fontsize="small", style="italic", color="#333333")

@@ -7,7 +7,10 @@ fetched from the network) and in any browser:
 * a summary table (id, title, scale, source, status), then one section per paper with a grid of
   cards, one per manifest figure; a done figure's card shows its thumbnail and links to the full PNG,
   the PDF, its data table(s) (CSV) and the executed notebook rendered as HTML; a planned figure's card
-  shows its title and notebook;
+  shows its title and notebook; a card whose paper makes a claim the figure shows carries one line per
+  claim: its verdict (reproduced, partly, not reproduced, not testable here, not run yet) and our
+  number against the paper's (:mod:`repro.figures.claims`; stored in the run record by the runner, or
+  computed from ``data/`` when the record has none);
 * one status word per figure (:data:`STATES`), the same words the runner prints:
 
   ``done``     its notebook finished a run in this folder (a run record, or papermill's end time in the
@@ -252,6 +255,7 @@ class Card:
     caption: str = ""
     paper_numbers: str = ""
     error: str = ""                                           # the notebook's failure, if it failed
+    claims: list[dict[str, str]] = field(default_factory=list)  # verdicts: claim_id, verdict, line
 
     @property
     def anchor(self) -> str:
@@ -376,6 +380,7 @@ def collect_cards(out: str | Path, entries: Sequence[FigureEntry], *,
             card.caption = str(side.get("caption") or "")
             card.paper_numbers = str(side.get("paper_numbers") or "")
         if state == "done":
+            card.claims = _card_claims(out, e, record, warn)
             present, absent, rule = figure_tables(out, e, side, record)
             card.tables = [_rel(out, out / "data" / f"{n}.csv") for n in present]
             card.tables_absent, card.tables_rule = absent, rule
@@ -384,6 +389,23 @@ def collect_cards(out: str | Path, entries: Sequence[FigureEntry], *,
                 card.other_tables = [_rel(out, out / "data" / f"{n}.csv") for n in others]
         cards.append(card)
     return cards
+
+
+def _card_claims(out: Path, entry: FigureEntry, record: dict[str, Any] | None,
+                 warn: Callable[[str], None]) -> list[dict[str, str]]:
+    """The claim verdicts of ``entry``: those its run record holds (the runner stored them after the
+    notebook ran), else computed now from ``<out>/data`` (:func:`repro.figures.claims.figure_verdicts`)."""
+    stored = ((record or {}).get("claims") or {}).get(entry.id) if isinstance((record or {}).get("claims"), dict) \
+        else None
+    if isinstance(stored, list):
+        return [{k: str(v.get(k, "")) for k in ("claim_id", "verdict", "line")} for v in stored if isinstance(v, dict)]
+    from .claims import ClaimsError, figure_verdicts
+
+    try:
+        return figure_verdicts(entry.id, out / "data")
+    except (ClaimsError, OSError, ValueError) as exc:
+        warn(f"warning: no claim verdict for {entry.id}: {' '.join(str(exc).split())[:200]}")
+        return []
 
 
 def _notebook_link(out: Path, notebook: str, warn: Callable[[str], None]) -> str | None:
@@ -492,6 +514,8 @@ def _md_card(c: Card) -> str:
                      + ", ".join(f"[{Path(t).name}]({_href(t)})" for t in c.other_tables))
     if c.tables_absent:
         parts.append("tables not found: " + ", ".join(c.tables_absent))
+    for v in c.claims:
+        parts.append(f"claim: **{_md_cell(v['verdict'])}** — {_md_cell(v['line'].split(': ', 1)[-1])}")
     if c.caption:
         parts.append(f"*{_md_cell(c.caption)}*")
     if c.state in ("failed", "missing"):
@@ -558,11 +582,21 @@ details p{margin:.3em 0}
 padding:.1em .55em;border-radius:1em;white-space:nowrap}
 .badge.done{background:#dafbe1;color:#116329} .badge.planned{background:#eaeef2;color:#59636e}
 .badge.failed{background:#ffebe9;color:#a40e26} .badge.missing{background:#fff8c5;color:#7d4e00}
+.claim{font-size:.84em;margin:.3em 0}
+.verdict{display:inline-block;font-size:.78em;font-weight:600;padding:0 .45em;border-radius:.3em;white-space:nowrap}
+.verdict.yes{background:#dafbe1;color:#116329} .verdict.partly{background:#fff8c5;color:#7d4e00}
+.verdict.no{background:#ffebe9;color:#a40e26} .verdict.na{background:#eaeef2;color:#59636e}
 """
 
 
 def _badge(state: str) -> str:
     return f'<span class="badge {state}" title="{html.escape(STATE_HELP[state])}">{state}</span>'
+
+
+def _verdict_badge(verdict: str) -> str:
+    kind = {"reproduced": "yes", "partly": "partly", "not reproduced": "no"}.get(verdict, "na")
+    return (f'<span class="verdict {kind}" title="the paper\'s claim, our number against the paper\'s '
+            f'(repro.figures.claims)">{html.escape(verdict)}</span>')
 
 
 def _html_card(c: Card) -> str:
@@ -602,6 +636,8 @@ def _html_card(c: Card) -> str:
         out.append(f'<p class="error">tables not found: {esc(", ".join(c.tables_absent))}</p>')
     if c.error and c.state != "done":
         out.append(f'<p class="error">{esc(c.error)}</p>')
+    for v in c.claims:
+        out.append(f'<p class="claim">{_verdict_badge(v["verdict"])} {esc(v["line"].split(": ", 1)[-1])}</p>')
     more = []
     if c.caption:
         more.append(f"<p>{esc(c.caption)}</p>")

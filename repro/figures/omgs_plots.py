@@ -33,7 +33,7 @@ _PLAIN = FuncFormatter(lambda v, _pos: f"{v:g}")
 # The sparse planners in the project's fixed styles (repro.figures.style), with labels saying which
 # rule each is.
 _LABELS = {"topk_layerwise": "Layer-wise top-k", "topk_single": "TopK-SGD (single top-k)",
-           "omgs": "OMGS-SGD (published rule)", "omgs_optimal": "Optimum (exact, contiguous merges)"}
+           "omgs": "OMGS-SGD (published rule)", "omgs_optimal": "Optimum (ours: exact, contiguous merges)"}
 _STYLES = {name: {**scheduler_style(name), "label": label} for name, label in _LABELS.items()}
 _KIND_COLORS = {"sparse_allgather": PALETTE[2], "sparsify": PALETTE[4], "compress": PALETTE[4]}
 

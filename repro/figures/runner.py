@@ -13,6 +13,8 @@
    copies go to ``<out>/notebooks/``, with
    ``<name>.html`` (nbconvert) and ``<name>.run.json`` (status, seconds, error, tables written) beside
    them; while a notebook runs, a line every 30 s says how long it has been running and which cell;
+   the run record also holds ``claims``: per figure, the verdicts of the papers' claims it shows,
+   computed from the tables just written (:mod:`repro.figures.claims`);
 4. checks that every declared figure of those notebooks is whole in ``<out>/figures/`` (the PNG
    decodes, the PDF is complete, the sidecar is there) and prints one line per figure: id, status
    (done | failed), file;
@@ -65,6 +67,7 @@ __all__ = [
     "check_out_folder",
     "out_folder_lock",
     "missing_figures",
+    "figure_claim_verdicts",
     "run",
     "write_index",
     "main",
@@ -343,6 +346,26 @@ def _execute(src: Path, dst: Path, params: dict[str, Any], cwd: Path, kernel_nam
     return None
 
 
+def figure_claim_verdicts(entries: Sequence[FigureEntry], data_dir: Path,
+                          say: Callable[[str], None] = _say) -> dict[str, list[dict[str, str]]]:
+    """The one-line verdicts of the papers' claims each figure of ``entries`` shows
+    (:func:`repro.figures.claims.figure_verdicts`, computed from the tables in ``data_dir`` after its
+    notebook ran), by figure id; figures whose paper makes no claim they show are left out. A broken
+    claims file costs a warning, not the run."""
+    from .claims import ClaimsError, figure_verdicts
+
+    out: dict[str, list[dict[str, str]]] = {}
+    for e in entries:
+        try:
+            v = figure_verdicts(e.id, data_dir)
+        except (ClaimsError, OSError, ValueError) as exc:
+            say(f"warning: no claim verdict for {e.id}: {' '.join(str(exc).split())[:200]}")
+            continue
+        if v:
+            out[e.id] = v
+    return out
+
+
 def _table_stamps(data_dir: Path) -> dict[str, int]:
     return {p.stem: p.stat().st_mtime_ns for p in data_dir.glob("*.csv")}
 
@@ -424,9 +447,11 @@ def _run_locked(out: Path, entries: Sequence[FigureEntry], notebooks: list[str],
                     f"{' '.join(str(exc).split())[:200]}")
         missing = missing_figures(declared, [nb], fig_dir)
         status = "failed" if (err or missing) else "done"
+        verdicts = figure_claim_verdicts(declared, data_dir, say)
         write_run_record(out, nb, {"status": status, "error": err, "seconds": round(dt, 3),
                                    "started_utc": started.isoformat(timespec="seconds"),
-                                   "kernel": kernel_name, "parameters": nb_params[nb], "tables": tables})
+                                   "kernel": kernel_name, "parameters": nb_params[nb], "tables": tables,
+                                   "claims": verdicts})
         if err:
             failures.append(err)
         say(f"{prefix} {status} in {_duration(dt)}")
@@ -439,6 +464,8 @@ def _run_locked(out: Path, entries: Sequence[FigureEntry], notebooks: list[str],
             else:
                 report.figures += [files["png"], files["pdf"]]
                 say(f"    done    {e.id:<{width}}  {_display_path(files['png'])}")
+            for v in verdicts.get(e.id, []):
+                say(f"            {'':<{width}}  claim {v['line']}")
 
     missing = missing_figures(entries, notebooks, fig_dir)
     known = {e.stem for e in entries}
