@@ -73,10 +73,11 @@ def test_dear_optimal_does_not_depend_on_its_heuristic_pass(monkeypatch):
     for _ in range(8):
         tr, cost = _dear_trace(rng, int(rng.integers(20, 50))), _dear_cost(rng)
         got = []
-        for beam in (1, 8, 10_000):
+        for beam, step in ((1, 1e-6), (8, 1e-9), (10_000, 0.5), (0, 1e-6)):  # 0: no heuristic pass
             monkeypatch.setattr(dear, "BEAM", beam)
+            monkeypatch.setattr(dear, "FIRST_STEP", step)
             got.append(make_plan("dear_optimal", tr, cost).meta["iteration_s"])
-        assert got[0] == pytest.approx(got[1], rel=1e-12) and got[1] == pytest.approx(got[2], rel=1e-12)
+        assert all(g == pytest.approx(got[0], rel=1e-12) for g in got)
 
 
 def test_least_rs_end_is_the_least_over_every_bucketing():

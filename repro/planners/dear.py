@@ -38,7 +38,9 @@ log = logging.getLogger(__name__)
 FAMILY = "dear"
 DEAR_MESSAGES = (Message("reduce_scatter", "backward"), Message("allgather", "next_forward"))
 DEFAULT_THRESHOLD_BYTES = 25 * 2**20
-BEAM = 8  # labels per position in dear_optimal's first, heuristic pass
+BEAM = 8  # labels per position in dear_optimal's heuristic passes
+FIRST_STEP = 1e-6  # the first heuristic pass's upper bound: this far (relative) above the root's bound
+GROWTH = 4  # and its growth from one pass to the next
 STALL_LAYERS = 2000  # up to this many layers dear_optimal bounds the forward's stalls exactly (O(L^2) memory)
 
 
@@ -257,35 +259,6 @@ class _Model:
         return phi + float(c[-1]) + M + self.straggler
 
 
-def _local_search(model: _Model, bounds: list[int], max_passes: int = 50,
-                  deadline: float | None = None) -> list[int]:
-    """First-improvement descent over boundary moves (shift by one layer, remove, add). Each pass's
-    moves are evaluated in one batch (:meth:`_Model.periods`); the first (in move order) whose
-    :meth:`_Model.period` improves is taken, as a one-by-one scan would. Stops at ``deadline``."""
-    best = model.period(bounds)
-    for _ in range(max_passes):
-        if deadline is not None and time.perf_counter() >= deadline:
-            break
-        improved = False
-        inner = bounds[1:-1]
-        moves = [sorted(set(inner) - {x}) for x in inner]
-        moves += [sorted(set(inner) - {x} | {x + d}) for x in inner for d in (-1, 1)
-                  if 0 < x + d < model.L and x + d not in inner]
-        moves += [sorted(set(inner) | {x}) for x in range(1, model.L) if x not in inner]
-        if not moves:
-            break
-        cands = [[0, *m, model.L] for m in moves]
-        approx = model.periods(cands)
-        for k in np.flatnonzero(approx < best * (1 + 1e-9) + 1e-15).tolist():
-            p = model.period(cands[k])
-            if p < best - 1e-15:
-                best, bounds, improved = p, cands[k], True
-                break
-        if not improved:
-            break
-    return bounds
-
-
 def dear_optimal(trace: Trace, cost: CostModel, *, time_budget_s: float = DEFAULT_TIME_BUDGET_S) -> Plan:
     """Exact minimum of the DeAR period over **every** contiguous bucketing (not only those of the
     threshold rule), by a label-setting dynamic program with dominance and bound pruning.
@@ -309,21 +282,26 @@ def dear_optimal(trace: Trace, cost: CostModel, *, time_budget_s: float = DEFAUL
       sum is tight where one stream dominates. A label only makes next buckets up to the last end
       whose monotone version of that bound is below the incumbent.
 
-    The incumbent is :func:`dear_model`'s bucketing improved by a boundary local search, then by a
-    first pass of the same search keeping only the :data:`BEAM` labels of least bound per position (a
-    heuristic); the exact pass then needs to beat it by more than 1e-15 s. Nothing dropped could lead
-    to a strictly better bucketing, so the result is optimal (the tests compare it with brute force
-    over all ``2^(L-1)`` bucketings). Where several bucketings have the same period (to rounding),
-    which one is returned is the search's choice (e.g. 7% of random 1-40 layer traces have such ties,
-    where the planner before the time budget could pick another of them). Times on a shared 2-core
-    machine (``benchmarks/bench_planners.py``, random traces, 10GbE at P = 64), proven optimal: about
-    0.3 s at 100 layers, 1.2-1.6 s at 400, 3 s at 1000 (the incumbent and the heuristic pass take
-    most of it; the exact pass keeps ~130 labels); DenseNet-201's 402 layers 0.7-1.2 s.
+    The first incumbent is the released code's 25 MiB threshold bucketing. Heuristic passes of the
+    same search, keeping only the :data:`BEAM` labels of least bound per position, then run under
+    upper bounds rising from :data:`FIRST_STEP` (relative) above the root's lower bound by
+    :data:`GROWTH` times the margin each pass; the first that finds a bucketing (one under the
+    optimum's bound plus the last margin) is the exact pass's incumbent, which then needs to be
+    beaten by more than 1e-15 s. (An upper bound close to the optimum keeps every pass small; a
+    threshold sweep and a boundary local search gave the incumbent before, at twice the cost.)
+    Nothing dropped by the exact pass could lead to a strictly better bucketing, so the result is
+    optimal (the tests compare it with brute force over all ``2^(L-1)`` bucketings); the heuristic
+    passes only choose its incumbent. Where several bucketings have the same period (to rounding),
+    which one is returned is the search's choice (e.g. 7% of random 1-40 layer traces have such
+    ties). CPU seconds on a shared 2-core machine (``benchmarks/bench_planners.py``, random traces,
+    10GbE at P = 64), proven optimal: about 0.25 s at 100 layers, 1 s at 400, 2.5 s at 1000 (the
+    root bound is 0.27% below the optimum there, and the heuristic pass whose upper bound first
+    passes the optimum takes most of it; the exact pass keeps ~130 labels, 0.3 s); DenseNet-201's
+    402 layers 0.7 s.
 
     ``time_budget_s`` (seconds of wall clock, default 10; finite and positive) bounds the whole
     search: when it runs out first, the best bucketing found so far is returned (never worse than
-    the released code's 25 MiB threshold rule, :func:`dear_threshold`, nor than the best threshold
-    swept so far) with ``meta["optimal"] = False`` and its proven ``meta["gap_pct"]`` above the
+    the released code's 25 MiB threshold rule, :func:`dear_threshold`) with ``meta["optimal"] = False`` and its proven ``meta["gap_pct"]`` above the
     optimum (``meta["lower_bound_s"]``: the least lower bound of the labels not yet expanded), and
     one WARNING is logged; a finished search records ``optimal: True, gap_pct: 0``
     (:mod:`repro.planners._budget`). A search longer than 2 s logs progress lines (INFO).
@@ -331,14 +309,9 @@ def dear_optimal(trace: Trace, cost: CostModel, *, time_budget_s: float = DEFAUL
     search = Search("dear_optimal", time_budget_s, trace.num_layers, log)
     model = _Model(trace, cost)
     L = model.L
-    # the incumbent: dear_model's bucketing (as much of its sweep as the budget allows), or the
-    # released code's 25 MiB threshold if better, then improved by a local search
-    found = _best_threshold(trace, cost, model, 0, None, deadline=search.deadline)
-    seed = [] if found is None else [found[1]]
-    seed.append(np.array([0, *np.cumsum([len(g) for g in threshold_groups(_layer_bytes(trace),
-                                                                          DEFAULT_THRESHOLD_BYTES)])]))
-    bounds0 = [int(x) for x in seed[int(np.argmin([groups_period_s(trace, _groups(b), cost) for b in seed]))]]
-    best_bounds = _local_search(model, bounds0, deadline=search.deadline)
+    # the incumbent: the released code's 25 MiB threshold rule (improved below)
+    best_bounds = [0, *np.cumsum([len(g) for g in threshold_groups(_layer_bytes(trace),
+                                                                   DEFAULT_THRESHOLD_BYTES)]).tolist()]
     best = model.period(best_bounds) - model.straggler
     cum_c, cum_n, ready = model.cum_c, model.cum_n, model.ready
     # the smallest next bucket starting at layer j (layer j alone): its all-gather and reduce-scatter
@@ -464,11 +437,27 @@ def dear_optimal(trace: Trace, cost: CostModel, *, time_budget_s: float = DEFAUL
     n0 = cum_n[j]
     root = float(np.min(lower_bound(np.maximum(model.pre, np.atleast_1d(model.ag(n0))), cum_c[j],
                                     np.atleast_1d(model.rs(n0)), ready[0] + np.atleast_1d(model.rs(n0)), j)))
-    log.debug("dear_optimal: incumbent %.9g s", best + model.straggler)
-    best, best_bounds, _, stopped, cand = run(best, best_bounds, BEAM) if BEAM else (best, best_bounds, 0, None, [])
-    log.debug("dear_optimal: after the heuristic pass %.9g s (%.1f s)", best + model.straggler, search.elapsed_s())
+    log.debug("dear_optimal: root bound %.9g s, incumbent %.9g s", root + model.straggler, best + model.straggler)
+    # heuristic passes (BEAM labels per position) under upper bounds rising from just above the root's
+    # bound: the first that finds a bucketing gives the exact pass an incumbent close to the optimum
+    stopped, step = None, FIRST_STEP
+    while BEAM:
+        target = root + step * max(root, 1e-9)
+        if target >= best:
+            break
+        b, found, _, stopped, _ = run(target * (1 + 1e-12) + 1e-15, None, BEAM)
+        log.debug("dear_optimal: heuristic pass under %.9g s: %s (%.2f s)", target + model.straggler,
+                  "none" if found is None else f"{b + model.straggler:.9g} s", search.elapsed_s())
+        if stopped is not None:
+            break
+        if found is not None:
+            if b < best:
+                best, best_bounds = b, found
+            break
+        step *= GROWTH
+    log.debug("dear_optimal: after the heuristic passes %.9g s (%.1f s)", best + model.straggler, search.elapsed_s())
     labels = 0
-    if stopped is not None:  # the heuristic pass's labels bound nothing: only the root's bound is proven
+    if stopped is not None:  # the heuristic passes' labels bound nothing: only the root's bound is proven
         proven = min(best, root)
     else:
         best, best_bounds, labels, stopped, cand = run(best, best_bounds, None)
