@@ -454,6 +454,15 @@ first group without evaluating that merge (12.7% slower on the LSTM at 16 worker
 published), and the released scripts switch the adaptive merge off in favour of a fixed 8192-element
 threshold. We implement the rule as published. See also [MG-WFBP](mgwfbp.md#released-code) and
 [DeAR](dear.md#released-code).
+
+## Exact planners under contention
+
+`optimal`, `omgs_optimal` and `dear_optimal` (ours) are exact under their paper's contention-free model.
+The calibrated cost models of `compare.schedulers` add contention the planners do not see, so there an
+exact plan can lose to a heuristic's. In that figure's table each exact planner's row is the best of its
+exact plan and the plans of the heuristics of its plan family, each simulated under the cost model that
+judges them (`repro.studies.compare.exact_choice`; columns `plan_from`, `exact_plan_iteration_s`,
+`exact_plan_loss_pct`), and the note under the figure says where and by how much the exact plan lost.
 """
 
 

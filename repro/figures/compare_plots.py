@@ -247,12 +247,12 @@ def plot_compare(simulated: pd.DataFrame, measured: pd.DataFrame | None = None, 
         if bool(measured.get("oversubscribed", pd.Series(dtype=bool)).any()):
             handles.append(Patch(facecolor="white", edgecolor="#555555", hatch=OVERSUBSCRIBED_HATCH,
                                  label=OVERSUBSCRIBED_LABEL))
-    legend = fig.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=2, frameon=False,
-                        fontsize=7.5, handlelength=1.2)
     if (simulated["plan_from"].astype(str) != simulated["scheduler"]).any() if "plan_from" in simulated else False:
         handles.append(Patch(facecolor="white", edgecolor="white",
                              label=f"{HEURISTIC_PLAN_MARK} exact planner's row: a heuristic's plan simulated faster "
                                    "under contention"))
+    legend = fig.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=2, frameon=False,
+                        fontsize=7.5, handlelength=1.2)
     notes = [n for n in (sim_note, exact_note(simulated), measured_note) if n]
     if notes:
         # Under the legend: its bottom edge, known once drawn, in figure coordinates.
