@@ -148,10 +148,11 @@ def test_one_merged_bucket_is_topk_sgd(ranks):
 # ---- the evaluation path: what made the tiny runs' test loss explode while the training loss fell ----
 
 def evaluate_with_stale_statistics(ctx) -> dict:
-    """Per rank: repro.train's evaluation of one model, then of the same weights with its BatchNorm running
+    """Per rank: the training loop's evaluation (repro.train_record.evaluate) of one model, then of the same weights with its BatchNorm running
     statistics made stale (as after a burst of top-k updates with error feedback: the running averages of
     the last ~10 batches describe older weights), and whether the evaluation left the buffers as they were."""
-    from repro.train import TrainConfig, _evaluate
+    from repro.train import TrainConfig
+    from repro.train_record import evaluate as _evaluate
     from repro.workload.models import build_model
 
     from repro.workload.datasets import get_dataset, make_loader
@@ -179,9 +180,10 @@ def evaluate_with_stale_statistics(ctx) -> dict:
 
 
 @pytest.mark.distributed
-@pytest.mark.xfail(strict=True, reason="issue 24: repro.train._evaluate evaluates with BatchNorm's running "
-                   "statistics, which lag the weights under top-k updates with error feedback; the fix "
-                   "(re-estimate them with the evaluated weights) belongs in repro/train.py")
+@pytest.mark.xfail(strict=True, raises=AssertionError,
+                   reason="issue 24: repro.train_record.evaluate uses BatchNorm's running statistics, which lag "
+                   "the weights under top-k updates with error feedback; the fix (re-estimate them with the "
+                   "evaluated weights) belongs in repro/train_record.py")
 def test_evaluation_uses_batchnorm_statistics_of_the_evaluated_weights():
     ranks = launch_local(evaluate_with_stale_statistics, 2, timeout_s=300)
     for r in ranks:
