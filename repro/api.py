@@ -61,6 +61,7 @@ import contextlib
 import inspect
 import os
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -70,6 +71,7 @@ from torch import nn
 
 from repro.cost import CostModel
 from repro.presets import preset
+from repro.run_options import RUN_OPTIONS, check_run_options
 from repro.plan import Plan
 from repro.runtime.executor import Executor, ExecutorOptions, FoundInfReport, ScaledStep, scaled_step
 from repro.runtime.online import StepTimes, grad_abs_mean, measured_trace, plan_online, sync_device
@@ -153,6 +155,21 @@ class _HeldHooks:
             table.update(others)
 
 
+@dataclass(frozen=True)
+class RunContext:
+    """How ``repro train`` (one client of this door among others) places a run: ``group``: the process
+    group of the training ranks (None: every rank trains); ``first``: the global rank that plans;
+    ``servers``: dedicated serving ranks before it (they plan alongside, :mod:`repro.runtime.ps`);
+    ``trace_name``: the model's name in the measured trace; ``on_plan``: called on every trainer after
+    planning, before the plan's executor starts (e.g. the servers take the trainers' state then)."""
+
+    group: Any = None
+    first: int = 0
+    servers: int = 0
+    trace_name: str | None = None
+    on_plan: Callable[[], None] | None = None
+
+
 class _Door:
     """The state behind a distributed model and optimizer (kept apart from both, as DDP's comm-hook
     states are): the executor in use, the warm-up's measurements, the plan."""
@@ -160,8 +177,10 @@ class _Door:
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: str | None,
                  plan: Plan | None, *, warmup_steps: int, network_cost: CostModel | None, view: str,
                  planner_options: dict[str, Any], executor_options: dict[str, Any], fit_repeats: int,
-                 record_timeline: bool, grad_scaler: Any = None) -> None:
+                 record_timeline: bool, grad_scaler: Any = None, context: RunContext | None = None) -> None:
         self.model, self.inner = model, optimizer
+        self.context = context or RunContext()
+        self.last_stamps: dict[str, float] = {}  # the last training step's phase stamps (perf_counter s)
         self.grad_scaler = grad_scaler
         self.synchronized = False  # synchronize() finished this step's exchange already
         self._report = None
@@ -171,7 +190,7 @@ class _Door:
         self.warmup_left = 0
         self.network_cost, self.planner_options = network_cost, planner_options
         self.executor_options, self.fit_repeats = executor_options, fit_repeats
-        self.options = ExecutorOptions(view=view, record_timeline=record_timeline)
+        self.options = ExecutorOptions(view=view, record_timeline=record_timeline, group=self.context.group)
         self.device = next(model.parameters()).device
         self.batch_size = 0
         self.cost: CostModel | None = None
@@ -257,9 +276,9 @@ class _Door:
     def _before_forward(self, module: nn.Module, args: tuple) -> None:
         if torch.compiler.is_compiling():  # traced by torch.compile (compiled after distribute): remembered
             self._compiled_forward = True
-        if not module.training:
-            self.ex.before_forward()  # e.g. DeAR applies pending updates before an evaluation
-            return
+        if not module.training:  # an evaluation: the last step's exchange finished (e.g. DeAR's pending
+            self.ex.flush()      # updates applied), nothing new issued (no buffer broadcast: ranks may
+            return               # evaluate different numbers of batches, or one rank alone)
         if self.warming_up:
             sync_device(self.device)
             if not self.batch_size and args and isinstance(args[0], torch.Tensor) and args[0].dim() > 0:
@@ -330,6 +349,7 @@ class _Door:
             self.warmup_left -= 1
             if not self.warming_up:
                 self._plan_and_switch()
+        self.last_stamps = dict(stamps)
         return loss
 
     def _scaled_step(self, amp: ScaledStep) -> None:
@@ -360,13 +380,24 @@ class _Door:
         if not self._measured:
             _fail("no training step was seen during the warm-up (call the returned model in train mode, "
                   "then backward, then optimizer.step())")
-        trace = measured_trace(self.model, self._measured, self.device, model_name=type(self.model).__name__,
-                               batch_size=max(1, self.batch_size), view=self.view, grad_abs_mean=magnitudes)
+        ctx = self.context
+        trace = measured_trace(self.model, self._measured, self.device,
+                               model_name=ctx.trace_name or type(self.model).__name__,
+                               batch_size=max(1, self.batch_size), view=self.view, group=ctx.group,
+                               grad_abs_mean=magnitudes)
         plan, self.cost, self.trace = plan_online(self.scheduler, trace, self.device,
                                                   planner_options=self.planner_options,
-                                                  network_cost=self.network_cost, fit_repeats=self.fit_repeats)
+                                                  network_cost=self.network_cost, fit_repeats=self.fit_repeats,
+                                                  first=ctx.first, servers=ctx.servers)
         self._measured.clear()
+        if ctx.on_plan is not None:
+            ctx.on_plan()
         self._start(plan)
+
+    @property
+    def module(self) -> nn.Module:
+        """The module to call: the model, or the executor's wrapper of it (a baseline's DDP)."""
+        return self.ex.module
 
     def flush(self) -> None:
         self.ex.flush()
@@ -479,7 +510,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
 def distribute(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: str | Plan | os.PathLike = "mgwfbp",
                *, warmup_steps: int = 3, network: str | None = None, cost: CostModel | str | os.PathLike | None = None,
                view: str = "tensor", wire_dtype: str | None = None, fit_repeats: int = 5,
-               record_timeline: bool = False, grad_scaler: Any = None,
+               record_timeline: bool = False, grad_scaler: Any = None, _context: RunContext | None = None,
                **options: Any) -> tuple[nn.Module, DistributedOptimizer]:
     """Put ``scheduler`` between ``model``'s backward and ``optimizer``'s step; returns ``(model,
     optimizer)`` to use in place of yours (see the module docstring).
@@ -529,7 +560,8 @@ def distribute(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: st
     if family is not None:
         from repro.families import get_family
 
-        if get_family(family).hook("server") is not None:  # serving ranks: co-located on the training ranks here
+        dedicated = _context is not None and _context.servers > 0  # repro train's serving ranks
+        if get_family(family).hook("server") is not None and not dedicated:  # servers co-located on the ranks
             from repro.runtime.ps_colocated import colocated_options
 
             try:
@@ -537,7 +569,8 @@ def distribute(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: st
                                             grad_scaler, dist.get_world_size())
             except ValueError as e:
                 _fail(str(e))
-    if sched is not None and sched.has_plan and plan is None and sched.executor_class().module is not Executor.module:
+    if (_context is None and sched is not None and sched.has_plan and plan is None
+            and sched.executor_class().module is not Executor.module):
         _fail(f"'{name}' plans online and then wraps the model (its executor's module is another object), so "
               "the model you hold during the warm-up would not be the one that trains; plan first (repro "
               f"plan) and pass the Plan, or use repro train")
@@ -547,6 +580,11 @@ def distribute(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: st
         takes = ", ".join(sorted(allowed)) or "none"
         _fail(f"option(s) {', '.join(unknown)} do not apply to scheduler {name or 'given as a plan'} "
               f"(it takes: {takes})")
+    try:  # the values, by the options' declarations (repro.run_options)
+        if sched is not None:
+            options.update(check_run_options({k: v for k, v in options.items() if k in RUN_OPTIONS}, sched))
+    except ValueError as e:
+        _fail(str(e))
     if wire_dtype is not None:
         if sched is None or not sched.wire_dtype:
             _fail(f"wire_dtype does not apply to {name or 'a given plan'} (schedulers that take it: "
@@ -563,11 +601,17 @@ def distribute(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: st
     network_cost = None
     if network is not None:
         try:
-            network_cost = preset(network, dist.get_world_size())
+            network_cost = preset(network, dist.get_world_size(_context.group if _context else None))
         except (ValueError, KeyError) as e:
             _fail(str(e).splitlines()[0])
     elif cost is not None:
-        network_cost = cost if isinstance(cost, CostModel) else CostModel.load(cost)
+        try:
+            network_cost = cost if isinstance(cost, CostModel) else CostModel.load(cost)
+        except ValueError as e:
+            _fail(f"cost: {str(e).splitlines()[0]}")
+        ranks = dist.get_world_size(_context.group if _context else None)
+        if network_cost.workers != ranks:
+            _fail(f"cost: the cost model is for P={network_cost.workers} workers, this job trains on {ranks}")
     if plan is not None:
         _check_plan_fits(plan, model, view)
     planner_options = {k: v for k, v in options.items() if sched is not None and
@@ -578,7 +622,7 @@ def distribute(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: st
               f"(not one wrapped by DDP) so that model.no_sync() can hold off this package's exchange")
     door = _Door(model, optimizer, name, plan, warmup_steps=warmup_steps, network_cost=network_cost, view=view,
                  planner_options=planner_options, executor_options=executor_options, fit_repeats=fit_repeats,
-                 record_timeline=record_timeline, grad_scaler=grad_scaler)
+                 record_timeline=record_timeline, grad_scaler=grad_scaler, context=_context)
     if door.ex.module is model:  # a baseline's wrapper (DDP) has its own no_sync
         model.__dict__["no_sync"] = door.no_sync  # DDP's spelling: `with model.no_sync(): loss.backward()`
     return door.ex.module, DistributedOptimizer(optimizer, door)

@@ -4,8 +4,11 @@
         --batch-size 32 --results-dir results/data/runs
 
 Every scheduler is an entry of :mod:`repro.schedulers` (``repro schedulers`` lists them): its
-planner (if any) makes a Plan and its executor (:mod:`repro.runtime.executor`) runs it; one loop
-(:func:`run_training`) drives them all.
+planner (if any) makes a Plan and its executor (:mod:`repro.runtime.executor`) runs it. This loop
+(:func:`run_training`) is a client of the public door, :func:`repro.distribute`, like a user's own
+script: the warm-up, online planning and execution below are the door's, not a second implementation;
+what is added here is the measuring (phase stamps, in-run trace, computation-only steps), the
+dedicated serving ranks of the parameter server and the run folder.
 
 Plan schedulers first run ``warmup_steps`` real training steps with one all-reduce after backward
 (SyncEASGD, exact and clean for timing) while per-layer gradient-ready times are recorded; the ranks
@@ -40,6 +43,7 @@ import json
 import os
 import time
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any, Sequence
 
 import torch
@@ -52,10 +56,9 @@ from repro.families import get_family
 from repro.log import get_logger
 from repro.plan import Plan
 from repro.runs import ProgressWriter, prepare_run
-from repro.runtime.allreduce import AllReduceExecutor
 from repro.runtime.baselines import LocalExecutor
-from repro.runtime.executor import Executor, ExecutorOptions
-from repro.runtime.online import StepTimes, grad_abs_mean, measured_trace, plan_online, sync_device
+from repro.runtime.executor import Executor
+from repro.runtime.online import StepTimes, measured_trace, plan_online, sync_device
 from repro.schedulers import get_scheduler
 from repro.trace import Trace
 from repro.train_config import TrainConfig, build_parser, config_from_argv
@@ -155,6 +158,50 @@ def _plan_for(cfg: TrainConfig, trace: Trace | None, device: torch.device,
                        fit_repeats=cfg.fit_repeats, first=ranks.first, servers=ranks.servers)
 
 
+def _distribute(cfg: TrainConfig, model: nn.Module, opt: torch.optim.Optimizer, ranks: "_Ranks"):
+    """``cfg``'s scheduler on ``model`` through :func:`repro.distribute` (the public door: one
+    implementation of warm-up, online planning and execution); returns (optimizer, door)."""
+    from repro.api import RunContext, distribute
+
+    sched = get_scheduler(cfg.scheduler)
+    on_plan = (lambda: _share_state(model, opt, ranks)) if ranks.servers else None
+    context = RunContext(group=ranks.group, first=ranks.first, servers=ranks.servers, trace_name=cfg.model,
+                         on_plan=on_plan)
+    kw: dict[str, Any] = {"warmup_steps": max(1, cfg.warmup_steps), "view": cfg.view, "fit_repeats": cfg.fit_repeats,
+                          "record_timeline": cfg.record_timeline, "_context": context}
+    if cfg.network is not None:  # a preset name, or a cost file (its name wins, as everywhere)
+        kw["cost" if Path(cfg.network).is_file() else "network"] = cfg.network
+    if cfg.plan is not None:  # a given plan, executed as it is (checked against the model first)
+        plan = Plan.load(cfg.plan)
+        _check_plan_layers(plan, model, cfg.view, cfg.plan)
+        _, dopt = distribute(model, opt, plan, **kw)
+    else:
+        options = {name: getattr(cfg, name) for name in sched.planner_options + sched.executor_options
+                   if getattr(cfg, name) is not None}
+        if cfg.wire_dtype:
+            kw["wire_dtype"] = cfg.wire_dtype
+        _, dopt = distribute(model, opt, cfg.scheduler, **kw, **options)
+    return dopt, dopt._door
+
+
+def _door_step(door: Any, dopt: torch.optim.Optimizer, batch, loss_of, device: torch.device) -> StepTimes:
+    """One training step as a user's loop makes it (zero_grad, forward, backward, step); its phase
+    stamps are the door's (:attr:`repro.api._Door.last_stamps`), synchronised with the device in the
+    warm-up, where they make the trace, and host enqueue times after it on a GPU (the in-run trace)."""
+    x, y = batch
+    dopt.zero_grad(set_to_none=True)
+    sync_device(device)
+    t0 = time.perf_counter()
+    loss = loss_of(door.module, x, y)
+    loss.backward()
+    dopt.step()
+    sync_device(device)
+    end = time.perf_counter()
+    s = door.last_stamps
+    return StepTimes(s.get("start", t0), s.get("forward_start", t0), s.get("backward_start", t0),
+                     s.get("backward_end", end), s.get("exchange_end", end), end, float(loss.detach()))
+
+
 def _runtime_trace(cfg: TrainConfig, model: nn.Module, steps, device: torch.device, **kw) -> Trace:
     return measured_trace(model, steps, device, model_name=cfg.model, batch_size=cfg.batch_size, view=cfg.view, **kw)
 
@@ -237,40 +284,23 @@ def run_training(ctx, cfg: TrainConfig) -> tuple[nn.Module, dict[str, Any]]:
     opt = _make_optimizer(cfg, params)
     if ranks.serving:
         return model, _serve(ctx, cfg, model, opt, device, ranks)
-    options = ExecutorOptions(view=cfg.view, record_timeline=cfg.record_timeline, group=ranks.group)
     data = Batches(cfg, ranks.rank, ranks.size, device, cfg.num_workers)
 
     def loss_of(m, x, y):
         return compute_loss(cfg.model, m, x, y, **cfg.model_kwargs)
 
-    # ---- warm-up: plan schedulers measure the trace under exact SyncEASGD steps ----
-    trace = plan = cost = None
-    if cfg.plan is not None:  # a given plan, executed as it is (checked against the model first)
-        plan = Plan.load(cfg.plan)
-        _check_plan_layers(plan, model, cfg.view, cfg.plan)
-    elif sched.has_plan:
-        names = list(layer_parameters(model, cfg.view))
-        warm = AllReduceExecutor(model, Plan.from_dict({"solver": "syncea", "buckets": [names]}), options)
-        measured = []
-        for _ in range(cfg.warmup_steps):
-            st = _step(warm, opt, data.next(), loss_of, device, sync_phases=True)
-            measured.append((st, dict(warm.grad_ready_s)))
-        magnitudes = grad_abs_mean(model, cfg.view)  # the exchanged gradients of the last warm-up step
-        warm.remove()
-        trace = _runtime_trace(cfg, model, measured, device, group=ranks.group, grad_abs_mean=magnitudes)
-        plan, cost, trace = _plan_for(cfg, trace, device, ranks)
-        if ranks.servers:
-            _share_state(model, opt, ranks)
-        if ranks.is_first:
-            log.info("%s: measured %d layers (backward %.4f s) in %d warm-up steps; %s plan has %d buckets, "
-                     "predicted %.4f s per iteration", run_id, trace.num_layers, trace.total_backward_s,
-                     cfg.warmup_steps, cfg.scheduler, plan.num_buckets, plan.meta.get("iteration_s", float("nan")))
-    ex: Executor = sched.executor_class()(model, plan, options,
-                                          **{name: getattr(cfg, name) for name in sched.executor_options})
-    run_opt = ex.wrap_optimizer(opt)  # the executor may take the update over (DeAR: in the next forward)
-    if not sched.has_plan or cfg.plan is not None:
-        for _ in range(cfg.warmup_steps):
-            _step(ex, run_opt, data.next(), loss_of, device)
+    # ---- the scheduler, through the public door (repro.distribute): a plan scheduler's first
+    # warmup_steps steps measure the trace under exact SyncEASGD steps, then it plans online ----
+    dopt, door = _distribute(cfg, model, opt, ranks)
+    for _ in range(cfg.warmup_steps if door.plan is not None or not sched.has_plan else 0):
+        _door_step(door, dopt, data.next(), loss_of, device)
+    while door.warming_up:  # a plan scheduler: exactly warmup_steps steps, then the plan's executor runs
+        _door_step(door, dopt, data.next(), loss_of, device)
+    trace, plan, cost = door.trace, door.plan, door.cost
+    if trace is not None and ranks.is_first:
+        log.info("%s: measured %d layers (backward %.4f s) in %d warm-up steps; %s plan has %d buckets, "
+                 "predicted %.4f s per iteration", run_id, trace.num_layers, trace.total_backward_s,
+                 cfg.warmup_steps, cfg.scheduler, plan.num_buckets, plan.meta.get("iteration_s", float("nan")))
 
     # ---- timed steps ----
     rows, bucket_rows, epoch_rows, inrun = [], [], [], []
@@ -288,26 +318,26 @@ def run_training(ctx, cfg: TrainConfig) -> tuple[nn.Module, dict[str, Any]]:
         cur_epoch = data.epoch
         batch = data.next()
         if steps is None and data.epoch != cur_epoch:
-            ex.flush()
-            epoch_rows.append(_evaluate(cfg, model, data.epoch - start_epoch, rows, device, ranks.group))
+            dopt.flush()
+            epoch_rows.append(_evaluate(cfg, door.module, data.epoch - start_epoch, rows, device, ranks.group))
             if progress_file is not None:  # a run stopped later keeps this epoch readable
                 progress_file.update(epoch_rows, asdict(cfg))
             if data.epoch - start_epoch >= cfg.epochs:
                 break
-        st = _step(ex, run_opt, batch, loss_of, device)
+        st = _door_step(door, dopt, batch, loss_of, device)
         rows.append(st.row(step, data.epoch - start_epoch))
-        if ex.grad_ready_s:
-            inrun.append((st, dict(ex.grad_ready_s)))
-        if cfg.record_timeline and ex.timings:
-            bucket_rows = [_timing_row(t, st.start) for t in ex.timings]
+        if door.ex.grad_ready_s:
+            inrun.append((st, dict(door.ex.grad_ready_s)))
+        if cfg.record_timeline and door.ex.timings:
+            bucket_rows = [_timing_row(t, st.start) for t in door.ex.timings]
         step += 1
         progress.update(1)
     progress.close()
-    ex.flush()
+    dopt.flush()
     if steps is None and (not epoch_rows or epoch_rows[-1]["epoch"] < cfg.epochs):
-        epoch_rows.append(_evaluate(cfg, model, cfg.epochs, rows, device, ranks.group))
-    extra_tables = ex.tables()
-    ex.remove()
+        epoch_rows.append(_evaluate(cfg, door.module, cfg.epochs, rows, device, ranks.group))
+    extra_tables = door.ex.tables()
+    dopt.remove()
 
     # ---- computation only: a copy of the model, no communication ----
     compute_times = []

@@ -72,8 +72,9 @@ class _CommonConfig:
     plan: str | None = _opt(None, "execute this plan file (from `repro plan`) as it is, from the first step: no "
                             "warm-up trace and no cost fit; the scheduler becomes the plan's solver (or stays "
                             "--scheduler if it runs that plan family) and the view the plan's recorded one")
-    network: str | None = _opt(None, "plan with this cost preset (`repro presets` lists them) instead of fitting "
-                               "on the live group")
+    network: str | None = _opt(None, "plan with this cost preset (`repro presets` lists them) or cost file (JSON "
+                               "of `repro calibrate` or `repro cost fit`, for this P) instead of fitting on the "
+                               "live group")
     fit_repeats: int = _opt(5, "repeats per message size (and per top-k size) when fitting the cost model")
     optimizer: str = _opt("sgd", "optimizer: a torch.optim class name, case-insensitive: "
                           f"{', '.join(OPTIMIZERS.values())}; sgd takes --momentum, every one --lr and (where it "
@@ -150,8 +151,9 @@ class _CommonConfig:
         if self.network is not None:
             from repro.presets import preset_names
 
-            if self.network not in preset_names():
-                raise ValueError(f"unknown network preset '{self.network}'; known: {', '.join(preset_names())}")
+            if self.network not in preset_names() and not _is_cost_file(self.network):
+                raise ValueError(f"unknown network preset '{self.network}' (and no cost file of that name); known: "
+                                 f"{', '.join(preset_names())}")
         if self.run_id is not None:
             check_run_id(self.run_id)
 
@@ -217,11 +219,14 @@ class _CommonConfig:
             raise ValueError(f"'{self.scheduler}' exchanges gradients between ranks: it needs at least 2 ranks (got "
                              f"{world_size}); the one-worker baseline is --scheduler local")
         if self.network is not None:
-            cost = preset(self.network, max(2, world_size))  # a preset without this P fails here, not after warm-up
+            from repro.cluster_cost import load_cost  # a preset, or a cost file (repro calibrate, repro cost fit)
+
+            cost = load_cost(self.network, max(2, world_size), flag="--network")  # a P it lacks fails here
             if sched.family is not None:  # ... and one without the collective the plan family sends
                 for collective in get_family(sched.family).collectives:
                     if collective not in cost.lines:
-                        raise ValueError(f"network preset '{self.network}' has no {collective} line, which "
+                        kind = "cost file" if _is_cost_file(self.network) else "network preset"
+                        raise ValueError(f"{kind} '{self.network}' has no {collective} line, which "
                                          f"'{self.scheduler}' ({sched.family} family) plans with; choose a "
                                          f"preset that has one or leave --network out to fit on the live group")
 
@@ -246,6 +251,12 @@ TrainConfig = make_dataclass(
                "__doc__": "One run: the common settings and every family's run options (:mod:`repro.run_options`; "
                           "None: the planner's default). Sizes in bytes, times in seconds; ``batch_size`` is per "
                           "rank."})
+
+
+def _is_cost_file(name: str) -> bool:
+    from pathlib import Path
+
+    return Path(name).is_file()
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,0 +1,39 @@
+"""`repro train` is a client of the public door (repro.distribute): no second implementation of the
+warm-up, online planning or execution; and its --network takes a preset or a cost file."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from repro.cost import CostModel, Linear
+from repro.train_config import TrainConfig
+
+TRAIN = Path(__file__).resolve().parent.parent / "repro" / "train.py"
+
+
+def test_the_training_loop_builds_no_executor_and_plans_through_the_door():
+    tree = ast.parse(TRAIN.read_text(encoding="utf-8"))
+    called = {n.func.attr if isinstance(n.func, ast.Attribute) else getattr(n.func, "id", "")
+              for n in ast.walk(tree) if isinstance(n, ast.Call)}
+    assert "executor_class" not in called and "wrap_optimizer" not in called
+    assert not {"AllReduceExecutor", "grad_abs_mean"} & {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+    assert "distribute" in called  # the door
+    # planning online happens in the door; the only plan_online call left is the serving ranks' share
+    plan_calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and getattr(n.func, "id", "") == "plan_online"]
+    assert len(plan_calls) == 1
+
+
+def test_network_takes_a_cost_file_for_this_many_workers(tmp_path):
+    path = tmp_path / "cost.json"
+    CostModel(2, {"allreduce": Linear(1e-4, 1e-9)}, source="test").save(path)
+    cfg = TrainConfig(scheduler="mgwfbp", network=str(path))
+    cfg.check_world(2)
+    with pytest.raises(ValueError, match=r"P=2|workers"):
+        cfg.check_world(4)
+    with pytest.raises(ValueError, match=r"^cost file '.*' has no sparse_allgather line"):
+        TrainConfig(scheduler="omgs", network=str(path)).check_world(2)
+    with pytest.raises(ValueError, match="unknown network preset 'nope' \\(and no cost file of that name\\)"):
+        TrainConfig(network="nope")
