@@ -180,10 +180,6 @@ def evaluate_with_stale_statistics(ctx) -> dict:
 
 
 @pytest.mark.distributed
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="issue 24: repro.train_record.evaluate uses BatchNorm's running statistics, which lag "
-                   "the weights under top-k updates with error feedback; the fix (re-estimate them with the "
-                   "evaluated weights) belongs in repro/train_record.py")
 def test_evaluation_uses_batchnorm_statistics_of_the_evaluated_weights():
     ranks = launch_local(evaluate_with_stale_statistics, 2, timeout_s=300)
     for r in ranks:
