@@ -28,9 +28,29 @@ def allreduce_sum(ctx, value: float) -> float:
 
 
 def fit_all_collectives(ctx, sizes: list[int]) -> dict:
+    """The fitted cost model as a dict, with ``stream_ops``: the reduce-scatters and all-gathers the
+    timing ran on the executors' CommStream (counted by wrapping its methods)."""
+    from repro.runtime import collectives
     from repro.runtime.calibrate import MEASURABLE, fit_cost_model
 
-    return fit_cost_model(sizes, MEASURABLE, repeats=2, device=ctx.device).to_dict()
+    counts = {"reduce_scatter": 0, "all_gather": 0}
+    originals = {name: getattr(collectives.CommStream, name) for name in counts}
+
+    def counting(name):
+        def op(self, buffer):
+            counts[name] += 1
+            return originals[name](self, buffer)
+        return op
+
+    for name in counts:
+        setattr(collectives.CommStream, name, counting(name))
+    try:
+        out = fit_cost_model(sizes, MEASURABLE, repeats=2, device=ctx.device).to_dict()
+    finally:
+        for name, fn in originals.items():
+            setattr(collectives.CommStream, name, fn)
+    out["stream_ops"] = counts
+    return out
 
 
 def plan_errors(ctx) -> list[str]:

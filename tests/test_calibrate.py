@@ -19,6 +19,11 @@ def test_every_collective_is_measured_and_fitted_identically_on_all_ranks():
     sizes = [4096, 65536, 1 << 20, 4 << 20]
     rank0, rank1 = launch_local(fit_all_collectives, 2, args=(sizes,), timeout_s=180)
     assert rank0 == rank1  # the slowest rank's medians, shared
+    # reduce-scatter and all-gather are timed as the DeAR executor runs them on gloo, on its ring stream:
+    # every timed call (2 warm-up + 2 repeats per size, each of min(16, 1 MiB / size) back-to-back calls)
+    calls = sum(4 * min(16, max(1, 2**20 // n)) for n in sizes)
+    assert rank0.pop("stream_ops") == {"reduce_scatter": calls, "all_gather": calls}
+    assert rank0["meta"]["rsag_impl"] == "ring"
     cost = CostModel.from_dict(rank0)
     assert set(cost.lines) == {"allreduce", "reduce_scatter", "allgather", "sparse_allgather"}
     for kind, m in rank0["meta"]["measurements"].items():

@@ -6,8 +6,12 @@ rank's median counts (an all-reduce of the times with MAX), so all ranks get the
 same fit. Sizes are message bytes as :mod:`repro.cost` defines them for each collective:
 
 - ``allreduce``: the tensor's bytes;
-- ``reduce_scatter`` / ``allgather``: the full tensor's bytes (``reduce_scatter_single`` /
-  ``all_gather_single``, or their older names on older torch; rounded to a multiple of P elements);
+- ``reduce_scatter`` / ``allgather``: the full tensor's bytes, rounded to a multiple of P elements,
+  timed as the executors that send them run them (:func:`rsag_impl`): on gloo the DeAR executor's
+  ring stream (:class:`~repro.runtime.collectives.CommStream`, ring over point-to-point messages,
+  from its own thread: gloo's native reduce-scatter / all-gather are much slower than half an
+  all-reduce, and the executor does not use them), on NCCL the native ``reduce_scatter_single`` /
+  ``all_gather_single`` (or their older names on older torch), which the stream uses there;
 - ``sparse_allgather``: the bytes each worker contributes (``all_gather_single`` of that payload,
   as top-k values + indices are exchanged); its fitted line is stored against the gathered bytes
   P * n, as :class:`~repro.cost.CostModel` expects.
@@ -30,7 +34,7 @@ from repro.cost import CostModel, fit_linear, fit_topk_gamma
 from repro.runtime.topk import topk_indices
 from repro.sim.sparse import topk_count
 
-__all__ = ["MEASURABLE", "default_sizes_bytes", "time_collective", "time_allreduce", "fit_allreduce",
+__all__ = ["MEASURABLE", "default_sizes_bytes", "rsag_impl", "time_collective", "time_allreduce", "fit_allreduce",
            "fit_cost_model", "fit_on_ranks",
            "time_topk", "fit_topk"]
 
@@ -68,11 +72,23 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _op(kind: str, numel: int, world: int, dtype, device, group) -> Callable[[], None]:
-    """A closure running one ``kind`` collective on preallocated tensors of the right shapes."""
+def rsag_impl(group=None) -> str:
+    """How this package's executors run reduce-scatter and all-gather on ``group``'s backend: ``ring``
+    (the CommStream's ring on gloo) or ``native`` (NCCL's own); what :func:`time_collective` times."""
+    return "ring" if dist.get_backend(group) == "gloo" else "native"
+
+
+def _op(kind: str, numel: int, world: int, dtype, device, group, stream=None) -> Callable[[], None]:
+    """A closure running one ``kind`` collective on preallocated tensors of the right shapes
+    (``stream``: a CommStream that runs reduce-scatter and all-gather as the executors do)."""
     if kind == "allreduce":
         buf = torch.ones(numel, dtype=dtype, device=device)
         return lambda: dist.all_reduce(buf, group=group)
+    if kind in ("reduce_scatter", "allgather") and stream is not None:
+        full = torch.ones(max(world, numel // world * world), dtype=dtype, device=device)
+        if kind == "reduce_scatter":
+            return lambda: stream.reduce_scatter(full).wait()
+        return lambda: stream.all_gather(full).wait()
     if kind in ("reduce_scatter", "allgather"):
         full = torch.ones(max(world, numel // world * world), dtype=dtype, device=device)
         shard = torch.empty(full.numel() // world, dtype=dtype, device=device)
@@ -94,8 +110,25 @@ def time_collective(kind: str, sizes_bytes: Sequence[int], *, repeats: int = 5, 
     world = dist.get_world_size(group)
     elem = torch.tensor([], dtype=dtype).element_size()
     medians = []
+    stream = None
+    if kind in ("reduce_scatter", "allgather") and rsag_impl(group) == "ring":
+        from repro.runtime.collectives import CommStream
+
+        stream = CommStream(group=group, backend_impl="ring")
+    try:
+        medians = _medians(kind, sizes_bytes, repeats, warmup, device, dtype, group, world, elem, stream)
+    finally:
+        if stream is not None:
+            stream.close()
+    out = torch.tensor(medians, dtype=torch.float64, device=device)
+    dist.all_reduce(out, op=dist.ReduceOp.MAX, group=group)
+    return out.cpu().tolist()
+
+
+def _medians(kind, sizes_bytes, repeats, warmup, device, dtype, group, world, elem, stream) -> list[float]:
+    medians = []
     for nbytes in sizes_bytes:
-        run = _op(kind, max(1, int(nbytes) // elem), world, dtype, device, group)
+        run = _op(kind, max(1, int(nbytes) // elem), world, dtype, device, group, stream)
         inner = int(min(16, max(1, 2**20 // max(1, int(nbytes)))))
         times = []
         for i in range(warmup + repeats):
@@ -108,9 +141,7 @@ def time_collective(kind: str, sizes_bytes: Sequence[int], *, repeats: int = 5, 
             if i >= warmup:
                 times.append((time.perf_counter() - t0) / inner)
         medians.append(statistics.median(times))
-    out = torch.tensor(medians, dtype=torch.float64, device=device)
-    dist.all_reduce(out, op=dist.ReduceOp.MAX, group=group)
-    return out.cpu().tolist()
+    return medians
 
 
 def time_allreduce(sizes_bytes: Sequence[int], **kwargs) -> list[float]:
@@ -133,8 +164,10 @@ def fit_cost_model(sizes_bytes: Sequence[int], kinds: Sequence[str] = ("allreduc
         x = [n * world for n in sizes_bytes] if kind == "sparse_allgather" else list(sizes_bytes)
         lines[kind] = fit_linear(x, seconds)
         measurements[kind] = {"bytes": list(map(int, sizes_bytes)), "seconds": seconds}
-    return CostModel(world, lines, source=source or f"fitted on the live process group (P={world})",
-                     meta={"measurements": measurements})
+    meta: dict = {"measurements": measurements}
+    if {"reduce_scatter", "allgather"} & set(kinds):
+        meta["rsag_impl"] = rsag_impl(group)  # how reduce-scatter / all-gather were run (as the executors do)
+    return CostModel(world, lines, source=source or f"fitted on the live process group (P={world})", meta=meta)
 
 
 def fit_allreduce(sizes_bytes: Sequence[int], *, repeats: int = 5, device: torch.device | str = "cpu",
