@@ -52,6 +52,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="folder of result tables (default: results/data when it exists)")
     p.add_argument("--keep-numbers", action="store_true", help="keep our numbers from the current snapshot")
     p.add_argument("--check", action="store_true", help="write nothing; exit 1 if out of date")
+    p.add_argument("--note", default="", help="how the results were made (appended to the provenance line)")
     a = p.parse_args(argv)
     if a.check:
         snap = read_snapshot()
@@ -69,6 +70,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"make_claims_doc: --results {results} is not a folder", file=sys.stderr)
         return 1
     snap, page = build(results, a.keep_numbers)
+    if a.note and not a.keep_numbers:
+        snap["numbers_from"] = snap["numbers_from"] + "; " + " ".join(a.note.split())
+        page = claims_markdown(snap)
     snap.to_csv(SNAPSHOT, index=False)
     DOC.write_text(page, encoding="utf-8")
     print(f"wrote {DOC.relative_to(ROOT)} and {SNAPSHOT.relative_to(ROOT)} ({len(snap)} claims; "

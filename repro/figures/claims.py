@@ -526,6 +526,6 @@ def numbers_provenance(results_dir: str | Path | None) -> str:
             revs.add(str(env["git_revision"])[:12])
     if not times:
         return "not measured yet (no results)"
-    return (f"the result tables of one `make figures` run (written {min(times)[:16]} to {max(times)[:16]} UTC, "
-            f"git {', '.join(sorted(revs)) or 'unknown'}); a cell 'not measured yet' is a table that run did "
+    return (f"result tables written {min(times)[:16]} to {max(times)[:16]} UTC (git "
+            f"{', '.join(sorted(revs)) or 'unknown'}); a cell 'not measured yet' is a table those runs did "
             "not write")
