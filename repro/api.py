@@ -35,8 +35,10 @@ post-accumulate-grad hooks; the ones the executor registered are taken out of th
 tables and put back in their place on leaving), so the gradients accumulate locally in ``param.grad``
 and the last backward exchanges the accumulated sum, as DDP does. Forward hooks stay (DeAR's pending
 updates are applied before the first micro-batch's forward). Buffers are broadcast from rank 0 before
-every forward (DDP: before the first forward of each accumulation cycle), so rank 0's buffers are
-DDP's and every rank's are after the next forward. ``optimizer.step()`` inside ``no_sync`` is
+every training forward (DDP: before the first forward of each accumulation cycle), so rank 0's
+buffers are DDP's and every rank's are after the next forward. An evaluation forward (``model.eval()``)
+issues no collective at all (DDP's first one after training broadcasts the buffers): ranks may
+evaluate different numbers of batches, or rank 0 alone. ``optimizer.step()`` inside ``no_sync`` is
 refused. A baseline that wraps the model (``ddp``) has its own ``no_sync`` on the returned module.
 
 **Unused parameters** (a branch not used in a forward, on some ranks or on all) need no option: the

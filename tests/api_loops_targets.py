@@ -20,8 +20,10 @@ def _sgd(params, **kw):
 
 def _accumulate(model, opt, data, micro: int, set_to_none: bool = True) -> None:
     """The DDP user's accumulation loop: ``micro`` micro-batches per step, the first ``micro - 1``
-    backward passes inside ``model.no_sync()``; then an evaluation forward (DDP broadcasts the buffers
-    before it; so does the door)."""
+    backward passes inside ``model.no_sync()``. Buffers are compared as the last training forward
+    left them: both broadcast them before every training forward; an evaluation forward differs (DDP's
+    first one after training broadcasts again, the door's issues no collective: ranks may evaluate
+    different numbers of batches, or rank 0 alone)."""
     loss_fn = nn.CrossEntropyLoss()
     for start in range(0, len(data), micro):
         opt.zero_grad(set_to_none=set_to_none)
@@ -32,10 +34,6 @@ def _accumulate(model, opt, data, micro: int, set_to_none: bool = True) -> None:
         x, y = chunk[-1]
         (loss_fn(model(x), y) / micro).backward()
         opt.step()
-    model.eval()
-    with torch.no_grad():
-        model(data[0][0])
-    model.train()
 
 
 def _no_sync_rows(cases: list[dict], steps: int, micro: int) -> list[dict]:
@@ -55,7 +53,11 @@ def _no_sync_rows(cases: list[dict], steps: int, micro: int) -> list[dict]:
         model, dopt = repro.distribute(net, _sgd(net.parameters()), **case)
         _accumulate(model, dopt, data, micro, set_to_none)
         dopt.flush()
-        out.append({"case": case, "set_to_none": set_to_none, "diff": _max_diff(_state(net), _state(ref)),
+        mine, theirs = _state(net), _state(ref)
+        if dist.get_rank() != 0:  # buffers: rank 0's are DDP's; the others' differ until the next forward
+            params = {name for name, _ in net.named_parameters()}
+            mine, theirs = ({k: v for k, v in d.items() if k in params} for d in (mine, theirs))
+        out.append({"case": case, "set_to_none": set_to_none, "diff": _max_diff(mine, theirs),
                     "family": dopt.plan.family if dopt.plan is not None else None, "warming_up": dopt.warming_up})
         dopt.remove()
     return out
@@ -250,6 +252,51 @@ def _autocast_rows(cases: list[dict], steps: int) -> list[dict]:
     return out
 
 
+def _rank0_evaluates_alone(cases: list[dict]) -> list[str]:
+    """A few steps, then rank 0 alone evaluates (a common pattern): the door's evaluation forward must
+    issue no collective, or rank 0 waits for a peer that never joins. Each case a watchdog-bounded
+    evaluation on rank 0 ('ok', or what went wrong); every rank then meets at a barrier."""
+    import threading
+
+    import repro
+
+    out = []
+    data = _batches(dist.get_rank(), 3)
+    for case in cases:
+        torch.manual_seed(0)
+        net = UserNet()
+        model, dopt = repro.distribute(net, _sgd(net.parameters()), **case)
+        loss_fn = nn.CrossEntropyLoss()
+        for x, y in data:
+            dopt.zero_grad()
+            loss_fn(model(x), y).backward()
+            dopt.step()
+        dopt.flush()
+        result = ["ok"]
+        if dist.get_rank() == 0:
+            def evaluate():
+                try:
+                    model.eval()
+                    with torch.no_grad():
+                        for x, _ in data:
+                            model(x)
+                    model.train()
+                except Exception as e:  # noqa: BLE001 - reported
+                    result[0] = f"{type(e).__name__}: {e}"
+            t = threading.Thread(target=evaluate, daemon=True)
+            t.start()
+            t.join(20.0)
+            if t.is_alive():
+                result[0] = "rank 0's evaluation waited 20 s for a collective"
+        out.append(result[0])
+        dist.barrier()
+        if result[0] == "ok":
+            dopt.remove()
+        else:  # a collective is pending on rank 0: give up on this rank's state (the launch then ends)
+            break
+    return out
+
+
 def loops_vs_ddp(ctx, parts: dict) -> dict:
     """Each part of ``parts`` (name -> the arguments of its rows function): its rows. One launch for all
     (starting two ranks costs more than most parts); an error on a rank fails the launch, naming it."""
@@ -260,6 +307,8 @@ def loops_vs_ddp(ctx, parts: dict) -> dict:
         out["step_inside_no_sync"] = _step_inside_no_sync(*parts["step_inside_no_sync"])
     if "compiled_dear" in parts:
         out["compiled_dear"] = _compiled_dear_refused()
+    if "rank0_eval" in parts:
+        out["rank0_eval"] = _rank0_evaluates_alone(*parts["rank0_eval"])
     return out
 
 

@@ -46,6 +46,10 @@ PARTS = {
                   {"scheduler": "bytescheduler", "warmup_steps": 2, "dtype": "float16", "grad_scaler": True}], 5),
     "step_inside_no_sync": ({"scheduler": "mgwfbp", "warmup_steps": 1},),
     "compiled_dear": (),
+    # rank 0 evaluates alone after training (no collective may be issued by an evaluation forward)
+    "rank0_eval": ([{"scheduler": "mgwfbp", "warmup_steps": 1},
+                    {"scheduler": "dear_threshold", "warmup_steps": 1, "threshold_bytes": 4096},
+                    {"scheduler": "bytescheduler", "warmup_steps": 1}],),
 }
 
 
@@ -215,3 +219,11 @@ def test_held_hooks_hold_only_the_executors_and_come_back_in_their_place():
     net(torch.ones(2, 3)).sum().backward()
     assert [tag for p, tag in fired if p == "weight"] == ["user-before", "executor", "user-after"]
     assert [tag for p, tag in fired if p == "bias"] == ["executor"]
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_rank_zero_can_evaluate_alone(loops):
+    """An evaluation forward issues no collective (before: the executor's buffer broadcast, a collective
+    on rank 0 alone, so rank 0 waited for ever)."""
+    assert loops[0]["rank0_eval"] == ["ok", "ok", "ok"], loops[0]["rank0_eval"]
