@@ -9,6 +9,7 @@ from pydantic import AfterValidator, Field
 from repro.calibration import COST_MODES
 from repro.cluster.jobs import LAUNCHERS
 from repro.presets import PRESETS
+from repro.run_options import RUN_OPTIONS
 from repro.figures.params import Float, Int, Name, OneOf, Str
 from repro.workload.models import MODEL_NAMES
 
@@ -44,10 +45,27 @@ def _rate_or_loopback(value: str) -> str:
 LinkRate = Annotated[Name, AfterValidator(_rate)]
 #: a tc-style link rate, or ``loopback`` (or empty: loopback) for no emulation
 LinkRateOrLoopback = Annotated[Str, AfterValidator(_rate_or_loopback)]
-#: a fraction in [0, 1]
-Share = Annotated[Float, Field(ge=0, le=1)]
-#: a top-k density in (0, 1]
-Density = Annotated[Float, Field(gt=0, le=1)]
+
+
+def _run_option(name: str, base):
+    """A notebook parameter checked by run option ``name``'s own check (:mod:`repro.run_options`, where
+    each family declares its options once): the same rule and message as ``repro train`` and
+    :func:`repro.distribute`."""
+    option = RUN_OPTIONS[name]
+
+    def check(value):
+        try:
+            return option.validate(value)
+        except ValueError as e:  # the schema's message adds "(got value)" itself
+            raise ValueError(str(e).rsplit(", got ", 1)[0]) from None
+
+    return Annotated[base, AfterValidator(check)]
+
+
+#: a fraction in [0, 1] (OSP's stage-1 share: run option ``stage1_share``)
+Share = _run_option("stage1_share", Float)
+#: a top-k density in (0, 1] (run option ``density``)
+Density = _run_option("density", Float)
 #: an integer >= 1 (steps, repeats, epochs, sizes)
 Positive = Annotated[Int, Field(ge=1)]
 #: an integer >= 0
