@@ -16,6 +16,13 @@ One command per family (2 CPU ranks; on GPUs drop nothing, NCCL is picked by its
         --option threshold_bytes=1048576 --check-ddp
     torchrun --standalone --nproc-per-node 2 examples/distribute_torchvision.py --scheduler bytescheduler --check-ddp
 
+Several at once, one after the other from the same start (what CI runs; each option goes to the
+schedulers that take it):
+
+    torchrun --standalone --nproc-per-node 2 examples/distribute_torchvision.py --check-ddp \
+        --scheduler mgwfbp,optimal,dear_threshold,bytescheduler,omgs \
+        --option threshold_bytes=1048576 --option density=0.01
+
 The parameter-server family (ps_*, osp*): examples/distribute_ps.py (servers co-located on the ranks).
 """
 
@@ -49,11 +56,13 @@ def train(model: nn.Module, optimizer: torch.optim.Optimizer, data) -> float:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--scheduler", default="mgwfbp", help="any name of `repro schedulers` (or a plan file)")
+    p.add_argument("--scheduler", default="mgwfbp", help="any name of `repro schedulers` (or a plan file); "
+                   "several, comma-separated, train one after the other from the same start")
     p.add_argument("--steps", type=int, default=6)
     p.add_argument("--batch-size", type=int, default=4, help="samples per rank per step")
     p.add_argument("--option", action="append", default=[], metavar="NAME=VALUE",
-                   help="a scheduler option, e.g. density=0.01 (sparse), threshold_bytes=1048576 (DeAR)")
+                   help="a scheduler option, e.g. density=0.01 (sparse), threshold_bytes=1048576 (DeAR); "
+                   "given to the schedulers that take it")
     p.add_argument("--check-ddp", action="store_true", help="also train under DDP and print the difference")
     args = p.parse_args()
     options = {}
@@ -68,25 +77,40 @@ def main() -> None:
     if cuda:
         torch.cuda.set_device(device)
 
-    torch.manual_seed(0)
-    net = torchvision.models.mobilenet_v3_small(num_classes=10).to(device)
-    opt = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9)
-    model, opt = repro.distribute(net, opt, scheduler=args.scheduler, warmup_steps=2, **options)  # the repro line
-    loss = train(model, opt, batches(rank, args.steps, args.batch_size, device))
-    opt.flush()  # nothing in flight: the parameters are the ones every rank agrees on
-    line = f"{args.scheduler}: {opt.plan.num_buckets if opt.plan else '-'} buckets, last loss {loss:.4f}"
-
-    if args.check_ddp:
+    ref = None
+    if args.check_ddp:  # the reference: DDP on the same start and data
         torch.manual_seed(0)
         ref = torchvision.models.mobilenet_v3_small(num_classes=10).to(device)
         ddp = nn.parallel.DistributedDataParallel(ref)
         train(ddp, torch.optim.SGD(ddp.parameters(), lr=0.01, momentum=0.9),
               batches(rank, args.steps, args.batch_size, device))
-        diff = max(float((a - b).detach().abs().max()) for a, b in zip(net.parameters(), ref.parameters()))
-        line += f", max |param - DDP's| {diff:.3g}"
-    if rank == 0:
-        print(line, flush=True)
+    for name in args.scheduler.split(","):
+        torch.manual_seed(0)
+        net = torchvision.models.mobilenet_v3_small(num_classes=10).to(device)
+        opt = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9)
+        takes = _options_of(name)
+        mine = {k: v for k, v in options.items() if takes is None or k in takes}
+        model, opt = repro.distribute(net, opt, scheduler=name, warmup_steps=2, **mine)  # the repro line
+        loss = train(model, opt, batches(rank, args.steps, args.batch_size, device))
+        opt.flush()  # nothing in flight: the parameters are the ones every rank agrees on
+        line = f"{name}: {opt.plan.num_buckets if opt.plan else '-'} buckets, last loss {loss:.4f}"
+        if ref is not None:
+            diff = max(float((a - b).detach().abs().max()) for a, b in zip(net.parameters(), ref.parameters()))
+            line += f", max |param - DDP's| {diff:.3g}"
+        opt.remove()
+        if rank == 0:
+            print(line, flush=True)
     dist.destroy_process_group()
+
+
+def _options_of(name: str):
+    """The option names scheduler ``name`` takes (None for a plan file: all given ones go through)."""
+    from repro.schedulers import get_scheduler
+
+    if name.endswith(".json"):
+        return None
+    s = get_scheduler(name)
+    return set(s.planner_options) | set(s.executor_options)
 
 
 if __name__ == "__main__":
