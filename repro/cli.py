@@ -568,10 +568,18 @@ def cmd_calibrate(args: argparse.Namespace) -> None:
     bad = [k for k in kinds if k not in MEASURABLE]
     if bad or not kinds:
         raise UsageError(f"unknown collective(s) {bad}; choose from {', '.join(MEASURABLE)}")
+    if args.torchrun:
+        if args.nproc is not None or args.emulate_bandwidth:
+            raise UsageError("--torchrun joins the ranks torchrun started: leave --nproc and --emulate-bandwidth out")
+        if "WORLD_SIZE" not in os.environ:
+            raise UsageError("--torchrun: WORLD_SIZE is not set; start this command under torchrun")
+        args.nproc = int(os.environ["WORLD_SIZE"])
+    elif args.nproc is None:
+        raise UsageError("calibrate needs --nproc N (ranks to start here), or --torchrun under torchrun")
     if args.nproc < 2:
         raise UsageError("calibrate needs --nproc 2 or more")
     limit, why = max_local_ranks()
-    if args.nproc > limit:
+    if not args.torchrun and args.nproc > limit:
         raise UsageError(f"--nproc {args.nproc} is more than this machine can run: at most {limit} ranks ({why})")
     if not 2 <= args.sizes <= 64:
         raise UsageError(f"--sizes must be between 2 and 64 (message sizes to fit a line through), got {args.sizes}")
@@ -591,7 +599,7 @@ def cmd_calibrate(args: argparse.Namespace) -> None:
     worst = max(kinds, key=factor.__getitem__)
     need = args.nproc * factor[worst] * args.max_bytes
     avail = available_memory_bytes()
-    if avail is not None and need > avail - args.nproc * RANK_MEMORY_BYTES:
+    if not args.torchrun and avail is not None and need > avail - args.nproc * RANK_MEMORY_BYTES:
         room = max(0, avail - args.nproc * RANK_MEMORY_BYTES)
         raise UsageError(
             f"--max-bytes {args.max_bytes} needs more memory than is available: about {need / 2**30:.1f} GiB of "
@@ -600,6 +608,15 @@ def cmd_calibrate(args: argparse.Namespace) -> None:
             f"{RANK_MEMORY_BYTES // 2**20} MiB per rank)")
     _check_output(args.output)
     sizes = default_sizes_bytes(args.max_bytes, args.sizes, args.min_bytes)
+    if args.torchrun:  # one rank of a torchrun job: every rank times, rank 0 writes
+        from repro.cluster.torchrun import distributed
+
+        with distributed(timeout_s=args.timeout_s) as ctx:
+            cost = fit_on_ranks(ctx, sizes, kinds, args.repeats)
+            if not ctx.is_main:
+                return
+        _emit(cost, args.output)
+        return
     cost = _launch(args, fit_on_ranks, (sizes, kinds, args.repeats))
     if args.emulate_bandwidth:
         cost["meta"]["emulated_bandwidth"] = args.emulate_bandwidth
@@ -819,10 +836,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_launch)
 
     p = sub.add_parser("calibrate", help="measure collectives on N local ranks and fit a cost model",
-                       description="Time collectives on N local ranks (optionally on an emulated network) and "
-                                   "fit one line a + b*bytes per collective (relative-error least squares); "
-                                   "print the CostModel JSON with its measurements.")
-    _add_local_flags(p)
+                       description="Time collectives on N local ranks (optionally on an emulated network), or "
+                                   "on every rank of a torchrun job across nodes (--torchrun), and fit one line "
+                                   "a + b*bytes per collective (relative-error least squares); print the "
+                                   "CostModel JSON with its measurements (rank 0).")
+    p.add_argument("--nproc", type=int,
+                   help="ranks to start on this machine (at most what its memory and process limit allow); "
+                        "required unless --torchrun")
+    p.add_argument("--torchrun", action="store_true",
+                   help="this process is one rank of a torchrun job (any number of nodes, e.g. `torchrun "
+                        "--nnodes 2 --nproc-per-node 8 ... -m repro calibrate --torchrun -o cost.json`): join "
+                        "its process group (nccl with CUDA, else gloo) instead of starting ranks")
+    p.add_argument("--emulate-bandwidth", help="run each rank in its own network namespace with links shaped "
+                                               "to this rate, e.g. 100mbit, 1gbit (needs root and tc)")
+    p.add_argument("--timeout-s", type=float, default=3600.0,
+                   help="give up (and kill the ranks) after this many seconds (finite, positive)")
     p.add_argument("--collectives", default="allreduce",
                    help="comma-separated: allreduce, reduce_scatter, allgather, sparse_allgather")
     p.add_argument("--min-bytes", type=int, default=4096, help="smallest message, bytes (>= 4)")
