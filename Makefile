@@ -27,6 +27,8 @@ PYTEST_ARGS ?=
 FAST_MARKERS := not (slow or distributed or notebook or netns or gpu)
 # pytest-xdist workers for the unit tier (its tests start no processes of their own, so they run side by side)
 FAST_WORKERS ?= 2
+# ... and for the rest of `make test` but its serial tests (ranks are 1 thread each: 2 workers on 2 cores)
+TEST_WORKERS ?= 2
 
 .PHONY: install install-browser test test-fast docs figures benchmark clean
 
@@ -59,8 +61,11 @@ $(KERNEL): $(STAMP)
 	$(PY) -m ipykernel install --sys-prefix --name repro --display-name "Python (repro)" >/dev/null
 	@test -f $(KERNEL) || { echo "error: kernel spec not written at $(KERNEL)" >&2; exit 1; }
 
+# Everything: the tests that may share the machine side by side (pytest-xdist, a file per worker, so a
+# file's launched ranks start once), then the serial ones (wall-clock timing, network namespaces) alone.
 test: install
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -m "not serial" -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+	$(PY) -m pytest -m serial $(PYTEST_ARGS)
 
 test-fast: install
 	$(PY) -m pytest -m "$(FAST_MARKERS)" -n $(FAST_WORKERS) $(PYTEST_ARGS)

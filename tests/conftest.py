@@ -17,6 +17,20 @@ def _cuda_available() -> bool:
     return bool(torch.cuda.is_available())
 
 
+#: files whose tests time things against the wall clock (hang detection within N seconds, planning
+#: budgets, measured speed) or change the machine's network (namespaces): `make test` runs them after
+#: the others, alone, not beside another test (``serial``)
+SERIAL_FILES = {"test_launch.py", "test_runtime_ps.py", "test_collectives.py", "test_profile.py",
+                "test_exact_planner_budget.py", "test_netem.py", "test_gallery.py"}
+
+
+def pytest_itemcollected(item):
+    """Mark ``serial`` (at collection, so that ``-m`` sees it) the tests that must not share the machine
+    with another test: see SERIAL_FILES, and every ``netns`` test."""
+    if item.path.name in SERIAL_FILES or item.get_closest_marker("netns") is not None:
+        item.add_marker(pytest.mark.serial)
+
+
 @pytest.hookimpl(trylast=True)  # after `-m` has deselected: `-m "not gpu"` never imports torch here
 def pytest_collection_modifyitems(config, items):
     """Skip the tests marked ``gpu`` where CUDA is not available (torch is imported only if there are some)."""
