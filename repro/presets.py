@@ -15,7 +15,7 @@ from typing import Any, Mapping
 from repro.calibrated import calibrated_presets
 from repro.cost import CostModel, CostModelError, Linear, check_workers
 
-__all__ = ["preset", "PRESETS", "preset_names", "preset_workers", "is_calibrated_preset"]
+__all__ = ["preset", "PRESETS", "preset_names", "preset_workers", "is_calibrated_preset", "is_cost_file"]
 
 
 @dataclass(frozen=True)
@@ -91,6 +91,13 @@ def preset_names() -> list[str]:
     return sorted(PRESETS) + sorted(_calibrated())
 
 
+def is_cost_file(name: str) -> bool:
+    """True for a name that is a cost file: a path ending in ``.json`` that is not a preset's name."""
+    from pathlib import Path
+
+    return isinstance(name, str) and name.endswith(".json") and name not in PRESETS and Path(name).is_file()
+
+
 def is_calibrated_preset(name: str) -> bool:
     """True for a calibrated preset (a hierarchical cluster with realism, fitted to measurements)."""
     return name not in PRESETS and name in _calibrated()
@@ -105,8 +112,15 @@ def preset_workers(name: str) -> list[int] | None:
 
 
 def preset(name: str, workers: int) -> CostModel:
-    """The cost model ``name`` for ``workers`` workers: a published fit (the paper model) or a
-    calibrated preset (``*-calibrated``: :mod:`repro.calibration`; hierarchical cluster + realism)."""
+    """The cost model ``name`` for ``workers`` workers: a published fit (the paper model), a
+    calibrated preset (``*-calibrated``: :mod:`repro.calibration`; hierarchical cluster + realism), or
+    a cost file (a ``.json`` path, e.g. from ``repro calibrate`` or ``repro cost fit``: a fit for one
+    P, which must be ``workers``), so that everything that takes a preset takes the user's cluster."""
+    if is_cost_file(name):
+        cost = CostModel.load(name)
+        if cost.workers != workers:
+            raise CostModelError(f"cost file {name} is for P={cost.workers} workers, asked for P={workers}")
+        return cost
     if is_calibrated_preset(name):
         check_workers(workers)
         return _calibrated()[name].cost_model(workers)

@@ -37,3 +37,19 @@ def test_network_takes_a_cost_file_for_this_many_workers(tmp_path):
         TrainConfig(scheduler="omgs", network=str(path)).check_world(2)
     with pytest.raises(ValueError, match="unknown network preset 'nope' \\(and no cost file of that name\\)"):
         TrainConfig(network="nope")
+
+
+def test_a_cost_file_stands_for_a_preset_everywhere(tmp_path):
+    """repro.presets.preset (which every study and command calls) takes a cost file of the right P; the
+    notebooks' preset parameters accept one (issue 22: the user's cluster wherever a preset goes)."""
+    from repro.figures.schemas._common import _preset_or_file
+    from repro.presets import preset
+
+    path = tmp_path / "mine.json"
+    preset("10gbe-dear64", 64).save(path)
+    assert preset(str(path), 64).lines == preset("10gbe-dear64", 64).lines
+    with pytest.raises(ValueError, match="is for P=64 workers, asked for P=16"):
+        preset(str(path), 16)
+    assert _preset_or_file(str(path)) == str(path)
+    with pytest.raises(ValueError, match="not a preset, nor a cost file"):
+        _preset_or_file(str(tmp_path / "missing.json"))

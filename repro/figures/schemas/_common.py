@@ -24,8 +24,17 @@ Scale = OneOf(SCALES)
 Launcher = OneOf(LAUNCHERS, Str)
 #: ``paper`` or ``calibrated`` (repro.calibration.COST_MODES)
 CostMode = OneOf(COST_MODES)
-#: a cost-model preset name (repro.presets.PRESETS)
-Preset = OneOf(lambda: list(PRESETS))
+def _preset_or_file(value: str) -> str:
+    from repro.presets import is_cost_file
+
+    if value in PRESETS or is_cost_file(value):
+        return value
+    raise ValueError(f"unknown value {value!r}: not a preset, nor a cost file (a .json path); presets: "
+                     f"{', '.join(PRESETS)}")
+
+
+#: a cost-model preset name (repro.presets.PRESETS), or a cost file (.json, e.g. from repro calibrate)
+Preset = Annotated[Name, AfterValidator(_preset_or_file)]
 #: a model repro can build and train (repro.workload.models.MODEL_NAMES)
 Model = OneOf(MODEL_NAMES)
 
