@@ -26,36 +26,7 @@ import torchvision
 from torch import nn
 
 import repro
-
-
-def batches(rank: int, steps: int, batch: int, device: torch.device):
-    g = torch.Generator().manual_seed(rank)  # every rank its own data
-    for _ in range(steps):
-        yield (torch.randn(batch, 3, 32, 32, generator=g).to(device),
-               torch.randint(0, 10, (batch,), generator=g).to(device))
-
-
-def train(model: nn.Module, optimizer: torch.optim.Optimizer, data) -> float:
-    loss_fn = nn.CrossEntropyLoss()
-    for x, y in data:  # the ordinary loop
-        optimizer.zero_grad()
-        loss = loss_fn(model(x), y)
-        loss.backward()
-        optimizer.step()
-    return float(loss.detach())
-
-
-def parse_option(item: str):
-    """``NAME=VALUE`` -> (name, value as an int, a float, a bool or the string)."""
-    name, _, value = item.partition("=")
-    if value.lower() in ("true", "false"):
-        return name, value.lower() == "true"
-    for kind in (int, float):
-        try:
-            return name, kind(value)
-        except ValueError:
-            pass
-    return name, value
+from distribute_torchvision import batches, parse_option, train  # the same data and loop (this folder)
 
 
 def main() -> None:

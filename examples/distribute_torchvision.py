@@ -54,6 +54,19 @@ def train(model: nn.Module, optimizer: torch.optim.Optimizer, data) -> float:
     return float(loss.detach())
 
 
+def parse_option(item: str):
+    """``NAME=VALUE`` -> (name, value as an int, a float, a bool or the string)."""
+    name, _, value = item.partition("=")
+    if value.lower() in ("true", "false"):
+        return name, value.lower() == "true"
+    for kind in (int, float):
+        try:
+            return name, kind(value)
+        except ValueError:
+            pass
+    return name, value
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--scheduler", default="mgwfbp", help="any name of `repro schedulers` (or a plan file); "
@@ -65,10 +78,7 @@ def main() -> None:
                    "given to the schedulers that take it")
     p.add_argument("--check-ddp", action="store_true", help="also train under DDP and print the difference")
     args = p.parse_args()
-    options = {}
-    for item in args.option:
-        name, _, value = item.partition("=")
-        options[name] = float(value) if "." in value or "e" in value else int(value)
+    options = dict(parse_option(item) for item in args.option)
 
     cuda = torch.cuda.is_available()
     dist.init_process_group("nccl" if cuda else "gloo")

@@ -97,21 +97,14 @@ def _write_atomically(path: Path, text: str) -> None:
 
 
 def _load_file(kind: str, path: Path, load):
-    """``load(path)`` of a plan or cost-model JSON file, every error naming the file (the loaders name it for
-    what they check; a folder, a device, bytes that are not UTF-8 and absurd nesting are checked here)."""
-    p = Path(path)
-    if p.is_dir():
-        raise UsageError(f"{kind} {p} is a folder, not a {kind} file")
-    if p.exists() and not p.is_file():
-        raise UsageError(f"{kind} {p} is not a regular file (a device, pipe or socket)")
+    """``load(path)`` of a plan or cost-model JSON file, every error naming the file
+    (:func:`repro.outputs.read_input`)."""
+    from repro.outputs import InputPathError, read_input
+
     try:
-        return load(p)
-    except RecursionError:
-        raise UsageError(f"{p}: {kind} JSON is nested too deeply to be a {kind}") from None
-    except UnicodeDecodeError as e:
-        raise UsageError(f"{p}: a {kind} file is UTF-8 JSON text, but byte {e.start} is not UTF-8") from None
-    except PermissionError as e:
-        raise UsageError(f"{p}: cannot be read: {e.strerror}") from None
+        return read_input(kind, path, load)
+    except InputPathError as e:
+        raise UsageError(str(e)) from None
 
 
 def _positive_flag(flag: str, value: int | None) -> int | None:

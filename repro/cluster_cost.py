@@ -48,6 +48,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from repro.cost import ALGORITHMS, COLLECTIVES, CostModel, CostModelError, Linear, alpha_beta_lines, fit_linear, relative_errors
+from repro.outputs import InputPathError, read_input
 from repro.presets import preset, preset_names
 from repro.topology import TOPOLOGY_ALGORITHMS, Link, Topology
 
@@ -246,20 +247,9 @@ def load_cost(spec: str | Path, workers: int | None, flag: str = "--cost") -> Co
     if not path.exists() and not text.endswith(".json") and "/" not in text:
         raise CostModelError(f"{flag}: unknown network preset {text!r} (and no file of that name); known: "
                              f"{', '.join(preset_names())}")
-    if path.is_dir():
-        raise CostModelError(f"{flag}: {path} is a folder, not a cost model file")
-    if path.exists() and not path.is_file():
-        raise CostModelError(f"{flag}: {path} is not a regular file (a device, pipe or socket)")
     try:
-        cost = CostModel.load(path)
-    except UnicodeDecodeError as e:
-        raise CostModelError(f"{flag}: {path}: a cost model file is UTF-8 JSON text, but byte {e.start} is "
-                             "not UTF-8") from None
-    except RecursionError:
-        raise CostModelError(f"{flag}: {path}: JSON nested too deeply to be a cost model") from None
-    except PermissionError as e:
-        raise CostModelError(f"{flag}: {path}: cannot be read: {e.strerror}") from None
-    except CostModelError as e:
+        cost = read_input("cost model", path, CostModel.load)
+    except (InputPathError, CostModelError) as e:
         raise CostModelError(f"{flag}: {e}") from None
     if workers is not None and workers != cost.workers:
         raise CostModelError(f"{flag}: the cost model in {path} is for P={cost.workers}, not the {workers} workers "

@@ -28,9 +28,10 @@ import tempfile
 import uuid
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Callable, Iterator
 
-__all__ = ["OutputPathError", "check_output", "write_output", "output_file", "resolve_output"]
+__all__ = ["OutputPathError", "InputPathError", "check_output", "write_output", "output_file", "resolve_output",
+           "read_input"]
 
 _MAX_LINKS = 40  # as the kernel's own limit on symbolic links in one lookup
 
@@ -189,3 +190,26 @@ def write_output(path: str | os.PathLike, content: str | bytes, *, encoding: str
         except OSError as e:
             raise OutputPathError(f"output {path} cannot be written: {_why(e)}") from None
     return real
+
+
+class InputPathError(ValueError):
+    """A JSON input file (plan, cost model) that cannot be read; the message is one line naming it."""
+
+
+def read_input(kind: str, path: str | os.PathLike, load: Callable[[Path], Any]) -> Any:
+    """``load(path)`` of a ``kind`` JSON file (``"plan"``, ``"cost model"``), every error naming the
+    file: a folder, a device, bytes that are not UTF-8, absurd nesting and an unreadable file are
+    :class:`InputPathError` here; the loader names what it checks itself."""
+    p = Path(path)
+    if p.is_dir():
+        raise InputPathError(f"{kind} {p} is a folder, not a {kind} file")
+    if p.exists() and not p.is_file():
+        raise InputPathError(f"{kind} {p} is not a regular file (a device, pipe or socket)")
+    try:
+        return load(p)
+    except RecursionError:
+        raise InputPathError(f"{p}: {kind} JSON is nested too deeply to be a {kind}") from None
+    except UnicodeDecodeError as e:
+        raise InputPathError(f"{p}: a {kind} file is UTF-8 JSON text, but byte {e.start} is not UTF-8") from None
+    except PermissionError as e:
+        raise InputPathError(f"{p}: cannot be read: {e.strerror}") from None

@@ -18,6 +18,15 @@ def _sgd(params, **kw):
 
 # ---------------------------------------------------------------- gradient accumulation (no_sync)
 
+def _plain_train(model, opt, data) -> None:
+    """The ordinary loop: zero_grad, forward, cross-entropy, backward, step, per batch of ``data``."""
+    loss_fn = nn.CrossEntropyLoss()
+    for x, y in data:
+        opt.zero_grad()
+        loss_fn(model(x), y).backward()
+        opt.step()
+
+
 def _accumulate(model, opt, data, micro: int, set_to_none: bool = True) -> None:
     """The DDP user's accumulation loop: ``micro`` micro-batches per step, the first ``micro - 1``
     backward passes inside ``model.no_sync()``. Buffers are compared as the last training forward
@@ -331,13 +340,9 @@ def compile_vs_ddp(ctx, cases: list[dict], steps: int, backend: str) -> list[dic
     import repro
 
     data = _branch_batches(dist.get_rank(), steps)
-    loss_fn = nn.CrossEntropyLoss()
 
     def train(model, opt):
-        for x, y in data:
-            opt.zero_grad()
-            loss_fn(model(x), y).backward()
-            opt.step()
+        _plain_train(model, opt, data)
 
     torch.manual_seed(0)
     ref = SmallNet()
@@ -427,13 +432,9 @@ def _bridge_once(sizes: list[int], wrong_sizes: list[int], find_unused: bool) ->
     import repro
 
     data = _branch_batches(dist.get_rank(), 3)
-    loss_fn = nn.CrossEntropyLoss()
 
     def train(model, opt):
-        for x, y in data:
-            opt.zero_grad()
-            loss_fn(model(x), y).backward()
-            opt.step()
+        _plain_train(model, opt, data)
 
     torch.manual_seed(0)
     net = DeepNet()

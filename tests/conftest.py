@@ -97,3 +97,16 @@ def pytest_runtest_call(item):
 @pytest.fixture
 def rng():
     return np.random.default_rng(1234)
+
+
+@pytest.fixture
+def one_rank():
+    """A one-rank gloo process group in this process (a HashStore: no ports), for tests that drive an
+    executor alone; the test must be marked ``distributed`` (it starts a process group)."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()

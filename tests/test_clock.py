@@ -144,16 +144,6 @@ class MLP(nn.Module):
 LAYERS = ["fc1", "fc2", "fc3"]  # module view, forward order
 
 
-@pytest.fixture
-def one_rank():
-    import torch.distributed as dist
-
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
-
 
 def _plan(kind: str, density: float = 0.5):
     from repro.plan import Bucket, Message, Plan

@@ -341,13 +341,6 @@ def test_both_families_share_one_optimizer_wrapper():
 # one gloo rank in this process: the executors on fake CUDA streams and events
 # ---------------------------------------------------------------------------------------------
 
-@pytest.fixture
-def one_rank():
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
 
 
 def _until(cond, timeout_s: float = 10.0) -> bool:

@@ -371,11 +371,16 @@ class CommStream:
                 if flat.numel():
                     fn(flat)
             except BaseException as e:  # noqa: BLE001 - handed to the waiting thread
-                with self._lock:
-                    self._failure = f"{handle.op} of {handle.nbytes} bytes: {type(e).__name__}: {e}"
-                handle._finish(e)
+                self._settle(handle, e)
             else:
-                handle._finish()
+                self._settle(handle, None)
+
+    def _settle(self, handle: Handle, error: BaseException | None) -> None:
+        """Finish ``handle``; a failure also breaks the stream (later ops are not run, their waiters told)."""
+        if error is not None:
+            with self._lock:
+                self._failure = f"{handle.op} of {handle.nbytes} bytes: {type(error).__name__}: {error}"
+        handle._finish(error)
 
     def _watch(self) -> None:
         """CUDA: finish each handle when the device has run its op (events in submission order)."""
@@ -387,11 +392,9 @@ class CommStream:
             try:
                 done.synchronize()
             except BaseException as e:  # noqa: BLE001 - handed to the waiting thread
-                with self._lock:
-                    self._failure = f"{handle.op} of {handle.nbytes} bytes: {type(e).__name__}: {e}"
-                handle._finish(e)
+                self._settle(handle, e)
             else:
-                handle._finish()
+                self._settle(handle, None)
 
     # -- ring (gloo, point-to-point) -----------------------------------------------------------------
 

@@ -73,7 +73,8 @@ from torch import nn
 
 from repro.plan import Plan, PlanError
 from repro.runtime.executor import Executor, ExecutorOptions
-from repro.runtime.ps_layout import PSTiming, _Bucket, _flatten_into, _unflatten_from, ps_layout
+from repro.runtime.ps_layout import (HandOverOptimizer, PSTiming, _Bucket, _flatten_into, _unflatten_from,
+                                     ps_layout)
 
 __all__ = ["PSExecutor", "PSOptimizer", "PSPeerSilentError", "PSTiming", "serve", "calibrate", "ps_layout", "STEP", "FETCH",
            "STOP"]
@@ -120,26 +121,12 @@ def _wait(handle: Any, who: str, peer: str) -> None:
 # Worker
 # ---------------------------------------------------------------------------------------------
 
-class PSOptimizer:
+class PSOptimizer(HandOverOptimizer):
     """What the training loop steps on a PS worker: ``step()`` installs the stage-1 values pulled from
     the servers (the servers applied the optimizer); ``zero_grad`` passes through."""
 
     def __init__(self, executor: "PSExecutor", optimizer: Any) -> None:
-        self.executor = executor
-        self.optimizer = optimizer
-
-    @property
-    def param_groups(self):
-        return self.optimizer.param_groups
-
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        self.optimizer.zero_grad(set_to_none=set_to_none)
-
-    def step(self) -> None:
-        self.executor._install_stage_one()
-
-    def state_dict(self):
-        return self.optimizer.state_dict()
+        super().__init__(executor, optimizer, executor._install_stage_one)
 
 
 class PSExecutor(Executor):

@@ -77,7 +77,8 @@ from torch import nn
 from repro.plan import Plan, PlanError
 from repro.runtime.buffers import broadcast_buffers
 from repro.runtime.executor import Executor, ExecutorOptions
-from repro.runtime.ps_layout import PSTiming, _Bucket, _flatten_into, _unflatten_from, ps_layout
+from repro.runtime.ps_layout import (HandOverOptimizer, PSTiming, _Bucket, _flatten_into, _unflatten_from,
+                                     ps_layout)
 
 __all__ = ["ColocatedPSExecutor", "ColocatedPSOptimizer", "colocated_options", "bucket_lag"]
 
@@ -126,29 +127,12 @@ def _views(flat: torch.Tensor, params: Sequence[torch.Tensor]) -> list[torch.Ten
     return out
 
 
-class ColocatedPSOptimizer:
+class ColocatedPSOptimizer(HandOverOptimizer):
     """What the loop steps: ``step()`` finishes the fresh buckets' exchange (owners update, everyone
     installs); ``zero_grad`` passes through."""
 
     def __init__(self, executor: "ColocatedPSExecutor", optimizer: Any) -> None:
-        self.executor = executor
-        self.optimizer = optimizer
-
-    @property
-    def param_groups(self):
-        return self.optimizer.param_groups
-
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        self.optimizer.zero_grad(set_to_none=set_to_none)
-
-    def step(self) -> None:
-        self.executor._finish_fresh()
-
-    def state_dict(self):
-        return self.optimizer.state_dict()
-
-    def load_state_dict(self, state) -> None:
-        self.optimizer.load_state_dict(state)
+        super().__init__(executor, optimizer, executor._finish_fresh)
 
 
 class ColocatedPSExecutor(Executor):

@@ -6,6 +6,7 @@ imports neither, so they do not import each other."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Callable
 
 import torch
 from torch import nn
@@ -13,7 +14,7 @@ from torch import nn
 from repro.plan import Plan, PlanError
 from repro.workload.layers import layer_parameters
 
-__all__ = ["PSTiming", "ps_layout"]
+__all__ = ["PSTiming", "ps_layout", "HandOverOptimizer"]
 
 
 @dataclass
@@ -76,3 +77,30 @@ def _unflatten_from(buf: torch.Tensor, params) -> None:
             n = p.numel()
             p.copy_(buf[off:off + n].view_as(p))
             off += n
+
+
+class HandOverOptimizer:
+    """What the loop steps on a parameter-server rank: the servers apply the optimizer, so ``step()``
+    only hands over to the executor (``finish()``: install what the servers computed); ``zero_grad``,
+    ``param_groups``, ``state_dict`` and ``load_state_dict`` are the wrapped optimizer's."""
+
+    def __init__(self, executor: Any, optimizer: Any, finish: Callable[[], None]) -> None:
+        self.executor = executor
+        self.optimizer = optimizer
+        self._finish = finish
+
+    @property
+    def param_groups(self):
+        return self.optimizer.param_groups
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.optimizer.zero_grad(set_to_none=set_to_none)
+
+    def step(self) -> None:
+        self._finish()
+
+    def state_dict(self):
+        return self.optimizer.state_dict()
+
+    def load_state_dict(self, state) -> None:
+        self.optimizer.load_state_dict(state)
