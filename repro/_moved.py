@@ -23,6 +23,7 @@ MOVED = {
     "repro.estimate": "repro.workload.estimate",
     "repro.runtime.layers": "repro.workload.layers",
     "repro.runtime.bucketed": "repro.runtime.allreduce",
+    "repro.data": "repro.paths",
 }
 
 

@@ -671,7 +671,7 @@ def cmd_presets(args: argparse.Namespace) -> None:
 def _shipped_trace_headers() -> dict[str, dict]:
     """Name -> model, batch size, device, dtype, layers, parameters and gradient bytes of every shipped
     trace (read as JSON; nothing is built)."""
-    from repro.data import shipped_trace_path, shipped_traces
+    from repro.paths import shipped_trace_path, shipped_traces
 
     out = {}
     for name in shipped_traces():

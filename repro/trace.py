@@ -311,7 +311,7 @@ def load_trace(path_or_name: str | Path) -> Trace:
     if not _SHIPPED_NAME.fullmatch(name) or ".." in name:
         raise TraceError(f"{name!r} is not a shipped trace name (letters, digits, _ . - and no '..'; "
                          "`repro traces` lists them) nor a trace file")
-    from repro.data import shipped_trace_path, traces_dir
+    from repro.paths import shipped_trace_path, traces_dir
 
     path = shipped_trace_path(name)
     if path.resolve().parent != traces_dir().resolve():

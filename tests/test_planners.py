@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from repro.cost import CostModel
 from repro.presets import preset
-from repro.data import shipped_traces
+from repro.paths import shipped_traces
 from repro.planners import make_plan, planner_names
 from repro.planners.allreduce import groups_time_s
 from repro.trace import load_trace

@@ -35,7 +35,7 @@ import pandas as pd
 
 from repro.calibration import check_cost_mode, cost_for_mode
 from repro.cost import CostModel
-from repro.data import shipped_traces
+from repro.paths import shipped_traces
 from repro.planners import PLANNER_FAMILY, make_plan
 from repro.planners.dear import (DEFAULT_THRESHOLD_BYTES, dear_model, dear_plan, groups_period_s,
                                  threshold_groups, threshold_sweep)

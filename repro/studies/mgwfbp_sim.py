@@ -21,7 +21,7 @@ import pandas as pd
 from repro.calibration import check_cost_mode, cost_for_mode
 from repro.cost import ALGORITHMS, CostModel, alpha_beta_lines
 from repro.presets import preset, preset_workers
-from repro.data import paper_numbers_path, shipped_traces
+from repro.paths import paper_numbers_path, shipped_traces
 from repro.planners import make_plan
 from repro.sim import simulate
 from repro.trace import Trace, load_trace

@@ -29,7 +29,7 @@ import pandas as pd
 from repro.calibration import check_cost_mode, cost_for_mode
 from repro.cost import CostModel
 from repro.presets import preset_workers
-from repro.data import shipped_traces
+from repro.paths import shipped_traces
 from repro.planners import make_plan
 from repro.sim import simulate
 from repro.sim.allreduce import bucket_label
@@ -50,7 +50,7 @@ PAPER_CSV = "omgs_iteration_times"  # shipped published seconds per iteration (r
 def paper_iterations() -> pd.DataFrame:
     """The paper's measured seconds per iteration (16 workers, 1GbE), tidy: model, planner
     (``topk_single`` for TopK-SGD, ``omgs`` for OMGS-SGD), workers, paper_s, citation."""
-    from repro.data import paper_numbers_path
+    from repro.paths import paper_numbers_path
 
     raw = pd.read_csv(paper_numbers_path(PAPER_CSV))
     rows = []

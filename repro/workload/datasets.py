@@ -1,6 +1,6 @@
 """Datasets for training runs, and a loader that shards them over data-parallel ranks.
 
-Nothing is downloaded; real datasets are read from ``data/`` (see :func:`repro.data.data_dir`; set
+Nothing is downloaded; real datasets are read from ``data/`` (see :func:`repro.paths.data_dir`; set
 ``REPRO_DATA_DIR`` to read them from elsewhere) and a missing one raises
 :class:`DatasetNotFoundError` saying which file was looked for, what layout to put there and where
 to get it.
@@ -39,7 +39,7 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 from torch.utils.data.distributed import DistributedSampler
 
-from repro.data import data_dir
+from repro.paths import data_dir
 from repro.workload.models import make_batch
 
 __all__ = ["DatasetNotFoundError", "UInt8ImageDataset", "TokenSequences", "CIFAR10_MEAN", "CIFAR10_STD",

@@ -89,6 +89,6 @@ Bytes = Annotated[Int, Field(ge=1)]
 
 def estimate_gpus() -> list[str]:
     """GPUs with shipped estimate traces (``<model>_b<batch>_<gpu>-estimate``): v100, k80, p102."""
-    from repro.data import shipped_traces
+    from repro.paths import shipped_traces
 
     return sorted({s.rsplit("_", 1)[1][: -len("-estimate")] for s in shipped_traces() if s.endswith("-estimate")})
