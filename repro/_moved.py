@@ -24,6 +24,7 @@ MOVED = {
     "repro.runtime.layers": "repro.workload.layers",
     "repro.runtime.bucketed": "repro.runtime.allreduce",
     "repro.data": "repro.paths",
+    "repro.results": "repro.tables",
 }
 
 

@@ -9,7 +9,7 @@ import pytest  # noqa: E402
 from repro.presets import preset
 from repro.figures import mgwfbp_plots  # noqa: E402
 from repro.figures.style import PAPER_ZORDER  # noqa: E402
-from repro.results import read_table, write_table  # noqa: E402
+from repro.tables import read_table, write_table  # noqa: E402
 from repro.studies import mgwfbp_sim as study  # noqa: E402
 from tests.helpers import random_trace  # noqa: E402
 

@@ -3,7 +3,7 @@
 The claims live in package data, one YAML file per paper (``repro/shipped/claims/<paper>.yaml``); each
 claim names the paper's number and where it comes from, the figures that show it, and *how* to compute
 our simulated and measured numbers from the tidy result tables the notebooks write under
-``results_dir`` (:func:`repro.results.write_table`). Nothing here holds a result: every "our number" is
+``results_dir`` (:func:`repro.tables.write_table`). Nothing here holds a result: every "our number" is
 read from a table, so a verdict changes when the tables do.
 
 A claim (YAML)::

@@ -38,7 +38,7 @@ more than the tables named like it (paper values, reference lines) until its sid
 "Written by the notebook" is what the runner recorded in the notebook's run record
 (``notebooks/<name>.run.json``: the ``data/*.csv`` files created or changed while it ran). Without a
 record (a notebook executed by hand with papermill into ``notebooks/``), it is the tables whose
-``data/<name>.json`` time (``environment.time_utc``, from :func:`repro.results.write_table`) falls within
+``data/<name>.json`` time (``environment.time_utc``, from :func:`repro.tables.write_table`) falls within
 the executed notebook's papermill start and end times.
 """
 

@@ -275,7 +275,7 @@ def measure_primitives(world_sizes: Sequence[int], sizes_bytes: Sequence[int], r
     threads_per_rank, oversubscribed, emulated_bandwidth). ``bytes`` is the whole buffer (float32, rounded
     down to a multiple of 4 P); ``emulate_bandwidth`` runs every rank behind an emulated link."""
     from repro.cluster.local import launch_local
-    from repro.results import write_table
+    from repro.tables import write_table
     from repro.studies.common import available_cpus, warn_if_oversubscribed, with_oversubscription
 
     rows: list[dict[str, Any]] = []

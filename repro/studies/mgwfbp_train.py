@@ -111,7 +111,7 @@ def measure_allreduce(world_sizes: Sequence[int], sizes_bytes: Sequence[int], re
     df = pd.DataFrame(rows)
     if not df.empty:
         df = with_oversubscription(df, workers="workers")
-    from repro.results import write_table
+    from repro.tables import write_table
 
     write_table(df, results_dir, "allreduce_times", {"world_sizes": list(world_sizes), "repeats": repeats,
                                                      "emulate_bandwidth": emulate_bandwidth})

@@ -1,4 +1,4 @@
-"""repro.results: git_revision reads the checkout without taking .git/index.lock."""
+"""repro.tables: git_revision reads the checkout without taking .git/index.lock."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from repro import results
-from repro.results import git_revision
+from repro import tables
+from repro.tables import git_revision
 
 pytestmark = pytest.mark.skipif(shutil.which("git") is None, reason="git not installed")
 
@@ -102,7 +102,7 @@ def test_every_git_call_disables_optional_locks(repo, monkeypatch):
         calls.append((list(cmd), kwargs.get("env")))
         return real_run(cmd, *args, **kwargs)
 
-    monkeypatch.setattr(results.subprocess, "run", spy)
+    monkeypatch.setattr(tables.subprocess, "run", spy)
     assert git_revision(repo) == head
     git_calls = [(c, env) for c, env in calls if c[0] == "git"]
     assert any("status" in c for c, _ in git_calls)
