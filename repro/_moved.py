@@ -25,6 +25,7 @@ MOVED = {
     "repro.runtime.bucketed": "repro.runtime.allreduce",
     "repro.data": "repro.paths",
     "repro.results": "repro.tables",
+    "repro.calibration": "repro.published_fits",
 }
 
 

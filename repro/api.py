@@ -568,7 +568,7 @@ def distribute(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: st
 
             try:
                 options = colocated_options(plan, sched.planner_options if sched is not None else (), options,
-                                            grad_scaler, dist.get_world_size())
+                                            dist.get_world_size())
             except ValueError as e:
                 _fail(str(e))
     if (_context is None and sched is not None and sched.has_plan and plan is None
@@ -595,9 +595,6 @@ def distribute(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: st
     if grad_scaler is not None:
         if not (hasattr(grad_scaler, "scale") and hasattr(grad_scaler, "unscale_") and hasattr(grad_scaler, "update")):
             _fail(f"grad_scaler must be a torch.amp.GradScaler, got {type(grad_scaler).__name__}")
-        if family == "sparse":
-            _fail("grad_scaler is not supported by the sparse family yet (its error-feedback residuals would mix "
-                  "gradients of different scales)")
     if network is not None and cost is not None:
         _fail("give network or cost, not both")
     network_cost = None

@@ -4,7 +4,7 @@ A calibration of one network is a hierarchical cluster (:class:`~repro.topology.
 and an inter-node link and the all-reduce across them) plus the effects beyond the papers' model
 (:class:`~repro.realism.Realism`). This module holds the value type and the shipped files
 (``repro/shipped/calibration/*-calibrated.json``); fitting them on published measurements is
-:mod:`repro.calibration`'s job, which sits above the planners and the simulator, while this module
+:mod:`repro.published_fits`'s job, which sits above the planners and the simulator, while this module
 sits below them, so that :mod:`repro.presets` can serve calibrated presets without an import circle.
 Never imports torch.
 """

@@ -651,7 +651,7 @@ def cmd_schedulers(args: argparse.Namespace) -> None:
 def _preset_doc(name: str) -> str:
     if name in PRESETS:
         return PRESETS[name].doc
-    from repro.calibration import calibrated_preset
+    from repro.published_fits import calibrated_preset
 
     cal = calibrated_preset(name)
     t = cal.topology

@@ -128,7 +128,7 @@ def describe_link(link: Link) -> str:
 
 def default_intra_link() -> Link:
     """The intra-node link fitted on the measured V100 cluster (shipped preset ``10gbe-calibrated``)."""
-    from repro.calibration import calibrated_preset
+    from repro.published_fits import calibrated_preset
 
     return calibrated_preset("10gbe-calibrated").topology.intra
 

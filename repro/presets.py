@@ -113,7 +113,7 @@ def preset_workers(name: str) -> list[int] | None:
 
 def preset(name: str, workers: int) -> CostModel:
     """The cost model ``name`` for ``workers`` workers: a published fit (the paper model), a
-    calibrated preset (``*-calibrated``: :mod:`repro.calibration`; hierarchical cluster + realism), or
+    calibrated preset (``*-calibrated``: :mod:`repro.published_fits`; hierarchical cluster + realism), or
     a cost file (a ``.json`` path, e.g. from ``repro calibrate`` or ``repro cost fit``: a fit for one
     P, which must be ``workers``), so that everything that takes a preset takes the user's cluster."""
     if is_cost_file(name):

@@ -220,18 +220,16 @@ def test_colocated_options_default_and_refusals():
     from repro.plan import Plan
     from repro.runtime.ps_colocated import colocated_options
 
-    assert colocated_options(None, ("servers", "staleness"), {}, None, 4) == {"servers": 4}
-    assert colocated_options(None, ("servers",), {"servers": 2}, None, 4) == {"servers": 2}
+    assert colocated_options(None, ("servers", "staleness"), {}, 4) == {"servers": 4}
+    assert colocated_options(None, ("servers",), {"servers": 2}, 4) == {"servers": 2}
     with pytest.raises(ValueError, match="3 server.* exceed the job's 2 rank"):
-        colocated_options(None, ("servers",), {"servers": 3}, None, 2)
-    with pytest.raises(ValueError, match="grad_scaler"):
-        colocated_options(None, ("servers",), {}, object(), 2)
+        colocated_options(None, ("servers",), {"servers": 3}, 2)
     messages = [{"collective": "push", "phase": "backward"}, {"collective": "pull", "phase": "backward"}]
     plan = Plan.from_dict({"solver": "ps_bsp", "family": "ps",
                            "buckets": [{"layers": [name], "messages": messages} for name in "abc"],
                            "options": {"mode": "bsp", "servers": 3, "bucket_servers": [0, 1, 2]}})
     with pytest.raises(ValueError, match="plan's 3 server"):
-        colocated_options(plan, (), {}, None, 2)
+        colocated_options(plan, (), {}, 2)
 
 
 def test_bucket_lag_follows_the_modes():

@@ -109,7 +109,7 @@ def test_bad_inputs_give_one_clear_line(kwargs, match):
 
 
 def test_calibrated_mode_uses_the_calibrated_clusters():
-    from repro.calibration import calibrated_presets
+    from repro.published_fits import calibrated_presets
 
     assert {"10gbe-calibrated", "100gbib-calibrated"} <= set(calibrated_presets())   # package data
     sim = compare.simulated_table(["resnet50"], ["10gbe-derived", "56gbib-derived"], [8],

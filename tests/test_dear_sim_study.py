@@ -275,7 +275,7 @@ def test_paper_mode_is_the_presets_own_simulation(traces):
 def test_calibrated_mode_differs_is_finite_and_says_so(traces):
     import matplotlib.pyplot as plt
 
-    from repro.calibration import cost_for_mode
+    from repro.published_fits import cost_for_mode
 
     for net in study.PAPER_NETWORKS + study.SCALING_NETWORKS:
         cost = cost_for_mode(net, 64, "calibrated")

@@ -173,7 +173,7 @@ def test_paper_mode_is_the_presets_own_simulation(traces, sweep):
 
 
 def test_calibrated_mode_differs_is_finite_and_says_so(traces, sweep):
-    from repro.calibration import cost_for_mode
+    from repro.published_fits import cost_for_mode
 
     cost = cost_for_mode("1gbe-allgather", 16, "calibrated")
     assert "calibrated" in cost.source and not cost.is_paper_model

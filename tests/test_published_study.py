@@ -5,7 +5,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from repro import calibration as C
+from repro import published_fits as C
 from repro.studies import published
 
 

@@ -5,7 +5,9 @@ both (they had two near-identical copies).
 ``executor``: anything with ``step(amp=None)`` (what to do at the loop's ``optimizer.step()``),
 ``flush()`` (apply every pending update) and, for :meth:`DeferredUpdateOptimizer.synchronize`,
 ``synchronize()``: a :class:`~repro.runtime.dear.DeARExecutor`, the DeAR tuner that owns one, or a
-:class:`~repro.runtime.bytescheduler.ByteSchedulerExecutor`.
+:class:`~repro.runtime.bytescheduler.ByteSchedulerExecutor`; also the sparse family's executor under a
+GradScaler (:class:`~repro.runtime.sparse.SparseScaledOptimizer`: its step takes the verdict over
+every rank, and its updates are not deferred).
 """
 
 from __future__ import annotations
@@ -40,7 +42,8 @@ class DeferredUpdateOptimizer:
 
     def step(self, closure=None) -> None:
         if closure is not None:
-            raise ValueError(f"{self.family} applies updates in the next forward; a closure cannot be evaluated")
+            raise ValueError(f"{self.family}: step() takes no closure here (the optimizer repro.distribute returns "
+                             "evaluates one)")
         amp = scaled_step(self)
         if amp is None:
             self.executor.step()

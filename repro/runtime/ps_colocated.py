@@ -15,11 +15,13 @@ every rank issues the same sequence: per step ``t``
 
 1. ``after_backward``: the lagged buckets of step ``t - 1`` (below) are finished: wait for their push,
    the owner applies the update to its master copy, then one ``broadcast`` per lagged bucket (plan
-   order, asynchronous, into a fresh pull buffer); then one push per bucket in plan order
-   (asynchronous): ``reduce`` to the owner (sum) under BSP/OSP, ``gather`` to the owner (one
-   gradient per rank) under ASP/SSP;
-2. the optimizer's ``step()``: the fresh buckets' pushes are waited for, the owner updates, then one
-   ``broadcast`` per fresh bucket from its owner (plan order); waited for and installed;
+   order, asynchronous, into a fresh pull buffer);
+2. the optimizer's ``step()``: one push per bucket in plan order (asynchronous): ``reduce`` to the
+   owner (sum) under BSP/OSP, ``gather`` to the owner (one gradient per rank) under ASP/SSP; the
+   fresh buckets' pushes are waited for, the owner updates, then one ``broadcast`` per fresh bucket
+   from its owner (plan order); waited for and installed. (The pushes wait for the step, which
+   follows ``after_backward`` at once in the loop, so that clipping after ``optimizer.synchronize()``
+   and a GradScaler's verdict come before them.)
 3. ``before_forward`` of step ``t``: the pulls due now are waited for and installed (local: no
    collective is issued there except DDP's buffer broadcast from rank 0, as the all-reduce executor
    does), then OSP's LGP correction.
@@ -56,9 +58,19 @@ rank holds ``W_t``, the servers' model (a collective when lagged work is pending
 call it on every rank, as ``optimizer.flush()``, ``model.state_dict()`` through
 :func:`repro.distribute` do).
 
-Limits: ``torch.amp.GradScaler`` is refused (:func:`colocated_options`: the servers apply the pushed
-gradients); clipping after ``optimizer.synchronize()`` changes nothing (``param.grad`` stays this
-rank's own gradient, the owners apply what was pushed); the optimizer state is sharded (each rank's
+**Mixed precision** (``torch.amp.GradScaler``, ``wrap_optimizer(optimizer, grad_scaler=scaler)`` as
+:func:`repro.distribute` does): the owners must apply unscaled gradients, and a step with an inf/nan
+on any rank must leave no trace anywhere. At the optimizer's step ``scaler.step`` has checked this
+rank's ``param.grad``; then one ``all_reduce`` (max) of that verdict over the ranks, then either every rank
+skips the step (no push, no update, the step counter stays, so the run equals one without that batch)
+and the scaler's ``update()`` backs off everywhere (:class:`~repro.runtime.executor.FoundInfReport`),
+or every rank pushes its gradient times ``1/scale`` and the step goes on as above. ``scaler.unscale_``
+(with or without ``optimizer.synchronize()``) before ``scaler.step`` unscales ``param.grad`` in place:
+then the pushes send it as it is, so clipping there clips each rank's own gradient before the push.
+
+Limits: clipping after ``optimizer.synchronize()`` clips each rank's own gradient before its push
+(``param.grad`` stays this rank's own; the owners apply the average of what was pushed, so under BSP
+this is not DDP's clipping of the average); the optimizer state is sharded (each rank's
 ``optimizer.state_dict()`` holds its own shard's state: save one per rank to resume); a parameter
 no rank has a gradient for is pushed as zeros (momentum and weight decay still move it, as on the
 dedicated servers). Dedicated server ranks are :mod:`repro.runtime.ps` (``repro train`` /
@@ -76,21 +88,19 @@ from torch import nn
 
 from repro.plan import Plan, PlanError
 from repro.runtime.buffers import broadcast_buffers
-from repro.runtime.executor import Executor, ExecutorOptions
+from repro.runtime.executor import Executor, ExecutorOptions, FoundInfReport, ScaledStep, scaled_step
 from repro.runtime.ps_layout import (HandOverOptimizer, PSTiming, _Bucket, _flatten_into, _unflatten_from,
                                      ps_layout)
 
-__all__ = ["ColocatedPSExecutor", "ColocatedPSOptimizer", "colocated_options", "bucket_lag"]
+__all__ = ["ColocatedPSExecutor", "ColocatedPSOptimizer", "ScaledColocatedPSOptimizer", "colocated_options",
+           "bucket_lag"]
 
 
 def colocated_options(plan: Plan | None, planner_options: Sequence[str], options: dict[str, Any],
-                      grad_scaler: Any, world: int) -> dict[str, Any]:
+                      world: int) -> dict[str, Any]:
     """The PS scheduler's options under :func:`repro.distribute` (servers co-located on its ``world``
-    ranks): ``servers`` defaults to ``world`` (one shard per rank) and may not exceed it; a GradScaler
-    is refused. Raises ValueError with one line naming the problem."""
-    if grad_scaler is not None:
-        raise ValueError("the parameter-server family does not take grad_scaler: its servers apply the optimizer to "
-                         "the pushed gradients, which a GradScaler cannot unscale or skip on every rank")
+    ranks): ``servers`` defaults to ``world`` (one shard per rank) and may not exceed it. Raises
+    ValueError with one line naming the problem."""
     if plan is not None:
         servers = int(plan.option("servers"))
         where = "the plan's"
@@ -132,7 +142,28 @@ class ColocatedPSOptimizer(HandOverOptimizer):
     installs); ``zero_grad`` passes through."""
 
     def __init__(self, executor: "ColocatedPSExecutor", optimizer: Any) -> None:
-        super().__init__(executor, optimizer, executor._finish_fresh)
+        super().__init__(executor, optimizer, lambda: executor.scaled_step(None))
+
+    def synchronize(self) -> None:
+        """Nothing to finish: the pushes go at the step (``param.grad`` stays this rank's gradient)."""
+
+
+class ScaledColocatedPSOptimizer(HandOverOptimizer):
+    """What the loop steps under a GradScaler (``_step_supports_amp_scaling``: ``scaler.step`` always
+    calls ``step()``, with its scale and inf check attached, so every rank joins the verdict):
+    ``step()`` is :meth:`ColocatedPSExecutor.scaled_step` (module docstring)."""
+
+    _step_supports_amp_scaling = True
+
+    def __init__(self, executor: "ColocatedPSExecutor", optimizer: Any) -> None:
+        super().__init__(executor, optimizer, lambda: executor.scaled_step(scaled_step(self)))
+
+    def synchronize(self) -> None:
+        """Nothing to finish: the pushes go at the step (``param.grad`` stays this rank's gradient)."""
+
+    @property
+    def state(self):
+        return self.optimizer.state
 
 
 class ColocatedPSExecutor(Executor):
@@ -173,6 +204,9 @@ class ColocatedPSExecutor(Executor):
         self._local_buf = {b.index: self._zeros(b) for b in self._lagged} if self.lgp else {}
         self._scratch = {b.index: self._zeros(b) for b in self._mine if self.lag[b.index]}
         self._optimizer: Any = None
+        self._scaler: Any = None                 # a GradScaler: pushes wait for the step's verdict
+        self._report: FoundInfReport | None = None
+        self._push_due = False
         self.step_index = 0
         self.bytes_pushed = 0
         self.bytes_pulled = 0
@@ -209,9 +243,34 @@ class ColocatedPSExecutor(Executor):
         return b.server == self.rank
 
     # ---- the executor contract ----
-    def wrap_optimizer(self, optimizer: Any) -> ColocatedPSOptimizer:
+    def wrap_optimizer(self, optimizer: Any, grad_scaler: Any = None) -> HandOverOptimizer:
+        """What the loop steps; with an enabled ``grad_scaler`` the pushes wait for its verdict (module
+        docstring)."""
         self._optimizer = optimizer
-        return ColocatedPSOptimizer(self, optimizer)
+        if grad_scaler is None or not grad_scaler.is_enabled():
+            return ColocatedPSOptimizer(self, optimizer)
+        self._scaler = grad_scaler
+        self._report = FoundInfReport(grad_scaler, self.buckets[0].params[0].device)
+        return ScaledColocatedPSOptimizer(self, optimizer)
+
+    def scaled_step(self, amp: ScaledStep | None) -> None:
+        """The optimizer's step: push this rank's ``param.grad`` and finish the fresh buckets. Under a
+        GradScaler (``amp``: what ``scaler.step`` attached) first the verdict over every rank (one
+        all-reduce): push unscaled, or skip everywhere (module docstring)."""
+        if not self._push_due:
+            raise RuntimeError("step() without after_backward(): the parameter server has no gradient to apply")
+        self._push_due = False
+        if amp is not None:
+            p = self.buckets[0].params[0]
+            seen = torch.full((), float(amp.found_inf), dtype=torch.float32, device=p.device)
+            dist.all_reduce(seen, op=dist.ReduceOp.MAX, group=self.group)
+            found = bool(seen.item() > 0)
+            self._report.report(found)
+            if found:  # nothing pushed, nothing updated; the step counter stays (as if the batch were not run)
+                self._local2 = []
+                return
+        self._push_all(None if amp is None else amp.inv_scale)
+        self._finish_fresh()
 
     def before_forward(self) -> None:
         broadcast_buffers(self.model, src=self._buffer_src, group=self.group)
@@ -234,14 +293,20 @@ class ColocatedPSExecutor(Executor):
             self._local2 = []
 
     def after_backward(self) -> None:
-        t = self.step_index
         self._finish_lagged()
+        self._push_due = True  # the pushes go at the step: after clipping, and after a GradScaler's verdict
+
+    def _push_all(self, inv_scale: torch.Tensor | None = None) -> None:
+        """One push per bucket in plan order (asynchronous); ``inv_scale``: unscale first."""
+        t = self.step_index
         timings = []
         local2 = []
         with torch.no_grad():
             for b in self.buckets:  # plan order, the same on every rank
                 buf = self._push[b.index]
                 _flatten_into(buf, [p.grad if p.grad is not None else torch.zeros_like(p) for p in b.params])
+                if inv_scale is not None:
+                    buf.mul_(inv_scale.to(buf.device, buf.dtype))
                 if self.lgp and b.stage == 2:   # a reduce may overwrite a non-owner's input (gloo): keep a copy
                     local = self._local_buf[b.index]
                     local.copy_(buf)
@@ -347,7 +412,7 @@ class ColocatedPSExecutor(Executor):
     def flush(self) -> None:
         """Finish the last step's lagged buckets and install every pull: every rank then holds the
         servers' model. A collective when lagged work is pending (call it on every rank)."""
-        if any(b.index in self._inflight for b in self._fresh):
+        if self._push_due or any(b.index in self._inflight for b in self._fresh):
             raise RuntimeError("flush() between backward and step(): call step() first")
         self._finish_lagged()
         for c in sorted(self._pulls):

@@ -26,6 +26,18 @@ workers adds up: worker 0's value first, then worker 1's, ..., in that order on 
 device), divides by ``P`` and hands the result to ``param.grad``. Every worker thus applies the same
 sparse average, bit for bit; what it held back stays in its own residual.
 
+**Mixed precision** (``torch.amp.GradScaler``; ``wrap_optimizer(optimizer, grad_scaler=scaler)``, which
+:func:`repro.distribute` does): the gradients the hooks see are scaled by the scaler's current scale
+``S`` (a power of two), and error feedback must not mix scales (``S`` changes between steps). So each
+bucket is unscaled (``* 1/S``, exact) *before* compensation: residuals, top-k and the exchange are in
+the gradient's own units, the same floats as without a scaler. ``after_backward`` hands ``param.grad``
+the average times ``S`` (exact), as DDP's exchanged gradients are, so ``scaler.unscale_`` and clipping
+after ``optimizer.synchronize()`` work as usual. The step's verdict is one all-reduce (max) of every
+rank's "inf/nan seen" (this rank's buckets before compression, and GradScaler's own check): a step
+with an inf/nan anywhere is skipped on every rank, the residuals are put back as they were before it
+(:meth:`Memory.keep` / :meth:`Memory.undo`: the step leaves no trace, as a skipped DDP step) and the
+scaler's ``update()`` is told (:class:`~repro.runtime.executor.FoundInfReport`).
+
 With ``record_timeline`` each bucket's :class:`SparseBucketTiming` holds the compression's start and
 end and the communication's launch and end (``time.perf_counter`` seconds).
 
@@ -50,13 +62,14 @@ from repro.plan import Plan, PlanError
 from repro.runtime.allreduce import BucketTiming
 from repro.runtime.buffers import broadcast_buffers
 from repro.runtime.clock import clock_for
-from repro.runtime.executor import Executor, ExecutorOptions
+from repro.runtime.deferred import DeferredUpdateOptimizer
+from repro.runtime.executor import Executor, ExecutorOptions, FoundInfReport, ScaledStep, check_scaled_step
 from repro.runtime.topk import topk_indices
 from repro.sim.sparse import INDEX_BYTES, topk_count
 from repro.workload.layers import layer_parameters
 
 __all__ = ["deterministic_index_add_", "Compressor", "TopKCompressor", "Memory", "NoMemory", "ResidualMemory", "AllGatherCommunicator",
-           "Exchange", "SparseBucketTiming", "SparseExecutor", "calibrate"]
+           "Exchange", "SparseBucketTiming", "SparseExecutor", "SparseScaledOptimizer", "calibrate"]
 
 INDEX_DTYPE = torch.int32  # indices on the wire (INDEX_BYTES bytes each)
 assert torch.tensor([], dtype=INDEX_DTYPE).element_size() == INDEX_BYTES
@@ -184,6 +197,16 @@ class Memory(ABC):
     def reset(self) -> None:
         """Forget everything held back."""
 
+    def keep(self, key: Any) -> None:
+        """Remember ``key``'s state now, so that :meth:`undo` can put it back (a step a GradScaler
+        skips must leave no trace: its gradient is discarded, as under DDP). Nothing by default."""
+
+    def undo(self) -> None:
+        """Put back every state :meth:`keep` remembered since the last :meth:`commit`."""
+
+    def commit(self) -> None:
+        """Forget what :meth:`keep` remembered: this step's changes stay."""
+
 
 class NoMemory(Memory):
     """No error feedback: unsent entries are dropped."""
@@ -202,6 +225,7 @@ class ResidualMemory(Memory):
 
     def __init__(self) -> None:
         self.residuals: dict[Any, torch.Tensor] = {}
+        self._kept: dict[Any, torch.Tensor | None] = {}
 
     def compensate(self, key: Any, flat: torch.Tensor) -> torch.Tensor:
         residual = self.residuals.get(key)
@@ -221,6 +245,22 @@ class ResidualMemory(Memory):
 
     def reset(self) -> None:
         self.residuals.clear()
+        self._kept.clear()
+
+    def keep(self, key: Any) -> None:
+        residual = self.residuals.get(key)
+        self._kept[key] = None if residual is None else residual.clone()
+
+    def undo(self) -> None:
+        for key, residual in self._kept.items():
+            if residual is None:
+                self.residuals.pop(key, None)
+            else:
+                self.residuals[key] = residual
+        self._kept.clear()
+
+    def commit(self) -> None:
+        self._kept.clear()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -378,6 +418,13 @@ class SparseExecutor(Executor):
             bucket.pending = len(bucket.slots)
             self._buckets.append(bucket)
         self._next = 0
+        self._scaler: Any = None          # the GradScaler (wrap_optimizer), None without one
+        self._report: FoundInfReport | None = None
+        self._optimizer: Any = None
+        self._scale: torch.Tensor | None = None      # this backward's scale S and 1/S (tensors: no sync)
+        self._inv_scale: torch.Tensor | None = None
+        self._nonfinite: torch.Tensor | None = None  # inf/nan seen in this backward's buckets (0-d bool)
+        self._synchronized = False
         self.timings = []
         for i, b in enumerate(self._buckets):
             n, k = b.buffer.numel(), self.compressor.count(b.buffer.numel())
@@ -414,7 +461,11 @@ class SparseExecutor(Executor):
             if timing is not None:
                 timing.end_s = float("nan")
                 timing.compress_start_s = time.perf_counter()
-            flat = self.memory.compensate(i, bucket.buffer)
+            flat = bucket.buffer
+            if self._scaler is not None:
+                self._unscale(flat)
+                self.memory.keep(i)
+            flat = self.memory.compensate(i, flat)
             values, indices = self.compressor.compress(flat)
             self.memory.update(i, flat, indices)
             if timing is not None:
@@ -425,7 +476,76 @@ class SparseExecutor(Executor):
                 bucket.exchange = self.comm.start(values, indices, bucket.packed)
             self._next += 1
 
+    def _unscale(self, flat: torch.Tensor) -> None:
+        """Bring a bucket the scaler scaled back to the gradient's units (see the module docstring), and
+        note whether it holds an inf/nan."""
+        if self._inv_scale is None:
+            scale = getattr(self._scaler, "_scale", None)  # what scaler.scale(loss) multiplied by (a tensor)
+            if scale is None:  # the scaler has not scaled anything yet: the gradients are as computed
+                scale = torch.ones((), dtype=torch.float32, device=flat.device)
+            self._scale = scale.to(flat.device)
+            self._inv_scale = self._scale.double().reciprocal().float()  # as GradScaler.unscale_ computes it
+            self._nonfinite = torch.zeros((), dtype=torch.bool, device=flat.device)
+        self._nonfinite |= ~torch.isfinite(flat).all()
+        flat.mul_(self._inv_scale.to(flat.dtype))
+
     # ---- the executor contract ----
+    def wrap_optimizer(self, optimizer: Any, grad_scaler: Any = None) -> Any:
+        """The optimizer itself; with an enabled ``grad_scaler`` a :class:`SparseScaledOptimizer` whose
+        ``step`` takes the scaler's verdict over every rank (module docstring)."""
+        self._optimizer = optimizer
+        if grad_scaler is None or not grad_scaler.is_enabled():
+            return optimizer
+        self._scaler = grad_scaler
+        self._report = FoundInfReport(grad_scaler, self._buckets[0].buffer.device)
+        return SparseScaledOptimizer(self, optimizer)
+
+    def synchronize(self) -> None:
+        """The exchange is finished (``after_backward`` ran): ``param.grad`` is the scaled average,
+        ready for ``scaler.unscale_``."""
+        self._synchronized = True
+
+    def step(self, amp: ScaledStep | None = None) -> None:
+        """The optimizer's step under a GradScaler (``amp``: what ``scaler.step`` attached): skipped on
+        every rank when any rank saw an inf/nan (residuals put back), else the unscaled average
+        applied. Every rank calls it (one all-reduce)."""
+        if amp is None:  # optimizer.step() without scaler.step: the gradients are this step's, unscaled
+            self.memory.commit()
+            if self._scale is not None:
+                self._grads_mul(self._inv_scale)
+            self._optimizer.step()
+            self._end_step()
+            return
+        if self._report is None:
+            check_scaled_step(amp, None, "the sparse family")  # a scaler it was not given: refused, one line
+        if amp.inv_scale is None and not self._synchronized:
+            raise RuntimeError("the sparse family: scaler.unscale_(opt) was called before the exchange finished; "
+                               "call opt.synchronize() first (or leave the unscaling to scaler.step(opt))")
+        device = self._buckets[0].buffer.device
+        seen = torch.zeros((), dtype=torch.float32, device=device) + float(amp.found_inf)
+        if self._nonfinite is not None:
+            seen += self._nonfinite.float()
+        dist.all_reduce(seen, op=dist.ReduceOp.MAX, group=self.comm.group)  # after every all-gather
+        found = bool(seen.item() > 0)
+        self._report.report(found)
+        if found:
+            self.memory.undo()
+        else:
+            self.memory.commit()
+            if amp.inv_scale is not None:
+                self._grads_mul(amp.inv_scale)
+            self._optimizer.step()
+        self._end_step()
+
+    def _grads_mul(self, factor: torch.Tensor) -> None:
+        with torch.no_grad():
+            for g in {id(s.param.grad): s.param.grad for s in self._slots if s.param.grad is not None}.values():
+                g.mul_(factor.to(g.device, g.dtype))
+
+    def _end_step(self) -> None:
+        self._scale = self._inv_scale = self._nonfinite = None
+        self._synchronized = False
+
     def before_forward(self) -> None:
         broadcast_buffers(self.model)
 
@@ -440,6 +560,8 @@ class SparseExecutor(Executor):
             dense = bucket.buffer.zero_()
             self.compressor.decompress(values, indices, dense, blocks=self.world_size)
             dense.div_(self.world_size)
+            if self._scale is not None:  # scaled again, as DDP's exchanged gradients are (exact: S = 2**n)
+                dense.mul_(self._scale.to(dense.dtype))
             for slot in bucket.slots:
                 avg = slot.view.view_as(slot.param)  # a view of the bucket (no copy) ...
                 slot.param.grad = avg if avg.dtype == slot.param.dtype else avg.to(slot.param.dtype)  # ... or cast
@@ -472,6 +594,17 @@ class SparseExecutor(Executor):
         for h in self._handles:
             h.remove()
         self._handles = []
+
+
+class SparseScaledOptimizer(DeferredUpdateOptimizer):
+    """What the loop steps under a GradScaler: ``step()`` is :meth:`SparseExecutor.step` with the
+    scaler's attributes (``_step_supports_amp_scaling``: ``scaler.step`` always calls it, so every rank
+    joins the verdict's all-reduce); everything else is the wrapped optimizer's."""
+
+    family = "the sparse family"
+
+    def state_dict(self) -> dict:
+        return self.optimizer.state_dict()
 
 
 def _stamp_end(timing: SparseBucketTiming) -> None:

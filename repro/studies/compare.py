@@ -7,7 +7,7 @@ OMGS-SGD, DeAR and its baselines, and the parameter-server modes of OSP. Two tab
 
 - :func:`simulated_table` — **simulated at paper scale**: shipped V100 roofline-estimate traces
   (``<model>_b<batch>_v100-estimate``, not measurements), worker counts P, network presets mapped by
-  :func:`repro.calibration.cost_for_mode` (``cost_mode="calibrated"``: the clusters calibrated on the
+  :func:`repro.published_fits.cost_for_mode` (``cost_mode="calibrated"``: the clusters calibrated on the
   published ddl-benchmarks measurements, 4 GPUs per node, with their realism; ``"paper"``: the published
   lines, perfect overlap). Plans come from :func:`repro.planners.make_plan` and iterations from
   :func:`repro.sim.simulate`; both apply the cost model's realism themselves.
@@ -62,7 +62,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import pandas as pd
 
-from repro.calibration import DEVICES_PER_NODE, check_cost_mode, cost_for_mode
+from repro.published_fits import DEVICES_PER_NODE, check_cost_mode, cost_for_mode
 from repro.presets import PRESETS
 from repro.planners import PLANNER_FAMILY, make_plan
 from repro.schedulers import get_scheduler
@@ -279,7 +279,7 @@ def simulated_table(models: Sequence[str] | Mapping[str, Trace] = DEFAULT_MODELS
     """Simulated iteration of every scheduler per model x network x P (tidy; module docstring).
 
     ``models``: model names or shipped trace stems (:func:`resolve_trace`), or a mapping name -> Trace;
-    ``networks``: network presets for :func:`repro.calibration.cost_for_mode` (``cost_mode`` ``"calibrated"``
+    ``networks``: network presets for :func:`repro.published_fits.cost_for_mode` (``cost_mode`` ``"calibrated"``
     or ``"paper"``); ``topk_gamma_s``: seconds of the top-k cost ``gamma d log2 d``.
     Columns: model, trace, device, batch_size, network, network_label, cost_mode, cost_model (the calibrated
     preset standing for ``network``, or ``network`` itself), cost_source, workers,

@@ -17,9 +17,9 @@ Inputs, and what is an interpretation:
   ``10gbe-dear-derived`` / ``56gbib-dear-derived`` are per-hop ring constants derived from those fits, valid
   for any P (used for scaling; equal to the fits at P=64).
 - Throughput is samples per second over all GPUs: ``workers * batch / iteration_s`` (the paper's metric).
-- ``cost_mode`` (:data:`repro.calibration.COST_MODES`) of every simulation at paper scale: ``"paper"``
+- ``cost_mode`` (:data:`repro.published_fits.COST_MODES`) of every simulation at paper scale: ``"paper"``
   (default) simulates the presets themselves, the paper's model; ``"calibrated"`` the calibrated cluster
-  and realism of the same network (:func:`repro.calibration.cost_for_mode`: ``10gbe-*`` -> the fitted
+  and realism of the same network (:func:`repro.published_fits.cost_for_mode`: ``10gbe-*`` -> the fitted
   10GbE cluster, ``56gbib-*`` -> the fitted 100Gb InfiniBand one). Tables record it in ``cost_mode``.
 
 Every function returns a :class:`pandas.DataFrame` (or plain data); nothing here draws.
@@ -33,7 +33,7 @@ from typing import Mapping, Sequence
 import numpy as np
 import pandas as pd
 
-from repro.calibration import check_cost_mode, cost_for_mode
+from repro.published_fits import check_cost_mode, cost_for_mode
 from repro.cost import CostModel
 from repro.paths import shipped_traces
 from repro.planners import PLANNER_FAMILY, make_plan
@@ -147,7 +147,7 @@ def throughput_table(models: Sequence[str] | Mapping[str, Trace], networks: Sequ
     relative_to_best (throughput / the best method's at that model, network, workers), plan_wall_s,
     origin ("simulated"), cost_mode. The simulated halves of ``dear.throughput_nofusion`` (methods
     :data:`NOFUSION_METHODS`) and ``dear.throughput_fusion`` (:data:`FUSION_METHODS`). ``cost_mode``:
-    ``"paper"`` (the presets) or ``"calibrated"`` (:func:`repro.calibration.cost_for_mode`).
+    ``"paper"`` (the presets) or ``"calibrated"`` (:func:`repro.published_fits.cost_for_mode`).
     """
     check_cost_mode(cost_mode)
     traces = _traces(models)
@@ -353,7 +353,7 @@ def breakdown_table(models: Sequence[str] | Mapping[str, Trace], networks: Seque
     :func:`exposed_breakdown` (see there for the exact definition). Columns: model, network, workers,
     scheduler, iteration_s, computation_s, exposed_rs_s, exposed_ag_s, exposed_allreduce_s, exposed_idle_s,
     rs_s, ag_s, allreduce_s, buckets, cost_mode (``"paper"``: the presets; ``"calibrated"``:
-    :func:`repro.calibration.cost_for_mode`)."""
+    :func:`repro.published_fits.cost_for_mode`)."""
     check_cost_mode(cost_mode)
     traces = _traces(models)
     rows = []
@@ -407,7 +407,7 @@ def buffer_sweep_table(models: Sequence[str] | Mapping[str, Trace], networks: Se
                        points: int = 33, cost_mode: str = "paper") -> pd.DataFrame:
     """The simulated half of ``dear.buffer_sweep``: :func:`buffer_sweep` per model x network (tidy, with
     model, network, workers, the model's throughput at each threshold and ``cost_mode``: ``"paper"``, the
-    presets, or ``"calibrated"``, :func:`repro.calibration.cost_for_mode`)."""
+    presets, or ``"calibrated"``, :func:`repro.published_fits.cost_for_mode`)."""
     check_cost_mode(cost_mode)
     traces = _traces(models)
     frames = []

@@ -565,8 +565,8 @@ def paper_scale_tables(models: Sequence[str], networks: Sequence[str], methods: 
     roofline-estimate traces of ``models`` (:mod:`repro.studies.dear_sim`): the columns of
     :func:`repro.studies.dear_sim.throughput_table` and :func:`repro.studies.dear_sim.breakdown_table`,
     each plan made once for both (``dear_optimal``'s exact search takes seconds per model). ``cost_mode``:
-    ``"paper"`` (the presets themselves) or ``"calibrated"`` (:func:`repro.calibration.cost_for_mode`)."""
-    from repro.calibration import check_cost_mode, cost_for_mode
+    ``"paper"`` (the presets themselves) or ``"calibrated"`` (:func:`repro.published_fits.cost_for_mode`)."""
+    from repro.published_fits import check_cost_mode, cost_for_mode
     from repro.studies.dear_sim import exposed_breakdown, load_traces
 
     check_cost_mode(cost_mode)

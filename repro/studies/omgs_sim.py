@@ -7,9 +7,9 @@ paper's fitted all-gather lines for P in {2, 4, 8, 16} with its top-k cost ``gam
 per layer), ``topk_single`` (TopK-SGD), ``omgs`` (the published merge rule) and ``omgs_optimal`` (the
 exact optimum over contiguous merges, this package's addition).
 
-Every simulation at paper scale takes ``cost_mode`` (:data:`repro.calibration.COST_MODES`): ``"paper"``
+Every simulation at paper scale takes ``cost_mode`` (:data:`repro.published_fits.COST_MODES`): ``"paper"``
 (default) simulates the preset itself, the paper's model; ``"calibrated"`` its calibrated counterpart
-(:func:`repro.calibration.cost_for_mode`: for ``1gbe-allgather``, no measured 1GbE cluster exists, so the
+(:func:`repro.published_fits.cost_for_mode`: for ``1gbe-allgather``, no measured 1GbE cluster exists, so the
 paper's all-gather lines and top-k cost with the realism fitted on 10GbE). Tables record it in a
 ``cost_mode`` column.
 
@@ -26,7 +26,7 @@ from typing import Iterable, Mapping, Sequence
 import numpy as np
 import pandas as pd
 
-from repro.calibration import check_cost_mode, cost_for_mode
+from repro.published_fits import check_cost_mode, cost_for_mode
 from repro.cost import CostModel
 from repro.presets import preset_workers
 from repro.paths import shipped_traces
@@ -111,7 +111,7 @@ def sparse_sweep(traces: Mapping[str, Trace], workers: Sequence[int], densities:
     sparsify_s (top-k seconds on the compute stream), optimal_s and gap_pct = 100 (iteration_s /
     optimal_s - 1) when ``omgs_optimal`` is among ``planners`` (NaN otherwise), plan_wall_s (seconds
     the planner took here), cost_mode. Worker counts the preset lacks are skipped. ``cost_mode``:
-    ``"paper"`` (the preset) or ``"calibrated"`` (:func:`repro.calibration.cost_for_mode`). Iterations are
+    ``"paper"`` (the preset) or ``"calibrated"`` (:func:`repro.published_fits.cost_for_mode`). Iterations are
     simulated (:func:`repro.studies.mgwfbp_sim.simulated_iteration_s`): in calibrated mode ``omgs_optimal``
     is the optimum of the planner's model, which the simulation with realism need not keep (``gap_pct``
     can then be negative).
@@ -273,7 +273,7 @@ def paper_setting_table(traces: Mapping[str, Trace], planners: Iterable[str] = (
                         ) -> pd.DataFrame:
     """The paper's setting (16 workers, 1GbE, the paper's density per model): simulated seconds per
     iteration per planner beside the published ones (``paper_s``, NaN where none), tidy, with
-    ``cost_mode`` (``"paper"``: the preset; ``"calibrated"``: :func:`repro.calibration.cost_for_mode`)."""
+    ``cost_mode`` (``"paper"``: the preset; ``"calibrated"``: :func:`repro.published_fits.cost_for_mode`)."""
     check_cost_mode(cost_mode)
     rows = []
     cost = _cost(network, workers, cost_mode)

@@ -421,9 +421,9 @@ def paper_breakdown_table(models: Sequence[tuple[str, int, float]] = PAPER_MODEL
     """Simulated phase seconds (as :func:`measured_breakdown_table`) per paper model (``(model, batch,
     density)``) and scheduler at ``workers`` workers with the ``network`` preset (all-gather line and the
     paper's top-k gamma), on the shipped trace :func:`paper_trace_stem` picks (``trace``, ``gpu``).
-    ``cost_mode``: ``"paper"`` (the preset) or ``"calibrated"`` (:func:`repro.calibration.cost_for_mode`:
+    ``cost_mode``: ``"paper"`` (the preset) or ``"calibrated"`` (:func:`repro.published_fits.cost_for_mode`:
     the 1GbE lines with the realism fitted on 10GbE)."""
-    from repro.calibration import cost_for_mode
+    from repro.published_fits import cost_for_mode
     from repro.paths import shipped_trace_path
     from repro.planners import make_plan
     from repro.sim import simulate

@@ -21,10 +21,10 @@ Inputs, and what is an interpretation:
   accuracy, which only the measured runs show).
 - With identical simulated workers (no stragglers) SSP never waits for its bound and equals ASP.
 - Throughput is samples per second over all workers: ``workers * batch / period``.
-- ``cost_mode`` (:data:`repro.calibration.COST_MODES`, :func:`cost_for_rate`): ``"paper"`` (default) is the
+- ``cost_mode`` (:data:`repro.published_fits.COST_MODES`, :func:`cost_for_rate`): ``"paper"`` (default) is the
   alpha-beta link above; ``"calibrated"`` replaces it by the cluster fitted on published measurements of
   the same network where one exists (10 Gbit/s: the 10GbE cluster; 100 Gbit/s: the 100Gb InfiniBand one;
-  through :func:`repro.calibration.cost_for_mode`), a push or pull being one message over its inter-node
+  through :func:`repro.published_fits.cost_for_mode`), a push or pull being one message over its inter-node
   link, with that fit's realism (message overhead, contention); any other rate keeps its alpha-beta link
   and gains the realism fitted on 10GbE (TCP Ethernet). Tables record it in ``cost_mode``.
 
@@ -39,7 +39,7 @@ from typing import Mapping, Sequence
 import numpy as np
 import pandas as pd
 
-from repro.calibration import check_cost_mode, cost_for_mode
+from repro.published_fits import check_cost_mode, cost_for_mode
 from repro.cost import CostModel
 from repro.planners import make_plan
 from repro.sim import simulate
@@ -126,14 +126,14 @@ def cost_for_rate(rate: str | float, workers: int = PAPER_WORKERS, latency_s: fl
 
     ``"paper"``: :func:`network_cost` (``latency_s`` seconds + bytes x 8 / rate per message). ``"calibrated"``:
     for a rate in :data:`CALIBRATED_RATE_PRESETS` (10 and 100 Gbit/s) that network's fitted cluster and
-    realism (:func:`repro.calibration.cost_for_mode`; ``latency_s`` is then the fit's, not the argument);
+    realism (:func:`repro.published_fits.cost_for_mode`; ``latency_s`` is then the fit's, not the argument);
     for any other rate, :func:`network_cost` with the realism fitted on 10GbE. ``source`` says which.
     """
     check_cost_mode(cost_mode)
     paper = network_cost(rate, workers, latency_s)
     if cost_mode == "paper":
         return paper
-    from repro.calibration import calibrated_preset
+    from repro.published_fits import calibrated_preset
     from repro.cluster.netns import parse_bandwidth
 
     name = CALIBRATED_RATE_PRESETS.get(float(parse_bandwidth(rate)))

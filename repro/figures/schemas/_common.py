@@ -6,7 +6,7 @@ from typing import Annotated
 
 from pydantic import AfterValidator, Field
 
-from repro.calibration import COST_MODES
+from repro.published_fits import COST_MODES
 from repro.cluster.jobs import LAUNCHERS
 from repro.presets import PRESETS
 from repro.run_options import RUN_OPTIONS
@@ -22,7 +22,7 @@ Scale = OneOf(SCALES)
 #: how a measured notebook at ``scale="paper"`` runs the paper's grid: "" (none), local, slurm, print
 #: (repro.cluster.jobs.LAUNCHERS)
 Launcher = OneOf(LAUNCHERS, Str)
-#: ``paper`` or ``calibrated`` (repro.calibration.COST_MODES)
+#: ``paper`` or ``calibrated`` (repro.published_fits.COST_MODES)
 CostMode = OneOf(COST_MODES)
 def _preset_or_file(value: str) -> str:
     from repro.presets import is_cost_file

@@ -1,4 +1,4 @@
-"""Calibration on published measurements (repro.calibration), torch-free: the fit recovers a known
+"""Calibration on published measurements (repro.published_fits), torch-free: the fit recovers a known
 model, cross-validation never sees the rows it predicts, the shipped presets reproduce the shipped
 prediction table, and the paper/calibrated modes are what they say."""
 
@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from repro import calibration as C
+from repro import published_fits as C
 from repro.cost import CostModelError
 from repro.presets import is_calibrated_preset, preset, preset_names
 from repro.realism import Realism

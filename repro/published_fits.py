@@ -1,4 +1,7 @@
-"""Calibrating the simulator on published measurements, and saying how far to trust it.
+"""Fitting the simulator's cluster to published measurements (offline), and saying how far to trust it.
+
+Not to be confused with :mod:`repro.runtime.calibrate`, which times the collectives of a live process
+group and writes a cost file; this module fits tables other people measured and published.
 
 The published data (``repro/shipped/paper_numbers/ddl_benchmarks_measured.csv``: HKBU-HPML
 ddl-benchmarks, Shi et al., arXiv 2005.13247) are iteration times of ResNet-50 (batch 64), BERT-Base
@@ -143,7 +146,7 @@ def _calibration(theta: Mapping[str, float], network: str, algorithm: str, name:
                       update_s_per_byte=UPDATE_S_PER_BYTE)
     return Calibration(name or f"{network}-calibrated", network, topo, algorithm, realism,
                        source="fitted to HKBU-HPML/ddl-benchmarks 2020-05-29 (Shi et al., arXiv 2005.13247) "
-                              "by repro.calibration.fit", fit=fit_info)
+                              "by repro.published_fits.fit", fit=fit_info)
 
 
 # ------------------------------------------------------------------------------------------ predict
