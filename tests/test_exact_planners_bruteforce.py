@@ -55,9 +55,14 @@ def _bounds(L):
 
 @pytest.mark.parametrize("equal", [False, True])
 @pytest.mark.parametrize("stall_table", [True, False])  # False: the cheaper bound used beyond STALL_LAYERS
-def test_dear_optimal_matches_brute_force_with_parameter_free_and_equal_layers(equal, stall_table, monkeypatch):
+# (DIVE_WIDTH, DIVE_EVERY): the default; a one-label dive at every position; no dive (threshold incumbent)
+@pytest.mark.parametrize("dives", [(16, 4000), (1, 0), (0, 1)])
+def test_dear_optimal_matches_brute_force_with_parameter_free_and_equal_layers(equal, stall_table, dives,
+                                                                               monkeypatch):
     if not stall_table:
         monkeypatch.setattr(dear, "STALL_LAYERS", 0)
+    monkeypatch.setattr(dear, "DIVE_WIDTH", dives[0])
+    monkeypatch.setattr(dear, "DIVE_EVERY", dives[1])
     rng = np.random.default_rng(31 + equal)
     for _ in range(60):
         L = int(rng.integers(1, 10))
@@ -73,9 +78,9 @@ def test_dear_optimal_does_not_depend_on_its_heuristic_pass(monkeypatch):
     for _ in range(8):
         tr, cost = _dear_trace(rng, int(rng.integers(20, 50))), _dear_cost(rng)
         got = []
-        for beam, step in ((1, 1e-6), (8, 1e-9), (10_000, 0.5), (0, 1e-6)):  # 0: no heuristic pass
-            monkeypatch.setattr(dear, "BEAM", beam)
-            monkeypatch.setattr(dear, "FIRST_STEP", step)
+        for width, every in ((1, 1), (16, 4000), (10_000, 10), (2, 0), (0, 1)):  # width 0: no dive at all
+            monkeypatch.setattr(dear, "DIVE_WIDTH", width)
+            monkeypatch.setattr(dear, "DIVE_EVERY", every)
             got.append(make_plan("dear_optimal", tr, cost).meta["iteration_s"])
         assert all(g == pytest.approx(got[0], rel=1e-12) for g in got)
 

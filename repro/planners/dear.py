@@ -38,9 +38,8 @@ log = logging.getLogger(__name__)
 FAMILY = "dear"
 DEAR_MESSAGES = (Message("reduce_scatter", "backward"), Message("allgather", "next_forward"))
 DEFAULT_THRESHOLD_BYTES = 25 * 2**20
-BEAM = 8  # labels per position in dear_optimal's heuristic passes
-FIRST_STEP = 1e-6  # the first heuristic pass's upper bound: this far (relative) above the root's bound
-GROWTH = 4  # and its growth from one pass to the next
+DIVE_WIDTH = 16  # labels per depth (at most one per end position) in dear_optimal's dives; 0: no dive
+DIVE_EVERY = 4000  # the exact pass dives after this many new labels since its last dive (doubled after each)
 STALL_LAYERS = 2000  # up to this many layers dear_optimal bounds the forward's stalls exactly (O(L^2) memory)
 
 
@@ -282,22 +281,31 @@ def dear_optimal(trace: Trace, cost: CostModel, *, time_budget_s: float = DEFAUL
       sum is tight where one stream dominates. A label only makes next buckets up to the last end
       whose monotone version of that bound is below the incumbent.
 
-    The first incumbent is the released code's 25 MiB threshold bucketing. Heuristic passes of the
-    same search, keeping only the :data:`BEAM` labels of least bound per position, then run under
-    upper bounds rising from :data:`FIRST_STEP` (relative) above the root's lower bound by
-    :data:`GROWTH` times the margin each pass; the first that finds a bucketing (one under the
-    optimum's bound plus the last margin) is the exact pass's incumbent, which then needs to be
-    beaten by more than 1e-15 s. (An upper bound close to the optimum keeps every pass small; a
-    threshold sweep and a boundary local search gave the incumbent before, at twice the cost.)
-    Nothing dropped by the exact pass could lead to a strictly better bucketing, so the result is
-    optimal (the tests compare it with brute force over all ``2^(L-1)`` bucketings); the heuristic
-    passes only choose its incumbent. Where several bucketings have the same period (to rounding),
-    which one is returned is the search's choice (e.g. 7% of random 1-40 layer traces have such
-    ties). CPU seconds on a shared 2-core machine (``benchmarks/bench_planners.py``, random traces,
-    10GbE at P = 64), proven optimal: about 0.25 s at 100 layers, 1 s at 400, 2.5 s at 1000 (the
-    root bound is 0.27% below the optimum there, and the heuristic pass whose upper bound first
-    passes the optimum takes most of it; the exact pass keeps ~130 labels, 0.3 s); DenseNet-201's
-    402 layers 0.7 s.
+    The first incumbent is the released code's 25 MiB threshold bucketing. A *dive* (:data:`DIVE_WIDTH`
+    labels per depth: every next bucket of the depth's labels is made, and the labels of least lower
+    bound are kept, at most one per end position, ties to the furthest) from every first bucket then
+    looks for a better one, and the exact pass dives again from the labels at hand after every
+    :data:`DIVE_EVERY` new labels (the threshold doubling after each dive). Why: the bound is loose
+    at the root (0.27% below the optimum at 1000 random layers) but nearly exact a few buckets on,
+    and many bucketings share the optimum's period (in the communication-bound middle of the
+    forward every all-gather stalls, so the forward's end depends on how many buckets there are,
+    not where they end). An exact pass under an incumbent even 1e-6 above the optimum must expand
+    that whole plateau (81,000 labels, 0.5 s) before it completes a bucketing at layer L; under the
+    optimum itself it keeps about 130 labels (0.05 s). A dive completes bucketings depth by depth,
+    so it reaches layer L at once. (Before, heuristic label-setting passes under upper bounds
+    rising from the root's bound gave the incumbent; the pass that first passed the optimum crossed
+    the plateau: 75% of the 1.2 s.)
+
+    Exactness does not depend on the dives: every incumbent is a real bucketing whose period is
+    computed in closed form (:meth:`_Model.period`); the exact pass only ever drops labels whose
+    lower bound is not below that, or dominated ones, so nothing it drops leads to a strictly
+    better bucketing, and its result is optimal whatever the dives found (the tests compare it with
+    brute force over all ``2^(L-1)`` bucketings, with dives at every position and without dives).
+    Where several bucketings have the same period (to rounding), which one is returned is the
+    search's choice (e.g. 7% of random 1-40 layer traces have such ties). CPU seconds on a shared
+    2-core machine (``benchmarks/bench_planners.py``, random traces, 10GbE at P = 64), proven
+    optimal: about 0.02 s at 100 layers, 0.07 s at 400, 0.15-0.27 s at 1000 (of which the forward's
+    stall table, :class:`_Stalls`, 0.08 s).
 
     ``time_budget_s`` (seconds of wall clock, default 10; finite and positive) bounds the whole
     search: when it runs out first, the best bucketing found so far is returned (never worse than
@@ -339,11 +347,64 @@ def dear_optimal(trace: Trace, cost: CostModel, *, time_budget_s: float = DEFAUL
         m = np.where(last, M, np.maximum(M, S + W[jj]))
         return fwd + m
 
-    def run(best: float, best_bounds: list[int], beam: int | None):
-        """The label-setting search under the incumbent ``best`` (``best_bounds``). With ``beam``, only
-        the ``beam`` labels of least lower bound are kept per position (a heuristic: a fast first
-        pass whose result is the exact pass's incumbent). Returns ``(best, best_bounds, labels,
-        stopped, cand)``: ``stopped`` is the position where the budget ran out (None: finished)."""
+    def dive(I, P, Cc, S, M, best: float, width: int):
+        """A beam by depth (a heuristic: it only finds bucketings, never prunes the exact pass) from the
+        labels ``(I, P, Cc, S, M)`` (end position, phi, c, S, M; phi of a first bucket included): each
+        depth makes every next bucket of its labels and keeps the ``width`` of least lower bound under
+        ``best``, at most one per end position (ties: the furthest). Returns None or ``(total, q,
+        ends)``: the least total found below ``best - 1e-15``, from start label ``q`` through the
+        bucket ends ``ends`` (the last is L)."""
+        found = None
+        levels: list[tuple[np.ndarray, np.ndarray]] = []  # per depth: (end positions, index of the parent)
+        parent = np.full(len(I), -1)
+        while len(I):
+            done = I >= L
+            if done.any():
+                tot = P[done] + Cc[done] + M[done]
+                k = int(np.argmin(tot))
+                if tot[k] < best - 1e-15:
+                    best = float(tot[k])
+                    found = (len(levels), int(np.flatnonzero(done)[k]))
+            levels.append((I, parent))
+            open_ = np.flatnonzero(~done)
+            if not len(open_) or search.expired():
+                break
+            v = lower_bound(P[open_], Cc[open_], S[open_], M[open_], I[open_])
+            ok = v < best - 1e-15
+            idx, v = open_[ok], v[ok]
+            if not len(idx):
+                break
+            idx = idx[np.lexsort((-I[idx], v))]
+            _, first_of = np.unique(I[idx], return_index=True)  # the least bound per end position
+            idx = idx[np.sort(first_of)[:width]]
+            i0 = I[idx]
+            cnt = L - i0
+            rows = np.repeat(np.arange(len(idx)), cnt)
+            js = np.arange(len(rows)) - np.repeat(np.cumsum(cnt) - cnt, cnt) + i0[rows] + 1
+            n = cum_n[js] - cum_n[i0[rows]]
+            a, r = np.atleast_1d(model.ag(n)), np.atleast_1d(model.rs(n))
+            src = idx[rows]
+            P = P[src] + np.maximum(Cc[src], a)
+            Cc = cum_c[js] - cum_c[i0[rows]]
+            S = S[src] + r
+            M = np.maximum(M[src], ready[i0[rows]] + S)
+            I, parent = js, src
+        if found is None:
+            return None
+        d, k = found
+        ends = []
+        while d > 0:
+            ends.append(int(levels[d][0][k]))
+            k = int(levels[d][1][k])
+            d -= 1
+        ends.append(int(levels[0][0][k]))
+        return best, k, ends[::-1]
+
+    def run(best: float, best_bounds: list[int]):
+        """The label-setting search under the incumbent ``best`` (``best_bounds``); after every
+        :data:`DIVE_EVERY` new labels (doubled after each) it dives (:func:`dive`) from the labels at hand
+        for a better incumbent. Returns ``(best, best_bounds, labels, stopped, cand)``: ``stopped``
+        is the position where the budget ran out (None: finished)."""
         # candidate labels per end position: rows (phi, c, S, M, start, parent id)
         cand: list[list[np.ndarray]] = [[] for _ in range(L + 1)]
         nodes: list[tuple[int, int, int]] = []  # kept labels: (start, end, parent id)
@@ -355,13 +416,13 @@ def dear_optimal(trace: Trace, cost: CostModel, *, time_budget_s: float = DEFAUL
         for k in range(L):
             cand[k + 1].append(first[k:k + 1])
         stopped = None
+        made, dive_after = 0, DIVE_EVERY  # labels made since the last dive, and the next dive's threshold
         for i in range(1, L + 1):
             if search.expired():
                 stopped = i
                 break
             search.progress(i - 1, best + model.straggler,
-                            lambda: (min(best, root) if beam is not None else
-                                     _pending_bound(cand, i, best, lower_bound)) + model.straggler)
+                            lambda: _pending_bound(cand, i, best, lower_bound) + model.straggler)
             if not cand[i]:
                 continue
             C = np.concatenate(cand[i])
@@ -385,8 +446,6 @@ def dear_optimal(trace: Trace, cost: CostModel, *, time_budget_s: float = DEFAUL
             C[:, 3] = np.maximum(C[:, 3], C[:, 2] + W[i])
             C[:, 2] = np.where(C[:, 3] >= C[:, 2] + most_rs[i], 0.0, C[:, 2])
             C = _pareto(C)
-            if beam is not None and len(C) > beam:
-                C = C[np.argsort(lower_bound(C[:, 0], C[:, 1], C[:, 2], C[:, 3], i), kind="stable")[:beam]]
             phi, c, S, M = C[:, 0], C[:, 1], C[:, 2], C[:, 3]
             js = np.arange(i + 1, L + 1)
             n = cum_n[js] - cum_n[i]
@@ -394,6 +453,12 @@ def dear_optimal(trace: Trace, cost: CostModel, *, time_budget_s: float = DEFAUL
             r = np.atleast_1d(model.rs(n))
             ids = np.arange(len(nodes), len(nodes) + len(C))
             nodes.extend((int(row[4]), i, int(row[5])) for row in C)
+            if DIVE_WIDTH and made >= dive_after:  # many labels under the incumbent: look for a better one
+                made, dive_after = 0, 2 * dive_after
+                got = dive(np.full(len(C), i), phi, c, S, M, best, DIVE_WIDTH)
+                if got is not None:  # its value recomputed in closed form: a real bucketing's period
+                    best_bounds = sorted(set(_bounds_from(nodes, int(ids[got[1]])) + got[2]))
+                    best = min(best, model.period(best_bounds) - model.straggler)
             # each label's next bucket [i, j) can only be useful up to the last j whose bound
             # phi + forward(i..L) + max(c, T_ag) + sg + max(M, ready(i) + S + T_rs, S + rw), non-decreasing
             # in j, is below the incumbent; found by bisection, then only those buckets are made
@@ -421,6 +486,7 @@ def dear_optimal(trace: Trace, cost: CostModel, *, time_budget_s: float = DEFAUL
             S_n = S[rows] + r[cols]
             M_n = np.maximum(M[rows], ready[i] + S_n)
             keep = lower_bound(phi_n, cn, S_n, M_n, js[cols]) < best - 1e-15
+            made += int(np.count_nonzero(keep))
             if not keep.any():
                 continue
             rows, cols = rows[keep], cols[keep]
@@ -438,29 +504,23 @@ def dear_optimal(trace: Trace, cost: CostModel, *, time_budget_s: float = DEFAUL
     root = float(np.min(lower_bound(np.maximum(model.pre, np.atleast_1d(model.ag(n0))), cum_c[j],
                                     np.atleast_1d(model.rs(n0)), ready[0] + np.atleast_1d(model.rs(n0)), j)))
     log.debug("dear_optimal: root bound %.9g s, incumbent %.9g s", root + model.straggler, best + model.straggler)
-    # heuristic passes (BEAM labels per position) under upper bounds rising from just above the root's
-    # bound: the first that finds a bucketing gives the exact pass an incumbent close to the optimum
-    stopped, step = None, FIRST_STEP
-    while BEAM:
-        target = root + step * max(root, 1e-9)
-        if target >= best:
-            break
-        b, found, _, stopped, _ = run(target * (1 + 1e-12) + 1e-15, None, BEAM)
-        log.debug("dear_optimal: heuristic pass under %.9g s: %s (%.2f s)", target + model.straggler,
-                  "none" if found is None else f"{b + model.straggler:.9g} s", search.elapsed_s())
-        if stopped is not None:
-            break
-        if found is not None:
-            if b < best:
-                best, best_bounds = b, found
-            break
-        step *= GROWTH
-    log.debug("dear_optimal: after the heuristic passes %.9g s (%.1f s)", best + model.straggler, search.elapsed_s())
+    # the exact pass's incumbent: a dive from every first bucket (a heuristic; see the docstring)
+    stopped = None
+    if DIVE_WIDTH:
+        S0 = np.atleast_1d(model.rs(n0))
+        got = dive(j, np.maximum(model.pre, np.atleast_1d(model.ag(n0))), cum_c[j], S0, ready[0] + S0, best,
+                   DIVE_WIDTH)
+        if got is not None and model.period([0, *got[2]]) - model.straggler < best:
+            best_bounds = [0, *got[2]]
+            best = model.period(best_bounds) - model.straggler
+        if search.expired():
+            stopped = 1
+        log.debug("dear_optimal: after the dive %.9g s (%.2f s)", best + model.straggler, search.elapsed_s())
     labels = 0
     if stopped is not None:  # the heuristic passes' labels bound nothing: only the root's bound is proven
         proven = min(best, root)
     else:
-        best, best_bounds, labels, stopped, cand = run(best, best_bounds, None)
+        best, best_bounds, labels, stopped, cand = run(best, best_bounds)
         proven = None if stopped is None else _pending_bound(cand, stopped, best, lower_bound)
     groups = [list(range(x, y)) for x, y in zip(best_bounds[:-1], best_bounds[1:])]
     meta = {"labels": labels}
