@@ -101,6 +101,39 @@ def test_least_rs_end_is_the_least_over_every_bucketing():
             assert W[j] == pytest.approx(min(ends), rel=1e-12, abs=1e-15)
 
 
+def test_stall_table_is_the_least_forward_stall_over_every_bucketing():
+    """``_Stalls.least(j, t)``: the least ``(T_ag(first) - t)^+ + sum_k (T_ag(bucket k+1) - c_k)^+`` over
+    every bucketing of layers j..L-1; ``suffix(i)[w - i - 1]``: its least after a bucket [i, w') with
+    w' >= w. A table too high (a bound that is not one) or too low fails here."""
+    rng = np.random.default_rng(12)
+    for _ in range(40):
+        L = int(rng.integers(1, 9))
+        tr, cost = _dear_trace(rng, L), _dear_cost(rng)
+        model = dear._Model(tr, cost)
+        stalls = dear._Stalls(model)
+        ag = lambda x, y: float(model.ag(model.cum_n[y] - model.cum_n[x]))  # noqa: E731
+        comp = lambda x, y: float(model.cum_c[y] - model.cum_c[x])  # noqa: E731
+
+        def least(j, t):
+            out = []
+            for bd in _bounds(L - j):
+                b = [j + x for x in bd]
+                st, prev = 0.0, t
+                for x, y in zip(b[:-1], b[1:]):
+                    st += max(ag(x, y) - prev, 0.0)
+                    prev = comp(x, y)
+                out.append(st)
+            return min(out)
+
+        for j in range(L):
+            for t in [0.0, *rng.uniform(0, 0.01, 3), *(comp(i, j) for i in range(j))]:
+                assert float(stalls.least(np.array([j]), np.array([t]))[0]) == pytest.approx(least(j, t), rel=1e-9, abs=1e-15)
+        for i in range(L):
+            want = [least(w, comp(i, w)) if w < L else 0.0 for w in range(i + 1, L + 1)]
+            want = np.minimum.accumulate(np.array(want)[::-1])[::-1]
+            assert np.allclose(stalls.suffix(i), want, rtol=1e-9, atol=1e-15)
+
+
 def _sparse_trace(rng, L, equal=False):
     params, bwd = _layers(rng, L, equal=equal)
     return Trace("edge", 32, "test", "float32",

@@ -549,9 +549,10 @@ class _Stalls:
     ``G(y, L) = 0``. Since ``T_ag(j..w-1)`` grows with w, the minimum is
     ``min(min_{w <= w*} G(j, w), min_{w > w*} (T_ag(j..w-1) + G(j, w)) - t)`` with w* the last w whose
     all-gather is at most t: a prefix minimum and a suffix minimum per j, one binary search per
-    query. O(L^2 log L) time; O(L^2) memory while building (5 x 8 (L+1)^2 bytes, 40 MB at 1000
-    layers), 4 x 4 (L+1)^2 bytes after; beyond :data:`STALL_LAYERS` layers only the next all-gather's
-    stall ``(T_ag(layer j) - t)^+`` is used."""
+    query. O(L^2 log L) time; O(L^2) memory, the tables kept as flat rows (one per bucket start,
+    ``L(L+1)/2`` floats each): 6 x 4 L(L+1) bytes while building (24 MB at 1000 layers), 4 x 4 L(L+1)
+    bytes after; beyond :data:`STALL_LAYERS` layers only the next all-gather's stall
+    ``(T_ag(layer j) - t)^+`` is used."""
 
     def __init__(self, model: _Model) -> None:
         L = self.L = model.L
@@ -560,40 +561,36 @@ class _Stalls:
         self.exact = L <= STALL_LAYERS
         if not self.exact:
             return
+        # every table is kept as one flat array: row z (a bucket starting at layer z) holds its ends
+        # w = z+1..L at row_start[z] + (w - z - 1), so that a batch of queries is one search
         K = L + 1
-        self.A = np.full((K, K), np.inf)    # A[z, k] = T_ag(z..z+k)  (bucket [z, z+k+1))
-        self.PG = np.full((K, K), np.inf)   # prefix minimum of G(z, w)
-        self.SAG = np.full((K, K), np.inf)  # suffix minimum of T_ag + G
         self.lens = np.zeros(K, dtype=np.int64)
-        G = np.zeros((K, K))
+        self.lens[:L] = L - np.arange(L)
+        self.row_start = np.cumsum(self.lens) - self.lens
+        size = int(self.lens.sum())
+        A, self.PG, self.SAG, self.SG = np.empty(size), np.empty(size), np.empty(size), np.empty(size)
+        G = np.zeros(size)  # G(y, w); G(y, L) = 0, the others written (a column) when w's row is made
+        below = self.row_start[:L] - np.arange(L) - 1  # G(y, z) is at below[y] + z
         for z in range(L - 1, -1, -1):
-            w = np.arange(z + 1, L + 1)
-            a = np.atleast_1d(model.ag(cum_n[w] - cum_n[z]))
-            g = G[z, w]
-            n = len(w)
-            self.A[z, :n], self.lens[z] = a, n
-            self.PG[z, :n] = np.minimum.accumulate(g)
-            self.SAG[z, :n] = np.minimum.accumulate((a + g)[::-1])[::-1]
+            s0, n = int(self.row_start[z]), L - z
+            a = np.atleast_1d(model.ag(cum_n[z + 1:] - cum_n[z]))
+            g = G[s0:s0 + n]  # G(z, w), w = z+1..L: made by the rows after z
+            A[s0:s0 + n] = a
+            self.PG[s0:s0 + n] = np.minimum.accumulate(g)
+            self.SAG[s0:s0 + n] = np.minimum.accumulate((a + g)[::-1])[::-1]
+            # SG: the least stall after a bucket [z, w') with w' >= w (non-decreasing in w)
+            self.SG[s0:s0 + n] = np.minimum.accumulate(g[::-1])[::-1]
             if z:
                 t = cum_c[z] - cum_c[:z]  # buckets [y, z) for every y < z: one sorted row, one search
                 k = np.searchsorted(a, t, side="right")
-                G[:z, z] = np.minimum(np.where(k > 0, self.PG[z, np.maximum(k - 1, 0)], np.inf),
-                                      np.where(k < n, self.SAG[z, np.minimum(k, n - 1)] - t, np.inf))
-        # SG[i, j]: the least stall after a bucket [i, j') with j' >= j (non-decreasing in j)
-        G[np.tril_indices(K)] = np.inf
-        SG = np.minimum.accumulate(G[:, ::-1], axis=1)[:, ::-1]
+                G[below[:z] + z] = np.minimum(np.where(k > 0, self.PG[s0 + np.maximum(k - 1, 0)], np.inf),
+                                              np.where(k < n, self.SAG[s0 + np.minimum(k, n - 1)] - t, np.inf))
         del G
-        # the rows kept as one flat array each (row z: its ends z+1..L); the all-gathers shifted by
-        # z * offset, so that a batch of queries is one search (rounding there can only miscount k at a
-        # tie, which lowers the bound)
-        top = float(np.max(self.A[np.isfinite(self.A)], initial=0.0)) + 1.0
+        # the all-gathers shifted by z * offset (rounding there can only miscount k at a tie, which
+        # lowers the bound)
+        top = float(np.max(A, initial=0.0)) + 1.0
         self.top, self.offset = top, 2.0 * top
-        rows = np.repeat(np.arange(K), self.lens)
-        cols = np.arange(len(rows)) - np.repeat(np.cumsum(self.lens) - self.lens, self.lens)
-        self.flat = rows * self.offset + self.A[rows, cols]
-        self.PG, self.SAG, self.SG = self.PG[rows, cols], self.SAG[rows, cols], SG[rows, rows + 1 + cols]
-        del self.A, SG
-        self.row_start = np.cumsum(self.lens) - self.lens
+        self.flat = np.repeat(np.arange(K), self.lens) * self.offset + A
 
     def _query(self, z: np.ndarray, t: np.ndarray) -> np.ndarray:
         start = self.row_start[z]
