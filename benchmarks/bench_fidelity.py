@@ -5,7 +5,7 @@ calibrated predictions and the cross-validated error (prints tables; not a test)
 
 Data: HKBU-HPML/ddl-benchmarks 2020-05-29 (Shi et al., arXiv 2005.13247), measured samples/s of
 ResNet-50 (batch 64/GPU), BERT-Base (64) and BERT-Large (8) on 4-32 GPUs of 8 nodes x 4 GPUs over
-10GbE and 100Gb InfiniBand (``repro/shipped/paper_numbers/ddl_benchmarks_measured.csv``).
+10GbE and 100Gb InfiniBand (``data/paper_numbers/ddl_benchmarks_measured.csv``).
 
 By default every fit is redone (``repro.published_fits.fit`` and ``cross_validate`` per network: one
 fit on all rows, one per model left out, one per GPU count left out; about 15 minutes on 2 cores);

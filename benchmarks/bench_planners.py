@@ -1,12 +1,14 @@
 """Planner and simulator speed on this machine (prints figures; not a test).
 
     python benchmarks/bench_planners.py [--layers 1000] [--repeats 5] [--exact-layers 100 400 1000]
-        [--exact-real resnet50 densenet201] [--time-budget 10] [--exact-only]
+        [--exact-real resnet50 densenet201] [--time-budget 10] [--exact-repeats 5] [--exact-only]
 
 Prints: the exact planners (``optimal``, ``omgs_optimal``, ``dear_optimal``) on random traces of
-100, 400 and 1000 layers and on two shipped traces (ResNet-50, DenseNet-201), one run each: wall and
-CPU seconds, whether the plan is a proven optimum, its proven gap (target, issue 23: < 0.5 s at 1000
-layers, exact); each planner's wall time on a random L-layer
+100, 400 and 1000 layers and on two shipped traces (ResNet-50, DenseNet-201), ``--exact-repeats``
+runs each: median wall seconds with the least and the most, median CPU seconds, whether every plan
+is a proven optimum, the largest proven gap, and the machine's load average (target, issue 23:
+< 0.5 s at 1000 layers, exact; on a shared machine compare with ``taskset -c 0`` and the load);
+each planner's wall time on a random L-layer
 trace (exact planners excepted); simulated iterations per second (event
 engine with timeline, and the closed-form recursion the planners use); wall time of the full
 ``mgwfbp.sim_speedup`` sweep (all shipped V100-estimate models, two networks, 4..2048 GPUs, all
@@ -17,6 +19,7 @@ planners, plus the K80 paper check); the import time of the torch-free core in a
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import subprocess
 import sys
@@ -69,11 +72,12 @@ def planner_case(name: str, workers: int | None = None) -> tuple[object, dict]:
 REAL = ["resnet50", "densenet201"]  # shipped traces (V100 estimates): 161 and 402 layers
 
 
-def exact_table(layers: list[int], budget_s: float, real: list[str] = ()) -> pd.DataFrame:
-    """One run of each exact planner per trace (random traces of each size in ``layers``, then the
-    shipped traces ``real``; P = 2 and 16 for the sparse one, compute- and communication-bound): wall
-    and CPU seconds (CPU: this process only, so a machine shared with other jobs shows in wall only),
-    proven optimal or not, the proven gap."""
+def exact_table(layers: list[int], budget_s: float, real: list[str] = (), repeats: int = 1) -> pd.DataFrame:
+    """``repeats`` runs of each exact planner per trace (random traces of each size in ``layers``, then
+    the shipped traces ``real``; P = 2 and 16 for the sparse one, compute- and communication-bound):
+    median, least and most wall seconds and median CPU seconds (CPU: this process only, so a machine
+    shared with other jobs shows in wall only; the one-minute load average is printed with the table),
+    proven optimal or not (every run), the proven gap (the largest)."""
     traces = [(f"random {L}", random_trace(L)) for L in layers]
     traces += list(study.load_traces(list(real)).items()) if real else []
     rows = []
@@ -83,16 +87,33 @@ def exact_table(layers: list[int], budget_s: float, real: list[str] = ()) -> pd.
                 cost, options = planner_case(name, workers)
                 if name != "optimal":
                     options["time_budget_s"] = budget_s
-                t0, c0 = time.perf_counter(), time.process_time()
-                plan = make_plan(name, trace, cost, **options)
-                wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+                walls, cpus, plans = [], [], []
+                for _ in range(repeats):
+                    t0, c0 = time.perf_counter(), time.process_time()
+                    plans.append(make_plan(name, trace, cost, **options))
+                    walls.append(time.perf_counter() - t0)
+                    cpus.append(time.process_time() - c0)
+                wall, cpu = statistics.median(walls), statistics.median(cpus)
                 rows.append({"planner": name, "trace": label, "layers": trace.num_layers, "workers": cost.workers,
-                             "seconds": round(wall, 3), "cpu_s": round(cpu, 3),
-                             "optimal": plan.meta.get("optimal", True), "gap_pct": round(plan.meta.get("gap_pct", 0.0), 3),
-                             "iteration_s": plan.meta["iteration_s"]})
+                             "seconds": round(wall, 3), "min_s": round(min(walls), 3), "max_s": round(max(walls), 3),
+                             "cpu_s": round(cpu, 3),
+                             "optimal": all(p.meta.get("optimal", True) for p in plans),
+                             "gap_pct": round(max(p.meta.get("gap_pct", 0.0) for p in plans), 3),
+                             "iteration_s": plans[0].meta["iteration_s"]})
                 print(f"  {name:13s} {label:12s} L={trace.num_layers:5d} P={cost.workers:3d}: {wall:8.3f} s "
-                      f"(cpu {cpu:.3f} s), optimal={rows[-1]['optimal']}, gap {rows[-1]['gap_pct']}%", flush=True)
+                      f"[{min(walls):.3f}-{max(walls):.3f}] (cpu {cpu:.3f} s), optimal={rows[-1]['optimal']}, "
+                      f"gap {rows[-1]['gap_pct']}%", flush=True)
     return pd.DataFrame(rows)
+
+
+def load_average() -> str:
+    """The one-minute load average and the CPUs this process may run on (a shared machine's noise)."""
+    try:
+        load = f"{os.getloadavg()[0]:.2f}"
+    except OSError:
+        load = "unknown"
+    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+    return f"load average {load} on {os.cpu_count()} CPUs" + ("" if cpus is None else f", this process on CPUs {cpus}")
 
 
 def main() -> None:
@@ -102,13 +123,17 @@ def main() -> None:
     ap.add_argument("--exact-layers", type=int, nargs="+", default=[100, 400, 1000])
     ap.add_argument("--time-budget", type=float, default=10.0,
                     help="time_budget_s of dear_optimal and omgs_optimal (seconds)")
+    ap.add_argument("--exact-repeats", type=int, default=5, help="runs of each exact planner per trace")
     ap.add_argument("--exact-only", action="store_true", help="only the exact planners' table")
     ap.add_argument("--exact-real", nargs="*", default=REAL,
                     help="shipped traces the exact planners also plan (default: %(default)s; none: no real trace)")
     args = ap.parse_args()
 
-    print(f"Exact planners, one run each (budget {args.time_budget:g} s; target < 0.5 s at 1000 layers, proven optimal):")
-    print(exact_table(args.exact_layers, args.time_budget, args.exact_real).to_string(index=False))
+    print(f"Exact planners, median [least-most] of {args.exact_repeats} runs (budget {args.time_budget:g} s; "
+          f"target < 0.5 s at 1000 layers, proven optimal); {load_average()}:")
+    table = exact_table(args.exact_layers, args.time_budget, args.exact_real, args.exact_repeats)
+    print(table.to_string(index=False))
+    print(f"({load_average()})")
     if args.exact_only:
         return
 

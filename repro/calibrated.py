@@ -3,7 +3,7 @@
 A calibration of one network is a hierarchical cluster (:class:`~repro.topology.Topology`: an intra-
 and an inter-node link and the all-reduce across them) plus the effects beyond the papers' model
 (:class:`~repro.realism.Realism`). This module holds the value type and the shipped files
-(``repro/shipped/calibration/*-calibrated.json``); fitting them on published measurements is
+(``data/calibration/*-calibrated.json``); fitting them on published measurements is
 :mod:`repro.published_fits`'s job, which sits above the planners and the simulator, while this module
 sits below them, so that :mod:`repro.presets` can serve calibrated presets without an import circle.
 Never imports torch.
@@ -19,6 +19,7 @@ from typing import Any, Mapping
 
 from repro.cost import CostModel, CostModelError
 from repro.outputs import write_output
+from repro.paths import shipped_path
 from repro.realism import Realism
 from repro.topology import TOPOLOGY_ALGORITHMS, Link, Topology
 from repro.trace import Trace
@@ -26,7 +27,7 @@ from repro.trace import Trace
 __all__ = ["Calibration", "CalibrationError", "SHIPPED_DIR", "calibrated_presets", "calibrated_preset",
            "calibrated_cost"]
 
-SHIPPED_DIR = Path(__file__).resolve().parent / "shipped" / "calibration"
+SHIPPED_DIR = shipped_path("calibration")
 
 
 class CalibrationError(ValueError):
@@ -109,7 +110,7 @@ class Calibration:
 
 
 def calibrated_presets() -> dict[str, Calibration]:
-    """The shipped calibrations (``repro/shipped/calibration/*.json``), by name."""
+    """The shipped calibrations (``data/calibration/*.json``), by name."""
     return dict(_load_shipped())
 
 

@@ -26,7 +26,7 @@ __all__ = ["main", "build_parser", "add_grid_parser", "run_grid_command"]
 def add_grid_parser(sub: Any) -> argparse.ArgumentParser:
     """Add ``grid`` (show / status / launch) to a subparsers action (``repro``'s, or :func:`build_parser`'s)."""
     parser = sub.add_parser("grid", help="a paper's measured grid: show it, check which runs finished, launch the rest",
-                            description="A paper's measured grid (repro/shipped/grids): show its runs, check which "
+                            description="A paper's measured grid (data/grids): show its runs, check which "
                                         "finished, launch the others (print, local or slurm).")
     actions = parser.add_subparsers(dest="grid_action", required=True, metavar="ACTION",
                                     parser_class=type(parser))

@@ -1,26 +1,46 @@
-"""Where data lives: what ships inside the package, and where local datasets are read from.
+"""Where files are: the data shipped with the package, and the root of local datasets.
 
-Shipped with the package (installed by ``pip install .``, no checkout needed): the traces
-(``repro/shipped/traces/*.json``) and published paper numbers (``repro/shipped/paper_numbers/*.csv``).
+Shipped data lives in the top-level ``data/`` folder of the repository (traces, published paper
+numbers, calibrated presets, the papers' grids and claims; ``data/README.md`` says where each kind
+comes from). pyproject.toml installs that folder as the package ``repro.shipped``, so a wheel and an
+editable install both carry it; :func:`shipped_dir` is the one place that finds it (through
+:mod:`importlib.resources`, or, in a checkout on ``sys.path`` that is not installed, ``data/`` beside
+the package). Every other module asks this one (:func:`shipped_path`, :func:`traces_dir`, ...) and
+never builds the path itself.
 
 Local datasets (CIFAR-10, ImageNet, PTB; never downloaded) are read from :func:`data_dir`:
-``REPRO_DATA_DIR`` if set, else ``data/`` of the repository checkout the package runs from, else
-``./data`` in the working directory.
+``REPRO_DATA_DIR`` if set, else ``data/datasets/`` of the repository checkout the package runs from
+(git-ignored), else ``./data/datasets`` in the working directory.
 """
 
 from __future__ import annotations
 
 import os
+from importlib import resources
 from pathlib import Path
 
-__all__ = ["data_dir", "shipped_dir", "traces_dir", "shipped_trace_path", "shipped_traces", "paper_numbers_path"]
+__all__ = ["data_dir", "shipped_dir", "shipped_path", "traces_dir", "shipped_trace_path", "shipped_traces",
+           "paper_numbers_path", "SHIPPED_KINDS"]
 
 _PACKAGE = Path(__file__).resolve().parent
+_CHECKOUT = _PACKAGE.parent
+#: the kinds of shipped data, one folder each (data/<kind>/, installed as repro/shipped/<kind>/)
+SHIPPED_KINDS = ("traces", "paper_numbers", "calibration", "grids", "claims")
 
 
 def shipped_dir() -> Path:
-    """The package's own data folder."""
-    return _PACKAGE / "shipped"
+    """The shipped data's folder: ``repro/shipped`` of an installed wheel, ``data/`` of a checkout
+    (installed editable, or on ``sys.path`` without being installed)."""
+    try:
+        root = resources.files("repro.shipped")
+    except ModuleNotFoundError:  # a checkout that is not installed: data/ beside the package
+        return _CHECKOUT / "data"
+    return Path(str(root))
+
+
+def shipped_path(*parts: str) -> Path:
+    """A path under the shipped data, e.g. ``shipped_path("grids", "dear.yaml")``."""
+    return shipped_dir().joinpath(*parts)
 
 
 def data_dir() -> Path:
@@ -28,14 +48,13 @@ def data_dir() -> Path:
     env = os.environ.get("REPRO_DATA_DIR")
     if env:
         return Path(env)
-    checkout = _PACKAGE.parent
-    if (checkout / "pyproject.toml").is_file():
-        return checkout / "data"
-    return Path.cwd() / "data"
+    if (_CHECKOUT / "pyproject.toml").is_file():
+        return _CHECKOUT / "data" / "datasets"
+    return Path.cwd() / "data" / "datasets"
 
 
 def traces_dir() -> Path:
-    return shipped_dir() / "traces"
+    return shipped_path("traces")
 
 
 def shipped_traces() -> list[str]:
@@ -53,7 +72,7 @@ def shipped_trace_path(stem: str) -> Path:
 
 def paper_numbers_path(name: str) -> Path:
     """A shipped table of published numbers (``name`` without ``.csv``)."""
-    p = shipped_dir() / "paper_numbers" / f"{name}.csv"
+    p = shipped_path("paper_numbers", f"{name}.csv")
     if not p.is_file():
         known = ", ".join(sorted(q.stem for q in p.parent.glob("*.csv"))) or "(none)"
         raise FileNotFoundError(f"no shipped paper numbers named '{name}'; known: {known}")

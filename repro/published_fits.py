@@ -3,7 +3,7 @@
 Not to be confused with :mod:`repro.runtime.calibrate`, which times the collectives of a live process
 group and writes a cost file; this module fits tables other people measured and published.
 
-The published data (``repro/shipped/paper_numbers/ddl_benchmarks_measured.csv``: HKBU-HPML
+The published data (``data/paper_numbers/ddl_benchmarks_measured.csv``: HKBU-HPML
 ddl-benchmarks, Shi et al., arXiv 2005.13247) are iteration times of ResNet-50 (batch 64), BERT-Base
 (64) and BERT-Large (8) on 1-32 GPUs of 8 nodes x 4 GPUs, over 10GbE (TCP) and 100Gb InfiniBand
 (RDMA). A **calibration** of one network is a hierarchical cluster (:class:`~repro.topology.Topology`:
@@ -58,6 +58,7 @@ from repro.realism import Realism
 from repro.topology import TOPOLOGY_ALGORITHMS, Link, Topology
 from repro.trace import Trace, load_trace
 from repro.outputs import write_output
+from repro.paths import shipped_path
 
 if TYPE_CHECKING:  # pandas is imported where tables are read: the presets load without it
     import pandas as pd
@@ -70,7 +71,7 @@ __all__ = [
     "cost_for_mode", "mode_label",
 ]
 
-PUBLISHED_CSV = Path(__file__).resolve().parent / "shipped" / "paper_numbers" / "ddl_benchmarks_measured.csv"
+PUBLISHED_CSV = shipped_path("paper_numbers", "ddl_benchmarks_measured.csv")
 # Every published multi-GPU row with its paper-model, calibrated and cross-validated predictions,
 # written by scripts/fit_calibration.py with the shipped presets (see its docstring).
 CV_TABLE = SHIPPED_DIR / "ddl_benchmarks_predictions.csv"

@@ -1,5 +1,5 @@
 """Fit the calibrated network presets and cross-validate them (issue 12); writes, under
-``repro/shipped/calibration/``:
+``data/calibration/``:
 
 - ``<network>-calibrated.json`` for each published network (10gbe, 100gbib): the least-squares fit of
   :func:`repro.published_fits.fit` on every all-reduce row (BSP, WFBP, MG-WFBP; 4-32 GPUs; three models);

@@ -1,4 +1,4 @@
-"""Write ``repro/shipped/paper_numbers/ddl_benchmarks_measured.csv``: the public measured throughput of
+"""Write ``data/paper_numbers/ddl_benchmarks_measured.csv``: the public measured throughput of
 HKBU-HPML/ddl-benchmarks (``results/2020-05-29/README.md``; Shi et al., arXiv 2005.13247) as a tidy
 table in this package's names, for calibrating and validating the simulator (issue 12).
 
@@ -20,8 +20,10 @@ from pathlib import Path
 
 import pandas as pd
 
+from repro.paths import shipped_path
+
 ROOT = Path(__file__).resolve().parents[1]
-OUT = ROOT / "repro" / "shipped" / "paper_numbers" / "ddl_benchmarks_measured.csv"
+OUT = shipped_path("paper_numbers", "ddl_benchmarks_measured.csv")
 SOURCE = ROOT.parent / "shared" / "papers" / "measured" / "ddl_benchmarks_2020-05-29.csv"
 CITATION = ("HKBU-HPML/ddl-benchmarks results/2020-05-29 (Shi et al., arXiv 2005.13247): 8 nodes x 4 GPUs, "
             "synthetic data, measured")

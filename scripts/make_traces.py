@@ -1,4 +1,4 @@
-"""Regenerate the traces shipped in repro/shipped/traces.
+"""Regenerate the traces shipped in data/traces.
 
 * V100 estimates (module view) of every paper model at every per-GPU batch size a paper used:
   ``{model}_b{batch}_v100-estimate.json`` (MG-WFBP's sizes, plus DeAR's where they differ).

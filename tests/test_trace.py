@@ -102,7 +102,7 @@ def test_load_errors_name_the_file(tmp_path):
                                   "tiny_vgg_b32_cpu/..", "x/../../data", "..tiny_vgg_b32_cpu", "a..b"])
 def test_shipped_trace_names_cannot_leave_the_shipped_folder(tmp_path, monkeypatch, name):
     monkeypatch.chdir(tmp_path)  # none of these exists here as a path
-    # before, "../calibration/10gbe-calibrated" reached repro/shipped/calibration/10gbe-calibrated.json
+    # before, "../calibration/10gbe-calibrated" reached data/calibration/10gbe-calibrated.json
     with pytest.raises(TraceError) as e:
         load_trace(name)
     assert len(str(e.value).splitlines()) == 1

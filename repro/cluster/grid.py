@@ -1,6 +1,6 @@
 """A paper's measured grid as data: grid files, the configurations they expand to, run ids, run status.
 
-One YAML file per paper (``repro/shipped/grids/<paper>.yaml``, shipped with the package) says what the
+One YAML file per paper (``data/grids/<paper>.yaml``, shipped with the package) says what the
 paper measured: models with their per-GPU batch sizes (and per-model options such as a top-k density),
 GPU counts ``P``, GPUs per node, schedulers, wire precisions, the networks it ran on and the training
 settings (steps, warm-up, dataset). The notebooks at ``scale="paper"`` and the launchers
@@ -46,7 +46,7 @@ __all__ = ["GRID_PAPERS", "GridError", "Grid", "RunConfig", "grids_dir", "grid_p
            "run_id", "run_status", "status_table", "mark_failed", "clear_failed", "count_status", "FAILED_DIR",
            "STATUSES"]
 
-#: papers with a shipped grid file (repro/shipped/grids/<paper>.yaml)
+#: papers with a shipped grid file (data/grids/<paper>.yaml)
 GRID_PAPERS = ("mgwfbp", "omgs", "dear", "osp")
 #: hidden folder under a runs folder with one ``<run_id>.failed`` marker per failed launch
 FAILED_DIR = ".grid"
@@ -128,8 +128,10 @@ class Grid:
 
 
 def grids_dir() -> Path:
-    """The shipped grid files' folder (``repro/shipped/grids``)."""
-    return Path(__file__).resolve().parents[1] / "shipped" / "grids"
+    """The shipped grid files' folder (``data/grids``)."""
+    from repro.paths import shipped_path
+
+    return shipped_path("grids")
 
 
 def grid_path(paper: str) -> Path:

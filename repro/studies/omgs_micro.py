@@ -18,7 +18,7 @@ Three measurements behind the figures ``omgs.topk_time``, ``omgs.allgather_fit``
   published numbers.
 
 :func:`paper_iteration_times` reads the paper's published seconds per iteration (shipped with the
-package: ``repro/shipped/paper_numbers/omgs_iteration_times.csv``).
+package: ``data/paper_numbers/omgs_iteration_times.csv``).
 """
 
 from __future__ import annotations

@@ -44,7 +44,7 @@ __all__ = ["SPARSE_PLANNERS", "OMGS_MODELS", "PAPER_CSV", "paper_iterations", "p
 SPARSE_PLANNERS: tuple[str, ...] = ("topk_layerwise", "topk_single", "omgs", "omgs_optimal")
 # The paper's models (omgs.md, "Experimental setup") -> batch size per worker of the shipped traces.
 OMGS_MODELS: dict[str, int] = {"vgg16_cifar": 32, "resnet50": 32, "inception_v4": 64, "lstm_ptb": 20}
-PAPER_CSV = "omgs_iteration_times"  # shipped published seconds per iteration (repro/shipped/paper_numbers)
+PAPER_CSV = "omgs_iteration_times"  # shipped published seconds per iteration (data/paper_numbers)
 
 
 def paper_iterations() -> pd.DataFrame:

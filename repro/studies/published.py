@@ -1,6 +1,6 @@
 """The simulator against published measurements: paper model, calibrated, and cross-validated.
 
-Reads the shipped prediction table (``repro/shipped/calibration/ddl_benchmarks_predictions.csv``,
+Reads the shipped prediction table (``data/calibration/ddl_benchmarks_predictions.csv``,
 written by ``scripts/fit_calibration.py``) or recomputes it (``refit=True``: two fits and fourteen
 cross-validation fits, about 15 minutes on 2 cores). Either way the paper-model and calibrated
 predictions are recomputed here from the shipped presets and compared with the table, so a table

@@ -1,16 +1,16 @@
 """Datasets for training runs, and a loader that shards them over data-parallel ranks.
 
-Nothing is downloaded; real datasets are read from ``data/`` (see :func:`repro.paths.data_dir`; set
-``REPRO_DATA_DIR`` to read them from elsewhere) and a missing one raises
+Nothing is downloaded; real datasets are read from ``data/datasets/`` of the checkout (see
+:func:`repro.paths.data_dir`; set ``REPRO_DATA_DIR`` to read them from elsewhere) and a missing one raises
 :class:`DatasetNotFoundError` saying which file was looked for, what layout to put there and where
 to get it.
 
 * :func:`synthetic`: a fixed list of random batches from the model registry, for throughput runs.
 * :func:`digits`: scikit-learn's 8x8 handwritten digits (shipped with scikit-learn), resized to
   3x32x32 so the tiny CNNs train on it: the real dataset for tiny-scale convergence runs.
-* :func:`cifar10`: CIFAR-10 in its standard binary layout, ``data/cifar10/cifar-10-batches-bin/``.
-* :func:`imagenet`: an ImageNet folder, ``data/imagenet/{train,val}/<class>/<image>``.
-* :func:`ptb`: Penn Treebank (word level), ``data/ptb/ptb.{train,valid,test}.txt``.
+* :func:`cifar10`: CIFAR-10 in its standard binary layout, ``data/datasets/cifar10/cifar-10-batches-bin/``.
+* :func:`imagenet`: an ImageNet folder, ``data/datasets/imagenet/{train,val}/<class>/<image>``.
+* :func:`ptb`: Penn Treebank (word level), ``data/datasets/ptb/ptb.{train,valid,test}.txt``.
 * :func:`pydoc`: English text that ships with Python (the help topics of ``pydoc_data.topics``), word
   level like PTB: the real text for tiny-scale language-model runs when PTB is not there.
 
@@ -165,7 +165,7 @@ def cifar10(root: str | Path | None = None, split: str = "train", normalize: boo
 
     Files: ``<root>/cifar-10-batches-bin/data_batch_{1..5}.bin`` (train, 50,000 images) and
     ``test_batch.bin`` (test, 10,000); each record is 1 label byte then 3072 bytes of a 3x32x32
-    image in CHW order. ``root`` defaults to ``data/cifar10``; a ``root`` that directly holds the
+    image in CHW order. ``root`` defaults to ``data/datasets/cifar10``; a ``root`` that directly holds the
     ``.bin`` files works too. Samples are float32 in [0, 1], normalised with
     :data:`CIFAR10_MEAN` / :data:`CIFAR10_STD` if ``normalize``; the raw bytes stay in
     ``dataset.images`` (uint8) and ``dataset.labels``. No augmentation is applied.
@@ -198,7 +198,7 @@ def cifar10(root: str | Path | None = None, split: str = "train", normalize: boo
 def imagenet(root: str | Path | None = None, split: str = "train", image_size: int = 224) -> Dataset:
     """An ImageNet-style folder, ``<root>/<split>/<class>/<image>``, as a torchvision ``ImageFolder``.
 
-    ``root`` defaults to ``data/imagenet``. Classes are the sub-folder names in sorted order (label
+    ``root`` defaults to ``data/datasets/imagenet``. Classes are the sub-folder names in sorted order (label
     = index). Transforms: train = random resized crop to ``image_size`` + horizontal flip; val =
     resize the short side to ``image_size * 256 / 224`` + center crop; both then to a float tensor
     normalised with :data:`IMAGENET_MEAN` / :data:`IMAGENET_STD`.
@@ -249,7 +249,7 @@ def _words(path: Path) -> list[str]:
 
 
 def ptb(root: str | Path | None = None, split: str = "train", seq_len: int = 35) -> TokenSequences:
-    """Penn Treebank, word level, from ``<root>/ptb.{train,valid,test}.txt`` (``root``: ``data/ptb``).
+    """Penn Treebank, word level, from ``<root>/ptb.{train,valid,test}.txt`` (``root``: ``data/datasets/ptb``).
 
     Each line's words are followed by ``<eos>``. The vocabulary is built from the training file
     (ids in order of first appearance; ``<unk>`` is added if absent and stands for any word of

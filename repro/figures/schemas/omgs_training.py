@@ -16,7 +16,7 @@ class OmgsTrainingParams(NotebookParams):
     cnn_density: Density = 0.2
     lm_model: Model = "tiny_lstm"
     lm_density: Density = 0.004
-    ptb_dir: Str = ""  # a folder, or "": data/ptb if present, else the pydoc text (the notebook decides)
+    ptb_dir: Str = ""  # a folder, or "": data/datasets/ptb if present, else the pydoc text (the notebook decides)
     convergence_epochs: Positive = 3
     convergence_world_size: Positive = 2
     batch_size: Positive = 32
