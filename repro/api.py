@@ -54,7 +54,17 @@ ByteScheduler) are refused with a compiled model, at distribute or at the first 
 
 The parameter-server family (``ps_*``, ``osp*``) runs with its servers co-located on the training
 ranks (server s on rank s; ``servers`` defaults to the world size, one shard per rank;
-:mod:`repro.runtime.ps_colocated`). Every option is checked before any collective, in one line.
+:mod:`repro.runtime.ps_colocated`). With ``dedicated_servers=S`` ranks ``0..S-1`` serve instead
+(gloo): on those ranks ``distribute`` serves the run and returns when the trainers are done, with
+``optimizer.serving`` True (:mod:`repro.runtime.ps_dedicated`)::
+
+    model, optimizer = repro.distribute(model, optimizer, scheduler="osp", dedicated_servers=1)
+    if not optimizer.serving:
+        for x, y in loader: ...
+        optimizer.remove()  # the trainers' stop (also sent when the interpreter exits)
+
+Every option is checked before any collective, in one line. As ``DDP(model)`` does, ``distribute``
+first copies the first trainer's parameters and buffers to every trainer.
 """
 
 from __future__ import annotations
@@ -445,6 +455,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
     ``state_dict`` see one optimizer. Made by :func:`distribute`."""
 
     _step_supports_amp_scaling = True  # GradScaler.step always calls step(): every rank joins the exchange
+    serving = False  # this rank trains (a serving rank of dedicated_servers gets a ServingRankOptimizer)
 
     def __init__(self, optimizer: torch.optim.Optimizer, door: _Door) -> None:
         super().__init__(optimizer.param_groups, optimizer.defaults)
@@ -512,7 +523,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
 def distribute(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: str | Plan | os.PathLike = "mgwfbp",
                *, warmup_steps: int = 3, network: str | None = None, cost: CostModel | str | os.PathLike | None = None,
                view: str = "tensor", wire_dtype: str | None = None, fit_repeats: int = 5,
-               record_timeline: bool = False, grad_scaler: Any = None, _context: RunContext | None = None,
+               record_timeline: bool = False, grad_scaler: Any = None, dedicated_servers: int = 0,
+               _context: RunContext | None = None,
                **options: Any) -> tuple[nn.Module, DistributedOptimizer]:
     """Put ``scheduler`` between ``model``'s backward and ``optimizer``'s step; returns ``(model,
     optimizer)`` to use in place of yours (see the module docstring).
@@ -528,8 +540,13 @@ def distribute(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: st
     ``torch.amp.GradScaler`` your loop uses (``scaler.scale(loss).backward(); scaler.step(optimizer);
     scaler.update()``): the exchanged gradients are unscaled, and a step with an inf/nan on any rank is
     skipped on every rank; to clip, call ``optimizer.synchronize()`` then ``scaler.unscale_(optimizer)``
-    and clip before ``scaler.step``. The process group must be initialised (torchrun +
-    ``torch.distributed.init_process_group``)."""
+    and clip before ``scaler.step``. ``dedicated_servers``: for the parameter-server family, ranks
+    ``0..S-1`` serve instead of training (gloo only; :mod:`repro.runtime.ps_dedicated`): there this call
+    serves the whole run and returns when every trainer has called ``optimizer.remove()`` (or exited),
+    with ``optimizer.serving`` True, so the script skips its loop there. The process group must be
+    initialised (torchrun + ``torch.distributed.init_process_group``). Like DDP, the parameters and
+    buffers of the first trainer (rank 0) are copied to every trainer here, so the replicas start
+    equal whatever each rank's initialisation."""
     if not dist.is_available() or not dist.is_initialized():
         _fail("the default process group is not initialised: call torch.distributed.init_process_group() "
               "first (under torchrun it reads its settings from the environment)")
@@ -559,10 +576,14 @@ def distribute(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: st
         except ValueError as e:
             _fail(str(e))
     family = sched.family if sched is not None else plan.family
+    if isinstance(dedicated_servers, bool) or not isinstance(dedicated_servers, int) or dedicated_servers < 0:
+        _fail(f"dedicated_servers must be an integer >= 0, got {dedicated_servers!r}")
+    if dedicated_servers:
+        options = _check_dedicated(dedicated_servers, family, name, plan, options, grad_scaler, _context)
     if family is not None:
         from repro.families import get_family
 
-        dedicated = _context is not None and _context.servers > 0  # repro train's serving ranks
+        dedicated = dedicated_servers > 0 or (_context is not None and _context.servers > 0)
         if get_family(family).hook("server") is not None and not dedicated:  # servers co-located on the ranks
             from repro.runtime.ps_colocated import colocated_options
 
@@ -597,10 +618,12 @@ def distribute(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: st
             _fail(f"grad_scaler must be a torch.amp.GradScaler, got {type(grad_scaler).__name__}")
     if network is not None and cost is not None:
         _fail("give network or cost, not both")
+    trainers = (dist.get_world_size(_context.group if _context else None) if not dedicated_servers
+                else dist.get_world_size() - dedicated_servers)
     network_cost = None
     if network is not None:
         try:
-            network_cost = preset(network, dist.get_world_size(_context.group if _context else None))
+            network_cost = preset(network, trainers)
         except (ValueError, KeyError) as e:
             _fail(str(e).splitlines()[0])
     elif cost is not None:
@@ -608,9 +631,8 @@ def distribute(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: st
             network_cost = cost if isinstance(cost, CostModel) else CostModel.load(cost)
         except ValueError as e:
             _fail(f"cost: {str(e).splitlines()[0]}")
-        ranks = dist.get_world_size(_context.group if _context else None)
-        if network_cost.workers != ranks:
-            _fail(f"cost: the cost model is for P={network_cost.workers} workers, this job trains on {ranks}")
+        if network_cost.workers != trainers:
+            _fail(f"cost: the cost model is for P={network_cost.workers} workers, this job trains on {trainers}")
     if plan is not None:
         _check_plan_fits(plan, model, view)
     planner_options = {k: v for k, v in options.items() if sched is not None and
@@ -619,9 +641,90 @@ def distribute(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: st
     if getattr(model, "no_sync", None) is not None:
         _fail(f"the model already has a 'no_sync' ({type(model).__name__}.no_sync): distribute the plain module "
               f"(not one wrapped by DDP) so that model.no_sync() can hold off this package's exchange")
+    if dedicated_servers:  # ranks 0..S-1 serve here until the trainers are done
+        from repro.runtime import ps_dedicated
+
+        S = dedicated_servers
+        group = ps_dedicated.trainer_group(S)
+        if dist.get_rank() < S:
+            tables = ps_dedicated.serve_until_done(model, optimizer, name, plan, servers=S, view=view,
+                                                   planner_options=planner_options, network_cost=network_cost,
+                                                   fit_repeats=fit_repeats)
+            return model, ps_dedicated.ServingRankOptimizer(optimizer, S, tables)
+        _sync_initial_state(model, group, S)
+        if plan is not None:  # no warm-up: the servers take the first trainer's state now
+            ps_dedicated.share_trainer_state(model, optimizer, S)
+        on_plan = None if plan is not None else (lambda: ps_dedicated.share_trainer_state(model, optimizer, S))
+        _context = RunContext(group=group, first=S, servers=S, on_plan=on_plan)
+    else:
+        ctx = _context or RunContext()
+        _sync_initial_state(model, ctx.group, ctx.first)
     door = _Door(model, optimizer, name, plan, warmup_steps=warmup_steps, network_cost=network_cost, view=view,
                  planner_options=planner_options, executor_options=executor_options, fit_repeats=fit_repeats,
                  record_timeline=record_timeline, grad_scaler=grad_scaler, context=_context)
     if door.ex.module is model:  # a baseline's wrapper (DDP) has its own no_sync
         model.__dict__["no_sync"] = door.no_sync  # DDP's spelling: `with model.no_sync(): loss.backward()`
-    return door.ex.module, DistributedOptimizer(optimizer, door)
+    dopt = DistributedOptimizer(optimizer, door)
+    if dedicated_servers:
+        from repro.runtime.ps_dedicated import stop_at_exit
+
+        stop_at_exit(dopt)
+    return door.ex.module, dopt
+
+
+def _check_dedicated(servers: int, family: str | None, name: str | None, plan: Plan | None,
+                     options: dict[str, Any], grad_scaler: Any, context: RunContext | None) -> dict[str, Any]:
+    """``dedicated_servers`` checked before any collective (one line each); the scheduler's ``servers``
+    option set to it."""
+    from repro.families import get_family
+
+    if context is not None:
+        _fail("dedicated_servers is distribute's own option (repro train places its servers itself)")
+    if family is None or get_family(family).hook("server") is None:
+        _fail(f"dedicated_servers applies to the parameter-server family (ps_*, osp*), not to "
+              f"{name or 'a ' + str(family) + ' plan'}")
+    if dist.get_backend() == "nccl":
+        _fail("dedicated servers talk point to point from one thread per worker, which NCCL does not support: "
+              "use the gloo backend, or the co-located servers (dedicated_servers=0, the default)")
+    world = dist.get_world_size()
+    if servers >= world:
+        _fail(f"dedicated_servers={servers} leaves no trainer among the job's {world} rank(s)")
+    if grad_scaler is not None:
+        _fail("grad_scaler goes with the co-located servers (dedicated_servers=0): dedicated servers apply the "
+              "pushed gradients without a scaler's verdict")
+    if plan is not None:
+        if int(plan.option("servers")) != servers:
+            _fail(f"the plan has {plan.option('servers')} server(s), dedicated_servers={servers}")
+        return options
+    options = dict(options)
+    given = options.setdefault("servers", servers)
+    if given != servers:
+        _fail(f"servers={given} but dedicated_servers={servers}: with dedicated servers each serving rank is one "
+              "server (leave servers out)")
+    return options
+
+
+def _sync_initial_state(model: nn.Module, group: Any, src: int) -> None:
+    """Rank ``src``'s parameters and buffers on every rank of ``group`` (as DDP does when it wraps a
+    model), broadcast per dtype and device in pieces of at most 256 MiB."""
+    kinds: dict[tuple[torch.dtype, torch.device], list[torch.Tensor]] = {}
+    for t in [p.detach() for p in model.parameters()] + list(model.buffers()):
+        kinds.setdefault((t.dtype, t.device), []).append(t)
+    limit = 256 * 2 ** 20
+    with torch.no_grad():
+        for ts in kinds.values():
+            pieces: list[list[torch.Tensor]] = [[]]
+            size = 0
+            for t in ts:
+                if pieces[-1] and size + t.numel() * t.element_size() > limit:
+                    pieces.append([])
+                    size = 0
+                pieces[-1].append(t)
+                size += t.numel() * t.element_size()
+            for piece in pieces:
+                flat = torch.cat([t.reshape(-1) for t in piece])
+                dist.broadcast(flat.view(torch.uint8) if flat.dtype == torch.bool else flat, src=src, group=group)
+                off = 0
+                for t in piece:
+                    t.copy_(flat[off:off + t.numel()].view_as(t))
+                    off += t.numel()

@@ -59,6 +59,7 @@ from repro.runs import ProgressWriter, prepare_run
 from repro.runtime.baselines import LocalExecutor
 from repro.runtime.executor import Executor
 from repro.runtime.online import StepTimes, measured_trace, plan_online, sync_device
+from repro.runtime.ps_dedicated import share_trainer_state
 from repro.schedulers import get_scheduler
 from repro.trace import Trace
 from repro.train_config import TrainConfig, build_parser, config_from_argv
@@ -164,7 +165,7 @@ def _distribute(cfg: TrainConfig, model: nn.Module, opt: torch.optim.Optimizer, 
     from repro.api import RunContext, distribute
 
     sched = get_scheduler(cfg.scheduler)
-    on_plan = (lambda: _share_state(model, opt, ranks)) if ranks.servers else None
+    on_plan = (lambda: share_trainer_state(model, opt, ranks.first)) if ranks.servers else None
     context = RunContext(group=ranks.group, first=ranks.first, servers=ranks.servers, trace_name=cfg.model,
                          on_plan=on_plan)
     kw: dict[str, Any] = {"warmup_steps": max(1, cfg.warmup_steps), "view": cfg.view, "fit_repeats": cfg.fit_repeats,
@@ -377,19 +378,6 @@ def _check_plan_layers(plan: Plan, model: nn.Module, view: str, where: str) -> N
                          f"view (e.g. {missing[0]!r}): was it planned for another model or view?")
 
 
-def _share_state(model: nn.Module, opt: torch.optim.Optimizer, ranks: _Ranks) -> None:
-    """Serving ranks get the first trainer's parameters and optimizer state at the end of the warm-up
-    (every rank of the job calls this)."""
-    box: list[Any] = [None]
-    if ranks.is_first:
-        box[0] = ({k: v.detach().cpu() for k, v in model.state_dict().items()}, opt.state_dict())
-    dist.broadcast_object_list(box, src=ranks.first)
-    if ranks.serving:
-        state, opt_state = box[0]
-        model.load_state_dict(state)
-        opt.load_state_dict(opt_state)
-
-
 def _collect_server_tables(tables: dict[str, list], ranks: _Ranks) -> dict[str, list]:
     """Every rank's ``tables`` (serving ranks' records) merged on the first trainer (every rank calls)."""
     everyone: list[Any] = [None] * dist.get_world_size()
@@ -413,7 +401,7 @@ def _serve(ctx, cfg: TrainConfig, model: nn.Module, opt: torch.optim.Optimizer, 
     hand the records to the first trainer; returns the run summary (the first trainer's)."""
     sched = get_scheduler(cfg.scheduler)
     plan, _, _ = _plan_for(cfg, None, device, ranks)
-    _share_state(model, opt, ranks)
+    share_trainer_state(model, opt, ranks.first)
     tables = get_family(sched.family).hook("server")(ctx, cfg, model, opt, plan)
     _collect_server_tables(tables or {}, ranks)
     return _share_summary(None, ranks)
