@@ -36,8 +36,10 @@ PARTS = {
     "unused": ([{"scheduler": "mgwfbp", "warmup_steps": 2}, {"scheduler": "optimal", "warmup_steps": 2},
                 {"scheduler": "dear_threshold", "warmup_steps": 2, "threshold_bytes": 256}], 7),
     # one_bucket: a given plan with every tensor (float32, bfloat16, float16) in one bucket
+    # dear_threshold with a threshold above the model: one DeAR bucket holding all three dtypes
     "mixed": ([{"scheduler": "one_bucket"}, {"scheduler": "mgwfbp", "warmup_steps": 1},
-               {"scheduler": "one_bucket", "wire_dtype": "bfloat16"}], 4),
+               {"scheduler": "one_bucket", "wire_dtype": "bfloat16"},
+               {"scheduler": "dear_threshold", "warmup_steps": 1, "threshold_bytes": 10 ** 6}], 4),
     "autocast": ([{"scheduler": "mgwfbp", "warmup_steps": 2, "dtype": "bfloat16"},
                   {"scheduler": "dear_threshold", "warmup_steps": 2, "dtype": "bfloat16"},
                   {"scheduler": "bytescheduler", "warmup_steps": 2, "dtype": "bfloat16"},
@@ -101,13 +103,15 @@ def test_unused_parameters_equal_ddp_find_unused_parameters(loops):
 @pytest.mark.slow
 def test_mixed_dtype_buckets_equal_ddp(loops):
     """float32, bfloat16 and float16 parameters in one bucket (before: the executor failed, a bucket
-    buffer had its first parameter's dtype). Without a wire dtype each dtype is summed in its own dtype,
+    buffer had its first parameter's dtype; DeAR refused such a plan). Without a wire dtype each dtype is summed in its own dtype,
     as DDP's per-dtype buckets do: equal to DDP within TOL. With a bfloat16 wire the replicas agree
     exactly and each gradient comes back in its parameter's dtype; against DDP the bf16 wire costs at
     most two bf16 roundings per gradient element (2^-8 relative), over 4 steps at lr 0.05 with momentum
     0.9 (an update is at most 3.5 lr |g|) and |g| < 1 here: under 4 * 3.5 * 0.05 * 2^-8 = 2.7e-3."""
     rows = _rows(loops, "mixed")
     assert {row["wire_dtype"] for row in rows} == {None, "bfloat16"}
+    dear = [row for row in rows if row["case"]["plan"] == "dear_threshold"]
+    assert dear and dear[0]["buckets"] == 1, dear  # the plan's one bucket mixes float32, bfloat16, float16
     for row in rows:
         assert row["grad_dtypes_ok"] and row["replicas_agree"] == 0.0, row
         if row["wire_dtype"] is not None:

@@ -215,27 +215,27 @@ class DeARExecutor(Executor):
         P = self.world_size
         self._buckets: list[_Bucket] = []
         self._slots: list[_Slot] = []
-        for k, b in enumerate(plan.buckets):
-            params = [p for name in b.layers for _, p in layers[name]]
-            numel = sum(p.numel() for p in params) + len(params)  # + one "got a gradient" flag per parameter
-            padded = -(-numel // P) * P
-            dtype = params[0].dtype
-            if any(p.dtype != dtype for p in params):
-                raise PlanError(f"bucket {k} mixes parameter dtypes; DeAR buffers hold one dtype")
-            bucket = _Bucket(k, tuple(b.layers), torch.zeros(padded, dtype=dtype, device=params[0].device))
-            offset = 0
+        for b in plan.buckets:
+            # a buffer holds one dtype (and device): a plan bucket whose parameters mix them becomes one
+            # bucket here per kind, consecutive, in the order the kinds first appear (as DDP's per-dtype
+            # buckets); each is reduce-scattered and all-gathered in its own dtype
+            kinds: dict[tuple[torch.dtype, torch.device], list[tuple[str, nn.Parameter]]] = {}
             for name in b.layers:
                 for _, p in layers[name]:
+                    kinds.setdefault((p.dtype, p.device), []).append((name, p))
+            for (dtype, device), members in kinds.items():
+                k = len(self._buckets)
+                numel = sum(p.numel() for _, p in members) + len(members)  # + one "got a gradient" flag each
+                padded = -(-numel // P) * P
+                names = tuple(dict.fromkeys(name for name, _ in members))
+                bucket = _Bucket(k, names, torch.zeros(padded, dtype=dtype, device=device))
+                offset = 0
+                for name, p in members:
                     slot = _Slot(k, p, name, bucket.buffer[offset:offset + p.numel()])
                     bucket.slots.append(slot)
                     self._slots.append(slot)
                     offset += p.numel()
-            bucket.grads = bucket.buffer[:offset]
-            bucket.flags = bucket.buffer[offset:offset + len(bucket.slots)]
-            for i, slot in enumerate(bucket.slots):
-                slot.flag = i
-            bucket.pending = len(bucket.slots)
-            self._buckets.append(bucket)
+                self._finish_bucket(bucket, offset)
         K = len(self._buckets)
         self._next_rs = K - 1          # next bucket whose RS is submitted (descending)
         self._next_ag = K              # next bucket whose AG is submitted (ascending); K: none pending
@@ -263,6 +263,15 @@ class DeARExecutor(Executor):
             owned = sorted({bucket_of[id(p)] for p in module.parameters(recurse=False) if id(p) in bucket_of})
             if owned:
                 self._handles.append(module.register_forward_pre_hook(self._pre_hook(max(owned))))
+
+    def _finish_bucket(self, bucket: _Bucket, offset: int) -> None:
+        """``bucket``'s gradient part (its slots fill ``offset`` elements) and flags; appended."""
+        bucket.grads = bucket.buffer[:offset]
+        bucket.flags = bucket.buffer[offset:offset + len(bucket.slots)]
+        for i, slot in enumerate(bucket.slots):
+            slot.flag = i
+        bucket.pending = len(bucket.slots)
+        self._buckets.append(bucket)
 
     # ---------------------------------------------------------------------------------------------
     # contract
