@@ -38,8 +38,8 @@ log = logging.getLogger(__name__)
 FAMILY = "dear"
 DEAR_MESSAGES = (Message("reduce_scatter", "backward"), Message("allgather", "next_forward"))
 DEFAULT_THRESHOLD_BYTES = 25 * 2**20
-DIVE_WIDTH = 16  # labels per depth (at most one per end position) in dear_optimal's dives; 0: no dive
-DIVE_EVERY = 4000  # the exact pass dives after this many new labels since its last dive (doubled after each)
+DIVE_WIDTH = 24  # labels per depth (at most one per end position) in dear_optimal's dives; 0: no dive
+DIVE_EVERY = 2000  # the exact pass dives after this many new labels since its last dive (doubled after each)
 STALL_LAYERS = 2000  # up to this many layers dear_optimal bounds the forward's stalls exactly (O(L^2) memory)
 
 
@@ -304,8 +304,10 @@ def dear_optimal(trace: Trace, cost: CostModel, *, time_budget_s: float = DEFAUL
     Where several bucketings have the same period (to rounding), which one is returned is the
     search's choice (e.g. 7% of random 1-40 layer traces have such ties). CPU seconds on a shared
     2-core machine (``benchmarks/bench_planners.py``, random traces, 10GbE at P = 64), proven
-    optimal: about 0.02 s at 100 layers, 0.07 s at 400, 0.15-0.27 s at 1000 (of which the forward's
-    stall table, :class:`_Stalls`, 0.08 s).
+    optimal: about 0.01 s at 100 layers, 0.04 s at 400, 0.13-0.2 s at 1000 (8 seeds; the forward's
+    stall table, :class:`_Stalls`, 0.06-0.08 s of it); DenseNet-201's 402 layers 0.04 s. A label's
+    next buckets are bounded with the stall after each read from that table (:meth:`_Stalls.after`),
+    no search.
 
     ``time_budget_s`` (seconds of wall clock, default 10; finite and positive) bounds the whole
     search: when it runs out first, the best bucketing found so far is returned (never worse than
@@ -341,11 +343,13 @@ def dear_optimal(trace: Trace, cost: CostModel, *, time_budget_s: float = DEFAUL
         are not pursued.)"""
         if np.isscalar(j) and j == L:
             return phi + c + M
-        jj = np.minimum(j, L)
-        last = jj >= L
-        fwd = phi + c + np.where(last, 0.0, (cum_c[L] - cum_c[jj]) + stalls.least(jj, c))
-        m = np.where(last, M, np.maximum(M, S + W[jj]))
-        return fwd + m
+        jj = np.minimum(j, L)  # at L: no compute, no stall left, and S + W[L] = -inf
+        return phi + c + ((cum_c[L] - cum_c[jj]) + stalls.least(jj, c)) + np.maximum(M, S + W[jj])
+
+    def child_bound(phi, c, S, M, i, j):
+        """:func:`lower_bound` of labels whose last bucket is ``[i, j)`` itself (``c`` its compute, not
+        raised): the stall read from the table, no search."""
+        return phi + c + ((cum_c[L] - cum_c[j]) + stalls.after(i, j)) + np.maximum(M, S + W[j])
 
     def dive(I, P, Cc, S, M, best: float, width: int):
         """A beam by depth (a heuristic: it only finds bucketings, never prunes the exact pass) from the
@@ -357,6 +361,7 @@ def dear_optimal(trace: Trace, cost: CostModel, *, time_budget_s: float = DEFAUL
         found = None
         levels: list[tuple[np.ndarray, np.ndarray]] = []  # per depth: (end positions, index of the parent)
         parent = np.full(len(I), -1)
+        v = lower_bound(P, Cc, S, M, I)
         while len(I):
             done = I >= L
             if done.any():
@@ -366,15 +371,12 @@ def dear_optimal(trace: Trace, cost: CostModel, *, time_budget_s: float = DEFAUL
                     best = float(tot[k])
                     found = (len(levels), int(np.flatnonzero(done)[k]))
             levels.append((I, parent))
-            open_ = np.flatnonzero(~done)
-            if not len(open_) or search.expired():
+            if search.expired():
                 break
-            v = lower_bound(P[open_], Cc[open_], S[open_], M[open_], I[open_])
-            ok = v < best - 1e-15
-            idx, v = open_[ok], v[ok]
+            idx = np.flatnonzero(~done & (v < best - 1e-15))
             if not len(idx):
                 break
-            idx = idx[np.lexsort((-I[idx], v))]
+            idx = idx[np.lexsort((-I[idx], v[idx]))]
             _, first_of = np.unique(I[idx], return_index=True)  # the least bound per end position
             idx = idx[np.sort(first_of)[:width]]
             i0 = I[idx]
@@ -389,6 +391,7 @@ def dear_optimal(trace: Trace, cost: CostModel, *, time_budget_s: float = DEFAUL
             S = S[src] + r
             M = np.maximum(M[src], ready[i0[rows]] + S)
             I, parent = js, src
+            v = child_bound(P, Cc, S, M, i0[rows], js)
         if found is None:
             return None
         d, k = found
@@ -485,7 +488,7 @@ def dear_optimal(trace: Trace, cost: CostModel, *, time_budget_s: float = DEFAUL
             cn = cum_c[js[cols]] - cum_c[i]
             S_n = S[rows] + r[cols]
             M_n = np.maximum(M[rows], ready[i] + S_n)
-            keep = lower_bound(phi_n, cn, S_n, M_n, js[cols]) < best - 1e-15
+            keep = child_bound(phi_n, cn, S_n, M_n, i, js[cols]) < best - 1e-15
             made += int(np.count_nonzero(keep))
             if not keep.any():
                 continue
@@ -550,14 +553,15 @@ class _Stalls:
     ``min(min_{w <= w*} G(j, w), min_{w > w*} (T_ag(j..w-1) + G(j, w)) - t)`` with w* the last w whose
     all-gather is at most t: a prefix minimum and a suffix minimum per j, one binary search per
     query. O(L^2 log L) time; O(L^2) memory, the tables kept as flat rows (one per bucket start,
-    ``L(L+1)/2`` floats each): 6 x 4 L(L+1) bytes while building (24 MB at 1000 layers), 4 x 4 L(L+1)
-    bytes after; beyond :data:`STALL_LAYERS` layers only the next all-gather's stall
+    ``L(L+1)/2`` floats each): 6 x 4 L(L+1) bytes while building (24 MB at 1000 layers), 5 x 4 L(L+1)
+    bytes after (``G`` kept: the stall after a given bucket, :meth:`after`, is one read); beyond :data:`STALL_LAYERS` layers only the next all-gather's stall
     ``(T_ag(layer j) - t)^+`` is used."""
 
     def __init__(self, model: _Model) -> None:
         L = self.L = model.L
         cum_n, cum_c = model.cum_n, model.cum_c
         self.head = np.append(np.atleast_1d(model.ag(np.diff(cum_n))), 0.0)
+        self.cum_c = cum_c
         self.exact = L <= STALL_LAYERS
         if not self.exact:
             return
@@ -585,7 +589,7 @@ class _Stalls:
                 k = np.searchsorted(a, t, side="right")
                 G[below[:z] + z] = np.minimum(np.where(k > 0, self.PG[s0 + np.maximum(k - 1, 0)], np.inf),
                                               np.where(k < n, self.SAG[s0 + np.minimum(k, n - 1)] - t, np.inf))
-        del G
+        self.G = G
         # the all-gathers shifted by z * offset (rounding there can only miscount k at a tie, which
         # lowers the bound)
         top = float(np.max(A, initial=0.0)) + 1.0
@@ -593,13 +597,15 @@ class _Stalls:
         self.flat = np.repeat(np.arange(K), self.lens) * self.offset + A
 
     def _query(self, z: np.ndarray, t: np.ndarray) -> np.ndarray:
+        """:meth:`least` from the tables (``z`` = L, an empty row: 0)."""
         start = self.row_start[z]
         k = np.searchsorted(self.flat, z * self.offset + np.minimum(t, self.top), side="right") - start
         n = self.lens[z]
         lo = np.clip(k, 0, n)
-        v1 = np.where(lo > 0, self.PG[start + np.maximum(lo - 1, 0)], np.inf)
-        v2 = np.where(lo < n, self.SAG[np.minimum(start + lo, len(self.SAG) - 1)] - t, np.inf)
-        return np.minimum(v1, v2)
+        last = len(self.SAG) - 1
+        v1 = np.where(lo > 0, self.PG[np.clip(start + lo - 1, 0, last)], np.inf)
+        v2 = np.where(lo < n, self.SAG[np.minimum(start + lo, last)] - t, np.inf)
+        return np.where(n > 0, np.minimum(v1, v2), 0.0)
 
     def suffix(self, i: int) -> np.ndarray:
         """For ends ``j = i+1..L``: the least stall after a bucket ``[i, j')`` with ``j' >= j``."""
@@ -607,15 +613,21 @@ class _Stalls:
             return np.zeros(self.L - i)
         return self.SG[self.row_start[i]:self.row_start[i] + self.lens[i]]
 
+    def after(self, i, j) -> np.ndarray:
+        """The least stall after the bucket ``[i, j)`` itself (``j <= L``; at L: 0), i.e. ``least(j,
+        compute(i..j-1))`` read from the table (``G(i, j)``), broadcast over ``i`` and ``j``."""
+        i, j = np.asarray(i, dtype=np.int64), np.asarray(j, dtype=np.int64)
+        if not self.exact:
+            return np.maximum(self.head[j] - (self.cum_c[j] - self.cum_c[i]), 0.0)
+        return self.G[self.row_start[i] + (j - i - 1)]
+
     def least(self, j, t) -> np.ndarray:
-        j, t = np.broadcast_arrays(np.asarray(j), np.asarray(t, dtype=float))
+        """The least stall after a bucket of compute ``t`` (seconds) ending before layer ``j`` (<= L; at
+        L: 0), broadcast over ``j`` and ``t``."""
+        j, t = np.asarray(j, dtype=np.int64), np.asarray(t, dtype=float)
         if not self.exact:
             return np.maximum(self.head[j] - t, 0.0)
-        out = np.zeros(j.shape)
-        inner = j < self.L
-        if inner.any():
-            out[inner] = self._query(j[inner].astype(np.int64), t[inner])
-        return out
+        return self._query(j, t)
 
 
 def _least_rs_end(model: _Model) -> np.ndarray:
