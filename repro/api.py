@@ -592,11 +592,16 @@ def distribute(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: st
                                             dist.get_world_size())
             except ValueError as e:
                 _fail(str(e))
+    plan_now = False  # plan at once from the parameters' sizes (no warm-up): see below
     if (_context is None and sched is not None and sched.has_plan and plan is None
             and sched.executor_class().module is not Executor.module):
-        _fail(f"'{name}' plans online and then wraps the model (its executor's module is another object), so "
-              "the model you hold during the warm-up would not be the one that trains; plan first (repro "
-              f"plan) and pass the Plan, or use repro train")
+        if sched.online:
+            _fail(f"'{name}' plans online and then wraps the model (its executor's module is another object), so "
+                  "the model you hold during the warm-up would not be the one that trains; plan first (repro "
+                  f"plan) and pass the Plan, or use repro train")
+        # a planner that does not plan from measurements (e.g. ddp_threshold's sizes), whose executor wraps
+        # the model: planned now, so that the returned module (the wrapper) is the one used from step 1
+        plan_now = True
     allowed = set(sched.planner_options + sched.executor_options) if sched is not None else set()
     unknown = sorted(set(options) - allowed)
     if unknown:
@@ -641,6 +646,12 @@ def distribute(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: st
     if getattr(model, "no_sync", None) is not None:
         _fail(f"the model already has a 'no_sync' ({type(model).__name__}.no_sync): distribute the plain module "
               f"(not one wrapped by DDP) so that model.no_sync() can hold off this package's exchange")
+    if plan_now:
+        from repro.runtime.online import plan_online
+
+        plan, _, _ = plan_online(name, _sizes_trace(model, view), next(model.parameters()).device,
+                                 planner_options=planner_options, network_cost=network_cost,
+                                 fit_repeats=fit_repeats)
     if dedicated_servers:  # ranks 0..S-1 serve here until the trainers are done
         from repro.runtime import ps_dedicated
 
@@ -702,6 +713,20 @@ def _check_dedicated(servers: int, family: str | None, name: str | None, plan: P
         _fail(f"servers={given} but dedicated_servers={servers}: with dedicated servers each serving rank is one "
               "server (leave servers out)")
     return options
+
+
+def _sizes_trace(model: nn.Module, view: str) -> Any:
+    """A trace of the model's layers in registration order (taken as the forward order, as DDP does)
+    with their gradient sizes and no times: what a planner that plans from sizes alone needs."""
+    from repro.trace import Layer, Trace
+
+    layers = []
+    for name, params in layer_parameters(model, view).items():
+        numel = sum(p.numel() for _, p in params)
+        layers.append(Layer(name, numel, sum(p.numel() * p.element_size() for _, p in params), 0.0, 0.0))
+    dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
+    return Trace(type(model).__name__, 1, str(next(model.parameters()).device), dtype, layers,
+                 extra={"source": "parameter sizes", "view": view})
 
 
 def _sync_initial_state(model: nn.Module, group: Any, src: int) -> None:

@@ -95,7 +95,6 @@ BAD = [({"scheduler": "nosuch"}, "unknown scheduler"),
        ({"scheduler": "mgwfbp", "warmup_steps": 0}, "warmup_steps"),
        ({"scheduler": "mgwfbp", "view": "neuron"}, "view must be"),
        ({"scheduler": "dear_threshold", "wire_dtype": "float16"}, "wire_dtype does not apply"),
-       ({"scheduler": "ddp_threshold"}, "plans online and then wraps"),
        ({"scheduler": "no/such/plan.json"}, "plan file"),
        ({"scheduler": "mgwfbp", "network": "nosuchnet"}, "nosuchnet")]
 
