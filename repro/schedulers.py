@@ -46,7 +46,9 @@ class Scheduler:
     cost model (every plan scheduler still gets one, to record a prediction);
     ``communicates``: exchanges gradients at all (False only for the one-worker baseline);
     ``executor_options``: run options (:class:`repro.train.TrainConfig` fields) passed to the executor
-    as keyword arguments of the same name (e.g. the DeAR tuner's trial count and search range).
+    as keyword arguments of the same name (e.g. the DeAR tuner's trial count and search range);
+    ``update_note``: how the scheduler changes the update of synchronous SGD, "" when it does not (a
+    format string over its options, e.g. ``{density}``: :meth:`changes_update`, :meth:`update_change`).
     """
 
     name: str
@@ -61,10 +63,20 @@ class Scheduler:
     needs_cost: bool = False
     communicates: bool = True
     executor_options: tuple[str, ...] = ()
+    update_note: str = ""
 
     @property
     def has_plan(self) -> bool:
         return self.planner is not None
+
+    @property
+    def changes_update(self) -> bool:
+        """Whether the method changes synchronous SGD's update on purpose (top-k, ASP, SSP, OSP)."""
+        return bool(self.update_note)
+
+    def update_change(self, **options: Any) -> str:
+        """``update_note`` with its options filled in ("" for a scheduler that keeps the update)."""
+        return self.update_note.format(**options) if self.update_note else ""
 
     def executor_class(self) -> Any:
         """The runtime executor class (imports torch)."""
@@ -83,9 +95,13 @@ def _plan_scheduler(name: str, doc: str, paper: str = _MGWFBP, **kw: Any) -> Sch
     return Scheduler(name, doc, paper, _ALLREDUCE_EXECUTOR, planner=planner, family="allreduce", wire_dtype=True, **kw)
 
 
+_TOPK_NOTE = "top-k, density {density:g}, error feedback"
+_OSP_NOTE = "stage-2 parameters one iteration stale, LGP-corrected"
+
+
 def _sparse_scheduler(name: str, doc: str, paper: str = _OMGS, **kw: Any) -> Scheduler:
     return Scheduler(name, doc, paper, _SPARSE_EXECUTOR, planner=name, family="sparse",
-                     planner_options=("density",), **kw)
+                     planner_options=("density",), update_note=_TOPK_NOTE, **kw)
 
 
 SCHEDULERS: dict[str, Scheduler] = {s.name: s for s in (
@@ -156,18 +172,21 @@ SCHEDULERS: dict[str, Scheduler] = {s.name: s for s in (
               _PS_EXECUTOR, planner="ps_bsp", planner_options=("servers",), family="ps"),
     Scheduler("ps_asp", "parameter server, ASP: each worker's gradient is applied (scaled by 1/workers) as soon as it "
               "arrives and the worker pulls whatever is current", "ASP on a parameter server, as OSP's baseline",
-              _PS_EXECUTOR, planner="ps_asp", planner_options=("servers",), family="ps"),
+              _PS_EXECUTOR, planner="ps_asp", planner_options=("servers",), family="ps",
+              update_note="asynchronous: gradients of stale parameters"),
     Scheduler("ps_ssp", "parameter server, SSP: as ASP, but no worker runs more than --staleness iterations ahead of "
               "the slowest", "SSP (Ho et al., NeurIPS 2013), as OSP's baseline", _PS_EXECUTOR, planner="ps_ssp",
-              planner_options=("servers", "staleness"), family="ps"),
+              planner_options=("servers", "staleness"), family="ps",
+              update_note="stale parameters, at most {staleness} iterations"),
     Scheduler("osp", "OSP: the important --stage1-share of the gradient bytes (--importance) is synchronised as BSP, "
               "the rest in the background during the next iteration, its stale parameters corrected by the local "
               "gradient (LGP, --no-lgp to turn off)", _OSP, _PS_EXECUTOR, planner="osp",
-              planner_options=("servers", "stage1_share", "importance", "lgp"), family="ps"),
+              planner_options=("servers", "stage1_share", "importance", "lgp"), family="ps",
+              update_note=_OSP_NOTE),
     Scheduler("osp_auto", "OSP with the automatic split: the largest stage-2 share whose traffic hides behind one "
               "computation under a cost model fitted on the live job (or --network)", _OSP, _PS_EXECUTOR,
               planner="osp_auto", planner_options=("servers", "importance", "lgp"), family="ps", online=True,
-              needs_cost=True),
+              needs_cost=True, update_note=_OSP_NOTE),
     Scheduler("local", "no communication: one worker's computation (the baseline of speedups)",
               "-", "repro.runtime.baselines:LocalExecutor", communicates=False),
 )}

@@ -92,7 +92,6 @@ GROUPS: dict[str, tuple[str, ...]] = {
 SCHEDULERS: tuple[str, ...] = tuple(s for names in GROUPS.values() for s in names)
 SPARSE: tuple[str, ...] = GROUPS["OMGS-SGD: sparse top-k"]
 PARAMETER_SERVER: tuple[str, ...] = GROUPS["OSP: parameter server"]
-_STALE = {"ps_asp", "ps_ssp", "osp", "osp_auto"}
 # Exact planners (this package's): optimal under their family's contention-free model (module docstring).
 EXACT: tuple[str, ...] = ("optimal", "omgs_optimal", "dear_optimal")
 
@@ -125,23 +124,17 @@ def group_of(scheduler: str) -> str:
 
 
 def keeps_sync_sgd(scheduler: str) -> bool:
-    """False for the schedulers that change the update of synchronous SGD (top-k; ASP, SSP, OSP)."""
+    """False for the schedulers that change the update of synchronous SGD (the registry says which:
+    top-k; ASP, SSP, OSP)."""
     group_of(scheduler)
-    return scheduler not in SPARSE and scheduler not in _STALE
+    return not get_scheduler(scheduler).changes_update
 
 
 def math_note(scheduler: str, *, density: float = DEFAULT_DENSITY, staleness: int = DEFAULT_STALENESS) -> str:
-    """How ``scheduler`` changes the update of synchronous SGD ("" when it does not)."""
+    """How ``scheduler`` changes the update of synchronous SGD ("" when it does not), from the registry."""
     group_of(scheduler)
-    if scheduler in SPARSE:
-        return f"changes the update (top-k, density {density:g}, error feedback)"
-    if scheduler == "ps_asp":
-        return "changes the update (asynchronous: gradients of stale parameters)"
-    if scheduler == "ps_ssp":
-        return f"changes the update (stale parameters, at most {int(staleness)} iterations)"
-    if scheduler in ("osp", "osp_auto"):
-        return "changes the update (stage-2 parameters one iteration stale, LGP-corrected)"
-    return ""
+    change = get_scheduler(scheduler).update_change(density=float(density), staleness=int(staleness))
+    return f"changes the update ({change})" if change else ""
 
 
 def servers_for(workers: int, devices_per_node: int = DEVICES_PER_NODE) -> int:
@@ -151,17 +144,12 @@ def servers_for(workers: int, devices_per_node: int = DEVICES_PER_NODE) -> int:
 
 def plan_options(scheduler: str, workers: int, *, density: float = DEFAULT_DENSITY,
                  staleness: int = DEFAULT_STALENESS, stage1_share: float = DEFAULT_STAGE1_SHARE) -> dict[str, Any]:
-    """Planner options of ``scheduler`` in this comparison (see the module docstring)."""
-    if scheduler in SPARSE:
-        return {"density": float(density)}
-    if scheduler in PARAMETER_SERVER:
-        opts: dict[str, Any] = {"servers": servers_for(workers)}
-        if scheduler == "ps_ssp":
-            opts["staleness"] = int(staleness)
-        if scheduler == "osp":
-            opts.update(stage1_share=float(stage1_share), importance="position")
-        return opts
-    return {}
+    """Planner options of ``scheduler`` in this comparison (see the module docstring): the values of
+    the options its planner takes (the registry's ``planner_options``)."""
+    values = {"density": float(density), "servers": servers_for(workers), "staleness": int(staleness),
+              "stage1_share": float(stage1_share), "importance": "position"}
+    takes = get_scheduler(scheduler).planner_options
+    return {k: v for k, v in values.items() if k in takes}
 
 
 def check_schedulers(schedulers: Sequence[str], *, name: str = "schedulers") -> list[str]:
@@ -330,8 +318,7 @@ def simulated_table(models: Sequence[str] | Mapping[str, Trace] = DEFAULT_MODELS
                                  "density": opts.get("density", np.nan), "scheduler": s, **info.loc[s].to_dict(),
                                  "iteration_s": it, "throughput_samples_s": p * trace.batch_size / it,
                                  "buckets": plan.num_buckets,
-                                 "stage1_bytes_share": float(plan.meta.get("stage1_bytes_share", np.nan))
-                                 if s in ("osp", "osp_auto") else np.nan,
+                                 "stage1_bytes_share": float(plan.meta.get("stage1_bytes_share", np.nan)),
                                  "plan_wall_s": wall, "plan_from": s, "exact_plan_iteration_s": np.nan})
                 config_rows = rows[first:]
                 chosen = exact_choice({r["scheduler"]: r["iteration_s"] for r in config_rows})
@@ -450,16 +437,12 @@ def measured_configs(schedulers: Sequence[str] = DEFAULT_MEASURED, model: str = 
                              "compute_steps": 0, "batch_size": int(batch_size), "fit_repeats": int(fit_repeats),
                              "seed": int(seed)}
         world = int(workers)
-        if s in SPARSE:
-            c["density"] = density
-        if s in PARAMETER_SERVER:
-            c["servers"] = 1
-            world += 1
-            if s == "ps_ssp":
-                c["staleness"] = int(staleness)
-            if s == "osp":
-                c["stage1_share"] = float(stage1_share)
-        c["run_id"] = f"{model}_{s}_w{int(workers)}" + ("_ps1" if s in PARAMETER_SERVER else "") + tag
+        takes = get_scheduler(s).planner_options
+        served = "servers" in takes  # a parameter server: one serving rank on top of the workers
+        values = {"density": density, "servers": 1, "staleness": int(staleness), "stage1_share": float(stage1_share)}
+        c.update({k: v for k, v in values.items() if k in takes})
+        world += int(served)
+        c["run_id"] = f"{model}_{s}_w{int(workers)}" + ("_ps1" if served else "") + tag
         out.setdefault(world, []).append(c)
     return out
 
