@@ -17,6 +17,7 @@ import torch.distributed as dist
 from torch import nn
 
 from repro.cluster.local import launch_local
+from tests.api_targets import _train
 
 TOL = 1e-6
 STEPS = 6
@@ -52,13 +53,7 @@ def dedicated(ctx, scheduler: str) -> dict:
             refused = str(e)
         return {"serving": True, "refused": refused, "tables": sorted(opt.tables)}
     start_diff = (_flat(model) - first_init).abs().max().item()
-    losses = []
-    for x, y in _batches(rank):
-        opt.zero_grad()
-        loss = nn.functional.cross_entropy(model(x), y)
-        loss.backward()
-        opt.step()
-        losses.append(float(loss))
+    losses = _train(model, opt, _batches(rank))
     opt.flush()
     params = _flat(model)
     opt.remove()

@@ -14,7 +14,6 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.distributed as dist
-from torch import nn
 
 from repro.cluster.local import launch_local
 from repro.schedulers import scheduler_names
@@ -29,7 +28,7 @@ REPLICAS_DIFFER = {"local"}
 
 def every_scheduler(ctx, names: list[str]) -> list[dict]:
     import repro
-    from tests.api_targets import UserNet, _batches
+    from tests.api_targets import UserNet, _batches, _train
 
     rank = dist.get_rank()
     data = _batches(rank, STEPS)
@@ -42,13 +41,7 @@ def every_scheduler(ctx, names: list[str]) -> list[dict]:
         try:
             model, dopt = repro.distribute(net, opt, scheduler=name, warmup_steps=1, fit_repeats=1,
                                            **OPTIONS.get(name, {}))
-            losses = []
-            for x, y in data:
-                dopt.zero_grad()
-                loss = nn.functional.cross_entropy(model(x), y)
-                loss.backward()
-                dopt.step()
-                losses.append(float(loss))
+            losses = _train(model, dopt, data)
             dopt.flush()
             flat = torch.cat([p.detach().reshape(-1) for p in net.parameters()])
             everyone = [torch.empty_like(flat) for _ in range(dist.get_world_size())]
