@@ -197,7 +197,12 @@ def omgs_optimal(trace: Trace, cost: CostModel, density: float = 0.001, *, pack:
     C')`` no larger for the group ending at f: the difference in ``C'`` only grows with the end
     (t_spar is convex), so every later group from the older state is dominated.
 
-    The incumbent is the best simple plan (layer-wise, single, the OMGS rule). The upper bound rises
+    The incumbent (an upper bound on the optimum, and the cap of the rounds' upper bounds) is the
+    better of layer-wise and single top-k, their iteration seconds computed in closed form. The OMGS
+    rule's plan (0.04 s at 1000 layers, as much as the rest of the search but the table and one
+    round) is made only where it can matter: when the count bound does not fit under the incumbent
+    but could fit under a tighter one (the groups bound's root), its grouping may tighten the
+    incumbent enough; and when the budget runs out, as one of the plans returned. The upper bound rises
     in rounds: first :data:`FIRST_STEP` (relative) above the root's lower bound, :data:`GROWTH` times
     the margin while a round finds no grouping (which proves the optimum is above it), up to the
     incumbent. A round that finds a grouping has found the optimum (nothing at or below its upper
@@ -210,8 +215,8 @@ def omgs_optimal(trace: Trace, cost: CostModel, density: float = 0.001, *, pack:
     root 0.24% below the optimum, about 1.1 s.
 
     ``time_budget_s`` (seconds of wall clock, default 10; finite and positive) bounds the search: when
-    it runs out first, the incumbent (never worse than the published OMGS rule, nor layer-wise or
-    single top-k) is returned with ``meta["optimal"] = False``, its proven ``meta["gap_pct"]`` above
+    it runs out first, the best of the simple plans (never worse than the published OMGS rule, nor
+    layer-wise or single top-k) is returned with ``meta["optimal"] = False``, its proven ``meta["gap_pct"]`` above
     the optimum and ``meta["lower_bound_s"]`` (the least lower bound of the stored states), and one
     WARNING is logged; a finished search records ``optimal: True, gap_pct: 0``
     (:mod:`repro.planners._budget`). A search longer than 2 s logs progress lines (INFO).
@@ -226,28 +231,37 @@ def omgs_optimal(trace: Trace, cost: CostModel, density: float = 0.001, *, pack:
     sparB = np.atleast_1d(c.spar_s(pB))
     cumS = np.concatenate([[0.0], np.cumsum(sparB)])
     fixed = trace.total_forward_s + trace.overheads.total_s
-    simple = min((omgs(trace, cost, density, pack=pack), topk_layerwise(trace, cost, density, pack=pack),
-                  topk_single(trace, cost, density, pack=pack)), key=lambda pl: float(pl.meta["iteration_s"]))
-    incumbent = float(simple.meta["iteration_s"])
+    # the incumbent: the better of layer-wise and single top-k, in closed form (the docstring)
+    incumbent = min(groups_time_s(trace, g, cost, density, pack)
+                    for g in ([[i] for i in reversed(range(L))], [list(reversed(range(L)))]))
     min_comm = float(c.comm_s(pB[L - 1]))  # the last group holds layer 0 (no message if it has no parameters)
     comm_rest = np.atleast_1d(c.comm_s(cumP[L] - cumP))       # the rest after prefix e as one group
     spar_rest = np.atleast_1d(c.spar_s(cumP[L] - cumP))
     groups_bound = _GroupsBound(c, cumP, cumT, cumS, min_comm, pB)
     fresh = lambda x: (x - fixed) * (1 + 1e-9) + 1e-15  # noqa: E731  (an upper bound on M, with slack)
     counted = _CountBound(c, cumP, cumT, cumS, pB, fresh(incumbent), search.expired)
+    rule = None  # the OMGS rule's plan, made only where it can matter
+    if not counted.usable and _CountBound.fits(c, cumP, fresh(float(groups_bound(np.zeros(1), np.zeros(1), 0)[0])
+                                                             + fixed)):
+        rule = omgs(trace, cost, density, pack=pack)  # its grouping may make the count bound usable
+        if float(rule.meta["iteration_s"]) < incumbent:
+            incumbent = float(rule.meta["iteration_s"])
+            counted = _CountBound(c, cumP, cumT, cumS, pB, fresh(incumbent), search.expired)
     if counted.usable:
         groups_bound = counted
     root = float(groups_bound(np.zeros(1), np.zeros(1), 0)[0])  # a lower bound on every grouping's M
     proven = root + fixed   # no grouping is faster (raised by every round that finds none)
-    best_plan = simple
     step = FIRST_STEP
     while True:  # rounds of the search, under upper bounds rising to the incumbent (see the docstring)
         target = min(incumbent, proven + step * max(proven, 1e-9))  # (a zero bound still rises)
         out = _omgs_round(L, fresh(target), c, cumP, cumT, cumS, sparB, tbB, comm_rest, spar_rest, min_comm,
                           groups_bound, search, incumbent, proven, fixed)
-        if out[0] == "stopped":
+        if out[0] == "stopped":  # the best simple plan, the OMGS rule's included
+            best_plan = min((rule or omgs(trace, cost, density, pack=pack),
+                             topk_layerwise(trace, cost, density, pack=pack),
+                             topk_single(trace, cost, density, pack=pack)), key=lambda pl: float(pl.meta["iteration_s"]))
             plan = best_plan.replace(solver="omgs_optimal", meta=dict(best_plan.meta))
-            search.record(plan.meta, incumbent, max(proven, min(out[1], target)), out[2])
+            search.record(plan.meta, float(best_plan.meta["iteration_s"]), max(proven, min(out[1], target)), out[2])
             return plan
         if out[0] == "found":
             cuts = out[1]
@@ -350,14 +364,26 @@ class _CountBound:
     ``G`` and ``Bm`` are lowered by a relative 1e-10 so that rounding cannot lift the bound above a
     grouping's value."""
 
-    def __init__(self, c: SparseCosts, cumP, cumT, cumS, params, upper: float, expired=lambda: False) -> None:
-        L = self.L = len(cumP) - 1
+    @staticmethod
+    def _counts(c: SparseCosts, cumP, upper: float) -> tuple[float, float, float, float]:
+        """``(per_k, start, need, groups)``: the all-gathers' seconds per value and per group, the
+        communication all elements need at least, and how many groups fit under ``upper`` (on M)."""
         line = c.cost.line("sparse_allgather")
         per_k = line.b_s_per_byte * c.cost.workers * (c.value_bytes + INDEX_BYTES)
         start = line.a_s * (1 if c.pack else 2)
+        need = per_k * c.density * (cumP[-1] - cumP[0]) * (1 - 1e-9)
+        return per_k, start, need, ((upper - need) / start if start > 0 else np.inf)
+
+    @classmethod
+    def fits(cls, c: SparseCosts, cumP, upper: float) -> bool:
+        """Whether the table is built under ``upper`` (fewer than :data:`COUNT_MAX_GROUPS` groups fit)."""
+        return bool(cls._counts(c, cumP, upper)[3] < COUNT_MAX_GROUPS)
+
+    def __init__(self, c: SparseCosts, cumP, cumT, cumS, params, upper: float, expired=lambda: False) -> None:
+        L = self.L = len(cumP) - 1
+        per_k, start, need, _ = self._counts(c, cumP, upper)
         rest = cumP[L] - cumP
-        need = per_k * c.density * rest[0] * (1 - 1e-9)
-        self.usable = start > 0 and (upper - need) / start < COUNT_MAX_GROUPS
+        self.usable = self.fits(c, cumP, upper)
         if not self.usable:
             return
         MM = int(min(max((upper - need) / start, 0.0), np.count_nonzero(np.asarray(params) > 0))) + 1
