@@ -408,14 +408,17 @@ def dear_optimal(trace: Trace, cost: CostModel, *, time_budget_s: float = DEFAUL
         :data:`DIVE_EVERY` new labels (doubled after each) it dives (:func:`dive`) from the labels at hand
         for a better incumbent. Returns ``(best, best_bounds, labels, stopped, cand)``: ``stopped``
         is the position where the budget ran out (None: finished)."""
-        # candidate labels per end position: rows (phi, c, S, M, start, parent id)
+        # candidate labels per end position: rows (phi, c, S, M, start, parent id, lower bound); the bound
+        # is the label's own (of its last bucket as made: :func:`child_bound`), checked again against
+        # the incumbent when the label's position comes
         cand: list[list[np.ndarray]] = [[] for _ in range(L + 1)]
         nodes: list[tuple[int, int, int]] = []  # kept labels: (start, end, parent id)
         j = np.arange(1, L + 1)
         n0 = cum_n[j] - cum_n[0]
         S0 = np.atleast_1d(model.rs(n0))
-        first = np.stack([np.maximum(model.pre, np.atleast_1d(model.ag(n0))), cum_c[j] - cum_c[0], S0,
-                          ready[0] + S0, np.zeros(L), np.full(L, -1.0)], axis=1)
+        phi0, c0, M0 = np.maximum(model.pre, np.atleast_1d(model.ag(n0))), cum_c[j] - cum_c[0], ready[0] + S0
+        first = np.stack([phi0, c0, S0, M0, np.zeros(L), np.full(L, -1.0), child_bound(phi0, c0, S0, M0, 0, j)],
+                         axis=1)
         for k in range(L):
             cand[k + 1].append(first[k:k + 1])
         stopped = None
@@ -430,8 +433,7 @@ def dear_optimal(trace: Trace, cost: CostModel, *, time_budget_s: float = DEFAUL
                 continue
             C = np.concatenate(cand[i])
             cand[i] = []
-            phi, c, S, M = C[:, 0], C[:, 1], C[:, 2], C[:, 3]
-            C = C[lower_bound(phi, c, S, M, i) < best - 1e-15]
+            C = C[C[:, 6] < best - 1e-15]
             if not len(C):
                 continue
             if i == L:
@@ -488,13 +490,14 @@ def dear_optimal(trace: Trace, cost: CostModel, *, time_budget_s: float = DEFAUL
             cn = cum_c[js[cols]] - cum_c[i]
             S_n = S[rows] + r[cols]
             M_n = np.maximum(M[rows], ready[i] + S_n)
-            keep = child_bound(phi_n, cn, S_n, M_n, i, js[cols]) < best - 1e-15
+            lb_n = child_bound(phi_n, cn, S_n, M_n, i, js[cols])
+            keep = lb_n < best - 1e-15
             made += int(np.count_nonzero(keep))
             if not keep.any():
                 continue
             rows, cols = rows[keep], cols[keep]
             block = np.stack([phi_n[keep], cn[keep], S_n[keep], M_n[keep],
-                              np.full(len(rows), float(i)), ids[rows].astype(float)], axis=1)
+                              np.full(len(rows), float(i)), ids[rows].astype(float), lb_n[keep]], axis=1)
             order = np.argsort(cols, kind="stable")
             block, cols = block[order], cols[order]
             cuts = np.flatnonzero(np.diff(cols)) + 1
