@@ -209,10 +209,13 @@ def omgs_optimal(trace: Trace, cost: CostModel, density: float = 0.001, *, pack:
     bound was dropped). Every extension step is one numpy pass over the active states. The bounds are
     tight on random traces (the count bound about 1e-5 relative below the optimum at P = 16, the
     groups bound about 1e-6 at P = 2), so the first rounds keep few states: random traces of 1000
-    layers take about 0.3 s of CPU at P = 2 and at P = 16 (``benchmarks/bench_planners.py``; before
-    the count bound, P = 16 took about a minute, since some 0.4% of slack let huge fronts survive).
-    Where both bounds are looser the rounds cost more: DenseNet-201 (402 layers) at P = 16, with the
-    root 0.24% below the optimum, about 1.1 s.
+    layers take about 0.13-0.15 s of CPU at P = 2 and at P = 16 (``benchmarks/bench_planners.py``'s
+    trace; median 0.16 s, at most 0.5 s over 8 seeds, where several rounds find nothing; before the
+    count bound, P = 16 took about a minute, since some 0.4% of slack let huge fronts survive). Where
+    both bounds are looser the rounds cost more: DenseNet-201 (402 layers) at P = 16, with the root
+    0.24% below the optimum, about 0.8 s; a random 1000-layer trace at P = 16 (seed 4 of the
+    benchmark's generator) 7 s, where the round with 2.6e-4 of slack grows large fronts (the default
+    budget of 10 s of wall clock is not enough for it on a loaded machine).
 
     ``time_budget_s`` (seconds of wall clock, default 10; finite and positive) bounds the search: when
     it runs out first, the best of the simple plans (never worse than the published OMGS rule, nor
