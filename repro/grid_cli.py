@@ -1,8 +1,9 @@
 """``repro grid`` (or ``python -m repro.grid_cli grid``): a paper's grid from the command line.
 
-    repro grid show mgwfbp                       # the runs: id, model, scheduler, P, nodes
+    repro grid show mgwfbp                       # the runs: id, kind, model, scheduler, P, data, nodes
     repro grid status mgwfbp --runs-dir DIR      # done / failed / pending per run, and counts
     repro grid launch mgwfbp --runs-dir DIR --launcher print --jobs-dir JOBS
+    repro grid launch osp --kind convergence ... # only the convergence runs (or --experiment NAME)
 
 ``launch`` runs the unfinished runs as the notebooks' ``launcher`` does (:mod:`repro.cluster.jobs`):
 ``print`` writes the job scripts, ``local`` uses this node's GPUs, ``slurm`` submits through submitit and
@@ -17,7 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
-from repro.cluster.grid import GRID_PAPERS, GridError, count_status, load_grid, status_table
+from repro.cluster.grid import GRID_PAPERS, KINDS, GridError, count_status, load_grid, status_table
 from repro.cluster.jobs import GridStop, launch_local_grid, pending_runs, submit_slurm, wait_jobs, write_job_scripts
 
 __all__ = ["main", "build_parser", "add_grid_parser", "run_grid_command"]
@@ -35,6 +36,9 @@ def add_grid_parser(sub: Any) -> argparse.ArgumentParser:
         p = actions.add_parser(name, help=text, description=text)
         p.add_argument("grid", help=f"{', '.join(GRID_PAPERS)} or a grid .yaml file")
         p.add_argument("--format", choices=("table", "json"), default="table", help="output format")
+        p.add_argument("--kind", choices=KINDS, help="only the throughput runs (timed steps, synthetic data) or "
+                                                     "the convergence runs (epochs over a real dataset)")
+        p.add_argument("--experiment", help="only the runs of this experiment of the grid file")
         if name != "show":
             p.add_argument("--runs-dir", required=True, type=Path,
                            help="folder of the run folders (a notebook's results_dir/<notebook>/runs; shared by "
@@ -65,15 +69,17 @@ def run_grid_command(args: argparse.Namespace) -> None:
     """Carry out ``repro grid ACTION``; bad input and refusals raise :class:`GridError` / :class:`GridStop`
     (ValueErrors, one line)."""
     grid = load_grid(args.grid)
+    selected = grid.select(getattr(args, "kind", None), getattr(args, "experiment", None))
     if args.grid_action == "show":
-        rows = [{"run_id": r.run_id, "experiment": r["experiment"], **{k: r[k] for k in (
-            "model", "scheduler", "world_size", "wire_dtype", "batch_size")}, "nodes": r.nodes,
-            "procs_per_node": r.procs_per_node} for r in grid.runs]
+        rows = [{"run_id": r.run_id, "experiment": r.experiment, "kind": r.kind, **{k: r[k] for k in (
+            "model", "scheduler", "world_size", "wire_dtype", "batch_size")},
+            "dataset": r.config.get("dataset", "synthetic"), "epochs": r.config.get("epochs") or "",
+            "nodes": r.nodes, "procs_per_node": r.procs_per_node} for r in selected]
         print(json.dumps(rows, indent=1) if args.format == "json"
               else f"{grid.summary()}\n" + _table(rows, list(rows[0])))
         return
     if args.grid_action == "status":
-        rows = status_table(grid, args.runs_dir)
+        rows = status_table(selected, args.runs_dir)
         counts = count_status(rows)
         if args.format == "json":
             print(json.dumps({"counts": counts, "runs": rows}, indent=1))
@@ -82,10 +88,10 @@ def run_grid_command(args: argparse.Namespace) -> None:
             print(", ".join(f"{v} {k}" for k, v in counts.items()) + f" of {len(rows)} runs")
         return
     jobs = args.jobs_dir or args.runs_dir.parent / "jobs"
-    todo = pending_runs(grid.runs, args.runs_dir)
+    todo = pending_runs(selected, args.runs_dir)
     if args.launcher == "print":
         write_job_scripts(todo, args.runs_dir, jobs)
-        print(f"{len(todo)} job scripts ({len(grid.runs) - len(todo)} runs finished, skipped) written to {jobs}")
+        print(f"{len(todo)} job scripts ({len(selected) - len(todo)} runs finished, skipped) written to {jobs}")
     elif args.launcher == "local":
         launch_local_grid(todo, args.runs_dir, jobs / "logs")
     else:

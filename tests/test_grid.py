@@ -44,22 +44,72 @@ def test_every_paper_has_a_grid_file_in_the_package():
 def test_grids_carry_the_papers_setting():
     """Models, per-GPU batch sizes, GPU counts and node sizes as /work/shared/papers/*.md give them."""
     mg = load_grid("mgwfbp")  # journal: 16 V100 = 4 x 4, ResNet-152 128, DenseNet-161/201 64, Inception-v4 128
-    assert {(r["model"], r["batch_size"]) for r in mg.runs} == {("resnet152", 128), ("densenet161", 64),
+    assert {(r["model"], r["batch_size"]) for r in mg.select("throughput")} == {("resnet152", 128), ("densenet161", 64),
                                                                 ("densenet201", 64), ("inception_v4", 128)}
     assert mg.gpus_per_node == 4 and max(mg.world_sizes()) == 16 and max(r.nodes for r in mg.runs) == 4
     assert {r["wire_dtype"] for r in mg.runs} == {"float32", "float16"}
     assert {"wfbp", "syncea", "mgwfbp"} <= {r["scheduler"] for r in mg.runs}
-    dear = load_grid("dear")  # 64 GPUs = 16 hosts x 4
+    dear = load_grid("dear")  # 64 GPUs = 16 hosts x 4; no convergence figure (FIGURES.md)
+    assert not dear.select("convergence")
     assert {r.processes for r in dear.runs} == {64} and {r.nodes for r in dear.runs} == {16}
     assert {(r["model"], r["batch_size"]) for r in dear.runs} == {("resnet50", 64), ("densenet201", 32),
                                                                   ("inception_v4", 64), ("bert_base", 64),
                                                                   ("bert_large", 32)}
     omgs = load_grid("omgs")  # 16 nodes x 1 GPU; density 0.001 (CNNs), 0.004 (LSTM)
     assert {r.nodes for r in omgs.runs} == {16} and omgs.gpus_per_node == 1
-    assert {r["model"]: r["density"] for r in omgs.runs} == {"vgg16_cifar": 0.001, "resnet50": 0.001,
+    assert {r["model"]: r["density"] for r in omgs.select("throughput")} == {"vgg16_cifar": 0.001, "resnet50": 0.001,
                                                             "inception_v4": 0.001, "lstm_ptb": 0.004}
     osp = load_grid("osp")  # 9 nodes: 1 server + 8 workers
     assert {(r["world_size"], r.processes, r.nodes) for r in osp.runs} == {(8, 9, 9)}
+
+
+def test_the_grids_hold_the_papers_convergence_runs():
+    """mgwfbp.convergence, omgs.convergence and the OSP accuracy figures have their runs in the grids: a real
+    dataset, epochs instead of steps, the schedulers each figure compares."""
+    for paper in GRID_PAPERS:
+        for r in load_grid(paper).select("convergence"):
+            assert r.kind == "convergence" and r["epochs"] >= 1 and "steps" not in r.config
+            assert r["dataset"] in ("cifar10", "imagenet", "ptb")
+        for r in load_grid(paper).select("throughput"):
+            assert "epochs" not in r.config and r.config.get("dataset", "synthetic") == "synthetic"
+    mg = load_grid("mgwfbp").select("convergence")  # S-SGD (DDP) vs MG-WFBP, identical updates
+    assert sorted(r["scheduler"] for r in mg) == ["ddp", "mgwfbp"]
+    assert {(r["model"], r["dataset"], r["world_size"], r["momentum"], r["weight_decay"]) for r in mg} == {
+        ("resnet50", "imagenet", 16, 0.9, 0.0001)}
+    omgs = load_grid("omgs").select("convergence")  # dense S-SGD, TopK-SGD, OMGS-SGD per paper model and data
+    assert {(r["model"], r["dataset"], r["density"], r["batch_size"]) for r in omgs} == {
+        ("vgg16_cifar", "cifar10", 0.001, 32), ("resnet50", "imagenet", 0.001, 32), ("lstm_ptb", "ptb", 0.004, 20)}
+    assert sorted({r["scheduler"] for r in omgs}) == ["omgs", "topk_single", "wfbp"] and len(omgs) == 9
+    osp = load_grid("osp").select("convergence")  # one world of 1 server + 8 workers per run
+    assert {(r["world_size"], r.processes, r["dataset"]) for r in osp} == {(8, 9, "cifar10")}
+    osp_runs = {(r["scheduler"], r.config.get("stage1_share"), r.config.get("lgp", True)) for r in osp}
+    assert {("osp", s, True) for s in (0.0, 0.25, 0.5, 0.75)} | {("osp", 0.0, False), ("osp", 0.5, False)} \
+        | {("ps_bsp", None, True), ("ps_asp", None, True), ("ps_ssp", None, True), ("osp_auto", None, True)} == osp_runs
+    assert load_grid("osp").experiments() == ["throughput", "convergence"]
+
+
+def test_convergence_experiments_parse_and_refuse_what_cannot_run():
+    exp = {"name": "conv", "models": {"tiny_resnet": {"batch_size": 8, "lr": 0.1}}, "world_sizes": [2],
+           "schedulers": ["wfbp", {"osp": {"stage1_share": 0.0}}, {"osp": {"stage1_share": 0.0, "lgp": False}}],
+           "train": {"dataset": "digits", "epochs": 3, "warmup_steps": None}}
+    grid = _grid(train={"steps": 3, "warmup_steps": 2}, experiments=[exp])
+    assert [r.kind for r in grid.runs] == ["convergence"] * 3
+    first = grid.runs[0].config
+    assert first["epochs"] == 3 and first["lr"] == 0.1 and "steps" not in first and "warmup_steps" not in first
+    assert [r.config.get("lgp") for r in grid.runs] == [None, None, False]  # one scheduler, several options
+    assert len(set(grid.run_ids())) == 3 and grid.run_ids("convergence") == grid.run_ids()
+    assert grid.run_ids("throughput") == [] and grid.experiments("convergence") == ["conv"]
+    base = {"paper": "t", "notebook": "nb", "gpus_per_node": 2}
+    one = {"name": "e", "models": {"m": {"batch_size": 8}}, "world_sizes": [2], "schedulers": ["wfbp"]}
+    assert "real dataset" in _one_line_error({**base, "experiments": [{**one, "train": {"epochs": 2}}]})
+    assert "needs epochs" in _one_line_error({**base, "experiments": [{**one, "kind": "convergence",
+                                                                       "train": {"dataset": "digits"}}]})
+    assert "drop epochs" in _one_line_error({**base, "experiments": [{**one, "kind": "throughput",
+                                                                      "train": {"dataset": "digits", "epochs": 1}}]})
+    assert "kind must be" in _one_line_error({**base, "experiments": [{**one, "kind": "speed"}]})
+    assert "epochs must be" in _one_line_error({**base, "experiments": [{**one, "train": {"dataset": "digits",
+                                                                                          "epochs": 0}}]})
+    assert "one-key mapping" in _one_line_error({**base, "experiments": [{**one, "schedulers": [{"a": {}, "b": {}}]}]})
 
 
 def test_every_grid_run_passes_repro_trains_checks():
@@ -175,10 +225,20 @@ def test_grid_cli_show_status_and_print(tmp_path, capsys):
     (runs / first).mkdir(parents=True)
     (runs / first / "run.json").write_text("{}")
     assert main(["grid", "status", "omgs", "--runs-dir", str(runs), "--format", "json"]) == 0
-    assert json.loads(capsys.readouterr().out)["counts"] == {"done": 1, "failed": 0, "pending": 15}
+    n = len(load_grid("omgs").runs)
+    assert json.loads(capsys.readouterr().out)["counts"] == {"done": 1, "failed": 0, "pending": n - 1}
+    assert main(["grid", "show", "omgs", "--kind", "convergence", "--format", "json"]) == 0
+    conv = json.loads(capsys.readouterr().out)
+    assert [r["run_id"] for r in conv] == load_grid("omgs").run_ids("convergence") and len(conv) == 9
+    assert {(r["kind"], r["dataset"]) for r in conv} == {("convergence", d) for d in ("cifar10", "imagenet", "ptb")}
+    assert main(["grid", "launch", "omgs", "--runs-dir", str(runs), "--launcher", "print", "--kind",
+                 "convergence"]) == 0
+    assert "9 job scripts" in capsys.readouterr().out
+    commands = (tmp_path / "jobs" / "commands.txt").read_text().splitlines()
+    assert len(commands) == 9 and all("--epochs" in c and "--steps" not in c for c in commands)
     assert main(["grid", "launch", "omgs", "--runs-dir", str(runs), "--launcher", "print"]) == 0
-    assert "15 job scripts" in capsys.readouterr().out
-    assert len((tmp_path / "jobs" / "commands.txt").read_text().splitlines()) == 15
+    assert f"{n - 1} job scripts" in capsys.readouterr().out
+    assert len((tmp_path / "jobs" / "commands.txt").read_text().splitlines()) == n - 1
     assert main(["grid", "launch", "omgs", "--runs-dir", str(runs), "--launcher", "local"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "needs 16 nodes" in err

@@ -79,9 +79,12 @@ def test_print_writes_one_command_and_one_script_per_unfinished_run(tmp_path):
     for line, run in zip(lines, todo):
         argv = shlex.split(line)
         assert argv[argv.index("--run-id") + 1] == run.run_id
+        length = ("--epochs", "epochs") if run.kind == "convergence" else ("--steps", "steps")
         for flag, key in [("--model", "model"), ("--scheduler", "scheduler"), ("--batch-size", "batch_size"),
-                          ("--wire-dtype", "wire_dtype"), ("--steps", "steps"), ("--warmup-steps", "warmup_steps")]:
+                          ("--wire-dtype", "wire_dtype"), length, ("--warmup-steps", "warmup_steps")]:
             assert argv[argv.index(flag) + 1] == str(run[key]), (run.run_id, flag)
+        if run.kind == "convergence":  # a real dataset, epochs instead of steps
+            assert "--steps" not in argv and argv[argv.index("--dataset") + 1] == run["dataset"]
         assert argv[argv.index("--nnodes") + 1] == str(run.nodes)
         script = (jobs / f"{run.run_id}.sh").read_text()
         assert line in script and f'RUNS_DIR={runs_dir.resolve()}' in script

@@ -7,6 +7,13 @@ settings (steps, warm-up, dataset). The notebooks at ``scale="paper"`` and the l
 (:mod:`repro.cluster.jobs`) read the same file, so what a notebook draws and what a cluster runs cannot
 drift apart.
 
+Two kinds of experiment: **throughput** runs (synthetic data, ``steps`` timed steps) and **convergence**
+runs (``epochs`` passes over a real ``dataset``: digits, cifar10, imagenet, ptb), told apart by
+``epochs`` (:attr:`RunConfig.kind`). A convergence run leaves ``steps`` out (``repro train`` ignores it
+with ``--epochs``); ``kind: convergence`` on an experiment says so explicitly and is refused without
+``epochs`` and a real dataset. A figure of accuracy or loss at paper scale draws only the convergence
+runs (:func:`grid_run_ids`, ``kind="convergence"``).
+
 A grid file::
 
     paper: mgwfbp                      # key of /work/shared/papers (mgwfbp, omgs, dear, osp)
@@ -21,7 +28,14 @@ A grid file::
         world_sizes: [1, 16]           # P: training ranks (a parameter server's ranks come on top)
         schedulers: [wfbp, mgwfbp]     # or a mapping: scheduler -> its own options ({ps_ssp: {staleness: 2}})
         precisions: [float32, float16] # wire dtypes (repro train --wire-dtype)
-        train: {}                      # options of this experiment only (override the file's)
+        train: {}                      # options of this experiment only (override the file's; null drops one)
+      - name: convergence              # accuracy vs epoch: a real dataset and epochs instead of steps
+        kind: convergence              # optional (epochs make it one); refused without epochs and a dataset
+        models: {resnet50: {batch_size: 32, lr: 0.2}}   # a model's options may set train options too
+        world_sizes: [16]
+        schedulers: [ddp, mgwfbp, {osp: {stage1_share: 0.0}}, {osp: {stage1_share: 0.0, lgp: false}}]
+        train: {dataset: imagenet, epochs: 30}   # a list item may be {scheduler: options}: one scheduler
+                                                 # several times with other options
 
 Run ids derive from the configuration: ``<model>_<scheduler>_p<P>_<precision>_b<batch>-<hash>``, the hash
 being the first 10 hex digits of the SHA-256 of the configuration's canonical JSON. The same
@@ -43,14 +57,16 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 __all__ = ["GRID_PAPERS", "GridError", "Grid", "RunConfig", "grids_dir", "grid_path", "load_grid", "parse_grid",
-           "run_id", "run_status", "status_table", "mark_failed", "clear_failed", "count_status", "FAILED_DIR",
-           "STATUSES"]
+           "run_id", "run_status", "status_table", "mark_failed", "clear_failed", "count_status", "grid_run_ids",
+           "finished_run_ids", "FAILED_DIR", "STATUSES", "KINDS"]
 
 #: papers with a shipped grid file (data/grids/<paper>.yaml)
 GRID_PAPERS = ("mgwfbp", "omgs", "dear", "osp")
 #: hidden folder under a runs folder with one ``<run_id>.failed`` marker per failed launch
 FAILED_DIR = ".grid"
 STATUSES = ("done", "failed", "pending")
+#: kinds of experiment: timed steps on synthetic data, or epochs over a real dataset
+KINDS = ("throughput", "convergence")
 
 # Keys of a configuration that are not `repro train` options of the run itself.
 _PLACEMENT = ("paper", "experiment", "world_size", "nodes", "gpus_per_node", "processes")
@@ -90,6 +106,15 @@ class RunConfig:
     def procs_per_node(self) -> int:
         return self.processes // self.nodes
 
+    @property
+    def kind(self) -> str:
+        """``convergence`` (``epochs`` passes over a real dataset) or ``throughput`` (timed steps)."""
+        return "convergence" if self.config.get("epochs") else "throughput"
+
+    @property
+    def experiment(self) -> str:
+        return str(self.config.get("experiment", ""))
+
     def train_options(self) -> dict[str, Any]:
         """The ``repro train`` options of this run (placement keys left out), in a stable order."""
         return {k: v for k, v in self.config.items() if k not in _PLACEMENT}
@@ -111,19 +136,34 @@ class Grid:
     def max_processes(self) -> int:
         return max(r.processes for r in self.runs)
 
-    def models(self) -> list[str]:
-        return list(dict.fromkeys(r["model"] for r in self.runs))
+    def select(self, kind: str | None = None, experiment: str | None = None) -> list[RunConfig]:
+        """The runs of one ``kind`` (:data:`KINDS`) and/or one ``experiment`` (by name); all by default."""
+        if kind is not None and kind not in KINDS:
+            raise GridError(f"kind {kind!r} unknown: use {', '.join(KINDS)}")
+        if experiment is not None and experiment not in self.experiments():
+            raise GridError(f"{self.paper} grid has no experiment {experiment!r}: its experiments are "
+                            f"{', '.join(self.experiments())}")
+        return [r for r in self.runs
+                if (kind is None or r.kind == kind) and (experiment is None or r.experiment == experiment)]
 
-    def world_sizes(self) -> list[int]:
-        return sorted({int(r["world_size"]) for r in self.runs})
+    def experiments(self, kind: str | None = None) -> list[str]:
+        """The experiments' names in file order (of one ``kind`` if given)."""
+        return list(dict.fromkeys(r.experiment for r in self.runs if kind is None or r.kind == kind))
 
-    def run_ids(self) -> list[str]:
-        return [r.run_id for r in self.runs]
+    def models(self, kind: str | None = None) -> list[str]:
+        return list(dict.fromkeys(r["model"] for r in self.select(kind)))
+
+    def world_sizes(self, kind: str | None = None) -> list[int]:
+        return sorted({int(r["world_size"]) for r in self.select(kind)})
+
+    def run_ids(self, kind: str | None = None, experiment: str | None = None) -> list[str]:
+        return [r.run_id for r in self.select(kind, experiment)]
 
     def summary(self) -> str:
-        """One line: runs, models, P, nodes."""
+        """One line: runs (per kind), models, P, nodes."""
         nodes = max(r.nodes for r in self.runs)
-        return (f"{self.paper} grid: {len(self.runs)} runs, models {', '.join(self.models())}, P in "
+        kinds = ", ".join(f"{n} {k}" for k in KINDS if (n := len(self.select(k))))
+        return (f"{self.paper} grid: {len(self.runs)} runs ({kinds}), models {', '.join(self.models())}, P in "
                 f"{self.world_sizes()}, up to {nodes} node(s) x {self.gpus_per_node} GPU(s)")
 
 
@@ -173,6 +213,7 @@ def _names(where: str, name: str, value: Any) -> list[str]:
 
 
 def _options(where: str, name: str, value: Any) -> dict[str, Any]:
+    """A mapping of ``repro train`` options; a value ``None`` (YAML ``null``) drops an inherited one."""
     value = {} if value is None else value
     if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
         raise _fail(where, f"{name} must be a mapping of repro train options, got {value!r}")
@@ -181,6 +222,51 @@ def _options(where: str, name: str, value: Any) -> dict[str, Any]:
     if bad:
         raise _fail(where, f"{name} may not set {', '.join(bad)} (the grid's axes and the launcher decide them)")
     return dict(value)
+
+
+def _merge(*layers: Mapping[str, Any]) -> dict[str, Any]:
+    """Options layered left to right; ``None`` in a later layer removes the key."""
+    out: dict[str, Any] = {}
+    for layer in layers:
+        for k, v in layer.items():
+            if v is None:
+                out.pop(k, None)
+            else:
+                out[k] = v
+    return out
+
+
+def _schedulers(where: str, value: Any) -> list[tuple[str, dict[str, Any]]]:
+    """``(scheduler, options)`` pairs from a list of names and ``{name: options}`` items, or a mapping."""
+    if isinstance(value, dict) and value:  # name -> options of that scheduler only
+        return [(k, _options(f"{where}: schedulers.{k}", "options", v)) for k, v in value.items()]
+    if not isinstance(value, list) or not value:
+        raise _fail(where, f"schedulers must be a non-empty list of names (or of {{name: options}}), got {value!r}")
+    out = []
+    for i, item in enumerate(value):
+        if isinstance(item, str) and item:
+            out.append((item, {}))
+        elif isinstance(item, dict) and len(item) == 1 and isinstance(next(iter(item)), str):
+            name, opts = next(iter(item.items()))
+            out.append((name, _options(f"{where}: schedulers[{i}].{name}", "options", opts)))
+        else:
+            raise _fail(where, f"schedulers[{i}] must be a name or a one-key mapping {{name: options}}, got {item!r}")
+    return out
+
+
+def _check_kind(where: str, declared: Any, cfg: Mapping[str, Any]) -> None:
+    if declared is not None and declared not in KINDS:
+        raise _fail(where, f"kind must be one of {', '.join(KINDS)}, got {declared!r}")
+    epochs = cfg.get("epochs")
+    if epochs is not None:
+        _positive_int(where, "epochs", epochs)
+        if cfg.get("dataset", "synthetic") == "synthetic":
+            raise _fail(where, "epochs need a real dataset (train: {dataset: cifar10, ...}); synthetic data "
+                               "runs timed steps")
+    if declared == "convergence" and epochs is None:
+        raise _fail(where, "a convergence experiment needs epochs (and a real dataset) in its train options")
+    if declared == "throughput" and epochs is not None:
+        raise _fail(where, "a throughput experiment runs timed steps: drop epochs or say kind: convergence")
 
 
 def parse_grid(data: Any, path: Path | str | None = None) -> Grid:
@@ -205,7 +291,7 @@ def parse_grid(data: Any, path: Path | str | None = None) -> Grid:
         ew = f"{where}: experiments[{i}]"
         if not isinstance(exp, dict):
             raise _fail(ew, "an experiment is a mapping (name, models, world_sizes, schedulers, precisions)")
-        unknown = sorted(set(exp) - {"name", "models", "world_sizes", "schedulers", "precisions", "train"})
+        unknown = sorted(set(exp) - {"name", "kind", "models", "world_sizes", "schedulers", "precisions", "train"})
         if unknown:
             raise _fail(ew, f"unknown key(s) {', '.join(unknown)}")
         name = exp.get("name")
@@ -218,24 +304,23 @@ def parse_grid(data: Any, path: Path | str | None = None) -> Grid:
         if not isinstance(sizes, list) or not sizes:
             raise _fail(ew, f"world_sizes must be a non-empty list of GPU counts, got {sizes!r}")
         sizes = [_positive_int(ew, "world_sizes", p) for p in sizes]
-        schedulers = exp.get("schedulers")
-        if isinstance(schedulers, dict) and schedulers:  # name -> options of that scheduler only
-            sched_opts = {k: _options(f"{ew}: schedulers.{k}", "options", v) for k, v in schedulers.items()}
-        else:
-            sched_opts = {k: {} for k in _names(ew, "schedulers", schedulers)}
+        sched_opts = _schedulers(ew, exp.get("schedulers"))
         precisions = _names(ew, "precisions", exp.get("precisions", ["float32"]))
         bad = [p for p in precisions if p not in _PRECISIONS]
         if bad:
             raise _fail(ew, f"precision(s) {', '.join(bad)} unknown: use {', '.join(_PRECISIONS)}")
-        options = {**base, **_options(ew, "train", exp.get("train"))}
+        exp_train = _options(ew, "train", exp.get("train"))
         for model, mopts in models.items():
             mopts = _options(f"{ew}: models.{model}", "options", mopts)
             batch = _positive_int(f"{ew}: models.{model}", "batch_size", mopts.pop("batch_size", None))
             for p in sizes:
-                for sched, sopts in sched_opts.items():
+                for sched, sopts in sched_opts:
                     for prec in precisions:
-                        cfg = {"model": model, "scheduler": sched, "batch_size": batch, "world_size": p,
-                               "wire_dtype": prec, **options, **mopts, **sopts}
+                        cfg = _merge({"model": model, "scheduler": sched, "batch_size": batch, "world_size": p,
+                                      "wire_dtype": prec}, base, exp_train, mopts, sopts)
+                        _check_kind(ew, exp.get("kind"), cfg)
+                        if cfg.get("epochs") is not None:
+                            cfg.pop("steps", None)  # repro train ignores steps with epochs: not part of the id
                         procs = p + int(cfg.get("servers") or 0)
                         if procs > gpn and procs % gpn:
                             raise _fail(ew, f"{procs} processes ({model}, P={p}) do not fill whole nodes of "
@@ -306,3 +391,20 @@ def status_table(grid: Grid | Iterable[RunConfig], runs_dir: str | Path) -> list
 
 def count_status(rows: Sequence[Mapping[str, Any]]) -> dict[str, int]:
     return {s: sum(1 for r in rows if r["status"] == s) for s in STATUSES}
+
+
+def grid_run_ids(paper: str | Path | Grid, kind: str | None = None, experiment: str | None = None) -> list[str]:
+    """The run ids of ``paper``'s grid (a key, a grid file or a :class:`Grid`) of one ``kind`` and/or
+    ``experiment``: what a notebook at ``scale="paper"`` reads for a figure (``kind="convergence"`` for
+    accuracy and loss curves)."""
+    grid = paper if isinstance(paper, Grid) else load_grid(paper)
+    return grid.run_ids(kind, experiment)
+
+
+def finished_run_ids(paper: str | Path | Grid, runs_dir: str | Path, kind: str | None = None,
+                     experiment: str | None = None) -> tuple[list[str], list[str]]:
+    """``(done, not_done)``: the run ids of :func:`grid_run_ids` that have finished under ``runs_dir``, and
+    the others (pending or failed), each in the grid's order."""
+    ids = grid_run_ids(paper, kind, experiment)
+    done = [i for i in ids if run_status(runs_dir, i) == "done"]
+    return done, [i for i in ids if i not in set(done)]
