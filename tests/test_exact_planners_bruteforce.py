@@ -180,6 +180,35 @@ def test_omgs_optimal_matches_brute_force_with_parameter_free_and_equal_layers(e
         assert plan.meta["optimal"] is True
 
 
+def test_omgs_optimal_with_rounds_aborted_everywhere_matches_brute_force(monkeypatch):
+    """Rounds that store too many states are aborted (they prove nothing) and tried again closer to the
+    proven bound with twice the room: with a room of one state after every round that finds nothing,
+    and first upper bounds just above the root's bound, the optimum is still found and proven."""
+    monkeypatch.setattr(sparse, "FIRST_STEP", 1e-12)
+    monkeypatch.setattr(sparse, "ABORT_STATES", 0)
+    monkeypatch.setattr(sparse, "ABORT_MIN_STATES", 0)
+    aborted = []
+    rounds = sparse._omgs_round
+
+    def counted(*args, **kwargs):
+        out = rounds(*args, **kwargs)
+        aborted.append(out[0] == "aborted")
+        return out
+
+    monkeypatch.setattr(sparse, "_omgs_round", counted)
+    rng = np.random.default_rng(77)
+    for _ in range(60):
+        L = int(rng.integers(2, 10))
+        tr, cost = _sparse_trace(rng, L), _sparse_cost(rng)
+        density, pack = float(rng.choice([0.001, 0.01, 0.1, 1.0])), bool(rng.integers(0, 2))
+        best = min(groups_time_s(tr, [[L - 1 - j for j in range(a, b)] for a, b in zip(bd[:-1], bd[1:])], cost,
+                                 density, pack) for bd in _bounds(L))
+        plan = make_plan("omgs_optimal", tr, cost, density=density, pack=pack)
+        assert plan.meta["iteration_s"] == pytest.approx(best, rel=1e-12)
+        assert plan.meta["optimal"] is True
+    assert sum(aborted) > 20
+
+
 def test_omgs_optimal_does_not_depend_on_its_rounds_or_its_bound(monkeypatch):
     """The first round's upper bound (just above the root's bound, or far above it), the count bound
     (used, or not: COUNT_MAX_GROUPS 0) and its window change the work, never the optimum."""
@@ -187,7 +216,10 @@ def test_omgs_optimal_does_not_depend_on_its_rounds_or_its_bound(monkeypatch):
     for _ in range(8):
         tr, cost = _sparse_trace(rng, int(rng.integers(20, 40))), _sparse_cost(rng)
         got = []
-        for step, most, window in ((1e-6, 256, 64), (1e-9, 256, 3), (0.5, 256, 64), (1e-6, 0, 64)):
+        for step, most, window, room in ((1e-6, 256, 64, 8), (1e-9, 256, 3, 8), (0.5, 256, 64, 8), (1e-6, 0, 64, 8),
+                                         (1e-9, 256, 64, 0)):  # room 0: rounds aborted (ABORT_STATES)
+            monkeypatch.setattr(sparse, "ABORT_STATES", room)
+            monkeypatch.setattr(sparse, "ABORT_MIN_STATES", room)
             monkeypatch.setattr(sparse, "FIRST_STEP", step)
             monkeypatch.setattr(sparse, "COUNT_MAX_GROUPS", most)
             monkeypatch.setattr(sparse, "COUNT_WINDOW", window)

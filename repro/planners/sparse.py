@@ -35,6 +35,10 @@ log = logging.getLogger(__name__)
 FAMILY = "sparse"
 FIRST_STEP = 1e-6  # omgs_optimal's first upper bound: this far (relative) above the root's lower bound
 GROWTH = 4  # and the margin's growth from one round to the next
+ABORT_STATES = 8  # a round stops once it stores this many times the states of the last round that found none
+ABORT_MIN_STATES = 32  # (or this many per layer, if more); the next round's margin is ABORT_SHRINK times smaller
+ABORT_SHRINK = 4
+ABORT_GROWTH = 2  # and the margin grows by this much from then on
 
 _TWO = (Message("sparse_allgather"), Message("sparse_allgather"))
 _ONE = (Message("sparse_allgather"),)
@@ -206,7 +210,14 @@ def omgs_optimal(trace: Trace, cost: CostModel, density: float = 0.001, *, pack:
     in rounds: first :data:`FIRST_STEP` (relative) above the root's lower bound, :data:`GROWTH` times
     the margin while a round finds no grouping (which proves the optimum is above it), up to the
     incumbent. A round that finds a grouping has found the optimum (nothing at or below its upper
-    bound was dropped). Every extension step is one numpy pass over the active states. The bounds are
+    bound was dropped). A round that stores more than :data:`ABORT_STATES` times the states of the
+    last round that found none (at least :data:`ABORT_MIN_STATES` per layer) is aborted: it proves
+    nothing and finds nothing, the next round's margin is :data:`ABORT_SHRINK` times smaller and
+    may store twice as many states, and margins grow by :data:`ABORT_GROWTH` from then on. (Fronts
+    can grow steeply with the slack above the optimum: on one random 1000-layer trace at P = 16 the
+    round 1.9e-4 above it took 4 s before, where rounds just below took 0.1-0.4 s.) Exactness does
+    not depend on it: only finished rounds count, as above; and since the room doubles with every
+    abort, some round finishes. Every extension step is one numpy pass over the active states. The bounds are
     tight on random traces (the count bound about 1e-5 relative below the optimum at P = 16, the
     groups bound about 1e-6 at P = 2), so the first rounds keep few states: random traces of 1000
     layers take about 0.13-0.15 s of CPU at P = 2 and at P = 16 (``benchmarks/bench_planners.py``'s
@@ -214,8 +225,7 @@ def omgs_optimal(trace: Trace, cost: CostModel, density: float = 0.001, *, pack:
     count bound, P = 16 took about a minute, since some 0.4% of slack let huge fronts survive). Where
     both bounds are looser the rounds cost more: DenseNet-201 (402 layers) at P = 16, with the root
     0.24% below the optimum, about 0.8 s; a random 1000-layer trace at P = 16 (seed 4 of the
-    benchmark's generator) 7 s, where the round with 2.6e-4 of slack grows large fronts (the default
-    budget of 10 s of wall clock is not enough for it on a loaded machine).
+    benchmark's generator) 2 s (7 s before rounds were aborted), the root 3e-4 below the optimum.
 
     ``time_budget_s`` (seconds of wall clock, default 10; finite and positive) bounds the search: when
     it runs out first, the best of the simple plans (never worse than the published OMGS rule, nor
@@ -255,10 +265,17 @@ def omgs_optimal(trace: Trace, cost: CostModel, density: float = 0.001, *, pack:
     root = float(groups_bound(np.zeros(1), np.zeros(1), 0)[0])  # a lower bound on every grouping's M
     proven = root + fixed   # no grouping is faster (raised by every round that finds none)
     step = FIRST_STEP
+    max_states = None  # the states a round may store (none: no limit)
+    growth = GROWTH
     while True:  # rounds of the search, under upper bounds rising to the incumbent (see the docstring)
         target = min(incumbent, proven + step * max(proven, 1e-9))  # (a zero bound still rises)
         out = _omgs_round(L, fresh(target), c, cumP, cumT, cumS, sparB, tbB, comm_rest, spar_rest, min_comm,
-                          groups_bound, search, incumbent, proven, fixed)
+                          groups_bound, search, incumbent, proven, fixed, max_states)
+        if out[0] == "aborted":  # too much slack for the fronts: closer to the proven bound, with more room
+            step /= ABORT_SHRINK
+            growth = ABORT_GROWTH
+            max_states *= 2
+            continue
         if out[0] == "stopped":  # the best simple plan, the OMGS rule's included
             best_plan = min((rule or omgs(trace, cost, density, pack=pack),
                              topk_layerwise(trace, cost, density, pack=pack),
@@ -272,7 +289,8 @@ def omgs_optimal(trace: Trace, cost: CostModel, density: float = 0.001, *, pack:
         if target >= incumbent:  # cannot happen: the incumbent is itself a contiguous grouping
             raise RuntimeError("omgs_optimal found no grouping within the bound (please report this)")
         proven = max(proven, target)
-        step *= GROWTH
+        step *= growth
+        max_states = max(max_states or 0, ABORT_STATES * out[1], ABORT_MIN_STATES * L, 1)
     plan = _plan(trace, _groups_of(cuts, L), cost, "omgs_optimal", density, pack)
     search.record(plan.meta, float(plan.meta["iteration_s"]), None, L)
     return plan
@@ -437,9 +455,11 @@ class _CountBound:
 
 
 def _omgs_round(L, upper, c, cumP, cumT, cumS, sparB, tbB, comm_rest, spar_rest, min_comm, groups_bound,
-                search, incumbent, proven, fixed):
-    """One search under ``upper`` (on M): ``("found", cuts)``, ``("none",)`` when no grouping has
-    ``M <= upper``, or ``("stopped", bound_s, done)`` when the budget ran out."""
+                search, incumbent, proven, fixed, max_states=None):
+    """One search under ``upper`` (on M): ``("found", cuts)``, ``("none", states)`` when no grouping
+    has ``M <= upper`` (``states``: how many it stored), ``("stopped", bound_s, done)`` when the
+    budget ran out, or ``("aborted",)`` once it stores more than ``max_states`` states (None: no
+    limit; an aborted round proves nothing)."""
     spar_f, comm_f = c.fast()
     cap = 1024
     E = np.zeros(cap, dtype=np.int64)
@@ -461,7 +481,7 @@ def _omgs_round(L, upper, c, cumP, cumT, cumS, sparB, tbB, comm_rest, spar_rest,
             return "stopped", bound(), f - 1
         search.progress(f - 1, incumbent, bound)
         if not len(active):
-            return ("none",)
+            return "none", n
         e = E[active]
         d = cumP[f] - cumP[e]
         C2 = Cs[active] + (cumT[f] - cumT[e]) + spar_f(d)
@@ -499,6 +519,8 @@ def _omgs_round(L, upper, c, cumP, cumT, cumS, sparB, tbB, comm_rest, spar_rest,
             E[sl], Cs[sl], Ms[sl], parent[sl] = f, C2[front], M2[front], active[front]
             new = np.arange(n, n + front.size)
             n += front.size
+            if max_states is not None and n > max_states:
+                return ("aborted",)
         else:
             new = np.zeros(0, dtype=np.int64)
         active = active[~retire]
@@ -506,7 +528,7 @@ def _omgs_round(L, upper, c, cumP, cumT, cumS, sparB, tbB, comm_rest, spar_rest,
             active = np.concatenate([active, new])
     finals = np.nonzero(E[:n] == L)[0]
     if finals.size == 0:
-        return ("none",)
+        return "none", n
     s = int(finals[np.argmin(Ms[finals])])
     cuts = []
     while s > 0:
