@@ -304,8 +304,9 @@ def dear_optimal(trace: Trace, cost: CostModel, *, time_budget_s: float = DEFAUL
     Where several bucketings have the same period (to rounding), which one is returned is the
     search's choice (e.g. 7% of random 1-40 layer traces have such ties). CPU seconds on a shared
     2-core machine (``benchmarks/bench_planners.py``, random traces, 10GbE at P = 64), proven
-    optimal: about 0.01 s at 100 layers, 0.04 s at 400, 0.13-0.2 s at 1000 (8 seeds; the forward's
-    stall table, :class:`_Stalls`, 0.06-0.08 s of it); DenseNet-201's 402 layers 0.04 s. A label's
+    optimal: about 0.01 s at 100 layers, 0.03 s at 400, 0.12 s at 1000 (median of 12 seeds 0.1 s,
+    at most 0.13 s, also at P = 16 and on 56 Gbit/s InfiniBand; the forward's stall table,
+    :class:`_Stalls`, 0.06 s of it; before the dives 1.2 s); DenseNet-201's 402 layers 0.02 s. A label's
     next buckets are bounded with the stall after each read from that table (:meth:`_Stalls.after`),
     no search.
 
@@ -523,7 +524,7 @@ def dear_optimal(trace: Trace, cost: CostModel, *, time_budget_s: float = DEFAUL
             stopped = 1
         log.debug("dear_optimal: after the dive %.9g s (%.2f s)", best + model.straggler, search.elapsed_s())
     labels = 0
-    if stopped is not None:  # the heuristic passes' labels bound nothing: only the root's bound is proven
+    if stopped is not None:  # the budget ran out in the dive, which bounds nothing: only the root's bound is proven
         proven = min(best, root)
     else:
         best, best_bounds, labels, stopped, cand = run(best, best_bounds)
@@ -557,8 +558,8 @@ class _Stalls:
     all-gather is at most t: a prefix minimum and a suffix minimum per j, one binary search per
     query. O(L^2 log L) time; O(L^2) memory, the tables kept as flat rows (one per bucket start,
     ``L(L+1)/2`` floats each): 6 x 4 L(L+1) bytes while building (24 MB at 1000 layers), 5 x 4 L(L+1)
-    bytes after (``G`` kept: the stall after a given bucket, :meth:`after`, is one read); beyond :data:`STALL_LAYERS` layers only the next all-gather's stall
-    ``(T_ag(layer j) - t)^+`` is used."""
+    bytes after (``G`` kept: the stall after a given bucket, :meth:`after`, is one read); beyond
+    :data:`STALL_LAYERS` layers only the next all-gather's stall ``(T_ag(layer j) - t)^+`` is used."""
 
     def __init__(self, model: _Model) -> None:
         L = self.L = model.L

@@ -279,7 +279,8 @@ def omgs_optimal(trace: Trace, cost: CostModel, density: float = 0.001, *, pack:
         if out[0] == "stopped":  # the best simple plan, the OMGS rule's included
             best_plan = min((rule or omgs(trace, cost, density, pack=pack),
                              topk_layerwise(trace, cost, density, pack=pack),
-                             topk_single(trace, cost, density, pack=pack)), key=lambda pl: float(pl.meta["iteration_s"]))
+                             topk_single(trace, cost, density, pack=pack)),
+                            key=lambda pl: float(pl.meta["iteration_s"]))
             plan = best_plan.replace(solver="omgs_optimal", meta=dict(best_plan.meta))
             search.record(plan.meta, float(best_plan.meta["iteration_s"]), max(proven, min(out[1], target)), out[2])
             return plan
