@@ -313,3 +313,23 @@ def test_a_bad_cost_mode_is_one_line(traces):
         with pytest.raises(ValueError, match="cost_mode must be one of paper, calibrated") as e:
             call()
         assert "\n" not in str(e.value)
+
+
+def test_scaling_figure_puts_the_papers_headline_beside_the_simulated_gain():
+    """dear.scaling draws the DeAR paper's +83% / +15% (study.PAPER_CLAIM_PCT) under its title, beside
+    DeAR as released against the best baseline at the largest P and the claims' verdicts."""
+    import matplotlib.pyplot as plt
+
+    rows = [{"model": "m", "network": net, "workers": p, "scheduler": s, "iteration_s": t,
+             "throughput": p * 32 / t, "relative_to_best": 1.0}
+            for net in ("10gbe-dear-derived", "56gbib-dear-derived") for p in (8, 64)
+            for s, t in (("wfbp", 1.5), ("mgwfbp", 1.2), ("dear_threshold", 1.0), ("dear_optimal", 0.9))]
+    table = pd.DataFrame(rows)
+    text = dear_plots.scaling_headline_text(table)
+    assert "paper up to +83%" in text and "paper up to +15%" in text
+    assert "simulated +20% (m)" in text  # 1.2 / 1.0: the best baseline over DeAR as released, not ours
+    assert ", partly" in text and ", reproduced" in text  # +20% against 83% and against 15%
+    fig = dear_plots.plot_scaling(table, note="presets")
+    assert any("paper up to +83%" in t.get_text() for t in fig.texts)
+    plt.close(fig)
+    assert dear_plots.scaling_headline_text(table[table.scheduler != "dear_threshold"]) == ""

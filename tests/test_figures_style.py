@@ -141,7 +141,8 @@ def _every_figure():
     study, traces, sweep, preset = _sim_tables()
     yield "sim_speedup", mp.plot_sim_speedup(study.sim_speedup_table(sweep, study.paper_speedups(), ["googlenet@k80"]))
     yield "optimal_gap", mp.plot_optimal_gap(study.optimal_gap_table(sweep))
-    yield "cost_models", mp.plot_cost_models(study.cost_model_table(4.5e-5, 1e-9, 2.5e-9, [4, 16, 64, 256]), "x")
+    yield "cost_models", mp.plot_cost_models(study.cost_model_table(4.5e-5, 1e-9, 2.5e-9, [4, 16, 64, 256]), "x",
+                                             study.paper_allreduce_fits())
     curve = study.allreduce_curve(["10gbe-v100", "56gbib-v100"], 16, [1e3, 1e6, 1e8])
     yield "layer_sizes", mp.plot_layer_sizes(study.layer_table(traces), curve, ["a", "b"])
     yield "timeline", mp.plot_timeline(study.timeline_table(traces["b"], preset("10gbe-v100", 16),
@@ -150,10 +151,12 @@ def _every_figure():
 
     runs, speedup, tsweep, epochs, times, val = _measured_tables()
     fits = train.allreduce_fit_table(times)
-    yield "allreduce_fit", mp.plot_allreduce_fit(train.allreduce_fit_errors(times, fits), fits, "n")
-    yield "real_speedup", mp.plot_real_speedup(speedup, "n")
-    yield "breakdown", mp.plot_breakdown(runs, "n")
-    yield "threshold_sweep", mp.plot_threshold_sweep(tsweep, note="n")
+    # as the notebook draws them: with the papers' numbers and the paper-scale simulated panels
+    yield "allreduce_fit", mp.plot_allreduce_fit(train.allreduce_fit_errors(times, fits), fits, "n",
+                                                 study.paper_allreduce_fits())
+    yield "real_speedup", mp.plot_real_speedup(speedup, "n", study.k80_speedup_table())
+    yield "breakdown", mp.plot_breakdown(runs, "n", study.paper_breakdown_table(), study.journal_headline())
+    yield "threshold_sweep", mp.plot_threshold_sweep(tsweep, note="n", paper_scale=study.paper_threshold_sweep_table())
     yield "convergence", mp.plot_convergence(epochs, "n")
     yield "sim_vs_real", plot_sim_vs_real(val, "n")
 

@@ -114,7 +114,7 @@ def test_plots_draw_from_tables(traces):
     assert len(paper_sets) == 3  # one marker set per published method, drawn above every line
     assert all(c.get_zorder() > max(ln.get_zorder() for ln in top.get_lines()) for c in paper_sets)
     assert len(fig.axes) == 2 and fig.axes[1].get_ylim()[1] <= 1.1  # the "relative to the best" panel, linear
-    assert "Paper" in " ".join(t.get_text() for t in fig.legends[0].get_texts())
+    assert "paper (MG-WFBP INFOCOM'19" in " ".join(t.get_text() for t in fig.legends[0].get_texts())
     # the same figure from the bare sweep plus the published table
     assert len(mgwfbp_plots.plot_sim_speedup(sweep, study.paper_speedups(), ["googlenet@k80"]).axes) == 2
     fig = mgwfbp_plots.plot_optimal_gap(study.optimal_gap_table(sweep))

@@ -62,6 +62,7 @@ import pandas as pd
 
 __all__ = ["PAPERS", "VERDICTS", "NOT_RUN", "ClaimsError", "claims_dir", "load_claims", "all_claims",
            "evaluate_metric", "verdict", "claims_table", "figure_claims", "figure_verdicts", "verdict_line",
+           "claim_verdict",
            "format_number", "paper_title", "SNAPSHOT_COLUMNS", "snapshot", "claims_markdown",
            "numbers_provenance"]
 
@@ -304,6 +305,17 @@ def verdict(ours: float | None, paper: float | None, rule: Mapping[str, Any]) ->
             return "partly"
         return "not reproduced"
     raise ClaimsError(f"unknown rule kind {kind!r}")
+
+
+def claim_verdict(claim_id: str, ours: float | None, directory: str | Path | None = None) -> str:
+    """The verdict word of claim ``claim_id`` (``<paper>.<name>``) for the number ``ours``, under the
+    claim's own paper value and rule: what a figure says beside a number it computed itself (e.g. from
+    a paper-scale panel), judged exactly as the gallery card judges the claim's table."""
+    paper = claim_id.split(".", 1)[0]
+    for c in load_claims(paper, directory):
+        if c["id"] == claim_id:
+            return verdict(ours, c["paper"].get("value"), c["rule"])
+    raise ClaimsError(f"no claim {claim_id!r} in {paper}.yaml")
 
 
 def format_number(value: float | None, unit: str = "") -> str:

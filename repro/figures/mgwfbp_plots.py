@@ -85,6 +85,38 @@ def _log2_x(ax) -> None:
     ax.xaxis.set_major_formatter(_PLAIN)
 
 
+def _net_label(net: str) -> str:
+    """``10gbe-v100`` -> ``10GbE``, ``56gbib-v100`` -> ``56Gb IB``; other presets as they are."""
+    return {"10gbe-v100": "10GbE", "56gbib-v100": "56Gb IB", "10gbe-k80": "10GbE (K80 constants)"}.get(net, net)
+
+
+def k80_verdict_text(table: pd.DataFrame) -> str:
+    """One line per published model of a table with the conference paper's speedups (``origin`` "paper"):
+    MG-WFBP over WFBP at the largest published P, as published and as simulated, with the verdict of the
+    claim ``mgwfbp.k80_<model>`` (:func:`repro.figures.claims.claim_verdict`); a simulated ratio within
+    1% of 1 is called a tie. "" without published rows."""
+    from repro.figures.claims import claim_verdict
+    from repro.studies.mgwfbp_sim import k80_verdict_numbers
+
+    nums = k80_verdict_numbers(table)
+    parts = []
+    for _, r in nums.iterrows():
+        if np.isnan(r.simulated_ratio) or np.isnan(r.paper_ratio):
+            continue
+        name = str(r.model).split("@")[0]
+        try:
+            v = claim_verdict(f"mgwfbp.k80_{name}", float(r.simulated_ratio))
+        except Exception:  # a model without a claim: numbers only
+            v = ""
+        tie = " (a tie)" if abs(r.simulated_ratio - 1.0) < 0.01 else ""
+        parts.append(f"{name}: paper {r.paper_ratio:.2f}x, simulated {r.simulated_ratio:.2f}x{tie}"
+                     + (f", {v}" if v else ""))
+    if not parts:
+        return ""
+    p = int(nums["workers"].max())
+    return f"MG-WFBP ÷ WFBP at {p} K80 nodes, paper (INFOCOM'19, measured) vs simulated: " + "; ".join(parts) + "."
+
+
 def _flags(df: pd.DataFrame, column: str = "oversubscribed") -> np.ndarray:
     if column not in df:
         return np.zeros(len(df), dtype=bool)
@@ -154,10 +186,12 @@ def plot_layer_sizes(layers: pd.DataFrame, curve: pd.DataFrame, hist_models: Seq
     return fig
 
 
-def plot_cost_models(table: pd.DataFrame, hop_note: str = ""):
+def plot_cost_models(table: pd.DataFrame, hop_note: str = "", paper_fits: pd.DataFrame | None = None):
     """Start-up a and per-byte b of each all-reduce algorithm as P grows (two panels); coinciding
-    algorithms are drawn in different dashes and markers and named in a note on their panel."""
-    fig, axes = plt.subplots(1, 2, figsize=(9.6, 4.0))
+    algorithms are drawn in different dashes and markers and named in a note on their panel. With
+    ``paper_fits`` (:func:`repro.studies.mgwfbp_sim.paper_allreduce_fits`): the MG-WFBP journal's fitted
+    a and b per P and network as hollow diamonds, "paper (source)"."""
+    fig, axes = plt.subplots(1, 2, figsize=(9.6, 4.3 if paper_fits is not None and len(paper_fits) else 4.0))
     for algo, g in table.groupby("algorithm", sort=False):
         st = ALGORITHM_STYLES.get(algo, {"color": DARK_GREY, "marker": "x", "linestyle": "-", "mfc": None,
                                          "label": algo.replace("_", " ")})
@@ -179,9 +213,17 @@ def plot_cost_models(table: pd.DataFrame, hop_note: str = ""):
         same = coinciding_lines(ax)
         if same:
             add_note(ax, "; ".join(f"{a} = {b}: drawn on top of each other" for a, b in same))
+    if paper_fits is not None and len(paper_fits):
+        for k, (net, g) in enumerate(paper_fits.groupby("paper_network", sort=False)):
+            g = g.sort_values("workers")
+            color = series_style(k + 4)["color"]
+            for ax, col, scale in ((axes[0], "a_s", 1e3), (axes[1], "b_s_per_byte", 1e9)):
+                ax.scatter(g["workers"], g[col] * scale, **{**paper_marker_style(None, size=60 if k else 90),
+                                                            "edgecolors": color},
+                           label=f"paper fit, {net} (MG-WFBP TPDS'21, V100, NCCL)")
     title = "All-reduce cost T(M) = a + b·M by algorithm"
     fig.suptitle(title + (f"\n{hop_note}" if hop_note else ""))
-    legend_below(fig, axes=[axes[0]], ncol=4)
+    legend_below(fig, axes=[axes[0]], ncol=3 if paper_fits is not None and len(paper_fits) else 4)
     fig.tight_layout()
     return fig
 
@@ -264,15 +306,18 @@ def plot_sim_speedup(table: pd.DataFrame, paper: pd.DataFrame | None = None,
     handles = [Line2D([], [], **{k: v for k, v in scheduler_style(s).items() if k != "zorder"})
                for s in order if s in set(drawn["scheduler"])]
     if len(published):
-        handles.append(paper_handle("Paper, measured (hollow diamonds)"))
+        handles.append(paper_handle("paper (MG-WFBP INFOCOM'19, measured; hollow diamonds)"))
     mode = cost_mode_label(drawn, cost_mode)
     fig.suptitle(f"Speedup vs number of GPUs (simulated{', ' + mode if mode else ''}); lower panels: speedup ÷ "
                  "best scheduler's", y=0.995)
     fig.text(0.5, 1 - 0.36 / h, "Coinciding curves (e.g. Optimal on MG-WFBP, Fixed threshold on SyncEASGD when the "
              "model is below the threshold) are drawn in order: dotted Optimal on top; every value is in the table.",
              ha="center", va="top", fontsize="small", style="italic", color="#333333")
+    verdicts = k80_verdict_text(table)
+    if verdicts:
+        fig.text(0.5, 1 - 0.62 / h, verdicts, ha="center", va="top", fontsize="small", color="#333333", wrap=True)
     legend_below(fig, handles, ncol=min(len(handles), 4))
-    fig.subplots_adjust(top=1 - 1.0 / h, bottom=0.7 / h, left=0.06, right=0.98)
+    fig.subplots_adjust(top=1 - (1.25 if verdicts else 1.0) / h, bottom=0.7 / h, left=0.06, right=0.98)
     return fig
 
 
@@ -319,10 +364,40 @@ def plot_optimal_gap(gap: pd.DataFrame, cost_mode: str | None = None):
 # Measured (training) figures
 # ---------------------------------------------------------------------------------------------
 
-def plot_allreduce_fit(errors: pd.DataFrame, fits: pd.DataFrame, note: str):
+def _paper_fit_panel(ax, paper_fits: pd.DataFrame) -> list:
+    """The published a + b*M lines (one colour per P; 10GbE solid, 56Gb IB dashed; identical intra-node
+    lines drawn once) over 1 KB to 1 GB; returns the legend handles."""
+    x = np.geomspace(1e3, 1e9, 80)
+    handles = []
+    ps = sorted(set(paper_fits["workers"]))
+    dashes = {}
+    for _, r in paper_fits.sort_values(["workers", "network"]).iterrows():
+        same = paper_fits[(paper_fits.workers == r.workers) & (paper_fits.a_s == r.a_s)
+                          & (paper_fits.b_s_per_byte == r.b_s_per_byte)]
+        if len(same) > 1 and r.network != same.network.iloc[0]:
+            continue  # drawn once for both networks
+        nets = " = ".join(str(n) for n in dict.fromkeys(same.paper_network)) if len(same) > 1 else r.paper_network
+        ls = dashes.setdefault(r.paper_network, "-" if not dashes else "--") if len(same) == 1 else ":"
+        st = series_style(ps.index(r.workers))
+        line, = ax.plot(x, (r.a_s + r.b_s_per_byte * x) * 1e3, color=st["color"], ls=ls, lw=1.6,
+                        label=f"paper P={int(r.workers)}, {nets}: a={r.a_s * 1e6:.3g} µs, "
+                              f"b={r.b_s_per_byte * 1e9:.3g} ns/B")
+        handles.append(line)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("message bytes")
+    ax.set_ylabel("all-reduce time (ms)")
+    src = str(paper_fits["source"].iloc[0]).split(" (")[0] if len(paper_fits) else ""
+    ax.set_title(f"paper ({src}): published fits,\n4 nodes x 4 V100, NCCL", fontsize="small")
+    return handles
+
+
+def plot_allreduce_fit(errors: pd.DataFrame, fits: pd.DataFrame, note: str, paper_fits: pd.DataFrame | None = None):
     """Left (log-log): measured all-reduce seconds vs bytes per world size with the fitted a + b*M line
-    (relative-error fit). Right: the fit's relative error per message size. Oversubscribed world sizes
-    (more ranks than CPU cores) are ringed and named in the legend.
+    (relative-error fit). Middle: the fit's relative error per message size. Oversubscribed world sizes
+    (more ranks than CPU cores) are ringed and named in the legend. Right, with ``paper_fits``
+    (:func:`repro.studies.mgwfbp_sim.paper_allreduce_fits`): the MG-WFBP journal's published fits, the
+    lines the paper draws on its measurements, labelled "paper (source)".
 
     ``errors`` is :func:`repro.studies.mgwfbp_train.allreduce_fit_errors` (columns workers, bytes,
     measured_s, fitted_s, relative_error, oversubscribed); ``fits`` is ``allreduce_fit_table``.
@@ -331,7 +406,11 @@ def plot_allreduce_fit(errors: pd.DataFrame, fits: pd.DataFrame, note: str):
         from repro.studies.mgwfbp_train import allreduce_fit_errors
 
         errors = allreduce_fit_errors(errors, fits)
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4.2), gridspec_kw={"width_ratios": [1.3, 1]})
+    with_paper = paper_fits is not None and len(paper_fits) > 0
+    if with_paper:
+        fig, axes = plt.subplots(1, 3, figsize=(15, 4.6), gridspec_kw={"width_ratios": [1.3, 1, 1.3]})
+    else:
+        fig, axes = plt.subplots(1, 2, figsize=(10, 4.2), gridspec_kw={"width_ratios": [1.3, 1]})
     any_over = False
     for k, (p, g) in enumerate(errors.groupby("workers")):
         st = series_style(k)
@@ -353,7 +432,7 @@ def plot_allreduce_fit(errors: pd.DataFrame, fits: pd.DataFrame, note: str):
     axes[0].set_yscale("log")
     axes[0].set_xlabel("message bytes")
     axes[0].set_ylabel("all-reduce time (ms)")
-    axes[0].set_title("measured and fitted (relative-error fit)", fontsize="small")
+    axes[0].set_title("ours: measured and fitted (relative-error fit)", fontsize="small")
     axes[1].set_xscale("log")
     axes[1].axhline(0, color="black", lw=0.8)
     lim = max(5.0, float(np.nanmax(np.abs(errors["relative_error"]))) * 100 * 1.25) if len(errors) else 5.0
@@ -365,17 +444,34 @@ def plot_allreduce_fit(errors: pd.DataFrame, fits: pd.DataFrame, note: str):
     if any_over:
         h = oversubscribed_handle()
         handles, labels = handles + [h], labels + [h.get_label()]
-    fig.suptitle(f"All-reduce on the live process group ({note})")
-    legend_below(fig, handles, labels, ncol=2)
+    if with_paper:
+        ph = _paper_fit_panel(axes[2], paper_fits)
+        handles, labels = handles + ph, labels + [h.get_label() for h in ph]
+    fig.suptitle(f"All-reduce on the live process group ({note})"
+                 + ("; right: the paper's fitted lines" if with_paper else ""))
+    legend_below(fig, handles, labels, ncol=3 if with_paper else 2)
     fig.tight_layout()
     return fig
 
 
-def plot_real_speedup(speedup: pd.DataFrame, note: str):
-    """Measured speedup vs workers per model (one panel each); oversubscribed points ringed."""
+def plot_real_speedup(speedup: pd.DataFrame, note: str, paper: pd.DataFrame | None = None):
+    """Measured speedup vs workers per model (one panel each, "tiny" at tiny scale); oversubscribed
+    points ringed. With ``paper`` (:func:`repro.studies.mgwfbp_sim.k80_speedup_table`): one more panel
+    per published model, the conference paper's measured speedups (8 K80 nodes, 10GbE; hollow diamonds,
+    "paper (source)") beside our simulation of the same setting (lines, "simulated"), and a line under
+    the title with MG-WFBP ÷ WFBP at 8 nodes, published and simulated, and the claim's verdict."""
     models = list(dict.fromkeys(speedup["model"]))
-    fig, axes = plt.subplots(1, len(models), figsize=(4.0 * len(models) + 0.6, 3.8), squeeze=False)
+    pub_models = [] if paper is None or not len(paper) else \
+        list(dict.fromkeys(paper[paper["origin"] == "paper"]["model"]))
+    n = max(len(models), len(pub_models))  # columns; the published panels get a row of their own
+    grid, axes = plt.subplots(2 if pub_models else 1, n, figsize=(4.0 * n + 0.6, 7.6 if pub_models else 3.8),
+                              squeeze=False)
+    fig = grid
+    for ax in list(axes[0][len(models):]) + (list(axes[1][len(pub_models):]) if pub_models else []):
+        ax.set_visible(False)
+    axes = np.array(list(axes[0][:len(models)]) + (list(axes[1][:len(pub_models)]) if pub_models else []))
     order = ["linear", "wfbp", "syncea", "threshold", "ddp_buckets", "ddp", "ddp_threshold", "mgwfbp", "optimal"]
+    tiny = "tiny" in note
     for ax, m in zip(axes.flat, models):
         sub = speedup[speedup.model == m]
         names = [s for s in order if s in set(sub.scheduler)] + [s for s in dict.fromkeys(sub.scheduler)
@@ -386,99 +482,278 @@ def plot_real_speedup(speedup: pd.DataFrame, note: str):
         ax.set_xticks(sorted(set(sub.workers)))
         ax.set_ylabel("speedup (log scale)")
         ax.set_xlabel("workers (ranks)")
-        ax.set_title(m)
+        ax.set_title(f"{m} (ours, measured{', tiny' if tiny else ''})", fontsize="small")
+    for ax, m in zip(list(axes.flat)[len(models):], pub_models):
+        sub = paper[(paper.model == m) & (paper.origin != "paper")]
+        names = [s for s in order if s in set(sub.scheduler)]
+        scheduler_lines(ax, sub, x="workers", y="speedup", hue="scheduler", order=names, logx=True, legend=False)
+        pub = paper[(paper.model == m) & (paper.origin == "paper")]
+        for s_, g in pub.groupby("scheduler"):
+            ax.scatter(g["workers"], g["speedup"], **paper_marker_style(s_, size=80))
+        ax.set_yscale("log", base=2)
+        ax.yaxis.set_major_formatter(_PLAIN)
+        ax.set_xticks(sorted(set(pub.workers)))
+        ax.set_ylabel("speedup (log scale)")
+        ax.set_xlabel("K80 nodes")
+        b = pub["batch_size"].dropna()
+        ax.set_title(f"{m}{f' (batch {int(b.iloc[0])})' if len(b) else ''}, K80, 10GbE:\n"
+                     "paper (INFOCOM'19, measured) vs simulated", fontsize="small")
+        same = coinciding_lines(ax)
+        if same:
+            add_note(ax, "; ".join(f"simulated {a} = {b}: drawn on top of each other" for a, b in same))
     handles, labels = axes.flat[0].get_legend_handles_labels()
+    seen = set(labels)
+    for ax in list(axes.flat)[len(models):]:
+        for h, lab in zip(*ax.get_legend_handles_labels()):
+            if lab not in seen:
+                seen.add(lab)
+                handles, labels = handles + [h], labels + [lab]
+    if pub_models:
+        h = paper_handle("paper (MG-WFBP INFOCOM'19, measured; hollow diamonds); lines in the K80 panels: simulated")
+        handles, labels = handles + [h], labels + [h.get_label()]
     if _flags(speedup).any():
         h = oversubscribed_handle()
         handles, labels = handles + [h], labels + [h.get_label()]
-    fig.suptitle(f"Measured speedup over one worker ({note})")
+    title = f"Measured speedup over one worker ({note})"
+    verdicts = k80_verdict_text(paper) if pub_models else ""
+    fig.suptitle(title + (f"\n{_wrap_line(verdicts, 4.0 * n + 0.6)}" if verdicts else ""),
+                 fontsize="medium" if verdicts else None)
     legend_below(fig, handles, labels, ncol=min(len(handles), 4))
     fig.tight_layout()
     return fig
 
 
-def plot_breakdown(breakdown: pd.DataFrame, note: str):
+def headline_text(paper_scale: pd.DataFrame, headline: pd.DataFrame | None) -> str:
+    """The journal's headline speedups beside the largest simulated ones of ``paper_scale``
+    (:func:`repro.studies.mgwfbp_sim.headline_comparison`), each with the verdict of its claim
+    (``mgwfbp.journal_vs_<baseline>``); "" without a headline."""
+    from repro.figures.claims import claim_verdict
+    from repro.studies.mgwfbp_sim import headline_comparison
+
+    if headline is None or not len(headline) or paper_scale is None or not len(paper_scale):
+        return ""
+    parts = []
+    for _, r in headline_comparison(paper_scale, headline).iterrows():
+        if np.isnan(r.simulated_speedup):
+            continue
+        try:
+            v = claim_verdict(f"mgwfbp.journal_vs_{r.baseline}", float(r.simulated_speedup))
+        except Exception:
+            v = ""
+        parts.append(f"over {scheduler_label(r.baseline)} paper up to {r.paper_speedup:.1f}x, simulated up to "
+                     f"{r.simulated_speedup:.2f}x ({r['at']})" + (f", {v}" if v else ""))
+    if not parts:
+        return ""
+    text = "MG-WFBP, paper (TPDS'21 headline, 16 V100) vs simulated: " + "; ".join(parts) + "."
+    if "FP16" in " ".join(headline["setting"].astype(str)) and "FP32" in " ".join(
+            headline_comparison(paper_scale, headline)["at"].astype(str)):
+        text += (" The paper's largest gains are at FP16; simulated, FP16 halves every message, so WFBP exposes "
+                 "less communication and MG-WFBP's gain is largest at FP32.")
+    return text
+
+
+def _breakdown_bars(ax, sub: pd.DataFrame, names: Sequence[str], split: str, offset: Mapping[str, float],
+                    alpha: Mapping[str, float]) -> None:
+    for i, sched in enumerate(names):
+        for _, row in sub[sub.scheduler == sched].iterrows():
+            key = row[split]
+            x = i + offset.get(key, 0.0)
+            comp, comm = row.computation_s * 1e3, row.exposed_comm_s * 1e3
+            hatch = OVERSUBSCRIBED_HATCH if _flags(pd.DataFrame([row])).any() else None
+            kw = {"width": 0.38, "alpha": alpha.get(key, 1.0), "edgecolor": "white", "linewidth": 0.5, "hatch": hatch}
+            ax.bar(x, comp, color=PALETTE[0], **kw)
+            ax.bar(x, comm, bottom=comp, color=PALETTE[3], **kw)
+    ax.set_xticks(range(len(names)))
+    ax.set_xticklabels([scheduler_label(n) for n in names], fontsize="small")
+    ax.grid(axis="x", visible=False)
+
+
+def plot_breakdown(breakdown: pd.DataFrame, note: str, paper_scale: pd.DataFrame | None = None,
+                   headline: pd.DataFrame | None = None):
     """Stacked bars of computation and non-overlapped communication, one panel per model and wire
     precision; per scheduler a pair of bars: measured (left, solid) and simulated from the run's own
-    trace, plan and cost model (right, lighter). Oversubscribed runs are hatched."""
+    trace, plan and cost model (right, lighter). Oversubscribed runs are hatched.
+
+    With ``paper_scale`` (:func:`repro.studies.mgwfbp_sim.paper_breakdown_table`): below, the journal's
+    setting simulated (16 V100, estimate traces, published fits), one panel per network and model, per
+    scheduler a pair of bars FP32 (left) and FP16 (right, lighter). With ``headline``
+    (:func:`repro.studies.mgwfbp_sim.journal_headline`) the paper's 1.7x / 1.2x are written under the title
+    beside the largest simulated gains and the claims' verdicts."""
     models = list(dict.fromkeys(breakdown["model"]))
     dtypes = [d for d in ("float32", "float16") if d in set(breakdown["wire_dtype"])] + \
              [d for d in dict.fromkeys(breakdown["wire_dtype"]) if d not in ("float32", "float16")]
-    fig, axes = plt.subplots(len(models), len(dtypes), figsize=(4.3 * len(dtypes) + 0.4, 3.1 * len(models) + 0.9),
-                             squeeze=False, sharey="row")
     order = ["wfbp", "syncea", "threshold", "ddp_buckets", "ddp", "mgwfbp", "optimal"]
-    alpha = {"measured": 1.0, "simulated": 0.5}
-    offset = {"measured": -0.2, "simulated": 0.2}
+    with_paper = paper_scale is not None and len(paper_scale) > 0
+    pmodels = list(dict.fromkeys(paper_scale["model"])) if with_paper else []
+    pnets = list(dict.fromkeys(paper_scale["network"])) if with_paper else []
+    ncols = max(len(dtypes), len(pmodels))
+    tiny_h, paper_h = 3.1 * len(models), 3.0 * len(pnets)
+    width = max(4.3 * len(dtypes) + 0.4, 3.3 * len(pmodels) + 0.4)
+    fig = plt.figure(figsize=(width, tiny_h + paper_h + 1.6))
+    outer = fig.add_gridspec(2 if with_paper else 1, 1, height_ratios=[tiny_h, paper_h] if with_paper else [1],
+                             hspace=0.3)
+    top = outer[0].subgridspec(len(models), len(dtypes), hspace=0.5, wspace=0.15)
+    tiny = "tiny" in note
     for r, m in enumerate(models):
+        first = None
         for c, dt in enumerate(dtypes):
-            ax = axes[r, c]
+            ax = fig.add_subplot(top[r, c], sharey=first)
+            first = first or ax
             sub = breakdown[(breakdown.model == m) & (breakdown.wire_dtype == dt)]
             names = [s for s in order if s in set(sub.scheduler)] + [s for s in dict.fromkeys(sub.scheduler)
                                                                       if s not in order]
-            for i, sched in enumerate(names):
-                for _, row in sub[sub.scheduler == sched].iterrows():
-                    x = i + offset.get(row.source, 0.0)
-                    comp, comm = row.computation_s * 1e3, row.exposed_comm_s * 1e3
-                    hatch = OVERSUBSCRIBED_HATCH if _flags(pd.DataFrame([row])).any() else None
-                    kw = {"width": 0.38, "alpha": alpha.get(row.source, 1.0), "edgecolor": "white", "linewidth": 0.5,
-                          "hatch": hatch}
-                    ax.bar(x, comp, color=PALETTE[0], **kw)
-                    ax.bar(x, comm, bottom=comp, color=PALETTE[3], **kw)
-            ax.set_xticks(range(len(names)))
-            ax.set_xticklabels([scheduler_label(n) for n in names], fontsize="small")
-            ax.grid(axis="x", visible=False)
+            _breakdown_bars(ax, sub, names, "source", {"measured": -0.2, "simulated": 0.2},
+                            {"measured": 1.0, "simulated": 0.5})
             ax.set_ylabel("ms per iteration" if c == 0 else "")
+            if c:
+                ax.tick_params(labelleft=False)
             p = int(sub.workers.max()) if len(sub) else 0
-            ax.set_title(f"{m}, {dt.replace('float', 'FP')}, P={p}", fontsize="small")
+            ax.set_title(f"{m}, {dt.replace('float', 'FP')}, P={p}: measured{' (tiny)' if tiny else ''}",
+                         fontsize="small")
+    if with_paper:
+        bottom = outer[1].subgridspec(len(pnets), len(pmodels), hspace=0.6, wspace=0.3)
+        for r, net in enumerate(pnets):
+            for c, m in enumerate(pmodels):
+                ax = fig.add_subplot(bottom[r, c])
+                sub = paper_scale[(paper_scale.model == m) & (paper_scale.network == net)]
+                names = [s for s in order if s in set(sub.scheduler)]
+                _breakdown_bars(ax, sub, names, "wire_dtype", {"float32": -0.2, "float16": 0.2},
+                                {"float32": 1.0, "float16": 0.5})
+                ax.set_ylabel("ms per iteration" if c == 0 else "")
+                ax.tick_params(axis="x", labelsize="x-small")
+                p = int(sub.workers.max()) if len(sub) else 0
+                it = sub[sub.wire_dtype == "float32"].set_index("scheduler")["iteration_s"]
+                gain = ""
+                if {"mgwfbp", "wfbp", "syncea"} <= set(it.index):
+                    gain = (f"\nFP32 MG-WFBP: {it['wfbp'] / it['mgwfbp']:.2f}x WFBP, "
+                            f"{it['syncea'] / it['mgwfbp']:.2f}x SyncEASGD")
+                ax.set_title(f"{m}, {_net_label(net)}, {p} V100 (simulated){gain}", fontsize="x-small")
     handles = [Patch(facecolor=PALETTE[0], label="computation"),
                Patch(facecolor=PALETTE[3], label="non-overlapped communication"),
-               Patch(facecolor=DARK_GREY, label="left bar: measured"),
-               Patch(facecolor=DARK_GREY, alpha=0.5, label="right bar (lighter): simulated")]
+               Patch(facecolor=DARK_GREY, label="upper panels: left bar measured" + (", tiny" if tiny else "")),
+               Patch(facecolor=DARK_GREY, alpha=0.5, label="upper panels: right bar (lighter) simulated, same run")]
+    if with_paper:
+        handles += [Patch(facecolor=DARK_GREY, label="lower panels: left bar FP32 (simulated)"),
+                    Patch(facecolor=DARK_GREY, alpha=0.5, label="lower panels: right bar (lighter) FP16 (simulated)")]
     if _flags(breakdown).any():
         handles.append(oversubscribed_handle("bar"))
-    fig.suptitle(f"Iteration breakdown, measured vs simulated ({note})")
-    legend_below(fig, handles, ncol=3)
-    fig.tight_layout()
+    line = headline_text(paper_scale, headline) if with_paper else ""
+    fig.suptitle(f"Iteration breakdown, measured vs simulated ({note})" + (f"\n{_wrap_line(line, width)}" if line else ""),
+                 fontsize="medium" if line else None, y=0.998)
+    legend_below(fig, handles, ncol=2 if with_paper else 3)
+    h = tiny_h + paper_h + 1.6
+    fig.subplots_adjust(top=1 - (1.15 if line else 0.6) / h, bottom=0.35 / h, left=0.8 / width, right=0.98)
+    if with_paper:
+        y1 = outer[1].get_position(fig).y1
+        fig.text(0.5, y1 + 0.5 / h, "Paper scale, simulated (the journal's setting: estimate traces, published "
+                 "fits): left bar FP32, right bar (lighter) FP16", ha="center", va="bottom", fontsize="medium",
+                 weight="bold")
     return fig
 
 
-def plot_threshold_sweep(sweep: pd.DataFrame, refs: pd.DataFrame | None = None, note: str = ""):
+def _wrap_line(text: str, width_in: float) -> str:
+    """``text`` wrapped to about the figure's width (``width_in`` inches at the medium font size)."""
+    import textwrap
+
+    return "\n".join(textwrap.wrap(text, max(40, int(width_in * 13))))
+
+
+def _threshold_panel(ax, sub: pd.DataFrame, sources: Sequence[tuple[str, str, str | None]]) -> bool:
+    """One model's sweep on ``ax``: the threshold curve per source and the references as horizontal
+    lines; returns whether a point was oversubscribed."""
+    any_over = False
+    th = sub[sub.scheduler == "threshold"].sort_values("threshold_bytes")
+    st = scheduler_style("threshold")
+    for source, ls, mfc in sources:
+        s = th[th.source == source]
+        if s.empty:
+            continue
+        ax.plot(s.threshold_bytes, s.iteration_s * 1e3, ls=ls, marker=st["marker"], ms=5, color=st["color"],
+                markerfacecolor=mfc or st["color"], label=f"{st['label']} ({source})")
+        if _flags(s).any():
+            any_over = True
+            mark_oversubscribed(ax, s.threshold_bytes[_flags(s)], s.iteration_s[_flags(s)] * 1e3)
+    for _, r in sub[sub.scheduler != "threshold"].iterrows():
+        rs = scheduler_style(r.scheduler)
+        ax.axhline(r.iteration_s * 1e3, color=rs["color"], ls="-" if r.source == "measured" else "--",
+                   lw=1.2 if r.scheduler != "optimal" else 1.6, zorder=rs["zorder"],
+                   label=f"{rs['label']} ({r.source})")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("fusion threshold (bytes)")
+    ax.set_ylabel("iteration (ms)")
+    return any_over
+
+
+def threshold_verdict_text(paper_scale: pd.DataFrame) -> str:
+    """The best fixed threshold ÷ MG-WFBP, worst case over the paper-scale panels, with the verdict of
+    ``mgwfbp.vs_fixed_threshold``; "" when the table lacks either."""
+    from repro.figures.claims import claim_verdict
+
+    ratios = []
+    for (m, net), g in paper_scale.groupby(["model", "network"], sort=False):
+        th, mg = g[g.scheduler == "threshold"].iteration_s, g[g.scheduler == "mgwfbp"].iteration_s
+        if len(th) and len(mg):
+            ratios.append((float(th.min() / mg.iloc[0]), m, net))
+    if not ratios:
+        return ""
+    r, m, net = min(ratios)
+    v = claim_verdict("mgwfbp.vs_fixed_threshold", r)
+    return (f"Paper scale, simulated: the best fixed threshold ÷ MG-WFBP is {r:.2f}x at worst ({m}, "
+            f"{_net_label(net)}): MG-WFBP matches the best threshold without tuning one, {v}.")
+
+
+def plot_threshold_sweep(sweep: pd.DataFrame, refs: pd.DataFrame | None = None, note: str = "",
+                         paper_scale: pd.DataFrame | None = None):
     """Iteration time vs fusion threshold (measured solid, simulated dashed), with the reference
     schedulers (MG-WFBP, the optimum) as horizontal lines; legend below the panels.
 
     ``sweep`` is :func:`repro.studies.mgwfbp_train.threshold_sweep_table` (reference rows have no
-    ``threshold_bytes``); a separate ``refs`` table is accepted too.
+    ``threshold_bytes``); a separate ``refs`` table is accepted too. With ``paper_scale``
+    (:func:`repro.studies.mgwfbp_sim.paper_threshold_sweep_table`): below, one row of panels per network
+    with the journal's models simulated at its scale, and a line under the title with the verdict.
     """
     if refs is not None and len(refs):
         sweep = pd.concat([sweep, refs.assign(threshold_bytes=np.nan)], ignore_index=True)
     sweep = sweep.assign(threshold_bytes=pd.to_numeric(sweep["threshold_bytes"], errors="coerce"))
     models = list(dict.fromkeys(sweep["model"]))
-    fig, axes = plt.subplots(1, len(models), figsize=(4.6 * len(models) + 0.4, 3.9), squeeze=False)
+    with_paper = paper_scale is not None and len(paper_scale) > 0
+    pmodels = list(dict.fromkeys(paper_scale["model"])) if with_paper else []
+    pnets = list(dict.fromkeys(paper_scale["network"])) if with_paper else []
+    ncols = max(len(models), len(pmodels))
+    nrows = 1 + len(pnets)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(4.2 * ncols + 0.4, 3.6 * nrows + 0.9), squeeze=False)
     any_over = False
-    for ax, m in zip(axes.flat, models):
+    tiny = "tiny" in note
+    for ax, m in zip(axes[0], models):
         sub = sweep[sweep.model == m]
-        th = sub[sub.scheduler == "threshold"].sort_values("threshold_bytes")
-        st = scheduler_style("threshold")
-        for source, ls, mfc in (("measured", "-", None), ("simulated", "--", "white")):
-            s = th[th.source == source]
-            ax.plot(s.threshold_bytes, s.iteration_s * 1e3, ls=ls, marker=st["marker"], ms=5, color=st["color"],
-                    markerfacecolor=mfc or st["color"], label=f"{st['label']} ({source})")
-            if _flags(s).any():
-                any_over = True
-                mark_oversubscribed(ax, s.threshold_bytes[_flags(s)], s.iteration_s[_flags(s)] * 1e3)
-        for _, r in sub[sub.scheduler != "threshold"].iterrows():
-            rs = scheduler_style(r.scheduler)
-            ax.axhline(r.iteration_s * 1e3, color=rs["color"], ls="-" if r.source == "measured" else "--", lw=1.2,
-                       zorder=rs["zorder"], label=f"{rs['label']} ({r.source})")
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("fusion threshold (bytes)")
-        ax.set_ylabel("iteration (ms)")
-        ax.set_title(m + (" (every run oversubscribed)" if len(sub) and _flags(sub).all() else ""))
-    handles, labels = axes.flat[0].get_legend_handles_labels()
+        any_over |= _threshold_panel(ax, sub, (("measured", "-", None), ("simulated", "--", "white")))
+        p = int(sub.workers.max()) if "workers" in sub and len(sub) else 0
+        ax.set_title(f"{m}{f', P={p}' if p else ''}: measured and simulated{' (tiny)' if tiny else ''}"
+                     + ("\n(every run oversubscribed)" if len(sub) and _flags(sub).all() else ""), fontsize="small")
+    for ax in axes[0][len(models):]:
+        ax.set_visible(False)
+    for r, net in enumerate(pnets, start=1):
+        for ax, m in zip(axes[r], pmodels):
+            sub = paper_scale[(paper_scale.model == m) & (paper_scale.network == net)]
+            _threshold_panel(ax, sub, (("simulated", "--", "white"),))
+            p = int(sub.workers.max()) if len(sub) else 0
+            ax.set_title(f"{m}, {_net_label(net)}, {p} V100\n(simulated, paper scale)", fontsize="small")
+            refs = sub[sub.scheduler != "threshold"].set_index("scheduler")["iteration_s"]
+            if {"mgwfbp", "optimal"} <= set(refs.index) and np.isclose(refs["mgwfbp"], refs["optimal"], rtol=1e-3):
+                add_note(ax, "MG-WFBP and Optimal coincide")
+        for ax in axes[r][len(pmodels):]:
+            ax.set_visible(False)
+    handles, labels = [], []
+    for ax in axes.flat:
+        for h, lab in zip(*ax.get_legend_handles_labels()):
+            if lab not in labels:
+                handles, labels = handles + [h], labels + [lab]
     if any_over:
         h = oversubscribed_handle()
         handles, labels = handles + [h], labels + [h.get_label()]
-    fig.suptitle(f"Iteration time vs fixed fusion threshold, measured and simulated ({note})")
+    line = threshold_verdict_text(paper_scale) if with_paper else ""
+    fig.suptitle(f"Iteration time vs fixed fusion threshold, measured and simulated ({note})"
+                 + (f"\n{_wrap_line(line, 4.2 * ncols)}" if line else ""))
     legend_below(fig, handles, labels, ncol=3)
     fig.tight_layout()
     return fig

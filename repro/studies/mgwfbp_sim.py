@@ -28,7 +28,9 @@ from repro.trace import Trace, load_trace
 
 __all__ = ["MGWFBP_BATCH_SIZES", "find_trace", "load_traces", "layer_table", "allreduce_curve", "cost_model_table",
            "timeline_table", "speedup_sweep", "sim_speedup_table", "paper_comparison", "optimal_gap_table",
-           "gap_summary", "paper_speedups", "workers_for", "simulated_iteration_s"]
+           "gap_summary", "paper_speedups", "workers_for", "simulated_iteration_s", "paper_allreduce_fits",
+           "journal_headline", "JOURNAL_MODELS", "JOURNAL_NETWORKS", "k80_speedup_table", "k80_verdict_numbers",
+           "paper_breakdown_table", "headline_comparison", "paper_threshold_sweep_table"]
 
 
 # Per-GPU batch sizes of the MG-WFBP papers; vgg16 and the BERTs (DeAR's) are our choice.
@@ -240,3 +242,137 @@ def paper_speedups() -> pd.DataFrame:
     """Published measured speedups of the MG-WFBP conference paper (K80, 10GbE), with their source
     (columns: model, batch_size, scheduler, workers, speedup, source)."""
     return pd.read_csv(paper_numbers_path("mgwfbp_conference_speedup")).rename(columns={"solver": "scheduler"})
+
+
+# ---------------------------------------------------------------------------------------------
+# Paper-scale simulated panels of the measured figures (cheap: they run with every tiny run)
+# ---------------------------------------------------------------------------------------------
+
+#: the journal's 16-V100 models (TPDS'21, mgwfbp.md "Experimental setup") and its two networks, as presets
+#: holding the published fits (10gbe-v100 / 56gbib-v100: a and b of ``paper_allreduce_fits`` at P <= 16)
+JOURNAL_MODELS: tuple[str, ...] = ("resnet152", "densenet161", "densenet201", "inception_v4")
+JOURNAL_NETWORKS: tuple[str, ...] = ("10gbe-v100", "56gbib-v100")
+JOURNAL_WORKERS = 16
+
+
+def paper_allreduce_fits() -> pd.DataFrame:
+    """The MG-WFBP journal's published all-reduce fits ``a + b*M`` (4 nodes x 4 V100, NCCL) with their
+    source (columns: network, paper_network, workers, a_s, b_s_per_byte, setting, source, where, page)."""
+    return pd.read_csv(paper_numbers_path("mgwfbp_allreduce_fits"))
+
+
+def journal_headline() -> pd.DataFrame:
+    """The MG-WFBP journal's headline speedups of MG-WFBP over each baseline on 16 V100 (columns:
+    baseline, speedup, workers, gpu, setting, source, where, page)."""
+    return pd.read_csv(paper_numbers_path("mgwfbp_journal_headline"))
+
+
+def k80_speedup_table(schedulers: Sequence[str] = ("wfbp", "syncea", "mgwfbp"), workers: Sequence[int] = (2, 4, 8),
+                      cost_mode: str = "paper") -> pd.DataFrame:
+    """The conference paper's setting at its own scale: K80-estimate GoogLeNet (b64) and ResNet-50 (b32)
+    simulated on ``10gbe-k80`` at 2-8 nodes (``origin`` "simulated", plus the "ideal" linear rows),
+    beside the paper's measured speedups (``origin`` "paper", with ``citation``); ``model`` is the
+    published model name."""
+    traces = load_traces(["googlenet", "resnet50"], "k80-estimate")
+    sweep = speedup_sweep(traces, ["10gbe-k80"], list(workers), list(schedulers), cost_mode=cost_mode)
+    paper = paper_speedups()
+    return sim_speedup_table(sweep, paper[paper["scheduler"].isin(schedulers)], {m: m for m in traces})
+
+
+def k80_verdict_numbers(table: pd.DataFrame, scheduler: str = "mgwfbp", baseline: str = "wfbp") -> pd.DataFrame:
+    """Per model of a table with published and simulated speedups (:func:`k80_speedup_table`,
+    :func:`sim_speedup_table`): ``scheduler``'s speedup over ``baseline`` at the largest published P, as
+    published and as simulated (columns: model, network, workers, paper_ratio, simulated_ratio)."""
+    if "origin" not in table or not (table["origin"] == "paper").any():
+        return pd.DataFrame(columns=["model", "network", "workers", "paper_ratio", "simulated_ratio"])
+    rows = []
+    pub = table[table["origin"] == "paper"]
+    for (model, net), g in pub.groupby(["model", "network"], sort=False):
+        p = int(g["workers"].max())
+        sim = table[(table["origin"] == "simulated") & (table["model"] == model) & (table["network"] == net)
+                    & (table["workers"] == p)]
+
+        def ratio(df):
+            a, b = df[df["scheduler"] == scheduler]["speedup"], df[df["scheduler"] == baseline]["speedup"]
+            return float(a.iloc[0] / b.iloc[0]) if len(a) and len(b) else float("nan")
+
+        rows.append({"model": model, "network": net, "workers": p, "paper_ratio": ratio(g[g["workers"] == p]),
+                     "simulated_ratio": ratio(sim)})
+    return pd.DataFrame(rows)
+
+
+def paper_breakdown_table(models: Sequence[str] = JOURNAL_MODELS, networks: Sequence[str] = JOURNAL_NETWORKS,
+                          workers: int = JOURNAL_WORKERS, wire_dtypes: Sequence[str] = ("float32", "float16"),
+                          schedulers: Sequence[str] = ("wfbp", "syncea", "mgwfbp"), gpu: str = "v100",
+                          cost_mode: str = "paper") -> pd.DataFrame:
+    """``mgwfbp.breakdown`` at the journal's scale, simulated: computation vs non-overlapped communication
+    of every model x network x wire dtype x scheduler at ``workers`` GPUs (estimate traces, the published
+    fits as cost model). Columns as :func:`repro.studies.mgwfbp_train.breakdown_table` (``source``
+    "simulated", ``scale`` "paper") plus network, iteration_s, cost_mode."""
+    check_cost_mode(cost_mode)
+    traces = load_traces(models, f"{gpu}-estimate")
+    rows = []
+    for model, trace in traces.items():
+        for net in networks:
+            cost = cost_for_mode(net, workers, cost_mode)
+            for dt in wire_dtypes:
+                for s in schedulers:
+                    plan = make_plan(s, trace, cost, wire_dtype=dt)
+                    res = simulate(trace, plan, cost, with_ops=False)
+                    rows.append({"model": model, "batch_size": trace.batch_size, "device": trace.device,
+                                 "network": net, "scheduler": s, "workers": workers, "wire_dtype": dt,
+                                 "source": "simulated", "scale": "paper", "computation_s": res.compute_s,
+                                 "exposed_comm_s": res.exposed_comm_s, "iteration_s": res.iteration_s,
+                                 "buckets": plan.num_buckets, "cost_mode": cost_mode})
+    return pd.DataFrame(rows)
+
+
+def headline_comparison(breakdown: pd.DataFrame, headline: pd.DataFrame | None = None,
+                        scheduler: str = "mgwfbp") -> pd.DataFrame:
+    """The journal's headline (:func:`journal_headline`) beside the largest simulated speedup of
+    ``scheduler`` over each baseline in ``breakdown`` (:func:`paper_breakdown_table`), and where it
+    occurs (columns: baseline, paper_speedup, simulated_speedup, at, source)."""
+    headline = journal_headline() if headline is None else headline
+    rows = []
+    for _, h in headline.iterrows():
+        best, at = float("nan"), ""
+        keys = ["model", "network", "wire_dtype"]
+        if len(breakdown):
+            wide = breakdown.pivot_table(index=keys, columns="scheduler", values="iteration_s")
+            if {h.baseline, scheduler} <= set(wide.columns):
+                r = (wide[h.baseline] / wide[scheduler]).dropna()
+                if len(r):
+                    best = float(r.max())
+                    m, n, d = r.idxmax()
+                    at = f"{m}, {n}, {str(d).replace('float', 'FP')}"
+        rows.append({"baseline": h.baseline, "paper_speedup": float(h.speedup), "simulated_speedup": best,
+                     "at": at, "source": f"{h.source}, {h['where']}"})
+    return pd.DataFrame(rows)
+
+
+def paper_threshold_sweep_table(models: Sequence[str] = JOURNAL_MODELS, networks: Sequence[str] = JOURNAL_NETWORKS,
+                                workers: int = JOURNAL_WORKERS,
+                                thresholds_bytes: Sequence[int] = tuple(2**k for k in range(12, 30, 2)),
+                                references: Sequence[str] = ("mgwfbp", "optimal"), gpu: str = "v100",
+                                cost_mode: str = "paper") -> pd.DataFrame:
+    """``mgwfbp.threshold_sweep`` at the journal's scale, simulated: iteration seconds of fixed-threshold
+    fusion per threshold and of the ``references`` (``threshold_bytes`` empty), FP32, per model x network
+    at ``workers`` GPUs. Columns as :func:`repro.studies.mgwfbp_train.threshold_sweep_table` (``source``
+    "simulated", ``scale`` "paper") plus network and cost_mode."""
+    check_cost_mode(cost_mode)
+    traces = load_traces(models, f"{gpu}-estimate")
+    rows = []
+    for model, trace in traces.items():
+        for net in networks:
+            cost = cost_for_mode(net, workers, cost_mode)
+            base = {"model": model, "network": net, "workers": workers, "source": "simulated", "scale": "paper",
+                    "cost_mode": cost_mode, "oversubscribed": False}
+            for t in thresholds_bytes:
+                plan = make_plan("threshold", trace, cost, threshold_bytes=int(t))
+                rows.append({**base, "scheduler": "threshold", "threshold_bytes": float(t),
+                             "iteration_s": simulated_iteration_s(trace, plan, cost)})
+            for s in references:
+                plan = make_plan(s, trace, cost)
+                rows.append({**base, "scheduler": s, "threshold_bytes": float("nan"),
+                             "iteration_s": simulated_iteration_s(trace, plan, cost)})
+    return pd.DataFrame(rows)
