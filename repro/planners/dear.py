@@ -287,11 +287,15 @@ def dear_optimal(trace: Trace, cost: CostModel, *, time_budget_s: float = DEFAUL
     looks for a better one, and the exact pass dives again from the labels at hand after every
     :data:`DIVE_EVERY` new labels (the threshold doubling after each dive). Why: the bound is loose
     at the root (0.27% below the optimum at 1000 random layers) but nearly exact a few buckets on,
-    and many bucketings share the optimum's period (in the communication-bound middle of the
-    forward every all-gather stalls, so the forward's end depends on how many buckets there are,
-    not where they end). An exact pass under an incumbent even 1e-6 above the optimum must expand
-    that whole plateau (81,000 labels, 0.5 s) before it completes a bucketing at layer L; under the
-    optimum itself it keeps about 130 labels (0.05 s). A dive completes bucketings depth by depth,
+    and many partial bucketings have bounds within 1e-6 of the optimum's period (presumably where
+    the forward is communication-bound every all-gather stalls it, so its end depends on how many
+    buckets there are more than on where they end). An exact pass under an incumbent even 1e-6
+    above the optimum must expand that whole plateau (81,000 labels, 0.5 s) before it completes a
+    bucketing at layer L; under the optimum itself it keeps about 130 labels (0.05 s). (A bound
+    coupling the two streams through the number of buckets, as :func:`repro.planners.sparse.omgs_optimal`'s,
+    does not lift the root here: the reduce-scatters' least end is flat in the count, as they hide
+    behind the backward, so the least sum over counts is the sum of the two least ends: 0.5038 s
+    both ways on 200 random layers, optimum 0.5082 s.) A dive completes bucketings depth by depth,
     so it reaches layer L at once. (Before, heuristic label-setting passes under upper bounds
     rising from the root's bound gave the incumbent; the pass that first passed the optimum crossed
     the plateau: 75% of the 1.2 s.)
