@@ -4,8 +4,9 @@ Contract of :class:`BucketedAllReduce`:
 
 - every layer of the model (in the plan's ``view``) appears in exactly one bucket of the plan;
 - during ``loss.backward()``, ``register_post_accumulate_grad_hook`` copies each gradient into its
-  bucket's flat buffer (cast to the wire dtype, e.g. float16); when a bucket's last gradient has
-  arrived, the bucket is divided by the world size and its asynchronous ``all_reduce`` starts, in the
+  bucket's flat buffer, divided by the world size on the way (one pass, as DDP's reducer does; with a
+  wire dtype, e.g. float16, it is cast first and the bucket is divided at launch, in that dtype); when a
+  bucket's last gradient has arrived, its asynchronous ``all_reduce`` starts, in the
   plan's bucket order (a bucket never overtakes an earlier one, so every rank issues the same
   sequence of collectives);
 - :meth:`finish` waits for every bucket and hands the averaged gradients to ``param.grad`` (as views
@@ -97,6 +98,7 @@ class _Slot:
     view: torch.Tensor          # this parameter's slice of the bucket buffer, flat
     written: bool = False
     flag: int = 0               # index of its "had a gradient" flag in the bucket's flags
+    grad_view: torch.Tensor | None = None  # ``view`` shaped as the parameter (what ``.grad`` becomes), made once
 
 
 @dataclass
@@ -108,6 +110,7 @@ class _Bucket:
     works: list = field(default_factory=list)
     flags: torch.Tensor | None = None  # per slot: 1 where this rank had a gradient (averaged: > 0 where any had)
     missing: list[int] = field(default_factory=list)  # flags of the parameters this rank had no gradient for
+    scaled_in_write: bool = False  # no wire dtype: each gradient is divided by the world size as it is copied in
 
     @property
     def nbytes(self) -> int:
@@ -155,10 +158,13 @@ class BucketedAllReduce:
             for name, p in members:
                 d = wire if wire is not None else p.dtype
                 slot = _Slot(k, p, name, buffers[d][offset[d]:offset[d] + p.numel()], flag=len(bucket.slots))
+                if d == p.dtype:
+                    slot.grad_view = slot.view.view_as(p)
                 bucket.slots.append(slot)
                 self._slots.append(slot)
                 offset[d] += p.numel()
             bucket.flags = buffers[dtypes[0]][offset[dtypes[0]]:]
+            bucket.scaled_in_write = wire is None
             bucket.pending = len(bucket.slots)
             self._buckets.append(bucket)
         self._next = 0  # next bucket (plan order) to launch
@@ -181,13 +187,18 @@ class BucketedAllReduce:
 
     # ---- hooks ----
     def _hook(self, slot: _Slot):
-        def hook(param: torch.Tensor) -> None:
+        mark, layer, write = self.clock.mark, slot.layer, self._write
+        if self.cycle_s is None:
+            def hook(param: torch.Tensor) -> None:
+                mark(layer, time.perf_counter())
+                if write(slot):  # the bucket is complete: launch what the plan order allows
+                    with self._lock:
+                        self._launch_ready_locked()
+            return hook
+
+        def hook(param: torch.Tensor) -> None:  # noqa: F811 - the cycle-time mode's hook
             now = time.perf_counter()  # host time: the cycle ticks are host time
-            self.clock.mark(slot.layer, now)
-            if self.cycle_s is None:
-                self._write(slot)
-                self._launch_ready()
-                return
+            mark(layer, now)
             with self._wake:
                 if self.cycle_origin_s is None:  # first gradient of the iteration: the backward start
                     self.cycle_origin_s = now
@@ -196,7 +207,10 @@ class BucketedAllReduce:
                 self._wake.notify_all()
         return hook
 
-    def _write(self, slot: _Slot) -> None:
+    def _write(self, slot: _Slot) -> bool:
+        """Put ``slot``'s gradient into its bucket (divided by the world size when the bucket has no wire
+        dtype: one pass instead of a copy and a division of the whole bucket at launch, the same
+        arithmetic); True when that completed the bucket."""
         if slot.written:
             raise RuntimeError(f"gradient of a parameter in layer '{slot.layer}' arrived twice in one "
                                "iteration; call step() (finish()) between backward passes")
@@ -205,13 +219,19 @@ class BucketedAllReduce:
         if grad is None:
             slot.view.zero_()
             bucket.missing.append(slot.flag)
+        elif grad.data_ptr() == slot.view.data_ptr():  # accumulated in place in the bucket already
+            if bucket.scaled_in_write:
+                slot.view.div_(self.world_size)
+        elif bucket.scaled_in_write:
+            torch.div(grad.reshape(-1), self.world_size, out=slot.view)
         else:
-            if grad.data_ptr() != slot.view.data_ptr():  # not already accumulated in place in the bucket
-                slot.view.copy_(grad.reshape(-1))
+            slot.view.copy_(grad.reshape(-1))
         slot.written = True
         bucket.pending -= 1
         if bucket.pending == 0:
             self.bucket_ready_s[slot.bucket] = time.perf_counter()
+            return True
+        return False
 
     # ---- Horovod cycle time ----
     def _start_ticker(self) -> None:
@@ -273,7 +293,8 @@ class BucketedAllReduce:
                 timing.launch_s = time.perf_counter()
             ends = [float("nan")] * len(bucket.buffers)
             for i, buffer in enumerate(bucket.buffers):  # one message per dtype, back to back
-                buffer.div_(self.world_size)
+                if not bucket.scaled_in_write:  # the flags too (only their sign is read)
+                    buffer.div_(self.world_size)
                 work = dist.all_reduce(buffer, group=self.group, async_op=True)
                 if self.record_timeline:
                     work.get_future().then(lambda _f, t=timing, ends=ends, i=i: _ended(t, ends, i))
@@ -318,10 +339,10 @@ class BucketedAllReduce:
                 if used is not None and not used[slot.flag]:
                     slot.param.grad = None
                     continue
-                avg = slot.view.view_as(slot.param)
                 # same dtype: the gradient becomes a view of the bucket (no copy; the next backward
                 # writes a fresh gradient, or accumulates into this view, and the hook copies it in)
-                slot.param.grad = avg if avg.dtype == slot.param.dtype else avg.to(slot.param.dtype)
+                slot.param.grad = slot.grad_view if slot.grad_view is not None else \
+                    slot.view.view_as(slot.param).to(slot.param.dtype)
             bucket.pending = len(bucket.slots)
             bucket.works = []
             bucket.missing = []

@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 __all__ = ["broadcast_buffers"]
 
@@ -21,9 +22,7 @@ def broadcast_buffers(model: nn.Module, src: int = 0, group: dist.ProcessGroup |
     for b in model.buffers():
         by_dtype.setdefault((b.dtype, b.device), []).append(b)
     for bufs in by_dtype.values():
-        flat = torch.cat([b.reshape(-1) for b in bufs])
+        # one C++ call each way (as DDP's _broadcast_coalesced), not a Python slice and copy per buffer
+        flat = _flatten_dense_tensors(bufs)
         dist.broadcast(flat, src=src, group=group)
-        offset = 0
-        for b in bufs:
-            b.copy_(flat[offset:offset + b.numel()].view_as(b))
-            offset += b.numel()
+        torch._foreach_copy_(bufs, _unflatten_dense_tensors(flat, bufs))
