@@ -1,67 +1,332 @@
-"""Our bucketed all-reduce runtime vs PyTorch DDP with identical buckets (prints figures; not a test).
+"""Our executors vs PyTorch's at equal buckets, in interleaved pairs with honest intervals (prints figures; not a test).
 
-    python benchmarks/bench_runtime.py [--world-size 2] [--rounds 5] [--steps 20] [--models tiny_resnet tiny_vgg]
+    python benchmarks/bench_runtime.py [--world-size 2] [--rounds 12] [--steps 12] [--load quiet busy]
+                                       [--models tiny_resnet tiny_vgg tiny_bert] [--pairs allreduce dear sparse] [--others]
 
-For each model, one local world runs ``threshold`` (our runtime) and ``ddp_threshold`` (DDP given the same
-plan's bucket sizes through ``bucket_cap_mb_list``) in pairs, ``rounds`` pairs in ABBA order (so that
-drift of the machine cancels), and prints the median of the per-pair ratios of their median iteration
-times with the range over pairs (target: ours <= 1.03x DDP), and the ratio of the medians. Then WFBP,
-SyncEASGD, MG-WFBP, optimal and DDP's defaults side by side, also interleaved.
+Pairs (each run is the real training loop, :func:`repro.train.train_worker`, ``warmup`` steps then ``steps``
+timed steps; a run's time is the median of its steps):
+
+- ``allreduce``: ours (``threshold``, :class:`repro.runtime.allreduce.AllReduceExecutor`) vs PyTorch DDP given
+  the same plan's bucket sizes (``ddp_threshold``, ``bucket_cap_mb_list``); target ours <= 1.03x DDP;
+- ``dear``: DeAR vs PyTorch FSDP2 (``fully_shard``, scheduler ``fsdp``) at equal buckets: DeAR runs a plan
+  whose buckets are FSDP's units (the parameters of each top-level child module, then the root's own);
+- ``sparse``: the sparse exchange (top-k values and int32 indices of the whole gradient at ``--density``, one
+  packed all-gather, :class:`repro.runtime.sparse.AllGatherCommunicator`) vs a dense all-reduce of a buffer of
+  the same bytes per rank, timed as collectives (no training), pair by pair.
+
+Statistics: ``rounds`` pairs per model, A and B alternating in ABBA order (so that a drift of the machine
+cancels); per pair the ratio A/B; printed: the median of the pair ratios, their range, and a 95% bootstrap
+interval of that median (percentile bootstrap over pairs, 4000 resamples, seeded). The verdict against the
+target is only given when the interval says it ("<= 1.03 shown" when the interval's upper end is <= 1.03,
+"> 1.03 shown" when its lower end is above, "undecided" otherwise: more pairs needed).
+
+``--load busy`` runs the same with another core busy: ``--busy-procs`` pure-Python busy-loop processes (default
+1), each pinned to one of the last cores of this machine (with 2 cores and 2 ranks: one rank shares its core),
+stopped at the end. The load average of this machine is printed before and after each model (others may be
+running on it too).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
 
-import pandas as pd
+import numpy as np
 
 from repro.cluster.local import launch_local
 from repro.studies.mgwfbp_train import run_configs
 
+TARGET = 1.03
+
+
+# ---------------------------------------------------------------------------------------------
+# statistics
+# ---------------------------------------------------------------------------------------------
+
+def bootstrap_median_ci(ratios: list[float], resamples: int = 4000, seed: int = 0) -> tuple[float, float]:
+    """95% percentile-bootstrap interval of the median of ``ratios`` (resampled with replacement)."""
+    r = np.asarray(ratios, dtype=float)
+    if r.size < 2:
+        return float("nan"), float("nan")
+    rng = np.random.default_rng(seed)
+    meds = np.median(r[rng.integers(0, r.size, size=(resamples, r.size))], axis=1)
+    return float(np.percentile(meds, 2.5)), float(np.percentile(meds, 97.5))
+
+
+MIN_PAIRS = 8  # below this the bootstrap interval of a median is not worth printing a verdict on
+
+
+def verdict(lo: float, hi: float, n: int, target: float = TARGET) -> str:
+    if n < MIN_PAIRS:
+        return f"no verdict ({n} < {MIN_PAIRS} pairs)"
+    if hi <= target:
+        return f"<= {target} shown"
+    if lo > target:
+        return f"> {target} shown"
+    return "undecided (interval holds the target: more pairs needed)"
+
+
+def summary_line(label: str, a_ms: list[float], b_ms: list[float], a_name: str, b_name: str) -> str:
+    ratios = [a / b for a, b in zip(a_ms, b_ms)]
+    lo, hi = bootstrap_median_ci(ratios)
+    return (f"  {label:12s} {a_name} {statistics.median(a_ms):8.2f} ms  {b_name} {statistics.median(b_ms):8.2f} ms  "
+            f"paired ratio median {statistics.median(ratios):5.3f}  range {min(ratios):5.3f}-{max(ratios):5.3f}  "
+            f"95% CI {lo:5.3f}-{hi:5.3f}  ({len(ratios)} pairs)  {verdict(lo, hi, len(ratios))}")
+
+
+def abba(a: dict, b: dict, rounds: int) -> list[dict]:
+    """``rounds`` pairs in ABBA order: A B, B A, A B, ..."""
+    out = []
+    for r in range(rounds):
+        out += [a, b] if r % 2 == 0 else [b, a]
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# load
+# ---------------------------------------------------------------------------------------------
+
+_BUSY = "import os, sys\nos.sched_setaffinity(0, {int(sys.argv[1])})\nwhile True:\n    pass\n"
+
+
+class Busy:
+    """``n`` busy-loop processes, each pinned to one of the last ``n`` cores; stopped (by pid) on exit."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.procs: list[subprocess.Popen] = []
+
+    def __enter__(self) -> "Busy":
+        cores = sorted(os.sched_getaffinity(0))
+        for i in range(self.n):
+            core = cores[-1 - (i % len(cores))]
+            self.procs.append(subprocess.Popen([sys.executable, "-c", _BUSY, str(core)]))
+        time.sleep(0.5)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for p in self.procs:
+            p.terminate()
+        for p in self.procs:
+            p.wait()
+
+
+def load_avg() -> str:
+    return "load %.2f %.2f %.2f" % os.getloadavg()
+
+
+# ---------------------------------------------------------------------------------------------
+# pairs
+# ---------------------------------------------------------------------------------------------
+
+def iteration_ms(summaries: list[dict], scheduler: str) -> list[float]:
+    return [1e3 * s["iteration_s"] for s in summaries if s["scheduler"] == scheduler]
+
+
+def allreduce_pair(model: str, common: dict, args) -> str:
+    a = {"model": model, "scheduler": "threshold", **common}
+    b = {"model": model, "scheduler": "ddp_threshold", **common}
+    s = launch_local(run_configs, args.world_size, args=(abba(a, b, args.rounds),), timeout_s=3600, quiet=True)[0]
+    ours, ddp = iteration_ms(s, "threshold"), iteration_ms(s, "ddp_threshold")
+    buckets = next(x["buckets"] for x in s if x["scheduler"] == "threshold")
+    return summary_line(model, ours, ddp, "ours", "DDP") + f"  buckets {buckets}"
+
+
+def fsdp_units(model_name: str) -> list[list[str]]:
+    """DeAR buckets (layer names) are FSDP's units in :class:`repro.runtime.fsdp.FSDPExecutor`:
+    the parameters of each top-level child that holds any, in forward order, then the root's own."""
+    from repro.workload.layers import layer_parameters
+    from repro.workload.models import build_model
+
+    model = build_model(model_name)
+    layers = layer_parameters(model, "tensor")
+    owner = {}
+    for name, params in layers.items():
+        for _, p in params:
+            owner[id(p)] = name
+    buckets, taken = [], set()
+    units = [c for _, c in model.named_children() if any(True for _ in c.parameters())] + [model]
+    for unit in units:
+        names = []
+        for p in unit.parameters():
+            n = owner.get(id(p))
+            if n is not None and n not in taken:
+                taken.add(n)
+                names.append(n)
+        if names:
+            order = list(layers)
+            buckets.append(sorted(names, key=order.index))
+    return buckets
+
+
+def dear_pair(model: str, common: dict, args, tmp: Path) -> str:
+    from repro.plan import Plan
+
+    path = tmp / f"{model}_dear_fsdp_units.json"
+    plan = _dear_plan(fsdp_units(model))
+    plan.save(path)
+    a = {"model": model, "scheduler": "dear_threshold", "plan": str(path), **common}
+    b = {"model": model, "scheduler": "fsdp", **common}
+    s = launch_local(run_configs, args.world_size, args=(abba(a, b, args.rounds),), timeout_s=3600, quiet=True)[0]
+    dear = [1e3 * x["iteration_s"] for x in s if x["scheduler"] != "fsdp"]
+    fsdp = iteration_ms(s, "fsdp")
+    return summary_line(model, dear, fsdp, "DeAR", "FSDP2") + f"  buckets {len(Plan.load(path).buckets)}"
+
+
+def _dear_plan(buckets: list[list[str]]):
+    """The DeAR plan of ``buckets`` (layer names), built as the dear planners build theirs."""
+    from repro.planners.dear import DEAR_MESSAGES, FAMILY
+    from repro.plan import Bucket, Plan
+
+    return Plan([Bucket(tuple(b), DEAR_MESSAGES) for b in buckets], "dear_threshold", meta={}, family=FAMILY)
+
+
+def sparse_exchange_times(ctx, model_name: str, density: float, rounds: int, repeats: int) -> list[tuple[float, float]]:
+    """Per rank: ``rounds`` pairs (ABBA) of (sparse exchange ms, dense all-reduce ms at equal bytes), each the
+    median of ``repeats`` operations (a barrier before each); then the median ms of the top-k selection and of
+    the scatter-add of the gathered entries (the sparse path's computation, outside the pair)."""
+    import torch
+    import torch.distributed as dist
+
+    from repro.runtime.sparse import INDEX_DTYPE, AllGatherCommunicator, TopKCompressor
+    from repro.workload.models import build_model
+
+    torch.manual_seed(ctx.rank if hasattr(ctx, "rank") else dist.get_rank())
+    n = sum(p.numel() for p in build_model(model_name).parameters())
+    flat = torch.randn(n)
+    comp = TopKCompressor(density)
+    comm = AllGatherCommunicator()
+    k = comp.count(n)
+    dense = torch.zeros(2 * k, dtype=torch.float32)  # values (4 bytes) + int32 indices (4 bytes) per entry
+    out = torch.zeros(n)
+
+    values, indices = comp.compress(flat)
+    assert indices.dtype == INDEX_DTYPE and values.numel() == k
+    gathered = comm.finish(comm.start(values, indices, packed=True))
+
+    def sparse_op():
+        comm.finish(comm.start(values, indices, packed=True))
+
+    def compress_op():
+        comp.compress(flat)
+
+    def scatter_op():
+        out.zero_()
+        out.index_add_(0, gathered[1].long(), gathered[0])
+
+    def dense_op():
+        dist.all_reduce(dense)
+
+    def timed(op):
+        ts = []
+        for _ in range(repeats):
+            dist.barrier()
+            t0 = time.perf_counter()
+            op()
+            ts.append(time.perf_counter() - t0)
+        return 1e3 * statistics.median(ts)
+
+    for op in (sparse_op, dense_op):
+        for _ in range(3):
+            op()
+    pairs = []
+    for r in range(rounds):
+        if r % 2 == 0:
+            s, d = timed(sparse_op), timed(dense_op)
+        else:
+            d, s = timed(dense_op), timed(sparse_op)
+        pairs.append((s, d))
+    return pairs, timed(compress_op), timed(scatter_op)
+
+
+def sparse_pair(model: str, args) -> str:
+    pairs, topk_ms, scatter_ms = launch_local(sparse_exchange_times, args.world_size,
+                                              args=(model, args.density, args.rounds, args.sparse_repeats),
+                                              timeout_s=600, quiet=True)[0]
+    from repro.workload.models import build_model
+
+    n = sum(p.numel() for p in build_model(model).parameters())
+    k = max(1, int(np.ceil(args.density * n)))
+    return (summary_line(model, [p[0] for p in pairs], [p[1] for p in pairs], "sparse", "dense")
+            + f"  ({k} entries = {8 * k} bytes per rank, density {args.density}; outside the pair: top-k "
+            f"{topk_ms:.2f} ms, scatter-add {scatter_ms:.2f} ms)")
+
+
+# ---------------------------------------------------------------------------------------------
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--world-size", type=int, default=2)
-    ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--rounds", type=int, default=12, help="pairs per model (ABBA order)")
+    ap.add_argument("--steps", type=int, default=12, help="timed steps per run (a run's time: their median)")
+    ap.add_argument("--warmup-steps", type=int, default=3)
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--threshold-bytes", type=int, default=65536)
     ap.add_argument("--models", nargs="+", default=["tiny_resnet", "tiny_vgg", "tiny_bert"])
+    ap.add_argument("--pairs", nargs="+", default=["allreduce"], choices=["allreduce", "dear", "sparse"])
+    ap.add_argument("--load", nargs="+", default=["quiet"], choices=["quiet", "busy"])
+    ap.add_argument("--busy-procs", type=int, default=1, help="busy-loop processes in --load busy")
+    ap.add_argument("--density", type=float, default=0.01, help="top-k density of the sparse pair")
+    ap.add_argument("--sparse-repeats", type=int, default=20)
+    ap.add_argument("--others", action="store_true", help="also WFBP, SyncEASGD, MG-WFBP, optimal, DDP defaults")
     args = ap.parse_args()
-    common = {"steps": args.steps, "batch_size": args.batch_size, "warmup_steps": 3, "compute_steps": 0,
-              "quiet": True, "threshold_bytes": args.threshold_bytes}
+    common = {"steps": args.steps, "batch_size": args.batch_size, "warmup_steps": args.warmup_steps,
+              "compute_steps": 0, "quiet": True, "threshold_bytes": args.threshold_bytes}
 
-    rows, pair_ratios = [], {}
+    print(f"World size {args.world_size} (gloo, 1 thread per rank), {os.cpu_count()} cores; {args.rounds} pairs per "
+          f"model in ABBA order, {args.steps} timed steps per run (a run: median step); ratio A/B per pair.")
+    with tempfile.TemporaryDirectory() as tmp:
+        for load in args.load:
+            with (Busy(args.busy_procs) if load == "busy" else _Nothing()):
+                extra = f", {args.busy_procs} busy-loop process(es) pinned to the last core(s)" if load == "busy" else ""
+                print(f"\n=== load: {load}{extra}")
+                for pair in args.pairs:
+                    print({"allreduce": f"Ours vs DDP, identical buckets (threshold plan, {args.threshold_bytes} bytes):",
+                           "dear": "DeAR vs FSDP2 (fully_shard), buckets = FSDP's units:",
+                           "sparse": "Sparse exchange (packed all-gather of top-k values + int32 indices) vs dense "
+                                     "all-reduce of the same bytes per rank:"}[pair])
+                    for model in args.models:
+                        before = load_avg()
+                        if pair == "allreduce":
+                            line = allreduce_pair(model, common, args)
+                        elif pair == "dear":
+                            line = dear_pair(model, common, args, Path(tmp))
+                        else:
+                            line = sparse_pair(model, args)
+                        print(f"{line}   [{before} -> {load_avg()}]", flush=True)
+                if args.others:
+                    _others(args, common)
+
+
+class _Nothing:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return None
+
+
+def _others(args, common: dict) -> None:
+    """WFBP, SyncEASGD, MG-WFBP, optimal and DDP's defaults side by side (interleaved; medians, ms)."""
+    import pandas as pd
+
+    names = ["wfbp", "syncea", "threshold", "mgwfbp", "optimal", "ddp", "ddp_threshold"]
+    rows = []
     for model in args.models:
-        pair = [{"model": model, "scheduler": s, **common} for s in ("threshold", "ddp_threshold")]
-        others = [{"model": model, "scheduler": s, **common} for s in ("wfbp", "syncea", "mgwfbp", "optimal", "ddp")]
         configs = []
         for r in range(args.rounds):
-            configs += (pair if r % 2 == 0 else pair[::-1]) + others
-        summaries = launch_local(run_configs, args.world_size, args=(configs,), timeout_s=3600, quiet=True)[0]
-        for s in summaries:
-            rows.append({"model": model, "scheduler": s["scheduler"], "iteration_s": s["iteration_s"],
-                         "buckets": s["buckets"]})
-        ours = [s["iteration_s"] for s in summaries if s["scheduler"] == "threshold"]
-        ddp = [s["iteration_s"] for s in summaries if s["scheduler"] == "ddp_threshold"]
-        pair_ratios[model] = [a / b for a, b in zip(ours, ddp)]
-    df = pd.DataFrame(rows)
-    med = df.groupby(["model", "scheduler"]).agg(median_ms=("iteration_s", lambda x: 1e3 * statistics.median(x)),
-                                                  runs=("iteration_s", "size"), buckets=("buckets", "first"))
-    print(f"World size {args.world_size} (gloo, 1 thread per rank), {args.rounds} interleaved runs of "
-          f"{args.steps} steps each; median of per-run medians.\n")
-    print("Ours vs DDP with identical buckets (threshold plan, "
-          f"{args.threshold_bytes} bytes):")
-    for model in args.models:
-        ours = med.loc[(model, "threshold"), "median_ms"]
-        ddp = med.loc[(model, "ddp_threshold"), "median_ms"]
-        pr = pair_ratios[model]
-        print(f"  {model:12s} ours {ours:8.2f} ms   DDP {ddp:8.2f} ms   ratio of medians {ours / ddp:5.3f}   "
-              f"paired ratio median {statistics.median(pr):5.3f} (range {min(pr):5.3f}-{max(pr):5.3f}, "
-              f"{len(pr)} pairs)   buckets {int(med.loc[(model, 'threshold'), 'buckets'])}")
-    print("\nAll schedulers (ms per iteration):")
-    table = med["median_ms"].unstack("scheduler")[["wfbp", "syncea", "threshold", "mgwfbp", "optimal", "ddp", "ddp_threshold"]]
+            batch = [{"model": model, "scheduler": s, **common} for s in names]
+            configs += batch if r % 2 == 0 else batch[::-1]
+        for s in launch_local(run_configs, args.world_size, args=(configs,), timeout_s=3600, quiet=True)[0]:
+            rows.append({"model": model, "scheduler": s["scheduler"], "ms": 1e3 * s["iteration_s"]})
+    table = pd.DataFrame(rows).groupby(["model", "scheduler"])["ms"].median().unstack("scheduler")[names]
+    print("\nAll schedulers (median ms per iteration):")
     print(table.round(2).to_string())
 
 
