@@ -446,6 +446,32 @@ def cmd_cost_fit(args: argparse.Namespace) -> None:
     _emit(cost.to_dict(), args.output)
 
 
+def cmd_cost_cluster(args: argparse.Namespace) -> None:
+    """Write a cluster file (:class:`repro.cluster_cost.ClusterDescription`): a cost model for any P."""
+    from repro.cluster_cost import (DEFAULT_INTER_LATENCY_S, DEFAULT_INTRA_LATENCY_S, ClusterDescription,
+                                    parse_link, topk_gamma_for_device)
+
+    _positive_flag("--gpus-per-node", args.gpus_per_node)
+    if args.topk_gamma is not None and args.topk_device is not None:
+        raise UsageError("give one top-k cost: --topk-gamma S or --topk-device GPU")
+    _check_output(args.output)
+    gamma, source = args.topk_gamma, None
+    if gamma is not None:
+        if not (gamma >= 0 and gamma < float("inf")):
+            raise UsageError(f"--topk-gamma must be a finite non-negative number of seconds, got {gamma}")
+        source = f"top-k gamma {gamma:g} s (--topk-gamma)"
+    elif args.topk_device is not None:
+        gamma, source = topk_gamma_for_device(args.topk_device)
+    cluster = ClusterDescription(
+        gpus_per_node=args.gpus_per_node, inter=parse_link(args.inter_link, "--inter-link", DEFAULT_INTER_LATENCY_S),
+        intra=None if args.intra_link is None else parse_link(args.intra_link, "--intra-link", DEFAULT_INTRA_LATENCY_S),
+        algorithm=args.algorithm, topk_gamma_s=gamma, topk_source=source, name=args.name or "")
+    for p in (2, args.gpus_per_node, 2 * args.gpus_per_node):  # a description no P can use fails here
+        if p >= 2:
+            cluster.cost_model(p)
+    _emit(cluster.to_dict(), args.output)
+
+
 def _add_local_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--nproc", type=int, required=True,
                    help="ranks to start on this machine (at most what its memory and process limit allow)")
@@ -817,6 +843,27 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--workers", type=int, help="fit the rows of this P (needed when the file has several)")
     f.add_argument("-o", "--output", type=Path, help="write the cost file here instead of stdout")
     f.set_defaults(func=cmd_cost_fit)
+    c = cost_sub.add_parser("cluster", help="write a cluster file: a cost model for any P (links, node size)",
+                            description="Write a cluster file (JSON, schema repro.cluster, version 1): the node size, "
+                                        "the links and the collective algorithm of your cluster, from which every "
+                                        "preset-taking command and notebook builds the cost model of any P on "
+                                        "ceil(P / gpus-per-node) nodes (a cost file of `repro cost fit` or `repro "
+                                        "calibrate` is a fit for one P).")
+    c.add_argument("--gpus-per-node", type=int, required=True, help="devices per node G")
+    c.add_argument("--inter-link", required=True, metavar="RATE[@LATENCY]",
+                   help="the network between nodes, e.g. 25gbit, 100mbit@50us, 10GB/s@0.5ms (latency default 25us)")
+    c.add_argument("--intra-link", metavar="RATE[@LATENCY]",
+                   help="the link between devices of a node, e.g. 300GB/s@3us (latency default 5us; without it: "
+                        "the intra-node link fitted on the measured V100 cluster, preset 10gbe-calibrated)")
+    c.add_argument("--algorithm", default="ring", help="collective algorithm across the cluster: ring, hierarchical, "
+                                                       "tree, recursive_doubling, halving_doubling")
+    c.add_argument("--topk-gamma", type=float, metavar="S", help="top-k cost gamma in seconds (gamma d log2 d on d "
+                                                                 "elements; default: none)")
+    c.add_argument("--topk-device", metavar="GPU", help="top-k gamma of this GPU from the device table (K80, P100, "
+                                                        "V100, A100, H100, P102)")
+    c.add_argument("--name", help="a name for the cluster, recorded in the file and its cost models")
+    c.add_argument("-o", "--output", type=Path, help="write the cluster file here instead of stdout")
+    c.set_defaults(func=cmd_cost_cluster)
 
     sub.add_parser("train", help="train one model with one scheduler, per rank (under torchrun); "
                                  "see `repro train --help`")

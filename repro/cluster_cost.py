@@ -32,7 +32,17 @@ What ``repro plan``, ``repro simulate`` and ``repro compare`` build from ``--nod
 
 A user's own measurements of collectives (a CSV of message bytes, P, seconds, collective) fit into a
 cost file with :func:`fit_measurements_csv` (``repro cost fit``), one line per collective by
-:func:`repro.cost.fit_linear`, the same relative-error least squares ``repro calibrate`` uses.
+:func:`repro.cost.fit_linear`, the same relative-error least squares ``repro calibrate`` uses. Such a
+file is a fit for one P.
+
+A **cluster file** (:class:`ClusterDescription`, ``repro cost cluster``) holds the cluster itself, not
+one P's lines: JSON with ``"schema": "repro.cluster"`` and ``"version": 1``, ``gpus_per_node``,
+``inter_link`` and ``intra_link`` (each ``{"rate_bits_per_s": R, "latency_s": L}``, or a string as the
+flags take it, ``"25gbit@20us"``; ``intra_link`` null: the default intra link), ``algorithm`` and
+optionally ``topk_gamma_s`` (with ``topk_source``) and ``name``. :meth:`ClusterDescription.cost_model`
+builds the cost model of any P with :func:`cluster_cost_model` on ``ceil(P / gpus_per_node)`` nodes, so
+``repro.presets.preset(path, P)`` (and everything that takes a preset: the simulation notebooks' worker
+sweeps, ``--network``, ``--cost``) accepts it for every P.
 Never imports torch.
 """
 
@@ -40,154 +50,28 @@ from __future__ import annotations
 
 import csv
 import math
-import re
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Mapping
 
 import numpy as np
 
-from repro.cost import ALGORITHMS, COLLECTIVES, CostModel, CostModelError, Linear, alpha_beta_lines, fit_linear, relative_errors
+from repro.cluster_model import (CLUSTER_ALGORITHMS, CLUSTER_SCHEMA, CLUSTER_VERSION, DEFAULT_INTER_LATENCY_S,
+                                 DEFAULT_INTRA_LATENCY_S, ClusterDescription, cluster_cost_model,
+                                 default_intra_link, describe_link, is_cluster_file, load_cluster, parse_latency,
+                                 parse_link, parse_rate)
+from repro.cost import COLLECTIVES, CostModel, CostModelError, Linear, fit_linear, relative_errors
 from repro.outputs import InputPathError, read_input
 from repro.presets import preset, preset_names
-from repro.topology import TOPOLOGY_ALGORITHMS, Link, Topology
+from repro.topology import Link  # noqa: F401  (re-exported: the value a link flag gives)
 
 __all__ = [
     "CLUSTER_ALGORITHMS", "DEFAULT_INTER_LATENCY_S", "DEFAULT_INTRA_LATENCY_S", "TOPK_DEVICES",
     "PUBLISHED_TOPK_GAMMA_S", "parse_rate", "parse_latency", "parse_link", "default_intra_link",
     "cluster_cost_model", "topk_gamma_for_device", "topk_device_of_trace", "load_cost", "fit_measurements",
-    "fit_measurements_csv", "describe_link",
+    "fit_measurements_csv", "describe_link", "CLUSTER_SCHEMA", "CLUSTER_VERSION", "ClusterDescription",
+    "is_cluster_file", "load_cluster",
 ]
-
-CLUSTER_ALGORITHMS = tuple(dict.fromkeys(TOPOLOGY_ALGORITHMS + ALGORITHMS))
-DEFAULT_INTER_LATENCY_S = 25e-6
-DEFAULT_INTRA_LATENCY_S = 5e-6
-
-_BIT_PREFIX = {"": 1.0, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12,
-               "ki": 2.0 ** 10, "mi": 2.0 ** 20, "gi": 2.0 ** 30, "ti": 2.0 ** 40}
-_BYTE_PREFIX = {"": 1.0, "K": 1e3, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12,
-                "Ki": 2.0 ** 10, "Mi": 2.0 ** 20, "Gi": 2.0 ** 30, "Ti": 2.0 ** 40}
-_NUMBER = r"([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)"
-_BITS_RE = re.compile(rf"^{_NUMBER}\s*([kmgtKMGT][iI]?)?bits?$", re.I)
-_BYTES_RE = re.compile(rf"^{_NUMBER}\s*([kKMGT]i?)?B/s$")
-_LATENCY_RE = re.compile(rf"^{_NUMBER}\s*(s|ms|us|µs|ns)$")
-_LATENCY_UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}
-
-
-def parse_rate(text: str, flag: str = "rate") -> float:
-    """Bits per second of ``text``: ``25gbit``, ``100mbit``, ``1gibit``, or bytes per second ``10GB/s``,
-    ``500MB/s``, ``1GiB/s`` (x 8). One-line :class:`~repro.cost.CostModelError` naming ``flag`` otherwise."""
-    s = str(text).strip()
-    m = _BITS_RE.match(s)
-    if m:
-        bps = float(m.group(1)) * _BIT_PREFIX[(m.group(2) or "").lower()]
-    else:
-        m = _BYTES_RE.match(s)
-        if m:
-            bps = 8.0 * float(m.group(1)) * _BYTE_PREFIX[m.group(2) or ""]
-        elif re.search(r"(bps|b/s)$", s, re.I):
-            raise CostModelError(f"{flag}: rate {s!r} is ambiguous (bits or bytes per second?); write bits per "
-                                 "second as e.g. 25gbit or bytes per second with a capital B as e.g. 10GB/s")
-        else:
-            raise CostModelError(f"{flag}: cannot read rate {s!r}; write bits per second (25gbit, 100mbit, 1gibit) "
-                                 "or bytes per second (10GB/s, 500MB/s)")
-    if not math.isfinite(bps) or bps <= 0:
-        raise CostModelError(f"{flag}: rate {s!r} must be positive and finite")
-    return bps
-
-
-def parse_latency(text: str, flag: str = "latency") -> float:
-    """Seconds of ``text``: a number with a unit, ``5us``, ``0.5ms``, ``200ns``, ``1e-5s`` (>= 0)."""
-    s = str(text).strip()
-    m = _LATENCY_RE.match(s)
-    if not m:
-        raise CostModelError(f"{flag}: cannot read latency {s!r}; write a number with a unit s, ms, us or ns, "
-                             "e.g. 5us or 0.5ms")
-    value = float(m.group(1)) * _LATENCY_UNITS[m.group(2)]
-    if not math.isfinite(value):
-        raise CostModelError(f"{flag}: latency {s!r} must be finite")
-    return value
-
-
-def parse_link(text: str, flag: str, default_latency_s: float) -> Link:
-    """``RATE[@LATENCY]`` as a :class:`~repro.topology.Link` (latency ``default_latency_s`` when not given)."""
-    if not isinstance(text, str) or not text.strip():
-        raise CostModelError(f"{flag}: give a link as RATE[@LATENCY], e.g. 25gbit@20us or 10GB/s")
-    rate, at, latency = text.partition("@")
-    if at and not latency.strip():
-        raise CostModelError(f"{flag}: nothing after '@' in {text!r}; write RATE@LATENCY, e.g. 25gbit@20us")
-    alpha = parse_latency(latency, flag) if at else default_latency_s
-    return Link.from_rate(alpha, parse_rate(rate, flag))
-
-
-def describe_link(link: Link) -> str:
-    """``"25 Gbit/s, 25 us"`` for a person."""
-    return f"{8.0 / link.beta_s_per_byte / 1e9:.4g} Gbit/s, {link.alpha_s * 1e6:.4g} us" if link.beta_s_per_byte \
-        else f"infinite rate, {link.alpha_s * 1e6:.4g} us"
-
-
-def default_intra_link() -> Link:
-    """The intra-node link fitted on the measured V100 cluster (shipped preset ``10gbe-calibrated``)."""
-    from repro.published_fits import calibrated_preset
-
-    return calibrated_preset("10gbe-calibrated").topology.intra
-
-
-def _positive_int(name: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise CostModelError(f"{name} must be a positive integer, got {value!r}")
-    return int(value)
-
-
-def cluster_cost_model(nodes: int, gpus_per_node: int, inter: Link | None, intra: Link | None = None,
-                       algorithm: str = "ring", workers: int | None = None) -> CostModel:
-    """Every collective's line for ``workers`` (default: every device, ``nodes x gpus_per_node``) on a
-    cluster of ``nodes`` nodes of ``gpus_per_node`` devices (module docstring). ``inter`` may be None only
-    on one node; ``intra`` None is :func:`default_intra_link`. ``meta["cluster"]`` records the cluster."""
-    nodes = _positive_int("--nodes", nodes)
-    gpus_per_node = _positive_int("--gpus-per-node", gpus_per_node)
-    if algorithm not in CLUSTER_ALGORITHMS:
-        raise CostModelError(f"--algorithm: unknown algorithm {algorithm!r}; choose one of "
-                             f"{', '.join(CLUSTER_ALGORITHMS)}")
-    intra_given = intra is not None
-    intra = intra if intra is not None else default_intra_link()
-    if inter is None:
-        if nodes > 1:
-            raise CostModelError(f"--nodes {nodes} needs --inter-link RATE[@LATENCY], the network between nodes")
-        inter = intra
-    P = nodes * gpus_per_node if workers is None else workers
-    if P < 2:
-        raise CostModelError(f"{nodes} node(s) x {gpus_per_node} device(s) is {P} worker: nothing to communicate "
-                             "(give 2 or more workers)")
-    topo = Topology(nodes, gpus_per_node, intra, inter)
-    try:
-        n, g = topo.placement(P)
-    except CostModelError as e:
-        raise CostModelError(f"--workers {P}: {e}") from None
-    if g == 1:  # one device per node: no intra-node hop to wait for (a ring's step is the network's)
-        intra_used = inter
-        topo = Topology(nodes, gpus_per_node, inter, inter)
-    else:
-        intra_used = intra
-    if algorithm in TOPOLOGY_ALGORITHMS:
-        cm = topo.cost_model(P, algorithm)
-        lines = dict(cm.lines)
-    else:  # a flat algorithm over the slowest link the job crosses
-        alpha = max(intra_used.alpha_s, inter.alpha_s) if n > 1 else intra.alpha_s
-        beta = max(intra_used.beta_s_per_byte, inter.beta_s_per_byte) if n > 1 else intra.beta_s_per_byte
-        lines = alpha_beta_lines(P, alpha, beta, 0.0, algorithm)
-        p2p = inter if n > 1 else intra
-        lines["push"] = lines["pull"] = Linear(p2p.alpha_s, p2p.beta_s_per_byte)
-    cluster = {"nodes": nodes, "gpus_per_node": gpus_per_node, "nodes_used": n, "workers_per_node": g,
-               "algorithm": algorithm, "inter": {"alpha_s": inter.alpha_s, "beta_s_per_byte": inter.beta_s_per_byte},
-               "intra": {"alpha_s": intra.alpha_s, "beta_s_per_byte": intra.beta_s_per_byte},
-               "intra_default": not intra_given}
-    parts = [f"inter {describe_link(inter)}"] if n > 1 else []
-    if g > 1:  # with one device per node the intra link carries nothing
-        parts.append(f"intra {describe_link(intra)}{' (default: 10gbe-calibrated intra link)' if not intra_given else ''}")
-    where = ", ".join(parts)
-    return CostModel(P, lines, source=f"cluster {n} node(s) x {g} ({algorithm}; {where})", meta={"cluster": cluster})
-
 
 # ------------------------------------------------------------------------------------------ top-k
 PUBLISHED_TOPK_GAMMA_S = 2.19e-10   # OMGS-SGD (INFOCOM 2020): P102-100, density 0.001 (preset 1gbe-allgather)
@@ -236,14 +120,22 @@ def topk_device_of_trace(trace) -> str | None:
 
 # ------------------------------------------------------------------------------------------ sources
 def load_cost(spec: str | Path, workers: int | None, flag: str = "--cost") -> CostModel:
-    """A cost model from a preset name or a CostModel JSON file (a file of that name wins). A preset
-    needs ``workers``; a file's P must equal ``workers`` when given."""
+    """A cost model from a preset name, a cluster file (any P: ``workers`` needed) or a CostModel JSON
+    file (a file of that name wins). A preset needs ``workers``; a cost file's P must equal ``workers``
+    when given."""
     text = str(spec)
     path = Path(text)
     if not path.exists() and text in preset_names():
         if workers is None:
             raise CostModelError(f"{flag} {text} (a preset) needs --workers P or --nodes N --gpus-per-node G")
         return preset(text, workers)
+    if is_cluster_file(path):
+        if workers is None:
+            raise CostModelError(f"{flag} {text} (a cluster file, any P) needs --workers P")
+        try:
+            return load_cluster(path).cost_model(workers)
+        except CostModelError as e:
+            raise CostModelError(f"{flag}: {e}") from None
     if not path.exists() and not text.endswith(".json") and "/" not in text:
         raise CostModelError(f"{flag}: unknown network preset {text!r} (and no file of that name); known: "
                              f"{', '.join(preset_names())}")

@@ -15,7 +15,8 @@ from typing import Any, Mapping
 from repro.calibrated import calibrated_presets
 from repro.cost import CostModel, CostModelError, Linear, check_workers
 
-__all__ = ["preset", "PRESETS", "preset_names", "preset_workers", "is_calibrated_preset", "is_cost_file"]
+__all__ = ["preset", "PRESETS", "preset_names", "preset_workers", "is_calibrated_preset", "is_cost_file",
+           "is_cluster_file"]
 
 
 @dataclass(frozen=True)
@@ -92,10 +93,19 @@ def preset_names() -> list[str]:
 
 
 def is_cost_file(name: str) -> bool:
-    """True for a name that is a cost file: a path ending in ``.json`` that is not a preset's name."""
+    """True for a name that is a cost file: a path ending in ``.json`` that is not a preset's name (a
+    one-P cost model, or a cluster file: :func:`is_cluster_file`)."""
     from pathlib import Path
 
     return isinstance(name, str) and name.endswith(".json") and name not in PRESETS and Path(name).is_file()
+
+
+def is_cluster_file(name: str) -> bool:
+    """True for a cost file that describes a cluster (``"schema": "repro.cluster"``, ``repro cost cluster``):
+    :func:`preset` builds it for any P."""
+    from repro.cluster_model import is_cluster_file as _is_cluster
+
+    return is_cost_file(name) and _is_cluster(name)
 
 
 def is_calibrated_preset(name: str) -> bool:
@@ -104,7 +114,12 @@ def is_calibrated_preset(name: str) -> bool:
 
 
 def preset_workers(name: str) -> list[int] | None:
-    """Worker counts a table preset holds, or None for a preset valid for any P (per-hop or calibrated)."""
+    """Worker counts a table preset holds, or None for a preset valid for any P (per-hop, calibrated, or a
+    cluster file); a one-P cost file holds its P."""
+    if is_cluster_file(name):
+        return None
+    if is_cost_file(name):
+        return [CostModel.load(name).workers]
     if is_calibrated_preset(name):
         return None
     p = _get_preset(name)
@@ -115,11 +130,22 @@ def preset(name: str, workers: int) -> CostModel:
     """The cost model ``name`` for ``workers`` workers: a published fit (the paper model), a
     calibrated preset (``*-calibrated``: :mod:`repro.published_fits`; hierarchical cluster + realism), or
     a cost file (a ``.json`` path, e.g. from ``repro calibrate`` or ``repro cost fit``: a fit for one
-    P, which must be ``workers``), so that everything that takes a preset takes the user's cluster."""
+    P, which must be ``workers``), or a cluster file (``repro cost cluster``: any P, built by
+    :meth:`repro.cluster_cost.ClusterDescription.cost_model` on ``ceil(P / gpus_per_node)`` nodes), so that
+    everything that takes a preset takes the user's cluster."""
+    if is_cluster_file(name):
+        from repro.cluster_model import load_cluster
+
+        try:
+            return load_cluster(name).cost_model(workers)
+        except CostModelError as e:
+            msg = str(e)
+            raise CostModelError(msg if msg.startswith(name) else f"cluster file {name}: {msg}") from None
     if is_cost_file(name):
         cost = CostModel.load(name)
         if cost.workers != workers:
-            raise CostModelError(f"cost file {name} is for P={cost.workers} workers, asked for P={workers}")
+            raise CostModelError(f"cost file {name} is for P={cost.workers} workers, asked for P={workers} (a "
+                                 f"cluster file of `repro cost cluster` serves any P)")
         return cost
     if is_calibrated_preset(name):
         check_workers(workers)

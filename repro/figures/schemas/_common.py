@@ -25,15 +25,21 @@ Launcher = OneOf(LAUNCHERS, Str)
 #: ``paper`` or ``calibrated`` (repro.published_fits.COST_MODES)
 CostMode = OneOf(COST_MODES)
 def _preset_or_file(value: str) -> str:
-    from repro.presets import is_cost_file
+    from repro.presets import is_cluster_file, is_cost_file
 
+    if is_cluster_file(value):  # a cluster file (repro cost cluster) serves any P: checked whole here
+        from repro.cluster_cost import load_cluster
+
+        load_cluster(value)
+        return value
     if value in PRESETS or is_cost_file(value):
         return value
     raise ValueError(f"unknown value {value!r}: not a preset, nor a cost file (a .json path); presets: "
                      f"{', '.join(PRESETS)}")
 
 
-#: a cost-model preset name (repro.presets.PRESETS), or a cost file (.json, e.g. from repro calibrate)
+#: a cost-model preset name (repro.presets.PRESETS), a cost file (.json, e.g. from repro calibrate), or a
+#: cluster file (.json of repro cost cluster: any P)
 Preset = Annotated[Name, AfterValidator(_preset_or_file)]
 #: a model repro can build and train (repro.workload.models.MODEL_NAMES)
 Model = OneOf(MODEL_NAMES)
