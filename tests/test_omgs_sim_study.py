@@ -205,3 +205,23 @@ def test_a_bad_cost_mode_is_one_line(traces):
         with pytest.raises(ValueError, match="cost_mode must be one of paper, calibrated") as e:
             call()
         assert "\n" not in str(e.value)
+
+
+def test_timeline_draws_the_papers_iteration_times_and_says_how_the_simulation_compares():
+    """omgs.timeline carries the paper's measured TopK-SGD and OMGS-SGD seconds of its model (the shipped
+    table) as dotted lines on their panels and a line under the title with both ratios and the verdict."""
+    import matplotlib.pyplot as plt
+
+    trace = study.load_traces(["lstm_ptb"], "p102")["lstm_ptb"]
+    ops = study.timeline_table(trace, preset("1gbe-allgather", 16), ["topk_single", "omgs"], 0.004)
+    paper = study.paper_iterations()
+    paper = paper[paper.model == "lstm_ptb"]
+    fig = omgs_plots.plot_timeline(ops, "t", paper=paper, claim_id="omgs.speedup_lstm")
+    title = fig.get_suptitle().replace("\n", " ")
+    assert "1.019 s ÷ 0.916 s = 1.11x" in title and "simulated:" in title
+    assert any(v in title for v in ("reproduced", "partly", "not reproduced"))
+    drawn = {round(float(ln.get_xdata()[0]), 6) for ax in fig.axes for ln in ax.get_lines() if ln.get_linestyle() == ":"}
+    assert {round(s * 1e3, 6) for s in paper.paper_s} <= drawn
+    assert sum("paper (OMGS-SGD INFOCOM'20, measured)" in ax.get_title(loc="left") for ax in fig.axes) == 2
+    plt.close(fig)
+    assert "÷" not in omgs_plots.plot_timeline(ops, "t").get_suptitle()  # no paper rows: no line

@@ -176,15 +176,42 @@ def _ms(v: float) -> str:
     return f"{v * 1e3:.0f} ms" if v >= 0.1 else f"{v * 1e3:.1f} ms"
 
 
+def paper_timeline_text(ops: pd.DataFrame, paper: pd.DataFrame | None, claim_id: str = "") -> str:
+    """TopK-SGD ÷ OMGS-SGD, published (``paper``: :func:`repro.studies.omgs_sim.paper_iterations` rows of the
+    timeline's model) beside simulated (``ops``), with the verdict of ``claim_id``; "" without both."""
+    if paper is None or not len(paper) or not {"topk_single", "omgs"} <= set(paper["planner"]):
+        return ""
+    sim = ops.groupby("planner")["iteration_s"].first()
+    if not {"topk_single", "omgs"} <= set(sim.index):
+        return ""
+    pub = paper.groupby("planner")["paper_s"].first()
+    pr, sr = float(pub["topk_single"] / pub["omgs"]), float(sim["topk_single"] / sim["omgs"])
+    v = ""
+    if claim_id:
+        from repro.figures.claims import claim_verdict
+
+        try:
+            v = ", " + claim_verdict(claim_id, sr)
+        except Exception:
+            v = ""
+    src = str(paper["citation"].iloc[0]).split(" (")[0] if "citation" in paper else "paper"
+    return (f"TopK-SGD ÷ OMGS-SGD, paper ({src}, measured, {int(paper['workers'].iloc[0])} workers): "
+            f"{pub['topk_single']:.3f} s ÷ {pub['omgs']:.3f} s = {pr:.2f}x; simulated: {_ms(sim['topk_single'])} ÷ "
+            f"{_ms(sim['omgs'])} = {sr:.2f}x{v}. Dotted grey lines: the paper's iteration times.")
+
+
 def plot_timeline(ops: pd.DataFrame, title: str, measured: pd.DataFrame | None = None, measured_title: str = "",
-                  cost_mode: str | None = None):
+                  cost_mode: str | None = None, paper: pd.DataFrame | None = None, claim_id: str = ""):
     """One Gantt chart per planner, rows computation (forward, backward), sparsification (top-k on the
     compute stream, drawn on its own row) and communication (all-gathers), on one shared time axis, each
     with its iteration time marked and written. ``ops`` is :func:`repro.studies.omgs_sim.timeline_table`.
 
     ``measured`` (optional, same columns; from :func:`repro.studies.omgs_sim.measured_timeline`) adds
     one panel per planner below, on its own time axis, titled ``measured_title``. The title ends with the
-    simulated panels' cost mode (``cost_mode``, else ``ops``'s ``cost_mode`` column)."""
+    simulated panels' cost mode (``cost_mode``, else ``ops``'s ``cost_mode`` column). ``paper``
+    (:func:`repro.studies.omgs_sim.paper_iterations` rows of the timeline's model) draws the paper's
+    measured iteration of TopK-SGD and OMGS-SGD as dotted grey lines on their panels, "paper (source)", and
+    a line under the title with both ratios and the verdict of ``claim_id``."""
     planners = [p for p in PLANNER_ORDER if p in set(ops["planner"])] + \
                [p for p in dict.fromkeys(ops["planner"]) if p not in PLANNER_ORDER]
     mplanners = []
@@ -208,15 +235,22 @@ def plot_timeline(ops: pd.DataFrame, title: str, measured: pd.DataFrame | None =
         ax.axvline(it * 1e3, color="black", lw=1.0, ls="--")
         ax.text(it * 1e3, 0, f" {_ms(it)}", ha="left", va="center", fontsize="small", fontweight="bold")
         nb = int(sub["buckets"].iloc[0]) if "buckets" in sub else 0
-        ax.set_title(f"{planner_label(p)}: {nb} bucket{'s' if nb != 1 else ''}, iteration {_ms(it)}",
-                     fontsize="small", loc="left")
+        pub = paper[paper["planner"] == p] if paper is not None and len(paper) else None
+        extra = ""
+        if pub is not None and len(pub):
+            ps = float(pub["paper_s"].iloc[0])
+            ax.axvline(ps * 1e3, color="0.45", lw=1.6, ls=":", zorder=5)
+            extra = f"; paper (OMGS-SGD INFOCOM'20, measured): {_ms(ps)}"
+        ax.set_title(f"{planner_label(p)}: {nb} bucket{'s' if nb != 1 else ''}, iteration {_ms(it)} (simulated)"
+                     + extra, fontsize="small", loc="left")
         ax.set_yticklabels(["computation", "top-k", "all-gather"], fontsize="small")
         if i < n_sim - 1:
             ax.tick_params(labelbottom=False)
             ax.set_xlabel("")
         else:
             ax.set_xlabel("time since the iteration start (ms), simulated")
-    sim_axes[0].set_xlim(0, t_end * 1e3 * 1.08)
+    p_end = float(paper["paper_s"].max()) if paper is not None and len(paper) else 0.0
+    sim_axes[0].set_xlim(0, max(t_end, p_end) * 1e3 * 1.08)
     if n_meas:
         head = fig.add_subplot(gs[n_sim])
         head.axis("off")
@@ -249,10 +283,16 @@ def plot_timeline(ops: pd.DataFrame, title: str, measured: pd.DataFrame | None =
              "sparse_allgather": "all-gather of values / indices", "update": "update (measured)"}
     handles = [Patch(facecolor=_KIND_COLORS.get(k) or _kind(k), label=names[k]) for k in kinds]
     handles.append(Line2D([], [], color="black", ls="--", lw=1.0, label="iteration end"))
+    line = paper_timeline_text(ops, paper, claim_id)
+    if line:
+        handles.append(Line2D([], [], color="0.45", ls=":", lw=1.6, label="paper (OMGS-SGD INFOCOM'20, measured)"))
     mode = cost_mode_label(ops, cost_mode)
-    fig.suptitle(f"{title} ({mode})" if mode else title, fontsize="medium")
-    legend_below(fig, handles, ncol=len(handles))
-    fig.subplots_adjust(top=1 - 0.75 / fig.get_figheight(), bottom=0.9 / fig.get_figheight(), left=0.09, right=0.98)
+    head = f"{title} ({mode})" if mode else title
+    fig.suptitle(head + ("\n" + textwrap.fill(line, 150) if line else ""), fontsize="medium")
+    legend_below(fig, handles, ncol=min(len(handles), 4) if line else len(handles))
+    top = 0.75 + (0.2 * (textwrap.fill(line, 150).count("\n") + 1) if line else 0)
+    fig.subplots_adjust(top=1 - top / fig.get_figheight(), bottom=(1.1 if line else 0.9) / fig.get_figheight(),
+                        left=0.09, right=0.98)
     return fig
 
 
