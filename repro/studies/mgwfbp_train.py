@@ -22,7 +22,7 @@ from repro.studies.common import available_cpus, warn_if_oversubscribed, with_ov
 
 __all__ = ["clear_runs", "run_grid", "run_configs", "time_allreduce_sizes", "measure_allreduce", "load_runs",
            "load_iterations", "load_epochs", "speedup_table", "breakdown_table", "allreduce_fit_table",
-           "allreduce_fit_errors", "threshold_sweep_table"]
+           "allreduce_fit_errors", "threshold_sweep_table", "grid_runs", "convergence_epochs"]
 
 
 def run_configs(ctx, configs: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -185,6 +185,38 @@ def load_epochs(results_dir: str | Path) -> pd.DataFrame:
         return epochs
     runs = load_runs(results_dir)[["run_id", "model", "scheduler", "world_size"]]
     return epochs.merge(runs, on="run_id")
+
+
+def grid_runs(runs: pd.DataFrame, paper: str, kind: str | None = None, experiment: str | None = None) -> pd.DataFrame:
+    """The rows of ``runs`` (a :func:`load_runs` frame) that are runs of ``paper``'s grid of one ``kind``
+    (``"convergence"``: epochs over a real dataset; ``"throughput"``) and/or ``experiment``, matched by
+    run id (:func:`repro.cluster.grid.grid_run_ids`): what a notebook at ``scale="paper"`` draws."""
+    from repro.cluster.grid import grid_run_ids
+
+    if runs.empty or "run_id" not in runs:
+        return runs
+    return runs[runs["run_id"].isin(grid_run_ids(paper, kind, experiment))]
+
+
+def convergence_epochs(results_dir: str | Path, *, scale: str = "tiny", model: str | None = None,
+                       world_size: int | None = None) -> pd.DataFrame:
+    """The epochs of ``mgwfbp.convergence``: at ``scale="paper"`` those of the MG-WFBP grid's convergence
+    runs (data/grids/mgwfbp.yaml, experiment ``convergence``: ResNet-50 on ImageNet, DDP vs MG-WFBP) and
+    nothing else; at ``tiny`` those of ``model`` at ``world_size`` (the notebook's convergence runs).
+    Empty when none has finished."""
+    epochs = load_epochs(results_dir)
+    if epochs.empty:
+        return epochs
+    if scale == "paper":
+        from repro.cluster.grid import grid_run_ids
+
+        return epochs[epochs["run_id"].isin(grid_run_ids("mgwfbp", "convergence"))].reset_index(drop=True)
+    keep = pd.Series(True, index=epochs.index)
+    if model is not None:
+        keep &= epochs["model"] == model
+    if world_size is not None:
+        keep &= epochs["world_size"] == world_size
+    return epochs[keep].reset_index(drop=True)
 
 
 def _timing_runs(runs: pd.DataFrame) -> pd.DataFrame:

@@ -188,8 +188,10 @@ def breakdown_configs(models: dict[str, float], world_size: int, *, batch_size: 
 # Convergence
 # ---------------------------------------------------------------------------------------------
 
-def convergence_table(results_dir: str | Path) -> pd.DataFrame:
-    """One row per (convergence run, epoch): model, dataset, scheduler, density, world_size, epoch,
+def convergence_table(results_dir: str | Path, *, scale: str = "tiny") -> pd.DataFrame:
+    """One row per (convergence run, epoch) (at ``scale="paper"`` only the OMGS grid's convergence runs,
+    data/grids/omgs.yaml: VGG-16/CIFAR-10, ResNet-50/ImageNet, LSTM/PTB; empty while none has finished):
+    model, dataset, scheduler, density, world_size, epoch,
     train_loss, test_loss (cross-entropy per sample, per token for language models), test_accuracy
     (classifiers; next-token accuracy for language models when recorded), perplexity (language models:
     exp(test_loss) unless the run recorded it), buckets and min_elements_sent_per_bucket (sparse runs: the
@@ -199,6 +201,11 @@ def convergence_table(results_dir: str | Path) -> pd.DataFrame:
         return epochs
     runs = load_runs(results_dir)
     runs = runs[runs["epochs"].notna()] if "epochs" in runs else runs
+    if scale == "paper":
+        runs = mgwfbp_train.grid_runs(runs, "omgs", "convergence")
+        epochs = epochs[epochs["run_id"].isin(runs["run_id"])]
+        if epochs.empty:
+            return epochs.iloc[0:0]
     meta = []
     from repro.workload.models import get_spec
 

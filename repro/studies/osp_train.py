@@ -35,7 +35,7 @@ from repro.studies.osp_sim import method_name
 
 __all__ = ["clear_runs", "run_grid", "variant", "default_variants", "run_id", "convergence_configs", "run_study",
            "load_runs", "throughput_table", "accuracy_table", "lgp_ablation_table", "stage_ratio_table",
-           "summary_table", "variant_label", "TIME_DERIVATION", "THROUGHPUT_DERIVATION"]
+           "summary_table", "variant_label", "convergence_runs", "TIME_DERIVATION", "THROUGHPUT_DERIVATION"]
 
 THROUGHPUT_DERIVATION = ("throughput = workers x batch / iteration, iteration = the slowest worker's median step "
                          "time over the run's epochs (evaluation excluded)")
@@ -191,6 +191,18 @@ def load_runs(results_dir: str | Path) -> pd.DataFrame:
     threads = runs["threads_per_rank"] if "threads_per_rank" in runs else pd.Series([1] * len(runs), index=runs.index)
     runs["oversubscribed"] = [is_oversubscribed(p, c, t) for p, c, t in zip(runs.ranks, cpus, threads)]
     return runs
+
+
+def convergence_runs(runs: pd.DataFrame, scale: str = "tiny") -> pd.DataFrame:
+    """The runs the accuracy figures draw (``osp.accuracy_epochs``, ``osp.accuracy_time``,
+    ``osp.lgp_ablation``, ``osp.stage_ratio``): every run at ``tiny`` (each is a convergence run), and at
+    ``scale="paper"`` only the OSP grid's convergence runs (data/grids/osp.yaml, experiment
+    ``convergence``), never its synthetic throughput runs; empty while none has finished."""
+    if scale != "paper":
+        return runs
+    from repro.studies.mgwfbp_train import grid_runs
+
+    return grid_runs(runs, "osp", "convergence")
 
 
 _RUN_COLUMNS = ["run_id", "model", "scheduler", "method", "label", "workers", "servers", "ranks", "stage1_share",
