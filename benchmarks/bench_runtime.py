@@ -92,7 +92,9 @@ def abba(a: dict, b: dict, rounds: int) -> list[dict]:
 # load
 # ---------------------------------------------------------------------------------------------
 
-_BUSY = "import os, sys\nos.sched_setaffinity(0, {int(sys.argv[1])})\nwhile True:\n    pass\n"
+# spins; checks every few million iterations that the benchmark (its parent) is alive, so that it never outlives it
+_BUSY = ("import os, sys\nos.sched_setaffinity(0, {int(sys.argv[1])})\nparent = os.getppid()\n"
+         "while os.getppid() == parent:\n    for _ in range(3_000_000):\n        pass\n")
 
 
 class Busy:
