@@ -240,7 +240,7 @@ BAD = [
     ("omgs_training", {"breakdown_density": -1}, r"^breakdown_density: density must be a number in \(0, 1\]"),
     ("omgs_training", {"lr": 0}, r"^lr: Input should be greater than 0"),
     ("omgs_training", {"lm_lr": -1}, r"^lm_lr: Input should be greater than 0"),
-    ("omgs_training", {"seed": -1}, r"^seed: Input should be greater than or equal to 0"),
+    ("omgs_training", {"seeds": [0, -1]}, r"^seeds(\.1)?: Input should be greater than or equal to 0"),
     ("omgs_training", {"models": "[lenet]"}, r"^models: unknown value 'lenet'"),
     ("omgs_training", {"cnn_model": "lenet"}, r"^cnn_model: unknown value 'lenet'"),
     ("omgs_training", {"lm_model": "lenet"}, r"^lm_model: unknown value 'lenet'"),

@@ -259,3 +259,46 @@ def test_paper_breakdown_table_in_calibrated_mode_adds_the_realism_and_says_so()
     assert cal.iteration_s.iloc[0] > paper.iteration_s.iloc[0]   # overheads and contention only add time
     with pytest.raises(ValueError, match="cost_mode must be one of"):
         study.paper_breakdown_table([("resnet50", 32, 0.001)], cost_mode="optimistic")
+
+
+# ------------------------------------------------------------------------------------- seeds
+
+def _seeded_conv() -> pd.DataFrame:
+    """Three seeds of two schedulers over two epochs (accuracies made up to test the arithmetic)."""
+    acc = {("wfbp", 0): [0.5, 0.80], ("wfbp", 1): [0.6, 0.90], ("wfbp", 2): [0.4, 0.70],
+           ("omgs", 0): [0.3, 0.60], ("omgs", 1): [0.5, 0.95], ("omgs", 2): [0.2, 0.65]}
+    rows = []
+    for (s, seed), values in acc.items():
+        for e, a in enumerate(values, 1):
+            rows.append({"model": "tiny_resnet", "dataset": "digits", "scheduler": s,
+                         "density": 0.2 if s == "omgs" else None, "world_size": 2, "epoch": e,
+                         "train_loss": 1 - a, "test_loss": 1.5 - a, "test_accuracy": a, "perplexity": np.nan,
+                         "lm": False, "buckets": 3 + seed if s == "omgs" else None,
+                         "min_elements_sent_per_bucket": 4 + seed if s == "omgs" else None, "seed": seed,
+                         "lr": 0.05, "batch_size": 32, "oversubscribed": False, "run_id": f"{s}_s{seed}"})
+    return pd.DataFrame(rows)
+
+
+def test_headline_numbers_are_medians_over_seeds_with_the_spread():
+    final = study.final_epoch_table(_seeded_conv()).set_index("scheduler")
+    assert final.loc["wfbp", "test_accuracy"] == pytest.approx(0.80)  # median of 0.80, 0.90, 0.70
+    assert final.loc["omgs", "test_accuracy"] == pytest.approx(0.65)  # median, not the lucky 0.95
+    assert (final.loc["omgs", "test_accuracy_min"], final.loc["omgs", "test_accuracy_max"]) == (0.60, 0.95)
+    assert final.loc["omgs", "test_accuracy_vs_dense"] == pytest.approx(0.65 - 0.80)
+    assert final.loc["omgs", "seeds"] == 3 and final.loc["omgs", "seed_list"] == "0,1,2"
+    assert (final.loc["omgs", "buckets_min"], final.loc["omgs", "buckets_max"]) == (3, 5)
+    assert final.loc["omgs", "min_elements_sent_per_bucket"] == 4  # the fewest over the seeds
+
+
+def test_convergence_figure_draws_the_median_and_the_seeds_band():
+    from repro.figures.omgs_train_plots import plot_convergence
+
+    fig = plot_convergence(_seeded_conv())
+    assert "median of 3 seeds" in fig._suptitle.get_text()
+    acc_ax = [ax for ax in fig.get_axes() if "accuracy" in ax.get_ylabel()][0]
+    line = [ln for ln in acc_ax.get_lines() if ln.get_label() and "OMGS" in ln.get_label()][0]
+    assert list(line.get_ydata()) == pytest.approx([0.3, 0.65])
+    bands = acc_ax.collections
+    assert len(bands) == 2  # one band per scheduler
+    ys = np.concatenate([b.get_paths()[0].vertices[:, 1] for b in bands])
+    assert ys.max() == pytest.approx(0.95) and ys.min() == pytest.approx(0.2)

@@ -75,10 +75,16 @@ def plot_convergence(conv: pd.DataFrame, notes: dict[str, str] | None = None, ti
     accuracy (classifiers) or test perplexity (language models) per epoch, dense S-SGD vs TopK-SGD vs
     OMGS-SGD.
 
-    ``conv`` is :func:`repro.studies.omgs_train.convergence_table`; ``notes`` adds text to a model's row
-    heading. The first scheduler is drawn with big hollow markers under the others' small filled ones, and
-    curves that coincide are named above their panel. Big hollow markers for the first schedulers and
-    small filled ones for the last keep coinciding curves visible."""
+    ``conv`` is :func:`repro.studies.omgs_train.convergence_table` (one row per run and epoch); with
+    several seeds each curve is the median over them (:func:`~repro.studies.omgs_train.seed_summary`) in
+    a band from the least to the largest seed's value. ``notes`` adds text to a model's row heading. The
+    first scheduler is drawn with big hollow markers under the others' small filled ones, and curves that
+    coincide are named above their panel. Big hollow markers for the first schedulers and small filled
+    ones for the last keep coinciding curves visible."""
+    from repro.studies.omgs_train import seed_summary
+
+    conv = seed_summary(conv)
+    seeds = int(conv["seeds"].max()) if len(conv) else 1
     models = list(dict.fromkeys(conv["model"]))
     fig = plt.figure(figsize=(11.5, 3.3 * len(models) + 1.2), layout="constrained")
     rows = np.atleast_1d(fig.subfigures(len(models), 1, hspace=0.04))
@@ -103,6 +109,9 @@ def plot_convergence(conv: pd.DataFrame, notes: dict[str, str] | None = None, ti
                         ms=4.5 if last else 12 - 4 * k, markerfacecolor=st["color"] if last else "none",
                         markeredgewidth=1.0 if last else 1.6, lw=1.4 if last else 2.6 - 0.6 * k, zorder=2 + k,
                         label=st["label"])
+                if seeds > 1 and f"{col}_min" in g:
+                    ax.fill_between(g["epoch"], g[f"{col}_min"], g[f"{col}_max"], color=st["color"], alpha=0.15,
+                                    lw=0, zorder=1)
             ax.set_xlabel("epoch")
             ax.set_xticks(sorted(set(int(e) for e in sub["epoch"])))
             ax.set_ylabel(ylabel, fontsize="small")
@@ -112,7 +121,9 @@ def plot_convergence(conv: pd.DataFrame, notes: dict[str, str] | None = None, ti
                 names_same = list(dict.fromkeys(x for pair in same for x in pair))
                 short = {omgs_style(s)["label"]: SHORT.get(s, s) for s in sub["scheduler"].unique()}
                 add_note(ax, " = ".join(short.get(x, x) for x in names_same) + " (curves coincide)")
-    fig.suptitle("Convergence: dense S-SGD vs TopK-SGD vs OMGS-SGD" + (f"\n({title_note})" if title_note else ""))
+    spread = f"median of {seeds} seeds, band from the least to the largest" if seeds > 1 else "one seed"
+    title_note = f"{title_note}; {spread}" if title_note else spread
+    fig.suptitle("Convergence: dense S-SGD vs TopK-SGD vs OMGS-SGD" + f"\n({title_note})")
     legend_below(fig, axes=[first], ncol=3)
     return fig
 

@@ -183,7 +183,8 @@ def load_epochs(results_dir: str | Path) -> pd.DataFrame:
     epochs = _concat(results_dir, EPOCHS_CSV)
     if epochs.empty:
         return epochs
-    runs = load_runs(results_dir)[["run_id", "model", "scheduler", "world_size"]]
+    runs = load_runs(results_dir)
+    runs = runs[[c for c in ("run_id", "model", "scheduler", "world_size", "dataset") if c in runs]]
     return epochs.merge(runs, on="run_id")
 
 

@@ -122,9 +122,12 @@ def _fmt_density(density: float) -> str:
 
 
 def run_id(c: dict[str, Any], world_size: int, bandwidth: str | None = None) -> str:
-    """Deterministic run id of a config: model, scheduler, P, density (sparse), link, dataset and epochs."""
+    """Deterministic run id of a config: model, scheduler, P, density (sparse), link, dataset and epochs,
+    and the seed when it is not 0."""
+    from repro.schedulers import get_scheduler
+
     parts = [c["model"], c["scheduler"], f"p{world_size}"]
-    if c["scheduler"] not in ("wfbp", "local") and c.get("density") is not None:
+    if "density" in get_scheduler(c["scheduler"]).planner_options and c.get("density") is not None:
         parts.append(f"d{_fmt_density(float(c['density']))}")
     if bandwidth and world_size > 1:
         from repro.cluster.netns import format_bandwidth, parse_bandwidth
@@ -132,6 +135,8 @@ def run_id(c: dict[str, Any], world_size: int, bandwidth: str | None = None) -> 
         parts.append("bw" + format_bandwidth(parse_bandwidth(bandwidth)))
     if c.get("epochs"):
         parts.append(f"{c.get('dataset')}-e{c['epochs']}")
+    if c.get("seed"):
+        parts.append(f"s{int(c['seed'])}")
     return "_".join(str(x) for x in parts)
 
 
@@ -144,26 +149,29 @@ def _with_density(c: dict[str, Any], density: float) -> dict[str, Any]:
 
 
 def convergence_configs(models: dict[str, tuple[str, float]], world_size: int, *, epochs: int, batch_size: int,
-                        seed: int = 0, warmup_steps: int = 2, lr: float | None = None,
+                        seeds: Sequence[int] | int = (0,), warmup_steps: int = 2, lr: float | None = None,
                         lm_lr: float | None = None, schedulers: Sequence[str] = CONVERGENCE_SCHEDULERS,
                         extra: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """TrainConfig dicts of the convergence runs: every model (``{model: (dataset, density)}``) with every
-    scheduler, same seed (same initial weights and data order), no computation-only steps. ``lr`` and
-    ``lm_lr`` set the learning rate of classifiers and language models (TrainConfig's default if None)."""
+    scheduler and every seed of ``seeds`` (a seed fixes the initial weights and data order, the same for
+    every scheduler), no computation-only steps. ``lr`` and ``lm_lr`` set the learning rate of
+    classifiers and language models (TrainConfig's default if None)."""
     from repro.workload.models import get_spec
 
     out = []
-    for model, (dataset, density) in models.items():
-        lm = get_spec(model).family == "lm"
-        rate = lm_lr if lm else lr
-        for s in schedulers:
-            c = {"model": model, "scheduler": s, "dataset": dataset, "epochs": int(epochs), "batch_size": batch_size,
-                 "seed": int(seed), "warmup_steps": warmup_steps, "compute_steps": 0, **(extra or {})}
-            if rate is not None:
-                c["lr"] = float(rate)
-            c = _with_density(c, density)
-            c["run_id"] = run_id(c, world_size)
-            out.append(c)
+    for seed in ([seeds] if isinstance(seeds, int) else list(dict.fromkeys(int(x) for x in seeds))):
+        for model, (dataset, density) in models.items():
+            lm = get_spec(model).family == "lm"
+            rate = lm_lr if lm else lr
+            for s in schedulers:
+                c = {"model": model, "scheduler": s, "dataset": dataset, "epochs": int(epochs),
+                     "batch_size": batch_size, "seed": int(seed), "warmup_steps": warmup_steps, "compute_steps": 0,
+                     **(extra or {})}
+                if rate is not None:
+                    c["lr"] = float(rate)
+                c = _with_density(c, density)
+                c["run_id"] = run_id(c, world_size)
+                out.append(c)
     return out
 
 
@@ -244,11 +252,43 @@ def convergence_table(results_dir: str | Path, *, scale: str = "tiny") -> pd.Dat
     return df.sort_values(["model", "_o", "epoch"])[cols].reset_index(drop=True)
 
 
-def final_epoch_table(conv: pd.DataFrame) -> pd.DataFrame:
-    """The last epoch of each (model, scheduler), with each sparse scheduler's gap to dense S-SGD
-    (``wfbp``): ``test_loss_vs_dense`` (difference) and ``test_accuracy_vs_dense`` (difference)."""
+METRICS = ("train_loss", "test_loss", "test_accuracy", "perplexity")
+
+
+def seed_summary(conv: pd.DataFrame) -> pd.DataFrame:
+    """:func:`convergence_table` summarised over seeds: one row per (model, scheduler, epoch) with each
+    metric's **median** over the seeds (the headline numbers) and its ``<metric>_min`` / ``<metric>_max``
+    (the spread), ``seeds`` (how many runs) and ``seed_list``; the other columns are the first seed's."""
     if conv.empty:
         return conv
+    if "seed" in conv:  # a run whose config leaves the seed out ran with the default, 0
+        conv = conv.assign(seed=pd.to_numeric(conv["seed"], errors="coerce").fillna(0).astype(int))
+    keys = ["model", "scheduler", "epoch"]
+    metrics = [m for m in METRICS if m in conv]
+    grouped = conv.groupby(keys, sort=False)
+    out = grouped.first().drop(columns=[m for m in metrics] + ["seed", "run_id"], errors="ignore")
+    med = grouped[metrics].median()
+    out = out.join(med)
+    for m in metrics:
+        out[f"{m}_min"] = grouped[m].min()
+        out[f"{m}_max"] = grouped[m].max()
+    if "min_elements_sent_per_bucket" in conv:  # the plans differ per seed (online planning): the extremes
+        out["min_elements_sent_per_bucket"] = grouped["min_elements_sent_per_bucket"].min()
+    if "buckets" in conv:
+        out["buckets_min"], out["buckets_max"] = grouped["buckets"].min(), grouped["buckets"].max()
+    out["seeds"] = grouped["seed"].nunique() if "seed" in conv else 1
+    out["seed_list"] = grouped["seed"].agg(lambda v: ",".join(str(int(x)) for x in sorted(set(v)))) \
+        if "seed" in conv else ""
+    return out.reset_index()
+
+
+def final_epoch_table(conv: pd.DataFrame) -> pd.DataFrame:
+    """The last epoch of each (model, scheduler), as medians over the seeds (:func:`seed_summary`, with
+    the spread), with each sparse scheduler's gap to dense S-SGD (``wfbp``) from those medians:
+    ``test_loss_vs_dense`` (difference) and ``test_accuracy_vs_dense`` (difference)."""
+    if conv.empty:
+        return conv
+    conv = seed_summary(conv)
     last = conv.sort_values("epoch").groupby(["model", "scheduler"], sort=False).tail(1).copy()
     dense = last[last["scheduler"] == "wfbp"].set_index("model")
     last["test_loss_vs_dense"] = last["test_loss"] - last["model"].map(dense["test_loss"])

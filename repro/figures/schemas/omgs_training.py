@@ -22,7 +22,7 @@ class OmgsTrainingParams(NotebookParams):
     batch_size: Positive = 32
     lr: PositiveFloat = 0.05
     lm_lr: PositiveFloat = 0.5
-    seed: NonNegative = 0
+    seeds: ListOf(NonNegative) = [0, 1, 2]
     models: ListOf(Model) = ["tiny_resnet", "tiny_lstm"]
     breakdown_world_size: Positive = 2
     breakdown_density: Density = 0.05
