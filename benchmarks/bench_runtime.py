@@ -141,28 +141,27 @@ def allreduce_pair(model: str, common: dict, args) -> str:
 
 
 def fsdp_units(model_name: str) -> list[list[str]]:
-    """DeAR buckets (layer names) are FSDP's units in :class:`repro.runtime.fsdp.FSDPExecutor`:
-    the parameters of each top-level child that holds any, in forward order, then the root's own."""
+    """DeAR buckets (layer names) equal to FSDP's units in :class:`repro.runtime.fsdp.FSDPExecutor`
+    (:func:`repro.runtime.fsdp.fsdp_units`: the top-level children, tied ones together, in forward order),
+    then the root's own parameters."""
+    from repro.runtime.fsdp import fsdp_units as units_of
     from repro.workload.layers import layer_parameters
     from repro.workload.models import build_model
 
     model = build_model(model_name)
     layers = layer_parameters(model, "tensor")
-    owner = {}
-    for name, params in layers.items():
-        for _, p in params:
-            owner[id(p)] = name
+    order = list(layers)
+    owner = {id(p): name for name, params in layers.items() for _, p in params}
     buckets, taken = [], set()
-    units = [c for _, c in model.named_children() if any(True for _ in c.parameters())] + [model]
-    for unit in units:
+    for unit in [*units_of(model), [model]]:
         names = []
-        for p in unit.parameters():
-            n = owner.get(id(p))
-            if n is not None and n not in taken:
-                taken.add(n)
-                names.append(n)
+        for module in unit:
+            for p in module.parameters():
+                n = owner.get(id(p))
+                if n is not None and n not in taken:
+                    taken.add(n)
+                    names.append(n)
         if names:
-            order = list(layers)
             buckets.append(sorted(names, key=order.index))
     return buckets
 

@@ -4,8 +4,8 @@ What a user would pick instead of DeAR today (dear.md): reduce-scatter of gradie
 all-gather of parameters in the forward, here with ``reshard_after_forward=False`` (parameters stay
 unsharded from the forward to the backward; after the backward they are resharded, and the next
 forward all-gathers them again). ``fully_shard`` is applied to every top-level child module that holds
-parameters (a layer or a block of the model), then to the root (which takes whatever parameters are
-left, e.g. the root's own).
+parameters (a layer or a block of the model; children that share a parameter, tied weights, together:
+:func:`fsdp_units`), then to the root (which takes whatever parameters are left, e.g. the root's own).
 
 FSDP2 runs on CPU with gloo in torch 2.14 (device mesh ``init_device_mesh("cpu", (world,))``): checked
 by the tests (parameters after several steps equal PyTorch DDP's). Where ``fully_shard`` refuses (no
@@ -47,7 +47,32 @@ from repro.plan import Plan
 from repro.runtime.buffers import broadcast_buffers
 from repro.runtime.executor import Executor, ExecutorOptions
 
-__all__ = ["FSDPExecutor"]
+__all__ = ["FSDPExecutor", "fsdp_units"]
+
+
+def fsdp_units(model: nn.Module) -> list[list[nn.Module]]:
+    """The groups ``fully_shard`` is applied to before the root: the top-level children that hold
+    parameters, in order, children that share a parameter (tied weights, e.g. a language model's
+    decoder and embedding) in one group, which FSDP2 requires (``fully_shard([a, b])``)."""
+    children = [c for c in model.children() if any(True for _ in c.parameters())]
+    root = list(range(len(children)))
+
+    def find(i: int) -> int:
+        while root[i] != i:
+            i = root[i]
+        return i
+
+    first: dict[int, int] = {}
+    for i, child in enumerate(children):
+        for p in child.parameters():
+            j = first.setdefault(id(p), i)
+            a, b = find(i), find(j)
+            if a != b:
+                root[max(a, b)] = min(a, b)
+    groups: dict[int, list[nn.Module]] = {}
+    for i, child in enumerate(children):
+        groups.setdefault(find(i), []).append(child)
+    return list(groups.values())
 
 
 class FSDPExecutor(Executor):
@@ -72,9 +97,8 @@ class FSDPExecutor(Executor):
                 dist.broadcast(t, src=0)  # every rank starts from rank 0's model, as DDP does
         try:
             mesh = init_device_mesh(device.type, (dist.get_world_size(),))
-            for child in sharded.children():
-                if any(True for _ in child.parameters()):
-                    fully_shard(child, mesh=mesh, reshard_after_forward=False)
+            for unit in fsdp_units(sharded):
+                fully_shard(unit if len(unit) > 1 else unit[0], mesh=mesh, reshard_after_forward=False)
             fully_shard(sharded, mesh=mesh, reshard_after_forward=False)
         except Exception as e:  # noqa: BLE001 - one clear line, whatever FSDP2 objects to
             raise ValueError(f"fsdp: PyTorch FSDP2 cannot shard this model on backend "
