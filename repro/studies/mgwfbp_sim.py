@@ -309,22 +309,27 @@ def paper_breakdown_table(models: Sequence[str] = JOURNAL_MODELS, networks: Sequ
     of every model x network x wire dtype x scheduler at ``workers`` GPUs (estimate traces, the published
     fits as cost model). Columns as :func:`repro.studies.mgwfbp_train.breakdown_table` (``source``
     "simulated", ``scale`` "paper") plus network, iteration_s, cost_mode."""
-    check_cost_mode(cost_mode)
-    traces = load_traces(models, f"{gpu}-estimate")
     rows = []
-    for model, trace in traces.items():
-        for net in networks:
-            cost = cost_for_mode(net, workers, cost_mode)
-            for dt in wire_dtypes:
-                for s in schedulers:
-                    plan = make_plan(s, trace, cost, wire_dtype=dt)
-                    res = simulate(trace, plan, cost, with_ops=False)
-                    rows.append({"model": model, "batch_size": trace.batch_size, "device": trace.device,
-                                 "network": net, "scheduler": s, "workers": workers, "wire_dtype": dt,
-                                 "source": "simulated", "scale": "paper", "computation_s": res.compute_s,
-                                 "exposed_comm_s": res.exposed_comm_s, "iteration_s": res.iteration_s,
-                                 "buckets": plan.num_buckets, "cost_mode": cost_mode})
+    for model, trace, net, cost in _journal_settings(models, networks, workers, gpu, cost_mode):
+        for dt in wire_dtypes:
+            for s in schedulers:
+                plan = make_plan(s, trace, cost, wire_dtype=dt)
+                res = simulate(trace, plan, cost, with_ops=False)
+                rows.append({"model": model, "batch_size": trace.batch_size, "device": trace.device,
+                             "network": net, "scheduler": s, "workers": workers, "wire_dtype": dt,
+                             "source": "simulated", "scale": "paper", "computation_s": res.compute_s,
+                             "exposed_comm_s": res.exposed_comm_s, "iteration_s": res.iteration_s,
+                             "buckets": plan.num_buckets, "cost_mode": cost_mode})
     return pd.DataFrame(rows)
+
+
+def _journal_settings(models: Sequence[str], networks: Sequence[str], workers: int, gpu: str, cost_mode: str):
+    """(model, its estimate trace, network, the network's cost model at ``workers``) for every model x
+    network of a paper-scale panel."""
+    check_cost_mode(cost_mode)
+    for model, trace in load_traces(models, f"{gpu}-estimate").items():
+        for net in networks:
+            yield model, trace, net, cost_for_mode(net, workers, cost_mode)
 
 
 def headline_comparison(breakdown: pd.DataFrame, headline: pd.DataFrame | None = None,
@@ -359,20 +364,16 @@ def paper_threshold_sweep_table(models: Sequence[str] = JOURNAL_MODELS, networks
     fusion per threshold and of the ``references`` (``threshold_bytes`` empty), FP32, per model x network
     at ``workers`` GPUs. Columns as :func:`repro.studies.mgwfbp_train.threshold_sweep_table` (``source``
     "simulated", ``scale`` "paper") plus network and cost_mode."""
-    check_cost_mode(cost_mode)
-    traces = load_traces(models, f"{gpu}-estimate")
     rows = []
-    for model, trace in traces.items():
-        for net in networks:
-            cost = cost_for_mode(net, workers, cost_mode)
-            base = {"model": model, "network": net, "workers": workers, "source": "simulated", "scale": "paper",
-                    "cost_mode": cost_mode, "oversubscribed": False}
-            for t in thresholds_bytes:
-                plan = make_plan("threshold", trace, cost, threshold_bytes=int(t))
-                rows.append({**base, "scheduler": "threshold", "threshold_bytes": float(t),
-                             "iteration_s": simulated_iteration_s(trace, plan, cost)})
-            for s in references:
-                plan = make_plan(s, trace, cost)
-                rows.append({**base, "scheduler": s, "threshold_bytes": float("nan"),
-                             "iteration_s": simulated_iteration_s(trace, plan, cost)})
+    for model, trace, net, cost in _journal_settings(models, networks, workers, gpu, cost_mode):
+        base = {"model": model, "network": net, "workers": workers, "source": "simulated", "scale": "paper",
+                "cost_mode": cost_mode, "oversubscribed": False}
+        for t in thresholds_bytes:
+            plan = make_plan("threshold", trace, cost, threshold_bytes=int(t))
+            rows.append({**base, "scheduler": "threshold", "threshold_bytes": float(t),
+                         "iteration_s": simulated_iteration_s(trace, plan, cost)})
+        for s in references:
+            plan = make_plan(s, trace, cost)
+            rows.append({**base, "scheduler": s, "threshold_bytes": float("nan"),
+                         "iteration_s": simulated_iteration_s(trace, plan, cost)})
     return pd.DataFrame(rows)
