@@ -186,9 +186,11 @@ def test_every_rank_issues_the_same_collectives_on_device_tensors(world, name):
             for shape, dtype, device in c["tensors"]:
                 assert dtype == "torch.float32" and device == row["device"], c
     # K steps, every bucket pushed once and pulled once per step, after one broadcast per bucket at the start
+    # and, before those, distribute's DDP-like start (rank 0's parameters, one float32 piece: no buffers here)
     buckets = len(rank0["plan"]["buckets"])
     assert sum(c["op"] == push for c in calls) == K * buckets
-    assert sum(c["op"] == "broadcast" for c in calls) == (K + 1) * buckets
+    assert sum(c["op"] == "broadcast" for c in calls) == (K + 1) * buckets + 1
+    assert calls[0]["op"] == "broadcast" and calls[0]["root"] == 0
     owners = {c["root"] for c in calls}
     assert owners == set(range(CASES[name]["servers"]))
 
