@@ -166,3 +166,22 @@ def test_figures_draw_from_the_tables(results, tmp_path):
 
 # The real runs (1 server + 2 workers on the emulated network, through run_study and the loop) are
 # exercised by the notebook test (tests/test_figures_pipeline.py runs notebooks/osp_training.ipynb).
+
+
+def test_speedup_over_bsp_is_per_setting():
+    """A paper-scale folder holds several models: each run is compared with its own model's BSP run
+    (before: with the first BSP run found, whatever its model); a setting without BSP gets NaN."""
+    df = pd.DataFrame([
+        {"model": "a", "method": "ps_bsp", "workers": 8, "servers": 1, "batch_size": 32,
+         "emulated_bandwidth_bps": np.nan, "throughput_samples_s": 100.0},
+        {"model": "a", "method": "osp", "workers": 8, "servers": 1, "batch_size": 32,
+         "emulated_bandwidth_bps": np.nan, "throughput_samples_s": 150.0},
+        {"model": "b", "method": "ps_bsp", "workers": 8, "servers": 1, "batch_size": 32,
+         "emulated_bandwidth_bps": np.nan, "throughput_samples_s": 10.0},
+        {"model": "b", "method": "osp", "workers": 8, "servers": 1, "batch_size": 32,
+         "emulated_bandwidth_bps": np.nan, "throughput_samples_s": 12.0},
+        {"model": "c", "method": "osp", "workers": 8, "servers": 1, "batch_size": 32,
+         "emulated_bandwidth_bps": np.nan, "throughput_samples_s": 12.0}])
+    ratio = df["throughput_samples_s"] / study._bsp_reference(df, "throughput_samples_s")
+    assert list(ratio[:4]) == pytest.approx([1.0, 1.5, 1.0, 1.2])
+    assert np.isnan(ratio[4])

@@ -218,17 +218,35 @@ def throughput_table(results_dir: str | Path, runs: pd.DataFrame | None = None) 
     """Per run: measured ``iteration_s`` (see :data:`THROUGHPUT_DERIVATION`), ``compute_s`` (steps of a
     copy of the model without communication), ``throughput_samples_s``, ``predicted_s`` (the plan's
     simulated period from its warm-up trace and the push/pull lines fitted on the live job),
-    ``speedup_vs_bsp`` (throughput / the BSP run's), ``comm_bound`` (iteration / computation)."""
+    ``speedup_vs_bsp`` (throughput / the BSP run's of the same model, workers, servers, batch size and
+    link: NaN where that setting has no BSP run), ``comm_bound`` (iteration / computation)."""
     runs = load_runs(results_dir) if runs is None else runs
     if runs.empty:
         return pd.DataFrame()
     df = runs[_keep(runs) + ["iteration_s", "compute_s", "throughput_samples_s", "predicted_iteration_s"]].rename(
         columns={"predicted_iteration_s": "predicted_s"}).copy()
-    bsp = df[df.scheduler == "ps_bsp"]["throughput_samples_s"]
-    df["speedup_vs_bsp"] = df["throughput_samples_s"] / (float(bsp.iloc[0]) if len(bsp) else np.nan)
+    df["speedup_vs_bsp"] = df["throughput_samples_s"] / _bsp_reference(df, "throughput_samples_s")
     df["comm_bound"] = df["iteration_s"] / df["compute_s"]
     df["prediction_error"] = df["predicted_s"] / df["iteration_s"] - 1
     return df.reset_index(drop=True)
+
+
+_SETTING = ["model", "workers", "servers", "batch_size", "emulated_bandwidth_bps"]
+
+
+def _bsp_reference(df: pd.DataFrame, column: str) -> pd.Series:
+    """Per row, ``column`` of the BSP run of the same setting (:data:`_SETTING`: a paper-scale folder
+    holds several models and worker counts, so one BSP run is no reference for all); NaN where none."""
+    keys = [k for k in _SETTING if k in df.columns]
+    method = "method" if "method" in df.columns else "scheduler"
+    bsp = df[df[method] == "ps_bsp"]
+    if bsp.empty:
+        return pd.Series(np.nan, index=df.index)
+    if not keys:
+        return pd.Series(float(bsp[column].iloc[0]), index=df.index)
+    setting = df[keys].map(str).agg("|".join, axis=1)  # as text: a missing value (loopback) matches itself
+    ref = bsp[column].groupby(setting[bsp.index]).first()
+    return setting.map(ref).astype(float)
 
 
 def accuracy_table(results_dir: str | Path, runs: pd.DataFrame | None = None) -> pd.DataFrame:
@@ -295,11 +313,11 @@ def summary_table(throughput: pd.DataFrame, accuracy: pd.DataFrame) -> pd.DataFr
     if throughput.empty:
         return pd.DataFrame()
     final = accuracy.sort_values("epoch").groupby("run_id").last() if len(accuracy) else pd.DataFrame()
+    setting = [k for k in _SETTING if k in throughput.columns]
     df = throughput[["run_id", "method", "label", "stage1_bytes_share", "iteration_s", "throughput_samples_s",
-                     "speedup_vs_bsp", "oversubscribed"]].copy()
+                     "speedup_vs_bsp", "oversubscribed"] + setting].copy()
     df["speedup_vs_bsp_pct"] = 100 * (df["speedup_vs_bsp"] - 1)
     df["final_accuracy"] = df.run_id.map(final["test_accuracy"]) if len(final) else np.nan
-    bsp = df[df.method == "ps_bsp"]["final_accuracy"]
-    df["accuracy_vs_bsp_pts"] = 100 * (df["final_accuracy"] - (float(bsp.iloc[0]) if len(bsp) else np.nan))
+    df["accuracy_vs_bsp_pts"] = 100 * (df["final_accuracy"] - _bsp_reference(df, "final_accuracy"))
     df["paper_claim_pct"] = PAPER_CLAIM_PCT
-    return df.drop(columns="speedup_vs_bsp")
+    return df.drop(columns=["speedup_vs_bsp"] + setting)
