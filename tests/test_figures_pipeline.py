@@ -682,7 +682,7 @@ SMOKE_PARAMETERS: dict[str, dict] = {
     "validation.ipynb": {"steps": 5, "warmup_steps": 2, "contention_repeats": 3},
     "compare_schedulers.ipynb": {"steps": 4},
     "omgs_training.ipynb": {"convergence_epochs": 1, "steps": 4, "seeds": [0, 1]},  # two seeds: the spread is drawn
-    "osp_training.ipynb": {"epochs": 1},
+    "osp_training.ipynb": {"epochs": 1, "seeds": [0, 1]},  # two seeds: medians and the spread are drawn
     "dear_training.ipynb": {"steps": 4, "search_trials": 4, "search_seeds": 2, "primitive_repeats": 2,
                             "threshold_sweep_bytes": [8192, 131072]},
 }

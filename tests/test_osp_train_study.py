@@ -185,3 +185,26 @@ def test_speedup_over_bsp_is_per_setting():
     ratio = df["throughput_samples_s"] / study._bsp_reference(df, "throughput_samples_s")
     assert list(ratio[:4]) == pytest.approx([1.0, 1.5, 1.0, 1.2])
     assert np.isnan(ratio[4])
+
+
+def test_methods_are_medians_over_seeds_and_the_band_is_drawn():
+    """Runs of one variant under several seeds (``_seed<n>`` ids) become one row per method and epoch:
+    the median with its range; the speedup over BSP comes from the medians; the figure draws the band."""
+    thr = pd.DataFrame([{"run_id": f"m_{s}{tag}", "model": "m", "method": s, "scheduler": s, "label": s, "workers": 2,
+                         "servers": 1, "batch_size": 32, "emulated_bandwidth_bps": np.nan, "iteration_s": 1.0,
+                         "compute_s": 0.5, "throughput_samples_s": t, "predicted_s": 1.0, "comm_bound": 2.0,
+                         "prediction_error": 0.0, "stage1_bytes_share": 1.0, "oversubscribed": False}
+                        for s, ts in (("ps_bsp", (100.0, 120.0, 80.0)), ("osp", (150.0, 90.0, 200.0)))
+                        for tag, t in zip(("", "_seed1", "_seed2"), ts)])
+    acc = pd.DataFrame([{"run_id": f"m_osp{tag}", "model": "m", "method": "osp", "scheduler": "osp", "label": "OSP",
+                         "stage1_share": 0.5, "stage1_bytes_share": 0.5, "lgp": True, "staleness": np.nan,
+                         "epoch": 1, "test_accuracy": a, "test_loss": 1.0, "train_loss": 1.0, "time_s": 1.0,
+                         "steps": 3} for tag, a in zip(("", "_seed1", "_seed2"), (0.9, 0.1, 0.5))])
+    thr_m, acc_m = study.median_over_seeds(thr, acc)
+    assert list(thr_m.run_id) == ["m_ps_bsp", "m_osp"] and list(thr_m.seeds) == [3, 3]
+    assert list(thr_m.throughput_samples_s) == [100.0, 150.0]
+    assert thr_m.speedup_vs_bsp.tolist() == pytest.approx([1.0, 1.5])  # median over median
+    row = acc_m.iloc[0]
+    assert (row.test_accuracy, row.test_accuracy_min, row.test_accuracy_max) == (0.5, 0.1, 0.9)  # not the lucky 0.9
+    fig = plots.plot_accuracy(acc_m.assign(epoch=1), "epoch", "t")
+    assert len(fig.axes[0].collections) == 1  # the seeds' band

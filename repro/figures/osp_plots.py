@@ -260,6 +260,14 @@ def _runs_in_order(acc: pd.DataFrame) -> list[str]:
     return list(r.sort_values(["_o", "stage1_bytes_share"], ascending=[True, False])["run_id"])
 
 
+def _seed_band(ax, xs, g: pd.DataFrame, column: str, kw: dict, scale: float = 1.0) -> None:
+    """The seeds' range of ``column`` as a light band around the median curve (rows of
+    :func:`repro.studies.osp_train.median_over_seeds` with more than one seed)."""
+    if f"{column}_min" in g and "seeds" in g and int(g["seeds"].max()) > 1:
+        ax.fill_between(xs, scale * g[f"{column}_min"].to_numpy(dtype=float),
+                        scale * g[f"{column}_max"].to_numpy(dtype=float), color=kw.get("color"), alpha=0.15, lw=0)
+
+
 def plot_accuracy(acc: pd.DataFrame, x: str, title: str, note: str = "", claim: str = ""):
     """Test accuracy (left) and mean train loss of the epoch (right) per run against ``x`` (``"epoch"``
     or ``"time_s"``, drawn in seconds). ``acc`` is :func:`repro.studies.osp_train.accuracy_table` (the
@@ -274,6 +282,8 @@ def plot_accuracy(acc: pd.DataFrame, x: str, title: str, note: str = "", claim: 
         xs = g[x].to_numpy(dtype=float)
         axes[0].plot(xs, 100 * g["test_accuracy"], **kw)
         axes[1].plot(xs, g["train_loss"], **kw)
+        _seed_band(axes[0], xs, g, "test_accuracy", kw, 100)
+        _seed_band(axes[1], xs, g, "train_loss", kw)
         handles.append(Line2D([], [], **kw, label=r.label))
     xlabel = "epoch" if x == "epoch" else "training time (s, sum of measured step times; evaluation excluded)"
     for a in axes:
@@ -309,6 +319,7 @@ def plot_lgp_ablation(table: pd.DataFrame, title: str, note: str = ""):
             r = g.iloc[0]
             kw = _line_kw(r.method)
             a.plot(g["epoch"], 100 * g["test_accuracy"], **kw)
+            _seed_band(a, g["epoch"].to_numpy(dtype=float), g, "test_accuracy", kw, 100)
             final[r.method] = 100 * float(g["test_accuracy"].iloc[-1])
             mean[r.method] = 100 * float(g["test_accuracy"].mean())
             name = "BSP (reference)" if r.method == "ps_bsp" else method_label(r.method)

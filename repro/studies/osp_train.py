@@ -21,6 +21,7 @@ counts the workers only, so :func:`load_runs` recomputes ``oversubscribed`` from
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -100,23 +101,33 @@ def run_id(c: dict[str, Any], workers: int, servers: int, bandwidth: str | None 
 
         parts.append("bw" + format_bandwidth(parse_bandwidth(bandwidth)))
     parts.append(f"{c.get('dataset', 'digits')}-e{c.get('epochs')}")
+    if c.get("seed"):
+        parts.append(f"seed{int(c['seed'])}")
     return "_".join(str(p) for p in parts)
+
+
+def variant_id(rid: str) -> str:
+    """The run id without its seed (``_seed<n>``): what runs of one variant under several seeds share."""
+    return re.sub(r"_seed\d+$", "", str(rid))
 
 
 def convergence_configs(variants: Sequence[dict[str, Any]], model: str, workers: int, servers: int = 1,
                         bandwidth: str | None = None, *, dataset: str = "digits", epochs: int = 3,
                         batch_size: int = 32, warmup_steps: int = 2, importance: str = "magnitude",
-                        extra: dict[str, Any] | None = None) -> list[dict[str, Any]]:
-    """TrainConfig dicts, one per variant: ``epochs`` passes over ``dataset``, ``servers`` serving ranks,
-    OSP's ``importance`` policy; ``extra``: more fields for every run (e.g. ``fit_repeats``, ``lr``)."""
+                        seeds: Sequence[int] = (0,), extra: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """TrainConfig dicts, one per variant and seed: ``epochs`` passes over ``dataset``, ``servers``
+    serving ranks, OSP's ``importance`` policy; a seed fixes the weights and data order, the same for
+    every variant; ``extra``: more fields for every run (e.g. ``fit_repeats``, ``lr``)."""
     out = []
-    for v in variants:
-        c = {"model": model, "dataset": dataset, "epochs": int(epochs), "batch_size": int(batch_size),
-             "warmup_steps": int(warmup_steps), "compute_steps": 3, "servers": int(servers), **(extra or {}), **v}
-        if v["scheduler"] in ("osp", "osp_auto"):
-            c["importance"] = importance
-        c["run_id"] = run_id(c, workers, servers, bandwidth)
-        out.append(c)
+    for seed in dict.fromkeys(int(x) for x in seeds):
+        for v in variants:
+            c = {"model": model, "dataset": dataset, "epochs": int(epochs), "batch_size": int(batch_size),
+                 "warmup_steps": int(warmup_steps), "compute_steps": 3, "servers": int(servers), "seed": seed,
+                 **(extra or {}), **v}
+            if v["scheduler"] in ("osp", "osp_auto"):
+                c["importance"] = importance
+            c["run_id"] = run_id(c, workers, servers, bandwidth)
+            out.append(c)
     return out
 
 
@@ -273,6 +284,35 @@ def accuracy_table(results_dir: str | Path, runs: pd.DataFrame | None = None) ->
     out = pd.concat(frames, ignore_index=True)
     first = _keep(runs)
     return out[first + [c for c in out.columns if c not in first]]
+
+
+_THROUGHPUT_METRICS = ("iteration_s", "compute_s", "throughput_samples_s", "predicted_s", "comm_bound",
+                       "prediction_error", "stage1_bytes_share")
+_ACCURACY_METRICS = ("test_accuracy", "test_loss", "train_loss", "time_s", "steps")
+
+
+def _median_over(table: pd.DataFrame, metrics: Sequence[str], keys: Sequence[str]) -> pd.DataFrame:
+    t = table.assign(variant=table["run_id"].map(variant_id))
+    g = t.groupby(["variant", *keys], sort=False)
+    out = g.first()
+    for m in (m for m in metrics if m in t):
+        out[m], out[f"{m}_min"], out[f"{m}_max"] = g[m].median(), g[m].min(), g[m].max()
+    out["seeds"] = g["run_id"].nunique()
+    return out.reset_index().assign(run_id=lambda d: d["variant"]).drop(columns="variant")
+
+
+def median_over_seeds(throughput: pd.DataFrame, accuracy: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The runs of one variant under several seeds (:func:`variant_id`) as one: per variant (and epoch)
+    each metric's **median** over the seeds, with ``<metric>_min`` / ``<metric>_max`` (the spread) and
+    ``seeds``; ``run_id`` is the variant's. The speedup over BSP is recomputed from the medians. The
+    tables the figures and headlines use (no single seed's run stands for a method)."""
+    if not throughput.empty:
+        throughput = _median_over(throughput, _THROUGHPUT_METRICS, ())
+        throughput["speedup_vs_bsp"] = throughput["throughput_samples_s"] / _bsp_reference(throughput,
+                                                                                           "throughput_samples_s")
+    if not accuracy.empty:
+        accuracy = _median_over(accuracy, _ACCURACY_METRICS, ("epoch",))
+    return throughput, accuracy
 
 
 def lgp_ablation_table(accuracy: pd.DataFrame, shares: Sequence[float]) -> pd.DataFrame:

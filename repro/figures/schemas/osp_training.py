@@ -29,6 +29,7 @@ class OspTrainingParams(NotebookParams):
     ablation_shares: ListOf(Share) = [0.0, 0.5]
     ratio_shares: ListOf(Share, min_length=0) = [0.0, 0.5]
     staleness: NonNegative = 2
+    seeds: ListOf(NonNegative) = [0, 1, 2]
     importance: OneOf(["magnitude", "position"]) = "magnitude"
     paper_models: ListOf(OneOf(list(OSP_MODELS))) = ["resnet50", "vgg16", "bert_base", "inception_v4"]
     sim_link_rates: ListOf(LinkRate) = ["10gbit", "100gbit"]
