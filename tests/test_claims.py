@@ -189,6 +189,26 @@ def test_the_claims_page_is_in_sync_with_the_data():
     assert "claims.md" in nav
 
 
+def test_update_takes_only_the_claims_a_results_folder_has_whole(tmp_path, monkeypatch):
+    """``--update``: a claim's numbers come from the new results only when its row there has a number
+    wherever the snapshot's had one; the rest keep the snapshot's, and the provenance names both."""
+    mod = _doc_script()
+    snap = mod.read_snapshot().copy()
+    ids = list(snap["claim_id"])
+    snap["simulated_text"] = ["1.00x"] * len(ids)   # every claim had a simulated number before
+    snap["measured_text"] = ["n/a"] * len(ids)
+    snap["numbers_from"] = "old runs"
+    monkeypatch.setattr(mod, "SNAPSHOT", tmp_path / "claims.csv")
+    snap.to_csv(mod.SNAPSHOT, index=False)
+    table = cl.claims_table(None)  # the new results: a number for the first 5 claims, none for the rest
+    table["simulated_text"] = ["2.00x"] * 5 + [mod.NOT_MEASURED] * (len(table) - 5)
+    monkeypatch.setattr(mod, "claims_table", lambda results: table)
+    got = mod.build(tmp_path, update=True, note="a note")[0]
+    assert list(got["simulated_text"]) == ["2.00x"] * 5 + ["1.00x"] * (len(ids) - 5)
+    line = got["numbers_from"].iloc[0]
+    assert line.startswith("old runs Updated since (") and line.endswith("a note")
+
+
 # ---------------------------------------------------------------------------- compare.schedulers
 
 def test_exact_choice_takes_a_faster_heuristic_plan_of_the_same_family():
