@@ -85,6 +85,7 @@ from repro.cost import CostModel
 from repro.presets import preset
 from repro.run_options import RUN_OPTIONS, check_run_options
 from repro.plan import Plan
+from repro.runtime.buffers import broadcast_module_state
 from repro.runtime.executor import Executor, ExecutorOptions, FoundInfReport, ScaledStep, scaled_step
 from repro.runtime.online import StepTimes, grad_abs_mean, measured_trace, plan_online, sync_device
 from repro.schedulers import get_scheduler
@@ -662,14 +663,14 @@ def distribute(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: st
                                                    planner_options=planner_options, network_cost=network_cost,
                                                    fit_repeats=fit_repeats)
             return model, ps_dedicated.ServingRankOptimizer(optimizer, S, tables)
-        _sync_initial_state(model, group, S)
+        broadcast_module_state(model, S, group)
         if plan is not None:  # no warm-up: the servers take the first trainer's state now
             ps_dedicated.share_trainer_state(model, optimizer, S)
         on_plan = None if plan is not None else (lambda: ps_dedicated.share_trainer_state(model, optimizer, S))
         _context = RunContext(group=group, first=S, servers=S, on_plan=on_plan)
     else:
         ctx = _context or RunContext()
-        _sync_initial_state(model, ctx.group, ctx.first)
+        broadcast_module_state(model, ctx.first, ctx.group)
     door = _Door(model, optimizer, name, plan, warmup_steps=warmup_steps, network_cost=network_cost, view=view,
                  planner_options=planner_options, executor_options=executor_options, fit_repeats=fit_repeats,
                  record_timeline=record_timeline, grad_scaler=grad_scaler, context=_context)
@@ -727,29 +728,3 @@ def _sizes_trace(model: nn.Module, view: str) -> Any:
     dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
     return Trace(type(model).__name__, 1, str(next(model.parameters()).device), dtype, layers,
                  extra={"source": "parameter sizes", "view": view})
-
-
-def _sync_initial_state(model: nn.Module, group: Any, src: int) -> None:
-    """Rank ``src``'s parameters and buffers on every rank of ``group`` (as DDP does when it wraps a
-    model), broadcast per dtype and device in pieces of at most 256 MiB."""
-    kinds: dict[tuple[torch.dtype, torch.device], list[torch.Tensor]] = {}
-    for t in [p.detach() for p in model.parameters()] + list(model.buffers()):
-        kinds.setdefault((t.dtype, t.device), []).append(t)
-    limit = 256 * 2 ** 20
-    with torch.no_grad():
-        for ts in kinds.values():
-            pieces: list[list[torch.Tensor]] = [[]]
-            size = 0
-            for t in ts:
-                if pieces[-1] and size + t.numel() * t.element_size() > limit:
-                    pieces.append([])
-                    size = 0
-                pieces[-1].append(t)
-                size += t.numel() * t.element_size()
-            for piece in pieces:
-                flat = torch.cat([t.reshape(-1) for t in piece])
-                dist.broadcast(flat.view(torch.uint8) if flat.dtype == torch.bool else flat, src=src, group=group)
-                off = 0
-                for t in piece:
-                    t.copy_(flat[off:off + t.numel()].view_as(t))
-                    off += t.numel()

@@ -120,3 +120,23 @@ def test_dedicated_servers_refusals_are_one_line(one_rank):
         with pytest.raises(ValueError, match=message) as e:
             repro.distribute(model, opt, **kwargs)
         assert "\n" not in str(e.value)
+
+
+@pytest.mark.distributed
+def test_module_state_goes_in_pieces_per_dtype(one_rank, monkeypatch):
+    """broadcast_module_state (distribute's DDP-like start): one flattened broadcast per dtype and piece
+    of at most PIECE_BYTES, bool buffers as bytes, every tensor written back."""
+    from repro.runtime import buffers
+
+    model = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4))   # float32 params and buffers, an int64 buffer
+    model.register_buffer("mask", torch.tensor([True, False]))
+    calls = []
+    real = dist.broadcast
+    monkeypatch.setattr(buffers.dist, "broadcast", lambda t, **kw: calls.append((t.dtype, t.numel())) or real(t, **kw))
+    monkeypatch.setattr(buffers, "PIECE_BYTES", 64)   # 16 float32 elements a piece
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    buffers.broadcast_module_state(model)
+    # weight (16 elements, a piece); bias + BN weight, bias, running mean (16); running var (4); then the
+    # bool mask as bytes and the int64 step counter, each in the order its dtype first appears
+    assert calls == [(torch.float32, 16), (torch.float32, 16), (torch.float32, 4), (torch.uint8, 2), (torch.int64, 1)]
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())

@@ -1,28 +1,53 @@
-"""Keep module buffers (e.g. BatchNorm running statistics) consistent across ranks, as DDP does.
+"""Keep module state (parameters at the start, buffers such as BatchNorm running statistics before
+every forward) consistent across ranks, as DDP does.
 
-PyTorch DDP (``broadcast_buffers=True``, its default) broadcasts rank 0's buffers before every
-forward; :func:`broadcast_buffers` does the same with one broadcast per buffer dtype, so that plan
-schedulers and DDP leave identical models behind (evaluation included).
+PyTorch DDP broadcasts rank 0's parameters and buffers when it wraps a model, and (``broadcast_buffers=
+True``, its default) rank 0's buffers before every forward. :func:`broadcast_module_state` and
+:func:`broadcast_buffers` do the same with one coalesced broadcast per dtype and device (in pieces of at
+most :data:`PIECE_BYTES`), so that plan schedulers and DDP leave identical models behind.
 """
 
 from __future__ import annotations
+
+from typing import Iterable
 
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
-__all__ = ["broadcast_buffers"]
+__all__ = ["broadcast_buffers", "broadcast_module_state", "broadcast_tensors"]
+
+PIECE_BYTES = 256 * 2**20  # at most this much is flattened into one broadcast (a copy of it is made)
 
 
 @torch.no_grad()
+def broadcast_tensors(tensors: Iterable[torch.Tensor], src: int = 0, group: dist.ProcessGroup | None = None) -> None:
+    """Overwrite every rank's ``tensors`` with rank ``src``'s (a global rank): per dtype and device, one
+    flattened broadcast per piece of at most :data:`PIECE_BYTES` (bool tensors travel as bytes)."""
+    kinds: dict[tuple[torch.dtype, torch.device], list[list[torch.Tensor]]] = {}
+    sizes: dict[tuple[torch.dtype, torch.device], int] = {}
+    for t in tensors:
+        key, nbytes = (t.dtype, t.device), t.numel() * t.element_size()
+        pieces = kinds.setdefault(key, [[]])
+        if pieces[-1] and sizes.get(key, 0) + nbytes > PIECE_BYTES:
+            pieces.append([])
+            sizes[key] = 0
+        pieces[-1].append(t)
+        sizes[key] = sizes.get(key, 0) + nbytes
+    for pieces in kinds.values():
+        for piece in pieces:
+            # one C++ call each way (as DDP's _broadcast_coalesced), not a Python slice and copy per tensor
+            flat = _flatten_dense_tensors(piece)
+            dist.broadcast(flat.view(torch.uint8) if flat.dtype == torch.bool else flat, src=src, group=group)
+            torch._foreach_copy_(piece, _unflatten_dense_tensors(flat, piece))
+
+
 def broadcast_buffers(model: nn.Module, src: int = 0, group: dist.ProcessGroup | None = None) -> None:
-    """Overwrite every rank's buffers with rank ``src``'s (one coalesced broadcast per dtype)."""
-    by_dtype: dict[tuple[torch.dtype, torch.device], list[torch.Tensor]] = {}
-    for b in model.buffers():
-        by_dtype.setdefault((b.dtype, b.device), []).append(b)
-    for bufs in by_dtype.values():
-        # one C++ call each way (as DDP's _broadcast_coalesced), not a Python slice and copy per buffer
-        flat = _flatten_dense_tensors(bufs)
-        dist.broadcast(flat, src=src, group=group)
-        torch._foreach_copy_(bufs, _unflatten_dense_tensors(flat, bufs))
+    """Overwrite every rank's buffers with rank ``src``'s."""
+    broadcast_tensors(model.buffers(), src, group)
+
+
+def broadcast_module_state(model: nn.Module, src: int = 0, group: dist.ProcessGroup | None = None) -> None:
+    """Overwrite every rank's parameters and buffers with rank ``src``'s (DDP's start)."""
+    broadcast_tensors([p.detach() for p in model.parameters()] + list(model.buffers()), src, group)
