@@ -114,17 +114,13 @@ def device_ready_times(device: torch.device, width: int = 4096, batch: int = 409
     """A heavy MLP's backward through the all-reduce executor with its default clock: gradient-ready
     times relative to a synced backward start, the host times at which the hooks marked, and the
     synced backward's duration."""
+    from repro.runtime.clock import make_clock
+
     torch.manual_seed(0)
     model = Heavy(width).to(device)
-    ex = _executor_for(model, [f"layers.{i}" for i in range(len(model.layers))][::-1])
-    marks: dict[str, float] = {}
-    mark = ex.clock.mark
-
-    def spy(key, host_s=None):
-        marks[key] = time.perf_counter()
-        mark(key, host_s)
-
-    ex.clock.mark = spy
+    clock = _HostStamps(make_clock(device))  # given to the executor: its hooks bind clock.mark when made
+    marks = clock.host
+    ex = _executor_for(model, [f"layers.{i}" for i in range(len(model.layers))][::-1], clock=clock)
     try:
         x = torch.randn(batch, width, device=device)
         for _ in range(3):  # the last one counts
@@ -147,13 +143,28 @@ def device_ready_times(device: torch.device, width: int = 4096, batch: int = 409
         ex.remove()
 
 
-def _executor_for(model: nn.Module, backward_order: list[str]):
+class _HostStamps:
+    """A clock that also keeps the host time at which each mark was made (``host``), else ``clock``."""
+
+    def __init__(self, clock) -> None:
+        self._clock = clock
+        self.host: dict[str, float] = {}
+
+    def mark(self, key: str, host_s: float | None = None) -> None:
+        self.host[key] = time.perf_counter()
+        self._clock.mark(key, host_s)
+
+    def __getattr__(self, name: str):
+        return getattr(self._clock, name)
+
+
+def _executor_for(model: nn.Module, backward_order: list[str], clock=None):
     from repro.plan import Plan
     from repro.runtime.allreduce import AllReduceExecutor
     from repro.runtime.executor import ExecutorOptions
 
     return AllReduceExecutor(model, Plan.from_dict({"solver": "syncea", "buckets": [backward_order]}),
-                             ExecutorOptions(view="module"))
+                             ExecutorOptions(view="module", clock=clock))
 
 
 def _sync(device: torch.device) -> None:
