@@ -352,11 +352,9 @@ def _until(cond, timeout_s: float = 10.0) -> bool:
     return cond()
 
 
-@pytest.mark.distributed
-def test_bytescheduler_credit_waits_for_the_device_completion(one_rank):
-    """Three one-layer chunks, a credit of one byte (one chunk in flight). Each chunk's all-reduce
-    returns at once on the host (as NCCL's Work does at enqueue), but the fake device completes it only
-    when the test says: the next chunk is issued only after that, and end_s is the device's time."""
+def _bytescheduler_on_fake_cuda():
+    """A three-layer model under ByteScheduler (one chunk a layer, a credit of one byte: one chunk in
+    flight) on a fake CUDA device whose events complete when the test releases them."""
     from repro.plan import Bucket, Message, Plan
     from repro.runtime.bytescheduler import ByteSchedulerExecutor, CudaComm
     from repro.runtime.executor import ExecutorOptions
@@ -373,6 +371,15 @@ def test_bytescheduler_credit_waits_for_the_device_completion(one_rank):
     comm = CudaComm("cuda", event_factory=lambda: FakeEvent(dev), side_stream=side,
                     current_stream=lambda: compute, completions=comp)
     ex = ByteSchedulerExecutor(model, plan, ExecutorOptions(view="module", record_timeline=True), comm=comm)
+    return model, names, dev, side, compute, ex
+
+
+@pytest.mark.distributed
+def test_bytescheduler_credit_waits_for_the_device_completion(one_rank):
+    """Three one-layer chunks, a credit of one byte (one chunk in flight). Each chunk's all-reduce
+    returns at once on the host (as NCCL's Work does at enqueue), but the fake device completes it only
+    when the test says: the next chunk is issued only after that, and end_s is the device's time."""
+    model, names, dev, side, compute, ex = _bytescheduler_on_fake_cuda()
     try:
         opt = ex.wrap_optimizer(torch.optim.SGD(model.parameters(), lr=0.1))
         ref = [p.detach().clone() for p in model.parameters()]
@@ -408,6 +415,41 @@ def test_bytescheduler_credit_waits_for_the_device_completion(one_rank):
         assert compute.waited[before:] == [by_layer[n] for n in names]  # in forward order, no host wait
         # and the update is the plain SGD one (world size 1)
         assert any(not torch.equal(p, r) for p, r in zip(model.parameters(), ref))
+    finally:
+        ex.remove()
+
+
+@pytest.mark.distributed
+def test_bytescheduler_timeline_row_waits_for_chunks_not_yet_issued(one_rank):
+    """On CUDA ``step()`` returns while chunks are still waiting for the credit (not issued): a
+    timeline row read then (``repro train`` reads them after each step) waits until its chunk has
+    completed on the device, instead of coming back without ``start_s`` and ``end_s`` (seen on an
+    H100: ``nan <= nan``)."""
+    import threading
+
+    model, names, dev, side, compute, ex = _bytescheduler_on_fake_cuda()
+    try:
+        opt = ex.wrap_optimizer(torch.optim.SGD(model.parameters(), lr=0.1))
+        x, y = torch.randn(8, 4), torch.randint(0, 2, (8,))
+        ex.before_forward()
+        nn.functional.cross_entropy(ex.module(x), y).backward()
+        ex.after_backward()
+        opt.step()
+        chunks = ex._chunks
+        assert _until(lambda: sum(c.gen for c in chunks) == 1)  # one issued, two held back by the credit
+        rows: list[dict] = []
+        reader = threading.Thread(target=lambda: rows.extend(t.row(0.0) for t in ex.timings))
+        reader.start()
+        for k in range(3):
+            assert _until(lambda: sum(c.gen for c in chunks) == k + 1)
+            c = next(c for c in chunks if c.gen == 1 and not c.done)
+            dev.now = 10.0 + k
+            c.event.release(9.5 + k)
+        reader.join(timeout=30)
+        assert not reader.is_alive() and len(rows) == 3
+        for row in rows:
+            assert row["start_s"] <= row["end_s"], row  # NaN on either side fails
+        assert sorted(row["end_s"] - OFFSET for row in rows) == pytest.approx([9.5, 10.5, 11.5], abs=1e-9)
     finally:
         ex.remove()
 

@@ -112,10 +112,14 @@ class ChunkTiming:
 
     def row(self, origin_s: float) -> dict:
         """One ``buckets.csv`` row: time stamps in seconds after ``origin_s``, ``launch_s`` as ``start_s``.
-        On CUDA (completions stamped by a watcher thread) a chunk launched but not yet seen complete is
-        waited for first (at most 60 s; NaN after that); on a CPU its ``end_s`` is NaN until then."""
+        On CUDA (completions stamped by a watcher thread) a chunk of this iteration (its gradients
+        ready) that is not yet seen complete is waited for first, whether or not the scheduler thread
+        has issued it yet (at most 60 s; NaN after that): ``step()`` returns before the last chunks are
+        issued, and a row read then would have no ``start_s`` nor ``end_s`` (seen on an H100). On a
+        CPU its ``start_s`` / ``end_s`` are NaN until then (gloo completes a chunk only when the next
+        forward waits for it)."""
         done = self.__dict__.get("_done")
-        if done is not None and self.launch_s == self.launch_s:
+        if done is not None and self.ready_s == self.ready_s:
             done.wait(60.0)
         out = {}
         for f in fields(self):
