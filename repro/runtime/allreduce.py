@@ -168,6 +168,10 @@ class BucketedAllReduce:
             bucket.pending = len(bucket.slots)
             self._buckets.append(bucket)
         self._next = 0  # next bucket (plan order) to launch
+        self._all_reduce = allreduce_launcher(group)
+        # the world size as a 0-dim tensor: dividing by it is the division by the int (the same quotient in
+        # every float dtype; tests/test_allreduce_grads.py), without wrapping a Python scalar on every call
+        self._divisor = torch.tensor(float(self.world_size), dtype=torch.float64)
         cycle_s = plan.option("cycle_s")
         if cycle_s is not None and not (isinstance(cycle_s, (int, float)) and not isinstance(cycle_s, bool)
                                         and math.isfinite(cycle_s) and cycle_s > 0):
@@ -223,7 +227,7 @@ class BucketedAllReduce:
             if bucket.scaled_in_write:
                 slot.view.div_(self.world_size)
         elif bucket.scaled_in_write:
-            torch.div(grad.reshape(-1), self.world_size, out=slot.view)
+            torch.div(grad.reshape(-1), self._divisor, out=slot.view)
         else:
             slot.view.copy_(grad.reshape(-1))
         slot.written = True
@@ -295,7 +299,7 @@ class BucketedAllReduce:
             for i, buffer in enumerate(bucket.buffers):  # one message per dtype, back to back
                 if not bucket.scaled_in_write:  # the flags too (only their sign is read)
                     buffer.div_(self.world_size)
-                work = dist.all_reduce(buffer, group=self.group, async_op=True)
+                work = self._all_reduce(buffer)
                 if self.record_timeline:
                     work.get_future().then(lambda _f, t=timing, ends=ends, i=i: _ended(t, ends, i))
                 bucket.works.append(work)
@@ -359,6 +363,31 @@ class BucketedAllReduce:
         for h in self._handles:
             h.remove()
         self._handles = []
+
+
+def allreduce_launcher(group: dist.ProcessGroup | None = None):
+    """``launch(tensor) -> Work``: start an asynchronous SUM all-reduce of ``tensor`` on ``group`` (None: the
+    default group) by the process group's own ``allreduce``, which is what ``dist.all_reduce(tensor,
+    group=group, async_op=True)`` calls after its argument checks. Those checks cost about 27 us of Python
+    per call (measured on a CPU, gloo, 2 ranks: 64 us against 37 us), paid once per bucket in the middle
+    of the backward; the executor's buffers are dense tensors of one dtype on the group's device, so
+    there is nothing for them to find (a complex buffer goes through ``dist.all_reduce``). A torch whose process group lacks ``allreduce`` (or options)
+    gets ``dist.all_reduce`` itself."""
+    pg = group if group is not None else dist.group.WORLD
+    options_type = getattr(dist, "AllreduceOptions", None)
+    if options_type is None or not hasattr(pg, "allreduce"):
+        return lambda tensor: dist.all_reduce(tensor, group=group, async_op=True)
+    opts = options_type()
+    opts.reduceOp = dist.ReduceOp.SUM
+    if hasattr(opts, "asyncOp"):
+        opts.asyncOp = True
+    allreduce = pg.allreduce
+
+    def launch(tensor: torch.Tensor):
+        if tensor.is_complex():  # dist.all_reduce sums complex tensors as pairs of reals
+            return dist.all_reduce(tensor, group=group, async_op=True)
+        return allreduce([tensor], opts)
+    return launch
 
 
 def _ended(timing: BucketTiming, ends: list[float], i: int) -> None:
