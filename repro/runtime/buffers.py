@@ -35,12 +35,19 @@ def broadcast_tensors(tensors: Iterable[torch.Tensor], src: int = 0, group: dist
             sizes[key] = 0
         pieces[-1].append(t)
         sizes[key] = sizes.get(key, 0) + nbytes
+    # every piece's broadcast is in flight at once (one round trip, not one per dtype: tiny_resnet's float32
+    # and int64 buffers took 1.1 ms one after the other on 2 gloo ranks); one C++ call each way per piece
+    # (as DDP's _broadcast_coalesced), not a Python slice and copy per tensor
+    sent = []
     for pieces in kinds.values():
         for piece in pieces:
-            # one C++ call each way (as DDP's _broadcast_coalesced), not a Python slice and copy per tensor
             flat = _flatten_dense_tensors(piece)
-            dist.broadcast(flat.view(torch.uint8) if flat.dtype == torch.bool else flat, src=src, group=group)
-            torch._foreach_copy_(piece, _unflatten_dense_tensors(flat, piece))
+            work = dist.broadcast(flat.view(torch.uint8) if flat.dtype == torch.bool else flat, src=src, group=group,
+                                  async_op=True)
+            sent.append((piece, flat, work))
+    for piece, flat, work in sent:
+        work.wait()
+        torch._foreach_copy_(piece, _unflatten_dense_tensors(flat, piece))
 
 
 def broadcast_buffers(model: nn.Module, src: int = 0, group: dist.ProcessGroup | None = None) -> None:
