@@ -473,3 +473,33 @@ def ddp_bridge(ctx, sizes: list[int], wrong_sizes: list[int]) -> list[dict]:
     plan (``default_ddp``); its parameters are compared with default DDP's (``diff``: bucketing must not
     change the math)."""
     return [_bridge_once(sizes, wrong_sizes, fu) for fu in (False, True)]
+
+
+def ddp_threshold_buckets(ctx, threshold_bytes: int, steps: int = 3) -> dict:
+    """tiny_bert (its prediction head, tied to the word embedding, is not ready in registration order)
+    through ``distribute(scheduler="ddp_threshold")`` and through ``scheduler="threshold"`` (planned
+    online from the measured order): DDP's buckets after its rebuild, and the threshold plan's, as
+    lists of element counts in reduction order."""
+    import repro
+    from repro.runtime.ddp_bridge import ddp_buckets
+    from repro.workload.models import build_model, compute_loss, make_batch
+
+    x, y = make_batch("tiny_bert", 4, generator=torch.Generator().manual_seed(dist.get_rank()))
+    out = {}
+    for name in ("ddp_threshold", "threshold"):
+        torch.manual_seed(0)
+        net = build_model("tiny_bert")
+        model, opt = repro.distribute(net, _sgd(net.parameters()), scheduler=name, warmup_steps=2,
+                                      threshold_bytes=threshold_bytes)
+        for _ in range(steps):
+            opt.zero_grad()
+            compute_loss("tiny_bert", model, x, y).backward()
+            opt.step()
+        opt.flush()
+        if name == "ddp_threshold":
+            out[name] = [sum(p.numel() for p in b) for b in ddp_buckets(model)]
+        else:
+            params = dict(net.named_parameters())
+            out[name] = [sum(params[n].numel() for n in b.layers) for b in opt.plan.buckets]
+        opt.remove()
+    return out

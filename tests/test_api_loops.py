@@ -231,3 +231,15 @@ def test_rank_zero_can_evaluate_alone(loops):
     """An evaluation forward issues no collective (before: the executor's buffer broadcast, a collective
     on rank 0 alone, so rank 0 waited for ever)."""
     assert loops[0]["rank0_eval"] == ["ok", "ok", "ok"], loops[0]["rank0_eval"]
+
+
+@pytest.mark.distributed
+def test_ddp_threshold_forms_the_threshold_plan_of_the_order_that_happens():
+    """``distribute(scheduler="ddp_threshold")`` plans from the parameters' sizes before any backward;
+    DDP walks the order the gradients become ready. Given one cap per bucket of a plan made in
+    registration order, DDP merged tiny_bert's buckets (9 where the threshold plan of the measured order
+    has 16); with the threshold as its one cap, DDP's buckets are that plan's."""
+    rows = launch_local(api_loops_targets.ddp_threshold_buckets, 2, args=(65536,), timeout_s=300)
+    for row in rows:
+        assert row["ddp_threshold"] == row["threshold"], row
+        assert len(row["threshold"]) > 8, row
