@@ -109,14 +109,35 @@ def test_grouped_metric_reports_where_and_uses_the_median_of_seeds(tmp_path):
     assert "-9.1% (resnet50)" in r["why"] and "+42.9% (bert_base)" in r["why"]  # released worst, ours best
     # three seeds of the convergence run: one collapsed OMGS seed does not decide the median
     acc = {"wfbp": [0.80, 0.81, 0.79], "topk_single": [0.50, 0.52, 0.51], "omgs": [0.51, 0.10, 0.52]}
-    write_table(pd.DataFrame([{"model": "tiny_resnet", "scheduler": s, "seed": i, "test_accuracy": a}
+    write_table(pd.DataFrame([{"model": "tiny_resnet", "lm": False, "scheduler": s, "seed": i, "test_accuracy": a}
                               for s, v in acc.items() for i, a in enumerate(v)]), data, "omgs_convergence_final")
     r = _row(cl.claims_table(data, ["omgs"]), "omgs.convergence")
     assert r["measured"] == pytest.approx(0.0) and r["verdict"] == "reproduced"
     acc["omgs"] = [0.10, 0.12, 0.52]
-    write_table(pd.DataFrame([{"model": "tiny_resnet", "scheduler": s, "seed": i, "test_accuracy": a}
+    write_table(pd.DataFrame([{"model": "tiny_resnet", "lm": False, "scheduler": s, "seed": i, "test_accuracy": a}
                               for s, v in acc.items() for i, a in enumerate(v)]), data, "omgs_convergence_final")
     assert _row(cl.claims_table(data, ["omgs"]), "omgs.convergence")["verdict"] == "not reproduced"
+
+
+def test_the_language_model_is_judged_by_perplexity_not_its_degenerate_accuracy(tmp_path):
+    """At tiny scale the LSTM predicts the most frequent token, so its next-token accuracy is that token's
+    share for every scheduler (or another frequent token's): omgs.convergence (accuracy) reads the
+    classifier only, omgs.convergence_lm the language model's perplexity against TopK-SGD's."""
+    data = tmp_path / "data"
+    rows = [{"model": "tiny_resnet", "lm": False, "scheduler": s, "test_accuracy": a, "perplexity": None}
+            for s, a in (("wfbp", 0.91), ("topk_single", 0.90), ("omgs", 0.89))]
+    rows += [{"model": "tiny_lstm", "lm": True, "scheduler": s, "test_accuracy": a, "perplexity": p}
+             for s, a, p in (("wfbp", 0.117, 179.0), ("topk_single", 0.117, 184.0), ("omgs", 0.087, 193.0))]
+    write_table(pd.DataFrame(rows), data, "omgs_convergence_final")
+    table = cl.claims_table(data, ["omgs"])
+    cnn = _row(table, "omgs.convergence")
+    assert cnn["measured"] == pytest.approx(-1.0) and cnn["measured_at"] == "tiny_resnet" and cnn["verdict"] == "reproduced"
+    lm = _row(table, "omgs.convergence_lm")
+    assert lm["measured"] == pytest.approx(100 * (193 / 184 - 1)) and lm["verdict"] == "not reproduced"
+    assert "+2.8%" in lm["why"]  # TopK-SGD against dense, from the table
+    rows[-1]["perplexity"] = 186.0
+    write_table(pd.DataFrame(rows), data, "omgs_convergence_final")
+    assert _row(cl.claims_table(data, ["omgs"]), "omgs.convergence_lm")["verdict"] == "reproduced"
 
 
 # ---------------------------------------------------------------------------------- runner, gallery
