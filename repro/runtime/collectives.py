@@ -23,7 +23,7 @@ buffer's size in bytes):
 For ``P = 2`` each is a single exchange of halves between the two ranks.
 
 NCCL: native ``reduce_scatter_tensor`` / ``all_gather_into_tensor`` / ``all_reduce`` on a side CUDA
-stream (untested here: no GPU on the machines this was written on).
+stream (run on one H100 with an NCCL group of one rank, docs/gpu_report.md; never on two GPUs yet).
 """
 
 from __future__ import annotations
