@@ -170,7 +170,7 @@ class BucketedAllReduce:
         self._next = 0  # next bucket (plan order) to launch
         self._all_reduce = allreduce_launcher(group)
         # the world size as a 0-dim tensor: dividing by it is the division by the int (the same quotient in
-        # every float dtype; tests/test_allreduce_grads.py), without wrapping a Python scalar on every call
+        # every float dtype; tests/test_allreduce_divisor.py), without wrapping a Python scalar on every call
         self._divisor = torch.tensor(float(self.world_size), dtype=torch.float64)
         cycle_s = plan.option("cycle_s")
         if cycle_s is not None and not (isinstance(cycle_s, (int, float)) and not isinstance(cycle_s, bool)
@@ -371,8 +371,8 @@ def allreduce_launcher(group: dist.ProcessGroup | None = None):
     group=group, async_op=True)`` calls after its argument checks. Those checks cost about 27 us of Python
     per call (measured on a CPU, gloo, 2 ranks: 64 us against 37 us), paid once per bucket in the middle
     of the backward; the executor's buffers are dense tensors of one dtype on the group's device, so
-    there is nothing for them to find (a complex buffer goes through ``dist.all_reduce``). A torch whose process group lacks ``allreduce`` (or options)
-    gets ``dist.all_reduce`` itself."""
+    there is nothing for them to find (a complex buffer goes through ``dist.all_reduce``). A torch whose
+    process group lacks ``allreduce`` (or its options) gets ``dist.all_reduce`` itself."""
     pg = group if group is not None else dist.group.WORLD
     options_type = getattr(dist, "AllreduceOptions", None)
     if options_type is None or not hasattr(pg, "allreduce"):

@@ -50,13 +50,12 @@ def ddp_caps_mb(plan: Plan, model: nn.Module, view: str) -> list[float]:
     instead (tiny_bert on 2 ranks: 9 buckets where the plan of the measured order has 16). So: one cap
     for a threshold plan of single-dtype parameters in the tensor view sent in their own dtype; the
     exact bytes of each bucket (:func:`repro.ddp_bucket_caps`' rule) for any other plan."""
-    trace = _sizes_trace(model, view)
     threshold = plan.meta.get("threshold_bytes")  # the threshold planner records it there
     dtypes = {p.dtype for p in model.parameters() if p.requires_grad}
     if (plan.solver == "threshold" and isinstance(threshold, int) and threshold > 0 and plan.wire_dtype is None
             and view == "tensor" and len(dtypes) == 1):
         return [threshold / 2**20]
-    return [b / 2**20 for b in plan.bucket_bytes(trace)]
+    return [b / 2**20 for b in plan.bucket_bytes(_sizes_trace(model, view))]
 
 
 def _sizes_trace(model: nn.Module, view: str) -> Trace:
