@@ -220,8 +220,10 @@ class _Door:
             self.warmup_left = warmup_steps
             names = list(layer_parameters(model, view))
             before = _grad_hook_keys(model)
+            # the warm-up measures each gradient's ready time through the executor's clock (CUDA events
+            # on a GPU): the Python hook engine marks them there
             self.ex: Executor = AllReduceExecutor(model, Plan.from_dict({"solver": "syncea", "buckets": [names]}),
-                                                  self.options)
+                                                  self.options, engine="hooks")
             self._ex_hooks = _HeldHooks(before, model)
             self.run_opt: Any = optimizer
         else:
@@ -275,8 +277,12 @@ class _Door:
         exchange; the first backward after the block exchanges the accumulated gradients."""
         self.check_live()
         ex_hooks = self._ex_hooks
+        ex = self.ex
+        hold_exchange = getattr(ex, "hold_exchange", None)  # an executor whose hooks are not Python's
         if self.accumulating == 0:
             ex_hooks.hold()
+            if hold_exchange is not None:
+                hold_exchange(True)
         self.accumulating += 1
         try:
             yield
@@ -284,6 +290,8 @@ class _Door:
             self.accumulating -= 1
             if self.accumulating == 0 and ex_hooks is self._ex_hooks and not getattr(self, "removed", False):
                 ex_hooks.put_back()
+                if hold_exchange is not None:
+                    hold_exchange(False)
 
     # ---- hooks ----
     def _before_forward(self, module: nn.Module, args: tuple) -> None:

@@ -338,6 +338,7 @@ def run_training(ctx, cfg: TrainConfig) -> tuple[nn.Module, dict[str, Any]]:
     if steps is None and (not epoch_rows or epoch_rows[-1]["epoch"] < cfg.epochs):
         epoch_rows.append(_evaluate(cfg, door.module, cfg.epochs, rows, device, ranks.group))
     extra_tables = door.ex.tables()
+    engine = getattr(door.ex, "engine", None)  # the all-reduce executor's: "reducer" (C++) or "hooks" (Python)
     dopt.remove()
 
     # ---- computation only: a copy of the model, no communication ----
@@ -357,6 +358,7 @@ def run_training(ctx, cfg: TrainConfig) -> tuple[nn.Module, dict[str, Any]]:
         inrun_trace = _runtime_trace(cfg, model, inrun, device, update_s=trace.overheads.update_s, group=ranks.group)
         inrun_trace.extra["method"] += f"; measured during the timed steps under '{cfg.scheduler}'"
     summary = _summarise(cfg, run_id, rows, compute_times, plan, trace, device, ranks)
+    summary["engine"] = engine
     if ranks.servers:  # the servers' tables (e.g. SSP clocks) join the run's
         for table, table_rows in _collect_server_tables({}, ranks).items():
             extra_tables[table] = extra_tables.get(table, []) + table_rows

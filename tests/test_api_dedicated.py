@@ -124,8 +124,9 @@ def test_dedicated_servers_refusals_are_one_line(one_rank):
 
 @pytest.mark.distributed
 def test_module_state_goes_in_pieces_per_dtype(one_rank, monkeypatch):
-    """broadcast_module_state (distribute's DDP-like start): one flattened broadcast per dtype and piece
-    of at most PIECE_BYTES, bool buffers as bytes, every tensor written back."""
+    """broadcast_module_state (distribute's DDP-like start): DDP's coalesced C++ broadcast for all but bool
+    tensors; without it, one flattened broadcast per dtype and piece of at most PIECE_BYTES; bool buffers
+    as bytes; every tensor written back."""
     from repro.runtime import buffers
 
     model = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4))   # float32 params and buffers, an int64 buffer
@@ -135,8 +136,19 @@ def test_module_state_goes_in_pieces_per_dtype(one_rank, monkeypatch):
     monkeypatch.setattr(buffers.dist, "broadcast", lambda t, **kw: calls.append((t.dtype, t.numel())) or real(t, **kw))
     monkeypatch.setattr(buffers, "PIECE_BYTES", 64)   # 16 float32 elements a piece
     before = {k: v.clone() for k, v in model.state_dict().items()}
+    # where DDP's C++ call exists, it takes every tensor but the bool ones, in one call
+    coalesced_calls = []
+    real_coalesced = dist._broadcast_coalesced
+    monkeypatch.setattr(buffers.dist, "_broadcast_coalesced", lambda pg, ts, size, src: coalesced_calls.append(
+        ([t.dtype for t in ts], size, src)) or real_coalesced(pg, ts, size, src))
     buffers.broadcast_module_state(model)
-    # weight (16 elements, a piece); bias + BN weight, bias, running mean (16); running var (4); then the
-    # bool mask as bytes and the int64 step counter, each in the order its dtype first appears
+    assert coalesced_calls == [([torch.float32] * 6 + [torch.int64], 64, 0)]
+    assert calls == [(torch.uint8, 2)]  # the bool mask, as bytes
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    # without it: weight (16 elements, a piece); bias + BN weight, bias, running mean (16); running var (4);
+    # then the bool mask as bytes and the int64 step counter, each in the order its dtype first appears
+    monkeypatch.delattr(buffers.dist, "_broadcast_coalesced")
+    calls.clear()
+    buffers.broadcast_module_state(model)
     assert calls == [(torch.float32, 16), (torch.float32, 16), (torch.float32, 4), (torch.uint8, 2), (torch.int64, 1)]
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())

@@ -149,7 +149,8 @@ def horovod_case(ctx, model_name: str, cycle_s: float) -> dict:
     plain = plan.replace(options={k: v for k, v in plan.options.items() if k != "cycle_s"})
     runs = {}
     for name, p in (("cycle", plan), ("plain", plain)):
-        r = _run(model_name, "sgd", lambda m, p=p: AllReduceExecutor(m, p, ExecutorOptions(record_timeline=True)))
+        r = _run(model_name, "sgd", lambda m, p=p: AllReduceExecutor(m, p, ExecutorOptions(record_timeline=True),
+                                                                  engine="hooks"))  # its ready stamps
         sync = r["ex"].sync
         runs[name] = {"params": _params(r["model"]), "launch_s": [t.launch_s for t in sync.timings],
                       "end_s": [t.end_s for t in sync.timings], "ready_s": list(sync.bucket_ready_s),

@@ -57,6 +57,7 @@ import math
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -65,29 +66,14 @@ from torch import nn
 from repro.plan import WIRE_DTYPE_BYTES, Plan, PlanError
 from repro.runtime.buffers import broadcast_buffers
 from repro.runtime.clock import clock_for
-from repro.runtime.executor import Executor, ExecutorOptions, timing_row
+from repro.runtime.executor import BucketTiming, Executor, ExecutorOptions
+from repro.runtime.reducer_engine import ReducerAllReduce, unfit_reason
 from repro.workload.layers import layer_parameters
 
 __all__ = ["AllReduceExecutor", "BucketedAllReduce", "ScheduledOptimizer", "BucketTiming", "calibrate"]
 
 _TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 assert set(_TORCH_DTYPES) == set(WIRE_DTYPE_BYTES)
-
-
-@dataclass
-class BucketTiming:
-    """Wall-clock seconds (perf_counter) of one bucket's all-reduce in the last iteration."""
-
-    bucket: int
-    layers: tuple[str, ...]
-    bytes: int
-    launch_s: float = float("nan")
-    end_s: float = float("nan")
-
-    def row(self, origin_s: float) -> dict:
-        """This record as one ``buckets.csv`` row (:func:`~repro.runtime.executor.timing_row`);
-        ``launch_s`` is written as ``start_s`` (the communication's start)."""
-        return timing_row(self, origin_s, {"launch_s": "start_s"})
 
 
 @dataclass
@@ -415,17 +401,40 @@ class ScheduledOptimizer:
 
 
 class AllReduceExecutor(Executor):
-    """The all-reduce family's executor (:class:`BucketedAllReduce`) under the executor contract, on the
-    options' group of training ranks: buffers are broadcast from its first rank before every forward (as DDP does), ``after_backward`` waits for
-    every bucket and hands the averaged gradients over."""
+    """The all-reduce family's executor under the executor contract, on the options' group of training
+    ranks: buffers are broadcast from its first rank before every forward (as DDP does),
+    ``after_backward`` waits for every bucket and hands the averaged gradients over.
 
-    def __init__(self, model: nn.Module, plan: Plan | None = None, options: ExecutorOptions | None = None) -> None:
+    Two engines run the plan, with the same results (DDP's parameters; tests pin both):
+    ``"reducer"``, PyTorch's C++ reducer given the plan's buckets
+    (:class:`repro.runtime.reducer_engine.ReducerAllReduce`: DDP's speed, no Python call per gradient),
+    and ``"hooks"``, :class:`BucketedAllReduce` (Python gradient hooks: wire dtypes, mixed dtypes,
+    Horovod's cycle time, explicit clocks, GPUs). ``engine="auto"`` (the default) takes the reducer
+    wherever it runs the plan (:func:`repro.runtime.reducer_engine.unfit_reason`), else the hooks;
+    ``self.engine`` says which ran."""
+
+    ENGINES = ("auto", "reducer", "hooks")
+
+    def __init__(self, model: nn.Module, plan: Plan | None = None, options: ExecutorOptions | None = None,
+                 engine: str = "auto") -> None:
         super().__init__(model, plan, options)
         if plan is None:
             raise PlanError("the all-reduce executor needs a plan")
+        if engine not in self.ENGINES:
+            raise ValueError(f"engine must be one of {', '.join(self.ENGINES)}; got {engine!r}")
         group = self.options.group
-        self.sync = BucketedAllReduce(model, plan, view=self.options.view, group=group,
-                                      record_timeline=self.options.record_timeline, clock=self.options.clock)
+        if engine != "hooks":
+            reason = unfit_reason(model, plan, self.options.view, self.options.clock)
+            if reason is not None and engine == "reducer":
+                raise PlanError(f"engine='reducer': the C++ reducer does not run {reason}; use engine='hooks'")
+            engine = "reducer" if reason is None else "hooks"
+        self.engine = engine
+        if engine == "reducer":
+            self.sync: Any = ReducerAllReduce(model, plan, view=self.options.view, group=group,
+                                              record_timeline=self.options.record_timeline)
+        else:
+            self.sync = BucketedAllReduce(model, plan, view=self.options.view, group=group,
+                                          record_timeline=self.options.record_timeline, clock=self.options.clock)
         self.clock = self.sync.clock
         self.grad_ready_s = self.sync.grad_ready_s
         self.timings = self.sync.timings
@@ -434,9 +443,17 @@ class AllReduceExecutor(Executor):
 
     def before_forward(self) -> None:
         broadcast_buffers(self.model, src=self._buffer_src, group=self.options.group)
+        if self.engine == "reducer":
+            self.sync.prepare_for_forward()
 
     def after_backward(self) -> None:
         self.sync.finish()
+
+    def hold_exchange(self, held: bool) -> None:
+        """``no_sync``: while held, backward passes accumulate locally (the hook engine's hooks are taken
+        off by the caller; the reducer is simply not prepared)."""
+        if self.engine == "reducer":
+            self.sync.hold(held)
 
     def remove(self) -> None:
         self.sync.remove()

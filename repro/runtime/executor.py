@@ -52,7 +52,7 @@ from torch import nn
 
 from repro.plan import Plan
 
-__all__ = ["Executor", "ExecutorOptions", "FoundInfReport", "ScaledStep", "check_scaled_step", "scaled_step", "timing_row"]
+__all__ = ["BucketTiming", "Executor", "ExecutorOptions", "FoundInfReport", "ScaledStep", "check_scaled_step", "scaled_step", "timing_row"]
 
 
 @dataclass(frozen=True)
@@ -122,6 +122,22 @@ def timing_row(record: Any, origin_s: float, rename: dict[str, str] | None = Non
     rename = rename or {}
     return {rename.get(k, k): (len(v) if isinstance(v, (tuple, list)) else
                                v - origin_s if k.endswith("_s") and isinstance(v, float) else v) for k, v in items}
+
+
+@dataclass
+class BucketTiming:
+    """Wall-clock seconds (perf_counter) of one bucket's all-reduce in the last iteration."""
+
+    bucket: int
+    layers: tuple[str, ...]
+    bytes: int
+    launch_s: float = float("nan")
+    end_s: float = float("nan")
+
+    def row(self, origin_s: float) -> dict:
+        """This record as one ``buckets.csv`` row (:func:`~repro.runtime.executor.timing_row`);
+        ``launch_s`` is written as ``start_s`` (the communication's start)."""
+        return timing_row(self, origin_s, {"launch_s": "start_s"})
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,197 @@
+"""The all-reduce executor's C++ reducer engine (:mod:`repro.runtime.reducer_engine`): what it runs and
+what it refuses, unused parameters (used on some ranks, on none, or reached by the loss but not the
+output), a forward without backward, no_sync, its timeline and ready stamps, and remove(), against the
+Python hook engine (the same math: 2 ranks, so ``x / 2`` and ``x * 0.5`` are the same bits)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from repro.cluster.local import launch_local
+from repro.plan import Plan, PlanError
+from repro.runtime.reducer_engine import unfit_reason
+from repro.workload.layers import layer_parameters
+
+
+class Branchy(nn.Module):
+    """``b`` runs only when asked (rank 0 in the tests), ``never`` never runs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b, self.never, self.c = nn.Linear(4, 6), nn.Linear(6, 6), nn.Linear(6, 6), nn.Linear(6, 3)
+
+    def forward(self, x: torch.Tensor, use_b: bool = True) -> torch.Tensor:
+        h = torch.relu(self.a(x))
+        if use_b:
+            h = torch.relu(self.b(h))
+        return self.c(h)
+
+
+def _plan(model: nn.Module, per_bucket: int = 3, **options) -> Plan:
+    names = list(layer_parameters(model, "tensor"))[::-1]  # output side first
+    return Plan.from_dict({"solver": "test", "buckets": [names[i:i + per_bucket] for i in range(0, len(names), per_bucket)],
+                           "options": options})
+
+
+# ---------------------------------------------------------------- what runs on the reducer (no ranks)
+
+def test_unfit_reason_names_what_the_reducer_cannot_run():
+    torch.manual_seed(0)
+    model = Branchy()
+    assert unfit_reason(model, _plan(model), "tensor") is None
+    assert "wire dtype" in unfit_reason(model, _plan(model, wire_dtype="float16"), "tensor")
+    assert "cycle time" in unfit_reason(model, _plan(model, cycle_s=0.01), "tensor")
+    assert "clock" in unfit_reason(model, _plan(model), "tensor", clock=object())
+    short = Plan.from_dict({"solver": "test", "buckets": [list(layer_parameters(model, "tensor"))[:2]]})
+    assert "cover" in unfit_reason(model, short, "tensor")
+    model.c.half()
+    assert "dtypes" in unfit_reason(model, _plan(model), "tensor")
+    emb = nn.Sequential(nn.Embedding(10, 4, sparse=True), nn.Linear(4, 2))
+    assert "sparse" in unfit_reason(emb, _plan(emb), "tensor")
+
+
+# ---------------------------------------------------------------- on 2 gloo ranks
+
+def _step(model, opt, ex, x, use_b, extra=None) -> None:
+    opt.zero_grad()
+    ex.before_forward()
+    loss = model(x, use_b).square().mean()
+    if extra is not None:
+        loss = loss + extra(model)
+    loss.backward()
+    ex.after_backward()
+    opt.step()
+
+
+def _params(model) -> list[torch.Tensor]:
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def engines_agree(ctx) -> dict:
+    """The same loop on both engines: branch ``b`` used on rank 0 only, ``never`` on no rank, a step whose
+    loss also reaches ``a.weight`` directly (a penalty), and a forward without backward in between."""
+    import torch.distributed as dist
+
+    from repro.runtime.allreduce import AllReduceExecutor
+    from repro.runtime.executor import ExecutorOptions
+
+    rank = dist.get_rank()
+    out: dict = {}
+    finals = {}
+    for engine in ("reducer", "hooks"):
+        torch.manual_seed(0)
+        model = Branchy()
+        ex = AllReduceExecutor(model, _plan(model), ExecutorOptions(record_timeline=True), engine=engine)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=0.01)
+        g = torch.Generator().manual_seed(10 + rank)
+        grads_none = []
+        for step in range(4):
+            x = torch.randn(5, 4, generator=g)
+            if step == 2:  # a forward without backward (e.g. a look at the outputs) before the step
+                model(x)
+            penalty = (lambda m: 0.1 * m.a.weight.square().sum()) if step == 1 else None
+            _step(model, opt, ex, x, use_b=rank == 0, extra=penalty)
+            grads_none.append(sorted(n for n, p in model.named_parameters() if p.grad is None))
+        out[engine] = {"engine": ex.engine, "grads_none": grads_none,
+                       "timeline": [(t.bucket, t.launch_s, t.end_s) for t in ex.timings],
+                       "ready": dict(ex.grad_ready_s)}
+        finals[engine] = _params(model)
+        ex.remove()
+    out["diff"] = max(float((a - b).abs().max()) for a, b in zip(finals["reducer"], finals["hooks"]))
+    return out
+
+
+@pytest.mark.distributed
+def test_reducer_engine_equals_the_hook_engine_with_unused_parameters():
+    r0, r1 = launch_local(engines_agree, 2, timeout_s=300)
+    assert r0["reducer"]["engine"] == "reducer" and r0["hooks"]["engine"] == "hooks"
+    assert r0["diff"] == 0.0 and r1["diff"] == 0.0, (r0["diff"], r1["diff"])
+    for r in (r0, r1):  # no rank ran `never`: its gradient stays None (DDP's find_unused_parameters); `b` ran
+        for engine in ("reducer", "hooks"):  # on rank 0, so every rank has its averaged gradient
+            assert r[engine]["grads_none"] == [["never.bias", "never.weight"]] * 4, (engine, r[engine]["grads_none"])
+
+
+@pytest.mark.distributed
+def test_reducer_engine_stamps_its_buckets_and_gradients():
+    r0, _ = launch_local(engines_agree, 2, timeout_s=300)
+    rec = r0["reducer"]
+    timeline = rec["timeline"]
+    assert [b for b, _, _ in timeline] == list(range(len(timeline)))
+    assert all(math.isfinite(s) and math.isfinite(e) and s <= e for _, s, e in timeline), timeline
+    launches = [s for _, s, _ in timeline]
+    assert launches == sorted(launches)  # plan order: a bucket never overtakes an earlier one
+    ready = rec["ready"]
+    assert set(ready) == set(r0["hooks"]["ready"])  # every layer, as the hook engine stamps them
+    assert ready["c.weight"] <= ready["a.weight"]  # the output side is ready first
+    assert max(ready.values()) <= timeline[-1][2]   # the last bucket ends after its gradients
+
+
+def no_sync_and_remove(ctx) -> dict:
+    """Gradient accumulation with the exchange held for the first micro-batch (the door's no_sync), against
+    DDP's no_sync; then remove(): a backward afterwards exchanges nothing."""
+    import torch.distributed as dist
+
+    from repro.runtime.allreduce import AllReduceExecutor
+    from repro.runtime.executor import ExecutorOptions
+
+    rank = dist.get_rank()
+    torch.manual_seed(0)
+    model, ref = Branchy(), Branchy()
+    ref.load_state_dict(model.state_dict())
+    ex = AllReduceExecutor(model, _plan(model, per_bucket=2), ExecutorOptions(), engine="reducer")
+    ddp = nn.parallel.DistributedDataParallel(ref, find_unused_parameters=True)  # `never`
+    opts = [torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9) for m in (model, ref)]
+    g = torch.Generator().manual_seed(20 + rank)
+    for _ in range(3):
+        first, last = torch.randn(5, 4, generator=g), torch.randn(5, 4, generator=g)
+        for opt in opts:
+            opt.zero_grad()
+        ex.hold_exchange(True)
+        ex.before_forward()
+        model(first).square().mean().backward()
+        ex.hold_exchange(False)
+        ex.before_forward()
+        model(last).square().mean().backward()
+        ex.after_backward()
+        with ddp.no_sync():
+            ddp(first).square().mean().backward()
+        ddp(last).square().mean().backward()
+        for opt in opts:
+            opt.step()
+    diff = max(float((a - b).abs().max()) for a, b in zip(model.parameters(), ref.parameters()))
+    ex.remove()
+    model.zero_grad()
+    model(torch.full((5, 4), float(rank))).sum().backward()  # after remove: local gradients only
+    return {"diff": diff, "after_remove": model.a.weight.grad.tolist()}
+
+
+@pytest.mark.distributed
+def test_reducer_engine_holds_for_no_sync_and_lets_go_on_remove():
+    r0, r1 = launch_local(no_sync_and_remove, 2, timeout_s=300)
+    assert r0["diff"] == 0.0 and r1["diff"] == 0.0, (r0["diff"], r1["diff"])
+    assert r0["after_remove"] != r1["after_remove"]  # not averaged any more
+
+
+def refuses_an_unfit_plan(ctx) -> str:
+    from repro.runtime.allreduce import AllReduceExecutor
+    from repro.runtime.executor import ExecutorOptions
+
+    model = Branchy()
+    try:
+        AllReduceExecutor(model, _plan(model, wire_dtype="float16"), ExecutorOptions(), engine="reducer")
+    except PlanError as e:
+        auto = AllReduceExecutor(model, _plan(model, wire_dtype="float16"), ExecutorOptions())
+        engine = auto.engine
+        auto.remove()
+        return f"{e} | auto: {engine}"
+    return "accepted"
+
+
+@pytest.mark.distributed
+def test_engine_reducer_refuses_an_unfit_plan_and_auto_falls_back_to_hooks():
+    msg = launch_local(refuses_an_unfit_plan, 2, timeout_s=120)[0]
+    assert "wire dtype" in msg and "engine='hooks'" in msg and msg.endswith("auto: hooks"), msg
