@@ -6,8 +6,9 @@
 Pairs (each run is the real training loop, :func:`repro.train.train_worker`, ``warmup`` steps then ``steps``
 timed steps; a run's time is the median of its steps):
 
-- ``allreduce``: ours (``threshold``, :class:`repro.runtime.allreduce.AllReduceExecutor`) vs PyTorch DDP given
-  the same plan's bucket sizes (``ddp_threshold``, ``bucket_cap_mb_list``); target ours <= 1.03x DDP;
+- ``allreduce``: ours (``threshold``, :class:`repro.runtime.allreduce.AllReduceExecutor`; the engine that ran,
+  ``reducer`` or ``hooks``, is printed) vs PyTorch DDP given the same plan's bucket sizes (``ddp_threshold``,
+  ``bucket_cap_mb_list``); target ours <= 1.03x DDP;
 - ``dear``: DeAR vs PyTorch FSDP2 (``fully_shard``, scheduler ``fsdp``) at equal buckets: DeAR runs a plan
   whose buckets are FSDP's units (the parameters of each top-level child module, then the root's own);
 - ``sparse``: the sparse exchange (top-k values and int32 indices of the whole gradient at ``--density``, one
@@ -137,7 +138,75 @@ def allreduce_pair(model: str, common: dict, args) -> str:
     s = launch_local(run_configs, args.world_size, args=(abba(a, b, args.rounds),), timeout_s=3600, quiet=True)[0]
     ours, ddp = iteration_ms(s, "threshold"), iteration_ms(s, "ddp_threshold")
     buckets = next(x["buckets"] for x in s if x["scheduler"] == "threshold")
-    return summary_line(model, ours, ddp, "ours", "DDP") + f"  buckets {buckets}"
+    engines = "/".join(sorted({str(x.get("engine")) for x in s if x["scheduler"] == "threshold"}))
+    return summary_line(model, ours, ddp, "ours", "DDP") + f"  buckets {buckets}  engine {engines}"
+
+
+def interleaved_steps(ctx, model_name: str, threshold_bytes: int, steps: int, warmup: int, batch_size: int) -> dict:
+    """Per rank: ours (``repro.distribute`` given DDP's own buckets as a plan) and plain PyTorch DDP (one cap,
+    ``threshold_bytes``: DDP's threshold plan of the order its first backward sees) on copies of one model,
+    trained step by step in turn (A B B A ...) on the same batches; each step timed from zero_grad to the end
+    of ``step()`` after a barrier. Returns the per-step times (ms) and whether the buckets are equal."""
+    import copy
+
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+
+    import repro
+    from repro.plan import Plan
+    from repro.runtime.ddp_bridge import check_ddp_buckets, ddp_buckets
+    from repro.workload.models import build_model, compute_loss, make_batch
+
+    torch.manual_seed(0)
+    base = build_model(model_name)
+    g = torch.Generator().manual_seed(1 + dist.get_rank())
+    batches = [make_batch(model_name, batch_size, generator=g) for _ in range(4)]
+    ref = copy.deepcopy(base)
+    ddp = nn.parallel.DistributedDataParallel(ref, bucket_cap_mb_list=[threshold_bytes / 2**20])
+    ddp_opt = torch.optim.SGD(ddp.parameters(), lr=0.01, momentum=0.9)
+    for x, y in batches[:2]:  # DDP rebuilds its buckets after the first backward, from the order it saw
+        ddp_opt.zero_grad()
+        compute_loss(model_name, ddp, x, y).backward()
+        ddp_opt.step()
+    names = {id(p): n for n, p in ref.named_parameters()}
+    plan = Plan.from_dict({"solver": "threshold", "buckets": [[names[id(p)] for p in b] for b in ddp_buckets(ddp)]})
+    check_ddp_buckets(ddp, plan)
+    ours_model = copy.deepcopy(base)
+    ours_model, ours_opt = repro.distribute(ours_model, torch.optim.SGD(ours_model.parameters(), lr=0.01, momentum=0.9),
+                                            plan)
+    runs = {"ours": (ours_model, ours_opt), "ddp": (ddp, ddp_opt)}
+    times: dict[str, list[float]] = {"ours": [], "ddp": []}
+    for i in range(warmup + steps):
+        x, y = batches[i % len(batches)]
+        for name in (("ours", "ddp") if i % 4 in (0, 3) else ("ddp", "ours")):
+            model, opt = runs[name]
+            dist.barrier()
+            t0 = time.perf_counter()
+            opt.zero_grad()
+            compute_loss(model_name, model, x, y).backward()
+            opt.step()
+            if i >= warmup:
+                times[name].append(1e3 * (time.perf_counter() - t0))
+    engine = ours_opt._door.ex.engine
+    ours_opt.remove()
+    return {"ours": times["ours"], "ddp": times["ddp"], "buckets": plan.num_buckets, "engine": engine}
+
+
+def allreduce_steps_pair(model: str, args) -> str:
+    """``--mode steps``: the pair side by side in one process, step by step; the per-step ratios are
+    grouped in blocks of ``--block`` consecutive steps (a block's ratio: its median ours / its median DDP),
+    and the blocks are the pairs of the summary (consecutive steps are not independent)."""
+    out = launch_local(interleaved_steps, args.world_size,
+                       args=(model, args.threshold_bytes, args.rounds * args.block, args.warmup_steps, args.batch_size),
+                       timeout_s=3600, quiet=True)
+    # the slower rank decides each step, as in a run's summary
+    ours = [max(r["ours"][i] for r in out) for i in range(len(out[0]["ours"]))]
+    ddp = [max(r["ddp"][i] for r in out) for i in range(len(out[0]["ddp"]))]
+    a = [statistics.median(ours[k:k + args.block]) for k in range(0, len(ours), args.block)]
+    b = [statistics.median(ddp[k:k + args.block]) for k in range(0, len(ddp), args.block)]
+    return (summary_line(model, a, b, "ours", "DDP") + f"  buckets {out[0]['buckets']}  engine {out[0]['engine']}"
+            f"  (blocks of {args.block} steps)")
 
 
 def fsdp_units(model_name: str) -> list[list[str]]:
@@ -271,6 +340,10 @@ def main() -> None:
     ap.add_argument("--threshold-bytes", type=int, default=65536)
     ap.add_argument("--models", nargs="+", default=["tiny_resnet", "tiny_vgg", "tiny_bert"])
     ap.add_argument("--pairs", nargs="+", default=["allreduce"], choices=["allreduce", "dear", "sparse"])
+    ap.add_argument("--mode", choices=["runs", "steps"], default="runs",
+                    help="allreduce pair: ABBA pairs of whole training runs (runs), or ours (repro.distribute) and "
+                         "plain DDP in one process, step by step in turn, in blocks of --block steps (steps)")
+    ap.add_argument("--block", type=int, default=10, help="--mode steps: steps per block (a block is one pair)")
     ap.add_argument("--load", nargs="+", default=["quiet"], choices=["quiet", "busy"])
     ap.add_argument("--busy-procs", type=int, default=1, help="busy-loop processes in --load busy")
     ap.add_argument("--density", type=float, default=0.01, help="top-k density of the sparse pair")
@@ -295,7 +368,8 @@ def main() -> None:
                     for model in args.models:
                         before = load_avg()
                         if pair == "allreduce":
-                            line = allreduce_pair(model, common, args)
+                            line = (allreduce_steps_pair(model, args) if args.mode == "steps"
+                                    else allreduce_pair(model, common, args))
                         elif pair == "dear":
                             line = dear_pair(model, common, args, Path(tmp))
                         else:

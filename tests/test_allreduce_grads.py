@@ -66,7 +66,7 @@ def test_gradients_match_ddp_fresh_and_accumulated_in_place(engine):
         assert r["param_diff"] < 1e-6 and r["grad_diff"] < 1e-6, (set_to_none, r)
         if engine == "auto":  # DDP's own reducer and arithmetic (x * 1/P as copied in): DDP's bits
             assert r["param_diff"] == 0.0 and r["grad_diff"] == 0.0, (set_to_none, r)
-        assert all(r["grad_is_view"]), r  # hooks: .grad is the bucket's averaged slice; reducer: .grad its own
+        assert all(r["grad_is_view"]), r  # hooks: .grad is the bucket's averaged slice; reducer: its own tensor
 
 
 def test_wire_dtype_float16_close_to_ddp():

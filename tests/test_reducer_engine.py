@@ -31,6 +31,9 @@ class Branchy(nn.Module):
         return self.c(h)
 
 
+PARAM_NAMES = [n for n, _ in Branchy().named_parameters()]
+
+
 def _plan(model: nn.Module, per_bucket: int = 3, **options) -> Plan:
     names = list(layer_parameters(model, "tensor"))[::-1]  # output side first
     return Plan.from_dict({"solver": "test", "buckets": [names[i:i + per_bucket] for i in range(0, len(names), per_bucket)],
@@ -56,11 +59,13 @@ def test_unfit_reason_names_what_the_reducer_cannot_run():
 
 # ---------------------------------------------------------------- on 2 gloo ranks
 
-def _step(model, opt, ex, x, use_b, extra=None) -> None:
+def _step(model, opt, ex, x, use_b, extra=None, output_in_loss=True) -> None:
     opt.zero_grad()
     ex.before_forward()
     loss = model(x, use_b).square().mean()
-    if extra is not None:
+    if not output_in_loss:  # the output is computed but the loss comes from the parameters alone
+        loss = extra(model)
+    elif extra is not None:
         loss = loss + extra(model)
     loss.backward()
     ex.after_backward()
@@ -82,26 +87,29 @@ def engines_agree(ctx) -> dict:
     rank = dist.get_rank()
     out: dict = {}
     finals = {}
-    for engine in ("reducer", "hooks"):
+    for name, engine, record in (("reducer", "reducer", True), ("reducer_untimed", "reducer", False),
+                                 ("hooks", "hooks", True)):  # the reducer with and without its comm hook
         torch.manual_seed(0)
         model = Branchy()
-        ex = AllReduceExecutor(model, _plan(model), ExecutorOptions(record_timeline=True), engine=engine)
+        ex = AllReduceExecutor(model, _plan(model), ExecutorOptions(record_timeline=record), engine=engine)
         opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=0.01)
         g = torch.Generator().manual_seed(10 + rank)
         grads_none = []
-        for step in range(4):
+        for step in range(5):
             x = torch.randn(5, 4, generator=g)
             if step == 2:  # a forward without backward (e.g. a look at the outputs) before the step
                 model(x)
-            penalty = (lambda m: 0.1 * m.a.weight.square().sum()) if step == 1 else None
-            _step(model, opt, ex, x, use_b=rank == 0, extra=penalty)
+            penalty = (lambda m: 0.1 * m.a.weight.square().sum()) if step in (1, 4) else None
+            _step(model, opt, ex, x, use_b=rank == 0, extra=penalty, output_in_loss=step != 4)
             grads_none.append(sorted(n for n, p in model.named_parameters() if p.grad is None))
-        out[engine] = {"engine": ex.engine, "grads_none": grads_none,
-                       "timeline": [(t.bucket, t.launch_s, t.end_s) for t in ex.timings],
-                       "ready": dict(ex.grad_ready_s)}
-        finals[engine] = _params(model)
+            if step == 3:  # an ordinary step's stamps
+                timeline = [(t.bucket, t.launch_s, t.end_s) for t in ex.timings]
+                ready = dict(ex.grad_ready_s)
+        out[name] = {"engine": ex.engine, "grads_none": grads_none, "timeline": timeline, "ready": ready}
+        finals[name] = _params(model)
         ex.remove()
     out["diff"] = max(float((a - b).abs().max()) for a, b in zip(finals["reducer"], finals["hooks"]))
+    out["diff_untimed"] = max(float((a - b).abs().max()) for a, b in zip(finals["reducer_untimed"], finals["hooks"]))
     return out
 
 
@@ -109,10 +117,14 @@ def engines_agree(ctx) -> dict:
 def test_reducer_engine_equals_the_hook_engine_with_unused_parameters():
     r0, r1 = launch_local(engines_agree, 2, timeout_s=300)
     assert r0["reducer"]["engine"] == "reducer" and r0["hooks"]["engine"] == "hooks"
-    assert r0["diff"] == 0.0 and r1["diff"] == 0.0, (r0["diff"], r1["diff"])
+    for r in (r0, r1):
+        assert r["diff"] == 0.0 and r["diff_untimed"] == 0.0, (r["diff"], r["diff_untimed"])
     for r in (r0, r1):  # no rank ran `never`: its gradient stays None (DDP's find_unused_parameters); `b` ran
-        for engine in ("reducer", "hooks"):  # on rank 0, so every rank has its averaged gradient
-            assert r[engine]["grads_none"] == [["never.bias", "never.weight"]] * 4, (engine, r[engine]["grads_none"])
+        for engine in ("reducer", "reducer_untimed", "hooks"):  # on rank 0: every rank has its averaged gradient
+            assert r[engine]["grads_none"][:4] == [["never.bias", "never.weight"]] * 4, (engine, r[engine]["grads_none"])
+            # a loss from a.weight alone (step 4): every other parameter had no gradient on any rank
+            assert r[engine]["grads_none"][4] == sorted(n for n in PARAM_NAMES if n != "a.weight"), r[engine]
+
 
 
 @pytest.mark.distributed
