@@ -277,7 +277,8 @@ def _tensors_of(value) -> list:
 
 class RecordingDist:
     """While entered, every call of :data:`RECORDED_CALLS` through ``torch.distributed`` is recorded
-    (op, root, and shape/dtype/device of every tensor it is handed) before it runs."""
+    (op, root, and shape/dtype/device of every tensor it is handed) before it runs; and
+    ``_broadcast_coalesced`` as one broadcast per dtype of its tensors."""
 
     def __init__(self) -> None:
         self.calls: list[dict] = []
@@ -298,6 +299,20 @@ class RecordingDist:
                 return _fn(*args, **kwargs)
 
             setattr(dist, name, wrapper)
+        coalesced = getattr(dist, "_broadcast_coalesced", None)  # DDP's C++ buffer sync (repro.runtime.buffers)
+        if coalesced is not None:
+            self._saved["_broadcast_coalesced"] = coalesced
+
+            def broadcast_coalesced(group, tensors, buffer_size, src, _fn=coalesced):
+                by_dtype: dict = {}  # recorded as what it sends: one flattened broadcast per dtype
+                for t in tensors:
+                    by_dtype.setdefault(t.dtype, []).append(t)
+                for ts in by_dtype.values():
+                    self.calls.append({"op": "broadcast", "root": src,
+                                       "tensors": [(tuple(t.shape), str(t.dtype), str(t.device)) for t in ts]})
+                return _fn(group, tensors, buffer_size, src)
+
+            dist._broadcast_coalesced = broadcast_coalesced
         return self
 
     def __exit__(self, *exc) -> None:
