@@ -277,8 +277,7 @@ class _Door:
         exchange; the first backward after the block exchanges the accumulated gradients."""
         self.check_live()
         ex_hooks = self._ex_hooks
-        ex = self.ex
-        hold_exchange = getattr(ex, "hold_exchange", None)  # an executor whose hooks are not Python's
+        hold_exchange = getattr(self.ex, "hold_exchange", None)  # an executor whose hooks are not Python's
         if self.accumulating == 0:
             ex_hooks.hold()
             if hold_exchange is not None:

@@ -175,6 +175,13 @@ class BucketedAllReduce:
         self.grad_ready_s = self.clock.ready  # layer -> ready time, resolved when read
         self._handles = [slot.param.register_post_accumulate_grad_hook(self._hook(slot)) for slot in self._slots]
 
+    # ---- the engine surface the executor calls (the reducer engine's; nothing to do here) ----
+    def prepare_for_forward(self) -> None:
+        """Nothing: the gradient hooks need no preparation."""
+
+    def hold(self, held: bool) -> None:
+        """Nothing: under ``no_sync`` the caller takes these hooks off (``repro.api``'s held hooks)."""
+
     # ---- hooks ----
     def _hook(self, slot: _Slot):
         mark, layer, write = self.clock.mark, slot.layer, self._write
@@ -443,8 +450,7 @@ class AllReduceExecutor(Executor):
 
     def before_forward(self) -> None:
         broadcast_buffers(self.model, src=self._buffer_src, group=self.options.group)
-        if self.engine == "reducer":
-            self.sync.prepare_for_forward()
+        self.sync.prepare_for_forward()
 
     def after_backward(self) -> None:
         self.sync.finish()
@@ -452,8 +458,7 @@ class AllReduceExecutor(Executor):
     def hold_exchange(self, held: bool) -> None:
         """``no_sync``: while held, backward passes accumulate locally (the hook engine's hooks are taken
         off by the caller; the reducer is simply not prepared)."""
-        if self.engine == "reducer":
-            self.sync.hold(held)
+        self.sync.hold(held)
 
     def remove(self) -> None:
         self.sync.remove()

@@ -29,12 +29,13 @@ Contract (the same as ``BucketedAllReduce``'s where both apply; :class:`ReducerA
   a callback is queued for the end of that backward; there every parameter this rank has no gradient
   for (``.grad`` None) is marked ready (the reducer puts zeros in its place), then the flags (1, or 0
   for those), which completes the last bucket. So every rank issues the same all-reduces, and the last
-  bucket (the input side, whose gradients come last anyway) starts at the end of the backward; flags in
-  a bucket of their own, one more small all-reduce, measured about 2% of a step on tiny_vgg. A parameter no rank had a gradient
-  for (averaged flag 0, read on the host only on a rank that missed one itself) keeps ``.grad`` None, as
-  under DDP's ``find_unused_parameters=True`` and ``BucketedAllReduce``. A backward that never reaches
-  the output tensors (a loss from parameters alone) is finished by :meth:`finish` inside a one-node
-  backward (the reducer finishes an iteration only inside one).
+  bucket (the input side, whose gradients come last anyway) starts at the end of the backward; flags
+  in a bucket of their own, one more small all-reduce, measured about 2% of a step on tiny_vgg. A
+  parameter no rank had a gradient for (averaged flag 0, read on the host only on a rank that missed
+  one itself) keeps ``.grad`` None, as under DDP's ``find_unused_parameters=True`` and
+  ``BucketedAllReduce``. A backward that never reaches the output tensors (a loss from parameters
+  alone) is finished by :meth:`finish` inside a one-node backward (the reducer finishes an iteration
+  only inside one).
 - **Times**: on a CPU, each layer's gradient-ready time comes from the reducer's own per-parameter
   stamps (``get_backward_stats``: nanoseconds since ``prepare_for_backward``), shifted to the
   ``time.perf_counter()`` base; on other devices none are kept (host stamps would be enqueue times).
