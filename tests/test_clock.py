@@ -223,6 +223,62 @@ def test_every_executor_takes_its_ready_times_from_its_clock(one_rank, kind):
 
 
 @pytest.mark.distributed
+@pytest.mark.parametrize("clock_kind", ["host", "device"])
+@pytest.mark.parametrize("kind", ["allreduce", "sparse", "dear", "bytescheduler"])
+def test_ready_times_are_the_last_iterations_only(one_rank, kind, clock_kind):
+    """A step whose loss reaches only fc3 leaves no ready time for fc1 and fc2 from the step before
+    (they had none in the last backward; ByteScheduler, which sends a missing layer's zeros, stamps
+    them when it fills them in, in that step)."""
+    model = MLP()
+    clock = FakeDeviceClock() if clock_kind == "device" else HostClock()
+    ex = _executor(kind, model, clock)
+    try:
+        opt = ex.wrap_optimizer(torch.optim.SGD(model.parameters(), lr=0.01))
+        x, y = torch.randn(4, 6), torch.randint(0, 3, (4,))
+        for step, everything in enumerate([True, False]):
+            if clock_kind == "device":
+                clock.device_times = _device_times(step)
+                clock.device_now = 1.5 + step
+            opt.zero_grad()
+            ex.before_forward()
+            start = time.perf_counter()
+            out = ex.module(x) if everything else ex.module.fc3(torch.randn(4, 8))
+            nn.functional.cross_entropy(out, y).backward()
+            ex.after_backward()
+            opt.step()
+            ready = dict(ex.grad_ready_s)
+            if everything:
+                assert set(ready) == set(LAYERS), kind
+                continue
+            if kind == "bytescheduler":
+                assert set(ready) == set(LAYERS)
+                if clock_kind == "host":  # every stamp is this step's
+                    assert all(t >= start for t in ready.values()), ready
+            else:
+                assert set(ready) == {"fc3"}, (kind, ready)
+            if clock_kind == "device":
+                assert ready["fc3"] == pytest.approx(_device_times(1)["fc3"] + OFFSET, abs=1e-9)
+        ex.flush()
+    finally:
+        ex.remove()
+
+
+def test_clocks_keep_the_last_iterations_marks_until_the_next_begins():
+    for clock in (HostClock(), FakeDeviceClock({"a": 0.5, "b": 0.75}, device_now=1.0)):
+        clock.mark("a")
+        clock.mark("b")
+        clock.end_iteration()
+        assert set(clock.ready) == {"a", "b"} and len(clock.ready) == 2 and "b" in clock.ready
+        clock.mark("a")  # the next iteration: only a so far
+        assert set(clock.ready) == {"a"} and "b" not in clock.ready and len(clock.ready) == 1
+        clock.end_iteration()
+        clock.end_iteration()  # twice is once
+        assert set(clock.ready) == {"a"}
+        clock.reset()
+        assert len(clock.ready) == 0
+
+
+@pytest.mark.distributed
 def test_executors_on_a_cpu_model_keep_perf_counter_stamps(one_rank):
     model = MLP()
     ex = _executor("allreduce", model, None)

@@ -57,7 +57,7 @@ import math
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Mapping
 
 import torch
 import torch.distributed as dist
@@ -344,6 +344,7 @@ class BucketedAllReduce:
             bucket.works = []
             bucket.missing = []
         self._next = 0
+        self.clock.end_iteration()  # a layer with no gradient in the next backward gets no time
 
     def remove(self) -> None:
         """Remove the gradient hooks (the model is left as it was) and stop the cycle loop."""
@@ -423,10 +424,11 @@ class AllReduceExecutor(Executor):
     ENGINES = ("auto", "reducer", "hooks")
 
     def __init__(self, model: nn.Module, plan: Plan | None = None, options: ExecutorOptions | None = None,
-                 engine: str = "auto") -> None:
+                 engine: str | None = "auto") -> None:
         super().__init__(model, plan, options)
         if plan is None:
             raise PlanError("the all-reduce executor needs a plan")
+        engine = "auto" if engine is None else engine
         if engine not in self.ENGINES:
             raise ValueError(f"engine must be one of {', '.join(self.ENGINES)}; got {engine!r}")
         group = self.options.group
@@ -447,6 +449,19 @@ class AllReduceExecutor(Executor):
         self.timings = self.sync.timings
         # buffers come from the group's first rank (a global rank; 0 unless some ranks serve)
         self._buffer_src = 0 if group is None else dist.get_global_rank(group, 0)
+
+    @classmethod
+    def check_run_options(cls, options: Mapping[str, Any], plan: Plan | None = None) -> None:
+        """What can be refused before a plan exists (``repro.distribute`` calls this before its warm-up):
+        ``engine='reducer'`` with a wire dtype (given as an option or in ``plan``) or a cycle time in ``plan``."""
+        if options.get("engine") != "reducer":
+            return
+        wire = options.get("wire_dtype") or (plan.wire_dtype if plan is not None else None)
+        if wire is not None:
+            raise PlanError(f"engine='reducer': the C++ reducer does not send a wire dtype ({wire}); use "
+                            "engine='hooks'")
+        if plan is not None and plan.option("cycle_s") is not None:
+            raise PlanError("engine='reducer': the C++ reducer does not run a cycle time; use engine='hooks'")
 
     def before_forward(self) -> None:
         broadcast_buffers(self.model, src=self._buffer_src, group=self.options.group)

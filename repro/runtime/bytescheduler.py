@@ -502,6 +502,7 @@ class ByteSchedulerExecutor(Executor):
 
     def after_backward(self) -> None:
         self._fill_missing()
+        self.clock.end_iteration()
 
     def flush(self) -> None:
         """Apply every pending update (most urgent layer first); no chunk is in flight afterwards."""

@@ -22,7 +22,9 @@ exactly today's host gap on a CPU.
 :func:`make_clock` picks the clock for a device; :func:`clock_for` is what the executors call (the
 clock given in :class:`~repro.runtime.executor.ExecutorOptions`, else the one for the model's device).
 ``clock.ready`` is a live read-only mapping of the resolved times: executors expose it as
-``grad_ready_s``.
+``grad_ready_s``. An executor calls ``clock.end_iteration()`` when an iteration's exchange is done: the
+marks stay readable until the next iteration's first mark, which starts afresh, so a layer that got no
+gradient in the last backward has no time (not one left over from an earlier iteration).
 
 The same rule for communication (issue 21, defects 4 and 7): a ``Work`` or future that completes at
 enqueue (NCCL) is not a completion. :func:`waits_for` picks how a consumer waits for a collective
@@ -58,6 +60,7 @@ class Clock(Protocol):
     def has(self, key: object) -> bool: ...
     def now(self) -> float: ...
     def reset(self) -> None: ...
+    def end_iteration(self) -> None: ...
 
 
 class ReadyTimes(Mapping):
@@ -93,10 +96,14 @@ class HostClock:
 
     def __init__(self) -> None:
         self._times: dict[str, float] = {}
+        self._ended = False  # the marks are the last iteration's: the next mark starts a new one
         self.ready = ReadyTimes(self)
 
     def mark(self, key: str, host_s: float | None = None) -> None:
         """``key`` is ready now (``host_s``: a ``perf_counter`` value the caller already took)."""
+        if self._ended:
+            self._ended = False
+            self._times.clear()
         self._times[key] = time.perf_counter() if host_s is None else host_s
 
     def resolve(self) -> dict[str, float]:
@@ -113,6 +120,11 @@ class HostClock:
 
     def reset(self) -> None:
         self._times.clear()
+        self._ended = False
+
+    def end_iteration(self) -> None:
+        """The iteration is over: its marks stay readable; the next mark starts the next iteration's."""
+        self._ended = True
 
 
 def _cuda_event() -> Any:
@@ -136,6 +148,8 @@ class DeviceClock:
         self._synchronize = synchronize or (lambda: torch.cuda.synchronize(self.device))
         self._host_time = host_time
         self._events: dict[str, Any] = {}     # key -> its event (one per key, re-recorded every step)
+        self._live: dict[str, Any] = {}       # the keys marked in this (or the last ended) iteration
+        self._ended = False
         self._reference: Any = None
         self._resolved: dict[str, float] | None = None
         self._lock = threading.Lock()          # marks come from autograd's threads
@@ -145,10 +159,14 @@ class DeviceClock:
     def mark(self, key: str, host_s: float | None = None) -> None:
         """Record ``key``'s event on the current stream (``host_s`` is ignored: the device decides)."""
         with self._lock:
+            if self._ended:  # the first mark of a new iteration: the last one's keys are no longer live
+                self._ended = False
+                self._live.clear()
             ev = self._events.get(key)
             if ev is None:
                 ev = self._events[key] = self._new_event()
             ev.record()
+            self._live[key] = ev
             self._resolved = None
 
     def resolve(self) -> dict[str, float]:
@@ -156,7 +174,7 @@ class DeviceClock:
         with self._lock:
             if self._resolved is not None:
                 return self._resolved
-            events = dict(self._events)
+            events = dict(self._live)
             if not events:
                 self._resolved = {}
                 return self._resolved
@@ -172,10 +190,10 @@ class DeviceClock:
             return self._resolved
 
     def count(self) -> int:
-        return len(self._events)
+        return len(self._live)
 
     def has(self, key: object) -> bool:
-        return key in self._events
+        return key in self._live
 
     def now(self) -> float:
         """The host time once the device has done what was queued (a phase stamp on this base)."""
@@ -184,8 +202,15 @@ class DeviceClock:
 
     def reset(self) -> None:
         with self._lock:
-            self._events.clear()
+            self._live.clear()
+            self._ended = False
             self._resolved = None
+
+    def end_iteration(self) -> None:
+        """The iteration is over: its marks stay readable; the next mark starts the next iteration's
+        (the events are kept and re-recorded, only the set of live keys starts afresh)."""
+        with self._lock:
+            self._ended = True
 
 
 def make_clock(device: torch.device | str | None) -> HostClock | DeviceClock:

@@ -375,6 +375,7 @@ class DeARExecutor(Executor):
             bucket.pending = len(bucket.slots)
         self._next_rs = len(self._buckets) - 1
         self._in_backward = False
+        self.clock.end_iteration()  # a layer with no gradient in the next backward gets no time
         K = len(self._buckets)
         self._next_ag = K if skip else 0
         self._first_pending = K if skip else 0
@@ -435,6 +436,7 @@ class DeARExecutor(Executor):
                 bucket.pending = len(bucket.slots)
             self._next_rs = len(self._buckets) - 1
             self._in_backward = False
+            self.clock.end_iteration()  # a layer with no gradient in the next backward gets no time
 
     def flush(self) -> None:
         """Wait for all communication and apply every pending update (in bucket order)."""

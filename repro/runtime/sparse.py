@@ -569,6 +569,7 @@ class SparseExecutor(Executor):
             bucket.pending = len(bucket.slots)
             bucket.exchange = None
         self._next = 0
+        self.clock.end_iteration()  # a layer with no gradient in the next backward gets no time
 
     def state_dict(self) -> dict[str, Any]:
         """The error-feedback residuals (what each bucket held back), by bucket index; a checkpoint
