@@ -82,9 +82,10 @@ import torch.distributed as dist
 from torch import nn
 
 from repro.cost import CostModel
+from repro.families import get_family
 from repro.presets import preset
 from repro.run_options import RUN_OPTIONS, check_run_options
-from repro.plan import Plan
+from repro.plan import Plan, PlanError
 from repro.runtime.buffers import broadcast_module_state
 from repro.runtime.executor import Executor, ExecutorOptions, FoundInfReport, ScaledStep, scaled_step
 from repro.runtime.online import StepTimes, grad_abs_mean, measured_trace, plan_online, sync_device
@@ -239,8 +240,6 @@ class _Door:
     def _start(self, plan: Plan | None) -> None:
         sched = get_scheduler(self.scheduler) if self.scheduler else None
         if sched is None:  # a plan given on its own: its family's executor
-            from repro.families import get_family
-
             cls = get_family(plan.family).executor_class()
         else:
             cls = sched.executor_class()
@@ -589,8 +588,6 @@ def distribute(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: st
     if dedicated_servers:
         options = _check_dedicated(dedicated_servers, family, name, plan, options, grad_scaler, _context)
     if family is not None:
-        from repro.families import get_family
-
         dedicated = dedicated_servers > 0 or (_context is not None and _context.servers > 0)
         if get_family(family).hook("server") is not None and not dedicated:  # servers co-located on the ranks
             from repro.runtime.ps_colocated import colocated_options
@@ -610,7 +607,12 @@ def distribute(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: st
         # a planner that does not plan from measurements (e.g. ddp_threshold's sizes), whose executor wraps
         # the model: planned now, so that the returned module (the wrapper) is the one used from step 1
         plan_now = True
-    allowed = set(sched.planner_options + sched.executor_options) if sched is not None else set()
+    # a plan given on its own runs on its family's executor, which takes the family's executor options
+    plan_family = get_family(plan.family) if sched is None and plan is not None else None
+    if sched is not None:
+        allowed = set(sched.planner_options + sched.executor_options)
+    else:
+        allowed = set(plan_family.executor_options) if plan_family is not None else set()
     unknown = sorted(set(options) - allowed)
     if unknown:
         takes = ", ".join(sorted(allowed)) or "none"
@@ -619,6 +621,8 @@ def distribute(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: st
     try:  # the values, by the options' declarations (repro.run_options)
         if sched is not None:
             options.update(check_run_options({k: v for k, v in options.items() if k in RUN_OPTIONS}, sched))
+        else:
+            options.update({k: RUN_OPTIONS[k].validate(v) for k, v in options.items()})
     except ValueError as e:
         _fail(str(e))
     if wire_dtype is not None:
@@ -650,7 +654,17 @@ def distribute(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: st
         _check_plan_fits(plan, model, view)
     planner_options = {k: v for k, v in options.items() if sched is not None and
                        (k in sched.planner_options or k == "wire_dtype")}
-    executor_options = {k: v for k, v in options.items() if sched is not None and k in sched.executor_options}
+    executor_options = {k: v for k, v in options.items()
+                        if k in (sched.executor_options if sched is not None else allowed) and v is not None}
+    # an executor that can tell from the options (and a given plan) that it cannot run them says so now,
+    # before the warm-up's collectives, instead of once the plan is made
+    early_check = getattr(sched.executor_class() if sched is not None else plan_family.executor_class(),
+                          "check_run_options", None)
+    if early_check is not None:
+        try:
+            early_check({**planner_options, **executor_options}, plan)
+        except (ValueError, PlanError) as e:
+            _fail(str(e))
     if getattr(model, "no_sync", None) is not None:
         _fail(f"the model already has a 'no_sync' ({type(model).__name__}.no_sync): distribute the plain module "
               f"(not one wrapped by DDP) so that model.no_sync() can hold off this package's exchange")

@@ -118,6 +118,7 @@ class Family:
     check_plan: str | None = None        # "module:fn", fn(plan) raising ValueError across options and buckets
     calibrate: str | None = None         # "module:fn", fn(trace, device, repeats, network_cost, **options) -> CostModel
     server: str | None = None            # "module:fn", fn(ctx, cfg, model, optimizer, plan) -> dict: serving ranks
+    executor_options: tuple[str, ...] = ()  # run options (repro.run_options) its executor takes as keywords
     _cache: dict = field(default_factory=dict, compare=False, repr=False)
 
     def hook(self, which: str) -> Callable[..., Any] | None:
@@ -202,7 +203,7 @@ class Family:
         return {"name": self.name, "doc": self.doc, "paper": self.paper, "collectives": list(self.collectives),
                 "phases": list(self.phases), "options": [o.to_dict() for o in self.options],
                 "simulator": self.simulator, "executor": self.executor, "calibrate": self.calibrate,
-                "server": self.server}
+                "server": self.server, "executor_options": list(self.executor_options)}
 
 
 _WIRE_DTYPE = choice_option("wire_dtype", "dtype of gradients on the wire",
@@ -224,6 +225,7 @@ FAMILIES: dict[str, Family] = {
         check_buckets="repro.sim.allreduce:check_buckets",
         executor="repro.runtime.allreduce:AllReduceExecutor",
         calibrate="repro.runtime.allreduce:calibrate",
+        executor_options=("engine",),
     ),
     "sparse": Family(
         name="sparse",

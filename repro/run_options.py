@@ -161,6 +161,10 @@ _declare("allreduce", [
     RunOption("threshold_bytes", int, "bucket threshold of the threshold schedulers (threshold, dear_threshold, "
               "dear_bo's first trial)", "allreduce", default=25 * 2**20, unit="bytes",
               check=_integer("threshold_bytes", 0, "a non-negative number of bytes")),
+    RunOption("engine", str, "all-reduce plans: what runs the buckets: reducer (PyTorch's C++ reducer, DDP's "
+              "engine, given the plan's exact buckets), hooks (this package's Python gradient hooks: wire dtypes, "
+              "Horovod's cycle time, GPUs) or auto (the reducer wherever it can run the plan; the default)",
+              "allreduce", choices=("auto", "reducer", "hooks")),
 ])
 _declare("sparse", [
     RunOption("density", float, "top-k density of the sparse schedulers (topk_*, omgs*): the fraction of each "

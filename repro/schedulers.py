@@ -92,7 +92,8 @@ class Scheduler:
 
 def _plan_scheduler(name: str, doc: str, paper: str = _MGWFBP, **kw: Any) -> Scheduler:
     planner = kw.pop("planner", name)
-    return Scheduler(name, doc, paper, _ALLREDUCE_EXECUTOR, planner=planner, family="allreduce", wire_dtype=True, **kw)
+    return Scheduler(name, doc, paper, _ALLREDUCE_EXECUTOR, planner=planner, family="allreduce", wire_dtype=True,
+                     executor_options=("engine",), **kw)
 
 
 _TOPK_NOTE = "top-k, density {density:g}, error feedback"

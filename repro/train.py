@@ -175,7 +175,9 @@ def _distribute(cfg: TrainConfig, model: nn.Module, opt: torch.optim.Optimizer, 
     if cfg.plan is not None:  # a given plan, executed as it is (checked against the model first)
         plan = Plan.load(cfg.plan)
         _check_plan_layers(plan, model, cfg.view, cfg.plan)
-        _, dopt = distribute(model, opt, plan, **kw)
+        options = {name: getattr(cfg, name) for name in get_family(plan.family).executor_options
+                   if getattr(cfg, name) is not None}  # what its family's executor takes (e.g. engine)
+        _, dopt = distribute(model, opt, plan, **kw, **options)
     else:
         options = {name: getattr(cfg, name) for name in sched.planner_options + sched.executor_options
                    if getattr(cfg, name) is not None}

@@ -207,3 +207,79 @@ def refuses_an_unfit_plan(ctx) -> str:
 def test_engine_reducer_refuses_an_unfit_plan_and_auto_falls_back_to_hooks():
     msg = launch_local(refuses_an_unfit_plan, 2, timeout_s=120)[0]
     assert "wire dtype" in msg and "engine='hooks'" in msg and msg.endswith("auto: hooks"), msg
+
+
+# ---------------------------------------------------------------- engine as a run option (issue 23)
+
+BAD_ENGINE = [({"scheduler": "threshold", "engine": "cuda"}, "unknown engine 'cuda'; choose one of auto, reducer, hooks"),
+              ({"scheduler": "dear_threshold", "engine": "hooks"}, "engine do not apply to scheduler dear_threshold"),
+              ({"scheduler": "ddp_threshold", "engine": "reducer"}, "engine do not apply to scheduler ddp_threshold"),
+              ({"scheduler": "threshold", "engine": "reducer", "wire_dtype": "float16"}, "engine='reducer'")]
+
+
+def engine_choices(ctx, results_dir: str) -> dict:
+    """Per rank: the engine that ran for each ``engine`` given to repro.distribute (by name, after the warm-up;
+    with a plan given on its own), the one-line refusals, and repro train's runs with --engine."""
+    import repro
+    from repro.train import TrainConfig, train_worker
+
+    out: dict = {"by_name": {}, "refused": []}
+    for engine in ("reducer", "hooks", "auto", None):
+        torch.manual_seed(0)
+        model = Branchy()
+        kw = {} if engine is None else {"engine": engine}
+        net, opt = repro.distribute(model, torch.optim.SGD(model.parameters(), lr=0.1), "threshold",
+                                    warmup_steps=1, **kw)
+        while opt._door.warming_up:  # the warm-up measures on the hook engine, then the plan runs
+            opt.zero_grad()
+            net(torch.randn(5, 4)).sum().backward()
+            opt.step()
+        out["by_name"][str(engine)] = opt._door.ex.engine
+        opt.remove()
+    model = Branchy()  # a plan given on its own runs on its family's executor, which takes the option
+    _, opt = repro.distribute(model, torch.optim.SGD(model.parameters(), lr=0.1), _plan(model), engine="hooks")
+    out["plan"] = opt._door.ex.engine
+    opt.remove()
+    for kwargs, _ in BAD_ENGINE:
+        model = Branchy()
+        try:
+            repro.distribute(model, torch.optim.SGD(model.parameters(), lr=0.1), **kwargs)
+            out["refused"].append("accepted")
+        except (ValueError, PlanError) as e:
+            out["refused"].append(str(e))
+    out["train"] = []
+    for engine in ("hooks", "reducer"):
+        cfg = TrainConfig(model="tiny_vgg", scheduler="threshold", engine=engine, steps=2, warmup_steps=1,
+                          compute_steps=0, quiet=True, results_dir=results_dir, run_id=engine)
+        out["train"].append(train_worker(ctx, cfg)["engine"])
+    return out
+
+
+@pytest.mark.distributed
+def test_engine_is_chosen_through_distribute_and_repro_train(tmp_path):
+    import json
+
+    r0, r1 = launch_local(engine_choices, 2, args=(str(tmp_path),), timeout_s=300)
+    for r in (r0, r1):
+        assert r["by_name"] == {"reducer": "reducer", "hooks": "hooks", "auto": "reducer", "None": "reducer"}
+        assert r["plan"] == "hooks"
+        for (kwargs, words), message in zip(BAD_ENGINE, r["refused"]):
+            assert words in message and "\n" not in message, (kwargs, message)
+        assert r["train"] == ["hooks", "reducer"]
+    for engine in ("hooks", "reducer"):
+        assert json.loads((tmp_path / engine / "run.json").read_text())["summary"]["engine"] == engine
+
+
+def test_engine_flag_of_repro_train_is_checked_for_the_scheduler():
+    from repro.schedulers import get_scheduler
+    from repro.train_config import TrainConfig, config_from_argv
+
+    cfg, _ = config_from_argv(["--model", "tiny_vgg", "--scheduler", "mgwfbp", "--engine", "hooks"])
+    assert cfg.engine == "hooks"
+    assert TrainConfig(model="tiny_vgg", scheduler="threshold").engine is None  # auto: the executor's default
+    with pytest.raises(ValueError, match="unknown engine 'fast'"):
+        TrainConfig(model="tiny_vgg", scheduler="threshold", engine="fast")
+    with pytest.raises(ValueError, match="--engine does not apply to --scheduler omgs"):
+        TrainConfig(model="tiny_vgg", scheduler="omgs", engine="hooks")
+    assert "engine" in get_scheduler("mgwfbp").to_dict()["executor_options"]
+    assert "engine" not in get_scheduler("ddp_threshold").to_dict()["executor_options"]
