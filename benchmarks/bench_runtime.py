@@ -1,14 +1,29 @@
 """Our executors vs PyTorch's at equal buckets, in interleaved pairs with honest intervals (prints figures; not a test).
 
-    python benchmarks/bench_runtime.py [--world-size 2] [--rounds 12] [--steps 12] [--load quiet busy]
-                                       [--models tiny_resnet tiny_vgg tiny_bert] [--pairs allreduce dear sparse] [--others]
+    python benchmarks/bench_runtime.py [--world-size 2] [--rounds 12] [--mode steps|runs] [--block 50] [--steps 12]
+                                       [--load quiet busy] [--models tiny_resnet tiny_vgg tiny_bert]
+                                       [--pairs allreduce dear sparse] [--aa] [--others]
 
-Pairs (each run is the real training loop, :func:`repro.train.train_worker`, ``warmup`` steps then ``steps``
-timed steps; a run's time is the median of its steps):
+Pairs:
 
-- ``allreduce``: ours (``threshold``, :class:`repro.runtime.allreduce.AllReduceExecutor`; the engine that ran,
-  ``reducer`` or ``hooks``, is printed) vs PyTorch DDP given the same plan's bucket sizes (``ddp_threshold``,
-  ``bucket_cap_mb_list``); target ours <= 1.03x DDP;
+- ``allreduce``: our all-reduce executor (:class:`repro.runtime.allreduce.AllReduceExecutor`; the engine that
+  ran, ``reducer`` or ``hooks``, is printed) vs PyTorch DDP with the same buckets; target ours <= 1.03x DDP.
+  Two designs (``--mode``):
+
+  - ``steps`` (the default): on each rank, ours (through :func:`repro.distribute`, given DDP's own rebuilt
+    buckets as the plan, checked equal) and plain ``DistributedDataParallel`` train copies of one model side by
+    side in one process, step by step in turn (A B B A ...) on the same batches, each step timed from
+    ``zero_grad`` to the end of ``step()`` after a barrier; a pair is a block of ``--block`` steps of each
+    (its ratio: the block's median step of ours over DDP's);
+  - ``runs``: ABBA pairs of whole training runs (the real loop, :func:`repro.train.train_worker`: ``warmup``
+    steps then ``steps`` timed steps, a run's time the median of its steps; ``threshold`` vs ``ddp_threshold``,
+    DDP given the plan's bucket sizes through ``bucket_cap_mb_list``).
+
+  Why ``steps`` is the default: this machine's speed drifts between runs a few seconds apart by more than the
+  3% the target is about. An A/A test (``--aa``: ours against ours, where nothing differs) in ``runs`` mode gave
+  pair ratios from 0.915 to 1.164 (12 pairs, tiny_resnet), so a median of 3 whole-run pairs can land at 1.06
+  with no difference at all; ``runs`` at 40 pairs of 20 steps gave 1.008 (95% CI 0.967-1.065) on tiny_resnet.
+  Steps taken in turn see the same drift, which cancels in their ratio: blocks of 50 steps ranged 0.95-1.04.
 - ``dear``: DeAR vs PyTorch FSDP2 (``fully_shard``, scheduler ``fsdp``) at equal buckets: DeAR runs a plan
   whose buckets are FSDP's units (the parameters of each top-level child module, then the root's own);
 - ``sparse``: the sparse exchange (top-k values and int32 indices of the whole gradient at ``--density``, one
@@ -134,19 +149,27 @@ def iteration_ms(summaries: list[dict], scheduler: str) -> list[float]:
 
 def allreduce_pair(model: str, common: dict, args) -> str:
     a = {"model": model, "scheduler": "threshold", **common}
-    b = {"model": model, "scheduler": "ddp_threshold", **common}
-    s = launch_local(run_configs, args.world_size, args=(abba(a, b, args.rounds),), timeout_s=3600, quiet=True)[0]
+    b = {"model": model, "scheduler": "threshold" if args.aa else "ddp_threshold", **common}
+    order = abba(a, b, args.rounds)
+    s = launch_local(run_configs, args.world_size, args=(order,), timeout_s=3600, quiet=True)[0]
+    if args.aa:  # A/A: the same run twice; which is "A" is told by its place in the ABBA order
+        first = [k for k, c in enumerate(order) if c is a]
+        ours = [1e3 * s[k]["iteration_s"] for k in first]
+        ddp = [1e3 * s[k]["iteration_s"] for k in range(len(order)) if k not in first]
+        return summary_line(model, ours, ddp, "ours", "ours") + "  (A/A: the noise floor of this mode)"
     ours, ddp = iteration_ms(s, "threshold"), iteration_ms(s, "ddp_threshold")
     buckets = next(x["buckets"] for x in s if x["scheduler"] == "threshold")
     engines = "/".join(sorted({str(x.get("engine")) for x in s if x["scheduler"] == "threshold"}))
     return summary_line(model, ours, ddp, "ours", "DDP") + f"  buckets {buckets}  engine {engines}"
 
 
-def interleaved_steps(ctx, model_name: str, threshold_bytes: int, steps: int, warmup: int, batch_size: int) -> dict:
+def interleaved_steps(ctx, model_name: str, threshold_bytes: int, steps: int, warmup: int, batch_size: int,
+                      aa: bool = False) -> dict:
     """Per rank: ours (``repro.distribute`` given DDP's own buckets as a plan) and plain PyTorch DDP (one cap,
     ``threshold_bytes``: DDP's threshold plan of the order its first backward sees) on copies of one model,
     trained step by step in turn (A B B A ...) on the same batches; each step timed from zero_grad to the end
-    of ``step()`` after a barrier. Returns the per-step times (ms) and whether the buckets are equal."""
+    of ``step()`` after a barrier. Returns the per-step times (ms) and whether the buckets are equal.
+    ``aa``: a second copy of ours takes DDP's place (an A/A test)."""
     import copy
 
     import torch
@@ -176,6 +199,9 @@ def interleaved_steps(ctx, model_name: str, threshold_bytes: int, steps: int, wa
     ours_model, ours_opt = repro.distribute(ours_model, torch.optim.SGD(ours_model.parameters(), lr=0.01, momentum=0.9),
                                             plan)
     runs = {"ours": (ours_model, ours_opt), "ddp": (ddp, ddp_opt)}
+    if aa:  # ours against ours
+        twin = copy.deepcopy(base)
+        runs["ddp"] = repro.distribute(twin, torch.optim.SGD(twin.parameters(), lr=0.01, momentum=0.9), plan)
     times: dict[str, list[float]] = {"ours": [], "ddp": []}
     for i in range(warmup + steps):
         x, y = batches[i % len(batches)]
@@ -190,6 +216,8 @@ def interleaved_steps(ctx, model_name: str, threshold_bytes: int, steps: int, wa
                 times[name].append(1e3 * (time.perf_counter() - t0))
     engine = ours_opt._door.ex.engine
     ours_opt.remove()
+    if aa:
+        runs["ddp"][1].remove()
     return {"ours": times["ours"], "ddp": times["ddp"], "buckets": plan.num_buckets, "engine": engine}
 
 
@@ -198,15 +226,16 @@ def allreduce_steps_pair(model: str, args) -> str:
     grouped in blocks of ``--block`` consecutive steps (a block's ratio: its median ours / its median DDP),
     and the blocks are the pairs of the summary (consecutive steps are not independent)."""
     out = launch_local(interleaved_steps, args.world_size,
-                       args=(model, args.threshold_bytes, args.rounds * args.block, args.warmup_steps, args.batch_size),
-                       timeout_s=3600, quiet=True)
+                       args=(model, args.threshold_bytes, args.rounds * args.block, args.warmup_steps, args.batch_size,
+                             args.aa), timeout_s=3600, quiet=True)
     # the slower rank decides each step, as in a run's summary
     ours = [max(r["ours"][i] for r in out) for i in range(len(out[0]["ours"]))]
     ddp = [max(r["ddp"][i] for r in out) for i in range(len(out[0]["ddp"]))]
     a = [statistics.median(ours[k:k + args.block]) for k in range(0, len(ours), args.block)]
     b = [statistics.median(ddp[k:k + args.block]) for k in range(0, len(ddp), args.block)]
-    return (summary_line(model, a, b, "ours", "DDP") + f"  buckets {out[0]['buckets']}  engine {out[0]['engine']}"
-            f"  (blocks of {args.block} steps)")
+    return (summary_line(model, a, b, "ours", "ours" if args.aa else "DDP") + f"  buckets {out[0]['buckets']}  "
+            f"engine {out[0]['engine']}  (blocks of {args.block} steps)" + ("  (A/A: the noise floor of this mode)"
+                                                                          if args.aa else ""))
 
 
 def fsdp_units(model_name: str) -> list[list[str]]:
@@ -333,17 +362,22 @@ def sparse_pair(model: str, args) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--world-size", type=int, default=2)
-    ap.add_argument("--rounds", type=int, default=12, help="pairs per model (ABBA order)")
-    ap.add_argument("--steps", type=int, default=12, help="timed steps per run (a run's time: their median)")
+    ap.add_argument("--rounds", type=int, default=12,
+                    help="pairs per model (ABBA order): blocks of --block steps in --mode steps, whole runs in --mode runs")
+    ap.add_argument("--steps", type=int, default=12,
+                    help="--mode runs (and the dear pair): timed steps per run (a run's time: their median)")
     ap.add_argument("--warmup-steps", type=int, default=3)
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--threshold-bytes", type=int, default=65536)
     ap.add_argument("--models", nargs="+", default=["tiny_resnet", "tiny_vgg", "tiny_bert"])
     ap.add_argument("--pairs", nargs="+", default=["allreduce"], choices=["allreduce", "dear", "sparse"])
-    ap.add_argument("--mode", choices=["runs", "steps"], default="runs",
+    ap.add_argument("--mode", choices=["runs", "steps"], default="steps",
                     help="allreduce pair: ABBA pairs of whole training runs (runs), or ours (repro.distribute) and "
                          "plain DDP in one process, step by step in turn, in blocks of --block steps (steps)")
-    ap.add_argument("--block", type=int, default=10, help="--mode steps: steps per block (a block is one pair)")
+    ap.add_argument("--block", type=int, default=50, help="--mode steps: steps per block (a block is one pair)")
+    ap.add_argument("--aa", action="store_true",
+                    help="allreduce pair: ours against ours (an A/A test: the spread the mode shows when nothing "
+                         "differs)")
     ap.add_argument("--load", nargs="+", default=["quiet"], choices=["quiet", "busy"])
     ap.add_argument("--busy-procs", type=int, default=1, help="busy-loop processes in --load busy")
     ap.add_argument("--density", type=float, default=0.01, help="top-k density of the sparse pair")
@@ -353,8 +387,11 @@ def main() -> None:
     common = {"steps": args.steps, "batch_size": args.batch_size, "warmup_steps": args.warmup_steps,
               "compute_steps": 0, "quiet": True, "threshold_bytes": args.threshold_bytes}
 
+    design = (f"all-reduce pair: --mode steps, ours and DDP side by side in one process, a pair = a block of {args.block} "
+              "steps of each" if args.mode == "steps" else
+              f"all-reduce pair: --mode runs, a pair = two whole runs of {args.steps} timed steps (a run: median step)")
     print(f"World size {args.world_size} (gloo, 1 thread per rank), {os.cpu_count()} cores; {args.rounds} pairs per "
-          f"model in ABBA order, {args.steps} timed steps per run (a run: median step); ratio A/B per pair.")
+          f"model in ABBA order; ratio A/B per pair; {design}.")
     with tempfile.TemporaryDirectory() as tmp:
         for load in args.load:
             with (Busy(args.busy_procs) if load == "busy" else _Nothing()):
