@@ -620,7 +620,8 @@ def distribute(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: st
               f"(it takes: {takes})")
     try:  # the values, by the options' declarations (repro.run_options)
         if sched is not None:
-            options.update(check_run_options({k: v for k, v in options.items() if k in RUN_OPTIONS}, sched))
+            options.update(check_run_options({k: v for k, v in options.items() if k in RUN_OPTIONS}, sched,
+                                             settings={"wire_dtype": wire_dtype}))
         else:
             options.update({k: RUN_OPTIONS[k].validate(v) for k, v in options.items()})
     except ValueError as e:

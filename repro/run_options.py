@@ -69,7 +69,8 @@ def register_run_option(option: RunOption, *, replace: bool = False) -> RunOptio
 
 
 def register_group_check(fn: Callable[[Mapping[str, Any]], None]) -> None:
-    """A check across several options (``fn(values)`` raises ValueError), run after the single ones."""
+    """A check across several options (``fn(values)`` raises ValueError), run after the single ones;
+    ``values`` also holds the run's common settings that such a check may need (``wire_dtype``)."""
     _GROUP_CHECKS.append(fn)
 
 
@@ -80,10 +81,12 @@ def option_flag(name: str) -> str:
     return f"{flag}/--no-{flag[2:]}" if option is not None and option.kind is bool else flag
 
 
-def check_run_options(values: Mapping[str, Any], scheduler: Any, *, where: str = "") -> dict[str, Any]:
+def check_run_options(values: Mapping[str, Any], scheduler: Any, *, where: str = "",
+                      settings: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """``values`` (option name -> value, None: not set) checked for ``scheduler`` (a
     :class:`repro.schedulers.Scheduler`): each value by its option, options the scheduler does not take
-    refused when they have no default, then the checks across options. Returns the normalised values.
+    refused when they have no default, then the checks across options, which also see ``settings`` (the
+    run's common settings, e.g. ``{"wire_dtype": "float16"}``). Returns the normalised values.
     ``where``: how the options are spelled for the user (``flag``: ``--stage1-share``; else the name)."""
     from repro.schedulers import get_scheduler, scheduler_names
 
@@ -103,7 +106,7 @@ def check_run_options(values: Mapping[str, Any], scheduler: Any, *, where: str =
             raise ValueError(f"{spelled} does not apply to {scope} (it applies to: {', '.join(takers)})")
         out[name] = option.validate(value)
     for check in _GROUP_CHECKS:
-        check(out)
+        check({**(settings or {}), **out})
     return out
 
 
@@ -204,3 +207,13 @@ def _tuner_range(values: Mapping[str, Any]) -> None:
 
 
 register_group_check(_tuner_range)
+
+
+def _reducer_sends_own_dtype(values: Mapping[str, Any]) -> None:
+    wire = values.get("wire_dtype")
+    if values.get("engine") == "reducer" and wire:
+        raise ValueError(f"engine 'reducer' cannot send a wire dtype ({wire}): PyTorch's C++ reducer sends each "
+                         "gradient in its own dtype; use engine 'hooks' (or auto)")
+
+
+register_group_check(_reducer_sends_own_dtype)

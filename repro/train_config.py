@@ -139,7 +139,8 @@ class _CommonConfig:
             raise ValueError(f"steps must be positive, got {self.steps}")
         if self.epochs is not None and self.epochs < 1:
             raise ValueError(f"epochs must be positive, got {self.epochs}")
-        checked = check_run_options({name: getattr(self, name) for name in RUN_OPTIONS}, sched, where="flag")
+        checked = check_run_options({name: getattr(self, name) for name in RUN_OPTIONS}, sched, where="flag",
+                                    settings={"wire_dtype": self.wire_dtype})
         for name, value in checked.items():  # set where it does not apply: refused, never silently ignored
             setattr(self, name, value)
         for name in ("lr", "momentum", "weight_decay"):

@@ -214,7 +214,8 @@ def test_engine_reducer_refuses_an_unfit_plan_and_auto_falls_back_to_hooks():
 BAD_ENGINE = [({"scheduler": "threshold", "engine": "cuda"}, "unknown engine 'cuda'; choose one of auto, reducer, hooks"),
               ({"scheduler": "dear_threshold", "engine": "hooks"}, "engine do not apply to scheduler dear_threshold"),
               ({"scheduler": "ddp_threshold", "engine": "reducer"}, "engine do not apply to scheduler ddp_threshold"),
-              ({"scheduler": "threshold", "engine": "reducer", "wire_dtype": "float16"}, "engine='reducer'")]
+              ({"scheduler": "threshold", "engine": "reducer", "wire_dtype": "float16"},
+               "engine 'reducer' cannot send a wire dtype (float16)")]
 
 
 def engine_choices(ctx, results_dir: str) -> dict:
@@ -281,5 +282,8 @@ def test_engine_flag_of_repro_train_is_checked_for_the_scheduler():
         TrainConfig(model="tiny_vgg", scheduler="threshold", engine="fast")
     with pytest.raises(ValueError, match="--engine does not apply to --scheduler omgs"):
         TrainConfig(model="tiny_vgg", scheduler="omgs", engine="hooks")
+    with pytest.raises(ValueError, match="engine 'reducer' cannot send a wire dtype .bfloat16."):  # before launch
+        TrainConfig(model="tiny_vgg", scheduler="mgwfbp", engine="reducer", wire_dtype="bfloat16")
+    assert TrainConfig(model="tiny_vgg", scheduler="mgwfbp", engine="hooks", wire_dtype="bfloat16").engine == "hooks"
     assert "engine" in get_scheduler("mgwfbp").to_dict()["executor_options"]
     assert "engine" not in get_scheduler("ddp_threshold").to_dict()["executor_options"]
