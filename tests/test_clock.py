@@ -224,39 +224,34 @@ def test_every_executor_takes_its_ready_times_from_its_clock(one_rank, kind):
 
 @pytest.mark.distributed
 @pytest.mark.parametrize("clock_kind", ["host", "device"])
-@pytest.mark.parametrize("kind", ["allreduce", "sparse", "dear", "bytescheduler"])
+@pytest.mark.parametrize("kind", ["allreduce", "sparse", "dear"])
 def test_ready_times_are_the_last_iterations_only(one_rank, kind, clock_kind):
     """A step whose loss reaches only fc3 leaves no ready time for fc1 and fc2 from the step before
-    (they had none in the last backward; ByteScheduler, which sends a missing layer's zeros, stamps
-    them when it fills them in, in that step)."""
+    (they had none in the last backward), and a step whose loss reaches no parameter leaves none at all.
+    (ByteScheduler is not here: it stamps a missing layer when it fills its zeros in, every step.)"""
     model = MLP()
     clock = FakeDeviceClock() if clock_kind == "device" else HostClock()
     ex = _executor(kind, model, clock)
     try:
         opt = ex.wrap_optimizer(torch.optim.SGD(model.parameters(), lr=0.01))
         x, y = torch.randn(4, 6), torch.randint(0, 3, (4,))
-        for step, everything in enumerate([True, False]):
+        for step, reach in enumerate(["everything", "fc3", "nothing"]):
             if clock_kind == "device":
                 clock.device_times = _device_times(step)
                 clock.device_now = 1.5 + step
             opt.zero_grad()
             ex.before_forward()
-            start = time.perf_counter()
-            out = ex.module(x) if everything else ex.module.fc3(torch.randn(4, 8))
+            if reach == "nothing":  # a loss of no parameter: no gradient hook fires in this backward
+                out = torch.randn(4, 3, requires_grad=True) * 2
+            else:
+                out = ex.module(x) if reach == "everything" else ex.module.fc3(torch.randn(4, 8))
             nn.functional.cross_entropy(out, y).backward()
             ex.after_backward()
             opt.step()
             ready = dict(ex.grad_ready_s)
-            if everything:
-                assert set(ready) == set(LAYERS), kind
-                continue
-            if kind == "bytescheduler":
-                assert set(ready) == set(LAYERS)
-                if clock_kind == "host":  # every stamp is this step's
-                    assert all(t >= start for t in ready.values()), ready
-            else:
-                assert set(ready) == {"fc3"}, (kind, ready)
-            if clock_kind == "device":
+            expected = {"everything": set(LAYERS), "fc3": {"fc3"}, "nothing": set()}[reach]
+            assert set(ready) == expected, (kind, reach, ready)
+            if clock_kind == "device" and reach == "fc3":
                 assert ready["fc3"] == pytest.approx(_device_times(1)["fc3"] + OFFSET, abs=1e-9)
         ex.flush()
     finally:
@@ -272,8 +267,10 @@ def test_clocks_keep_the_last_iterations_marks_until_the_next_begins():
         clock.mark("a")  # the next iteration: only a so far
         assert set(clock.ready) == {"a"} and "b" not in clock.ready and len(clock.ready) == 1
         clock.end_iteration()
-        clock.end_iteration()  # twice is once
         assert set(clock.ready) == {"a"}
+        clock.end_iteration()  # an iteration without a mark: no times, not the last iteration's
+        assert len(clock.ready) == 0 and dict(clock.ready) == {} and "a" not in clock.ready
+        clock.mark("b")
         clock.reset()
         assert len(clock.ready) == 0
 
@@ -352,3 +349,22 @@ def test_measured_trace_is_the_one_the_device_times_imply(one_rank):
                                 view="module")
     assert [layer.backward_s for layer in host_trace.layers] != pytest.approx(
         [layer.backward_s for layer in trace.layers], abs=1e-4)
+
+
+@pytest.mark.distributed
+def test_a_layer_without_a_gradient_in_a_step_counts_as_ready_at_that_backwards_end(one_rank):
+    """The executors write a layer that got no gradient (its zeros) when the exchange finishes, so the
+    measured trace takes it as ready at the end of that step's backward (its last ready time), never at
+    the backward's start (which put it first in backward order, before every real gradient)."""
+    from repro.runtime.online import StepTimes, measured_trace
+
+    model = MLP()
+    st = StepTimes(start=0.0, forward_start=0.001, backward_start=0.010, backward_end=0.030, exchange_end=0.031,
+                   end=0.032, loss=1.0)
+    missing = (st, {"fc3": 0.012, "fc2": 0.020})  # fc1 had no gradient: ready with fc2, the last
+    steps = [missing, missing, (st, {"fc3": 0.012, "fc2": 0.020, "fc1": 0.024})]
+    trace = measured_trace(model, steps, torch.device("cpu"), model_name="mlp", batch_size=4, view="module")
+    assert [layer.name for layer in trace.layers] == LAYERS  # forward order: fc1 is still the last to be ready
+    gaps = {layer.name: layer.backward_s for layer in trace.layers}
+    assert gaps["fc3"] == pytest.approx(0.002) and gaps["fc2"] == pytest.approx(0.008)
+    assert gaps["fc1"] == pytest.approx(0.0, abs=1e-12)  # median over steps: at fc2's time, the backward's end

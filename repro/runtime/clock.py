@@ -22,9 +22,10 @@ exactly today's host gap on a CPU.
 :func:`make_clock` picks the clock for a device; :func:`clock_for` is what the executors call (the
 clock given in :class:`~repro.runtime.executor.ExecutorOptions`, else the one for the model's device).
 ``clock.ready`` is a live read-only mapping of the resolved times: executors expose it as
-``grad_ready_s``. An executor calls ``clock.end_iteration()`` when an iteration's exchange is done: the
-marks stay readable until the next iteration's first mark, which starts afresh, so a layer that got no
-gradient in the last backward has no time (not one left over from an earlier iteration).
+``grad_ready_s``. An executor calls ``clock.end_iteration()`` once per iteration, when its exchange is
+done: the marks stay readable until the next iteration's first mark, which starts afresh, so a layer
+that got no gradient in the last backward has no time (not one left over from an earlier iteration),
+and an iteration in which nothing was marked leaves no times at all.
 
 The same rule for communication (issue 21, defects 4 and 7): a ``Work`` or future that completes at
 enqueue (NCCL) is not a completion. :func:`waits_for` picks how a consumer waits for a collective
@@ -123,7 +124,10 @@ class HostClock:
         self._ended = False
 
     def end_iteration(self) -> None:
-        """The iteration is over: its marks stay readable; the next mark starts the next iteration's."""
+        """The iteration is over: its marks stay readable; the next mark starts the next iteration's. An
+        iteration without a mark (ended twice with none between) leaves none, not the one before's."""
+        if self._ended:
+            self._times.clear()
         self._ended = True
 
 
@@ -208,8 +212,12 @@ class DeviceClock:
 
     def end_iteration(self) -> None:
         """The iteration is over: its marks stay readable; the next mark starts the next iteration's
-        (the events are kept and re-recorded, only the set of live keys starts afresh)."""
+        (the events are kept and re-recorded, only the set of live keys starts afresh). An iteration without
+        a mark leaves none."""
         with self._lock:
+            if self._ended:
+                self._live.clear()
+                self._resolved = None
             self._ended = True
 
 

@@ -93,7 +93,10 @@ def measured_trace(model: nn.Module, steps: Sequence[tuple[StepTimes, Mapping[st
     time. Every trainer of ``group`` calls this (it all-reduces)."""
     layers = layer_parameters(model, view)
     names = list(layers)
-    rel = torch.tensor([[ready.get(n, st.backward_start) - st.backward_start for n in names] for st, ready in steps],
+    # a layer with no gradient in a step is written (as zeros) when the exchange finishes: ready at the
+    # end of that step's backward, its last ready time
+    last = [max(ready.values(), default=st.backward_start) for st, ready in steps]
+    rel = torch.tensor([[ready.get(n, end) - st.backward_start for n in names] for (st, ready), end in zip(steps, last)],
                        dtype=torch.float64)
     fixed = torch.tensor([[st.backward_start - st.forward_start, st.forward_start - st.start, st.end - st.exchange_end]
                           for st, _ in steps], dtype=torch.float64)
