@@ -384,6 +384,10 @@ def main() -> None:
     ap.add_argument("--sparse-repeats", type=int, default=20)
     ap.add_argument("--others", action="store_true", help="also WFBP, SyncEASGD, MG-WFBP, optimal, DDP defaults")
     args = ap.parse_args()
+    if args.rounds < 1 or args.steps < 1 or args.block < 1:
+        ap.error("--rounds, --steps and --block must be positive")
+    if args.aa and args.pairs != ["allreduce"]:
+        ap.error("--aa applies to the allreduce pair only (--pairs allreduce)")
     common = {"steps": args.steps, "batch_size": args.batch_size, "warmup_steps": args.warmup_steps,
               "compute_steps": 0, "quiet": True, "threshold_bytes": args.threshold_bytes}
 

@@ -613,6 +613,10 @@ def distribute(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: st
         allowed = set(sched.planner_options + sched.executor_options)
     else:
         allowed = set(plan_family.executor_options) if plan_family is not None else set()
+        undeclared = sorted(k for k in allowed if k not in RUN_OPTIONS)
+        if undeclared:  # a family from another package that forgot register_run_option
+            _fail(f"{', '.join(undeclared)}: taken by the {plan.family} family's executor but not declared as a run "
+                  "option (repro.run_options.register_run_option)")
     unknown = sorted(set(options) - allowed)
     if unknown:
         takes = ", ".join(sorted(allowed)) or "none"
@@ -663,7 +667,7 @@ def distribute(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: st
                           "check_run_options", None)
     if early_check is not None:
         try:
-            early_check({**planner_options, **executor_options}, plan)
+            early_check({**planner_options, **executor_options}, plan, model)
         except (ValueError, PlanError) as e:
             _fail(str(e))
     if getattr(model, "no_sync", None) is not None:

@@ -209,11 +209,26 @@ def _tuner_range(values: Mapping[str, Any]) -> None:
 register_group_check(_tuner_range)
 
 
-def _reducer_sends_own_dtype(values: Mapping[str, Any]) -> None:
+def reducer_engine_refusal(values: Mapping[str, Any]) -> str | None:
+    """Why ``engine='reducer'`` cannot run with these settings (one sentence), or None: a wire dtype
+    (``wire_dtype``), or a GPU (``device`` 'cuda', or ``backend`` 'nccl'), where it has not run yet. The
+    same words from ``repro train``'s check and from :func:`repro.distribute`."""
+    if values.get("engine") != "reducer":
+        return None
     wire = values.get("wire_dtype")
-    if values.get("engine") == "reducer" and wire:
-        raise ValueError(f"engine 'reducer' cannot send a wire dtype ({wire}): PyTorch's C++ reducer sends each "
-                         "gradient in its own dtype; use engine 'hooks' (or auto)")
+    if wire:
+        return (f"engine 'reducer' cannot send a wire dtype ({wire}): PyTorch's C++ reducer sends each gradient in "
+                "its own dtype; use engine 'hooks' (or auto)")
+    if values.get("device") == "cuda" or values.get("backend") == "nccl":
+        return ("engine 'reducer' runs on the CPU only so far (it has not run on a GPU); use engine 'hooks' "
+                "(or auto)")
+    return None
 
 
-register_group_check(_reducer_sends_own_dtype)
+def _reducer_engine(values: Mapping[str, Any]) -> None:
+    reason = reducer_engine_refusal(values)
+    if reason is not None:
+        raise ValueError(reason)
+
+
+register_group_check(_reducer_engine)

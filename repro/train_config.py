@@ -102,8 +102,9 @@ class _CommonConfig:
 
         sched = get_scheduler(self.scheduler)
         self.scheduler = sched.name  # an old alias becomes the current name
+        plan_wire_dtype = None
         if self.plan is not None:
-            sched = self._take_plan(sched)
+            sched, plan_wire_dtype = self._take_plan(sched)
         spec = model_info(self.model)
         self._check_model_kwargs(spec)
         if self.dataset not in DATASET_NAMES:
@@ -140,7 +141,7 @@ class _CommonConfig:
         if self.epochs is not None and self.epochs < 1:
             raise ValueError(f"epochs must be positive, got {self.epochs}")
         checked = check_run_options({name: getattr(self, name) for name in RUN_OPTIONS}, sched, where="flag",
-                                    settings={"wire_dtype": self.wire_dtype})
+                                    settings={"wire_dtype": self.wire_dtype or plan_wire_dtype, "device": self.device})
         for name, value in checked.items():  # set where it does not apply: refused, never silently ignored
             setattr(self, name, value)
         for name in ("lr", "momentum", "weight_decay"):
@@ -170,7 +171,8 @@ class _CommonConfig:
 
     def _take_plan(self, sched):
         """``--plan FILE``: load it (one line if it cannot be read), pick the scheduler that runs it and
-        the view its layer names are in; returns the scheduler entry."""
+        the view its layer names are in; returns the scheduler entry and the plan's wire dtype (a plan fixes
+        its own: ``--wire-dtype`` with another is refused, it would be ignored)."""
         from repro.plan import Plan, PlanError
 
         try:
@@ -187,7 +189,11 @@ class _CommonConfig:
         view = (plan.meta.get("provenance") or {}).get("view")
         if view in VIEWS:
             self.view = view
-        return sched
+        if self.wire_dtype not in (None, plan.wire_dtype):
+            fixed = plan.wire_dtype or "the gradients' own dtype"
+            raise ValueError(f"--wire-dtype {self.wire_dtype} does not apply with --plan {self.plan}: a plan fixes its "
+                             f"wire dtype ({fixed}); make the plan with --wire-dtype instead")
+        return sched, plan.wire_dtype
 
     def _check_model_kwargs(self, spec) -> None:
         """``model_kwargs`` (e.g. ``--seq-len``): ones the model takes, with values it can build with."""

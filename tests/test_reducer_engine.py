@@ -206,7 +206,7 @@ def refuses_an_unfit_plan(ctx) -> str:
 @pytest.mark.distributed
 def test_engine_reducer_refuses_an_unfit_plan_and_auto_falls_back_to_hooks():
     msg = launch_local(refuses_an_unfit_plan, 2, timeout_s=120)[0]
-    assert "wire dtype" in msg and "engine='hooks'" in msg and msg.endswith("auto: hooks"), msg
+    assert "wire dtype" in msg and "use engine 'hooks'" in msg and msg.endswith("auto: hooks"), msg
 
 
 # ---------------------------------------------------------------- engine as a run option (issue 23)
@@ -284,6 +284,24 @@ def test_engine_flag_of_repro_train_is_checked_for_the_scheduler():
         TrainConfig(model="tiny_vgg", scheduler="omgs", engine="hooks")
     with pytest.raises(ValueError, match="engine 'reducer' cannot send a wire dtype .bfloat16."):  # before launch
         TrainConfig(model="tiny_vgg", scheduler="mgwfbp", engine="reducer", wire_dtype="bfloat16")
+    with pytest.raises(ValueError, match="engine 'reducer' runs on the CPU only so far"):
+        TrainConfig(model="tiny_vgg", scheduler="mgwfbp", engine="reducer", device="cuda")
     assert TrainConfig(model="tiny_vgg", scheduler="mgwfbp", engine="hooks", wire_dtype="bfloat16").engine == "hooks"
     assert "engine" in get_scheduler("mgwfbp").to_dict()["executor_options"]
     assert "engine" not in get_scheduler("ddp_threshold").to_dict()["executor_options"]
+
+
+def test_a_plan_file_fixes_the_wire_dtype_and_the_engine_check_reads_it(tmp_path):
+    from repro.train_config import TrainConfig
+
+    model = Branchy()
+    names = list(layer_parameters(model, "tensor"))[::-1]
+    half = tmp_path / "half.json"
+    Plan.from_dict({"solver": "threshold", "buckets": [names], "options": {"wire_dtype": "float16"}}).save(half)
+    with pytest.raises(ValueError, match="engine 'reducer' cannot send a wire dtype .float16."):
+        TrainConfig(model="tiny_vgg", plan=str(half), engine="reducer")
+    plain = tmp_path / "plain.json"
+    Plan.from_dict({"solver": "threshold", "buckets": [names]}).save(plain)
+    with pytest.raises(ValueError, match="--wire-dtype float16 does not apply with --plan .*plain.json: a plan fixes"):
+        TrainConfig(model="tiny_vgg", plan=str(plain), wire_dtype="float16")
+    assert TrainConfig(model="tiny_vgg", plan=str(plain), engine="reducer").engine == "reducer"

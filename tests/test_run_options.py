@@ -57,3 +57,26 @@ def test_a_family_from_another_package_adds_a_field_without_editing_shared_code(
             register_run_option(RunOption("window_s", float, "again", "plugin"))
     finally:
         del RUN_OPTIONS["window_s"]
+
+
+def test_every_option_a_scheduler_or_family_takes_is_a_declared_run_option():
+    from repro.families import FAMILIES
+    from repro.run_options import RUN_OPTIONS
+    from repro.schedulers import SCHEDULERS
+
+    common = {f.name for f in fields(TrainConfig)}  # a scheduler may also take a common setting (dear_bo: seed)
+    for s in SCHEDULERS.values():
+        assert set(s.planner_options) <= set(RUN_OPTIONS), s.name
+        assert set(s.executor_options) <= set(RUN_OPTIONS) | common, s.name
+    for f in FAMILIES.values():  # a plan given on its own: only run options (repro.distribute's keywords)
+        assert set(f.executor_options) <= set(RUN_OPTIONS), f.name
+
+
+def test_the_reducer_engine_refusals_are_one_rule():
+    from repro.run_options import reducer_engine_refusal
+
+    assert reducer_engine_refusal({"engine": "hooks", "wire_dtype": "float16", "device": "cuda"}) is None
+    assert reducer_engine_refusal({"engine": "reducer"}) is None
+    assert "wire dtype (bfloat16)" in reducer_engine_refusal({"engine": "reducer", "wire_dtype": "bfloat16"})
+    assert "CPU only" in reducer_engine_refusal({"engine": "reducer", "device": "cuda"})
+    assert "CPU only" in reducer_engine_refusal({"engine": "reducer", "backend": "nccl"})

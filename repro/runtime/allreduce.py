@@ -64,6 +64,7 @@ import torch.distributed as dist
 from torch import nn
 
 from repro.plan import WIRE_DTYPE_BYTES, Plan, PlanError
+from repro.run_options import reducer_engine_refusal
 from repro.runtime.buffers import broadcast_buffers
 from repro.runtime.clock import clock_for
 from repro.runtime.executor import BucketTiming, Executor, ExecutorOptions
@@ -435,7 +436,7 @@ class AllReduceExecutor(Executor):
         if engine != "hooks":
             reason = unfit_reason(model, plan, self.options.view, self.options.clock)
             if reason is not None and engine == "reducer":
-                raise PlanError(f"engine='reducer': the C++ reducer does not run {reason}; use engine='hooks'")
+                raise PlanError(f"engine 'reducer' cannot run {reason}; use engine 'hooks' (or auto)")
             engine = "reducer" if reason is None else "hooks"
         self.engine = engine
         if engine == "reducer":
@@ -451,17 +452,22 @@ class AllReduceExecutor(Executor):
         self._buffer_src = 0 if group is None else dist.get_global_rank(group, 0)
 
     @classmethod
-    def check_run_options(cls, options: Mapping[str, Any], plan: Plan | None = None) -> None:
+    def check_run_options(cls, options: Mapping[str, Any], plan: Plan | None = None,
+                          model: nn.Module | None = None) -> None:
         """What can be refused before a plan exists (``repro.distribute`` calls this before its warm-up):
-        ``engine='reducer'`` with a wire dtype (given as an option or in ``plan``) or a cycle time in ``plan``."""
+        ``engine='reducer'`` with a wire dtype (given as an option or in ``plan``), on a model on a GPU
+        (:func:`repro.run_options.reducer_engine_refusal`, the words of ``repro train``'s check), or with a
+        cycle time in ``plan``."""
         if options.get("engine") != "reducer":
             return
-        wire = options.get("wire_dtype") or (plan.wire_dtype if plan is not None else None)
-        if wire is not None:
-            raise PlanError(f"engine='reducer': the C++ reducer does not send a wire dtype ({wire}); use "
-                            "engine='hooks'")
+        params = list(model.parameters()) if model is not None else []
+        device = params[0].device.type if params else None
+        reason = reducer_engine_refusal({"engine": "reducer", "device": device,
+                                         "wire_dtype": options.get("wire_dtype") or (plan.wire_dtype if plan else None)})
+        if reason is not None:
+            raise PlanError(reason)
         if plan is not None and plan.option("cycle_s") is not None:
-            raise PlanError("engine='reducer': the C++ reducer does not run a cycle time; use engine='hooks'")
+            raise PlanError("engine 'reducer' cannot run Horovod's cycle time; use engine 'hooks' (or auto)")
 
     def before_forward(self) -> None:
         broadcast_buffers(self.model, src=self._buffer_src, group=self.options.group)
