@@ -624,8 +624,7 @@ def distribute(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: st
               f"(it takes: {takes})")
     try:  # the values, by the options' declarations (repro.run_options)
         if sched is not None:
-            options.update(check_run_options({k: v for k, v in options.items() if k in RUN_OPTIONS}, sched,
-                                             settings={"wire_dtype": wire_dtype}))
+            options.update(check_run_options({k: v for k, v in options.items() if k in RUN_OPTIONS}, sched))
         else:
             options.update({k: RUN_OPTIONS[k].validate(v) for k, v in options.items()})
     except ValueError as e:
@@ -661,8 +660,9 @@ def distribute(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: st
                        (k in sched.planner_options or k == "wire_dtype")}
     executor_options = {k: v for k, v in options.items()
                         if k in (sched.executor_options if sched is not None else allowed) and v is not None}
-    # an executor that can tell from the options (and a given plan) that it cannot run them says so now,
-    # before the warm-up's collectives, instead of once the plan is made
+    # an executor that can tell from the options, a given plan and the model that it cannot run them says so
+    # now, before the warm-up's collectives, instead of once the plan is made (the all-reduce executor:
+    # engine='reducer' with a wire dtype or on a GPU, the same rule as repro train's config check)
     early_check = getattr(sched.executor_class() if sched is not None else plan_family.executor_class(),
                           "check_run_options", None)
     if early_check is not None:
