@@ -235,6 +235,12 @@ class _Door:
                        model.register_forward_hook(self._after_forward),
                        model.register_state_dict_pre_hook(lambda *_: self.flush()),
                        model.register_load_state_dict_pre_hook(lambda *_: self.flush())]
+        # the end of every backward (see _backward_end): these hooks are the door's, not an executor's, so
+        # no_sync does not hold them and a plan switch keeps them
+        self._end_queued = False
+        self._grads_at_backward_end: dict[int, tuple[Any, int]] | None = None
+        self._hooks += [p.register_post_accumulate_grad_hook(self._grad_arrived)
+                        for p in model.parameters() if p.requires_grad]
 
     # ---- the executor in use ----
     def _start(self, plan: Plan | None) -> None:
@@ -314,6 +320,51 @@ class _Door:
                 sync_device(self.device)
             self._stamps["backward_start"] = time.perf_counter()
 
+    # ---- the end of a backward ----
+    def _grad_arrived(self, param: torch.Tensor) -> None:
+        """A gradient was accumulated: the first of a backward queues :meth:`_backward_end` behind every
+        callback queued so far (the reducer engine's finalisation among them)."""
+        if not self._end_queued:
+            self._end_queued = True
+            engine = torch.autograd.Variable._execution_engine
+            engine.queue_callback(lambda: engine.queue_callback(self._backward_end))
+
+    def _backward_end(self) -> None:
+        """What DDP guarantees when ``backward()`` returns, kept where the family allows it.
+
+        An executor that finishes its exchange in backward (``finishes_in_backward``: the all-reduce and
+        sparse families) finishes it here, so ``param.grad`` is the averaged gradient when ``backward()``
+        returns, as under DDP: the usual loop's ``clip_grad_norm_`` (or any code that reads or changes
+        gradients before ``step()``) sees and changes what ``step()`` applies. A family that finishes
+        later (DeAR's all-gathers in the next forward, ByteScheduler's layer-wise updates, the parameter
+        servers) cannot; for those the gradients' identities and version counters are noted here, and
+        :meth:`step` refuses a step whose gradients were changed since (see :meth:`_check_grads_untouched`)."""
+        self._end_queued = False
+        if self.accumulating or getattr(self, "removed", False):
+            self._grads_at_backward_end = None
+            return
+        if getattr(self.ex, "finishes_in_backward", False):
+            self.synchronize()
+            self._grads_at_backward_end = None
+            return
+        self._grads_at_backward_end = {id(p): (p.grad, p.grad._version) for p in self.model.parameters()
+                                       if p.grad is not None}
+
+    def _check_grads_untouched(self) -> None:
+        """Refuse a step whose ``param.grad`` changed between the end of backward and ``step()`` (e.g.
+        ``torch.nn.utils.clip_grad_norm_``, which works in place): the family steps with the exchanged
+        gradients, which that change never reached, so the step would be silently unclipped."""
+        seen, self._grads_at_backward_end = self._grads_at_backward_end, None
+        if not seen:
+            return
+        for p in self.model.parameters():
+            was = seen.get(id(p))
+            if was is not None and (p.grad is not was[0] or p.grad._version != was[1]):
+                _fail(f"param.grad was changed between backward() and optimizer.step() (e.g. by "
+                      f"torch.nn.utils.clip_grad_norm_), but '{self.scheduler or self.plan.solver}' steps with the "
+                      "exchanged gradients, which it finishes later: clip with optimizer.clip_grad_norm_(max_norm), "
+                      "or call optimizer.synchronize() before changing param.grad")
+
     # ---- the optimizer's step ----
     def synchronize(self) -> None:
         """Finish this step's exchange now (``param.grad`` averaged on every rank), for unscaling or
@@ -336,6 +387,9 @@ class _Door:
             _fail("optimizer.step() inside model.no_sync(): leave the block for the last micro-batch's forward "
                   "and backward, then step (as with DDP, the gradients inside are not exchanged)")
         amp = scaled_step(outer)
+        if not self.synchronized and (amp is None or amp.inv_scale is not None):
+            self._check_grads_untouched()  # (a scaler that unscaled already is refused by the family)
+        self._grads_at_backward_end = None
         loss = None
         if closure is not None:
             with torch.enable_grad():
@@ -490,6 +544,18 @@ class DistributedOptimizer(torch.optim.Optimizer):
         ``param.grad`` then holds the averaged gradient on every rank, ready for
         ``scaler.unscale_(optimizer)`` and clipping; ``step()`` then only updates."""
         self._door.synchronize()
+
+    def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0, error_if_nonfinite: bool = False,
+                        foreach: bool | None = None) -> torch.Tensor:
+        """``torch.nn.utils.clip_grad_norm_`` of this step's averaged gradients (the norm over every
+        parameter of the optimizer, the same on every rank), as a DDP loop clips after ``backward()``:
+        :meth:`synchronize` first, then the clip; returns the total norm before clipping. Every rank
+        calls it (with a family that finishes its exchange later, synchronize() is a collective)."""
+        self._door.check_live()
+        self.synchronize()
+        params = [p for g in self.param_groups for p in g["params"] if p.grad is not None]
+        return torch.nn.utils.clip_grad_norm_(params, max_norm, norm_type=norm_type,
+                                              error_if_nonfinite=error_if_nonfinite, foreach=foreach)
 
     def state_dict(self) -> dict[str, Any]:
         """The wrapped optimizer's ``state_dict`` (after a flush), plus under ``"repro"`` the plan, the

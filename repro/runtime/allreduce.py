@@ -422,6 +422,8 @@ class AllReduceExecutor(Executor):
     wherever it runs the plan (:func:`repro.runtime.reducer_engine.unfit_reason`), else the hooks;
     ``self.engine`` says which ran."""
 
+    finishes_in_backward = True  # the exchange is waited for after backward anyway (Executor)
+
     ENGINES = ("auto", "reducer", "hooks")
 
     def __init__(self, model: nn.Module, plan: Plan | None = None, options: ExecutorOptions | None = None,

@@ -86,7 +86,7 @@ from torch import nn
 from repro.plan import Plan, PlanError
 from repro.runtime.buffers import broadcast_buffers
 from repro.runtime.clock import EventCompletions, clock_for
-from repro.runtime.deferred import DeferredUpdateOptimizer
+from repro.runtime.deferred import ApplyBeforeUse, DeferredUpdateOptimizer, hyperparameters, stepping_with
 from repro.runtime.executor import Executor, ExecutorOptions, FoundInfReport, ScaledStep, check_scaled_step
 from repro.workload.layers import layer_parameters
 
@@ -153,7 +153,12 @@ class _Layer:
         dtype = params[0].dtype
         if any(p.dtype != dtype for p in params):
             raise PlanError(f"layer '{name}': parameters of different dtypes cannot share one flat buffer")
-        self.buffer = torch.zeros(sum(p.numel() for p in params), dtype=dtype, device=params[0].device)
+        # the gradients, then one "got a gradient" flag per parameter (1 where this rank had one), summed
+        # with them: a parameter no rank had a gradient for gets no update (as DDP's unused parameters)
+        self.numel = sum(p.numel() for p in params)
+        self.buffer = torch.zeros(self.numel + len(params), dtype=dtype, device=params[0].device)
+        self.flags = self.buffer[self.numel:]
+        self.local_missing = False  # this rank had no gradient for some parameter this iteration
         self.views = []
         offset = 0
         for p in params:
@@ -319,12 +324,14 @@ class ByteSchedulerExecutor(Executor):
                 self._layers[name] = _Layer(name, [p for _, p in layers[name]])
             layer = self._layers[name]
             index, count = b.piece if b.piece is not None else (0, 1)
-            n = layer.buffer.numel()
+            n = layer.numel
             if count > n:
                 raise PlanError(f"layer '{name}' ({n} elements) cannot be split into {count} chunks")
             base, extra = divmod(n, count)
             start = index * base + min(index, extra)
             size = base + (1 if index < extra else 0)
+            if index == count - 1:  # the last piece carries the layer's flags
+                size += len(layer.params)
             view = layer.buffer[start:start + size]
             cid = len(self._chunks)
             timing = ChunkTiming(cid, name, index, count, view.numel() * view.element_size(),
@@ -367,7 +374,10 @@ class ByteSchedulerExecutor(Executor):
                 t.__dict__["_done"] = threading.Event()  # set when its end_s is stamped
         self.clock = clock_for(model, self.options.clock)
         self.grad_ready_s = self.clock.ready  # layer -> ready time, resolved when read
-        self._hooks = []
+        self._hyper: list[dict[str, Any]] | None = None  # the groups' hyperparameters at the last step()
+        # a parameter used in a forward outside its owning module's forward is updated before that use
+        self._use_guard = ApplyBeforeUse(model, self._apply)
+        self._hooks = list(self._use_guard.handles)
         for layer in self._layers.values():
             for k, p in enumerate(layer.params):
                 self._hooks.append(p.register_post_accumulate_grad_hook(self._grad_hook(layer, k)))
@@ -424,6 +434,7 @@ class ByteSchedulerExecutor(Executor):
             self._step_synchronized(amp)
             return
         check_scaled_step(amp, self._found_inf_report, "ByteScheduler")
+        self._hyper = hyperparameters(self._optimizer)  # the updates apply with the lr etc. of this step
         self._arm()
         if amp is None:
             for layer in self._layers.values():
@@ -454,9 +465,10 @@ class ByteSchedulerExecutor(Executor):
                 continue
             self._wait(layer)
             layer.buffer.div_(self.world_size)
-            for p, v in zip(layer.params, layer.views):
+            used = self._used(layer)
+            for p, v, u in zip(layer.params, layer.views, used):
                 avg = v.view_as(p)
-                p.grad = avg if avg.dtype == p.dtype else avg.to(p.dtype)
+                p.grad = None if not u else avg if avg.dtype == p.dtype else avg.to(p.dtype)
             self._reset(layer)
         self._synchronized = True
 
@@ -537,8 +549,11 @@ class ByteSchedulerExecutor(Executor):
                                "iteration; call step() between backward passes")
         if grad is None:
             layer.views[k].zero_()
+            layer.flags[k] = 0
+            layer.local_missing = True
         else:
             layer.views[k].copy_(grad.reshape(-1))
+            layer.flags[k] = 1
         layer.written[k] = True
         layer.pending -= 1
         if layer.pending == 0:
@@ -578,6 +593,7 @@ class ByteSchedulerExecutor(Executor):
         for layer in self._layers.values():
             if layer.pending == 0:
                 layer.armed = True
+                self._use_guard.add(layer.params, layer)
 
     # ---- next forward ----
     def _pre_forward_hook(self, layers: list[_Layer]):
@@ -617,9 +633,23 @@ class ByteSchedulerExecutor(Executor):
         layer.pending = len(layer.params)
         layer.armed = False
         layer.inv_scale = None
+        layer.local_missing = False
+        self._use_guard.discard(layer.params)
+
+    @staticmethod
+    def _used(layer: _Layer) -> list[bool]:
+        """Per parameter of ``layer``: whether some rank had a gradient for it (its flag, summed over the
+        ranks, read only when this rank lacked one: a device-to-host copy on GPUs)."""
+        if not layer.local_missing:
+            return [True] * len(layer.params)
+        return (layer.flags > 0).tolist()
 
     def _apply(self, layer: _Layer) -> None:
         """Wait for ``layer``'s chunks and take the wrapped optimizer's step on its parameters alone."""
+        with self._use_guard.suspended():  # its own reads and writes of the parameters are not uses
+            self._apply_unwatched(layer)
+
+    def _apply_unwatched(self, layer: _Layer) -> None:
         self._wait(layer)
         layer.buffer.div_(self.world_size)
         if layer.inv_scale is not None:  # GradScaler: sum / P * (1 / scale), as DDP + GradScaler
@@ -636,10 +666,11 @@ class ByteSchedulerExecutor(Executor):
                     saved.append((p, p.grad))
                     p.grad = None
         own = [(p, p.grad) for p in layer.params]
-        for p, v in zip(layer.params, layer.views):
+        for p, v, u in zip(layer.params, layer.views, self._used(layer)):
             avg = v.view_as(p)
-            p.grad = avg if avg.dtype == p.dtype else avg.to(p.dtype)
-        opt.step()
+            p.grad = None if not u else avg if avg.dtype == p.dtype else avg.to(p.dtype)
+        with stepping_with(opt, self._hyper):
+            opt.step()
         for p, g in own + saved:
             p.grad = g
         self._reset(layer)

@@ -88,7 +88,7 @@ from torch import nn
 
 from repro.plan import Plan, PlanError
 from repro.runtime.clock import clock_for, waits_for
-from repro.runtime.deferred import DeferredUpdateOptimizer
+from repro.runtime.deferred import ApplyBeforeUse, DeferredUpdateOptimizer, hyperparameters, stepping_with
 from repro.runtime.executor import Executor, ExecutorOptions, FoundInfReport, ScaledStep, check_scaled_step, timing_row
 from repro.workload.layers import layer_parameters
 
@@ -256,8 +256,12 @@ class DeARExecutor(Executor):
         # current CUDA stream wait for the event recorded after each (no host block in forward)
         self._waits = waits_for(self._buckets[0].buffer.device)
 
-        # hooks: gradients, and a forward pre-hook on every module directly owning a parameter of a bucket
+        self._hyper: list[dict[str, Any]] | None = None  # the groups' hyperparameters at the last step()
+        # hooks: gradients, and a forward pre-hook on every module directly owning a parameter of a bucket;
+        # any other use of a parameter in a forward applies its bucket first (ApplyBeforeUse)
+        self._use_guard = ApplyBeforeUse(model, lambda k: self._apply_through(k))
         self._handles = [s.param.register_post_accumulate_grad_hook(self._grad_hook(s)) for s in self._slots]
+        self._handles += self._use_guard.handles
         bucket_of = {id(s.param): s.bucket for s in self._slots}
         for module in model.modules():
             owned = sorted({bucket_of[id(p)] for p in module.parameters(recurse=False) if id(p) in bucket_of})
@@ -380,6 +384,9 @@ class DeARExecutor(Executor):
         self._next_ag = K if skip else 0
         self._first_pending = K if skip else 0
         if not skip:
+            self._hyper = hyperparameters(self._optimizer)  # the updates apply with the lr etc. of this step
+            for bucket in self._buckets:
+                self._use_guard.add((slot.param for slot in bucket.slots), bucket.index)
             self._submit_ag(0)
 
     def _found_inf(self, amp: ScaledStep) -> bool:
@@ -550,6 +557,10 @@ class DeARExecutor(Executor):
 
     def _apply(self, bucket: _Bucket) -> None:
         """Wait AG(k), start AG(k+1), average, and step the optimizer on bucket k's parameters only."""
+        with self._use_guard.suspended():  # its own reads and writes of the parameters are not uses
+            self._apply_unwatched(bucket)
+
+    def _apply_unwatched(self, bucket: _Bucket) -> None:
         k = bucket.index
         self._submit_ag(k + 1)  # AG(k+1) overlaps bucket k's forward
         handle, bucket.ag = bucket.ag, None
@@ -562,6 +573,7 @@ class DeARExecutor(Executor):
             bucket.inv_scale = None
         self._step_bucket(bucket)
         bucket.update_pending = False
+        self._use_guard.discard(slot.param for slot in bucket.slots)
         self._advance_first_pending()
 
     @torch.no_grad()
@@ -582,7 +594,8 @@ class DeARExecutor(Executor):
                 slot.param.grad = slot.view.view_as(slot.param)
                 mine.append(slot.param)
         try:
-            self._optimizer.step()
+            with stepping_with(self._optimizer, self._hyper):
+                self._optimizer.step()
         finally:
             for p in mine:
                 p.grad = None

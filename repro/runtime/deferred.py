@@ -12,11 +12,132 @@ every rank, and its updates are not deferred).
 
 from __future__ import annotations
 
-from typing import Any
+import contextlib
+from typing import Any, Callable, Iterator
+
+import torch
+from torch import nn
+from torch.overrides import TorchFunctionMode
 
 from repro.runtime.executor import scaled_step
 
-__all__ = ["DeferredUpdateOptimizer"]
+__all__ = ["ApplyBeforeUse", "DeferredUpdateOptimizer", "hyperparameters", "stepping_with"]
+
+
+def hyperparameters(optimizer: Any) -> list[dict[str, Any]]:
+    """Every param group's hyperparameters now (all keys but ``params``; tensors copied): what a deferred
+    update must be applied with, whatever an LR scheduler or the user sets between ``step()`` and the
+    forward that applies it."""
+    return [{k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in g.items() if k != "params"}
+            for g in optimizer.param_groups]
+
+
+@contextlib.contextmanager
+def stepping_with(optimizer: Any, snapshot: list[dict[str, Any]] | None) -> Iterator[None]:
+    """Inside the block the optimizer's groups hold ``snapshot``'s hyperparameters (from
+    :func:`hyperparameters`); the values they held come back after it. Groups added since the snapshot
+    keep theirs. ``None``: nothing changes."""
+    if snapshot is None:
+        yield
+        return
+    saved = []
+    for group, snap in zip(optimizer.param_groups, snapshot):
+        saved.append((group, {k: group[k] for k in snap if k in group}))
+        group.update(snap)
+    try:
+        yield
+    finally:
+        for group, values in saved:
+            group.update(values)
+
+
+class _ApplyMode(TorchFunctionMode):
+    """During a training forward: before any torch function runs, the pending update of every parameter
+    among its arguments (or whose view is) is applied (:class:`ApplyBeforeUse`)."""
+
+    def __init__(self, guard: "ApplyBeforeUse") -> None:
+        super().__init__()
+        self.guard = guard
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if self.guard.pending and not self.guard._suspended:
+            self.guard.apply_used(args)
+            if kwargs:
+                self.guard.apply_used(kwargs.values())
+        return func(*args, **kwargs)
+
+
+class ApplyBeforeUse:
+    """Applies a deferred update before any use of its parameter in a forward.
+
+    The families that apply the last step's updates in the next forward (DeAR, ByteScheduler) do it in
+    forward pre-hooks of the modules that own the parameters; a parameter used outside its owner's
+    forward (``nn.MultiheadAttention``'s ``out_proj``, tied embeddings through ``F.linear(h,
+    emb.weight)``, a parameter of a parent module) would be read before its update. While updates are
+    pending, a training or evaluation forward of ``model`` runs under a torch function mode that looks
+    at every torch call's tensor arguments (and one level of lists, tuples and keyword values): a
+    parameter in ``pending`` (id -> key), or a view of one, has ``apply(key)`` called first. The module
+    pre-hooks still apply in order (and start the next all-gathers early); the mode catches the rest.
+    Outside a forward nothing is watched: code that reads parameters between ``step()`` and the next
+    forward calls ``flush()`` first (``model.state_dict()`` does it itself)."""
+
+    def __init__(self, model: nn.Module, apply: Callable[[Any], None]) -> None:
+        self.pending: dict[int, Any] = {}
+        self._apply = apply
+        self._modes: list[_ApplyMode | None] = []
+        self._suspended = 0
+        self.handles = [model.register_forward_pre_hook(self._enter),
+                        model.register_forward_hook(self._exit, always_call=True)]
+
+    @contextlib.contextmanager
+    def suspended(self) -> Iterator[None]:
+        """Nothing is watched inside (the executor's own optimizer step, which reads and writes the very
+        parameters being updated)."""
+        self._suspended += 1
+        try:
+            yield
+        finally:
+            self._suspended -= 1
+
+    def add(self, params, key: Any) -> None:
+        for p in params:
+            self.pending[id(p)] = key
+
+    def discard(self, params) -> None:
+        for p in params:
+            self.pending.pop(id(p), None)
+
+    def apply_used(self, values) -> None:
+        pending = self.pending
+        for a in values:
+            if isinstance(a, torch.Tensor):
+                key = pending.get(id(a))
+                if key is None and a._base is not None:
+                    key = pending.get(id(a._base))
+                if key is not None:
+                    self._apply(key)
+                    if not pending:
+                        return
+            elif isinstance(a, (list, tuple)) and a and isinstance(a[0], torch.Tensor):
+                self.apply_used(a)
+
+    def _enter(self, module: nn.Module, args: Any) -> None:
+        mode = _ApplyMode(self) if self.pending else None  # nothing pending: the forward runs unwatched
+        if mode is not None:
+            mode.__enter__()
+        self._modes.append(mode)
+
+    def _exit(self, module: nn.Module, args: Any, output: Any) -> None:
+        mode = self._modes.pop() if self._modes else None
+        if mode is not None:
+            mode.__exit__(None, None, None)
+
+    def remove(self) -> None:
+        for h in self.handles:
+            h.remove()
+        self.handles = []
+        self.pending.clear()
 
 
 class DeferredUpdateOptimizer:

@@ -155,7 +155,14 @@ class ExecutorOptions:
 
 
 class Executor:
-    """Base class: no communication (every hook does nothing). Subclasses override what they need."""
+    """Base class: no communication (every hook does nothing). Subclasses override what they need.
+
+    ``finishes_in_backward``: :meth:`after_backward` can run at the end of the backward pass without
+    giving up any overlap the method is for (the exchange is over by then anyway); ``repro.distribute``
+    then runs it there, so that ``param.grad`` holds the exchanged gradient when ``backward()`` returns,
+    as under DDP."""
+
+    finishes_in_backward = False
 
     def __init__(self, model: nn.Module, plan: Plan | None = None, options: ExecutorOptions | None = None) -> None:
         self.model = model

@@ -389,6 +389,8 @@ class SparseExecutor(Executor):
     """The sparse family's executor (see the module docstring). ``compressor`` and ``memory`` default
     to :class:`TopKCompressor` at the plan's density and :class:`ResidualMemory`."""
 
+    finishes_in_backward = True  # the exchange is waited for after backward anyway (Executor)
+
     def __init__(self, model: nn.Module, plan: Plan | None = None, options: ExecutorOptions | None = None, *,
                  group: dist.ProcessGroup | None = None, compressor: Compressor | None = None,
                  memory: Memory | None = None) -> None:
