@@ -212,8 +212,10 @@ class _Door:
         self._measured: list[tuple[StepTimes, dict[str, float]]] = []
         self._stamps: dict[str, float] = {}
         self.accumulating = 0  # depth of model.no_sync() blocks
+        self._last_forward_synced = True  # the last training forward was outside no_sync (DDP's buffer rule)
         self._compiled_forward = False  # a forward of the model ran inside a torch.compile'd frame
         self._ex_forward_hooks = 0  # forward pre-hooks the executor in use put on the model's modules
+        self._hooks: list[Any] = []  # removed by remove(): the door's hooks on the model (and a baseline's module)
         sched = get_scheduler(scheduler) if scheduler else None
         if plan is None and sched is not None and sched.has_plan:  # plan online after a warm-up
             from repro.runtime.allreduce import AllReduceExecutor
@@ -231,7 +233,7 @@ class _Door:
             self._start(plan)
         # model.state_dict() / load_state_dict() see no update in flight (DeAR's are applied in the next
         # forward): a checkpoint written in the usual order, model first, holds the last step's update
-        self._hooks = [model.register_forward_pre_hook(self._before_forward),
+        self._hooks += [model.register_forward_pre_hook(self._before_forward),
                        model.register_forward_hook(self._after_forward),
                        model.register_state_dict_pre_hook(lambda *_: self.flush()),
                        model.register_load_state_dict_pre_hook(lambda *_: self.flush())]
@@ -254,6 +256,9 @@ class _Door:
         self.ex = cls(self.model, plan, self.options, **self.executor_options)
         self._ex_hooks = _HeldHooks(before, self.model)
         self._ex_forward_hooks = _forward_pre_hook_count(self.model) - forward_hooks
+        if self.ex.module is not self.model:  # a baseline's module (FSDP's sharded copy) is what the loop calls
+            self._hooks += [self.ex.module.register_forward_pre_hook(self._before_forward),
+                            self.ex.module.register_forward_hook(self._after_forward)]
         self._check_compiled()
         takes_scaler = "grad_scaler" in inspect.signature(self.ex.wrap_optimizer).parameters
         if self.grad_scaler is not None and takes_scaler:  # the family unscales and skips itself
@@ -309,6 +314,10 @@ class _Door:
             if not self.batch_size and args and isinstance(args[0], torch.Tensor) and args[0].dim() > 0:
                 self.batch_size = int(args[0].shape[0])
         self._stamps = {"start": time.perf_counter()}
+        # as DDP: the buffers are broadcast unless the last training forward was under no_sync (so once per
+        # accumulation cycle, before its first micro-batch)
+        self.ex.sync_buffers = self._last_forward_synced
+        self._last_forward_synced = not self.accumulating
         self.ex.before_forward()
         if self.warming_up:
             sync_device(self.device)
@@ -429,7 +438,8 @@ class _Door:
         """A GradScaler step on the exchanged gradients: they are the same on every rank, so the inf/nan
         verdict is too (a rank's inf reaches every rank's average); skipped everywhere or nowhere, and
         the scaler's ``update()`` is told (its own check saw this rank's gradient before the exchange)."""
-        grads = [p.grad for g in self.inner.param_groups for p in g["params"] if p.grad is not None]
+        groups = getattr(self.run_opt, "param_groups", None) or self.inner.param_groups  # the ones it steps
+        grads = [p.grad for g in groups for p in g["params"] if p.grad is not None]
         if amp.inv_scale is None:  # scaler.unscale_(opt) after synchronize(): it checked the exchanged gradients
             if not amp.found_inf:
                 self.run_opt.step()
@@ -503,6 +513,11 @@ class _Door:
             del self.model.__dict__["no_sync"]
         self.removed = True
 
+    def check_checkpointable(self) -> None:
+        refusal = getattr(self.ex, "checkpoint_refusal", None)
+        if refusal:
+            _fail(refusal)
+
     def check_live(self) -> None:
         if getattr(self, "removed", False):
             _fail("this optimizer was removed (remove() detached the exchange); step the optimizer it wraps "
@@ -553,7 +568,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
         calls it (with a family that finishes its exchange later, synchronize() is a collective)."""
         self._door.check_live()
         self.synchronize()
-        params = [p for g in self.param_groups for p in g["params"] if p.grad is not None]
+        groups = getattr(self._door.run_opt, "param_groups", None) or self.param_groups  # the ones it steps
+        params = [p for g in groups for p in g["params"] if p.grad is not None]
         return torch.nn.utils.clip_grad_norm_(params, max_norm, norm_type=norm_type,
                                               error_if_nonfinite=error_if_nonfinite, foreach=foreach)
 
@@ -563,6 +579,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         :meth:`load_state_dict` resumes the run bit for bit. A plain torch optimizer loading it ignores
         the extra key."""
         self._door.flush()
+        self._door.check_checkpointable()
         return {**self.optimizer.state_dict(), "repro": self._door.state()}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -570,6 +587,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         step on (no second warm-up, no new plan), with the executor's state."""
         state_dict = dict(state_dict)
         extra = state_dict.pop("repro", None)
+        self._door.check_checkpointable()
         self._door.flush()
         self.optimizer.load_state_dict(state_dict)
         if extra is not None:

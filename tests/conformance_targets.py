@@ -255,7 +255,8 @@ def ours(name: str, loop: str, case: dict) -> dict:
     train(loop, name, model, dopt, data, rank, stop=half, distributed_opt=True)
     path = os.path.join(tempfile.gettempdir(), f"repro-conformance-{os.getppid()}-{name}.pt")
     if rank == 0:  # the DDP way: rank 0 saves, every rank loads
-        torch.save({"model": model.state_dict(), "opt": dopt.state_dict()}, path)
+        # DDP-ported code saves model.module (a baseline returns DDP itself)
+        torch.save({"model": getattr(model, "module", model).state_dict(), "opt": dopt.state_dict()}, path)
     else:
         dopt.state_dict()  # a family that gathers its state needs every rank in the call
     dist.barrier()
@@ -295,6 +296,8 @@ def matrix(ctx, cases: list[dict], models: list[str], loops: list[str]) -> list[
                     row["error"] = f"{type(e).__name__}: {e}"
                     row["where"] = traceback.format_exc().splitlines()[-30:]
                 finally:
+                    if os.environ.get("REPRO_CONFORMANCE_VERBOSE"):
+                        print(dist.get_rank(), {k: v for k, v in row.items() if k != "where"}, flush=True)
                     dist.barrier()
                 rows.append(row)
     return rows

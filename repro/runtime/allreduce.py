@@ -472,7 +472,8 @@ class AllReduceExecutor(Executor):
             raise PlanError("engine 'reducer' cannot run Horovod's cycle time; use engine 'hooks' (or auto)")
 
     def before_forward(self) -> None:
-        broadcast_buffers(self.model, src=self._buffer_src, group=self.options.group)
+        if self.sync_buffers:
+            broadcast_buffers(self.model, src=self._buffer_src, group=self.options.group)
         self.sync.prepare_for_forward()
 
     def after_backward(self) -> None:

@@ -24,6 +24,8 @@ class TorchDDPExecutor(Executor):
     DDP synchronises inside ``loss.backward()``, so every hook of the contract is a no-op.
     """
 
+    finishes_in_backward = True  # DDP itself: param.grad is averaged when backward() returns
+
     def __init__(self, model: nn.Module, plan: Plan | None = None, options: ExecutorOptions | None = None) -> None:
         super().__init__(model, plan, options)
         device = next(model.parameters()).device

@@ -487,7 +487,7 @@ class ByteSchedulerExecutor(Executor):
         """Rank 0's buffers on every rank (as DDP), broadcast by the scheduler thread: it is the only
         thread issuing collectives, and rank 0 decides when (the broadcast is one more decision on the
         control group), so every rank issues it at the same place among the all-reduces."""
-        if not self._buffers:
+        if not self._buffers or not self.sync_buffers:
             return
         with self._cond:
             self._buf_after = self._comm.ready_marker()

@@ -303,7 +303,8 @@ class DeARExecutor(Executor):
 
     def before_forward(self) -> None:
         """Rank 0's buffers on every rank (as DDP), broadcast on the stream (see :meth:`_broadcast_buffers`)."""
-        self._broadcast_buffers()
+        if self.sync_buffers:
+            self._broadcast_buffers()
 
     @torch.no_grad()
     def _broadcast_buffers(self) -> None:

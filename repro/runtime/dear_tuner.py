@@ -207,19 +207,30 @@ class DeARTunedExecutor(Executor):
         self._last: float | None = None
 
     # ---- contract ----
-    def wrap_optimizer(self, optimizer: Any) -> Any:
+    def wrap_optimizer(self, optimizer: Any, grad_scaler: Any = None) -> Any:
+        """As :meth:`DeARExecutor.wrap_optimizer` (every executor of a trial gets the optimizer and the
+        scaler)."""
         from repro.runtime.dear import DeAROptimizer
 
         self._optimizer = optimizer
-        self.executor.set_optimizer(optimizer)
+        self._grad_scaler = grad_scaler
+        self.executor.wrap_optimizer(optimizer, grad_scaler=grad_scaler)
         return DeAROptimizer(self, optimizer)  # its step() and state_dict() come here: step() / flush()
 
-    def step(self) -> None:
+    def step(self, amp: Any = None) -> None:
         """The loop's optimizer step: the current executor's, then the tuner measures (and may regroup)."""
-        self.executor.step()
+        if amp is None:
+            self.executor.step()
+        else:
+            self.executor.step(amp=amp)
         self._after_step()
 
+    def synchronize(self) -> None:
+        """The current executor's :meth:`~repro.runtime.dear.DeARExecutor.synchronize`."""
+        self.executor.synchronize()
+
     def before_forward(self) -> None:
+        self.executor.sync_buffers = self.sync_buffers
         self.executor.before_forward()
 
     def after_backward(self) -> None:
@@ -303,6 +314,6 @@ class DeARTunedExecutor(Executor):
         self.executor.remove()  # flushes: the pending all-gathers finish and every update is applied
         self.executor = self._executor_class(self.model, plan, self.options, stream=self._stream)
         if self._optimizer is not None:
-            self.executor.set_optimizer(self._optimizer)
+            self.executor.wrap_optimizer(self._optimizer, grad_scaler=getattr(self, "_grad_scaler", None))
         self.current_plan = plan
         self._sync_views()

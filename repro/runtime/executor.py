@@ -163,6 +163,11 @@ class Executor:
     as under DDP."""
 
     finishes_in_backward = False
+    # whether :meth:`before_forward` broadcasts the buffers (DDP: not before a forward that follows one
+    # under no_sync; repro.distribute sets it before each training forward)
+    sync_buffers = True
+    # why DistributedOptimizer.state_dict() cannot checkpoint this executor's optimizer (None: it can)
+    checkpoint_refusal: str | None = None
 
     def __init__(self, model: nn.Module, plan: Plan | None = None, options: ExecutorOptions | None = None) -> None:
         self.model = model

@@ -35,9 +35,10 @@ Buffers (BatchNorm statistics) are not synchronised by FSDP; :meth:`before_forwa
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import inspect
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 import torch.distributed as dist
@@ -47,7 +48,39 @@ from repro.plan import Plan
 from repro.runtime.buffers import broadcast_buffers
 from repro.runtime.executor import Executor, ExecutorOptions
 
-__all__ = ["FSDPExecutor", "fsdp_units"]
+__all__ = ["FSDPExecutor", "ShardedOptimizer", "fsdp_units"]
+
+CHECKPOINT_REFUSAL = ("fsdp: the optimizer's state lives in the sharded copy; checkpoint an FSDP2 run with "
+                      "torch.distributed.checkpoint (get_state_dict / set_state_dict), not optimizer.state_dict()")
+
+
+class ShardedOptimizer:
+    """The optimizer over the sharded parameters, stepping with the hyperparameters the user's optimizer
+    holds at each ``step()`` (an LR scheduler, or the user, changes the user's param groups: the groups
+    correspond one to one). Everything else is the sharded optimizer's."""
+
+    def __init__(self, user: torch.optim.Optimizer, sharded: torch.optim.Optimizer) -> None:
+        self.user = user
+        self.sharded = sharded
+
+    def step(self, closure=None):
+        for mine, theirs in zip(self.sharded.param_groups, self.user.param_groups):
+            mine.update({k: v for k, v in theirs.items() if k != "params"})
+        return self.sharded.step(closure)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.sharded.zero_grad(set_to_none=set_to_none)
+
+    def state_dict(self) -> dict:
+        raise ValueError(CHECKPOINT_REFUSAL)
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        raise ValueError(CHECKPOINT_REFUSAL)
+
+    def __getattr__(self, name: str) -> Any:
+        if name in ("user", "sharded"):
+            raise AttributeError(name)
+        return getattr(self.sharded, name)
 
 
 def fsdp_units(model: nn.Module) -> list[list[nn.Module]]:
@@ -104,6 +137,7 @@ class FSDPExecutor(Executor):
             raise ValueError(f"fsdp: PyTorch FSDP2 cannot shard this model on backend "
                              f"'{dist.get_backend()}' ({device.type}): {type(e).__name__}: {e}") from e
         self._sharded = sharded
+        sharded.__dict__["no_sync"] = self._no_sync  # DDP's spelling of FSDP2's set_requires_gradient_sync
         self._names = {id(p): n for n, p in model.named_parameters()}
         self._sharded_params = dict(sharded.named_parameters())
 
@@ -111,8 +145,16 @@ class FSDPExecutor(Executor):
     def module(self) -> nn.Module:
         return self._sharded
 
-    def wrap_optimizer(self, optimizer: Any) -> Any:
-        """The same optimizer class and hyperparameters over the sharded parameters (see the module)."""
+    checkpoint_refusal = CHECKPOINT_REFUSAL
+
+    def wrap_optimizer(self, optimizer: Any, grad_scaler: Any = None) -> Any:
+        """The same optimizer class and hyperparameters over the sharded parameters (see the module).
+        A GradScaler is refused: its unscale and inf check would have to run on the DTensor shards with
+        a verdict agreed over the ranks (torch's ShardedGradScaler, used with FSDP2 directly)."""
+        if grad_scaler is not None:
+            raise ValueError("fsdp: grad_scaler is not supported through repro.distribute (the gradients are "
+                             "DTensor shards); train in bfloat16 autocast without a scaler, or use FSDP2 with "
+                             "torch's ShardedGradScaler directly")
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise ValueError(f"fsdp: cannot rebuild a {type(optimizer).__name__} over the sharded parameters")
         if any(optimizer.state.values()):
@@ -128,10 +170,22 @@ class FSDPExecutor(Executor):
         # every group carries all its settings; the constructor gets the defaults it accepts (AdamW's
         # defaults hold `decoupled_weight_decay`, which AdamW sets itself and its constructor refuses)
         accepted = inspect.signature(type(optimizer)).parameters
-        return type(optimizer)(groups, **{k: v for k, v in optimizer.defaults.items() if k in accepted})
+        sharded = type(optimizer)(groups, **{k: v for k, v in optimizer.defaults.items() if k in accepted})
+        return ShardedOptimizer(optimizer, sharded)
+
+    @contextlib.contextmanager
+    def _no_sync(self) -> Iterator[None]:
+        """Backward passes inside accumulate unsharded gradients locally; the first one after the block
+        reduce-scatters the sum (FSDP2's ``set_requires_gradient_sync``)."""
+        self._sharded.set_requires_gradient_sync(False)
+        try:
+            yield
+        finally:
+            self._sharded.set_requires_gradient_sync(True)
 
     def before_forward(self) -> None:
-        broadcast_buffers(self._sharded)
+        if self.sync_buffers:
+            broadcast_buffers(self._sharded)
 
     @torch.no_grad()
     def flush(self) -> None:

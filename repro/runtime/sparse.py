@@ -549,7 +549,8 @@ class SparseExecutor(Executor):
         self._synchronized = False
 
     def before_forward(self) -> None:
-        broadcast_buffers(self.model)
+        if self.sync_buffers:
+            broadcast_buffers(self.model)
 
     def after_backward(self) -> None:
         """Wait for every bucket, average the P sparse contributions into ``param.grad``."""
