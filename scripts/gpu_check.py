@@ -454,8 +454,10 @@ def estimate_rows(measured_path: Path, gpu: str, dtype: str) -> tuple[dict[str, 
 
 
 def write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
-    """``rows`` (dicts with the same keys) as CSV with a header; an empty list writes nothing."""
+    """``rows`` (dicts with the same keys) as CSV with a header; an empty list removes ``path`` (no file
+    of an earlier run is left to be read as this one's)."""
     if not rows:
+        path.unlink(missing_ok=True)
         return
     with open(path, "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))
@@ -481,6 +483,8 @@ def part_profiles(budget: Budget, out_dir: Path, device_name: str, amp: str, mod
     """Part 3: one worker per (model, batch size), both precisions, on ``device`` (named ``device_name``,
     which also picks the trace names' tag and the estimator's GPU); then the estimator's error per trace
     (here, on the CPU: the estimator needs no GPU). Writes the traces and two CSVs into ``out_dir``."""
+    from repro.trace import Trace
+
     t0 = time.perf_counter()
     part_limit = budget.limit(LIMITS_S["profiles"])
     tag = device_tag(device_name)
@@ -507,7 +511,10 @@ def part_profiles(budget: Budget, out_dir: Path, device_name: str, amp: str, mod
             if got and "file" in got:
                 row.update(status="measured", **{k: got[k] for k in ("file", "layers", "forward_s", "backward_s")})
             elif files[p].exists():  # saved before the worker was cut or failed
-                row.update(status="measured", file=files[p].name, note=f"worker {run.status} after saving it")
+                trace = Trace.load(files[p])
+                row.update(status="measured", file=files[p].name, layers=trace.num_layers,
+                           forward_s=trace.total_forward_s, backward_s=trace.total_backward_s,
+                           note=f"worker {run.status} after saving it")
             else:
                 row.update(status="failed" if run.status != "timed out" else "timed out",
                            error=(got or {}).get("error") or run.error)

@@ -56,7 +56,8 @@ def _race(data_ptr: int, op: str, previous: str, frame: str) -> str:
             f"Access by stream 7 during kernel:\n{op}(Tensor self) -> Tensor\nwriting to argument(s) self\n"
             f"With stack trace:\n  File \"/x/site-packages/torch/a.py\", line 3, in f\n"
             f"  File \"/w/{frame}\", line 412, in hook\n    x.add_(y)\n\n"
-            f"Previous access by stream 0 during kernel:\n{previous}(Tensor self) -> Tensor\nreading from argument(s) self\n"
+            f"Previous access by stream 0 during kernel:\n{previous}(Tensor self) -> Tensor\n"
+            "reading from argument(s) self\n"
             f"With stack trace:\n  File \"/w/repro/runtime/other.py\", line 9, in g\n\n"
             "Tensor was allocated with stack trace:\n  File \"/w/repro/z.py\", line 1, in h\n")
 
@@ -145,8 +146,8 @@ def _parts(gc, tests_status=0, extras_status="passed"):
         "two_ranks": {"what": "(b) two gloo ranks", "status": extras_status, "seconds": 50.0, "numbers": "4/5 train",
                       "result": {"ps_bsp": {"trains": False, "error": "RankFailedError: rank 1 of 2 failed: boom",
                                             "seconds": 3.0},
-                                 "mgwfbp": {"trains": True, "rank_spread": 0.0, "losses": [1.2, 1.07], "plan": "allreduce",
-                                            "seconds": 9.0, "error": None}}}}})
+                                 "mgwfbp": {"trains": True, "rank_spread": 0.0, "losses": [1.2, 1.07],
+                                            "plan": "allreduce", "seconds": 9.0, "error": None}}}}})
     return [tests, sanitizer, profiles, extras]
 
 
