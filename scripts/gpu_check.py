@@ -194,6 +194,11 @@ def _subprocess_env(**extra: str) -> dict[str, str]:
     return env
 
 
+def _shown(path: Path) -> str:
+    """``path`` relative to the repository root where it is inside it (for messages)."""
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
+
+
 def _one_line(e: BaseException) -> str:
     text = str(e).strip().splitlines()
     return f"{type(e).__name__}: {text[0] if text else ''}"[:200]
@@ -758,12 +763,12 @@ def exit_status(parts: list[Part], cuda: bool) -> int:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("report", nargs="?", default=None,
-                    help=f"Markdown report to write (default {DEFAULT_REPORT.relative_to(ROOT)} on a GPU, and "
+                    help=f"Markdown report to write (default {_shown(DEFAULT_REPORT)} on a GPU, and "
                          "OUT_DIR/gpu_report.md when --out-dir is given; without CUDA it is written only where "
                          "given)")
     ap.add_argument("--out-dir", type=Path, default=None,
                     help=f"folder for the traces, CSVs and a copy of the report (default "
-                         f"{DEFAULT_OUT_DIR.relative_to(ROOT)}; the report copy only when given)")
+                         f"{_shown(DEFAULT_OUT_DIR)}; the report copy only when given)")
     ap.add_argument("--parts", default=",".join(PARTS),
                     help=f"comma-separated parts to run, of {', '.join(PARTS)} (default: all)")
     ap.add_argument("--budget-s", type=float, default=390.0, help="wall-clock seconds for the whole run")
@@ -829,7 +834,7 @@ def main(argv: list[str] | None = None) -> int:
         report.write_text(text)
         print(f"report written to {report}")
     if not targets:
-        print(f"{DEFAULT_REPORT.relative_to(ROOT)} left as it is (give a path or --out-dir to write a report anyway)")
+        print(f"{_shown(DEFAULT_REPORT)} left as it is (give a path or --out-dir to write a report anyway)")
     print_summary(parts)
     print(f"total {time.monotonic() - budget.start:.0f} s of a {args.budget_s:.0f} s budget")
     return exit_status(parts, cuda)

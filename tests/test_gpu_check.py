@@ -234,3 +234,43 @@ def test_two_ranks_report_a_failing_family_and_go_on(gc):
     assert not ok and numbers.startswith("1/2 families train; no_such_scheduler: FAILS; mgwfbp: trains")
     late = two_ranks_per_family("cpu", schedulers=("mgwfbp",), budget_s=1.0)
     assert late["mgwfbp"]["error"] == "not run: out of time"
+
+
+def test_on_a_gpu_every_part_runs_in_order_a_crash_in_one_is_reported_and_both_reports_are_written(
+        gc, tmp_path, monkeypatch, capsys):
+    ran = []
+
+    def fake_tests(budget, key, pytest_args, cuda):
+        ran.append(key)
+        rows = [{"test": "t::a", "outcome": "passed", "time_s": "1.00", "detail": ""}]
+        return gc.Part(key, gc.TITLES[key], "passed", 1.0, "1 passed",
+                       {"run": gc.TestRun(0, rows, "1 passed", False, 1.0), "verdict": gc.verdict(0, rows, True)})
+
+    def crashing_profiles(budget, out_dir, device_name, amp, models, warmup, iters):
+        ran.append("profiles")
+        assert (device_name, amp, models[0], warmup, iters) == ("NVIDIA H200", "bf16", ("resnet50", 32), 2, 5)
+        raise KeyError("a defect")
+
+    def fake_extras(budget, names):
+        ran.append("extras")
+        return gc.Part("extras", gc.TITLES["extras"], "passed", 2.0, "3 passed", {"checks": {}})
+
+    monkeypatch.setattr(gc, "environment", lambda: {"cuda_available": "True", "device": "NVIDIA H200",
+                                                    "bf16 supported": "True"})
+    monkeypatch.setattr(gc, "part_tests", fake_tests)
+    monkeypatch.setattr(gc, "part_profiles", crashing_profiles)
+    monkeypatch.setattr(gc, "part_extras", fake_extras)
+    monkeypatch.setattr(gc, "DEFAULT_REPORT", tmp_path / "docs" / "gpu_report.md")
+    out = tmp_path / "out"
+    assert gc.main(["--out-dir", str(out)]) == 1  # the crashed part fails the run
+    assert ran == ["tests", "profiles", "extras", "sanitizer"]
+    default, copy = (tmp_path / "docs" / "gpu_report.md").read_text(), (out / "gpu_report.md").read_text()
+    assert default == copy
+    assert "| 3. Measured traces and the estimator's error | failed | 0 | the script failed: KeyError: 'a defect' |" \
+        in default
+    titles = [line.split(" | ")[0] for line in default.splitlines() if line.startswith("| 1.") or
+              line.startswith("| 2.") or line.startswith("| 3.") or line.startswith("| 4.")]
+    assert titles == ["| 1. gpu tests (pytest -m gpu)", "| 2. gpu tests under TORCH_CUDA_SANITIZER=1",
+                      "| 3. Measured traces and the estimator's error", "| 4. Extra checks"]
+    stdout = capsys.readouterr().out
+    assert "profiles    failed" in stdout and "extras      passed" in stdout
