@@ -3,6 +3,7 @@
     python scripts/gpu_check.py                      # on a machine with CUDA: writes docs/gpu_report.md
     python scripts/gpu_check.py --out-dir DIR        # traces, CSVs and DIR/gpu_report.md (and docs/gpu_report.md)
     python scripts/gpu_check.py out/report.md        # the report somewhere else (docs/ left alone)
+    python scripts/gpu_check.py --out-dir DIR --parts profiles,extras   # some parts only (a rerun)
 
 The parts, in the order they run (each in its own subprocess with a time limit; a part that fails or
 runs out of time is reported and the next one runs):
@@ -21,7 +22,9 @@ runs out of time is reported and the next one runs):
    sanitizer), with whatever time is left, as the slowest and least predictable part.
 
 The whole run is bounded by ``--budget-s`` (default 390 s: a 7-minute slot with room to start); each
-part gets at most its own limit and what is left of the budget, and is skipped when under 10 s remain.
+part gets at most its own limit (``LIMITS_S``: tests 120 s, profiles 200 s with 60 s per model,
+extras 45 + 120 + 60 s, sanitizer 150 s) and what is left of the budget, and is skipped when under 10 s
+remain.
 The report goes to ``DIR/gpu_report.md`` and, when no report path is given, to docs/gpu_report.md
 (commit it: it is the record of what one GPU proved). A table of the parts is printed at the end.
 
