@@ -326,6 +326,9 @@ def cmd_profile(args: argparse.Namespace) -> None:
         from repro.workload.estimate import get_gpu
 
         get_gpu(args.estimate_gpu)
+        if args.autocast is not None:
+            raise UsageError("--autocast is for measuring; the estimate's precision is its dtype (fp32 here; "
+                             "repro.workload.estimate.estimate_trace(dtype='float16') in Python)")
     _check_output(args.output)
     if own:
         from repro.workload.profile import profile_model
@@ -334,7 +337,7 @@ def cmd_profile(args: argparse.Namespace) -> None:
         import torch.nn.functional as F
 
         trace = profile_model(module, batch=(x, y), loss_fn=F.cross_entropy, device=args.device, view=args.view,
-                              warmup=args.warmup, iters=args.iters)
+                              warmup=args.warmup, iters=args.iters, autocast=args.autocast)
         trace.extra.update({"factory": args.model, "input_shape": list(shape), "num_classes": classes,
                             "loss": "cross_entropy"})
     elif args.estimate_gpu:
@@ -345,7 +348,7 @@ def cmd_profile(args: argparse.Namespace) -> None:
         from repro.workload.profile import profile_model
 
         trace = profile_model(args.model, args.batch_size, device=args.device, view=args.view,
-                              warmup=args.warmup, iters=args.iters)
+                              warmup=args.warmup, iters=args.iters, autocast=args.autocast)
     _write_atomically(args.output, trace.to_json() + "\n")
     print(json.dumps({"output": str(args.output), "model": trace.model, "device": trace.device,
                       "layers": trace.num_layers, "forward_s": trace.total_forward_s,
@@ -765,6 +768,10 @@ def build_parser() -> argparse.ArgumentParser:
                                           "V100 (an unknown name is refused with the list of valid ones)")
     p.add_argument("--view", default="module", choices=["module", "tensor"],
                    help="one layer per parameter-owning module, or per parameter tensor")
+    p.add_argument("--autocast", choices=["bfloat16", "float16"],
+                   help="measure mixed precision: each forward and its loss under torch.autocast with this dtype "
+                        "(parameters and gradients keep theirs; recorded as the trace's precision); default: "
+                        "the parameters' own precision")
     p.add_argument("--warmup", type=int, default=3, help="untimed iterations first (at most 1000)")
     p.add_argument("--iters", type=int, default=10, help="timed iterations (per-layer medians; at most 10000)")
     p.add_argument("-o", "--output", type=Path, required=True, help="trace JSON file to write")

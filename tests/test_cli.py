@@ -108,6 +108,12 @@ def test_profile_measures_and_estimates(capsys, tmp_path):
     t = Trace.load(out)
     assert t.model == "tiny_vgg" and t.device == "cpu" and t.total_backward_s > 0
     assert json.loads(stdout)["layers"] == t.num_layers
+    assert t.extra["precision"] == "float32"
+    rc, _, err = run(capsys, "profile", "--model", "tiny_vgg", "--batch-size", "4", "--warmup", "0",
+                     "--iters", "1", "--autocast", "bfloat16", "-o", str(out))
+    assert rc == 0, err
+    t = Trace.load(out)
+    assert t.extra["precision"] == "autocast-bfloat16" and t.dtype == "float32"
     rc, _, err = run(capsys, "profile", "--model", "tiny_vgg", "--batch-size", "4", "--estimate-gpu", "V100",
                      "-o", str(out))
     assert rc == 0, err
@@ -119,6 +125,8 @@ def test_profile_measures_and_estimates(capsys, tmp_path):
     (["--model", "resnet5", "--batch-size", "4"], "unknown model 'resnet5'"),
     (["--model", "tiny_vgg", "--batch-size", "0"], "--batch-size must be positive"),
     (["--model", "tiny_vgg", "--batch-size", "4", "--estimate-gpu", "GTX480"], "GTX480"),
+    (["--model", "tiny_vgg", "--batch-size", "4", "--estimate-gpu", "V100", "--autocast", "bfloat16"],
+     "--autocast is for measuring"),
 ])
 def test_profile_bad_input(capsys, tmp_path, argv, message):
     rc, _, err = run(capsys, "profile", *argv, "-o", str(tmp_path / "t.json"))

@@ -166,3 +166,39 @@ def test_expected_traces_are_shipped():
     assert {"googlenet_b64_k80-estimate", "resnet50_b32_k80-estimate"} <= stems
     for name in ("tiny_resnet", "tiny_vgg", "tiny_bert"):
         assert {f"{name}_b32_cpu", f"{name}_b32_cpu-tensor"} <= stems
+
+
+def _trace(times, names=None, batch_size=32):
+    """A synthetic trace: layer i has forward + backward ``times[i]`` seconds (a quarter forward)."""
+    from repro.trace import Layer
+
+    names = names or [f"l{i}" for i in range(len(times))]
+    return Trace("synthetic", batch_size, "synthetic", "float32",
+                 [Layer(n, 1, 4, t / 4, 3 * t / 4) for n, t in zip(names, times)])
+
+
+def test_layer_errors_match_layers_by_name_and_summarise():
+    from repro.workload.estimate import error_summary, layer_errors
+
+    measured = _trace([1.0, 2.0, 0.0])
+    estimated = _trace([2.5, 0.5, 0.1], names=["l1", "l0", "l2"])  # another order: matched by name
+    rows = layer_errors(measured, estimated)
+    assert [r["layer"] for r in rows] == ["l0", "l1", "l2"]
+    assert [r["estimated_s"] for r in rows] == pytest.approx([0.5, 2.5, 0.1])
+    assert rows[0]["rel_error"] == pytest.approx(-0.5) and rows[1]["rel_error"] == pytest.approx(0.25)
+    assert rows[2]["rel_error"] is None  # nothing measured: no relative error
+    summary = error_summary(rows)
+    assert summary["layers"] == 3 and summary["compared"] == 2
+    assert summary["median_abs_rel_error"] == pytest.approx(0.375)  # median of 0.5 and 0.25
+    assert summary["measured_total_s"] == pytest.approx(3.0) and summary["estimated_total_s"] == pytest.approx(3.1)
+    assert summary["total_ratio"] == pytest.approx(3.1 / 3.0)
+    assert error_summary(layer_errors(_trace([0.0]), _trace([1.0])))["median_abs_rel_error"] is None
+
+
+def test_layer_errors_refuse_traces_of_other_layers_or_runs():
+    from repro.workload.estimate import layer_errors
+
+    with pytest.raises(ValueError, match=r"1 only measured, e\.g\. \['l1'\]; 1 only estimated, e\.g\. \['x'\]"):
+        layer_errors(_trace([1.0, 2.0]), _trace([1.0, 2.0], names=["l0", "x"]))
+    with pytest.raises(ValueError, match="different runs"):
+        layer_errors(_trace([1.0]), _trace([1.0], batch_size=64))

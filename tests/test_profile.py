@@ -150,11 +150,58 @@ def test_module_called_twice_gets_both_gaps():
     ({"warmup": -1}, "warmup"),
     ({"iters": 0}, "iters"),
     ({"batch_size": 0}, "batch_size"),
+    ({"autocast": "float8"}, "unknown autocast dtype 'float8'"),
+    ({"autocast": "bf16"}, "valid: bfloat16, float16"),
 ])
 def test_argument_errors(kwargs, match):
     args = {"model_name": "tiny_vgg", "batch_size": 2, **kwargs}
     with pytest.raises(ValueError, match=match):
         profile_model(**args)
+
+
+def test_autocast_bfloat16_runs_each_forward_under_autocast_and_labels_the_trace(monkeypatch):
+    import repro.workload.profile as profile
+
+    seen = []
+    real = profile.compute_loss
+
+    def spy(*args, **kwargs):
+        seen.append((torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu")))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(profile, "compute_loss", spy)
+    t = profile_model("tiny_resnet", 8, view="module", warmup=1, iters=2, autocast="bfloat16")
+    assert seen == [(True, torch.bfloat16)] * 3  # warm-up and timed iterations alike
+    assert torch.is_autocast_enabled("cpu") is False  # nothing left on after the measurement
+    assert t.extra["precision"] == "autocast-bfloat16"
+    # the gradients stay float32 (autocast casts copies of the weights): dtype and bytes are fp32's
+    assert t.dtype == "float32" and all(layer.bytes == 4 * layer.params for layer in t.layers)
+    assert set(t.names) == {name for name, m in build_model("tiny_resnet").named_modules()
+                            if any(True for _ in m.parameters(recurse=False))}
+    assert t.total_forward_s > 0 and t.total_backward_s > 0
+    assert Trace.from_json(t.to_json()) == t and Trace.from_json(t.to_json()).extra["precision"] == t.extra["precision"]
+
+    seen.clear()
+    plain = profile_model("tiny_resnet", 8, view="module", warmup=0, iters=1)
+    assert seen == [(False, torch.get_autocast_dtype("cpu"))] and plain.extra["precision"] == "float32"
+
+
+def test_autocast_on_a_module_computes_in_that_dtype():
+    net = nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 3))
+    dtypes = []
+
+    def loss_fn(module, x, y):
+        out = module(x)
+        dtypes.append(out.dtype)
+        return nn.functional.cross_entropy(out.float(), y)
+
+    x, y = torch.randn(4, 6), torch.randint(0, 3, (4,))
+    t = profile_model(net, batch=(x, y), loss_fn=loss_fn, view="module", warmup=0, iters=2, autocast="bfloat16")
+    assert dtypes == [torch.bfloat16] * 2 and t.extra["precision"] == "autocast-bfloat16"
+    assert all(p.dtype == torch.float32 and p.grad is None for p in net.parameters())  # given back as it was
+    dtypes.clear()
+    profile_model(net, batch=(x, y), loss_fn=loss_fn, view="module", warmup=0, iters=1)
+    assert dtypes == [torch.float32]
 
 
 def test_unknown_model():

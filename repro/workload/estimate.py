@@ -35,6 +35,7 @@ The totals are cross-checked against ``FlopCounterMode`` (:func:`count_flops`) i
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import asdict, dataclass
 from typing import Any, Callable
 
@@ -49,7 +50,8 @@ from repro.workload.recording import Recorder, attribute, resolve
 from repro.trace import Layer, Trace
 
 __all__ = ["GpuSpec", "GPU_SPECS", "DTYPES", "COMPUTE_EFFICIENCY", "MEMORY_EFFICIENCY",
-           "KERNEL_OVERHEAD_S", "get_gpu", "estimate_trace", "count_flops", "describe_assumptions"]
+           "KERNEL_OVERHEAD_S", "get_gpu", "estimate_trace", "count_flops", "describe_assumptions",
+           "layer_errors", "error_summary"]
 
 
 @dataclass(frozen=True)
@@ -328,3 +330,42 @@ def describe_assumptions() -> dict[str, Any]:
     """The estimator's assumptions and GPU table, for reports."""
     return {"compute_efficiency": COMPUTE_EFFICIENCY, "memory_efficiency": MEMORY_EFFICIENCY,
             "kernel_overhead_s": KERNEL_OVERHEAD_S, "gpus": {k: asdict(v) for k, v in GPU_SPECS.items()}}
+
+
+def layer_errors(measured: Trace, estimated: Trace) -> list[dict[str, Any]]:
+    """How far ``estimated`` is from ``measured``, layer by layer (in ``measured``'s order).
+
+    Per layer: ``measured_s`` and ``estimated_s``, its forward + backward seconds in each trace, and
+    ``rel_error = estimated_s / measured_s - 1`` (a fraction; None where the measured time is 0).
+    Layers are matched by name, so both traces must be of the same model at the same batch size with
+    the same layer names (the same view); otherwise ValueError, naming what differs."""
+    if (measured.model, measured.batch_size) != (estimated.model, estimated.batch_size):
+        raise ValueError(f"the traces are of different runs: measured {measured.model} at batch "
+                         f"{measured.batch_size}, estimated {estimated.model} at batch {estimated.batch_size}")
+    only_m = [n for n in measured.names if n not in estimated.index()]
+    only_e = [n for n in estimated.names if n not in measured.index()]
+    if only_m or only_e:
+        raise ValueError(f"the traces' layers differ ({len(only_m)} only measured, e.g. {only_m[:3]}; "
+                         f"{len(only_e)} only estimated, e.g. {only_e[:3]}): compare traces of the same view")
+    by_name = {layer.name: layer for layer in estimated.layers}
+    rows = []
+    for layer in measured.layers:
+        m = layer.forward_s + layer.backward_s
+        e = by_name[layer.name].forward_s + by_name[layer.name].backward_s
+        rows.append({"layer": layer.name, "measured_s": m, "estimated_s": e,
+                     "rel_error": e / m - 1 if m > 0 else None})
+    return rows
+
+
+def error_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Summary of :func:`layer_errors`' rows: ``layers``; ``compared`` (layers with a measured time);
+    ``median_abs_rel_error`` (median over those of ``|rel_error|``, a fraction; None if none);
+    ``measured_total_s`` and ``estimated_total_s`` (sums over every layer, seconds); ``total_ratio``
+    (estimated / measured total; None if the measured total is 0)."""
+    errors = [abs(r["rel_error"]) for r in rows if r["rel_error"] is not None]
+    measured = float(sum(r["measured_s"] for r in rows))
+    estimated = float(sum(r["estimated_s"] for r in rows))
+    return {"layers": len(rows), "compared": len(errors),
+            "median_abs_rel_error": statistics.median(errors) if errors else None,
+            "measured_total_s": measured, "estimated_total_s": estimated,
+            "total_ratio": estimated / measured if measured > 0 else None}

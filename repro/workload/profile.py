@@ -23,6 +23,14 @@ module's gradient is ready when its last tensor's is). Tied parameters count onc
 module that owns them. Reported times are per-layer medians over ``iters`` timed iterations after
 ``warmup`` untimed ones.
 
+Precision: ``autocast="bfloat16"`` (or ``"float16"``) runs each forward and its loss under
+``torch.autocast`` of the device type with that dtype (mixed precision: parameters and gradients stay
+in their own dtype; backward runs outside the autocast region, as PyTorch recommends); ``None`` (the
+default) is the parameters' own precision. The trace records it as ``extra["precision"]`` (the
+parameters' dtype, e.g. ``"float32"``, or ``"autocast-bfloat16"`` / ``"autocast-float16"``); on CUDA it
+also records whether TF32 was allowed for matmuls and cuDNN convolutions (``extra["tf32"]``), which
+decides how fast "fp32" runs on tensor cores.
+
 Timing: ``time.perf_counter`` on CPU. On CUDA the hooks record ``torch.cuda.Event`` s and the host
 synchronizes once per iteration, never inside a hook.
 
@@ -46,7 +54,10 @@ from repro.workload.layers import VIEWS, learnable_params, unit_sizes
 from repro.workload.models import build_model, compute_loss, get_spec, make_batch
 from repro.workload.recording import Clock, CpuClock, CudaClock, IterationTimeline, Recorder, attribute, resolve
 
-__all__ = ["VIEWS", "profile_model"]
+__all__ = ["AUTOCAST_DTYPES", "VIEWS", "profile_model"]
+
+#: dtypes ``profile_model(autocast=...)`` accepts (``torch.autocast`` on CPU and CUDA takes both)
+AUTOCAST_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -81,6 +92,28 @@ def _check_view(view: str) -> None:
         raise ValueError(f"unknown view {view!r}; valid views: {', '.join(VIEWS)}")
 
 
+def _check_autocast(autocast: Any) -> torch.dtype | None:
+    """The torch dtype of ``autocast`` (None: no autocast); ValueError listing the valid names."""
+    if autocast is None:
+        return None
+    if not isinstance(autocast, str) or autocast not in AUTOCAST_DTYPES:
+        raise ValueError(f"unknown autocast dtype {autocast!r}; valid: {', '.join(AUTOCAST_DTYPES)} "
+                         "(or None for the parameters' own precision)")
+    return AUTOCAST_DTYPES[autocast]
+
+
+def _autocast_forward(forward: Callable[[], torch.Tensor], dev: torch.device,
+                      dtype: torch.dtype | None) -> Callable[[], torch.Tensor]:
+    """``forward`` (the loss) run under ``torch.autocast(dev.type, dtype)``; ``forward`` itself without a dtype."""
+    if dtype is None:
+        return forward
+
+    def under_autocast() -> torch.Tensor:
+        with torch.autocast(dev.type, dtype=dtype):
+            return forward()
+    return under_autocast
+
+
 def _cpu_name() -> str:
     try:
         with open("/proc/cpuinfo") as f:
@@ -96,7 +129,7 @@ def profile_model(model: str | nn.Module | None = None, batch_size: int | None =
                   device: str | torch.device | None = None, view: str = "tensor", warmup: int = 3,
                   iters: int = 10, *, batch: Any = None, loss_fn: Callable[..., torch.Tensor] | None = None,
                   name: str | None = None, seed: int = 0, model_name: str | None = None,
-                  **model_kwargs: Any) -> Trace:
+                  autocast: str | None = None, **model_kwargs: Any) -> Trace:
     """Measure one model's per-layer forward/backward seconds on ``device``; per-layer medians as a :class:`Trace`.
 
     Two ways to name the model:
@@ -125,6 +158,11 @@ def profile_model(model: str | nn.Module | None = None, batch_size: int | None =
       ``seed`` seeds torch's generators inside a forked RNG state (dropout, ...), so the caller's random
       state is left as it was. ``model_kwargs`` do not apply (refused).
 
+    ``autocast`` (both ways): ``"bfloat16"`` or ``"float16"`` measures mixed precision, each forward and
+    its loss under ``torch.autocast(device type, dtype)`` (no GradScaler: the loss is not scaled, which
+    changes no kernel's duration); ``None``, the parameters' own precision. Recorded as
+    ``extra["precision"]``; the trace's ``dtype`` (of the gradients) stays the parameters'.
+
     Units and assumptions (both ways): times in seconds, per layer, medians over ``iters`` timed
     iterations after ``warmup`` untimed ones (one forward with the loss and one backward each, gradients
     reset to ``None`` before each, no optimizer step); gradient sizes in bytes of the parameters' own
@@ -144,7 +182,7 @@ def profile_model(model: str | nn.Module | None = None, batch_size: int | None =
             raise ValueError(f"model_kwargs ({', '.join(sorted(model_kwargs))}) are for registry models; a module "
                              "is profiled as it is")
         return _profile_module(model, batch, loss_fn, batch_size=batch_size, device=device, view=view,
-                               warmup=warmup, iters=iters, name=name, seed=seed)
+                               warmup=warmup, iters=iters, name=name, seed=seed, autocast=autocast)
     if not isinstance(model, str):
         raise ValueError(f"model must be a registry name (str) or a torch.nn.Module, got "
                          f"{type(model).__name__}")
@@ -158,6 +196,7 @@ def profile_model(model: str | nn.Module | None = None, batch_size: int | None =
     device = "cpu" if device is None else device
     get_spec(model_name)
     _check_view(view)
+    amp_dtype = _check_autocast(autocast)
     dev = _check_device(device)
     if not isinstance(batch_size, int) or batch_size <= 0:
         raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
@@ -175,8 +214,8 @@ def profile_model(model: str | nn.Module | None = None, batch_size: int | None =
     extra: dict[str, Any] = {"seed": seed}
     if model_kwargs:
         extra["model_kwargs"] = dict(model_kwargs)
-    return _measure(module, params, forward, dev, view, warmup, iters, model_name=model_name,
-                    batch_size=batch_size, extra=extra)
+    return _measure(module, params, _autocast_forward(forward, dev, amp_dtype), dev, view, warmup, iters,
+                    model_name=model_name, batch_size=batch_size, extra=extra, autocast=autocast)
 
 
 def _module_device(module: nn.Module) -> torch.device:
@@ -245,7 +284,7 @@ def _loss_takes_module(loss_fn: Callable[..., Any]) -> bool:
 
 def _profile_module(module: nn.Module, batch: Any, loss_fn: Callable[..., torch.Tensor] | None, *,
                     batch_size: int | None, device: str | torch.device | None, view: str, warmup: int,
-                    iters: int, name: str | None, seed: int) -> Trace:
+                    iters: int, name: str | None, seed: int, autocast: str | None = None) -> Trace:
     """:func:`profile_model` of a user's ``nn.Module`` (its second form)."""
     if not (isinstance(batch, (tuple, list)) and len(batch) == 2):
         raise ValueError("batch must be a pair (x, y): the module's inputs and the loss's targets, got "
@@ -258,6 +297,7 @@ def _profile_module(module: nn.Module, batch: Any, loss_fn: Callable[..., torch.
     if not isinstance(name, str) or not name.strip():
         raise ValueError(f"name must be a non-empty string, got {name!r}")
     _check_view(view)
+    amp_dtype = _check_autocast(autocast)
     dev = _check_device(_module_device(module) if device is None else device)
     _check_counts(warmup, iters)
     n = _batch_size_of(batch[0])
@@ -292,8 +332,8 @@ def _profile_module(module: nn.Module, batch: Any, loss_fn: Callable[..., torch.
         with torch.random.fork_rng(devices=[dev.index] if dev.type == "cuda" else []):
             torch.manual_seed(seed)
             module.train()
-            return _measure(module, params, forward, dev, view, warmup, iters, model_name=name, batch_size=n,
-                            extra=extra)
+            return _measure(module, params, _autocast_forward(forward, dev, amp_dtype), dev, view, warmup,
+                            iters, model_name=name, batch_size=n, extra=extra, autocast=autocast)
     finally:
         module.train(was_training)
         for p, g in zip(params, saved_grads):
@@ -311,8 +351,11 @@ def _check_counts(warmup: Any, iters: Any) -> None:
 
 
 def _measure(model: nn.Module, params: list, forward: Callable[[], torch.Tensor], dev: torch.device, view: str,
-             warmup: int, iters: int, *, model_name: str, batch_size: int, extra: dict[str, Any]) -> Trace:
-    """Time ``warmup + iters`` iterations of ``forward()`` (the loss) and backward; the Trace."""
+             warmup: int, iters: int, *, model_name: str, batch_size: int, extra: dict[str, Any],
+             autocast: str | None = None) -> Trace:
+    """Time ``warmup + iters`` iterations of ``forward()`` (the loss) and backward; the Trace.
+
+    ``autocast`` only labels the trace (``forward`` already runs under it, see :func:`_autocast_forward`)."""
     clock: Clock = CudaClock(dev) if dev.type == "cuda" else CpuClock()
     recorder = Recorder(model, params, clock)
     timelines: list[IterationTimeline] = []
@@ -361,7 +404,10 @@ def _measure(model: nn.Module, params: list, forward: Callable[[], torch.Tensor]
     else:
         device_name = torch.cuda.get_device_name(dev)
         extra["cuda"] = torch.version.cuda
+        extra["tf32"] = {"matmul": bool(torch.backends.cuda.matmul.allow_tf32),
+                         "cudnn": bool(torch.backends.cudnn.allow_tf32)}
     dtypes = {p.tensor.dtype for p in params}
     dtype = str(dtypes.pop()).removeprefix("torch.") if len(dtypes) == 1 else "mixed"
+    extra["precision"] = dtype if autocast is None else f"autocast-{autocast}"
     return Trace(model=model_name, batch_size=batch_size, device=device_name, dtype=dtype,
                  layers=tuple(layers), extra=extra)
