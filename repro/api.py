@@ -537,7 +537,8 @@ def distribute(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: st
     optimizer)`` to use in place of yours (see the module docstring).
 
     ``scheduler``: a name of ``repro schedulers`` (``mgwfbp``, ``optimal``, ``dear_threshold``,
-    ``bytescheduler``, ``omgs``, ...), a :class:`~repro.plan.Plan`, or a plan file (``repro plan -o``).
+    ``bytescheduler``, ``omgs``, ...; ``dear``, the paper's name, is ``dear_threshold``, DeAR as its
+    authors released it), a :class:`~repro.plan.Plan`, or a plan file (``repro plan -o``).
     ``warmup_steps``: steps measured before planning online (>= 1). ``network``: a cost preset name
     for this world size instead of fitting the live group; ``cost``: a CostModel or its JSON file.
     ``view``: layers are parameter tensors (``tensor``) or parameter-owning modules (``module``); a
@@ -582,6 +583,7 @@ def distribute(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: st
             sched = get_scheduler(name)
         except ValueError as e:
             _fail(str(e))
+        name = sched.name  # a paper's name (dear) or an old alias: the scheduler's own name from here on
     family = sched.family if sched is not None else plan.family
     if isinstance(dedicated_servers, bool) or not isinstance(dedicated_servers, int) or dedicated_servers < 0:
         _fail(f"dedicated_servers must be an integer >= 0, got {dedicated_servers!r}")
