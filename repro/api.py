@@ -63,8 +63,12 @@ ranks (server s on rank s; ``servers`` defaults to the world size, one shard per
         for x, y in loader: ...
         optimizer.remove()  # the trainers' stop (also sent when the interpreter exits)
 
-Every option is checked before any collective, in one line. As ``DDP(model)`` does, ``distribute``
-first copies the first trainer's parameters and buffers to every trainer.
+Every option is checked before any collective, in one line, on every rank alike; so are the model and
+the optimizer: parameters on several devices or on the meta device, trainable parameters in the
+optimizer that are not the model's (DDP lets those drift apart silently), sparse gradients
+(``nn.Embedding(sparse=True)``) for a scheduler that cannot exchange them (all but ``ddp`` and
+``ddp_threshold``, whose DDP does). As ``DDP(model)`` does, ``distribute`` first copies the first
+trainer's parameters and buffers to every trainer.
 """
 
 from __future__ import annotations
@@ -85,11 +89,11 @@ from repro.cost import CostModel
 from repro.families import get_family
 from repro.presets import preset
 from repro.run_options import RUN_OPTIONS, check_run_options
-from repro.plan import Plan, PlanError
+from repro.plan import WIRE_DTYPE_BYTES, Plan, PlanError
 from repro.runtime.buffers import broadcast_module_state
 from repro.runtime.executor import Executor, ExecutorOptions, FoundInfReport, ScaledStep, scaled_step
 from repro.runtime.online import StepTimes, grad_abs_mean, measured_trace, plan_online, sync_device
-from repro.schedulers import get_scheduler
+from repro.schedulers import SCHEDULERS, get_scheduler
 from repro.workload.layers import VIEWS, layer_parameters
 
 __all__ = ["distribute", "DistributedOptimizer"]
@@ -130,6 +134,44 @@ def _forward_pre_hook_count(model: nn.Module) -> int:
 def _is_compiled(model: nn.Module) -> bool:
     """``model`` is what ``torch.compile(module)`` returned."""
     return hasattr(model, "_orig_mod") and type(model).__name__ == "OptimizedModule"
+
+
+def _model_refusal(model: nn.Module, optimizer: torch.optim.Optimizer) -> str | None:
+    """Why no scheduler can train ``model`` with ``optimizer`` (one sentence), or None: parameters on
+    several devices (every executor keeps a rank's buffers on the model's one device), parameters or
+    buffers on the meta device (no values to train or to broadcast), or trainable parameters in the
+    optimizer that are not the model's (nothing would exchange their gradients, so each rank would
+    update them alone and the replicas would drift apart; DDP accepts them silently). Reads only the
+    model and the optimizer, so every rank decides alike, before any collective."""
+    devices = sorted({str(p.device) for p in model.parameters()})
+    if len(devices) > 1:
+        return (f"the model's parameters are on several devices ({', '.join(devices)}): every scheduler here "
+                "exchanges a rank's gradients on one device; put the model on one (model.to(device))")
+    on_meta = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
+    if on_meta:
+        return (f"the model is on the meta device (e.g. {on_meta[0]!r} has no values): materialise it first "
+                "(model.to_empty(device=...) and initialise it, or load a state_dict with assign=True)")
+    own = {id(p) for p in model.parameters()}
+    foreign = [p for g in optimizer.param_groups for p in g["params"] if id(p) not in own and p.requires_grad]
+    if foreign:
+        return (f"the optimizer holds {len(foreign)} trainable parameter(s) that are not the model's (e.g. one of "
+                f"shape {tuple(foreign[0].shape)}): nothing would exchange their gradients, so every rank would "
+                "update them alone and the replicas would drift apart; make them part of the model (a submodule) "
+                "or leave them out of this optimizer")
+    return None
+
+
+def _sparse_gradient_source(model: nn.Module) -> str | None:
+    """What in ``model`` makes sparse gradients, named for a message (``"module 'emb' (Embedding(10, 3,
+    sparse=True))"``): the first ``nn.Embedding`` or ``nn.EmbeddingBag`` with ``sparse=True``, or a
+    parameter holding a sparse gradient already; None when nothing does."""
+    for name, m in model.named_modules():
+        if isinstance(m, (nn.Embedding, nn.EmbeddingBag)) and m.sparse:
+            return f"module {name!r} ({m})"
+    for name, p in model.named_parameters():
+        if p.grad is not None and p.grad.layout != torch.strided:
+            return f"parameter {name!r} (a {p.grad.layout} gradient)"
+    return None
 
 
 def _grad_hook_keys(model: nn.Module) -> dict[int, tuple[torch.Tensor, set]]:
@@ -543,8 +585,8 @@ def distribute(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: st
     for this world size instead of fitting the live group; ``cost``: a CostModel or its JSON file.
     ``view``: layers are parameter tensors (``tensor``) or parameter-owning modules (``module``); a
     given plan's layer names must be the model's in that view. ``wire_dtype``: send gradients in
-    float16/bfloat16 (schedulers that support it). ``options``: the scheduler's own options (e.g.
-    ``threshold_bytes``, ``density``; ``repro schedulers`` lists each one's). ``grad_scaler``: the
+    ``"float16"``/``"bfloat16"`` (by name; schedulers that support it). ``options``: the scheduler's own
+    options (e.g. ``threshold_bytes``, ``density``; ``repro schedulers`` lists each one's). ``grad_scaler``: the
     ``torch.amp.GradScaler`` your loop uses (``scaler.scale(loss).backward(); scaler.step(optimizer);
     scaler.update()``): the exchanged gradients are unscaled, and a step with an inf/nan on any rank is
     skipped on every rank; to clip, call ``optimizer.synchronize()`` then ``scaler.unscale_(optimizer)``
@@ -554,7 +596,8 @@ def distribute(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: st
     with ``optimizer.serving`` True, so the script skips its loop there. The process group must be
     initialised (torchrun + ``torch.distributed.init_process_group``). Like DDP, the parameters and
     buffers of the first trainer (rank 0) are copied to every trainer here, so the replicas start
-    equal whatever each rank's initialisation."""
+    equal whatever each rank's initialisation. Misuse is refused here, before any collective, with a
+    ValueError of one line starting ``repro.distribute:``."""
     if not dist.is_available() or not dist.is_initialized():
         _fail("the default process group is not initialised: call torch.distributed.init_process_group() "
               "first (under torchrun it reads its settings from the environment)")
@@ -567,6 +610,9 @@ def distribute(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: st
     own = {id(p) for p in model.parameters()}
     if not any(p is not None and id(p) in own for g in optimizer.param_groups for p in g["params"]):
         _fail("the optimizer holds none of the model's parameters")
+    refusal = _model_refusal(model, optimizer)
+    if refusal is not None:
+        _fail(refusal)
     if view not in VIEWS:
         _fail(f"view must be one of {', '.join(VIEWS)}, got {view!r}")
     if isinstance(warmup_steps, bool) or not isinstance(warmup_steps, int) or warmup_steps < 1:
@@ -585,6 +631,13 @@ def distribute(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: st
             _fail(str(e))
         name = sched.name  # a paper's name (dear) or an old alias: the scheduler's own name from here on
     family = sched.family if sched is not None else plan.family
+    if not (sched is not None and sched.sparse_gradients):
+        sparse = _sparse_gradient_source(model)
+        if sparse is not None:
+            able = [n for n, s in SCHEDULERS.items() if s.sparse_gradients and s.communicates]
+            who = f"scheduler {name!r}" if name else f"the executor of a given {family} plan"
+            _fail(f"{sparse} makes sparse gradients, which {who} cannot exchange (it exchanges dense buffers): pass "
+                  f"sparse=False, or use a scheduler that exchanges them ({', '.join(able)})")
     if isinstance(dedicated_servers, bool) or not isinstance(dedicated_servers, int) or dedicated_servers < 0:
         _fail(f"dedicated_servers must be an integer >= 0, got {dedicated_servers!r}")
     if dedicated_servers:
@@ -632,6 +685,8 @@ def distribute(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: st
     except ValueError as e:
         _fail(str(e))
     if wire_dtype is not None:
+        if not isinstance(wire_dtype, str) or wire_dtype not in WIRE_DTYPE_BYTES:
+            _fail(f"unknown wire_dtype {wire_dtype!r}; choose one of {', '.join(WIRE_DTYPE_BYTES)} (by name)")
         if sched is None or not sched.wire_dtype:
             _fail(f"wire_dtype does not apply to {name or 'a given plan'} (schedulers that take it: "
                   "the all-reduce planners)")
