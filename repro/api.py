@@ -63,6 +63,14 @@ ranks (server s on rank s; ``servers`` defaults to the world size, one shard per
         for x, y in loader: ...
         optimizer.remove()  # the trainers' stop (also sent when the interpreter exits)
 
+**One rank** (a world size of 1, e.g. ``torchrun --nproc-per-node 1`` while debugging) trains, as DDP
+does: every exchange would be an average over one rank and there is no network to plan for, so a
+scheduler that plans runs as the baseline with its executor (``ddp_threshold`` as ``ddp``) or as
+``local``, with no warm-up and ``optimizer.plan`` None; the update is the one the scheduler makes there
+(nothing is sent, so a wire dtype rounds nothing). A scheduler that changes the update on purpose
+(top-k, the parameter server's ASP/SSP/OSP) is refused at the call, and so are ``network`` and ``cost``;
+a given plan and the baselines run as they are.
+
 Every option is checked before any collective, in one line, on every rank alike; so are the model and
 the optimizer: parameters on several devices or on the meta device, trainable parameters in the
 optimizer that are not the model's (DDP lets those drift apart silently), sparse gradients
@@ -93,7 +101,7 @@ from repro.plan import WIRE_DTYPE_BYTES, Plan, PlanError
 from repro.runtime.buffers import broadcast_module_state
 from repro.runtime.executor import Executor, ExecutorOptions, FoundInfReport, ScaledStep, scaled_step
 from repro.runtime.online import StepTimes, grad_abs_mean, measured_trace, plan_online, sync_device
-from repro.schedulers import SCHEDULERS, get_scheduler
+from repro.schedulers import SCHEDULERS, Scheduler, get_scheduler
 from repro.workload.layers import VIEWS, layer_parameters
 
 __all__ = ["distribute", "DistributedOptimizer"]
@@ -172,6 +180,21 @@ def _sparse_gradient_source(model: nn.Module) -> str | None:
         if p.grad is not None and p.grad.layout != torch.strided:
             return f"parameter {name!r} (a {p.grad.layout} gradient)"
     return None
+
+
+def _one_rank_scheduler(name: str, sched: Scheduler, network: Any, cost: Any) -> str:
+    """The scheduler that runs ``name`` in a job of one rank, where every exchange is the identity (an
+    average over one rank) and no network can be fitted to plan with: the baseline with the same
+    executor (``ddp_threshold``: ``ddp``), else ``local``; so the update is the one ``name`` makes
+    there, as DDP trains at world size 1. A scheduler that changes the update on purpose (top-k, the
+    parameter server's ASP/SSP/OSP) is refused: it would need its plan, which needs 2 ranks or more."""
+    if sched.changes_update:
+        _fail(f"'{name}' changes SGD's update on purpose and plans for a job of 2 ranks or more; this job has 1 "
+              "rank: train alone with scheduler='local', or launch more ranks")
+    if network is not None or cost is not None:
+        _fail("network and cost describe the exchange among 2 ranks or more; this job has 1 rank, which exchanges "
+              "nothing: leave them out")
+    return next((s.name for s in SCHEDULERS.values() if s.planner is None and s.executor == sched.executor), "local")
 
 
 def _grad_hook_keys(model: nn.Module) -> dict[int, tuple[torch.Tensor, set]]:
@@ -594,10 +617,10 @@ def distribute(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: st
     ``0..S-1`` serve instead of training (gloo only; :mod:`repro.runtime.ps_dedicated`): there this call
     serves the whole run and returns when every trainer has called ``optimizer.remove()`` (or exited),
     with ``optimizer.serving`` True, so the script skips its loop there. The process group must be
-    initialised (torchrun + ``torch.distributed.init_process_group``). Like DDP, the parameters and
-    buffers of the first trainer (rank 0) are copied to every trainer here, so the replicas start
-    equal whatever each rank's initialisation. Misuse is refused here, before any collective, with a
-    ValueError of one line starting ``repro.distribute:``."""
+    initialised (torchrun + ``torch.distributed.init_process_group``); with one rank, see "One rank" in
+    the module docstring. Like DDP, the parameters and buffers of the first trainer (rank 0) are copied
+    to every trainer here, so the replicas start equal whatever each rank's initialisation. Misuse is
+    refused here, before any collective, with a ValueError of one line starting ``repro.distribute:``."""
     if not dist.is_available() or not dist.is_initialized():
         _fail("the default process group is not initialised: call torch.distributed.init_process_group() "
               "first (under torchrun it reads its settings from the environment)")
@@ -696,6 +719,10 @@ def distribute(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: st
             _fail(f"grad_scaler must be a torch.amp.GradScaler, got {type(grad_scaler).__name__}")
     if network is not None and cost is not None:
         _fail("give network or cost, not both")
+    if (_context is None and not dedicated_servers and plan is None and sched is not None and sched.has_plan
+            and dist.get_world_size() == 1):  # nothing to exchange, no network to plan for
+        name = _one_rank_scheduler(name, sched, network, cost)
+        sched, options, plan_now = get_scheduler(name), {}, False
     trainers = (dist.get_world_size(_context.group if _context else None) if not dedicated_servers
                 else dist.get_world_size() - dedicated_servers)
     network_cost = None
