@@ -75,8 +75,10 @@ Every option is checked before any collective, in one line, on every rank alike;
 the optimizer: parameters on several devices or on the meta device, trainable parameters in the
 optimizer that are not the model's (DDP lets those drift apart silently), sparse gradients
 (``nn.Embedding(sparse=True)``) for a scheduler that cannot exchange them (all but ``ddp`` and
-``ddp_threshold``, whose DDP does). As ``DDP(model)`` does, ``distribute`` first copies the first
-trainer's parameters and buffers to every trainer.
+``ddp_threshold``, whose DDP does). Stepping the optimizer you gave instead of the returned one is
+refused at that ``step()`` (after a refusal, stepping the returned optimizer finishes the iteration).
+As ``DDP(model)`` does, ``distribute`` first copies the first trainer's parameters and buffers to every
+trainer.
 """
 
 from __future__ import annotations
@@ -84,7 +86,9 @@ from __future__ import annotations
 import contextlib
 import inspect
 import os
+import sys
 import time
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -195,6 +199,36 @@ def _one_rank_scheduler(name: str, sched: Scheduler, network: Any, cost: Any) ->
         _fail("network and cost describe the exchange among 2 ranks or more; this job has 1 rank, which exchanges "
               "nothing: leave them out")
     return next((s.name for s in SCHEDULERS.values() if s.planner is None and s.executor == sched.executor), "local")
+
+
+def _from_this_package(frame: Any) -> bool:
+    """Whether the call that ``frame`` made came from this package: the first frame outside torch (its
+    optimizer and LR-scheduler wrappers, GradScaler) belongs to a ``repro`` module."""
+    while frame is not None and frame.f_globals.get("__name__", "").startswith("torch."):
+        frame = frame.f_back
+    module = frame.f_globals.get("__name__", "") if frame is not None else ""
+    return module == "repro" or module.startswith("repro.")
+
+
+def _refuse_direct_steps(optimizer: torch.optim.Optimizer, door: "_Door") -> None:
+    """While ``door`` is live (until ``remove()``, or until nothing holds it), ``step()`` of the optimizer
+    given to distribute is refused unless this package calls it (the returned optimizer, finishing the
+    exchange first; the executors' per-bucket and deferred updates): stepped by the user's loop it would
+    update with this rank's own gradients, the exchange still in flight, and the next backward would
+    fail deep inside the executor. Stepping the returned optimizer next finishes the refused iteration.
+    The hook holds the door weakly: an optimizer kept after its door is gone keeps none of the
+    executor's buffers alive."""
+    live = weakref.ref(door)
+
+    def before_step(opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        held = live()
+        if held is None or getattr(held, "removed", False) or _from_this_package(sys._getframe(1)):
+            return None
+        _fail("the optimizer given to distribute was stepped directly, which skips the gradient exchange: step "
+              "the optimizer distribute returned (model, optimizer = repro.distribute(model, optimizer, ...)); "
+              "its step() finishes the exchange, then steps this one")
+
+    optimizer.register_step_pre_hook(before_step)
 
 
 def _grad_hook_keys(model: nn.Module) -> dict[int, tuple[torch.Tensor, set]]:
@@ -787,6 +821,7 @@ def distribute(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: st
     if door.ex.module is model:  # a baseline's wrapper (DDP) has its own no_sync
         model.__dict__["no_sync"] = door.no_sync  # DDP's spelling: `with model.no_sync(): loss.backward()`
     dopt = DistributedOptimizer(optimizer, door)
+    _refuse_direct_steps(optimizer, door)
     if dedicated_servers:
         from repro.runtime.ps_dedicated import stop_at_exit
 
