@@ -63,6 +63,15 @@ ranks (server s on rank s; ``servers`` defaults to the world size, one shard per
         for x, y in loader: ...
         optimizer.remove()  # the trainers' stop (also sent when the interpreter exits)
 
+**model.module**: as on a DDP wrapper, ``model.module`` is your plain module, so DDP code such as
+``torch.save(model.module.state_dict(), path)`` or ``model.module.generate(...)`` runs unchanged. When the
+returned model is the one you gave, ``model.module`` is that same object (a compiled model's: the
+original module), held outside its submodules, so ``model.state_dict()`` keys, ``model.modules()`` and
+``model.parameters()`` do not change (``model.state_dict()`` has the keys of DDP's
+``model.module.state_dict()``: no ``module.`` prefix). It is one level, as DDP's: a helper that unwraps
+``while hasattr(m, "module")`` would never stop; unwrap once. A model with a ``module`` attribute of its
+own (e.g. a submodule of that name) keeps it. A baseline's wrapper (DDP) has its own.
+
 **One rank** (a world size of 1, e.g. ``torchrun --nproc-per-node 1`` while debugging) trains, as DDP
 does: every exchange would be an average over one rank and there is no network to plan for, so a
 scheduler that plans runs as the baseline with its executor (``ddp_threshold`` as ``ddp``) or as
@@ -229,6 +238,16 @@ def _refuse_direct_steps(optimizer: torch.optim.Optimizer, door: "_Door") -> Non
               "its step() finishes the exchange, then steps this one")
 
     optimizer.register_step_pre_hook(before_step)
+
+
+def _give_module(model: nn.Module) -> None:
+    """DDP's ``model.module`` on a returned model that is the user's own: the plain module (the model
+    itself; ``torch.compile``'s original module for a compiled one), set in the instance's ``__dict__``
+    so that it is neither a submodule nor in ``state_dict`` (keys keep no ``module.`` prefix); it stays
+    after ``remove()`` (the model itself, as harmless there). A model with a ``module`` attribute of its
+    own (e.g. a submodule of that name) keeps it."""
+    if not hasattr(model, "module"):
+        model.__dict__["module"] = model._orig_mod if _is_compiled(model) else model
 
 
 def _grad_hook_keys(model: nn.Module) -> dict[int, tuple[torch.Tensor, set]]:
@@ -818,8 +837,9 @@ def distribute(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: st
     door = _Door(model, optimizer, name, plan, warmup_steps=warmup_steps, network_cost=network_cost, view=view,
                  planner_options=planner_options, executor_options=executor_options, fit_repeats=fit_repeats,
                  record_timeline=record_timeline, grad_scaler=grad_scaler, context=_context)
-    if door.ex.module is model:  # a baseline's wrapper (DDP) has its own no_sync
+    if door.ex.module is model:  # a baseline's wrapper (DDP) has its own no_sync and module
         model.__dict__["no_sync"] = door.no_sync  # DDP's spelling: `with model.no_sync(): loss.backward()`
+        _give_module(model)
     dopt = DistributedOptimizer(optimizer, door)
     _refuse_direct_steps(optimizer, door)
     if dedicated_servers:
