@@ -63,8 +63,31 @@ ranks (server s on rank s; ``servers`` defaults to the world size, one shard per
         for x, y in loader: ...
         optimizer.remove()  # the trainers' stop (also sent when the interpreter exits)
 
-Every option is checked before any collective, in one line. As ``DDP(model)`` does, ``distribute``
-first copies the first trainer's parameters and buffers to every trainer.
+**model.module**: as on a DDP wrapper, ``model.module`` is your plain module, so DDP code such as
+``torch.save(model.module.state_dict(), path)`` or ``model.module.generate(...)`` runs unchanged. When the
+returned model is the one you gave, ``model.module`` is that same object (a compiled model's: the
+original module), held outside its submodules, so ``model.state_dict()`` keys, ``model.modules()`` and
+``model.parameters()`` do not change (``model.state_dict()`` has the keys of DDP's
+``model.module.state_dict()``: no ``module.`` prefix). It is one level, as DDP's: a helper that unwraps
+``while hasattr(m, "module")`` would never stop; unwrap once. A model with a ``module`` attribute of its
+own (e.g. a submodule of that name) keeps it. A baseline's wrapper (DDP) has its own.
+
+**One rank** (a world size of 1, e.g. ``torchrun --nproc-per-node 1`` while debugging) trains, as DDP
+does: every exchange would be an average over one rank and there is no network to plan for, so a
+scheduler that plans runs as the baseline with its executor (``ddp_threshold`` as ``ddp``) or as
+``local``, with no warm-up and ``optimizer.plan`` None; the update is the one the scheduler makes there
+(nothing is sent, so a wire dtype rounds nothing). A scheduler that changes the update on purpose
+(top-k, the parameter server's ASP/SSP/OSP) is refused at the call, and so are ``network`` and ``cost``;
+a given plan and the baselines run as they are.
+
+Every option is checked before any collective, in one line, on every rank alike; so are the model and
+the optimizer: parameters on several devices or on the meta device, trainable parameters in the
+optimizer that are not the model's (DDP lets those drift apart silently), sparse gradients
+(``nn.Embedding(sparse=True)``) for a scheduler that cannot exchange them (all but ``ddp`` and
+``ddp_threshold``, whose DDP does). Stepping the optimizer you gave instead of the returned one is
+refused at that ``step()`` (after a refusal, stepping the returned optimizer finishes the iteration).
+As ``DDP(model)`` does, ``distribute`` first copies the first trainer's parameters and buffers to every
+trainer.
 """
 
 from __future__ import annotations
@@ -72,7 +95,9 @@ from __future__ import annotations
 import contextlib
 import inspect
 import os
+import sys
 import time
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -85,11 +110,11 @@ from repro.cost import CostModel
 from repro.families import get_family
 from repro.presets import preset
 from repro.run_options import RUN_OPTIONS, check_run_options
-from repro.plan import Plan, PlanError
+from repro.plan import WIRE_DTYPE_BYTES, Plan, PlanError
 from repro.runtime.buffers import broadcast_module_state
 from repro.runtime.executor import Executor, ExecutorOptions, FoundInfReport, ScaledStep, scaled_step
 from repro.runtime.online import StepTimes, grad_abs_mean, measured_trace, plan_online, sync_device
-from repro.schedulers import get_scheduler
+from repro.schedulers import SCHEDULERS, Scheduler, get_scheduler
 from repro.workload.layers import VIEWS, layer_parameters
 
 __all__ = ["distribute", "DistributedOptimizer"]
@@ -130,6 +155,99 @@ def _forward_pre_hook_count(model: nn.Module) -> int:
 def _is_compiled(model: nn.Module) -> bool:
     """``model`` is what ``torch.compile(module)`` returned."""
     return hasattr(model, "_orig_mod") and type(model).__name__ == "OptimizedModule"
+
+
+def _model_refusal(model: nn.Module, optimizer: torch.optim.Optimizer) -> str | None:
+    """Why no scheduler can train ``model`` with ``optimizer`` (one sentence), or None: parameters on
+    several devices (every executor keeps a rank's buffers on the model's one device), parameters or
+    buffers on the meta device (no values to train or to broadcast), or trainable parameters in the
+    optimizer that are not the model's (nothing would exchange their gradients, so each rank would
+    update them alone and the replicas would drift apart; DDP accepts them silently). Reads only the
+    model and the optimizer, so every rank decides alike, before any collective."""
+    devices = sorted({str(p.device) for p in model.parameters()})
+    if len(devices) > 1:
+        return (f"the model's parameters are on several devices ({', '.join(devices)}): every scheduler here "
+                "exchanges a rank's gradients on one device; put the model on one (model.to(device))")
+    on_meta = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
+    if on_meta:
+        return (f"the model is on the meta device (e.g. {on_meta[0]!r} has no values): materialise it first "
+                "(model.to_empty(device=...) and initialise it, or load a state_dict with assign=True)")
+    own = {id(p) for p in model.parameters()}
+    foreign = [p for g in optimizer.param_groups for p in g["params"] if id(p) not in own and p.requires_grad]
+    if foreign:
+        return (f"the optimizer holds {len(foreign)} trainable parameter(s) that are not the model's (e.g. one of "
+                f"shape {tuple(foreign[0].shape)}): nothing would exchange their gradients, so every rank would "
+                "update them alone and the replicas would drift apart; make them part of the model (a submodule) "
+                "or leave them out of this optimizer")
+    return None
+
+
+def _sparse_gradient_source(model: nn.Module) -> str | None:
+    """What in ``model`` makes sparse gradients, named for a message (``"module 'emb' (Embedding(10, 3,
+    sparse=True))"``): the first ``nn.Embedding`` or ``nn.EmbeddingBag`` with ``sparse=True``, or a
+    parameter holding a sparse gradient already; None when nothing does."""
+    for name, m in model.named_modules():
+        if isinstance(m, (nn.Embedding, nn.EmbeddingBag)) and m.sparse:
+            return f"module {name!r} ({m})"
+    for name, p in model.named_parameters():
+        if p.grad is not None and p.grad.layout != torch.strided:
+            return f"parameter {name!r} (a {p.grad.layout} gradient)"
+    return None
+
+
+def _one_rank_scheduler(name: str, sched: Scheduler, network: Any, cost: Any) -> str:
+    """The scheduler that runs ``name`` in a job of one rank, where every exchange is the identity (an
+    average over one rank) and no network can be fitted to plan with: the baseline with the same
+    executor (``ddp_threshold``: ``ddp``), else ``local``; so the update is the one ``name`` makes
+    there, as DDP trains at world size 1. A scheduler that changes the update on purpose (top-k, the
+    parameter server's ASP/SSP/OSP) is refused: it would need its plan, which needs 2 ranks or more."""
+    if sched.changes_update:
+        _fail(f"'{name}' changes SGD's update on purpose and plans for a job of 2 ranks or more; this job has 1 "
+              "rank: train alone with scheduler='local', or launch more ranks")
+    if network is not None or cost is not None:
+        _fail("network and cost describe the exchange among 2 ranks or more; this job has 1 rank, which exchanges "
+              "nothing: leave them out")
+    return next((s.name for s in SCHEDULERS.values() if s.planner is None and s.executor == sched.executor), "local")
+
+
+def _from_this_package(frame: Any) -> bool:
+    """Whether the call that ``frame`` made came from this package: the first frame outside torch (its
+    optimizer and LR-scheduler wrappers, GradScaler) belongs to a ``repro`` module."""
+    while frame is not None and frame.f_globals.get("__name__", "").startswith("torch."):
+        frame = frame.f_back
+    module = frame.f_globals.get("__name__", "") if frame is not None else ""
+    return module == "repro" or module.startswith("repro.")
+
+
+def _refuse_direct_steps(optimizer: torch.optim.Optimizer, door: "_Door") -> None:
+    """While ``door`` is live (until ``remove()``, or until nothing holds it), ``step()`` of the optimizer
+    given to distribute is refused unless this package calls it (the returned optimizer, finishing the
+    exchange first; the executors' per-bucket and deferred updates): stepped by the user's loop it would
+    update with this rank's own gradients, the exchange still in flight, and the next backward would
+    fail deep inside the executor. Stepping the returned optimizer next finishes the refused iteration.
+    The hook holds the door weakly: an optimizer kept after its door is gone keeps none of the
+    executor's buffers alive."""
+    live = weakref.ref(door)
+
+    def before_step(opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        held = live()
+        if held is None or getattr(held, "removed", False) or _from_this_package(sys._getframe(1)):
+            return None
+        _fail("the optimizer given to distribute was stepped directly, which skips the gradient exchange: step "
+              "the optimizer distribute returned (model, optimizer = repro.distribute(model, optimizer, ...)); "
+              "its step() finishes the exchange, then steps this one")
+
+    optimizer.register_step_pre_hook(before_step)
+
+
+def _give_module(model: nn.Module) -> None:
+    """DDP's ``model.module`` on a returned model that is the user's own: the plain module (the model
+    itself; ``torch.compile``'s original module for a compiled one), set in the instance's ``__dict__``
+    so that it is neither a submodule nor in ``state_dict`` (keys keep no ``module.`` prefix); it stays
+    after ``remove()`` (the model itself, as harmless there). A model with a ``module`` attribute of its
+    own (e.g. a submodule of that name) keeps it."""
+    if not hasattr(model, "module"):
+        model.__dict__["module"] = model._orig_mod if _is_compiled(model) else model
 
 
 def _grad_hook_keys(model: nn.Module) -> dict[int, tuple[torch.Tensor, set]]:
@@ -621,13 +739,14 @@ def distribute(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: st
     optimizer)`` to use in place of yours (see the module docstring).
 
     ``scheduler``: a name of ``repro schedulers`` (``mgwfbp``, ``optimal``, ``dear_threshold``,
-    ``bytescheduler``, ``omgs``, ...), a :class:`~repro.plan.Plan`, or a plan file (``repro plan -o``).
+    ``bytescheduler``, ``omgs``, ...; ``dear``, the paper's name, is ``dear_threshold``, DeAR as its
+    authors released it), a :class:`~repro.plan.Plan`, or a plan file (``repro plan -o``).
     ``warmup_steps``: steps measured before planning online (>= 1). ``network``: a cost preset name
     for this world size instead of fitting the live group; ``cost``: a CostModel or its JSON file.
     ``view``: layers are parameter tensors (``tensor``) or parameter-owning modules (``module``); a
     given plan's layer names must be the model's in that view. ``wire_dtype``: send gradients in
-    float16/bfloat16 (schedulers that support it). ``options``: the scheduler's own options (e.g.
-    ``threshold_bytes``, ``density``; ``repro schedulers`` lists each one's). ``grad_scaler``: the
+    ``"float16"``/``"bfloat16"`` (by name; schedulers that support it). ``options``: the scheduler's own
+    options (e.g. ``threshold_bytes``, ``density``; ``repro schedulers`` lists each one's). ``grad_scaler``: the
     ``torch.amp.GradScaler`` your loop uses (``scaler.scale(loss).backward(); scaler.step(optimizer);
     scaler.update()``): the exchanged gradients are unscaled, and a step with an inf/nan on any rank is
     skipped on every rank; to clip, call ``optimizer.synchronize()`` then ``scaler.unscale_(optimizer)``
@@ -635,9 +754,10 @@ def distribute(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: st
     ``0..S-1`` serve instead of training (gloo only; :mod:`repro.runtime.ps_dedicated`): there this call
     serves the whole run and returns when every trainer has called ``optimizer.remove()`` (or exited),
     with ``optimizer.serving`` True, so the script skips its loop there. The process group must be
-    initialised (torchrun + ``torch.distributed.init_process_group``). Like DDP, the parameters and
-    buffers of the first trainer (rank 0) are copied to every trainer here, so the replicas start
-    equal whatever each rank's initialisation."""
+    initialised (torchrun + ``torch.distributed.init_process_group``); with one rank, see "One rank" in
+    the module docstring. Like DDP, the parameters and buffers of the first trainer (rank 0) are copied
+    to every trainer here, so the replicas start equal whatever each rank's initialisation. Misuse is
+    refused here, before any collective, with a ValueError of one line starting ``repro.distribute:``."""
     if not dist.is_available() or not dist.is_initialized():
         _fail("the default process group is not initialised: call torch.distributed.init_process_group() "
               "first (under torchrun it reads its settings from the environment)")
@@ -650,6 +770,9 @@ def distribute(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: st
     own = {id(p) for p in model.parameters()}
     if not any(p is not None and id(p) in own for g in optimizer.param_groups for p in g["params"]):
         _fail("the optimizer holds none of the model's parameters")
+    refusal = _model_refusal(model, optimizer)
+    if refusal is not None:
+        _fail(refusal)
     if view not in VIEWS:
         _fail(f"view must be one of {', '.join(VIEWS)}, got {view!r}")
     if isinstance(warmup_steps, bool) or not isinstance(warmup_steps, int) or warmup_steps < 1:
@@ -666,7 +789,15 @@ def distribute(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: st
             sched = get_scheduler(name)
         except ValueError as e:
             _fail(str(e))
+        name = sched.name  # a paper's name (dear) or an old alias: the scheduler's own name from here on
     family = sched.family if sched is not None else plan.family
+    if not (sched is not None and sched.sparse_gradients):
+        sparse = _sparse_gradient_source(model)
+        if sparse is not None:
+            able = [n for n, s in SCHEDULERS.items() if s.sparse_gradients and s.communicates]
+            who = f"scheduler {name!r}" if name else f"the executor of a given {family} plan"
+            _fail(f"{sparse} makes sparse gradients, which {who} cannot exchange (it exchanges dense buffers): pass "
+                  f"sparse=False, or use a scheduler that exchanges them ({', '.join(able)})")
     if isinstance(dedicated_servers, bool) or not isinstance(dedicated_servers, int) or dedicated_servers < 0:
         _fail(f"dedicated_servers must be an integer >= 0, got {dedicated_servers!r}")
     if dedicated_servers:
@@ -714,6 +845,8 @@ def distribute(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: st
     except ValueError as e:
         _fail(str(e))
     if wire_dtype is not None:
+        if not isinstance(wire_dtype, str) or wire_dtype not in WIRE_DTYPE_BYTES:
+            _fail(f"unknown wire_dtype {wire_dtype!r}; choose one of {', '.join(WIRE_DTYPE_BYTES)} (by name)")
         if sched is None or not sched.wire_dtype:
             _fail(f"wire_dtype does not apply to {name or 'a given plan'} (schedulers that take it: "
                   "the all-reduce planners)")
@@ -723,6 +856,10 @@ def distribute(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: st
             _fail(f"grad_scaler must be a torch.amp.GradScaler, got {type(grad_scaler).__name__}")
     if network is not None and cost is not None:
         _fail("give network or cost, not both")
+    if (_context is None and not dedicated_servers and plan is None and sched is not None and sched.has_plan
+            and dist.get_world_size() == 1):  # nothing to exchange, no network to plan for
+        name = _one_rank_scheduler(name, sched, network, cost)
+        sched, options, plan_now = get_scheduler(name), {}, False
     trainers = (dist.get_world_size(_context.group if _context else None) if not dedicated_servers
                 else dist.get_world_size() - dedicated_servers)
     network_cost = None
@@ -784,9 +921,11 @@ def distribute(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: st
     door = _Door(model, optimizer, name, plan, warmup_steps=warmup_steps, network_cost=network_cost, view=view,
                  planner_options=planner_options, executor_options=executor_options, fit_repeats=fit_repeats,
                  record_timeline=record_timeline, grad_scaler=grad_scaler, context=_context)
-    if door.ex.module is model:  # a baseline's wrapper (DDP) has its own no_sync
+    if door.ex.module is model:  # a baseline's wrapper (DDP) has its own no_sync and module
         model.__dict__["no_sync"] = door.no_sync  # DDP's spelling: `with model.no_sync(): loss.backward()`
+        _give_module(model)
     dopt = DistributedOptimizer(optimizer, door)
+    _refuse_direct_steps(optimizer, door)
     if dedicated_servers:
         from repro.runtime.ps_dedicated import stop_at_exit
 

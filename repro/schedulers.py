@@ -19,8 +19,8 @@ from typing import Any
 
 from repro.families import resolve
 
-__all__ = ["Scheduler", "SCHEDULERS", "ALIASES", "get_scheduler", "scheduler_names", "canonical_name",
-           "schedulers_table"]
+__all__ = ["Scheduler", "SCHEDULERS", "ALIASES", "PAPER_NAMES", "get_scheduler", "scheduler_names",
+           "canonical_name", "schedulers_table"]
 
 _MGWFBP = "MG-WFBP (Shi, Chu, Li; INFOCOM 2019 / TPDS 2021)"
 _DDP = "PyTorch DDP (Li et al., VLDB 2020)"
@@ -48,7 +48,11 @@ class Scheduler:
     ``executor_options``: run options (:class:`repro.train.TrainConfig` fields) passed to the executor
     as keyword arguments of the same name (e.g. the DeAR tuner's trial count and search range);
     ``update_note``: how the scheduler changes the update of synchronous SGD, "" when it does not (a
-    format string over its options, e.g. ``{density}``: :meth:`changes_update`, :meth:`update_change`).
+    format string over its options, e.g. ``{density}``: :meth:`changes_update`, :meth:`update_change`);
+    ``sparse_gradients``: exchanges sparse gradients (``nn.Embedding(sparse=True)``) as such; the
+    others fill dense buffers, and :func:`repro.distribute` refuses such a model for them;
+    ``paper_name``: the method's name in its paper, which :func:`get_scheduler` also accepts as this
+    scheduler (see :data:`PAPER_NAMES`).
     """
 
     name: str
@@ -64,6 +68,8 @@ class Scheduler:
     communicates: bool = True
     executor_options: tuple[str, ...] = ()
     update_note: str = ""
+    sparse_gradients: bool = False
+    paper_name: str = ""
 
     @property
     def has_plan(self) -> bool:
@@ -85,9 +91,9 @@ class Scheduler:
     def to_dict(self) -> dict[str, Any]:
         return {"doc": self.doc, "paper": self.paper, "planner": self.planner, "family": self.family,
                 "executor": self.executor, "planner_options": list(self.planner_options),
-                "executor_options": list(self.executor_options),
+                "executor_options": list(self.executor_options), "paper_name": self.paper_name or None,
                 "supports": {"wire_dtype": self.wire_dtype, "online_planning": self.online,
-                             "needs_cost_model": self.needs_cost}}
+                             "needs_cost_model": self.needs_cost, "sparse_gradients": self.sparse_gradients}}
 
 
 def _plan_scheduler(name: str, doc: str, paper: str = _MGWFBP, **kw: Any) -> Scheduler:
@@ -120,10 +126,10 @@ SCHEDULERS: dict[str, Scheduler] = {s.name: s for s in (
     _plan_scheduler("optimal", "exact optimum over contiguous bucketings (dynamic program), planned online",
                     "this package (exact optimum of the MG-WFBP model)", online=True, needs_cost=True),
     Scheduler("ddp", "PyTorch DistributedDataParallel with its defaults (real DDP, not a plan)", _DDP,
-              "repro.runtime.baselines:TorchDDPExecutor"),
+              "repro.runtime.baselines:TorchDDPExecutor", sparse_gradients=True),
     Scheduler("ddp_threshold", "PyTorch DDP given the threshold plan's bucket sizes (bucket_cap_mb_list)",
               _DDP, "repro.runtime.baselines:TorchDDPExecutor", planner="threshold",
-              planner_options=("threshold_bytes",), family="allreduce"),
+              planner_options=("threshold_bytes",), family="allreduce", sparse_gradients=True),
     _sparse_scheduler("topk_layerwise", "top-k sparsification with error feedback, one top-k and all-gather "
                       "per layer as soon as its gradient is ready (--density)",
                       "layer-wise TopK-SGD, as the OMGS-SGD paper's baseline"),
@@ -139,9 +145,13 @@ SCHEDULERS: dict[str, Scheduler] = {s.name: s for s in (
     _plan_scheduler("horovod", "Horovod-style tensor fusion: a background loop wakes every 5 ms and fuses the "
                     "gradients ready since its last tick into buckets of at most 64 MiB, planned from the measured "
                     "trace", "Horovod tensor fusion (Sergeev & Del Balso 2018), as the DeAR paper's baseline"),
+    # "dear" is this entry: the authors' released code runs DeAR with threshold fusion by default (its
+    # benchmark scripts import dopt_rsag, whose THRESHOLD is 25 MB, the same rule as ours; the Bayesian-
+    # optimisation variant, dopt_rsag_bo, is commented out there): dear_bo is the tuned variant, dear_nofusion
+    # the paper's "DeAR w/o TF", dear_model and dear_optimal this package's planners
     Scheduler("dear_threshold", "DeAR: reduce-scatter in backward, all-gather in the next forward, buckets of "
               "consecutive layers below --threshold-bytes (25 MiB by default)", _DEAR, _DEAR_EXECUTOR,
-              planner="dear_threshold", planner_options=("threshold_bytes",), family="dear"),
+              planner="dear_threshold", planner_options=("threshold_bytes",), family="dear", paper_name="dear"),
     Scheduler("dear_nofusion", "DeAR without tensor fusion: one layer per bucket", _DEAR, _DEAR_EXECUTOR,
               planner="dear_nofusion", family="dear"),
     Scheduler("dear_model", "DeAR with the buffer size the simulator predicts best (exact over every bucketing "
@@ -189,11 +199,17 @@ SCHEDULERS: dict[str, Scheduler] = {s.name: s for s in (
               planner="osp_auto", planner_options=("servers", "importance", "lgp"), family="ps", online=True,
               needs_cost=True, update_note=_OSP_NOTE),
     Scheduler("local", "no communication: one worker's computation (the baseline of speedups)",
-              "-", "repro.runtime.baselines:LocalExecutor", communicates=False),
+              "-", "repro.runtime.baselines:LocalExecutor", communicates=False, sparse_gradients=True),
 )}
 
 # Older names, accepted with a DeprecationWarning.
 ALIASES = {"ddp_plan": "ddp_threshold"}
+
+# The methods' names in their papers, where a user would type them and no scheduler has that name: each
+# means the entry that runs the method as its authors released it (the entry's comment says why). Accepted
+# without a warning; a scheduler's own name stays its name (results, plans and `repro schedulers` use it).
+PAPER_NAMES = {s.paper_name: s.name for s in SCHEDULERS.values() if s.paper_name}
+assert not set(PAPER_NAMES) & (set(SCHEDULERS) | set(ALIASES)), "a paper name must not shadow a scheduler name"
 
 
 def scheduler_names() -> list[str]:
@@ -201,7 +217,10 @@ def scheduler_names() -> list[str]:
 
 
 def get_scheduler(name: str) -> Scheduler:
-    """The entry for ``name`` (an old alias is accepted with a DeprecationWarning)."""
+    """The entry for ``name``: a scheduler's name, a paper's name for its method (:data:`PAPER_NAMES`,
+    e.g. ``dear``), or an old alias (accepted with a DeprecationWarning)."""
+    if isinstance(name, str) and name in PAPER_NAMES:
+        return SCHEDULERS[PAPER_NAMES[name]]
     if isinstance(name, str) and name in ALIASES:
         new = ALIASES[name]
         warnings.warn(f"scheduler '{name}' is now called '{new}'", DeprecationWarning, stacklevel=2)
@@ -213,8 +232,9 @@ def get_scheduler(name: str) -> Scheduler:
 
 
 def canonical_name(name: str) -> str:
-    """``name`` with old aliases replaced (no warning): for reading results written by older versions."""
-    return ALIASES.get(name, name)
+    """``name`` with old aliases and paper names replaced by the scheduler's name (no warning): for
+    reading results written by older versions."""
+    return PAPER_NAMES.get(name, ALIASES.get(name, name))
 
 
 def schedulers_table() -> dict[str, dict[str, Any]]:

@@ -68,7 +68,8 @@ def test_repro_schedulers_prints_the_table():
     out = json.loads(r.stdout)
     assert set(out["schedulers"]) == set(SCHEDULERS)
     assert out["schedulers"]["optimal"]["supports"] == {"wire_dtype": True, "online_planning": True,
-                                                        "needs_cost_model": True}
+                                                        "needs_cost_model": True, "sparse_gradients": False}
+    assert out["schedulers"]["dear_threshold"]["paper_name"] == "dear"
     assert out["schedulers"]["ddp"]["executor"] == "repro.runtime.baselines:TorchDDPExecutor"
     assert out["aliases"] == {"ddp_plan": "ddp_threshold"}
     assert "allreduce" in out["families"]
