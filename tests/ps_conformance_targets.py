@@ -14,7 +14,8 @@ A case is a dict:
   weight decay of every group set by hand before steps 2 and 4), ``clip`` (``synchronize()`` then
   ``clip_grad_norm_`` before the step; DDP: the clip alone), ``clip_unsync`` (the clip without
   ``synchronize()``: expected refused), ``bf16`` (autocast), ``fp16_scaler`` (autocast float16 and a
-  GradScaler given to distribute);
+  GradScaler given to distribute; with ``scaler_given`` False, or dedicated servers, not given:
+  expected refused), ``fp16_scaler_clip`` (``synchronize()``, ``scaler.unscale_``, then the clip);
 - ``mode``: the plan's ``bsp``/``asp``/``ssp``/``osp``, with ``staleness``, ``share`` (OSP's stage-1
   share), ``lgp``; ``servers`` (co-located: one per rank by default); ``dedicated``: that many serving
   ranks (3-rank world).
@@ -222,8 +223,8 @@ def repro_run(case: dict, workers: int, worker: int) -> dict:
     opt = make_optimizer(case, model)
     kwargs = {"dedicated_servers": case["dedicated"]} if case.get("dedicated") else {}
     scaler = _scaler(case)
-    if scaler is not None:
-        kwargs["grad_scaler"] = scaler
+    if scaler is not None and not case.get("dedicated") and case.get("scaler_given", True):
+        kwargs["grad_scaler"] = scaler   # dedicated servers take none: a scaler stepping them is refused
     net, dopt = repro.distribute(model, opt, scheduler=ps_plan(model, case, workers), **kwargs)
     if dopt.serving:
         return {"serving": True}

@@ -68,6 +68,7 @@ COLOCATED = {
     "fp16_scaler_clip": {"model": "user", "optimizer": "adamw", "loop": "fp16_scaler_clip"},
     "attn_adamw": {"model": "attn", "optimizer": "adamw"},
     "attn_nesterov_bf16": {"model": "attn", "optimizer": "nesterov", "loop": "bf16"},
+    "scaler_not_given": {"model": "user", "optimizer": "sgd", "loop": "fp16_scaler", "scaler_given": False},
     # the other modes against their written math (tests/ps_conformance_targets.lockstep_reference)
     "asp_unused": {"model": "branch", "optimizer": "plain", "mode": "asp", "ref": "lockstep"},
     "ssp_unused": {"model": "branch", "optimizer": "sgd", "mode": "ssp", "staleness": 1, "ref": "lockstep"},
@@ -91,6 +92,7 @@ DEDICATED = {
     "clip": {"model": "user", "optimizer": "sgd", "loop": "clip", "dedicated": 1},
     "clip_unsync": {"model": "user", "optimizer": "sgd", "loop": "clip_unsync", "dedicated": 1},
     "attn_adamw_bf16": {"model": "attn", "optimizer": "adamw", "loop": "bf16", "dedicated": 1},
+    "scaler": {"model": "user", "optimizer": "sgd", "loop": "fp16_scaler", "dedicated": 1},
     "osp_unused": {"model": "branch", "optimizer": "sgd", "mode": "osp", "share": 0.5, "dedicated": 1},
     "asp_unused": {"model": "branch", "optimizer": "sgd", "mode": "asp", "dedicated": 1},
 }
@@ -202,3 +204,9 @@ def test_a_state_dict_missing_a_servers_part_is_refused(ckpt_run):
     assert len(rows) == 2
     for row in rows:
         assert "lacks the state of" in row["partial"] and "\n" not in row["partial"], row
+
+
+def test_a_grad_scaler_the_servers_were_not_given_is_refused(run):
+    for row in _rows(run, "scaler_not_given", "scaler"):
+        text = row["refused"]
+        assert text is not None and "\n" not in text and "GradScaler" in text, row

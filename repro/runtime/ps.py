@@ -316,15 +316,15 @@ class PSExecutor(Executor):
     def _step(self, amp: Any) -> None:
         """The optimizer's step: push (refused if a gradient changed since backward without
         :meth:`synchronize`), then install the stage-1 pulls."""
-        if amp is not None:
-            raise ValueError("parameter server: dedicated servers apply the pushed gradients without a GradScaler's "
-                             "verdict; use the co-located servers (dedicated_servers=0) with grad_scaler")
         if not self._push_due:
             raise RuntimeError("step() without after_backward(): the parameter server has no gradient to apply")
         synced, self._synced = self._synced, False
-        self._push_due = False      # a refused step is dropped
+        self._push_due = False      # a refused step is dropped: flush() and remove() still work
         changed = 0 if synced else self._watch.changed()
         self._watch.clear()
+        if amp is not None:
+            raise ValueError("parameter server: dedicated servers apply the pushed gradients without a GradScaler's "
+                             "verdict; use the co-located servers (dedicated_servers=0) with grad_scaler")
         if changed:
             raise grad_changed_error(changed)
         self._flushed = False

@@ -329,14 +329,14 @@ class ColocatedPSExecutor(Executor):
         all-reduce): push unscaled, or skip everywhere (module docstring)."""
         if not self._push_due:
             raise RuntimeError("step() without after_backward(): the parameter server has no gradient to apply")
-        if amp is not None and self._scaler is None:
-            raise ValueError("parameter server: a GradScaler stepped this optimizer but was not given to it: pass it "
-                             "to repro.distribute(..., grad_scaler=scaler) so that every rank skips (and backs the "
-                             "scale off) together")
         synced, self._synced = self._synced, False
         self._push_due = False      # a refused step is dropped: flush() and remove() still work
         changed = 0 if synced else self._watch.changed()
         self._watch.clear()
+        if amp is not None and self._scaler is None:
+            raise ValueError("parameter server: a GradScaler stepped this optimizer but was not given to it: pass it "
+                             "to repro.distribute(..., grad_scaler=scaler) so that every rank skips (and backs the "
+                             "scale off) together")
         if changed:
             raise grad_changed_error(changed)
         if amp is not None:
