@@ -27,7 +27,6 @@ Plans are made here from the model's sizes (no warm-up, so every step runs on th
 from __future__ import annotations
 
 import copy
-import math
 
 import torch
 import torch.distributed as dist
@@ -337,8 +336,9 @@ def checkpoint_rows(ctx, cases: list[dict], path: str) -> list[dict]:
     steps and rank 0 saves it with the model's state (``torch.save``); then a fresh model (other
     weights), optimizer and distribute in which every rank loads both files (``load`` ``after``: into
     the returned optimizer; ``before``: into the wrapped optimizer before distribute) and trains the
-    remaining steps. The largest difference to the uninterrupted run, and ``partial``: the refusal of
-    a state dict holding one shard's state (rank 0's gathered dict with server 1's entries removed)."""
+    remaining steps (a dedicated server serves both runs). The largest difference to the uninterrupted
+    run, how many parameters the saved dict holds state for, and ``partial``: the refusal of a state
+    dict missing one server's part (the saved dict with the last server's entries removed)."""
     import repro
     from repro.runtime.ps_layout import ps_layout
 

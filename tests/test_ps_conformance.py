@@ -44,7 +44,6 @@ every equality below.)
 from __future__ import annotations
 
 import pytest
-import torch
 
 from repro.cluster.local import launch_local
 from tests import ps_conformance_targets as T

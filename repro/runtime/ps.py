@@ -103,8 +103,8 @@ from repro.runtime.ps_layout import (GradChangeWatch, HandOverOptimizer, PSTimin
                                      merge_shards, param_indices, ps_layout, push_numel, set_grads_from,
                                      set_hyperparameters)
 
-__all__ = ["PSExecutor", "PSOptimizer", "PSPeerSilentError", "PSTiming", "serve", "calibrate", "ps_layout", "STEP", "FETCH",
-           "STOP", "STATE", "LOAD"]
+__all__ = ["PSExecutor", "PSOptimizer", "PSPeerSilentError", "PSTiming", "serve", "calibrate", "ps_layout", "STEP",
+           "FETCH", "STOP", "STATE", "LOAD"]
 
 STEP, FETCH, STOP, STATE, LOAD = 0, 1, 2, 3, 4
 _HEADER_TAG = 0
