@@ -106,7 +106,7 @@ def _recording_executor():
 
         def _by_name(self, items) -> dict:
             out = {}
-            for bucket, buf in items:
+            for bucket, buf, *_ in items:
                 off = 0
                 for p in bucket.params:
                     out[self.names[id(p)]] = buf[off:off + p.numel()].view_as(p).clone()

@@ -247,7 +247,7 @@ def test_dedicated_servers_send_headers_on_the_data_device_and_refuse_nccl(monke
     from repro.runtime import ps
 
     header = ps._header(ps.STEP, 7, torch.device("meta"))   # a stand-in for a GPU: any device but the CPU
-    assert header.device.type == "meta" and header.dtype == torch.int64 and header.shape == (2,)
+    assert header.device.type == "meta" and header.dtype == torch.int64 and header.shape == (3,)  # kind, step, bytes
     monkeypatch.setattr(dist, "get_backend", lambda *a, **k: "nccl")
     with pytest.raises(ValueError, match="NCCL does not support; use co-located servers"):
         ps._refuse_nccl("serve")

@@ -8,10 +8,14 @@ the default process group (gloo: ``isend``/``irecv``; the workers' own collectiv
 summaries, use a process group of the workers only).
 
 **Wire protocol**, per worker step ``t`` and server ``s`` (tags: 0 for headers, ``1 + b`` for bucket
-``b``): the worker sends a header ``[STEP, t]``, then, for each of the server's buckets in plan order,
-the flat gradient (push); the server answers each bucket with its flat parameters (pull). A header
-``[FETCH, t]`` asks for every bucket's current parameters (no push); ``[STOP, t]`` ends the server's
-thread for that worker. Each server runs one thread per worker; updates are serialised by one lock.
+``b``): the worker sends a header ``[STEP, t, nbytes]`` (``nbytes`` > 0: the parameter groups'
+settings follow, pickled, as a byte tensor: sent whenever they differ from the last ones sent), then,
+for each of the server's buckets in plan order, the push: the flat gradient followed by one "had a
+gradient" flag per parameter (1 or 0); the server answers each bucket with its flat parameters (pull).
+A header ``[FETCH, t, 0]`` asks for every bucket's current parameters (no push); ``[STATE, t, 0]``
+for the optimizer state of the server's parameters (answered as a length, then the bytes of
+``torch.save``); ``[LOAD, t, nbytes]`` brings an optimizer state dict or bucket values to install
+(answered the same way, empty); ``[STOP, t, 0]`` ends the server's thread for that worker. Each server runs one thread per worker; updates are serialised by one lock.
 Under BSP/OSP a step's stage-1 buckets are answered before its stage-2 pushes are awaited, so the
 blocking pulls never wait for the background traffic. A server thread that fails (e.g. its worker died)
 ends :func:`serve` at once with an error naming that worker's rank.
@@ -23,27 +27,46 @@ optimizers skip parameters without a gradient and keep per-parameter state, so p
 one whole-model step; see :mod:`repro.runtime.dear`, which relies on the same property).
 
 - **BSP** and OSP's stages: a bucket's update waits for all N gradients of the step; they are summed in
-  worker order (deterministic) and divided by N, then every worker gets the same updated values.
+  worker order (deterministic) and divided by N, then every worker gets the same updated values. A
+  worker without a gradient for a parameter pushes zeros; a parameter no worker had a gradient for
+  gets none (the optimizer leaves it and its state alone): DDP's ``find_unused_parameters`` rule.
 - **ASP**: each worker's gradient is applied on its own as soon as it arrives, scaled by 1/N (one round
-  of N gradients is one BSP step in expectation); the worker gets the values right after.
+  of N gradients is one BSP step in expectation; a parameter that worker had no gradient for is left
+  out of its update); the worker gets the values right after.
 - **SSP(s)**: ASP, except that the answer to worker w's step ``t`` waits until every worker's gradients
   of step ``t - s`` are applied (so w starts iteration ``t + 1`` at most ``s`` iterations ahead of the
   slowest). Every answer is recorded (``server_clocks`` table: iteration, the slowest worker's clock).
 
+Every update uses the parameter groups' settings (lr, momentum, weight decay, ...) that came with
+its step's header (BSP/OSP: the first worker's; ASP/SSP: that worker's), so an LR scheduler or a
+change by hand on the workers reaches the servers' optimizer for that step and no other.
+
 **Worker** (:class:`PSExecutor`; ``ExecutorOptions.group`` must be the workers' own process group).
-``after_backward`` pushes every bucket (asynchronously: ``isend``)
-and posts its pulls (``irecv``); the wrapped optimizer's ``step()`` waits for the stage-1 pulls and
-copies them into the parameters. Stage-2 (OSP) pulls of step ``t`` are waited for only in
+The wrapped optimizer's ``step()`` pushes every bucket (asynchronously: ``isend``) and posts its pulls
+(``irecv``), then waits for the stage-1 pulls and copies them into the parameters. Gradients changed
+between backward and the step are refused there (one ValueError line) unless ``synchronize()`` came
+first: under BSP/OSP it all-reduces the gradients and flags over the workers, so ``param.grad`` is the
+average (which a clip then changes, and which every worker pushes); under ASP/SSP it leaves each
+worker's own. Stage-2 (OSP) pulls of step ``t`` are waited for only in
 ``before_forward`` of step ``t + 2``, so their traffic overlaps iteration ``t + 1``, whose stage-2
 parameters are therefore one step stale. **LGP**: with ``lgp`` on, ``before_forward`` of step ``t + 1``
 first installs the freshest aggregated stage-2 values (those of step ``t - 1``, if any) and then
-corrects them with this worker's own stage-2 gradient of step ``t``: ``w <- w - lr * g_local`` (``lr``
-of the wrapped optimizer's first group), an estimate of the update still in flight; stage-1
+corrects them with the stage-2 gradient this worker pushed at step ``t``: ``w <- w - lr * g_local``
+(``lr``: each parameter's group's at step ``t``), an estimate of the update still in flight; stage-1
 parameters are never touched. ``flush()`` waits for everything, installs the last aggregated values
 (no correction); under ASP/SSP the workers then meet at a barrier and fetch the servers' values, so
 that every worker holds the servers' model; then the first worker's buffers (e.g. BatchNorm statistics,
-which a PS does not synchronise) are broadcast to the workers. ``remove()`` flushes and stops the
-worker's server threads.
+which a PS does not synchronise) are broadcast to the workers (a flush with no training forward
+and no step since the last one does nothing). ``remove()`` flushes and stops the worker's server
+threads.
+
+**Checkpoints.** The servers hold the optimizer's state and the parameters, so while a worker is
+attached its optimizer's ``state_dict()`` asks every server for its parameters' state (``STATE``)
+and returns the whole state (a collective of the workers: each calls it, after a flush), and its
+``load_state_dict()`` (every worker) has the first worker send the loaded dict to every server
+(``LOAD``); the model's ``load_state_dict()`` likewise sends every server its buckets' loaded values.
+A gathered dict with some of its entries removed is refused in one line
+(:func:`repro.runtime.ps_layout.check_whole`).
 
 **Co-located servers.** Built with ``ExecutorOptions.group`` None (the whole job trains, which is
 what :func:`repro.distribute` does), ``PSExecutor(...)`` is a
@@ -63,6 +86,8 @@ first worker on the live job and fits ``push`` = ``pull`` = half the round trip 
 
 from __future__ import annotations
 
+import io
+import pickle
 import threading
 import time
 from typing import Any
@@ -72,21 +97,51 @@ import torch.distributed as dist
 from torch import nn
 
 from repro.plan import Plan, PlanError
-from repro.runtime.executor import Executor, ExecutorOptions
-from repro.runtime.ps_layout import (HandOverOptimizer, PSTiming, _Bucket, _flatten_into, _unflatten_from,
-                                     ps_layout)
+from repro.runtime.executor import Executor, ExecutorOptions, scaled_step
+from repro.runtime.ps_layout import (GradChangeWatch, HandOverOptimizer, PSTiming, _Bucket, _flatten_into,
+                                     _unflatten_from, check_whole, fill_push, grad_changed_error, hyperparameters,
+                                     merge_shards, param_indices, ps_layout, push_numel, set_grads_from,
+                                     set_hyperparameters)
 
-__all__ = ["PSExecutor", "PSOptimizer", "PSPeerSilentError", "PSTiming", "serve", "calibrate", "ps_layout", "STEP", "FETCH",
-           "STOP"]
+__all__ = ["PSExecutor", "PSOptimizer", "PSPeerSilentError", "PSTiming", "serve", "calibrate", "ps_layout", "STEP",
+           "FETCH", "STOP", "STATE", "LOAD"]
 
-STEP, FETCH, STOP = 0, 1, 2
+STEP, FETCH, STOP, STATE, LOAD = 0, 1, 2, 3, 4
 _HEADER_TAG = 0
+_BLOB_TAG = 1 << 20          # a header's byte payload (settings, state); bucket tags are 1 + b below it
+_REPLY_TAG = (1 << 20) + 1   # a byte answer's length (then the bytes on _REPLY_TAG + 1)
 
 
-def _header(kind: int, step: int, device: torch.device | str = "cpu") -> torch.Tensor:
-    """A ``[kind, step]`` header, int64 on ``device`` (the data's device, so a backend that moves
-    device tensors only can carry it)."""
-    return torch.tensor([kind, step], dtype=torch.int64, device=device)
+def _header(kind: int, step: int, device: torch.device | str = "cpu", nbytes: int = 0) -> torch.Tensor:
+    """A ``[kind, step, nbytes]`` header, int64 on ``device`` (the data's device, so a backend that
+    moves device tensors only can carry it); ``nbytes`` > 0: a byte payload follows (tag
+    ``_BLOB_TAG``)."""
+    return torch.tensor([kind, step, nbytes], dtype=torch.int64, device=device)
+
+
+def _to_bytes(obj: Any, device: torch.device | str) -> torch.Tensor:
+    """``obj`` serialised (``torch.save``: tensors kept, moved to the CPU) as a uint8 tensor on ``device``."""
+    out = io.BytesIO()
+    torch.save(obj, out)
+    return torch.frombuffer(bytearray(out.getvalue()), dtype=torch.uint8).to(device)
+
+
+def _from_bytes(buf: torch.Tensor) -> Any:
+    return torch.load(io.BytesIO(buf.cpu().numpy().tobytes()), weights_only=False)
+
+
+def _send_blob(buf: torch.Tensor, dst: int) -> None:
+    """Send a byte tensor whose length the receiver does not know: its length, then the bytes."""
+    dist.isend(torch.tensor([buf.numel()], dtype=torch.int64, device=buf.device), dst=dst, tag=_REPLY_TAG).wait()
+    dist.isend(buf, dst=dst, tag=_REPLY_TAG + 1).wait()
+
+
+def _recv_blob(src: int, device: torch.device | str) -> torch.Tensor:
+    n = torch.zeros(1, dtype=torch.int64, device=device)
+    dist.irecv(n, src=src, tag=_REPLY_TAG).wait()
+    buf = torch.zeros(int(n.item()), dtype=torch.uint8, device=device)
+    dist.irecv(buf, src=src, tag=_REPLY_TAG + 1).wait()
+    return buf
 
 
 def _refuse_nccl(who: str) -> None:
@@ -122,11 +177,19 @@ def _wait(handle: Any, who: str, peer: str) -> None:
 # ---------------------------------------------------------------------------------------------
 
 class PSOptimizer(HandOverOptimizer):
-    """What the training loop steps on a PS worker: ``step()`` installs the stage-1 values pulled from
-    the servers (the servers applied the optimizer); ``zero_grad`` passes through."""
+    """What the training loop steps on a PS worker: ``step()`` pushes and installs the stage-1 values
+    pulled from the servers (the servers applied the optimizer); ``synchronize()`` is
+    :meth:`PSExecutor.synchronize`; ``zero_grad`` passes through. ``_step_supports_amp_scaling``
+    (so that :func:`repro.distribute` calls ``synchronize()`` here): a GradScaler's step is refused in
+    one line (dedicated servers take none)."""
+
+    _step_supports_amp_scaling = True
 
     def __init__(self, executor: "PSExecutor", optimizer: Any) -> None:
-        super().__init__(executor, optimizer, executor._install_stage_one)
+        super().__init__(executor, optimizer, lambda: executor._step(scaled_step(self)))
+
+    def synchronize(self) -> None:
+        self.executor.synchronize()
 
 
 class PSExecutor(Executor):
@@ -160,54 +223,157 @@ class PSExecutor(Executor):
         self.step_index = 0
         dev = self.buckets[0].params[0].device if self.buckets and self.buckets[0].params else torch.device("cpu")
         self.device = dev
-        self._push = [torch.zeros(b.numel, device=dev) for b in self.buckets]
+        self._push = [torch.zeros(push_numel(b), device=dev) for b in self.buckets]
         self._pull = [[torch.zeros(b.numel, device=dev) for b in self.buckets] for _ in range(2)]  # by step parity
         self._sends: list[Any] = []
         self._stage1: list[tuple[_Bucket, Any, torch.Tensor]] = []
         self._stage2: dict[int, list[tuple[_Bucket, Any, torch.Tensor]]] = {}   # step -> pending pulls
-        self._local2: list[tuple[_Bucket, torch.Tensor]] = []                  # LGP: last stage-2 gradients
+        self._local2: list[tuple[_Bucket, torch.Tensor, list[float]]] = []     # LGP: last stage-2 gradients, lrs
         self._stopped = False
+        self._push_due = False
+        self._synced = False
+        self._flushed = False                     # nothing happened since the last flush()
+        self._sent_settings = b""                 # the parameter groups' settings the servers have from us
+        self._opt_hooks: list[Any] = []
+        self._watch = GradChangeWatch([p for b in self.buckets for p in b.params])
+        self._load_hook = model.register_load_state_dict_post_hook(lambda *_: self._send_params())
+        self._loaded: dict | None = None          # the state dict the optimizer is loading
         self.bytes_pushed = 0
         self.bytes_pulled = 0
 
     # ---- the executor contract ----
     def wrap_optimizer(self, optimizer: Any) -> PSOptimizer:
+        """What the loop steps. ``optimizer``'s ``state_dict()`` fetches the servers' state from here on
+        and its ``load_state_dict()`` sends the state to them (module docstring: Checkpoints)."""
+        for h in self._opt_hooks:
+            h.remove()
         self._optimizer = optimizer
+        self._opt_hooks = [optimizer.register_state_dict_post_hook(self._fetch_state),
+                           optimizer.register_load_state_dict_pre_hook(self._check_loaded),
+                           optimizer.register_load_state_dict_post_hook(lambda _opt: self._send_state())]
         return PSOptimizer(self, optimizer)
 
     def before_forward(self) -> None:
+        self._flushed = False
         t = self.step_index
         pending = self._stage2.pop(t - 2, None)       # stage 2 of step t-2: the freshest aggregated values
         if pending:
             self._install(pending)
         if self.lgp and self._local2:
-            lr = float(self._optimizer.param_groups[0]["lr"])
             with torch.no_grad():
-                for bucket, grad in self._local2:
+                for bucket, grad, lrs in self._local2:
                     off = 0
-                    for p in bucket.params:
+                    for p, lr in zip(bucket.params, lrs):
                         n = p.numel()
                         p.add_(grad[off:off + n].view_as(p), alpha=-lr)
                         off += n
             self._local2 = []
 
+    def _lrs(self, b: _Bucket) -> list[float]:
+        """Each of ``b``'s parameters' learning rate now (its parameter group's)."""
+        group_of = {id(p): float(g["lr"]) for g in self._optimizer.param_groups for p in g["params"]}
+        first = float(self._optimizer.param_groups[0]["lr"])
+        return [group_of.get(id(p), first) for p in b.params]
+
     def after_backward(self) -> None:
+        self._push_due = True   # the pushes go at the step: after synchronize() and clipping
+
+    def synchronize(self) -> None:
+        """Under BSP and OSP: all-reduce every bucket's gradients and flags over the workers' group, so
+        that ``param.grad`` is the average on every worker (None where no worker had a gradient) and a
+        change of it (clipping) is what the step pushes (every worker then pushes the same average,
+        which the servers average again). Under ASP/SSP ``param.grad`` stays this worker's own. A
+        collective of the workers (each calls it between backward and step)."""
+        if not self._push_due or self._synced:
+            return
+        self._synced = True
+        self._watch.clear()
+        if self.mode in ("asp", "ssp"):
+            return
+        with torch.no_grad():
+            works = []
+            for w in self._sends:    # the push buffers are reused: last step's sends must be done
+                _wait(w, f"worker rank {self.rank}", "a server")
+            self._sends = []
+            for b in self.buckets:
+                buf = self._push[b.index]
+                fill_push(buf, b)
+                works.append((b, buf, dist.all_reduce(buf, group=self.group, async_op=True)))
+            for b, buf, work in works:
+                work.wait()
+                buf[:b.numel].div_(self.workers)
+                off = 0
+                for p, used in zip(b.params, (buf[b.numel:] > 0).tolist()):
+                    n = p.numel()
+                    if used:
+                        v = buf[off:off + n].view_as(p)
+                        if p.grad is None:
+                            p.grad = v.clone()
+                        else:
+                            p.grad.copy_(v)
+                    off += n
+
+    def _step(self, amp: Any) -> None:
+        """The optimizer's step: push (refused if a gradient changed since backward without
+        :meth:`synchronize`), then install the stage-1 pulls."""
+        if not self._push_due:
+            raise RuntimeError("step() without after_backward(): the parameter server has no gradient to apply")
+        synced, self._synced = self._synced, False
+        self._push_due = False      # a refused step is dropped: flush() and remove() still work
+        changed = 0 if synced else self._watch.changed()
+        self._watch.clear()
+        if amp is not None:
+            raise ValueError("parameter server: dedicated servers apply the pushed gradients without a GradScaler's "
+                             "verdict; use the co-located servers (dedicated_servers=0) with grad_scaler")
+        if changed:
+            raise grad_changed_error(changed)
+        self._flushed = False
+        self._push_all(synced)
+        self._install_stage_one()
+
+    def _check_loaded(self, optimizer: Any, state_dict: dict) -> dict:
+        self._loaded = check_whole(state_dict)
+        return self._loaded
+
+    def _settings(self) -> bytes:
+        """The parameter groups' settings, serialised, when they differ from what the servers have (else
+        empty): sent with the step's header."""
+        if self._optimizer is None:
+            return b""
+        now = pickle.dumps(hyperparameters(self._optimizer))
+        if now == self._sent_settings:
+            return b""
+        self._sent_settings = now
+        return now
+
+    def _push_all(self, synced: bool) -> None:
         t = self.step_index
         for w in self._sends:            # the push buffers are reused: last step's sends must be done
             _wait(w, f"worker rank {self.rank}", "a server")
         self._sends = []
+        settings = self._settings()
+        blob = (torch.frombuffer(bytearray(settings), dtype=torch.uint8).to(self.device) if settings else None)
         for s in range(self.servers):
-            self._sends.append(dist.isend(_header(STEP, t, self.device), dst=s, tag=_HEADER_TAG))
+            self._sends.append(dist.isend(_header(STEP, t, self.device, len(settings)), dst=s, tag=_HEADER_TAG))
+            if blob is not None:
+                self._sends.append(dist.isend(blob, dst=s, tag=_BLOB_TAG))
         parity = t % 2
         self._stage1 = []
         local2 = []
         timings = []
+        averaged = synced and self.mode not in ("asp", "ssp")
         for b in self.buckets:
             buf = self._push[b.index]
             if self.options.record_timeline:
                 timings.append(PSTiming(b.index, b.stage, b.server, buf.numel() * buf.element_size(),
                                         time.perf_counter()))
-            _flatten_into(buf, [p.grad if p.grad is not None else torch.zeros_like(p) for p in b.params])
+            if averaged:   # every worker pushes the same average; the flags: 1 where any worker had a gradient
+                flags = buf[b.numel:]
+                flags.copy_((flags > 0).to(flags.dtype))
+                _flatten_into(buf[:b.numel], [p.grad if p.grad is not None else torch.zeros_like(p)
+                                              for p in b.params])
+            else:
+                fill_push(buf, b)
             self._sends.append(dist.isend(buf, dst=b.server, tag=1 + b.index))
             recv = self._pull[parity][b.index]
             handle = dist.irecv(recv, src=b.server, tag=1 + b.index)
@@ -217,8 +383,8 @@ class PSExecutor(Executor):
                 self._stage1.append((b, handle, recv))
             else:
                 self._stage2.setdefault(t, []).append((b, handle, recv))
-                if self.lgp:
-                    local2.append((b, buf))   # read (not written) while it is sent
+                if self.lgp:   # read (not written) while it is sent
+                    local2.append((b, buf[:b.numel], self._lrs(b)))
         self._local2 = local2
         if self.options.record_timeline:
             self.timings = timings
@@ -237,8 +403,11 @@ class PSExecutor(Executor):
         self.step_index += 1
 
     def flush(self) -> None:
-        """Wait for every pull, install the last aggregated values; ASP/SSP: barrier, then fetch."""
-        if self._stopped:
+        """Wait for every pull, install the last aggregated values; ASP/SSP: barrier, then fetch; then
+        the first worker's buffers. A collective of the workers, except when nothing (no training
+        forward, no step) happened since the last flush: then it does nothing, so that after
+        ``optimizer.state_dict()`` on every worker the first one alone may call ``model.state_dict()``."""
+        if self._stopped or self._flushed:
             return
         self._install(self._stage1)
         self._stage1 = []
@@ -252,6 +421,7 @@ class PSExecutor(Executor):
             dist.barrier(group=self.group)
             self._fetch()
         self._broadcast_buffers()
+        self._flushed = True
 
     def _fetch(self) -> None:
         sends = [dist.isend(_header(FETCH, self.step_index, self.device), dst=s, tag=_HEADER_TAG)
@@ -268,6 +438,57 @@ class PSExecutor(Executor):
         for buf in buffers:
             dist.broadcast(buf, src=first, group=self.group)
 
+    # ---- checkpoints: the servers hold the optimizer's state and the parameters ----
+    def _ask(self, server: int, kind: int, payload: Any = None) -> Any:
+        """One request to ``server`` (``STATE``, or ``LOAD`` with ``payload``) and its answer."""
+        blob = None if payload is None else _to_bytes(payload, self.device)
+        _wait(dist.isend(_header(kind, self.step_index, self.device, 0 if blob is None else blob.numel()),
+                         dst=server, tag=_HEADER_TAG), f"worker rank {self.rank}", f"server rank {server}")
+        if blob is not None:
+            _wait(dist.isend(blob, dst=server, tag=_BLOB_TAG), f"worker rank {self.rank}", f"server rank {server}")
+        return _from_bytes(_recv_blob(server, self.device))
+
+    def _quiet(self) -> None:
+        """Nothing of this worker in flight (its pulls installed, its sends done)."""
+        if self._push_due or self._stage1:
+            raise RuntimeError("the optimizer's state between backward and step(): call step() first")
+        for w in self._sends:
+            _wait(w, f"worker rank {self.rank}", "a server")
+        self._sends = []
+
+    def _fetch_state(self, optimizer: Any, state_dict: dict) -> dict:
+        """The whole optimizer state: each server's shard (a ``STATE`` request to every server), merged;
+        then a barrier of the workers, so that no worker's next push reaches a server before every
+        worker has its copy. Every worker calls it, after a flush (``repro.distribute``'s
+        ``optimizer.state_dict()`` flushes first)."""
+        self._quiet()
+        index = param_indices(optimizer)
+        owned = {index[id(p)]: b.server for b in self.buckets for p in b.params if id(p) in index}
+        shards = {s: self._ask(s, STATE) for s in range(self.servers)}
+        dist.barrier(group=self.group)
+        return merge_shards(state_dict, shards, owned)
+
+    def _send_state(self) -> None:
+        """After the optimizer loaded a state dict (every worker): the first worker sends it to every
+        server, which loads it; then a barrier of the workers."""
+        self._quiet()
+        if self.rank == self.servers:
+            for s in range(self.servers):
+                self._ask(s, LOAD, {"optimizer": self._loaded})
+        self._loaded = None
+        self._sent_settings = b""   # the loaded dict set the groups' settings: send them again with the next step
+        dist.barrier(group=self.group)
+
+    def _send_params(self) -> None:
+        """After the model loaded a state dict (every worker): the first worker sends every server its
+        buckets' values, which it installs; then a barrier of the workers."""
+        self._quiet()
+        if self.rank == self.servers:
+            for s in range(self.servers):
+                self._ask(s, LOAD, {"params": {b.index: torch.cat([p.detach().reshape(-1) for p in b.params])
+                                               for b in self.buckets if b.server == s}})
+        dist.barrier(group=self.group)
+
     def remove(self) -> None:
         if self._stopped:
             return
@@ -277,6 +498,11 @@ class PSExecutor(Executor):
         for w in sends:
             _wait(w, f"worker rank {self.rank}", "a server")
         self._stopped = True
+        self._watch.remove()
+        self._load_hook.remove()
+        for h in self._opt_hooks:
+            h.remove()
+        self._opt_hooks = []
 
 
 # ---------------------------------------------------------------------------------------------
@@ -288,12 +514,14 @@ class _PeerFailed(RuntimeError):
 
 
 class _Aggregate:
-    """The N gradients of one (bucket, step), summed in worker order once all have arrived."""
+    """The N gradients of one (bucket, step), summed in worker order once all have arrived; the
+    parameter groups' settings of that step (the first worker's)."""
 
     def __init__(self, workers: int) -> None:
         self.slots: list[torch.Tensor | None] = [None] * workers
         self.count = 0
         self.result: torch.Tensor | None = None
+        self.settings: list[dict] | None = None
 
 
 class _Server:
@@ -319,21 +547,29 @@ class _Server:
         def zeros(b: _Bucket) -> torch.Tensor:
             return torch.zeros(b.numel, device=b.params[0].device)
 
-        self._sum = {b.index: zeros(b) for b in self.buckets}
+        self._sum = {b.index: torch.zeros(push_numel(b), device=b.params[0].device) for b in self.buckets}
+        self.settings: list[list[dict] | None] = [None] * workers   # each worker's latest parameter-group settings
         self._result = {b.index: [zeros(b), zeros(b)] for b in self.buckets}
         self._own = [{b.index: zeros(b) for b in self.buckets} for _ in range(workers)]
 
     # ---- optimizer on one bucket ----
-    def _apply(self, bucket: _Bucket, grad: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor | None:
-        """Set the bucket's gradients to views of ``grad`` (which the optimizer may change: it is not
-        used afterwards), step, clear; with ``out``, copy the bucket's new values into it."""
+    def _apply(self, bucket: _Bucket, grad: torch.Tensor, out: torch.Tensor | None = None,
+               settings: list[dict] | None = None) -> torch.Tensor | None:
+        """Set the bucket's gradients to views of ``grad`` (a push: gradients then flags; which the
+        optimizer may change: it is not used afterwards; None where the flag is 0), step with the
+        parameter groups' ``settings`` of the gradients' step (the server's own when None; put back
+        afterwards), clear; with ``out``, copy the bucket's new values into it."""
         with self.update_lock:
-            off = 0
-            for p in bucket.params:
-                n = p.numel()
-                p.grad = grad[off:off + n].view_as(p)
-                off += n
-            self.optimizer.step()
+            set_grads_from(grad, bucket)
+            now = None
+            if settings is not None:
+                now = hyperparameters(self.optimizer)
+                set_hyperparameters(self.optimizer, settings)
+            try:
+                self.optimizer.step()
+            finally:
+                if now is not None:
+                    set_hyperparameters(self.optimizer, now)
             for p in bucket.params:
                 p.grad = None
             if out is not None:
@@ -347,12 +583,15 @@ class _Server:
                 _flatten_into(out, bucket.params)
         return out
 
-    def _sync_contribute(self, bucket: _Bucket, step: int, worker: int, grad: torch.Tensor) -> None:
+    def _sync_contribute(self, bucket: _Bucket, step: int, worker: int, grad: torch.Tensor,
+                         settings: list[dict] | None = None) -> None:
         key = (bucket.index, step)
         last = False
         with self.cond:
             agg = self.aggregates.setdefault(key, _Aggregate(self.workers))
             agg.slots[worker] = grad
+            if worker == 0:
+                agg.settings = settings
             agg.count += 1
             last = agg.count == self.workers
         if last:
@@ -360,8 +599,8 @@ class _Server:
             total.copy_(agg.slots[0])
             for g in agg.slots[1:]:
                 total.add_(g)
-            total.div_(self.workers)
-            result = self._apply(bucket, total, self._result[bucket.index][step % 2])
+            total[:bucket.numel].div_(self.workers)   # the flags stay counts
+            result = self._apply(bucket, total, self._result[bucket.index][step % 2], agg.settings)
             with self.cond:
                 agg.result = result
                 agg.slots = []
@@ -399,16 +638,47 @@ class _Server:
                 self.errors.append(err)
                 self.cond.notify_all()
 
+    def _state_shard(self) -> dict[int, dict]:
+        """This server's parameters' optimizer state, by their index in the optimizer's state dict."""
+        with self.update_lock:
+            index = param_indices(self.optimizer)
+            mine = {index[id(p)] for b in self.buckets for p in b.params if id(p) in index}
+            return {i: s for i, s in self.optimizer.state_dict()["state"].items() if i in mine}
+
+    def _load(self, payload: dict) -> None:
+        """A worker's ``LOAD``: the whole optimizer state (each server keeps using its parameters'
+        part), or this server's buckets' values."""
+        with self.update_lock:
+            if payload.get("optimizer") is not None:
+                self.optimizer.load_state_dict(payload["optimizer"])
+            for b in self.buckets:
+                if b.index in payload.get("params", {}):
+                    _unflatten_from(payload["params"][b.index].to(self.device), b.params)
+
     def _loop(self, worker: int) -> None:
         src = self.servers + worker
-        header = torch.zeros(2, dtype=torch.int64, device=self.device)
-        recv = {b.index: torch.zeros(b.numel, device=b.params[0].device) for b in self.buckets}
+        header = torch.zeros(3, dtype=torch.int64, device=self.device)
+        recv = {b.index: torch.zeros(push_numel(b), device=b.params[0].device) for b in self.buckets}
         own = self._own[worker]
         while True:
             dist.irecv(header, src=src, tag=_HEADER_TAG).wait()
-            kind, step = int(header[0]), int(header[1])
+            kind, step, nbytes = (int(v) for v in header.tolist())
+            blob = None
+            if nbytes:
+                blob = torch.zeros(nbytes, dtype=torch.uint8, device=self.device)
+                dist.irecv(blob, src=src, tag=_BLOB_TAG).wait()
             if kind == STOP:
                 return
+            if kind == STATE:
+                _send_blob(_to_bytes(self._state_shard(), self.device), src)
+                continue
+            if kind == LOAD:
+                self._load(_from_bytes(blob))
+                _send_blob(_to_bytes(None, self.device), src)
+                continue
+            if kind == STEP and blob is not None:
+                self.settings[worker] = pickle.loads(blob.cpu().numpy().tobytes())
+            settings = self.settings[worker]
             if kind == FETCH:
                 sends = [dist.isend(self._snapshot(b, own[b.index]), dst=src, tag=1 + b.index) for b in self.buckets]
                 for w in sends:
@@ -425,19 +695,21 @@ class _Server:
                     mine = [(b, h) for b, h in handles if b.stage == stage]
                     for b, h in mine:
                         h.wait()
-                        self._sync_contribute(b, step, worker, recv[b.index])  # re-posted only next step
+                        self._sync_contribute(b, step, worker, recv[b.index], settings)  # re-posted next step
                     for b, _ in mine:
                         out = self._sync_result(b, step)
                         replies.append(dist.isend(out, dst=src, tag=1 + b.index))
             elif self.mode == "asp":
                 for b, h in handles:
                     h.wait()
-                    out = self._apply(b, recv[b.index].div_(self.workers), own[b.index])
+                    recv[b.index][:b.numel].div_(self.workers)
+                    out = self._apply(b, recv[b.index], own[b.index], settings)
                     replies.append(dist.isend(out, dst=src, tag=1 + b.index))
             else:  # ssp
                 for b, h in handles:
                     h.wait()
-                    self._apply(b, recv[b.index].div_(self.workers))
+                    recv[b.index][:b.numel].div_(self.workers)
+                    self._apply(b, recv[b.index], settings=settings)
                 with self.cond:
                     self.clock[worker] = step + 1
                     self.cond.notify_all()

@@ -7,7 +7,8 @@ trains; this is what :func:`repro.distribute` builds), so a 2-rank job runs ever
 ``s`` (``servers`` <= world size; :func:`colocated_options` makes it the world size by default, one
 shard per rank). The owner of a bucket holds its optimizer state (the user's optimizer, stepped on
 the owner only for the owner's parameters, as a sharded optimizer: the state of the other shards
-stays empty there).
+stays empty, or as the warm-up left it, there; ``optimizer.state_dict()`` gathers the whole state,
+below).
 
 **Correct on NCCL by construction.** Nothing but collectives on one process group, issued from the
 training thread only, in an order fixed by the plan and the step (never by timing or arrival), so
@@ -20,27 +21,34 @@ every rank issues the same sequence: per step ``t``
    owner (sum) under BSP/OSP, ``gather`` to the owner (one gradient per rank) under ASP/SSP; the
    fresh buckets' pushes are waited for, the owner updates, then one ``broadcast`` per fresh bucket
    from its owner (plan order); waited for and installed. (The pushes wait for the step, which
-   follows ``after_backward`` at once in the loop, so that clipping after ``optimizer.synchronize()``
-   and a GradScaler's verdict come before them.)
+   follows ``after_backward`` at once in the loop, so that a GradScaler's verdict comes before them.)
+   After ``optimizer.synchronize()`` under BSP/OSP nothing is pushed at the step: that call already
+   all-reduced every bucket (plan order) and each owner applies its buckets' ``param.grad``.
 3. ``before_forward`` of step ``t``: the pulls due now are waited for and installed (local: no
    collective is issued there except DDP's buffer broadcast from rank 0, as the all-reduce executor
    does), then OSP's LGP correction.
 
 Every tensor handed to ``torch.distributed`` is a flat buffer of the bucket's parameters' dtype on
-their device; there is no header (the protocol is the plan) and no CPU tensor.
+their device; there is no header (the protocol is the plan) and no CPU tensor. A push is the bucket's
+flat gradient followed by one "had a gradient" flag per parameter (1 or 0; a reduce sums them into
+the number of ranks that had one), as DeAR's buffers carry them.
 
 **The math** (the same as the dedicated servers of :mod:`repro.runtime.ps` and their written
 references in ``tests/test_runtime_ps.py``). ``W_t``: the servers' parameters after ``t`` updates;
 N ranks. A bucket with lag ``L`` is computed on at iteration ``c`` with ``W_{max(c - L, 0)}``:
 
 - **BSP**: ``L = 0``; ``W_{t+1} = opt(W_t, (g_0 + ... + g_{N-1}) / N)`` (the owner's reduce sums; it
-  divides by N);
+  divides by N), where a rank without a gradient for a parameter counts zeros and a parameter no
+  rank had a gradient for gets none (the optimizer leaves it and its state alone): DDP with
+  ``find_unused_parameters=True``;
 - **OSP**: stage-1 buckets ``L = 0``, stage-2 buckets ``L = 1`` (their values of step t are
   installed before the forward of step t + 2; the push and pull overlap the next iteration); with
-  LGP, the stage-2 parameters of iteration ``c >= 1`` are corrected by this rank's own last
-  gradient, ``w - lr * g_local(c - 1)`` (``lr`` of the first parameter group);
+  LGP, the stage-2 parameters of iteration ``c >= 1`` are corrected by the gradient this rank
+  pushed last, ``w - lr * g_local(c - 1)`` (``lr``: each parameter's group's at that step; the
+  gradient is this rank's own, or the average after ``optimizer.synchronize()``);
 - **ASP**: each rank's gradient is applied on its own, scaled by 1/N, one optimizer step per rank
-  in rank order; the pulls are fresh (``L = 0``). With collectives every rank joins every exchange,
+  in rank order (a parameter that rank had no gradient for is left out of its step); the pulls are
+  fresh (``L = 0``). With collectives every rank joins every exchange,
   so this is the ASP execution in which all N pushes of a round arrive (rank 0 first) before any
   pull is answered, which equals the dedicated servers' SSP(0);
 - **SSP(s)**: ASP's update, pulls lagged by ``L = s``: iteration ``c`` computes with ``W_{c-s}``,
@@ -51,7 +59,11 @@ N ranks. A bucket with lag ``L`` is computed on at iteration ``c`` with ``W_{max
 An owner updates a lagged bucket on a **master copy** (its training copy holds the stale or
 LGP-corrected values): the master is swapped into the parameters for the optimizer's step and the
 training values are restored. Only the updated parameters carry a ``.grad`` during an owner's step
-(the others' gradients are put back afterwards, so ``param.grad`` stays this rank's own gradient).
+(the others' gradients are put back afterwards, so ``param.grad`` stays what the loop left there).
+**Hyperparameters**: every update uses the parameter groups' settings (lr, momentum, weight decay,
+betas, ...) of the step its gradients belong to: a fresh bucket's are the current ones, and a lagged
+bucket's are copied at its push and put in place for its update only (an LR scheduler stepped after
+``optimizer.step()`` does not reach a lagged update of the step before).
 
 ``flush()`` finishes the lagged buckets of the last step and installs every pull: afterwards every
 rank holds ``W_t``, the servers' model (a collective when lagged work is pending, OSP and SSP(s > 0):
@@ -66,15 +78,26 @@ skips the step (no push, no update, the step counter stays, so the run equals on
 and the scaler's ``update()`` backs off everywhere (:class:`~repro.runtime.executor.FoundInfReport`),
 or every rank pushes its gradient times ``1/scale`` and the step goes on as above. ``scaler.unscale_``
 (with or without ``optimizer.synchronize()``) before ``scaler.step`` unscales ``param.grad`` in place:
-then the pushes send it as it is, so clipping there clips each rank's own gradient before the push.
+then the pushes send it as it is (unscaling is linear, and the verdict is every rank's).
 
-Limits: clipping after ``optimizer.synchronize()`` clips each rank's own gradient before its push
-(``param.grad`` stays this rank's own; the owners apply the average of what was pushed, so under BSP
-this is not DDP's clipping of the average); the optimizer state is sharded (each rank's
-``optimizer.state_dict()`` holds its own shard's state: save one per rank to resume); a parameter
-no rank has a gradient for is pushed as zeros (momentum and weight decay still move it, as on the
-dedicated servers). Dedicated server ranks are :mod:`repro.runtime.ps` (``repro train`` /
-``repro launch``); :func:`repro.distribute` does not start them.
+**Changing gradients before the step** (clipping): ``optimizer.synchronize()`` first (a collective),
+then change ``param.grad``; the step applies it as it then is. Under BSP/OSP that is DDP's rule:
+``param.grad`` holds the average over the ranks (all-reduced with the flags), so a clip clips the
+average by its global norm; under ASP/SSP it stays this rank's own gradient (each rank's update is
+its own). A gradient changed between backward and the step without ``synchronize()`` (another
+tensor, or its version counter moved since the post-accumulate-grad hook saw it) is refused at the
+step with one ValueError line, before anything is pushed (the step is dropped).
+
+**Checkpoints.** ``optimizer.state_dict()`` returns the whole state on every rank: each parameter's
+from its owner's shard (one ``all_gather_object``; a collective: every rank calls it, rank 0 saves,
+as FSDP's full state dict), marked with the indices that had state
+(:data:`repro.runtime.ps_layout.GATHERED_KEY`). Every rank loads the whole dict (each owner then uses
+its own parameters' part); a gathered dict with some of those entries removed is refused in one line.
+The optimizer passed in (``optimizer.optimizer`` under :func:`repro.distribute`) does the same while
+this executor is attached (hooks on it, removed by :meth:`ColocatedPSExecutor.remove`).
+
+Dedicated server ranks are :mod:`repro.runtime.ps` (``repro train`` / ``repro launch``, or
+:func:`repro.distribute` with ``dedicated_servers``).
 """
 
 from __future__ import annotations
@@ -89,8 +112,10 @@ from torch import nn
 from repro.plan import Plan, PlanError
 from repro.runtime.buffers import broadcast_buffers
 from repro.runtime.executor import Executor, ExecutorOptions, FoundInfReport, ScaledStep, scaled_step
-from repro.runtime.ps_layout import (HandOverOptimizer, PSTiming, _Bucket, _flatten_into, _unflatten_from,
-                                     ps_layout)
+from repro.runtime.ps_layout import (GradChangeWatch, HandOverOptimizer, PSTiming, _Bucket, _flatten_into,
+                                     _unflatten_from, check_whole, fill_push, grad_changed_error, hyperparameters,
+                                     merge_shards, param_indices, ps_layout, push_numel, set_grads_from,
+                                     set_hyperparameters)
 
 __all__ = ["ColocatedPSExecutor", "ColocatedPSOptimizer", "ScaledColocatedPSOptimizer", "colocated_options",
            "bucket_lag"]
@@ -138,20 +163,11 @@ def _views(flat: torch.Tensor, params: Sequence[torch.Tensor]) -> list[torch.Ten
 
 
 class ColocatedPSOptimizer(HandOverOptimizer):
-    """What the loop steps: ``step()`` finishes the fresh buckets' exchange (owners update, everyone
-    installs); ``zero_grad`` passes through."""
-
-    def __init__(self, executor: "ColocatedPSExecutor", optimizer: Any) -> None:
-        super().__init__(executor, optimizer, lambda: executor.scaled_step(None))
-
-    def synchronize(self) -> None:
-        """Nothing to finish: the pushes go at the step (``param.grad`` stays this rank's gradient)."""
-
-
-class ScaledColocatedPSOptimizer(HandOverOptimizer):
-    """What the loop steps under a GradScaler (``_step_supports_amp_scaling``: ``scaler.step`` always
-    calls ``step()``, with its scale and inf check attached, so every rank joins the verdict):
-    ``step()`` is :meth:`ColocatedPSExecutor.scaled_step` (module docstring)."""
+    """What the loop steps: ``step()`` is :meth:`ColocatedPSExecutor.scaled_step` (push, owners
+    update, everyone installs); ``synchronize()`` is :meth:`ColocatedPSExecutor.synchronize`.
+    ``_step_supports_amp_scaling``: ``scaler.step`` always calls ``step()``, with its scale and inf
+    check attached, so every rank joins the verdict (module docstring); a GradScaler that was not given
+    to the executor is refused there."""
 
     _step_supports_amp_scaling = True
 
@@ -159,11 +175,15 @@ class ScaledColocatedPSOptimizer(HandOverOptimizer):
         super().__init__(executor, optimizer, lambda: executor.scaled_step(scaled_step(self)))
 
     def synchronize(self) -> None:
-        """Nothing to finish: the pushes go at the step (``param.grad`` stays this rank's gradient)."""
+        self.executor.synchronize()
 
     @property
     def state(self):
         return self.optimizer.state
+
+
+#: the wrapper under a GradScaler (one class serves both)
+ScaledColocatedPSOptimizer = ColocatedPSOptimizer
 
 
 class ColocatedPSExecutor(Executor):
@@ -194,23 +214,27 @@ class ColocatedPSExecutor(Executor):
         self._mine = [b for b in self.buckets if b.server == self.rank]
         self._fresh = [b for b in self.buckets if self.lag[b.index] == 0]
         self._lagged = [b for b in self.buckets if self.lag[b.index] > 0]
-        self._push = {b.index: self._zeros(b) for b in self.buckets}
-        self._gathered = {b.index: [self._zeros(b) for _ in range(self.world)]
+        self._push = {b.index: self._zeros(b, push_numel(b)) for b in self.buckets}
+        self._gathered = {b.index: [self._zeros(b, push_numel(b)) for _ in range(self.world)]
                           for b in self._mine if self.per_rank}
         self._free: dict[int, list[torch.Tensor]] = {b.index: [] for b in self.buckets}   # spare pull buffers
-        self._inflight: dict[int, tuple[int, Any]] = {}       # bucket -> (step, push work)
+        # bucket -> (step, push work or None when synchronize() averaged it already, the groups' settings then)
+        self._inflight: dict[int, tuple[int, Any, list[dict]]] = {}
         self._pulls: dict[int, list[tuple[_Bucket, Any, torch.Tensor]]] = {}  # iteration -> pulls to install
-        self._local2: list[tuple[_Bucket, torch.Tensor]] = []  # LGP: this rank's last stage-2 gradients
+        self._local2: list[tuple[_Bucket, torch.Tensor, list[float]]] = []  # LGP: last stage-2 gradients, lrs
         self._local_buf = {b.index: self._zeros(b) for b in self._lagged} if self.lgp else {}
         self._scratch = {b.index: self._zeros(b) for b in self._mine if self.lag[b.index]}
         self._optimizer: Any = None
+        self._opt_hooks: list[Any] = []
         self._scaler: Any = None                 # a GradScaler: pushes wait for the step's verdict
         self._report: FoundInfReport | None = None
         self._push_due = False
+        self._synced = False                     # synchronize() averaged this step's gradients into param.grad
         self.step_index = 0
         self.bytes_pushed = 0
         self.bytes_pulled = 0
         self._buffer_src = self._global(0)
+        self._watch = GradChangeWatch([p for b in self.buckets for p in b.params])
         # every rank starts from the owners' values (as DDP broadcasts rank 0's); owners keep masters
         with torch.no_grad():
             for b in self.buckets:
@@ -231,9 +255,9 @@ class ColocatedPSExecutor(Executor):
         return rank if self.group is None else dist.get_global_rank(self.group, rank)
 
     @staticmethod
-    def _zeros(b: _Bucket) -> torch.Tensor:
+    def _zeros(b: _Bucket, numel: int | None = None) -> torch.Tensor:
         p = b.params[0]
-        return torch.zeros(b.numel, dtype=p.dtype, device=p.device)
+        return torch.zeros(b.numel if numel is None else numel, dtype=p.dtype, device=p.device)
 
     def _take(self, b: _Bucket) -> torch.Tensor:
         free = self._free[b.index]
@@ -245,13 +269,59 @@ class ColocatedPSExecutor(Executor):
     # ---- the executor contract ----
     def wrap_optimizer(self, optimizer: Any, grad_scaler: Any = None) -> HandOverOptimizer:
         """What the loop steps; with an enabled ``grad_scaler`` the pushes wait for its verdict (module
-        docstring)."""
+        docstring). ``optimizer``'s ``state_dict()`` gathers the shards from here on, and its
+        ``load_state_dict()`` refuses a gathered dict with a shard's part removed (module docstring)."""
+        for h in self._opt_hooks:
+            h.remove()
         self._optimizer = optimizer
-        if grad_scaler is None or not grad_scaler.is_enabled():
-            return ColocatedPSOptimizer(self, optimizer)
-        self._scaler = grad_scaler
-        self._report = FoundInfReport(grad_scaler, self.buckets[0].params[0].device)
-        return ScaledColocatedPSOptimizer(self, optimizer)
+        self._opt_hooks = [optimizer.register_state_dict_post_hook(self._gather_state),
+                           optimizer.register_load_state_dict_pre_hook(lambda _opt, sd: check_whole(sd))]
+        if grad_scaler is not None and grad_scaler.is_enabled():
+            self._scaler = grad_scaler
+            self._report = FoundInfReport(grad_scaler, self.buckets[0].params[0].device)
+        return ColocatedPSOptimizer(self, optimizer)
+
+    def _gather_state(self, optimizer: Any, state_dict: dict) -> dict:
+        """The whole optimizer state on every rank: each parameter's from its owner's shard (one
+        ``all_gather_object`` of every rank's own shard; a collective)."""
+        index = param_indices(optimizer)
+        owned = {index[id(p)]: b.server for b in self.buckets for p in b.params if id(p) in index}
+        mine = {i: s for i, s in state_dict["state"].items() if owned.get(i) == self.rank}
+        shards: list[Any] = [None] * self.world
+        dist.all_gather_object(shards, mine, group=self.group)
+        return merge_shards(state_dict, dict(enumerate(shards)), owned)
+
+    def synchronize(self) -> None:
+        """Finish this step's exchange early, DDP's way: under BSP and OSP every bucket's gradients and
+        flags are all-reduced, and ``param.grad`` becomes the average over the ranks on every rank
+        (None where no rank had a gradient), which the step then applies as it is (after the user's
+        clipping or ``scaler.unscale_``; nothing else is pushed). Under ASP and SSP each rank's own
+        gradient is its own update, so ``param.grad`` stays this rank's gradient (a clip clips what
+        this rank pushes). A collective (every rank calls it, between backward and step)."""
+        if not self._push_due or self._synced:
+            return
+        self._synced = True
+        self._watch.clear()
+        if self.per_rank:
+            return
+        with torch.no_grad():
+            works = []
+            for b in self.buckets:
+                buf = self._push[b.index]
+                fill_push(buf, b)
+                works.append((b, buf, dist.all_reduce(buf, group=self.group, async_op=True)))
+            for b, buf, work in works:
+                work.wait()
+                buf[:b.numel].div_(self.world)
+                used = (buf[b.numel:] > 0).tolist()
+                for p, v, u in zip(b.params, _views(buf[:b.numel], b.params), used):
+                    if not u:        # no rank had a gradient: this one neither, param.grad stays None
+                        continue
+                    if p.grad is None:
+                        p.grad = v.clone()
+                    else:
+                        p.grad.copy_(v)
+                self.bytes_pushed += buf.numel() * buf.element_size()
 
     def scaled_step(self, amp: ScaledStep | None) -> None:
         """The optimizer's step: push this rank's ``param.grad`` and finish the fresh buckets. Under a
@@ -259,7 +329,16 @@ class ColocatedPSExecutor(Executor):
         all-reduce): push unscaled, or skip everywhere (module docstring)."""
         if not self._push_due:
             raise RuntimeError("step() without after_backward(): the parameter server has no gradient to apply")
-        self._push_due = False
+        synced, self._synced = self._synced, False
+        self._push_due = False      # a refused step is dropped: flush() and remove() still work
+        changed = 0 if synced else self._watch.changed()
+        self._watch.clear()
+        if amp is not None and self._scaler is None:
+            raise ValueError("parameter server: a GradScaler stepped this optimizer but was not given to it: pass it "
+                             "to repro.distribute(..., grad_scaler=scaler) so that every rank skips (and backs the "
+                             "scale off) together")
+        if changed:
+            raise grad_changed_error(changed)
         if amp is not None:
             p = self.buckets[0].params[0]
             seen = torch.full((), float(amp.found_inf), dtype=torch.float32, device=p.device)
@@ -269,7 +348,7 @@ class ColocatedPSExecutor(Executor):
             if found:  # nothing pushed, nothing updated; the step counter stays (as if the batch were not run)
                 self._local2 = []
                 return
-        self._push_all(None if amp is None else amp.inv_scale)
+        self._push_all(None if amp is None else amp.inv_scale, synced)
         self._finish_fresh()
 
     def before_forward(self) -> None:
@@ -285,10 +364,9 @@ class ColocatedPSExecutor(Executor):
             _unflatten_from(buf, b.params)
             self._free[b.index].append(buf)
         if self.lgp and self._local2:
-            lr = float(self._optimizer.param_groups[0]["lr"])
             with torch.no_grad():
-                for b, grad in self._local2:
-                    for p, g in zip(b.params, _views(grad, b.params)):
+                for b, grad, lrs in self._local2:
+                    for p, g, lr in zip(b.params, _views(grad, b.params), lrs):
                         p.add_(g, alpha=-lr)
             self._local2 = []
 
@@ -296,40 +374,60 @@ class ColocatedPSExecutor(Executor):
         self._finish_lagged()
         self._push_due = True  # the pushes go at the step: after clipping, and after a GradScaler's verdict
 
-    def _push_all(self, inv_scale: torch.Tensor | None = None) -> None:
-        """One push per bucket in plan order (asynchronous); ``inv_scale``: unscale first."""
+    def _lrs(self, b: _Bucket) -> list[float]:
+        """Each of ``b``'s parameters' learning rate now (its parameter group's)."""
+        group_of = {id(p): float(g["lr"]) for g in self._optimizer.param_groups for p in g["params"]}
+        first = float(self._optimizer.param_groups[0]["lr"])
+        return [group_of.get(id(p), first) for p in b.params]
+
+    def _push_all(self, inv_scale: torch.Tensor | None = None, synced: bool = False) -> None:
+        """One push per bucket in plan order (asynchronous); ``inv_scale``: unscale first. ``synced``:
+        :meth:`synchronize` averaged the gradients into ``param.grad`` (BSP/OSP): nothing is sent, each
+        owner takes its buckets' ``param.grad`` as the average."""
         t = self.step_index
         timings = []
         local2 = []
+        hyper = hyperparameters(self._optimizer) if self._lagged else []
+        averaged = synced and not self.per_rank
         with torch.no_grad():
             for b in self.buckets:  # plan order, the same on every rank
                 buf = self._push[b.index]
-                _flatten_into(buf, [p.grad if p.grad is not None else torch.zeros_like(p) for p in b.params])
+                if averaged:   # the flags are synchronize()'s counts, left in place
+                    _flatten_into(buf[:b.numel], [p.grad if p.grad is not None else torch.zeros_like(p)
+                                                  for p in b.params])
+                else:
+                    fill_push(buf, b)
                 if inv_scale is not None:
-                    buf.mul_(inv_scale.to(buf.device, buf.dtype))
+                    buf[:b.numel].mul_(inv_scale.to(buf.device, buf.dtype))
                 if self.lgp and b.stage == 2:   # a reduce may overwrite a non-owner's input (gloo): keep a copy
                     local = self._local_buf[b.index]
-                    local.copy_(buf)
-                    local2.append((b, local))
+                    local.copy_(buf[:b.numel])
+                    local2.append((b, local, self._lrs(b)))
                 if self.options.record_timeline:
                     timings.append(PSTiming(b.index, b.stage, b.server, buf.numel() * buf.element_size(),
                                             time.perf_counter()))
                 owner = self._owner[b.index]
-                if self.per_rank:
+                if averaged:
+                    work = None
+                elif self.per_rank:
                     gather = self._gathered[b.index] if self._owns(b) else None
                     work = dist.gather(buf, gather_list=gather, dst=owner, group=self.group, async_op=True)
                 else:
                     work = dist.reduce(buf, dst=owner, op=dist.ReduceOp.SUM, group=self.group, async_op=True)
-                self._inflight[b.index] = (t, work)
-                self.bytes_pushed += buf.numel() * buf.element_size()
+                self._inflight[b.index] = (t, work, hyper if self.lag[b.index] else [])
+                if work is not None:
+                    self.bytes_pushed += buf.numel() * buf.element_size()
         self._local2 = local2
         if self.options.record_timeline:
             self.timings = timings
 
-    def _apply(self, buckets: list[_Bucket]) -> None:
+    def _apply(self, buckets: list[_Bucket], averaged: bool, hyper: list[dict] | None = None) -> None:
         """The owner's update of ``buckets`` (all its own, their pushes complete): lagged ones on their
-        masters; BSP/OSP one step with the summed gradient / N, ASP/SSP one step per rank's gradient / N
-        in rank order."""
+        masters; BSP/OSP one step with the summed gradient / N (``averaged``: already the average),
+        ASP/SSP one step per rank's gradient / N in rank order; a parameter whose flag is 0 (no rank,
+        or under ASP/SSP not that rank, had a gradient) gets no gradient in that step. ``hyper``: the
+        parameter groups' settings of the step the gradients belong to (lagged buckets), used for this
+        update and then put back."""
         if not buckets:
             return
         if self._optimizer is None:
@@ -344,18 +442,23 @@ class ColocatedPSExecutor(Executor):
                   else [[self._push[b.index] for b in buckets]])
         params = [p for g in self._optimizer.param_groups for p in g["params"]]
         saved = [p.grad for p in params]
+        now = hyperparameters(self._optimizer) if hyper else None
         try:
+            if hyper:
+                set_hyperparameters(self._optimizer, hyper)
             for grads in rounds:
                 for p in params:
                     p.grad = None
                 for b, g in zip(buckets, grads):
-                    g.div_(self.world)
-                    for p, v in zip(b.params, _views(g, b.params)):
-                        p.grad = v
+                    if not averaged:
+                        g[:b.numel].div_(self.world)
+                    set_grads_from(g, b)
                 self._optimizer.step()
         finally:
             for p, g in zip(params, saved):
                 p.grad = g
+            if now is not None:
+                set_hyperparameters(self._optimizer, now)
         with torch.no_grad():
             for b in lagged:
                 _flatten_into(self._master[b.index], b.params)
@@ -378,12 +481,16 @@ class ColocatedPSExecutor(Executor):
     def _finish_fresh(self) -> None:
         """The optimizer's step: wait for the fresh pushes, owners update, broadcast, install."""
         t = self.step_index
+        averaged = False
         for b in self._fresh:
-            step, work = self._inflight.pop(b.index, (None, None))
-            if work is None:
+            if b.index not in self._inflight:
                 raise RuntimeError("step() without after_backward(): the parameter server has no gradient to apply")
-            work.wait()
-        self._apply([b for b in self._fresh if self._owns(b)])
+            _, work, _ = self._inflight.pop(b.index)
+            if work is not None:
+                work.wait()
+            else:
+                averaged = True
+        self._apply([b for b in self._fresh if self._owns(b)], averaged)
         pulls = [(b, *self._pull(b, b.params)) for b in self._fresh]
         for b, work, buf in pulls:
             work.wait()
@@ -397,15 +504,17 @@ class ColocatedPSExecutor(Executor):
         self.step_index = t + 1
 
     def _finish_lagged(self) -> None:
-        """Wait for the lagged pushes in flight, owners update their masters, broadcast (to be installed
-        before the forward of iteration ``t + 1 + lag``)."""
+        """Wait for the lagged pushes in flight, owners update their masters with the settings of the
+        step they belong to, broadcast (to be installed before the forward of iteration ``t + 1 + lag``)."""
         pending = [(b, *self._inflight.pop(b.index)) for b in self._lagged if b.index in self._inflight]
         if not pending:
             return
-        for _, _, work in pending:
-            work.wait()
-        self._apply([b for b, _, _ in pending if self._owns(b)])
-        for b, step, _ in pending:
+        for _, _, work, _ in pending:
+            if work is not None:
+                work.wait()
+        averaged = any(work is None for _, _, work, _ in pending)
+        self._apply([b for b, _, _, _ in pending if self._owns(b)], averaged, pending[0][3])
+        for b, step, _, _ in pending:
             work, buf = self._pull(b, self._master.get(b.index, b.params))
             self._pulls.setdefault(step + 1 + self.lag[b.index], []).append((b, work, buf))
 
@@ -425,3 +534,7 @@ class ColocatedPSExecutor(Executor):
 
     def remove(self) -> None:
         self.flush()
+        self._watch.remove()
+        for h in self._opt_hooks:
+            h.remove()
+        self._opt_hooks = []

@@ -104,3 +104,137 @@ class HandOverOptimizer:
 
     def load_state_dict(self, state) -> None:
         self.optimizer.load_state_dict(state)
+
+
+# ---------------------------------------------------------------------------------------------
+# What a push carries besides the gradient, and what the owners keep for the user's optimizer
+# ---------------------------------------------------------------------------------------------
+
+def push_numel(bucket: _Bucket) -> int:
+    """Elements of one push of ``bucket``: its flat gradient, then one "had a gradient" flag per
+    parameter (1 or 0 in the gradient's dtype; summed over the ranks by a reduce, a count)."""
+    return bucket.numel + len(bucket.params)
+
+
+def fill_push(buf: torch.Tensor, bucket: _Bucket) -> None:
+    """``buf`` (:func:`push_numel` elements) <- this rank's gradients of ``bucket`` (zeros where
+    ``param.grad`` is None) and their flags (1 where it is not)."""
+    grads, flags = buf[:bucket.numel], buf[bucket.numel:]
+    off = 0
+    for i, p in enumerate(bucket.params):
+        n = p.numel()
+        if p.grad is None:
+            grads[off:off + n].zero_()
+            flags[i] = 0
+        else:
+            grads[off:off + n].copy_(p.grad.reshape(-1))
+            flags[i] = 1
+        off += n
+
+
+def set_grads_from(buf: torch.Tensor, bucket: _Bucket) -> None:
+    """Set ``bucket``'s ``param.grad`` to views of a push's gradient part where its flag (a count)
+    is positive, None where no rank had a gradient (the optimizer then leaves the parameter, and its
+    state, alone: DDP's ``find_unused_parameters`` rule)."""
+    grads, flags = buf[:bucket.numel], buf[bucket.numel:]
+    used = (flags > 0).tolist()
+    off = 0
+    for p, u in zip(bucket.params, used):
+        n = p.numel()
+        p.grad = grads[off:off + n].view_as(p) if u else None
+        off += n
+
+
+def hyperparameters(optimizer: Any) -> list[dict]:
+    """A copy of every parameter group's settings but its parameters (lr, momentum, weight decay,
+    betas, ...; tensors cloned), as they are now: what an update applied later must use."""
+    return [{k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in g.items() if k != "params"}
+            for g in optimizer.param_groups]
+
+
+def set_hyperparameters(optimizer: Any, saved: list[dict]) -> None:
+    """Put :func:`hyperparameters` back into ``optimizer``'s parameter groups (matched by position)."""
+    if len(saved) != len(optimizer.param_groups):
+        raise RuntimeError(f"the optimizer has {len(optimizer.param_groups)} parameter group(s), its saved "
+                           f"settings {len(saved)}: add_param_group during a parameter-server run is not supported")
+    for group, values in zip(optimizer.param_groups, saved):
+        group.update(values)
+
+
+class GradChangeWatch:
+    """Notices a ``param.grad`` changed between backward and the push: a post-accumulate-grad hook on
+    each parameter records its gradient tensor and version counter when backward leaves it;
+    :meth:`changed` names the parameters whose gradient is another tensor or was modified in place
+    since (``clip_grad_norm_``, ``mul_``, ...). ``GradScaler.unscale_`` does not advance the version
+    counter (torch's fused unscale kernel), so an unscale alone is not seen (it is linear: pushing
+    unscaled gradients is exact)."""
+
+    def __init__(self, params: list[torch.Tensor]) -> None:
+        self._seen: dict[int, tuple[torch.Tensor, torch.Tensor, int]] = {}
+        self._handles = [p.register_post_accumulate_grad_hook(self._record) for p in params]
+
+    def _record(self, p: torch.Tensor) -> None:
+        if p.grad is not None:
+            self._seen[id(p)] = (p, p.grad, p.grad._version)
+
+    def changed(self) -> int:
+        """How many parameters' gradients changed since backward recorded them."""
+        return sum(1 for p, g, v in self._seen.values() if p.grad is not g or g._version != v)
+
+    def clear(self) -> None:
+        self._seen.clear()
+
+    def remove(self) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+        self._seen.clear()
+
+
+def grad_changed_error(count: int) -> ValueError:
+    return ValueError(
+        f"parameter server: param.grad of {count} parameter(s) changed between backward() and step() (e.g. "
+        "clip_grad_norm_): the push would send this rank's own changed gradient, not a change of the average "
+        "as under DDP; call optimizer.synchronize() before changing gradients (param.grad then holds what is "
+        "pushed), or use optimizer.clip_grad_norm_(max_norm)")
+
+
+# ---------------------------------------------------------------------------------------------
+# The optimizer's state, whole on every rank (each server's shard holds its parameters' part)
+# ---------------------------------------------------------------------------------------------
+
+#: key of a gathered state dict: the indices of the parameters that had state when it was gathered
+GATHERED_KEY = "ps_gathered_state"
+
+
+def param_indices(optimizer: Any) -> dict[int, int]:
+    """id(param) -> its index in ``optimizer.state_dict()`` (parameters numbered across groups)."""
+    return {id(p): i for i, p in enumerate(p for g in optimizer.param_groups for p in g["params"])}
+
+
+def merge_shards(state_dict: dict, shards: dict[int, dict], owned: dict[int, int]) -> dict:
+    """``state_dict`` with the state of every parameter a server owns (``owned``: index -> server)
+    taken from that server's shard (``shards``: server -> {index: state}; absent there: no state);
+    a parameter no server owns keeps this rank's entry. Marked with :data:`GATHERED_KEY`."""
+    state = {i: s for i, s in state_dict["state"].items() if i not in owned}
+    for i, server in owned.items():
+        if i in shards.get(server, {}):
+            state[i] = shards[server][i]
+    out = {**state_dict, "state": dict(sorted(state.items()))}
+    out[GATHERED_KEY] = sorted(state)
+    return out
+
+
+def check_whole(state_dict: dict) -> dict:
+    """Refuse (one line) a gathered state dict some of whose parameters' state was removed (e.g. one
+    shard's part kept); returns it without the marker."""
+    expected = state_dict.get(GATHERED_KEY)
+    if expected is None:
+        return state_dict
+    missing = sorted(set(expected) - set(state_dict["state"]))
+    if missing:
+        raise ValueError(f"parameter server: this optimizer state dict lacks the state of {len(missing)} of the "
+                         f"{len(expected)} parameters that had state when it was gathered (e.g. index {missing[0]}): "
+                         "a part of the shards; load the whole dict that optimizer.state_dict() returns (on every "
+                         "rank)")
+    return {k: v for k, v in state_dict.items() if k != GATHERED_KEY}
