@@ -23,8 +23,9 @@ KERNEL := $(ENV_DIR)/share/jupyter/kernels/repro/kernel.json
 BROWSERS := chromium chromium-browser google-chrome google-chrome-stable
 RESULTS ?= results
 PYTEST_ARGS ?=
-# The unit tier: what needs no extra processes, notebooks, root network namespaces or GPU, and is quick.
-FAST_MARKERS := not (slow or distributed or notebook or netns or gpu)
+# The unit tier: what needs no extra processes, notebooks, root network namespaces or GPU, and is quick;
+# plus the few-second distributed samples of larger matrices (marker `sample`, e.g. DDP conformance).
+FAST_MARKERS := not (slow or notebook or netns or gpu) and (not distributed or sample)
 # pytest-xdist workers for the unit tier (its tests start no processes of their own, so they run side by side)
 FAST_WORKERS ?= 2
 # ... and for the rest of `make test` but its serial tests (ranks are 1 thread each: 2 workers on 2 cores)

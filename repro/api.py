@@ -43,8 +43,21 @@ refused. A baseline that wraps the model (``ddp``) has its own ``no_sync`` on th
 
 **Unused parameters** (a branch not used in a forward, on some ranks or on all) need no option: the
 exchange counts a missing gradient as zeros and never waits for it, and a parameter that no rank had
-a gradient for keeps ``.grad`` None, as under ``DDP(find_unused_parameters=True)`` (the all-reduce
-and DeAR families).
+a gradient for keeps ``.grad`` None and gets no update, as under ``DDP(find_unused_parameters=True)``
+(every family sends one "had a gradient" flag per parameter with its gradients).
+
+**Gradients after backward, clipping.** The all-reduce and sparse families finish the exchange when the
+backward pass ends (``Executor.finishes_in_backward``), so ``param.grad`` is the averaged gradient
+when ``backward()`` returns, as under DDP: ``clip_grad_norm_`` between backward and step, or any code
+reading gradients, works as in a DDP loop. DeAR, ByteScheduler and the parameter servers finish later
+(their overlap); a gradient changed between ``backward()`` and ``step()`` is refused at ``step()`` in
+one line, and ``optimizer.clip_grad_norm_(max_norm)`` clips the exchanged gradients for every family.
+
+**Deferred updates** (DeAR, ByteScheduler: applied in the next forward) are applied before any use of
+their parameter in that forward, also outside the owning module's forward (attention's ``out_proj``,
+tied embeddings, a parent's parameter: :class:`~repro.runtime.deferred.ApplyBeforeUse`), with the param
+groups' values of the ``step()`` that made them (an LR scheduler stepped after ``step()`` changes the
+next update, not this one). docs/conformance.md is the support table, scheduler by loop.
 
 **torch.compile**: ``distribute(torch.compile(model), ...)`` or ``torch.compile(model)`` of the returned
 model both train correctly with the all-reduce and sparse families (the gradient hooks still fire once

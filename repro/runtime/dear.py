@@ -28,16 +28,18 @@ parameter's ``.grad`` is stashed and set to None, bucket j's parameters get thei
 (views of the buffer), ``optimizer.step()`` runs, and the stashed gradients come back. This relies on
 the optimizer skipping parameters whose ``.grad`` is None and keeping per-parameter state only (true of
 torch's SGD (momentum, weight decay, Nesterov) and Adam/AdamW, whose step counts are per parameter), so
-the per-bucket steps equal one whole-model step. Optimizers with cross-parameter state (LARS/LAMB trust
-ratios over a group are still per parameter; a global gradient-norm clip is not) or learning-rate
-schedulers stepping between ``step()`` calls see the update one forward later, as in DeAR.
+the per-bucket steps equal one whole-model step. Each update runs with the param groups' values saved at
+the ``step()`` that made it (:func:`~repro.runtime.deferred.hyperparameters`), so an LR scheduler stepped
+after ``step()`` changes the next update, as it would under DDP. A global gradient-norm clip needs the
+whole exchanged gradient: ``optimizer.clip_grad_norm_`` (through :meth:`DeARExecutor.synchronize`).
 
 **Evaluation and no_grad forwards.** Pre-hooks apply pending updates whether or not gradients are
 enabled: a forward (training or ``torch.no_grad()`` evaluation) never computes with a parameter whose
 update is pending, and each update is applied exactly once (a bucket is marked done when applied). The
 loop calls ``flush()`` before evaluation anyway, after which pre-hooks find nothing to do. Parameters used
-in forward outside their owning module's ``forward`` (e.g. read by a parent module) are not covered by
-the pre-hooks; they are applied at the latest when their gradient arrives or at ``step()``.
+in forward outside their owning module's ``forward`` (attention's ``out_proj``, tied embeddings, a
+parent's parameter) are not seen by the pre-hooks: :class:`~repro.runtime.deferred.ApplyBeforeUse` applies
+their bucket before the first torch call of the forward that takes them.
 
 One backward per ``step()``: a gradient arriving twice for a parameter before ``step()`` raises
 (gradient accumulation over several backward passes is not supported).
