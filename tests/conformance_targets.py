@@ -321,7 +321,6 @@ EXCHANGE_PRESERVING = {
     "horovod": {"warmup_steps": 1, "fit_repeats": 1},
     "ddp_threshold": {"threshold_bytes": 2048},
     "ddp": {},
-    "fsdp": {},
     "dear_threshold": {"warmup_steps": 1, "fit_repeats": 1, "threshold_bytes": 2048},
     "dear_nofusion": {"warmup_steps": 1, "fit_repeats": 1},
     "dear_model": {"warmup_steps": 1, "fit_repeats": 1},
@@ -338,15 +337,12 @@ FINISH_AFTER_BACKWARD = {"dear_threshold", "dear_nofusion", "dear_model", "dear_
                          "ps_bsp"}
 
 #: cells that are refused in one line, and why (the docs' support table says the same)
-REFUSED = {
-    ("fsdp", "fp16_scaler"): "GradScaler on FSDP2's DTensor shards (use bf16, or torch's ShardedGradScaler)",
-    ("fsdp", "checkpoint"): "optimizer state lives in the shards (torch.distributed.checkpoint)",
-}
-REFUSED.update({(s, "clip"): "local clip of unexchanged gradients (optimizer.clip_grad_norm_)"
-                for s in FINISH_AFTER_BACKWARD})
+REFUSED = {(s, "clip"): "local clip of unexchanged gradients (optimizer.clip_grad_norm_)"
+           for s in FINISH_AFTER_BACKWARD}
 
 #: cells not run, and why
-NOT_RUN = {("ddp", "branch"): "DDP's defaults (find_unused_parameters=False) refuse unused parameters themselves"}
+NOT_RUN = {(s, "branch"): "real DDP with its defaults (find_unused_parameters=False), which itself raises on "
+                          "a parameter unused in a step" for s in ("ddp", "ddp_threshold")}
 
 
 def expectation(scheduler: str, model: str, loop: str) -> str:

@@ -352,7 +352,8 @@ class ColocatedPSExecutor(Executor):
         self._finish_fresh()
 
     def before_forward(self) -> None:
-        broadcast_buffers(self.model, src=self._buffer_src, group=self.group)
+        if self.sync_buffers:  # DDP's rule under no_sync (Executor.sync_buffers)
+            broadcast_buffers(self.model, src=self._buffer_src, group=self.group)
         c = self.step_index
         if self._resync:  # after a flush (or a load) the parameters are the servers' model: masters follow
             for b in self._mine:
