@@ -278,6 +278,16 @@ def dear_pair(model: str, common: dict, args, tmp: Path) -> str:
     return summary_line(model, dear, fsdp, "DeAR", "FSDP2") + f"  buckets {len(Plan.load(path).buckets)}"
 
 
+def bytescheduler_pair(model: str, common: dict, args) -> str:
+    """ByteScheduler (its planner's chunks and credit, updates layer by layer in the next forward) against
+    PyTorch DDP with the threshold plan's buckets, whole runs in ABBA order: what the deferred updates
+    cost or win against DDP's all-reduce at the end of backward on this machine."""
+    a = {"model": model, "scheduler": "bytescheduler", **common}
+    b = {"model": model, "scheduler": "ddp_threshold", **common}
+    s = launch_local(run_configs, args.world_size, args=(abba(a, b, args.rounds),), timeout_s=3600, quiet=True)[0]
+    return summary_line(model, iteration_ms(s, "bytescheduler"), iteration_ms(s, "ddp_threshold"), "ByteSched", "DDP")
+
+
 def _dear_plan(buckets: list[list[str]]):
     """The DeAR plan of ``buckets`` (layer names), built as the dear planners build theirs."""
     from repro.planners.dear import DEAR_MESSAGES, FAMILY
@@ -370,7 +380,7 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--threshold-bytes", type=int, default=65536)
     ap.add_argument("--models", nargs="+", default=["tiny_resnet", "tiny_vgg", "tiny_bert"])
-    ap.add_argument("--pairs", nargs="+", default=["allreduce"], choices=["allreduce", "dear", "sparse"])
+    ap.add_argument("--pairs", nargs="+", default=["allreduce"], choices=["allreduce", "dear", "bytescheduler", "sparse"])
     ap.add_argument("--mode", choices=["runs", "steps"], default="steps",
                     help="allreduce pair: ABBA pairs of whole training runs (runs), or ours (repro.distribute) and "
                          "plain DDP in one process, step by step in turn, in blocks of --block steps (steps)")
@@ -404,6 +414,8 @@ def main() -> None:
                 for pair in args.pairs:
                     print({"allreduce": f"Ours vs DDP, identical buckets (threshold plan, {args.threshold_bytes} bytes):",
                            "dear": "DeAR vs FSDP2 (fully_shard), buckets = FSDP's units:",
+                           "bytescheduler": f"ByteScheduler vs DDP (threshold plan, {args.threshold_bytes} bytes), "
+                                            "whole runs:",
                            "sparse": "Sparse exchange (packed all-gather of top-k values + int32 indices) vs dense "
                                      "all-reduce of the same bytes per rank:"}[pair])
                     for model in args.models:
@@ -413,6 +425,8 @@ def main() -> None:
                                     else allreduce_pair(model, common, args))
                         elif pair == "dear":
                             line = dear_pair(model, common, args, Path(tmp))
+                        elif pair == "bytescheduler":
+                            line = bytescheduler_pair(model, common, args)
                         else:
                             line = sparse_pair(model, args)
                         print(f"{line}   [{before} -> {load_avg()}]", flush=True)
