@@ -587,9 +587,9 @@ def part_extras(budget: Budget, names: list[str], device: str = "cuda", backend:
     for name in names:
         _, _, takes_backend, what = EXTRA_CHECKS[name]
         kwargs = {"device": device, **({"backend": backend} if takes_backend else {})}
+        limit = budget.limit(LIMITS_S[name])
         if name == "two_ranks":  # one launch per family: all of them report before this worker's limit
             kwargs["budget_s"] = max(limit - WORKER_START_S, 1.0)
-        limit = budget.limit(LIMITS_S[name])
         if limit < MIN_PART_S:
             checks[name] = {"what": what, "status": "skipped", "numbers": "out of time", "seconds": 0.0}
             continue
