@@ -121,6 +121,13 @@ def render() -> str:
         "- **Checkpoints.** `optimizer.state_dict()` holds the whole state on every rank (the parameter "
         "servers gather their shards: a collective, so every rank calls it before rank 0 saves).",
         "",
+        "## torch.compile",
+        "",
+        "Not in the matrix above (a compile takes seconds per case on 2 cores): tests/test_api_loops.py "
+        "holds `torch.compile` of the model, before or after `distribute`, to DDP for `mgwfbp` (the "
+        "all-reduce family's executor); DeAR and ByteScheduler, which apply updates in forward pre-hooks and under a "
+        "torch function mode, are refused in one line with a compiled model.",
+        "",
         "## Schedulers that change the math on purpose",
         "",
         "Held to a written reference of their method, not to DDP:",
