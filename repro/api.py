@@ -500,7 +500,7 @@ class _Door:
         for p in self.model.parameters():
             was = seen.get(id(p))
             if was is not None and (p.grad is not was[0] or p.grad._version != was[1]):
-                _fail(f"param.grad was changed between backward() and optimizer.step() (e.g. by "
+                _fail(f"param.grad was changed between backward() and step() (e.g. by "
                       f"torch.nn.utils.clip_grad_norm_), but '{self.scheduler or self.plan.solver}' steps with the "
                       "exchanged gradients, which it finishes later: clip with optimizer.clip_grad_norm_(max_norm), "
                       "or call optimizer.synchronize() before changing param.grad")
