@@ -96,10 +96,11 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from repro.plan import Plan, PlanError
+from repro.plan import Plan
 from repro.runtime.executor import Executor, ExecutorOptions, scaled_step
 from repro.runtime.ps_layout import (GradChangeWatch, HandOverOptimizer, PSTiming, _Bucket, _flatten_into,
-                                     _unflatten_from, check_whole, fill_push, grad_changed_error, hyperparameters,
+                                     _unflatten_from, average_into_grads, check_whole, fill_push, grad_changed_error,
+                                     hyperparameters,
                                      merge_shards, param_indices, ps_layout, push_numel, set_grads_from,
                                      set_hyperparameters)
 
@@ -290,28 +291,10 @@ class PSExecutor(Executor):
         self._watch.clear()
         if self.mode in ("asp", "ssp"):
             return
-        with torch.no_grad():
-            works = []
-            for w in self._sends:    # the push buffers are reused: last step's sends must be done
-                _wait(w, f"worker rank {self.rank}", "a server")
-            self._sends = []
-            for b in self.buckets:
-                buf = self._push[b.index]
-                fill_push(buf, b)
-                works.append((b, buf, dist.all_reduce(buf, group=self.group, async_op=True)))
-            for b, buf, work in works:
-                work.wait()
-                buf[:b.numel].div_(self.workers)
-                off = 0
-                for p, used in zip(b.params, (buf[b.numel:] > 0).tolist()):
-                    n = p.numel()
-                    if used:
-                        v = buf[off:off + n].view_as(p)
-                        if p.grad is None:
-                            p.grad = v.clone()
-                        else:
-                            p.grad.copy_(v)
-                    off += n
+        for w in self._sends:    # the push buffers are reused: last step's sends must be done
+            _wait(w, f"worker rank {self.rank}", "a server")
+        self._sends = []
+        average_into_grads(self.buckets, self._push, self.group, self.workers)
 
     def _step(self, amp: Any) -> None:
         """The optimizer's step: push (refused if a gradient changed since backward without

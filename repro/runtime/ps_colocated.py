@@ -113,7 +113,8 @@ from repro.plan import Plan, PlanError
 from repro.runtime.buffers import broadcast_buffers
 from repro.runtime.executor import Executor, ExecutorOptions, FoundInfReport, ScaledStep, scaled_step
 from repro.runtime.ps_layout import (GradChangeWatch, HandOverOptimizer, PSTiming, _Bucket, _flatten_into,
-                                     _unflatten_from, check_whole, fill_push, grad_changed_error, hyperparameters,
+                                     _unflatten_from, average_into_grads, check_whole, fill_push, grad_changed_error,
+                                     hyperparameters,
                                      merge_shards, param_indices, ps_layout, push_numel, set_grads_from,
                                      set_hyperparameters)
 
@@ -304,24 +305,7 @@ class ColocatedPSExecutor(Executor):
         self._watch.clear()
         if self.per_rank:
             return
-        with torch.no_grad():
-            works = []
-            for b in self.buckets:
-                buf = self._push[b.index]
-                fill_push(buf, b)
-                works.append((b, buf, dist.all_reduce(buf, group=self.group, async_op=True)))
-            for b, buf, work in works:
-                work.wait()
-                buf[:b.numel].div_(self.world)
-                used = (buf[b.numel:] > 0).tolist()
-                for p, v, u in zip(b.params, _views(buf[:b.numel], b.params), used):
-                    if not u:        # no rank had a gradient: this one neither, param.grad stays None
-                        continue
-                    if p.grad is None:
-                        p.grad = v.clone()
-                    else:
-                        p.grad.copy_(v)
-                self.bytes_pushed += buf.numel() * buf.element_size()
+        self.bytes_pushed += average_into_grads(self.buckets, self._push, self.group, self.world)
 
     def scaled_step(self, amp: ScaledStep | None) -> None:
         """The optimizer's step: push this rank's ``param.grad`` and finish the fresh buckets. Under a

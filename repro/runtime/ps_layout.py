@@ -132,6 +132,37 @@ def fill_push(buf: torch.Tensor, bucket: _Bucket) -> None:
         off += n
 
 
+def average_into_grads(buckets: list[_Bucket], push: dict[int, torch.Tensor], group: Any, divisor: int) -> int:
+    """``synchronize()`` under BSP/OSP: every bucket's gradients and "had a gradient" flags
+    (:func:`fill_push` into ``push[bucket.index]``) all-reduced over ``group`` and divided by ``divisor``
+    (the ranks that push); ``param.grad`` becomes that average (None stays None where no rank had a
+    gradient). A collective of ``group``. Returns the bytes all-reduced."""
+    import torch.distributed as dist
+
+    works = []
+    with torch.no_grad():
+        for b in buckets:
+            buf = push[b.index]
+            fill_push(buf, b)
+            works.append((b, buf, dist.all_reduce(buf, group=group, async_op=True)))
+        nbytes = 0
+        for b, buf, work in works:
+            work.wait()
+            buf[:b.numel].div_(divisor)
+            off = 0
+            for p, used in zip(b.params, (buf[b.numel:] > 0).tolist()):
+                n = p.numel()
+                if used:
+                    v = buf[off:off + n].view_as(p)
+                    if p.grad is None:
+                        p.grad = v.clone()
+                    else:
+                        p.grad.copy_(v)
+                off += n
+            nbytes += buf.numel() * buf.element_size()
+    return nbytes
+
+
 def set_grads_from(buf: torch.Tensor, bucket: _Bucket) -> None:
     """Set ``bucket``'s ``param.grad`` to views of a push's gradient part where its flag (a count)
     is positive, None where no rank had a gradient (the optimizer then leaves the parameter, and its
