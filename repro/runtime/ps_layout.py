@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from repro.plan import Plan, PlanError
+from repro.runtime.deferred import hyperparameters  # noqa: F401 - the families' one copy of the groups' settings
 from repro.workload.layers import layer_parameters
 
 __all__ = ["PSTiming", "ps_layout", "HandOverOptimizer"]
@@ -174,13 +175,6 @@ def set_grads_from(buf: torch.Tensor, bucket: _Bucket) -> None:
         n = p.numel()
         p.grad = grads[off:off + n].view_as(p) if u else None
         off += n
-
-
-def hyperparameters(optimizer: Any) -> list[dict]:
-    """A copy of every parameter group's settings but its parameters (lr, momentum, weight decay,
-    betas, ...; tensors cloned), as they are now: what an update applied later must use."""
-    return [{k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in g.items() if k != "params"}
-            for g in optimizer.param_groups]
 
 
 def set_hyperparameters(optimizer: Any, saved: list[dict]) -> None:
