@@ -348,9 +348,10 @@ _BUDGET_MIN_SAMPLE = 1024  # at least this many from each bucket (all of a small
 
 def budget_counts(compensated: list[torch.Tensor], sent: list[torch.Tensor], total: int,
                   sample: int = BUDGET_SAMPLE) -> torch.Tensor:
-    """Per bucket, about how many of this worker's entries lie among the ``total`` largest magnitudes
-    of the whole model: the entries of ``|compensated[b]|`` at or above one threshold ``tau`` (int64
-    tensor, one count per bucket, on the buckets' device).
+    """Per bucket, how many of this worker's entries lie among the ``total`` largest magnitudes of the
+    whole model: the entries of ``|compensated[b]|`` at or above one threshold ``tau``, an estimate of
+    the model-wide ``total``-th largest magnitude (int64 tensor, one count per bucket, on the buckets'
+    device).
 
     ``compensated[b]``: bucket b's gradient plus residual (1-D), ``sent[b]``: the values it sent this
     step (its ``k_b`` largest magnitudes; ``sum k_b == total``). Nothing model-wide is sorted: bucket b
@@ -358,17 +359,17 @@ def budget_counts(compensated: list[torch.Tensor], sent: list[torch.Tensor], tot
     sent; each sampled value weighing ``k_b / samples``) and of its other entries (those of a strided
     sample of ``compensated[b]`` below ``m_b``, each weighing ``numel / samples``), about ``sample``
     of each over the model and at least 1024 of each per bucket (every one of a smaller set). ``tau``
-    is the largest sampled value at which the weights at or above it reach ``total``. A bucket with
-    ``tau >= m_b`` counts its sent values at or above ``tau`` exactly; one with ``tau < m_b`` (its
-    share was too small) counts ``k_b`` plus the weights of its samples in ``[tau, m_b)``. Cost: one
-    comparison per sent value and a sort of the samples. Deterministic: the same tensors give the
-    same counts on every device."""
+    is the largest sampled value at which the weights at or above it reach ``total``. The counts are
+    then exact for that ``tau``: from the sent values where ``tau >= m_b``, else by comparing every
+    entry of the bucket (only buckets whose share was too small pay that pass). Cost: a sort of the
+    samples and one comparison per sent value or entry counted. Deterministic: the same tensors give
+    the same counts on every device."""
     if len(compensated) != len(sent) or not compensated:
         raise ValueError("budget_counts takes one compensated tensor and one sent tensor per bucket")
     numel = sum(c.numel() for c in compensated)
     stride = max(1, numel // max(1, int(sample)))
     sent_stride = max(1, sum(v.numel() for v in sent) // max(1, int(sample)))
-    points, weights, floors, belows, below_weights = [], [], [], [], []
+    points, weights, floors = [], [], []
     for flat, values in zip(compensated, sent):
         if values.numel() == 0:
             raise ValueError("every bucket sends at least one value")
@@ -377,26 +378,22 @@ def budget_counts(compensated: list[torch.Tensor], sent: list[torch.Tensor], tot
         drawn_sent = mag[::min(sent_stride, max(1, mag.numel() // _BUDGET_MIN_SAMPLE))]
         drawn = flat.detach()[::min(stride, max(1, flat.numel() // _BUDGET_MIN_SAMPLE))].abs().float()
         below = drawn[drawn < floor]
-        weight = flat.numel() / drawn.numel()
         points += [drawn_sent, below]
         weights += [torch.full((drawn_sent.numel(),), mag.numel() / drawn_sent.numel(), dtype=torch.float64,
                                device=mag.device),
-                    torch.full((below.numel(),), weight, dtype=torch.float64, device=mag.device)]
+                    torch.full((below.numel(),), flat.numel() / drawn.numel(), dtype=torch.float64, device=mag.device)]
         floors.append(floor)
-        belows.append(below)
-        below_weights.append(weight)
     values_all = torch.cat(points)
     order = torch.sort(values_all, descending=True, stable=True).indices
     cum = torch.cumsum(torch.cat(weights)[order], 0)
     at = int(torch.searchsorted(cum, torch.tensor([float(total)], dtype=torch.float64, device=cum.device)).item())
     tau = float(values_all[order[min(at, order.numel() - 1)]])
     counts = []
-    for values, floor, below, weight in zip(sent, torch.stack(floors).tolist(), belows, below_weights):
+    for flat, values, floor in zip(compensated, sent, torch.stack(floors).tolist()):
         if tau >= floor:
             counts.append((values.detach().abs().float() >= tau).sum())
         else:
-            extra = (below >= tau).sum().double() * weight
-            counts.append(torch.round(extra).to(torch.int64) + values.numel())
+            counts.append((flat.detach().abs().float() >= tau).sum())
     return torch.stack(counts).to(torch.int64)
 
 
