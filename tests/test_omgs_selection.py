@@ -34,7 +34,7 @@ from repro.trace import Layer, Trace
 DENSITY = 0.01
 STEPS = 48
 BATCHES = 4   # per rank, repeated: the loss must fall
-MARGIN = 1.15  # omgs's last-pass loss at most this times TopK-SGD's (measured: 1.01-1.06, see test_omgs_trains_as_topk_sgd)
+MARGIN = 1.15  # omgs's last-pass loss at most this times TopK-SGD's (measured: 1.04-1.06, see test_omgs_trains_as_topk_sgd)
 
 
 # ---- the split, piece by piece ----
@@ -204,7 +204,7 @@ def ranks(tmp_path_factory):
 def test_omgs_trains_as_topk_sgd(ranks):
     """omgs's plan, one bucket per tensor (29), ends within MARGIN of TopK-SGD's loss; the same buckets
     under the per-bucket rule end far above (measured here 0.28 against TopK-SGD's 0.27, and 1.00 with the
-    per-bucket rule; over 2 data seeds x densities 0.01 and 0.05 omgs was 1.01-1.06x TopK-SGD and the
+    per-bucket rule; over 2 data seeds x densities 0.01 and 0.05 omgs was 1.04-1.06x TopK-SGD and the
     per-bucket rule 2.1-3.7x). The margin is what one step's lag of the split costs, with room: the runs are
     deterministic, so it only absorbs other platforms' float differences."""
     r = ranks[0]
