@@ -361,6 +361,7 @@ def cmd_plan(args: argparse.Namespace) -> None:
     _check_output(args.output)
     given = {"threshold_bytes": args.threshold_bytes, "wire_dtype": args.wire_dtype,  # wire dtype: the planner
              "density": args.density, "pack": True if args.pack else None,              # solves on those bytes
+             "topk_scope": args.topk_scope,
              "servers": args.servers, "staleness": args.staleness, "stage1_share": args.stage1_share,
              "importance": args.importance, "lgp": False if args.no_lgp else None}
     options = {k: v for k, v in given.items() if v is not None}
@@ -791,6 +792,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "k = ceil(density x elements), in (0, 1] (planner default 0.001)")
     p.add_argument("--pack", action="store_true", help="sparse planners: values and indices in one all-gather "
                    "message per bucket instead of two")
+    p.add_argument("--topk-scope", choices=("bucket", "model"), help="sparse planners: each bucket sends its own "
+                   "ceil(density x elements) (bucket) or that total is split between the buckets each step by where "
+                   "the model's largest entries were the step before (model; the default of omgs and omgs_optimal)")
     p.add_argument("--servers", type=int, help="parameter-server planners (ps_*, osp*): server shards (default 1)")
     p.add_argument("--staleness", type=int, help="ps_ssp: iterations a worker may run ahead of the slowest "
                    "(planner default 2)")

@@ -237,7 +237,11 @@ FAMILIES: dict[str, Family] = {
         collectives=("sparse_allgather",),
         phases=("backward",),
         options=(number_option("density", "fraction of each bucket's elements sent (k = ceil(density x n))",
-                               minimum=0.0, open_minimum=True, maximum=1.0, required=True),),
+                               minimum=0.0, open_minimum=True, maximum=1.0, required=True),
+                 choice_option("topk_scope", "bucket: every bucket sends its own ceil(density x n) largest entries "
+                               "(OMGS-SGD as published); model: the same total, split between the buckets each step "
+                               "by where the model's largest entries were the step before (TopK-SGD's selection, one "
+                               "step late)", ("bucket", "model"), default="bucket")),  # repro.sim.sparse.TOPK_SCOPES
         simulator="repro.sim.sparse:build_graph",
         closed_form="repro.sim.sparse:closed_form",
         message_bytes="repro.sim.sparse:message_bytes",

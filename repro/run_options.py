@@ -174,6 +174,11 @@ _declare("sparse", [
               "bucket's gradient elements a worker sends per step, k = ceil(density x elements), in (0, 1]; 1 sends "
               "everything (dense S-SGD)", "sparse", default=0.001, unit="fraction",
               check=_fraction("density", open_low=True)),
+    RunOption("topk_scope", str, "sparse schedulers: which entries the buckets send: bucket (each bucket its own "
+              "ceil(density x elements), as OMGS-SGD is published; the default of topk_layerwise and topk_single) or "
+              "model (that total split between the buckets each step by where the model's largest entries were "
+              "the step before, TopK-SGD's selection; the default of omgs and omgs_optimal)", "sparse",
+              choices=("bucket", "model")),
 ])
 _declare("dear", [
     RunOption("tuner_trials", int, "dear_bo: Bayesian-optimisation trials after the initial threshold", "dear",

@@ -108,7 +108,7 @@ _OSP_NOTE = "stage-2 parameters one iteration stale, LGP-corrected"
 
 def _sparse_scheduler(name: str, doc: str, paper: str = _OMGS, **kw: Any) -> Scheduler:
     return Scheduler(name, doc, paper, _SPARSE_EXECUTOR, planner=name, family="sparse",
-                     planner_options=("density",), update_note=_TOPK_NOTE, **kw)
+                     planner_options=("density", "topk_scope"), update_note=_TOPK_NOTE, **kw)
 
 
 SCHEDULERS: dict[str, Scheduler] = {s.name: s for s in (

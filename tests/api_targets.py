@@ -183,15 +183,20 @@ def resume_bit_exact(ctx, cases: list[dict], steps: int, cut: int) -> list[dict]
     """Per case: a run of ``steps`` steps that writes a checkpoint (model, then optimizer state_dict,
     copied as torch.save would) after ``cut`` steps and goes on; then a fresh model, optimizer and
     distribute load that checkpoint and do the rest: the largest difference to the run that went on
-    (the same run, so the same online plan; an independent run may plan differently)."""
+    (the same run, so the same online plan; an independent run may plan differently). A ``scheduler``
+    given as a dict is a plan (``Plan.to_dict()``: a Plan does not pickle)."""
     import copy
 
     import repro
+    from repro.plan import Plan
 
     torch.use_deterministic_algorithms(True)
     data = _batches(dist.get_rank(), steps)
     out = []
-    for case in cases:
+    for given in cases:
+        case = dict(given)
+        if isinstance(case["scheduler"], dict):
+            case["scheduler"] = Plan.from_dict(case["scheduler"])
         torch.manual_seed(0)
         first = UserNet()
         model, dopt = repro.distribute(first, torch.optim.SGD(first.parameters(), lr=0.05, momentum=0.9), **case)
@@ -203,17 +208,26 @@ def resume_bit_exact(ctx, cases: list[dict], steps: int, cut: int) -> list[dict]
         went_on = _state(first)
         dopt.remove()
 
-        torch.manual_seed(123)  # a fresh process would start from other weights: the checkpoint decides
-        second = UserNet()
-        second.load_state_dict(checkpoint["model"])
-        model, dopt = repro.distribute(second, torch.optim.SGD(second.parameters(), lr=0.05, momentum=0.9),
-                                       **case)
-        dopt.load_state_dict(checkpoint["optimizer"])
-        _train(model, dopt, data[cut:])
-        dopt.flush()
-        out.append({"case": case, "diff": _max_diff(_state(second), went_on),
-                    "has_residuals": bool(checkpoint["optimizer"]["repro"]["executor"].get("residuals"))})
-        dopt.remove()
+        def resume(optimizer_state: dict) -> float:
+            torch.manual_seed(123)  # a fresh process would start from other weights: the checkpoint decides
+            second = UserNet()
+            second.load_state_dict(checkpoint["model"])
+            model, dopt = repro.distribute(second, torch.optim.SGD(second.parameters(), lr=0.05, momentum=0.9),
+                                           **case)
+            dopt.load_state_dict(optimizer_state)
+            _train(model, dopt, data[cut:])
+            dopt.flush()
+            dopt.remove()
+            return _max_diff(_state(second), went_on)
+
+        executor = checkpoint["optimizer"]["repro"]["executor"]
+        row = {"case": given, "diff": resume(checkpoint["optimizer"]), "has_residuals": bool(executor.get("residuals")),
+               "split": executor.get("split")}
+        if row["split"] is not None:  # the sparse split (topk_scope "model"): resuming without it differs
+            without = copy.deepcopy(checkpoint["optimizer"])
+            del without["repro"]["executor"]["split"]
+            row["diff_without_split"] = resume(without)
+        out.append(row)
     return out
 
 

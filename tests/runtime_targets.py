@@ -83,11 +83,12 @@ def _synthetic_trace(model, name: str):
 
 
 def _reference_sparse_sgd(model_name: str, plan, world: int, steps: int, batch_size: int, density: float,
-                          error_feedback: bool = True) -> dict:
+                          error_feedback: bool = True, splits: list[list[int]] | None = None) -> dict:
     """Single-process reference of top-k SGD with error feedback over ``world`` workers' data, written
     from the math, not from repro.runtime.sparse: per worker, gradient on its own batch + its residual,
-    per bucket of ``plan`` the k = ceil(density n) largest magnitudes sent, the rest kept as the new
-    residual; the sent entries summed over workers (worker 0 first) / P; then the SGD step."""
+    per bucket of ``plan`` the k = ceil(density n) largest magnitudes sent (``splits[step][bucket]``
+    where given: the executor's split under topk_scope "model"), the rest kept as the new residual; the
+    sent entries summed over workers (worker 0 first) / P; then the SGD step."""
     import math
 
     from repro.workload.layers import layer_parameters
@@ -100,7 +101,7 @@ def _reference_sparse_sgd(model_name: str, plan, world: int, steps: int, batch_s
     buckets = [[p for layer in b.layers for _, p in layers[layer]] for b in plan.buckets]
     gens = [torch.Generator().manual_seed(100 + r) for r in range(world)]
     residual = [[None] * len(buckets) for _ in range(world)]
-    for _ in range(steps):
+    for step in range(steps):
         total = [torch.zeros(sum(p.numel() for p in ps)) for ps in buckets]
         for r in range(world):
             x, y = make_batch(model_name, batch_size, generator=gens[r])
@@ -111,7 +112,7 @@ def _reference_sparse_sgd(model_name: str, plan, world: int, steps: int, batch_s
                 if error_feedback and residual[r][b] is not None:
                     flat = flat + residual[r][b]
                 n = flat.numel()
-                k = max(1, min(n, math.ceil(density * n - 1e-9)))
+                k = splits[step][b] if splits else max(1, min(n, math.ceil(density * n - 1e-9)))
                 idx = torch.topk(flat.abs(), k, sorted=False).indices
                 sent = torch.zeros_like(flat)
                 sent[idx] = flat[idx]
@@ -130,9 +131,10 @@ def _reference_sparse_sgd(model_name: str, plan, world: int, steps: int, batch_s
 
 
 def sparse_executor_vs_reference(ctx, model_name: str, cases: list[dict], steps: int, batch_size: int) -> list[dict]:
-    """Per case (planner, density, pack): ``steps`` SGD steps with SparseExecutor executing the plan the
-    planner makes of ``model_name``'s layers; returns the parameters, the plan's bucket count and the
-    largest difference to :func:`_reference_sparse_sgd` (and to the same without error feedback)."""
+    """Per case (planner, density, pack, optionally topk_scope): ``steps`` SGD steps with SparseExecutor
+    executing the plan the planner makes of ``model_name``'s layers; returns the parameters, the plan's
+    bucket count, its topk_scope, the executor's split of each step and the largest difference to
+    :func:`_reference_sparse_sgd` given those splits (and to the same without error feedback)."""
     from repro.cost import CostModel
     from repro.planners import make_plan
     from repro.runtime.sparse import SparseExecutor
@@ -145,12 +147,15 @@ def sparse_executor_vs_reference(ctx, model_name: str, cases: list[dict], steps:
     for case in cases:
         torch.manual_seed(0)
         model = build_model(model_name)
+        scope = {"topk_scope": case["topk_scope"]} if "topk_scope" in case else {}
         plan = make_plan(case["planner"], _synthetic_trace(model, model_name), cost, density=case["density"],
-                         pack=case.get("pack", False))
+                         pack=case.get("pack", False), **scope)
         opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=1e-4)
         ex = SparseExecutor(model, plan)
         gen = torch.Generator().manual_seed(100 + rank)
+        splits = []  # the entries each bucket sent, per step (they move between buckets under topk_scope "model")
         for _ in range(steps):
+            splits.append(ex.split)
             x, y = make_batch(model_name, batch_size, generator=gen)
             opt.zero_grad(set_to_none=True)
             ex.before_forward()
@@ -159,9 +164,10 @@ def sparse_executor_vs_reference(ctx, model_name: str, cases: list[dict], steps:
             opt.step()
         ex.remove()
         params = {n: p.detach().clone() for n, p in model.named_parameters()}
-        ref = _reference_sparse_sgd(model_name, plan, world, steps, batch_size, case["density"])
+        ref = _reference_sparse_sgd(model_name, plan, world, steps, batch_size, case["density"], splits=splits)
         row = {"params": params, "buckets": plan.num_buckets, "messages": len(plan.buckets[0].messages),
-               "diff": max((params[n] - ref[n]).abs().max().item() for n in params)}
+               "diff": max((params[n] - ref[n]).abs().max().item() for n in params), "splits": splits,
+               "topk_scope": plan.option("topk_scope", "bucket")}
         if case.get("control"):
             no_ef = _reference_sparse_sgd(model_name, plan, world, steps, batch_size, case["density"],
                                           error_feedback=False)

@@ -13,7 +13,8 @@ the same plan, weights and data:
 They must end at the same parameters **bit for bit**: the top-k selection, error-feedback residuals,
 the sparse average and the owners' updates see the same floats in the same order. What fails it:
 residuals kept in scaled units (the scale doubles every 2 steps here, so old residuals would be
-added at the wrong scale), a skipped step that left its residuals or pushes behind, a step skipped on
+added at the wrong scale), a skipped step that left its residuals, pushes or (sparse topk_scope
+"model") its counts for the next split behind, a step skipped on
 one rank only (the replicas then disagree), still-scaled gradients applied (off by 2**10).
 """
 
@@ -53,7 +54,8 @@ def _plan(case: dict, model: nn.Module):
     names = list(layer_parameters(model, "tensor"))
     if case["family"] == "sparse":  # three buckets, layers merged as OMGS does
         groups = [names[:2], names[2:5], names[5:]]
-        return Plan.from_dict({"solver": "omgs", "family": "sparse", "options": {"density": 0.25},
+        scope = {"topk_scope": case["topk_scope"]} if "topk_scope" in case else {}
+        return Plan.from_dict({"solver": "omgs", "family": "sparse", "options": {"density": 0.25, **scope},
                                "buckets": [{"layers": g, "messages": ["sparse_allgather"]} for g in groups]})
     layers = []
     for name, params in layer_parameters(model, "tensor").items():
@@ -128,6 +130,7 @@ def amp_families(ctx, cases: list[dict]) -> list[dict]:
 CASES = [
     {"family": "sparse", "control": True},
     {"family": "sparse", "clip": True},
+    {"family": "sparse", "topk_scope": "model", "control": True},  # a skipped step leaves the split as it was
     {"family": "ps", "mode": "bsp", "control": True},
     {"family": "ps", "mode": "osp"},
     {"family": "ps", "mode": "ssp"},

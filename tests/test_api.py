@@ -180,11 +180,25 @@ def test_checkpoint_resumes_bit_exactly():
     checkpoint is written model first, so the model's state_dict must flush DeAR's pending update."""
     cases = [{"scheduler": "omgs", "warmup_steps": 2, "density": 0.05},
              {"scheduler": "dear_threshold", "warmup_steps": 2, "threshold_bytes": 4096},
-             {"scheduler": "mgwfbp", "warmup_steps": 2}]
+             {"scheduler": "mgwfbp", "warmup_steps": 2},
+             {"scheduler": _omgs_per_tensor_plan()}]  # several buckets sharing one budget: the split is saved
     rank0, rank1 = launch_local(api_targets.resume_bit_exact, 2, args=(cases, 7, 4), timeout_s=600)
     for row in rank0 + rank1:
         assert row["diff"] == 0.0, row
     assert rank0[0]["has_residuals"]
+    split = rank0[3]["split"]
+    assert split is not None and len(split) == 10 and rank1[3]["split"] == split
+    assert rank0[3]["diff_without_split"] > 0.0  # the split matters: a resume without it differs
+
+
+def _omgs_per_tensor_plan():
+    """An OMGS plan (as a dict) of UserNet with one bucket per tensor (10) and the model-wide budget
+    (topk_scope "model")."""
+    from repro.workload.layers import layer_parameters
+
+    names = list(layer_parameters(api_targets.UserNet(), "tensor"))[::-1]
+    return {"family": "sparse", "solver": "omgs", "options": {"density": 0.05, "topk_scope": "model"},
+            "buckets": [{"layers": [n], "messages": ["sparse_allgather"] * 2} for n in names]}
 
 
 @pytest.mark.distributed

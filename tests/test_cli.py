@@ -279,7 +279,12 @@ def test_sparse_plan_then_simulate_round_trip(capsys, tmp_path, trace_file, solv
                        "--network", "1gbe-allgather", "--workers", "4", "-o", str(tmp_path / "plan.json"))
     assert rc == 0, err
     plan = json.loads((tmp_path / "plan.json").read_text())
-    assert plan["family"] == "sparse" and plan["options"] == {"density": 0.01}
+    scope = {"topk_scope": "model"} if solver.startswith("omgs") else {}  # the OMGS planners split one budget
+    assert plan["family"] == "sparse" and plan["options"] == {"density": 0.01, **scope}
+    rc, out, err = run(capsys, "plan", "--trace", str(trace_file), "--solver", solver, "--density", "0.01",
+                       "--topk-scope", "bucket", "--network", "1gbe-allgather", "--workers", "4")
+    assert rc == 0, err
+    assert json.loads(out)["options"] == {"density": 0.01}  # the paper's per-bucket rule, the family's default
     assert all(len(b["messages"]) == 2 for b in plan["buckets"])  # values and indices
     rc, out, err = run(capsys, "simulate", "--trace", str(trace_file), "--plan", str(tmp_path / "plan.json"),
                        "--network", "1gbe-allgather", "--workers", "4")

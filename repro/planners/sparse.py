@@ -3,8 +3,9 @@
 All take a :class:`~repro.trace.Trace`, a :class:`~repro.cost.CostModel` that knows the sparse
 all-gather line and the top-k cost (``topk_s``), the ``density`` (k = ceil(density x elements) per
 bucket) and ``pack`` (False: values and indices in two all-gathers, as the paper; True: one packed
-all-gather). They return a ``sparse`` :class:`~repro.plan.Plan` of contiguous buckets in backward
-order whose ``meta["iteration_s"]`` is the simulated iteration (:mod:`repro.sim.sparse`), equal to
+all-gather), and ``topk_scope`` (the plan's option: each bucket its own ``ceil(density x elements)``,
+"bucket", or that total split between buckets each step, "model"; see :mod:`repro.runtime.sparse`).
+They return a ``sparse`` :class:`~repro.plan.Plan` of contiguous buckets in backward order whose ``meta["iteration_s"]`` is the simulated iteration (:mod:`repro.sim.sparse`), equal to
 ``simulate(trace, plan, cost).iteration_s``.
 
 - :func:`topk_layerwise`: one top-k and all-gather per layer, pipelined with backward;
@@ -25,7 +26,7 @@ import numpy as np
 from repro.cost import CostModel
 from repro.plan import Bucket, Message, Plan
 from repro.planners._budget import DEFAULT_TIME_BUDGET_S, Search
-from repro.sim.sparse import INDEX_BYTES, sparse_iteration_s, topk_count, value_bytes
+from repro.sim.sparse import INDEX_BYTES, TOPK_SCOPES, sparse_iteration_s, topk_count, value_bytes
 from repro.trace import Trace
 
 __all__ = ["FAMILY", "topk_layerwise", "topk_single", "omgs", "omgs_optimal", "groups_time_s", "SparseCosts"]
@@ -104,28 +105,50 @@ def groups_time_s(trace: Trace, groups: Sequence[Sequence[int]], cost: CostModel
                               trace.overheads.total_s)
 
 
+def _check_scope(topk_scope) -> None:
+    if topk_scope not in TOPK_SCOPES:
+        raise ValueError(f"topk_scope must be one of {', '.join(TOPK_SCOPES)}, got {topk_scope!r}")
+
+
 def _plan(trace: Trace, groups: list[list[int]], cost: CostModel, solver: str, density: float, pack: bool,
-          **meta) -> Plan:
+          topk_scope: str = "bucket", **meta) -> Plan:
     meta["iteration_s"] = groups_time_s(trace, groups, cost, density, pack)
     names = trace.names
     buckets = [Bucket(tuple(names[i] for i in g), _ONE if pack else _TWO) for g in groups]
-    return Plan(buckets, solver, meta=meta, family="sparse", options={"density": float(density)})
+    options = {"density": float(density)}
+    if topk_scope != "bucket":  # the family's default is left out, as every plan leaves defaults out
+        options["topk_scope"] = topk_scope
+    return Plan(buckets, solver, meta=meta, family="sparse", options=options)
 
 
-def topk_layerwise(trace: Trace, cost: CostModel, density: float = 0.001, *, pack: bool = False) -> Plan:
-    """Layer-wise sparsification: one top-k and all-gather per layer, pipelined with backward."""
+def topk_layerwise(trace: Trace, cost: CostModel, density: float = 0.001, *, pack: bool = False,
+                   topk_scope: str = "bucket") -> Plan:
+    """Layer-wise sparsification: one top-k and all-gather per layer, pipelined with backward; each
+    layer sends its own ``ceil(density x elements)`` (``topk_scope`` "bucket", the OMGS paper's
+    baseline) unless ``topk_scope`` is "model"."""
     _check_density(density)
-    return _plan(trace, [[i] for i in reversed(range(trace.num_layers))], cost, "topk_layerwise", density, pack)
+    _check_scope(topk_scope)
+    return _plan(trace, [[i] for i in reversed(range(trace.num_layers))], cost, "topk_layerwise", density, pack,
+                 topk_scope)
 
 
-def topk_single(trace: Trace, cost: CostModel, density: float = 0.001, *, pack: bool = False) -> Plan:
-    """TopK-SGD: one global top-k over all gradients after backward, one all-gather."""
+def topk_single(trace: Trace, cost: CostModel, density: float = 0.001, *, pack: bool = False,
+                topk_scope: str = "bucket") -> Plan:
+    """TopK-SGD: one global top-k over all gradients after backward, one all-gather (one bucket: both
+    ``topk_scope`` values select the same entries)."""
     _check_density(density)
-    return _plan(trace, [list(reversed(range(trace.num_layers)))], cost, "topk_single", density, pack)
+    _check_scope(topk_scope)
+    return _plan(trace, [list(reversed(range(trace.num_layers)))], cost, "topk_single", density, pack, topk_scope)
 
 
-def omgs(trace: Trace, cost: CostModel, density: float = 0.001, *, pack: bool = False) -> Plan:
+def omgs(trace: Trace, cost: CostModel, density: float = 0.001, *, pack: bool = False,
+         topk_scope: str = "model") -> Plan:
     """The published OMGS-SGD merge rule (Shi et al., INFOCOM 2020), as written in omgs.md.
+
+    ``topk_scope`` (the plan's option, what the executor selects; the merge rule times every bucket at
+    ``k = ceil(density x elements)`` either way): "model" (the default) splits the model's budget between
+    the buckets by where its largest entries were the step before, so OMGS selects as TopK-SGD does
+    (docs/omgs.md, "Selection"); "bucket" is the paper's per-bucket ``ceil(density x elements)``.
 
     Walk l = L down to 2. Layer l holds what was merged into it so far (elements ``p_l``, backward
     ``t_b(l)``, top-k ``t_s(l) = t_spar(p_l)``, all-gather ``t_c(l)``). With the start times of the
@@ -140,6 +163,7 @@ def omgs(trace: Trace, cost: CostModel, density: float = 0.001, *, pack: bool = 
     after l are final, so the start times are carried forward incrementally: O(L)). Not the authors'
     script's fixed 8192-element threshold.
     """
+    _check_scope(topk_scope)
     c = SparseCosts(trace, cost, density, pack)
     p = trace.params().astype(float)
     tb = trace.backward_s()
@@ -167,12 +191,15 @@ def omgs(trace: Trace, cost: CostModel, density: float = 0.001, *, pack: bool = 
             groups.append(cur)
             cur, p_cur, tb_cur = [l - 1], float(p[l - 1]), float(tb[l - 1])
     groups.append(cur)
-    return _plan(trace, groups, cost, "omgs", density, pack)
+    return _plan(trace, groups, cost, "omgs", density, pack, topk_scope)
 
 
 def omgs_optimal(trace: Trace, cost: CostModel, density: float = 0.001, *, pack: bool = False,
-                 time_budget_s: float = DEFAULT_TIME_BUDGET_S) -> Plan:
+                 time_budget_s: float = DEFAULT_TIME_BUDGET_S, topk_scope: str = "model") -> Plan:
     """Exact minimum iteration time over all contiguous groupings of the sparse timeline.
+
+    ``topk_scope``: as :func:`omgs` (default "model"; the search times buckets at
+    ``ceil(density x elements)`` either way).
 
     The MG-WFBP argument (a bucket's later start never helps) does not carry over: a bigger bucket
     also moves later layers' backward, because its top-k occupies the compute stream. So the state
@@ -234,6 +261,7 @@ def omgs_optimal(trace: Trace, cost: CostModel, density: float = 0.001, *, pack:
     WARNING is logged; a finished search records ``optimal: True, gap_pct: 0``
     (:mod:`repro.planners._budget`). A search longer than 2 s logs progress lines (INFO).
     """
+    _check_scope(topk_scope)
     search = Search("omgs_optimal", time_budget_s, trace.num_layers, log)
     c = SparseCosts(trace, cost, density, pack)
     L = trace.num_layers
@@ -281,7 +309,9 @@ def omgs_optimal(trace: Trace, cost: CostModel, density: float = 0.001, *, pack:
                              topk_layerwise(trace, cost, density, pack=pack),
                              topk_single(trace, cost, density, pack=pack)),
                             key=lambda pl: float(pl.meta["iteration_s"]))
-            plan = best_plan.replace(solver="omgs_optimal", meta=dict(best_plan.meta))
+            scope = {"topk_scope": topk_scope} if topk_scope != "bucket" else {}
+            options = {k: v for k, v in best_plan.options.items() if k != "topk_scope"}
+            plan = best_plan.replace(solver="omgs_optimal", meta=dict(best_plan.meta), options={**options, **scope})
             search.record(plan.meta, float(best_plan.meta["iteration_s"]), max(proven, min(out[1], target)), out[2])
             return plan
         if out[0] == "found":
@@ -292,7 +322,7 @@ def omgs_optimal(trace: Trace, cost: CostModel, density: float = 0.001, *, pack:
         proven = max(proven, target)
         step *= growth
         max_states = max(max_states or 0, ABORT_STATES * out[1], ABORT_MIN_STATES * L, 1)
-    plan = _plan(trace, _groups_of(cuts, L), cost, "omgs_optimal", density, pack)
+    plan = _plan(trace, _groups_of(cuts, L), cost, "omgs_optimal", density, pack, topk_scope)
     search.record(plan.meta, float(plan.meta["iteration_s"]), None, L)
     return plan
 

@@ -6,7 +6,10 @@ PyTorch's PowerSGD hook):
 
 - a :class:`Compressor` turns a flat gradient into ``(values, indices)`` and adds such pairs back
   into a dense tensor, in one fixed order on every device (:func:`deterministic_index_add_`);
-  :class:`TopKCompressor` keeps the ``k = ceil(density * n)`` entries of largest magnitude (:func:`repro.sim.sparse.topk_count`), indices as int32 (what goes on the wire);
+  :class:`TopKCompressor` keeps the ``k`` entries of largest magnitude, indices as int32 (what goes on
+  the wire); ``k = ceil(density * n)`` per bucket (:func:`repro.sim.sparse.topk_count`), or under the
+  plan's ``topk_scope`` "model" the same total split between the buckets by where the model's largest
+  entries were the step before (:class:`SparseExecutor`, :func:`budget_counts`, :func:`allocate_budget`);
 - a :class:`Memory` holds what a worker did not send: ``compensate(key, flat)`` adds the held-back
   residual to the new gradient, ``update(key, compensated, indices)`` keeps ``compensated`` with
   the sent entries zeroed. :class:`ResidualMemory` is exact: the sent values scattered into zeros
@@ -65,11 +68,12 @@ from repro.runtime.clock import clock_for
 from repro.runtime.deferred import DeferredUpdateOptimizer
 from repro.runtime.executor import Executor, ExecutorOptions, FoundInfReport, ScaledStep, check_scaled_step
 from repro.runtime.topk import topk_indices
-from repro.sim.sparse import INDEX_BYTES, topk_count
+from repro.sim.sparse import INDEX_BYTES, TOPK_SCOPES, topk_count
 from repro.workload.layers import layer_parameters
 
 __all__ = ["deterministic_index_add_", "Compressor", "TopKCompressor", "Memory", "NoMemory", "ResidualMemory", "AllGatherCommunicator",
-           "Exchange", "SparseBucketTiming", "SparseExecutor", "SparseScaledOptimizer", "calibrate"]
+           "Exchange", "SparseBucketTiming", "SparseExecutor", "SparseScaledOptimizer", "calibrate", "budget_counts",
+           "allocate_budget", "TOPK_SCOPES"]
 
 INDEX_DTYPE = torch.int32  # indices on the wire (INDEX_BYTES bytes each)
 assert torch.tensor([], dtype=INDEX_DTYPE).element_size() == INDEX_BYTES
@@ -140,8 +144,9 @@ class Compressor(ABC):
         """How many entries :meth:`compress` keeps of a tensor of ``numel`` elements."""
 
     @abstractmethod
-    def compress(self, flat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(values, indices)`` of the entries sent, ``values[i] == flat[indices[i]]``."""
+    def compress(self, flat: torch.Tensor, k: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(values, indices)`` of the entries sent, ``values[i] == flat[indices[i]]``: ``k`` of them
+        (``1 <= k <= flat.numel()``; None: :meth:`count` of the tensor's size)."""
 
     @staticmethod
     def decompress(values: torch.Tensor, indices: torch.Tensor, out: torch.Tensor,
@@ -155,7 +160,7 @@ class Compressor(ABC):
 
 
 class TopKCompressor(Compressor):
-    """Keep the ``k = ceil(density * n)`` entries of largest magnitude (at least one)."""
+    """Keep the ``k`` entries of largest magnitude; by default ``k = ceil(density * n)`` (at least one)."""
 
     def __init__(self, density: float) -> None:
         self.density = _check_density(density)
@@ -163,13 +168,15 @@ class TopKCompressor(Compressor):
     def count(self, numel: int) -> int:
         return int(topk_count(int(numel), self.density))
 
-    def compress(self, flat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def compress(self, flat: torch.Tensor, k: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         if flat.dim() != 1:
             raise ValueError(f"compress takes a flat (1-D) tensor, got shape {tuple(flat.shape)}")
         n = flat.numel()
         if n >= 2**31:
             raise ValueError(f"a bucket of {n} elements does not fit int32 indices; split it")
-        k = self.count(n)
+        k = self.count(n) if k is None else int(k)
+        if not 1 <= k <= n:
+            raise ValueError(f"k must be in 1..{n} for a bucket of {n} elements, got {k}")
         if k == n:  # density 1 (or a tiny tensor): everything, no selection
             return flat.clone(), torch.arange(n, dtype=INDEX_DTYPE, device=flat.device)
         indices = topk_indices(flat.abs(), k)
@@ -332,6 +339,106 @@ class AllGatherCommunicator:
 
 
 # ---------------------------------------------------------------------------------------------
+# Top-k scope "model": one budget shared by the buckets
+# ---------------------------------------------------------------------------------------------
+
+BUDGET_SAMPLE = 65536  # magnitudes sampled (about) to estimate the model-wide threshold
+_BUDGET_MIN_SAMPLE = 1024  # at least this many from each bucket (all of a smaller one)
+
+
+def budget_counts(compensated: list[torch.Tensor], sent: list[torch.Tensor], total: int,
+                  sample: int = BUDGET_SAMPLE) -> torch.Tensor:
+    """Per bucket, how many of this worker's entries lie among the ``total`` largest magnitudes of the
+    whole model: the entries of ``|compensated[b]|`` at or above one threshold ``tau``, an estimate of
+    the model-wide ``total``-th largest magnitude (int64 tensor, one count per bucket, on the buckets'
+    device).
+
+    ``compensated[b]``: bucket b's gradient plus residual (1-D), ``sent[b]``: the values it sent this
+    step (its ``k_b`` largest magnitudes; ``sum k_b == total``). Nothing model-wide is sorted: bucket b
+    is described by strided samples, of its sent values (all at or above ``m_b``, the smallest one
+    sent; each sampled value weighing ``k_b / samples``) and of its other entries (those of a strided
+    sample of ``compensated[b]`` below ``m_b``, each weighing ``numel / samples``), about ``sample``
+    of each over the model and at least 1024 of each per bucket (every one of a smaller set). ``tau``
+    is the largest sampled value at which the weights at or above it reach ``total``. The counts are
+    then exact for that ``tau``: from the sent values where ``tau >= m_b``, else by comparing every
+    entry of the bucket (only buckets whose share was too small pay that pass). Cost: a sort of the
+    samples and one comparison per sent value or entry counted. Deterministic: the same tensors give
+    the same counts on every device."""
+    if len(compensated) != len(sent) or not compensated:
+        raise ValueError("budget_counts takes one compensated tensor and one sent tensor per bucket")
+    numel = sum(c.numel() for c in compensated)
+    stride = max(1, numel // max(1, int(sample)))
+    sent_stride = max(1, sum(v.numel() for v in sent) // max(1, int(sample)))
+    points, weights, floors = [], [], []
+    for flat, values in zip(compensated, sent):
+        if values.numel() == 0:
+            raise ValueError("every bucket sends at least one value")
+        mag = values.detach().abs().float()
+        floor = mag.min()
+        drawn_sent = mag[::min(sent_stride, max(1, mag.numel() // _BUDGET_MIN_SAMPLE))]
+        drawn = flat.detach()[::min(stride, max(1, flat.numel() // _BUDGET_MIN_SAMPLE))].abs().float()
+        below = drawn[drawn < floor]
+        points += [drawn_sent, below]
+        weights += [torch.full((drawn_sent.numel(),), mag.numel() / drawn_sent.numel(), dtype=torch.float64,
+                               device=mag.device),
+                    torch.full((below.numel(),), flat.numel() / drawn.numel(), dtype=torch.float64, device=mag.device)]
+        floors.append(floor)
+    values_all = torch.cat(points)
+    order = torch.sort(values_all, descending=True, stable=True).indices
+    cum = torch.cumsum(torch.cat(weights)[order], 0)
+    at = int(torch.searchsorted(cum, torch.tensor([float(total)], dtype=torch.float64, device=cum.device)).item())
+    tau = float(values_all[order[min(at, order.numel() - 1)]])
+    counts = []
+    for flat, values, floor in zip(compensated, sent, torch.stack(floors).tolist()):
+        if tau >= floor:
+            counts.append((values.detach().abs().float() >= tau).sum())
+        else:
+            counts.append((flat.detach().abs().float() >= tau).sum())
+    return torch.stack(counts).to(torch.int64)
+
+
+def allocate_budget(counts: list[int], sizes: list[int], total: int) -> list[int]:
+    """Split ``total`` entries between buckets of ``sizes`` elements in proportion to ``counts``: each
+    bucket gets at least 1 and at most its size, the rest by largest remainder (ties to the lower
+    index), a bucket filled to its size handing its excess to the others; what no counted bucket can
+    take goes to the others in index order. Integer and order-exact, so every rank given the same
+    counts gets the same split. Needs ``len(sizes) <= total <= sum(sizes)``."""
+    B = len(sizes)
+    if len(counts) != B or not B <= total <= sum(sizes) or min(sizes) < 1:
+        raise ValueError(f"cannot split {total} entries between {B} buckets of {sum(sizes)} elements")
+    k = [1] * B
+    left = total - B
+    weight = [max(0, int(c)) for c in counts]
+    open_ = [b for b in range(B) if weight[b] > 0 and k[b] < sizes[b]]
+    while left > 0 and open_:
+        wsum = sum(weight[b] for b in open_)
+        share = {b: left * weight[b] / wsum for b in open_}
+        full = [b for b in open_ if k[b] + share[b] >= sizes[b]]
+        if full:
+            for b in full:
+                left -= sizes[b] - k[b]
+                k[b] = sizes[b]
+            open_ = [b for b in open_ if b not in full]
+            continue
+        whole = {b: min(int(share[b]), sizes[b] - k[b]) for b in open_}
+        for b in open_:
+            k[b] += whole[b]
+        left -= sum(whole.values())
+        for b in sorted(open_, key=lambda b: (whole[b] - share[b], b)):
+            if left > 0 and k[b] < sizes[b]:
+                k[b] += 1
+                left -= 1
+        open_ = [b for b in open_ if k[b] < sizes[b]]
+    for b in range(B):
+        if left <= 0:
+            break
+        extra = min(left, sizes[b] - k[b])
+        k[b] += extra
+        left -= extra
+    return k
+
+
+# ---------------------------------------------------------------------------------------------
 # Executor
 # ---------------------------------------------------------------------------------------------
 
@@ -365,6 +472,9 @@ class _Bucket:
     slots: list[_Slot] = field(default_factory=list)
     pending: int = 0
     exchange: Exchange | None = None
+    k: int = 1                                # entries this bucket sends this step
+    compensated: torch.Tensor | None = None   # topk_scope "model": this step's gradient + residual ...
+    sent: torch.Tensor | None = None          # ... and the values sent, until after_backward counts them
 
 
 def _check_plan(model: nn.Module, plan: Plan | None, view: str) -> dict[str, list[tuple[str, nn.Parameter]]]:
@@ -387,7 +497,23 @@ def _check_plan(model: nn.Module, plan: Plan | None, view: str) -> dict[str, lis
 
 class SparseExecutor(Executor):
     """The sparse family's executor (see the module docstring). ``compressor`` and ``memory`` default
-    to :class:`TopKCompressor` at the plan's density and :class:`ResidualMemory`."""
+    to :class:`TopKCompressor` at the plan's density and :class:`ResidualMemory`.
+
+    The plan's ``topk_scope`` says how many entries each bucket sends (``k_b``):
+
+    - ``"bucket"`` (the default; OMGS-SGD as published): ``k_b = compressor.count(n_b)``, i.e.
+      ``ceil(density * n_b)``, every step;
+    - ``"model"``: the same total ``K = sum_b ceil(density * n_b)`` each step, split between the buckets
+      by where the model's ``K`` largest magnitudes of gradient + residual were in the step before (the
+      first step after the executor starts uses the ``"bucket"`` split). After each backward every rank
+      counts, per bucket, its entries at or above an estimate of its model-wide ``K``-th largest
+      magnitude (:func:`budget_counts`); one all-reduce (sum, int64, started after the buckets'
+      all-gathers and waited at the next step's first bucket) gives every rank the same counts, and
+      :func:`allocate_budget` makes the next step's ``k_b`` from them (at least 1, at most ``n_b``).
+      So the selection follows TopK-SGD's model-wide top-k one step late, while each bucket is still
+      compressed and sent during backward. With one bucket, or when ``K`` is every element, both
+      scopes are the same and nothing is counted. A step a GradScaler skips leaves the split as it was.
+    """
 
     finishes_in_backward = True  # the exchange is waited for after backward anyway (Executor)
 
@@ -399,6 +525,7 @@ class SparseExecutor(Executor):
         if not dist.is_initialized():
             raise RuntimeError("torch.distributed is not initialised: start ranks with repro.cluster.local")
         self.compressor = compressor or TopKCompressor(plan.option("density"))
+        self.topk_scope = plan.option("topk_scope", "bucket")
         self.memory = memory if memory is not None else ResidualMemory()
         self.comm = AllGatherCommunicator(group)
         self.world_size = self.comm.world_size
@@ -418,7 +545,14 @@ class SparseExecutor(Executor):
                     self._slots.append(slot)
                     offset += p.numel()
             bucket.pending = len(bucket.slots)
+            bucket.k = self.compressor.count(numel)
             self._buckets.append(bucket)
+        self._budget = sum(b.k for b in self._buckets)  # K: entries each rank sends per step
+        # topk_scope "model" moves entries between buckets: only where there are several and not all are sent
+        self._shared_budget = (self.topk_scope == "model" and len(self._buckets) > 1
+                               and self._budget < sum(b.buffer.numel() for b in self._buckets))
+        self._counts: tuple[torch.Tensor, Any] | None = None  # the all-reduce of this step's counts in flight
+        self._keep_split = False  # a skipped step: its counts are waited for, then dropped
         self._next = 0
         self._scaler: Any = None          # the GradScaler (wrap_optimizer), None without one
         self._report: FoundInfReport | None = None
@@ -429,7 +563,7 @@ class SparseExecutor(Executor):
         self._synchronized = False
         self.timings = []
         for i, b in enumerate(self._buckets):
-            n, k = b.buffer.numel(), self.compressor.count(b.buffer.numel())
+            n, k = b.buffer.numel(), b.k
             self.timings.append(SparseBucketTiming(i, b.layers, k * (b.buffer.element_size() + INDEX_BYTES),
                                                    numel=n, k=k, messages=1 if b.packed else 2))
         self.clock = clock_for(model, self.options.clock)
@@ -457,8 +591,13 @@ class SparseExecutor(Executor):
         self._buckets[slot.bucket].pending -= 1
 
     def _launch_ready(self) -> None:
+        if self._counts is not None:  # the last step's counts: this step's split (topk_scope "model")
+            self._settle_split()
         while self._next < len(self._buckets) and self._buckets[self._next].pending == 0:
             i, bucket = self._next, self._buckets[self._next]
+            if self._shared_budget:  # what this step sends (the split moves from step to step)
+                self.timings[i].k = bucket.k
+                self.timings[i].bytes = bucket.k * (bucket.buffer.element_size() + INDEX_BYTES)
             timing = self.timings[i] if self.record_timeline else None
             if timing is not None:
                 timing.end_s = float("nan")
@@ -468,8 +607,10 @@ class SparseExecutor(Executor):
                 self._unscale(flat)
                 self.memory.keep(i)
             flat = self.memory.compensate(i, flat)
-            values, indices = self.compressor.compress(flat)
+            values, indices = self.compressor.compress(flat, bucket.k)
             self.memory.update(i, flat, indices)
+            if self._shared_budget:
+                bucket.compensated, bucket.sent = flat, values
             if timing is not None:
                 timing.compress_end_s = timing.launch_s = time.perf_counter()
                 bucket.exchange = self.comm.start(values, indices, bucket.packed,
@@ -477,6 +618,29 @@ class SparseExecutor(Executor):
             else:
                 bucket.exchange = self.comm.start(values, indices, bucket.packed)
             self._next += 1
+
+    def _settle_split(self) -> None:
+        """Wait for the counts' all-reduce in flight and make the next step's ``k_b`` from them
+        (unless the step they came from was skipped)."""
+        counts, work = self._counts
+        self._counts = None
+        work.wait()
+        if self._keep_split or not bool(counts.any()):  # a skipped step, or nothing counted (all zero)
+            self._keep_split = False
+            return
+        self._set_split(allocate_budget(counts.tolist(), [b.buffer.numel() for b in self._buckets], self._budget))
+
+    def _set_split(self, ks: list[int]) -> None:
+        for b, k in zip(self._buckets, ks):
+            b.k = int(k)
+
+    @property
+    def split(self) -> list[int]:
+        """The entries each bucket sends in the next step (``k_b``, plan order), the counts in flight
+        included."""
+        if self._counts is not None:
+            self._settle_split()
+        return [b.k for b in self._buckets]
 
     def _unscale(self, flat: torch.Tensor) -> None:
         """Bring a bucket the scaler scaled back to the gradient's units (see the module docstring), and
@@ -532,6 +696,7 @@ class SparseExecutor(Executor):
         self._report.report(found)
         if found:
             self.memory.undo()
+            self._keep_split = self._counts is not None  # the skipped step's counts are not used
         else:
             self.memory.commit()
             if amp.inv_scale is not None:
@@ -558,6 +723,13 @@ class SparseExecutor(Executor):
             if not slot.written:
                 self._write(slot)
         self._launch_ready()
+        if self._shared_budget:  # counted while the all-gathers are in flight (the buffers are read only)
+            counts = budget_counts([b.compensated for b in self._buckets], [b.sent for b in self._buckets],
+                                   self._budget)
+            work = dist.all_reduce(counts, group=self.comm.group, async_op=True)
+            self._counts = (counts, work)
+            for b in self._buckets:
+                b.compensated = b.sent = None
         for bucket in self._buckets:
             values, indices = self.comm.finish(bucket.exchange)
             dense = bucket.buffer.zero_()
@@ -575,14 +747,28 @@ class SparseExecutor(Executor):
         self.clock.end_iteration()  # a layer with no gradient in the next backward gets no time
 
     def state_dict(self) -> dict[str, Any]:
-        """The error-feedback residuals (what each bucket held back), by bucket index; a checkpoint
-        without them would resume with different gradients. Only :class:`ResidualMemory` keeps any."""
+        """The error-feedback residuals (what each bucket held back), by bucket index, and under
+        ``topk_scope`` "model" the next step's split (``k_b`` per bucket); a checkpoint without them would
+        resume with different gradients. Only :class:`ResidualMemory` keeps residuals."""
+        state: dict[str, Any] = {}
+        if self._shared_budget:
+            state["split"] = self.split
         residuals = getattr(self.memory, "residuals", None)
-        if not residuals:
-            return {}
-        return {"residuals": {int(k): v.detach().clone() for k, v in residuals.items()}}
+        if residuals:
+            state["residuals"] = {int(k): v.detach().clone() for k, v in residuals.items()}
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        split = state.get("split")
+        if split is not None:
+            sizes = [b.buffer.numel() for b in self._buckets]
+            if (not self._shared_budget or len(split) != len(sizes) or sum(split) != self._budget
+                    or any(not 1 <= int(k) <= n for k, n in zip(split, sizes))):
+                raise ValueError(f"checkpoint split {list(split)[:8]}... does not fit this plan's {len(sizes)} buckets "
+                                 f"sending {self._budget} entries (topk_scope {self.topk_scope!r})")
+            if self._counts is not None:
+                self._settle_split()
+            self._set_split([int(k) for k in split])
         residuals = getattr(self.memory, "residuals", None)
         if residuals is None:
             if state.get("residuals"):
@@ -595,6 +781,8 @@ class SparseExecutor(Executor):
             residuals[int(k)] = v.to(self._buckets[int(k)].buffer.device).clone()
 
     def remove(self) -> None:
+        if self._counts is not None:  # no collective left behind
+            self._settle_split()
         for h in self._handles:
             h.remove()
         self._handles = []

@@ -15,6 +15,10 @@ A bucket sends ``k = ceil(density * d)`` values (the gradient's dtype, 4 bytes f
 packed message of both (one start-up). The all-gather line is the cost model's
 ``sparse_allgather`` (:mod:`repro.cost`: bytes per worker, line in gathered bytes).
 
+The simulator times each bucket at ``k = ceil(density * d)`` also for a plan whose ``topk_scope`` is
+"model" (the executor then moves entries between buckets from step to step, the total unchanged):
+start-ups and total bytes are the same, only the per-bucket sizes of a given step differ.
+
 A measured trace's :class:`~repro.trace.Overheads` are added as in the all-reduce family. Two
 implementations of one model, checked against each other by the tests: :func:`build_graph` (the
 event-engine graph, gives the timeline) and :func:`sparse_iteration_s` (the closed form planners
@@ -31,10 +35,11 @@ from repro.sim.allreduce import bucket_label
 from repro.sim.engine import Task
 from repro.sim.result import SimGraph, SimResult
 
-__all__ = ["INDEX_BYTES", "topk_count", "bucket_numels", "value_bytes", "message_bytes", "check_buckets",
+__all__ = ["INDEX_BYTES", "TOPK_SCOPES", "topk_count", "bucket_numels", "value_bytes", "message_bytes", "check_buckets",
            "sparse_times_s", "sparse_iteration_s", "sparse_tasks", "build_graph", "closed_form"]
 
 INDEX_BYTES = 4  # int32 indices on the wire
+TOPK_SCOPES = ("bucket", "model")  # a sparse plan's topk_scope option (repro.runtime.sparse.SparseExecutor)
 
 
 def topk_count(numel, density: float):
