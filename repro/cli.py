@@ -793,8 +793,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--pack", action="store_true", help="sparse planners: values and indices in one all-gather "
                    "message per bucket instead of two")
     p.add_argument("--topk-scope", choices=("bucket", "model"), help="sparse planners: each bucket sends its own "
-                   "ceil(density x elements) (bucket) or that total is split between the buckets each step by where "
-                   "the model's largest entries were the step before (model; the default of omgs and omgs_optimal)")
+                   "ceil(density x elements) (bucket: the paper's rule, the default) or that total is split between "
+                   "the buckets each step by where the model's largest entries were the step before (model: this "
+                   "package's variant)")
     p.add_argument("--servers", type=int, help="parameter-server planners (ps_*, osp*): server shards (default 1)")
     p.add_argument("--staleness", type=int, help="ps_ssp: iterations a worker may run ahead of the slowest "
                    "(planner default 2)")

@@ -175,9 +175,9 @@ _declare("sparse", [
               "everything (dense S-SGD)", "sparse", default=0.001, unit="fraction",
               check=_fraction("density", open_low=True)),
     RunOption("topk_scope", str, "sparse schedulers: which entries the buckets send: bucket (each bucket its own "
-              "ceil(density x elements), as OMGS-SGD is published; the default of topk_layerwise and topk_single) or "
-              "model (that total split between the buckets each step by where the model's largest entries were "
-              "the step before, TopK-SGD's selection; the default of omgs and omgs_optimal)", "sparse",
+              "ceil(density x elements), as OMGS-SGD is published; every scheduler's default) or model (this "
+              "package's variant: that total split between the buckets each step by where the model's largest "
+              "entries were the step before, TopK-SGD's selection)", "sparse",
               choices=("bucket", "model")),
 ])
 _declare("dear", [

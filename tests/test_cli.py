@@ -279,7 +279,7 @@ def test_sparse_plan_then_simulate_round_trip(capsys, tmp_path, trace_file, solv
                        "--network", "1gbe-allgather", "--workers", "4", "-o", str(tmp_path / "plan.json"))
     assert rc == 0, err
     plan = json.loads((tmp_path / "plan.json").read_text())
-    scope = {"topk_scope": "model"} if solver.startswith("omgs") else {}  # the OMGS planners split one budget
+    scope = {}  # every sparse planner keeps the paper's per-bucket rule (the default, left out of the plan)
     assert plan["family"] == "sparse" and plan["options"] == {"density": 0.01, **scope}
     rc, out, err = run(capsys, "plan", "--trace", str(trace_file), "--solver", solver, "--density", "0.01",
                        "--topk-scope", "bucket", "--network", "1gbe-allgather", "--workers", "4")

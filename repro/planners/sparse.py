@@ -142,13 +142,14 @@ def topk_single(trace: Trace, cost: CostModel, density: float = 0.001, *, pack: 
 
 
 def omgs(trace: Trace, cost: CostModel, density: float = 0.001, *, pack: bool = False,
-         topk_scope: str = "model") -> Plan:
+         topk_scope: str = "bucket") -> Plan:
     """The published OMGS-SGD merge rule (Shi et al., INFOCOM 2020), as written in omgs.md.
 
     ``topk_scope`` (the plan's option, what the executor selects; the merge rule times every bucket at
-    ``k = ceil(density x elements)`` either way): "model" (the default) splits the model's budget between
-    the buckets by where its largest entries were the step before, so OMGS selects as TopK-SGD does
-    (docs/omgs.md, "Selection"); "bucket" is the paper's per-bucket ``ceil(density x elements)``.
+    ``k = ceil(density x elements)`` either way): "bucket" (the default) is the paper's per-bucket
+    ``ceil(density x elements)``; "model", this package's variant, splits the model's budget between
+    the buckets by where its largest entries were the step before, so that OMGS selects as TopK-SGD
+    does whatever the buckets (docs/omgs.md, "Selection").
 
     Walk l = L down to 2. Layer l holds what was merged into it so far (elements ``p_l``, backward
     ``t_b(l)``, top-k ``t_s(l) = t_spar(p_l)``, all-gather ``t_c(l)``). With the start times of the
@@ -195,7 +196,7 @@ def omgs(trace: Trace, cost: CostModel, density: float = 0.001, *, pack: bool = 
 
 
 def omgs_optimal(trace: Trace, cost: CostModel, density: float = 0.001, *, pack: bool = False,
-                 time_budget_s: float = DEFAULT_TIME_BUDGET_S, topk_scope: str = "model") -> Plan:
+                 time_budget_s: float = DEFAULT_TIME_BUDGET_S, topk_scope: str = "bucket") -> Plan:
     """Exact minimum iteration time over all contiguous groupings of the sparse timeline.
 
     ``topk_scope``: as :func:`omgs` (default "model"; the search times buckets at
