@@ -122,7 +122,7 @@ from torch import nn
 from repro.cost import CostModel
 from repro.families import get_family
 from repro.presets import preset
-from repro.run_options import RUN_OPTIONS, check_run_options
+from repro.run_options import RUN_OPTIONS, check_run_options, check_wire_dtype
 from repro.plan import WIRE_DTYPE_BYTES, Plan, PlanError
 from repro.runtime.buffers import broadcast_module_state
 from repro.runtime.executor import Executor, ExecutorOptions, FoundInfReport, ScaledStep, scaled_step
@@ -860,9 +860,12 @@ def distribute(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: st
     if wire_dtype is not None:
         if not isinstance(wire_dtype, str) or wire_dtype not in WIRE_DTYPE_BYTES:
             _fail(f"unknown wire_dtype {wire_dtype!r}; choose one of {', '.join(WIRE_DTYPE_BYTES)} (by name)")
-        if sched is None or not sched.wire_dtype:
-            _fail(f"wire_dtype does not apply to {name or 'a given plan'} (schedulers that take it: "
-                  "the all-reduce planners)")
+        if sched is None:
+            _fail("wire_dtype does not apply to a given plan, which fixes its own (make the plan with wire_dtype)")
+        try:
+            wire_dtype = check_wire_dtype(wire_dtype, sched)
+        except ValueError as e:
+            _fail(str(e))
         options = {**options, "wire_dtype": wire_dtype}
     if grad_scaler is not None:
         if not (hasattr(grad_scaler, "scale") and hasattr(grad_scaler, "unscale_") and hasattr(grad_scaler, "update")):

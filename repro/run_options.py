@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
 __all__ = ["RunOption", "RUN_OPTIONS", "register_run_option", "register_group_check", "check_run_options",
-           "option_flag"]
+           "option_flag", "check_wire_dtype"]
 
 
 @dataclass(frozen=True)
@@ -232,3 +232,22 @@ def _reducer_engine(values: Mapping[str, Any]) -> None:
 
 
 register_group_check(_reducer_engine)
+
+
+def check_wire_dtype(wire_dtype: str | None, scheduler: Any) -> str | None:
+    """The wire dtype ``scheduler`` (a :class:`repro.schedulers.Scheduler`) runs with, or ValueError in one
+    line: ``wire_dtype`` (a name of :data:`repro.plan.WIRE_DTYPE_BYTES`, or None: each gradient's own
+    dtype) is taken only by a scheduler that casts its messages (``Scheduler.wire_dtype``). The same rule
+    and words for :func:`repro.distribute`, ``repro train`` and ``repro grid check``."""
+    from repro.plan import WIRE_DTYPE_BYTES
+    from repro.schedulers import get_scheduler, scheduler_names
+
+    if wire_dtype is None:
+        return None
+    if not isinstance(wire_dtype, str) or wire_dtype not in WIRE_DTYPE_BYTES:
+        raise ValueError(f"unknown wire_dtype {wire_dtype!r}; choose one of {', '.join(WIRE_DTYPE_BYTES)} (by name)")
+    if not scheduler.wire_dtype:
+        able = [n for n in scheduler_names() if get_scheduler(n).wire_dtype]
+        raise ValueError(f"wire_dtype {wire_dtype} does not apply to scheduler '{scheduler.name}', which sends each "
+                         f"gradient in its own dtype (the schedulers that cast: {', '.join(able)})")
+    return wire_dtype
