@@ -758,7 +758,8 @@ def distribute(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: st
     for this world size instead of fitting the live group; ``cost``: a CostModel or its JSON file.
     ``view``: layers are parameter tensors (``tensor``) or parameter-owning modules (``module``); a
     given plan's layer names must be the model's in that view. ``wire_dtype``: send gradients in
-    ``"float16"``/``"bfloat16"`` (by name; schedulers that support it). ``options``: the scheduler's own
+    ``"float16"``/``"bfloat16"`` (by name; schedulers that cast, ``repro schedulers``); every scheduler
+    takes the gradients' own dtype (``"float32"`` for a float32 model), which changes nothing. ``options``: the scheduler's own
     options (e.g. ``threshold_bytes``, ``density``; ``repro schedulers`` lists each one's). ``grad_scaler``: the
     ``torch.amp.GradScaler`` your loop uses (``scaler.scale(loss).backward(); scaler.step(optimizer);
     scaler.update()``): the exchanged gradients are unscaled, and a step with an inf/nan on any rank is
@@ -862,11 +863,14 @@ def distribute(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: st
             _fail(f"unknown wire_dtype {wire_dtype!r}; choose one of {', '.join(WIRE_DTYPE_BYTES)} (by name)")
         if sched is None:
             _fail("wire_dtype does not apply to a given plan, which fixes its own (make the plan with wire_dtype)")
+        own = {str(p.dtype).removeprefix("torch.") for p in model.parameters() if p.requires_grad
+               and p.is_floating_point()}
         try:
-            wire_dtype = check_wire_dtype(wire_dtype, sched)
+            wire_dtype = check_wire_dtype(wire_dtype, sched, sorted(own))
         except ValueError as e:
             _fail(str(e))
-        options = {**options, "wire_dtype": wire_dtype}
+        if wire_dtype is not None:  # None: the gradients' own dtype, nothing to cast
+            options = {**options, "wire_dtype": wire_dtype}
     if grad_scaler is not None:
         if not (hasattr(grad_scaler, "scale") and hasattr(grad_scaler, "unscale_") and hasattr(grad_scaler, "update")):
             _fail(f"grad_scaler must be a torch.amp.GradScaler, got {type(grad_scaler).__name__}")

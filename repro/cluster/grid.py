@@ -27,7 +27,8 @@ A grid file::
         models: {resnet152: {batch_size: 128}, densenet161: {batch_size: 64}}
         world_sizes: [1, 16]           # P: training ranks (a parameter server's ranks come on top)
         schedulers: [wfbp, mgwfbp]     # or a mapping: scheduler -> its own options ({ps_ssp: {staleness: 2}})
-        precisions: [float32, float16] # wire dtypes (repro train --wire-dtype)
+        precisions: [float32, float16] # wire dtypes (repro train --wire-dtype; float32, the models' own, is
+                                       # the default: every scheduler runs it, the launchers pass no flag)
         train: {}                      # options of this experiment only (override the file's; null drops one)
       - name: convergence              # accuracy vs epoch: a real dataset and epochs instead of steps
         kind: convergence              # optional (epochs make it one); refused without epochs and a dataset
@@ -56,7 +57,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
-__all__ = ["GRID_PAPERS", "GridError", "Grid", "RunConfig", "grids_dir", "grid_path", "load_grid", "parse_grid",
+__all__ = ["GRID_PAPERS", "DEFAULT_PRECISION", "GridError", "Grid", "RunConfig", "grids_dir", "grid_path", "load_grid", "parse_grid",
            "run_id", "run_status", "status_table", "mark_failed", "clear_failed", "count_status", "grid_run_ids",
            "finished_run_ids", "FAILED_DIR", "STATUSES", "KINDS"]
 
@@ -71,6 +72,9 @@ KINDS = ("throughput", "convergence")
 # Keys of a configuration that are not `repro train` options of the run itself.
 _PLACEMENT = ("paper", "experiment", "world_size", "nodes", "gpus_per_node", "processes")
 _PRECISIONS = ("float32", "float16", "bfloat16")
+#: an experiment's precision when it gives none: the models' own dtype, which every scheduler takes (the
+#: launchers pass ``--wire-dtype`` only for another one)
+DEFAULT_PRECISION = "float32"
 
 
 class GridError(ValueError):
@@ -305,7 +309,7 @@ def parse_grid(data: Any, path: Path | str | None = None) -> Grid:
             raise _fail(ew, f"world_sizes must be a non-empty list of GPU counts, got {sizes!r}")
         sizes = [_positive_int(ew, "world_sizes", p) for p in sizes]
         sched_opts = _schedulers(ew, exp.get("schedulers"))
-        precisions = _names(ew, "precisions", exp.get("precisions", ["float32"]))
+        precisions = _names(ew, "precisions", exp.get("precisions", [DEFAULT_PRECISION]))
         bad = [p for p in precisions if p not in _PRECISIONS]
         if bad:
             raise _fail(ew, f"precision(s) {', '.join(bad)} unknown: use {', '.join(_PRECISIONS)}")

@@ -38,8 +38,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from repro.cluster.grid import (Grid, RunConfig, clear_failed, count_status, load_grid, mark_failed,
-                                run_status, status_table)
+from repro.cluster.grid import (DEFAULT_PRECISION, Grid, RunConfig, clear_failed, count_status, load_grid,
+                                mark_failed, run_status, status_table)
 
 __all__ = ["LAUNCHERS", "GridStop", "DEFAULT_PORT", "train_argv", "torchrun_argv", "shell_command",
            "write_job_scripts", "launch_local_grid", "emulate_nodes", "submit_slurm", "wait_jobs",
@@ -73,10 +73,14 @@ def _flag(name: str) -> str:
 
 
 def train_argv(run: RunConfig, runs_dir: str | Path, *, backend: str = "nccl", device: str = "cuda") -> list[str]:
-    """``-m repro.train`` and every flag of ``run`` (model, scheduler, batch, wire dtype, its options),
-    its run id, ``--results-dir runs_dir``, ``--backend``/``--device`` and ``--overwrite --quiet``."""
+    """``-m repro.train`` and every flag of ``run`` (model, scheduler, batch, its options; ``--wire-dtype``
+    only for a precision other than :data:`~repro.cluster.grid.DEFAULT_PRECISION`, the models' own, so
+    that a scheduler that cannot cast is not given one), its run id, ``--results-dir runs_dir``,
+    ``--backend``/``--device`` and ``--overwrite --quiet``."""
     argv = ["-m", "repro.train", "--model", str(run["model"]), "--scheduler", str(run["scheduler"]),
-            "--batch-size", str(run["batch_size"]), "--wire-dtype", str(run["wire_dtype"])]
+            "--batch-size", str(run["batch_size"])]
+    if run["wire_dtype"] != DEFAULT_PRECISION:
+        argv += ["--wire-dtype", str(run["wire_dtype"])]
     for key, value in run.train_options().items():
         if key in ("model", "scheduler", "batch_size", "wire_dtype"):
             continue
