@@ -212,10 +212,15 @@ class _CommonConfig:
         sched = get_scheduler(self.scheduler)
         return (self.servers or 1) if sched.family is not None and get_family(sched.family).server else 0
 
-    def check_world(self, world_size: int) -> None:
-        """Checks that need the world size (made before any step)."""
+    def check_world(self, world_size: int, backend: str | None = None) -> None:
+        """Checks that need the world size (ranks, servers included) and, if given, the process group's
+        ``backend`` (``gloo``/``nccl``); made before any step."""
         sched = get_scheduler(self.scheduler)
         serving = self.serving_ranks()
+        if serving and backend == "nccl":
+            raise ValueError(f"'{self.scheduler}' runs {serving} dedicated server rank(s), which serve each worker "
+                             "from a thread of its own, point to point, and NCCL does not support that: they need "
+                             "the gloo backend")
         if serving:
             if world_size - serving < 2:
                 raise ValueError(f"'{self.scheduler}' runs {serving} server rank(s) and needs at least 2 workers "
