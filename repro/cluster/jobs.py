@@ -21,6 +21,11 @@ Launchers (the notebooks' ``launcher`` parameter, :func:`prepare_paper_runs`):
 :func:`emulate_nodes` runs one configuration as ``nodes`` torchrun agents on this machine (c10d on
 127.0.0.1, gloo on the CPU): the multi-node path, testable without a cluster.
 
+Every launcher first puts the runs it would launch through their ranks' start-up checks
+(:func:`repro.cluster.grid_check.refuse_bad_runs`, with its backend and device): when one would be refused
+it writes, starts and submits nothing and raises :class:`repro.cluster.grid_check.BadRuns` (a
+:class:`GridStop`: one line, and one line per bad run in ``lines``).
+
 A run is launched only when it is not finished (:func:`repro.cluster.grid.run_status`); a failed launch
 leaves ``<runs_dir>/.grid/<run_id>.failed`` and is launched again next time (with ``--overwrite``, which
 replaces only what a stopped run left: a finished run is never launched).
@@ -145,6 +150,8 @@ exit "$rc"
 def write_job_scripts(runs: Sequence[RunConfig], runs_dir: str | Path, jobs_dir: str | Path, *,
                       port: int = DEFAULT_PORT, python: str = "python") -> Path:
     """Write ``commands.txt``, one ``<run_id>.sh`` per run and ``runs.json`` to ``jobs_dir``; returns it.
+    Nothing is written when a run would be refused at start-up on nccl/cuda
+    (:class:`~repro.cluster.grid_check.BadRuns`).
 
     Multi-node scripts read the first node's host from ``REPRO_HEAD`` (and the rendezvous id from
     ``REPRO_RDZV_ID``, default the run id): ``REPRO_HEAD=node001 bash <run_id>.sh`` on each node, or under
@@ -152,6 +159,9 @@ def write_job_scripts(runs: Sequence[RunConfig], runs_dir: str | Path, jobs_dir:
     REPRO_RDZV_ID=$SLURM_JOB_ID srun --ntasks-per-node=1 bash <run_id>.sh``."""
     import json
 
+    from repro.cluster.grid_check import refuse_bad_runs
+
+    refuse_bad_runs(runs, backend="nccl", device="cuda", launcher="print")  # before anything is written
     jobs = Path(jobs_dir)
     jobs.mkdir(parents=True, exist_ok=True)
     runs_dir = Path(runs_dir).resolve()
@@ -207,10 +217,14 @@ def launch_local_grid(runs: Sequence[RunConfig], runs_dir: str | Path, logs_dir:
                       gpus: int | None = None, timeout_s: float = 7200.0) -> dict[str, int]:
     """Run every unfinished run of ``runs`` with torchrun on this node's GPUs (NCCL), one after another.
 
-    Refused (:class:`GridStop`, one line) before any run starts when a run needs more GPUs than ``gpus``
-    (default: :func:`local_gpu_count`) or more than one node. Each run logs to ``<logs_dir>/<run_id>.log``;
+    Refused (:class:`GridStop`, one line) before any run starts when a run would be refused at start-up
+    (:class:`~repro.cluster.grid_check.BadRuns`), needs more GPUs than ``gpus`` (default:
+    :func:`local_gpu_count`) or more than one node. Each run logs to ``<logs_dir>/<run_id>.log``;
     a failed one is marked and the others go on. Returns the status counts afterwards."""
+    from repro.cluster.grid_check import refuse_bad_runs
+
     todo = pending_runs(runs, runs_dir)
+    refuse_bad_runs(todo, backend="nccl", device="cuda", launcher="local")
     _check_local(todo, local_gpu_count() if gpus is None else gpus)
     logs = Path(logs_dir)
     for i, run in enumerate(todo, 1):
@@ -259,8 +273,13 @@ def emulate_nodes(run: RunConfig, runs_dir: str | Path, logs_dir: str | Path, *,
     """Run ``run`` as ``run.nodes`` torchrun agents on this machine: the multi-node command of
     :func:`torchrun_argv` with c10d rendezvous on 127.0.0.1:``port`` and ``--node-rank i`` per agent.
 
-    Returns 0 when every agent succeeded, else the first non-zero exit status; an agent that fails or
-    outlives ``timeout_s`` has its peers ended (none is left behind). Logs: ``<logs_dir>/<run_id>.node<i>.log``."""
+    Refused (:class:`~repro.cluster.grid_check.BadRuns`) before any agent starts when ``run`` would be
+    refused at start-up on ``backend``/``device``. Returns 0 when every agent succeeded, else the first
+    non-zero exit status; an agent that fails or outlives ``timeout_s`` has its peers ended (none is left
+    behind). Logs: ``<logs_dir>/<run_id>.node<i>.log``."""
+    from repro.cluster.grid_check import refuse_bad_runs
+
+    refuse_bad_runs([run], backend=backend, device=device)
     logs = Path(logs_dir)
     environ = dict(env or os.environ)
     procs, files = [], []
@@ -342,9 +361,14 @@ def submit_slurm(runs: Sequence[RunConfig], runs_dir: str | Path, jobs_dir: str 
     ``executor``: a submitit executor (default ``submitit.AutoExecutor(folder=<jobs_dir>/submitit)``, which
     is SLURM on a SLURM cluster; ``submitit.LocalExecutor`` runs one-node jobs on this machine).
     ``slurm_parameters``: more ``update_parameters`` keywords (``slurm_partition``, ``slurm_account``, ...).
+    Nothing is submitted when a run would be refused at start-up on ``backend``/``device``
+    (:class:`~repro.cluster.grid_check.BadRuns`).
     Without submitit: :class:`GridStop`, one line saying ``pip install submitit``."""
-    submitit = _submitit()
+    from repro.cluster.grid_check import refuse_bad_runs
+
     todo = pending_runs(runs, runs_dir)
+    refuse_bad_runs(todo, backend=backend, device=device, launcher="slurm")
+    submitit = _submitit()
     if executor is None:
         executor = submitit.AutoExecutor(folder=Path(jobs_dir) / "submitit")
     logs = Path(jobs_dir) / "logs"
