@@ -7,7 +7,7 @@
     repro grid check dear                        # every run through its ranks' start-up checks, none started
     repro grid check dear --smoke                # ... and one tiny stand-in per distinct configuration trained here
 
-``check`` puts every run through the checks its ranks make at start-up (:mod:`repro.cluster.grid_check`)
+``check`` puts every run through the checks its ranks make at start-up (:func:`repro.cluster.jobs.run_refusal`)
 with the launchers' backend and device (nccl, cuda; ``--backend``/``--device`` to change them) and
 prints one line per run that would be refused, then a summary; exit status 2 when any would be.
 ``--smoke`` then trains :func:`repro.cluster.grid.local_stand_in` of each distinct configuration here

@@ -1,17 +1,9 @@
-"""A grid checked before anything is launched (``repro grid check``), and tried on this machine.
+"""``repro grid check``'s two halves: the check of every run before anything is launched, and stand-ins
+trained on this machine.
 
-:func:`run_refusal` puts one run of a grid (:mod:`repro.cluster.grid`) through the checks its ranks make
-at start-up, without starting any: the ``repro train`` command line the launchers build
-(:func:`repro.cluster.jobs.train_argv`, with the launcher's backend and device) is parsed and checked as
-each rank does (:func:`repro.train_config.config_from_argv`: the scheduler, the options it takes and
-their values, the wire dtype by :func:`repro.distribute`'s rule, the device for the backend, the model's
-options), then against the job's processes and backend
-(:meth:`repro.train_config.TrainConfig.check_world`: enough workers beside the servers, dedicated
-servers on a backend that can run them, a cost preset for that P). :func:`check_runs` does so for every
-run and gives one line per refused run (:func:`refusal_line`); the launchers (:mod:`repro.cluster.jobs`)
-call :func:`refuse_bad_runs` first, so a grid with one bad run submits nothing. What only a built model
-shows (sparse gradients, a model the executor cannot wrap) and what only the cluster shows (CUDA, NCCL
-itself) are not checked here; the stand-ins catch the first kind.
+The check (:func:`repro.cluster.jobs.run_refusal`, :func:`repro.cluster.jobs.check_runs`, re-exported
+here) puts each run of a grid through the checks its ranks make at start-up, without starting any; the
+launchers of :mod:`repro.cluster.jobs` make it first (:func:`repro.cluster.jobs.refuse_bad_runs`).
 
 :func:`smoke` trains one :func:`repro.cluster.grid.local_stand_in` per distinct configuration on this
 machine (gloo, CPU): every stand-in of one local world size runs in one launch of that many ranks
@@ -28,80 +20,11 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from repro.cluster.grid import RunConfig
-from repro.cluster.jobs import GridStop, train_argv
+from repro.cluster.jobs import (BadRuns, check_runs, check_summary, refusal_line, refuse_bad_runs, run_refusal,
+                                train_argv)
 
 __all__ = ["BadRuns", "run_refusal", "refusal_line", "check_runs", "refuse_bad_runs", "check_summary",
            "SmokeResult", "smoke", "stand_in_line"]
-
-
-def run_refusal(run: RunConfig, *, backend: str = "nccl", device: str = "cuda") -> str | None:
-    """Why the ranks of ``run`` would refuse it at start-up on ``backend``/``device`` (one line), or None.
-
-    The checks are ``repro train``'s own on the launcher's command line for ``run``, and the world
-    checks on ``run.processes`` ranks (servers included) with ``backend``; nothing is started."""
-    from repro.train_config import config_from_argv
-
-    argv = train_argv(run, "runs", backend=backend, device=device)[2:]
-    try:
-        cfg, _ = config_from_argv(argv)
-        cfg.check_world(run.processes, backend=backend)
-    except (ValueError, FileNotFoundError) as e:
-        return (str(e).splitlines() or [type(e).__name__])[0]
-    return None
-
-
-def _what(run: RunConfig) -> str:
-    return (f"{run.config.get('paper', '?')}/{run.experiment or '?'}: {run['scheduler']} on {run['model']}, "
-            f"{run['world_size']} workers, {run['wire_dtype']}")
-
-
-def refusal_line(run: RunConfig, reason: str) -> str:
-    """One line naming ``run`` (paper/experiment, scheduler, model, workers, wire dtype, run id) and why."""
-    return f"refused: {_what(run)} ({run.run_id}): {reason}"
-
-
-def check_runs(runs: Sequence[RunConfig], *, backend: str = "nccl",
-               device: str = "cuda") -> list[tuple[RunConfig, str]]:
-    """``(run, reason)`` for every run of ``runs`` that :func:`run_refusal` refuses, in order."""
-    out = []
-    for run in runs:
-        reason = run_refusal(run, backend=backend, device=device)
-        if reason is not None:
-            out.append((run, reason))
-    return out
-
-
-def check_summary(name: str, runs: Sequence[RunConfig], bad: Sequence[tuple[RunConfig, str]], *, backend: str,
-                  device: str) -> str:
-    """The summary line of a check of ``runs`` (``name``: the grid)."""
-    where = f"(backend {backend}, device {device})"
-    if bad:
-        return f"{name} grid: {len(bad)} of {len(runs)} runs would be refused at start-up {where}"
-    return f"{name} grid: all {len(runs)} runs pass the ranks' start-up checks {where}"
-
-
-class BadRuns(GridStop):
-    """Runs of a grid that their ranks would refuse: the message is one line (how many, the first one),
-    ``lines`` one line per run (:func:`refusal_line`)."""
-
-    def __init__(self, message: str, lines: Sequence[str] = ()) -> None:
-        super().__init__(message)
-        self.lines = tuple(lines)
-
-
-def refuse_bad_runs(runs: Sequence[RunConfig], *, backend: str = "nccl", device: str = "cuda",
-                    launcher: str = "") -> None:
-    """Raise :class:`BadRuns` (a :class:`~repro.cluster.jobs.GridStop`, one line) when any of ``runs``
-    would be refused at start-up on ``backend``/``device``; return None when none would. A launcher calls
-    it before it writes, starts or submits anything."""
-    bad = check_runs(runs, backend=backend, device=device)
-    if not bad:
-        return
-    first_run, first_reason = bad[0]
-    how = f"launcher={launcher!r}: " if launcher else ""
-    raise BadRuns(f"{how}{len(bad)} of {len(runs)} runs would be refused at start-up (backend {backend}, device "
-                  f"{device}), nothing launched (`repro grid check` lists them); first: {_what(first_run)}: "
-                  f"{first_reason}", [refusal_line(r, why) for r, why in bad])
 
 
 # ---------------------------------------------------------------------------------------------
