@@ -253,3 +253,18 @@ def test_grid_check_smoke_from_the_command_line(tmp_path, capsys):
     assert lines[-2].startswith("ok") and "omgs on tiny_resnet, 3 local rank(s)" in lines[-2]
     assert "stands for 2 run(s)" in lines[-2]
     assert len(list((tmp_path / "smoke").iterdir())) == 1
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_a_failing_stand_in_is_one_line_and_the_others_still_train(tmp_path):
+    grid = parse_grid({"paper": "t", "notebook": "nb", "gpus_per_node": 2, "train": {"steps": 50},
+                       "experiments": [{"name": "e", "models": {"resnet50": {"batch_size": 32}}, "world_sizes": [2],
+                                        "schedulers": ["wfbp", "nosuch", "mgwfbp"]}]}, "t.yaml")
+    groups = distinct_stand_ins(grid.runs)  # the unknown scheduler is not checked here: it fails in its ranks
+    results = smoke(groups, tmp_path / "runs", timeout_s=300)
+    assert [r.error is None for r in results] == [True, False, True]
+    line = stand_in_line(results[1])
+    assert "\n" not in line and line.startswith("FAILED  t/e: nosuch on tiny_resnet, 2 local rank(s)")
+    assert "unknown scheduler 'nosuch'" in line
+    assert [run_status(tmp_path / "runs", r.stand_in.run_id) for r in results] == ["done", "pending", "done"]
