@@ -197,7 +197,7 @@ class BadRuns(GridStop):
 
 def refuse_bad_runs(runs: Sequence[RunConfig], *, backend: str = "nccl", device: str = "cuda",
                     launcher: str = "") -> None:
-    """Raise :class:`BadRuns` (a :class:`~repro.cluster.jobs.GridStop`, one line) when any of ``runs``
+    """Raise :class:`BadRuns` (a :class:`GridStop`, one line) when any of ``runs``
     would be refused at start-up on ``backend``/``device``; return None when none would. A launcher calls
     it before it writes, starts or submits anything."""
     bad = check_runs(runs, backend=backend, device=device)
