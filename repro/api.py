@@ -122,7 +122,7 @@ from torch import nn
 from repro.cost import CostModel
 from repro.families import get_family
 from repro.presets import preset
-from repro.run_options import RUN_OPTIONS, check_run_options
+from repro.run_options import RUN_OPTIONS, check_run_options, check_wire_dtype
 from repro.plan import WIRE_DTYPE_BYTES, Plan, PlanError
 from repro.runtime.buffers import broadcast_module_state
 from repro.runtime.executor import Executor, ExecutorOptions, FoundInfReport, ScaledStep, scaled_step
@@ -758,7 +758,8 @@ def distribute(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: st
     for this world size instead of fitting the live group; ``cost``: a CostModel or its JSON file.
     ``view``: layers are parameter tensors (``tensor``) or parameter-owning modules (``module``); a
     given plan's layer names must be the model's in that view. ``wire_dtype``: send gradients in
-    ``"float16"``/``"bfloat16"`` (by name; schedulers that support it). ``options``: the scheduler's own
+    ``"float16"``/``"bfloat16"`` (by name; schedulers that cast, ``repro schedulers``); every scheduler
+    takes the gradients' own dtype (``"float32"`` for a float32 model), which changes nothing. ``options``: the scheduler's own
     options (e.g. ``threshold_bytes``, ``density``; ``repro schedulers`` lists each one's). ``grad_scaler``: the
     ``torch.amp.GradScaler`` your loop uses (``scaler.scale(loss).backward(); scaler.step(optimizer);
     scaler.update()``): the exchanged gradients are unscaled, and a step with an inf/nan on any rank is
@@ -860,10 +861,16 @@ def distribute(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: st
     if wire_dtype is not None:
         if not isinstance(wire_dtype, str) or wire_dtype not in WIRE_DTYPE_BYTES:
             _fail(f"unknown wire_dtype {wire_dtype!r}; choose one of {', '.join(WIRE_DTYPE_BYTES)} (by name)")
-        if sched is None or not sched.wire_dtype:
-            _fail(f"wire_dtype does not apply to {name or 'a given plan'} (schedulers that take it: "
-                  "the all-reduce planners)")
-        options = {**options, "wire_dtype": wire_dtype}
+        if sched is None:
+            _fail("wire_dtype does not apply to a given plan, which fixes its own (make the plan with wire_dtype)")
+        own = {str(p.dtype).removeprefix("torch.") for p in model.parameters() if p.requires_grad
+               and p.is_floating_point()}
+        try:
+            wire_dtype = check_wire_dtype(wire_dtype, sched, sorted(own))
+        except ValueError as e:
+            _fail(str(e))
+        if wire_dtype is not None:  # None: the gradients' own dtype, nothing to cast
+            options = {**options, "wire_dtype": wire_dtype}
     if grad_scaler is not None:
         if not (hasattr(grad_scaler, "scale") and hasattr(grad_scaler, "unscale_") and hasattr(grad_scaler, "update")):
             _fail(f"grad_scaler must be a torch.amp.GradScaler, got {type(grad_scaler).__name__}")

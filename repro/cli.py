@@ -535,7 +535,7 @@ def cmd_launch(args: argparse.Namespace) -> None:
     if not (math.isfinite(train.pg_timeout_s) and train.pg_timeout_s > 0):
         raise UsageError(f"--pg-timeout-s must be a finite positive number of seconds, got {train.pg_timeout_s:g}")
     if args.nproc >= 1:
-        cfg.check_world(args.nproc)  # e.g. an online planner on one rank, a preset without this P
+        cfg.check_world(args.nproc, backend=train.backend)  # e.g. an online planner on one rank, servers on nccl
     if cfg.device == "cuda":  # checked here, before any rank starts (nccl's own check is launch_local's)
         import torch
 

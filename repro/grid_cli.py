@@ -4,10 +4,18 @@
     repro grid status mgwfbp --runs-dir DIR      # done / failed / pending per run, and counts
     repro grid launch mgwfbp --runs-dir DIR --launcher print --jobs-dir JOBS
     repro grid launch osp --kind convergence ... # only the convergence runs (or --experiment NAME)
+    repro grid check dear                        # every run through its ranks' start-up checks, none started
+    repro grid check dear --smoke                # ... and one tiny stand-in per distinct configuration trained here
 
-``launch`` runs the unfinished runs as the notebooks' ``launcher`` does (:mod:`repro.cluster.jobs`):
-``print`` writes the job scripts, ``local`` uses this node's GPUs, ``slurm`` submits through submitit and
-waits. Bad input and refusals are one line on stderr with exit status 2.
+``check`` puts every run through the checks its ranks make at start-up (:func:`repro.cluster.jobs.run_refusal`)
+with the launchers' backend and device (nccl, cuda; ``--backend``/``--device`` to change them) and
+prints one line per run that would be refused, then a summary; exit status 2 when any would be.
+``--smoke`` then trains :func:`repro.cluster.grid.local_stand_in` of each distinct configuration here
+(gloo, CPU, at most 3 local ranks), one line each. ``launch`` runs the unfinished runs as the notebooks'
+``launcher`` does (:mod:`repro.cluster.jobs`), after the same check (a bad run: nothing is launched,
+one line per bad run, exit status 2): ``print`` writes the job scripts, ``local`` uses this node's GPUs,
+``slurm`` submits through submitit and waits. Bad input and refusals are one line on stderr with exit
+status 2.
 """
 
 from __future__ import annotations
@@ -18,28 +26,43 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
-from repro.cluster.grid import GRID_PAPERS, KINDS, GridError, count_status, load_grid, status_table
+from repro.cluster.grid import (GRID_PAPERS, KINDS, GridError, count_status, distinct_stand_ins, load_grid,
+                                status_table)
+from repro.cluster.grid_check import BadRuns, check_runs, check_summary, refusal_line, smoke, stand_in_line
 from repro.cluster.jobs import GridStop, launch_local_grid, pending_runs, submit_slurm, wait_jobs, write_job_scripts
 
 __all__ = ["main", "build_parser", "add_grid_parser", "run_grid_command"]
 
 
 def add_grid_parser(sub: Any) -> argparse.ArgumentParser:
-    """Add ``grid`` (show / status / launch) to a subparsers action (``repro``'s, or :func:`build_parser`'s)."""
-    parser = sub.add_parser("grid", help="a paper's measured grid: show it, check which runs finished, launch the rest",
-                            description="A paper's measured grid (data/grids): show its runs, check which "
-                                        "finished, launch the others (print, local or slurm).")
+    """Add ``grid`` (show / status / check / launch) to a subparsers action (``repro``'s, or :func:`build_parser`'s)."""
+    parser = sub.add_parser("grid", help="a paper's measured grid: show it, check it, see which runs finished, "
+                                         "launch the rest",
+                            description="A paper's measured grid (data/grids): show its runs, check them before "
+                                        "launching, see which finished, launch the others (print, local or slurm).")
     actions = parser.add_subparsers(dest="grid_action", required=True, metavar="ACTION",
                                     parser_class=type(parser))
     for name, text in (("show", "list the grid's runs"), ("status", "done / failed / pending per run"),
-                       ("launch", "run the unfinished runs (print, local or slurm)")):
+                       ("check", "put every run through its ranks' start-up checks (none is started); --smoke: "
+                                 "train a tiny stand-in of each distinct configuration here"),
+                       ("launch", "run the unfinished runs (print, local or slurm) after the same check")):
         p = actions.add_parser(name, help=text, description=text)
         p.add_argument("grid", help=f"{', '.join(GRID_PAPERS)} or a grid .yaml file")
         p.add_argument("--format", choices=("table", "json"), default="table", help="output format")
         p.add_argument("--kind", choices=KINDS, help="only the throughput runs (timed steps, synthetic data) or "
                                                      "the convergence runs (epochs over a real dataset)")
         p.add_argument("--experiment", help="only the runs of this experiment of the grid file")
-        if name != "show":
+        if name == "check":
+            p.add_argument("--backend", choices=("nccl", "gloo"), default="nccl",
+                           help="the backend the runs will have (the launchers': nccl)")
+            p.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
+                           help="the device the runs will train on (the launchers': cuda)")
+            p.add_argument("--smoke", action="store_true",
+                           help="then train one tiny stand-in per distinct configuration on this machine (gloo, "
+                                "CPU, at most 3 local ranks, 2 steps; repro.cluster.grid.local_stand_in)")
+            p.add_argument("--smoke-dir", type=Path,
+                           help="write the stand-ins' run folders here (default: a temporary folder, removed)")
+        if name not in ("show", "check"):
             p.add_argument("--runs-dir", required=True, type=Path,
                            help="folder of the run folders (a notebook's results_dir/<notebook>/runs; shared by "
                                 "every node)")
@@ -87,15 +110,49 @@ def run_grid_command(args: argparse.Namespace) -> None:
             print(_table(rows, ["run_id", "status", "model", "scheduler", "world_size", "wire_dtype", "nodes"]))
             print(", ".join(f"{v} {k}" for k, v in counts.items()) + f" of {len(rows)} runs")
         return
+    if args.grid_action == "check":
+        _check(grid, selected, args)
+        return
     jobs = args.jobs_dir or args.runs_dir.parent / "jobs"
     todo = pending_runs(selected, args.runs_dir)
-    if args.launcher == "print":
-        write_job_scripts(todo, args.runs_dir, jobs)
-        print(f"{len(todo)} job scripts ({len(selected) - len(todo)} runs finished, skipped) written to {jobs}")
-    elif args.launcher == "local":
-        launch_local_grid(todo, args.runs_dir, jobs / "logs")
+    try:
+        if args.launcher == "print":
+            write_job_scripts(todo, args.runs_dir, jobs)
+            print(f"{len(todo)} job scripts ({len(selected) - len(todo)} runs finished, skipped) written to {jobs}")
+        elif args.launcher == "local":
+            launch_local_grid(todo, args.runs_dir, jobs / "logs")
+        else:
+            wait_jobs(submit_slurm(todo, args.runs_dir, jobs))
+    except BadRuns as e:
+        for line in e.lines:
+            print(line, file=sys.stderr)
+        raise
+
+
+def _check(grid: Any, selected: list, args: argparse.Namespace) -> None:
+    """``repro grid check``: one line per refused run and a summary (stdout); then, with ``--smoke``, one
+    line per stand-in. Raises :class:`GridStop` (exit status 2) when a run is refused or a stand-in fails."""
+    bad = check_runs(selected, backend=args.backend, device=args.device)
+    summary = check_summary(grid.paper, selected, bad, backend=args.backend, device=args.device)
+    if args.format == "json" and not args.smoke:
+        print(json.dumps({"runs": len(selected), "refused": [{"run_id": r.run_id, "reason": why} for r, why in bad]},
+                         indent=1))
     else:
-        wait_jobs(submit_slurm(todo, args.runs_dir, jobs))
+        for run, why in bad:
+            print(refusal_line(run, why), flush=True)
+        if not bad:  # else the summary is the error line (stderr)
+            print(summary, flush=True)
+    failed = []
+    if args.smoke:
+        groups = distinct_stand_ins(selected)
+        print(f"training {len(groups)} stand-ins (one per distinct configuration of {len(selected)} runs) here, "
+              "gloo on the CPU ...", flush=True)
+        results = smoke(groups, args.smoke_dir, on_result=lambda r: print(stand_in_line(r), flush=True))
+        failed = [r for r in results if r.error is not None]
+        print(f"{grid.paper} grid: {len(results) - len(failed)} of {len(results)} stand-ins trained"
+              + (f", {len(failed)} failed" if failed else ""), flush=True)
+    if bad or failed:
+        raise GridStop(summary if bad else f"{len(failed)} of the {grid.paper} grid's stand-ins failed")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
 __all__ = ["RunOption", "RUN_OPTIONS", "register_run_option", "register_group_check", "check_run_options",
-           "option_flag"]
+           "option_flag", "check_wire_dtype"]
 
 
 @dataclass(frozen=True)
@@ -237,3 +237,30 @@ def _reducer_engine(values: Mapping[str, Any]) -> None:
 
 
 register_group_check(_reducer_engine)
+
+
+def check_wire_dtype(wire_dtype: str | None, scheduler: Any, gradient_dtypes: Sequence[str] = ("float32",)) -> str | None:
+    """The wire dtype ``scheduler`` (a :class:`repro.schedulers.Scheduler`) is given, or ValueError in one
+    line. ``wire_dtype``: a name of :data:`repro.plan.WIRE_DTYPE_BYTES`, or None (each gradient in its own
+    dtype); ``gradient_dtypes``: the dtypes of the gradients exchanged (by name; ``repro train``'s models:
+    float32). A scheduler that casts its messages (``Scheduler.wire_dtype``) gets ``wire_dtype`` as it is.
+    Any other scheduler sends each gradient in its own dtype: it gets None when ``wire_dtype`` is that
+    dtype for every gradient (nothing to cast, so float32 of a float32 model is accepted by every
+    scheduler), and refuses any other. The same rule and words for :func:`repro.distribute`,
+    ``repro train`` and ``repro grid check``."""
+    from repro.plan import WIRE_DTYPE_BYTES
+    from repro.schedulers import get_scheduler, scheduler_names
+
+    if wire_dtype is None:
+        return None
+    if not isinstance(wire_dtype, str) or wire_dtype not in WIRE_DTYPE_BYTES:
+        raise ValueError(f"unknown wire_dtype {wire_dtype!r}; choose one of {', '.join(WIRE_DTYPE_BYTES)} (by name)")
+    if scheduler.wire_dtype:
+        return wire_dtype
+    own = sorted(set(gradient_dtypes))
+    if own == [wire_dtype]:
+        return None
+    able = [n for n in scheduler_names() if get_scheduler(n).wire_dtype]
+    raise ValueError(f"wire_dtype {wire_dtype} does not apply to scheduler '{scheduler.name}', which sends each "
+                     f"gradient in its own dtype ({', '.join(own) or 'none'}; the schedulers that cast: "
+                     f"{', '.join(able)})")

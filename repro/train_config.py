@@ -17,7 +17,7 @@ from repro._help import DefaultsHelpFormatter
 from repro.presets import preset
 from repro.families import get_family
 from repro.plan import WIRE_DTYPE_BYTES
-from repro.run_options import RUN_OPTIONS, check_run_options
+from repro.run_options import RUN_OPTIONS, check_run_options, check_wire_dtype
 from repro.runs import check_run_id
 from repro.schedulers import get_scheduler, scheduler_names
 from repro.workload.catalog import MODEL_NAMES, model_info
@@ -67,7 +67,8 @@ class _CommonConfig:
     warmup_steps: int = _opt(3, "untimed steps first (plan schedulers measure the trace in them)")
     compute_steps: int = _opt(5, "extra steps without communication: the computation-only time")
     view: str = _opt("tensor", "layer granularity of the plan", choices=VIEWS)
-    wire_dtype: str | None = _opt(None, "communicate gradients in this dtype (default: the model's)",
+    wire_dtype: str | None = _opt(None, "communicate gradients in this dtype (default: the model's, float32, "
+                                  "which every scheduler takes; float16/bfloat16: the schedulers that cast)",
                                   choices=tuple(WIRE_DTYPE_BYTES))
     plan: str | None = _opt(None, "execute this plan file (from `repro plan`) as it is, from the first step: no "
                             "warm-up trace and no cost fit; the scheduler becomes the plan's solver (or stays "
@@ -124,10 +125,8 @@ class _CommonConfig:
             raise ValueError(f"unknown view '{self.view}'; choose one of {', '.join(VIEWS)}")
         if self.wire_dtype is not None and self.wire_dtype not in WIRE_DTYPE_BYTES:
             raise ValueError(f"unknown wire dtype '{self.wire_dtype}'; choose one of {', '.join(WIRE_DTYPE_BYTES)}")
-        if self.wire_dtype not in (None, "float32") and not sched.wire_dtype:
-            able = [n for n in scheduler_names() if get_scheduler(n).wire_dtype]
-            raise ValueError(f"wire_dtype={self.wire_dtype} is supported by {', '.join(able)}, "
-                             f"not by '{self.scheduler}'")
+        # the door's rule (repro.distribute); the models here train in float32, so float32 is every scheduler's
+        self.wire_dtype = check_wire_dtype(self.wire_dtype, sched)
         for name in ("batch_size", "fit_repeats"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
@@ -213,10 +212,15 @@ class _CommonConfig:
         sched = get_scheduler(self.scheduler)
         return (self.servers or 1) if sched.family is not None and get_family(sched.family).server else 0
 
-    def check_world(self, world_size: int) -> None:
-        """Checks that need the world size (made before any step)."""
+    def check_world(self, world_size: int, backend: str | None = None) -> None:
+        """Checks that need the world size (ranks, servers included) and, if given, the process group's
+        ``backend`` (``gloo``/``nccl``); made before any step."""
         sched = get_scheduler(self.scheduler)
         serving = self.serving_ranks()
+        if serving and backend == "nccl":
+            raise ValueError(f"'{self.scheduler}' runs {serving} dedicated server rank(s), which serve each worker "
+                             "from a thread of its own, point to point, and NCCL does not support that: they need "
+                             "the gloo backend")
         if serving:
             if world_size - serving < 2:
                 raise ValueError(f"'{self.scheduler}' runs {serving} server rank(s) and needs at least 2 workers "

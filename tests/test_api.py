@@ -94,7 +94,7 @@ BAD = [({"scheduler": "nosuch"}, "unknown scheduler"),
        ({"scheduler": "osp", "servers": 3}, "parameter-server family"),
        ({"scheduler": "mgwfbp", "warmup_steps": 0}, "warmup_steps"),
        ({"scheduler": "mgwfbp", "view": "neuron"}, "view must be"),
-       ({"scheduler": "dear_threshold", "wire_dtype": "float16"}, "wire_dtype does not apply"),
+       ({"scheduler": "dear_threshold", "wire_dtype": "float16"}, "does not apply to scheduler 'dear_threshold'"),
        ({"scheduler": "no/such/plan.json"}, "plan file"),
        ({"scheduler": "mgwfbp", "network": "nosuchnet"}, "nosuchnet")]
 

@@ -81,8 +81,12 @@ def test_print_writes_one_command_and_one_script_per_unfinished_run(tmp_path):
         assert argv[argv.index("--run-id") + 1] == run.run_id
         length = ("--epochs", "epochs") if run.kind == "convergence" else ("--steps", "steps")
         for flag, key in [("--model", "model"), ("--scheduler", "scheduler"), ("--batch-size", "batch_size"),
-                          ("--wire-dtype", "wire_dtype"), length, ("--warmup-steps", "warmup_steps")]:
+                          length, ("--warmup-steps", "warmup_steps")]:
             assert argv[argv.index(flag) + 1] == str(run[key]), (run.run_id, flag)
+        if run["wire_dtype"] == "float32":  # the models' own dtype: no flag, which every scheduler takes
+            assert "--wire-dtype" not in argv, run.run_id
+        else:
+            assert argv[argv.index("--wire-dtype") + 1] == run["wire_dtype"], run.run_id
         if run.kind == "convergence":  # a real dataset, epochs instead of steps
             assert "--steps" not in argv and argv[argv.index("--dataset") + 1] == run["dataset"]
         assert argv[argv.index("--nnodes") + 1] == str(run.nodes)

@@ -17,7 +17,7 @@ from repro.train import TrainConfig
     ({"model": "resnet5"}, "unknown model 'resnet5'"),
     ({"dataset": "mnist"}, "unknown dataset 'mnist'"),
     ({"wire_dtype": "int8"}, "unknown wire dtype"),
-    ({"scheduler": "ddp", "wire_dtype": "float16"}, "not by 'ddp'"),
+    ({"scheduler": "ddp", "wire_dtype": "float16"}, "does not apply to scheduler 'ddp'"),
     ({"batch_size": 0}, "batch_size must be positive"),
     ({"epochs": 2}, "epochs need a real dataset"),
     ({"scheduler": "mgwfbp", "warmup_steps": 0}, "warmup_steps >= 1"),

@@ -53,3 +53,15 @@ def test_a_cost_file_stands_for_a_preset_everywhere(tmp_path):
     assert _preset_or_file(str(path)) == str(path)
     with pytest.raises(ValueError, match="not a preset, nor a cost file"):
         _preset_or_file(str(tmp_path / "missing.json"))
+
+
+def test_dedicated_servers_are_refused_on_nccl_before_any_rank_starts():
+    """repro train's parameter servers serve from one thread per worker, point to point, which NCCL cannot do:
+    the world check says so in one line (it used to surface inside the serving rank, after the warm-up)."""
+    cfg = TrainConfig(scheduler="ps_bsp", servers=1)
+    with pytest.raises(ValueError, match="'ps_bsp' runs 1 dedicated server rank.*need the gloo backend") as e:
+        cfg.check_world(3, backend="nccl")
+    assert "\n" not in str(e.value)
+    cfg.check_world(3, backend="gloo")
+    cfg.check_world(3)
+    TrainConfig(scheduler="mgwfbp").check_world(3, backend="nccl")  # no serving ranks: nothing to refuse

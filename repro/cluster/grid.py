@@ -27,7 +27,8 @@ A grid file::
         models: {resnet152: {batch_size: 128}, densenet161: {batch_size: 64}}
         world_sizes: [1, 16]           # P: training ranks (a parameter server's ranks come on top)
         schedulers: [wfbp, mgwfbp]     # or a mapping: scheduler -> its own options ({ps_ssp: {staleness: 2}})
-        precisions: [float32, float16] # wire dtypes (repro train --wire-dtype)
+        precisions: [float32, float16] # wire dtypes (repro train --wire-dtype; float32, the models' own, is
+                                       # the default: every scheduler runs it, the launchers pass no flag)
         train: {}                      # options of this experiment only (override the file's; null drops one)
       - name: convergence              # accuracy vs epoch: a real dataset and epochs instead of steps
         kind: convergence              # optional (epochs make it one); refused without epochs and a dataset
@@ -41,6 +42,10 @@ Run ids derive from the configuration: ``<model>_<scheduler>_p<P>_<precision>_b<
 being the first 10 hex digits of the SHA-256 of the configuration's canonical JSON. The same
 configuration always gets the same id, so a rerun finds its finished runs (a folder with ``run.json``,
 :mod:`repro.runs`) and skips them, and any other change of setting is a new id.
+
+A run on this machine (:func:`local_stand_in`): the same scheduler, options and wire dtype with a
+tiny model of the same kind, a few synthetic steps, on up to :data:`STAND_IN_MAX_RANKS` local ranks;
+:func:`distinct_stand_ins` keeps one per distinct configuration (``repro grid check --smoke`` runs them).
 
 Status of a run (:func:`run_status`): ``done`` (``<runs_dir>/<id>/run.json``), ``failed`` (the launcher
 left ``<runs_dir>/.grid/<id>.failed``, the exit status and the log's path) or ``pending``. Launching again
@@ -56,9 +61,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
-__all__ = ["GRID_PAPERS", "GridError", "Grid", "RunConfig", "grids_dir", "grid_path", "load_grid", "parse_grid",
+__all__ = ["GRID_PAPERS", "DEFAULT_PRECISION", "GridError", "Grid", "RunConfig", "grids_dir", "grid_path", "load_grid", "parse_grid",
            "run_id", "run_status", "status_table", "mark_failed", "clear_failed", "count_status", "grid_run_ids",
-           "finished_run_ids", "FAILED_DIR", "STATUSES", "KINDS"]
+           "finished_run_ids", "FAILED_DIR", "STATUSES", "KINDS", "TINY_STAND_INS", "STAND_IN_MAX_RANKS",
+           "local_stand_in", "distinct_stand_ins"]
 
 #: papers with a shipped grid file (data/grids/<paper>.yaml)
 GRID_PAPERS = ("mgwfbp", "omgs", "dear", "osp")
@@ -71,6 +77,15 @@ KINDS = ("throughput", "convergence")
 # Keys of a configuration that are not `repro train` options of the run itself.
 _PLACEMENT = ("paper", "experiment", "world_size", "nodes", "gpus_per_node", "processes")
 _PRECISIONS = ("float32", "float16", "bfloat16")
+#: an experiment's precision when it gives none: the models' own dtype, which every scheduler takes (the
+#: launchers pass ``--wire-dtype`` only for another one)
+DEFAULT_PRECISION = "float32"
+#: a model family (:attr:`repro.workload.catalog.ModelInfo.family`) -> the tiny model that stands in for it
+TINY_STAND_INS = {"vision": "tiny_resnet", "bert": "tiny_bert", "lm": "tiny_lstm"}
+#: the most local ranks a stand-in gets (:func:`local_stand_in`)
+STAND_IN_MAX_RANKS = 3
+# train options a stand-in sets to keep it to a few seconds (the steps; not what the scheduler does)
+_STAND_IN_SHORT = {"batch_size": 4, "warmup_steps": 1, "compute_steps": 1, "fit_repeats": 1}
 
 
 class GridError(ValueError):
@@ -305,7 +320,7 @@ def parse_grid(data: Any, path: Path | str | None = None) -> Grid:
             raise _fail(ew, f"world_sizes must be a non-empty list of GPU counts, got {sizes!r}")
         sizes = [_positive_int(ew, "world_sizes", p) for p in sizes]
         sched_opts = _schedulers(ew, exp.get("schedulers"))
-        precisions = _names(ew, "precisions", exp.get("precisions", ["float32"]))
+        precisions = _names(ew, "precisions", exp.get("precisions", [DEFAULT_PRECISION]))
         bad = [p for p in precisions if p not in _PRECISIONS]
         if bad:
             raise _fail(ew, f"precision(s) {', '.join(bad)} unknown: use {', '.join(_PRECISIONS)}")
@@ -408,3 +423,71 @@ def finished_run_ids(paper: str | Path | Grid, runs_dir: str | Path, kind: str |
     ids = grid_run_ids(paper, kind, experiment)
     done = [i for i in ids if run_status(runs_dir, i) == "done"]
     return done, [i for i in ids if i not in set(done)]
+
+
+# ---------------------------------------------------------------------------------------------
+# Stand-ins: a grid run on this machine
+# ---------------------------------------------------------------------------------------------
+
+def _stand_in_ranks(run: RunConfig, max_ranks: int) -> int:
+    """Local ranks of ``run``'s stand-in: one per node (a one-node run: one per process), at most
+    ``max_ranks``, and at least what the run needs to exchange anything (2 workers, plus its servers)."""
+    servers = run.processes - int(run["world_size"])
+    ranks = min(run.nodes if run.nodes > 1 else run.processes, max_ranks)
+    need = min(run.processes, servers + 2)
+    if need > max_ranks:
+        raise GridError(f"{run.run_id}: its stand-in needs {need} local ranks ({servers} server(s) + 2 workers), "
+                        f"more than {max_ranks}")
+    return max(ranks, need)
+
+
+def local_stand_in(run: RunConfig, *, max_ranks: int = STAND_IN_MAX_RANKS, steps: int = 2) -> RunConfig:
+    """``run`` as this machine can run it: one node of local ranks (one per node of ``run``, or per
+    process of a one-node run; at most ``max_ranks``, at least 2 workers plus ``run``'s servers), the tiny
+    model of the same family (:data:`TINY_STAND_INS`: ``tiny_resnet`` for vision CNNs, ``tiny_bert`` for
+    BERT, ``tiny_lstm`` for LSTM language models) at its own shape (the real model's ``seq_len`` etc. are
+    dropped), synthetic data for ``steps`` timed steps (a convergence run's dataset and epochs are
+    dropped), 4 samples per rank, one warm-up step, one computation-only step (none if ``run`` has none)
+    and one repeat per message size when fitting the cost model. The scheduler, its options, the wire
+    dtype, the optimizer's settings, the paper and the experiment are ``run``'s. Refused
+    (:class:`GridError`) when the model has no tiny stand-in or the run needs more than ``max_ranks``.
+    The stand-in's run id is its own (its configuration differs)."""
+    from repro.workload.catalog import MODEL_NAMES, model_info
+
+    model = str(run["model"])
+    if model not in MODEL_NAMES:
+        raise GridError(f"{run.run_id}: unknown model {model!r}")
+    info = model_info(model)
+    tiny = TINY_STAND_INS.get(info.family)
+    if tiny is None:
+        raise GridError(f"{run.run_id}: no tiny stand-in for {model} ({info.family} family; known: "
+                        f"{', '.join(TINY_STAND_INS)})")
+    ranks = _stand_in_ranks(run, max_ranks)
+    cfg = {k: v for k, v in run.config.items() if k not in info.kwargs and k not in ("epochs", "dataset")}
+    short = dict(_STAND_IN_SHORT, batch_size=min(int(run["batch_size"]), _STAND_IN_SHORT["batch_size"]))
+    if run.config.get("compute_steps") == 0:
+        short["compute_steps"] = 0
+    cfg.update(short, model=tiny, steps=steps, world_size=ranks - (run.processes - int(run["world_size"])),
+               nodes=1, gpus_per_node=ranks, processes=ranks)
+    return RunConfig(cfg)
+
+
+def _distinct_key(stand_in: RunConfig) -> str:
+    """What makes a stand-in another test: its model, scheduler and options, wire dtype and ranks."""
+    from repro.run_options import RUN_OPTIONS
+
+    keep = {k: v for k, v in stand_in.config.items()
+            if k in RUN_OPTIONS or k in ("model", "scheduler", "wire_dtype", "processes", "world_size")}
+    return _canonical(keep)
+
+
+def distinct_stand_ins(runs: Iterable[RunConfig], *, max_ranks: int = STAND_IN_MAX_RANKS,
+                       steps: int = 2) -> list[tuple[RunConfig, list[RunConfig]]]:
+    """One :func:`local_stand_in` per distinct configuration of ``runs`` (the same tiny model, scheduler,
+    scheduler options, wire dtype and local ranks count once, whatever the batch, dataset, optimizer
+    settings or experiment), each with the runs it stands for, in the order of their first run."""
+    groups: dict[str, tuple[RunConfig, list[RunConfig]]] = {}
+    for run in runs:
+        stand_in = local_stand_in(run, max_ranks=max_ranks, steps=steps)
+        groups.setdefault(_distinct_key(stand_in), (stand_in, []))[1].append(run)
+    return list(groups.values())

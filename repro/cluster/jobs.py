@@ -21,6 +21,19 @@ Launchers (the notebooks' ``launcher`` parameter, :func:`prepare_paper_runs`):
 :func:`emulate_nodes` runs one configuration as ``nodes`` torchrun agents on this machine (c10d on
 127.0.0.1, gloo on the CPU): the multi-node path, testable without a cluster.
 
+Every launcher first puts the runs it would launch through the checks their ranks make at start-up
+(:func:`refuse_bad_runs`, with its backend and device; ``repro grid check``): :func:`run_refusal`
+parses and checks the launcher's own ``repro train`` command line for a run as each rank does
+(:func:`repro.train_config.config_from_argv`: the scheduler, the options it takes and their values,
+the wire dtype by :func:`repro.distribute`'s rule, the device for the backend, the model's options),
+then against the job's processes and backend (:meth:`repro.train_config.TrainConfig.check_world`:
+enough workers beside the servers, dedicated servers on a backend that can run them, a cost preset for
+that P). Nothing is started. When a run would be refused the launcher writes, starts and submits
+nothing and raises :class:`BadRuns` (a :class:`GridStop`: one line, and one line per bad run in
+``lines``). What only a built model shows (sparse gradients, a model an executor cannot wrap) and what
+only the cluster shows (CUDA, NCCL itself) are not checked; the stand-ins of
+:mod:`repro.cluster.grid_check` catch the first kind.
+
 A run is launched only when it is not finished (:func:`repro.cluster.grid.run_status`); a failed launch
 leaves ``<runs_dir>/.grid/<run_id>.failed`` and is launched again next time (with ``--overwrite``, which
 replaces only what a stopped run left: a finished run is never launched).
@@ -38,10 +51,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from repro.cluster.grid import (Grid, RunConfig, clear_failed, count_status, load_grid, mark_failed,
-                                run_status, status_table)
+from repro.cluster.grid import (DEFAULT_PRECISION, Grid, RunConfig, clear_failed, count_status, load_grid,
+                                mark_failed, run_status, status_table)
 
-__all__ = ["LAUNCHERS", "GridStop", "DEFAULT_PORT", "train_argv", "torchrun_argv", "shell_command",
+__all__ = ["LAUNCHERS", "GridStop", "BadRuns", "run_refusal", "refusal_line", "check_runs", "check_summary",
+           "refuse_bad_runs", "DEFAULT_PORT", "train_argv", "torchrun_argv", "shell_command",
            "write_job_scripts", "launch_local_grid", "emulate_nodes", "submit_slurm", "wait_jobs",
            "local_gpu_count", "prepare_paper_runs", "pending_runs"]
 
@@ -73,10 +87,14 @@ def _flag(name: str) -> str:
 
 
 def train_argv(run: RunConfig, runs_dir: str | Path, *, backend: str = "nccl", device: str = "cuda") -> list[str]:
-    """``-m repro.train`` and every flag of ``run`` (model, scheduler, batch, wire dtype, its options),
-    its run id, ``--results-dir runs_dir``, ``--backend``/``--device`` and ``--overwrite --quiet``."""
+    """``-m repro.train`` and every flag of ``run`` (model, scheduler, batch, its options; ``--wire-dtype``
+    only for a precision other than :data:`~repro.cluster.grid.DEFAULT_PRECISION`, the models' own, so
+    that a scheduler that cannot cast is not given one), its run id, ``--results-dir runs_dir``,
+    ``--backend``/``--device`` and ``--overwrite --quiet``."""
     argv = ["-m", "repro.train", "--model", str(run["model"]), "--scheduler", str(run["scheduler"]),
-            "--batch-size", str(run["batch_size"]), "--wire-dtype", str(run["wire_dtype"])]
+            "--batch-size", str(run["batch_size"])]
+    if run["wire_dtype"] != DEFAULT_PRECISION:
+        argv += ["--wire-dtype", str(run["wire_dtype"])]
     for key, value in run.train_options().items():
         if key in ("model", "scheduler", "batch_size", "wire_dtype"):
             continue
@@ -119,6 +137,80 @@ def shell_command(argv: Sequence[str]) -> str:
 
 
 # ---------------------------------------------------------------------------------------------
+# The check every launcher makes first (repro grid check)
+# ---------------------------------------------------------------------------------------------
+
+def run_refusal(run: RunConfig, *, backend: str = "nccl", device: str = "cuda") -> str | None:
+    """Why the ranks of ``run`` would refuse it at start-up on ``backend``/``device`` (one line), or None.
+
+    The checks are ``repro train``'s own on the launcher's command line for ``run``, and the world
+    checks on ``run.processes`` ranks (servers included) with ``backend``; nothing is started."""
+    from repro.train_config import config_from_argv
+
+    argv = train_argv(run, "runs", backend=backend, device=device)[2:]
+    try:
+        cfg, _ = config_from_argv(argv)
+        cfg.check_world(run.processes, backend=backend)
+    except (ValueError, FileNotFoundError) as e:
+        return (str(e).splitlines() or [type(e).__name__])[0]
+    return None
+
+
+def _what(run: RunConfig) -> str:
+    return (f"{run.config.get('paper', '?')}/{run.experiment or '?'}: {run['scheduler']} on {run['model']}, "
+            f"{run['world_size']} workers, {run['wire_dtype']}")
+
+
+def refusal_line(run: RunConfig, reason: str) -> str:
+    """One line naming ``run`` (paper/experiment, scheduler, model, workers, wire dtype, run id) and why."""
+    return f"refused: {_what(run)} ({run.run_id}): {reason}"
+
+
+def check_runs(runs: Sequence[RunConfig], *, backend: str = "nccl",
+               device: str = "cuda") -> list[tuple[RunConfig, str]]:
+    """``(run, reason)`` for every run of ``runs`` that :func:`run_refusal` refuses, in order."""
+    out = []
+    for run in runs:
+        reason = run_refusal(run, backend=backend, device=device)
+        if reason is not None:
+            out.append((run, reason))
+    return out
+
+
+def check_summary(name: str, runs: Sequence[RunConfig], bad: Sequence[tuple[RunConfig, str]], *, backend: str,
+                  device: str) -> str:
+    """The summary line of a check of ``runs`` (``name``: the grid)."""
+    where = f"(backend {backend}, device {device})"
+    if bad:
+        return f"{name} grid: {len(bad)} of {len(runs)} runs would be refused at start-up {where}"
+    return f"{name} grid: all {len(runs)} runs pass the ranks' start-up checks {where}"
+
+
+class BadRuns(GridStop):
+    """Runs of a grid that their ranks would refuse: the message is one line (how many, the first one),
+    ``lines`` one line per run (:func:`refusal_line`)."""
+
+    def __init__(self, message: str, lines: Sequence[str] = ()) -> None:
+        super().__init__(message)
+        self.lines = tuple(lines)
+
+
+def refuse_bad_runs(runs: Sequence[RunConfig], *, backend: str = "nccl", device: str = "cuda",
+                    launcher: str = "") -> None:
+    """Raise :class:`BadRuns` (a :class:`GridStop`, one line) when any of ``runs``
+    would be refused at start-up on ``backend``/``device``; return None when none would. A launcher calls
+    it before it writes, starts or submits anything."""
+    bad = check_runs(runs, backend=backend, device=device)
+    if not bad:
+        return
+    first_run, first_reason = bad[0]
+    how = f"launcher={launcher!r}: " if launcher else ""
+    raise BadRuns(f"{how}{len(bad)} of {len(runs)} runs would be refused at start-up (backend {backend}, device "
+                  f"{device}), nothing launched (`repro grid check` lists them); first: {_what(first_run)}: "
+                  f"{first_reason}", [refusal_line(r, why) for r, why in bad])
+
+
+# ---------------------------------------------------------------------------------------------
 # launcher="print": job scripts for any scheduler
 # ---------------------------------------------------------------------------------------------
 
@@ -141,6 +233,8 @@ exit "$rc"
 def write_job_scripts(runs: Sequence[RunConfig], runs_dir: str | Path, jobs_dir: str | Path, *,
                       port: int = DEFAULT_PORT, python: str = "python") -> Path:
     """Write ``commands.txt``, one ``<run_id>.sh`` per run and ``runs.json`` to ``jobs_dir``; returns it.
+    Nothing is written when a run would be refused at start-up on nccl/cuda
+    (:class:`BadRuns`).
 
     Multi-node scripts read the first node's host from ``REPRO_HEAD`` (and the rendezvous id from
     ``REPRO_RDZV_ID``, default the run id): ``REPRO_HEAD=node001 bash <run_id>.sh`` on each node, or under
@@ -148,6 +242,7 @@ def write_job_scripts(runs: Sequence[RunConfig], runs_dir: str | Path, jobs_dir:
     REPRO_RDZV_ID=$SLURM_JOB_ID srun --ntasks-per-node=1 bash <run_id>.sh``."""
     import json
 
+    refuse_bad_runs(runs, backend="nccl", device="cuda", launcher="print")  # before anything is written
     jobs = Path(jobs_dir)
     jobs.mkdir(parents=True, exist_ok=True)
     runs_dir = Path(runs_dir).resolve()
@@ -203,10 +298,12 @@ def launch_local_grid(runs: Sequence[RunConfig], runs_dir: str | Path, logs_dir:
                       gpus: int | None = None, timeout_s: float = 7200.0) -> dict[str, int]:
     """Run every unfinished run of ``runs`` with torchrun on this node's GPUs (NCCL), one after another.
 
-    Refused (:class:`GridStop`, one line) before any run starts when a run needs more GPUs than ``gpus``
-    (default: :func:`local_gpu_count`) or more than one node. Each run logs to ``<logs_dir>/<run_id>.log``;
+    Refused (:class:`GridStop`, one line) before any run starts when a run would be refused at start-up
+    (:class:`BadRuns`), needs more GPUs than ``gpus`` (default:
+    :func:`local_gpu_count`) or more than one node. Each run logs to ``<logs_dir>/<run_id>.log``;
     a failed one is marked and the others go on. Returns the status counts afterwards."""
     todo = pending_runs(runs, runs_dir)
+    refuse_bad_runs(todo, backend="nccl", device="cuda", launcher="local")
     _check_local(todo, local_gpu_count() if gpus is None else gpus)
     logs = Path(logs_dir)
     for i, run in enumerate(todo, 1):
@@ -255,8 +352,11 @@ def emulate_nodes(run: RunConfig, runs_dir: str | Path, logs_dir: str | Path, *,
     """Run ``run`` as ``run.nodes`` torchrun agents on this machine: the multi-node command of
     :func:`torchrun_argv` with c10d rendezvous on 127.0.0.1:``port`` and ``--node-rank i`` per agent.
 
-    Returns 0 when every agent succeeded, else the first non-zero exit status; an agent that fails or
-    outlives ``timeout_s`` has its peers ended (none is left behind). Logs: ``<logs_dir>/<run_id>.node<i>.log``."""
+    Refused (:class:`BadRuns`) before any agent starts when ``run`` would be
+    refused at start-up on ``backend``/``device``. Returns 0 when every agent succeeded, else the first
+    non-zero exit status; an agent that fails or outlives ``timeout_s`` has its peers ended (none is left
+    behind). Logs: ``<logs_dir>/<run_id>.node<i>.log``."""
+    refuse_bad_runs([run], backend=backend, device=device)
     logs = Path(logs_dir)
     environ = dict(env or os.environ)
     procs, files = [], []
@@ -338,9 +438,12 @@ def submit_slurm(runs: Sequence[RunConfig], runs_dir: str | Path, jobs_dir: str 
     ``executor``: a submitit executor (default ``submitit.AutoExecutor(folder=<jobs_dir>/submitit)``, which
     is SLURM on a SLURM cluster; ``submitit.LocalExecutor`` runs one-node jobs on this machine).
     ``slurm_parameters``: more ``update_parameters`` keywords (``slurm_partition``, ``slurm_account``, ...).
+    Nothing is submitted when a run would be refused at start-up on ``backend``/``device``
+    (:class:`BadRuns`).
     Without submitit: :class:`GridStop`, one line saying ``pip install submitit``."""
-    submitit = _submitit()
     todo = pending_runs(runs, runs_dir)
+    refuse_bad_runs(todo, backend=backend, device=device, launcher="slurm")
+    submitit = _submitit()
     if executor is None:
         executor = submitit.AutoExecutor(folder=Path(jobs_dir) / "submitit")
     logs = Path(jobs_dir) / "logs"
