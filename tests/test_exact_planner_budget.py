@@ -49,7 +49,7 @@ def _check_valid(plan, trace, cost):
 def test_a_tiny_budget_on_a_large_trace_returns_in_time_with_a_proven_gap(planner, caplog):
     make_cost, options, heuristic = CASES[planner]
     trace, cost = _random_trace(1000), make_cost()
-    budget = 0.1
+    budget = 0.02  # the whole search of this trace takes ~0.095 s on a quiet core (0.1 s was a race there)
     with caplog.at_level(logging.WARNING, logger="repro"):
         t0 = time.perf_counter()
         plan = make_plan(planner, trace, cost, time_budget_s=budget, **options)
