@@ -445,10 +445,10 @@ class _Door:
             if not self.batch_size and args and isinstance(args[0], torch.Tensor) and args[0].dim() > 0:
                 self.batch_size = int(args[0].shape[0])
         self._stamps = {"start": time.perf_counter()}
-        # as DDP: the buffers are broadcast unless the last training forward was under no_sync (so once per
-        # accumulation cycle, before its first micro-batch)
+        # as DDP: the buffers are broadcast unless the last training forward was under no_sync or without
+        # gradients (so once per accumulation cycle, before its first micro-batch)
         self.ex.sync_buffers = self._last_forward_synced
-        self._last_forward_synced = not self.accumulating
+        self._last_forward_synced = torch.is_grad_enabled() and not self.accumulating
         self.ex.before_forward()
         if self.warming_up:
             sync_device(self.device)

@@ -29,6 +29,7 @@ LOOP_TITLES = {
     "adamw": "AdamW",
     "groups_frozen": "param groups + frozen",
     "eval": "evaluation mid-training",
+    "no_grad_forward": "no_grad forward in train mode",
     "no_sync": "no_sync accumulation",
     "bf16": "bf16 autocast",
     "fp16_scaler": "fp16 + GradScaler",
@@ -121,7 +122,7 @@ def render() -> str:
         "gradients: a parameter no rank used gets no update (its `.grad` stays None), as under "
         "`DDP(find_unused_parameters=True)`.",
         "- **Buffers.** Broadcast from rank 0 before a training forward unless the last training forward "
-        "was under `no_sync` (DDP's rule); an evaluation forward issues no collective.",
+        "was under `no_sync` or without gradients (DDP's rule); an evaluation forward issues no collective.",
         "- **Checkpoints.** `optimizer.state_dict()` holds the whole state on every rank (the parameter "
         "servers gather their shards: a collective, so every rank calls it before rank 0 saves).",
         "",

@@ -18,7 +18,7 @@ Loops (``loop`` names; every one also steps plain SGD unless it says otherwise)
     ``hyper`` (weight decay and momentum changed by hand mid-run), ``clip`` (``clip_grad_norm_`` of the
     model's parameters between backward and step), ``clip_opt`` (``optimizer.clip_grad_norm_``),
     ``adamw``, ``groups_frozen`` (two param groups with their own lr, a frozen parameter), ``eval``
-    (evaluation mid-training), ``no_sync`` (accumulation of 2 micro-batches), ``bf16`` (autocast),
+    (evaluation mid-training), ``no_grad_forward`` (a forward under ``torch.no_grad()`` in train mode), ``no_sync`` (accumulation of 2 micro-batches), ``bf16`` (autocast),
     ``fp16_scaler`` (autocast + GradScaler), ``checkpoint`` (rank 0 saves model and optimizer state after
     half the steps, every rank loads it into a fresh model and optimizer and goes on).
 """
@@ -141,8 +141,8 @@ def loss_of(name: str, model, x, y, step: int, rank: int):
 
 # ------------------------------------------------------------------------------------------ loops
 
-LOOPS = ("plain", "lr_schedule", "hyper", "clip", "clip_opt", "adamw", "groups_frozen", "eval", "no_sync",
-         "bf16", "fp16_scaler", "checkpoint")
+LOOPS = ("plain", "lr_schedule", "hyper", "clip", "clip_opt", "adamw", "groups_frozen", "eval", "no_grad_forward",
+         "no_sync", "bf16", "fp16_scaler", "checkpoint")
 
 
 def make_optimizer(loop: str, model: nn.Module):
@@ -203,6 +203,9 @@ def train(loop: str, name: str, model, opt, data, rank: int, *, start: int = 0, 
             with torch.no_grad():
                 loss_of(name, model, data[0][0], data[0][1], 0, rank)
             model.train()
+        if loop == "no_grad_forward" and step in (1, len(data) - 2):  # a validation loss in train mode, no gradients
+            with torch.no_grad():
+                loss_of(name, model, data[0][0], data[0][1], 0, rank)
 
 
 def state(model: nn.Module) -> dict[str, torch.Tensor]:

@@ -3,7 +3,7 @@ family, every DeAR variant, ByteScheduler, the co-located BSP parameter server, 
 baseline; ``fsdp`` is PyTorch's FSDP2 run as it is, not held to DDP: docs/conformance.md) through ``repro.distribute``, on four models a user writes (a CNN with BatchNorm; a
 small GPT with ``nn.MultiheadAttention`` and an output layer tied to the token embedding through
 ``F.linear``; a model with a head unused on some steps and some ranks; a parameter used in the parent's
-forward and a Linear called twice) and twelve loops a DDP user writes (tests/conformance_targets.py),
+forward and a Linear called twice) and thirteen loops a DDP user writes (tests/conformance_targets.py),
 each against ``DistributedDataParallel`` from the same seed on the same data, 2 gloo ranks. Each cell is
 what the support table in docs/conformance.md says: equal to DDP, or refused in one line (the same
 line on both ranks, before anything is half-done), or not run (with the reason).
