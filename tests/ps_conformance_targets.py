@@ -32,6 +32,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from tests.api_loops_targets import BranchNet  # a trunk and three heads: left always, right when asked, never never
 from tests.api_targets import UserNet
 
 STEPS = 6
@@ -40,22 +41,6 @@ STEPS = 6
 # ---------------------------------------------------------------------------------------------
 # models, data, optimizers
 # ---------------------------------------------------------------------------------------------
-
-class BranchNet(nn.Module):
-    """A trunk and three heads: ``left`` always used, ``right`` when asked, ``never`` never."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.trunk = nn.Linear(8, 16)
-        self.left = nn.Linear(16, 4)
-        self.right = nn.Linear(16, 4)
-        self.never = nn.Linear(16, 4)
-
-    def forward(self, x: torch.Tensor, use_right: bool = True) -> torch.Tensor:
-        h = torch.tanh(self.trunk(x))
-        out = self.left(h)
-        return out + self.right(h) if use_right else out
-
 
 class AttnNet(nn.Module):
     """Tokens -> embedding -> self-attention -> mean over the sequence -> logits, the output layer's
