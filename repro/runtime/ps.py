@@ -99,8 +99,8 @@ from torch import nn
 from repro.plan import Plan
 from repro.runtime.executor import Executor, ExecutorOptions, scaled_step
 from repro.runtime.ps_layout import (GradChangeWatch, HandOverOptimizer, PSTiming, _Bucket, _flatten_into,
-                                     _unflatten_from, average_into_grads, check_whole, fill_push, grad_changed_error,
-                                     hyperparameters,
+                                     _unflatten_from, average_into_grads, begin_step, check_whole, fill_push,
+                                     grad_changed_error, hyperparameters,
                                      merge_shards, param_indices, ps_layout, push_numel, set_grads_from,
                                      set_hyperparameters)
 
@@ -299,12 +299,7 @@ class PSExecutor(Executor):
     def _step(self, amp: Any) -> None:
         """The optimizer's step: push (refused if a gradient changed since backward without
         :meth:`synchronize`), then install the stage-1 pulls."""
-        if not self._push_due:
-            raise RuntimeError("step() without after_backward(): the parameter server has no gradient to apply")
-        synced, self._synced = self._synced, False
-        self._push_due = False      # a refused step is dropped: flush() and remove() still work
-        changed = 0 if synced else self._watch.changed()
-        self._watch.clear()
+        synced, changed = begin_step(self)
         if amp is not None:
             raise ValueError("parameter server: dedicated servers apply the pushed gradients without a GradScaler's "
                              "verdict; use the co-located servers (dedicated_servers=0) with grad_scaler")

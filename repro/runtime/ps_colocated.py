@@ -113,8 +113,8 @@ from repro.plan import Plan, PlanError
 from repro.runtime.buffers import broadcast_buffers
 from repro.runtime.executor import Executor, ExecutorOptions, FoundInfReport, ScaledStep, scaled_step
 from repro.runtime.ps_layout import (GradChangeWatch, HandOverOptimizer, PSTiming, _Bucket, _flatten_into,
-                                     _unflatten_from, average_into_grads, check_whole, fill_push, grad_changed_error,
-                                     hyperparameters,
+                                     _unflatten_from, average_into_grads, begin_step, check_whole, fill_push,
+                                     grad_changed_error, hyperparameters,
                                      merge_shards, param_indices, ps_layout, push_numel, set_grads_from,
                                      set_hyperparameters)
 
@@ -311,12 +311,7 @@ class ColocatedPSExecutor(Executor):
         """The optimizer's step: push this rank's ``param.grad`` and finish the fresh buckets. Under a
         GradScaler (``amp``: what ``scaler.step`` attached) first the verdict over every rank (one
         all-reduce): push unscaled, or skip everywhere (module docstring)."""
-        if not self._push_due:
-            raise RuntimeError("step() without after_backward(): the parameter server has no gradient to apply")
-        synced, self._synced = self._synced, False
-        self._push_due = False      # a refused step is dropped: flush() and remove() still work
-        changed = 0 if synced else self._watch.changed()
-        self._watch.clear()
+        synced, changed = begin_step(self)
         if amp is not None and self._scaler is None:
             raise ValueError("parameter server: a GradScaler stepped this optimizer but was not given to it: pass it "
                              "to repro.distribute(..., grad_scaler=scaler) so that every rank skips (and backs the "

@@ -164,6 +164,20 @@ def average_into_grads(buckets: list[_Bucket], push: dict[int, torch.Tensor], gr
     return nbytes
 
 
+def begin_step(ex: Any) -> tuple[bool, int]:
+    """The start of a parameter-server executor's step (co-located or dedicated: both keep ``_push_due``,
+    ``_synced`` and ``_watch``): refuse a step without a backward, consume the step (a refused step is
+    dropped, so ``flush()`` and ``remove()`` still work); returns whether ``synchronize()`` ran this step
+    and how many gradients changed since backward without it (0 after it)."""
+    if not ex._push_due:
+        raise RuntimeError("step() without after_backward(): the parameter server has no gradient to apply")
+    synced, ex._synced = ex._synced, False
+    ex._push_due = False
+    changed = 0 if synced else ex._watch.changed()
+    ex._watch.clear()
+    return synced, changed
+
+
 def set_grads_from(buf: torch.Tensor, bucket: _Bucket) -> None:
     """Set ``bucket``'s ``param.grad`` to views of a push's gradient part where its flag (a count)
     is positive, None where no rank had a gradient (the optimizer then leaves the parameter, and its
