@@ -817,6 +817,7 @@ def distribute(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: st
     if dedicated_servers:
         options = _check_dedicated(dedicated_servers, family, name, plan, options, grad_scaler, _context)
     if family is not None:
+        _check_device_tensors_on_backend(model, family, name)
         dedicated = dedicated_servers > 0 or (_context is not None and _context.servers > 0)
         if get_family(family).hook("server") is not None and not dedicated:  # servers co-located on the ranks
             from repro.runtime.ps_colocated import colocated_options
@@ -951,6 +952,17 @@ def distribute(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: st
 
         stop_at_exit(dopt)
     return door.ex.module, dopt
+
+
+def _check_device_tensors_on_backend(model: nn.Module, family: str, name: str | None) -> None:
+    """A family whose executor cannot pass CUDA tensors to gloo (``Family.gloo_cpu_only``) refused in one
+    line when ``model`` is on a GPU and the process group is gloo."""
+    from repro.families import get_family
+
+    why = get_family(family).gloo_cpu_only
+    if why and dist.get_backend() == "gloo" and any(p.is_cuda for p in model.parameters()):
+        _fail(f"{name or 'a ' + family + ' plan'} cannot train a CUDA model over gloo: {why}; use the nccl "
+              "backend (one GPU per rank) or keep the model on the CPU")
 
 
 def _check_dedicated(servers: int, family: str | None, name: str | None, plan: Plan | None,

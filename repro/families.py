@@ -23,6 +23,9 @@ never compares family names. An entry supplies:
   the state the trainers reached at the end of the warm-up; the other ranks train (their
   collectives go over a process group of the training ranks only) and the executor talks to the
   servers. The dict holds tidy tables the servers recorded (name -> rows), written with the run.
+- **CUDA tensors over gloo** (``gloo_cpu_only``): why its executor cannot run a CUDA model on the gloo
+  backend, or None when it can; ``repro train``'s config check and :func:`repro.distribute` refuse such
+  a run in one line before any collective.
 
 Hooks are ``"module:attribute"`` strings imported on first use, so this table (and the torch-free
 core) never imports torch, and a family's files are loaded only when a plan of that family is used.
@@ -119,6 +122,7 @@ class Family:
     calibrate: str | None = None         # "module:fn", fn(trace, device, repeats, network_cost, **options) -> CostModel
     server: str | None = None            # "module:fn", fn(ctx, cfg, model, optimizer, plan) -> dict: serving ranks
     executor_options: tuple[str, ...] = ()  # run options (repro.run_options) its executor takes as keywords
+    gloo_cpu_only: str | None = None     # why its executor on gloo cannot take CUDA tensors (None: it can)
     _cache: dict = field(default_factory=dict, compare=False, repr=False)
 
     def hook(self, which: str) -> Callable[..., Any] | None:
@@ -264,6 +268,7 @@ FAMILIES: dict[str, Family] = {
         check_buckets="repro.sim.dear:check_buckets",
         executor="repro.runtime.dear:DeARExecutor",
         calibrate="repro.runtime.dear:calibrate",
+        gloo_cpu_only="its reduce-scatter and all-gather run on gloo as a ring of CPU tensors",
     ),
     "bytescheduler": Family(
         name="bytescheduler",
@@ -328,6 +333,8 @@ FAMILIES["ps"] = Family(
     executor="repro.runtime.ps:PSExecutor",
     calibrate="repro.runtime.ps:calibrate",
     server="repro.runtime.ps:serve",
+    gloo_cpu_only="its pushes and pulls go point to point, and gloo's send/recv reads CUDA memory as host memory "
+                  "(an H200 run failed with 'writev: Bad address')",
 )
 
 

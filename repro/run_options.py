@@ -189,9 +189,13 @@ _declare("dear", [
               default=2**28, unit="bytes", check=_integer("tuner_max_bytes", 1, "a positive number of bytes")),
 ])
 _declare("ps", [
-    RunOption("servers", int, "parameter-server schedulers (ps_*, osp*): ranks 0..servers-1 serve the "
-              "parameters, the other ranks train (default 1)", "ps",
+    RunOption("servers", int, "parameter-server schedulers (ps_*, osp*): servers holding the parameters; "
+              "dedicated placement: ranks 0..servers-1 serve and the other ranks train (default 1); "
+              "colocated: server s on training rank s (default: one per rank)", "ps",
               check=_integer("servers", 1, "a positive integer")),
+    RunOption("server_placement", str, "parameter-server schedulers (ps_*, osp*): 'dedicated' server ranks "
+              "beside the trainers (gloo only), or 'colocated' on the training ranks (gloo or nccl)", "ps",
+              default="dedicated", choices=("dedicated", "colocated")),
     RunOption("staleness", int, "ps_ssp: iterations a worker may run ahead of the slowest (default 2)", "ps",
               unit="iterations", check=_integer("staleness", 0, "a non-negative integer")),
     RunOption("stage1_share", float, "osp: fraction of the gradient bytes synchronised in the blocking stage 1, "

@@ -276,7 +276,7 @@ def run_training(ctx, cfg: TrainConfig) -> tuple[nn.Module, dict[str, Any]]:
 
     device = _train_device(ctx, cfg)
     sched = get_scheduler(cfg.scheduler)
-    cfg.check_world(dist.get_world_size(), backend=dist.get_backend())
+    cfg.check_world(dist.get_world_size(), backend=dist.get_backend(), device=device.type)
     ranks = _ranks(cfg)
     run_id = cfg.run_id or _default_run_id(cfg, ranks.size, device, ranks.servers)
     if cfg.results_dir and ranks.is_first:

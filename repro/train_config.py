@@ -210,17 +210,25 @@ class _CommonConfig:
     def serving_ranks(self) -> int:
         """Ranks that serve rather than train: ``servers`` for a family with serving ranks, else 0."""
         sched = get_scheduler(self.scheduler)
+        if self.server_placement == "colocated":
+            return 0
         return (self.servers or 1) if sched.family is not None and get_family(sched.family).server else 0
 
-    def check_world(self, world_size: int, backend: str | None = None) -> None:
+    def check_world(self, world_size: int, backend: str | None = None, device: str | None = None) -> None:
         """Checks that need the world size (ranks, servers included) and, if given, the process group's
-        ``backend`` (``gloo``/``nccl``); made before any step."""
+        ``backend`` (``gloo``/``nccl``) and the ranks' device type (``cpu``/``cuda``; default: ``--device``,
+        else the backend's); made before any step."""
         sched = get_scheduler(self.scheduler)
         serving = self.serving_ranks()
         if serving and backend == "nccl":
             raise ValueError(f"'{self.scheduler}' runs {serving} dedicated server rank(s), which serve each worker "
                              "from a thread of its own, point to point, and NCCL does not support that: they need "
-                             "the gloo backend")
+                             "the gloo backend, or --server-placement colocated")
+        device = device or self.device or ("cuda" if backend == "nccl" else "cpu")
+        family = get_family(sched.family) if sched.family is not None else None
+        if backend == "gloo" and device.startswith("cuda") and family is not None and family.gloo_cpu_only:
+            raise ValueError(f"'{self.scheduler}' cannot train CUDA tensors over gloo: {family.gloo_cpu_only}; use "
+                             "--backend nccl (one GPU per rank) or --device cpu")
         if serving:
             if world_size - serving < 2:
                 raise ValueError(f"'{self.scheduler}' runs {serving} server rank(s) and needs at least 2 workers "

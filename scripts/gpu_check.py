@@ -566,10 +566,11 @@ def judge_extra(name: str, result: dict[str, Any]) -> tuple[bool, str]:
         return ok, "; ".join(f"{k}: max abs diff {v['diff']:.2g}, timeline {'complete' if v['timeline_ok'] else 'BAD'}"
                              for k, v in result.items())
     if name == "two_ranks":
-        ok = all(v["trains"] for v in result.values())
+        ok = all(v["trains"] or v.get("refused") for v in result.values())
 
         def outcome(v: dict[str, Any]) -> str:
-            return "trains" if v["trains"] else "not run" if str(v.get("error")).startswith("not run") else "FAILS"
+            return ("trains" if v["trains"] else "refused in one line" if v.get("refused") else
+                    "not run" if str(v.get("error")).startswith("not run") else "FAILS")
         return ok, f"{sum(v['trains'] for v in result.values())}/{len(result)} families train; " + "; ".join(
             f"{k}: {outcome(v)}" for k, v in result.items())
     if name == "fp16_vs_ddp":

@@ -144,7 +144,8 @@ def two_ranks_per_family(device: str = "cuda", schedulers=FAMILY_SCHEDULERS, ste
                          warmup_steps: int = 2, timeout_s: float = 40.0, budget_s: float | None = None) -> dict:
     """Per scheduler: two gloo ranks on ``device`` (one GPU shared), ``steps`` steps through
     ``repro.distribute`` (the first ``warmup_steps`` the warm-up, then the plan made online); whether it
-    trains (every loss and parameter finite, parameters moved, the two replicas equal within 1e-5),
+    trains (every loss and parameter finite, parameters moved, the two replicas equal within 1e-5) or is
+    refused in one line (``refused``: a family that cannot hand CUDA tensors to gloo, ``Family.gloo_cpu_only``),
     the largest parameter difference between the ranks, the plan's family, seconds, or the one-line
     error. A launch is given ``timeout_s`` seconds, and no more than what is left of ``budget_s`` (all
     launches together; None: no bound), so that the function returns every family's outcome before a
@@ -163,7 +164,9 @@ def two_ranks_per_family(device: str = "cuda", schedulers=FAMILY_SCHEDULERS, ste
             ranks = launch_local(_rank_run, 2, args=(scheduler, device, steps, warmup_steps), backend="gloo",
                                  timeout_s=limit, pg_timeout_s=min(30.0, limit), quiet=True)
         except Exception as e:  # noqa: BLE001 - whatever a family raises is reported, the others still run
-            out[scheduler] = {"trains": False, "error": _one_line(e), "seconds": time.perf_counter() - t0}
+            error = _one_line(e)  # a family that cannot hand CUDA tensors to gloo is refused in one line: expected
+            out[scheduler] = {"trains": False, "refused": "cannot train a CUDA model over gloo" in error,
+                              "error": error, "seconds": time.perf_counter() - t0}
             continue
         spread = max(float((a - b).abs().max()) for a, b in zip(ranks[0]["params"], ranks[1]["params"]))
         finite = all(r["finite"] and all(math.isfinite(v) for v in r["losses"]) for r in ranks)

@@ -9,9 +9,10 @@ import json
 from pathlib import Path
 
 import pytest
+import yaml
 
-from repro.cluster.grid import (GRID_PAPERS, GridError, RunConfig, clear_failed, count_status, grids_dir, load_grid,
-                                mark_failed, parse_grid, run_id, run_status, status_table)
+from repro.cluster.grid import (GRID_PAPERS, GridError, RunConfig, clear_failed, count_status, grid_path, grids_dir,
+                                load_grid, mark_failed, parse_grid, run_id, run_status, status_table)
 from repro.runs import check_run_id
 
 
@@ -59,8 +60,11 @@ def test_grids_carry_the_papers_setting():
     assert {r.nodes for r in omgs.runs} == {16} and omgs.gpus_per_node == 1
     assert {r["model"]: r["density"] for r in omgs.select("throughput")} == {"vgg16_cifar": 0.001, "resnet50": 0.001,
                                                             "inception_v4": 0.001, "lstm_ptb": 0.004}
-    osp = load_grid("osp")  # 9 nodes: 1 server + 8 workers
-    assert {(r["world_size"], r.processes, r.nodes) for r in osp.runs} == {(8, 9, 9)}
+    osp = load_grid("osp")  # the testbed's 8 workers and 1 server, co-located on the first (NCCL can run it)
+    assert {(r["world_size"], r.processes, r.nodes, r["servers"]) for r in osp.runs} == {(8, 8, 8, 1)}
+    dedicated = parse_grid({**yaml.safe_load(grid_path("osp").read_text()),
+                            "train": {"steps": 3, "servers": 1}}, "t.yaml")  # the testbed's layout, on gloo
+    assert {(r.processes, r.nodes) for r in dedicated.runs} == {(9, 9)}
 
 
 def test_the_grids_hold_the_papers_convergence_runs():

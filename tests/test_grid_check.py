@@ -15,7 +15,8 @@ import yaml
 from repro.cluster.grid import (GRID_PAPERS, GridError, distinct_stand_ins, load_grid, local_stand_in, parse_grid,
                                 run_status)
 from repro.cluster.grid_check import BadRuns, check_runs, run_refusal, smoke, stand_in_line
-from repro.cluster.jobs import GridStop, launch_local_grid, prepare_paper_runs, submit_slurm, write_job_scripts
+from repro.cluster.jobs import (GridStop, launch_local_grid, prepare_paper_runs, refuse_bad_runs, submit_slurm,
+                                write_job_scripts)
 
 # One good run (wfbp) and three that their ranks would refuse: an unknown scheduler, an option the
 # scheduler does not take (staleness is ps_ssp's), a wire dtype the scheduler cannot cast to (ddp).
@@ -118,21 +119,40 @@ def test_every_launcher_checks_first(tmp_path, monkeypatch):
     assert not jobs.exists() and not (tmp_path / "logs").exists()
 
 
-def test_the_shipped_grids_pass_on_the_launchers_backend_except_dedicated_servers_on_nccl(tmp_path):
-    """mgwfbp, omgs and dear pass as the launchers run them (nccl, cuda); they used to lose 17, 18 and 30
-    runs to --wire-dtype float32. osp's runs have a dedicated parameter server, which NCCL cannot serve
-    (repro train's servers talk point to point from a thread per worker): refused on nccl, one line each,
-    and accepted on gloo."""
-    for paper in ("mgwfbp", "omgs", "dear"):
+def test_the_shipped_grids_pass_on_the_launchers_backend(tmp_path):
+    """All four grids pass as the launchers run them (nccl, cuda); mgwfbp, omgs and dear used to lose 17,
+    18 and 30 runs to --wire-dtype float32, and osp all 30 to its dedicated server rank, which NCCL cannot
+    serve (a thread per worker, point to point): its server is now co-located on the first worker."""
+    for paper in GRID_PAPERS:
         assert check_runs(load_grid(paper).runs) == [], paper
-    osp = load_grid("osp").runs
-    bad = check_runs(osp)
-    assert len(bad) == len(osp) == 30
-    assert all("dedicated server rank" in why and "gloo backend" in why for _, why in bad)
-    assert check_runs(osp, backend="gloo", device="cpu") == []
-    with pytest.raises(GridStop, match="30 of 30 runs would be refused") as e:
-        prepare_paper_runs("osp", scale="paper", read_only=False, launcher="print", runs_dir=tmp_path / "runs")
-    assert "\n" not in str(e.value) and not (tmp_path / "jobs").exists()
+    assert all(r["server_placement"] == "colocated" and r.processes == r["world_size"] == 8
+               for r in load_grid("osp").runs)
+
+
+def test_dedicated_servers_on_nccl_and_cuda_tensors_over_gloo_are_refused_before_any_job(tmp_path):
+    """The paper's layout (a dedicated server rank beside 8 workers) on nccl, and the families whose
+    executors cannot hand CUDA tensors to gloo (the parameter servers' send/recv, DeAR's CPU ring): one
+    line per run, nothing written."""
+    dedicated = {"paper": "osp", "notebook": "nb", "gpus_per_node": 1, "train": {"steps": 3, "servers": 1},
+                 "experiments": [{"name": "e", "models": {"resnet50": {"batch_size": 8}}, "world_sizes": [8],
+                                  "schedulers": ["ps_bsp", "osp"]}]}
+    runs = parse_grid(dedicated, "t.yaml").runs
+    assert [r.processes for r in runs] == [9, 9]
+    bad = check_runs(runs)
+    assert len(bad) == 2 and all("dedicated server rank" in why and "--server-placement colocated" in why
+                                 for _, why in bad)
+    assert check_runs(runs, backend="gloo", device="cpu") == []
+    on_gpus_over_gloo = check_runs(runs, backend="gloo", device="cuda")
+    assert len(on_gpus_over_gloo) == 2 and all("cannot train CUDA tensors over gloo" in why and "send/recv" in why
+                                               for _, why in on_gpus_over_gloo)
+    dear = [r for r in load_grid("dear").runs if r["scheduler"].startswith("dear")]
+    assert dear and all("gloo as a ring of CPU tensors" in why
+                        for _, why in check_runs(dear, backend="gloo", device="cuda"))
+    allreduce = [r for r in load_grid("mgwfbp").runs]
+    assert check_runs(allreduce, backend="gloo", device="cuda") == []  # gloo takes CUDA tensors for all-reduce
+    with pytest.raises(GridStop, match="2 of 2 runs would be refused") as e:
+        refuse_bad_runs(runs)
+    assert "\n" not in str(e.value)
 
 
 def test_run_refusal_sees_world_size_and_device():
@@ -170,8 +190,8 @@ def test_a_stand_in_keeps_the_configuration_and_shrinks_the_rest():
     lstm = next(r for r in load_grid("omgs").runs if r["model"] == "lstm_ptb" and r["scheduler"] == "omgs")
     assert (local_stand_in(lstm)["model"], local_stand_in(lstm)["density"]) == ("tiny_lstm", 0.004)
     osp = next(r for r in load_grid("osp").runs if r.config.get("lgp") is False)
-    s = local_stand_in(osp)  # 1 server + 8 workers on 9 nodes -> 1 server + 2 workers
-    assert (s.processes, s["world_size"], s["servers"], s["lgp"], s["stage1_share"]) == (3, 2, 1, False, 0.0)
+    s = local_stand_in(osp)  # 8 workers, one co-located server, on 8 nodes -> 3 workers
+    assert (s.processes, s["world_size"], s["servers"], s["lgp"], s["stage1_share"]) == (3, 3, 1, False, 0.0)
     two_servers = parse_grid({"paper": "t", "notebook": "nb", "gpus_per_node": 1, "train": {"servers": 2},
                               "experiments": [{"name": "e", "models": {"resnet50": {"batch_size": 8}},
                                                "world_sizes": [8], "schedulers": ["ps_bsp"]}]}, "t.yaml").runs[0]

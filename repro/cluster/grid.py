@@ -62,6 +62,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 __all__ = ["GRID_PAPERS", "DEFAULT_PRECISION", "GridError", "Grid", "RunConfig", "grids_dir", "grid_path", "load_grid", "parse_grid",
+           "dedicated_servers",
            "run_id", "run_status", "status_table", "mark_failed", "clear_failed", "count_status", "grid_run_ids",
            "finished_run_ids", "FAILED_DIR", "STATUSES", "KINDS", "TINY_STAND_INS", "STAND_IN_MAX_RANKS",
            "local_stand_in", "distinct_stand_ins"]
@@ -96,7 +97,8 @@ class GridError(ValueError):
 class RunConfig:
     """One run of a grid: ``config`` holds every setting (its canonical JSON gives :attr:`run_id`).
 
-    ``world_size`` is P, the training ranks; ``processes`` adds a parameter server's ranks (``servers``);
+    ``world_size`` is P, the training ranks; ``processes`` adds a parameter server's dedicated ranks
+    (``servers``, unless ``server_placement`` is ``colocated``);
     ``nodes`` x ``procs_per_node`` = ``processes`` (one process per GPU).
     """
 
@@ -269,6 +271,14 @@ def _schedulers(where: str, value: Any) -> list[tuple[str, dict[str, Any]]]:
     return out
 
 
+def dedicated_servers(cfg: Mapping[str, Any]) -> int:
+    """Processes a run adds beside its ``world_size`` trainers: its ``servers`` when they are dedicated
+    ranks (the default placement), none when ``server_placement: colocated`` puts them on the trainers."""
+    if cfg.get("server_placement", "dedicated") == "colocated":
+        return 0
+    return int(cfg.get("servers") or 0)
+
+
 def _check_kind(where: str, declared: Any, cfg: Mapping[str, Any]) -> None:
     if declared is not None and declared not in KINDS:
         raise _fail(where, f"kind must be one of {', '.join(KINDS)}, got {declared!r}")
@@ -336,7 +346,7 @@ def parse_grid(data: Any, path: Path | str | None = None) -> Grid:
                         _check_kind(ew, exp.get("kind"), cfg)
                         if cfg.get("epochs") is not None:
                             cfg.pop("steps", None)  # repro train ignores steps with epochs: not part of the id
-                        procs = p + int(cfg.get("servers") or 0)
+                        procs = p + dedicated_servers(cfg)
                         if procs > gpn and procs % gpn:
                             raise _fail(ew, f"{procs} processes ({model}, P={p}) do not fill whole nodes of "
                                             f"{gpn} GPUs")

@@ -150,7 +150,7 @@ def run_refusal(run: RunConfig, *, backend: str = "nccl", device: str = "cuda") 
     argv = train_argv(run, "runs", backend=backend, device=device)[2:]
     try:
         cfg, _ = config_from_argv(argv)
-        cfg.check_world(run.processes, backend=backend)
+        cfg.check_world(run.processes, backend=backend, device=device)
     except (ValueError, FileNotFoundError) as e:
         return (str(e).splitlines() or [type(e).__name__])[0]
     return None
