@@ -333,8 +333,8 @@ FAMILIES["ps"] = Family(
     executor="repro.runtime.ps:PSExecutor",
     calibrate="repro.runtime.ps:calibrate",
     server="repro.runtime.ps:serve",
-    gloo_cpu_only="its pushes and pulls go point to point, and gloo's send/recv reads CUDA memory as host memory "
-                  "(an H200 run failed with 'writev: Bad address')",
+    gloo_cpu_only="gloo's reduce and gather (its co-located pushes) and send/recv (its dedicated servers') read "
+                  "CUDA memory as host memory (an H200 run failed with 'writev: Bad address')",
 )
 
 
