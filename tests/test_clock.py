@@ -27,6 +27,7 @@ class FakeEvent:
 
     def record(self, stream=None) -> None:
         self.t = self.device.device_time_of_record()
+        self.device.recorded_on.append(stream)
 
     def synchronize(self) -> None:
         assert self.t is not None
@@ -42,8 +43,10 @@ class FakeDeviceClock(DeviceClock):
     event); the host time on that base is ``device time + OFFSET``."""
 
     def __init__(self, device_times: dict[str, float] | None = None, device_now: float = 10.0) -> None:
-        super().__init__("cuda", event_factory=lambda: FakeEvent(self), synchronize=self._sync,
+        super().__init__("cuda:1", event_factory=lambda: FakeEvent(self), synchronize=self._sync,
+                         current_stream=lambda: "cuda:1's current stream",
                          host_time=lambda: self.device_now + OFFSET)
+        self.recorded_on: list = []  # the stream of every record()
         self.device_times = dict(device_times or {})
         self.device_now = device_now
         self.syncs = 0
@@ -107,6 +110,9 @@ def test_device_clock_resolves_events_once_per_step_against_a_reference():
     # host times given to mark() do not matter on a device
     clock.mark("fc1", host_s=1.0)
     assert clock.ready["fc1"] == pytest.approx(OFFSET + 3.625, abs=1e-9)
+    # marks and the reference on the model's device's stream (cuda:1), not the current device's (cuda:0
+    # in a process that never called torch.cuda.set_device)
+    assert clock.recorded_on and set(clock.recorded_on) == {"cuda:1's current stream"}
 
 
 def test_device_clock_now_waits_for_the_device():

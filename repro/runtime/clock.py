@@ -138,17 +138,23 @@ def _cuda_event() -> Any:
 class DeviceClock:
     """CUDA events at each mark, resolved to host ``perf_counter`` seconds once per step when read.
 
-    ``event_factory`` (a new timing event: ``record()``, ``synchronize()``, ``elapsed_time(other)`` in
-    milliseconds), ``synchronize`` (wait for the device) and ``host_time`` are injectable so that the
-    logic can be driven without a GPU (the CPU tests use events whose times the test sets)."""
+    Every event is recorded on ``device``'s current stream (``torch.cuda.current_stream(device)``), not
+    the current device's: a rank whose model is on ``cuda:k`` without ``torch.cuda.set_device(k)``
+    (current device ``cuda:0``) marks and resolves on ``cuda:k``.
+
+    ``event_factory`` (a new timing event: ``record(stream)``, ``synchronize()``, ``elapsed_time(other)``
+    in milliseconds), ``current_stream`` (the stream to record on), ``synchronize`` (wait for the device)
+    and ``host_time`` are injectable so that the logic can be driven without a GPU (the CPU tests use
+    events whose times the test sets)."""
 
     kind = "device"
 
     def __init__(self, device: torch.device | str | None = None, *, event_factory: Callable[[], Any] | None = None,
-                 synchronize: Callable[[], None] | None = None,
+                 synchronize: Callable[[], None] | None = None, current_stream: Callable[[], Any] | None = None,
                  host_time: Callable[[], float] = time.perf_counter) -> None:
         self.device = torch.device(device if device is not None else "cuda")
         self._new_event = event_factory or _cuda_event
+        self._stream = current_stream or (lambda: torch.cuda.current_stream(self.device))
         self._synchronize = synchronize or (lambda: torch.cuda.synchronize(self.device))
         self._host_time = host_time
         self._events: dict[str, Any] = {}     # key -> its event (one per key, re-recorded every step)
@@ -169,7 +175,7 @@ class DeviceClock:
             ev = self._events.get(key)
             if ev is None:
                 ev = self._events[key] = self._new_event()
-            ev.record()
+            ev.record(self._stream())
             self._live[key] = ev
             self._resolved = None
 
@@ -186,7 +192,7 @@ class DeviceClock:
             if self._reference is None:
                 self._reference = self._new_event()
             ref = self._reference
-            ref.record()            # on an idle device: completes at once
+            ref.record(self._stream())  # on an idle device: completes at once
             ref.synchronize()
             host = self._host_time()
             self._resolved = {k: host - ev.elapsed_time(ref) / 1e3 for k, ev in events.items()}

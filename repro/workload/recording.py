@@ -48,7 +48,7 @@ class CudaClock:
 
     def stamp(self) -> Any:
         ev = torch.cuda.Event(enable_timing=True)
-        ev.record()
+        ev.record(torch.cuda.current_stream(self.device))  # the model's device, whatever the current one is
         return ev
 
     def sync(self) -> None:
