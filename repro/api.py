@@ -125,6 +125,7 @@ from repro.presets import preset
 from repro.run_options import RUN_OPTIONS, check_run_options, check_wire_dtype
 from repro.plan import WIRE_DTYPE_BYTES, Plan, PlanError
 from repro.runtime.buffers import broadcast_module_state
+from repro.runtime.clock import make_clock
 from repro.runtime.executor import Executor, ExecutorOptions, FoundInfReport, ScaledStep, scaled_step
 from repro.runtime.online import StepTimes, grad_abs_mean, measured_trace, plan_online, sync_device
 from repro.schedulers import SCHEDULERS, Scheduler, get_scheduler
@@ -325,7 +326,9 @@ class _Door:
                  record_timeline: bool, grad_scaler: Any = None, context: RunContext | None = None) -> None:
         self.model, self.inner = model, optimizer
         self.context = context or RunContext()
-        self.last_stamps: dict[str, float] = {}  # the last training step's phase stamps (perf_counter s)
+        self._last_stamps: dict[str, float | None] = {}  # the last training step's phase stamps (see last_stamps)
+        # after the warm-up, a GPU's phase stamps are CUDA events (resolved when read), not host enqueue times
+        self._phase_clock = make_clock(next(model.parameters()).device)
         self.grad_scaler = grad_scaler
         self.synchronized = False  # synchronize() finished this step's exchange already
         self._report = None
@@ -444,7 +447,8 @@ class _Door:
             sync_device(self.device)
             if not self.batch_size and args and isinstance(args[0], torch.Tensor) and args[0].dim() > 0:
                 self.batch_size = int(args[0].shape[0])
-        self._stamps = {"start": time.perf_counter()}
+        self._stamps = {}
+        self._stamp("start")
         # as DDP: the buffers are broadcast unless the last training forward was under no_sync or without
         # gradients (so once per accumulation cycle, before its first micro-batch)
         self.ex.sync_buffers = self._last_forward_synced
@@ -452,13 +456,13 @@ class _Door:
         self.ex.before_forward()
         if self.warming_up:
             sync_device(self.device)
-        self._stamps["forward_start"] = time.perf_counter()
+        self._stamp("forward_start")
 
     def _after_forward(self, module: nn.Module, args: tuple, output: Any) -> None:
         if module.training:
             if self.warming_up:
                 sync_device(self.device)
-            self._stamps["backward_start"] = time.perf_counter()
+            self._stamp("backward_start")
 
     # ---- the end of a backward ----
     def _grad_arrived(self, param: torch.Tensor) -> None:
@@ -511,7 +515,7 @@ class _Door:
         clipping before ``step()``."""
         if self.synchronized:
             return
-        self._stamps["backward_end"] = time.perf_counter()
+        self._stamp("backward_end")
         if getattr(self.run_opt, "_step_supports_amp_scaling", False) and hasattr(self.run_opt, "synchronize"):
             self.ex.after_backward()
             self.run_opt.synchronize()  # the family's own (DeAR, ByteScheduler finish their exchange here)
@@ -537,12 +541,12 @@ class _Door:
         stamps = self._stamps
         family_amp = getattr(self.run_opt, "_step_supports_amp_scaling", False)
         if not self.synchronized:
-            stamps["backward_end"] = time.perf_counter()
+            self._stamp("backward_end")
             self.ex.after_backward()
         self.synchronized = False
         if self.warming_up:
             sync_device(self.device)
-        stamps["exchange_end"] = time.perf_counter()
+        self._stamp("exchange_end")
         if amp is None:
             self.run_opt.step()
         elif family_amp:  # the family's optimizer takes GradScaler's attributes as GradScaler gave them
@@ -562,8 +566,31 @@ class _Door:
             self.warmup_left -= 1
             if not self.warming_up:
                 self._plan_and_switch()
-        self.last_stamps = dict(stamps)
+        self._last_stamps = dict(stamps)
+        self._phase_clock.end_iteration()
         return loss
+
+    def _stamp(self, key: str) -> None:
+        """Phase ``key`` of this step reached: a host ``perf_counter`` stamp on a CPU and during the
+        warm-up (which synchronises the device before each stamp); after it on a GPU a CUDA event on the
+        model's device (the host only enqueued the work by then), resolved in :attr:`last_stamps`."""
+        if self.warming_up or self._phase_clock.kind == "host":
+            self._stamps[key] = time.perf_counter()
+        else:
+            self._phase_clock.mark(key)
+            self._stamps[key] = None
+
+    @property
+    def last_stamps(self) -> dict[str, float]:
+        """The last training step's phase stamps (``start``, ``forward_start``, ``backward_start``,
+        ``backward_end``, ``exchange_end``), seconds on the host ``perf_counter`` base: when the device
+        reached each point (on a GPU after the warm-up, CUDA events read back here: one device
+        synchronize) or the host did (on a CPU, where the two are the same)."""
+        stamps = dict(self._last_stamps)
+        if any(v is None for v in stamps.values()):
+            ready = self._phase_clock.resolve()
+            stamps = {k: ready.get(k, float("nan")) if v is None else v for k, v in stamps.items()}
+        return stamps
 
     def _scaled_step(self, amp: ScaledStep) -> None:
         """A GradScaler step on the exchanged gradients: they are the same on every rank, so the inf/nan

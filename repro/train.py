@@ -189,8 +189,9 @@ def _distribute(cfg: TrainConfig, model: nn.Module, opt: torch.optim.Optimizer, 
 
 def _door_step(door: Any, dopt: torch.optim.Optimizer, batch, loss_of, device: torch.device) -> StepTimes:
     """One training step as a user's loop makes it (zero_grad, forward, backward, step); its phase
-    stamps are the door's (:attr:`repro.api._Door.last_stamps`), synchronised with the device in the
-    warm-up, where they make the trace, and host enqueue times after it on a GPU (the in-run trace)."""
+    stamps are the door's (:attr:`repro.api._Door.last_stamps`): when the device reached each phase
+    (synchronised stamps in the warm-up, where they make the trace; CUDA events after it on a GPU),
+    so the phase columns of ``iterations.csv`` and the in-run trace are device times."""
     x, y = batch
     dopt.zero_grad(set_to_none=True)
     sync_device(device)
@@ -332,6 +333,7 @@ def run_training(ctx, cfg: TrainConfig) -> tuple[nn.Module, dict[str, Any]]:
         if door.ex.grad_ready_s:
             inrun.append((st, dict(door.ex.grad_ready_s)))
         if cfg.record_timeline and door.ex.timings:
+            door.ex.settle_timings()  # device stamps (NCCL) arrive from a thread once the device got there
             bucket_rows = [_timing_row(t, st.start) for t in door.ex.timings]
         step += 1
         progress.update(1)

@@ -374,3 +374,48 @@ def test_a_layer_without_a_gradient_in_a_step_counts_as_ready_at_that_backwards_
     gaps = {layer.name: layer.backward_s for layer in trace.layers}
     assert gaps["fc3"] == pytest.approx(0.002) and gaps["fc2"] == pytest.approx(0.008)
     assert gaps["fc1"] == pytest.approx(0.0, abs=1e-12)  # median over steps: at fc2's time, the backward's end
+
+
+def _door_phase_stamps(ctx) -> dict:
+    """On a rank: phase stamps of a warm-up step (host) and a planned step (a fake device clock)."""
+    import repro
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    m, opt = repro.distribute(model, torch.optim.SGD(model.parameters(), lr=0.1), "mgwfbp", warmup_steps=1)
+    door = opt._door
+    fake = door._phase_clock = FakeDeviceClock(DOOR_DEVICE_TIMES, device_now=4.0)
+
+    def step():
+        opt.zero_grad()
+        nn.functional.cross_entropy(m(torch.randn(4, 4)), torch.randint(0, 2, (4,))).backward()
+        opt.step()
+
+    out = {"warming_up": door.warming_up}
+    step()  # the warm-up: synchronised host stamps, the device clock unused
+    out.update(warmup_marks=list(fake.marks), warmup_stamps=door.last_stamps, now=time.perf_counter(),
+               warming_up_after=door.warming_up)
+    step()
+    out.update(marks=[k for k, _ in fake.marks], stamps=door.last_stamps, syncs=fake.syncs)
+    return out
+
+
+DOOR_DEVICE_TIMES = {"start": 1.0, "forward_start": 1.25, "backward_start": 2.0, "backward_end": 3.5,
+                     "exchange_end": 3.75}
+
+
+@pytest.mark.distributed
+def test_after_the_warm_up_the_doors_phase_stamps_are_the_devices():
+    """On a GPU the host only enqueues a phase's kernels: after the warm-up (which synchronises before
+    each stamp) the door marks each phase through a device clock, and ``last_stamps`` (the phase columns
+    of iterations.csv, the in-run trace) are the device's times on the host base, never the host's
+    (issue 32, item 4). A fake device clock stands in for the CUDA events; 2 gloo ranks."""
+    from repro.cluster.local import launch_local
+
+    for r in launch_local(_door_phase_stamps, 2, timeout_s=120):
+        assert r["warming_up"] and not r["warming_up_after"] and r["warmup_marks"] == []
+        assert set(r["warmup_stamps"]) == set(DOOR_DEVICE_TIMES)
+        assert all(0 <= r["now"] - v < 60 for v in r["warmup_stamps"].values())  # host perf_counter stamps
+        assert r["marks"] == list(DOOR_DEVICE_TIMES)
+        assert r["stamps"] == pytest.approx({k: OFFSET + t for k, t in DOOR_DEVICE_TIMES.items()}, abs=1e-9)
+        assert r["syncs"] == 1  # read back once, when asked

@@ -526,3 +526,125 @@ def test_dear_consumes_every_collective_on_the_stream(one_rank, monkeypatch):
     # step's applied by the flush)
     assert len(stream.waited) == 3 * (2 + 3 + 3)
     assert all(torch.equal(host[n], device[n]) for n in host)
+
+
+# ---------------------------------------------------------------------------------------------
+# timelines on NCCL: device times, never the future that completes at enqueue (issue 32, items 3 and 4)
+# ---------------------------------------------------------------------------------------------
+
+class FakeNcclWork:
+    """A collective as NCCL returns it: done at enqueue on the host. ``wait()`` is the stream wait
+    (recorded with the stream current at the call); its future must not be used for a time."""
+
+    def __init__(self, streams: list, current: list) -> None:
+        self.streams, self.current = streams, current
+        self.future = FakeFuture()
+
+    def wait(self) -> None:
+        self.streams.append(self.current[-1])
+
+    def get_future(self):
+        return self.future
+
+
+class FakeFuture:
+    """Records ``wait`` calls; ``then`` (a child future without CUDA events) is refused."""
+
+    def __init__(self) -> None:
+        self.waits = 0
+
+    def wait(self):
+        self.waits += 1
+
+    def then(self, fn):
+        raise AssertionError("a child future of then() carries no CUDA event: it is not a completion")
+
+
+def _fake_nccl_ends(dev: FakeDevice):
+    from repro.runtime.clock import CollectiveEnds
+
+    compute, timing = FakeStream("compute"), FakeStream("timing")
+    current = [compute]
+
+    class StreamContext:
+        def __init__(self, stream) -> None:
+            self.stream = stream
+
+        def __enter__(self):
+            current.append(self.stream)
+
+        def __exit__(self, *exc):
+            current.pop()
+
+    completions = EventCompletions("cuda", event_factory=lambda: FakeEvent(dev, auto=True),
+                                   stream_factory=lambda: FakeStream("reference"), host_time=dev.host_time)
+    ends = CollectiveEnds("cuda", "nccl", event_factory=lambda: FakeEvent(dev), side_stream=timing,
+                          current_stream=lambda: current[-1], stream_context=StreamContext, completions=completions)
+    return ends, compute, timing, current
+
+
+def test_collective_ends_pick_device_times_on_nccl_only():
+    from repro.runtime.clock import CollectiveEnds
+
+    assert CollectiveEnds("cuda:1", "nccl").on_device
+    assert not CollectiveEnds("cuda:1", "gloo").on_device  # gloo's futures complete when the work has
+    assert not CollectiveEnds("cpu", "gloo").on_device
+
+
+def test_collective_ends_on_nccl_are_the_devices_times_and_block_nothing():
+    """launch: an event on the compute stream; end: the timing stream waits for the work and records an
+    event there. Neither the host nor the compute stream waits; the stamps are the fake device's times,
+    delivered once it got there (settle)."""
+    dev = FakeDevice()
+    ends, compute, timing, current = _fake_nccl_ends(dev)
+    waited_on: list = []
+    work = FakeNcclWork(waited_on, current)
+    got: dict[str, float] = {}
+    ends.launch(lambda t: got.__setitem__("launch", t))
+    ends.end(work, lambda t: got.__setitem__("end", t))
+    launch_ev, end_ev = [e for e in dev.events if not e.auto][-2:]
+    assert launch_ev.recorded_on is compute and end_ev.recorded_on is timing
+    assert waited_on == [timing] and compute.waited == [] and work.future.waits == 0
+    time.sleep(0.1)
+    assert got == {}  # nothing before the device got there
+    dev.now = 5.0
+    launch_ev.release(2.0)
+    end_ev.release(4.25)
+    ends.settle(timeout_s=10)
+    assert got == pytest.approx({"launch": 2.0 + OFFSET, "end": 4.25 + OFFSET}, abs=1e-9)
+    ends.close()
+
+
+@pytest.mark.distributed
+def test_sparse_finish_waits_for_the_all_gathers_own_futures(one_rank, monkeypatch):
+    """The sparse family's timeline on NCCL: finish() waits for each all-gather's own future (on NCCL
+    the current stream then waits for the collective); the old code waited on ``fut.then(...)``'s child,
+    which carries no CUDA event, so the step could read the gathered buffers before they were filled.
+    The message's end comes from the device (CollectiveEnds)."""
+    import repro.runtime.sparse as sparse
+
+    dev = FakeDevice()
+    ends, compute, timing, current = _fake_nccl_ends(dev)
+    works: list[FakeNcclWork] = []
+    waited_on: list = []
+
+    def fake_all_gather(out, send, group=None, async_op=True):
+        out.copy_(send.repeat(out.numel() // send.numel()))  # one rank: the gather is the input itself
+        works.append(FakeNcclWork(waited_on, current))
+        return works[-1]
+
+    monkeypatch.setattr(sparse, "_ALL_GATHER", fake_all_gather)
+    comm = sparse.AllGatherCommunicator(None, ends)
+    message_ends: dict[int, float] = {}
+    ex = comm.start(torch.tensor([1.5, -2.0]), torch.tensor([3, 7], dtype=torch.int32), packed=False,
+                    on_message_end=lambda m, t: message_ends.__setitem__(m, t))
+    assert len(works) == 2 and waited_on == [timing, timing] and compute.waited == []
+    values, indices = comm.finish(ex)
+    assert [w.future.waits for w in works] == [1, 1]  # the collectives' own futures, nothing else
+    assert values.tolist() == [1.5, -2.0] and indices.tolist() == [3, 7]
+    for k, e in enumerate([e for e in dev.events if not e.auto]):
+        e.release(3.0 + k)
+    dev.now = 9.0
+    ends.settle(timeout_s=10)
+    assert message_ends == pytest.approx({0: 3.0 + OFFSET, 1: 4.0 + OFFSET}, abs=1e-9)
+    ends.close()

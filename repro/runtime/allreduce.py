@@ -30,7 +30,8 @@ Contract of :class:`BucketedAllReduce`:
 Each layer's gradient-ready time is kept for the last iteration in ``grad_ready_s``, marked through
 the executor's clock (:mod:`repro.runtime.clock`: ``time.perf_counter`` on a CPU, a CUDA event on a
 GPU, resolved to ``perf_counter`` seconds when read); with ``record_timeline=True`` so are each
-bucket's launch and completion times (host ``perf_counter``).
+bucket's launch and completion times (:class:`~repro.runtime.clock.CollectiveEnds`: host times on
+gloo, the device's on NCCL, whose futures complete at enqueue; read after ``settle_timings()``).
 
 **Horovod's cycle time** (plan option ``cycle_s``, the ``horovod`` planner's plans): Horovod's
 background loop wakes every ``cycle_s`` seconds and launches what became ready since its last tick.
@@ -66,7 +67,7 @@ from torch import nn
 from repro.plan import WIRE_DTYPE_BYTES, Plan, PlanError
 from repro.run_options import reducer_engine_refusal
 from repro.runtime.buffers import broadcast_buffers
-from repro.runtime.clock import clock_for
+from repro.runtime.clock import CollectiveEnds, clock_for, model_device
 from repro.runtime.executor import BucketTiming, Executor, ExecutorOptions
 from repro.runtime.reducer_engine import ReducerAllReduce, unfit_reason
 from repro.workload.layers import layer_parameters
@@ -156,6 +157,8 @@ class BucketedAllReduce:
             self._buckets.append(bucket)
         self._next = 0  # next bucket (plan order) to launch
         self._all_reduce = allreduce_launcher(group)
+        # the timeline's stamps: device times on NCCL (its futures complete at enqueue), host times on gloo
+        self._ends = CollectiveEnds(model_device(model), dist.get_backend(group)) if record_timeline else None
         # the world size as a 0-dim tensor: dividing by it is the division by the int (the same quotient in
         # every float dtype; tests/test_allreduce_divisor.py), without wrapping a Python scalar on every call
         self._divisor = torch.tensor(float(self.world_size), dtype=torch.float64)
@@ -288,14 +291,14 @@ class BucketedAllReduce:
                 bucket.flags[bucket.missing] = 0
             timing = self.timings[self._next]
             if self.record_timeline:
-                timing.launch_s = time.perf_counter()
+                self._ends.launch(lambda t, timing=timing: setattr(timing, "launch_s", t))
             ends = [float("nan")] * len(bucket.buffers)
             for i, buffer in enumerate(bucket.buffers):  # one message per dtype, back to back
                 if not bucket.scaled_in_write:  # the flags too (only their sign is read)
                     buffer.div_(self.world_size)
                 work = self._all_reduce(buffer)
                 if self.record_timeline:
-                    work.get_future().then(lambda _f, t=timing, ends=ends, i=i: _ended(t, ends, i))
+                    self._ends.end(work, lambda end_s, t=timing, ends=ends, i=i: _ended(t, ends, i, end_s))
                 bucket.works.append(work)
             self._next += 1
 
@@ -358,6 +361,14 @@ class BucketedAllReduce:
         for h in self._handles:
             h.remove()
         self._handles = []
+        if self._ends is not None:
+            self._ends.close()
+
+    def settle_timings(self) -> None:
+        """Wait until the last iteration's timeline stamps have arrived (device times on NCCL come from
+        a thread that waits for the device)."""
+        if self._ends is not None:
+            self._ends.settle()
 
 
 def allreduce_launcher(group: dist.ProcessGroup | None = None):
@@ -385,10 +396,10 @@ def allreduce_launcher(group: dist.ProcessGroup | None = None):
     return launch
 
 
-def _ended(timing: BucketTiming, ends: list[float], i: int) -> None:
-    """A bucket's message ``i`` completed (a future callback): the bucket's ``end_s`` is its last
-    message's completion."""
-    ends[i] = time.perf_counter()
+def _ended(timing: BucketTiming, ends: list[float], i: int, end_s: float) -> None:
+    """A bucket's message ``i`` completed at ``end_s``: the bucket's ``end_s`` is its last message's
+    completion."""
+    ends[i] = end_s
     if all(math.isfinite(e) for e in ends):
         timing.end_s = max(ends)
 
@@ -450,6 +461,7 @@ class AllReduceExecutor(Executor):
         self.clock = self.sync.clock
         self.grad_ready_s = self.sync.grad_ready_s
         self.timings = self.sync.timings
+        self.settle_timings = getattr(self.sync, "settle_timings", self.settle_timings)
         # buffers come from the group's first rank (a global rank; 0 unless some ranks serve)
         self._buffer_src = 0 if group is None else dist.get_global_rank(group, 0)
 

@@ -47,7 +47,7 @@ import torch
 from torch import nn
 
 __all__ = ["Clock", "HostClock", "DeviceClock", "ReadyTimes", "make_clock", "clock_for", "model_device",
-           "HostWaits", "StreamWaits", "waits_for", "EventCompletions"]
+           "HostWaits", "StreamWaits", "waits_for", "EventCompletions", "CollectiveEnds"]
 
 
 class Clock(Protocol):
@@ -363,3 +363,95 @@ class EventCompletions:
                 if self.on_error is not None:
                     self.on_error(e)
                 return
+
+
+class CollectiveEnds:
+    """Timeline stamps of asynchronous collectives on the host ``perf_counter`` base, as the device saw
+    them: ``launch(done)`` (the collective's data is ready: issued now) and ``end(work, done)`` (the
+    collective finished) each call ``done(seconds)`` once known.
+
+    - on a CPU, or on a backend whose futures complete when the collective has (gloo): ``launch`` stamps
+      ``time.perf_counter()`` at once and ``end`` from the work's future callback;
+    - on CUDA over NCCL, where a ``Work`` and its future complete at *enqueue*: ``launch`` records an
+      event on the device's current stream, and ``end`` makes a timing stream of its own wait for the
+      collective (``work.wait()`` under that stream: the training stream and the host wait for nothing)
+      and records an event there; an :class:`EventCompletions` thread (no collectives) turns each
+      event into its device time. The stamps therefore arrive after the device got there: read a
+      timeline after :meth:`settle`.
+
+    ``device_events`` chooses the second path (default: ``device`` is CUDA and ``backend`` is nccl).
+    ``event_factory``, ``side_stream``, ``current_stream``, ``stream_context`` and ``completions`` are
+    injectable (the CPU tests drive the NCCL path with fakes)."""
+
+    def __init__(self, device: torch.device | str | None = None, backend: str | None = None, *,
+                 device_events: bool | None = None, event_factory: Callable[[], Any] | None = None,
+                 side_stream: Any = None, current_stream: Callable[[], Any] | None = None,
+                 stream_context: Callable[[Any], Any] | None = None,
+                 completions: "EventCompletions | None" = None) -> None:
+        self.device = torch.device(device if device is not None else "cpu")
+        if device_events is None:
+            device_events = self.device.type == "cuda" and backend == "nccl"
+        self.on_device = bool(device_events)
+        self._new_event = event_factory or _cuda_event
+        self._side = side_stream
+        self._current_stream = current_stream or (lambda: torch.cuda.current_stream(self.device))
+        self._stream_context = stream_context or torch.cuda.stream
+        self._completions = completions
+        self._pending = 0
+        self._cond = threading.Condition()
+
+    def _counted(self, done: Callable[[float], None]) -> Callable[[float], None]:
+        with self._cond:
+            self._pending += 1
+
+        def once(t: float) -> None:
+            try:
+                done(t)
+            finally:
+                with self._cond:
+                    self._pending -= 1
+                    self._cond.notify_all()
+        return once
+
+    def _watch(self, event: Any, done: Callable[[float], None]) -> None:
+        if self._completions is None:
+            self._completions = EventCompletions(self.device, event_factory=self._new_event,
+                                                 name="collective-ends")
+        self._completions.watch(event, done)
+
+    def launch(self, done: Callable[[float], None]) -> None:
+        """``done(when the device reached this point of the current stream)``; the host time now off a GPU."""
+        if not self.on_device:
+            done(time.perf_counter())
+            return
+        event = self._new_event()
+        event.record(self._current_stream())
+        self._watch(event, self._counted(done))
+
+    def end(self, work: Any, done: Callable[[float], None]) -> None:
+        """``done(when the collective of ``work`` finished)``."""
+        done = self._counted(done)
+        if not self.on_device:
+            work.get_future().then(lambda _f: done(time.perf_counter()))
+            return
+        if self._side is None:
+            self._side = torch.cuda.Stream(self.device)
+        with self._stream_context(self._side):
+            work.wait()  # NCCL: this timing stream waits for the collective's stream; the host does not
+            event = self._new_event()
+            event.record(self._side)
+        self._watch(event, done)
+
+    def settle(self, timeout_s: float = 60.0) -> None:
+        """Wait until every stamp asked for has been delivered (``timeout_s``: at most, seconds)."""
+        with self._cond:
+            broken = lambda: self._completions is not None and self._completions.error is not None  # noqa: E731
+            if not self._cond.wait_for(lambda: self._pending == 0 or broken(), timeout=timeout_s):
+                raise TimeoutError(f"{self._pending} collective timeline stamp(s) still missing after {timeout_s:g} s")
+        if self._completions is not None and self._completions.error is not None:
+            raise RuntimeError(f"timing a collective failed: {self._completions.error}")
+
+    def close(self) -> None:
+        """Let the stamps in flight arrive, then stop the thread (if one was started). Idempotent."""
+        if self._completions is not None:
+            self._completions.close()

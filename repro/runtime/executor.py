@@ -36,7 +36,8 @@ and ``ex.flush()`` at the end of training and before an evaluation or a checkpoi
   ``time.perf_counter()`` base; marked through the executor's clock, :mod:`repro.runtime.clock`: on a
   GPU a CUDA event per mark, resolved when read after the step, so it is when the device computed the
   gradient, not when the host enqueued it) and ``timings`` (per-message launch/end times when
-  recording) may be empty where not observed.
+  recording; read them after ``settle_timings()``, since device stamps may arrive late) may be empty
+  where not observed.
 
 Executors are built by ``Class(model, plan, options)`` with :class:`ExecutorOptions`; the scheduler
 registry (:mod:`repro.schedulers`) names each scheduler's executor class.
@@ -185,6 +186,10 @@ class Executor:
 
     def tables(self) -> dict[str, list[dict[str, Any]]]:
         return {}
+
+    def settle_timings(self) -> None:
+        """Return once ``timings`` holds every stamp of the last iteration (an executor whose device
+        stamps arrive from a thread waits for them here); nothing to wait for by default."""
 
     def before_forward(self) -> None:
         pass

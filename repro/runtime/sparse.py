@@ -42,7 +42,8 @@ with an inf/nan anywhere is skipped on every rank, the residuals are put back as
 scaler's ``update()`` is told (:class:`~repro.runtime.executor.FoundInfReport`).
 
 With ``record_timeline`` each bucket's :class:`SparseBucketTiming` holds the compression's start and
-end and the communication's launch and end (``time.perf_counter`` seconds).
+end and the communication's launch and end (seconds on the host ``time.perf_counter`` base; on NCCL
+the device's times, :class:`~repro.runtime.clock.CollectiveEnds`: read after ``settle_timings()``).
 
 :func:`calibrate` is the family's calibration hook (:mod:`repro.families`): the sparse all-gather
 line fitted on the live group over the message sizes this model sends, and the top-k cost measured on
@@ -52,7 +53,6 @@ this rank's device.
 from __future__ import annotations
 
 import math
-import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -64,7 +64,7 @@ from torch import nn
 from repro.plan import Plan, PlanError
 from repro.runtime.allreduce import BucketTiming
 from repro.runtime.buffers import broadcast_buffers
-from repro.runtime.clock import clock_for
+from repro.runtime.clock import CollectiveEnds, clock_for, model_device
 from repro.runtime.deferred import DeferredUpdateOptimizer
 from repro.runtime.executor import Executor, ExecutorOptions, FoundInfReport, ScaledStep, check_scaled_step
 from repro.runtime.topk import topk_indices
@@ -291,15 +291,19 @@ class AllGatherCommunicator:
     ``start(values, indices, packed)`` launches asynchronously: two all-gathers (values, then
     indices), or with ``packed`` one all-gather of both (4-byte values bit-cast to int32 next to the
     indices; other value sizes as raw bytes). ``finish(exchange)`` waits and returns the ``P * k``
-    gathered values and int32 indices, worker 0's first. ``on_message_end`` (if given) is called with
-    the message number when each all-gather completes (on a communication thread)."""
+    gathered values and int32 indices, worker 0's first: it waits for the all-gathers' own futures (on
+    NCCL those make the current stream wait for the collective). ``on_message_end(m, end_s)`` (if given)
+    is called with the message number and when that all-gather finished (``ends``, a
+    :class:`~repro.runtime.clock.CollectiveEnds`: device time on NCCL, whose futures complete at enqueue;
+    called from a communication or timing thread)."""
 
-    def __init__(self, group: dist.ProcessGroup | None = None) -> None:
+    def __init__(self, group: dist.ProcessGroup | None = None, ends: CollectiveEnds | None = None) -> None:
         self.group = group
         self.world_size = dist.get_world_size(group)
+        self.ends = ends
 
     def start(self, values: torch.Tensor, indices: torch.Tensor, packed: bool,
-              on_message_end: Callable[[int], None] | None = None) -> Exchange:
+              on_message_end: Callable[[int, float], None] | None = None) -> Exchange:
         if values.shape != indices.shape or values.dim() != 1 or indices.dtype != INDEX_DTYPE:
             raise ValueError("start takes 1-D values and int32 indices of one length")
         k, P = values.numel(), self.world_size
@@ -314,11 +318,11 @@ class AllGatherCommunicator:
         for m, send in enumerate(sends):
             out = torch.empty(P * send.numel(), dtype=send.dtype, device=send.device)
             work = _ALL_GATHER(out, send, group=self.group, async_op=True)
-            fut = work.get_future()
-            if on_message_end is not None:
-                fut = fut.then(lambda _f, m=m: on_message_end(m))
+            if on_message_end is not None:  # not a child future of fut.then: on NCCL it carries no CUDA event
+                ends = self.ends or CollectiveEnds(device_events=False)
+                ends.end(work, lambda end_s, m=m: on_message_end(m, end_s))
             outputs.append(out)
-            futures.append(fut)
+            futures.append(work.get_future())
         return Exchange(k, values.dtype, packed, outputs, futures)
 
     def finish(self, ex: Exchange) -> tuple[torch.Tensor, torch.Tensor]:
@@ -446,7 +450,8 @@ def allocate_budget(counts: list[int], sizes: list[int], total: int) -> list[int
 class SparseBucketTiming(BucketTiming):
     """One bucket of the last iteration: ``bytes`` each worker sends (values + indices), ``numel`` and
     ``k`` elements, ``messages`` all-gathers; the compression's ``compress_start_s`` / ``compress_end_s``
-    and the communication's ``launch_s`` / ``end_s`` (``time.perf_counter`` seconds)."""
+    and the communication's ``launch_s`` / ``end_s`` (seconds, host ``perf_counter`` base; the device's
+    times on NCCL)."""
 
     numel: int = 0
     k: int = 0
@@ -527,9 +532,11 @@ class SparseExecutor(Executor):
         self.compressor = compressor or TopKCompressor(plan.option("density"))
         self.topk_scope = plan.option("topk_scope", "bucket")
         self.memory = memory if memory is not None else ResidualMemory()
-        self.comm = AllGatherCommunicator(group)
-        self.world_size = self.comm.world_size
         self.record_timeline = self.options.record_timeline
+        # the timeline's stamps: device times on NCCL (its futures complete at enqueue), host times on gloo
+        self._ends = CollectiveEnds(model_device(model), dist.get_backend(group)) if self.record_timeline else None
+        self.comm = AllGatherCommunicator(group, self._ends)
+        self.world_size = self.comm.world_size
         self._buckets: list[_Bucket] = []
         self._slots: list[_Slot] = []
         for i, b in enumerate(plan.buckets):
@@ -601,7 +608,7 @@ class SparseExecutor(Executor):
             timing = self.timings[i] if self.record_timeline else None
             if timing is not None:
                 timing.end_s = float("nan")
-                timing.compress_start_s = time.perf_counter()
+                self._ends.launch(lambda t, timing=timing: setattr(timing, "compress_start_s", t))
             flat = bucket.buffer
             if self._scaler is not None:
                 self._unscale(flat)
@@ -612,9 +619,9 @@ class SparseExecutor(Executor):
             if self._shared_budget:
                 bucket.compensated, bucket.sent = flat, values
             if timing is not None:
-                timing.compress_end_s = timing.launch_s = time.perf_counter()
+                self._ends.launch(lambda t, timing=timing: _stamp_launch(timing, t))
                 bucket.exchange = self.comm.start(values, indices, bucket.packed,
-                                                  lambda _m, t=timing: _stamp_end(t))
+                                                  lambda _m, end_s, t=timing: _stamp_end(t, end_s))
             else:
                 bucket.exchange = self.comm.start(values, indices, bucket.packed)
             self._next += 1
@@ -786,6 +793,13 @@ class SparseExecutor(Executor):
         for h in self._handles:
             h.remove()
         self._handles = []
+        if self._ends is not None:
+            self._ends.close()
+
+    def settle_timings(self) -> None:
+        """Wait until the last iteration's timeline stamps have arrived (:class:`CollectiveEnds`)."""
+        if self._ends is not None:
+            self._ends.settle()
 
 
 class SparseScaledOptimizer(DeferredUpdateOptimizer):
@@ -799,10 +813,14 @@ class SparseScaledOptimizer(DeferredUpdateOptimizer):
         return self.optimizer.state_dict()
 
 
-def _stamp_end(timing: SparseBucketTiming) -> None:
-    now = time.perf_counter()
-    if math.isnan(timing.end_s) or now > timing.end_s:
-        timing.end_s = now
+def _stamp_launch(timing: SparseBucketTiming, t: float) -> None:
+    timing.compress_end_s = timing.launch_s = t
+
+
+def _stamp_end(timing: SparseBucketTiming, end_s: float) -> None:
+    """A message of the bucket ended at ``end_s``: the bucket's end is its last message's."""
+    if math.isnan(timing.end_s) or end_s > timing.end_s:
+        timing.end_s = end_s
 
 
 # ---------------------------------------------------------------------------------------------
