@@ -102,7 +102,6 @@ Dedicated server ranks are :mod:`repro.runtime.ps` (``repro train`` / ``repro la
 
 from __future__ import annotations
 
-import time
 from typing import Any, Sequence
 
 import torch
@@ -111,6 +110,7 @@ from torch import nn
 
 from repro.plan import Plan, PlanError
 from repro.runtime.buffers import broadcast_buffers
+from repro.runtime.clock import CollectiveEnds, model_device
 from repro.runtime.executor import Executor, ExecutorOptions, FoundInfReport, ScaledStep, scaled_step
 from repro.runtime.ps_layout import (GradChangeWatch, HandOverOptimizer, PSTiming, _Bucket, _flatten_into,
                                      _unflatten_from, average_into_grads, begin_step, check_whole, fill_push,
@@ -198,6 +198,9 @@ class ColocatedPSExecutor(Executor):
         self.group = self.options.group
         self.rank, self.world = dist.get_rank(self.group), dist.get_world_size(self.group)
         self.servers = int(plan.option("servers"))
+        # the timeline's stamps: device times on NCCL (its futures complete at enqueue), host times on gloo
+        self._ends = (CollectiveEnds(model_device(model), dist.get_backend(self.group))
+                      if self.options.record_timeline else None)
         if self.servers > self.world:
             raise PlanError(f"the plan's {self.servers} server(s) exceed the job's {self.world} rank(s): co-located "
                             "servers live on the training ranks (server s on rank s)")
@@ -384,8 +387,9 @@ class ColocatedPSExecutor(Executor):
                     local.copy_(buf[:b.numel])
                     local2.append((b, local, self._lrs(b)))
                 if self.options.record_timeline:
-                    timings.append(PSTiming(b.index, b.stage, b.server, buf.numel() * buf.element_size(),
-                                            time.perf_counter()))
+                    timing = PSTiming(b.index, b.stage, b.server, buf.numel() * buf.element_size(), float("nan"))
+                    self._ends.launch(lambda s, timing=timing: setattr(timing, "launch_s", s))
+                    timings.append(timing)
                 owner = self._owner[b.index]
                 if averaged:
                     work = None
@@ -472,15 +476,15 @@ class ColocatedPSExecutor(Executor):
                 averaged = True
         self._apply([b for b in self._fresh if self._owns(b)], averaged)
         pulls = [(b, *self._pull(b, b.params)) for b in self._fresh]
+        ends = {timing.bucket: timing for timing in self.timings
+                if timing.end_s is None and self.lag[timing.bucket] == 0}
         for b, work, buf in pulls:
+            if b.index in ends:  # a fresh bucket ends when its pull has (the device's time on NCCL)
+                self._ends.end(work, lambda s, timing=ends[b.index]: setattr(timing, "end_s", s))
             work.wait()
             if not self._owns(b):
                 _unflatten_from(buf, b.params)
             self._free[b.index].append(buf)
-        now = time.perf_counter()
-        for timing in self.timings:
-            if timing.end_s is None and self.lag[timing.bucket] == 0:
-                timing.end_s = now
         self.step_index = t + 1
 
     def _finish_lagged(self) -> None:
@@ -512,8 +516,15 @@ class ColocatedPSExecutor(Executor):
         self._local2 = []
         self._resync = True
 
+    def settle_timings(self) -> None:
+        """Wait until the last step's timeline stamps have arrived (:class:`CollectiveEnds`)."""
+        if self._ends is not None:
+            self._ends.settle()
+
     def remove(self) -> None:
         self.flush()
+        if self._ends is not None:
+            self._ends.close()
         self._watch.remove()
         for h in self._opt_hooks:
             h.remove()

@@ -21,8 +21,9 @@ __all__ = ["PSTiming", "ps_layout", "HandOverOptimizer"]
 @dataclass
 class PSTiming:
     """One bucket of the last step (``--record-timeline``): when its push was launched and when its pull
-    was installed (``perf_counter`` seconds). A stage-2 pull is installed two steps later, after this
-    step's record was taken, so its ``end_s`` stays None."""
+    finished (seconds on the host ``perf_counter`` base; on NCCL the device's times, from CUDA events,
+    delivered by ``settle_timings()``). A stage-2 pull is installed two steps later, after this step's
+    record was taken, so its ``end_s`` stays None."""
 
     bucket: int
     stage: int
