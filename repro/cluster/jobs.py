@@ -292,7 +292,8 @@ class SlurmResources:
                 continue
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0 or \
                     (name == "mem_gb" and v == 0):
-                what = "a positive number of GB" if name == "mem_gb" else "a number of minutes >= 0 (0: only on the signal)"
+                what = ("a positive number of GB" if name == "mem_gb"
+                        else "a number of minutes >= 0 (0: only on the signal)")
                 raise GridStop(f"slurm {name}={v!r}: expected {what}")
         for name in ("partition", "account"):
             v = getattr(self, name)
@@ -348,8 +349,8 @@ class SlurmResources:
         if self.account is not None:
             out[f"{prefix}account"] = self.account
         if self.extra:
-            out[f"{prefix}additional_parameters"] = {
-                e[2:].split("=", 1)[0].replace("-", "_"): (e.split("=", 1)[1] if "=" in e else True) for e in self.extra}
+            pairs = (e[2:].split("=", 1) for e in self.extra)
+            out[f"{prefix}additional_parameters"] = {p[0].replace("-", "_"): (p[1] if len(p) > 1 else True) for p in pairs}
         return out
 
 
@@ -465,7 +466,8 @@ def write_job_scripts(runs: Sequence[RunConfig], runs_dir: str | Path, jobs_dir:
         multi = run.nodes > 1
         what = (f"{run['model']} batch {run['batch_size']}, {run['scheduler']}, P={run['world_size']}, "
                 f"{run['wire_dtype']} ({run['paper']} grid, experiment {run['experiment']})")
-        script = _SCRIPT.format(run_id=run.run_id, what=what, sbatch="".join(f"{line}\n" for line in res.sbatch_lines(run)), nodes=run.nodes, gpn=run.procs_per_node,
+        sbatch = "".join(f"{line}\n" for line in res.sbatch_lines(run))
+        script = _SCRIPT.format(run_id=run.run_id, what=what, sbatch=sbatch, nodes=run.nodes, gpn=run.procs_per_node,
                                 multi=" with REPRO_HEAD set to the first node's host" if multi else "",
                                 runs_dir=runs_dir, runs_dir_q=shlex.quote(str(runs_dir)), cmd=cmd,
                                 head_check=(': "${REPRO_HEAD:?set REPRO_HEAD to the host name of the first node}"\n'
@@ -750,9 +752,8 @@ def submit_slurm(runs: Sequence[RunConfig], runs_dir: str | Path, jobs_dir: str 
     todo = pending_runs(runs, runs_dir)
     refuse_bad_runs(todo, backend=backend, device=device, launcher="slurm")
     res.check_runs(todo, device)
-    submitit = _submitit()
-    if executor is None:
-        executor = submitit.AutoExecutor(folder=Path(jobs_dir) / "submitit")
+    if executor is None:  # an executor given (a test's fake) needs no submitit here
+        executor = _submitit().AutoExecutor(folder=Path(jobs_dir) / "submitit")
     logs = Path(jobs_dir) / "logs"
     shapes: dict[tuple[int, int], list[RunConfig]] = {}
     for run in todo:
