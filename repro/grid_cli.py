@@ -14,8 +14,11 @@ prints one line per run that would be refused, then a summary; exit status 2 whe
 (gloo, CPU, at most 3 local ranks), one line each. ``launch`` runs the unfinished runs as the notebooks'
 ``launcher`` does (:mod:`repro.cluster.jobs`), after the same check (a bad run: nothing is launched,
 one line per bad run, exit status 2): ``print`` writes the job scripts, ``local`` uses this node's GPUs,
-``slurm`` submits through submitit and waits. Bad input and refusals are one line on stderr with exit
-status 2.
+``slurm`` submits through submitit and waits. ``--slurm-time-min``, ``--slurm-cpus-per-task``,
+``--slurm-mem-gb``, ``--slurm-partition``, ``--slurm-account``, ``--slurm-gpus-per-node``, ``--slurm-extra``
+(repeatable), ``--slurm-signal-s``, ``--slurm-requeues`` and ``--checkpoint-every-min`` set what each job
+asks for (:class:`repro.cluster.jobs.SlurmResources`; printed as ``#SBATCH`` lines by ``print``). Bad input
+and refusals are one line on stderr with exit status 2.
 """
 
 from __future__ import annotations
@@ -29,7 +32,8 @@ from typing import Any, Sequence
 from repro.cluster.grid import (GRID_PAPERS, KINDS, GridError, count_status, distinct_stand_ins, load_grid,
                                 status_table)
 from repro.cluster.grid_check import BadRuns, check_runs, check_summary, refusal_line, smoke, stand_in_line
-from repro.cluster.jobs import GridStop, launch_local_grid, pending_runs, submit_slurm, wait_jobs, write_job_scripts
+from repro.cluster.jobs import (GridStop, launch_local_grid, pending_runs, slurm_resources, submit_slurm, wait_jobs,
+                                write_job_scripts)
 
 __all__ = ["main", "build_parser", "add_grid_parser", "run_grid_command"]
 
@@ -70,6 +74,22 @@ def add_grid_parser(sub: Any) -> argparse.ArgumentParser:
             p.add_argument("--launcher", required=True, choices=("print", "local", "slurm"), help="how to run them")
             p.add_argument("--jobs-dir", type=Path,
                            help="job scripts, logs and submitit files (if not given: <runs-dir>/../jobs)")
+            g = p.add_argument_group("SLURM jobs (--launcher slurm; the #SBATCH lines of --launcher print)")
+            g.add_argument("--slurm-time-min", type=int, help="time limit of each job, minutes (default 120); a "
+                                                              "longer run checkpoints and is requeued")
+            g.add_argument("--slurm-cpus-per-task", type=int, help="CPUs per task (one task per node)")
+            g.add_argument("--slurm-mem-gb", type=float, help="memory per node, GB")
+            g.add_argument("--slurm-partition", help="SLURM partition")
+            g.add_argument("--slurm-account", help="SLURM account")
+            g.add_argument("--slurm-gpus-per-node", type=int, help="GPUs per node (default: the run's ranks per node)")
+            g.add_argument("--slurm-extra", action="append", metavar="OPTION",
+                           help="another sbatch option, e.g. --slurm-extra=--qos=high (repeatable)")
+            g.add_argument("--slurm-signal-s", type=int,
+                           help="SIGUSR1 this many seconds before the time limit: the ranks checkpoint and the job is "
+                                "requeued (default 120)")
+            g.add_argument("--slurm-requeues", type=int, help="times a job may be requeued (default 20)")
+            g.add_argument("--checkpoint-every-min", type=float,
+                           help="each run also checkpoints every this many minutes (default 30; 0: only on the signal)")
         p.set_defaults(func=run_grid_command)
     return parser
 
@@ -113,20 +133,30 @@ def run_grid_command(args: argparse.Namespace) -> None:
     if args.grid_action == "check":
         _check(grid, selected, args)
         return
+    resources = _resources(args)  # checked before anything is written or submitted
     jobs = args.jobs_dir or args.runs_dir.parent / "jobs"
     todo = pending_runs(selected, args.runs_dir)
     try:
         if args.launcher == "print":
-            write_job_scripts(todo, args.runs_dir, jobs)
+            write_job_scripts(todo, args.runs_dir, jobs, resources=resources)
             print(f"{len(todo)} job scripts ({len(selected) - len(todo)} runs finished, skipped) written to {jobs}")
         elif args.launcher == "local":
             launch_local_grid(todo, args.runs_dir, jobs / "logs")
         else:
-            wait_jobs(submit_slurm(todo, args.runs_dir, jobs))
+            wait_jobs(submit_slurm(todo, args.runs_dir, jobs, resources=resources))
     except BadRuns as e:
         for line in e.lines:
             print(line, file=sys.stderr)
         raise
+
+
+def _resources(args: argparse.Namespace) -> Any:
+    """The ``--slurm-*`` flags as :class:`repro.cluster.jobs.SlurmResources` (GridStop, one line, if bad)."""
+    names = ("time_min", "cpus_per_task", "mem_gb", "partition", "account", "gpus_per_node", "signal_s", "requeues")
+    values = {name: getattr(args, f"slurm_{name}") for name in names}
+    values["extra"] = tuple(args.slurm_extra) if args.slurm_extra else None
+    values["checkpoint_every_min"] = args.checkpoint_every_min
+    return slurm_resources(None, **values)
 
 
 def _check(grid: Any, selected: list, args: argparse.Namespace) -> None:

@@ -64,6 +64,7 @@ from repro.schedulers import get_scheduler
 from repro.trace import Trace
 from repro.train_config import TrainConfig, build_parser, config_from_argv
 from repro.train_data import Batches
+from repro.train_checkpoint import RESUME_EXIT, Checkpointer, Preempted, checkpoint_path, set_rng_state
 from repro.train_record import evaluate as _evaluate
 from repro.train_record import summarise as _summarise
 from repro.train_record import timing_row as _timing_row
@@ -280,8 +281,9 @@ def run_training(ctx, cfg: TrainConfig) -> tuple[nn.Module, dict[str, Any]]:
     cfg.check_world(dist.get_world_size(), backend=dist.get_backend(), device=device.type)
     ranks = _ranks(cfg)
     run_id = cfg.run_id or _default_run_id(cfg, ranks.size, device, ranks.servers)
-    if cfg.results_dir and ranks.is_first:
-        prepare_run(cfg.results_dir, run_id, cfg.overwrite)  # refuse a taken id before any work
+    ckpt_file = checkpoint_path(cfg.results_dir, run_id) if cfg.checkpointing else None
+    if cfg.results_dir and ranks.is_first:  # refuse a taken id before any work (a checkpoint's folder is ours)
+        prepare_run(cfg.results_dir, run_id, cfg.overwrite, own_progress=bool(ckpt_file and ckpt_file.is_file()))
     torch.manual_seed(cfg.seed)
     model = build_model(cfg.model, device=device, **cfg.model_kwargs)
     params = [p for p in model.parameters() if p.requires_grad]
@@ -296,11 +298,25 @@ def run_training(ctx, cfg: TrainConfig) -> tuple[nn.Module, dict[str, Any]]:
     # ---- the scheduler, through the public door (repro.distribute): a plan scheduler's first
     # warmup_steps steps measure the trace under exact SyncEASGD steps, then it plans online ----
     dopt, door = _distribute(cfg, model, opt, ranks)
-    for _ in range(cfg.warmup_steps if door.plan is not None or not sched.has_plan else 0):
-        _door_step(door, dopt, data.next(), loss_of, device)
-    while door.warming_up:  # a plan scheduler: exactly warmup_steps steps, then the plan's executor runs
-        _door_step(door, dopt, data.next(), loss_of, device)
-    trace, plan, cost = door.trace, door.plan, door.cost
+    ckpt = _checkpointer(cfg, run_id, ranks) if cfg.checkpointing else None
+    resumed = ckpt.load(asdict(cfg), (Path(cfg.results_dir) / run_id / "run.json").is_file(), device) \
+        if ckpt is not None else None
+    if resumed is None:
+        for _ in range(cfg.warmup_steps if door.plan is not None or not sched.has_plan else 0):
+            _door_step(door, dopt, data.next(), loss_of, device)
+        while door.warming_up:  # a plan scheduler: exactly warmup_steps steps, then the plan's executor runs
+            _door_step(door, dopt, data.next(), loss_of, device)
+        trace, plan, cost = door.trace, door.plan, door.cost
+    else:  # the checkpoint's model, optimizer, plan and executor state; then the data and the generators
+        model.load_state_dict(resumed["model"])
+        dopt.load_state_dict(resumed["optimizer"])
+        data.load_state(resumed["mine"]["data"])  # before the generators: a loader draws a seed at its start
+        set_rng_state(resumed["mine"]["rng"], device)
+        trace = Trace.from_dict(resumed["trace"]) if resumed["trace"] is not None else None
+        cost = CostModel.from_dict(resumed["cost"]) if resumed["cost"] is not None else None
+        plan = door.plan
+    if ckpt is not None:
+        door.check_checkpointable()  # e.g. FSDP's executor: one line now, not at the first checkpoint
     if trace is not None and ranks.is_first:
         log.info("%s: measured %d layers (backward %.4f s) in %d warm-up steps; %s plan has %d buckets, "
                  "predicted %.4f s per iteration", run_id, trace.num_layers, trace.total_backward_s,
@@ -314,6 +330,14 @@ def run_training(ctx, cfg: TrainConfig) -> tuple[nn.Module, dict[str, Any]]:
         steps is None else None
     step = 0
     start_epoch = data.epoch
+    resumes: list[int] = []  # the steps after which this run was resumed from a checkpoint
+    if resumed is not None:
+        step, start_epoch = resumed["step"], resumed["start_epoch"]
+        resumes = [*resumed.get("resumes", []), step]
+        rows, bucket_rows, epoch_rows, inrun = (resumed["tables"][k] for k in ("rows", "buckets", "epochs", "inrun"))
+        progress.update(step)
+        if ranks.is_first:
+            log.info("%s: resumed after step %d from %s", run_id, step, ckpt.path)
     while True:
         if steps is not None and step >= steps:
             break
@@ -337,6 +361,19 @@ def run_training(ctx, cfg: TrainConfig) -> tuple[nn.Module, dict[str, Any]]:
             bucket_rows = [_timing_row(t, st.start) for t in door.ex.timings]
         step += 1
         progress.update(1)
+        if ckpt is not None and (steps is None or step < steps):
+            save, stop = ckpt.due(step)
+            if save:
+                ckpt.save(model=model, dopt=dopt, device=device, data=data, run={
+                    "config": asdict(cfg), "size": ranks.size, "step": step, "start_epoch": start_epoch,
+                    "resumes": resumes,
+                    "trace": trace.to_dict() if trace is not None else None,
+                    "cost": cost.to_dict() if cost is not None else None,
+                    "tables": {"rows": rows, "buckets": bucket_rows, "epochs": epoch_rows, "inrun": inrun}})
+            if stop:
+                progress.close()
+                dopt.remove()
+                raise Preempted(step, ckpt.path)
     progress.close()
     dopt.flush()
     if steps is None and (not epoch_rows or epoch_rows[-1]["epoch"] < cfg.epochs):
@@ -363,6 +400,8 @@ def run_training(ctx, cfg: TrainConfig) -> tuple[nn.Module, dict[str, Any]]:
         inrun_trace.extra["method"] += f"; measured during the timed steps under '{cfg.scheduler}'"
     summary = _summarise(cfg, run_id, rows, compute_times, plan, trace, device, ranks)
     summary["engine"] = engine
+    if cfg.checkpointing:
+        summary["resumed_after_steps"] = resumes
     if ranks.servers:  # the servers' tables (e.g. SSP clocks) join the run's
         for table, table_rows in _collect_server_tables({}, ranks).items():
             extra_tables[table] = extra_tables.get(table, []) + table_rows
@@ -373,6 +412,13 @@ def run_training(ctx, cfg: TrainConfig) -> tuple[nn.Module, dict[str, Any]]:
     if ranks.servers:
         summary = _share_summary(summary, ranks)
     return model, summary
+
+
+def _checkpointer(cfg: TrainConfig, run_id: str, ranks: _Ranks) -> Checkpointer:
+    """The run's in-run checkpoints (every training rank; a collective when it makes a gloo group)."""
+    return Checkpointer(cfg.results_dir, run_id, every_min=cfg.checkpoint_every_min,
+                        stop_at_step=cfg.checkpoint_stop_at_step, group=ranks.group, first=ranks.first,
+                        rank=ranks.rank, size=ranks.size)
 
 
 def _check_plan_layers(plan: Plan, model: nn.Module, view: str, where: str) -> None:
@@ -490,6 +536,8 @@ def worker_from_argv(ctx, argv: Sequence[str], overrides: dict[str, Any] | None 
 def main(argv: Sequence[str] | None = None, *, hard_exit: bool = False) -> int:
     """Per-rank entry point: ``torchrun ... -m repro.train`` or ``repro train`` (one line on bad input).
 
+    Exit status 0 (finished), 2 (bad input, one line), 1 (a rank failed), 130 (interrupted) or
+    :data:`repro.train_checkpoint.RESUME_EXIT` (75: checkpointed on SLURM's signal; rerun to go on).
     ``hard_exit``: after a successful run, leave with ``os._exit(0)`` once output is flushed, skipping
     interpreter teardown (gloo's threads can abort a finished process there, failing the torchrun job).
     """
@@ -507,6 +555,14 @@ def main(argv: Sequence[str] | None = None, *, hard_exit: bool = False) -> int:
             summary = train_worker(ctx, cfg)
             if ctx.is_main:
                 print(json.dumps({k: v for k, v in summary.items() if k != "epochs"}))
+    except Preempted as e:  # SLURM's pre-timeout signal: checkpointed on every rank; the launcher requeues
+        _end_progress_lines()
+        print(f"repro: stopped: rank {os.environ.get('RANK', '?')}: {e}", file=sys.stderr)
+        if hard_exit:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(RESUME_EXIT)
+        return RESUME_EXIT
     except KeyboardInterrupt:
         _end_progress_lines()
         print("repro: interrupted", file=sys.stderr)

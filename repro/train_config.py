@@ -89,6 +89,13 @@ class _CommonConfig:
     run_id: str | None = _opt(None, "name of the run folder (default: model_scheduler_pP_<ms timestamp>)")
     overwrite: bool = _opt(False, "replace an existing run folder of the same id (whole)")
     quiet: bool = _opt(False, "no progress bar")
+    checkpoint_every_min: float = _opt(0.0, "write an in-run checkpoint every this many minutes of wall-clock time, "
+                                       "and on SLURM's pre-timeout signal (SIGUSR1); a rerun with the same "
+                                       "--run-id and --results-dir resumes from it (0: off; needs both flags; "
+                                       "repro.train_checkpoint)", kind=float)
+    checkpoint_stop_at_step: int | None = _opt(None, "behave as if SIGUSR1 reached the first rank after this many "
+                                               "timed steps: checkpoint, then exit with status 75 (tests, drills; "
+                                               "needs --checkpoint-every-min >= 0 and the two flags above)", kind=int)
     device: str | None = _opt(None, "where each rank trains: cpu, or cuda (its own GPU, cuda:LOCAL_RANK); default: "
                               "cuda when the backend is nccl, else cpu (refused in one line if CUDA is not "
                               "available; nccl needs cuda)", choices=DEVICES)
@@ -157,6 +164,7 @@ class _CommonConfig:
                                  f"{', '.join(preset_names())}")
         if self.run_id is not None:
             check_run_id(self.run_id)
+        self._check_checkpointing()
 
     def _check_optimizer(self) -> None:
         """``optimizer``: a name of :data:`OPTIMIZERS`, any case; kept in lower case (``sgd``, ``adamw``, ...)."""
@@ -206,6 +214,28 @@ class _CommonConfig:
             v = self.model_kwargs.get(name)
             if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
                 raise ValueError(f"{name} must be a positive integer, got {v!r}")
+
+    @property
+    def checkpointing(self) -> bool:
+        """Whether in-run checkpoints are on (:mod:`repro.train_checkpoint`)."""
+        return self.checkpoint_every_min > 0 or self.checkpoint_stop_at_step is not None
+
+    def _check_checkpointing(self) -> None:
+        v = self.checkpoint_every_min
+        if isinstance(v, bool) or not isinstance(v, numbers.Real) or not math.isfinite(v) or v < 0:
+            raise ValueError(f"checkpoint_every_min must be a finite number of minutes >= 0 (0: off), got {v!r}")
+        self.checkpoint_every_min = float(v)
+        s = self.checkpoint_stop_at_step
+        if s is not None and (isinstance(s, bool) or not isinstance(s, numbers.Integral) or s < 1):
+            raise ValueError(f"checkpoint_stop_at_step must be a positive number of steps, got {s!r}")
+        if not self.checkpointing:
+            return
+        if not self.results_dir or not self.run_id:
+            raise ValueError("in-run checkpoints (--checkpoint-every-min) need --results-dir and --run-id: a rerun "
+                             "finds its checkpoint by them")
+        if self.serving_ranks():
+            raise ValueError(f"'{self.scheduler}' runs dedicated server ranks, which in-run checkpoints do not cover; "
+                             "leave --checkpoint-every-min out (or 0)")
 
     def serving_ranks(self) -> int:
         """Ranks that serve rather than train: ``servers`` for a family with serving ranks, else 0."""

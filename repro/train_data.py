@@ -42,38 +42,84 @@ def loader_workers(device: torch.device, requested: int | None = None) -> int:
 
 
 def epoch_batches(cfg: Any, rank: int, world: int, device: torch.device, epoch: int,
-                  num_workers: int | None = None) -> Iterator[tuple[Any, Any]]:
+                  num_workers: int | None = None, *, generator: torch.Generator | None = None,
+                  skip: int = 0) -> Iterator[tuple[Any, Any]]:
     """(inputs, targets) on ``device`` for one epoch of ``cfg.dataset`` (rank ``rank``'s shard of
-    ``world``), or an endless synthetic stream when ``cfg.dataset`` is ``synthetic``."""
+    ``world``), or an endless synthetic stream when ``cfg.dataset`` is ``synthetic`` (drawn with
+    ``generator``, default :func:`batch_generator`). ``skip``: leave out the epoch's first ``skip``
+    batches without loading them (a resumed run; only their indices are drawn)."""
     if cfg.dataset == "synthetic":
         from repro.workload.models import make_batch
 
-        gen = batch_generator(cfg.seed, rank, device)
+        gen = generator if generator is not None else batch_generator(cfg.seed, rank, device)
         while True:
             yield make_batch(cfg.model, cfg.batch_size, device=device, generator=gen, **cfg.model_kwargs)
+    yield from _moved(iter(_epoch_loader(cfg, rank, world, device, epoch, num_workers, skip)), device)
+
+
+def _epoch_loader(cfg: Any, rank: int, world: int, device: torch.device, epoch: int, num_workers: int | None,
+                  skip: int = 0):
+    """Rank ``rank``'s DataLoader of ``epoch``; from its ``skip``-th batch on when ``skip`` > 0 (the same
+    batches of sample indices as the full epoch's, the first ``skip`` left out before any is loaded)."""
     from repro.workload.datasets import get_dataset, make_loader
 
     pinned = device.type == "cuda"
     loader = make_loader(get_dataset(cfg.dataset, split="train"), cfg.batch_size, rank=rank, world_size=world,
                          seed=cfg.seed, num_workers=loader_workers(device, num_workers), pin_memory=pinned)
     loader.sampler.set_epoch(epoch)
-    for x, y in loader:
+    if skip <= 0:
+        return loader
+    from torch.utils.data import DataLoader
+
+    batches = list(loader.batch_sampler)[skip:]
+    return DataLoader(loader.dataset, batch_sampler=batches, num_workers=loader.num_workers,
+                      pin_memory=loader.pin_memory, collate_fn=loader.collate_fn)
+
+
+def _moved(it: Iterator, device: torch.device) -> Iterator[tuple[Any, Any]]:
+    pinned = device.type == "cuda"
+    for x, y in it:
         yield x.to(device, non_blocking=pinned), y.to(device, non_blocking=pinned)
 
 
 class Batches:
-    """Batches across epoch boundaries; ``epoch`` counts completed passes over the dataset."""
+    """Batches across epoch boundaries; ``epoch`` counts completed passes over the dataset, ``position``
+    the batches taken in the current one. :meth:`state` / :meth:`load_state` carry both (and the
+    synthetic stream's generator) into an in-run checkpoint (:mod:`repro.train_checkpoint`)."""
 
     def __init__(self, cfg: Any, rank: int, world: int, device: torch.device, num_workers: int | None = None) -> None:
         self.cfg, self.rank, self.world, self.device = cfg, rank, world, device
         self.num_workers = num_workers
         self.epoch = 0
-        self._it = epoch_batches(cfg, rank, world, device, 0, num_workers)
+        self.position = 0
+        self._gen = batch_generator(cfg.seed, rank, device) if cfg.dataset == "synthetic" else None
+        self._it = epoch_batches(cfg, rank, world, device, 0, num_workers, generator=self._gen)
 
     def next(self) -> tuple[Any, Any]:
         try:
-            return next(self._it)
+            batch = next(self._it)
         except StopIteration:
             self.epoch += 1
-            self._it = epoch_batches(self.cfg, self.rank, self.world, self.device, self.epoch, self.num_workers)
-            return next(self._it)
+            self.position = 0
+            self._it = epoch_batches(self.cfg, self.rank, self.world, self.device, self.epoch, self.num_workers,
+                                     generator=self._gen)
+            batch = next(self._it)
+        self.position += 1
+        return batch
+
+    def state(self) -> dict[str, Any]:
+        """Where the stream is: epoch, batches taken in it, the synthetic generator's state."""
+        return {"epoch": self.epoch, "position": self.position,
+                "generator": self._gen.get_state() if self._gen is not None else None}
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        """Continue from :meth:`state`. A real dataset's iterator of the epoch is made here, at once (its
+        DataLoader draws a seed from torch's global generator when it starts an epoch: the caller restores
+        that generator afterwards, as it was after the original draw)."""
+        self.epoch, self.position = int(state["epoch"]), int(state["position"])
+        if self._gen is not None:
+            self._gen.set_state(state["generator"])
+            return
+        loader = _epoch_loader(self.cfg, self.rank, self.world, self.device, self.epoch, self.num_workers,
+                               skip=self.position)
+        self._it = _moved(iter(loader), self.device)

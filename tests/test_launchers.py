@@ -267,3 +267,119 @@ def test_mgwfbp_training_at_paper_scale_draws_nothing_here(tmp_path):
     assert e.value.ename == "GridStop" and str(jobs) in e.value.evalue
     assert len((jobs / "commands.txt").read_text().splitlines()) == len(load_grid("mgwfbp").runs)
     assert not figures.exists() or not any(figures.iterdir())
+
+
+# ------------------------------------------------------------------------------------ SLURM resources
+
+class _FakeExecutor:
+    """Records what submit_slurm asks submitit for (an AutoExecutor on a SLURM cluster)."""
+
+    cluster = "slurm"
+
+    def __init__(self):
+        self.parameters, self.submitted = [], []
+
+    def update_parameters(self, **kw):
+        self.parameters.append(kw)
+
+    def map_array(self, fn, tasks):
+        self.submitted.append((fn, list(tasks)))
+        return [object() for _ in tasks]
+
+
+def test_slurm_resources_reach_submitit_and_the_runs_checkpoint(tmp_path):
+    run = _tiny_grid(2, world_sizes=(2,)).runs[0]  # one node x 2 GPUs
+    ex = _FakeExecutor()
+    jobs = submit_slurm([run], tmp_path / "runs", tmp_path / "jobs", executor=ex,
+                        resources="time_min=720 cpus_per_task=16 mem_gb=64 partition=gpu account=proj "
+                                  "extra=--qos=high extra=--exclusive signal_s=300 checkpoint_every_min=45 requeues=9")
+    assert len(jobs) == 1
+    assert ex.parameters == [{"nodes": 1, "tasks_per_node": 1, "gpus_per_node": 2, "timeout_min": 720,
+                              "slurm_signal_delay_s": 300, "slurm_max_num_timeout": 9, "cpus_per_task": 16,
+                              "mem_gb": 64.0, "slurm_partition": "gpu", "slurm_account": "proj",
+                              "slurm_additional_parameters": {"qos": "high", "exclusive": True}}]
+    fn, (task,) = ex.submitted[0]
+    assert callable(getattr(fn, "checkpoint", None))  # submitit's requeue hook
+    assert task.checkpoint_every_min == 45.0 and 0 < task.grace_s < 300
+    from repro.cluster.jobs import torchrun_argv
+
+    argv = torchrun_argv(run, "/r", checkpoint_every_min=task.checkpoint_every_min)
+    assert argv[argv.index("--checkpoint-every-min") + 1] == "45"
+
+
+def test_slurm_timeout_min_keeps_its_meaning_and_a_local_executor_gets_no_slurm_keywords(tmp_path):
+    run = _tiny_grid(2).runs[0]
+    ex = _FakeExecutor()
+    ex.cluster = "local"
+    submit_slurm([run], tmp_path / "runs", tmp_path / "jobs", executor=ex, timeout_min=10, backend="gloo",
+                 device="cpu")
+    assert ex.parameters == [{"nodes": 1, "tasks_per_node": 1, "gpus_per_node": 0, "timeout_min": 10}]
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("time_min=0", "time_min=0: expected an integer >= 1"),
+    ("time_min=abc", "time_min='abc': expected an integer"),
+    ("mem_gb=-1", "mem_gb=-1.0: expected a positive number of GB"),
+    ("partition=a b", "expected key=value items"),
+    ("partition=gpu;x", "expected key=value items"),
+    ("account=pro$j", "expected a SLURM name"),
+    ("gpus_per_node=1", "runs 2 ranks per node"),
+    ("signal_s=7200 time_min=60", "the signal must come before the time limit"),
+    ("extra=--time=5", "set it as time_min"),
+    ("extra=qos=high", "expected one sbatch option"),
+    ("colour=blue", "unknown setting 'colour'"),
+    ("checkpoint_every_min=nan", "checkpoint_every_min=nan"),
+])
+def test_bad_slurm_resources_are_one_line_and_nothing_is_written(tmp_path, spec, message):
+    run = _tiny_grid(2).runs[0]
+    ex = _FakeExecutor()
+    with pytest.raises(GridStop, match=message) as e:
+        submit_slurm([run], tmp_path / "runs", tmp_path / "jobs", executor=ex, resources=spec)
+    _one_line(e)
+    with pytest.raises(GridStop, match=message):
+        write_job_scripts([run], tmp_path / "runs", tmp_path / "jobs", resources=spec)
+    assert ex.parameters == [] and not (tmp_path / "jobs").exists()
+
+
+def test_job_scripts_carry_the_sbatch_lines_and_requeue_after_a_checkpoint(tmp_path):
+    run = _tiny_grid(2).runs[0]
+    write_job_scripts([run], tmp_path / "runs", tmp_path / "jobs",
+                      resources={"time_min": 600, "mem_gb": 32, "partition": "gpu", "extra": ["--qos=high"]})
+    script = (tmp_path / "jobs" / f"{run.run_id}.sh").read_text()
+    sbatch = [line for line in script.splitlines() if line.startswith("#SBATCH")]
+    assert sbatch == ["#SBATCH --job-name=" + run.run_id, "#SBATCH --nodes=1", "#SBATCH --ntasks-per-node=1",
+                      "#SBATCH --time=600", "#SBATCH --signal=B:USR1@120", "#SBATCH --requeue",
+                      "#SBATCH --gpus-per-node=2", "#SBATCH --mem=32768M", "#SBATCH --partition=gpu",
+                      "#SBATCH --qos=high"]
+    assert "--checkpoint-every-min 30" in script and "scontrol requeue" in script
+    assert script.index("#SBATCH") < script.index("set -uo pipefail")  # sbatch reads them before any command
+    import subprocess
+
+    assert subprocess.run(["bash", "-n", str(tmp_path / "jobs" / f"{run.run_id}.sh")]).returncode == 0
+
+
+def test_grid_cli_slurm_flags(tmp_path, capsys):
+    from repro.grid_cli import main
+
+    base = ["grid", "launch", "mgwfbp", "--runs-dir", str(tmp_path / "runs"), "--launcher", "print",
+            "--jobs-dir", str(tmp_path / "jobs")]
+    assert main(base + ["--slurm-mem-gb", "-3"]) == 2
+    assert capsys.readouterr().err.strip() == "repro: error: slurm mem_gb=-3.0: expected a positive number of GB"
+    assert not (tmp_path / "jobs").exists()
+    assert main(base + ["--slurm-time-min", "720", "--slurm-partition", "gpu", "--slurm-extra=--qos=high",
+                        "--checkpoint-every-min", "20"]) == 0
+    script = next((tmp_path / "jobs").glob("*.sh")).read_text()
+    assert "#SBATCH --time=720" in script and "#SBATCH --partition=gpu" in script and "#SBATCH --qos=high" in script
+    assert "--checkpoint-every-min 20" in script
+
+
+def test_notebook_gate_checks_the_slurm_parameter_first(tmp_path):
+    with pytest.raises(GridStop, match="unknown setting 'x'") as e:
+        prepare_paper_runs("mgwfbp", scale="tiny", read_only=False, launcher="", runs_dir=tmp_path, slurm="x=1")
+    _one_line(e)
+    from repro.figures.params import validate_parameters
+    from repro.figures.schemas.omgs_training import OmgsTrainingParams
+
+    assert validate_parameters(OmgsTrainingParams, {"slurm": "time_min=720 mem_gb=64"}).slurm == "time_min=720 mem_gb=64"
+    with pytest.raises(ValueError, match="^slurm: .*mem_gb=0.0: expected a positive number of GB"):
+        validate_parameters(OmgsTrainingParams, {"slurm": "mem_gb=0"})

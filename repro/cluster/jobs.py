@@ -18,6 +18,13 @@ Launchers (the notebooks' ``launcher`` parameter, :func:`prepare_paper_runs`):
   with the job id as the rendezvous id and the first host of the allocation as the endpoint
   (:func:`_node_main`); :func:`wait_jobs` shows progress until every job has ended.
 
+What each job asks SLURM for is a :class:`SlurmResources` (:func:`slurm_resources`; the notebooks'
+``slurm`` parameter, ``repro grid launch --slurm-*``): time limit (minutes), CPUs per task, memory (GB),
+partition, account, GPUs per node, extra sbatch options. A run longer than the time limit goes on
+across jobs: it checkpoints every ``checkpoint_every_min`` minutes and on SLURM's SIGUSR1
+``signal_s`` seconds before the limit (:mod:`repro.train_checkpoint`), and the job is requeued (submitit's
+checkpoint hook, :class:`_NodeJob`; ``scontrol requeue`` in the printed scripts), up to ``requeues`` times.
+
 :func:`emulate_nodes` runs one configuration as ``nodes`` torchrun agents on this machine (c10d on
 127.0.0.1, gloo on the CPU): the multi-node path, testable without a cluster.
 
@@ -41,13 +48,14 @@ replaces only what a stopped run left: a finished run is never launched).
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import shlex
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -57,7 +65,7 @@ from repro.cluster.grid import (DEFAULT_PRECISION, Grid, RunConfig, clear_failed
 __all__ = ["LAUNCHERS", "GridStop", "BadRuns", "run_refusal", "refusal_line", "check_runs", "check_summary",
            "refuse_bad_runs", "DEFAULT_PORT", "train_argv", "torchrun_argv", "shell_command",
            "write_job_scripts", "launch_local_grid", "emulate_nodes", "submit_slurm", "wait_jobs",
-           "local_gpu_count", "prepare_paper_runs", "pending_runs"]
+           "local_gpu_count", "prepare_paper_runs", "pending_runs", "SlurmResources", "slurm_resources", "has_servers"]
 
 #: values of a notebook's ``launcher`` parameter ("" = launch nothing)
 LAUNCHERS = ("", "local", "slurm", "print")
@@ -86,11 +94,22 @@ def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
-def train_argv(run: RunConfig, runs_dir: str | Path, *, backend: str = "nccl", device: str = "cuda") -> list[str]:
+def has_servers(run: RunConfig) -> bool:
+    """Whether ``run``'s scheduler runs dedicated server ranks under ``repro train`` (no in-run checkpoints)."""
+    from repro.families import get_family
+    from repro.schedulers import get_scheduler
+
+    family = get_scheduler(str(run["scheduler"])).family
+    return family is not None and bool(get_family(family).server)
+
+
+def train_argv(run: RunConfig, runs_dir: str | Path, *, backend: str = "nccl", device: str = "cuda",
+               checkpoint_every_min: float = 0.0) -> list[str]:
     """``-m repro.train`` and every flag of ``run`` (model, scheduler, batch, its options; ``--wire-dtype``
     only for a precision other than :data:`~repro.cluster.grid.DEFAULT_PRECISION`, the models' own, so
     that a scheduler that cannot cast is not given one), its run id, ``--results-dir runs_dir``,
-    ``--backend``/``--device`` and ``--overwrite --quiet``."""
+    ``--backend``/``--device`` and ``--overwrite --quiet``; ``--checkpoint-every-min`` (minutes) when
+    ``checkpoint_every_min`` > 0 and the run has no dedicated server ranks (:func:`has_servers`)."""
     argv = ["-m", "repro.train", "--model", str(run["model"]), "--scheduler", str(run["scheduler"]),
             "--batch-size", str(run["batch_size"])]
     if run["wire_dtype"] != DEFAULT_PRECISION:
@@ -104,12 +123,14 @@ def train_argv(run: RunConfig, runs_dir: str | Path, *, backend: str = "nccl", d
             argv += [_flag(key), str(value)]
     argv += ["--results-dir", str(runs_dir), "--run-id", run.run_id, "--backend", backend, "--device", device,
              "--overwrite", "--quiet"]
+    if checkpoint_every_min > 0 and not has_servers(run):
+        argv += ["--checkpoint-every-min", f"{checkpoint_every_min:g}"]
     return argv
 
 
 def torchrun_argv(run: RunConfig, runs_dir: str | Path, *, head: str = "$REPRO_HEAD", port: int | str = DEFAULT_PORT,
                   rdzv_id: str | None = None, node_rank: int | str | None = None, backend: str = "nccl",
-                  device: str = "cuda", python: str | None = None) -> list[str]:
+                  device: str = "cuda", python: str | None = None, checkpoint_every_min: float = 0.0) -> list[str]:
     """The torchrun command of one node of ``run``.
 
     One node: ``--standalone`` (a private rendezvous). Several: ``--rdzv-backend c10d --rdzv-endpoint
@@ -125,7 +146,7 @@ def torchrun_argv(run: RunConfig, runs_dir: str | Path, *, head: str = "$REPRO_H
         if node_rank is not None:
             cmd += ["--node-rank", str(node_rank)]
     cmd += ["--nproc-per-node", str(run.procs_per_node), "--max-restarts", "0"]
-    return cmd + train_argv(run, runs_dir, backend=backend, device=device)
+    return cmd + train_argv(run, runs_dir, backend=backend, device=device, checkpoint_every_min=checkpoint_every_min)
 
 
 _VAR = re.compile(r"\$\{?[A-Za-z_]")
@@ -211,18 +232,198 @@ def refuse_bad_runs(runs: Sequence[RunConfig], *, backend: str = "nccl", device:
 
 
 # ---------------------------------------------------------------------------------------------
+# SLURM resources (launcher="slurm", and the #SBATCH lines of launcher="print")
+# ---------------------------------------------------------------------------------------------
+
+_SAFE = re.compile(r"[A-Za-z0-9_.,:+-]+")
+#: sbatch options that SlurmResources sets itself (an ``extra`` line may not set them again)
+_OWN_OPTIONS = {"time": "time_min", "t": "time_min", "partition": "partition", "p": "partition", "account": "account",
+                "A": "account", "mem": "mem_gb", "cpus-per-task": "cpus_per_task", "c": "cpus_per_task",
+                "gpus-per-node": "gpus_per_node", "gres": "gpus_per_node", "signal": "signal_s",
+                "nodes": "(the run's nodes)", "N": "(the run's nodes)", "ntasks-per-node": "(one task per node)",
+                "requeue": "(always on)", "no-requeue": "(a stopped run is requeued)"}
+
+
+@dataclass(frozen=True)
+class SlurmResources:
+    """What each SLURM job of a grid asks for (launcher ``slurm``; the ``#SBATCH`` lines of ``print``).
+
+    ``time_min``: the job's time limit, minutes (``--time``); a run longer than that is stopped
+    ``signal_s`` seconds before the limit by ``SIGUSR1`` (``--signal=USR1@signal_s``), checkpoints
+    (:mod:`repro.train_checkpoint`) and is requeued up to ``requeues`` times, each time going on from its
+    checkpoint. ``checkpoint_every_min``: also checkpoint every this many minutes (0: only on the
+    signal), so that a job killed without the signal (a node failure) loses at most that much.
+    ``cpus_per_task`` (one task per node: the node's CPUs for its ranks and their loaders), ``mem_gb``
+    (per node, GB), ``partition``, ``account``: SLURM's, unset = the cluster's default. ``gpus_per_node``:
+    None = the run's ranks per node (on cuda); a number at least that. ``extra``: more sbatch options,
+    each one ``--name=value`` or ``--flag`` (e.g. ``--qos=high``, ``--constraint=a100``), not one
+    that a field above sets. Every value is checked when made (:class:`GridStop`, one line)."""
+
+    time_min: int = 120
+    cpus_per_task: int | None = None
+    mem_gb: float | None = None
+    partition: str | None = None
+    account: str | None = None
+    gpus_per_node: int | None = None
+    extra: tuple[str, ...] = ()
+    signal_s: int = 120
+    checkpoint_every_min: float = 30.0
+    requeues: int = 20
+
+    def __post_init__(self) -> None:
+        def integer(name: str, low: int, high: int | None = None) -> None:
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < low or (high is not None and v > high):
+                bound = f"in [{low}, {high}]" if high is not None else f">= {low}"
+                raise GridStop(f"slurm {name}={v!r}: expected an integer {bound}")
+
+        integer("time_min", 1)
+        integer("signal_s", 1, 65535)
+        integer("requeues", 0)
+        for name in ("cpus_per_task", "gpus_per_node"):
+            if getattr(self, name) is not None:
+                integer(name, 1 if name == "cpus_per_task" else 0)
+        if self.signal_s >= self.time_min * 60:
+            raise GridStop(f"slurm signal_s={self.signal_s}: the signal must come before the time limit "
+                           f"(time_min={self.time_min} is {self.time_min * 60} s)")
+        for name in ("mem_gb", "checkpoint_every_min"):
+            v = getattr(self, name)
+            if v is None:
+                continue
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0 or \
+                    (name == "mem_gb" and v == 0):
+                what = ("a positive number of GB" if name == "mem_gb"
+                        else "a number of minutes >= 0 (0: only on the signal)")
+                raise GridStop(f"slurm {name}={v!r}: expected {what}")
+        for name in ("partition", "account"):
+            v = getattr(self, name)
+            if v is not None and (not isinstance(v, str) or not _SAFE.fullmatch(v)):
+                raise GridStop(f"slurm {name}={v!r}: expected a SLURM name (letters, digits, _ . , : + -)")
+        if isinstance(self.extra, str) or not all(isinstance(e, str) for e in self.extra):
+            raise GridStop(f"slurm extra={self.extra!r}: expected a list of sbatch options such as '--qos=high'")
+        for line in self.extra:
+            key = line[2:].split("=", 1)[0] if line.startswith("--") else ""
+            if not re.fullmatch(r"--[A-Za-z][A-Za-z0-9-]*(=\S+)?", line):
+                raise GridStop(f"slurm extra {line!r}: expected one sbatch option, --name=value or --flag, "
+                               "without spaces")
+            if key in _OWN_OPTIONS:
+                raise GridStop(f"slurm extra {line!r}: set it as {_OWN_OPTIONS[key]}, not as an extra option")
+
+    def gpus_for(self, run: RunConfig, device: str = "cuda") -> int:
+        """GPUs per node for ``run``: ``gpus_per_node``, else its ranks per node on cuda (0 on the CPU)."""
+        need = run.procs_per_node if device == "cuda" else 0
+        return need if self.gpus_per_node is None else self.gpus_per_node
+
+    def check_runs(self, runs: Sequence[RunConfig], device: str = "cuda") -> None:
+        """:class:`GridStop` when a run needs more GPUs per node than ``gpus_per_node`` gives it."""
+        for run in runs:
+            if device == "cuda" and self.gpus_for(run, device) < run.procs_per_node:
+                raise GridStop(f"slurm gpus_per_node={self.gpus_per_node}: {run.run_id} runs {run.procs_per_node} "
+                               "ranks per node, one GPU each")
+
+    def sbatch_lines(self, run: RunConfig, device: str = "cuda") -> list[str]:
+        """The ``#SBATCH`` lines of one job of ``run`` (one task per node)."""
+        lines = [f"--job-name={run.run_id}", f"--nodes={run.nodes}", "--ntasks-per-node=1",
+                 f"--time={self.time_min}", f"--signal=B:USR1@{self.signal_s}", "--requeue"]
+        gpus = self.gpus_for(run, device)
+        if gpus:
+            lines.append(f"--gpus-per-node={gpus}")
+        if self.cpus_per_task is not None:
+            lines.append(f"--cpus-per-task={self.cpus_per_task}")
+        if self.mem_gb is not None:
+            lines.append(f"--mem={int(math.ceil(self.mem_gb * 1024))}M")
+        lines += [f"--partition={self.partition}"] * (self.partition is not None)
+        lines += [f"--account={self.account}"] * (self.account is not None)
+        return ["#SBATCH " + line for line in [*lines, *self.extra]]
+
+    def submitit_parameters(self, prefix: str = "slurm_") -> dict[str, Any]:
+        """``update_parameters`` keywords beyond the job's shape (``prefix``: ``slurm_`` for an
+        AutoExecutor, "" for a SlurmExecutor)."""
+        out: dict[str, Any] = {f"{prefix}signal_delay_s": self.signal_s, f"{prefix}max_num_timeout": self.requeues}
+        if self.cpus_per_task is not None:
+            out["cpus_per_task"] = self.cpus_per_task
+        if self.mem_gb is not None:
+            out["mem_gb"] = self.mem_gb
+        if self.partition is not None:
+            out[f"{prefix}partition"] = self.partition
+        if self.account is not None:
+            out[f"{prefix}account"] = self.account
+        if self.extra:
+            pairs = (e[2:].split("=", 1) for e in self.extra)
+            out[f"{prefix}additional_parameters"] = {p[0].replace("-", "_"): (p[1] if len(p) > 1 else True) for p in pairs}
+        return out
+
+
+_SLURM_KEYS = {f.name for f in fields(SlurmResources)}
+
+
+def slurm_resources(spec: "SlurmResources | Mapping[str, Any] | str | None" = None, **overrides: Any) -> SlurmResources:
+    """:class:`SlurmResources` from a notebook's ``slurm`` parameter or the CLI: None or "" (defaults), a
+    mapping of its fields, or a string of ``key=value`` items separated by spaces or ``;`` (e.g.
+    ``"time_min=720 mem_gb=64 partition=gpu extra=--qos=high"``; ``extra`` may repeat). ``overrides``
+    (None values skipped) win. Unknown keys and bad values: :class:`GridStop`, one line."""
+    if isinstance(spec, SlurmResources):
+        values: dict[str, Any] = asdict(spec)
+    elif spec is None or spec == "":
+        values = {}
+    elif isinstance(spec, str):
+        values = {}
+        for item in re.split(r"[;\s]+", spec.strip()):
+            key, sep, value = item.partition("=")
+            if not sep or not key:
+                raise GridStop(f"slurm {item!r}: expected key=value items ({', '.join(sorted(_SLURM_KEYS))})")
+            values[key] = [*values.get(key, []), value] if key == "extra" else _parse_value(key, value)
+    elif isinstance(spec, Mapping):
+        values = dict(spec)
+    else:
+        raise GridStop(f"slurm={spec!r}: expected key=value items or a mapping of {', '.join(sorted(_SLURM_KEYS))}")
+    values.update({k: v for k, v in overrides.items() if v is not None})
+    unknown = sorted(set(values) - _SLURM_KEYS)
+    if unknown:
+        raise GridStop(f"slurm: unknown setting {unknown[0]!r}; known: {', '.join(sorted(_SLURM_KEYS))}")
+    if "extra" in values:
+        extra = values["extra"]
+        values["extra"] = (extra,) if isinstance(extra, str) else tuple(extra) if isinstance(extra, (list, tuple)) \
+            else extra
+    return SlurmResources(**values)
+
+
+def _parse_value(key: str, text: str) -> Any:
+    kinds = {"time_min": int, "cpus_per_task": int, "gpus_per_node": int, "signal_s": int, "requeues": int,
+             "mem_gb": float, "checkpoint_every_min": float}
+    if key not in kinds:
+        return text
+    try:
+        return kinds[key](text)
+    except ValueError:
+        raise GridStop(f"slurm {key}={text!r}: expected {'an integer' if kinds[key] is int else 'a number'}") from None
+
+
+# ---------------------------------------------------------------------------------------------
 # launcher="print": job scripts for any scheduler
 # ---------------------------------------------------------------------------------------------
 
 _SCRIPT = """#!/usr/bin/env bash
-# {run_id}: {what}
+{sbatch}# {run_id}: {what}
 # Needs {nodes} node(s) x {gpn} GPU(s). Run this script once on every node of the allocation{multi}.
 # The run folder goes to {runs_dir}: every node must see that folder (a shared file system).
+# Under SLURM (the #SBATCH lines hold when it is submitted with sbatch): on SIGUSR1 before the time limit
+# the ranks checkpoint to $RUNS_DIR/{run_id}.incomplete/ and stop, and the job is requeued; the next
+# start goes on from the checkpoint.
 set -uo pipefail
 RUNS_DIR={runs_dir_q}
 if [ -f "$RUNS_DIR/{run_id}/run.json" ]; then echo "{run_id}: finished already"; exit 0; fi
-{head_check}{cmd}
-rc=$?
+{head_check}(trap '' USR1; exec {cmd}) &
+agent=$!
+forward() {{ pkill -USR1 -P "$agent" || true; }}  # to the ranks (torchrun itself ignores it)
+trap forward USR1
+while true; do wait "$agent"; rc=$?; kill -0 "$agent" 2>/dev/null || break; done
+if [ "$rc" -ne 0 ] && [ -f "$RUNS_DIR/{run_id}.incomplete/checkpoint.pt" ] && [ -n "${{SLURM_JOB_ID:-}}" ] \\
+    && [ ! -f "$RUNS_DIR/{run_id}/run.json" ]; then
+  echo "{run_id}: checkpointed; requeueing job $SLURM_JOB_ID"
+  scontrol requeue "$SLURM_JOB_ID" || true  # every node may ask: the first one does it
+  exit 0
+fi
 if [ "$rc" -ne 0 ]; then
   mkdir -p "$RUNS_DIR/.grid" && echo "exit status $rc on $(hostname)" > "$RUNS_DIR/.grid/{run_id}.failed"
 fi
@@ -231,10 +432,17 @@ exit "$rc"
 
 
 def write_job_scripts(runs: Sequence[RunConfig], runs_dir: str | Path, jobs_dir: str | Path, *,
-                      port: int = DEFAULT_PORT, python: str = "python") -> Path:
+                      port: int = DEFAULT_PORT, python: str = "python",
+                      resources: "SlurmResources | Mapping[str, Any] | str | None" = None) -> Path:
     """Write ``commands.txt``, one ``<run_id>.sh`` per run and ``runs.json`` to ``jobs_dir``; returns it.
     Nothing is written when a run would be refused at start-up on nccl/cuda
-    (:class:`BadRuns`).
+    (:class:`BadRuns`) or ``resources`` (:func:`slurm_resources`) is bad (:class:`GridStop`).
+
+    Each script starts with ``resources``' ``#SBATCH`` lines (time limit, ``--signal=B:USR1@s``,
+    ``--requeue``, GPUs, CPUs, memory, partition, account, extra options), which hold when it is
+    submitted with ``sbatch``; its torchrun command checkpoints every ``checkpoint_every_min`` minutes,
+    and on SIGUSR1 the script passes the signal to the ranks, which checkpoint and stop, then requeues
+    the job (``scontrol requeue``), whose next start goes on from the checkpoint.
 
     Multi-node scripts read the first node's host from ``REPRO_HEAD`` (and the rendezvous id from
     ``REPRO_RDZV_ID``, default the run id): ``REPRO_HEAD=node001 bash <run_id>.sh`` on each node, or under
@@ -243,19 +451,23 @@ def write_job_scripts(runs: Sequence[RunConfig], runs_dir: str | Path, jobs_dir:
     import json
 
     refuse_bad_runs(runs, backend="nccl", device="cuda", launcher="print")  # before anything is written
+    res = slurm_resources(resources)
+    res.check_runs(runs)
     jobs = Path(jobs_dir)
     jobs.mkdir(parents=True, exist_ok=True)
     runs_dir = Path(runs_dir).resolve()
     lines = []
     for run in runs:
         argv = torchrun_argv(run, runs_dir, head="${REPRO_HEAD}", port=port,
-                             rdzv_id="${REPRO_RDZV_ID:-%s}" % run.run_id, python=python)
+                             rdzv_id="${REPRO_RDZV_ID:-%s}" % run.run_id, python=python,
+                             checkpoint_every_min=res.checkpoint_every_min)
         cmd = shell_command(argv)
         lines.append(cmd)
         multi = run.nodes > 1
         what = (f"{run['model']} batch {run['batch_size']}, {run['scheduler']}, P={run['world_size']}, "
                 f"{run['wire_dtype']} ({run['paper']} grid, experiment {run['experiment']})")
-        script = _SCRIPT.format(run_id=run.run_id, what=what, nodes=run.nodes, gpn=run.procs_per_node,
+        sbatch = "".join(f"{line}\n" for line in res.sbatch_lines(run))
+        script = _SCRIPT.format(run_id=run.run_id, what=what, sbatch=sbatch, nodes=run.nodes, gpn=run.procs_per_node,
                                 multi=" with REPRO_HEAD set to the first node's host" if multi else "",
                                 runs_dir=runs_dir, runs_dir_q=shlex.quote(str(runs_dir)), cmd=cmd,
                                 head_check=(': "${REPRO_HEAD:?set REPRO_HEAD to the host name of the first node}"\n'
@@ -399,11 +611,76 @@ class _NodeTask:
     port: int
     backend: str
     device: str
+    checkpoint_every_min: float = 0.0
+    grace_s: float = 100.0
+
+
+#: the torchrun agent this job process runs, and an event set when it has exited (read by the signal path)
+_AGENT: dict[str, Any] = {}
+
+
+def _ignore_usr1() -> None:  # in the torchrun child before exec: the agent survives SIGUSR1, its ranks catch it
+    import signal
+
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+
+
+def _children(pid: int) -> list[int]:
+    """The direct children of ``pid`` (Linux ``/proc``): torchrun's ranks."""
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields_ = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields_[1]) == pid:
+            out.append(int(stat.parent.name))
+    return out
+
+
+def _forward_usr1(grace_s: float = 0.0) -> bool:
+    """Pass SIGUSR1 to the ranks of this job's torchrun (they checkpoint at their next step boundary
+    and stop), then wait up to ``grace_s`` seconds for the agent to end; True when it has ended."""
+    import signal
+
+    agent, ended = _AGENT.get("proc"), _AGENT.get("ended")
+    if agent is None:
+        return True
+    _AGENT["stopping"] = True
+    for pid in _children(agent.pid):
+        try:
+            os.kill(pid, signal.SIGUSR1)
+        except ProcessLookupError:
+            pass
+    return ended.wait(grace_s) if grace_s > 0 else ended.is_set()
+
+
+class _NodeJob:
+    """What submitit runs on each node of a run (:func:`_node_main`). ``checkpoint`` is submitit's hook: on
+    SLURM's pre-timeout SIGUSR1 submitit calls it on the job's first task; it has the ranks checkpoint
+    and stop (:func:`_forward_usr1`), and returns the same call for submitit to requeue."""
+
+    def __call__(self, task: _NodeTask) -> int:
+        return _node_main(task)
+
+    def checkpoint(self, task: _NodeTask) -> Any:
+        _forward_usr1(task.grace_s)
+        import submitit
+
+        return submitit.helpers.DelayedSubmission(self, task)
 
 
 def _node_main(task: _NodeTask) -> int:
     """One node of one run, inside a submitit job: torchrun with c10d rendezvous at the allocation's
-    first host, the job id as the rendezvous id; the node that fails marks the run failed."""
+    first host, the job id as the rendezvous id; the node that fails marks the run failed.
+
+    torchrun ignores SIGUSR1 and its ranks catch it (:mod:`repro.train_checkpoint`). On the first task
+    submitit's handler calls :meth:`_NodeJob.checkpoint`; on the others (which submitit would just end)
+    this process passes the signal on itself and waits for the ranks to stop. A run stopped by its
+    checkpoint is not marked failed: its requeued job goes on from the checkpoint."""
+    import signal
+    import threading
+
     import submitit
 
     job = submitit.JobEnvironment()
@@ -411,14 +688,36 @@ def _node_main(task: _NodeTask) -> int:
     # two array tasks may share a head node: offset the rendezvous port by the job id (same on every node)
     port = task.port + int(re.sub(r"\D", "", str(job.job_id)) or 0) % 1000
     argv = torchrun_argv(task.run, task.runs_dir, head=head, port=port, rdzv_id=str(job.job_id),
-                         node_rank=job.node, backend=task.backend, device=task.device)
+                         node_rank=job.node, backend=task.backend, device=task.device,
+                         checkpoint_every_min=task.checkpoint_every_min)
     log = _log_path(Path(task.logs_dir), task.run, f".node{job.node}")
-    rc = _run_logged(argv, log, timeout_s=10 * 24 * 3600.0)  # SLURM's time limit ends it first
+    if job.node != 0 and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGUSR1, lambda *_: _forward_usr1())
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                                preexec_fn=_ignore_usr1)
+        ended = threading.Event()
+        _AGENT.update(proc=proc, ended=ended, stopping=False)
+        threading.Thread(target=lambda: (proc.wait(), ended.set()), daemon=True).start()
+        while not ended.wait(1.0):  # a signal handler may run between the waits (no lock held here)
+            pass
+    rc = proc.returncode
+    stopped = _AGENT.get("stopping") and rc != 0 and run_status(task.runs_dir, task.run.run_id) != "done" and \
+        _checkpoint_file(task).is_file()
+    _AGENT.clear()
+    if stopped:  # checkpointed on SLURM's signal: the requeued job goes on
+        return rc
     if job.node == 0 or rc != 0:
         _record(task.runs_dir, task.run, rc, log)
     if rc != 0:
         raise RuntimeError(f"{task.run.run_id}: torchrun exited with status {rc} on {job.hostname} (log {log})")
     return rc
+
+
+def _checkpoint_file(task: _NodeTask) -> Path:
+    from repro.train_checkpoint import checkpoint_path
+
+    return checkpoint_path(task.runs_dir, task.run.run_id)
 
 
 def _submitit():
@@ -430,35 +729,49 @@ def _submitit():
 
 
 def submit_slurm(runs: Sequence[RunConfig], runs_dir: str | Path, jobs_dir: str | Path, *, executor: Any = None,
-                 port: int = DEFAULT_PORT, backend: str = "nccl", device: str = "cuda", timeout_min: int = 120,
+                 port: int = DEFAULT_PORT, backend: str = "nccl", device: str = "cuda", timeout_min: int | None = None,
+                 resources: "SlurmResources | Mapping[str, Any] | str | None" = None,
                  slurm_parameters: Mapping[str, Any] | None = None) -> list[Any]:
     """Submit every unfinished run through submitit: one job array per node shape (nodes x GPUs), one
     task per node, ``gpus_per_node`` GPUs each; returns the submitit jobs (see :func:`wait_jobs`).
 
+    ``resources`` (:func:`slurm_resources`: time limit in minutes, CPUs per task, memory in GB, partition,
+    account, GPUs per node, extra sbatch options, the pre-timeout signal's lead in seconds, requeues,
+    checkpoint interval in minutes); ``timeout_min``, if given, is its ``time_min``. Each run
+    checkpoints every ``checkpoint_every_min`` minutes and on SLURM's SIGUSR1, and submitit requeues its
+    job (:class:`_NodeJob`), which goes on from the checkpoint.
     ``executor``: a submitit executor (default ``submitit.AutoExecutor(folder=<jobs_dir>/submitit)``, which
-    is SLURM on a SLURM cluster; ``submitit.LocalExecutor`` runs one-node jobs on this machine).
-    ``slurm_parameters``: more ``update_parameters`` keywords (``slurm_partition``, ``slurm_account``, ...).
+    is SLURM on a SLURM cluster; ``submitit.LocalExecutor`` runs one-node jobs on this machine): one with a
+    ``cluster`` attribute (an AutoExecutor) gets the ``slurm_``-prefixed keywords; SLURM's own keywords
+    go only to a SLURM executor (``cluster == "slurm"``, or a SlurmExecutor).
+    ``slurm_parameters``: more ``update_parameters`` keywords, passed as they are.
     Nothing is submitted when a run would be refused at start-up on ``backend``/``device``
-    (:class:`BadRuns`).
+    (:class:`BadRuns`) or a resource is bad (:class:`GridStop`, one line).
     Without submitit: :class:`GridStop`, one line saying ``pip install submitit``."""
+    res = slurm_resources(resources, time_min=timeout_min)
     todo = pending_runs(runs, runs_dir)
     refuse_bad_runs(todo, backend=backend, device=device, launcher="slurm")
-    submitit = _submitit()
-    if executor is None:
-        executor = submitit.AutoExecutor(folder=Path(jobs_dir) / "submitit")
+    res.check_runs(todo, device)
+    if executor is None:  # an executor given (a test's fake) needs no submitit here
+        executor = _submitit().AutoExecutor(folder=Path(jobs_dir) / "submitit")
     logs = Path(jobs_dir) / "logs"
     shapes: dict[tuple[int, int], list[RunConfig]] = {}
     for run in todo:
         shapes.setdefault((run.nodes, run.procs_per_node), []).append(run)
+    cluster = getattr(executor, "cluster", None)
+    on_slurm = cluster == "slurm" or type(executor).__name__ == "SlurmExecutor"
+    extra = res.submitit_parameters("slurm_" if cluster is not None else "") if on_slurm else {}
+    grace_s = max(1.0, res.signal_s - 20.0)  # the ranks' checkpoint, within the signal's lead
     jobs: list[Any] = []
     for (nodes, per_node), group in shapes.items():
-        gpus = per_node if device == "cuda" else 0
-        executor.update_parameters(nodes=nodes, tasks_per_node=1, gpus_per_node=gpus, timeout_min=timeout_min,
-                                   **dict(slurm_parameters or {}))
+        gpus = res.gpus_for(group[0], device)
+        executor.update_parameters(nodes=nodes, tasks_per_node=1, gpus_per_node=gpus, timeout_min=res.time_min,
+                                   **extra, **dict(slurm_parameters or {}))
         for run in group:
             clear_failed(runs_dir, run.run_id)
-        jobs += executor.map_array(_node_main, [_NodeTask(r, str(Path(runs_dir).resolve()), str(logs.resolve()), port,
-                                                          backend, device) for r in group])
+        jobs += executor.map_array(_NodeJob(), [_NodeTask(r, str(Path(runs_dir).resolve()), str(logs.resolve()), port,
+                                                          backend, device, res.checkpoint_every_min, grace_s)
+                                                for r in group])
     return jobs
 
 
@@ -500,7 +813,8 @@ def _check_finished(grid: Grid, runs_dir: Path) -> None:
 
 
 def prepare_paper_runs(paper: str | None, *, scale: str, read_only: bool, launcher: str, runs_dir: str | Path,
-                       jobs_dir: str | Path | None = None, what: str = "", how_to_read: str = "read_only=True") -> bool:
+                       jobs_dir: str | Path | None = None, what: str = "", how_to_read: str = "read_only=True",
+                       slurm: "SlurmResources | Mapping[str, Any] | str | None" = None) -> bool:
     """What a measured notebook does about ``scale``; returns the ``read_only`` it goes on with.
 
     ``scale="tiny"``: ``read_only`` as given (a ``launcher`` is refused: it launches the paper's grid).
@@ -511,9 +825,12 @@ def prepare_paper_runs(paper: str | None, *, scale: str, read_only: bool, launch
     where), ``"local"``/``"slurm"`` run the unfinished runs and wait, then the notebook reads them; no
     launcher is refused in one line. ``paper=None``: the notebook has no paper grid (it measures this
     machine), so only ``read_only`` works at paper scale; ``what`` names it in the message.
-    ``how_to_read``: the parameter that reads finished runs, as the messages name it ("" for none)."""
+    ``how_to_read``: the parameter that reads finished runs, as the messages name it ("" for none).
+    ``slurm``: the notebooks' ``slurm`` parameter (:func:`slurm_resources`: ``"time_min=720 mem_gb=64
+    partition=gpu"``), for ``slurm`` and ``print``; checked first, whatever the launcher (one line)."""
     if launcher not in LAUNCHERS:
         raise GridStop(f"launcher={launcher!r} is not one of local, slurm, print (or '' for none)")
+    resources = slurm_resources(slurm)
     if scale != "paper":
         if launcher:
             raise GridStop(f"launcher={launcher!r} launches the paper's grid: use it with scale='paper'")
@@ -538,14 +855,14 @@ def prepare_paper_runs(paper: str | None, *, scale: str, read_only: bool, launch
     jobs = Path(jobs_dir) if jobs_dir is not None else runs_dir.parent / "jobs"
     todo = pending_runs(grid.runs, runs_dir)
     if launcher == "print":
-        write_job_scripts(todo, runs_dir, jobs)
+        write_job_scripts(todo, runs_dir, jobs, resources=resources)
         raise GridStop(f"{len(todo)} job scripts of the {grid.paper} grid ({len(grid.runs) - len(todo)} finished, "
                        f"skipped) written to {jobs} (commands.txt, <run_id>.sh); run them, then rerun with "
                        f"{how_to_read}")
     if launcher == "local":
         launch_local_grid(todo, runs_dir, jobs / "logs")
     else:
-        wait_jobs(submit_slurm(todo, runs_dir, jobs))
+        wait_jobs(submit_slurm(todo, runs_dir, jobs, resources=resources))
     rows = status_table(grid, runs_dir)
     counts = count_status(rows)
     print(f"{grid.paper} grid: {counts['done']} of {len(rows)} runs finished, {counts['failed']} failed "

@@ -13,7 +13,8 @@ from repro.run_options import RUN_OPTIONS
 from repro.figures.params import Float, Int, Name, OneOf, Str
 from repro.workload.models import MODEL_NAMES
 
-__all__ = ["SCALES", "Scale", "Launcher", "CostMode", "Preset", "Model", "LinkRate", "LinkRateOrLoopback", "Share",
+__all__ = ["SCALES", "Scale", "Launcher", "Slurm",
+           "CostMode", "Preset", "Model", "LinkRate", "LinkRateOrLoopback", "Share",
            "Density", "Positive", "NonNegative", "AtLeast2", "PositiveFloat", "Bytes", "estimate_gpus"]
 
 SCALES = ("tiny", "paper")
@@ -22,6 +23,20 @@ Scale = OneOf(SCALES)
 #: how a measured notebook at ``scale="paper"`` runs the paper's grid: "" (none), local, slurm, print
 #: (repro.cluster.jobs.LAUNCHERS)
 Launcher = OneOf(LAUNCHERS, Str)
+
+
+def _slurm(value: str) -> str:
+    from repro.cluster.jobs import slurm_resources
+
+    try:
+        slurm_resources(value)  # one line: the bad item and what it should be
+    except ValueError as e:
+        raise ValueError(str(e).removeprefix("slurm ")) from None
+    return value
+
+
+#: what each SLURM job of a grid asks for: ``key=value`` items (repro.cluster.jobs.slurm_resources), "" = defaults
+Slurm = Annotated[Str, AfterValidator(_slurm)]
 #: ``paper`` or ``calibrated`` (repro.published_fits.COST_MODES)
 CostMode = OneOf(COST_MODES)
 def _preset_or_file(value: str) -> str:

@@ -6,7 +6,7 @@ from typing import ClassVar
 
 from repro.figures.params import Bool, ListOf, NotebookParams, OneOf, PathParam
 from repro.figures.schemas._common import (AtLeast2, Bytes, CostMode, Launcher, LinkRateOrLoopback, Model, Positive,
-                                           Preset, Scale)
+                                           Preset, Scale, Slurm)
 from repro.schedulers import SCHEDULERS
 from repro.studies import dear_sim as sim
 
@@ -41,5 +41,6 @@ class DearTrainingParams(NotebookParams):
     read_only: Bool = False
     scale: Scale = "tiny"
     launcher: Launcher = ""
+    slurm: Slurm = ""  # what each SLURM job asks for (key=value items; repro.cluster.jobs.slurm_resources)
     output_dir: PathParam = "results/figures"
     results_dir: PathParam = "results/data"

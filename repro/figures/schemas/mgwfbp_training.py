@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import ClassVar
 
 from repro.figures.params import Bool, ListOf, NotebookParams, OneOf, PathParam
-from repro.figures.schemas._common import Bytes, Launcher, LinkRateOrLoopback, Model, Positive, Scale
+from repro.figures.schemas._common import Bytes, Launcher, Slurm, LinkRateOrLoopback, Model, Positive, Scale
 from repro.schedulers import SCHEDULERS
 from repro.workload.datasets import DATASET_NAMES
 
@@ -31,5 +31,6 @@ class MgwfbpTrainingParams(NotebookParams):
     read_only: Bool = False
     scale: Scale = "tiny"
     launcher: Launcher = ""
+    slurm: Slurm = ""  # what each SLURM job asks for (key=value items; repro.cluster.jobs.slurm_resources)
     output_dir: PathParam = "results/figures"
     results_dir: PathParam = "results/data"

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import ClassVar
 
 from repro.figures.params import ListOf, NotebookParams, PathParam, Str
-from repro.figures.schemas._common import (AtLeast2, CostMode, Density, Launcher, LinkRateOrLoopback, Model,
+from repro.figures.schemas._common import (AtLeast2, CostMode, Density, Launcher, Slurm, LinkRateOrLoopback, Model,
                                            NonNegative, Positive, PositiveFloat, Preset, Scale)
 
 
@@ -35,5 +35,6 @@ class OmgsTrainingParams(NotebookParams):
     runs_dir: Str = ""  # a cluster job's folder to read, or "": train here (the notebook resolves it)
     scale: Scale = "tiny"
     launcher: Launcher = ""
+    slurm: Slurm = ""  # what each SLURM job asks for (key=value items; repro.cluster.jobs.slurm_resources)
     output_dir: PathParam = "results/figures"
     results_dir: PathParam = "results/data"

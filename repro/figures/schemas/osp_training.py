@@ -7,7 +7,7 @@ from typing import ClassVar
 from pydantic import Field
 
 from repro.figures.params import Bool, Float, ListOf, NotebookParams, OneOf, PathParam
-from repro.figures.schemas._common import (AtLeast2, CostMode, Launcher, LinkRate, LinkRateOrLoopback, Model,
+from repro.figures.schemas._common import (AtLeast2, CostMode, Launcher, Slurm, LinkRate, LinkRateOrLoopback, Model,
                                            NonNegative, Positive, PositiveFloat, Scale, Share)
 from repro.studies.osp_sim import OSP_MODELS
 
@@ -39,5 +39,6 @@ class OspTrainingParams(NotebookParams):
     cost_mode: CostMode = "paper"
     scale: Scale = "tiny"
     launcher: Launcher = ""
+    slurm: Slurm = ""  # what each SLURM job asks for (key=value items; repro.cluster.jobs.slurm_resources)
     output_dir: PathParam = "results/figures"
     results_dir: PathParam = "results/data"
