@@ -126,7 +126,8 @@ from repro.run_options import RUN_OPTIONS, check_run_options, check_wire_dtype
 from repro.plan import WIRE_DTYPE_BYTES, Plan, PlanError
 from repro.runtime.buffers import broadcast_module_state
 from repro.runtime.clock import make_clock
-from repro.runtime.executor import Executor, ExecutorOptions, FoundInfReport, ScaledStep, scaled_step
+from repro.runtime.executor import (Executor, ExecutorOptions, FoundInfReport, ScaledStep, nonfinite_and_unscale,
+                                    scaled_step)
 from repro.runtime.online import StepTimes, grad_abs_mean, measured_trace, plan_online, sync_device
 from repro.schedulers import SCHEDULERS, Scheduler, get_scheduler
 from repro.workload.layers import VIEWS, layer_parameters
@@ -605,14 +606,11 @@ class _Door:
         if self.grad_scaler is None:
             _fail("a GradScaler stepped this optimizer: pass it to repro.distribute(..., grad_scaler=scaler) so "
                   "that every rank skips (and backs the scale off) together")
-        found = any(not bool(torch.isfinite(g).all()) for g in grads)
+        found = nonfinite_and_unscale(grads, amp.inv_scale, self.device)
         if self._report is None:
             self._report = FoundInfReport(self.grad_scaler, self.device)
         self._report.report(found)
         if not found:
-            inv = amp.inv_scale.to(self.device)
-            for g in grads:
-                g.mul_(inv.to(g.dtype))
             self.run_opt.step()
 
     def _plan_and_switch(self) -> None:

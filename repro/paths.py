@@ -30,7 +30,11 @@ SHIPPED_KINDS = ("traces", "paper_numbers", "calibration", "grids", "claims")
 
 def shipped_dir() -> Path:
     """The shipped data's folder: ``repro/shipped`` of an installed wheel, ``data/`` of a checkout
-    (installed editable, or on ``sys.path`` without being installed)."""
+    (installed editable, or on ``sys.path`` without being installed). A checkout's own ``data/`` comes
+    first: another checkout's editable install maps ``repro.shipped`` to *its* data, which a worktree on
+    ``PYTHONPATH`` ahead of it must not read (its grids, traces and claims would be the other's)."""
+    if (_CHECKOUT / "pyproject.toml").is_file() and (_CHECKOUT / "data").is_dir():
+        return _CHECKOUT / "data"
     try:
         root = resources.files("repro.shipped")
     except ModuleNotFoundError:  # a checkout that is not installed: data/ beside the package

@@ -81,13 +81,39 @@ __all__ = ["TrainConfig", "train_worker", "run_training", "config_from_argv", "w
 # One step, for every executor
 # ---------------------------------------------------------------------------------------------
 
+class _Precision:
+    """``--amp`` on ``device``: the autocast context of the forward and the loss, and for ``fp16`` the
+    ``torch.amp.GradScaler`` that scales the loss before backward and steps the optimizer (it skips a
+    step whose gradients have an inf/nan and backs the scale off). ``off``: float32, no scaler.
+
+    A step under it costs what the loop does: the autocast casts are in the forward's time, the scaler's
+    ``scale``/``step``/``update`` in the step's (phase stamps are taken around them, never instead)."""
+
+    def __init__(self, amp: str, device: torch.device) -> None:
+        from repro.train_config import AMP_DTYPES
+
+        name = AMP_DTYPES[amp]
+        self.amp = amp
+        self.dtype = getattr(torch, name) if name else None
+        self.device_type = device.type
+
+    def autocast(self):
+        return torch.autocast(device_type=self.device_type, dtype=self.dtype, enabled=self.dtype is not None)
+
+    def scaler(self):
+        """A fresh GradScaler for ``fp16`` (one per optimizer), else None."""
+        return torch.amp.GradScaler(self.device_type) if self.amp == "fp16" else None
+
+
 def _step(ex: Executor, opt: torch.optim.Optimizer, batch, loss_of, device: torch.device, *,
-          sync_phases: bool = False) -> StepTimes:
+          sync_phases: bool = False, precision: _Precision | None = None, scaler: Any = None) -> StepTimes:
     """One training step under the executor contract. ``sync_phases`` synchronises the device between
     phases (exact phase times on a GPU, used while measuring the trace): each stamp is then the host
     ``perf_counter`` right after the device finished the phase, the time base the executor's clock
     resolves its CUDA-event gradient-ready times to (:mod:`repro.runtime.clock`), so the trace's gaps
-    are device times. Without it the stamps are host enqueue times on a GPU (the in-run trace)."""
+    are device times. Without it the stamps are host enqueue times on a GPU (the in-run trace).
+    ``precision``: the forward and loss under its autocast; ``scaler``: its GradScaler (fp16), which
+    scales the loss and steps ``opt`` (the update's phase then holds its unscale and inf/nan check)."""
     x, y = batch
     opt.zero_grad(set_to_none=True)
     sync_device(device)
@@ -96,17 +122,25 @@ def _step(ex: Executor, opt: torch.optim.Optimizer, batch, loss_of, device: torc
     if sync_phases:
         sync_device(device)
     tf = time.perf_counter()
-    loss = loss_of(ex.module, x, y)
+    if precision is not None:
+        with precision.autocast():
+            loss = loss_of(ex.module, x, y)
+    else:
+        loss = loss_of(ex.module, x, y)
     if sync_phases:
         sync_device(device)
     tb = time.perf_counter()
-    loss.backward()
+    (scaler.scale(loss) if scaler is not None else loss).backward()
     tw = time.perf_counter()
     ex.after_backward()
     if sync_phases:
         sync_device(device)
     tu = time.perf_counter()
-    opt.step()
+    if scaler is not None:
+        scaler.step(opt)
+        scaler.update()
+    else:
+        opt.step()
     sync_device(device)
     return StepTimes(t0, tf, tb, tw, tu, time.perf_counter(), float(loss.detach()))
 
@@ -160,9 +194,12 @@ def _plan_for(cfg: TrainConfig, trace: Trace | None, device: torch.device,
                        fit_repeats=cfg.fit_repeats, first=ranks.first, servers=ranks.servers)
 
 
-def _distribute(cfg: TrainConfig, model: nn.Module, opt: torch.optim.Optimizer, ranks: "_Ranks"):
+def _distribute(cfg: TrainConfig, model: nn.Module, opt: torch.optim.Optimizer, ranks: "_Ranks",
+                grad_scaler: Any = None):
     """``cfg``'s scheduler on ``model`` through :func:`repro.distribute` (the public door: one
-    implementation of warm-up, online planning and execution); returns (optimizer, door)."""
+    implementation of warm-up, online planning and execution); returns (optimizer, door).
+    ``grad_scaler``: the loop's GradScaler (``--amp fp16``), given to the door so that every rank skips
+    a step with an inf/nan gradient, and backs the scale off, together."""
     from repro.api import RunContext, distribute
 
     sched = get_scheduler(cfg.scheduler)
@@ -171,6 +208,8 @@ def _distribute(cfg: TrainConfig, model: nn.Module, opt: torch.optim.Optimizer, 
                          on_plan=on_plan)
     kw: dict[str, Any] = {"warmup_steps": max(1, cfg.warmup_steps), "view": cfg.view, "fit_repeats": cfg.fit_repeats,
                           "record_timeline": cfg.record_timeline, "_context": context}
+    if grad_scaler is not None:
+        kw["grad_scaler"] = grad_scaler
     if cfg.network is not None:  # a preset name, or a cost file (its name wins, as everywhere)
         kw["cost" if Path(cfg.network).is_file() else "network"] = cfg.network
     if cfg.plan is not None:  # a given plan, executed as it is (checked against the model first)
@@ -188,18 +227,31 @@ def _distribute(cfg: TrainConfig, model: nn.Module, opt: torch.optim.Optimizer, 
     return dopt, dopt._door
 
 
-def _door_step(door: Any, dopt: torch.optim.Optimizer, batch, loss_of, device: torch.device) -> StepTimes:
+def _door_step(door: Any, dopt: torch.optim.Optimizer, batch, loss_of, device: torch.device,
+               precision: _Precision | None = None, scaler: Any = None) -> StepTimes:
     """One training step as a user's loop makes it (zero_grad, forward, backward, step); its phase
     stamps are the door's (:attr:`repro.api._Door.last_stamps`): when the device reached each phase
     (synchronised stamps in the warm-up, where they make the trace; CUDA events after it on a GPU),
-    so the phase columns of ``iterations.csv`` and the in-run trace are device times."""
+    so the phase columns of ``iterations.csv`` and the in-run trace are device times.
+    ``precision``/``scaler`` (``--amp``): the forward and loss under autocast, and for fp16 the GradScaler
+    loop, ``scaler.scale(loss).backward(); scaler.step(dopt); scaler.update()``; the step's end stamp
+    is after ``update()``, so the iteration time holds the scaler's work. The recorded loss is unscaled."""
     x, y = batch
     dopt.zero_grad(set_to_none=True)
     sync_device(device)
     t0 = time.perf_counter()
-    loss = loss_of(door.module, x, y)
-    loss.backward()
-    dopt.step()
+    if precision is not None:
+        with precision.autocast():
+            loss = loss_of(door.module, x, y)
+    else:
+        loss = loss_of(door.module, x, y)
+    if scaler is not None:
+        scaler.scale(loss).backward()
+        scaler.step(dopt)
+        scaler.update()
+    else:
+        loss.backward()
+        dopt.step()
     sync_device(device)
     end = time.perf_counter()
     s = door.last_stamps
@@ -279,6 +331,8 @@ def run_training(ctx, cfg: TrainConfig) -> tuple[nn.Module, dict[str, Any]]:
     device = _train_device(ctx, cfg)
     sched = get_scheduler(cfg.scheduler)
     cfg.check_world(dist.get_world_size(), backend=dist.get_backend(), device=device.type)
+    cfg.amp_device_check(device.type)
+    precision = _Precision(cfg.amp, device)
     ranks = _ranks(cfg)
     run_id = cfg.run_id or _default_run_id(cfg, ranks.size, device, ranks.servers)
     ckpt_file = checkpoint_path(cfg.results_dir, run_id) if cfg.checkpointing else None
@@ -297,15 +351,16 @@ def run_training(ctx, cfg: TrainConfig) -> tuple[nn.Module, dict[str, Any]]:
 
     # ---- the scheduler, through the public door (repro.distribute): a plan scheduler's first
     # warmup_steps steps measure the trace under exact SyncEASGD steps, then it plans online ----
-    dopt, door = _distribute(cfg, model, opt, ranks)
+    scaler = precision.scaler()  # --amp fp16: the loop's GradScaler (None otherwise)
+    dopt, door = _distribute(cfg, model, opt, ranks, scaler)
     ckpt = _checkpointer(cfg, run_id, ranks) if cfg.checkpointing else None
     resumed = ckpt.load(asdict(cfg), (Path(cfg.results_dir) / run_id / "run.json").is_file(), device) \
         if ckpt is not None else None
     if resumed is None:
         for _ in range(cfg.warmup_steps if door.plan is not None or not sched.has_plan else 0):
-            _door_step(door, dopt, data.next(), loss_of, device)
+            _door_step(door, dopt, data.next(), loss_of, device, precision, scaler)
         while door.warming_up:  # a plan scheduler: exactly warmup_steps steps, then the plan's executor runs
-            _door_step(door, dopt, data.next(), loss_of, device)
+            _door_step(door, dopt, data.next(), loss_of, device, precision, scaler)
         trace, plan, cost = door.trace, door.plan, door.cost
     else:  # the checkpoint's model, optimizer, plan and executor state; then the data and the generators
         model.load_state_dict(resumed["model"])
@@ -334,6 +389,8 @@ def run_training(ctx, cfg: TrainConfig) -> tuple[nn.Module, dict[str, Any]]:
     if resumed is not None:
         step, start_epoch = resumed["step"], resumed["start_epoch"]
         resumes = [*resumed.get("resumes", []), step]
+        if scaler is not None and resumed.get("scaler") is not None:  # --amp fp16: the scale and its counters
+            scaler.load_state_dict(resumed["scaler"])
         rows, bucket_rows, epoch_rows, inrun = (resumed["tables"][k] for k in ("rows", "buckets", "epochs", "inrun"))
         progress.update(step)
         if ranks.is_first:
@@ -352,7 +409,7 @@ def run_training(ctx, cfg: TrainConfig) -> tuple[nn.Module, dict[str, Any]]:
                 progress_file.update(epoch_rows, asdict(cfg))
             if data.epoch - start_epoch >= cfg.epochs:
                 break
-        st = _door_step(door, dopt, batch, loss_of, device)
+        st = _door_step(door, dopt, batch, loss_of, device, precision, scaler)
         rows.append(st.row(step, data.epoch - start_epoch))
         if door.ex.grad_ready_s:
             inrun.append((st, dict(door.ex.grad_ready_s)))
@@ -366,7 +423,7 @@ def run_training(ctx, cfg: TrainConfig) -> tuple[nn.Module, dict[str, Any]]:
             if save:
                 ckpt.save(model=model, dopt=dopt, device=device, data=data, run={
                     "config": asdict(cfg), "size": ranks.size, "step": step, "start_epoch": start_epoch,
-                    "resumes": resumes,
+                    "resumes": resumes, "scaler": scaler.state_dict() if scaler is not None else None,
                     "trace": trace.to_dict() if trace is not None else None,
                     "cost": cost.to_dict() if cost is not None else None,
                     "tables": {"rows": rows, "buckets": bucket_rows, "epochs": epoch_rows, "inrun": inrun}})
@@ -388,8 +445,11 @@ def run_training(ctx, cfg: TrainConfig) -> tuple[nn.Module, dict[str, Any]]:
         solo = copy.deepcopy(model)
         solo_opt = _make_optimizer(cfg, solo.parameters())
         alone = LocalExecutor(solo)
+        solo_scaler = precision.scaler()  # the same precision as the timed steps (fp16: a scaler of its own)
+        if solo_scaler is not None and scaler is not None:
+            solo_scaler.load_state_dict(scaler.state_dict())  # from the run's scale, not from 2**16 again
         for i in range(cfg.compute_steps + 1):  # the first one warms the momentum buffers up
-            st = _step(alone, solo_opt, data.next(), loss_of, device)
+            st = _step(alone, solo_opt, data.next(), loss_of, device, precision=precision, scaler=solo_scaler)
             if i:
                 compute_times.append(st.end - st.start)
         del solo, solo_opt
@@ -402,6 +462,7 @@ def run_training(ctx, cfg: TrainConfig) -> tuple[nn.Module, dict[str, Any]]:
     summary["engine"] = engine
     if cfg.checkpointing:
         summary["resumed_after_steps"] = resumes
+    summary["amp"] = cfg.amp  # the compute precision (wire_dtype: what the exchange sends)
     if ranks.servers:  # the servers' tables (e.g. SSP clocks) join the run's
         for table, table_rows in _collect_server_tables({}, ranks).items():
             extra_tables[table] = extra_tables.get(table, []) + table_rows

@@ -22,7 +22,8 @@ from repro.runs import check_run_id
 from repro.schedulers import get_scheduler, scheduler_names
 from repro.workload.catalog import MODEL_NAMES, model_info
 
-__all__ = ["TrainConfig", "VIEWS", "OPTIMIZERS", "REFUSED_OPTIMIZERS", "DEVICES", "build_parser", "config_from_argv"]
+__all__ = ["TrainConfig", "VIEWS", "OPTIMIZERS", "REFUSED_OPTIMIZERS", "DEVICES", "AMP_DTYPES", "build_parser",
+           "config_from_argv"]
 
 #: layer granularities of a plan (the same as :data:`repro.workload.layers.VIEWS`, which imports torch)
 VIEWS = ("tensor", "module")
@@ -48,6 +49,19 @@ REFUSED_OPTIMIZERS: dict[str, str] = {
 #: ``--device`` values (``cuda``: this rank's own GPU, ``cuda:LOCAL_RANK``)
 DEVICES = ("cpu", "cuda")
 
+#: ``--amp`` values -> the ``torch.autocast`` dtype of the forward and the loss (by name; None: off).
+#: ``fp16`` also scales the loss with a ``torch.amp.GradScaler`` (bf16 has float32's range: no scaler)
+AMP_DTYPES: dict[str, str | None] = {"off": None, "bf16": "bfloat16", "fp16": "float16"}
+
+#: schedulers that cannot take a GradScaler, hence ``--amp fp16``, and why (refused in one line)
+AMP_FP16_REFUSED = {
+    "fsdp": "its gradients are DTensor shards, which repro.distribute's GradScaler step does not unscale "
+            "(docs/conformance.md)",
+}
+#: ``--amp fp16`` with a parameter-server scheduler: ``repro train`` runs its servers on ranks of their own
+_AMP_FP16_SERVERS = ("its dedicated server ranks apply the pushed gradients without a GradScaler's verdict "
+                     "(repro.distribute takes a scaler with co-located servers only)")
+
 
 def _opt(default: Any, help: str, **meta: Any) -> Any:
     return field(default=default, metadata={"help": help, **meta})
@@ -70,6 +84,10 @@ class _CommonConfig:
     wire_dtype: str | None = _opt(None, "communicate gradients in this dtype (default: the model's, float32, "
                                   "which every scheduler takes; float16/bfloat16: the schedulers that cast)",
                                   choices=tuple(WIRE_DTYPE_BYTES))
+    amp: str = _opt("off", "mixed-precision compute: the forward and the loss under torch.autocast in bfloat16 "
+                    "(bf16) or float16 (fp16, with a torch.amp.GradScaler scaling the loss); the weights, "
+                    "gradients and optimizer stay float32, and --wire-dtype alone sets what the exchange "
+                    "sends", choices=tuple(AMP_DTYPES))
     plan: str | None = _opt(None, "execute this plan file (from `repro plan`) as it is, from the first step: no "
                             "warm-up trace and no cost fit; the scheduler becomes the plan's solver (or stays "
                             "--scheduler if it runs that plan family) and the view the plan's recorded one")
@@ -134,6 +152,7 @@ class _CommonConfig:
             raise ValueError(f"unknown wire dtype '{self.wire_dtype}'; choose one of {', '.join(WIRE_DTYPE_BYTES)}")
         # the door's rule (repro.distribute); the models here train in float32, so float32 is every scheduler's
         self.wire_dtype = check_wire_dtype(self.wire_dtype, sched)
+        self._check_amp(sched)
         for name in ("batch_size", "fit_repeats"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
@@ -175,6 +194,30 @@ class _CommonConfig:
             raise ValueError(f"unknown optimizer {self.optimizer!r}; choose one of {', '.join(OPTIMIZERS.values())} "
                              "(torch.optim class names, any case)")
         self.optimizer = key
+
+    def _check_amp(self, sched) -> None:
+        """``amp``: a key of :data:`AMP_DTYPES` (any case, kept in lower case); ``fp16`` refused, in one
+        line, with a scheduler that cannot take the GradScaler it needs."""
+        key = self.amp.lower() if isinstance(self.amp, str) else self.amp
+        if key not in AMP_DTYPES:
+            raise ValueError(f"unknown amp {self.amp!r}; choose one of {', '.join(AMP_DTYPES)}")
+        self.amp = key
+        if key != "fp16":
+            return
+        why = AMP_FP16_REFUSED.get(sched.name)
+        if why is None and sched.family is not None and get_family(sched.family).server:
+            why = _AMP_FP16_SERVERS
+        if why is not None:
+            raise ValueError(f"--amp fp16 needs a GradScaler, which '{sched.name}' cannot take: {why}; use --amp bf16 "
+                             "(no scaler) or an all-reduce, sparse, DeAR or ByteScheduler scheduler")
+
+    def amp_device_check(self, device_type: str) -> None:
+        """``amp`` on ``device_type`` (``cpu``/``cuda``): float16 autocast on a CPU has no LSTM kernel
+        (oneDNN: "could not create a primitive descriptor for the LSTM forward propagation primitive",
+        torch 2.14), so fp16 with an LSTM model on a CPU is refused in one line."""
+        if self.amp == "fp16" and device_type == "cpu" and model_info(self.model).family == "lm":
+            raise ValueError(f"--amp fp16 on a CPU: torch has no float16 LSTM kernel there, and '{self.model}' is an "
+                             "LSTM; use --amp bf16 on a CPU, or train on a GPU (--device cuda)")
 
     def _take_plan(self, sched):
         """``--plan FILE``: load it (one line if it cannot be read), pick the scheduler that runs it and
@@ -250,6 +293,10 @@ class _CommonConfig:
         else the backend's); made before any step."""
         sched = get_scheduler(self.scheduler)
         serving = self.serving_ranks()
+        # where the ranks compute: --device, else the backend's (nccl: cuda, gloo: cpu); unknown: not checked
+        device = self.device or {"nccl": "cuda", "gloo": "cpu"}.get(backend or "")
+        if device is not None:
+            self.amp_device_check(device)
         if serving and backend == "nccl":
             raise ValueError(f"'{self.scheduler}' runs {serving} dedicated server rank(s), which serve each worker "
                              "from a thread of its own, point to point, and NCCL does not support that: they need "

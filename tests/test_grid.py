@@ -49,6 +49,8 @@ def test_grids_carry_the_papers_setting():
                                                                 ("densenet201", 64), ("inception_v4", 128)}
     assert mg.gpus_per_node == 4 and max(mg.world_sizes()) == 16 and max(r.nodes for r in mg.runs) == 4
     assert {r["wire_dtype"] for r in mg.runs} == {"float32", "float16"}
+    # the journal's FP16 is half-precision training: float16 compute (--amp fp16) and float16 on the wire
+    assert {(r["wire_dtype"], r.config.get("amp", "off")) for r in mg.runs} == {("float32", "off"), ("float16", "fp16")}
     assert {"wfbp", "syncea", "mgwfbp"} <= {r["scheduler"] for r in mg.runs}
     dear = load_grid("dear")  # 64 GPUs = 16 hosts x 4; no convergence figure (FIGURES.md)
     assert not dear.select("convergence")

@@ -179,7 +179,8 @@ def test_a_stand_in_keeps_the_configuration_and_shrinks_the_rest():
     s = local_stand_in(run)
     assert (s["model"], s["scheduler"], s["wire_dtype"], s["batch_size"], s["steps"]) == (
         "tiny_resnet", "mgwfbp", "float16", 4, 2)
-    assert (s["momentum"], s["weight_decay"], s["paper"], s.experiment) == (0.9, 0.0001, "mgwfbp", "speedup")
+    assert (s["momentum"], s["weight_decay"], s["paper"], s.experiment) == (0.9, 0.0001, "mgwfbp", "speedup_fp16")
+    assert s["amp"] == "fp16"  # the journal's FP16 runs: float16 compute too, not only on the wire
     assert (s.nodes, s.processes, s["world_size"]) == (1, s.processes, s.processes) and s.run_id != run.run_id
     conv = next(r for r in mg.runs if r.kind == "convergence")
     s = local_stand_in(conv)

@@ -28,7 +28,8 @@ A grid file::
         world_sizes: [1, 16]           # P: training ranks (a parameter server's ranks come on top)
         schedulers: [wfbp, mgwfbp]     # or a mapping: scheduler -> its own options ({ps_ssp: {staleness: 2}})
         precisions: [float32, float16] # wire dtypes (repro train --wire-dtype; float32, the models' own, is
-                                       # the default: every scheduler runs it, the launchers pass no flag)
+                                       # the default: every scheduler runs it, the launchers pass no flag);
+                                       # what the GPUs compute in is the train option amp (--amp fp16)
         train: {}                      # options of this experiment only (override the file's; null drops one)
       - name: convergence              # accuracy vs epoch: a real dataset and epochs instead of steps
         kind: convergence              # optional (epochs make it one); refused without epochs and a dataset
@@ -459,7 +460,8 @@ def local_stand_in(run: RunConfig, *, max_ranks: int = STAND_IN_MAX_RANKS, steps
     dropped), synthetic data for ``steps`` timed steps (a convergence run's dataset and epochs are
     dropped), 4 samples per rank, one warm-up step, one computation-only step (none if ``run`` has none)
     and one repeat per message size when fitting the cost model. The scheduler, its options, the wire
-    dtype, the optimizer's settings, the paper and the experiment are ``run``'s. Refused
+    dtype, the compute precision (``amp``), the optimizer's settings, the paper and the experiment are
+    ``run``'s. Refused
     (:class:`GridError`) when the model has no tiny stand-in or the run needs more than ``max_ranks``.
     The stand-in's run id is its own (its configuration differs)."""
     from repro.workload.catalog import MODEL_NAMES, model_info
@@ -483,18 +485,19 @@ def local_stand_in(run: RunConfig, *, max_ranks: int = STAND_IN_MAX_RANKS, steps
 
 
 def _distinct_key(stand_in: RunConfig) -> str:
-    """What makes a stand-in another test: its model, scheduler and options, wire dtype and ranks."""
+    """What makes a stand-in another test: its model, scheduler and options, wire dtype, compute
+    precision (``amp``) and ranks."""
     from repro.run_options import RUN_OPTIONS
 
     keep = {k: v for k, v in stand_in.config.items()
-            if k in RUN_OPTIONS or k in ("model", "scheduler", "wire_dtype", "processes", "world_size")}
+            if k in RUN_OPTIONS or k in ("model", "scheduler", "wire_dtype", "amp", "processes", "world_size")}
     return _canonical(keep)
 
 
 def distinct_stand_ins(runs: Iterable[RunConfig], *, max_ranks: int = STAND_IN_MAX_RANKS,
                        steps: int = 2) -> list[tuple[RunConfig, list[RunConfig]]]:
     """One :func:`local_stand_in` per distinct configuration of ``runs`` (the same tiny model, scheduler,
-    scheduler options, wire dtype and local ranks count once, whatever the batch, dataset, optimizer
+    scheduler options, wire dtype, amp and local ranks count once, whatever the batch, dataset, optimizer
     settings or experiment), each with the runs it stands for, in the order of their first run."""
     groups: dict[str, tuple[RunConfig, list[RunConfig]]] = {}
     for run in runs:

@@ -49,8 +49,9 @@ def stand_in_line(result: SmokeResult) -> str:
     from repro.run_options import RUN_OPTIONS
 
     opts = ", ".join(f"{k}={v}" for k, v in s.config.items() if k in RUN_OPTIONS)
+    amp = f", amp {s.config['amp']}" if s.config.get("amp", "off") != "off" else ""  # compute precision
     what = (f"{s.config.get('paper', '?')}/{s.experiment}: {s['scheduler']} on {s['model']}, {s.processes} local "
-            f"rank(s), {s['wire_dtype']}{', ' + opts if opts else ''} (stands for {len(result.runs)} run(s))")
+            f"rank(s), {s['wire_dtype']}{amp}{', ' + opts if opts else ''} (stands for {len(result.runs)} run(s))")
     if result.error is None:
         return f"ok {result.seconds:5.1f} s  {what}"
     return f"FAILED  {what}: {result.error}"

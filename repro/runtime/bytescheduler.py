@@ -414,7 +414,8 @@ class ByteSchedulerExecutor(Executor):
         this every step, skipped or not):
 
         - the skip needs the whole exchanged gradient, so this waits for every chunk's all-reduce (the
-          chunks still in flight no longer overlap the next forward) and checks the sums for inf/nan.
+          chunks still in flight no longer overlap the next forward) and checks the sums for inf/nan
+          (one flag over every layer, read once: one host sync per step).
           The all-reduced sums are the same on every rank, so is the verdict; and an inf/nan in any
           rank's own gradient makes its sum inf/nan (IEEE: inf + finite = inf, inf - inf = nan, nan + x
           = nan), so the verdict covers GradScaler's check of this rank's ``param.grad``;
@@ -442,9 +443,12 @@ class ByteSchedulerExecutor(Executor):
             return
         armed = [layer for layer in self._layers.values() if layer.armed]
         found = False
-        for layer in armed:
-            self._wait(layer)
-            found = found or not bool(torch.isfinite(layer.buffer).all())
+        if armed:  # one flag over every layer's sum, read once: one host sync per step, not one per layer
+            nonfinite = torch.zeros((), dtype=torch.bool, device=armed[0].buffer.device)
+            for layer in armed:
+                self._wait(layer)
+                nonfinite |= ~torch.isfinite(layer.buffer).all().to(nonfinite.device)
+            found = bool(nonfinite.item())
         self._found_inf_report.report(found)
         for layer in armed:
             if found:

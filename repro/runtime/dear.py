@@ -402,7 +402,7 @@ class DeARExecutor(Executor):
         for bucket in self._buckets:
             count += (~torch.isfinite(bucket.buffer.chunk(P)[rank])).sum()
         counts = torch.zeros(P, dtype=torch.float32, device=device)
-        counts[rank] = count + float(amp.found_inf)
+        counts[rank] = count + amp.found_inf_tensor(device)  # unread: counts.sum() is read once
         self._waits.wait(self.stream.all_reduce(counts))
         return bool(counts.sum().item() > 0)
 

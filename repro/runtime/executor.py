@@ -53,31 +53,74 @@ from torch import nn
 
 from repro.plan import Plan
 
-__all__ = ["BucketTiming", "Executor", "ExecutorOptions", "FoundInfReport", "ScaledStep", "check_scaled_step", "scaled_step", "timing_row"]
+__all__ = ["BucketTiming", "Executor", "ExecutorOptions", "FoundInfReport", "ScaledStep", "check_scaled_step", "nonfinite_and_unscale", "scaled_step", "timing_row"]
 
 
-@dataclass(frozen=True)
 class ScaledStep:
     """What ``torch.amp.GradScaler.step`` hands an optimizer that sets ``_step_supports_amp_scaling``:
     ``inv_scale`` (float32 ``1 / scale``, computed as ``GradScaler.unscale_`` does; None when
-    ``scaler.unscale_(opt)`` already ran this step) and ``found_inf`` (its inf/nan check of the
-    ``param.grad`` of ``opt.param_groups`` on this rank)."""
+    ``scaler.unscale_(opt)`` already ran this step) and the verdict of its inf/nan check of the
+    ``param.grad`` of ``opt.param_groups`` on this rank.
 
-    inv_scale: torch.Tensor | None
-    found_inf: bool
+    The verdict is a tensor (GradScaler's own, on the scaler's device): :meth:`found_inf_tensor` hands it
+    on without reading it, so a family that folds it into its own check (one all-reduce, one read)
+    makes no extra host sync; :attr:`found_inf` reads it (one host sync, the first time only)."""
+
+    __slots__ = ("inv_scale", "_found", "_found_bool")
+
+    def __init__(self, inv_scale: torch.Tensor | None, found_inf: torch.Tensor | bool | float) -> None:
+        self.inv_scale = inv_scale
+        self._found = found_inf
+        self._found_bool: bool | None = None if isinstance(found_inf, torch.Tensor) else bool(found_inf)
+
+    @property
+    def found_inf(self) -> bool:
+        """Whether GradScaler's check found an inf/nan on this rank (reads the tensor: a host sync)."""
+        if self._found_bool is None:
+            self._found_bool = bool(self._found.item())
+        return self._found_bool
+
+    def found_inf_tensor(self, device: torch.device | str) -> torch.Tensor:
+        """The verdict as a fresh float32 0-d tensor on ``device`` (1.0: found, 0.0: not), unread."""
+        if isinstance(self._found, torch.Tensor):
+            return self._found.detach().to(device=device, dtype=torch.float32).reshape(()).clone()
+        return torch.full((), float(self._found), dtype=torch.float32, device=device)
+
+    def __repr__(self) -> str:
+        return f"ScaledStep(inv_scale={self.inv_scale!r}, found_inf={self._found!r})"
 
 
 def scaled_step(optimizer: Any) -> ScaledStep | None:
     """The :class:`ScaledStep` ``GradScaler.step`` attached to ``optimizer`` (its ``grad_scale`` and
     ``found_inf`` attributes, set for the duration of the call to ``optimizer.step()``), or None when
-    ``step()`` was called without an enabled GradScaler."""
+    ``step()`` was called without an enabled GradScaler. Reads no tensor (no host sync)."""
     d = vars(optimizer)
     if "found_inf" not in d:
         return None
     grad_scale = d.get("grad_scale")
     inv = None if grad_scale is None else grad_scale.double().reciprocal().float()
-    found = d["found_inf"]
-    return ScaledStep(inv, bool(found.item() if isinstance(found, torch.Tensor) else found))
+    return ScaledStep(inv, d["found_inf"])
+
+
+def nonfinite_and_unscale(grads: Any, inv_scale: torch.Tensor, device: torch.device | str) -> bool:
+    """Multiply every tensor of ``grads`` by ``inv_scale`` (GradScaler's float32 ``1 / scale``) in place
+    and say whether any of them held an inf or nan: GradScaler.unscale_'s own fused kernel
+    (``torch._amp_foreach_non_finite_check_and_unscale_``), once per (device, dtype) group, into one
+    float32 flag on ``device``, read once. So one host sync per step however many gradients there are
+    (a read per gradient was one sync each: 12 per step on a 6-layer MLP). As ``GradScaler.unscale_``,
+    the gradients are unscaled even when one is not finite; the caller then skips the step and they are
+    not applied. Dense floating-point gradients (what the executors hand the optimizer)."""
+    found = torch.zeros((), dtype=torch.float32, device=device)
+    groups: dict[tuple[Any, Any], list[torch.Tensor]] = {}
+    for g in grads:
+        groups.setdefault((g.device, g.dtype), []).append(g)
+    with torch.no_grad():
+        for (dev, _), group in groups.items():
+            flag = found if dev == found.device else torch.zeros((), dtype=torch.float32, device=dev)
+            torch._amp_foreach_non_finite_check_and_unscale_(group, flag, inv_scale.to(dev))
+            if flag is not found:
+                found += flag.to(found.device)
+    return bool(found.item())
 
 
 def check_scaled_step(amp: ScaledStep | None, report: "FoundInfReport | None", family: str) -> None:

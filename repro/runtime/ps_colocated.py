@@ -323,7 +323,7 @@ class ColocatedPSExecutor(Executor):
             raise grad_changed_error(changed)
         if amp is not None:
             p = self.buckets[0].params[0]
-            seen = torch.full((), float(amp.found_inf), dtype=torch.float32, device=p.device)
+            seen = amp.found_inf_tensor(p.device)  # unread: the all-reduced flag is the step's one read
             dist.all_reduce(seen, op=dist.ReduceOp.MAX, group=self.group)
             found = bool(seen.item() > 0)
             self._report.report(found)

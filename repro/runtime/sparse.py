@@ -695,7 +695,7 @@ class SparseExecutor(Executor):
             raise RuntimeError("the sparse family: scaler.unscale_(opt) was called before the exchange finished; "
                                "call opt.synchronize() first (or leave the unscaling to scaler.step(opt))")
         device = self._buckets[0].buffer.device
-        seen = torch.zeros((), dtype=torch.float32, device=device) + float(amp.found_inf)
+        seen = amp.found_inf_tensor(device)  # unread: the all-reduced flag is the step's one read
         if self._nonfinite is not None:
             seen += self._nonfinite.float()
         dist.all_reduce(seen, op=dist.ReduceOp.MAX, group=self.comm.group)  # after every all-gather
