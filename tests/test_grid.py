@@ -86,8 +86,8 @@ def test_the_grids_hold_the_papers_convergence_runs():
     assert {(r["model"], r["dataset"], r["density"], r["batch_size"]) for r in omgs} == {
         ("vgg16_cifar", "cifar10", 0.001, 32), ("resnet50", "imagenet", 0.001, 32), ("lstm_ptb", "ptb", 0.004, 20)}
     assert sorted({r["scheduler"] for r in omgs}) == ["omgs", "topk_single", "wfbp"] and len(omgs) == 9
-    osp = load_grid("osp").select("convergence")  # one world of 1 server + 8 workers per run
-    assert {(r["world_size"], r.processes, r["dataset"]) for r in osp} == {(8, 9, "cifar10")}
+    osp = load_grid("osp").select("convergence")  # 8 workers, the first of which also serves, per run
+    assert {(r["world_size"], r.processes, r["dataset"]) for r in osp} == {(8, 8, "cifar10")}
     osp_runs = {(r["scheduler"], r.config.get("stage1_share"), r.config.get("lgp", True)) for r in osp}
     assert {("osp", s, True) for s in (0.0, 0.25, 0.5, 0.75)} | {("osp", 0.0, False), ("osp", 0.5, False)} \
         | {("ps_bsp", None, True), ("ps_asp", None, True), ("ps_ssp", None, True), ("osp_auto", None, True)} == osp_runs
