@@ -548,8 +548,11 @@ def cmd_launch(args: argparse.Namespace) -> None:
     if cfg.results_dir:  # a taken id or an unwritable folder fails now, not after training
         from repro.runs import check_results_dir, prepare_run
 
-        if cfg.run_id:
-            prepare_run(cfg.results_dir, cfg.run_id, cfg.overwrite)
+        if cfg.run_id:  # a checkpoint of this run id is its own progress: the run resumes from it
+            from repro.train_checkpoint import checkpoint_path
+
+            own = cfg.checkpointing and checkpoint_path(cfg.results_dir, cfg.run_id).is_file()
+            prepare_run(cfg.results_dir, cfg.run_id, cfg.overwrite, own_progress=own)
         else:
             check_results_dir(cfg.results_dir)
     import shutil
