@@ -259,6 +259,7 @@ class DeARExecutor(Executor):
         self._waits = waits_for(self._buckets[0].buffer.device)
 
         self._hyper: list[dict[str, Any]] | None = None  # the groups' hyperparameters at the last step()
+        self._subsets: dict[int, tuple] = {}  # bucket -> (groups key, its parameters per group): _group_subsets
         # hooks: gradients, and a forward pre-hook on every module directly owning a parameter of a bucket;
         # any other use of a parameter in a forward applies its bucket first (ApplyBeforeUse)
         self._use_guard = ApplyBeforeUse(model, lambda k: self._apply_through(k))
@@ -581,30 +582,42 @@ class DeARExecutor(Executor):
 
     @torch.no_grad()
     def _step_bucket(self, bucket: _Bucket) -> None:
+        """One optimizer step on bucket k's parameters only: each parameter group's ``params`` is swapped
+        for its members in the bucket for the step (so the step visits the bucket's parameters, not the
+        whole model: one bucket per layer costs one step's work in all, not one per layer), with the
+        averaged gradients as their ``grad``; the lists and the gradients the loop held come back after."""
         if self._optimizer is None:
             raise RuntimeError("DeARExecutor: an update is pending but no optimizer was given (wrap_optimizer)")
-        params = [p for g in self._optimizer.param_groups for p in g["params"]]
-        stash = {id(p): p.grad for p in params if p.grad is not None}
-        for p in params:
-            p.grad = None
-        mine = []
+        groups = self._optimizer.param_groups
+        subsets = self._group_subsets(bucket, groups)
         # a parameter no rank had a gradient for is one this rank had none for: only then read the flags
         # (a device-to-host copy on GPUs); the common case needs no synchronisation
-        used = (bucket.flags > 0).tolist() if bucket.local_missing else [True] * len(bucket.slots)
+        used = (bucket.flags > 0).tolist() if bucket.local_missing else None
         bucket.local_missing = False
-        for slot in bucket.slots:
-            if used[slot.flag]:  # a parameter no rank had a gradient for keeps no gradient (as DDP)
-                slot.param.grad = slot.view.view_as(slot.param)
-                mine.append(slot.param)
+        held = [(slot.param, slot.param.grad) for slot in bucket.slots]
+        originals = [g["params"] for g in groups]
         try:
+            for slot in bucket.slots:  # a parameter no rank had a gradient for keeps no gradient (as DDP)
+                slot.param.grad = slot.view.view_as(slot.param) if used is None or used[slot.flag] else None
+            for g, members in zip(groups, subsets):
+                g["params"] = members
             with stepping_with(self._optimizer, self._hyper):
                 self._optimizer.step()
         finally:
-            for p in mine:
-                p.grad = None
-            for p in params:
-                if id(p) in stash:
-                    p.grad = stash[id(p)]
+            for g, params in zip(groups, originals):
+                g["params"] = params
+            for p, grad in held:
+                p.grad = grad
+
+    def _group_subsets(self, bucket: _Bucket, groups: list[dict[str, Any]]) -> list[list[torch.Tensor]]:
+        """Per parameter group, its parameters in ``bucket`` (in the group's order); cached until the
+        groups change (``add_param_group``, or a group's list replaced or resized)."""
+        key = tuple((id(g["params"]), len(g["params"])) for g in groups)
+        cached = self._subsets.get(bucket.index)
+        if cached is None or cached[0] != key:
+            mine = {id(slot.param) for slot in bucket.slots}
+            cached = self._subsets[bucket.index] = (key, [[p for p in g["params"] if id(p) in mine] for g in groups])
+        return cached[1]
 
     @staticmethod
     def _record(timing: DeARTiming, handle) -> None:

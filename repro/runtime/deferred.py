@@ -93,10 +93,16 @@ class ApplyBeforeUse:
     @contextlib.contextmanager
     def suspended(self) -> Iterator[None]:
         """Nothing is watched inside (the executor's own optimizer step, which reads and writes the very
-        parameters being updated)."""
+        parameters being updated). When this guard's mode is the innermost torch function mode it is
+        taken off the stack for the block, so the step's many small ops do not each pay a Python call."""
+        from torch.overrides import _get_current_function_mode, _pop_mode_temporarily
+
+        mode = _get_current_function_mode()
+        ours = isinstance(mode, _ApplyMode) and mode.guard is self
         self._suspended += 1
         try:
-            yield
+            with _pop_mode_temporarily() if ours else contextlib.nullcontext():
+                yield
         finally:
             self._suspended -= 1
 
