@@ -503,7 +503,9 @@ def main(argv: Sequence[str] | None = None, *, hard_exit: bool = False) -> int:
     from repro.cluster.torchrun import PeerFailedError, await_peers, distributed, is_config_error, report_failure
 
     def leave(code: int) -> int:
-        if hard_exit:  # skip interpreter teardown: gloo's threads can abort or hang it, failing a finished job
+        """After a run or a broken group: skip interpreter teardown with ``hard_exit`` (gloo's threads can
+        abort or hang it, failing a finished job); a refusal returns as any command's does."""
+        if hard_exit:
             sys.stdout.flush()
             sys.stderr.flush()
             os._exit(code)
@@ -525,7 +527,7 @@ def main(argv: Sequence[str] | None = None, *, hard_exit: bool = False) -> int:
     except KeyboardInterrupt:
         _end_progress_lines()
         print("repro: interrupted", file=sys.stderr)
-        return leave(130)
+        return 130
     except PeerFailedError as e:  # a peer failed: one line naming it; 2 when it refused the configuration
         _end_progress_lines()
         print(f"repro: error: {_first_line(e)}", file=sys.stderr)
@@ -536,7 +538,7 @@ def main(argv: Sequence[str] | None = None, *, hard_exit: bool = False) -> int:
             await_peers()
         if is_config_error(e):
             print(f"repro: error: {_first_line(e)}", file=sys.stderr)
-            return leave(2)
+            return 2
         # e.g. a peer that died or stopped: one line per rank, no traceback
         print(f"repro: error: rank {os.environ.get('RANK', '?')}: {type(e).__name__}: {_first_line(e)}",
               file=sys.stderr)
