@@ -31,7 +31,12 @@ do not import torch.
 from __future__ import annotations
 
 if __name__ == "__main__":  # `python -m repro.train --help`: the options, without importing torch
+    import os as _os
     import sys as _sys
+
+    # c10's warnings about a closed store or socket carry a page of C++ frames each; a rank's failure is one
+    # line (main). Read when torch is imported, so set here; TORCH_CPP_LOG_LEVEL=WARNING brings them back.
+    _os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
 
     if {"-h", "--help"} & set(_sys.argv[1:]):
         from repro.train_config import build_parser as _help_parser
@@ -50,6 +55,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from repro.cluster.faults import maybe_fail
 from repro.cost import CostModel
 from repro.presets import preset
 from repro.families import get_family
@@ -409,6 +415,7 @@ def run_training(ctx, cfg: TrainConfig) -> tuple[nn.Module, dict[str, Any]]:
                 progress_file.update(epoch_rows, asdict(cfg))
             if data.epoch - start_epoch >= cfg.epochs:
                 break
+        maybe_fail(f"step{step}", dist.get_rank())  # a test-only hook (repro.cluster.faults); a no-op otherwise
         st = _door_step(door, dopt, batch, loss_of, device, precision, scaler)
         rows.append(st.row(step, data.epoch - start_epoch))
         if door.ex.grad_ready_s:
@@ -604,15 +611,27 @@ def main(argv: Sequence[str] | None = None, *, hard_exit: bool = False) -> int:
     """
     import sys
 
-    from repro.cluster.local import DistributedSetupError, distributed
+    from repro.cluster.torchrun import PeerFailedError, await_peers, distributed, is_config_error, report_failure
+
+    def leave(code: int) -> int:
+        """After a run or a broken group: skip interpreter teardown with ``hard_exit`` (gloo's threads can
+        abort or hang it, failing a finished job); a refusal returns as any command's does."""
+        if hard_exit:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+        return code
 
     try:
         cfg, args = config_from_argv(sys.argv[1:] if argv is None else argv)
         if cfg.device == "cuda" and not torch.cuda.is_available():  # before joining the process group
             raise ValueError("--device cuda, but CUDA is not available here (torch.cuda.is_available() is False); "
                              "use --device cpu")
-        # --device without --backend chooses it (cuda: nccl, cpu: gloo); neither: nccl with CUDA, else gloo
-        with distributed(backend=args.backend, device=cfg.device, timeout_s=args.pg_timeout_s) as ctx:
+        maybe_fail("join")  # a test-only hook (repro.cluster.faults); a no-op otherwise
+        # --device without --backend chooses it (cuda: nccl, cpu: gloo); neither: nccl with CUDA, else gloo.
+        # A failure inside ends fast: posted for the peers, the group aborted (repro.cluster.torchrun.distributed)
+        with distributed(backend=args.backend, device=cfg.device, timeout_s=args.pg_timeout_s,
+                         join_timeout_s=args.join_timeout_s) as ctx:
             summary = train_worker(ctx, cfg)
             if ctx.is_main:
                 print(json.dumps({k: v for k, v in summary.items() if k != "epochs"}))
@@ -628,24 +647,26 @@ def main(argv: Sequence[str] | None = None, *, hard_exit: bool = False) -> int:
         _end_progress_lines()
         print("repro: interrupted", file=sys.stderr)
         return 130
-    except (ValueError, FileNotFoundError, DistributedSetupError) as e:
+    except PeerFailedError as e:  # a peer failed: one line naming it; 2 when it refused the configuration
         _end_progress_lines()
-        print(f"repro: error: {str(e).splitlines()[0]}", file=sys.stderr)
-        return 2
-    except (RuntimeError, TimeoutError) as e:  # e.g. a peer that died or stopped: one line per rank, no traceback
+        print(f"repro: error: {_first_line(e)}", file=sys.stderr)
+        return leave(2 if e.config else 1)
+    except (ValueError, FileNotFoundError, RuntimeError, TimeoutError) as e:  # DistributedSetupError is a RuntimeError
         _end_progress_lines()
-        print(f"repro: error: rank {os.environ.get('RANK', '?')}: {type(e).__name__}: "
-              f"{(str(e).splitlines() or [''])[0]}", file=sys.stderr)
-        if hard_exit:  # gloo's threads can hang a failed process's teardown
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(1)
-        return 1
-    if hard_exit:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(0)
-    return 0
+        if report_failure(e):  # failed before joining: the peers, in the roll call, stop at once
+            await_peers()
+        if is_config_error(e):
+            print(f"repro: error: {_first_line(e)}", file=sys.stderr)
+            return 2
+        # e.g. a peer that died or stopped: one line per rank, no traceback
+        print(f"repro: error: rank {os.environ.get('RANK', '?')}: {type(e).__name__}: {_first_line(e)}",
+              file=sys.stderr)
+        return leave(1)
+    return leave(0)
+
+
+def _first_line(e: BaseException) -> str:
+    return (str(e).strip().splitlines() or [type(e).__name__])[0]
 
 
 if __name__ == "__main__":

@@ -396,6 +396,9 @@ def build_parser() -> argparse.ArgumentParser:
                                                "the model's)")
     p.add_argument("--backend", choices=["gloo", "nccl"], help="force a backend (default: nccl with CUDA, else gloo)")
     p.add_argument("--pg-timeout-s", type=float, default=300.0, help="process-group timeout, seconds")
+    p.add_argument("--join-timeout-s", type=float, default=120.0,
+                   help="seconds to wait for every rank to arrive before joining the process group (under torchrun); a "
+                        "rank that fails before joining ends the wait at once")
     return p
 
 
@@ -414,6 +417,8 @@ def config_from_argv(argv: Sequence[str], **overrides: Any) -> tuple[TrainConfig
                          "--backend gloo (or leave it out)")
     if not (isinstance(args.pg_timeout_s, float) and math.isfinite(args.pg_timeout_s) and args.pg_timeout_s > 0):
         raise ValueError(f"--pg-timeout-s must be a finite positive number of seconds, got {args.pg_timeout_s}")
+    if not (isinstance(args.join_timeout_s, float) and math.isfinite(args.join_timeout_s) and args.join_timeout_s > 0):
+        raise ValueError(f"--join-timeout-s must be a finite positive number of seconds, got {args.join_timeout_s}")
     return TrainConfig(**kw), args
 
 

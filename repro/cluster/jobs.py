@@ -4,7 +4,8 @@ Every run is one ``torchrun`` (``python -m torch.distributed.run``) of ``repro.t
 :func:`torchrun_argv` with every flag spelled out, writing its run folder under ``runs_dir`` with the
 grid's run id (rank 0 writes it, so ``runs_dir`` must be one folder every node sees: a shared file system).
 Several nodes meet by c10d rendezvous (``--rdzv-backend c10d --rdzv-endpoint HEAD:PORT --rdzv-id ID``):
-the agents agree on node ranks themselves, so no node needs to know its own.
+the agents agree on node ranks themselves, so no node needs to know its own (and no ``--node-rank`` is
+given: c10d ignores it), and global rank 0 may be on any node.
 
 Launchers (the notebooks' ``launcher`` parameter, :func:`prepare_paper_runs`):
 
@@ -63,7 +64,7 @@ from repro.cluster.grid import (DEFAULT_PRECISION, Grid, RunConfig, clear_failed
                                 mark_failed, run_status, status_table)
 
 __all__ = ["LAUNCHERS", "GridStop", "BadRuns", "run_refusal", "refusal_line", "check_runs", "check_summary",
-           "refuse_bad_runs", "DEFAULT_PORT", "train_argv", "torchrun_argv", "shell_command",
+           "refuse_bad_runs", "DEFAULT_PORT", "train_argv", "torchrun_argv", "shell_command", "quiet_torch_env",
            "write_job_scripts", "launch_local_grid", "emulate_nodes", "submit_slurm", "wait_jobs",
            "local_gpu_count", "prepare_paper_runs", "pending_runs", "SlurmResources", "slurm_resources", "has_servers"]
 
@@ -71,6 +72,8 @@ __all__ = ["LAUNCHERS", "GridStop", "BadRuns", "run_refusal", "refusal_line", "c
 LAUNCHERS = ("", "local", "slurm", "print")
 #: TCP port of the c10d rendezvous on the first node
 DEFAULT_PORT = 29500
+#: seconds :func:`emulate_nodes` leaves the other agents, after one failed, to stop by themselves
+_PEERS_GRACE_S = 15.0
 _SUBMITIT_HINT = "pip install submitit (or pip install 'repro[cluster]')"
 
 
@@ -129,22 +132,25 @@ def train_argv(run: RunConfig, runs_dir: str | Path, *, backend: str = "nccl", d
 
 
 def torchrun_argv(run: RunConfig, runs_dir: str | Path, *, head: str = "$REPRO_HEAD", port: int | str = DEFAULT_PORT,
-                  rdzv_id: str | None = None, node_rank: int | str | None = None, backend: str = "nccl",
-                  device: str = "cuda", python: str | None = None, checkpoint_every_min: float = 0.0) -> list[str]:
-    """The torchrun command of one node of ``run``.
+                  rdzv_id: str | None = None, backend: str = "nccl", device: str = "cuda",
+                  python: str | None = None, checkpoint_every_min: float = 0.0) -> list[str]:
+    """The torchrun command of one node of ``run``: the same command on every node.
 
     One node: ``--standalone`` (a private rendezvous). Several: ``--rdzv-backend c10d --rdzv-endpoint
-    HEAD:PORT --rdzv-id ID`` (``rdzv_id`` defaults to the run id; on SLURM pass the job id), the same
-    command on every node; ``node_rank`` is optional (c10d assigns ranks; give it to pin node 0's
-    ranks to the head). ``head``/``port``/``rdzv_id`` may be shell variables (``$REPRO_HEAD``)."""
+    HEAD:PORT --rdzv-id ID`` (``rdzv_id`` defaults to the run id; on SLURM pass the job id). There is no
+    ``--node-rank``: c10d ignores it (torchrun warns) and the agents rank the nodes themselves, so global
+    rank 0, which writes the run folder, may be on any node, not necessarily ``head`` (which only serves
+    the rendezvous). That is why ``runs_dir`` must be a folder every node sees; and since every rank
+    leaves only after rank 0 has written the run (the shutdown barrier of
+    :func:`repro.cluster.torchrun.shutdown_distributed`), any node whose torchrun exited 0 sees it.
+    ``head``/``port``/``rdzv_id`` may be shell variables (``$REPRO_HEAD``). ``--max-restarts 0``: a failed
+    run is not restarted (its peers stop within seconds, see :mod:`repro.cluster.torchrun`)."""
     cmd = [python or sys.executable, "-m", "torch.distributed.run"]
     if run.nodes == 1:
         cmd += ["--standalone", "--nnodes", "1"]
     else:
         cmd += ["--nnodes", str(run.nodes), "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{head}:{port}",
                 "--rdzv-id", str(rdzv_id or run.run_id)]
-        if node_rank is not None:
-            cmd += ["--node-rank", str(node_rank)]
     cmd += ["--nproc-per-node", str(run.procs_per_node), "--max-restarts", "0"]
     return cmd + train_argv(run, runs_dir, backend=backend, device=device, checkpoint_every_min=checkpoint_every_min)
 
@@ -411,6 +417,8 @@ _SCRIPT = """#!/usr/bin/env bash
 # the ranks checkpoint to $RUNS_DIR/{run_id}.incomplete/ and stop, and the job is requeued; the next
 # start goes on from the checkpoint.
 set -uo pipefail
+# c10d's warnings about a closed store or socket (a node failed) carry pages of C++ frames; WARNING shows them
+export TORCH_CPP_LOG_LEVEL="${{TORCH_CPP_LOG_LEVEL:-ERROR}}"
 RUNS_DIR={runs_dir_q}
 if [ -f "$RUNS_DIR/{run_id}/run.json" ]; then echo "{run_id}: finished already"; exit 0; fi
 {head_check}(trap '' USR1; exec {cmd}) &
@@ -525,9 +533,18 @@ def launch_local_grid(runs: Sequence[RunConfig], runs_dir: str | Path, logs_dir:
     return count_status(status_table(runs, runs_dir))
 
 
+def quiet_torch_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """``env`` (default ``os.environ``) with ``TORCH_CPP_LOG_LEVEL=ERROR`` unless it sets that variable: when a
+    node fails, the other torchrun agents and ranks find the store or a socket closed, and c10d logs each such
+    warning with a page of C++ frames; the ranks' own one-line errors say what happened."""
+    environ = dict(os.environ if env is None else env)
+    environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
+    return environ
+
+
 def _run_logged(argv: Sequence[str], log: Path, timeout_s: float, env: Mapping[str, str] | None = None) -> int:
     with open(log, "wb") as out:
-        proc = subprocess.Popen(list(argv), stdout=out, stderr=subprocess.STDOUT, env=dict(env or os.environ),
+        proc = subprocess.Popen(list(argv), stdout=out, stderr=subprocess.STDOUT, env=quiet_torch_env(env),
                                 start_new_session=True)
         try:
             return proc.wait(timeout=timeout_s)
@@ -562,34 +579,37 @@ def _record(runs_dir: str | Path, run: RunConfig, rc: int, log: Path) -> None:
 def emulate_nodes(run: RunConfig, runs_dir: str | Path, logs_dir: str | Path, *, port: int, backend: str = "gloo",
                   device: str = "cpu", timeout_s: float = 600.0, env: Mapping[str, str] | None = None) -> int:
     """Run ``run`` as ``run.nodes`` torchrun agents on this machine: the multi-node command of
-    :func:`torchrun_argv` with c10d rendezvous on 127.0.0.1:``port`` and ``--node-rank i`` per agent.
+    :func:`torchrun_argv` with c10d rendezvous on 127.0.0.1:``port``, the same command for every agent
+    (the rendezvous ranks them; ``i`` in the log names is the order they were started in, not a node rank).
 
     Refused (:class:`BadRuns`) before any agent starts when ``run`` would be
     refused at start-up on ``backend``/``device``. Returns 0 when every agent succeeded, else the first
-    non-zero exit status; an agent that fails or outlives ``timeout_s`` has its peers ended (none is left
-    behind). Logs: ``<logs_dir>/<run_id>.node<i>.log``."""
+    non-zero exit status; once an agent fails the others have ``_PEERS_GRACE_S`` seconds to stop by
+    themselves (their ranks do within seconds, with one line), then they are ended, as are agents that
+    outlive ``timeout_s`` (none is left behind). Logs: ``<logs_dir>/<run_id>.node<i>.log``. The agents run with ``TORCH_CPP_LOG_LEVEL=ERROR``
+    unless ``env`` sets it (see :func:`quiet_torch_env`)."""
     refuse_bad_runs([run], backend=backend, device=device)
     logs = Path(logs_dir)
-    environ = dict(env or os.environ)
+    environ = quiet_torch_env(env)
+    argv = torchrun_argv(run, runs_dir, head="127.0.0.1", port=port, backend=backend, device=device)
     procs, files = [], []
     try:
         for i in range(run.nodes):
-            argv = torchrun_argv(run, runs_dir, head="127.0.0.1", port=port, node_rank=i, backend=backend,
-                                 device=device)
             out = open(_log_path(logs, run, f".node{i}"), "wb")
             files.append(out)
             procs.append(subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=environ,
                                           start_new_session=True))
         deadline = time.monotonic() + timeout_s
-        rc = 0
+        first_failure = None
         while any(p.poll() is None for p in procs):
             failed = [p.returncode for p in procs if p.returncode not in (None, 0)]
-            if failed or time.monotonic() > deadline:
-                rc = failed[0] if failed else 124
-                break
+            if failed and first_failure is None:  # the peers stop by themselves within seconds: let them say why
+                first_failure = failed[0]
+                deadline = min(deadline, time.monotonic() + _PEERS_GRACE_S)
+            if time.monotonic() > deadline:
+                return first_failure or 124
             time.sleep(0.2)
-        rc = rc or next((p.returncode for p in procs if p.returncode), 0)
-        return rc
+        return first_failure or next((p.returncode for p in procs if p.returncode), 0)
     finally:
         for p in procs:
             _kill(p)
@@ -672,7 +692,8 @@ class _NodeJob:
 
 def _node_main(task: _NodeTask) -> int:
     """One node of one run, inside a submitit job: torchrun with c10d rendezvous at the allocation's
-    first host, the job id as the rendezvous id; the node that fails marks the run failed.
+    first host, the job id as the rendezvous id; the node that fails marks the run failed, SLURM's node 0
+    records the outcome (global rank 0 may be on another node: the run folder is on a shared one).
 
     torchrun ignores SIGUSR1 and its ranks catch it (:mod:`repro.train_checkpoint`). On the first task
     submitit's handler calls :meth:`_NodeJob.checkpoint`; on the others (which submitit would just end)
@@ -688,14 +709,13 @@ def _node_main(task: _NodeTask) -> int:
     # two array tasks may share a head node: offset the rendezvous port by the job id (same on every node)
     port = task.port + int(re.sub(r"\D", "", str(job.job_id)) or 0) % 1000
     argv = torchrun_argv(task.run, task.runs_dir, head=head, port=port, rdzv_id=str(job.job_id),
-                         node_rank=job.node, backend=task.backend, device=task.device,
-                         checkpoint_every_min=task.checkpoint_every_min)
+                         backend=task.backend, device=task.device, checkpoint_every_min=task.checkpoint_every_min)
     log = _log_path(Path(task.logs_dir), task.run, f".node{job.node}")
     if job.node != 0 and threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGUSR1, lambda *_: _forward_usr1())
     with open(log, "wb") as out:
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-                                preexec_fn=_ignore_usr1)
+                                preexec_fn=_ignore_usr1, env=quiet_torch_env())
         ended = threading.Event()
         _AGENT.update(proc=proc, ended=ended, stopping=False)
         threading.Thread(target=lambda: (proc.wait(), ended.set()), daemon=True).start()
