@@ -239,7 +239,9 @@ def test_a_rank_that_never_arrives_ends_the_wait_at_the_join_timeout(tmp_path):
     rank's agent is ended here (nothing can reach a hung process)."""
     codes, logs, _ = _agents(tmp_path, "1:join:hang", ["--pg-timeout-s", "120", "--join-timeout-s", "5"],
                              grace_s=3.0)
-    assert sorted(codes, key=str) == [1, None], logs  # the waiting agent exited, the hung one was ended
+    # the waiting agent exited; the hung one was ended here, or ended itself when the rendezvous store it
+    # talks to (kept by the first agent) went away with that agent (seen on a loaded machine)
+    assert sorted(codes, key=str) in ([1, None], [1, 1]), logs
     lines = [line for log in logs for line in _errors(log)]
     assert lines == ["repro: error: rank 0: rank(s) 1 of 2 did not join within 5 s (not started, hung, or died "
                      "before joining: see their logs); stopping"], logs

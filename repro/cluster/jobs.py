@@ -73,7 +73,7 @@ LAUNCHERS = ("", "local", "slurm", "print")
 #: TCP port of the c10d rendezvous on the first node
 DEFAULT_PORT = 29500
 #: seconds :func:`emulate_nodes` leaves the other agents, after one failed, to stop by themselves
-_PEERS_GRACE_S = 15.0
+_PEERS_GRACE_S = 30.0
 _SUBMITIT_HINT = "pip install submitit (or pip install 'repro[cluster]')"
 
 
