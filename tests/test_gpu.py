@@ -428,3 +428,61 @@ def test_event_paths_on_nccl_equal_local_sgd(nccl, kind):
     start = "start_s" if kind == "bytescheduler" else "launch_s"
     for row in out["rows"]:  # every message of the last step completed after it was launched
         assert row[start] <= row["end_s"], row
+
+
+def timeline_behind_busy_device(device: torch.device, busy_s: float = 0.05) -> dict:
+    """The all-reduce and sparse executors' timelines when the device is ``busy_s`` seconds behind the
+    host: a ``torch.cuda._sleep`` queued before the backward, so every collective runs long after the
+    host issued it. Returns, per executor, the bucket's launch and end (device times on NCCL,
+    :class:`~repro.runtime.clock.CollectiveEnds`) and the host's time when it issued the step, all
+    relative to the step start (seconds)."""
+    from repro.plan import Plan
+    from repro.runtime.allreduce import AllReduceExecutor
+    from repro.runtime.executor import ExecutorOptions
+    from repro.runtime.sparse import SparseExecutor
+
+    out = {}
+    for kind in ("allreduce", "sparse"):
+        torch.manual_seed(0)
+        model = MLP().to(device)
+        layers = list(LAYERS)[::-1]
+        opts = ExecutorOptions(view="module", record_timeline=True)
+        if kind == "allreduce":
+            plan = Plan.from_dict({"solver": "syncea", "buckets": [layers]})
+            ex = AllReduceExecutor(model, plan, opts, engine="hooks")
+        else:
+            plan = Plan.from_dict({"family": "sparse", "solver": "t", "options": {"density": 1.0},
+                                   "buckets": [{"layers": layers, "messages": [
+                                       {"collective": "sparse_allgather", "phase": "backward"}]}]})
+            ex = SparseExecutor(model, plan, opts)
+        opt = ex.wrap_optimizer(torch.optim.SGD(model.parameters(), lr=0.01))
+        x, y = _batches(device, 1)[0]
+        for _ in range(2):
+            opt.zero_grad()
+            _sync(device)
+            t0 = time.perf_counter()
+            ex.before_forward()
+            loss = nn.functional.cross_entropy(ex.module(x), y)
+            torch.cuda._sleep(int(busy_s * 1.9e9))  # ~busy_s of device time before the backward's kernels
+            loss.backward()
+            ex.after_backward()
+            opt.step()
+            issued = time.perf_counter() - t0
+            _sync(device)
+        ex.settle_timings()
+        t = ex.timings[0]
+        out[kind] = {"launch_s": t.launch_s - t0, "end_s": t.end_s - t0, "issued_s": issued,
+                     "step_s": time.perf_counter() - t0}
+        ex.remove()
+    return out
+
+
+@pytest.mark.distributed
+def test_timelines_on_nccl_are_the_devices_times(nccl):
+    """Issue 32, items 3-4: on NCCL a collective's future completes at enqueue; the timeline's end must
+    be when the device finished it, after the queued sleep, not when the host issued it."""
+    if os.environ.get("TORCH_CUDA_SANITIZER"):
+        pytest.skip("device timings are not the device's under TORCH_CUDA_SANITIZER")
+    out = timeline_behind_busy_device(CUDA)
+    for kind, r in out.items():  # the device reached the bucket after the ~50 ms sleep; the host long before
+        assert 0.03 < r["launch_s"] <= r["end_s"] <= r["step_s"] + 1e-3, (kind, r)
