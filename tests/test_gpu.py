@@ -489,4 +489,6 @@ def test_timelines_on_nccl_are_the_devices_times(nccl):
     # launch 48.70 ms, end 48.61 ms for a world-1 all-reduce that takes microseconds)
     for kind, r in out.items():
         assert 0.03 < r["launch_s"] <= r["end_s"] + 1e-3 and r["end_s"] <= r["step_s"] + 1e-3, (kind, r)
-        assert r["end_s"] - r["issued_s"] > 0.02, (kind, r)  # not the host's enqueue
+    # the all-reduce executor's host ran ahead (issued the step in 2.5 ms on an H200), so its stamps are not
+    # host times; the sparse family's host waits for the device somewhere in its step (51 ms there)
+    assert out["allreduce"]["issued_s"] < 0.02, out
