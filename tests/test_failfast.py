@@ -227,7 +227,11 @@ def test_a_refused_configuration_on_one_rank_exits_2_on_every_rank(tmp_path):
     assert lines == ["repro: error: fault injected by REPRO_INJECT_FAULT on rank 0 at join",
                      "repro: error: rank 1: peer rank 0 refused the configuration (see its log: ValueError: fault "
                      "injected by REPRO_INJECT_FAULT on rank 0 at join); stopping"], logs
-    assert sorted(s for log in logs for s in _worker_status(log)) == [2, 2], logs
+    # each agent reports its rank's status in a table, unless the agent that kept the rendezvous store has
+    # gone first and torchrun's other agent ends on the lost store instead (seen under load): every table
+    # that was printed says 2
+    statuses = [s for log in logs for s in _worker_status(log)]
+    assert statuses and set(statuses) == {2}, logs
     assert not any("frame #" in log for log in logs), logs
 
 
