@@ -15,6 +15,11 @@ goes through :func:`check_output` (before any work) and :func:`write_output` / :
 * a folder, a block device, a socket, a path below a file, a missing folder or a place this process
   may not write: refused with :class:`OutputPathError`, one line naming the path.
 
+A file written over a regular file keeps that file's permission bits and, where this process may set
+them (root, or a group the user is in), its owner and group; a new file gets ``0666`` less the umask,
+as a shell redirection would create it. A read-only file (``0444``) is refused unless this process may
+write it anyway (root, whom a shell redirection lets write it too); then the new content keeps ``0444``.
+
 The temporary name is short (``.repro-<8 hex>.tmp`` plus the suffix), so any name the file system
 accepts as an output is accepted here.
 """
@@ -144,6 +149,43 @@ def _temp_name(real: Path) -> Path:
     return real.parent / f".repro-{uuid.uuid4().hex[:8]}.tmp{real.suffix[:16]}"
 
 
+def _umask() -> int:
+    """This process's umask, read without changing it where Linux says it (``/proc/self/status``)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)  # elsewhere: set and put back (not thread-safe, but only where /proc lacks it)
+    os.umask(mask)
+    return mask
+
+
+def _take_over_metadata(tmp: Path, real: Path) -> None:
+    """Give ``tmp`` what the file it is about to replace has: its permission bits and, where this process
+    may set them, its owner and group; a new file gets ``0666`` less the umask, whatever mode the writer
+    (or ``mkstemp``'s ``0600``) gave the temporary file."""
+    try:
+        old = os.stat(real)
+    except FileNotFoundError:
+        old = None
+    if old is None or not stat.S_ISREG(old.st_mode):
+        os.chmod(tmp, 0o666 & ~_umask())
+        return
+    mine = os.stat(tmp)
+    if (mine.st_uid, mine.st_gid) != (old.st_uid, old.st_gid):
+        try:  # before chmod: a change of owner clears the set-user-ID and set-group-ID bits
+            os.chown(tmp, old.st_uid, old.st_gid)
+        except PermissionError:
+            try:  # not root: the group may still be one of this user's
+                os.chown(tmp, -1, old.st_gid)
+            except PermissionError:
+                pass
+    os.chmod(tmp, stat.S_IMODE(old.st_mode))
+
+
 @contextmanager
 def output_file(path: str | os.PathLike) -> Iterator[Path]:
     """A temporary path to write the output into; on a clean exit it becomes ``path`` by the rules of
@@ -169,6 +211,7 @@ def output_file(path: str | os.PathLike) -> Iterator[Path]:
             _write_into(real, shown, tmp.read_bytes())
         else:
             try:
+                _take_over_metadata(tmp, real)
                 os.replace(tmp, real)
             except OSError as e:
                 raise OutputPathError(f"output {shown} cannot be written: {_why(e)}") from None

@@ -145,3 +145,62 @@ def test_failed_writer_leaves_the_old_file_and_no_temporary(tmp_path):
 def test_check_output_writes_nothing(tmp_path):
     check_output(tmp_path / "out.json")
     assert list(tmp_path.iterdir()) == []
+
+
+# --- issue 33: an output keeps the mode of the file it replaces; a path ending in / names a folder; the
+# output path of the measuring commands is checked before any measurement
+
+@pytest.mark.parametrize("mode", [0o600, 0o640, 0o755])
+def test_output_over_a_file_keeps_its_mode(tmp_path, mode):
+    p = tmp_path / "plan.json"
+    p.write_text("old")
+    os.chmod(p, mode)
+    assert main([*PLAN_ARGS, "-o", str(p)]) == 0
+    assert '"solver": "mgwfbp"' in p.read_text()
+    assert stat.S_IMODE(p.stat().st_mode) == mode
+
+
+def test_output_through_a_link_keeps_the_targets_mode(tmp_path):
+    target = tmp_path / "real.json"
+    target.write_text("old")
+    os.chmod(target, 0o600)
+    (tmp_path / "link.json").symlink_to(target.name)
+    write_output(tmp_path / "link.json", "new")
+    assert target.read_text() == "new" and stat.S_IMODE(target.stat().st_mode) == 0o600
+
+
+def test_read_only_output_file(tmp_path, capsys):
+    """A 0444 file: refused like a shell redirection refuses it; root (whom the shell lets write it) gets the
+    new content with the mode kept, 0444, never a world-writable or 0644 file."""
+    p = tmp_path / "plan.json"
+    p.write_text("old")
+    os.chmod(p, 0o444)
+    rc = main([*PLAN_ARGS, "-o", str(p)])
+    if os.geteuid() == 0:
+        assert rc == 0 and '"solver": "mgwfbp"' in p.read_text()
+    else:
+        assert rc == 2 and "read-only" in capsys.readouterr().err and p.read_text() == "old"
+    assert stat.S_IMODE(p.stat().st_mode) == 0o444
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="giving a file to another owner needs root")
+def test_output_over_a_file_keeps_its_owner_and_group(tmp_path):
+    p = tmp_path / "plan.json"
+    p.write_text("old")
+    os.chown(p, 12345, 23456)
+    write_output(p, "new")
+    st = p.stat()
+    assert (st.st_uid, st.st_gid) == (12345, 23456) and p.read_text() == "new"
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o077, 0o002])
+def test_new_output_file_gets_the_umask_mode(tmp_path, umask):
+    old = os.umask(umask)
+    try:
+        write_output(tmp_path / "a.json", "x")
+        with output_file(tmp_path / "b.csv") as tmp:
+            tmp.write_text("x")
+    finally:
+        os.umask(old)
+    for name in ("a.json", "b.csv"):
+        assert stat.S_IMODE((tmp_path / name).stat().st_mode) == 0o666 & ~umask
