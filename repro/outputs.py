@@ -15,6 +15,11 @@ goes through :func:`check_output` (before any work) and :func:`write_output` / :
 * a folder, a block device, a socket, a path below a file, a missing folder or a place this process
   may not write: refused with :class:`OutputPathError`, one line naming the path.
 
+A path given as text that ends in a separator (``-o newdir/``) names a folder, as it does to the shell
+and the kernel; no command here has a file name to put inside one, so it is refused (``newdir/ names a
+folder that does not exist``; an existing folder: ``is a folder``; ``file.json/``: ``names a folder, but
+file.json is a file``) instead of becoming a file called ``newdir``.
+
 A file written over a regular file keeps that file's permission bits and, where this process may set
 them (root, or a group the user is in), its owner and group; a new file gets ``0666`` less the umask,
 as a shell redirection would create it. A read-only file (``0444``) is refused unless this process may
@@ -88,13 +93,19 @@ def check_output(path: str | os.PathLike) -> Path:
     return the path that will be written (links followed). Writes nothing (the folder's
     writability is checked with :func:`os.access`, so not even a probe file appears)."""
     shown = Path(path)
-    if str(path) == "":
+    text = os.fsdecode(os.fspath(path))
+    if text == "":
         raise OutputPathError("output path is empty; give a file name")
     real = resolve_output(path)
     kind = _kind(real)
     via = f" (a link to {real})" if real != shown else ""
     if kind == "dir":
-        raise OutputPathError(f"output {shown}{via} is a folder; give a file name")
+        raise OutputPathError(f"output {text}{via} is a folder; give a file name")
+    if text.endswith(tuple(s for s in (os.sep, os.altsep) if s)):  # Path() drops the separator: look first
+        if kind in ("missing", "below-file"):
+            raise OutputPathError(f"output {text} names a folder that does not exist; give a file name")
+        raise OutputPathError(f"output {text} names a folder, but {shown} is a file; give a file name "
+                              "without the trailing separator")
     if kind == "other":
         raise OutputPathError(f"output {shown}{via} is a block device or socket; refusing to write there")
     if kind in ("fifo", "chardev"):

@@ -204,3 +204,59 @@ def test_new_output_file_gets_the_umask_mode(tmp_path, umask):
         os.umask(old)
     for name in ("a.json", "b.csv"):
         assert stat.S_IMODE((tmp_path / name).stat().st_mode) == 0o666 & ~umask
+
+
+OUTPUT_COMMANDS = {  # every command with -o/--output, with the least that makes it run
+    "plan": PLAN_ARGS[1:],
+    "simulate": ["--trace", "resnet50_b64_v100-estimate", "--plan", "PLAN", "--network", "10gbe-v100",
+                 "--workers", "16"],
+    "compare": ["--trace", "resnet50_b64_v100-estimate", "--network", "10gbe-v100", "--workers", "16"],
+    "cost fit": ["MEASUREMENTS"],
+    "cost cluster": ["--gpus-per-node", "8", "--inter-link", "25gbit"],
+    "profile": ["--model", "tiny_vgg", "--batch-size", "2"],
+    "calibrate": ["--nproc", "2"],
+}
+
+
+def test_every_output_option_is_covered():
+    from repro.cli import build_parser
+
+    sub = next(a for a in build_parser()._actions if a.choices and "plan" in a.choices)
+    found = set()
+    for name, p in sub.choices.items():
+        nested = [a for a in p._actions if a.choices and isinstance(a.choices, dict)]
+        for q_name, q in ((f"{name} {n}", q) for a in nested for n, q in a.choices.items()) if nested else [(name, p)]:
+            if any("-o" in a.option_strings for a in q._actions):
+                found.add(q_name)
+    assert found == set(OUTPUT_COMMANDS)
+
+
+@pytest.mark.parametrize("command", sorted(OUTPUT_COMMANDS))
+def test_output_ending_in_a_slash_names_a_folder(tmp_path, capsys, monkeypatch, command):
+    """``-o newdir/`` for a missing folder is refused in one line (no command has a default file name to
+    put inside it); ``-o file.json/`` too; nothing is written."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "f.json").write_text("old")
+
+    def measured(*_a, **_k):
+        raise AssertionError("measured before checking the output path")
+
+    monkeypatch.setattr("repro.workload.profile.profile_model", measured)
+    monkeypatch.setattr("repro.cli._launch", measured)
+    args = [a.replace("PLAN", str(tmp_path / "f.json")).replace("MEASUREMENTS", str(tmp_path / "f.json"))
+            for a in OUTPUT_COMMANDS[command]]
+    for out, words in (("newdir/", "newdir/ names a folder that does not exist"),
+                       ("f.json/", "f.json/ names a folder, but f.json is a file")):
+        assert main([*command.split(), *args, "-o", out]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and words in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["f.json"]
+    assert (tmp_path / "f.json").read_text() == "old"
+
+
+def test_output_ending_in_a_slash_for_an_existing_folder(tmp_path):
+    with pytest.raises(OutputPathError, match="is a folder"):
+        write_output(f"{tmp_path}/", "x")
+    with pytest.raises(OutputPathError, match="names a folder that does not exist"):
+        write_output(f"{tmp_path}/new/", "x")
+    assert list(tmp_path.iterdir()) == []
