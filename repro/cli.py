@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Sequence
 
 from repro._help import DefaultsHelpFormatter
-from repro.outputs import OutputPathError, check_output, write_output
+from repro.outputs import OutputPathError, check_output, release_outputs, write_output
 from repro.cost import CostModel, CostModelError
 from repro.presets import PRESETS, preset, preset_names, preset_workers
 from repro.plan import WIRE_DTYPE_BYTES, Plan, PlanError
@@ -984,6 +984,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"repro: error: {type(e).__name__}: {_first_line(e)} (an internal error; please report it)",
               file=sys.stderr)
         return 2
+    finally:
+        release_outputs()  # a FIFO checked at the start but never written: its reader sees the end of file
     return 0
 
 

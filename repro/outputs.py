@@ -25,6 +25,11 @@ them (root, or a group the user is in), its owner and group; a new file gets ``0
 as a shell redirection would create it. A read-only file (``0444``) is refused unless this process may
 write it anyway (root, whom a shell redirection lets write it too); then the new content keeps ``0444``.
 
+A FIFO is opened for writing when it is checked, before any work, and held open until the content is
+written (:func:`release_outputs` closes what a command that ends without writing still holds): a FIFO
+with no reader is refused at once, and a reader that came first sees no end of file until the whole
+content is there.
+
 The temporary name is short (``.repro-<8 hex>.tmp`` plus the suffix), so any name the file system
 accepts as an output is accepted here.
 """
@@ -41,9 +46,12 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 __all__ = ["OutputPathError", "InputPathError", "check_output", "write_output", "output_file", "resolve_output",
-           "read_input"]
+           "read_input", "release_outputs"]
 
 _MAX_LINKS = 40  # as the kernel's own limit on symbolic links in one lookup
+
+# FIFOs that check_output opened for writing, by (st_dev, st_ino): written into and closed at the end
+_held_fifos: dict[tuple[int, int], int] = {}
 
 
 class OutputPathError(ValueError):
@@ -111,6 +119,8 @@ def check_output(path: str | os.PathLike) -> Path:
     if kind in ("fifo", "chardev"):
         if not os.access(real, os.W_OK):
             raise OutputPathError(f"output {shown}{via} cannot be written: permission denied")
+        if kind == "fifo":
+            _hold_fifo(real, shown)
         return real
     parent = real.parent if str(real.parent) else Path(".")
     for up in (parent, *parent.parents):
@@ -127,18 +137,41 @@ def check_output(path: str | os.PathLike) -> Path:
     return real
 
 
+def _fifo_key(real: Path) -> tuple[int, int]:
+    st = os.stat(real)
+    return st.st_dev, st.st_ino
+
+
+def _hold_fifo(real: Path, shown: Path) -> None:
+    """Open the FIFO ``real`` for writing now (once) and keep it open until :func:`_write_into`: refused at
+    once when no process reads it, and a reader sees no end of file while the work runs."""
+    key = _fifo_key(real)
+    if key in _held_fifos:
+        return
+    try:  # with no reader, opening would block forever: ask without blocking
+        fd = os.open(real, os.O_WRONLY | getattr(os, "O_NOCTTY", 0) | os.O_NONBLOCK)
+    except OSError as e:
+        if e.errno == errno.ENXIO:
+            raise OutputPathError(f"output {shown} is a FIFO with no process reading it; start the reader "
+                                  "first") from None
+        raise OutputPathError(f"output {shown} cannot be written: {_why(e)}") from None
+    os.set_blocking(fd, True)
+    _held_fifos[key] = fd
+
+
+def release_outputs() -> None:
+    """Close the FIFOs :func:`check_output` holds open for a write that is not coming (the command failed
+    after the check); their readers see the end of file."""
+    while _held_fifos:
+        os.close(_held_fifos.popitem()[1])
+
+
 def _write_into(real: Path, shown: Path, data: bytes) -> None:
     """Write ``data`` into a FIFO or character device, never replacing it."""
     flags = os.O_WRONLY | getattr(os, "O_NOCTTY", 0)
     if _kind(real) == "fifo":
-        try:  # with no reader, opening would block forever: ask without blocking first
-            fd = os.open(real, flags | os.O_NONBLOCK)
-        except OSError as e:
-            if e.errno == errno.ENXIO:
-                raise OutputPathError(f"output {shown} is a FIFO with no process reading it; start the reader "
-                                      "first") from None
-            raise OutputPathError(f"output {shown} cannot be written: {_why(e)}") from None
-        os.set_blocking(fd, True)
+        _hold_fifo(real, shown)
+        fd = _held_fifos.pop(_fifo_key(real))
     else:
         try:
             fd = os.open(real, flags)

@@ -260,3 +260,43 @@ def test_output_ending_in_a_slash_for_an_existing_folder(tmp_path):
     with pytest.raises(OutputPathError, match="names a folder that does not exist"):
         write_output(f"{tmp_path}/new/", "x")
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("command", ["calibrate", "profile"])
+def test_fifo_without_reader_is_refused_before_measuring(tmp_path, capsys, monkeypatch, command):
+    import time
+
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+
+    def measured(*_a, **_k):
+        raise AssertionError("measured before checking the output path")
+
+    monkeypatch.setattr("repro.workload.profile.profile_model", measured)
+    monkeypatch.setattr("repro.runtime.calibrate.fit_on_ranks", measured)
+    monkeypatch.setattr("repro.cli._launch", measured)
+    t0 = time.perf_counter()
+    rc = main([command, *OUTPUT_COMMANDS[command], "-o", str(fifo)])
+    took = time.perf_counter() - t0
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1 and "FIFO with no process reading it" in err, err
+    assert took < 5, took
+    assert stat.S_ISFIFO(fifo.lstat().st_mode)
+
+
+def test_fifo_checked_early_still_gets_the_whole_content(tmp_path):
+    """The check holds the FIFO open from the start, so a reader that came first sees no early end of file
+    and gets everything written at the end."""
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    got: list[bytes] = []
+    t = _read_fifo(fifo, got)
+    _wait_for_reader(t)
+    check_output(fifo)
+    import time
+
+    time.sleep(0.3)  # the measurement
+    assert t.is_alive()  # no end of file yet
+    write_output(fifo, "whole")
+    t.join(10)
+    assert got == [b"whole"]
