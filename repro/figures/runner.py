@@ -23,9 +23,10 @@
 Every option is checked before anything is deleted; ``--out`` must be a writable folder (or one that
 can be created), and a lock file (``<out>/.repro-figures.lock``) refuses a second runner into the same
 folder. Ctrl-C ends a run with one line, ``repro.figures: interrupted``, and status 130: the notebook's
-kernel is killed, not asked to shut down (see :func:`_engine`). ``index`` rebuilds only the gallery; ``list`` prints the manifest. Status words are the same
-everywhere: ``done`` and ``planned`` in the manifest; ``done``, ``planned``, ``failed`` and ``missing``
-in the runner's lines and the gallery (see :data:`repro.figures.gallery.STATES`).
+kernel is killed, not asked to shut down (see :func:`_engine`). ``index`` rebuilds only the gallery;
+``list`` prints the manifest. Status words are the same everywhere: ``done`` and ``planned`` in the
+manifest; ``done``, ``planned``, ``failed`` and ``missing`` in the runner's lines and the gallery (see
+:data:`repro.figures.gallery.STATES`).
 """
 
 from __future__ import annotations
