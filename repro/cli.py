@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Sequence
 
 from repro._help import DefaultsHelpFormatter
-from repro.outputs import OutputPathError, check_output, write_output
+from repro.outputs import OutputPathError, check_output, release_outputs, write_output
 from repro.cost import CostModel, CostModelError
 from repro.presets import PRESETS, preset, preset_names, preset_workers
 from repro.plan import WIRE_DTYPE_BYTES, Plan, PlanError
@@ -77,7 +77,13 @@ def _add_cost_flags(p: argparse.ArgumentParser) -> None:
                                                         "A100, H100, P102)")
 
 
-def _check_output(path: Path | None) -> None:
+def _output_arg(text: str) -> str:
+    """``-o``'s value as typed: kept as text, not a Path, since Path("newdir/") drops the trailing
+    separator that says the user named a folder (refused by :func:`repro.outputs.check_output`)."""
+    return text
+
+
+def _check_output(path: str | Path | None) -> None:
     """Refuse, before any work, an output path that cannot be written without harm (see
     :mod:`repro.outputs`: a folder, a path under a file, a missing folder, an unwritable place, a block
     device or socket; a FIFO or character device is written into, a link's target is written)."""
@@ -89,7 +95,7 @@ def _check_output(path: Path | None) -> None:
         raise UsageError(str(e)) from None
 
 
-def _write_atomically(path: Path, text: str) -> None:
+def _write_atomically(path: str | Path, text: str) -> None:
     try:
         write_output(path, text)
     except OutputPathError as e:
@@ -180,7 +186,7 @@ def _cost_from_args(args: argparse.Namespace, trace=None) -> CostModel:
     return cost
 
 
-def _emit(obj: object, out: Path | None) -> None:
+def _emit(obj: object, out: str | Path | None) -> None:
     try:
         text = json.dumps(obj, indent=1, allow_nan=False)
     except ValueError:
@@ -778,7 +784,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "the parameters' own precision")
     p.add_argument("--warmup", type=int, default=3, help="untimed iterations first (at most 1000)")
     p.add_argument("--iters", type=int, default=10, help="timed iterations (per-layer medians; at most 10000)")
-    p.add_argument("-o", "--output", type=Path, required=True, help="trace JSON file to write")
+    p.add_argument("-o", "--output", type=_output_arg, required=True, help="trace JSON file to write")
     p.set_defaults(func=cmd_profile)
 
     from repro.planners import planner_names
@@ -807,7 +813,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--importance", choices=["position", "magnitude"], help="osp*: which layers go to stage 1 first "
                    "(magnitude needs a trace measured in a run; planner default position)")
     p.add_argument("--no-lgp", action="store_true", help="osp*: no local-gradient correction of stale parameters")
-    p.add_argument("-o", "--output", type=Path, help="write the plan here instead of stdout")
+    p.add_argument("-o", "--output", type=_output_arg, help="write the plan here instead of stdout")
     _add_cost_flags(p)
     p.set_defaults(func=cmd_plan)
 
@@ -817,7 +823,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--trace", required=True, help="trace JSON file or shipped trace name")
     p.add_argument("--plan", required=True, type=Path, help="plan JSON file (from `repro plan`)")
     p.add_argument("--no-ops", action="store_true", help="omit the timeline")
-    p.add_argument("-o", "--output", type=Path, help="write the result here instead of stdout")
+    p.add_argument("-o", "--output", type=_output_arg, help="write the result here instead of stdout")
     _add_cost_flags(p)
     p.set_defaults(func=cmd_simulate)
 
@@ -837,7 +843,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--time-budget-s", type=float, default=10.0,
                    help="exact planners (dear_optimal, omgs_optimal): seconds each may search before returning "
                         "its best plan with a proven gap")
-    p.add_argument("-o", "--output", type=Path, help="write the result here instead of stdout")
+    p.add_argument("-o", "--output", type=_output_arg, help="write the result here instead of stdout")
     _add_cost_flags(p)
     p.set_defaults(func=cmd_compare)
 
@@ -856,7 +862,7 @@ def build_parser() -> argparse.ArgumentParser:
                                         "the CostModel JSON.")
     f.add_argument("measurements", type=Path, help="the CSV file")
     f.add_argument("--workers", type=int, help="fit the rows of this P (needed when the file has several)")
-    f.add_argument("-o", "--output", type=Path, help="write the cost file here instead of stdout")
+    f.add_argument("-o", "--output", type=_output_arg, help="write the cost file here instead of stdout")
     f.set_defaults(func=cmd_cost_fit)
     c = cost_sub.add_parser("cluster", help="write a cluster file: a cost model for any P (links, node size)",
                             description="Write a cluster file (JSON, schema repro.cluster, version 1): the node size, "
@@ -877,7 +883,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--topk-device", metavar="GPU", help="top-k gamma of this GPU from the device table (K80, P100, "
                                                         "V100, A100, H100, P102)")
     c.add_argument("--name", help="a name for the cluster, recorded in the file and its cost models")
-    c.add_argument("-o", "--output", type=Path, help="write the cluster file here instead of stdout")
+    c.add_argument("-o", "--output", type=_output_arg, help="write the cluster file here instead of stdout")
     c.set_defaults(func=cmd_cost_cluster)
 
     sub.add_parser("train", help="train one model with one scheduler, per rank (under torchrun); "
@@ -912,7 +918,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-bytes", type=int, default=16 * 2**20, help="largest message, bytes (>= 4 x --min-bytes)")
     p.add_argument("--sizes", type=int, default=8, help="number of message sizes, geometric (2-64)")
     p.add_argument("--repeats", type=int, default=5, help="timings per size (1-1000); the median counts")
-    p.add_argument("-o", "--output", type=Path, help="write the CostModel JSON here instead of stdout")
+    p.add_argument("-o", "--output", type=_output_arg, help="write the CostModel JSON here instead of stdout")
     p.set_defaults(func=cmd_calibrate)
 
     listings = [
@@ -978,6 +984,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"repro: error: {type(e).__name__}: {_first_line(e)} (an internal error; please report it)",
               file=sys.stderr)
         return 2
+    finally:
+        release_outputs()  # a FIFO checked at the start but never written: its reader sees the end of file
     return 0
 
 

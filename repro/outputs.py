@@ -15,6 +15,21 @@ goes through :func:`check_output` (before any work) and :func:`write_output` / :
 * a folder, a block device, a socket, a path below a file, a missing folder or a place this process
   may not write: refused with :class:`OutputPathError`, one line naming the path.
 
+A path given as text that ends in a separator (``-o newdir/``) names a folder, as it does to the shell
+and the kernel; no command here has a file name to put inside one, so it is refused (``newdir/ names a
+folder that does not exist``; an existing folder: ``is a folder``; ``file.json/``: ``names a folder, but
+file.json is a file``) instead of becoming a file called ``newdir``.
+
+A file written over a regular file keeps that file's permission bits and, where this process may set
+them (root, or a group the user is in), its owner and group; a new file gets ``0666`` less the umask,
+as a shell redirection would create it. A read-only file (``0444``) is refused unless this process may
+write it anyway (root, whom a shell redirection lets write it too); then the new content keeps ``0444``.
+
+A FIFO is opened for writing when it is checked, before any work, and held open until the content is
+written (:func:`release_outputs` closes what a command that ends without writing still holds): a FIFO
+with no reader is refused at once, and a reader that came first sees no end of file until the whole
+content is there.
+
 The temporary name is short (``.repro-<8 hex>.tmp`` plus the suffix), so any name the file system
 accepts as an output is accepted here.
 """
@@ -31,9 +46,12 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 __all__ = ["OutputPathError", "InputPathError", "check_output", "write_output", "output_file", "resolve_output",
-           "read_input"]
+           "read_input", "release_outputs"]
 
 _MAX_LINKS = 40  # as the kernel's own limit on symbolic links in one lookup
+
+# FIFOs that check_output opened for writing, by (st_dev, st_ino): written into and closed at the end
+_held_fifos: dict[tuple[int, int], int] = {}
 
 
 class OutputPathError(ValueError):
@@ -83,18 +101,26 @@ def check_output(path: str | os.PathLike) -> Path:
     return the path that will be written (links followed). Writes nothing (the folder's
     writability is checked with :func:`os.access`, so not even a probe file appears)."""
     shown = Path(path)
-    if str(path) == "":
+    text = os.fsdecode(os.fspath(path))
+    if text == "":
         raise OutputPathError("output path is empty; give a file name")
     real = resolve_output(path)
     kind = _kind(real)
     via = f" (a link to {real})" if real != shown else ""
     if kind == "dir":
-        raise OutputPathError(f"output {shown}{via} is a folder; give a file name")
+        raise OutputPathError(f"output {text}{via} is a folder; give a file name")
+    if text.endswith(tuple(s for s in (os.sep, os.altsep) if s)):  # Path() drops the separator: look first
+        if kind in ("missing", "below-file"):
+            raise OutputPathError(f"output {text} names a folder that does not exist; give a file name")
+        raise OutputPathError(f"output {text} names a folder, but {shown} is a file; give a file name "
+                              "without the trailing separator")
     if kind == "other":
         raise OutputPathError(f"output {shown}{via} is a block device or socket; refusing to write there")
     if kind in ("fifo", "chardev"):
         if not os.access(real, os.W_OK):
             raise OutputPathError(f"output {shown}{via} cannot be written: permission denied")
+        if kind == "fifo":
+            _hold_fifo(real, shown)
         return real
     parent = real.parent if str(real.parent) else Path(".")
     for up in (parent, *parent.parents):
@@ -111,18 +137,41 @@ def check_output(path: str | os.PathLike) -> Path:
     return real
 
 
+def _fifo_key(real: Path) -> tuple[int, int]:
+    st = os.stat(real)
+    return st.st_dev, st.st_ino
+
+
+def _hold_fifo(real: Path, shown: Path) -> None:
+    """Open the FIFO ``real`` for writing now (once) and keep it open until :func:`_write_into`: refused at
+    once when no process reads it, and a reader sees no end of file while the work runs."""
+    key = _fifo_key(real)
+    if key in _held_fifos:
+        return
+    try:  # with no reader, opening would block forever: ask without blocking
+        fd = os.open(real, os.O_WRONLY | getattr(os, "O_NOCTTY", 0) | os.O_NONBLOCK)
+    except OSError as e:
+        if e.errno == errno.ENXIO:
+            raise OutputPathError(f"output {shown} is a FIFO with no process reading it; start the reader "
+                                  "first") from None
+        raise OutputPathError(f"output {shown} cannot be written: {_why(e)}") from None
+    os.set_blocking(fd, True)
+    _held_fifos[key] = fd
+
+
+def release_outputs() -> None:
+    """Close the FIFOs :func:`check_output` holds open for a write that is not coming (the command failed
+    after the check); their readers see the end of file."""
+    while _held_fifos:
+        os.close(_held_fifos.popitem()[1])
+
+
 def _write_into(real: Path, shown: Path, data: bytes) -> None:
     """Write ``data`` into a FIFO or character device, never replacing it."""
     flags = os.O_WRONLY | getattr(os, "O_NOCTTY", 0)
     if _kind(real) == "fifo":
-        try:  # with no reader, opening would block forever: ask without blocking first
-            fd = os.open(real, flags | os.O_NONBLOCK)
-        except OSError as e:
-            if e.errno == errno.ENXIO:
-                raise OutputPathError(f"output {shown} is a FIFO with no process reading it; start the reader "
-                                      "first") from None
-            raise OutputPathError(f"output {shown} cannot be written: {_why(e)}") from None
-        os.set_blocking(fd, True)
+        _hold_fifo(real, shown)
+        fd = _held_fifos.pop(_fifo_key(real))
     else:
         try:
             fd = os.open(real, flags)
@@ -142,6 +191,43 @@ def _write_into(real: Path, shown: Path, data: bytes) -> None:
 
 def _temp_name(real: Path) -> Path:
     return real.parent / f".repro-{uuid.uuid4().hex[:8]}.tmp{real.suffix[:16]}"
+
+
+def _umask() -> int:
+    """This process's umask, read without changing it where Linux says it (``/proc/self/status``)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)  # elsewhere: set and put back (not thread-safe, but only where /proc lacks it)
+    os.umask(mask)
+    return mask
+
+
+def _take_over_metadata(tmp: Path, real: Path) -> None:
+    """Give ``tmp`` what the file it is about to replace has: its permission bits and, where this process
+    may set them, its owner and group; a new file gets ``0666`` less the umask, whatever mode the writer
+    (or ``mkstemp``'s ``0600``) gave the temporary file."""
+    try:
+        old = os.stat(real)
+    except FileNotFoundError:
+        old = None
+    if old is None or not stat.S_ISREG(old.st_mode):
+        os.chmod(tmp, 0o666 & ~_umask())
+        return
+    mine = os.stat(tmp)
+    if (mine.st_uid, mine.st_gid) != (old.st_uid, old.st_gid):
+        try:  # before chmod: a change of owner clears the set-user-ID and set-group-ID bits
+            os.chown(tmp, old.st_uid, old.st_gid)
+        except PermissionError:
+            try:  # not root: the group may still be one of this user's
+                os.chown(tmp, -1, old.st_gid)
+            except PermissionError:
+                pass
+    os.chmod(tmp, stat.S_IMODE(old.st_mode))
 
 
 @contextmanager
@@ -169,6 +255,7 @@ def output_file(path: str | os.PathLike) -> Iterator[Path]:
             _write_into(real, shown, tmp.read_bytes())
         else:
             try:
+                _take_over_metadata(tmp, real)
                 os.replace(tmp, real)
             except OSError as e:
                 raise OutputPathError(f"output {shown} cannot be written: {_why(e)}") from None

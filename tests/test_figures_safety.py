@@ -202,3 +202,57 @@ def test_second_runner_into_one_folder_is_refused(tmp_path, manifest, capsys):
             assert "another figure run" in err and "is writing to" in err
     assert (out / "figures" / "demo_tiny.png").read_bytes() == before["png"]
     assert main(["index", "--out", str(out), "--manifest", str(manifest)]) == 0  # free again
+
+
+@pytest.mark.slow
+@pytest.mark.notebook
+def test_ctrl_c_of_the_runner_is_one_line_and_status_130(tmp_path):
+    """Ctrl-C while a notebook runs: exit 130 and ``repro.figures: interrupted``, no zmq traceback from the
+    kernel's shutdown (issue 33 item 8), and no kernel left running."""
+    import os
+    import signal
+    import sys
+    import time
+
+    import nbformat
+
+    nbs = tmp_path / "nbs"
+    nbs.mkdir()
+    params = nbformat.v4.new_code_cell('output_dir = "figures"\nresults_dir = "data"\nscale = "tiny"')
+    params.metadata["tags"] = ["parameters"]
+    nb = nbformat.v4.new_notebook(cells=[params, nbformat.v4.new_code_cell(
+        "import os, time\nfrom pathlib import Path\nPath('started').write_text(str(os.getpid()))\ntime.sleep(120)")],
+        metadata={"kernelspec": {"name": "repro", "display_name": "Python (repro)", "language": "python"}})
+    nbformat.write(nb, nbs / "slow.ipynb")
+    (nbs / "figures.yaml").write_text(yaml.safe_dump({"figures": [
+        {"id": "demo.slow", "notebook": "slow.ipynb", "stem": "demo_slow", "status": "done", "kind": "simulated",
+         "title": "Slow"}], "papers": {"demo": "Demo paper"}}), encoding="utf-8")
+    started = nbs / "started"
+    proc = subprocess.Popen([sys.executable, "-m", "repro.figures", "run", "--out", str(tmp_path / "out"),
+                             "--manifest", str(nbs / "figures.yaml")], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not started.exists() or not started.read_text():
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.1)
+        time.sleep(0.3)
+        os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C sends: the terminal's process group
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err
+    assert err.strip().splitlines()[-1] == "repro.figures: interrupted", err
+    assert "Traceback" not in err and "ERROR" not in err, err
+    kernel = int(started.read_text())
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            os.kill(kernel, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.1)
+    else:
+        os.kill(kernel, signal.SIGKILL)
+        raise AssertionError(f"the kernel (pid {kernel}) is still running after the runner ended")

@@ -22,9 +22,11 @@
 
 Every option is checked before anything is deleted; ``--out`` must be a writable folder (or one that
 can be created), and a lock file (``<out>/.repro-figures.lock``) refuses a second runner into the same
-folder. ``index`` rebuilds only the gallery; ``list`` prints the manifest. Status words are the same
-everywhere: ``done`` and ``planned`` in the manifest; ``done``, ``planned``, ``failed`` and ``missing``
-in the runner's lines and the gallery (see :data:`repro.figures.gallery.STATES`).
+folder. Ctrl-C ends a run with one line, ``repro.figures: interrupted``, and status 130: the notebook's
+kernel is killed, not asked to shut down (see :func:`_engine`). ``index`` rebuilds only the gallery;
+``list`` prints the manifest. Status words are the same everywhere: ``done`` and ``planned`` in the
+manifest; ``done``, ``planned``, ``failed`` and ``missing`` in the runner's lines and the gallery (see
+:data:`repro.figures.gallery.STATES`).
 """
 
 from __future__ import annotations
@@ -323,6 +325,66 @@ def _duration(seconds: float) -> str:
     return f"{s} s" if s < 60 else f"{s // 60}m{s % 60:02d}s"
 
 
+_ENGINE = "repro-nbclient"
+_ENGINE_REGISTERED = False
+
+
+def _engine() -> str:
+    """Name of papermill's nbclient engine with one change, registered on first use: on Ctrl-C the kernel
+    is killed before the client is torn down, instead of being interrupted and asked to shut down.
+
+    papermill's own client interrupts the busy kernel and at once sends it a shutdown request; the kernel
+    then replies to the interrupted cell on a socket the shutdown just closed, and prints a zmq traceback
+    ("Socket operation on non-socket") on the runner's stderr, before ``repro.figures: interrupted``.
+    The user asked to stop, so the kernel (and what it started, its process group) gets SIGKILL: nothing
+    more from it, and no kernel left behind."""
+    global _ENGINE_REGISTERED
+    if _ENGINE_REGISTERED:
+        return _ENGINE
+    import signal
+    from contextlib import contextmanager as _contextmanager
+
+    from nbclient.util import ensure_async, run_sync
+    from papermill.clientwrap import PapermillNotebookClient
+    from papermill.engines import NBClientEngine, papermill_engines
+    from papermill.log import logger
+    from papermill.utils import merge_kwargs, remove_args
+
+    class Client(PapermillNotebookClient):
+        @_contextmanager
+        def setup_kernel(self, **kwargs: Any):
+            with super().setup_kernel(**kwargs):
+                try:
+                    yield
+                except KeyboardInterrupt:
+                    self.shutdown_kernel = "immediate"  # whatever is left to do: no shutdown request
+                    km = self.km
+                    if km is not None and km.has_kernel:
+                        try:
+                            run_sync(lambda: ensure_async(km.signal_kernel(getattr(signal, "SIGKILL",
+                                                                                   signal.SIGTERM))))()
+                        except Exception:  # noqa: BLE001 - already gone: the cleanup copes
+                            pass
+                    raise
+
+    class Engine(NBClientEngine):
+        @classmethod
+        def execute_managed_notebook(cls, nb_man, kernel_name, log_output=False, stdout_file=None,
+                                     stderr_file=None, start_timeout=60, execution_timeout=None, **kwargs):
+            # as NBClientEngine.execute_managed_notebook (papermill 2.x), with Client
+            kwargs = remove_args(["input_path"], **kwargs)
+            safe_kwargs = remove_args(["timeout", "startup_timeout"], **kwargs)
+            final_kwargs = merge_kwargs(
+                safe_kwargs, timeout=execution_timeout if execution_timeout else kwargs.get("timeout"),
+                startup_timeout=start_timeout, kernel_name=kernel_name, log=logger, log_output=log_output,
+                stdout_file=stdout_file, stderr_file=stderr_file)
+            return Client(nb_man, **final_kwargs).execute()
+
+    papermill_engines.register(_ENGINE, Engine)
+    _ENGINE_REGISTERED = True
+    return _ENGINE
+
+
 def _execute(src: Path, dst: Path, params: dict[str, Any], cwd: Path, kernel_name: str,
              log_output: bool, execution_timeout: float | None) -> str | None:
     """Execute one notebook; return None on success or a one-line reason."""
@@ -335,7 +397,8 @@ def _execute(src: Path, dst: Path, params: dict[str, Any], cwd: Path, kernel_nam
         kwargs["execution_timeout"] = execution_timeout
     try:
         pm.execute_notebook(str(src), str(dst), parameters=params, kernel_name=kernel_name,
-                            cwd=str(cwd), progress_bar=False, log_output=log_output, **kwargs)
+                            engine_name=_engine(), cwd=str(cwd), progress_bar=False, log_output=log_output,
+                            **kwargs)
     except PapermillExecutionError as e:
         evalue = " ".join(str(e.evalue).split())[:300]
         return f"{src.name} failed in cell {e.exec_count}: {e.ename}: {evalue} (see {dst.with_suffix('.html')})"
