@@ -85,3 +85,71 @@ def test_trace_dtype_float99_is_refused(tmp_path):
         Trace.load(p)
     msg = _one_line(str(e.value))
     assert str(p) in msg and "'dtype'" in msg and "float99" in msg and "float32" in msg
+
+
+# ---- plans (items 4, 5, 6) -------------------------------------------------------------------------------
+@pytest.mark.parametrize("text, expected", [
+    ('{"buckets": [["a", "b"]], "iteration_s": 1e308}', "'iteration_s' = 1e+308 is outside the plausible range [0, 1e6] s"),
+    ('{"buckets": [["a", "b"]], "iteration_s": "x"}', "'iteration_s' must be a number of seconds in [0, 1e6] s, got 'x'"),
+    ('{"buckets": [["a", "b"]], "iteration_s": NaN}', "'iteration_s' must be a finite number of seconds"),
+    ('{"buckets": [["a", "b"]], "threshold_bytes": 1e300}', "'threshold_bytes' = 1e+300 is outside the plausible"),
+    ('{"buckets": [{"layers": ["a"], "piece": [0, 1e300]}, ["b"]]}', "'buckets[0].piece[1]'"),
+    ('{"family": "ps", "buckets": [{"layers": ["a", "b"], "messages": ["push", "pull"]}], '
+     '"options": {"mode": "bsp", "servers": 1e12, "bucket_servers": [0]}}', "'servers' of family 'ps' must be <= 100000"),
+])
+def test_plan_file_numbers_out_of_range_are_refused(tmp_path, text, expected):
+    """Items 4 and 5: a plan's iteration_s of 1e308, "x" or NaN was accepted."""
+    from repro.plan import Plan, PlanError
+
+    p = tmp_path / "plan.json"
+    p.write_text(text)
+    with pytest.raises(PlanError) as e:
+        Plan.load(p)
+    msg = _one_line(str(e.value))
+    assert msg.startswith(f"{p}: ") and expected in msg
+
+
+def test_plan_meta_null_prediction_and_shipped_style_plans_load(tmp_path):
+    from repro.plan import Plan
+
+    p = tmp_path / "plan.json"
+    p.write_text('{"buckets": [["a", "b"]], "iteration_s": null, "lower_bound_s": 0.5, "gap_pct": 3.0}')
+    assert Plan.load(p).meta["lower_bound_s"] == 0.5
+
+
+def test_plan_layer_not_in_trace_names_the_bucket():
+    from repro.plan import Plan, PlanError
+
+    t = Trace.from_dict(_trace())
+    with pytest.raises(PlanError, match=r"'buckets\[1\]': layer 'c' is not in trace 'm'"):
+        Plan.from_dict({"buckets": [["a"], ["c"]]}).groups(t)
+
+
+def _cli(capsys, *argv):
+    from repro.cli import main
+
+    rc = main([str(a) for a in argv])
+    cap = capsys.readouterr()
+    return rc, cap.out, cap.err
+
+
+def test_cli_simulate_plan_trace_mismatch_names_both_files(capsys, tmp_path):
+    """Item 6: `repro simulate --trace T --plan P` with layers T lacks named neither file."""
+    t = _write(tmp_path / "trace.json", _trace())
+    p = _write(tmp_path / "plan.json", {"buckets": [["a", "c"]]})
+    rc, out, err = _cli(capsys, "simulate", "--trace", t, "--plan", p, "--alpha-s", "1e-4", "--beta-s-per-byte", "1e-9")
+    assert rc == 2 and out == ""
+    line = _one_line(err.strip())
+    assert line.startswith(f"repro: error: {p}: ") and "'buckets[0]'" in line and "'c'" in line and str(t) in line
+
+
+def test_cli_trace_params_1e30_is_one_line_not_an_internal_error(capsys, tmp_path):
+    """Item 3 at the command line: exit 2, one line naming the file and field, nothing written."""
+    t = _write(tmp_path / "big.json", _trace(params=10 ** 30))
+    p = _write(tmp_path / "plan.json", {"buckets": [["a", "b"]]})
+    out_file = tmp_path / "out.json"
+    rc, out, err = _cli(capsys, "simulate", "--trace", t, "--plan", p, "--network", "10gbe-v100", "--workers", 4,
+                        "-o", out_file)
+    assert rc == 2 and out == "" and not out_file.exists()
+    line = _one_line(err.strip())
+    assert "internal error" not in line and str(t) in line and "'layers[1].params'" in line and "[0, 2**50]" in line
