@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 __all__ = ["Quantity", "BYTES", "ELEMENTS", "SECONDS", "LATENCY_S", "SECONDS_PER_BYTE", "TOPK_GAMMA_S",
-           "BITS_PER_S", "WORKERS", "BATCH_SIZE", "COUNT", "TRACE_DTYPES", "check", "show", "QUANTITIES"]
+           "BITS_PER_S", "WORKERS", "BATCH_SIZE", "COUNT", "FACTOR", "TRACE_DTYPES", "check", "show", "QUANTITIES"]
 
 
 @dataclass(frozen=True)
@@ -75,6 +75,9 @@ BATCH_SIZE = Quantity("samples", 1, 2 ** 24, integer=True, high_text="2**24", su
 #: A count of steps, epochs or pieces: [0, 1e9]. A billion steps of even 1 ms each is ~11.6 days
 #: (:data:`SECONDS`); the papers run thousands.
 COUNT = Quantity("count", 0, 1e9, integer=True, high_text="1e9")
+#: A dimensionless factor that scales a time (realism's contention, compute_scale): [0, 1e6]. The papers'
+#: effects are factors of a few; a model a million times off its measurement is the wrong model.
+FACTOR = Quantity("factor", 0, 1e6, high_text="1e6")
 
 #: Gradient dtypes a trace may declare: what the profiler writes (a torch floating dtype's name, or
 #: ``mixed`` when a model's parameters differ) and what the estimator writes (float32, float16).
@@ -82,7 +85,7 @@ TRACE_DTYPES = ("float32", "float16", "bfloat16", "float64", "float8_e4m3fn", "f
 
 QUANTITIES = {"bytes": BYTES, "elements": ELEMENTS, "seconds": SECONDS, "latency_s": LATENCY_S,
               "seconds_per_byte": SECONDS_PER_BYTE, "topk_gamma_s": TOPK_GAMMA_S, "bits_per_s": BITS_PER_S,
-              "workers": WORKERS, "batch_size": BATCH_SIZE, "count": COUNT}
+              "workers": WORKERS, "batch_size": BATCH_SIZE, "count": COUNT, "factor": FACTOR}
 
 
 def show(value: Any) -> str:

@@ -153,3 +153,69 @@ def test_cli_trace_params_1e30_is_one_line_not_an_internal_error(capsys, tmp_pat
     assert rc == 2 and out == "" and not out_file.exists()
     line = _one_line(err.strip())
     assert "internal error" not in line and str(t) in line and "'layers[1].params'" in line and "[0, 2**50]" in line
+
+
+# ---- cost files, measurements, cluster files (items 4, 6) -----------------------------------------------
+def test_cost_fit_csv_row_of_1e300_bytes_is_refused(tmp_path):
+    """Item 4: one `bytes: 1e300` row silently wrecked the fit (b = 2e-302 s/byte)."""
+    from repro.cluster_cost import fit_measurements_csv
+    from repro.cost import CostModelError
+
+    p = tmp_path / "m.csv"
+    p.write_text("bytes,workers,seconds,collective\n1000,4,0.001,allreduce\n1e6,4,0.01,allreduce\n"
+                 "1e300,4,0.02,allreduce\n")
+    with pytest.raises(CostModelError) as e:
+        fit_measurements_csv(p)
+    assert _one_line(str(e.value)) == f"{p}:4: column 'bytes' = 1e+300 is outside the plausible range [0, 2**50] bytes (1 PiB)"
+    p.write_text("bytes,workers,seconds,collective\n1000,1e9,0.001,allreduce\n")
+    with pytest.raises(CostModelError, match=r"m\.csv:2: column 'workers' = 1000000000\.0 is outside the plausible "
+                                             r"range \[2, 100000\] workers"):
+        fit_measurements_csv(p)
+
+
+@pytest.mark.parametrize("change, expected", [
+    ({"workers": 1e300}, "'workers' = 1e+300 is outside the plausible range [2, 100000] workers"),
+    ({"lines": {"allreduce": {"a_s": 1e308, "b_s_per_byte": 1e-9}}}, "'lines.allreduce.a_s' = 1e+308 is outside"),
+    ({"lines": {"allreduce": {"a_s": 1e-4, "b_s_per_byte": 5.0}}}, "'lines.allreduce.b_s_per_byte' = 5.0 is outside"),
+    ({"topk_gamma_s": 1.0}, "'topk_gamma_s' = 1.0 is outside the plausible range [0, 1e-3] s"),
+    ({"realism": {"compute_scale": 1e300}}, "'compute_scale' = 1e+300 is outside"),
+])
+def test_cost_file_numbers_out_of_range_are_refused(tmp_path, change, expected):
+    from repro.cost import CostModel, CostModelError
+
+    d = {"workers": 4, "lines": {"allreduce": {"a_s": 1e-4, "b_s_per_byte": 1e-9}}}
+    d.update(change)
+    p = _write(tmp_path / "cost.json", d)
+    with pytest.raises(CostModelError) as e:
+        CostModel.load(p)
+    msg = _one_line(str(e.value))
+    assert msg.startswith(f"{p}: ") and expected in msg
+
+
+def test_cost_file_without_allreduce_line_names_the_file(tmp_path, capsys):
+    """Item 6: a cost file without an all-reduce line said "cost model 'custom' ..." naming no file."""
+    p = _write(tmp_path / "cost.json", {"workers": 4, "lines": {"push": {"a_s": 1e-3, "b_s_per_byte": 1e-9}}})
+    t = _write(tmp_path / "trace.json", _trace())
+    rc, out, err = _cli(capsys, "plan", "--trace", t, "--solver", "mgwfbp", "--cost", p)
+    assert rc == 2 and out == ""
+    line = _one_line(err.strip())
+    assert f"cost file {p}" in line and "no allreduce line" in line
+
+
+def test_cluster_file_rate_and_latency_out_of_range(tmp_path):
+    from repro.cluster_cost import load_cluster, parse_link
+    from repro.cost import CostModelError
+
+    base = {"schema": "repro.cluster", "version": 1, "gpus_per_node": 4}
+    p = _write(tmp_path / "c.json", {**base, "inter_link": {"rate_bits_per_s": 1e30, "latency_s": 2e-5}})
+    with pytest.raises(CostModelError, match=r"c\.json: field 'inter_link\.rate_bits_per_s' = 1e\+30 is outside "
+                                             r"the plausible range \[8, 1e15\] bit/s"):
+        load_cluster(p)
+    p = _write(tmp_path / "c.json", {**base, "inter_link": "25gbit@1e9s"})
+    with pytest.raises(CostModelError, match=r"c\.json: inter_link: latency '1e9s' is outside the plausible range"):
+        load_cluster(p)
+    p = _write(tmp_path / "c.json", {**base, "gpus_per_node": 10 ** 12, "inter_link": "25gbit"})
+    with pytest.raises(CostModelError, match=r"'gpus_per_node' = 1000000000000 is outside"):
+        load_cluster(p)
+    with pytest.raises(CostModelError, match="outside the plausible range"):
+        parse_link("1e30gbit", "--inter-link", 25e-6)
