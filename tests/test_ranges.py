@@ -219,3 +219,44 @@ def test_cluster_file_rate_and_latency_out_of_range(tmp_path):
         load_cluster(p)
     with pytest.raises(CostModelError, match="outside the plausible range"):
         parse_link("1e30gbit", "--inter-link", 25e-6)
+
+
+# ---- grid files (items 4, 6) -----------------------------------------------------------------------------
+_GRID = """paper: mgwfbp
+notebook: nb
+gpus_per_node: {gpn}
+train: {{dataset: synthetic, steps: {steps}}}
+experiments:
+  - name: e
+    models: {{resnet50: {{batch_size: {batch}}}}}
+    world_sizes: [2, {p}]
+    schedulers: [wfbp]
+"""
+
+
+@pytest.mark.parametrize("values, expected", [
+    ({"p": 10 ** 9}, "experiments[0]: field 'world_sizes[1]' = 1000000000 is outside the plausible range [1, 100000]"),
+    ({"gpn": 10 ** 9}, "field 'gpus_per_node' = 1000000000 is outside the plausible range [1, 100000] workers"),
+    ({"batch": 2 ** 40}, "'batch_size' = 1099511627776 is outside the plausible range [1, 2**24] samples"),
+    ({"steps": "1.0e+300"}, "'train.steps' = 1e+300 is outside the plausible range [0, 1e9]"),
+])
+def test_grid_numbers_out_of_range_are_refused(tmp_path, values, expected):
+    from repro.cluster.grid import GridError, load_grid
+
+    kw = {"gpn": 4, "steps": 10, "batch": 32, "p": 4, **values}
+    p = tmp_path / "g.yaml"
+    p.write_text(_GRID.format(**kw))
+    load = lambda: load_grid(str(p))  # noqa: E731
+    with pytest.raises(GridError) as e:
+        load()
+    msg = _one_line(str(e.value))
+    assert msg.startswith(f"{p}: ") and expected in msg
+
+
+def test_non_utf8_grid_file_is_named(tmp_path, capsys):
+    """Item 6: `repro grid check bad.yaml` of non-UTF-8 bytes printed a codec error naming no file."""
+    p = tmp_path / "bad.yaml"
+    p.write_bytes(b"paper: x\xff\xfe\n")
+    rc, out, err = _cli(capsys, "grid", "check", p)
+    assert rc == 2 and out == ""
+    assert _one_line(err.strip()) == f"repro: error: {p}: a grid file is UTF-8 YAML text, but byte 8 is not UTF-8"
