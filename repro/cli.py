@@ -400,9 +400,16 @@ def cmd_simulate(args: argparse.Namespace) -> None:
     _check_output(args.output)
     trace = load_trace(args.trace)
     plan = _load_file("plan", args.plan, Plan.load)
+    try:
+        plan.groups(trace)  # the plan's layers are the trace's: else one line naming both files
+    except PlanError as e:
+        raise UsageError(f"{args.plan}: {e}; the trace is {args.trace}") from None
     cost = _cost_from_args(args, trace)
-    _emit(simulate(trace, plan, cost, with_ops=not args.no_ops).to_dict(with_ops=not args.no_ops),
-          args.output)
+    try:
+        result = simulate(trace, plan, cost, with_ops=not args.no_ops)
+    except PlanError as e:  # the family's own checks of the plan against the trace and cost
+        raise UsageError(f"{args.plan}: {e} (trace {args.trace})") from None
+    _emit(result.to_dict(with_ops=not args.no_ops), args.output)
 
 
 def cmd_compare(args: argparse.Namespace) -> None:

@@ -60,6 +60,7 @@ from repro.cluster_model import (CLUSTER_ALGORITHMS, CLUSTER_SCHEMA, CLUSTER_VER
                                  DEFAULT_INTRA_LATENCY_S, ClusterDescription, cluster_cost_model,
                                  default_intra_link, describe_link, is_cluster_file, load_cluster, parse_latency,
                                  parse_link, parse_rate)
+from repro import ranges
 from repro.cost import COLLECTIVES, CostModel, CostModelError, Linear, fit_linear, relative_errors
 from repro.outputs import InputPathError, read_input
 from repro.presets import preset, preset_names
@@ -232,6 +233,12 @@ def fit_measurements_csv(path: str | Path, workers: int | None = None) -> CostMo
             raise CostModelError(f"{p}:{lineno}: workers must be an integer >= 2, got {raw['workers']!r}")
         if not (math.isfinite(sec) and sec > 0):
             raise CostModelError(f"{p}:{lineno}: seconds must be a positive number, got {raw['seconds']!r}")
+        for col, q, value, low in (("bytes", ranges.BYTES, nbytes, None), ("workers", ranges.WORKERS, P, 2),
+                                   ("seconds", ranges.SECONDS, sec, None)):  # one absurd row wrecks a whole fit
+            try:
+                ranges.check(q, value, col, CostModelError, what="column", low=low)
+            except CostModelError as e:
+                raise CostModelError(f"{p}:{lineno}: {e}") from None
         if raw["collective"] not in COLLECTIVES:
             raise CostModelError(f"{p}:{lineno}: unknown collective {raw['collective']!r}; known: "
                                  f"{', '.join(COLLECTIVES)}")

@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from repro import ranges
 from repro.cost import ALGORITHMS, CostModel, CostModelError, Linear, alpha_beta_lines
 from repro.outputs import InputPathError, read_input
 from repro.topology import TOPOLOGY_ALGORITHMS, Link, Topology
@@ -61,6 +62,9 @@ def parse_rate(text: str, flag: str = "rate") -> float:
                                  "or bytes per second (10GB/s, 500MB/s)")
     if not math.isfinite(bps) or bps <= 0:
         raise CostModelError(f"{flag}: rate {s!r} must be positive and finite")
+    if not ranges.BITS_PER_S.contains(bps):
+        raise CostModelError(f"{flag}: rate {s!r} ({bps:.3g} bit/s) is outside the plausible range "
+                             f"{ranges.BITS_PER_S.range_text()}")
     return bps
 
 
@@ -74,6 +78,8 @@ def parse_latency(text: str, flag: str = "latency") -> float:
     value = float(m.group(1)) * _LATENCY_UNITS[m.group(2)]
     if not math.isfinite(value):
         raise CostModelError(f"{flag}: latency {s!r} must be finite")
+    if not ranges.LATENCY_S.contains(value):
+        raise CostModelError(f"{flag}: latency {s!r} is outside the plausible range {ranges.LATENCY_S.range_text()}")
     return value
 
 
@@ -243,11 +249,8 @@ class ClusterDescription:
                 raise CostModelError(f"{key} must be {{\"rate_bits_per_s\": R, \"latency_s\": L}} or a string "
                                      f"such as \"25gbit@20us\", got {v!r}")
             rate, lat = v.get("rate_bits_per_s"), v.get("latency_s", default_latency_s)
-            for name, x in (("rate_bits_per_s", rate), ("latency_s", lat)):
-                if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x) or x < 0 or \
-                        (name == "rate_bits_per_s" and x <= 0):
-                    raise CostModelError(f"{key}.{name} must be a finite {'positive' if name.startswith('rate') else 'non-negative'} "
-                                         f"number, got {x!r}")
+            ranges.check(ranges.BITS_PER_S, rate, f"{key}.rate_bits_per_s", CostModelError)
+            ranges.check(ranges.LATENCY_S, lat, f"{key}.latency_s", CostModelError)
             return Link.from_rate(float(lat), float(rate))
 
         try:
@@ -258,6 +261,9 @@ class ClusterDescription:
             if not isinstance(name, str):
                 raise CostModelError(f"name must be a string, got {name!r}")
             source = data.get("topk_source")
+            ranges.check(ranges.WORKERS, data.get("gpus_per_node"), "gpus_per_node", CostModelError)
+            if data.get("topk_gamma_s") is not None:
+                ranges.check(ranges.TOPK_GAMMA_S, data["topk_gamma_s"], "topk_gamma_s", CostModelError)
             return cls(gpus_per_node=data.get("gpus_per_node"), inter=inter,
                        intra=link("intra_link", DEFAULT_INTRA_LATENCY_S), algorithm=data.get("algorithm", "ring"),
                        topk_gamma_s=data.get("topk_gamma_s"), topk_source=str(source) if source else None,

@@ -33,6 +33,7 @@ from typing import Any, Iterable, Mapping
 
 import numpy as np
 
+from repro import ranges
 from repro.realism import Realism, RealismError
 from repro.outputs import write_output
 
@@ -192,6 +193,9 @@ class CostModel:
     # Effects beyond the papers' model (repro.realism); None = the paper model. Its message overhead
     # and copy cost are added to every line that :meth:`line` returns; ``lines`` stay the network's own.
     realism: Realism | None = None
+    # The file it was read from (CostModel.load), named by errors that only show later, such as a missing
+    # line; not part of the model (not compared, not written).
+    path: str | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         check_workers(self.workers)
@@ -273,9 +277,10 @@ class CostModel:
             raw = self.lines[collective]
         except KeyError:
             have = ", ".join(sorted(self.lines)) or "none"
+            where = f"cost file {self.path}: " if self.path else ""
             raise CostModelError(
-                f"cost model '{self.source}' (P={self.workers}) has no {collective} line (has: {have}); "
-                f"fit one with CostModel.fit or use an alpha-beta model") from None
+                f"{where}cost model '{self.source}' (P={self.workers}) has no {collective} line (field 'lines' has: "
+                f"{have}); fit one with CostModel.fit or use an alpha-beta model") from None
         if self.realism is None:
             return raw
         extra_a, extra_b = self.realism.line_extra()
@@ -331,16 +336,20 @@ class CostModel:
         for k, v in lines_raw.items():
             if not isinstance(v, Mapping) or not {"a_s", "b_s_per_byte"} <= set(v):
                 raise CostModelError(f"malformed cost model JSON: field 'lines.{k}' must have a_s and b_s_per_byte")
+            ranges.check(ranges.SECONDS, v["a_s"], f"lines.{k}.a_s", CostModelError, what="cost model field")
+            ranges.check(ranges.SECONDS_PER_BYTE, v["b_s_per_byte"], f"lines.{k}.b_s_per_byte", CostModelError,
+                         what="cost model field")
             lines[k] = Linear(v["a_s"], v["b_s_per_byte"])
-        workers = d.get("workers")
-        if isinstance(workers, float) and workers.is_integer():
+        workers = ranges.check(ranges.WORKERS, d.get("workers"), "workers", CostModelError, low=2,
+                               what="cost model field")
+        if isinstance(workers, float):
             workers = int(workers)
         meta = d.get("meta", {})
         if not isinstance(meta, Mapping):
             raise CostModelError("malformed cost model JSON: field 'meta' must be an object")
         gamma = d.get("topk_gamma_s")
-        if gamma is not None and (isinstance(gamma, bool) or not isinstance(gamma, (int, float))):
-            raise CostModelError("malformed cost model JSON: field 'topk_gamma_s' must be a number")
+        if gamma is not None:
+            ranges.check(ranges.TOPK_GAMMA_S, gamma, "topk_gamma_s", CostModelError, what="cost model field")
         realism = d.get("realism")
         if realism is not None:
             try:
@@ -371,7 +380,7 @@ class CostModel:
         if not p.is_file():
             raise CostModelError(f"cost model file not found: {p}")
         try:
-            return cls.from_json(p.read_text())
+            return replace(cls.from_json(p.read_text()), path=str(p))
         except CostModelError as e:
             raise CostModelError(f"{p}: {e}") from None
 

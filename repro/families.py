@@ -42,6 +42,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
+from repro import ranges
 from repro.errors import PlanError
 
 __all__ = ["Option", "Family", "FAMILIES", "get_family", "family_names", "register_family", "resolve",
@@ -223,7 +224,8 @@ FAMILIES: dict[str, Family] = {
         phases=("backward",),
         options=(_WIRE_DTYPE,
                  number_option("cycle_s", "Horovod-style cycle time: messages are launched only at the ticks of a "
-                               "background loop waking every cycle_s seconds", minimum=0.0, open_minimum=True)),
+                               "background loop waking every cycle_s seconds", minimum=0.0, open_minimum=True,
+                               maximum=ranges.SECONDS.high)),
         simulator="repro.sim.allreduce:build_graph",
         closed_form="repro.sim.allreduce:closed_form",
         check_buckets="repro.sim.allreduce:check_buckets",
@@ -279,7 +281,8 @@ FAMILIES: dict[str, Family] = {
         collectives=("allreduce",),
         phases=("backward",),
         options=(number_option("credit_bytes", "bytes of chunks in flight at most (the runtime's credit; the "
-                               "simulator serves one chunk at a time)", minimum=1, integer=True),),
+                               "simulator serves one chunk at a time)", minimum=1, integer=True,
+                               maximum=ranges.BYTES.high),),
         simulator="repro.sim.bytescheduler:build_graph",
         check_buckets="repro.sim.bytescheduler:check_buckets",
         executor="repro.runtime.bytescheduler:ByteSchedulerExecutor",
@@ -322,9 +325,9 @@ FAMILIES["ps"] = Family(
     phases=("backward", "background"),
     options=(_required(choice_option("mode", "how the servers synchronise the workers", ("bsp", "asp", "ssp", "osp"))),
              number_option("servers", "parameter-server ranks (ranks 0..servers-1 serve)", minimum=1, integer=True,
-                           required=True),
+                           maximum=ranges.WORKERS.high, required=True),
              number_option("staleness", "SSP: iterations a worker may run ahead of the slowest", minimum=0,
-                           integer=True, default=0),
+                           integer=True, maximum=ranges.COUNT.high, default=0),
              _flag_option("lgp", "OSP: correct stale stage-2 parameters with the local gradient, w - lr * g", True),
              Option("bucket_servers", "the server of each bucket", _servers_of_buckets, required=True)),
     simulator="repro.sim.ps:build_graph",

@@ -38,6 +38,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
+from repro import ranges
 from repro.cost import COLLECTIVES
 from repro.errors import PlanError
 from repro.trace import Trace
@@ -173,6 +174,8 @@ class Bucket:
             raise PlanError(f"plan field '{where}.messages' must be a list")
         msgs = tuple(Message.from_dict(m, f"{where}.messages[{k}]") for k, m in enumerate(raw))
         piece = v.get("piece")
+        if isinstance(piece, list) and len(piece) == 2:
+            ranges.check(ranges.COUNT, piece[1], f"{where}.piece[1]", PlanError, low=1, what="plan field")
         return cls(tuple(layers), msgs, tuple(piece) if isinstance(piece, list) else piece)
 
 
@@ -317,7 +320,8 @@ class Plan:
             try:
                 out.append([index[name] for name in b.layers])
             except KeyError as e:
-                raise PlanError(f"plan layer {e.args[0]!r} is not in trace '{trace.model}'") from None
+                raise PlanError(f"plan field 'buckets[{len(out)}]': layer {e.args[0]!r} is not in trace "
+                                f"'{trace.model}' ({trace.num_layers} layers, e.g. {trace.names[:2]})") from None
         covered = {name for b in self.buckets for name in b.layers}
         if len(covered) != trace.num_layers:
             missing = [n for n in trace.names if n not in covered]
@@ -383,6 +387,7 @@ class Plan:
             raise PlanError(f"plan field 'solver' must be a string, got {solver!r}")
         meta = {k: v for k, v in d.items()
                 if k not in ("family", "solver", "buckets", "collectives", "wire_dtype", "options")}
+        _check_meta_numbers(meta)
         return cls(tuple(out), solver=solver, meta=meta, family=family, options=options)
 
     @classmethod
@@ -395,6 +400,7 @@ class Plan:
 
     @classmethod
     def load(cls, path: str | Path) -> "Plan":
+        """Read a plan file; every error names the file."""
         p = Path(path)
         if not p.is_file():
             raise PlanError(f"plan file not found: {p}")
@@ -402,3 +408,21 @@ class Plan:
             return cls.from_json(p.read_text())
         except PlanError as e:
             raise PlanError(f"{p}: {e}") from None
+
+
+# Meta numbers a plan file may carry, by the suffix of their key (the planners' predictions and bounds:
+# iteration_s, lower_bound_s, threshold_bytes): the plausible range of each (repro.ranges says why).
+_META_RANGES = (("_s", ranges.SECONDS), ("_bytes", ranges.BYTES))
+
+
+def _check_meta_numbers(meta: Mapping[str, Any]) -> None:
+    """A plan file's predictions are numbers in range (``iteration_s`` of ``"x"``, NaN or 1e308 is not a
+    prediction); any other top-level number must at least be finite. ``null`` means "not predicted"."""
+    for key, v in meta.items():
+        for suffix, q in _META_RANGES:
+            if key.endswith(suffix) and v is not None:
+                ranges.check(q, v, key, PlanError, what="plan field")
+                break
+        else:
+            if isinstance(v, float) and not math.isfinite(v):
+                raise PlanError(f"plan field '{key}' must be a finite number, got {v!r}")

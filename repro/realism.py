@@ -129,6 +129,12 @@ class Realism:
         unknown = sorted(set(d) - known)
         if unknown:
             raise RealismError(f"unknown realism parameter(s) {unknown}; known: {', '.join(sorted(known))}")
+        from repro import ranges  # every number a cost file holds has a plausible range
+
+        for key, v in d.items():
+            q = (ranges.SECONDS_PER_BYTE if key.endswith("_s_per_byte") else ranges.SECONDS if key.endswith("_s")
+                 else ranges.FACTOR)
+            ranges.check(q, v, key, RealismError, what="realism parameter")
         return cls(**dict(d))
 
 

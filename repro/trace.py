@@ -22,7 +22,6 @@ imports torch.
 from __future__ import annotations
 
 import json
-import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,6 +30,7 @@ from typing import Any, Iterable, Mapping
 
 import numpy as np
 
+from repro import ranges
 from repro.outputs import write_output
 
 __all__ = ["Layer", "Overheads", "Trace", "TraceError", "load_trace"]
@@ -42,6 +42,9 @@ class TraceError(ValueError):
 
 _LAYER_FIELDS = {"name": str, "params": int, "bytes": int, "forward_s": float, "backward_s": float}
 _TOP_FIELDS = {"model": str, "batch_size": int, "device": str, "dtype": str}
+# The plausible range of each number of a layer (repro.ranges says why each bound).
+_LAYER_RANGES = {"params": ranges.ELEMENTS, "bytes": ranges.BYTES, "forward_s": ranges.SECONDS,
+                 "backward_s": ranges.SECONDS}
 
 
 @dataclass(frozen=True)
@@ -78,10 +81,7 @@ class Overheads:
 
     def __post_init__(self) -> None:
         for key in OVERHEAD_FIELDS:
-            v = getattr(self, key)
-            if not _is_number(v) or v < 0:
-                raise TraceError(f"trace field 'overheads.{key}' must be a finite non-negative number of "
-                                 f"seconds, got {v!r}")
+            v = ranges.check(ranges.SECONDS, getattr(self, key), f"overheads.{key}", TraceError, what="trace field")
             object.__setattr__(self, key, float(v))
 
     @property
@@ -138,9 +138,15 @@ class Trace:
             raise TraceError(f"trace field 'layers' has duplicate layer names: {dup}")
         for i, layer in enumerate(self.layers):
             _check_layer(layer.to_dict(), i)
-        if not math.isfinite(sum(layer.forward_s + layer.backward_s for layer in self.layers)):
-            raise TraceError("trace times overflow: the sum of the layers' forward_s and backward_s is not a "
-                             "finite number of seconds")
+        total_s = sum(layer.forward_s + layer.backward_s for layer in self.layers) + self.overheads.total_s
+        if not total_s <= ranges.SECONDS.high:  # each layer is in range; an iteration must be too
+            raise TraceError(f"trace times: the layers' forward_s and backward_s and the overheads add up to "
+                             f"{total_s:.4g} s per iteration, outside the plausible range {ranges.SECONDS.range_text()}")
+        for key, q in (("params", ranges.ELEMENTS), ("bytes", ranges.BYTES)):  # exact ints: no int64 overflow
+            total = sum(getattr(layer, key) for layer in self.layers)
+            if total > q.high:
+                raise TraceError(f"trace field 'layers[*].{key}' adds up to {ranges.show(total)} for the model, "
+                                 f"outside the plausible range {q.range_text()}")
         # Views the planners and the simulator read many times: computed once (the trace is immutable),
         # handed out read-only.
         names = tuple(layer.name for layer in self.layers)
@@ -323,10 +329,6 @@ def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
-def _is_number(v: Any) -> bool:
-    return (isinstance(v, (int, float)) and not isinstance(v, bool)) and math.isfinite(v)
-
-
 def _check_top(d: dict[str, Any]) -> None:
     for key, typ in _TOP_FIELDS.items():
         if key not in d:
@@ -336,9 +338,11 @@ def _check_top(d: dict[str, Any]) -> None:
             raise TraceError(f"trace field '{key}' must be a string, got {v!r}")
         if typ is int:
             if not _is_int(v):
-                raise TraceError(f"trace field '{key}' must be an integer, got {v!r}")
-            if v <= 0:
-                raise TraceError(f"trace field '{key}' must be positive, got {v!r}")
+                raise TraceError(f"trace field '{key}' must be an integer, got {ranges.show(v)}")
+            ranges.check(ranges.BATCH_SIZE, v, key, TraceError, what="trace field")
+    if d["dtype"] not in ranges.TRACE_DTYPES:
+        raise TraceError(f"trace field 'dtype' must be one of {', '.join(ranges.TRACE_DTYPES)}, got "
+                         f"{ranges.show(d['dtype'])}")
 
 
 def _check_layer(raw: Any, i: int) -> None:
@@ -354,11 +358,7 @@ def _check_layer(raw: Any, i: int) -> None:
                 raise TraceError(f"trace field '{where}.{key}' must be a non-empty string")
         elif typ is int:
             if not _is_int(v):
-                raise TraceError(f"trace field '{where}.{key}' must be an integer, got {v!r}")
-            if v < 0:
-                raise TraceError(f"trace field '{where}.{key}' must not be negative, got {v!r}")
+                raise TraceError(f"trace field '{where}.{key}' must be an integer, got {ranges.show(v)}")
+            ranges.check(_LAYER_RANGES[key], v, f"{where}.{key}", TraceError, what="trace field")
         else:
-            if not _is_number(v):
-                raise TraceError(f"trace field '{where}.{key}' must be a finite number, got {v!r}")
-            if v < 0:
-                raise TraceError(f"trace field '{where}.{key}' must not be negative, got {v!r}")
+            ranges.check(_LAYER_RANGES[key], v, f"{where}.{key}", TraceError, what="trace field")

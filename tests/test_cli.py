@@ -77,7 +77,7 @@ def test_bad_input_gives_one_line_and_exit_2(capsys, trace_file, argv, message):
 
 def test_malformed_trace_file_is_named(capsys, tmp_path):
     p = tmp_path / "bad.json"
-    p.write_text(json.dumps({"model": "m", "batch_size": 1, "device": "cpu", "dtype": "f", "layers": [{"name": "x"}]}))
+    p.write_text(json.dumps({"model": "m", "batch_size": 1, "device": "cpu", "dtype": "float32", "layers": [{"name": "x"}]}))
     rc, _, err = run(capsys, "plan", "--trace", str(p), "--solver", "wfbp", "--alpha-s", "1", "--beta-s-per-byte", "1")
     assert rc == 2 and "'layers[0].params' is missing" in err
 

@@ -62,6 +62,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
+from repro import ranges
+
 __all__ = ["GRID_PAPERS", "DEFAULT_PRECISION", "GridError", "Grid", "RunConfig", "grids_dir", "grid_path", "load_grid", "parse_grid",
            "dedicated_servers",
            "run_id", "run_status", "status_table", "mark_failed", "clear_failed", "count_status", "grid_run_ids",
@@ -209,8 +211,12 @@ def load_grid(paper: str | Path) -> Grid:
     path = grid_path(str(paper))
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as e:
+        raise GridError(f"{path}: a grid file is UTF-8 YAML text, but byte {e.start} is not UTF-8") from None
     except (OSError, yaml.YAMLError) as e:
         raise GridError(f"{path}: cannot be read as YAML ({type(e).__name__}: {str(e).splitlines()[0]})") from None
+    except RecursionError:
+        raise GridError(f"{path}: YAML nested too deeply to be a grid file") from None
     return parse_grid(data, path)
 
 
@@ -218,10 +224,17 @@ def _fail(where: str, msg: str) -> GridError:
     return GridError(f"{where}: {msg}")
 
 
-def _positive_int(where: str, name: str, value: Any) -> int:
+def _positive_int(where: str, name: str, value: Any, quantity: ranges.Quantity = ranges.COUNT) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise _fail(where, f"{name} must be a positive integer, got {value!r}")
+        raise _fail(where, f"{name} must be a positive integer, got {ranges.show(value)}")
+    ranges.check(quantity, value, name, lambda msg: _fail(where, msg))
     return value
+
+
+# Numeric train options a grid file sets, and their plausible ranges (repro.ranges says why).
+_OPTION_RANGES = {"steps": ranges.COUNT, "warmup_steps": ranges.COUNT, "compute_steps": ranges.COUNT,
+                  "epochs": ranges.COUNT, "staleness": ranges.COUNT, "fit_repeats": ranges.COUNT,
+                  "servers": ranges.WORKERS, "batch_size": ranges.BATCH_SIZE}
 
 
 def _names(where: str, name: str, value: Any) -> list[str]:
@@ -239,6 +252,12 @@ def _options(where: str, name: str, value: Any) -> dict[str, Any]:
                                                           "results_dir", "run_id", "overwrite", "device")]
     if bad:
         raise _fail(where, f"{name} may not set {', '.join(bad)} (the grid's axes and the launcher decide them)")
+    for k, v in value.items():
+        field_ = k if name == "options" else f"{name}.{k}"  # a model's or scheduler's options: where names it
+        if k in _OPTION_RANGES and v is not None:
+            ranges.check(_OPTION_RANGES[k], v, field_, lambda msg: _fail(where, msg))
+        elif isinstance(v, float) and not math.isfinite(v):
+            raise _fail(where, f"field '{field_}' must be a finite number, got {v!r}")
     return dict(value)
 
 
@@ -306,7 +325,7 @@ def parse_grid(data: Any, path: Path | str | None = None) -> Grid:
     for key in ("paper", "notebook"):
         if not isinstance(data.get(key), str) or not data[key]:
             raise _fail(where, f"{key} must be a name, got {data.get(key)!r}")
-    gpn = _positive_int(where, "gpus_per_node", data.get("gpus_per_node"))
+    gpn = _positive_int(where, "gpus_per_node", data.get("gpus_per_node"), ranges.WORKERS)
     networks = tuple(_names(where, "networks", data.get("networks", ["unspecified"])))
     base = _options(where, "train", data.get("train"))
     experiments = data.get("experiments")
@@ -329,7 +348,7 @@ def parse_grid(data: Any, path: Path | str | None = None) -> Grid:
         sizes = exp.get("world_sizes")
         if not isinstance(sizes, list) or not sizes:
             raise _fail(ew, f"world_sizes must be a non-empty list of GPU counts, got {sizes!r}")
-        sizes = [_positive_int(ew, "world_sizes", p) for p in sizes]
+        sizes = [_positive_int(ew, f"world_sizes[{k}]", p, ranges.WORKERS) for k, p in enumerate(sizes)]
         sched_opts = _schedulers(ew, exp.get("schedulers"))
         precisions = _names(ew, "precisions", exp.get("precisions", [DEFAULT_PRECISION]))
         bad = [p for p in precisions if p not in _PRECISIONS]
@@ -338,7 +357,8 @@ def parse_grid(data: Any, path: Path | str | None = None) -> Grid:
         exp_train = _options(ew, "train", exp.get("train"))
         for model, mopts in models.items():
             mopts = _options(f"{ew}: models.{model}", "options", mopts)
-            batch = _positive_int(f"{ew}: models.{model}", "batch_size", mopts.pop("batch_size", None))
+            batch = _positive_int(f"{ew}: models.{model}", "batch_size", mopts.pop("batch_size", None),
+                                  ranges.BATCH_SIZE)
             for p in sizes:
                 for sched, sopts in sched_opts:
                     for prec in precisions:
