@@ -470,3 +470,28 @@ def test_osp_simulation_refuses_a_bad_parameter_before_writing_anything(tmp_path
     assert e.value.evalue.startswith(f"{name}: "), e.value.evalue
     assert "\n" not in e.value.evalue
     assert list(figures.rglob("*")) == [] and list(data.rglob("*")) == []
+
+
+@pytest.mark.notebook
+@pytest.mark.slow
+@pytest.mark.parametrize("stem, name, value", [("mgwfbp_simulation", "timeline_workers", 1e12),
+                                               ("compare_schedulers", "measured_workers", 1e9),
+                                               ("compare_schedulers", "batch_size", 1e12),
+                                               ("mgwfbp_simulation", "hist_models", "[resnet50, bert_base, vgg16]")],
+                         ids=lambda v: repr(v))
+def test_reported_values_stop_the_notebook_before_it_writes_anything(tmp_path, stem, name, value):
+    """Issue 33's values, run for real: the first code cell stops the notebook with one line naming the
+    notebook and the parameter, and neither output folder gets a file (timeline_workers=1e12 used to
+    fail in cell 5 after tables were written, batch_size=1e12 inside the first rank)."""
+    import papermill as pm
+
+    figures, data = tmp_path / "figures", tmp_path / "data"
+    with pytest.raises(pm.PapermillExecutionError) as e:
+        pm.execute_notebook(str(ROOT / "notebooks" / f"{stem}.ipynb"), str(tmp_path / "out.ipynb"),
+                            parameters={name: value, "output_dir": str(figures), "results_dir": str(data)},
+                            kernel_name=_kernel(), progress_bar=False, cwd=str(ROOT))
+    assert e.value.ename == "ParameterError", e.value.ename
+    assert e.value.evalue.startswith(f"{name}: ") and f"; {stem} takes " in e.value.evalue, e.value.evalue
+    assert "\n" not in e.value.evalue
+    assert not figures.exists() or list(figures.rglob("*")) == []
+    assert not data.exists() or list(data.rglob("*")) == []
