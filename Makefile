@@ -2,7 +2,9 @@
 # Test tiers (markers in pyproject.toml): `make test` runs everything; `make test-fast` only the unit tier
 # (no slow, distributed, notebook, netns or gpu test; under 2 minutes). `make install-browser` installs
 # chromium (a system package, so only on request; CI asks) for tests/test_gallery.py's browser test.
-# `make docs` builds the documentation site (mkdocs, strict) into site/.
+# `make docs` builds the documentation site (mkdocs, strict) into build/site/ (mkdocs.yml's site_dir).
+# CPU-only machines: `make install TORCH_INDEX=https://download.pytorch.org/whl/cpu` installs torch and
+# torchvision from that index first (the CPU wheels, ~1 GB less than the CUDA build PyPI serves on Linux).
 # Uses the active virtual environment if there is one, else creates .venv here.
 SHELL := /bin/bash
 PYTHON ?= python3
@@ -23,6 +25,9 @@ KERNEL := $(ENV_DIR)/share/jupyter/kernels/repro/kernel.json
 BROWSERS := chromium chromium-browser google-chrome google-chrome-stable
 RESULTS ?= results
 PYTEST_ARGS ?=
+# An index to install torch and torchvision from before the rest (same pins, constraints.txt); empty: PyPI's
+# default build (CUDA on Linux). E.g. https://download.pytorch.org/whl/cpu for a machine without a GPU.
+TORCH_INDEX ?=
 # The unit tier: what needs no extra processes, notebooks, root network namespaces or GPU, and is quick;
 # plus the few-second distributed samples of larger matrices (marker `sample`, e.g. DDP conformance).
 FAST_MARKERS := not (slow or notebook or netns or gpu) and (not distributed or sample)
@@ -42,6 +47,9 @@ ifndef CONDA_PREFIX
 endif
 endif
 	$(PY) -m pip install --upgrade pip >/dev/null
+ifneq ($(strip $(TORCH_INDEX)),)
+	$(PY) -m pip install -c constraints.txt --index-url $(TORCH_INDEX) torch torchvision
+endif
 	$(PY) -m pip install -c constraints.txt -e ".[notebooks,dev,docs]"
 	touch $(STAMP)
 
@@ -72,7 +80,7 @@ test-fast: install
 	$(PY) -m pytest -m "$(FAST_MARKERS)" -n $(FAST_WORKERS) $(PYTEST_ARGS)
 
 docs: install
-	$(PY) -m mkdocs build --strict -d site
+	$(PY) -m mkdocs build --strict
 
 figures: install
 	$(PY) -m repro.figures run --out $(RESULTS)
@@ -87,4 +95,4 @@ benchmark: install
 	$(PY) benchmarks/bench_ps.py
 
 clean:
-	rm -rf $(RESULTS) .pytest_cache site
+	rm -rf $(RESULTS) .pytest_cache build/site

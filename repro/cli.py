@@ -1,4 +1,4 @@
-"""Command line: ``repro {profile,plan,simulate,compare,train,launch,calibrate,cost,schedulers,presets,models,traces}`` (also ``python -m repro``).
+"""Command line: ``repro {profile,plan,simulate,compare,grid,cost,train,launch,calibrate,schedulers,presets,models,traces}`` (also ``python -m repro``).
 
 JSON in and out (the listings print a table unless ``--format json``). Bad input ends with exit status 2 and one line on stderr, ``repro: error: ...``, naming
 the problem, before any work (outputs are checked to be writable first, and written atomically).
@@ -897,8 +897,13 @@ def build_parser() -> argparse.ArgumentParser:
                                  "see `repro train --help`")
 
     p = sub.add_parser("launch", help="start N local ranks running `repro train ARGS` (optionally on an "
-                                      "emulated network) and print rank 0's summary; the ranks use gloo "
-                                      "unless ARGS say --backend nccl, and ARGS' --pg-timeout-s")
+                                      "emulated network) and print rank 0's summary",
+                       description="Start --nproc local ranks, each running `repro train ARGS` (optionally "
+                                   "each in its own network namespace on links shaped to --emulate-bandwidth), "
+                                   "and print rank 0's summary. The ranks use gloo unless ARGS say --backend "
+                                   "nccl (which needs CUDA and a GPU per rank, checked before any rank starts); "
+                                   "ARGS' --pg-timeout-s sets the ranks' process-group timeout. Bad ARGS fail "
+                                   "in one line before any rank starts.")
     _add_local_flags(p)
     p.add_argument("train_args", nargs=argparse.REMAINDER, help="-- followed by `repro train` arguments")
     p.set_defaults(func=cmd_launch)

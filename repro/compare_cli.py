@@ -146,7 +146,7 @@ def _fmt(value: Any, digits: int = 4) -> str:
 def format_table(records: Sequence[Mapping[str, Any]], header_lines: Sequence[str] = ()) -> str:
     """Aligned columns for a person: scheduler, family, iteration (s), buckets, speedup over SyncEASGD,
     note; ``header_lines`` first, each as a ``#`` comment."""
-    head = ("scheduler", "family", "iteration_s", "buckets", "speedup_vs_syncea", "note")
+    head = ("scheduler", "family", "iteration_s", "buckets", "speedup_over_syncea", "note")
     rows = [[str(r["scheduler"]), _fmt(r["family"]), _fmt(r["iteration_s"]), _fmt(r["buckets"]),
              _fmt(r["speedup_over_syncea"], 3), str(r["note"] or "")] for r in records]
     cells = [list(head)] + rows

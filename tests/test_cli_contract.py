@@ -3,6 +3,7 @@ before any work, quiet on a closed pipe and on Ctrl-C."""
 
 import argparse
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -119,3 +120,34 @@ def test_ctrl_c_is_one_line():
     err = p.communicate(timeout=60)[1]
     assert p.returncode == 130, err
     assert err.strip().splitlines()[-1] == "repro: interrupted" and "Traceback" not in err
+
+
+def _commands() -> list[str]:
+    return list(dict(_subparsers(build_parser())))
+
+
+def test_the_usage_line_and_the_readme_table_name_every_command():
+    """`repro --help`'s first line lists every subcommand (it once left out grid), and the README's
+    command table has a row for each (it once left out compare, cost and grid)."""
+    from pathlib import Path
+
+    description = build_parser().description
+    listed = description[description.index("{") + 1: description.index("}")].split(",")
+    assert listed == _commands()
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    rows = [line for line in readme.splitlines() if line.startswith("| `repro ")]
+    named = {word.strip("`,") for row in rows for word in row.split("|")[1].split()} - {"repro"}
+    assert set(_commands()) <= named, sorted(set(_commands()) - named)
+
+
+def test_no_help_text_stops_mid_sentence():
+    """Each subcommand's summary and description end as sentences or phrases do, not on a dangling
+    option (`repro launch`'s once ended "... and ARGS' --pg-timeout-s")."""
+    for action in build_parser()._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for choice in action._choices_actions:
+                assert not re.search(r"--[\w-]+$", choice.help.rstrip()), (choice.dest, choice.help)
+                assert not choice.help.rstrip().endswith((",", ";", " and", " or")), (choice.dest, choice.help)
+    for name, parser in _subparsers(build_parser()):
+        if parser.description:
+            assert parser.description.rstrip().endswith((".", ")")), (name, parser.description[-80:])

@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import ast
 import json
+import math
 import re
 from pathlib import Path
 
 import pytest
 
-from repro.figures.params import (ParameterError, apply_parameters, injected_parameter_names, notebook_type,
-                                  validate_parameters)
+from repro.figures.params import (ParameterError, apply_parameters, injected_parameter_names, list_length,
+                                  notebook_type, parameter_bounds, validate_parameters)
 from repro.figures.schemas import SCHEMAS, schema_for
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -138,7 +139,8 @@ def test_unknown_parameters_and_paths(stem, tmp_path):
 
 BAD = [
     # the red team's osp_simulation values
-    ("osp_simulation", {"staleness": -3}, r"^staleness: Input should be greater than or equal to 0 \(got -3\)$"),
+    ("osp_simulation", {"staleness": -3}, r"^staleness: Input should be greater than or equal to 0; osp_simulation takes staleness in \[0, 100\] "
+                                          r"\(got -3\)$"),
     ("osp_simulation", {"staleness": 2.5}, r"^staleness: .*fractional part \(got 2\.5\)$"),
     ("osp_simulation", {"stage1_share": "abc"}, r"^stage1_share: Input should be a valid number.*\(got 'abc'\)$"),
     ("osp_simulation", {"servers": "abc"}, r"^servers: Input should be a valid integer.*\(got 'abc'\)$"),
@@ -157,7 +159,8 @@ BAD = [
                                                                   r"choose from ps_bsp, ps_asp"),
     ("osp_simulation", {"sim_link_rates": "[10gbit, 1gbps]"}, r"^sim_link_rates: ambiguous bandwidth unit in '1gbps'"),
     ("osp_simulation", {"timeline_link_rate": "fast"}, r"^timeline_link_rate: cannot read bandwidth 'fast'"),
-    ("osp_simulation", {"stage1_shares": "[0.5, 1.5]"}, r"^stage1_shares: stage1_share must be a number in \[0, 1\] "
+    ("osp_simulation", {"stage1_shares": "[0.5, 1.5]"}, r"^stage1_shares: stage1_share must be a number in \[0, 1\]; "
+                                                        r"osp_simulation takes each item of stage1_shares in \[0, 1\] "
                                                         r"\(got 1\.5 in '\[0\.5, 1\.5\]'\)$"),
     # the red team's mgwfbp_simulation values
     ("mgwfbp_simulation", {"timeline_workers": -8}, r"^timeline_workers: Input should be greater than or equal to 2"),
@@ -170,7 +173,8 @@ BAD = [
     ("mgwfbp_simulation", {"timeline_model": "lenet"}, r"^timeline_model: no shipped trace for model 'lenet'"),
     ("mgwfbp_simulation", {"network_presets": "[10gbe-derived, 1gbe]"}, r"^network_presets: unknown value '1gbe'"),
     ("mgwfbp_simulation", {"timeline_network_preset": "x"}, r"^timeline_network_preset: unknown value 'x'"),
-    ("mgwfbp_simulation", {"workers": "[1, 4]"}, r"^workers: Input should be greater than or equal to 2 \(got 1 in"),
+    ("mgwfbp_simulation", {"workers": "[1, 4]"}, r"^workers: Input should be greater than or equal to 2; "
+                                                        r"mgwfbp_simulation takes each item of workers in \[2, 4096\] \(got 1 in"),
     ("mgwfbp_simulation", {"schedulers": "[wfbp, nope]"}, r"^schedulers: unknown value 'nope'"),
     ("compare_schedulers", {"workers": "[4, 6]"}, r"^workers: P=6 is not whole nodes .* \(cost_mode calibrated\)$"),
     ("compare_schedulers", {"models": "[lenet]"}, r"^models: no shipped V100 estimate trace for model 'lenet'"),
@@ -280,6 +284,74 @@ BAD = [
 def test_bad_values_fail_in_one_line_naming_the_parameter(stem, data, match):
     message = _error(schema_for(stem), data)
     assert re.search(match, message), message
+
+
+# ----------------------------------------------------------------------------------- upper bounds
+
+# Issue 33's values, each once accepted: timeline_workers=1e12 failed five cells into the notebook after
+# tables were written, measured_workers=1e9 passed, batch_size=1e12 failed inside the first rank with an
+# allocation error, and a third hist_models entry ran though the parameter's comment says at most 2.
+REPORTED = [
+    ("mgwfbp_simulation", "timeline_workers", 1e12, "[2, 4096]"),
+    ("dear_simulation", "timeline_workers", 1e12, "[2, 4096]"),
+    ("omgs_simulation", "timeline_workers", 1e12, "[2, 4096]"),
+    ("compare_schedulers", "measured_workers", 1e9, "[2, 128]"),
+    *[(stem, "batch_size", 1e12, "[1, 1024]") for stem in ("compare_schedulers", "dear_training", "mgwfbp_training",
+                                                          "omgs_training", "osp_training", "validation")],
+]
+
+
+@pytest.mark.parametrize("stem, name, value, interval", REPORTED, ids=[f"{s}.{n}" for s, n, _, _ in REPORTED])
+def test_reported_huge_values_are_refused_naming_notebook_parameter_value_and_range(stem, name, value, interval):
+    message = _error(schema_for(stem), {name: value})
+    assert message.startswith(f"{name}: Input should be less than or equal to "), message
+    assert f"; {stem} takes {name} in {interval} (got {value!r})" in message, message
+
+
+def test_a_third_hist_models_entry_is_refused():
+    """The parameter's comment says at most 2 (the figure has two panels)."""
+    message = _error(schema_for("mgwfbp_simulation"), {"hist_models": "[resnet50, bert_base, vgg16]"})
+    assert message == ("hist_models: give at most 2 values, not 3; mgwfbp_simulation takes 0 to 2 values for "
+                       "hist_models (got '[resnet50, bert_base, vgg16]')"), message
+    assert validate_parameters(schema_for("mgwfbp_simulation"), {"hist_models": "[vgg16, bert_base]"})
+
+
+def _numeric_fields():
+    for stem in SCHEMAS:
+        for name, field in schema_for(stem).model_fields.items():
+            if notebook_type(field.annotation) in ("int", "float", "list[int]", "list[float]"):
+                yield pytest.param(stem, name, id=f"{stem}.{name}")
+
+
+@pytest.mark.parametrize("stem, name", list(_numeric_fields()))
+def test_every_numeric_parameter_has_an_upper_bound(stem, name):
+    """A numeric parameter added without a plausible range fails here: its upper bound is declared, the
+    bound itself is accepted, and just past it is refused in one line naming the notebook and the range."""
+    schema = schema_for(stem)
+    field = schema.model_fields[name]
+    bounds = parameter_bounds(field)
+    assert bounds is not None and bounds.hi is not None and bounds.lo is not None, (stem, name, bounds)
+    assert math.isfinite(bounds.hi), (stem, name, bounds)
+    is_list = notebook_type(field.annotation).startswith("list")
+    length = list_length(field)
+
+    def given(v):
+        return [v] * max(1, length.min_length) if is_list else v
+
+    if not bounds.hi_open:
+        assert validate_parameters(schema, {name: given(bounds.hi)})
+    above = bounds.hi * 2 if isinstance(bounds.hi, int) else bounds.hi * 1.5 + 1
+    message = _error(schema, {name: given(above)})
+    assert message.startswith(f"{name}: "), message
+    assert f"; {stem} takes {'each item of ' if is_list else ''}{name} in {bounds} (got " in message, message
+
+
+def test_every_bounded_list_length_is_checked():
+    """List parameters whose documentation states a length limit declare it (ListOf(max_length=...))."""
+    limited = {(stem, name): list_length(f).max_length for stem in SCHEMAS
+               for name, f in schema_for(stem).model_fields.items()
+               if list_length(f) is not None and list_length(f).max_length is not None}
+    assert limited == {("mgwfbp_simulation", "hist_models"): 2}
 
 
 GOOD = [
@@ -398,3 +470,28 @@ def test_osp_simulation_refuses_a_bad_parameter_before_writing_anything(tmp_path
     assert e.value.evalue.startswith(f"{name}: "), e.value.evalue
     assert "\n" not in e.value.evalue
     assert list(figures.rglob("*")) == [] and list(data.rglob("*")) == []
+
+
+@pytest.mark.notebook
+@pytest.mark.slow
+@pytest.mark.parametrize("stem, name, value", [("mgwfbp_simulation", "timeline_workers", 1e12),
+                                               ("compare_schedulers", "measured_workers", 1e9),
+                                               ("compare_schedulers", "batch_size", 1e12),
+                                               ("mgwfbp_simulation", "hist_models", "[resnet50, bert_base, vgg16]")],
+                         ids=lambda v: repr(v))
+def test_reported_values_stop_the_notebook_before_it_writes_anything(tmp_path, stem, name, value):
+    """Issue 33's values, run for real: the first code cell stops the notebook with one line naming the
+    notebook and the parameter, and neither output folder gets a file (timeline_workers=1e12 used to
+    fail in cell 5 after tables were written, batch_size=1e12 inside the first rank)."""
+    import papermill as pm
+
+    figures, data = tmp_path / "figures", tmp_path / "data"
+    with pytest.raises(pm.PapermillExecutionError) as e:
+        pm.execute_notebook(str(ROOT / "notebooks" / f"{stem}.ipynb"), str(tmp_path / "out.ipynb"),
+                            parameters={name: value, "output_dir": str(figures), "results_dir": str(data)},
+                            kernel_name=_kernel(), progress_bar=False, cwd=str(ROOT))
+    assert e.value.ename == "ParameterError", e.value.ename
+    assert e.value.evalue.startswith(f"{name}: ") and f"; {stem} takes " in e.value.evalue, e.value.evalue
+    assert "\n" not in e.value.evalue
+    assert not figures.exists() or list(figures.rglob("*")) == []
+    assert not data.exists() or list(data.rglob("*")) == []

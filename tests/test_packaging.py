@@ -87,3 +87,16 @@ def test_a_wheel_carries_traces_paper_numbers_and_types_and_runs_the_readme_exam
     assert out.returncode == 0, out.stderr[-2000:]
     buckets, seconds = out.stdout.split()
     assert int(buckets) >= 1 and 0 < float(seconds) < 1
+
+
+def test_the_license_is_an_spdx_string_that_the_required_setuptools_reads():
+    """PEP 639: ``license = "MIT"``, not the table ``{text = ...}`` setuptools deprecates (refused from
+    Feb 2027); setuptools reads the string from 77 on, so the build system asks for at least that."""
+    import tomllib
+
+    from packaging.requirements import Requirement
+
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert config["project"]["license"] == "MIT"
+    setuptools = next(Requirement(r) for r in config["build-system"]["requires"] if r.startswith("setuptools"))
+    assert not setuptools.specifier.contains("76.9") and setuptools.specifier.contains("77.0")

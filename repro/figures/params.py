@@ -29,12 +29,14 @@ from __future__ import annotations
 import ast
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Callable, ClassVar, Iterable, Mapping, MutableMapping, Sequence, Union, \
     get_args, get_origin
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, StringConstraints, ValidationError, \
     ValidationInfo
+from pydantic.fields import FieldInfo
 from pydantic_core import PydanticCustomError
 
 from repro.studies.common import available_cpus
@@ -42,7 +44,7 @@ from repro.studies.common import available_cpus
 __all__ = ["ParameterError", "parse_list", "parse_choice", "resolve_path", "repo_root", "available_cpus",
            "default_world_sizes", "NotebookParams", "apply_parameters", "validate_parameters",
            "injected_parameter_names", "notebook_type", "Int", "Float", "Bool", "Str", "Name", "PathParam",
-           "ListOf", "OneOf", "parameter_error"]
+           "ListOf", "OneOf", "parameter_error", "Bounds", "ListLength", "parameter_bounds", "list_length"]
 
 
 class ParameterError(ValueError):
@@ -253,10 +255,10 @@ def OneOf(choices: Iterable[Any] | Callable[[], Iterable[Any]], item: Any = None
     return Annotated[item if item is not None else Name, AfterValidator(check)]
 
 
-def ListOf(item: Any, *, min_length: int = 1) -> Any:
+def ListOf(item: Any, *, min_length: int = 1, max_length: int | None = None) -> Any:
     """A list of ``item`` (a type such as :data:`Int`, ``Annotated[int, Field(ge=2)]``, :func:`OneOf`)
     that also accepts papermill's strings (``"[4, 16]"``, ``"4,16"``, ``"resnet50"``), with at least
-    ``min_length`` items (0: may be empty)."""
+    ``min_length`` items (0: may be empty) and, where the notebook documents a limit, at most ``max_length``."""
     def split(value: Any, info: ValidationInfo) -> list:
         name = info.field_name or "parameter"
         try:
@@ -268,9 +270,76 @@ def ListOf(item: Any, *, min_length: int = 1) -> Any:
                 raise PydanticCustomError("empty_list", "the list is empty; give at least one value, e.g. -p {name} "
                                           "'[...]'", {"name": name})
             raise PydanticCustomError("short_list", "give at least {n} values", {"n": min_length})
+        if max_length is not None and len(items) > max_length:
+            raise PydanticCustomError("long_list", "give at most {n} values, not {got}",
+                                      {"n": max_length, "got": len(items)})
         return items
 
-    return Annotated[list[item], BeforeValidator(split)]
+    return Annotated[list[item], BeforeValidator(split), ListLength(min_length, max_length)]
+
+
+@dataclass(frozen=True)
+class ListLength:
+    """Marker in a :func:`ListOf` annotation: the list's allowed length (``max_length`` None: no limit)."""
+
+    min_length: int
+    max_length: int | None
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """A numeric parameter's declared range (of each item, for a list): ``lo``/``hi`` with whether each end
+    is open; None where the schema declares no bound. :func:`parameter_bounds` reads it off a field."""
+
+    lo: float | None = None
+    hi: float | None = None
+    lo_open: bool = False
+    hi_open: bool = False
+
+    def __str__(self) -> str:
+        def num(x: float | None, inf: str) -> str:
+            if x is None:
+                return inf
+            return str(x) if isinstance(x, int) else f"{x:g}"
+
+        return (("(" if self.lo_open or self.lo is None else "[") + num(self.lo, "-inf") + ", "
+                + num(self.hi, "inf") + (")" if self.hi_open or self.hi is None else "]"))
+
+
+def _metadata(annotation: Any) -> list:
+    """The constraint objects of an ``Annotated`` type, flattened (a nested FieldInfo's too)."""
+    if get_origin(annotation) is not Annotated:
+        return []
+    out: list = []
+    for m in get_args(annotation)[1:]:
+        out.extend(m.metadata if isinstance(m, FieldInfo) else [m])
+    return out
+
+
+def parameter_bounds(field: FieldInfo) -> Bounds | None:
+    """The declared numeric range of a schema field (for a list of numbers: of each item), from its
+    ``ge``/``gt``/``le``/``lt`` constraints; None for a field that is not numeric."""
+    annotation, metadata = field.annotation, list(field.metadata)
+    if get_origin(annotation) is list:
+        annotation = get_args(annotation)[0]
+        metadata = _metadata(annotation)
+        while get_origin(annotation) is Annotated:
+            annotation = get_args(annotation)[0]
+    base = notebook_type(annotation)
+    if base not in ("int", "float"):
+        return None
+    b: dict[str, Any] = {}
+    for m in metadata:
+        for attr, key, open_ in (("ge", "lo", False), ("gt", "lo", True), ("le", "hi", False), ("lt", "hi", True)):
+            value = getattr(m, attr, None)
+            if value is not None and not isinstance(m, FieldInfo):
+                b[key], b[f"{key}_open"] = value, open_
+    return Bounds(**b)
+
+
+def list_length(field: FieldInfo) -> ListLength | None:
+    """The allowed length of a :func:`ListOf` field; None for a field that is not a list."""
+    return next((m for m in field.metadata if isinstance(m, ListLength)), None)
 
 
 def notebook_type(annotation: Any) -> str:
@@ -313,7 +382,33 @@ def _short(value: Any, limit: int = 120) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def _error_line(error: Mapping[str, Any], data: Mapping[str, Any]) -> str:
+#: pydantic's error types for a value outside a field's ge/gt/le/lt bounds
+_RANGE_ERRORS = {"greater_than", "greater_than_equal", "less_than", "less_than_equal"}
+
+
+def _range_note(schema: type[NotebookParams] | None, name: str, error: Mapping[str, Any]) -> str:
+    """``; <notebook> takes <name> in [lo, hi]`` for a value out of a declared range (or a list of the
+    wrong length), so the line names the notebook and the range; empty for other errors."""
+    field = schema.model_fields.get(name) if schema is not None else None
+    if field is None:
+        return ""
+    where = schema.notebook or "this notebook"
+    if error.get("type") == "long_list" or error.get("type") == "short_list":
+        length = list_length(field)
+        if length is None:
+            return ""
+        if length.max_length is None:
+            return f"; {where} takes at least {length.min_length} values for {name}"
+        return f"; {where} takes {length.min_length} to {length.max_length} values for {name}"
+    bounds = parameter_bounds(field)
+    if bounds is None or error.get("type") not in _RANGE_ERRORS | {"value_error"}:
+        return ""
+    each = "each item of " if get_origin(field.annotation) is list else ""
+    return f"; {where} takes {each}{name} in {bounds}"
+
+
+def _error_line(error: Mapping[str, Any], data: Mapping[str, Any],
+                schema: type[NotebookParams] | None = None) -> str:
     loc = error.get("loc") or ()
     if error.get("type") == "value_error" and (error.get("ctx") or {}).get("error") is not None:
         message = str(error["ctx"]["error"])
@@ -325,7 +420,7 @@ def _error_line(error: Mapping[str, Any], data: Mapping[str, Any]) -> str:
     if not loc:  # a model validator: its message names the parameter(s)
         return message
     name = str(loc[0])
-    message = _strip_name(message, name)
+    message = _strip_name(message, name) + _range_note(schema, name, error)
     if error.get("type") == "missing":
         return f"{name}: missing"
     raw = data.get(name, error.get("input"))
@@ -336,14 +431,16 @@ def _error_line(error: Mapping[str, Any], data: Mapping[str, Any]) -> str:
 
 def validate_parameters(schema: type[NotebookParams], data: Mapping[str, Any]) -> NotebookParams:
     """``schema`` built from ``data``, or one :class:`ParameterError` line: ``name: message (got value)``
-    (several errors are joined by ``; `` on that line)."""
+    (several errors are joined by ``; `` on that line). A value outside its declared range also names
+    the notebook and the range: ``workers: Input should be less than or equal to 4096; mgwfbp_simulation
+    takes each item of workers in [2, 4096] (got 100000 in '[8, 100000]')``."""
     try:
         return schema(**dict(data))
     except ValidationError as e:
         first: dict[Any, Mapping[str, Any]] = {}  # one error per parameter (the first), then the cross checks
         for err in e.errors():
             first.setdefault(err["loc"][0] if err.get("loc") else len(first), err)
-        lines = list(dict.fromkeys(_error_line(err, data) for err in first.values()))
+        lines = list(dict.fromkeys(_error_line(err, data, schema) for err in first.values()))
         where = f" ({schema.notebook})" if schema.notebook else ""
         raise ParameterError("; ".join(lines) if len(lines) == 1 else f"{len(lines)} bad parameters{where}: "
                              + "; ".join(lines)) from None

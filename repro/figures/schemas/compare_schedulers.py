@@ -7,8 +7,8 @@ from typing import ClassVar
 from pydantic import Field, model_validator
 
 from repro.figures.params import Bool, Float, ListOf, Name, NotebookParams, OneOf, PathParam, parameter_error
-from repro.figures.schemas._common import (AtLeast2, CostMode, Density, LinkRateOrLoopback, Model, Positive, Preset,
-                                           Scale)
+from repro.figures.schemas._common import (BatchSize, CostMode, Density, LinkRateOrLoopback, Model, Preset, Ranks,
+                                           Scale, SimGPUs, Steps)
 from repro.studies import compare
 
 Scheduler = OneOf(compare.SCHEDULERS)
@@ -19,21 +19,22 @@ class CompareSchedulersParams(NotebookParams):
 
     models: ListOf(Name) = ["resnet50", "bert_base", "vgg16"]
     network_presets: ListOf(Preset) = ["10gbe-derived", "56gbib-derived"]
-    workers: ListOf(AtLeast2) = [8, 16, 32]
+    workers: ListOf(SimGPUs) = [8, 16, 32]
     cost_mode: CostMode = "calibrated"
     schedulers: ListOf(Scheduler) = ["wfbp", "syncea", "threshold", "horovod", "ddp_buckets", "mgwfbp", "optimal",
                                      "topk_layerwise", "topk_single", "omgs", "omgs_optimal", "dear_nofusion",
                                      "dear_threshold", "dear_model", "dear_optimal", "bytescheduler", "ps_bsp",
                                      "ps_asp", "ps_ssp", "osp", "osp_auto"]
     density: Density = 0.001
-    topk_gamma_s: Float = Field(2.19e-10, ge=0)
+    # seconds per element and log2: OMGS-SGD's P102-100 fit is 2.19e-10; 1e-6 would be ~5000x slower than that GPU
+    topk_gamma_s: Float = Field(2.19e-10, ge=0, le=1e-6)
     measured_schedulers: ListOf(Scheduler, min_length=0) = ["mgwfbp", "omgs", "dear_threshold", "osp"]
     measured_model: Model = "tiny_resnet"
-    measured_workers: AtLeast2 = 2
+    measured_workers: Ranks = 2
     link_rate: LinkRateOrLoopback = "100mbit"
-    batch_size: Positive = 16
-    steps: Positive = 6
-    warmup_steps: Positive = 2
+    batch_size: BatchSize = 16
+    steps: Steps = 6
+    warmup_steps: Steps = 2
     read_only: Bool = False
     scale: Scale = "tiny"
     output_dir: PathParam = "results/figures"

@@ -7,7 +7,7 @@ from typing import ClassVar
 from pydantic import model_validator
 
 from repro.figures.params import ListOf, Name, NotebookParams, OneOf, PathParam, parameter_error
-from repro.figures.schemas._common import AtLeast2, CostMode, Preset, Scale
+from repro.figures.schemas._common import CostMode, Preset, Scale, SimGPUs
 from repro.planners import planner_names
 from repro.studies import dear_sim as study
 
@@ -16,17 +16,17 @@ class DearSimulationParams(NotebookParams):
     notebook: ClassVar[str] = "dear_simulation"
 
     models: ListOf(OneOf(list(study.DEAR_MODELS))) = ["resnet50", "bert_base"]
-    workers: ListOf(AtLeast2) = [8, 64]
+    workers: ListOf(SimGPUs) = [8, 64]
     network_presets: ListOf(Preset) = ["10gbe-dear-derived", "56gbib-dear-derived"]
     schedulers: ListOf(OneOf(lambda: planner_names("allreduce") + planner_names("dear")
                              + planner_names("bytescheduler"))) = [
         "wfbp", "bytescheduler", "horovod", "ddp_buckets", "mgwfbp", "dear_nofusion", "dear_threshold", "dear_model",
         "dear_optimal"]
     summary_network_presets: ListOf(Preset) = ["10gbe-dear64", "56gbib-dear64"]
-    summary_workers: AtLeast2 = 64
+    summary_workers: SimGPUs = 64
     timeline_model: Name = "bert_base"
     timeline_network_preset: Preset = "56gbib-dear64"
-    timeline_workers: AtLeast2 = 64
+    timeline_workers: SimGPUs = 64
     timeline_schedulers: ListOf(OneOf(lambda: planner_names("allreduce") + planner_names("dear"))) = [
         "wfbp", "dear_threshold"]
     cost_mode: CostMode = "paper"

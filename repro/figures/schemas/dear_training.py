@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Annotated, ClassVar
 
-from repro.figures.params import Bool, ListOf, NotebookParams, OneOf, PathParam
-from repro.figures.schemas._common import (AtLeast2, Bytes, CostMode, Launcher, LinkRateOrLoopback, Model, Positive,
-                                           Preset, Scale, Slurm)
+from pydantic import Field
+
+from repro.figures.params import Bool, Int, ListOf, NotebookParams, OneOf, PathParam
+from repro.figures.schemas._common import (BatchSize, Bytes, CostMode, Launcher, LinkRateOrLoopback, Model, Preset,
+                                           Ranks, Repeats, Scale, SimGPUs, Slurm, Steps)
 from repro.schedulers import SCHEDULERS
 from repro.studies import dear_sim as sim
 
@@ -19,23 +21,23 @@ class DearTrainingParams(NotebookParams):
     notebook: ClassVar[str] = "dear_training"
 
     model: Model = "tiny_resnet"
-    world_sizes: ListOf(AtLeast2) = [2]
+    world_sizes: ListOf(Ranks) = [2]
     nofusion_schedulers: ListOf(OneOf(RUNNABLE)) = ["wfbp", "bytescheduler", "dear_nofusion"]
     fusion_schedulers: ListOf(OneOf(RUNNABLE)) = ["horovod", "ddp", "fsdp", "mgwfbp", "dear_threshold", "dear_model",
                                                  "dear_optimal"]
     threshold_sweep_bytes: ListOf(Bytes, min_length=2) = [8192, 32768, 131072, 524288]
-    batch_size: Positive = 16
-    steps: Positive = 8
-    warmup_steps: Positive = 2
-    bo_steps: Positive = 80
-    search_trials: Positive = 8
-    search_seeds: Positive = 3
+    batch_size: BatchSize = 16
+    steps: Steps = 8
+    warmup_steps: Steps = 2
+    bo_steps: Steps = 80
+    search_trials: Repeats = 8
+    search_seeds: Annotated[Int, Field(ge=1, le=100)] = 3  # seeds of BO and random search: 3 by default; 100 is a study of its own
     primitive_sizes_bytes: ListOf(Bytes) = [4096, 32768, 262144, 2097152]
-    primitive_repeats: Positive = 3
+    primitive_repeats: Repeats = 3
     link_rate: LinkRateOrLoopback = "100mbit"
     paper_models: ListOf(PaperModel) = ["resnet50", "densenet201", "inception_v4", "bert_base", "bert_large"]
     network_presets: ListOf(Preset) = ["10gbe-dear64", "56gbib-dear64"]
-    paper_workers: AtLeast2 = 64
+    paper_workers: SimGPUs = 64
     cost_mode: CostMode = "paper"
     tuning_model: PaperModel = "bert_base"
     read_only: Bool = False

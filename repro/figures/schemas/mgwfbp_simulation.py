@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from pydantic import Field, model_validator
+from pydantic import model_validator
 
-from repro.figures.params import Bool, Int, ListOf, Name, NotebookParams, OneOf, PathParam, parameter_error
-from repro.figures.schemas._common import AtLeast2, CostMode, Preset, Scale, estimate_gpus
+from repro.figures.params import Bool, ListOf, Name, NotebookParams, OneOf, PathParam, parameter_error
+from repro.figures.schemas._common import CostMode, Preset, Scale, SimGPUs, ThresholdBytes, estimate_gpus
 from repro.planners import PLANNERS
 from repro.studies import mgwfbp_sim as study
 
@@ -19,14 +19,14 @@ class MgwfbpSimulationParams(NotebookParams):
                             "vgg16", "bert_base", "bert_large"]
     gpu: OneOf(estimate_gpus) = "v100"
     network_presets: ListOf(Preset) = ["10gbe-derived", "56gbib-derived"]
-    workers: ListOf(AtLeast2) = [4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048]
+    workers: ListOf(SimGPUs) = [4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048]
     schedulers: ListOf(OneOf(lambda: list(PLANNERS))) = ["wfbp", "syncea", "threshold", "mgwfbp", "optimal"]
-    threshold_bytes: Int = Field(67108864, ge=0)
+    threshold_bytes: ThresholdBytes = 67108864
     paper_check: Bool = True
     timeline_model: Name = "googlenet"
     timeline_network_preset: Preset = "10gbe-v100"
-    timeline_workers: AtLeast2 = 16
-    hist_models: ListOf(Name, min_length=0) = ["resnet50", "bert_base"]
+    timeline_workers: SimGPUs = 16
+    hist_models: ListOf(Name, min_length=0, max_length=2) = ["resnet50", "bert_base"]
     cost_mode: CostMode = "paper"
     scale: Scale = "tiny"
     output_dir: PathParam = "results/figures"

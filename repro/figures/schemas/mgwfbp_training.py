@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import ClassVar
 
 from repro.figures.params import Bool, ListOf, NotebookParams, OneOf, PathParam
-from repro.figures.schemas._common import Bytes, Launcher, Slurm, LinkRateOrLoopback, Model, Positive, Scale
+from repro.figures.schemas._common import (BatchSize, Bytes, Epochs, Launcher, LinkRateOrLoopback, Model,
+                                           RanksFrom1, Scale, Slurm, Steps)
 from repro.schedulers import SCHEDULERS
 from repro.workload.datasets import DATASET_NAMES
 
@@ -14,18 +15,18 @@ class MgwfbpTrainingParams(NotebookParams):
     notebook: ClassVar[str] = "mgwfbp_training"
 
     models: ListOf(Model) = ["tiny_resnet", "tiny_vgg"]
-    world_sizes: ListOf(Positive, min_length=0) = []  # empty: the notebook picks default_world_sizes()
+    world_sizes: ListOf(RanksFrom1, min_length=0) = []  # empty: the notebook picks default_world_sizes()
     schedulers: ListOf(OneOf([s for s in SCHEDULERS if s != "local"])) = ["wfbp", "syncea", "mgwfbp", "optimal",
                                                                           "ddp"]
     precisions: ListOf(OneOf(["float32", "float16"])) = ["float32", "float16"]
     threshold_sweep_bytes: ListOf(Bytes, min_length=0) = [4096, 16384, 65536, 262144, 1048576]
-    batch_size: Positive = 32
-    steps: Positive = 10
-    warmup_steps: Positive = 3
+    batch_size: BatchSize = 32
+    steps: Steps = 10
+    warmup_steps: Steps = 3
     convergence_model: Model = "tiny_resnet"
     convergence_dataset: OneOf(DATASET_NAMES) = "digits"
-    convergence_epochs: Positive = 3
-    convergence_world_size: Positive = 2
+    convergence_epochs: Epochs = 3
+    convergence_world_size: RanksFrom1 = 2
     allreduce_sizes_bytes: ListOf(Bytes) = [4096, 16384, 65536, 262144, 1048576, 4194304]
     link_rate: LinkRateOrLoopback = "100mbit"
     read_only: Bool = False

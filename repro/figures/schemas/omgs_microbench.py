@@ -7,18 +7,18 @@ from typing import Annotated, ClassVar
 from pydantic import Field
 
 from repro.figures.params import Bool, Int, ListOf, NotebookParams, PathParam
-from repro.figures.schemas._common import AtLeast2, Bytes, Density, Positive, Scale
+from repro.figures.schemas._common import MAX_NUMEL, Bytes, Density, Ranks, Repeats, Scale, Threads
 
 
 class OmgsMicrobenchParams(NotebookParams):
     notebook: ClassVar[str] = "omgs_microbench"
 
     density: Density = 0.001
-    topk_numels: ListOf(Annotated[Int, Field(ge=2)]) = [1024, 4096, 16384, 65536, 262144, 1048576, 4194304]
-    world_sizes: ListOf(AtLeast2) = [2]
+    topk_numels: ListOf(Annotated[Int, Field(ge=2, le=MAX_NUMEL)]) = [1024, 4096, 16384, 65536, 262144, 1048576, 4194304]
+    world_sizes: ListOf(Ranks) = [2]
     allgather_max_bytes: Bytes = 4194304
-    repeats: Positive = 5
-    threads: Positive = 1
+    repeats: Repeats = 5
+    threads: Threads = 1
     paper_lines: Bool = True
     scale: Scale = "tiny"
     output_dir: PathParam = "results/figures"

@@ -8,7 +8,8 @@ from typing import Annotated, ClassVar
 from pydantic import AfterValidator, model_validator
 
 from repro.figures.params import ListOf, Name, NotebookParams, OneOf, PathParam, Str, parameter_error
-from repro.figures.schemas._common import AtLeast2, CostMode, Density, Model, Positive, Preset, Scale, estimate_gpus
+from repro.figures.schemas._common import (CostMode, Density, Model, Preset, Ranks, Scale, SimGPUs, Steps,
+                                           estimate_gpus)
 from repro.planners import planner_names
 from repro.studies import omgs_sim as study
 
@@ -27,20 +28,20 @@ class OmgsSimulationParams(NotebookParams):
     models: ListOf(Name) = ["vgg16_cifar", "resnet50", "inception_v4", "lstm_ptb"]
     gpu: OneOf(estimate_gpus) = "p102"
     network_preset: Preset = "1gbe-allgather"
-    workers: ListOf(AtLeast2) = [2, 4, 8, 16]
+    workers: ListOf(SimGPUs) = [2, 4, 8, 16]
     densities: ListOf(Density) = [0.001, 0.004, 0.01, 0.05]
     schedulers: ListOf(OneOf(lambda: planner_names("sparse"))) = ["topk_layerwise", "topk_single", "omgs",
                                                                   "omgs_optimal"]
     tiny_skip_models: ListOf(Name, min_length=0) = ["inception_v4"]
     timeline_model: Name = "lstm_ptb"
-    timeline_workers: AtLeast2 = 16
+    timeline_workers: SimGPUs = 16
     runs_dir: Str = ""  # a folder, "" (measure here) or "none" (no measured panel): the notebook reads it
     measured_model: Model = "tiny_resnet"
-    measured_world_size: AtLeast2 = 2
+    measured_world_size: Ranks = 2
     measured_density: Density = 0.05
     measured_network_preset: Annotated[Str, AfterValidator(_preset_or_empty)] = "1gbe-allgather"
-    steps: Positive = 2
-    warmup_steps: Positive = 1
+    steps: Steps = 2
+    warmup_steps: Steps = 1
     cost_mode: CostMode = "paper"
     scale: Scale = "tiny"
     output_dir: PathParam = "results/figures"

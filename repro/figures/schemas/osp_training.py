@@ -7,8 +7,9 @@ from typing import ClassVar
 from pydantic import Field
 
 from repro.figures.params import Bool, Float, ListOf, NotebookParams, OneOf, PathParam
-from repro.figures.schemas._common import (AtLeast2, CostMode, Launcher, Slurm, LinkRate, LinkRateOrLoopback, Model,
-                                           NonNegative, Positive, PositiveFloat, Scale, Share)
+from repro.figures.schemas._common import (BatchSize, CostMode, Epochs, Launcher, LearningRate, LinkRate,
+                                           LinkRateOrLoopback, Model, Ranks, Scale, Seed, Servers, Share, SimGPUs,
+                                           Slurm, Staleness, Steps)
 from repro.studies.osp_sim import OSP_MODELS
 
 
@@ -17,24 +18,24 @@ class OspTrainingParams(NotebookParams):
 
     model: Model = "tiny_resnet"
     dataset: OneOf(["digits", "cifar10", "imagenet"]) = "digits"
-    ps_workers: AtLeast2 = 2
-    servers: Positive = 1
+    ps_workers: Ranks = 2
+    servers: Servers = 1
     link_rate: LinkRateOrLoopback = "100mbit"
-    epochs: Positive = 3
-    batch_size: Positive = 32
-    warmup_steps: Positive = 2
-    lr: PositiveFloat = 0.05
+    epochs: Epochs = 3
+    batch_size: BatchSize = 32
+    warmup_steps: Steps = 2
+    lr: LearningRate = 0.05
     momentum: Float = Field(0.5, ge=0, lt=1)
     stage1_share: Share = 0.5
     ablation_shares: ListOf(Share) = [0.0, 0.5]
     ratio_shares: ListOf(Share, min_length=0) = [0.0, 0.5]
-    staleness: NonNegative = 2
-    seeds: ListOf(NonNegative) = [0, 1, 2]
+    staleness: Staleness = 2
+    seeds: ListOf(Seed) = [0, 1, 2]
     importance: OneOf(["magnitude", "position"]) = "magnitude"
     paper_models: ListOf(OneOf(list(OSP_MODELS))) = ["resnet50", "vgg16", "bert_base", "inception_v4"]
     sim_link_rates: ListOf(LinkRate) = ["10gbit", "100gbit"]
     sim_stage1_shares: ListOf(Share) = [0.0, 0.25, 0.5, 0.75, 1.0]
-    paper_workers: AtLeast2 = 8
+    paper_workers: SimGPUs = 8
     read_only: Bool = False
     cost_mode: CostMode = "paper"
     scale: Scale = "tiny"

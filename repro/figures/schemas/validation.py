@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import ClassVar
 
 from repro.figures.params import Bool, ListOf, NotebookParams, OneOf, PathParam
-from repro.figures.schemas._common import AtLeast2, LinkRateOrLoopback, Model, NonNegative, Positive, Scale
+from repro.figures.schemas._common import (BatchSize, LinkRateOrLoopback, Model, Ranks, Repeats, Scale, Steps,
+                                           ThresholdBytes)
 from repro.schedulers import SCHEDULERS
 
 
@@ -16,12 +17,12 @@ class ValidationParams(NotebookParams):
     schedulers: ListOf(OneOf([s for s in SCHEDULERS if s != "local"])) = ["wfbp", "syncea", "threshold", "mgwfbp",
                                                                           "optimal", "ddp"]
     link_rates: ListOf(LinkRateOrLoopback) = ["loopback", "100mbit"]
-    world_sizes: ListOf(AtLeast2) = [2]
-    batch_size: Positive = 32
-    steps: Positive = 10
-    warmup_steps: Positive = 3
-    threshold_bytes: NonNegative = 65536
-    contention_repeats: Positive = 7
+    world_sizes: ListOf(Ranks) = [2]
+    batch_size: BatchSize = 32
+    steps: Steps = 10
+    warmup_steps: Steps = 3
+    threshold_bytes: ThresholdBytes = 65536
+    contention_repeats: Repeats = 7
     require_emulation: Bool = False
     read_only: Bool = False
     scale: Scale = "tiny"
