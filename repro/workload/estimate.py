@@ -20,8 +20,20 @@ Method:
        seconds = max(flops / (peak_flops * COMPUTE_EFFICIENCY),
                      bytes / (memory_bandwidth * MEMORY_EFFICIENCY)) + KERNEL_OVERHEAD_S
 
-   with the peak of the dtype (fp32 CUDA-core peak for ``"float32"``; fp16 tensor-core peak for
-   ``"float16"`` where the GPU has tensor cores).
+   with the peak of the operator's kind and dtype (:func:`_op_kind`): convolutions and matmuls of
+   ``"float16"``/``"bfloat16"`` run on tensor cores (the 16-bit tensor peak times the kind's
+   :data:`TENSOR_CORE_EFFICIENCY`); ``"float32"`` matmuls on CUDA cores (fp32 peak times
+   ``COMPUTE_EFFICIENCY``), ``"float32"`` convolutions on TF32 tensor cores where the GPU has them
+   (PyTorch's default, ``torch.backends.cudnn.allow_tf32 = True``), else on CUDA cores; every other
+   operator is memory-bound at the bandwidth, with its elements' real sizes.
+
+   Half precision is modelled as PyTorch autocast with float32 master weights (``amp=True``, the
+   default; what the project's ``--amp fp16``/``bf16`` training does): activations and their
+   gradients are 16-bit, the operators autocast keeps in float32 (softmax, log-softmax, layer/group
+   norm, the losses, ...; :data:`_AUTOCAST_FP32_OPS`) move 4-byte elements, and every convolution
+   or linear weight and bias is cast to 16 bits once in forward and its gradient back to float32
+   once in backward (one memory-bound kernel each, 2 + 4 bytes per element). ``amp=False`` models
+   pure 16-bit training instead (no casts, everything 16-bit).
 4. These seconds advance a virtual clock read by the same hooks the profiler uses
    (:mod:`repro.workload.profile`): forward time is the gap between ends of parameter-owning modules (so
    parameterless work, e.g. ReLU or pooling, is charged to the next parameter-owning module in
@@ -45,11 +57,11 @@ from torch.utils._pytree import tree_leaves
 from torch.utils.flop_counter import FlopCounterMode, flop_registry
 
 from repro.workload.models import build_model, compute_loss, get_spec, make_batch
-from repro.workload.layers import VIEWS, learnable_params, unit_sizes
+from repro.workload.layers import VIEWS, learnable_params, unit_name, unit_sizes
 from repro.workload.recording import Recorder, attribute, resolve
 from repro.trace import Layer, Trace
 
-__all__ = ["GpuSpec", "GPU_SPECS", "DTYPES", "COMPUTE_EFFICIENCY", "MEMORY_EFFICIENCY",
+__all__ = ["GpuSpec", "GPU_SPECS", "DTYPES", "COMPUTE_EFFICIENCY", "MEMORY_EFFICIENCY", "TENSOR_CORE_EFFICIENCY",
            "KERNEL_OVERHEAD_S", "get_gpu", "estimate_trace", "count_flops", "describe_assumptions",
            "layer_errors", "error_summary"]
 
@@ -66,6 +78,10 @@ class GpuSpec:
     # Per-GPU overrides of COMPUTE_EFFICIENCY / MEMORY_EFFICIENCY (None: use the module defaults).
     compute_efficiency: float | None = None
     memory_efficiency: float | None = None
+    # Dense TF32 tensor-core peak, FLOP/s (None: no TF32; Volta and older).
+    tf32_flops: float | None = None
+    # Dense bf16 tensor-core peak, FLOP/s (None: no bfloat16 support; Volta and older).
+    bf16_flops: float | None = None
 
 
 # Numbers from the NVIDIA datasheets (boost clocks, dense i.e. without structured sparsity).
@@ -85,11 +101,18 @@ GPU_SPECS: dict[str, GpuSpec] = {g.name: g for g in [
     # Tesla V100 (SXM2) datasheet: 15.7 TFLOPS fp32, 125 TFLOPS tensor, 900 GB/s HBM2.
     # (The PCIe card: 14 / 112 TFLOPS, 900 GB/s. The MG-WFBP journal does not say which.)
     GpuSpec("V100", 15.7e12, 125e12, 900e9, "Tesla V100 SXM2"),
-    # A100 (SXM4 80GB) datasheet: 19.5 TFLOPS fp32, 312 TFLOPS fp16 tensor, 2,039 GB/s HBM2e.
-    # (fp32 here is the CUDA-core rate; PyTorch may run fp32 convolutions as TF32, 156 TFLOPS.)
-    GpuSpec("A100", 19.5e12, 312e12, 2039e9, "A100 SXM4 80GB"),
-    # H100 (SXM5) datasheet: 67 TFLOPS fp32, 989 TFLOPS fp16 tensor (1,979 with sparsity), 3.35 TB/s.
-    GpuSpec("H100", 67e12, 989e12, 3.35e12, "H100 SXM5"),
+    # A100 (SXM4 80GB) datasheet: 19.5 TFLOPS fp32, 312 TFLOPS fp16/bf16 tensor, 156 TFLOPS TF32
+    # tensor, 2,039 GB/s HBM2e (dense figures; the datasheet's starred ones are with sparsity).
+    GpuSpec("A100", 19.5e12, 312e12, 2039e9, "A100 SXM4 80GB", tf32_flops=156e12, bf16_flops=312e12),
+    # H100 (SXM5) datasheet: 67 TFLOPS fp32, 989 TFLOPS fp16/bf16 tensor (1,979 with sparsity),
+    # 494.7 TFLOPS TF32 tensor (989 with sparsity), 3.35 TB/s HBM3.
+    GpuSpec("H100", 67e12, 989e12, 3.35e12, "H100 SXM5", tf32_flops=494.7e12, bf16_flops=989e12),
+    # H200 (SXM) datasheet: the H100 SXM's GH100 compute (67 TFLOPS fp32, 989 TFLOPS dense fp16/bf16
+    # tensor, 494.7 dense TF32) with 141 GB HBM3e at 4.8 TB/s. Dense peaks as tabulated from the
+    # Hopper whitepaper at https://glennklockwood.com/garden/processors/h100 (FP32 66.9, TF32 494.7,
+    # FP16/BF16 989.4 TFLOPS); bandwidth from NVIDIA's H200 page (4.8 TB/s). The GPU of the measured
+    # traces data/traces/*_h200-*.json.
+    GpuSpec("H200", 66.9e12, 989.4e12, 4.8e12, "H200 SXM 141GB", tf32_flops=494.7e12, bf16_flops=989.4e12),
     # P102-100, the OMGS-SGD paper's GPU: a GP102 crypto-mining board (no display outputs, PCIe x4)
     # for which NVIDIA publishes no datasheet. Numbers from the TechPowerUp GPU Database entry as
     # reproduced at https://sysrqmts.com/gpus/compare/nvidia-jetson-tk1-gpu-vs-nvidia-p102-100 and
@@ -105,7 +128,7 @@ GPU_SPECS: dict[str, GpuSpec] = {g.name: g for g in [
 
 _GPU_ALIASES = {"p102-100": "p102"}  # full product names of table entries, lower case
 
-DTYPES = {"float32": torch.float32, "float16": torch.float16}
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 #: ASSUMPTION: fraction of peak FLOP/s that cuDNN/cuBLAS convolutions and matmuls reach in training
 #: (large fp32 GEMMs and convolutions reach 80-90% of peak on V100-class GPUs, small and 1x1 ones
@@ -118,6 +141,35 @@ COMPUTE_EFFICIENCY = 0.8
 MEMORY_EFFICIENCY = 0.85
 #: ASSUMPTION: fixed cost per kernel (launch and tail), seconds, added to every non-view operator.
 KERNEL_OVERHEAD_S = 5e-6
+#: ASSUMPTION: fraction of the dense tensor-core peak (fp16/bf16, and TF32 for float32 convolutions
+#: where PyTorch allows it) reached in training, per operator kind (not per model):
+#:
+#: - ``"matmul"``: 0.66. Markidis et al., "NVIDIA Tensor Core Programmability, Performance &
+#:   Precision" (IPDPSW 2018, arXiv 1803.04014) measure cuBLAS mixed-precision GEMM on a V100 at up
+#:   to 83 TFLOPS, 0.66 of the SXM2 datasheet's 125.
+#: - ``"conv"``: 0.5. cuDNN's tensor-core convolutions reach less of the peak than GEMM does
+#:   (im2col/implicit-GEMM tiles, layout transforms of NCHW tensors, many small or 1x1 layers of
+#:   modest channel counts). Checked, not fitted per model, against NVIDIA's published ResNet-50 v1.5
+#:   PyTorch training throughput on one V100 16GB (DeepLearningExamples,
+#:   PyTorch/Classification/ConvNets/resnet50v1.5/README.md, "Training performance: NVIDIA DGX-1
+#:   16GB"): 367 img/s FP32 against 1,200 img/s mixed precision, 3.26x; this model gives 3.31x at batch
+#:   64 and 3.17x at batch 32 (tests/test_estimate.py holds it within a band of 3.26).
+TENSOR_CORE_EFFICIENCY = {"matmul": 0.66, "conv": 0.5}
+
+#: Operators torch.autocast runs in float32 whatever their inputs (PyTorch docs, "Automatic Mixed
+#: Precision package - torch.amp", "CUDA Ops that can autocast to float32"), as the ATen operators
+#: they reach, with their backward kernels: their tensors are charged 4 bytes per element under amp.
+_AUTOCAST_FP32_NAMES = (
+    "_softmax", "_log_softmax", "_softmax_backward_data", "_log_softmax_backward_data",
+    "native_layer_norm", "native_layer_norm_backward", "native_group_norm", "native_group_norm_backward",
+    "nll_loss_forward", "nll_loss_backward", "nll_loss2d_forward", "nll_loss2d_backward",
+    "mse_loss", "mse_loss_backward", "binary_cross_entropy_with_logits", "exp", "log", "pow", "rsqrt",
+    "reciprocal", "sum", "prod", "cumsum", "cumprod", "norm", "linalg_vector_norm",
+)
+_AUTOCAST_FP32_OPS = {getattr(torch.ops.aten, n) for n in _AUTOCAST_FP32_NAMES if hasattr(torch.ops.aten, n)}
+_CONV_OPS = {torch.ops.aten.convolution, torch.ops.aten._convolution, torch.ops.aten.convolution_backward,
+             torch.ops.aten.cudnn_convolution, torch.ops.aten._slow_conv2d_forward,
+             torch.ops.aten.convolution_overrideable}
 
 # Operators that move no data on a GPU (allocations, metadata changes); views are detected by schema.
 _FREE_OPS = {
@@ -155,12 +207,15 @@ class _RooflineMode(TorchDispatchMode):
     """Charges every ATen operator its roofline time on a virtual clock."""
 
     def __init__(self, gpu: GpuSpec, dtype: str, compute_efficiency: float,
-                 memory_efficiency: float, kernel_overhead_s: float) -> None:
+                 memory_efficiency: float, kernel_overhead_s: float, amp: bool = False,
+                 tf32_conv: bool = False, tensor_core_efficiency: dict[str, float] | None = None) -> None:
         super().__init__()
-        peak = gpu.fp32_flops if dtype == "float32" else gpu.fp16_flops
-        self.flop_rate = peak * compute_efficiency
+        self.rates = _flop_rates(gpu, dtype, compute_efficiency, tf32_conv,
+                                 tensor_core_efficiency or TENSOR_CORE_EFFICIENCY)
+        self.flop_rate = self.rates["matmul"]
         self.byte_rate = gpu.memory_bandwidth * memory_efficiency
         self.overhead = kernel_overhead_s
+        self.amp = amp and dtype != "float32"
         self.now = 0.0
         self.flops = 0
         self.bytes = 0
@@ -185,11 +240,49 @@ class _RooflineMode(TorchDispatchMode):
         flops = int(flop_registry[packet](*args, **kwargs, out_val=out)) if packet in flop_registry else 0
         nbytes = sum(_tensor_bytes(t) for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor))
         nbytes += sum(_tensor_bytes(t) for t in outputs)
-        self.now += max(flops / self.flop_rate, nbytes / self.byte_rate) + self.overhead
+        if self.amp and packet in _AUTOCAST_FP32_OPS:
+            nbytes *= 2   # autocast runs it in float32: 4-byte elements where the meta run has 2
+        rate = self.rates["conv" if packet in _CONV_OPS else "matmul"]
+        self.now += max(flops / rate, nbytes / self.byte_rate) + self.overhead
         self.flops += flops
         self.bytes += nbytes
         self.kernels += 1
         return out
+
+
+def _half_peak(gpu: GpuSpec, dtype: str) -> float:
+    """Peak FLOP/s of ``gpu``'s matmul/conv units in 16-bit ``dtype``."""
+    if dtype == "bfloat16":
+        if gpu.bf16_flops is None:
+            raise ValueError(f"{gpu.name} has no bfloat16 support ({gpu.variant}); "
+                             f"GPUs with it: {', '.join(n for n, g in GPU_SPECS.items() if g.bf16_flops)}")
+        return gpu.bf16_flops
+    return gpu.fp16_flops
+
+
+def _has_tensor_cores(gpu: GpuSpec) -> bool:
+    """Whether the 16-bit peak is a tensor-core one (more than 4x fp32: V100 and later)."""
+    return gpu.fp16_flops > 4 * gpu.fp32_flops
+
+
+def _flop_rates(gpu: GpuSpec, dtype: str, compute_efficiency: float, tf32_conv: bool,
+                tensor_core_efficiency: dict[str, float]) -> dict[str, float]:
+    """Achieved FLOP/s of ``{"conv": ..., "matmul": ...}`` operators in ``dtype`` on ``gpu``."""
+    if dtype == "float32":
+        cuda = gpu.fp32_flops * compute_efficiency
+        conv = gpu.tf32_flops * tensor_core_efficiency["conv"] if tf32_conv and gpu.tf32_flops else cuda
+        return {"conv": conv, "matmul": cuda}
+    peak = _half_peak(gpu, dtype)
+    if not _has_tensor_cores(gpu):   # P100's 2x fp16, or fp16 at the fp32 rate: CUDA-core efficiency
+        return {"conv": peak * compute_efficiency, "matmul": peak * compute_efficiency}
+    return {k: peak * tensor_core_efficiency[k] for k in ("conv", "matmul")}
+
+
+def _cast_params(model: torch.nn.Module, params: list) -> list:
+    """The parameters autocast casts to 16 bits in forward: those of convolutions and linear layers
+    (normalisation and embedding layers run with their float32 weights)."""
+    kinds = (torch.nn.modules.conv._ConvNd, torch.nn.Linear)
+    return [p for p in params if isinstance(model.get_submodule(p.owner), kinds)]
 
 
 class _VirtualClock:
@@ -227,11 +320,17 @@ def estimate_trace(model_name: str, batch_size: int, gpu: str | GpuSpec = "V100"
                    dtype: str = "float32", *, forward_from_backward: float | None = None,
                    compute_efficiency: float | None = None,
                    memory_efficiency: float | None = None,
-                   kernel_overhead_s: float = KERNEL_OVERHEAD_S, **model_kwargs: Any) -> Trace:
+                   kernel_overhead_s: float = KERNEL_OVERHEAD_S, amp: bool = True,
+                   tf32_conv: bool = True, tensor_core_efficiency: dict[str, float] | None = None,
+                   **model_kwargs: Any) -> Trace:
     """Roofline estimate of ``model_name`` at ``batch_size`` on ``gpu``, as a labelled :class:`Trace`.
 
-    ``dtype="float16"`` models pure fp16 training on tensor cores (activations and gradients in
-    fp16; gradient bytes are 2 per parameter). ``forward_from_backward=0.5`` replaces each layer's
+    ``dtype="float16"`` / ``"bfloat16"`` model 16-bit training on tensor cores: with ``amp=True``
+    (default) autocast with float32 master weights (see the module docstring), with ``amp=False``
+    pure 16-bit training; either way gradient bytes are 2 per parameter (the 16-bit gradients the
+    papers' FP16 runs send). ``tf32_conv`` (default True, PyTorch's default) runs float32
+    convolutions on TF32 tensor cores where the GPU has them. ``tensor_core_efficiency`` overrides
+    :data:`TENSOR_CORE_EFFICIENCY` (a dict with ``"conv"`` and ``"matmul"``). ``forward_from_backward=0.5`` replaces each layer's
     forward estimate by half its backward estimate (the MG-WFBP conference paper's convention);
     by default forward times are estimated like backward ones. ``model_kwargs`` go to the model
     registry (e.g. ``seq_len`` for BERT). ``compute_efficiency`` / ``memory_efficiency`` default to
@@ -254,6 +353,11 @@ def estimate_trace(model_name: str, batch_size: int, gpu: str | GpuSpec = "V100"
             raise ValueError(f"{label} must be in (0, 1], got {v!r}")
     if kernel_overhead_s < 0:
         raise ValueError(f"kernel_overhead_s must not be negative, got {kernel_overhead_s!r}")
+    tce = dict(TENSOR_CORE_EFFICIENCY if tensor_core_efficiency is None else tensor_core_efficiency)
+    if set(tce) != {"conv", "matmul"} or not all(0 < v <= 1 for v in tce.values()):
+        raise ValueError(f"tensor_core_efficiency must map 'conv' and 'matmul' to (0, 1], got {tce!r}")
+    if dtype != "float32":
+        _half_peak(spec, dtype)   # refuses bfloat16 on a GPU without it
     if forward_from_backward is not None and forward_from_backward < 0:
         raise ValueError(f"forward_from_backward must not be negative, got {forward_from_backward!r}")
 
@@ -261,7 +365,9 @@ def estimate_trace(model_name: str, batch_size: int, gpu: str | GpuSpec = "V100"
     model = build_model(model_name, device="meta", **model_kwargs).to(torch_dtype)
     inputs, targets = _meta_batch(model_name, batch_size, torch_dtype, model_kwargs)
     params = learnable_params(model)
-    mode = _RooflineMode(spec, dtype, compute_efficiency, memory_efficiency, kernel_overhead_s)
+    amp = amp and dtype != "float32"
+    mode = _RooflineMode(spec, dtype, compute_efficiency, memory_efficiency, kernel_overhead_s, amp=amp,
+                         tf32_conv=tf32_conv, tensor_core_efficiency=tce)
     recorder = Recorder(model, params, _VirtualClock(mode))
     try:
         with mode:
@@ -272,6 +378,15 @@ def estimate_trace(model_name: str, batch_size: int, gpu: str | GpuSpec = "V100"
     order, fwd, bwd = attribute(resolve(raw, _component(0)), params, view)
     _, fwd_flops, bwd_flops = attribute(resolve(raw, _component(1)), params, view)
     _, fwd_bytes, bwd_bytes = attribute(resolve(raw, _component(2)), params, view)
+    if amp:
+        # Master-weight casts (fp32 -> 16-bit in forward, the gradient back in backward): one
+        # memory-bound kernel per cast tensor and pass, 2 + 4 bytes per element, in its layer.
+        cast_units = {u: 0.0 for u in order}
+        for p in _cast_params(model, params):
+            u = p.name if view == "tensor" else unit_name(p.owner)
+            cast_units[u] += p.tensor.numel() * 6 / mode.byte_rate + kernel_overhead_s
+        fwd = {u: fwd[u] + cast_units[u] for u in order}
+        bwd = {u: bwd[u] + cast_units[u] for u in order}
     if forward_from_backward is not None:
         fwd = {u: forward_from_backward * bwd[u] for u in order}
     sizes = unit_sizes(params, view, bytes_per_element=torch.tensor([], dtype=torch_dtype).element_size())
@@ -285,7 +400,11 @@ def estimate_trace(model_name: str, batch_size: int, gpu: str | GpuSpec = "V100"
         "compute_efficiency": compute_efficiency,
         "memory_efficiency": memory_efficiency,
         "kernel_overhead_s": kernel_overhead_s,
-        "peak_flops": spec.fp32_flops if dtype == "float32" else spec.fp16_flops,
+        "peak_flops": spec.fp32_flops if dtype == "float32" else _half_peak(spec, dtype),
+        "precision": "float32" if dtype == "float32" else ("autocast" if amp else "pure"),
+        "tensor_core_efficiency": tce,
+        "flop_rates": dict(mode.rates),
+        "tf32_conv": bool(tf32_conv and dtype == "float32" and spec.tf32_flops),
         "memory_bandwidth": spec.memory_bandwidth,
         "gpu_variant": spec.variant,
         "forward_from_backward": forward_from_backward,
@@ -329,6 +448,7 @@ def count_flops(model_name: str, batch_size: int, **model_kwargs: Any) -> dict[s
 def describe_assumptions() -> dict[str, Any]:
     """The estimator's assumptions and GPU table, for reports."""
     return {"compute_efficiency": COMPUTE_EFFICIENCY, "memory_efficiency": MEMORY_EFFICIENCY,
+            "tensor_core_efficiency": dict(TENSOR_CORE_EFFICIENCY),
             "kernel_overhead_s": KERNEL_OVERHEAD_S, "gpus": {k: asdict(v) for k, v in GPU_SPECS.items()}}
 
 
