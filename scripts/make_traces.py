@@ -2,6 +2,10 @@
 
 * V100 estimates (module view) of every paper model at every per-GPU batch size a paper used:
   ``{model}_b{batch}_v100-estimate.json`` (MG-WFBP's sizes, plus DeAR's where they differ).
+* V100 FP16 estimates (autocast with float32 master weights, tensor cores; ``estimate_trace(...,
+  dtype="float16")``) of the MG-WFBP journal's FP16 models at its batch sizes (ResNet-152 b128,
+  DenseNet-161 b64, DenseNet-201 b64, Inception-v4 b128; data/grids/mgwfbp.yaml ``speedup_fp16``):
+  ``{model}_b{batch}_v100-estimate-fp16.json``.
 * K80 estimates of GoogLeNet (batch 64) and ResNet-50 (batch 32), for comparison with the MG-WFBP
   conference paper's K80 measurements: ``{model}_b{batch}_k80-estimate.json``.
 * P102-100 estimates of OMGS-SGD's four models at its batch sizes (VGG-16 on CIFAR-10 b32, ResNet-50
@@ -30,6 +34,8 @@ from repro.workload.profile import profile_model
 from repro.trace import Trace
 
 K80_RUNS = [("googlenet", 64), ("resnet50", 32)]
+#: the MG-WFBP journal's FP16 runs (data/grids/mgwfbp.yaml, experiment speedup_fp16)
+V100_FP16_RUNS = [("resnet152", 128), ("densenet161", 64), ("densenet201", 64), ("inception_v4", 128)]
 P102_RUNS = [("vgg16_cifar", 32), ("resnet50", 32), ("inception_v4", 64), ("lstm_ptb", 20)]
 TINY_BATCH = 32
 WARMUP, ITERS = 5, 50
@@ -44,6 +50,9 @@ def jobs() -> list[tuple[str, Callable[[], Trace]]]:
         for b in sizes:
             out.append((f"{name}_b{b}_v100-estimate",
                         lambda name=name, b=b: estimate_trace(name, b, gpu="V100", view="module")))
+    for name, b in V100_FP16_RUNS:
+        out.append((f"{name}_b{b}_v100-estimate-fp16",
+                    lambda name=name, b=b: estimate_trace(name, b, gpu="V100", view="module", dtype="float16")))
     for name, b in K80_RUNS:
         out.append((f"{name}_b{b}_k80-estimate",
                     lambda name=name, b=b: estimate_trace(name, b, gpu="K80", view="module")))

@@ -163,3 +163,15 @@ def test_new_paper_number_files_name_paper_place_and_page(name):
     df = pd.read_csv(paper_numbers_path(name))
     assert {"source", "where", "page"} <= set(df.columns)
     assert df[["source", "where", "page"]].notna().all().all()
+
+
+def test_simulated_fp16_rows_compute_on_the_fp16_traces():
+    bd = study.paper_breakdown_table(models=("densenet201",), networks=("10gbe-v100",), schedulers=("wfbp",))
+    by = bd.set_index("wire_dtype")
+    assert by.loc["float16", "trace"] == "densenet201_b64_v100-estimate-fp16"
+    assert by.loc["float16", "compute_dtype"] == "float16"
+    assert by.loc["float32", "trace"] == "densenet201_b64_v100-estimate"
+    assert by.loc["float16", "computation_s"] < by.loc["float32", "computation_s"] / 2
+    # a model without an FP16 estimate falls back to its FP32 trace, and says so
+    trace, dtype, stem = study.compute_trace("vgg16", study.load_traces(["vgg16"])["vgg16"], "float16")
+    assert dtype == "float32" and stem == "vgg16_b32_v100-estimate"

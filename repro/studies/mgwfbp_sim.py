@@ -30,7 +30,8 @@ __all__ = ["MGWFBP_BATCH_SIZES", "find_trace", "load_traces", "layer_table", "al
            "timeline_table", "speedup_sweep", "sim_speedup_table", "paper_comparison", "optimal_gap_table",
            "gap_summary", "paper_speedups", "workers_for", "simulated_iteration_s", "paper_allreduce_fits",
            "journal_headline", "JOURNAL_MODELS", "JOURNAL_NETWORKS", "k80_speedup_table", "k80_verdict_numbers",
-           "paper_breakdown_table", "headline_comparison", "paper_threshold_sweep_table"]
+           "paper_breakdown_table", "headline_comparison", "paper_threshold_sweep_table", "compute_trace",
+           "COMPUTE_TRACE_SUFFIX"]
 
 
 # Per-GPU batch sizes of the MG-WFBP papers; vgg16 and the BERTs (DeAR's) are our choice.
@@ -307,11 +308,15 @@ def paper_breakdown_table(models: Sequence[str] = JOURNAL_MODELS, networks: Sequ
                           cost_mode: str = "paper") -> pd.DataFrame:
     """``mgwfbp.breakdown`` at the journal's scale, simulated: computation vs non-overlapped communication
     of every model x network x wire dtype x scheduler at ``workers`` GPUs (estimate traces, the published
-    fits as cost model). Columns as :func:`repro.studies.mgwfbp_train.breakdown_table` (``source``
-    "simulated", ``scale`` "paper") plus network, iteration_s, cost_mode."""
+    fits as cost model). The journal's FP16 runs compute in half precision too, so a float16 row runs the
+    model's FP16 estimate (``<model>_b<batch>_<gpu>-estimate-fp16``, :func:`compute_trace`) where one is
+    shipped, else the FP32 one; ``compute_dtype`` and ``trace`` say which. Columns as
+    :func:`repro.studies.mgwfbp_train.breakdown_table` (``source`` "simulated", ``scale`` "paper") plus
+    network, iteration_s, cost_mode, compute_dtype, trace."""
     rows = []
-    for model, trace, net, cost in _journal_settings(models, networks, workers, gpu, cost_mode):
+    for model, trace32, net, cost in _journal_settings(models, networks, workers, gpu, cost_mode):
         for dt in wire_dtypes:
+            trace, compute_dtype, stem = compute_trace(model, trace32, dt, gpu)
             for s in schedulers:
                 plan = make_plan(s, trace, cost, wire_dtype=dt)
                 res = simulate(trace, plan, cost, with_ops=False)
@@ -319,8 +324,25 @@ def paper_breakdown_table(models: Sequence[str] = JOURNAL_MODELS, networks: Sequ
                              "network": net, "scheduler": s, "workers": workers, "wire_dtype": dt,
                              "source": "simulated", "scale": "paper", "computation_s": res.compute_s,
                              "exposed_comm_s": res.exposed_comm_s, "iteration_s": res.iteration_s,
-                             "buckets": plan.num_buckets, "cost_mode": cost_mode})
+                             "buckets": plan.num_buckets, "cost_mode": cost_mode,
+                             "compute_dtype": compute_dtype, "trace": stem})
     return pd.DataFrame(rows)
+
+
+#: trace-name suffix of the estimate computed in each dtype (``scripts/make_traces.py``)
+COMPUTE_TRACE_SUFFIX = {"float32": "", "float16": "-fp16"}
+
+
+def compute_trace(model: str, trace32: Trace, wire_dtype: str, gpu: str = "v100") -> tuple[Trace, str, str]:
+    """(trace, its compute dtype, its stem) to simulate ``model`` with gradients of ``wire_dtype`` on the
+    wire: half-precision runs compute in half precision (the MG-WFBP journal's FP16 rows), so float16
+    takes the shipped ``<gpu>-estimate-fp16`` trace at ``trace32``'s batch size; float32, or a model
+    without an FP16 estimate, ``trace32`` itself."""
+    stem32 = f"{model}_b{trace32.batch_size}_{gpu}-estimate"
+    suffix = COMPUTE_TRACE_SUFFIX.get(wire_dtype, "")
+    if suffix and f"{stem32}{suffix}" in shipped_traces():
+        return load_trace(f"{stem32}{suffix}"), wire_dtype, f"{stem32}{suffix}"
+    return trace32, "float32", stem32
 
 
 def _journal_settings(models: Sequence[str], networks: Sequence[str], workers: int, gpu: str, cost_mode: str):
