@@ -283,7 +283,7 @@ class CostModel:
                 f"{have}); fit one with CostModel.fit or use an alpha-beta model") from None
         if self.realism is None:
             return raw
-        extra_a, extra_b = self.realism.line_extra()
+        extra_a, extra_b = self.realism.line_extra(self.workers)
         return Linear(raw.a_s + extra_a, raw.b_s_per_byte + extra_b) if (extra_a or extra_b) else raw
 
     def time_s(self, collective: str, nbytes):

@@ -7,13 +7,22 @@ the **paper model**:
 
 - ``message_overhead_s`` — seconds every collective call costs beyond the network's start-up: the
   framework's launch (a Horovod/DDP hook, a NCCL or gloo kernel launch, a negotiation round).
-  Added to the ``a`` of every line.
+  Added to the ``a`` of every line. It is ``a0`` of the per-message cost below.
+- ``message_overhead_per_peer_s`` — seconds every collective costs per worker beyond the first
+  (``a1``): NCCL/Horovod negotiation and ring start-up grow with the ring, ``(P-1)`` steps each
+  paying a launch latency. Added to the ``a`` of every line of a ``P``-worker cost model.
+- ``message_overhead_per_in_flight_s`` — seconds a collective costs per *other* message waiting on
+  the same communication stream when it starts (``a2``): the coordinator negotiates every ready
+  tensor each cycle, and queued kernels contend for launch. Applied by the simulator, which knows
+  the queue (:mod:`repro.sim.contention`); planners do not see it. Together
+  ``per_message_s(P, in_flight) = a0 + a1·(P-1) + a2·in_flight`` (:meth:`Realism.per_message_s`).
 - ``copy_s_per_byte`` — seconds per byte of every message for copying gradients into and out of a
   fusion buffer (Horovod and DDP copy every gradient into one). Added to the ``b`` of every line.
 - ``fp16_cast_s_per_byte`` — seconds per *wire* byte of a 16-bit message for casting FP32 gradients
   down before the collective and back up after it. Added to ``b`` when a plan sends 16-bit gradients
   (:meth:`Realism.for_wire_dtype`), so FP16 communication falls less than half.
-- ``contention`` — while any communication is in flight, computation runs ``1 + contention`` times
+- ``contention`` (``overlap_slowdown``: fractional slowdown of compute while a collective is in
+  flight) — while any communication is in flight, computation runs ``1 + contention`` times
   slower (memory bandwidth, PCIe and CPU cores shared with the communication library); the simulator
   stretches every compute task by ``contention/(1+contention)`` of the time it overlaps
   communication (:mod:`repro.sim.contention`).
@@ -55,6 +64,8 @@ class Realism:
     contention: float = 0.0
     update_s_per_byte: float = 0.0
     compute_scale: float = 1.0
+    message_overhead_per_peer_s: float = 0.0
+    message_overhead_per_in_flight_s: float = 0.0
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -71,9 +82,21 @@ class Realism:
         return self == PAPER_MODEL
 
     # ---- communication side ----
-    def line_extra(self) -> tuple[float, float]:
-        """``(seconds, seconds per byte)`` added to every collective line: overhead, copy."""
-        return self.message_overhead_s, self.copy_s_per_byte
+    @property
+    def overlap_slowdown(self) -> float:
+        """Fractional slowdown of computation while a collective is in flight (``contention``)."""
+        return self.contention
+
+    def per_message_s(self, workers: int = 1, in_flight: int = 0) -> float:
+        """Seconds one collective costs beyond the network's line, among ``workers`` workers with
+        ``in_flight`` other messages waiting on its stream: ``a0 + a1·(P-1) + a2·in_flight``."""
+        return (self.message_overhead_s + self.message_overhead_per_peer_s * max(0, int(workers) - 1)
+                + self.message_overhead_per_in_flight_s * max(0, int(in_flight)))
+
+    def line_extra(self, workers: int = 1) -> tuple[float, float]:
+        """``(seconds, seconds per byte)`` added to every collective line of a ``workers``-worker
+        model: the per-message cost with nothing in flight, and the copy."""
+        return self.per_message_s(workers, 0), self.copy_s_per_byte
 
     def for_wire_dtype(self, wire_dtype: str | None) -> "Realism":
         """This realism for a plan sending ``wire_dtype`` gradients: for 16-bit ones the cast cost per

@@ -39,25 +39,28 @@ def simulate(trace: Trace, plan: Plan, cost: CostModel, *, with_ops: bool = True
     mgwfbp.md). ``with_ops=False`` skips the timeline and uses the family's closed form when it has one
     (same result, faster). A cost model carrying a :class:`~repro.realism.Realism` also scales the
     trace's computation and adds the optimizer update (:meth:`~repro.realism.Realism.apply_to_trace`),
-    charges 16-bit plans the cast cost, and slows computation while communication is in flight
-    (:mod:`repro.sim.contention`; the closed form is then skipped). Raises :class:`~repro.plan.PlanError` when the plan does not fit the trace
+    charges 16-bit plans the cast cost, slows computation while communication is in flight and charges
+    each message the per-message cost of the messages waiting with it (:mod:`repro.sim.contention`;
+    the closed form is then skipped). Raises :class:`~repro.plan.PlanError` when the plan does not fit the trace
     and :class:`~repro.cost.CostModelError` when the cost model lacks a collective the plan uses.
     """
     family = get_family(plan.family)
     plan.groups(trace)  # every layer covered exactly once, every name known
-    contention = 0.0
+    contention = in_flight_s = 0.0
     if cost.realism is not None:  # effects beyond the papers' model (repro.realism)
         trace = cost.realism.apply_to_trace(trace)
         cost = cost.for_wire_dtype(plan.options.get("wire_dtype"))
-        contention = cost.realism.contention if cost.realism is not None else 0.0
-    if not with_ops and contention == 0:
+        if cost.realism is not None:
+            contention = cost.realism.contention
+            in_flight_s = cost.realism.message_overhead_per_in_flight_s
+    if not with_ops and contention == 0 and in_flight_s == 0:
         closed = family.hook("closed_form")
         if closed is not None:
             result = closed(trace, plan, cost)
             if result is not None:
                 return result
     graph: SimGraph = family.hook("simulator")(trace, plan, cost)
-    ops = run_tasks_with_contention(list(graph.tasks), graph.in_order_streams, contention)
+    ops = run_tasks_with_contention(list(graph.tasks), graph.in_order_streams, contention, in_flight_s=in_flight_s)
     iteration = graph.iteration_s(ops) if graph.iteration_s else max((op.end_s for op in ops), default=0.0)
     return SimResult(iteration_s=float(iteration), forward_s=graph.forward_s, backward_s=graph.backward_s,
                      comm_s=graph.comm_s, ops=ops if with_ops else [], sparsify_s=graph.sparsify_s)

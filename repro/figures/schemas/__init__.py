@@ -21,6 +21,7 @@ __all__ = ["SCHEMAS", "schema_for"]
 SCHEMAS: dict[str, str] = {
     "compare_schedulers": "CompareSchedulersParams",
     "dear_simulation": "DearSimulationParams",
+    "fidelity": "FidelityParams",
     "dear_training": "DearTrainingParams",
     "mgwfbp_simulation": "MgwfbpSimulationParams",
     "mgwfbp_training": "MgwfbpTrainingParams",
