@@ -97,16 +97,20 @@ def test_exact_planners_never_lose_to_their_family_under_the_judging_model(stem,
     assert violations(stem, network, workers) == []
 
 
-def test_issue_34_cases_record_the_winner_and_the_exact_plans_own_time():
+def test_issue_34_cases_record_the_winner_and_the_exact_plans_own_time(tmp_path):
     trace = _trace("densenet201_b64_v100-estimate")
     cost = _cost("densenet201_b64_v100-estimate", "10gbe-calibrated", 16)
     plan = make_plan("optimal", trace, cost)
     m = plan.meta
     assert plan.solver == "optimal" and m["plan_from"] == "mgwfbp"  # the DP's plan loses under contention
-    assert m["exact_plan_iteration_s"] > m["iteration_s"] == min(m["candidates_iteration_s"].values())
+    assert m["exact_plan_iteration_s"] > m["iteration_s"] == min(m["candidate_iterations"].values())
     assert m["search_iteration_s"] < m["exact_plan_iteration_s"]  # the DP's model leaves contention out
     assert "contention" in m["judged_by"] and "contention-free" in m["exact_under"]
     assert simulate(trace, plan, cost).iteration_s == pytest.approx(m["iteration_s"], rel=1e-9)
+    from repro.plan import Plan
+
+    plan.save(tmp_path / "plan.json")  # the record is a valid plan file's meta
+    assert Plan.load(tmp_path / "plan.json").meta["plan_from"] == "mgwfbp"
 
 
 def test_without_contention_a_finished_search_is_returned_as_it_is():
@@ -114,7 +118,7 @@ def test_without_contention_a_finished_search_is_returned_as_it_is():
     cost = _cost("resnet50_b32_v100-estimate", "10gbe-derived", 16)
     for exact in FAMILIES:
         m = make_plan(exact, trace, cost, **_options(exact)).meta
-        assert m["plan_from"] == exact and m["candidates_iteration_s"] == {exact: m["iteration_s"]}
+        assert m["plan_from"] == exact and m["candidate_iterations"] == {exact: m["iteration_s"]}
         assert m["exact_plan_iteration_s"] == m["search_iteration_s"] == m["iteration_s"]
         assert m.get("optimal", True) is True
 

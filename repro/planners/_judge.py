@@ -24,7 +24,7 @@ with the judge itself and returns the fastest:
 ``plan.meta`` records ``plan_from`` (the planner whose plan won: the exact planner itself or a
 heuristic), ``iteration_s`` (the winner's predicted iteration under the judging model),
 ``exact_plan_iteration_s`` (the search's own plan under the judging model), ``search_iteration_s``
-(the search's plan under the contention-free model it optimises), ``candidates_iteration_s`` (every
+(the search's plan under the contention-free model it optimises), ``candidate_iterations`` (every
 candidate's prediction), ``candidates_skipped`` (when the budget ran out), ``exact_under`` and
 ``judged_by`` (in words). ``optimal``, ``lower_bound_s`` and ``gap_pct``
 (:mod:`repro.planners._budget`) stay the search's record under its contention-free model. Ties keep the
@@ -69,7 +69,7 @@ def judged_best(trace: Trace, cost: CostModel, own: Plan, rivals: Sequence[tuple
     extra = {"exact_under": EXACT_UNDER, "judged_by": judged_by, "search_iteration_s": search_s}
     if c == 0 and finished:  # a proven optimum of the judging model itself: nothing can beat it
         return own.replace(meta={**own.meta, **extra, "plan_from": solver, "exact_plan_iteration_s": search_s,
-                                 "candidates_iteration_s": {solver: search_s}})
+                                 "candidate_iterations": {solver: search_s}})
 
     def judge(plan: Plan) -> float:
         if c == 0:
@@ -91,7 +91,7 @@ def judged_best(trace: Trace, cost: CostModel, own: Plan, rivals: Sequence[tuple
             best_name, best_plan, best_s = name, plan, t
     meta = {**best_plan.meta, **{k: v for k, v in own.meta.items() if k in _SEARCH_RECORD}, **extra,
             "iteration_s": best_s, "plan_from": best_name, "exact_plan_iteration_s": own_s,
-            "candidates_iteration_s": times}
+            "candidate_iterations": times}
     if skipped:
         meta["candidates_skipped"] = skipped
     if c == 0 and "lower_bound_s" in meta and best_name != solver:  # a heuristic beat an unfinished search
