@@ -11,7 +11,9 @@ backward, the MG-WFBP papers' baseline), the throughput in samples per second ov
 What a record's ``note`` says, instead of a traceback: why a scheduler could not be planned (a runtime
 baseline that executes no plan of ours; a cost model without a line the family needs, or without a
 top-k cost; a bad option), that an exact planner's time budget ran out (the plan is then within the
-stated gap of the optimum), or that the scheduler is predicted with another scheduler's planner.
+stated gap of the optimum), that an exact planner returned a heuristic's plan because it simulated
+faster under contention than the exact search's own (:mod:`repro.planners._judge`), or that the
+scheduler is predicted with another scheduler's planner.
 
 Options each planner gets (chosen from the planner's own parameters, never from its name):
 ``servers`` (parameter-server planners) = ``servers`` given, else one per node the job uses;
@@ -67,6 +69,15 @@ def _budget_note(meta: Mapping[str, Any], budget_s: float) -> str:
     return ""
 
 
+def _judged_note(meta: Mapping[str, Any], planner: str) -> str:
+    """For an exact planner whose own plan lost under the judging model (contention) to a heuristic's."""
+    won = meta.get("plan_from")
+    if not won or won == planner:
+        return ""
+    return (f"plan of {won}: faster under contention than the exact search's own plan "
+            f"({float(meta.get('exact_plan_iteration_s', math.nan)):.4g} s)")
+
+
 def compare(trace: Trace, cost: CostModel, *, servers: int | None = None,
             time_budget_s: float = DEFAULT_TIME_BUDGET_S, options: Mapping[str, Any] | None = None,
             schedulers: Sequence[str] | None = None) -> list[dict[str, Any]]:
@@ -116,6 +127,7 @@ def compare(trace: Trace, cost: CostModel, *, servers: int | None = None,
             rec.update(iteration_s=it, buckets=plan.num_buckets,
                        throughput_samples_per_s=cost.workers * trace.batch_size / it)
             notes.append(_budget_note(plan.meta, time_budget_s))
+            notes.append(_judged_note(plan.meta, entry.planner))
         except CostModelError as e:
             if cost.topk_gamma_s is None and "top-k" in str(e):  # the sparse family's computation cost
                 notes = ["not planned: the cost model has no top-k cost (give --topk-gamma S or --topk-device GPU)"]

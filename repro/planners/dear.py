@@ -26,6 +26,7 @@ import numpy as np
 
 from repro.cost import CostModel
 from repro.planners._budget import DEFAULT_TIME_BUDGET_S, Search
+from repro.planners._judge import judged_best
 from repro.plan import Bucket, Message, Plan
 from repro.sim.dear import bucket_update_s, dear_period_s
 from repro.trace import Trace
@@ -314,6 +315,18 @@ def dear_optimal(trace: Trace, cost: CostModel, *, time_budget_s: float = DEFAUL
     next buckets are bounded with the stall after each read from that table (:meth:`_Stalls.after`),
     no search.
 
+    **Exact under** the contention-free model: the trace's computation (with a realism's compute
+    scale and update, as :func:`repro.planners.make_plan` applies them), the reduce-scatter and
+    all-gather lines with the per-message overhead and copy costs (:meth:`repro.cost.CostModel.line`),
+    perfect overlap. A cost model whose realism has **contention** (computation slowed while a
+    reduce-scatter or all-gather runs: the calibrated presets) breaks the labels' dominance (a
+    bucket's messages slow the computation of other buckets), so the search's plan and the plans of
+    ``dear_model``, ``dear_threshold`` and ``dear_nofusion`` are each simulated under it and the
+    fastest is returned (:func:`repro.planners._judge.judged_best`: ``meta["plan_from"]`` names it,
+    ``meta["iteration_s"]`` is its simulated period, ``meta["exact_plan_iteration_s"]`` the search
+    plan's; ``optimal``, ``lower_bound_s`` and ``gap_pct`` stay the search's record under its
+    contention-free model). Without contention a finished search's plan is returned as it is.
+
     ``time_budget_s`` (seconds of wall clock, default 10; finite and positive) bounds the whole
     search: when it runs out first, the best bucketing found so far is returned (never worse than
     the released code's 25 MiB threshold rule, :func:`dear_threshold`) with ``meta["optimal"] = False`` and its proven ``meta["gap_pct"]`` above the
@@ -538,7 +551,9 @@ def dear_optimal(trace: Trace, cost: CostModel, *, time_budget_s: float = DEFAUL
     plan = dear_plan(trace, groups, cost, "dear_optimal", **meta)
     bound = None if proven is None else proven + model.straggler
     search.record(plan.meta, plan.meta["iteration_s"], bound, 0 if stopped is None else stopped - 1)
-    return plan
+    rivals = [("dear_model", lambda: dear_model(trace, cost)), ("dear_threshold", lambda: dear_threshold(trace, cost)),
+              ("dear_nofusion", lambda: dear_nofusion(trace, cost))]
+    return judged_best(trace, cost, plan, rivals, search, "dear_optimal")
 
 
 def _pending_bound(cand: list[list[np.ndarray]], i: int, best: float, lower_bound) -> float:
