@@ -1,7 +1,7 @@
 """``repro grid`` (or ``python -m repro.grid_cli grid``): a paper's grid from the command line.
 
     repro grid show mgwfbp                       # the runs: id, kind, model, scheduler, P, data, nodes
-    repro grid status mgwfbp --runs-dir DIR      # done / failed / pending per run, and counts
+    repro grid status mgwfbp --runs-dir DIR      # done / damaged / failed / pending per run, and counts
     repro grid launch mgwfbp --runs-dir DIR --launcher print --jobs-dir JOBS
     repro grid launch osp --kind convergence ... # only the convergence runs (or --experiment NAME)
     repro grid check dear                        # every run through its ranks' start-up checks, none started
@@ -14,7 +14,11 @@ prints one line per run that would be refused, then a summary; exit status 2 whe
 (gloo, CPU, at most 3 local ranks), one line each. ``launch`` runs the unfinished runs as the notebooks'
 ``launcher`` does (:mod:`repro.cluster.jobs`), after the same check (a bad run: nothing is launched,
 one line per bad run, exit status 2): ``print`` writes the job scripts, ``local`` uses this node's GPUs,
-``slurm`` submits through submitit and waits. ``--slurm-time-min``, ``--slurm-cpus-per-task``,
+``slurm`` submits through submitit and waits. A damaged run (its ``run.json`` empty, not JSON or not a
+finished run's record; ``status`` shows it as ``damaged`` with one line naming the file and what is
+wrong) refuses the launch, one line per damaged run, unless ``--overwrite`` asks to train it again
+(its folder is replaced whole); a finished run is never launched. ``--runs-dir`` and ``--jobs-dir`` must
+be folders (or missing, then created): a file there is refused in one line before anything is written. ``--slurm-time-min``, ``--slurm-cpus-per-task``,
 ``--slurm-mem-gb``, ``--slurm-partition``, ``--slurm-account``, ``--slurm-gpus-per-node``, ``--slurm-extra``
 (repeatable), ``--slurm-signal-s``, ``--slurm-requeues`` and ``--checkpoint-every-min`` set what each job
 asks for (:class:`repro.cluster.jobs.SlurmResources`; printed as ``#SBATCH`` lines by ``print``). Bad input
@@ -30,10 +34,10 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from repro.cluster.grid import (GRID_PAPERS, KINDS, GridError, count_status, distinct_stand_ins, load_grid,
-                                status_table)
+                                run_problem, status_table)
 from repro.cluster.grid_check import BadRuns, check_runs, check_summary, refusal_line, smoke, stand_in_line
-from repro.cluster.jobs import (GridStop, launch_local_grid, pending_runs, slurm_resources, submit_slurm, wait_jobs,
-                                write_job_scripts)
+from repro.cluster.jobs import (GridStop, check_folder, launch_local_grid, pending_runs, slurm_resources, submit_slurm,
+                                wait_jobs, write_job_scripts)
 
 __all__ = ["main", "build_parser", "add_grid_parser", "run_grid_command"]
 
@@ -46,7 +50,7 @@ def add_grid_parser(sub: Any) -> argparse.ArgumentParser:
                                         "launching, see which finished, launch the others (print, local or slurm).")
     actions = parser.add_subparsers(dest="grid_action", required=True, metavar="ACTION",
                                     parser_class=type(parser))
-    for name, text in (("show", "list the grid's runs"), ("status", "done / failed / pending per run"),
+    for name, text in (("show", "list the grid's runs"), ("status", "done / damaged / failed / pending per run"),
                        ("check", "put every run through its ranks' start-up checks (none is started); --smoke: "
                                  "train a tiny stand-in of each distinct configuration here"),
                        ("launch", "run the unfinished runs (print, local or slurm) after the same check")):
@@ -74,6 +78,10 @@ def add_grid_parser(sub: Any) -> argparse.ArgumentParser:
             p.add_argument("--launcher", required=True, choices=("print", "local", "slurm"), help="how to run them")
             p.add_argument("--jobs-dir", type=Path,
                            help="job scripts, logs and submitit files (if not given: <runs-dir>/../jobs)")
+            p.add_argument("--overwrite", action="store_true",
+                           help="launch damaged runs again (a run.json that is empty, not JSON or not a finished "
+                                "run's record; without it the launch is refused), replacing their folders; a "
+                                "finished run is never launched")
             g = p.add_argument_group("SLURM jobs (--launcher slurm; the #SBATCH lines of --launcher print)")
             g.add_argument("--slurm-time-min", type=int, help="time limit of each job, minutes (default 120); a "
                                                               "longer run checkpoints and is requeued")
@@ -113,6 +121,10 @@ def run_grid_command(args: argparse.Namespace) -> None:
     (ValueErrors, one line)."""
     grid = load_grid(args.grid)
     selected = grid.select(getattr(args, "kind", None), getattr(args, "experiment", None))
+    if getattr(args, "runs_dir", None) is not None:  # before anything is read or written
+        check_folder("--runs-dir", args.runs_dir)
+    if getattr(args, "jobs_dir", None) is not None:
+        check_folder("--jobs-dir", args.jobs_dir)
     if args.grid_action == "show":
         rows = [{"run_id": r.run_id, "experiment": r.experiment, "kind": r.kind, **{k: r[k] for k in (
             "model", "scheduler", "world_size", "wire_dtype", "batch_size")},
@@ -124,26 +136,32 @@ def run_grid_command(args: argparse.Namespace) -> None:
     if args.grid_action == "status":
         rows = status_table(selected, args.runs_dir)
         counts = count_status(rows)
+        for row in rows:
+            if row["status"] == "damaged":
+                row["problem"] = run_problem(args.runs_dir, row["run_id"])
         if args.format == "json":
             print(json.dumps({"counts": counts, "runs": rows}, indent=1))
         else:
             print(_table(rows, ["run_id", "status", "model", "scheduler", "world_size", "wire_dtype", "nodes"]))
+            for row in rows:
+                if row["status"] == "damaged":
+                    print(f"damaged: {row['problem']}")
             print(", ".join(f"{v} {k}" for k, v in counts.items()) + f" of {len(rows)} runs")
         return
     if args.grid_action == "check":
         _check(grid, selected, args)
         return
     resources = _resources(args)  # checked before anything is written or submitted
-    jobs = args.jobs_dir or args.runs_dir.parent / "jobs"
-    todo = pending_runs(selected, args.runs_dir)
+    jobs = check_folder("--jobs-dir", args.jobs_dir or args.runs_dir.parent / "jobs")
     try:
+        todo = pending_runs(selected, args.runs_dir, overwrite=args.overwrite)
         if args.launcher == "print":
             write_job_scripts(todo, args.runs_dir, jobs, resources=resources)
             print(f"{len(todo)} job scripts ({len(selected) - len(todo)} runs finished, skipped) written to {jobs}")
         elif args.launcher == "local":
-            launch_local_grid(todo, args.runs_dir, jobs / "logs")
+            launch_local_grid(todo, args.runs_dir, jobs / "logs", overwrite=args.overwrite)
         else:
-            wait_jobs(submit_slurm(todo, args.runs_dir, jobs, resources=resources))
+            wait_jobs(submit_slurm(todo, args.runs_dir, jobs, resources=resources, overwrite=args.overwrite))
     except BadRuns as e:
         for line in e.lines:
             print(line, file=sys.stderr)

@@ -48,7 +48,7 @@ if TYPE_CHECKING:  # pandas is imported where tables are read or written, not wi
 __all__ = ["RUN_JSON", "TRACE_JSON", "TRACE_INRUN_JSON", "PLAN_JSON", "COST_JSON", "ITERATIONS_CSV", "EPOCHS_CSV",
            "BUCKETS_CSV", "PROGRESS_JSON", "RunError", "RunExistsError", "check_run_id", "check_results_dir", "prepare_run",
            "RunWriter", "ProgressWriter", "Run", "load_run", "list_runs", "runs_table", "load_progress",
-           "list_incomplete"]
+           "list_incomplete", "record_problem", "SUMMARY_FIELDS"]
 
 RUN_JSON = "run.json"
 TRACE_JSON = "trace.json"
@@ -283,16 +283,63 @@ class Run:
         return all(self._file(n) for n in (TRACE_JSON, PLAN_JSON, COST_JSON))
 
 
+#: what a finished run's ``summary`` always has (:func:`repro.train_record.summarise` writes them)
+SUMMARY_FIELDS = ("steps", "iteration_s")
+
+
+def _read_record(folder: Path) -> tuple[dict[str, Any] | None, str | None]:
+    """``(record, None)`` when ``<folder>/run.json`` is the record of a finished run, else ``(None, why)``."""
+    f = folder / RUN_JSON
+    try:
+        text = f.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        return None, f"cannot be read ({getattr(e, 'strerror', None) or e})"
+    if not text.strip():
+        return None, "is empty"
+    try:
+        d = json.loads(text)
+    except (json.JSONDecodeError, RecursionError) as e:
+        return None, f"is not JSON ({e.msg if isinstance(e, json.JSONDecodeError) else 'nested too deeply'})"
+    if not isinstance(d, dict):
+        return None, f"is JSON {type(d).__name__}, not a run record (an object)"
+    if not isinstance(d.get("run_id"), str):
+        return None, "has no run_id"
+    if d["run_id"] != folder.name:
+        return None, f"is the record of run {d['run_id']!r}, not of this folder's {folder.name!r}"
+    for key in ("config", "summary"):
+        if not isinstance(d.get(key), dict):
+            return None, f"has no {key} (an object)"
+    missing = [k for k in SUMMARY_FIELDS if k not in d["summary"]]
+    if missing:
+        return None, f"has a summary without {', '.join(missing)}: the run did not finish"
+    if "environment" in d and not isinstance(d["environment"], dict):
+        return None, "has an environment that is not an object"
+    return d, None
+
+
+def record_problem(folder: str | Path) -> str | None:
+    """None when ``folder`` holds a finished run (its ``run.json`` parses and has what a finished run writes:
+    ``run_id`` naming this folder, ``config``, and a ``summary`` with :data:`SUMMARY_FIELDS`); else one line
+    naming the file and what is wrong (a missing ``run.json`` included)."""
+    f = Path(folder) / RUN_JSON
+    if not f.exists():
+        return f"{f} does not exist"
+    if not f.is_file():
+        return f"{f} is not a regular file"
+    return None if (why := _read_record(Path(folder))[1]) is None else f"{f} {why}"
+
+
 def load_run(path: str | Path) -> Run:
+    """The finished run in folder ``path``; :class:`RunError` (one line naming ``run.json`` and what is wrong)
+    when it has no ``run.json`` or a damaged one (empty, not JSON, not the record of a finished run)."""
     p = Path(path)
     f = p / RUN_JSON
     if not f.is_file():
         raise RunError(f"{p} is not a run folder (no {RUN_JSON})")
-    try:
-        d = json.loads(f.read_text())
-        return Run(p, d["run_id"], dict(d.get("config", {})), dict(d["summary"]), dict(d.get("environment", {})))
-    except (json.JSONDecodeError, KeyError, TypeError) as e:
-        raise RunError(f"{f}: not a run record ({type(e).__name__}: {e})") from None
+    d, why = _read_record(p)
+    if d is None:
+        raise RunError(f"{f} {why}; it is not a finished run: remove the folder or train it again (--overwrite)")
+    return Run(p, d["run_id"], dict(d["config"]), dict(d["summary"]), dict(d.get("environment", {})))
 
 
 def list_runs(results_dir: str | Path) -> list[Run]:

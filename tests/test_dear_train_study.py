@@ -44,7 +44,7 @@ def _write_run(root, run_id, trace, cost, *, scheduler="dear_threshold", iterati
                iterations=None, timeline=None, threshold=None, model="tiny_resnet"):
     """A run folder as repro.train writes it for a timing run with a plan."""
     plan = make_plan(scheduler, trace, cost, **({"threshold_bytes": threshold} if threshold is not None else {}))
-    summary = {"run_id": run_id, "model": model, "scheduler": scheduler, "world_size": 2, "iteration_s": iteration_s,
+    summary = {"run_id": run_id, "model": model, "scheduler": scheduler, "world_size": 2, "steps": 1, "iteration_s": iteration_s,
                "compute_s": compute_s, "exposed_comm_s": max(0.0, iteration_s - compute_s),
                "throughput_samples_s": 2 * 16 / iteration_s, "buckets": plan.num_buckets,
                "predicted_iteration_s": plan.meta.get("iteration_s"), "emulated_bandwidth_bps": 1e8,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -190,7 +191,7 @@ def test_an_unknown_paper_is_refused_in_one_line():
 
 def _finish(runs_dir: Path, rid: str) -> None:
     (runs_dir / rid).mkdir(parents=True)
-    (runs_dir / rid / "run.json").write_text(json.dumps({"run_id": rid, "config": {}, "summary": {}}))
+    (runs_dir / rid / "run.json").write_text(json.dumps({"run_id": rid, "config": {}, "summary": {"steps": 3, "iteration_s": 0.1}}))
 
 
 def test_status_done_failed_pending(tmp_path):
@@ -202,7 +203,7 @@ def test_status_done_failed_pending(tmp_path):
     mark_failed(tmp_path, b, "exit status 1")
     (tmp_path / c).mkdir()  # a folder without run.json is not a finished run
     assert [run_status(tmp_path, r) for r in (a, b, c, d)] == ["done", "failed", "pending", "pending"]
-    assert count_status(status_table(grid, tmp_path)) == {"done": 1, "failed": 1, "pending": 2}
+    assert count_status(status_table(grid, tmp_path)) == {"done": 1, "damaged": 0, "failed": 1, "pending": 2}
     assert [r.run_id for r in pending_runs(grid.runs, tmp_path)] == [b, c, d]  # finished skipped, failed redone
     _finish(tmp_path, b)  # the redo finished: done wins over an old failure marker
     assert run_status(tmp_path, b) == "done"
@@ -229,10 +230,10 @@ def test_grid_cli_show_status_and_print(tmp_path, capsys):
     runs = tmp_path / "runs"
     first = load_grid("omgs").run_ids()[0]
     (runs / first).mkdir(parents=True)
-    (runs / first / "run.json").write_text("{}")
+    (runs / first / "run.json").write_text(json.dumps({"run_id": first, "config": {}, "summary": {"steps": 3, "iteration_s": 0.1}}))
     assert main(["grid", "status", "omgs", "--runs-dir", str(runs), "--format", "json"]) == 0
     n = len(load_grid("omgs").runs)
-    assert json.loads(capsys.readouterr().out)["counts"] == {"done": 1, "failed": 0, "pending": n - 1}
+    assert json.loads(capsys.readouterr().out)["counts"] == {"done": 1, "damaged": 0, "failed": 0, "pending": n - 1}
     assert main(["grid", "show", "omgs", "--kind", "convergence", "--format", "json"]) == 0
     conv = json.loads(capsys.readouterr().out)
     assert [r["run_id"] for r in conv] == load_grid("omgs").run_ids("convergence") and len(conv) == 9
@@ -254,3 +255,115 @@ def test_grid_cli_show_status_and_print(tmp_path, capsys):
 
     assert grid_main(["grid", "status", "omgs", "--runs-dir", str(runs), "--format", "json"]) == 0
     assert json.loads(capsys.readouterr().out)["counts"]["done"] == 1
+
+
+# ------------------------------------------------------------------------- a damaged run is not finished
+
+@pytest.mark.parametrize("content", ["{broken", "", "[]", '{"run_id": "x"}'])
+def test_a_damaged_run_json_is_not_done(tmp_path, content):
+    from repro.cluster.grid import run_problem
+    from repro.cluster.jobs import BadRuns, pending_runs
+    from repro.runs import RunError, list_runs, load_run
+
+    grid = _grid()
+    a, b = grid.run_ids()[:2]
+    _finish(tmp_path, a)
+    (tmp_path / b).mkdir()
+    (tmp_path / b / "run.json").write_text(content)
+    assert [run_status(tmp_path, r) for r in (a, b)] == ["done", "damaged"]
+    why = run_problem(tmp_path, b)
+    assert why.startswith(str(tmp_path / b / "run.json")) and "\n" not in why
+    assert count_status(status_table(grid, tmp_path))["damaged"] == 1
+    with pytest.raises(BadRuns, match="damaged.*--overwrite"):  # neither skipped as done nor silently redone
+        pending_runs(grid.runs, tmp_path)
+    assert b in [r.run_id for r in pending_runs(grid.runs, tmp_path, overwrite=True)]
+    assert a not in [r.run_id for r in pending_runs(grid.runs, tmp_path, overwrite=True)]  # never a finished one
+    with pytest.raises(RunError, match="run.json"):
+        load_run(tmp_path / b)
+    with pytest.raises(RunError, match="run.json"):  # a reader of every run does not pass it off as finished
+        list_runs(tmp_path)
+
+
+def test_a_record_of_another_run_or_without_a_summary_is_damaged(tmp_path):
+    grid = _grid()
+    a, b = grid.run_ids()[:2]
+    (tmp_path / a).mkdir()
+    (tmp_path / a / "run.json").write_text(json.dumps({"run_id": b, "config": {}, "summary": {"steps": 1,
+                                                                                              "iteration_s": 1.0}}))
+    (tmp_path / b).mkdir()
+    (tmp_path / b / "run.json").write_text(json.dumps({"run_id": b, "config": {}, "summary": {}}))
+    assert [run_status(tmp_path, r) for r in (a, b)] == ["damaged", "damaged"]
+
+
+def test_grid_cli_reports_and_refuses_a_damaged_run(tmp_path, capsys):
+    from repro.cli import main
+
+    runs, jobs = tmp_path / "gruns", tmp_path / "jobs"
+    first = load_grid("omgs").run_ids()[0]
+    (runs / first).mkdir(parents=True)
+    (runs / first / "run.json").write_text("{broken")
+    assert main(["grid", "status", "omgs", "--runs-dir", str(runs)]) == 0
+    out = capsys.readouterr().out
+    assert re.search(rf"^{first} +damaged ", out, re.M) and f"damaged: {runs / first / 'run.json'} is not JSON" in out
+    assert "0 done, 1 damaged" in out
+    assert main(["grid", "launch", "omgs", "--runs-dir", str(runs), "--launcher", "print",
+                 "--jobs-dir", str(jobs)]) == 2
+    err = capsys.readouterr().err
+    assert err.splitlines()[-1].startswith("repro: error: 1 run(s)") and "--overwrite" in err
+    assert not jobs.exists()  # nothing written
+    n = len(load_grid("omgs").runs)
+    assert main(["grid", "launch", "omgs", "--runs-dir", str(runs), "--launcher", "print",
+                 "--jobs-dir", str(jobs), "--overwrite"]) == 0
+    assert f"{n} job scripts" in capsys.readouterr().out and (jobs / f"{first}.sh").exists()
+
+
+def test_a_job_script_runs_a_damaged_run_and_skips_a_finished_one(tmp_path):
+    import subprocess
+    import sys
+
+    from repro.cluster.jobs import write_job_scripts
+
+    grid = _grid()
+    a, b = grid.runs[:2]
+    runs = tmp_path / "runs"
+    _finish(runs, a.run_id)
+    (runs / b.run_id).mkdir()
+    (runs / b.run_id / "run.json").write_text("")
+    write_job_scripts([a, b], runs, tmp_path / "jobs", python=sys.executable)
+    for run, skipped in ((a, True), (b, False)):
+        script = (tmp_path / "jobs" / f"{run.run_id}.sh").read_text()
+        head = script[:script.index("if finished; then")]  # up to the check: RUNS_DIR and finished()
+        probe = head + 'if finished; then echo SKIP; else echo RUN; fi\n'
+        env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+        out = subprocess.run(["bash", "-c", probe], capture_output=True, text=True, env=env).stdout
+        assert out.strip() == ("SKIP" if skipped else "RUN"), (run.run_id, out)
+
+
+# ----------------------------------------------------------------- --runs-dir and --jobs-dir are folders
+
+@pytest.mark.parametrize("flag", ["--jobs-dir", "--runs-dir"])
+@pytest.mark.parametrize("kind", ["file", "fifo"])
+def test_grid_launch_refuses_a_file_as_a_folder(tmp_path, capsys, flag, kind):
+    import os
+
+    from repro.cli import main
+
+    bad = tmp_path / "x"
+    bad.write_text("keep") if kind == "file" else os.mkfifo(bad)
+    args = {"--runs-dir": str(tmp_path / "runs"), "--jobs-dir": str(tmp_path / "jobs"), flag: str(bad)}
+    assert main(["grid", "launch", "omgs", "--launcher", "print", *[x for kv in args.items() for x in kv]]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.count("\n") == 1 and captured.err.startswith(f"repro: error: {flag} {bad} is")
+    assert "not a folder" in captured.err
+    assert not (tmp_path / "jobs").exists() and not (tmp_path / "runs").exists()
+    assert kind == "fifo" or bad.read_text() == "keep"
+
+
+def test_grid_status_refuses_a_file_as_runs_dir(tmp_path, capsys):
+    from repro.cli import main
+
+    (tmp_path / "f").write_text("")
+    assert main(["grid", "status", "omgs", "--runs-dir", str(tmp_path / "f")]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.startswith("repro: error: --runs-dir") and "not a folder" in captured.err

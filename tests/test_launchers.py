@@ -29,7 +29,8 @@ def _tiny_grid(gpus_per_node: int, world_sizes=(2,), schedulers=("mgwfbp",)):
 
 def _finish(runs_dir: Path, rid: str, model: str = "resnet152") -> None:
     (runs_dir / rid).mkdir(parents=True)
-    (runs_dir / rid / "run.json").write_text(json.dumps({"run_id": rid, "config": {"model": model}, "summary": {}}))
+    (runs_dir / rid / "run.json").write_text(json.dumps({"run_id": rid, "config": {"model": model},
+                                                         "summary": {"steps": 3, "iteration_s": 0.1}}))
 
 
 def _one_line(e: pytest.ExceptionInfo) -> str:
@@ -92,7 +93,7 @@ def test_print_writes_one_command_and_one_script_per_unfinished_run(tmp_path):
         assert argv[argv.index("--nnodes") + 1] == str(run.nodes)
         script = (jobs / f"{run.run_id}.sh").read_text()
         assert line in script and f'RUNS_DIR={runs_dir.resolve()}' in script
-        assert f'if [ -f "$RUNS_DIR/{run.run_id}/run.json" ]' in script  # a finished run is skipped on the node
+        assert "if finished; then" in script and "run_status" in script  # a finished run is skipped on the node
         assert ("REPRO_HEAD:?" in script) == (run.nodes > 1)
     assert not (jobs / f"{grid.runs[0].run_id}.sh").exists()
     assert len(json.loads((jobs / "runs.json").read_text())) == len(todo)
@@ -202,7 +203,7 @@ def test_a_failed_run_is_relaunched_and_a_finished_one_is_not(tmp_path):
     _finish(runs, a.run_id, model="tiny_resnet")
     mark_failed(runs, b.run_id, "exit status 1")
     write_job_scripts(grid.runs, runs, tmp_path / "jobs")  # every run given: the scripts still skip done ones
-    assert f'if [ -f "$RUNS_DIR/{a.run_id}/run.json" ]' in (tmp_path / "jobs" / f"{a.run_id}.sh").read_text()
+    assert "if finished; then" in (tmp_path / "jobs" / f"{a.run_id}.sh").read_text()
     from repro.cluster.jobs import pending_runs
 
     assert [r.run_id for r in pending_runs(grid.runs, runs)] == [b.run_id]

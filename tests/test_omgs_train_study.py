@@ -33,7 +33,7 @@ def _write_run(root, run_id, *, model="tiny_resnet", scheduler="omgs", density=0
     trace = load_trace("tiny_resnet_b32_cpu")
     cost = preset("1gbe-allgather", 2)
     p = make_plan(scheduler, trace, cost, density=density) if plan else None
-    summary = {"run_id": run_id, "model": model, "scheduler": scheduler, "world_size": world, "iteration_s": 0.1,
+    summary = {"run_id": run_id, "model": model, "scheduler": scheduler, "world_size": world, "steps": 1, "iteration_s": 0.1,
                "compute_s": 0.05, "exposed_comm_s": 0.05, "buckets": p.num_buckets if p else None,
                "emulated_bandwidth_bps": 1e7, "wire_dtype": "float32"}
     config = {"model": model, "scheduler": scheduler, "density": density, "dataset": dataset, "epochs": epochs,

@@ -49,7 +49,7 @@ def _write_run(root, trace, cost, variant, *, step_s, accuracy, cpus=2):
          "staleness": 2, "stage1_share": 0.5, "lgp": True, "importance": "position", **variant}
     run_id = study.run_id(c, 2, 1, "100mbit")
     summary = {"run_id": run_id, "model": "tiny_resnet", "scheduler": sched, "world_size": 2, "servers": 1,
-               "iteration_s": step_s, "compute_s": 0.05, "exposed_comm_s": max(0.0, step_s - 0.05),
+               "steps": 6, "iteration_s": step_s, "compute_s": 0.05, "exposed_comm_s": max(0.0, step_s - 0.05),
                "throughput_samples_s": 2 * 32 / step_s, "buckets": plan.num_buckets, "batch_size": 32,
                "predicted_iteration_s": plan.meta.get("iteration_s"), "emulated_bandwidth_bps": 1e8,
                "wire_dtype": "float32"}

@@ -16,7 +16,7 @@ def _write(runs_dir, run_id: str, config: dict, *, epochs: int | None = 2, accur
     """A finished run folder: run.json, iterations.csv and (convergence runs) epochs.csv."""
     world = int(config.get("world_size", 2))
     summary = {"run_id": run_id, "model": config["model"], "scheduler": config["scheduler"], "world_size": world,
-               "iteration_s": 0.1, "compute_s": 0.05, "exposed_comm_s": 0.05, "throughput_samples_s": 320.0,
+               "steps": 3, "iteration_s": 0.1, "compute_s": 0.05, "exposed_comm_s": 0.05, "throughput_samples_s": 320.0,
                "batch_size": config.get("batch_size", 32), "wire_dtype": "float32", "buckets": 3,
                "predicted_iteration_s": 0.1}
     its = pd.DataFrame([{"step": i, "epoch": i // 3, "iteration_s": 0.1, "forward_s": 0.02, "backward_call_s": 0.05,

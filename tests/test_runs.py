@@ -23,13 +23,13 @@ def write(root, run_id, value, **kw):
         w.trace(trace)
         w.plan(Plan.from_groups(trace, [[1, 0]], f"plan{value}"))
         w.cost(CostModel.linear(2, 1e-3, 1e-9))
-        w.record({"run_id": run_id, "config": {"x": value}, "summary": {"iteration_s": value}})
+        w.record({"run_id": run_id, "config": {"x": value}, "summary": {"steps": 1, "iteration_s": value}})
 
 
 def test_a_run_round_trips_with_typed_files(tmp_path):
     write(tmp_path, "r1", 1.0)
     run = load_run(tmp_path / "r1")
-    assert run.summary == {"iteration_s": 1.0} and run.can_simulate
+    assert run.summary == {"steps": 1, "iteration_s": 1.0} and run.can_simulate
     assert run.plan.solver == "plan1.0" and run.cost.workers == 2 and run.trace.num_layers == 2
     assert runs_table(tmp_path)["run_id"].tolist() == ["r1"]
 
@@ -47,7 +47,7 @@ def test_overwrite_replaces_the_folder_whole(tmp_path):
     write(tmp_path, "r1", 1.0)
     (tmp_path / "r1" / "buckets.csv").write_text("only in the first run\n")
     with RunWriter(tmp_path, "r1", overwrite=True) as w:  # a second run without a plan
-        w.record({"run_id": "r1", "config": {}, "summary": {"iteration_s": 2.0}})
+        w.record({"run_id": "r1", "config": {}, "summary": {"steps": 1, "iteration_s": 2.0}})
     names = sorted(p.name for p in (tmp_path / "r1").iterdir())
     assert names == [RUN_JSON]  # nothing of the first run survives beside the second one's record
     assert load_run(tmp_path / "r1").plan is None
@@ -81,7 +81,7 @@ def test_a_killed_writer_leaves_no_folder_that_looks_complete(tmp_path):
     assert [p.name.startswith(".r1.partial-") for p in tmp_path.iterdir()] == [True]
     assert list_runs(tmp_path) == []  # readers skip the partial folder
     write(tmp_path, "r1", 3.0)  # and the id is still free
-    assert load_run(tmp_path / "r1").summary == {"iteration_s": 3.0}
+    assert load_run(tmp_path / "r1").summary == {"steps": 1, "iteration_s": 3.0}
 
 
 @pytest.mark.parametrize("bad", ["../../x", "a/b", "..", ".", ".hidden", "-rf", "", "a\\b", "a\x00b", "x" * 201])
@@ -132,7 +132,7 @@ def test_progress_of_a_run_is_readable_and_superseded_by_the_finished_run(tmp_pa
     prepare_run(tmp_path, "r1", overwrite=True)  # ... unless asked to overwrite
     with RunWriter(tmp_path, "r1") as w:  # the run itself finishes: its progress folder goes
         w.table("epochs.csv", pd.DataFrame({"epoch": [1, 2, 3]}))
-        w.record({"run_id": "r1", "summary": {}})
+        w.record({"run_id": "r1", "config": {}, "summary": {"steps": 3, "iteration_s": 0.1}})
     assert list_incomplete(tmp_path) == [] and not (tmp_path / "r1.incomplete").exists()
     assert [r.run_id for r in list_runs(tmp_path)] == ["r1"]
 

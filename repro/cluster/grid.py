@@ -48,9 +48,12 @@ A run on this machine (:func:`local_stand_in`): the same scheduler, options and 
 tiny model of the same kind, a few synthetic steps, on up to :data:`STAND_IN_MAX_RANKS` local ranks;
 :func:`distinct_stand_ins` keeps one per distinct configuration (``repro grid check --smoke`` runs them).
 
-Status of a run (:func:`run_status`): ``done`` (``<runs_dir>/<id>/run.json``), ``failed`` (the launcher
-left ``<runs_dir>/.grid/<id>.failed``, the exit status and the log's path) or ``pending``. Launching again
-runs the failed and pending ones. Imports neither torch nor pandas.
+Status of a run (:func:`run_status`): ``done`` (``<runs_dir>/<id>/run.json`` is a finished run's record:
+it parses and has the run id, config and a summary with steps and iteration seconds), ``damaged`` (a
+``run.json`` is there but is empty, not JSON or lacks those fields: :func:`run_problem` says which),
+``failed`` (the launcher left ``<runs_dir>/.grid/<id>.failed``, the exit status and the log's path) or
+``pending``. Launching again runs the failed and pending ones; a damaged one only when asked to overwrite
+it (``repro grid launch --overwrite``), else the launch is refused in one line per damaged run. Imports neither torch nor pandas.
 """
 
 from __future__ import annotations
@@ -58,6 +61,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
@@ -66,7 +70,7 @@ from repro import ranges
 
 __all__ = ["GRID_PAPERS", "DEFAULT_PRECISION", "GridError", "Grid", "RunConfig", "grids_dir", "grid_path", "load_grid", "parse_grid",
            "dedicated_servers",
-           "run_id", "run_status", "status_table", "mark_failed", "clear_failed", "count_status", "grid_run_ids",
+           "run_id", "run_status", "run_problem", "status_table", "mark_failed", "clear_failed", "count_status", "grid_run_ids",
            "finished_run_ids", "FAILED_DIR", "STATUSES", "KINDS", "TINY_STAND_INS", "STAND_IN_MAX_RANKS",
            "local_stand_in", "distinct_stand_ins"]
 
@@ -74,7 +78,7 @@ __all__ = ["GRID_PAPERS", "DEFAULT_PRECISION", "GridError", "Grid", "RunConfig",
 GRID_PAPERS = ("mgwfbp", "omgs", "dear", "osp")
 #: hidden folder under a runs folder with one ``<run_id>.failed`` marker per failed launch
 FAILED_DIR = ".grid"
-STATUSES = ("done", "failed", "pending")
+STATUSES = ("done", "damaged", "failed", "pending")
 #: kinds of experiment: timed steps on synthetic data, or epochs over a real dataset
 KINDS = ("throughput", "convergence")
 
@@ -415,14 +419,25 @@ def clear_failed(runs_dir: str | Path, rid: str) -> None:
 
 
 def run_status(runs_dir: str | Path, rid: str) -> str:
-    """``done`` if ``<runs_dir>/<rid>/run.json`` exists, ``failed`` if a launch of it failed (and it has
-    not finished since), ``pending`` otherwise."""
-    from repro.runs import RUN_JSON
+    """``done`` if ``<runs_dir>/<rid>/run.json`` is the record of a finished run (it parses and has what
+    ``repro train`` writes: :func:`repro.runs.record_problem`), ``damaged`` if that file is there but is not
+    (empty, not JSON, fields missing: :func:`run_problem` says which and why), ``failed`` if a launch of it
+    failed (and it has not finished since), ``pending`` otherwise."""
+    from repro.runs import RUN_JSON, record_problem
 
     root = Path(runs_dir)
-    if (root / rid / RUN_JSON).is_file():
-        return "done"
+    if os.path.lexists(root / rid / RUN_JSON):
+        return "done" if record_problem(root / rid) is None else "damaged"
     return "failed" if _failed_marker(root, rid).is_file() else "pending"
+
+
+def run_problem(runs_dir: str | Path, rid: str) -> str | None:
+    """One line naming ``<runs_dir>/<rid>/run.json`` and what is wrong with it, for a ``damaged`` run; None
+    otherwise."""
+    from repro.runs import RUN_JSON, record_problem
+
+    folder = Path(runs_dir) / rid
+    return record_problem(folder) if os.path.lexists(folder / RUN_JSON) else None
 
 
 def status_table(grid: Grid | Iterable[RunConfig], runs_dir: str | Path) -> list[dict[str, Any]]:

@@ -44,7 +44,10 @@ only the cluster shows (CUDA, NCCL itself) are not checked; the stand-ins of
 
 A run is launched only when it is not finished (:func:`repro.cluster.grid.run_status`); a failed launch
 leaves ``<runs_dir>/.grid/<run_id>.failed`` and is launched again next time (with ``--overwrite``, which
-replaces only what a stopped run left: a finished run is never launched).
+replaces only what a stopped run left: a finished run is never launched). A damaged run (a ``run.json``
+that is empty, not JSON or not a finished run's record) refuses the launch, one line per such run, unless
+it is asked to overwrite them (``repro grid launch --overwrite``, ``overwrite=True``): a damaged result
+may be a run killed while its folder was copied, and only the user knows whether to train it again.
 """
 
 from __future__ import annotations
@@ -66,7 +69,7 @@ from repro.cluster.grid import (DEFAULT_PRECISION, Grid, RunConfig, clear_failed
 __all__ = ["LAUNCHERS", "GridStop", "BadRuns", "run_refusal", "refusal_line", "check_runs", "check_summary",
            "refuse_bad_runs", "DEFAULT_PORT", "train_argv", "torchrun_argv", "shell_command", "quiet_torch_env",
            "write_job_scripts", "launch_local_grid", "emulate_nodes", "submit_slurm", "wait_jobs",
-           "local_gpu_count", "prepare_paper_runs", "pending_runs", "SlurmResources", "slurm_resources", "has_servers"]
+           "local_gpu_count", "prepare_paper_runs", "pending_runs", "check_folder", "SlurmResources", "slurm_resources", "has_servers"]
 
 #: values of a notebook's ``launcher`` parameter ("" = launch nothing)
 LAUNCHERS = ("", "local", "slurm", "print")
@@ -84,9 +87,38 @@ class GridStop(ValueError):
         return [f"{type(self).__name__}: {self}"]
 
 
-def pending_runs(runs: Sequence[RunConfig], runs_dir: str | Path) -> list[RunConfig]:
-    """The runs of ``runs`` that are not finished (pending or failed), in order."""
-    return [r for r in runs if run_status(runs_dir, r.run_id) != "done"]
+def pending_runs(runs: Sequence[RunConfig], runs_dir: str | Path, *, overwrite: bool = False) -> list[RunConfig]:
+    """The runs of ``runs`` that are not finished (pending or failed), in order. A ``damaged`` run (its
+    ``run.json`` empty, not JSON or not a finished run's record) is refused (:class:`BadRuns`, one line per
+    damaged run naming its file and what is wrong) unless ``overwrite``: then it is launched again and its
+    folder replaced whole by the new run (``repro train --overwrite``). A finished run is never launched."""
+    from repro.cluster.grid import run_problem
+
+    status = {r.run_id: run_status(runs_dir, r.run_id) for r in runs}
+    damaged = [r for r in runs if status[r.run_id] == "damaged"]
+    if damaged and not overwrite:
+        lines = [f"{r.run_id}: damaged: {run_problem(runs_dir, r.run_id)}" for r in damaged]
+        raise BadRuns(f"{len(damaged)} run(s) under {runs_dir} are damaged (first: {run_problem(runs_dir, damaged[0].run_id)}); "
+                      "launch them again with --overwrite (overwrite=True), which replaces their folders, or "
+                      "remove them", lines)
+    return [r for r in runs if status[r.run_id] != "done"]
+
+
+def check_folder(what: str, path: str | Path) -> Path:
+    """``path`` if it is a folder or can be created as one (a missing folder under folders); else
+    :class:`GridStop`, one line naming ``what`` (the flag or parameter): a regular file, FIFO or device is
+    never replaced by a folder, and nothing is written."""
+    p = Path(path)
+    if os.path.lexists(p) and not p.is_dir():
+        kind = "a file" if p.is_file() else ("a dangling link" if p.is_symlink() and not p.exists()
+                                               else "a FIFO, device or socket")
+        raise GridStop(f"{what} {p} is {kind}, not a folder; give a folder (created if missing)")
+    for up in p.parents:
+        if os.path.lexists(up):
+            if not up.is_dir():
+                raise GridStop(f"{what} {p} cannot be a folder: {up} is not a folder")
+            break
+    return p
 
 
 # ---------------------------------------------------------------------------------------------
@@ -420,14 +452,16 @@ set -uo pipefail
 # c10d's warnings about a closed store or socket (a node failed) carry pages of C++ frames; WARNING shows them
 export TORCH_CPP_LOG_LEVEL="${{TORCH_CPP_LOG_LEVEL:-ERROR}}"
 RUNS_DIR={runs_dir_q}
-if [ -f "$RUNS_DIR/{run_id}/run.json" ]; then echo "{run_id}: finished already"; exit 0; fi
+# finished: run.json is a finished run's record (a damaged one is not: repro.cluster.grid.run_status)
+finished() {{ {python_q} -c 'import sys; from repro.cluster.grid import run_status; sys.exit(run_status(*sys.argv[1:]) != "done")' "$RUNS_DIR" {run_id} 2>/dev/null; }}
+if finished; then echo "{run_id}: finished already"; exit 0; fi
 {head_check}(trap '' USR1; exec {cmd}) &
 agent=$!
 forward() {{ pkill -USR1 -P "$agent" || true; }}  # to the ranks (torchrun itself ignores it)
 trap forward USR1
 while true; do wait "$agent"; rc=$?; kill -0 "$agent" 2>/dev/null || break; done
 if [ "$rc" -ne 0 ] && [ -f "$RUNS_DIR/{run_id}.incomplete/checkpoint.pt" ] && [ -n "${{SLURM_JOB_ID:-}}" ] \\
-    && [ ! -f "$RUNS_DIR/{run_id}/run.json" ]; then
+    && ! finished; then
   echo "{run_id}: checkpointed; requeueing job $SLURM_JOB_ID"
   scontrol requeue "$SLURM_JOB_ID" || true  # every node may ask: the first one does it
   exit 0
@@ -461,7 +495,8 @@ def write_job_scripts(runs: Sequence[RunConfig], runs_dir: str | Path, jobs_dir:
     refuse_bad_runs(runs, backend="nccl", device="cuda", launcher="print")  # before anything is written
     res = slurm_resources(resources)
     res.check_runs(runs)
-    jobs = Path(jobs_dir)
+    check_folder("runs dir", runs_dir)
+    jobs = check_folder("jobs dir", jobs_dir)
     jobs.mkdir(parents=True, exist_ok=True)
     runs_dir = Path(runs_dir).resolve()
     lines = []
@@ -478,6 +513,7 @@ def write_job_scripts(runs: Sequence[RunConfig], runs_dir: str | Path, jobs_dir:
         script = _SCRIPT.format(run_id=run.run_id, what=what, sbatch=sbatch, nodes=run.nodes, gpn=run.procs_per_node,
                                 multi=" with REPRO_HEAD set to the first node's host" if multi else "",
                                 runs_dir=runs_dir, runs_dir_q=shlex.quote(str(runs_dir)), cmd=cmd,
+                                python_q=shlex.quote(python),
                                 head_check=(': "${REPRO_HEAD:?set REPRO_HEAD to the host name of the first node}"\n'
                                             if multi else ""))
         path = jobs / f"{run.run_id}.sh"
@@ -515,14 +551,14 @@ def _log_path(logs_dir: Path, run: RunConfig, suffix: str = "") -> Path:
 
 
 def launch_local_grid(runs: Sequence[RunConfig], runs_dir: str | Path, logs_dir: str | Path, *,
-                      gpus: int | None = None, timeout_s: float = 7200.0) -> dict[str, int]:
+                      gpus: int | None = None, timeout_s: float = 7200.0, overwrite: bool = False) -> dict[str, int]:
     """Run every unfinished run of ``runs`` with torchrun on this node's GPUs (NCCL), one after another.
 
     Refused (:class:`GridStop`, one line) before any run starts when a run would be refused at start-up
     (:class:`BadRuns`), needs more GPUs than ``gpus`` (default:
     :func:`local_gpu_count`) or more than one node. Each run logs to ``<logs_dir>/<run_id>.log``;
     a failed one is marked and the others go on. Returns the status counts afterwards."""
-    todo = pending_runs(runs, runs_dir)
+    todo = pending_runs(runs, runs_dir, overwrite=overwrite)
     refuse_bad_runs(todo, backend="nccl", device="cuda", launcher="local")
     _check_local(todo, local_gpu_count() if gpus is None else gpus)
     logs = Path(logs_dir)
@@ -751,7 +787,7 @@ def _submitit():
 def submit_slurm(runs: Sequence[RunConfig], runs_dir: str | Path, jobs_dir: str | Path, *, executor: Any = None,
                  port: int = DEFAULT_PORT, backend: str = "nccl", device: str = "cuda", timeout_min: int | None = None,
                  resources: "SlurmResources | Mapping[str, Any] | str | None" = None,
-                 slurm_parameters: Mapping[str, Any] | None = None) -> list[Any]:
+                 slurm_parameters: Mapping[str, Any] | None = None, overwrite: bool = False) -> list[Any]:
     """Submit every unfinished run through submitit: one job array per node shape (nodes x GPUs), one
     task per node, ``gpus_per_node`` GPUs each; returns the submitit jobs (see :func:`wait_jobs`).
 
@@ -769,7 +805,7 @@ def submit_slurm(runs: Sequence[RunConfig], runs_dir: str | Path, jobs_dir: str 
     (:class:`BadRuns`) or a resource is bad (:class:`GridStop`, one line).
     Without submitit: :class:`GridStop`, one line saying ``pip install submitit``."""
     res = slurm_resources(resources, time_min=timeout_min)
-    todo = pending_runs(runs, runs_dir)
+    todo = pending_runs(runs, runs_dir, overwrite=overwrite)
     refuse_bad_runs(todo, backend=backend, device=device, launcher="slurm")
     res.check_runs(todo, device)
     if executor is None:  # an executor given (a test's fake) needs no submitit here
