@@ -83,12 +83,46 @@ def _output_arg(text: str) -> str:
     return text
 
 
-def _check_output(path: str | Path | None) -> None:
+#: ``-o`` values that mean this process's standard output: written to it directly (a pipe, a terminal or a file
+#: the shell opened), never replaced by a file (``/dev/stdout`` on a pipe links to no path a file could replace)
+STDOUT_NAMES = ("-", "/dev/stdout", "/dev/fd/1", "/proc/self/fd/1")
+
+#: the flags of file inputs (attribute, flag): ``-o`` may not name one of them
+_INPUT_FLAGS = (("trace", "--trace"), ("plan", "--plan"), ("network", "--network"), ("cost", "--cost"),
+                ("measurements", "the measurements file"))
+
+
+def _is_stdout(path: str | Path | None) -> bool:
+    return path is not None and (str(path) == "-" or os.path.abspath(str(path)) in STDOUT_NAMES[1:])
+
+
+def _same_file(a: str | Path, b: str | Path) -> bool:
+    try:
+        return os.path.isfile(a) and os.path.isfile(b) and os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def _check_output(path: str | Path | None, args: argparse.Namespace | None = None, *, stdout: bool = False) -> None:
     """Refuse, before any work, an output path that cannot be written without harm (see
     :mod:`repro.outputs`: a folder, a path under a file, a missing folder, an unwritable place, a block
-    device or socket; a FIFO or character device is written into, a link's target is written)."""
+    device or socket; a FIFO or character device is written into, a link's target is written), or one that
+    is the same file as an input of ``args`` (``--trace``, ``--plan``, ``--network``, ``--cost``, the
+    measurements; through links too): writing it would destroy the input. ``-`` and ``/dev/stdout`` are
+    standard output (:data:`STDOUT_NAMES`) for a command whose only output is that text (``stdout``); a
+    command that prints anything else there refuses them."""
     if path is None:
         return
+    if _is_stdout(path):
+        if not stdout:
+            raise UsageError(f"-o {path}: this command prints its summary on standard output, so its file cannot "
+                             "go there too; give a file name")
+        return
+    for attr, flag in _INPUT_FLAGS if args is not None else ():
+        given = getattr(args, attr, None)
+        if given is not None and _same_file(path, given):
+            raise UsageError(f"-o {path} is the same file as {flag} {given}: writing it would destroy the input; "
+                             "give another output file")
     try:
         check_output(path)
     except OutputPathError as e:
@@ -96,6 +130,10 @@ def _check_output(path: str | Path | None) -> None:
 
 
 def _write_atomically(path: str | Path, text: str) -> None:
+    if _is_stdout(path):  # written into the stream as it is (a pipe, a terminal, a file the shell opened)
+        sys.stdout.write(text)
+        sys.stdout.flush()
+        return
     try:
         write_output(path, text)
     except OutputPathError as e:
@@ -364,7 +402,7 @@ def cmd_profile(args: argparse.Namespace) -> None:
 def cmd_plan(args: argparse.Namespace) -> None:
     from repro.planners import make_plan
 
-    _check_output(args.output)
+    _check_output(args.output, args, stdout=True)
     given = {"threshold_bytes": args.threshold_bytes, "wire_dtype": args.wire_dtype,  # wire dtype: the planner
              "density": args.density, "pack": True if args.pack else None,              # solves on those bytes
              "topk_scope": args.topk_scope,
@@ -397,7 +435,7 @@ def _planners_taking(option: str) -> list[str]:
 def cmd_simulate(args: argparse.Namespace) -> None:
     from repro.sim import simulate
 
-    _check_output(args.output)
+    _check_output(args.output, args, stdout=True)
     trace = load_trace(args.trace)
     plan = _load_file("plan", args.plan, Plan.load)
     try:
@@ -417,7 +455,7 @@ def cmd_compare(args: argparse.Namespace) -> None:
     from repro.compare_cli import compare, format_csv, format_table
     from repro.planners._budget import check_time_budget
 
-    _check_output(args.output)
+    _check_output(args.output, args, stdout=True)
     try:
         budget = check_time_budget(args.time_budget_s)
     except ValueError:
@@ -428,6 +466,11 @@ def cmd_compare(args: argparse.Namespace) -> None:
     if args.servers is not None and args.servers < 1:
         raise UsageError(f"--servers must be a positive integer, got {args.servers}")
     names = None if args.schedulers is None else [n.strip() for n in args.schedulers.split(",") if n.strip()]
+    if names == []:  # "", ",", " , ": before the trace and cost are read
+        from repro.schedulers import SCHEDULERS
+
+        raise UsageError(f"--schedulers {args.schedulers!r} names no scheduler; give one or more of "
+                         f"{', '.join(SCHEDULERS)} separated by commas, or leave --schedulers out for every one")
     trace = load_trace(args.trace)
     cost = _cost_from_args(args, trace)
     servers = args.servers
@@ -458,7 +501,7 @@ def cmd_cost_fit(args: argparse.Namespace) -> None:
 
     if args.workers is not None and args.workers < 2:
         raise UsageError(f"--workers must be an integer >= 2, got {args.workers}")
-    _check_output(args.output)
+    _check_output(args.output, args, stdout=True)
     cost = fit_measurements_csv(args.measurements, args.workers)
     _emit(cost.to_dict(), args.output)
 
@@ -471,7 +514,7 @@ def cmd_cost_cluster(args: argparse.Namespace) -> None:
     _positive_flag("--gpus-per-node", args.gpus_per_node)
     if args.topk_gamma is not None and args.topk_device is not None:
         raise UsageError("give one top-k cost: --topk-gamma S or --topk-device GPU")
-    _check_output(args.output)
+    _check_output(args.output, stdout=True)
     gamma, source = args.topk_gamma, None
     if gamma is not None:
         if not (gamma >= 0 and gamma < float("inf")):
@@ -645,7 +688,7 @@ def cmd_calibrate(args: argparse.Namespace) -> None:
             f"collective buffers on {args.nproc} ranks ({worst}: {factor[worst]:g} x max bytes per rank), but "
             f"about {room / 2**30:.1f} GiB are left ({avail / 2**30:.1f} GiB available less {args.nproc} x "
             f"{RANK_MEMORY_BYTES // 2**20} MiB per rank)")
-    _check_output(args.output)
+    _check_output(args.output, stdout=True)
     sizes = default_sizes_bytes(args.max_bytes, args.sizes, args.min_bytes)
     if args.torchrun:  # one rank of a torchrun job: every rank times, rank 0 writes
         from repro.cluster.torchrun import distributed

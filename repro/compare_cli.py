@@ -87,6 +87,9 @@ def compare(trace: Trace, cost: CostModel, *, servers: int | None = None,
     passed to the planners that take them; ``schedulers``: a subset (default: every scheduler)."""
     time_budget_s = check_time_budget(time_budget_s)
     names = list(SCHEDULERS) if schedulers is None else list(dict.fromkeys(schedulers))
+    if not names:
+        raise ValueError(f"--schedulers: the list names no scheduler; give one or more of {', '.join(SCHEDULERS)} "
+                         "separated by commas, or leave --schedulers out for every one")
     unknown = [s for s in names if s not in SCHEDULERS]
     if unknown:
         raise ValueError(f"--schedulers: unknown scheduler(s) {', '.join(unknown)}; choose from "
