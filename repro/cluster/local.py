@@ -779,6 +779,21 @@ def _exit_rank(code: int) -> None:
     os._exit(code)
 
 
+def _thread_lock_for_tqdm() -> None:
+    """Give tqdm (the ranks' progress bars) a thread lock before it makes its own: by default it creates a
+    ``multiprocessing.RLock``, a POSIX semaphore registered with the launcher's resource tracker (shared by
+    spawned ranks), and a rank killed on a timeout never unregisters it, so the tracker warns of "1 leaked
+    semaphore objects" when the launcher exits, after the one-line error. A rank is a process of its own:
+    the process lock shares nothing with the other ranks anyway."""
+    try:
+        import threading
+
+        from tqdm import tqdm
+    except ImportError:
+        return
+    tqdm.set_lock(threading.RLock())
+
+
 def _rank_main(rank: int, payload: tuple[bytes, bytes], conn, env: dict, parent_pid: int, backend: str | None,
                pg_timeout_s: float, threads: int, quiet: bool, netns: str | None = None) -> None:
     if netns is not None:
@@ -798,6 +813,7 @@ def _rank_main(rank: int, payload: tuple[bytes, bytes], conn, env: dict, parent_
             _exit_rank(1)
     _watch_parent(parent_pid)
     os.environ.update(env)
+    _thread_lock_for_tqdm()
     if quiet:
         _flush_std()
         devnull = os.open(os.devnull, os.O_WRONLY)
