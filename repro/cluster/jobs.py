@@ -112,14 +112,22 @@ def train_argv(run: RunConfig, runs_dir: str | Path, *, backend: str = "nccl", d
     only for a precision other than :data:`~repro.cluster.grid.DEFAULT_PRECISION`, the models' own, so
     that a scheduler that cannot cast is not given one), its run id, ``--results-dir runs_dir``,
     ``--backend``/``--device`` and ``--overwrite --quiet``; ``--checkpoint-every-min`` (minutes) when
-    ``checkpoint_every_min`` > 0 and the run has no dedicated server ranks (:func:`has_servers`)."""
+    ``checkpoint_every_min`` > 0 and the run has no dedicated server ranks (:func:`has_servers`). A run
+    option the scheduler does not use is left out (a grid sets some for every scheduler of an experiment)."""
     argv = ["-m", "repro.train", "--model", str(run["model"]), "--scheduler", str(run["scheduler"]),
             "--batch-size", str(run["batch_size"])]
     if run["wire_dtype"] != DEFAULT_PRECISION:
         argv += ["--wire-dtype", str(run["wire_dtype"])]
+    from repro.run_options import RUN_OPTIONS, option_takers
+    from repro.schedulers import get_scheduler
+
+    scheduler = get_scheduler(str(run["scheduler"])).name
     for key, value in run.train_options().items():
         if key in ("model", "scheduler", "batch_size", "wire_dtype"):
             continue
+        if key in RUN_OPTIONS and scheduler not in option_takers(key):
+            continue  # a grid's shared option (e.g. density) is for the schedulers that take it: repro train
+            # refuses a given option its scheduler does not use
         if isinstance(value, bool):
             argv.append(_flag(key) if value else _flag(f"no_{key}"))
         else:
