@@ -543,12 +543,14 @@ def cmd_launch(args: argparse.Namespace) -> None:
     if args.emulate_bandwidth:  # the rate travels in the run's config (run.json), not in the environment
         from repro.cluster.netns import parse_bandwidth
 
-        overrides["emulated_bandwidth_bps"] = float(parse_bandwidth(args.emulate_bandwidth))
+        overrides["emulated_bandwidth_bps"] = float(parse_bandwidth(args.emulate_bandwidth, "--emulate-bandwidth",
+                                                                    emulated=True))
     cfg, train = config_from_argv(train_args, **overrides)  # bad arguments fail here, before any rank starts
     if not (math.isfinite(train.pg_timeout_s) and train.pg_timeout_s > 0):
         raise UsageError(f"--pg-timeout-s must be a finite positive number of seconds, got {train.pg_timeout_s:g}")
     if args.nproc >= 1:
         cfg.check_world(args.nproc, backend=train.backend)  # e.g. an online planner on one rank, servers on nccl
+    cfg.check_plan_layers()  # a plan of another model fails here, not in every rank
     if cfg.device == "cuda":  # checked here, before any rank starts (nccl's own check is launch_local's)
         import torch
 
@@ -605,8 +607,14 @@ def cmd_calibrate(args: argparse.Namespace) -> None:
 
     kinds = [k.strip() for k in args.collectives.split(",") if k.strip()]
     bad = [k for k in kinds if k not in MEASURABLE]
-    if bad or not kinds:
+    if not kinds:
+        raise UsageError(f"--collectives {args.collectives!r}: no collective given; choose from {', '.join(MEASURABLE)}")
+    if bad:
         raise UsageError(f"unknown collective(s) {bad}; choose from {', '.join(MEASURABLE)}")
+    if args.emulate_bandwidth:  # a rate tc cannot shape: one line naming the flag, before any rank starts
+        from repro.cluster.netns import parse_bandwidth
+
+        parse_bandwidth(args.emulate_bandwidth, "--emulate-bandwidth", emulated=True)
     if args.torchrun:
         if args.nproc is not None or args.emulate_bandwidth:
             raise UsageError("--torchrun joins the ranks torchrun started: leave --nproc and --emulate-bandwidth out")
