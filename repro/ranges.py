@@ -18,7 +18,7 @@ from typing import Any
 
 __all__ = ["Quantity", "BYTES", "ELEMENTS", "SECONDS", "LATENCY_S", "SECONDS_PER_BYTE", "TOPK_GAMMA_S",
            "BITS_PER_S", "WORKERS", "BATCH_SIZE", "COUNT", "FACTOR", "LEARNING_RATE", "MOMENTUM", "WEIGHT_DECAY",
-           "SEED", "SEQ_LEN", "CLASSES", "LOADER_WORKERS", "REPEATS", "TRIALS", "MINUTES", "FRACTION", "TRACE_DTYPES", "check",
+           "SEED", "SEQ_LEN", "CLASSES", "LOADER_WORKERS", "REPEATS", "TRIALS", "MINUTES", "CPUS", "MEMORY_GB", "FRACTION", "TRACE_DTYPES", "check",
            "show", "QUANTITIES"]
 
 
@@ -114,6 +114,12 @@ TRIALS = Quantity("trials", 0, 10_000, integer=True, high_text="10000")
 #: time limit (SLURM sites allow days to a few weeks), so an interval longer never fires.
 MINUTES = Quantity("minutes", 0, 1e5, high_text="1e5", suffix="min")
 
+#: CPUs of one node (a SLURM task's --cpus-per-task): [1, 4096]. The largest single servers (8 sockets, SMT)
+#: have ~1000 hardware threads; 4x that is no machine a job can ask for.
+CPUS = Quantity("CPUs", 1, 4096, integer=True, high_text="4096", suffix="CPUs")
+#: Memory of one node in GB (SLURM's --mem): (0, 1e5]. The largest shared-memory nodes have ~32 TB (3.2e4 GB).
+MEMORY_GB = Quantity("GB", 0, 1e5, high_text="1e5", suffix="GB")
+
 #: A share of a whole (top-k density, a stage's share of the bytes): [0, 1]; an option may exclude 0 itself.
 FRACTION = Quantity("fraction", 0, 1.0, high_text="1")
 
@@ -126,7 +132,7 @@ QUANTITIES = {"bytes": BYTES, "elements": ELEMENTS, "seconds": SECONDS, "latency
               "workers": WORKERS, "batch_size": BATCH_SIZE, "count": COUNT, "factor": FACTOR,
               "learning_rate": LEARNING_RATE, "momentum": MOMENTUM, "weight_decay": WEIGHT_DECAY, "seed": SEED,
               "seq_len": SEQ_LEN, "classes": CLASSES, "loader_workers": LOADER_WORKERS, "repeats": REPEATS,
-              "trials": TRIALS, "minutes": MINUTES, "fraction": FRACTION}
+              "trials": TRIALS, "minutes": MINUTES, "cpus": CPUS, "memory_gb": MEMORY_GB, "fraction": FRACTION}
 
 
 def show(value: Any) -> str:

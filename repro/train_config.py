@@ -431,6 +431,38 @@ def _is_cost_file(name: str) -> bool:
     return Path(name).is_file()
 
 
+def step_memory_floor_bytes(model: str, batch_size: int, model_kwargs: dict[str, Any] | None = None) -> int:
+    """A lower bound of one training step's memory on a rank, from the catalogue alone (no torch): the
+    inputs (float32 images; int64 tokens), for a sequence model the float32 logits over its vocabulary, and
+    for BERT one attention-score matrix (seq_len**2 per sample). Real steps need several times more
+    (activations, weights, gradients); this floor only catches a batch no machine could hold."""
+    info = model_info(model)
+    kw = model_kwargs or {}
+    if info.family == "vision":
+        per_sample = 4 * math.prod(info.input_size)
+    else:
+        seq = int(kw.get("seq_len") or info.input_size[0])
+        vocab = int(kw.get("num_classes") or info.num_classes)
+        per_sample = 8 * seq + 4 * seq * vocab + (4 * seq * seq if info.family == "bert" else 0)
+    return int(batch_size) * per_sample
+
+
+def check_step_memory(need_per_rank: float, ranks: int, what: str) -> None:
+    """``ranks`` local ranks each needing at least ``need_per_rank`` bytes for a step fit the memory this
+    machine has available, less each rank's own footprint (as ``repro calibrate`` checks its buffers);
+    else ValueError in one line naming ``what`` (the flags that set the size). Unknown memory: no check."""
+    from repro.cluster.local import RANK_MEMORY_BYTES, available_memory_bytes
+
+    avail = available_memory_bytes()
+    if avail is None:
+        return
+    room = max(0, avail - ranks * RANK_MEMORY_BYTES)
+    if ranks * need_per_rank > room:
+        raise ValueError(f"{what} needs at least {need_per_rank / 2**30:.3g} GiB per step on each of {ranks} rank(s) "
+                         f"(inputs and outputs alone), but about {room / 2**30:.1f} GiB are available "
+                         f"({avail / 2**30:.1f} GiB less {ranks} x {RANK_MEMORY_BYTES // 2**20} MiB per rank)")
+
+
 # ---------------------------------------------------------------------------------------------
 # Command line (per rank, under torchrun)
 # ---------------------------------------------------------------------------------------------

@@ -60,6 +60,7 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from repro import ranges
 from repro.cluster.grid import (DEFAULT_PRECISION, Grid, RunConfig, clear_failed, count_status, load_grid,
                                 mark_failed, run_status, status_table)
 
@@ -291,12 +292,14 @@ class SlurmResources:
                 bound = f"in [{low}, {high}]" if high is not None else f">= {low}"
                 raise GridStop(f"slurm {name}={v!r}: expected an integer {bound}")
 
-        integer("time_min", 1)
+        # upper bounds: the plausible ranges of repro.ranges (minutes, counts, CPUs and GPUs of one node)
+        integer("time_min", 1, int(ranges.MINUTES.high))
         integer("signal_s", 1, 65535)
-        integer("requeues", 0)
+        integer("requeues", 0, int(ranges.COUNT.high))
         for name in ("cpus_per_task", "gpus_per_node"):
             if getattr(self, name) is not None:
-                integer(name, 1 if name == "cpus_per_task" else 0)
+                integer(name, 1 if name == "cpus_per_task" else 0,
+                        ranges.CPUS.high if name == "cpus_per_task" else ranges.WORKERS.high)
         if self.signal_s >= self.time_min * 60:
             raise GridStop(f"slurm signal_s={self.signal_s}: the signal must come before the time limit "
                            f"(time_min={self.time_min} is {self.time_min * 60} s)")
@@ -309,6 +312,9 @@ class SlurmResources:
                 what = ("a positive number of GB" if name == "mem_gb"
                         else "a number of minutes >= 0 (0: only on the signal)")
                 raise GridStop(f"slurm {name}={v!r}: expected {what}")
+            bound = ranges.MEMORY_GB if name == "mem_gb" else ranges.MINUTES
+            if v > bound.high:
+                raise GridStop(f"slurm {name}={v!r}: outside the plausible range {bound.range_text()}")
         for name in ("partition", "account"):
             v = getattr(self, name)
             if v is not None and (not isinstance(v, str) or not _SAFE.fullmatch(v)):
