@@ -523,11 +523,16 @@ def _add_local_flags(p: argparse.ArgumentParser) -> None:
 
 
 def _check_local_flags(args: argparse.Namespace) -> None:
-    """``--nproc`` and ``--timeout-s`` in their plausible ranges (:mod:`repro.ranges`), before anything else."""
+    """``--nproc`` within what this machine can run (a tighter bound than :data:`repro.ranges.WORKERS`:
+    :func:`repro.cluster.local.max_local_ranks`) and ``--timeout-s`` in its plausible range, before anything
+    else (the memory a batch needs is checked per rank, so the rank count comes first)."""
     from repro import ranges
+    from repro.cluster.local import max_local_ranks
 
-    if args.nproc is not None and args.nproc >= 1:  # below 1: the commands' own words
-        ranges.check(ranges.WORKERS, args.nproc, "--nproc", UsageError, what="option")
+    if args.nproc is not None and args.nproc >= 1 and not getattr(args, "torchrun", False):
+        limit, why = max_local_ranks()  # below 1: the commands' own words
+        if args.nproc > limit:
+            raise UsageError(f"--nproc {args.nproc} is more than this machine can run: at most {limit} ranks ({why})")
     if math.isfinite(args.timeout_s) and args.timeout_s > 0:
         ranges.check(ranges.SECONDS, args.timeout_s, "--timeout-s", UsageError, what="option")
 

@@ -195,7 +195,6 @@ class _CommonConfig:
             v = getattr(self, name)
             if not math.isfinite(v) or v < 0:
                 raise ValueError(f"{name} must be a finite non-negative number, got {v}")
-        self._check_ranges()
         if self.warmup_steps < 1 and sched.has_plan and self.plan is None:
             raise ValueError(f"'{self.scheduler}' plans from the warm-up: it needs warmup_steps >= 1")
         if self.network is not None:
@@ -212,6 +211,7 @@ class _CommonConfig:
         if self.run_id is not None:
             check_run_id(self.run_id)
         self._check_checkpointing()
+        self._check_ranges()  # last: the checks above say what a wrong type or sign means
 
     def _check_ranges(self) -> None:
         """Every number in its plausible range (:data:`FIELD_RANGES`; one line naming the flag, the value

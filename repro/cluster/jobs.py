@@ -114,7 +114,8 @@ def train_argv(run: RunConfig, runs_dir: str | Path, *, backend: str = "nccl", d
     that a scheduler that cannot cast is not given one), its run id, ``--results-dir runs_dir``,
     ``--backend``/``--device`` and ``--overwrite --quiet``; ``--checkpoint-every-min`` (minutes) when
     ``checkpoint_every_min`` > 0 and the run has no dedicated server ranks (:func:`has_servers`). A run
-    option the scheduler does not use is left out (a grid sets some for every scheduler of an experiment)."""
+    option with a default that the scheduler does not use is left out (a grid sets some, e.g. density, for
+    every scheduler of an experiment)."""
     argv = ["-m", "repro.train", "--model", str(run["model"]), "--scheduler", str(run["scheduler"]),
             "--batch-size", str(run["batch_size"])]
     if run["wire_dtype"] != DEFAULT_PRECISION:
@@ -122,13 +123,20 @@ def train_argv(run: RunConfig, runs_dir: str | Path, *, backend: str = "nccl", d
     from repro.run_options import RUN_OPTIONS, option_takers
     from repro.schedulers import get_scheduler
 
-    scheduler = get_scheduler(str(run["scheduler"])).name
+    try:
+        sched = get_scheduler(str(run["scheduler"]))
+    except ValueError:  # an unknown name: given as it is, refused by repro train (grid check's words)
+        sched = None
     for key, value in run.train_options().items():
         if key in ("model", "scheduler", "batch_size", "wire_dtype"):
             continue
-        if key in RUN_OPTIONS and scheduler not in option_takers(key):
-            continue  # a grid's shared option (e.g. density) is for the schedulers that take it: repro train
-            # refuses a given option its scheduler does not use
+        if sched is not None and key == "fit_repeats" and not sched.has_plan:
+            continue  # a grid-wide fit repeat count: unused by a scheduler that fits nothing (ddp, local)
+        if sched is not None and key in RUN_OPTIONS and not RUN_OPTIONS[key].refused_elsewhere \
+                and sched.name not in option_takers(key):
+            continue  # a grid's experiment-wide option with a default (e.g. density) is for the schedulers that
+            # take it (repro train refuses a given option its scheduler does not use); one without a default
+            # (servers, staleness) set for another scheduler stays, and is refused as a bad run
         if isinstance(value, bool):
             argv.append(_flag(key) if value else _flag(f"no_{key}"))
         else:
