@@ -143,10 +143,15 @@ def _load_plan(scheduler: Any) -> Plan | None:
     if isinstance(scheduler, Plan):
         return scheduler
     if isinstance(scheduler, (str, os.PathLike)) and (str(scheduler).endswith(".json") or os.sep in str(scheduler)):
+        from repro.outputs import InputPathError, read_input
+
         path = Path(scheduler)
-        if not path.is_file():
+        if not path.exists():
             _fail(f"plan file {path} not found (a scheduler name has no '.json' or '/')")
-        return Plan.load(path)
+        try:  # a folder, a FIFO or a device: "not a regular file", the words of every command
+            return read_input("plan", path, Plan.load)
+        except InputPathError as e:
+            _fail(str(e))
     return None
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import signal
 import sys
@@ -251,6 +252,11 @@ def _parse_input_shape(text: str) -> tuple[int, ...]:
     if not shape or any(n < 1 for n in shape):
         raise UsageError(f"--input-shape must be positive integers separated by commas (one sample's shape, e.g. "
                          f"3,32,32), got {text!r}")
+    from repro import ranges
+
+    if math.prod(shape) > ranges.ELEMENTS.high:  # one sample: at most as many elements as a tensor may have
+        raise UsageError(f"--input-shape {text} has {ranges.show(math.prod(shape))} elements per sample, outside the "
+                         f"plausible range {ranges.ELEMENTS.range_text(1)}")
     return shape
 
 
@@ -338,8 +344,12 @@ def _factory_batch(args: argparse.Namespace, model, shape: tuple[int, ...]):
 def cmd_profile(args: argparse.Namespace) -> None:
     """Profile a registry model, or ``--model package.module:factory`` (a model of your own: see the
     ``profile`` options' help, and :func:`_load_factory_model` / :func:`_factory_batch`)."""
+    from repro import ranges
+    from repro.train_config import check_step_memory, step_memory_floor_bytes
+
     if args.batch_size <= 0:
         raise UsageError(f"--batch-size must be positive, got {args.batch_size}")
+    ranges.check(ranges.BATCH_SIZE, args.batch_size, "--batch-size", UsageError, what="option")
     if not (0 <= args.warmup <= 1000 and 1 <= args.iters <= 10000):
         raise UsageError(f"--warmup must be in [0, 1000] and --iters in [1, 10000], got {args.warmup} and "
                          f"{args.iters}")
@@ -351,6 +361,14 @@ def cmd_profile(args: argparse.Namespace) -> None:
         shape = _parse_input_shape(args.input_shape)
         if args.num_classes is not None and args.num_classes < 1:
             raise UsageError(f"--num-classes must be positive, got {args.num_classes}")
+        if args.num_classes is not None:
+            ranges.check(ranges.CLASSES, args.num_classes, "--num-classes", UsageError, what="option")
+        need = 4 * args.batch_size * math.prod(shape)  # the float32 input batch alone
+        if args.device == "cpu":
+            try:
+                check_step_memory(need, 1, f"--batch-size {args.batch_size} --input-shape {args.input_shape}")
+            except ValueError as e:
+                raise UsageError(str(e)) from None
         if args.estimate_gpu:
             raise UsageError("--estimate-gpu estimates registry models only (`repro models`); measure a model of "
                              "your own on this machine's --device")
@@ -362,6 +380,12 @@ def cmd_profile(args: argparse.Namespace) -> None:
             get_spec(args.model)  # an unknown model fails now, before any work
         except ValueError as e:
             raise UsageError(f"{_first_line(e)}; or a model of your own as package.module:factory") from None
+        if args.device == "cpu" and not args.estimate_gpu:  # a batch this machine cannot hold: one line now
+            try:
+                check_step_memory(step_memory_floor_bytes(args.model, args.batch_size), 1,
+                                  f"--model {args.model} --batch-size {args.batch_size}")
+            except ValueError as e:
+                raise UsageError(str(e)) from None
         for flag, value in (("--input-shape", args.input_shape), ("--num-classes", args.num_classes)):
             if value is not None:
                 raise UsageError(f"{flag} is for a model of your own (--model package.module:factory); registry "
@@ -541,6 +565,21 @@ def _add_local_flags(p: argparse.ArgumentParser) -> None:
                    help="give up (and kill the ranks) after this many seconds (finite, positive)")
 
 
+def _check_local_flags(args: argparse.Namespace) -> None:
+    """``--nproc`` within what this machine can run (a tighter bound than :data:`repro.ranges.WORKERS`:
+    :func:`repro.cluster.local.max_local_ranks`) and ``--timeout-s`` in its plausible range, before anything
+    else (the memory a batch needs is checked per rank, so the rank count comes first)."""
+    from repro import ranges
+    from repro.cluster.local import max_local_ranks
+
+    if args.nproc is not None and args.nproc >= 1 and not getattr(args, "torchrun", False):
+        limit, why = max_local_ranks()  # below 1: the commands' own words
+        if args.nproc > limit:
+            raise UsageError(f"--nproc {args.nproc} is more than this machine can run: at most {limit} ranks ({why})")
+    if math.isfinite(args.timeout_s) and args.timeout_s > 0:
+        ranges.check(ranges.SECONDS, args.timeout_s, "--timeout-s", UsageError, what="option")
+
+
 def _launch(args: argparse.Namespace, fn, fn_args: tuple, *, backend: str | None = "gloo",
             pg_timeout_s: float | None = None, serving: int = 0):
     """Rank 0's result of ``fn(ctx, *fn_args)`` on ``--nproc`` local ranks (launch_local checks the rest).
@@ -581,17 +620,26 @@ def cmd_launch(args: argparse.Namespace) -> None:
 
     from repro.train_config import config_from_argv
 
+    _check_local_flags(args)
     train_args = [a for a in args.train_args if a != "--"] if args.train_args[:1] == ["--"] else args.train_args
     overrides = {}
     if args.emulate_bandwidth:  # the rate travels in the run's config (run.json), not in the environment
         from repro.cluster.netns import parse_bandwidth
 
-        overrides["emulated_bandwidth_bps"] = float(parse_bandwidth(args.emulate_bandwidth))
+        overrides["emulated_bandwidth_bps"] = float(parse_bandwidth(args.emulate_bandwidth, "--emulate-bandwidth",
+                                                                    emulated=True))
     cfg, train = config_from_argv(train_args, **overrides)  # bad arguments fail here, before any rank starts
     if not (math.isfinite(train.pg_timeout_s) and train.pg_timeout_s > 0):
         raise UsageError(f"--pg-timeout-s must be a finite positive number of seconds, got {train.pg_timeout_s:g}")
     if args.nproc >= 1:
         cfg.check_world(args.nproc, backend=train.backend)  # e.g. an online planner on one rank, servers on nccl
+    cfg.check_plan_layers()  # a plan of another model fails here, not in every rank
+    if args.nproc >= 1 and cfg.device != "cuda":  # a batch no rank could hold fails here, not in an allocator
+        from repro.train_config import step_memory_floor_bytes, check_step_memory
+
+        check_step_memory(step_memory_floor_bytes(cfg.model, cfg.batch_size, cfg.model_kwargs), args.nproc,
+                          f"--model {cfg.model} --batch-size {cfg.batch_size}"
+                          + (f" --seq-len {cfg.model_kwargs['seq_len']}" if "seq_len" in cfg.model_kwargs else ""))
     if cfg.device == "cuda":  # checked here, before any rank starts (nccl's own check is launch_local's)
         import torch
 
@@ -646,10 +694,17 @@ def cmd_calibrate(args: argparse.Namespace) -> None:
     from repro.cluster.local import RANK_MEMORY_BYTES, available_memory_bytes, max_local_ranks
     from repro.runtime.calibrate import MEASURABLE, default_sizes_bytes, fit_on_ranks
 
+    _check_local_flags(args)
     kinds = [k.strip() for k in args.collectives.split(",") if k.strip()]
     bad = [k for k in kinds if k not in MEASURABLE]
-    if bad or not kinds:
+    if not kinds:
+        raise UsageError(f"--collectives {args.collectives!r}: no collective given; choose from {', '.join(MEASURABLE)}")
+    if bad:
         raise UsageError(f"unknown collective(s) {bad}; choose from {', '.join(MEASURABLE)}")
+    if args.emulate_bandwidth:  # a rate tc cannot shape: one line naming the flag, before any rank starts
+        from repro.cluster.netns import parse_bandwidth
+
+        parse_bandwidth(args.emulate_bandwidth, "--emulate-bandwidth", emulated=True)
     if args.torchrun:
         if args.nproc is not None or args.emulate_bandwidth:
             raise UsageError("--torchrun joins the ranks torchrun started: leave --nproc and --emulate-bandwidth out")

@@ -197,6 +197,10 @@ def fit_measurements_csv(path: str | Path, workers: int | None = None) -> CostMo
     :data:`repro.cost.COLLECTIVES`); other columns are ignored. Every bad cell is one line naming the file
     and line."""
     p = Path(path)
+    if p.is_dir():
+        raise CostModelError(f"measurements {p} is a folder, not a measurements file")
+    if p.exists() and not p.is_file():  # the words of repro.outputs.read_input (simulate, --plan, --cost)
+        raise CostModelError(f"measurements {p} is not a regular file (a device, pipe or socket)")
     if not p.is_file():
         raise CostModelError(f"measurements file not found: {p}")
     try:

@@ -17,7 +17,9 @@ from dataclasses import dataclass
 from typing import Any
 
 __all__ = ["Quantity", "BYTES", "ELEMENTS", "SECONDS", "LATENCY_S", "SECONDS_PER_BYTE", "TOPK_GAMMA_S",
-           "BITS_PER_S", "WORKERS", "BATCH_SIZE", "COUNT", "FACTOR", "TRACE_DTYPES", "check", "show", "QUANTITIES"]
+           "BITS_PER_S", "WORKERS", "BATCH_SIZE", "COUNT", "FACTOR", "LEARNING_RATE", "MOMENTUM", "WEIGHT_DECAY",
+           "SEED", "SEQ_LEN", "CLASSES", "LOADER_WORKERS", "REPEATS", "TRIALS", "MINUTES", "CPUS", "MEMORY_GB", "FRACTION", "TRACE_DTYPES", "check",
+           "show", "QUANTITIES"]
 
 
 @dataclass(frozen=True)
@@ -79,13 +81,58 @@ COUNT = Quantity("count", 0, 1e9, integer=True, high_text="1e9")
 #: effects are factors of a few; a model a million times off its measurement is the wrong model.
 FACTOR = Quantity("factor", 0, 1e6, high_text="1e6")
 
+# ---- the numbers of a training run's flags (repro train, repro launch, repro profile) ------------------
+#: An optimizer's learning rate: [0, 1e3]. Published rates are <= ~30 (LARS at batch 32k, You et al. 2017;
+#: SGD 0.1 x batch/256 stays below 10 at the papers' batches); a step of 1000 x the gradient diverges for any
+#: model, and above ~3.4e38 torch cannot even hold the rate in float32 ("cannot be converted without overflow").
+LEARNING_RATE = Quantity("learning rate", 0, 1e3, high_text="1e3")
+#: SGD momentum: [0, 1]. The velocity is v <- momentum * v + g: above 1 it grows geometrically even with a zero
+#: gradient (the run diverges whatever the rate); 1 itself never forgets a gradient (the degenerate edge, kept);
+#: the papers use 0.9.
+MOMENTUM = Quantity("momentum", 0, 1.0, high_text="1")
+#: Weight decay: [0, 10]. Published values are <= 0.3 (AdamW's ViT runs; SGD's L2 is ~1e-4); a decay of 10 per
+#: unit rate already shrinks the weights ten times faster than the rate moves them, so more is a typo.
+WEIGHT_DECAY = Quantity("weight decay", 0, 10.0, high_text="10")
+#: A random seed: [0, 2**32 - 1], what numpy's legacy seeding (and so the data loaders' workers) takes.
+SEED = Quantity("seed", 0, 2 ** 32 - 1, integer=True, high_text="2**32-1")
+#: Tokens per sample of a sequence model: [1, 2**20]. The papers use 35 (LSTM) to 512 (BERT); ~1e6 tokens is
+#: the longest context any model is trained on today, and attention over it does not fit one rank's memory.
+SEQ_LEN = Quantity("tokens", 1, 2 ** 20, integer=True, high_text="2**20", suffix="tokens")
+#: Output classes (or vocabulary) of a model: [1, 2**24]. ImageNet-21k has ~2.2e4 classes, large vocabularies
+#: ~2.6e5 tokens; 16.7 M outputs per sample is beyond any classifier head.
+CLASSES = Quantity("classes", 1, 2 ** 24, integer=True, high_text="2**24", suffix="classes")
+#: Data-loader processes per rank: [0, 256]. Each is a process of its own; the largest two-socket servers have
+#: 256 cores (2 x 128), which a rank shares with the others, so more loaders than that only thrash.
+LOADER_WORKERS = Quantity("processes", 0, 256, integer=True, high_text="256", suffix="processes")
+#: Timed repeats per message size of a cost fit: [1, 1000] (``repro calibrate --repeats`` too): the median of a
+#: thousand timings is as precise as timing gets, and each repeat sends every size once more.
+REPEATS = Quantity("repeats", 1, 1000, integer=True, high_text="1000")
+#: Trials of a Bayesian-optimisation tuner: [0, 10000]. DeAR tunes with ~10-20; a Gaussian process over n
+#: trials costs O(n**3) per proposal (1e12 operations at 1e4), and each trial is a measured step.
+TRIALS = Quantity("trials", 0, 10_000, integer=True, high_text="10000")
+#: Minutes of wall-clock time (e.g. between in-run checkpoints): [0, 1e5] (~69 days), beyond any batch job's
+#: time limit (SLURM sites allow days to a few weeks), so an interval longer never fires.
+MINUTES = Quantity("minutes", 0, 1e5, high_text="1e5", suffix="min")
+
+#: CPUs of one node (a SLURM task's --cpus-per-task): [1, 4096]. The largest single servers (8 sockets, SMT)
+#: have ~1000 hardware threads; 4x that is no machine a job can ask for.
+CPUS = Quantity("CPUs", 1, 4096, integer=True, high_text="4096", suffix="CPUs")
+#: Memory of one node in GB (SLURM's --mem): (0, 1e5]. The largest shared-memory nodes have ~32 TB (3.2e4 GB).
+MEMORY_GB = Quantity("GB", 0, 1e5, high_text="1e5", suffix="GB")
+
+#: A share of a whole (top-k density, a stage's share of the bytes): [0, 1]; an option may exclude 0 itself.
+FRACTION = Quantity("fraction", 0, 1.0, high_text="1")
+
 #: Gradient dtypes a trace may declare: what the profiler writes (a torch floating dtype's name, or
 #: ``mixed`` when a model's parameters differ) and what the estimator writes (float32, float16).
 TRACE_DTYPES = ("float32", "float16", "bfloat16", "float64", "float8_e4m3fn", "float8_e5m2", "mixed")
 
 QUANTITIES = {"bytes": BYTES, "elements": ELEMENTS, "seconds": SECONDS, "latency_s": LATENCY_S,
               "seconds_per_byte": SECONDS_PER_BYTE, "topk_gamma_s": TOPK_GAMMA_S, "bits_per_s": BITS_PER_S,
-              "workers": WORKERS, "batch_size": BATCH_SIZE, "count": COUNT, "factor": FACTOR}
+              "workers": WORKERS, "batch_size": BATCH_SIZE, "count": COUNT, "factor": FACTOR,
+              "learning_rate": LEARNING_RATE, "momentum": MOMENTUM, "weight_decay": WEIGHT_DECAY, "seed": SEED,
+              "seq_len": SEQ_LEN, "classes": CLASSES, "loader_workers": LOADER_WORKERS, "repeats": REPEATS,
+              "trials": TRIALS, "minutes": MINUTES, "cpus": CPUS, "memory_gb": MEMORY_GB, "fraction": FRACTION}
 
 
 def show(value: Any) -> str:

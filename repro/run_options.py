@@ -23,8 +23,11 @@ import math
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
+from repro import ranges
+from repro.ranges import Quantity
+
 __all__ = ["RunOption", "RUN_OPTIONS", "register_run_option", "register_group_check", "check_run_options",
-           "option_flag", "check_wire_dtype"]
+           "option_flag", "check_wire_dtype", "option_takers", "refuse_given_options"]
 
 
 @dataclass(frozen=True)
@@ -41,18 +44,24 @@ class RunOption:
     unit: str = ""
     choices: tuple[Any, ...] = ()
     check: Callable[[Any], Any] | None = None
+    #: the plausible range of a number (int or float option; every one has one, tests/test_train_flags.py)
+    quantity: Quantity | None = None
 
     @property
     def refused_elsewhere(self) -> bool:
         """Set for a scheduler that does not take it: refused (True for options without a default)."""
         return self.default is None
 
-    def validate(self, value: Any) -> Any:
+    def validate(self, value: Any, spelled: str | None = None) -> Any:
+        """``value`` checked (None: unset); ``spelled``: how a range error names it (default: the name)."""
         if value is None:
             return None
         if self.check is None and self.choices and (isinstance(value, (list, dict)) or value not in self.choices):
             raise ValueError(f"unknown {self.name} {value!r}; choose one of {', '.join(map(str, self.choices))}")
-        return self.check(value) if self.check is not None else value
+        value = self.check(value) if self.check is not None else value
+        if self.quantity is not None:  # after the check: its own words for a wrong type or a negative value
+            ranges.check(self.quantity, value, spelled or self.name, what="option")
+        return value
 
 
 RUN_OPTIONS: dict[str, RunOption] = {}
@@ -104,10 +113,33 @@ def check_run_options(values: Mapping[str, Any], scheduler: Any, *, where: str =
             spelled = option_flag(name) if where == "flag" else name
             scope = f"--scheduler {scheduler.name}" if where == "flag" else f"scheduler {scheduler.name}"
             raise ValueError(f"{spelled} does not apply to {scope} (it applies to: {', '.join(takers)})")
-        out[name] = option.validate(value)
+        out[name] = option.validate(value, option_flag(name) if where == "flag" else name)
     for check in _GROUP_CHECKS:
         check({**(settings or {}), **out})
     return out
+
+
+def option_takers(name: str) -> list[str]:
+    """The schedulers that use run option ``name``: those listing it in their planner or executor options;
+    an option no scheduler lists (``server_placement``) is used by every scheduler of its family."""
+    from repro.schedulers import get_scheduler, scheduler_names
+
+    listed = [n for n in scheduler_names() if name in get_scheduler(n).planner_options
+              + get_scheduler(n).executor_options]
+    if listed:
+        return listed
+    family = RUN_OPTIONS[name].family
+    return [n for n in scheduler_names() if get_scheduler(n).family == family]
+
+
+def refuse_given_options(given: Sequence[str], scheduler: Any) -> None:
+    """Each run option in ``given`` (the ones the user set on the command line, defaults or not) that
+    ``scheduler`` does not use is refused in one line naming the schedulers that do: an option with a
+    default is otherwise silently unused there, and a user who typed it expects it to act."""
+    for name in given:
+        if name in RUN_OPTIONS and scheduler.name not in option_takers(name):
+            raise ValueError(f"{option_flag(name)} does not apply to --scheduler {scheduler.name} (it applies to: "
+                             f"{', '.join(option_takers(name))})")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -163,7 +195,7 @@ def _declare(family: str, options: Sequence[RunOption]) -> None:
 _declare("allreduce", [
     RunOption("threshold_bytes", int, "bucket threshold of the threshold schedulers (threshold, dear_threshold, "
               "dear_bo's first trial)", "allreduce", default=25 * 2**20, unit="bytes",
-              check=_integer("threshold_bytes", 0, "a non-negative number of bytes")),
+              check=_integer("threshold_bytes", 0, "a non-negative number of bytes"), quantity=ranges.BYTES),
     RunOption("engine", str, "all-reduce plans: what runs the buckets: reducer (PyTorch's C++ reducer, DDP's "
               "engine, given the plan's exact buckets), hooks (this package's Python gradient hooks: wire dtypes, "
               "Horovod's cycle time, GPUs) or auto (the reducer wherever it can run the plan; the default)",
@@ -173,7 +205,7 @@ _declare("sparse", [
     RunOption("density", float, "top-k density of the sparse schedulers (topk_*, omgs*): the fraction of each "
               "bucket's gradient elements a worker sends per step, k = ceil(density x elements), in (0, 1]; 1 sends "
               "everything (dense S-SGD)", "sparse", default=0.001, unit="fraction",
-              check=_fraction("density", open_low=True)),
+              check=_fraction("density", open_low=True), quantity=ranges.FRACTION),
     RunOption("topk_scope", str, "sparse schedulers: which entries the buckets send: bucket (each bucket its own "
               "ceil(density x elements), as OMGS-SGD is published; every scheduler's default) or model (this "
               "package's variant: that total split between the buckets each step by where the model's largest "
@@ -182,25 +214,27 @@ _declare("sparse", [
 ])
 _declare("dear", [
     RunOption("tuner_trials", int, "dear_bo: Bayesian-optimisation trials after the initial threshold", "dear",
-              default=10, check=_integer("tuner_trials", 0, "a non-negative integer")),
+              default=10, check=_integer("tuner_trials", 0, "a non-negative integer"), quantity=ranges.TRIALS),
     RunOption("tuner_min_bytes", int, "dear_bo: smallest fusion threshold the tuner tries", "dear",
-              default=2**20, unit="bytes", check=_integer("tuner_min_bytes", 1, "a positive number of bytes")),
+              default=2**20, unit="bytes", check=_integer("tuner_min_bytes", 1, "a positive number of bytes"),
+              quantity=ranges.BYTES),
     RunOption("tuner_max_bytes", int, "dear_bo: largest fusion threshold the tuner tries", "dear",
-              default=2**28, unit="bytes", check=_integer("tuner_max_bytes", 1, "a positive number of bytes")),
+              default=2**28, unit="bytes", check=_integer("tuner_max_bytes", 1, "a positive number of bytes"),
+              quantity=ranges.BYTES),
 ])
 _declare("ps", [
     RunOption("servers", int, "parameter-server schedulers (ps_*, osp*): servers holding the parameters; "
               "dedicated placement: ranks 0..servers-1 serve and the other ranks train (default 1); "
               "colocated: server s on training rank s (default: one per rank)", "ps",
-              check=_integer("servers", 1, "a positive integer")),
+              check=_integer("servers", 1, "a positive integer"), quantity=ranges.WORKERS),
     RunOption("server_placement", str, "parameter-server schedulers (ps_*, osp*): 'dedicated' server ranks "
               "beside the trainers (gloo only), or 'colocated' on the training ranks (gloo or nccl)", "ps",
               default="dedicated", choices=("dedicated", "colocated")),
     RunOption("staleness", int, "ps_ssp: iterations a worker may run ahead of the slowest (default 2)", "ps",
-              unit="iterations", check=_integer("staleness", 0, "a non-negative integer")),
+              unit="iterations", check=_integer("staleness", 0, "a non-negative integer"), quantity=ranges.COUNT),
     RunOption("stage1_share", float, "osp: fraction of the gradient bytes synchronised in the blocking stage 1, "
               "in [0, 1]; the rest goes to stage 2, overlapped with the next iteration (default 0.5)", "ps",
-              unit="fraction", check=_fraction("stage1_share", open_low=False)),
+              unit="fraction", check=_fraction("stage1_share", open_low=False), quantity=ranges.FRACTION),
     RunOption("importance", str, "osp*: which layers go to stage 1 first: position (input side first; the "
               "default) or magnitude (largest mean |gradient| in the warm-up)", "ps",
               choices=("position", "magnitude"), check=_policy),

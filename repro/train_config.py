@@ -13,17 +13,18 @@ import numbers
 from dataclasses import dataclass, field, fields, make_dataclass
 from typing import Any, Sequence
 
+from repro import ranges
 from repro._help import DefaultsHelpFormatter
 from repro.presets import preset
 from repro.families import get_family
 from repro.plan import WIRE_DTYPE_BYTES
-from repro.run_options import RUN_OPTIONS, check_run_options, check_wire_dtype
+from repro.run_options import RUN_OPTIONS, check_run_options, check_wire_dtype, refuse_given_options
 from repro.runs import check_run_id
 from repro.schedulers import get_scheduler, scheduler_names
 from repro.workload.catalog import MODEL_NAMES, model_info
 
-__all__ = ["TrainConfig", "VIEWS", "OPTIMIZERS", "REFUSED_OPTIMIZERS", "DEVICES", "AMP_DTYPES", "build_parser",
-           "config_from_argv"]
+__all__ = ["TrainConfig", "VIEWS", "OPTIMIZERS", "REFUSED_OPTIMIZERS", "DEVICES", "AMP_DTYPES", "FIELD_RANGES",
+           "build_parser", "config_from_argv", "step_memory_floor_bytes", "check_step_memory"]
 
 #: layer granularities of a plan (the same as :data:`repro.workload.layers.VIEWS`, which imports torch)
 VIEWS = ("tensor", "module")
@@ -61,6 +62,26 @@ AMP_FP16_REFUSED = {
 #: ``--amp fp16`` with a parameter-server scheduler: ``repro train`` runs its servers on ranks of their own
 _AMP_FP16_SERVERS = ("its dedicated server ranks apply the pushed gradients without a GradScaler's verdict "
                      "(repro.distribute takes a scaler with co-located servers only)")
+
+
+#: The plausible range of every numeric common setting (the run options declare theirs in
+#: :mod:`repro.run_options`), checked where the config is made, so a number no run can take is refused in one
+#: line naming the flag before any rank starts. A new numeric field without an entry fails
+#: tests/test_train_flags.py. Each bound is argued where the quantity is declared (:mod:`repro.ranges`).
+FIELD_RANGES: dict[str, ranges.Quantity] = {
+    "batch_size": ranges.BATCH_SIZE, "steps": ranges.COUNT, "epochs": ranges.COUNT,
+    "warmup_steps": ranges.COUNT, "compute_steps": ranges.COUNT, "fit_repeats": ranges.REPEATS,
+    "lr": ranges.LEARNING_RATE, "momentum": ranges.MOMENTUM, "weight_decay": ranges.WEIGHT_DECAY,
+    "seed": ranges.SEED, "checkpoint_every_min": ranges.MINUTES, "checkpoint_stop_at_step": ranges.COUNT,
+    "num_workers": ranges.LOADER_WORKERS, "emulated_bandwidth_bps": ranges.BITS_PER_S,
+}
+#: ``model_kwargs``' numbers (``--seq-len``; num_classes from Python)
+MODEL_KWARG_RANGES: dict[str, ranges.Quantity] = {"seq_len": ranges.SEQ_LEN, "num_classes": ranges.CLASSES}
+
+
+def _flag(name: str) -> str:
+    """How a field is spelled in a message: its flag (``--batch-size``), or its name if it has none."""
+    return name if name in ("emulated_bandwidth_bps",) else "--" + name.replace("_", "-")
 
 
 def _opt(default: Any, help: str, **meta: Any) -> Any:
@@ -159,8 +180,9 @@ class _CommonConfig:
         if isinstance(self.seed, bool) or not isinstance(self.seed, numbers.Integral) or not 0 <= self.seed < 2**32:
             raise ValueError(f"seed must be an integer in [0, 2**32), got {self.seed!r}")
         self.seed = int(self.seed)  # e.g. a numpy integer from a notebook's grid
-        if self.warmup_steps < 0 or self.compute_steps < 0:
-            raise ValueError("warmup_steps and compute_steps must be >= 0")
+        for name in ("warmup_steps", "compute_steps"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} ({_flag(name)}) must be >= 0, got {getattr(self, name)!r}")
         if self.epochs is None and self.steps < 1:
             raise ValueError(f"steps must be positive, got {self.steps}")
         if self.epochs is not None and self.epochs < 1:
@@ -178,12 +200,26 @@ class _CommonConfig:
         if self.network is not None:
             from repro.presets import preset_names
 
+            from pathlib import Path
+
+            if Path(self.network).exists() and not Path(self.network).is_file():  # as read_input words it
+                kind = "a folder" if Path(self.network).is_dir() else "not a regular file (a device, pipe or socket)"
+                raise ValueError(f"--network {self.network} is {kind}, not a cost file")
             if self.network not in preset_names() and not _is_cost_file(self.network):
                 raise ValueError(f"unknown network preset '{self.network}' (and no cost file of that name); known: "
                                  f"{', '.join(preset_names())}")
         if self.run_id is not None:
             check_run_id(self.run_id)
         self._check_checkpointing()
+        self._check_ranges()  # last: the checks above say what a wrong type or sign means
+
+    def _check_ranges(self) -> None:
+        """Every number in its plausible range (:data:`FIELD_RANGES`; one line naming the flag, the value
+        and the range), after the checks above have said what a wrong type or sign means."""
+        for name, quantity in FIELD_RANGES.items():
+            value = getattr(self, name)
+            if value is not None:
+                ranges.check(quantity, value, _flag(name), what="option")
 
     def _check_optimizer(self) -> None:
         """``optimizer``: a name of :data:`OPTIMIZERS`, any case; kept in lower case (``sgd``, ``adamw``, ...)."""
@@ -223,12 +259,13 @@ class _CommonConfig:
         """``--plan FILE``: load it (one line if it cannot be read), pick the scheduler that runs it and
         the view its layer names are in; returns the scheduler entry and the plan's wire dtype (a plan fixes
         its own: ``--wire-dtype`` with another is refused, it would be ignored)."""
+        from repro.outputs import read_input
         from repro.plan import Plan, PlanError
 
-        try:
-            plan = Plan.load(self.plan)
+        try:  # a folder, a FIFO or a device: "not a regular file", as every command says (read_input)
+            plan = read_input("plan", self.plan, Plan.load)
         except (OSError, ValueError, PlanError) as e:
-            raise ValueError(f"--plan {self.plan}: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+            raise ValueError(_plan_error(self.plan, e)) from None
         solver = plan.solver if plan.solver in scheduler_names() else None
         if solver is not None and get_scheduler(solver).family == plan.family:
             sched = get_scheduler(solver)  # the run is recorded under the planner that made the plan
@@ -237,7 +274,10 @@ class _CommonConfig:
             raise ValueError(f"--plan {self.plan} is a '{plan.family}' plan; give --scheduler one that runs that "
                              f"family ({', '.join(n for n in scheduler_names() if get_scheduler(n).family == plan.family)})")
         view = (plan.meta.get("provenance") or {}).get("view")
-        if view in VIEWS:
+        if view is not None and view not in VIEWS:  # not silently the default: the layer names are in it
+            raise ValueError(f"--plan {self.plan}: plan field 'provenance.view' is {ranges.show(view)}, not "
+                             f"one of {', '.join(VIEWS)}")
+        if view is not None:
             self.view = view
         if self.wire_dtype not in (None, plan.wire_dtype):
             fixed = plan.wire_dtype or "the gradients' own dtype"
@@ -257,6 +297,8 @@ class _CommonConfig:
             v = self.model_kwargs.get(name)
             if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
                 raise ValueError(f"{name} must be a positive integer, got {v!r}")
+            if v is not None:
+                ranges.check(MODEL_KWARG_RANGES[name], v, _flag(name), what="option")
 
     @property
     def checkpointing(self) -> bool:
@@ -279,6 +321,27 @@ class _CommonConfig:
         if self.serving_ranks():
             raise ValueError(f"'{self.scheduler}' runs dedicated server ranks, which in-run checkpoints do not cover; "
                              "leave --checkpoint-every-min out (or 0)")
+
+    def check_plan_layers(self) -> None:
+        """``--plan``'s layers are the model's (in the plan's view), checked before any rank starts: the
+        model is built on torch's meta device (no memory, no weights), so even a large one costs little.
+        One line naming the first missing layer and, when the plan says, the model it was made for."""
+        if self.plan is None:
+            return
+        from repro.outputs import read_input
+        from repro.plan import Plan
+        from repro.workload.layers import layer_parameters
+        from repro.workload.models import build_model
+
+        plan = read_input("plan", self.plan, Plan.load)  # read and checked in __post_init__ already
+        names = set(layer_parameters(build_model(self.model, device="meta", **self.model_kwargs), self.view))
+        missing = [layer for b in plan.buckets for layer in b.layers if layer not in names]
+        if missing:
+            made_for = (plan.meta.get("provenance") or {}).get("trace_model")
+            hint = (f" it was planned for '{made_for}', not --model {self.model}" if isinstance(made_for, str)
+                    and made_for != self.model else " was it planned for another model or view?")
+            raise ValueError(f"--plan {self.plan} names {len(missing)} layer(s) that --model {self.model} does not "
+                             f"have in the '{self.view}' view (e.g. {missing[0]!r}):{hint}")
 
     def serving_ranks(self) -> int:
         """Ranks that serve rather than train: ``servers`` for a family with serving ranks, else 0."""
@@ -349,10 +412,55 @@ TrainConfig = make_dataclass(
                           "rank."})
 
 
+def _plan_error(path: str, e: BaseException) -> str:
+    """The first line of a plan loader's error, naming ``--plan PATH`` once: the loaders name the file
+    themselves (``plan file not found: X``, ``plan X is a folder ...``, ``X: plan field ...``)."""
+    text = str(e).splitlines()[0] if str(e).strip() else type(e).__name__
+    if text == f"plan file not found: {path}":
+        return f"--plan {path}: no such file"
+    for prefix in (f"plan {path} ", f"{path}: "):
+        if text.startswith(prefix):
+            rest = text[len(prefix):]
+            return f"--plan {path}{' ' if prefix.endswith(' ') and not prefix.endswith(': ') else ': '}{rest}"
+    return f"--plan {path}: {text}"
+
+
 def _is_cost_file(name: str) -> bool:
     from pathlib import Path
 
     return Path(name).is_file()
+
+
+def step_memory_floor_bytes(model: str, batch_size: int, model_kwargs: dict[str, Any] | None = None) -> int:
+    """A lower bound of one training step's memory on a rank, from the catalogue alone (no torch): the
+    inputs (float32 images; int64 tokens), for a sequence model the float32 logits over its vocabulary, and
+    for BERT one attention-score matrix (seq_len**2 per sample). Real steps need several times more
+    (activations, weights, gradients); this floor only catches a batch no machine could hold."""
+    info = model_info(model)
+    kw = model_kwargs or {}
+    if info.family == "vision":
+        per_sample = 4 * math.prod(info.input_size)
+    else:
+        seq = int(kw.get("seq_len") or info.input_size[0])
+        vocab = int(kw.get("num_classes") or info.num_classes)
+        per_sample = 8 * seq + 4 * seq * vocab + (4 * seq * seq if info.family == "bert" else 0)
+    return int(batch_size) * per_sample
+
+
+def check_step_memory(need_per_rank: float, ranks: int, what: str) -> None:
+    """``ranks`` local ranks each needing at least ``need_per_rank`` bytes for a step fit the memory this
+    machine has available, less each rank's own footprint (as ``repro calibrate`` checks its buffers);
+    else ValueError in one line naming ``what`` (the flags that set the size). Unknown memory: no check."""
+    from repro.cluster.local import RANK_MEMORY_BYTES, available_memory_bytes
+
+    avail = available_memory_bytes()
+    if avail is None:
+        return
+    room = max(0, avail - ranks * RANK_MEMORY_BYTES)
+    if ranks * need_per_rank > room:
+        raise ValueError(f"{what} needs at least {need_per_rank / 2**30:.3g} GiB per step on each of {ranks} rank(s) "
+                         f"(inputs and outputs alone), but about {room / 2**30:.1f} GiB are available "
+                         f"({avail / 2**30:.1f} GiB less {ranks} x {RANK_MEMORY_BYTES // 2**20} MiB per rank)")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -366,7 +474,9 @@ class _Parser(argparse.ArgumentParser):
         raise ValueError(f"train: {message}")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(*, suppress_defaults: bool = False) -> argparse.ArgumentParser:
+    """``repro train``'s parser; ``suppress_defaults``: a flag not given is absent from the namespace (what
+    :func:`given_flags` reads)."""
     p = _Parser(prog="repro train", description="Train one model with one scheduler (per rank; run under "
                 "torchrun or `repro launch`).", formatter_class=DefaultsHelpFormatter)
     for f in fields(TrainConfig):  # the fields' defaults, not TrainConfig(): its checks import the datasets
@@ -399,17 +509,28 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--join-timeout-s", type=float, default=120.0,
                    help="seconds to wait for every rank to arrive before joining the process group (under torchrun); a "
                         "rank that fails before joining ends the wait at once")
+    if suppress_defaults:
+        for action in p._actions:
+            action.default = argparse.SUPPRESS
     return p
+
+
+def given_flags(argv: Sequence[str]) -> set[str]:
+    """The destinations (``batch_size``, ``threshold_bytes``...) of the flags ``argv`` gives, whatever their
+    value (a default given explicitly counts): what the user asked for, as opposed to what was defaulted."""
+    return set(vars(build_parser(suppress_defaults=True).parse_args(list(argv))))
 
 
 def config_from_argv(argv: Sequence[str], **overrides: Any) -> tuple[TrainConfig, argparse.Namespace]:
     """Parse ``repro train`` arguments into a config (ValueError on bad input); ``overrides`` set fields
     that are not command-line options (e.g. ``emulated_bandwidth_bps``)."""
     args = build_parser().parse_args(list(argv))
+    given = given_flags(argv)
     kw = {f.name: getattr(args, f.name) for f in fields(TrainConfig) if f.metadata.get("cli", True)}
     if args.seq_len is not None:
         if args.seq_len < 1:
             raise ValueError(f"--seq-len must be a positive number of tokens, got {args.seq_len}")
+        ranges.check(ranges.SEQ_LEN, args.seq_len, "--seq-len", what="option")
         kw["model_kwargs"] = {"seq_len": args.seq_len}
     kw.update(overrides)
     if args.backend == "nccl" and kw.get("device") == "cpu":
@@ -419,6 +540,28 @@ def config_from_argv(argv: Sequence[str], **overrides: Any) -> tuple[TrainConfig
         raise ValueError(f"--pg-timeout-s must be a finite positive number of seconds, got {args.pg_timeout_s}")
     if not (isinstance(args.join_timeout_s, float) and math.isfinite(args.join_timeout_s) and args.join_timeout_s > 0):
         raise ValueError(f"--join-timeout-s must be a finite positive number of seconds, got {args.join_timeout_s}")
-    return TrainConfig(**kw), args
+    for flag, value in (("--pg-timeout-s", args.pg_timeout_s), ("--join-timeout-s", args.join_timeout_s)):
+        ranges.check(ranges.SECONDS, value, flag, what="option")
+    cfg = TrainConfig(**kw)
+    _check_given(cfg, args, given)
+    return cfg, args
+
+
+def _check_given(cfg: TrainConfig, args: argparse.Namespace, given: set[str]) -> None:
+    """What the user gave that the run would not use is refused in one line (never silently ignored): a
+    run option the scheduler does not take, a ``--scheduler`` other than the one that runs ``--plan``, and
+    ``--fit-repeats`` where no cost model is fitted (a plan, or a scheduler that plans nothing; with
+    ``--network`` a family's hook may still time on the live group, e.g. the top-k cost, so it stays)."""
+    if cfg.plan is not None and "scheduler" in given and get_scheduler(args.scheduler).name != cfg.scheduler:
+        raise ValueError(f"--scheduler {args.scheduler} disagrees with --plan {cfg.plan}, which '{cfg.scheduler}' "
+                         f"runs; leave --scheduler out (the plan says who runs it) or give --scheduler "
+                         f"{cfg.scheduler}")
+    refuse_given_options(sorted(given & set(RUN_OPTIONS)), get_scheduler(cfg.scheduler))
+    if "fit_repeats" in given:
+        if cfg.plan is not None:
+            raise ValueError(f"--fit-repeats does not apply with --plan {cfg.plan}: a plan is run as it is, without "
+                             "a cost fit; leave --fit-repeats out")
+        if not get_scheduler(cfg.scheduler).has_plan:
+            raise ValueError(f"--fit-repeats does not apply to --scheduler {cfg.scheduler}, which fits no cost model")
 
 

@@ -63,6 +63,7 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from repro import ranges
 from repro.cluster.grid import (DEFAULT_PRECISION, Grid, RunConfig, clear_failed, count_status, load_grid,
                                 mark_failed, run_status, status_table)
 
@@ -144,14 +145,30 @@ def train_argv(run: RunConfig, runs_dir: str | Path, *, backend: str = "nccl", d
     only for a precision other than :data:`~repro.cluster.grid.DEFAULT_PRECISION`, the models' own, so
     that a scheduler that cannot cast is not given one), its run id, ``--results-dir runs_dir``,
     ``--backend``/``--device`` and ``--overwrite --quiet``; ``--checkpoint-every-min`` (minutes) when
-    ``checkpoint_every_min`` > 0 and the run has no dedicated server ranks (:func:`has_servers`)."""
+    ``checkpoint_every_min`` > 0 and the run has no dedicated server ranks (:func:`has_servers`). A run
+    option with a default that the scheduler does not use is left out (a grid sets some, e.g. density, for
+    every scheduler of an experiment)."""
     argv = ["-m", "repro.train", "--model", str(run["model"]), "--scheduler", str(run["scheduler"]),
             "--batch-size", str(run["batch_size"])]
     if run["wire_dtype"] != DEFAULT_PRECISION:
         argv += ["--wire-dtype", str(run["wire_dtype"])]
+    from repro.run_options import RUN_OPTIONS, option_takers
+    from repro.schedulers import get_scheduler
+
+    try:
+        sched = get_scheduler(str(run["scheduler"]))
+    except ValueError:  # an unknown name: given as it is, refused by repro train (grid check's words)
+        sched = None
     for key, value in run.train_options().items():
         if key in ("model", "scheduler", "batch_size", "wire_dtype"):
             continue
+        if sched is not None and key == "fit_repeats" and not sched.has_plan:
+            continue  # a grid-wide fit repeat count: unused by a scheduler that fits nothing (ddp, local)
+        if sched is not None and key in RUN_OPTIONS and not RUN_OPTIONS[key].refused_elsewhere \
+                and sched.name not in option_takers(key):
+            continue  # a grid's experiment-wide option with a default (e.g. density) is for the schedulers that
+            # take it (repro train refuses a given option its scheduler does not use); one without a default
+            # (servers, staleness) set for another scheduler stays, and is refused as a bad run
         if isinstance(value, bool):
             argv.append(_flag(key) if value else _flag(f"no_{key}"))
         else:
@@ -315,12 +332,14 @@ class SlurmResources:
                 bound = f"in [{low}, {high}]" if high is not None else f">= {low}"
                 raise GridStop(f"slurm {name}={v!r}: expected an integer {bound}")
 
-        integer("time_min", 1)
+        # upper bounds: the plausible ranges of repro.ranges (minutes, counts, CPUs and GPUs of one node)
+        integer("time_min", 1, int(ranges.MINUTES.high))
         integer("signal_s", 1, 65535)
-        integer("requeues", 0)
+        integer("requeues", 0, int(ranges.COUNT.high))
         for name in ("cpus_per_task", "gpus_per_node"):
             if getattr(self, name) is not None:
-                integer(name, 1 if name == "cpus_per_task" else 0)
+                integer(name, 1 if name == "cpus_per_task" else 0,
+                        ranges.CPUS.high if name == "cpus_per_task" else ranges.WORKERS.high)
         if self.signal_s >= self.time_min * 60:
             raise GridStop(f"slurm signal_s={self.signal_s}: the signal must come before the time limit "
                            f"(time_min={self.time_min} is {self.time_min * 60} s)")
@@ -333,6 +352,9 @@ class SlurmResources:
                 what = ("a positive number of GB" if name == "mem_gb"
                         else "a number of minutes >= 0 (0: only on the signal)")
                 raise GridStop(f"slurm {name}={v!r}: expected {what}")
+            bound = ranges.MEMORY_GB if name == "mem_gb" else ranges.MINUTES
+            if v > bound.high:
+                raise GridStop(f"slurm {name}={v!r}: outside the plausible range {bound.range_text()}")
         for name in ("partition", "account"):
             v = getattr(self, name)
             if v is not None and (not isinstance(v, str) or not _SAFE.fullmatch(v)):

@@ -67,6 +67,8 @@ import time
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
+from repro import ranges
+
 __all__ = [
     "DEFAULT_PREFIX",
     "EmulatedNetwork",
@@ -91,6 +93,10 @@ _CLONE_NEWNET = 0x40000000
 _IFNAMSIZ = 15  # usable characters of a Linux interface name
 _CMD_TIMEOUT_S = 20.0
 _MIN_BURST = 64 * 1024
+#: The fastest rate ``tbf`` can shape here: tc reads a bucket (``burst``) as an unsigned 32-bit byte count
+#: ("illegal value for burst" above 2**32 - 1), and the bucket is rate x 1 ms, so at most
+#: 8 x (2**32 - 1) / 1 ms ~ 3.4e13 bit/s (34 Tbit/s; a veth pair moves well under 1 Tbit/s anyway).
+MAX_EMULATED_BPS = 8 * (2 ** 32 - 1) / 1e-3
 _MIN_LIMIT = 1 << 20
 _MAX_LIMIT = 256 << 20
 _NO_EMULATION_HINT = ("To run without network emulation, leave out the bandwidth option "
@@ -120,14 +126,27 @@ _BYTE_UNITS = ("bps", "kbps", "mbps", "gbps", "tbps", "kibps", "mibps", "gibps",
 _BANDWIDTH_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([a-zA-Z/]*)\s*$")
 
 
-def parse_bandwidth(text: str | float | int) -> float:
+def parse_bandwidth(text: str | float | int, flag: str | None = None, *, emulated: bool = False) -> float:
     """Bits per second from a tc-style rate: ``"1gbit"``, ``"200mbit"``, ``"10Gbit"``, ``"500kbit"``,
     ``"1e9"`` (a bare number is bits per second, as in tc), ``"1.5gbit"``, ``"512kibit"`` (IEC prefixes are
     powers of 1024), or a positive number. Case-insensitive.
 
     Byte-per-second spellings (``"mbps"``, ``"gbps"``) are refused: tc reads ``"1gbps"`` as one gigabyte
     per second, the common reading is a gigabit, and the difference is a factor of eight.
+
+    The rate must lie in the declared range of link rates (:data:`repro.ranges.BITS_PER_S`) and, with
+    ``emulated`` (shaped by ``tc``), at most :data:`MAX_EMULATED_BPS`; ``flag`` (``--emulate-bandwidth``)
+    names the value in the one-line refusal.
     """
+    try:
+        return _parse_bandwidth(text, emulated)
+    except ValueError as e:
+        if flag is None:
+            raise
+        raise ValueError(f"{flag}: {e}") from None
+
+
+def _parse_bandwidth(text: str | float | int, emulated: bool) -> float:
     if isinstance(text, bool):
         raise ValueError(f"bandwidth must be a rate such as '1gbit' or a number of bits per second, got {text!r}")
     if isinstance(text, (int, float)):
@@ -160,6 +179,12 @@ def parse_bandwidth(text: str | float | int) -> float:
         raise ValueError(f"bandwidth must be positive and finite, got {text!r}")
     if bps < 8000:
         raise ValueError(f"bandwidth {text!r} is below 8 kbit/s, which tc cannot shape usefully")
+    if not ranges.BITS_PER_S.contains(bps):
+        raise ValueError(f"bandwidth {text!r} = {bps:g} bit/s is outside the plausible range of link rates "
+                         f"{ranges.BITS_PER_S.range_text()}")
+    if emulated and bps > MAX_EMULATED_BPS:
+        raise ValueError(f"bandwidth {text!r} = {bps:g} bit/s is above the {MAX_EMULATED_BPS:.3g} bit/s tc can "
+                         "shape (its 1 ms bucket must fit 2**32 - 1 bytes)")
     return bps
 
 
@@ -572,7 +597,7 @@ class EmulatedNetwork:
         if run_id is not None and not re.fullmatch(r"[a-z0-9]{1,8}", str(run_id)):
             raise ValueError(f"run_id must be 1-8 lowercase letters or digits, got {run_id!r}")
         self.world_size = world_size
-        self.bandwidth_bps = parse_bandwidth(bandwidth)
+        self.bandwidth_bps = parse_bandwidth(bandwidth, emulated=True)
         for label, value in (("burst_bytes", burst_bytes), ("limit_bytes", limit_bytes), ("mtu", mtu)):
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
                 raise ValueError(f"{label} must be a positive integer, got {value!r}")
