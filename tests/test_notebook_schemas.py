@@ -68,6 +68,21 @@ def test_schema_agrees_with_the_parameters_cell(nb_path):
 
 
 @pytest.mark.parametrize("nb_path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_papermill_lists_every_parameter(nb_path, caplog):
+    """papermill's own reading of the parameters cell (``papermill --help-notebook``, and the runner's
+    check of --parameters-json) lists every parameter of the schema, without a warning: a line it cannot
+    parse (a second ``=`` in its comment) used to drop ``slurm`` with "Unable to parse line 25"."""
+    import logging
+
+    import papermill as pm
+
+    with caplog.at_level(logging.WARNING, logger="papermill"):
+        listed = list(pm.inspect_notebook(str(nb_path)))
+    assert listed == list(schema_for(nb_path.stem).model_fields), nb_path.stem
+    assert not [r for r in caplog.records if "Unable to parse" in r.getMessage()], nb_path.stem
+
+
+@pytest.mark.parametrize("nb_path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_notebook_applies_its_schema_first(nb_path):
     """The first code cell after the parameters applies the notebook's own schema, and no cell before it
     writes anything; the old scattered checks are gone."""
