@@ -178,12 +178,20 @@ def _is_compiled(model: nn.Module) -> bool:
 
 
 def _model_refusal(model: nn.Module, optimizer: torch.optim.Optimizer) -> str | None:
-    """Why no scheduler can train ``model`` with ``optimizer`` (one sentence), or None: parameters on
+    """Why no scheduler can train ``model`` with ``optimizer`` (one sentence), or None: a model repro already
+    distributed (it carries the package's ``no_sync``), a model with no trainable parameter, parameters on
     several devices (every executor keeps a rank's buffers on the model's one device), parameters or
     buffers on the meta device (no values to train or to broadcast), or trainable parameters in the
     optimizer that are not the model's (nothing would exchange their gradients, so each rank would
     update them alone and the replicas would drift apart; DDP accepts them silently). Reads only the
     model and the optimizer, so every rank decides alike, before any collective."""
+    held = model.__dict__.get("no_sync")
+    if isinstance(getattr(held, "__self__", None), _Door):  # the no_sync distribute attached
+        return ("the model is already distributed by repro (an earlier repro.distribute returned it): keep using "
+                "that model and optimizer, or call remove() on that optimizer before distributing it again")
+    if not any(p.requires_grad for p in model.parameters()):
+        return ("every parameter of the model is frozen (requires_grad=False), or it has none: there are no "
+                "gradients to exchange; unfreeze the ones to train (p.requires_grad_(True)) before distributing")
     devices = sorted({str(p.device) for p in model.parameters()})
     if len(devices) > 1:
         return (f"the model's parameters are on several devices ({', '.join(devices)}): every scheduler here "

@@ -158,6 +158,39 @@ def _positive_flag(flag: str, value: int | None) -> int | None:
     return value
 
 
+def _flag_in_range(flag: str, quantity, value, low: float | None = None):
+    """``value`` of ``flag`` if it lies in ``quantity``'s plausible range (:mod:`repro.ranges`), the range the
+    files these flags end up in (plan, cost and cluster files) are read with, so nothing a command writes
+    is refused when read back; else one :class:`UsageError` line naming the flag, the value and the range."""
+    from repro import ranges
+
+    if value is None:
+        return None
+    return ranges.check(quantity, value, flag, UsageError, low=low, what="flag")
+
+
+def _check_cost_flag_ranges(args: argparse.Namespace) -> None:
+    """The cost flags within the ranges their files are read with: --alpha-s [0, 1e6] s, --beta-s-per-byte
+    [0, 1] s/byte, --workers [2, 1e5], --nodes and --gpus-per-node [1, 1e5] (and N x G at most 1e5 devices),
+    --topk-gamma [0, 1e-3] s."""
+    from repro import ranges
+
+    _flag_in_range("--alpha-s", ranges.SECONDS, args.alpha_s)
+    _flag_in_range("--beta-s-per-byte", ranges.SECONDS_PER_BYTE, args.beta_s_per_byte)
+    if args.workers is not None and args.workers >= 2:  # below 2: the message of _cost_from_args
+        _flag_in_range("--workers", ranges.WORKERS, args.workers, low=2)
+    for flag, value in (("--nodes", args.nodes), ("--gpus-per-node", args.gpus_per_node)):
+        if value is not None and value >= 1:  # below 1: _positive_flag's message
+            _flag_in_range(flag, ranges.WORKERS, value)
+    if args.nodes is not None and args.gpus_per_node is not None and \
+            args.nodes * args.gpus_per_node > ranges.WORKERS.high:
+        raise UsageError(f"--nodes {args.nodes} x --gpus-per-node {args.gpus_per_node} = "
+                         f"{args.nodes * args.gpus_per_node} devices is outside the plausible range "
+                         f"{ranges.WORKERS.range_text()}")
+    if args.topk_gamma is not None and args.topk_gamma >= 0:  # negative: the message below
+        _flag_in_range("--topk-gamma", ranges.TOPK_GAMMA_S, args.topk_gamma)
+
+
 def _cost_from_args(args: argparse.Namespace, trace=None) -> CostModel:
     """The cost model of the cost flags (one source; see :func:`_add_cost_flags`), with a top-k cost from
     ``--topk-gamma``, ``--topk-device``, the model itself, or ``trace``'s GPU (:mod:`repro.cluster_cost`)."""
@@ -170,6 +203,7 @@ def _cost_from_args(args: argparse.Namespace, trace=None) -> CostModel:
     cluster = args.inter_link is not None or args.intra_link is not None
     sources = [args.alpha_s is not None or args.beta_s_per_byte is not None, args.network is not None,
                args.cost is not None, cluster]
+    _check_cost_flag_ranges(args)
     if sum(sources) != 1:
         raise UsageError("give exactly one cost source: --alpha-s A --beta-s-per-byte B, "
                          "--network PRESET|FILE, --cost FILE|PRESET, or a cluster (--nodes N --gpus-per-node G "
@@ -444,6 +478,11 @@ def cmd_plan(args: argparse.Namespace) -> None:
     out = {"solver": plan.solver, "iteration_s": plan.meta["iteration_s"],
            "buckets": plan.to_dict()["buckets"]}  # a bucket that is not one all-reduce keeps its messages
     out.update({k: v for k, v in plan.to_dict().items() if k not in out})
+    try:  # what `repro simulate --plan` and `repro train --plan` will read: refused now, not there
+        Plan.from_dict(json.loads(json.dumps(out)))
+    except (PlanError, ValueError) as e:
+        raise UsageError(f"the plan would not load back ({_first_line(e)}); check the cost flags "
+                         "(--alpha-s, --beta-s-per-byte, --network, --cost)") from None
     _emit(out, args.output)
 
 
@@ -471,6 +510,9 @@ def cmd_simulate(args: argparse.Namespace) -> None:
         result = simulate(trace, plan, cost, with_ops=not args.no_ops)
     except PlanError as e:  # the family's own checks of the plan against the trace and cost
         raise UsageError(f"{args.plan}: {e} (trace {args.trace})") from None
+    from repro import ranges
+
+    ranges.check(ranges.SECONDS, result.iteration_s, "iteration_s", UsageError, what="predicted")
     _emit(result.to_dict(with_ops=not args.no_ops), args.output)
 
 
@@ -535,7 +577,12 @@ def cmd_cost_cluster(args: argparse.Namespace) -> None:
     from repro.cluster_cost import (DEFAULT_INTER_LATENCY_S, DEFAULT_INTRA_LATENCY_S, ClusterDescription,
                                     parse_link, topk_gamma_for_device)
 
+    from repro import ranges
+
     _positive_flag("--gpus-per-node", args.gpus_per_node)
+    _flag_in_range("--gpus-per-node", ranges.WORKERS, args.gpus_per_node)
+    if args.topk_gamma is not None and args.topk_gamma >= 0:
+        _flag_in_range("--topk-gamma", ranges.TOPK_GAMMA_S, args.topk_gamma)
     if args.topk_gamma is not None and args.topk_device is not None:
         raise UsageError("give one top-k cost: --topk-gamma S or --topk-device GPU")
     _check_output(args.output, stdout=True)
@@ -553,6 +600,10 @@ def cmd_cost_cluster(args: argparse.Namespace) -> None:
     for p in (2, args.gpus_per_node, 2 * args.gpus_per_node):  # a description no P can use fails here
         if p >= 2:
             cluster.cost_model(p)
+    try:  # what --cost / --network and the notebooks' presets will read: refused now, not there
+        ClusterDescription.from_dict(json.loads(cluster.to_json()), "the cluster file to write")
+    except (CostModelError, ValueError) as e:
+        raise UsageError(_first_line(e)) from None
     _emit(cluster.to_dict(), args.output)
 
 

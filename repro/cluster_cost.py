@@ -81,7 +81,7 @@ _PUBLISHED_TOPK_DEVICE = "P102"
 # repro.workload.estimate.GPU_SPECS (tests/test_cluster_cost.py checks that they agree).
 _MEMORY: dict[str, tuple[float, float]] = {
     "K80": (480e9 / 2, 0.7), "P100": (732e9, 0.85), "V100": (900e9, 0.85), "A100": (2039e9, 0.85),
-    "H100": (3.35e12, 0.85), "P102": (440.3e9, 0.85),
+    "H100": (3.35e12, 0.85), "H200": (4.8e12, 0.85), "P102": (440.3e9, 0.85),
 }
 
 

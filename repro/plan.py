@@ -44,7 +44,8 @@ from repro.errors import PlanError
 from repro.trace import Trace
 from repro.outputs import write_output
 
-__all__ = ["Message", "Bucket", "Plan", "PlanError", "PHASES", "WIRE_DTYPE_BYTES", "layer_wire_bytes"]
+__all__ = ["Message", "Bucket", "Plan", "PlanError", "PHASES", "WIRE_DTYPE_BYTES", "layer_wire_bytes",
+           "check_plan_workers"]
 
 WIRE_DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 PHASES = ("backward", "next_forward", "background")
@@ -415,10 +416,45 @@ class Plan:
 _META_RANGES = (("_s", ranges.SECONDS), ("_bytes", ranges.BYTES))
 
 
+def check_plan_workers(plan: "Plan", workers: int, where: str | Path = "plan") -> None:
+    """Refuse to run ``plan`` on ``workers`` ranks when it records (``provenance.workers``) that it was made
+    for another P: its buckets were chosen for that P's costs (a plan for P=3 would run silently on 2 ranks).
+    A plan without a recorded P (written by hand) is not checked."""
+    recorded = (plan.meta.get("provenance") or {}).get("workers")
+    if recorded is not None and int(recorded) != int(workers):
+        raise PlanError(f"{where}: the plan was made for {recorded} workers (provenance.workers) but this job has "
+                        f"{workers}; make it for {workers} (repro plan --workers {workers}) or run {recorded} ranks")
+
+
+#: provenance fields a plan file may carry and the range of each (repro.ranges says why)
+_PROVENANCE_RANGES = {"workers": ranges.WORKERS, "batch_size": ranges.BATCH_SIZE, "layers": ranges.COUNT}
+
+
+def _check_provenance(prov: Any) -> None:
+    if prov is None:
+        return
+    if not isinstance(prov, dict):
+        raise PlanError(f"plan field 'provenance' must be an object, got {ranges.show(prov)}")
+    for key, q in _PROVENANCE_RANGES.items():
+        if prov.get(key) is not None:
+            ranges.check(q, prov[key], f"provenance.{key}", PlanError, what="plan field")
+    dtype = prov.get("wire_dtype")
+    if dtype is not None and dtype not in WIRE_DTYPE_BYTES:
+        raise PlanError(f"plan field 'provenance.wire_dtype' must be one of {', '.join(WIRE_DTYPE_BYTES)} (or null), "
+                        f"got {ranges.show(dtype)}")
+
+
 def _check_meta_numbers(meta: Mapping[str, Any]) -> None:
     """A plan file's predictions are numbers in range (``iteration_s`` of ``"x"``, NaN or 1e308 is not a
-    prediction); any other top-level number must at least be finite. ``null`` means "not predicted"."""
+    prediction), its shares (``stage1_share``, ``stage1_bytes_share``) fractions in [0, 1], its provenance
+    (P, batch, layers, wire dtype) plausible; any other top-level number must at least be finite. ``null``
+    means "not predicted"."""
+    _check_provenance(meta.get("provenance"))
     for key, v in meta.items():
+        if key.endswith("_share") and v is not None:
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not (0 <= v <= 1):
+                raise PlanError(f"plan field '{key}' must be a fraction in [0, 1], got {ranges.show(v)}")
+            continue
         for suffix, q in _META_RANGES:
             if key.endswith(suffix) and v is not None:
                 ranges.check(q, v, key, PlanError, what="plan field")

@@ -17,9 +17,9 @@ from dataclasses import dataclass
 from typing import Any
 
 __all__ = ["Quantity", "BYTES", "ELEMENTS", "SECONDS", "LATENCY_S", "SECONDS_PER_BYTE", "TOPK_GAMMA_S",
-           "BITS_PER_S", "WORKERS", "BATCH_SIZE", "COUNT", "FACTOR", "LEARNING_RATE", "MOMENTUM", "WEIGHT_DECAY",
-           "SEED", "SEQ_LEN", "CLASSES", "LOADER_WORKERS", "REPEATS", "TRIALS", "MINUTES", "CPUS", "MEMORY_GB", "FRACTION", "TRACE_DTYPES", "check",
-           "show", "QUANTITIES"]
+           "BITS_PER_S", "FLOPS", "WORKERS", "BATCH_SIZE", "COUNT", "FACTOR", "LEARNING_RATE", "MOMENTUM",
+           "WEIGHT_DECAY", "SEED", "SEQ_LEN", "CLASSES", "LOADER_WORKERS", "REPEATS", "TRIALS", "MINUTES", "CPUS",
+           "MEMORY_GB", "FRACTION", "TRACE_DTYPES", "check", "show", "QUANTITIES"]
 
 
 @dataclass(frozen=True)
@@ -68,6 +68,10 @@ TOPK_GAMMA_S = Quantity("seconds", 0, 1e-3, high_text="1e-3", suffix="s")
 #: A link's rate in bits per second: [8, 1e15]. 8 bit/s is the one byte per second of :data:`SECONDS_PER_BYTE`;
 #: the fastest links today (NVLink 4: 900 GB/s, ~7.2e12 bit/s) are >100 times below 1e15 (1 Pbit/s).
 BITS_PER_S = Quantity("bits per second", 8, 1e15, high_text="1e15", suffix="bit/s")
+#: Floating-point operations of a layer's or a model's forward or backward pass (the estimator's FLOPs):
+#: [0, 1e21]. BERT-large's forward at batch 32 is ~1e13 FLOPs; 1e21 is a whole H100 (~1e15 FLOP/s) busy for
+#: ~11.6 days (:data:`SECONDS`) on one pass.
+FLOPS = Quantity("floating-point operations", 0, 1e21, high_text="1e21", suffix="FLOPs")
 #: Workers (ranks, GPUs, P; also GPUs per node): [1, 1e5]. The papers run at most 64 GPUs; the largest
 #: training clusters known have ~1e5 GPUs. (A cost model needs P >= 2; its loader says so itself.)
 WORKERS = Quantity("workers", 1, 100_000, integer=True, high_text="100000", suffix="workers")
@@ -129,7 +133,7 @@ TRACE_DTYPES = ("float32", "float16", "bfloat16", "float64", "float8_e4m3fn", "f
 
 QUANTITIES = {"bytes": BYTES, "elements": ELEMENTS, "seconds": SECONDS, "latency_s": LATENCY_S,
               "seconds_per_byte": SECONDS_PER_BYTE, "topk_gamma_s": TOPK_GAMMA_S, "bits_per_s": BITS_PER_S,
-              "workers": WORKERS, "batch_size": BATCH_SIZE, "count": COUNT, "factor": FACTOR,
+              "flops": FLOPS, "workers": WORKERS, "batch_size": BATCH_SIZE, "count": COUNT, "factor": FACTOR,
               "learning_rate": LEARNING_RATE, "momentum": MOMENTUM, "weight_decay": WEIGHT_DECAY, "seed": SEED,
               "seq_len": SEQ_LEN, "classes": CLASSES, "loader_workers": LOADER_WORKERS, "repeats": REPEATS,
               "trials": TRIALS, "minutes": MINUTES, "cpus": CPUS, "memory_gb": MEMORY_GB, "fraction": FRACTION}

@@ -22,6 +22,7 @@ imports torch.
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -249,11 +250,14 @@ class Trace:
         layers = []
         for i, raw in enumerate(raw_layers):
             _check_layer(raw, i)
+            _check_layer_bytes(raw, i, d["dtype"])
             extra = {k: v for k, v in raw.items() if k not in _LAYER_FIELDS}
+            _check_extra_numbers(extra, f"layers[{i}]")
             layers.append(Layer(name=raw["name"], params=int(raw["params"]), bytes=int(raw["bytes"]),
                                 forward_s=float(raw["forward_s"]), backward_s=float(raw["backward_s"]),
                                 extra=extra))
         extra = {k: v for k, v in d.items() if k not in _TOP_FIELDS and k != "layers"}
+        _check_extra_numbers({k: v for k, v in extra.items() if k != "overheads"}, "")
         legacy = {k: extra.pop(k) for k in OVERHEAD_FIELDS if k in extra}  # repro 0.1 kept them here
         raw_over = extra.pop("overheads", {})
         if legacy and raw_over:
@@ -343,6 +347,52 @@ def _check_top(d: dict[str, Any]) -> None:
     if d["dtype"] not in ranges.TRACE_DTYPES:
         raise TraceError(f"trace field 'dtype' must be one of {', '.join(ranges.TRACE_DTYPES)}, got "
                          f"{ranges.show(d['dtype'])}")
+
+
+#: bytes per element of a gradient dtype a trace may declare (``mixed``: per layer, not known here)
+_DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "float8_e4m3fn": 1, "float8_e5m2": 1}
+
+
+def _check_layer_bytes(raw: dict[str, Any], i: int, dtype: str) -> None:
+    """A layer's gradient ``bytes`` are its ``params`` x the trace's dtype size (both written by the same
+    profiler): ``bytes: 7`` for 432 float32 parameters, or 1728 bytes of 0 parameters, is a broken file.
+    Skipped for ``mixed`` traces, whose layers differ."""
+    size = _DTYPE_BYTES.get(dtype)
+    if size is not None and raw["bytes"] != raw["params"] * size:
+        raise TraceError(f"trace field 'layers[{i}].bytes' = {ranges.show(raw['bytes'])} does not match its "
+                         f"params {ranges.show(raw['params'])} x {size} bytes ({dtype}) = "
+                         f"{ranges.show(raw['params'] * size)}")
+
+
+#: Numbers a trace may carry besides the typed fields, by name or suffix, with their plausible range:
+#: the profiler's wall times (wall_forward_s, backward_tail_s: seconds), its counts (warmup, iters,
+#: order_changes, kernels, num_threads), the estimator's FLOPs and bytes moved, a measured trace's
+#: grad_abs_mean (a mean |gradient|: any finite number >= 0). Any other number must at least be finite.
+_EXTRA_COUNTS = ("warmup", "iters", "order_changes", "kernels", "num_threads")
+
+
+def _check_extra_numbers(extra: dict[str, Any], where: str, depth: int = 0) -> None:
+    for key, v in extra.items():
+        name = f"{where}.{key}" if where else key
+        if isinstance(v, dict) and depth < 3:
+            _check_extra_numbers(v, name, depth + 1)
+            continue
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            continue
+        if isinstance(v, float) and not math.isfinite(v):
+            raise TraceError(f"trace field '{name}' must be a finite number, got {ranges.show(v)}")
+        if depth:  # the estimator's assumptions: finite is all that is known
+            continue
+        if key.endswith("_s"):
+            ranges.check(ranges.SECONDS, v, name, TraceError, what="trace field")
+        elif key.endswith("_bytes_moved"):
+            ranges.check(ranges.BYTES, v, name, TraceError, what="trace field")
+        elif key.endswith("_flops"):
+            ranges.check(ranges.FLOPS, v, name, TraceError, what="trace field")
+        elif key in _EXTRA_COUNTS:
+            ranges.check(ranges.COUNT, v, name, TraceError, what="trace field")
+        elif key in ("grad_abs_mean", "seed") and v < 0:
+            raise TraceError(f"trace field '{name}' must be >= 0, got {ranges.show(v)}")
 
 
 def _check_layer(raw: Any, i: int) -> None:

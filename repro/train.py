@@ -60,7 +60,7 @@ from repro.cost import CostModel
 from repro.presets import preset
 from repro.families import get_family
 from repro.log import get_logger
-from repro.plan import Plan
+from repro.plan import Plan, check_plan_workers
 from repro.runs import ProgressWriter, prepare_run
 from repro.runtime.baselines import LocalExecutor
 from repro.runtime.executor import Executor
@@ -220,6 +220,7 @@ def _distribute(cfg: TrainConfig, model: nn.Module, opt: torch.optim.Optimizer, 
         kw["cost" if Path(cfg.network).is_file() else "network"] = cfg.network
     if cfg.plan is not None:  # a given plan, executed as it is (checked against the model first)
         plan = Plan.load(cfg.plan)
+        check_plan_workers(plan, ranks.size, cfg.plan)  # a plan for P=3 never runs silently on 2 ranks
         _check_plan_layers(plan, model, cfg.view, cfg.plan)
         options = {name: getattr(cfg, name) for name in get_family(plan.family).executor_options
                    if getattr(cfg, name) is not None}  # what its family's executor takes (e.g. engine)

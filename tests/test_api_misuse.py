@@ -357,3 +357,23 @@ def test_the_given_optimizer_refuses_steps_from_outside_the_package():
     del other
     assert gone() is None  # the hook does not keep the door (and its executor's buffers) alive
     opt.step()
+
+
+def test_a_frozen_or_already_distributed_model_is_refused_in_one_sentence():
+    """A model with every parameter frozen has nothing to exchange; a model repro.distribute already
+    returned (it carries the package's no_sync) is named as such, not as "wrapped by DDP"."""
+    from repro.api import _Door, _model_refusal
+
+    net = UserNet().requires_grad_(False)
+    message = _model_refusal(net, torch.optim.SGD(net.parameters(), lr=0.1))
+    assert message.startswith("every parameter of the model is frozen (requires_grad=False)"), message
+    assert "\n" not in message
+    net = UserNet()
+    door = object.__new__(_Door)  # what distribute attaches: the door's bound no_sync
+    net.__dict__["no_sync"] = door.no_sync
+    message = _model_refusal(net, torch.optim.SGD(net.parameters(), lr=0.1))
+    assert message.startswith("the model is already distributed by repro"), message
+    assert "DDP" not in message
+    partly = UserNet()
+    next(partly.parameters()).requires_grad_(False)  # some frozen: fine (fine-tuning)
+    assert _model_refusal(partly, torch.optim.SGD(partly.parameters(), lr=0.1)) is None

@@ -61,7 +61,7 @@ def test_network_preset_and_threshold(capsys, trace_file):
     (["plan", "--trace", "T", "--solver", "wfbp", "--network", "10gbe-v100", "--workers", "32"], "no fit for P=32"),
     (["plan", "--trace", "T", "--solver", "wfbp", "--network", "nope", "--workers", "4"], "unknown network preset 'nope'"),
     (["plan", "--trace", "T", "--solver", "wfbp", "--alpha-s", "1"], "must be given together"),
-    (["plan", "--trace", "T", "--solver", "wfbp", "--alpha-s", "-1", "--beta-s-per-byte", "1"], "a_s must be"),
+    (["plan", "--trace", "T", "--solver", "wfbp", "--alpha-s", "-1", "--beta-s-per-byte", "1"], "flag '--alpha-s' = -1.0 is outside"),
     (["plan", "--trace", "T", "--solver", "wfbp", "--threshold-bytes", "5", "--alpha-s", "1", "--beta-s-per-byte", "1"], "--threshold-bytes does not apply to --solver wfbp"),
     (["plan", "--trace", "missing.json", "--solver", "wfbp", "--alpha-s", "1", "--beta-s-per-byte", "1"], "trace file not found"),
     (["simulate", "--trace", "T", "--plan", "missing.json", "--alpha-s", "1", "--beta-s-per-byte", "1"], "plan file not found"),

@@ -570,7 +570,7 @@ def test_runner_says_how_to_install_a_missing_kernel(demo_manifest, tmp_path, ca
     rc = main(["run", "--out", str(tmp_path / "o"), "--manifest", str(demo_manifest),
                "--kernel", "no-such-kernel-xyz"])
     err = capsys.readouterr().err
-    assert rc == 1 and len(err.strip().splitlines()) == 1
+    assert rc == 2 and len(err.strip().splitlines()) == 1
     assert "Jupyter kernel 'no-such-kernel-xyz' is not installed" in err
     assert "-m ipykernel install --sys-prefix --name no-such-kernel-xyz" in err
     assert not (tmp_path / "o" / "notebooks").exists(), "nothing runs without the kernel"
@@ -628,10 +628,10 @@ def test_cli_list_and_bad_input(tmp_path, capsys):
     for e in load_manifest(REAL_MANIFEST, check_files=False):
         assert e.id in proc.stdout
     assert main(["run", "--out", str(tmp_path), "--parameters-json", "[1]",
-                 "--manifest", str(REAL_MANIFEST)]) == 1
+                 "--manifest", str(REAL_MANIFEST)]) == 2
     assert "JSON object" in capsys.readouterr().err
     bad = _write_manifest(tmp_path, [_entry("mgwfbp.a", status="wip")])
-    assert main(["run", "--out", str(tmp_path / "o"), "--manifest", str(bad)]) == 1
+    assert main(["run", "--out", str(tmp_path / "o"), "--manifest", str(bad)]) == 2
     assert "unknown status" in capsys.readouterr().err
 
 

@@ -161,7 +161,7 @@ def _good_run(tmp_path: Path) -> tuple[Path, dict[str, bytes]]:
 def test_bad_options_are_refused_before_anything_is_deleted(tmp_path, manifest, capsys, flags, words):
     out, before = _good_run(tmp_path)
     rc = main(["run", "--out", str(out), "--manifest", str(manifest), *flags])
-    assert rc == 1
+    assert rc == 2
     assert words in _one_line_error(capsys)
     assert (out / "figures" / "demo_tiny.png").read_bytes() == before["png"]
     assert not (out / "notebooks").exists()
@@ -172,7 +172,7 @@ def test_out_that_is_a_file_is_one_line(tmp_path, manifest, capsys, command):
     f = tmp_path / "afile"
     f.write_text("mine")
     rc = main([command, "--out", str(f), "--manifest", str(manifest)])
-    assert rc == 1
+    assert rc == 2
     assert "is a file, not a folder" in _one_line_error(capsys)
     assert f.read_text() == "mine"
 
@@ -186,7 +186,7 @@ def test_out_on_a_read_only_mount_is_one_line(tmp_path, manifest, capsys):
     try:
         for command in ("run", "index"):
             rc = main([command, "--out", str(ro / "results"), "--manifest", str(manifest)])
-            assert rc == 1
+            assert rc == 2
             assert "not writable" in _one_line_error(capsys)
     finally:
         subprocess.run(["umount", str(ro)], check=False)
@@ -256,3 +256,44 @@ def test_ctrl_c_of_the_runner_is_one_line_and_status_130(tmp_path):
     else:
         os.kill(kernel, signal.SIGKILL)
         raise AssertionError(f"the kernel (pid {kernel}) is still running after the runner ended")
+
+
+# ------------------------------------------------------------------ bad input: status 2, nothing written
+
+REAL_MANIFEST = Path(__file__).resolve().parents[1] / "notebooks" / "figures.yaml"
+
+
+@pytest.mark.parametrize("flags, words", [
+    (["--parameters-json", "{not json"], "not valid JSON"),
+    (["--parameters-json", "[1]"], "JSON object"),
+    (["--parameters-json", '{"nosuchparam": 1}'], "nosuchparam"),
+    (["--only", "bogus"], "--only 'bogus'"),
+    (["--cell-timeout", "-1"], "--cell-timeout"),
+    (["--heartbeat", "nan"], "--heartbeat"),
+    (["--manifest", "/nonexistent/figures.yaml"], "figure manifest not found"),
+    (["--kernel", "no-such-kernel-xyz"], "no-such-kernel-xyz"),
+    (["--only", "omgs_training", "--parameters-json", '{"steps": -1}'], "omgs_training.ipynb: bad parameter: steps"),
+    (["--only", "omgs_training", "--parameters-json", '{"link_rate": "1e30gbit"}'], "link_rate"),
+], ids=lambda v: " ".join(v) if isinstance(v, list) else None)
+def test_bad_input_is_status_2_in_one_line_before_anything_is_written(tmp_path, capsys, flags, words):
+    """Each is refused in one line with status 2 (a failed run is 1), before --out is created or a kernel
+    starts; ``{"steps": -1}`` used to be refused only in a notebook's cell 3, after the runner wrote
+    index.html, notebooks/*.html and its lock and went on to the other notebooks."""
+    out = tmp_path / "results"
+    argv = ["run", "--out", str(out), *flags]
+    if "--manifest" not in flags:
+        argv += ["--manifest", str(REAL_MANIFEST)]
+    rc = main(argv)
+    err = _one_line_error(capsys)
+    assert rc == 2, err
+    assert words in err, err
+    assert err.startswith("repro.figures: error: ")
+    assert not out.exists(), sorted(out.rglob("*"))
+
+
+def test_parameters_are_checked_against_every_selected_notebook(tmp_path):
+    from repro.figures.runner import FiguresInputError, check_notebook_parameters
+
+    check_notebook_parameters({"omgs_training.ipynb": {"steps": 3}, "demo.ipynb": {"anything": -1}})
+    with pytest.raises(FiguresInputError, match=r"^mgwfbp_training.ipynb: bad parameter: steps: .*\[1, 10000\]"):
+        check_notebook_parameters({"omgs_training.ipynb": {"steps": 3}, "mgwfbp_training.ipynb": {"steps": -1}})

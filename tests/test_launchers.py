@@ -5,6 +5,7 @@ through submitit, the notebooks' gate at scale="paper" — and the multi-node pa
 from __future__ import annotations
 
 import json
+import re
 import shlex
 import socket
 import sys
@@ -318,7 +319,7 @@ def test_slurm_timeout_min_keeps_its_meaning_and_a_local_executor_gets_no_slurm_
 
 
 @pytest.mark.parametrize("spec, message", [
-    ("time_min=0", "time_min=0: expected an integer >= 1"),
+    ("time_min=0", "time_min=0: expected an integer in [1, 100000]"),
     ("time_min=abc", "time_min='abc': expected an integer"),
     ("mem_gb=-1", "mem_gb=-1.0: expected a positive number of GB"),
     ("partition=a b", "expected key=value items"),
@@ -334,10 +335,10 @@ def test_slurm_timeout_min_keeps_its_meaning_and_a_local_executor_gets_no_slurm_
 def test_bad_slurm_resources_are_one_line_and_nothing_is_written(tmp_path, spec, message):
     run = _tiny_grid(2).runs[0]
     ex = _FakeExecutor()
-    with pytest.raises(GridStop, match=message) as e:
+    with pytest.raises(GridStop, match=re.escape(message)) as e:
         submit_slurm([run], tmp_path / "runs", tmp_path / "jobs", executor=ex, resources=spec)
     _one_line(e)
-    with pytest.raises(GridStop, match=message):
+    with pytest.raises(GridStop, match=re.escape(message)):
         write_job_scripts([run], tmp_path / "runs", tmp_path / "jobs", resources=spec)
     assert ex.parameters == [] and not (tmp_path / "jobs").exists()
 

@@ -68,6 +68,21 @@ def test_schema_agrees_with_the_parameters_cell(nb_path):
 
 
 @pytest.mark.parametrize("nb_path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_papermill_lists_every_parameter(nb_path, caplog):
+    """papermill's own reading of the parameters cell (``papermill --help-notebook``, and the runner's
+    check of --parameters-json) lists every parameter of the schema, without a warning: a line it cannot
+    parse (a second ``=`` in its comment) used to drop ``slurm`` with "Unable to parse line 25"."""
+    import logging
+
+    import papermill as pm
+
+    with caplog.at_level(logging.WARNING, logger="papermill"):
+        listed = list(pm.inspect_notebook(str(nb_path)))
+    assert listed == list(schema_for(nb_path.stem).model_fields), nb_path.stem
+    assert not [r for r in caplog.records if "Unable to parse" in r.getMessage()], nb_path.stem
+
+
+@pytest.mark.parametrize("nb_path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_notebook_applies_its_schema_first(nb_path):
     """The first code cell after the parameters applies the notebook's own schema, and no cell before it
     writes anything; the old scattered checks are gone."""
@@ -277,7 +292,46 @@ BAD = [
     ("validation", {"models": "[lenet]"}, r"^models: unknown value 'lenet'"),
     ("validation_published", {"max_nfev": 4}, r"^max_nfev: Input should be greater than or equal to 5"),
     ("validation_published", {"refit": "maybe"}, r"^refit: expected true or false"),
+    # rates beyond repro.ranges.BITS_PER_S (1e30gbit is no link)
+    ("omgs_training", {"link_rate": "1e30gbit"}, r"^link_rate: rate '1e30gbit' \(1e\+39 bit/s\) is outside the "
+                                                 r"plausible range \[8, 1e15\] bit/s"),
+    ("validation", {"link_rates": "[loopback, 1e30gbit]"}, r"^link_rates: rate '1e30gbit' .*outside the plausible"),
+    ("osp_simulation", {"sim_link_rates": "[10gbit, 1e30gbit]"}, r"^sim_link_rates: rate '1e30gbit' .*outside"),
+    # input folders must exist; the convergence runs train epochs, which synthetic data has not
+    ("omgs_training", {"runs_dir": "/nonexistent"}, r"^runs_dir: /nonexistent does not exist; give an existing "
+                                                    r"folder, or leave it empty for the default \(got '/nonexistent'\)$"),
+    ("omgs_training", {"ptb_dir": "/nonexistent"}, r"^ptb_dir: /nonexistent does not exist"),
+    ("omgs_training", {"ptb_dir": "/dev/null"}, r"^ptb_dir: /dev/null is a character device, not a folder"),
+    ("omgs_simulation", {"runs_dir": "/nonexistent"}, r"^runs_dir: /nonexistent does not exist"),
+    ("mgwfbp_training", {"convergence_dataset": "synthetic"}, r"^convergence_dataset: epochs need a real dataset"),
+    # output folders must be folders or creatable
+    ("omgs_training", {"output_dir": "/dev/null"}, r"^output_dir: /dev/null is a character device, not a folder; "
+                                                   r"give a folder that exists or can be created"),
+    ("osp_simulation", {"results_dir": "/dev/null/x"}, r"^results_dir: /dev/null/x cannot be created: /dev/null is "
+                                                       r"a character device"),
 ]
+
+
+def test_folders_that_are_files_or_fifos_are_refused(tmp_path):
+    import os
+
+    schema = schema_for("omgs_training")
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    assert _error(schema, {"output_dir": str(afile)}).startswith(f"output_dir: {afile} is a file, not a folder")
+    assert _error(schema, {"results_dir": str(fifo)}).startswith(f"results_dir: {fifo} is a FIFO, not a folder")
+    assert _error(schema, {"results_dir": str(afile / "sub")}).startswith(
+        f"results_dir: {afile / 'sub'} cannot be created: {afile} is a file")
+    assert _error(schema, {"runs_dir": str(afile)}).startswith(f"runs_dir: {afile} is a file, not a folder")
+    # what works: a folder that exists or can be created; an existing input folder (made absolute); empty
+    model = validate_parameters(schema, {"output_dir": str(tmp_path / "new" / "figs"), "results_dir": str(tmp_path),
+                                         "runs_dir": str(tmp_path), "ptb_dir": ""})
+    assert model.runs_dir == str(tmp_path) and model.ptb_dir == ""
+    assert not (tmp_path / "new").exists(), "checking creates nothing"
+    assert validate_parameters(schema_for("omgs_simulation"), {"runs_dir": "none"}).runs_dir == "none"
+    assert validate_parameters(schema_for("omgs_simulation"), {"runs_dir": "data"}).runs_dir == str(ROOT / "data")
 
 
 @pytest.mark.parametrize("stem, data, match", BAD, ids=[f"{s}.{k}={v!r}" for s, d, _ in BAD for k, v in d.items()])

@@ -206,3 +206,80 @@ def test_the_torch_free_core_does_not_import_torch():
             "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+# ---- plan fields a file may carry: checked when read (simulate --plan, train --plan) ----
+
+def _planned_dict(tmp_path=None) -> dict:
+    import json as _json
+
+    from repro.cli import main
+
+    import io
+    import contextlib
+
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        assert main(["plan", "--trace", "tiny_resnet_b32_cpu", "--solver", "mgwfbp", "--alpha-s", "1e-4",
+                     "--beta-s-per-byte", "1e-9", "--workers", "2"]) == 0
+    return _json.loads(buf.getvalue())
+
+
+@pytest.mark.parametrize("change, words", [
+    ({"provenance.workers": 0}, "plan field 'provenance.workers' = 0 is outside the plausible range [1, 100000]"),
+    ({"provenance.workers": 1e9}, "provenance.workers"),
+    ({"provenance.wire_dtype": "int7"}, "plan field 'provenance.wire_dtype' must be one of float32, float16, "
+                                        "bfloat16 (or null), got 'int7'"),
+    ({"provenance.batch_size": -3}, "provenance.batch_size"),
+    ({"provenance": [1]}, "plan field 'provenance' must be an object"),
+    ({"stage1_bytes_share": 7}, "plan field 'stage1_bytes_share' must be a fraction in [0, 1], got 7"),
+    ({"stage1_share": 2}, "plan field 'stage1_share' must be a fraction in [0, 1], got 2"),
+    ({"stage1_share": "half"}, "stage1_share"),
+])
+def test_plan_files_with_bad_fields_are_refused_naming_the_field(tmp_path, change, words):
+    import json as _json
+
+    d = _planned_dict()
+    for key, value in change.items():
+        if key.startswith("provenance."):
+            d["provenance"][key.split(".", 1)[1]] = value
+        else:
+            d[key] = value
+    path = tmp_path / "p.json"
+    path.write_text(_json.dumps(d))
+    with pytest.raises(PlanError) as e:
+        Plan.load(path)
+    assert words in str(e.value) and str(path) in str(e.value), str(e.value)
+    assert "\n" not in str(e.value)
+
+
+def test_plan_files_that_are_fine_still_load(tmp_path):
+    import json as _json
+
+    from repro.plan import check_plan_workers
+
+    d = _planned_dict()
+    d["stage1_share"], d["stage1_bytes_share"], d["solver"] = 0.25, 1, "custom"
+    path = tmp_path / "p.json"
+    path.write_text(_json.dumps(d))
+    plan = Plan.load(path)
+    check_plan_workers(plan, 2, path)
+    with pytest.raises(PlanError, match=r"the plan was made for 2 workers \(provenance.workers\) but this job has 3"):
+        check_plan_workers(plan, 3, path)
+    check_plan_workers(Plan.from_dict({"solver": "custom", "buckets": d["buckets"]}), 7)  # no recorded P
+
+
+def test_simulate_refuses_a_plan_with_a_bad_field(tmp_path, capsys):
+    import json as _json
+
+    from repro.cli import main
+
+    d = _planned_dict()
+    d["provenance"]["wire_dtype"] = "int7"
+    path = tmp_path / "p.json"
+    path.write_text(_json.dumps(d))
+    capsys.readouterr()
+    rc = main(["simulate", "--trace", "tiny_resnet_b32_cpu", "--plan", str(path), "--alpha-s", "1e-4",
+               "--beta-s-per-byte", "1e-9"])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and "provenance.wire_dtype" in err and len(err.splitlines()) == 1, err

@@ -111,3 +111,54 @@ def test_shipped_trace_names_cannot_leave_the_shipped_folder(tmp_path, monkeypat
         load_trace(name)
     assert len(str(e.value).splitlines()) == 1
     assert load_trace("tiny_vgg_b32_cpu").model == "tiny_vgg"
+
+
+# ---- every number of a trace file is checked when read ----
+
+def _shipped_dict() -> dict:
+    from repro.paths import shipped_trace_path
+
+    return json.loads(shipped_trace_path("tiny_resnet_b32_cpu").read_text())
+
+
+@pytest.mark.parametrize("mutate, words", [
+    (lambda d: d["layers"][0].update(bytes=7),
+     "trace field 'layers[0].bytes' = 7 does not match its params 432 x 4 bytes (float32) = 1728"),
+    (lambda d: d["layers"][0].update(params=0),
+     "trace field 'layers[0].bytes' = 1728 does not match its params 0 x 4 bytes (float32) = 0"),
+    (lambda d: d.update(wall_forward_s=-5.0), "trace field 'wall_forward_s' = -5.0 is outside the plausible range"),
+    (lambda d: d.update(backward_tail_s=1e12), "trace field 'backward_tail_s' = 1000000000000.0 is outside"),
+    (lambda d: d["layers"][1].update(grad_abs_mean=float("nan")),
+     "trace field 'layers[1].grad_abs_mean' must be a finite number, got nan"),
+    (lambda d: d["layers"][1].update(grad_abs_mean=-1.0), "trace field 'layers[1].grad_abs_mean' must be >= 0"),
+    (lambda d: d.update(iters=-3), "trace field 'iters' = -3 is outside the plausible range"),
+    (lambda d: d.update(forward_flops=1e30), "trace field 'forward_flops' = 1e+30 is outside the plausible range"),
+    (lambda d: d.update(assumptions={"peak_flops": float("inf")}),
+     "trace field 'assumptions.peak_flops' must be a finite number"),
+])
+def test_every_number_of_a_trace_file_is_checked(tmp_path, mutate, words):
+    d = _shipped_dict()
+    assert d["dtype"] == "float32" and d["layers"][0]["params"] == 432
+    mutate(d)
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(d))  # NaN written as the bare token NaN, as Python's json reads it
+    with pytest.raises(TraceError) as e:
+        Trace.load(path)
+    assert words in str(e.value) and str(path) in str(e.value), str(e.value)
+    assert "\n" not in str(e.value)
+
+
+def test_mixed_dtype_traces_skip_the_bytes_check(tmp_path):
+    d = _shipped_dict()
+    d["dtype"] = "mixed"
+    d["layers"][0]["bytes"] = 7
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(d))
+    assert Trace.load(path).layers[0].bytes == 7
+
+
+def test_every_shipped_trace_still_loads():
+    from repro.paths import shipped_traces
+
+    for name in shipped_traces():
+        load_trace(name)

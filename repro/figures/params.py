@@ -44,7 +44,7 @@ from repro.studies.common import available_cpus
 __all__ = ["ParameterError", "parse_list", "parse_choice", "resolve_path", "repo_root", "available_cpus",
            "default_world_sizes", "NotebookParams", "apply_parameters", "validate_parameters",
            "injected_parameter_names", "notebook_type", "Int", "Float", "Bool", "Str", "Name", "PathParam",
-           "ListOf", "OneOf", "parameter_error", "Bounds", "ListLength", "parameter_bounds", "list_length"]
+           "ListOf", "OneOf", "InputFolder", "output_folder_problem", "parameter_error", "Bounds", "ListLength", "parameter_bounds", "list_length"]
 
 
 class ParameterError(ValueError):
@@ -223,6 +223,65 @@ def _path(value: Any) -> Path:
         raise PydanticCustomError("empty_path", str(e)) from None
 
 
+def _kind(path: Path) -> str:
+    """What ``path`` (which exists) is when it is not a folder: a file, a device, a FIFO, a socket."""
+    import stat
+
+    mode = path.stat().st_mode
+    for test, what in ((stat.S_ISREG, "a file"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return what
+    return "not a folder"
+
+
+def output_folder_problem(path: Path) -> str | None:
+    """Why ``path`` cannot be an output folder, or None: it must be a folder, or be creatable (its first
+    existing parent a writable folder). A file, a device (``/dev/null``), a FIFO or a socket is refused;
+    nothing is created."""
+    try:
+        if path.exists():
+            if not path.is_dir():
+                return f"{path} is {_kind(path)}, not a folder"
+            if not os.access(path, os.W_OK | os.X_OK):
+                return f"{path} is not writable"
+            return None
+        for up in path.parents:
+            if up.exists():
+                if not up.is_dir():
+                    return f"{path} cannot be created: {up} is {_kind(up)}, not a folder"
+                if not os.access(up, os.W_OK | os.X_OK):
+                    return f"{path} cannot be created: {up} is not writable"
+                return None
+    except OSError as e:  # a path too long, a loop of links...
+        return f"{path} cannot be used: {e.strerror or e}"
+    return None
+
+
+def _output_folder(value: Path) -> Path:
+    problem = output_folder_problem(value)
+    if problem:
+        raise PydanticCustomError("not_an_output_folder", "{problem}; give a folder that exists or can be created",
+                                  {"problem": problem})
+    return value
+
+
+def _input_folder(value: str, *, keep: Sequence[str] = ()) -> str:
+    if not value or value.lower() in keep:
+        return value
+    try:
+        path = resolve_path(value)
+    except ParameterError as e:
+        raise PydanticCustomError("empty_path", str(e)) from None
+    if not path.exists():
+        raise PydanticCustomError("no_such_folder", "{path} does not exist; give an existing folder, or leave it "
+                                  "empty for the default", {"path": str(path)})
+    if not path.is_dir():
+        raise PydanticCustomError("not_a_folder", "{path} is {kind}, not a folder", {"path": str(path),
+                                                                                     "kind": _kind(path)})
+    return str(path)
+
+
 #: An integer: ``2``, ``"2"`` or ``2.0``; never ``2.5``, ``True`` or ``"abc"``. Ranges: ``Field(ge=..., le=...)``.
 Int = Annotated[int, BeforeValidator(_reject_bool)]
 #: A finite number (an int is taken as a float); never ``True`` or ``"abc"``.
@@ -233,9 +292,19 @@ Bool = Annotated[bool, BeforeValidator(_bool)]
 Str = Annotated[str, StringConstraints(strip_whitespace=True)]
 #: A non-empty string (a name: model, preset, scheduler, rate).
 Name = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1)]
-#: A folder given as a string; the schema turns it into an absolute :class:`~pathlib.Path`
-#: (:func:`resolve_path`: relative paths are relative to the repository root).
-PathParam = Annotated[Path, BeforeValidator(_path)]
+#: An output folder given as a string; the schema turns it into an absolute :class:`~pathlib.Path`
+#: (:func:`resolve_path`: relative paths are relative to the repository root). It must be a folder or be
+#: creatable (:func:`output_folder_problem`): a file, ``/dev/null`` or a FIFO is refused before any output.
+PathParam = Annotated[Path, BeforeValidator(_path), AfterValidator(_output_folder)]
+
+
+def InputFolder(*keep: str) -> Any:
+    """An input folder given as a string: empty (the notebook's default), one of the words ``keep`` (any
+    case, e.g. ``"none"``), or an existing folder, which the schema turns into an absolute path (relative
+    paths are relative to the repository root, as for :data:`PathParam`). A missing folder or a file is
+    refused before the notebook reads anything."""
+    words = tuple(k.lower() for k in keep)
+    return Annotated[Str, AfterValidator(lambda v: _input_folder(v, keep=words))]
 
 
 def _choices(choices: Iterable[Any] | Callable[[], Iterable[Any]]) -> list:

@@ -20,8 +20,12 @@
    (done | failed), file;
 5. writes the gallery ``<out>/index.html`` and ``<out>/index.md`` (:mod:`repro.figures.gallery`).
 
-Every option is checked before anything is deleted; ``--out`` must be a writable folder (or one that
-can be created), and a lock file (``<out>/.repro-figures.lock``) refuses a second runner into the same
+Every option is checked before anything is deleted, written or started, the parameters included: each
+selected notebook's share of ``--parameters-json`` goes through that notebook's schema
+(:mod:`repro.figures.schemas`, what its first code cell applies), so ``{"steps": -1}`` stops the run
+before any kernel starts. Bad input (an option, a parameter, the manifest, the kernel, ``--out``) is one
+line and exit status 2; a run that fails (a notebook, a figure) exits with 1. ``--out`` must be a
+writable folder (or one that can be created), and a lock file (``<out>/.repro-figures.lock``) refuses a second runner into the same
 folder. Ctrl-C ends a run with one line, ``repro.figures: interrupted``, and status 130: the notebook's
 kernel is killed, not asked to shut down (see :func:`_engine`). ``index`` rebuilds only the gallery;
 ``list`` prints the manifest. Status words are the same everywhere: ``done`` and ``planned`` in the
@@ -58,6 +62,8 @@ from .manifest import STATUSES, FigureEntry, ManifestError, done_notebooks, load
 
 __all__ = [
     "FiguresError",
+    "FiguresInputError",
+    "check_notebook_parameters",
     "RunReport",
     "KERNEL_NAME",
     "KERNEL_DISPLAY_NAME",
@@ -84,6 +90,11 @@ HEARTBEAT_S = 30.0
 
 class FiguresError(RuntimeError):
     """The figure run failed; the message (one line) says what is missing or which notebook failed."""
+
+
+class FiguresInputError(FiguresError):
+    """A bad option, parameter, manifest, kernel name or output folder, found before anything is written or
+    any kernel starts; the command line exits with status 2 (a failed run exits with 1)."""
 
 
 @dataclass
@@ -119,10 +130,10 @@ def select_notebooks(entries: Sequence[FigureEntry], only: Iterable[str] | None 
                 if t in (e.id, e.stem, e.notebook, Path(e.notebook).stem, e.paper)]
         exact_planned = [e for e in hits if not e.done and t in (e.id, e.stem)]
         if exact_planned:
-            raise FiguresError(f"'{t}' is planned, not done: {exact_planned[0].notebook} does not make it yet")
+            raise FiguresInputError(f"'{t}' is planned, not done: {exact_planned[0].notebook} does not make it yet")
         nbs = {e.notebook for e in hits if e.done}
         if not nbs:
-            raise FiguresError(f"--only '{t}' matches no done figure id, stem, notebook or paper of the manifest")
+            raise FiguresInputError(f"--only '{t}' matches no done figure id, stem, notebook or paper of the manifest")
         chosen |= nbs
     return [nb for nb in done if nb in chosen]
 
@@ -133,7 +144,7 @@ def notebook_parameters(out: str | Path, parameters: dict[str, Any] | None = Non
     user = dict(parameters or {})
     clash = [k for k in RESERVED_PARAMETERS if k in user]
     if clash:
-        raise FiguresError(f"parameter(s) {', '.join(clash)} are set by --out and cannot be overridden")
+        raise FiguresInputError(f"parameter(s) {', '.join(clash)} are set by --out and cannot be overridden")
     params: dict[str, Any] = {
         "output_dir": str(out / "figures"),
         "results_dir": str(out / "data"),
@@ -141,7 +152,7 @@ def notebook_parameters(out: str | Path, parameters: dict[str, Any] | None = Non
     }
     params.update(user)
     if params["scale"] not in ("tiny", "paper"):
-        raise FiguresError(f"scale must be 'tiny' or 'paper', got {params['scale']!r}")
+        raise FiguresInputError(f"scale must be 'tiny' or 'paper', got {params['scale']!r}")
     return params
 
 
@@ -164,10 +175,28 @@ def parameters_by_notebook(entries: Sequence[FigureEntry], notebooks: Sequence[s
     user = [k for k in params if k not in (*RESERVED_PARAMETERS, "scale")]
     unknown = [k for k in user if not any(k in d for d in declared.values())]
     if unknown and notebooks:
-        raise FiguresError(f"parameter(s) {', '.join(unknown)} are declared by none of the notebooks to run "
+        raise FiguresInputError(f"parameter(s) {', '.join(unknown)} are declared by none of the notebooks to run "
                            f"({', '.join(notebooks)}); `papermill --help-notebook notebooks/<name>.ipynb` lists "
                            "each notebook's parameters")
     return {nb: {k: v for k, v in params.items() if k in declared[nb]} for nb in notebooks}
+
+
+def check_notebook_parameters(nb_params: dict[str, dict[str, Any]]) -> None:
+    """Check each notebook's parameters against its schema (:mod:`repro.figures.schemas`), as the
+    notebook's first code cell would, before any kernel starts or any file is written: a bad value is
+    one :class:`FiguresInputError` line naming the notebook, the parameter, the value and the range.
+    A notebook without a schema (not one of the project's) is left to its own checks."""
+    from .params import ParameterError, validate_parameters
+    from .schemas import SCHEMAS, schema_for
+
+    for nb, params in nb_params.items():
+        stem = Path(nb).stem
+        if stem not in SCHEMAS:
+            continue
+        try:
+            validate_parameters(schema_for(stem), params)
+        except ParameterError as e:
+            raise FiguresInputError(f"{nb}: bad parameter: {' '.join(str(e).split())}") from None
 
 
 def check_out_folder(out: str | Path) -> Path:
@@ -176,19 +205,19 @@ def check_out_folder(out: str | Path) -> Path:
     out = Path(out).resolve()
     if out.exists():
         if not out.is_dir():
-            raise FiguresError(f"--out {out} is a file, not a folder")
+            raise FiguresInputError(f"--out {out} is a file, not a folder")
         for sub in ("figures", "data", "notebooks"):
             if (out / sub).exists() and not (out / sub).is_dir():
-                raise FiguresError(f"--out {out}: {out / sub} is a file, not a folder")
+                raise FiguresInputError(f"--out {out}: {out / sub} is a file, not a folder")
         if not os.access(out, os.W_OK | os.X_OK):
-            raise FiguresError(f"--out {out} is not writable (read-only or not ours)")
+            raise FiguresInputError(f"--out {out} is not writable (read-only or not ours)")
         return out
     for up in out.parents:
         if up.exists():
             if not up.is_dir():
-                raise FiguresError(f"--out {out}: {up} is a file, not a folder")
+                raise FiguresInputError(f"--out {out}: {up} is a file, not a folder")
             if not os.access(up, os.W_OK | os.X_OK):
-                raise FiguresError(f"--out {out} cannot be created: {up} is not writable (read-only or not ours)")
+                raise FiguresInputError(f"--out {out} cannot be created: {up} is not writable (read-only or not ours)")
             break
     return out
 
@@ -261,12 +290,12 @@ def check_kernel(name: str = KERNEL_NAME, cwd: str | Path | None = None) -> Path
     try:
         from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
     except ImportError:
-        raise FiguresError("jupyter_client is not installed; install the notebooks extra: "
+        raise FiguresInputError("jupyter_client is not installed; install the notebooks extra: "
                            "pip install -e '.[notebooks]' (make install does this)") from None
     try:
         spec = KernelSpecManager().get_kernel_spec(name)
     except NoSuchKernel:
-        raise FiguresError(f"Jupyter kernel '{name}' is not installed; {_install_hint(name)}") from None
+        raise FiguresInputError(f"Jupyter kernel '{name}' is not installed; {_install_hint(name)}") from None
     argv = list(spec.argv or [])
     exe = shutil.which(argv[0]) if argv else None
     if exe and Path(exe).resolve() != Path(sys.executable).resolve():
@@ -276,7 +305,7 @@ def check_kernel(name: str = KERNEL_NAME, cwd: str | Path | None = None) -> Path
         except (OSError, subprocess.SubprocessError):
             ok = False
         if not ok:
-            raise FiguresError(f"Jupyter kernel '{name}' runs {exe}, which cannot import repro; "
+            raise FiguresInputError(f"Jupyter kernel '{name}' runs {exe}, which cannot import repro; "
                                f"{_install_hint(name)}")
     return Path(spec.resource_dir)
 
@@ -453,14 +482,15 @@ def run(
     """
     # Every option is checked before anything is deleted or written.
     if execution_timeout is not None and not (math.isfinite(execution_timeout) and execution_timeout > 0):
-        raise FiguresError(f"--cell-timeout must be a finite positive number of seconds, got {execution_timeout}")
+        raise FiguresInputError(f"--cell-timeout must be a finite positive number of seconds, got {execution_timeout}")
     if not (math.isfinite(heartbeat_s) and heartbeat_s >= 0):
-        raise FiguresError(f"--heartbeat must be a finite number of seconds >= 0, got {heartbeat_s}")
+        raise FiguresInputError(f"--heartbeat must be a finite number of seconds >= 0, got {heartbeat_s}")
     entries = load_manifest(manifest)
     out = check_out_folder(out)
     params = notebook_parameters(out, parameters)
     notebooks = select_notebooks(entries, only)
     nb_params = parameters_by_notebook(entries, notebooks, params)
+    check_notebook_parameters(nb_params)
     if notebooks:
         check_kernel(kernel_name, cwd=entries[0].notebooks_dir)
     with out_folder_lock(out):
@@ -601,9 +631,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 try:
                     params = json.loads(args.parameters_json)
                 except ValueError as e:
-                    raise FiguresError(f"--parameters-json is not valid JSON: {e}") from None
+                    raise FiguresInputError(f"--parameters-json is not valid JSON: {e}") from None
                 if not isinstance(params, dict):
-                    raise FiguresError("--parameters-json must be a JSON object")
+                    raise FiguresInputError("--parameters-json must be a JSON object, e.g. '{\"steps\": 4}', "
+                                            f"not {type(params).__name__} {args.parameters_json!r}")
             t0 = time.perf_counter()
             report = run(args.out, only=args.only, parameters=params, manifest=args.manifest,
                          kernel_name=args.kernel, log_output=args.log_output,
@@ -619,7 +650,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             _print_manifest(load_manifest(args.manifest, check_files=False),
                             paper_titles(args.manifest), args.status)
-    except (FiguresError, ManifestError) as e:
+    except (FiguresInputError, ManifestError) as e:  # bad input: nothing was written, nothing ran
+        print(f"repro.figures: error: {' '.join(str(e).split())}", file=sys.stderr)
+        return 2
+    except FiguresError as e:
         print(f"repro.figures: error: {' '.join(str(e).split())}", file=sys.stderr)
         return 1
     except OSError as e:  # e.g. the disk filled up or a folder vanished mid-run: one line, not a traceback

@@ -64,9 +64,13 @@ Model = OneOf(MODEL_NAMES)
 
 
 def _rate(value: str) -> str:
+    from repro import ranges
     from repro.cluster.netns import parse_bandwidth
 
-    parse_bandwidth(value)  # ValueError: one line saying what a rate looks like
+    bps = parse_bandwidth(value)  # ValueError: one line saying what a rate looks like (as repro train's)
+    if not ranges.BITS_PER_S.contains(bps):  # 1e30gbit: no link is that fast (repro.ranges.BITS_PER_S)
+        raise ValueError(f"rate {value!r} ({bps:.3g} bit/s) is outside the plausible range "
+                         f"{ranges.BITS_PER_S.range_text()}")
     return value
 
 

@@ -2,13 +2,24 @@
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Annotated, ClassVar
+
+from pydantic import AfterValidator
 
 from repro.figures.params import Bool, ListOf, NotebookParams, OneOf, PathParam
 from repro.figures.schemas._common import (BatchSize, Bytes, Epochs, Launcher, LinkRateOrLoopback, Model,
                                            RanksFrom1, Scale, Slurm, Steps)
 from repro.schedulers import SCHEDULERS
 from repro.workload.datasets import DATASET_NAMES
+
+
+def _epochs_dataset(value: str) -> str:
+    # repro train's rule (repro.train_config): epochs need a real dataset; the convergence runs train epochs
+    if value == "synthetic":
+        raise ValueError("epochs need a real dataset (synthetic data has no epochs; repro train refuses "
+                         f"--epochs with --dataset synthetic); choose from "
+                         f"{', '.join(d for d in DATASET_NAMES if d != 'synthetic')}")
+    return value
 
 
 class MgwfbpTrainingParams(NotebookParams):
@@ -24,7 +35,7 @@ class MgwfbpTrainingParams(NotebookParams):
     steps: Steps = 10
     warmup_steps: Steps = 3
     convergence_model: Model = "tiny_resnet"
-    convergence_dataset: OneOf(DATASET_NAMES) = "digits"
+    convergence_dataset: Annotated[OneOf(DATASET_NAMES), AfterValidator(_epochs_dataset)] = "digits"
     convergence_epochs: Epochs = 3
     convergence_world_size: RanksFrom1 = 2
     allreduce_sizes_bytes: ListOf(Bytes) = [4096, 16384, 65536, 262144, 1048576, 4194304]

@@ -7,7 +7,7 @@ from typing import Annotated, ClassVar
 
 from pydantic import AfterValidator, model_validator
 
-from repro.figures.params import ListOf, Name, NotebookParams, OneOf, PathParam, Str, parameter_error
+from repro.figures.params import InputFolder, ListOf, Name, NotebookParams, OneOf, PathParam, Str, parameter_error
 from repro.figures.schemas._common import (CostMode, Density, Model, Preset, Ranks, Scale, SimGPUs, Steps,
                                            estimate_gpus)
 from repro.planners import planner_names
@@ -35,7 +35,7 @@ class OmgsSimulationParams(NotebookParams):
     tiny_skip_models: ListOf(Name, min_length=0) = ["inception_v4"]
     timeline_model: Name = "lstm_ptb"
     timeline_workers: SimGPUs = 16
-    runs_dir: Str = ""  # a folder, "" (measure here) or "none" (no measured panel): the notebook reads it
+    runs_dir: InputFolder("none") = ""  # an existing folder, "" (measure here) or "none" (no measured panel)
     measured_model: Model = "tiny_resnet"
     measured_world_size: Ranks = 2
     measured_density: Density = 0.05

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from repro.figures.params import ListOf, NotebookParams, PathParam, Str
+from repro.figures.params import InputFolder, ListOf, NotebookParams, PathParam
 from repro.figures.schemas._common import (BatchSize, CostMode, Density, Epochs, Launcher, LearningRate,
                                            LinkRateOrLoopback, Model, Preset, RanksFrom1, Scale, Seed, SimGPUs,
                                            Slurm, Steps)
@@ -17,7 +17,7 @@ class OmgsTrainingParams(NotebookParams):
     cnn_density: Density = 0.2
     lm_model: Model = "tiny_lstm"
     lm_density: Density = 0.004
-    ptb_dir: Str = ""  # a folder, or "": data/datasets/ptb if present, else the pydoc text (the notebook decides)
+    ptb_dir: InputFolder() = ""  # an existing folder, or "": data/datasets/ptb if present, else the pydoc text
     convergence_epochs: Epochs = 3
     convergence_world_size: RanksFrom1 = 2
     batch_size: BatchSize = 32
@@ -33,7 +33,7 @@ class OmgsTrainingParams(NotebookParams):
     paper_workers: SimGPUs = 16
     paper_network: Preset = "1gbe-allgather"
     cost_mode: CostMode = "paper"
-    runs_dir: Str = ""  # a cluster job's folder to read, or "": train here (the notebook resolves it)
+    runs_dir: InputFolder() = ""  # an existing cluster job's folder to read, or "": train here
     scale: Scale = "tiny"
     launcher: Launcher = ""
     slurm: Slurm = ""  # what each SLURM job asks for (key=value items; repro.cluster.jobs.slurm_resources)
