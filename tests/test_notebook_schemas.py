@@ -293,10 +293,10 @@ BAD = [
     ("validation_published", {"max_nfev": 4}, r"^max_nfev: Input should be greater than or equal to 5"),
     ("validation_published", {"refit": "maybe"}, r"^refit: expected true or false"),
     # rates beyond repro.ranges.BITS_PER_S (1e30gbit is no link)
-    ("omgs_training", {"link_rate": "1e30gbit"}, r"^link_rate: rate '1e30gbit' \(1e\+39 bit/s\) is outside the "
-                                                 r"plausible range \[8, 1e15\] bit/s"),
-    ("validation", {"link_rates": "[loopback, 1e30gbit]"}, r"^link_rates: rate '1e30gbit' .*outside the plausible"),
-    ("osp_simulation", {"sim_link_rates": "[10gbit, 1e30gbit]"}, r"^sim_link_rates: rate '1e30gbit' .*outside"),
+    ("omgs_training", {"link_rate": "1e30gbit"}, r"^link_rate: bandwidth '1e30gbit' = 1e\+39 bit/s is outside the "
+                                                 r"plausible range of link rates \[8, 1e15\] bit/s"),
+    ("validation", {"link_rates": "[loopback, 1e30gbit]"}, r"^link_rates: bandwidth '1e30gbit' .*outside the plausible"),
+    ("osp_simulation", {"sim_link_rates": "[10gbit, 1e30gbit]"}, r"^sim_link_rates: bandwidth '1e30gbit' .*outside"),
     # input folders must exist; the convergence runs train epochs, which synthetic data has not
     ("omgs_training", {"runs_dir": "/nonexistent"}, r"^runs_dir: /nonexistent does not exist; give an existing "
                                                     r"folder, or leave it empty for the default \(got '/nonexistent'\)$"),
