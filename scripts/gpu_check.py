@@ -87,7 +87,7 @@ ERROR_MARK = "GPU_CHECK_ERROR "
 PRECISION_AUTOCAST = {"fp32": None, "bf16": "bfloat16", "fp16": "float16"}
 #: the estimator's dtype for a measured precision: under autocast the matmuls and convolutions run on
 #: tensor cores at the 16-bit rate, which is the estimator's "float16" (its bf16 peak is the same)
-PRECISION_ESTIMATE_DTYPE = {"fp32": "float32", "bf16": "float16", "fp16": "float16"}
+PRECISION_ESTIMATE_DTYPE = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
 
 # ---------------------------------------------------------------------------------------------

@@ -204,7 +204,7 @@ def test_part_3_on_a_cpu_writes_traces_and_the_error_tables_and_reports_a_failur
     with open(tmp_path / "estimate_error.csv") as f:
         summary = list(csv.DictReader(f))
     assert [(r["precision"], r["estimate_gpu"], r["estimate_dtype"]) for r in summary] == [
-        ("fp32", "H100", "float32"), ("bf16", "H100", "float16")]
+        ("fp32", "H200", "float32"), ("bf16", "H200", "bfloat16")]
     assert all(int(r["compared"]) == fp32.num_layers and float(r["total_ratio"]) > 0 for r in summary)
     with open(tmp_path / "estimate_error_layers.csv") as f:
         layers = list(csv.DictReader(f))
