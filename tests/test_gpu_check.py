@@ -209,7 +209,7 @@ def test_part_3_on_a_cpu_writes_traces_and_the_error_tables_and_reports_a_failur
     with open(tmp_path / "estimate_error_layers.csv") as f:
         layers = list(csv.DictReader(f))
     assert len(layers) == 2 * fp32.num_layers and {r["layer"] for r in layers} == set(fp32.names)
-    assert "H200" in part.data["gpu_note"] and "2/4 traces measured" in part.numbers
+    assert part.data["gpu_note"] == "" and "2/4 traces measured" in part.numbers  # the estimator has an H200
 
 
 @pytest.mark.distributed
