@@ -73,7 +73,7 @@ $(KERNEL): $(STAMP)
 # Everything: the tests that may share the machine side by side (pytest-xdist, a file per worker, so a
 # file's launched ranks start once), then the serial ones (wall-clock timing, network namespaces) alone.
 test: install
-	$(PY) -m pytest -m "not serial" -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+	$(PY) -m pytest -m "not serial" -n $(TEST_WORKERS) --dist loadfile --durations=15 $(PYTEST_ARGS)
 	$(PY) -m pytest -m serial $(PYTEST_ARGS)
 
 test-fast: install
