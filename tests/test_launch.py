@@ -204,22 +204,31 @@ def test_rank_killed_by_sigkill_is_named_and_its_peer_is_not_left_hanging(tmp_pa
     _assert_no_children()
 
 
+_KEPT: list = []  # a rank's own named semaphores, alive until the rank leaves
+
+
 def make_progress_bar(ctx, fail_on_rank1=False):
-    """What a training rank does: draw a tqdm progress bar (tqdm makes a multiprocessing RLock for its bars,
-    a named POSIX semaphore under the spawn start method, registered with the launcher's resource
-    tracker). Returns the semaphore's name, so the test knows that one was made."""
+    """What a training rank does: draw a tqdm progress bar (the launcher gives tqdm a thread lock, so its
+    bars make no named semaphore), and hold a ``multiprocessing.RLock`` of its own (a named POSIX
+    semaphore under the spawn start method, registered with the launcher's resource tracker) until it
+    leaves. Returns ``{"tqdm": tqdm's semaphore names, "own": the rank's}``."""
+    import multiprocessing
+
     from tqdm import tqdm
 
     if fail_on_rank1 and ctx.rank == 0:
         # rank 0 may be terminated by the launcher once rank 1 has failed, and a killed process cannot
-        # clean up; only the rank that raises (and leaves through its error path) draws a bar
-        return []
+        # clean up; only the rank that raises (and leaves through its error path) makes a semaphore
+        return {"tqdm": [], "own": []}
     for _ in tqdm(range(2), disable=True):
         pass
-    names = [getattr(getattr(lock, "_semlock", None), "name", None) for lock in getattr(tqdm.get_lock(), "locks", [])]
+    tqdm_names = [getattr(getattr(lock, "_semlock", None), "name", None)
+                  for lock in getattr(tqdm.get_lock(), "locks", [])]
+    _KEPT.append(multiprocessing.get_context("spawn").RLock())
+    own = [_KEPT[-1]._semlock.name]
     if fail_on_rank1 and ctx.rank == 1:
         raise ValueError("boom after drawing a progress bar")
-    return [n for n in names if n]
+    return {"tqdm": [n for n in tqdm_names if n], "own": own}
 
 
 _SEMAPHORE_LAUNCHER = """
@@ -241,13 +250,14 @@ def test_launches_leak_no_semaphores():
     """Ranks leave with os._exit (a process group's teardown can hang or abort), which used to skip
     multiprocessing's exit finalizers: every launch whose ranks drew a progress bar ended with the resource
     tracker's "There appear to be N leaked semaphore objects to clean up at shutdown". Ranks that return
-    and ranks that raise now unlink their semaphores before leaving."""
+    and ranks that raise now unlink their semaphores before leaving (and tqdm's bars make none)."""
     env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
     proc = subprocess.run([sys.executable, "-c", _SEMAPHORE_LAUNCHER], cwd=REPO, env=env, capture_output=True,
                           text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-4000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert all(len(names) >= 1 for names in out["names"])  # each rank did make a named semaphore
+    assert all(r["own"] for r in out["names"])  # each rank did hold a named semaphore of its own ...
+    assert not any(r["tqdm"] for r in out["names"])  # ... and tqdm made none (the launcher's thread lock)
     assert out["failed"].startswith("rank 1 of 2 failed: ValueError: boom after drawing a progress bar")
     assert "leaked semaphore" not in proc.stderr and "resource_tracker" not in proc.stderr, proc.stderr[-4000:]
 
