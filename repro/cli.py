@@ -684,7 +684,7 @@ def cmd_launch(args: argparse.Namespace) -> None:
         raise UsageError(f"--pg-timeout-s must be a finite positive number of seconds, got {train.pg_timeout_s:g}")
     if args.nproc >= 1:
         cfg.check_world(args.nproc, backend=train.backend)  # e.g. an online planner on one rank, servers on nccl
-    cfg.check_plan_layers()  # a plan of another model fails here, not in every rank
+    cfg.check_plan_layers(args.nproc if args.nproc >= 1 else None)  # another model's or P's plan: here, not in the ranks
     if args.nproc >= 1 and cfg.device != "cuda":  # a batch no rank could hold fails here, not in an allocator
         from repro.train_config import step_memory_floor_bytes, check_step_memory
 

@@ -322,19 +322,22 @@ class _CommonConfig:
             raise ValueError(f"'{self.scheduler}' runs dedicated server ranks, which in-run checkpoints do not cover; "
                              "leave --checkpoint-every-min out (or 0)")
 
-    def check_plan_layers(self) -> None:
-        """``--plan``'s layers are the model's (in the plan's view), checked before any rank starts: the
-        model is built on torch's meta device (no memory, no weights), so even a large one costs little.
-        One line naming the first missing layer and, when the plan says, the model it was made for."""
+    def check_plan_layers(self, world_size: int | None = None) -> None:
+        """``--plan``'s layers are the model's (in the plan's view), every one of them, and (given the job's
+        ``world_size``, servers included) the plan was made for its number of workers; checked before any
+        rank starts: the model is built on torch's meta device (no memory, no weights), so even a large one
+        costs little. One line naming the first missing layer and, when the plan says, the model it was
+        made for."""
         if self.plan is None:
             return
         from repro.outputs import read_input
-        from repro.plan import Plan
+        from repro.plan import Plan, check_plan_workers
         from repro.workload.layers import layer_parameters
         from repro.workload.models import build_model
 
         plan = read_input("plan", self.plan, Plan.load)  # read and checked in __post_init__ already
-        names = set(layer_parameters(build_model(self.model, device="meta", **self.model_kwargs), self.view))
+        layers = list(layer_parameters(build_model(self.model, device="meta", **self.model_kwargs), self.view))
+        names = set(layers)
         missing = [layer for b in plan.buckets for layer in b.layers if layer not in names]
         if missing:
             made_for = (plan.meta.get("provenance") or {}).get("trace_model")
@@ -342,6 +345,13 @@ class _CommonConfig:
                     and made_for != self.model else " was it planned for another model or view?")
             raise ValueError(f"--plan {self.plan} names {len(missing)} layer(s) that --model {self.model} does not "
                              f"have in the '{self.view}' view (e.g. {missing[0]!r}):{hint}")
+        planned = {layer for b in plan.buckets for layer in b.layers}
+        left_out = [layer for layer in layers if layer not in planned]
+        if left_out:
+            raise ValueError(f"--plan {self.plan} leaves {len(left_out)} layer(s) of --model {self.model} out (e.g. "
+                             f"{left_out[0]!r}): every layer's gradient must be in a bucket")
+        if world_size is not None:
+            check_plan_workers(plan, world_size - self.serving_ranks(), self.plan)
 
     def serving_ranks(self) -> int:
         """Ranks that serve rather than train: ``servers`` for a family with serving ranks, else 0."""

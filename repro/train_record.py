@@ -141,7 +141,9 @@ def summarise(cfg, run_id, rows, compute_times, plan, trace, device, ranks: Any 
             "emulated_bandwidth_bps": cfg.emulated_bandwidth_bps,
             "backward_call_s": bwd,
             "trace_backward_s": trace.total_backward_s if trace is not None else None,
-            "batch_size": cfg.batch_size, "wire_dtype": cfg.wire_dtype or "float32",
+            "batch_size": cfg.batch_size,
+            # what the exchange sent: a given plan's wire dtype (its executor applies it), else the flag's
+            "wire_dtype": (getattr(plan, "wire_dtype", None) or cfg.wire_dtype) or "float32",
             "iteration_s": iteration_s, "compute_s": compute_s,
             "exposed_comm_s": max(0.0, iteration_s - compute_s),
             "throughput_samples_s": world * cfg.batch_size / iteration_s,

@@ -8,6 +8,7 @@ import os
 import re
 
 import pytest
+import torch
 
 from repro import ranges
 from repro.cli import main
@@ -154,6 +155,20 @@ def test_launch_refuses_a_plan_of_another_model_before_any_rank(plan, capsys):
              "planned for 'tiny_resnet'")
 
 
+def test_launch_refuses_a_plan_that_leaves_a_layer_out_or_was_made_for_another_p(plan, capsys, tmp_path):
+    """Both were refused only inside the ranks ("rank 0 of 2 failed: PlanError ..."): now before any starts."""
+    import json
+
+    data = json.loads(plan.read_text())
+    partial, other_p = dict(data, buckets=data["buckets"][1:]), json.loads(plan.read_text())
+    other_p["provenance"]["workers"] = 3
+    for name, content in (("partial.json", partial), ("p3.json", other_p)):
+        (tmp_path / name).write_text(json.dumps(content))
+    argv = ["launch", "--nproc", "2", "--", "--model", "tiny_resnet", "--steps", "2", "--batch-size", "4", "--plan"]
+    _refused(capsys, argv + [str(tmp_path / "partial.json")], "leaves 1 layer(s) of --model tiny_resnet out")
+    _refused(capsys, argv + [str(tmp_path / "p3.json")], "made for 3 workers (provenance.workers)", "this job has 2")
+
+
 @pytest.mark.parametrize("argv, needles", [
     (["launch", "--nproc", "2", "--emulate-bandwidth", "1e30gbit", "--", "--steps", "2"],
      ["--emulate-bandwidth", "1e30gbit", "[8, 1e15]"]),
@@ -229,3 +244,19 @@ def test_slurm_resources_are_bounded():
 def test_new_quantities_are_listed():
     for q in (ranges.LEARNING_RATE, ranges.MOMENTUM, ranges.SEQ_LEN, ranges.LOADER_WORKERS, ranges.CPUS):
         assert q in ranges.QUANTITIES.values() and math.isfinite(q.high)
+
+
+@pytest.mark.distributed
+def test_the_summary_records_a_given_plans_wire_dtype(one_rank):
+    """A float16 plan runs with float16 on the wire (its executor applies the plan's dtype); the run's
+    summary said float32, the flag's default, so the record was wrong."""
+    from types import SimpleNamespace
+
+    from repro.train_record import summarise
+
+    cfg = SimpleNamespace(model="tiny_resnet", scheduler="mgwfbp", emulated_bandwidth_bps=None, batch_size=4,
+                          wire_dtype=None)
+    rows = [{"iteration_s": 0.1, "backward_call_s": 0.05}]
+    plan = SimpleNamespace(wire_dtype="float16", num_buckets=3, meta={"iteration_s": 0.09})
+    assert summarise(cfg, "r", rows, [0.05], plan, None, torch.device("cpu"))["wire_dtype"] == "float16"
+    assert summarise(cfg, "r", rows, [0.05], None, None, torch.device("cpu"))["wire_dtype"] == "float32"
