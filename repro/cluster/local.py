@@ -59,6 +59,7 @@ from repro.cluster.torchrun import (
     init_distributed,
     shutdown_distributed,
     torchrun_command,
+    is_comm_error,
 )
 
 log = get_logger(__name__)
@@ -740,20 +741,6 @@ def _watch_parent(parent_pid: int) -> None:
     threading.Thread(target=poll, name="repro-parent-watch", daemon=True).start()
 
 
-def _is_comm_error(exc: BaseException) -> bool:
-    """Whether ``exc`` looks like a consequence of a peer failing (reported with lower priority)."""
-    with contextlib.suppress(Exception):
-        import torch.distributed as dist
-
-        if isinstance(exc, dist.DistError):
-            return True
-    if isinstance(exc, (RuntimeError, ConnectionError, TimeoutError)):
-        text = str(exc).lower()
-        return any(s in text for s in ("gloo", "nccl", "connection closed", "connection reset", "broken pipe",
-                                       "timed out", "socket timeout"))
-    return False
-
-
 def _flush_std() -> None:
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):
@@ -836,7 +823,7 @@ def _rank_main(rank: int, payload: tuple[bytes, bytes], conn, env: dict, parent_
     except BaseException as exc:  # noqa: BLE001 - everything goes back to the launcher
         info = {"type": type(exc).__name__, "message": str(exc).strip().splitlines()[0] if str(exc).strip() else "",
                 "traceback": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)),
-                "comm": _is_comm_error(exc), "time": time.time()}
+                "comm": is_comm_error(exc), "time": time.time()}
         with contextlib.suppress(Exception):
             conn.send(("error", info))
             conn.close()
