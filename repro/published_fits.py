@@ -46,7 +46,7 @@ import json
 from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -68,7 +68,7 @@ __all__ = [
     "UPDATE_S_PER_BYTE", "Calibration", "CalibrationError", "load_published", "calibration_rows",
     "model_trace", "predict", "fit", "cross_validate", "calibrated_presets", "calibrated_preset",
     "calibrated_cost", "SHIPPED_DIR", "VALIDATION_SCHEDULERS", "CV_TABLE", "COST_MODES", "check_cost_mode",
-    "cost_for_mode", "mode_label",
+    "cost_for_mode", "mode_label", "calibrated_omission", "simulate_modes",
 ]
 
 PUBLISHED_CSV = shipped_path("paper_numbers", "ddl_benchmarks_measured.csv")
@@ -308,3 +308,52 @@ def cost_for_mode(preset_name: str, workers: int, mode: str = "paper") -> CostMo
 def mode_label(mode: str) -> str:
     """How a figure names its cost mode."""
     return {"paper": "paper model", "calibrated": "calibrated on ddl-benchmarks"}[check_cost_mode(mode)]
+
+
+# Presets whose network is of a kind the fits cover (by name prefix) but whose cluster is not: their
+# calibrated mode (cost_for_mode) borrows a measured cluster, so tables that hold both modes leave their
+# calibrated rows out, with this reason.
+_NOT_THE_MEASURED_CLUSTER = {
+    "10gbe-k80": "the MG-WFBP conference's K80 cluster (one GPU per node, its simulator's hop constants) is "
+                 "not the measured 8 x 4 V100 cluster, and no measurement of it is public to fit",
+}
+
+
+def calibrated_omission(preset_name: str) -> str | None:
+    """``None`` when network preset ``preset_name`` has a calibrated cluster of its own (fitted to
+    published measurements of the same network: 10GbE, InfiniBand); otherwise one line saying why not
+    (e.g. 1GbE: no measured cluster, its calibrated mode keeps the published lines with borrowed realism)."""
+    if preset_name.endswith("-calibrated"):
+        return None
+    if preset_name in _NOT_THE_MEASURED_CLUSTER:
+        return _NOT_THE_MEASURED_CLUSTER[preset_name]
+    for prefix, name, own_cluster in _CALIBRATED_FOR:
+        if preset_name.startswith(prefix):
+            return None if own_cluster else (
+                f"no published measurements of a {prefix} cluster to fit (its calibrated mode would keep the "
+                f"preset's published lines and borrow the realism of {name})")
+    return "no calibrated cluster for this network"
+
+
+def simulate_modes(run: Callable[[list[str], str], "pd.DataFrame"], presets: Sequence[str], drawn_mode: str = "paper",
+                   omission: Callable[[str], str | None] = calibrated_omission
+                   ) -> tuple["pd.DataFrame", dict[str, str]]:
+    """One simulated table holding both cost modes: ``run(presets, mode)`` (a table with a ``cost_mode``
+    column) for the ``drawn_mode`` (the one the figure draws: every preset), then for the other mode
+    (the paper mode: every preset; the calibrated mode: the presets ``omission`` gives no reason for),
+    concatenated. Returns the table and ``{preset: reason}`` of the calibrated rows left out (for the
+    table's params)."""
+    import pandas as pd
+
+    check_cost_mode(drawn_mode)
+    frames, omitted = [], {}
+    for mode in (drawn_mode, *[m for m in COST_MODES if m != drawn_mode]):
+        chosen = list(presets)
+        if mode == "calibrated" and mode != drawn_mode:
+            omitted = {p: r for p in presets if (r := omission(p)) is not None}
+            chosen = [p for p in presets if p not in omitted]
+        if chosen:
+            frames.append(run(chosen, mode))
+    frames = [f for f in frames if len(f)]
+    return (pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()), omitted
+

@@ -236,6 +236,10 @@ def test_notebook_runs_with_tiny_parameters(tmp_path, monkeypatch):
     assert "simulated" in side["title"] and side["scale"] == "tiny"
     summary = pd.read_csv(tmp_path / "data" / "dear_speedup_summary.csv")
     assert set(summary.network) == {"10gbe-dear64", "56gbib-dear64"} and (summary.workers == 64).all()
+    # the claims' table holds both cost modes (issue 35), the summary one per mode
+    setting = pd.read_csv(tmp_path / "data" / "dear_paper_setting.csv")
+    assert set(setting.cost_mode) == set(summary.cost_mode) == {"paper", "calibrated"}
+    assert len(setting[setting.cost_mode == "paper"]) == len(setting[setting.cost_mode == "calibrated"])
     scaling = pd.read_csv(tmp_path / "data" / "dear_scaling.csv")
     assert set(scaling.workers) == {8, 64} and set(scaling.scheduler) == {"wfbp", "ddp_buckets", "dear_threshold"}
     executed = json.loads(out.read_text())

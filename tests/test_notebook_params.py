@@ -163,6 +163,13 @@ def test_papermill_string_lists_run_and_bad_lists_fail_clearly(tmp_path, monkeyp
                             kernel_name=_kernel(), progress_bar=False)
         written = ROOT / "relative-results-dir-of-the-test"
         assert (written / "mgwfbp_sim_speedup.csv").is_file()  # relative to the repository, not ../
+        # both cost modes in the claims' tables (issue 35); the gap summary has an "all" row per mode
+        import pandas as pd
+
+        assert set(pd.read_csv(written / "mgwfbp_sim_speedup.csv").cost_mode) == {"paper", "calibrated"}
+        summary = pd.read_csv(written / "mgwfbp_optimal_gap_summary.csv")
+        assert sorted(summary[summary.model == "all"].cost_mode) == ["calibrated", "paper"]
+        assert json.loads((written / "mgwfbp_sim_speedup.json").read_text())["params"]["calibrated_omitted"] == {}
         assert (tmp_path / "figures" / "mgwfbp_sim_speedup.png").is_file()
         executed = json.loads(out.read_text())
         stderr = [o.get("text", "") for c in executed["cells"] for o in c.get("outputs", [])

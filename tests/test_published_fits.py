@@ -136,6 +136,26 @@ def test_cost_modes_paper_is_the_preset_and_calibrated_the_cluster():
     assert C.mode_label("paper") == "paper model"
 
 
+def test_tables_of_both_modes_leave_out_the_presets_without_a_calibrated_cluster():
+    assert C.calibrated_omission("10gbe-derived") is None and C.calibrated_omission("56gbib-dear64") is None
+    assert "K80" in C.calibrated_omission("10gbe-k80") and "1gbe" in C.calibrated_omission("1gbe-allgather")
+    calls = []
+
+    def run(presets, mode):
+        calls.append((tuple(presets), mode))
+        return pd.DataFrame({"network": presets, "cost_mode": mode})
+
+    table, omitted = C.simulate_modes(run, ["10gbe-derived", "1gbe-allgather", "10gbe-k80"])
+    assert calls == [(("10gbe-derived", "1gbe-allgather", "10gbe-k80"), "paper"), (("10gbe-derived",), "calibrated")]
+    assert set(omitted) == {"1gbe-allgather", "10gbe-k80"} and len(table) == 4
+    # drawn calibrated: every preset in that mode (cost_for_mode's), the paper mode for all
+    calls.clear()
+    table, omitted = C.simulate_modes(run, ["1gbe-allgather"], "calibrated")
+    assert calls == [(("1gbe-allgather",), "calibrated"), (("1gbe-allgather",), "paper")] and omitted == {}
+    with pytest.raises(C.CalibrationError, match="cost_mode must be one of"):
+        C.simulate_modes(run, ["10gbe-derived"], "both")
+
+
 def test_a_calibration_with_no_effects_is_the_flat_topology():
     topo = Topology(8, 4, Link(1e-5, 2e-10), Link(5e-5, 1e-9))
     cal = C.Calibration("t", "10gbe", topo, "ring", Realism())

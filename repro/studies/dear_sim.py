@@ -187,7 +187,11 @@ def speedup_summary(table: pd.DataFrame, dear: Sequence[str] = DEAR_METHODS) -> 
     in ``table``), as ``speedup_pct = 100 (baseline iteration / DeAR iteration - 1)`` (= throughput ratio);
     then one ``all models`` row per network and workers with the largest speedup, beside the paper's
     claim (``paper_claim_pct``: up to 83% on 10GbE, 15% on IB; measured, labelled as the paper's claim).
-    The table's ``cost_mode`` is kept where it has one."""
+    The table's ``cost_mode`` is kept where it has one; a table of several cost modes is summarised per
+    mode."""
+    if "cost_mode" in table and table["cost_mode"].nunique() > 1:
+        return pd.concat([speedup_summary(g, dear) for _, g in table.groupby("cost_mode", sort=False)],
+                         ignore_index=True)
     rows = []
     mode = str(table["cost_mode"].iloc[0]) if "cost_mode" in table and len(table) else None
     for (model, net, p), g in table.groupby(["model", "network", "workers"], sort=False):

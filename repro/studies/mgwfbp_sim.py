@@ -226,7 +226,12 @@ def optimal_gap_table(sweep: pd.DataFrame, scheduler: str = "mgwfbp") -> pd.Data
 
 
 def gap_summary(gap: pd.DataFrame, tol_pct: float = 1e-6) -> pd.DataFrame:
-    """How often and by how much the optimum beats MG-WFBP, per model (and overall)."""
+    """How often and by how much the optimum beats MG-WFBP, per model (and overall); per cost mode, with
+    a ``cost_mode`` column, where ``gap`` has one (:func:`optimal_gap_table`)."""
+    if "cost_mode" in gap:
+        return pd.concat([gap_summary(g.drop(columns="cost_mode"), tol_pct).assign(cost_mode=m)
+                          for m, g in gap.groupby("cost_mode", sort=False)], ignore_index=True)
+
     def summarise(g: pd.DataFrame) -> pd.Series:
         worse = g["gap_pct"] > tol_pct
         return pd.Series({"cases": len(g), "cases_optimal_better": int(worse.sum()),

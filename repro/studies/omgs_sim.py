@@ -150,7 +150,11 @@ def sparse_sweep(traces: Mapping[str, Trace], workers: Sequence[int], densities:
 
 def gap_summary(sweep: pd.DataFrame, planner: str = "omgs", tol_pct: float = 1e-6) -> pd.DataFrame:
     """Per model (and ``all``): how often and by how much ``planner`` is slower than the optimum, and
-    where it loses most (P, density, its buckets and the optimum's)."""
+    where it loses most (P, density, its buckets and the optimum's); per cost mode, with a ``cost_mode``
+    column, where ``sweep`` has one."""
+    if "cost_mode" in sweep:
+        return pd.concat([gap_summary(s.drop(columns="cost_mode"), planner, tol_pct).assign(cost_mode=m)
+                          for m, s in sweep.groupby("cost_mode", sort=False)], ignore_index=True)
     g = sweep[sweep["planner"] == planner]
     opt = sweep[sweep["planner"] == "omgs_optimal"].set_index(["model", "workers", "density"])["buckets"]
 

@@ -47,7 +47,7 @@ from repro.trace import Trace, load_trace
 
 __all__ = ["OSP_MODELS", "SIM_METHODS", "PAPER_SERVERS", "PAPER_WORKERS", "PAPER_CLAIM_PCT", "PAPER_CLAIM_SOURCE",
            "PAPER_CLAIM_SHORT", "SCALE_NOTE", "TRACE_NOTE", "INTERPRETATION_NOTE", "DEFAULT_LATENCY_S",
-           "CALIBRATED_RATE_PRESETS", "cost_for_rate", "find_trace", "load_traces", "trace_table", "network_cost", "network_label", "method_name",
+           "CALIBRATED_RATE_PRESETS", "cost_for_rate", "calibrated_rate_omission", "find_trace", "load_traces", "trace_table", "network_cost", "network_label", "method_name",
            "iteration", "throughput_table", "speedup_summary", "stage_ratio_table", "timeline_table"]
 
 # Shipped V100 estimate traces (model -> per-GPU batch); the abstract names no models.
@@ -144,6 +144,17 @@ def cost_for_rate(rate: str | float, workers: int = PAPER_WORKERS, latency_s: fl
                    source=f"{paper.source} + realism of {FALLBACK_CALIBRATION} (calibrated mode)")
 
 
+def calibrated_rate_omission(rate: str | float) -> str | None:
+    """``None`` when a link of ``rate`` has a calibrated cluster of its own
+    (:data:`CALIBRATED_RATE_PRESETS`); otherwise why not (for tables holding both cost modes)."""
+    from repro.cluster.netns import parse_bandwidth
+
+    if float(parse_bandwidth(rate)) in CALIBRATED_RATE_PRESETS:
+        return None
+    return (f"no measured network of {network_label(rate)} to fit (its calibrated mode would keep the alpha-beta "
+            f"link and borrow the realism of {FALLBACK_CALIBRATION})")
+
+
 def network_label(rate: str | float) -> str:
     """``"10gbit"`` -> ``"10 Gbit/s"``."""
     from repro.cluster.netns import parse_bandwidth
@@ -226,7 +237,11 @@ def speedup_summary(table: pd.DataFrame, osp: Sequence[str] = ("osp", "osp_auto"
     """Per model x network: the best OSP variant among ``osp`` against BSP and against the best of the
     other methods (``speedup_pct = 100 (their period / OSP's - 1)`` = the throughput ratio), then one
     ``all models`` row per network with the largest of each, beside the paper's claim (``paper_claim_pct``:
-    up to 50%, measured; labelled as the paper's claim). The table's ``cost_mode`` is kept where it has one."""
+    up to 50%, measured; labelled as the paper's claim). The table's ``cost_mode`` is kept where it has one;
+    a table of several cost modes is summarised per mode."""
+    if "cost_mode" in table and table["cost_mode"].nunique() > 1:
+        return pd.concat([speedup_summary(g, osp) for _, g in table.groupby("cost_mode", sort=False)],
+                         ignore_index=True)
     rows = []
     mode = str(table["cost_mode"].iloc[0]) if "cost_mode" in table and len(table) else None
     for (model, net), g in table.groupby(["model", "network"], sort=False):
