@@ -75,7 +75,7 @@ run) is *not run yet*.
 :func:`repro.tables.write_table` writes), ``paper`` (label -> the paper's value), ``seeds`` (a column
 whose distinct values are counted; a ``seeds`` column is read as a count), ``note`` (why the paper's
 setting cannot run here, shown when ours differs from the paper's). Without ``settings`` the params
-``scale``, ``workers``, ``epochs`` and ``density`` are shown where the table recorded them.
+``scale``, ``workers``, ``epochs`` and ``density`` are shown where the table recorded one value.
 
 Torch-free; reads CSVs with pandas and numpy only.
 """
@@ -704,7 +704,9 @@ def settings_text(claim: Mapping[str, Any], table: str | None, results_dir: Path
     if params is None and df is None:
         return ""
     params = params or {}
-    wanted = dict(spec.get("params") or {k: k for k in _DEFAULT_SETTINGS if k in params})
+    # by default the single-valued ones (a list is a sweep the claim's ``where`` picks one value of)
+    wanted = dict(spec.get("params") or {k: k for k in _DEFAULT_SETTINGS
+                                         if k in params and not isinstance(params[k], (list, dict))})
     paper = dict(spec.get("paper") or {})
     parts, differs = [], []
     for label, key in wanted.items():
@@ -723,10 +725,11 @@ def settings_text(claim: Mapping[str, Any], table: str | None, results_dir: Path
             parts.append(f"seeds {n}")
         else:
             parts.append("seeds not recorded")
-    out = ", ".join(parts) or "no settings recorded"
     for label in paper:
         if label not in wanted:
             differs.append(label)
+            parts.append(f"{label} not recorded (paper {_setting_value(paper[label])})")
+    out = ", ".join(parts) or "no settings recorded"
     if paper and not differs:
         return out + "; at the paper's setting"
     if differs:
