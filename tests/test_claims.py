@@ -382,8 +382,13 @@ def test_simulated_claims_get_a_calibrated_column(tmp_path):
             for p, t in (("topk_single", 0.666), ("omgs", 0.507))]
     write_table(pd.DataFrame(rows), data, "omgs_paper_setting")
     r = _row(cl.claims_table(data, ["omgs"]), "omgs.speedup_resnet50")
+    assert r["calibrated_text"] == cl.NOT_RUN  # the calibrated mode has not run
+    other = rows + [{"model": "vgg16_cifar", "planner": p, "iteration_s": 0.3, "buckets": 1, "cost_mode": "calibrated"}
+                    for p in ("topk_single", "omgs")]
+    write_table(pd.DataFrame(other), data, "omgs_paper_setting")
+    r = _row(cl.claims_table(data, ["omgs"]), "omgs.speedup_resnet50")  # it ran, but not for resnet50
     assert r["calibrated_text"] == cl.NO_CALIBRATED and r["verdict_calibrated"] == cl.NO_CALIBRATED
-    rows += [{"model": "resnet50", "planner": p, "iteration_s": t, "buckets": 1, "cost_mode": "calibrated"}
+    rows += [{"model": "resnet50", "planner": p, "iteration_s": t, "buckets": 5, "cost_mode": "calibrated"}
              for p, t in (("topk_single", 0.70), ("omgs", 0.70))]
     write_table(pd.DataFrame(rows), data, "omgs_paper_setting")
     table = cl.claims_table(data, ["omgs"])
@@ -391,6 +396,7 @@ def test_simulated_claims_get_a_calibrated_column(tmp_path):
     assert r["simulated"] == pytest.approx(0.666 / 0.507) and r["calibrated"] == pytest.approx(1.0)
     assert r["verdict"] == "reproduced" and r["verdict_calibrated"] == "not reproduced"
     assert "(calibrated: not reproduced, 1.00x)" in cl.verdict_line(r)
+    assert "1 bucket(s)" in r["why"]  # facts read the paper-mode rows
     page = cl.claims_markdown(cl.snapshot(table, "test").astype(str))
     section = page[page.index("## Where the paper and calibrated presets disagree"):page.index("## OMGS")]
     assert "omgs.speedup_resnet50" in section

@@ -38,8 +38,9 @@ group that gave the number is kept as ``at``.
 
 **Cost modes.** A simulated metric is evaluated twice: on the rows whose ``cost_mode`` is ``paper`` (or
 empty; a table without the column is all paper mode) and on the rows whose ``cost_mode`` is
-``calibrated``. A table without the column has no calibrated number yet (*not run yet*); a table with it
-but no calibrated rows for the claim has none to give (*n/a (no calibrated preset)*).
+``calibrated``. A table without calibrated rows has no calibrated number yet (*not run yet*); a table
+with calibrated rows, but none for a claim whose paper-mode rows are there, has none to give (*n/a (no
+calibrated preset)*). Facts are read from the paper-mode rows.
 
 **Samples** (``pair: <column>``, e.g. ``pair`` in ``<paper>_timing_samples`` or ``seed`` in a
 convergence table). The table holds one row per sample; rows with equal ``pair`` were taken side by
@@ -86,6 +87,7 @@ import hashlib
 import json
 import math
 import re
+import warnings
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -379,19 +381,27 @@ def evaluate_metric(metric: Mapping[str, Any] | None, results_dir: str | Path,
     a ``pair`` metric, ``"low"``, ``"high"`` (the 95% bootstrap interval) and ``"samples"`` (the number of
     pairs); None when the table, a column or the rows are missing (module docstring). ``cost_mode``
     (``paper``, ``calibrated`` or None for all rows) selects a simulated table's rows; a ``calibrated``
-    metric on a table without a ``cost_mode`` column gives None, on one without calibrated rows
-    ``{"value": None, "reason": NO_CALIBRATED}``."""
+    metric gives None on a table without calibrated rows (that mode has not run), and
+    ``{"value": None, "reason": NO_CALIBRATED}`` where the mode ran but not for the metric's rows while
+    the paper mode has them (no calibrated preset for that setting)."""
     if not metric:
         return None
     cache = {} if cache is None else cache
     df = _read(Path(results_dir), str(metric["table"]), cache)
     if df is None:
         return None
-    df = _cost_rows(df, cost_mode)
-    if df is None:
+    rows = _cost_rows(df, cost_mode)
+    if rows is None or rows.empty:
         return None
-    if df.empty:
+    got = _metric_value(metric, rows)
+    if got is None and cost_mode == "calibrated" and _metric_value(metric, _cost_rows(df, "paper")) is not None:
+        # the calibrated mode ran, but not for this claim's setting: no calibrated preset for it
         return {"value": None, "at": "", "table": str(metric["table"]), "reason": NO_CALIBRATED}
+    return got
+
+
+def _metric_value(metric: Mapping[str, Any], df: pd.DataFrame) -> dict[str, Any] | None:
+    """:func:`evaluate_metric` on the rows ``df`` of its table."""
     df = _select(metric, df)
     if df is None:
         return None
@@ -440,12 +450,9 @@ def _cell_medians(side: pd.DataFrame, cells: list[str], pair: str, value: str, p
         for i, v in enumerate(per_pair):
             grid[i, :len(v)] = v
         picked = grid[draws].reshape(draws.shape[0], -1)  # draws x (pairs * width)
-        with np.errstate(all="ignore"):
-            import warnings
-
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", RuntimeWarning)
-                out.append(np.nanmedian(picked, axis=1))
+        with warnings.catch_warnings():  # a draw without this cell's pairs: NaN, dropped later
+            warnings.simplefilter("ignore", RuntimeWarning)
+            out.append(np.nanmedian(picked, axis=1))
     return out
 
 
@@ -453,8 +460,6 @@ def _side_stat(cells: list[np.ndarray], agg: str) -> np.ndarray | None:
     if not cells:
         return None
     m = np.vstack(cells)
-    import warnings
-
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         if agg in ("min", "max", "mean", "median"):
@@ -504,8 +509,6 @@ def _bootstrap(metric: Mapping[str, Any], df: pd.DataFrame) -> dict[str, Any] | 
     red = str(metric.get("reduce", "max"))
     point, at = _reduce([(float(v[0]), at) for v, at in per_group], red)
     m = np.vstack([v for v, _ in per_group])
-    import warnings
-
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         stats = {"max": np.nanmax, "min": np.nanmin, "median": np.nanmedian}[red](m, axis=0)[1:]
@@ -755,7 +758,7 @@ def _evaluate(claim: Mapping[str, Any], results_dir: Path, cache: dict[str, Any]
     sim = evaluate_metric(sim_m, results_dir, cache, cost_mode="paper")
     cal = evaluate_metric(sim_m, results_dir, cache, cost_mode="calibrated")
     meas, meas_m = _measured(claim, results_dir, cache)
-    facts = {name: _fact_text(m, evaluate_metric(m, results_dir, cache))
+    facts = {name: _fact_text(m, evaluate_metric(m, results_dir, cache, cost_mode="paper"))
              for name, m in (claim.get("facts") or {}).items()}
     judge_by = str(claim.get("judge_by", "simulated"))
     interval = None if meas is None or "low" not in meas else (meas["low"], meas["high"])
