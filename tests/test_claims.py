@@ -329,7 +329,8 @@ def test_measured_verdicts_carry_a_seeded_interval_and_straddling_is_inconclusiv
     assert a["measured_low"] < 0.97 < a["measured_high"] and a["verdict"] == "inconclusive"
     # the same inputs twice: the same interval and verdict (the bootstrap is seeded)
     b = _row(cl.claims_table(data, ["mgwfbp"]), "mgwfbp.vs_fixed_threshold")
-    assert (a["measured_low"], a["measured_high"], a["verdict"]) == (b["measured_low"], b["measured_high"], b["verdict"])
+    keys = ["measured_low", "measured_high", "verdict"]
+    assert list(a[keys]) == list(b[keys])
     # a clear loss: MG-WFBP 20% slower than a threshold in every pair
     _threshold_samples(data, mg, {65536: [m / 1.2 for m in mg]})
     assert _row(cl.claims_table(data, ["mgwfbp"]), "mgwfbp.vs_fixed_threshold")["verdict"] == "not reproduced"
@@ -442,3 +443,27 @@ def test_verdict_rules_and_samples_are_validated(tmp_path):
     write({"kind": "close", "atol": 0.1}, {"table": "t", "value": "v", "cells": ["scheduler"]})
     with pytest.raises(cl.ClaimsError, match="'cells' needs 'pair'"):
         cl.load_claims("omgs", tmp_path)
+
+
+def test_a_measured_up_to_claim_far_above_the_paper_is_not_reproduced(tmp_path):
+    """An "up to 1.7x" claim judged by recorded samples: a tight interval around 2.5x is "direction
+    only", around 1.7x "reproduced", and one across the tolerance band's edge "inconclusive"."""
+    claims = tmp_path / "claims"
+    claims.mkdir()
+    (claims / "mgwfbp.yaml").write_text(yaml.safe_dump({"title": "t", "claims": [{
+        "id": "mgwfbp.up_to", "claim": "up to 1.7x", "paper": {"value": 1.7, "unit": "x", "source": "s"},
+        "rule": {"kind": "close", "rtol": 0.1, "neutral": 1.0, "neutral_atol": 0.01}, "judge_by": "measured",
+        "measured": {"table": "mgwfbp_timing_samples", "pair": "pair", "value": "iteration_s", "by": ["model"],
+                     "num": {"scheduler": "wfbp"}, "den": {"scheduler": "mgwfbp"}, "as": "ratio", "reduce": "max"}}]}))
+    data = tmp_path / "data"
+
+    def judged(ratios):
+        rows = [{"model": "m", "scheduler": s, "pair": i, "iteration_s": t}
+                for i, r in enumerate(ratios) for s, t in (("mgwfbp", 0.1), ("wfbp", 0.1 * r))]
+        write_table(pd.DataFrame(rows), data, "mgwfbp_timing_samples")
+        return _row(cl.claims_table(data, ["mgwfbp"], directory=claims), "mgwfbp.up_to")
+
+    far = judged([2.45, 2.5, 2.55, 2.48, 2.52, 2.5])
+    assert far["measured"] == pytest.approx(2.5) and far["measured_low"] > 1.87 and far["verdict"] == "direction only"
+    assert judged([1.68, 1.7, 1.72, 1.69, 1.71, 1.7])["verdict"] == "reproduced"
+    assert judged([1.6, 1.9, 1.7, 2.0, 1.65, 1.95])["verdict"] == "inconclusive"  # straddles 1.87

@@ -99,7 +99,8 @@ __all__ = ["PAPERS", "VERDICTS", "NOT_RUN", "NO_INTERVAL", "NO_CALIBRATED", "MIN
            "BOOTSTRAP_SEED", "RULES_TEXT", "ClaimsError", "claims_dir", "load_claims", "all_claims",
            "evaluate_metric", "verdict", "thresholds", "judge", "claims_table", "figure_claims",
            "figure_verdicts", "verdict_line", "claim_verdict", "metric_key", "parse_number",
-           "format_number", "format_interval", "paper_title", "paper_setting_text", "settings_text", "why_key", "SNAPSHOT_COLUMNS", "snapshot",
+           "format_number", "format_interval", "paper_title", "paper_setting_text", "settings_text", "why_key",
+           "SNAPSHOT_COLUMNS", "snapshot",
            "claims_markdown", "numbers_provenance"]
 
 PAPERS: tuple[str, ...] = ("mgwfbp", "omgs", "dear", "osp")
@@ -928,7 +929,8 @@ def claims_markdown(snap: pd.DataFrame, directory: str | Path | None = None) -> 
         if rows.empty:
             continue
         lines += [f"## {_md(paper_title(paper, directory))}", "",
-                  "| claim | paper | ours, paper presets | ours, calibrated | measured (95% interval) | verdict | settings |",
+                  "| claim | paper | ours, paper presets | ours, calibrated | measured (95% interval) | verdict "
+                  "| settings |",
                   "|---|---|---|---|---|---|---|"]
         for r in rows.itertuples():
             v = f"**{_md(r.verdict)}** (by {_md(r.judged_by)})"
