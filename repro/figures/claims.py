@@ -722,6 +722,8 @@ def settings_text(claim: Mapping[str, Any], table: str | None, results_dir: Path
                 text += f" (paper {_setting_value(paper[label])})"
         parts.append(text)
     col = spec.get("seeds")
+    if col and df is not None and col not in df.columns and "seed" in df.columns:
+        col = "seed"  # per-seed rows where the claim named a summary's count column
     if col:
         if df is not None and col in df.columns:
             vals = pd.to_numeric(df[col], errors="coerce").dropna()
