@@ -1,4 +1,4 @@
-"""The papers' claims as data: what each paper says, our number beside it, and a verdict.
+"""The papers' claims as data: what each paper says, our numbers beside it, and a verdict.
 
 The claims live in package data, one YAML file per paper (``data/claims/<paper>.yaml``); each
 claim names the paper's number and where it comes from, the figures that show it, and *how* to compute
@@ -11,7 +11,7 @@ A claim (YAML)::
     - id: omgs.speedup_resnet50
       claim: OMGS-SGD is 1.31x faster than TopK-SGD on ResNet-50 (16 workers, 1GbE)
       figures: [omgs.breakdown]            # manifest figure ids whose cards carry the verdict
-      paper: {value: 1.31, unit: x, source: "omgs.md: 0.666 s / 0.507 s per iteration"}
+      paper: {value: 1.31, unit: x, source: "OMGS-SGD paper: 0.666 s / 0.507 s per iteration"}
       rule: {kind: close, etol: 0.5, neutral: 1.0}
       judge_by: simulated                  # simulated (default) | measured
       simulated:                           # a metric (below), or null
@@ -21,7 +21,9 @@ A claim (YAML)::
         num: {planner: topk_single}
         den: {planner: omgs}
         as: ratio
-      measured: null
+      measured: null                       # a metric; with ``pair`` it is bootstrapped (below)
+      measured_summary: null               # read when the measured metric's table is absent (no interval)
+      settings: {params: {density: cnn_density}, paper: {density: 0.001}, seeds: seed, note: "..."}
       facts: {buckets: {table: omgs_paper_setting, where: {model: resnet50, planner: omgs}, value: buckets, agg: max}}
       why: "the published rule puts every layer in {buckets} bucket(s) ..."   # {fact} placeholders
 
@@ -32,50 +34,118 @@ compared with a relative tolerance of 1e-9, because CSV round trips may change t
 With ``num`` and ``den`` (more filters each): the aggregate of each side, combined ``as`` ``ratio``
 (num / den), ``pct`` (100 (num / den - 1)), ``diff`` (num - den) or ``pts`` (100 (num - den)); with
 ``by`` (columns) that is done per group and reduced with ``reduce`` (max by default, min, median); the
-group that gave the number is kept as ``at``. The median is the default aggregate so repeated runs
-(several seeds) give their median, never one lucky run.
+group that gave the number is kept as ``at``.
 
-**Verdict** from the number named by ``judge_by`` and ``rule``:
+**Cost modes.** A simulated metric is evaluated twice: on the rows whose ``cost_mode`` is ``paper`` (or
+empty; a table without the column is all paper mode) and on the rows whose ``cost_mode`` is
+``calibrated``. A table without calibrated rows has no calibrated number yet (*not run yet*); a table
+with calibrated rows, but none for a claim whose paper-mode rows are there, has none to give (*n/a (no
+calibrated preset)*). Facts are read from the paper-mode rows.
 
-- ``close``: *reproduced* if ``|ours - paper| <= tol``; *partly* if ours lies on the same side of
-  ``neutral`` as the paper's (the effect exists, its size differs); else *not reproduced*;
-- ``at_least`` (the paper says "up to X" or "at least"): *reproduced* if ``ours >= paper - tol``;
-  *partly* if ``ours > neutral`` (a gain, smaller); else *not reproduced*;
-- ``at_most``: *reproduced* if ``ours <= paper + tol``; *partly* if ``ours <= partly_max`` (when given);
-  else *not reproduced*;
+**Samples** (``pair: <column>``, e.g. ``pair`` in ``<paper>_timing_samples`` or ``seed`` in a
+convergence table). The table holds one row per sample; rows with equal ``pair`` were taken side by
+side, so the statistic resamples pairs: :data:`BOOTSTRAP_RESAMPLES` draws of the distinct pair values
+with replacement (seeded: :data:`BOOTSTRAP_SEED`, so the same table gives the same interval), and for
+each draw every *cell* (the rows of one side that share the values of the ``cells`` columns; by default
+the columns the ``num``/``den`` filters name) gets the median of its values over the drawn pairs; the
+side's ``agg`` (``min`` = the best of several schedulers) combines its cells, then ``as``, ``by`` and
+``reduce`` as above. The number is that statistic on all pairs once; the interval is the 2.5th and
+97.5th percentile over the draws. Columns in ``cells`` that the table lacks are left out. A ``pair``
+metric whose table or pair column is missing gives nothing, and ``measured_summary`` (an ordinary
+metric, e.g. an older summary table) is shown instead, judged *inconclusive (no interval)*.
 
-with ``tol = atol``, ``etol * |paper - neutral|`` (a share of the paper's effect, so a claimed 2% gain
-is not "reproduced" by no gain) or ``rtol * |paper|``. ``testable: false`` gives *not testable here* (with
-``why``); a claim whose judging number is missing (its notebook has not run) is *not run yet*.
+**Verdict** (the rule set; :data:`RULES_TEXT` says it on the claims page) from the number named by
+``judge_by``, the paper's number and ``rule``, with ``tol = atol``, ``etol * |paper - neutral|`` (a
+share of the paper's effect, so a claimed 2% gain is not "reproduced" by no gain) or ``rtol * |paper|``:
 
-Torch-free; reads CSVs with pandas only.
+- ``close`` (a number, including "up to N": the maximum over the paper's own models and settings):
+  *reproduced* if ``|ours - paper| <= tol``, on both sides; *direction only* if ours is outside that
+  but on the paper's side of ``neutral`` by more than ``neutral_atol`` (the effect exists, its size
+  differs); else *not reproduced* (no effect, or the opposite);
+- ``at_least`` (the paper states a bound: "at least as fast", "no accuracy loss"): *reproduced* if
+  ``ours >= paper - tol``, else *not reproduced*;
+- ``at_most``: *reproduced* if ``ours <= paper + tol``, else *not reproduced*.
+
+A measured verdict needs an interval: *inconclusive* when fewer than :data:`MIN_SAMPLES` pairs ran or
+the interval straddles one of the rule's thresholds (``paper +- tol``, ``neutral +- neutral_atol``);
+*inconclusive (no interval)* when the number comes from a table without samples. ``testable: false``
+gives *not testable here* (with ``why``); a claim whose judging number is missing (its notebook has not
+run) is *not run yet*.
+
+**Settings** (``settings``): ``params`` (label -> key of the judged table's params JSON, the sidecar
+:func:`repro.tables.write_table` writes), ``paper`` (label -> the paper's value), ``seeds`` (a column
+whose distinct values are counted; a ``seeds`` column is read as a count), ``note`` (why the paper's
+setting cannot run here, shown when ours differs from the paper's). Without ``settings`` the params
+``scale``, ``workers``, ``epochs`` and ``density`` are shown where the table recorded one value.
+
+Torch-free; reads CSVs with pandas and numpy only.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
+import re
+import warnings
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+import numpy as np
 import pandas as pd
 
-__all__ = ["PAPERS", "VERDICTS", "NOT_RUN", "ClaimsError", "claims_dir", "load_claims", "all_claims",
-           "evaluate_metric", "verdict", "claims_table", "figure_claims", "figure_verdicts", "verdict_line",
-           "claim_verdict",
-           "format_number", "paper_title", "SNAPSHOT_COLUMNS", "snapshot", "claims_markdown",
-           "numbers_provenance"]
+__all__ = ["PAPERS", "VERDICTS", "NOT_RUN", "NO_INTERVAL", "NO_CALIBRATED", "MIN_SAMPLES", "BOOTSTRAP_RESAMPLES",
+           "BOOTSTRAP_SEED", "RULES_TEXT", "ClaimsError", "claims_dir", "load_claims", "all_claims",
+           "evaluate_metric", "verdict", "thresholds", "judge", "claims_table", "figure_claims",
+           "figure_verdicts", "verdict_line", "claim_verdict", "metric_key", "parse_number",
+           "format_number", "format_interval", "paper_title", "paper_setting_text", "settings_text", "why_key",
+           "SNAPSHOT_COLUMNS", "snapshot",
+           "claims_markdown", "numbers_provenance"]
 
 PAPERS: tuple[str, ...] = ("mgwfbp", "omgs", "dear", "osp")
-VERDICTS: tuple[str, ...] = ("reproduced", "partly", "not reproduced", "not testable here")
 NOT_RUN = "not run yet"
+NO_INTERVAL = "inconclusive (no interval)"
+NO_CALIBRATED = "n/a (no calibrated preset)"
+VERDICTS: tuple[str, ...] = ("reproduced", "direction only", "not reproduced", "inconclusive", NO_INTERVAL,
+                             "not testable here")
+MIN_SAMPLES = 5            # fewer pairs (runs, seeds) than this: inconclusive
+BOOTSTRAP_RESAMPLES = 4000
+BOOTSTRAP_SEED = 20260
+BOOTSTRAP_LEVEL = 0.95
 _AGGS = ("median", "max", "min", "mean", "first")
 _AS = ("ratio", "pct", "diff", "pts")
 _RULES = ("close", "at_least", "at_most")
-_CLAIM_KEYS = {"id", "claim", "figures", "paper", "rule", "judge_by", "simulated", "measured", "facts", "why",
-               "testable", "ours_note"}
-_METRIC_KEYS = {"table", "where", "at_max", "value", "agg", "num", "den", "as", "by", "reduce", "unit"}
+_RULE_KEYS = {"kind", "atol", "etol", "rtol", "neutral", "neutral_atol"}
+_CLAIM_KEYS = {"id", "claim", "figures", "paper", "rule", "judge_by", "simulated", "measured", "measured_summary",
+               "settings", "facts", "why", "testable", "ours_note"}
+_METRIC_KEYS = {"table", "where", "at_max", "value", "agg", "num", "den", "as", "by", "reduce", "unit", "pair",
+                "cells"}
+_SETTINGS_KEYS = {"params", "paper", "seeds", "note"}
+_DEFAULT_SETTINGS = ("scale", "workers", "epochs", "density")
 _REL_TOL = 1e-9  # numbers read back from CSV may differ in the last digit
+
+RULES_TEXT = f"""One rule set, applied to every claim (`repro.figures.claims`):
+
+- **reproduced**: our number is within the claim's tolerance of the paper's, on both sides ("up to N"
+  claims included: far above the paper is not reproduced); for a bound ("at least as fast", "no accuracy
+  loss") our number is on the paper's side of it.
+- **direction only**: the effect is there, in the paper's direction, but its size is outside the
+  tolerance (above or below).
+- **not reproduced**: no effect, or the opposite (or a bound broken).
+- **inconclusive**: a measured number whose 95% bootstrap interval (seeded, {BOOTSTRAP_RESAMPLES} resamples of
+  the side-by-side pairs or seeds) straddles one of the rule's thresholds, or fewer than {MIN_SAMPLES} pairs ran;
+  **inconclusive (no interval)**: a measured number from a table without samples.
+- **not testable here**, and **not run yet** (the notebook that writes the table has not run).
+
+An "up to" number is the maximum over the paper's own models and settings only. Each method is judged
+against the best baseline the paper compared it with. Variants this package adds (`optimal`,
+`omgs_optimal`, `dear_model`, `dear_optimal`, `osp_auto`) are "ours" and never count as the paper's
+method. Simulated claims are judged under the paper presets (the papers' fitted cost lines); the
+calibrated presets' number and verdict stand beside them, and a claim where the two verdicts differ
+is marked. Measured numbers come from small runs (see each claim's settings), which test the mechanism,
+not the paper's scale.
+"""
 
 
 class ClaimsError(ValueError):
@@ -108,6 +178,33 @@ def _check_metric(m: Any, where: str) -> None:
         raise ClaimsError(f"{where}: 'as' must be one of {', '.join(_AS)}")
     if m.get("reduce", "max") not in ("max", "min", "median"):
         raise ClaimsError(f"{where}: reduce must be max, min or median")
+    if "pair" in m and not isinstance(m["pair"], str):
+        raise ClaimsError(f"{where}: 'pair' must name one column")
+    if "cells" in m and "pair" not in m:
+        raise ClaimsError(f"{where}: 'cells' needs 'pair' (it shapes the bootstrap)")
+
+
+def _check_rule(rule: Any, where: str) -> None:
+    if not isinstance(rule, dict) or rule.get("kind") not in _RULES:
+        raise ClaimsError(f"{where}: rule.kind must be one of {', '.join(_RULES)}")
+    unknown = sorted(set(rule) - _RULE_KEYS)
+    if unknown:
+        raise ClaimsError(f"{where}: unknown rule key(s) {', '.join(unknown)}")
+    if "etol" in rule and rule.get("neutral") is None:
+        raise ClaimsError(f"{where}: 'etol' (a share of the paper's effect) needs 'neutral'")
+
+
+def _check_settings(s: Any, where: str) -> None:
+    if s is None:
+        return
+    if not isinstance(s, dict):
+        raise ClaimsError(f"{where}: settings must be a mapping")
+    unknown = sorted(set(s) - _SETTINGS_KEYS)
+    if unknown:
+        raise ClaimsError(f"{where}: unknown settings key(s) {', '.join(unknown)}")
+    for k in ("params", "paper"):
+        if not isinstance(s.get(k) or {}, dict):
+            raise ClaimsError(f"{where}: settings.{k} must be a mapping (label -> value)")
 
 
 @lru_cache(maxsize=None)
@@ -136,14 +233,17 @@ def _load_file(path: str) -> tuple[str, tuple[dict[str, Any], ...]]:
             raise ClaimsError(f"{where}: id must start with '{p.stem}.'")
         if not isinstance(c["paper"], dict) or "source" not in c["paper"]:
             raise ClaimsError(f"{where}: 'paper' needs value (or null), unit and source")
-        testable = c.get("testable", True)
-        rule = c.get("rule") or {}
-        if testable and rule.get("kind") not in _RULES:
-            raise ClaimsError(f"{where}: rule.kind must be one of {', '.join(_RULES)}")
+        if c.get("testable", True):
+            _check_rule(c.get("rule"), where)
         if c.get("judge_by", "simulated") not in ("simulated", "measured"):
             raise ClaimsError(f"{where}: judge_by must be simulated or measured")
-        for k in ("simulated", "measured"):
+        for k in ("simulated", "measured", "measured_summary"):
             _check_metric(c.get(k), f"{where}: {k}")
+        if c.get("simulated") and "pair" in c["simulated"]:
+            raise ClaimsError(f"{where}: simulated: a simulated number has no samples ('pair')")
+        if c.get("measured_summary") and "pair" in c["measured_summary"]:
+            raise ClaimsError(f"{where}: measured_summary: the summary is the table without samples ('pair')")
+        _check_settings(c.get("settings"), f"{where}: settings")
         for name, m in (c.get("facts") or {}).items():
             _check_metric(m, f"{where}: fact {name}")
         out.append(dict(c, paper_key=p.stem, paper_title=str(data.get("title") or p.stem)))
@@ -170,9 +270,10 @@ def all_claims(directory: str | Path | None = None) -> list[dict[str, Any]]:
     return [c for p in PAPERS for c in load_claims(p, directory)]
 
 
+
 # --------------------------------------------------------------------------------------- metrics
 
-def _read(results_dir: Path, table: str, cache: dict[str, pd.DataFrame | None]) -> pd.DataFrame | None:
+def _read(results_dir: Path, table: str, cache: dict[str, Any]) -> pd.DataFrame | None:
     if table not in cache:
         p = results_dir / f"{table}.csv"
         try:
@@ -180,6 +281,18 @@ def _read(results_dir: Path, table: str, cache: dict[str, pd.DataFrame | None]) 
         except (OSError, ValueError, pd.errors.EmptyDataError):
             cache[table] = None
     return cache[table]
+
+
+def _params(results_dir: Path, table: str, cache: dict[str, Any]) -> dict[str, Any] | None:
+    """The ``params`` of ``<table>.json`` (the sidecar of :func:`repro.tables.write_table`), or None."""
+    key = f"{table}.json"
+    if key not in cache:
+        try:
+            meta = json.loads((results_dir / key).read_text(encoding="utf-8"))
+            cache[key] = dict(meta.get("params") or {}) if isinstance(meta, dict) else None
+        except (OSError, ValueError):
+            cache[key] = None
+    return cache[key]
 
 
 def _match(col: pd.Series, want: Any) -> pd.Series:
@@ -204,6 +317,19 @@ def _filter(df: pd.DataFrame, where: Mapping[str, Any] | None) -> pd.DataFrame |
     return df
 
 
+def _cost_rows(df: pd.DataFrame, cost_mode: str | None) -> pd.DataFrame | None:
+    """The rows of ``cost_mode``: ``paper`` = the column's ``paper`` or empty rows (all rows of a table
+    without the column); ``calibrated`` = its ``calibrated`` rows (None: the table has no such column)."""
+    if cost_mode is None:
+        return df
+    if "cost_mode" not in df.columns:
+        return df if cost_mode == "paper" else None
+    col = df["cost_mode"].astype("string").fillna("").str.strip()
+    if cost_mode == "paper":
+        return df[(col == "paper") | (col == "")]
+    return df[col == cost_mode]
+
+
 def _agg(values: pd.Series, how: str) -> float | None:
     v = pd.to_numeric(values, errors="coerce").dropna()
     if v.empty:
@@ -211,26 +337,17 @@ def _agg(values: pd.Series, how: str) -> float | None:
     return float(v.iloc[0] if how == "first" else getattr(v, how)())
 
 
-def _combine(a: float | None, b: float | None, how: str) -> float | None:
-    if a is None or b is None:
-        return None
+def _combine(a: Any, b: Any, how: str) -> Any:
+    """``as`` on numbers or numpy arrays (the bootstrap's draws)."""
     if how in ("ratio", "pct"):
-        if b == 0:
-            return None
-        return a / b if how == "ratio" else 100.0 * (a / b - 1.0)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            r = np.divide(a, b)
+        return r if how == "ratio" else 100.0 * (r - 1.0)
     return a - b if how == "diff" else 100.0 * (a - b)
 
 
-def evaluate_metric(metric: Mapping[str, Any] | None, results_dir: str | Path,
-                    cache: dict[str, pd.DataFrame | None] | None = None) -> dict[str, Any] | None:
-    """Our number for ``metric`` from the tables in ``results_dir``: ``{"value", "at", "table"}``, or None
-    when the table, a column or the rows are missing (see the module docstring)."""
-    if not metric:
-        return None
-    cache = {} if cache is None else cache
-    df = _read(Path(results_dir), str(metric["table"]), cache)
-    if df is None:
-        return None
+def _select(metric: Mapping[str, Any], df: pd.DataFrame) -> pd.DataFrame | None:
+    """``where`` and ``at_max`` applied; None when a column or the rows are missing."""
     df = _filter(df, metric.get("where"))
     if df is None or df.empty or metric["value"] not in df.columns:
         return None
@@ -240,77 +357,258 @@ def evaluate_metric(metric: Mapping[str, Any] | None, results_dir: str | Path,
             return None
         col = pd.to_numeric(df[top], errors="coerce")
         df = df[col == col.max()]
+    return df
+
+
+def _groups(metric: Mapping[str, Any], df: pd.DataFrame) -> list[tuple[str, pd.DataFrame]] | None:
+    by = list(metric.get("by") or [])
+    if any(b not in df.columns for b in by):
+        return None
+    if not by:
+        return [("", df)]
+    return [(", ".join(str(k) for k in (key if isinstance(key, tuple) else (key,))), g)
+            for key, g in df.groupby(by, sort=False)]
+
+
+def _reduce(found: list[tuple[float, str]], how: str) -> tuple[float, str]:
+    if how == "median":
+        return float(np.median([v for v, _ in found])), f"median of {len(found)}"
+    return (max if how == "max" else min)(found, key=lambda t: t[0])
+
+
+def evaluate_metric(metric: Mapping[str, Any] | None, results_dir: str | Path,
+                    cache: dict[str, Any] | None = None, cost_mode: str | None = None) -> dict[str, Any] | None:
+    """Our number for ``metric`` from the tables in ``results_dir``: ``{"value", "at", "table"}`` and, for
+    a ``pair`` metric, ``"low"``, ``"high"`` (the 95% bootstrap interval) and ``"samples"`` (the number of
+    pairs); None when the table, a column or the rows are missing (module docstring). ``cost_mode``
+    (``paper``, ``calibrated`` or None for all rows) selects a simulated table's rows; a ``calibrated``
+    metric gives None on a table without calibrated rows (that mode has not run), and
+    ``{"value": None, "reason": NO_CALIBRATED}`` where the mode ran but not for the metric's rows while
+    the paper mode has them (no calibrated preset for that setting)."""
+    if not metric:
+        return None
+    cache = {} if cache is None else cache
+    df = _read(Path(results_dir), str(metric["table"]), cache)
+    if df is None:
+        return None
+    rows = _cost_rows(df, cost_mode)
+    if rows is None or rows.empty:
+        return None
+    got = _metric_value(metric, rows)
+    if got is None and cost_mode == "calibrated" and _metric_value(metric, _cost_rows(df, "paper")) is not None:
+        # the calibrated mode ran, but not for this claim's setting: no calibrated preset for it
+        return {"value": None, "at": "", "table": str(metric["table"]), "reason": NO_CALIBRATED}
+    return got
+
+
+def _metric_value(metric: Mapping[str, Any], df: pd.DataFrame) -> dict[str, Any] | None:
+    """:func:`evaluate_metric` on the rows ``df`` of its table."""
+    df = _select(metric, df)
+    if df is None:
+        return None
+    if "pair" in metric:
+        return _bootstrap(metric, df)
     agg = str(metric.get("agg", "median"))
     value = str(metric["value"])
     if "num" not in metric:
         v = _agg(df[value], agg)
         return None if v is None else {"value": v, "at": "", "table": str(metric["table"])}
     how = str(metric.get("as", "ratio"))
-    by = list(metric.get("by") or [])
-    if any(b not in df.columns for b in by):
+    groups = _groups(metric, df)
+    if groups is None:
         return None
-    groups = df.groupby(by, sort=False) if by else [((), df)]
     found: list[tuple[float, str]] = []
-    for key, g in groups:
+    for at, g in groups:
         num, den = _filter(g, metric["num"]), _filter(g, metric["den"])
         if num is None or den is None:
             continue
-        v = _combine(_agg(num[value], agg), _agg(den[value], agg), how)
-        if v is not None and math.isfinite(v):
-            key = key if isinstance(key, tuple) else (key,)
-            found.append((v, ", ".join(str(k) for k in key)))
+        a, b = _agg(num[value], agg), _agg(den[value], agg)
+        if a is None or b is None or ((how in ("ratio", "pct")) and b == 0):
+            continue
+        v = float(_combine(a, b, how))
+        if math.isfinite(v):
+            found.append((v, at))
     if not found:
         return None
-    red = str(metric.get("reduce", "max"))
-    if red == "median":
-        vals = sorted(v for v, _ in found)
-        return {"value": float(pd.Series(vals).median()), "at": f"median of {len(vals)}",
-                "table": str(metric["table"])}
-    v, at = (max if red == "max" else min)(found, key=lambda t: t[0])
+    v, at = _reduce(found, str(metric.get("reduce", "max")))
     return {"value": v, "at": at, "table": str(metric["table"])}
+
+
+def _cell_medians(side: pd.DataFrame, cells: list[str], pair: str, value: str, pairs: np.ndarray,
+                  draws: np.ndarray) -> list[np.ndarray]:
+    """Per cell of ``side``: its median over the pairs of each draw (``draws``: resamples x pairs, indices
+    into ``pairs``); an array of one entry per draw (NaN where the cell has no row in the drawn pairs)."""
+    out = []
+    keys = [c for c in cells if c in side.columns]
+    for _, cell in (side.groupby(keys, sort=False, dropna=False) if keys else [((), side)]):
+        vals = pd.to_numeric(cell[value], errors="coerce")
+        cell = cell[vals.notna()]
+        if cell.empty:
+            continue
+        per_pair = [pd.to_numeric(cell.loc[cell[pair] == p, value]).to_numpy(float) for p in pairs]
+        width = max(1, max(len(v) for v in per_pair))
+        grid = np.full((len(pairs), width), np.nan)
+        for i, v in enumerate(per_pair):
+            grid[i, :len(v)] = v
+        picked = grid[draws].reshape(draws.shape[0], -1)  # draws x (pairs * width)
+        with warnings.catch_warnings():  # a draw without this cell's pairs: NaN, dropped later
+            warnings.simplefilter("ignore", RuntimeWarning)
+            out.append(np.nanmedian(picked, axis=1))
+    return out
+
+
+def _side_stat(cells: list[np.ndarray], agg: str) -> np.ndarray | None:
+    if not cells:
+        return None
+    m = np.vstack(cells)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        if agg in ("min", "max", "mean", "median"):
+            return {"min": np.nanmin, "max": np.nanmax, "mean": np.nanmean, "median": np.nanmedian}[agg](m, axis=0)
+        return m[0]  # first
+
+
+def _bootstrap(metric: Mapping[str, Any], df: pd.DataFrame) -> dict[str, Any] | None:
+    """The statistic of a ``pair`` metric on all pairs, and its seeded percentile interval (module
+    docstring); draw 0 is all pairs once, the others are resamples with replacement."""
+    pair, value = str(metric["pair"]), str(metric["value"])
+    if pair not in df.columns:
+        return None
+    df = df[df[pair].notna()]
+    if df.empty:
+        return None
+    pairs = np.array(sorted(df[pair].unique(), key=lambda x: (str(type(x)), x)), dtype=object)
+    n = len(pairs)
+    rng = np.random.default_rng(BOOTSTRAP_SEED)
+    draws = np.vstack([np.arange(n)[None, :], rng.integers(0, n, size=(BOOTSTRAP_RESAMPLES, n))])
+    agg = str(metric.get("agg", "median"))
+    table = str(metric["table"])
+    if "num" not in metric:
+        cells = list(metric.get("cells") or [])
+        stat = _side_stat(_cell_medians(df, cells, pair, value, pairs, draws), agg)
+        per_group = None if stat is None else [(stat, "")]
+    else:
+        how = str(metric.get("as", "ratio"))
+        cells = list(metric.get("cells") or dict.fromkeys([*metric["num"], *metric["den"]]))
+        groups = _groups(metric, df)
+        if groups is None:
+            return None
+        per_group = []
+        for at, g in groups:
+            num, den = _filter(g, metric["num"]), _filter(g, metric["den"])
+            if num is None or den is None or num.empty or den.empty:
+                continue
+            a = _side_stat(_cell_medians(num, cells, pair, value, pairs, draws), agg)
+            b = _side_stat(_cell_medians(den, cells, pair, value, pairs, draws), agg)
+            if a is None or b is None:
+                continue
+            per_group.append((np.asarray(_combine(a, b, how), float), at))
+    per_group = [(np.where(np.isfinite(v), v, np.nan), at) for v, at in (per_group or [])
+                 if math.isfinite(float(v[0]))]
+    if not per_group:
+        return None
+    red = str(metric.get("reduce", "max"))
+    point, at = _reduce([(float(v[0]), at) for v, at in per_group], red)
+    m = np.vstack([v for v, _ in per_group])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        stats = {"max": np.nanmax, "min": np.nanmin, "median": np.nanmedian}[red](m, axis=0)[1:]
+    stats = stats[np.isfinite(stats)]
+    if stats.size == 0:
+        return None
+    half = 100.0 * (1.0 - BOOTSTRAP_LEVEL) / 2.0
+    low, high = (float(x) for x in np.percentile(stats, [half, 100.0 - half]))
+    return {"value": point, "at": at, "table": table, "low": low, "high": high, "samples": n}
+
+
+def metric_key(metric: Mapping[str, Any] | None) -> str:
+    """A short fingerprint of a metric's definition (empty for none): the docs snapshot keeps a number
+    only while the metric that computed it is unchanged."""
+    if not metric:
+        return ""
+    text = json.dumps(metric, sort_keys=True, default=str)
+    return hashlib.sha1(text.encode("utf-8")).hexdigest()[:10]
 
 
 # --------------------------------------------------------------------------------------- verdicts
 
-def verdict(ours: float | None, paper: float | None, rule: Mapping[str, Any]) -> str:
-    """The verdict of ``ours`` against ``paper`` under ``rule`` (module docstring); :data:`NOT_RUN` when
-    ours is missing."""
-    if ours is None or (isinstance(ours, float) and math.isnan(ours)):
-        return NOT_RUN
-    kind = rule.get("kind")
+def _tolerance(paper: float | None, rule: Mapping[str, Any]) -> tuple[float, float, float | None]:
+    """``(ref, tol, neutral)`` of ``rule`` for the paper's number (module docstring)."""
     neutral = rule.get("neutral")
     ref = float(paper) if paper is not None else float(neutral if neutral is not None else 0.0)
     if "atol" in rule:
         tol = float(rule["atol"])
     elif "etol" in rule:  # a share of the paper's effect |paper - neutral|: a 2% gain needs 1%, not 10%
-        tol = float(rule["etol"]) * abs(ref - float(neutral if neutral is not None else 0.0))
+        tol = float(rule["etol"]) * abs(ref - float(neutral))
     else:
         tol = float(rule.get("rtol", 0.0)) * abs(ref)
-    if kind == "close":
-        if abs(ours - ref) <= tol:
-            return "reproduced"
-        if neutral is not None and (ours - neutral) * (ref - neutral) > 0:
-            return "partly"
-        return "not reproduced"
+    return ref, tol, None if neutral is None else float(neutral)
+
+
+def thresholds(paper: float | None, rule: Mapping[str, Any]) -> list[float]:
+    """The numbers where ``rule``'s verdict changes (an interval across one is inconclusive)."""
+    ref, tol, neutral = _tolerance(paper, rule)
+    kind = rule.get("kind")
     if kind == "at_least":
-        if ours >= ref - tol:
-            return "reproduced"
-        if neutral is not None and ours > float(neutral) + float(rule.get("neutral_atol", 0.0)):
-            return "partly"
-        return "not reproduced"
+        return [ref - tol]
     if kind == "at_most":
-        if ours <= ref + tol:
-            return "reproduced"
-        if "partly_max" in rule and ours <= float(rule["partly_max"]):
-            return "partly"
-        return "not reproduced"
-    raise ClaimsError(f"unknown rule kind {kind!r}")
+        return [ref + tol]
+    out = [ref - tol, ref + tol]
+    if neutral is not None:
+        band = float(rule.get("neutral_atol", 0.0))
+        out += sorted({neutral - band, neutral + band})
+    return sorted(out)
+
+
+def verdict(ours: float | None, paper: float | None, rule: Mapping[str, Any],
+            interval: tuple[float, float] | None = None, samples: int | None = None) -> str:
+    """The verdict of ``ours`` against ``paper`` under ``rule`` (module docstring): :data:`NOT_RUN` when
+    ours is missing; with ``interval`` (a measured number's bootstrap interval over ``samples`` pairs)
+    *inconclusive* when fewer than :data:`MIN_SAMPLES` pairs ran or the interval straddles a threshold."""
+    if ours is None or (isinstance(ours, float) and math.isnan(ours)):
+        return NOT_RUN
+    kind = rule.get("kind")
+    if kind not in _RULES:
+        raise ClaimsError(f"unknown rule kind {kind!r}")
+    if interval is not None:
+        lo, hi = sorted(float(x) for x in interval)
+        if samples is not None and samples < MIN_SAMPLES:
+            return "inconclusive"
+        if any(lo < t < hi for t in thresholds(paper, rule)):
+            return "inconclusive"
+    ref, tol, neutral = _tolerance(paper, rule)
+    if kind == "at_least":
+        return "reproduced" if ours >= ref - tol else "not reproduced"
+    if kind == "at_most":
+        return "reproduced" if ours <= ref + tol else "not reproduced"
+    if abs(ours - ref) <= tol:
+        return "reproduced"
+    band = float(rule.get("neutral_atol", 0.0))
+    if neutral is not None and (ref - neutral) * (ours - neutral) > 0 and abs(ours - neutral) > band:
+        return "direction only"
+    return "not reproduced"
+
+
+def judge(claim: Mapping[str, Any], simulated: float | None, measured: float | None,
+          interval: tuple[float, float] | None = None, samples: int | None = None) -> str:
+    """A claim's verdict from its judging number: ``simulated`` (a point) or ``measured`` (judged with its
+    ``interval`` over ``samples`` pairs; without one, :data:`NO_INTERVAL`)."""
+    if not claim.get("testable", True):
+        return "not testable here"
+    paper, rule = claim["paper"].get("value"), claim["rule"]
+    if str(claim.get("judge_by", "simulated")) == "simulated":
+        return verdict(simulated, paper, rule)
+    if measured is None or (isinstance(measured, float) and math.isnan(measured)):
+        return NOT_RUN
+    if interval is None:
+        return NO_INTERVAL
+    return verdict(measured, paper, rule, interval, samples)
 
 
 def claim_verdict(claim_id: str, ours: float | None, directory: str | Path | None = None) -> str:
-    """The verdict word of claim ``claim_id`` (``<paper>.<name>``) for the number ``ours``, under the
-    claim's own paper value and rule: what a figure says beside a number it computed itself (e.g. from
-    a paper-scale panel), judged exactly as the gallery card judges the claim's table."""
+    """The verdict word of claim ``claim_id`` (``<paper>.<name>``) for the simulated number ``ours``,
+    under the claim's own paper value and rule: what a figure says beside a number it computed itself
+    (e.g. from a paper-scale panel), judged as the gallery card judges the claim's table."""
     paper = claim_id.split(".", 1)[0]
     for c in load_claims(paper, directory):
         if c["id"] == claim_id:
@@ -333,6 +631,20 @@ def format_number(value: float | None, unit: str = "") -> str:
     return f"{value:.3g} {unit}"
 
 
+def format_interval(low: float, high: float, samples: int, unit: str = "") -> str:
+    """``[0.95x, 1.10x], 6 pairs``: a bootstrap interval as the docs show it."""
+    return f"[{format_number(low, unit)}, {format_number(high, unit)}], {samples} pair{'s' * (samples != 1)}"
+
+
+_NUMBER = re.compile(r"^[+-]?(\d+(\.\d*)?|\.\d+)")
+
+
+def parse_number(text: str) -> float | None:
+    """The leading number of a cell :func:`format_number` wrote (``2.17x (googlenet)`` -> 2.17), or None."""
+    m = _NUMBER.match(str(text or "").strip())
+    return float(m.group(0)) if m else None
+
+
 class _Facts(dict):
     def __missing__(self, key: str) -> str:
         return "?"
@@ -346,54 +658,165 @@ def _why(claim: Mapping[str, Any], facts: Mapping[str, Any]) -> str:
         return text
 
 
+def why_key(claim: Mapping[str, Any]) -> str:
+    """The fingerprint of a claim's ``why`` text and the facts it fills in."""
+    return metric_key({"why": claim.get("why"), "facts": claim.get("facts")})
+
+
 def _fact_text(m: Mapping[str, Any], got: dict[str, Any] | None) -> str:
-    if got is None:
+    if got is None or got.get("value") is None:
         return "?"
     unit = str(m.get("unit", ""))
     s = format_number(got["value"], unit) if unit else f"{got['value']:.3g}"
     return s + (f" ({got['at']})" if got.get("at") else "")
 
 
+def _value(got: dict[str, Any] | None) -> float | None:
+    return None if got is None else got.get("value")
+
+
+def _setting_value(v: Any) -> str:
+    if isinstance(v, float) and v.is_integer():
+        v = int(v)
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(_setting_value(x) for x in v) + "]"
+    return str(v)
+
+
+def _same_setting(ours: Any, paper: Any) -> bool:
+    try:
+        return math.isclose(float(ours), float(paper), rel_tol=1e-9)
+    except (TypeError, ValueError):
+        return _setting_value(ours) == _setting_value(paper)
+
+
+def paper_setting_text(claim: Mapping[str, Any]) -> str:
+    """The paper's setting as the claim's data gives it (``settings.paper``): ``density 0.001, workers 16``."""
+    paper = (claim.get("settings") or {}).get("paper") or {}
+    return ", ".join(f"{k} {_setting_value(v)}" for k, v in paper.items())
+
+
+def settings_text(claim: Mapping[str, Any], table: str | None, results_dir: Path, cache: dict[str, Any]) -> str:
+    """The settings the verdict depends on, read from ``table``'s params JSON and rows (module docstring),
+    each beside the paper's value where the claim gives one, then whether that is the paper's setting
+    (and the claim's ``note`` when it is not); empty without a table."""
+    if not table:
+        return ""
+    spec = claim.get("settings") or {}
+    params = _params(results_dir, table, cache)
+    df = _read(results_dir, table, cache)
+    if params is None and df is None:
+        return ""
+    params = params or {}
+    # by default the single-valued ones (a list is a sweep the claim's ``where`` picks one value of)
+    wanted = dict(spec.get("params") or {k: k for k in _DEFAULT_SETTINGS
+                                         if k in params and not isinstance(params[k], (list, dict))})
+    paper = dict(spec.get("paper") or {})
+    parts, differs = [], []
+    for label, key in wanted.items():
+        ours = params.get(key)
+        text = f"{label} {'not recorded' if ours is None else _setting_value(ours)}"
+        if label in paper:
+            if ours is None or not _same_setting(ours, paper[label]):
+                differs.append(label)
+                text += f" (paper {_setting_value(paper[label])})"
+        parts.append(text)
+    col = spec.get("seeds")
+    if col and df is not None and col not in df.columns and "seed" in df.columns:
+        col = "seed"  # per-seed rows where the claim named a summary's count column
+    if col:
+        if df is not None and col in df.columns:
+            vals = pd.to_numeric(df[col], errors="coerce").dropna()
+            n = int(vals.nunique()) if col == "seed" else (int(vals.max()) if not vals.empty else 0)
+            parts.append(f"seeds {n}")
+        else:
+            parts.append("seeds not recorded")
+    for label in paper:
+        if label not in wanted:
+            differs.append(label)
+            parts.append(f"{label} not recorded (paper {_setting_value(paper[label])})")
+    out = ", ".join(parts) or "no settings recorded"
+    if paper and not differs:
+        return out + "; at the paper's setting"
+    if differs:
+        note = " ".join(str(spec.get("note") or "").split())
+        return out + "; not the paper's setting" + (f": {note}" if note else "")
+    return out
+
+
+def _measured(claim: Mapping[str, Any], results_dir: Path, cache: dict[str, Any]) -> tuple[dict | None, Any]:
+    """The measured number and the metric that gave it: the ``pair`` metric's (with an interval), else
+    ``measured_summary``'s; a measured metric without ``pair`` is itself a summary."""
+    m = claim.get("measured")
+    got = evaluate_metric(m, results_dir, cache)
+    if got is not None or not claim.get("measured_summary"):
+        return got, m
+    return evaluate_metric(claim["measured_summary"], results_dir, cache), claim["measured_summary"]
+
+
 def _evaluate(claim: Mapping[str, Any], results_dir: Path, cache: dict[str, Any]) -> dict[str, Any]:
     paper = claim["paper"]
     unit = str(paper.get("unit") or "")
-    sim = evaluate_metric(claim.get("simulated"), results_dir, cache)
-    meas = evaluate_metric(claim.get("measured"), results_dir, cache)
-    facts = {name: _fact_text(m, evaluate_metric(m, results_dir, cache))
+    sim_m = claim.get("simulated")
+    sim = evaluate_metric(sim_m, results_dir, cache, cost_mode="paper")
+    cal = evaluate_metric(sim_m, results_dir, cache, cost_mode="calibrated")
+    meas, meas_m = _measured(claim, results_dir, cache)
+    facts = {name: _fact_text(m, evaluate_metric(m, results_dir, cache, cost_mode="paper"))
              for name, m in (claim.get("facts") or {}).items()}
     judge_by = str(claim.get("judge_by", "simulated"))
-    if not claim.get("testable", True):
-        v = "not testable here"
+    interval = None if meas is None or "low" not in meas else (meas["low"], meas["high"])
+    samples = None if meas is None else meas.get("samples")
+    v = judge(claim, _value(sim), _value(meas), interval, samples)
+    if not sim_m or not claim.get("testable", True):
+        v_cal = "n/a"
+    elif _value(cal) is None:
+        v_cal = _cell(sim_m, cal, unit, calibrated=True)
     else:
-        judged = sim if judge_by == "simulated" else meas
-        v = verdict(None if judged is None else judged["value"], paper.get("value"), claim["rule"])
-    tables = sorted({str(m["table"]) for m in (claim.get("simulated"), claim.get("measured")) if m})
+        v_cal = verdict(_value(cal), paper.get("value"), claim["rule"])
+    judged_m = sim_m if judge_by == "simulated" else meas_m
+    tables = sorted({str(m["table"]) for m in (sim_m, claim.get("measured"), claim.get("measured_summary")) if m})
     return {
         "paper": claim["paper_key"], "claim_id": claim["id"], "claim": " ".join(str(claim["claim"]).split()),
         "figures": ", ".join(claim.get("figures") or []),
-        "paper_value": paper.get("value"), "unit": unit, "paper_text": str(paper.get("text") or format_number(paper.get("value"), unit)),
-        "paper_source": " ".join(str(paper["source"]).split()),
-        "simulated": None if sim is None else sim["value"], "simulated_at": "" if sim is None else sim["at"],
-        "measured": None if meas is None else meas["value"], "measured_at": "" if meas is None else meas["at"],
-        "simulated_text": _cell(claim.get("simulated"), sim, unit),
-        "measured_text": _cell(claim.get("measured"), meas, unit),
-        "verdict": v, "judged_by": judge_by, "why": _why(claim, facts), "tables": ", ".join(tables),
+        "paper_value": paper.get("value"), "unit": unit,
+        "paper_text": str(paper.get("text") or format_number(paper.get("value"), unit)),
+        "paper_source": " ".join(str(paper["source"]).split()), "paper_setting": paper_setting_text(claim),
+        "simulated": _value(sim), "simulated_at": "" if sim is None else sim.get("at", ""),
+        "calibrated": _value(cal),
+        "measured": _value(meas), "measured_at": "" if meas is None else meas.get("at", ""),
+        "measured_low": None if interval is None else interval[0],
+        "measured_high": None if interval is None else interval[1], "measured_samples": samples,
+        "simulated_text": _cell(sim_m, sim, unit), "calibrated_text": _cell(sim_m, cal, unit, calibrated=True),
+        "measured_text": _cell(claim.get("measured") or claim.get("measured_summary"), meas, unit),
+        "verdict": v, "verdict_calibrated": v_cal, "judged_by": judge_by, "why": _why(claim, facts),
+        "settings_text": settings_text(claim, None if judged_m is None else str(judged_m["table"]), results_dir, cache),
+        "tables": ", ".join(tables), "simulated_key": metric_key(sim_m),
+        "measured_key": metric_key(meas_m if meas is not None else claim.get("measured")),
+        "why_key": why_key(claim),
     }
 
 
-def _cell(metric: Any, got: dict[str, Any] | None, unit: str) -> str:
+def _cell(metric: Any, got: dict[str, Any] | None, unit: str, calibrated: bool = False) -> str:
     if not metric:
         return "n/a"
     if got is None:
-        return "not measured yet"
-    return format_number(got["value"], unit) + (f" ({got['at']})" if got.get("at") else "")
+        return NOT_RUN if calibrated else "not measured yet"
+    if got.get("value") is None:
+        return str(got.get("reason") or NOT_RUN)
+    text = format_number(got["value"], unit) + (f" ({got['at']})" if got.get("at") else "")
+    if "low" in got:
+        text += " " + format_interval(got["low"], got["high"], int(got["samples"]), unit)
+    return text
 
 
 def claims_table(results_dir: str | Path | None, papers: Sequence[str] = PAPERS,
                  directory: str | Path | None = None) -> pd.DataFrame:
     """One row per claim of ``papers``: paper, claim_id, claim, figures, paper_value, unit, paper_text,
-    paper_source, simulated (+ simulated_at, the group that gave it), measured (+ measured_at), the
-    ``*_text`` cells as the docs show them, verdict, judged_by, why (with our facts filled in), tables.
+    paper_source, paper_setting, simulated (paper presets; + simulated_at, the group that gave it),
+    calibrated (calibrated presets), measured (+ measured_at, measured_low / measured_high / measured_samples:
+    the bootstrap interval and its pairs), the ``*_text`` cells as the docs show them, verdict,
+    verdict_calibrated, judged_by, why (with our facts filled in), settings_text, tables, and the
+    fingerprints simulated_key / measured_key / why_key of the definitions that gave them.
     ``results_dir`` None (or a folder without the tables): every number "not measured yet"."""
     rd = Path(results_dir) if results_dir is not None else Path("/nonexistent-results-dir")
     cache: dict[str, Any] = {}
@@ -410,13 +833,18 @@ def figure_claims(figure_id: str, directory: str | Path | None = None) -> list[d
 
 
 def verdict_line(row: Mapping[str, Any]) -> str:
-    """One line: ``not reproduced: ours 1.00x (simulated) vs paper 1.31x — <claim>``."""
+    """One line: ``not reproduced: ours 1.00x (simulated) vs paper 1.31x — <claim>``; a simulated
+    claim whose calibrated verdict differs adds ``(calibrated: <verdict>, <number>)``."""
     v = row["verdict"]
     judged = row["judged_by"]
     ours = row["simulated_text"] if judged == "simulated" else row["measured_text"]
     if v == "not testable here":
         return f"{v}: {row['claim']}"
-    return f"{v}: ours {ours} ({judged}) vs paper {row['paper_text']} — {row['claim']}"
+    cal = str(row.get("verdict_calibrated") or "")
+    extra = ""
+    if judged == "simulated" and cal in VERDICTS and cal != v:
+        extra = f" (calibrated: {cal}, {row.get('calibrated_text', '')})"
+    return f"{v}: ours {ours} ({judged}){extra} vs paper {row['paper_text']} — {row['claim']}"
 
 
 def figure_verdicts(figure_id: str, results_dir: str | Path | None,
@@ -437,52 +865,38 @@ def figure_verdicts(figure_id: str, results_dir: str | Path | None,
 
 # ------------------------------------------------------------------------------------------ docs
 
-SNAPSHOT_COLUMNS: tuple[str, ...] = ("paper", "claim_id", "claim", "figures", "paper_text", "paper_source",
-                                     "simulated_text", "measured_text", "verdict", "judged_by", "why", "tables",
-                                     "numbers_from")
+SNAPSHOT_COLUMNS: tuple[str, ...] = (
+    "paper", "claim_id", "claim", "figures", "paper_text", "paper_source", "paper_setting", "judged_by", "tables",
+    "simulated", "simulated_text", "calibrated", "calibrated_text", "measured", "measured_low", "measured_high",
+    "measured_samples", "measured_text", "verdict", "verdict_calibrated", "settings_text", "why",
+    "simulated_key", "measured_key", "why_key", "numbers_from")
 _DOC_INTRO = """\
-Each paper's claims, our number beside the paper's, and a verdict. The claims are data
-(`data/claims/<paper>.yaml`: the claim, the paper's number and where it comes from, and how our
-number is computed from the result tables the notebooks write); `repro.figures.claims` computes our numbers
-from those tables, never from typed-in values, and each figure's gallery card and run record carry the
+Each paper's claims, our numbers beside the paper's, and a verdict. The claims are data
+(`data/claims/<paper>.yaml`); `repro.figures.claims` computes our numbers from the result tables the
+notebooks write, never from typed-in values, and each figure's gallery card and run record carry the
 verdicts of the claims it shows. This page is generated by `scripts/make_claims_doc.py` from the claims
-data and a snapshot of the computed table (`docs/claims.csv`); a test checks that both agree with the
-data.
-
-Verdicts: **reproduced** (our number within the claim's tolerance of the paper's), **partly** (the effect
-is there, its size differs), **not reproduced** (no effect, or the opposite), **not testable here**, and
-**not run yet** (the notebook that writes the table has not run). *Simulated* numbers come from the
-trace-based simulator at the paper's setting (roofline-estimate traces, the papers' fitted cost lines);
-*measured* numbers from tiny CPU runs on this machine (gloo, 2 ranks), which test the mechanism, not the
-paper's scale. Variants this package adds (`optimal`, `omgs_optimal`, `dear_model`, `dear_optimal`,
-`osp_auto`) are named "ours" and never count as the paper's method.
+data and a snapshot of the computed table (`docs/claims.csv`).
 """
 _DOC_RELEASED = """\
 ## Where our rules differ from the authors' released code
 
-An independent check compared this package's plans with the authors' released code on every trace
-tried: our **MG-WFBP** merge rule, the **fixed-threshold** bucketing and **DeAR**'s threshold bucketing
-give the same groups as the released code. **OMGS-SGD** differs in two ways, both documented in
-[OMGS-SGD](omgs.md#differences-from-the-released-code): the released merge puts the output layer into the
-first group without evaluating that merge (12.7% slower on the LSTM at 16 workers than the rule as
-published), and the released scripts switch the adaptive merge off in favour of a fixed 8192-element
-threshold. We implement the rule as published. See also [MG-WFBP](mgwfbp.md#released-code) and
-[DeAR](dear.md#released-code).
+Our **MG-WFBP** merge rule, the **fixed-threshold** bucketing and **DeAR**'s threshold bucketing give
+the same groups as the authors' released code on every trace tried. **OMGS-SGD** differs in two ways
+([OMGS-SGD](omgs.md#differences-from-the-released-code)): the released merge puts the output layer into
+the first group without evaluating that merge, and the released scripts switch the adaptive merge off
+for a fixed 8192-element threshold; we implement the rule as published. See also
+[MG-WFBP](mgwfbp.md#released-code) and [DeAR](dear.md#released-code).
 
-## Exact planners under contention
-
-`optimal`, `omgs_optimal` and `dear_optimal` (ours) are exact under their paper's contention-free model.
-The calibrated cost models of `compare.schedulers` add contention the planners do not see, so there an
-exact plan can lose to a heuristic's. In that figure's table each exact planner's row is the best of its
-exact plan and the plans of the heuristics of its plan family, each simulated under the cost model that
-judges them (`repro.studies.compare.exact_choice`; columns `plan_from`, `exact_plan_iteration_s`,
-`exact_plan_loss_pct`), and the note under the figure says where and by how much the exact plan lost.
+The exact planners (`optimal`, `omgs_optimal`, `dear_optimal`, ours) are exact under their paper's
+contention-free model; under the calibrated presets, which add contention, `compare.schedulers` keeps
+the better of the exact plan and its family's heuristic plans (`repro.studies.compare.exact_choice`).
 """
 
 
 def snapshot(table: pd.DataFrame, numbers_from: str) -> pd.DataFrame:
-    """The docs' snapshot of :func:`claims_table`: the display columns (:data:`SNAPSHOT_COLUMNS`) with
-    ``numbers_from`` saying which results the numbers come from."""
+    """The docs' snapshot of :func:`claims_table`: :data:`SNAPSHOT_COLUMNS` (numbers, their display
+    cells, verdicts, settings and the definitions' fingerprints), with ``numbers_from`` saying which
+    results the numbers come from."""
     out = table.assign(numbers_from=numbers_from)
     return out[list(SNAPSHOT_COLUMNS)].reset_index(drop=True)
 
@@ -492,41 +906,61 @@ def _md(text: Any) -> str:
     return " ".join(s.split()).replace("|", "\\|")
 
 
+def _disagree(r: Any) -> bool:
+    return str(r.judged_by) == "simulated" and str(r.verdict_calibrated) in VERDICTS \
+        and str(r.verdict) in VERDICTS and str(r.verdict_calibrated) != str(r.verdict)
+
+
 def claims_markdown(snap: pd.DataFrame, directory: str | Path | None = None) -> str:
-    """The docs page (``docs/claims.md``) from a :func:`snapshot`: one table per paper, then each claim's
-    "why" and the paper's source."""
-    lines = ["# The papers' claims, reproduced or not", "", _DOC_INTRO]
-    numbers_from = str(snap["numbers_from"].iloc[0]) if len(snap) else "no results"
-    lines += [f"Our numbers: {_md(numbers_from)}.", ""]
+    """The docs page (``docs/claims.md``) from a :func:`snapshot`: the rule set once, the claims where the
+    paper and calibrated presets disagree, one table per paper (paper's number, ours under the paper
+    and the calibrated presets, measured with its interval, verdict, settings), each claim's "why", and
+    where the numbers come from."""
+    lines = ["# The papers' claims, reproduced or not", "", _DOC_INTRO, "## Verdict rules", "", RULES_TEXT]
+    split = [r for r in snap.itertuples() if _disagree(r)]
+    lines += ["## Where the paper and calibrated presets disagree", ""]
+    if split:
+        lines += [f"- **{_md(r.claim_id)}**: {_md(r.verdict)} under the paper presets ({_md(r.simulated_text)}), "
+                  f"{_md(r.verdict_calibrated)} under the calibrated ones ({_md(r.calibrated_text)})." for r in split]
+    else:
+        lines.append("Nowhere in these numbers (a claim whose calibrated column says \"not run yet\" has no "
+                     "calibrated number to compare).")
+    lines.append("")
     for paper in PAPERS:
         rows = snap[snap["paper"] == paper]
         if rows.empty:
             continue
         lines += [f"## {_md(paper_title(paper, directory))}", "",
-                  "| claim | paper | ours, simulated | ours, measured (tiny) | verdict | figures |",
-                  "|---|---|---|---|---|---|"]
+                  "| claim | paper | ours, paper presets | ours, calibrated | measured (95% interval) | verdict "
+                  "| settings |",
+                  "|---|---|---|---|---|---|---|"]
         for r in rows.itertuples():
+            v = f"**{_md(r.verdict)}** (by {_md(r.judged_by)})"
+            if _disagree(r):
+                v += f"; calibrated: {_md(r.verdict_calibrated)}"
+            setting = _md(r.settings_text) or "not in this snapshot"
+            if _md(r.paper_setting):
+                setting += f" — paper: {_md(r.paper_setting)}"
             lines.append(f"| **{_md(r.claim_id)}**: {_md(r.claim)} | {_md(r.paper_text)} | {_md(r.simulated_text)} | "
-                         f"{_md(r.measured_text)} | **{_md(r.verdict)}** (by {_md(r.judged_by)}) | "
-                         f"{_md(r.figures)} |")
-        lines += ["", "Why ours differs, and where the paper's number comes from:", ""]
+                         f"{_md(r.calibrated_text)} | {_md(r.measured_text)} | {v} | {setting} |")
+        lines += [""]
         for r in rows.itertuples():
             lines.append(f"- **{_md(r.claim_id)}**: {_md(r.why)} *Paper: {_md(r.paper_source)}.*"
-                         + (f" *Tables: {_md(r.tables)}.*" if _md(r.tables) else ""))
+                         + (f" *Figures: {_md(r.figures)}; tables: {_md(r.tables)}.*" if _md(r.tables) else ""))
         lines.append("")
     lines.append(_DOC_RELEASED)
+    numbers_from = str(snap["numbers_from"].iloc[0]) if len(snap) else "no results"
+    lines += ["## Where the numbers come from", "", f"{_md(numbers_from)}.", ""]
     return "\n".join(lines).rstrip() + "\n"
 
 
 def numbers_provenance(results_dir: str | Path | None) -> str:
     """Which results a table's numbers come from: the result tables' folder, their write times and git
     revisions (from the tables' JSON sidecars), or ``"not measured yet (no results)"``."""
-    import json
-
     if results_dir is None or not Path(results_dir).is_dir():
         return "not measured yet (no results)"
     used = {str(m["table"]) for c in all_claims() for m in
-            [c.get("simulated"), c.get("measured"), *(c.get("facts") or {}).values()] if m}
+            [c.get("simulated"), c.get("measured"), c.get("measured_summary"), *(c.get("facts") or {}).values()] if m}
     times, revs = [], set()
     for t in sorted(used):
         p = Path(results_dir) / f"{t}.json"

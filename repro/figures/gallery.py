@@ -8,7 +8,8 @@ fetched from the network) and in any browser:
   cards, one per manifest figure; a done figure's card shows its thumbnail and links to the full PNG,
   the PDF, its data table(s) (CSV) and the executed notebook rendered as HTML; a planned figure's card
   shows its title and notebook; a card whose paper makes a claim the figure shows carries one line per
-  claim: its verdict (reproduced, partly, not reproduced, not testable here, not run yet) and our
+  claim: its verdict (:data:`repro.figures.claims.VERDICTS`: reproduced, direction only, not reproduced,
+  inconclusive, inconclusive (no interval), not testable here; or not run yet) and our
   number against the paper's (:mod:`repro.figures.claims`; stored in the run record by the runner, or
   computed from ``data/`` when the record has none);
 * one status word per figure (:data:`STATES`), the same words the runner prints:
@@ -594,7 +595,7 @@ def _badge(state: str) -> str:
 
 
 def _verdict_badge(verdict: str) -> str:
-    kind = {"reproduced": "yes", "partly": "partly", "not reproduced": "no"}.get(verdict, "na")
+    kind = {"reproduced": "yes", "direction only": "partly", "not reproduced": "no"}.get(verdict, "na")
     return (f'<span class="verdict {kind}" title="the paper\'s claim, our number against the paper\'s '
             f'(repro.figures.claims)">{html.escape(verdict)}</span>')
 
