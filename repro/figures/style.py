@@ -415,10 +415,12 @@ def gap_lines(items: Iterable[tuple[str, float, float, str]], *, factor: float =
     return out
 
 
-def add_gap_note(fig, lines: Sequence[str], *, width_chars: int | None = None, factor: float = GAP_FACTOR):
+def add_gap_note(fig, lines: Sequence[str], *, width_chars: int | None = None, factor: float = GAP_FACTOR,
+                 head: str | None = None):
     """Write :func:`gap_lines`' lines at the bottom of the figure, under its axes and under the legends
     :func:`legend_below` placed there (call this after them; ``save_figure``'s tight bounding box keeps the
-    text in the picture); nothing when ``lines`` is empty. Returns the text artist (or None)."""
+    text in the picture), below ``head`` (default: "Measured vs predicted more than <factor>x apart:");
+    nothing when ``lines`` is empty. Returns the text artist (or None)."""
     import textwrap
 
     if not lines:
@@ -429,7 +431,7 @@ def add_gap_note(fig, lines: Sequence[str], *, width_chars: int | None = None, f
         renderer = fig.canvas.get_renderer()
         to_fig = fig.transFigure.inverted()
         y = min(leg.get_window_extent(renderer).transformed(to_fig).y0 for leg in fig.legends) - 0.01
-    head = f"Measured vs predicted more than {factor:g}x apart:"
+    head = head or f"Measured vs predicted more than {factor:g}x apart:"
     body = "\n".join(textwrap.fill(f"• {ln}", width, subsequent_indent="   ") for ln in lines)
     return fig.text(0.02, y, f"{head}\n{body}", ha="left", va="top", fontsize="x-small", color="#8a1c1c",
                     transform=fig.transFigure)
