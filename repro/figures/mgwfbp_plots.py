@@ -525,35 +525,6 @@ def plot_real_speedup(speedup: pd.DataFrame, note: str, paper: pd.DataFrame | No
     return fig
 
 
-def headline_text(paper_scale: pd.DataFrame, headline: pd.DataFrame | None) -> str:
-    """The journal's headline speedups beside the largest simulated ones of ``paper_scale``
-    (:func:`repro.studies.mgwfbp_sim.headline_comparison`), each with the verdict of its claim
-    (``mgwfbp.journal_vs_<baseline>``); "" without a headline."""
-    from repro.figures.claims import claim_verdict
-    from repro.studies.mgwfbp_sim import headline_comparison
-
-    if headline is None or not len(headline) or paper_scale is None or not len(paper_scale):
-        return ""
-    parts = []
-    for _, r in headline_comparison(paper_scale, headline).iterrows():
-        if np.isnan(r.simulated_speedup):
-            continue
-        try:
-            v = claim_verdict(f"mgwfbp.journal_vs_{r.baseline}", float(r.simulated_speedup))
-        except Exception:
-            v = ""
-        parts.append(f"over {scheduler_label(r.baseline)} paper up to {r.paper_speedup:.1f}x, simulated up to "
-                     f"{r.simulated_speedup:.2f}x ({r['at']})" + (f", {v}" if v else ""))
-    if not parts:
-        return ""
-    text = "MG-WFBP, paper (TPDS'21 headline, 16 V100) vs simulated: " + "; ".join(parts) + "."
-    if "FP16" in " ".join(headline["setting"].astype(str)) and "FP32" in " ".join(
-            headline_comparison(paper_scale, headline)["at"].astype(str)):
-        text += (" The paper's largest gains are at FP16; simulated, FP16 halves every message, so WFBP exposes "
-                 "less communication and MG-WFBP's gain is largest at FP32.")
-    return text
-
-
 def _breakdown_bars(ax, sub: pd.DataFrame, names: Sequence[str], dtypes: Sequence[str]) -> None:
     """Per scheduler of ``names`` one stacked bar (computation, non-overlapped communication) per wire dtype
     of ``dtypes``, side by side in that order (FP32 left, FP16 right and lighter): the same bar meaning in
@@ -699,8 +670,8 @@ def plot_breakdown(breakdown: pd.DataFrame, note: str, paper_scale: pd.DataFrame
     if _flags(breakdown).any():
         handles.append(oversubscribed_handle("bar"))
     line = headline_claim_text(headline) if with_paper else ""
-    fig.suptitle(f"Iteration breakdown, measured and simulated ({note})" + (f"\n{_wrap_line(line, width)}" if line else ""),
-                 fontsize="medium" if line else None, y=0.998)
+    fig.suptitle(f"Iteration breakdown, measured and simulated ({note})"
+                 + (f"\n{_wrap_line(line, width)}" if line else ""), fontsize="medium" if line else None, y=0.998)
     legend_below(fig, handles, ncol=2 if with_paper else 3)
     h = tiny_h + paper_h + 1.6
     fig.subplots_adjust(top=1 - (1.5 if line else 0.9) / h, bottom=0.35 / h, left=0.8 / width, right=0.98)
@@ -844,8 +815,9 @@ def same_plan_lines(sub: pd.DataFrame, factor: float = 2.0) -> list[str]:
             continue
         order = (f" (run {int(r.run_order) + 1} vs run {int(ref.run_order) + 1} of {int(meas.run_order.max()) + 1} "
                  "in the order they ran)" if "run_order" in meas and pd.notna(r.run_order) else "")
-        out.append(f"{r.model}: threshold {int(r.threshold_bytes):,} B ran {scheduler_label(r.same_plan_as)}'s bucketing but "
-                   f"measured {float(r.iteration_s) * 1e3:.3g} ms vs {float(ref.iteration_s) * 1e3:.3g} ms "
+        out.append(f"{r.model}: threshold {int(r.threshold_bytes):,} B ran {scheduler_label(r.same_plan_as)}'s "
+                   f"bucketing but measured {float(r.iteration_s) * 1e3:.3g} ms vs "
+                   f"{float(ref.iteration_s) * 1e3:.3g} ms "
                    f"({ratio:.1f}x){order}{_compute_clause(r, ref)}: one plan, two timings, so the difference is "
                    "when and how the runs were timed (load on the shared cores), not the threshold")
     return out

@@ -22,7 +22,7 @@ from repro.studies.common import available_cpus, warn_if_oversubscribed, with_ov
 
 __all__ = ["clear_runs", "run_grid", "run_configs", "time_allreduce_sizes", "measure_allreduce", "load_runs",
            "load_iterations", "load_epochs", "speedup_table", "breakdown_table", "allreduce_fit_table",
-           "allreduce_fit_errors", "threshold_sweep_table", "grid_runs", "convergence_epochs"]
+           "allreduce_fit_errors", "threshold_sweep_table", "grid_runs", "convergence_epochs", "BREAKDOWN_DERIVATION"]
 
 
 def run_configs(ctx, configs: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -322,8 +322,9 @@ def threshold_sweep_table(runs: pd.DataFrame, references: Sequence[str] = ("wfbp
     simulated curve differs only by the plans. Rows keep ``run_order`` (the order the runs were made in:
     the time their environment was recorded, ``time_utc``, to the second, then the run id) and ``buckets``,
     ``run_compute_s`` (the run's computation-only time: how fast the machine computed during that run), and
-    ``same_plan_as``: the reference scheduler whose run executed the same bucketing (e.g. a threshold below every layer's size is WFBP), so that a figure can
-    compare the runs of one plan; ``oversubscribed`` as in :func:`load_runs`."""
+    ``same_plan_as``: the reference scheduler whose run executed the same bucketing (e.g. a threshold below
+    every layer's size is WFBP), so that a figure can compare the runs of one plan; ``oversubscribed`` as in
+    :func:`load_runs`."""
     runs = _timing_runs(runs)
     p = runs.world_size.max()
     base = runs[(runs.world_size == p) & (runs.wire_dtype == "float32")]
