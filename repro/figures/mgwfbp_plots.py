@@ -832,22 +832,36 @@ def _compute_clause(run, ref) -> str:
 
 
 def _sweep_gap_lines(sub: pd.DataFrame) -> list[str]:
-    """:func:`repro.figures.style.gap_lines` of each measured point against its simulation on the shared trace."""
+    """:func:`repro.figures.style.gap_lines` of each measured point against its simulation on the shared trace,
+    with the run's computation-only time beside the shared trace's computation where the table has them
+    (``computation_s``): a run that computed slower or faster than the trace was measured at explains its
+    gap without any communication. More than two such points are summed up in one line."""
     key = ["scheduler", "threshold_bytes"]
     s = sub.assign(threshold_bytes=sub["threshold_bytes"].fillna(-1))
-    meas = s[s.source == "measured"].drop_duplicates(key).set_index(key)["iteration_s"]
-    sim = s[s.source == "simulated"].drop_duplicates(key).set_index(key)["iteration_s"]
+    meas = s[s.source == "measured"].drop_duplicates(key).set_index(key)
+    sim = s[s.source == "simulated"].drop_duplicates(key).set_index(key)
     items = []
-    why = "simulated on the shared trace with the live a + b*M fit; measured: the run's own median step"
     for k in meas.index.intersection(sim.index):
         name = scheduler_label(k[0]) + (f" {int(k[1]):,} B" if k[1] >= 0 else "")
-        items.append((f"{sub.model.iloc[0]}, {name}", meas[k], sim[k], why))
+        why = "simulated: the run's plan on the shared trace with its live a + b*M fit"
+        if "computation_s" in s and pd.notna(meas.loc[k, "computation_s"]) and pd.notna(sim.loc[k, "computation_s"]):
+            why = (f"this run's computation-only steps took {float(meas.loc[k, 'computation_s']) * 1e3:.3g} ms, the "
+                   f"shared trace computes in {float(sim.loc[k, 'computation_s']) * 1e3:.3g} ms")
+        items.append((f"{sub.model.iloc[0]}, {name}", meas.loc[k, "iteration_s"], sim.loc[k, "iteration_s"], why))
     lines = gap_lines(items)
     if len(lines) <= 2:
         return lines
     apart = [float(m) / float(p) for _, m, p, _ in items if gap_lines([("", m, p, "")])]
     return [f"{sub.model.iloc[0]}: {len(lines)} of {len(items)} points measured {min(apart):.1f}x to "
-            f"{max(apart):.1f}x their simulation: {why}"]
+            f"{max(apart):.1f}x their simulation on the shared trace (each run's computation-only time: "
+            f"{_range_ms(meas.get('computation_s'))}; the shared trace's: {_range_ms(sim.get('computation_s'))})"]
+
+
+def _range_ms(values: pd.Series | None) -> str:
+    v = pd.to_numeric(values, errors="coerce").dropna() * 1e3 if values is not None else pd.Series(dtype=float)
+    if v.empty:
+        return "not recorded"
+    return f"{v.min():.3g} ms" if np.isclose(v.min(), v.max()) else f"{v.min():.3g}-{v.max():.3g} ms"
 
 
 def plot_convergence(epochs: pd.DataFrame, note: str):

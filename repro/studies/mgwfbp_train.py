@@ -321,7 +321,8 @@ def threshold_sweep_table(runs: pd.DataFrame, references: Sequence[str] = ("wfbp
     (that of the first run of ``shared_trace_from`` that can be simulated, named in ``trace_from``), so the
     simulated curve differs only by the plans. Rows keep ``run_order`` (the order the runs were made in:
     the time their environment was recorded, ``time_utc``, to the second, then the run id) and ``buckets``,
-    ``run_compute_s`` (the run's computation-only time: how fast the machine computed during that run), and
+    ``run_compute_s`` (the run's computation-only time: how fast the machine computed during that run),
+    ``computation_s`` (measured rows: that time; simulated rows: the shared trace's computation), and
     ``same_plan_as``: the reference scheduler whose run executed the same bucketing (e.g. a threshold below
     every layer's size is WFBP), so that a figure can compare the runs of one plan; ``oversubscribed`` as in
     :func:`load_runs`."""
@@ -346,10 +347,11 @@ def threshold_sweep_table(runs: pd.DataFrame, references: Sequence[str] = ("wfbp
                       "oversubscribed": _flag(r._asdict()), "buckets": getattr(r, "buckets", None),
                       "same_plan_as": same, "run_id": r.run_id, "run_compute_s": getattr(r, "compute_s", None)}
             rows.append({**common, "source": "measured", "iteration_s": r.iteration_s, "trace_from": None,
+                         "computation_s": getattr(r, "compute_s", None),
                          "time_utc": loaded[r.run_id].environment.get("time_utc")})
             if sim is not None:
                 rows.append({**common, "source": "simulated", "iteration_s": sim.iteration_s,
-                             "trace_from": shared.run_id, "time_utc": None})
+                             "computation_s": sim.compute_s, "trace_from": shared.run_id, "time_utc": None})
     df = pd.DataFrame(rows)
     if df.empty:
         return df
