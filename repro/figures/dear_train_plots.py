@@ -196,8 +196,8 @@ def _measured_throughput_panel(ax, measured: pd.DataFrame, schedulers: Sequence[
     ax.set_ylim(0, top * 1.12 if top > 0 else 1)
     ax.set_xticks(range(len(models)))
     ax.set_xticklabels(models, fontsize="small")
-    ax.set_ylabel("throughput (samples/s, all ranks)")
-    ax.set_title(_wrap(f"measured: {note}", 48), fontsize="small")
+    ax.set_ylabel("samples/s (all ranks)")
+    ax.set_title(_wrap(f"measured: {note}", 38), fontsize="small")
     return items
 
 
@@ -313,22 +313,24 @@ _PART_REASONS = {
 }
 
 
-def _breakdown_gaps(measured: pd.DataFrame, names: Sequence[str]) -> list[str]:
-    """:func:`repro.figures.style.gap_lines` of each measured run's parts (and iteration) against the same
-    run simulated; parts under 5% of the measured iteration are left out."""
-    items, floor = [], {}
+def _breakdown_gaps(measured: pd.DataFrame, names: Sequence[str], floor: float = 0.10) -> list[str]:
+    """:func:`repro.figures.style.gap_lines` of each measured run's parts against the same run simulated,
+    one line per part (its runs, then once why the part can differ); parts under ``floor`` of the
+    measured iteration, measured and simulated, are left out (too small to matter)."""
+    by_part: dict[str, list[str]] = {}
     for s in names:
         m = measured[(measured["scheduler"] == s) & (measured["source"] == "measured")]
         p = measured[(measured["scheduler"] == s) & (measured["source"] == "simulated")]
         if m.empty or p.empty:
             continue
         m, p = m.iloc[0], p.iloc[0]
-        floor[s] = 0.05 * float(m.get("iteration_s", np.nan))
+        it = float(m.get("iteration_s", np.nan))
         for col, part, _ in _PARTS:
             if col in _PART_REASONS and col in m and col in p:
-                items.append((f"{_label(s)}, {part}", m[col], p[col], _PART_REASONS[col], s))
-    return [line for label, mv, pv, why, s in items
-            for line in gap_lines([(label, mv, pv, why)], min_value=floor[s] if floor[s] == floor[s] else 0.0)]
+                by_part.setdefault(col, []).extend(
+                    gap_lines([(_label(s), m[col], p[col], "")], min_value=floor * it if it == it else 0.0))
+    return [f"{dict((c, lab) for c, lab, _ in _PARTS)[col]}: " + "; ".join(lines) + f". {_PART_REASONS[col]}"
+            for col, lines in by_part.items() if lines]
 
 
 def _stack(ax, x, row, width, edge, alpha=1.0, hatch=None) -> float:
