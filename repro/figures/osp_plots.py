@@ -406,7 +406,8 @@ def plot_stage_ratio(measured: pd.DataFrame, simulated: pd.DataFrame, measured_n
         if col == "final_accuracy":
             a.set_ylim(0, 100)
         else:
-            a.set_ylim(0, float(measured[col].max()) * 1.15 if len(measured) else 1)
+            hi = pd.to_numeric(measured[[c for c in (col, f"{col}_max") if c in measured]].stack(), errors="coerce")
+            a.set_ylim(0, float(hi.max()) * 1.12 if len(hi.dropna()) else 1)  # the seeds' range inside too
         epochs = int(measured.epochs.max()) if len(measured) and measured.epochs.notna().any() else 0
         what = "throughput" if j == 0 else f"test accuracy after {epochs} epochs"
         a.set_title(f"measured {what}" + (" (oversubscribed)" if over else "") + f"\n{spread}", fontsize="small")
