@@ -223,6 +223,7 @@ def test_figures_draw_from_the_tables(tmp_path, trace, cost):
                                 summary="ours vs paper's claim")
     assert len(fig.axes) == 2 and "samples/s" in fig.axes[0].get_ylabel()
     assert "ratio" in fig.axes[1].get_ylabel() and "simulated" in fig.axes[1].get_title()
+    assert all(ax.get_ylim()[0] == 0 for ax in fig.axes)  # no truncated axis
     bd = study.measured_breakdown_table(tmp_path)
     fig = plots.plot_breakdown(bd, sim_bd, "measured note", "sim note")
     assert all("ms" in ax.get_ylabel() for ax in fig.axes)
@@ -247,6 +248,32 @@ def test_figures_draw_from_the_tables(tmp_path, trace, cost):
     fig = plots.plot_bo_tuning(live, cmp, marks, "live note", {"model": "simulated objective"})
     assert len(fig.axes) == 2 and fig.axes[1].get_title() == "simulated objective"
     fig.savefig(tmp_path / "bo.png")
+
+
+def test_gaps_over_2x_between_measured_and_predicted_are_noted_on_the_figure(tmp_path, trace, cost):
+    """A measured run 3x its plan's prediction gets a computed note on dear.throughput_*; one within 2x none;
+    dear.breakdown notes a measured exposed all-gather far above the same run simulated, with its reason."""
+    runs = tmp_path / "runs"
+    timeline = [{"bucket": 0, "kind": "reduce_scatter", "layers": 1, "bytes": 10, "launch_s": 0.0, "start_s": 0.0,
+                 "end_s": 0.001}]
+    for s, factor in (("wfbp", 1.3), ("dear_nofusion", 3.0)):
+        pred = make_plan(s, trace, cost).meta["iteration_s"]
+        _write_run(runs, f"tiny_resnet_{s}_p2", trace, cost, scheduler=s, iteration_s=pred * factor,
+                   compute_s=pred * 0.6, timeline=timeline)
+    thr = study.throughput_table(tmp_path)
+    sim_thr, sim_bd = _sim_frames()
+
+    def notes(fig):
+        return [t.get_text() for t in fig.texts if t.get_text().startswith("Measured vs predicted")]
+
+    fig = plots.plot_throughput(thr, sim_thr, ["wfbp", "dear_nofusion"], ["wfbp", "dear_nofusion"], "T", "m", "s")
+    (note,) = notes(fig)
+    assert "DeAR (no fusion) (tiny_resnet) iteration" in note and "(3.0x)" in note and "WFBP" not in note
+    fig = plots.plot_throughput(thr[thr.scheduler == "wfbp"], sim_thr, ["wfbp"], ["wfbp"], "T", "m", "s")
+    assert notes(fig) == []
+    fig = plots.plot_breakdown(study.measured_breakdown_table(tmp_path), sim_bd, "m", "s")
+    (note,) = notes(fig)
+    assert "exposed all-gather: DeAR (no fusion): measured 112 ms" in note and "ring all-gathers" in note
 
 
 # ------------------------------------------------------------------------------------------ real runs

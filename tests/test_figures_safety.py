@@ -63,9 +63,34 @@ def test_figure_without_a_finished_run_is_not_done(tmp_path, manifest):
         {"cells": [], "metadata": {"papermill": {"start_time": "2026-01-01T00:00:00", "end_time": None}},
          "nbformat": 4, "nbformat_minor": 5}))
     state, error = _state(out, manifest)
-    assert state == "failed" and "part-way" in error
+    assert state == "interrupted" and "part-way" in error
     write_run_record(out, "demo.ipynb", {"status": "done", "error": None, "tables": []})
     assert _state(out, manifest)[0] == "done"
+
+
+def test_an_interrupted_run_is_interrupted_not_failed(tmp_path, manifest, monkeypatch):
+    """Ctrl-C while a notebook runs: the runner re-raises (exit 130 on the command line), and its run record
+    and the gallery say ``interrupted``; a notebook that failed stays ``failed``."""
+    from repro.figures import runner
+
+    def stopped(src, dst, *a, **k):
+        dst.write_text(json.dumps({"cells": [], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}))
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(runner, "_execute", stopped)
+    monkeypatch.setattr(runner, "check_kernel", lambda *a, **k: tmp_path)
+    out = tmp_path / "results"
+    with pytest.raises(KeyboardInterrupt):
+        runner.run(out, manifest=manifest, say=lambda _l: None, heartbeat_s=0)
+    assert json.loads((out / "notebooks" / "demo.run.json").read_text())["status"] == "interrupted"
+    state, error = _state(out, manifest)
+    assert state == "interrupted" and "interrupted (Ctrl-C)" in error
+    assert "| interrupted |" in (out / "index.md").read_text()
+    assert 'class="badge interrupted"' in (out / "index.html").read_text()
+    monkeypatch.setattr(runner, "_execute", lambda *a, **k: "demo.ipynb failed in cell 2: ValueError: x")
+    with pytest.raises(runner.FiguresError):
+        runner.run(out, manifest=manifest, say=lambda _l: None, heartbeat_s=0)
+    assert _state(out, manifest)[0] == "failed"
 
 
 def test_truncated_png_or_pdf_or_missing_sidecar_is_not_done(tmp_path, manifest):

@@ -211,3 +211,25 @@ def test_legend_below_collects_unique_entries():
         ax.plot([0, 1], [0, 1], **scheduler_style("mgwfbp"))
     leg = legend_below(fig)
     assert [t.get_text() for t in leg.get_texts()] == ["MG-WFBP"]
+
+
+def test_gap_lines_flag_every_pair_more_than_twice_apart_either_way():
+    from repro.figures.style import GAP_FACTOR, add_gap_note, gap_lines
+
+    assert GAP_FACTOR == 2.0
+    lines = gap_lines([("a", 0.150, 0.010, "why a"), ("b", 0.010, 0.019, ""), ("c", 0.010, 0.021, "why c"),
+                       ("d", 0.3, 0.0, ""), ("e", None, 0.1, ""), ("f", 0.001, 0.0001, "tiny")], min_value=0.002)
+    assert lines == ["a: measured 150 ms vs 10 ms predicted (15.0x): why a",
+                     "c: measured 10 ms vs 21 ms predicted (1/2.1x): why c",
+                     "d: measured 300 ms vs 0 ms predicted (predicted none)"]
+    assert gap_lines([("x", 2.0, 1.0, "")]) == []  # exactly 2x is not "more than 2x"
+    with pytest.raises(ValueError, match="factor"):
+        gap_lines([], factor=1.0)
+    fig, ax = plt.subplots()
+    ax.plot([0, 1], [0, 1], label="l")
+    legend_below(fig)
+    assert add_gap_note(fig, []) is None
+    text = add_gap_note(fig, lines)
+    assert text.get_text().startswith("Measured vs predicted more than 2x apart:") and "why c" in text.get_text()
+    r = fig.canvas.get_renderer()
+    assert text.get_window_extent(r).y1 <= fig.legends[0].get_window_extent(r).y0  # under the legend

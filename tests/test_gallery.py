@@ -298,7 +298,13 @@ def test_figure_tables_rules(fake_run):
 def test_states_are_one_vocabulary(fake_run):
     manifest, out = fake_run
     cards = collect_cards(out, load_manifest(manifest, check_files=False))
-    assert {c.state for c in cards} == set(STATES) == {"done", "planned", "failed", "missing"}
+    assert {c.state for c in cards} | {"interrupted"} == set(STATES) == {"done", "planned", "failed", "interrupted",
+                                                                          "missing"}
+    # a run stopped by Ctrl-C before the figure was made: interrupted, not failed
+    (out / "notebooks" / "broken.run.json").write_text(json.dumps({"status": "interrupted", "tables": [],
+                                                                   "error": "broken.ipynb was interrupted (Ctrl-C)"}))
+    cards = {c.entry.id: c for c in collect_cards(out, load_manifest(manifest, check_files=False))}
+    assert cards["demo.broken"].state == "interrupted" and "Ctrl-C" in cards["demo.broken"].error
     # a failed notebook that still saved one of its figures: the figure is done, the card says why
     (out / "notebooks" / "sim.run.json").write_text(json.dumps({"status": "failed", "error": "late failure",
                                                                 "tables": []}))

@@ -142,6 +142,14 @@ def test_plots_draw_from_the_tables(traces, sweep):
     assert len([ax for ax in fig.axes if ax.axison]) == len(PLANNERS) + 2
     # an axes title says "tiny scale", so tag_title adds no "(tiny scale)" to the simulated suptitle
     assert any("tiny scale" in ax.get_title(loc="left") for ax in fig.axes)
+    # one recorded step per scheduler: said, beside the run's median, and no speedup printed from it
+    med = _measured_ops().assign(median_iteration_s=0.045, timed_steps=10)
+    fig = omgs_plots.plot_timeline(ops, "t", med, "measured at tiny scale")
+    titles = [ax.get_title(loc="left") for ax in fig.axes]
+    assert "not a speedup" in " ".join(titles)
+    assert sum("one step, 50.0 ms (the run's median step of 10: 45.0 ms)" in t for t in titles) == 1
+    texts = " ".join(titles + [fig._suptitle.get_text()])
+    assert "0.05 s ÷" not in texts and "1.25x" not in texts  # 50 ms / 40 ms of single steps: not printed
 
 
 def test_drawable_merges_back_to_back_compute():

@@ -145,6 +145,35 @@ def test_lgp_ablation_and_stage_ratio_tables(results):
     assert (ratio.epochs == 2).all()
 
 
+def test_stage_ratio_shows_the_seeds_range_it_promises(results):
+    """osp.stage_ratio from medians over seeds: the table keeps each point's range and the figure draws it
+    (error bars and a band) and says so; with one seed it says there is no range."""
+    from matplotlib.collections import LineCollection, PolyCollection
+
+    from repro.studies import osp_sim
+
+    runs = study.load_runs(results)
+    thr, acc = study.throughput_table(results, runs), study.accuracy_table(results, runs)
+    second = (thr.assign(run_id=thr.run_id + "_seed1", throughput_samples_s=thr.throughput_samples_s * 0.8),
+              acc.assign(run_id=acc.run_id + "_seed1", test_accuracy=acc.test_accuracy - 0.1))
+    mthr, macc = study.median_over_seeds(pd.concat([thr, second[0]]), pd.concat([acc, second[1]]))
+    ratio = study.stage_ratio_table(mthr, macc)
+    assert (ratio.seeds == 2).all()
+    bsp = ratio[ratio.point == "bsp"].iloc[0]
+    assert bsp.final_accuracy_min == pytest.approx(0.7) and bsp.final_accuracy_max == pytest.approx(0.8)
+    assert bsp.throughput_samples_s_max / bsp.throughput_samples_s_min == pytest.approx(1 / 0.8)
+    sim_ratio = osp_sim.stage_ratio_table(["resnet50"], [0.0, 1.0], ["10gbit"])
+    fig = plots.plot_stage_ratio(ratio, sim_ratio, "m", "s")
+    for ax in fig.axes[:2]:
+        assert "median of 2 seeds; bars and band: their range" in ax.get_title()
+        bars = [c for c in ax.collections if isinstance(c, LineCollection)]
+        assert bars and len(bars[0].get_segments()) == len(ratio)
+        assert any(isinstance(c, PolyCollection) for c in ax.collections)
+    one = study.stage_ratio_table(*study.median_over_seeds(thr, acc))
+    fig = plots.plot_stage_ratio(one, sim_ratio, "m", "s")
+    assert all("one seed" in ax.get_title() for ax in fig.axes[:2])
+
+
 @pytest.mark.slow
 def test_figures_draw_from_the_tables(results, tmp_path):
     from repro.studies import osp_sim

@@ -21,7 +21,8 @@ from matplotlib.patches import Patch
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
 from repro.figures.dear_plots import method_label, method_style
-from repro.figures.style import EXTRA_COLORS, OVERSUBSCRIBED_HATCH, PALETTE, legend_below
+from repro.figures.style import (EXTRA_COLORS, GAP_FACTOR, OVERSUBSCRIBED_HATCH, PALETTE, add_gap_note, gap_lines,
+                                 legend_below)
 
 __all__ = ["PRIMITIVE_STYLES", "plot_primitive_cost", "plot_throughput", "plot_breakdown", "plot_buffer_sweep",
            "plot_bo_tuning"]
@@ -148,7 +149,31 @@ def plot_primitive_cost(cost: pd.DataFrame, model: pd.DataFrame, measured_note: 
 # dear.throughput_nofusion / dear.throughput_fusion
 # ---------------------------------------------------------------------------------------------
 
-def _measured_throughput_panel(ax, measured: pd.DataFrame, schedulers: Sequence[str], note: str) -> None:
+def _prediction_reason(row, factor: float) -> str:
+    """Why a measured run's iteration is far from its plan's prediction, as far as its own columns tell:
+    whether the trace of its timed steps (``simulated_inrun_s``) predicts it, and how many collectives
+    (``buckets``) each iteration launches."""
+    parts = []
+    inrun, it = row.get("simulated_inrun_s"), float(row["iteration_s"])
+    if inrun is not None and inrun == inrun and float(inrun) > 0:
+        close = 1 / factor <= it / float(inrun) <= factor
+        parts.append(f"the timed steps' own trace predicts {1e3 * float(inrun):.3g} ms"
+                     + (": the warm-up trace the plan used was faster than the timed steps" if close else
+                        ", so the gap is in the fitted communication lines, not in the trace"))
+    b = row.get("buckets")
+    if b is not None and b == b:
+        parts.append(f"{int(b)} collective(s) per iteration, each paying a start-up cost on this CPU/gloo "
+                     "setting that the warm-up fit may not hold")
+    src = row.get("prediction_from")
+    if src and src == src and src != "own plan":
+        parts.append(f"prediction from {src}")
+    return "; ".join(parts)
+
+
+def _measured_throughput_panel(ax, measured: pd.DataFrame, schedulers: Sequence[str], note: str) -> list:
+    """Draw the measured bars and predicted diamonds; return the (label, measured, predicted, reason) items
+    of :func:`repro.figures.style.gap_lines` (iteration seconds)."""
+    items = []
     names = [s for s in _ordered(measured["scheduler"]) if s in schedulers]
     models = list(dict.fromkeys(measured["model"]))
     width = 0.8 / max(1, len(names))
@@ -164,11 +189,16 @@ def _measured_throughput_panel(ax, measured: pd.DataFrame, schedulers: Sequence[
         pred = (thr * g["iteration_s"].to_numpy(dtype=float) / g["predicted_s"].to_numpy(dtype=float))
         ax.scatter(x, pred, marker="D", s=26, facecolor="white", edgecolor="black", zorder=4, linewidth=0.9)
         top = max(top, np.nanmax(np.r_[thr, pred, 0.0]))
+        for m, (_, row) in zip(models, g.iterrows()):
+            if row.notna().any():
+                items.append((f"{_label(s)} ({m}) iteration", row["iteration_s"], row["predicted_s"],
+                              _prediction_reason(row, GAP_FACTOR)))
     ax.set_ylim(0, top * 1.12 if top > 0 else 1)
     ax.set_xticks(range(len(models)))
     ax.set_xticklabels(models, fontsize="small")
-    ax.set_ylabel("throughput (samples/s, all ranks)")
-    ax.set_title(_wrap(f"measured: {note}", 48), fontsize="small")
+    ax.set_ylabel("samples/s (all ranks)")
+    ax.set_title(_wrap(f"measured: {note}", 38), fontsize="small")
+    return items
 
 
 def _simulated_relative_panels(axes, simulated: pd.DataFrame, schedulers: Sequence[str], note: str) -> None:
@@ -184,8 +214,7 @@ def _simulated_relative_panels(axes, simulated: pd.DataFrame, schedulers: Sequen
             g = sub[sub["scheduler"] == s].set_index("model").reindex(models)
             ax.bar(np.arange(len(models)) + (k - (len(names) - 1) / 2) * width, g["rel"], width * 0.92,
                    color=_color(s), edgecolor="white")
-        lo = float(sub["rel"].min()) if len(sub) else 0.0
-        ax.set_ylim(max(0.0, min(0.8, lo - 0.1)), 1.04)
+        ax.set_ylim(0.0, 1.06)  # from 0: bar heights compare as ratios
         ax.set_xticks(range(len(models)))
         ax.set_xticklabels(models, fontsize="x-small", rotation=25)
         ax.set_ylabel("throughput ÷ best (ratio)")
@@ -215,7 +244,8 @@ def released_note(simulated: pd.DataFrame) -> str:
         return ""
     lo, hi = min(gains), max(gains)
     ours = [s for s in OURS_DEAR if s in set(simulated.scheduler)]
-    return (f"DeAR as released ({' or '.join(RELEASED_DEAR)}) vs the best baseline, simulated: {lo[0]:+.1f}% "
+    released = [s for s in RELEASED_DEAR if s in set(simulated.scheduler)]
+    return (f"DeAR as released ({' or '.join(released)}) vs the best baseline, simulated: {lo[0]:+.1f}% "
             f"({lo[1]}, {lo[2]}) to {hi[0]:+.1f}% ({hi[1]}, {hi[2]})"
             + (f"; {' and '.join(ours)} are ours (this package's planners)." if ours else "."))
 
@@ -233,7 +263,7 @@ def plot_throughput(measured: pd.DataFrame, simulated: pd.DataFrame, schedulers:
     fig, axes = plt.subplots(1, n, figsize=(4.3 * n + 0.6, 4.6), squeeze=False,
                              gridspec_kw={"width_ratios": [0.8] + [1.2] * len(nets)})
     axes = axes[0]
-    _measured_throughput_panel(axes[0], measured, schedulers, measured_note)
+    gaps = gap_lines(_measured_throughput_panel(axes[0], measured, schedulers, measured_note))
     _simulated_relative_panels(axes[1:], simulated, sim_schedulers, sim_note)
     names = _ordered([*schedulers, *sim_schedulers])
     handles = [Patch(facecolor=_color(s), label=_label(s)) for s in names]
@@ -244,13 +274,16 @@ def plot_throughput(measured: pd.DataFrame, simulated: pd.DataFrame, schedulers:
                              label="oversubscribed: more ranks than CPU cores"))
     fig.suptitle(title, fontsize="medium", y=0.995)
     top = 0.9
-    summary = " ".join(t for t in (summary, released_note(simulated)) if t)
-    if summary:
-        text = _wrap(summary, int(13 * fig.get_figwidth()))
+    drawn = simulated[simulated["scheduler"].isin(list(sim_schedulers))] if len(simulated) else simulated
+    # the caller's summary and ours, each a paragraph of its own ending in a full stop
+    paras = [t.strip().rstrip(".") + "." for t in (summary, released_note(drawn)) if t and t.strip()]
+    if paras:
+        text = "\n".join(_wrap(p, int(15 * fig.get_figwidth())) for p in paras)
         fig.text(0.5, 0.94, text, ha="center", va="top", fontsize="small", style="italic", color="#333333")
-        top = 0.97 - 0.05 * (text.count("\n") + 1)
+        top = 0.93 - 0.042 * (text.count("\n") + 1)
     legend_below(fig, handles, ncol=4)
     fig.tight_layout(rect=(0, 0, 1, top))
+    add_gap_note(fig, gaps)
     return fig
 
 
@@ -263,6 +296,41 @@ _PARTS = (("computation_s", "computation", "#bdbdbd"),
           ("exposed_ag_s", "exposed all-gather", _AG),
           ("exposed_allreduce_s", "exposed all-reduce", _AR),
           ("exposed_idle_s", "idle (e.g. cycle wait)", "#ffffff"))
+
+
+# Why a measured part can differ from the same run simulated: how each is measured
+# (repro.studies.dear_train.MEASURED_DERIVATION) against what the simulator counts.
+_PART_REASONS = {
+    "computation_s": "measured: the median computation-only time of the model's runs on shared cores; simulated: "
+                     "the run's own trace",
+    "exposed_rs_s": "measured: the reduce-scatters still running after backward returned (the last step's timeline); "
+                    "simulated: the fitted reduce-scatter line",
+    "exposed_ag_s": "measured: the rest of the exposed time, i.e. the forward's waits for the CPU ring all-gathers "
+                    "(point-to-point messages on a thread that shares the cores with the computation) plus any other "
+                    "overhead; simulated: only the fitted all-gather line",
+    "exposed_allreduce_s": "measured: iteration - computation, all counted as all-reduce (gloo on shared CPU cores); "
+                           "simulated: the fitted all-reduce line",
+}
+
+
+def _breakdown_gaps(measured: pd.DataFrame, names: Sequence[str], floor: float = 0.10) -> list[str]:
+    """:func:`repro.figures.style.gap_lines` of each measured run's parts against the same run simulated,
+    one line per part (its runs, then once why the part can differ); parts under ``floor`` of the
+    measured iteration, measured and simulated, are left out (too small to matter)."""
+    by_part: dict[str, list[str]] = {}
+    for s in names:
+        m = measured[(measured["scheduler"] == s) & (measured["source"] == "measured")]
+        p = measured[(measured["scheduler"] == s) & (measured["source"] == "simulated")]
+        if m.empty or p.empty:
+            continue
+        m, p = m.iloc[0], p.iloc[0]
+        it = float(m.get("iteration_s", np.nan))
+        for col, part, _ in _PARTS:
+            if col in _PART_REASONS and col in m and col in p:
+                by_part.setdefault(col, []).extend(
+                    gap_lines([(_label(s), m[col], p[col], "")], min_value=floor * it if it == it else 0.0))
+    return [f"{dict((c, lab) for c, lab, _ in _PARTS)[col]}: " + "; ".join(lines) + f". {_PART_REASONS[col]}"
+            for col, lines in by_part.items() if lines]
 
 
 def _stack(ax, x, row, width, edge, alpha=1.0, hatch=None) -> float:
@@ -327,6 +395,7 @@ def plot_breakdown(measured: pd.DataFrame, simulated: pd.DataFrame, measured_not
     fig.suptitle("Computation vs exposed reduce-scatter vs exposed all-gather", fontsize="medium")
     legend_below(fig, handles, ncol=4)
     fig.tight_layout()
+    add_gap_note(fig, _breakdown_gaps(measured, names) if len(measured) else [])
     return fig
 
 

@@ -18,8 +18,10 @@ fetched from the network) and in any browser:
                executed copy) and the figure is whole: the PNG decodes, the PDF is complete and the
                sidecar (written last) is there;
   ``planned``  the manifest says planned: no notebook makes it yet;
-  ``failed``   its notebook ran in this folder but the figure is not whole, or the run stopped
-               part-way (an executed copy without a run record);
+  ``failed``   its notebook ran in this folder but the figure is not whole;
+  ``interrupted`` its notebook's run here was stopped before it made the figure: the run record says
+               ``interrupted`` (the runner's Ctrl-C, exit status 130), or there is an executed copy
+               without a run record (the runner itself was stopped part-way);
   ``missing``  done in the manifest, but its notebook has not run in this folder.
 
 Side files it writes: ``figures/thumbs/<stem>.png`` (downscaled copies, refreshed when the figure is
@@ -76,11 +78,12 @@ __all__ = [
     "write_index",
 ]
 
-STATES: tuple[str, ...] = ("done", "planned", "failed", "missing")
+STATES: tuple[str, ...] = ("done", "planned", "failed", "interrupted", "missing")
 STATE_HELP: dict[str, str] = {
     "done": "figure whole (PNG decodes, PDF complete, sidecar) from a finished run of its notebook here",
     "planned": "no notebook makes it yet",
     "failed": "its notebook ran here but the figure was not made (see the notebook)",
+    "interrupted": "its notebook's run here was stopped (e.g. Ctrl-C) before it made the figure; run it again",
     "missing": "its notebook has not run in this folder (make figures)",
 }
 THUMB_BOX: tuple[int, int] = (640, 520)  # 2x a card's picture area, for sharp thumbnails on HiDPI
@@ -346,18 +349,21 @@ def collect_cards(out: str | Path, entries: Sequence[FigureEntry], *,
         record = records[e.notebook]
         files = e.files(out / "figures")
         problem = figure_problem(files)
-        interrupted = record is None and (out / "notebooks" / e.notebook).is_file()
+        stopped = record is None and (out / "notebooks" / e.notebook).is_file()  # no record: runner stopped
+        interrupted = stopped or (record is not None and record.get("status") == "interrupted")
         if record is not None and problem is None:
-            state = "done"  # a finished run of its notebook here, and the figure whole
-        elif record is not None or interrupted:
+            state = "done"  # a run of its notebook here made it (the runner deleted older files first)
+        elif interrupted:
+            state = "interrupted"
+        elif record is not None:
             state = "failed"
         else:
             state = "missing"  # never run here (files without a finished run are not trusted)
         card = Card(entry=e, state=state, notebook_html=html_links[e.notebook])
-        if record is not None and record.get("status") == "failed":
-            card.error = str(record.get("error") or "the notebook failed")
-        elif interrupted:
-            card.error = "its run stopped part-way (no run record)"
+        if record is not None and record.get("status") in ("failed", "interrupted"):
+            card.error = str(record.get("error") or f"the notebook {record['status']}")
+        elif stopped:
+            card.error = "its run stopped part-way (no run record): interrupted"
         elif state == "failed" and problem:
             card.error = problem
         png_ok = _png_problem(files["png"]) is None
@@ -457,7 +463,8 @@ def write_index(out: str | Path, *, manifest: str | Path | None = None,
     date = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     counts = {s: sum(c.state == s for c in cards) for s in STATES}
     header = (f"Generated {date} · repro {__version__} · git {_git_revision(where)} · "
-              f"{len(cards)} figures: " + ", ".join(f"{counts[s]} {s}" for s in STATES))
+              f"{len(cards)} figures: " + ", ".join(f"{counts[s]} {s}" for s in STATES
+                                                    if counts[s] or s != "interrupted"))  # rare: said when there
     papers: list[str] = []
     for c in cards:
         if c.entry.paper not in papers:
@@ -519,7 +526,7 @@ def _md_card(c: Card) -> str:
         parts.append(f"claim: **{_md_cell(v['verdict'])}** — {_md_cell(v['line'].split(': ', 1)[-1])}")
     if c.caption:
         parts.append(f"*{_md_cell(c.caption)}*")
-    if c.state in ("failed", "missing"):
+    if c.state in ("failed", "interrupted", "missing"):
         parts.append(_md_cell(c.error or STATE_HELP[c.state]))
     return "<br>".join(parts)
 
@@ -568,7 +575,7 @@ border-bottom:1px solid var(--line);padding:6px}
 .placeholder{height:64px;display:flex;align-items:center;justify-content:center;color:var(--muted);
 background:repeating-linear-gradient(45deg,#f6f8fa,#f6f8fa 8px,#eef1f4 8px,#eef1f4 16px);
 border-bottom:1px solid var(--line);font-size:.85em}
-.card.failed .placeholder,.card.missing .placeholder{height:120px}
+.card.failed .placeholder,.card.interrupted .placeholder,.card.missing .placeholder{height:120px}
 .body{padding:.6em .8em .7em}
 .id{display:flex;justify-content:space-between;align-items:baseline;gap:.5em}
 .id code{font-weight:600;word-break:break-all}
@@ -583,6 +590,7 @@ details p{margin:.3em 0}
 padding:.1em .55em;border-radius:1em;white-space:nowrap}
 .badge.done{background:#dafbe1;color:#116329} .badge.planned{background:#eaeef2;color:#59636e}
 .badge.failed{background:#ffebe9;color:#a40e26} .badge.missing{background:#fff8c5;color:#7d4e00}
+.badge.interrupted{background:#fbefff;color:#6e2b8b}
 .claim{font-size:.84em;margin:.3em 0}
 .verdict{display:inline-block;font-size:.78em;font-weight:600;padding:0 .45em;border-radius:.3em;white-space:nowrap}
 .verdict.yes{background:#dafbe1;color:#116329} .verdict.partly{background:#fff8c5;color:#7d4e00}

@@ -25,8 +25,10 @@ from repro.figures.style import (
     DARK_GREY,
     OVERSUBSCRIBED_HATCH,
     PALETTE,
+    add_gap_note,
     add_note,
     coinciding_lines,
+    gap_lines,
     legend_below,
     mark_oversubscribed,
     oversubscribed_handle,
@@ -523,131 +525,161 @@ def plot_real_speedup(speedup: pd.DataFrame, note: str, paper: pd.DataFrame | No
     return fig
 
 
-def headline_text(paper_scale: pd.DataFrame, headline: pd.DataFrame | None) -> str:
-    """The journal's headline speedups beside the largest simulated ones of ``paper_scale``
-    (:func:`repro.studies.mgwfbp_sim.headline_comparison`), each with the verdict of its claim
-    (``mgwfbp.journal_vs_<baseline>``); "" without a headline."""
-    from repro.figures.claims import claim_verdict
-    from repro.studies.mgwfbp_sim import headline_comparison
-
-    if headline is None or not len(headline) or paper_scale is None or not len(paper_scale):
-        return ""
-    parts = []
-    for _, r in headline_comparison(paper_scale, headline).iterrows():
-        if np.isnan(r.simulated_speedup):
-            continue
-        try:
-            v = claim_verdict(f"mgwfbp.journal_vs_{r.baseline}", float(r.simulated_speedup))
-        except Exception:
-            v = ""
-        parts.append(f"over {scheduler_label(r.baseline)} paper up to {r.paper_speedup:.1f}x, simulated up to "
-                     f"{r.simulated_speedup:.2f}x ({r['at']})" + (f", {v}" if v else ""))
-    if not parts:
-        return ""
-    text = "MG-WFBP, paper (TPDS'21 headline, 16 V100) vs simulated: " + "; ".join(parts) + "."
-    if "FP16" in " ".join(headline["setting"].astype(str)) and "FP32" in " ".join(
-            headline_comparison(paper_scale, headline)["at"].astype(str)):
-        text += (" The paper's largest gains are at FP16; simulated, FP16 halves every message, so WFBP exposes "
-                 "less communication and MG-WFBP's gain is largest at FP32.")
-    return text
-
-
-def _breakdown_bars(ax, sub: pd.DataFrame, names: Sequence[str], split: str, offset: Mapping[str, float],
-                    alpha: Mapping[str, float]) -> None:
+def _breakdown_bars(ax, sub: pd.DataFrame, names: Sequence[str], dtypes: Sequence[str]) -> None:
+    """Per scheduler of ``names`` one stacked bar (computation, non-overlapped communication) per wire dtype
+    of ``dtypes``, side by side in that order (FP32 left, FP16 right and lighter): the same bar meaning in
+    every panel of :func:`plot_breakdown`."""
+    n = max(1, len(dtypes))
+    width = 0.76 / n
     for i, sched in enumerate(names):
-        for _, row in sub[sub.scheduler == sched].iterrows():
-            key = row[split]
-            x = i + offset.get(key, 0.0)
-            comp, comm = row.computation_s * 1e3, row.exposed_comm_s * 1e3
-            hatch = OVERSUBSCRIBED_HATCH if _flags(pd.DataFrame([row])).any() else None
-            kw = {"width": 0.38, "alpha": alpha.get(key, 1.0), "edgecolor": "white", "linewidth": 0.5, "hatch": hatch}
-            ax.bar(x, comp, color=PALETTE[0], **kw)
-            ax.bar(x, comm, bottom=comp, color=PALETTE[3], **kw)
+        for k, dt in enumerate(dtypes):
+            for _, row in sub[(sub.scheduler == sched) & (sub.wire_dtype == dt)].iterrows():
+                x = i + (k - (n - 1) / 2) * width
+                comp, comm = row.computation_s * 1e3, row.exposed_comm_s * 1e3
+                hatch = OVERSUBSCRIBED_HATCH if _flags(pd.DataFrame([row])).any() else None
+                kw = {"width": width * 0.95, "alpha": 1.0 if k == 0 else 0.5, "edgecolor": "white", "linewidth": 0.5,
+                      "hatch": hatch}
+                ax.bar(x, comp, color=PALETTE[0], **kw)
+                ax.bar(x, comm, bottom=comp, color=PALETTE[3], **kw)
     ax.set_xticks(range(len(names)))
     ax.set_xticklabels([scheduler_label(n) for n in names], fontsize="small")
     ax.grid(axis="x", visible=False)
 
 
+_BREAKDOWN_ORDER = ("wfbp", "syncea", "threshold", "ddp_buckets", "ddp", "mgwfbp", "optimal")
+
+
+def _dtypes(table: pd.DataFrame) -> list[str]:
+    present = list(dict.fromkeys(table["wire_dtype"].fillna("float32")))
+    return [d for d in ("float32", "float16") if d in present] + [d for d in present if d not in ("float32", "float16")]
+
+
+def _fp(dt: str) -> str:
+    return str(dt).replace("float", "FP")
+
+
+def computation_text(breakdown: pd.DataFrame, model: str) -> str:
+    """How a model's measured computation was obtained, from ``breakdown``'s columns
+    (:func:`repro.studies.mgwfbp_train.breakdown_table`): the median over its runs, and their range."""
+    m = breakdown[(breakdown.model == model) & (breakdown.source == "measured")]
+    if "run_compute_s" not in m or m["run_compute_s"].isna().all():
+        return "computation: each run's own computation-only time"
+    own = m["run_compute_s"].astype(float)
+    n = int(m["computation_runs"].max()) if "computation_runs" in m else len(own)
+    return (f"computation: one number for every scheduler, the median of {n} runs' computation-only steps "
+            f"(theirs ranged {own.min() * 1e3:.3g}-{own.max() * 1e3:.3g} ms)")
+
+
+def _breakdown_gap_lines(breakdown: pd.DataFrame) -> list[str]:
+    """:func:`repro.figures.style.gap_lines` of each measured iteration against the same run simulated, with
+    where the gap lies (computation or non-overlapped communication), from the table's own columns."""
+    items = []
+    keys = ["model", "scheduler", "wire_dtype"]
+    meas = breakdown[breakdown.source == "measured"].set_index(keys)
+    sim = breakdown[breakdown.source == "simulated"].set_index(keys)
+    for key in meas.index.intersection(sim.index):
+        m, p = meas.loc[key], sim.loc[key]
+        if isinstance(m, pd.DataFrame):
+            m, p = m.iloc[0], p.iloc[0] if isinstance(p, pd.DataFrame) else p
+        why = (f"computation {m.computation_s * 1e3:.3g} ms measured vs {p.computation_s * 1e3:.3g} ms in the "
+               f"shared trace, non-overlapped communication {m.exposed_comm_s * 1e3:.3g} ms vs "
+               f"{p.exposed_comm_s * 1e3:.3g} ms simulated with the live fit")
+        items.append((f"{key[0]}, {scheduler_label(key[1])}, {_fp(key[2])}",
+                       m.computation_s + m.exposed_comm_s, p.computation_s + p.exposed_comm_s, why))
+    return gap_lines(items)
+
+
+def headline_claim_text(headline: pd.DataFrame | None) -> str:
+    """The journal's headline as published (:func:`repro.studies.mgwfbp_sim.journal_headline`), with where
+    the claims page judges it: no number of ours, so nothing that can disagree with that page."""
+    if headline is None or not len(headline):
+        return ""
+    parts = [f"up to {float(r.speedup):g}x over {scheduler_label(r.baseline)}" for r in headline.itertuples()]
+    return ("The journal's headline (TPDS'21, 16 V100): " + ", ".join(parts) + "; judged on the claims page "
+            "from mgwfbp.sim_speedup's table (claims mgwfbp.journal_vs_*), not from these bars.")
+
+
 def plot_breakdown(breakdown: pd.DataFrame, note: str, paper_scale: pd.DataFrame | None = None,
                    headline: pd.DataFrame | None = None):
-    """Stacked bars of computation and non-overlapped communication, one panel per model and wire
-    precision; per scheduler a pair of bars: measured (left, solid) and simulated from the run's own
-    trace, plan and cost model (right, lighter). Oversubscribed runs are hatched.
+    """Stacked bars of computation and non-overlapped communication, ms per iteration. Every panel has the
+    same bar meaning: per scheduler one bar per wire dtype, FP32 left, FP16 right (lighter).
+
+    Upper rows, one per model (``breakdown``: :func:`repro.studies.mgwfbp_train.breakdown_table`): left the
+    runs measured (computation one number per model, said under the panel title), right the same runs'
+    plans simulated on one shared trace and cost model (``trace_from``), on a shared y axis. Oversubscribed
+    runs are hatched. Measured iterations more than 2x from their simulation get a computed note
+    (:func:`repro.figures.style.gap_lines`).
 
     With ``paper_scale`` (:func:`repro.studies.mgwfbp_sim.paper_breakdown_table`): below, the journal's
-    setting simulated (16 V100, estimate traces, published fits), one panel per network and model, per
-    scheduler a pair of bars FP32 (left) and FP16 (right, lighter). With ``headline``
-    (:func:`repro.studies.mgwfbp_sim.journal_headline`) the paper's 1.7x / 1.2x are written under the title
-    beside the largest simulated gains and the claims' verdicts."""
+    setting simulated (16 V100, estimate traces, published fits), one panel per network and model. With
+    ``headline`` (:func:`repro.studies.mgwfbp_sim.journal_headline`) the paper's 1.7x / 1.2x are written
+    under the title as published, with where the claims page judges them; no gain of ours is printed in a
+    title (the claims' numbers come from another table)."""
     models = list(dict.fromkeys(breakdown["model"]))
-    dtypes = [d for d in ("float32", "float16") if d in set(breakdown["wire_dtype"])] + \
-             [d for d in dict.fromkeys(breakdown["wire_dtype"]) if d not in ("float32", "float16")]
-    order = ["wfbp", "syncea", "threshold", "ddp_buckets", "ddp", "mgwfbp", "optimal"]
+    dtypes = _dtypes(breakdown)
     with_paper = paper_scale is not None and len(paper_scale) > 0
     pmodels = list(dict.fromkeys(paper_scale["model"])) if with_paper else []
     pnets = list(dict.fromkeys(paper_scale["network"])) if with_paper else []
-    ncols = max(len(dtypes), len(pmodels))
-    tiny_h, paper_h = 3.1 * len(models), 3.0 * len(pnets)
-    width = max(4.3 * len(dtypes) + 0.4, 3.3 * len(pmodels) + 0.4)
+    pdtypes = _dtypes(paper_scale) if with_paper else []
+    tiny_h, paper_h = 3.3 * len(models), 3.0 * len(pnets)
+    width = max(9.0, 3.3 * len(pmodels) + 0.4)
     fig = plt.figure(figsize=(width, tiny_h + paper_h + 1.6))
     outer = fig.add_gridspec(2 if with_paper else 1, 1, height_ratios=[tiny_h, paper_h] if with_paper else [1],
                              hspace=0.3)
-    top = outer[0].subgridspec(len(models), len(dtypes), hspace=0.5, wspace=0.15)
+    top = outer[0].subgridspec(len(models), 2, hspace=0.75, wspace=0.12)
     tiny = "tiny" in note
     for r, m in enumerate(models):
+        sub_m = breakdown[breakdown.model == m]
+        names = [s for s in _BREAKDOWN_ORDER if s in set(sub_m.scheduler)] + \
+                [s for s in dict.fromkeys(sub_m.scheduler) if s not in _BREAKDOWN_ORDER]
+        p = int(sub_m.workers.max()) if len(sub_m) else 0
         first = None
-        for c, dt in enumerate(dtypes):
+        for c, source in enumerate(("measured", "simulated")):
             ax = fig.add_subplot(top[r, c], sharey=first)
             first = first or ax
-            sub = breakdown[(breakdown.model == m) & (breakdown.wire_dtype == dt)]
-            names = [s for s in order if s in set(sub.scheduler)] + [s for s in dict.fromkeys(sub.scheduler)
-                                                                      if s not in order]
-            _breakdown_bars(ax, sub, names, "source", {"measured": -0.2, "simulated": 0.2},
-                            {"measured": 1.0, "simulated": 0.5})
+            sub = sub_m[sub_m.source == source]
+            _breakdown_bars(ax, sub, names, dtypes)
             ax.set_ylabel("ms per iteration" if c == 0 else "")
             if c:
                 ax.tick_params(labelleft=False)
-            p = int(sub.workers.max()) if len(sub) else 0
-            ax.set_title(f"{m}, {dt.replace('float', 'FP')}, P={p}: measured{' (tiny)' if tiny else ''}",
-                         fontsize="small")
+            if source == "measured":
+                what = f"measured{' (tiny)' if tiny else ''}\n{computation_text(breakdown, m)}"
+            else:
+                src = ", ".join(dict.fromkeys(sub["trace_from"].dropna().astype(str))) if "trace_from" in sub else ""
+                what = "simulated: each run's plan on one shared trace and cost model" + \
+                       (f"\n(those of run {src})" if src else "")
+            ax.set_title(_wrap_line(f"{m}, P={p}: {what}", 4.3), fontsize="x-small")
     if with_paper:
         bottom = outer[1].subgridspec(len(pnets), len(pmodels), hspace=0.6, wspace=0.3)
         for r, net in enumerate(pnets):
             for c, m in enumerate(pmodels):
                 ax = fig.add_subplot(bottom[r, c])
                 sub = paper_scale[(paper_scale.model == m) & (paper_scale.network == net)]
-                names = [s for s in order if s in set(sub.scheduler)]
-                _breakdown_bars(ax, sub, names, "wire_dtype", {"float32": -0.2, "float16": 0.2},
-                                {"float32": 1.0, "float16": 0.5})
+                names = [s for s in _BREAKDOWN_ORDER if s in set(sub.scheduler)]
+                _breakdown_bars(ax, sub, names, pdtypes)
                 ax.set_ylabel("ms per iteration" if c == 0 else "")
                 ax.tick_params(axis="x", labelsize="x-small")
                 p = int(sub.workers.max()) if len(sub) else 0
-                it = sub[sub.wire_dtype == "float32"].set_index("scheduler")["iteration_s"]
-                gain = ""
-                if {"mgwfbp", "wfbp", "syncea"} <= set(it.index):
-                    gain = (f"\nFP32 MG-WFBP: {it['wfbp'] / it['mgwfbp']:.2f}x WFBP, "
-                            f"{it['syncea'] / it['mgwfbp']:.2f}x SyncEASGD")
-                ax.set_title(f"{m}, {_net_label(net)}, {p} V100 (simulated){gain}", fontsize="x-small")
+                ax.set_title(f"{m}, {_net_label(net)}, {p} V100 (simulated)", fontsize="x-small")
+    all_dtypes = list(dict.fromkeys(dtypes + pdtypes))
     handles = [Patch(facecolor=PALETTE[0], label="computation"),
-               Patch(facecolor=PALETTE[3], label="non-overlapped communication"),
-               Patch(facecolor=DARK_GREY, label="upper panels: left bar measured" + (", tiny" if tiny else "")),
-               Patch(facecolor=DARK_GREY, alpha=0.5, label="upper panels: right bar (lighter) simulated, same run")]
-    if with_paper:
-        handles += [Patch(facecolor=DARK_GREY, label="lower panels: left bar FP32 (simulated)"),
-                    Patch(facecolor=DARK_GREY, alpha=0.5, label="lower panels: right bar (lighter) FP16 (simulated)")]
+               Patch(facecolor=PALETTE[3], label="non-overlapped communication")]
+    handles += [Patch(facecolor=DARK_GREY, alpha=1.0 if k == 0 else 0.5,
+                      label=f"every panel: {['left', 'right', 'third'][min(k, 2)]} bar{' (lighter)' if k else ''} "
+                            f"{_fp(dt)}") for k, dt in enumerate(all_dtypes)]
     if _flags(breakdown).any():
         handles.append(oversubscribed_handle("bar"))
-    line = headline_text(paper_scale, headline) if with_paper else ""
-    fig.suptitle(f"Iteration breakdown, measured vs simulated ({note})" + (f"\n{_wrap_line(line, width)}" if line else ""),
-                 fontsize="medium" if line else None, y=0.998)
+    line = headline_claim_text(headline) if with_paper else ""
+    fig.suptitle(f"Iteration breakdown, measured and simulated ({note})"
+                 + (f"\n{_wrap_line(line, width)}" if line else ""), fontsize="medium" if line else None, y=0.998)
     legend_below(fig, handles, ncol=2 if with_paper else 3)
     h = tiny_h + paper_h + 1.6
-    fig.subplots_adjust(top=1 - (1.15 if line else 0.6) / h, bottom=0.35 / h, left=0.8 / width, right=0.98)
+    fig.subplots_adjust(top=1 - (1.5 if line else 0.9) / h, bottom=0.35 / h, left=0.8 / width, right=0.98)
     if with_paper:
         y1 = outer[1].get_position(fig).y1
         fig.text(0.5, y1 + 0.5 / h, "Paper scale, simulated (the journal's setting: estimate traces, published "
-                 "fits): left bar FP32, right bar (lighter) FP16", ha="center", va="bottom", fontsize="medium",
-                 weight="bold")
+                 "fits)", ha="center", va="bottom", fontsize="medium", weight="bold")
+    add_gap_note(fig, _breakdown_gap_lines(breakdown))
     return fig
 
 
@@ -724,12 +756,16 @@ def plot_threshold_sweep(sweep: pd.DataFrame, refs: pd.DataFrame | None = None, 
     fig, axes = plt.subplots(nrows, ncols, figsize=(4.2 * ncols + 0.4, 3.6 * nrows + 0.9), squeeze=False)
     any_over = False
     tiny = "tiny" in note
+    gaps: list[str] = []
     for ax, m in zip(axes[0], models):
         sub = sweep[sweep.model == m]
         any_over |= _threshold_panel(ax, sub, (("measured", "-", None), ("simulated", "--", "white")))
         p = int(sub.workers.max()) if "workers" in sub and len(sub) else 0
+        src = ", ".join(dict.fromkeys(sub["trace_from"].dropna().astype(str))) if "trace_from" in sub else ""
         ax.set_title(f"{m}{f', P={p}' if p else ''}: measured and simulated{' (tiny)' if tiny else ''}"
-                     + ("\n(every run oversubscribed)" if len(sub) and _flags(sub).all() else ""), fontsize="small")
+                     + (f"\nsimulated: every point on one trace and cost model,\nthose of run {src}" if src else "")
+                     + ("\n(every run oversubscribed)" if len(sub) and _flags(sub).all() else ""), fontsize="x-small")
+        gaps += same_plan_lines(sub) + _sweep_gap_lines(sub)
     for ax in axes[0][len(models):]:
         ax.set_visible(False)
     for r, net in enumerate(pnets, start=1):
@@ -756,7 +792,76 @@ def plot_threshold_sweep(sweep: pd.DataFrame, refs: pd.DataFrame | None = None, 
                  + (f"\n{_wrap_line(line, 4.2 * ncols)}" if line else ""))
     legend_below(fig, handles, labels, ncol=3)
     fig.tight_layout()
+    add_gap_note(fig, gaps, head="More than 2x apart (measured vs measured of one plan, or vs simulated):")
     return fig
+
+
+def same_plan_lines(sub: pd.DataFrame, factor: float = 2.0) -> list[str]:
+    """Threshold runs that executed the same bucketing as a reference run (``same_plan_as`` of
+    :func:`repro.studies.mgwfbp_train.threshold_sweep_table`) but measured more than ``factor`` apart from
+    it: one plan, two timings, so the gap is the machine's, not the threshold's; each line gives both
+    times and the runs' order (``run_order``, 0 = first made)."""
+    if "same_plan_as" not in sub:
+        return []
+    meas = sub[sub.source == "measured"]
+    refs = meas[meas.scheduler != "threshold"].drop_duplicates("scheduler").set_index("scheduler")
+    out = []
+    for r in meas[(meas.scheduler == "threshold") & meas.same_plan_as.notna()].itertuples():
+        if r.same_plan_as not in refs.index:
+            continue
+        ref = refs.loc[r.same_plan_as]
+        ratio = float(r.iteration_s) / float(ref.iteration_s)
+        if 1 / factor <= ratio <= factor:
+            continue
+        order = (f" (run {int(r.run_order) + 1} vs run {int(ref.run_order) + 1} of {int(meas.run_order.max()) + 1} "
+                 "in the order they ran)" if "run_order" in meas and pd.notna(r.run_order) else "")
+        out.append(f"{r.model}: threshold {int(r.threshold_bytes):,} B ran {scheduler_label(r.same_plan_as)}'s "
+                   f"bucketing but measured {float(r.iteration_s) * 1e3:.3g} ms vs "
+                   f"{float(ref.iteration_s) * 1e3:.3g} ms "
+                   f"({ratio:.1f}x){order}{_compute_clause(r, ref)}: one plan, two timings, so the difference is "
+                   "when and how the runs were timed (load on the shared cores), not the threshold")
+    return out
+
+
+def _compute_clause(run, ref) -> str:
+    """", its computation-only steps X ms vs Y ms" when the table has both runs' (the machine's speed in each)."""
+    a, b = getattr(run, "run_compute_s", None), ref.get("run_compute_s") if hasattr(ref, "get") else None
+    if a is None or b is None or not (np.isfinite(float(a)) and np.isfinite(float(b))):
+        return ""
+    return f", its computation-only steps {float(a) * 1e3:.3g} ms vs {float(b) * 1e3:.3g} ms"
+
+
+def _sweep_gap_lines(sub: pd.DataFrame) -> list[str]:
+    """:func:`repro.figures.style.gap_lines` of each measured point against its simulation on the shared trace,
+    with the run's computation-only time beside the shared trace's computation where the table has them
+    (``computation_s``): a run that computed slower or faster than the trace was measured at explains its
+    gap without any communication. More than two such points are summed up in one line."""
+    key = ["scheduler", "threshold_bytes"]
+    s = sub.assign(threshold_bytes=sub["threshold_bytes"].fillna(-1))
+    meas = s[s.source == "measured"].drop_duplicates(key).set_index(key)
+    sim = s[s.source == "simulated"].drop_duplicates(key).set_index(key)
+    items = []
+    for k in meas.index.intersection(sim.index):
+        name = scheduler_label(k[0]) + (f" {int(k[1]):,} B" if k[1] >= 0 else "")
+        why = "simulated: the run's plan on the shared trace with its live a + b*M fit"
+        if "computation_s" in s and pd.notna(meas.loc[k, "computation_s"]) and pd.notna(sim.loc[k, "computation_s"]):
+            why = (f"this run's computation-only steps took {float(meas.loc[k, 'computation_s']) * 1e3:.3g} ms, the "
+                   f"shared trace computes in {float(sim.loc[k, 'computation_s']) * 1e3:.3g} ms")
+        items.append((f"{sub.model.iloc[0]}, {name}", meas.loc[k, "iteration_s"], sim.loc[k, "iteration_s"], why))
+    lines = gap_lines(items)
+    if len(lines) <= 2:
+        return lines
+    apart = [float(m) / float(p) for _, m, p, _ in items if gap_lines([("", m, p, "")])]
+    return [f"{sub.model.iloc[0]}: {len(lines)} of {len(items)} points measured {min(apart):.1f}x to "
+            f"{max(apart):.1f}x their simulation on the shared trace (each run's computation-only time: "
+            f"{_range_ms(meas.get('computation_s'))}; the shared trace's: {_range_ms(sim.get('computation_s'))})"]
+
+
+def _range_ms(values: pd.Series | None) -> str:
+    v = pd.to_numeric(values, errors="coerce").dropna() * 1e3 if values is not None else pd.Series(dtype=float)
+    if v.empty:
+        return "not recorded"
+    return f"{v.min():.3g} ms" if np.isclose(v.min(), v.max()) else f"{v.min():.3g}-{v.max():.3g} ms"
 
 
 def plot_convergence(epochs: pd.DataFrame, note: str):

@@ -220,8 +220,11 @@ def plot_timeline(ops: pd.DataFrame, title: str, measured: pd.DataFrame | None =
                     [p for p in dict.fromkeys(measured["planner"]) if p not in PLANNER_ORDER]
     rows = ["compute", "sparsify", "comm"]
     n_sim, n_meas = len(planners), len(mplanners)
-    heights = [1.0] * n_sim + ([0.8] if n_meas else []) + [0.85] * n_meas
-    fig = plt.figure(figsize=(11.5, 1.45 * n_sim + (1.25 * n_meas + 1.45 if n_meas else 0) + 1.3))
+    head_text = textwrap.fill((measured_title or "measured") + ". " + SINGLE_STEP_NOTE, 105, break_on_hyphens=False)
+    head_h = 0.55 + 0.3 * (head_text.count("\n") + 1)  # the measured header, in units of a panel's height
+    heights = [1.0] * n_sim + ([head_h] if n_meas else []) + [0.85] * n_meas
+    fig = plt.figure(figsize=(11.5, 1.45 * n_sim + (1.25 * n_meas + 1.45 * (head_h + 1) / 1.8 if n_meas else 0)
+                              + 1.3))
     gs = fig.add_gridspec(len(heights), 1, height_ratios=heights, hspace=0.3)
     t_end = float(ops["iteration_s"].max())
     sim_axes = []
@@ -254,8 +257,7 @@ def plot_timeline(ops: pd.DataFrame, title: str, measured: pd.DataFrame | None =
     if n_meas:
         head = fig.add_subplot(gs[n_sim])
         head.axis("off")
-        head.set_title(textwrap.fill(measured_title or "measured", 105, break_on_hyphens=False), loc="left",
-                       fontsize="medium", fontweight="bold", y=0.0, va="bottom")
+        head.set_title(head_text, loc="left", fontsize="medium", fontweight="bold", y=0.0, va="bottom")
         m_axes = []
         m_end = float(np.nanmax(measured["end_s"]))
         for i, p in enumerate(mplanners):
@@ -270,7 +272,7 @@ def plot_timeline(ops: pd.DataFrame, title: str, measured: pd.DataFrame | None =
             it = float(sub["iteration_s"].iloc[0]) if "iteration_s" in sub else float("nan")
             if np.isfinite(it):
                 ax.axvline(it * 1e3, color="black", lw=1.0, ls="--")
-            ax.set_title(f"{planner_label(p)}, measured: step {_ms(it)}", fontsize="small", loc="left")
+            ax.set_title(f"{planner_label(p)}, measured: {_one_step_text(sub)}", fontsize="small", loc="left")
             if i < n_meas - 1:
                 ax.tick_params(labelbottom=False)
                 ax.set_xlabel("")
@@ -294,6 +296,22 @@ def plot_timeline(ops: pd.DataFrame, title: str, measured: pd.DataFrame | None =
     fig.subplots_adjust(top=1 - top / fig.get_figheight(), bottom=(1.1 if line else 0.9) / fig.get_figheight(),
                         left=0.09, right=0.98)
     return fig
+
+
+SINGLE_STEP_NOTE = ("Each panel is one recorded step of one run, not a speedup: single steps on shared CPU "
+                    "cores vary, and the claims compare median steps over runs")
+
+
+def _one_step_text(sub: pd.DataFrame) -> str:
+    """A measured panel's title tail: the one step drawn, and the run's median step beside it when the
+    table has it (:func:`repro.studies.omgs_sim.measured_timeline`)."""
+    it = float(sub["iteration_s"].iloc[0]) if "iteration_s" in sub else float("nan")
+    text = f"one step, {_ms(it)}"
+    med = float(sub["median_iteration_s"].iloc[0]) if "median_iteration_s" in sub else float("nan")
+    if np.isfinite(med):
+        n = int(sub["timed_steps"].iloc[0]) if "timed_steps" in sub else 0
+        text += f" (the run's median step{f' of {n}' if n else ''}: {_ms(med)})"
+    return text
 
 
 def _drawable(ops: pd.DataFrame, span_s: float, min_label_frac: float = 0.045) -> pd.DataFrame:

@@ -343,12 +343,33 @@ def plot_lgp_ablation(table: pd.DataFrame, title: str, note: str = ""):
 # osp.stage_ratio
 # ---------------------------------------------------------------------------------------------
 
+def _seed_range(ax, measured: pd.DataFrame, column: str, scale: float, color: str) -> str:
+    """Each point's range over its seeds (``<column>_min``/``_max`` of a table of medians over seeds) as an
+    error bar, and as a band along the OSP sweep; returns what the panel shows ("median of N seeds, bars:
+    their range", or "one seed: no range" when no point has more than one run)."""
+    seeds = int(measured["seeds"].max()) if "seeds" in measured and measured["seeds"].notna().any() else 1
+    lo, hi = f"{column}_min", f"{column}_max"
+    if seeds < 2 or lo not in measured or hi not in measured:
+        return "one seed: no range to show"
+    m = measured.dropna(subset=[column, lo, hi])
+    y = m[column].to_numpy(dtype=float) * scale
+    err = np.vstack([y - m[lo].to_numpy(dtype=float) * scale, m[hi].to_numpy(dtype=float) * scale - y])
+    ax.errorbar(m.stage1_bytes_share * 100, y, yerr=np.clip(err, 0, None), fmt="none", ecolor=DARK_GREY,
+                elinewidth=1.2, capsize=4, zorder=6)
+    sweep = m[m.point.isin(["sweep", "bsp"])].sort_values("stage1_bytes_share")
+    ax.fill_between(sweep.stage1_bytes_share * 100, sweep[lo] * scale, sweep[hi] * scale, color=color, alpha=0.15,
+                    lw=0, zorder=1)
+    lo_n = int(m["seeds"].min()) if "seeds" in m and len(m) else seeds
+    return f"median of {lo_n if lo_n == seeds else f'{lo_n}-{seeds}'} seeds; bars and band: their range"
+
+
 def plot_stage_ratio(measured: pd.DataFrame, simulated: pd.DataFrame, measured_note: str, sim_note: str,
                      note: str = "", cost_mode: str | None = None):
     """Top: measured throughput and final accuracy vs the share of the gradient bytes in stage 1 (OSP with
     LGP; share 1 is the BSP run; the star: osp_auto's share). Bottom, one panel per network: simulated
     throughput ÷ BSP's vs the share per model, osp_auto's choice starred. ``measured``:
-    :func:`repro.studies.osp_train.stage_ratio_table`; ``simulated``:
+    :func:`repro.studies.osp_train.stage_ratio_table` (of medians over seeds: each point's range over its
+    seeds drawn as an error bar and a band, and said in the panel titles; one seed: the titles say so); ``simulated``:
     :func:`repro.studies.osp_sim.stage_ratio_table`. The simulated panels name their cost mode
     (``cost_mode``, else ``simulated``'s column)."""
     nets = list(dict.fromkeys(simulated["network"])) if len(simulated) else []
@@ -375,6 +396,7 @@ def plot_stage_ratio(measured: pd.DataFrame, simulated: pd.DataFrame, measured_n
         a.scatter(b.stage1_bytes_share * 100, b[col] * scale, **bsp_kw)
         au = measured[measured.point == "auto"]
         a.scatter(au.stage1_bytes_share * 100, au[col] * scale, **auto_kw)
+        spread = _seed_range(a, measured, col, scale, osp_kw["color"])
         for _, r in au.iterrows():
             a.annotate(f"auto: {100 * r.stage1_bytes_share:.0f}%", (100 * r.stage1_bytes_share, r[col] * scale),
                        xytext=(8, -12), textcoords="offset points", fontsize="x-small")
@@ -384,10 +406,11 @@ def plot_stage_ratio(measured: pd.DataFrame, simulated: pd.DataFrame, measured_n
         if col == "final_accuracy":
             a.set_ylim(0, 100)
         else:
-            a.set_ylim(0, float(measured[col].max()) * 1.15 if len(measured) else 1)
+            hi = pd.to_numeric(measured[[c for c in (col, f"{col}_max") if c in measured]].stack(), errors="coerce")
+            a.set_ylim(0, float(hi.max()) * 1.12 if len(hi.dropna()) else 1)  # the seeds' range inside too
         epochs = int(measured.epochs.max()) if len(measured) and measured.epochs.notna().any() else 0
         what = "throughput" if j == 0 else f"test accuracy after {epochs} epochs"
-        a.set_title(f"measured {what}" + (" (oversubscribed)" if over else ""), fontsize="small")
+        a.set_title(f"measured {what}" + (" (oversubscribed)" if over else "") + f"\n{spread}", fontsize="small")
     model_handles = {}
     for j, net in enumerate(nets):
         a = fig.add_subplot(gs[1, j])

@@ -17,7 +17,7 @@
    computed from the tables just written (:mod:`repro.figures.claims`);
 4. checks that every declared figure of those notebooks is whole in ``<out>/figures/`` (the PNG
    decodes, the PDF is complete, the sidecar is there) and prints one line per figure: id, status
-   (done | failed), file;
+   (done | failed), file; a notebook stopped by Ctrl-C gets the run record status ``interrupted``;
 5. writes the gallery ``<out>/index.html`` and ``<out>/index.md`` (:mod:`repro.figures.gallery`).
 
 Every option is checked before anything is deleted, written or started, the parameters included: each
@@ -27,9 +27,10 @@ before any kernel starts. Bad input (an option, a parameter, the manifest, the k
 line and exit status 2; a run that fails (a notebook, a figure) exits with 1. ``--out`` must be a
 writable folder (or one that can be created), and a lock file (``<out>/.repro-figures.lock``) refuses a second runner into the same
 folder. Ctrl-C ends a run with one line, ``repro.figures: interrupted``, and status 130: the notebook's
-kernel is killed, not asked to shut down (see :func:`_engine`). ``index`` rebuilds only the gallery;
+kernel is killed, not asked to shut down (see :func:`_engine`), and its run record and the gallery say
+``interrupted``. ``index`` rebuilds only the gallery;
 ``list`` prints the manifest. Status words are the same everywhere: ``done`` and ``planned`` in the
-manifest; ``done``, ``planned``, ``failed`` and ``missing`` in the runner's lines and the gallery (see
+manifest; ``done``, ``planned``, ``failed``, ``interrupted`` and ``missing`` in the run records and the gallery (see
 :data:`repro.figures.gallery.STATES`).
 """
 
@@ -458,6 +459,22 @@ def figure_claim_verdicts(entries: Sequence[FigureEntry], data_dir: Path,
     return out
 
 
+def _record_interrupted(out: Path, nb: str, params: dict[str, Any], kernel_name: str, started: _dt.datetime,
+                        seconds: float, tables: list[str], manifest: str | Path | None,
+                        entries: Sequence[FigureEntry]) -> None:
+    """After Ctrl-C stopped ``nb``: its run record with status ``interrupted`` and a fresh gallery, so
+    the folder shows the stop as such (not as a failure). A second Ctrl-C, or an error while writing,
+    leaves them as they are: the user asked to stop."""
+    try:
+        write_run_record(out, nb, {"status": "interrupted", "error": f"{nb} was interrupted (Ctrl-C) after "
+                                   f"{_duration(seconds)}", "seconds": round(seconds, 3),
+                                   "started_utc": started.isoformat(timespec="seconds"), "kernel": kernel_name,
+                                   "parameters": params, "tables": tables, "claims": {}})
+        write_index(out, manifest=manifest, entries=entries, warn=lambda _msg: None)
+    except (KeyboardInterrupt, Exception):  # noqa: BLE001 - stopping wins over the bookkeeping
+        pass
+
+
 def _table_stamps(data_dir: Path) -> dict[str, int]:
     return {p.stem: p.stat().st_mtime_ns for p in data_dir.glob("*.csv")}
 
@@ -525,8 +542,14 @@ def _run_locked(out: Path, entries: Sequence[FigureEntry], notebooks: list[str],
         before = _table_stamps(data_dir)
         started = _dt.datetime.now(_dt.timezone.utc)
         t0 = time.perf_counter()
-        with _Heartbeat(prefix, dst, say, heartbeat_s):
-            err = _execute(src, dst, nb_params[nb], src.parent, kernel_name, log_output, execution_timeout)
+        try:
+            with _Heartbeat(prefix, dst, say, heartbeat_s):
+                err = _execute(src, dst, nb_params[nb], src.parent, kernel_name, log_output, execution_timeout)
+        except KeyboardInterrupt:  # Ctrl-C: the record and the gallery say "interrupted", then exit 130
+            _record_interrupted(out, nb, nb_params[nb], kernel_name, started, time.perf_counter() - t0,
+                                sorted(t for t, s in _table_stamps(data_dir).items() if before.get(t) != s),
+                                manifest, entries)
+            raise
         dt = time.perf_counter() - t0
         report.seconds[nb] = dt
         after = _table_stamps(data_dir)

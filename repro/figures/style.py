@@ -21,6 +21,10 @@ The rules every figure follows (helpers below):
   :func:`legend_outside` (right of one axes).
 * **Bounded aspect ratios**: :func:`panel_figsize` sizes small multiples; :data:`MAX_ASPECT` is what
   :func:`repro.figures.save.save_figure` accepts.
+* **Gaps between measured and predicted are said on the figure**: :func:`gap_lines` computes
+  measured ÷ predicted for each pair a figure draws and returns a line for every one more than
+  :data:`GAP_FACTOR` apart (either way), with its known reason; :func:`add_gap_note` writes them under
+  a figure's axes (so no such gap stays uncommented).
 * **Oversubscribed measurements** (more ranks than CPU cores) are marked with
   :func:`mark_oversubscribed` (a black ring around the point) or :data:`OVERSUBSCRIBED_HATCH` on bars,
   with :func:`oversubscribed_handle` as their legend entry.
@@ -47,6 +51,9 @@ __all__ = [
     "MAX_ASPECT",
     "OVERSUBSCRIBED_HATCH",
     "OVERSUBSCRIBED_LABEL",
+    "GAP_FACTOR",
+    "gap_lines",
+    "add_gap_note",
     "use_style",
     "canonical_scheduler",
     "scheduler_color",
@@ -370,6 +377,64 @@ def add_note(ax, text: str, *, loc: str = "above", fontsize: str = "x-small"):
     return ax.text(x, y, text, transform=ax.transAxes, ha=ha, va=va, fontsize=fontsize, style="italic",
                    zorder=PAPER_ZORDER + 1,
                    bbox={"boxstyle": "round,pad=0.25", "facecolor": "white", "edgecolor": "#bbbbbb", "alpha": 0.9})
+
+
+#: measured and predicted (simulated) values further apart than this factor, either way, get a note
+GAP_FACTOR = 2.0
+
+
+def gap_lines(items: Iterable[tuple[str, float, float, str]], *, factor: float = GAP_FACTOR,
+              unit: str = "ms", scale: float = 1e3, min_value: float = 0.0) -> list[str]:
+    """One line per ``(label, measured, predicted, reason)`` whose ratio ``measured / predicted`` is above
+    ``factor`` or below ``1 / factor``: ``"<label>: measured 150 ms vs 10 ms predicted (15x): <reason>"``
+    (values multiplied by ``scale`` and printed in ``unit``; ``reason`` may be ""); a pair with one side 0
+    and the other not counts as apart. Pairs with a value that is missing, not finite or negative are
+    skipped, and so are pairs whose values are both at most ``min_value`` (in the values' own unit: parts
+    too small to matter). ``factor`` must be > 1."""
+    import math
+
+    if not (factor > 1 and math.isfinite(factor)):
+        raise ValueError(f"factor must be a finite number > 1, got {factor}")
+    out = []
+    for label, measured, predicted, reason in items:
+        try:
+            m, p = float(measured), float(predicted)
+        except (TypeError, ValueError):
+            continue
+        if not (math.isfinite(m) and math.isfinite(p)) or m < 0 or p < 0 or max(m, p) <= min_value:
+            continue
+        if min(m, p) == 0:  # one side nothing at all: no finite ratio, and certainly more than factor apart
+            ratio = "predicted none" if p == 0 else "measured none"
+        else:
+            r = m / p
+            if 1 / factor <= r <= factor:
+                continue
+            ratio = f"{r:.1f}x" if r >= 1 else f"1/{1 / r:.1f}x"
+        out.append(f"{label}: measured {m * scale:.3g} {unit} vs {p * scale:.3g} {unit} predicted ({ratio})"
+                   + (f": {reason}" if reason else ""))
+    return out
+
+
+def add_gap_note(fig, lines: Sequence[str], *, width_chars: int | None = None, factor: float = GAP_FACTOR,
+                 head: str | None = None):
+    """Write :func:`gap_lines`' lines at the bottom of the figure, under its axes and under the legends
+    :func:`legend_below` placed there (call this after them; ``save_figure``'s tight bounding box keeps the
+    text in the picture), below ``head`` (default: "Measured vs predicted more than <factor>x apart:");
+    nothing when ``lines`` is empty. Returns the text artist (or None)."""
+    import textwrap
+
+    if not lines:
+        return None
+    width = width_chars or max(60, int(fig.get_figwidth() * 15))
+    y = -0.005
+    if fig.legends:
+        renderer = fig.canvas.get_renderer()
+        to_fig = fig.transFigure.inverted()
+        y = min(leg.get_window_extent(renderer).transformed(to_fig).y0 for leg in fig.legends) - 0.01
+    head = head or f"Measured vs predicted more than {factor:g}x apart:"
+    body = "\n".join(textwrap.fill(f"• {ln}", width, subsequent_indent="   ") for ln in lines)
+    return fig.text(0.02, y, f"{head}\n{body}", ha="left", va="top", fontsize="x-small", color="#8a1c1c",
+                    transform=fig.transFigure)
 
 
 def coinciding_lines(ax, *, rtol: float = 1e-3) -> list[tuple[str, str]]:

@@ -22,7 +22,7 @@ from repro.studies.common import available_cpus, warn_if_oversubscribed, with_ov
 
 __all__ = ["clear_runs", "run_grid", "run_configs", "time_allreduce_sizes", "measure_allreduce", "load_runs",
            "load_iterations", "load_epochs", "speedup_table", "breakdown_table", "allreduce_fit_table",
-           "allreduce_fit_errors", "threshold_sweep_table", "grid_runs", "convergence_epochs"]
+           "allreduce_fit_errors", "threshold_sweep_table", "grid_runs", "convergence_epochs", "BREAKDOWN_DERIVATION"]
 
 
 def run_configs(ctx, configs: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -249,48 +249,122 @@ def speedup_table(runs: pd.DataFrame, schedulers: Sequence[str]) -> pd.DataFrame
     return pd.DataFrame(rows)
 
 
-def breakdown_table(runs: pd.DataFrame, schedulers: Sequence[str]) -> pd.DataFrame:
-    """Computation vs non-overlapped communication, measured and simulated from the run's own trace,
-    plan and fitted cost model (``oversubscribed`` as in :func:`load_runs`)."""
+#: how :func:`breakdown_table` measures computation (also its ``derivation`` column)
+BREAKDOWN_DERIVATION = (
+    "computation = the median over this model's runs at this P (every scheduler and wire dtype) of their "
+    "computation-only time (compute_s: steps of a copy of the model without communication), one number per "
+    "model, since each run's own is noisy on shared cores; exposed = iteration - computation (>= 0); "
+    "simulated: every run's plan on one shared trace and cost model (trace_from)")
+
+
+def _shared_run(group: pd.DataFrame, prefer: Sequence[str]) -> Any:
+    """The run whose trace and cost model every run of ``group`` is simulated with: the first of ``prefer``
+    (schedulers, in order; FP32 first) that can be simulated, else the first such run by run id; None when
+    no run of the group can be simulated."""
+    order = {s: i for i, s in enumerate(prefer)}
+    g = group.assign(_o=group["scheduler"].map(order).fillna(len(order)),
+                     _d=(group["wire_dtype"].fillna("float32") != "float32").astype(int)).sort_values(
+        ["_o", "_d", "run_id"])
+    for path in g["path"]:
+        run = load_run(path)
+        if run.can_simulate:
+            return run
+    return None
+
+
+def _simulate_on(shared: Any, plan: Any) -> Any:
+    """``plan`` simulated on ``shared``'s trace and cost model (None when it does not fit that trace)."""
+    from repro.plan import PlanError
+
+    try:
+        return simulate(shared.trace, plan, shared.cost, with_ops=False)
+    except PlanError:
+        return None
+
+
+def breakdown_table(runs: pd.DataFrame, schedulers: Sequence[str],
+                    shared_trace_from: Sequence[str] = ("mgwfbp", "optimal")) -> pd.DataFrame:
+    """Computation vs non-overlapped communication per run, measured and simulated, computation measured
+    the same way for every scheduler of a model (:data:`BREAKDOWN_DERIVATION`): ``computation_s`` is the
+    median of the ``compute_s`` of all runs of the model at its world size, ``exposed_comm_s`` the run's
+    iteration minus it; ``run_compute_s`` keeps the run's own computation-only time, ``computation_runs``
+    how many runs the median is over. Simulated rows: the run's plan on ONE trace and cost model per model
+    and world size, that of the first run of ``shared_trace_from`` (FP32 first) that can be simulated,
+    named in ``trace_from``. Also ``iteration_s`` and ``oversubscribed`` (as in :func:`load_runs`)."""
     rows = []
     runs = _timing_runs(runs)
-    for _, r in runs[runs.scheduler.isin(schedulers)].iterrows():
-        run = load_run(r.path)
-        sim = simulate(run.trace, run.plan, run.cost, with_ops=False) if run.can_simulate else None
-        for source, comp, exposed in (("measured", r.compute_s, r.exposed_comm_s),
-                                      ("simulated", sim.compute_s if sim else None,
-                                       sim.exposed_comm_s if sim else None)):
-            if comp is None:
-                continue
-            rows.append({"model": r.model, "scheduler": r.scheduler, "workers": r.world_size,
-                         "wire_dtype": r.wire_dtype, "source": source, "computation_s": comp,
-                         "exposed_comm_s": exposed, "oversubscribed": _flag(r)})
+    runs = runs[runs.scheduler.isin(schedulers)]
+    for (model, p), group in runs.groupby(["model", "world_size"], sort=False):
+        comp = float(group["compute_s"].median())
+        shared = _shared_run(group, shared_trace_from)
+        for _, r in group.iterrows():
+            plan = load_run(r.path).plan if shared is not None else None
+            sim = _simulate_on(shared, plan) if plan is not None else None
+            base = {"model": model, "scheduler": r.scheduler, "workers": int(p), "wire_dtype": r.wire_dtype,
+                    "oversubscribed": _flag(r), "run_compute_s": r.compute_s, "computation_runs": len(group),
+                    "derivation": BREAKDOWN_DERIVATION}
+            rows.append({**base, "source": "measured", "computation_s": min(comp, float(r.iteration_s)),
+                         "exposed_comm_s": max(0.0, float(r.iteration_s) - comp), "iteration_s": r.iteration_s,
+                         "trace_from": None})
+            if sim is not None:
+                rows.append({**base, "source": "simulated", "computation_s": sim.compute_s,
+                             "exposed_comm_s": sim.exposed_comm_s, "iteration_s": sim.iteration_s,
+                             "trace_from": shared.run_id})
     return pd.DataFrame(rows)
 
 
-def _simulated_iteration_s(path: str | Path) -> float | None:
-    run = load_run(path)
-    if not run.can_simulate:
-        return None
-    return simulate(run.trace, run.plan, run.cost, with_ops=False).iteration_s
-
-
-def threshold_sweep_table(runs: pd.DataFrame, references: Sequence[str] = ("mgwfbp", "optimal")) -> pd.DataFrame:
+def threshold_sweep_table(runs: pd.DataFrame, references: Sequence[str] = ("wfbp", "syncea", "mgwfbp", "optimal"),
+                          shared_trace_from: Sequence[str] = ("mgwfbp", "optimal")) -> pd.DataFrame:
     """Iteration seconds of the ``threshold`` runs per threshold (``threshold_bytes``) and of the reference
-    schedulers (``threshold_bytes`` empty: drawn as horizontal lines), each measured and simulated, at the
-    largest world size, FP32; ``oversubscribed`` as in :func:`load_runs`."""
+    schedulers (``threshold_bytes`` empty: drawn as horizontal lines) at the largest world size, FP32, each
+    measured and simulated. Every simulated point is the run's plan on ONE trace and cost model per model
+    (that of the first run of ``shared_trace_from`` that can be simulated, named in ``trace_from``), so the
+    simulated curve differs only by the plans. Rows keep ``run_order`` (the order the runs were made in:
+    the time their environment was recorded, ``time_utc``, to the second, then the run id) and ``buckets``,
+    ``run_compute_s`` (the run's computation-only time: how fast the machine computed during that run),
+    ``computation_s`` (measured rows: that time; simulated rows: the shared trace's computation), and
+    ``same_plan_as``: the reference scheduler whose run executed the same bucketing (e.g. a threshold below
+    every layer's size is WFBP), so that a figure can compare the runs of one plan; ``oversubscribed`` as in
+    :func:`load_runs`."""
     runs = _timing_runs(runs)
     p = runs.world_size.max()
     base = runs[(runs.world_size == p) & (runs.wire_dtype == "float32")]
+    base = base[(base.scheduler == "threshold") | base.scheduler.isin(references)]
     rows = []
-    for _, r in base.iterrows():
-        if r.scheduler != "threshold" and r.scheduler not in references:
-            continue
-        for source, t in (("measured", r.iteration_s), ("simulated", _simulated_iteration_s(r.path))):
-            if t is None:
-                continue
-            rows.append({"model": r.model, "scheduler": r.scheduler, "workers": p, "source": source,
-                         "iteration_s": t,
-                         "threshold_bytes": r.threshold_bytes if r.scheduler == "threshold" else None,
-                         "oversubscribed": _flag(r)})
-    return pd.DataFrame(rows)
+    for model, group in base.groupby("model", sort=False):
+        shared = _shared_run(group, shared_trace_from)
+        loaded = {r.run_id: load_run(r.path) for r in group.itertuples()}
+        plans = {rid: run.plan for rid, run in loaded.items()}
+        layouts = {rid: _layout(pl) for rid, pl in plans.items()}
+        ref_layouts = {layouts[r.run_id]: r.scheduler for r in group.itertuples()
+                       if r.scheduler != "threshold" and layouts[r.run_id] is not None}
+        for r in group.itertuples():
+            sim = _simulate_on(shared, plans[r.run_id]) if shared is not None and plans[r.run_id] is not None \
+                else None
+            th = getattr(r, "threshold_bytes", None) if r.scheduler == "threshold" else None
+            same = ref_layouts.get(layouts[r.run_id]) if r.scheduler == "threshold" else None
+            common = {"model": model, "scheduler": r.scheduler, "workers": int(p), "threshold_bytes": th,
+                      "oversubscribed": _flag(r._asdict()), "buckets": getattr(r, "buckets", None),
+                      "same_plan_as": same, "run_id": r.run_id, "run_compute_s": getattr(r, "compute_s", None)}
+            rows.append({**common, "source": "measured", "iteration_s": r.iteration_s, "trace_from": None,
+                         "computation_s": getattr(r, "compute_s", None),
+                         "time_utc": loaded[r.run_id].environment.get("time_utc")})
+            if sim is not None:
+                rows.append({**common, "source": "simulated", "iteration_s": sim.iteration_s,
+                             "computation_s": sim.compute_s, "trace_from": shared.run_id, "time_utc": None})
+    df = pd.DataFrame(rows)
+    if df.empty:
+        return df
+    meas = df[df.source == "measured"]
+    key = meas["time_utc"].fillna("").astype(str) + "|" + meas["run_id"]
+    order = {rid: i for i, rid in enumerate(meas.assign(_k=key).sort_values("_k")["run_id"])}
+    df["run_order"] = df["run_id"].map(order)
+    return df.drop(columns=["time_utc"])
+
+
+def _layout(plan: Any) -> tuple | None:
+    """A plan's bucketing (which layers travel together; neither the order of the buckets nor that of the
+    layers within one matters), to tell runs of the same plan apart."""
+    if plan is None:
+        return None
+    return frozenset(frozenset(b.layers) for b in plan.buckets)

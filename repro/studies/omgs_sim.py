@@ -332,7 +332,9 @@ def measured_timeline(runs_root) -> pd.DataFrame:
     ``buckets.csv`` (columns as :func:`timeline_table`, plus model, world_size, cpu_count,
     threads_per_rank, oversubscribed, run_id). Rows: ``compute`` (forward, the backward call, which
     includes the top-k selections, and the update), ``sparsify`` (each bucket's compression) and
-    ``comm`` (each bucket's all-gathers, launch to completion). Seconds from the step start."""
+    ``comm`` (each bucket's all-gathers, launch to completion). Seconds from the step start.
+    ``iteration_s`` is that one step's; ``median_iteration_s`` the run's median over its ``timed_steps``
+    (its summary: what a speedup of the run is computed from)."""
     from pathlib import Path
 
     from repro.runs import BUCKETS_CSV, ITERATIONS_CSV, list_runs
@@ -358,7 +360,10 @@ def measured_timeline(runs_root) -> pd.DataFrame:
             ops.append(("comm", "comm", "sparse_allgather", lab, float(r.start_s), float(r.end_s)))
         df = pd.DataFrame(ops, columns=["stream", "row", "kind", "label", "start_s", "end_s"])
         df.insert(0, "planner", cfg.get("scheduler"))
-        df = df.assign(iteration_s=iteration, buckets=len(b), density=cfg.get("density"), workers=world,
+        med = run.summary.get("iteration_s")
+        df = df.assign(iteration_s=iteration, median_iteration_s=float(med) if med is not None else np.nan,
+                       timed_steps=int(run.summary.get("steps") or len(it)), buckets=len(b),
+                       density=cfg.get("density"), workers=world,
                        model=cfg.get("model"), world_size=world, cpu_count=env.get("cpu_count"),
                        threads_per_rank=env.get("threads_per_rank"),
                        oversubscribed=is_oversubscribed(world, env.get("cpu_count"), env.get("threads_per_rank") or 1),

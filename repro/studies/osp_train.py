@@ -332,16 +332,24 @@ def stage_ratio_table(throughput: pd.DataFrame, accuracy: pd.DataFrame) -> pd.Da
     """Throughput and final accuracy vs stage-1 share, measured: every OSP run with LGP (``point`` "sweep";
     osp_auto: "auto") and the BSP run as share 1 ("bsp"). Columns: run_id, method, label, point,
     stage1_share (requested / chosen), stage1_bytes_share (actual), iteration_s, throughput_samples_s,
-    speedup_vs_bsp, final_accuracy, epochs, oversubscribed."""
+    speedup_vs_bsp, final_accuracy, epochs, oversubscribed; from tables of :func:`median_over_seeds`
+    also the seeds' range, ``throughput_samples_s_min``/``_max`` and ``final_accuracy_min``/``_max``
+    (the range of the last epoch's test accuracy), and ``seeds`` (runs per point; 1 for a single run)."""
     if throughput.empty:
         return pd.DataFrame()
     keep = throughput[(throughput.method.isin(["osp", "osp_auto"])) | (throughput.scheduler == "ps_bsp")].copy()
     keep["point"] = keep.scheduler.map({"osp": "sweep", "osp_auto": "auto", "ps_bsp": "bsp"})
     final = accuracy.sort_values("epoch").groupby("run_id").last() if len(accuracy) else pd.DataFrame()
     keep["final_accuracy"] = keep.run_id.map(final["test_accuracy"]) if len(final) else np.nan
+    for end in ("_min", "_max"):
+        if f"test_accuracy{end}" in final:
+            keep[f"final_accuracy{end}"] = keep.run_id.map(final[f"test_accuracy{end}"])
     keep["epochs"] = keep.run_id.map(final["epoch"]) if len(final) else np.nan
+    keep["seeds"] = keep["seeds"].fillna(1).astype(int) if "seeds" in keep else 1
     cols = ["run_id", "method", "label", "point", "stage1_share", "stage1_bytes_share", "iteration_s",
-            "throughput_samples_s", "speedup_vs_bsp", "final_accuracy", "epochs", "oversubscribed"]
+            "throughput_samples_s", "speedup_vs_bsp", "final_accuracy", "epochs", "oversubscribed", "seeds"]
+    cols += [c for c in ("throughput_samples_s_min", "throughput_samples_s_max", "final_accuracy_min",
+                         "final_accuracy_max") if c in keep]
     return keep[cols].sort_values(["stage1_bytes_share", "point"], ignore_index=True)
 
 
