@@ -12,8 +12,7 @@ server, ranks 1-4 the workers) and each rank sees its role in ``ctx.role``, ``ct
 
 The per-rank set-up shared with torchrun — :class:`DistContext`, :class:`DistributedSetupError`,
 :func:`init_distributed`, :func:`shutdown_distributed`, :func:`distributed`, :func:`torchrun_command`,
-``SUPPORTED_BACKENDS`` — lives in :mod:`repro.cluster.torchrun` and is re-exported here (``repro.launch``,
-the deprecated name of this module, still provides it).
+``SUPPORTED_BACKENDS`` — lives in :mod:`repro.cluster.torchrun` and is re-exported here.
 
 Emulated networks: ``launch_local(..., emulate_bandwidth="1gbit")`` puts every rank in its own Linux
 network namespace behind a bridge, with each rank's link shaped to that bandwidth in both directions
