@@ -1,7 +1,7 @@
 """Named cost models: the papers' published fits and the shipped calibrated clusters.
 
 ``preset(name, P)`` returns the :class:`~repro.cost.CostModel` of a preset for P workers. Two shapes
-of published numbers (see ``../shared/papers/*.md``): a table of fitted all-reduce (or all-gather)
+of published numbers (the papers' own, each preset citing its source): a table of fitted all-reduce (or all-gather)
 lines per P, or per-hop constants valid for any P. Calibrated presets (``*-calibrated``) are data,
 read by :mod:`repro.calibrated`. This module sits above :mod:`repro.cost` (the value type), so that
 neither the cost model nor the calibrated clusters import each other. Never imports torch.

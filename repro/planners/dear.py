@@ -1,4 +1,5 @@
-"""Planners of the DeAR family (``../shared/papers/dear.md``): contiguous buckets in forward order.
+"""Planners of the DeAR family (Zhang et al., IEEE ICDCS 2023, arXiv 2302.12445): contiguous buckets in
+forward order.
 
 Every plan's buckets are runs of consecutive layers, input side first; each sends a backward
 reduce-scatter and a next-forward all-gather (:mod:`repro.sim.dear`). ``meta["iteration_s"]`` is the

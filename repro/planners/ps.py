@@ -1,5 +1,5 @@
-"""Planners of the parameter-server family (``../shared/papers/osp.md``; OSP's text is not available,
-this package implements the interpretation written there and says so).
+"""Planners of the parameter-server family (OSP: Chen et al., arXiv 2306.16926; only the abstract is
+published, this package implements the interpretation in ``docs/interpretations.md`` and says so).
 
 A PS plan says, for every layer, which **server shard** holds it and in which **stage** it is
 synchronised, and how the cluster synchronises (``mode``):

@@ -1,4 +1,4 @@
-"""Planners of the sparse family (OMGS-SGD, ``../shared/papers/omgs.md``): which layers share one top-k.
+"""Planners of the sparse family (OMGS-SGD: Shi et al., IEEE INFOCOM 2020): which layers share one top-k.
 
 All take a :class:`~repro.trace.Trace`, a :class:`~repro.cost.CostModel` that knows the sparse
 all-gather line and the top-k cost (``topk_s``), the ``density`` (k = ceil(density x elements) per

@@ -1,6 +1,6 @@
 """Run a DeAR plan: reduce-scatter in backward, all-gather in the next forward, updates just in time.
 
-DeAR (``../shared/papers/dear.md``) splits each bucket's all-reduce into a reduce-scatter (RS), launched in
+DeAR (Zhang et al., IEEE ICDCS 2023, arXiv 2302.12445) splits each bucket's all-reduce into a reduce-scatter (RS), launched in
 backward as soon as the bucket's gradients are ready, and an all-gather (AG), deferred to the next
 iteration's forward just before the bucket's layers run; the bucket's parameters are updated right
 after its AG. :class:`DeARExecutor` runs a ``"dear"`` plan (buckets: contiguous runs of layers in forward

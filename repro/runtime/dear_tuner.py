@@ -1,7 +1,8 @@
 """DeAR with its buffer size tuned live by Bayesian optimisation (scheduler ``dear_bo``).
 
 The DeAR authors' released code tunes one scalar, the bucket threshold (buffer size, bytes), with
-Bayesian optimisation over measured iteration times (``../shared/papers/dear.md``). Here:
+Bayesian optimisation over measured iteration times (Zhang et al., *DeAR*, IEEE ICDCS 2023, arXiv
+2302.12445). Here:
 
 - search space: ``x = log2(threshold bytes)`` over ``bounds`` (1-256 MiB by default);
 - a Gaussian process (``bayes_opt`` 3.4, its default Matern-2.5 GP) with expected improvement

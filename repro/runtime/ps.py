@@ -1,7 +1,8 @@
 """A parameter server on torch.distributed: S server ranks, N workers, BSP / ASP / SSP(s) / OSP.
 
-This package's reading of OSP (``../shared/papers/osp.md``; only the abstract is published, so the
-interpretation written there is what runs here). Ranks ``0..S-1`` serve (:func:`serve`), ranks
+This package's reading of OSP (Chen et al., *OSP: Boosting Distributed Model Training with 2-stage
+Synchronization*, arXiv 2306.16926; only the abstract is published, so what runs here is the
+interpretation in ``docs/interpretations.md``). Ranks ``0..S-1`` serve (:func:`serve`), ranks
 ``S..S+N-1`` train with :class:`PSExecutor`. A ``"ps"`` plan (:mod:`repro.planners.ps`) gives each
 bucket (the layers of one stage held by one server) its server; everything travels point to point on
 the default process group (gloo: ``isend``/``irecv``; the workers' own collectives, evaluation and

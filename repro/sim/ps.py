@@ -1,6 +1,6 @@
 """A parameter-server cluster over several iterations: BSP, ASP, SSP(s) and OSP's two-stage
-synchronisation (``../shared/papers/osp.md``; the paper's text is not available, this is the
-interpretation written there).
+synchronisation (Chen et al., *OSP*, arXiv 2306.16926; only the abstract is published, this is the
+interpretation in ``docs/interpretations.md``).
 
 N workers and S server shards. Each shard holds ``1/S`` of every gradient's bytes (balanced by bytes);
 every server shard has one full-duplex link that all N workers share, modelled as two queue streams
