@@ -1,9 +1,9 @@
 """Reduce-scatter and all-gather that cost half an all-reduce each, on a FIFO communication stream.
 
 DeAR splits each all-reduce into a reduce-scatter (RS, in backward) and an all-gather (AG, in the next
-forward). On gloo (CPU), torch's ``reduce_scatter_tensor`` / ``all_gather_into_tensor`` work but are
-slow (2 ranks, 16.8 MB over loopback: all_reduce 13 ms, reduce_scatter 44 ms, all_gather 32 ms; gloo
-emulates RS with an all-reduce), so here they are built as ring algorithms over point-to-point messages.
+forward). On gloo (CPU), torch's ``reduce_scatter_tensor`` / ``all_gather_into_tensor`` are slower than
+an all-reduce (gloo emulates RS with one), so here they are built as ring algorithms over point-to-point
+messages.
 
 :class:`CommStream` runs collectives asynchronously, one at a time, in submission order, on a background
 thread with a process group of its own; each call returns a :class:`Handle`.
@@ -23,7 +23,7 @@ buffer's size in bytes):
 For ``P = 2`` each is a single exchange of halves between the two ranks.
 
 NCCL: native ``reduce_scatter_tensor`` / ``all_gather_into_tensor`` / ``all_reduce`` on a side CUDA
-stream (run on one H100 with an NCCL group of one rank, docs/gpu_report.md; never on two GPUs yet).
+stream (docs/gpu_report.md says where that has run).
 """
 
 from __future__ import annotations
@@ -183,14 +183,12 @@ class CommStream:
     The GIL: the stream is a Python thread, so it needs the GIL between its point-to-point calls
     (several times per 1 MiB chunk). While the main thread runs Python code (not torch ops, which
     release the GIL) the stream waits up to ``sys.getswitchinterval()`` (5 ms by default) for each
-    re-acquisition. Measured (2 ranks, loopback, 1 MB reduce-scatter, machine loaded): main thread
-    waiting 9.5 ms, main thread spinning in Python 30 ms; after ``sys.setswitchinterval(1e-4)`` 1.5 and
-    3.5 ms. An executor that overlaps the stream with Python-heavy work (a forward pass of many small
-    modules) should lower the switch interval (process-wide; this class does not change it; see
+    re-acquisition. An executor that overlaps the stream with Python-heavy work (a forward pass of many
+    small modules) should lower the switch interval (process-wide; this class does not change it; see
     :func:`lower_switch_interval`, which the DeAR executor uses).
 
     ``close()`` (idempotent; also on ``with CommStream(...) as s:`` exit) lets queued ops finish and
-    joins the thread. NCCL (untested here, no GPU): the ops run natively on a side CUDA stream that
+    joins the thread. NCCL: the ops run natively on a side CUDA stream that
     first waits for the submitting thread's current stream; the stream thread records an event after
     each op (``Handle.event``) and goes on to the next op without waiting for the device; a watcher
     thread (no collectives) waits for the events in order; ``wait()`` returns once the device has
@@ -260,8 +258,8 @@ class CommStream:
         """Sum-all-reduce ``buffer`` in place (async), for baselines on the same stream.
 
         ``backend_impl="ring"``: ring RS then ring AG (``numel`` divisible by P). Otherwise native
-        ``all_reduce`` on the stream's group (any numel): gloo's own ring all-reduce was measured as fast
-        as or faster than our RS+AG (benchmarks/bench_primitives.py).
+        ``all_reduce`` on the stream's group (any numel): gloo's own ring all-reduce is at least as fast as
+        RS+AG (``benchmarks/bench_primitives.py`` measures both).
         """
         if self.backend_impl == "ring":
             flat = self._check("all_reduce", buffer)
