@@ -144,7 +144,7 @@ def topk_single(trace: Trace, cost: CostModel, density: float = 0.001, *, pack: 
 
 def omgs(trace: Trace, cost: CostModel, density: float = 0.001, *, pack: bool = False,
          topk_scope: str = "bucket") -> Plan:
-    """The published OMGS-SGD merge rule (Shi et al., INFOCOM 2020), as written in omgs.md.
+    """The published OMGS-SGD merge rule (Shi et al., INFOCOM 2020).
 
     ``topk_scope`` (the plan's option, what the executor selects; the merge rule times every bucket at
     ``k = ceil(density x elements)`` either way): "bucket" (the default) is the paper's per-bucket
