@@ -7,9 +7,6 @@ scheduler registry (:mod:`repro.schedulers`) are the two tables a new scheduler 
 The torch-free core (trace, cost, plan, families, planners, sim) never imports torch.
 """
 
-from repro import _moved
-
-
 def _version() -> str:
     """The installed distribution's version (pyproject.toml is the one source); a checkout that is not
     installed reads its pyproject.toml, and anything else says it does not know."""
@@ -30,9 +27,6 @@ def _version() -> str:
 
 
 __version__ = _version()
-
-_moved.install()
-
 
 def __getattr__(name: str):
     """``repro.distribute`` (the one-call API, :mod:`repro.api`) and the DDP bridge

@@ -10,97 +10,39 @@ Under torchrun (your process group, model, optimizer, loss and data)::
 
 What happens (the same code as ``repro train``, :mod:`repro.runtime.online`):
 
-* a scheduler that plans (every one with a planner, ``repro schedulers``) runs its first
-  ``warmup_steps`` steps with one exact all-reduce after backward while recording when each layer's
-  gradient is ready; at the end of the last warm-up ``step()`` the ranks average that into a Trace,
-  the family fits its cost model on the live group (or uses ``network`` / ``cost``), rank 0 plans and
-  broadcasts, and the plan's executor takes over from the next step on. The warm-up steps train
-  exactly (averaged gradients), so nothing is lost;
-* a :class:`~repro.plan.Plan` (or a plan file from ``repro plan``) is executed as it is, from the
-  first step;
+* a scheduler that plans runs its first ``warmup_steps`` steps with one exact all-reduce after backward
+  while recording when each layer's gradient is ready; at the end of the last warm-up ``step()`` the
+  ranks average that into a Trace, the family fits its cost model on the live group (or uses
+  ``network`` / ``cost``), rank 0 plans and broadcasts, and the plan's executor takes over. The warm-up
+  steps train exactly (averaged gradients);
+* a :class:`~repro.plan.Plan` (or a plan file from ``repro plan``) is executed as it is from the first step;
 * a baseline (``ddp``, ``fsdp``, ``local``) wraps the model as it would itself: use the returned model.
 
-The returned model is the one you gave (hooks added), except for baselines that wrap it; the returned
-optimizer is a :class:`torch.optim.Optimizer` (LR schedulers take it) sharing your optimizer's
-parameter groups and state. Its ``step()`` finishes the exchange, then steps; ``synchronize()``
-finishes this step's exchange early (then unscale or clip); ``flush()`` finishes everything in flight
-(DeAR applies pending updates); ``plan`` is the plan being executed (None during the warm-up and for
-baselines); ``remove()`` detaches the hooks. With ``grad_scaler=scaler`` the ordinary GradScaler loop
-works: a step with an inf/nan on any rank is skipped on every rank, as under DDP.
+The returned model is the one you gave (hooks added), except for baselines that wrap it; its
+``model.module`` is your plain module, one level, as on a DDP wrapper. The returned optimizer is a
+:class:`torch.optim.Optimizer` sharing your optimizer's parameter groups and state: ``step()`` finishes
+the exchange, then steps; ``synchronize()`` finishes this step's exchange early (then unscale or clip);
+``clip_grad_norm_(max_norm)`` clips the exchanged gradients for every family; ``flush()`` finishes
+everything in flight; ``plan`` is the plan being executed (None during the warm-up and for baselines);
+``remove()`` detaches the hooks. With ``grad_scaler=scaler`` the GradScaler loop works as under DDP.
 
-**Gradient accumulation** is written as under DDP: ``with model.no_sync(): loss.backward()`` for the
-first micro-batches (forward included), then a normal forward, backward and ``optimizer.step()``.
-Inside the block the exchange's gradient hooks are held off (every family exchanges from
-post-accumulate-grad hooks; the ones the executor registered are taken out of the parameters' hook
-tables and put back in their place on leaving), so the gradients accumulate locally in ``param.grad``
-and the last backward exchanges the accumulated sum, as DDP does. Forward hooks stay (DeAR's pending
-updates are applied before the first micro-batch's forward). Buffers are broadcast from rank 0 before
-every training forward (DDP: before the first forward of each accumulation cycle), so rank 0's
-buffers are DDP's and every rank's are after the next forward. An evaluation forward (``model.eval()``)
-issues no collective at all (DDP's first one after training broadcasts the buffers): ranks may
-evaluate different numbers of batches, or rank 0 alone. ``optimizer.step()`` inside ``no_sync`` is
-refused. A baseline that wraps the model (``ddp``) has its own ``no_sync`` on the returned module.
+The all-reduce and sparse families finish the exchange when the backward ends, so ``param.grad`` is the
+averaged gradient when ``backward()`` returns, as under DDP. DeAR, ByteScheduler and the parameter
+servers finish later (their overlap): a gradient changed between ``backward()`` and ``step()`` without
+``synchronize()`` is refused at ``step()`` in one line. Deferred updates (DeAR, ByteScheduler) are applied
+before any use of their parameter in the next forward, with the parameter groups' values of the
+``step()`` that made them; these families are refused with a compiled model. The parameter-server
+family runs with its servers co-located on the training ranks (:mod:`repro.runtime.ps_colocated`), or
+with ``dedicated_servers=S`` on ranks ``0..S-1`` (gloo), where ``distribute`` serves the run and returns
+with ``optimizer.serving`` True (:mod:`repro.runtime.ps_dedicated`). Buffers are broadcast from rank 0
+before a training forward; an evaluation forward (``model.eval()``) issues no collective, so ranks may
+evaluate different numbers of batches, or rank 0 alone.
 
-**Unused parameters** (a branch not used in a forward, on some ranks or on all) need no option: the
-exchange counts a missing gradient as zeros and never waits for it, and a parameter that no rank had
-a gradient for keeps ``.grad`` None and gets no update, as under ``DDP(find_unused_parameters=True)``
-(every family sends one "had a gradient" flag per parameter with its gradients).
-
-**Gradients after backward, clipping.** The all-reduce and sparse families finish the exchange when the
-backward pass ends (``Executor.finishes_in_backward``), so ``param.grad`` is the averaged gradient
-when ``backward()`` returns, as under DDP: ``clip_grad_norm_`` between backward and step, or any code
-reading gradients, works as in a DDP loop. DeAR, ByteScheduler and the parameter servers finish later
-(their overlap); a gradient changed between ``backward()`` and ``step()`` is refused at ``step()`` in
-one line, and ``optimizer.clip_grad_norm_(max_norm)`` clips the exchanged gradients for every family.
-
-**Deferred updates** (DeAR, ByteScheduler: applied in the next forward) are applied before any use of
-their parameter in that forward, also outside the owning module's forward (attention's ``out_proj``,
-tied embeddings, a parent's parameter: :class:`~repro.runtime.deferred.ApplyBeforeUse`), with the param
-groups' values of the ``step()`` that made them (an LR scheduler stepped after ``step()`` changes the
-next update, not this one). docs/conformance.md is the support table, scheduler by loop.
-
-**torch.compile**: ``distribute(torch.compile(model), ...)`` or ``torch.compile(model)`` of the returned
-model both train correctly with the all-reduce and sparse families (the gradient hooks still fire once
-per parameter, but after the compiled backward graph rather than during it: docs/training.md has the
-measured overlap). Families that apply updates in forward pre-hooks of the model's modules (DeAR,
-ByteScheduler) are refused with a compiled model, at distribute or at the first step.
-
-The parameter-server family (``ps_*``, ``osp*``) runs with its servers co-located on the training
-ranks (server s on rank s; ``servers`` defaults to the world size, one shard per rank;
-:mod:`repro.runtime.ps_colocated`). With ``dedicated_servers=S`` ranks ``0..S-1`` serve instead
-(gloo): on those ranks ``distribute`` serves the run and returns when the trainers are done, with
-``optimizer.serving`` True (:mod:`repro.runtime.ps_dedicated`)::
-
-    model, optimizer = repro.distribute(model, optimizer, scheduler="osp", dedicated_servers=1)
-    if not optimizer.serving:
-        for x, y in loader: ...
-        optimizer.remove()  # the trainers' stop (also sent when the interpreter exits)
-
-**model.module**: as on a DDP wrapper, ``model.module`` is your plain module, so DDP code such as
-``torch.save(model.module.state_dict(), path)`` or ``model.module.generate(...)`` runs unchanged. When the
-returned model is the one you gave, ``model.module`` is that same object (a compiled model's: the
-original module), held outside its submodules, so ``model.state_dict()`` keys, ``model.modules()`` and
-``model.parameters()`` do not change (``model.state_dict()`` has the keys of DDP's
-``model.module.state_dict()``: no ``module.`` prefix). It is one level, as DDP's: a helper that unwraps
-``while hasattr(m, "module")`` would never stop; unwrap once. A model with a ``module`` attribute of its
-own (e.g. a submodule of that name) keeps it. A baseline's wrapper (DDP) has its own.
-
-**One rank** (a world size of 1, e.g. ``torchrun --nproc-per-node 1`` while debugging) trains, as DDP
-does: every exchange would be an average over one rank and there is no network to plan for, so a
-scheduler that plans runs as the baseline with its executor (``ddp_threshold`` as ``ddp``) or as
-``local``, with no warm-up and ``optimizer.plan`` None; the update is the one the scheduler makes there
-(nothing is sent, so a wire dtype rounds nothing). A scheduler that changes the update on purpose
-(top-k, the parameter server's ASP/SSP/OSP) is refused at the call, and so are ``network`` and ``cost``;
-a given plan and the baselines run as they are.
-
-Every option is checked before any collective, in one line, on every rank alike; so are the model and
-the optimizer: parameters on several devices or on the meta device, trainable parameters in the
-optimizer that are not the model's (DDP lets those drift apart silently), sparse gradients
-(``nn.Embedding(sparse=True)``) for a scheduler that cannot exchange them (all but ``ddp`` and
-``ddp_threshold``, whose DDP does). Stepping the optimizer you gave instead of the returned one is
-refused at that ``step()`` (after a refusal, stepping the returned optimizer finishes the iteration).
-As ``DDP(model)`` does, ``distribute`` first copies the first trainer's parameters and buffers to every
-trainer.
+Every option, the model and the optimizer are checked before any collective, in one line, on every rank
+alike; as ``DDP(model)`` does, ``distribute`` first copies the first trainer's parameters and buffers to
+every trainer. Gradient accumulation (``model.no_sync()``), unused parameters, mixed dtypes, autocast,
+one-rank runs, ``torch.compile`` and the refused misuses are described in ``docs/training.md`` ("Your
+own loop through repro.distribute"); ``docs/conformance.md`` is the support table, scheduler by loop.
 """
 
 from __future__ import annotations

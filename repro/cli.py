@@ -516,9 +516,33 @@ def cmd_simulate(args: argparse.Namespace) -> None:
     _emit(result.to_dict(with_ops=not args.no_ops), args.output)
 
 
+def _compare_cost(args: argparse.Namespace) -> CostModel:
+    """The cost model of ``repro compare``'s flags: a preset name (``--network`` or ``--cost``) mapped by
+    ``--cost-mode`` (:func:`repro.compare_cli.network_cost`), any other source as given; a top-k cost only
+    from ``--topk-gamma`` / ``--topk-device`` or the cost model itself (else compare's default)."""
+    from dataclasses import replace
+
+    from repro.compare_cli import network_cost
+    from repro.presets import PRESETS
+
+    cost = _cost_from_args(args, None)
+    name = args.network if args.network is not None else args.cost
+    if args.cost_mode == "paper" or name is None or name not in PRESETS or Path(name).is_file():
+        return cost
+    try:
+        mapped = network_cost(name, cost.workers, args.cost_mode)
+    except (CostModelError, ValueError) as e:
+        raise UsageError(f"--cost-mode {args.cost_mode}: {str(e).splitlines()[0]} (--cost-mode paper: the preset's "
+                         "published lines)") from None
+    if args.topk_gamma is not None or args.topk_device is not None:
+        mapped = replace(mapped.with_topk(cost.topk_gamma_s), meta={**mapped.meta, "topk_source":
+                                                                    cost.meta.get("topk_source")})
+    return mapped
+
+
 def cmd_compare(args: argparse.Namespace) -> None:
     """Every scheduler's predicted iteration on one trace and cost model (:mod:`repro.compare_cli`)."""
-    from repro.compare_cli import compare, format_csv, format_table
+    from repro.compare_cli import compare, format_csv, format_table, with_topk
     from repro.planners._budget import check_time_budget
 
     _check_output(args.output, args, stdout=True)
@@ -538,7 +562,7 @@ def cmd_compare(args: argparse.Namespace) -> None:
         raise UsageError(f"--schedulers {args.schedulers!r} names no scheduler; give one or more of "
                          f"{', '.join(SCHEDULERS)} separated by commas, or leave --schedulers out for every one")
     trace = load_trace(args.trace)
-    cost = _cost_from_args(args, trace)
+    cost = _compare_cost(args)
     servers = args.servers
     if servers is None and args.nodes is not None and "cluster" not in cost.meta:  # a preset or file on N nodes
         servers = args.nodes
@@ -550,10 +574,10 @@ def cmd_compare(args: argparse.Namespace) -> None:
     if args.format == "csv":
         text = format_csv(records)
     else:
+        cost = with_topk(cost)  # the top-k cost compare used
         header = [f"trace {args.trace}: {trace.model}, batch {trace.batch_size}, {trace.device}",
-                  f"P={cost.workers}, cost: {cost.source}"]
-        if cost.topk_gamma_s is not None:
-            header.append(str(cost.meta.get("topk_source", f"top-k gamma {cost.topk_gamma_s:g} s")))
+                  f"P={cost.workers}, cost: {cost.source}",
+                  str(cost.meta.get("topk_source", f"top-k gamma {cost.topk_gamma_s:g} s"))]
         text = format_table(records, header)
     if args.output is not None:
         _write_atomically(args.output, text + "\n")
@@ -987,15 +1011,22 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Plan and simulate every scheduler of the registry on one trace and one cost "
                                    "model (e.g. your cluster: --nodes --gpus-per-node --inter-link); print each one's "
                                    "predicted iteration seconds, buckets and speedup over SyncEASGD. A scheduler "
-                                   "that cannot be planned gets a note saying why.")
+                                   "that cannot be planned gets a note saying why. Same defaults as the "
+                                   "compare_schedulers notebook (docs/compare.md); the top-k cost without "
+                                   "--topk-gamma/--topk-device: the cost model's, else OMGS-SGD's published fit.")
     p.add_argument("--trace", required=True, help="trace JSON file or shipped trace name")
     p.add_argument("--format", choices=["table", "csv", "json"], default="table",
                    help="table: aligned columns for a person; csv; json: a list of records (units in the keys)")
     p.add_argument("--schedulers", metavar="A,B,...", help="only these schedulers (default: every one)")
-    p.add_argument("--density", type=float, help="sparse planners: fraction of elements sent, in (0, 1] (planner "
-                                                 "default 0.001)")
+    p.add_argument("--density", type=float, help="sparse planners: fraction of elements sent, in (0, 1] (default "
+                                                 "0.001)")
     p.add_argument("--servers", type=int, help="parameter-server planners: server shards (default: one per node "
-                                               "the job uses)")
+                                               "the job uses, else ceil(P / 4))")
+    p.add_argument("--cost-mode", choices=["calibrated", "paper"], default="calibrated",
+                   help="how a network preset becomes a cost model: calibrated (default): the cluster calibrated on "
+                        "the published ddl-benchmarks measurements (10gbe-* -> 10gbe-calibrated, 56gbib-*/100gbib-* "
+                        "-> 100gbib-calibrated; overhead and contention included), as the compare_schedulers "
+                        "notebook; paper: the preset's published lines")
     p.add_argument("--time-budget-s", type=float, default=10.0,
                    help="exact planners (dear_optimal, omgs_optimal): seconds each may search before returning "
                         "its best plan with a proven gap")

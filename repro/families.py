@@ -319,7 +319,7 @@ FAMILIES["ps"] = Family(
         "each bucket's gradients to its server and pulls the new values; the server applies the optimizer. "
         "Stage-1 buckets (phase backward) block the next iteration, stage-2 buckets (phase background, OSP only) "
         "overlap with it",
-    paper="OSP (2-stage synchronization with LGP), this package's reading of its abstract (osp.md); BSP, "
+    paper="OSP (2-stage synchronization with LGP), this package's reading of its abstract (docs/interpretations.md); BSP, "
           "ASP and SSP (Ho et al., NeurIPS 2013) as its baselines",
     collectives=("push", "pull"),
     phases=("backward", "background"),

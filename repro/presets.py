@@ -1,7 +1,7 @@
 """Named cost models: the papers' published fits and the shipped calibrated clusters.
 
 ``preset(name, P)`` returns the :class:`~repro.cost.CostModel` of a preset for P workers. Two shapes
-of published numbers (see ``../shared/papers/*.md``): a table of fitted all-reduce (or all-gather)
+of published numbers (the papers' own, each preset citing its source): a table of fitted all-reduce (or all-gather)
 lines per P, or per-hop constants valid for any P. Calibrated presets (``*-calibrated``) are data,
 read by :mod:`repro.calibrated`. This module sits above :mod:`repro.cost` (the value type), so that
 neither the cost model nor the calibrated clusters import each other. Never imports torch.
@@ -26,7 +26,7 @@ class _TablePreset:
     doc: str
     topk_gamma_s: float | None = None
     # Also give reduce-scatter and all-gather lines, each half the all-reduce line: a ring all-reduce
-    # is a reduce-scatter then an all-gather of (P-1) alpha + (P-1)/P n beta each (dear.md).
+    # is a reduce-scatter then an all-gather of (P-1) alpha + (P-1)/P n beta each (DeAR, ICDCS 2023).
     ring_halves: bool = False
 
 
@@ -55,7 +55,7 @@ PRESETS: dict[str, _TablePreset | _HopPreset] = {
     "56gbib-v100": _TablePreset("allreduce", {**_V100_INTRA, 8: (9.754e-5, 3.057e-10), 16: (2.358e-4, 4.059e-10)},
                                 "MG-WFBP (TPDS 2021) PyTorch version: fitted NCCL all-reduce, 4 nodes x 4 V100, 56Gb InfiniBand"),
     "10gbe-dear64": _TablePreset("allreduce", {64: (7.04e-3, 9.64e-10)},
-                                 "All-reduce fit for 64 workers on 10GbE used by the DeAR authors (mgwfbp.md); "
+                                 "All-reduce fit for 64 workers on 10GbE used by the DeAR authors; "
                                  "reduce-scatter and all-gather each half of it (ring)", ring_halves=True),
     "56gbib-dear64": _TablePreset("allreduce", {64: (8.06e-4, 5.89e-10)},
                                   "All-reduce fit for 64 workers on InfiniBand used by the DeAR authors (their "

@@ -29,7 +29,7 @@ _OMGS = "OMGS-SGD (Shi et al.; INFOCOM 2020)"
 _SPARSE_EXECUTOR = "repro.runtime.sparse:SparseExecutor"
 _DEAR = "DeAR (Zhang et al.; ICDCS 2023)"
 _DEAR_EXECUTOR = "repro.runtime.dear:DeARExecutor"
-_OSP = "OSP (2-stage synchronization with LGP), this package's reading of its abstract (osp.md)"
+_OSP = "OSP (2-stage synchronization with LGP), this package's reading of its abstract (docs/interpretations.md)"
 _PS_EXECUTOR = "repro.runtime.ps:PSExecutor"
 
 

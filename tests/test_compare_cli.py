@@ -76,9 +76,10 @@ def test_simulate_takes_the_cluster_flags(capsys, tmp_path):
 
 
 def test_reasons_instead_of_tracebacks(capsys):
-    """An all-reduce-only preset: the families it cannot serve say which line is missing; no top-k cost
-    on a CPU trace says how to give one."""
-    rc, out, err = run(capsys, "compare", "--trace", TINY, "--network", "10gbe-v100", "--workers", "4")
+    """An all-reduce-only preset (its published lines): the families it cannot serve say which line is
+    missing; without a top-k cost the sparse family is predicted with OMGS-SGD's published fit."""
+    rc, out, err = run(capsys, "compare", "--trace", TINY, "--network", "10gbe-v100", "--workers", "4",
+                       "--cost-mode", "paper")
     assert rc == 0 and "Traceback" not in out + err, err
     lines = {line.split()[0]: line for line in out.splitlines() if not line.startswith("#")}
     assert "no reduce_scatter or allgather line" in lines["dear_optimal"]
@@ -87,7 +88,10 @@ def test_reasons_instead_of_tracebacks(capsys):
     assert lines["scheduler"].split()[-1] == "note"   # the table's header row
     records = _json(capsys, "--nodes", "2", "--gpus-per-node", "2", "--inter-link", "1gbit")
     omgs = next(r for r in records if r["scheduler"] == "omgs")
-    assert omgs["iteration_s"] is None and "--topk-gamma S or --topk-device GPU" in omgs["note"]
+    assert omgs["iteration_s"] > 0 and omgs["note"] == ""
+    rc, out, err = run(capsys, "compare", "--trace", TINY, "--nodes", "2", "--gpus-per-node", "2", "--inter-link",
+                       "1gbit", "--schedulers", "omgs")
+    assert "# top-k gamma 2.19e-10 s: OMGS-SGD's published fit" in out
 
 
 def test_exact_planners_get_the_time_budget():
@@ -190,3 +194,25 @@ def test_the_issue_check_on_resnet50_at_32_gpus(capsys):
     assert len(finite) >= 15
     names = {r["scheduler"] for r in finite}
     assert {"mgwfbp", "optimal", "dear_optimal", "omgs", "osp", "bytescheduler"} <= names
+
+
+@pytest.mark.parametrize("cost_mode", ["calibrated", "paper"])
+def test_the_cli_and_the_notebooks_study_predict_the_same_times(capsys, cost_mode):
+    """`repro compare` and the compare_schedulers notebook's table (repro.studies.compare) at their defaults,
+    on the same trace, network and P: every scheduler's predicted time equal."""
+    from repro.studies import compare as study
+
+    stem = "resnet50_b64_v100-estimate"
+    argv = ["--network", "10gbe-derived", "--workers", "16"] + (["--cost-mode", "paper"] if cost_mode == "paper"
+                                                                  else [])
+    rc, out, err = run(capsys, "compare", "--trace", stem, *argv, "--format", "json")
+    assert rc == 0, err
+    cli = {r["scheduler"]: r for r in json.loads(out)}
+    kwargs = {} if cost_mode == "calibrated" else {"cost_mode": "paper"}
+    table = study.simulated_table([stem], ["10gbe-derived"], [16], **kwargs).set_index("scheduler")
+    assert len(table) == len(study.SCHEDULERS) == 21
+    for s, row in table.iterrows():
+        assert cli[s]["iteration_s"] == row["iteration_s"], s
+        assert cli[s]["buckets"] == row["buckets"], s
+    ps = table.loc[list(study.PARAMETER_SERVER)]
+    assert (ps["servers"] == 4).all()  # one server per node of 4 GPUs in both modes

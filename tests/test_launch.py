@@ -567,9 +567,7 @@ def test_role_environment_is_read_and_checked(monkeypatch):
     assert torchrun._read_role(0, 1) == ("worker", 0, 1)
 
 
-def test_per_rank_setup_lives_in_torchrun_and_is_reexported_by_local_and_the_old_alias():
-    import warnings
-
+def test_per_rank_setup_lives_in_torchrun_and_is_reexported_by_local():
     from repro.cluster import torchrun
 
     shared = ["DistContext", "DistributedSetupError", "init_distributed", "shutdown_distributed", "distributed",
@@ -579,10 +577,6 @@ def test_per_rank_setup_lives_in_torchrun_and_is_reexported_by_local_and_the_old
         assert getattr(launch, name) is getattr(torchrun, name)
         assert name == "SUPPORTED_BACKENDS" or getattr(launch, name).__module__ == "repro.cluster.torchrun"
     assert "launch_local" not in torchrun.__all__ and not hasattr(torchrun, "launch_local")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        from repro.launch import DistributedSetupError as old_error, init_distributed as old_init
-    assert old_error is DistributedSetupError and old_init is init_distributed
     ctx = DistContext(rank=1, world_size=2, local_rank=1, backend="gloo", device=torch.device("cpu"), is_main=False)
     assert (ctx.role, ctx.role_rank, ctx.role_world_size) == ("worker", 1, 2)
 

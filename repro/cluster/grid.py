@@ -16,7 +16,7 @@ runs (:func:`grid_run_ids`, ``kind="convergence"``).
 
 A grid file::
 
-    paper: mgwfbp                      # key of /work/shared/papers (mgwfbp, omgs, dear, osp)
+    paper: mgwfbp                      # the paper: mgwfbp, omgs, dear or osp
     notebook: mgwfbp_training          # the notebook that draws these runs (results_dir/<notebook>/runs)
     source: "..."                      # where the setting comes from (the paper notes), and what is ours
     networks: ["10GbE", "56Gb InfiniBand"]   # the paper's networks: run the grid once per network

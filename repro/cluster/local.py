@@ -1,36 +1,17 @@
 """The local launcher: ``launch_local`` starts the ranks of a run on this machine and watches them.
 
-:func:`launch_local` spawns ``world_size`` processes, sets the variables that torchrun would set
-(``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``, ``ROLE_NAME``, ...), calls
+:func:`launch_local` spawns ``world_size`` processes with the variables torchrun would set, calls
 :func:`~repro.cluster.torchrun.init_distributed` in each and runs a module-level function
-``fn(ctx, *args, **kwargs)`` there; it returns the per-rank return values in rank order, or raises
+``fn(ctx, *args, **kwargs)`` there; it returns the per-rank results in rank order, or raises
 :class:`RankFailedError` / :class:`LaunchTimeoutError` within a bounded time when a rank raises, dies or
-hangs (the other ranks are killed; none is left behind). With ``roles=[Role("server", serve), Role("worker",
-work, 4)]`` the ranks run different functions: ranks are given to the roles in order (rank 0 is the
-server, ranks 1-4 the workers) and each rank sees its role in ``ctx.role``, ``ctx.role_rank`` and
-``ctx.role_world_size``.
+hangs (no rank is left behind). ``roles=[Role(...), ...]`` runs different functions on different ranks;
+``emulate_bandwidth`` runs them on an emulated network (:mod:`repro.cluster.netns`).
 
-The per-rank set-up shared with torchrun — :class:`DistContext`, :class:`DistributedSetupError`,
+The per-rank set-up shared with torchrun (:class:`DistContext`, :class:`DistributedSetupError`,
 :func:`init_distributed`, :func:`shutdown_distributed`, :func:`distributed`, :func:`torchrun_command`,
-``SUPPORTED_BACKENDS`` — lives in :mod:`repro.cluster.torchrun` and is re-exported here (``repro.launch``,
-the deprecated name of this module, still provides it).
-
-Emulated networks: ``launch_local(..., emulate_bandwidth="1gbit")`` puts every rank in its own Linux
-network namespace behind a bridge, with each rank's link shaped to that bandwidth in both directions
-(:mod:`repro.cluster.netns`; needs root, ``ip`` and ``tc``), so the papers' 1-10 Gb/s regimes can be
-reproduced on one machine.
-
-Why not torch's own launchers: ``torch.multiprocessing.start_processes`` (which
-``torch.distributed.elastic``'s function launcher builds on) starts each child in an entry point of
-torch's, so torch is imported before a rank could enter its network namespace or set its thread
-environment, it reports the first rank to exit non-zero instead of the one that raised (a peer's
-"connection closed" often comes first), it returns no results, and its parent-death signal is SIGINT,
-which a rank blocked in a collective does not act on. Elastic's ``@record`` error files would add
-nothing either: each rank already sends its exception, traceback and time through a pipe, which the
-watchdog reads the moment it arrives.
-
-This module imports torch only inside functions, so a spawned rank can set its thread count and
-environment before torch is loaded.
+``SUPPORTED_BACKENDS``) lives in :mod:`repro.cluster.torchrun` and is re-exported here. This module
+imports torch only inside functions, so a spawned rank sets its thread count and environment (and enters
+its network namespace) before torch is loaded.
 """
 
 from __future__ import annotations
@@ -475,56 +456,41 @@ def launch_local(fn: Callable | None = None, world_size: int | None = None, *, r
 
     Roles: instead of ``fn``/``world_size``/``args``/``kwargs``, ``roles=[Role("server", serve),
     Role("worker", work, 4, args=(...))]`` starts ``sum(role.count)`` ranks, given to the roles in order
-    (here rank 0 runs ``serve(ctx)``, ranks 1-4 ``work(ctx, ...)``), all in one process group. Each rank
-    sees its role in ``ctx.role``, ``ctx.role_rank`` (0-based within the role) and ``ctx.role_world_size``
-    (``ROLE_NAME``, ``ROLE_RANK``, ``ROLE_WORLD_SIZE`` in its environment, as under torchrun); a plain
-    launch is one role named ``"worker"``. The results still come back as one list in rank order, so
-    role ``i``'s results are the slice ``[sum(counts[:i]):sum(counts[:i + 1])]``. Everything below —
-    failures, timeouts, emulated networks — is the same with roles; only the messages name the role
-    (``rank 2 of 3 (role worker, 1 of 2) failed: ...``).
+    (rank 0 runs ``serve(ctx)``, ranks 1-4 ``work(ctx, ...)``), in one process group. Each rank sees its
+    role in ``ctx.role``, ``ctx.role_rank`` (0-based within the role) and ``ctx.role_world_size`` (and
+    ``ROLE_NAME``, ``ROLE_RANK``, ``ROLE_WORLD_SIZE``, as under torchrun); role ``i``'s results are the
+    slice ``[sum(counts[:i]):sum(counts[:i + 1])]`` of the returned list.
 
-    Each rank is a process started with the multiprocessing ``spawn`` method. Before torch is imported
-    there it gets ``OMP_NUM_THREADS``/``MKL_NUM_THREADS`` = ``threads_per_rank`` (and
-    ``torch.set_num_threads``), ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``,
-    ``MASTER_ADDR``, ``MASTER_PORT``, the role variables and ``env`` (the launcher's variables win over
-    ``env``); it then calls :func:`init_distributed` with ``backend`` (None: automatic) and
-    ``pg_timeout_s``, runs its function and sends the return value (which must be picklable) back. The
-    function must be a module-level function (or a ``functools.partial`` of one) that the ranks can
-    import; lambdas, closures and functions defined in a notebook are refused up front with a TypeError.
+    Each rank is a ``spawn`` process that gets, before torch is imported, ``OMP_NUM_THREADS`` /
+    ``MKL_NUM_THREADS`` = ``threads_per_rank``, ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
+    ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``, the role variables and ``env`` (the launcher's
+    variables win); it calls :func:`init_distributed` with ``backend`` (None: automatic) and
+    ``pg_timeout_s`` and sends its function's (picklable) return value back. The function must be
+    importable by the ranks (module level, or a ``functools.partial`` of one): lambdas, closures and
+    notebook functions are refused up front with a TypeError. Also refused before any rank starts:
+    ``timeout_s`` or ``pg_timeout_s`` not a finite positive number of seconds, more ranks than
+    :func:`max_local_ranks` allows (ValueError), and ``backend="nccl"`` without CUDA or with fewer GPUs
+    than ranks (:class:`DistributedSetupError`).
 
-    Refused up front with a ValueError, before any rank starts: ``timeout_s`` or ``pg_timeout_s`` not a
-    finite positive number of seconds, and more ranks than this machine can run
-    (:func:`max_local_ranks`: available memory and free process slots; the message states the limit).
-    ``backend="nccl"`` (or automatic with CUDA) without CUDA, or with fewer GPUs than ranks, is a
-    :class:`DistributedSetupError` up front too.
+    Failures end within a bounded time, with every rank process reaped:
 
-    Failures, all within a bounded time, never a hang, and with every rank process reaped:
-
-    * a rank raises → :class:`RankFailedError` (``rank 1 of 2 failed: ValueError: boom`` and the rank's
-      traceback), about half a second after the exception, whatever the other ranks are blocked in;
-    * a rank dies without raising (``os._exit``, a signal) → :class:`RankFailedError`
-      (``rank 0 of 2 died with exit code -9 (SIGKILL) ...``);
-    * ``timeout_s`` (start-up included) passes → :class:`LaunchTimeoutError` naming the unfinished ranks;
+    * a rank raises → :class:`RankFailedError` (``rank 1 of 2 failed: ValueError: boom`` and its traceback);
+    * a rank dies without raising → :class:`RankFailedError` (``rank 0 of 2 died with exit code -9 ...``);
+    * ``timeout_s`` (seconds, start-up included) passes → :class:`LaunchTimeoutError` naming the
+      unfinished ranks;
     * KeyboardInterrupt in the launcher → the ranks are killed and the interrupt re-raised.
 
-    Remaining ranks get SIGTERM, then SIGKILL after 3 s. A rank whose launcher dies is killed too
-    (``PR_SET_PDEATHSIG`` on Linux, plus a thread that polls the parent pid once a second).
-    Rank output goes to the launcher's stdout/stderr file descriptors; ``quiet=True`` discards the
-    ranks' stdout (errors still come back as :class:`RankFailedError`).
+    Remaining ranks get SIGTERM, then SIGKILL after 3 s; a rank whose launcher dies is killed too. Rank
+    output goes to the launcher's stdout/stderr; ``quiet=True`` discards the ranks' stdout. The rendezvous
+    store is hosted by the launcher on ``master_addr`` only.
 
-    The rendezvous store is hosted by the launcher and listens on ``master_addr`` only (not on every
-    interface); ``MASTER_ADDR`` is that address in numeric form.
-
-    ``emulate_bandwidth`` (a tc-style rate such as ``"1gbit"`` or ``"200mbit"``, or bits per second) runs
-    the ranks on an emulated network (:class:`repro.cluster.netns.EmulatedNetwork`): each rank in its own network
-    namespace, joined by a bridge, every rank's link limited to that bandwidth in each direction by a
-    ``tbf`` qdisc (bucket ``emulate_burst_bytes``, default ``max(rate x 1 ms, 64 KiB)``). The rendezvous
-    store listens on the bridge's address only, which becomes ``MASTER_ADDR`` (``master_addr`` is not
-    used); each rank enters its namespace before anything else and gets ``GLOO_SOCKET_IFNAME`` (the
-    namespace's interface) and ``REPRO_EMULATED_BANDWIDTH_BPS``. The network is removed after the ranks
-    are reaped, whatever the outcome. Needs root, ``ip`` and ``tc``; otherwise
-    :class:`repro.cluster.netns.EmulationUnavailableError` says so before anything starts (leave
-    ``emulate_bandwidth=None`` to run without emulation).
+    ``emulate_bandwidth`` (a tc rate such as ``"1gbit"``, or bits per second) puts each rank in its own
+    network namespace behind a bridge, each rank's link limited to that rate in each direction by a ``tbf``
+    qdisc (bucket ``emulate_burst_bytes``, default ``max(rate x 1 ms, 64 KiB)``;
+    :class:`repro.cluster.netns.EmulatedNetwork`). The store then listens on the bridge's address
+    (``master_addr`` is not used), and each rank gets ``GLOO_SOCKET_IFNAME`` and
+    ``REPRO_EMULATED_BANDWIDTH_BPS``. The network is removed after the ranks are reaped. Needs root, ``ip``
+    and ``tc``, else :class:`repro.cluster.netns.EmulationUnavailableError` before anything starts.
     """
     if roles is None:
         if fn is None or world_size is None:

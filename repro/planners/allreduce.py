@@ -4,7 +4,7 @@ All take a :class:`~repro.trace.Trace`, a :class:`~repro.cost.CostModel` and the
 gradients travel in (None: the trace's dtype), and return an all-reduce :class:`~repro.plan.Plan`
 whose buckets are in backward (communication) order. Every planner solves on the bytes actually sent
 (``layer_wire_bytes``), so under float16 ``optimal`` is optimal for float16 messages. Each plan's
-``meta["iteration_s"]`` is its simulated iteration time under the same model (mgwfbp.md), equal to
+``meta["iteration_s"]`` is its simulated iteration time under the same model (MG-WFBP's), equal to
 ``simulate(trace, plan, cost).iteration_s``.
 """
 
@@ -100,7 +100,7 @@ def ddp_buckets(trace: Trace, cost: CostModel, first_bucket_bytes: int = 2**20, 
 
 def horovod(trace: Trace, cost: CostModel, threshold_bytes: int = 64 * 2**20, cycle_s: float = 5e-3, *,
             wire_dtype: str | None = None) -> Plan:
-    """Horovod-style tensor fusion (Sergeev & Del Balso 2018; settings from dear.md: threshold 64-128 MB,
+    """Horovod-style tensor fusion (Sergeev & Del Balso 2018; the DeAR paper's settings: threshold 64-128 MB,
     cycle time 1-5 ms).
 
     A background loop wakes every ``cycle_s`` seconds (ticks counted from the backward start) and

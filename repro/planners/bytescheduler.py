@@ -1,4 +1,4 @@
-"""Planner of the ByteScheduler family (dear.md "Baselines"; Peng et al., SOSP 2019).
+"""Planner of the ByteScheduler family (Peng et al., SOSP 2019, as DeAR's baselines use it).
 
 Each layer's gradient is partitioned into chunks of at most ``partition_params`` elements (a layer
 with ``p`` parameters becomes ``ceil(p / partition_params)`` near-equal pieces); every chunk is one
@@ -20,7 +20,7 @@ from repro.trace import Trace
 __all__ = ["FAMILY", "DEFAULT_PARTITION_PARAMS", "DEFAULT_CREDIT_BYTES", "bytescheduler"]
 
 FAMILY = "bytescheduler"
-DEFAULT_PARTITION_PARAMS = 4_000_000   # the DeAR paper's runs (dear.md)
+DEFAULT_PARTITION_PARAMS = 4_000_000   # the DeAR paper's runs (ICDCS 2023)
 DEFAULT_CREDIT_BYTES = 16_000_000
 
 

@@ -1,4 +1,5 @@
-"""Planners of the DeAR family (``../shared/papers/dear.md``): contiguous buckets in forward order.
+"""Planners of the DeAR family (Zhang et al., IEEE ICDCS 2023, arXiv 2302.12445): contiguous buckets in
+forward order.
 
 Every plan's buckets are runs of consecutive layers, input side first; each sends a backward
 reduce-scatter and a next-forward all-gather (:mod:`repro.sim.dear`). ``meta["iteration_s"]`` is the
@@ -263,76 +264,42 @@ def dear_optimal(trace: Trace, cost: CostModel, *, time_budget_s: float = DEFAUL
     """Exact minimum of the DeAR period over **every** contiguous bucketing (not only those of the
     threshold rule), by a label-setting dynamic program with dominance and bound pruning.
 
-    The period of a bucketing is ``phi_K + c_K + M`` (+ the straggler) as in :class:`_Model`. Buckets
-    are chosen left to right (input side first). A partial bucketing whose last bucket ends before
-    layer ``i`` is the label ``(phi, c, S, M)`` of its last bucket's forward start ``phi`` and compute
-    ``c`` and its running ``S`` and ``M``; a continuation adds ``max(c, a')`` to ``phi`` and ends the
-    reduce-scatters at ``max(M, S + X)``. Exact reductions:
+    The period of a bucketing is ``phi_K + c_K + M`` (+ the straggler) as in :class:`_Model`. Buckets are
+    chosen left to right (input side first). A partial bucketing whose last bucket ends before layer ``i``
+    is the label ``(phi, c, S, M)`` of its last bucket's forward start ``phi`` and compute ``c`` and its
+    running ``S`` and ``M``; a continuation adds ``max(c, a')`` to ``phi`` and ends the reduce-scatters at
+    ``max(M, S + X)``. Exact reductions:
 
-    - normalisation at ``i``: every next bucket's all-gather is at least layer i's, so ``c`` is raised
-      to it; the remaining reduce-scatters end no earlier than ``S + W[i]`` (:func:`_least_rs_end`), so
-      ``M`` is raised to that; once ``M`` is past ``S`` plus all the remaining reduce-scatters could
-      add, ``S`` cannot matter and is set to 0;
-    - dominance (:func:`_pareto`): a label is dropped when another has ``phi`` and ``phi + c`` no
-      larger and ``S`` and ``M`` no larger up to that label's forward lead;
-    - bounds: a label whose lower bound is not below the incumbent is pruned. The bound is the least
-      the forward can take on its own (the rest of the compute plus the least the all-gathers can
-      stall it over every bucketing of the rest, :class:`_Stalls`) plus the least end of the
-      reduce-scatters on their own (``S + W[i]``); each part is exact for its stream alone, so the
-      sum is tight where one stream dominates. A label only makes next buckets up to the last end
-      whose monotone version of that bound is below the incumbent.
+    - normalisation at ``i``: ``c`` is raised to layer i's all-gather (every next bucket's is at least
+      that), ``M`` to the least end of the remaining reduce-scatters ``S + W[i]`` (:func:`_least_rs_end`),
+      and ``S`` set to 0 once it cannot matter;
+    - dominance (:func:`_pareto`): a label is dropped when another has ``phi`` and ``phi + c`` no larger
+      and ``S`` and ``M`` no larger up to that label's forward lead;
+    - bounds: a label whose lower bound (the least the forward can take, all-gather stalls included,
+      :class:`_Stalls`, plus the least end of the reduce-scatters) is not below the incumbent is pruned,
+      and a label only makes next buckets up to the last end whose bound is below the incumbent.
 
-    The first incumbent is the released code's 25 MiB threshold bucketing. A *dive* (:data:`DIVE_WIDTH`
-    labels per depth: every next bucket of the depth's labels is made, and the labels of least lower
-    bound are kept, at most one per end position, ties to the furthest) from every first bucket then
-    looks for a better one, and the exact pass dives again from the labels at hand after every
-    :data:`DIVE_EVERY` new labels (the threshold doubling after each dive). Why: the bound is loose
-    at the root (0.27% below the optimum at 1000 random layers) but nearly exact a few buckets on,
-    and many partial bucketings have bounds within 1e-6 of the optimum's period (presumably where
-    the forward is communication-bound every all-gather stalls it, so its end depends on how many
-    buckets there are more than on where they end). An exact pass under an incumbent even 1e-6
-    above the optimum must expand that whole plateau (81,000 labels, 0.5 s) before it completes a
-    bucketing at layer L; under the optimum itself it keeps about 130 labels (0.05 s). (A bound
-    coupling the two streams through the number of buckets, as :func:`repro.planners.sparse.omgs_optimal`'s,
-    does not lift the root here: the reduce-scatters' least end is flat in the count, as they hide
-    behind the backward, so the least sum over counts is the sum of the two least ends: 0.5038 s
-    both ways on 200 random layers, optimum 0.5082 s.) A dive completes bucketings depth by depth,
-    so it reaches layer L at once. (Before, heuristic label-setting passes under upper bounds
-    rising from the root's bound gave the incumbent; the pass that first passed the optimum crossed
-    the plateau: 75% of the 1.2 s.)
+    The first incumbent is the released code's 25 MiB threshold bucketing; *dives* (:data:`DIVE_WIDTH`
+    labels per depth, repeated after every :data:`DIVE_EVERY` new labels) look for better ones, so the
+    exact pass works under a tight incumbent. Exactness does not depend on the dives: every incumbent is a
+    real bucketing whose period is computed in closed form (:meth:`_Model.period`), and the exact pass
+    only drops dominated labels or labels whose bound is not below it. Among bucketings with the same
+    period (to rounding), which one is returned is the search's choice.
 
-    Exactness does not depend on the dives: every incumbent is a real bucketing whose period is
-    computed in closed form (:meth:`_Model.period`); the exact pass only ever drops labels whose
-    lower bound is not below that, or dominated ones, so nothing it drops leads to a strictly
-    better bucketing, and its result is optimal whatever the dives found (the tests compare it with
-    brute force over all ``2^(L-1)`` bucketings, with dives at every position and without dives).
-    Where several bucketings have the same period (to rounding), which one is returned is the
-    search's choice (e.g. 7% of random 1-40 layer traces have such ties). CPU seconds on a shared
-    2-core machine (``benchmarks/bench_planners.py``, random traces, 10GbE at P = 64), proven
-    optimal: about 0.01 s at 100 layers, 0.03 s at 400, 0.12 s at 1000 (median of 12 seeds 0.1 s,
-    at most 0.13 s, also at P = 16 and on 56 Gbit/s InfiniBand; the forward's stall table,
-    :class:`_Stalls`, 0.06 s of it; before the dives 1.2 s); DenseNet-201's 402 layers 0.02 s. A label's
-    next buckets are bounded with the stall after each read from that table (:meth:`_Stalls.after`),
-    no search.
+    **Exact under** the contention-free model: the trace's computation (with a realism's compute scale and
+    update, as :func:`repro.planners.make_plan` applies them), the reduce-scatter and all-gather lines with
+    their per-message overhead and copy costs (:meth:`repro.cost.CostModel.line`), perfect overlap. Under a
+    realism with **contention** (the calibrated presets) the search's plan and the plans of ``dear_model``,
+    ``dear_threshold`` and ``dear_nofusion`` are each simulated and the fastest is returned
+    (:func:`repro.planners._judge.judged_best`: ``meta["plan_from"]`` names it, ``meta["iteration_s"]`` is
+    its simulated period, ``meta["exact_plan_iteration_s"]`` the search plan's; ``optimal``,
+    ``lower_bound_s`` and ``gap_pct`` describe the search under its contention-free model).
 
-    **Exact under** the contention-free model: the trace's computation (with a realism's compute
-    scale and update, as :func:`repro.planners.make_plan` applies them), the reduce-scatter and
-    all-gather lines with the per-message overhead and copy costs (:meth:`repro.cost.CostModel.line`),
-    perfect overlap. A cost model whose realism has **contention** (computation slowed while a
-    reduce-scatter or all-gather runs: the calibrated presets) breaks the labels' dominance (a
-    bucket's messages slow the computation of other buckets), so the search's plan and the plans of
-    ``dear_model``, ``dear_threshold`` and ``dear_nofusion`` are each simulated under it and the
-    fastest is returned (:func:`repro.planners._judge.judged_best`: ``meta["plan_from"]`` names it,
-    ``meta["iteration_s"]`` is its simulated period, ``meta["exact_plan_iteration_s"]`` the search
-    plan's; ``optimal``, ``lower_bound_s`` and ``gap_pct`` stay the search's record under its
-    contention-free model). Without contention a finished search's plan is returned as it is.
-
-    ``time_budget_s`` (seconds of wall clock, default 10; finite and positive) bounds the whole
-    search: when it runs out first, the best bucketing found so far is returned (never worse than
-    the released code's 25 MiB threshold rule, :func:`dear_threshold`) with ``meta["optimal"] = False`` and its proven ``meta["gap_pct"]`` above the
-    optimum (``meta["lower_bound_s"]``: the least lower bound of the labels not yet expanded), and
-    one WARNING is logged; a finished search records ``optimal: True, gap_pct: 0``
-    (:mod:`repro.planners._budget`). A search longer than 2 s logs progress lines (INFO).
+    ``time_budget_s`` (seconds of wall clock, finite and positive) bounds the search: when it runs out, the
+    best bucketing found so far is returned (never worse than :func:`dear_threshold`) with
+    ``meta["optimal"] = False``, its proven ``meta["gap_pct"]`` above the optimum and
+    ``meta["lower_bound_s"]`` (the least bound of the labels not yet expanded), and one WARNING is logged; a
+    finished search records ``optimal: True, gap_pct: 0`` (:mod:`repro.planners._budget`).
     """
     search = Search("dear_optimal", time_budget_s, trace.num_layers, log)
     model = _Model(trace, cost)

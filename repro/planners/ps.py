@@ -1,5 +1,5 @@
-"""Planners of the parameter-server family (``../shared/papers/osp.md``; OSP's text is not available,
-this package implements the interpretation written there and says so).
+"""Planners of the parameter-server family (OSP: Chen et al., arXiv 2306.16926; only the abstract is
+published, this package implements the interpretation in ``docs/interpretations.md`` and says so).
 
 A PS plan says, for every layer, which **server shard** holds it and in which **stage** it is
 synchronised, and how the cluster synchronises (``mode``):
@@ -16,9 +16,9 @@ synchronised, and how the cluster synchronises (``mode``):
   layer that does not fit is passed over and less important, smaller ones may still join (a greedy
   fill). A share of 1 is BSP's layout and a share of 0 puts everything in stage 2.
 
-Importance policies (osp.md): ``position`` (input-side layers first: the next forward needs them
+Importance policies (docs/osp.md): ``position`` (input-side layers first: the next forward needs them
 first) and ``magnitude`` (largest mean absolute gradient per element first, from the magnitudes a
-measured trace records per layer as ``grad_abs_mean``). ``osp_auto`` chooses the share by osp.md's
+measured trace records per layer as ``grad_abs_mean``). ``osp_auto`` chooses the share by this package's
 rule (:func:`repro.sim.ps.auto_stage2_share`: the largest stage-2 share whose traffic hides behind
 one computation under the cost model). ``meta["iteration_s"]`` is the simulated steady-state period.
 """
@@ -153,7 +153,7 @@ def osp(trace: Trace, cost: CostModel, servers: int = 1, stage1_share: float = 0
 
 def osp_auto(trace: Trace, cost: CostModel, servers: int = 1, importance: str = "position",
              lgp: bool = True) -> Plan:
-    """OSP with osp.md's automatic split: the largest stage-2 share whose push and pull traffic (N
+    """OSP with this package's automatic split (docs/osp.md): the largest stage-2 share whose push and pull traffic (N
     workers on each shard's link) hides behind one iteration's computation under ``cost``."""
     from repro.sim.ps import auto_stage2_share, trace_compute_s
 

@@ -1,4 +1,4 @@
-"""Planners of the sparse family (OMGS-SGD, ``../shared/papers/omgs.md``): which layers share one top-k.
+"""Planners of the sparse family (OMGS-SGD: Shi et al., IEEE INFOCOM 2020): which layers share one top-k.
 
 All take a :class:`~repro.trace.Trace`, a :class:`~repro.cost.CostModel` that knows the sparse
 all-gather line and the top-k cost (``topk_s``), the ``density`` (k = ceil(density x elements) per
@@ -144,7 +144,7 @@ def topk_single(trace: Trace, cost: CostModel, density: float = 0.001, *, pack: 
 
 def omgs(trace: Trace, cost: CostModel, density: float = 0.001, *, pack: bool = False,
          topk_scope: str = "bucket") -> Plan:
-    """The published OMGS-SGD merge rule (Shi et al., INFOCOM 2020), as written in omgs.md.
+    """The published OMGS-SGD merge rule (Shi et al., INFOCOM 2020).
 
     ``topk_scope`` (the plan's option, what the executor selects; the merge rule times every bucket at
     ``k = ceil(density x elements)`` either way): "bucket" (the default) is the paper's per-bucket
@@ -200,80 +200,40 @@ def omgs_optimal(trace: Trace, cost: CostModel, density: float = 0.001, *, pack:
                  time_budget_s: float = DEFAULT_TIME_BUDGET_S, topk_scope: str = "bucket") -> Plan:
     """Exact minimum iteration time over all contiguous groupings of the sparse timeline.
 
-    ``topk_scope``: as :func:`omgs` (default "model"; the search times buckets at
-    ``ceil(density x elements)`` either way).
+    ``topk_scope``: as :func:`omgs` (default "bucket"; the search times buckets at ``ceil(density x
+    elements)`` either way).
 
-    The MG-WFBP argument (a bucket's later start never helps) does not carry over: a bigger bucket
-    also moves later layers' backward, because its top-k occupies the compute stream. So the state
-    after grouping the first ``e`` layers in backward order is a pair (``C``: compute stream free,
-    ``M``: communication stream free), both seconds from backward start, and grouping layers
-    ``e..f-1`` next gives ``C' = C + t_b(e..f-1) + t_spar(d)``, ``M' = max(M, C') + t_c(d)``. Both are
-    non-decreasing in ``C`` and ``M``, so a state dominated in both coordinates by another with the
-    same ``e`` can never lead to a better end: keeping each prefix's Pareto front of (C, M) is exact,
-    and the optimum is the least ``M`` after all L layers (``t_iter = t_f + M``).
+    A bucket's top-k occupies the compute stream, so a bigger bucket also delays later layers' backward
+    (the MG-WFBP argument does not carry over). The state after grouping the first ``e`` layers in
+    backward order is a pair (``C``: compute stream free, ``M``: communication stream free, seconds from
+    backward start); grouping layers ``e..f-1`` next gives ``C' = C + t_b(e..f-1) + t_spar(d)``,
+    ``M' = max(M, C') + t_c(d)``. Both are non-decreasing in ``C`` and ``M``, so keeping each prefix's
+    Pareto front of (C, M) is exact, and the optimum is the least ``M`` after all L layers
+    (``t_iter = t_f + M``). Exact reductions prune states: a raised ``M`` where the next group's top-k
+    cannot start earlier; ``C`` dropped once communication can never again wait for computation; lower
+    bounds (:class:`_CountBound` where fewer than :data:`COUNT_MAX_GROUPS` groups fit, else
+    :class:`_GroupsBound`) against an upper bound; and dominance between groups of growing end. The upper
+    bound rises in rounds from the root's lower bound (:data:`FIRST_STEP`, :data:`GROWTH`) up to the
+    incumbent (the better of layer-wise and single top-k, tightened by the OMGS rule's plan where that
+    can matter); a round that finds a grouping has found the optimum, and a round that stores too many
+    states (:data:`ABORT_STATES`, :data:`ABORT_MIN_STATES`) is aborted and retried with a smaller margin
+    (:data:`ABORT_SHRINK`, :data:`ABORT_GROWTH`). Only finished rounds count, so exactness does not depend
+    on the round schedule.
 
-    Exact reductions keep the work small. (1) Every continuation's first group holds at least layer
-    ``e``, so its top-k cannot start before ``C + t_b(e) + t_spar(p_e)``: ``M`` is raised to that (no
-    future changes). (2) When ``M >= C + t_b(rest) + t_spar(rest merged)`` the communication stream
-    can never again wait for the compute stream, so ``C`` no longer matters and is lowered to the least
-    value any grouping can have there. (3) States whose lower bound exceeds the search's upper bound
-    are dropped. The bound is :class:`_CountBound` (a backward table over the number of groups left:
-    each group costs an all-gather start-up, so the communication the rest needs is nearly fixed by
-    how many groups it has, and the least compute-side end for each count is a one-dimensional
-    recursion) where fewer than :data:`COUNT_MAX_GROUPS` groups fit under the upper bound, else
-    :class:`_GroupsBound` (for m more groups the communication stream needs ``M + m t_c0 + t_c1
-    k(rest)``, the compute stream ``C + t_b(rest) + max(sum of per-layer t_spar, m t_spar(rest / m)) +
-    t_c(layer 0)`` -- t_spar is convex and superadditive, t_c affine in k -- minimised over m). (4) A
-    state stops starting groups once ``max(max(M, C') + t_c(rest from e), C' + t_b(rest) + per-layer
-    t_spar(rest) + t_c(layer 0))`` for its group ``[e, f)`` exceeds the upper bound (it only grows
-    with f). (5) A state at ``e`` also stops when a state made at ``f - 1`` has ``C'`` and ``max(M,
-    C')`` no larger for the group ending at f: the difference in ``C'`` only grows with the end
-    (t_spar is convex), so every later group from the older state is dominated.
+    **Exact under** the contention-free model: the trace's computation (with a realism's compute scale and
+    update, as :func:`repro.planners.make_plan` applies them), the sparse all-gather line with its
+    per-message overhead and copy costs (:meth:`repro.cost.CostModel.line`), the top-k cost, perfect
+    overlap. Under a realism with **contention** (the calibrated presets) the search's plan and the plans
+    of ``omgs``, ``topk_layerwise`` and ``topk_single`` are each simulated and the fastest is returned
+    (:func:`repro.planners._judge.judged_best`: ``meta["plan_from"]`` names it, ``meta["iteration_s"]`` is
+    its simulated iteration, ``meta["exact_plan_iteration_s"]`` the search plan's; ``optimal``,
+    ``lower_bound_s`` and ``gap_pct`` describe the search under its contention-free model).
 
-    The incumbent (an upper bound on the optimum, and the cap of the rounds' upper bounds) is the
-    better of layer-wise and single top-k, their iteration seconds computed in closed form. The OMGS
-    rule's plan (0.04 s at 1000 layers, as much as the rest of the search but the table and one
-    round) is made only where it can matter: when the count bound does not fit under the incumbent
-    but could fit under a tighter one (the groups bound's root), its grouping may tighten the
-    incumbent enough; and when the budget runs out, as one of the plans returned. The upper bound rises
-    in rounds: first :data:`FIRST_STEP` (relative) above the root's lower bound, :data:`GROWTH` times
-    the margin while a round finds no grouping (which proves the optimum is above it), up to the
-    incumbent. A round that finds a grouping has found the optimum (nothing at or below its upper
-    bound was dropped). A round that stores more than :data:`ABORT_STATES` times the states of the
-    last round that found none (at least :data:`ABORT_MIN_STATES` per layer) is aborted: it proves
-    nothing and finds nothing, the next round's margin is :data:`ABORT_SHRINK` times smaller and
-    may store twice as many states, and margins grow by :data:`ABORT_GROWTH` from then on. (Fronts
-    can grow steeply with the slack above the optimum: on one random 1000-layer trace at P = 16 the
-    round 1.9e-4 above it took 4 s before, where rounds just below took 0.1-0.4 s.) Exactness does
-    not depend on it: only finished rounds count, as above; and since the room doubles with every
-    abort, some round finishes. Every extension step is one numpy pass over the active states. The bounds are
-    tight on random traces (the count bound about 1e-5 relative below the optimum at P = 16, the
-    groups bound about 1e-6 at P = 2), so the first rounds keep few states: random traces of 1000
-    layers take about 0.13-0.15 s of CPU at P = 2 and at P = 16 (``benchmarks/bench_planners.py``'s
-    trace; median 0.16 s, at most 0.5 s over 8 seeds, where several rounds find nothing; before the
-    count bound, P = 16 took about a minute, since some 0.4% of slack let huge fronts survive). Where
-    both bounds are looser the rounds cost more: DenseNet-201 (402 layers) at P = 16, with the root
-    0.24% below the optimum, about 0.8 s; a random 1000-layer trace at P = 16 (seed 4 of the
-    benchmark's generator) 2 s (7 s before rounds were aborted), the root 3e-4 below the optimum.
-
-    **Exact under** the contention-free model: the trace's computation (with a realism's compute
-    scale and update, as :func:`repro.planners.make_plan` applies them), the sparse all-gather line
-    with the per-message overhead and copy costs (:meth:`repro.cost.CostModel.line`), the top-k cost,
-    perfect overlap. A cost model whose realism has **contention** (computation, top-k included,
-    slowed while an all-gather runs: the calibrated presets) breaks the Pareto argument (a group's
-    all-gather slows the backward and top-k of later groups), so the search's plan and the plans of
-    ``omgs``, ``topk_layerwise`` and ``topk_single`` are each simulated under it and the fastest is
-    returned (:func:`repro.planners._judge.judged_best`: ``meta["plan_from"]`` names it,
-    ``meta["iteration_s"]`` is its simulated iteration, ``meta["exact_plan_iteration_s"]`` the
-    search plan's; ``optimal``, ``lower_bound_s`` and ``gap_pct`` stay the search's record under its
-    contention-free model). Without contention a finished search's plan is returned as it is.
-
-    ``time_budget_s`` (seconds of wall clock, default 10; finite and positive) bounds the search: when
-    it runs out first, the best of the simple plans (never worse than the published OMGS rule, nor
-    layer-wise or single top-k) is returned with ``meta["optimal"] = False``, its proven ``meta["gap_pct"]`` above
-    the optimum and ``meta["lower_bound_s"]`` (the least lower bound of the stored states), and one
-    WARNING is logged; a finished search records ``optimal: True, gap_pct: 0``
-    (:mod:`repro.planners._budget`). A search longer than 2 s logs progress lines (INFO).
+    ``time_budget_s`` (seconds of wall clock, finite and positive) bounds the search: when it runs out, the
+    best of the simple plans (never worse than the OMGS rule, layer-wise or single top-k) is returned with
+    ``meta["optimal"] = False``, its proven ``meta["gap_pct"]`` above the optimum and
+    ``meta["lower_bound_s"]``, and one WARNING is logged; a finished search records ``optimal: True,
+    gap_pct: 0`` (:mod:`repro.planners._budget`).
     """
     _check_scope(topk_scope)
     search = Search("omgs_optimal", time_budget_s, trace.num_layers, log)
@@ -406,9 +366,8 @@ COUNT_MAX_GROUPS = 256  # the count bound is skipped when more groups than this 
 
 class _CountBound:
     """A lower bound on the final ``M`` of every completion of states ``(C, M)`` after prefix ``f``
-    that keeps track of how many groups the rest is cut into -- the bound that makes the search small
-    where communication dominates (about 0.001% below the optimum on random 1000-layer traces at
-    P = 16, where :class:`_GroupsBound` is 0.4% below).
+    that keeps track of how many groups the rest is cut into: tighter than :class:`_GroupsBound` where
+    communication dominates.
 
     The rest's value from a state is ``C + F(f, M - C)`` (the recursion only depends on ``M - C``
     past ``C``); a grouping of the rest with first group ``[f, g)`` (compute ``p1``, communication

@@ -3,53 +3,34 @@
 Contract of :class:`BucketedAllReduce`:
 
 - every layer of the model (in the plan's ``view``) appears in exactly one bucket of the plan;
-- during ``loss.backward()``, ``register_post_accumulate_grad_hook`` copies each gradient into its
-  bucket's flat buffer, divided by the world size on the way (one pass, as DDP's reducer does; with a
-  wire dtype, e.g. float16, it is cast first and the bucket is divided at launch, in that dtype); when a
-  bucket's last gradient has arrived, its asynchronous ``all_reduce`` starts, in the
-  plan's bucket order (a bucket never overtakes an earlier one, so every rank issues the same
-  sequence of collectives);
-- :meth:`finish` waits for every bucket and hands the averaged gradients to ``param.grad`` (as views
-  of the bucket buffer when the wire dtype is the parameter's; the buffer is only rewritten by the
-  next backward, after ``zero_grad``).
-- **Unused parameters** (a branch not used in this forward, on some ranks or on all): a parameter
-  whose ``.grad`` is None at :meth:`finish` contributes zeros, as under DDP's
-  ``find_unused_parameters=True``, so nothing waits for a gradient that never comes. Each bucket also
-  carries one "had a gradient" flag per parameter (1 or 0, reduced with the gradients, as DeAR's
-  buffers do): a parameter no rank had a gradient for keeps ``.grad`` None (DDP leaves globally unused
-  parameters untouched), so the optimizer skips it (no momentum or weight-decay step), exactly as DDP's.
-  The flags are read on the host only on a rank that missed a gradient itself.
-- **Mixed dtypes** (e.g. some float16/bfloat16 parameters beside float32 ones): without a wire dtype a
-  bucket keeps one flat buffer per parameter dtype and sends one all-reduce per buffer, back to back
-  (DDP puts different dtypes in different buckets for the same reason: each gradient is summed in its
-  own dtype, so the result equals DDP's); with a wire dtype the bucket is one buffer of that dtype and
-  each averaged gradient is cast back to its parameter's dtype. ``BucketTiming.bytes`` is the
-  bucket's gradient bytes on the wire (the flags, one element per parameter, are not counted).
+- during ``loss.backward()`` a post-accumulate-grad hook copies each gradient into its bucket's flat
+  buffer, divided by the world size on the way (as DDP's reducer; with a wire dtype, e.g. float16, it is
+  cast first and the bucket is divided at launch, in that dtype); a bucket's asynchronous
+  ``all_reduce`` starts when its last gradient has arrived, in the plan's bucket order (a bucket never
+  overtakes an earlier one, so every rank issues the same sequence);
+- :meth:`finish` waits for every bucket and hands the averaged gradients to ``param.grad`` (views of
+  the bucket buffer when the wire dtype is the parameter's);
+- **unused parameters**: a parameter whose ``.grad`` is None at :meth:`finish` contributes zeros, and
+  one "had a gradient" flag per parameter travels with the gradients, so a parameter no rank had a
+  gradient for keeps ``.grad`` None: DDP's ``find_unused_parameters=True`` behaviour;
+- **mixed dtypes**: without a wire dtype a bucket keeps one flat buffer per parameter dtype and sends
+  one all-reduce per buffer (each gradient summed in its own dtype, as DDP); with a wire dtype the
+  bucket is one buffer of that dtype, cast back to each parameter's dtype. ``BucketTiming.bytes`` is
+  the bucket's gradient bytes on the wire (flags not counted).
 
-:class:`ScheduledOptimizer` wraps any optimizer so that ``step()`` first calls :meth:`finish`.
-Each layer's gradient-ready time is kept for the last iteration in ``grad_ready_s``, marked through
-the executor's clock (:mod:`repro.runtime.clock`: ``time.perf_counter`` on a CPU, a CUDA event on a
-GPU, resolved to ``perf_counter`` seconds when read); with ``record_timeline=True`` so are each
-bucket's launch and completion times (:class:`~repro.runtime.clock.CollectiveEnds`: host times on
-gloo, the device's on NCCL, whose futures complete at enqueue; read after ``settle_timings()``).
+:class:`ScheduledOptimizer` wraps any optimizer so that ``step()`` first calls :meth:`finish`. Each
+layer's gradient-ready time of the last iteration is in ``grad_ready_s`` (:mod:`repro.runtime.clock`,
+``perf_counter`` seconds); with ``record_timeline=True`` so are each bucket's launch and completion
+times (:class:`~repro.runtime.clock.CollectiveEnds`; read after ``settle_timings()``).
 
-**Horovod's cycle time** (plan option ``cycle_s``, the ``horovod`` planner's plans): Horovod's
-background loop wakes every ``cycle_s`` seconds and launches what became ready since its last tick.
-Here the ticks are counted from the backward start (the first gradient hook of the iteration, kept in
-``cycle_origin_s``; after :meth:`finish` in ``last_cycle_origin_s``): tick ``k`` is at
-``cycle_origin_s + k * cycle_s``. A background thread (one per :class:`BucketedAllReduce`, started by
-the first hook of an iteration) sleeps until the next tick and launches there the buckets complete by
-that tick, in plan order (never overtaking an incomplete earlier bucket, so every rank issues the same
-sequence; a bucket completed while the thread overslept the tick waits for the next tick); a bucket
-complete at ``r`` therefore goes out at the first tick at or after ``r`` (the simulator's ``ceil(r / cycle_s) * cycle_s``, :mod:`repro.sim.allreduce`), later
-when an earlier bucket holds it back. :meth:`finish` does not launch early either: it waits for the
-remaining buckets' tick (at most one cycle after the last gradient), launches them there and waits
-for every bucket. The gradient hooks never launch in this mode. *One thread issues at a time*: gloo
-collectives are launched from the ticker thread while the main thread runs backward, and from the main
-thread in :meth:`finish`; every launch (and the bucket-order cursor) is under one lock, so only one
-thread issues a collective on the group at a time and the plan order is kept. The main thread issues
-no other collective while a backward is in flight (the loop's buffer broadcast is before the forward).
-Without ``cycle_s`` nothing of this exists: the hooks launch as before.
+**Horovod's cycle time** (plan option ``cycle_s``, the ``horovod`` planner's plans): ticks every
+``cycle_s`` seconds from the backward start (``cycle_origin_s``; after :meth:`finish` in
+``last_cycle_origin_s``). A background thread launches at each tick the buckets complete by then, in
+plan order, so a bucket complete at ``r`` goes out at the first tick at or after ``r`` (the simulator's
+``ceil(r / cycle_s) * cycle_s``, :mod:`repro.sim.allreduce`), later when an earlier bucket holds it
+back. :meth:`finish` waits for the remaining buckets' tick (at most one cycle after the last gradient).
+Every launch is under one lock, so one thread issues a collective at a time and the plan order is
+kept. Without ``cycle_s`` the gradient hooks launch the buckets.
 """
 
 from __future__ import annotations
@@ -374,9 +355,8 @@ class BucketedAllReduce:
 def allreduce_launcher(group: dist.ProcessGroup | None = None):
     """``launch(tensor) -> Work``: start an asynchronous SUM all-reduce of ``tensor`` on ``group`` (None: the
     default group) by the process group's own ``allreduce``, which is what ``dist.all_reduce(tensor,
-    group=group, async_op=True)`` calls after its argument checks. Those checks cost about 27 us of Python
-    per call (measured on a CPU, gloo, 2 ranks: 64 us against 37 us), paid once per bucket in the middle
-    of the backward; the executor's buffers are dense tensors of one dtype on the group's device, so
+    group=group, async_op=True)`` calls after its argument checks (Python paid once per bucket in the
+    middle of the backward); the executor's buffers are dense tensors of one dtype on the group's device, so
     there is nothing for them to find (a complex buffer goes through ``dist.all_reduce``). A torch whose
     process group lacks ``allreduce`` (or its options) gets ``dist.all_reduce`` itself."""
     pg = group if group is not None else dist.group.WORLD

@@ -27,8 +27,7 @@ def broadcast_tensors(tensors: Iterable[torch.Tensor], src: int = 0, group: dist
     flattened broadcast per piece of at most :data:`PIECE_BYTES` (bool tensors travel as bytes).
 
     All but bool tensors go through ``torch.distributed._broadcast_coalesced``, the C++ call DDP syncs its
-    buffers with (tiny_resnet's 27 buffers on 2 gloo ranks: 0.49 ms a call, against 0.86 ms for the
-    Python pieces below); bool tensors, and every tensor where that call does not exist, take the pieces."""
+    buffers with; bool tensors, and every tensor where that call does not exist, take the pieces."""
     tensors = list(tensors)
     coalesced = getattr(dist, "_broadcast_coalesced", None)
     if coalesced is not None and any(t.dtype != torch.bool for t in tensors):

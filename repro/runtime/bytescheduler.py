@@ -1,75 +1,48 @@
 """Run a ByteScheduler plan: chunked all-reduces served by priority under a credit, each layer updated as
-its chunks complete (dear.md "Baselines"; Peng et al., SOSP 2019; the model is :mod:`repro.sim.bytescheduler`).
+its chunks complete (Peng et al., SOSP 2019, as DeAR's baselines use it; the model is
+:mod:`repro.sim.bytescheduler`).
 
 A plan of the ``bytescheduler`` family lists **chunks**: a whole layer, or piece ``(index, count)`` of
-one layer (near-equal chunks by elements, the first ``numel % count`` one element longer, as
+one layer (near-equal by elements, the first ``numel % count`` one element longer, as
 :func:`repro.plan._piece_fraction`), each with one all-reduce message whose ``priority`` is the layer's
-forward index (lower = more urgent: the next forward needs it first). Option ``credit_bytes``: the
-bytes of chunks in flight at most (the paper's runs: 16,000,000 with 4,000,000-parameter partitions;
-the planner's defaults).
+forward index (lower = more urgent). Option ``credit_bytes``: the bytes of chunks in flight at most (the
+planner's defaults are the paper's runs: 16,000,000 with 4,000,000-parameter partitions).
 
 How :class:`ByteSchedulerExecutor` runs it, per rank:
 
-- **backward**: ``register_post_accumulate_grad_hook`` copies each parameter's gradient into its
-  layer's flat buffer; when a layer's last gradient has arrived, its chunks become *ready*;
-- **scheduler** (a background thread per executor; only it issues collectives on the executor's two
-  process groups): issues ready chunks' asynchronous ``all_reduce`` (sums) in priority order (lowest
-  ``priority`` first, ties by readiness order) while the bytes in flight stay within the credit (one
-  chunk is always allowed when none is in flight). Priority order is strict: a chunk that does not fit
-  the credit holds back every less urgent one;
-- **update**: :meth:`wrap_optimizer`'s ``step()`` does not wait for anything; it only marks every
-  layer's update as pending. Forward pre-hooks apply them: before a module holding parameters of
-  layer ``l`` runs in the next forward, the hook waits for ``l``'s chunks, divides the buffer by the
-  world size ``P``, sets ``p.grad`` of ``l``'s parameters (every other parameter's gradient is set to
-  ``None`` for the call and restored after it) and calls the wrapped optimizer's ``step()``; torch's
-  optimizers skip parameters whose ``grad`` is None (no state, momentum or weight decay touched: SGD,
-  AdamW and the others of ``torch.optim`` keep their state per parameter), so one layer is updated
-  exactly as a whole-model step would update it. So the next forward starts as soon as the input-side
-  layers are updated, while output-side chunks are still in flight. :meth:`flush` applies everything
-  pending (the loop calls it before an evaluation or a checkpoint and at the end);
+- **backward**: a post-accumulate-grad hook copies each gradient into its layer's flat buffer; a layer's
+  chunks become *ready* when its last gradient has arrived;
+- **scheduler** (a background thread, the only issuer of collectives on the executor's two process
+  groups): issues ready chunks' asynchronous ``all_reduce`` (sums) in strict priority order (ties by
+  readiness) while the bytes in flight stay within the credit (one chunk is always allowed when none is
+  in flight);
+- **update**: the wrapped optimizer's ``step()`` only marks every layer's update as pending; before a
+  module holding parameters of layer ``l`` runs in the next forward, a pre-hook waits for ``l``'s chunks,
+  divides by the world size ``P`` and steps the optimizer with only ``l``'s ``.grad`` set (equal to a
+  whole-model step for optimizers with per-parameter state, as torch's). :meth:`flush` applies
+  everything pending;
 - buffers are broadcast from rank 0 before every forward (as DDP does);
-- mixed precision: with ``torch.amp.GradScaler`` the loop stays ``scaler.scale(loss).backward();
-  ex.after_backward(); scaler.step(opt); scaler.update()`` with ``opt = ex.wrap_optimizer(optimizer,
-  grad_scaler=scaler)``; ``step()`` then waits for every chunk, decides the skip on the all-reduced
-  sums (the same on every rank), tells the scaler's ``update()``, and the layer-wise updates apply
-  ``sum / P / scale``; ``opt.synchronize()`` finishes the exchange early for ``scaler.unscale_(opt)``
-  and clipping (:meth:`ByteSchedulerExecutor.step`).
+- mixed precision: with ``ex.wrap_optimizer(optimizer, grad_scaler=scaler)``, ``step()`` waits for every
+  chunk, decides the skip on the all-reduced sums (the same on every rank), tells the scaler's
+  ``update()``, and the layer-wise updates apply ``sum / P / scale``; ``opt.synchronize()`` finishes
+  the exchange early for ``scaler.unscale_(opt)`` and clipping.
 
-**Same collectives on every rank.** Which chunks are ready, and which completed, at a given moment
-differs between ranks, and so would a priority order decided locally. So rank 0 decides: its
-scheduler thread picks the chunks to issue (its own readiness, its own completions for the credit)
-and broadcasts their ids on a control group (one small broadcast per decision, which may name several
-chunks); every other rank's scheduler thread receives each decision, waits until those chunks are
-ready locally (they will be: every rank runs the same backward) and issues them in the decided order.
-Every rank thus issues the same all-reduces in the same order on the data group. A rank enters the
-broadcast only when it holds a ready chunk not yet issued, and a chunk not yet issued on that rank
-is one rank 0 has still to decide or has decided in a broadcast that rank has not yet received, so
-every broadcast is matched. The decision stream also never waits on a later iteration: rank 0 decides
-a chunk of iteration ``i + 1`` only after its forward ``i + 1`` applied every used layer, i.e. after
-deciding all of iteration ``i``'s chunks that the other ranks' forwards wait for.
-**One thread issues every collective.** Only the scheduler thread issues collectives, on the control
-and data groups; the main thread issues none. The buffer broadcast before each forward (as DDP) is
-one more decision of rank 0 (``before_forward`` asks the scheduler thread and waits for it), so it
-too sits at the same place among the data group's all-reduces on every rank (NCCL documents
-interleavings of communicators that differ between ranks as a deadlock risk;
-``tests/test_comm_order.py`` records the sequences). A decision to broadcast the buffers is taken
-before any chunk (the forward waits for it), and never blocks on a later iteration either: rank 0
-asks for the broadcast of step ``n`` only after its step ``n - 1``, when every chunk of the
-iterations before ``n - 1`` (the only ones another rank's main thread can still wait for before its
-own ``before_forward``) has been decided. The control group is gloo (a CPU tensor); with NCCL the
-data group is NCCL (untested: no GPU where this was written).
+**Same collectives on every rank.** Rank 0 decides: its scheduler thread picks the chunks to issue (its
+own readiness and completions) and broadcasts their ids on a control group (gloo); every other rank's
+scheduler thread waits until those chunks are ready locally and issues them in the decided order, so
+every rank issues the same all-reduces in the same order on the data group. The buffer broadcast
+before each forward is one more decision of rank 0, so it too sits at the same place on every rank
+(``tests/test_comm_order.py`` records the sequences). Decisions never wait on a later iteration, so
+every broadcast is matched.
 
-**Completion is measured where the work runs** (:class:`HostComm`, :class:`CudaComm`). On a CPU a
-gloo ``Work``'s future completes when the data is there. On CUDA an NCCL ``Work`` completes at
-*enqueue*, so there the scheduler thread issues on a side stream, records a CUDA event after each
-all-reduce, and a watcher thread (:class:`~repro.runtime.clock.EventCompletions`, no collectives)
-waits for the events in issue order: a chunk's bytes leave the credit (:func:`pick_chunks`) only
-when the device has finished it, and its ``end_s`` is the event's time on the host base. The forward
-pre-hooks make the training stream wait for the events instead of blocking the host.
+**Completion is measured where the work runs** (:class:`HostComm`, :class:`CudaComm`): a gloo
+``Work``'s future completes when the data is there; on CUDA, where an NCCL ``Work`` completes at enqueue,
+the scheduler thread issues on a side stream and records an event after each all-reduce, which a
+watcher thread (:class:`~repro.runtime.clock.EventCompletions`) waits for in issue order: a chunk's
+bytes leave the credit (:func:`pick_chunks`) only when the device has finished it.
 
 With ``record_timeline`` ``timings`` holds per chunk of the last iteration a :class:`ChunkTiming`
-(layer, piece, bytes, priority, and ``time.perf_counter()`` seconds: ready, decided (picked by rank 0;
-received elsewhere), launched (enqueued), completed (on the device, on CUDA)).
+(layer, piece, bytes, priority, and ``time.perf_counter()`` seconds: ready, decided, launched, completed).
 """
 
 from __future__ import annotations
@@ -115,7 +88,7 @@ class ChunkTiming:
         On CUDA (completions stamped by a watcher thread) a chunk of this iteration (its gradients
         ready) that is not yet seen complete is waited for first, whether or not the scheduler thread
         has issued it yet (at most 60 s; NaN after that): ``step()`` returns before the last chunks are
-        issued, and a row read then would have no ``start_s`` nor ``end_s`` (seen on an H100). On a
+        issued, and a row read then would have no ``start_s`` nor ``end_s``. On a
         CPU its ``start_s`` / ``end_s`` are NaN until then (gloo completes a chunk only when the next
         forward waits for it)."""
         done = self.__dict__.get("_done")

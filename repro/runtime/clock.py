@@ -17,7 +17,7 @@ kernels, which may be long before the device ran them. So:
 Both clocks give seconds on the host's ``time.perf_counter()`` time base, so a ready time minus a host
 stamp taken right after synchronising the device (what the warm-up's phase stamps are, see
 :func:`repro.runtime.online.sync_device` and :meth:`Clock.now`) is a *device* time gap on a GPU, and
-exactly today's host gap on a CPU.
+exactly the host gap on a CPU.
 
 :func:`make_clock` picks the clock for a device; :func:`clock_for` is what the executors call (the
 clock given in :class:`~repro.runtime.executor.ExecutorOptions`, else the one for the model's device).
@@ -27,7 +27,7 @@ done: the marks stay readable until the next iteration's first mark, which start
 that got no gradient in the last backward has no time (not one left over from an earlier iteration),
 and an iteration in which nothing was marked leaves no times at all.
 
-The same rule for communication (issue 21, defects 4 and 7): a ``Work`` or future that completes at
+The same rule for communication: a ``Work`` or future that completes at
 enqueue (NCCL) is not a completion. :func:`waits_for` picks how a consumer waits for a collective
 another thread issued: :class:`HostWaits` (CPU: block on the host until it finished) or
 :class:`StreamWaits` (CUDA: the consumer's current stream waits for an event recorded after the

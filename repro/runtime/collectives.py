@@ -1,9 +1,9 @@
 """Reduce-scatter and all-gather that cost half an all-reduce each, on a FIFO communication stream.
 
 DeAR splits each all-reduce into a reduce-scatter (RS, in backward) and an all-gather (AG, in the next
-forward). On gloo (CPU), torch's ``reduce_scatter_tensor`` / ``all_gather_into_tensor`` work but are
-slow (2 ranks, 16.8 MB over loopback: all_reduce 13 ms, reduce_scatter 44 ms, all_gather 32 ms; gloo
-emulates RS with an all-reduce), so here they are built as ring algorithms over point-to-point messages.
+forward). On gloo (CPU), torch's ``reduce_scatter_tensor`` / ``all_gather_into_tensor`` are slower than
+an all-reduce (gloo emulates RS with one), so here they are built as ring algorithms over point-to-point
+messages.
 
 :class:`CommStream` runs collectives asynchronously, one at a time, in submission order, on a background
 thread with a process group of its own; each call returns a :class:`Handle`.
@@ -23,7 +23,7 @@ buffer's size in bytes):
 For ``P = 2`` each is a single exchange of halves between the two ranks.
 
 NCCL: native ``reduce_scatter_tensor`` / ``all_gather_into_tensor`` / ``all_reduce`` on a side CUDA
-stream (run on one H100 with an NCCL group of one rank, docs/gpu_report.md; never on two GPUs yet).
+stream (docs/gpu_report.md says where that has run).
 """
 
 from __future__ import annotations
@@ -159,42 +159,33 @@ class CommStream:
 
     ``CommStream(group=None, backend_impl="auto", timeout_s=None)``
 
-    - ``group``: the ranks to communicate among (a process group this rank belongs to; None: every
-      rank). The stream creates a process group of its own over the same ranks with
-      ``dist.new_group(ranks)``, so its traffic never mixes with collectives the main thread runs on the
-      default group (or any other) meanwhile. ``new_group`` is collective over the *default* group:
-      every rank of the job must construct its CommStreams at the same point of the program, in the
-      same order relative to every other ``new_group`` call.
+    - ``group``: the ranks to communicate among (None: every rank). The stream creates a process group of
+      its own over them (``dist.new_group``), so its traffic never mixes with the main thread's
+      collectives. ``new_group`` is collective over the default group: every rank must construct its
+      CommStreams at the same point of the program, in the same order relative to every other
+      ``new_group`` call.
     - ``backend_impl``: ``"ring"`` (ring RS / AG over point-to-point messages; gloo, CPU tensors),
-      ``"native"`` (torch's ``reduce_scatter_tensor`` / ``all_gather_into_tensor`` / ``all_reduce`` on
-      the stream's group), ``"auto"`` (ring for RS/AG on gloo, native otherwise, e.g. NCCL; all_reduce
-      native, which measured as fast as or faster than RS+AG on gloo, see :meth:`all_reduce`).
-      Shard ``r`` belongs to the rank whose rank *in the stream's group* is ``r`` (``self.rank``).
-    - ``timeout_s``: bound (seconds) on every message of the stream's group; a peer that dies or never
-      submits the matching op makes the op fail within about this long (``wait()`` raises) instead of
-      hanging. None: the default group's timeout.
+      ``"native"`` (torch's ``reduce_scatter_tensor`` / ``all_gather_into_tensor`` / ``all_reduce``),
+      ``"auto"`` (ring for RS/AG on gloo, native otherwise; all_reduce native). Shard ``r`` belongs to the
+      rank whose rank in the stream's group is ``r`` (``self.rank``).
+    - ``timeout_s``: bound (seconds) on every message of the stream's group: a peer that dies or never
+      submits the matching op makes ``wait()`` raise within about this long. None: the default group's
+      timeout.
 
-    Order: every rank must submit the same ops (kind, numel, dtype) in the same order; the stream
-    matches them by position. One worker thread = the stream; it is the only user of its group.
+    Every rank must submit the same ops (kind, numel, dtype) in the same order; the stream matches them by
+    position. After a failure the stream is broken: the failing op's ``wait()`` raises, ops queued behind
+    it fail too, and later submissions raise RuntimeError at once.
 
-    After a failure the stream is broken (peers may be mid-op): the failing op's ``wait()`` raises,
-    ops queued behind it fail too, and later submissions raise RuntimeError at once.
-
-    The GIL: the stream is a Python thread, so it needs the GIL between its point-to-point calls
-    (several times per 1 MiB chunk). While the main thread runs Python code (not torch ops, which
-    release the GIL) the stream waits up to ``sys.getswitchinterval()`` (5 ms by default) for each
-    re-acquisition. Measured (2 ranks, loopback, 1 MB reduce-scatter, machine loaded): main thread
-    waiting 9.5 ms, main thread spinning in Python 30 ms; after ``sys.setswitchinterval(1e-4)`` 1.5 and
-    3.5 ms. An executor that overlaps the stream with Python-heavy work (a forward pass of many small
-    modules) should lower the switch interval (process-wide; this class does not change it; see
+    The stream is a Python thread and needs the GIL between its point-to-point calls; while the main thread
+    runs Python code it waits up to ``sys.getswitchinterval()`` for each re-acquisition, so an executor that
+    overlaps the stream with Python-heavy work should lower the switch interval (process-wide;
     :func:`lower_switch_interval`, which the DeAR executor uses).
 
-    ``close()`` (idempotent; also on ``with CommStream(...) as s:`` exit) lets queued ops finish and
-    joins the thread. NCCL (untested here, no GPU): the ops run natively on a side CUDA stream that
-    first waits for the submitting thread's current stream; the stream thread records an event after
-    each op (``Handle.event``) and goes on to the next op without waiting for the device; a watcher
-    thread (no collectives) waits for the events in order; ``wait()`` returns once the device has
-    finished the op, ``wait_enqueued()`` once it is on the side stream.
+    ``close()`` (idempotent; also on leaving ``with CommStream(...) as s:``) lets queued ops finish and joins
+    the thread. On NCCL the ops run natively on a side CUDA stream that first waits for the submitting
+    thread's current stream; an event recorded after each op (``Handle.event``) is waited for by a watcher
+    thread: ``wait()`` returns once the device has finished the op, ``wait_enqueued()`` once it is on the
+    side stream.
     """
 
     def __init__(self, group=None, backend_impl: str = "auto", timeout_s: float | None = None):
@@ -260,8 +251,8 @@ class CommStream:
         """Sum-all-reduce ``buffer`` in place (async), for baselines on the same stream.
 
         ``backend_impl="ring"``: ring RS then ring AG (``numel`` divisible by P). Otherwise native
-        ``all_reduce`` on the stream's group (any numel): gloo's own ring all-reduce was measured as fast
-        as or faster than our RS+AG (benchmarks/bench_primitives.py).
+        ``all_reduce`` on the stream's group (any numel): gloo's own ring all-reduce is at least as fast as
+        RS+AG (``benchmarks/bench_primitives.py`` measures both).
         """
         if self.backend_impl == "ring":
             flat = self._check("all_reduce", buffer)

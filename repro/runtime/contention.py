@@ -1,4 +1,4 @@
-"""How much slower computation runs while gloo communication is in flight, measured on this machine.
+"""How much slower computation runs while gloo communication is in flight, measured on the live ranks.
 
 The simulator's ``Realism.contention`` (:mod:`repro.sim.contention`) is a dimensionless slowdown
 ``c``: while any collective is in flight, a compute task progresses at ``1/(1+c)`` of its speed
@@ -26,8 +26,9 @@ live process group (every rank takes part, as in :mod:`repro.runtime.calibrate`)
 clipped at 0 (a negative value is noise: communication cannot speed compute up), then their mean
 weighted by each size's all-reduce seconds (the slowdown averaged over the time communication is in
 flight; the validation study uses this) or, without weights, their median. The measured slowdown
-does depend on the size on an emulated link (large, long transfers slow computation more on 2 cores),
-so the weighting puts it where a plan's communication time goes. The sizes should span the plan's messages (a layer's gradient to the whole model's,
+can depend on the size (on a small host, large, long transfers slow computation more), so the
+weighting puts it where a plan's communication time goes. The sizes should span the plan's messages
+(a layer's gradient to the whole model's,
 :func:`default_contention_sizes_bytes`); the per-size rows are kept so a size-dependent effect can be
 seen. Run it on the network it is for (loopback and an emulated link differ: on loopback gloo copies
 at memory speed and is CPU-bound; on a slow link it mostly waits).

@@ -1,76 +1,46 @@
 """Run a DeAR plan: reduce-scatter in backward, all-gather in the next forward, updates just in time.
 
-DeAR (``../shared/papers/dear.md``) splits each bucket's all-reduce into a reduce-scatter (RS), launched in
-backward as soon as the bucket's gradients are ready, and an all-gather (AG), deferred to the next
-iteration's forward just before the bucket's layers run; the bucket's parameters are updated right
-after its AG. :class:`DeARExecutor` runs a ``"dear"`` plan (buckets: contiguous runs of layers in forward
-order, bucket 0 on the input side) under the executor contract (:mod:`repro.runtime.executor`):
+DeAR (Zhang et al., IEEE ICDCS 2023, arXiv 2302.12445) splits each bucket's all-reduce into a
+reduce-scatter (RS), launched in backward as soon as the bucket's gradients are ready, and an all-gather
+(AG), deferred to the next iteration's forward just before the bucket's layers run; the bucket's
+parameters are updated right after its AG. :class:`DeARExecutor` runs a ``"dear"`` plan (contiguous
+runs of layers in forward order, bucket 0 on the input side) under the executor contract
+(:mod:`repro.runtime.executor`):
 
-- one flat buffer per bucket, padded with zeros to a multiple of P; a
-  ``register_post_accumulate_grad_hook`` per parameter copies its gradient into its slice of the buffer;
-  a complete bucket's RS is submitted to one FIFO :class:`~repro.runtime.collectives.CommStream` in a
-  fixed order, bucket K-1 first (a bucket never overtakes a later one, so every rank submits the same
-  sequence). Parameters that got no gradient contribute zeros at ``step()`` (as DDP's
-  ``find_unused_parameters``); each buffer carries one flag per parameter (1 where this rank had a
-  gradient), reduced with the gradients, so a parameter no rank had a gradient for gets no update (its
-  ``.grad`` stays None for the optimizer, as DDP leaves globally unused parameters alone);
-- ``wrap_optimizer(opt)`` returns a wrapper whose ``step()`` waits for every RS (submitting any not yet
-  submitted), submits AG(0) and updates nothing; ``zero_grad`` passes through;
-- a forward pre-hook on every module that directly owns a parameter of bucket k: the first one to fire
-  after a step applies every pending bucket up to k, in order: per bucket wait AG(j), submit AG(j+1),
-  divide the gathered sum by P, and run the wrapped optimizer on bucket j's parameters only;
-- per iteration the stream sees AG(0..K-1) then RS(K-1..0): before the first RS of a backward, every AG
-  not yet submitted is submitted (a bucket whose modules did not run in forward still gets its AG in
-  order), and a gradient arriving for a bucket whose update is still pending applies that update first.
+- one flat buffer per bucket, padded with zeros to a multiple of P, filled by a post-accumulate-grad hook
+  per parameter; a complete bucket's RS goes to one FIFO :class:`~repro.runtime.collectives.CommStream`,
+  bucket K-1 first (every rank submits the same sequence). Each buffer carries one flag per parameter
+  (1 where this rank had a gradient): a missing gradient counts as zeros, and a parameter no rank had a
+  gradient for gets no update (DDP's ``find_unused_parameters`` rule);
+- the wrapped optimizer's ``step()`` waits for every RS, submits AG(0) and updates nothing;
+- a forward pre-hook on every module owning a parameter of bucket k applies every pending bucket up to
+  k in order (wait AG(j), submit AG(j+1), divide the gathered sum by P, run the optimizer on bucket j's
+  parameters only); parameters used outside their module's forward are covered by
+  :class:`~repro.runtime.deferred.ApplyBeforeUse`. Each update is applied exactly once, also in a
+  ``no_grad`` forward.
 
-**Applying one bucket with a whole-model optimizer.** The wrapped optimizer steps once per bucket: every
-parameter's ``.grad`` is stashed and set to None, bucket j's parameters get their averaged gradients
-(views of the buffer), ``optimizer.step()`` runs, and the stashed gradients come back. This relies on
-the optimizer skipping parameters whose ``.grad`` is None and keeping per-parameter state only (true of
-torch's SGD (momentum, weight decay, Nesterov) and Adam/AdamW, whose step counts are per parameter), so
-the per-bucket steps equal one whole-model step. Each update runs with the param groups' values saved at
-the ``step()`` that made it (:func:`~repro.runtime.deferred.hyperparameters`), so an LR scheduler stepped
-after ``step()`` changes the next update, as it would under DDP. A global gradient-norm clip needs the
-whole exchanged gradient: ``optimizer.clip_grad_norm_`` (through :meth:`DeARExecutor.synchronize`).
+The optimizer steps once per bucket, with only that bucket's ``.grad`` set: this equals one whole-model
+step for optimizers that skip parameters without a gradient and keep per-parameter state (torch's SGD,
+Adam, AdamW). Each update uses the param groups' values saved at the ``step()`` that made it
+(:func:`~repro.runtime.deferred.hyperparameters`). A global gradient-norm clip needs the exchanged
+gradient: ``optimizer.clip_grad_norm_`` (through :meth:`DeARExecutor.synchronize`). One backward per
+``step()``: a gradient arriving twice for a parameter before ``step()`` raises.
 
-**Evaluation and no_grad forwards.** Pre-hooks apply pending updates whether or not gradients are
-enabled: a forward (training or ``torch.no_grad()`` evaluation) never computes with a parameter whose
-update is pending, and each update is applied exactly once (a bucket is marked done when applied). The
-loop calls ``flush()`` before evaluation anyway, after which pre-hooks find nothing to do. Parameters used
-in forward outside their owning module's ``forward`` (attention's ``out_proj``, tied embeddings, a
-parent's parameter) are not seen by the pre-hooks: :class:`~repro.runtime.deferred.ApplyBeforeUse` applies
-their bucket before the first torch call of the forward that takes them.
-
-One backward per ``step()``: a gradient arriving twice for a parameter before ``step()`` raises
-(gradient accumulation over several backward passes is not supported).
-
-**Mixed precision.** With ``torch.amp.GradScaler`` the loop stays ``scaler.scale(loss).backward();
-ex.after_backward(); scaler.step(opt); scaler.update()``, with ``opt = ex.wrap_optimizer(optimizer,
-grad_scaler=scaler)``: ``step()`` decides the skip on the reduce-scattered gradient (one all-reduce of
-a count, the same verdict on every rank), tells the scaler's ``update()``, and the updates in the next
-forward apply ``sum / P / scale``; ``opt.synchronize()`` finishes the exchange early for
-``scaler.unscale_(opt)`` and clipping (see :meth:`DeARExecutor.step`, :class:`DeAROptimizer`).
+**Mixed precision**: with ``ex.wrap_optimizer(optimizer, grad_scaler=scaler)``, ``step()`` decides the
+skip on the reduce-scattered gradient (the same verdict on every rank), tells the scaler's ``update()``,
+and the next forward's updates apply ``sum / P / scale``; ``opt.synchronize()`` finishes the exchange
+early for ``scaler.unscale_(opt)`` and clipping.
 
 ``flush()`` waits for all communication and applies every pending update (the authors' code drops the
-last iteration's update; here evaluation, checkpoints and the end of training see it). ``remove()``
-flushes, removes every hook and closes the stream (unless it was handed in).
+last iteration's update). ``remove()`` flushes, removes every hook and closes the stream (unless it was
+handed in).
 
-**One thread, one order.** Every collective of the executor goes through its :class:`CommStream` (one
-thread, one process group, FIFO): RS, AG, the GradScaler verdict's all-reduce and the buffer
-broadcast before each forward (``before_forward``; as DDP, rank 0's buffers), so every rank issues
-the same collectives on the stream's group in the same order from one thread, and the main thread
-issues none while the stream may be busy (NCCL documents interleavings of two communicators that
-differ between ranks as a deadlock risk). ``tests/test_comm_order.py`` records the sequences.
-
-GPUs (NCCL; untested here, no GPU on the machines this was written on): buffers live on the parameters'
-device; :class:`CommStream` records a CUDA event on the submitting thread's current stream at
-submission and its side stream waits for it, so the RS is ordered after the gradient copies without a
-host sync. The main thread consumes every collective through :func:`repro.runtime.clock.waits_for`:
-on a CPU it waits on the host; on CUDA (:class:`~repro.runtime.clock.StreamWaits`) its current stream
-waits for the event the stream records after the op (``Handle.event``) and the host only waits until
-the op is enqueued: the forward pre-hook of bucket k orders the update and the forward after AG(k) on
-the device and never blocks the host on the all-gather. With ``record_timeline`` a message still
-running when its consumer went on is stamped when its row is written (:meth:`DeARTiming.row`).
+**One thread, one order**: every collective of the executor (RS, AG, the GradScaler verdict, the buffer
+broadcast from rank 0 before each forward) goes through its :class:`CommStream`, so every rank issues
+the same collectives in the same order from one thread (``tests/test_comm_order.py`` records them). On
+GPUs (NCCL) buffers live on the parameters' device; the stream's side stream waits for an event recorded
+at submission, and the main thread waits through :func:`repro.runtime.clock.waits_for` (on CUDA its
+stream waits for the op's event; the host does not block on the all-gather).
 
 :func:`calibrate` is the family's calibration hook (:mod:`repro.families`): ``reduce_scatter`` and
 ``allgather`` lines of a ``--network`` preset, or fitted by timing :class:`CommStream` RS and AG on the

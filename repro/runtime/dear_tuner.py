@@ -1,7 +1,8 @@
 """DeAR with its buffer size tuned live by Bayesian optimisation (scheduler ``dear_bo``).
 
 The DeAR authors' released code tunes one scalar, the bucket threshold (buffer size, bytes), with
-Bayesian optimisation over measured iteration times (``../shared/papers/dear.md``). Here:
+Bayesian optimisation over measured iteration times (Zhang et al., *DeAR*, IEEE ICDCS 2023, arXiv
+2302.12445). Here:
 
 - search space: ``x = log2(threshold bytes)`` over ``bounds`` (1-256 MiB by default);
 - a Gaussian process (``bayes_opt`` 3.4, its default Matern-2.5 GP) with expected improvement
@@ -11,11 +12,9 @@ Bayesian optimisation over measured iteration times (``../shared/papers/dear.md`
   settles for ``settle_steps`` steps (2), then ``trial_steps`` (5) iteration times are measured
   (``time.perf_counter`` between the ends of consecutive ``step()`` calls) and the slowest rank's mean
   (an all-reduce MAX) counts. The GP sees it divided by trial 0's time (a monotone rescaling, so that
-  ``xi`` is a fraction of the initial iteration time whatever the model). ``xi = 0.1`` was chosen on
-  three made-up 1-D objectives over log2 bytes (quadratic and V-shaped, 8 trials, 3 seeds): with
-  ``xi`` 0 or 0.01 the search got stuck at the lower bound in 2 of 9 runs (best 1.6-2 log2 units off
-  the optimum), with 0.1 it was at most 0.36 off. The GP fit and EI maximisation take about 0.4 s per
-  suggestion on rank 0 (between trials, outside the measured steps);
+  ``xi`` is a fraction of the initial iteration time whatever the model); ``xi = 0.1`` explores
+  enough not to stop at a bound of the search space. The GP runs on rank 0 between trials, outside the
+  measured steps;
 - rank 0 runs the optimiser and broadcasts the next threshold; every rank regroups identically between
   steps (:func:`repro.planners.dear.threshold_groups` over its layers' bytes in the plan's forward
   order): the current :class:`~repro.runtime.dear.DeARExecutor` is flushed (every reduce-scatter is

@@ -32,12 +32,10 @@ and ``ex.flush()`` at the end of training and before an evaluation or a checkpoi
 - ``remove()``: detach hooks; the model is left usable without the executor;
 - ``tables()``: extra tidy tables the executor recorded (name -> list of row dicts, e.g. a tuner's
   trials), written by rank 0 as ``<name>.csv`` in the run folder; empty by default;
-- ``grad_ready_s`` (layer -> when its gradient was ready in the last backward, in seconds on the host's
-  ``time.perf_counter()`` base; marked through the executor's clock, :mod:`repro.runtime.clock`: on a
-  GPU a CUDA event per mark, resolved when read after the step, so it is when the device computed the
-  gradient, not when the host enqueued it) and ``timings`` (per-message launch/end times when
-  recording; read them after ``settle_timings()``, since device stamps may arrive late) may be empty
-  where not observed.
+- ``grad_ready_s`` (layer -> when its gradient was ready in the last backward, seconds on the host's
+  ``time.perf_counter()`` base, on a GPU when the device computed it: :mod:`repro.runtime.clock`) and
+  ``timings`` (per-message launch/end times when recording; read after ``settle_timings()``) may be
+  empty where not observed.
 
 Executors are built by ``Class(model, plan, options)`` with :class:`ExecutorOptions`; the scheduler
 registry (:mod:`repro.schedulers`) names each scheduler's executor class.
@@ -106,8 +104,8 @@ def nonfinite_and_unscale(grads: Any, inv_scale: torch.Tensor, device: torch.dev
     """Multiply every tensor of ``grads`` by ``inv_scale`` (GradScaler's float32 ``1 / scale``) in place
     and say whether any of them held an inf or nan: GradScaler.unscale_'s own fused kernel
     (``torch._amp_foreach_non_finite_check_and_unscale_``), once per (device, dtype) group, into one
-    float32 flag on ``device``, read once. So one host sync per step however many gradients there are
-    (a read per gradient was one sync each: 12 per step on a 6-layer MLP). As ``GradScaler.unscale_``,
+    float32 flag on ``device``, read once: one host sync per step however many gradients there are. As
+    ``GradScaler.unscale_``,
     the gradients are unscaled even when one is not finite; the caller then skips the step and they are
     not applied. Dense floating-point gradients (what the executors hand the optimizer)."""
     found = torch.zeros((), dtype=torch.float32, device=device)

@@ -1,6 +1,6 @@
 """PyTorch FSDP2 (``torch.distributed.fsdp.fully_shard``) under the executor contract (scheduler ``fsdp``).
 
-What a user would pick instead of DeAR today (dear.md): reduce-scatter of gradients in backward,
+What a user would pick instead of DeAR today: reduce-scatter of gradients in backward,
 all-gather of parameters in the forward, here with ``reshard_after_forward=False`` (parameters stay
 unsharded from the forward to the backward; after the backward they are resharded, and the next
 forward all-gathers them again). ``fully_shard`` is applied to every top-level child module that holds

@@ -1,87 +1,61 @@
 """A parameter server on torch.distributed: S server ranks, N workers, BSP / ASP / SSP(s) / OSP.
 
-This package's reading of OSP (``../shared/papers/osp.md``; only the abstract is published, so the
-interpretation written there is what runs here). Ranks ``0..S-1`` serve (:func:`serve`), ranks
+This package's reading of OSP (Chen et al., *OSP: Boosting Distributed Model Training with 2-stage
+Synchronization*, arXiv 2306.16926; only the abstract is published, so what runs here is the
+interpretation in ``docs/interpretations.md``). Ranks ``0..S-1`` serve (:func:`serve`), ranks
 ``S..S+N-1`` train with :class:`PSExecutor`. A ``"ps"`` plan (:mod:`repro.planners.ps`) gives each
 bucket (the layers of one stage held by one server) its server; everything travels point to point on
-the default process group (gloo: ``isend``/``irecv``; the workers' own collectives, evaluation and
-summaries, use a process group of the workers only).
+the default process group (``isend``/``irecv``; the workers' own collectives use a group of the workers).
 
 **Wire protocol**, per worker step ``t`` and server ``s`` (tags: 0 for headers, ``1 + b`` for bucket
-``b``): the worker sends a header ``[STEP, t, nbytes]`` (``nbytes`` > 0: the parameter groups'
-settings follow, pickled, as a byte tensor: sent whenever they differ from the last ones sent), then,
-for each of the server's buckets in plan order, the push: the flat gradient followed by one "had a
-gradient" flag per parameter (1 or 0); the server answers each bucket with its flat parameters (pull).
-A header ``[FETCH, t, 0]`` asks for every bucket's current parameters (no push); ``[STATE, t, 0]``
-for the optimizer state of the server's parameters (answered as a length, then the bytes of
-``torch.save``); ``[LOAD, t, nbytes]`` brings an optimizer state dict or bucket values to install
-(answered the same way, empty); ``[STOP, t, 0]`` ends the server's thread for that worker. Each server runs one thread per worker; updates are serialised by one lock.
-Under BSP/OSP a step's stage-1 buckets are answered before its stage-2 pushes are awaited, so the
-blocking pulls never wait for the background traffic. A server thread that fails (e.g. its worker died)
-ends :func:`serve` at once with an error naming that worker's rank.
+``b``): a header ``[STEP, t, nbytes]`` (``nbytes`` > 0: the pickled parameter-group settings follow,
+sent whenever they changed), then per bucket of the server, in plan order, the push (flat gradient and
+one "had a gradient" flag per parameter), each answered with the bucket's flat parameters (pull).
+``[FETCH, t, 0]`` asks for every bucket's current parameters; ``[STATE, t, 0]`` for the optimizer state
+of the server's parameters (a length, then ``torch.save`` bytes); ``[LOAD, t, nbytes]`` installs an
+optimizer state dict or bucket values; ``[STOP, t, 0]`` ends the server's thread for that worker. Each
+server runs one thread per worker, updates serialised by one lock; under BSP/OSP a step's stage-1
+buckets are answered before its stage-2 pushes are awaited. A server thread that fails ends
+:func:`serve` with an error naming that worker's rank.
 
-**Server.** It holds a full copy of the model and the run's optimizer, with the trainers' state at the
-end of the warm-up (the generic loop hands both over), and updates only its shard's parameters: for a
-bucket it sets those parameters' ``.grad``, calls ``optimizer.step()`` and clears them (torch's
-optimizers skip parameters without a gradient and keep per-parameter state, so per-bucket steps equal
-one whole-model step; see :mod:`repro.runtime.dear`, which relies on the same property).
+**Server**: a full copy of the model and the run's optimizer, with the trainers' state at the end of the
+warm-up; it updates only its shard's parameters, one bucket at a time (per-bucket steps equal one
+whole-model step for optimizers with per-parameter state, as torch's).
 
-- **BSP** and OSP's stages: a bucket's update waits for all N gradients of the step; they are summed in
-  worker order (deterministic) and divided by N, then every worker gets the same updated values. A
-  worker without a gradient for a parameter pushes zeros; a parameter no worker had a gradient for
-  gets none (the optimizer leaves it and its state alone): DDP's ``find_unused_parameters`` rule.
-- **ASP**: each worker's gradient is applied on its own as soon as it arrives, scaled by 1/N (one round
-  of N gradients is one BSP step in expectation; a parameter that worker had no gradient for is left
-  out of its update); the worker gets the values right after.
+- **BSP** and OSP's stages: a bucket's update waits for all N gradients of the step, summed in worker
+  order and divided by N; a missing gradient counts as zeros, and a parameter no worker had a gradient
+  for gets no update (DDP's ``find_unused_parameters`` rule);
+- **ASP**: each worker's gradient is applied on its own as it arrives, scaled by 1/N; the worker gets the
+  values right after;
 - **SSP(s)**: ASP, except that the answer to worker w's step ``t`` waits until every worker's gradients
-  of step ``t - s`` are applied (so w starts iteration ``t + 1`` at most ``s`` iterations ahead of the
-  slowest). Every answer is recorded (``server_clocks`` table: iteration, the slowest worker's clock).
+  of step ``t - s`` are applied. Every answer is recorded (``server_clocks`` table).
 
-Every update uses the parameter groups' settings (lr, momentum, weight decay, ...) that came with
-its step's header (BSP/OSP: the first worker's; ASP/SSP: that worker's), so an LR scheduler or a
-change by hand on the workers reaches the servers' optimizer for that step and no other.
+Every update uses the parameter-group settings that came with its step's header (BSP/OSP: the first
+worker's; ASP/SSP: that worker's).
 
-**Worker** (:class:`PSExecutor`; ``ExecutorOptions.group`` must be the workers' own process group).
-The wrapped optimizer's ``step()`` pushes every bucket (asynchronously: ``isend``) and posts its pulls
-(``irecv``), then waits for the stage-1 pulls and copies them into the parameters. Gradients changed
-between backward and the step are refused there (one ValueError line) unless ``synchronize()`` came
-first: under BSP/OSP it all-reduces the gradients and flags over the workers, so ``param.grad`` is the
-average (which a clip then changes, and which every worker pushes); under ASP/SSP it leaves each
-worker's own. Stage-2 (OSP) pulls of step ``t`` are waited for only in
-``before_forward`` of step ``t + 2``, so their traffic overlaps iteration ``t + 1``, whose stage-2
-parameters are therefore one step stale. **LGP**: with ``lgp`` on, ``before_forward`` of step ``t + 1``
-first installs the freshest aggregated stage-2 values (those of step ``t - 1``, if any) and then
-corrects them with the stage-2 gradient this worker pushed at step ``t``: ``w <- w - lr * g_local``
-(``lr``: each parameter's group's at step ``t``), an estimate of the update still in flight; stage-1
-parameters are never touched. ``flush()`` waits for everything, installs the last aggregated values
-(no correction); under ASP/SSP the workers then meet at a barrier and fetch the servers' values, so
-that every worker holds the servers' model; then the first worker's buffers (e.g. BatchNorm statistics,
-which a PS does not synchronise) are broadcast to the workers (a flush with no training forward
-and no step since the last one does nothing). ``remove()`` flushes and stops the worker's server
-threads.
+**Worker** (:class:`PSExecutor`; ``ExecutorOptions.group`` must be the workers' own group): the wrapped
+optimizer's ``step()`` pushes every bucket and posts its pulls, then waits for the stage-1 pulls.
+Gradients changed between backward and the step are refused (one ValueError line) unless
+``synchronize()`` came first (BSP/OSP: it all-reduces the gradients over the workers; ASP/SSP: each
+worker's own). Stage-2 (OSP) pulls of step ``t`` are installed in ``before_forward`` of step ``t + 2``,
+so their traffic overlaps iteration ``t + 1``. **LGP** (``lgp`` on): ``before_forward`` of step ``t + 1``
+installs the freshest stage-2 values and corrects them with this worker's stage-2 gradient of step
+``t``: ``w <- w - lr * g_local``. ``flush()`` waits for everything and installs the last values; under
+ASP/SSP the workers then fetch the servers' values, and the first worker's buffers are broadcast.
+``remove()`` flushes and stops the worker's server threads.
 
-**Checkpoints.** The servers hold the optimizer's state and the parameters, so while a worker is
-attached its optimizer's ``state_dict()`` asks every server for its parameters' state (``STATE``)
-and returns the whole state (a collective of the workers: each calls it, after a flush), and its
-``load_state_dict()`` (every worker) has the first worker send the loaded dict to every server
-(``LOAD``); the model's ``load_state_dict()`` likewise sends every server its buckets' loaded values.
-A gathered dict with some of its entries removed is refused in one line
-(:func:`repro.runtime.ps_layout.check_whole`).
+**Checkpoints**: while a worker is attached, its optimizer's ``state_dict()`` gathers every server's
+state (``STATE``; a collective of the workers) and ``load_state_dict()`` sends the loaded dict to every
+server (``LOAD``); the model's ``load_state_dict()`` sends every server its buckets' values. A gathered
+dict with entries removed is refused in one line (:func:`repro.runtime.ps_layout.check_whole`).
 
-**Co-located servers.** Built with ``ExecutorOptions.group`` None (the whole job trains, which is
-what :func:`repro.distribute` does), ``PSExecutor(...)`` is a
-:class:`repro.runtime.ps_colocated.ColocatedPSExecutor`: every rank trains and serves the plan's
-shard with its index, over collectives issued from the training thread in plan order (the same math;
-that module's docstring). That path is the one for NCCL.
+**Co-located servers**: with ``ExecutorOptions.group`` None, ``PSExecutor(...)`` is a
+:class:`repro.runtime.ps_colocated.ColocatedPSExecutor` (the same math over collectives; the path for
+NCCL). The dedicated servers serve each worker from a thread of its own, point to point on one
+communicator, which NCCL does not support: on the nccl backend they refuse to start, in one line.
 
-**Devices.** Headers, gradients, parameters and the calibration's ping-pong buffers all live on the
-parameters' device (headers: int64 there). The dedicated servers still serve each worker from a
-thread of its own, point to point on one communicator, which NCCL does not support (several threads
-issuing point-to-point on one communicator, in an order that depends on arrival): on the nccl
-backend they refuse to start, in one line; use the co-located servers, or gloo.
-
-:func:`calibrate` (the family's calibration hook) times ping-pongs of n bytes between server 0 and the
-first worker on the live job and fits ``push`` = ``pull`` = half the round trip (a symmetric link).
+:func:`calibrate` (the family's calibration hook) times ping-pongs between server 0 and the first worker
+and fits ``push`` = ``pull`` = half the round trip (a symmetric link).
 """
 
 from __future__ import annotations

@@ -2,99 +2,63 @@
 trains *and* serves the plan's shard with its own index, over collectives only.
 
 Used by :class:`repro.runtime.ps.PSExecutor` when ``ExecutorOptions.group`` is None (the whole job
-trains; this is what :func:`repro.distribute` builds), so a 2-rank job runs every PS scheduler
-(``ps_bsp``, ``ps_asp``, ``ps_ssp``, ``osp``, ``osp_auto``). Server ``s`` of a ``"ps"`` plan is rank
-``s`` (``servers`` <= world size; :func:`colocated_options` makes it the world size by default, one
-shard per rank). The owner of a bucket holds its optimizer state (the user's optimizer, stepped on
-the owner only for the owner's parameters, as a sharded optimizer: the state of the other shards
-stays empty, or as the warm-up left it, there; ``optimizer.state_dict()`` gathers the whole state,
-below).
+trains; what :func:`repro.distribute` builds), so a 2-rank job runs every PS scheduler. Server ``s`` of
+a ``"ps"`` plan is rank ``s`` (``servers`` <= world size; :func:`colocated_options` makes it the world
+size by default). The owner of a bucket holds its optimizer state (the user's optimizer, stepped on the
+owner only for the owner's parameters, as a sharded optimizer).
 
-**Correct on NCCL by construction.** Nothing but collectives on one process group, issued from the
-training thread only, in an order fixed by the plan and the step (never by timing or arrival), so
-every rank issues the same sequence: per step ``t``
+**Correct on NCCL by construction**: nothing but collectives on one process group, issued from the
+training thread in an order fixed by the plan and the step, so every rank issues the same sequence. Per
+step ``t``:
 
-1. ``after_backward``: the lagged buckets of step ``t - 1`` (below) are finished: wait for their push,
-   the owner applies the update to its master copy, then one ``broadcast`` per lagged bucket (plan
-   order, asynchronous, into a fresh pull buffer);
-2. the optimizer's ``step()``: one push per bucket in plan order (asynchronous): ``reduce`` to the
-   owner (sum) under BSP/OSP, ``gather`` to the owner (one gradient per rank) under ASP/SSP; the
-   fresh buckets' pushes are waited for, the owner updates, then one ``broadcast`` per fresh bucket
-   from its owner (plan order); waited for and installed. (The pushes wait for the step, which
-   follows ``after_backward`` at once in the loop, so that a GradScaler's verdict comes before them.)
+1. ``after_backward``: the lagged buckets of step ``t - 1`` are finished (wait for their push, the owner
+   updates its master copy, one asynchronous ``broadcast`` per lagged bucket, plan order);
+2. the optimizer's ``step()``: one push per bucket in plan order (asynchronous): ``reduce`` to the owner
+   (sum) under BSP/OSP, ``gather`` to the owner under ASP/SSP; the fresh buckets' pushes are waited for,
+   the owner updates, then one ``broadcast`` per fresh bucket from its owner, waited for and installed.
    After ``optimizer.synchronize()`` under BSP/OSP nothing is pushed at the step: that call already
-   all-reduced every bucket (plan order) and each owner applies its buckets' ``param.grad``.
-3. ``before_forward`` of step ``t``: the pulls due now are waited for and installed (local: no
-   collective is issued there except DDP's buffer broadcast from rank 0, as the all-reduce executor
-   does), then OSP's LGP correction.
+   all-reduced every bucket;
+3. ``before_forward`` of step ``t``: the pulls due now are installed (no collective but the buffer
+   broadcast from rank 0), then OSP's LGP correction.
 
-Every tensor handed to ``torch.distributed`` is a flat buffer of the bucket's parameters' dtype on
-their device; there is no header (the protocol is the plan) and no CPU tensor. A push is the bucket's
-flat gradient followed by one "had a gradient" flag per parameter (1 or 0; a reduce sums them into
-the number of ranks that had one), as DeAR's buffers carry them.
+A push is the bucket's flat gradient (the parameters' dtype, on their device) followed by one "had a
+gradient" flag per parameter; there is no header (the protocol is the plan).
 
-**The math** (the same as the dedicated servers of :mod:`repro.runtime.ps` and their written
-references in ``tests/test_runtime_ps.py``). ``W_t``: the servers' parameters after ``t`` updates;
-N ranks. A bucket with lag ``L`` is computed on at iteration ``c`` with ``W_{max(c - L, 0)}``:
+**The math** (the same as the dedicated servers of :mod:`repro.runtime.ps`; written references in
+``tests/test_runtime_ps.py``). ``W_t``: the servers' parameters after ``t`` updates; N ranks. A bucket
+with lag ``L`` is computed on at iteration ``c`` with ``W_{max(c - L, 0)}``:
 
-- **BSP**: ``L = 0``; ``W_{t+1} = opt(W_t, (g_0 + ... + g_{N-1}) / N)`` (the owner's reduce sums; it
-  divides by N), where a rank without a gradient for a parameter counts zeros and a parameter no
-  rank had a gradient for gets none (the optimizer leaves it and its state alone): DDP with
-  ``find_unused_parameters=True``;
-- **OSP**: stage-1 buckets ``L = 0``, stage-2 buckets ``L = 1`` (their values of step t are
-  installed before the forward of step t + 2; the push and pull overlap the next iteration); with
-  LGP, the stage-2 parameters of iteration ``c >= 1`` are corrected by the gradient this rank
-  pushed last, ``w - lr * g_local(c - 1)`` (``lr``: each parameter's group's at that step; the
-  gradient is this rank's own, or the average after ``optimizer.synchronize()``);
-- **ASP**: each rank's gradient is applied on its own, scaled by 1/N, one optimizer step per rank
-  in rank order (a parameter that rank had no gradient for is left out of its step); the pulls are
-  fresh (``L = 0``). With collectives every rank joins every exchange,
-  so this is the ASP execution in which all N pushes of a round arrive (rank 0 first) before any
-  pull is answered, which equals the dedicated servers' SSP(0);
-- **SSP(s)**: ASP's update, pulls lagged by ``L = s``: iteration ``c`` computes with ``W_{c-s}``,
-  which holds every update of the iterations ``<= c - s - 1``: SSP's bound (no rank more than s
-  iterations ahead of the updates it sees), at its worst case, deterministic; the lag lets s
-  iterations of computation hide each pull.
+- **BSP**: ``L = 0``; ``W_{t+1} = opt(W_t, (g_0 + ... + g_{N-1}) / N)``; a rank without a gradient for a
+  parameter counts zeros, and a parameter no rank had a gradient for gets no update (DDP with
+  ``find_unused_parameters=True``);
+- **OSP**: stage-1 buckets ``L = 0``, stage-2 buckets ``L = 1`` (their push and pull overlap the next
+  iteration); with LGP, the stage-2 parameters of iteration ``c >= 1`` are corrected by the gradient
+  this rank pushed last, ``w - lr * g_local(c - 1)`` (``lr``: the parameter's group's at that step);
+- **ASP**: each rank's gradient is applied on its own, scaled by 1/N, one optimizer step per rank in
+  rank order; pulls fresh (``L = 0``): the ASP execution in which all N pushes of a round arrive before
+  any pull is answered (the dedicated servers' SSP(0));
+- **SSP(s)**: ASP's update, pulls lagged by ``L = s``: SSP's bound at its worst case, deterministic.
 
 An owner updates a lagged bucket on a **master copy** (its training copy holds the stale or
-LGP-corrected values): the master is swapped into the parameters for the optimizer's step and the
-training values are restored. Only the updated parameters carry a ``.grad`` during an owner's step
-(the others' gradients are put back afterwards, so ``param.grad`` stays what the loop left there).
-**Hyperparameters**: every update uses the parameter groups' settings (lr, momentum, weight decay,
-betas, ...) of the step its gradients belong to: a fresh bucket's are the current ones, and a lagged
-bucket's are copied at its push and put in place for its update only (an LR scheduler stepped after
-``optimizer.step()`` does not reach a lagged update of the step before).
+LGP-corrected values). Every update uses the parameter groups' settings (lr, momentum, ...) of the step
+its gradients belong to. ``flush()`` finishes the lagged buckets and installs every pull, after which
+every rank holds ``W_t`` (a collective when lagged work is pending: call it on every rank).
 
-``flush()`` finishes the lagged buckets of the last step and installs every pull: afterwards every
-rank holds ``W_t``, the servers' model (a collective when lagged work is pending, OSP and SSP(s > 0):
-call it on every rank, as ``optimizer.flush()``, ``model.state_dict()`` through
-:func:`repro.distribute` do).
+**Mixed precision** (``grad_scaler=scaler``): one ``all_reduce`` (max) of the ranks' inf/nan verdicts;
+then either every rank skips the step (no push, no update; the scaler backs off everywhere,
+:class:`~repro.runtime.executor.FoundInfReport`) or every rank pushes its gradient times ``1/scale``
+(as it is, when ``scaler.unscale_`` already unscaled it).
 
-**Mixed precision** (``torch.amp.GradScaler``, ``wrap_optimizer(optimizer, grad_scaler=scaler)`` as
-:func:`repro.distribute` does): the owners must apply unscaled gradients, and a step with an inf/nan
-on any rank must leave no trace anywhere. At the optimizer's step ``scaler.step`` has checked this
-rank's ``param.grad``; then one ``all_reduce`` (max) of that verdict over the ranks, then either every rank
-skips the step (no push, no update, the step counter stays, so the run equals one without that batch)
-and the scaler's ``update()`` backs off everywhere (:class:`~repro.runtime.executor.FoundInfReport`),
-or every rank pushes its gradient times ``1/scale`` and the step goes on as above. ``scaler.unscale_``
-(with or without ``optimizer.synchronize()``) before ``scaler.step`` unscales ``param.grad`` in place:
-then the pushes send it as it is (unscaling is linear, and the verdict is every rank's).
+**Changing gradients before the step** (clipping): ``optimizer.synchronize()`` first (a collective), then
+change ``param.grad``: under BSP/OSP it holds the average over the ranks (DDP's rule), under ASP/SSP this
+rank's own gradient. A gradient changed without ``synchronize()`` is refused at the step with one
+ValueError line, before anything is pushed.
 
-**Changing gradients before the step** (clipping): ``optimizer.synchronize()`` first (a collective),
-then change ``param.grad``; the step applies it as it then is. Under BSP/OSP that is DDP's rule:
-``param.grad`` holds the average over the ranks (all-reduced with the flags), so a clip clips the
-average by its global norm; under ASP/SSP it stays this rank's own gradient (each rank's update is
-its own). A gradient changed between backward and the step without ``synchronize()`` (another
-tensor, or its version counter moved since the post-accumulate-grad hook saw it) is refused at the
-step with one ValueError line, before anything is pushed (the step is dropped).
-
-**Checkpoints.** ``optimizer.state_dict()`` returns the whole state on every rank: each parameter's
-from its owner's shard (one ``all_gather_object``; a collective: every rank calls it, rank 0 saves,
-as FSDP's full state dict), marked with the indices that had state
-(:data:`repro.runtime.ps_layout.GATHERED_KEY`). Every rank loads the whole dict (each owner then uses
-its own parameters' part); a gathered dict with some of those entries removed is refused in one line.
-The optimizer passed in (``optimizer.optimizer`` under :func:`repro.distribute`) does the same while
-this executor is attached (hooks on it, removed by :meth:`ColocatedPSExecutor.remove`).
+**Checkpoints**: ``optimizer.state_dict()`` returns the whole state on every rank, each parameter's from
+its owner (one ``all_gather_object``: every rank calls it), marked with
+:data:`repro.runtime.ps_layout.GATHERED_KEY`; every rank loads the whole dict, and a gathered dict with
+entries removed is refused in one line. The optimizer passed in does the same while this executor is
+attached.
 
 Dedicated server ranks are :mod:`repro.runtime.ps` (``repro train`` / ``repro launch``, or
 :func:`repro.distribute` with ``dedicated_servers``).

@@ -1,51 +1,34 @@
 """Run an all-reduce Plan on PyTorch's own C++ reducer (``torch.distributed.Reducer``, DDP's engine).
 
-Why: a gradient hook written in Python costs a Python call per parameter inside the backward, and on a
-CPU that is what kept :class:`repro.runtime.allreduce.BucketedAllReduce` behind DDP (tiny_resnet on 2
-gloo ranks: a minimal Python hook executor measured 1.09-1.12x DDP's step, as slow as ours, while DDP's
-reducer marks gradients ready in C++). This engine hands the plan's buckets to that reducer, so the
-exchange runs at DDP's speed by construction while the buckets stay the plan's (MG-WFBP's, the optimum's,
-...), in the plan's order.
+A gradient hook written in Python costs a Python call per parameter inside the backward; this engine
+hands the plan's buckets to DDP's reducer, which marks gradients ready in C++, so the exchange runs at
+DDP's speed while the buckets stay the plan's, in the plan's order.
 
-Contract (the same as ``BucketedAllReduce``'s where both apply; :class:`ReducerAllReduce`):
+Contract (the same as :class:`repro.runtime.allreduce.BucketedAllReduce`'s where both apply;
+:class:`ReducerAllReduce`):
 
-- **Buckets**: the reducer gets the parameters in plan order, bucket by bucket, and one cap per bucket
-  equal to its exact bytes (``bucket_bytes_cap_list``); it is rebuilt once at construction from that
-  order (the rebuild DDP does after its first backward; done here at once so that it never happens
-  later, and so that the reducer does not collect a rebuild list every iteration) and the resulting
-  membership is checked against the plan (:class:`~repro.plan.PlanError` when it differs). Buckets
-  are all-reduced in plan order; a bucket never overtakes an earlier one (the reducer's rule).
-- **Averaging**: the reducer multiplies each gradient by ``1 / world_size`` as it copies it into the
-  bucket and copies the average back into ``param.grad`` (DDP's default, in C++: the parameters are
-  DDP's bit for bit). No Python runs per gradient or per bucket. Measured on tiny_resnet and tiny_bert,
-  2 gloo ranks, steps interleaved with DDP's: a Python comm hook (one call per bucket) cost tiny_bert's
-  16 buckets about 3% of a step, and gradients as bucket views (``gradient_as_bucket_view``) cost
-  tiny_resnet about 7%; so neither is used (a comm hook only for ``record_timeline``, below).
+- **Buckets**: the reducer gets the parameters in plan order with one cap per bucket equal to its exact
+  bytes (``bucket_bytes_cap_list``); it is rebuilt once at construction (never later) and the resulting
+  membership is checked against the plan (:class:`~repro.plan.PlanError` when it differs). Buckets are
+  all-reduced in plan order.
+- **Averaging**: the reducer multiplies each gradient by ``1 / world_size`` into the bucket and copies
+  the average back into ``param.grad`` (DDP's default: the parameters are DDP's bit for bit). No Python
+  runs per gradient or per bucket (a Python comm hook only for ``record_timeline``).
 - **Per iteration**: ``prepare_for_forward`` before the forward and ``prepare_for_backward`` when a
-  training forward with autograd on ends (a forward hook); nothing while :meth:`hold` is on (the
-  door's ``no_sync``: gradients accumulate locally). The backward's C++ hooks launch each bucket.
-- **Unused parameters**: the plan's last bucket ends with one "had a gradient" flag per parameter (a
-  tensor of the engine's). When the backward reaches the model's output (a hook on the output tensors),
-  a callback is queued for the end of that backward; there every parameter this rank has no gradient
-  for (``.grad`` None) is marked ready (the reducer puts zeros in its place), then the flags (1, or 0
-  for those), which completes the last bucket. So every rank issues the same all-reduces, and the last
-  bucket (the input side, whose gradients come last anyway) starts at the end of the backward; flags
-  in a bucket of their own, one more small all-reduce, measured about 2% of a step on tiny_vgg. A
-  parameter no rank had a gradient for (averaged flag 0, read on the host only on a rank that missed
-  one itself) keeps ``.grad`` None, as under DDP's ``find_unused_parameters=True`` and
-  ``BucketedAllReduce``. A backward that never reaches the output tensors (a loss from parameters
-  alone) is finished by :meth:`finish` inside a one-node backward (the reducer finishes an iteration
-  only inside one).
-- **Times**: on a CPU, each layer's gradient-ready time comes from the reducer's own per-parameter
-  stamps (``get_backward_stats``: nanoseconds since ``prepare_for_backward``), shifted to the
-  ``time.perf_counter()`` base; on other devices none are kept (host stamps would be enqueue times).
-  With ``record_timeline`` a Python comm hook (one call per bucket, not per parameter) multiplies the
-  bucket by ``1 / world_size`` (the same product) and stamps its launch and completion on the host.
+  training forward with autograd on ends; nothing while :meth:`hold` is on (the door's ``no_sync``).
+- **Unused parameters**: the plan's last bucket ends with one "had a gradient" flag per parameter; at
+  the end of the backward every parameter this rank has no gradient for is marked ready (zeros), then
+  the flags, which completes the last bucket, so every rank issues the same all-reduces. A parameter no
+  rank had a gradient for keeps ``.grad`` None, as under ``find_unused_parameters=True``. A backward
+  that never reaches the output tensors (a loss from parameters alone) is finished by :meth:`finish`.
+- **Times**: on a CPU, each layer's gradient-ready time comes from the reducer's per-parameter stamps
+  (``get_backward_stats``), shifted to the ``time.perf_counter()`` base; on other devices none are kept.
+  With ``record_timeline`` a comm hook per bucket stamps its launch and completion on the host.
 
 What it does not run (:func:`unfit_reason` names it, and the all-reduce executor then uses the Python
 hook engine): plans with a wire dtype, Horovod's cycle time or split layers; models whose parameters do
-not share one dtype and device, with sparse-gradient embeddings, or with an empty parameter; an
-explicit clock; a device other than the CPU (not yet run on a GPU).
+not share one dtype and device, with sparse-gradient embeddings, or with an empty parameter; an explicit
+clock; a device other than the CPU.
 """
 
 from __future__ import annotations

@@ -1,53 +1,41 @@
 """Run a ``sparse`` Plan: top-k sparsified gradients with error feedback (OMGS-SGD, TopK-SGD).
 
-The exchange is split into three small parts with sharp contracts, state kept apart from the
-algorithm (the compressor / memory / communicator split of GRACE, and the hook-state idea of
-PyTorch's PowerSGD hook):
+The exchange has three parts, state kept apart from the algorithm (GRACE's compressor / memory /
+communicator split):
 
-- a :class:`Compressor` turns a flat gradient into ``(values, indices)`` and adds such pairs back
-  into a dense tensor, in one fixed order on every device (:func:`deterministic_index_add_`);
-  :class:`TopKCompressor` keeps the ``k`` entries of largest magnitude, indices as int32 (what goes on
-  the wire); ``k = ceil(density * n)`` per bucket (:func:`repro.sim.sparse.topk_count`), or under the
-  plan's ``topk_scope`` "model" the same total split between the buckets by where the model's largest
-  entries were the step before (:class:`SparseExecutor`, :func:`budget_counts`, :func:`allocate_budget`);
-- a :class:`Memory` holds what a worker did not send: ``compensate(key, flat)`` adds the held-back
-  residual to the new gradient, ``update(key, compensated, indices)`` keeps ``compensated`` with
-  the sent entries zeroed. :class:`ResidualMemory` is exact: the sent values scattered into zeros
-  plus the new residual equal ``gradient + old residual`` bit for bit (each element is in one or the
-  other);
-- an :class:`AllGatherCommunicator` starts the asynchronous all-gather(s) of every worker's values
-  and indices on the process group (two all-gathers, or one packed message: 4-byte values bit-cast to
-  int32 next to the int32 indices) and hands back the ``P * k`` gathered values and indices.
+- a :class:`Compressor` turns a flat gradient into ``(values, indices)`` and adds such pairs back into
+  a dense tensor in one fixed order on every device (:func:`deterministic_index_add_`);
+  :class:`TopKCompressor` keeps the ``k`` entries of largest magnitude, indices as int32;
+  ``k = ceil(density * n)`` per bucket (:func:`repro.sim.sparse.topk_count`), or under the plan's
+  ``topk_scope`` "model" the same total split between the buckets by where the model's largest entries
+  were the step before (:func:`budget_counts`, :func:`allocate_budget`);
+- a :class:`Memory` holds what a worker did not send: ``compensate(key, flat)`` adds the residual to
+  the new gradient, ``update(key, compensated, indices)`` keeps ``compensated`` with the sent entries
+  zeroed (:class:`ResidualMemory`: sent values plus new residual equal ``gradient + old residual``
+  bit for bit);
+- an :class:`AllGatherCommunicator` all-gathers every worker's values and indices asynchronously (two
+  all-gathers, or one packed message) and hands back the ``P * k`` gathered pairs.
 
-:class:`SparseExecutor` runs a plan under :mod:`repro.runtime.executor`'s contract. During
-``loss.backward()`` ``register_post_accumulate_grad_hook`` copies each gradient into its bucket's flat
-buffer; when a bucket is complete (buckets strictly in plan order, so every rank issues the same
-collectives), the bucket is compensated and compressed **on the calling thread** (the paper's
-"sparsification on the compute stream": it delays the next layers' backward) and its all-gathers are
-launched. ``after_backward`` waits for them, adds the ``P`` contributions (an index sent by several
-workers adds up: worker 0's value first, then worker 1's, ..., in that order on every replica and
-device), divides by ``P`` and hands the result to ``param.grad``. Every worker thus applies the same
-sparse average, bit for bit; what it held back stays in its own residual.
+:class:`SparseExecutor` runs a plan under :mod:`repro.runtime.executor`'s contract: a post-accumulate-grad
+hook copies each gradient into its bucket's flat buffer; a complete bucket (strictly in plan order) is
+compensated and compressed **on the calling thread** (the paper's sparsification on the compute stream)
+and its all-gathers are launched. ``after_backward`` waits for them, adds the ``P`` contributions in
+worker order, divides by ``P`` and hands the result to ``param.grad``: every worker applies the same
+sparse average, bit for bit.
 
-**Mixed precision** (``torch.amp.GradScaler``; ``wrap_optimizer(optimizer, grad_scaler=scaler)``, which
-:func:`repro.distribute` does): the gradients the hooks see are scaled by the scaler's current scale
-``S`` (a power of two), and error feedback must not mix scales (``S`` changes between steps). So each
-bucket is unscaled (``* 1/S``, exact) *before* compensation: residuals, top-k and the exchange are in
-the gradient's own units, the same floats as without a scaler. ``after_backward`` hands ``param.grad``
-the average times ``S`` (exact), as DDP's exchanged gradients are, so ``scaler.unscale_`` and clipping
-after ``optimizer.synchronize()`` work as usual. The step's verdict is one all-reduce (max) of every
-rank's "inf/nan seen" (this rank's buckets before compression, and GradScaler's own check): a step
-with an inf/nan anywhere is skipped on every rank, the residuals are put back as they were before it
-(:meth:`Memory.keep` / :meth:`Memory.undo`: the step leaves no trace, as a skipped DDP step) and the
-scaler's ``update()`` is told (:class:`~repro.runtime.executor.FoundInfReport`).
+**Mixed precision** (``wrap_optimizer(optimizer, grad_scaler=scaler)``): each bucket is unscaled
+(``* 1/S``, exact) before compensation, so residuals, top-k and the exchange are in the gradient's own
+units; ``param.grad`` gets the average times ``S``, as DDP's, so ``scaler.unscale_`` and clipping after
+``optimizer.synchronize()`` work as usual. One all-reduce (max) of every rank's inf/nan verdict decides
+the step: a skipped step puts the residuals back (:meth:`Memory.keep` / :meth:`Memory.undo`) and tells
+the scaler's ``update()`` (:class:`~repro.runtime.executor.FoundInfReport`).
 
-With ``record_timeline`` each bucket's :class:`SparseBucketTiming` holds the compression's start and
-end and the communication's launch and end (seconds on the host ``time.perf_counter`` base; on NCCL
-the device's times, :class:`~repro.runtime.clock.CollectiveEnds`: read after ``settle_timings()``).
+With ``record_timeline`` each bucket's :class:`SparseBucketTiming` holds the compression's start and end
+and the communication's launch and end (``perf_counter`` seconds; read after ``settle_timings()``).
 
-:func:`calibrate` is the family's calibration hook (:mod:`repro.families`): the sparse all-gather
-line fitted on the live group over the message sizes this model sends, and the top-k cost measured on
-this rank's device.
+:func:`calibrate` is the family's calibration hook (:mod:`repro.families`): the sparse all-gather line
+fitted on the live group over the message sizes this model sends, and the top-k cost measured on this
+rank's device.
 """
 
 from __future__ import annotations

@@ -35,8 +35,8 @@ def comm_times_s(trace: Trace, plan: Plan, cost: CostModel) -> list[float]:
 def simulate(trace: Trace, plan: Plan, cost: CostModel, *, with_ops: bool = True) -> SimResult:
     """Simulate one iteration of ``trace`` under ``plan`` with communication costs from ``cost``.
 
-    The family decides the model (for all-reduce plans: :mod:`repro.sim.allreduce`, the model of
-    mgwfbp.md). ``with_ops=False`` skips the timeline and uses the family's closed form when it has one
+    The family decides the model (for all-reduce plans: :mod:`repro.sim.allreduce`, MG-WFBP's
+    model). ``with_ops=False`` skips the timeline and uses the family's closed form when it has one
     (same result, faster). A cost model carrying a :class:`~repro.realism.Realism` also scales the
     trace's computation and adds the optimizer update (:meth:`~repro.realism.Realism.apply_to_trace`),
     charges 16-bit plans the cast cost, slows computation while communication is in flight and charges

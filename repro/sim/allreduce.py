@@ -1,4 +1,5 @@
-"""The all-reduce family's iteration model (MG-WFBP, ``../shared/papers/mgwfbp.md``).
+"""The all-reduce family's iteration model (MG-WFBP: Shi, Chu, Li, IEEE INFOCOM 2019, arXiv 1811.11141;
+IEEE TPDS 2021, arXiv 1912.09268).
 
 Forward runs layers 1..L, then backward L..1 on the compute stream. A bucket becomes ready when the
 last of its gradients is produced; one communication stream serves ready buckets first-come

@@ -1,5 +1,5 @@
-"""The ByteScheduler family's iteration model (priority scheduling across iterations; dear.md
-"Baselines", after Peng et al., SOSP 2019).
+"""The ByteScheduler family's iteration model (priority scheduling across iterations, after
+Peng et al., SOSP 2019, as DeAR's baselines use it).
 
 Layers' gradients are all-reduced in **chunks** (a plan bucket is a whole layer or one piece of a
 layer) on one communication stream that, whenever it is free, starts the released chunk of highest

@@ -1,6 +1,6 @@
 """Compute slowed by communication in flight: the engine's schedule with contention.
 
-Measured on real machines (and on this one, :mod:`repro.runtime.contention`): while a collective is
+Measured on real machines (:mod:`repro.runtime.contention` measures it on live ranks): while a collective is
 in flight, computation runs slower, because both share memory bandwidth, PCIe and CPU cores. With a
 slowdown ``c`` (``Realism.contention``), compute progresses at ``1/(1+c)`` of its speed whenever any
 communication task runs. A compute task of ``w`` seconds of work that overlaps communication for

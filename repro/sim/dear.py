@@ -1,4 +1,5 @@
-"""The DeAR family's iteration model (``../shared/papers/dear.md``, "Timeline model").
+"""The DeAR family's iteration model (Zhang et al., *DeAR*, IEEE ICDCS 2023, arXiv 2302.12445; its
+timeline model).
 
 A DeAR plan's buckets are contiguous runs of layers in **forward order** (bucket 1 holds the input
 layer). Each bucket sends two messages: a reduce-scatter in backward, as soon as all its gradients

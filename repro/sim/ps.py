@@ -1,6 +1,6 @@
 """A parameter-server cluster over several iterations: BSP, ASP, SSP(s) and OSP's two-stage
-synchronisation (``../shared/papers/osp.md``; the paper's text is not available, this is the
-interpretation written there).
+synchronisation (Chen et al., *OSP*, arXiv 2306.16926; only the abstract is published, this is the
+interpretation in ``docs/interpretations.md``).
 
 N workers and S server shards. Each shard holds ``1/S`` of every gradient's bytes (balanced by bytes);
 every server shard has one full-duplex link that all N workers share, modelled as two queue streams
@@ -21,7 +21,7 @@ Per iteration ``i`` of worker ``w`` (compute on the in-order stream ``worker<w>`
   pushed, aggregated and pulled in the background with a lower priority on the server links, and the
   compute of iteration ``i + 1`` waits only for stage 2 of iteration ``i - 1`` (those parameters are
   one step stale; LGP corrects them locally, ``lgp_s`` seconds on the worker). ``r = 1`` is BSP.
-  :func:`auto_stage2_share` is osp.md's rule (the largest stage-2 share whose traffic hides behind one
+  :func:`auto_stage2_share` is this package's automatic split (docs/osp.md) (the largest stage-2 share whose traffic hides behind one
   computation); the simulation shows it is not always the fastest split: a larger stage 2 that does
   not fully hide can still shorten the period while the server links are not saturated.
 
@@ -168,7 +168,7 @@ def simulate_ps(compute_s: Sequence[float], grad_bytes: float, push: Callable[[f
 def auto_stage2_share(compute_s: float, grad_bytes: float, push: Callable[[float], float],
                       pull: Callable[[float], float], workers: int, servers: int = 1,
                       resolution: float = 1e-3) -> float:
-    """OSP's automatic split (osp.md): the largest stage-2 share ``x`` whose communication hides behind
+    """OSP's automatic split (this package's rule, docs/osp.md): the largest stage-2 share ``x`` whose communication hides behind
     the next iteration's computation, ``N * (push(x n / S) + pull(x n / S)) <= compute_s`` (each server
     shard serves every worker's stage-2 push and then its pull once per iteration; counting them one after
     the other is conservative, since the link is full duplex); bisection to ``resolution``.

@@ -1,4 +1,5 @@
-"""The sparse family's iteration model (OMGS-SGD, ``../shared/papers/omgs.md``, "Timeline model").
+"""The sparse family's iteration model (OMGS-SGD: Shi et al., *Communication-Efficient Distributed Deep
+Learning with Merged Gradient Sparsification on GPUs*, IEEE INFOCOM 2020; its timeline model).
 
 Forward runs layers 1..L, then backward L..1 on the compute stream. When the last (input-most)
 layer of a bucket has produced its gradient, the bucket's top-k selection runs **on the compute

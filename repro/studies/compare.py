@@ -1,54 +1,34 @@
 """Every scheduler of the four papers on one footing, as tidy tables (the notebook only calls these and plots).
 
-The table a practitioner wants before choosing a scheduler: the same models, networks and worker
-counts for the all-reduce family of MG-WFBP (with Horovod's and DDP's bucketings), the sparse family of
-OMGS-SGD, DeAR and its baselines, and the parameter-server modes of OSP. Two tables, each with a
-``best`` flag per configuration:
+Two tables, each with a ``best`` flag per configuration:
 
 - :func:`simulated_table` — **simulated at paper scale**: shipped V100 roofline-estimate traces
   (``<model>_b<batch>_v100-estimate``, not measurements), worker counts P, network presets mapped by
-  :func:`repro.published_fits.cost_for_mode` (``cost_mode="calibrated"``: the clusters calibrated on the
-  published ddl-benchmarks measurements, 4 GPUs per node, with their realism; ``"paper"``: the published
-  lines, perfect overlap). Plans come from :func:`repro.planners.make_plan` and iterations from
-  :func:`repro.sim.simulate`; both apply the cost model's realism themselves.
+  ``cost_mode``. Each configuration is one :func:`repro.compare_cli.predict`, the function ``repro compare``
+  calls, with the same defaults (cost mode, servers, options, top-k cost: :mod:`repro.compare_cli`), so the
+  table and ``repro compare`` agree on the same trace, network and P.
 - :func:`measured_table` (after :func:`run_measured`) — **measured at tiny scale** on this machine:
   each scheduler once on a tiny CPU model, gloo, each rank in its own network namespace behind an
   emulated link (:mod:`repro.cluster.netns`), launched with the training studies' runner
   (:func:`repro.studies.mgwfbp_train.run_grid`): ``workers`` ranks, plus one serving rank for a
   parameter-server scheduler. Iteration = the slowest rank's median step time over the timed steps.
 
-Assumptions, stated once here and in the tables:
+Assumptions:
 
-- **Math.** Top-k sparsification (density :data:`DEFAULT_DENSITY`, error feedback) and the ASP, SSP and
-  OSP modes change the update of synchronous SGD; ``keeps_sync_sgd`` is False for them and
-  ``math_note`` says how. Every other scheduler computes the same update as synchronous SGD (DeAR's
-  all-gather lands before the next forward needs the parameters). ``osp_auto`` is marked as OSP even
-  where its rule keeps every byte in stage 1 on a configuration (``stage1_bytes_share`` = 1 then).
-- **Top-k cost.** ``gamma * d * log2(d)`` seconds for d elements with the OMGS-SGD paper's published
-  fit (:data:`TOPK_GAMMA_S`, a P102-100 GPU at density 0.001: the only published one; a V100 is likely
-  faster, so the sparse family is if anything penalised). All-gather lines: the network's own.
-- **Parameter server.** One server per node (``servers = ceil(P / 4)``: the calibrated clusters' 4 GPUs
-  per node), co-located with the workers and not counted in P; layers balanced over servers by bytes;
-  SSP's bound ``staleness`` = 2; OSP's stage-1 share 0.5 and importance by ``position`` (the estimate
-  traces hold no gradient magnitudes); ``osp_auto`` chooses its share itself.
-- **Other options**: each planner's default (``threshold``: 25 MiB buckets, ``horovod``: 64 MiB and a
-  5 ms cycle, ``dear_threshold``: 25 MiB, ``ddp_buckets``: 1 MiB then 25 MiB), FP32 gradients.
-- **Exact planners under contention.** ``optimal``, ``omgs_optimal`` and ``dear_optimal`` (:data:`EXACT`,
-  this package's) search exactly under the contention-free model (the cost model's lines with their
-  per-message overhead, the realism's compute scale and update); the calibrated cost models add
-  contention (computation slowed while communication runs), which breaks the searches' substructure,
-  so the exact plan can lose to a heuristic's there. The planners themselves therefore return **the best
-  of their exact plan and the plans of their family's heuristics, each simulated under the cost model and
-  realism that judge them** (:mod:`repro.planners._judge`): ``plan_from`` names the plan used (the
-  scheduler itself, or the heuristic whose plan simulated faster, ``plan.meta["plan_from"]``) and
-  ``exact_plan_iteration_s`` keeps the exact plan's own simulated iteration, so ``exact_plan_loss_pct``
-  says how much the contention-free optimum loses under contention. :func:`exact_choice` applies the same
-  rule over the table's rows as a safety net. Every other row: ``plan_from`` = itself.
+- **Math.** Top-k sparsification (error feedback) and the ASP, SSP and OSP modes change the update of
+  synchronous SGD; ``keeps_sync_sgd`` is False for them and ``math_note`` says how. ``osp_auto`` is marked
+  as OSP even where its rule keeps every byte in stage 1 (``stage1_bytes_share`` = 1 then).
+- **Exact planners under contention.** ``optimal``, ``omgs_optimal`` and ``dear_optimal`` (:data:`EXACT`)
+  search exactly under the contention-free model; the calibrated cost models add contention, under which
+  the exact plan can lose to a heuristic's. The planners return the best of their exact plan and their
+  family's heuristics' plans, simulated under the judging cost model (:mod:`repro.planners._judge`):
+  ``plan_from`` names the plan used, ``exact_plan_iteration_s`` the exact plan's own iteration and
+  ``exact_plan_loss_pct`` the difference. :func:`exact_choice` applies the same rule over the table's rows
+  as a safety net.
 - **Best.** Per configuration (simulated: model, network, P; measured: model, link, workers), ``best`` marks
-  the smallest iteration time over every scheduler, ``best_sync_sgd`` the smallest among those with
-  ``keeps_sync_sgd``; equal times (within a relative 1e-9) are all marked. ``relative_to_best`` =
-  iteration / the configuration's smallest. Throughput = P x batch / iteration (samples/s over the
-  workers).
+  the smallest iteration time, ``best_sync_sgd`` the smallest among rows with ``keeps_sync_sgd``; ties
+  within a relative :data:`TIE_RTOL` are all marked. ``relative_to_best`` = iteration / the smallest.
+  Throughput = P x batch / iteration (samples/s over the workers).
 
 Never imports torch (the measured runs start their own processes). Every function returns a
 :class:`pandas.DataFrame` or plain data; nothing here draws.
@@ -57,18 +37,18 @@ Never imports torch (the measured runs start their own processes). Every functio
 from __future__ import annotations
 
 import math
-import time
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
 
-from repro.published_fits import DEVICES_PER_NODE, check_cost_mode, cost_for_mode
-from repro.presets import PRESETS
-from repro.planners import PLANNER_FAMILY, make_plan
+from repro.compare_cli import (DEFAULT_COST_MODE, DEFAULT_DENSITY, DEFAULT_OPTIONS, DEFAULT_STAGE1_SHARE,
+                               DEFAULT_STALENESS, TOPK_GAMMA_S, TOPK_GAMMA_SOURCE, network_cost,
+                               predict, with_topk)
+from repro.published_fits import DEVICES_PER_NODE, check_cost_mode
+from repro.planners import PLANNER_FAMILY
 from repro.schedulers import get_scheduler
-from repro.sim import simulate
 from repro.trace import Trace, load_trace
 
 __all__ = ["CompareError", "EXACT", "exact_choice", "GROUPS", "SCHEDULERS", "SPARSE", "PARAMETER_SERVER", "DEFAULT_MODELS",
@@ -100,15 +80,9 @@ EXACT: tuple[str, ...] = ("optimal", "omgs_optimal", "dear_optimal")
 DEFAULT_MODELS: tuple[str, ...] = ("resnet50", "bert_base", "vgg16")
 DEFAULT_NETWORKS: tuple[str, ...] = ("10gbe-derived", "56gbib-derived")
 DEFAULT_WORKERS: tuple[int, ...] = (8, 16, 32)
-DEFAULT_DENSITY = 0.001        # OMGS-SGD's density for the CNNs (omgs.md)
-DEFAULT_STALENESS = 2          # SSP's bound, iterations
-DEFAULT_STAGE1_SHARE = 0.5     # OSP's blocking share of the gradient bytes
 # At tiny scale by default: two per group, so every family is measured within the CI budget.
 DEFAULT_MEASURED: tuple[str, ...] = ("wfbp", "mgwfbp", "topk_single", "omgs", "dear_threshold", "bytescheduler",
                                      "ps_bsp", "osp")
-TOPK_GAMMA_S: float = float(PRESETS["1gbe-allgather"].topk_gamma_s)  # type: ignore[union-attr, arg-type]
-TOPK_GAMMA_SOURCE = ("top-k cost gamma*d*log2(d), gamma = 2.19e-10 s: OMGS-SGD's published fit (P102-100 GPU, "
-                     "density 0.001; preset 1gbe-allgather)")
 NETWORK_LABELS = {"10gbe": "10GbE", "56gbib": "InfiniBand", "100gbib": "InfiniBand", "1gbe": "1GbE"}
 TIE_RTOL = 1e-9
 
@@ -146,10 +120,10 @@ def servers_for(workers: int, devices_per_node: int = DEVICES_PER_NODE) -> int:
 
 def plan_options(scheduler: str, workers: int, *, density: float = DEFAULT_DENSITY,
                  staleness: int = DEFAULT_STALENESS, stage1_share: float = DEFAULT_STAGE1_SHARE) -> dict[str, Any]:
-    """Planner options of ``scheduler`` in this comparison (see the module docstring): the values of
-    the options its planner takes (the registry's ``planner_options``)."""
-    values = {"density": float(density), "servers": servers_for(workers), "staleness": int(staleness),
-              "stage1_share": float(stage1_share), "importance": "position"}
+    """Planner options of ``scheduler`` at ``workers`` GPUs in this comparison (:mod:`repro.compare_cli`'s
+    defaults, one server per node of 4): those its planner takes (the registry's ``planner_options``)."""
+    values = {**DEFAULT_OPTIONS, "density": float(density), "servers": servers_for(workers),
+              "staleness": int(staleness), "stage1_share": float(stage1_share)}
     takes = get_scheduler(scheduler).planner_options
     return {k: v for k, v in values.items() if k in takes}
 
@@ -230,11 +204,11 @@ def network_label(network: str) -> str:
     return network
 
 
-def _cost(network: str, workers: int, cost_mode: str, topk_gamma_s: float):
+def _cost(network: str, workers: int, cost_mode: str, topk_gamma_s: float | None = None):
     from repro.cost import CostModelError
 
     try:
-        return cost_for_mode(network, workers, cost_mode).with_topk(topk_gamma_s)
+        return with_topk(network_cost(network, workers, cost_mode), topk_gamma_s)
     except (CostModelError, ValueError) as e:
         msg = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise CompareError(f"network {network!r} at P={workers} ({cost_mode}): {msg}") from None
@@ -248,29 +222,18 @@ def _cost_name(cost, network: str) -> str:
     return network
 
 
-def _iteration_s(trace: Trace, plan, cost) -> float:
-    """The simulated iteration of ``plan``. A parameter-server plan made with a cost model already holds
-    the simulator's period of itself under that model (:func:`repro.planners.ps.ps_plan`:
-    ``meta["iteration_s"]``, the trace and cost as :func:`repro.sim.simulate` prepares them); it is used
-    instead of simulating the same plan twice (the PS simulation is most of this table's time), except with
-    a ``compute_scale`` other than 1, which the planner's trace would already carry."""
-    realism = cost.realism
-    if (plan.family == "ps" and "iteration_s" in plan.meta
-            and (realism is None or realism.compute_scale == 1.0)):
-        return float(plan.meta["iteration_s"])
-    return float(simulate(trace, plan, cost, with_ops=False).iteration_s)
-
-
 def simulated_table(models: Sequence[str] | Mapping[str, Trace] = DEFAULT_MODELS,
                     networks: Sequence[str] = DEFAULT_NETWORKS, workers: Sequence[int] = DEFAULT_WORKERS,
-                    schedulers: Sequence[str] = SCHEDULERS, *, cost_mode: str = "calibrated",
-                    density: float = DEFAULT_DENSITY, topk_gamma_s: float = TOPK_GAMMA_S,
+                    schedulers: Sequence[str] = SCHEDULERS, *, cost_mode: str = DEFAULT_COST_MODE,
+                    density: float = DEFAULT_DENSITY, topk_gamma_s: float | None = None,
                     staleness: int = DEFAULT_STALENESS, stage1_share: float = DEFAULT_STAGE1_SHARE) -> pd.DataFrame:
     """Simulated iteration of every scheduler per model x network x P (tidy; module docstring).
 
     ``models``: model names or shipped trace stems (:func:`resolve_trace`), or a mapping name -> Trace;
     ``networks``: network presets for :func:`repro.published_fits.cost_for_mode` (``cost_mode`` ``"calibrated"``
-    or ``"paper"``); ``topk_gamma_s``: seconds of the top-k cost ``gamma d log2 d``.
+    or ``"paper"``); ``topk_gamma_s``: seconds of the top-k cost ``gamma d log2 d`` (None: the cost model's own,
+    else :data:`TOPK_GAMMA_S`). Each configuration is one :func:`repro.compare_cli.predict`, as ``repro
+    compare`` makes it.
     Columns: model, trace, device, batch_size, network, network_label, cost_mode, cost_model (the calibrated
     preset standing for ``network``, or ``network`` itself), cost_source, workers,
     servers (parameter-server rows; NaN elsewhere), density (sparse rows; NaN elsewhere), scheduler, group,
@@ -287,7 +250,8 @@ def simulated_table(models: Sequence[str] | Mapping[str, Trace] = DEFAULT_MODELS
         networks = [networks]
     if not list(networks):
         raise CompareError("networks: give at least one network preset")
-    if isinstance(topk_gamma_s, bool) or not isinstance(topk_gamma_s, (int, float)) or not topk_gamma_s >= 0:
+    if topk_gamma_s is not None and (isinstance(topk_gamma_s, bool) or not isinstance(topk_gamma_s, (int, float))
+                                     or not topk_gamma_s >= 0):
         raise CompareError(f"topk_gamma_s: must be a non-negative number of seconds, got {topk_gamma_s!r}")
     if isinstance(models, Mapping):
         traces = {str(m): (str(t.model), t) for m, t in models.items()}
@@ -307,22 +271,24 @@ def simulated_table(models: Sequence[str] | Mapping[str, Trace] = DEFAULT_MODELS
             for p in ps:
                 cost = _cost(net, p, cost_mode, topk_gamma_s)
                 first = len(rows)
-                for s in names:
-                    opts = plan_options(s, p, density=density, staleness=staleness, stage1_share=stage1_share)
-                    t0 = time.perf_counter()
-                    plan = make_plan(s, trace, cost, **opts)
-                    wall = time.perf_counter() - t0
-                    it = _iteration_s(trace, plan, cost)
+                records = predict(trace, cost, options={"density": density, "staleness": staleness,
+                                                        "stage1_share": stage1_share}, schedulers=names)
+                for rec in records:
+                    s = rec["scheduler"]
+                    if rec["iteration_s"] is None:
+                        raise CompareError(f"{s} on {stem}, {net}, P={p}: {rec['note']}")
+                    it, opts, share = rec["iteration_s"], rec["options"], rec["stage1_bytes_share"]
+                    exact_it = rec["exact_plan_iteration_s"]
                     rows.append({"model": model, "trace": stem, "device": trace.device, "batch_size": trace.batch_size,
                                  "network": net, "network_label": network_label(net), "cost_mode": cost_mode,
                                  "cost_model": _cost_name(cost, net), "cost_source": cost.source, "workers": p,
                                  "servers": opts.get("servers", np.nan),
                                  "density": opts.get("density", np.nan), "scheduler": s, **info.loc[s].to_dict(),
                                  "iteration_s": it, "throughput_samples_s": p * trace.batch_size / it,
-                                 "buckets": plan.num_buckets,
-                                 "stage1_bytes_share": float(plan.meta.get("stage1_bytes_share", np.nan)),
-                                 "plan_wall_s": wall, "plan_from": plan.meta.get("plan_from", s),
-                                 "exact_plan_iteration_s": float(plan.meta.get("exact_plan_iteration_s", np.nan))})
+                                 "buckets": rec["buckets"],
+                                 "stage1_bytes_share": np.nan if share is None else float(share),
+                                 "plan_wall_s": rec["plan_wall_s"], "plan_from": rec["plan_from"],
+                                 "exact_plan_iteration_s": np.nan if exact_it is None else float(exact_it)})
                 config_rows = rows[first:]
                 chosen = exact_choice({r["scheduler"]: r["iteration_s"] for r in config_rows})
                 for r in config_rows:
