@@ -152,9 +152,9 @@ def test_under_contention_a_spent_budget_skips_the_rivals_and_says_so(planner):
 
     trace, cost = _random_trace(400), preset("10gbe-calibrated", 16).with_topk(PUBLISHED_TOPK_GAMMA_S)
     budget = 0.01
-    t0 = time.perf_counter()
+    t0 = time.process_time()   # CPU time: see MARGIN_S
     plan = make_plan(planner, trace, cost, time_budget_s=budget, **_options(planner))
-    assert time.perf_counter() - t0 < budget + MARGIN_S
+    assert time.process_time() - t0 < budget + MARGIN_S
     m = plan.meta
     assert m["optimal"] is False and m["plan_from"] == planner and m["candidates_skipped"]
     assert m["iteration_s"] == pytest.approx(simulate(trace, plan, cost).iteration_s, rel=1e-9)  # still the judge's

@@ -20,7 +20,9 @@ from repro.planners import _budget
 from repro.sim import simulate
 from repro.trace import Layer, Trace
 
-MARGIN_S = 2.0  # building the incumbent and the plan after the deadline, on a shared machine
+MARGIN_S = 2.0  # building the incumbent and the plan after the deadline
+# The bound is on this process's CPU time (time.process_time): other processes sharing the cores stretch
+# the wall clock, not the work the planner does past its deadline.
 
 
 def _random_trace(layers: int, seed: int = 0) -> Trace:
@@ -51,10 +53,10 @@ def test_a_tiny_budget_on_a_large_trace_returns_in_time_with_a_proven_gap(planne
     trace, cost = _random_trace(1000), make_cost()
     budget = 0.02  # the whole search of this trace takes ~0.095 s on a quiet core (0.1 s was a race there)
     with caplog.at_level(logging.WARNING, logger="repro"):
-        t0 = time.perf_counter()
+        t0 = time.process_time()
         plan = make_plan(planner, trace, cost, time_budget_s=budget, **options)
-        wall = time.perf_counter() - t0
-    assert wall < budget + MARGIN_S
+        cpu_s = time.process_time() - t0
+    assert cpu_s < budget + MARGIN_S
     m = plan.meta
     assert m["optimal"] is False
     assert math.isfinite(m["gap_pct"]) and m["gap_pct"] >= 0
