@@ -2,7 +2,10 @@
 HKBU-HPML/ddl-benchmarks (``results/2020-05-29/README.md``; Shi et al., arXiv 2005.13247) as a tidy
 table in this package's names, for calibrating and validating the simulator (issue 12).
 
-    python scripts/make_paper_numbers.py [--source ../shared/papers/measured/ddl_benchmarks_2020-05-29.csv]
+    python scripts/make_paper_numbers.py [--source tests/fixtures/ddl_benchmarks_2020-05-29.csv]
+
+``--source`` is that README's table transcribed as CSV (columns: model, batch per GPU, network, method,
+GPUs, samples/s, std); the repository keeps it as a test fixture.
 
 The source rows (model, batch per GPU, network, method, GPUs, samples/s over all GPUs, std) become one
 row each, with: our model and network names; ``method`` as published and ``scheduler``, the scheduler
@@ -23,8 +26,8 @@ import pandas as pd
 from repro.paths import shipped_path
 
 ROOT = Path(__file__).resolve().parents[1]
+SOURCE = ROOT / "tests" / "fixtures" / "ddl_benchmarks_2020-05-29.csv"
 OUT = shipped_path("paper_numbers", "ddl_benchmarks_measured.csv")
-SOURCE = ROOT.parent / "shared" / "papers" / "measured" / "ddl_benchmarks_2020-05-29.csv"
 CITATION = ("HKBU-HPML/ddl-benchmarks results/2020-05-29 (Shi et al., arXiv 2005.13247): 8 nodes x 4 GPUs, "
             "synthetic data, measured")
 GPUS_PER_NODE = 4
@@ -58,7 +61,8 @@ def tidy(source: Path) -> pd.DataFrame:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--source", type=Path, default=SOURCE)
+    p.add_argument("--source", type=Path, default=SOURCE,
+                   help="the ddl-benchmarks 2020-05-29 results transcribed as CSV")
     args = p.parse_args()
     df = tidy(args.source)
     df.to_csv(OUT, index=False)

@@ -5,7 +5,7 @@ Format::
     papers:                      # optional: section titles of the index, keyed by id prefix
       mgwfbp: "MG-WFBP (...)"
     figures:
-      - id: mgwfbp.timeline      # <paper>.<name>, as in shared/papers/FIGURES.md
+      - id: mgwfbp.timeline      # <paper>.<name>
         notebook: mgwfbp_simulation.ipynb   # relative to the manifest's folder
         stem: mgwfbp_timeline    # output files <stem>.png/.pdf/.json
         status: done             # done | planned

@@ -49,7 +49,7 @@ __all__ = ["DEAR_MODELS", "DEAR_METHODS", "BASELINES", "ALL_METHODS", "NOFUSION_
            "breakdown_table", "buffer_sweep", "buffer_sweep_table", "speedup_summary"]
 
 MIB = 2**20
-# The paper's models -> per-GPU batch size (dear.md, "Experimental setup"); shipped V100 estimate traces.
+# The paper's models -> per-GPU batch size (Zhang et al., DeAR, ICDCS 2023, experimental setup); shipped V100 estimate traces.
 DEAR_MODELS: dict[str, int] = {"resnet50": 64, "densenet201": 32, "inception_v4": 64, "bert_base": 64,
                                "bert_large": 32}
 DEAR_METHODS: tuple[str, ...] = ("dear_nofusion", "dear_threshold", "dear_model", "dear_optimal")
@@ -61,7 +61,7 @@ FUSION_METHODS: tuple[str, ...] = ("horovod", "ddp_buckets", "mgwfbp", "dear_thr
 PAPER_NETWORKS: tuple[str, ...] = ("10gbe-dear64", "56gbib-dear64")  # the authors' fits, P=64 only
 SCALING_NETWORKS: tuple[str, ...] = ("10gbe-dear-derived", "56gbib-dear-derived")  # any P
 SCALING_WORKERS: tuple[int, ...] = (8, 16, 32, 64)
-# The paper's headline (dear.md, "Published numbers we hold"): up to this speedup over the best baseline.
+# The paper's headline (DeAR, ICDCS 2023, abstract): up to this speedup over the best baseline.
 PAPER_CLAIM_PCT: dict[str, float] = {"10gbe": 83.0, "ib": 15.0}
 PAPER_CLAIM_SOURCE = ("the paper's claim (measured): up to 83% (10GbE) and 15% (100Gb IB) over the best "
                       "baseline, 64 GPUs, five models")

@@ -254,7 +254,7 @@ def paper_speedups() -> pd.DataFrame:
 # Paper-scale simulated panels of the measured figures (cheap: they run with every tiny run)
 # ---------------------------------------------------------------------------------------------
 
-#: the journal's 16-V100 models (TPDS'21, mgwfbp.md "Experimental setup") and its two networks, as presets
+#: the journal's 16-V100 models (Shi, Chu, Li, "MG-WFBP: Merging Gradients Wisely...", IEEE TPDS 2021, experimental setup) and its two networks, as presets
 #: holding the published fits (10gbe-v100 / 56gbib-v100: a and b of ``paper_allreduce_fits`` at P <= 16)
 JOURNAL_MODELS: tuple[str, ...] = ("resnet152", "densenet161", "densenet201", "inception_v4")
 JOURNAL_NETWORKS: tuple[str, ...] = ("10gbe-v100", "56gbib-v100")

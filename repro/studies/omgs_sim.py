@@ -42,7 +42,7 @@ __all__ = ["SPARSE_PLANNERS", "OMGS_MODELS", "PAPER_CSV", "paper_iterations", "p
            "bucket_table", "explain_case", "timeline_table", "paper_setting_table"]
 
 SPARSE_PLANNERS: tuple[str, ...] = ("topk_layerwise", "topk_single", "omgs", "omgs_optimal")
-# The paper's models (omgs.md, "Experimental setup") -> batch size per worker of the shipped traces.
+# The paper's models (Shi et al., OMGS-SGD, INFOCOM 2020, experimental setup) -> batch size per worker of the shipped traces.
 OMGS_MODELS: dict[str, int] = {"vgg16_cifar": 32, "resnet50": 32, "inception_v4": 64, "lstm_ptb": 20}
 PAPER_CSV = "omgs_iteration_times"  # shipped published seconds per iteration (data/paper_numbers)
 
