@@ -1,49 +1,28 @@
 """A user's cluster as a cost model: nodes, devices per node, link rates and latencies, top-k cost.
 
 What ``repro plan``, ``repro simulate`` and ``repro compare`` build from ``--nodes N --gpus-per-node G
---inter-link RATE[@LATENCY] [--intra-link RATE[@LATENCY]] [--algorithm A]``:
+--inter-link RATE[@LATENCY] [--intra-link RATE[@LATENCY]] [--algorithm A]`` (guide: docs/cli.md):
 
-- **Links.** A link is a rate and a per-message start-up latency (:class:`~repro.topology.Link`:
-  ``beta_s_per_byte = 8 / bits_per_s``, ``alpha_s`` = latency). Rates: bits per second ``25gbit``,
-  ``100mbit``, ``1.5gbit``, ``512kibit`` (IEC prefixes are powers of 1024), or bytes per second with a
-  capital ``B`` and ``/s``: ``10GB/s``, ``500MB/s``, ``1GiB/s`` (:func:`parse_rate`). ``gbps``, ``Gb/s``
-  and ``gb/s`` are refused: they read as bits to some and bytes to others, a factor of eight.
-  Latencies need a unit: ``5us``, ``0.5ms``, ``200ns``, ``1e-5s`` (:func:`parse_latency`).
-- **Defaults** (assumptions, stated where they are used): an inter-node link given without a latency
-  has :data:`DEFAULT_INTER_LATENCY_S` (25 us: between the per-hop start-ups the MG-WFBP fits give for
-  56 Gb InfiniBand, 7.9 us, and 10GbE, 30 us; presets ``56gbib-derived`` and ``10gbe-derived``); an
-  intra-node link given without one has :data:`DEFAULT_INTRA_LATENCY_S` (5 us, a PCIe/NVLink
-  peer-to-peer copy's start-up). Without ``--intra-link`` the devices of a node are joined by the
-  intra-node link fitted on the measured V100 cluster (the shipped ``10gbe-calibrated`` preset: 4
-  V100s per node over PCIe, about 4.3 GB/s and 17 us; :func:`default_intra_link`).
-- **Collectives.** Every family's lines (all-reduce, reduce-scatter, all-gather, sparse all-gather,
-  push, pull) for P workers, from :class:`~repro.topology.Topology` for ``ring`` (one ring over every
-  device, each step as slow as its slowest hop) and ``hierarchical`` (intra-node reduce-scatter, a ring
-  across nodes, intra-node all-gather); the flat algorithms of :func:`repro.cost.alpha_beta_lines`
-  (``tree``, ``recursive_doubling``, ``halving_doubling``) use the slowest link the job crosses. Push
-  and pull (a parameter server on another node) go over the inter-node link, on one node over the
-  intra-node one. Reductions cost nothing per byte (``gamma`` = 0).
-- **Top-k cost** (the sparse family's ``gamma * d * log2(d)`` seconds on d elements,
-  :meth:`repro.cost.CostModel.topk_s`): ``--topk-gamma S`` directly, or a device of
-  :data:`TOPK_DEVICES` (:func:`topk_gamma_for_device`): the OMGS-SGD paper's published fit on a
-  P102-100 (2.19e-10 s at density 0.001, the only published one) scaled to the device by effective
-  memory bandwidth (top-k selection streams the tensor through memory, so it is taken to be
-  memory-bound), with the GPU table of the roofline estimates (:mod:`repro.workload.estimate`).
+- **Units.** A link is a rate and a per-message latency (:class:`~repro.topology.Link`:
+  ``beta_s_per_byte = 8 / bits_per_s``, ``alpha_s`` = latency). Rates in bits per second (``25gbit``,
+  ``512kibit``; IEC prefixes are powers of 1024) or bytes per second (``10GB/s``); ``gbps``, ``Gb/s``
+  and ``gb/s`` are refused as ambiguous (:func:`parse_rate`). Latencies need a unit (``5us``,
+  :func:`parse_latency`).
+- **Assumed defaults.** Inter-node latency :data:`DEFAULT_INTER_LATENCY_S` (25 us, between the MG-WFBP
+  fits of 56 Gb InfiniBand, 7.9 us, and 10GbE, 30 us); intra-node latency :data:`DEFAULT_INTRA_LATENCY_S`
+  (5 us); without ``--intra-link``, the intra-node link fitted on the measured V100 cluster
+  (:func:`default_intra_link`, about 4.3 GB/s and 17 us). Reductions cost nothing per byte (``gamma`` = 0).
+- **Collectives** for P workers: :class:`~repro.topology.Topology` for ``ring`` and ``hierarchical``;
+  the flat algorithms of :func:`repro.cost.alpha_beta_lines` over the slowest link the job crosses.
+  Push and pull cross the inter-node link (the intra-node one on one node).
+- **Top-k** (``gamma * d * log2(d)`` seconds on d elements): ``--topk-gamma S``, or a device of
+  :data:`TOPK_DEVICES`: OMGS-SGD's published P102-100 fit scaled by memory bandwidth, an estimate
+  (:func:`topk_gamma_for_device`).
 
-A user's own measurements of collectives (a CSV of message bytes, P, seconds, collective) fit into a
-cost file with :func:`fit_measurements_csv` (``repro cost fit``), one line per collective by
-:func:`repro.cost.fit_linear`, the same relative-error least squares ``repro calibrate`` uses. Such a
-file is a fit for one P.
-
-A **cluster file** (:class:`ClusterDescription`, ``repro cost cluster``) holds the cluster itself, not
-one P's lines: JSON with ``"schema": "repro.cluster"`` and ``"version": 1``, ``gpus_per_node``,
-``inter_link`` and ``intra_link`` (each ``{"rate_bits_per_s": R, "latency_s": L}``, or a string as the
-flags take it, ``"25gbit@20us"``; ``intra_link`` null: the default intra link), ``algorithm`` and
-optionally ``topk_gamma_s`` (with ``topk_source``) and ``name``. :meth:`ClusterDescription.cost_model`
-builds the cost model of any P with :func:`cluster_cost_model` on ``ceil(P / gpus_per_node)`` nodes, so
-``repro.presets.preset(path, P)`` (and everything that takes a preset: the simulation notebooks' worker
-sweeps, ``--network``, ``--cost``) accepts it for every P.
-Never imports torch.
+:func:`fit_measurements_csv` (``repro cost fit``) fits a CSV of measured collectives (message bytes, P,
+seconds, collective) into a cost file for one P. A cluster file (:class:`ClusterDescription`, ``repro
+cost cluster``; format in docs/cluster.md) builds the cost model of any P on ``ceil(P / gpus_per_node)``
+nodes, so everything that takes a preset accepts it. Never imports torch.
 """
 
 from __future__ import annotations

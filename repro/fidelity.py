@@ -1,47 +1,25 @@
-"""Fidelity: the per-message costs the measured clusters paid, fitted and cross-validated (issue 34).
+"""Fidelity: the per-message costs the measured clusters paid, fitted and cross-validated.
 
-The calibrated presets (:mod:`repro.published_fits`) fit each network's links, a constant
-per-message overhead ``a0`` (``message_overhead_s``) and the compute/communication interference
-``contention`` (computation runs ``1 + contention`` times slower while communication is in flight).
-Two costs a real NCCL/Horovod cluster pays grow with the job, and a constant cannot carry them
-(Echo, arXiv 2412.12487, models both per collective):
+Beyond the calibrated presets' constant per-message overhead ``a0`` and ``contention``
+(:mod:`repro.published_fits`), two costs grow with the job (Echo, arXiv 2412.12487): ``a1``
+(``message_overhead_per_peer_s``, seconds per collective per worker beyond the first) and ``a2``
+(``message_overhead_per_in_flight_s``, seconds per collective per other message waiting on its stream).
+Every collective then costs ``a0 + a1·(P-1) + a2·in_flight`` beyond its network line
+(:meth:`repro.realism.Realism.per_message_s`).
 
-- ``message_overhead_per_peer_s`` (``a1``, seconds per collective per worker beyond the first):
-  negotiation and ring start-up, ``(P-1)`` steps of launch latency;
-- ``message_overhead_per_in_flight_s`` (``a2``, seconds per collective per other message waiting
-  on its stream when it starts): per-tensor negotiation of every ready tensor, queued launches.
+**Fit** (:func:`grid_predictions`, :func:`fit_terms`): ``(a1, a2)`` are shared by both measured
+networks (log grids :data:`A1_GRID_S`, :data:`A2_GRID_S`, 0 included); each network keeps its shipped
+links and gets its own ``a0`` and ``contention`` (:data:`A0_FACTORS`, :data:`CONTENTION_FACTORS` times
+the link fit's values, 1 included). Criterion: RMS log error of predicted iteration time over the 72
+all-reduce rows of ddl-benchmarks; exact over the grid.
 
-So every collective costs ``per_message_s(P, in_flight) = a0 + a1·(P-1) + a2·in_flight`` beyond its
-network line (:meth:`repro.realism.Realism.per_message_s`); with ``contention`` they are the realism
-the simulator applies (:mod:`repro.sim.contention`).
-
-**Fit.** ``a1`` and ``a2`` overlap what ``a0`` and ``contention`` already carry, so they are fitted
-*jointly* with them: ``(a1, a2)`` are software costs shared by both measured networks (log grids
-:data:`A1_GRID_S`, :data:`A2_GRID_S`, 0 included); each network keeps its shipped links and gets its
-own ``a0`` (:data:`A0_FACTORS` x its link fit's ``a0``, 0 included) and ``contention``
-(:data:`CONTENTION_FACTORS` x its link fit's value, 1 included). The link fit's values (the
-``base``) are the grid point ``(a0 x 1, contention x 1, 0, 0)``: the presets before the terms. The
-criterion is the RMS log error of the predicted iteration time over the training rows (the 72
-all-reduce rows of ddl-benchmarks: BSP, WFBP, MG-WFBP; ResNet-50, BERT-Base, BERT-Large; 4-32 GPUs;
-10GbE and 100Gb IB). Every row is simulated once per grid point of its network
-(:func:`grid_predictions`); a fit is then exact over the grid (:func:`fit_terms`): for each
-``(a1, a2)`` each network takes its best ``(a0, contention)`` on its training rows.
-
-**Cross-validation** (:func:`cross_validate`): leave one network out, one model out, one GPU count
-out; the held-out rows are predicted with the four parameters fitted without them (after), and,
-for a fair baseline, with ``a0`` and contention alone refitted without them (no terms). A network
-left out has no rows to fit its ``a0`` and ``contention`` on, so it keeps its link fit's values and
-only the shared ``(a1, a2)`` carry over. The links under every split are the link fit, which saw
-every row (refitting them per split is :func:`repro.published_fits.cross_validate`, about 10 minutes
-a network), so the split error says how well the *per-message and interference terms* carry over.
-:func:`earns_keep` says whether the terms beat the no-terms refit in cross-validation; only then do
-the shipped presets carry the joint fit.
-
-**Report.** :func:`fidelity_rows` holds every published number we hold that the simulator predicts:
-the iteration times, and MG-WFBP's speedups over WFBP and over BSP derived from them (the numbers the
-MG-WFBP journal reports, on the one cluster whose measurements are public), each with the paper
-model, the link fit's values (before) and the joint fit (after).
-Never imports torch; pandas where tables are built.
+**Cross-validation** (:func:`cross_validate`): leave one network, model or GPU count out; held-out rows
+are predicted with the four parameters fitted without them, and, as the baseline, with ``a0`` and
+``contention`` alone refitted (a network left out keeps its link fit's). Links stay the link fit's
+under every split, so the error measures how the per-message and interference terms carry over. :func:`earns_keep` says whether the terms beat the
+baseline; only then do the shipped presets carry them. :func:`fidelity_rows` lists every published
+number the simulator predicts (iteration times, MG-WFBP's speedups), under the paper model, the link
+fit and the joint fit. Guide and results: docs/fidelity.md. Never imports torch.
 """
 
 from __future__ import annotations

@@ -2,36 +2,22 @@
 
 Every file this package writes at a user's path (``repro plan -o``, figures, tables, gallery pages)
 goes through :func:`check_output` (before any work) and :func:`write_output` / :func:`output_file`
-(at the end). The rules, by what is at the path:
+(at the end). By what is at the path:
 
-* nothing, or a regular file: the new content is written to a temporary file in the same folder
-  and renamed over the path, so a reader (or a killed run) sees the old file or the new one, never
-  half of one;
-* a symbolic link: the link stays a link; its target is written by the rules here (a dangling link
-  creates its target, when the target's folder exists);
-* a FIFO or a character device (``/dev/null``, ``/dev/stdout``, a terminal): the content is written
-  *into* it, as a shell redirection would; it is never replaced by a regular file. A FIFO with no
-  reader is refused instead of waiting for one forever;
-* a folder, a block device, a socket, a path below a file, a missing folder or a place this process
-  may not write: refused with :class:`OutputPathError`, one line naming the path.
+* nothing, or a regular file: written to a temporary file in the same folder (``.repro-<8 hex>.tmp``
+  plus the suffix) and renamed over the path, so a reader or a killed run sees the old file or the new;
+* a symbolic link: stays a link; its target is written by these rules (a dangling link creates it
+  when the target's folder exists);
+* a FIFO or a character device (``/dev/null``, ``/dev/stdout``, a terminal): written *into*, as a shell
+  redirection would, never replaced. A FIFO is opened when checked and held until written
+  (:func:`release_outputs` closes it if nothing is written); one with no reader is refused at once;
+* a folder, a block device, a socket, a path below a file, a missing folder, an unwritable place, or
+  text ending in a separator (``newdir/``, which names a folder): refused with one
+  :class:`OutputPathError` line naming the path.
 
-A path given as text that ends in a separator (``-o newdir/``) names a folder, as it does to the shell
-and the kernel; no command here has a file name to put inside one, so it is refused (``newdir/ names a
-folder that does not exist``; an existing folder: ``is a folder``; ``file.json/``: ``names a folder, but
-file.json is a file``) instead of becoming a file called ``newdir``.
-
-A file written over a regular file keeps that file's permission bits and, where this process may set
-them (root, or a group the user is in), its owner and group; a new file gets ``0666`` less the umask,
-as a shell redirection would create it. A read-only file (``0444``) is refused unless this process may
-write it anyway (root, whom a shell redirection lets write it too); then the new content keeps ``0444``.
-
-A FIFO is opened for writing when it is checked, before any work, and held open until the content is
-written (:func:`release_outputs` closes what a command that ends without writing still holds): a FIFO
-with no reader is refused at once, and a reader that came first sees no end of file until the whole
-content is there.
-
-The temporary name is short (``.repro-<8 hex>.tmp`` plus the suffix), so any name the file system
-accepts as an output is accepted here.
+A replaced regular file keeps its permission bits and, where this process may set them, its owner and
+group; a new file gets ``0666`` less the umask. A read-only file is refused unless this process may
+write it anyway (root), and then stays read-only.
 """
 
 from __future__ import annotations

@@ -1,43 +1,27 @@
 """Fitting the simulator's cluster to published measurements (offline), and saying how far to trust it.
 
-Not to be confused with :mod:`repro.runtime.calibrate`, which times the collectives of a live process
-group and writes a cost file; this module fits tables other people measured and published.
+Not :mod:`repro.runtime.calibrate`, which times a live process group's collectives; this module fits
+tables other people published: ``data/paper_numbers/ddl_benchmarks_measured.csv`` (HKBU-HPML
+ddl-benchmarks, Shi et al., arXiv 2005.13247), iteration times of ResNet-50 (batch 64), BERT-Base (64)
+and BERT-Large (8) on 1-32 GPUs of 8 nodes x 4 GPUs, over 10GbE and 100Gb InfiniBand.
 
-The published data (``data/paper_numbers/ddl_benchmarks_measured.csv``: HKBU-HPML
-ddl-benchmarks, Shi et al., arXiv 2005.13247) are iteration times of ResNet-50 (batch 64), BERT-Base
-(64) and BERT-Large (8) on 1-32 GPUs of 8 nodes x 4 GPUs, over 10GbE (TCP) and 100Gb InfiniBand
-(RDMA). A **calibration** of one network is a hierarchical cluster (:class:`~repro.topology.Topology`:
-an intra-node and an inter-node link, each ``alpha`` seconds per message and ``beta`` seconds per
-byte, and the all-reduce across them, flat ring or two-level) plus the effects beyond the papers'
-model (:class:`~repro.realism.Realism`: per-message overhead, contention). They are fitted by least
-squares on the log of predicted / measured iteration time (:func:`fit`) over the all-reduce rows:
+A **calibration** of one network is a :class:`~repro.topology.Topology` (intra- and inter-node links,
+``alpha`` seconds per message and ``beta`` seconds per byte; flat ring or two-level all-reduce, the
+better kept) plus a :class:`~repro.realism.Realism`, fitted by :func:`fit` over the all-reduce rows::
 
     minimise  sum_rows  log( sim(trace_m scaled, plan_s under theta, P; theta) / measured )^2
 
-with ``theta = (alpha_intra, beta_intra, alpha_inter, beta_inter, message_overhead_s, contention)``
-searched in log space within physical bounds (``PARAMETER_BOUNDS``), from several starts, by
-:func:`scipy.optimize.least_squares`. Each row's prediction re-plans under theta (MG-WFBP's merges
-depend on the model), so the objective is piecewise smooth; the finite-difference step is large
-enough to see across plan changes. The two-level all-reduce and the flat ring are both fitted; the
-better one is kept.
+over ``theta = (alpha_intra, beta_intra, alpha_inter, beta_inter, message_overhead_s, contention)`` in
+log space within ``PARAMETER_BOUNDS``, from several starts (:func:`scipy.optimize.least_squares`; each
+row re-plans under theta, so the finite-difference step is large enough to see across plan changes).
+Fixed, not fitted: each model's ``compute_scale`` (to its 1-GPU row), ``update_s_per_byte`` = 6.25e-12
+(SGD with momentum, 5 bytes per gradient byte at about 800 GB/s), ``copy_s_per_byte`` and
+``fp16_cast_s_per_byte`` = 0.
 
-Fixed, not fitted (no data in the table can tell them apart from the fitted ones):
-
-- ``compute_scale`` per model: the 1-GPU row is a single GPU without communication, so each model's
-  computation is scaled to it (:meth:`Realism.scaled_to_measured`);
-- ``update_s_per_byte``: SGD with momentum reads weight, gradient and momentum and writes weight and
-  momentum, 5 bytes per gradient byte, at about 800 GB/s of device memory: 6.25e-12 s per byte;
-- ``copy_s_per_byte`` and ``fp16_cast_s_per_byte``: 0 (a per-byte copy is indistinguishable from
-  ``beta`` here, and no row is FP16).
-
-:func:`cross_validate` reports every row's error when the row was *not* in the fit: leave one model
-out (fit on the two others, predict the third) and leave one worker count out. That error, not the
-fit's, is what a forecast of an unseen model or cluster size deserves to be trusted to.
-
-The **paper model** prediction of the same rows uses the MG-WFBP journal's published fits at P=16
-(the ``10gbe-derived`` and ``56gbib-derived`` presets: flat ring, one link; the IB one is 56 Gb, the
-nearest published) and the V100 estimate's computation at the benchmark's batch size, with perfect
-overlap. Never imports torch; pandas and scipy only where tables are read and fits are made.
+:func:`cross_validate` gives every row's error when it was *not* in the fit (leave one model out, leave
+one worker count out): the error a forecast of an unseen model or size deserves. The **paper model**
+uses the MG-WFBP journal's P=16 fits (presets ``10gbe-derived``, ``56gbib-derived``) and the V100
+estimate with perfect overlap. Never imports torch; pandas and scipy only where used.
 """
 
 from __future__ import annotations

@@ -1,42 +1,30 @@
 """Realism: the physical effects the papers' model leaves out, as explicit parameters with units.
 
-The papers' model (MG-WFBP, DeAR, OMGS, our reading of OSP) is: a trace's compute, a collective's
-``a + b·n`` line, perfect overlap of computation and communication. Real clusters differ in ways
-that are each a physical quantity, so each is one field of :class:`Realism`, all off (0, scale 1) in
-the **paper model**:
+The papers' model (MG-WFBP, DeAR, OMGS, our reading of OSP) is a trace's compute, a collective's
+``a + b·n`` line and perfect overlap. Each departure of a real cluster is one field of :class:`Realism`,
+all off (0, scale 1) in the **paper model**:
 
-- ``message_overhead_s`` — seconds every collective call costs beyond the network's start-up: the
-  framework's launch (a Horovod/DDP hook, a NCCL or gloo kernel launch, a negotiation round).
-  Added to the ``a`` of every line. It is ``a0`` of the per-message cost below.
-- ``message_overhead_per_peer_s`` — seconds every collective costs per worker beyond the first
-  (``a1``): NCCL/Horovod negotiation and ring start-up grow with the ring, ``(P-1)`` steps each
-  paying a launch latency. Added to the ``a`` of every line of a ``P``-worker cost model.
-- ``message_overhead_per_in_flight_s`` — seconds a collective costs per *other* message waiting on
-  the same communication stream when it starts (``a2``): the coordinator negotiates every ready
-  tensor each cycle, and queued kernels contend for launch. Applied by the simulator, which knows
-  the queue (:mod:`repro.sim.contention`); planners do not see it. Together
-  ``per_message_s(P, in_flight) = a0 + a1·(P-1) + a2·in_flight`` (:meth:`Realism.per_message_s`).
-- ``copy_s_per_byte`` — seconds per byte of every message for copying gradients into and out of a
-  fusion buffer (Horovod and DDP copy every gradient into one). Added to the ``b`` of every line.
-- ``fp16_cast_s_per_byte`` — seconds per *wire* byte of a 16-bit message for casting FP32 gradients
-  down before the collective and back up after it. Added to ``b`` when a plan sends 16-bit gradients
-  (:meth:`Realism.for_wire_dtype`), so FP16 communication falls less than half.
-- ``contention`` (``overlap_slowdown``: fractional slowdown of compute while a collective is in
-  flight) — while any communication is in flight, computation runs ``1 + contention`` times
-  slower (memory bandwidth, PCIe and CPU cores shared with the communication library); the simulator
-  stretches every compute task by ``contention/(1+contention)`` of the time it overlaps
-  communication (:mod:`repro.sim.contention`).
-- ``update_s_per_byte`` — the optimizer's update, seconds per gradient byte, after the last
-  gradient is reduced (the trace's ``overheads.update_s`` when it has none measured).
-- ``compute_scale`` — every layer's forward and backward seconds are multiplied by it: set it so
-  that the trace's computation matches a measured single-device iteration
-  (:meth:`Realism.scaled_to_measured`); estimates (a V100 roofline) miss real speed by 0.7x-1.5x.
+- ``message_overhead_s`` (``a0``): seconds every collective call costs beyond the network's start-up
+  (framework hook, kernel launch, negotiation); added to every line's ``a``.
+- ``message_overhead_per_peer_s`` (``a1``): seconds per collective per worker beyond the first
+  (negotiation and ring start-up); added to the ``a`` of a ``P``-worker model as ``a1·(P-1)``.
+- ``message_overhead_per_in_flight_s`` (``a2``): seconds per collective per *other* message waiting on
+  its stream when it starts; applied by the simulator (:mod:`repro.sim.contention`), unseen by planners.
+  Together: ``per_message_s(P, in_flight) = a0 + a1·(P-1) + a2·in_flight``.
+- ``copy_s_per_byte``: seconds per message byte to copy gradients into and out of a fusion buffer;
+  added to every line's ``b``.
+- ``fp16_cast_s_per_byte``: seconds per *wire* byte of a 16-bit message to cast FP32 gradients down and
+  back; added to ``b`` when a plan sends 16-bit gradients (:meth:`Realism.for_wire_dtype`).
+- ``contention`` (``overlap_slowdown``): computation runs ``1 + contention`` times slower while any
+  communication is in flight (:mod:`repro.sim.contention`).
+- ``update_s_per_byte``: the optimizer update, seconds per gradient byte, after the last reduction
+  (when the trace has no measured ``overheads.update_s``).
+- ``compute_scale``: factor on every layer's forward and backward seconds, e.g. to match a measured
+  single-device iteration (:meth:`Realism.scaled_to_measured`).
 
-A :class:`~repro.cost.CostModel` carries a ``Realism`` (``None`` = the paper model); its lines then
-include the message overhead and copy cost (so planners plan under them), and
-:func:`repro.sim.simulate` and :func:`repro.planners.make_plan` apply the trace side
-(:meth:`Realism.apply_to_trace`). The cluster's shape (nodes x devices, intra- and inter-node
-links, flat or hierarchical all-reduce) is :mod:`repro.topology`. Never imports torch.
+A :class:`~repro.cost.CostModel` carries a ``Realism`` (``None`` = paper model) whose line terms planners
+plan under; :func:`repro.sim.simulate` and :func:`repro.planners.make_plan` apply the trace side
+(:meth:`Realism.apply_to_trace`). The cluster's shape is :mod:`repro.topology`. Never imports torch.
 """
 
 from __future__ import annotations

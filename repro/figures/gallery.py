@@ -1,48 +1,21 @@
 """The figure gallery: ``<out>/index.html`` and ``<out>/index.md`` for a results folder.
 
-``write_index(out)`` reads the manifest and what lies under ``out`` (``figures/``, ``data/``,
-``notebooks/``) and writes a page that works from the file system (relative links only, nothing
-fetched from the network) and in any browser:
+``write_index(out)`` reads the manifest and ``out/{figures,data,notebooks}`` and writes a page with
+relative links only (nothing fetched): a summary table, then per paper one card per manifest figure
+with its thumbnail, PNG, PDF, data tables (CSV), executed notebook (HTML) and, per claim shown, its verdict
+(:data:`repro.figures.claims.VERDICTS`) with our number against the paper's. Side files:
+``figures/thumbs/<stem>.png`` and ``notebooks/<name>.html``, refreshed when stale.
 
-* a summary table (id, title, scale, source, status), then one section per paper with a grid of
-  cards, one per manifest figure; a done figure's card shows its thumbnail and links to the full PNG,
-  the PDF, its data table(s) (CSV) and the executed notebook rendered as HTML; a planned figure's card
-  shows its title and notebook; a card whose paper makes a claim the figure shows carries one line per
-  claim: its verdict (:data:`repro.figures.claims.VERDICTS`: reproduced, direction only, not reproduced,
-  inconclusive, inconclusive (no interval), not testable here; or not run yet) and our
-  number against the paper's (:mod:`repro.figures.claims`; stored in the run record by the runner, or
-  computed from ``data/`` when the record has none);
-* one status word per figure (:data:`STATES`), the same words the runner prints:
+Status words (:data:`STATES`, the runner's too): ``done`` (its notebook finished a run in this folder
+and the PNG decodes, the PDF is complete and the sidecar is there), ``planned`` (no notebook makes it
+yet), ``failed`` (ran, figure not whole), ``interrupted`` (the run record says so, or an executed copy
+has no run record), ``missing`` (done in the manifest, not run in this folder).
 
-  ``done``     its notebook finished a run in this folder (a run record, or papermill's end time in the
-               executed copy) and the figure is whole: the PNG decodes, the PDF is complete and the
-               sidecar (written last) is there;
-  ``planned``  the manifest says planned: no notebook makes it yet;
-  ``failed``   its notebook ran in this folder but the figure is not whole;
-  ``interrupted`` its notebook's run here was stopped before it made the figure: the run record says
-               ``interrupted`` (the runner's Ctrl-C, exit status 130), or there is an executed copy
-               without a run record (the runner itself was stopped part-way);
-  ``missing``  done in the manifest, but its notebook has not run in this folder.
-
-Side files it writes: ``figures/thumbs/<stem>.png`` (downscaled copies, refreshed when the figure is
-newer) and ``notebooks/<name>.html`` (nbconvert of the executed notebook, refreshed when stale).
-
-**Which tables a figure is drawn from** (:func:`figure_tables`), first rule that gives a table wins:
-
-1. ``tables`` in the figure's sidecar (``figures/<stem>.json``): table names (``mgwfbp_timeline``,
-   ``mgwfbp_timeline.csv`` or ``data/mgwfbp_timeline.csv``), as ``save_figure`` may record them;
-2. the tables written by the figure's notebook whose name is the figure's stem or starts with
-   ``<stem>_`` (``mgwfbp_optimal_gap`` and ``mgwfbp_optimal_gap_summary`` for ``mgwfbp.optimal_gap``);
-3. every table written by the figure's notebook (the card then says "tables of <notebook>").
-
-With rule 2 the card also lists, folded away, the notebook's other tables: a figure may be drawn from
-more than the tables named like it (paper values, reference lines) until its sidecar says which.
-
-"Written by the notebook" is what the runner recorded in the notebook's run record
-(``notebooks/<name>.run.json``: the ``data/*.csv`` files created or changed while it ran). Without a
-record (a notebook executed by hand with papermill into ``notebooks/``), it is the tables whose
-``data/<name>.json`` time (``environment.time_utc``, from :func:`repro.tables.write_table`) falls within
-the executed notebook's papermill start and end times.
+Which tables a figure is drawn from (:func:`figure_tables`), first rule that gives one wins: (1) the
+sidecar's ``tables``; (2) the tables its notebook wrote named ``<stem>`` or ``<stem>_*`` (the card
+also lists the notebook's others, folded); (3) every table its notebook wrote. "Wrote" is the run
+record's list (``notebooks/<name>.run.json``), else, for a notebook run by hand with papermill, the
+tables whose ``data/<name>.json`` time falls between the executed copy's start and end times.
 """
 
 from __future__ import annotations

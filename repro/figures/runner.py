@@ -2,36 +2,25 @@
 
 ``python -m repro.figures run --out results`` (what ``make figures`` does):
 
-1. reads the manifest (``notebooks/figures.yaml``) and picks every notebook with a ``done`` figure
-   (or those named by ``--only``: a figure id, a stem, a notebook or a paper prefix);
-2. checks that the Jupyter kernel (``repro``, registered by ``make install``) exists and can import
-   ``repro``, else stops with one line saying how to register it;
-3. executes each notebook once with papermill on that kernel (working directory = the notebooks
-   folder) with the parameters ``output_dir = <out>/figures``, ``results_dir = <out>/data``,
-   ``scale = "tiny"`` plus any ``--parameters-json`` (each notebook gets the ones its ``parameters``
-   cell declares; one that no notebook to run declares is refused before anything runs); executed
-   copies go to ``<out>/notebooks/``, with
-   ``<name>.html`` (nbconvert) and ``<name>.run.json`` (status, seconds, error, tables written) beside
-   them; while a notebook runs, a line every 30 s says how long it has been running and which cell;
-   the run record also holds ``claims``: per figure, the verdicts of the papers' claims it shows,
-   computed from the tables just written (:mod:`repro.figures.claims`);
-4. checks that every declared figure of those notebooks is whole in ``<out>/figures/`` (the PNG
-   decodes, the PDF is complete, the sidecar is there) and prints one line per figure: id, status
-   (done | failed), file; a notebook stopped by Ctrl-C gets the run record status ``interrupted``;
-5. writes the gallery ``<out>/index.html`` and ``<out>/index.md`` (:mod:`repro.figures.gallery`).
+1. reads the manifest (``notebooks/figures.yaml``) and picks every notebook with a ``done`` figure (or
+   those named by ``--only``: a figure id, a stem, a notebook or a paper prefix);
+2. checks that the ``repro`` Jupyter kernel exists and imports ``repro`` (else one line on how to
+   register it);
+3. executes each notebook once in the notebooks folder with ``output_dir = <out>/figures``,
+   ``results_dir = <out>/data``, ``scale = "tiny"`` and its share of ``--parameters-json``; writes the
+   executed copy, ``<name>.html`` and the run record ``<name>.run.json`` (status, seconds, error, tables
+   written, claim verdicts from :mod:`repro.figures.claims`) to ``<out>/notebooks/``, with a progress
+   line every 30 s;
+4. checks every declared figure is whole in ``<out>/figures/`` (PNG decodes, PDF complete, sidecar
+   there) and prints one line per figure: id, status, file;
+5. writes the gallery (:mod:`repro.figures.gallery`).
 
-Every option is checked before anything is deleted, written or started, the parameters included: each
-selected notebook's share of ``--parameters-json`` goes through that notebook's schema
-(:mod:`repro.figures.schemas`, what its first code cell applies), so ``{"steps": -1}`` stops the run
-before any kernel starts. Bad input (an option, a parameter, the manifest, the kernel, ``--out``) is one
-line and exit status 2; a run that fails (a notebook, a figure) exits with 1. ``--out`` must be a
-writable folder (or one that can be created), and a lock file (``<out>/.repro-figures.lock``) refuses a second runner into the same
-folder. Ctrl-C ends a run with one line, ``repro.figures: interrupted``, and status 130: the notebook's
-kernel is killed, not asked to shut down (see :func:`_engine`), and its run record and the gallery say
-``interrupted``. ``index`` rebuilds only the gallery;
-``list`` prints the manifest. Status words are the same everywhere: ``done`` and ``planned`` in the
-manifest; ``done``, ``planned``, ``failed``, ``interrupted`` and ``missing`` in the run records and the gallery (see
-:data:`repro.figures.gallery.STATES`).
+Everything is checked before anything is deleted, written or started, each notebook's parameters
+against its schema (:mod:`repro.figures.schemas`) included. Exit status: 2 and one line for bad input
+(an option, a parameter, the manifest, the kernel, ``--out``); 1 when a notebook or figure fails; 130
+on Ctrl-C (the kernel is killed, see :func:`_engine`; records say ``interrupted``). A lock file
+(``<out>/.repro-figures.lock``) refuses a second runner into the same folder. ``index`` rebuilds only
+the gallery; ``list`` prints the manifest. Status words: :data:`repro.figures.gallery.STATES`.
 """
 
 from __future__ import annotations

@@ -1,35 +1,21 @@
 """One plotting convention for every figure of the project.
 
-Call :func:`use_style` once at the top of a notebook. Every scheduler — of the four papers, the
-baselines, published ("paper") values and the ideal ("linear") reference — has one fixed
-:class:`SchedulerStyle`: a colour from a colour-blind-safe palette (seaborn's ``"colorblind"``,
-i.e. Okabe-Ito, plus three of Paul Tol's muted colours, hard-coded here), a marker, a line style, a
-display name and a drawing order. Within one paper's family the colours are distinct, and every
-(colour, marker) pair is unique across all names, so a scheduler looks the same in every figure::
+Call :func:`use_style` once at the top of a notebook. Every scheduler (the four papers', the baselines,
+published "paper" values and the ideal "linear" reference) has one fixed :class:`SchedulerStyle`: a
+colour from a colour-blind-safe palette (Okabe-Ito plus three of Paul Tol's muted colours), a marker, a
+line style, a display name and a drawing order; every (colour, marker) pair is unique, so a scheduler
+looks the same in every figure::
 
     ax.plot(p, speedup, **scheduler_style("mgwfbp"))      # color, label, linestyle, marker, zorder
 
-The rules every figure follows (helpers below):
-
-* **Paper values on top**: :func:`paper_marker_style` draws published numbers as large hollow
-  diamonds edged in the scheduler's colour, above everything else (``zorder`` :data:`PAPER_ZORDER`),
-  so a simulated point of the same colour stays visible inside them.
-* **Coinciding curves stay visible**: schedulers differ in line style and marker as well as colour;
-  the exact optimum is drawn dotted above the others; :func:`coinciding_lines` finds curves that lie
-  on each other and :func:`add_note` writes that on the figure.
-* **Legends never cover data**: :func:`legend_below` (one legend for the figure, under the axes) or
-  :func:`legend_outside` (right of one axes).
-* **Bounded aspect ratios**: :func:`panel_figsize` sizes small multiples; :data:`MAX_ASPECT` is what
-  :func:`repro.figures.save.save_figure` accepts.
-* **Gaps between measured and predicted are said on the figure**: :func:`gap_lines` computes
-  measured ÷ predicted for each pair a figure draws and returns a line for every one more than
-  :data:`GAP_FACTOR` apart (either way), with its known reason; :func:`add_gap_note` writes them under
-  a figure's axes (so no such gap stays uncommented).
-* **Oversubscribed measurements** (more ranks than CPU cores) are marked with
-  :func:`mark_oversubscribed` (a black ring around the point) or :data:`OVERSUBSCRIBED_HATCH` on bars,
-  with :func:`oversubscribed_handle` as their legend entry.
-
-Unknown names get a deterministic colour (a hash into the palette) and are displayed as given.
+Rules every figure follows: paper values as hollow diamonds on top (:func:`paper_marker_style`,
+:data:`PAPER_ZORDER`); coinciding curves kept visible by line style and marker, and said on the figure
+(:func:`coinciding_lines`, :func:`add_note`); legends never over data (:func:`legend_below`,
+:func:`legend_outside`); bounded aspect ratios (:func:`panel_figsize`, :data:`MAX_ASPECT`); every
+measured ÷ predicted gap beyond :data:`GAP_FACTOR` either way written under the axes with its reason
+(:func:`gap_lines`, :func:`add_gap_note`); oversubscribed measurements (more ranks than CPU cores)
+ringed (:func:`mark_oversubscribed`) or hatched (:data:`OVERSUBSCRIBED_HATCH`), with
+:func:`oversubscribed_handle` as legend entry. Unknown names get a deterministic colour.
 """
 
 from __future__ import annotations

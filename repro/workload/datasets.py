@@ -1,25 +1,20 @@
 """Datasets for training runs, and a loader that shards them over data-parallel ranks.
 
-Nothing is downloaded; real datasets are read from ``data/datasets/`` of the checkout (see
-:func:`repro.paths.data_dir`; set ``REPRO_DATA_DIR`` to read them from elsewhere) and a missing one raises
-:class:`DatasetNotFoundError` saying which file was looked for, what layout to put there and where
-to get it.
+Nothing is downloaded: real datasets are read from ``data/datasets/`` (:func:`repro.paths.data_dir`;
+``REPRO_DATA_DIR`` overrides it), and a missing one raises :class:`DatasetNotFoundError` naming the file,
+the layout and where to get it. :func:`get_dataset` builds any by name:
 
-* :func:`synthetic`: a fixed list of random batches from the model registry, for throughput runs.
-* :func:`digits`: scikit-learn's 8x8 handwritten digits (shipped with scikit-learn), resized to
-  3x32x32 so the tiny CNNs train on it: the real dataset for tiny-scale convergence runs.
-* :func:`cifar10`: CIFAR-10 in its standard binary layout, ``data/datasets/cifar10/cifar-10-batches-bin/``.
-* :func:`imagenet`: an ImageNet folder, ``data/datasets/imagenet/{train,val}/<class>/<image>``.
-* :func:`ptb`: Penn Treebank (word level), ``data/datasets/ptb/ptb.{train,valid,test}.txt``.
-* :func:`pydoc`: English text that ships with Python (the help topics of ``pydoc_data.topics``), word
-  level like PTB: the real text for tiny-scale language-model runs when PTB is not there.
+* :func:`synthetic`: fixed random batches from the model registry, for throughput runs;
+* :func:`digits`: scikit-learn's 8x8 digits resized to 3x32x32 (tiny-scale convergence runs);
+* :func:`cifar10`: ``cifar10/cifar-10-batches-bin/`` (the standard binary layout);
+* :func:`imagenet`: ``imagenet/{train,val}/<class>/<image>``;
+* :func:`ptb`: Penn Treebank, word level, ``ptb/ptb.{train,valid,test}.txt``;
+* :func:`pydoc`: English text shipped with Python (``pydoc_data.topics``), word level, when PTB is absent.
 
-:func:`get_dataset` builds any of them by name. :func:`make_loader` wraps a dataset in a
-``DataLoader`` whose ``DistributedSampler`` gives rank ``rank`` of ``world_size`` its shard; rank and
-world size are explicit, so no process group is needed::
+:func:`make_loader` gives rank ``rank`` of ``world_size`` its shard (a ``DistributedSampler``; no
+process group needed)::
 
-    train = get_dataset("digits", split="train")
-    loader = make_loader(train, 32, rank=rank, world_size=world_size, seed=0)
+    loader = make_loader(get_dataset("digits", split="train"), 32, rank=rank, world_size=world_size, seed=0)
     for epoch in range(epochs):
         loader.sampler.set_epoch(epoch)      # a new shuffle every epoch, the same on every rank
         for inputs, targets in loader:

@@ -2,47 +2,26 @@
 
 Every trace produced here is an ESTIMATE, labelled as such: ``device`` reads e.g.
 ``"V100 (estimate)"`` and ``extra`` holds ``{"estimate": True, "source": "estimate", "gpu": ...,
-"assumptions": {...}}``. Use it for paper-scale simulation on hardware we do not have; prefer a
-measured trace (:func:`repro.workload.profile.profile_model`) whenever the hardware is at hand.
+"assumptions": {...}}``. Prefer a measured trace (:func:`repro.workload.profile.profile_model`) when the
+hardware is at hand.
 
-Method:
+Method: build the model on the meta device and run one training forward + backward on a synthetic batch
+under a ``TorchDispatchMode`` that sees every ATen operator. Per operator, FLOPs come from
+``torch.utils.flop_counter``'s formulas (a multiply-add is 2 FLOPs) and bytes are its tensor inputs and
+outputs (views and allocations are free); backward operators are the real backward kernels. Seconds::
 
-1. Build the model on the meta device (shapes only) and run one training forward + backward on a
-   synthetic batch under a ``TorchDispatchMode`` that sees every ATen operator ("kernel").
-2. Per operator: FLOPs from the formulas ``torch.utils.flop_counter`` uses (``flop_registry``:
-   matmuls, convolutions and their backward, attention; a multiply-add counts as 2 FLOPs), bytes
-   moved = sizes of its tensor inputs and outputs (broadcast dimensions counted once). Views and
-   allocations are free. Backward operators are the real backward kernels (e.g.
-   ``convolution_backward``), so their FLOPs and bytes (about twice the forward's) come out of the
-   same accounting.
-3. Roofline per operator::
+    seconds = max(flops / (peak_flops * COMPUTE_EFFICIENCY),
+                  bytes / (memory_bandwidth * MEMORY_EFFICIENCY)) + KERNEL_OVERHEAD_S
 
-       seconds = max(flops / (peak_flops * COMPUTE_EFFICIENCY),
-                     bytes / (memory_bandwidth * MEMORY_EFFICIENCY)) + KERNEL_OVERHEAD_S
+with the peak of the operator's kind and dtype (:func:`_op_kind`): 16-bit convolutions and matmuls on
+tensor cores (times :data:`TENSOR_CORE_EFFICIENCY`), float32 matmuls on CUDA cores, float32
+convolutions on TF32 tensor cores where the GPU has them (PyTorch's default), every other operator
+memory-bound. ``amp=True`` (the default) models autocast with float32 master weights: activations
+16-bit, the ops autocast keeps in float32 (:data:`_AUTOCAST_FP32_OPS`) 4-byte, and each weight cast to
+16 bits in forward and its gradient back in backward; ``amp=False`` models pure 16-bit training.
 
-   with the peak of the operator's kind and dtype (:func:`_op_kind`): convolutions and matmuls of
-   ``"float16"``/``"bfloat16"`` run on tensor cores (the 16-bit tensor peak times the kind's
-   :data:`TENSOR_CORE_EFFICIENCY`); ``"float32"`` matmuls on CUDA cores (fp32 peak times
-   ``COMPUTE_EFFICIENCY``), ``"float32"`` convolutions on TF32 tensor cores where the GPU has them
-   (PyTorch's default, ``torch.backends.cudnn.allow_tf32 = True``), else on CUDA cores; every other
-   operator is memory-bound at the bandwidth, with its elements' real sizes.
-
-   Half precision is modelled as PyTorch autocast with float32 master weights (``amp=True``, the
-   default; what the project's ``--amp fp16``/``bf16`` training does): activations and their
-   gradients are 16-bit, the operators autocast keeps in float32 (softmax, log-softmax, layer/group
-   norm, the losses, ...; :data:`_AUTOCAST_FP32_OPS`) move 4-byte elements, and every convolution
-   or linear weight and bias is cast to 16 bits once in forward and its gradient back to float32
-   once in backward (one memory-bound kernel each, 2 + 4 bytes per element). ``amp=False`` models
-   pure 16-bit training instead (no casts, everything 16-bit).
-4. These seconds advance a virtual clock read by the same hooks the profiler uses
-   (:mod:`repro.workload.profile`): forward time is the gap between ends of parameter-owning modules (so
-   parameterless work, e.g. ReLU or pooling, is charged to the next parameter-owning module in
-   forward order, and the loss to the last one); backward time is the gap between gradients
-   becoming ready (so parameterless backward work is charged to the preceding parameter-owning
-   module in forward order). Layers come in reverse gradient-ready order. A trace from here is
-   therefore read exactly like a measured one.
-
-The totals are cross-checked against ``FlopCounterMode`` (:func:`count_flops`) in the tests.
+The seconds advance a virtual clock read by the profiler's hooks (:mod:`repro.workload.recording`), so
+time is charged to layers exactly as in a measured trace (:mod:`repro.workload.profile`).
 """
 
 from __future__ import annotations

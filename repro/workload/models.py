@@ -6,28 +6,21 @@ Every model is built from code with random weights (nothing is downloaded)::
     inputs, targets = make_batch("resnet50", 32)
     loss = compute_loss("resnet50", model, inputs, targets)
 
-A :class:`ModelSpec` per name records where the model comes from, its default input size and the
-per-GPU batch size the papers used. ``family`` selects how batches and losses are made:
+A :class:`ModelSpec` per name records the model's source, default input size and the papers' per-GPU
+batch size. ``family`` selects batches and losses:
 
-* ``"vision"``: image classifier; inputs ``(B, C, H, W)`` float, targets ``(B,)`` class ids;
-  loss = cross-entropy. Keyword arguments: ``num_classes`` (model and targets), ``image_size``
-  (batch only; an int or ``(H, W)``).
-* ``"bert"``: ``BertForPreTraining``; inputs a dict (``input_ids``, ``token_type_ids``; no
-  ``attention_mask`` since nothing is padded), targets a dict (``labels`` for masked-LM, -100 at
-  unmasked positions; ``next_sentence_label``); loss = masked-LM + next-sentence prediction on
-  synthetic tokens. Keyword argument: ``seq_len`` (default 64 for BERT-Base/Large as in the DeAR
-  paper, 32 for tiny_bert).
-* ``"lm"``: word-level LSTM language model (:class:`LSTMLanguageModel`); inputs ``(B, S)`` token
-  ids, targets ``(B, S)`` the next token at every position (the synthetic batch is one random
-  stream of ``S + 1`` tokens per row, shifted by one); loss = cross-entropy over all ``B * S``
-  positions. Every batch starts from a zero hidden state: truncated-BPTT state carrying between
-  batches is not implemented (it changes neither the layers nor the gradient sizes the schedulers
-  see). Keyword arguments: ``seq_len`` (default 35 for lstm_ptb, 16 for tiny_lstm),
-  ``num_classes`` (vocabulary size, model and tokens; e.g. ``len(dataset.vocab)`` of
-  :func:`repro.workload.datasets.ptb`) and ``dropout`` (model only).
+* ``"vision"``: inputs ``(B, C, H, W)`` float, targets ``(B,)`` class ids, cross-entropy. Keywords:
+  ``num_classes``, ``image_size`` (batch only; an int or ``(H, W)``).
+* ``"bert"``: ``BertForPreTraining``; inputs ``{input_ids, token_type_ids}`` (no padding, so no
+  ``attention_mask``), targets ``{labels`` (-100 at unmasked positions), ``next_sentence_label}``;
+  masked-LM + next-sentence loss. Keyword: ``seq_len`` (64 for BERT-Base/Large as in DeAR, 32 tiny).
+* ``"lm"``: word-level LSTM (:class:`LSTMLanguageModel`); inputs and targets ``(B, S)`` token ids,
+  targets shifted by one; cross-entropy over all ``B * S`` positions; every batch starts from a zero
+  hidden state (no truncated-BPTT carry; it changes no layer or gradient size). Keywords: ``seq_len``
+  (35 for lstm_ptb, 16 tiny), ``num_classes`` (vocabulary size), ``dropout`` (model only).
 
-The same keyword arguments may be given to :func:`build_model`, :func:`make_batch` and
-:func:`compute_loss`; each uses the ones it needs, so callers (profiler, estimator) can pass one dict.
+:func:`build_model`, :func:`make_batch` and :func:`compute_loss` take the same keywords and each uses
+the ones it needs, so callers can pass one dict.
 """
 
 from __future__ import annotations

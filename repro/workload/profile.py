@@ -1,42 +1,21 @@
 """Measure a model's per-layer forward/backward times on the local device and return a Trace.
 
-Method (the simulator's model of backward, measured directly):
+How time is charged to layers (the simulator's model of backward, measured directly):
 
-* Backward: ``Tensor.register_post_accumulate_grad_hook`` stamps the clock when each parameter's
-  gradient is ready. A layer's ``backward_s`` is the gap between its gradient becoming ready and
-  the previous gradient becoming ready (the first one: from the start of ``loss.backward()``), so
-  ``sum(backward_s[l:])`` is when layer ``l``'s gradient is ready. Computation of parameterless
-  operations (activations, pooling, the loss) is thereby charged to the next layer whose gradient
-  completes, i.e. to the preceding parameter-owning layer in forward order.
-* Layer order is the reverse of the observed gradient-ready order: the "forward order" the
-  simulator assumes (the true forward order for sequential networks).
-* Forward: module forward hooks stamp the clock when each module that directly owns parameters
-  finishes. A module's ``forward_s`` is the gap since the previous such stamp (the first one:
-  from the start of the forward), so parameterless work before a module is charged to it; the
-  tail after the last stamp (e.g. the loss) is added to the last module that finished. A module
-  that runs several times gets the sum. ``sum(forward_s)`` is the whole forward including the loss.
+* Backward: a post-accumulate-grad hook stamps the clock when each parameter's gradient is ready;
+  ``backward_s`` is the gap since the previous gradient (the first: since ``loss.backward()`` began),
+  so ``sum(backward_s[l:])`` is when layer ``l``'s gradient is ready and parameterless backward work is
+  charged to the preceding parameter-owning layer in forward order. Layers are in the reverse of the
+  observed gradient-ready order (the true forward order for sequential networks).
+* Forward: hooks stamp the end of each module that directly owns parameters; ``forward_s`` is the gap
+  since the previous stamp (the tail, e.g. the loss, goes to the last module; repeated runs add up).
 
-Views: ``"tensor"`` has one layer per parameter tensor (name = parameter's qualified name; a module's
-forward time goes to its first tensor in trace order, 0 to the others); ``"module"`` has one layer
-per module that directly owns parameters (name = module's qualified name, parameters summed; the
-module's gradient is ready when its last tensor's is). Tied parameters count once, for the first
-module that owns them. Reported times are per-layer medians over ``iters`` timed iterations after
-``warmup`` untimed ones.
-
-Precision: ``autocast="bfloat16"`` (or ``"float16"``) runs each forward and its loss under
-``torch.autocast`` of the device type with that dtype (mixed precision: parameters and gradients stay
-in their own dtype; backward runs outside the autocast region, as PyTorch recommends); ``None`` (the
-default) is the parameters' own precision. The trace records it as ``extra["precision"]`` (the
-parameters' dtype, e.g. ``"float32"``, or ``"autocast-bfloat16"`` / ``"autocast-float16"``); on CUDA it
-also records whether TF32 was allowed for matmuls and cuDNN convolutions (``extra["tf32"]``), which
-decides how fast "fp32" runs on tensor cores.
-
-Timing: ``time.perf_counter`` on CPU. On CUDA the hooks record ``torch.cuda.Event`` s and the host
-synchronizes once per iteration, never inside a hook.
-
-The event machinery lives in :mod:`repro.workload.recording` and is shared with
-:mod:`repro.workload.estimate`, which runs it on the meta device with a virtual clock, so estimates
-follow the same convention.
+Views: ``"tensor"``, one layer per parameter tensor (a module's forward time on its first tensor, 0 on
+the others); ``"module"``, one per parameter-owning module (gradient ready with its last tensor). Tied
+parameters count once (first owner). ``extra["precision"]``: the parameters' dtype or
+``"autocast-<dtype>"``; on CUDA ``extra["tf32"]``: whether TF32 was allowed. Clock: ``time.perf_counter`` on CPU; on
+CUDA, ``torch.cuda.Event`` s with one host synchronization per iteration, never inside a hook. The
+same recording (:mod:`repro.workload.recording`) drives :mod:`repro.workload.estimate`.
 """
 
 from __future__ import annotations
@@ -134,44 +113,31 @@ def profile_model(model: str | nn.Module | None = None, batch_size: int | None =
 
     Two ways to name the model:
 
-    * **A registry name** with a batch size, ``profile_model("resnet50", 32, device="cpu")`` (``model_name=``
-      is accepted for the name too). ``model_kwargs`` go to :func:`repro.workload.models.build_model` /
-      :func:`~repro.workload.models.make_batch` (e.g. ``seq_len`` for BERT). The model is built with random
-      weights (seeded by ``seed``, which seeds torch's global generator) and trained on one synthetic batch.
-      ``device`` defaults to ``"cpu"``.
-    * **Any** :class:`torch.nn.Module` with an example batch and a loss,
+    * **A registry name** (or ``model_name=``) with a batch size, ``profile_model("resnet50", 32)``:
+      built with random weights seeded by ``seed`` (torch's global generator) and trained on one
+      synthetic batch; ``model_kwargs`` go to :func:`repro.workload.models.build_model` /
+      :func:`~repro.workload.models.make_batch` (e.g. ``seq_len``). ``device`` defaults to ``"cpu"``.
+    * **Any** :class:`torch.nn.Module` with ``batch=(x, y)`` and ``loss_fn``, e.g.
       ``profile_model(module, batch=(x, y), loss_fn=nn.functional.cross_entropy, device="cuda")``.
-      ``x`` is what the module takes (``module(x)``): a tensor, or a tuple/list/dict holding tensors when
-      ``loss_fn`` calls the module itself; ``y`` the targets (anything ``loss_fn`` takes). Tensors in the
-      batch (also inside tuples, lists and dicts) are copied to ``device``. ``loss_fn`` is either
-      ``loss_fn(output, y)`` (the PyTorch losses' convention: ``output = module(x)``) or
-      ``loss_fn(module, x, y)`` (any call of the module, e.g. keyword inputs), told apart by its number of
-      required positional parameters (3: the second form; 2, or a signature that cannot be read: the
-      first); it returns a scalar tensor. ``loss_fn=None`` is cross-entropy on ``module(x)`` (logits
-      against integer class targets). The trace's model name is the module's class name unless ``name``
-      is given; its batch size is the size of the first dimension of ``x`` (of its first tensor, for a
-      tuple, list or dict); ``batch_size``, if given, must agree. ``device=None`` measures where the
-      module's parameters are; another device moves the module there **in place** (``module.to``),
-      and it stays there. The module is put in train mode for the measurement and given back in its
-      former mode with its former ``.grad`` tensors and buffers (e.g. batch-norm running statistics);
-      its parameters are not changed (no optimizer step).
-      ``seed`` seeds torch's generators inside a forked RNG state (dropout, ...), so the caller's random
-      state is left as it was. ``model_kwargs`` do not apply (refused).
+      ``x`` is a tensor, or a tuple/list/dict of tensors; tensors are copied to ``device``. ``loss_fn``
+      is ``loss_fn(output, y)`` with ``output = module(x)``, or ``loss_fn(module, x, y)`` (told apart by
+      its required positional parameters: 3, the second; else the first) and returns a scalar;
+      ``None`` is cross-entropy on ``module(x)``. Name: the class name unless ``name``; batch size:
+      the first dimension of ``x`` (of its first tensor), which ``batch_size`` must match if given.
+      ``device=None`` measures where the parameters are; another device moves the module there **in
+      place**. Train mode, ``.grad`` tensors and buffers are restored afterwards; parameters are not
+      changed. ``seed`` seeds a forked RNG state, so the caller's is untouched. ``model_kwargs`` are
+      refused.
 
-    ``autocast`` (both ways): ``"bfloat16"`` or ``"float16"`` measures mixed precision, each forward and
-    its loss under ``torch.autocast(device type, dtype)`` (no GradScaler: the loss is not scaled, which
-    changes no kernel's duration); ``None``, the parameters' own precision. Recorded as
-    ``extra["precision"]``; the trace's ``dtype`` (of the gradients) stays the parameters'.
+    ``autocast``: ``"bfloat16"`` or ``"float16"`` runs each forward and its loss under
+    ``torch.autocast`` (no GradScaler, which changes no kernel's duration), recorded in
+    ``extra["precision"]``; ``None``, the parameters' own precision.
 
-    Units and assumptions (both ways): times in seconds, per layer, medians over ``iters`` timed
-    iterations after ``warmup`` untimed ones (one forward with the loss and one backward each, gradients
-    reset to ``None`` before each, no optimizer step); gradient sizes in bytes of the parameters' own
-    dtype (the trace's ``dtype``: the parameters' dtype, ``"mixed"`` if they differ). Only parameters with
-    ``requires_grad`` count (frozen ones are not layers); a module without any is refused. Layer order
-    is the reverse of the observed gradient-ready order (the forward order for sequential networks),
-    and parameters that never receive a gradient sit first with zero backward time (see the module
-    docstring for how time between parameter-owning modules is charged). The batch is reused every
-    iteration, so data loading is not measured.
+    Units: seconds per layer, medians over ``iters`` timed iterations after ``warmup`` untimed ones (a
+    forward with the loss and a backward each, gradients reset to ``None``, no optimizer step, the batch
+    reused, so data loading is not measured); gradient sizes in bytes of the parameters' dtype (the
+    trace's ``dtype``, ``"mixed"`` if they differ). Only ``requires_grad`` parameters are layers (a
+    module without any is refused); parameters that never get a gradient sit first with zero backward.
     """
     if model is None:
         model = model_name

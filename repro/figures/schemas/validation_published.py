@@ -15,7 +15,7 @@ class ValidationPublishedParams(NotebookParams):
 
     scale: Scale = "tiny"
     refit: Bool = False
-    # least-squares evaluations per start: 60 refits in about 15 min on 2 cores; 10,000 would take days
+    # least-squares function evaluations per start (only with refit); the cost of a refit grows with it
     max_nfev: Int = Field(60, ge=5, le=10_000)
     output_dir: PathParam = "results/figures"
     results_dir: PathParam = "results/data"
