@@ -1,26 +1,21 @@
 """Collective communication cost models: seconds for a message of n bytes among P workers.
 
-A :class:`CostModel` holds one :class:`Linear` (``a + b * n``) per collective for a fixed worker
-count P. Byte conventions (``n`` is always the argument of the collective's method):
+A :class:`CostModel` holds one :class:`Linear` (``a + b * n`` seconds) per collective for a fixed
+worker count P. ``n`` is always the argument of the collective's method:
 
-- ``allreduce_s(n)``: n = bytes of the tensor being reduced (every worker holds n bytes).
-- ``reduce_scatter_s(n)``, ``allgather_s(n)``: n = bytes of the *full* tensor (each worker ends
-  with / starts from n / P bytes). A ring all-reduce is a reduce-scatter followed by an all-gather.
-- ``sparse_allgather_s(n)``: n = bytes each worker contributes (values + indices); every worker
-  receives P * n bytes. Its line is stored in terms of the gathered bytes P * n, as in OMGS-SGD's
-  ``T_ag(m) = a + b * m * P``.
+- ``allreduce_s(n)``: bytes of the tensor reduced (every worker holds n bytes);
+- ``reduce_scatter_s(n)``, ``allgather_s(n)``: bytes of the *full* tensor (each worker ends with /
+  starts from n / P); a ring all-reduce is one of each;
+- ``sparse_allgather_s(n)``: bytes each worker contributes (values + indices); its line is in the
+  gathered bytes P * n, as OMGS-SGD's ``T_ag(m) = a + b * m * P``;
 - ``push_s(n)``, ``pull_s(n)``: one worker's n-byte message to (from) a parameter server, alone on the link.
 
-A model may also carry the device's **top-k selection** cost, ``topk_s(d) = gamma * d * log2(d)``
-seconds for d elements (OMGS-SGD's ``t_spar``; ``topk_gamma_s``), fitted by :func:`fit_topk_gamma`
-from measured top-k times. It is computation, not communication, but it is what sparse planners and
-the sparse simulator need beside the all-gather line, so it travels with the cost model.
-
-Models come from (a) direct fitted lines (:meth:`CostModel.linear`), (b) per-hop alpha, beta,
-gamma and a collective algorithm (:meth:`CostModel.from_alpha_beta`), (c) least squares over
-measured (bytes, seconds) pairs (:func:`fit_linear`, :meth:`CostModel.fit`), (d) named presets
-holding published fits (:func:`repro.presets.preset`, a module above this one). This module never
-imports torch.
+It may carry the device's top-k cost, ``topk_s(d) = gamma * d * log2(d)`` seconds for d elements
+(``topk_gamma_s``, OMGS-SGD's ``t_spar``; :func:`fit_topk_gamma`), which sparse planners need beside
+the all-gather line. Sources: fitted lines (:meth:`CostModel.linear`), per-hop alpha, beta, gamma and
+an algorithm (:meth:`CostModel.from_alpha_beta`), least squares over measured (bytes, seconds)
+(:func:`fit_linear`, :meth:`CostModel.fit`), or presets (:func:`repro.presets.preset`). Never imports
+torch.
 """
 
 from __future__ import annotations

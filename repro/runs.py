@@ -1,30 +1,21 @@
 """Run folders: the one module that writes and reads them.
 
-A run (one model, one scheduler, one world size; see :mod:`repro.train`) leaves a folder
-``<results_dir>/<run_id>/`` with:
+A run (one model, one scheduler, one world size; :mod:`repro.train`) leaves ``<results_dir>/<run_id>/``:
+``run.json`` (config, summary, environment; always, written last), ``iterations.csv`` (per-step seconds
+and loss), ``epochs.csv`` (per-epoch loss and accuracy, convergence runs), ``buckets.csv`` (measured
+per-message timeline of the last step, ``--record-timeline``), ``trace.json`` (measured in the warm-up,
+plan schedulers), ``trace_inrun.json`` (measured during the timed steps under the run's own schedule),
+``plan.json`` (the plan executed) and ``cost.json`` (the cost model the plan was solved with).
 
-- ``run.json``: config, summary and environment (always; written last);
-- ``iterations.csv``: per-step seconds and loss;
-- ``epochs.csv``: per-epoch losses and accuracy (convergence runs);
-- ``buckets.csv``: measured per-message timeline of the last step (``--record-timeline``);
-- ``trace.json``: the trace measured in the warm-up (plan schedulers);
-- ``trace_inrun.json``: the trace measured during the timed steps under the run's own schedule;
-- ``plan.json``: the plan executed;
-- ``cost.json``: the cost model the plan was solved and predicted with.
+While a convergence run trains, ``<run_id>.incomplete/`` holds ``epochs.csv`` of the completed epochs
+and ``progress.json``, each replaced atomically per epoch (:func:`load_progress`); it has no
+``run.json`` and is removed when the run folder is written.
 
-``<results_dir>/<run_id>.incomplete/`` holds the progress of a convergence run while it trains
-(``epochs.csv`` of the completed epochs and ``progress.json``, each replaced atomically after every
-epoch): a run stopped part-way leaves its completed epochs readable (:func:`load_progress`); it is
-removed when the run folder is written. It has no ``run.json``, so readers of runs never mistake it for
-a finished run.
-
-Guarantees: a run folder appears only complete (everything is written into a hidden temporary folder
-beside it, which is renamed into place at the end; a killed writer leaves only a ``.<id>.partial-*``
-folder, which readers ignore); an existing run id is refused unless ``overwrite=True``, and then the
-old folder is replaced whole (never mixed with the new run's files); a run id is one path component
-(no separators, no ``..``). Readers return typed objects (:class:`~repro.trace.Trace`,
-:class:`~repro.plan.Plan`, :class:`~repro.cost.CostModel`). Never imports torch (pandas only when a
-table is read or written).
+Guarantees: a run folder appears only complete (written into a hidden ``.<id>.partial-*`` folder, which
+readers ignore, and renamed into place); an existing run id is refused unless ``overwrite=True``, which
+replaces the old folder whole; a run id is one path component. Readers return typed objects
+(:class:`~repro.trace.Trace`, :class:`~repro.plan.Plan`, :class:`~repro.cost.CostModel`). Never imports
+torch (pandas only for tables).
 """
 
 from __future__ import annotations

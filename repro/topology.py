@@ -1,26 +1,21 @@
 """A hierarchical cluster: nodes of several devices, a fast link inside a node, the network between.
 
-Clusters are not flat. With ``devices_per_node`` devices per node, a job of P workers fills nodes in
-order (P <= devices_per_node: one node; above: ``ceil(P / devices_per_node)`` nodes), and its
-collectives cross two kinds of link, each a per-message start-up ``alpha_s`` and a per-byte
-``beta_s_per_byte`` (:class:`Link`). :meth:`Topology.cost_model` turns that into the per-collective
-lines of a :class:`~repro.cost.CostModel` for P workers, so every family's planner and simulator can
-use it unchanged. The all-reduce algorithm across both levels is a parameter:
+A job of P workers fills nodes of ``devices_per_node`` in order (``ceil(P / devices_per_node)`` nodes);
+its collectives cross two kinds of :class:`Link`, each a per-message start-up ``alpha_s`` and a per-byte
+``beta_s_per_byte``. :meth:`Topology.cost_model` turns that into the per-collective lines of a
+:class:`~repro.cost.CostModel` for P workers. All-reduce algorithms over M bytes:
 
-- ``"ring"`` (flat): one ring over all P devices, placed node by node. Every step moves ``M/P`` bytes
-  over every hop at once, so a step takes as long as the slowest hop: inside one node the intra link,
-  across nodes the slower of the two (usually the inter link; on a fast network with PCIe inside the
-  nodes it can be the intra one): ``2(P-1)·alpha + 2(P-1)/P·M·beta`` with the slowest hop's alpha and
-  beta (Thakur et al. 2005). This is what makes the cliff when a job first spans two nodes.
-- ``"hierarchical"``: reduce-scatter inside each node (``g-1`` intra steps on ``M/g``), a ring
-  all-reduce of each device's ``M/g`` shard across the ``n`` nodes (inter), all-gather inside each node:
-  ``2(g-1)·alpha_i + 2(g-1)/g·M·beta_i + 2(n-1)·alpha_e + 2(n-1)/n·(M/g)·beta_e`` (the two-level scheme
-  of NCCL's and Horovod's hierarchical all-reduce).
+- ``"ring"`` (flat): one ring over all P devices, placed node by node; each step is as slow as its
+  slowest hop: ``2(P-1)·alpha + 2(P-1)/P·M·beta`` with the slowest hop's alpha and beta (Thakur et
+  al. 2005), which makes the cliff when a job first spans two nodes.
+- ``"hierarchical"`` (NCCL's and Horovod's two-level scheme) on ``n`` nodes of ``g``: reduce-scatter in
+  each node, a ring all-reduce of each ``M/g`` shard across nodes, all-gather in each node:
+  ``2(g-1)·alpha_i + 2(g-1)/g·M·beta_i + 2(n-1)·alpha_e + 2(n-1)/n·(M/g)·beta_e``.
 
-A reduction costs ``gamma_s_per_byte`` per byte reduced (``(P-1)/P·M`` bytes per device in both).
-Reduce-scatter and all-gather are the halves of the chosen all-reduce; ``push``/``pull`` (a parameter
-server on another node) are one message over the inter link, over the intra link on one node. Units:
-seconds and bytes. Never imports torch.
+A reduction costs ``gamma_s_per_byte`` per byte reduced (``(P-1)/P·M`` per device). Reduce-scatter and
+all-gather are the halves of the chosen all-reduce; ``push``/``pull`` (a parameter server on another
+node) are one message over the inter link, the intra link on one node. Units: seconds and bytes. Never
+imports torch.
 """
 
 from __future__ import annotations

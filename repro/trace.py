@@ -6,17 +6,13 @@ The JSON format every tool of the project reads and writes::
      "layers": [{"name": "conv1.weight", "params": 9408, "bytes": 37632,
                  "forward_s": 1.2e-4, "backward_s": 2.5e-4}, ...]}
 
-Layer order is forward order (index 0 is the input side); backward visits layers in reverse. A
-"layer" is whatever unit gradients are produced in: a parameter tensor or a module (the profiler
-offers both views). ``forward_s``/``backward_s`` are seconds of compute attributed to the layer such
-that the gradient of layer ``l`` is ready ``sum(backward_s[l:])`` seconds after backward starts.
-Extra keys (top level or per layer) are kept on a round trip.
-
-A measured trace may also carry ``overheads`` (:class:`Overheads`): per-iteration seconds outside the
-layers' computation that the runtime measures (buffer broadcast before the forward, the slowest rank's
-lateness, the optimizer step); they are zero in the papers' model. Older files that kept them as
-top-level ``pre_forward_s`` / ``straggler_s`` / ``update_s`` keys still load. This module never
-imports torch.
+Layers are in forward order (index 0 is the input side); a layer is a parameter tensor or a module,
+whatever unit gradients are produced in. ``forward_s``/``backward_s`` are seconds of compute charged to
+the layer such that layer ``l``'s gradient is ready ``sum(backward_s[l:])`` seconds after backward
+starts; ``bytes`` is its gradient's size. Extra keys (top level or per layer) survive a round trip.
+``overheads`` (:class:`Overheads`, optional): measured per-iteration seconds outside the layers
+(buffer broadcast, the slowest rank's lateness, the optimizer step), zero in the papers' model; top-level
+``pre_forward_s`` / ``straggler_s`` / ``update_s`` keys are read as them too. Never imports torch.
 """
 
 from __future__ import annotations
@@ -258,7 +254,7 @@ class Trace:
                                 extra=extra))
         extra = {k: v for k, v in d.items() if k not in _TOP_FIELDS and k != "layers"}
         _check_extra_numbers({k: v for k, v in extra.items() if k != "overheads"}, "")
-        legacy = {k: extra.pop(k) for k in OVERHEAD_FIELDS if k in extra}  # repro 0.1 kept them here
+        legacy = {k: extra.pop(k) for k in OVERHEAD_FIELDS if k in extra}  # top-level keys are overheads too
         raw_over = extra.pop("overheads", {})
         if legacy and raw_over:
             raise TraceError("trace has both 'overheads' and top-level " + ", ".join(sorted(legacy)))

@@ -13,12 +13,8 @@ Format::
         title: One iteration, WFBP vs SyncEASGD vs MG-WFBP
         notes: optional free text shown in the index
 
-A ``done`` entry's notebook must exist. Ids and stems are unique.
-
-Status words: the manifest says ``done`` (a notebook makes the figure) or ``planned`` (none does yet);
-the runner and the gallery use the same words for a results folder, plus ``failed`` (its notebook ran
-there but did not make it) and ``missing`` (its notebook has not run there); see
-:data:`repro.figures.gallery.STATES`.
+A ``done`` entry's notebook must exist; ids and stems are unique. ``done``: a notebook makes the
+figure; ``planned``: none does yet (a results folder's words: :data:`repro.figures.gallery.STATES`).
 """
 
 from __future__ import annotations

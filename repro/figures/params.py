@@ -1,27 +1,19 @@
 """Notebook parameters as papermill users give them.
 
 ``papermill nb.ipynb out.ipynb -p workers "[4, 16]"`` hands the notebook the *string* ``"[4, 16]"``
-(``-p`` never parses lists; ``-y``/``-f`` YAML does). List parameters therefore accept a list, a
-JSON/YAML flow list (``"[4, 16]"``, ``"[resnet50, vgg16]"``) or a comma-separated string (``"4,16"``)
-(:func:`parse_list`, and :func:`ListOf` in the schemas below), and anything else is a one-line
-:class:`ParameterError` naming the parameter and an example.
+(``-p`` never parses lists; ``-y``/``-f`` YAML does). So list parameters accept a list, a JSON/YAML flow
+list (``"[4, 16]"``, ``"[resnet50, vgg16]"``) or ``"4,16"`` (:func:`parse_list`, :func:`ListOf`), and
+anything else is a one-line :class:`ParameterError` naming the parameter and an example. A relative path
+(``output_dir``, ``results_dir``; :func:`resolve_path`, :data:`PathParam`) is relative to the repository
+root, wherever papermill or Jupyter was started. :func:`default_world_sizes`: the rank counts a
+tiny-scale notebook uses by default, no more than this process's CPU cores.
 
-Paths (``output_dir``, ``results_dir``) go through :func:`resolve_path` (:data:`PathParam` in the
-schemas): a relative path is taken
-relative to the repository root (the folder holding ``notebooks/``), wherever papermill or Jupyter
-was started from, so ``results/figures`` means ``<repo>/results/figures`` in every case.
-
-:func:`default_world_sizes` gives the real rank counts a tiny-scale notebook uses by default: no more
-ranks than this process may use CPU cores (``os.sched_getaffinity``).
-
-Each notebook declares all its parameters in one pydantic schema (a :class:`NotebookParams` subclass,
-one module per notebook under :mod:`repro.figures.schemas`) and checks them in its first code cell after
-the parameters with ``p = apply_parameters(Schema, globals())``, before any rank starts or any file is
-written: unknown parameter names (from papermill's injected cell), wrong types (``2.5`` for an int,
-``"maybe"`` for a bool, ``"abc"`` for a number), values out of range and unknown choices all fail there
-with one :class:`ParameterError` line naming the parameter. The building blocks (:data:`Int`,
-:data:`Float`, :data:`Bool`, :data:`Str`, :data:`PathParam`, :func:`ListOf`, :func:`OneOf`) accept what
-papermill hands a notebook (``-p workers "[4, 16]"`` is a string) and refuse the rest.
+Each notebook declares its parameters in one :class:`NotebookParams` subclass (a module of
+:mod:`repro.figures.schemas`) and checks them in its first code cell with
+``p = apply_parameters(Schema, globals())``, before any rank starts or any file is written: unknown
+names, wrong types (``2.5`` for an int, ``"maybe"`` for a bool), values out of range and unknown choices
+each fail with one :class:`ParameterError` line. Building blocks: :data:`Int`, :data:`Float`,
+:data:`Bool`, :data:`Str`, :data:`PathParam`, :func:`ListOf`, :func:`OneOf`.
 """
 
 from __future__ import annotations

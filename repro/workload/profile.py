@@ -13,9 +13,9 @@ How time is charged to layers (the simulator's model of backward, measured direc
 Views: ``"tensor"``, one layer per parameter tensor (a module's forward time on its first tensor, 0 on
 the others); ``"module"``, one per parameter-owning module (gradient ready with its last tensor). Tied
 parameters count once (first owner). ``extra["precision"]``: the parameters' dtype or
-``"autocast-<dtype>"``; on CUDA ``extra["tf32"]``: whether TF32 was allowed. Clock: ``time.perf_counter`` on CPU; on
-CUDA, ``torch.cuda.Event`` s with one host synchronization per iteration, never inside a hook. The
-same recording (:mod:`repro.workload.recording`) drives :mod:`repro.workload.estimate`.
+``"autocast-<dtype>"``; on CUDA ``extra["tf32"]``: whether TF32 was allowed. Clock: ``time.perf_counter``
+on CPU; on CUDA, ``torch.cuda.Event`` s with one host synchronization per iteration, never inside a
+hook. The same recording (:mod:`repro.workload.recording`) drives :mod:`repro.workload.estimate`.
 """
 
 from __future__ import annotations
