@@ -1,8 +1,7 @@
 """Writing to a path the user gave, without destroying anything that is there.
 
 Every file this package writes at a user's path (``repro plan -o``, figures, tables, gallery pages)
-goes through :func:`check_output` (before any work) and :func:`write_output` / :func:`output_file`
-(at the end). By what is at the path:
+goes through :func:`check_output` (before any work) and :func:`write_output` / :func:`output_file`:
 
 * nothing, or a regular file: written to a temporary file in the same folder (``.repro-<8 hex>.tmp``
   plus the suffix) and renamed over the path, so a reader or a killed run sees the old file or the new;

@@ -20,8 +20,8 @@ Fixed, not fitted: each model's ``compute_scale`` (to its 1-GPU row), ``update_s
 
 :func:`cross_validate` gives every row's error when it was *not* in the fit (leave one model out, leave
 one worker count out): the error a forecast of an unseen model or size deserves. The **paper model**
-uses the MG-WFBP journal's P=16 fits (presets ``10gbe-derived``, ``56gbib-derived``) and the V100
-estimate with perfect overlap. Never imports torch; pandas and scipy only where used.
+uses the MG-WFBP journal's P=16 fits (presets ``10gbe-derived``, ``56gbib-derived``: 56 Gb, the nearest
+published IB) and the V100 estimate with perfect overlap. Never imports torch; pandas and scipy only where used.
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ all off (0, scale 1) in the **paper model**:
 - ``update_s_per_byte``: the optimizer update, seconds per gradient byte, after the last reduction
   (when the trace has no measured ``overheads.update_s``).
 - ``compute_scale``: factor on every layer's forward and backward seconds, e.g. to match a measured
-  single-device iteration (:meth:`Realism.scaled_to_measured`).
+  single-device iteration (:meth:`Realism.scaled_to_measured`; roofline estimates miss by 0.7x-1.5x).
 
 A :class:`~repro.cost.CostModel` carries a ``Realism`` (``None`` = paper model) whose line terms planners
 plan under; :func:`repro.sim.simulate` and :func:`repro.planners.make_plan` apply the trace side

@@ -15,10 +15,7 @@ the layout and where to get it. :func:`get_dataset` builds any by name:
 process group needed)::
 
     loader = make_loader(get_dataset("digits", split="train"), 32, rank=rank, world_size=world_size, seed=0)
-    for epoch in range(epochs):
-        loader.sampler.set_epoch(epoch)      # a new shuffle every epoch, the same on every rank
-        for inputs, targets in loader:
-            ...
+    loader.sampler.set_epoch(epoch)      # every epoch: a new shuffle, the same on every rank
 """
 
 from __future__ import annotations
