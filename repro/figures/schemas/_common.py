@@ -119,8 +119,8 @@ MAX_BYTES = 2**31
 #: The largest per-rank batch: the papers' largest per-GPU batch is 128 (MG-WFBP's ResNet-152 and
 #: Inception-v4); eight times that still fits a tiny model on a CPU rank, 1e12 samples fails to allocate.
 MAX_BATCH = 1024
-#: The most steps of a timed run (also warm-up and tuner steps): the notebooks time 2 to 80 steps; 10,000
-#: tiny-model steps already take hours per run on CPU.
+#: The most steps of a timed run (also warm-up and tuner steps): the notebooks time 2 to 80 steps; 10,000 is
+#: 125 times the most, far beyond what a figure needs.
 MAX_STEPS = 10_000
 #: The most epochs of a convergence run: the papers' longest schedules are ImageNet's 90 and CIFAR's ~160
 #: epochs; 300 is nearly twice the longer.
