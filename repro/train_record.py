@@ -154,7 +154,7 @@ def summarise(cfg, run_id, rows, compute_times, plan, trace, device, ranks: Any 
 def run_environment() -> dict[str, Any]:
     """The environment of this rank worth keeping with a run: versions, devices, CPUs and threads."""
     from repro.tables import environment
-    from repro.studies.common import available_cpus
+    from repro.cluster.cpus import available_cpus
 
     env = environment()
     env["devices"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] or ["cpu"]

@@ -75,3 +75,19 @@ def test_no_import_circle_among_the_package_modules():
 def test_the_cycle_finder_finds_a_circle_and_passes_a_tree():
     assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == ["a", "b", "c", "a"]
     assert _cycle({"a": {"b", "c"}, "b": {"c"}, "c": set()}) is None
+
+
+# The upper floors: what writes and draws the papers' experiments, and the command line. The library below
+# them (core types, planners, simulator, runtime, launchers, training loop) never imports them.
+UPPER = ("repro.studies", "repro.figures", "repro.cli", "repro.compare_cli", "repro.grid_cli", "repro.__main__")
+
+
+def _upper(module: str) -> bool:
+    return any(module == u or module.startswith(u + ".") for u in UPPER)
+
+
+def test_the_library_never_imports_the_studies_figures_or_cli():
+    files = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
+    upward = sorted(f"{m} -> {t}" for m, p in files.items() if not _upper(m) and m != "repro"
+                    for t in _imports(p, set(files)) if _upper(t))
+    assert not upward, "upward imports: " + ", ".join(upward)

@@ -125,11 +125,12 @@ def test_breakdown_bars_of_oversubscribed_runs_are_hatched():
 
 
 def test_launching_more_ranks_than_cores_warns_before_the_ranks_start(monkeypatch, tmp_path):
+    from repro.cluster import cpus
     from repro.studies import common
 
     launched = []
     monkeypatch.setattr(study, "available_cpus", lambda: 2)
-    monkeypatch.setattr(common, "available_cpus", lambda: 2)
+    monkeypatch.setattr(cpus, "available_cpus", lambda: 2)
     monkeypatch.setattr(study, "launch_local", lambda fn, p, **kw: launched.append(p) or [[1e-3, 2e-3]] * p)
     monkeypatch.setattr(study, "load_runs", lambda d: pd.DataFrame())
     with pytest.warns(common.OversubscriptionWarning, match="4 ranks.*2 CPU core"):

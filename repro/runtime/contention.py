@@ -202,7 +202,7 @@ def measure_contention_local(models: Sequence[str] = ("tiny_resnet",), world_siz
     import pandas as pd
 
     from repro.cluster.local import launch_local
-    from repro.studies.common import available_cpus, is_oversubscribed, warn_if_oversubscribed
+    from repro.cluster.cpus import available_cpus, is_oversubscribed, warn_if_oversubscribed
 
     warn_if_oversubscribed(world_size, "contention microbenchmark")
     rows = launch_local(contention_on_ranks, world_size, args=(list(models), sizes_bytes), kwargs=kwargs,
