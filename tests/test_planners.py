@@ -114,3 +114,27 @@ def test_ddp_plan_has_a_small_first_bucket():
     plan = make_plan("ddp_buckets", trace, CostModel.linear(2, 1e-4, 1e-9), first_bucket_bytes=1_000_000,
                      bucket_bytes=2_000_000)
     assert plan.groups(trace) == [[7, 6], [5, 4, 3, 2], [1, 0]]
+
+
+def test_a_planner_registered_from_another_module_has_a_family_and_a_name(monkeypatch, rng):
+    import types
+
+    from repro.planners import PLANNER_FAMILY, PLANNERS, make_plan, planner_names
+
+    outside = types.ModuleType("someone_elses_planners")
+    outside.FAMILY = "allreduce"
+
+    def every_layer_alone(trace, cost, **options):
+        return PLANNERS["wfbp"](trace, cost, **options)
+
+    every_layer_alone.__module__ = outside.__name__
+    monkeypatch.setitem(__import__("sys").modules, outside.__name__, outside)
+    monkeypatch.setitem(PLANNERS, "every_layer_alone", every_layer_alone)
+    assert PLANNER_FAMILY["every_layer_alone"] == "allreduce"
+    assert "every_layer_alone" in planner_names("allreduce") and "every_layer_alone" not in planner_names("ps")
+    trace = random_trace(rng, 6)
+    assert make_plan("every_layer_alone", trace, _cost(rng)).buckets == make_plan("wfbp", trace, _cost(rng)).buckets
+    nameless = lambda trace, cost, **o: None  # noqa: E731
+    monkeypatch.setitem(PLANNERS, "nameless", nameless)
+    with pytest.raises(KeyError, match="names no family"):
+        PLANNER_FAMILY["nameless"]

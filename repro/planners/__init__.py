@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import sys
 from dataclasses import replace
-from typing import Any, Callable
+from typing import Any, Callable, Iterator, Mapping
 
 from repro.cost import CostModel
 from repro.plan import Plan
@@ -42,8 +42,30 @@ PLANNERS: dict[str, Callable[..., Plan]] = {
     "osp_auto": ps.osp_auto,
 }
 
-# The family of the plans each planner makes (each planner module names its family as FAMILY).
-PLANNER_FAMILY: dict[str, str] = {name: sys.modules[fn.__module__].FAMILY for name, fn in PLANNERS.items()}
+
+
+class _PlannerFamilies(Mapping[str, str]):
+    """Planner name -> the family of the plans it makes, read from :data:`PLANNERS` when asked, so a
+    planner registered later (``PLANNERS[name] = fn``, from any package) has one too: the function's
+    own ``family`` attribute, else its module's ``FAMILY``."""
+
+    def __getitem__(self, name: str) -> str:
+        fn = PLANNERS[name]
+        family = getattr(fn, "family", None) or getattr(sys.modules.get(fn.__module__), "FAMILY", None)
+        if not family:
+            raise KeyError(f"planner '{name}' names no family: give the function a 'family' attribute "
+                           f"or its module a FAMILY")
+        return family
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(list(PLANNERS))
+
+    def __len__(self) -> int:
+        return len(PLANNERS)
+
+
+#: The family of the plans each planner makes (each planner module names its family as FAMILY).
+PLANNER_FAMILY: Mapping[str, str] = _PlannerFamilies()
 
 _RENAMED = {"ddp": "'ddp' is PyTorch DDP itself (a runtime baseline, see `repro schedulers`); its default "
                    "bucketing as a plan is the planner 'ddp_buckets'"}
