@@ -22,7 +22,8 @@ Two designs (``mode``), as in ``benchmarks/bench_runtime.py``:
   (``servers`` > 0).
 
 The table (:func:`interleaved_samples`): one row per sample with ``model``, ``workers``, ``scheduler``,
-``pair`` (int), ``iteration_s`` (seconds), ``mode``, ``steps`` (steps behind the sample), ``ranks`` (every
+``pair`` (int), ``iteration_s`` (seconds), ``mode``, ``steps`` (steps behind the sample), ``position`` (its
+place in the pair's order, 0 = first; in ``steps`` mode that of the block's first step), ``ranks`` (every
 process of the world, servers included), ``cpu_count``, ``oversubscribed`` (ranks x threads > cores: the
 samples then measure CPU sharing too) and the schedulers' own options as columns (e.g. ``threshold_bytes``,
 ``density``). Its parameters (:func:`timing_params`) say how the samples were taken.
@@ -132,12 +133,13 @@ def interleaved_samples(models: str | Sequence[str], schedulers: Sequence[str | 
                                                            int(warmup_steps), int(batch_size), int(seed)),
                                timeout_s=timeout_s, quiet=True, emulate_bandwidth=emulate_bandwidth)
             per_rank = [o["times_s"] for o in out]
+            first = interleaved_order(len(specs), pairs * block_steps)
             for k, spec in enumerate(specs):
                 step_s = [max(r[k][i] for r in per_rank) for i in range(len(per_rank[0][k]))]
                 for b in range(pairs):
                     block = step_s[b * block_steps:(b + 1) * block_steps]
                     rows.append(_row(model, workers, spec, b, statistics.median(block), mode, len(block), ranks,
-                                     cpus))
+                                     cpus, first[b * block_steps].index(k)))
         else:
             order = interleaved_order(len(specs), pairs)
             configs = [{"model": model, "batch_size": int(batch_size), "steps": int(block_steps),
@@ -153,15 +155,16 @@ def interleaved_samples(models: str | Sequence[str], schedulers: Sequence[str | 
                 for k in idx:
                     s = next(it)
                     rows.append(_row(model, workers, specs[k], r, float(s["iteration_s"]), mode, int(block_steps),
-                                     ranks, cpus))
+                                     ranks, cpus, idx.index(k)))
     df = pd.DataFrame(rows)
     return df.sort_values(["model", "pair", "scheduler"], kind="stable").reset_index(drop=True)
 
 
 def _row(model: str, workers: int, spec: dict[str, Any], pair: int, iteration_s: float, mode: str, steps: int,
-         ranks: int, cpus: int) -> dict[str, Any]:
+         ranks: int, cpus: int, position: int) -> dict[str, Any]:
     return {"model": model, "workers": int(workers), "scheduler": spec["scheduler"], "pair": int(pair),
-            "iteration_s": float(iteration_s), "mode": mode, "steps": int(steps), "ranks": int(ranks),
+            "iteration_s": float(iteration_s), "mode": mode, "steps": int(steps), "position": int(position),
+            "ranks": int(ranks),
             "cpu_count": int(cpus), "oversubscribed": is_oversubscribed(ranks, cpus, 1),
             **{k: v for k, v in spec.items() if k not in _SPEC_KEYS}}
 
