@@ -84,3 +84,12 @@ def test_runs_mode_interleaves_whole_runs_abba():
     _check_table(df, ["wfbp", "syncea"], 5, "runs", 2)
     first = df[df.position == 0].sort_values("pair")["scheduler"].tolist()
     assert first == ["wfbp", "syncea", "wfbp", "syncea", "wfbp"]  # A B, B A, A B, ...
+
+
+def test_ratio_table_compares_every_configuration_with_the_reference_pair_by_pair():
+    s = pd.DataFrame({"model": "m", "pair": [0, 0, 0, 1, 1, 1], "scheduler": ["a", "b", "t"] * 2,
+                      "iteration_s": [2.0, 1.0, 1.5, 3.0, 1.0, 1.2], "threshold_bytes": [None, None, 5] * 2})
+    r = timing.ratio_table(s, {"scheduler": "b"}).set_index("scheduler")
+    assert list(r.index) == ["a", "t"]  # the reference is not compared with itself
+    assert r.loc["a", "median"] == 2.5 and r.loc["a", "pairs"] == 2
+    assert r.loc["t", "threshold_bytes"] == 5 and r.loc["t", "min"] == pytest.approx(1.2)

@@ -39,8 +39,8 @@ import pandas as pd
 
 from repro.studies.common import available_cpus, is_oversubscribed, warn_if_oversubscribed
 
-__all__ = ["MODES", "MIN_PAIRS", "interleaved_samples", "timing_params", "pair_ratios", "ratio_summary",
-           "interleaved_order"]
+__all__ = ["MODES", "MIN_PAIRS", "BASE_COLUMNS", "interleaved_samples", "timing_params", "pair_ratios",
+           "ratio_summary", "ratio_table", "config_columns", "interleaved_order"]
 
 MODES = ("steps", "runs")
 #: fewest pairs a comparison is measured with by default: a median of fewer says little about its spread
@@ -106,14 +106,15 @@ def timing_params(*, mode: str = "steps", pairs: int = MIN_PAIRS, block_steps: i
 def interleaved_samples(models: str | Sequence[str], schedulers: Sequence[str | dict[str, Any]], workers: int, *,
                         mode: str = "steps", pairs: int = MIN_PAIRS, block_steps: int = 10, warmup_steps: int = 3,
                         batch_size: int = 32, servers: int = 0, emulate_bandwidth: str | None = None,
-                        extra: dict[str, Any] | None = None, seed: int = 0, timeout_s: float = 1800
-                        ) -> pd.DataFrame:
+                        extra: dict[str, Any] | None = None, seed: int = 0, fit_repeats: int = 2,
+                        timeout_s: float = 1800) -> pd.DataFrame:
     """Interleaved iteration-time samples of ``schedulers`` (names, or dicts of a ``scheduler`` name and its
     options, e.g. ``{"scheduler": "threshold", "threshold_bytes": 65536}``) on each of ``models``, in one
     local world of ``workers`` training ranks (plus ``servers`` serving ranks, ``runs`` mode only), gloo on
     CPU, one thread per rank; ``emulate_bandwidth`` shapes every rank's links (:mod:`repro.cluster.netns`).
     ``extra``: more :class:`repro.train.TrainConfig` fields for every run (``runs`` mode; e.g. ``lr``,
-    ``compute_steps``). See the module docstring for the two modes and the columns. Bad arguments raise a
+    ``compute_steps``). ``fit_repeats``: repeats per message size when a planning scheduler fits its cost
+    model on the live group (:func:`repro.distribute`). See the module docstring for the two modes and the columns. Bad arguments raise a
     ValueError of one line before any rank starts; a world with more ranks than cores warns
     (:class:`repro.studies.common.OversubscriptionWarning`)."""
     from repro.cluster.local import launch_local
@@ -130,7 +131,8 @@ def interleaved_samples(models: str | Sequence[str], schedulers: Sequence[str | 
     for model in models:
         if mode == "steps":
             out = launch_local(_steps_target, ranks, args=(model, specs, int(pairs), int(block_steps),
-                                                           int(warmup_steps), int(batch_size), int(seed)),
+                                                           int(warmup_steps), int(batch_size), int(seed),
+                                                           int(fit_repeats)),
                                timeout_s=timeout_s, quiet=True, emulate_bandwidth=emulate_bandwidth)
             per_rank = [o["times_s"] for o in out]
             first = interleaved_order(len(specs), pairs * block_steps)
@@ -144,6 +146,7 @@ def interleaved_samples(models: str | Sequence[str], schedulers: Sequence[str | 
             order = interleaved_order(len(specs), pairs)
             configs = [{"model": model, "batch_size": int(batch_size), "steps": int(block_steps),
                         "warmup_steps": int(warmup_steps), "compute_steps": 0, "seed": int(seed), "quiet": True,
+                        "fit_repeats": int(fit_repeats),
                         **({"servers": int(servers)} if servers else {}), **(extra or {}), **specs[k]}
                        for r in order for k in r]
             from repro.studies.mgwfbp_train import run_configs
@@ -170,7 +173,7 @@ def _row(model: str, workers: int, spec: dict[str, Any], pair: int, iteration_s:
 
 
 def _steps_target(ctx, model_name: str, specs: list[dict[str, Any]], pairs: int, block_steps: int,
-                  warmup_steps: int, batch_size: int, seed: int) -> dict[str, Any]:
+                  warmup_steps: int, batch_size: int, seed: int, fit_repeats: int) -> dict[str, Any]:
     """Per rank (a :func:`repro.cluster.local.launch_local` target): the ``steps`` design; returns each
     scheduler's timed step seconds in order (``times_s[k][i]``)."""
     import copy
@@ -195,7 +198,8 @@ def _steps_target(ctx, model_name: str, specs: list[dict[str, Any]], pairs: int,
         kw = {"wire_dtype": spec["wire_dtype"]} if spec.get("wire_dtype") else {}
         m = copy.deepcopy(base)
         opt = torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9)
-        copies.append(repro.distribute(m, opt, spec["scheduler"], warmup_steps=warmup_steps, **kw, **options))
+        copies.append(repro.distribute(m, opt, spec["scheduler"], warmup_steps=warmup_steps,
+                                      fit_repeats=fit_repeats, **kw, **options))
 
     def step(k: int, batch) -> float:
         model, opt = copies[k]
@@ -259,3 +263,37 @@ def ratio_summary(ratios: Sequence[float], resamples: int = 4000, seed: int = 0)
         lo, hi = float(np.percentile(meds, 2.5)), float(np.percentile(meds, 97.5))
     return {"pairs": int(r.size), "median": float(np.median(r)), "min": float(r.min()), "max": float(r.max()),
             "ci_low": lo, "ci_high": hi}
+
+
+#: the columns of every samples table that are not a scheduler's own option
+BASE_COLUMNS = ("model", "workers", "scheduler", "pair", "iteration_s", "mode", "steps", "position", "ranks",
+                "cpu_count", "oversubscribed")
+
+
+def config_columns(samples: pd.DataFrame) -> list[str]:
+    """The scheduler-option columns of a samples table (e.g. ``threshold_bytes``, ``density``)."""
+    return [c for c in samples.columns if c not in BASE_COLUMNS]
+
+
+def ratio_table(samples: pd.DataFrame, reference: dict[str, Any]) -> pd.DataFrame:
+    """Per model and configuration (scheduler and its options): its ``iteration_s`` over that of
+    ``reference`` (column values selecting one sample per pair, e.g. ``{"scheduler": "mgwfbp"}``), pair by
+    pair, summarised by :func:`ratio_summary` (``median`` > 1: slower than the reference), with the
+    configuration's median ``iteration_s`` over its samples."""
+    if samples.empty:
+        return pd.DataFrame()
+    keys = ["scheduler", *config_columns(samples)]
+    rows = []
+    for model, g in samples.groupby("model", sort=False):
+        for conf, h in g.groupby(keys, dropna=False, sort=False):
+            sel = {k: v for k, v in zip(keys, conf) if not (isinstance(v, float) and v != v)}
+            if sel == reference:  # the reference itself
+                continue
+            ref = g
+            for c, v in reference.items():
+                ref = ref[ref[c] == v]
+            merged = h[["pair", "iteration_s"]].merge(ref[["pair", "iteration_s"]], on="pair", suffixes=("", "_ref"))
+            summ = ratio_summary(merged["iteration_s"] / merged["iteration_s_ref"])
+            rows.append({"model": model, **dict(zip(keys, conf)), "iteration_s": float(h["iteration_s"].median()),
+                         "reference": ", ".join(f"{v}" for v in reference.values()), **summ})
+    return pd.DataFrame(rows)
