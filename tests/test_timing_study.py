@@ -93,3 +93,13 @@ def test_ratio_table_compares_every_configuration_with_the_reference_pair_by_pai
     assert list(r.index) == ["a", "t"]  # the reference is not compared with itself
     assert r.loc["a", "median"] == 2.5 and r.loc["a", "pairs"] == 2
     assert r.loc["t", "threshold_bytes"] == 5 and r.loc["t", "min"] == pytest.approx(1.2)
+
+
+def test_with_sample_medians_replaces_a_runs_value_by_its_samples_median():
+    runs = pd.DataFrame({"model": "m", "workers": 2, "scheduler": ["a", "b", "c"], "iteration_s": [9.0, 8.0, 7.0]})
+    s = pd.DataFrame({"model": "m", "workers": 2, "pair": [0, 0, 1, 1, 2, 2], "scheduler": ["a", "b"] * 3,
+                      "iteration_s": [1.0, 2.0, 3.0, 4.0, 2.0, 6.0]})
+    out = timing.with_sample_medians(runs, s).set_index("scheduler")
+    assert out["iteration_s"].tolist() == [2.0, 4.0, 7.0]
+    assert out["run_iteration_s"].tolist() == [9.0, 8.0, 7.0] and out["samples"].tolist() == [3, 3, 0]
+    assert timing.with_sample_medians(runs, None)["iteration_s"].tolist() == [9.0, 8.0, 7.0]

@@ -40,7 +40,7 @@ import pandas as pd
 from repro.studies.common import available_cpus, is_oversubscribed, warn_if_oversubscribed
 
 __all__ = ["MODES", "MIN_PAIRS", "BASE_COLUMNS", "interleaved_samples", "timing_params", "pair_ratios",
-           "ratio_summary", "ratio_table", "config_columns", "interleaved_order"]
+           "ratio_summary", "ratio_table", "config_columns", "interleaved_order", "with_sample_medians"]
 
 MODES = ("steps", "runs")
 #: fewest pairs a comparison is measured with by default: a median of fewer says little about its spread
@@ -297,3 +297,25 @@ def ratio_table(samples: pd.DataFrame, reference: dict[str, Any]) -> pd.DataFram
             rows.append({"model": model, **dict(zip(keys, conf)), "iteration_s": float(h["iteration_s"].median()),
                          "reference": ", ".join(f"{v}" for v in reference.values()), **summ})
     return pd.DataFrame(rows)
+
+
+def with_sample_medians(table: pd.DataFrame, samples: pd.DataFrame | None,
+                        keys: Sequence[str] = ("model", "workers", "scheduler"), value: str = "iteration_s"
+                        ) -> pd.DataFrame:
+    """``table`` (one row per measured configuration, e.g. one run each) with ``value`` replaced by the
+    median of the matching ``samples`` (matched on ``keys``; a configuration's option columns, e.g.
+    ``threshold_bytes``, should be among them when several share a scheduler name), the run's own value kept
+    as ``run_<value>`` and the number of samples as ``samples`` (0 where none matched: the value is then the
+    run's)."""
+    out = table.copy()
+    out[f"run_{value}"] = out[value] if value in out else np.nan
+    out["samples"] = 0
+    if samples is None or samples.empty or table.empty:
+        return out
+    keys = [k for k in keys if k in samples and k in table]
+    med = samples.groupby(keys, dropna=False)[value].agg(["median", "size"]).reset_index()
+    merged = out[keys].merge(med, on=keys, how="left")
+    hit = merged["median"].notna().to_numpy()
+    out.loc[hit, value] = merged.loc[hit, "median"].to_numpy()
+    out.loc[hit, "samples"] = merged.loc[hit, "size"].astype(int).to_numpy()
+    return out
