@@ -103,3 +103,12 @@ def test_with_sample_medians_replaces_a_runs_value_by_its_samples_median():
     assert out["iteration_s"].tolist() == [2.0, 4.0, 7.0]
     assert out["run_iteration_s"].tolist() == [9.0, 8.0, 7.0] and out["samples"].tolist() == [3, 3, 0]
     assert timing.with_sample_medians(runs, None)["iteration_s"].tolist() == [9.0, 8.0, 7.0]
+
+
+def test_an_option_a_sample_does_not_set_matches_any_runs_value():
+    runs = pd.DataFrame({"model": "m", "scheduler": ["a", "t", "t"], "threshold_bytes": [25, 4, 8],
+                         "iteration_s": [9.0, 8.0, 7.0]})
+    s = pd.DataFrame({"model": "m", "pair": [0, 0, 0], "scheduler": ["a", "t", "t"], "threshold_bytes": [None, 4, 16],
+                      "iteration_s": [1.0, 2.0, 3.0]})
+    out = timing.with_sample_medians(runs, s, keys=("model", "scheduler", "threshold_bytes"))
+    assert out["iteration_s"].tolist() == [1.0, 2.0, 7.0] and out["samples"].tolist() == [1, 1, 0]

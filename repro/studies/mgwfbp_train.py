@@ -22,8 +22,7 @@ from repro.studies.common import available_cpus, warn_if_oversubscribed, with_ov
 
 __all__ = ["clear_runs", "run_grid", "run_configs", "time_allreduce_sizes", "measure_allreduce", "load_runs",
            "load_iterations", "load_epochs", "speedup_table", "breakdown_table", "allreduce_fit_table",
-           "allreduce_fit_errors", "threshold_sweep_table", "grid_runs", "convergence_epochs", "timing_specs",
-           "sample_medians"]
+           "allreduce_fit_errors", "threshold_sweep_table", "grid_runs", "convergence_epochs", "timing_specs"]
 
 
 def run_configs(ctx, configs: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -31,6 +30,16 @@ def run_configs(ctx, configs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     from repro.train import TrainConfig, train_worker
 
     return [train_worker(ctx, TrainConfig(**c)) for c in configs]
+
+
+def timing_specs(schedulers: Sequence[str], thresholds_bytes: Sequence[int] = ()) -> list[dict[str, Any]]:
+    """The configurations the MG-WFBP timing samples compare (:func:`repro.studies.timing.interleaved_samples`):
+    each of ``schedulers`` (``local`` left out: it needs one rank), then ``threshold`` at each of
+    ``thresholds_bytes``; all FP32 on the wire (``wire_dtype`` given, so that the samples match FP32 runs)."""
+    return ([{"scheduler": s, "wire_dtype": "float32"} for s in dict.fromkeys(schedulers)
+             if s not in ("local", "threshold")]
+            + [{"scheduler": "threshold", "threshold_bytes": int(t), "wire_dtype": "float32"}
+               for t in dict.fromkeys(thresholds_bytes)])
 
 
 def clear_runs(results_dir: str | Path) -> None:
@@ -231,35 +240,9 @@ def _flag(r, name: str = "oversubscribed") -> bool:
     return bool(v) if v is not None and v == v else False
 
 
-def timing_specs(schedulers: Sequence[str], thresholds_bytes: Sequence[int] = ()) -> list[dict[str, Any]]:
-    """The configurations the MG-WFBP timing samples compare (:func:`repro.studies.timing.interleaved_samples`):
-    each of ``schedulers`` (FP32; ``local`` left out: it needs one rank), then ``threshold`` at each of
-    ``thresholds_bytes``."""
-    return ([{"scheduler": s} for s in dict.fromkeys(schedulers) if s not in ("local", "threshold")]
-            + [{"scheduler": "threshold", "threshold_bytes": int(t)} for t in dict.fromkeys(thresholds_bytes)])
-
-
-def sample_medians(samples: pd.DataFrame | None) -> dict[tuple, tuple[float, int]]:
-    """``(model, workers, scheduler, threshold_bytes or None) -> (median iteration_s, samples)`` of a timing
-    samples table (:mod:`repro.studies.timing`); empty for None or an empty table."""
-    if samples is None or samples.empty:
-        return {}
-    thr = samples["threshold_bytes"] if "threshold_bytes" in samples else pd.Series(None, index=samples.index)
-    key = [samples["model"], samples["workers"].astype(int), samples["scheduler"],
-           thr.map(lambda v: None if v is None or v != v else int(v))]
-    out = {}
-    for k, g in samples.groupby(key, dropna=False):
-        t = int(k[3]) if k[3] is not None and k[3] == k[3] else None
-        out[(k[0], int(k[1]), k[2], t)] = (float(g["iteration_s"].median()), int(len(g)))
-    return out
-
-
-def speedup_table(runs: pd.DataFrame, schedulers: Sequence[str], samples: pd.DataFrame | None = None) -> pd.DataFrame:
+def speedup_table(runs: pd.DataFrame, schedulers: Sequence[str]) -> pd.DataFrame:
     """Measured speedup ``P * t_1 / t_P`` per model and scheduler; t_1: the one-worker ``local`` run.
-    ``linear`` rows hold the ideal P; ``oversubscribed`` marks runs with more ranks than CPU cores.
-    With timing ``samples`` (:mod:`repro.studies.timing`), t_P is the median of a configuration's samples
-    where it has some at that P (``samples`` column: how many; 0: the run's own median step)."""
-    med = sample_medians(samples)
+    ``linear`` rows hold the ideal P; ``oversubscribed`` marks runs with more ranks than CPU cores."""
     runs = _timing_runs(runs)
     if "oversubscribed" not in runs:
         runs = with_oversubscription(runs)
@@ -267,12 +250,11 @@ def speedup_table(runs: pd.DataFrame, schedulers: Sequence[str], samples: pd.Dat
     rows = []
     for _, r in runs[runs.scheduler.isin(schedulers) & (runs.wire_dtype == "float32")].iterrows():
         if r.model in single.index and r.world_size > 1 and r.scheduler != "threshold":
-            t, n = med.get((r.model, int(r.world_size), r.scheduler, None), (r.iteration_s, 0))
             rows.append({"model": r.model, "scheduler": r.scheduler, "workers": r.world_size,
-                         "speedup": r.world_size * single[r.model] / t, "samples": n, "oversubscribed": _flag(r)})
+                         "speedup": r.world_size * single[r.model] / r.iteration_s, "oversubscribed": _flag(r)})
     for model, t1 in single.items():
         for p in sorted(set(runs.world_size)):
-            rows.append({"model": model, "scheduler": "linear", "workers": p, "speedup": float(p), "samples": 0,
+            rows.append({"model": model, "scheduler": "linear", "workers": p, "speedup": float(p),
                          "oversubscribed": False})
     return pd.DataFrame(rows)
 
@@ -303,14 +285,10 @@ def _simulated_iteration_s(path: str | Path) -> float | None:
     return simulate(run.trace, run.plan, run.cost, with_ops=False).iteration_s
 
 
-def threshold_sweep_table(runs: pd.DataFrame, references: Sequence[str] = ("mgwfbp", "optimal"),
-                          samples: pd.DataFrame | None = None) -> pd.DataFrame:
+def threshold_sweep_table(runs: pd.DataFrame, references: Sequence[str] = ("mgwfbp", "optimal")) -> pd.DataFrame:
     """Iteration seconds of the ``threshold`` runs per threshold (``threshold_bytes``) and of the reference
     schedulers (``threshold_bytes`` empty: drawn as horizontal lines), each measured and simulated, at the
-    largest world size, FP32; ``oversubscribed`` as in :func:`load_runs`. With timing ``samples``
-    (:mod:`repro.studies.timing`), a measured value is the median of the configuration's interleaved samples
-    where it has some (``samples``: how many; 0: the run's own median step)."""
-    med = sample_medians(samples)
+    largest world size, FP32; ``oversubscribed`` as in :func:`load_runs`."""
     runs = _timing_runs(runs)
     p = runs.world_size.max()
     base = runs[(runs.world_size == p) & (runs.wire_dtype == "float32")]
@@ -318,13 +296,11 @@ def threshold_sweep_table(runs: pd.DataFrame, references: Sequence[str] = ("mgwf
     for _, r in base.iterrows():
         if r.scheduler != "threshold" and r.scheduler not in references:
             continue
-        thr = int(r.threshold_bytes) if r.scheduler == "threshold" else None
-        measured, n = med.get((r.model, int(p), r.scheduler, thr), (r.iteration_s, 0))
-        for source, t in (("measured", measured), ("simulated", _simulated_iteration_s(r.path))):
+        for source, t in (("measured", r.iteration_s), ("simulated", _simulated_iteration_s(r.path))):
             if t is None:
                 continue
             rows.append({"model": r.model, "scheduler": r.scheduler, "workers": p, "source": source,
-                         "iteration_s": t, "samples": n if source == "measured" else 0,
+                         "iteration_s": t,
                          "threshold_bytes": r.threshold_bytes if r.scheduler == "threshold" else None,
                          "oversubscribed": _flag(r)})
     return pd.DataFrame(rows)

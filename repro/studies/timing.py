@@ -303,19 +303,25 @@ def with_sample_medians(table: pd.DataFrame, samples: pd.DataFrame | None,
                         keys: Sequence[str] = ("model", "workers", "scheduler"), value: str = "iteration_s"
                         ) -> pd.DataFrame:
     """``table`` (one row per measured configuration, e.g. one run each) with ``value`` replaced by the
-    median of the matching ``samples`` (matched on ``keys``; a configuration's option columns, e.g.
-    ``threshold_bytes``, should be among them when several share a scheduler name), the run's own value kept
-    as ``run_<value>`` and the number of samples as ``samples`` (0 where none matched: the value is then the
-    run's)."""
+    median of the matching ``samples``, the row's own value kept as ``run_<value>`` and the number of samples
+    as ``samples`` (0 where none matched: the value is then the row's own). A row matches a configuration of
+    the samples when it equals it on every column of ``keys`` (those present in both) that the configuration
+    sets: an empty option (e.g. ``threshold_bytes`` of a scheduler that takes none) matches any value."""
     out = table.copy()
     out[f"run_{value}"] = out[value] if value in out else np.nan
     out["samples"] = 0
     if samples is None or samples.empty or table.empty:
         return out
     keys = [k for k in keys if k in samples and k in table]
-    med = samples.groupby(keys, dropna=False)[value].agg(["median", "size"]).reset_index()
-    merged = out[keys].merge(med, on=keys, how="left")
-    hit = merged["median"].notna().to_numpy()
-    out.loc[hit, value] = merged.loc[hit, "median"].to_numpy()
-    out.loc[hit, "samples"] = merged.loc[hit, "size"].astype(int).to_numpy()
+    confs = []
+    for conf, g in samples.groupby(keys, dropna=False, sort=False):
+        conf = conf if isinstance(conf, tuple) else (conf,)
+        sel = {k: v for k, v in zip(keys, conf) if not pd.isna(v)}
+        confs.append((len(sel), sel, float(g[value].median()), int(len(g))))
+    for _, sel, med, n in sorted(confs, key=lambda c: c[0]):  # the most specific configuration last, so it wins
+        hit = pd.Series(True, index=out.index)
+        for k, v in sel.items():
+            hit &= out[k] == v
+        out.loc[hit, value] = med
+        out.loc[hit, "samples"] = n
     return out
