@@ -31,6 +31,7 @@ samples then measure CPU sharing too) and the schedulers' own options as columns
 
 from __future__ import annotations
 
+import os
 import statistics
 from typing import Any, Sequence
 
@@ -83,7 +84,8 @@ def _check(mode: str, pairs: int, block_steps: int, warmup_steps: int, workers: 
 def timing_params(*, mode: str = "steps", pairs: int = MIN_PAIRS, block_steps: int = 10, warmup_steps: int = 3,
                   batch_size: int = 32, workers: int = 2, servers: int = 0, emulate_bandwidth: str | None = None,
                   cpus: int | None = None) -> dict[str, Any]:
-    """How :func:`interleaved_samples` with these arguments takes its samples (a table's params JSON)."""
+    """How :func:`interleaved_samples` with these arguments takes its samples (a table's params JSON), with
+    this machine's 1-minute load average now (call it right after sampling: other work on the machine)."""
     cpus = available_cpus() if cpus is None else cpus
     ranks = int(workers) + int(servers)
     over = is_oversubscribed(ranks, cpus, 1)
@@ -100,7 +102,8 @@ def timing_params(*, mode: str = "steps", pairs: int = MIN_PAIRS, block_steps: i
             "timing_oversubscribed": bool(over),
             "timing_ranks_vs_cores": (f"{ranks} ranks x 1 thread on {cpus} core(s)"
                                       + (": oversubscribed, the samples include CPU sharing" if over else "")),
-            "timing_emulated_bandwidth": emulate_bandwidth or "loopback"}
+            "timing_emulated_bandwidth": emulate_bandwidth or "loopback",
+            "timing_load_average_1min": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None}
 
 
 def interleaved_samples(models: str | Sequence[str], schedulers: Sequence[str | dict[str, Any]], workers: int, *,
