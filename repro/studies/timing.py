@@ -117,9 +117,9 @@ def interleaved_samples(models: str | Sequence[str], schedulers: Sequence[str | 
     CPU, one thread per rank; ``emulate_bandwidth`` shapes every rank's links (:mod:`repro.cluster.netns`).
     ``extra``: more :class:`repro.train.TrainConfig` fields for every run (``runs`` mode; e.g. ``lr``,
     ``compute_steps``). ``fit_repeats``: repeats per message size when a planning scheduler fits its cost
-    model on the live group (:func:`repro.distribute`). See the module docstring for the two modes and the columns. Bad arguments raise a
-    ValueError of one line before any rank starts; a world with more ranks than cores warns
-    (:class:`repro.studies.common.OversubscriptionWarning`)."""
+    model on the live group (:func:`repro.distribute`). See the module docstring for the two modes and the
+    columns. Bad arguments raise a ValueError of one line before any rank starts; a world with more ranks
+    than cores warns (:class:`repro.studies.common.OversubscriptionWarning`)."""
     from repro.cluster.local import launch_local
 
     models = [models] if isinstance(models, str) else list(models)
@@ -170,8 +170,7 @@ def _row(model: str, workers: int, spec: dict[str, Any], pair: int, iteration_s:
          ranks: int, cpus: int, position: int) -> dict[str, Any]:
     return {"model": model, "workers": int(workers), "scheduler": spec["scheduler"], "pair": int(pair),
             "iteration_s": float(iteration_s), "mode": mode, "steps": int(steps), "position": int(position),
-            "ranks": int(ranks),
-            "cpu_count": int(cpus), "oversubscribed": is_oversubscribed(ranks, cpus, 1),
+            "ranks": int(ranks), "cpu_count": int(cpus), "oversubscribed": is_oversubscribed(ranks, cpus, 1),
             **{k: v for k, v in spec.items() if k not in _SPEC_KEYS}}
 
 
