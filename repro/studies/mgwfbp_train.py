@@ -34,10 +34,11 @@ def run_configs(ctx, configs: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def timing_specs(schedulers: Sequence[str], thresholds_bytes: Sequence[int] = ()) -> list[dict[str, Any]]:
     """The configurations the MG-WFBP timing samples compare (:func:`repro.studies.timing.interleaved_samples`):
-    each of ``schedulers`` (``local`` left out: it needs one rank), then ``threshold`` at each of
-    ``thresholds_bytes``; all FP32 on the wire (``wire_dtype`` given, so that the samples match FP32 runs)."""
-    return ([{"scheduler": s, "wire_dtype": "float32"} for s in dict.fromkeys(schedulers)
-             if s not in ("local", "threshold")]
+    ``local`` first (a copy that exchanges nothing: the computation-only step, the t1 of a speedup, timed
+    side by side with the others), each of ``schedulers``, then ``threshold`` at each of ``thresholds_bytes``;
+    all FP32 on the wire (``wire_dtype`` given, so that the samples match FP32 runs)."""
+    return ([{"scheduler": s, "wire_dtype": "float32"} for s in dict.fromkeys(["local", *schedulers])
+             if s != "threshold"]
             + [{"scheduler": "threshold", "threshold_bytes": int(t), "wire_dtype": "float32"}
                for t in dict.fromkeys(thresholds_bytes)])
 

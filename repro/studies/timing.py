@@ -289,7 +289,7 @@ def ratio_table(samples: pd.DataFrame, reference: dict[str, Any]) -> pd.DataFram
     for model, g in samples.groupby("model", sort=False):
         for conf, h in g.groupby(keys, dropna=False, sort=False):
             sel = {k: v for k, v in zip(keys, conf) if not (isinstance(v, float) and v != v)}
-            if sel == reference:  # the reference itself
+            if all(k in sel and sel[k] == v for k, v in reference.items()):  # the reference itself
                 continue
             ref = g
             for c, v in reference.items():
