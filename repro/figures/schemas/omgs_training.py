@@ -18,7 +18,7 @@ class OmgsTrainingParams(NotebookParams):
     lm_model: Model = "tiny_lstm"
     lm_density: Density = 0.004
     ptb_dir: InputFolder() = ""  # an existing folder, or "": data/datasets/ptb if present, else the pydoc text
-    convergence_epochs: Epochs = 2
+    convergence_epochs: Epochs = 3
     convergence_world_size: RanksFrom1 = 2
     batch_size: BatchSize = 32
     lr: LearningRate = 0.05
