@@ -675,16 +675,19 @@ def test_a_broken_manifest_gives_a_failing_notebook_test(monkeypatch, tmp_path, 
 # CI's smoke scale for the notebooks that train: every cell and every figure of the notebook runs, with
 # fewer timed steps, epochs and sweep points than the tiny defaults (`make figures` runs those). The
 # grids keep every scheduler, model and link a figure draws, so a figure that needs one still fails here.
+# The timing samples (repro.studies.timing) run at their fewest pairs (2) and short blocks here.
+_SMOKE_TIMING = {"timing_pairs": 2, "timing_block_steps": 2}
 SMOKE_PARAMETERS: dict[str, dict] = {
     "mgwfbp_training.ipynb": {"steps": 4, "warmup_steps": 2, "convergence_epochs": 1,
                               "threshold_sweep_bytes": [16384, 262144],
-                              "allreduce_sizes_bytes": [4096, 262144, 4194304]},
+                              "allreduce_sizes_bytes": [4096, 262144, 4194304], **_SMOKE_TIMING},
     "validation.ipynb": {"steps": 5, "warmup_steps": 2, "contention_repeats": 3},
     "compare_schedulers.ipynb": {"steps": 4},
-    "omgs_training.ipynb": {"convergence_epochs": 1, "steps": 4, "seeds": [0, 1]},  # two seeds: the spread is drawn
-    "osp_training.ipynb": {"epochs": 1, "seeds": [0, 1]},  # two seeds: medians and the spread are drawn
+    "omgs_training.ipynb": {"convergence_epochs": 1, "steps": 4, "seeds": [0, 1],  # two seeds: the spread is drawn
+                            **_SMOKE_TIMING},
+    "osp_training.ipynb": {"epochs": 1, "seeds": [0, 1], **_SMOKE_TIMING},  # two seeds: medians and the spread
     "dear_training.ipynb": {"steps": 4, "search_trials": 4, "search_seeds": 2, "primitive_repeats": 2,
-                            "threshold_sweep_bytes": [8192, 131072]},
+                            "threshold_sweep_bytes": [8192, 131072], **_SMOKE_TIMING},
 }
 
 

@@ -193,7 +193,8 @@ def plot_breakdown(table: pd.DataFrame, tiny_note: str = "", paper_note: str = "
     tiny = table[(table["panel"] == "tiny")] if "panel" in table else table.iloc[0:0]
     paper_sim = table[(table["panel"] == "paper") & (table["source"] == "simulated")] if "panel" in table else table
     paper_vals = table[(table["panel"] == "paper") & (table["source"] == "paper")] if "panel" in table else None
-    panels = [(tiny, 1e3, "ms", "measured, tiny scale" + (f"\n{tiny_note}" if tiny_note else ""), None),
+    panels = [(tiny, 1e3, "ms", "measured, tiny scale\nsparsification: one recorded step (the run's last)"
+                              + (f"\n{tiny_note}" if tiny_note else ""), None),
               (paper_sim, 1.0, "s", "simulated, paper scale" + (f"\n{paper_note}" if paper_note else ""), paper_vals)]
     panels = [p for p in panels if len(p[0])]
     widths = [max(len(p[0]), 2) for p in panels]

@@ -22,7 +22,8 @@ from repro.studies.common import available_cpus, warn_if_oversubscribed, with_ov
 
 __all__ = ["clear_runs", "run_grid", "run_configs", "time_allreduce_sizes", "measure_allreduce", "load_runs",
            "load_iterations", "load_epochs", "speedup_table", "breakdown_table", "allreduce_fit_table",
-           "allreduce_fit_errors", "threshold_sweep_table", "grid_runs", "convergence_epochs", "BREAKDOWN_DERIVATION"]
+           "allreduce_fit_errors", "threshold_sweep_table", "grid_runs", "convergence_epochs", "BREAKDOWN_DERIVATION",
+           "timing_specs"]
 
 
 def run_configs(ctx, configs: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -30,6 +31,17 @@ def run_configs(ctx, configs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     from repro.train import TrainConfig, train_worker
 
     return [train_worker(ctx, TrainConfig(**c)) for c in configs]
+
+
+def timing_specs(schedulers: Sequence[str], thresholds_bytes: Sequence[int] = ()) -> list[dict[str, Any]]:
+    """The configurations the MG-WFBP timing samples compare (:func:`repro.studies.timing.interleaved_samples`):
+    ``local`` first (a copy that exchanges nothing: the computation-only step, the t1 of a speedup, timed
+    side by side with the others), each of ``schedulers``, then ``threshold`` at each of ``thresholds_bytes``;
+    all FP32 on the wire (``wire_dtype`` given, so that the samples match FP32 runs)."""
+    return ([{"scheduler": s, "wire_dtype": "float32"} for s in dict.fromkeys(["local", *schedulers])
+             if s != "threshold"]
+            + [{"scheduler": "threshold", "threshold_bytes": int(t), "wire_dtype": "float32"}
+               for t in dict.fromkeys(thresholds_bytes)])
 
 
 def clear_runs(results_dir: str | Path) -> None:

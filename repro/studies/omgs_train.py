@@ -37,7 +37,7 @@ from repro.studies.mgwfbp_train import clear_runs, run_grid
 __all__ = ["SPARSE_SCHEDULERS", "CONVERGENCE_SCHEDULERS", "PHASES", "PAPER_MODELS", "MEASURED_DERIVATION",
            "clear_runs", "run_grid", "runs_folder", "load_runs", "load_epochs", "language_dataset", "run_id",
            "convergence_configs", "breakdown_configs", "convergence_table", "final_epoch_table", "measured_breakdown_table", "paper_trace_stem",
-           "paper_breakdown_table", "paper_iteration_table", "breakdown_table"]
+           "paper_breakdown_table", "paper_iteration_table", "breakdown_table", "timing_specs"]
 
 SPARSE_SCHEDULERS: tuple[str, ...] = ("topk_single", "omgs")
 CONVERGENCE_SCHEDULERS: tuple[str, ...] = ("wfbp", "topk_single", "omgs")
@@ -189,6 +189,18 @@ def breakdown_configs(models: dict[str, float], world_size: int, *, batch_size: 
                                "record_timeline": True}, density)
             c["run_id"] = run_id(c, world_size, bandwidth)
             out.append(c)
+    return out
+
+
+def timing_specs(densities: Sequence[float], schedulers: Sequence[str] = SPARSE_SCHEDULERS) -> list[dict[str, Any]]:
+    """The configurations the OMGS timing samples compare (:func:`repro.studies.timing.interleaved_samples`):
+    every sparse scheduler of ``schedulers`` at each top-k density of ``densities`` (a dense one once)."""
+    out: list[dict[str, Any]] = []
+    for d in dict.fromkeys(float(x) for x in densities):
+        for s in schedulers:
+            c = _with_density({"scheduler": s}, d)
+            if c not in out:
+                out.append(c)
     return out
 
 

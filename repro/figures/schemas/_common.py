@@ -17,7 +17,7 @@ from repro.workload.models import MODEL_NAMES
 __all__ = ["SCALES", "Scale", "Launcher", "Slurm",
            "CostMode", "Preset", "Model", "LinkRate", "LinkRateOrLoopback", "Share",
            "Density", "SimGPUs", "Ranks", "RanksFrom1", "Servers", "BatchSize", "Steps", "Epochs", "Repeats",
-           "Seed", "Staleness", "Bytes", "ThresholdBytes", "LearningRate", "Threads", "MAX_SIM_GPUS", "MAX_RANKS",
+           "Seed", "TimingPairs", "Staleness", "Bytes", "ThresholdBytes", "LearningRate", "Threads", "MAX_SIM_GPUS", "MAX_RANKS",
            "MAX_BYTES", "MAX_BATCH", "MAX_STEPS", "MAX_EPOCHS", "MAX_REPEATS", "MAX_NUMEL", "MAX_SEED", "estimate_gpus"]
 
 SCALES = ("tiny", "paper")
@@ -159,6 +159,9 @@ Steps = _bounded(1, MAX_STEPS)
 Epochs = _bounded(1, MAX_EPOCHS)
 #: repeats, trials or iterations of a measurement, search or drawn timeline: 1 to :data:`MAX_REPEATS`
 Repeats = _bounded(1, MAX_REPEATS)
+#: interleaved pairs of a timing comparison (repro.studies.timing): 2 (the fewest a ratio's spread needs) to
+#: :data:`MAX_REPEATS`; the notebooks default to 5
+TimingPairs = _bounded(2, MAX_REPEATS)
 #: a seed: 0 to :data:`MAX_SEED`
 Seed = _bounded(0, MAX_SEED)
 #: SSP's staleness bound, iterations: 0 to 100 (the papers use single digits; more than 100 iterations ahead

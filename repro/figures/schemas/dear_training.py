@@ -8,7 +8,7 @@ from pydantic import Field
 
 from repro.figures.params import Bool, Int, ListOf, NotebookParams, OneOf, PathParam
 from repro.figures.schemas._common import (BatchSize, Bytes, CostMode, Launcher, LinkRateOrLoopback, Model, Preset,
-                                           Ranks, Repeats, Scale, SimGPUs, Slurm, Steps)
+                                           Ranks, Repeats, Scale, SimGPUs, Slurm, Steps, TimingPairs)
 from repro.schedulers import SCHEDULERS
 from repro.studies import dear_sim as sim
 
@@ -27,8 +27,10 @@ class DearTrainingParams(NotebookParams):
                                                  "dear_optimal"]
     threshold_sweep_bytes: ListOf(Bytes, min_length=2) = [8192, 32768, 131072, 524288]
     batch_size: BatchSize = 16
-    steps: Steps = 8
+    steps: Steps = 6
     warmup_steps: Steps = 2
+    timing_pairs: TimingPairs = 5
+    timing_block_steps: Steps = 4
     bo_steps: Steps = 80
     search_trials: Repeats = 8
     search_seeds: Annotated[Int, Field(ge=1, le=100)] = 3  # seeds of BO and random search: 3 by default; 100 is a study of its own

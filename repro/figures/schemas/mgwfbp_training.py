@@ -8,7 +8,7 @@ from pydantic import AfterValidator
 
 from repro.figures.params import Bool, ListOf, NotebookParams, OneOf, PathParam
 from repro.figures.schemas._common import (BatchSize, Bytes, Epochs, Launcher, LinkRateOrLoopback, Model,
-                                           RanksFrom1, Scale, Slurm, Steps)
+                                           RanksFrom1, Scale, Slurm, Steps, TimingPairs)
 from repro.schedulers import SCHEDULERS
 from repro.workload.datasets import DATASET_NAMES
 
@@ -25,18 +25,20 @@ def _epochs_dataset(value: str) -> str:
 class MgwfbpTrainingParams(NotebookParams):
     notebook: ClassVar[str] = "mgwfbp_training"
 
-    models: ListOf(Model) = ["tiny_resnet", "tiny_vgg"]
+    models: ListOf(Model) = ["tiny_resnet"]
     world_sizes: ListOf(RanksFrom1, min_length=0) = []  # empty: the notebook picks default_world_sizes()
     schedulers: ListOf(OneOf([s for s in SCHEDULERS if s != "local"])) = ["wfbp", "syncea", "mgwfbp", "optimal",
                                                                           "ddp"]
     precisions: ListOf(OneOf(["float32", "float16"])) = ["float32", "float16"]
-    threshold_sweep_bytes: ListOf(Bytes, min_length=0) = [4096, 16384, 65536, 262144, 1048576]
+    threshold_sweep_bytes: ListOf(Bytes, min_length=0) = [4096, 65536, 1048576]
     batch_size: BatchSize = 32
-    steps: Steps = 10
+    steps: Steps = 6
     warmup_steps: Steps = 3
+    timing_pairs: TimingPairs = 5
+    timing_block_steps: Steps = 5
     convergence_model: Model = "tiny_resnet"
     convergence_dataset: Annotated[OneOf(DATASET_NAMES), AfterValidator(_epochs_dataset)] = "digits"
-    convergence_epochs: Epochs = 3
+    convergence_epochs: Epochs = 2
     convergence_world_size: RanksFrom1 = 2
     allreduce_sizes_bytes: ListOf(Bytes) = [4096, 16384, 65536, 262144, 1048576, 4194304]
     link_rate: LinkRateOrLoopback = "100mbit"

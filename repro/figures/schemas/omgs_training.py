@@ -7,7 +7,7 @@ from typing import ClassVar
 from repro.figures.params import InputFolder, ListOf, NotebookParams, PathParam
 from repro.figures.schemas._common import (BatchSize, CostMode, Density, Epochs, Launcher, LearningRate,
                                            LinkRateOrLoopback, Model, Preset, RanksFrom1, Scale, Seed, SimGPUs,
-                                           Slurm, Steps)
+                                           Slurm, Steps, TimingPairs)
 
 
 class OmgsTrainingParams(NotebookParams):
@@ -27,8 +27,11 @@ class OmgsTrainingParams(NotebookParams):
     models: ListOf(Model) = ["tiny_resnet", "tiny_lstm"]
     breakdown_world_size: RanksFrom1 = 2
     breakdown_density: Density = 0.05
-    steps: Steps = 8
+    steps: Steps = 6
     warmup_steps: Steps = 2
+    timing_pairs: TimingPairs = 5
+    timing_block_steps: Steps = 5
+    timing_extra_densities: ListOf(Density, min_length=0) = [0.001]
     link_rate: LinkRateOrLoopback = "10mbit"
     paper_workers: SimGPUs = 16
     paper_network: Preset = "1gbe-allgather"

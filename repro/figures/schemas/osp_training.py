@@ -9,7 +9,7 @@ from pydantic import Field
 from repro.figures.params import Bool, Float, ListOf, NotebookParams, OneOf, PathParam
 from repro.figures.schemas._common import (BatchSize, CostMode, Epochs, Launcher, LearningRate, LinkRate,
                                            LinkRateOrLoopback, Model, Ranks, Scale, Seed, Servers, Share, SimGPUs,
-                                           Slurm, Staleness, Steps)
+                                           Slurm, Staleness, Steps, TimingPairs)
 from repro.studies.osp_sim import OSP_MODELS
 
 
@@ -24,6 +24,8 @@ class OspTrainingParams(NotebookParams):
     epochs: Epochs = 3
     batch_size: BatchSize = 32
     warmup_steps: Steps = 2
+    timing_pairs: TimingPairs = 5
+    timing_block_steps: Steps = 6
     lr: LearningRate = 0.05
     momentum: Float = Field(0.5, ge=0, lt=1)
     stage1_share: Share = 0.5

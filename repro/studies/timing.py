@@ -1,0 +1,329 @@
+"""Measured timing comparisons with an interval: interleaved samples of several schedulers' iteration time.
+
+One iteration time from one run on a shared machine drifts by more than the differences the papers claim,
+so a comparison of schedulers here is made from **samples taken side by side**, and the samples are what
+the tables keep (``<paper>_timing_samples``), so that a verdict can carry an interval.
+
+Two designs (``mode``), as in ``benchmarks/bench_runtime.py``:
+
+- ``steps`` (the default): on each rank, one copy of the model per scheduler (each built by
+  :func:`repro.distribute` from the same initial weights) trains in one process, step by step in turn on
+  the same batches, the order reversed every other step (A B, B A, ...; with more schedulers A B C, C B A);
+  each step is timed from ``zero_grad`` to the end of ``step()`` after a barrier, and a step's time is the
+  slowest rank's. After the warm-up (each copy's own: a planning scheduler measures its trace and plans
+  online in it) and one more untimed step, ``pairs`` blocks of ``block_steps`` steps of every copy are
+  timed; a sample is one block of one scheduler (``iteration_s``: the median step of that block), and the
+  samples of one block share its ``pair`` number. Drift of the machine affects every copy of a block alike
+  and cancels in their ratio.
+- ``runs``: whole short training runs (:func:`repro.train.train_worker`: ``warmup_steps`` untimed steps,
+  then ``block_steps`` timed steps, ``iteration_s`` the run's median step, slowest worker), the schedulers
+  in turn and the order reversed every other round (A B, B A, ...), all in one launched world; a round is a
+  ``pair``. For schedulers that cannot share one process, e.g. parameter servers with dedicated server ranks
+  (``servers`` > 0).
+
+The table (:func:`interleaved_samples`): one row per sample with ``model``, ``workers``, ``scheduler``,
+``pair`` (int), ``iteration_s`` (seconds), ``mode``, ``steps`` (steps behind the sample), ``position`` (its
+place in the pair's order, 0 = first; in ``steps`` mode that of the block's first step), ``ranks`` (every
+process of the world, servers included), ``cpu_count``, ``oversubscribed`` (ranks x threads > cores: the
+samples then measure CPU sharing too) and the schedulers' own options as columns (e.g. ``threshold_bytes``,
+``density``). Its parameters (:func:`timing_params`) say how the samples were taken.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+from typing import Any, Sequence
+
+import numpy as np
+import pandas as pd
+
+from repro.studies.common import available_cpus, is_oversubscribed, warn_if_oversubscribed
+
+__all__ = ["MODES", "MIN_PAIRS", "BASE_COLUMNS", "interleaved_samples", "timing_params", "pair_ratios",
+           "ratio_summary", "ratio_table", "config_columns", "interleaved_order", "with_sample_medians"]
+
+MODES = ("steps", "runs")
+#: fewest pairs a comparison is measured with by default: a median of fewer says little about its spread
+MIN_PAIRS = 5
+_SPEC_KEYS = ("scheduler",)
+
+
+def interleaved_order(n: int, rounds: int) -> list[list[int]]:
+    """Indices ``0..n-1`` in turn, reversed every other round: ``[[0, 1], [1, 0], [0, 1], ...]``."""
+    return [list(range(n)) if r % 2 == 0 else list(range(n))[::-1] for r in range(rounds)]
+
+
+def _specs(schedulers: Sequence[str | dict[str, Any]]) -> list[dict[str, Any]]:
+    specs = []
+    for s in schedulers:
+        spec = {"scheduler": s} if isinstance(s, str) else dict(s)
+        if not isinstance(spec.get("scheduler"), str):
+            raise ValueError(f"a scheduler is a name or a dict with a 'scheduler' name, got {s!r}")
+        specs.append(spec)
+    if len(specs) < 2:
+        raise ValueError(f"a timing comparison needs at least 2 schedulers, got {len(specs)}")
+    keys = [tuple(sorted(sp.items(), key=lambda kv: kv[0])) for sp in specs]
+    if len(set(map(repr, keys))) != len(keys):
+        raise ValueError(f"the same scheduler configuration is listed twice: {schedulers!r}")
+    return specs
+
+
+def _check(mode: str, pairs: int, block_steps: int, warmup_steps: int, workers: int, servers: int) -> None:
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
+    for name, v, low in (("pairs", pairs, 1), ("block_steps", block_steps, 1), ("warmup_steps", warmup_steps, 1),
+                         ("workers", workers, 2), ("servers", servers, 0)):
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < low:
+            raise ValueError(f"{name} must be an integer >= {low}, got {v!r}")
+    if servers and mode == "steps":
+        raise ValueError("servers > 0 (dedicated parameter servers) needs mode='runs': server ranks cannot train "
+                         "copies side by side")
+
+
+def timing_params(*, mode: str = "steps", pairs: int = MIN_PAIRS, block_steps: int = 10, warmup_steps: int = 3,
+                  batch_size: int = 32, workers: int = 2, servers: int = 0, emulate_bandwidth: str | None = None,
+                  cpus: int | None = None) -> dict[str, Any]:
+    """How :func:`interleaved_samples` with these arguments takes its samples (a table's params JSON), with
+    this machine's 1-minute load average now (call it right after sampling: other work on the machine)."""
+    cpus = available_cpus() if cpus is None else cpus
+    ranks = int(workers) + int(servers)
+    over = is_oversubscribed(ranks, cpus, 1)
+    design = ("steps: one copy of the model per scheduler in each rank's process (repro.distribute), trained step "
+              "by step in turn on the same batches, order reversed every other step; a sample = the median step "
+              f"of a block of {block_steps} steps of one scheduler, its pair = the block"
+              if mode == "steps" else
+              f"runs: whole runs in turn in one launched world, order reversed every other round (A B, B A, ...); "
+              f"a sample = a run's median of {block_steps} timed steps (slowest worker), its pair = the round")
+    return {"timing_mode": mode, "timing_design": design, "timing_pairs": int(pairs),
+            "timing_steps_per_block": int(block_steps), "timing_warmup_steps": int(warmup_steps),
+            "timing_batch_size": int(batch_size), "timing_threads_per_rank": 1, "timing_workers": int(workers),
+            "timing_servers": int(servers), "timing_ranks": ranks, "timing_cpu_count": int(cpus),
+            "timing_oversubscribed": bool(over),
+            "timing_ranks_vs_cores": (f"{ranks} ranks x 1 thread on {cpus} core(s)"
+                                      + (": oversubscribed, the samples include CPU sharing" if over else "")),
+            "timing_emulated_bandwidth": emulate_bandwidth or "loopback",
+            "timing_load_average_1min": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None}
+
+
+def interleaved_samples(models: str | Sequence[str], schedulers: Sequence[str | dict[str, Any]], workers: int, *,
+                        mode: str = "steps", pairs: int = MIN_PAIRS, block_steps: int = 10, warmup_steps: int = 3,
+                        batch_size: int = 32, servers: int = 0, emulate_bandwidth: str | None = None,
+                        extra: dict[str, Any] | None = None, seed: int = 0, fit_repeats: int = 2,
+                        timeout_s: float = 1800) -> pd.DataFrame:
+    """Interleaved iteration-time samples of ``schedulers`` (names, or dicts of a ``scheduler`` name and its
+    options, e.g. ``{"scheduler": "threshold", "threshold_bytes": 65536}``) on each of ``models``, in one
+    local world of ``workers`` training ranks (plus ``servers`` serving ranks, ``runs`` mode only), gloo on
+    CPU, one thread per rank; ``emulate_bandwidth`` shapes every rank's links (:mod:`repro.cluster.netns`).
+    ``extra``: more :class:`repro.train.TrainConfig` fields for every run (``runs`` mode; e.g. ``lr``,
+    ``compute_steps``). ``fit_repeats``: repeats per message size when a planning scheduler fits its cost
+    model on the live group (:func:`repro.distribute`). See the module docstring for the two modes and the
+    columns. Bad arguments raise a ValueError of one line before any rank starts; a world with more ranks
+    than cores warns (:class:`repro.studies.common.OversubscriptionWarning`)."""
+    from repro.cluster.local import launch_local
+
+    models = [models] if isinstance(models, str) else list(models)
+    if not models:
+        raise ValueError("no model to time")
+    specs = _specs(schedulers)
+    _check(mode, pairs, block_steps, warmup_steps, workers, servers)
+    ranks = int(workers) + int(servers)
+    cpus = available_cpus()
+    warn_if_oversubscribed(ranks, f"timing {len(specs)} schedulers", cpus=cpus)
+    rows: list[dict[str, Any]] = []
+    for model in models:
+        if mode == "steps":
+            out = launch_local(_steps_target, ranks, args=(model, specs, int(pairs), int(block_steps),
+                                                           int(warmup_steps), int(batch_size), int(seed),
+                                                           int(fit_repeats)),
+                               timeout_s=timeout_s, quiet=True, emulate_bandwidth=emulate_bandwidth)
+            per_rank = [o["times_s"] for o in out]
+            first = interleaved_order(len(specs), pairs * block_steps)
+            for k, spec in enumerate(specs):
+                step_s = [max(r[k][i] for r in per_rank) for i in range(len(per_rank[0][k]))]
+                for b in range(pairs):
+                    block = step_s[b * block_steps:(b + 1) * block_steps]
+                    rows.append(_row(model, workers, spec, b, statistics.median(block), mode, len(block), ranks,
+                                     cpus, first[b * block_steps].index(k)))
+        else:
+            order = interleaved_order(len(specs), pairs)
+            configs = [{"model": model, "batch_size": int(batch_size), "steps": int(block_steps),
+                        "warmup_steps": int(warmup_steps), "compute_steps": 0, "seed": int(seed), "quiet": True,
+                        "fit_repeats": int(fit_repeats),
+                        **({"servers": int(servers)} if servers else {}), **(extra or {}), **specs[k]}
+                       for r in order for k in r]
+            from repro.studies.mgwfbp_train import run_configs
+
+            summaries = launch_local(run_configs, ranks, args=(configs,), timeout_s=timeout_s, quiet=True,
+                                     emulate_bandwidth=emulate_bandwidth)[0]
+            it = iter(summaries)
+            for r, idx in enumerate(order):
+                for k in idx:
+                    s = next(it)
+                    rows.append(_row(model, workers, specs[k], r, float(s["iteration_s"]), mode, int(block_steps),
+                                     ranks, cpus, idx.index(k)))
+    df = pd.DataFrame(rows)
+    return df.sort_values(["model", "pair", "scheduler"], kind="stable").reset_index(drop=True)
+
+
+def _row(model: str, workers: int, spec: dict[str, Any], pair: int, iteration_s: float, mode: str, steps: int,
+         ranks: int, cpus: int, position: int) -> dict[str, Any]:
+    return {"model": model, "workers": int(workers), "scheduler": spec["scheduler"], "pair": int(pair),
+            "iteration_s": float(iteration_s), "mode": mode, "steps": int(steps), "position": int(position),
+            "ranks": int(ranks), "cpu_count": int(cpus), "oversubscribed": is_oversubscribed(ranks, cpus, 1),
+            **{k: v for k, v in spec.items() if k not in _SPEC_KEYS}}
+
+
+def _steps_target(ctx, model_name: str, specs: list[dict[str, Any]], pairs: int, block_steps: int,
+                  warmup_steps: int, batch_size: int, seed: int, fit_repeats: int) -> dict[str, Any]:
+    """Per rank (a :func:`repro.cluster.local.launch_local` target): the ``steps`` design; returns each
+    scheduler's timed step seconds in order (``times_s[k][i]``)."""
+    import copy
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    import repro
+    from repro.schedulers import get_scheduler
+    from repro.workload.models import build_model, compute_loss, make_batch
+
+    torch.manual_seed(seed)
+    base = build_model(model_name)
+    g = torch.Generator().manual_seed(seed + 1 + dist.get_rank())
+    batches = [make_batch(model_name, batch_size, generator=g) for _ in range(4)]
+    copies = []
+    for spec in specs:
+        sched = get_scheduler(spec["scheduler"])
+        allowed = set(sched.planner_options) | set(sched.executor_options)
+        options = {k: v for k, v in spec.items() if k in allowed and v is not None}
+        kw = {"wire_dtype": spec["wire_dtype"]} if spec.get("wire_dtype") else {}
+        m = copy.deepcopy(base)
+        opt = torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9)
+        copies.append(repro.distribute(m, opt, spec["scheduler"], warmup_steps=warmup_steps,
+                                      fit_repeats=fit_repeats, **kw, **options))
+
+    def step(k: int, batch) -> float:
+        model, opt = copies[k]
+        x, y = batch
+        dist.barrier()
+        t0 = time.perf_counter()
+        opt.zero_grad()
+        compute_loss(model_name, model, x, y).backward()
+        opt.step()
+        return time.perf_counter() - t0
+
+    # warm-up (untimed): every copy's own warm-up and online planning, then one more step of each
+    i = 0
+    while i < warmup_steps or any(opt.warming_up for _, opt in copies):
+        for k in interleaved_order(len(copies), i + 1)[i]:
+            if i < warmup_steps or copies[k][1].warming_up:
+                step(k, batches[i % len(batches)])
+        i += 1
+    for k in range(len(copies)):
+        step(k, batches[i % len(batches)])
+    times: list[list[float]] = [[] for _ in copies]
+    for j, idx in enumerate(interleaved_order(len(copies), pairs * block_steps)):
+        batch = batches[j % len(batches)]
+        for k in idx:
+            times[k].append(step(k, batch))
+    for _, opt in copies:
+        opt.flush()
+    for _, opt in copies:
+        opt.remove()
+    return {"times_s": times}
+
+
+# ---------------------------------------------------------------------------------------------
+# reading samples
+# ---------------------------------------------------------------------------------------------
+
+def pair_ratios(samples: pd.DataFrame, num: dict[str, Any], den: dict[str, Any],
+                by: Sequence[str] = ("model",)) -> pd.DataFrame:
+    """Per pair (and ``by`` group): the ratio ``iteration_s`` of the ``num`` sample over the ``den`` sample
+    (each a dict of column values selecting one sample per pair, e.g. ``{"scheduler": "wfbp"}``)."""
+    def pick(sel: dict[str, Any]) -> pd.DataFrame:
+        keep = pd.Series(True, index=samples.index)
+        for c, v in sel.items():
+            keep &= samples[c] == v
+        return samples[keep][[*by, "pair", "iteration_s"]]
+
+    merged = pick(num).merge(pick(den), on=[*by, "pair"], suffixes=("_num", "_den"))
+    return merged.assign(ratio=merged["iteration_s_num"] / merged["iteration_s_den"])
+
+
+def ratio_summary(ratios: Sequence[float], resamples: int = 4000, seed: int = 0) -> dict[str, float]:
+    """Median of paired ``ratios``, their range and a 95% percentile-bootstrap interval of the median
+    (resampled over pairs, seeded); NaN interval below 2 pairs."""
+    r = np.asarray(list(ratios), dtype=float)
+    if r.size == 0:
+        return {"pairs": 0, "median": float("nan"), "min": float("nan"), "max": float("nan"),
+                "ci_low": float("nan"), "ci_high": float("nan")}
+    lo = hi = float("nan")
+    if r.size >= 2:
+        meds = np.median(r[np.random.default_rng(seed).integers(0, r.size, size=(resamples, r.size))], axis=1)
+        lo, hi = float(np.percentile(meds, 2.5)), float(np.percentile(meds, 97.5))
+    return {"pairs": int(r.size), "median": float(np.median(r)), "min": float(r.min()), "max": float(r.max()),
+            "ci_low": lo, "ci_high": hi}
+
+
+#: the columns of every samples table that are not a scheduler's own option
+BASE_COLUMNS = ("model", "workers", "scheduler", "pair", "iteration_s", "mode", "steps", "position", "ranks",
+                "cpu_count", "oversubscribed")
+
+
+def config_columns(samples: pd.DataFrame) -> list[str]:
+    """The scheduler-option columns of a samples table (e.g. ``threshold_bytes``, ``density``)."""
+    return [c for c in samples.columns if c not in BASE_COLUMNS]
+
+
+def ratio_table(samples: pd.DataFrame, reference: dict[str, Any]) -> pd.DataFrame:
+    """Per model and configuration (scheduler and its options): its ``iteration_s`` over that of
+    ``reference`` (column values selecting one sample per pair, e.g. ``{"scheduler": "mgwfbp"}``), pair by
+    pair, summarised by :func:`ratio_summary` (``median`` > 1: slower than the reference), with the
+    configuration's median ``iteration_s`` over its samples."""
+    if samples.empty:
+        return pd.DataFrame()
+    keys = ["scheduler", *config_columns(samples)]
+    rows = []
+    for model, g in samples.groupby("model", sort=False):
+        for conf, h in g.groupby(keys, dropna=False, sort=False):
+            sel = {k: v for k, v in zip(keys, conf) if not (isinstance(v, float) and v != v)}
+            if all(k in sel and sel[k] == v for k, v in reference.items()):  # the reference itself
+                continue
+            ref = g
+            for c, v in reference.items():
+                ref = ref[ref[c] == v]
+            merged = h[["pair", "iteration_s"]].merge(ref[["pair", "iteration_s"]], on="pair", suffixes=("", "_ref"))
+            summ = ratio_summary(merged["iteration_s"] / merged["iteration_s_ref"])
+            rows.append({"model": model, **dict(zip(keys, conf)), "iteration_s": float(h["iteration_s"].median()),
+                         "reference": ", ".join(f"{v}" for v in reference.values()), **summ})
+    return pd.DataFrame(rows)
+
+
+def with_sample_medians(table: pd.DataFrame, samples: pd.DataFrame | None,
+                        keys: Sequence[str] = ("model", "workers", "scheduler"), value: str = "iteration_s"
+                        ) -> pd.DataFrame:
+    """``table`` (one row per measured configuration, e.g. one run each) with ``value`` replaced by the
+    median of the matching ``samples``, the row's own value kept as ``run_<value>`` and the number of samples
+    as ``samples`` (0 where none matched: the value is then the row's own). A row matches a configuration of
+    the samples when it equals it on every column of ``keys`` (those present in both) that the configuration
+    sets: an empty option (e.g. ``threshold_bytes`` of a scheduler that takes none) matches any value."""
+    out = table.copy()
+    out[f"run_{value}"] = out[value] if value in out else np.nan
+    out["samples"] = 0
+    if samples is None or samples.empty or table.empty:
+        return out
+    keys = [k for k in keys if k in samples and k in table]
+    confs = []
+    for conf, g in samples.groupby(keys, dropna=False, sort=False):
+        conf = conf if isinstance(conf, tuple) else (conf,)
+        sel = {k: v for k, v in zip(keys, conf) if not pd.isna(v)}
+        confs.append((len(sel), sel, float(g[value].median()), int(len(g))))
+    for _, sel, med, n in sorted(confs, key=lambda c: c[0]):  # the most specific configuration last, so it wins
+        hit = pd.Series(True, index=out.index)
+        for k, v in sel.items():
+            hit &= out[k] == v
+        out.loc[hit, value] = med
+        out.loc[hit, "samples"] = n
+    return out
