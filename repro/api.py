@@ -1023,12 +1023,9 @@ def _check_options(run: _Run, model: nn.Module, options: dict[str, Any], wire_dt
 
 
 def _check_executor_can_run(run: _Run, model: nn.Module) -> None:
-    """The run's executor refuses now what it can tell it cannot run from the options, a given plan and
-    the model, before any collective.
-
-    An executor that can tell from the options, a given plan and the model that it cannot run them says so
-    says so now, instead of once the plan is made (the all-reduce executor: ``engine='reducer'`` with a
-    wire dtype or on a GPU, the same rule as ``repro train``'s config check)."""
+    """What the run's executor can tell it cannot run from the options, a given plan and the model is
+    refused now, before any collective, instead of once the plan is made (the all-reduce executor:
+    ``engine='reducer'`` with a wire dtype or on a GPU, the same rule as ``repro train``'s config check)."""
     early_check = getattr(run.executor_class, "check_run_options", None)
     if early_check is not None:
         try:
