@@ -23,8 +23,9 @@ The returned model is the one you gave (hooks added), except for baselines that 
 :class:`torch.optim.Optimizer` sharing your optimizer's parameter groups and state: ``step()`` finishes
 the exchange, then steps; ``synchronize()`` finishes this step's exchange early (then unscale or clip);
 ``clip_grad_norm_(max_norm)`` clips the exchanged gradients for every family; ``flush()`` finishes
-everything in flight; ``plan`` is the plan being executed (None during the warm-up and for baselines);
-``remove()`` detaches the hooks. With ``grad_scaler=scaler`` the GradScaler loop works as under DDP.
+everything in flight; ``plan`` is the plan being executed (None during the warm-up and for baselines),
+``trace`` and ``cost`` what it was made from, ``last_stamps`` the last step's phase times and
+``executor`` the executor in use (what it measured and recorded); ``remove()`` detaches the hooks. With ``grad_scaler=scaler`` the GradScaler loop works as under DDP.
 
 The all-reduce and sparse families finish the exchange when the backward ends, so ``param.grad`` is the
 averaged gradient when ``backward()`` returns, as under DDP. DeAR, ByteScheduler and the parameter
@@ -53,7 +54,7 @@ import os
 import sys
 import time
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -71,6 +72,7 @@ from repro.runtime.clock import make_clock
 from repro.runtime.executor import (Executor, ExecutorOptions, FoundInfReport, ScaledStep, nonfinite_and_unscale,
                                     scaled_step)
 from repro.runtime.online import StepTimes, grad_abs_mean, measured_trace, plan_online, sync_device
+from repro.runtime.plan_fit import check_plan_fits
 from repro.schedulers import SCHEDULERS, Scheduler, get_scheduler
 from repro.workload.layers import VIEWS, layer_parameters
 
@@ -95,18 +97,6 @@ def _load_plan(scheduler: Any) -> Plan | None:
         except InputPathError as e:
             _fail(str(e))
     return None
-
-
-def _check_plan_fits(plan: Plan, model: nn.Module, view: str) -> None:
-    names = set(layer_parameters(model, view))
-    wanted = {layer for b in plan.buckets for layer in b.layers}
-    if wanted <= names:
-        return
-    other = [v for v in VIEWS if v != view and wanted <= set(layer_parameters(model, v))]
-    hint = f"; its layers are the model's in the '{other[0]}' view: pass view='{other[0]}'" if other else ""
-    missing = sorted(wanted - names)
-    _fail(f"the plan names {len(missing)} layer(s) this model does not have in the '{view}' view "
-          f"(e.g. {missing[0]!r}){hint}")
 
 
 def _forward_pre_hook_count(model: nn.Module) -> int:
@@ -258,12 +248,13 @@ class _HeldHooks:
 
 
 @dataclass(frozen=True)
-class RunContext:
-    """How ``repro train`` (one client of this door among others) places a run: ``group``: the process
-    group of the training ranks (None: every rank trains); ``first``: the global rank that plans;
-    ``servers``: dedicated serving ranks before it (they plan alongside, :mod:`repro.runtime.ps`);
-    ``trace_name``: the model's name in the measured trace; ``on_plan``: called on every trainer after
-    planning, before the plan's executor starts (e.g. the servers take the trainers' state then)."""
+class _Placement:
+    """Where a run's ranks are, as :func:`distribute` settles it: ``group``: the process group of the
+    training ranks (None: every rank trains); ``first``: the global rank that plans; ``servers``:
+    dedicated serving ranks before it (they plan alongside, :mod:`repro.runtime.ps_dedicated`);
+    ``trace_name``: the model's name in the measured trace (``model_name``); ``on_plan``: called on
+    every trainer after planning, before the plan's executor starts (the servers take the trainers'
+    state then)."""
 
     group: Any = None
     first: int = 0
@@ -279,9 +270,9 @@ class _Door:
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: str | None,
                  plan: Plan | None, *, warmup_steps: int, network_cost: CostModel | None, view: str,
                  planner_options: dict[str, Any], executor_options: dict[str, Any], fit_repeats: int,
-                 record_timeline: bool, grad_scaler: Any = None, context: RunContext | None = None) -> None:
+                 record_timeline: bool, grad_scaler: Any = None, context: _Placement | None = None) -> None:
         self.model, self.inner = model, optimizer
-        self.context = context or RunContext()
+        self.context = context or _Placement()
         self._last_stamps: dict[str, float | None] = {}  # the last training step's phase stamps (see last_stamps)
         # after the warm-up, a GPU's phase stamps are CUDA events (resolved when read), not host enqueue times
         self._phase_clock = make_clock(next(model.parameters()).device)
@@ -606,7 +597,10 @@ class _Door:
     def load_state(self, state: dict[str, Any]) -> None:
         plan = Plan.from_dict(state["plan"]) if state.get("plan") is not None else None
         if plan is not None and (self.plan is None or plan.to_dict() != self.plan.to_dict()):
-            _check_plan_fits(plan, self.model, self.view)
+            try:
+                check_plan_fits(plan, self.model, self.view)
+            except PlanError as e:
+                _fail(str(e))
             self.ex.remove()
             self.warmup_left = 0
             self._measured.clear()
@@ -711,7 +705,49 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
     @property
     def warming_up(self) -> bool:
+        """Still in the warm-up: steps measured before planning online (False once the plan runs)."""
         return self._door.warming_up
+
+    @property
+    def module(self) -> nn.Module:
+        """The module to call now: the model distribute returned, or with ``wrap_after_warmup`` the
+        executor's wrapper of it once the warm-up ends (e.g. DDP's for ``ddp_threshold``)."""
+        return self._door.module
+
+    @property
+    def trace(self) -> Any:
+        """The :class:`~repro.trace.Trace` measured in the warm-up that the plan was made from (None
+        during the warm-up, for a given plan, for a plan made from the parameters' sizes, and for baselines)."""
+        return self._door.trace
+
+    @property
+    def cost(self) -> CostModel | None:
+        """The cost model the plan was made with (fitted on the live group, or ``network``/``cost``);
+        None where :attr:`trace` is None."""
+        return self._door.cost
+
+    @property
+    def last_stamps(self) -> dict[str, float]:
+        """When the last training step reached each phase, in seconds on the host ``time.perf_counter``
+        base: ``start`` (its forward's pre-hook), ``forward_start``, ``backward_start`` (the forward
+        returned), ``backward_end`` (the exchange was asked to finish), ``exchange_end`` (the
+        optimizer's update starts). The device's times (synchronised in the warm-up; CUDA events
+        after it on a GPU, read here with one device synchronize), the host's on a CPU. Empty before
+        the first step."""
+        return self._door.last_stamps
+
+    @property
+    def executor(self) -> Executor:
+        """The executor in use (:class:`repro.runtime.executor.Executor`: the warm-up's exact all-reduce,
+        then the plan's family's): what it measures (``grad_ready_s``, ``timings`` with
+        ``record_timeline``) and records (``tables()``). Read it; stepping goes through this optimizer."""
+        return self._door.ex
+
+    def check_checkpointable(self) -> None:
+        """ValueError in one line if this run's state cannot be checkpointed (an executor that cannot
+        save its state, e.g. FSDP's): :meth:`state_dict` refuses the same; call it up front to fail
+        before training rather than at the first checkpoint."""
+        self._door.check_checkpointable()
 
     def remove(self) -> None:
         """Detach the hooks (after a flush): the model trains alone again, with the wrapped optimizer
@@ -726,7 +762,7 @@ def distribute(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: st
                *, warmup_steps: int = 3, network: str | None = None, cost: CostModel | str | os.PathLike | None = None,
                view: str = "tensor", wire_dtype: str | None = None, fit_repeats: int = 5,
                record_timeline: bool = False, grad_scaler: Any = None, dedicated_servers: int = 0,
-               _context: RunContext | None = None,
+               model_name: str | None = None, wrap_after_warmup: bool = False,
                **options: Any) -> tuple[nn.Module, DistributedOptimizer]:
     """Put ``scheduler`` between ``model``'s backward and ``optimizer``'s step; returns ``(model,
     optimizer)`` to use in place of yours (see the module docstring).
@@ -744,14 +780,64 @@ def distribute(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: st
     ``torch.amp.GradScaler`` your loop uses (``scaler.scale(loss).backward(); scaler.step(optimizer);
     scaler.update()``): the exchanged gradients are unscaled, and a step with an inf/nan on any rank is
     skipped on every rank; to clip, call ``optimizer.synchronize()`` then ``scaler.unscale_(optimizer)``
-    and clip before ``scaler.step``. ``dedicated_servers``: for the parameter-server family, ranks
+    and clip before ``scaler.step``. ``model_name``: the model's name in the measured trace and the plan's
+    provenance (default: its class name). ``wrap_after_warmup``: a scheduler whose executor wraps the
+    model (``ddp_threshold``: DDP's wrapper) plans at once from the parameters' sizes and wraps now, so
+    the returned model is the one that trains; True measures a warm-up on your model first and plans
+    from it, as every other scheduler does, and wraps after it: the module to call is then
+    ``optimizer.module`` (it changes at the end of the warm-up). ``dedicated_servers``: for the parameter-server family, ranks
     ``0..S-1`` serve instead of training (gloo only; :mod:`repro.runtime.ps_dedicated`): there this call
     serves the whole run and returns when every trainer has called ``optimizer.remove()`` (or exited),
     with ``optimizer.serving`` True, so the script skips its loop there. The process group must be
     initialised (torchrun + ``torch.distributed.init_process_group``); with one rank, see "One rank" in
     the module docstring. Like DDP, the parameters and buffers of the first trainer (rank 0) are copied
     to every trainer here, so the replicas start equal whatever each rank's initialisation. Misuse is
-    refused here, before any collective, with a ValueError of one line starting ``repro.distribute:``."""
+    refused here, before any collective, with a ValueError of one line starting ``repro.distribute:``.
+
+    The steps, in order (each a function below): the model and optimizer, distribute's own keywords
+    (declared in :data:`_KEYWORDS`), the scheduler or plan (a given plan fits the model), where the ranks
+    go, the scheduler's options against their declarations (:mod:`repro.run_options`), then the plan,
+    the executor and the wrapped optimizer."""
+    _check_model_and_optimizer(model, optimizer)
+    _check_keywords(view=view, warmup_steps=warmup_steps, fit_repeats=fit_repeats, grad_scaler=grad_scaler,
+                    dedicated_servers=dedicated_servers, model_name=model_name, wrap_after_warmup=wrap_after_warmup)
+    if network is not None and cost is not None:
+        _fail("give network or cost, not both")
+    run = _choose(scheduler, model, view)  # the scheduler, or a given plan (which fits the model)
+    _check_placement(run, model, options, grad_scaler, dedicated_servers, wrap_after_warmup)
+    _check_options(run, model, options, wire_dtype)
+    if run.alone:  # nothing to exchange, no network to plan for
+        _run_alone(run, network, cost)
+    _check_executor_can_run(run, model)
+    network_cost = _network_cost(network, cost, run.trainers)
+    # the plan (every check is made: the collectives start here, on every rank alike)
+    if run.plan_now:
+        run.plan, _, _ = plan_online(run.name, _sizes_trace(model, view), next(model.parameters()).device,
+                                     planner_options=run.planner_options, network_cost=network_cost,
+                                     fit_repeats=fit_repeats)
+    # the executor (the door's), then the wrapped optimizer
+    placement = _Placement(trace_name=model_name)
+    if dedicated_servers:
+        placement = _place_dedicated(model, optimizer, run, dedicated_servers, network_cost, view, fit_repeats,
+                                     model_name)
+        if isinstance(placement, torch.optim.Optimizer):  # a serving rank: the run is over here
+            return model, placement
+    else:
+        broadcast_module_state(model, placement.first, placement.group)
+    door = _Door(model, optimizer, run.name, run.plan, warmup_steps=warmup_steps, network_cost=network_cost,
+                 view=view, planner_options=run.planner_options, executor_options=run.executor_options,
+                 fit_repeats=fit_repeats, record_timeline=record_timeline, grad_scaler=grad_scaler,
+                 context=placement)
+    return door.ex.module, _wrap_optimizer(model, optimizer, door, dedicated_servers)
+
+
+# ---------------------------------------------------------------------------------------------
+# distribute's steps, in the order it takes them
+# ---------------------------------------------------------------------------------------------
+
+def _check_model_and_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    """The process group is up, ``model`` and ``optimizer`` are what every scheduler can train (one line
+    each, read from them alone, so every rank decides alike before any collective)."""
     if not dist.is_available() or not dist.is_initialized():
         _fail("the default process group is not initialised: call torch.distributed.init_process_group() "
               "first (under torchrun it reads its settings from the environment)")
@@ -767,23 +853,102 @@ def distribute(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: st
     refusal = _model_refusal(model, optimizer)
     if refusal is not None:
         _fail(refusal)
-    if view not in VIEWS:
-        _fail(f"view must be one of {', '.join(VIEWS)}, got {view!r}")
-    if isinstance(warmup_steps, bool) or not isinstance(warmup_steps, int) or warmup_steps < 1:
-        _fail(f"warmup_steps must be an integer >= 1, got {warmup_steps!r}")
-    if isinstance(fit_repeats, bool) or not isinstance(fit_repeats, int) or fit_repeats < 1:
-        _fail(f"fit_repeats must be an integer >= 1, got {fit_repeats!r}")
+    if getattr(model, "no_sync", None) is not None:
+        _fail(f"the model already has a 'no_sync' ({type(model).__name__}.no_sync): distribute the plain module "
+              f"(not one wrapped by DDP) so that model.no_sync() can hold off this package's exchange")
+
+
+@dataclass(frozen=True)
+class _Keyword:
+    """One of distribute's own keywords, declared: a bad value is refused as ``"{name} must be {must_be},
+    got {shown(value)}"``."""
+
+    name: str
+    must_be: str
+    ok: Callable[[Any], bool]
+    shown: Callable[[Any], str] = repr
+
+
+def _integer_from(low: int) -> Callable[[Any], bool]:
+    return lambda v: not isinstance(v, bool) and isinstance(v, int) and v >= low
+
+
+#: distribute's keywords that every scheduler takes (the scheduler's own options are declared in
+#: repro.run_options, checked by :func:`_check_options`)
+_KEYWORDS = (
+    _Keyword("view", f"one of {', '.join(VIEWS)}", lambda v: isinstance(v, str) and v in VIEWS),
+    _Keyword("warmup_steps", "an integer >= 1", _integer_from(1)),
+    _Keyword("fit_repeats", "an integer >= 1", _integer_from(1)),
+    _Keyword("dedicated_servers", "an integer >= 0", _integer_from(0)),
+    _Keyword("grad_scaler", "a torch.amp.GradScaler",
+             lambda v: v is None or all(hasattr(v, a) for a in ("scale", "unscale_", "update")),
+             shown=lambda v: type(v).__name__),
+    _Keyword("model_name", "a non-empty string", lambda v: v is None or (isinstance(v, str) and bool(v.strip()))),
+    _Keyword("wrap_after_warmup", "True or False", lambda v: isinstance(v, bool)),
+)
+
+
+def _check_keywords(**values: Any) -> None:
+    """Each of ``values`` (distribute's keywords, by name) checked against its declaration in :data:`_KEYWORDS`."""
+    for keyword in _KEYWORDS:
+        value = values[keyword.name]
+        if not keyword.ok(value):
+            _fail(f"{keyword.name} must be {keyword.must_be}, got {keyword.shown(value)}")
+
+
+@dataclass
+class _Run:
+    """What distribute settles before any collective: the scheduler (``name``/``sched``; None for a plan
+    given on its own), the plan (given, or made at once from the parameters' sizes when ``plan_now``),
+    the family, the checked options split by who takes them, and the ranks."""
+
+    name: str | None
+    sched: Scheduler | None
+    plan: Plan | None
+    family: str | None
+    world: int
+    trainers: int
+    plan_now: bool = False
+    planner_options: dict[str, Any] = field(default_factory=dict)
+    executor_options: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def alone(self) -> bool:
+        """A job of one rank with a scheduler that would plan: it runs as :func:`_one_rank_scheduler` says."""
+        return self.world == 1 and self.plan is None and self.sched is not None and self.sched.has_plan
+
+    @property
+    def executor_class(self) -> type:
+        return (self.sched.executor_class() if self.sched is not None
+                else get_family(self.plan.family).executor_class())
+
+    @property
+    def takes(self) -> tuple[str, ...]:
+        """The run options this run takes: its scheduler's, or a given plan's family executor's."""
+        if self.sched is not None:
+            return tuple(self.sched.planner_options + self.sched.executor_options)
+        return tuple(get_family(self.plan.family).executor_options)
+
+
+def _choose(scheduler: Any, model: nn.Module, view: str) -> _Run:
+    """The scheduler by name, or the plan (a Plan or a plan file) and its family; a given plan fits the
+    model (:func:`repro.runtime.plan_fit.check_plan_fits`, the one check of that rule on the door's path);
+    a model that makes sparse gradients needs a scheduler that exchanges them."""
     plan = _load_plan(scheduler)
-    name = None if plan is not None else scheduler
-    if name is not None and not isinstance(name, str):
-        _fail(f"scheduler must be a name, a Plan or a plan file, got {type(name).__name__}")
-    sched = None
-    if name is not None:
+    name, sched = None, None
+    if plan is None:
+        if not isinstance(scheduler, str):
+            _fail(f"scheduler must be a name, a Plan or a plan file, got {type(scheduler).__name__}")
         try:
-            sched = get_scheduler(name)
+            sched = get_scheduler(scheduler)
         except ValueError as e:
             _fail(str(e))
         name = sched.name  # a paper's name (dear) or an old alias: the scheduler's own name from here on
+    else:
+        try:
+            check_plan_fits(plan, model, view)
+        except PlanError as e:
+            _fail(str(e))
     family = sched.family if sched is not None else plan.family
     if not (sched is not None and sched.sparse_gradients):
         sparse = _sparse_gradient_source(model)
@@ -792,137 +957,154 @@ def distribute(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: st
             who = f"scheduler {name!r}" if name else f"the executor of a given {family} plan"
             _fail(f"{sparse} makes sparse gradients, which {who} cannot exchange (it exchanges dense buffers): pass "
                   f"sparse=False, or use a scheduler that exchanges them ({', '.join(able)})")
-    if isinstance(dedicated_servers, bool) or not isinstance(dedicated_servers, int) or dedicated_servers < 0:
-        _fail(f"dedicated_servers must be an integer >= 0, got {dedicated_servers!r}")
+    world = dist.get_world_size()
+    return _Run(name, sched, plan, family, world, world)
+
+
+def _check_placement(run: _Run, model: nn.Module, options: dict[str, Any], grad_scaler: Any,
+                     dedicated_servers: int, wrap_after_warmup: bool) -> None:
+    """Where the run's ranks go: dedicated servers (``options['servers']`` set to them), the device on the
+    backend, co-located servers' count; and whether the returned model is the one that trains (an
+    executor that wraps the model is planned now, from the parameters' sizes, unless
+    ``wrap_after_warmup``). ``options`` is updated."""
     if dedicated_servers:
-        options = _check_dedicated(dedicated_servers, family, name, plan, options, grad_scaler, _context)
-    if family is not None:
-        _check_device_tensors_on_backend(model, family, name)
-        dedicated = dedicated_servers > 0 or (_context is not None and _context.servers > 0)
-        if get_family(family).hook("server") is not None and not dedicated:  # servers co-located on the ranks
+        options.update(_check_dedicated(dedicated_servers, run.family, run.name, run.plan, options, grad_scaler))
+        run.trainers = run.world - dedicated_servers
+    if run.family is not None:
+        _check_device_tensors_on_backend(model, run.family, run.name)
+        if get_family(run.family).hook("server") is not None and not dedicated_servers:  # servers on the ranks
             from repro.runtime.ps_colocated import colocated_options
 
             try:
-                options = colocated_options(plan, sched.planner_options if sched is not None else (), options,
-                                            dist.get_world_size())
+                options.update(colocated_options(run.plan, run.sched.planner_options if run.sched else (), options,
+                                                 run.world))
             except ValueError as e:
                 _fail(str(e))
-    plan_now = False  # plan at once from the parameters' sizes (no warm-up): see below
-    if (_context is None and sched is not None and sched.has_plan and plan is None
-            and sched.executor_class().module is not Executor.module):
+    sched = run.sched
+    if (not wrap_after_warmup and sched is not None and sched.has_plan and run.plan is None
+            and run.executor_class.module is not Executor.module):
         if sched.online:
-            _fail(f"'{name}' plans online and then wraps the model (its executor's module is another object), so "
+            _fail(f"'{run.name}' plans online and then wraps the model (its executor's module is another object), so "
                   "the model you hold during the warm-up would not be the one that trains; plan first (repro "
-                  f"plan) and pass the Plan, or use repro train")
+                  "plan) and pass the Plan, or pass wrap_after_warmup=True and call optimizer.module")
         # a planner that does not plan from measurements (e.g. ddp_threshold's sizes), whose executor wraps
         # the model: planned now, so that the returned module (the wrapper) is the one used from step 1
-        plan_now = True
-    # a plan given on its own runs on its family's executor, which takes the family's executor options
-    plan_family = get_family(plan.family) if sched is None and plan is not None else None
-    if sched is not None:
-        allowed = set(sched.planner_options + sched.executor_options)
-    else:
-        allowed = set(plan_family.executor_options) if plan_family is not None else set()
-        undeclared = sorted(k for k in allowed if k not in RUN_OPTIONS)
-        if undeclared:  # a family from another package that forgot register_run_option
-            _fail(f"{', '.join(undeclared)}: taken by the {plan.family} family's executor but not declared as a run "
-                  "option (repro.run_options.register_run_option)")
-    unknown = sorted(set(options) - allowed)
+        run.plan_now = True
+
+
+def _check_options(run: _Run, model: nn.Module, options: dict[str, Any], wire_dtype: Any) -> None:
+    """The scheduler's own options (``options``) checked once against their declarations
+    (:mod:`repro.run_options`): one the run does not take, or a bad value, is refused in one line; then
+    ``wire_dtype`` (:func:`repro.run_options.check_wire_dtype`) and what the executor can refuse before
+    a plan exists. Sets ``run.planner_options`` and ``run.executor_options``."""
+    takes = run.takes
+    undeclared = sorted(k for k in takes if k not in RUN_OPTIONS) if run.sched is None else []
+    if undeclared:  # a family from another package that forgot register_run_option
+        _fail(f"{', '.join(undeclared)}: taken by the {run.family} family's executor but not declared as a run "
+              "option (repro.run_options.register_run_option)")
+    unknown = sorted(set(options) - set(takes))
     if unknown:
-        takes = ", ".join(sorted(allowed)) or "none"
-        _fail(f"option(s) {', '.join(unknown)} do not apply to scheduler {name or 'given as a plan'} "
-              f"(it takes: {takes})")
-    try:  # the values, by the options' declarations (repro.run_options)
-        if sched is not None:
-            options.update(check_run_options({k: v for k, v in options.items() if k in RUN_OPTIONS}, sched))
+        _fail(f"option(s) {', '.join(unknown)} do not apply to scheduler {run.name or 'given as a plan'} "
+              f"(it takes: {', '.join(sorted(takes)) or 'none'})")
+    try:  # the values, by the options' declarations
+        if run.sched is not None:  # (an option of its own, not a declared run option, as it is: dear_bo's seed)
+            options.update(check_run_options({k: v for k, v in options.items() if k in RUN_OPTIONS}, run.sched))
         else:
             options.update({k: RUN_OPTIONS[k].validate(v) for k, v in options.items()})
     except ValueError as e:
         _fail(str(e))
-    if wire_dtype is not None:
-        if not isinstance(wire_dtype, str) or wire_dtype not in WIRE_DTYPE_BYTES:
-            _fail(f"unknown wire_dtype {wire_dtype!r}; choose one of {', '.join(WIRE_DTYPE_BYTES)} (by name)")
-        if sched is None:
-            _fail("wire_dtype does not apply to a given plan, which fixes its own (make the plan with wire_dtype)")
-        own = {str(p.dtype).removeprefix("torch.") for p in model.parameters() if p.requires_grad
-               and p.is_floating_point()}
-        try:
-            wire_dtype = check_wire_dtype(wire_dtype, sched, sorted(own))
-        except ValueError as e:
-            _fail(str(e))
-        if wire_dtype is not None:  # None: the gradients' own dtype, nothing to cast
-            options = {**options, "wire_dtype": wire_dtype}
-    if grad_scaler is not None:
-        if not (hasattr(grad_scaler, "scale") and hasattr(grad_scaler, "unscale_") and hasattr(grad_scaler, "update")):
-            _fail(f"grad_scaler must be a torch.amp.GradScaler, got {type(grad_scaler).__name__}")
-    if network is not None and cost is not None:
-        _fail("give network or cost, not both")
-    if (_context is None and not dedicated_servers and plan is None and sched is not None and sched.has_plan
-            and dist.get_world_size() == 1):  # nothing to exchange, no network to plan for
-        name = _one_rank_scheduler(name, sched, network, cost)
-        sched, options, plan_now = get_scheduler(name), {}, False
-    trainers = (dist.get_world_size(_context.group if _context else None) if not dedicated_servers
-                else dist.get_world_size() - dedicated_servers)
-    network_cost = None
-    if network is not None:
-        try:
-            network_cost = preset(network, trainers)
-        except (ValueError, KeyError) as e:
-            _fail(str(e).splitlines()[0])
-    elif cost is not None:
-        try:
-            network_cost = cost if isinstance(cost, CostModel) else CostModel.load(cost)
-        except ValueError as e:
-            _fail(f"cost: {str(e).splitlines()[0]}")
-        if network_cost.workers != trainers:
-            _fail(f"cost: the cost model is for P={network_cost.workers} workers, this job trains on {trainers}")
-    if plan is not None:
-        _check_plan_fits(plan, model, view)
-    planner_options = {k: v for k, v in options.items() if sched is not None and
-                       (k in sched.planner_options or k == "wire_dtype")}
-    executor_options = {k: v for k, v in options.items()
-                        if k in (sched.executor_options if sched is not None else allowed) and v is not None}
-    # an executor that can tell from the options, a given plan and the model that it cannot run them says so
-    # now, before the warm-up's collectives, instead of once the plan is made (the all-reduce executor:
-    # engine='reducer' with a wire dtype or on a GPU, the same rule as repro train's config check)
-    early_check = getattr(sched.executor_class() if sched is not None else plan_family.executor_class(),
-                          "check_run_options", None)
+    wire = _check_wire(run, model, wire_dtype)
+    planner = set(run.sched.planner_options) if run.sched is not None else set()
+    run.planner_options = {k: v for k, v in options.items() if k in planner}
+    if wire is not None:  # None: the gradients' own dtype, nothing to cast
+        run.planner_options["wire_dtype"] = wire
+    executor = set(run.sched.executor_options) if run.sched is not None else set(takes)
+    run.executor_options = {k: v for k, v in options.items() if k in executor and v is not None}
+
+
+def _check_executor_can_run(run: _Run, model: nn.Module) -> None:
+    """What the run's executor can tell it cannot run from the options, a given plan and the model is
+    refused now, before any collective, instead of once the plan is made (the all-reduce executor:
+    ``engine='reducer'`` with a wire dtype or on a GPU, the same rule as ``repro train``'s config check)."""
+    early_check = getattr(run.executor_class, "check_run_options", None)
     if early_check is not None:
         try:
-            early_check({**planner_options, **executor_options}, plan, model)
+            early_check({**run.planner_options, **run.executor_options}, run.plan, model)
         except (ValueError, PlanError) as e:
             _fail(str(e))
-    if getattr(model, "no_sync", None) is not None:
-        _fail(f"the model already has a 'no_sync' ({type(model).__name__}.no_sync): distribute the plain module "
-              f"(not one wrapped by DDP) so that model.no_sync() can hold off this package's exchange")
-    if plan_now:
-        from repro.runtime.online import plan_online
 
-        plan, _, _ = plan_online(name, _sizes_trace(model, view), next(model.parameters()).device,
-                                 planner_options=planner_options, network_cost=network_cost,
-                                 fit_repeats=fit_repeats)
-    if dedicated_servers:  # ranks 0..S-1 serve here until the trainers are done
-        from repro.runtime import ps_dedicated
 
-        S = dedicated_servers
-        group = ps_dedicated.trainer_group(S)
-        if dist.get_rank() < S:
-            tables = ps_dedicated.serve_until_done(model, optimizer, name, plan, servers=S, view=view,
-                                                   planner_options=planner_options, network_cost=network_cost,
-                                                   fit_repeats=fit_repeats)
-            return model, ps_dedicated.ServingRankOptimizer(optimizer, S, tables)
-        broadcast_module_state(model, S, group)
-        if plan is not None:  # no warm-up: the servers take the first trainer's state now
-            ps_dedicated.share_trainer_state(model, optimizer, S)
-        on_plan = None if plan is not None else (lambda: ps_dedicated.share_trainer_state(model, optimizer, S))
-        _context = RunContext(group=group, first=S, servers=S, on_plan=on_plan)
+def _check_wire(run: _Run, model: nn.Module, wire_dtype: Any) -> str | None:
+    """The wire dtype the scheduler is given (None: each gradient in its own dtype), or one line."""
+    if wire_dtype is None:
+        return None
+    if not isinstance(wire_dtype, str) or wire_dtype not in WIRE_DTYPE_BYTES:
+        _fail(f"unknown wire_dtype {wire_dtype!r}; choose one of {', '.join(WIRE_DTYPE_BYTES)} (by name)")
+    if run.sched is None:
+        _fail("wire_dtype does not apply to a given plan, which fixes its own (make the plan with wire_dtype)")
+    own = {str(p.dtype).removeprefix("torch.") for p in model.parameters() if p.requires_grad
+           and p.is_floating_point()}
+    try:
+        return check_wire_dtype(wire_dtype, run.sched, sorted(own))
+    except ValueError as e:
+        _fail(str(e))
+
+
+def _run_alone(run: _Run, network: Any, cost: Any) -> None:
+    """A job of one rank: ``run`` becomes :func:`_one_rank_scheduler`'s baseline, with no options."""
+    run.name = _one_rank_scheduler(run.name, run.sched, network, cost)
+    run.sched, run.plan_now = get_scheduler(run.name), False
+    run.planner_options, run.executor_options = {}, {}
+
+
+def _network_cost(network: str | None, cost: Any, trainers: int) -> CostModel | None:
+    """The cost model ``network`` (a preset for ``trainers`` ranks) or ``cost`` (a CostModel or its file)
+    gives, or None (the family fits one on the live group)."""
+    if network is not None:
+        try:
+            return preset(network, trainers)
+        except (ValueError, KeyError) as e:
+            _fail(str(e).splitlines()[0])
+    if cost is None:
+        return None
+    try:
+        model = cost if isinstance(cost, CostModel) else CostModel.load(cost)
+    except ValueError as e:
+        _fail(f"cost: {str(e).splitlines()[0]}")
+    if model.workers != trainers:
+        _fail(f"cost: the cost model is for P={model.workers} workers, this job trains on {trainers}")
+    return model
+
+
+def _place_dedicated(model: nn.Module, optimizer: torch.optim.Optimizer, run: _Run, servers: int,
+                     network_cost: CostModel | None, view: str, fit_repeats: int,
+                     model_name: str | None) -> "_Placement | torch.optim.Optimizer":
+    """``dedicated_servers``: ranks ``0..servers-1`` serve the run here and get a
+    :class:`~repro.runtime.ps_dedicated.ServingRankOptimizer`; the trainers get their placement, the first
+    trainer's state broadcast to them (and, with a given plan, to the servers)."""
+    from repro.runtime import ps_dedicated
+
+    group = ps_dedicated.trainer_group(servers)
+    if dist.get_rank() < servers:
+        tables = ps_dedicated.serve_until_done(model, optimizer, run.name, run.plan, servers=servers, view=view,
+                                               planner_options=run.planner_options, network_cost=network_cost,
+                                               fit_repeats=fit_repeats)
+        return ps_dedicated.ServingRankOptimizer(optimizer, servers, tables)
+    broadcast_module_state(model, servers, group)
+    if run.plan is not None:  # no warm-up: the servers take the first trainer's state now
+        ps_dedicated.share_trainer_state(model, optimizer, servers)
+        on_plan = None
     else:
-        ctx = _context or RunContext()
-        broadcast_module_state(model, ctx.first, ctx.group)
-    door = _Door(model, optimizer, name, plan, warmup_steps=warmup_steps, network_cost=network_cost, view=view,
-                 planner_options=planner_options, executor_options=executor_options, fit_repeats=fit_repeats,
-                 record_timeline=record_timeline, grad_scaler=grad_scaler, context=_context)
-    if door.ex.module is model:  # a baseline's wrapper (DDP) has its own no_sync and module
+        def on_plan() -> None:
+            ps_dedicated.share_trainer_state(model, optimizer, servers)
+    return _Placement(group=group, first=servers, servers=servers, trace_name=model_name, on_plan=on_plan)
+
+
+def _wrap_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer, door: _Door,
+                    dedicated_servers: int) -> DistributedOptimizer:
+    """The returned optimizer; the model gets DDP's ``no_sync`` and ``module`` (unless a baseline's wrapper
+    has its own), and the given optimizer refuses direct steps while the door is live."""
+    if door.ex.module is model:
         model.__dict__["no_sync"] = door.no_sync  # DDP's spelling: `with model.no_sync(): loss.backward()`
         _give_module(model)
     dopt = DistributedOptimizer(optimizer, door)
@@ -931,7 +1113,7 @@ def distribute(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: st
         from repro.runtime.ps_dedicated import stop_at_exit
 
         stop_at_exit(dopt)
-    return door.ex.module, dopt
+    return dopt
 
 
 def _check_device_tensors_on_backend(model: nn.Module, family: str, name: str | None) -> None:
@@ -946,13 +1128,11 @@ def _check_device_tensors_on_backend(model: nn.Module, family: str, name: str | 
 
 
 def _check_dedicated(servers: int, family: str | None, name: str | None, plan: Plan | None,
-                     options: dict[str, Any], grad_scaler: Any, context: RunContext | None) -> dict[str, Any]:
+                     options: dict[str, Any], grad_scaler: Any) -> dict[str, Any]:
     """``dedicated_servers`` checked before any collective (one line each); the scheduler's ``servers``
     option set to it."""
     from repro.families import get_family
 
-    if context is not None:
-        _fail("dedicated_servers is distribute's own option (repro train places its servers itself)")
     if family is None or get_family(family).hook("server") is None:
         _fail(f"dedicated_servers applies to the parameter-server family (ps_*, osp*), not to "
               f"{name or 'a ' + str(family) + ' plan'}")

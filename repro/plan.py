@@ -45,7 +45,7 @@ from repro.trace import Trace
 from repro.outputs import write_output
 
 __all__ = ["Message", "Bucket", "Plan", "PlanError", "PHASES", "WIRE_DTYPE_BYTES", "layer_wire_bytes",
-           "check_plan_workers"]
+           "check_plan_workers", "plan_fit_refusal"]
 
 WIRE_DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 PHASES = ("backward", "next_forward", "background")
@@ -409,6 +409,37 @@ class Plan:
             return cls.from_json(p.read_text())
         except PlanError as e:
             raise PlanError(f"{p}: {e}") from None
+
+
+def plan_fit_refusal(plan: "Plan", layers: Sequence[str], view: str, *, model: str = "the model",
+                     source: str = "the plan", views: Mapping[str, Sequence[str]] | None = None) -> str | None:
+    """Why ``plan`` does not fit a model whose layers in ``view`` are ``layers`` (its names, in order), as
+    one sentence, or None when it fits: every layer a bucket names is one of the model's, and every one
+    of the model's layers is in some bucket (a layer may be in several: pieces). The one wording of this
+    rule for :func:`repro.distribute`, every executor and ``repro train --plan``.
+
+    ``model``/``source``: how the model and the plan are named (``"--model tiny_vgg"``, ``"--plan p.json"``).
+    ``views``: the model's layers in its other views, by view name; a plan whose layers are the model's in
+    one of them says so. A plan recording another model (``provenance.trace_model``) names it. Torch-free."""
+    names = set(layers)
+    planned = list(dict.fromkeys(layer for b in plan.buckets for layer in b.layers))
+    unknown = [layer for layer in planned if layer not in names]
+    if unknown:
+        fits = [v for v, other in (views or {}).items() if v != view and set(planned) <= set(other)]
+        made_for = (plan.meta.get("provenance") or {}).get("trace_model")
+        if fits:
+            hint = f"; they are its layers in the '{fits[0]}' view: use that view"
+        elif isinstance(made_for, str) and made_for not in model:
+            hint = f"; it was planned for '{made_for}'"
+        else:
+            hint = "; was it planned for another model or view?"
+        return (f"{source} names {len(unknown)} layer(s) that {model} does not have in the '{view}' view "
+                f"(e.g. {unknown[0]!r}){hint}")
+    left_out = [layer for layer in layers if layer not in set(planned)]
+    if left_out:
+        return (f"{source} leaves {len(left_out)} layer(s) of {model} out (e.g. {left_out[0]!r}): every layer's "
+                "gradient must be in a bucket")
+    return None
 
 
 # Meta numbers a plan file may carry, by the suffix of their key (the planners' predictions and bounds:

@@ -57,15 +57,13 @@ from torch import nn
 
 from repro.cluster.faults import maybe_fail
 from repro.cost import CostModel
-from repro.presets import preset
 from repro.families import get_family
 from repro.log import get_logger
 from repro.plan import Plan, check_plan_workers
 from repro.runs import ProgressWriter, prepare_run
 from repro.runtime.baselines import LocalExecutor
 from repro.runtime.executor import Executor
-from repro.runtime.online import StepTimes, measured_trace, plan_online, sync_device
-from repro.runtime.ps_dedicated import share_trainer_state
+from repro.runtime.online import StepTimes, measured_trace, sync_device
 from repro.schedulers import get_scheduler
 from repro.trace import Trace
 from repro.train_config import TrainConfig, build_parser, config_from_argv
@@ -75,7 +73,6 @@ from repro.train_record import evaluate as _evaluate
 from repro.train_record import summarise as _summarise
 from repro.train_record import timing_row as _timing_row
 from repro.train_record import write_run as _write_run
-from repro.workload.layers import layer_parameters
 
 log = get_logger(__name__)
 
@@ -187,59 +184,44 @@ def _ranks(cfg: TrainConfig) -> _Ranks:
     return _Ranks(group, rank - servers, world - servers, servers, servers)
 
 
-def _plan_for(cfg: TrainConfig, trace: Trace | None, device: torch.device,
-              ranks: _Ranks | None = None) -> tuple[Plan, CostModel, Trace]:
-    """``cfg``'s plan, solved online on the first trainer and broadcast (:func:`plan_online`)."""
-    ranks = ranks or _Ranks(None, dist.get_rank(), dist.get_world_size())
-    sched = get_scheduler(cfg.scheduler)
-    opts = {name: getattr(cfg, name) for name in sched.planner_options if getattr(cfg, name) is not None}
-    if cfg.wire_dtype:
-        opts["wire_dtype"] = cfg.wire_dtype
-    network_cost = preset(cfg.network, ranks.size) if cfg.network else None
-    return plan_online(cfg.scheduler, trace, device, planner_options=opts, network_cost=network_cost,
-                       fit_repeats=cfg.fit_repeats, first=ranks.first, servers=ranks.servers)
-
-
 def _distribute(cfg: TrainConfig, model: nn.Module, opt: torch.optim.Optimizer, ranks: "_Ranks",
-                grad_scaler: Any = None):
+                grad_scaler: Any = None) -> tuple[nn.Module, torch.optim.Optimizer]:
     """``cfg``'s scheduler on ``model`` through :func:`repro.distribute` (the public door: one
-    implementation of warm-up, online planning and execution); returns (optimizer, door).
+    implementation of warm-up, online planning and execution); returns the door's (model, optimizer).
+    Dedicated server ranks are the door's ``dedicated_servers`` (every rank calls this; on a serving
+    rank it serves the run and returns an optimizer with ``serving`` True and the servers' ``tables``).
     ``grad_scaler``: the loop's GradScaler (``--amp fp16``), given to the door so that every rank skips
     a step with an inf/nan gradient, and backs the scale off, together."""
-    from repro.api import RunContext, distribute
+    from repro.api import distribute
 
     sched = get_scheduler(cfg.scheduler)
-    on_plan = (lambda: share_trainer_state(model, opt, ranks.first)) if ranks.servers else None
-    context = RunContext(group=ranks.group, first=ranks.first, servers=ranks.servers, trace_name=cfg.model,
-                         on_plan=on_plan)
     kw: dict[str, Any] = {"warmup_steps": max(1, cfg.warmup_steps), "view": cfg.view, "fit_repeats": cfg.fit_repeats,
-                          "record_timeline": cfg.record_timeline, "_context": context}
+                          "record_timeline": cfg.record_timeline, "model_name": cfg.model,
+                          "dedicated_servers": ranks.servers, "wrap_after_warmup": True}
     if grad_scaler is not None:
         kw["grad_scaler"] = grad_scaler
     if cfg.network is not None:  # a preset name, or a cost file (its name wins, as everywhere)
         kw["cost" if Path(cfg.network).is_file() else "network"] = cfg.network
-    if cfg.plan is not None:  # a given plan, executed as it is (checked against the model first)
+    if cfg.plan is not None:  # a given plan, executed as it is (the door checks it fits the model)
         plan = Plan.load(cfg.plan)
         check_plan_workers(plan, ranks.size, cfg.plan)  # a plan for P=3 never runs silently on 2 ranks
-        _check_plan_layers(plan, model, cfg.view, cfg.plan)
         options = {name: getattr(cfg, name) for name in get_family(plan.family).executor_options
                    if getattr(cfg, name) is not None}  # what its family's executor takes (e.g. engine)
-        _, dopt = distribute(model, opt, plan, **kw, **options)
-    else:
-        options = {name: getattr(cfg, name) for name in sched.planner_options + sched.executor_options
-                   if getattr(cfg, name) is not None}
-        if cfg.wire_dtype:
-            kw["wire_dtype"] = cfg.wire_dtype
-        _, dopt = distribute(model, opt, cfg.scheduler, **kw, **options)
-    return dopt, dopt._door
+        return distribute(model, opt, plan, **kw, **options)
+    options = {name: getattr(cfg, name) for name in sched.planner_options + sched.executor_options
+               if getattr(cfg, name) is not None}
+    if cfg.wire_dtype:
+        kw["wire_dtype"] = cfg.wire_dtype
+    return distribute(model, opt, cfg.scheduler, **kw, **options)
 
 
-def _door_step(door: Any, dopt: torch.optim.Optimizer, batch, loss_of, device: torch.device,
-               precision: _Precision | None = None, scaler: Any = None) -> StepTimes:
-    """One training step as a user's loop makes it (zero_grad, forward, backward, step); its phase
-    stamps are the door's (:attr:`repro.api._Door.last_stamps`): when the device reached each phase
-    (synchronised stamps in the warm-up, where they make the trace; CUDA events after it on a GPU),
-    so the phase columns of ``iterations.csv`` and the in-run trace are device times.
+def _door_step(dopt: Any, batch, loss_of, device: torch.device, precision: _Precision | None = None,
+               scaler: Any = None) -> StepTimes:
+    """One training step as a user's loop makes it (zero_grad, forward, backward, step) with the door's
+    optimizer and the module it says to call (``dopt.module``: a wrapping executor's after the warm-up,
+    ``wrap_after_warmup``); its phase stamps are the door's (``dopt.last_stamps``): when the device reached
+    each phase (synchronised stamps in the warm-up, where they make the trace; CUDA events after it on
+    a GPU), so the phase columns of ``iterations.csv`` and the in-run trace are device times.
     ``precision``/``scaler`` (``--amp``): the forward and loss under autocast, and for fp16 the GradScaler
     loop, ``scaler.scale(loss).backward(); scaler.step(dopt); scaler.update()``; the step's end stamp
     is after ``update()``, so the iteration time holds the scaler's work. The recorded loss is unscaled."""
@@ -249,9 +231,9 @@ def _door_step(door: Any, dopt: torch.optim.Optimizer, batch, loss_of, device: t
     t0 = time.perf_counter()
     if precision is not None:
         with precision.autocast():
-            loss = loss_of(door.module, x, y)
+            loss = loss_of(dopt.module, x, y)
     else:
-        loss = loss_of(door.module, x, y)
+        loss = loss_of(dopt.module, x, y)
     if scaler is not None:
         scaler.scale(loss).backward()
         scaler.step(dopt)
@@ -261,7 +243,7 @@ def _door_step(door: Any, dopt: torch.optim.Optimizer, batch, loss_of, device: t
         dopt.step()
     sync_device(device)
     end = time.perf_counter()
-    s = door.last_stamps
+    s = dopt.last_stamps
     return StepTimes(s.get("start", t0), s.get("forward_start", t0), s.get("backward_start", t0),
                      s.get("backward_end", end), s.get("exchange_end", end), end, float(loss.detach()))
 
@@ -350,7 +332,7 @@ def run_training(ctx, cfg: TrainConfig) -> tuple[nn.Module, dict[str, Any]]:
     params = [p for p in model.parameters() if p.requires_grad]
     opt = _make_optimizer(cfg, params)
     if ranks.serving:
-        return model, _serve(ctx, cfg, model, opt, device, ranks)
+        return model, _serve(cfg, model, opt, ranks)
     data = Batches(cfg, ranks.rank, ranks.size, device, cfg.num_workers)
 
     def loss_of(m, x, y):
@@ -359,16 +341,16 @@ def run_training(ctx, cfg: TrainConfig) -> tuple[nn.Module, dict[str, Any]]:
     # ---- the scheduler, through the public door (repro.distribute): a plan scheduler's first
     # warmup_steps steps measure the trace under exact SyncEASGD steps, then it plans online ----
     scaler = precision.scaler()  # --amp fp16: the loop's GradScaler (None otherwise)
-    dopt, door = _distribute(cfg, model, opt, ranks, scaler)
+    _, dopt = _distribute(cfg, model, opt, ranks, scaler)
     ckpt = _checkpointer(cfg, run_id, ranks) if cfg.checkpointing else None
     resumed = ckpt.load(asdict(cfg), (Path(cfg.results_dir) / run_id / "run.json").is_file(), device) \
         if ckpt is not None else None
     if resumed is None:
-        for _ in range(cfg.warmup_steps if door.plan is not None or not sched.has_plan else 0):
-            _door_step(door, dopt, data.next(), loss_of, device, precision, scaler)
-        while door.warming_up:  # a plan scheduler: exactly warmup_steps steps, then the plan's executor runs
-            _door_step(door, dopt, data.next(), loss_of, device, precision, scaler)
-        trace, plan, cost = door.trace, door.plan, door.cost
+        for _ in range(cfg.warmup_steps if dopt.plan is not None or not sched.has_plan else 0):
+            _door_step(dopt, data.next(), loss_of, device, precision, scaler)
+        while dopt.warming_up:  # a plan scheduler: exactly warmup_steps steps, then the plan's executor runs
+            _door_step(dopt, data.next(), loss_of, device, precision, scaler)
+        trace, plan, cost = dopt.trace, dopt.plan, dopt.cost
     else:  # the checkpoint's model, optimizer, plan and executor state; then the data and the generators
         model.load_state_dict(resumed["model"])
         dopt.load_state_dict(resumed["optimizer"])
@@ -376,9 +358,9 @@ def run_training(ctx, cfg: TrainConfig) -> tuple[nn.Module, dict[str, Any]]:
         set_rng_state(resumed["mine"]["rng"], device)
         trace = Trace.from_dict(resumed["trace"]) if resumed["trace"] is not None else None
         cost = CostModel.from_dict(resumed["cost"]) if resumed["cost"] is not None else None
-        plan = door.plan
+        plan = dopt.plan
     if ckpt is not None:
-        door.check_checkpointable()  # e.g. FSDP's executor: one line now, not at the first checkpoint
+        dopt.check_checkpointable()  # e.g. FSDP's executor: one line now, not at the first checkpoint
     if trace is not None and ranks.is_first:
         log.info("%s: measured %d layers (backward %.4f s) in %d warm-up steps; %s plan has %d buckets, "
                  "predicted %.4f s per iteration", run_id, trace.num_layers, trace.total_backward_s,
@@ -411,19 +393,20 @@ def run_training(ctx, cfg: TrainConfig) -> tuple[nn.Module, dict[str, Any]]:
         batch = data.next()
         if steps is None and data.epoch != cur_epoch:
             dopt.flush()
-            epoch_rows.append(_evaluate(cfg, door.module, data.epoch - start_epoch, rows, device, ranks.group))
+            epoch_rows.append(_evaluate(cfg, dopt.module, data.epoch - start_epoch, rows, device, ranks.group))
             if progress_file is not None:  # a run stopped later keeps this epoch readable
                 progress_file.update(epoch_rows, asdict(cfg))
             if data.epoch - start_epoch >= cfg.epochs:
                 break
         maybe_fail(f"step{step}", dist.get_rank())  # a test-only hook (repro.cluster.faults); a no-op otherwise
-        st = _door_step(door, dopt, batch, loss_of, device, precision, scaler)
+        st = _door_step(dopt, batch, loss_of, device, precision, scaler)
         rows.append(st.row(step, data.epoch - start_epoch))
-        if door.ex.grad_ready_s:
-            inrun.append((st, dict(door.ex.grad_ready_s)))
-        if cfg.record_timeline and door.ex.timings:
-            door.ex.settle_timings()  # device stamps (NCCL) arrive from a thread once the device got there
-            bucket_rows = [_timing_row(t, st.start) for t in door.ex.timings]
+        executor = dopt.executor
+        if executor.grad_ready_s:
+            inrun.append((st, dict(executor.grad_ready_s)))
+        if cfg.record_timeline and executor.timings:
+            executor.settle_timings()  # device stamps (NCCL) arrive from a thread once the device got there
+            bucket_rows = [_timing_row(t, st.start) for t in executor.timings]
         step += 1
         progress.update(1)
         if ckpt is not None and (steps is None or step < steps):
@@ -442,9 +425,9 @@ def run_training(ctx, cfg: TrainConfig) -> tuple[nn.Module, dict[str, Any]]:
     progress.close()
     dopt.flush()
     if steps is None and (not epoch_rows or epoch_rows[-1]["epoch"] < cfg.epochs):
-        epoch_rows.append(_evaluate(cfg, door.module, cfg.epochs, rows, device, ranks.group))
-    extra_tables = door.ex.tables()
-    engine = getattr(door.ex, "engine", None)  # the all-reduce executor's: "reducer" (C++) or "hooks" (Python)
+        epoch_rows.append(_evaluate(cfg, dopt.module, cfg.epochs, rows, device, ranks.group))
+    extra_tables = dopt.executor.tables()
+    engine = getattr(dopt.executor, "engine", None)  # the all-reduce executor's: "reducer" (C++) or "hooks" (Python)
     dopt.remove()
 
     # ---- computation only: a copy of the model, no communication ----
@@ -490,15 +473,6 @@ def _checkpointer(cfg: TrainConfig, run_id: str, ranks: _Ranks) -> Checkpointer:
                         rank=ranks.rank, size=ranks.size)
 
 
-def _check_plan_layers(plan: Plan, model: nn.Module, view: str, where: str) -> None:
-    """Every layer the plan names is one of the model's in ``view`` (else one line naming the first)."""
-    names = set(layer_parameters(model, view))
-    missing = [layer for b in plan.buckets for layer in b.layers if layer not in names]
-    if missing:
-        raise ValueError(f"--plan {where} names {len(missing)} layer(s) this model does not have in the '{view}' "
-                         f"view (e.g. {missing[0]!r}): was it planned for another model or view?")
-
-
 def _collect_server_tables(tables: dict[str, list], ranks: _Ranks) -> dict[str, list]:
     """Every rank's ``tables`` (serving ranks' records) merged on the first trainer (every rank calls)."""
     everyone: list[Any] = [None] * dist.get_world_size()
@@ -516,15 +490,12 @@ def _share_summary(summary: dict[str, Any] | None, ranks: _Ranks) -> dict[str, A
     return box[0]
 
 
-def _serve(ctx, cfg: TrainConfig, model: nn.Module, opt: torch.optim.Optimizer, device: torch.device,
-           ranks: _Ranks) -> dict[str, Any]:
-    """A serving rank's run: take part in planning, take the trainers' state, serve until they stop,
-    hand the records to the first trainer; returns the run summary (the first trainer's)."""
-    sched = get_scheduler(cfg.scheduler)
-    plan, _, _ = _plan_for(cfg, None, device, ranks)
-    share_trainer_state(model, opt, ranks.first)
-    tables = get_family(sched.family).hook("server")(ctx, cfg, model, opt, plan)
-    _collect_server_tables(tables or {}, ranks)
+def _serve(cfg: TrainConfig, model: nn.Module, opt: torch.optim.Optimizer, ranks: _Ranks) -> dict[str, Any]:
+    """A serving rank's run: the door's ``dedicated_servers`` (take part in planning, take the trainers'
+    state, serve until they stop), then hand the records to the first trainer; returns the run summary
+    (the first trainer's)."""
+    _, served = _distribute(cfg, model, opt, ranks)
+    _collect_server_tables(getattr(served, "tables", None) or {}, ranks)
     return _share_summary(None, ranks)
 
 

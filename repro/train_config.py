@@ -331,25 +331,17 @@ class _CommonConfig:
         if self.plan is None:
             return
         from repro.outputs import read_input
-        from repro.plan import Plan, check_plan_workers
-        from repro.workload.layers import layer_parameters
+        from repro.plan import Plan, check_plan_workers, plan_fit_refusal
+        from repro.workload.layers import VIEWS, layer_parameters
         from repro.workload.models import build_model
 
         plan = read_input("plan", self.plan, Plan.load)  # read and checked in __post_init__ already
-        layers = list(layer_parameters(build_model(self.model, device="meta", **self.model_kwargs), self.view))
-        names = set(layers)
-        missing = [layer for b in plan.buckets for layer in b.layers if layer not in names]
-        if missing:
-            made_for = (plan.meta.get("provenance") or {}).get("trace_model")
-            hint = (f" it was planned for '{made_for}', not --model {self.model}" if isinstance(made_for, str)
-                    and made_for != self.model else " was it planned for another model or view?")
-            raise ValueError(f"--plan {self.plan} names {len(missing)} layer(s) that --model {self.model} does not "
-                             f"have in the '{self.view}' view (e.g. {missing[0]!r}):{hint}")
-        planned = {layer for b in plan.buckets for layer in b.layers}
-        left_out = [layer for layer in layers if layer not in planned]
-        if left_out:
-            raise ValueError(f"--plan {self.plan} leaves {len(left_out)} layer(s) of --model {self.model} out (e.g. "
-                             f"{left_out[0]!r}): every layer's gradient must be in a bucket")
+        model = build_model(self.model, device="meta", **self.model_kwargs)
+        views = {v: list(layer_parameters(model, v)) for v in VIEWS}
+        refusal = plan_fit_refusal(plan, views[self.view], self.view, model=f"--model {self.model}",
+                                   source=f"--plan {self.plan}", views=views)
+        if refusal is not None:
+            raise ValueError(refusal)
         if world_size is not None:
             check_plan_workers(plan, world_size - self.serving_ranks(), self.plan)
 

@@ -46,11 +46,12 @@ def _split_net() -> nn.Module:
     return net
 
 
-def _one_bucket_plan(net: nn.Module):
+def _one_bucket_plan(net: nn.Module, view: str = "tensor", skip: int = 0):
+    """A plan of one bucket holding ``net``'s layers in ``view`` but the first ``skip``."""
     from repro.plan import Plan
     from repro.workload.layers import layer_parameters
 
-    return Plan.from_dict({"solver": "syncea", "buckets": [list(layer_parameters(net, "tensor"))]})
+    return Plan.from_dict({"solver": "syncea", "buckets": [list(layer_parameters(net, view))[skip:]]})
 
 
 # (case, what the message must name): each case builds a model, an optimizer and distribute's keywords
@@ -75,6 +76,17 @@ REFUSALS = {
     "foreign_params": ("the optimizer holds 2 trainable parameter(s) that are not the model's (e.g. one of shape "
                        "(1, 10))",
                        lambda: (UserNet(), nn.Linear(10, 1), {"scheduler": "dear_threshold"})),
+    "model_name": ("model_name must be a non-empty string, got ''",
+                   lambda: (UserNet(), None, {"scheduler": "mgwfbp", "model_name": ""})),
+    "wrap_after_warmup": ("wrap_after_warmup must be True or False, got 'yes'",
+                          lambda: (UserNet(), None, {"scheduler": "ddp_threshold", "wrap_after_warmup": "yes"})),
+    # the plan-fits-model rule (repro.plan.plan_fit_refusal), checked once on the door's path
+    "plan_module_view": ("that the model does not have in the 'tensor' view (e.g. 'features.0'); they are its "
+                         "layers in the 'module' view",
+                         lambda: (UserNet(), None, {"scheduler": _one_bucket_plan(UserNet(), "module")})),
+    "plan_left_out": ("the plan leaves 1 layer(s) of the model out (e.g. 'features.0.weight'): every layer's "
+                      "gradient must be in a bucket",
+                      lambda: (UserNet(), None, {"scheduler": _one_bucket_plan(UserNet(), skip=1)})),
 }
 
 
@@ -377,3 +389,41 @@ def test_a_frozen_or_already_distributed_model_is_refused_in_one_sentence():
     partly = UserNet()
     next(partly.parameters()).requires_grad_(False)  # some frozen: fine (fine-tuning)
     assert _model_refusal(partly, torch.optim.SGD(partly.parameters(), lr=0.1)) is None
+
+
+def wrap_after_warmup_ranks(ctx) -> dict:
+    """``ddp_threshold`` with ``wrap_after_warmup=True``: the warm-up runs on the user's model, the plan is
+    made from the measured trace, then DDP's wrapper is the module to call (``optimizer.module``); the
+    optimizer's public ``trace``, ``cost``, ``last_stamps`` and ``executor`` say what ran."""
+    import repro
+    from repro.planners import make_plan
+
+    torch.manual_seed(0)
+    net = UserNet()
+    model, dopt = repro.distribute(net, torch.optim.SGD(net.parameters(), lr=0.1), "ddp_threshold",
+                                   threshold_bytes=4096, warmup_steps=2, wrap_after_warmup=True, model_name="usernet")
+    out = {"returned_is_net": model is net, "during": [], "after": []}
+    for i, (x, y) in enumerate(_batches(dist.get_rank(), 4)):
+        out["during" if dopt.warming_up else "after"].append((dopt.module is net, dopt.trace is None,
+                                                               type(dopt.executor).__name__))
+        dopt.zero_grad()
+        nn.functional.cross_entropy(dopt.module(x), y).backward()
+        dopt.step()
+        out["stamps"] = sorted(dopt.last_stamps)
+    expected = make_plan("threshold", dopt.trace, dopt.cost, threshold_bytes=4096)
+    out["plan_is_the_traces"] = dopt.plan.buckets == expected.buckets
+    out["trace_model"] = dopt.trace.model
+    out["differ"] = _replicas_differ(net)
+    dopt.remove()
+    return out
+
+
+@pytest.mark.distributed
+def test_wrap_after_warmup_measures_on_the_users_model_then_calls_the_wrapper():
+    for r in launch_local(wrap_after_warmup_ranks, 2, timeout_s=180, quiet=True):
+        assert r["returned_is_net"]
+        assert r["during"] == [(True, True, "AllReduceExecutor")] * 2, r
+        assert r["after"] and all(a == (False, False, "TorchDDPExecutor") for a in r["after"]), r
+        assert r["plan_is_the_traces"] and r["trace_model"] == "usernet"
+        assert r["stamps"] == ["backward_end", "backward_start", "exchange_end", "forward_start", "start"]
+        assert r["differ"] == 0.0

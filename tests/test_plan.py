@@ -283,3 +283,33 @@ def test_simulate_refuses_a_plan_with_a_bad_field(tmp_path, capsys):
                "--beta-s-per-byte", "1e-9"])
     err = capsys.readouterr().err.strip()
     assert rc == 2 and "provenance.wire_dtype" in err and len(err.splitlines()) == 1, err
+
+
+def test_plan_fit_refusal_names_the_first_unknown_or_left_out_layer_in_one_line():
+    """The one wording of "the plan's layers are the model's" (repro.distribute, every executor, repro train)."""
+    from repro.plan import plan_fit_refusal
+
+    plan = Plan.from_dict({"buckets": [["a.weight", "a.bias"], ["b.weight"]]})
+    assert plan_fit_refusal(plan, ["a.weight", "a.bias", "b.weight"], "tensor") is None
+    unknown = plan_fit_refusal(plan, ["a.weight", "a.bias", "c.weight"], "tensor")
+    assert unknown.startswith("the plan names 1 layer(s) that the model does not have in the 'tensor' view "
+                              "(e.g. 'b.weight')") and "\n" not in unknown
+    left = plan_fit_refusal(plan, ["a.weight", "a.bias", "b.weight", "b.bias"], "tensor",
+                            model="--model m", source="--plan p.json")
+    assert left == ("--plan p.json leaves 1 layer(s) of --model m out (e.g. 'b.bias'): every layer's gradient "
+                    "must be in a bucket")
+    by_module = Plan.from_dict({"buckets": [["a", "b"]]})
+    hint = plan_fit_refusal(by_module, ["a.weight", "b.weight"], "tensor", views={"module": ["a", "b"]})
+    assert "names 2 layer(s)" in hint and "they are its layers in the 'module' view" in hint
+    other = Plan.from_dict({"buckets": [["x"]], "provenance": {"trace_model": "tiny_vgg"}})
+    assert "it was planned for 'tiny_vgg'" in plan_fit_refusal(other, ["a"], "tensor", model="--model tiny_resnet")
+
+
+def test_the_plan_fits_model_rule_is_worded_in_one_place():
+    """No executor, door or CLI check re-explains the rule: its words live in repro.plan.plan_fit_refusal."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent / "repro"
+    wording = [p.relative_to(root).as_posix() for p in root.rglob("*.py")
+               if "layer(s) of" in p.read_text(encoding="utf-8") or "layer(s) that" in p.read_text(encoding="utf-8")]
+    assert wording == ["plan.py"], wording

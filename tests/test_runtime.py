@@ -139,7 +139,7 @@ def test_plan_must_cover_the_model():
     with pytest.raises(RuntimeError, match="not initialised"):
         BucketedAllReduce(torch.nn.Linear(2, 2), Plan.from_dict({"buckets": [["weight", "bias"]]}))
     unknown, missing = launch_local(plan_errors, 1, timeout_s=120)[0]
-    assert "plan names 1 layer(s) the model does not have" in unknown and "'extra'" in unknown
+    assert "plan names 1 layer(s) that the model does not have" in unknown and "'extra'" in unknown
     assert "plan leaves 1 layer(s) of the model out" in missing and "'bias'" in missing
 
 

@@ -21,9 +21,24 @@ def test_the_training_loop_builds_no_executor_and_plans_through_the_door():
     assert "executor_class" not in called and "wrap_optimizer" not in called
     assert not {"AllReduceExecutor", "grad_abs_mean"} & {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
     assert "distribute" in called  # the door
-    # planning online happens in the door; the only plan_online call left is the serving ranks' share
+    # planning online happens in the door, the serving ranks' share too (distribute's dedicated_servers)
     plan_calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and getattr(n.func, "id", "") == "plan_online"]
-    assert len(plan_calls) == 1
+    assert not plan_calls
+
+
+def test_the_training_loop_uses_only_the_doors_public_surface():
+    """No reach into distribute's private state (``dopt._door``) or options (``_context``): what the loop
+    reads is public API of the returned optimizer (trace, cost, last_stamps, executor, ...)."""
+    tree = ast.parse(TRAIN.read_text(encoding="utf-8"))
+    attributes = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
+    keywords = {k.arg for n in ast.walk(tree) if isinstance(n, ast.Call) for k in n.keywords if k.arg}
+    keys = {k.value for n in ast.walk(tree) if isinstance(n, ast.Dict) for k in n.keys
+            if isinstance(k, ast.Constant) and isinstance(k.value, str)}
+    imported = {a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module == "repro.api"
+                for a in n.names}
+    assert "_door" not in attributes and "ex" not in attributes
+    assert not {k for k in keywords | keys if k.startswith("_")}
+    assert imported == {"distribute"}
 
 
 def test_network_takes_a_cost_file_for_this_many_workers(tmp_path):

@@ -51,6 +51,7 @@ from repro.runtime.buffers import broadcast_buffers
 from repro.runtime.clock import CollectiveEnds, clock_for, model_device
 from repro.runtime.executor import BucketTiming, Executor, ExecutorOptions
 from repro.runtime.reducer_engine import ReducerAllReduce, unfit_reason
+from repro.runtime.plan_fit import check_plan_fits
 from repro.workload.layers import layer_parameters
 
 __all__ = ["AllReduceExecutor", "BucketedAllReduce", "ScheduledOptimizer", "BucketTiming", "calibrate"]
@@ -99,15 +100,8 @@ class BucketedAllReduce:
         if any(b.piece is not None for b in plan.buckets):
             raise PlanError("BucketedAllReduce executes buckets of whole layers; this plan splits layers "
                             "into pieces")
+        check_plan_fits(plan, model, view)
         layers = layer_parameters(model, view)
-        planned = [name for b in plan.buckets for name in b.layers]
-        unknown = [n for n in planned if n not in layers]
-        if unknown:
-            raise PlanError(f"plan names {len(unknown)} layer(s) the model does not have in view "
-                            f"'{view}', e.g. {unknown[:3]}")
-        missing = [n for n in layers if n not in set(planned)]
-        if missing:
-            raise PlanError(f"plan leaves {len(missing)} layer(s) of the model out, e.g. {missing[:3]}")
         self.plan = plan
         self.group = group
         self.world_size = dist.get_world_size(group)

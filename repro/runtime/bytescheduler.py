@@ -61,6 +61,7 @@ from repro.runtime.buffers import broadcast_buffers
 from repro.runtime.clock import EventCompletions, clock_for
 from repro.runtime.deferred import ApplyBeforeUse, DeferredUpdateOptimizer, hyperparameters, stepping_with
 from repro.runtime.executor import Executor, ExecutorOptions, FoundInfReport, ScaledStep, check_scaled_step
+from repro.runtime.plan_fit import check_plan_fits
 from repro.workload.layers import layer_parameters
 
 __all__ = ["ByteSchedulerExecutor", "ChunkTiming", "LayerwiseOptimizer", "HostComm", "CudaComm", "pick_chunks"]
@@ -276,20 +277,14 @@ class ByteSchedulerExecutor(Executor):
         self.credit_bytes = int(plan.option("credit_bytes", DEFAULT_CREDIT_BYTES))
         if self.credit_bytes < 1:
             raise PlanError(f"credit_bytes must be positive, got {self.credit_bytes}")
+        check_plan_fits(plan, model, self.options.view)
         layers = layer_parameters(model, self.options.view)
         self._layers: dict[str, _Layer] = {}
         pieces: dict[str, list] = {}
         for b in plan.buckets:
             if len(b.layers) != 1 or len(b.messages) != 1 or b.collective != "allreduce":
                 raise PlanError("a ByteScheduler chunk is one layer (or one piece of it) with one all-reduce")
-            name = b.layers[0]
-            if name not in layers:
-                raise PlanError(f"plan names layer '{name}', which the model does not have in view "
-                                f"'{self.options.view}'")
-            pieces.setdefault(name, []).append(b)
-        missing = [n for n in layers if n not in pieces]
-        if missing:
-            raise PlanError(f"plan leaves {len(missing)} layer(s) of the model out, e.g. {missing[:3]}")
+            pieces.setdefault(b.layers[0], []).append(b)
         self._chunks: list[_Chunk] = []
         for b in plan.buckets:  # chunk ids in plan order
             name = b.layers[0]

@@ -40,6 +40,7 @@ from typing import Any
 from torch import nn
 
 from repro.plan import Plan, PlanError
+from repro.runtime.plan_fit import check_plan_fits
 from repro.workload.layers import layer_parameters
 
 __all__ = ["ddp_bucket_caps", "check_ddp_buckets", "ddp_buckets"]
@@ -53,15 +54,8 @@ def _plan_params(plan: Plan, model: nn.Module, view: str) -> list[list[nn.Parame
         raise PlanError(f"DDP runs all-reduce plans; this plan is of the '{plan.family}' family")
     if any(b.piece is not None for b in plan.buckets):
         raise PlanError("DDP buckets hold whole parameters; this plan splits layers into pieces")
+    check_plan_fits(plan, model, view)
     layers = layer_parameters(model, view)
-    planned = [name for b in plan.buckets for name in b.layers]
-    unknown = [n for n in planned if n not in layers]
-    if unknown:
-        raise PlanError(f"the plan names {len(unknown)} layer(s) the model does not have in the '{view}' view, "
-                        f"e.g. {unknown[0]!r}")
-    missing = [n for n in layers if n not in set(planned)]
-    if missing:
-        raise PlanError(f"the plan leaves {len(missing)} layer(s) of the model out, e.g. {missing[0]!r}")
     dtypes = sorted({str(p.dtype) for ps in layers.values() for _, p in ps})
     if len(dtypes) > 1:
         raise PlanError(f"the model mixes parameter dtypes ({', '.join(dtypes)}); DDP buckets each dtype apart, "

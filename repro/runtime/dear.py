@@ -62,6 +62,7 @@ from repro.plan import Plan, PlanError
 from repro.runtime.clock import clock_for, waits_for
 from repro.runtime.deferred import ApplyBeforeUse, DeferredUpdateOptimizer, hyperparameters, stepping_with
 from repro.runtime.executor import Executor, ExecutorOptions, FoundInfReport, ScaledStep, check_scaled_step, timing_row
+from repro.runtime.plan_fit import check_plan_fits
 from repro.workload.layers import layer_parameters
 
 __all__ = ["DeARExecutor", "DeARTiming", "DeAROptimizer", "calibrate", "time_stream_collectives"]
@@ -167,15 +168,8 @@ class DeARExecutor(Executor):
             raise PlanError("DeARExecutor executes buckets of whole layers; this plan splits layers into pieces")
         if not dist.is_initialized():
             raise RuntimeError("torch.distributed is not initialised: start ranks with repro.cluster.local")
+        check_plan_fits(plan, model, self.options.view)
         layers = layer_parameters(model, self.options.view)
-        planned = [name for b in plan.buckets for name in b.layers]
-        unknown = [n for n in planned if n not in layers]
-        if unknown:
-            raise PlanError(f"plan names {len(unknown)} layer(s) the model does not have in view "
-                            f"'{self.options.view}', e.g. {unknown[:3]}")
-        missing = [n for n in layers if n not in set(planned)]
-        if missing:
-            raise PlanError(f"plan leaves {len(missing)} layer(s) of the model out, e.g. {missing[:3]}")
 
         from repro.runtime.collectives import CommStream, lower_switch_interval
 

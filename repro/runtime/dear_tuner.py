@@ -45,6 +45,7 @@ from torch import nn
 from repro.plan import Bucket, Plan, PlanError
 from repro.planners.dear import DEAR_MESSAGES, threshold_groups
 from repro.runtime.executor import Executor, ExecutorOptions
+from repro.runtime.plan_fit import check_plan_fits
 from repro.workload.layers import layer_parameters
 
 __all__ = ["DeARTunedExecutor", "ThresholdBO", "tune_offline", "DEFAULT_BOUNDS", "DEFAULT_TRIALS", "METHODS",
@@ -184,9 +185,9 @@ class DeARTunedExecutor(Executor):
         self.initial_plan = plan
         layers = layer_parameters(model, self.options.view)
         self._order = [name for b in plan.buckets for name in b.layers]  # the plan's forward order
-        if set(self._order) != set(layers) or len(self._order) != len(layers):
-            missing = sorted(set(layers) - set(self._order))[:3]
-            raise PlanError(f"the starting plan must hold every layer of the model once (missing e.g. {missing})")
+        check_plan_fits(plan, model, self.options.view)
+        if len(self._order) != len(layers):
+            raise PlanError("the starting plan must hold every layer of the model once (one names a layer twice)")
         self._nbytes = [sum(p.numel() * p.element_size() for _, p in layers[n]) for n in self._order]
         self._device = next(p for _, ps in layers.items() for _, p in ps).device
         self._stream = CommStream()

@@ -54,8 +54,8 @@ def serve_until_done(model: nn.Module, optimizer: torch.optim.Optimizer, schedul
                      servers: int, view: str, planner_options: dict[str, Any], network_cost: Any,
                      fit_repeats: int) -> dict[str, list[dict[str, Any]]]:
     """A serving rank's part of the run (module docstring); returns the tables it recorded."""
+    from repro.families import get_family
     from repro.runtime.online import plan_online
-    from repro.runtime.ps import serve
 
     device = next(model.parameters()).device
     if plan is None:
@@ -63,6 +63,7 @@ def serve_until_done(model: nn.Module, optimizer: torch.optim.Optimizer, schedul
                                  network_cost=network_cost, fit_repeats=fit_repeats, first=servers,
                                  servers=servers)
     share_trainer_state(model, optimizer, servers)
+    serve = get_family(plan.family).hook("server")  # the family's serving ranks (repro.runtime.ps:serve)
     return serve(None, SimpleNamespace(view=view), model, optimizer, plan)
 
 

@@ -13,6 +13,7 @@ from torch import nn
 
 from repro.plan import Plan, PlanError
 from repro.runtime.deferred import hyperparameters  # noqa: F401 - the families' one copy of the groups' settings
+from repro.runtime.plan_fit import check_plan_fits
 from repro.workload.layers import layer_parameters
 
 __all__ = ["PSTiming", "ps_layout", "HandOverOptimizer"]
@@ -48,19 +49,14 @@ def ps_layout(model: nn.Module, plan: Plan, view: str) -> list[_Bucket]:
 
     if plan is None or plan.family != "ps":
         raise PlanError(f"a parameter-server run needs a 'ps' plan, got {getattr(plan, 'family', None)!r}")
+    check_plan_fits(plan, model, view)
     layers = layer_parameters(model, view)
     out = []
     for b, (bucket, (stage, server)) in enumerate(zip(plan.buckets, plan_layout(plan))):
-        params = []
-        for name in bucket.layers:
-            if name not in layers:
-                raise PlanError(f"plan layer '{name}' is not a layer of this model ({view} view)")
-            params += [p for _, p in layers[name]]
+        params = [p for name in bucket.layers for _, p in layers[name]]
         out.append(_Bucket(b, stage, server, tuple(params), sum(p.numel() for p in params)))
-    covered = sum(len(b.params) for b in out)
-    if covered != sum(len(v) for v in layers.values()):
-        raise PlanError(f"the plan covers {covered} of the model's {sum(len(v) for v in layers.values())} "
-                        "parameters")
+    if sum(len(b.params) for b in out) != sum(len(v) for v in layers.values()):
+        raise PlanError("a parameter-server plan holds each layer in one bucket; this one names a layer twice")
     return out
 
 

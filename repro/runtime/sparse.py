@@ -57,6 +57,7 @@ from repro.runtime.deferred import DeferredUpdateOptimizer
 from repro.runtime.executor import Executor, ExecutorOptions, FoundInfReport, ScaledStep, check_scaled_step
 from repro.runtime.topk import topk_indices
 from repro.sim.sparse import INDEX_BYTES, TOPK_SCOPES, topk_count
+from repro.runtime.plan_fit import check_plan_fits
 from repro.workload.layers import layer_parameters
 
 __all__ = ["deterministic_index_add_", "Compressor", "TopKCompressor", "Memory", "NoMemory", "ResidualMemory", "AllGatherCommunicator",
@@ -476,16 +477,8 @@ def _check_plan(model: nn.Module, plan: Plan | None, view: str) -> dict[str, lis
     if plan.family != "sparse":
         raise PlanError(f"SparseExecutor executes 'sparse' plans, got a '{plan.family}' plan "
                         f"(solver '{plan.solver}')")
-    layers = layer_parameters(model, view)
-    planned = [name for b in plan.buckets for name in b.layers]
-    unknown = [n for n in planned if n not in layers]
-    if unknown:
-        raise PlanError(f"plan names {len(unknown)} layer(s) the model does not have in view '{view}', "
-                        f"e.g. {unknown[:3]}")
-    missing = [n for n in layers if n not in set(planned)]
-    if missing:
-        raise PlanError(f"plan leaves {len(missing)} layer(s) of the model out, e.g. {missing[:3]}")
-    return layers
+    check_plan_fits(plan, model, view)
+    return layer_parameters(model, view)
 
 
 class SparseExecutor(Executor):
