@@ -69,8 +69,10 @@ def rejudge(row: dict, claim: dict) -> dict:
     low, high = _number(row, "measured_low"), _number(row, "measured_high")
     n = _number(row, "measured_samples")
     interval = None if low is None or high is None else (low, high)
+    meas_m = claim.get("measured") if interval is not None else (claim.get("measured_summary") or claim.get("measured"))
+    exact = bool(meas_m and meas_m.get("exact"))
     row["verdict"] = judge(claim, _number(row, "simulated"), _number(row, "measured"), interval,
-                           None if n is None else int(n))
+                           None if n is None else int(n), exact)
     cal = _number(row, "calibrated")
     if not claim.get("simulated") or not claim.get("testable", True):
         row["verdict_calibrated"] = "n/a"

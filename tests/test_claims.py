@@ -467,3 +467,37 @@ def test_a_measured_up_to_claim_far_above_the_paper_is_not_reproduced(tmp_path):
     assert far["measured"] == pytest.approx(2.5) and far["measured_low"] > 1.87 and far["verdict"] == "direction only"
     assert judged([1.68, 1.7, 1.72, 1.69, 1.71, 1.7])["verdict"] == "reproduced"
     assert judged([1.6, 1.9, 1.7, 2.0, 1.65, 1.95])["verdict"] == "inconclusive"  # straddles 1.87
+
+
+def test_a_notebook_that_says_why_it_left_the_calibrated_mode_out_is_shown_as_na(tmp_path):
+    data = tmp_path / "data"
+    rows = [{"model": "resnet50", "planner": p, "iteration_s": t, "buckets": 1, "cost_mode": "paper"}
+            for p, t in (("topk_single", 0.666), ("omgs", 0.507))]
+    write_table(pd.DataFrame(rows), data, "omgs_paper_setting")
+    assert _row(cl.claims_table(data, ["omgs"]), "omgs.speedup_resnet50")["calibrated_text"] == cl.NOT_RUN
+    write_table(pd.DataFrame(rows), data, "omgs_paper_setting",
+                params={"calibrated_omitted": {"1gbe-allgather": "no 1GbE measurements to fit"}})
+    r = _row(cl.claims_table(data, ["omgs"]), "omgs.speedup_resnet50")
+    assert r["calibrated_text"] == r["verdict_calibrated"] == "n/a (no calibrated preset: 1gbe-allgather)"
+
+
+def test_a_claim_can_say_why_it_has_no_calibrated_number(tmp_path):
+    claim = next(c for c in cl.load_claims("mgwfbp") if c["id"] == "mgwfbp.vs_fixed_threshold")
+    assert claim["calibrated_na"]
+    r = _row(cl.claims_table(tmp_path / "nothing", ["mgwfbp"]), "mgwfbp.vs_fixed_threshold")
+    assert r["verdict_calibrated"].startswith("n/a (") and r["verdict_calibrated"] != cl.NOT_RUN
+
+
+def test_an_exact_measured_number_is_judged_as_a_point_and_says_so(tmp_path):
+    data = tmp_path / "data"
+    rows = [{"epoch": e, "scheduler": s, "test_accuracy": a, "model": "tiny_resnet"}
+            for e in (1, 2) for s, a in (("mgwfbp", 0.9 + e / 100), ("ddp", 0.9 + e / 100))]
+    write_table(pd.DataFrame(rows), data, "mgwfbp_convergence")
+    r = _row(cl.claims_table(data, ["mgwfbp"]), "mgwfbp.convergence")
+    assert r["verdict"] == "reproduced" and r["measured_text"].endswith("(exact)")
+    rows = [dict(x, test_accuracy=x["test_accuracy"] - (0.02 if x["scheduler"] == "mgwfbp" else 0)) for x in rows]
+    write_table(pd.DataFrame(rows), data, "mgwfbp_convergence")
+    assert _row(cl.claims_table(data, ["mgwfbp"]), "mgwfbp.convergence")["verdict"] == "not reproduced"
+    # a number without an interval that is not declared exact stays inconclusive
+    plain = {"paper": {"value": 0.0}, "rule": {"kind": "close", "atol": 0.5}, "judge_by": "measured"}
+    assert cl.judge(plain, None, 0.0) == cl.NO_INTERVAL and cl.judge(plain, None, 0.0, exact=True) == "reproduced"

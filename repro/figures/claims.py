@@ -118,9 +118,9 @@ _AS = ("ratio", "pct", "diff", "pts")
 _RULES = ("close", "at_least", "at_most")
 _RULE_KEYS = {"kind", "atol", "etol", "rtol", "neutral", "neutral_atol"}
 _CLAIM_KEYS = {"id", "claim", "figures", "paper", "rule", "judge_by", "simulated", "measured", "measured_summary",
-               "settings", "facts", "why", "testable", "ours_note"}
+               "settings", "facts", "why", "testable", "ours_note", "calibrated_na"}
 _METRIC_KEYS = {"table", "where", "at_max", "value", "agg", "num", "den", "as", "by", "reduce", "unit", "pair",
-                "cells"}
+                "cells", "exact"}
 _SETTINGS_KEYS = {"params", "paper", "seeds", "note"}
 _DEFAULT_SETTINGS = ("scale", "workers", "epochs", "density")
 _REL_TOL = 1e-9  # numbers read back from CSV may differ in the last digit
@@ -135,7 +135,9 @@ RULES_TEXT = f"""One rule set, applied to every claim (`repro.figures.claims`):
 - **not reproduced**: no effect, or the opposite (or a bound broken).
 - **inconclusive**: a measured number whose 95% bootstrap interval (seeded, {BOOTSTRAP_RESAMPLES} resamples of
   the side-by-side pairs or seeds) straddles one of the rule's thresholds, or fewer than {MIN_SAMPLES} pairs ran;
-  **inconclusive (no interval)**: a measured number from a table without samples.
+  **inconclusive (no interval)**: a measured number from a table without samples. A measured number
+  that is *exact* (a deterministic function of the seed, weights and data order, with no timing in it:
+  the same run gives the same number) is judged as a point, and says so.
 - **not testable here**, and **not run yet** (the notebook that writes the table has not run).
 
 An "up to" number is the maximum over the paper's own models and settings only. Each method is judged
@@ -393,6 +395,10 @@ def evaluate_metric(metric: Mapping[str, Any] | None, results_dir: str | Path,
         return None
     rows = _cost_rows(df, cost_mode)
     if rows is None or rows.empty:
+        omitted = (_params(Path(results_dir), str(metric["table"]), cache) or {}).get("calibrated_omitted")
+        if cost_mode == "calibrated" and rows is not None and omitted:
+            return {"value": None, "at": "", "table": str(metric["table"]),
+                    "reason": f"{NO_CALIBRATED[:-1]}: {', '.join(sorted(omitted))})"}
         return None
     got = _metric_value(metric, rows)
     if got is None and cost_mode == "calibrated" and _metric_value(metric, _cost_rows(df, "paper")) is not None:
@@ -590,9 +596,10 @@ def verdict(ours: float | None, paper: float | None, rule: Mapping[str, Any],
 
 
 def judge(claim: Mapping[str, Any], simulated: float | None, measured: float | None,
-          interval: tuple[float, float] | None = None, samples: int | None = None) -> str:
+          interval: tuple[float, float] | None = None, samples: int | None = None, exact: bool = False) -> str:
     """A claim's verdict from its judging number: ``simulated`` (a point) or ``measured`` (judged with its
-    ``interval`` over ``samples`` pairs; without one, :data:`NO_INTERVAL`)."""
+    ``interval`` over ``samples`` pairs; without one, :data:`NO_INTERVAL`, unless the measured metric is
+    ``exact``: a deterministic number, judged as a point)."""
     if not claim.get("testable", True):
         return "not testable here"
     paper, rule = claim["paper"].get("value"), claim["rule"]
@@ -600,6 +607,8 @@ def judge(claim: Mapping[str, Any], simulated: float | None, measured: float | N
         return verdict(simulated, paper, rule)
     if measured is None or (isinstance(measured, float) and math.isnan(measured)):
         return NOT_RUN
+    if interval is None and exact:
+        return verdict(measured, paper, rule)
     if interval is None:
         return NO_INTERVAL
     return verdict(measured, paper, rule, interval, samples)
@@ -766,7 +775,10 @@ def _evaluate(claim: Mapping[str, Any], results_dir: Path, cache: dict[str, Any]
     judge_by = str(claim.get("judge_by", "simulated"))
     interval = None if meas is None or "low" not in meas else (meas["low"], meas["high"])
     samples = None if meas is None else meas.get("samples")
-    v = judge(claim, _value(sim), _value(meas), interval, samples)
+    exact = bool(meas_m and meas_m.get("exact"))
+    v = judge(claim, _value(sim), _value(meas), interval, samples, exact)
+    if claim.get("calibrated_na"):
+        cal = {"value": None, "at": "", "reason": f"n/a ({' '.join(str(claim['calibrated_na']).split())})"}
     if not sim_m or not claim.get("testable", True):
         v_cal = "n/a"
     elif _value(cal) is None:
@@ -787,7 +799,8 @@ def _evaluate(claim: Mapping[str, Any], results_dir: Path, cache: dict[str, Any]
         "measured_low": None if interval is None else interval[0],
         "measured_high": None if interval is None else interval[1], "measured_samples": samples,
         "simulated_text": _cell(sim_m, sim, unit), "calibrated_text": _cell(sim_m, cal, unit, calibrated=True),
-        "measured_text": _cell(claim.get("measured") or claim.get("measured_summary"), meas, unit),
+        "measured_text": _cell(claim.get("measured") or claim.get("measured_summary"), meas, unit)
+        + (" (exact)" if exact and meas is not None and interval is None else ""),
         "verdict": v, "verdict_calibrated": v_cal, "judged_by": judge_by, "why": _why(claim, facts),
         "settings_text": settings_text(claim, None if judged_m is None else str(judged_m["table"]), results_dir, cache),
         "tables": ", ".join(tables), "simulated_key": metric_key(sim_m),
