@@ -237,3 +237,25 @@ def test_methods_are_medians_over_seeds_and_the_band_is_drawn():
     assert (row.test_accuracy, row.test_accuracy_min, row.test_accuracy_max) == (0.5, 0.1, 0.9)  # not the lucky 0.9
     fig = plots.plot_accuracy(acc_m.assign(epoch=1), "epoch", "t")
     assert len(fig.axes[0].collections) == 1  # the seeds' band
+
+
+def test_per_seed_rows_carry_the_seed_the_claims_bootstrap_over():
+    assert [study.seed_of(r) for r in ("m_osp_s50_ps1w2_digits-e3", "m_osp_s50_ps1w2_digits-e3_seed2")] == [0, 2]
+    t = pd.DataFrame({"run_id": ["a_digits-e3", "a_digits-e3_seed1", "a_digits-e3_seed4"], "test_accuracy": [.5, .6, .7]})
+    assert study.with_seeds(t).seed.tolist() == [0, 1, 4]
+    assert study.with_seeds(pd.DataFrame()).empty
+
+
+def test_the_accuracy_claims_get_an_interval_from_per_seed_rows(tmp_path):
+    from repro.figures import claims as cl
+    from repro.tables import write_table
+
+    rows = []
+    for seed in range(5):
+        for sched, lgp, acc in (("ps_bsp", None, 0.80), ("osp", True, 0.80), ("osp", False, 0.70)):
+            rows.append({"run_id": f"{sched}_{lgp}_seed{seed}", "epoch": 3, "scheduler": sched, "lgp": lgp,
+                         "stage1_share": 0.5 if sched == "osp" else 1.0, "test_accuracy": acc + 0.01 * seed})
+    write_table(study.with_seeds(pd.DataFrame(rows)), tmp_path, "osp_accuracy_seeds")
+    t = cl.claims_table(tmp_path, ["osp"]).set_index("claim_id")
+    assert t.loc["osp.accuracy", "measured_samples"] == 5 and t.loc["osp.accuracy", "verdict"] == "reproduced"
+    assert t.loc["osp.lgp", "measured"] == pytest.approx(10.0) and t.loc["osp.lgp", "verdict"] == "reproduced"

@@ -34,7 +34,8 @@ from repro.studies.mgwfbp_train import clear_runs, load_iterations, run_grid
 from repro.studies.mgwfbp_train import load_runs as _load_runs
 from repro.studies.osp_sim import method_name
 
-__all__ = ["clear_runs", "run_grid", "variant", "default_variants", "run_id", "convergence_configs", "run_study",
+__all__ = ["clear_runs", "run_grid", "variant", "default_variants", "run_id", "seed_of", "with_seeds",
+           "convergence_configs", "run_study",
            "load_runs", "throughput_table", "accuracy_table", "lgp_ablation_table", "stage_ratio_table",
            "summary_table", "variant_label", "convergence_runs", "TIME_DERIVATION", "THROUGHPUT_DERIVATION"]
 
@@ -109,6 +110,18 @@ def run_id(c: dict[str, Any], workers: int, servers: int, bandwidth: str | None 
 def variant_id(rid: str) -> str:
     """The run id without its seed (``_seed<n>``): what runs of one variant under several seeds share."""
     return re.sub(r"_seed\d+$", "", str(rid))
+
+
+def seed_of(rid: str) -> int:
+    """The seed in a run id (``_seed<n>``; none: seed 0, the default of :func:`convergence_configs`)."""
+    m = re.search(r"_seed(\d+)$", str(rid))
+    return int(m.group(1)) if m else 0
+
+
+def with_seeds(table: pd.DataFrame) -> pd.DataFrame:
+    """``table`` (one row per run, or per run and epoch) with its runs' ``seed`` column: the samples a
+    measured claim bootstraps over (a seed fixes the weights and data order, the same for every method)."""
+    return table.assign(seed=table["run_id"].map(seed_of)) if not table.empty else table
 
 
 def convergence_configs(variants: Sequence[dict[str, Any]], model: str, workers: int, servers: int = 1,
