@@ -109,7 +109,7 @@ def test_load_runs_counts_the_servers_as_ranks(results):
     assert r.loc["tiny_resnet_osp_s50_ps1w2_bw100mbit_digits-e2", "label"].startswith("OSP 50%")
     assert r.loc["tiny_resnet_ps_ssp_st2_ps1w2_bw100mbit_digits-e2", "label"] == "SSP (s=2)"
     auto = r.loc["tiny_resnet_osp_auto_ps1w2_bw100mbit_digits-e2"]
-    assert auto.label.startswith("OSP auto (") and 0.0 <= auto.stage1_bytes_share <= 1.0
+    assert auto.label.startswith("OSP auto, ours (") and 0.0 <= auto.stage1_bytes_share <= 1.0
 
 
 def test_throughput_accuracy_and_summary_tables(results):
@@ -259,3 +259,97 @@ def test_the_accuracy_claims_get_an_interval_from_per_seed_rows(tmp_path):
     t = cl.claims_table(tmp_path, ["osp"]).set_index("claim_id")
     assert t.loc["osp.accuracy", "measured_samples"] == 5 and t.loc["osp.accuracy", "verdict"] == "reproduced"
     assert t.loc["osp.lgp", "measured"] == pytest.approx(10.0) and t.loc["osp.lgp", "verdict"] == "reproduced"
+
+
+# --- figure defects of the review (osp.throughput, osp.accuracy_*, osp.stage_ratio, osp.timeline) ------------
+
+def _thr_rows():
+    """A median-over-seeds throughput table: every run oversubscribed on emulated links, ~3x slower than
+    its plan's prediction except one; osp_auto's seeds chose different byte shares (0 and 0.29)."""
+    rows = []
+    for rid, sched, method, req, actual, it, pred in (
+            ("bsp", "ps_bsp", "ps_bsp", 1.0, 1.0, 0.10, 0.035), ("osp50", "osp", "osp", 0.5, 0.4998, 0.08, 0.05),
+            ("auto", "osp_auto", "osp_auto", 0.342, 0.0, 0.086, 0.0297)):
+        rows.append({"run_id": rid, "scheduler": sched, "method": method, "label": "first seed's label",
+                     "stage1_share": req, "stage1_bytes_share": actual, "stage1_bytes_share_min": 0.0,
+                     "stage1_bytes_share_max": 0.2915 if sched == "osp_auto" else actual, "staleness": np.nan,
+                     "workers": 2, "batch_size": 32, "ranks": 3, "oversubscribed": True,
+                     "emulated_bandwidth_bps": 1e8, "iteration_s": it, "predicted_s": pred,
+                     "throughput_samples_s": 64 / it, "throughput_samples_s_min": 60 / it,
+                     "throughput_samples_s_max": 66 / it, "speedup_vs_bsp": 0.1 / it, "seeds": 3})
+    return pd.DataFrame(rows)
+
+
+def test_labels_use_the_median_bytes_share_and_say_osp_auto_is_ours():
+    t = study._relabel(_thr_rows()).set_index("run_id")
+    assert t.loc["auto", "label"] == "OSP auto, ours (0%, seeds 0%-29%)"  # bytes share, not the 34% requested
+    assert t.loc["osp50", "label"] == "OSP 50%" and t.loc["bsp", "label"] == "BSP"
+    assert study.variant_label("osp_auto", stage1_bytes_share=0.88) == "OSP auto, ours (88%)"
+
+
+def test_median_over_seeds_relabels_throughput_and_accuracy_alike():
+    thr = _thr_rows().drop(columns=["stage1_bytes_share_min", "stage1_bytes_share_max", "seeds",
+                                    "throughput_samples_s_min", "throughput_samples_s_max"])
+    seeds = [thr.assign(run_id=thr.run_id + (f"_seed{s}" if s else ""), stage1_bytes_share=np.where(
+        thr.scheduler == "osp_auto", b, thr.stage1_bytes_share)) for s, b in ((0, 0.0), (1, 0.0), (2, 0.2915))]
+    thr = pd.concat(seeds, ignore_index=True)
+    acc = thr[["run_id", "scheduler", "method", "label", "stage1_share", "stage1_bytes_share"]].assign(
+        epoch=1, test_accuracy=0.8)
+    mt, ma = study.median_over_seeds(thr, acc)
+    lt = dict(zip(mt.method, mt.label))
+    la = dict(zip(ma.method, ma.label))
+    assert lt["osp_auto"] == la["osp_auto"] == "OSP auto, ours (0%, seeds 0%-29%)"
+    # the stage-ratio figure's star says the same share as the label
+    ratio = study.stage_ratio_table(mt, ma)
+    auto = ratio[ratio.point == "auto"].iloc[0]
+    assert f"({100 * auto.stage1_bytes_share:.0f}%" in auto.label
+
+
+def test_throughput_gap_note_error_bars_and_no_uninformative_hatch(monkeypatch):
+    m = study._relabel(_thr_rows())
+    lines = plots.throughput_gap_lines(m)
+    assert [ln.split(":")[0] for ln in lines] == ["BSP", "OSP auto, ours (0%, seeds 0%-29%)"]  # 1.6x is not noted
+    assert "oversubscribed (3 processes" in lines[0] and "emulated 100 Mbit/s links" in lines[0]
+    sim = pd.DataFrame(columns=["network", "model", "method", "speedup_vs_bsp", "workers"])
+    fig = plots.plot_throughput(m, sim, "note", "sim")
+    texts = [t.get_text() for t in fig.texts]
+    assert any("more than 2x apart" in t and "BSP: measured 100 ms vs 35 ms predicted (2.9x)" in t for t in texts)
+    ax = fig.axes[0]
+    assert not any(p.get_hatch() for p in ax.patches)  # every run oversubscribed: said once, not hatched
+    assert "all runs oversubscribed" in ax.get_title() and "error bars" in ax.get_title()
+    assert ax.containers and any(type(c).__name__ == "ErrorbarContainer" for c in ax.containers)
+    offsets = np.concatenate([c.get_offsets() for c in ax.collections if len(c.get_offsets())])
+    assert set(np.round(offsets[:, 0], 6)) <= set(range(len(m)))  # the plan's diamonds on their bars
+
+
+def test_accuracy_note_compares_with_bsp_and_names_osp_auto_ours():
+    rows = []
+    for method, label, acc in (("ps_bsp", "BSP", 0.89), ("osp_auto", "OSP auto, ours (0%)", 0.864),
+                               ("ps_asp", "ASP", 0.87)):
+        for e in (1, 2):
+            rows.append({"run_id": method, "method": method, "label": label, "epoch": e, "stage1_bytes_share": 0.0,
+                         "test_accuracy": acc, "train_loss": 1.0, "test_accuracy_min": acc - 0.01,
+                         "test_accuracy_max": acc + 0.01, "seeds": 3})
+    note = plots.accuracy_vs_bsp_note(pd.DataFrame(rows))
+    assert "OSP auto, ours (0%) -2.6 pts (seeds' ranges apart)" in note and "not the paper's OSP" in note
+    from matplotlib.colors import to_rgb
+    a, b = np.array(to_rgb(plots.method_style("ps_asp")["color"])), np.array(to_rgb(plots.method_style("osp_auto")["color"]))
+    assert np.abs(a - b).sum() > 0.5  # ASP and OSP auto told apart
+
+
+def test_stage_ratio_says_when_the_band_is_too_thin():
+    fig, ax = plt.subplots()
+    ax.set_ylim(0, 1000)
+    m = pd.DataFrame({"point": ["sweep", "bsp"], "throughput_samples_s_min": [700.0, 600.0],
+                      "throughput_samples_s_max": [710.0, 620.0], "seeds": [3, 3]})
+    assert "too thin to see" in plots._band_visibility(ax, m, "throughput_samples_s", 1.0, "samples/s")
+    ax.set_ylim(0, 100)
+    assert plots._band_visibility(ax, m, "throughput_samples_s", 1.0, "samples/s") == ""
+
+
+def test_timeline_notes_when_auto_is_slower_than_a_swept_share():
+    ops = pd.DataFrame({"scheduler": ["ps_bsp", "osp_auto", "osp"], "iteration_s": [0.909, 0.822, 0.668],
+                        "stage1_bytes_share": [1.0, 0.8786, 0.489]})
+    note = plots.auto_slower_note(ops)
+    assert "88%" in note and "822 ms" in note and "668 ms" in note and "49%" in note
+    assert plots.auto_slower_note(ops.assign(iteration_s=[0.9, 0.6, 0.668])) == ""

@@ -21,8 +21,8 @@ from matplotlib.patches import Patch
 
 from repro.figures.mgwfbp_plots import cost_mode_label
 from repro.figures.plots import gantt
-from repro.figures.style import (DARK_GREY, EXTRA_COLORS, OVERSUBSCRIBED_HATCH, PALETTE, kind_color, legend_below,
-                                 scheduler_style)
+from repro.figures.style import (DARK_GREY, EXTRA_COLORS, OVERSUBSCRIBED_HATCH, PALETTE, add_gap_note, gap_lines,
+                                 kind_color, legend_below, scheduler_style)
 
 __all__ = ["METHOD_ORDER", "STAGE_COLORS", "method_style", "method_label", "plot_timeline", "plot_throughput",
            "plot_accuracy", "plot_lgp_ablation", "plot_stage_ratio"]
@@ -140,12 +140,34 @@ def plot_timeline(ops: pd.DataFrame, title: str, note: str = "", cost_mode: str 
     handles = [Patch(facecolor=STAGE_COLORS[k], label=text[k]) for k in kinds]
     handles.append(Line2D([], [], color="black", ls="--", lw=0.9, label="worker 1 starts an iteration"))
     mode = cost_mode_label(ops, cost_mode)
+    note = "\n".join(t for t in (note, auto_slower_note(ops)) if t)
     top = _head(fig, f"{title} ({mode})" if mode else title, note, 150)
     ncol = len(handles) if len(handles) <= 4 else -(-len(handles) // 2)  # at most two rows, never wider than the axes
     legend_below(fig, handles, ncol=ncol)
     rows = -(-len(handles) // ncol)
     fig.subplots_adjust(top=top, bottom=(0.8 + 0.25 * (rows - 1)) / fig_h, left=0.13, right=0.985)
     return fig
+
+
+def auto_slower_note(ops: pd.DataFrame) -> str:
+    """A note when osp_auto's simulated period is longer than the best other OSP share's in ``ops``
+    (:func:`repro.studies.osp_sim.timeline_table`), with why (its rule does not search for the fastest
+    share); "" otherwise."""
+    per = ops.drop_duplicates("scheduler").set_index("scheduler")
+    if "osp_auto" not in per.index:
+        return ""
+    others = per[per.index.str.startswith("osp") & (per.index != "osp_auto")]
+    if others.empty:
+        return ""
+    best = others["iteration_s"].astype(float).idxmin()
+    a, b = per.loc["osp_auto"], per.loc[best]
+    if float(a["iteration_s"]) <= float(b["iteration_s"]):
+        return ""
+    return (f"Why osp_auto is slower: its stage 1 = {100 * float(a['stage1_bytes_share']):.0f}% of the bytes gives a "
+            f"period of {_ms(float(a['iteration_s']))}, longer than {method_label(best)} at "
+            f"{100 * float(b['stage1_bytes_share']):.0f}% ({_ms(float(b['iteration_s']))}). Its rule keeps stage 2 small "
+            "enough to hide behind one computation and does not search for the fastest share; a larger stage 2 that "
+            "does not fully hide still shortens the period while the server links are not saturated.")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -181,18 +203,27 @@ def plot_throughput(measured: pd.DataFrame, simulated: pd.DataFrame, measured_no
     m = measured.copy()
     m["_o"] = m["method"].map({k: i for i, k in enumerate(METHOD_ORDER)}).fillna(99)
     m = m.sort_values(["_o", "stage1_bytes_share"], ascending=[True, False]).reset_index(drop=True)
-    over = bool(m["oversubscribed"].fillna(False).astype(bool).any()) if "oversubscribed" in m else False
+    flags = m["oversubscribed"].fillna(False).astype(bool) if "oversubscribed" in m else pd.Series(False, index=m.index)
+    over, all_over = bool(flags.any()), bool(flags.all()) and len(m) > 0
+    seeds = int(m["seeds"].max()) if "seeds" in m and m["seeds"].notna().any() else 1
     for i, r in m.iterrows():
         ax.bar(i, r.throughput_samples_s, 0.62, **_bar_style(r.method))
-        if bool(r.get("oversubscribed", False)):
+        if over and not all_over and bool(flags[i]):  # hatched only where it tells the runs apart
             ax.bar(i, r.throughput_samples_s, 0.62, facecolor="none", edgecolor="#333333", linewidth=0,
                    hatch=OVERSUBSCRIBED_HATCH)
         ax.text(i, r.throughput_samples_s * 0.96, f"×{r.speedup_vs_bsp:.2f}", ha="center", va="top", fontsize="small",
                 bbox={"boxstyle": "round,pad=0.15", "facecolor": "white", "edgecolor": "none", "alpha": 0.9}, zorder=7)
         pred = r.get("predicted_s")
         if pred is not None and pred == pred and pred > 0:
-            ax.scatter(i + 0.42, r.workers * r.batch_size / pred, marker="D", s=30, facecolor="white",
-                       edgecolor="black", zorder=6)
+            ax.scatter(i, r.workers * r.batch_size / pred, marker="D", s=34, facecolor="white",
+                       edgecolor="black", zorder=8)
+    if seeds > 1 and {"throughput_samples_s_min", "throughput_samples_s_max"} <= set(m.columns):
+        y = m["throughput_samples_s"].to_numpy(dtype=float)
+        err = np.vstack([y - m["throughput_samples_s_min"].to_numpy(dtype=float),
+                         m["throughput_samples_s_max"].to_numpy(dtype=float) - y])
+        ax.errorbar(np.arange(len(m)) + 0.2, y, yerr=np.clip(err, 0, None), fmt="none", ecolor="black",
+                    elinewidth=1.1, capsize=3, zorder=6)
+    gaps, gap_head = _gap_note(m)
     bsp = m[m.method == "ps_bsp"]
     top = float(m.throughput_samples_s.max()) if len(m) else 1.0
     if len(bsp):
@@ -202,12 +233,17 @@ def plot_throughput(measured: pd.DataFrame, simulated: pd.DataFrame, measured_no
     if "predicted_s" in m:
         preds = (m.workers * m.batch_size / m.predicted_s).replace([np.inf], np.nan).dropna()
         top = max([top] + [float(v) for v in preds])
+    if "throughput_samples_s_max" in m:
+        top = max([top] + [float(v) for v in m["throughput_samples_s_max"].dropna()])
     ax.set_ylim(0, top * 1.12)
     ax.set_xlim(-0.6, len(m) - 0.3)
     ax.set_xticks(range(len(m)))
     ax.set_xticklabels(m["label"], fontsize="small", rotation=18, ha="right")
     ax.set_ylabel("throughput\n(samples/s, all workers)")
-    ax.set_title(_wrap(f"measured: {measured_note}; ×: throughput ÷ BSP's", 125), fontsize="small")
+    extra = "; all runs oversubscribed (more ranks than CPU cores)" if all_over else ""
+    extra += "; error bars: the seeds' range (min-max)" if seeds > 1 else "; one seed"
+    panel_title = _wrap(f"measured: {measured_note}; ×: throughput ÷ BSP's{extra}", 125)
+    ax.set_title(panel_title, fontsize="small")
     for j, net in enumerate(nets):
         a = fig.add_subplot(gs[1, j])
         sub = simulated[simulated["network"] == net]
@@ -230,18 +266,55 @@ def plot_throughput(measured: pd.DataFrame, simulated: pd.DataFrame, measured_no
     names = _order(list(m["method"]) + (list(simulated["method"]) if len(simulated) else []))
     handles = [Patch(**_bar_style(s), label=method_label(s)) for s in names]
     handles.append(Line2D([], [], marker="D", ls="", markerfacecolor="white", markeredgecolor="black",
-                          label="measured run: its plan's prediction"))
+                          label="its plan's predicted throughput (on the bar)"))
     handles.append(Line2D([], [], color=CLAIM_COLOR, ls=(0, (5, 2)),
                           label=f"paper's claim (abstract): up to +{claim_pct:g}% (measured: drawn over BSP)"))
-    if over:
+    if over and not all_over:
         handles.append(Patch(facecolor="white", edgecolor="#333333", hatch=OVERSUBSCRIBED_HATCH,
                              label="oversubscribed: more ranks than CPU cores"))
     note = "\n".join(t for t in (f"simulated: {sim_note}", summary) if t)
     top = _head(fig, "Throughput of BSP, ASP, SSP and OSP: measured at tiny scale, simulated at 9 nodes", note,
-                int(14 * fig.get_figwidth()))
+                int(14 * fig.get_figwidth()), panel_title_lines=panel_title.count("\n") + 1)
     legend_below(fig, handles, ncol=4)
     fig.subplots_adjust(top=top, bottom=1.0 / fig_h, left=0.09, right=0.985)
+    add_gap_note(fig, gaps, head=gap_head)
     return fig
+
+
+def _gap_reason(r) -> str:
+    """Why a measured run is slower than its plan's prediction, from the run's own columns."""
+    why = []
+    if bool(r.get("oversubscribed", False)):
+        ranks = r.get("ranks")
+        why.append(f"oversubscribed ({int(ranks)} processes on fewer CPU cores)" if ranks == ranks and ranks is not None
+                   else "oversubscribed (more processes than CPU cores)")
+    bw = r.get("emulated_bandwidth_bps")
+    if bw is not None and bw == bw and float(bw) > 0:
+        why.append(f"emulated {float(bw) / 1e6:g} Mbit/s links (software shaping)")
+    if not why:
+        return ""
+    return ("the plan's prediction does not model " + " or ".join(why)) if len(why) == 1 else (
+        "the plan's prediction models neither:\n" + "; ".join(why))
+
+
+def throughput_gap_lines(measured: pd.DataFrame) -> list[str]:
+    """:func:`repro.figures.style.gap_lines` of each measured run's iteration time vs its plan's predicted
+    period (``predicted_s``), with the reason computed from the run (oversubscribed, emulated links)."""
+    if "predicted_s" not in measured or "iteration_s" not in measured:
+        return []
+    return gap_lines([(r["label"], r["iteration_s"], r["predicted_s"], _gap_reason(r)) for _, r in measured.iterrows()])
+
+
+def _gap_note(measured: pd.DataFrame) -> tuple[list[str], str]:
+    """The lines and head of the throughput panel's gap note: a reason shared by every line goes once
+    into the head."""
+    lines = throughput_gap_lines(measured)
+    head = "Measured iteration time vs its plan's prediction, more than 2x apart"
+    reasons = {_gap_reason(r) for _, r in measured.iterrows()}
+    if lines and len(reasons) == 1 and "" not in reasons:
+        reason = reasons.pop()
+        return [ln.replace(f": {reason}", "") for ln in lines], f"{head}; every run: {reason}:"
+    return lines, head + ":"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -296,11 +369,36 @@ def plot_accuracy(acc: pd.DataFrame, x: str, title: str, note: str = "", claim: 
     axes[0].set_ylim(0, 100)
     axes[1].set_ylabel("train loss (mean over the epoch)")
     axes[1].set_ylim(bottom=0)
-    text = note + (f"\n{claim}" if claim else "")
+    text = "\n".join(t for t in (note, claim, accuracy_vs_bsp_note(acc) if claim else "") if t)
     top = _head(fig, title, text, 150, panel_title_lines=0, pad=0.05)
     legend_below(fig, handles, ncol=min(len(handles), 5))
     fig.tight_layout(rect=(0, 0, 1, top))
     return fig
+
+
+def accuracy_vs_bsp_note(acc: pd.DataFrame) -> str:
+    """Each OSP run's final test accuracy minus BSP's (points), beside the paper's claim: whether the
+    seeds' ranges of the last epoch overlap, and that osp_auto is this package's split, not the paper's
+    OSP; "" without a BSP run or an OSP run."""
+    last = acc[acc["epoch"] == acc["epoch"].max()]
+    bsp = last[last["method"] == "ps_bsp"]
+    osp = last[last["method"].isin(["osp", "osp_auto"])]
+    if bsp.empty or osp.empty:
+        return ""
+    b = bsp.iloc[0]
+    parts = []
+    for rid in _runs_in_order(osp):
+        r = osp[osp["run_id"] == rid].iloc[0]
+        d = 100 * (float(r["test_accuracy"]) - float(b["test_accuracy"]))
+        part = f"{r['label']} {d:+.1f} pts"
+        if {"test_accuracy_min", "test_accuracy_max"} <= set(last.columns) and int(r.get("seeds", 1) or 1) > 1:
+            overlap = (float(r["test_accuracy_max"]) >= float(b["test_accuracy_min"])
+                       and float(b["test_accuracy_max"]) >= float(r["test_accuracy_min"]))
+            part += " (seeds' ranges overlap)" if overlap else " (seeds' ranges apart)"
+        parts.append(part)
+    auto = ("; osp_auto is this package's automatic split (ours), not the paper's OSP: the claim is not about it"
+            if (osp["method"] == "osp_auto").any() else "")
+    return f"Final test accuracy vs BSP's (epoch {int(b['epoch'])}): " + ", ".join(parts) + auto
 
 
 def plot_lgp_ablation(table: pd.DataFrame, title: str, note: str = ""):
@@ -363,6 +461,21 @@ def _seed_range(ax, measured: pd.DataFrame, column: str, scale: float, color: st
     return f"median of {lo_n if lo_n == seeds else f'{lo_n}-{seeds}'} seeds; bars and band: their range"
 
 
+def _band_visibility(ax, measured: pd.DataFrame, column: str, scale: float, unit: str,
+                     min_frac: float = 0.03) -> str:
+    """A line saying the band is too thin to see when the seeds' band along the OSP sweep
+    is at most ``min_frac`` of the axis' height everywhere (call after the y limits are set); "" else."""
+    lo, hi = f"{column}_min", f"{column}_max"
+    if lo not in measured or hi not in measured or "seeds" not in measured or int(measured["seeds"].max()) < 2:
+        return ""
+    sweep = measured[measured.point.isin(["sweep", "bsp"])]
+    widths = ((sweep[hi] - sweep[lo]).astype(float) * scale).dropna()
+    y0, y1 = ax.get_ylim()
+    if widths.empty or y1 <= y0 or float(widths.max()) > min_frac * (y1 - y0):
+        return ""
+    return f"\nthe OSP line's band (at most {float(widths.max()):.2g} {unit} wide) is too thin to see"
+
+
 def plot_stage_ratio(measured: pd.DataFrame, simulated: pd.DataFrame, measured_note: str, sim_note: str,
                      note: str = "", cost_mode: str | None = None):
     """Top: measured throughput and final accuracy vs the share of the gradient bytes in stage 1 (OSP with
@@ -384,6 +497,7 @@ def plot_stage_ratio(measured: pd.DataFrame, simulated: pd.DataFrame, measured_n
     bsp_kw = {"marker": method_style("ps_bsp")["marker"], "s": 60, "color": method_style("ps_bsp")["color"],
               "zorder": 7}
     over = bool(measured["oversubscribed"].fillna(False).astype(bool).any()) if len(measured) else False
+    title_lines = 2
     for j, (col, ylab, scale) in enumerate((("throughput_samples_s", "throughput (samples/s, all workers)", 1.0),
                                             ("final_accuracy", "final test accuracy (%)", 100.0))):
         a = fig.add_subplot(gs[0, j])
@@ -408,9 +522,11 @@ def plot_stage_ratio(measured: pd.DataFrame, simulated: pd.DataFrame, measured_n
         else:
             hi = pd.to_numeric(measured[[c for c in (col, f"{col}_max") if c in measured]].stack(), errors="coerce")
             a.set_ylim(0, float(hi.max()) * 1.12 if len(hi.dropna()) else 1)  # the seeds' range inside too
+        spread += _band_visibility(a, measured, col, scale, "samples/s" if j == 0 else "pts")
         epochs = int(measured.epochs.max()) if len(measured) and measured.epochs.notna().any() else 0
         what = "throughput" if j == 0 else f"test accuracy after {epochs} epochs"
         a.set_title(f"measured {what}" + (" (oversubscribed)" if over else "") + f"\n{spread}", fontsize="small")
+        title_lines = max(title_lines, 2 + spread.count("\n"))
     model_handles = {}
     for j, net in enumerate(nets):
         a = fig.add_subplot(gs[1, j])
@@ -437,7 +553,7 @@ def plot_stage_ratio(measured: pd.DataFrame, simulated: pd.DataFrame, measured_n
     handles += list(model_handles.values())
     text = "\n".join(t for t in (f"measured: {measured_note}", f"simulated: {sim_note}", note) if t)
     top = _head(fig, "Throughput and accuracy vs the share of the gradient synchronised in stage 1", text,
-                int(14 * fig.get_figwidth()))
+                int(14 * fig.get_figwidth()), panel_title_lines=title_lines)
     legend_below(fig, handles, ncol=min(len(handles), 5))
     fig.subplots_adjust(top=top, bottom=1.05 / fig_h, left=0.08, right=0.98)
     return fig

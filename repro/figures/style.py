@@ -160,7 +160,7 @@ STYLES: dict[str, SchedulerStyle] = {
     "ps_bsp": _s(EXTRA_COLORS[0], "o", _LONG_DASH, "BSP", "osp"),
     "ps_asp": _s(PALETTE[1], "^", _DASH_DOT, "ASP", "osp"),
     "ps_ssp": _s(PALETTE[4], "P", _SHORT_DASH, "SSP", "osp"),
-    "osp_auto": _s(PALETTE[3], "*", _SOLID, "OSP (ours: automatic share)", "osp"),
+    "osp_auto": _s(EXTRA_COLORS[1], "*", _SOLID, "OSP (ours: automatic share)", "osp"),  # not ASP's orange's twin
     # references
     "linear": _s(PALETTE[7], "", _DASHED, "Linear", "reference", _REFERENCE_ZORDER),
     "paper": _s(DARK_GREY, "D", "", "Paper (published)", "reference", PAPER_ZORDER),

@@ -158,9 +158,12 @@ def run_study(configs: Sequence[dict[str, Any]], workers: int, servers: int, res
 # ---------------------------------------------------------------------------------------------
 
 def variant_label(method: str, stage1_share: float | None = None, staleness: int | None = None,
-                  stage1_bytes_share: float | None = None) -> str:
-    """Display name of a run: ``BSP``, ``SSP (s=2)``, ``OSP 50%``, ``OSP 50% w/o LGP``, ``OSP auto (88%)``
-    (shares: of the gradient bytes in stage 1; the actual share where the layers make it differ)."""
+                  stage1_bytes_share: float | None = None, bytes_range: tuple[float, float] | None = None) -> str:
+    """Display name of a run: ``BSP``, ``SSP (s=2)``, ``OSP 50%``, ``OSP 50% w/o LGP``, ``OSP auto, ours (88%)``
+    (one quantity everywhere: the share of the gradient **bytes** in stage 1, ``stage1_bytes_share``, the
+    x axis of ``osp.stage_ratio``; the requested share is shown only where the layers make the actual one
+    differ). osp_auto is this package's automatic split, not the paper's OSP ("ours"); ``bytes_range``: its
+    seeds' (min, max) bytes share, written when the seeds chose different shares."""
     def pct(v):
         return f"{100 * float(v):.0f}%"
 
@@ -174,7 +177,12 @@ def variant_label(method: str, stage1_share: float | None = None, staleness: int
         return f"SSP (s={int(staleness)})" if staleness is not None and staleness == staleness else "SSP"
     actual = stage1_bytes_share if stage1_bytes_share is not None and stage1_bytes_share == stage1_bytes_share else None
     if base == "osp_auto":
-        return f"OSP auto ({pct(actual)}){suffix}" if actual is not None else f"OSP auto{suffix}"
+        if actual is None:
+            return f"OSP auto, ours{suffix}"
+        spread = ""
+        if bytes_range is not None and all(v == v for v in bytes_range) and pct(bytes_range[0]) != pct(bytes_range[1]):
+            spread = f", seeds {pct(bytes_range[0])}-{pct(bytes_range[1])}"
+        return f"OSP auto, ours ({pct(actual)}{spread}){suffix}"
     if base == "osp" and stage1_share is not None and stage1_share == stage1_share:
         shown = pct(stage1_share)
         if actual is not None and abs(actual - float(stage1_share)) > 0.02:
@@ -323,9 +331,29 @@ def median_over_seeds(throughput: pd.DataFrame, accuracy: pd.DataFrame) -> tuple
         throughput = _median_over(throughput, _THROUGHPUT_METRICS, ())
         throughput["speedup_vs_bsp"] = throughput["throughput_samples_s"] / _bsp_reference(throughput,
                                                                                            "throughput_samples_s")
+        throughput = _relabel(throughput)
     if not accuracy.empty:
+        shares = throughput.set_index("run_id") if not throughput.empty else None
         accuracy = _median_over(accuracy, _ACCURACY_METRICS, ("epoch",))
+        if shares is not None:  # the accuracy rows carry the same (median) bytes share as the throughput rows
+            for c in ("stage1_bytes_share", "stage1_bytes_share_min", "stage1_bytes_share_max", "label"):
+                if c in shares:
+                    accuracy[c] = accuracy["run_id"].map(shares[c]).fillna(accuracy[c] if c in accuracy else np.nan)
     return throughput, accuracy
+
+
+def _relabel(table: pd.DataFrame) -> pd.DataFrame:
+    """Labels from the medians (the first seed's label would name that seed's share: osp_auto's differs
+    per seed), osp_auto's with its seeds' range of bytes shares."""
+    def one(r):
+        rng = ((r.get("stage1_bytes_share_min"), r.get("stage1_bytes_share_max"))
+               if "stage1_bytes_share_min" in r.index else None)
+        return variant_label(r["method"], r["stage1_share"] if r.get("scheduler") == "osp" else None,
+                             r.get("staleness"), r["stage1_bytes_share"], rng)
+
+    if {"method", "stage1_share", "stage1_bytes_share"} <= set(table.columns):
+        table = table.assign(label=table.apply(one, axis=1))
+    return table
 
 
 def lgp_ablation_table(accuracy: pd.DataFrame, shares: Sequence[float]) -> pd.DataFrame:
