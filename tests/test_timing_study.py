@@ -72,6 +72,10 @@ def test_steps_mode_samples_two_schedulers_side_by_side_in_pairs():
     assert timing.MIN_PAIRS >= 5
     assert df.loc[df.scheduler == "threshold", "threshold_bytes"].eq(4096).all()
     assert df.loc[df.scheduler == "wfbp", "threshold_bytes"].isna().all()
+    # the plan each copy ran: WFBP one bucket per parameter tensor, a 4 KiB threshold fewer of them
+    per = df.groupby("scheduler").buckets.agg(["min", "max"])
+    assert (per["min"] == per["max"]).all() and per.loc["wfbp", "min"] > per.loc["threshold", "min"] >= 1
+    assert "buckets" not in timing.config_columns(df)
     ratios = timing.pair_ratios(df, {"scheduler": "threshold"}, {"scheduler": "wfbp"})
     assert len(ratios) == timing.MIN_PAIRS and (ratios["ratio"] > 0).all()
 

@@ -25,8 +25,9 @@ The table (:func:`interleaved_samples`): one row per sample with ``model``, ``wo
 ``pair`` (int), ``iteration_s`` (seconds), ``mode``, ``steps`` (steps behind the sample), ``position`` (its
 place in the pair's order, 0 = first; in ``steps`` mode that of the block's first step), ``ranks`` (every
 process of the world, servers included), ``cpu_count``, ``oversubscribed`` (ranks x threads > cores: the
-samples then measure CPU sharing too) and the schedulers' own options as columns (e.g. ``threshold_bytes``,
-``density``). Its parameters (:func:`timing_params`) say how the samples were taken.
+samples then measure CPU sharing too), ``buckets`` (how many buckets the plan the copy ran had: a
+planning scheduler plans from its own warm-up, so two runs may time different plans; None in ``runs``
+mode) and the schedulers' own options as columns (e.g. ``threshold_bytes``, ``density``). Its parameters (:func:`timing_params`) say how the samples were taken.
 """
 
 from __future__ import annotations
@@ -138,13 +139,14 @@ def interleaved_samples(models: str | Sequence[str], schedulers: Sequence[str | 
                                                            int(fit_repeats)),
                                timeout_s=timeout_s, quiet=True, emulate_bandwidth=emulate_bandwidth)
             per_rank = [o["times_s"] for o in out]
+            buckets = out[0]["buckets"]
             first = interleaved_order(len(specs), pairs * block_steps)
             for k, spec in enumerate(specs):
                 step_s = [max(r[k][i] for r in per_rank) for i in range(len(per_rank[0][k]))]
                 for b in range(pairs):
                     block = step_s[b * block_steps:(b + 1) * block_steps]
                     rows.append(_row(model, workers, spec, b, statistics.median(block), mode, len(block), ranks,
-                                     cpus, first[b * block_steps].index(k)))
+                                     cpus, first[b * block_steps].index(k), buckets[k]))
         else:
             order = interleaved_order(len(specs), pairs)
             configs = [{"model": model, "batch_size": int(batch_size), "steps": int(block_steps),
@@ -167,10 +169,11 @@ def interleaved_samples(models: str | Sequence[str], schedulers: Sequence[str | 
 
 
 def _row(model: str, workers: int, spec: dict[str, Any], pair: int, iteration_s: float, mode: str, steps: int,
-         ranks: int, cpus: int, position: int) -> dict[str, Any]:
+         ranks: int, cpus: int, position: int, buckets: int | None = None) -> dict[str, Any]:
     return {"model": model, "workers": int(workers), "scheduler": spec["scheduler"], "pair": int(pair),
             "iteration_s": float(iteration_s), "mode": mode, "steps": int(steps), "position": int(position),
             "ranks": int(ranks), "cpu_count": int(cpus), "oversubscribed": is_oversubscribed(ranks, cpus, 1),
+            "buckets": buckets,
             **{k: v for k, v in spec.items() if k not in _SPEC_KEYS}}
 
 
@@ -231,7 +234,8 @@ def _steps_target(ctx, model_name: str, specs: list[dict[str, Any]], pairs: int,
         opt.flush()
     for _, opt in copies:
         opt.remove()
-    return {"times_s": times}
+    return {"times_s": times,
+            "buckets": [len(opt.plan.buckets) if getattr(opt, "plan", None) is not None else 0 for _, opt in copies]}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -269,7 +273,7 @@ def ratio_summary(ratios: Sequence[float], resamples: int = 4000, seed: int = 0)
 
 #: the columns of every samples table that are not a scheduler's own option
 BASE_COLUMNS = ("model", "workers", "scheduler", "pair", "iteration_s", "mode", "steps", "position", "ranks",
-                "cpu_count", "oversubscribed")
+                "cpu_count", "oversubscribed", "buckets")
 
 
 def config_columns(samples: pd.DataFrame) -> list[str]:
