@@ -126,7 +126,7 @@ def _s(color: str, marker: str, linestyle: Any, label: str, family: str,
 STYLES: dict[str, SchedulerStyle] = {
     # all-reduce family (MG-WFBP): repro.schedulers.SCHEDULERS
     "wfbp": _s(PALETTE[0], "o", _LONG_DASH, "WFBP", "allreduce"),
-    "syncea": _s(PALETTE[1], "s", _DASH_DOT, "SyncEASGD", "allreduce"),
+    "syncea": _s(EXTRA_COLORS[1], "s", _DASH_DOT, "SyncEASGD", "allreduce"),
     "threshold": _s(PALETTE[4], "^", _SHORT_DASH, "Fixed threshold", "allreduce"),
     "ddp_buckets": _s(PALETTE[2], "v", _DASH_DOT_DOT, "DDP buckets (plan)", "allreduce"),
     "mgwfbp": _s(PALETTE[3], "P", _SOLID, "MG-WFBP", "allreduce"),
