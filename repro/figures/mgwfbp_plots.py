@@ -28,6 +28,7 @@ from repro.figures.style import (
     add_gap_note,
     add_note,
     coinciding_lines,
+    flat_brackets,
     gap_lines,
     legend_below,
     mark_oversubscribed,
@@ -902,26 +903,6 @@ def convergence_extent_text(epochs: pd.DataFrame) -> str:
     seeds = int(epochs["seed"].nunique()) if "seed" in epochs else 1
     n_ep = int(epochs.groupby("scheduler")["epoch"].nunique().max()) if len(epochs) else 0
     return f"{seeds} seed{'s' if seeds != 1 else ''}, {n_ep} epoch{'s' if n_ep != 1 else ''}"
-
-
-def flat_brackets(text: str) -> str:
-    """``text`` without brackets inside brackets: an inner "(...)" becomes ", ..." (``"a (b, c (d))"`` ->
-    ``"a (b, c, d)"``), so a title built from parts that carry their own brackets stays readable."""
-    out, depth = [], 0
-    for ch in text:
-        if ch == "(":
-            depth += 1
-            if depth > 1:
-                if out and out[-1] == " ":
-                    out.pop()
-                out.append(", ")
-                continue
-        elif ch == ")":
-            depth -= 1
-            if depth >= 1:
-                continue
-        out.append(ch)
-    return "".join(out)
 
 
 def plot_convergence(epochs: pd.DataFrame, note: str):
