@@ -325,8 +325,11 @@ def _one_step_text(sub: pd.DataFrame) -> str:
     table has it (:func:`repro.studies.omgs_sim.measured_timeline`)."""
     it = float(sub["iteration_s"].iloc[0]) if "iteration_s" in sub else float("nan")
     text = f"one step, {_ms(it)}"
-    if "median_step" in sub and bool(sub["median_step"].iloc[0]):
-        text = f"its median step (step {int(sub['drawn_step'].iloc[0]) + 1}, the closest to the median), {_ms(it)}"
+    med = float(sub["median_iteration_s"].iloc[0]) if "median_iteration_s" in sub else float("nan")
+    if "median_step" in sub and bool(sub["median_step"].iloc[0]) and np.isfinite(med):
+        n = int(sub["timed_steps"].iloc[0]) if "timed_steps" in sub else 0
+        return (f"step {int(sub['drawn_step'].iloc[0]) + 1}{f' of {n}' if n else ''}, {_ms(it)}: the one closest "
+                f"to the run's median step ({_ms(med)})")
     med = float(sub["median_iteration_s"].iloc[0]) if "median_iteration_s" in sub else float("nan")
     if np.isfinite(med):
         n = int(sub["timed_steps"].iloc[0]) if "timed_steps" in sub else 0
