@@ -368,6 +368,7 @@ def run_training(ctx, cfg: TrainConfig) -> tuple[nn.Module, dict[str, Any]]:
 
     # ---- timed steps ----
     rows, bucket_rows, epoch_rows, inrun = [], [], [], []
+    bucket_steps = []  # every timed step's bucket timeline (buckets.csv keeps the last): buckets_steps.csv
     steps = cfg.steps if cfg.epochs is None else None
     progress = _progress(ranks.is_first and not cfg.quiet, steps, cfg)
     progress_file = ProgressWriter(cfg.results_dir, run_id) if cfg.results_dir and ranks.is_first and \
@@ -407,6 +408,7 @@ def run_training(ctx, cfg: TrainConfig) -> tuple[nn.Module, dict[str, Any]]:
         if cfg.record_timeline and executor.timings:
             executor.settle_timings()  # device stamps (NCCL) arrive from a thread once the device got there
             bucket_rows = [_timing_row(t, st.start) for t in executor.timings]
+            bucket_steps += [{**r, "step": step} for r in bucket_rows]
         step += 1
         progress.update(1)
         if ckpt is not None and (steps is None or step < steps):
@@ -427,6 +429,8 @@ def run_training(ctx, cfg: TrainConfig) -> tuple[nn.Module, dict[str, Any]]:
     if steps is None and (not epoch_rows or epoch_rows[-1]["epoch"] < cfg.epochs):
         epoch_rows.append(_evaluate(cfg, dopt.module, cfg.epochs, rows, device, ranks.group))
     extra_tables = dopt.executor.tables()
+    if bucket_steps:  # a figure can then draw a run's typical step, not only its last
+        extra_tables["buckets_steps"] = bucket_steps
     engine = getattr(dopt.executor, "engine", None)  # the all-reduce executor's: "reducer" (C++) or "hooks" (Python)
     dopt.remove()
 

@@ -62,6 +62,16 @@ def test_schedulers_drawn_together_differ_in_colour_and_marker(family):
     assert len({STYLES[n].marker for n in names}) == len(names)
 
 
+def _rgb(hex_color: str) -> tuple[int, int, int]:
+    return tuple(int(hex_color[i:i + 2], 16) for i in (1, 3, 5))
+
+
+def test_syncea_and_mgwfbp_are_told_apart():
+    # both appear in every all-reduce figure: orange next to orange-red was hard to tell apart
+    a, b = _rgb(STYLES["syncea"].color), _rgb(STYLES["mgwfbp"].color)
+    assert sum((x - y) ** 2 for x, y in zip(a, b)) ** 0.5 > 120
+
+
 def test_references_and_paper_values():
     assert scheduler_style("linear")["linestyle"] == "--" and scheduler_style("linear")["marker"] == ""
     assert scheduler_style("optimal")["zorder"] > scheduler_style("mgwfbp")["zorder"]  # dotted, on top

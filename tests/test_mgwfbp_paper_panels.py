@@ -176,3 +176,53 @@ def test_simulated_fp16_rows_compute_on_the_fp16_traces():
     # a model without an FP16 estimate falls back to its FP32 trace, and says so
     trace, dtype, stem = study.compute_trace("vgg16", study.load_traces(["vgg16"])["vgg16"], "float16")
     assert dtype == "float32" and stem == "vgg16_b32_v100-estimate"
+
+
+def test_sim_speedup_text_is_whole_and_the_paper_diamonds_ring_the_simulated_markers():
+    traces = study.load_traces(["googlenet"], "k80-estimate")
+    sweep = study.speedup_sweep({"googlenet@k80": traces["googlenet"]}, ["10gbe-k80"], [2, 4, 8],
+                                ["wfbp", "syncea", "mgwfbp"])
+    fig = mp.plot_sim_speedup(study.sim_speedup_table(sweep, study.paper_speedups(), ["googlenet@k80"]))
+    title = fig._suptitle.get_text()
+    assert not title.rstrip().endswith("scheduler's") and "at that P" in title
+    for t in fig.texts:  # every verdict clause whole on one line: no "only." left alone
+        assert all(len(line.split()) > 1 for line in t.get_text().split("\n")), t.get_text()
+    ax = fig.axes[0]
+    diamond = max(c.get_sizes()[0] for c in ax.collections if len(c.get_offsets()))
+    marker = max(ln.get_markersize() for ln in ax.get_lines())
+    assert diamond >= 2.5 * marker ** 2  # scatter size is in points², markersize in points
+    plt.close(fig)
+
+
+def test_sim_speedup_explains_the_derived_networks_only_when_drawn():
+    traces = study.load_traces(["googlenet"], "k80-estimate")
+    sweep = study.speedup_sweep({"googlenet": traces["googlenet"]}, ["10gbe-derived"], [2, 4], ["wfbp", "mgwfbp"])
+    fig = mp.plot_sim_speedup(sweep)
+    assert "10gbe-/56gbib-derived = per-hop ring" in _texts(fig)
+    plt.close(fig)
+
+
+def test_pack_parts_never_splits_a_clause():
+    text = "head: a: paper 1.20x, not reproduced; b: paper 1.22x, simulated 1.10x, direction only."
+    lines = mp._pack_parts(text, 50)
+    assert lines == ["head: a: paper 1.20x, not reproduced;", "b: paper 1.22x, simulated 1.10x, direction only."]
+
+
+def test_real_speedup_title_says_which_panels_are_simulated():
+    speedup = pd.DataFrame([{"model": "tiny_resnet", "scheduler": s, "workers": p, "speedup": p * 0.8,
+                             "oversubscribed": False} for s in ("linear", "wfbp", "mgwfbp") for p in (1, 2)])
+    fig = mp.plot_real_speedup(speedup, "tiny scale, test", study.k80_speedup_table())
+    title = fig._suptitle.get_text().replace("\n", " ")
+    assert "top panels measured" in title and "bottom panels simulated" in title
+    plt.close(fig)
+
+
+def test_titles_lose_nested_brackets_and_convergence_says_its_extent():
+    assert mp.flat_brackets("g (batch 64, V100 (estimate)), P=16 (paper model)") == \
+        "g (batch 64, V100, estimate), P=16 (paper model)"
+    epochs = pd.DataFrame([{"scheduler": s, "epoch": e, "test_accuracy": 0.5 + e / 10}
+                           for s in ("ddp", "mgwfbp") for e in (1, 2, 3)])
+    assert mp.convergence_extent_text(epochs) == "1 seed, 3 epochs"
+    fig = mp.plot_convergence(epochs, "n")
+    assert "1 seed, 3 epochs" in fig.axes[0].get_title()
+    plt.close(fig)

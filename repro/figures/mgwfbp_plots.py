@@ -28,6 +28,7 @@ from repro.figures.style import (
     add_gap_note,
     add_note,
     coinciding_lines,
+    flat_brackets,
     gap_lines,
     legend_below,
     mark_oversubscribed,
@@ -117,6 +118,27 @@ def k80_verdict_text(table: pd.DataFrame) -> str:
         return ""
     p = int(nums["workers"].max())
     return f"MG-WFBP ÷ WFBP at {p} K80 nodes, paper (INFOCOM'19, measured) vs simulated: " + "; ".join(parts) + "."
+
+
+#: area (points²) of the published values' hollow diamonds in the speedup panels: larger than the
+#: simulated markers they sit on, which stay visible inside
+PAPER_DIAMOND_SIZE = 150
+
+
+def _pack_parts(text: str, width: int) -> list[str]:
+    """``text`` split into lines of at most ``width`` characters (when possible) at its "; " separators
+    only, so no clause (e.g. a verdict such as "direction only") is broken over two lines."""
+    if not text:
+        return []
+    parts = text.split("; ")
+    lines, cur = [], parts[0]
+    for part in parts[1:]:
+        if len(cur) + 2 + len(part) <= width:
+            cur += "; " + part
+        else:
+            lines.append(cur + ";")
+            cur = part
+    return lines + [cur]
 
 
 def _flags(df: pd.DataFrame, column: str = "oversubscribed") -> np.ndarray:
@@ -246,7 +268,7 @@ def plot_timeline(ops: pd.DataFrame, title: str, cost_mode: str | None = None):
         if i < len(schedulers) - 1:
             ax.set_xlabel("")
     axes[0].set_xlim(0, ops["end_s"].max() * 1e3 * 1.01)
-    fig.suptitle(_with_mode(title, cost_mode_label(ops, cost_mode)))
+    fig.suptitle(flat_brackets(_with_mode(title, cost_mode_label(ops, cost_mode))))
     fig.tight_layout()
     return fig
 
@@ -293,7 +315,8 @@ def plot_sim_speedup(table: pd.DataFrame, paper: pd.DataFrame | None = None,
                         order=[s for s in names if s != "linear"], logx=True, legend=False)
         pub = published[(published["model"] == model) & (published["network"] == net)]
         for s, g in pub.groupby("scheduler"):
-            ax.scatter(g["workers"], g["speedup"], **paper_marker_style(s, size=70))
+            # big enough that the simulated marker of the same scheduler stays visible inside it
+            ax.scatter(g["workers"], g["speedup"], **paper_marker_style(s, size=PAPER_DIAMOND_SIZE))
         ax.set_yscale("log", base=2)
         ax.yaxis.set_major_formatter(_PLAIN)
         ax.set_title(f"{model} · {net}", fontsize="small")
@@ -310,16 +333,22 @@ def plot_sim_speedup(table: pd.DataFrame, paper: pd.DataFrame | None = None,
     if len(published):
         handles.append(paper_handle("paper (MG-WFBP INFOCOM'19, measured; hollow diamonds)"))
     mode = cost_mode_label(drawn, cost_mode)
-    fig.suptitle(f"Speedup vs number of GPUs (simulated{', ' + mode if mode else ''}); lower panels: speedup ÷ "
-                 "best scheduler's", y=0.995)
-    fig.text(0.5, 1 - 0.36 / h, "Coinciding curves (e.g. Optimal on MG-WFBP, Fixed threshold on SyncEASGD when the "
-             "model is below the threshold) are drawn in order: dotted Optimal on top; every value is in the table.",
-             ha="center", va="top", fontsize="small", style="italic", color="#333333")
-    verdicts = k80_verdict_text(table)
-    if verdicts:
-        fig.text(0.5, 1 - 0.62 / h, verdicts, ha="center", va="top", fontsize="small", color="#333333", wrap=True)
+    fig.suptitle(f"Speedup vs number of GPUs (simulated{', ' + mode if mode else ''}); lower panels: each "
+                 "scheduler's speedup ÷ the best one's at that P", y=0.995)
+    sub_text = ("Coinciding curves (e.g. Optimal on MG-WFBP, Fixed threshold on SyncEASGD when the model is below "
+                "the threshold) are drawn in order: dotted Optimal on top; every value is in the table.")
+    if any(str(n).endswith("-derived") for n in drawn["network"].unique()):
+        sub_text += ("\nNetworks: 10gbe-/56gbib-derived = per-hop ring α, β derived from the MG-WFBP journal's "
+                     "P=16 all-reduce fits on 10GbE / 56 Gb IB (our interpretation).")
+    n_sub = sub_text.count("\n") + 1
+    fig.text(0.5, 1 - 0.36 / h, sub_text, ha="center", va="top", fontsize="small", style="italic", color="#333333")
+    verdict_lines = _pack_parts(k80_verdict_text(table), int(w * 14))
+    if verdict_lines:
+        fig.text(0.5, 1 - (0.40 + 0.2 * n_sub) / h, "\n".join(verdict_lines), ha="center", va="top",
+                 fontsize="small", color="#333333")
     legend_below(fig, handles, ncol=min(len(handles), 4))
-    fig.subplots_adjust(top=1 - (1.25 if verdicts else 1.0) / h, bottom=0.7 / h, left=0.06, right=0.98)
+    top_in = 0.85 + 0.2 * n_sub + 0.2 * len(verdict_lines)
+    fig.subplots_adjust(top=1 - top_in / h, bottom=0.7 / h, left=0.06, right=0.98)
     return fig
 
 
@@ -516,9 +545,13 @@ def plot_real_speedup(speedup: pd.DataFrame, note: str, paper: pd.DataFrame | No
     if _flags(speedup).any():
         h = oversubscribed_handle()
         handles, labels = handles + [h], labels + [h.get_label()]
-    title = f"Measured speedup over one worker ({note})"
+    title = f"Speedup over one worker, measured ({note})"
+    if pub_models:  # the bottom panels are our simulation of the paper's K80 setting, not measurements
+        title = (f"Speedup over one worker: {'top' if models else 'no'} panels measured ({note}); "
+                 "bottom panels simulated (K80 setting) vs the paper's measured diamonds")
     verdicts = k80_verdict_text(paper) if pub_models else ""
-    fig.suptitle(title + (f"\n{_wrap_line(verdicts, 4.0 * n + 0.6)}" if verdicts else ""),
+    width = max(60, int((4.0 * n + 0.6) * 11))
+    fig.suptitle("\n".join(_pack_parts(title, width) + _pack_parts(verdicts, width)),
                  fontsize="medium" if verdicts else None)
     legend_below(fig, handles, labels, ncol=min(len(handles), 4))
     fig.tight_layout()
@@ -864,6 +897,14 @@ def _range_ms(values: pd.Series | None) -> str:
     return f"{v.min():.3g} ms" if np.isclose(v.min(), v.max()) else f"{v.min():.3g}-{v.max():.3g} ms"
 
 
+def convergence_extent_text(epochs: pd.DataFrame) -> str:
+    """How much the convergence figure rests on, from its table: "1 seed, 2 epochs" (seeds from a
+    ``seed`` column, else one run per scheduler = 1 seed; epochs: the most any run has)."""
+    seeds = int(epochs["seed"].nunique()) if "seed" in epochs else 1
+    n_ep = int(epochs.groupby("scheduler")["epoch"].nunique().max()) if len(epochs) else 0
+    return f"{seeds} seed{'s' if seeds != 1 else ''}, {n_ep} epoch{'s' if n_ep != 1 else ''}"
+
+
 def plot_convergence(epochs: pd.DataFrame, note: str):
     """Test accuracy vs epoch per scheduler. S-SGD (PyTorch DDP) and MG-WFBP make identical updates, so
     their curves coincide: the first is drawn with large hollow markers, the next with small filled ones
@@ -880,7 +921,7 @@ def plot_convergence(epochs: pd.DataFrame, note: str):
     ax.set_xlabel("epoch")
     ax.set_xticks(sorted(set(epochs.epoch)))
     ax.set_ylabel("test accuracy")
-    ax.set_title(f"Convergence ({note})", fontsize="small")
+    ax.set_title(f"Convergence ({note}; {convergence_extent_text(epochs)})", fontsize="small")
     same = coinciding_lines(ax, rtol=1e-9)
     if same:
         add_note(ax, "; ".join(f"{a} and {b} coincide: identical updates" for a, b in same), fontsize="small")

@@ -22,7 +22,7 @@ from matplotlib.ticker import FuncFormatter, NullFormatter
 
 from repro.figures.mgwfbp_plots import cost_mode_label
 from repro.figures.plots import gantt
-from repro.figures.style import PALETTE, legend_below, scheduler_style
+from repro.figures.style import PALETTE, flat_brackets, legend_below, scheduler_style
 
 __all__ = ["PLANNER_ORDER", "planner_style", "planner_label", "plot_optimal_gap", "plot_timeline"]
 
@@ -96,7 +96,7 @@ def plot_optimal_gap(sweep: pd.DataFrame, rule: str = "omgs", paper_density: dic
         if j == 0:
             ax.set_ylabel("workers P")
         dev = str(g["device"].iloc[0]) if "device" in g and len(g) else ""
-        ax.set_title(f"{m} ({dev})" if dev else m, fontsize="small")
+        ax.set_title(flat_brackets(f"{m} ({dev})") if dev else m, fontsize="small")
 
         ax = axes[1, j]
         d0 = (paper_density or {}).get(m, min(ds))
@@ -290,12 +290,30 @@ def plot_timeline(ops: pd.DataFrame, title: str, measured: pd.DataFrame | None =
         handles.append(Line2D([], [], color="0.45", ls=":", lw=1.6, label="paper (OMGS-SGD INFOCOM'20, measured)"))
     mode = cost_mode_label(ops, cost_mode)
     head = f"{title} ({mode})" if mode else title
-    fig.suptitle(head + ("\n" + textwrap.fill(line, 150) if line else ""), fontsize="medium")
+    tie = tie_text(ops)
+    line = " ".join(t for t in (tie, line) if t)
+    fig.suptitle(flat_brackets(head) + ("\n" + textwrap.fill(line, 150) if line else ""), fontsize="medium")
     legend_below(fig, handles, ncol=min(len(handles), 4) if line else len(handles))
     top = 0.75 + (0.2 * (textwrap.fill(line, 150).count("\n") + 1) if line else 0)
     fig.subplots_adjust(top=1 - top / fig.get_figheight(), bottom=(1.1 if line else 0.9) / fig.get_figheight(),
                         left=0.09, right=0.98)
     return fig
+
+
+def tie_text(ops: pd.DataFrame, rtol: float = 0.01) -> str:
+    """"Layer-wise top-k and OMGS-SGD tie (769 vs 768 ms, within 1%)." for the simulated planners whose
+    iterations are within ``rtol`` of each other (the exact optimum left out: it is drawn as the optimum);
+    "" when none tie."""
+    its = ops.groupby("planner", sort=False)["iteration_s"].first()
+    names = [p for p in PLANNER_ORDER if p in its.index and p != "omgs_optimal"]
+    parts = []
+    for i, a in enumerate(names):
+        for b in names[i + 1:]:
+            x, y = float(its[a]), float(its[b])
+            if abs(x - y) <= rtol * max(x, y):
+                parts.append(f"{planner_label(a)} and {planner_label(b)} tie in the simulation "
+                             f"({_ms(x)} vs {_ms(y)}, within {rtol:.0%}).")
+    return " ".join(parts)
 
 
 SINGLE_STEP_NOTE = ("Each panel is one recorded step of one run, not a speedup: single steps on shared CPU "
@@ -307,6 +325,11 @@ def _one_step_text(sub: pd.DataFrame) -> str:
     table has it (:func:`repro.studies.omgs_sim.measured_timeline`)."""
     it = float(sub["iteration_s"].iloc[0]) if "iteration_s" in sub else float("nan")
     text = f"one step, {_ms(it)}"
+    med = float(sub["median_iteration_s"].iloc[0]) if "median_iteration_s" in sub else float("nan")
+    if "median_step" in sub and bool(sub["median_step"].iloc[0]) and np.isfinite(med):
+        n = int(sub["timed_steps"].iloc[0]) if "timed_steps" in sub else 0
+        return (f"step {int(sub['drawn_step'].iloc[0]) + 1}{f' of {n}' if n else ''}, {_ms(it)}: the one closest "
+                f"to the run's median step ({_ms(med)})")
     med = float(sub["median_iteration_s"].iloc[0]) if "median_iteration_s" in sub else float("nan")
     if np.isfinite(med):
         n = int(sub["timed_steps"].iloc[0]) if "timed_steps" in sub else 0

@@ -54,6 +54,7 @@ __all__ = [
     "legend_outside",
     "add_note",
     "coinciding_lines",
+    "flat_brackets",
     "mark_oversubscribed",
     "oversubscribed_handle",
 ]
@@ -126,7 +127,7 @@ def _s(color: str, marker: str, linestyle: Any, label: str, family: str,
 STYLES: dict[str, SchedulerStyle] = {
     # all-reduce family (MG-WFBP): repro.schedulers.SCHEDULERS
     "wfbp": _s(PALETTE[0], "o", _LONG_DASH, "WFBP", "allreduce"),
-    "syncea": _s(PALETTE[1], "s", _DASH_DOT, "SyncEASGD", "allreduce"),
+    "syncea": _s(EXTRA_COLORS[1], "s", _DASH_DOT, "SyncEASGD", "allreduce"),
     "threshold": _s(PALETTE[4], "^", _SHORT_DASH, "Fixed threshold", "allreduce"),
     "ddp_buckets": _s(PALETTE[2], "v", _DASH_DOT_DOT, "DDP buckets (plan)", "allreduce"),
     "mgwfbp": _s(PALETTE[3], "P", _SOLID, "MG-WFBP", "allreduce"),
@@ -421,6 +422,26 @@ def add_gap_note(fig, lines: Sequence[str], *, width_chars: int | None = None, f
     body = "\n".join(textwrap.fill(f"• {ln}", width, subsequent_indent="   ") for ln in lines)
     return fig.text(0.02, y, f"{head}\n{body}", ha="left", va="top", fontsize="x-small", color="#8a1c1c",
                     transform=fig.transFigure)
+
+
+def flat_brackets(text: str) -> str:
+    """``text`` without brackets inside brackets: an inner "(...)" becomes ", ..." (``"a (b, c (d))"`` ->
+    ``"a (b, c, d)"``), so a title built from parts that carry their own brackets stays readable."""
+    out, depth = [], 0
+    for ch in text:
+        if ch == "(":
+            depth += 1
+            if depth > 1:
+                if out and out[-1] == " ":
+                    out.pop()
+                out.append(", ")
+                continue
+        elif ch == ")":
+            depth -= 1
+            if depth >= 1:
+                continue
+        out.append(ch)
+    return "".join(out)
 
 
 def coinciding_lines(ax, *, rtol: float = 1e-3) -> list[tuple[str, str]]:

@@ -327,9 +327,24 @@ def measure_timelines(results_dir, *, model: str = "tiny_resnet", world_size: in
     return run_grid(configs, [world_size], results_dir, timeout_s=timeout_s, overwrite=True)
 
 
+#: every timed step's bucket timeline of a run (repro.train with record_timeline; buckets.csv keeps the last)
+BUCKETS_STEPS_CSV = "buckets_steps.csv"
+
+
+def median_step(iterations: pd.DataFrame, median_s: float | None = None) -> pd.Series:
+    """The row of ``iterations`` (iterations.csv) whose ``iteration_s`` is closest to ``median_s`` (default:
+    the rows' median): the run's typical step; on a tie, the later step."""
+    it = iterations.sort_values("step")
+    target = float(median_s) if median_s is not None and np.isfinite(float(median_s)) else float(it["iteration_s"].median())
+    dist = (it["iteration_s"] - target).abs().to_numpy()
+    return it.iloc[int(np.flatnonzero(dist == dist.min())[-1])]
+
+
 def measured_timeline(runs_root) -> pd.DataFrame:
-    """Ops of the recorded last step of every sparse run folder under ``runs_root`` that has a
-    ``buckets.csv`` (columns as :func:`timeline_table`, plus model, world_size, cpu_count,
+    """Ops of one recorded step of every sparse run folder under ``runs_root`` that has a
+    ``buckets.csv``: the step closest to the run's median (:func:`median_step`) when the run recorded every
+    step (``buckets_steps.csv``), else its last; ``drawn_step`` says which and ``median_step`` whether it was
+    chosen so (columns as :func:`timeline_table`, plus model, world_size, cpu_count,
     threads_per_rank, oversubscribed, run_id). Rows: ``compute`` (forward, the backward call, which
     includes the top-k selections, and the update), ``sparsify`` (each bucket's compression) and
     ``comm`` (each bucket's all-gathers, launch to completion). Seconds from the step start.
@@ -347,6 +362,11 @@ def measured_timeline(runs_root) -> pd.DataFrame:
         if b is None or it is None or b.empty or "compress_start_s" not in b:
             continue
         last = it.sort_values("step").iloc[-1]
+        med = run.summary.get("iteration_s")
+        steps_b = run.table(BUCKETS_STEPS_CSV)
+        if steps_b is not None and "step" in steps_b and len(steps_b):  # every step recorded: the median one
+            last = median_step(it[it["step"].isin(set(steps_b["step"]))], med)
+            b = steps_b[steps_b["step"] == last["step"]].drop(columns="step")
         world = int(run.summary.get("world_size") or cfg.get("world_size") or 0)
         t_fwd = float(last["forward_s"])  # from the step start to the backward call (pre-forward included)
         t_bwd_end = t_fwd + float(last["backward_call_s"])
@@ -360,9 +380,9 @@ def measured_timeline(runs_root) -> pd.DataFrame:
             ops.append(("comm", "comm", "sparse_allgather", lab, float(r.start_s), float(r.end_s)))
         df = pd.DataFrame(ops, columns=["stream", "row", "kind", "label", "start_s", "end_s"])
         df.insert(0, "planner", cfg.get("scheduler"))
-        med = run.summary.get("iteration_s")
         df = df.assign(iteration_s=iteration, median_iteration_s=float(med) if med is not None else np.nan,
                        timed_steps=int(run.summary.get("steps") or len(it)), buckets=len(b),
+                       drawn_step=int(last["step"]), median_step=steps_b is not None and "step" in steps_b,
                        density=cfg.get("density"), workers=world,
                        model=cfg.get("model"), world_size=world, cpu_count=env.get("cpu_count"),
                        threads_per_rank=env.get("threads_per_rank"),

@@ -40,7 +40,7 @@ class OmgsSimulationParams(NotebookParams):
     measured_world_size: Ranks = 2
     measured_density: Density = 0.05
     measured_network_preset: Annotated[Str, AfterValidator(_preset_or_empty)] = "1gbe-allgather"
-    steps: Steps = 2
+    steps: Steps = 3
     warmup_steps: Steps = 1
     cost_mode: CostMode = "paper"
     scale: Scale = "tiny"
