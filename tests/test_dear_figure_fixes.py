@@ -109,3 +109,16 @@ def test_breakdown_states_its_statistic_and_labels_each_simulated_bar():
     assert plots.BREAKDOWN_STATISTIC in fig.axes[0].get_title().replace("\n", " ")
     under = [t.get_text() for t in fig.axes[1].texts]
     assert under == [plots.short_label(s) for s in ("wfbp", "dear_threshold", "dear_optimal")]
+
+
+def test_buffer_sweep_draws_the_reference_runs_by_the_sweeps_statistic():
+    """The sweep's points are each run's own median step: a planner's line is its run's own median too."""
+    sweep = pd.DataFrame({"model": "tiny_resnet", "workers": 2, "threshold_bytes": [8192, 131072], "buckets": [4, 1],
+                          "source": "measured", "iteration_s": [0.05, 0.04]})
+    refs = pd.DataFrame({"model": ["tiny_resnet"], "scheduler": ["dear_optimal"], "iteration_s": [0.020],
+                         "run_iteration_s": [0.030]})
+    fig = plots.plot_buffer_sweep(sweep, refs, pd.DataFrame(), "m", "s")
+    ys = [ln.get_ydata()[0] for ln in fig.axes[0].get_lines() if len(ln.get_ydata()) == 2
+          and ln.get_ydata()[0] == ln.get_ydata()[1]]
+    assert ys and ys[-1] == pytest.approx(30.0)
+    assert "own median step" in fig.axes[0].get_title().replace("\n", " ")

@@ -548,6 +548,10 @@ def plot_buffer_sweep(measured: pd.DataFrame, references: pd.DataFrame, simulate
             for r in g.itertuples():
                 ax.annotate(f"{int(r.buckets)}", (r.threshold_bytes / 1024, r.iteration_s * 1e3), fontsize="x-small",
                             xytext=(0, 5), textcoords="offset points", ha="center")
+    # the sweep's points are each run's own median step: the reference runs drawn by the same statistic
+    # (run_iteration_s where the table keeps it beside the interleaved samples' median)
+    references = references.assign(iteration_s=references["run_iteration_s"].fillna(references["iteration_s"])) \
+        if "run_iteration_s" in references and len(references) else references
     for r in references.itertuples():
         ax.axhline(r.iteration_s * 1e3, color=_color(r.scheduler), lw=1.2, ls=method_style(r.scheduler)["linestyle"])
         t = getattr(r, "plan_threshold_bytes", float("nan"))
@@ -561,7 +565,8 @@ def plot_buffer_sweep(measured: pd.DataFrame, references: pd.DataFrame, simulate
     ax.set_ylim(0, max([float(measured["iteration_s"].max()) if len(measured) else 0.0]
                        + [float(v) for v in references["iteration_s"]]) * 1e3 * 1.12)
     model = ", ".join(dict.fromkeys(measured["model"])) if len(measured) else ""
-    ax.set_title(_wrap(f"measured ({model}; numbers: buckets): {measured_note}", 52), fontsize="small")
+    ax.set_title(_wrap(f"measured ({model}; numbers: buckets): {measured_note}; points and lines: "
+                       f"{BREAKDOWN_STATISTIC.split(': ', 1)[1]}", 52), fontsize="small")
     models = list(dict.fromkeys(simulated["model"])) if len(simulated) else []
     colors = [PALETTE[i] for i in (0, 1, 2, 3, 5)] + [PALETTE[9]]
     for ax, net in zip(axes[1:], nets):
