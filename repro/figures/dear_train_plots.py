@@ -92,14 +92,18 @@ def plot_primitive_cost(cost: pd.DataFrame, model: pd.DataFrame, measured_note: 
     n = len(ps) + 1
     fig, axes = plt.subplots(1, n, figsize=(4.6 * n, 4.2), squeeze=False)
     axes = axes[0]
+    k_prims = len(PRIMITIVE_STYLES)
     for ax, p in zip(axes, ps):
         sub = cost[cost["workers"] == p]
-        for prim, st in PRIMITIVE_STYLES.items():
+        for j, (prim, st) in enumerate(PRIMITIVE_STYLES.items()):
             g = sub[sub["primitive"] == prim].sort_values("bytes")
             if g.empty:
                 continue
             m = g[g["source"] == "measured"]
-            ax.scatter(m["bytes"], m["seconds"] * 1e3, color=st["color"], marker=st["marker"], s=34, zorder=3)
+            # side by side around the true size (x is log2), so equal times do not hide each other
+            shift = 2.0 ** (MARKER_SPREAD * (j - (k_prims - 1) / 2))
+            ax.scatter(m["bytes"] * shift, m["seconds"] * 1e3, color=st["color"], marker=st["marker"], s=34,
+                       zorder=3, edgecolor="white", linewidth=0.5)
             f = g[g["source"] == "fit"]
             ax.plot(f["bytes"], f["seconds"] * 1e3, color=st["color"], lw=1.2)
         r = sub[(sub["primitive"] == "reduce_scatter") & (sub["source"] == "ring model")].sort_values("bytes")
@@ -134,15 +138,44 @@ def plot_primitive_cost(cost: pd.DataFrame, model: pd.DataFrame, measured_note: 
     ax.set_ylabel("time (ms)")
     handles = [Line2D([], [], color=st["color"], marker=st["marker"], ls="", label=st["label"])
                for st in PRIMITIVE_STYLES.values()]
-    handles += [Line2D([], [], color="#555555", lw=1.2, label="line fitted to each primitive's measurements"),
+    handles += [Line2D([], [], color="#555555", lw=1.2,
+                       label="line a + b·bytes fitted to all of each primitive's sizes (least squares in log space)"),
                 Line2D([], [], color="#777777", lw=1.4, ls="--",
                        label="ring model of RS or AG: ½ of the measured all-reduce")]
     handles += [Line2D([], [], color="#555555", ls=dashes[k % 4], label=f"model, preset {pre}")
                 for k, pre in enumerate(presets)]
     fig.suptitle("All-reduce vs reduce-scatter vs all-gather time", fontsize="medium")
-    legend_below(fig, handles, ncol=4)
+    legend_below(fig, handles, ncol=3)
     fig.tight_layout()
+    add_gap_note(fig, primitive_outlier_lines(cost),
+                 head=f"Measured more than {GAP_FACTOR:g}x off its primitive's fitted line (markers drawn side by "
+                      "side around their true size):")
     return fig
+
+
+MARKER_SPREAD = 0.12  # log2 units between the primitives' markers at one size
+
+
+def primitive_outlier_lines(cost: pd.DataFrame, factor: float = GAP_FACTOR) -> list[str]:
+    """:func:`repro.figures.style.gap_lines` of every measured point of ``cost``
+    (:func:`repro.studies.dear_train.primitive_cost_table`) against its primitive's fitted line at the same
+    size, one line per point more than ``factor`` apart; a point slower than a larger message of the same
+    primitive says so (start-up noise, not size)."""
+    if not len(cost):
+        return []
+    items = []
+    for (p, prim), g in cost.groupby(["workers", "primitive"], sort=False):
+        m = g[g["source"] == "measured"].set_index("bytes")["seconds"]
+        f = g[g["source"] == "fit"].set_index("bytes")["seconds"]
+        for nb, sec in m.items():
+            if nb not in f.index:
+                continue
+            larger = m[(m.index > nb) & (m < sec)]
+            why = (f"slower than its {_bytes_label(float(larger.index[0]))} message "
+                   f"({1e3 * float(larger.iloc[0]):.3g} ms): start-up noise, not size" if len(larger) else "")
+            label = f"P={int(p)} {PRIMITIVE_STYLES.get(prim, {}).get('label', prim)}, {_bytes_label(float(nb))}"
+            items.append((label, sec, f[nb], why))
+    return [ln.replace(" predicted", " fitted") for ln in gap_lines(items, factor=factor)]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -188,7 +221,11 @@ def _measured_throughput_panel(ax, measured: pd.DataFrame, schedulers: Sequence[
                hatch=[OVERSUBSCRIBED_HATCH if o else None for o in over])
         pred = (thr * g["iteration_s"].to_numpy(dtype=float) / g["predicted_s"].to_numpy(dtype=float))
         ax.scatter(x, pred, marker="D", s=26, facecolor="white", edgecolor="black", zorder=4, linewidth=0.9)
-        top = max(top, np.nanmax(np.r_[thr, pred, 0.0]))
+        run = np.full(len(models), np.nan)
+        if "run_iteration_s" in g:  # the same run's own median step, beside the interleaved samples' median
+            run = thr * g["iteration_s"].to_numpy(dtype=float) / g["run_iteration_s"].to_numpy(dtype=float)
+            ax.scatter(x, run, marker="_", s=width * 900, color="black", linewidth=1.6, zorder=5)
+        top = max(top, np.nanmax(np.r_[thr, pred, run, 0.0]))
         for m, (_, row) in zip(models, g.iterrows()):
             if row.notna().any():
                 items.append((f"{_label(s)} ({m}) iteration", row["iteration_s"], row["predicted_s"],
@@ -197,8 +234,36 @@ def _measured_throughput_panel(ax, measured: pd.DataFrame, schedulers: Sequence[
     ax.set_xticks(range(len(models)))
     ax.set_xticklabels(models, fontsize="small")
     ax.set_ylabel("samples/s (all ranks)")
-    ax.set_title(_wrap(f"measured: {note}", 38), fontsize="small")
+    ax.set_title(_wrap(f"measured: {note}; {throughput_statistic(measured)}", 40), fontsize="small")
     return items
+
+
+DRIFT_FACTOR = 1.5  # the runs' own medians vs the interleaved samples' median, beyond which the figure says so
+
+
+def throughput_statistic(measured: pd.DataFrame) -> str:
+    """What the measured bars are, from ``measured``'s columns (one quantity for the label): the median of
+    the interleaved side-by-side timing samples when ``run_iteration_s`` (the run's own median step) is kept
+    beside ``iteration_s``, else each run's own median step."""
+    if "run_iteration_s" in measured and measured["run_iteration_s"].notna().any():
+        k = measured["samples"].dropna() if "samples" in measured else pd.Series(dtype=float)
+        n = f"{int(k.max())} " if len(k) and k.min() == k.max() else ""
+        return (f"bars: median of {n}interleaved side-by-side timing samples; black dash: each whole run's own "
+                "median step")
+    return "bars: each run's own median step"
+
+
+def drift_lines(measured: pd.DataFrame, schedulers: Sequence[str] | None = None,
+                factor: float = DRIFT_FACTOR) -> list[str]:
+    """One line per measured run whose own median step (``run_iteration_s``) and the median of its
+    interleaved timing samples (``iteration_s``) are more than ``factor`` apart."""
+    if not len(measured) or "run_iteration_s" not in measured:
+        return []
+    sub = measured if schedulers is None else measured[measured["scheduler"].isin(list(schedulers))]
+    items = [(f"{_label(r.scheduler)} ({r.model})", r.iteration_s, r.run_iteration_s, "")
+             for r in sub.itertuples() if r.scheduler in set(_ordered(sub["scheduler"]))]
+    return [ln.replace(" predicted (", " whole run (").replace(": measured ", ": samples' median ")
+            for ln in gap_lines(items, factor=factor)]
 
 
 def _simulated_relative_panels(axes, simulated: pd.DataFrame, schedulers: Sequence[str], note: str) -> None:
@@ -250,6 +315,28 @@ def released_note(simulated: pd.DataFrame) -> str:
             + (f"; {' and '.join(ours)} are ours (this package's planners)." if ours else "."))
 
 
+def unmodelled_note(measured: pd.DataFrame, schedulers: Sequence[str], simulated: pd.DataFrame) -> str:
+    """One sentence naming the measured methods drawn without a prediction (no ``predicted_s``: no diamond)
+    or without a simulated bar (absent from ``simulated``); "" when every one has both."""
+    if not len(measured):
+        return ""
+    names = [s for s in _ordered(measured["scheduler"]) if s in schedulers]
+    sim = set(simulated["scheduler"]) if len(simulated) and "scheduler" in simulated else set()
+    parts = []
+    for s in names:
+        g = measured[measured["scheduler"] == s]
+        missing = []
+        if "predicted_s" not in g or g["predicted_s"].isna().all():
+            missing.append("no plan prediction (no diamond)")
+        if s not in sim:
+            missing.append("no simulated bar")
+        if missing:
+            parts.append(f"{_label(s)}: {' and '.join(missing)}")
+    if not parts:
+        return ""
+    return "Measured without a model beside it: " + "; ".join(parts)
+
+
 def plot_throughput(measured: pd.DataFrame, simulated: pd.DataFrame, schedulers: Sequence[str],
                     sim_schedulers: Sequence[str], title: str, measured_note: str, sim_note: str,
                     summary: str = ""):
@@ -269,6 +356,9 @@ def plot_throughput(measured: pd.DataFrame, simulated: pd.DataFrame, schedulers:
     handles = [Patch(facecolor=_color(s), label=_label(s)) for s in names]
     handles.append(Line2D([], [], marker="D", ls="", markerfacecolor="white", markeredgecolor="black",
                           label="measured runs: the plan's prediction"))
+    if "run_iteration_s" in measured and measured["run_iteration_s"].notna().any():
+        handles.append(Line2D([], [], marker="_", ls="", markersize=12, markeredgewidth=1.6, color="black",
+                              label="measured: the whole run's own median step"))
     if "oversubscribed" in measured and measured["oversubscribed"].fillna(False).astype(bool).any():
         handles.append(Patch(facecolor="white", edgecolor="black", hatch=OVERSUBSCRIBED_HATCH,
                              label="oversubscribed: more ranks than CPU cores"))
@@ -276,14 +366,25 @@ def plot_throughput(measured: pd.DataFrame, simulated: pd.DataFrame, schedulers:
     top = 0.9
     drawn = simulated[simulated["scheduler"].isin(list(sim_schedulers))] if len(simulated) else simulated
     # the caller's summary and ours, each a paragraph of its own ending in a full stop
-    paras = [t.strip().rstrip(".") + "." for t in (summary, released_note(drawn)) if t and t.strip()]
+    paras = [t.strip().rstrip(".") + "." for t in (summary, released_note(drawn), unmodelled_note(measured, schedulers,
+                                                                                                 drawn))
+             if t and t.strip()]
     if paras:
         text = "\n".join(_wrap(p, int(15 * fig.get_figwidth())) for p in paras)
         fig.text(0.5, 0.94, text, ha="center", va="top", fontsize="small", style="italic", color="#333333")
         top = 0.93 - 0.042 * (text.count("\n") + 1)
     legend_below(fig, handles, ncol=4)
     fig.tight_layout(rect=(0, 0, 1, top))
-    add_gap_note(fig, gaps)
+    drift = drift_lines(measured, schedulers)
+    if drift:
+        drift = [f"the interleaved samples' median vs each whole run's own median more than {DRIFT_FACTOR:g}x "
+                 "apart (whole runs measured minutes apart on shared cores; the side-by-side samples cancel that "
+                 "drift): " + "; ".join(drift)]
+    head = None
+    if drift:
+        head = (f"Measured vs predicted more than {GAP_FACTOR:g}x apart, and measured statistics that disagree:"
+                if gaps else "Measured statistics that disagree:")
+    add_gap_note(fig, gaps + drift, head=head)
     return fig
 
 
@@ -343,6 +444,17 @@ def _stack(ax, x, row, width, edge, alpha=1.0, hatch=None) -> float:
     return bottom
 
 
+BREAKDOWN_STATISTIC = "bars: each whole run's own median step"
+_SHORT = {"wfbp": "WFBP", "mgwfbp": "MG-WFBP", "dear_nofusion": "DeAR nf", "dear_threshold": "DeAR 25M",
+          "dear_model": "DeAR model", "dear_optimal": "DeAR opt", "bytescheduler": "BytSch", "horovod": "Horovod",
+          "ddp_buckets": "DDP bkt", "ddp": "DDP", "fsdp": "FSDP2", "dear_bo": "DeAR BO"}
+
+
+def short_label(name: str) -> str:
+    """A few characters naming a method under its bar (:data:`_SHORT`, else the scheduler's name)."""
+    return _SHORT.get(name, name)
+
+
 def plot_breakdown(measured: pd.DataFrame, simulated: pd.DataFrame, measured_note: str, sim_note: str):
     """Stacked bars, ms per iteration: computation, exposed reduce-scatter, exposed all-gather, exposed
     all-reduce. Left: each measured timing run (solid, outlined in its method's colour) beside the same
@@ -369,27 +481,38 @@ def plot_breakdown(measured: pd.DataFrame, simulated: pd.DataFrame, measured_not
     ax.set_ylim(0, top * 1.08 if top else 1)
     ax.set_ylabel("ms per iteration")
     model = ", ".join(dict.fromkeys(measured["model"])) if len(measured) else ""
-    ax.set_title(_wrap(f"measured ({model}): {measured_note}; left bar measured, right bar (hatched) the run "
-                       "simulated", 52), fontsize="small")
+    ax.set_title(_wrap(f"measured ({model}): {measured_note}; {BREAKDOWN_STATISTIC}; left bar measured, right bar "
+                       "(hatched) the run simulated", 56), fontsize="small")
     sim_names = _ordered(simulated["scheduler"]) if len(simulated) else []
     models = list(dict.fromkeys(simulated["model"])) if len(simulated) else []
     width = 0.8 / max(1, len(sim_names))
     for ax, net in zip(axes[1:], nets):
         sub = simulated[simulated["network"] == net]
+        ticks, tick_names = [], []
         for k, s in enumerate(sim_names):
             g = sub[sub["scheduler"] == s].set_index("model").reindex(models)
             for i, m in enumerate(models):
                 if m in g.index and g.loc[m].notna().any():
-                    _stack(ax, i + (k - (len(sim_names) - 1) / 2) * width, g.loc[m], width * 0.9, _color(s))
+                    x = i + (k - (len(sim_names) - 1) / 2) * width
+                    _stack(ax, x, g.loc[m], width * 0.9, _color(s))
+                    ticks.append(x)
+                    tick_names.append(short_label(s))
         ax.set_ylim(0, float(sub["iteration_s"].max()) * 1e3 * 1.06)
+        # each bar's scheduler as a label under it; the model names further down
+        under = ax.get_xaxis_transform()
+        for x, t in zip(ticks, tick_names):
+            ax.text(x, -0.015, t, transform=under, rotation=90, ha="center", va="top", fontsize=6)
+        pad = 4 + 3.6 * max([len(t) for t in tick_names] + [0])
         ax.set_xticks(range(len(models)))
-        ax.set_xticklabels(models, fontsize="x-small", rotation=25)
+        ax.set_xticklabels(models, fontsize="x-small")
+        ax.tick_params(axis="x", which="major", length=0, pad=pad)
         ax.set_ylabel("ms per iteration")
         ax.set_title(_wrap(f"simulated, {int(sub['workers'].iloc[0])} GPUs, {net}: {sim_note}", 52), fontsize="small")
     seen = [(lab, c) for col, lab, c in _PARTS
             if any(col in t and t[col].fillna(0).abs().sum() > 0 for t in (measured, simulated))]
     handles = [Patch(facecolor=c, edgecolor="#666666", label=lab) for lab, c in seen]
-    handles += [Patch(facecolor="white", edgecolor=_color(s), linewidth=1.5, label=f"outline: {_label(s)}")
+    handles += [Patch(facecolor="white", edgecolor=_color(s), linewidth=1.5,
+                      label=f"outline: {_label(s)}" + (f" ('{short_label(s)}' under its bars)" if s in sim_names else ""))
                 for s in _ordered([*names, *sim_names])]
     handles.append(Patch(facecolor="white", edgecolor="#666666", hatch="///", label="measured run, simulated"))
     fig.suptitle("Computation vs exposed reduce-scatter vs exposed all-gather", fontsize="medium")
@@ -425,6 +548,10 @@ def plot_buffer_sweep(measured: pd.DataFrame, references: pd.DataFrame, simulate
             for r in g.itertuples():
                 ax.annotate(f"{int(r.buckets)}", (r.threshold_bytes / 1024, r.iteration_s * 1e3), fontsize="x-small",
                             xytext=(0, 5), textcoords="offset points", ha="center")
+    # the sweep's points are each run's own median step: the reference runs drawn by the same statistic
+    # (run_iteration_s where the table keeps it beside the interleaved samples' median)
+    references = references.assign(iteration_s=references["run_iteration_s"].fillna(references["iteration_s"])) \
+        if "run_iteration_s" in references and len(references) else references
     for r in references.itertuples():
         ax.axhline(r.iteration_s * 1e3, color=_color(r.scheduler), lw=1.2, ls=method_style(r.scheduler)["linestyle"])
         t = getattr(r, "plan_threshold_bytes", float("nan"))
@@ -438,7 +565,8 @@ def plot_buffer_sweep(measured: pd.DataFrame, references: pd.DataFrame, simulate
     ax.set_ylim(0, max([float(measured["iteration_s"].max()) if len(measured) else 0.0]
                        + [float(v) for v in references["iteration_s"]]) * 1e3 * 1.12)
     model = ", ".join(dict.fromkeys(measured["model"])) if len(measured) else ""
-    ax.set_title(_wrap(f"measured ({model}; numbers: buckets): {measured_note}", 52), fontsize="small")
+    ax.set_title(_wrap(f"measured ({model}; numbers: buckets): {measured_note}; points and lines: "
+                       f"{BREAKDOWN_STATISTIC.split(': ', 1)[1]}", 52), fontsize="small")
     models = list(dict.fromkeys(simulated["model"])) if len(simulated) else []
     colors = [PALETTE[i] for i in (0, 1, 2, 3, 5)] + [PALETTE[9]]
     for ax, net in zip(axes[1:], nets):

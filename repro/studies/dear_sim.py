@@ -68,6 +68,14 @@ PAPER_CLAIM_SOURCE = ("the paper's claim (measured): up to 83% (10GbE) and 15% (
 TRACE_NOTE = "V100 roofline-estimate traces (not measurements)"
 
 
+def figure_scale(table: pd.DataFrame) -> str:
+    """The ``save_figure`` scale of a figure drawn from ``table`` (rows with ``model``): "paper" when every
+    model is one of the paper's (:data:`DEAR_MODELS`, simulated from its traces at the paper's batch, at
+    whatever GPU counts), so the figure is tagged simulated, not "tiny scale"; else "tiny"."""
+    models = set(table["model"]) if len(table) and "model" in table else set()
+    return "paper" if models and models <= set(DEAR_MODELS) else "tiny"
+
+
 # ---------------------------------------------------------------------------------------------
 # Traces and networks
 # ---------------------------------------------------------------------------------------------
