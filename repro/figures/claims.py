@@ -161,14 +161,19 @@ def claims_dir() -> Path:
     return shipped_path("claims")
 
 
+def _check_keys(x: Any, keys: set[str], what: str, where: str) -> None:
+    """``x`` is a mapping whose keys are among ``keys`` (``what`` names it in the one-line error)."""
+    if not isinstance(x, dict):
+        raise ClaimsError(f"{where}: {what} must be a mapping")
+    unknown = sorted(set(x) - keys)
+    if unknown:
+        raise ClaimsError(f"{where}: unknown {what} key(s) {', '.join(unknown)}")
+
+
 def _check_metric(m: Any, where: str) -> None:
     if m is None:
         return
-    if not isinstance(m, dict):
-        raise ClaimsError(f"{where}: a metric must be a mapping or null")
-    unknown = sorted(set(m) - _METRIC_KEYS)
-    if unknown:
-        raise ClaimsError(f"{where}: unknown metric key(s) {', '.join(unknown)}")
+    _check_keys(m, _METRIC_KEYS, "metric", where)
     for k in ("table", "value"):
         if not m.get(k):
             raise ClaimsError(f"{where}: a metric needs '{k}'")
@@ -189,9 +194,7 @@ def _check_metric(m: Any, where: str) -> None:
 def _check_rule(rule: Any, where: str) -> None:
     if not isinstance(rule, dict) or rule.get("kind") not in _RULES:
         raise ClaimsError(f"{where}: rule.kind must be one of {', '.join(_RULES)}")
-    unknown = sorted(set(rule) - _RULE_KEYS)
-    if unknown:
-        raise ClaimsError(f"{where}: unknown rule key(s) {', '.join(unknown)}")
+    _check_keys(rule, _RULE_KEYS, "rule", where)
     if "etol" in rule and rule.get("neutral") is None:
         raise ClaimsError(f"{where}: 'etol' (a share of the paper's effect) needs 'neutral'")
 
@@ -199,11 +202,7 @@ def _check_rule(rule: Any, where: str) -> None:
 def _check_settings(s: Any, where: str) -> None:
     if s is None:
         return
-    if not isinstance(s, dict):
-        raise ClaimsError(f"{where}: settings must be a mapping")
-    unknown = sorted(set(s) - _SETTINGS_KEYS)
-    if unknown:
-        raise ClaimsError(f"{where}: unknown settings key(s) {', '.join(unknown)}")
+    _check_keys(s, _SETTINGS_KEYS, "settings", where)
     for k in ("params", "paper"):
         if not isinstance(s.get(k) or {}, dict):
             raise ClaimsError(f"{where}: settings.{k} must be a mapping (label -> value)")
