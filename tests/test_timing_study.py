@@ -116,3 +116,44 @@ def test_an_option_a_sample_does_not_set_matches_any_runs_value():
                       "iteration_s": [1.0, 2.0, 3.0]})
     out = timing.with_sample_medians(runs, s, keys=("model", "scheduler", "threshold_bytes"))
     assert out["iteration_s"].tolist() == [1.0, 2.0, 7.0] and out["samples"].tolist() == [1, 1, 0]
+
+
+SHIPPED_INPUTS = "omgs_timing_inputs.json"
+RECORDED = {"workers": 2, "batch_size": 32, "emulate_bandwidth": "10mbit"}
+
+
+def test_recorded_plan_inputs_apply_only_under_the_settings_they_were_measured_under(tmp_path):
+    inputs, note = timing.load_plan_inputs(SHIPPED_INPUTS, ["tiny_resnet", "tiny_lstm"], RECORDED)
+    assert set(inputs) == {"tiny_resnet", "tiny_lstm"} and "recorded" in note
+    trace, cost = inputs["tiny_resnet"]
+    assert trace.num_layers > 1 and cost.workers == 2
+    for other, word in (({**RECORDED, "workers": 3}, "workers 3"), ({**RECORDED, "emulate_bandwidth": None}, "emulate_bandwidth None")):
+        none, why = timing.load_plan_inputs(SHIPPED_INPUTS, ["tiny_resnet"], other)
+        assert none == {} and "own warm-up" in why and word in why
+    none, why = timing.load_plan_inputs(SHIPPED_INPUTS, ["tiny_vgg"], RECORDED)
+    assert none == {} and "no recorded tiny_vgg" in why
+    # a round trip through a file of one's own
+    out = tmp_path / "mine.json"
+    timing.save_plan_inputs(out, {"tiny_resnet": (trace, cost)}, RECORDED, "test")
+    again, _ = timing.load_plan_inputs(out, ["tiny_resnet"], RECORDED)
+    assert again["tiny_resnet"][0].to_dict() == trace.to_dict() and again["tiny_resnet"][1].to_dict() == cost.to_dict()
+    with pytest.raises(ValueError, match="miss batch_size"):
+        timing.save_plan_inputs(out, {}, {"workers": 2, "emulate_bandwidth": None}, "test")
+    with pytest.raises(FileNotFoundError, match="no recorded plan inputs"):
+        timing.load_plan_inputs(tmp_path / "absent.json", ["tiny_resnet"], RECORDED)
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_an_online_planner_times_the_plan_of_the_recorded_inputs_not_its_own_warm_up():
+    from repro.planners import make_plan
+
+    inputs, _ = timing.load_plan_inputs(SHIPPED_INPUTS, ["tiny_resnet"], RECORDED)
+    want = len(make_plan("omgs", *inputs["tiny_resnet"], density=0.001).buckets)
+    df = timing.interleaved_samples("tiny_resnet", [{"scheduler": "omgs", "density": 0.001},
+                                                    {"scheduler": "topk_single", "density": 0.001}], 2,
+                                    pairs=1, block_steps=1, warmup_steps=1, batch_size=8, plan_inputs=inputs)
+    assert df.loc[df.scheduler == "omgs", "buckets"].tolist() == [want] and want > 1
+    assert df.loc[df.scheduler == "topk_single", "buckets"].tolist() == [1]
+    with pytest.raises(ValueError, match="plan_inputs needs mode='steps'"):
+        timing.interleaved_samples("tiny_resnet", ["wfbp", "mgwfbp"], 2, mode="runs", plan_inputs=inputs)

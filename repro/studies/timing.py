@@ -32,16 +32,19 @@ mode) and the schedulers' own options as columns (e.g. ``threshold_bytes``, ``de
 
 from __future__ import annotations
 
+import json
 import os
 import statistics
-from typing import Any, Sequence
+from pathlib import Path
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
 
 from repro.studies.common import available_cpus, is_oversubscribed, warn_if_oversubscribed
 
-__all__ = ["MODES", "MIN_PAIRS", "BASE_COLUMNS", "interleaved_samples", "timing_params", "pair_ratios",
+__all__ = ["MODES", "MIN_PAIRS", "BASE_COLUMNS", "interleaved_samples", "record_plan_inputs", "save_plan_inputs", "load_plan_inputs",
+           "PLAN_INPUT_SETTINGS", "timing_params", "pair_ratios",
            "ratio_summary", "ratio_table", "config_columns", "interleaved_order", "with_sample_medians"]
 
 MODES = ("steps", "runs")
@@ -111,6 +114,7 @@ def interleaved_samples(models: str | Sequence[str], schedulers: Sequence[str | 
                         mode: str = "steps", pairs: int = MIN_PAIRS, block_steps: int = 10, warmup_steps: int = 3,
                         batch_size: int = 32, servers: int = 0, emulate_bandwidth: str | None = None,
                         extra: dict[str, Any] | None = None, seed: int = 0, fit_repeats: int = 2,
+                        plan_inputs: Mapping[str, tuple[Any, Any]] | None = None,
                         timeout_s: float = 1800) -> pd.DataFrame:
     """Interleaved iteration-time samples of ``schedulers`` (names, or dicts of a ``scheduler`` name and its
     options, e.g. ``{"scheduler": "threshold", "threshold_bytes": 65536}``) on each of ``models``, in one
@@ -118,7 +122,9 @@ def interleaved_samples(models: str | Sequence[str], schedulers: Sequence[str | 
     CPU, one thread per rank; ``emulate_bandwidth`` shapes every rank's links (:mod:`repro.cluster.netns`).
     ``extra``: more :class:`repro.train.TrainConfig` fields for every run (``runs`` mode; e.g. ``lr``,
     ``compute_steps``). ``fit_repeats``: repeats per message size when a planning scheduler fits its cost
-    model on the live group (:func:`repro.distribute`). See the module docstring for the two modes and the
+    model on the live group (:func:`repro.distribute`). ``plan_inputs``: model -> ``(Trace, CostModel)``
+    (``steps`` mode): every scheduler that plans online plans from these instead of its warm-up, so two runs
+    time the same plans (:func:`record_plan_inputs` records them). See the module docstring for the two modes and the
     columns. Bad arguments raise a ValueError of one line before any rank starts; a world with more ranks
     than cores warns (:class:`repro.studies.common.OversubscriptionWarning`)."""
     from repro.cluster.local import launch_local
@@ -128,6 +134,9 @@ def interleaved_samples(models: str | Sequence[str], schedulers: Sequence[str | 
         raise ValueError("no model to time")
     specs = _specs(schedulers)
     _check(mode, pairs, block_steps, warmup_steps, workers, servers)
+    plan_inputs = dict(plan_inputs or {})
+    if plan_inputs and mode != "steps":
+        raise ValueError("plan_inputs needs mode='steps'")
     ranks = int(workers) + int(servers)
     cpus = available_cpus()
     warn_if_oversubscribed(ranks, f"timing {len(specs)} schedulers", cpus=cpus)
@@ -136,7 +145,7 @@ def interleaved_samples(models: str | Sequence[str], schedulers: Sequence[str | 
         if mode == "steps":
             out = launch_local(_steps_target, ranks, args=(model, specs, int(pairs), int(block_steps),
                                                            int(warmup_steps), int(batch_size), int(seed),
-                                                           int(fit_repeats)),
+                                                           int(fit_repeats), plan_inputs.get(model)),
                                timeout_s=timeout_s, quiet=True, emulate_bandwidth=emulate_bandwidth)
             per_rank = [o["times_s"] for o in out]
             buckets = out[0]["buckets"]
@@ -178,9 +187,11 @@ def _row(model: str, workers: int, spec: dict[str, Any], pair: int, iteration_s:
 
 
 def _steps_target(ctx, model_name: str, specs: list[dict[str, Any]], pairs: int, block_steps: int,
-                  warmup_steps: int, batch_size: int, seed: int, fit_repeats: int) -> dict[str, Any]:
+                  warmup_steps: int, batch_size: int, seed: int, fit_repeats: int,
+                  plan_input: tuple[Any, Any] | None = None) -> dict[str, Any]:
     """Per rank (a :func:`repro.cluster.local.launch_local` target): the ``steps`` design; returns each
-    scheduler's timed step seconds in order (``times_s[k][i]``)."""
+    scheduler's timed step seconds in order (``times_s[k][i]``). ``plan_input``: ``(trace, cost)`` the
+    online planners plan from instead of their warm-up."""
     import copy
     import time
 
@@ -188,6 +199,7 @@ def _steps_target(ctx, model_name: str, specs: list[dict[str, Any]], pairs: int,
     import torch.distributed as dist
 
     import repro
+    from repro.planners import make_plan
     from repro.schedulers import get_scheduler
     from repro.workload.models import build_model, compute_loss, make_batch
 
@@ -203,6 +215,12 @@ def _steps_target(ctx, model_name: str, specs: list[dict[str, Any]], pairs: int,
         kw = {"wire_dtype": spec["wire_dtype"]} if spec.get("wire_dtype") else {}
         m = copy.deepcopy(base)
         opt = torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9)
+        if plan_input is not None and sched.online and sched.has_plan:
+            planner_kw = {k: v for k, v in options.items() if k in sched.planner_options}
+            plan = make_plan(sched.planner, plan_input[0], plan_input[1], **kw, **planner_kw)
+            options = {k: v for k, v in options.items() if k not in sched.planner_options}
+            copies.append(repro.distribute(m, opt, plan, **options))
+            continue
         copies.append(repro.distribute(m, opt, spec["scheduler"], warmup_steps=warmup_steps,
                                       fit_repeats=fit_repeats, **kw, **options))
 
@@ -236,6 +254,98 @@ def _steps_target(ctx, model_name: str, specs: list[dict[str, Any]], pairs: int,
         opt.remove()
     return {"times_s": times,
             "buckets": [len(opt.plan.buckets) if getattr(opt, "plan", None) is not None else 0 for _, opt in copies]}
+
+
+def record_plan_inputs(model: str, scheduler: str | dict[str, Any], workers: int, *, warmup_steps: int = 3,
+                       batch_size: int = 32, fit_repeats: int = 2, emulate_bandwidth: str | None = None,
+                       seed: int = 0, timeout_s: float = 600) -> tuple[Any, Any]:
+    """The ``(Trace, CostModel)`` one online-planning ``scheduler`` measures in its warm-up on ``model`` (a
+    local world of ``workers`` gloo CPU ranks, as :func:`interleaved_samples` runs it): record them once
+    (``Trace.save``, ``CostModel.save``) and pass them as ``plan_inputs`` so every run times the same plans."""
+    from repro.cluster.local import launch_local
+    from repro.cost import CostModel
+    from repro.trace import Trace
+
+    spec = _specs([scheduler, "wfbp"])[0]
+    out = launch_local(_record_target, int(workers), args=(model, spec, int(warmup_steps), int(batch_size),
+                                                          int(seed), int(fit_repeats)),
+                       timeout_s=timeout_s, quiet=True, emulate_bandwidth=emulate_bandwidth)[0]
+    return Trace.from_dict(out["trace"]), CostModel.from_dict(out["cost"])
+
+
+def _record_target(ctx, model_name: str, spec: dict[str, Any], warmup_steps: int, batch_size: int, seed: int,
+                   fit_repeats: int) -> dict[str, Any]:
+    """Per rank: warm ``spec``'s scheduler up on ``model_name`` and return the trace and cost it planned from."""
+    import torch
+
+    import repro
+    from repro.schedulers import get_scheduler
+    from repro.workload.models import build_model, compute_loss, make_batch
+
+    torch.manual_seed(seed)
+    model = build_model(model_name)
+    sched = get_scheduler(spec["scheduler"])
+    if not (sched.online and sched.has_plan):
+        raise ValueError(f"scheduler '{spec['scheduler']}' does not plan online from a warm-up")
+    allowed = set(sched.planner_options) | set(sched.executor_options)
+    options = {k: v for k, v in spec.items() if k in allowed and v is not None}
+    model, opt = repro.distribute(model, torch.optim.SGD(model.parameters(), lr=0.01), spec["scheduler"],
+                                  warmup_steps=warmup_steps, fit_repeats=fit_repeats, **options)
+    g = torch.Generator().manual_seed(seed + 1 + ctx.rank)
+    while opt.warming_up:
+        x, y = make_batch(model_name, batch_size, generator=g)
+        opt.zero_grad()
+        compute_loss(model_name, model, x, y).backward()
+        opt.step()
+    opt.flush()
+    out = {"trace": opt.trace.to_dict(), "cost": opt.cost.to_dict()}
+    opt.remove()
+    return out
+
+
+#: what recorded plan inputs must have been measured under to stand for a run's own warm-up
+PLAN_INPUT_SETTINGS = ("workers", "batch_size", "emulate_bandwidth")
+
+
+def save_plan_inputs(path: str | os.PathLike, inputs: Mapping[str, tuple[Any, Any]], settings: Mapping[str, Any],
+                     source: str) -> None:
+    """Write recorded ``inputs`` (model -> ``(Trace, CostModel)``, :func:`record_plan_inputs`) as one JSON
+    with the ``settings`` they were measured under (:data:`PLAN_INPUT_SETTINGS`) and their ``source``."""
+    from repro.outputs import write_output
+
+    missing = [k for k in PLAN_INPUT_SETTINGS if k not in settings]
+    if missing:
+        raise ValueError(f"plan-input settings miss {', '.join(missing)}")
+    doc = {"source": source, "settings": {k: settings[k] for k in PLAN_INPUT_SETTINGS},
+           "models": {m: {"trace": t.to_dict(), "cost": c.to_dict()} for m, (t, c) in inputs.items()}}
+    write_output(path, json.dumps(doc, indent=1) + "\n")
+
+
+def load_plan_inputs(path: str | os.PathLike, models: Sequence[str],
+                     settings: Mapping[str, Any]) -> tuple[dict[str, tuple[Any, Any]], str]:
+    """The recorded inputs of ``models`` in ``path`` (:func:`save_plan_inputs`; a file, or the name of one in the
+    shipped ``data/calibration/``) when they were measured under
+    ``settings``, with a line saying what the planning schedulers of the timing samples plan from; none (an
+    empty dict) when the settings differ or a model is missing: each run then plans from its own warm-up."""
+    from repro.cost import CostModel
+    from repro.trace import Trace
+
+    from repro.paths import shipped_path
+
+    path = Path(path) if Path(path).is_file() else shipped_path("calibration", str(path))
+    if not path.is_file():
+        raise FileNotFoundError(f"no recorded plan inputs at {path}")
+    doc = json.loads(path.read_text())
+    have = doc.get("settings", {})
+    differ = [f"{k} {settings.get(k)!r} (recorded: {have.get(k)!r})" for k in PLAN_INPUT_SETTINGS
+              if settings.get(k) != have.get(k)]
+    absent = [m for m in models if m not in doc.get("models", {})]
+    if differ or absent:
+        why = "; ".join([*differ, *(f"no recorded {m}" for m in absent)])
+        return {}, f"each run's own warm-up (the recorded inputs in {Path(path).name} do not apply: {why})"
+    inputs = {m: (Trace.from_dict(doc["models"][m]["trace"]), CostModel.from_dict(doc["models"][m]["cost"]))
+              for m in models}
+    return inputs, f"the warm-ups recorded in {Path(path).name} ({doc.get('source', 'no source given')})"
 
 
 # ---------------------------------------------------------------------------------------------

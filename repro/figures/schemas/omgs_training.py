@@ -32,6 +32,7 @@ class OmgsTrainingParams(NotebookParams):
     timing_pairs: TimingPairs = 5
     timing_block_steps: Steps = 5
     timing_extra_densities: ListOf(Density, min_length=0) = [0.001]
+    timing_plan_inputs: str = "omgs_timing_inputs.json"  # a recorded-inputs file, a name in data/calibration/, or ""
     link_rate: LinkRateOrLoopback = "10mbit"
     paper_workers: SimGPUs = 16
     paper_network: Preset = "1gbe-allgather"
