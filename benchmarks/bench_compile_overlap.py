@@ -40,7 +40,7 @@ def overlap_times(ctx, mode: str, steps: int, width: int, depth: int, batch: int
     from torch import nn
 
     import repro
-    from repro.plan import Plan
+    from repro.core.plan import Plan
     from repro.workload.layers import layer_parameters
 
     torch.manual_seed(0)
@@ -87,7 +87,7 @@ def main() -> None:
     ap.add_argument("--json", help="also write the rows to this file")
     args = ap.parse_args()
 
-    from repro.cluster.local import launch_local
+    from repro.launch.local import launch_local
 
     rows = []
     for mode in args.modes:

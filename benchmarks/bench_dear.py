@@ -29,9 +29,9 @@ import warnings
 import numpy as np
 import pandas as pd
 
-from repro.presets import preset
-from repro.planners import make_plan
-from repro.trace import load_trace
+from repro.costs.presets import preset
+from repro.core.planners import make_plan
+from repro.core.trace import load_trace
 
 PAPER_MODELS = [("resnet50", 64), ("densenet201", 32), ("inception_v4", 64), ("bert_base", 64), ("bert_large", 32)]
 BASELINES_NOFUSION = ["wfbp", "bytescheduler"]
@@ -99,7 +99,7 @@ def main() -> None:
         return
     bandwidth = None if args.bandwidth == "none" else args.bandwidth
     if bandwidth:
-        from repro.cluster.netns import EmulationUnavailableError, check_emulation_available
+        from repro.launch.netns import EmulationUnavailableError, check_emulation_available
 
         try:
             check_emulation_available()

@@ -14,7 +14,7 @@ depending on that layer's backward task. Variants:
 - ``sync``: ``fifo`` with a barrier: each iteration's forward waits for the previous iteration's
   messages, so the queue never holds more than one iteration's messages.
 
-Prints tasks, seconds and tasks/s of :func:`repro.sim.engine.run_tasks` on ~``--tasks`` tasks and
+Prints tasks, seconds and tasks/s of :func:`repro.core.engine.run_tasks` on ~``--tasks`` tasks and
 on ~``--ref-tasks`` tasks, beside the original engine (``_reference_run_tasks``, the literal copy
 kept in ``tests/test_engine.py``) on ~``--ref-tasks`` tasks, after checking both give identical
 ops there. Target: 100,000 tasks in < 1 s.
@@ -27,7 +27,7 @@ import sys
 import time
 from pathlib import Path
 
-from repro.sim.engine import Task, run_tasks
+from repro.core.engine import Task, run_tasks
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.bench_planners import timed  # noqa: E402  (median wall time of a few calls)

@@ -7,7 +7,7 @@ Data: HKBU-HPML/ddl-benchmarks 2020-05-29 (Shi et al., arXiv 2005.13247), measur
 ResNet-50 (batch 64/GPU), BERT-Base (64) and BERT-Large (8) on 4-32 GPUs of 8 nodes x 4 GPUs over
 10GbE and 100Gb InfiniBand (``data/paper_numbers/ddl_benchmarks_measured.csv``).
 
-By default every fit is redone (``repro.published_fits.fit`` and ``cross_validate`` per network: one
+By default every fit is redone (``repro.costs.published_fits.fit`` and ``cross_validate`` per network: one
 fit on all rows, one per model left out, one per GPU count left out; about 15 minutes on 2 cores);
 ``--shipped`` reads the shipped table instead (after checking that the shipped presets still give
 its paper-model and calibrated columns). Per row: measured seconds per iteration, the paper model,
@@ -24,7 +24,7 @@ import time
 
 import pandas as pd
 
-from repro import published_fits as C
+from repro.costs import published_fits as C
 from repro.studies import published
 
 

@@ -5,7 +5,7 @@
 One process, world size 1, NCCL on ``cuda:0`` (gloo with ``--device cpu``, to try the script here). With
 one rank every all-reduce is a copy on the device, so what is compared is what each side adds to a
 training step on the GPU: the gradient hooks, the copies into buckets, the division, the launches and the
-waits (ours: :class:`repro.runtime.allreduce.AllReduceExecutor` through :func:`repro.distribute` with a
+waits (ours: :class:`repro.families.allreduce.executor.AllReduceExecutor` through :func:`repro.distribute` with a
 ``threshold`` plan; DDP's: its C++ reducer given the same buckets through ``bucket_cap_mb_list``, or its
 default 25 MiB buckets and ours planned at 25 MiB where that torch has no per-bucket caps). A step without
 any wrapper (``plain``) is timed too, so the overheads read against the step itself.
@@ -37,8 +37,8 @@ from bench_runtime import bootstrap_median_ci, verdict  # noqa: E402  (the same 
 
 import repro  # noqa: E402
 from repro.api import _sizes_trace  # noqa: E402
-from repro.planners import make_plan  # noqa: E402
-from repro.presets import preset  # noqa: E402
+from repro.core.planners import make_plan  # noqa: E402
+from repro.costs.presets import preset  # noqa: E402
 
 
 def resnet50(device: torch.device, batch: int):

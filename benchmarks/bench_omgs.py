@@ -37,9 +37,9 @@ import pandas as pd
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_planners import random_trace  # noqa: E402
 
-from repro.cost import CostModel, Linear
-from repro.presets import preset
-from repro.planners import make_plan  # noqa: E402
+from repro.core.cost import CostModel, Linear
+from repro.costs.presets import preset
+from repro.core.planners import make_plan  # noqa: E402
 from repro.studies import omgs_sim  # noqa: E402
 
 SPARSE = ["topk_layerwise", "topk_single", "omgs", "omgs_optimal"]
@@ -140,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     print(planner_times().to_string(index=False, float_format=lambda v: f"{v:.4f}"))
 
     if not args.no_measure:
-        from repro.cluster.netns import check_emulation_available
+        from repro.launch.netns import check_emulation_available
 
         try:
             check_emulation_available()

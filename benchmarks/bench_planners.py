@@ -28,11 +28,11 @@ import time
 import numpy as np
 import pandas as pd
 
-from repro.presets import preset
-from repro.planners import make_plan, planner_names
-from repro.sim import simulate
+from repro.costs.presets import preset
+from repro.core.planners import make_plan, planner_names
+from repro.core.simulate import simulate
 from repro.studies import mgwfbp_sim as study
-from repro.trace import Layer, Trace
+from repro.core.trace import Layer, Trace
 
 MODELS = ["resnet50", "resnet152", "densenet161", "densenet201", "inception_v4", "googlenet", "vgg16",
           "bert_base", "bert_large"]
@@ -62,7 +62,7 @@ EXACT = ["optimal", "omgs_optimal", "dear_optimal"]
 def planner_case(name: str, workers: int | None = None) -> tuple[object, dict]:
     """The cost model and options a planner is timed with: the 10GbE fit at P = 64, except the sparse
     planners, which need the top-k cost: the 1GbE all-gather fit (P = 16 unless given), density 0.001."""
-    from repro.planners import PLANNER_FAMILY
+    from repro.core.planners import PLANNER_FAMILY
 
     if PLANNER_FAMILY[name] == "sparse":
         return preset("1gbe-allgather", workers or 16), {"density": 0.001}
@@ -167,8 +167,8 @@ def main() -> None:
     print(f"\nFull mgwfbp.sim_speedup sweep: {len(sweep) + len(sweep2)} rows "
           f"({len(MODELS) + 2} traces x networks x P x {len(solvers)} planners + linear) in {wall:.2f} s")
 
-    code = ("import sys, time; t = time.perf_counter(); import repro.trace, repro.cost, repro.plan, repro.planners, "
-            "repro.sim, repro.schedulers, repro.runs; print(time.perf_counter() - t, "
+    code = ("import sys, time; t = time.perf_counter(); import repro.core.trace, repro.core.cost, repro.core.plan, repro.core.planners, "
+            "repro.core.simulate, repro.core.schedulers, repro.results.runs; print(time.perf_counter() - t, "
             "any(m == 'torch' or m.startswith('torch.') for m in sys.modules))")
     runs = [subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
             for _ in range(5)]

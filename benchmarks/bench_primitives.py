@@ -16,7 +16,7 @@ median), in milliseconds:
 
 and the ratios RS/AR, AG/AR, (RS+AG)/AR. The issue's target: RS+AG <= 1.15 x AR at >= 1 MB on the
 emulated link. First on loopback, then (unless ``--no-emulation``, or when emulation is unavailable)
-with every rank behind an emulated link of ``--emulate-bandwidth`` (:mod:`repro.cluster.netns`; needs
+with every rank behind an emulated link of ``--emulate-bandwidth`` (:mod:`repro.launch.netns`; needs
 root). One thread per rank.
 """
 
@@ -88,12 +88,12 @@ def main() -> None:
     ap.add_argument("--emulate-bandwidth", default="1gbit", help="rate of the emulated links (tc style)")
     ap.add_argument("--no-emulation", action="store_true", help="loopback only")
     args = ap.parse_args()
-    from repro.cluster.local import launch_local
+    from repro.launch.local import launch_local
 
     sizes = [int(s) for s in args.sizes_bytes]
     links: list[tuple[str, dict]] = [("loopback", {})]
     if not args.no_emulation:
-        from repro.cluster.netns import EmulationUnavailableError, check_emulation_available
+        from repro.launch.netns import EmulationUnavailableError, check_emulation_available
 
         try:
             check_emulation_available()

@@ -9,7 +9,7 @@ not a test).
 1. **Push/pull link utilisation** on emulated ``--link-bandwidth`` links (default 1 Gbit/s; needs root,
    else loopback and said so): 1 server + N workers, a flat model of ``--link-tensors`` float32 tensors
    of M MB in all (``--link-cases N:M ...``), driven through the real runtime path (:class:`PSExecutor`
-   on the workers, :func:`repro.runtime.ps.serve` on the server, a ``ps_bsp`` plan: one bucket of the
+   on the workers, :func:`repro.families.ps.executor.serve` on the server, a ``ps_bsp`` plan: one bucket of the
    whole model), gradients set by hand (no computation). Per BSP step, from the workers' common start:
    ``push`` ends when the server has received the last worker's gradient (the server's receive handles,
    timed by a shim around its ``dist``; clocks are one machine's monotonic clock), ``server`` is the
@@ -53,7 +53,7 @@ from types import SimpleNamespace
 
 import pandas as pd
 
-TBF_GOODPUT = 1448 / 1514   # TCP payload per frame tbf counts at MTU 1500 (repro.cluster.netns)
+TBF_GOODPUT = 1448 / 1514   # TCP payload per frame tbf counts at MTU 1500 (repro.launch.netns)
 PAPER_CLAIM = 0.50          # osp.md: "up to 50% higher throughput than popular synchronization models"
 
 # (label, scheduler, extra TrainConfig fields)
@@ -119,8 +119,8 @@ def _flat_model(nbytes: int, tensors: int):
 
 
 def _flat_plan(model, mode: str = "bsp"):
-    from repro.planners.ps import ps_plan
-    from repro.trace import Layer, Trace
+    from repro.families.ps.planners import ps_plan
+    from repro.core.trace import Layer, Trace
 
     layers = [Layer(n, p.numel(), p.numel() * 4, 1e-3, 1e-3) for n, p in model.named_parameters()]
     return ps_plan(Trace("flat", 1, "cpu", "float32", layers), None, mode, servers=1)
@@ -133,7 +133,7 @@ def link_rank(ctx, sizes_bytes: list[int], steps: int, tensors: int) -> list[dic
     import torch
     import torch.distributed as dist
 
-    import repro.runtime.ps as ps
+    import repro.families.ps.executor as ps
     from repro.runtime.executor import ExecutorOptions
 
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -284,8 +284,8 @@ def link_table(results: list[list[dict]], link_bps: float) -> pd.DataFrame:
 
 def link_utilisation(cases: list[tuple[int, float]], steps, tensors, bandwidth) -> tuple[pd.DataFrame, str, float]:
     """``cases``: (workers, MB); one local job per number of workers."""
-    from repro.cluster.local import launch_local
-    from repro.cluster.netns import parse_bandwidth
+    from repro.launch.local import launch_local
+    from repro.launch.netns import parse_bandwidth
 
     bw = _emulation(bandwidth)
     link_bps = float(parse_bandwidth(bw)) if bw else float("nan")
@@ -308,7 +308,7 @@ def _cpus() -> int:
 def _emulation(bandwidth: str | None) -> str | None:
     if not bandwidth or bandwidth == "none":
         return None
-    from repro.cluster.netns import EmulationUnavailableError, check_emulation_available
+    from repro.launch.netns import EmulationUnavailableError, check_emulation_available
 
     try:
         check_emulation_available()
@@ -334,7 +334,7 @@ def train_runs(configs: list[dict], workers: int, bandwidth: str | None) -> list
     import tempfile
     from pathlib import Path
 
-    from repro.cluster.local import launch_local
+    from repro.launch.local import launch_local
     from repro.studies.mgwfbp_train import run_configs
 
     with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings():
@@ -377,10 +377,10 @@ SIM_TRACES = ["resnet50_b64_v100-estimate", "vgg16_b32_v100-estimate", "inceptio
 def simulated_throughput(traces, networks, alpha_s: float, workers: int = 8) -> pd.DataFrame:
     """Milliseconds per iteration of every method at 1 server + ``workers`` (alpha-beta links), and the best
     OSP variant's throughput gain over BSP, SSP and the best of BSP/ASP/SSP."""
-    from repro.cluster.netns import parse_bandwidth
-    from repro.cost import CostModel
-    from repro.planners import make_plan
-    from repro.trace import load_trace
+    from repro.launch.netns import parse_bandwidth
+    from repro.core.cost import CostModel
+    from repro.core.planners import make_plan
+    from repro.core.trace import load_trace
 
     rows = []
     for name in traces:
@@ -410,7 +410,7 @@ def accuracy_table(model: str, epochs: int, workers: int, bandwidth: str | None,
                       workers, bandwidth)
     ref = {"model": model, "scheduler": "syncea", "dataset": "digits", "epochs": epochs, "batch_size": batch_size,
            "quiet": True}
-    from repro.cluster.local import launch_local
+    from repro.launch.local import launch_local
     from repro.studies.mgwfbp_train import run_configs
 
     with warnings.catch_warnings():

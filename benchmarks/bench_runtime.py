@@ -6,7 +6,7 @@
 
 Pairs:
 
-- ``allreduce``: our all-reduce executor (:class:`repro.runtime.allreduce.AllReduceExecutor`; the engine that
+- ``allreduce``: our all-reduce executor (:class:`repro.families.allreduce.executor.AllReduceExecutor`; the engine that
   ran, ``reducer`` or ``hooks``, is printed) vs PyTorch DDP with the same buckets; target ours <= 1.03x DDP.
   Two designs (``--mode``):
 
@@ -27,7 +27,7 @@ Pairs:
 - ``dear``: DeAR vs PyTorch FSDP2 (``fully_shard``, scheduler ``fsdp``) at equal buckets: DeAR runs a plan
   whose buckets are FSDP's units (the parameters of each top-level child module, then the root's own);
 - ``sparse``: the sparse exchange (top-k values and int32 indices of the whole gradient at ``--density``, one
-  packed all-gather, :class:`repro.runtime.sparse.AllGatherCommunicator`) vs a dense all-reduce of a buffer of
+  packed all-gather, :class:`repro.families.sparse.executor.AllGatherCommunicator`) vs a dense all-reduce of a buffer of
   the same bytes per rank, timed as collectives (no training), pair by pair.
 
 Statistics: ``rounds`` pairs per model, A and B alternating in ABBA order (so that a drift of the machine
@@ -55,7 +55,7 @@ from pathlib import Path
 
 import numpy as np
 
-from repro.cluster.local import launch_local
+from repro.launch.local import launch_local
 from repro.studies.mgwfbp_train import run_configs
 
 TARGET = 1.03
@@ -177,8 +177,8 @@ def interleaved_steps(ctx, model_name: str, threshold_bytes: int, steps: int, wa
     from torch import nn
 
     import repro
-    from repro.plan import Plan
-    from repro.runtime.ddp_bridge import check_ddp_buckets, ddp_buckets
+    from repro.core.plan import Plan
+    from repro.families.allreduce.ddp_bridge import check_ddp_buckets, ddp_buckets
     from repro.workload.models import build_model, compute_loss, make_batch
 
     torch.manual_seed(0)
@@ -239,10 +239,10 @@ def allreduce_steps_pair(model: str, args) -> str:
 
 
 def fsdp_units(model_name: str) -> list[list[str]]:
-    """DeAR buckets (layer names) equal to FSDP's units in :class:`repro.runtime.fsdp.FSDPExecutor`
-    (:func:`repro.runtime.fsdp.fsdp_units`: the top-level children, tied ones together, in forward order),
+    """DeAR buckets (layer names) equal to FSDP's units in :class:`repro.families.baselines.fsdp.FSDPExecutor`
+    (:func:`repro.families.baselines.fsdp.fsdp_units`: the top-level children, tied ones together, in forward order),
     then the root's own parameters."""
-    from repro.runtime.fsdp import fsdp_units as units_of
+    from repro.families.baselines.fsdp import fsdp_units as units_of
     from repro.workload.layers import layer_parameters
     from repro.workload.models import build_model
 
@@ -265,7 +265,7 @@ def fsdp_units(model_name: str) -> list[list[str]]:
 
 
 def dear_pair(model: str, common: dict, args, tmp: Path) -> str:
-    from repro.plan import Plan
+    from repro.core.plan import Plan
 
     path = tmp / f"{model}_dear_fsdp_units.json"
     plan = _dear_plan(fsdp_units(model))
@@ -290,8 +290,8 @@ def bytescheduler_pair(model: str, common: dict, args) -> str:
 
 def _dear_plan(buckets: list[list[str]]):
     """The DeAR plan of ``buckets`` (layer names), built as the dear planners build theirs."""
-    from repro.planners.dear import DEAR_MESSAGES, FAMILY
-    from repro.plan import Bucket, Plan
+    from repro.families.dear.planners import DEAR_MESSAGES, FAMILY
+    from repro.core.plan import Bucket, Plan
 
     return Plan([Bucket(tuple(b), DEAR_MESSAGES) for b in buckets], "dear_threshold", meta={}, family=FAMILY)
 
@@ -303,7 +303,7 @@ def sparse_exchange_times(ctx, model_name: str, density: float, rounds: int, rep
     import torch
     import torch.distributed as dist
 
-    from repro.runtime.sparse import INDEX_DTYPE, AllGatherCommunicator, TopKCompressor
+    from repro.families.sparse.executor import INDEX_DTYPE, AllGatherCommunicator, TopKCompressor
     from repro.workload.models import build_model
 
     torch.manual_seed(ctx.rank if hasattr(ctx, "rank") else dist.get_rank())

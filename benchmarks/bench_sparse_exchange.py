@@ -7,14 +7,14 @@ For every tensor size (float32 elements) and density, each rank holds its own ra
 (median of ``repeats`` after one warm-up, the slowest rank's median):
 
 - ``dense``: one ``all_reduce`` of the whole tensor;
-- ``sparse``: what :class:`repro.runtime.sparse.SparseExecutor` does per bucket: top-k selection
-  (:class:`~repro.runtime.sparse.TopKCompressor`, k = ceil(density x n)), two all-gathers (values,
-  int32 indices; :class:`~repro.runtime.sparse.AllGatherCommunicator`), scatter-add of the P
+- ``sparse``: what :class:`repro.families.sparse.executor.SparseExecutor` does per bucket: top-k selection
+  (:class:`~repro.families.sparse.executor.TopKCompressor`, k = ceil(density x n)), two all-gathers (values,
+  int32 indices; :class:`~repro.families.sparse.executor.AllGatherCommunicator`), scatter-add of the P
   contributions into a dense tensor and the division by P; split into its three parts;
 - ``packed``: the same with values and indices in one all-gather.
 
 First on loopback, then (unless ``--no-emulation``, or when emulation is unavailable) with every rank
-behind an emulated link of ``--emulate-bandwidth`` (:mod:`repro.cluster.netns`; needs root). The
+behind an emulated link of ``--emulate-bandwidth`` (:mod:`repro.launch.netns`; needs root). The
 ratio column is sparse / dense time: below 1 the sparse exchange is cheaper. Error feedback (adding the
 residual, a copy) is not included. One thread per rank.
 """
@@ -33,7 +33,7 @@ def exchange_times(ctx, sizes: list[int], densities: list[float], repeats: int) 
     import torch
     import torch.distributed as dist
 
-    from repro.runtime.sparse import AllGatherCommunicator, TopKCompressor
+    from repro.families.sparse.executor import AllGatherCommunicator, TopKCompressor
 
     P, rank = dist.get_world_size(), dist.get_rank()
     comm = AllGatherCommunicator()
@@ -104,14 +104,14 @@ def main() -> None:
     ap.add_argument("--emulate-bandwidth", default="1gbit", help="rate of the emulated links (tc style)")
     ap.add_argument("--no-emulation", action="store_true", help="loopback only")
     args = ap.parse_args()
-    from repro.cluster.local import launch_local
+    from repro.launch.local import launch_local
 
     sizes = [int(s) for s in args.sizes]
     job = (sizes, args.densities, args.repeats)
     tables = [_table(launch_local(exchange_times, args.world_size, args=job, timeout_s=3600, quiet=True)[0],
                      "loopback")]
     if not args.no_emulation:
-        from repro.cluster.netns import EmulationUnavailableError, check_emulation_available
+        from repro.launch.netns import EmulationUnavailableError, check_emulation_available
 
         try:
             check_emulation_available()

@@ -115,7 +115,7 @@ def main() -> None:
 
 def _options_of(name: str):
     """The option names scheduler ``name`` takes (None for a plan file: all given ones go through)."""
-    from repro.schedulers import get_scheduler
+    from repro.core.schedulers import get_scheduler
 
     if name.endswith(".json"):
         return None

@@ -1,9 +1,9 @@
 """repro: communication scheduling for data-parallel training (MG-WFBP, OMGS-SGD, DeAR, OSP).
 
-Core seam: a :class:`~repro.trace.Trace` and a :class:`~repro.cost.CostModel` go into a planner,
-which returns a :class:`~repro.plan.Plan`; the simulator (:mod:`repro.sim`) and the runtime
-(:mod:`repro.runtime`) execute the same plan. The family registry (:mod:`repro.families`) and the
-scheduler registry (:mod:`repro.schedulers`) are the two tables a new scheduler is added to.
+Core seam: a :class:`~repro.core.trace.Trace` and a :class:`~repro.core.cost.CostModel` go into a planner,
+which returns a :class:`~repro.core.plan.Plan`; the simulator (:mod:`repro.core.simulate`) and the runtime
+(:mod:`repro.runtime`) execute the same plan. The family registry (:mod:`repro.core.families`) and the
+scheduler registry (:mod:`repro.core.schedulers`) are the two tables a new scheduler is added to.
 The torch-free core (trace, cost, plan, families, planners, sim) never imports torch.
 """
 
@@ -30,14 +30,14 @@ __version__ = _version()
 
 def __getattr__(name: str):
     """``repro.distribute`` (the one-call API, :mod:`repro.api`) and the DDP bridge
-    (``repro.ddp_bucket_caps``, ``repro.check_ddp_buckets``: :mod:`repro.runtime.ddp_bridge`) import
+    (``repro.ddp_bucket_caps``, ``repro.check_ddp_buckets``: :mod:`repro.families.allreduce.ddp_bridge`) import
     torch only when first used, so ``import repro`` and the torch-free core stay light."""
     if name in ("distribute", "DistributedOptimizer"):
         from repro import api
 
         return getattr(api, name)
     if name in ("ddp_bucket_caps", "check_ddp_buckets"):
-        from repro.runtime import ddp_bridge
+        from repro.families.allreduce import ddp_bridge
 
         return getattr(ddp_bridge, name)
     raise AttributeError(f"module 'repro' has no attribute {name!r}")

@@ -1,5 +1,5 @@
 import sys
 
-from repro.cli import main
+from repro.cli.main import main
 
 sys.exit(main())

@@ -15,7 +15,7 @@ What happens (the same code as ``repro train``, :mod:`repro.runtime.online`):
   ranks average that into a Trace, the family fits its cost model on the live group (or uses
   ``network`` / ``cost``), rank 0 plans and broadcasts, and the plan's executor takes over. The warm-up
   steps train exactly (averaged gradients);
-* a :class:`~repro.plan.Plan` (or a plan file from ``repro plan``) is executed as it is from the first step;
+* a :class:`~repro.core.plan.Plan` (or a plan file from ``repro plan``) is executed as it is from the first step;
 * a baseline (``ddp``, ``fsdp``, ``local``) wraps the model as it would itself: use the returned model.
 
 The returned model is the one you gave (hooks added), except for baselines that wrap it; its
@@ -33,9 +33,9 @@ servers finish later (their overlap): a gradient changed between ``backward()`` 
 ``synchronize()`` is refused at ``step()`` in one line. Deferred updates (DeAR, ByteScheduler) are applied
 before any use of their parameter in the next forward, with the parameter groups' values of the
 ``step()`` that made them; these families are refused with a compiled model. The parameter-server
-family runs with its servers co-located on the training ranks (:mod:`repro.runtime.ps_colocated`), or
+family runs with its servers co-located on the training ranks (:mod:`repro.families.ps.colocated`), or
 with ``dedicated_servers=S`` on ranks ``0..S-1`` (gloo), where ``distribute`` serves the run and returns
-with ``optimizer.serving`` True (:mod:`repro.runtime.ps_dedicated`). Buffers are broadcast from rank 0
+with ``optimizer.serving`` True (:mod:`repro.families.ps.dedicated`). Buffers are broadcast from rank 0
 before a training forward; an evaluation forward (``model.eval()``) issues no collective, so ranks may
 evaluate different numbers of batches, or rank 0 alone.
 
@@ -62,18 +62,18 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from repro.cost import CostModel
-from repro.families import get_family
-from repro.presets import preset
-from repro.run_options import RUN_OPTIONS, check_run_options, check_wire_dtype
-from repro.plan import WIRE_DTYPE_BYTES, Plan, PlanError
+from repro.core.cost import CostModel
+from repro.core.families import get_family
+from repro.costs.presets import preset
+from repro.core.run_options import RUN_OPTIONS, check_run_options, check_wire_dtype
+from repro.core.plan import WIRE_DTYPE_BYTES, Plan, PlanError
 from repro.runtime.buffers import broadcast_module_state
 from repro.runtime.clock import make_clock
 from repro.runtime.executor import (Executor, ExecutorOptions, FoundInfReport, ScaledStep, nonfinite_and_unscale,
                                     scaled_step)
 from repro.runtime.online import StepTimes, grad_abs_mean, measured_trace, plan_online, sync_device
 from repro.runtime.plan_fit import check_plan_fits
-from repro.schedulers import SCHEDULERS, Scheduler, get_scheduler
+from repro.core.schedulers import SCHEDULERS, Scheduler, get_scheduler
 from repro.workload.layers import VIEWS, layer_parameters
 
 __all__ = ["distribute", "DistributedOptimizer"]
@@ -87,7 +87,7 @@ def _load_plan(scheduler: Any) -> Plan | None:
     if isinstance(scheduler, Plan):
         return scheduler
     if isinstance(scheduler, (str, os.PathLike)) and (str(scheduler).endswith(".json") or os.sep in str(scheduler)):
-        from repro.outputs import InputPathError, read_input
+        from repro.results.outputs import InputPathError, read_input
 
         path = Path(scheduler)
         if not path.exists():
@@ -251,7 +251,7 @@ class _HeldHooks:
 class _Placement:
     """Where a run's ranks are, as :func:`distribute` settles it: ``group``: the process group of the
     training ranks (None: every rank trains); ``first``: the global rank that plans; ``servers``:
-    dedicated serving ranks before it (they plan alongside, :mod:`repro.runtime.ps_dedicated`);
+    dedicated serving ranks before it (they plan alongside, :mod:`repro.families.ps.dedicated`);
     ``trace_name``: the model's name in the measured trace (``model_name``); ``on_plan``: called on
     every trainer after planning, before the plan's executor starts (the servers take the trainers'
     state then)."""
@@ -299,7 +299,7 @@ class _Door:
         self._hooks: list[Any] = []  # removed by remove(): the door's hooks on the model (and a baseline's module)
         sched = get_scheduler(scheduler) if scheduler else None
         if plan is None and sched is not None and sched.has_plan:  # plan online after a warm-up
-            from repro.runtime.allreduce import AllReduceExecutor
+            from repro.families.allreduce.executor import AllReduceExecutor
 
             self.warmup_left = warmup_steps
             names = list(layer_parameters(model, view))
@@ -716,7 +716,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
     @property
     def trace(self) -> Any:
-        """The :class:`~repro.trace.Trace` measured in the warm-up that the plan was made from (None
+        """The :class:`~repro.core.trace.Trace` measured in the warm-up that the plan was made from (None
         during the warm-up, for a given plan, for a plan made from the parameters' sizes, and for baselines)."""
         return self._door.trace
 
@@ -769,7 +769,7 @@ def distribute(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: st
 
     ``scheduler``: a name of ``repro schedulers`` (``mgwfbp``, ``optimal``, ``dear_threshold``,
     ``bytescheduler``, ``omgs``, ...; ``dear``, the paper's name, is ``dear_threshold``, DeAR as its
-    authors released it), a :class:`~repro.plan.Plan`, or a plan file (``repro plan -o``).
+    authors released it), a :class:`~repro.core.plan.Plan`, or a plan file (``repro plan -o``).
     ``warmup_steps``: steps measured before planning online (>= 1). ``network``: a cost preset name
     for this world size instead of fitting the live group; ``cost``: a CostModel or its JSON file.
     ``view``: layers are parameter tensors (``tensor``) or parameter-owning modules (``module``); a
@@ -786,7 +786,7 @@ def distribute(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: st
     the returned model is the one that trains; True measures a warm-up on your model first and plans
     from it, as every other scheduler does, and wraps after it: the module to call is then
     ``optimizer.module`` (it changes at the end of the warm-up). ``dedicated_servers``: for the parameter-server family, ranks
-    ``0..S-1`` serve instead of training (gloo only; :mod:`repro.runtime.ps_dedicated`): there this call
+    ``0..S-1`` serve instead of training (gloo only; :mod:`repro.families.ps.dedicated`): there this call
     serves the whole run and returns when every trainer has called ``optimizer.remove()`` (or exited),
     with ``optimizer.serving`` True, so the script skips its loop there. The process group must be
     initialised (torchrun + ``torch.distributed.init_process_group``); with one rank, see "One rank" in
@@ -796,7 +796,7 @@ def distribute(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: st
 
     The steps, in order (each a function below): the model and optimizer, distribute's own keywords
     (declared in :data:`_KEYWORDS`), the scheduler or plan (a given plan fits the model), where the ranks
-    go, the scheduler's options against their declarations (:mod:`repro.run_options`), then the plan,
+    go, the scheduler's options against their declarations (:mod:`repro.core.run_options`), then the plan,
     the executor and the wrapped optimizer."""
     _check_model_and_optimizer(model, optimizer)
     _check_keywords(view=view, warmup_steps=warmup_steps, fit_repeats=fit_repeats, grad_scaler=grad_scaler,
@@ -874,7 +874,7 @@ def _integer_from(low: int) -> Callable[[Any], bool]:
 
 
 #: distribute's keywords that every scheduler takes (the scheduler's own options are declared in
-#: repro.run_options, checked by :func:`_check_options`)
+#: repro.core.run_options, checked by :func:`_check_options`)
 _KEYWORDS = (
     _Keyword("view", f"one of {', '.join(VIEWS)}", lambda v: isinstance(v, str) and v in VIEWS),
     _Keyword("warmup_steps", "an integer >= 1", _integer_from(1)),
@@ -973,7 +973,7 @@ def _check_placement(run: _Run, model: nn.Module, options: dict[str, Any], grad_
     if run.family is not None:
         _check_device_tensors_on_backend(model, run.family, run.name)
         if get_family(run.family).hook("server") is not None and not dedicated_servers:  # servers on the ranks
-            from repro.runtime.ps_colocated import colocated_options
+            from repro.families.ps.colocated import colocated_options
 
             try:
                 options.update(colocated_options(run.plan, run.sched.planner_options if run.sched else (), options,
@@ -994,14 +994,14 @@ def _check_placement(run: _Run, model: nn.Module, options: dict[str, Any], grad_
 
 def _check_options(run: _Run, model: nn.Module, options: dict[str, Any], wire_dtype: Any) -> None:
     """The scheduler's own options (``options``) checked once against their declarations
-    (:mod:`repro.run_options`): one the run does not take, or a bad value, is refused in one line; then
-    ``wire_dtype`` (:func:`repro.run_options.check_wire_dtype`) and what the executor can refuse before
+    (:mod:`repro.core.run_options`): one the run does not take, or a bad value, is refused in one line; then
+    ``wire_dtype`` (:func:`repro.core.run_options.check_wire_dtype`) and what the executor can refuse before
     a plan exists. Sets ``run.planner_options`` and ``run.executor_options``."""
     takes = run.takes
     undeclared = sorted(k for k in takes if k not in RUN_OPTIONS) if run.sched is None else []
     if undeclared:  # a family from another package that forgot register_run_option
         _fail(f"{', '.join(undeclared)}: taken by the {run.family} family's executor but not declared as a run "
-              "option (repro.run_options.register_run_option)")
+              "option (repro.core.run_options.register_run_option)")
     unknown = sorted(set(options) - set(takes))
     if unknown:
         _fail(f"option(s) {', '.join(unknown)} do not apply to scheduler {run.name or 'given as a plan'} "
@@ -1080,9 +1080,9 @@ def _place_dedicated(model: nn.Module, optimizer: torch.optim.Optimizer, run: _R
                      network_cost: CostModel | None, view: str, fit_repeats: int,
                      model_name: str | None) -> "_Placement | torch.optim.Optimizer":
     """``dedicated_servers``: ranks ``0..servers-1`` serve the run here and get a
-    :class:`~repro.runtime.ps_dedicated.ServingRankOptimizer`; the trainers get their placement, the first
+    :class:`~repro.families.ps.dedicated.ServingRankOptimizer`; the trainers get their placement, the first
     trainer's state broadcast to them (and, with a given plan, to the servers)."""
-    from repro.runtime import ps_dedicated
+    from repro.families.ps import dedicated as ps_dedicated
 
     group = ps_dedicated.trainer_group(servers)
     if dist.get_rank() < servers:
@@ -1110,7 +1110,7 @@ def _wrap_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer, door: _D
     dopt = DistributedOptimizer(optimizer, door)
     _refuse_direct_steps(optimizer, door)
     if dedicated_servers:
-        from repro.runtime.ps_dedicated import stop_at_exit
+        from repro.families.ps.dedicated import stop_at_exit
 
         stop_at_exit(dopt)
     return dopt
@@ -1119,7 +1119,7 @@ def _wrap_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer, door: _D
 def _check_device_tensors_on_backend(model: nn.Module, family: str, name: str | None) -> None:
     """A family whose executor cannot pass CUDA tensors to gloo (``Family.gloo_cpu_only``) refused in one
     line when ``model`` is on a GPU and the process group is gloo."""
-    from repro.families import get_family
+    from repro.core.families import get_family
 
     why = get_family(family).gloo_cpu_only
     if why and dist.get_backend() == "gloo" and any(p.is_cuda for p in model.parameters()):
@@ -1131,7 +1131,7 @@ def _check_dedicated(servers: int, family: str | None, name: str | None, plan: P
                      options: dict[str, Any], grad_scaler: Any) -> dict[str, Any]:
     """``dedicated_servers`` checked before any collective (one line each); the scheduler's ``servers``
     option set to it."""
-    from repro.families import get_family
+    from repro.core.families import get_family
 
     if family is None or get_family(family).hook("server") is None:
         _fail(f"dedicated_servers applies to the parameter-server family (ps_*, osp*), not to "
@@ -1160,7 +1160,7 @@ def _check_dedicated(servers: int, family: str | None, name: str | None, plan: P
 def _sizes_trace(model: nn.Module, view: str) -> Any:
     """A trace of the model's layers in registration order (taken as the forward order, as DDP does)
     with their gradient sizes and no times: what a planner that plans from sizes alone needs."""
-    from repro.trace import Layer, Trace
+    from repro.core.trace import Layer, Trace
 
     layers = []
     for name, params in layer_parameters(model, view).items():

@@ -3,7 +3,7 @@
     torchrun --nproc-per-node 4 -m repro.train --model resnet50 --scheduler mgwfbp --steps 100 \
         --batch-size 32 --results-dir results/data/runs
 
-Every scheduler is an entry of :mod:`repro.schedulers` (``repro schedulers`` lists them): its
+Every scheduler is an entry of :mod:`repro.core.schedulers` (``repro schedulers`` lists them): its
 planner (if any) makes a Plan and its executor (:mod:`repro.runtime.executor`) runs it. This loop
 (:func:`run_training`) is a client of the public door, :func:`repro.distribute`, like a user's own
 script: the warm-up, online planning and execution below are the door's, not a second implementation;
@@ -16,15 +16,15 @@ average them into a Trace (layer order = reverse of the ready order). Every plan
 cost model fitted by timing all-reduces on the live process group (any world size) unless ``network``
 names a preset: online planners (``mgwfbp``, ``optimal``, ``omgs``, ...) plan with it, all record the
 plan's prediction. What is fitted is the plan family's business (its ``calibrate`` hook in
-:mod:`repro.families`: the all-reduce line; the sparse all-gather line and the top-k cost). Rank 0
+:mod:`repro.core.families`: the all-reduce line; the sparse all-gather line and the top-k cost). Rank 0
 solves and broadcasts the Plan. Baselines warm up with their own executor.
 
-Rank 0 writes the run folder (:mod:`repro.runs`: ``run.json``, ``iterations.csv``, ``epochs.csv``,
+Rank 0 writes the run folder (:mod:`repro.results.runs`: ``run.json``, ``iterations.csv``, ``epochs.csv``,
 ``buckets.csv``, ``trace.json``, ``trace_inrun.json``, ``plan.json``, ``cost.json``), atomically;
 an existing run id is refused unless ``overwrite``.
 
 The run's options (:class:`TrainConfig`) and the ``repro train`` command line live in the torch-free
-:mod:`repro.train_config` (re-exported here), so ``--help`` and the checks made before any rank starts
+:mod:`repro.training.config` (re-exported here), so ``--help`` and the checks made before any rank starts
 do not import torch.
 """
 
@@ -39,7 +39,7 @@ if __name__ == "__main__":  # `python -m repro.train --help`: the options, witho
     _os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
 
     if {"-h", "--help"} & set(_sys.argv[1:]):
-        from repro.train_config import build_parser as _help_parser
+        from repro.training.config import build_parser as _help_parser
 
         _help_parser().parse_args(_sys.argv[1:])
 
@@ -55,24 +55,24 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from repro.cluster.faults import maybe_fail
-from repro.cost import CostModel
-from repro.families import get_family
+from repro.launch.faults import maybe_fail
+from repro.core.cost import CostModel
+from repro.core.families import get_family
 from repro.log import get_logger
-from repro.plan import Plan, check_plan_workers
-from repro.runs import ProgressWriter, prepare_run
-from repro.runtime.baselines import LocalExecutor
+from repro.core.plan import Plan, check_plan_workers
+from repro.results.runs import ProgressWriter, prepare_run
+from repro.families.baselines.executors import LocalExecutor
 from repro.runtime.executor import Executor
 from repro.runtime.online import StepTimes, measured_trace, sync_device
-from repro.schedulers import get_scheduler
-from repro.trace import Trace
-from repro.train_config import TrainConfig, build_parser, config_from_argv
-from repro.train_data import Batches
-from repro.train_checkpoint import RESUME_EXIT, Checkpointer, Preempted, checkpoint_path, set_rng_state
-from repro.train_record import evaluate as _evaluate
-from repro.train_record import summarise as _summarise
-from repro.train_record import timing_row as _timing_row
-from repro.train_record import write_run as _write_run
+from repro.core.schedulers import get_scheduler
+from repro.core.trace import Trace
+from repro.training.config import TrainConfig, build_parser, config_from_argv
+from repro.training.data import Batches
+from repro.training.checkpoint import RESUME_EXIT, Checkpointer, Preempted, checkpoint_path, set_rng_state
+from repro.training.record import evaluate as _evaluate
+from repro.training.record import summarise as _summarise
+from repro.training.record import timing_row as _timing_row
+from repro.training.record import write_run as _write_run
 
 log = get_logger(__name__)
 
@@ -93,7 +93,7 @@ class _Precision:
     ``scale``/``step``/``update`` in the step's (phase stamps are taken around them, never instead)."""
 
     def __init__(self, amp: str, device: torch.device) -> None:
-        from repro.train_config import AMP_DTYPES
+        from repro.training.config import AMP_DTYPES
 
         name = AMP_DTYPES[amp]
         self.amp = amp
@@ -157,7 +157,7 @@ class _Ranks:
     """Who trains. ``group``: the process group of the training ranks (None: every rank); ``rank`` and
     ``size``: this rank's index among them and their number; ``first``: the global rank of the first
     trainer (it plans and writes the run); ``servers``: ranks before it that serve instead (a family
-    with serving ranks, :mod:`repro.families`)."""
+    with serving ranks, :mod:`repro.core.families`)."""
 
     group: Any
     rank: int
@@ -262,12 +262,12 @@ def train_worker(ctx, cfg: TrainConfig) -> dict[str, Any]:
 
 
 def _make_optimizer(cfg: TrainConfig, params) -> torch.optim.Optimizer:
-    """``cfg.optimizer`` (a name of :data:`repro.train_config.OPTIMIZERS`): sgd with ``lr``, ``momentum`` and
+    """``cfg.optimizer`` (a name of :data:`repro.training.config.OPTIMIZERS`): sgd with ``lr``, ``momentum`` and
     ``weight_decay``, adamw with ``lr`` and (decoupled) ``weight_decay``, any other with ``lr`` and
     ``weight_decay`` where its constructor takes them (its own defaults for the rest)."""
     import inspect
 
-    from repro.train_config import OPTIMIZERS
+    from repro.training.config import OPTIMIZERS
 
     name = cfg.optimizer.lower()
     if name == "adamw":
@@ -399,7 +399,7 @@ def run_training(ctx, cfg: TrainConfig) -> tuple[nn.Module, dict[str, Any]]:
                 progress_file.update(epoch_rows, asdict(cfg))
             if data.epoch - start_epoch >= cfg.epochs:
                 break
-        maybe_fail(f"step{step}", dist.get_rank())  # a test-only hook (repro.cluster.faults); a no-op otherwise
+        maybe_fail(f"step{step}", dist.get_rank())  # a test-only hook (repro.launch.faults); a no-op otherwise
         st = _door_step(dopt, batch, loss_of, device, precision, scaler)
         rows.append(st.row(step, data.epoch - start_epoch))
         executor = dopt.executor
@@ -581,13 +581,13 @@ def main(argv: Sequence[str] | None = None, *, hard_exit: bool = False) -> int:
     """Per-rank entry point: ``torchrun ... -m repro.train`` or ``repro train`` (one line on bad input).
 
     Exit status 0 (finished), 2 (bad input, one line), 1 (a rank failed), 130 (interrupted) or
-    :data:`repro.train_checkpoint.RESUME_EXIT` (75: checkpointed on SLURM's signal; rerun to go on).
+    :data:`repro.training.checkpoint.RESUME_EXIT` (75: checkpointed on SLURM's signal; rerun to go on).
     ``hard_exit``: after a successful run, leave with ``os._exit(0)`` once output is flushed, skipping
     interpreter teardown (gloo's threads can abort a finished process there, failing the torchrun job).
     """
     import sys
 
-    from repro.cluster.torchrun import PeerFailedError, await_peers, distributed, is_config_error, report_failure
+    from repro.launch.torchrun import PeerFailedError, await_peers, distributed, is_config_error, report_failure
 
     def leave(code: int) -> int:
         """After a run or a broken group: skip interpreter teardown with ``hard_exit`` (gloo's threads can
@@ -603,9 +603,9 @@ def main(argv: Sequence[str] | None = None, *, hard_exit: bool = False) -> int:
         if cfg.device == "cuda" and not torch.cuda.is_available():  # before joining the process group
             raise ValueError("--device cuda, but CUDA is not available here (torch.cuda.is_available() is False); "
                              "use --device cpu")
-        maybe_fail("join")  # a test-only hook (repro.cluster.faults); a no-op otherwise
+        maybe_fail("join")  # a test-only hook (repro.launch.faults); a no-op otherwise
         # --device without --backend chooses it (cuda: nccl, cpu: gloo); neither: nccl with CUDA, else gloo.
-        # A failure inside ends fast: posted for the peers, the group aborted (repro.cluster.torchrun.distributed)
+        # A failure inside ends fast: posted for the peers, the group aborted (repro.launch.torchrun.distributed)
         with distributed(backend=args.backend, device=cfg.device, timeout_s=args.pg_timeout_s,
                          join_timeout_s=args.join_timeout_s) as ctx:
             summary = train_worker(ctx, cfg)

@@ -29,7 +29,7 @@ import sys
 from pathlib import Path
 
 from repro.paths import shipped_traces
-from repro.trace import load_trace
+from repro.core.trace import load_trace
 from repro.workload.estimate import KERNEL_OVERHEAD_S, estimate_trace, layer_errors
 
 VARIANTS = {

@@ -2,7 +2,7 @@
 ``data/calibration/``:
 
 - ``<network>-calibrated.json`` for each published network (10gbe, 100gbib): the least-squares fit of
-  :func:`repro.published_fits.fit` on every all-reduce row (BSP, WFBP, MG-WFBP; 4-32 GPUs; three models);
+  :func:`repro.costs.published_fits.fit` on every all-reduce row (BSP, WFBP, MG-WFBP; 4-32 GPUs; three models);
 - ``ddl_benchmarks_predictions.csv``: every multi-GPU published row with ``paper_s`` (the paper model),
   ``fit_s`` (the shipped calibration), and for the fitted rows ``cv_model_s`` (fitted without the row's
   model) and ``cv_gpus_s`` (fitted without the row's GPU count), with relative errors
@@ -23,7 +23,7 @@ import time
 import numpy as np
 import pandas as pd
 
-from repro import published_fits as C
+from repro.costs import published_fits as C
 
 
 def main() -> None:

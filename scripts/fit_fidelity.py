@@ -2,7 +2,7 @@
 interference on the published ddl-benchmarks rows, cross-validate, and write, under ``data/calibration/``:
 
 - the two ``*-calibrated.json`` presets: the joint fit where it beats the link fit's values in
-  cross-validation (:func:`repro.fidelity.earns_keep`), else the link fit's values with the terms 0;
+  cross-validation (:func:`repro.costs.fidelity.earns_keep`), else the link fit's values with the terms 0;
   either way with the fit's provenance and verdict under ``fit.per_message_terms`` (and the link fit's
   ``a0`` and contention, which a refit starts from);
 - ``ddl_benchmarks_predictions.csv``'s ``fit_s``/``fit_error`` re-predicted with those presets when they
@@ -24,8 +24,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from repro import fidelity as F  # noqa: E402
-from repro import published_fits as C  # noqa: E402
+from repro.costs import fidelity as F  # noqa: E402
+from repro.costs import published_fits as C  # noqa: E402
 
 
 def main() -> None:
@@ -41,7 +41,7 @@ def main() -> None:
     for net, cal in base.items():
         info = {"data": "HKBU-HPML/ddl-benchmarks 2020-05-29 (Shi et al., arXiv 2005.13247): 72 all-reduce rows "
                         "(BSP, WFBP, MG-WFBP; ResNet-50, BERT-Base, BERT-Large; 4-32 GPUs; 10GbE and 100Gb IB)",
-                "method": "repro.fidelity.fit_terms: joint grid of a1, a2 (shared) and per network a0, contention "
+                "method": "repro.costs.fidelity.fit_terms: joint grid of a1, a2 (shared) and per network a0, contention "
                           "(factors of the link fit's), on the link fit's links",
                 "grid": out["grid"], "joint_fit_on_every_row": fitted, "rms_log_error_link_fit": out["rms_before"],
                 "rms_log_error_joint_fit": out["rms"], "cross_validation": verdict,

@@ -451,7 +451,7 @@ def estimate_rows(measured_path: Path, gpu: str, dtype: str) -> tuple[dict[str, 
     """The estimator's error against one measured trace file: (summary, per-layer rows), from
     :func:`repro.workload.estimate.layer_errors` with ``estimate_trace`` of the same model, batch and
     view on ``gpu`` in ``dtype``."""
-    from repro.trace import Trace
+    from repro.core.trace import Trace
     from repro.workload.estimate import error_summary, estimate_trace, layer_errors
 
     measured = Trace.load(measured_path)
@@ -491,7 +491,7 @@ def part_profiles(budget: Budget, out_dir: Path, device_name: str, amp: str, mod
     """Part 3: one worker per (model, batch size), both precisions, on ``device`` (named ``device_name``,
     which also picks the trace names' tag and the estimator's GPU); then the estimator's error per trace
     (here, on the CPU: the estimator needs no GPU). Writes the traces and two CSVs into ``out_dir``."""
-    from repro.trace import Trace
+    from repro.core.trace import Trace
 
     t0 = time.perf_counter()
     part_limit = budget.limit(LIMITS_S["profiles"])

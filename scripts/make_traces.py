@@ -31,7 +31,7 @@ from repro.paths import traces_dir
 from repro.workload.estimate import estimate_trace
 from repro.workload.models import PAPER_MODELS, TINY_MODELS, get_spec
 from repro.workload.profile import profile_model
-from repro.trace import Trace
+from repro.core.trace import Trace
 
 K80_RUNS = [("googlenet", 64), ("resnet50", 32)]
 #: the MG-WFBP journal's FP16 runs (data/grids/mgwfbp.yaml, experiment speedup_fp16)

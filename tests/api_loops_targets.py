@@ -180,7 +180,7 @@ def _mixed_train(model, opt, data) -> None:
 
 def _mixed_rows(cases: list[dict], steps: int) -> list[dict]:
     import repro
-    from repro.plan import Plan
+    from repro.core.plan import Plan
     from repro.workload.layers import layer_parameters
 
     data = _branch_batches(dist.get_rank(), steps)
@@ -372,8 +372,8 @@ def _compiled_dear_refused() -> list[str]:
     """A DeAR plan with a compiled model: ``distribute(torch.compile(net))`` is refused at once;
     ``torch.compile`` of the returned model at the first step (the door's forward hook saw the trace)."""
     import repro
-    from repro.plan import Bucket, Plan
-    from repro.planners.dear import DEAR_MESSAGES, FAMILY
+    from repro.core.plan import Bucket, Plan
+    from repro.families.dear.planners import DEAR_MESSAGES, FAMILY
     from repro.workload.layers import layer_parameters
 
     out = []
@@ -416,7 +416,7 @@ class DeepNet(nn.Module):
 
 def _bridge_plan(model: nn.Module, sizes: list[int]):
     """A plan with buckets of ``sizes`` consecutive tensors in backward order."""
-    from repro.plan import Plan
+    from repro.core.plan import Plan
     from repro.workload.layers import layer_parameters
 
     names = list(layer_parameters(model, "tensor"))[::-1]
@@ -481,7 +481,7 @@ def ddp_threshold_buckets(ctx, threshold_bytes: int, steps: int = 3) -> dict:
     online from the measured order): DDP's buckets after its rebuild, and the threshold plan's, as
     lists of element counts in reduction order."""
     import repro
-    from repro.runtime.ddp_bridge import ddp_buckets
+    from repro.families.allreduce.ddp_bridge import ddp_buckets
     from repro.workload.models import build_model, compute_loss, make_batch
 
     x, y = make_batch("tiny_bert", 4, generator=torch.Generator().manual_seed(dist.get_rank()))

@@ -188,7 +188,7 @@ def resume_bit_exact(ctx, cases: list[dict], steps: int, cut: int) -> list[dict]
     import copy
 
     import repro
-    from repro.plan import Plan
+    from repro.core.plan import Plan
 
     torch.use_deterministic_algorithms(True)
     data = _batches(dist.get_rank(), steps)

@@ -11,7 +11,7 @@ def train_and_report(ctx, config: dict[str, Any]) -> dict[str, Any]:
     import torch
 
     from repro.train import TrainConfig, run_training
-    from repro.train_checkpoint import Preempted
+    from repro.training.checkpoint import Preempted
 
     try:
         model, summary = run_training(ctx, TrainConfig(**config))

@@ -2,7 +2,7 @@
 
 Like the bodies in tests/test_gpu.py they are functions of ``(device, backend)``, so the same code runs
 on a CPU with gloo (tests/test_gpu_check.py does, for the cheap ones); the script runs them on
-``cuda:0``. Module-level, so that the ranks :func:`repro.cluster.local.launch_local` spawns can import
+``cuda:0``. Module-level, so that the ranks :func:`repro.launch.local.launch_local` spawns can import
 them. Every function returns a JSON-able dict of numbers and verdicts; none asserts: the script reports.
 
 - :func:`sparse_timeline_matches_sgd`: the sparse executor (TopK-SGD's one bucket, an OMGS-style merge)
@@ -47,7 +47,7 @@ def _finite(model: nn.Module) -> bool:
 
 def _sparse_plans() -> dict:
     """Density-1 sparse plans of MLP (module view): TopK-SGD's single bucket and an OMGS-style merge."""
-    from repro.plan import Plan
+    from repro.core.plan import Plan
 
     backward = LAYERS[::-1]
     buckets = {"topk_single": [backward], "omgs": [backward[:1], backward[1:]]}
@@ -69,7 +69,7 @@ def sparse_timeline_matches_sgd(device: str = "cuda", backend: str = "nccl", ste
     after ``steps`` steps at density 1 with ``record_timeline=True``, the last step's timeline rows
     (seconds after the first bucket's compression started) and whether each is complete and ordered."""
     from repro.runtime.executor import ExecutorOptions
-    from repro.runtime.sparse import SparseExecutor
+    from repro.families.sparse.executor import SparseExecutor
 
     dev = torch.device(device, 0) if device == "cuda" else torch.device(device)
     out = {}
@@ -150,7 +150,7 @@ def two_ranks_per_family(device: str = "cuda", schedulers=FAMILY_SCHEDULERS, ste
     error. A launch is given ``timeout_s`` seconds, and no more than what is left of ``budget_s`` (all
     launches together; None: no bound), so that the function returns every family's outcome before a
     caller's limit; a family with under 5 s left is reported as not run."""
-    from repro.cluster.local import launch_local
+    from repro.launch.local import launch_local
 
     start = time.perf_counter()
     out = {}

@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from repro.trace import Layer, Trace
+from repro.core.trace import Layer, Trace
 
 
 def make_trace(backward_s, nbytes, forward_s=None, model="synthetic"):

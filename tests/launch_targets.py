@@ -1,4 +1,4 @@
-"""Functions that ranks started by ``repro.cluster.local.launch_local`` run in tests (they must be importable).
+"""Functions that ranks started by ``repro.launch.local.launch_local`` run in tests (they must be importable).
 
 Run as a script under torchrun (``python -m torch.distributed.run --standalone --nproc-per-node 2
 -m tests.launch_targets OUT_DIR [BACKEND]``), each rank writes ``OUT_DIR/rank<R>.json`` with what it saw.
@@ -217,7 +217,7 @@ def _torchrun_main(out_dir: str, backend: str | None = None) -> None:
     import torch
     import torch.distributed as dist
 
-    from repro.cluster.torchrun import distributed
+    from repro.launch.torchrun import distributed
 
     with distributed(backend=backend, timeout_s=60) as ctx:
         t = torch.tensor([float(ctx.rank + 1)])

@@ -110,9 +110,9 @@ def loss_of(case: dict, model: nn.Module, x, y, step: int, worker: int) -> torch
 
 def ps_plan(model: nn.Module, case: dict, workers: int):
     """A plan of the case's mode for ``model`` from its sizes (fixed costs: the same plan everywhere)."""
-    from repro.cost import CostModel, Linear
-    from repro.planners import make_plan
-    from repro.trace import Layer, Trace
+    from repro.core.cost import CostModel, Linear
+    from repro.core.planners import make_plan
+    from repro.core.trace import Layer, Trace
     from repro.workload.layers import layer_parameters
 
     layers = []
@@ -240,7 +240,7 @@ def lockstep_reference(case: dict, workers: int) -> dict[str, torch.Tensor]:
       average over the workers (zeros for a worker without a gradient; no gradient where none had one),
       with the hyperparameters of iteration ``c``.
     """
-    from repro.runtime.ps_layout import ps_layout
+    from repro.families.ps.layout import ps_layout
 
     model = make_model(case)
     opt = make_optimizer(case, model)
@@ -325,7 +325,7 @@ def checkpoint_rows(ctx, cases: list[dict], path: str) -> list[dict]:
     run, how many parameters the saved dict holds state for, and ``partial``: the refusal of a state
     dict missing one server's part (the saved dict with the last server's entries removed)."""
     import repro
-    from repro.runtime.ps_layout import ps_layout
+    from repro.families.ps.layout import ps_layout
 
     torch.use_deterministic_algorithms(True)
     rank, world = dist.get_rank(), dist.get_world_size()

@@ -44,7 +44,7 @@ def loss_of(model, x, y):
 
 
 def make_trace(model):
-    from repro.trace import Layer, Trace
+    from repro.core.trace import Layer, Trace
     from repro.workload.layers import layer_parameters
 
     layers = []
@@ -55,8 +55,8 @@ def make_trace(model):
 
 
 def make_case_plan(model, case: dict, workers: int = 2):
-    from repro.cost import CostModel, Linear
-    from repro.planners import make_plan
+    from repro.core.cost import CostModel, Linear
+    from repro.core.planners import make_plan
 
     cost = CostModel(workers, {"push": Linear(1e-4, 1e-9), "pull": Linear(1e-4, 1e-9)})
     mode, servers = case["mode"], case.get("servers", 1)
@@ -93,7 +93,7 @@ def _maybe_die(case: dict, step: int) -> None:
 # ---------------------------------------------------------------------------------------------
 
 def _recording_executor():
-    from repro.runtime.ps import PSExecutor
+    from repro.families.ps.executor import PSExecutor
 
     class RecordingPS(PSExecutor):
         """PSExecutor recording, per step, the parameters before and after ``before_forward``, the
@@ -173,7 +173,7 @@ def ps_worker(ctx, cases: list[dict]) -> list[dict]:
 def ps_server(ctx, cases: list[dict]) -> list[dict]:
     """Serve every case; per case the server's tables and its final parameters (its shard's are the
     servers' model)."""
-    from repro.runtime.ps import serve
+    from repro.families.ps.executor import serve
 
     torch.use_deterministic_algorithms(True)
     out = []
@@ -196,7 +196,7 @@ def ps_server(ctx, cases: list[dict]) -> list[dict]:
 
 
 def _server_buckets(model, plan):
-    from repro.runtime.ps import ps_layout
+    from repro.families.ps.executor import ps_layout
 
     return [b for b in ps_layout(model, plan, "tensor") if b.server == dist.get_rank()]
 

@@ -55,8 +55,8 @@ def fit_all_collectives(ctx, sizes: list[int]) -> dict:
 
 def plan_errors(ctx) -> list[str]:
     """Messages of BucketedAllReduce for plans that do not fit a Linear layer (tensor view)."""
-    from repro.plan import Plan, PlanError
-    from repro.runtime.allreduce import BucketedAllReduce
+    from repro.core.plan import Plan, PlanError
+    from repro.families.allreduce.executor import BucketedAllReduce
 
     out = []
     for buckets in ([["weight", "bias", "extra"]], [["weight"]]):
@@ -72,7 +72,7 @@ def plan_errors(ctx) -> list[str]:
 
 def _synthetic_trace(model, name: str):
     """A trace of ``model``'s layers (tensor view) with made-up times: planners get real layer sizes."""
-    from repro.trace import Layer, Trace
+    from repro.core.trace import Layer, Trace
     from repro.workload.layers import layer_parameters
 
     layers = []
@@ -85,7 +85,7 @@ def _synthetic_trace(model, name: str):
 def _reference_sparse_sgd(model_name: str, plan, world: int, steps: int, batch_size: int, density: float,
                           error_feedback: bool = True, splits: list[list[int]] | None = None) -> dict:
     """Single-process reference of top-k SGD with error feedback over ``world`` workers' data, written
-    from the math, not from repro.runtime.sparse: per worker, gradient on its own batch + its residual,
+    from the math, not from repro.families.sparse.executor: per worker, gradient on its own batch + its residual,
     per bucket of ``plan`` the k = ceil(density n) largest magnitudes sent (``splits[step][bucket]``
     where given: the executor's split under topk_scope "model"), the rest kept as the new residual; the
     sent entries summed over workers (worker 0 first) / P; then the SGD step."""
@@ -135,9 +135,9 @@ def sparse_executor_vs_reference(ctx, model_name: str, cases: list[dict], steps:
     executing the plan the planner makes of ``model_name``'s layers; returns the parameters, the plan's
     bucket count, its topk_scope, the executor's split of each step and the largest difference to
     :func:`_reference_sparse_sgd` given those splits (and to the same without error feedback)."""
-    from repro.cost import CostModel
-    from repro.planners import make_plan
-    from repro.runtime.sparse import SparseExecutor
+    from repro.core.cost import CostModel
+    from repro.core.planners import make_plan
+    from repro.families.sparse.executor import SparseExecutor
     from repro.workload.models import build_model, compute_loss, make_batch
 
     torch.use_deterministic_algorithms(True)

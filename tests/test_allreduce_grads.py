@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from repro.cluster.local import launch_local
+from repro.launch.local import launch_local
 
 pytestmark = pytest.mark.distributed
 
@@ -23,8 +23,8 @@ def _model() -> nn.Module:
 def executor_vs_ddp(ctx, set_to_none: bool, wire_dtype: str | None, engine: str = "auto", steps: int = 4) -> dict:
     import torch.distributed as dist
 
-    from repro.plan import Plan
-    from repro.runtime.allreduce import AllReduceExecutor
+    from repro.core.plan import Plan
+    from repro.families.allreduce.executor import AllReduceExecutor
     from repro.runtime.executor import ExecutorOptions
 
     rank = dist.get_rank()

@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from repro.cluster.local import launch_local
+from repro.launch.local import launch_local
 
 STEPS = 7
 INF_STEP = 3
@@ -45,10 +45,10 @@ def _batches(rank: int) -> list:
 
 
 def _plan(case: dict, model: nn.Module):
-    from repro.cost import CostModel, Linear
-    from repro.plan import Plan
-    from repro.planners import make_plan
-    from repro.trace import Layer, Trace
+    from repro.core.cost import CostModel, Linear
+    from repro.core.plan import Plan
+    from repro.core.planners import make_plan
+    from repro.core.trace import Layer, Trace
     from repro.workload.layers import layer_parameters
 
     names = list(layer_parameters(model, "tensor"))

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import repro
-from repro.cluster.local import launch_local
+from repro.launch.local import launch_local
 from tests import api_targets
 
 
@@ -114,10 +114,10 @@ def _refused_all(ctx, cases: list[dict]) -> list[str]:
 # ---------------------------------------------------------------- repro plan -> repro launch --plan
 
 def test_train_config_takes_the_plans_scheduler_and_view(tmp_path):
-    from repro.presets import preset
-    from repro.planners import make_plan
-    from repro.trace import load_trace
-    from repro.train_config import TrainConfig
+    from repro.costs.presets import preset
+    from repro.core.planners import make_plan
+    from repro.core.trace import load_trace
+    from repro.training.config import TrainConfig
 
     trace = load_trace("resnet50_b32_v100-estimate")
     plan = make_plan("dear_threshold", trace, preset("10gbe-derived", 4), threshold_bytes=2**20)
@@ -135,7 +135,7 @@ def test_train_config_takes_the_plans_scheduler_and_view(tmp_path):
 def test_profile_plan_launch_runs_exactly_that_plan(tmp_path, capsys):
     import json
 
-    from repro.cli import main
+    from repro.cli.main import main
 
     trace, plan, runs = tmp_path / "trace.json", tmp_path / "plan.json", tmp_path / "runs"
     assert main(["profile", "--model", "tiny_resnet", "--batch-size", "8", "--iters", "2", "-o", str(trace)]) == 0

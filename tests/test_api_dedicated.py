@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from repro.cluster.local import launch_local
+from repro.launch.local import launch_local
 from tests.api_targets import _train
 
 TOL = 1e-6

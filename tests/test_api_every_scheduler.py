@@ -15,8 +15,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from repro.cluster.local import launch_local
-from repro.schedulers import scheduler_names
+from repro.launch.local import launch_local
+from repro.core.schedulers import scheduler_names
 
 STEPS = 4
 # per scheduler, options a tiny run needs (the tuner's trials fit in the steps)

@@ -21,7 +21,7 @@ import pytest
 import torch
 from torch import nn
 
-from repro.cluster.local import launch_local
+from repro.launch.local import launch_local
 from tests import api_loops_targets
 
 TOL = 1e-6
@@ -177,8 +177,8 @@ def test_ddp_runs_a_plans_buckets_and_the_check_names_the_first_difference():
 
 
 def test_ddp_bucket_caps_are_the_plans_bytes_in_mib_and_refuse_what_ddp_cannot_do():
-    from repro.plan import Plan, PlanError
-    from repro.runtime.ddp_bridge import ddp_bucket_caps
+    from repro.core.plan import Plan, PlanError
+    from repro.families.allreduce.ddp_bridge import ddp_bucket_caps
 
     net = api_loops_targets.DeepNet()
     plan = api_loops_targets._bridge_plan(net, [3, 2, 4, 3])

@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from repro.cluster.local import launch_local
+from repro.launch.local import launch_local
 from tests.api_targets import UserNet, _batches, _train
 
 
@@ -48,7 +48,7 @@ def _split_net() -> nn.Module:
 
 def _one_bucket_plan(net: nn.Module, view: str = "tensor", skip: int = 0):
     """A plan of one bucket holding ``net``'s layers in ``view`` but the first ``skip``."""
-    from repro.plan import Plan
+    from repro.core.plan import Plan
     from repro.workload.layers import layer_parameters
 
     return Plan.from_dict({"solver": "syncea", "buckets": [list(layer_parameters(net, view))[skip:]]})
@@ -80,7 +80,7 @@ REFUSALS = {
                    lambda: (UserNet(), None, {"scheduler": "mgwfbp", "model_name": ""})),
     "wrap_after_warmup": ("wrap_after_warmup must be True or False, got 'yes'",
                           lambda: (UserNet(), None, {"scheduler": "ddp_threshold", "wrap_after_warmup": "yes"})),
-    # the plan-fits-model rule (repro.plan.plan_fit_refusal), checked once on the door's path
+    # the plan-fits-model rule (repro.core.plan.plan_fit_refusal), checked once on the door's path
     "plan_module_view": ("that the model does not have in the 'tensor' view (e.g. 'features.0'); they are its "
                          "layers in the 'module' view",
                          lambda: (UserNet(), None, {"scheduler": _one_bucket_plan(UserNet(), "module")})),
@@ -288,8 +288,8 @@ def test_one_rank_refuses_what_cannot_run_there(alone, case):
 # ---------------------------------------------------------------- no ranks
 
 def test_dear_is_the_papers_name_for_dear_threshold():
-    from repro.schedulers import SCHEDULERS, canonical_name, get_scheduler, scheduler_names
-    from repro.train_config import TrainConfig
+    from repro.core.schedulers import SCHEDULERS, canonical_name, get_scheduler, scheduler_names
+    from repro.training.config import TrainConfig
 
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # a paper's name is not deprecated
@@ -299,7 +299,7 @@ def test_dear_is_the_papers_name_for_dear_threshold():
 
 
 def test_only_the_ddp_baselines_exchange_sparse_gradients():
-    from repro.schedulers import SCHEDULERS
+    from repro.core.schedulers import SCHEDULERS
 
     able = {name for name, s in SCHEDULERS.items() if s.sparse_gradients}
     assert able == {"ddp", "ddp_threshold", "local"}
@@ -396,7 +396,7 @@ def wrap_after_warmup_ranks(ctx) -> dict:
     made from the measured trace, then DDP's wrapper is the module to call (``optimizer.module``); the
     optimizer's public ``trace``, ``cost``, ``last_stamps`` and ``executor`` say what ran."""
     import repro
-    from repro.planners import make_plan
+    from repro.core.planners import make_plan
 
     torch.manual_seed(0)
     net = UserNet()

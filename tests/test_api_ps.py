@@ -1,5 +1,5 @@
 """The parameter-server family through ``repro.distribute``, servers co-located on the training ranks
-(repro.runtime.ps_colocated), 2 gloo ranks that both train and serve.
+(repro.families.ps.colocated), 2 gloo ranks that both train and serve.
 
 One 2-rank launch (targets: tests/ps_targets.py ``colocated_suite``) runs every case and DDP on the
 same data; the tests compare:
@@ -23,7 +23,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from repro.cluster.local import launch_local
+from repro.launch.local import launch_local
 from tests import ps_targets as T
 from tests.test_runtime_ps import _stage_two, reference
 
@@ -219,8 +219,8 @@ def test_online_planning_with_colocated_servers(world, name):
 # ---------------------------------------------------------------------------------------------
 
 def test_colocated_options_default_and_refusals():
-    from repro.plan import Plan
-    from repro.runtime.ps_colocated import colocated_options
+    from repro.core.plan import Plan
+    from repro.families.ps.colocated import colocated_options
 
     assert colocated_options(None, ("servers", "staleness"), {}, 4) == {"servers": 4}
     assert colocated_options(None, ("servers",), {"servers": 2}, 4) == {"servers": 2}
@@ -235,7 +235,7 @@ def test_colocated_options_default_and_refusals():
 
 
 def test_bucket_lag_follows_the_modes():
-    from repro.runtime.ps_colocated import bucket_lag
+    from repro.families.ps.colocated import bucket_lag
 
     assert [bucket_lag("bsp", 1, 0), bucket_lag("asp", 1, 0), bucket_lag("ssp", 1, 3)] == [0, 0, 3]
     assert [bucket_lag("osp", 1, 0), bucket_lag("osp", 2, 0)] == [0, 1]
@@ -244,7 +244,7 @@ def test_bucket_lag_follows_the_modes():
 def test_dedicated_servers_send_headers_on_the_data_device_and_refuse_nccl(monkeypatch):
     import torch.distributed as dist
 
-    from repro.runtime import ps
+    from repro.families.ps import executor as ps
 
     header = ps._header(ps.STEP, 7, torch.device("meta"))   # a stand-in for a GPU: any device but the CPU
     assert header.device.type == "meta" and header.dtype == torch.int64 and header.shape == (3,)  # kind, step, bytes

@@ -2,8 +2,8 @@
 
 import pytest
 
-from repro.cost import CostModel, fit_linear
-from repro.cluster.local import launch_local
+from repro.core.cost import CostModel, fit_linear
+from repro.launch.local import launch_local
 from repro.runtime.calibrate import default_sizes_bytes
 from tests.runtime_targets import fit_all_collectives
 

@@ -10,8 +10,8 @@ import sys
 
 import pytest
 
-from repro.cli import main
-from repro.cost import CostModel
+from repro.cli.main import main
+from repro.core.cost import CostModel
 
 
 @pytest.mark.parametrize("argv, env, message", [

@@ -18,7 +18,7 @@ import yaml  # noqa: E402
 
 from repro.figures import claims as cl  # noqa: E402
 from repro.figures.manifest import load_manifest  # noqa: E402
-from repro.tables import write_table  # noqa: E402
+from repro.results.tables import write_table  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -4,7 +4,7 @@ import sys
 
 import pytest
 
-from repro.cli import main
+from repro.cli.main import main
 from tests.helpers import make_trace
 
 
@@ -103,7 +103,7 @@ def test_profile_measures_and_estimates(capsys, tmp_path):
     rc, stdout, err = run(capsys, "profile", "--model", "tiny_vgg", "--batch-size", "4", "--warmup", "1",
                           "--iters", "2", "-o", str(out))
     assert rc == 0, err
-    from repro.trace import Trace
+    from repro.core.trace import Trace
 
     t = Trace.load(out)
     assert t.model == "tiny_vgg" and t.device == "cpu" and t.total_backward_s > 0
@@ -145,7 +145,7 @@ def test_launch_and_calibrate_on_local_ranks(tmp_path):
                         "allreduce,allgather", "--max-bytes", "262144", "--sizes", "3", "--repeats", "1",
                         "-o", str(out)], capture_output=True, text=True, timeout=240)
     assert r.returncode == 0, r.stderr[-2000:]
-    from repro.cost import CostModel
+    from repro.core.cost import CostModel
 
     cost = CostModel.from_dict(json.loads(out.read_text()))
     assert cost.workers == 2 and set(cost.lines) == {"allreduce", "allgather"}
@@ -170,7 +170,7 @@ def test_local_launch_bad_input(capsys, argv, message):
 @pytest.fixture
 def no_ranks(monkeypatch):
     """Starting ranks is an error: these inputs must be refused before any rank starts."""
-    from repro.cluster import local
+    from repro.launch import local
 
     def refuse(*args, **kwargs):
         raise AssertionError("ranks would have been started")
@@ -180,7 +180,7 @@ def no_ranks(monkeypatch):
 
 
 def test_launch_passes_the_train_backend_and_pg_timeout_to_the_launcher(capsys, monkeypatch):
-    from repro.cluster import local
+    from repro.launch import local
     from repro.train import config_from_argv
 
     seen = {}
@@ -245,7 +245,7 @@ def test_launch_and_calibrate_bounds_are_checked_before_any_rank_starts(capsys, 
 def test_nproc_bound_states_the_limit_of_this_machine(capsys, no_ranks):
     import re
 
-    from repro.cluster.local import max_local_ranks
+    from repro.launch.local import max_local_ranks
 
     limit, _ = max_local_ranks()
     rc, _, err = run(capsys, "calibrate", "--nproc", str(10 * limit + 100))

@@ -12,7 +12,7 @@ import time
 import pytest
 
 from repro import __version__
-from repro.cli import build_parser, main
+from repro.cli.main import build_parser, main
 from repro.train import build_parser as train_parser
 
 PY = [sys.executable, "-m", "repro"]

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from repro.cli import main
+from repro.cli.main import main
 from tests.helpers import make_trace
 from tests.test_outputs import OUTPUT_COMMANDS, PLAN_ARGS
 
@@ -109,8 +109,8 @@ def test_compare_refuses_an_empty_scheduler_list(capsys, schedulers):
 
 
 def test_compare_function_refuses_an_empty_scheduler_list():
-    from repro.compare_cli import compare
-    from repro.presets import preset
+    from repro.cli.compare import compare
+    from repro.costs.presets import preset
 
     with pytest.raises(ValueError, match="names no scheduler"):
         compare(make_trace([1.0, 2.0], [400, 400]), preset("10gbe-v100", 4), schedulers=[])

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from repro.cli import main
+from repro.cli.main import main
 
 PY = [sys.executable, "-m", "repro"]
 
@@ -32,8 +32,8 @@ def test_version_is_the_installed_metadata_version():
 def _all_parsers():
     import argparse
 
-    from repro.cli import build_parser
-    from repro.train_config import build_parser as train_parser
+    from repro.cli.main import build_parser
+    from repro.training.config import build_parser as train_parser
 
     top = build_parser()
     yield "repro", top
@@ -67,11 +67,11 @@ print(out.getvalue())
 
 
 @pytest.mark.parametrize("call", [
-    "from repro.cli import main; main(['train', '--help'])",
+    "from repro.cli.main import main; main(['train', '--help'])",
     "import runpy; sys.argv = ['repro.train', '--help']; runpy.run_module('repro.train', run_name='__main__')",
 ], ids=["repro_train", "python_m_repro_train"])
 def test_train_help_does_not_import_torch_and_lists_models_and_schedulers(call):
-    from repro.schedulers import scheduler_names
+    from repro.core.schedulers import scheduler_names
     from repro.workload.catalog import MODEL_NAMES
 
     r = subprocess.run([sys.executable, "-c", _NO_TORCH.format(call=call)], capture_output=True, text=True,
@@ -83,7 +83,7 @@ def test_train_help_does_not_import_torch_and_lists_models_and_schedulers(call):
 
 
 def test_the_torch_free_catalogue_is_the_registry():
-    from repro.train_config import VIEWS
+    from repro.training.config import VIEWS
     from repro.workload import layers, models
     from repro.workload.catalog import MODEL_INFO
 
@@ -97,7 +97,7 @@ def test_the_torch_free_catalogue_is_the_registry():
 
 @pytest.fixture
 def no_ranks(monkeypatch):
-    from repro.cluster import local
+    from repro.launch import local
 
     def refuse(*args, **kwargs):
         raise AssertionError("ranks would have been started")
@@ -142,9 +142,9 @@ def test_listings_print_a_table_or_json(capsys, command):
 
 
 def test_listings_json_content():
-    from repro.presets import preset_names
+    from repro.costs.presets import preset_names
     from repro.paths import shipped_traces
-    from repro.schedulers import SCHEDULERS
+    from repro.core.schedulers import SCHEDULERS
     from repro.workload.catalog import MODEL_NAMES
 
     def listing(command):
@@ -167,7 +167,7 @@ def test_listings_json_content():
 
 
 def test_models_and_traces_do_not_import_torch():
-    code = ("import sys; from repro.cli import main; assert main(['models']) == 0; assert main(['traces']) == 0; "
+    code = ("import sys; from repro.cli.main import main; assert main(['models']) == 0; assert main(['traces']) == 0; "
             "assert 'torch' not in sys.modules, 'torch was imported'")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]
@@ -183,7 +183,7 @@ def test_overflowing_costs_are_one_line_without_warnings(tmp_path, solver):
                        text=True)
     assert r.returncode == 2 and r.stdout == ""
     assert r.stderr.startswith("repro: error: ") and r.stderr.count("\n") == 1, r.stderr
-    # refused by the flag's range (repro.ranges: what a plan or cost file may hold) before any arithmetic
+    # refused by the flag's range (repro.core.ranges: what a plan or cost file may hold) before any arithmetic
     assert "Warning" not in r.stderr and "flag '--alpha-s' = 1e+308 is outside the plausible range" in r.stderr
     plan = tmp_path / "plan.json"
     assert main(["plan", "--trace", "tiny_vgg_b32_cpu", "--solver", "syncea", "--alpha-s", "1", "--beta-s-per-byte",
@@ -206,7 +206,7 @@ def test_trace_errors_name_the_file_in_one_line(capsys, tmp_path):
 # ---- a progress bar's line is ended before the error line ----
 
 def test_launch_ends_a_killed_ranks_progress_bar_line_before_the_error(capsys, monkeypatch):
-    from repro.cluster import local
+    from repro.launch import local
 
     def rank_killed_mid_bar(fn, world_size, args, **kwargs):
         mark = args[2]
@@ -288,7 +288,7 @@ def test_more_bad_input_is_one_line(capsys, argv, message):
 
 
 def test_an_internal_error_is_one_line_too(capsys, monkeypatch):
-    import repro.cli as cli
+    import repro.cli.main as cli
 
     def bug(args):
         raise KeyError("oops")

@@ -1,5 +1,5 @@
 """What each writer of the command line writes, the matching reader reads: the cost flags carry the ranges
-of the files they end up in (repro.ranges), and a plan or cluster file that would be refused on reading
+of the files they end up in (repro.core.ranges), and a plan or cluster file that would be refused on reading
 is refused before it is written (`repro plan --alpha-s 1e300` used to write iteration_s 1e300, which
 `repro simulate --plan` refused; `repro cost cluster --gpus-per-node 1000000000` exited 0 with a file
 `--cost` refused)."""
@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from repro.cli import main
+from repro.cli.main import main
 
 TRACE = "tiny_resnet_b32_cpu"
 

@@ -152,8 +152,8 @@ LAYERS = ["fc1", "fc2", "fc3"]  # module view, forward order
 
 
 def _plan(kind: str, density: float = 0.5):
-    from repro.plan import Bucket, Message, Plan
-    from repro.planners.dear import DEAR_MESSAGES
+    from repro.core.plan import Bucket, Message, Plan
+    from repro.families.dear.planners import DEAR_MESSAGES
 
     backward = LAYERS[::-1]
     if kind == "allreduce":
@@ -177,15 +177,15 @@ def _executor(kind: str, model: nn.Module, clock, density: float = 0.5):
     options = ExecutorOptions(view="module", clock=clock)
     plan = _plan(kind, density)
     if kind == "allreduce":
-        from repro.runtime.allreduce import AllReduceExecutor
+        from repro.families.allreduce.executor import AllReduceExecutor
         return AllReduceExecutor(model, plan, options)
     if kind == "sparse":
-        from repro.runtime.sparse import SparseExecutor
+        from repro.families.sparse.executor import SparseExecutor
         return SparseExecutor(model, plan, options)
     if kind == "dear":
-        from repro.runtime.dear import DeARExecutor
+        from repro.families.dear.executor import DeARExecutor
         return DeARExecutor(model, plan, options)
-    from repro.runtime.bytescheduler import ByteSchedulerExecutor
+    from repro.families.bytescheduler.executor import ByteSchedulerExecutor
     return ByteSchedulerExecutor(model, plan, options)
 
 
@@ -308,10 +308,10 @@ def test_measured_trace_is_the_one_the_device_times_imply(one_rank):
     """A warm-up as repro train and repro.distribute run it (SyncEASGD executor, phase stamps taken
     after a device sync on the clocks' host base) with a fake device: the trace's backward gaps,
     order, forward total and overheads are the fake device's, not the host's."""
-    from repro.runtime.allreduce import AllReduceExecutor
+    from repro.families.allreduce.executor import AllReduceExecutor
     from repro.runtime.executor import ExecutorOptions
     from repro.runtime.online import StepTimes, measured_trace
-    from repro.plan import Plan
+    from repro.core.plan import Plan
 
     model = MLP()
     clock = FakeDeviceClock()
@@ -410,7 +410,7 @@ def test_after_the_warm_up_the_doors_phase_stamps_are_the_devices():
     each stamp) the door marks each phase through a device clock, and ``last_stamps`` (the phase columns
     of iterations.csv, the in-run trace) are the device's times on the host base, never the host's
     (issue 32, item 4). A fake device clock stands in for the CUDA events; 2 gloo ranks."""
-    from repro.cluster.local import launch_local
+    from repro.launch.local import launch_local
 
     for r in launch_local(_door_phase_stamps, 2, timeout_s=120):
         assert r["warming_up"] and not r["warming_up_after"] and r["warmup_marks"] == []

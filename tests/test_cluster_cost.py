@@ -1,4 +1,4 @@
-"""A user's cluster as a cost model (repro.cluster_cost), torch-free: rates and latencies parsed or refused
+"""A user's cluster as a cost model (repro.costs.cluster_cost), torch-free: rates and latencies parsed or refused
 in one line naming the flag, every family's collective lines written out from the ring / two-level / flat
 formulas, the top-k device table, cost sources by name or file, and fitting measured collectives."""
 
@@ -7,13 +7,13 @@ import math
 import numpy as np
 import pytest
 
-from repro.cluster_cost import (CLUSTER_ALGORITHMS, DEFAULT_INTER_LATENCY_S, DEFAULT_INTRA_LATENCY_S,
-                                PUBLISHED_TOPK_GAMMA_S, TOPK_DEVICES, cluster_cost_model, default_intra_link,
-                                fit_measurements, fit_measurements_csv, load_cost, parse_latency, parse_link,
-                                parse_rate, topk_device_of_trace, topk_gamma_for_device)
-from repro.cost import COLLECTIVES, CostModel, CostModelError, Linear
-from repro.topology import Link
-from repro.trace import load_trace
+from repro.costs.cluster_cost import (
+    CLUSTER_ALGORITHMS, DEFAULT_INTER_LATENCY_S, DEFAULT_INTRA_LATENCY_S, PUBLISHED_TOPK_GAMMA_S,
+    TOPK_DEVICES, cluster_cost_model, default_intra_link, fit_measurements, fit_measurements_csv, load_cost,
+    parse_latency, parse_link, parse_rate, topk_device_of_trace, topk_gamma_for_device)
+from repro.core.cost import COLLECTIVES, CostModel, CostModelError, Linear
+from repro.core.topology import Link
+from repro.core.trace import load_trace
 
 # Parsed numbers are products of a decimal mantissa and a power of ten or two: equal to the written-out
 # value up to a few ulps, so a relative tolerance of 1e-12 allows rounding and nothing else.
@@ -146,7 +146,7 @@ def test_topk_table_scales_the_published_fit_by_memory_bandwidth():
 
 def test_topk_table_agrees_with_the_estimates_gpu_table():
     pytest.importorskip("torch")
-    from repro.cluster_cost import _MEMORY
+    from repro.costs.cluster_cost import _MEMORY
     from repro.workload.estimate import GPU_SPECS, MEMORY_EFFICIENCY
 
     assert set(_MEMORY) == set(GPU_SPECS)

@@ -1,4 +1,4 @@
-"""Cluster files (repro.cluster_cost.ClusterDescription, `repro cost cluster`): one file describes a cluster
+"""Cluster files (repro.costs.cluster_cost.ClusterDescription, `repro cost cluster`): one file describes a cluster
 (node size, links, algorithm, top-k cost) and gives the cost model of ANY P, built by the same cluster-cost
 builder as the --nodes/--gpus-per-node/--inter-link flags on ceil(P / gpus_per_node) nodes; one-P cost
 files keep working as before."""
@@ -10,14 +10,15 @@ import math
 
 import pytest
 
-from repro.cluster_cost import (CLUSTER_SCHEMA, ClusterDescription, cluster_cost_model, is_cluster_file, load_cluster,
-                                load_cost, parse_link)
-from repro.cost import CostModel, CostModelError
-from repro.presets import is_cost_file, preset, preset_workers
+from repro.costs.cluster_cost import (
+    CLUSTER_SCHEMA, ClusterDescription, cluster_cost_model, is_cluster_file, load_cluster, load_cost,
+    parse_link)
+from repro.core.cost import CostModel, CostModelError
+from repro.costs.presets import is_cost_file, preset, preset_workers
 
 
 def _write(path, **over):
-    data = {"schema": "repro.cluster", "version": 1, "gpus_per_node": 4, "inter_link": "25gbit@20us",
+    data = {"schema": "repro.launch", "version": 1, "gpus_per_node": 4, "inter_link": "25gbit@20us",
             "intra_link": "300GB/s@3us", "algorithm": "ring", **over}
     data = {k: v for k, v in data.items() if v is not ...}
     path.write_text(json.dumps(data))
@@ -56,7 +57,7 @@ def test_a_cluster_file_round_trips(tmp_path):
 
 
 @pytest.mark.parametrize("change, words", [
-    ({"schema": "other"}, "schema must be 'repro.cluster'"),
+    ({"schema": "other"}, "schema must be 'repro.launch'"),
     ({"version": 2}, "version 2 is not supported"),
     ({"colour": 1}, "unknown key(s) colour"),
     ({"inter_link": ...}, "inter_link is missing"),
@@ -97,14 +98,14 @@ def test_one_p_cost_files_work_as_before(tmp_path):
 
 
 def test_repro_cost_cluster_writes_a_file_every_p_reads(tmp_path, capsys):
-    from repro.cli import main
+    from repro.cli.main import main
 
     out = tmp_path / "mine.json"
     assert main(["cost", "cluster", "--gpus-per-node", "8", "--inter-link", "25gbit@20us", "--intra-link",
                  "300GB/s@3us", "--algorithm", "hierarchical", "--topk-device", "A100", "--name", "mine",
                  "-o", str(out)]) == 0
     data = json.loads(out.read_text())
-    assert data["schema"] == "repro.cluster" and data["version"] == 1 and data["gpus_per_node"] == 8
+    assert data["schema"] == "repro.launch" and data["version"] == 1 and data["gpus_per_node"] == 8
     assert data["inter_link"]["rate_bits_per_s"] == pytest.approx(25e9) and data["topk_gamma_s"] > 0
     for p in (4, 8, 16, 256):
         assert preset(str(out), p).workers == p

@@ -13,7 +13,7 @@ import time
 import pytest
 import torch
 
-from repro.cluster.local import launch_local
+from repro.launch.local import launch_local
 
 SIZES = [1, 7, 1000, 333_334]  # x P elements: tiny (P), odd, small, ~1e6 (several 1 MiB chunks per shard)
 

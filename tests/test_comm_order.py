@@ -34,7 +34,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from repro.cluster.local import launch_local
+from repro.launch.local import launch_local
 from repro.runtime.clock import EventCompletions, HostWaits, StreamWaits, waits_for
 
 
@@ -126,9 +126,9 @@ class BNNet(nn.Module):
 
 
 def _plan(model: nn.Module, case: dict):
-    from repro.cost import CostModel, Linear
-    from repro.planners import make_plan
-    from repro.trace import Layer, Trace
+    from repro.core.cost import CostModel, Linear
+    from repro.core.planners import make_plan
+    from repro.core.trace import Layer, Trace
     from repro.workload.layers import layer_parameters
 
     layers = []
@@ -147,8 +147,8 @@ def _plan(model: nn.Module, case: dict):
 
 def record_sequences(ctx, cases: list[dict], steps: int = 3) -> list[dict]:
     """Per case: the collectives this rank issued during ``steps`` training steps and the flush."""
-    from repro.runtime.bytescheduler import ByteSchedulerExecutor
-    from repro.runtime.dear import DeARExecutor
+    from repro.families.bytescheduler.executor import ByteSchedulerExecutor
+    from repro.families.dear.executor import DeARExecutor
     from repro.runtime.executor import ExecutorOptions
 
     out = []
@@ -332,7 +332,7 @@ def test_event_completions_report_device_times_in_issue_order_when_done():
 
 
 def test_pick_chunks_keeps_the_credit_and_strict_priority():
-    from repro.runtime.bytescheduler import pick_chunks
+    from repro.families.bytescheduler.executor import pick_chunks
 
     class C:
         def __init__(self, nbytes):
@@ -346,8 +346,8 @@ def test_pick_chunks_keeps_the_credit_and_strict_priority():
 
 
 def test_both_families_share_one_optimizer_wrapper():
-    from repro.runtime.bytescheduler import LayerwiseOptimizer
-    from repro.runtime.dear import DeAROptimizer
+    from repro.families.bytescheduler.executor import LayerwiseOptimizer
+    from repro.families.dear.executor import DeAROptimizer
     from repro.runtime.deferred import DeferredUpdateOptimizer
 
     for cls in (DeAROptimizer, LayerwiseOptimizer):
@@ -374,8 +374,8 @@ def _until(cond, timeout_s: float = 10.0) -> bool:
 def _bytescheduler_on_fake_cuda():
     """A three-layer model under ByteScheduler (one chunk a layer, a credit of one byte: one chunk in
     flight) on a fake CUDA device whose events complete when the test releases them."""
-    from repro.plan import Bucket, Message, Plan
-    from repro.runtime.bytescheduler import ByteSchedulerExecutor, CudaComm
+    from repro.core.plan import Bucket, Message, Plan
+    from repro.families.bytescheduler.executor import ByteSchedulerExecutor, CudaComm
     from repro.runtime.executor import ExecutorOptions
 
     torch.manual_seed(0)
@@ -475,9 +475,9 @@ def test_bytescheduler_timeline_row_waits_for_chunks_not_yet_issued(one_rank):
 
 
 def _dear_run(waits_factory, steps: int = 3):
-    from repro.planners.dear import DEAR_MESSAGES
-    from repro.plan import Bucket, Plan
-    from repro.runtime.dear import DeARExecutor
+    from repro.families.dear.planners import DEAR_MESSAGES
+    from repro.core.plan import Bucket, Plan
+    from repro.families.dear.executor import DeARExecutor
     from repro.runtime.executor import ExecutorOptions
 
     model = BNNet()
@@ -621,7 +621,7 @@ def test_sparse_finish_waits_for_the_all_gathers_own_futures(one_rank, monkeypat
     the current stream then waits for the collective); the old code waited on ``fut.then(...)``'s child,
     which carries no CUDA event, so the step could read the gathered buffers before they were filled.
     The message's end comes from the device (CollectiveEnds)."""
-    import repro.runtime.sparse as sparse
+    import repro.families.sparse.executor as sparse
 
     dev = FakeDevice()
     ends, compute, timing, current = _fake_nccl_ends(dev)

@@ -1,4 +1,4 @@
-"""`repro compare` and the cluster flags of plan / simulate / compare (repro.compare_cli, repro.cli):
+"""`repro compare` and the cluster flags of plan / simulate / compare (repro.cli.compare, repro.cli.main):
 every family predicted on a described cluster, reasons instead of tracebacks, bounded exact planners,
 the three formats, a user's measurements fitted into a cost file that every command accepts, torch-free."""
 
@@ -11,11 +11,11 @@ import sys
 
 import pytest
 
-from repro.cli import main
-from repro.compare_cli import FIELDS, compare, planner_options
-from repro.presets import preset
-from repro.schedulers import SCHEDULERS
-from repro.trace import load_trace
+from repro.cli.main import main
+from repro.cli.compare import FIELDS, compare, planner_options
+from repro.costs.presets import preset
+from repro.core.schedulers import SCHEDULERS
+from repro.core.trace import load_trace
 
 TINY = "tiny_vgg_b32_cpu"
 CLUSTER = ["--nodes", "2", "--gpus-per-node", "2", "--inter-link", "1gbit@50us", "--topk-gamma", "1e-10"]
@@ -175,7 +175,7 @@ def test_a_users_measurements_become_a_cost_file_every_command_takes(capsys, tmp
 
 
 def test_compare_never_imports_torch():
-    code = ("import sys, contextlib, io\nfrom repro.cli import main\n"
+    code = ("import sys, contextlib, io\nfrom repro.cli.main import main\n"
             "with contextlib.redirect_stdout(io.StringIO()):\n"
             f"    rc = main(['compare', '--trace', '{TINY}', '--nodes', '2', '--gpus-per-node', '2', "
             "'--inter-link', '10gbit', '--format', 'json', '--schedulers', 'omgs,dear_model,osp'])\n"

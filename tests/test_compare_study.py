@@ -4,7 +4,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from repro.planners import PLANNER_FAMILY, PLANNERS
+from repro.core.planners import PLANNER_FAMILY, PLANNERS
 from repro.studies import compare
 
 # Written out here, not read from the module: the four papers' schedulers and the ones that change the math.
@@ -109,7 +109,7 @@ def test_bad_inputs_give_one_clear_line(kwargs, match):
 
 
 def test_calibrated_mode_uses_the_calibrated_clusters():
-    from repro.published_fits import calibrated_presets
+    from repro.costs.published_fits import calibrated_presets
 
     assert {"10gbe-calibrated", "100gbib-calibrated"} <= set(calibrated_presets())   # package data
     sim = compare.simulated_table(["resnet50"], ["10gbe-derived", "56gbib-derived"], [8],
@@ -192,9 +192,9 @@ def test_measured_tiny_runs_give_a_table_with_best_flags(tmp_path):
 @pytest.mark.parametrize("cost_mode", ["paper", "calibrated"])
 def test_parameter_server_rows_equal_a_fresh_simulation(cost_mode):
     """The table takes a PS plan's own simulated period (no second simulation): it must be simulate's."""
-    from repro.planners import make_plan
-    from repro.sim import simulate
-    from repro.trace import load_trace
+    from repro.core.planners import make_plan
+    from repro.core.simulate import simulate
+    from repro.core.trace import load_trace
 
     names = ["ps_bsp", "ps_ssp", "osp", "osp_auto"]
     sim = compare.simulated_table(["resnet50"], ["10gbe-derived"], [8], names, cost_mode=cost_mode)

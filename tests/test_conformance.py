@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import pytest
 
-from repro.cluster.local import launch_local
+from repro.launch.local import launch_local
 from tests import conformance_targets as ct
 
 TOL = 1e-5

@@ -25,7 +25,7 @@ def test_deferred_families_conform():
 
 def test_every_exchange_preserving_scheduler_is_in_the_matrix():
     """No scheduler of the registry that keeps the exchange exact is left out of the two halves."""
-    from repro.schedulers import scheduler_names
+    from repro.core.schedulers import scheduler_names
     from tests.test_conformance import ALLREDUCE_AND_BASELINES
 
     held = set(ALLREDUCE_AND_BASELINES) | set(DEFERRED)

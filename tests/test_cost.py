@@ -3,8 +3,8 @@ import math
 import numpy as np
 import pytest
 
-from repro.cost import CostModel, CostModelError, Linear, alpha_beta_lines, fit_linear, relative_errors
-from repro.presets import preset, preset_names, preset_workers
+from repro.core.cost import CostModel, CostModelError, Linear, alpha_beta_lines, fit_linear, relative_errors
+from repro.costs.presets import preset, preset_names, preset_workers
 
 
 def test_linear_is_zero_for_empty_messages_and_vectorised():

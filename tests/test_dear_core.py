@@ -8,16 +8,15 @@ import math
 import numpy as np
 import pytest
 
-from repro.cost import CostModel, Linear
-from repro.presets import preset
-from repro.plan import Bucket, Message, Plan, PlanError
-from repro.planners import make_plan
-from repro.planners.dear import (DEAR_MESSAGES, dear_plan, groups_period_s, threshold_groups,
-                                 threshold_sweep)
-from repro.sim import simulate
-from repro.sim.allreduce import cycle_release_s
-from repro.sim.engine import Task, run_tasks
-from repro.trace import Layer, Overheads, Trace
+from repro.core.cost import CostModel, Linear
+from repro.costs.presets import preset
+from repro.core.plan import Bucket, Message, Plan, PlanError
+from repro.core.planners import make_plan
+from repro.families.dear.planners import DEAR_MESSAGES, dear_plan, groups_period_s, threshold_groups, threshold_sweep
+from repro.core.simulate import simulate
+from repro.families.allreduce.simulate import cycle_release_s
+from repro.core.engine import Task, run_tasks
+from repro.core.trace import Layer, Overheads, Trace
 
 
 def _T(name, layers, overheads=None) -> Trace:
@@ -49,7 +48,7 @@ def _random_groups(rng, L):
 
 
 def dear_md_period(trace: Trace, groups, cost: CostModel) -> float:
-    """dear.md's "Timeline model", written out independently of repro.sim.dear."""
+    """dear.md's "Timeline model", written out independently of repro.families.dear.simulate."""
     f, b, n, p = trace.forward_s(), trace.backward_s(), trace.bytes(), trace.params()
     o = trace.overheads
     K = len(groups)
@@ -243,7 +242,7 @@ def _bytescheduler_reference(f, b, comm, prio, iterations):
 
 def test_bytescheduler_simulation_matches_a_direct_reading_of_the_model():
     rng = np.random.default_rng(7)
-    from repro.sim.bytescheduler import ITERATIONS
+    from repro.families.bytescheduler.simulate import ITERATIONS
 
     for _ in range(40):
         L = int(rng.integers(1, 7))

@@ -12,10 +12,10 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import pytest  # noqa: E402
 
-from repro.presets import preset
+from repro.costs.presets import preset
 from repro.figures import dear_plots  # noqa: E402
-from repro.planners import make_plan  # noqa: E402
-from repro.planners.dear import dear_model  # noqa: E402
+from repro.core.planners import make_plan  # noqa: E402
+from repro.families.dear.planners import dear_model  # noqa: E402
 from repro.studies import dear_sim as study  # noqa: E402
 from tests.helpers import random_trace  # noqa: E402
 
@@ -85,7 +85,7 @@ def test_dear_equals_compute_when_communication_is_free_and_wfbp_with_one_bucket
             b = study.exposed_breakdown(tr, plan, cost)
             assert b["exposed_ag_s"] > 0  # AG(1) runs before any forward: never hidden
             # the same buckets as all-reduces, backward order, FIFO: T = F + max(B, e'_1)
-            from repro.planners.allreduce import groups_time_s
+            from repro.families.allreduce.planners import groups_time_s
 
             groups = plan.groups(tr)
             wfbp_same = groups_time_s(tr, [list(g) for g in reversed(groups)], cost)
@@ -254,7 +254,7 @@ def test_notebook_runs_with_tiny_parameters(tmp_path, monkeypatch):
 def test_paper_mode_is_the_presets_own_simulation(traces):
     """Paper mode (the default) simulates the presets themselves: every row equals a simulation of a plan
     made on ``preset(...)`` directly, and the tables say which mode."""
-    from repro.sim import simulate
+    from repro.core.simulate import simulate
 
     methods = ["wfbp", "horovod", "mgwfbp", "dear_threshold", "dear_model"]
     t = study.throughput_table(traces, study.PAPER_NETWORKS + study.SCALING_NETWORKS, methods, 64)
@@ -280,7 +280,7 @@ def test_paper_mode_is_the_presets_own_simulation(traces):
 def test_calibrated_mode_differs_is_finite_and_says_so(traces):
     import matplotlib.pyplot as plt
 
-    from repro.published_fits import cost_for_mode
+    from repro.costs.published_fits import cost_for_mode
 
     for net in study.PAPER_NETWORKS + study.SCALING_NETWORKS:
         cost = cost_for_mode(net, 64, "calibrated")

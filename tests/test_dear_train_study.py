@@ -13,13 +13,13 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import pytest  # noqa: E402
 
-from repro.presets import preset
+from repro.costs.presets import preset
 from repro.figures import dear_train_plots as plots  # noqa: E402
-from repro.planners import make_plan  # noqa: E402
-from repro.planners.dear import groups_period_s, threshold_groups  # noqa: E402
-from repro.runs import BUCKETS_CSV, ITERATIONS_CSV, RunWriter  # noqa: E402
+from repro.core.planners import make_plan  # noqa: E402
+from repro.families.dear.planners import groups_period_s, threshold_groups  # noqa: E402
+from repro.results.runs import BUCKETS_CSV, ITERATIONS_CSV, RunWriter  # noqa: E402
 from repro.studies import dear_train as study  # noqa: E402
-from repro.trace import load_trace  # noqa: E402
+from repro.core.trace import load_trace  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 

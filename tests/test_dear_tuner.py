@@ -1,4 +1,4 @@
-"""The DeAR buffer-size tuner (repro.runtime.dear_tuner): regrouping loses nothing, ranks agree, BO works.
+"""The DeAR buffer-size tuner (repro.families.dear.tuner): regrouping loses nothing, ranks agree, BO works.
 
 - on 2 ranks the tuner regroups the buckets several times (Bayesian optimisation over the threshold)
   and its parameters after the same steps and a flush still equal PyTorch DDP's (SGD and AdamW): no
@@ -17,8 +17,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from repro.cluster.local import launch_local
-from repro.runtime.dear_tuner import TUNING_COLUMNS, tune_offline
+from repro.launch.local import launch_local
+from repro.families.dear.tuner import TUNING_COLUMNS, tune_offline
 
 TUNER = {"trials": 3, "settle_steps": 1, "trial_steps": 2, "bounds": (4096, 512 * 1024), "seed": 0}
 
@@ -28,7 +28,7 @@ def tuner_vs_ddp(ctx, cases: list[dict], runs: list[dict]) -> dict:
     and per-rank data; the difference after a flush, per step the bucket count, the tuning table."""
     from torch.nn.parallel import DistributedDataParallel
 
-    from repro.runtime.dear_tuner import DeARTunedExecutor
+    from repro.families.dear.tuner import DeARTunedExecutor
     from repro.runtime.executor import ExecutorOptions
     from tests.runtime_targets import train_params
     from tests.test_runtime_dear import _batches, _diff, _loss, _model, _optimizer, _plan, _state

@@ -1,4 +1,4 @@
-"""The discrete-event engine (repro.sim.engine): heap-based scheduling gives exactly the ops of the
+"""The discrete-event engine (repro.core.engine): heap-based scheduling gives exactly the ops of the
 original linear-scan engine (kept below as ``_reference_run_tasks``, a literal copy used only to
 compare), keeps its documented behaviours and errors, and scales to large graphs.
 
@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from repro.sim.engine import Op, Task, run_tasks
+from repro.core.engine import Op, Task, run_tasks
 
 
 # --- reference: the original quadratic engine, copied literally (compare only) --------------------

@@ -9,7 +9,7 @@ from repro.workload.estimate import (COMPUTE_EFFICIENCY, GPU_SPECS, KERNEL_OVERH
                             count_flops, estimate_trace, get_gpu)
 from repro.workload.models import PAPER_MODELS, build_model, compute_loss, count_params, get_spec, make_batch
 from repro.workload.profile import profile_model
-from repro.trace import Trace, load_trace
+from repro.core.trace import Trace, load_trace
 
 torch.set_num_threads(1)
 
@@ -170,7 +170,7 @@ def test_expected_traces_are_shipped():
 
 def _trace(times, names=None, batch_size=32):
     """A synthetic trace: layer i has forward + backward ``times[i]`` seconds (a quarter forward)."""
-    from repro.trace import Layer
+    from repro.core.trace import Layer
 
     names = names or [f"l{i}" for i in range(len(times))]
     return Trace("synthetic", batch_size, "synthetic", "float32",

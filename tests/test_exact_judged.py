@@ -2,7 +2,7 @@
 
 ``optimal``, ``omgs_optimal`` and ``dear_optimal`` search the contention-free model; under a realism with
 contention (the calibrated presets) they also simulate the heuristics' plans and return the fastest
-(:mod:`repro.planners._judge`). Checked over the shipped GPU traces (estimates and measurements; the tiny
+(:mod:`repro.core.judge`). Checked over the shipped GPU traces (estimates and measurements; the tiny
 CPU ones are left out), the calibrated and derived presets and P in {16, 64, 256, 2048}: a small sample
 always, the whole sweep under ``slow``. ``python tests/test_exact_judged.py`` prints the sweep's
 violations (whatever ``repro`` is on the path).
@@ -15,11 +15,11 @@ from functools import lru_cache
 
 import pytest
 
-from repro.cluster_cost import PUBLISHED_TOPK_GAMMA_S, topk_device_of_trace, topk_gamma_for_device
-from repro.planners import make_plan
-from repro.presets import preset, preset_names
-from repro.sim import simulate
-from repro.trace import load_trace
+from repro.costs.cluster_cost import PUBLISHED_TOPK_GAMMA_S, topk_device_of_trace, topk_gamma_for_device
+from repro.core.planners import make_plan
+from repro.costs.presets import preset, preset_names
+from repro.core.simulate import simulate
+from repro.core.trace import load_trace
 
 RTOL = 1e-9
 WORKERS = (16, 64, 256, 2048)
@@ -107,7 +107,7 @@ def test_issue_34_cases_record_the_winner_and_the_exact_plans_own_time(tmp_path)
     assert m["search_iteration_s"] < m["exact_plan_iteration_s"]  # the DP's model leaves contention out
     assert "contention" in m["judged_by"] and "contention-free" in m["exact_under"]
     assert simulate(trace, plan, cost).iteration_s == pytest.approx(m["iteration_s"], rel=1e-9)
-    from repro.plan import Plan
+    from repro.core.plan import Plan
 
     plan.save(tmp_path / "plan.json")  # the record is a valid plan file's meta
     assert Plan.load(tmp_path / "plan.json").meta["plan_from"] == "mgwfbp"

@@ -14,11 +14,11 @@ import time
 import numpy as np
 import pytest
 
-from repro.presets import preset
-from repro.planners import make_plan
-from repro.planners import _budget
-from repro.sim import simulate
-from repro.trace import Layer, Trace
+from repro.costs.presets import preset
+from repro.core.planners import make_plan
+from repro.core import budget as _budget
+from repro.core.simulate import simulate
+from repro.core.trace import Layer, Trace
 
 MARGIN_S = 2.0  # building the incumbent and the plan after the deadline
 # The bound is on this process's CPU time (time.process_time): other processes sharing the cores stretch

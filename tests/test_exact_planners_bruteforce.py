@@ -13,11 +13,13 @@ import itertools
 import numpy as np
 import pytest
 
-from repro.cost import CostModel, Linear
-from repro.planners import dear, make_plan, sparse
-from repro.planners.dear import groups_period_s
-from repro.planners.sparse import groups_time_s
-from repro.trace import Layer, Overheads, Trace
+from repro.core.cost import CostModel, Linear
+from repro.core.planners import make_plan
+from repro.families.dear import planners as dear
+from repro.families.sparse import planners as sparse
+from repro.families.dear.planners import groups_period_s
+from repro.families.sparse.planners import groups_time_s
+from repro.core.trace import Layer, Overheads, Trace
 
 
 def _layers(rng, L, zero_frac=0.3, equal=False):

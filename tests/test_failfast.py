@@ -1,11 +1,11 @@
-"""Failures end fast under torchrun (repro.cluster.torchrun.distributed, repro.train.main): a rank that
+"""Failures end fast under torchrun (repro.launch.torchrun.distributed, repro.train.main): a rank that
 fails posts one line on the job's store and aborts its process group; its peers stop within seconds with
 one line naming it, not at the process-group timeout; a rank that never arrives ends the roll call at
 --join-timeout-s. Exit statuses: 2 for a refused configuration (on the peers too), 1 otherwise.
 
 The end-to-end tests run two torchrun agents with c10d rendezvous on 127.0.0.1 (the emulated two-node
-path of repro.cluster.jobs), one gloo rank each, and make one rank fail with the test-only hook
-REPRO_INJECT_FAULT (repro.cluster.faults)."""
+path of repro.launch.jobs), one gloo rank each, and make one rank fail with the test-only hook
+REPRO_INJECT_FAULT (repro.launch.faults)."""
 
 from __future__ import annotations
 
@@ -19,11 +19,11 @@ from pathlib import Path
 
 import pytest
 
-from repro.cluster import faults, torchrun
-from repro.cluster.grid import parse_grid
-from repro.cluster.jobs import emulate_nodes, quiet_torch_env, torchrun_argv, write_job_scripts
-from repro.cluster.torchrun import (JoinTimeoutError, PeerFailedError, is_config_error, peer_failure,
-                                    report_failure)
+from repro.launch import faults
+from repro.launch import torchrun
+from repro.launch.grid import parse_grid
+from repro.launch.jobs import emulate_nodes, quiet_torch_env, torchrun_argv, write_job_scripts
+from repro.launch.torchrun import JoinTimeoutError, PeerFailedError, is_config_error, peer_failure, report_failure
 
 
 def _run(nodes: int = 2, per_node: int = 1, steps: int = 4):
@@ -100,7 +100,7 @@ def agent_store(monkeypatch):
 
 
 def test_a_peer_names_the_rank_that_posted_its_failure(agent_store):
-    from repro.runs import RunExistsError
+    from repro.results.runs import RunExistsError
 
     assert report_failure(RunExistsError("run 'r' already exists"), rank=0)
     assert not report_failure(RuntimeError("gloo: Connection closed by peer"), rank=1)  # a consequence
@@ -165,7 +165,7 @@ def _agents(tmp_path: Path, fault: str, extra: list[str], *, nodes: int = 2, gra
         last = time.monotonic()
         codes = [p.poll() for p in procs]
     finally:
-        from repro.cluster.jobs import _kill
+        from repro.launch.jobs import _kill
 
         for p in procs:
             _kill(p)

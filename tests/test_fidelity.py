@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 import pandas as pd
 
-from repro import fidelity as F
-from repro import published_fits as C
-from repro.presets import preset
-from repro.realism import Realism
-from repro.sim.contention import run_tasks_with_contention
-from repro.sim.engine import Task, run_tasks
+from repro.costs import fidelity as F
+from repro.costs import published_fits as C
+from repro.costs.presets import preset
+from repro.core.realism import Realism
+from repro.core.contention import run_tasks_with_contention
+from repro.core.engine import Task, run_tasks
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -537,7 +537,7 @@ def test_runner_links_the_tables_a_notebook_writes(tmp_path):
                                   metadata={"tags": ["parameters"]}),
         nbformat.v4.new_code_cell(
             "import matplotlib\nmatplotlib.use('Agg')\nimport matplotlib.pyplot as plt\nimport pandas as pd\n"
-            "from repro.figures import save_figure\nfrom repro.tables import write_table\n"
+            "from repro.figures import save_figure\nfrom repro.results.tables import write_table\n"
             "df = pd.DataFrame({'P': [1, 2], 'speedup': [1.0, 1.9]})\n"
             "write_table(df, results_dir, 'demo_tables_points', {})\n"
             "write_table(df, results_dir, 'demo_tables', {})\n"

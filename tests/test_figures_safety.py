@@ -17,7 +17,7 @@ from repro.figures.gallery import collect_cards, figure_problem, write_run_recor
 from repro.figures.manifest import load_manifest
 from repro.figures.runner import main, out_folder_lock
 from repro.figures.save import save_figure
-from repro.tables import write_table
+from repro.results.tables import write_table
 
 FIXTURES = Path(__file__).parent / "fixtures"
 

@@ -31,7 +31,7 @@ from repro.figures.style import (  # noqa: E402
     scheduler_style,
     use_style,
 )
-from repro.schedulers import SCHEDULERS  # noqa: E402
+from repro.core.schedulers import SCHEDULERS  # noqa: E402
 
 FUTURE = ["dear", "bytescheduler", "osp", "bsp", "asp", "ssp", "horovod"]
 
@@ -110,7 +110,7 @@ def _legends_clear_of_data(fig) -> None:
 
 
 def _sim_tables():
-    from repro.presets import preset
+    from repro.costs.presets import preset
     from repro.studies import mgwfbp_sim as study
     from tests.helpers import random_trace
 

@@ -44,7 +44,7 @@ from repro.figures.gallery import (  # noqa: E402
     write_run_record,
 )
 from repro.figures.manifest import load_manifest  # noqa: E402
-from repro.tables import write_table  # noqa: E402
+from repro.results.tables import write_table  # noqa: E402
 
 BROWSERS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable", "chrome")
 

@@ -161,8 +161,8 @@ class _HostStamps:
 
 
 def _executor_for(model: nn.Module, backward_order: list[str], clock=None):
-    from repro.plan import Plan
-    from repro.runtime.allreduce import AllReduceExecutor
+    from repro.core.plan import Plan
+    from repro.families.allreduce.executor import AllReduceExecutor
     from repro.runtime.executor import ExecutorOptions
 
     return AllReduceExecutor(model, Plan.from_dict({"solver": "syncea", "buckets": [backward_order]}),
@@ -218,9 +218,9 @@ def warmup_trace(device: torch.device, steps: int = 3, width: int = 2048):
 def _plan_for(scheduler: str, model: nn.Module, x, y):
     """``scheduler``'s planner on the model's trace measured here (CUDA events on a GPU), with a
     two-worker preset (planning at one worker is refused by design)."""
-    from repro.presets import preset
-    from repro.planners import make_plan
-    from repro.schedulers import get_scheduler
+    from repro.costs.presets import preset
+    from repro.core.planners import make_plan
+    from repro.core.schedulers import get_scheduler
     from repro.workload.profile import profile_model
 
     trace = profile_model(model, batch=(x, y), loss_fn=nn.functional.cross_entropy, warmup=1, iters=2)
@@ -376,11 +376,11 @@ def event_path_matches_sgd(kind: str, device: torch.device, steps: int = 4) -> d
     """``kind`` ("dear" or "bytescheduler") on a model with BatchNorm (the buffer broadcast goes
     through the communication thread), with the timeline recorded, against plain SGD: parameters,
     buffers, which wait/completion path ran, and the last step's message times."""
-    from repro.plan import Bucket, Message, Plan
-    from repro.planners.dear import DEAR_MESSAGES
-    from repro.runtime.bytescheduler import ByteSchedulerExecutor, CudaComm
+    from repro.core.plan import Bucket, Message, Plan
+    from repro.families.dear.planners import DEAR_MESSAGES
+    from repro.families.bytescheduler.executor import ByteSchedulerExecutor, CudaComm
     from repro.runtime.clock import StreamWaits
-    from repro.runtime.dear import DeARExecutor
+    from repro.families.dear.executor import DeARExecutor
     from repro.runtime.executor import ExecutorOptions
     from tests.test_comm_order import BNNet
 
@@ -436,10 +436,10 @@ def timeline_behind_busy_device(device: torch.device, busy_s: float = 0.05) -> d
     host issued it. Returns, per executor, the bucket's launch and end (device times on NCCL,
     :class:`~repro.runtime.clock.CollectiveEnds`) and the host's time when it issued the step, all
     relative to the step start (seconds)."""
-    from repro.plan import Plan
-    from repro.runtime.allreduce import AllReduceExecutor
+    from repro.core.plan import Plan
+    from repro.families.allreduce.executor import AllReduceExecutor
     from repro.runtime.executor import ExecutorOptions
-    from repro.runtime.sparse import SparseExecutor
+    from repro.families.sparse.executor import SparseExecutor
 
     out = {}
     for kind in ("allreduce", "sparse"):

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from repro.trace import Trace
+from repro.core.trace import Trace
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -64,11 +64,11 @@ def _race(data_ptr: int, op: str, previous: str, frame: str) -> str:
 
 def test_csan_races_are_one_line_each_and_distinct(gc):
     text = ("E   torch.cuda._sanitizer.CUDASanitizerErrors: detected 3 errors\n----- Captured stderr call -----\n"
-            + _race(1, "aten::add_.Tensor", "aten::mul.Tensor", "repro/runtime/dear.py")
-            + _race(2, "aten::add_.Tensor", "aten::mul.Tensor", "repro/runtime/dear.py")  # the same race again
+            + _race(1, "aten::add_.Tensor", "aten::mul.Tensor", "repro/families/dear/executor.py")
+            + _race(2, "aten::add_.Tensor", "aten::mul.Tensor", "repro/families/dear/executor.py")  # the same race again
             + _race(3, "aten::copy_", "aten::sum", "tests/test_gpu.py"))
     assert gc.csan_races(text) == [
-        "aten::add_.Tensor (stream 7) after aten::mul.Tensor (stream 0) at runtime/dear.py:412",
+        "aten::add_.Tensor (stream 7) after aten::mul.Tensor (stream 0) at families/dear/executor.py:412",
         "aten::copy_ (stream 7) after aten::sum (stream 0) at test_gpu.py:412"]
     assert gc.csan_races("24 passed in 44s") == []
 

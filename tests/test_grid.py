@@ -1,4 +1,4 @@
-"""The papers' grids as data (repro.cluster.grid): shipped files that agree with the paper notes and with
+"""The papers' grids as data (repro.launch.grid): shipped files that agree with the paper notes and with
 `repro train`, run ids derived from the configuration, and the done / failed / pending status that makes a
 relaunch skip finished runs and redo failed ones."""
 
@@ -12,9 +12,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from repro.cluster.grid import (GRID_PAPERS, GridError, RunConfig, clear_failed, count_status, grid_path, grids_dir,
-                                load_grid, mark_failed, parse_grid, run_id, run_status, status_table)
-from repro.runs import check_run_id
+from repro.launch.grid import (
+    GRID_PAPERS, GridError, RunConfig, clear_failed, count_status, grid_path, grids_dir, load_grid,
+    mark_failed, parse_grid, run_id, run_status, status_table)
+from repro.results.runs import check_run_id
 
 
 def _grid(**over):
@@ -121,7 +122,7 @@ def test_convergence_experiments_parse_and_refuse_what_cannot_run():
 
 def test_every_grid_run_passes_repro_trains_checks():
     """What the launchers run is accepted by `repro train` (flags, per-scheduler options, world size)."""
-    from repro.cluster.jobs import train_argv
+    from repro.launch.jobs import train_argv
     from repro.train import config_from_argv
 
     for paper in GRID_PAPERS:
@@ -195,7 +196,7 @@ def _finish(runs_dir: Path, rid: str) -> None:
 
 
 def test_status_done_failed_pending(tmp_path):
-    from repro.cluster.jobs import pending_runs
+    from repro.launch.jobs import pending_runs
 
     grid = _grid()
     a, b, c, d = grid.run_ids()
@@ -209,7 +210,7 @@ def test_status_done_failed_pending(tmp_path):
     assert run_status(tmp_path, b) == "done"
     clear_failed(tmp_path, b)
     assert not (tmp_path / ".grid" / f"{b}.failed").exists()
-    from repro.runs import list_runs
+    from repro.results.runs import list_runs
 
     assert sorted(r.run_id for r in list_runs(tmp_path)) == sorted([a, b])  # markers are not runs
 
@@ -219,10 +220,10 @@ def test_run_config_is_a_plain_value():
     assert isinstance(run, RunConfig) and run["model"] == "tiny_resnet" and run.run_id == run_id(run.config)
 
 
-# ------------------------------------------------------------------------------- python -m repro.grid_cli
+# ------------------------------------------------------------------------------- python -m repro.cli.grid
 
 def test_grid_cli_show_status_and_print(tmp_path, capsys):
-    from repro.cli import main
+    from repro.cli.main import main
 
     assert main(["grid", "show", "omgs", "--format", "json"]) == 0
     shown = json.loads(capsys.readouterr().out)
@@ -251,7 +252,7 @@ def test_grid_cli_show_status_and_print(tmp_path, capsys):
     assert err.count("\n") == 1 and "needs 16 nodes" in err
     assert main(["grid", "status", "nope", "--runs-dir", str(runs)]) == 2
     assert "repro: error: no grid 'nope'" in capsys.readouterr().err
-    from repro.grid_cli import main as grid_main  # the same without repro's other commands
+    from repro.cli.grid import main as grid_main  # the same without repro's other commands
 
     assert grid_main(["grid", "status", "omgs", "--runs-dir", str(runs), "--format", "json"]) == 0
     assert json.loads(capsys.readouterr().out)["counts"]["done"] == 1
@@ -261,9 +262,9 @@ def test_grid_cli_show_status_and_print(tmp_path, capsys):
 
 @pytest.mark.parametrize("content", ["{broken", "", "[]", '{"run_id": "x"}'])
 def test_a_damaged_run_json_is_not_done(tmp_path, content):
-    from repro.cluster.grid import run_problem
-    from repro.cluster.jobs import BadRuns, pending_runs
-    from repro.runs import RunError, list_runs, load_run
+    from repro.launch.grid import run_problem
+    from repro.launch.jobs import BadRuns, pending_runs
+    from repro.results.runs import RunError, list_runs, load_run
 
     grid = _grid()
     a, b = grid.run_ids()[:2]
@@ -296,7 +297,7 @@ def test_a_record_of_another_run_or_without_a_summary_is_damaged(tmp_path):
 
 
 def test_grid_cli_reports_and_refuses_a_damaged_run(tmp_path, capsys):
-    from repro.cli import main
+    from repro.cli.main import main
 
     runs, jobs = tmp_path / "gruns", tmp_path / "jobs"
     first = load_grid("omgs").run_ids()[0]
@@ -321,7 +322,7 @@ def test_a_job_script_runs_a_damaged_run_and_skips_a_finished_one(tmp_path):
     import subprocess
     import sys
 
-    from repro.cluster.jobs import write_job_scripts
+    from repro.launch.jobs import write_job_scripts
 
     grid = _grid()
     a, b = grid.runs[:2]
@@ -346,7 +347,7 @@ def test_a_job_script_runs_a_damaged_run_and_skips_a_finished_one(tmp_path):
 def test_grid_launch_refuses_a_file_as_a_folder(tmp_path, capsys, flag, kind):
     import os
 
-    from repro.cli import main
+    from repro.cli.main import main
 
     bad = tmp_path / "x"
     bad.write_text("keep") if kind == "file" else os.mkfifo(bad)
@@ -361,7 +362,7 @@ def test_grid_launch_refuses_a_file_as_a_folder(tmp_path, capsys, flag, kind):
 
 
 def test_grid_status_refuses_a_file_as_runs_dir(tmp_path, capsys):
-    from repro.cli import main
+    from repro.cli.main import main
 
     (tmp_path / "f").write_text("")
     assert main(["grid", "status", "omgs", "--runs-dir", str(tmp_path / "f")]) == 2

@@ -1,6 +1,6 @@
-"""`repro grid check` (repro.cluster.grid_check): every run of a grid through the checks its ranks make at
+"""`repro grid check` (repro.launch.grid_check): every run of a grid through the checks its ranks make at
 start-up, none started, one line per refused run, exit status 2; the launchers make the same check first
-and launch nothing when a run is bad. And the stand-ins (repro.cluster.grid.local_stand_in): every
+and launch nothing when a run is bad. And the stand-ins (repro.launch.grid.local_stand_in): every
 distinct configuration of every shipped grid trains a few steps on this machine."""
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from repro.cluster.grid import (GRID_PAPERS, GridError, distinct_stand_ins, load_grid, local_stand_in, parse_grid,
-                                run_status)
-from repro.cluster.grid_check import BadRuns, check_runs, run_refusal, smoke, stand_in_line
-from repro.cluster.jobs import (GridStop, launch_local_grid, prepare_paper_runs, refuse_bad_runs, submit_slurm,
-                                write_job_scripts)
+from repro.launch.grid import (
+    GRID_PAPERS, GridError, distinct_stand_ins, load_grid, local_stand_in, parse_grid, run_status)
+from repro.launch.grid_check import BadRuns, check_runs, run_refusal, smoke, stand_in_line
+from repro.launch.jobs import (
+    GridStop, launch_local_grid, prepare_paper_runs, refuse_bad_runs, submit_slurm, write_job_scripts)
 
 # One good run (wfbp) and three that their ranks would refuse: an unknown scheduler, an option the
 # scheduler does not take (staleness is ps_ssp's), a wire dtype the scheduler cannot cast to (ddp).
@@ -48,7 +48,7 @@ def _lines(text: str) -> list[str]:
 # ------------------------------------------------------------------------------------------ repro grid check
 
 def test_check_refuses_each_bad_run_in_one_line_with_exit_status_2(tmp_path, capsys):
-    from repro.cli import main
+    from repro.cli.main import main
 
     path = _bad_grid_file(tmp_path)
     assert main(["grid", "check", str(path)]) == 2
@@ -67,7 +67,7 @@ def test_check_refuses_each_bad_run_in_one_line_with_exit_status_2(tmp_path, cap
 
 
 def test_a_grid_whose_runs_all_pass_exits_0_with_a_summary(tmp_path, capsys):
-    from repro.cli import main
+    from repro.cli.main import main
 
     path = tmp_path / "good.yaml"
     good = {**BAD_GRID, "experiments": [{**BAD_GRID["experiments"][0], "schedulers": ["wfbp", "omgs"]}]}
@@ -79,7 +79,7 @@ def test_a_grid_whose_runs_all_pass_exits_0_with_a_summary(tmp_path, capsys):
 
 
 def test_launch_writes_no_job_script_when_a_run_is_bad(tmp_path, capsys):
-    from repro.cli import main
+    from repro.cli.main import main
 
     path = _bad_grid_file(tmp_path)
     jobs, runs = tmp_path / "jobs", tmp_path / "runs"
@@ -244,7 +244,7 @@ def test_a_two_node_grid_run_of_a_scheduler_that_cannot_cast_finishes(tmp_path):
     agents, c10d on 127.0.0.1, the command the launchers build for a float32 grid run."""
     import os
 
-    from repro.cluster.jobs import emulate_nodes
+    from repro.launch.jobs import emulate_nodes
 
     run = parse_grid({"paper": "t", "notebook": "nb", "gpus_per_node": 1,
                       "train": {"steps": 2, "warmup_steps": 1, "compute_steps": 0, "fit_repeats": 1},
@@ -261,7 +261,7 @@ def test_a_two_node_grid_run_of_a_scheduler_that_cannot_cast_finishes(tmp_path):
 @pytest.mark.distributed
 @pytest.mark.slow
 def test_grid_check_smoke_from_the_command_line(tmp_path, capsys):
-    from repro.cli import main
+    from repro.cli.main import main
 
     path = tmp_path / "g.yaml"
     path.write_text(yaml.safe_dump({"paper": "t", "notebook": "nb", "gpus_per_node": 1, "train": {"steps": 50},

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import pytest
 
-from repro.cluster.local import launch_local
+from repro.launch.local import launch_local
 from tests import host_sync_targets as t
 
 CASES = {

@@ -1,5 +1,5 @@
-"""repro.cluster.local (the local launcher: results, roles, failure handling, bounds) and
-repro.cluster.torchrun (init_distributed, torchrun commands).
+"""repro.launch.local (the local launcher: results, roles, failure handling, bounds) and
+repro.launch.torchrun (init_distributed, torchrun commands).
 
 Every launch spawns 2 ranks that import torch (about 1.5-3 s on 2 cores), so launches are few.
 """
@@ -24,16 +24,10 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from repro.cluster import local as launch  # noqa: E402
-from repro.cluster.local import LaunchTimeoutError, RankFailedError, Role, launch_local  # noqa: E402
-from repro.cluster.torchrun import (  # noqa: E402
-    DistContext,
-    DistributedSetupError,
-    distributed,
-    init_distributed,
-    shutdown_distributed,
-    torchrun_command,
-)
+from repro.launch import local as launch  # noqa: E402
+from repro.launch.local import LaunchTimeoutError, RankFailedError, Role, launch_local  # noqa: E402
+from repro.launch.torchrun import (  # noqa: E402
+    DistContext, DistributedSetupError, distributed, init_distributed, shutdown_distributed, torchrun_command)
 from tests import launch_targets as targets  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -233,7 +227,7 @@ def make_progress_bar(ctx, fail_on_rank1=False):
 
 _SEMAPHORE_LAUNCHER = """
 import json
-from repro.cluster.local import RankFailedError, launch_local
+from repro.launch.local import RankFailedError, launch_local
 from tests.test_launch import make_progress_bar
 
 names = launch_local(make_progress_bar, 2, timeout_s=120)
@@ -285,7 +279,7 @@ def test_keyboard_interrupt_kills_the_ranks_and_is_reraised(tmp_path):
 @pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="uses /proc")
 def test_ranks_die_with_their_launcher(tmp_path):
-    code = ("import sys; from repro.cluster.local import launch_local; from tests import launch_targets as t; "
+    code = ("import sys; from repro.launch.local import launch_local; from tests import launch_targets as t; "
             f"launch_local(t.write_pid_and_hang, 2, args=({str(tmp_path)!r},), timeout_s=300)")
     parent = subprocess.Popen([sys.executable, "-c", code], cwd=REPO,
                               env=dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1"))
@@ -466,7 +460,7 @@ def test_rendezvous_store_listens_on_the_master_address_only():
 
 
 def _emulation_available() -> bool:
-    from repro.cluster import netns
+    from repro.launch import netns
 
     try:
         netns.check_emulation_available()
@@ -552,7 +546,7 @@ def test_init_distributed_refuses_non_finite_timeouts(monkeypatch):
 
 
 def test_role_environment_is_read_and_checked(monkeypatch):
-    from repro.cluster import torchrun
+    from repro.launch import torchrun
 
     _single_rank_env(monkeypatch)
     monkeypatch.setenv("ROLE_NAME", "server")
@@ -568,14 +562,14 @@ def test_role_environment_is_read_and_checked(monkeypatch):
 
 
 def test_per_rank_setup_lives_in_torchrun_and_is_reexported_by_local():
-    from repro.cluster import torchrun
+    from repro.launch import torchrun
 
     shared = ["DistContext", "DistributedSetupError", "init_distributed", "shutdown_distributed", "distributed",
               "torchrun_command", "SUPPORTED_BACKENDS"]
     for name in shared:
         assert name in torchrun.__all__ and name in launch.__all__
         assert getattr(launch, name) is getattr(torchrun, name)
-        assert name == "SUPPORTED_BACKENDS" or getattr(launch, name).__module__ == "repro.cluster.torchrun"
+        assert name == "SUPPORTED_BACKENDS" or getattr(launch, name).__module__ == "repro.launch.torchrun"
     assert "launch_local" not in torchrun.__all__ and not hasattr(torchrun, "launch_local")
     ctx = DistContext(rank=1, world_size=2, local_rank=1, backend="gloo", device=torch.device("cpu"), is_main=False)
     assert (ctx.role, ctx.role_rank, ctx.role_world_size) == ("worker", 1, 2)

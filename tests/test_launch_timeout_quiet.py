@@ -1,5 +1,5 @@
 """A launch that times out ends in its one-line error: no resource-tracker warning about a semaphore that a
-killed rank's progress bar left behind (repro.cluster.local)."""
+killed rank's progress bar left behind (repro.launch.local)."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ def hang_with_a_progress_bar(ctx) -> None:
 def test_a_timed_out_launch_leaks_no_semaphore(tmp_path):
     script = (
         "import sys\n"
-        "from repro.cluster.local import LaunchTimeoutError, launch_local\n"
+        "from repro.launch.local import LaunchTimeoutError, launch_local\n"
         "from tests.test_launch_timeout_quiet import hang_with_a_progress_bar\n"
         "try:\n"
         "    launch_local(hang_with_a_progress_bar, 1, timeout_s=12)\n"

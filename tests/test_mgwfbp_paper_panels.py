@@ -12,7 +12,7 @@ import pandas as pd  # noqa: E402
 import pytest  # noqa: E402
 
 from repro.figures import mgwfbp_plots as mp  # noqa: E402
-from repro.presets import preset  # noqa: E402
+from repro.costs.presets import preset  # noqa: E402
 from repro.studies import mgwfbp_sim as study  # noqa: E402
 
 

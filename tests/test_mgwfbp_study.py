@@ -6,10 +6,10 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import pytest  # noqa: E402
 
-from repro.presets import preset
+from repro.costs.presets import preset
 from repro.figures import mgwfbp_plots  # noqa: E402
 from repro.figures.style import PAPER_ZORDER  # noqa: E402
-from repro.tables import read_table, write_table  # noqa: E402
+from repro.results.tables import read_table, write_table  # noqa: E402
 from repro.studies import mgwfbp_sim as study  # noqa: E402
 from tests.helpers import random_trace  # noqa: E402
 
@@ -142,7 +142,7 @@ def test_cost_models_figure_names_the_coinciding_curves():
 def test_paper_mode_is_the_presets_own_simulation(traces):
     """Paper mode (the default) simulates the presets themselves: every iteration equals a plan made on
     ``preset(...)`` directly, and the table says which mode."""
-    from repro.planners import make_plan
+    from repro.core.planners import make_plan
 
     nets, ps, scheds = ["10gbe-derived", "10gbe-v100"], [4, 16], ["wfbp", "threshold", "mgwfbp", "optimal"]
     sweep = study.speedup_sweep(traces, nets, ps, scheds, threshold_bytes=2**20)
@@ -160,7 +160,7 @@ def test_paper_mode_is_the_presets_own_simulation(traces):
 
 @pytest.mark.slow
 def test_calibrated_mode_differs_is_finite_and_says_so(traces):
-    from repro.published_fits import cost_for_mode
+    from repro.costs.published_fits import cost_for_mode
 
     cost = cost_for_mode("10gbe-derived", 16, "calibrated")
     assert "calibrated" in cost.source and not cost.is_paper_model
@@ -174,8 +174,8 @@ def test_calibrated_mode_differs_is_finite_and_says_so(traces):
     assert not np.allclose(cal.iteration_s[sim], paper.iteration_s[sim])
     gap = study.optimal_gap_table(cal)
     assert set(gap.cost_mode) == {"calibrated"} and np.isfinite(gap.gap_pct).all()
-    from repro.planners import make_plan
-    from repro.sim import simulate
+    from repro.core.planners import make_plan
+    from repro.core.simulate import simulate
 
     r = cal[(cal.scheduler == "mgwfbp") & (cal.workers == 16)].iloc[0]
     c16 = cost_for_mode(r.network, 16, "calibrated")

@@ -125,7 +125,7 @@ def test_breakdown_bars_of_oversubscribed_runs_are_hatched():
 
 
 def test_launching_more_ranks_than_cores_warns_before_the_ranks_start(monkeypatch, tmp_path):
-    from repro.cluster import cpus
+    from repro.launch import cpus
     from repro.studies import common
 
     launched = []
@@ -154,7 +154,7 @@ def test_launching_more_ranks_than_cores_warns_before_the_ranks_start(monkeypatc
 def _trace(speed: float):
     from dataclasses import replace
 
-    from repro.trace import load_trace
+    from repro.core.trace import load_trace
 
     t = load_trace("tiny_resnet_b32_cpu")
     return t.replace_layers([replace(lay, forward_s=lay.forward_s * speed, backward_s=lay.backward_s * speed)
@@ -162,9 +162,9 @@ def _trace(speed: float):
 
 
 def _write_mg_run(root, scheduler, *, iteration_s, compute_s, speed, wire_dtype=None, threshold=None, stamp=0):
-    from repro.cost import CostModel
-    from repro.planners import make_plan
-    from repro.runs import ITERATIONS_CSV, RunWriter
+    from repro.core.cost import CostModel
+    from repro.core.planners import make_plan
+    from repro.results.runs import ITERATIONS_CSV, RunWriter
 
     trace = _trace(speed)
     cost = CostModel.from_alpha_beta(2, 1e-4, 8 / 1e8)

@@ -1,7 +1,7 @@
-"""repro.cluster.netns: emulated networks (namespaces, bridge, tbf) and launch_local(..., emulate_bandwidth=...).
+"""repro.launch.netns: emulated networks (namespaces, bridge, tbf) and launch_local(..., emulate_bandwidth=...).
 
 Tests that build networks need root, ``ip`` and ``tc``; without them they are skipped with the reason
-:func:`repro.cluster.netns.check_emulation_available` gives. Parsing and the "unavailable" error run everywhere.
+:func:`repro.launch.netns.check_emulation_available` gives. Parsing and the "unavailable" error run everywhere.
 
 Timing model (checked on 2 and 3 gloo ranks): every rank has a full-duplex link of bandwidth B (a ``tbf``
 on each direction). gloo's ring all-reduce of n bytes on P ranks sends 2(P-1)/P * n bytes from every rank
@@ -30,18 +30,10 @@ from pathlib import Path
 
 import pytest
 
-from repro.cluster import netns as netem
-from repro.cluster.netns import (
-    EmulatedNetwork,
-    EmulationError,
-    EmulationUnavailableError,
-    check_emulation_available,
-    cleanup_stale,
-    default_burst_bytes,
-    default_limit_bytes,
-    format_bandwidth,
-    parse_bandwidth,
-)
+from repro.launch import netns as netem
+from repro.launch.netns import (
+    EmulatedNetwork, EmulationError, EmulationUnavailableError, check_emulation_available, cleanup_stale,
+    default_burst_bytes, default_limit_bytes, format_bandwidth, parse_bandwidth)
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -178,7 +170,7 @@ def test_network_arguments_are_checked_before_anything_is_made():
 
 def test_unavailable_emulation_is_a_clear_error(monkeypatch):
     torch = pytest.importorskip("torch")  # noqa: F841 - launch_local is only useful with torch
-    from repro.cluster.local import launch_local
+    from repro.launch.local import launch_local
     from tests import launch_targets as targets
 
     monkeypatch.setattr(netem, "_is_root", lambda: False)
@@ -208,7 +200,7 @@ def test_unavailable_emulation_is_a_clear_error(monkeypatch):
 
 def test_launch_rejects_bad_emulation_arguments():
     pytest.importorskip("torch")
-    from repro.cluster.local import launch_local
+    from repro.launch.local import launch_local
     from tests import launch_targets as targets
 
     with pytest.raises(ValueError, match="cannot read bandwidth"):
@@ -338,7 +330,7 @@ def test_concurrent_networks_get_different_names_and_subnets():
     _assert_nothing_new(before)
 
 
-_HOLDER = ("import sys, time; from repro.cluster.netns import EmulatedNetwork; "
+_HOLDER = ("import sys, time; from repro.launch.netns import EmulatedNetwork; "
            "net = EmulatedNetwork(2, '1gbit').open(); print(net.run_id, flush=True); time.sleep(120)")
 
 
@@ -404,7 +396,7 @@ def test_sigterm_removes_the_network():
 @needs_emulation
 def test_interpreter_exit_removes_a_network_left_open():
     before = _snapshot()
-    code = ("from repro.cluster.netns import EmulatedNetwork; net = EmulatedNetwork(2, '1gbit').open(); "
+    code = ("from repro.launch.netns import EmulatedNetwork; net = EmulatedNetwork(2, '1gbit').open(); "
             "print(net.run_id, flush=True)")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60,
                          env=dict(os.environ, PYTHONPATH=str(REPO)))
@@ -446,7 +438,7 @@ def _ring_prediction(nbytes: int, world: int, bps: float) -> float:
 
 
 def _measure(world: int, sizes: list[int], bandwidth: str, tolerance: float = 0.15, attempts: int = 2):
-    from repro.cluster.local import launch_local
+    from repro.launch.local import launch_local
     from tests import launch_targets as targets
 
     bps = parse_bandwidth(bandwidth)
@@ -510,7 +502,7 @@ def test_failing_rank_in_an_emulated_launch_leaves_nothing_behind():
     pytest.importorskip("torch")
     import multiprocessing
 
-    from repro.cluster.local import RankFailedError, launch_local
+    from repro.launch.local import RankFailedError, launch_local
     from tests import launch_targets as targets
 
     before = _snapshot()
@@ -528,7 +520,7 @@ def test_timeout_and_interrupt_in_an_emulated_launch_leave_nothing_behind():
     pytest.importorskip("torch")
     import multiprocessing
 
-    from repro.cluster.local import LaunchTimeoutError, launch_local
+    from repro.launch.local import LaunchTimeoutError, launch_local
     from tests import launch_targets as targets
 
     before = _snapshot()

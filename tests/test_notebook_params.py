@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from repro.figures.params import ParameterError, default_world_sizes, parse_choice, parse_list, repo_root, resolve_path
+from repro.figures.params import (
+    ParameterError, default_world_sizes, parse_choice, parse_list, repo_root, resolve_path)
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))

@@ -292,7 +292,7 @@ BAD = [
     ("validation", {"models": "[lenet]"}, r"^models: unknown value 'lenet'"),
     ("validation_published", {"max_nfev": 4}, r"^max_nfev: Input should be greater than or equal to 5"),
     ("validation_published", {"refit": "maybe"}, r"^refit: expected true or false"),
-    # rates beyond repro.ranges.BITS_PER_S (1e30gbit is no link)
+    # rates beyond repro.core.ranges.BITS_PER_S (1e30gbit is no link)
     ("omgs_training", {"link_rate": "1e30gbit"}, r"^link_rate: bandwidth '1e30gbit' = 1e\+39 bit/s is outside the "
                                                  r"plausible range of link rates \[8, 1e15\] bit/s"),
     ("validation", {"link_rates": "[loopback, 1e30gbit]"}, r"^link_rates: bandwidth '1e30gbit' .*outside the plausible"),

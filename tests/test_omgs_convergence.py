@@ -21,7 +21,7 @@ import math
 import pytest
 import torch
 
-from repro.cluster.local import launch_local
+from repro.launch.local import launch_local
 
 DENSITY = 0.05
 STEPS = 3
@@ -30,7 +30,7 @@ _MSG = {"collective": "sparse_allgather", "phase": "backward", "priority": 0}
 
 
 def _plan(groups: list[list[str]], solver: str, messages: int = 2):
-    from repro.plan import Plan
+    from repro.core.plan import Plan
 
     return Plan.from_dict({"family": "sparse", "solver": solver, "options": {"density": DENSITY},
                            "buckets": [{"layers": g, "messages": [_MSG] * messages} for g in groups]})
@@ -54,7 +54,7 @@ def _groups(model) -> dict[str, list[list[str]]]:
 
 
 def _train(plan, rank: int) -> dict:
-    from repro.runtime.sparse import SparseExecutor
+    from repro.families.sparse.executor import SparseExecutor
     from repro.workload.models import build_model, compute_loss, make_batch
 
     torch.manual_seed(0)
@@ -148,11 +148,11 @@ def test_one_merged_bucket_is_topk_sgd(ranks):
 # ---- the evaluation path: what made the tiny runs' test loss explode while the training loss fell ----
 
 def evaluate_with_stale_statistics(ctx) -> dict:
-    """Per rank: the training loop's evaluation (repro.train_record.evaluate) of one model, then of the same weights with its BatchNorm running
+    """Per rank: the training loop's evaluation (repro.training.record.evaluate) of one model, then of the same weights with its BatchNorm running
     statistics made stale (as after a burst of top-k updates with error feedback: the running averages of
     the last ~10 batches describe older weights), and whether the evaluation left the buffers as they were."""
     from repro.train import TrainConfig
-    from repro.train_record import evaluate as _evaluate
+    from repro.training.record import evaluate as _evaluate
     from repro.workload.models import build_model
 
     from repro.workload.datasets import get_dataset, make_loader

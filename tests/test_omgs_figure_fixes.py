@@ -62,7 +62,7 @@ def test_breakdown_bar_label_clears_the_paper_diamond():
 
 
 def _write_sparse_run(root, iterations, with_steps=True):
-    from repro.runs import BUCKETS_CSV, ITERATIONS_CSV, RunWriter
+    from repro.results.runs import BUCKETS_CSV, ITERATIONS_CSV, RunWriter
     from repro.studies.omgs_sim import BUCKETS_STEPS_CSV
 
     its = pd.DataFrame([{"step": i, "iteration_s": t, "forward_s": t * 0.3, "backward_call_s": t * 0.5,

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from repro.cost import CostModel, topk_time_s
+from repro.core.cost import CostModel, topk_time_s
 from repro.runtime.calibrate import fit_topk, time_topk
 
 
@@ -81,7 +81,7 @@ def test_p102_is_in_the_gpu_table_between_its_pascal_neighbours():
                                   "inception_v4_b64_p102-estimate", "lstm_ptb_b20_p102-estimate"])
 def test_p102_traces_of_the_papers_models_are_shipped_and_slower_than_v100(stem):
     from repro.paths import shipped_trace_path
-    from repro.trace import Trace
+    from repro.core.trace import Trace
 
     t = Trace.load(shipped_trace_path(stem))
     assert t.device == "P102 (estimate)" and t.extra["estimate"] is True and t.extra["gpu"] == "P102"

@@ -27,12 +27,12 @@ import math
 import pytest
 import torch
 
-from repro.cluster.local import launch_local
-from repro.cost import CostModel
-from repro.plan import Plan, PlanError
-from repro.planners import make_plan
-from repro.runtime.sparse import TopKCompressor, allocate_budget, budget_counts
-from repro.trace import Layer, Trace
+from repro.launch.local import launch_local
+from repro.core.cost import CostModel
+from repro.core.plan import Plan, PlanError
+from repro.core.planners import make_plan
+from repro.families.sparse.executor import TopKCompressor, allocate_budget, budget_counts
+from repro.core.trace import Layer, Trace
 
 DENSITY = 0.01
 STEPS = 48

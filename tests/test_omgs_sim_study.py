@@ -9,9 +9,9 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import pytest  # noqa: E402
 
-from repro.presets import preset
+from repro.costs.presets import preset
 from repro.figures import omgs_plots  # noqa: E402
-from repro.planners import make_plan  # noqa: E402
+from repro.core.planners import make_plan  # noqa: E402
 from repro.studies import omgs_sim as study  # noqa: E402
 from tests.helpers import random_trace  # noqa: E402
 
@@ -181,7 +181,7 @@ def test_paper_mode_is_the_presets_own_simulation(traces, sweep):
 
 
 def test_calibrated_mode_differs_is_finite_and_says_so(traces, sweep):
-    from repro.published_fits import cost_for_mode
+    from repro.costs.published_fits import cost_for_mode
 
     cost = cost_for_mode("1gbe-allgather", 16, "calibrated")
     assert "calibrated" in cost.source and not cost.is_paper_model

@@ -12,12 +12,12 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import pytest  # noqa: E402
 
-from repro.presets import preset
-from repro.planners import make_plan  # noqa: E402
-from repro.runs import BUCKETS_CSV, EPOCHS_CSV, ITERATIONS_CSV, RunWriter  # noqa: E402
-from repro.sim import simulate  # noqa: E402
+from repro.costs.presets import preset
+from repro.core.planners import make_plan  # noqa: E402
+from repro.results.runs import BUCKETS_CSV, EPOCHS_CSV, ITERATIONS_CSV, RunWriter  # noqa: E402
+from repro.core.simulate import simulate  # noqa: E402
 from repro.studies import omgs_train as study  # noqa: E402
-from repro.trace import load_trace  # noqa: E402
+from repro.core.trace import load_trace  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -92,7 +92,7 @@ def test_without_a_timeline_the_top_k_comes_from_the_runs_fitted_cost_and_conver
     assert set(df.run_id) == {"timing"}
     m = df[df.source == "measured"].iloc[0]
     trace = load_trace("tiny_resnet_b32_cpu")
-    from repro.sim.sparse import bucket_numels
+    from repro.families.sparse.simulate import bucket_numels
 
     assert m.sparsify_s == pytest.approx(float(np.sum(cost.topk_s(np.array(bucket_numels(trace, plan), float)))))
     assert "fitted" in m.derivation
@@ -125,7 +125,7 @@ def test_convergence_table_perplexity_for_language_models_and_gaps_to_dense(tmp_
     cnn = conv[conv.model == "tiny_resnet"].iloc[0]
     trace = load_trace("tiny_resnet_b32_cpu")
     plan = make_plan("omgs", trace, preset("1gbe-allgather", 2), density=0.05)
-    from repro.sim.sparse import bucket_numels, topk_count
+    from repro.families.sparse.simulate import bucket_numels, topk_count
 
     assert cnn.min_elements_sent_per_bucket == min(topk_count(n, 0.05) for n in bucket_numels(trace, plan))
     final = study.final_epoch_table(conv).set_index(["model", "scheduler"])

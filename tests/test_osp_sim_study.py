@@ -15,8 +15,8 @@ import pytest  # noqa: E402
 
 from repro.figures import osp_plots as plots  # noqa: E402
 from repro.figures.style import FAMILIES, STYLES, use_style  # noqa: E402
-from repro.planners import make_plan  # noqa: E402
-from repro.sim.ps import trace_compute_s  # noqa: E402
+from repro.core.planners import make_plan  # noqa: E402
+from repro.families.ps.simulate import trace_compute_s  # noqa: E402
 from repro.studies import osp_sim as study  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]

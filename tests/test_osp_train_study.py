@@ -11,13 +11,13 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import pytest  # noqa: E402
 
-from repro.cost import CostModel  # noqa: E402
+from repro.core.cost import CostModel  # noqa: E402
 from repro.figures import osp_plots as plots  # noqa: E402
 from repro.figures.style import use_style  # noqa: E402
-from repro.planners import make_plan  # noqa: E402
-from repro.runs import EPOCHS_CSV, ITERATIONS_CSV, RunWriter  # noqa: E402
+from repro.core.planners import make_plan  # noqa: E402
+from repro.results.runs import EPOCHS_CSV, ITERATIONS_CSV, RunWriter  # noqa: E402
 from repro.studies import osp_train as study  # noqa: E402
-from repro.trace import load_trace  # noqa: E402
+from repro.core.trace import load_trace  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -248,7 +248,7 @@ def test_per_seed_rows_carry_the_seed_the_claims_bootstrap_over():
 
 def test_the_accuracy_claims_get_an_interval_from_per_seed_rows(tmp_path):
     from repro.figures import claims as cl
-    from repro.tables import write_table
+    from repro.results.tables import write_table
 
     rows = []
     for seed in range(5):

@@ -1,4 +1,4 @@
-"""Output paths are the user's: a FIFO, a link or a device at ``-o`` is never replaced (repro.outputs)."""
+"""Output paths are the user's: a FIFO, a link or a device at ``-o`` is never replaced (repro.results.outputs)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from repro.cli import main
-from repro.outputs import OutputPathError, check_output, output_file, write_output
+from repro.cli.main import main
+from repro.results.outputs import OutputPathError, check_output, output_file, write_output
 
 PLAN_ARGS = ["plan", "--trace", "resnet50_b64_v100-estimate", "--solver", "mgwfbp", "--network", "10gbe-v100",
              "--workers", "16"]
@@ -219,7 +219,7 @@ OUTPUT_COMMANDS = {  # every command with -o/--output, with the least that makes
 
 
 def test_every_output_option_is_covered():
-    from repro.cli import build_parser
+    from repro.cli.main import build_parser
 
     sub = next(a for a in build_parser()._actions if a.choices and "plan" in a.choices)
     found = set()
@@ -242,7 +242,7 @@ def test_output_ending_in_a_slash_names_a_folder(tmp_path, capsys, monkeypatch, 
         raise AssertionError("measured before checking the output path")
 
     monkeypatch.setattr("repro.workload.profile.profile_model", measured)
-    monkeypatch.setattr("repro.cli._launch", measured)
+    monkeypatch.setattr("repro.cli.main._launch", measured)
     args = [a.replace("PLAN", str(tmp_path / "f.json")).replace("MEASUREMENTS", str(tmp_path / "f.json"))
             for a in OUTPUT_COMMANDS[command]]
     for out, words in (("newdir/", "newdir/ names a folder that does not exist"),
@@ -274,7 +274,7 @@ def test_fifo_without_reader_is_refused_before_measuring(tmp_path, capsys, monke
 
     monkeypatch.setattr("repro.workload.profile.profile_model", measured)
     monkeypatch.setattr("repro.runtime.calibrate.fit_on_ranks", measured)
-    monkeypatch.setattr("repro.cli._launch", measured)
+    monkeypatch.setattr("repro.cli.main._launch", measured)
     t0 = time.perf_counter()
     rc = main([command, *OUTPUT_COMMANDS[command], "-o", str(fifo)])
     took = time.perf_counter() - t0

@@ -10,10 +10,10 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 README_EXAMPLE = """
-from repro.trace import load_trace
-from repro.presets import preset
-from repro.planners import make_plan
-from repro.sim import simulate
+from repro.core.trace import load_trace
+from repro.costs.presets import preset
+from repro.core.planners import make_plan
+from repro.core.simulate import simulate
 
 trace = load_trace("resnet50_b32_v100-estimate")
 cost = preset("10gbe-v100", 16)

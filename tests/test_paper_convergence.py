@@ -8,8 +8,8 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from repro.cluster.grid import finished_run_ids, grid_run_ids, load_grid
-from repro.runs import EPOCHS_CSV, ITERATIONS_CSV, RunWriter
+from repro.launch.grid import finished_run_ids, grid_run_ids, load_grid
+from repro.results.runs import EPOCHS_CSV, ITERATIONS_CSV, RunWriter
 
 
 def _write(runs_dir, run_id: str, config: dict, *, epochs: int | None = 2, accuracy: float = 0.5) -> None:

@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from repro.paths import paper_numbers_path
-from repro.schedulers import scheduler_names
+from repro.core.schedulers import scheduler_names
 
 ROOT = Path(__file__).resolve().parents[1]
 # The public source table, copied into the repository (tests/fixtures/README.md says from where).

@@ -9,13 +9,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from repro.cost import CostModel
-from repro.presets import preset
-from repro.families import FAMILIES, Family, choice_option, get_family, number_option, register_family
-from repro.plan import Bucket, Message, Plan, PlanError, layer_wire_bytes
-from repro.planners import make_plan, planner_names
-from repro.sim import SimGraph, Task, simulate
-from repro.trace import load_trace
+from repro.core.cost import CostModel
+from repro.costs.presets import preset
+from repro.core.families import FAMILIES, Family, choice_option, get_family, number_option, register_family
+from repro.core.plan import Bucket, Message, Plan, PlanError, layer_wire_bytes
+from repro.core.planners import make_plan, planner_names
+from repro.core.simulate import SimGraph, Task, simulate
+from repro.core.trace import load_trace
 from tests.helpers import make_trace, random_trace
 
 
@@ -194,11 +194,11 @@ def test_every_family_hook_resolves():
 
 
 def test_the_torch_free_core_does_not_import_torch():
-    code = ("import sys, repro.trace, repro.cost, repro.plan, repro.families, repro.planners, repro.sim, "
-            "repro.schedulers, repro.runs, repro.sim.allreduce, repro.planners.allreduce, repro.sim.sparse, "
-            "repro.sim.dear, repro.sim.bytescheduler, repro.sim.ps, repro.planners.dear, repro.planners.bytescheduler, repro.planners.ps, repro.topology\n"
-            "from repro.planners import make_plan\nfrom repro.sim import simulate\n"
-            "from repro.trace import load_trace\nfrom repro.presets import preset\n"
+    code = ("import sys, repro.core.trace, repro.core.cost, repro.core.plan, repro.core.families, repro.core.planners, repro.core.simulate, "
+            "repro.core.schedulers, repro.results.runs, repro.families.allreduce.simulate, repro.families.allreduce.planners, repro.families.sparse.simulate, "
+            "repro.families.dear.simulate, repro.families.bytescheduler.simulate, repro.families.ps.simulate, repro.families.dear.planners, repro.families.bytescheduler.planners, repro.families.ps.planners, repro.core.topology\n"
+            "from repro.core.planners import make_plan\nfrom repro.core.simulate import simulate\n"
+            "from repro.core.trace import load_trace\nfrom repro.costs.presets import preset\n"
             "t = load_trace('resnet50_b32_v100-estimate'); c = preset('10gbe-v100', 16)\n"
             "simulate(t, make_plan('optimal', t, c, wire_dtype='float16'), c)\n"
             "d = preset('10gbe-dear64', 64); simulate(t, make_plan('dear_threshold', t, d), d)\n"
@@ -213,7 +213,7 @@ def test_the_torch_free_core_does_not_import_torch():
 def _planned_dict(tmp_path=None) -> dict:
     import json as _json
 
-    from repro.cli import main
+    from repro.cli.main import main
 
     import io
     import contextlib
@@ -256,7 +256,7 @@ def test_plan_files_with_bad_fields_are_refused_naming_the_field(tmp_path, chang
 def test_plan_files_that_are_fine_still_load(tmp_path):
     import json as _json
 
-    from repro.plan import check_plan_workers
+    from repro.core.plan import check_plan_workers
 
     d = _planned_dict()
     d["stage1_share"], d["stage1_bytes_share"], d["solver"] = 0.25, 1, "custom"
@@ -272,7 +272,7 @@ def test_plan_files_that_are_fine_still_load(tmp_path):
 def test_simulate_refuses_a_plan_with_a_bad_field(tmp_path, capsys):
     import json as _json
 
-    from repro.cli import main
+    from repro.cli.main import main
 
     d = _planned_dict()
     d["provenance"]["wire_dtype"] = "int7"
@@ -287,7 +287,7 @@ def test_simulate_refuses_a_plan_with_a_bad_field(tmp_path, capsys):
 
 def test_plan_fit_refusal_names_the_first_unknown_or_left_out_layer_in_one_line():
     """The one wording of "the plan's layers are the model's" (repro.distribute, every executor, repro train)."""
-    from repro.plan import plan_fit_refusal
+    from repro.core.plan import plan_fit_refusal
 
     plan = Plan.from_dict({"buckets": [["a.weight", "a.bias"], ["b.weight"]]})
     assert plan_fit_refusal(plan, ["a.weight", "a.bias", "b.weight"], "tensor") is None
@@ -306,10 +306,10 @@ def test_plan_fit_refusal_names_the_first_unknown_or_left_out_layer_in_one_line(
 
 
 def test_the_plan_fits_model_rule_is_worded_in_one_place():
-    """No executor, door or CLI check re-explains the rule: its words live in repro.plan.plan_fit_refusal."""
+    """No executor, door or CLI check re-explains the rule: its words live in repro.core.plan.plan_fit_refusal."""
     from pathlib import Path
 
     root = Path(__file__).resolve().parent.parent / "repro"
     wording = [p.relative_to(root).as_posix() for p in root.rglob("*.py")
                if "layer(s) of" in p.read_text(encoding="utf-8") or "layer(s) that" in p.read_text(encoding="utf-8")]
-    assert wording == ["plan.py"], wording
+    assert wording == ["core/plan.py"], wording

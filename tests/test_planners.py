@@ -5,12 +5,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from repro.cost import CostModel
-from repro.presets import preset
+from repro.core.cost import CostModel
+from repro.costs.presets import preset
 from repro.paths import shipped_traces
-from repro.planners import make_plan, planner_names
-from repro.planners.allreduce import groups_time_s
-from repro.trace import load_trace
+from repro.core.planners import make_plan, planner_names
+from repro.families.allreduce.planners import groups_time_s
+from repro.core.trace import load_trace
 from tests.helpers import make_trace, random_trace
 
 
@@ -119,7 +119,7 @@ def test_ddp_plan_has_a_small_first_bucket():
 def test_a_planner_registered_from_another_module_has_a_family_and_a_name(monkeypatch, rng):
     import types
 
-    from repro.planners import PLANNER_FAMILY, PLANNERS, make_plan, planner_names
+    from repro.core.planners import PLANNER_FAMILY, PLANNERS, make_plan, planner_names
 
     outside = types.ModuleType("someone_elses_planners")
     outside.FAMILY = "allreduce"

@@ -11,7 +11,7 @@ from repro.workload.models import build_model, compute_loss, count_params, make_
 from repro.workload.layers import Param
 from repro.workload.profile import profile_model
 from repro.workload.recording import IterationTimeline, attribute
-from repro.trace import Trace
+from repro.core.trace import Trace
 
 torch.set_num_threads(1)
 BATCH = 32

@@ -8,8 +8,8 @@ import pytest
 import torch
 from torch import nn
 
-from repro.cli import main
-from repro.trace import Trace
+from repro.cli.main import main
+from repro.core.trace import Trace
 from repro.workload.profile import profile_model
 
 torch.set_num_threads(1)

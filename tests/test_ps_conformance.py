@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import pytest
 
-from repro.cluster.local import launch_local
+from repro.launch.local import launch_local
 from tests import ps_conformance_targets as T
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]

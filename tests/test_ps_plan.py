@@ -1,4 +1,4 @@
-"""The parameter-server plans (repro.planners.ps) and their simulator (repro.sim.ps's plan part), torch-free:
+"""The parameter-server plans (repro.families.ps.planners) and their simulator (repro.families.ps.simulate's plan part), torch-free:
 
 - shards balanced by bytes (largest first to the least-loaded shard), checked against brute force;
 - the stage split rule (a layer joins stage 1 when at least half its bytes fit in the share), written
@@ -19,13 +19,13 @@ import sys
 import numpy as np
 import pytest
 
-from repro.cost import CostModel, Linear
-from repro.plan import Bucket, Message, Plan, PlanError
-from repro.planners import make_plan
-from repro.planners.ps import importance_order, shard_layers, stage_one_layers
-from repro.sim import simulate
-from repro.sim.ps import PSSetting, auto_stage2_share, plan_layout, simulate_ps, trace_compute_s
-from repro.trace import Layer, Overheads, Trace
+from repro.core.cost import CostModel, Linear
+from repro.core.plan import Bucket, Message, Plan, PlanError
+from repro.core.planners import make_plan
+from repro.families.ps.planners import importance_order, shard_layers, stage_one_layers
+from repro.core.simulate import simulate
+from repro.families.ps.simulate import PSSetting, auto_stage2_share, plan_layout, simulate_ps, trace_compute_s
+from repro.core.trace import Layer, Overheads, Trace
 
 LINE = Linear(1e-4, 1e-8)
 
@@ -227,8 +227,8 @@ def test_ps_plans_are_checked_by_the_family():
 
 
 def test_ps_planning_is_torch_free():
-    code = ("import sys\nfrom repro.planners import make_plan\nfrom repro.sim import simulate\n"
-            "from repro.cost import CostModel, Linear\nfrom repro.trace import load_trace\n"
+    code = ("import sys\nfrom repro.core.planners import make_plan\nfrom repro.core.simulate import simulate\n"
+            "from repro.core.cost import CostModel, Linear\nfrom repro.core.trace import load_trace\n"
             "t = load_trace('resnet50_b32_v100-estimate'); c = CostModel(8, {'push': Linear(1e-4, 1e-9), "
             "'pull': Linear(1e-4, 1e-9)})\n"
             "for n, kw in [('ps_bsp', {}), ('ps_ssp', {}), ('osp', {'servers': 2}), ('osp_auto', {})]:\n"

@@ -1,12 +1,12 @@
-"""The parameter-server simulator (repro.sim.ps): BSP, ASP, SSP and OSP timelines over iterations."""
+"""The parameter-server simulator (repro.families.ps.simulate): BSP, ASP, SSP and OSP timelines over iterations."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from repro.cost import Linear
-from repro.sim.ps import PSSetting, auto_stage2_share, simulate_ps
+from repro.core.cost import Linear
+from repro.families.ps.simulate import PSSetting, auto_stage2_share, simulate_ps
 
 LINE = Linear(1e-4, 1e-8)   # 100 us + 10 ns per byte (100 MB/s) per message on a server link
 MB = 1e6

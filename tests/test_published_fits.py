@@ -1,4 +1,4 @@
-"""Calibration on published measurements (repro.published_fits), torch-free: the fit recovers a known
+"""Calibration on published measurements (repro.costs.published_fits), torch-free: the fit recovers a known
 model, cross-validation never sees the rows it predicts, the shipped presets reproduce the shipped
 prediction table, and the paper/calibrated modes are what they say."""
 
@@ -8,11 +8,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from repro import published_fits as C
-from repro.cost import CostModelError
-from repro.presets import is_calibrated_preset, preset, preset_names
-from repro.realism import Realism
-from repro.topology import Link, Topology
+from repro.costs import published_fits as C
+from repro.core.cost import CostModelError
+from repro.costs.presets import is_calibrated_preset, preset, preset_names
+from repro.core.realism import Realism
+from repro.core.topology import Link, Topology
 
 THETA = {"intra_alpha_s": 2e-5, "intra_beta_s_per_byte": 2.5e-10, "inter_alpha_s": 3e-5,
          "inter_beta_s_per_byte": 9e-10, "message_overhead_s": 6e-5, "contention": 0.2}

@@ -5,7 +5,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from repro import published_fits as C
+from repro.costs import published_fits as C
 from repro.studies import published
 
 

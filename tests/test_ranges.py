@@ -1,13 +1,13 @@
 """Numbers that cannot be (issue 33, items 3-6): every number read from a file has a plausible range
-(repro.ranges), checked where the file is read and refused in one line naming the file, the field, the
+(repro.core.ranges), checked where the file is read and refused in one line naming the file, the field, the
 value and the range."""
 
 import json
 
 import pytest
 
-from repro import ranges
-from repro.trace import Trace, TraceError
+from repro.core import ranges
+from repro.core.trace import Trace, TraceError
 
 
 def _trace(**layer1):
@@ -101,7 +101,7 @@ def test_trace_dtype_float99_is_refused(tmp_path):
 ])
 def test_plan_file_numbers_out_of_range_are_refused(tmp_path, text, expected):
     """Items 4 and 5: a plan's iteration_s of 1e308, "x" or NaN was accepted."""
-    from repro.plan import Plan, PlanError
+    from repro.core.plan import Plan, PlanError
 
     p = tmp_path / "plan.json"
     p.write_text(text)
@@ -112,7 +112,7 @@ def test_plan_file_numbers_out_of_range_are_refused(tmp_path, text, expected):
 
 
 def test_plan_meta_null_prediction_and_shipped_style_plans_load(tmp_path):
-    from repro.plan import Plan
+    from repro.core.plan import Plan
 
     p = tmp_path / "plan.json"
     p.write_text('{"buckets": [["a", "b"]], "iteration_s": null, "lower_bound_s": 0.5, "gap_pct": 3.0}')
@@ -120,7 +120,7 @@ def test_plan_meta_null_prediction_and_shipped_style_plans_load(tmp_path):
 
 
 def test_plan_layer_not_in_trace_names_the_bucket():
-    from repro.plan import Plan, PlanError
+    from repro.core.plan import Plan, PlanError
 
     t = Trace.from_dict(_trace())
     with pytest.raises(PlanError, match=r"'buckets\[1\]': layer 'c' is not in trace 'm'"):
@@ -128,7 +128,7 @@ def test_plan_layer_not_in_trace_names_the_bucket():
 
 
 def _cli(capsys, *argv):
-    from repro.cli import main
+    from repro.cli.main import main
 
     rc = main([str(a) for a in argv])
     cap = capsys.readouterr()
@@ -160,8 +160,8 @@ def test_cli_trace_params_1e30_is_one_line_not_an_internal_error(capsys, tmp_pat
 # ---- cost files, measurements, cluster files (items 4, 6) -----------------------------------------------
 def test_cost_fit_csv_row_of_1e300_bytes_is_refused(tmp_path):
     """Item 4: one `bytes: 1e300` row silently wrecked the fit (b = 2e-302 s/byte)."""
-    from repro.cluster_cost import fit_measurements_csv
-    from repro.cost import CostModelError
+    from repro.costs.cluster_cost import fit_measurements_csv
+    from repro.core.cost import CostModelError
 
     p = tmp_path / "m.csv"
     p.write_text("bytes,workers,seconds,collective\n1000,4,0.001,allreduce\n1e6,4,0.01,allreduce\n"
@@ -183,7 +183,7 @@ def test_cost_fit_csv_row_of_1e300_bytes_is_refused(tmp_path):
     ({"realism": {"compute_scale": 1e300}}, "'compute_scale' = 1e+300 is outside"),
 ])
 def test_cost_file_numbers_out_of_range_are_refused(tmp_path, change, expected):
-    from repro.cost import CostModel, CostModelError
+    from repro.core.cost import CostModel, CostModelError
 
     d = {"workers": 4, "lines": {"allreduce": {"a_s": 1e-4, "b_s_per_byte": 1e-9}}}
     d.update(change)
@@ -205,10 +205,10 @@ def test_cost_file_without_allreduce_line_names_the_file(tmp_path, capsys):
 
 
 def test_cluster_file_rate_and_latency_out_of_range(tmp_path):
-    from repro.cluster_cost import load_cluster, parse_link
-    from repro.cost import CostModelError
+    from repro.costs.cluster_cost import load_cluster, parse_link
+    from repro.core.cost import CostModelError
 
-    base = {"schema": "repro.cluster", "version": 1, "gpus_per_node": 4}
+    base = {"schema": "repro.launch", "version": 1, "gpus_per_node": 4}
     p = _write(tmp_path / "c.json", {**base, "inter_link": {"rate_bits_per_s": 1e30, "latency_s": 2e-5}})
     with pytest.raises(CostModelError, match=r"c\.json: field 'inter_link\.rate_bits_per_s' = 1e\+30 is outside "
                                              r"the plausible range \[8, 1e15\] bit/s"):
@@ -243,7 +243,7 @@ experiments:
     ({"steps": "1.0e+300"}, "'train.steps' = 1e+300 is outside the plausible range [0, 1e9]"),
 ])
 def test_grid_numbers_out_of_range_are_refused(tmp_path, values, expected):
-    from repro.cluster.grid import GridError, load_grid
+    from repro.launch.grid import GridError, load_grid
 
     kw = {"gpn": 4, "steps": 10, "batch": 32, "p": 4, **values}
     p = tmp_path / "g.yaml"

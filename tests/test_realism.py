@@ -1,18 +1,18 @@
-"""Realism (repro.realism) and contention (repro.sim.contention), torch-free: each effect written out,
+"""Realism (repro.core.realism) and contention (repro.core.contention), torch-free: each effect written out,
 and the paper model untouched."""
 
 import math
 
 import pytest
 
-from repro.cost import CostModel, CostModelError, Linear
-from repro.presets import preset
-from repro.planners import make_plan
-from repro.realism import PAPER_MODEL, Realism, RealismError
-from repro.sim import simulate
-from repro.sim.contention import overlap_s, run_tasks_with_contention
-from repro.sim.engine import Task, run_tasks
-from repro.trace import load_trace
+from repro.core.cost import CostModel, CostModelError, Linear
+from repro.costs.presets import preset
+from repro.core.planners import make_plan
+from repro.core.realism import PAPER_MODEL, Realism, RealismError
+from repro.core.simulate import simulate
+from repro.core.contention import overlap_s, run_tasks_with_contention
+from repro.core.engine import Task, run_tasks
+from repro.core.trace import load_trace
 
 TRACE = "resnet50_b32_v100-estimate"
 
@@ -131,7 +131,7 @@ def test_contention_in_the_simulator_slows_overlapped_schedules_only():
 
 def test_a_planner_that_simulates_its_candidates_sees_the_trace_side_once():
     # osp_auto simulates candidate plans; with compute scaled by 3 its view must equal simulate's.
-    from repro.sim.ps import PSSetting  # noqa: F401  (the PS family is importable torch-free)
+    from repro.families.ps.simulate import PSSetting  # noqa: F401  (the PS family is importable torch-free)
 
     tr = load_trace(TRACE)
     cm = preset("10gbe-derived", 8).with_realism(Realism(compute_scale=3.0, message_overhead_s=1e-4))

@@ -1,4 +1,4 @@
-"""The all-reduce executor's C++ reducer engine (:mod:`repro.runtime.reducer_engine`): what it runs and
+"""The all-reduce executor's C++ reducer engine (:mod:`repro.families.allreduce.reducer_engine`): what it runs and
 what it refuses, unused parameters (used on some ranks, on none, or reached by the loss but not the
 output), a forward without backward, no_sync, its timeline and ready stamps, and remove(), against the
 Python hook engine (the same math: 2 ranks, so ``x / 2`` and ``x * 0.5`` are the same bits)."""
@@ -11,9 +11,9 @@ import pytest
 import torch
 from torch import nn
 
-from repro.cluster.local import launch_local
-from repro.plan import Plan, PlanError
-from repro.runtime.reducer_engine import unfit_reason
+from repro.launch.local import launch_local
+from repro.core.plan import Plan, PlanError
+from repro.families.allreduce.reducer_engine import unfit_reason
 from repro.workload.layers import layer_parameters
 
 
@@ -81,7 +81,7 @@ def engines_agree(ctx) -> dict:
     loss also reaches ``a.weight`` directly (a penalty), and a forward without backward in between."""
     import torch.distributed as dist
 
-    from repro.runtime.allreduce import AllReduceExecutor
+    from repro.families.allreduce.executor import AllReduceExecutor
     from repro.runtime.executor import ExecutorOptions
 
     rank = dist.get_rank()
@@ -147,7 +147,7 @@ def no_sync_and_remove(ctx) -> dict:
     DDP's no_sync; then remove(): a backward afterwards exchanges nothing."""
     import torch.distributed as dist
 
-    from repro.runtime.allreduce import AllReduceExecutor
+    from repro.families.allreduce.executor import AllReduceExecutor
     from repro.runtime.executor import ExecutorOptions
 
     rank = dist.get_rank()
@@ -189,7 +189,7 @@ def test_reducer_engine_holds_for_no_sync_and_lets_go_on_remove():
 
 
 def refuses_an_unfit_plan(ctx) -> str:
-    from repro.runtime.allreduce import AllReduceExecutor
+    from repro.families.allreduce.executor import AllReduceExecutor
     from repro.runtime.executor import ExecutorOptions
 
     model = Branchy()
@@ -272,8 +272,8 @@ def test_engine_is_chosen_through_distribute_and_repro_train(tmp_path):
 
 
 def test_engine_flag_of_repro_train_is_checked_for_the_scheduler():
-    from repro.schedulers import get_scheduler
-    from repro.train_config import TrainConfig, config_from_argv
+    from repro.core.schedulers import get_scheduler
+    from repro.training.config import TrainConfig, config_from_argv
 
     cfg, _ = config_from_argv(["--model", "tiny_vgg", "--scheduler", "mgwfbp", "--engine", "hooks"])
     assert cfg.engine == "hooks"
@@ -292,7 +292,7 @@ def test_engine_flag_of_repro_train_is_checked_for_the_scheduler():
 
 
 def test_a_plan_file_fixes_the_wire_dtype_and_the_engine_check_reads_it(tmp_path):
-    from repro.train_config import TrainConfig
+    from repro.training.config import TrainConfig
 
     model = Branchy()
     names = list(layer_parameters(model, "tensor"))[::-1]

@@ -1,4 +1,4 @@
-"""Run options declared once (repro.run_options): TrainConfig's fields, repro train's flags and the checks derive from them."""
+"""Run options declared once (repro.core.run_options): TrainConfig's fields, repro train's flags and the checks derive from them."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ from dataclasses import fields
 
 import pytest
 
-from repro.run_options import RUN_OPTIONS, RunOption, check_run_options, option_flag, register_run_option
-from repro.schedulers import get_scheduler, scheduler_names
-from repro.train_config import TrainConfig, _option_fields, build_parser
+from repro.core.run_options import RUN_OPTIONS, RunOption, check_run_options, option_flag, register_run_option
+from repro.core.schedulers import get_scheduler, scheduler_names
+from repro.training.config import TrainConfig, _option_fields, build_parser
 
 
 def test_every_option_is_a_config_field_and_a_flag_with_its_help():
@@ -60,9 +60,9 @@ def test_a_family_from_another_package_adds_a_field_without_editing_shared_code(
 
 
 def test_every_option_a_scheduler_or_family_takes_is_a_declared_run_option():
-    from repro.families import FAMILIES
-    from repro.run_options import RUN_OPTIONS
-    from repro.schedulers import SCHEDULERS
+    from repro.core.families import FAMILIES
+    from repro.core.run_options import RUN_OPTIONS
+    from repro.core.schedulers import SCHEDULERS
 
     common = {f.name for f in fields(TrainConfig)}  # a scheduler may also take a common setting (dear_bo: seed)
     for s in SCHEDULERS.values():
@@ -73,7 +73,7 @@ def test_every_option_a_scheduler_or_family_takes_is_a_declared_run_option():
 
 
 def test_the_reducer_engine_refusals_are_one_rule():
-    from repro.run_options import reducer_engine_refusal
+    from repro.core.run_options import reducer_engine_refusal
 
     assert reducer_engine_refusal({"engine": "hooks", "wire_dtype": "float16", "device": "cuda"}) is None
     assert reducer_engine_refusal({"engine": "reducer"}) is None

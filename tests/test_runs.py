@@ -1,4 +1,4 @@
-"""Run folders have one owner (repro.runs): never half-written, mixed, silently overwritten or outside
+"""Run folders have one owner (repro.results.runs): never half-written, mixed, silently overwritten or outside
 the results directory."""
 
 import os
@@ -9,10 +9,11 @@ import textwrap
 import pandas as pd
 import pytest
 
-from repro.cost import CostModel
-from repro.plan import Plan
-from repro.runs import (PLAN_JSON, RUN_JSON, RunError, RunExistsError, RunWriter, check_run_id, list_runs,
-                        load_run, prepare_run, runs_table)
+from repro.core.cost import CostModel
+from repro.core.plan import Plan
+from repro.results.runs import (
+    PLAN_JSON, RUN_JSON, RunError, RunExistsError, RunWriter, check_run_id, list_runs, load_run, prepare_run,
+    runs_table)
 from tests.helpers import make_trace
 
 
@@ -69,7 +70,7 @@ def test_a_failed_writer_leaves_nothing(tmp_path):
 def test_a_killed_writer_leaves_no_folder_that_looks_complete(tmp_path):
     script = textwrap.dedent(f"""
         import os, pandas as pd
-        from repro.runs import RunWriter
+        from repro.results.runs import RunWriter
         w = RunWriter({str(tmp_path)!r}, "r1")
         w.table("iterations.csv", pd.DataFrame({{"a": [1]}}))
         w.record({{"run_id": "r1", "config": {{}}, "summary": {{}}}})
@@ -116,7 +117,7 @@ def test_plan_file_name_is_owned_here(tmp_path):
 def test_progress_of_a_run_is_readable_and_superseded_by_the_finished_run(tmp_path):
     import pandas as pd
 
-    from repro.runs import ProgressWriter, RunWriter, list_incomplete, load_progress, prepare_run
+    from repro.results.runs import ProgressWriter, RunWriter, list_incomplete, load_progress, prepare_run
 
     pw = ProgressWriter(tmp_path, "r1")
     pw.update([{"epoch": 1, "test_accuracy": 0.5}], {"model": "m"})
@@ -139,8 +140,8 @@ def test_progress_of_a_run_is_readable_and_superseded_by_the_finished_run(tmp_pa
 
 @pytest.mark.distributed
 def test_a_run_stopped_part_way_leaves_its_completed_epochs_readable(tmp_path):
-    from repro.cluster.local import RankFailedError, launch_local
-    from repro.runs import list_incomplete, load_progress
+    from repro.launch.local import RankFailedError, launch_local
+    from repro.results.runs import list_incomplete, load_progress
     from tests.launch_targets import train_then_fail_in_epoch
 
     cfg = {"model": "tiny_resnet", "scheduler": "ddp", "dataset": "digits", "epochs": 3, "batch_size": 256,

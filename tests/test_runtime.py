@@ -5,10 +5,10 @@ import json
 import pytest
 import torch
 
-from repro.cluster.local import launch_local
-from repro.plan import Plan
-from repro.planners import make_plan
-from repro.runs import load_run
+from repro.launch.local import launch_local
+from repro.core.plan import Plan
+from repro.core.planners import make_plan
+from repro.results.runs import load_run
 from tests.runtime_targets import plan_errors, train_params
 
 SCHEDULERS = ["wfbp", "syncea", "threshold", "mgwfbp", "optimal", "ddp_threshold", "local"]
@@ -134,7 +134,7 @@ def test_results_are_written(tmp_path):
 
 @pytest.mark.distributed
 def test_plan_must_cover_the_model():
-    from repro.runtime.allreduce import BucketedAllReduce
+    from repro.families.allreduce.executor import BucketedAllReduce
 
     with pytest.raises(RuntimeError, match="not initialised"):
         BucketedAllReduce(torch.nn.Linear(2, 2), Plan.from_dict({"buckets": [["weight", "bias"]]}))
@@ -145,7 +145,7 @@ def test_plan_must_cover_the_model():
 
 @pytest.mark.distributed
 def test_a_taken_run_id_is_refused_before_training(tmp_path):
-    from repro.cluster.local import RankFailedError
+    from repro.launch.local import RankFailedError
 
     (tmp_path / "r1").mkdir()
     (tmp_path / "r1" / "run.json").write_text("{}")

@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from repro.cluster.local import launch_local
+from repro.launch.local import launch_local
 
 STEPS = 6
 INF_STEP = 2        # rank 1's loss is inf on this step
@@ -59,7 +59,7 @@ def _batches(rank: int) -> list:
 
 
 def _trace(model):
-    from repro.trace import Layer, Trace
+    from repro.core.trace import Layer, Trace
     from repro.workload.layers import layer_parameters
 
     layers = []
@@ -70,11 +70,11 @@ def _trace(model):
 
 
 def _executor(kind: str, model):
-    from repro.cost import CostModel, Linear
-    from repro.planners import make_plan
-    from repro.runtime.allreduce import AllReduceExecutor
-    from repro.runtime.bytescheduler import ByteSchedulerExecutor
-    from repro.runtime.dear import DeARExecutor
+    from repro.core.cost import CostModel, Linear
+    from repro.core.planners import make_plan
+    from repro.families.allreduce.executor import AllReduceExecutor
+    from repro.families.bytescheduler.executor import ByteSchedulerExecutor
+    from repro.families.dear.executor import DeARExecutor
 
     P = dist.get_world_size()
     trace = _trace(model)
@@ -201,7 +201,7 @@ def test_executors_under_gradscaler_equal_ddp(two_ranks):
 
 def refusals(ctx) -> list[str]:
     """Rank target: a GradScaler step the executors cannot honour is refused, on every rank alike."""
-    from repro.runtime.dear import DeARExecutor
+    from repro.families.dear.executor import DeARExecutor
 
     out = []
     for mode in ("no_scaler", "early_unscale"):

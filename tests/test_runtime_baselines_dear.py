@@ -22,7 +22,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from repro.cluster.local import launch_local
+from repro.launch.local import launch_local
 
 STEPS = 4
 BATCH = 4
@@ -33,7 +33,7 @@ BATCH = 4
 # ---------------------------------------------------------------------------------------------
 
 def _trace(model, name: str, view: str = "tensor"):
-    from repro.trace import Layer, Trace
+    from repro.core.trace import Layer, Trace
     from repro.workload.layers import layer_parameters
 
     layers = []
@@ -73,7 +73,7 @@ def _run(model_name: str, opt_kind: str, make_executor, steps: int = STEPS, flus
 
 
 def _ddp_params(model_name: str, opt_kind: str, steps: int = STEPS) -> tuple[dict, torch.nn.Module]:
-    from repro.runtime.baselines import TorchDDPExecutor
+    from repro.families.baselines.executors import TorchDDPExecutor
 
     r = _run(model_name, opt_kind, TorchDDPExecutor, steps)
     return _params(r["model"]), r["model"]
@@ -101,9 +101,9 @@ def _eval_out(model_name: str, model) -> torch.Tensor:
 def bytescheduler_cases(ctx, model_name: str, cases: list[dict]) -> list[dict]:
     """Per case (optimizer, partition_params, credit_bytes): ByteScheduler's parameters against DDP's,
     before and after flush, and an evaluation forward after the flush."""
-    from repro.cost import CostModel
-    from repro.planners import make_plan
-    from repro.runtime.bytescheduler import ByteSchedulerExecutor
+    from repro.core.cost import CostModel
+    from repro.core.planners import make_plan
+    from repro.families.bytescheduler.executor import ByteSchedulerExecutor
     from repro.runtime.executor import ExecutorOptions
     from repro.workload.models import build_model
 
@@ -136,9 +136,9 @@ def bytescheduler_cases(ctx, model_name: str, cases: list[dict]) -> list[dict]:
 
 def horovod_case(ctx, model_name: str, cycle_s: float) -> dict:
     """The horovod plan with and without its cycle time; launch times of the cycle run's last step."""
-    from repro.cost import CostModel
-    from repro.planners import make_plan
-    from repro.runtime.allreduce import AllReduceExecutor
+    from repro.core.cost import CostModel
+    from repro.core.planners import make_plan
+    from repro.families.allreduce.executor import AllReduceExecutor
     from repro.runtime.executor import ExecutorOptions
     from repro.workload.models import build_model
 
@@ -161,7 +161,7 @@ def horovod_case(ctx, model_name: str, cycle_s: float) -> dict:
 
 
 def fsdp_case(ctx, model_name: str) -> dict:
-    from repro.runtime.fsdp import FSDPExecutor
+    from repro.families.baselines.fsdp import FSDPExecutor
 
     torch.use_deterministic_algorithms(True)
     out = {}
@@ -299,9 +299,9 @@ def test_the_loop_evaluates_flushed_parameters(two_ranks):
 
 
 def test_refusals_before_any_communication():
-    from repro.plan import Plan, PlanError
-    from repro.runtime.bytescheduler import ByteSchedulerExecutor
-    from repro.runtime.fsdp import FSDPExecutor
+    from repro.core.plan import Plan, PlanError
+    from repro.families.bytescheduler.executor import ByteSchedulerExecutor
+    from repro.families.baselines.fsdp import FSDPExecutor
 
     model = torch.nn.Linear(2, 2)
     with pytest.raises(PlanError, match="needs a plan"):

@@ -1,4 +1,4 @@
-"""DeAR's runtime (repro.runtime.dear) trains exactly what PyTorch DDP trains (gloo, 2 and 3 ranks).
+"""DeAR's runtime (repro.families.dear.executor) trains exactly what PyTorch DDP trains (gloo, 2 and 3 ranks).
 
 - after K steps and a flush, DeARExecutor's parameters (and BatchNorm buffers) equal those of
   torch.nn.parallel.DistributedDataParallel with the same optimizer (SGD with momentum and weight
@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from repro.cluster.local import launch_local
+from repro.launch.local import launch_local
 
 COMMON = {"steps": 3, "warmup_steps": 2, "batch_size": 4, "lr": 0.05, "momentum": 0.9, "weight_decay": 1e-4}
 
@@ -83,9 +83,9 @@ def _optimizer(kind: str, params):
 
 def _plan(model, name: str, view: str, planner: str, threshold_bytes: int | None = None):
     """A DeAR plan of ``model``'s layers (in ``view``) from a trace with the real sizes."""
-    from repro.cost import CostModel, Linear
-    from repro.planners import make_plan
-    from repro.trace import Layer, Trace
+    from repro.core.cost import CostModel, Linear
+    from repro.core.planners import make_plan
+    from repro.core.trace import Layer, Trace
     from repro.workload.layers import layer_parameters
 
     layers = []
@@ -113,7 +113,7 @@ def dear_vs_ddp(ctx, cases: list[dict]) -> list[dict]:
     the differences (before and after the flush), evaluation outputs, and a no_grad probe."""
     from torch.nn.parallel import DistributedDataParallel
 
-    from repro.runtime.dear import DeARExecutor
+    from repro.families.dear.executor import DeARExecutor
     from repro.runtime.executor import ExecutorOptions
 
     torch.use_deterministic_algorithms(True)
@@ -197,10 +197,10 @@ def dear_vs_ddp(ctx, cases: list[dict]) -> list[dict]:
 
 
 def calibrate_target(ctx, with_preset: bool) -> dict:
-    from repro.cost import CostModelError
-    from repro.presets import preset
-    from repro.runtime.dear import calibrate
-    from repro.trace import Layer, Trace
+    from repro.core.cost import CostModelError
+    from repro.costs.presets import preset
+    from repro.families.dear.executor import calibrate
+    from repro.core.trace import Layer, Trace
 
     trace = Trace("t", 4, "cpu", "float32", [Layer("a", 2**18, 2**20, 1e-4, 1e-4)])
     cost = calibrate(trace, "cpu", 1)
@@ -353,8 +353,8 @@ def test_calibration_fits_both_halves(two_ranks):
 
 
 def test_calibration_names_a_missing_preset_line():
-    from repro.cost import CostModel, CostModelError
-    from repro.runtime.dear import calibrate
+    from repro.core.cost import CostModel, CostModelError
+    from repro.families.dear.executor import calibrate
 
     with pytest.raises(CostModelError, match="reduce_scatter"):
         calibrate(None, "cpu", 1, CostModel.linear(2, 1e-4, 1e-9, "allreduce"))
@@ -379,9 +379,9 @@ def test_train_runs_end_where_wfbp_ends(two_ranks):
 
 @pytest.mark.distributed
 def test_executor_refuses_plans_it_cannot_run():
-    from repro.plan import Bucket, Plan, PlanError
-    from repro.planners.dear import DEAR_MESSAGES
-    from repro.runtime.dear import DeARExecutor
+    from repro.core.plan import Bucket, Plan, PlanError
+    from repro.families.dear.planners import DEAR_MESSAGES
+    from repro.families.dear.executor import DeARExecutor
 
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:

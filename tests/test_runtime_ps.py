@@ -1,4 +1,4 @@
-"""The parameter-server runtime (repro.runtime.ps), gloo on CPU, 1 server + 2 workers (and 2 + 2 once).
+"""The parameter-server runtime (repro.families.ps.executor), gloo on CPU, 1 server + 2 workers (and 2 + 2 once).
 
 One 3-rank launch (roles: a server, two workers; targets in tests/ps_targets.py) runs every executor
 case, DDP on the workers' own process group, and three runs of the generic loop; the tests compare:
@@ -22,7 +22,7 @@ import time
 import pytest
 import torch
 
-from repro.cluster.local import RankFailedError, Role, launch_local
+from repro.launch.local import RankFailedError, Role, launch_local
 from tests import ps_targets as T
 
 K = 5   # steps per executor case
@@ -81,8 +81,8 @@ def _equal(a: dict, b: dict) -> bool:
 # ---------------------------------------------------------------------------------------------
 
 def _stage_two(plan_dict: dict) -> set[str]:
-    from repro.plan import Plan
-    from repro.sim.ps import plan_layout
+    from repro.core.plan import Plan
+    from repro.families.ps.simulate import plan_layout
 
     plan = Plan.from_dict(plan_dict)
     return {n for b, (stage, _) in zip(plan.buckets, plan_layout(plan)) if stage == 2 for n in b.layers}
@@ -141,7 +141,7 @@ def reference(case: dict, stage2: set[str], workers: int = 2) -> list[dict]:
 
 @pytest.mark.distributed
 def test_osp_with_everything_in_stage_one_is_bsp_exactly(world):
-    from repro.plan import Plan
+    from repro.core.plan import Plan
 
     for w in world["workers"]:
         bsp, osp = w["bsp"], w["osp_share1"]
@@ -323,8 +323,8 @@ def test_train_runs_on_one_server_and_two_workers(world):
 
 @pytest.mark.distributed
 def test_train_runs_on_two_servers(tmp_path):
-    from repro.plan import Plan
-    from repro.sim.ps import plan_layout
+    from repro.core.plan import Plan
+    from repro.families.ps.simulate import plan_layout
 
     argvs = _argvs(tmp_path, [("bsp2", "ps_bsp", 2, [])])
     out = launch_local(T.train_runs, 4, args=(argvs,), timeout_s=240, pg_timeout_s=60)

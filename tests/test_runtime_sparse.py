@@ -1,4 +1,4 @@
-"""The sparse family's runtime (repro.runtime.sparse) does OMGS-SGD's math exactly (gloo, 2 and 3 ranks).
+"""The sparse family's runtime (repro.families.sparse.executor) does OMGS-SGD's math exactly (gloo, 2 and 3 ranks).
 
 - the executor, given each planner's plan, leaves the parameters a single-process reference of top-k
   SGD with error feedback computes over every worker's data (written from the math, not from the
@@ -16,11 +16,11 @@ import pandas as pd
 import pytest
 import torch
 
-from repro.cluster.local import launch_local
-from repro.plan import Plan, PlanError
-from repro.planners import make_plan
-from repro.runs import load_run
-from repro.runtime.sparse import ResidualMemory, SparseExecutor, TopKCompressor
+from repro.launch.local import launch_local
+from repro.core.plan import Plan, PlanError
+from repro.core.planners import make_plan
+from repro.results.runs import load_run
+from repro.families.sparse.executor import ResidualMemory, SparseExecutor, TopKCompressor
 from tests.runtime_targets import sparse_executor_vs_reference, sparse_suite
 
 PLANNERS = ["topk_layerwise", "topk_single", "omgs", "omgs_optimal"]
@@ -195,7 +195,7 @@ def test_config_refuses_what_the_sparse_schedulers_cannot_do():
 def test_communicator_unpacks_what_it_packed(dtype):
     import torch.distributed as dist
 
-    from repro.runtime.sparse import AllGatherCommunicator
+    from repro.families.sparse.executor import AllGatherCommunicator
 
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:

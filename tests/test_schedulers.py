@@ -7,9 +7,9 @@ import warnings
 
 import pytest
 
-from repro.families import FAMILIES
-from repro.planners import PLANNERS
-from repro.schedulers import ALIASES, SCHEDULERS, canonical_name, get_scheduler
+from repro.core.families import FAMILIES
+from repro.core.planners import PLANNERS
+from repro.core.schedulers import ALIASES, SCHEDULERS, canonical_name, get_scheduler
 
 
 def test_every_entry_points_at_real_things():
@@ -70,7 +70,7 @@ def test_repro_schedulers_prints_the_table():
     assert out["schedulers"]["optimal"]["supports"] == {"wire_dtype": True, "online_planning": True,
                                                         "needs_cost_model": True, "sparse_gradients": False}
     assert out["schedulers"]["dear_threshold"]["paper_name"] == "dear"
-    assert out["schedulers"]["ddp"]["executor"] == "repro.runtime.baselines:TorchDDPExecutor"
+    assert out["schedulers"]["ddp"]["executor"] == "repro.families.baselines.executors:TorchDDPExecutor"
     assert out["aliases"] == {"ddp_plan": "ddp_threshold"}
     assert "allreduce" in out["families"]
 

@@ -1,9 +1,9 @@
 import pytest
 
-from repro.cost import CostModel
-from repro.plan import Bucket, Plan, PlanError
-from repro.sim import Task, run_tasks, simulate
-from repro.trace import Overheads, Trace
+from repro.core.cost import CostModel
+from repro.core.plan import Bucket, Plan, PlanError
+from repro.core.simulate import Task, run_tasks, simulate
+from repro.core.trace import Overheads, Trace
 from tests.helpers import make_trace, random_trace
 
 

@@ -11,14 +11,14 @@ import math
 import numpy as np
 import pytest
 
-from repro.cost import CostModel, CostModelError, Linear, fit_topk_gamma, topk_time_s
-from repro.presets import preset
-from repro.plan import Bucket, Message, Plan, PlanError
-from repro.planners import make_plan, planner_names
-from repro.planners.sparse import groups_time_s
-from repro.sim import simulate
-from repro.sim.sparse import message_bytes, topk_count
-from repro.trace import Layer, Trace
+from repro.core.cost import CostModel, CostModelError, Linear, fit_topk_gamma, topk_time_s
+from repro.costs.presets import preset
+from repro.core.plan import Bucket, Message, Plan, PlanError
+from repro.core.planners import make_plan, planner_names
+from repro.families.sparse.planners import groups_time_s
+from repro.core.simulate import simulate
+from repro.families.sparse.simulate import message_bytes, topk_count
+from repro.core.trace import Layer, Trace
 
 SPARSE = ["topk_layerwise", "topk_single", "omgs", "omgs_optimal"]
 
@@ -149,7 +149,7 @@ def _paper_recursion(t_f: float, t_b, t_s, t_c) -> float:
 
 def _merged_arrays(trace: Trace, groups, c: CostModel, density: float):
     """Per layer (forward order): a group's totals sit on its input-most layer, the others are 0."""
-    from repro.planners.sparse import SparseCosts
+    from repro.families.sparse.planners import SparseCosts
 
     sc = SparseCosts(trace, c, density, False)
     L = trace.num_layers
@@ -213,7 +213,7 @@ def test_noncontiguous_buckets_and_priorities_use_the_engine():
 def _paper_rule(trace: Trace, c: CostModel, density: float) -> list[list[int]]:
     """The OMGS rule exactly as omgs.md words it, recomputing every start time from scratch after
     each decision (O(L^2)): merge l into l-1 iff t_w < t_save."""
-    from repro.planners.sparse import SparseCosts
+    from repro.families.sparse.planners import SparseCosts
 
     sc = SparseCosts(trace, c, density, False)
     L = trace.num_layers
@@ -282,7 +282,7 @@ def test_omgs_optimal_is_never_worse_on_thousands_of_random_traces():
 
 
 def test_sparse_plans_predict_what_the_simulator_says_on_a_shipped_trace():
-    from repro.trace import load_trace
+    from repro.core.trace import load_trace
 
     tr = load_trace("resnet50_b32_p102-estimate")
     for P in (2, 16):

@@ -17,8 +17,8 @@ import torch
 import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from repro.cluster.local import launch_local
-from repro.runtime.sparse import TopKCompressor, deterministic_index_add_
+from repro.launch.local import launch_local
+from repro.families.sparse.executor import TopKCompressor, deterministic_index_add_
 
 _aten = torch.ops.aten
 
@@ -152,8 +152,8 @@ def test_deterministic_mode_accepts_it():
 def replicas_under_shuffled_scatter(ctx, control: bool) -> dict:
     """Rank target: two steps of SparseExecutor (3 ranks, dense-ish top-k so the workers' indices
     overlap) while this rank's scatter kernels run in an order seeded by the rank; the parameters."""
-    from repro.plan import Plan
-    from repro.runtime.sparse import SparseExecutor
+    from repro.core.plan import Plan
+    from repro.families.sparse.executor import SparseExecutor
 
     rank = dist.get_rank()
     torch.manual_seed(0)

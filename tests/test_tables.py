@@ -1,4 +1,4 @@
-"""repro.tables: git_revision reads the checkout without taking .git/index.lock."""
+"""repro.results.tables: git_revision reads the checkout without taking .git/index.lock."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from repro import tables
-from repro.tables import git_revision
+from repro.results import tables
+from repro.results.tables import git_revision
 
 pytestmark = pytest.mark.skipif(shutil.which("git") is None, reason="git not installed")
 

@@ -146,7 +146,7 @@ def test_recorded_plan_inputs_apply_only_under_the_settings_they_were_measured_u
 @pytest.mark.slow
 @pytest.mark.distributed
 def test_an_online_planner_times_the_plan_of_the_recorded_inputs_not_its_own_warm_up():
-    from repro.planners import make_plan
+    from repro.core.planners import make_plan
 
     inputs, _ = timing.load_plan_inputs(SHIPPED_INPUTS, ["tiny_resnet"], RECORDED)
     want = len(make_plan("omgs", *inputs["tiny_resnet"], density=0.001).buckets)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from repro.runtime.topk import topk_indices
+from repro.families.sparse.topk import topk_indices
 
 
 def _check(a: torch.Tensor, k: int) -> None:

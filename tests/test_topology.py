@@ -1,11 +1,11 @@
-"""The hierarchical cluster model (repro.topology): the ring and two-level all-reduce written out."""
+"""The hierarchical cluster model (repro.core.topology): the ring and two-level all-reduce written out."""
 
 from __future__ import annotations
 
 import pytest
 
-from repro.cost import CostModel, CostModelError, alpha_beta_lines
-from repro.topology import Link, Topology
+from repro.core.cost import CostModel, CostModelError, alpha_beta_lines
+from repro.core.topology import Link, Topology
 
 INTRA = Link(5e-6, 1 / 10e9)       # e.g. NVLink-class: 5 us, 10 GB/s
 INTER = Link(50e-6, 1 / 1.25e9)    # 10 Gbit/s Ethernet: 50 us, 1.25 GB/s

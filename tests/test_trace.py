@@ -3,7 +3,7 @@ import re
 
 import pytest
 
-from repro.trace import Trace, TraceError, load_trace
+from repro.core.trace import Trace, TraceError, load_trace
 from tests.helpers import make_trace
 
 
@@ -72,7 +72,7 @@ def test_unknown_shipped_trace_name_lists_known():
 
 
 def test_overflowing_times_are_refused_not_printed_as_infinity():
-    from repro.trace import Layer, Trace, TraceError
+    from repro.core.trace import Layer, Trace, TraceError
 
     with pytest.raises(TraceError, match=r"'layers\[0\]\.forward_s' = 1e\+308 is outside the plausible range"):
         Trace("m", 1, "cpu", "float32", [Layer("a", 1, 4, 1e308, 1e308), Layer("b", 1, 4, 1e308, 0.0)])

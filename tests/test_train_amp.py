@@ -15,9 +15,9 @@ import json
 
 import pytest
 
-from repro.cluster.jobs import run_refusal
-from repro.cluster.grid import parse_grid
-from repro.train_config import TrainConfig, config_from_argv
+from repro.launch.jobs import run_refusal
+from repro.launch.grid import parse_grid
+from repro.training.config import TrainConfig, config_from_argv
 
 TOL = 1e-5
 SHORT = ["--model", "tiny_resnet", "--steps", "3", "--warmup-steps", "1", "--compute-steps", "1",
@@ -66,7 +66,7 @@ def test_a_grid_passes_amp_and_the_check_refuses_what_its_ranks_would():
 @pytest.mark.distributed
 @pytest.mark.slow
 def test_amp_runs_equal_ddp_with_the_same_autocast_and_scaler(tmp_path):
-    from repro.cluster.local import launch_local
+    from repro.launch.local import launch_local
     from tests import amp_train_targets as t
 
     fit = {"mgwfbp": ["--fit-repeats", "1"], "ddp": []}  # ddp fits no cost model: the flag is refused there

@@ -1,4 +1,4 @@
-"""In-run checkpoints of ``repro train`` (repro.train_checkpoint): a run stopped by SLURM's pre-timeout
+"""In-run checkpoints of ``repro train`` (repro.training.checkpoint): a run stopped by SLURM's pre-timeout
 signal after step k and run again with the same run id ends where the uninterrupted run ends, bit for
 bit on the CPU (parameters, buffers, the loss of every step)."""
 
@@ -8,9 +8,9 @@ import pandas as pd
 import pytest
 import torch
 
-from repro.cluster.local import launch_local
-from repro.train_checkpoint import CHECKPOINT_FILE, checkpoint_path, same_run
-from repro.train_config import config_from_argv
+from repro.launch.local import launch_local
+from repro.training.checkpoint import CHECKPOINT_FILE, checkpoint_path, same_run
+from repro.training.config import config_from_argv
 from tests.checkpoint_targets import train_and_report
 
 STEPS, STOP = 6, 3

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from repro.cluster.local import RankFailedError, launch_local
+from repro.launch.local import RankFailedError, launch_local
 from repro.studies.mgwfbp_train import run_configs
 from repro.train import TrainConfig
 
@@ -75,7 +75,7 @@ def test_parameter_server_options_are_refused_where_they_do_not_apply(argv, mess
 
 
 def test_an_unresolvable_master_addr_is_refused_in_one_line(monkeypatch):
-    from repro.cluster.torchrun import DistributedSetupError, _read_env
+    from repro.launch.torchrun import DistributedSetupError, _read_env
 
     for k, v in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "no.such.host.invalid",
                  "MASTER_PORT": "29555"}.items():

@@ -1,12 +1,12 @@
-"""The batches `repro train` feeds its ranks (repro.train_data): drawn where the model trains, pinned for a GPU."""
+"""The batches `repro train` feeds its ranks (repro.training.data): drawn where the model trains, pinned for a GPU."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from repro.train_config import TrainConfig
-from repro.train_data import Batches, batch_generator, epoch_batches, loader_workers
+from repro.training.config import TrainConfig
+from repro.training.data import Batches, batch_generator, epoch_batches, loader_workers
 
 
 def _firsts(cfg, rank, device, n=3):

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from repro.cost import CostModel, Linear
-from repro.train_config import TrainConfig
+from repro.core.cost import CostModel, Linear
+from repro.training.config import TrainConfig
 
 TRAIN = Path(__file__).resolve().parent.parent / "repro" / "train.py"
 
@@ -55,10 +55,10 @@ def test_network_takes_a_cost_file_for_this_many_workers(tmp_path):
 
 
 def test_a_cost_file_stands_for_a_preset_everywhere(tmp_path):
-    """repro.presets.preset (which every study and command calls) takes a cost file of the right P; the
+    """repro.costs.presets.preset (which every study and command calls) takes a cost file of the right P; the
     notebooks' preset parameters accept one (issue 22: the user's cluster wherever a preset goes)."""
     from repro.figures.schemas._common import _preset_or_file
-    from repro.presets import preset
+    from repro.costs.presets import preset
 
     path = tmp_path / "mine.json"
     preset("10gbe-dear64", 64).save(path)

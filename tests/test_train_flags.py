@@ -10,11 +10,11 @@ import re
 import pytest
 import torch
 
-from repro import ranges
-from repro.cli import main
-from repro.cluster.netns import MAX_EMULATED_BPS, parse_bandwidth
-from repro.run_options import RUN_OPTIONS, option_takers
-from repro.train_config import FIELD_RANGES, TrainConfig, config_from_argv
+from repro.core import ranges
+from repro.cli.main import main
+from repro.launch.netns import MAX_EMULATED_BPS, parse_bandwidth
+from repro.core.run_options import RUN_OPTIONS, option_takers
+from repro.training.config import FIELD_RANGES, TrainConfig, config_from_argv
 
 TRACE = os.path.join(os.path.dirname(__file__), "..", "data", "traces", "tiny_resnet_b32_cpu.json")
 
@@ -232,7 +232,7 @@ def test_distribute_with_a_fifo_plan_says_not_a_regular_file(tmp_path):
 
 
 def test_slurm_resources_are_bounded():
-    from repro.cluster.jobs import GridStop, slurm_resources
+    from repro.launch.jobs import GridStop, slurm_resources
 
     with pytest.raises(GridStop, match=r"cpus_per_task=100000000: expected an integer in \[1, 4096\]"):
         slurm_resources(None, cpus_per_task=100000000)
@@ -252,7 +252,7 @@ def test_the_summary_records_a_given_plans_wire_dtype(one_rank):
     summary said float32, the flag's default, so the record was wrong."""
     from types import SimpleNamespace
 
-    from repro.train_record import summarise
+    from repro.training.record import summarise
 
     cfg = SimpleNamespace(model="tiny_resnet", scheduler="mgwfbp", emulated_bandwidth_bps=None, batch_size=4,
                           wire_dtype=None)

@@ -13,10 +13,10 @@ import pytest
 import torch
 from torch import nn
 
-from repro.cli import main as cli_main
+from repro.cli.main import main as cli_main
 from repro.train import _make_optimizer, _train_device
 from repro.train import main as train_main
-from repro.train_config import DEVICES, OPTIMIZERS, REFUSED_OPTIMIZERS, TrainConfig, config_from_argv
+from repro.training.config import DEVICES, OPTIMIZERS, REFUSED_OPTIMIZERS, TrainConfig, config_from_argv
 
 #: listed names a supported but older torch (>= 2.4) may lack; the rank then says so in one line
 NEWER_THAN_2_4 = {"Adafactor"}
@@ -155,7 +155,7 @@ def test_more_ranks_than_gpus_on_cuda_is_one_line(capsys):
 
 @pytest.mark.slow
 def test_help_lists_the_optimizers_without_importing_torch():
-    code = ("import sys, contextlib, io\nfrom repro.cli import main\nbuf = io.StringIO()\n"
+    code = ("import sys, contextlib, io\nfrom repro.cli.main import main\nbuf = io.StringIO()\n"
             "with contextlib.redirect_stdout(buf):\n    try: main(['train', '--help'])\n    except SystemExit: pass\n"
             "print('torch' in sys.modules, 'RMSprop' in buf.getvalue(), '--device' in buf.getvalue())")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

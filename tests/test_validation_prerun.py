@@ -10,14 +10,14 @@ import math
 import pandas as pd
 import pytest
 
-from repro.cost import CostModel, Linear
-from repro.planners import make_plan
-from repro.realism import Realism
-from repro.runs import RunWriter
-from repro.sim import simulate
+from repro.core.cost import CostModel, Linear
+from repro.core.planners import make_plan
+from repro.core.realism import Realism
+from repro.results.runs import RunWriter
+from repro.core.simulate import simulate
 from repro.studies import validation
 from repro.studies.mgwfbp_train import load_runs
-from repro.trace import load_trace
+from repro.core.trace import load_trace
 
 
 def _cost() -> CostModel:
@@ -114,7 +114,7 @@ def test_run_validation_measures_contention_before_runs(tmp_path):
     table = validation.validation_table(runs, c)
     row = table.iloc[0]
     assert math.isfinite(row.simulated_prerun_s) and row.prerun_contention >= 0
-    from repro.runs import load_run
+    from repro.results.runs import load_run
 
     run = load_run(runs.iloc[0].path)
     ref = simulate(run.trace, run.plan, validation.prerun_cost(run.cost, row.prerun_contention), with_ops=False)

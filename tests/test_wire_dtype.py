@@ -1,4 +1,4 @@
-"""The wire dtype rule (repro.run_options.check_wire_dtype), one for repro.distribute, repro train and
+"""The wire dtype rule (repro.core.run_options.check_wire_dtype), one for repro.distribute, repro train and
 repro grid check: the gradients' own dtype (float32 here) is every scheduler's, a cast only the casting
 schedulers'. The paper grids' launchers used to pass --wire-dtype float32 to every run, and every
 scheduler that cannot cast refused it at start-up."""
@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import pytest
 
-from repro.cluster.grid import load_grid, parse_grid
-from repro.cluster.jobs import train_argv
-from repro.run_options import check_wire_dtype
-from repro.schedulers import get_scheduler, scheduler_names
-from repro.train_config import TrainConfig, config_from_argv
+from repro.launch.grid import load_grid, parse_grid
+from repro.launch.jobs import train_argv
+from repro.core.run_options import check_wire_dtype
+from repro.core.schedulers import get_scheduler, scheduler_names
+from repro.training.config import TrainConfig, config_from_argv
 
 CASTING = [n for n in scheduler_names() if get_scheduler(n).wire_dtype]
 NOT_CASTING = [n for n in scheduler_names() if not get_scheduler(n).wire_dtype]

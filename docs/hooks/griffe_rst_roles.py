@@ -1,5 +1,5 @@
 """A griffe extension for the API reference: the docstrings of repro are written with reStructuredText
-roles (``:class:`~repro.trace.Trace```) and ``::`` before literal blocks, which Markdown would show as
+roles (``:class:`~repro.core.trace.Trace```) and ``::`` before literal blocks, which Markdown would show as
 written. This rewrites them, for the generated pages only, into Markdown: a role becomes a code span of
 its target (the last dotted part after ``~``, as Sphinx shows it), and a trailing ``::`` becomes ``:``
 (the indented block after it is already a Markdown code block). Loaded by mkdocs.yml; the sources are

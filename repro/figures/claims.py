@@ -3,7 +3,7 @@
 The claims live in package data, one YAML file per paper (``data/claims/<paper>.yaml``); each
 claim names the paper's number and where it comes from, the figures that show it, and *how* to compute
 our simulated and measured numbers from the tidy result tables the notebooks write under
-``results_dir`` (:func:`repro.tables.write_table`). Nothing here holds a result: every "our number" is
+``results_dir`` (:func:`repro.results.tables.write_table`). Nothing here holds a result: every "our number" is
 read from a table, so a verdict changes when the tables do.
 
 A claim (YAML)::
@@ -73,7 +73,7 @@ gives *not testable here* (with ``why``); a claim whose judging number is missin
 run) is *not run yet*.
 
 **Settings** (``settings``): ``params`` (label -> key of the judged table's params JSON, the sidecar
-:func:`repro.tables.write_table` writes), ``paper`` (label -> the paper's value), ``seeds`` (a column
+:func:`repro.results.tables.write_table` writes), ``paper`` (label -> the paper's value), ``seeds`` (a column
 whose distinct values are counted; a ``seeds`` column is read as a count), ``note`` (why the paper's
 setting cannot run here, shown when ours differs from the paper's). Without ``settings`` the params
 ``scale``, ``workers``, ``epochs`` and ``density`` are shown where the table recorded one value.
@@ -285,7 +285,7 @@ def _read(results_dir: Path, table: str, cache: dict[str, Any]) -> pd.DataFrame 
 
 
 def _params(results_dir: Path, table: str, cache: dict[str, Any]) -> dict[str, Any] | None:
-    """The ``params`` of ``<table>.json`` (the sidecar of :func:`repro.tables.write_table`), or None."""
+    """The ``params`` of ``<table>.json`` (the sidecar of :func:`repro.results.tables.write_table`), or None."""
     key = f"{table}.json"
     if key not in cache:
         try:

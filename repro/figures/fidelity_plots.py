@@ -14,7 +14,7 @@ _NET = {"10gbe": "10GbE", "100gbib": "100Gb IB"}
 
 
 def plot_fidelity(rows: Any, title: str) -> Any:
-    """``rows``: :func:`repro.fidelity.fidelity_rows`: the paper model (hollow) and the shipped
+    """``rows``: :func:`repro.costs.fidelity.fidelity_rows`: the paper model (hollow) and the shipped
     calibrated presets (filled) against the published numbers. Left: iteration seconds; right: speedups."""
     import matplotlib.pyplot as plt
 

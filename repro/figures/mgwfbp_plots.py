@@ -19,7 +19,7 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator
 
-from repro.published_fits import mode_label
+from repro.costs.published_fits import mode_label
 from repro.figures.plots import gantt, scheduler_lines
 from repro.figures.style import (
     DARK_GREY,
@@ -63,7 +63,7 @@ _SERIES_DASHES = ("-", "--", "-.", ":", (0, (6, 2)), (0, (2, 1.5)), (0, (4, 1.5,
 
 
 def cost_mode_label(table: pd.DataFrame | None = None, cost_mode: str | None = None) -> str:
-    """How a simulated figure names its cost mode (:func:`repro.published_fits.mode_label`): ``cost_mode`` if
+    """How a simulated figure names its cost mode (:func:`repro.costs.published_fits.mode_label`): ``cost_mode`` if
     given, else the modes in ``table``'s ``cost_mode`` column (rows without one, e.g. published values,
     ignored); ``""`` when neither says."""
     if cost_mode is not None:

@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.lines import Line2D
 
-from repro.cost import topk_time_s
+from repro.core.cost import topk_time_s
 from repro.figures.style import (
     DARK_GREY,
     KIND_COLORS,
@@ -73,7 +73,7 @@ def plot_topk_time(per_size: pd.DataFrame, fits: pd.DataFrame, note: str):
     ax.set_xlabel("tensor size d (elements)")
     ax.set_ylabel("top-k selection time (ms)")
     density = per_size["density"].iloc[0]
-    ax.set_title(f"exact top-k of |x| (repro.runtime.topk), k = ⌈{density:g}·d⌉", fontsize="small")
+    ax.set_title(f"exact top-k of |x| (repro.families.sparse.topk), k = ⌈{density:g}·d⌉", fontsize="small")
     if abs(mine.gamma_s / pub.gamma_s - 1) < 0.25:
         add_note(ax, "the fitted and the published line nearly coincide: different hardware (CPU here, GPU there)")
     err = per_size["relative_error"].to_numpy() * 100

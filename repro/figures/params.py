@@ -31,7 +31,7 @@ from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Str
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticCustomError
 
-from repro.cluster.cpus import available_cpus
+from repro.launch.cpus import available_cpus
 
 __all__ = ["ParameterError", "parse_list", "parse_choice", "resolve_path", "repo_root", "available_cpus",
            "default_world_sizes", "NotebookParams", "apply_parameters", "validate_parameters",

@@ -20,7 +20,7 @@ from typing import Any, Iterable
 __all__ = ["SCALES", "SOURCES", "MAX_ASPECT", "save_figure", "tag_title", "figure_stem", "normalize_source",
            "png_size"]
 
-from repro.outputs import output_file, write_output  # noqa: E402
+from repro.results.outputs import output_file, write_output  # noqa: E402
 
 from .style import MAX_ASPECT  # noqa: E402 - the widest (or tallest) a saved figure may be
 
@@ -147,7 +147,7 @@ def save_figure(
     ``scale`` is ``"tiny"`` or ``"paper"``; ``source`` is one of ``measured``, ``simulated``,
     ``estimate``, ``model``, ``trace`` or a list of them; ``paper_numbers`` is a short note naming the
     published numbers drawn in the figure and where they come from (None when there are none).
-    ``tables`` names the result tables (``repro.tables.write_table`` names, i.e. CSV stems under the
+    ``tables`` names the result tables (``repro.results.tables.write_table`` names, i.e. CSV stems under the
     results folder) holding everything the figure draws, paper values and reference lines included.
     The figure's title is tagged first (see :func:`tag_title`). The figure is not closed. A picture
     more than :data:`MAX_ASPECT` times wider than high (or higher than wide) gives a warning: use

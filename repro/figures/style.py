@@ -125,7 +125,7 @@ def _s(color: str, marker: str, linestyle: Any, label: str, family: str,
 
 
 STYLES: dict[str, SchedulerStyle] = {
-    # all-reduce family (MG-WFBP): repro.schedulers.SCHEDULERS
+    # all-reduce family (MG-WFBP): repro.core.schedulers.SCHEDULERS
     "wfbp": _s(PALETTE[0], "o", _LONG_DASH, "WFBP", "allreduce"),
     "syncea": _s(EXTRA_COLORS[1], "s", _DASH_DOT, "SyncEASGD", "allreduce"),
     "threshold": _s(PALETTE[4], "^", _SHORT_DASH, "Fixed threshold", "allreduce"),
@@ -157,7 +157,7 @@ STYLES: dict[str, SchedulerStyle] = {
     "ssp": _s(PALETTE[4], "<", _SHORT_DASH, "SSP", "osp"),
     "osp": _s(PALETTE[2], "h", _SOLID, "OSP", "osp"),
     "osp_nolgp": _s(PALETTE[9], ">", _LONG_DASH_DOT, "OSP w/o LGP", "osp"),
-    # the parameter-server schedulers (repro.schedulers: ps_bsp, ps_asp, ps_ssp, osp, osp_auto)
+    # the parameter-server schedulers (repro.core.schedulers: ps_bsp, ps_asp, ps_ssp, osp, osp_auto)
     "ps_bsp": _s(EXTRA_COLORS[0], "o", _LONG_DASH, "BSP", "osp"),
     "ps_asp": _s(PALETTE[1], "^", _DASH_DOT, "ASP", "osp"),
     "ps_ssp": _s(PALETTE[4], "P", _SHORT_DASH, "SSP", "osp"),

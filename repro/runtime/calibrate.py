@@ -3,7 +3,7 @@
 Every rank takes part; each size is timed ``repeats`` times after a barrier (small messages as the
 mean of up to 16 back-to-back calls, to amortise the ranks' skew leaving the barrier) and the slowest
 rank's median counts (an all-reduce of the times with MAX), so all ranks get the same numbers and the
-same fit. Sizes are message bytes as :mod:`repro.cost` defines them for each collective:
+same fit. Sizes are message bytes as :mod:`repro.core.cost` defines them for each collective:
 
 - ``allreduce``: the tensor's bytes;
 - ``reduce_scatter`` / ``allgather``: the full tensor's bytes, rounded to a multiple of P elements,
@@ -14,7 +14,7 @@ same fit. Sizes are message bytes as :mod:`repro.cost` defines them for each col
   ``all_gather_single`` (or their older names on older torch), which the stream uses there;
 - ``sparse_allgather``: the bytes each worker contributes (``all_gather_single`` of that payload,
   as top-k values + indices are exchanged); its fitted line is stored against the gathered bytes
-  P * n, as :class:`~repro.cost.CostModel` expects.
+  P * n, as :class:`~repro.core.cost.CostModel` expects.
 
 Top-k selection (OMGS-SGD's ``t_spar``) is a local computation, timed without a process group by
 :func:`time_topk` and fitted to ``gamma * d * log2(d)`` by :func:`fit_topk`.
@@ -30,9 +30,9 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from repro.cost import CostModel, fit_linear, fit_topk_gamma
-from repro.runtime.topk import topk_indices
-from repro.sim.sparse import topk_count
+from repro.core.cost import CostModel, fit_linear, fit_topk_gamma
+from repro.families.sparse.topk import topk_indices
+from repro.families.sparse.simulate import topk_count
 
 __all__ = ["MEASURABLE", "default_sizes_bytes", "rsag_impl", "time_collective", "time_allreduce", "fit_allreduce",
            "fit_cost_model", "fit_on_ranks",
@@ -186,7 +186,7 @@ def time_topk(numels: Sequence[int], density: float, *, repeats: int = 5, warmup
               device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32) -> list[float]:
     """Median seconds of one top-k selection by magnitude per tensor size (no process group needed).
 
-    One selection is :func:`repro.runtime.topk.topk_indices` of ``x.abs()`` (what the sparse
+    One selection is :func:`repro.families.sparse.topk.topk_indices` of ``x.abs()`` (what the sparse
     executor's compressor runs) with ``k = topk_count(n, density)`` on a random
     tensor of ``n`` elements (fixed seed; the values are not kept), as a sparse worker does on its
     gradient before exchanging values and indices. Small tensors are timed as the mean of up to 16
@@ -222,8 +222,8 @@ def time_topk(numels: Sequence[int], density: float, *, repeats: int = 5, warmup
 def fit_topk(numels: Sequence[int], density: float, *, repeats: int = 5,
              device: torch.device | str = "cpu") -> tuple[float, list[float]]:
     """Time top-k selection over ``numels`` (:func:`time_topk`) and fit ``t = gamma * d * log2(d)``
-    (:func:`repro.cost.fit_topk_gamma`); returns ``(gamma_s, measured seconds per size)``.
+    (:func:`repro.core.cost.fit_topk_gamma`); returns ``(gamma_s, measured seconds per size)``.
 
-    Use the gamma with :meth:`repro.cost.CostModel.with_topk`. Sizes must be >= 2 elements."""
+    Use the gamma with :meth:`repro.core.cost.CostModel.with_topk`. Sizes must be >= 2 elements."""
     seconds = time_topk(numels, density, repeats=repeats, device=device)
     return fit_topk_gamma(numels, seconds), seconds

@@ -1,6 +1,6 @@
 """How much slower computation runs while gloo communication is in flight, measured on the live ranks.
 
-The simulator's ``Realism.contention`` (:mod:`repro.sim.contention`) is a dimensionless slowdown
+The simulator's ``Realism.contention`` (:mod:`repro.core.contention`) is a dimensionless slowdown
 ``c``: while any collective is in flight, a compute task progresses at ``1/(1+c)`` of its speed
 (its wall time grows by ``1+c``). On a small CPU host the cause is mostly gloo's threads (copies,
 the reduction, socket system calls) competing with the training thread for the cores and the memory
@@ -33,7 +33,7 @@ weighting puts it where a plan's communication time goes. The sizes should span 
 seen. Run it on the network it is for (loopback and an emulated link differ: on loopback gloo copies
 at memory speed and is CPU-bound; on a slow link it mostly waits).
 
-:func:`measure_contention_local` starts the ranks with :func:`repro.cluster.local.launch_local`
+:func:`measure_contention_local` starts the ranks with :func:`repro.launch.local.launch_local`
 (optionally on an emulated link); :func:`contention_on_ranks` is its launch target. Every wait has a
 timeout (the process group's, and ``wait_timeout_s`` on the queued work), so nothing hangs.
 """
@@ -196,13 +196,13 @@ def measure_contention_local(models: Sequence[str] = ("tiny_resnet",), world_siz
                              timeout_s: float = 600.0, **kwargs: Any):
     """:func:`measure_contention` of each model on ``world_size`` local gloo ranks (one compute thread
     each), on loopback or, with ``emulate_bandwidth`` (e.g. ``"100mbit"``, needs root), on an emulated
-    link (:func:`repro.cluster.local.launch_local`). Returns a DataFrame with :data:`CONTENTION_COLUMNS`
+    link (:func:`repro.launch.local.launch_local`). Returns a DataFrame with :data:`CONTENTION_COLUMNS`
     plus ``cpu_count`` and ``oversubscribed`` (more ranks than cores: the slowdown then includes the
     ranks sharing cores with each other, not only with communication)."""
     import pandas as pd
 
-    from repro.cluster.local import launch_local
-    from repro.cluster.cpus import available_cpus, is_oversubscribed, warn_if_oversubscribed
+    from repro.launch.local import launch_local
+    from repro.launch.cpus import available_cpus, is_oversubscribed, warn_if_oversubscribed
 
     warn_if_oversubscribed(world_size, "contention microbenchmark")
     rows = launch_local(contention_on_ranks, world_size, args=(list(models), sizes_bytes), kwargs=kwargs,

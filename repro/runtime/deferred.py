@@ -4,9 +4,9 @@ both (they had two near-identical copies).
 
 ``executor``: anything with ``step(amp=None)`` (what to do at the loop's ``optimizer.step()``),
 ``flush()`` (apply every pending update) and, for :meth:`DeferredUpdateOptimizer.synchronize`,
-``synchronize()``: a :class:`~repro.runtime.dear.DeARExecutor`, the DeAR tuner that owns one, or a
-:class:`~repro.runtime.bytescheduler.ByteSchedulerExecutor`; also the sparse family's executor under a
-GradScaler (:class:`~repro.runtime.sparse.SparseScaledOptimizer`: its step takes the verdict over
+``synchronize()``: a :class:`~repro.families.dear.executor.DeARExecutor`, the DeAR tuner that owns one, or a
+:class:`~repro.families.bytescheduler.executor.ByteSchedulerExecutor`; also the sparse family's executor under a
+GradScaler (:class:`~repro.families.sparse.executor.SparseScaledOptimizer`: its step takes the verdict over
 every rank, and its updates are not deferred).
 """
 

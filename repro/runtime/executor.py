@@ -38,7 +38,7 @@ and ``ex.flush()`` at the end of training and before an evaluation or a checkpoi
   empty where not observed.
 
 Executors are built by ``Class(model, plan, options)`` with :class:`ExecutorOptions`; the scheduler
-registry (:mod:`repro.schedulers`) names each scheduler's executor class.
+registry (:mod:`repro.core.schedulers`) names each scheduler's executor class.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from repro.plan import Plan
+from repro.core.plan import Plan
 
 __all__ = ["BucketTiming", "Executor", "ExecutorOptions", "FoundInfReport", "ScaledStep", "check_scaled_step", "nonfinite_and_unscale", "scaled_step", "timing_row"]
 

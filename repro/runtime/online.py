@@ -3,7 +3,7 @@
 A plan scheduler that plans online runs a few warm-up steps with one exact all-reduce after backward
 (SyncEASGD) while its executor records when each layer's gradient is ready; then
 
-1. :func:`measured_trace`: the ranks average the per-step medians into a :class:`~repro.trace.Trace`
+1. :func:`measured_trace`: the ranks average the per-step medians into a :class:`~repro.core.trace.Trace`
    (layer order = reverse of the ready order; the forward total spread evenly over the layers; the
    measured overheads: buffer broadcast before the forward, straggler wait, optimizer step);
 2. :func:`plan_online`: the family's calibration hook fits a cost model on the live group (or takes
@@ -29,12 +29,12 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from repro.cost import CostModel
-from repro.families import get_family
-from repro.plan import Plan
-from repro.planners import make_plan
-from repro.schedulers import get_scheduler
-from repro.trace import Layer, Overheads, Trace
+from repro.core.cost import CostModel
+from repro.core.families import get_family
+from repro.core.plan import Plan
+from repro.core.planners import make_plan
+from repro.core.schedulers import get_scheduler
+from repro.core.trace import Layer, Overheads, Trace
 from repro.workload.layers import layer_parameters
 
 __all__ = ["StepTimes", "sync_device", "gather_rows", "grad_abs_mean", "measured_trace", "plan_online"]

@@ -1,18 +1,18 @@
 """The plan-fits-model rule on a live model: :func:`check_plan_fits`, the torch side of
-:func:`repro.plan.plan_fit_refusal` (one rule, one wording, for the door and every executor)."""
+:func:`repro.core.plan.plan_fit_refusal` (one rule, one wording, for the door and every executor)."""
 
 from __future__ import annotations
 
 from torch import nn
 
-from repro.plan import Plan, PlanError, plan_fit_refusal
+from repro.core.plan import Plan, PlanError, plan_fit_refusal
 from repro.workload.layers import VIEWS, layer_parameters
 
 __all__ = ["check_plan_fits"]
 
 
 def check_plan_fits(plan: Plan, model: nn.Module, view: str) -> None:
-    """PlanError (one line, :func:`repro.plan.plan_fit_refusal`) unless every layer ``plan`` names is one of
+    """PlanError (one line, :func:`repro.core.plan.plan_fit_refusal`) unless every layer ``plan`` names is one of
     ``model``'s in ``view`` and every one of them is in a bucket. :func:`repro.distribute` checks this
     before any collective; an executor built directly calls it too, so it never runs a plan that does
     not fit."""

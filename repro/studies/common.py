@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from repro.cluster.cpus import OversubscriptionWarning, available_cpus, is_oversubscribed, warn_if_oversubscribed
+from repro.launch.cpus import OversubscriptionWarning, available_cpus, is_oversubscribed, warn_if_oversubscribed
 
 __all__ = ["OversubscriptionWarning", "available_cpus", "is_oversubscribed", "warn_if_oversubscribed",
            "with_oversubscription"]

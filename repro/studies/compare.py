@@ -4,12 +4,12 @@ Two tables, each with a ``best`` flag per configuration:
 
 - :func:`simulated_table` — **simulated at paper scale**: shipped V100 roofline-estimate traces
   (``<model>_b<batch>_v100-estimate``, not measurements), worker counts P, network presets mapped by
-  ``cost_mode``. Each configuration is one :func:`repro.compare_cli.predict`, the function ``repro compare``
-  calls, with the same defaults (cost mode, servers, options, top-k cost: :mod:`repro.compare_cli`), so the
+  ``cost_mode``. Each configuration is one :func:`repro.cli.compare.predict`, the function ``repro compare``
+  calls, with the same defaults (cost mode, servers, options, top-k cost: :mod:`repro.cli.compare`), so the
   table and ``repro compare`` agree on the same trace, network and P.
 - :func:`measured_table` (after :func:`run_measured`) — **measured at tiny scale** on this machine:
   each scheduler once on a tiny CPU model, gloo, each rank in its own network namespace behind an
-  emulated link (:mod:`repro.cluster.netns`), launched with the training studies' runner
+  emulated link (:mod:`repro.launch.netns`), launched with the training studies' runner
   (:func:`repro.studies.mgwfbp_train.run_grid`): ``workers`` ranks, plus one serving rank for a
   parameter-server scheduler. Iteration = the slowest rank's median step time over the timed steps.
 
@@ -21,7 +21,7 @@ Assumptions:
 - **Exact planners under contention.** ``optimal``, ``omgs_optimal`` and ``dear_optimal`` (:data:`EXACT`)
   search exactly under the contention-free model; the calibrated cost models add contention, under which
   the exact plan can lose to a heuristic's. The planners return the best of their exact plan and their
-  family's heuristics' plans, simulated under the judging cost model (:mod:`repro.planners._judge`):
+  family's heuristics' plans, simulated under the judging cost model (:mod:`repro.core.judge`):
   ``plan_from`` names the plan used, ``exact_plan_iteration_s`` the exact plan's own iteration and
   ``exact_plan_loss_pct`` the difference. :func:`exact_choice` applies the same rule over the table's rows
   as a safety net.
@@ -43,13 +43,13 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import pandas as pd
 
-from repro.compare_cli import (DEFAULT_COST_MODE, DEFAULT_DENSITY, DEFAULT_OPTIONS, DEFAULT_STAGE1_SHARE,
-                               DEFAULT_STALENESS, TOPK_GAMMA_S, TOPK_GAMMA_SOURCE, network_cost,
-                               predict, with_topk)
-from repro.published_fits import DEVICES_PER_NODE, check_cost_mode
-from repro.planners import PLANNER_FAMILY
-from repro.schedulers import get_scheduler
-from repro.trace import Trace, load_trace
+from repro.cli.compare import (
+    DEFAULT_COST_MODE, DEFAULT_DENSITY, DEFAULT_OPTIONS, DEFAULT_STAGE1_SHARE, DEFAULT_STALENESS,
+    TOPK_GAMMA_S, TOPK_GAMMA_SOURCE, network_cost, predict, with_topk)
+from repro.costs.published_fits import DEVICES_PER_NODE, check_cost_mode
+from repro.core.planners import PLANNER_FAMILY
+from repro.core.schedulers import get_scheduler
+from repro.core.trace import Trace, load_trace
 
 __all__ = ["CompareError", "EXACT", "exact_choice", "GROUPS", "SCHEDULERS", "SPARSE", "PARAMETER_SERVER", "DEFAULT_MODELS",
            "DEFAULT_NETWORKS", "DEFAULT_WORKERS", "DEFAULT_DENSITY", "DEFAULT_STALENESS", "DEFAULT_STAGE1_SHARE",
@@ -120,7 +120,7 @@ def servers_for(workers: int, devices_per_node: int = DEVICES_PER_NODE) -> int:
 
 def plan_options(scheduler: str, workers: int, *, density: float = DEFAULT_DENSITY,
                  staleness: int = DEFAULT_STALENESS, stage1_share: float = DEFAULT_STAGE1_SHARE) -> dict[str, Any]:
-    """Planner options of ``scheduler`` at ``workers`` GPUs in this comparison (:mod:`repro.compare_cli`'s
+    """Planner options of ``scheduler`` at ``workers`` GPUs in this comparison (:mod:`repro.cli.compare`'s
     defaults, one server per node of 4): those its planner takes (the registry's ``planner_options``)."""
     values = {**DEFAULT_OPTIONS, "density": float(density), "servers": servers_for(workers),
               "staleness": int(staleness), "stage1_share": float(stage1_share)}
@@ -205,7 +205,7 @@ def network_label(network: str) -> str:
 
 
 def _cost(network: str, workers: int, cost_mode: str, topk_gamma_s: float | None = None):
-    from repro.cost import CostModelError
+    from repro.core.cost import CostModelError
 
     try:
         return with_topk(network_cost(network, workers, cost_mode), topk_gamma_s)
@@ -230,9 +230,9 @@ def simulated_table(models: Sequence[str] | Mapping[str, Trace] = DEFAULT_MODELS
     """Simulated iteration of every scheduler per model x network x P (tidy; module docstring).
 
     ``models``: model names or shipped trace stems (:func:`resolve_trace`), or a mapping name -> Trace;
-    ``networks``: network presets for :func:`repro.published_fits.cost_for_mode` (``cost_mode`` ``"calibrated"``
+    ``networks``: network presets for :func:`repro.costs.published_fits.cost_for_mode` (``cost_mode`` ``"calibrated"``
     or ``"paper"``); ``topk_gamma_s``: seconds of the top-k cost ``gamma d log2 d`` (None: the cost model's own,
-    else :data:`TOPK_GAMMA_S`). Each configuration is one :func:`repro.compare_cli.predict`, as ``repro
+    else :data:`TOPK_GAMMA_S`). Each configuration is one :func:`repro.cli.compare.predict`, as ``repro
     compare`` makes it.
     Columns: model, trace, device, batch_size, network, network_label, cost_mode, cost_model (the calibrated
     preset standing for ``network``, or ``network`` itself), cost_source, workers,
@@ -377,7 +377,7 @@ def link_name(bandwidth: str | float | None) -> str:
     """``"100mbit"`` for an emulated rate (tc string or bits/s), ``"loopback"`` for none."""
     if bandwidth is None or bandwidth == "loopback" or (isinstance(bandwidth, float) and math.isnan(bandwidth)):
         return "loopback"
-    from repro.cluster.netns import format_bandwidth, parse_bandwidth
+    from repro.launch.netns import format_bandwidth, parse_bandwidth
 
     bps = parse_bandwidth(bandwidth) if isinstance(bandwidth, str) else float(bandwidth)
     return format_bandwidth(bps)

@@ -1,10 +1,10 @@
 """The DeAR simulation study as tidy tables (the notebooks only call these and plot).
 
-Iterations are simulated with the torch-free core: :mod:`repro.sim.dear` (DeAR: each bucket's
+Iterations are simulated with the torch-free core: :mod:`repro.families.dear.simulate` (DeAR: each bucket's
 reduce-scatter in backward, its all-gather in the next forward, one FIFO communication stream),
-:mod:`repro.sim.allreduce` (WFBP, Horovod with its cycle time, DDP buckets, MG-WFBP) and
-:mod:`repro.sim.bytescheduler` (priority-scheduled chunks across iterations). Planners
-(:mod:`repro.planners`): ``wfbp``, ``bytescheduler``, ``horovod``, ``ddp_buckets``, ``mgwfbp``,
+:mod:`repro.families.allreduce.simulate` (WFBP, Horovod with its cycle time, DDP buckets, MG-WFBP) and
+:mod:`repro.families.bytescheduler.simulate` (priority-scheduled chunks across iterations). Planners
+(:mod:`repro.core.planners`): ``wfbp``, ``bytescheduler``, ``horovod``, ``ddp_buckets``, ``mgwfbp``,
 ``dear_nofusion``, ``dear_threshold`` (25 MiB) and ``dear_model`` (the threshold the model predicts best,
 this package's addition).
 
@@ -17,9 +17,9 @@ Inputs, and what is an interpretation:
   ``10gbe-dear-derived`` / ``56gbib-dear-derived`` are per-hop ring constants derived from those fits, valid
   for any P (used for scaling; equal to the fits at P=64).
 - Throughput is samples per second over all GPUs: ``workers * batch / iteration_s`` (the paper's metric).
-- ``cost_mode`` (:data:`repro.published_fits.COST_MODES`) of every simulation at paper scale: ``"paper"``
+- ``cost_mode`` (:data:`repro.costs.published_fits.COST_MODES`) of every simulation at paper scale: ``"paper"``
   (default) simulates the presets themselves, the paper's model; ``"calibrated"`` the calibrated cluster
-  and realism of the same network (:func:`repro.published_fits.cost_for_mode`: ``10gbe-*`` -> the fitted
+  and realism of the same network (:func:`repro.costs.published_fits.cost_for_mode`: ``10gbe-*`` -> the fitted
   10GbE cluster, ``56gbib-*`` -> the fitted 100Gb InfiniBand one). Tables record it in ``cost_mode``.
 
 Every function returns a :class:`pandas.DataFrame` (or plain data); nothing here draws.
@@ -33,14 +33,14 @@ from typing import Mapping, Sequence
 import numpy as np
 import pandas as pd
 
-from repro.published_fits import check_cost_mode, cost_for_mode
-from repro.cost import CostModel
+from repro.costs.published_fits import check_cost_mode, cost_for_mode
+from repro.core.cost import CostModel
 from repro.paths import shipped_traces
-from repro.planners import PLANNER_FAMILY, make_plan
-from repro.planners.dear import (DEFAULT_THRESHOLD_BYTES, dear_model, dear_plan, groups_period_s,
-                                 threshold_groups, threshold_sweep)
-from repro.sim import simulate
-from repro.trace import Trace, load_trace
+from repro.core.planners import PLANNER_FAMILY, make_plan
+from repro.families.dear.planners import (
+    DEFAULT_THRESHOLD_BYTES, dear_model, dear_plan, groups_period_s, threshold_groups, threshold_sweep)
+from repro.core.simulate import simulate
+from repro.core.trace import Trace, load_trace
 
 __all__ = ["DEAR_MODELS", "DEAR_METHODS", "BASELINES", "ALL_METHODS", "NOFUSION_METHODS", "FUSION_METHODS",
            "PAPER_NETWORKS", "SCALING_NETWORKS", "SCALING_WORKERS", "PAPER_CLAIM_PCT", "PAPER_CLAIM_SOURCE",
@@ -155,7 +155,7 @@ def throughput_table(models: Sequence[str] | Mapping[str, Trace], networks: Sequ
     relative_to_best (throughput / the best method's at that model, network, workers), plan_wall_s,
     origin ("simulated"), cost_mode. The simulated halves of ``dear.throughput_nofusion`` (methods
     :data:`NOFUSION_METHODS`) and ``dear.throughput_fusion`` (:data:`FUSION_METHODS`). ``cost_mode``:
-    ``"paper"`` (the presets) or ``"calibrated"`` (:func:`repro.published_fits.cost_for_mode`).
+    ``"paper"`` (the presets) or ``"calibrated"`` (:func:`repro.costs.published_fits.cost_for_mode`).
     """
     check_cost_mode(cost_mode)
     traces = _traces(models)
@@ -365,7 +365,7 @@ def breakdown_table(models: Sequence[str] | Mapping[str, Trace], networks: Seque
     :func:`exposed_breakdown` (see there for the exact definition). Columns: model, network, workers,
     scheduler, iteration_s, computation_s, exposed_rs_s, exposed_ag_s, exposed_allreduce_s, exposed_idle_s,
     rs_s, ag_s, allreduce_s, buckets, cost_mode (``"paper"``: the presets; ``"calibrated"``:
-    :func:`repro.published_fits.cost_for_mode`)."""
+    :func:`repro.costs.published_fits.cost_for_mode`)."""
     check_cost_mode(cost_mode)
     traces = _traces(models)
     rows = []
@@ -389,12 +389,12 @@ def buffer_sweep(trace: Trace, cost: CostModel, min_bytes: int = MIB, max_bytes:
                  points: int = 33) -> pd.DataFrame:
     """Simulated DeAR period vs fusion threshold for one trace and cost: ``points`` log-spaced thresholds
     in ``[min_bytes, max_bytes]`` (1-256 MiB by default, the BO tuner's range), 25 MiB (the released
-    default) and every breakpoint of :func:`repro.planners.dear.threshold_sweep` in range (the smallest
+    default) and every breakpoint of :func:`repro.families.dear.planners.threshold_sweep` in range (the smallest
     threshold of each distinct bucketing), so the table holds the whole step function. Columns:
     threshold_bytes, threshold_mib, iteration_s, buckets, point ("grid", "breakpoint", "default"),
     model_choice (True on the breakpoint ``dear_model`` picks when searching the same range; its period is
     the table's minimum under the paper model). Under a cost model with realism (calibrated mode) each
-    period is the simulator's (:func:`repro.sim.simulate` of the DeAR plan of those buckets), which the
+    period is the simulator's (:func:`repro.core.simulate.simulate` of the DeAR plan of those buckets), which the
     model's choice need not minimise."""
     nbytes = np.rint(trace.bytes()).astype(np.int64)
     grid = {int(t): "grid" for t in np.rint(np.geomspace(min_bytes, max_bytes, points))}
@@ -419,7 +419,7 @@ def buffer_sweep_table(models: Sequence[str] | Mapping[str, Trace], networks: Se
                        points: int = 33, cost_mode: str = "paper") -> pd.DataFrame:
     """The simulated half of ``dear.buffer_sweep``: :func:`buffer_sweep` per model x network (tidy, with
     model, network, workers, the model's throughput at each threshold and ``cost_mode``: ``"paper"``, the
-    presets, or ``"calibrated"``, :func:`repro.published_fits.cost_for_mode`)."""
+    presets, or ``"calibrated"``, :func:`repro.costs.published_fits.cost_for_mode`)."""
     check_cost_mode(cost_mode)
     traces = _traces(models)
     frames = []

@@ -2,7 +2,7 @@
 as tidy tables with the simulator's prediction beside each measurement.
 
 Runs are launched with :func:`repro.studies.mgwfbp_train.run_grid` (one local world per world size,
-optionally on an emulated bandwidth-limited network, :mod:`repro.cluster.netns`) and written as run
+optionally on an emulated bandwidth-limited network, :mod:`repro.launch.netns`) and written as run
 folders under ``<results_dir>/runs``; a cluster job writes the same folders with
 ``torchrun -m repro.train --scheduler dear_threshold ... --results-dir ...`` and everything below only
 reads them.
@@ -41,9 +41,9 @@ import time
 import numpy as np
 import pandas as pd
 
-from repro.planners import make_plan
-from repro.runs import load_run
-from repro.sim import simulate
+from repro.core.planners import make_plan
+from repro.results.runs import load_run
+from repro.core.simulate import simulate
 from repro.studies.mgwfbp_train import clear_runs, load_runs, run_grid
 
 __all__ = ["NOFUSION_SCHEDULERS", "FUSION_SCHEDULERS", "ALL_SCHEDULERS", "PRIMITIVES", "MEASURED_DERIVATION",
@@ -66,7 +66,7 @@ def run_id(c: dict[str, Any], world_size: int, bandwidth: str | None = None) -> 
     if c.get("run_tag"):
         parts.append(str(c["run_tag"]))
     if bandwidth:
-        from repro.cluster.netns import format_bandwidth, parse_bandwidth
+        from repro.launch.netns import format_bandwidth, parse_bandwidth
 
         parts.append("bw" + format_bandwidth(parse_bandwidth(bandwidth)))
     return "_".join(parts)
@@ -116,7 +116,7 @@ def tuning_configs(model: str, world_size: int, bandwidth: str | None = None, *,
                    batch_size: int = 16, warmup_steps: int = 3, trials: int | None = None,
                    bounds_bytes: tuple[int, int] | None = None, extra: dict[str, Any] | None = None
                    ) -> list[dict[str, Any]]:
-    """One ``dear_bo`` run long enough for its trials (see :mod:`repro.runtime.dear_tuner`: with its
+    """One ``dear_bo`` run long enough for its trials (see :mod:`repro.families.dear.tuner`: with its
     defaults, 10 trials after the initial one, each 2 settling + 5 timed steps, so about 77 steps).
     ``trials`` / ``bounds_bytes`` set the tuner's trial count and search range where
     :func:`tuner_options_supported`; otherwise they are left out (the run uses the tuner's defaults)."""
@@ -274,8 +274,8 @@ def measure_primitives(world_sizes: Sequence[int], sizes_bytes: Sequence[int], r
     ``primitive_times`` under ``results_dir`` (tidy: workers, bytes, primitive, seconds, cpu_count,
     threads_per_rank, oversubscribed, emulated_bandwidth). ``bytes`` is the whole buffer (float32, rounded
     down to a multiple of 4 P); ``emulate_bandwidth`` runs every rank behind an emulated link."""
-    from repro.cluster.local import launch_local
-    from repro.tables import write_table
+    from repro.launch.local import launch_local
+    from repro.results.tables import write_table
     from repro.studies.common import available_cpus, warn_if_oversubscribed, with_oversubscription
 
     rows: list[dict[str, Any]] = []
@@ -298,11 +298,11 @@ def measure_primitives(world_sizes: Sequence[int], sizes_bytes: Sequence[int], r
 
 def fit_linear_log(nbytes, seconds) -> tuple[float, float]:
     """The line ``a + b*bytes`` (``a, b >= 0``) minimising the squared log ratios ``log((a + b*x) / y)``,
-    i.e. least squares in log space, started from :func:`repro.cost.fit_linear`'s relative-error line.
+    i.e. least squares in log space, started from :func:`repro.core.cost.fit_linear`'s relative-error line.
     Returns ``(a_s, b_s_per_byte)``."""
     from scipy.optimize import least_squares
 
-    from repro.cost import fit_linear
+    from repro.core.cost import fit_linear
 
     x = np.asarray(nbytes, dtype=float)
     y = np.asarray(seconds, dtype=float)
@@ -319,7 +319,7 @@ def primitive_cost_table(times: pd.DataFrame) -> pd.DataFrame:
 
     - ``fit``: the line ``a + b*bytes`` fitted to all of that primitive's own measurements by least squares
       in log space (:func:`fit_linear_log`: a factor too high costs as much as the same factor too low; the
-      relative-error fit of :func:`repro.cost.fit_linear` caps an under-prediction's error at 100% but not an
+      relative-error fit of :func:`repro.core.cost.fit_linear` caps an under-prediction's error at 100% but not an
       over-prediction's, so on these CPU measurements, where messages under the emulated link's burst are
       start-up only and a line cannot pass through every size, it sacrificed the largest sizes and missed
       the 2 MiB points 4-5x);
@@ -358,8 +358,8 @@ def primitive_model_table(presets: Sequence[str] = ("10gbe-dear-derived", "56gbi
                           workers: Sequence[int] = (2, 4, 8, 16, 32, 64), nbytes: int = 25 * 2**20) -> pd.DataFrame:
     """The cost model's all-reduce, reduce-scatter and all-gather seconds of one ``nbytes`` message vs the
     number of workers, per per-hop preset (the DeAR authors' fits at P=64 turned into ring constants,
-    :mod:`repro.cost`). Columns: preset, workers, bytes, primitive, seconds, source ("model")."""
-    from repro.presets import preset
+    :mod:`repro.core.cost`). Columns: preset, workers, bytes, primitive, seconds, source ("model")."""
+    from repro.costs.presets import preset
 
     rows = []
     for name in presets:
@@ -511,7 +511,7 @@ def planner_periods(trace, cost, planners: Sequence[str] = ("dear_model", "dear_
 
 def interpolated_objective(thresholds_bytes: Sequence[float], seconds: Sequence[float]):
     """``f(threshold_bytes) -> seconds``: the measured points joined linearly in log2(threshold), constant
-    beyond the end points (an objective for :func:`repro.runtime.dear_tuner.tune_offline` made from a
+    beyond the end points (an objective for :func:`repro.families.dear.tuner.tune_offline` made from a
     measured sweep: a search's trials then cost nothing but land on measured values or between them)."""
     x = np.log2(np.maximum(np.asarray(thresholds_bytes, dtype=float), 1.0))
     y = np.asarray(seconds, dtype=float)
@@ -525,9 +525,9 @@ def interpolated_objective(thresholds_bytes: Sequence[float], seconds: Sequence[
 
 
 def model_objective(trace, cost):
-    """``f(threshold_bytes) -> seconds``: the DeAR model's period (:func:`repro.planners.dear.groups_period_s`)
-    of the threshold rule's buckets (:func:`repro.planners.dear.threshold_groups`) on ``trace`` and ``cost``."""
-    from repro.planners.dear import groups_period_s, threshold_groups
+    """``f(threshold_bytes) -> seconds``: the DeAR model's period (:func:`repro.families.dear.planners.groups_period_s`)
+    of the threshold rule's buckets (:func:`repro.families.dear.planners.threshold_groups`) on ``trace`` and ``cost``."""
+    from repro.families.dear.planners import groups_period_s, threshold_groups
 
     nbytes = np.rint(trace.bytes()).astype(np.int64)
 
@@ -540,11 +540,11 @@ def model_objective(trace, cost):
 def search_comparison_table(objectives: dict[str, Any], bounds: tuple[int, int], trials: int = 8,
                             seeds: Sequence[int] = (0, 1, 2), methods: Sequence[str] = ("bo", "grid", "random"),
                             ) -> pd.DataFrame:
-    """BO, grid and random search (:func:`repro.runtime.dear_tuner.tune_offline`, ``trials`` evaluations
+    """BO, grid and random search (:func:`repro.families.dear.tuner.tune_offline`, ``trials`` evaluations
     each, the same ``bounds`` in bytes) on each named objective; grid is deterministic and runs once, BO and
     random once per seed. Columns: objective, method, seed, trial (1-based), threshold_bytes, iteration_s,
     best_so_far_s, best_threshold_bytes, bounds_low_bytes, bounds_high_bytes."""
-    from repro.runtime.dear_tuner import tune_offline
+    from repro.families.dear.tuner import tune_offline
 
     frames = []
     for name, f in objectives.items():
@@ -585,8 +585,8 @@ def paper_scale_tables(models: Sequence[str], networks: Sequence[str], methods: 
     roofline-estimate traces of ``models`` (:mod:`repro.studies.dear_sim`): the columns of
     :func:`repro.studies.dear_sim.throughput_table` and :func:`repro.studies.dear_sim.breakdown_table`,
     each plan made once for both (``dear_optimal``'s exact search takes seconds per model). ``cost_mode``:
-    ``"paper"`` (the presets themselves) or ``"calibrated"`` (:func:`repro.published_fits.cost_for_mode`)."""
-    from repro.published_fits import check_cost_mode, cost_for_mode
+    ``"paper"`` (the presets themselves) or ``"calibrated"`` (:func:`repro.costs.published_fits.cost_for_mode`)."""
+    from repro.costs.published_fits import check_cost_mode, cost_for_mode
     from repro.studies.dear_sim import exposed_breakdown, load_traces
 
     check_cost_mode(cost_mode)

@@ -4,9 +4,9 @@ Every function returns a :class:`pandas.DataFrame`; nothing here draws. Speedup 
 ``P * t_1 / t_P`` with ``t_1`` the single-worker iteration (forward + backward, no communication) and
 ``t_P`` the simulated iteration under a plan and a cost model.
 
-Every simulation at paper scale takes ``cost_mode`` (:data:`repro.published_fits.COST_MODES`): ``"paper"``
+Every simulation at paper scale takes ``cost_mode`` (:data:`repro.costs.published_fits.COST_MODES`): ``"paper"``
 (default) simulates the network presets themselves, the papers' model; ``"calibrated"`` the calibrated
-cluster and realism of the same network (:func:`repro.published_fits.cost_for_mode`). Tables record it in a
+cluster and realism of the same network (:func:`repro.costs.published_fits.cost_for_mode`). Tables record it in a
 ``cost_mode`` column.
 """
 
@@ -18,13 +18,13 @@ from typing import Iterable, Mapping, Sequence
 import numpy as np
 import pandas as pd
 
-from repro.published_fits import check_cost_mode, cost_for_mode
-from repro.cost import ALGORITHMS, CostModel, alpha_beta_lines
-from repro.presets import preset, preset_workers
+from repro.costs.published_fits import check_cost_mode, cost_for_mode
+from repro.core.cost import ALGORITHMS, CostModel, alpha_beta_lines
+from repro.costs.presets import preset, preset_workers
 from repro.paths import paper_numbers_path, shipped_traces
-from repro.planners import make_plan
-from repro.sim import simulate
-from repro.trace import Trace, load_trace
+from repro.core.planners import make_plan
+from repro.core.simulate import simulate
+from repro.core.trace import Trace, load_trace
 
 __all__ = ["MGWFBP_BATCH_SIZES", "find_trace", "load_traces", "layer_table", "allreduce_curve", "cost_model_table",
            "timeline_table", "speedup_sweep", "sim_speedup_table", "paper_comparison", "optimal_gap_table",
@@ -111,7 +111,7 @@ def cost_model_table(alpha_s: float, beta_s_per_byte: float, gamma_s_per_byte: f
 def simulated_iteration_s(trace: Trace, plan, cost: CostModel) -> float:
     """Seconds per iteration of ``plan`` as the simulator runs it under ``cost``. Under the paper model the
     planner's own prediction is that simulation (``plan.meta["iteration_s"]``, kept bit for bit); with
-    realism (calibrated mode) the planner plans on its model and :func:`repro.sim.simulate` runs the plan
+    realism (calibrated mode) the planner plans on its model and :func:`repro.core.simulate.simulate` runs the plan
     with every effect (e.g. contention slowing computation), which can differ."""
     if cost.is_paper_model:
         return float(plan.meta["iteration_s"])
@@ -122,7 +122,7 @@ def timeline_table(trace: Trace, cost: CostModel, schedulers: Sequence[str], cos
                    ) -> pd.DataFrame:
     """Simulated ops of one iteration per scheduler (columns: scheduler, stream, kind, label, start_s,
     end_s, iteration_s in seconds, cost_mode). ``cost_mode`` names how ``cost`` was obtained
-    (:func:`repro.published_fits.cost_for_mode`); it is recorded, not applied."""
+    (:func:`repro.costs.published_fits.cost_for_mode`); it is recorded, not applied."""
     check_cost_mode(cost_mode)
     frames = []
     for s in schedulers:
@@ -145,7 +145,7 @@ def speedup_sweep(traces: Mapping[str, Trace], networks: Sequence[str], workers:
     model, network and P (1 for the best), the view in which 10-30 % gaps stay visible at any P.
     Worker counts a table preset lacks are skipped (in both modes: the same points). ``threshold_bytes``
     is passed to the ``threshold`` scheduler. ``cost_mode``: ``"paper"`` (the presets) or
-    ``"calibrated"`` (each preset's calibrated cluster, :func:`repro.published_fits.cost_for_mode`);
+    ``"calibrated"`` (each preset's calibrated cluster, :func:`repro.costs.published_fits.cost_for_mode`);
     recorded in the ``cost_mode`` column. Iterations are simulated (:func:`simulated_iteration_s`); in
     calibrated mode ``optimal`` is the optimum of the planner's model, which the simulation with realism
     need not keep (another scheduler can come out faster).

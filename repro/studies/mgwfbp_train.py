@@ -13,11 +13,11 @@ from typing import Any, Sequence
 
 import pandas as pd
 
-from repro.cluster.local import launch_local
-from repro.cost import fit_linear, relative_errors
-from repro.runs import EPOCHS_CSV, ITERATIONS_CSV, list_runs, load_run, runs_table
-from repro.schedulers import canonical_name
-from repro.sim import simulate
+from repro.launch.local import launch_local
+from repro.core.cost import fit_linear, relative_errors
+from repro.results.runs import EPOCHS_CSV, ITERATIONS_CSV, list_runs, load_run, runs_table
+from repro.core.schedulers import canonical_name
+from repro.core.simulate import simulate
 from repro.studies.common import available_cpus, warn_if_oversubscribed, with_oversubscription
 
 __all__ = ["clear_runs", "run_grid", "run_configs", "time_allreduce_sizes", "measure_allreduce", "load_runs",
@@ -62,14 +62,14 @@ def run_grid(configs: Sequence[dict[str, Any]], world_sizes: Sequence[int], resu
     ``configs`` are :class:`repro.train.TrainConfig` keyword dicts; ``results_dir``/``quiet`` are
     filled in. ``local`` configs run only at P = 1 (the baseline of speedups), all others only at
     P > 1. ``emulate_bandwidth`` (e.g. ``"100mbit"``) runs each rank in its own network namespace
-    with links shaped to that rate (:mod:`repro.cluster.netns`; needs root); run ids then end in
+    with links shaped to that rate (:mod:`repro.launch.netns`; needs root); run ids then end in
     ``_bw<rate>`` and the rate is recorded in each run. Run ids are deterministic, so running the
     same grid twice needs ``overwrite=True`` (each run folder is then replaced whole).
     A world size above this machine's CPU cores warns (:class:`repro.studies.common.OversubscriptionWarning`);
     its runs are marked ``oversubscribed`` in :func:`load_runs`. Returns :func:`load_runs` of what was written.
     """
-    from repro.cluster.netns import parse_bandwidth
-    from repro.runs import prepare_run
+    from repro.launch.netns import parse_bandwidth
+    from repro.results.runs import prepare_run
 
     runs = Path(results_dir) / "runs"
     for p in world_sizes:
@@ -89,7 +89,7 @@ def run_grid(configs: Sequence[dict[str, Any]], world_sizes: Sequence[int], resu
 def _run_id(c: dict[str, Any], p: int, bandwidth: str | None = None) -> str:
     parts = [c.get("model", "model"), c.get("scheduler", "s"), f"p{p}", c.get("wire_dtype") or "float32"]
     if bandwidth and p > 1:
-        from repro.cluster.netns import format_bandwidth, parse_bandwidth
+        from repro.launch.netns import format_bandwidth, parse_bandwidth
 
         parts.append("bw" + format_bandwidth(parse_bandwidth(bandwidth)))
     if c.get("scheduler") == "threshold":
@@ -123,7 +123,7 @@ def measure_allreduce(world_sizes: Sequence[int], sizes_bytes: Sequence[int], re
     df = pd.DataFrame(rows)
     if not df.empty:
         df = with_oversubscription(df, workers="workers")
-    from repro.tables import write_table
+    from repro.results.tables import write_table
 
     write_table(df, results_dir, "allreduce_times", {"world_sizes": list(world_sizes), "repeats": repeats,
                                                      "emulate_bandwidth": emulate_bandwidth})
@@ -131,7 +131,7 @@ def measure_allreduce(world_sizes: Sequence[int], sizes_bytes: Sequence[int], re
 
 
 def allreduce_fit_table(times: pd.DataFrame) -> pd.DataFrame:
-    """Per world size: the line ``a + b*bytes`` fitted to measured times by :func:`repro.cost.fit_linear`
+    """Per world size: the line ``a + b*bytes`` fitted to measured times by :func:`repro.core.cost.fit_linear`
     (relative-error weighting, so the start-up term of small messages counts as much as the bandwidth
     term of large ones), the largest relative error of the fit over the sizes, and ``oversubscribed``."""
     rows = []
@@ -146,11 +146,11 @@ def allreduce_fit_table(times: pd.DataFrame) -> pd.DataFrame:
 
 def allreduce_fit_errors(times: pd.DataFrame, fits: pd.DataFrame) -> pd.DataFrame:
     """Per world size and message size: measured and fitted seconds and the fit's relative error
-    (``fitted / measured - 1``, :func:`repro.cost.relative_errors`)."""
+    (``fitted / measured - 1``, :func:`repro.core.cost.relative_errors`)."""
     frames = []
     for p, g in times.groupby("workers"):
         f = fits[fits["workers"] == p].iloc[0]
-        from repro.cost import Linear
+        from repro.core.cost import Linear
 
         line = Linear(float(f["a_s"]), float(f["b_s_per_byte"]))
         g = g.sort_values("bytes")
@@ -203,8 +203,8 @@ def load_epochs(results_dir: str | Path) -> pd.DataFrame:
 def grid_runs(runs: pd.DataFrame, paper: str, kind: str | None = None, experiment: str | None = None) -> pd.DataFrame:
     """The rows of ``runs`` (a :func:`load_runs` frame) that are runs of ``paper``'s grid of one ``kind``
     (``"convergence"``: epochs over a real dataset; ``"throughput"``) and/or ``experiment``, matched by
-    run id (:func:`repro.cluster.grid.grid_run_ids`): what a notebook at ``scale="paper"`` draws."""
-    from repro.cluster.grid import grid_run_ids
+    run id (:func:`repro.launch.grid.grid_run_ids`): what a notebook at ``scale="paper"`` draws."""
+    from repro.launch.grid import grid_run_ids
 
     if runs.empty or "run_id" not in runs:
         return runs
@@ -221,7 +221,7 @@ def convergence_epochs(results_dir: str | Path, *, scale: str = "tiny", model: s
     if epochs.empty:
         return epochs
     if scale == "paper":
-        from repro.cluster.grid import grid_run_ids
+        from repro.launch.grid import grid_run_ids
 
         return epochs[epochs["run_id"].isin(grid_run_ids("mgwfbp", "convergence"))].reset_index(drop=True)
     keep = pd.Series(True, index=epochs.index)
@@ -286,7 +286,7 @@ def _shared_run(group: pd.DataFrame, prefer: Sequence[str]) -> Any:
 
 def _simulate_on(shared: Any, plan: Any) -> Any:
     """``plan`` simulated on ``shared``'s trace and cost model (None when it does not fit that trace)."""
-    from repro.plan import PlanError
+    from repro.core.plan import PlanError
 
     try:
         return simulate(shared.trace, plan, shared.cost, with_ops=False)

@@ -4,9 +4,9 @@ Three measurements behind the figures ``omgs.topk_time``, ``omgs.allgather_fit``
 ``omgs.cost_compare`` (notebook ``notebooks/omgs_microbench.ipynb``), each returned as a tidy table:
 
 * :func:`measure_topk`: median seconds of one top-k selection by magnitude (``abs()`` +
-  :func:`repro.runtime.topk.topk_indices` of ``k = ceil(density * d)``) on this machine's CPU, per tensor size ``d``
+  :func:`repro.families.sparse.topk.topk_indices` of ``k = ceil(density * d)``) on this machine's CPU, per tensor size ``d``
   (:func:`repro.runtime.calibrate.time_topk`); :func:`topk_fit_table` fits ``gamma * d * log2(d)``
-  (:func:`repro.cost.fit_topk_gamma`) and sets the paper's published P102-100 gamma beside it.
+  (:func:`repro.core.cost.fit_topk_gamma`) and sets the paper's published P102-100 gamma beside it.
 * :func:`measure_allgather`: median seconds of an all-gather of ``m`` bytes per worker on ``P`` local
   gloo ranks (:func:`repro.runtime.calibrate.fit_cost_model` with ``kinds=("sparse_allgather",)``),
   and the fitted line ``a + b * P * m`` (relative-error weighting), as the paper writes ``T_ag``;
@@ -29,9 +29,9 @@ import numpy as np
 import pandas as pd
 import torch
 
-from repro.cost import fit_linear, relative_errors, topk_time_s
-from repro.presets import preset, preset_workers
-from repro.sim.sparse import INDEX_BYTES, topk_count
+from repro.core.cost import fit_linear, relative_errors, topk_time_s
+from repro.costs.presets import preset, preset_workers
+from repro.families.sparse.simulate import INDEX_BYTES, topk_count
 
 __all__ = ["PUBLISHED_GAMMA_S", "PUBLISHED_NETWORK", "PAPER_WORKERS", "default_numels", "measure_topk",
            "topk_fit_table", "allgather_sizes_bytes", "measure_allgather", "allgather_fit_table",
@@ -83,7 +83,7 @@ def topk_fit_table(times: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     (``fitted / measured - 1``) and ``published_p102_s`` (the paper's gamma at the same size).
     ``fits``: one row per gamma: this machine's (``source="measured"``, with the largest absolute
     relative error) and the paper's (``source="published"``)."""
-    from repro.cost import fit_topk_gamma
+    from repro.core.cost import fit_topk_gamma
 
     gamma = fit_topk_gamma(times["numel"], times["measured_s"])
     fitted = topk_time_s(gamma, times["numel"].to_numpy())
@@ -94,7 +94,7 @@ def topk_fit_table(times: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
         {"source": "measured", "device": f"local CPU ({threads} thread{'s' if threads != 1 else ''})",
          "gamma_s": gamma, "density": float(times["density"].iloc[0]),
          "max_abs_relative_error": float(np.abs(per_size["relative_error"]).max()),
-         "citation": "measured here: abs() + repro.runtime.topk (exact top-k), median of repeats"},
+         "citation": "measured here: abs() + repro.families.sparse.topk (exact top-k), median of repeats"},
         {"source": "published", "device": "P102-100 GPU", "gamma_s": PUBLISHED_GAMMA_S, "density": 0.001,
          "max_abs_relative_error": np.nan, "citation": _PUBLISHED_TOPK},
     ])
@@ -125,8 +125,8 @@ def measure_allgather(world_sizes: Sequence[int], sizes_bytes: Sequence[int], *,
     ``bytes_per_worker``, ``gathered_bytes`` (``P`` times it), ``measured_s``, ``a_s`` and
     ``b_s_per_byte`` of the world's fitted line (``T = a + b * gathered_bytes``), ``cpu_count``,
     ``threads_per_rank``, ``oversubscribed`` (more ranks than cores: they also measure CPU sharing)."""
-    from repro.cluster.local import launch_local
-    from repro.cost import CostModel
+    from repro.launch.local import launch_local
+    from repro.core.cost import CostModel
     from repro.runtime.calibrate import fit_on_ranks
     from repro.studies.common import available_cpus, warn_if_oversubscribed, with_oversubscription
 
@@ -149,7 +149,7 @@ def measure_allgather(world_sizes: Sequence[int], sizes_bytes: Sequence[int], *,
 
 def allgather_fit_table(times: pd.DataFrame, published_workers: Sequence[int] | None = None) -> pd.DataFrame:
     """One line ``T = a + b * P * m`` (``m`` bytes per worker) per row: the measured worlds (refitted
-    here with :func:`repro.cost.fit_linear`, the relative-error weighting of the live calibration, with
+    here with :func:`repro.core.cost.fit_linear`, the relative-error weighting of the live calibration, with
     the fit's largest absolute relative error) and the paper's published 1GbE fits (preset
     ``1gbe-allgather``; ``published_workers`` defaults to all of its P)."""
     rows = []

@@ -1,15 +1,15 @@
 """The OMGS-SGD simulation study as tidy tables (the notebook only calls these and plots).
 
-Sparse iterations are simulated with :mod:`repro.sim.sparse` (top-k on the compute stream, the
+Sparse iterations are simulated with :mod:`repro.families.sparse.simulate` (top-k on the compute stream, the
 buckets' value and index all-gathers on one FCFS stream) under the ``1gbe-allgather`` preset: the
 paper's fitted all-gather lines for P in {2, 4, 8, 16} with its top-k cost ``gamma d log2 d``
-(gamma = 2.19e-10 s, P102-100). Planners (:mod:`repro.planners.sparse`): ``topk_layerwise`` (one top-k
+(gamma = 2.19e-10 s, P102-100). Planners (:mod:`repro.families.sparse.planners`): ``topk_layerwise`` (one top-k
 per layer), ``topk_single`` (TopK-SGD), ``omgs`` (the published merge rule) and ``omgs_optimal`` (the
 exact optimum over contiguous merges, this package's addition).
 
-Every simulation at paper scale takes ``cost_mode`` (:data:`repro.published_fits.COST_MODES`): ``"paper"``
+Every simulation at paper scale takes ``cost_mode`` (:data:`repro.costs.published_fits.COST_MODES`): ``"paper"``
 (default) simulates the preset itself, the paper's model; ``"calibrated"`` its calibrated counterpart
-(:func:`repro.published_fits.cost_for_mode`: for ``1gbe-allgather``, no measured 1GbE cluster exists, so the
+(:func:`repro.costs.published_fits.cost_for_mode`: for ``1gbe-allgather``, no measured 1GbE cluster exists, so the
 paper's all-gather lines and top-k cost with the realism fitted on 10GbE). Tables record it in a
 ``cost_mode`` column.
 
@@ -26,16 +26,16 @@ from typing import Iterable, Mapping, Sequence
 import numpy as np
 import pandas as pd
 
-from repro.published_fits import check_cost_mode, cost_for_mode
-from repro.cost import CostModel
-from repro.presets import preset_workers
+from repro.costs.published_fits import check_cost_mode, cost_for_mode
+from repro.core.cost import CostModel
+from repro.costs.presets import preset_workers
 from repro.paths import shipped_traces
-from repro.planners import make_plan
-from repro.sim import simulate
-from repro.sim.allreduce import bucket_label
-from repro.sim.sparse import bucket_numels, sparse_times_s
+from repro.core.planners import make_plan
+from repro.core.simulate import simulate
+from repro.families.allreduce.simulate import bucket_label
+from repro.families.sparse.simulate import bucket_numels, sparse_times_s
 from repro.studies.mgwfbp_sim import simulated_iteration_s
-from repro.trace import Trace, load_trace
+from repro.core.trace import Trace, load_trace
 
 __all__ = ["SPARSE_PLANNERS", "OMGS_MODELS", "PAPER_CSV", "paper_iterations", "paper_density",
            "find_trace", "load_traces", "trace_table", "sparse_sweep", "gap_summary", "worst_case",
@@ -111,7 +111,7 @@ def sparse_sweep(traces: Mapping[str, Trace], workers: Sequence[int], densities:
     sparsify_s (top-k seconds on the compute stream), optimal_s and gap_pct = 100 (iteration_s /
     optimal_s - 1) when ``omgs_optimal`` is among ``planners`` (NaN otherwise), plan_wall_s (seconds
     the planner took here), cost_mode. Worker counts the preset lacks are skipped. ``cost_mode``:
-    ``"paper"`` (the preset) or ``"calibrated"`` (:func:`repro.published_fits.cost_for_mode`). Iterations are
+    ``"paper"`` (the preset) or ``"calibrated"`` (:func:`repro.costs.published_fits.cost_for_mode`). Iterations are
     simulated (:func:`repro.studies.mgwfbp_sim.simulated_iteration_s`): in calibrated mode ``omgs_optimal``
     is the optimum of the planner's model, which the simulation with realism need not keep (``gap_pct``
     can then be negative).
@@ -277,7 +277,7 @@ def paper_setting_table(traces: Mapping[str, Trace], planners: Iterable[str] = (
                         ) -> pd.DataFrame:
     """The paper's setting (16 workers, 1GbE, the paper's density per model): simulated seconds per
     iteration per planner beside the published ones (``paper_s``, NaN where none), tidy, with
-    ``cost_mode`` (``"paper"``: the preset; ``"calibrated"``: :func:`repro.published_fits.cost_for_mode`)."""
+    ``cost_mode`` (``"paper"``: the preset; ``"calibrated"``: :func:`repro.costs.published_fits.cost_for_mode`)."""
     check_cost_mode(cost_mode)
     rows = []
     cost = _cost(network, workers, cost_mode)
@@ -304,10 +304,10 @@ MEASURED_PLANNERS: tuple[str, ...] = ("topk_layerwise", "topk_single", "omgs")
 
 
 def sparse_runtime_available() -> bool:
-    """Whether this checkout has the sparse executor (``repro.runtime.sparse``)."""
+    """Whether this checkout has the sparse executor (``repro.families.sparse.executor``)."""
     import importlib.util
 
-    return importlib.util.find_spec("repro.runtime.sparse") is not None
+    return importlib.util.find_spec("repro.families.sparse.executor") is not None
 
 
 def measure_timelines(results_dir, *, model: str = "tiny_resnet", world_size: int = 2,
@@ -352,7 +352,7 @@ def measured_timeline(runs_root) -> pd.DataFrame:
     (its summary: what a speedup of the run is computed from)."""
     from pathlib import Path
 
-    from repro.runs import BUCKETS_CSV, ITERATIONS_CSV, list_runs
+    from repro.results.runs import BUCKETS_CSV, ITERATIONS_CSV, list_runs
     from repro.studies.common import is_oversubscribed
 
     frames = []

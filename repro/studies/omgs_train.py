@@ -2,7 +2,7 @@
 paper-scale breakdown simulated beside the paper's numbers.
 
 Runs are launched with :func:`repro.studies.mgwfbp_train.run_grid` (one local world per world size,
-optionally on an emulated bandwidth-limited network, :mod:`repro.cluster.netns`) and written as run
+optionally on an emulated bandwidth-limited network, :mod:`repro.launch.netns`) and written as run
 folders under ``<results_dir>/runs``; a cluster job writes the same folders with
 ``torchrun -m repro.train --scheduler omgs --density ... --results-dir ...`` and everything below only
 reads them.
@@ -29,7 +29,7 @@ from typing import Any, Sequence
 import numpy as np
 import pandas as pd
 
-from repro.runs import BUCKETS_CSV, EPOCHS_CSV, ITERATIONS_CSV, list_runs, load_run
+from repro.results.runs import BUCKETS_CSV, EPOCHS_CSV, ITERATIONS_CSV, list_runs, load_run
 from repro.studies import mgwfbp_train
 from repro.studies.common import with_oversubscription
 from repro.studies.mgwfbp_train import clear_runs, run_grid
@@ -124,13 +124,13 @@ def _fmt_density(density: float) -> str:
 def run_id(c: dict[str, Any], world_size: int, bandwidth: str | None = None) -> str:
     """Deterministic run id of a config: model, scheduler, P, density (sparse), link, dataset and epochs,
     and the seed when it is not 0."""
-    from repro.schedulers import get_scheduler
+    from repro.core.schedulers import get_scheduler
 
     parts = [c["model"], c["scheduler"], f"p{world_size}"]
     if "density" in get_scheduler(c["scheduler"]).planner_options and c.get("density") is not None:
         parts.append(f"d{_fmt_density(float(c['density']))}")
     if bandwidth and world_size > 1:
-        from repro.cluster.netns import format_bandwidth, parse_bandwidth
+        from repro.launch.netns import format_bandwidth, parse_bandwidth
 
         parts.append("bw" + format_bandwidth(parse_bandwidth(bandwidth)))
     if c.get("epochs"):
@@ -141,7 +141,7 @@ def run_id(c: dict[str, Any], world_size: int, bandwidth: str | None = None) -> 
 
 
 def _with_density(c: dict[str, Any], density: float) -> dict[str, Any]:
-    from repro.schedulers import get_scheduler
+    from repro.core.schedulers import get_scheduler
 
     if get_scheduler(c["scheduler"]).family == "sparse":
         return {**c, "density": float(density)}
@@ -236,7 +236,7 @@ def convergence_table(results_dir: str | Path, *, scale: str = "tiny") -> pd.Dat
         numels = _bucket_numels(run) if sparse else None
         sent = None
         if numels and cfg.get("density"):
-            from repro.sim.sparse import topk_count
+            from repro.families.sparse.simulate import topk_count
 
             sent = int(min(topk_count(n, float(cfg["density"])) for n in numels))
         meta.append({"run_id": r.run_id, "dataset": cfg.get("dataset"),
@@ -322,7 +322,7 @@ def _median(df: pd.DataFrame | None, col: str) -> float:
 
 def _timeline_sparsify_s(buckets: pd.DataFrame | None) -> float | None:
     """Seconds of top-k selection (with error feedback) in the recorded timeline of the last step: the sum
-    over buckets of ``compress_end_s - compress_start_s`` (:class:`repro.runtime.sparse.SparseBucketTiming`),
+    over buckets of ``compress_end_s - compress_start_s`` (:class:`repro.families.sparse.executor.SparseBucketTiming`),
     None if the timeline has no such columns or values."""
     if buckets is None or buckets.empty:
         return None
@@ -338,7 +338,7 @@ def _bucket_numels(run) -> list[int] | None:
     trace, plan = run.trace, run.plan
     if trace is None or plan is None:
         return None
-    from repro.sim.sparse import bucket_numels
+    from repro.families.sparse.simulate import bucket_numels
 
     return bucket_numels(trace, plan)
 
@@ -384,7 +384,7 @@ def _measured_row(r: pd.Series) -> dict[str, Any] | None:
 def _simulated_row(run) -> dict[str, Any] | None:
     if not run.can_simulate:
         return None
-    from repro.sim import simulate
+    from repro.core.simulate import simulate
 
     trace, plan, cost = run.trace, run.plan, run.cost
     try:
@@ -408,7 +408,7 @@ def measured_breakdown_table(runs: pd.DataFrame, schedulers: Sequence[str] = SPA
     """Per timing run (synthetic data) of ``schedulers``: seconds per iteration split into ``forward_s``,
     ``backward_s``, ``sparsify_s``, ``comm_exposed_s`` and ``other_s`` (they add up to ``iteration_s``),
     one row ``source="measured"`` and one ``source="simulated"`` (the run's own trace, plan and cost model
-    fed to :func:`repro.sim.simulate`).
+    fed to :func:`repro.core.simulate.simulate`).
 
     Measured bars (rank 0's medians over the timed steps, iterations.csv): forward = ``forward_s``;
     sparsification = the compression times of the recorded timeline of the last step (``record_timeline``
@@ -437,7 +437,7 @@ def measured_breakdown_table(runs: pd.DataFrame, schedulers: Sequence[str] = SPA
         s = _simulated_row(run)
         if s is not None:
             rows.append({**base, "source": "simulated", **s,
-                         "derivation": "repro.sim.simulate of the run's own trace.json, plan.json and cost.json"})
+                         "derivation": "repro.core.simulate.simulate of the run's own trace.json, plan.json and cost.json"})
     return pd.DataFrame(rows)
 
 
@@ -480,13 +480,13 @@ def paper_breakdown_table(models: Sequence[tuple[str, int, float]] = PAPER_MODEL
     """Simulated phase seconds (as :func:`measured_breakdown_table`) per paper model (``(model, batch,
     density)``) and scheduler at ``workers`` workers with the ``network`` preset (all-gather line and the
     paper's top-k gamma), on the shipped trace :func:`paper_trace_stem` picks (``trace``, ``gpu``).
-    ``cost_mode``: ``"paper"`` (the preset) or ``"calibrated"`` (:func:`repro.published_fits.cost_for_mode`:
+    ``cost_mode``: ``"paper"`` (the preset) or ``"calibrated"`` (:func:`repro.costs.published_fits.cost_for_mode`:
     the 1GbE lines with the realism fitted on 10GbE)."""
-    from repro.published_fits import cost_for_mode
+    from repro.costs.published_fits import cost_for_mode
     from repro.paths import shipped_trace_path
-    from repro.planners import make_plan
-    from repro.sim import simulate
-    from repro.trace import Trace
+    from repro.core.planners import make_plan
+    from repro.core.simulate import simulate
+    from repro.core.trace import Trace
 
     cost = cost_for_mode(network, workers, cost_mode)
     rows = []
@@ -500,8 +500,8 @@ def paper_breakdown_table(models: Sequence[tuple[str, int, float]] = PAPER_MODEL
                          "network": f"preset {network}", "scale": "paper", "source": "simulated",
                          **_sim_phases(trace, sim), "buckets": plan.num_buckets, "trace": stem, "gpu": gpu,
                          "oversubscribed": False, "cost_mode": cost_mode,
-                         "derivation": f"repro.sim.simulate: shipped trace {stem} ({gpu}), preset {network} "
-                                       f"(P={workers}, {cost_mode} mode), plan of repro.planners.{s}"})
+                         "derivation": f"repro.core.simulate.simulate: shipped trace {stem} ({gpu}), preset {network} "
+                                       f"(P={workers}, {cost_mode} mode), plan of repro.core.planners.{s}"})
     return pd.DataFrame(rows)
 
 

@@ -1,7 +1,7 @@
 """The OSP simulation study as tidy tables (the notebooks only call these and plot).
 
 OSP's full text is not available: only its abstract (Chen et al., arXiv 2306.16926). What is simulated
-is this project's interpretation (:mod:`repro.sim.ps`, :mod:`repro.planners.ps`): a parameter server
+is this project's interpretation (:mod:`repro.families.ps.simulate`, :mod:`repro.families.ps.planners`): a parameter server
 (PS) with N workers and S server shards, each shard's full-duplex link shared by the N workers; BSP,
 ASP, SSP(s) and OSP's two-stage synchronisation (stage 1 blocking as BSP, stage 2 pushed and pulled in
 the background under the next iteration, one step stale, corrected locally by LGP).
@@ -21,10 +21,10 @@ Inputs, and what is an interpretation:
   accuracy, which only the measured runs show).
 - With identical simulated workers (no stragglers) SSP never waits for its bound and equals ASP.
 - Throughput is samples per second over all workers: ``workers * batch / period``.
-- ``cost_mode`` (:data:`repro.published_fits.COST_MODES`, :func:`cost_for_rate`): ``"paper"`` (default) is the
+- ``cost_mode`` (:data:`repro.costs.published_fits.COST_MODES`, :func:`cost_for_rate`): ``"paper"`` (default) is the
   alpha-beta link above; ``"calibrated"`` replaces it by the cluster fitted on published measurements of
   the same network where one exists (10 Gbit/s: the 10GbE cluster; 100 Gbit/s: the 100Gb InfiniBand one;
-  through :func:`repro.published_fits.cost_for_mode`), a push or pull being one message over its inter-node
+  through :func:`repro.costs.published_fits.cost_for_mode`), a push or pull being one message over its inter-node
   link, with that fit's realism (message overhead, contention); any other rate keeps its alpha-beta link
   and gains the realism fitted on 10GbE (TCP Ethernet). Tables record it in ``cost_mode``.
 
@@ -39,11 +39,11 @@ from typing import Mapping, Sequence
 import numpy as np
 import pandas as pd
 
-from repro.published_fits import check_cost_mode, cost_for_mode
-from repro.cost import CostModel
-from repro.planners import make_plan
-from repro.sim import simulate
-from repro.trace import Trace, load_trace
+from repro.costs.published_fits import check_cost_mode, cost_for_mode
+from repro.core.cost import CostModel
+from repro.core.planners import make_plan
+from repro.core.simulate import simulate
+from repro.core.trace import Trace, load_trace
 
 __all__ = ["OSP_MODELS", "SIM_METHODS", "PAPER_SERVERS", "PAPER_WORKERS", "PAPER_CLAIM_PCT", "PAPER_CLAIM_SOURCE",
            "PAPER_CLAIM_SHORT", "SCALE_NOTE", "TRACE_NOTE", "INTERPRETATION_NOTE", "DEFAULT_LATENCY_S",
@@ -66,7 +66,7 @@ PAPER_CLAIM_SOURCE = ("the paper's claim (OSP abstract, arXiv 2306.16926): up to
 SCALE_NOTE = "1 server + 8 workers (our reading of the paper's 9-node testbed)"
 TRACE_NOTE = "V100 roofline-estimate traces (not measurements)"
 INTERPRETATION_NOTE = ("OSP's text is not available (abstract only): this is the project's interpretation "
-                       "of its abstract (repro.sim.ps, repro.runtime.ps), not the paper's algorithm")
+                       "of its abstract (repro.families.ps.simulate, repro.families.ps.executor), not the paper's algorithm")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -94,7 +94,7 @@ def _traces(models: Sequence[str] | Mapping[str, Trace]) -> dict[str, Trace]:
 def trace_table(traces: Mapping[str, Trace]) -> pd.DataFrame:
     """One row per model: batch, layers, gradient MiB, computation seconds per iteration (forward +
     backward + overheads: what a worker computes), optimizer seconds."""
-    from repro.sim.ps import trace_compute_s
+    from repro.families.ps.simulate import trace_compute_s
 
     return pd.DataFrame([{"model": m, "batch_size": t.batch_size, "device": t.device, "layers": t.num_layers,
                           "gradient_mib": float(np.sum(t.bytes())) / 2**20, "compute_s": trace_compute_s(t),
@@ -105,7 +105,7 @@ def network_cost(rate: str | float, workers: int = PAPER_WORKERS, latency_s: flo
     """The alpha-beta cost model of a link of ``rate`` (a tc-style rate such as ``"10gbit"`` or bits per
     second) and ``latency_s`` per message, for ``workers`` workers: push = pull = ``latency + bytes x 8 /
     rate`` (one message alone on a server link; the simulator queues the workers' messages itself)."""
-    from repro.cluster.netns import format_bandwidth, parse_bandwidth
+    from repro.launch.netns import format_bandwidth, parse_bandwidth
 
     bps = float(parse_bandwidth(rate))
     if not latency_s >= 0:
@@ -126,15 +126,15 @@ def cost_for_rate(rate: str | float, workers: int = PAPER_WORKERS, latency_s: fl
 
     ``"paper"``: :func:`network_cost` (``latency_s`` seconds + bytes x 8 / rate per message). ``"calibrated"``:
     for a rate in :data:`CALIBRATED_RATE_PRESETS` (10 and 100 Gbit/s) that network's fitted cluster and
-    realism (:func:`repro.published_fits.cost_for_mode`; ``latency_s`` is then the fit's, not the argument);
+    realism (:func:`repro.costs.published_fits.cost_for_mode`; ``latency_s`` is then the fit's, not the argument);
     for any other rate, :func:`network_cost` with the realism fitted on 10GbE. ``source`` says which.
     """
     check_cost_mode(cost_mode)
     paper = network_cost(rate, workers, latency_s)
     if cost_mode == "paper":
         return paper
-    from repro.published_fits import calibrated_preset
-    from repro.cluster.netns import parse_bandwidth
+    from repro.costs.published_fits import calibrated_preset
+    from repro.launch.netns import parse_bandwidth
 
     name = CALIBRATED_RATE_PRESETS.get(float(parse_bandwidth(rate)))
     if name is not None:
@@ -147,7 +147,7 @@ def cost_for_rate(rate: str | float, workers: int = PAPER_WORKERS, latency_s: fl
 def calibrated_rate_omission(rate: str | float) -> str | None:
     """``None`` when a link of ``rate`` has a calibrated cluster of its own
     (:data:`CALIBRATED_RATE_PRESETS`); otherwise why not (for tables holding both cost modes)."""
-    from repro.cluster.netns import parse_bandwidth
+    from repro.launch.netns import parse_bandwidth
 
     if float(parse_bandwidth(rate)) in CALIBRATED_RATE_PRESETS:
         return None
@@ -157,7 +157,7 @@ def calibrated_rate_omission(rate: str | float) -> str | None:
 
 def network_label(rate: str | float) -> str:
     """``"10gbit"`` -> ``"10 Gbit/s"``."""
-    from repro.cluster.netns import parse_bandwidth
+    from repro.launch.netns import parse_bandwidth
 
     bps = float(parse_bandwidth(rate))
     for unit, scale in (("Gbit/s", 1e9), ("Mbit/s", 1e6), ("kbit/s", 1e3)):

@@ -2,10 +2,10 @@
 without LGP, at several stage-1 shares and osp_auto's own), read back as tidy tables.
 
 OSP's full text is not available (abstract only, Chen et al., arXiv 2306.16926): what runs is this
-project's interpretation (``repro.runtime.ps``; osp.md). Runs are launched with
+project's interpretation (``repro.families.ps.executor``; osp.md). Runs are launched with
 :func:`repro.studies.mgwfbp_train.run_grid` in one local world of ``servers + workers`` ranks (ranks
 ``0..servers-1`` serve), optionally on an emulated bandwidth-limited network (one network namespace per
-rank, :mod:`repro.cluster.netns`), and written as run folders under ``<results_dir>/runs``; a cluster job
+rank, :mod:`repro.launch.netns`), and written as run folders under ``<results_dir>/runs``; a cluster job
 writes the same folders with ``torchrun -m repro.train --scheduler osp --servers 1 --dataset digits
 --epochs 3 ... --results-dir ...`` and everything below only reads them.
 
@@ -28,7 +28,7 @@ from typing import Any, Sequence
 import numpy as np
 import pandas as pd
 
-from repro.runs import load_run
+from repro.results.runs import load_run
 from repro.studies.common import is_oversubscribed
 from repro.studies.mgwfbp_train import clear_runs, load_iterations, run_grid
 from repro.studies.mgwfbp_train import load_runs as _load_runs
@@ -98,7 +98,7 @@ def run_id(c: dict[str, Any], workers: int, servers: int, bandwidth: str | None 
         parts.append(f"st{c.get('staleness', 2)}")
     parts.append(f"ps{servers}w{workers}")
     if bandwidth:
-        from repro.cluster.netns import format_bandwidth, parse_bandwidth
+        from repro.launch.netns import format_bandwidth, parse_bandwidth
 
         parts.append("bw" + format_bandwidth(parse_bandwidth(bandwidth)))
     parts.append(f"{c.get('dataset', 'digits')}-e{c.get('epochs')}")

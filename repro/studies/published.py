@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from repro import published_fits as C
+from repro.costs import published_fits as C
 
 __all__ = ["PREDICTIONS", "predictions_table", "long_table", "error_summary"]
 

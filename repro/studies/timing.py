@@ -119,7 +119,7 @@ def interleaved_samples(models: str | Sequence[str], schedulers: Sequence[str | 
     """Interleaved iteration-time samples of ``schedulers`` (names, or dicts of a ``scheduler`` name and its
     options, e.g. ``{"scheduler": "threshold", "threshold_bytes": 65536}``) on each of ``models``, in one
     local world of ``workers`` training ranks (plus ``servers`` serving ranks, ``runs`` mode only), gloo on
-    CPU, one thread per rank; ``emulate_bandwidth`` shapes every rank's links (:mod:`repro.cluster.netns`).
+    CPU, one thread per rank; ``emulate_bandwidth`` shapes every rank's links (:mod:`repro.launch.netns`).
     ``extra``: more :class:`repro.train.TrainConfig` fields for every run (``runs`` mode; e.g. ``lr``,
     ``compute_steps``). ``fit_repeats``: repeats per message size when a planning scheduler fits its cost
     model on the live group (:func:`repro.distribute`). ``plan_inputs``: model -> ``(Trace, CostModel)``
@@ -127,7 +127,7 @@ def interleaved_samples(models: str | Sequence[str], schedulers: Sequence[str | 
     time the same plans (:func:`record_plan_inputs` records them). See the module docstring for the two modes and the
     columns. Bad arguments raise a ValueError of one line before any rank starts; a world with more ranks
     than cores warns (:class:`repro.studies.common.OversubscriptionWarning`)."""
-    from repro.cluster.local import launch_local
+    from repro.launch.local import launch_local
 
     models = [models] if isinstance(models, str) else list(models)
     if not models:
@@ -189,7 +189,7 @@ def _row(model: str, workers: int, spec: dict[str, Any], pair: int, iteration_s:
 def _steps_target(ctx, model_name: str, specs: list[dict[str, Any]], pairs: int, block_steps: int,
                   warmup_steps: int, batch_size: int, seed: int, fit_repeats: int,
                   plan_input: tuple[Any, Any] | None = None) -> dict[str, Any]:
-    """Per rank (a :func:`repro.cluster.local.launch_local` target): the ``steps`` design; returns each
+    """Per rank (a :func:`repro.launch.local.launch_local` target): the ``steps`` design; returns each
     scheduler's timed step seconds in order (``times_s[k][i]``). ``plan_input``: ``(trace, cost)`` the
     online planners plan from instead of their warm-up."""
     import copy
@@ -199,8 +199,8 @@ def _steps_target(ctx, model_name: str, specs: list[dict[str, Any]], pairs: int,
     import torch.distributed as dist
 
     import repro
-    from repro.planners import make_plan
-    from repro.schedulers import get_scheduler
+    from repro.core.planners import make_plan
+    from repro.core.schedulers import get_scheduler
     from repro.workload.models import build_model, compute_loss, make_batch
 
     torch.manual_seed(seed)
@@ -262,9 +262,9 @@ def record_plan_inputs(model: str, scheduler: str | dict[str, Any], workers: int
     """The ``(Trace, CostModel)`` one online-planning ``scheduler`` measures in its warm-up on ``model`` (a
     local world of ``workers`` gloo CPU ranks, as :func:`interleaved_samples` runs it): record them once
     (``Trace.save``, ``CostModel.save``) and pass them as ``plan_inputs`` so every run times the same plans."""
-    from repro.cluster.local import launch_local
-    from repro.cost import CostModel
-    from repro.trace import Trace
+    from repro.launch.local import launch_local
+    from repro.core.cost import CostModel
+    from repro.core.trace import Trace
 
     spec = _specs([scheduler, "wfbp"])[0]
     out = launch_local(_record_target, int(workers), args=(model, spec, int(warmup_steps), int(batch_size),
@@ -279,7 +279,7 @@ def _record_target(ctx, model_name: str, spec: dict[str, Any], warmup_steps: int
     import torch
 
     import repro
-    from repro.schedulers import get_scheduler
+    from repro.core.schedulers import get_scheduler
     from repro.workload.models import build_model, compute_loss, make_batch
 
     torch.manual_seed(seed)
@@ -311,7 +311,7 @@ def save_plan_inputs(path: str | os.PathLike, inputs: Mapping[str, tuple[Any, An
                      source: str) -> None:
     """Write recorded ``inputs`` (model -> ``(Trace, CostModel)``, :func:`record_plan_inputs`) as one JSON
     with the ``settings`` they were measured under (:data:`PLAN_INPUT_SETTINGS`) and their ``source``."""
-    from repro.outputs import write_output
+    from repro.results.outputs import write_output
 
     missing = [k for k in PLAN_INPUT_SETTINGS if k not in settings]
     if missing:
@@ -327,8 +327,8 @@ def load_plan_inputs(path: str | os.PathLike, models: Sequence[str],
     shipped ``data/calibration/``) when they were measured under
     ``settings``, with a line saying what the planning schedulers of the timing samples plan from; none (an
     empty dict) when the settings differ or a model is missing: each run then plans from its own warm-up."""
-    from repro.cost import CostModel
-    from repro.trace import Trace
+    from repro.core.cost import CostModel
+    from repro.core.trace import Trace
 
     from repro.paths import shipped_path
 

@@ -2,7 +2,7 @@
 measured trace and the cost model fitted on the same network.
 
 Each plan run (see :mod:`repro.train`) saves its trace (warm-up measurement), plan and fitted cost
-model; the simulated iteration is :func:`repro.sim.simulate` of exactly those. PyTorch DDP keeps no
+model; the simulated iteration is :func:`repro.core.simulate.simulate` of exactly those. PyTorch DDP keeps no
 trace, so its prediction uses the MG-WFBP run of the same model and network with DDP's default
 bucketing (the ``ddp`` planner: 1 MiB first bucket, then 25 MiB).
 
@@ -11,7 +11,7 @@ Three predictions per run:
 - ``simulated_s``: the warm-up trace (computation measured without overlapping communication) and the
   fitted cost model, in the papers' model (perfect overlap): a true prediction;
 - ``simulated_prerun_s``: the same warm-up trace and cost model plus the measured slowdown of
-  computation while communication is in flight (``Realism(contention=c)``, :mod:`repro.sim.contention`),
+  computation while communication is in flight (``Realism(contention=c)``, :mod:`repro.core.contention`),
   with ``c`` measured on the same network and world size before the runs by the microbenchmark
   :mod:`repro.runtime.contention` (:func:`measure_contention`): everything in it is known before the
   scheduled run starts;
@@ -31,10 +31,10 @@ from typing import Mapping, Sequence
 
 import pandas as pd
 
-from repro.planners import make_plan
-from repro.realism import Realism
-from repro.runs import load_run
-from repro.sim import simulate
+from repro.core.planners import make_plan
+from repro.core.realism import Realism
+from repro.results.runs import load_run
+from repro.core.simulate import simulate
 from repro.studies.mgwfbp_train import load_runs, run_grid
 
 __all__ = ["usable_bandwidths", "run_validation", "validation_table", "speedup_comparison", "measure_contention",
@@ -48,7 +48,7 @@ CONTENTION_CSV = "contention.csv"
 def usable_bandwidths(link_rates: Sequence[str], required: bool = False) -> list[str]:
     """``link_rates`` (``"loopback"`` or tc rates like ``"100mbit"``) minus emulated ones this machine
     cannot emulate (a warning says why), unless ``required``, in which case the error is raised."""
-    from repro.cluster.netns import EmulationUnavailableError, check_emulation_available
+    from repro.launch.netns import EmulationUnavailableError, check_emulation_available
 
     out = []
     for net in link_rates:
@@ -161,7 +161,7 @@ def _contention_lookup(contention) -> dict[tuple[str, str, int], float]:
 
 
 def _network(row) -> str:
-    from repro.cluster.netns import format_bandwidth
+    from repro.launch.netns import format_bandwidth
 
     bw = row.get("emulated_bandwidth_bps")
     return format_bandwidth(bw) if isinstance(bw, (int, float)) and bw == bw and bw else LOOPBACK

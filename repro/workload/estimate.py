@@ -38,7 +38,7 @@ from torch.utils.flop_counter import FlopCounterMode, flop_registry
 from repro.workload.models import build_model, compute_loss, get_spec, make_batch
 from repro.workload.layers import VIEWS, learnable_params, unit_name, unit_sizes
 from repro.workload.recording import Recorder, attribute, resolve
-from repro.trace import Layer, Trace
+from repro.core.trace import Layer, Trace
 
 __all__ = ["GpuSpec", "GPU_SPECS", "DTYPES", "COMPUTE_EFFICIENCY", "MEMORY_EFFICIENCY", "TENSOR_CORE_EFFICIENCY",
            "KERNEL_OVERHEAD_S", "get_gpu", "estimate_trace", "count_flops", "describe_assumptions",

@@ -28,7 +28,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from repro.trace import Layer, Trace
+from repro.core.trace import Layer, Trace
 from repro.workload.layers import VIEWS, learnable_params, unit_sizes
 from repro.workload.models import build_model, compute_loss, get_spec, make_batch
 from repro.workload.recording import Clock, CpuClock, CudaClock, IterationTimeline, Recorder, attribute, resolve

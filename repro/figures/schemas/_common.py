@@ -7,10 +7,10 @@ from typing import Annotated
 
 from pydantic import AfterValidator, Field
 
-from repro.published_fits import COST_MODES
-from repro.cluster.jobs import LAUNCHERS
-from repro.presets import PRESETS
-from repro.run_options import RUN_OPTIONS
+from repro.costs.published_fits import COST_MODES
+from repro.launch.jobs import LAUNCHERS
+from repro.costs.presets import PRESETS
+from repro.core.run_options import RUN_OPTIONS
 from repro.figures.params import Float, Int, Name, OneOf, Str
 from repro.workload.models import MODEL_NAMES
 
@@ -24,12 +24,12 @@ SCALES = ("tiny", "paper")
 #: ``tiny`` or ``paper`` (each notebook says what it changes)
 Scale = OneOf(SCALES)
 #: how a measured notebook at ``scale="paper"`` runs the paper's grid: "" (none), local, slurm, print
-#: (repro.cluster.jobs.LAUNCHERS)
+#: (repro.launch.jobs.LAUNCHERS)
 Launcher = OneOf(LAUNCHERS, Str)
 
 
 def _slurm(value: str) -> str:
-    from repro.cluster.jobs import slurm_resources
+    from repro.launch.jobs import slurm_resources
 
     try:
         slurm_resources(value)  # one line: the bad item and what it should be
@@ -38,15 +38,15 @@ def _slurm(value: str) -> str:
     return value
 
 
-#: what each SLURM job of a grid asks for: ``key=value`` items (repro.cluster.jobs.slurm_resources), "" = defaults
+#: what each SLURM job of a grid asks for: ``key=value`` items (repro.launch.jobs.slurm_resources), "" = defaults
 Slurm = Annotated[Str, AfterValidator(_slurm)]
-#: ``paper`` or ``calibrated`` (repro.published_fits.COST_MODES)
+#: ``paper`` or ``calibrated`` (repro.costs.published_fits.COST_MODES)
 CostMode = OneOf(COST_MODES)
 def _preset_or_file(value: str) -> str:
-    from repro.presets import is_cluster_file, is_cost_file
+    from repro.costs.presets import is_cluster_file, is_cost_file
 
     if is_cluster_file(value):  # a cluster file (repro cost cluster) serves any P: checked whole here
-        from repro.cluster_cost import load_cluster
+        from repro.costs.cluster_cost import load_cluster
 
         load_cluster(value)
         return value
@@ -56,7 +56,7 @@ def _preset_or_file(value: str) -> str:
                      f"{', '.join(PRESETS)}")
 
 
-#: a cost-model preset name (repro.presets.PRESETS), a cost file (.json, e.g. from repro calibrate), or a
+#: a cost-model preset name (repro.costs.presets.PRESETS), a cost file (.json, e.g. from repro calibrate), or a
 #: cluster file (.json of repro cost cluster: any P)
 Preset = Annotated[Name, AfterValidator(_preset_or_file)]
 #: a model repro can build and train (repro.workload.models.MODEL_NAMES)
@@ -64,11 +64,11 @@ Model = OneOf(MODEL_NAMES)
 
 
 def _rate(value: str) -> str:
-    from repro import ranges
-    from repro.cluster.netns import parse_bandwidth
+    from repro.core import ranges
+    from repro.launch.netns import parse_bandwidth
 
     bps = parse_bandwidth(value)  # ValueError: one line saying what a rate looks like (as repro train's)
-    if not ranges.BITS_PER_S.contains(bps):  # 1e30gbit: no link is that fast (repro.ranges.BITS_PER_S)
+    if not ranges.BITS_PER_S.contains(bps):  # 1e30gbit: no link is that fast (repro.core.ranges.BITS_PER_S)
         raise ValueError(f"rate {value!r} ({bps:.3g} bit/s) is outside the plausible range "
                          f"{ranges.BITS_PER_S.range_text()}")
     return value
@@ -85,7 +85,7 @@ LinkRateOrLoopback = Annotated[Str, AfterValidator(_rate_or_loopback)]
 
 
 def _run_option(name: str, base):
-    """A notebook parameter checked by run option ``name``'s own check (:mod:`repro.run_options`, where
+    """A notebook parameter checked by run option ``name``'s own check (:mod:`repro.core.run_options`, where
     each family declares its options once): the same rule and message as ``repro train`` and
     :func:`repro.distribute`."""
     option = RUN_OPTIONS[name]

@@ -8,7 +8,7 @@ from pydantic import model_validator
 
 from repro.figures.params import ListOf, Name, NotebookParams, OneOf, PathParam, parameter_error
 from repro.figures.schemas._common import CostMode, Preset, Scale, SimGPUs
-from repro.planners import planner_names
+from repro.core.planners import planner_names
 from repro.studies import dear_sim as study
 
 

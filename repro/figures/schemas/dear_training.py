@@ -9,7 +9,7 @@ from pydantic import Field
 from repro.figures.params import Bool, Int, ListOf, NotebookParams, OneOf, PathParam
 from repro.figures.schemas._common import (BatchSize, Bytes, CostMode, Launcher, LinkRateOrLoopback, Model, Preset,
                                            Ranks, Repeats, Scale, SimGPUs, Slurm, Steps, TimingPairs)
-from repro.schedulers import SCHEDULERS
+from repro.core.schedulers import SCHEDULERS
 from repro.studies import dear_sim as sim
 
 #: schedulers a measured run can use (dear_bo has its own live run)
@@ -45,6 +45,6 @@ class DearTrainingParams(NotebookParams):
     read_only: Bool = False
     scale: Scale = "tiny"
     launcher: Launcher = ""
-    slurm: Slurm = ""  # what each SLURM job asks for (key=value items; repro.cluster.jobs.slurm_resources)
+    slurm: Slurm = ""  # what each SLURM job asks for (key=value items; repro.launch.jobs.slurm_resources)
     output_dir: PathParam = "results/figures"
     results_dir: PathParam = "results/data"

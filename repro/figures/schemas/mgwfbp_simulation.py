@@ -8,7 +8,7 @@ from pydantic import model_validator
 
 from repro.figures.params import Bool, ListOf, Name, NotebookParams, OneOf, PathParam, parameter_error
 from repro.figures.schemas._common import CostMode, Preset, Scale, SimGPUs, ThresholdBytes, estimate_gpus
-from repro.planners import PLANNERS
+from repro.core.planners import PLANNERS
 from repro.studies import mgwfbp_sim as study
 
 

@@ -9,12 +9,12 @@ from pydantic import AfterValidator
 from repro.figures.params import Bool, ListOf, NotebookParams, OneOf, PathParam
 from repro.figures.schemas._common import (BatchSize, Bytes, Epochs, Launcher, LinkRateOrLoopback, Model,
                                            RanksFrom1, Scale, Slurm, Steps, TimingPairs)
-from repro.schedulers import SCHEDULERS
+from repro.core.schedulers import SCHEDULERS
 from repro.workload.datasets import DATASET_NAMES
 
 
 def _epochs_dataset(value: str) -> str:
-    # repro train's rule (repro.train_config): epochs need a real dataset; the convergence runs train epochs
+    # repro train's rule (repro.training.config): epochs need a real dataset; the convergence runs train epochs
     if value == "synthetic":
         raise ValueError("epochs need a real dataset (synthetic data has no epochs; repro train refuses "
                          f"--epochs with --dataset synthetic); choose from "
@@ -45,6 +45,6 @@ class MgwfbpTrainingParams(NotebookParams):
     read_only: Bool = False
     scale: Scale = "tiny"
     launcher: Launcher = ""
-    slurm: Slurm = ""  # what each SLURM job asks for (key=value items; repro.cluster.jobs.slurm_resources)
+    slurm: Slurm = ""  # what each SLURM job asks for (key=value items; repro.launch.jobs.slurm_resources)
     output_dir: PathParam = "results/figures"
     results_dir: PathParam = "results/data"

@@ -10,12 +10,12 @@ from pydantic import AfterValidator, model_validator
 from repro.figures.params import InputFolder, ListOf, Name, NotebookParams, OneOf, PathParam, Str, parameter_error
 from repro.figures.schemas._common import (CostMode, Density, Model, Preset, Ranks, Scale, SimGPUs, Steps,
                                            estimate_gpus)
-from repro.planners import planner_names
+from repro.core.planners import planner_names
 from repro.studies import omgs_sim as study
 
 
 def _preset_or_empty(value: str) -> str:
-    from repro.presets import PRESETS
+    from repro.costs.presets import PRESETS
 
     if value and value not in PRESETS:
         raise ValueError(f"unknown value {value!r}; choose from {', '.join(PRESETS)} (or empty: fit on the live group)")

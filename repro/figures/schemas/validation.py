@@ -7,7 +7,7 @@ from typing import ClassVar
 from repro.figures.params import Bool, ListOf, NotebookParams, OneOf, PathParam
 from repro.figures.schemas._common import (BatchSize, LinkRateOrLoopback, Model, Ranks, Repeats, Scale, Steps,
                                            ThresholdBytes)
-from repro.schedulers import SCHEDULERS
+from repro.core.schedulers import SCHEDULERS
 
 
 class ValidationParams(NotebookParams):

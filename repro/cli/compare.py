@@ -1,0 +1,253 @@
+"""One comparison of every scheduler on one trace and one cost model: ``repro compare`` and the
+``compare_schedulers`` notebook's study (:mod:`repro.studies.compare`) both call :func:`predict`, with the
+defaults stated here, so the two give the same predicted time for the same trace, network and P.
+
+For each scheduler of the registry (:mod:`repro.core.schedulers`) in its order, :func:`predict` makes the plan its
+planner makes (:func:`repro.core.planners.make_plan`) and simulates one iteration of it (:func:`repro.core.simulate.simulate`).
+:func:`compare` keeps the :data:`FIELDS` of each record: the scheduler, its family, the planner, the predicted
+``iteration_s`` (seconds), the plan's ``buckets``, ``speedup_over_syncea`` (SyncEASGD's iteration / this one),
+``throughput_samples_per_s`` (over all workers), ``plan_wall_s`` (seconds planning took here) and a ``note``:
+why a scheduler could not be planned, that an exact planner's time budget ran out (with the proven gap), that
+an exact planner returned a heuristic's plan because it simulated faster under contention
+(:mod:`repro.core.judge`), or that the scheduler is predicted with another scheduler's planner.
+
+The defaults (one set, for the CLI and the notebook):
+
+- **Cost mode** :data:`DEFAULT_COST_MODE` (``"calibrated"``): a network preset is mapped by
+  :func:`repro.costs.published_fits.cost_for_mode` to the cluster calibrated on the published ddl-benchmarks
+  measurements (per-message overhead and contention included); ``"paper"``: the preset's published lines.
+- **Servers** (parameter-server planners): one per node the job uses (the cost model's ``nodes_used``), else
+  ``ceil(P / 4)`` (:data:`~repro.costs.published_fits.DEVICES_PER_NODE` GPUs per node, as the calibrated clusters).
+- **Options**: :data:`DEFAULT_OPTIONS` (top-k density 0.001, SSP staleness 2, OSP stage-1 share 0.5 with
+  importance by layer position), each passed only to the planners that take it; exact planners get
+  ``time_budget_s`` (default :data:`~repro.core.budget.DEFAULT_TIME_BUDGET_S`); every other option is
+  the planner's default.
+- **Top-k cost** ``gamma * d * log2(d)`` seconds for d elements: ``gamma`` as given, else the cost model's
+  own, else :data:`TOPK_GAMMA_S`, OMGS-SGD's published fit (a P102-100 GPU; the only published one, so on a
+  faster GPU the sparse family is if anything penalised).
+
+Never imports torch.
+"""
+
+from __future__ import annotations
+
+import csv
+import inspect
+import io
+import logging
+import math
+import time
+from typing import Any, Mapping, Sequence
+
+from dataclasses import replace
+
+from repro.core.cost import CostModel, CostModelError
+from repro.core.families import get_family
+from repro.core.planners import PLANNER_FAMILY, PLANNERS, make_plan
+from repro.core.budget import DEFAULT_TIME_BUDGET_S, check_time_budget
+from repro.costs.presets import PRESETS
+from repro.costs.published_fits import DEVICES_PER_NODE, check_cost_mode, cost_for_mode
+from repro.core.schedulers import SCHEDULERS
+from repro.core.trace import Trace
+
+log = logging.getLogger(__name__)
+
+__all__ = ["BASELINE", "FIELDS", "DEFAULT_COST_MODE", "DEFAULT_DENSITY", "DEFAULT_STALENESS", "DEFAULT_STAGE1_SHARE",
+           "DEFAULT_IMPORTANCE", "DEFAULT_OPTIONS", "TOPK_GAMMA_S", "TOPK_GAMMA_SOURCE", "network_cost",
+           "default_servers", "with_topk", "predict", "compare", "planner_options", "format_table", "format_csv"]
+
+BASELINE = "syncea"
+FIELDS = ("scheduler", "family", "planner", "iteration_s", "buckets", "speedup_over_syncea",
+          "throughput_samples_per_s", "plan_wall_s", "note")
+
+DEFAULT_COST_MODE = "calibrated"
+DEFAULT_DENSITY = 0.001        # OMGS-SGD's density for the CNNs
+DEFAULT_STALENESS = 2          # SSP's bound, iterations
+DEFAULT_STAGE1_SHARE = 0.5     # OSP's blocking share of the gradient bytes
+DEFAULT_IMPORTANCE = "position"  # OSP's importance: the estimate traces hold no gradient magnitudes
+DEFAULT_OPTIONS: dict[str, Any] = {"density": DEFAULT_DENSITY, "staleness": DEFAULT_STALENESS,
+                                   "stage1_share": DEFAULT_STAGE1_SHARE, "importance": DEFAULT_IMPORTANCE}
+TOPK_GAMMA_S: float = float(PRESETS["1gbe-allgather"].topk_gamma_s)  # type: ignore[union-attr, arg-type]
+TOPK_GAMMA_SOURCE = (f"top-k gamma {TOPK_GAMMA_S:g} s: OMGS-SGD's published fit (P102-100 GPU, density 0.001; "
+                     "preset 1gbe-allgather)")
+
+
+def _first_line(e: BaseException) -> str:
+    return str(e).splitlines()[0] if str(e).strip() else type(e).__name__
+
+
+def network_cost(network: str, workers: int, cost_mode: str = DEFAULT_COST_MODE) -> CostModel:
+    """The cost model of network preset ``network`` at ``workers`` under ``cost_mode`` (module docstring)."""
+    return cost_for_mode(network, workers, check_cost_mode(cost_mode))
+
+
+def default_servers(cost: CostModel) -> int:
+    """Parameter servers by default: one per node the job uses (``cost.meta["cluster"]["nodes_used"]`` or a
+    calibrated cluster's ``meta["nodes_used"]``), else ``ceil(P / DEVICES_PER_NODE)``."""
+    nodes = (cost.meta.get("cluster") or {}).get("nodes_used") or cost.meta.get("nodes_used")
+    return int(nodes) if nodes else max(1, -(-int(cost.workers) // DEVICES_PER_NODE))
+
+
+def with_topk(cost: CostModel, topk_gamma_s: float | None = None, source: str | None = None) -> CostModel:
+    """``cost`` with the comparison's top-k cost: ``topk_gamma_s`` seconds when given (``source`` says where it
+    comes from), else the cost model's own, else :data:`TOPK_GAMMA_S`. ``meta["topk_source"]`` names it."""
+    if topk_gamma_s is None:
+        if cost.topk_gamma_s is not None:
+            return cost
+        topk_gamma_s, source = TOPK_GAMMA_S, TOPK_GAMMA_SOURCE
+    source = source or f"top-k gamma {float(topk_gamma_s):g} s"
+    return replace(cost.with_topk(float(topk_gamma_s)), meta={**cost.meta, "topk_source": source})
+
+
+def planner_options(planner: str, *, servers: int, time_budget_s: float,
+                    given: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The options ``planner`` gets in a comparison: those of ``servers``, ``time_budget_s`` and ``given``
+    (None values dropped) that its function takes."""
+    params = inspect.signature(PLANNERS[planner]).parameters
+    wanted = {"servers": servers, "time_budget_s": time_budget_s, **{k: v for k, v in (given or {}).items()
+                                                                      if v is not None}}
+    return {k: v for k, v in wanted.items() if k in params}
+
+
+def _budget_note(meta: Mapping[str, Any], budget_s: float) -> str:
+    if meta.get("optimal") is False:
+        return (f"time budget of {budget_s:g} s spent: at most {float(meta.get('gap_pct', math.nan)):.2f}% above "
+                "the optimum")
+    return ""
+
+
+def _judged_note(meta: Mapping[str, Any], planner: str) -> str:
+    """For an exact planner whose own plan lost under the judging model (contention) to a heuristic's."""
+    won = meta.get("plan_from")
+    if not won or won == planner:
+        return ""
+    return (f"plan of {won}: faster under contention than the exact search's own plan "
+            f"({float(meta.get('exact_plan_iteration_s', math.nan)):.4g} s)")
+
+
+def _iteration_s(trace: Trace, plan, cost: CostModel) -> float:
+    """The simulated iteration of ``plan``. A parameter-server plan made with a cost model holds the
+    simulator's period of itself under that model (``meta["iteration_s"]``, :func:`repro.families.ps.planners.ps_plan`);
+    it is used instead of simulating the same plan twice, except with a realism ``compute_scale`` other than 1,
+    which the planner's trace would already carry."""
+    from repro.core.simulate import simulate
+
+    realism = cost.realism
+    if plan.family == "ps" and "iteration_s" in plan.meta and (realism is None or realism.compute_scale == 1.0):
+        return float(plan.meta["iteration_s"])
+    return float(simulate(trace, plan, cost, with_ops=False).iteration_s)
+
+
+def predict(trace: Trace, cost: CostModel, *, servers: int | None = None,
+            time_budget_s: float = DEFAULT_TIME_BUDGET_S, options: Mapping[str, Any] | None = None,
+            schedulers: Sequence[str] | None = None) -> list[dict[str, Any]]:
+    """One record per scheduler (module docstring): the :data:`FIELDS`, plus ``options`` (what the planner
+    got), ``stage1_bytes_share``, ``plan_from`` and ``exact_plan_iteration_s`` (None where not planned or
+    not given by the plan). ``servers``: default :func:`default_servers`; ``options``: overrides of
+    :data:`DEFAULT_OPTIONS` (None values keep the default); ``schedulers``: a subset, in the given order
+    (default: every scheduler). The cost model gets the default top-k cost (:func:`with_topk`)."""
+    time_budget_s = check_time_budget(time_budget_s)
+    names = list(SCHEDULERS) if schedulers is None else list(dict.fromkeys(schedulers))
+    if not names:
+        raise ValueError(f"--schedulers: the list names no scheduler; give one or more of {', '.join(SCHEDULERS)} "
+                         "separated by commas, or leave --schedulers out for every one")
+    unknown = [s for s in names if s not in SCHEDULERS]
+    if unknown:
+        raise ValueError(f"--schedulers: unknown scheduler(s) {', '.join(unknown)}; choose from "
+                         f"{', '.join(SCHEDULERS)}")
+    if servers is None:
+        servers = default_servers(cost)
+    if isinstance(servers, bool) or not isinstance(servers, int) or servers < 1:
+        raise ValueError(f"--servers must be a positive integer, got {servers!r}")
+    given = {**DEFAULT_OPTIONS, **{k: v for k, v in (options or {}).items() if v is not None}}
+    cost = with_topk(cost)
+
+    records = []
+    for name in names + ([BASELINE] if BASELINE not in names else []):  # the baseline of the speedups
+        entry = SCHEDULERS[name]
+        rec: dict[str, Any] = {"scheduler": name, "family": entry.family, "planner": entry.planner,
+                               "iteration_s": None, "buckets": None, "speedup_over_syncea": None,
+                               "throughput_samples_per_s": None, "plan_wall_s": None, "note": "", "options": {},
+                               "stage1_bytes_share": None, "plan_from": None, "exact_plan_iteration_s": None}
+        if not entry.has_plan:
+            rec["note"] = "a runtime baseline that executes no plan of ours: nothing to predict"
+            records.append(rec)
+            continue
+        rec["family"] = PLANNER_FAMILY[entry.planner]
+        notes = [] if entry.planner == name else [f"predicted with planner {entry.planner}'s plan"]
+        missing = [c for c in get_family(rec["family"]).collectives if c not in cost.lines]
+        if missing:
+            rec["note"] = (f"not planned: the cost model has no {' or '.join(missing)} line (it has "
+                           f"{', '.join(sorted(cost.lines))}); describe the cluster (--nodes --gpus-per-node "
+                           "--inter-link) or give a cost file with it")
+            records.append(rec)
+            continue
+        try:
+            opts = planner_options(entry.planner, servers=servers, time_budget_s=time_budget_s, given=given)
+            rec["options"] = opts
+            t0 = time.perf_counter()
+            plan = make_plan(entry.planner, trace, cost, **opts)
+            rec["plan_wall_s"] = time.perf_counter() - t0
+            it = _iteration_s(trace, plan, cost)
+            if not math.isfinite(it) or it <= 0:
+                raise ValueError(f"the simulator predicts a non-finite or non-positive iteration ({it!r})")
+            rec.update(iteration_s=it, buckets=plan.num_buckets,
+                       throughput_samples_per_s=cost.workers * trace.batch_size / it,
+                       stage1_bytes_share=plan.meta.get("stage1_bytes_share"),
+                       plan_from=plan.meta.get("plan_from", name),
+                       exact_plan_iteration_s=plan.meta.get("exact_plan_iteration_s"))
+            notes.append(_budget_note(plan.meta, time_budget_s))
+            notes.append(_judged_note(plan.meta, entry.planner))
+        except CostModelError as e:
+            notes = [f"not planned: {_first_line(e)}"]
+        except Exception as e:  # noqa: BLE001 - every reason is a note, never a traceback
+            notes = [f"not planned: {_first_line(e)}"]
+        rec["note"] = "; ".join(n for n in notes if n)
+        records.append(rec)
+        log.info("compare: %s %s", name, "predicted %.6g s" % rec["iteration_s"] if rec["iteration_s"] is not None
+                 else rec["note"])
+    base = next((r["iteration_s"] for r in records if r["scheduler"] == BASELINE), None)
+    if base is not None:
+        for r in records:
+            if r["iteration_s"] is not None:
+                r["speedup_over_syncea"] = base / r["iteration_s"]
+    return [r for r in records if r["scheduler"] in names]
+
+
+def compare(trace: Trace, cost: CostModel, *, servers: int | None = None,
+            time_budget_s: float = DEFAULT_TIME_BUDGET_S, options: Mapping[str, Any] | None = None,
+            schedulers: Sequence[str] | None = None) -> list[dict[str, Any]]:
+    """:func:`predict`'s records, each with the :data:`FIELDS` only (what ``repro compare`` prints)."""
+    return [{k: r[k] for k in FIELDS} for r in predict(trace, cost, servers=servers, time_budget_s=time_budget_s,
+                                                        options=options, schedulers=schedulers)]
+
+
+def _fmt(value: Any, digits: int = 4) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.{digits}g}"
+    return str(value)
+
+
+def format_table(records: Sequence[Mapping[str, Any]], header_lines: Sequence[str] = ()) -> str:
+    """Aligned columns for a person: scheduler, family, iteration (s), buckets, speedup over SyncEASGD,
+    note; ``header_lines`` first, each as a ``#`` comment."""
+    head = ("scheduler", "family", "iteration_s", "buckets", "speedup_over_syncea", "note")
+    rows = [[str(r["scheduler"]), _fmt(r["family"]), _fmt(r["iteration_s"]), _fmt(r["buckets"]),
+             _fmt(r["speedup_over_syncea"], 3), str(r["note"] or "")] for r in records]
+    cells = [list(head)] + rows
+    widths = [max(len(c[i]) for c in cells) for i in range(len(head) - 1)]
+    lines = [f"# {h}" for h in header_lines]
+    lines += ["  ".join([c.ljust(w) for c, w in zip(r, widths)] + [r[-1]]).rstrip() for r in cells]
+    return "\n".join(lines)
+
+
+def format_csv(records: Sequence[Mapping[str, Any]]) -> str:
+    """CSV with the keys of the JSON records as the header (an empty cell where a value is missing)."""
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=list(FIELDS), lineterminator="\n")
+    writer.writeheader()
+    for r in records:
+        writer.writerow({k: ("" if r.get(k) is None else r.get(k)) for k in FIELDS})
+    return buf.getvalue().rstrip("\n")

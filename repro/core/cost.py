@@ -1,0 +1,386 @@
+"""Collective communication cost models: seconds for a message of n bytes among P workers.
+
+A :class:`CostModel` holds one :class:`Linear` (``a + b * n`` seconds) per collective for a fixed
+worker count P. ``n`` is always the argument of the collective's method:
+
+- ``allreduce_s(n)``: bytes of the tensor reduced (every worker holds n bytes);
+- ``reduce_scatter_s(n)``, ``allgather_s(n)``: bytes of the *full* tensor (each worker ends with /
+  starts from n / P); a ring all-reduce is one of each;
+- ``sparse_allgather_s(n)``: bytes each worker contributes (values + indices); its line is in the
+  gathered bytes P * n, as OMGS-SGD's ``T_ag(m) = a + b * m * P``;
+- ``push_s(n)``, ``pull_s(n)``: one worker's n-byte message to (from) a parameter server, alone on the link.
+
+It may carry the device's top-k cost, ``topk_s(d) = gamma * d * log2(d)`` seconds for d elements
+(``topk_gamma_s``, OMGS-SGD's ``t_spar``; :func:`fit_topk_gamma`), which sparse planners need beside
+the all-gather line. Sources: fitted lines (:meth:`CostModel.linear`), per-hop alpha, beta, gamma and
+an algorithm (:meth:`CostModel.from_alpha_beta`), least squares over measured (bytes, seconds)
+(:func:`fit_linear`, :meth:`CostModel.fit`), or presets (:func:`repro.costs.presets.preset`). Never imports
+torch.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+import numpy as np
+
+from repro.core import ranges
+from repro.core.realism import Realism, RealismError
+from repro.results.outputs import write_output
+
+__all__ = [
+    "COLLECTIVES", "ALGORITHMS", "Linear", "CostModel", "CostModelError", "fit_linear", "relative_errors",
+    "fit_topk_gamma", "topk_time_s",
+    "alpha_beta_lines", "check_workers",
+]
+
+COLLECTIVES = ("allreduce", "reduce_scatter", "allgather", "sparse_allgather", "push", "pull")
+ALGORITHMS = ("ring", "tree", "recursive_doubling", "halving_doubling")
+
+
+class CostModelError(ValueError):
+    """Bad cost-model input (unknown preset, worker count a preset lacks, bad fit data)."""
+
+
+@dataclass(frozen=True)
+class Linear:
+    """``seconds = a_s + b_s_per_byte * bytes``."""
+
+    a_s: float
+    b_s_per_byte: float
+
+    def __post_init__(self) -> None:
+        for name in ("a_s", "b_s_per_byte"):
+            v = getattr(self, name)
+            if not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+                raise CostModelError(f"{name} must be a finite non-negative number, got {v!r}")
+
+    def __call__(self, nbytes):
+        """Seconds for ``nbytes`` (scalar or numpy array); zero bytes cost nothing."""
+        n = np.asarray(nbytes, dtype=float)
+        t = np.where(n > 0, self.a_s + self.b_s_per_byte * n, 0.0)
+        return float(t) if t.ndim == 0 else t
+
+    def to_dict(self) -> dict[str, float]:
+        return {"a_s": self.a_s, "b_s_per_byte": self.b_s_per_byte}
+
+
+def fit_linear(nbytes: Iterable[float], seconds: Iterable[float], *, weighting: str = "relative") -> Linear:
+    """Least-squares line ``a + b*bytes`` through measured (bytes, seconds) pairs, with ``a, b >= 0``.
+
+    ``weighting="relative"`` (default) minimises the sum of squared *relative* errors
+    ``((a + b*x - y) / y)**2``, so a 4 KiB message whose time is dominated by the start-up ``a``
+    counts as much as a 64 MiB one dominated by ``b`` (an unweighted fit lets the largest messages
+    decide and can miss small ones several-fold). ``weighting="absolute"`` is ordinary least squares.
+    The non-negativity constraint is exact: when the unconstrained optimum has a negative term, the
+    best line with that term at 0 is returned.
+    """
+    x = np.asarray(list(nbytes), dtype=float)
+    y = np.asarray(list(seconds), dtype=float)
+    if x.shape != y.shape:
+        raise CostModelError(f"fit needs as many byte sizes as times, got {x.size} and {y.size}")
+    if x.size < 2 or np.unique(x).size < 2:
+        raise CostModelError("fit needs measurements at two or more distinct message sizes")
+    if not (np.all(np.isfinite(x)) and np.all(np.isfinite(y))) or np.any(x < 0) or np.any(y < 0):
+        raise CostModelError("fit data must be finite and non-negative")
+    if weighting not in ("relative", "absolute"):
+        raise CostModelError(f"weighting must be 'relative' or 'absolute', got {weighting!r}")
+    if weighting == "relative":
+        if np.any(y <= 0):
+            raise CostModelError("a relative-error fit needs positive times")
+        w = 1.0 / y
+    else:
+        w = np.ones_like(y)
+    A = np.stack([np.ones_like(x), x], axis=1) * w[:, None]
+    t = y * w
+
+    def loss(a: float, b: float) -> float:
+        return float(np.sum((A @ np.array([a, b]) - t) ** 2))
+
+    candidates = []
+    sol, *_ = np.linalg.lstsq(A, t, rcond=None)
+    if sol[0] >= 0 and sol[1] >= 0:
+        candidates.append((float(sol[0]), float(sol[1])))
+    else:  # the constrained optimum lies on a boundary: a = 0 or b = 0
+        b0 = float(max(0.0, A[:, 1] @ t / (A[:, 1] @ A[:, 1]))) if np.any(A[:, 1]) else 0.0
+        a0 = float(max(0.0, A[:, 0] @ t / (A[:, 0] @ A[:, 0])))
+        candidates += [(0.0, b0), (a0, 0.0)]
+    a, b = min(candidates, key=lambda ab: loss(*ab))
+    return Linear(a, b)
+
+
+def relative_errors(line: Linear, nbytes: Iterable[float], seconds: Iterable[float]) -> np.ndarray:
+    """``fitted / measured - 1`` per measurement (what a relative-error fit minimises)."""
+    x = np.asarray(list(nbytes), dtype=float)
+    y = np.asarray(list(seconds), dtype=float)
+    return (line.a_s + line.b_s_per_byte * x) / y - 1.0
+
+
+def topk_time_s(gamma_s: float, numel):
+    """``gamma * d * log2(d)`` seconds for top-k selection on ``d`` elements (0 for d <= 1)."""
+    d = np.asarray(numel, dtype=float)
+    t = np.where(d > 1, gamma_s * d * np.log2(np.maximum(d, 1.0)), 0.0)
+    return float(t) if t.ndim == 0 else t
+
+
+def fit_topk_gamma(numel: Iterable[float], seconds: Iterable[float]) -> float:
+    """Least-squares ``gamma`` of ``t = gamma * d * log2(d)`` through measured (elements, seconds)
+    pairs, minimising squared *relative* errors (small and large tensors count alike):
+    ``gamma = sum(x/y) / sum((x/y)**2)`` with ``x = d log2 d``."""
+    d = np.asarray(list(numel), dtype=float)
+    y = np.asarray(list(seconds), dtype=float)
+    if d.shape != y.shape or d.size < 1:
+        raise CostModelError(f"top-k fit needs as many sizes as times (and at least one), got {d.size} and {y.size}")
+    if not (np.all(np.isfinite(d)) and np.all(np.isfinite(y))) or np.any(d < 2) or np.any(y <= 0):
+        raise CostModelError("top-k fit data must be finite, with sizes >= 2 elements and positive times")
+    r = d * np.log2(d) / y
+    return float(np.sum(r) / np.sum(r * r))
+
+
+def alpha_beta_lines(workers: int, alpha_s: float, beta_s_per_byte: float,
+                     gamma_s_per_byte: float = 0.0, algorithm: str = "ring") -> dict[str, Linear]:
+    """Lines of every collective from per-hop latency alpha, transfer beta and reduction gamma.
+
+    All-reduce forms follow the standard analysis (Thakur et al. 2005; Chan et al. 2007) as tabulated
+    in the MG-WFBP paper. Reduce-scatter and all-gather use the matching halves: ring (P-1 steps) for
+    ``ring``, recursive halving / doubling (log2 P steps) otherwise. Push/pull are one message of one
+    worker to (from) a parameter server over one link, ``alpha + beta * n``: the parameter-server
+    simulator (:mod:`repro.families.ps.simulate`) queues the P workers' messages on the server's link itself.
+    """
+    check_workers(workers)
+    if algorithm not in ALGORITHMS:
+        raise CostModelError(f"unknown algorithm '{algorithm}'; choose one of {', '.join(ALGORITHMS)}")
+    P = workers
+    frac = (P - 1) / P
+    lg = math.log2(P)
+    if algorithm == "ring":
+        ar = Linear(2 * (P - 1) * alpha_s, 2 * frac * beta_s_per_byte + frac * gamma_s_per_byte)
+        half_a = (P - 1) * alpha_s
+    elif algorithm == "tree":
+        ar = Linear(2 * lg * alpha_s, 2 * lg * (beta_s_per_byte + gamma_s_per_byte))
+        half_a = lg * alpha_s
+    elif algorithm == "recursive_doubling":
+        ar = Linear(lg * alpha_s, lg * (beta_s_per_byte + gamma_s_per_byte))
+        half_a = lg * alpha_s
+    else:  # halving_doubling
+        ar = Linear(2 * lg * alpha_s, 2 * frac * beta_s_per_byte + frac * gamma_s_per_byte)
+        half_a = lg * alpha_s
+    rs = Linear(half_a, frac * (beta_s_per_byte + gamma_s_per_byte))
+    ag = Linear(half_a, frac * beta_s_per_byte)
+    ps = Linear(alpha_s, beta_s_per_byte)
+    return {"allreduce": ar, "reduce_scatter": rs, "allgather": ag, "sparse_allgather": ag,
+            "push": ps, "pull": ps}
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """Per-collective linear costs for ``workers`` workers. ``source`` says where the numbers came from."""
+
+    workers: int
+    lines: Mapping[str, Linear]
+    source: str = "custom"
+    meta: Mapping[str, object] = field(default_factory=dict, compare=False)
+    topk_gamma_s: float | None = None   # top-k selection: gamma * d * log2(d) seconds (None: unknown)
+    # Effects beyond the papers' model (repro.core.realism); None = the paper model. Its message overhead
+    # and copy cost are added to every line that :meth:`line` returns; ``lines`` stay the network's own.
+    realism: Realism | None = None
+    # The file it was read from (CostModel.load), named by errors that only show later, such as a missing
+    # line; not part of the model (not compared, not written).
+    path: str | None = field(default=None, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        check_workers(self.workers)
+        if self.realism is not None and not isinstance(self.realism, Realism):
+            raise CostModelError(f"realism must be a repro.core.realism.Realism, got {type(self.realism).__name__}")
+        g = self.topk_gamma_s
+        if g is not None and (isinstance(g, bool) or not isinstance(g, (int, float)) or not math.isfinite(g)
+                              or g < 0):
+            raise CostModelError(f"topk_gamma_s must be a finite non-negative number, got {g!r}")
+        unknown = set(self.lines) - set(COLLECTIVES)
+        if unknown:
+            raise CostModelError(f"unknown collective(s) {sorted(unknown)}; known: {', '.join(COLLECTIVES)}")
+        object.__setattr__(self, "lines", dict(self.lines))
+
+    # ---- constructors ----
+    @classmethod
+    def linear(cls, workers: int, a_s: float, b_s_per_byte: float, collective: str = "allreduce",
+               source: str = "linear") -> "CostModel":
+        """A model with one directly given line, e.g. the papers' fitted all-reduce ``a + b*M``."""
+        return cls(workers, {collective: Linear(a_s, b_s_per_byte)}, source=source)
+
+    @classmethod
+    def from_alpha_beta(cls, workers: int, alpha_s: float, beta_s_per_byte: float,
+                        gamma_s_per_byte: float = 0.0, algorithm: str = "ring",
+                        source: str | None = None) -> "CostModel":
+        lines = alpha_beta_lines(workers, alpha_s, beta_s_per_byte, gamma_s_per_byte, algorithm)
+        meta = {"alpha_s": alpha_s, "beta_s_per_byte": beta_s_per_byte,
+                "gamma_s_per_byte": gamma_s_per_byte, "algorithm": algorithm}
+        return cls(workers, lines, source=source or f"alpha-beta ({algorithm})", meta=meta)
+
+    @classmethod
+    def fit(cls, workers: int, measurements: Mapping[str, tuple[Iterable[float], Iterable[float]]],
+            source: str = "fitted") -> "CostModel":
+        """Fit each collective from ``{collective: (bytes, seconds)}`` measured among ``workers``."""
+        lines = {name: fit_linear(x, y) for name, (x, y) in measurements.items()}
+        return cls(workers, lines, source=source)
+
+    def with_topk(self, gamma_s: float) -> "CostModel":
+        """A copy that also knows the top-k cost ``gamma_s * d * log2(d)``."""
+        return replace(self, topk_gamma_s=gamma_s)
+
+    def topk_s(self, numel):
+        """Seconds of top-k selection on ``numel`` elements (scalar or array): ``gamma d log2 d``."""
+        if self.topk_gamma_s is None:
+            raise CostModelError(
+                f"cost model '{self.source}' (P={self.workers}) has no top-k cost; fit gamma from measured "
+                "top-k times (repro.core.cost.fit_topk_gamma, repro.runtime.calibrate.fit_topk) and use "
+                "CostModel.with_topk(gamma), or the preset '1gbe-allgather'")
+        return topk_time_s(self.topk_gamma_s, numel)
+
+    def with_realism(self, realism: Realism | None) -> "CostModel":
+        """A copy carrying ``realism`` (``None`` or an all-off one: the paper model)."""
+        if realism is not None and realism.is_paper_model:
+            realism = None
+        return replace(self, realism=realism)
+
+    @property
+    def is_paper_model(self) -> bool:
+        """True when no realism is attached: the lines and the papers' perfect-overlap model."""
+        return self.realism is None
+
+    def for_wire_dtype(self, wire_dtype: str | None) -> "CostModel":
+        """The model a plan sending ``wire_dtype`` gradients sees: 16-bit ones also pay the cast cost."""
+        if self.realism is None:
+            return self
+        r = self.realism.for_wire_dtype(wire_dtype)
+        return self if r is self.realism else replace(self, realism=r)
+
+    def with_line(self, collective: str, line: Linear) -> "CostModel":
+        lines = dict(self.lines)
+        lines[collective] = line
+        return replace(self, lines=lines)
+
+    # ---- queries ----
+    def line(self, collective: str) -> Linear:
+        if collective not in COLLECTIVES:
+            raise CostModelError(f"unknown collective '{collective}'; known: {', '.join(COLLECTIVES)}")
+        try:
+            raw = self.lines[collective]
+        except KeyError:
+            have = ", ".join(sorted(self.lines)) or "none"
+            where = f"cost file {self.path}: " if self.path else ""
+            raise CostModelError(
+                f"{where}cost model '{self.source}' (P={self.workers}) has no {collective} line (field 'lines' has: "
+                f"{have}); fit one with CostModel.fit or use an alpha-beta model") from None
+        if self.realism is None:
+            return raw
+        extra_a, extra_b = self.realism.line_extra(self.workers)
+        return Linear(raw.a_s + extra_a, raw.b_s_per_byte + extra_b) if (extra_a or extra_b) else raw
+
+    def time_s(self, collective: str, nbytes):
+        """Seconds of ``collective`` on ``nbytes`` (see the module docstring for the byte convention)."""
+        if collective == "sparse_allgather":
+            return self.line(collective)(np.asarray(nbytes, dtype=float) * self.workers)
+        return self.line(collective)(nbytes)
+
+    def allreduce_s(self, nbytes):
+        return self.time_s("allreduce", nbytes)
+
+    def reduce_scatter_s(self, nbytes):
+        return self.time_s("reduce_scatter", nbytes)
+
+    def allgather_s(self, nbytes):
+        return self.time_s("allgather", nbytes)
+
+    def sparse_allgather_s(self, nbytes_per_worker):
+        return self.time_s("sparse_allgather", nbytes_per_worker)
+
+    def push_s(self, nbytes):
+        return self.time_s("push", nbytes)
+
+    def pull_s(self, nbytes):
+        return self.time_s("pull", nbytes)
+
+    @property
+    def startup_s(self) -> float:
+        """All-reduce start-up latency ``a`` (the MG-WFBP merge rule's threshold)."""
+        return self.line("allreduce").a_s
+
+    def to_dict(self) -> dict[str, object]:
+        d: dict[str, object] = {"workers": self.workers, "source": self.source,
+                                "lines": {k: v.to_dict() for k, v in self.lines.items()}, "meta": dict(self.meta)}
+        if self.topk_gamma_s is not None:
+            d["topk_gamma_s"] = self.topk_gamma_s
+        if self.realism is not None:
+            d["realism"] = self.realism.to_dict()
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Any) -> "CostModel":
+        if not isinstance(d, Mapping):
+            raise CostModelError(f"a cost model must be a JSON object, got {type(d).__name__}")
+        lines_raw = d.get("lines")
+        if not isinstance(lines_raw, Mapping) or not lines_raw:
+            raise CostModelError("malformed cost model JSON: field 'lines' must be a non-empty object of "
+                                 "{collective: {a_s, b_s_per_byte}}")
+        lines = {}
+        for k, v in lines_raw.items():
+            if not isinstance(v, Mapping) or not {"a_s", "b_s_per_byte"} <= set(v):
+                raise CostModelError(f"malformed cost model JSON: field 'lines.{k}' must have a_s and b_s_per_byte")
+            ranges.check(ranges.SECONDS, v["a_s"], f"lines.{k}.a_s", CostModelError, what="cost model field")
+            ranges.check(ranges.SECONDS_PER_BYTE, v["b_s_per_byte"], f"lines.{k}.b_s_per_byte", CostModelError,
+                         what="cost model field")
+            lines[k] = Linear(v["a_s"], v["b_s_per_byte"])
+        workers = ranges.check(ranges.WORKERS, d.get("workers"), "workers", CostModelError, low=2,
+                               what="cost model field")
+        if isinstance(workers, float):
+            workers = int(workers)
+        meta = d.get("meta", {})
+        if not isinstance(meta, Mapping):
+            raise CostModelError("malformed cost model JSON: field 'meta' must be an object")
+        gamma = d.get("topk_gamma_s")
+        if gamma is not None:
+            ranges.check(ranges.TOPK_GAMMA_S, gamma, "topk_gamma_s", CostModelError, what="cost model field")
+        realism = d.get("realism")
+        if realism is not None:
+            try:
+                realism = Realism.from_dict(realism)
+            except RealismError as e:
+                raise CostModelError(f"malformed cost model JSON: field 'realism': {e}") from None
+        return cls(workers, lines, source=str(d.get("source", "custom")), meta=dict(meta), topk_gamma_s=gamma,
+                   realism=realism)
+
+    def to_json(self, indent: int | None = 1) -> str:
+        return json.dumps(self.to_dict(), indent=indent, allow_nan=False)
+
+    def save(self, path: str | Path) -> None:
+        """Write the model (with its fit measurements, if any) as JSON; :meth:`load` reads it back."""
+        write_output(path, self.to_json() + "\n")  # atomic; never replaces a link, FIFO or device
+
+    @classmethod
+    def from_json(cls, text: str) -> "CostModel":
+        try:
+            d = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise CostModelError(f"cost model is not valid JSON: {e}") from None
+        return cls.from_dict(d)
+
+    @classmethod
+    def load(cls, path: str | Path) -> "CostModel":
+        p = Path(path)
+        if not p.is_file():
+            raise CostModelError(f"cost model file not found: {p}")
+        try:
+            return replace(cls.from_json(p.read_text()), path=str(p))
+        except CostModelError as e:
+            raise CostModelError(f"{p}: {e}") from None
+
+
+def check_workers(workers: int) -> None:
+    """A worker count a cost model can be made for (an integer >= 2), else CostModelError."""
+    if not isinstance(workers, (int, np.integer)) or isinstance(workers, bool) or workers < 2:
+        raise CostModelError(f"number of workers must be an integer >= 2, got {workers!r}")

@@ -1,0 +1,113 @@
+"""Planners (solvers): Trace + CostModel -> Plan. Look one up by name with :func:`make_plan`.
+
+Every planner is a pure function ``fn(trace, cost, **options, wire_dtype=None) -> Plan`` with the rule
+it implements written in its docstring; it never imports torch. Which scheduler uses which planner
+is the scheduler registry's business (:mod:`repro.core.schedulers`).
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import replace
+from typing import Any, Callable, Iterator, Mapping
+
+from repro.core.cost import CostModel
+from repro.core.plan import Plan
+from repro.families.allreduce import planners as allreduce
+from repro.families.bytescheduler import planners as bytescheduler
+from repro.families.dear import planners as dear
+from repro.families.ps import planners as ps
+from repro.families.sparse import planners as sparse
+from repro.core.trace import Trace
+
+__all__ = ["PLANNERS", "PLANNER_FAMILY", "planner_names", "make_plan"]
+
+PLANNERS: dict[str, Callable[..., Plan]] = {
+    "wfbp": allreduce.wfbp,
+    "syncea": allreduce.syncea,
+    "threshold": allreduce.threshold,
+    "ddp_buckets": allreduce.ddp_buckets,
+    "horovod": allreduce.horovod,
+    "mgwfbp": allreduce.mgwfbp,
+    "optimal": allreduce.optimal,
+    "topk_layerwise": sparse.topk_layerwise,
+    "topk_single": sparse.topk_single,
+    "omgs": sparse.omgs,
+    "omgs_optimal": sparse.omgs_optimal,
+    "dear_nofusion": dear.dear_nofusion,
+    "dear_threshold": dear.dear_threshold,
+    "dear_model": dear.dear_model,
+    "dear_optimal": dear.dear_optimal,
+    "bytescheduler": bytescheduler.bytescheduler,
+    "ps_bsp": ps.ps_bsp,
+    "ps_asp": ps.ps_asp,
+    "ps_ssp": ps.ps_ssp,
+    "osp": ps.osp,
+    "osp_auto": ps.osp_auto,
+}
+
+
+
+class _PlannerFamilies(Mapping[str, str]):
+    """Planner name -> the family of the plans it makes, read from :data:`PLANNERS` when asked, so a
+    planner registered later (``PLANNERS[name] = fn``, from any package) has one too: the function's
+    own ``family`` attribute, else its module's ``FAMILY``."""
+
+    def __getitem__(self, name: str) -> str:
+        fn = PLANNERS[name]
+        family = getattr(fn, "family", None) or getattr(sys.modules.get(fn.__module__), "FAMILY", None)
+        if not family:
+            raise KeyError(f"planner '{name}' names no family: give the function a 'family' attribute "
+                           f"or its module a FAMILY")
+        return family
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(list(PLANNERS))
+
+    def __len__(self) -> int:
+        return len(PLANNERS)
+
+
+#: The family of the plans each planner makes (each planner module names its family as FAMILY).
+PLANNER_FAMILY: Mapping[str, str] = _PlannerFamilies()
+
+_RENAMED = {"ddp": "'ddp' is PyTorch DDP itself (a runtime baseline, see `repro schedulers`); its default "
+                   "bucketing as a plan is the planner 'ddp_buckets'"}
+
+
+def planner_names(family: str | None = None) -> list[str]:
+    """Every planner's name, or those making plans of ``family``."""
+    return [n for n in PLANNERS if family is None or PLANNER_FAMILY[n] == family]
+
+
+def make_plan(name: str, trace: Trace, cost: CostModel, **options: Any) -> Plan:
+    """Run planner ``name``; ``options`` are passed on (``threshold_bytes`` for ``threshold``,
+    ``wire_dtype`` for the all-reduce planners, ``density`` and ``pack`` for the sparse ones). A cost
+    model with a :class:`~repro.core.realism.Realism` is applied to the trace first, as the simulator does,
+    so the plan is made under the model it will be judged by."""
+    try:
+        fn = PLANNERS[name]
+    except (KeyError, TypeError):
+        hint = f" ({_RENAMED[name]})" if name in _RENAMED else ""
+        raise ValueError(f"unknown solver '{name}'{hint}; choose one of {', '.join(PLANNERS)}") from None
+    if cost.realism is not None:  # plan under the same effects the simulator applies (repro.core.realism)
+        trace = cost.realism.apply_to_trace(trace)
+        # The trace side is applied: a planner that simulates its candidates must not apply it again.
+        cost = cost.for_wire_dtype(options.get("wire_dtype")).with_realism(
+            replace(cost.realism, compute_scale=1.0, update_s_per_byte=0.0))
+    try:
+        plan = fn(trace, cost, **options)
+    except TypeError as e:
+        if "unexpected keyword" in str(e):
+            raise ValueError(f"planner '{name}' does not take option(s) {sorted(options)}: {e}") from None
+        raise
+    return plan.replace(meta={**plan.meta, "provenance": provenance(trace, cost, options.get("wire_dtype"))})
+
+
+def provenance(trace: Trace, cost: CostModel, wire_dtype: str | None = None) -> dict[str, Any]:
+    """Where a plan comes from, as ``plan.meta["provenance"]`` records it: the trace (model, batch,
+    device, layers, and the layer ``view`` its names are in, which an executor must use), the cost
+    model's source and P, and the wire dtype."""
+    return {"trace_model": trace.model, "batch_size": trace.batch_size, "device": trace.device,
+            "layers": trace.num_layers, "view": (trace.extra or {}).get("view"), "cost_source": cost.source,
+            "workers": cost.workers, "wire_dtype": wire_dtype}

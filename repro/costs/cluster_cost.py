@@ -1,0 +1,235 @@
+"""A user's cluster as a cost model: nodes, devices per node, link rates and latencies, top-k cost.
+
+What ``repro plan``, ``repro simulate`` and ``repro compare`` build from ``--nodes N --gpus-per-node G
+--inter-link RATE[@LATENCY] [--intra-link RATE[@LATENCY]] [--algorithm A]`` (guide: docs/cli.md):
+
+- **Units.** A link is a rate and a per-message latency (:class:`~repro.core.topology.Link`:
+  ``beta_s_per_byte = 8 / bits_per_s``, ``alpha_s`` = latency). Rates in bits per second (``25gbit``,
+  ``512kibit``; IEC prefixes are powers of 1024) or bytes per second (``10GB/s``); ``gbps``, ``Gb/s``
+  and ``gb/s`` are refused as ambiguous (:func:`parse_rate`). Latencies need a unit (``5us``,
+  :func:`parse_latency`).
+- **Assumed defaults.** Inter-node latency :data:`DEFAULT_INTER_LATENCY_S` (25 us, between the MG-WFBP
+  fits of 56 Gb InfiniBand, 7.9 us, and 10GbE, 30 us); intra-node latency :data:`DEFAULT_INTRA_LATENCY_S`
+  (5 us); without ``--intra-link``, the intra-node link fitted on the measured V100 cluster
+  (:func:`default_intra_link`, about 4.3 GB/s and 17 us). Reductions cost nothing per byte (``gamma`` = 0).
+- **Collectives** for P workers: :class:`~repro.core.topology.Topology` for ``ring`` and ``hierarchical``;
+  the flat algorithms of :func:`repro.core.cost.alpha_beta_lines` over the slowest link the job crosses.
+  Push and pull cross the inter-node link (the intra-node one on one node).
+- **Top-k** (``gamma * d * log2(d)`` seconds on d elements): ``--topk-gamma S``, or a device of
+  :data:`TOPK_DEVICES`: OMGS-SGD's published P102-100 fit scaled by memory bandwidth, an estimate
+  (:func:`topk_gamma_for_device`).
+
+:func:`fit_measurements_csv` (``repro cost fit``) fits a CSV of measured collectives (message bytes, P,
+seconds, collective) into a cost file for one P. A cluster file (:class:`ClusterDescription`, ``repro
+cost cluster``; format in docs/cluster.md) builds the cost model of any P on ``ceil(P / gpus_per_node)``
+nodes, so everything that takes a preset accepts it. Never imports torch.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+
+from repro.costs.cluster_model import (
+    CLUSTER_ALGORITHMS, CLUSTER_SCHEMA, CLUSTER_VERSION, DEFAULT_INTER_LATENCY_S, DEFAULT_INTRA_LATENCY_S,
+    ClusterDescription, cluster_cost_model, default_intra_link, describe_link, is_cluster_file, load_cluster,
+    parse_latency, parse_link, parse_rate)
+from repro.core import ranges
+from repro.core.cost import COLLECTIVES, CostModel, CostModelError, Linear, fit_linear, relative_errors
+from repro.results.outputs import InputPathError, read_input
+from repro.costs.presets import preset, preset_names
+from repro.core.topology import Link  # noqa: F401  (re-exported: the value a link flag gives)
+
+__all__ = [
+    "CLUSTER_ALGORITHMS", "DEFAULT_INTER_LATENCY_S", "DEFAULT_INTRA_LATENCY_S", "TOPK_DEVICES",
+    "PUBLISHED_TOPK_GAMMA_S", "parse_rate", "parse_latency", "parse_link", "default_intra_link",
+    "cluster_cost_model", "topk_gamma_for_device", "topk_device_of_trace", "load_cost", "fit_measurements",
+    "fit_measurements_csv", "describe_link", "CLUSTER_SCHEMA", "CLUSTER_VERSION", "ClusterDescription",
+    "is_cluster_file", "load_cluster",
+]
+
+# ------------------------------------------------------------------------------------------ top-k
+PUBLISHED_TOPK_GAMMA_S = 2.19e-10   # OMGS-SGD (INFOCOM 2020): P102-100, density 0.001 (preset 1gbe-allgather)
+_PUBLISHED_TOPK_DEVICE = "P102"
+# Device -> (peak memory bandwidth, bytes/s; memory efficiency): the numbers of
+# repro.workload.estimate.GPU_SPECS (tests/test_cluster_cost.py checks that they agree).
+_MEMORY: dict[str, tuple[float, float]] = {
+    "K80": (480e9 / 2, 0.7), "P100": (732e9, 0.85), "V100": (900e9, 0.85), "A100": (2039e9, 0.85),
+    "H100": (3.35e12, 0.85), "H200": (4.8e12, 0.85), "P102": (440.3e9, 0.85),
+}
+
+
+def _scaled_gamma(device: str) -> float:
+    bw, eff = _MEMORY[device]
+    ref_bw, ref_eff = _MEMORY[_PUBLISHED_TOPK_DEVICE]
+    return PUBLISHED_TOPK_GAMMA_S * (ref_bw * ref_eff) / (bw * eff)
+
+
+TOPK_DEVICES: dict[str, float] = {name: _scaled_gamma(name) for name in _MEMORY}
+
+
+def topk_gamma_for_device(device: str, flag: str = "--topk-device") -> tuple[float, str]:
+    """(gamma seconds, where it comes from) of top-k selection on ``device`` (case-insensitive; a
+    trace's ``"V100 (estimate)"`` reads as V100). One line naming the devices for an unknown one."""
+    key = str(device).split("(")[0].strip().upper().replace("P102-100", "P102")
+    if key not in TOPK_DEVICES:
+        raise CostModelError(f"{flag}: no top-k cost for device {device!r}; known: {', '.join(TOPK_DEVICES)} "
+                             "(or give --topk-gamma S)")
+    gamma = TOPK_DEVICES[key]
+    if key == _PUBLISHED_TOPK_DEVICE:
+        return gamma, "top-k gamma 2.19e-10 s: OMGS-SGD's published fit (P102-100, density 0.001)"
+    return gamma, (f"top-k gamma {gamma:.3g} s: OMGS-SGD's P102-100 fit scaled to the {key}'s memory bandwidth "
+                   "(an estimate)")
+
+
+def topk_device_of_trace(trace) -> str | None:
+    """The GPU of an estimated trace (``extra["gpu"]``) or a measured one on a known device, else None."""
+    extra = getattr(trace, "extra", None) or {}
+    for name in (extra.get("gpu"), getattr(trace, "device", None)):
+        if isinstance(name, str):
+            key = name.split("(")[0].strip().upper().replace("P102-100", "P102")
+            if key in TOPK_DEVICES:
+                return key
+    return None
+
+
+# ------------------------------------------------------------------------------------------ sources
+def load_cost(spec: str | Path, workers: int | None, flag: str = "--cost") -> CostModel:
+    """A cost model from a preset name, a cluster file (any P: ``workers`` needed) or a CostModel JSON
+    file (a file of that name wins). A preset needs ``workers``; a cost file's P must equal ``workers``
+    when given."""
+    text = str(spec)
+    path = Path(text)
+    if not path.exists() and text in preset_names():
+        if workers is None:
+            raise CostModelError(f"{flag} {text} (a preset) needs --workers P or --nodes N --gpus-per-node G")
+        return preset(text, workers)
+    if is_cluster_file(path):
+        if workers is None:
+            raise CostModelError(f"{flag} {text} (a cluster file, any P) needs --workers P")
+        try:
+            return load_cluster(path).cost_model(workers)
+        except CostModelError as e:
+            raise CostModelError(f"{flag}: {e}") from None
+    if not path.exists() and not text.endswith(".json") and "/" not in text:
+        raise CostModelError(f"{flag}: unknown network preset {text!r} (and no file of that name); known: "
+                             f"{', '.join(preset_names())}")
+    try:
+        cost = read_input("cost model", path, CostModel.load)
+    except (InputPathError, CostModelError) as e:
+        raise CostModelError(f"{flag}: {e}") from None
+    if workers is not None and workers != cost.workers:
+        raise CostModelError(f"{flag}: the cost model in {path} is for P={cost.workers}, not the {workers} workers "
+                             f"asked for; leave the worker count out or fit a model for P={workers}")
+    return cost
+
+
+# ------------------------------------------------------------------------------------------ fitting
+_CSV_COLUMNS = {"bytes": ("bytes", "message_bytes", "size_bytes"), "workers": ("workers", "p"),
+                "seconds": ("seconds", "time_s", "seconds_per_collective"), "collective": ("collective",)}
+
+
+def fit_measurements(rows: list[Mapping[str, Any]], workers: int | None = None, source: str = "fitted") -> CostModel:
+    """One line per collective through ``rows`` of ``{"bytes", "workers", "seconds", "collective"}``
+    (bytes as the collective's method takes them, :mod:`repro.core.cost`; seconds per collective), all of one P
+    (or the rows of ``workers``). :func:`repro.core.cost.fit_linear` (relative errors) fits each line;
+    ``meta`` keeps the measurements (as ``repro calibrate`` does) and each line's worst relative error."""
+    ps = sorted({int(r["workers"]) for r in rows})
+    if not ps:
+        raise CostModelError("no measurements to fit")
+    if workers is None:
+        if len(ps) > 1:
+            raise CostModelError(f"the measurements are for P = {', '.join(map(str, ps))}; a cost model is for one "
+                                 "P: choose one with --workers")
+        workers = ps[0]
+    chosen = [r for r in rows if int(r["workers"]) == workers]
+    if not chosen:
+        raise CostModelError(f"no measurements for P={workers} (they are for P = {', '.join(map(str, ps))})")
+    lines: dict[str, Linear] = {}
+    measurements: dict[str, dict[str, list]] = {}
+    worst: dict[str, float] = {}
+    for kind in COLLECTIVES:
+        mine = [r for r in chosen if r["collective"] == kind]
+        if not mine:
+            continue
+        nbytes = [float(r["bytes"]) for r in mine]
+        seconds = [float(r["seconds"]) for r in mine]
+        x = [n * workers for n in nbytes] if kind == "sparse_allgather" else nbytes  # its line is on P*n bytes
+        try:
+            lines[kind] = fit_linear(x, seconds)
+        except CostModelError as e:
+            raise CostModelError(f"{kind} at P={workers}: {e}") from None
+        measurements[kind] = {"bytes": [int(n) for n in nbytes], "seconds": seconds}
+        worst[kind] = float(np.max(np.abs(relative_errors(lines[kind], x, seconds))))
+    return CostModel(workers, lines, source=source,
+                     meta={"measurements": measurements, "max_abs_relative_error": worst})
+
+
+def fit_measurements_csv(path: str | Path, workers: int | None = None) -> CostModel:
+    """:func:`fit_measurements` of a CSV file with a header naming the columns ``bytes`` (message bytes),
+    ``workers`` (P), ``seconds`` (one collective's seconds) and ``collective`` (one of
+    :data:`repro.core.cost.COLLECTIVES`); other columns are ignored. Every bad cell is one line naming the file
+    and line."""
+    p = Path(path)
+    if p.is_dir():
+        raise CostModelError(f"measurements {p} is a folder, not a measurements file")
+    if p.exists() and not p.is_file():  # the words of repro.results.outputs.read_input (simulate, --plan, --cost)
+        raise CostModelError(f"measurements {p} is not a regular file (a device, pipe or socket)")
+    if not p.is_file():
+        raise CostModelError(f"measurements file not found: {p}")
+    try:
+        text = p.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise CostModelError(f"{p}: a measurements file is UTF-8 CSV text, but byte {e.start} is not UTF-8") from None
+    reader = csv.reader(text.splitlines())
+    header = next(reader, None)
+    if not header:
+        raise CostModelError(f"{p}: empty; the first line names the columns bytes,workers,seconds,collective")
+    names = [h.strip().lower() for h in header]
+    index = {}
+    for col, aliases in _CSV_COLUMNS.items():
+        found = [names.index(a) for a in aliases if a in names]
+        if not found:
+            raise CostModelError(f"{p}: no column {col!r} in the header ({', '.join(header)}); the columns are "
+                                 "bytes,workers,seconds,collective")
+        index[col] = found[0]
+    rows = []
+    for lineno, cells in enumerate(reader, start=2):
+        if not cells or all(not c.strip() for c in cells):
+            continue
+        if len(cells) < len(header):
+            raise CostModelError(f"{p}:{lineno}: {len(cells)} cells, the header has {len(header)}")
+        raw = {col: cells[i].strip() for col, i in index.items()}
+        try:
+            nbytes, P, sec = float(raw["bytes"]), float(raw["workers"]), float(raw["seconds"])
+        except ValueError:
+            raise CostModelError(f"{p}:{lineno}: bytes, workers and seconds must be numbers, got "
+                                 f"{raw['bytes']!r}, {raw['workers']!r}, {raw['seconds']!r}") from None
+        if not (math.isfinite(nbytes) and nbytes > 0):
+            raise CostModelError(f"{p}:{lineno}: bytes must be a positive number, got {raw['bytes']!r}")
+        if not (P.is_integer() and P >= 2):
+            raise CostModelError(f"{p}:{lineno}: workers must be an integer >= 2, got {raw['workers']!r}")
+        if not (math.isfinite(sec) and sec > 0):
+            raise CostModelError(f"{p}:{lineno}: seconds must be a positive number, got {raw['seconds']!r}")
+        for col, q, value, low in (("bytes", ranges.BYTES, nbytes, None), ("workers", ranges.WORKERS, P, 2),
+                                   ("seconds", ranges.SECONDS, sec, None)):  # one absurd row wrecks a whole fit
+            try:
+                ranges.check(q, value, col, CostModelError, what="column", low=low)
+            except CostModelError as e:
+                raise CostModelError(f"{p}:{lineno}: {e}") from None
+        if raw["collective"] not in COLLECTIVES:
+            raise CostModelError(f"{p}:{lineno}: unknown collective {raw['collective']!r}; known: "
+                                 f"{', '.join(COLLECTIVES)}")
+        rows.append({"bytes": nbytes, "workers": int(P), "seconds": sec, "collective": raw["collective"]})
+    if not rows:
+        raise CostModelError(f"{p}: no measurements after the header")
+    try:
+        cost = fit_measurements(rows, workers, source=f"fitted to measurements in {p.name}")
+    except CostModelError as e:
+        raise CostModelError(f"{p}: {e}") from None
+    return replace(cost, meta={**cost.meta, "measurements_file": str(p)})

@@ -1,0 +1,343 @@
+"""Fitting the simulator's cluster to published measurements (offline), and saying how far to trust it.
+
+Not :mod:`repro.runtime.calibrate`, which times a live process group's collectives; this module fits
+tables other people published: ``data/paper_numbers/ddl_benchmarks_measured.csv`` (HKBU-HPML
+ddl-benchmarks, Shi et al., arXiv 2005.13247), iteration times of ResNet-50 (batch 64), BERT-Base (64)
+and BERT-Large (8) on 1-32 GPUs of 8 nodes x 4 GPUs, over 10GbE and 100Gb InfiniBand.
+
+A **calibration** of one network is a :class:`~repro.core.topology.Topology` (intra- and inter-node links,
+``alpha`` seconds per message and ``beta`` seconds per byte; flat ring or two-level all-reduce, the
+better kept) plus a :class:`~repro.core.realism.Realism`, fitted by :func:`fit` over the all-reduce rows::
+
+    minimise  sum_rows  log( sim(trace_m scaled, plan_s under theta, P; theta) / measured )^2
+
+over ``theta = (alpha_intra, beta_intra, alpha_inter, beta_inter, message_overhead_s, contention)`` in
+log space within ``PARAMETER_BOUNDS``, from several starts (:func:`scipy.optimize.least_squares`; each
+row re-plans under theta, so the finite-difference step is large enough to see across plan changes).
+Fixed, not fitted: each model's ``compute_scale`` (to its 1-GPU row), ``update_s_per_byte`` = 6.25e-12
+(SGD with momentum, 5 bytes per gradient byte at about 800 GB/s), ``copy_s_per_byte`` and
+``fp16_cast_s_per_byte`` = 0.
+
+:func:`cross_validate` gives every row's error when it was *not* in the fit (leave one model out, leave
+one worker count out): the error a forecast of an unseen model or size deserves. The **paper model**
+uses the MG-WFBP journal's P=16 fits (presets ``10gbe-derived``, ``56gbib-derived``: 56 Gb, the nearest
+published IB) and the V100 estimate with perfect overlap. Never imports torch; pandas and scipy only where used.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, replace
+from functools import lru_cache
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
+
+import numpy as np
+
+from repro.costs.calibrated import (
+    SHIPPED_DIR, Calibration, CalibrationError, calibrated_cost, calibrated_preset, calibrated_presets)
+from repro.core.cost import CostModel, CostModelError
+from repro.costs.presets import preset
+from repro.core.realism import Realism
+from repro.core.topology import TOPOLOGY_ALGORITHMS, Link, Topology
+from repro.core.trace import Trace, load_trace
+from repro.results.outputs import write_output
+from repro.paths import shipped_path
+
+if TYPE_CHECKING:  # pandas is imported where tables are read: the presets load without it
+    import pandas as pd
+
+__all__ = [
+    "PUBLISHED_CSV", "MODEL_TRACES", "NETWORK_PAPER_PRESETS", "FIT_SCHEDULERS", "PARAMETER_BOUNDS",
+    "UPDATE_S_PER_BYTE", "Calibration", "CalibrationError", "load_published", "calibration_rows",
+    "model_trace", "predict", "fit", "cross_validate", "calibrated_presets", "calibrated_preset",
+    "calibrated_cost", "SHIPPED_DIR", "VALIDATION_SCHEDULERS", "CV_TABLE", "COST_MODES", "check_cost_mode",
+    "cost_for_mode", "mode_label", "calibrated_omission", "simulate_modes",
+]
+
+PUBLISHED_CSV = shipped_path("paper_numbers", "ddl_benchmarks_measured.csv")
+# Every published multi-GPU row with its paper-model, calibrated and cross-validated predictions,
+# written by scripts/fit_calibration.py with the shipped presets (see its docstring).
+CV_TABLE = SHIPPED_DIR / "ddl_benchmarks_predictions.csv"
+# The shipped trace whose layers stand for each published model (computation scaled to the batch).
+MODEL_TRACES = {"resnet50": "resnet50_b64_v100-estimate", "bert_base": "bert_base_b64_v100-estimate",
+                "bert_large": "bert_large_b32_v100-estimate"}
+# Paper-model network of each published network: the nearest published fit (see the module docstring).
+NETWORK_PAPER_PRESETS = {"10gbe": "10gbe-derived", "100gbib": "56gbib-derived"}
+FIT_SCHEDULERS = ("syncea", "wfbp", "mgwfbp")   # BSP-A2A, WFBP-A2A, MG-WFBP: the rows fitted and targeted
+UPDATE_S_PER_BYTE = 5.0 / 800e9
+DEVICES_PER_NODE = 4
+NODES = 8
+# (low, high) of each fitted parameter; physical ranges, searched in log10.
+PARAMETER_BOUNDS: dict[str, tuple[float, float]] = {
+    "intra_alpha_s": (1e-7, 1e-3), "intra_beta_s_per_byte": (1e-11, 1e-8),
+    "inter_alpha_s": (1e-7, 1e-2), "inter_beta_s_per_byte": (1e-11, 1e-8),
+    "message_overhead_s": (1e-7, 1e-2), "contention": (1e-4, 3.0),
+}
+PARAMETERS = tuple(PARAMETER_BOUNDS)
+
+
+# ------------------------------------------------------------------------------------------ data
+def load_published(path: str | Path | None = None) -> pd.DataFrame:
+    """The published measurements as shipped (one row per model, network, method, GPU count)."""
+    import pandas as pd
+
+    p = Path(path) if path is not None else PUBLISHED_CSV
+    if not p.is_file():
+        raise CalibrationError(f"published measurements not found: {p}")
+    return pd.read_csv(p)
+
+
+def calibration_rows(published: pd.DataFrame | None = None, network: str | None = None,
+                     schedulers: Sequence[str] = FIT_SCHEDULERS) -> pd.DataFrame:
+    """Multi-GPU rows of ``schedulers`` (default: the all-reduce ones) on ``network`` (all if None),
+    with ``single_s``: the same model's measured 1-GPU iteration."""
+    d = load_published() if published is None else published
+    single = d[d.gpus == 1].groupby("model").iteration_s.first()
+    rows = d[(d.gpus > 1) & d.scheduler.isin(list(schedulers))].copy()
+    if network is not None:
+        if network not in set(d.network):
+            raise CalibrationError(f"unknown network '{network}'; the data have {', '.join(sorted(set(d.network)))}")
+        rows = rows[rows.network == network]
+    rows["single_s"] = rows.model.map(single)
+    return rows.reset_index(drop=True)
+
+
+@lru_cache(maxsize=None)
+def model_trace(model: str) -> Trace:
+    """The shipped trace standing for published model ``model`` (computation not yet scaled)."""
+    try:
+        return load_trace(MODEL_TRACES[model])
+    except KeyError:
+        raise CalibrationError(f"no trace for published model '{model}'; known: {', '.join(MODEL_TRACES)}") from None
+
+
+@lru_cache(maxsize=None)
+def _batch_scaled(model: str, batch: int) -> Trace:
+    """The model's trace with computation scaled linearly to ``batch`` samples per device."""
+    tr = model_trace(model)
+    if batch == tr.batch_size:
+        return tr
+    scaled = Realism(compute_scale=batch / tr.batch_size).apply_to_trace(tr)
+    return scaled.replace_layers(scaled.layers, batch_size=int(batch))
+
+
+# ------------------------------------------------------------------------------------------ model
+def _calibration(theta: Mapping[str, float], network: str, algorithm: str, name: str = "",
+                 fit_info: Mapping[str, Any] | None = None) -> Calibration:
+    topo = Topology(NODES, DEVICES_PER_NODE, Link(theta["intra_alpha_s"], theta["intra_beta_s_per_byte"]),
+                    Link(theta["inter_alpha_s"], theta["inter_beta_s_per_byte"]))
+    realism = Realism(message_overhead_s=theta["message_overhead_s"], contention=theta["contention"],
+                      update_s_per_byte=UPDATE_S_PER_BYTE)
+    return Calibration(name or f"{network}-calibrated", network, topo, algorithm, realism,
+                       source="fitted to HKBU-HPML/ddl-benchmarks 2020-05-29 (Shi et al., arXiv 2005.13247) "
+                              "by repro.costs.published_fits.fit", fit=fit_info)
+
+
+# ------------------------------------------------------------------------------------------ predict
+# Validation-only rows (not fitted): the plan options that match the published setup.
+VALIDATION_SCHEDULERS = ("bytescheduler", "ps_bsp")
+
+
+def _plan_options(scheduler: str, gpus: int) -> dict[str, Any]:
+    """BytePS (BSP-PS) runs one server per node: ``servers`` = nodes used."""
+    if scheduler == "ps_bsp":
+        return {"servers": max(1, -(-gpus // DEVICES_PER_NODE))}
+    return {}
+
+
+def _simulate_row(trace: Trace, scheduler: str, cost: CostModel) -> float:
+    from repro.core.planners import make_plan
+    from repro.core.simulate import simulate
+
+    plan = make_plan(scheduler, trace, cost, **_plan_options(scheduler, cost.workers))
+    return simulate(trace, plan, cost, with_ops=False).iteration_s
+
+
+def predict(rows: pd.DataFrame, calibration: Calibration | None) -> np.ndarray:
+    """Predicted seconds per iteration of each row: calibrated (computation scaled to the row's
+    ``single_s``), or with ``calibration=None`` the paper model (module docstring)."""
+    out = np.empty(len(rows))
+    applied: dict[tuple, tuple[Trace, Realism]] = {}
+    for k, r in enumerate(rows.itertuples(index=False)):
+        trace = _batch_scaled(r.model, int(r.batch_size))
+        if calibration is None:
+            try:
+                cost = preset(NETWORK_PAPER_PRESETS[r.network], int(r.gpus))
+            except KeyError:
+                raise CalibrationError(f"no paper-model network for '{r.network}'") from None
+        else:
+            # Scale the computation once per model (the same as simulate would, every call).
+            key = (r.model, int(r.batch_size), float(r.single_s))
+            if key not in applied:
+                realism = calibration.for_trace(trace, float(r.single_s))
+                applied[key] = (realism.apply_to_trace(trace), replace(realism, compute_scale=1.0))
+            trace, realism = applied[key]
+            cost = calibration.cost_model(int(r.gpus), realism)
+        out[k] = _simulate_row(trace, r.scheduler, cost)
+    return out
+
+
+# ------------------------------------------------------------------------------------------ fit
+def _theta(x: np.ndarray) -> dict[str, float]:
+    return {k: float(10.0 ** v) for k, v in zip(PARAMETERS, x)}
+
+
+def _start_points() -> list[np.ndarray]:
+    # A PCIe-like intra link, a network-like inter link, small overheads.
+    return [np.log10([5e-6, 2.5e-10, 5e-5, 1e-9, 5e-5, 0.05])]
+
+
+def fit(rows: pd.DataFrame, network: str | None = None, *, algorithms: Iterable[str] = TOPOLOGY_ALGORITHMS,
+        name: str = "", max_nfev: int = 60) -> Calibration:
+    """Least-squares calibration of one network from ``rows`` (module docstring). ``rows`` must hold
+    one network's all-reduce rows with ``single_s`` (:func:`calibration_rows`)."""
+    from scipy.optimize import least_squares
+
+    if rows.empty:
+        raise CalibrationError("no rows to fit")
+    nets = sorted(set(rows.network))
+    if len(nets) != 1:
+        raise CalibrationError(f"fit one network at a time; rows have {', '.join(nets)}")
+    network = network or nets[0]
+    measured = rows.iteration_s.to_numpy(float)
+    lo = np.log10([PARAMETER_BOUNDS[k][0] for k in PARAMETERS])
+    hi = np.log10([PARAMETER_BOUNDS[k][1] for k in PARAMETERS])
+    best: tuple[float, np.ndarray, str] | None = None
+    for algorithm in algorithms:
+        def residuals(x: np.ndarray) -> np.ndarray:
+            cal = _calibration(_theta(x), network, algorithm)
+            return np.log(predict(rows, cal) / measured)
+
+        for x0 in _start_points():
+            sol = least_squares(residuals, np.clip(x0, lo, hi), bounds=(lo, hi), diff_step=0.02,
+                                max_nfev=max_nfev, x_scale=1.0)
+            cost = float(np.sqrt(np.mean(sol.fun ** 2)))
+            if best is None or cost < best[0]:
+                best = (cost, sol.x, algorithm)
+    assert best is not None
+    rms, x, algorithm = best
+    info = {"rows": int(len(rows)), "rms_log_error": rms, "fitted": list(PARAMETERS),
+            "fixed": {"update_s_per_byte": UPDATE_S_PER_BYTE, "copy_s_per_byte": 0.0, "fp16_cast_s_per_byte": 0.0,
+                      "compute_scale": "per model, from its 1-GPU row"},
+            "models": sorted(set(rows.model)), "gpus": sorted(int(g) for g in set(rows.gpus)),
+            "schedulers": sorted(set(rows.scheduler))}
+    return _calibration(_theta(x), network, algorithm, name, info)
+
+
+def cross_validate(rows: pd.DataFrame, *, max_nfev: int = 60) -> pd.DataFrame:
+    """Each row's predicted iteration when held out of the fit, under two schemes: leave one model
+    out (``cv_model_s``) and leave one worker count out (``cv_gpus_s``); with ``fit_s`` (all rows in
+    the fit) and the relative errors ``*_error`` = predicted / measured - 1. One network at a time."""
+    out = rows.copy()
+    full = fit(rows, max_nfev=max_nfev)
+    out["fit_s"] = predict(rows, full)
+    for column, key in (("cv_model_s", "model"), ("cv_gpus_s", "gpus")):
+        pred = np.full(len(rows), np.nan)
+        for value in sorted(set(rows[key])):
+            held = (rows[key] == value).to_numpy()
+            cal = fit(rows[~held], max_nfev=max_nfev)
+            pred[held] = predict(rows[held], cal)
+        out[column] = pred
+    for c in ("fit_s", "cv_model_s", "cv_gpus_s"):
+        out[c.replace("_s", "_error")] = out[c] / out.iteration_s - 1.0
+    out["cv_worst_error"] = out[["cv_model_error", "cv_gpus_error"]].abs().max(axis=1)
+    return out
+
+
+# ------------------------------------------------------------------------------------------ modes
+COST_MODES = ("paper", "calibrated")
+# The calibrated cluster standing for each published network, by preset-name prefix. A network with
+# no calibrated cluster of its own (1GbE) keeps its published lines and gains the realism fitted for
+# the same transport (TCP Ethernet: 10gbe).
+_CALIBRATED_FOR = (("10gbe", "10gbe-calibrated", True), ("56gbib", "100gbib-calibrated", True),
+                   ("100gbib", "100gbib-calibrated", True), ("1gbe", "10gbe-calibrated", False))
+
+
+def check_cost_mode(mode: str) -> str:
+    """``mode`` if it is ``"paper"`` or ``"calibrated"``; else one line naming the choices."""
+    if mode not in COST_MODES:
+        raise CalibrationError(f"cost_mode must be one of {', '.join(COST_MODES)}, got {mode!r}")
+    return mode
+
+
+def cost_for_mode(preset_name: str, workers: int, mode: str = "paper") -> CostModel:
+    """The cost model a simulated figure uses for network preset ``preset_name`` and ``workers``.
+
+    ``"paper"``: the published preset itself (the papers' model: their lines, perfect overlap).
+    ``"calibrated"``: the calibrated cluster of the same network (``10gbe-*`` -> ``10gbe-calibrated``;
+    ``56gbib-*`` and ``100gbib-*`` -> ``100gbib-calibrated``, the measured InfiniBand being 100 Gb)
+    with its realism, keeping the preset's top-k cost; for ``1gbe-*`` (no measured cluster) the
+    published lines with the realism fitted on 10GbE. The computation is the trace's own in both
+    modes (``compute_scale`` 1: the papers' devices are not the measured cluster's). Calibrated
+    models name what they are in ``source``.
+    """
+    check_cost_mode(mode)
+    paper = preset(preset_name, workers)
+    if mode == "paper" or preset_name.endswith("-calibrated"):
+        return paper
+    for prefix, name, own_cluster in _CALIBRATED_FOR:
+        if preset_name.startswith(prefix):
+            cal = calibrated_preset(name)
+            if own_cluster:
+                cm = cal.cost_model(workers)
+                return replace(cm, topk_gamma_s=paper.topk_gamma_s,
+                               source=f"{cm.source} (calibrated mode of preset {preset_name})")
+            return replace(paper.with_realism(cal.realism),
+                           source=f"preset {preset_name}'s lines + realism of {name} (calibrated mode)")
+    raise CalibrationError(f"no calibrated model for network preset '{preset_name}'; calibrated modes exist "
+                           f"for presets starting with {', '.join(p for p, _, _ in _CALIBRATED_FOR)}")
+
+
+def mode_label(mode: str) -> str:
+    """How a figure names its cost mode."""
+    return {"paper": "paper model", "calibrated": "calibrated on ddl-benchmarks"}[check_cost_mode(mode)]
+
+
+# Presets whose network is of a kind the fits cover (by name prefix) but whose cluster is not: their
+# calibrated mode (cost_for_mode) borrows a measured cluster, so tables that hold both modes leave their
+# calibrated rows out, with this reason.
+_NOT_THE_MEASURED_CLUSTER = {
+    "10gbe-k80": "the MG-WFBP conference's K80 cluster (one GPU per node, its simulator's hop constants) is "
+                 "not the measured 8 x 4 V100 cluster, and no measurement of it is public to fit",
+}
+
+
+def calibrated_omission(preset_name: str) -> str | None:
+    """``None`` when network preset ``preset_name`` has a calibrated cluster of its own (fitted to
+    published measurements of the same network: 10GbE, InfiniBand); otherwise one line saying why not
+    (e.g. 1GbE: no measured cluster, its calibrated mode keeps the published lines with borrowed realism)."""
+    if preset_name.endswith("-calibrated"):
+        return None
+    if preset_name in _NOT_THE_MEASURED_CLUSTER:
+        return _NOT_THE_MEASURED_CLUSTER[preset_name]
+    for prefix, name, own_cluster in _CALIBRATED_FOR:
+        if preset_name.startswith(prefix):
+            return None if own_cluster else (
+                f"no published measurements of a {prefix} cluster to fit (its calibrated mode would keep the "
+                f"preset's published lines and borrow the realism of {name})")
+    return "no calibrated cluster for this network"
+
+
+def simulate_modes(run: Callable[[list[str], str], "pd.DataFrame"], presets: Sequence[str], drawn_mode: str = "paper",
+                   omission: Callable[[str], str | None] = calibrated_omission
+                   ) -> tuple["pd.DataFrame", dict[str, str]]:
+    """One simulated table holding both cost modes: ``run(presets, mode)`` (a table with a ``cost_mode``
+    column) for the ``drawn_mode`` (the one the figure draws: every preset), then for the other mode
+    (the paper mode: every preset; the calibrated mode: the presets ``omission`` gives no reason for),
+    concatenated. Returns the table and ``{preset: reason}`` of the calibrated rows left out (for the
+    table's params)."""
+    import pandas as pd
+
+    check_cost_mode(drawn_mode)
+    frames, omitted = [], {}
+    for mode in (drawn_mode, *[m for m in COST_MODES if m != drawn_mode]):
+        chosen = list(presets)
+        if mode == "calibrated" and mode != drawn_mode:
+            omitted = {p: r for p in presets if (r := omission(p)) is not None}
+            chosen = [p for p in presets if p not in omitted]
+        if chosen:
+            frames.append(run(chosen, mode))
+    frames = [f for f in frames if len(f)]
+    return (pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()), omitted
+

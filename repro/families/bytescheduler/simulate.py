@@ -1,0 +1,113 @@
+"""The ByteScheduler family's iteration model (priority scheduling across iterations, after
+Peng et al., SOSP 2019, as DeAR's baselines use it).
+
+Layers' gradients are all-reduced in **chunks** (a plan bucket is a whole layer or one piece of a
+layer) on one communication stream that, whenever it is free, starts the released chunk of highest
+priority (lowest ``priority``; the planner gives input-side layers the most urgent priorities); ties
+go to the chunk released first. Each layer's update is applied as soon as all its chunks are
+reduced, and the **next iteration's forward of a layer waits only for that layer** (its update), so
+the next forward can start while output-side chunks are still in flight; the backward of the next
+iteration follows its forward. Over iterations::
+
+    forward_i(l)  starts after forward_i(l-1) and after update_{i-1}(l) = all chunks of l in
+                  iteration i-1 reduced (+ u_l)
+    chunk_i(l, c) released when backward_i(l) ends; served by priority, then release time
+
+The credit (bytes in flight) is not modelled beyond one chunk: the link is one serial server, so the
+stream is preemptible at chunk boundaries (with the paper's settings the credit, 16,000,000 bytes,
+is one 4,000,000-parameter float32 chunk). The schedule is not the same every iteration (the comm
+backlog carries over), so :func:`build_graph` simulates :data:`ITERATIONS` iterations and the
+iteration time is the mean interval between the starts of the first layer's forward in iterations
+1..ITERATIONS-1 (iteration 0, which waits for nothing, is left out). A measured trace's ``update_s`` is split over
+layers by parameter count (``u_l``), ``pre_forward_s`` precedes each forward and ``straggler_s``
+follows each backward. Never imports torch.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from repro.families.allreduce.simulate import bucket_label
+from repro.core.engine import Op, Task
+from repro.core.sim_result import SimGraph
+
+__all__ = ["ITERATIONS", "check_buckets", "bytescheduler_tasks", "build_graph"]
+
+ITERATIONS = 5
+
+
+def check_buckets(buckets) -> None:
+    """One backward all-reduce per bucket (a whole layer or a piece of one)."""
+    for i, b in enumerate(buckets):
+        if len(b.messages) != 1:
+            raise ValueError(f"bucket {i}: a ByteScheduler bucket (chunk) has exactly one all-reduce message")
+        if b.piece is None and len(b.layers) != 1:
+            raise ValueError(f"bucket {i}: ByteScheduler chunks hold one layer (or one piece of it), "
+                             f"got {len(b.layers)} layers")
+
+
+def bytescheduler_tasks(names, forward_s, backward_s, chunk_layer, chunk_s, chunk_priority, update_s,
+                        pre_forward_s: float = 0.0, straggler_s: float = 0.0,
+                        iterations: int = ITERATIONS) -> tuple[list[Task], list[int]]:
+    """Task graph of ``iterations`` iterations, and per iteration the index of its first layer's forward.
+
+    ``chunk_layer[c]``: layer index of chunk c; ``chunk_s``/``chunk_priority``: its seconds and
+    priority; ``update_s[l]``: layer l's update seconds."""
+    L = len(names)
+    chunks_of: dict[int, list[int]] = {}
+    for c, l in enumerate(chunk_layer):
+        chunks_of.setdefault(int(l), []).append(c)
+    tasks: list[Task] = []
+    starts: list[int] = []
+    prev_chunk_task: dict[int, int] = {}
+    for it in range(iterations):
+        if pre_forward_s:
+            tasks.append(Task("compute", "pre_forward", "pre", pre_forward_s))
+        for l in range(L):
+            deps = tuple(prev_chunk_task[c] for c in chunks_of.get(l, ())) if it else ()
+            if it and update_s[l]:
+                tasks.append(Task("compute", "update", names[l], float(update_s[l]), deps=deps))
+                deps = ()
+            if l == 0:
+                starts.append(len(tasks))
+            tasks.append(Task("compute", "forward", names[l], float(forward_s[l]), deps=deps))
+        bwd = {}
+        for l in reversed(range(L)):
+            bwd[l] = len(tasks)
+            tasks.append(Task("compute", "backward", names[l], float(backward_s[l])))
+        if straggler_s:
+            tasks.append(Task("compute", "straggler", "straggler", straggler_s))
+        for c, l in enumerate(chunk_layer):
+            prev_chunk_task[c] = len(tasks)
+            tasks.append(Task("comm", "allreduce", _chunk_label(names, l, c, chunks_of), float(chunk_s[c]),
+                              deps=(bwd[int(l)],), priority=float(chunk_priority[c])))
+    return tasks, starts
+
+
+def _chunk_label(names, l, c, chunks_of) -> str:
+    mine = chunks_of[int(l)]
+    base = bucket_label([int(l)])
+    return base if len(mine) == 1 else f"{base}#{mine.index(c) + 1}/{len(mine)}"
+
+
+def build_graph(trace, plan, cost) -> SimGraph:
+    """The event-engine graph of :data:`ITERATIONS` iterations; the iteration time is the mean interval
+    between the starts of the first layer's forward in iterations 1..ITERATIONS-1."""
+    from repro.core.simulate import message_times_s  # the package is initialised before its submodules
+
+    groups = plan.groups(trace)
+    chunk_layer = [g[0] for g in groups]
+    chunk_s = [row[0] for row in message_times_s(trace, plan, cost)]
+    prio = [b.messages[0].priority for b in plan.buckets]
+    params = trace.params().astype(float)
+    o = trace.overheads
+    upd = (o.update_s * params / params.sum()).tolist() if o.update_s and params.sum() > 0 else [0.0] * len(params)
+    tasks, starts = bytescheduler_tasks(trace.names, trace.forward_s(), trace.backward_s(), chunk_layer, chunk_s,
+                                        prio, upd, o.pre_forward_s, o.straggler_s)
+
+    def period(ops: list[Op]) -> float:
+        return (ops[starts[-1]].start_s - ops[starts[1]].start_s) / (len(starts) - 2)
+
+    return SimGraph(tasks, frozenset({"compute"}), forward_s=trace.total_forward_s + o.pre_forward_s + o.update_s,
+                    backward_s=trace.total_backward_s + o.straggler_s, comm_s=float(np.sum(chunk_s)),
+                    iteration_s=period)

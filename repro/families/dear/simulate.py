@@ -1,0 +1,187 @@
+"""The DeAR family's iteration model (Zhang et al., *DeAR*, IEEE ICDCS 2023, arXiv 2302.12445; its
+timeline model).
+
+A DeAR plan's buckets are contiguous runs of layers in **forward order** (bucket 1 holds the input
+layer). Each bucket sends two messages: a reduce-scatter in backward, as soon as all its gradients
+are ready, and an all-gather in the *next* iteration's forward, just before its layers run. One
+communication stream serves both (first come, first served). With forward seconds ``f_k``,
+backward seconds ``b_j`` per layer, ``n_k`` bytes and ``u_k`` the update of bucket k's parameters
+(applied in the next forward, just before the bucket runs)::
+
+    backward (k = K..1):  r_k = sum of b_j over the layers from bucket k's first layer to the output
+    RS stream:            s_k = max(r_k, e_{k+1});  e_k = s_k + T_rs(n_k)
+    step barrier:         T_B = max(sum_j b_j, e_1)
+    next forward:         g_1 = T_B + T_ag(n_1);  phi_1 = g_1           (bucket 1's forward starts)
+                          g_{k+1} = phi_k + T_ag(n_{k+1})               (AG(k+1) launched at phi_k)
+                          phi_{k+1} = max(phi_k + u_k + f_k, g_{k+1})
+
+Every iteration repeats the same pattern from its step barrier (all all-gathers of an iteration end
+before its backward starts, and all reduce-scatters before the barrier), so the steady-state period
+is one barrier-to-barrier interval::
+
+    period = max(pre, T_ag(n_1)) + sum_{k<K} max(u_k + f_k, T_ag(n_{k+1})) + u_K + f_K
+             + max(sum_j b_j, e_1) + straggler
+
+(``pre``: the measured pre-forward seconds, e.g. the buffer broadcast, which runs while AG(1) is in
+flight; ``straggler``: the measured wait for the slowest rank, before the barrier). A trace's
+measured optimizer ``update_s`` is split over buckets by parameter count (``u_k``; 0 in the paper's
+model). Two implementations, checked against each other by the tests: :func:`build_graph` (an
+event-engine graph of :data:`ITERATIONS` iterations; the period is the last barrier-to-barrier
+interval) and :func:`dear_period_s` (the closed form above, which planners call). Message bytes are
+the buckets' gradient bytes (the runtime's padding to a multiple of P elements is ignored). Never
+imports torch.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from repro.families.allreduce.simulate import bucket_label, fifo_comm_end_s, ready_times_s
+from repro.core.engine import Op, Task
+from repro.core.sim_result import SimGraph, SimResult
+
+__all__ = ["ITERATIONS", "check_buckets", "check_forward_order", "bucket_update_s", "dear_period_s",
+           "forward_phase_s", "dear_tasks", "build_graph", "closed_form", "dear_inputs"]
+
+ITERATIONS = 2  # iterations in the simulated timeline (the period is the last one)
+
+
+def check_buckets(buckets) -> None:
+    """Whole layers; exactly a backward reduce-scatter and a next-forward all-gather per bucket."""
+    for i, b in enumerate(buckets):
+        if b.piece is not None:
+            raise ValueError(f"bucket {i}: DeAR buckets hold whole layers")
+        kinds = [(m.collective, m.phase) for m in b.messages]
+        if kinds != [("reduce_scatter", "backward"), ("allgather", "next_forward")]:
+            raise ValueError(f"bucket {i}: a DeAR bucket sends a backward reduce_scatter then a next_forward "
+                             f"allgather, got {kinds}")
+
+
+def check_forward_order(groups: Sequence[Sequence[int]]) -> None:
+    """DeAR buckets are contiguous runs of layers, given in forward order (bucket 1 = input side)."""
+    from repro.core.plan import PlanError
+
+    nxt = 0
+    for k, g in enumerate(groups):
+        if sorted(g) != list(range(nxt, nxt + len(g))):
+            raise PlanError(f"DeAR bucket {k} must be the contiguous run of layers {nxt + 1}.. in forward order "
+                            f"(buckets in forward order, input side first); got layers "
+                            f"{[i + 1 for i in sorted(g)][:5]}")
+        nxt += len(g)
+
+
+def bucket_update_s(params: np.ndarray, groups: Sequence[Sequence[int]], update_s: float) -> list[float]:
+    """``update_s`` split over buckets by their share of the parameters."""
+    total = float(np.sum(params))
+    if update_s <= 0 or total <= 0:
+        return [0.0] * len(groups)
+    return [update_s * float(sum(params[i] for i in g)) / total for g in groups]
+
+
+def forward_phase_s(forward_s: Sequence[float], ag_s: Sequence[float], update_s: Sequence[float],
+                    pre_forward_s: float = 0.0) -> float:
+    """Seconds from the step barrier to the end of the forward: the ``phi`` recursion."""
+    K = len(forward_s)
+    phi = max(pre_forward_s, float(ag_s[0]))
+    for k in range(K - 1):
+        phi = max(phi + float(update_s[k]) + float(forward_s[k]), phi + float(ag_s[k + 1]))
+    return phi + float(update_s[K - 1]) + float(forward_s[K - 1])
+
+
+def dear_period_s(forward_s: Sequence[float], backward_s: np.ndarray, groups: Sequence[Sequence[int]],
+                  rs_s: Sequence[float], ag_s: Sequence[float], update_s: Sequence[float] | None = None,
+                  pre_forward_s: float = 0.0, straggler_s: float = 0.0) -> float:
+    """Steady-state iteration seconds (module docstring): ``forward_s``, ``rs_s``, ``ag_s`` and
+    ``update_s`` per bucket (forward order), ``backward_s`` per layer."""
+    K = len(groups)
+    upd = [0.0] * K if update_s is None else update_s
+    ready = ready_times_s(backward_s)
+    bucket_ready = [float(ready[min(g)]) for g in groups]
+    e1 = fifo_comm_end_s(bucket_ready, rs_s)
+    return float(forward_phase_s(forward_s, ag_s, upd, pre_forward_s) + max(float(ready[0]), e1) + straggler_s)
+
+
+def dear_tasks(names: Sequence[str], forward_s: np.ndarray, backward_s: np.ndarray,
+               groups: Sequence[Sequence[int]], rs_s: Sequence[float], ag_s: Sequence[float],
+               update_s: Sequence[float], pre_forward_s: float = 0.0, straggler_s: float = 0.0,
+               iterations: int = ITERATIONS) -> tuple[list[Task], list[int]]:
+    """Task graph of ``iterations`` DeAR iterations, and the task index of every step barrier
+    (``iterations + 1`` of them: before each iteration and after the last).
+
+    Per iteration: the ``step`` barrier (compute, ``straggler_s``; after the previous iteration's
+    reduce-scatters), [pre-forward], then per bucket k a zero-length ``wait`` (after AG(k)), which
+    launches AG(k+1), the bucket's ``update`` and its layers' forward; then backward L..1, each
+    bucket's reduce-scatter after its layers' backward. AG(1) follows the barrier.
+    """
+    L = len(names)
+    tasks: list[Task] = []
+    barriers: list[int] = []
+    prev_rs: tuple[int, ...] = ()
+    for it in range(iterations + 1):
+        barriers.append(len(tasks))
+        tasks.append(Task("compute", "step", f"step {it}", straggler_s if it else 0.0, deps=prev_rs))
+        if it == iterations:
+            break
+        if pre_forward_s:
+            tasks.append(Task("compute", "pre_forward", "pre", pre_forward_s))
+        ag_dep = barriers[-1]
+        for k, g in enumerate(groups):
+            label = bucket_label(g)
+            ag = len(tasks)
+            tasks.append(Task("comm", "allgather", label, float(ag_s[k]), deps=(ag_dep,)))
+            ag_dep = len(tasks)
+            tasks.append(Task("compute", "wait", label, 0.0, deps=(ag,)))
+            if update_s[k]:
+                tasks.append(Task("compute", "update", label, float(update_s[k])))
+            tasks += [Task("compute", "forward", names[i], float(forward_s[i])) for i in sorted(g)]
+        bwd = {}
+        for i in reversed(range(L)):
+            bwd[i] = len(tasks)
+            tasks.append(Task("compute", "backward", names[i], float(backward_s[i])))
+        first_rs = len(tasks)
+        tasks += [Task("comm", "reduce_scatter", bucket_label(g), float(rs_s[k]), deps=tuple(bwd[i] for i in g))
+                  for k, g in enumerate(groups)]
+        prev_rs = tuple(range(first_rs, len(tasks)))
+    return tasks, barriers
+
+
+def dear_inputs(trace, plan, cost):
+    """Per bucket (forward order): groups, forward seconds, RS and AG seconds, update seconds."""
+    from repro.core.simulate import message_times_s  # the package is initialised before its submodules
+
+    groups = plan.groups(trace)
+    check_forward_order(groups)
+    fwd = trace.forward_s()
+    msgs = message_times_s(trace, plan, cost)
+    rs = [row[0] for row in msgs]
+    ag = [row[1] for row in msgs]
+    upd = bucket_update_s(trace.params(), groups, trace.overheads.update_s)
+    fwd_b = [float(sum(fwd[i] for i in g)) for g in groups]
+    return groups, fwd_b, rs, ag, upd
+
+
+def build_graph(trace, plan, cost) -> SimGraph:
+    """The event-engine graph of :data:`ITERATIONS` DeAR iterations; the iteration time is the last
+    barrier-to-barrier interval."""
+    groups, fwd_b, rs, ag, upd = dear_inputs(trace, plan, cost)
+    o = trace.overheads
+    tasks, barriers = dear_tasks(trace.names, trace.forward_s(), trace.backward_s(), groups, rs, ag, upd,
+                                 pre_forward_s=o.pre_forward_s, straggler_s=o.straggler_s)
+
+    def period(ops: list[Op]) -> float:
+        return ops[barriers[-1]].end_s - ops[barriers[-2]].end_s
+
+    return SimGraph(tasks, frozenset({"compute"}), forward_s=float(sum(fwd_b)) + o.pre_forward_s + sum(upd),
+                    backward_s=trace.total_backward_s + o.straggler_s, comm_s=float(sum(rs) + sum(ag)),
+                    iteration_s=period)
+
+
+def closed_form(trace, plan, cost) -> SimResult:
+    """:func:`dear_period_s` for ``plan``."""
+    groups, fwd_b, rs, ag, upd = dear_inputs(trace, plan, cost)
+    o = trace.overheads
+    t = dear_period_s(fwd_b, trace.backward_s(), groups, rs, ag, upd, o.pre_forward_s, o.straggler_s)
+    return SimResult(iteration_s=t, forward_s=float(sum(fwd_b)) + o.pre_forward_s + sum(upd),
+                     backward_s=trace.total_backward_s + o.straggler_s, comm_s=float(sum(rs) + sum(ag)))

@@ -1,0 +1,857 @@
+"""Run a ``sparse`` Plan: top-k sparsified gradients with error feedback (OMGS-SGD, TopK-SGD).
+
+The exchange has three parts, state kept apart from the algorithm (GRACE's compressor / memory /
+communicator split):
+
+- a :class:`Compressor` turns a flat gradient into ``(values, indices)`` and adds such pairs back into
+  a dense tensor in one fixed order on every device (:func:`deterministic_index_add_`);
+  :class:`TopKCompressor` keeps the ``k`` entries of largest magnitude, indices as int32;
+  ``k = ceil(density * n)`` per bucket (:func:`repro.families.sparse.simulate.topk_count`), or under the plan's
+  ``topk_scope`` "model" the same total split between the buckets by where the model's largest entries
+  were the step before (:func:`budget_counts`, :func:`allocate_budget`);
+- a :class:`Memory` holds what a worker did not send: ``compensate(key, flat)`` adds the residual to
+  the new gradient, ``update(key, compensated, indices)`` keeps ``compensated`` with the sent entries
+  zeroed (:class:`ResidualMemory`: sent values plus new residual equal ``gradient + old residual``
+  bit for bit);
+- an :class:`AllGatherCommunicator` all-gathers every worker's values and indices asynchronously (two
+  all-gathers, or one packed message) and hands back the ``P * k`` gathered pairs.
+
+:class:`SparseExecutor` runs a plan under :mod:`repro.runtime.executor`'s contract: a post-accumulate-grad
+hook copies each gradient into its bucket's flat buffer; a complete bucket (strictly in plan order) is
+compensated and compressed **on the calling thread** (the paper's sparsification on the compute stream)
+and its all-gathers are launched. ``after_backward`` waits for them, adds the ``P`` contributions in
+worker order, divides by ``P`` and hands the result to ``param.grad``: every worker applies the same
+sparse average, bit for bit.
+
+**Mixed precision** (``wrap_optimizer(optimizer, grad_scaler=scaler)``): each bucket is unscaled
+(``* 1/S``, exact) before compensation, so residuals, top-k and the exchange are in the gradient's own
+units; ``param.grad`` gets the average times ``S``, as DDP's, so ``scaler.unscale_`` and clipping after
+``optimizer.synchronize()`` work as usual. One all-reduce (max) of every rank's inf/nan verdict decides
+the step: a skipped step puts the residuals back (:meth:`Memory.keep` / :meth:`Memory.undo`) and tells
+the scaler's ``update()`` (:class:`~repro.runtime.executor.FoundInfReport`).
+
+With ``record_timeline`` each bucket's :class:`SparseBucketTiming` holds the compression's start and end
+and the communication's launch and end (``perf_counter`` seconds; read after ``settle_timings()``).
+
+:func:`calibrate` is the family's calibration hook (:mod:`repro.core.families`): the sparse all-gather line
+fitted on the live group over the message sizes this model sends, and the top-k cost measured on this
+rank's device.
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from repro.core.plan import Plan, PlanError
+from repro.families.allreduce.executor import BucketTiming
+from repro.runtime.buffers import broadcast_buffers
+from repro.runtime.clock import CollectiveEnds, clock_for, model_device
+from repro.runtime.deferred import DeferredUpdateOptimizer
+from repro.runtime.executor import Executor, ExecutorOptions, FoundInfReport, ScaledStep, check_scaled_step
+from repro.families.sparse.topk import topk_indices
+from repro.families.sparse.simulate import INDEX_BYTES, TOPK_SCOPES, topk_count
+from repro.runtime.plan_fit import check_plan_fits
+from repro.workload.layers import layer_parameters
+
+__all__ = ["deterministic_index_add_", "Compressor", "TopKCompressor", "Memory", "NoMemory", "ResidualMemory", "AllGatherCommunicator",
+           "Exchange", "SparseBucketTiming", "SparseExecutor", "SparseScaledOptimizer", "calibrate", "budget_counts",
+           "allocate_budget", "TOPK_SCOPES"]
+
+INDEX_DTYPE = torch.int32  # indices on the wire (INDEX_BYTES bytes each)
+assert torch.tensor([], dtype=INDEX_DTYPE).element_size() == INDEX_BYTES
+
+# the single-tensor all-gather under its current name (older torch: all_gather_into_tensor)
+_ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+
+def _check_density(density: Any) -> float:
+    if isinstance(density, bool) or not isinstance(density, (int, float)) or not 0 < density <= 1:
+        raise ValueError(f"density must be a number in (0, 1], got {density!r}")
+    return float(density)
+
+
+def deterministic_index_add_(out: torch.Tensor, indices: torch.Tensor, values: torch.Tensor,
+                             blocks: int | None = None) -> torch.Tensor:
+    """``out[indices[i]] += values[i]`` for every ``i``, in place, in one fixed order on every device.
+
+    ``out.index_add_`` over repeated indices is a scatter-add: on CUDA the repeated indices are added
+    with atomics in whatever order the threads run, so the float sum of an index several workers sent
+    differs from run to run and from replica to replica, and nothing re-synchronises the replicas'
+    parameters afterwards. Here every element gets its additions in the order its pairs are given,
+    ``((out + v_first) + v_second) + ...``, by construction: each ``index_add_`` below adds pairs of
+    **distinct** indices (one addition per element, whatever order the threads run in) and the calls
+    run one after the other. That is also the order of the CPU ``index_add_`` (a sequential loop), so
+    on the CPU the result is the same bit for bit.
+
+    - ``blocks=B``: the pairs are ``B`` equal runs, each with distinct indices (what ``B`` workers'
+      :meth:`Compressor.compress` calls give, gathered worker 0 first): one ``index_add_`` per run, in
+      order. Costs what one ``index_add_`` of all pairs costs. (Were a run's indices repeated after
+      all, the sum would still be right, only that run's repeats added in an unspecified order.)
+    - ``blocks=None`` (any pairs): a **stable** sort by index keeps each index's pairs in the given
+      order; round ``j`` adds the ``j``-th pair of every index. Rounds: the largest multiplicity of an
+      index. Costs two sorts of the pairs and a host synchronisation.
+    """
+    if indices.dim() != 1 or values.dim() != 1 or indices.numel() != values.numel():
+        raise ValueError("deterministic_index_add_ takes 1-D indices and values of one length")
+    n = indices.numel()
+    if n == 0:
+        return out
+    if blocks is not None:
+        if blocks < 1 or n % blocks:
+            raise ValueError(f"{n} pairs do not split into {blocks} equal blocks")
+        for idx, vals in zip(indices.view(blocks, -1), values.view(blocks, -1)):
+            out.index_add_(0, idx, vals)
+        return out
+    sorted_idx, perm = torch.sort(indices.long(), stable=True)
+    _, counts = torch.unique_consecutive(sorted_idx, return_counts=True)
+    starts = torch.cumsum(counts, 0) - counts
+    occurrence = torch.arange(n, device=sorted_idx.device) - torch.repeat_interleave(starts, counts, output_size=n)
+    rounds, order = torch.sort(occurrence, stable=True)  # round j: the j-th pair of every index
+    sizes = torch.unique_consecutive(rounds, return_counts=True)[1].tolist()
+    perm = perm[order]
+    for idx, pos in zip(sorted_idx[order].split(sizes), perm.split(sizes)):
+        out.index_add_(0, idx, values[pos])
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Compressor
+# ---------------------------------------------------------------------------------------------
+
+class Compressor(ABC):
+    """Flat gradient -> ``(values, indices)`` (indices int32, 1-D, each at most once) and back."""
+
+    @abstractmethod
+    def count(self, numel: int) -> int:
+        """How many entries :meth:`compress` keeps of a tensor of ``numel`` elements."""
+
+    @abstractmethod
+    def compress(self, flat: torch.Tensor, k: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(values, indices)`` of the entries sent, ``values[i] == flat[indices[i]]``: ``k`` of them
+        (``1 <= k <= flat.numel()``; None: :meth:`count` of the tensor's size)."""
+
+    @staticmethod
+    def decompress(values: torch.Tensor, indices: torch.Tensor, out: torch.Tensor,
+                   blocks: int | None = None) -> torch.Tensor:
+        """Add ``values`` at ``indices`` into the dense flat tensor ``out`` (in place; repeated indices
+        add up) and return ``out``, with :func:`deterministic_index_add_`: every element's additions
+        happen in the order its pairs are given, on every device. ``blocks``: the pairs are that many
+        :meth:`compress` outputs one after the other (the executor's ``P`` gathered ones, worker 0
+        first), each with distinct indices, which makes the fixed order cost nothing extra."""
+        return deterministic_index_add_(out, indices, values, blocks)
+
+
+class TopKCompressor(Compressor):
+    """Keep the ``k`` entries of largest magnitude; by default ``k = ceil(density * n)`` (at least one)."""
+
+    def __init__(self, density: float) -> None:
+        self.density = _check_density(density)
+
+    def count(self, numel: int) -> int:
+        return int(topk_count(int(numel), self.density))
+
+    def compress(self, flat: torch.Tensor, k: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        if flat.dim() != 1:
+            raise ValueError(f"compress takes a flat (1-D) tensor, got shape {tuple(flat.shape)}")
+        n = flat.numel()
+        if n >= 2**31:
+            raise ValueError(f"a bucket of {n} elements does not fit int32 indices; split it")
+        k = self.count(n) if k is None else int(k)
+        if not 1 <= k <= n:
+            raise ValueError(f"k must be in 1..{n} for a bucket of {n} elements, got {k}")
+        if k == n:  # density 1 (or a tiny tensor): everything, no selection
+            return flat.clone(), torch.arange(n, dtype=INDEX_DTYPE, device=flat.device)
+        indices = topk_indices(flat.abs(), k)
+        return flat[indices], indices.to(INDEX_DTYPE)
+
+    def __repr__(self) -> str:
+        return f"TopKCompressor(density={self.density})"
+
+
+# ---------------------------------------------------------------------------------------------
+# Memory (error feedback)
+# ---------------------------------------------------------------------------------------------
+
+class Memory(ABC):
+    """What a worker holds back between iterations, per key (a bucket)."""
+
+    @abstractmethod
+    def compensate(self, key: Any, flat: torch.Tensor) -> torch.Tensor:
+        """The gradient plus what was held back for ``key``; may work in place on ``flat``."""
+
+    @abstractmethod
+    def update(self, key: Any, compensated: torch.Tensor, indices: torch.Tensor) -> None:
+        """Record that the entries ``indices`` of ``compensated`` were sent."""
+
+    def reset(self) -> None:
+        """Forget everything held back."""
+
+    def keep(self, key: Any) -> None:
+        """Remember ``key``'s state now, so that :meth:`undo` can put it back (a step a GradScaler
+        skips must leave no trace: its gradient is discarded, as under DDP). Nothing by default."""
+
+    def undo(self) -> None:
+        """Put back every state :meth:`keep` remembered since the last :meth:`commit`."""
+
+    def commit(self) -> None:
+        """Forget what :meth:`keep` remembered: this step's changes stay."""
+
+
+class NoMemory(Memory):
+    """No error feedback: unsent entries are dropped."""
+
+    def compensate(self, key: Any, flat: torch.Tensor) -> torch.Tensor:
+        return flat
+
+    def update(self, key: Any, compensated: torch.Tensor, indices: torch.Tensor) -> None:
+        pass
+
+
+class ResidualMemory(Memory):
+    """Error feedback (residual accumulation as in TopK-SGD): ``compensate`` adds the residual to the
+    gradient **in place** and returns it; ``update`` keeps ``residual = compensated`` with the sent
+    entries set to zero. The residual of a key starts at zero."""
+
+    def __init__(self) -> None:
+        self.residuals: dict[Any, torch.Tensor] = {}
+        self._kept: dict[Any, torch.Tensor | None] = {}
+
+    def compensate(self, key: Any, flat: torch.Tensor) -> torch.Tensor:
+        residual = self.residuals.get(key)
+        if residual is not None:
+            if residual.shape != flat.shape:
+                raise ValueError(f"residual of {key!r} has shape {tuple(residual.shape)}, the gradient "
+                                 f"{tuple(flat.shape)}")
+            flat.add_(residual)
+        return flat
+
+    def update(self, key: Any, compensated: torch.Tensor, indices: torch.Tensor) -> None:
+        residual = self.residuals.get(key)
+        if residual is None or residual.shape != compensated.shape:
+            residual = self.residuals[key] = torch.empty_like(compensated)
+        residual.copy_(compensated)
+        residual.index_fill_(0, indices.long(), 0)
+
+    def reset(self) -> None:
+        self.residuals.clear()
+        self._kept.clear()
+
+    def keep(self, key: Any) -> None:
+        residual = self.residuals.get(key)
+        self._kept[key] = None if residual is None else residual.clone()
+
+    def undo(self) -> None:
+        for key, residual in self._kept.items():
+            if residual is None:
+                self.residuals.pop(key, None)
+            else:
+                self.residuals[key] = residual
+        self._kept.clear()
+
+    def commit(self) -> None:
+        self._kept.clear()
+
+
+# ---------------------------------------------------------------------------------------------
+# Communicator
+# ---------------------------------------------------------------------------------------------
+
+@dataclass
+class Exchange:
+    """One bucket's all-gather(s) in flight: ``futures`` complete when the gathered buffers are filled."""
+
+    k: int
+    value_dtype: torch.dtype
+    packed: bool
+    outputs: list[torch.Tensor]
+    futures: list[Any]
+
+
+class AllGatherCommunicator:
+    """All-gathers every worker's ``(values, indices)`` of equal ``k`` on ``group``.
+
+    ``start(values, indices, packed)`` launches asynchronously: two all-gathers (values, then
+    indices), or with ``packed`` one all-gather of both (4-byte values bit-cast to int32 next to the
+    indices; other value sizes as raw bytes). ``finish(exchange)`` waits and returns the ``P * k``
+    gathered values and int32 indices, worker 0's first: it waits for the all-gathers' own futures (on
+    NCCL those make the current stream wait for the collective). ``on_message_end(m, end_s)`` (if given)
+    is called with the message number and when that all-gather finished (``ends``, a
+    :class:`~repro.runtime.clock.CollectiveEnds`: device time on NCCL, whose futures complete at enqueue;
+    called from a communication or timing thread)."""
+
+    def __init__(self, group: dist.ProcessGroup | None = None, ends: CollectiveEnds | None = None) -> None:
+        self.group = group
+        self.world_size = dist.get_world_size(group)
+        self.ends = ends
+
+    def start(self, values: torch.Tensor, indices: torch.Tensor, packed: bool,
+              on_message_end: Callable[[int, float], None] | None = None) -> Exchange:
+        if values.shape != indices.shape or values.dim() != 1 or indices.dtype != INDEX_DTYPE:
+            raise ValueError("start takes 1-D values and int32 indices of one length")
+        k, P = values.numel(), self.world_size
+        if packed:
+            if values.element_size() == INDEX_BYTES:
+                sends = [torch.cat([values.view(INDEX_DTYPE), indices])]
+            else:
+                sends = [torch.cat([values.view(torch.uint8), indices.view(torch.uint8)])]
+        else:
+            sends = [values, indices]
+        outputs, futures = [], []
+        for m, send in enumerate(sends):
+            out = torch.empty(P * send.numel(), dtype=send.dtype, device=send.device)
+            work = _ALL_GATHER(out, send, group=self.group, async_op=True)
+            if on_message_end is not None:  # not a child future of fut.then: on NCCL it carries no CUDA event
+                ends = self.ends or CollectiveEnds(device_events=False)
+                ends.end(work, lambda end_s, m=m: on_message_end(m, end_s))
+            outputs.append(out)
+            futures.append(work.get_future())
+        return Exchange(k, values.dtype, packed, outputs, futures)
+
+    def finish(self, ex: Exchange) -> tuple[torch.Tensor, torch.Tensor]:
+        for fut in ex.futures:
+            fut.wait()
+        P, k = self.world_size, ex.k
+        if not ex.packed:
+            return ex.outputs[0], ex.outputs[1]
+        out = ex.outputs[0]
+        if out.dtype == INDEX_DTYPE:  # int32 words: [values | indices] per worker
+            rows = out.view(P, 2, k)
+            return rows[:, 0].view(ex.value_dtype).reshape(-1), rows[:, 1].reshape(-1)
+        rows = out.view(P, -1)  # raw bytes
+        vb = rows.shape[1] - k * INDEX_BYTES
+        # fresh copies start at offset 0: a byte slice cannot be reinterpreted at an unaligned offset
+        values = rows[:, :vb].clone(memory_format=torch.contiguous_format).view(ex.value_dtype).reshape(-1)
+        return values, rows[:, vb:].clone(memory_format=torch.contiguous_format).view(INDEX_DTYPE).reshape(-1)
+
+
+# ---------------------------------------------------------------------------------------------
+# Top-k scope "model": one budget shared by the buckets
+# ---------------------------------------------------------------------------------------------
+
+BUDGET_SAMPLE = 65536  # magnitudes sampled (about) to estimate the model-wide threshold
+_BUDGET_MIN_SAMPLE = 1024  # at least this many from each bucket (all of a smaller one)
+
+
+def budget_counts(compensated: list[torch.Tensor], sent: list[torch.Tensor], total: int,
+                  sample: int = BUDGET_SAMPLE) -> torch.Tensor:
+    """Per bucket, how many of this worker's entries lie among the ``total`` largest magnitudes of the
+    whole model: the entries of ``|compensated[b]|`` at or above one threshold ``tau``, an estimate of
+    the model-wide ``total``-th largest magnitude (int64 tensor, one count per bucket, on the buckets'
+    device).
+
+    ``compensated[b]``: bucket b's gradient plus residual (1-D), ``sent[b]``: the values it sent this
+    step (its ``k_b`` largest magnitudes; ``sum k_b == total``). Nothing model-wide is sorted: bucket b
+    is described by strided samples, of its sent values (all at or above ``m_b``, the smallest one
+    sent; each sampled value weighing ``k_b / samples``) and of its other entries (those of a strided
+    sample of ``compensated[b]`` below ``m_b``, each weighing ``numel / samples``), about ``sample``
+    of each over the model and at least 1024 of each per bucket (every one of a smaller set). ``tau``
+    is the largest sampled value at which the weights at or above it reach ``total``. The counts are
+    then exact for that ``tau``: from the sent values where ``tau >= m_b``, else by comparing every
+    entry of the bucket (only buckets whose share was too small pay that pass). Cost: a sort of the
+    samples and one comparison per sent value or entry counted. Deterministic: the same tensors give
+    the same counts on every device."""
+    if len(compensated) != len(sent) or not compensated:
+        raise ValueError("budget_counts takes one compensated tensor and one sent tensor per bucket")
+    numel = sum(c.numel() for c in compensated)
+    stride = max(1, numel // max(1, int(sample)))
+    sent_stride = max(1, sum(v.numel() for v in sent) // max(1, int(sample)))
+    points, weights, floors = [], [], []
+    for flat, values in zip(compensated, sent):
+        if values.numel() == 0:
+            raise ValueError("every bucket sends at least one value")
+        mag = values.detach().abs().float()
+        floor = mag.min()
+        drawn_sent = mag[::min(sent_stride, max(1, mag.numel() // _BUDGET_MIN_SAMPLE))]
+        drawn = flat.detach()[::min(stride, max(1, flat.numel() // _BUDGET_MIN_SAMPLE))].abs().float()
+        below = drawn[drawn < floor]
+        points += [drawn_sent, below]
+        weights += [torch.full((drawn_sent.numel(),), mag.numel() / drawn_sent.numel(), dtype=torch.float64,
+                               device=mag.device),
+                    torch.full((below.numel(),), flat.numel() / drawn.numel(), dtype=torch.float64, device=mag.device)]
+        floors.append(floor)
+    values_all = torch.cat(points)
+    order = torch.sort(values_all, descending=True, stable=True).indices
+    cum = torch.cumsum(torch.cat(weights)[order], 0)
+    at = int(torch.searchsorted(cum, torch.tensor([float(total)], dtype=torch.float64, device=cum.device)).item())
+    tau = float(values_all[order[min(at, order.numel() - 1)]])
+    counts = []
+    for flat, values, floor in zip(compensated, sent, torch.stack(floors).tolist()):
+        if tau >= floor:
+            counts.append((values.detach().abs().float() >= tau).sum())
+        else:
+            counts.append((flat.detach().abs().float() >= tau).sum())
+    return torch.stack(counts).to(torch.int64)
+
+
+def allocate_budget(counts: list[int], sizes: list[int], total: int) -> list[int]:
+    """Split ``total`` entries between buckets of ``sizes`` elements in proportion to ``counts``: each
+    bucket gets at least 1 and at most its size, the rest by largest remainder (ties to the lower
+    index), a bucket filled to its size handing its excess to the others; what no counted bucket can
+    take goes to the others in index order. Integer and order-exact, so every rank given the same
+    counts gets the same split. Needs ``len(sizes) <= total <= sum(sizes)``."""
+    B = len(sizes)
+    if len(counts) != B or not B <= total <= sum(sizes) or min(sizes) < 1:
+        raise ValueError(f"cannot split {total} entries between {B} buckets of {sum(sizes)} elements")
+    k = [1] * B
+    left = total - B
+    weight = [max(0, int(c)) for c in counts]
+    open_ = [b for b in range(B) if weight[b] > 0 and k[b] < sizes[b]]
+    while left > 0 and open_:
+        wsum = sum(weight[b] for b in open_)
+        share = {b: left * weight[b] / wsum for b in open_}
+        full = [b for b in open_ if k[b] + share[b] >= sizes[b]]
+        if full:
+            for b in full:
+                left -= sizes[b] - k[b]
+                k[b] = sizes[b]
+            open_ = [b for b in open_ if b not in full]
+            continue
+        whole = {b: min(int(share[b]), sizes[b] - k[b]) for b in open_}
+        for b in open_:
+            k[b] += whole[b]
+        left -= sum(whole.values())
+        for b in sorted(open_, key=lambda b: (whole[b] - share[b], b)):
+            if left > 0 and k[b] < sizes[b]:
+                k[b] += 1
+                left -= 1
+        open_ = [b for b in open_ if k[b] < sizes[b]]
+    for b in range(B):
+        if left <= 0:
+            break
+        extra = min(left, sizes[b] - k[b])
+        k[b] += extra
+        left -= extra
+    return k
+
+
+# ---------------------------------------------------------------------------------------------
+# Executor
+# ---------------------------------------------------------------------------------------------
+
+@dataclass
+class SparseBucketTiming(BucketTiming):
+    """One bucket of the last iteration: ``bytes`` each worker sends (values + indices), ``numel`` and
+    ``k`` elements, ``messages`` all-gathers; the compression's ``compress_start_s`` / ``compress_end_s``
+    and the communication's ``launch_s`` / ``end_s`` (seconds, host ``perf_counter`` base; the device's
+    times on NCCL)."""
+
+    numel: int = 0
+    k: int = 0
+    messages: int = 0
+    compress_start_s: float = float("nan")
+    compress_end_s: float = float("nan")
+
+
+@dataclass
+class _Slot:
+    bucket: int
+    param: nn.Parameter
+    layer: str
+    view: torch.Tensor
+    written: bool = False
+
+
+@dataclass
+class _Bucket:
+    layers: tuple[str, ...]
+    buffer: torch.Tensor
+    packed: bool
+    slots: list[_Slot] = field(default_factory=list)
+    pending: int = 0
+    exchange: Exchange | None = None
+    k: int = 1                                # entries this bucket sends this step
+    compensated: torch.Tensor | None = None   # topk_scope "model": this step's gradient + residual ...
+    sent: torch.Tensor | None = None          # ... and the values sent, until after_backward counts them
+
+
+def _check_plan(model: nn.Module, plan: Plan | None, view: str) -> dict[str, list[tuple[str, nn.Parameter]]]:
+    if plan is None:
+        raise PlanError("the sparse executor needs a plan")
+    if plan.family != "sparse":
+        raise PlanError(f"SparseExecutor executes 'sparse' plans, got a '{plan.family}' plan "
+                        f"(solver '{plan.solver}')")
+    check_plan_fits(plan, model, view)
+    return layer_parameters(model, view)
+
+
+class SparseExecutor(Executor):
+    """The sparse family's executor (see the module docstring). ``compressor`` and ``memory`` default
+    to :class:`TopKCompressor` at the plan's density and :class:`ResidualMemory`.
+
+    The plan's ``topk_scope`` says how many entries each bucket sends (``k_b``):
+
+    - ``"bucket"`` (the default; OMGS-SGD as published): ``k_b = compressor.count(n_b)``, i.e.
+      ``ceil(density * n_b)``, every step;
+    - ``"model"``: the same total ``K = sum_b ceil(density * n_b)`` each step, split between the buckets
+      by where the model's ``K`` largest magnitudes of gradient + residual were in the step before (the
+      first step after the executor starts uses the ``"bucket"`` split). After each backward every rank
+      counts, per bucket, its entries at or above an estimate of its model-wide ``K``-th largest
+      magnitude (:func:`budget_counts`); one all-reduce (sum, int64, started after the buckets'
+      all-gathers and waited at the next step's first bucket) gives every rank the same counts, and
+      :func:`allocate_budget` makes the next step's ``k_b`` from them (at least 1, at most ``n_b``).
+      So the selection follows TopK-SGD's model-wide top-k one step late, while each bucket is still
+      compressed and sent during backward. With one bucket, or when ``K`` is every element, both
+      scopes are the same and nothing is counted. A step a GradScaler skips leaves the split as it was.
+    """
+
+    finishes_in_backward = True  # the exchange is waited for after backward anyway (Executor)
+
+    def __init__(self, model: nn.Module, plan: Plan | None = None, options: ExecutorOptions | None = None, *,
+                 group: dist.ProcessGroup | None = None, compressor: Compressor | None = None,
+                 memory: Memory | None = None) -> None:
+        super().__init__(model, plan, options)
+        layers = _check_plan(model, plan, self.options.view)
+        if not dist.is_initialized():
+            raise RuntimeError("torch.distributed is not initialised: start ranks with repro.launch.local")
+        self.compressor = compressor or TopKCompressor(plan.option("density"))
+        self.topk_scope = plan.option("topk_scope", "bucket")
+        self.memory = memory if memory is not None else ResidualMemory()
+        self.record_timeline = self.options.record_timeline
+        # the timeline's stamps: device times on NCCL (its futures complete at enqueue), host times on gloo
+        self._ends = CollectiveEnds(model_device(model), dist.get_backend(group)) if self.record_timeline else None
+        self.comm = AllGatherCommunicator(group, self._ends)
+        self.world_size = self.comm.world_size
+        self._buckets: list[_Bucket] = []
+        self._slots: list[_Slot] = []
+        for i, b in enumerate(plan.buckets):
+            params = [p for name in b.layers for _, p in layers[name]]
+            numel = sum(p.numel() for p in params)
+            bucket = _Bucket(tuple(b.layers), torch.zeros(numel, dtype=params[0].dtype, device=params[0].device),
+                             packed=len(b.messages) == 1)
+            offset = 0
+            for name in b.layers:
+                for _, p in layers[name]:
+                    slot = _Slot(i, p, name, bucket.buffer[offset:offset + p.numel()])
+                    bucket.slots.append(slot)
+                    self._slots.append(slot)
+                    offset += p.numel()
+            bucket.pending = len(bucket.slots)
+            bucket.k = self.compressor.count(numel)
+            self._buckets.append(bucket)
+        self._budget = sum(b.k for b in self._buckets)  # K: entries each rank sends per step
+        # topk_scope "model" moves entries between buckets: only where there are several and not all are sent
+        self._shared_budget = (self.topk_scope == "model" and len(self._buckets) > 1
+                               and self._budget < sum(b.buffer.numel() for b in self._buckets))
+        self._counts: tuple[torch.Tensor, Any] | None = None  # the all-reduce of this step's counts in flight
+        self._keep_split = False  # a skipped step: its counts are waited for, then dropped
+        self._next = 0
+        self._scaler: Any = None          # the GradScaler (wrap_optimizer), None without one
+        self._report: FoundInfReport | None = None
+        self._optimizer: Any = None
+        self._scale: torch.Tensor | None = None      # this backward's scale S and 1/S (tensors: no sync)
+        self._inv_scale: torch.Tensor | None = None
+        self._nonfinite: torch.Tensor | None = None  # inf/nan seen in this backward's buckets (0-d bool)
+        self._synchronized = False
+        self.timings = []
+        for i, b in enumerate(self._buckets):
+            n, k = b.buffer.numel(), b.k
+            self.timings.append(SparseBucketTiming(i, b.layers, k * (b.buffer.element_size() + INDEX_BYTES),
+                                                   numel=n, k=k, messages=1 if b.packed else 2))
+        self.clock = clock_for(model, self.options.clock)
+        self.grad_ready_s = self.clock.ready  # layer -> ready time, resolved when read
+        self._handles = [s.param.register_post_accumulate_grad_hook(self._hook(s)) for s in self._slots]
+
+    # ---- during backward ----
+    def _hook(self, slot: _Slot):
+        def hook(param: torch.Tensor) -> None:
+            self.clock.mark(slot.layer)
+            self._write(slot)
+            self._launch_ready()
+        return hook
+
+    def _write(self, slot: _Slot) -> None:
+        if slot.written:
+            raise RuntimeError(f"gradient of a parameter in layer '{slot.layer}' arrived twice in one "
+                               "iteration; call after_backward() between backward passes")
+        grad = slot.param.grad
+        if grad is None:
+            slot.view.zero_()
+        elif grad.data_ptr() != slot.view.data_ptr():
+            slot.view.copy_(grad.reshape(-1))
+        slot.written = True
+        self._buckets[slot.bucket].pending -= 1
+
+    def _launch_ready(self) -> None:
+        if self._counts is not None:  # the last step's counts: this step's split (topk_scope "model")
+            self._settle_split()
+        while self._next < len(self._buckets) and self._buckets[self._next].pending == 0:
+            i, bucket = self._next, self._buckets[self._next]
+            if self._shared_budget:  # what this step sends (the split moves from step to step)
+                self.timings[i].k = bucket.k
+                self.timings[i].bytes = bucket.k * (bucket.buffer.element_size() + INDEX_BYTES)
+            timing = self.timings[i] if self.record_timeline else None
+            if timing is not None:
+                timing.end_s = float("nan")
+                self._ends.launch(lambda t, timing=timing: setattr(timing, "compress_start_s", t))
+            flat = bucket.buffer
+            if self._scaler is not None:
+                self._unscale(flat)
+                self.memory.keep(i)
+            flat = self.memory.compensate(i, flat)
+            values, indices = self.compressor.compress(flat, bucket.k)
+            self.memory.update(i, flat, indices)
+            if self._shared_budget:
+                bucket.compensated, bucket.sent = flat, values
+            if timing is not None:
+                self._ends.launch(lambda t, timing=timing: _stamp_launch(timing, t))
+                bucket.exchange = self.comm.start(values, indices, bucket.packed,
+                                                  lambda _m, end_s, t=timing: _stamp_end(t, end_s))
+            else:
+                bucket.exchange = self.comm.start(values, indices, bucket.packed)
+            self._next += 1
+
+    def _settle_split(self) -> None:
+        """Wait for the counts' all-reduce in flight and make the next step's ``k_b`` from them
+        (unless the step they came from was skipped)."""
+        counts, work = self._counts
+        self._counts = None
+        work.wait()
+        if self._keep_split or not bool(counts.any()):  # a skipped step, or nothing counted (all zero)
+            self._keep_split = False
+            return
+        self._set_split(allocate_budget(counts.tolist(), [b.buffer.numel() for b in self._buckets], self._budget))
+
+    def _set_split(self, ks: list[int]) -> None:
+        for b, k in zip(self._buckets, ks):
+            b.k = int(k)
+
+    @property
+    def split(self) -> list[int]:
+        """The entries each bucket sends in the next step (``k_b``, plan order), the counts in flight
+        included."""
+        if self._counts is not None:
+            self._settle_split()
+        return [b.k for b in self._buckets]
+
+    def _unscale(self, flat: torch.Tensor) -> None:
+        """Bring a bucket the scaler scaled back to the gradient's units (see the module docstring), and
+        note whether it holds an inf/nan."""
+        if self._inv_scale is None:
+            scale = getattr(self._scaler, "_scale", None)  # what scaler.scale(loss) multiplied by (a tensor)
+            if scale is None:  # the scaler has not scaled anything yet: the gradients are as computed
+                scale = torch.ones((), dtype=torch.float32, device=flat.device)
+            self._scale = scale.to(flat.device)
+            self._inv_scale = self._scale.double().reciprocal().float()  # as GradScaler.unscale_ computes it
+            self._nonfinite = torch.zeros((), dtype=torch.bool, device=flat.device)
+        self._nonfinite |= ~torch.isfinite(flat).all()
+        flat.mul_(self._inv_scale.to(flat.dtype))
+
+    # ---- the executor contract ----
+    def wrap_optimizer(self, optimizer: Any, grad_scaler: Any = None) -> Any:
+        """The optimizer itself; with an enabled ``grad_scaler`` a :class:`SparseScaledOptimizer` whose
+        ``step`` takes the scaler's verdict over every rank (module docstring)."""
+        self._optimizer = optimizer
+        if grad_scaler is None or not grad_scaler.is_enabled():
+            return optimizer
+        self._scaler = grad_scaler
+        self._report = FoundInfReport(grad_scaler, self._buckets[0].buffer.device)
+        return SparseScaledOptimizer(self, optimizer)
+
+    def synchronize(self) -> None:
+        """The exchange is finished (``after_backward`` ran): ``param.grad`` is the scaled average,
+        ready for ``scaler.unscale_``."""
+        self._synchronized = True
+
+    def step(self, amp: ScaledStep | None = None) -> None:
+        """The optimizer's step under a GradScaler (``amp``: what ``scaler.step`` attached): skipped on
+        every rank when any rank saw an inf/nan (residuals put back), else the unscaled average
+        applied. Every rank calls it (one all-reduce)."""
+        if amp is None:  # optimizer.step() without scaler.step: the gradients are this step's, unscaled
+            self.memory.commit()
+            if self._scale is not None:
+                self._grads_mul(self._inv_scale)
+            self._optimizer.step()
+            self._end_step()
+            return
+        if self._report is None:
+            check_scaled_step(amp, None, "the sparse family")  # a scaler it was not given: refused, one line
+        if amp.inv_scale is None and not self._synchronized:
+            raise RuntimeError("the sparse family: scaler.unscale_(opt) was called before the exchange finished; "
+                               "call opt.synchronize() first (or leave the unscaling to scaler.step(opt))")
+        device = self._buckets[0].buffer.device
+        seen = amp.found_inf_tensor(device)  # unread: the all-reduced flag is the step's one read
+        if self._nonfinite is not None:
+            seen += self._nonfinite.float()
+        dist.all_reduce(seen, op=dist.ReduceOp.MAX, group=self.comm.group)  # after every all-gather
+        found = bool(seen.item() > 0)
+        self._report.report(found)
+        if found:
+            self.memory.undo()
+            self._keep_split = self._counts is not None  # the skipped step's counts are not used
+        else:
+            self.memory.commit()
+            if amp.inv_scale is not None:
+                self._grads_mul(amp.inv_scale)
+            self._optimizer.step()
+        self._end_step()
+
+    def _grads_mul(self, factor: torch.Tensor) -> None:
+        with torch.no_grad():
+            for g in {id(s.param.grad): s.param.grad for s in self._slots if s.param.grad is not None}.values():
+                g.mul_(factor.to(g.device, g.dtype))
+
+    def _end_step(self) -> None:
+        self._scale = self._inv_scale = self._nonfinite = None
+        self._synchronized = False
+
+    def before_forward(self) -> None:
+        if self.sync_buffers:
+            broadcast_buffers(self.model)
+
+    def after_backward(self) -> None:
+        """Wait for every bucket, average the P sparse contributions into ``param.grad``."""
+        for slot in self._slots:  # parameters that got no gradient this iteration count as zeros
+            if not slot.written:
+                self._write(slot)
+        self._launch_ready()
+        if self._shared_budget:  # counted while the all-gathers are in flight (the buffers are read only)
+            counts = budget_counts([b.compensated for b in self._buckets], [b.sent for b in self._buckets],
+                                   self._budget)
+            work = dist.all_reduce(counts, group=self.comm.group, async_op=True)
+            self._counts = (counts, work)
+            for b in self._buckets:
+                b.compensated = b.sent = None
+        for bucket in self._buckets:
+            values, indices = self.comm.finish(bucket.exchange)
+            dense = bucket.buffer.zero_()
+            self.compressor.decompress(values, indices, dense, blocks=self.world_size)
+            dense.div_(self.world_size)
+            if self._scale is not None:  # scaled again, as DDP's exchanged gradients are (exact: S = 2**n)
+                dense.mul_(self._scale.to(dense.dtype))
+            for slot in bucket.slots:
+                avg = slot.view.view_as(slot.param)  # a view of the bucket (no copy) ...
+                slot.param.grad = avg if avg.dtype == slot.param.dtype else avg.to(slot.param.dtype)  # ... or cast
+                slot.written = False
+            bucket.pending = len(bucket.slots)
+            bucket.exchange = None
+        self._next = 0
+        self.clock.end_iteration()  # a layer with no gradient in the next backward gets no time
+
+    def state_dict(self) -> dict[str, Any]:
+        """The error-feedback residuals (what each bucket held back), by bucket index, and under
+        ``topk_scope`` "model" the next step's split (``k_b`` per bucket); a checkpoint without them would
+        resume with different gradients. Only :class:`ResidualMemory` keeps residuals."""
+        state: dict[str, Any] = {}
+        if self._shared_budget:
+            state["split"] = self.split
+        residuals = getattr(self.memory, "residuals", None)
+        if residuals:
+            state["residuals"] = {int(k): v.detach().clone() for k, v in residuals.items()}
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        split = state.get("split")
+        if split is not None:
+            sizes = [b.buffer.numel() for b in self._buckets]
+            if (not self._shared_budget or len(split) != len(sizes) or sum(split) != self._budget
+                    or any(not 1 <= int(k) <= n for k, n in zip(split, sizes))):
+                raise ValueError(f"checkpoint split {list(split)[:8]}... does not fit this plan's {len(sizes)} buckets "
+                                 f"sending {self._budget} entries (topk_scope {self.topk_scope!r})")
+            if self._counts is not None:
+                self._settle_split()
+            self._set_split([int(k) for k in split])
+        residuals = getattr(self.memory, "residuals", None)
+        if residuals is None:
+            if state.get("residuals"):
+                raise ValueError("this executor's memory keeps no residuals, but the checkpoint holds some")
+            return
+        residuals.clear()
+        for k, v in (state.get("residuals") or {}).items():
+            if not 0 <= int(k) < len(self._buckets):
+                raise ValueError(f"checkpoint residual of bucket {k}: the plan has {len(self._buckets)} buckets")
+            residuals[int(k)] = v.to(self._buckets[int(k)].buffer.device).clone()
+
+    def remove(self) -> None:
+        if self._counts is not None:  # no collective left behind
+            self._settle_split()
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+        if self._ends is not None:
+            self._ends.close()
+
+    def settle_timings(self) -> None:
+        """Wait until the last iteration's timeline stamps have arrived (:class:`CollectiveEnds`)."""
+        if self._ends is not None:
+            self._ends.settle()
+
+
+class SparseScaledOptimizer(DeferredUpdateOptimizer):
+    """What the loop steps under a GradScaler: ``step()`` is :meth:`SparseExecutor.step` with the
+    scaler's attributes (``_step_supports_amp_scaling``: ``scaler.step`` always calls it, so every rank
+    joins the verdict's all-reduce); everything else is the wrapped optimizer's."""
+
+    family = "the sparse family"
+
+    def state_dict(self) -> dict:
+        return self.optimizer.state_dict()
+
+
+def _stamp_launch(timing: SparseBucketTiming, t: float) -> None:
+    timing.compress_end_s = timing.launch_s = t
+
+
+def _stamp_end(timing: SparseBucketTiming, end_s: float) -> None:
+    """A message of the bucket ended at ``end_s``: the bucket's end is its last message's."""
+    if math.isnan(timing.end_s) or end_s > timing.end_s:
+        timing.end_s = end_s
+
+
+# ---------------------------------------------------------------------------------------------
+# Calibration hook of the family
+# ---------------------------------------------------------------------------------------------
+
+def _geometric(lo: float, hi: float, count: int) -> list[int]:
+    import numpy as np
+
+    lo, hi = max(1.0, float(lo)), max(1.0, float(hi))
+    if hi <= lo:
+        return [int(lo)]
+    return sorted({int(round(v)) for v in np.geomspace(lo, hi, count)})
+
+
+def calibrate(trace, device, repeats: int, network_cost=None, *, density: float = 0.001, **_: Any):
+    """The cost model the sparse planners need, measured on the live group (every rank calls it).
+
+    - the ``sparse_allgather`` line: ``network_cost``'s (a ``--network`` preset; one without that line
+      raises :class:`repro.core.cost.CostModelError`), else fitted on the live group
+      (:func:`repro.runtime.calibrate.fit_cost_model`) over message sizes from the smallest layer's index
+      message (``k * 4`` bytes) to the whole model's packed message (``k * (value bytes + 4)``),
+      ``k = ceil(density * elements)``: the range this model sends;
+    - ``topk_gamma_s``: top-k selections timed on this rank's device
+      (:func:`repro.runtime.calibrate.fit_topk`) over the layer sizes up to the whole model (at most
+      2**24 elements), the largest gamma of the ranks (the slowest rank decides).
+    """
+    from dataclasses import replace
+
+    from repro.runtime.calibrate import fit_cost_model, fit_topk
+    from repro.families.sparse.simulate import value_bytes
+
+    density = _check_density(density)
+    params = [int(n) for n in trace.params() if n > 0]
+    if not params:
+        raise ValueError(f"trace '{trace.model}' has no parameters to sparsify")
+    total = sum(params)
+    if network_cost is not None:
+        network_cost.line("sparse_allgather")  # a preset without it fails here, in one line
+        cost = network_cost
+    else:
+        lo_bytes = topk_count(min(params), density) * INDEX_BYTES
+        hi_bytes = topk_count(total, density) * (value_bytes(trace) + INDEX_BYTES)
+        sizes = sorted({max(4, s // 4 * 4) for s in _geometric(lo_bytes, hi_bytes, 8)})
+        cost = fit_cost_model(sizes, ("sparse_allgather",), repeats=repeats, device=device,
+                              source=f"sparse all-gather fitted on the live process group (P={dist.get_world_size()})")
+    numels = [n for n in _geometric(max(2, min(params)), min(total, 2**24), 6) if n >= 2]
+    gamma_s, seconds = fit_topk(numels, density, repeats=repeats, device=device)
+    agreed = torch.tensor([gamma_s], dtype=torch.float64, device=device)
+    dist.all_reduce(agreed, op=dist.ReduceOp.MAX)  # the slowest rank decides; every rank plans alike
+    meta = {**cost.meta, "topk": {"numel": numels, "seconds_this_rank": seconds, "density": density,
+                                  "gamma_s_this_rank": gamma_s, "agreed": "max over ranks"}}
+    return replace(cost, meta=meta).with_topk(float(agreed.item()))

@@ -1,0 +1,186 @@
+"""The sparse family's iteration model (OMGS-SGD: Shi et al., *Communication-Efficient Distributed Deep
+Learning with Merged Gradient Sparsification on GPUs*, IEEE INFOCOM 2020; its timeline model).
+
+Forward runs layers 1..L, then backward L..1 on the compute stream. When the last (input-most)
+layer of a bucket has produced its gradient, the bucket's top-k selection runs **on the compute
+stream** (it blocks the next layer's backward) for ``t_spar(d) = gamma d log2 d`` seconds, ``d`` the
+bucket's elements; then its values and indices are all-gathered on one FCFS communication stream.
+In the paper's notation, for buckets of single (possibly merged) layers::
+
+    tau_b(L) = 0;   tau_s(l) = tau_b(l) + t_b(l);   tau_b(l-1) = tau_s(l) + t_s(l)
+    tau_c(L) = tau_s(L) + t_s(L);   tau_c(l) = max(tau_c(l+1) + t_c(l+1), tau_s(l) + t_s(l))
+    t_iter = t_f + tau_c(1) + t_c(1)
+
+A bucket sends ``k = ceil(density * d)`` values (the gradient's dtype, 4 bytes for float32) and
+``k`` int32 indices: two all-gather messages as in the paper (``t_c = 2 (a + b 4 P k)``), or one
+packed message of both (one start-up). The all-gather line is the cost model's
+``sparse_allgather`` (:mod:`repro.core.cost`: bytes per worker, line in gathered bytes).
+
+The simulator times each bucket at ``k = ceil(density * d)`` also for a plan whose ``topk_scope`` is
+"model" (the executor then moves entries between buckets from step to step, the total unchanged):
+start-ups and total bytes are the same, only the per-bucket sizes of a given step differ.
+
+A measured trace's :class:`~repro.core.trace.Overheads` are added as in the all-reduce family. Two
+implementations of one model, checked against each other by the tests: :func:`build_graph` (the
+event-engine graph, gives the timeline) and :func:`sparse_iteration_s` (the closed form planners
+call). This module never imports torch.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from repro.families.allreduce.simulate import bucket_label
+from repro.core.engine import Task
+from repro.core.sim_result import SimGraph, SimResult
+
+__all__ = ["INDEX_BYTES", "TOPK_SCOPES", "topk_count", "bucket_numels", "value_bytes", "message_bytes", "check_buckets",
+           "sparse_times_s", "sparse_iteration_s", "sparse_tasks", "build_graph", "closed_form"]
+
+INDEX_BYTES = 4  # int32 indices on the wire
+TOPK_SCOPES = ("bucket", "model")  # a sparse plan's topk_scope option (repro.families.sparse.executor.SparseExecutor)
+
+
+def topk_count(numel, density: float):
+    """``k = ceil(density * numel)``, at least 1 and at most ``numel`` (scalar or array)."""
+    n = np.asarray(numel, dtype=float)
+    k = np.minimum(n, np.maximum(1.0, np.ceil(density * n - 1e-9)))
+    k = np.where(n > 0, k, 0.0)
+    return float(k) if k.ndim == 0 else k
+
+
+def bucket_numels(trace, plan) -> list[int]:
+    """Elements per bucket."""
+    params = trace.params()
+    return [int(sum(int(params[i]) for i in g)) for g in plan.groups(trace)]
+
+
+def value_bytes(trace) -> float:
+    """Bytes of one gradient value (the trace's gradient bytes per element; 4 for float32)."""
+    p = float(trace.params().sum())
+    return float(trace.bytes().sum()) / p if p > 0 else 4.0
+
+
+def message_bytes(trace, plan) -> list[list[float]]:
+    """Per bucket: ``[k * value_bytes, k * 4]`` (values, indices) or ``[k * (value_bytes + 4)]`` packed.
+
+    Bytes are per worker, as :meth:`repro.core.cost.CostModel.sparse_allgather_s` takes them."""
+    density = _density(plan)
+    vb = value_bytes(trace)
+    out = []
+    for b, n in zip(plan.buckets, bucket_numels(trace, plan)):
+        k = topk_count(n, density)
+        out.append([k * vb, k * INDEX_BYTES] if len(b.messages) == 2 else [k * (vb + INDEX_BYTES)])
+    return out
+
+
+def _density(plan) -> float:
+    d = plan.option("density")
+    if d is None:  # Plan validation requires it; kept for plans built around the checks
+        raise ValueError("a sparse plan needs option 'density'")
+    return float(d)
+
+
+def check_buckets(buckets) -> None:
+    """Whole layers only; one (packed) or two (values, indices) sparse all-gather messages."""
+    for i, b in enumerate(buckets):
+        if b.piece is not None:
+            raise ValueError(f"bucket {i}: sparse buckets hold whole layers (top-k of a piece is not modelled)")
+        if len(b.messages) not in (1, 2):
+            raise ValueError(f"bucket {i}: a sparse bucket sends one packed message or two (values, indices), "
+                             f"got {len(b.messages)}")
+
+
+def sparse_times_s(trace, plan, cost) -> tuple[list[float], list[list[float]]]:
+    """Top-k seconds per bucket and the seconds of each of its messages."""
+    from repro.core.simulate import message_times_s  # the package is initialised before its submodules
+
+    spar = np.atleast_1d(cost.topk_s(np.asarray(bucket_numels(trace, plan), dtype=float))).tolist()
+    return spar, message_times_s(trace, plan, cost)
+
+
+def _compute_order(L: int, groups: Sequence[Sequence[int]]) -> dict[int, list[int]]:
+    """Buckets whose top-k runs right after layer ``i``'s backward (their input-most layer)."""
+    after: dict[int, list[int]] = {}
+    for k, g in enumerate(groups):
+        after.setdefault(min(g), []).append(k)
+    return after
+
+
+def sparse_iteration_s(forward_total_s: float, backward_s: np.ndarray, groups: Sequence[Sequence[int]],
+                       spar_s: Sequence[float], comm_s: Sequence[float], fixed_s: float = 0.0) -> float:
+    """Iteration seconds: backward with each bucket's top-k after its input-most layer, then one FCFS
+    stream of the buckets' all-gathers (``comm_s``: a bucket's total; ties in plan order)."""
+    bwd = np.asarray(backward_s, dtype=float)
+    after = _compute_order(len(bwd), groups)
+    t = 0.0
+    ready = [0.0] * len(groups)
+    for i in range(len(bwd) - 1, -1, -1):
+        t += float(bwd[i])
+        for k in after.get(i, ()):
+            t += float(spar_s[k])
+            ready[k] = t
+    end = 0.0
+    for k in sorted(range(len(groups)), key=lambda k: (ready[k], k)):
+        end = max(end, ready[k]) + float(comm_s[k])
+    return float(fixed_s + forward_total_s + max(t, end))
+
+
+def sparse_tasks(names: Sequence[str], forward_s: np.ndarray, backward_s: np.ndarray,
+                 groups: Sequence[Sequence[int]], spar_s: Sequence[float], messages_s: Sequence[Sequence[float]],
+                 priorities: Sequence[float] | None = None, pre_forward_s: float = 0.0,
+                 update_s: float = 0.0) -> list[Task]:
+    """Task graph: [pre-forward], forward, backward with each bucket's ``sparsify`` task after its
+    input-most layer, one ``sparse_allgather`` task per message, [the update after the last one]."""
+    L = len(names)
+    after = _compute_order(L, groups)
+    tasks = [Task("compute", "pre_forward", "pre", pre_forward_s)] if pre_forward_s else []
+    tasks += [Task("compute", "forward", names[i], float(forward_s[i])) for i in range(L)]
+    spar_task: dict[int, int] = {}
+    for i in reversed(range(L)):
+        tasks.append(Task("compute", "backward", names[i], float(backward_s[i])))
+        for k in after.get(i, ()):
+            spar_task[k] = len(tasks)
+            tasks.append(Task("compute", "sparsify", bucket_label(groups[k]), float(spar_s[k])))
+    first_comm = len(tasks)
+    for k, g in enumerate(groups):
+        for m, secs in enumerate(messages_s[k]):
+            part = "" if len(messages_s[k]) == 1 else (" values" if m == 0 else " indices")
+            tasks.append(Task("comm", "sparse_allgather", bucket_label(g) + part, float(secs),
+                              deps=(spar_task[k],),
+                              priority=float(priorities[k]) if priorities is not None else 0.0))
+    if update_s:
+        tasks.append(Task("compute", "update", "update", update_s, deps=tuple(range(first_comm, len(tasks)))))
+    return tasks
+
+
+def build_graph(trace, plan, cost) -> SimGraph:
+    """The event-engine graph of one sparse iteration (priorities from the buckets' first message)."""
+    groups = plan.groups(trace)
+    spar, msgs = sparse_times_s(trace, plan, cost)
+    fwd, bwd = trace.forward_s(), trace.backward_s()
+    o = trace.overheads
+    tasks = sparse_tasks(trace.names, fwd, bwd, groups, spar, msgs,
+                         priorities=[b.messages[0].priority for b in plan.buckets],
+                         pre_forward_s=o.pre_forward_s, update_s=o.after_backward_s)
+    return SimGraph(tasks, frozenset({"compute"}), forward_s=float(fwd.sum()) + o.pre_forward_s,
+                    backward_s=float(bwd.sum()) + o.after_backward_s, comm_s=float(sum(map(sum, msgs))),
+                    sparsify_s=float(np.sum(spar)))
+
+
+def closed_form(trace, plan, cost) -> SimResult | None:
+    """:func:`sparse_iteration_s` when every message has the same priority (pure FCFS); else None."""
+    if len({m.priority for b in plan.buckets for m in b.messages}) > 1:
+        return None
+    groups = plan.groups(trace)
+    spar, msgs = sparse_times_s(trace, plan, cost)
+    fwd, bwd = trace.forward_s(), trace.backward_s()
+    o = trace.overheads
+    comm = [sum(row) for row in msgs]
+    t = sparse_iteration_s(float(fwd.sum()), bwd, groups, spar, comm, o.total_s)
+    return SimResult(iteration_s=t, forward_s=float(fwd.sum()) + o.pre_forward_s,
+                     backward_s=float(bwd.sum()) + o.after_backward_s, comm_s=float(sum(comm)),
+                     sparsify_s=float(np.sum(spar)))
+

@@ -1,0 +1,950 @@
+"""Launch a paper's grid (:mod:`repro.launch.grid`): on this node's GPUs, through SLURM, or as job scripts.
+
+Every run is one ``torchrun`` (``python -m torch.distributed.run``) of ``repro.train`` per node, built by
+:func:`torchrun_argv` with every flag spelled out, writing its run folder under ``runs_dir`` with the
+grid's run id (rank 0 writes it, so ``runs_dir`` must be one folder every node sees: a shared file system).
+Several nodes meet by c10d rendezvous (``--rdzv-backend c10d --rdzv-endpoint HEAD:PORT --rdzv-id ID``):
+the agents agree on node ranks themselves, so no node needs to know its own (and no ``--node-rank`` is
+given: c10d ignores it), and global rank 0 may be on any node.
+
+Launchers (the notebooks' ``launcher`` parameter, :func:`prepare_paper_runs`):
+
+- ``"print"`` (:func:`write_job_scripts`): ``commands.txt`` (one torchrun command per run), one
+  ``<run_id>.sh`` per run (run it once on every node of an allocation; it skips a finished run and marks a
+  failed one) and ``runs.json`` (the configurations), for any scheduler;
+- ``"local"`` (:func:`launch_local_grid`): torchrun on this node's GPUs with NCCL, one run after another;
+  refused in one line, before any run starts, when a run needs more GPUs (or nodes) than this node has;
+- ``"slurm"`` (:func:`submit_slurm`): submitit (``pip install submitit``) submits one SLURM array per
+  node shape; each array task holds ``nodes`` nodes with one task per node, and that task starts torchrun
+  with the job id as the rendezvous id and the first host of the allocation as the endpoint
+  (:func:`_node_main`); :func:`wait_jobs` shows progress until every job has ended.
+
+What each job asks SLURM for is a :class:`SlurmResources` (:func:`slurm_resources`; the notebooks'
+``slurm`` parameter, ``repro grid launch --slurm-*``): time limit (minutes), CPUs per task, memory (GB),
+partition, account, GPUs per node, extra sbatch options. A run longer than the time limit goes on
+across jobs: it checkpoints every ``checkpoint_every_min`` minutes and on SLURM's SIGUSR1
+``signal_s`` seconds before the limit (:mod:`repro.training.checkpoint`), and the job is requeued (submitit's
+checkpoint hook, :class:`_NodeJob`; ``scontrol requeue`` in the printed scripts), up to ``requeues`` times.
+
+:func:`emulate_nodes` runs one configuration as ``nodes`` torchrun agents on this machine (c10d on
+127.0.0.1, gloo on the CPU): the multi-node path, testable without a cluster.
+
+Every launcher first puts the runs it would launch through the checks their ranks make at start-up
+(:func:`refuse_bad_runs`, with its backend and device; ``repro grid check``): :func:`run_refusal`
+parses and checks the launcher's own ``repro train`` command line for a run as each rank does
+(:func:`repro.training.config.config_from_argv`: the scheduler, the options it takes and their values,
+the wire dtype by :func:`repro.distribute`'s rule, the device for the backend, the model's options),
+then against the job's processes and backend (:meth:`repro.training.config.TrainConfig.check_world`:
+enough workers beside the servers, dedicated servers on a backend that can run them, a cost preset for
+that P). Nothing is started. When a run would be refused the launcher writes, starts and submits
+nothing and raises :class:`BadRuns` (a :class:`GridStop`: one line, and one line per bad run in
+``lines``). What only a built model shows (sparse gradients, a model an executor cannot wrap) and what
+only the cluster shows (CUDA, NCCL itself) are not checked; the stand-ins of
+:mod:`repro.launch.grid_check` catch the first kind.
+
+A run is launched only when it is not finished (:func:`repro.launch.grid.run_status`); a failed launch
+leaves ``<runs_dir>/.grid/<run_id>.failed`` and is launched again next time (with ``--overwrite``, which
+replaces only what a stopped run left: a finished run is never launched). A damaged run (a ``run.json``
+that is empty, not JSON or not a finished run's record) refuses the launch, one line per such run, unless
+it is asked to overwrite them (``repro grid launch --overwrite``, ``overwrite=True``): a damaged result
+may be a run killed while its folder was copied, and only the user knows whether to train it again.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import shlex
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from repro.core import ranges
+from repro.launch.grid import (
+    DEFAULT_PRECISION, Grid, RunConfig, clear_failed, count_status, load_grid, mark_failed, run_status,
+    status_table)
+
+__all__ = ["LAUNCHERS", "GridStop", "BadRuns", "run_refusal", "refusal_line", "check_runs", "check_summary",
+           "refuse_bad_runs", "DEFAULT_PORT", "train_argv", "torchrun_argv", "shell_command", "quiet_torch_env",
+           "write_job_scripts", "launch_local_grid", "emulate_nodes", "submit_slurm", "wait_jobs",
+           "local_gpu_count", "prepare_paper_runs", "pending_runs", "check_folder", "SlurmResources", "slurm_resources", "has_servers"]
+
+#: values of a notebook's ``launcher`` parameter ("" = launch nothing)
+LAUNCHERS = ("", "local", "slurm", "print")
+#: TCP port of the c10d rendezvous on the first node
+DEFAULT_PORT = 29500
+#: seconds :func:`emulate_nodes` leaves the other agents, after one failed, to stop by themselves
+_PEERS_GRACE_S = 30.0
+_SUBMITIT_HINT = "pip install submitit (or pip install 'repro[cluster]')"
+
+
+class GridStop(ValueError):
+    """The notebook stops here: a launch refused, or job scripts written. One line, shown as it is."""
+
+    def _render_traceback_(self) -> list[str]:  # IPython: print the line, not a traceback
+        return [f"{type(self).__name__}: {self}"]
+
+
+def pending_runs(runs: Sequence[RunConfig], runs_dir: str | Path, *, overwrite: bool = False) -> list[RunConfig]:
+    """The runs of ``runs`` that are not finished (pending or failed), in order. A ``damaged`` run (its
+    ``run.json`` empty, not JSON or not a finished run's record) is refused (:class:`BadRuns`, one line per
+    damaged run naming its file and what is wrong) unless ``overwrite``: then it is launched again and its
+    folder replaced whole by the new run (``repro train --overwrite``). A finished run is never launched."""
+    from repro.launch.grid import run_problem
+
+    status = {r.run_id: run_status(runs_dir, r.run_id) for r in runs}
+    damaged = [r for r in runs if status[r.run_id] == "damaged"]
+    if damaged and not overwrite:
+        lines = [f"{r.run_id}: damaged: {run_problem(runs_dir, r.run_id)}" for r in damaged]
+        raise BadRuns(f"{len(damaged)} run(s) under {runs_dir} are damaged (first: {run_problem(runs_dir, damaged[0].run_id)}); "
+                      "launch them again with --overwrite (overwrite=True), which replaces their folders, or "
+                      "remove them", lines)
+    return [r for r in runs if status[r.run_id] != "done"]
+
+
+def check_folder(what: str, path: str | Path) -> Path:
+    """``path`` if it is a folder or can be created as one (a missing folder under folders); else
+    :class:`GridStop`, one line naming ``what`` (the flag or parameter): a regular file, FIFO or device is
+    never replaced by a folder, and nothing is written."""
+    p = Path(path)
+    if os.path.lexists(p) and not p.is_dir():
+        kind = "a file" if p.is_file() else ("a dangling link" if p.is_symlink() and not p.exists()
+                                               else "a FIFO, device or socket")
+        raise GridStop(f"{what} {p} is {kind}, not a folder; give a folder (created if missing)")
+    for up in p.parents:
+        if os.path.lexists(up):
+            if not up.is_dir():
+                raise GridStop(f"{what} {p} cannot be a folder: {up} is not a folder")
+            break
+    return p
+
+
+# ---------------------------------------------------------------------------------------------
+# Command lines
+# ---------------------------------------------------------------------------------------------
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def has_servers(run: RunConfig) -> bool:
+    """Whether ``run``'s scheduler runs dedicated server ranks under ``repro train`` (no in-run checkpoints)."""
+    from repro.core.families import get_family
+    from repro.core.schedulers import get_scheduler
+
+    family = get_scheduler(str(run["scheduler"])).family
+    return family is not None and bool(get_family(family).server)
+
+
+def train_argv(run: RunConfig, runs_dir: str | Path, *, backend: str = "nccl", device: str = "cuda",
+               checkpoint_every_min: float = 0.0) -> list[str]:
+    """``-m repro.train`` and every flag of ``run`` (model, scheduler, batch, its options; ``--wire-dtype``
+    only for a precision other than :data:`~repro.launch.grid.DEFAULT_PRECISION`, the models' own, so
+    that a scheduler that cannot cast is not given one), its run id, ``--results-dir runs_dir``,
+    ``--backend``/``--device`` and ``--overwrite --quiet``; ``--checkpoint-every-min`` (minutes) when
+    ``checkpoint_every_min`` > 0 and the run has no dedicated server ranks (:func:`has_servers`). A run
+    option with a default that the scheduler does not use is left out (a grid sets some, e.g. density, for
+    every scheduler of an experiment)."""
+    argv = ["-m", "repro.train", "--model", str(run["model"]), "--scheduler", str(run["scheduler"]),
+            "--batch-size", str(run["batch_size"])]
+    if run["wire_dtype"] != DEFAULT_PRECISION:
+        argv += ["--wire-dtype", str(run["wire_dtype"])]
+    from repro.core.run_options import RUN_OPTIONS, option_takers
+    from repro.core.schedulers import get_scheduler
+
+    try:
+        sched = get_scheduler(str(run["scheduler"]))
+    except ValueError:  # an unknown name: given as it is, refused by repro train (grid check's words)
+        sched = None
+    for key, value in run.train_options().items():
+        if key in ("model", "scheduler", "batch_size", "wire_dtype"):
+            continue
+        if sched is not None and key == "fit_repeats" and not sched.has_plan:
+            continue  # a grid-wide fit repeat count: unused by a scheduler that fits nothing (ddp, local)
+        if sched is not None and key in RUN_OPTIONS and not RUN_OPTIONS[key].refused_elsewhere \
+                and sched.name not in option_takers(key):
+            continue  # a grid's experiment-wide option with a default (e.g. density) is for the schedulers that
+            # take it (repro train refuses a given option its scheduler does not use); one without a default
+            # (servers, staleness) set for another scheduler stays, and is refused as a bad run
+        if isinstance(value, bool):
+            argv.append(_flag(key) if value else _flag(f"no_{key}"))
+        else:
+            argv += [_flag(key), str(value)]
+    argv += ["--results-dir", str(runs_dir), "--run-id", run.run_id, "--backend", backend, "--device", device,
+             "--overwrite", "--quiet"]
+    if checkpoint_every_min > 0 and not has_servers(run):
+        argv += ["--checkpoint-every-min", f"{checkpoint_every_min:g}"]
+    return argv
+
+
+def torchrun_argv(run: RunConfig, runs_dir: str | Path, *, head: str = "$REPRO_HEAD", port: int | str = DEFAULT_PORT,
+                  rdzv_id: str | None = None, backend: str = "nccl", device: str = "cuda",
+                  python: str | None = None, checkpoint_every_min: float = 0.0) -> list[str]:
+    """The torchrun command of one node of ``run``: the same command on every node.
+
+    One node: ``--standalone`` (a private rendezvous). Several: ``--rdzv-backend c10d --rdzv-endpoint
+    HEAD:PORT --rdzv-id ID`` (``rdzv_id`` defaults to the run id; on SLURM pass the job id). There is no
+    ``--node-rank``: c10d ignores it (torchrun warns) and the agents rank the nodes themselves, so global
+    rank 0, which writes the run folder, may be on any node, not necessarily ``head`` (which only serves
+    the rendezvous). That is why ``runs_dir`` must be a folder every node sees; and since every rank
+    leaves only after rank 0 has written the run (the shutdown barrier of
+    :func:`repro.launch.torchrun.shutdown_distributed`), any node whose torchrun exited 0 sees it.
+    ``head``/``port``/``rdzv_id`` may be shell variables (``$REPRO_HEAD``). ``--max-restarts 0``: a failed
+    run is not restarted (its peers stop within seconds, see :mod:`repro.launch.torchrun`)."""
+    cmd = [python or sys.executable, "-m", "torch.distributed.run"]
+    if run.nodes == 1:
+        cmd += ["--standalone", "--nnodes", "1"]
+    else:
+        cmd += ["--nnodes", str(run.nodes), "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{head}:{port}",
+                "--rdzv-id", str(rdzv_id or run.run_id)]
+    cmd += ["--nproc-per-node", str(run.procs_per_node), "--max-restarts", "0"]
+    return cmd + train_argv(run, runs_dir, backend=backend, device=device, checkpoint_every_min=checkpoint_every_min)
+
+
+_VAR = re.compile(r"\$\{?[A-Za-z_]")
+
+
+def shell_command(argv: Sequence[str]) -> str:
+    """``argv`` as one shell line: arguments quoted, except that ``$VAR`` inside one is left to expand."""
+    return " ".join(f'"{a}"' if _VAR.search(a) and '"' not in a and "`" not in a else shlex.quote(a) for a in argv)
+
+
+# ---------------------------------------------------------------------------------------------
+# The check every launcher makes first (repro grid check)
+# ---------------------------------------------------------------------------------------------
+
+def run_refusal(run: RunConfig, *, backend: str = "nccl", device: str = "cuda") -> str | None:
+    """Why the ranks of ``run`` would refuse it at start-up on ``backend``/``device`` (one line), or None.
+
+    The checks are ``repro train``'s own on the launcher's command line for ``run``, and the world
+    checks on ``run.processes`` ranks (servers included) with ``backend``; nothing is started."""
+    from repro.training.config import config_from_argv
+
+    argv = train_argv(run, "runs", backend=backend, device=device)[2:]
+    try:
+        cfg, _ = config_from_argv(argv)
+        cfg.check_world(run.processes, backend=backend, device=device)
+    except (ValueError, FileNotFoundError) as e:
+        return (str(e).splitlines() or [type(e).__name__])[0]
+    return None
+
+
+def _what(run: RunConfig) -> str:
+    return (f"{run.config.get('paper', '?')}/{run.experiment or '?'}: {run['scheduler']} on {run['model']}, "
+            f"{run['world_size']} workers, {run['wire_dtype']}")
+
+
+def refusal_line(run: RunConfig, reason: str) -> str:
+    """One line naming ``run`` (paper/experiment, scheduler, model, workers, wire dtype, run id) and why."""
+    return f"refused: {_what(run)} ({run.run_id}): {reason}"
+
+
+def check_runs(runs: Sequence[RunConfig], *, backend: str = "nccl",
+               device: str = "cuda") -> list[tuple[RunConfig, str]]:
+    """``(run, reason)`` for every run of ``runs`` that :func:`run_refusal` refuses, in order."""
+    out = []
+    for run in runs:
+        reason = run_refusal(run, backend=backend, device=device)
+        if reason is not None:
+            out.append((run, reason))
+    return out
+
+
+def check_summary(name: str, runs: Sequence[RunConfig], bad: Sequence[tuple[RunConfig, str]], *, backend: str,
+                  device: str) -> str:
+    """The summary line of a check of ``runs`` (``name``: the grid)."""
+    where = f"(backend {backend}, device {device})"
+    if bad:
+        return f"{name} grid: {len(bad)} of {len(runs)} runs would be refused at start-up {where}"
+    return f"{name} grid: all {len(runs)} runs pass the ranks' start-up checks {where}"
+
+
+class BadRuns(GridStop):
+    """Runs of a grid that their ranks would refuse: the message is one line (how many, the first one),
+    ``lines`` one line per run (:func:`refusal_line`)."""
+
+    def __init__(self, message: str, lines: Sequence[str] = ()) -> None:
+        super().__init__(message)
+        self.lines = tuple(lines)
+
+
+def refuse_bad_runs(runs: Sequence[RunConfig], *, backend: str = "nccl", device: str = "cuda",
+                    launcher: str = "") -> None:
+    """Raise :class:`BadRuns` (a :class:`GridStop`, one line) when any of ``runs``
+    would be refused at start-up on ``backend``/``device``; return None when none would. A launcher calls
+    it before it writes, starts or submits anything."""
+    bad = check_runs(runs, backend=backend, device=device)
+    if not bad:
+        return
+    first_run, first_reason = bad[0]
+    how = f"launcher={launcher!r}: " if launcher else ""
+    raise BadRuns(f"{how}{len(bad)} of {len(runs)} runs would be refused at start-up (backend {backend}, device "
+                  f"{device}), nothing launched (`repro grid check` lists them); first: {_what(first_run)}: "
+                  f"{first_reason}", [refusal_line(r, why) for r, why in bad])
+
+
+# ---------------------------------------------------------------------------------------------
+# SLURM resources (launcher="slurm", and the #SBATCH lines of launcher="print")
+# ---------------------------------------------------------------------------------------------
+
+_SAFE = re.compile(r"[A-Za-z0-9_.,:+-]+")
+#: sbatch options that SlurmResources sets itself (an ``extra`` line may not set them again)
+_OWN_OPTIONS = {"time": "time_min", "t": "time_min", "partition": "partition", "p": "partition", "account": "account",
+                "A": "account", "mem": "mem_gb", "cpus-per-task": "cpus_per_task", "c": "cpus_per_task",
+                "gpus-per-node": "gpus_per_node", "gres": "gpus_per_node", "signal": "signal_s",
+                "nodes": "(the run's nodes)", "N": "(the run's nodes)", "ntasks-per-node": "(one task per node)",
+                "requeue": "(always on)", "no-requeue": "(a stopped run is requeued)"}
+
+
+@dataclass(frozen=True)
+class SlurmResources:
+    """What each SLURM job of a grid asks for (launcher ``slurm``; the ``#SBATCH`` lines of ``print``).
+
+    ``time_min``: the job's time limit, minutes (``--time``); a run longer than that is stopped
+    ``signal_s`` seconds before the limit by ``SIGUSR1`` (``--signal=USR1@signal_s``), checkpoints
+    (:mod:`repro.training.checkpoint`) and is requeued up to ``requeues`` times, each time going on from its
+    checkpoint. ``checkpoint_every_min``: also checkpoint every this many minutes (0: only on the
+    signal), so that a job killed without the signal (a node failure) loses at most that much.
+    ``cpus_per_task`` (one task per node: the node's CPUs for its ranks and their loaders), ``mem_gb``
+    (per node, GB), ``partition``, ``account``: SLURM's, unset = the cluster's default. ``gpus_per_node``:
+    None = the run's ranks per node (on cuda); a number at least that. ``extra``: more sbatch options,
+    each one ``--name=value`` or ``--flag`` (e.g. ``--qos=high``, ``--constraint=a100``), not one
+    that a field above sets. Every value is checked when made (:class:`GridStop`, one line)."""
+
+    time_min: int = 120
+    cpus_per_task: int | None = None
+    mem_gb: float | None = None
+    partition: str | None = None
+    account: str | None = None
+    gpus_per_node: int | None = None
+    extra: tuple[str, ...] = ()
+    signal_s: int = 120
+    checkpoint_every_min: float = 30.0
+    requeues: int = 20
+
+    def __post_init__(self) -> None:
+        def integer(name: str, low: int, high: int | None = None) -> None:
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < low or (high is not None and v > high):
+                bound = f"in [{low}, {high}]" if high is not None else f">= {low}"
+                raise GridStop(f"slurm {name}={v!r}: expected an integer {bound}")
+
+        # upper bounds: the plausible ranges of repro.core.ranges (minutes, counts, CPUs and GPUs of one node)
+        integer("time_min", 1, int(ranges.MINUTES.high))
+        integer("signal_s", 1, 65535)
+        integer("requeues", 0, int(ranges.COUNT.high))
+        for name in ("cpus_per_task", "gpus_per_node"):
+            if getattr(self, name) is not None:
+                integer(name, 1 if name == "cpus_per_task" else 0,
+                        ranges.CPUS.high if name == "cpus_per_task" else ranges.WORKERS.high)
+        if self.signal_s >= self.time_min * 60:
+            raise GridStop(f"slurm signal_s={self.signal_s}: the signal must come before the time limit "
+                           f"(time_min={self.time_min} is {self.time_min * 60} s)")
+        for name in ("mem_gb", "checkpoint_every_min"):
+            v = getattr(self, name)
+            if v is None:
+                continue
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0 or \
+                    (name == "mem_gb" and v == 0):
+                what = ("a positive number of GB" if name == "mem_gb"
+                        else "a number of minutes >= 0 (0: only on the signal)")
+                raise GridStop(f"slurm {name}={v!r}: expected {what}")
+            bound = ranges.MEMORY_GB if name == "mem_gb" else ranges.MINUTES
+            if v > bound.high:
+                raise GridStop(f"slurm {name}={v!r}: outside the plausible range {bound.range_text()}")
+        for name in ("partition", "account"):
+            v = getattr(self, name)
+            if v is not None and (not isinstance(v, str) or not _SAFE.fullmatch(v)):
+                raise GridStop(f"slurm {name}={v!r}: expected a SLURM name (letters, digits, _ . , : + -)")
+        if isinstance(self.extra, str) or not all(isinstance(e, str) for e in self.extra):
+            raise GridStop(f"slurm extra={self.extra!r}: expected a list of sbatch options such as '--qos=high'")
+        for line in self.extra:
+            key = line[2:].split("=", 1)[0] if line.startswith("--") else ""
+            if not re.fullmatch(r"--[A-Za-z][A-Za-z0-9-]*(=\S+)?", line):
+                raise GridStop(f"slurm extra {line!r}: expected one sbatch option, --name=value or --flag, "
+                               "without spaces")
+            if key in _OWN_OPTIONS:
+                raise GridStop(f"slurm extra {line!r}: set it as {_OWN_OPTIONS[key]}, not as an extra option")
+
+    def gpus_for(self, run: RunConfig, device: str = "cuda") -> int:
+        """GPUs per node for ``run``: ``gpus_per_node``, else its ranks per node on cuda (0 on the CPU)."""
+        need = run.procs_per_node if device == "cuda" else 0
+        return need if self.gpus_per_node is None else self.gpus_per_node
+
+    def check_runs(self, runs: Sequence[RunConfig], device: str = "cuda") -> None:
+        """:class:`GridStop` when a run needs more GPUs per node than ``gpus_per_node`` gives it."""
+        for run in runs:
+            if device == "cuda" and self.gpus_for(run, device) < run.procs_per_node:
+                raise GridStop(f"slurm gpus_per_node={self.gpus_per_node}: {run.run_id} runs {run.procs_per_node} "
+                               "ranks per node, one GPU each")
+
+    def sbatch_lines(self, run: RunConfig, device: str = "cuda") -> list[str]:
+        """The ``#SBATCH`` lines of one job of ``run`` (one task per node)."""
+        lines = [f"--job-name={run.run_id}", f"--nodes={run.nodes}", "--ntasks-per-node=1",
+                 f"--time={self.time_min}", f"--signal=B:USR1@{self.signal_s}", "--requeue"]
+        gpus = self.gpus_for(run, device)
+        if gpus:
+            lines.append(f"--gpus-per-node={gpus}")
+        if self.cpus_per_task is not None:
+            lines.append(f"--cpus-per-task={self.cpus_per_task}")
+        if self.mem_gb is not None:
+            lines.append(f"--mem={int(math.ceil(self.mem_gb * 1024))}M")
+        lines += [f"--partition={self.partition}"] * (self.partition is not None)
+        lines += [f"--account={self.account}"] * (self.account is not None)
+        return ["#SBATCH " + line for line in [*lines, *self.extra]]
+
+    def submitit_parameters(self, prefix: str = "slurm_") -> dict[str, Any]:
+        """``update_parameters`` keywords beyond the job's shape (``prefix``: ``slurm_`` for an
+        AutoExecutor, "" for a SlurmExecutor)."""
+        out: dict[str, Any] = {f"{prefix}signal_delay_s": self.signal_s, f"{prefix}max_num_timeout": self.requeues}
+        if self.cpus_per_task is not None:
+            out["cpus_per_task"] = self.cpus_per_task
+        if self.mem_gb is not None:
+            out["mem_gb"] = self.mem_gb
+        if self.partition is not None:
+            out[f"{prefix}partition"] = self.partition
+        if self.account is not None:
+            out[f"{prefix}account"] = self.account
+        if self.extra:
+            pairs = (e[2:].split("=", 1) for e in self.extra)
+            out[f"{prefix}additional_parameters"] = {p[0].replace("-", "_"): (p[1] if len(p) > 1 else True) for p in pairs}
+        return out
+
+
+_SLURM_KEYS = {f.name for f in fields(SlurmResources)}
+
+
+def slurm_resources(spec: "SlurmResources | Mapping[str, Any] | str | None" = None, **overrides: Any) -> SlurmResources:
+    """:class:`SlurmResources` from a notebook's ``slurm`` parameter or the CLI: None or "" (defaults), a
+    mapping of its fields, or a string of ``key=value`` items separated by spaces or ``;`` (e.g.
+    ``"time_min=720 mem_gb=64 partition=gpu extra=--qos=high"``; ``extra`` may repeat). ``overrides``
+    (None values skipped) win. Unknown keys and bad values: :class:`GridStop`, one line."""
+    if isinstance(spec, SlurmResources):
+        values: dict[str, Any] = asdict(spec)
+    elif spec is None or spec == "":
+        values = {}
+    elif isinstance(spec, str):
+        values = {}
+        for item in re.split(r"[;\s]+", spec.strip()):
+            key, sep, value = item.partition("=")
+            if not sep or not key:
+                raise GridStop(f"slurm {item!r}: expected key=value items ({', '.join(sorted(_SLURM_KEYS))})")
+            values[key] = [*values.get(key, []), value] if key == "extra" else _parse_value(key, value)
+    elif isinstance(spec, Mapping):
+        values = dict(spec)
+    else:
+        raise GridStop(f"slurm={spec!r}: expected key=value items or a mapping of {', '.join(sorted(_SLURM_KEYS))}")
+    values.update({k: v for k, v in overrides.items() if v is not None})
+    unknown = sorted(set(values) - _SLURM_KEYS)
+    if unknown:
+        raise GridStop(f"slurm: unknown setting {unknown[0]!r}; known: {', '.join(sorted(_SLURM_KEYS))}")
+    if "extra" in values:
+        extra = values["extra"]
+        values["extra"] = (extra,) if isinstance(extra, str) else tuple(extra) if isinstance(extra, (list, tuple)) \
+            else extra
+    return SlurmResources(**values)
+
+
+def _parse_value(key: str, text: str) -> Any:
+    kinds = {"time_min": int, "cpus_per_task": int, "gpus_per_node": int, "signal_s": int, "requeues": int,
+             "mem_gb": float, "checkpoint_every_min": float}
+    if key not in kinds:
+        return text
+    try:
+        return kinds[key](text)
+    except ValueError:
+        raise GridStop(f"slurm {key}={text!r}: expected {'an integer' if kinds[key] is int else 'a number'}") from None
+
+
+# ---------------------------------------------------------------------------------------------
+# launcher="print": job scripts for any scheduler
+# ---------------------------------------------------------------------------------------------
+
+_SCRIPT = """#!/usr/bin/env bash
+{sbatch}# {run_id}: {what}
+# Needs {nodes} node(s) x {gpn} GPU(s). Run this script once on every node of the allocation{multi}.
+# The run folder goes to {runs_dir}: every node must see that folder (a shared file system).
+# Under SLURM (the #SBATCH lines hold when it is submitted with sbatch): on SIGUSR1 before the time limit
+# the ranks checkpoint to $RUNS_DIR/{run_id}.incomplete/ and stop, and the job is requeued; the next
+# start goes on from the checkpoint.
+set -uo pipefail
+# c10d's warnings about a closed store or socket (a node failed) carry pages of C++ frames; WARNING shows them
+export TORCH_CPP_LOG_LEVEL="${{TORCH_CPP_LOG_LEVEL:-ERROR}}"
+RUNS_DIR={runs_dir_q}
+# finished: run.json is a finished run's record (a damaged one is not: repro.launch.grid.run_status)
+finished() {{ {python_q} -c 'import sys; from repro.launch.grid import run_status; sys.exit(run_status(*sys.argv[1:]) != "done")' "$RUNS_DIR" {run_id} 2>/dev/null; }}
+if finished; then echo "{run_id}: finished already"; exit 0; fi
+{head_check}(trap '' USR1; exec {cmd}) &
+agent=$!
+forward() {{ pkill -USR1 -P "$agent" || true; }}  # to the ranks (torchrun itself ignores it)
+trap forward USR1
+while true; do wait "$agent"; rc=$?; kill -0 "$agent" 2>/dev/null || break; done
+if [ "$rc" -ne 0 ] && [ -f "$RUNS_DIR/{run_id}.incomplete/checkpoint.pt" ] && [ -n "${{SLURM_JOB_ID:-}}" ] \\
+    && ! finished; then
+  echo "{run_id}: checkpointed; requeueing job $SLURM_JOB_ID"
+  scontrol requeue "$SLURM_JOB_ID" || true  # every node may ask: the first one does it
+  exit 0
+fi
+if [ "$rc" -ne 0 ]; then
+  mkdir -p "$RUNS_DIR/.grid" && echo "exit status $rc on $(hostname)" > "$RUNS_DIR/.grid/{run_id}.failed"
+fi
+exit "$rc"
+"""
+
+
+def write_job_scripts(runs: Sequence[RunConfig], runs_dir: str | Path, jobs_dir: str | Path, *,
+                      port: int = DEFAULT_PORT, python: str = "python",
+                      resources: "SlurmResources | Mapping[str, Any] | str | None" = None) -> Path:
+    """Write ``commands.txt``, one ``<run_id>.sh`` per run and ``runs.json`` to ``jobs_dir``; returns it.
+    Nothing is written when a run would be refused at start-up on nccl/cuda
+    (:class:`BadRuns`) or ``resources`` (:func:`slurm_resources`) is bad (:class:`GridStop`).
+
+    Each script starts with ``resources``' ``#SBATCH`` lines (time limit, ``--signal=B:USR1@s``,
+    ``--requeue``, GPUs, CPUs, memory, partition, account, extra options), which hold when it is
+    submitted with ``sbatch``; its torchrun command checkpoints every ``checkpoint_every_min`` minutes,
+    and on SIGUSR1 the script passes the signal to the ranks, which checkpoint and stop, then requeues
+    the job (``scontrol requeue``), whose next start goes on from the checkpoint.
+
+    Multi-node scripts read the first node's host from ``REPRO_HEAD`` (and the rendezvous id from
+    ``REPRO_RDZV_ID``, default the run id): ``REPRO_HEAD=node001 bash <run_id>.sh`` on each node, or under
+    SLURM ``REPRO_HEAD=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
+    REPRO_RDZV_ID=$SLURM_JOB_ID srun --ntasks-per-node=1 bash <run_id>.sh``."""
+    import json
+
+    refuse_bad_runs(runs, backend="nccl", device="cuda", launcher="print")  # before anything is written
+    res = slurm_resources(resources)
+    res.check_runs(runs)
+    check_folder("runs dir", runs_dir)
+    jobs = check_folder("jobs dir", jobs_dir)
+    jobs.mkdir(parents=True, exist_ok=True)
+    runs_dir = Path(runs_dir).resolve()
+    lines = []
+    for run in runs:
+        argv = torchrun_argv(run, runs_dir, head="${REPRO_HEAD}", port=port,
+                             rdzv_id="${REPRO_RDZV_ID:-%s}" % run.run_id, python=python,
+                             checkpoint_every_min=res.checkpoint_every_min)
+        cmd = shell_command(argv)
+        lines.append(cmd)
+        multi = run.nodes > 1
+        what = (f"{run['model']} batch {run['batch_size']}, {run['scheduler']}, P={run['world_size']}, "
+                f"{run['wire_dtype']} ({run['paper']} grid, experiment {run['experiment']})")
+        sbatch = "".join(f"{line}\n" for line in res.sbatch_lines(run))
+        script = _SCRIPT.format(run_id=run.run_id, what=what, sbatch=sbatch, nodes=run.nodes, gpn=run.procs_per_node,
+                                multi=" with REPRO_HEAD set to the first node's host" if multi else "",
+                                runs_dir=runs_dir, runs_dir_q=shlex.quote(str(runs_dir)), cmd=cmd,
+                                python_q=shlex.quote(python),
+                                head_check=(': "${REPRO_HEAD:?set REPRO_HEAD to the host name of the first node}"\n'
+                                            if multi else ""))
+        path = jobs / f"{run.run_id}.sh"
+        path.write_text(script)
+        path.chmod(0o755)
+    (jobs / "commands.txt").write_text("".join(line + "\n" for line in lines))
+    (jobs / "runs.json").write_text(json.dumps([{"run_id": r.run_id, **r.config} for r in runs], indent=1) + "\n")
+    return jobs
+
+
+# ---------------------------------------------------------------------------------------------
+# launcher="local": this node's GPUs
+# ---------------------------------------------------------------------------------------------
+
+def local_gpu_count() -> int:
+    """CUDA devices visible to this process (0 without CUDA)."""
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def _check_local(runs: Sequence[RunConfig], gpus: int) -> None:
+    for run in runs:
+        if run.nodes > 1:
+            raise GridStop(f"launcher='local' runs on this node only, but {run.run_id} needs {run.nodes} nodes x "
+                           f"{run.procs_per_node} GPUs: use launcher='slurm' or 'print'")
+        if run.processes > gpus:
+            raise GridStop(f"launcher='local' needs {run.processes} GPU(s) for {run.run_id} (P={run['world_size']}), "
+                           f"but this node has {gpus}: use launcher='slurm' or 'print'")
+
+
+def _log_path(logs_dir: Path, run: RunConfig, suffix: str = "") -> Path:
+    logs_dir.mkdir(parents=True, exist_ok=True)
+    return logs_dir / f"{run.run_id}{suffix}.log"
+
+
+def launch_local_grid(runs: Sequence[RunConfig], runs_dir: str | Path, logs_dir: str | Path, *,
+                      gpus: int | None = None, timeout_s: float = 7200.0, overwrite: bool = False) -> dict[str, int]:
+    """Run every unfinished run of ``runs`` with torchrun on this node's GPUs (NCCL), one after another.
+
+    Refused (:class:`GridStop`, one line) before any run starts when a run would be refused at start-up
+    (:class:`BadRuns`), needs more GPUs than ``gpus`` (default:
+    :func:`local_gpu_count`) or more than one node. Each run logs to ``<logs_dir>/<run_id>.log``;
+    a failed one is marked and the others go on. Returns the status counts afterwards."""
+    todo = pending_runs(runs, runs_dir, overwrite=overwrite)
+    refuse_bad_runs(todo, backend="nccl", device="cuda", launcher="local")
+    _check_local(todo, local_gpu_count() if gpus is None else gpus)
+    logs = Path(logs_dir)
+    for i, run in enumerate(todo, 1):
+        print(f"[{i}/{len(todo)}] {run.run_id}", flush=True)
+        rc = _run_logged(torchrun_argv(run, runs_dir, backend="nccl", device="cuda"), _log_path(logs, run), timeout_s)
+        _record(runs_dir, run, rc, _log_path(logs, run))
+    return count_status(status_table(runs, runs_dir))
+
+
+def quiet_torch_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """``env`` (default ``os.environ``) with ``TORCH_CPP_LOG_LEVEL=ERROR`` unless it sets that variable: when a
+    node fails, the other torchrun agents and ranks find the store or a socket closed, and c10d logs each such
+    warning with a page of C++ frames; the ranks' own one-line errors say what happened."""
+    environ = dict(os.environ if env is None else env)
+    environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
+    return environ
+
+
+def _run_logged(argv: Sequence[str], log: Path, timeout_s: float, env: Mapping[str, str] | None = None) -> int:
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(list(argv), stdout=out, stderr=subprocess.STDOUT, env=quiet_torch_env(env),
+                                start_new_session=True)
+        try:
+            return proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            _kill(proc)
+            return 124
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    """End a torchrun agent we started and its workers (its own process group)."""
+    import signal
+
+    if proc.poll() is None:
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(timeout=15)
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            proc.wait()
+
+
+def _record(runs_dir: str | Path, run: RunConfig, rc: int, log: Path) -> None:
+    if rc == 0 and run_status(runs_dir, run.run_id) == "done":
+        clear_failed(runs_dir, run.run_id)
+    else:
+        mark_failed(runs_dir, run.run_id, f"exit status {rc}; log {log}")
+
+
+def emulate_nodes(run: RunConfig, runs_dir: str | Path, logs_dir: str | Path, *, port: int, backend: str = "gloo",
+                  device: str = "cpu", timeout_s: float = 600.0, env: Mapping[str, str] | None = None) -> int:
+    """Run ``run`` as ``run.nodes`` torchrun agents on this machine: the multi-node command of
+    :func:`torchrun_argv` with c10d rendezvous on 127.0.0.1:``port``, the same command for every agent
+    (the rendezvous ranks them; ``i`` in the log names is the order they were started in, not a node rank).
+
+    Refused (:class:`BadRuns`) before any agent starts when ``run`` would be
+    refused at start-up on ``backend``/``device``. Returns 0 when every agent succeeded, else the first
+    non-zero exit status; once an agent fails the others have ``_PEERS_GRACE_S`` seconds to stop by
+    themselves (their ranks do within seconds, with one line), then they are ended, as are agents that
+    outlive ``timeout_s`` (none is left behind). Logs: ``<logs_dir>/<run_id>.node<i>.log``. The agents run with ``TORCH_CPP_LOG_LEVEL=ERROR``
+    unless ``env`` sets it (see :func:`quiet_torch_env`)."""
+    refuse_bad_runs([run], backend=backend, device=device)
+    logs = Path(logs_dir)
+    environ = quiet_torch_env(env)
+    argv = torchrun_argv(run, runs_dir, head="127.0.0.1", port=port, backend=backend, device=device)
+    procs, files = [], []
+    try:
+        for i in range(run.nodes):
+            out = open(_log_path(logs, run, f".node{i}"), "wb")
+            files.append(out)
+            procs.append(subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=environ,
+                                          start_new_session=True))
+        deadline = time.monotonic() + timeout_s
+        first_failure = None
+        while any(p.poll() is None for p in procs):
+            failed = [p.returncode for p in procs if p.returncode not in (None, 0)]
+            if failed and first_failure is None:  # the peers stop by themselves within seconds: let them say why
+                first_failure = failed[0]
+                deadline = min(deadline, time.monotonic() + _PEERS_GRACE_S)
+            if time.monotonic() > deadline:
+                return first_failure or 124
+            time.sleep(0.2)
+        return first_failure or next((p.returncode for p in procs if p.returncode), 0)
+    finally:
+        for p in procs:
+            _kill(p)
+        for f in files:
+            f.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# launcher="slurm": submitit
+# ---------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class _NodeTask:
+    """What one SLURM task (one per node) needs: the run, where its folder goes, how to talk."""
+
+    run: RunConfig
+    runs_dir: str
+    logs_dir: str
+    port: int
+    backend: str
+    device: str
+    checkpoint_every_min: float = 0.0
+    grace_s: float = 100.0
+
+
+#: the torchrun agent this job process runs, and an event set when it has exited (read by the signal path)
+_AGENT: dict[str, Any] = {}
+
+
+def _ignore_usr1() -> None:  # in the torchrun child before exec: the agent survives SIGUSR1, its ranks catch it
+    import signal
+
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+
+
+def _children(pid: int) -> list[int]:
+    """The direct children of ``pid`` (Linux ``/proc``): torchrun's ranks."""
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields_ = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields_[1]) == pid:
+            out.append(int(stat.parent.name))
+    return out
+
+
+def _forward_usr1(grace_s: float = 0.0) -> bool:
+    """Pass SIGUSR1 to the ranks of this job's torchrun (they checkpoint at their next step boundary
+    and stop), then wait up to ``grace_s`` seconds for the agent to end; True when it has ended."""
+    import signal
+
+    agent, ended = _AGENT.get("proc"), _AGENT.get("ended")
+    if agent is None:
+        return True
+    _AGENT["stopping"] = True
+    for pid in _children(agent.pid):
+        try:
+            os.kill(pid, signal.SIGUSR1)
+        except ProcessLookupError:
+            pass
+    return ended.wait(grace_s) if grace_s > 0 else ended.is_set()
+
+
+class _NodeJob:
+    """What submitit runs on each node of a run (:func:`_node_main`). ``checkpoint`` is submitit's hook: on
+    SLURM's pre-timeout SIGUSR1 submitit calls it on the job's first task; it has the ranks checkpoint
+    and stop (:func:`_forward_usr1`), and returns the same call for submitit to requeue."""
+
+    def __call__(self, task: _NodeTask) -> int:
+        return _node_main(task)
+
+    def checkpoint(self, task: _NodeTask) -> Any:
+        _forward_usr1(task.grace_s)
+        import submitit
+
+        return submitit.helpers.DelayedSubmission(self, task)
+
+
+def _node_main(task: _NodeTask) -> int:
+    """One node of one run, inside a submitit job: torchrun with c10d rendezvous at the allocation's
+    first host, the job id as the rendezvous id; the node that fails marks the run failed, SLURM's node 0
+    records the outcome (global rank 0 may be on another node: the run folder is on a shared one).
+
+    torchrun ignores SIGUSR1 and its ranks catch it (:mod:`repro.training.checkpoint`). On the first task
+    submitit's handler calls :meth:`_NodeJob.checkpoint`; on the others (which submitit would just end)
+    this process passes the signal on itself and waits for the ranks to stop. A run stopped by its
+    checkpoint is not marked failed: its requeued job goes on from the checkpoint."""
+    import signal
+    import threading
+
+    import submitit
+
+    job = submitit.JobEnvironment()
+    head = job.hostnames[0] if task.run.nodes > 1 else "127.0.0.1"
+    # two array tasks may share a head node: offset the rendezvous port by the job id (same on every node)
+    port = task.port + int(re.sub(r"\D", "", str(job.job_id)) or 0) % 1000
+    argv = torchrun_argv(task.run, task.runs_dir, head=head, port=port, rdzv_id=str(job.job_id),
+                         backend=task.backend, device=task.device, checkpoint_every_min=task.checkpoint_every_min)
+    log = _log_path(Path(task.logs_dir), task.run, f".node{job.node}")
+    if job.node != 0 and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGUSR1, lambda *_: _forward_usr1())
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                                preexec_fn=_ignore_usr1, env=quiet_torch_env())
+        ended = threading.Event()
+        _AGENT.update(proc=proc, ended=ended, stopping=False)
+        threading.Thread(target=lambda: (proc.wait(), ended.set()), daemon=True).start()
+        while not ended.wait(1.0):  # a signal handler may run between the waits (no lock held here)
+            pass
+    rc = proc.returncode
+    stopped = _AGENT.get("stopping") and rc != 0 and run_status(task.runs_dir, task.run.run_id) != "done" and \
+        _checkpoint_file(task).is_file()
+    _AGENT.clear()
+    if stopped:  # checkpointed on SLURM's signal: the requeued job goes on
+        return rc
+    if job.node == 0 or rc != 0:
+        _record(task.runs_dir, task.run, rc, log)
+    if rc != 0:
+        raise RuntimeError(f"{task.run.run_id}: torchrun exited with status {rc} on {job.hostname} (log {log})")
+    return rc
+
+
+def _checkpoint_file(task: _NodeTask) -> Path:
+    from repro.training.checkpoint import checkpoint_path
+
+    return checkpoint_path(task.runs_dir, task.run.run_id)
+
+
+def _submitit():
+    try:
+        import submitit
+    except ImportError:
+        raise GridStop(f"launcher='slurm' submits through submitit, which is not installed: {_SUBMITIT_HINT}") from None
+    return submitit
+
+
+def submit_slurm(runs: Sequence[RunConfig], runs_dir: str | Path, jobs_dir: str | Path, *, executor: Any = None,
+                 port: int = DEFAULT_PORT, backend: str = "nccl", device: str = "cuda", timeout_min: int | None = None,
+                 resources: "SlurmResources | Mapping[str, Any] | str | None" = None,
+                 slurm_parameters: Mapping[str, Any] | None = None, overwrite: bool = False) -> list[Any]:
+    """Submit every unfinished run through submitit: one job array per node shape (nodes x GPUs), one
+    task per node, ``gpus_per_node`` GPUs each; returns the submitit jobs (see :func:`wait_jobs`).
+
+    ``resources`` (:func:`slurm_resources`: time limit in minutes, CPUs per task, memory in GB, partition,
+    account, GPUs per node, extra sbatch options, the pre-timeout signal's lead in seconds, requeues,
+    checkpoint interval in minutes); ``timeout_min``, if given, is its ``time_min``. Each run
+    checkpoints every ``checkpoint_every_min`` minutes and on SLURM's SIGUSR1, and submitit requeues its
+    job (:class:`_NodeJob`), which goes on from the checkpoint.
+    ``executor``: a submitit executor (default ``submitit.AutoExecutor(folder=<jobs_dir>/submitit)``, which
+    is SLURM on a SLURM cluster; ``submitit.LocalExecutor`` runs one-node jobs on this machine): one with a
+    ``cluster`` attribute (an AutoExecutor) gets the ``slurm_``-prefixed keywords; SLURM's own keywords
+    go only to a SLURM executor (``cluster == "slurm"``, or a SlurmExecutor).
+    ``slurm_parameters``: more ``update_parameters`` keywords, passed as they are.
+    Nothing is submitted when a run would be refused at start-up on ``backend``/``device``
+    (:class:`BadRuns`) or a resource is bad (:class:`GridStop`, one line).
+    Without submitit: :class:`GridStop`, one line saying ``pip install submitit``."""
+    res = slurm_resources(resources, time_min=timeout_min)
+    todo = pending_runs(runs, runs_dir, overwrite=overwrite)
+    refuse_bad_runs(todo, backend=backend, device=device, launcher="slurm")
+    res.check_runs(todo, device)
+    if executor is None:  # an executor given (a test's fake) needs no submitit here
+        executor = _submitit().AutoExecutor(folder=Path(jobs_dir) / "submitit")
+    logs = Path(jobs_dir) / "logs"
+    shapes: dict[tuple[int, int], list[RunConfig]] = {}
+    for run in todo:
+        shapes.setdefault((run.nodes, run.procs_per_node), []).append(run)
+    cluster = getattr(executor, "cluster", None)
+    on_slurm = cluster == "slurm" or type(executor).__name__ == "SlurmExecutor"
+    extra = res.submitit_parameters("slurm_" if cluster is not None else "") if on_slurm else {}
+    grace_s = max(1.0, res.signal_s - 20.0)  # the ranks' checkpoint, within the signal's lead
+    jobs: list[Any] = []
+    for (nodes, per_node), group in shapes.items():
+        gpus = res.gpus_for(group[0], device)
+        executor.update_parameters(nodes=nodes, tasks_per_node=1, gpus_per_node=gpus, timeout_min=res.time_min,
+                                   **extra, **dict(slurm_parameters or {}))
+        for run in group:
+            clear_failed(runs_dir, run.run_id)
+        jobs += executor.map_array(_NodeJob(), [_NodeTask(r, str(Path(runs_dir).resolve()), str(logs.resolve()), port,
+                                                          backend, device, res.checkpoint_every_min, grace_s)
+                                                for r in group])
+    return jobs
+
+
+def wait_jobs(jobs: Sequence[Any], poll_s: float = 10.0, *, quiet: bool = False) -> tuple[int, int]:
+    """Wait until every submitit job has ended, with a progress bar; ``(succeeded, failed)``."""
+    from tqdm.auto import tqdm
+
+    pending = list(jobs)
+    with tqdm(total=len(pending), desc="grid runs", unit="run", disable=quiet) as bar:
+        while pending:
+            ended = [j for j in pending if j.done()]
+            for j in ended:
+                pending.remove(j)
+            bar.update(len(ended))
+            if pending:
+                time.sleep(poll_s)
+    failed = sum(1 for j in jobs if j.exception() is not None)
+    return len(jobs) - failed, failed
+
+
+# ---------------------------------------------------------------------------------------------
+# The notebooks' gate
+# ---------------------------------------------------------------------------------------------
+
+def _check_finished(grid: Grid, runs_dir: Path) -> None:
+    from repro.results.runs import list_runs
+
+    rows = status_table(grid, runs_dir)
+    done = sum(r["status"] == "done" for r in rows)
+    if not done:
+        raise GridStop(f"scale='paper': none of the {len(rows)} runs of the {grid.paper} grid has "
+                       f"finished under {runs_dir}: launch them (launcher='local', 'slurm' or 'print') or copy a "
+                       f"cluster job's run folders there")
+    models = set(grid.models())
+    foreign = sorted({str(r.config.get("model")) for r in list_runs(runs_dir)} - models)
+    if foreign:
+        raise GridStop(f"runs under {runs_dir} are not all the {grid.paper} grid's (models {', '.join(foreign)}): "
+                       "they are not drawn under a paper label; read them at scale='tiny' or move them away")
+
+
+def prepare_paper_runs(paper: str | None, *, scale: str, read_only: bool, launcher: str, runs_dir: str | Path,
+                       jobs_dir: str | Path | None = None, what: str = "", how_to_read: str = "read_only=True",
+                       slurm: "SlurmResources | Mapping[str, Any] | str | None" = None) -> bool:
+    """What a measured notebook does about ``scale``; returns the ``read_only`` it goes on with.
+
+    ``scale="tiny"``: ``read_only`` as given (a ``launcher`` is refused: it launches the paper's grid).
+    ``scale="paper"``: the paper's grid (``paper``, a key of :data:`GRID_PAPERS`), never this machine's
+    tiny runs. With ``read_only`` the finished runs under ``runs_dir`` are read (refused when none of the
+    grid has finished, or when other models' runs are there); else ``launcher`` decides: ``"print"``
+    writes the job scripts to ``jobs_dir`` and stops the notebook (:class:`GridStop`, one line saying
+    where), ``"local"``/``"slurm"`` run the unfinished runs and wait, then the notebook reads them; no
+    launcher is refused in one line. ``paper=None``: the notebook has no paper grid (it measures this
+    machine), so only ``read_only`` works at paper scale; ``what`` names it in the message.
+    ``how_to_read``: the parameter that reads finished runs, as the messages name it ("" for none).
+    ``slurm``: the notebooks' ``slurm`` parameter (:func:`slurm_resources`: ``"time_min=720 mem_gb=64
+    partition=gpu"``), for ``slurm`` and ``print``; checked first, whatever the launcher (one line)."""
+    if launcher not in LAUNCHERS:
+        raise GridStop(f"launcher={launcher!r} is not one of local, slurm, print (or '' for none)")
+    resources = slurm_resources(slurm)
+    if scale != "paper":
+        if launcher:
+            raise GridStop(f"launcher={launcher!r} launches the paper's grid: use it with scale='paper'")
+        return read_only
+    runs_dir = Path(runs_dir)
+    if paper is None:
+        if launcher or not read_only:
+            raise GridStop(f"scale='paper': {what or 'this notebook'} measures this machine and has no paper grid; "
+                           + (f"read a cluster's runs with {how_to_read}, or " if how_to_read else "")
+                           + "run it at scale='tiny'")
+        return True
+    grid = load_grid(paper)
+    if read_only:
+        if launcher:
+            raise GridStop(f"{how_to_read} reads finished runs and launches nothing: drop launcher={launcher!r}")
+        _check_finished(grid, runs_dir)
+        return True
+    if not launcher:
+        raise GridStop(f"scale='paper' trains the {grid.summary()}, not this machine's tiny models: set launcher "
+                       f"to 'local' (this node's GPUs), 'slurm' (submitit) or 'print' (job scripts), or read finished "
+                       f"runs with {how_to_read}")
+    jobs = Path(jobs_dir) if jobs_dir is not None else runs_dir.parent / "jobs"
+    todo = pending_runs(grid.runs, runs_dir)
+    if launcher == "print":
+        write_job_scripts(todo, runs_dir, jobs, resources=resources)
+        raise GridStop(f"{len(todo)} job scripts of the {grid.paper} grid ({len(grid.runs) - len(todo)} finished, "
+                       f"skipped) written to {jobs} (commands.txt, <run_id>.sh); run them, then rerun with "
+                       f"{how_to_read}")
+    if launcher == "local":
+        launch_local_grid(todo, runs_dir, jobs / "logs")
+    else:
+        wait_jobs(submit_slurm(todo, runs_dir, jobs, resources=resources))
+    rows = status_table(grid, runs_dir)
+    counts = count_status(rows)
+    print(f"{grid.paper} grid: {counts['done']} of {len(rows)} runs finished, {counts['failed']} failed "
+          f"(logs under {jobs / 'logs'})")
+    _check_finished(grid, runs_dir)
+    return True

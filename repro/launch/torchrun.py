@@ -1,0 +1,636 @@
+"""Per-rank set-up shared by ``torchrun`` and the local launcher (:mod:`repro.launch.local`).
+
+* **A cluster or a multi-GPU box** — ``torchrun`` (``python -m torch.distributed.run``) starts one process
+  per GPU and sets ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR`` and ``MASTER_PORT``; each
+  process calls :func:`init_distributed` (or uses :func:`distributed` as a context manager).
+  :func:`torchrun_command` builds such a command line.
+* **This machine** — :func:`repro.launch.local.launch_local` spawns the ranks, sets the same variables
+  and calls :func:`init_distributed` in each.
+
+Backend and device are chosen automatically — NCCL with one GPU per rank (``cuda:LOCAL_RANK``) when
+CUDA is available, gloo on the CPU otherwise — and either can be forced.
+
+Roles: ``ROLE_NAME``, ``ROLE_RANK`` and ``ROLE_WORLD_SIZE`` (set by torchrun's agent — role ``"default"``
+unless ``--role`` says otherwise — and by ``launch_local``, whose plain launches use ``"worker"``) become
+:attr:`DistContext.role`, ``role_rank`` and ``role_world_size``; without them a process is rank ``RANK``
+of ``WORLD_SIZE`` in role ``"worker"``.
+
+Network interface: gloo picks the interface that the host name resolves to. To choose one, set
+``GLOO_SOCKET_IFNAME`` (read by gloo itself) or ``REPRO_GLOO_IFNAME``; the latter is copied to
+``GLOO_SOCKET_IFNAME`` by :func:`init_distributed` when that is unset, and is otherwise left to gloo.
+
+Failures end fast (:func:`distributed`, which ``repro.train`` runs in). When a rank raises, it posts one
+line about it on the job's store (the torchrun agent's, or :func:`~repro.launch.local.launch_local`'s)
+and aborts its process group instead of waiting for its peers in a barrier; the peers blocked in a
+collective with it then get "connection closed" at once (gloo), read that line (waiting at most
+:data:`REPORT_WAIT_S` for it) and stop with :class:`PeerFailedError`, one line naming the rank that
+failed. Before joining, each rank answers a roll call on that store (:func:`init_distributed`'s
+``join_timeout_s``): a peer that failed before joining ends the wait at once, one that never arrives
+ends it at ``join_timeout_s`` with :class:`JoinTimeoutError`, not at the process-group timeout inside
+gloo's connection set-up. Exit statuses (``repro.train.main``): 2 for a configuration refused (a
+``ValueError``, ``FileNotFoundError`` or :class:`DistributedSetupError`, a :class:`JoinTimeoutError`
+included), also on the peers of a rank that refused it; 1 for a failure while running (its peers: 1).
+
+This module imports torch only inside functions, so a spawned rank can set its thread count and
+environment before torch is loaded.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import numbers
+import os
+import shlex
+import sys
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any, Iterator, Sequence
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
+__all__ = [
+    "DEFAULT_ROLE",
+    "DistContext",
+    "DistributedSetupError",
+    "JoinTimeoutError",
+    "PeerFailedError",
+    "REPORT_WAIT_S",
+    "SEEN_WAIT_S",
+    "SUPPORTED_BACKENDS",
+    "is_comm_error",
+    "is_config_error",
+    "report_failure",
+    "check_timeout_s",
+    "distributed",
+    "init_distributed",
+    "shutdown_distributed",
+    "torchrun_command",
+]
+
+SUPPORTED_BACKENDS = ("gloo", "nccl")
+DEFAULT_ROLE = "worker"
+_REQUIRED_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+_ENV_HINT = "start with torchrun or repro.launch.local.launch_local"
+
+
+def check_timeout_s(name: str, value: Any) -> float:
+    """``value`` as seconds if it is a finite positive number; ValueError naming ``name`` otherwise."""
+    ok = isinstance(value, numbers.Real) and not isinstance(value, bool)
+    if not ok or not math.isfinite(value) or not value > 0:
+        raise ValueError(f"{name} must be a finite positive number of seconds, got {value!r}")
+    return float(value)
+
+
+class DistributedSetupError(RuntimeError):
+    """The process cannot join a process group as asked (missing environment, no CUDA for NCCL, ...)."""
+
+
+class JoinTimeoutError(DistributedSetupError):
+    """Some ranks did not answer the roll call within ``join_timeout_s`` (not started, hung, or died
+    without a report before joining); ``missing``: their global ranks. The message is one line."""
+
+    def __init__(self, message: str, *, missing: Sequence[int] = ()) -> None:
+        super().__init__(message)
+        self.missing = tuple(missing)
+
+
+class PeerFailedError(RuntimeError):
+    """This rank stops because a peer failed: one line, ``rank R: peer rank Q failed ...; stopping``.
+
+    ``peer``: the global rank that failed (None when it left no report: killed, or its store gone);
+    ``config``: that rank refused the configuration (the job exits 2 on every rank, not 1);
+    ``line``: its own one-line message (None without a report)."""
+
+    def __init__(self, message: str, *, peer: int | None = None, config: bool = False,
+                 line: str | None = None) -> None:
+        super().__init__(message)
+        self.peer = peer
+        self.config = config
+        self.line = line
+
+
+#: seconds a rank whose collective broke waits for the failed peer's report on the store
+REPORT_WAIT_S = 3.0
+#: seconds a rank that posted its failure waits, at most, for every rank to have seen it (a peer's next
+#: collective fails at once; the store, hosted by the failed node's torchrun agent, must outlive that)
+SEEN_WAIT_S = 5.0
+#: seconds between two looks at the store during the roll call
+_POLL_S = 0.1
+_STORE_CLIENT: Any = None
+
+
+def is_config_error(exc: BaseException) -> bool:
+    """Whether ``exc`` is a refusal of the configuration or set-up (exit status 2), not a failure while running."""
+    if isinstance(exc, PeerFailedError):
+        return exc.config
+    return isinstance(exc, (ValueError, FileNotFoundError, DistributedSetupError))
+
+
+def is_comm_error(exc: BaseException) -> bool:
+    """Whether ``exc`` looks like a consequence of a peer failing (a broken or timed-out collective)."""
+    if isinstance(exc, PeerFailedError):
+        return True
+    with contextlib.suppress(Exception):
+        import torch.distributed as dist
+
+        if isinstance(exc, dist.DistError):
+            return True
+    if isinstance(exc, (RuntimeError, ConnectionError, TimeoutError)):
+        text = str(exc).lower()
+        return any(s in text for s in ("gloo", "nccl", "connection closed", "connection reset", "broken pipe",
+                                       "timed out", "socket timeout"))
+    return False
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _key(name: str) -> str:
+    """A store key of this attempt of the job (torchrun restarts a job with a new restart count)."""
+    return f"repro/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0').strip() or '0'}/{name}"
+
+
+def _job_store(connect_timeout_s: float = 10.0) -> Any:
+    """The job's store, or None: a client of the agent's store (torchrun, ``launch_local``: it exists before
+    any rank joins and outlives them), else the default process group's store once joined."""
+    global _STORE_CLIENT
+    if _STORE_CLIENT is not None:
+        return _STORE_CLIENT
+    try:
+        import torch.distributed as dist
+    except ImportError:  # pragma: no cover
+        return None
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        with contextlib.suppress(Exception):
+            from torch.distributed import TCPStore
+
+            _STORE_CLIENT = TCPStore(os.environ["MASTER_ADDR"].strip(), int(os.environ["MASTER_PORT"]), None, False,
+                                     timeout=timedelta(seconds=connect_timeout_s), wait_for_workers=False)
+            return _STORE_CLIENT
+    if dist.is_available() and dist.is_initialized():
+        with contextlib.suppress(Exception):
+            return dist.distributed_c10d._get_default_store()
+    return None
+
+
+def report_failure(exc: BaseException, rank: int | None = None) -> bool:
+    """Post ``exc`` on the job's store as this rank's failure (the first one posted stays), so that the
+    peers name it; a peer's failure seen here (:func:`is_comm_error`) is not posted. True if posted."""
+    import json
+
+    if is_comm_error(exc) or isinstance(exc, (JoinTimeoutError, KeyboardInterrupt)):
+        return False
+    if getattr(exc, "_repro_posted", False):  # posted already (inside distributed(), then again by its caller)
+        return False
+    if rank is None:
+        try:
+            rank = int(os.environ.get("RANK", ""))
+        except ValueError:
+            return False
+    store = _job_store(connect_timeout_s=2.0)
+    if store is None:
+        return False
+    value = json.dumps({"rank": rank, "type": type(exc).__name__, "line": _first_line(exc),
+                        "config": is_config_error(exc)})
+    try:
+        store.compare_set(_key("failure"), "", value)
+    except Exception:  # noqa: BLE001 - a store without compare_set, or gone: best effort
+        try:
+            store.set(_key("failure"), value)
+        except Exception:  # noqa: BLE001
+            return False
+    _mark_seen(store)
+    with contextlib.suppress(Exception):
+        exc._repro_posted = True  # type: ignore[attr-defined]
+    return True
+
+
+def _mark_seen(store: Any) -> None:
+    """Count this rank among those that know of the failure (its own, or a peer's it read)."""
+    with contextlib.suppress(Exception):
+        store.add(_key("failure/seen"), 1)
+
+
+def await_peers(world_size: int | None = None, wait_s: float = SEEN_WAIT_S) -> None:
+    """After posting a failure: wait until all ``world_size`` ranks (default ``$WORLD_SIZE``) know of it, or
+    ``wait_s`` seconds, so that the store (the failed node's agent's) outlives their reading it."""
+    import time
+
+    store = _STORE_CLIENT
+    if store is None:
+        return
+    try:
+        world = int(world_size if world_size is not None else os.environ.get("WORLD_SIZE", "1"))
+        deadline = time.monotonic() + wait_s
+        while store.add(_key("failure/seen"), 0) < world and time.monotonic() < deadline:
+            time.sleep(_POLL_S)
+    except Exception:  # noqa: BLE001 - the store is gone: nobody can read it any more
+        return
+
+
+def _read_failure(store: Any, wait_s: float = 0.0) -> dict | None:
+    """The failure posted on ``store`` (waiting up to ``wait_s`` for one), or None."""
+    import json
+
+    key = _key("failure")
+    try:
+        if wait_s > 0:
+            store.wait([key], timedelta(seconds=wait_s))
+        elif not store.check([key]):
+            return None
+        return json.loads(store.get(key))
+    except Exception:  # noqa: BLE001 - no report in time, or the store is gone
+        return None
+
+
+def _peer_failed(rank: int, report: dict | None, exc: BaseException | None = None) -> PeerFailedError:
+    if report is None or report.get("rank") == rank:
+        text = str(exc or "").lower()
+        if "timed out" in text or "timeout" in text:
+            what = "a collective timed out (a peer hung, or died without a report"
+        elif exc is None or "closed" in text or "reset" in text or "broken pipe" in text:
+            what = "lost the connection to a peer (it died or was stopped without a report"
+        else:
+            what = f"a collective failed ({type(exc).__name__}; no peer reported a failure"
+        return PeerFailedError(f"rank {rank}: {what}: see the other ranks' logs); stopping")
+    what = "refused the configuration" if report.get("config") else "failed"
+    return PeerFailedError(f"rank {rank}: peer rank {report.get('rank')} {what} (see its log: "
+                           f"{report.get('type')}: {report.get('line')}); stopping",
+                           peer=report.get("rank"), config=bool(report.get("config")), line=report.get("line"))
+
+
+def peer_failure(exc: BaseException, rank: int) -> PeerFailedError | None:
+    """When ``exc`` (raised on ``rank``) is a broken or timed-out collective: the :class:`PeerFailedError`
+    to stop with, naming the peer that posted its failure (waited for at most :data:`REPORT_WAIT_S`);
+    None for any other exception (this rank's own failure)."""
+    if isinstance(exc, PeerFailedError):
+        return exc
+    if not is_comm_error(exc):
+        return None
+    store = _job_store(connect_timeout_s=2.0)
+    report = _read_failure(store, REPORT_WAIT_S) if store is not None else None
+    if report is not None:
+        _mark_seen(store)
+    return _peer_failed(rank, report, exc)
+
+
+def _roll_call(rank: int, world: int, timeout_s: float) -> None:
+    """Wait until every rank has arrived (each sets ``joined/<rank>`` on the agent's store); a failure
+    posted meanwhile ends the wait at once (:class:`PeerFailedError`), ``timeout_s`` (seconds) with
+    :class:`JoinTimeoutError`. Without an agent's store (plain ``env://``, where rank 0 hosts the store
+    inside ``init_process_group``) there is no roll call."""
+    import time
+
+    if world == 1 or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return
+    store = _job_store(connect_timeout_s=timeout_s)
+    if store is None:
+        return
+    try:
+        store.set(_key(f"joined/{rank}"), "1")
+        count = store.add(_key("joined"), 1)
+    except Exception:  # noqa: BLE001 - the store cannot be used: init_process_group reports it
+        return
+    deadline = time.monotonic() + timeout_s
+    while count < world:
+        report = _read_failure(store)
+        if report is not None:
+            _mark_seen(store)
+            raise _peer_failed(rank, report)
+        if time.monotonic() > deadline:
+            missing = [r for r in range(world) if not store.check([_key(f"joined/{r}")])]
+            shown = ", ".join(map(str, missing[:8])) + (", ..." if len(missing) > 8 else "")
+            raise JoinTimeoutError(f"rank {rank}: rank(s) {shown} of {world} did not join within {timeout_s:g} s "
+                                   "(not started, hung, or died before joining: see their logs); stopping",
+                                   missing=missing)
+        time.sleep(_POLL_S)
+        count = store.add(_key("joined"), 0)
+
+
+@dataclass(frozen=True)
+class DistContext:
+    """Where this process stands in the default process group.
+
+    ``role`` is the name of this rank's role (``"worker"`` in a plain ``launch_local`` run, the role of a
+    ``Role`` otherwise, torchrun's ``--role`` under torchrun), ``role_rank`` its index among the ranks of
+    that role and ``role_world_size`` their number; left out, they default to ``"worker"``, ``rank`` and
+    ``world_size`` (one role holding every rank).
+    """
+
+    rank: int
+    world_size: int
+    local_rank: int
+    backend: str
+    device: "torch.device"
+    is_main: bool
+    role: str = DEFAULT_ROLE
+    role_rank: int | None = field(default=None)
+    role_world_size: int | None = field(default=None)
+
+    def __post_init__(self) -> None:
+        if self.role_rank is None:
+            object.__setattr__(self, "role_rank", self.rank)
+        if self.role_world_size is None:
+            object.__setattr__(self, "role_world_size", self.world_size)
+
+
+def _read_env() -> tuple[int, int, int, str, int]:
+    missing = [name for name in _REQUIRED_ENV if not os.environ.get(name, "").strip()]
+    if missing:
+        which = ", ".join(missing)
+        raise DistributedSetupError(
+            f"environment variable{'s' if len(missing) > 1 else ''} {which} not set; {_ENV_HINT} "
+            f"(they set {', '.join(_REQUIRED_ENV)})"
+        )
+    values = {}
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT"):
+        raw = os.environ[name].strip()
+        try:
+            values[name] = int(raw)
+        except ValueError:
+            raise DistributedSetupError(
+                f"environment variable {name}={raw!r} is not an integer; {_ENV_HINT}"
+            ) from None
+    rank, world, local_rank, port = (values[k] for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT"))
+    if world < 1:
+        raise DistributedSetupError(f"WORLD_SIZE must be at least 1, got {world}")
+    if not 0 <= rank < world:
+        raise DistributedSetupError(f"RANK must be in [0, WORLD_SIZE={world}), got {rank}")
+    if local_rank < 0:
+        raise DistributedSetupError(f"LOCAL_RANK must be non-negative, got {local_rank}")
+    if not 0 < port < 65536:
+        raise DistributedSetupError(f"MASTER_PORT must be in 1..65535, got {port}")
+    addr = os.environ["MASTER_ADDR"].strip()
+    _check_master_addr(addr, port)
+    return rank, world, local_rank, addr, port
+
+
+def _check_master_addr(addr: str, port: int, tries: int = 3) -> None:
+    """Refuse a ``MASTER_ADDR`` that does not resolve, in one line, before the rendezvous: c10d would
+    retry it until the timeout, printing a warning per try, and then fail with a page of C++ frames."""
+    import socket
+    import time
+
+    for attempt in range(tries):
+        try:
+            socket.getaddrinfo(addr, port, type=socket.SOCK_STREAM)
+            return
+        except socket.gaierror as e:
+            if e.errno == socket.EAI_AGAIN and attempt + 1 < tries:  # the resolver is busy: try again
+                time.sleep(1.0)
+                continue
+            raise DistributedSetupError(
+                f"MASTER_ADDR={addr!r} cannot be resolved ({e.strerror or e}); set it to an address or host name "
+                "of rank 0's machine that every rank can reach"
+            ) from None
+        except (UnicodeError, ValueError) as e:  # e.g. an empty label or a NUL byte
+            raise DistributedSetupError(f"MASTER_ADDR={addr!r} is not a host name or address ({e})") from None
+
+
+def _read_role(rank: int, world: int) -> tuple[str, int, int]:
+    """(role, role_rank, role_world_size) from ``ROLE_NAME``/``ROLE_RANK``/``ROLE_WORLD_SIZE``."""
+    name = os.environ.get("ROLE_NAME", "").strip() or DEFAULT_ROLE
+    values = {}
+    for var, default in (("ROLE_RANK", rank), ("ROLE_WORLD_SIZE", world)):
+        raw = os.environ.get(var, "").strip()
+        try:
+            values[var] = int(raw) if raw else default
+        except ValueError:
+            raise DistributedSetupError(f"environment variable {var}={raw!r} is not an integer; {_ENV_HINT}") from None
+    role_rank, role_world = values["ROLE_RANK"], values["ROLE_WORLD_SIZE"]
+    if not 1 <= role_world <= world:
+        raise DistributedSetupError(f"ROLE_WORLD_SIZE must be in [1, WORLD_SIZE={world}], got {role_world}")
+    if not 0 <= role_rank < role_world:
+        raise DistributedSetupError(f"ROLE_RANK must be in [0, ROLE_WORLD_SIZE={role_world}), got {role_rank}")
+    return name, role_rank, role_world
+
+
+def _choose_backend_device(backend: str | None, device: Any, local_rank: int) -> tuple[str, "torch.device"]:
+    import torch
+    import torch.distributed as dist
+
+    if backend is not None:
+        backend = str(backend).lower()
+        if backend not in SUPPORTED_BACKENDS:
+            raise ValueError(
+                f"unknown backend {backend!r}; use one of {', '.join(SUPPORTED_BACKENDS)} "
+                "(or None to choose automatically)"
+            )
+    cuda = torch.cuda.is_available()
+    dev = None
+    if device is not None:
+        try:
+            dev = torch.device(device)
+        except (RuntimeError, TypeError, ValueError) as e:
+            raise ValueError(f"invalid device {device!r}: {e}") from None
+        if dev.type not in ("cpu", "cuda"):
+            raise ValueError(f"device must be 'cpu' or 'cuda[:N]', got {device!r}")
+        if dev.type == "cuda":
+            if not cuda:
+                raise DistributedSetupError(
+                    f"device {device!r} asked for, but CUDA is not available here "
+                    "(torch.cuda.is_available() is False); use device='cpu' or None"
+                )
+            if dev.index is None:
+                dev = torch.device("cuda", local_rank)
+    if backend is None:
+        backend = ("nccl" if dev.type == "cuda" else "gloo") if dev is not None else ("nccl" if cuda else "gloo")
+    if backend == "nccl":
+        if not cuda:
+            raise DistributedSetupError(
+                "backend 'nccl' needs CUDA, but torch.cuda.is_available() is False here; "
+                "use backend='gloo' (or None to choose automatically) on a CPU machine"
+            )
+        if not dist.is_nccl_available():
+            raise DistributedSetupError("backend 'nccl' asked for, but this torch build has no NCCL")
+        if dev is None:
+            dev = torch.device("cuda", local_rank)
+        elif dev.type != "cuda":
+            raise DistributedSetupError("backend 'nccl' communicates CUDA tensors only; use gloo for device 'cpu'")
+    else:
+        if not dist.is_gloo_available():
+            raise DistributedSetupError("backend 'gloo' asked for, but this torch build has no gloo")
+        if dev is None:
+            dev = torch.device("cpu")
+    if dev.type == "cuda":
+        count = torch.cuda.device_count()
+        if dev.index >= count:
+            raise DistributedSetupError(
+                f"device cuda:{dev.index} (LOCAL_RANK={local_rank}) does not exist: {count} GPU(s) visible; "
+                "start at most one process per visible GPU on each node"
+            )
+    return backend, dev
+
+
+def init_distributed(backend: str | None = None, device: Any = None, timeout_s: float = 300.0,
+                     join_timeout_s: float | None = None) -> DistContext:
+    """Join the default process group of a process started by torchrun or ``launch_local``.
+
+    Reads ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT`` from the environment
+    (and the role variables, see the module docstring).
+    ``backend=None`` picks ``"nccl"`` when CUDA is available (device ``cuda:LOCAL_RANK``, made current with
+    ``torch.cuda.set_device``) and ``"gloo"`` on the CPU otherwise; ``device=None`` follows the backend
+    (``"cuda"`` without an index means ``cuda:LOCAL_RANK``). ``timeout_s`` (finite, positive) bounds every
+    collective and the rendezvous, so a rank whose peer crashed fails instead of waiting forever.
+    ``join_timeout_s`` (finite, positive; default ``timeout_s``) bounds the roll call before joining, under
+    an agent's store (torchrun, ``launch_local``): :class:`JoinTimeoutError` names the ranks that did not
+    arrive, :class:`PeerFailedError` one that failed before joining (see the module docstring).
+    """
+    import torch
+    import torch.distributed as dist
+
+    if not dist.is_available():
+        raise DistributedSetupError("this torch build has no torch.distributed support")
+    if dist.is_initialized():
+        raise DistributedSetupError(
+            "the default process group is already initialised; call repro.launch.torchrun.shutdown_distributed() first"
+        )
+    timeout_s = check_timeout_s("timeout_s", timeout_s)
+    join_timeout_s = timeout_s if join_timeout_s is None else check_timeout_s("join_timeout_s", join_timeout_s)
+    rank, world, local_rank, _addr, _port = _read_env()
+    role, role_rank, role_world = _read_role(rank, world)
+    backend, dev = _choose_backend_device(backend, device, local_rank)
+
+    ifname = os.environ.get("REPRO_GLOO_IFNAME", "").strip()
+    if ifname and not os.environ.get("GLOO_SOCKET_IFNAME"):
+        os.environ["GLOO_SOCKET_IFNAME"] = ifname
+
+    kwargs: dict[str, Any] = {}
+    if dev.type == "cuda":
+        torch.cuda.set_device(dev)
+    if backend == "nccl":
+        kwargs["device_id"] = dev  # binds the communicator to this rank's GPU (eager NCCL init)
+    _roll_call(rank, world, join_timeout_s)
+    dist.init_process_group(backend=backend, init_method="env://", timeout=timedelta(seconds=timeout_s), **kwargs)
+    return DistContext(rank=rank, world_size=world, local_rank=local_rank, backend=backend, device=dev,
+                       is_main=rank == 0, role=role, role_rank=role_rank, role_world_size=role_world)
+
+
+def shutdown_distributed(failed: bool = False) -> None:
+    """Leave the default process group if there is one; safe to call twice (or without torch).
+
+    After a success (``failed=False``) the ranks leave together (a barrier, bounded by the process-group
+    timeout: rank 0 may still be writing the run folder) and the group is destroyed. After a failure
+    the group is aborted at once, with no barrier: a peer blocked in a collective with this rank then
+    fails within a second (gloo: connection closed) instead of at the process-group timeout."""
+    global _STORE_CLIENT
+    try:
+        import torch.distributed as dist
+    except ImportError:  # pragma: no cover
+        return
+    if dist.is_available() and dist.is_initialized():
+        if failed:
+            try:
+                dist.distributed_c10d._abort_process_group()
+            except Exception:  # noqa: BLE001 - no abort for this backend or torch: destroy instead
+                with contextlib.suppress(Exception):
+                    dist.destroy_process_group()
+        else:
+            # Leave together: a gloo group torn down while a peer still works can abort at exit.
+            with contextlib.suppress(Exception):
+                dist.barrier()
+            dist.destroy_process_group()
+    _STORE_CLIENT = None
+
+
+@contextlib.contextmanager
+def distributed(backend: str | None = None, device: Any = None, timeout_s: float = 300.0,
+                join_timeout_s: float | None = None) -> Iterator[DistContext]:
+    """``with distributed() as ctx:`` — :func:`init_distributed` on entry, :func:`shutdown_distributed` on exit.
+
+    An exception in the block ends it fast: this rank's own failure is posted on the job's store
+    (:func:`report_failure`) and the group aborted; a broken collective (a peer failed) becomes a
+    :class:`PeerFailedError` naming that peer. Either way the exception is raised on, one line."""
+    try:
+        ctx = init_distributed(backend=backend, device=device, timeout_s=timeout_s, join_timeout_s=join_timeout_s)
+    except BaseException as exc:
+        report_failure(exc)
+        raise
+    try:
+        yield ctx
+    except BaseException as exc:
+        peer = peer_failure(exc, ctx.rank)
+        posted = peer is None and report_failure(exc, ctx.rank)
+        store = _STORE_CLIENT
+        shutdown_distributed(failed=True)  # the peers' collectives with this rank fail now
+        if posted:
+            _keep_store(store)
+            await_peers(ctx.world_size)
+        if peer is not None and peer is not exc:
+            raise peer from None
+        raise
+    shutdown_distributed()
+
+
+def _keep_store(store: Any) -> None:
+    global _STORE_CLIENT
+    _STORE_CLIENT = store
+
+
+def torchrun_command(module_args: Sequence[str] | str, nproc_per_node: int | str, nnodes: int | str = 1,
+                     node_rank: int | str = 0, rdzv_endpoint: str | None = None, standalone: bool | None = None,
+                     *, python: str | None = None) -> list[str]:
+    """The ``python -m torch.distributed.run ...`` command line that starts a run (torchrun).
+
+    ``module_args``: what torchrun runs — ``["repro.train", "--steps", "10"]`` (a module name; ``-m`` is
+    added), ``["-m", "repro.train", ...]`` or ``["path/to/script.py", ...]`` (a ``.py`` file or a path);
+    a string is split with :func:`shlex.split`. ``nproc_per_node``: processes per node (an int, or
+    torchrun's ``"gpu"``/``"cpu"``/``"auto"``). ``standalone=None`` means ``--standalone`` (a private
+    rendezvous on this machine) for one node without ``rdzv_endpoint``. Several nodes need
+    ``rdzv_endpoint="HEAD:PORT"`` (the host of node 0) and each node's ``node_rank`` (static rendezvous);
+    ``nnodes``/``node_rank`` may be shell variables (strings). ``python`` defaults to ``sys.executable``.
+
+    Example::
+
+        >>> torchrun_command(["repro.train", "--steps", "10"], 2, python="python")
+        ['python', '-m', 'torch.distributed.run', '--standalone', '--nnodes', '1', '--nproc-per-node', '2', '-m', 'repro.train', '--steps', '10']
+
+    On SLURM, one task per node (``#SBATCH --nodes=2 --ntasks-per-node=1 --gpus-per-node=4``)::
+
+        HEAD=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
+        srun bash -c "python -m torch.distributed.run --nnodes \\$SLURM_NNODES --node-rank \\$SLURM_NODEID \\
+            --rdzv-endpoint $HEAD:29500 --nproc-per-node 4 -m repro.train ..."
+
+    which is ``" ".join(torchrun_command(["repro.train", ...], 4, nnodes="$SLURM_NNODES",
+    node_rank="$SLURM_NODEID", rdzv_endpoint=f"{head}:29500", python="python"))``
+    (``torchrun --nnodes $SLURM_NNODES --node_rank $SLURM_NODEID --rdzv-endpoint $HEAD:29500 ...`` is the
+    same with the ``torchrun`` script).
+    """
+    parts = shlex.split(module_args) if isinstance(module_args, str) else [str(a) for a in module_args]
+    if not parts or parts in (["-m"], ["--module"]):
+        raise ValueError("module_args must name a module or a script to run")
+    if isinstance(nproc_per_node, int) and not isinstance(nproc_per_node, bool):
+        if nproc_per_node < 1:
+            raise ValueError(f"nproc_per_node must be at least 1, got {nproc_per_node}")
+    elif str(nproc_per_node) not in ("gpu", "cpu", "auto") and not str(nproc_per_node).startswith("$"):
+        raise ValueError(f"nproc_per_node must be a positive int or one of gpu, cpu, auto; got {nproc_per_node!r}")
+    if isinstance(nnodes, int) and nnodes < 1:
+        raise ValueError(f"nnodes must be at least 1, got {nnodes}")
+    if isinstance(nnodes, int) and isinstance(node_rank, int) and not 0 <= node_rank < nnodes:
+        raise ValueError(f"node_rank must be in [0, nnodes={nnodes}), got {node_rank}")
+    single = str(nnodes) == "1"
+    if standalone is None:
+        standalone = single and rdzv_endpoint is None
+    if standalone and (not single or rdzv_endpoint is not None):
+        raise ValueError("standalone=True is for one node without rdzv_endpoint")
+    if not single and rdzv_endpoint is None:
+        raise ValueError("several nodes need rdzv_endpoint='HOST:PORT' (the host of node_rank 0)")
+
+    cmd = [python or sys.executable, "-m", "torch.distributed.run"]
+    if standalone:
+        cmd.append("--standalone")
+    cmd += ["--nnodes", str(nnodes)]
+    if rdzv_endpoint is not None:
+        cmd += ["--node-rank", str(node_rank), "--rdzv-endpoint", str(rdzv_endpoint)]
+    cmd += ["--nproc-per-node", str(nproc_per_node)]
+    if parts[0] in ("-m", "--module"):
+        cmd += ["-m", *parts[1:]]
+    elif parts[0].endswith(".py") or os.sep in parts[0] or "/" in parts[0]:
+        cmd += parts
+    else:
+        cmd += ["-m", *parts]
+    return cmd

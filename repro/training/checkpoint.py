@@ -1,0 +1,224 @@
+"""In-run checkpoints of ``repro train``: a long run that SLURM stops (its time limit, a preemption)
+goes on from where it was instead of from zero.
+
+When (``--checkpoint-every-min M``, :class:`Checkpointer`): every ``M`` minutes of wall-clock time
+since the run started (or resumed, or last checkpointed), and when SLURM's pre-timeout signal arrives
+(``SIGUSR1``: ``#SBATCH --signal=USR1@<seconds>``, submitit's ``slurm_signal_delay_s``). The signal
+reaches the ranks at different moments, so no rank acts on it alone: at every step boundary the
+training ranks ``all_reduce`` (max) two flags, "a checkpoint is due" and "stop", on a gloo group
+(the training group itself under gloo; a gloo copy of it under NCCL, so that the flags never queue
+behind the gradients' collectives on the GPU streams), outside the timed part of the step. All ranks
+therefore checkpoint after the same step; after a signal they then leave with exit status
+:data:`RESUME_EXIT` (75, EX_TEMPFAIL), and the launcher requeues the job.
+
+What (:func:`save`): after ``optimizer.flush()``, the model's ``state_dict``, the
+:class:`repro.api.DistributedOptimizer`'s ``state_dict`` (the wrapped optimizer's state, the plan, the
+executor's state: every rank calls it, since for the parameter-server families it is a collective),
+the measured trace and fitted cost model, the step counter, the rows of the run's tables so far
+(``iterations.csv``, ``epochs.csv``, ``buckets.csv``, the in-run trace's samples), and per rank its
+RNG states (torch CPU and CUDA, ``random``, numpy) and its data position (epoch, batches taken, the
+synthetic generator's state), gathered to the first trainer. The first trainer writes one file,
+``<results_dir>/<run_id>.incomplete/checkpoint.pt``, beside its final name and ``os.replace``'d
+into place (a reader or a killed job never sees half a file); a barrier follows, so no rank leaves
+before the file is complete. :class:`repro.results.runs.RunWriter` removes that folder with the checkpoint
+once the run folder is written: a finished run has no checkpoint, and is never resumed.
+
+Resume (:func:`load`): a run started with checkpointing on, with an explicit ``--run-id`` and
+``--results-dir``, whose checkpoint exists with the same configuration (the options that change
+what is trained: :func:`same_run`) and whose run folder is not finished, loads it on every rank
+(the first trainer decides, and broadcasts the decision, so ranks never disagree) and goes on from
+the step after it, with no second warm-up or plan. The rest of a resumed run is the uninterrupted
+run's, bit for bit on the CPU (tests/test_train_checkpoint.py); the timed rows of a resumed run come
+from two processes, and the first steps after a resume are cold (caches, allocator).
+
+Not covered: dedicated server ranks (``--servers``, the ``ps_*`` schedulers with serving ranks) and
+executors that refuse a checkpoint (FSDP's): refused in one line when checkpointing is asked for.
+A real dataset's loader workers with random augmentation draw their seeds from the global generator,
+restored here; the skipped batches of a resumed epoch are not loaded (only their indices are drawn).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from repro.log import get_logger
+from repro.results.runs import INCOMPLETE
+
+log = get_logger(__name__)
+
+__all__ = ["CHECKPOINT_FILE", "RESUME_EXIT", "Preempted", "checkpoint_path", "same_run", "Checkpointer"]
+
+#: the checkpoint's file name, inside ``<results_dir>/<run_id>.incomplete/``
+CHECKPOINT_FILE = "checkpoint.pt"
+#: exit status of ``repro train`` after a checkpoint on SLURM's signal (EX_TEMPFAIL: run it again to go on)
+RESUME_EXIT = 75
+#: fields of the run's configuration that do not change what is trained (a resume may differ in them)
+_FREE_FIELDS = frozenset({"quiet", "overwrite", "results_dir", "num_workers", "checkpoint_every_min",
+                          "checkpoint_stop_at_step", "emulated_bandwidth_bps"})
+_FORMAT = 1
+
+
+class Preempted(Exception):
+    """The ranks checkpointed on SLURM's signal (or ``checkpoint_stop_at_step``) and stop here."""
+
+    def __init__(self, step: int, path: Path | str) -> None:
+        super().__init__(f"checkpointed after step {step} to {path}; run it again (same run id) to go on")
+        self.step, self.path = step, path
+
+
+def checkpoint_path(results_dir: str | Path, run_id: str) -> Path:
+    """``<results_dir>/<run_id>.incomplete/checkpoint.pt``."""
+    return Path(results_dir) / f"{run_id}{INCOMPLETE}" / CHECKPOINT_FILE
+
+
+def same_run(saved: dict[str, Any], config: dict[str, Any]) -> bool:
+    """Whether a checkpoint's configuration (``asdict`` of its TrainConfig) trains what ``config`` does."""
+    keys = (set(saved) | set(config)) - _FREE_FIELDS
+    return all(saved.get(k) == config.get(k) for k in keys)
+
+
+# ---------------------------------------------------------------------------------------------
+# SIGUSR1
+# ---------------------------------------------------------------------------------------------
+
+_SIGNALLED = threading.Event()
+
+
+def _on_signal(signum, frame) -> None:  # noqa: ARG001 - a signal handler's signature
+    _SIGNALLED.set()
+
+
+def install_signal_handler() -> bool:
+    """Catch ``SIGUSR1`` (set a flag; the ranks act on it at the next step boundary, together). Only the
+    main thread can install it: False elsewhere (e.g. ranks run as threads)."""
+    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "SIGUSR1"):
+        return False
+    signal.signal(signal.SIGUSR1, _on_signal)
+    return True
+
+
+# ---------------------------------------------------------------------------------------------
+# RNG states
+# ---------------------------------------------------------------------------------------------
+
+def rng_state(device: torch.device) -> dict[str, Any]:
+    """This process's random generators: torch's CPU one, the device's CUDA one, ``random``, numpy."""
+    state: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}
+    if device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
+    try:
+        import numpy as np
+
+        state["numpy"] = np.random.get_state()
+    except ImportError:  # pragma: no cover - numpy comes with the package
+        pass
+    return state
+
+
+def set_rng_state(state: dict[str, Any], device: torch.device) -> None:
+    torch.set_rng_state(state["torch"])
+    random.setstate(state["python"])
+    if device.type == "cuda" and "cuda" in state:
+        torch.cuda.set_rng_state(state["cuda"], device)
+    if "numpy" in state:
+        import numpy as np
+
+        np.random.set_state(state["numpy"])
+
+
+# ---------------------------------------------------------------------------------------------
+# When, save, load
+# ---------------------------------------------------------------------------------------------
+
+class Checkpointer:
+    """The checkpoints of one run, on every training rank (made collectively, after the process groups).
+
+    ``every_min``: minutes of wall-clock time between checkpoints (0: only on the signal);
+    ``stop_at_step``: act as if SIGUSR1 reached the first trainer after that step (tests, drills);
+    ``group``: the training ranks' group (None: the world); ``first``: the global rank that writes."""
+
+    def __init__(self, results_dir: str | Path, run_id: str, *, every_min: float, stop_at_step: int | None,
+                 group: Any, first: int, rank: int, size: int) -> None:
+        self.path = checkpoint_path(results_dir, run_id)
+        self.every_s = float(every_min) * 60.0
+        self.stop_at_step = stop_at_step
+        self.first, self.rank, self.size = first, rank, size
+        if dist.get_backend(group) == "gloo":
+            self.group = group
+        else:  # the flags and the gathered states on the CPU, apart from the gradients' NCCL streams
+            ranks = list(range(first, first + size)) if group is not None else None
+            self.group = dist.new_group(ranks=ranks, backend="gloo")
+        self.since = time.monotonic()
+        self.signal_handled = install_signal_handler()
+        _SIGNALLED.clear()
+
+    # ---- when ----
+    def due(self, step: int) -> tuple[bool, bool]:
+        """After ``step`` steps: (checkpoint now, then stop), the same on every training rank (a collective)."""
+        stop = _SIGNALLED.is_set() or (self.stop_at_step is not None and step == self.stop_at_step
+                                       and dist.get_rank() == self.first)
+        timed = self.every_s > 0 and time.monotonic() - self.since >= self.every_s
+        flags = torch.tensor([int(timed or stop), int(stop)], dtype=torch.int32)
+        dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=self.group)
+        return bool(flags[0]), bool(flags[1])
+
+    # ---- save ----
+    def save(self, *, model: torch.nn.Module, dopt: Any, device: torch.device, data: Any, run: dict[str, Any]) -> None:
+        """Write the checkpoint (every training rank calls it; the first one writes, then all meet)."""
+        t0 = time.perf_counter()
+        dopt.flush()
+        optimizer = dopt.state_dict()  # every rank: a collective for the parameter-server families
+        model_state = model.state_dict()
+        mine = {"rng": rng_state(device), "data": data.state()}
+        everyone: list[Any] = [None] * self.size
+        dist.all_gather_object(everyone, mine, group=self.group)
+        if dist.get_rank() == self.first:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self.path.parent / f".{CHECKPOINT_FILE}.{uuid.uuid4().hex[:8]}"
+            torch.save({"format": _FORMAT, "model": model_state, "optimizer": optimizer, "ranks": everyone,
+                        **run}, tmp)
+            os.replace(tmp, self.path)
+            log.info("%s: checkpoint after step %d (%.2f s)", self.path, run["step"], time.perf_counter() - t0)
+        dist.barrier(group=self.group)
+        self.since = time.monotonic()
+
+    # ---- load ----
+    def load(self, config: dict[str, Any], finished: bool, device: torch.device) -> dict[str, Any] | None:
+        """The checkpoint to resume from (every training rank calls it), or None: none, another run's
+        (different configuration), or a finished run's. The first trainer decides for every rank."""
+        verdict = [None]
+        if dist.get_rank() == self.first:
+            verdict[0] = self._verdict(config, finished)
+        dist.broadcast_object_list(verdict, src=self.first, group=self.group)
+        if verdict[0] != "resume":
+            if verdict[0]:
+                log.warning("%s", verdict[0])
+            return None
+        state = torch.load(self.path, map_location=device, weights_only=False)
+        state["mine"] = state["ranks"][self.rank]
+        return state
+
+    def _verdict(self, config: dict[str, Any], finished: bool) -> str | None:
+        if not self.path.is_file():
+            return None
+        if finished:
+            return f"{self.path}: the run is finished; its checkpoint is not resumed"
+        try:
+            head = torch.load(self.path, map_location="cpu", weights_only=False)
+        except Exception as e:  # noqa: BLE001 - a damaged file: start over, saying why
+            return f"{self.path}: unreadable ({type(e).__name__}), starting over"
+        if head.get("format") != _FORMAT or not same_run(head.get("config", {}), config):
+            return f"{self.path}: another configuration's checkpoint, starting over"
+        if int(head.get("size", -1)) != self.size:
+            return f"{self.path}: written by {head.get('size')} training ranks, not {self.size}; starting over"
+        return "resume"
