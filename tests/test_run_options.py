@@ -73,7 +73,7 @@ def test_every_option_a_scheduler_or_family_takes_is_a_declared_run_option():
 
 
 def test_the_reducer_engine_refusals_are_one_rule():
-    from repro.core.run_options import reducer_engine_refusal
+    from repro.families.allreduce import reducer_engine_refusal
 
     assert reducer_engine_refusal({"engine": "hooks", "wire_dtype": "float16", "device": "cuda"}) is None
     assert reducer_engine_refusal({"engine": "reducer"}) is None

@@ -29,6 +29,7 @@ from typing import Any, Iterable, Mapping
 import numpy as np
 
 from repro.core import ranges
+from repro.core.families import COLLECTIVES, is_known_collective, known_collectives
 from repro.core.realism import Realism, RealismError
 from repro.results.outputs import write_output
 
@@ -38,7 +39,6 @@ __all__ = [
     "alpha_beta_lines", "check_workers",
 ]
 
-COLLECTIVES = ("allreduce", "reduce_scatter", "allgather", "sparse_allgather", "push", "pull")
 ALGORITHMS = ("ring", "tree", "recursive_doubling", "halving_doubling")
 
 
@@ -200,9 +200,9 @@ class CostModel:
         if g is not None and (isinstance(g, bool) or not isinstance(g, (int, float)) or not math.isfinite(g)
                               or g < 0):
             raise CostModelError(f"topk_gamma_s must be a finite non-negative number, got {g!r}")
-        unknown = set(self.lines) - set(COLLECTIVES)
+        unknown = {c for c in self.lines if not is_known_collective(c)}
         if unknown:
-            raise CostModelError(f"unknown collective(s) {sorted(unknown)}; known: {', '.join(COLLECTIVES)}")
+            raise CostModelError(f"unknown collective(s) {sorted(unknown)}; known: {', '.join(known_collectives())}")
         object.__setattr__(self, "lines", dict(self.lines))
 
     # ---- constructors ----
@@ -266,8 +266,8 @@ class CostModel:
 
     # ---- queries ----
     def line(self, collective: str) -> Linear:
-        if collective not in COLLECTIVES:
-            raise CostModelError(f"unknown collective '{collective}'; known: {', '.join(COLLECTIVES)}")
+        if not is_known_collective(collective):
+            raise CostModelError(f"unknown collective '{collective}'; known: {', '.join(known_collectives())}")
         try:
             raw = self.lines[collective]
         except KeyError:

@@ -44,9 +44,11 @@ from typing import Any, Callable, Mapping, Sequence
 
 from repro.core import ranges
 from repro.core.errors import PlanError
+from repro.core.registry import Registry
 
 __all__ = ["Option", "Family", "FAMILIES", "get_family", "family_names", "register_family", "resolve",
-           "choice_option", "number_option"]
+           "choice_option", "number_option", "known_collectives",
+           "is_known_collective", "COLLECTIVES"]
 
 
 def resolve(ref: str) -> Any:
@@ -211,134 +213,11 @@ class Family:
                 "server": self.server, "executor_options": list(self.executor_options)}
 
 
-_WIRE_DTYPE = choice_option("wire_dtype", "dtype of gradients on the wire",
-                            ("float32", "float16", "bfloat16"))
+#: the collectives every cost model can price (a family may declare more; :func:`known_collectives`)
+COLLECTIVES = ("allreduce", "reduce_scatter", "allgather", "sparse_allgather", "push", "pull")
 
-FAMILIES: dict[str, Family] = {
-    "allreduce": Family(
-        name="allreduce",
-        doc="each bucket is all-reduced once its gradients are ready during backward (one FCFS "
-            "communication stream; priorities, if set, reorder ready buckets)",
-        paper="MG-WFBP (Shi, Chu, Li; INFOCOM 2019 / TPDS 2021)",
-        collectives=("allreduce",),
-        phases=("backward",),
-        options=(_WIRE_DTYPE,
-                 number_option("cycle_s", "Horovod-style cycle time: messages are launched only at the ticks of a "
-                               "background loop waking every cycle_s seconds", minimum=0.0, open_minimum=True,
-                               maximum=ranges.SECONDS.high)),
-        simulator="repro.families.allreduce.simulate:build_graph",
-        closed_form="repro.families.allreduce.simulate:closed_form",
-        check_buckets="repro.families.allreduce.simulate:check_buckets",
-        executor="repro.families.allreduce.executor:AllReduceExecutor",
-        calibrate="repro.families.allreduce.executor:calibrate",
-        executor_options=("engine",),
-    ),
-    "sparse": Family(
-        name="sparse",
-        doc="top-k sparsified gradients with error feedback: when a bucket's gradients are ready, its "
-            "top-k (k = ceil(density x elements)) is selected on the compute stream, then values and "
-            "indices are all-gathered (two messages, or one packed message) on one FCFS communication "
-            "stream; every worker sums the P sparse contributions and divides by P",
-        paper="OMGS-SGD (Shi et al.; INFOCOM 2020)",
-        collectives=("sparse_allgather",),
-        phases=("backward",),
-        options=(number_option("density", "fraction of each bucket's elements sent (k = ceil(density x n))",
-                               minimum=0.0, open_minimum=True, maximum=1.0, required=True),
-                 choice_option("topk_scope", "bucket: every bucket sends its own ceil(density x n) largest entries "
-                               "(OMGS-SGD as published); model: the same total, split between the buckets each step "
-                               "by where the model's largest entries were the step before (TopK-SGD's selection, one "
-                               "step late)", ("bucket", "model"), default="bucket")),  # repro.families.sparse.simulate.TOPK_SCOPES
-        simulator="repro.families.sparse.simulate:build_graph",
-        closed_form="repro.families.sparse.simulate:closed_form",
-        message_bytes="repro.families.sparse.simulate:message_bytes",
-        check_buckets="repro.families.sparse.simulate:check_buckets",
-        executor="repro.families.sparse.executor:SparseExecutor",
-        calibrate="repro.families.sparse.executor:calibrate",
-    ),
-    "dear": Family(
-        name="dear",
-        doc="decoupled all-reduce: buckets are contiguous runs of layers in forward order; each bucket's "
-            "reduce-scatter runs in backward once its gradients are ready, its all-gather in the next "
-            "iteration's forward just before its layers run (after which its parameters are updated); one "
-            "FCFS communication stream",
-        paper="DeAR (Zhang et al.; ICDCS 2023)",
-        collectives=("reduce_scatter", "allgather"),
-        phases=("backward", "next_forward"),
-        options=(),
-        simulator="repro.families.dear.simulate:build_graph",
-        closed_form="repro.families.dear.simulate:closed_form",
-        check_buckets="repro.families.dear.simulate:check_buckets",
-        executor="repro.families.dear.executor:DeARExecutor",
-        calibrate="repro.families.dear.executor:calibrate",
-        gloo_cpu_only="its reduce-scatter and all-gather run on gloo as a ring of CPU tensors",
-    ),
-    "bytescheduler": Family(
-        name="bytescheduler",
-        doc="priority scheduling of all-reduce chunks (a layer, or a piece of one) across iterations: the free "
-            "communication stream starts the most urgent ready chunk (input-side layers first); a layer's "
-            "update is applied once its chunks are reduced and the next forward of a layer waits only for it",
-        paper="ByteScheduler (Peng et al.; SOSP 2019), as the DeAR paper's baseline",
-        collectives=("allreduce",),
-        phases=("backward",),
-        options=(number_option("credit_bytes", "bytes of chunks in flight at most (the runtime's credit; the "
-                               "simulator serves one chunk at a time)", minimum=1, integer=True,
-                               maximum=ranges.BYTES.high),),
-        simulator="repro.families.bytescheduler.simulate:build_graph",
-        check_buckets="repro.families.bytescheduler.simulate:check_buckets",
-        executor="repro.families.bytescheduler.executor:ByteSchedulerExecutor",
-        calibrate="repro.families.allreduce.executor:calibrate",
-    ),
-}
-
-
-def _required(option: Option) -> Option:
-    from dataclasses import replace
-
-    return replace(option, required=True)
-
-
-def _flag_option(name: str, doc: str, default: bool) -> Option:
-    def check(v: Any) -> bool:
-        if not isinstance(v, bool):
-            raise ValueError(f"must be true or false, got {v!r}")
-        return v
-
-    return Option(name, doc, check, default)
-
-
-def _servers_of_buckets(v: Any) -> tuple[int, ...]:
-    if not isinstance(v, (list, tuple)) or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0
-                                                   for s in v):
-        raise ValueError(f"must be a list of server indices (integers >= 0), one per bucket, got {v!r}")
-    return tuple(v)
-
-
-FAMILIES["ps"] = Family(
-    name="ps",
-    doc="parameter server: S server ranks hold the parameters (layers balanced by bytes); every worker pushes "
-        "each bucket's gradients to its server and pulls the new values; the server applies the optimizer. "
-        "Stage-1 buckets (phase backward) block the next iteration, stage-2 buckets (phase background, OSP only) "
-        "overlap with it",
-    paper="OSP (2-stage synchronization with LGP), this package's reading of its abstract (docs/interpretations.md); BSP, "
-          "ASP and SSP (Ho et al., NeurIPS 2013) as its baselines",
-    collectives=("push", "pull"),
-    phases=("backward", "background"),
-    options=(_required(choice_option("mode", "how the servers synchronise the workers", ("bsp", "asp", "ssp", "osp"))),
-             number_option("servers", "parameter-server ranks (ranks 0..servers-1 serve)", minimum=1, integer=True,
-                           maximum=ranges.WORKERS.high, required=True),
-             number_option("staleness", "SSP: iterations a worker may run ahead of the slowest", minimum=0,
-                           integer=True, maximum=ranges.COUNT.high, default=0),
-             _flag_option("lgp", "OSP: correct stale stage-2 parameters with the local gradient, w - lr * g", True),
-             Option("bucket_servers", "the server of each bucket", _servers_of_buckets, required=True)),
-    simulator="repro.families.ps.simulate:build_graph",
-    check_buckets="repro.families.ps.simulate:check_buckets",
-    check_plan="repro.families.ps.simulate:plan_layout",
-    executor="repro.families.ps.executor:PSExecutor",
-    calibrate="repro.families.ps.executor:calibrate",
-    server="repro.families.ps.executor:serve",
-    gloo_cpu_only="gloo's reduce and gather (its co-located pushes) and send/recv (its dedicated servers') read "
-                  "CUDA memory as host memory (an H200 run failed with 'writev: Bad address')",
-)
+#: every registered family by name (filled by the family packages: :mod:`repro.core.registry`)
+FAMILIES: Registry[Family] = Registry("family")
 
 
 def family_names() -> list[str]:
@@ -356,7 +235,16 @@ def register_family(family: Family, *, replace: bool = False) -> Family:
     """Add ``family`` to the registry (``replace=True`` to redefine an existing name)."""
     if not isinstance(family, Family):
         raise TypeError(f"register_family takes a Family, got {type(family).__name__}")
-    if family.name in FAMILIES and not replace:
-        raise ValueError(f"family '{family.name}' is already registered")
-    FAMILIES[family.name] = family
-    return family
+    return FAMILIES.add(family.name, family, replace=replace)
+
+
+def is_known_collective(name: str) -> bool:
+    """Whether ``name`` is a builtin collective or one a registered family declares (builtins need no
+    family loaded: a core module may ask while being imported)."""
+    return name in COLLECTIVES or name in known_collectives()
+
+
+def known_collectives() -> tuple[str, ...]:
+    """Every collective a message may use: the builtin ones a cost model can price
+    (:data:`COLLECTIVES`) and those the registered families declare."""
+    return tuple(dict.fromkeys([*COLLECTIVES, *(c for f in FAMILIES.values() for c in f.collectives)]))

@@ -39,7 +39,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import numpy as np
 
 from repro.core import ranges
-from repro.core.cost import COLLECTIVES
+from repro.core.families import is_known_collective, known_collectives
 from repro.core.errors import PlanError
 from repro.core.trace import Trace
 from repro.results.outputs import write_output
@@ -65,8 +65,8 @@ class Message:
     priority: float = 0.0
 
     def __post_init__(self) -> None:
-        if self.collective not in COLLECTIVES:
-            raise PlanError(f"unknown collective '{self.collective}'; known: {', '.join(COLLECTIVES)}")
+        if not is_known_collective(self.collective):
+            raise PlanError(f"unknown collective '{self.collective}'; known: {', '.join(known_collectives())}")
         if self.phase not in PHASES:
             raise PlanError(f"unknown phase '{self.phase}'; known: {', '.join(PHASES)}")
         if not _finite_number(self.priority):

@@ -13,38 +13,21 @@ from typing import Any, Callable, Iterator, Mapping
 
 from repro.core.cost import CostModel
 from repro.core.plan import Plan
-from repro.families.allreduce import planners as allreduce
-from repro.families.bytescheduler import planners as bytescheduler
-from repro.families.dear import planners as dear
-from repro.families.ps import planners as ps
-from repro.families.sparse import planners as sparse
+from repro.core.registry import Registry
 from repro.core.trace import Trace
 
-__all__ = ["PLANNERS", "PLANNER_FAMILY", "planner_names", "make_plan"]
+__all__ = ["PLANNERS", "PLANNER_FAMILY", "planner_names", "make_plan", "register_planner"]
 
-PLANNERS: dict[str, Callable[..., Plan]] = {
-    "wfbp": allreduce.wfbp,
-    "syncea": allreduce.syncea,
-    "threshold": allreduce.threshold,
-    "ddp_buckets": allreduce.ddp_buckets,
-    "horovod": allreduce.horovod,
-    "mgwfbp": allreduce.mgwfbp,
-    "optimal": allreduce.optimal,
-    "topk_layerwise": sparse.topk_layerwise,
-    "topk_single": sparse.topk_single,
-    "omgs": sparse.omgs,
-    "omgs_optimal": sparse.omgs_optimal,
-    "dear_nofusion": dear.dear_nofusion,
-    "dear_threshold": dear.dear_threshold,
-    "dear_model": dear.dear_model,
-    "dear_optimal": dear.dear_optimal,
-    "bytescheduler": bytescheduler.bytescheduler,
-    "ps_bsp": ps.ps_bsp,
-    "ps_asp": ps.ps_asp,
-    "ps_ssp": ps.ps_ssp,
-    "osp": ps.osp,
-    "osp_auto": ps.osp_auto,
-}
+#: every registered planner by name (filled by the family packages: :mod:`repro.core.registry`)
+PLANNERS: Registry[Callable[..., Plan]] = Registry("planner")
+
+
+def register_planner(name: str, fn: Callable[..., Plan], *, replace: bool = False) -> Callable[..., Plan]:
+    """Add planner ``fn`` under ``name`` (a family package calls this when imported); the family of its plans
+    is ``fn.family``, else its module's ``FAMILY``."""
+    if not callable(fn):
+        raise TypeError(f"register_planner takes a function, got {type(fn).__name__}")
+    return PLANNERS.add(name, fn, replace=replace)
 
 
 

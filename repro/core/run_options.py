@@ -25,9 +25,11 @@ from typing import Any, Callable, Mapping, Sequence
 
 from repro.core import ranges
 from repro.core.ranges import Quantity
+from repro.core.registry import Registry, load_families
 
 __all__ = ["RunOption", "RUN_OPTIONS", "register_run_option", "register_group_check", "check_run_options",
-           "option_flag", "check_wire_dtype", "option_takers", "refuse_given_options"]
+           "option_flag", "check_wire_dtype", "option_takers", "refuse_given_options", "integer_check",
+           "fraction_check", "boolean_check"]
 
 
 @dataclass(frozen=True)
@@ -64,17 +66,17 @@ class RunOption:
         return value
 
 
-RUN_OPTIONS: dict[str, RunOption] = {}
+#: every declared run option by name (filled by the family packages: :mod:`repro.core.registry`)
+RUN_OPTIONS: Registry[RunOption] = Registry("run option")
 _GROUP_CHECKS: list[Callable[[Mapping[str, Any]], None]] = []
 
 
 def register_run_option(option: RunOption, *, replace: bool = False) -> RunOption:
     """Declare ``option`` (a family from another package calls this at import)."""
-    if option.name in RUN_OPTIONS and not replace:
-        raise ValueError(f"run option '{option.name}' is declared already (by the {RUN_OPTIONS[option.name].family} "
-                         "family)")
-    RUN_OPTIONS[option.name] = option
-    return option
+    if option.name in RUN_OPTIONS.entries and not replace:
+        raise ValueError(f"run option '{option.name}' is declared already (by the "
+                         f"{RUN_OPTIONS.entries[option.name].family} family)")
+    return RUN_OPTIONS.add(option.name, option, replace=replace)
 
 
 def register_group_check(fn: Callable[[Mapping[str, Any]], None]) -> None:
@@ -114,6 +116,7 @@ def check_run_options(values: Mapping[str, Any], scheduler: Any, *, where: str =
             scope = f"--scheduler {scheduler.name}" if where == "flag" else f"scheduler {scheduler.name}"
             raise ValueError(f"{spelled} does not apply to {scope} (it applies to: {', '.join(takers)})")
         out[name] = option.validate(value, option_flag(name) if where == "flag" else name)
+    load_families()  # the families' checks across options are registered when they load
     for check in _GROUP_CHECKS:
         check({**(settings or {}), **out})
     return out
@@ -146,7 +149,8 @@ def refuse_given_options(given: Sequence[str], scheduler: Any) -> None:
 # Checks
 # ---------------------------------------------------------------------------------------------
 
-def _integer(name: str, minimum: int, what: str) -> Callable[[Any], int]:
+def integer_check(name: str, minimum: int, what: str) -> Callable[[Any], int]:
+    """A check that ``name`` is an integer >= ``minimum`` (``what``: how the error describes it)."""
     def check(v: Any) -> int:
         if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
             raise ValueError(f"{name} must be {what}, got {v!r}")
@@ -155,7 +159,8 @@ def _integer(name: str, minimum: int, what: str) -> Callable[[Any], int]:
     return check
 
 
-def _fraction(name: str, *, open_low: bool) -> Callable[[Any], float]:
+def fraction_check(name: str, *, open_low: bool) -> Callable[[Any], float]:
+    """A check that ``name`` is a number in (0, 1] (``open_low``) or [0, 1]."""
     interval = "(0, 1]" if open_low else "[0, 1]"
 
     def check(v: Any) -> float:
@@ -168,113 +173,14 @@ def _fraction(name: str, *, open_low: bool) -> Callable[[Any], float]:
     return check
 
 
-def _boolean(name: str) -> Callable[[Any], bool]:
+def boolean_check(name: str) -> Callable[[Any], bool]:
+    """A check that ``name`` is True or False."""
     def check(v: Any) -> bool:
         if not isinstance(v, bool):
             raise ValueError(f"{name} must be true or false, got {v!r}")
         return v
 
     return check
-
-
-def _policy(v: Any) -> str:
-    if v not in ("magnitude", "position"):
-        raise ValueError(f"unknown importance policy {v!r}; choose magnitude or position")
-    return v
-
-
-def _declare(family: str, options: Sequence[RunOption]) -> None:
-    for option in options:
-        register_run_option(option)
-
-
-# ---------------------------------------------------------------------------------------------
-# The families of this package
-# ---------------------------------------------------------------------------------------------
-
-_declare("allreduce", [
-    RunOption("threshold_bytes", int, "bucket threshold of the threshold schedulers (threshold, dear_threshold, "
-              "dear_bo's first trial)", "allreduce", default=25 * 2**20, unit="bytes",
-              check=_integer("threshold_bytes", 0, "a non-negative number of bytes"), quantity=ranges.BYTES),
-    RunOption("engine", str, "all-reduce plans: what runs the buckets: reducer (PyTorch's C++ reducer, DDP's "
-              "engine, given the plan's exact buckets), hooks (this package's Python gradient hooks: wire dtypes, "
-              "Horovod's cycle time, GPUs) or auto (the reducer wherever it can run the plan; the default)",
-              "allreduce", choices=("auto", "reducer", "hooks")),
-])
-_declare("sparse", [
-    RunOption("density", float, "top-k density of the sparse schedulers (topk_*, omgs*): the fraction of each "
-              "bucket's gradient elements a worker sends per step, k = ceil(density x elements), in (0, 1]; 1 sends "
-              "everything (dense S-SGD)", "sparse", default=0.001, unit="fraction",
-              check=_fraction("density", open_low=True), quantity=ranges.FRACTION),
-    RunOption("topk_scope", str, "sparse schedulers: which entries the buckets send: bucket (each bucket its own "
-              "ceil(density x elements), as OMGS-SGD is published; every scheduler's default) or model (this "
-              "package's variant: that total split between the buckets each step by where the model's largest "
-              "entries were the step before, TopK-SGD's selection)", "sparse",
-              choices=("bucket", "model")),
-])
-_declare("dear", [
-    RunOption("tuner_trials", int, "dear_bo: Bayesian-optimisation trials after the initial threshold", "dear",
-              default=10, check=_integer("tuner_trials", 0, "a non-negative integer"), quantity=ranges.TRIALS),
-    RunOption("tuner_min_bytes", int, "dear_bo: smallest fusion threshold the tuner tries", "dear",
-              default=2**20, unit="bytes", check=_integer("tuner_min_bytes", 1, "a positive number of bytes"),
-              quantity=ranges.BYTES),
-    RunOption("tuner_max_bytes", int, "dear_bo: largest fusion threshold the tuner tries", "dear",
-              default=2**28, unit="bytes", check=_integer("tuner_max_bytes", 1, "a positive number of bytes"),
-              quantity=ranges.BYTES),
-])
-_declare("ps", [
-    RunOption("servers", int, "parameter-server schedulers (ps_*, osp*): servers holding the parameters; "
-              "dedicated placement: ranks 0..servers-1 serve and the other ranks train (default 1); "
-              "colocated: server s on training rank s (default: one per rank)", "ps",
-              check=_integer("servers", 1, "a positive integer"), quantity=ranges.WORKERS),
-    RunOption("server_placement", str, "parameter-server schedulers (ps_*, osp*): 'dedicated' server ranks "
-              "beside the trainers (gloo only), or 'colocated' on the training ranks (gloo or nccl)", "ps",
-              default="dedicated", choices=("dedicated", "colocated")),
-    RunOption("staleness", int, "ps_ssp: iterations a worker may run ahead of the slowest (default 2)", "ps",
-              unit="iterations", check=_integer("staleness", 0, "a non-negative integer"), quantity=ranges.COUNT),
-    RunOption("stage1_share", float, "osp: fraction of the gradient bytes synchronised in the blocking stage 1, "
-              "in [0, 1]; the rest goes to stage 2, overlapped with the next iteration (default 0.5)", "ps",
-              unit="fraction", check=_fraction("stage1_share", open_low=False), quantity=ranges.FRACTION),
-    RunOption("importance", str, "osp*: which layers go to stage 1 first: position (input side first; the "
-              "default) or magnitude (largest mean |gradient| in the warm-up)", "ps",
-              choices=("position", "magnitude"), check=_policy),
-    RunOption("lgp", bool, "osp*: correct stale stage-2 parameters with the local gradient (default on; "
-              "--no-lgp: off)", "ps", check=_boolean("lgp")),
-])
-
-
-def _tuner_range(values: Mapping[str, Any]) -> None:
-    low, high = values.get("tuner_min_bytes"), values.get("tuner_max_bytes")
-    if low is not None and high is not None and not low < high:
-        raise ValueError(f"the tuner's range needs 1 <= tuner_min_bytes < tuner_max_bytes, got {low} and {high}")
-
-
-register_group_check(_tuner_range)
-
-
-def reducer_engine_refusal(values: Mapping[str, Any]) -> str | None:
-    """Why ``engine='reducer'`` cannot run with these settings (one sentence), or None: a wire dtype
-    (``wire_dtype``), or a GPU (``device`` 'cuda', or ``backend`` 'nccl'), where it has not run yet. The
-    same words from ``repro train``'s check and from :func:`repro.distribute`."""
-    if values.get("engine") != "reducer":
-        return None
-    wire = values.get("wire_dtype")
-    if wire:
-        return (f"engine 'reducer' cannot send a wire dtype ({wire}): PyTorch's C++ reducer sends each gradient in "
-                "its own dtype; use engine 'hooks' (or auto)")
-    if values.get("device") == "cuda" or values.get("backend") == "nccl":
-        return ("engine 'reducer' runs on the CPU only so far (it has not run on a GPU); use engine 'hooks' "
-                "(or auto)")
-    return None
-
-
-def _reducer_engine(values: Mapping[str, Any]) -> None:
-    reason = reducer_engine_refusal(values)
-    if reason is not None:
-        raise ValueError(reason)
-
-
-register_group_check(_reducer_engine)
 
 
 def check_wire_dtype(wire_dtype: str | None, scheduler: Any, gradient_dtypes: Sequence[str] = ("float32",)) -> str | None:

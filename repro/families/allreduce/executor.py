@@ -46,7 +46,7 @@ import torch.distributed as dist
 from torch import nn
 
 from repro.core.plan import WIRE_DTYPE_BYTES, Plan, PlanError
-from repro.core.run_options import reducer_engine_refusal
+from repro.families.allreduce import reducer_engine_refusal
 from repro.runtime.buffers import broadcast_buffers
 from repro.runtime.clock import CollectiveEnds, clock_for, model_device
 from repro.runtime.executor import BucketTiming, Executor, ExecutorOptions
@@ -444,7 +444,7 @@ class AllReduceExecutor(Executor):
                           model: nn.Module | None = None) -> None:
         """What can be refused before a plan exists (``repro.distribute`` calls this before its warm-up):
         ``engine='reducer'`` with a wire dtype (given as an option or in ``plan``), on a model on a GPU
-        (:func:`repro.core.run_options.reducer_engine_refusal`, the words of ``repro train``'s check), or with a
+        (:func:`repro.families.allreduce.reducer_engine_refusal`, the words of ``repro train``'s check), or with a
         cycle time in ``plan``."""
         if options.get("engine") != "reducer":
             return
