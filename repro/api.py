@@ -87,7 +87,7 @@ def _load_plan(scheduler: Any) -> Plan | None:
     if isinstance(scheduler, Plan):
         return scheduler
     if isinstance(scheduler, (str, os.PathLike)) and (str(scheduler).endswith(".json") or os.sep in str(scheduler)):
-        from repro.results.outputs import InputPathError, read_input
+        from repro.core.outputs import InputPathError, read_input
 
         path = Path(scheduler)
         if not path.exists():

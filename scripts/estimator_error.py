@@ -28,7 +28,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from repro.paths import shipped_traces
+from repro.core.paths import shipped_traces
 from repro.core.trace import load_trace
 from repro.workload.estimate import KERNEL_OVERHEAD_S, estimate_trace, layer_errors
 

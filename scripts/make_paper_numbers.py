@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from repro.paths import shipped_path
+from repro.core.paths import shipped_path
 
 ROOT = Path(__file__).resolve().parents[1]
 SOURCE = ROOT / "tests" / "fixtures" / "ddl_benchmarks_2020-05-29.csv"

@@ -27,7 +27,7 @@ from typing import Callable
 
 import torch
 
-from repro.paths import traces_dir
+from repro.core.paths import traces_dir
 from repro.workload.estimate import estimate_trace
 from repro.workload.models import PAPER_MODELS, TINY_MODELS, get_spec
 from repro.workload.profile import profile_model

@@ -16,7 +16,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from repro.paths import shipped_path  # noqa: E402
+from repro.core.paths import shipped_path  # noqa: E402
 from repro.studies import timing  # noqa: E402
 
 MODELS = ("tiny_resnet", "tiny_lstm")

@@ -143,7 +143,7 @@ def test_listings_print_a_table_or_json(capsys, command):
 
 def test_listings_json_content():
     from repro.costs.presets import preset_names
-    from repro.paths import shipped_traces
+    from repro.core.paths import shipped_traces
     from repro.core.schedulers import SCHEDULERS
     from repro.workload.catalog import MODEL_NAMES
 

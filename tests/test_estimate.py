@@ -4,7 +4,7 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from repro.paths import shipped_traces, traces_dir
+from repro.core.paths import shipped_traces, traces_dir
 from repro.workload.estimate import (COMPUTE_EFFICIENCY, GPU_SPECS, KERNEL_OVERHEAD_S, MEMORY_EFFICIENCY,
                             count_flops, estimate_trace, get_gpu)
 from repro.workload.models import PAPER_MODELS, build_model, compute_loss, count_params, get_spec, make_batch

@@ -36,7 +36,7 @@ def presets() -> list[str]:
 
 
 def traces() -> list[str]:
-    from repro.paths import shipped_traces
+    from repro.core.paths import shipped_traces
 
     return [s for s in shipped_traces() if not s.startswith("tiny_")]
 

@@ -159,7 +159,7 @@ def test_threshold_sweep_has_the_paper_scale_panels_and_a_verdict():
 
 @pytest.mark.parametrize("name", ["mgwfbp_allreduce_fits", "mgwfbp_journal_headline"])
 def test_new_paper_number_files_name_paper_place_and_page(name):
-    from repro.paths import paper_numbers_path
+    from repro.core.paths import paper_numbers_path
 
     df = pd.read_csv(paper_numbers_path(name))
     assert {"source", "where", "page"} <= set(df.columns)

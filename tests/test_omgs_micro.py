@@ -80,7 +80,7 @@ def test_p102_is_in_the_gpu_table_between_its_pascal_neighbours():
 @pytest.mark.parametrize("stem", ["vgg16_cifar_b32_p102-estimate", "resnet50_b32_p102-estimate",
                                   "inception_v4_b64_p102-estimate", "lstm_ptb_b20_p102-estimate"])
 def test_p102_traces_of_the_papers_models_are_shipped_and_slower_than_v100(stem):
-    from repro.paths import shipped_trace_path
+    from repro.core.paths import shipped_trace_path
     from repro.core.trace import Trace
 
     t = Trace.load(shipped_trace_path(stem))

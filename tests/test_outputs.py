@@ -1,4 +1,4 @@
-"""Output paths are the user's: a FIFO, a link or a device at ``-o`` is never replaced (repro.results.outputs)."""
+"""Output paths are the user's: a FIFO, a link or a device at ``-o`` is never replaced (repro.core.outputs)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from repro.cli.main import main
-from repro.results.outputs import OutputPathError, check_output, output_file, write_output
+from repro.core.outputs import OutputPathError, check_output, output_file, write_output
 
 PLAN_ARGS = ["plan", "--trace", "resnet50_b64_v100-estimate", "--solver", "mgwfbp", "--network", "10gbe-v100",
              "--workers", "16"]

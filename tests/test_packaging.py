@@ -50,8 +50,8 @@ def test_the_shipped_data_live_in_data_and_every_package_is_listed():
 
 
 def test_the_checkout_reads_the_shipped_data_from_data():
-    """Installed editable (or a checkout on sys.path), repro.paths resolves data/ of the checkout."""
-    from repro.paths import paper_numbers_path, shipped_dir, traces_dir
+    """Installed editable (or a checkout on sys.path), repro.core.paths resolves data/ of the checkout."""
+    from repro.core.paths import paper_numbers_path, shipped_dir, traces_dir
 
     assert shipped_dir().resolve() == (ROOT / "data").resolve()
     assert traces_dir().resolve() == (ROOT / "data" / "traces").resolve()

@@ -9,7 +9,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from repro.paths import paper_numbers_path
+from repro.core.paths import paper_numbers_path
 from repro.core.schedulers import scheduler_names
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from repro.core.cost import CostModel
 from repro.costs.presets import preset
-from repro.paths import shipped_traces
+from repro.core.paths import shipped_traces
 from repro.core.planners import make_plan, planner_names
 from repro.families.allreduce.planners import groups_time_s
 from repro.core.trace import load_trace

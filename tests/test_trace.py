@@ -116,7 +116,7 @@ def test_shipped_trace_names_cannot_leave_the_shipped_folder(tmp_path, monkeypat
 # ---- every number of a trace file is checked when read ----
 
 def _shipped_dict() -> dict:
-    from repro.paths import shipped_trace_path
+    from repro.core.paths import shipped_trace_path
 
     return json.loads(shipped_trace_path("tiny_resnet_b32_cpu").read_text())
 
@@ -158,7 +158,7 @@ def test_mixed_dtype_traces_skip_the_bytes_check(tmp_path):
 
 
 def test_every_shipped_trace_still_loads():
-    from repro.paths import shipped_traces
+    from repro.core.paths import shipped_traces
 
     for name in shipped_traces():
         load_trace(name)

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Sequence
 
 from repro.cli.help import DefaultsHelpFormatter
-from repro.results.outputs import OutputPathError, check_output, release_outputs, write_output
+from repro.core.outputs import OutputPathError, check_output, release_outputs, write_output
 from repro.core.cost import CostModel, CostModelError
 from repro.costs.presets import PRESETS, preset, preset_names, preset_workers
 from repro.core.plan import WIRE_DTYPE_BYTES, Plan, PlanError
@@ -80,7 +80,7 @@ def _add_cost_flags(p: argparse.ArgumentParser) -> None:
 
 def _output_arg(text: str) -> str:
     """``-o``'s value as typed: kept as text, not a Path, since Path("newdir/") drops the trailing
-    separator that says the user named a folder (refused by :func:`repro.results.outputs.check_output`)."""
+    separator that says the user named a folder (refused by :func:`repro.core.outputs.check_output`)."""
     return text
 
 
@@ -106,7 +106,7 @@ def _same_file(a: str | Path, b: str | Path) -> bool:
 
 def _check_output(path: str | Path | None, args: argparse.Namespace | None = None, *, stdout: bool = False) -> None:
     """Refuse, before any work, an output path that cannot be written without harm (see
-    :mod:`repro.results.outputs`: a folder, a path under a file, a missing folder, an unwritable place, a block
+    :mod:`repro.core.outputs`: a folder, a path under a file, a missing folder, an unwritable place, a block
     device or socket; a FIFO or character device is written into, a link's target is written), or one that
     is the same file as an input of ``args`` (``--trace``, ``--plan``, ``--network``, ``--cost``, the
     measurements; through links too): writing it would destroy the input. ``-`` and ``/dev/stdout`` are
@@ -143,8 +143,8 @@ def _write_atomically(path: str | Path, text: str) -> None:
 
 def _load_file(kind: str, path: Path, load):
     """``load(path)`` of a plan or cost-model JSON file, every error naming the file
-    (:func:`repro.results.outputs.read_input`)."""
-    from repro.results.outputs import InputPathError, read_input
+    (:func:`repro.core.outputs.read_input`)."""
+    from repro.core.outputs import InputPathError, read_input
 
     try:
         return read_input(kind, path, load)
@@ -891,7 +891,7 @@ def cmd_presets(args: argparse.Namespace) -> None:
 def _shipped_trace_headers() -> dict[str, dict]:
     """Name -> model, batch size, device, dtype, layers, parameters and gradient bytes of every shipped
     trace (read as JSON; nothing is built)."""
-    from repro.paths import shipped_trace_path, shipped_traces
+    from repro.core.paths import shipped_trace_path, shipped_traces
 
     out = {}
     for name in shipped_traces():

@@ -31,7 +31,7 @@ import numpy as np
 from repro.core import ranges
 from repro.core.families import COLLECTIVES, is_known_collective, known_collectives
 from repro.core.realism import Realism, RealismError
-from repro.results.outputs import write_output
+from repro.core.outputs import write_output
 
 __all__ = [
     "COLLECTIVES", "ALGORITHMS", "Linear", "CostModel", "CostModelError", "fit_linear", "relative_errors",

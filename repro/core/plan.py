@@ -42,7 +42,7 @@ from repro.core import ranges
 from repro.core.families import is_known_collective, known_collectives
 from repro.core.errors import PlanError
 from repro.core.trace import Trace
-from repro.results.outputs import write_output
+from repro.core.outputs import write_output
 
 __all__ = ["Message", "Bucket", "Plan", "PlanError", "PHASES", "WIRE_DTYPE_BYTES", "layer_wire_bytes",
            "check_plan_workers", "plan_fit_refusal"]

@@ -28,7 +28,7 @@ from typing import Any, Iterable, Mapping
 import numpy as np
 
 from repro.core import ranges
-from repro.results.outputs import write_output
+from repro.core.outputs import write_output
 
 __all__ = ["Layer", "Overheads", "Trace", "TraceError", "load_trace"]
 
@@ -317,7 +317,7 @@ def load_trace(path_or_name: str | Path) -> Trace:
     if not _SHIPPED_NAME.fullmatch(name) or ".." in name:
         raise TraceError(f"{name!r} is not a shipped trace name (letters, digits, _ . - and no '..'; "
                          "`repro traces` lists them) nor a trace file")
-    from repro.paths import shipped_trace_path, traces_dir
+    from repro.core.paths import shipped_trace_path, traces_dir
 
     path = shipped_trace_path(name)
     if path.resolve().parent != traces_dir().resolve():

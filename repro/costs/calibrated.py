@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from repro.core.cost import CostModel, CostModelError
-from repro.results.outputs import write_output
-from repro.paths import shipped_path
+from repro.core.outputs import write_output
+from repro.core.paths import shipped_path
 from repro.core.realism import Realism
 from repro.core.topology import TOPOLOGY_ALGORITHMS, Link, Topology
 from repro.core.trace import Trace

@@ -41,7 +41,7 @@ from repro.costs.cluster_model import (
     parse_latency, parse_link, parse_rate)
 from repro.core import ranges
 from repro.core.cost import COLLECTIVES, CostModel, CostModelError, Linear, fit_linear, relative_errors
-from repro.results.outputs import InputPathError, read_input
+from repro.core.outputs import InputPathError, read_input
 from repro.costs.presets import preset, preset_names
 from repro.core.topology import Link  # noqa: F401  (re-exported: the value a link flag gives)
 
@@ -178,7 +178,7 @@ def fit_measurements_csv(path: str | Path, workers: int | None = None) -> CostMo
     p = Path(path)
     if p.is_dir():
         raise CostModelError(f"measurements {p} is a folder, not a measurements file")
-    if p.exists() and not p.is_file():  # the words of repro.results.outputs.read_input (simulate, --plan, --cost)
+    if p.exists() and not p.is_file():  # the words of repro.core.outputs.read_input (simulate, --plan, --cost)
         raise CostModelError(f"measurements {p} is not a regular file (a device, pipe or socket)")
     if not p.is_file():
         raise CostModelError(f"measurements file not found: {p}")

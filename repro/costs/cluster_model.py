@@ -21,7 +21,7 @@ import numpy as np
 
 from repro.core import ranges
 from repro.core.cost import ALGORITHMS, CostModel, CostModelError, Linear, alpha_beta_lines
-from repro.results.outputs import InputPathError, read_input
+from repro.core.outputs import InputPathError, read_input
 from repro.core.topology import TOPOLOGY_ALGORITHMS, Link, Topology
 
 __all__ = ["CLUSTER_ALGORITHMS", "DEFAULT_INTER_LATENCY_S", "DEFAULT_INTRA_LATENCY_S", "parse_rate", "parse_latency",

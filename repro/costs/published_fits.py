@@ -41,8 +41,8 @@ from repro.costs.presets import preset
 from repro.core.realism import Realism
 from repro.core.topology import TOPOLOGY_ALGORITHMS, Link, Topology
 from repro.core.trace import Trace, load_trace
-from repro.results.outputs import write_output
-from repro.paths import shipped_path
+from repro.core.outputs import write_output
+from repro.core.paths import shipped_path
 
 if TYPE_CHECKING:  # pandas is imported where tables are read: the presets load without it
     import pandas as pd

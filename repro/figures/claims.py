@@ -156,7 +156,7 @@ class ClaimsError(ValueError):
 
 def claims_dir() -> Path:
     """``data/claims``: the shipped claim definitions (package data)."""
-    from repro.paths import shipped_path
+    from repro.core.paths import shipped_path
 
     return shipped_path("claims")
 

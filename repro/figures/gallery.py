@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 from urllib.parse import quote
 
-from repro.results.outputs import output_file, write_output
+from repro.core.outputs import output_file, write_output
 
 from .manifest import FigureEntry, load_manifest, paper_titles
 

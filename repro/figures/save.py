@@ -20,7 +20,7 @@ from typing import Any, Iterable
 __all__ = ["SCALES", "SOURCES", "MAX_ASPECT", "save_figure", "tag_title", "figure_stem", "normalize_source",
            "png_size"]
 
-from repro.results.outputs import output_file, write_output  # noqa: E402
+from repro.core.outputs import output_file, write_output  # noqa: E402
 
 from .style import MAX_ASPECT  # noqa: E402 - the widest (or tallest) a saved figure may be
 

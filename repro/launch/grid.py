@@ -193,7 +193,7 @@ class Grid:
 
 def grids_dir() -> Path:
     """The shipped grid files' folder (``data/grids``)."""
-    from repro.paths import shipped_path
+    from repro.core.paths import shipped_path
 
     return shipped_path("grids")
 

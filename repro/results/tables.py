@@ -19,7 +19,7 @@ from typing import Any, Mapping
 import pandas as pd
 
 import repro
-from repro.results.outputs import output_file, write_output
+from repro.core.outputs import output_file, write_output
 
 __all__ = ["git_revision", "environment", "write_table", "read_table"]
 

@@ -185,7 +185,7 @@ def scheduler_table(schedulers: Sequence[str] = SCHEDULERS, *, density: float = 
 def resolve_trace(model: str) -> str:
     """The shipped trace of ``model``: a shipped stem as given, or the model's V100 estimate at the papers'
     batch size (:func:`repro.studies.dear_sim.find_trace`; e.g. ``vgg16`` -> ``vgg16_b32_v100-estimate``)."""
-    from repro.paths import shipped_traces
+    from repro.core.paths import shipped_traces
     from repro.studies.dear_sim import find_trace
 
     if model in set(shipped_traces()):

@@ -35,7 +35,7 @@ import pandas as pd
 
 from repro.costs.published_fits import check_cost_mode, cost_for_mode
 from repro.core.cost import CostModel
-from repro.paths import shipped_traces
+from repro.core.paths import shipped_traces
 from repro.core.planners import PLANNER_FAMILY, make_plan
 from repro.families.dear.planners import (
     DEFAULT_THRESHOLD_BYTES, dear_model, dear_plan, groups_period_s, threshold_groups, threshold_sweep)

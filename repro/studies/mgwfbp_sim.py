@@ -21,7 +21,7 @@ import pandas as pd
 from repro.costs.published_fits import check_cost_mode, cost_for_mode
 from repro.core.cost import ALGORITHMS, CostModel, alpha_beta_lines
 from repro.costs.presets import preset, preset_workers
-from repro.paths import paper_numbers_path, shipped_traces
+from repro.core.paths import paper_numbers_path, shipped_traces
 from repro.core.planners import make_plan
 from repro.core.simulate import simulate
 from repro.core.trace import Trace, load_trace

@@ -232,6 +232,6 @@ def paper_iteration_times() -> pd.DataFrame:
     """OMGS-SGD's published seconds per iteration (16 workers, 1GbE), as shipped:
     ``model`` (this package's registry name), ``paper_model``, ``batch_size``, ``topk_sgd_s``,
     ``omgs_sgd_s``, ``speedup`` (as published), ``workers``, ``network``, ``source``."""
-    from repro.paths import paper_numbers_path
+    from repro.core.paths import paper_numbers_path
 
     return pd.read_csv(paper_numbers_path("omgs_iteration_times"))

@@ -29,7 +29,7 @@ import pandas as pd
 from repro.costs.published_fits import check_cost_mode, cost_for_mode
 from repro.core.cost import CostModel
 from repro.costs.presets import preset_workers
-from repro.paths import shipped_traces
+from repro.core.paths import shipped_traces
 from repro.core.planners import make_plan
 from repro.core.simulate import simulate
 from repro.families.allreduce.simulate import bucket_label
@@ -50,7 +50,7 @@ PAPER_CSV = "omgs_iteration_times"  # shipped published seconds per iteration (d
 def paper_iterations() -> pd.DataFrame:
     """The paper's measured seconds per iteration (16 workers, 1GbE), tidy: model, planner
     (``topk_single`` for TopK-SGD, ``omgs`` for OMGS-SGD), workers, paper_s, citation."""
-    from repro.paths import paper_numbers_path
+    from repro.core.paths import paper_numbers_path
 
     raw = pd.read_csv(paper_numbers_path(PAPER_CSV))
     rows = []

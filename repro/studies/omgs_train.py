@@ -91,13 +91,13 @@ def load_epochs(path: str | Path) -> pd.DataFrame:
 
 def language_dataset(ptb_dir: str | Path | None = None) -> tuple[str, str]:
     """``(dataset, description)`` for the language-model runs: ``"ptb"`` when Penn Treebank is there
-    (``ptb_dir``, else ``<data>/ptb``, :func:`repro.paths.data_dir`), else ``"pydoc"`` (CPython's
+    (``ptb_dir``, else ``<data>/ptb``, :func:`repro.core.paths.data_dir`), else ``"pydoc"`` (CPython's
     ``pydoc_data.topics``, English text shipped with Python).
 
     A ``ptb_dir`` not named ``ptb`` is linked as ``<tmp>/ptb`` and ``REPRO_DATA_DIR`` pointed there
     (the training ranks inherit the environment), as :func:`repro.workload.datasets.ptb` reads
     ``<REPRO_DATA_DIR>/ptb``."""
-    from repro.paths import data_dir
+    from repro.core.paths import data_dir
 
     if ptb_dir:
         d = Path(ptb_dir).expanduser().resolve()
@@ -458,7 +458,7 @@ def _network_label(bps: Any) -> str:
 def paper_trace_stem(model: str, batch_size: int) -> tuple[str, str]:
     """``(trace stem, GPU)`` of the shipped trace for a paper model: the P102-100 estimate (the paper's
     GPU) when shipped, else the V100 estimate of the same batch, else any V100 estimate of the model."""
-    from repro.paths import shipped_traces
+    from repro.core.paths import shipped_traces
 
     have = shipped_traces()
     for stem, gpu in ((f"{model}_b{batch_size}_p102-estimate", "P102-100"),
@@ -483,7 +483,7 @@ def paper_breakdown_table(models: Sequence[tuple[str, int, float]] = PAPER_MODEL
     ``cost_mode``: ``"paper"`` (the preset) or ``"calibrated"`` (:func:`repro.costs.published_fits.cost_for_mode`:
     the 1GbE lines with the realism fitted on 10GbE)."""
     from repro.costs.published_fits import cost_for_mode
-    from repro.paths import shipped_trace_path
+    from repro.core.paths import shipped_trace_path
     from repro.core.planners import make_plan
     from repro.core.simulate import simulate
     from repro.core.trace import Trace
@@ -518,7 +518,7 @@ def paper_iteration_table(path: str | Path | None = None) -> pd.DataFrame:
     Reads the shipped ``omgs_iteration_times.csv`` (one row per model: ``model``, ``topk_sgd_s``,
     ``omgs_sgd_s``, ``workers``, ``source``; or long: ``model``, ``scheduler``, ``iteration_s``). An empty
     frame (same columns) if it is not shipped."""
-    from repro.paths import paper_numbers_path
+    from repro.core.paths import paper_numbers_path
 
     cols = ["model", "scheduler", "workers", "iteration_s", "source", "citation"]
     try:

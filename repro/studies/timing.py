@@ -311,7 +311,7 @@ def save_plan_inputs(path: str | os.PathLike, inputs: Mapping[str, tuple[Any, An
                      source: str) -> None:
     """Write recorded ``inputs`` (model -> ``(Trace, CostModel)``, :func:`record_plan_inputs`) as one JSON
     with the ``settings`` they were measured under (:data:`PLAN_INPUT_SETTINGS`) and their ``source``."""
-    from repro.results.outputs import write_output
+    from repro.core.outputs import write_output
 
     missing = [k for k in PLAN_INPUT_SETTINGS if k not in settings]
     if missing:
@@ -330,7 +330,7 @@ def load_plan_inputs(path: str | os.PathLike, models: Sequence[str],
     from repro.core.cost import CostModel
     from repro.core.trace import Trace
 
-    from repro.paths import shipped_path
+    from repro.core.paths import shipped_path
 
     path = Path(path) if Path(path).is_file() else shipped_path("calibration", str(path))
     if not path.is_file():

@@ -259,7 +259,7 @@ class _CommonConfig:
         """``--plan FILE``: load it (one line if it cannot be read), pick the scheduler that runs it and
         the view its layer names are in; returns the scheduler entry and the plan's wire dtype (a plan fixes
         its own: ``--wire-dtype`` with another is refused, it would be ignored)."""
-        from repro.results.outputs import read_input
+        from repro.core.outputs import read_input
         from repro.core.plan import Plan, PlanError
 
         try:  # a folder, a FIFO or a device: "not a regular file", as every command says (read_input)
@@ -330,7 +330,7 @@ class _CommonConfig:
         made for."""
         if self.plan is None:
             return
-        from repro.results.outputs import read_input
+        from repro.core.outputs import read_input
         from repro.core.plan import Plan, check_plan_workers, plan_fit_refusal
         from repro.workload.layers import VIEWS, layer_parameters
         from repro.workload.models import build_model

@@ -1,6 +1,6 @@
 """Datasets for training runs, and a loader that shards them over data-parallel ranks.
 
-Nothing is downloaded: real datasets are read from ``data/datasets/`` (:func:`repro.paths.data_dir`;
+Nothing is downloaded: real datasets are read from ``data/datasets/`` (:func:`repro.core.paths.data_dir`;
 ``REPRO_DATA_DIR`` overrides it), and a missing one raises :class:`DatasetNotFoundError` naming the file,
 the layout and where to get it. :func:`get_dataset` builds any by name:
 
@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 from torch.utils.data.distributed import DistributedSampler
 
-from repro.paths import data_dir
+from repro.core.paths import data_dir
 from repro.workload.models import make_batch
 
 __all__ = ["DatasetNotFoundError", "UInt8ImageDataset", "TokenSequences", "CIFAR10_MEAN", "CIFAR10_STD",

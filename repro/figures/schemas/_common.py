@@ -180,6 +180,6 @@ Threads = _bounded(1, 256)
 
 def estimate_gpus() -> list[str]:
     """GPUs with shipped estimate traces (``<model>_b<batch>_<gpu>-estimate``): v100, k80, p102."""
-    from repro.paths import shipped_traces
+    from repro.core.paths import shipped_traces
 
     return sorted({s.rsplit("_", 1)[1][: -len("-estimate")] for s in shipped_traces() if s.endswith("-estimate")})

@@ -22,7 +22,7 @@ from pathlib import Path
 __all__ = ["data_dir", "shipped_dir", "shipped_path", "traces_dir", "shipped_trace_path", "shipped_traces",
            "paper_numbers_path", "SHIPPED_KINDS"]
 
-_PACKAGE = Path(__file__).resolve().parent
+_PACKAGE = Path(__file__).resolve().parents[1]  # repro/
 _CHECKOUT = _PACKAGE.parent
 #: the kinds of shipped data, one folder each (data/<kind>/, installed as repro/shipped/<kind>/)
 SHIPPED_KINDS = ("traces", "paper_numbers", "calibration", "grids", "claims")
