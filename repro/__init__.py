@@ -1,10 +1,9 @@
 """repro: communication scheduling for data-parallel training (MG-WFBP, OMGS-SGD, DeAR, OSP).
 
-Core seam: a :class:`~repro.core.trace.Trace` and a :class:`~repro.core.cost.CostModel` go into a planner,
-which returns a :class:`~repro.core.plan.Plan`; the simulator (:mod:`repro.core.simulate`) and the runtime
-(:mod:`repro.runtime`) execute the same plan. The family registry (:mod:`repro.core.families`) and the
-scheduler registry (:mod:`repro.core.schedulers`) are the two tables a new scheduler is added to.
-The torch-free core (trace, cost, plan, families, planners, sim) never imports torch.
+Core seam (:mod:`repro.core`, torch-free): a :class:`~repro.core.trace.Trace` and a
+:class:`~repro.core.cost.CostModel` go into a planner, which returns a :class:`~repro.core.plan.Plan`; the
+simulator (:mod:`repro.core.simulate`) and the runtime (each family's executor) execute the same plan.
+Each family is one folder of :mod:`repro.families` that registers its planners, schedulers and options.
 """
 
 def _version() -> str:

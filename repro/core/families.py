@@ -30,9 +30,9 @@ never compares family names. An entry supplies:
 Hooks are ``"module:attribute"`` strings imported on first use, so this table (and the torch-free
 core) never imports torch, and a family's files are loaded only when a plan of that family is used.
 
-Adding a family: write ``planners/<f>.py``, ``sim/<f>.py`` and ``runtime/<f>.py``, then add one entry
-here (or call :func:`register_family` from your own package) and one per scheduler in
-:mod:`repro.core.schedulers`. Nothing else is edited.
+A family registers its entry with :func:`register_family` from its own package's ``__init__``
+(``repro/families/<name>/``, or another package named under the entry-point group ``repro.families``;
+:mod:`repro.core.registry`); docs/extending.md walks through one. Nothing else is edited.
 """
 
 from __future__ import annotations

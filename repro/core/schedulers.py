@@ -7,8 +7,8 @@ says where it comes from and what it supports, and names its runtime executor as
 ``"module:Class"`` (this module never imports torch). The training loop (:mod:`repro.train`) reads
 the entry and never compares scheduler names.
 
-``repro schedulers`` prints the table as JSON. Adding a scheduler = one :class:`Scheduler` entry
-(plus its planner, and for a new family its files; see :mod:`repro.core.families`).
+``repro schedulers`` prints the table. Each family's package registers its schedulers
+(:func:`register_scheduler`, :mod:`repro.core.registry`); docs/extending.md says how to add one.
 """
 
 from __future__ import annotations
