@@ -419,6 +419,18 @@ def test_settings_come_from_the_tables_params(tmp_path):
         "at the paper's setting")
 
 
+
+def test_a_setting_the_verdicts_metric_selects_is_named_not_called_unrecorded(tmp_path):
+    """omgs.faster_tiny is judged on the samples at density 0.001 (its metric's ``where``), which the
+    params JSON holds only as a sweep: the page says "density 0.001", not "density not recorded"."""
+    data = tmp_path / "data"
+    rows = [{"model": m, "scheduler": s, "density": d, "pair": p, "iteration_s": 1.0}
+            for m in ("tiny_resnet", "tiny_lstm") for s in ("topk_single", "omgs") for d in (0.05, 0.001)
+            for p in range(5)]
+    write_table(pd.DataFrame(rows), data, "omgs_timing_samples", params={"timing_densities": [0.05, 0.001]})
+    text = _row(cl.claims_table(data, ["omgs"]), "omgs.faster_tiny")["settings_text"]
+    assert "density 0.001" in text and "density not recorded" not in text and "density 0.001 (paper" not in text
+
 def test_osp_is_judged_against_its_best_baseline_and_osp_auto_never_counts(tmp_path):
     data = tmp_path / "data"
     rows = [{"model": "resnet50", "network": "10gbit", "scheduler": s, "iteration_s": t}

@@ -739,10 +739,19 @@ def settings_text(claim: Mapping[str, Any], table: str | None, results_dir: Path
             parts.append(f"seeds {n}")
         else:
             parts.append("seeds not recorded")
+    judged_at = (claim.get("measured") or claim.get("simulated") or {}).get("where") or {}
     for label in paper:
-        if label not in wanted:
-            differs.append(label)
-            parts.append(f"{label} not recorded (paper {_setting_value(paper[label])})")
+        if label in wanted:
+            continue
+        if label in judged_at:  # the value the verdict's metric selects (e.g. one density of a sweep)
+            if not _same_setting(judged_at[label], paper[label]):
+                differs.append(label)
+            same = _same_setting(judged_at[label], paper[label])
+            parts.append(f"{label} {_setting_value(judged_at[label])}"
+                         + ("" if same else f" (paper {_setting_value(paper[label])})"))
+            continue
+        differs.append(label)
+        parts.append(f"{label} not recorded (paper {_setting_value(paper[label])})")
     out = ", ".join(parts) or "no settings recorded"
     if paper and not differs:
         return out + "; at the paper's setting"
