@@ -76,6 +76,23 @@ def test_cost_models_show_the_published_a_and_b_per_p():
     plt.close(fig)
 
 
+
+def test_cost_models_say_where_the_paper_fits_and_the_lines_are_more_than_2x_apart():
+    paper = study.paper_allreduce_fits()
+    table = study.cost_model_table(45.25e-6, 1.07e-9, 2.5e-9, [2, 4, 8, 16, 64])
+    lines = mp.cost_model_gap_lines(table, paper)
+    ring = table[table.algorithm == "ring"].set_index("workers")["b_s_per_byte"]
+    far = [r for r in paper.itertuples() if r.workers in ring.index
+           and not 0.5 <= r.b_s_per_byte / ring[r.workers] <= 2]
+    assert len(lines) == len(far) > 0 and all("ring line" in ln and "ns/B" in ln for ln in lines)
+    fig = mp.plot_cost_models(table, "t", paper)
+    assert any("more than 2x apart" in t.get_text() for t in fig.texts)
+    plt.close(fig)
+    # lines that match the fits leave no note
+    one = paper[paper.paper_network == paper.paper_network.iloc[0]]
+    close = table.assign(b_s_per_byte=table.workers.map(dict(zip(one.workers, one.b_s_per_byte))).fillna(1e-9))
+    assert mp.cost_model_gap_lines(close, one) == []
+
 def test_real_speedup_shows_the_conference_speedups_beside_their_simulation_and_the_tie():
     speedup = pd.DataFrame([{"model": "tiny_resnet", "scheduler": s, "workers": p, "speedup": p * 0.8,
                              "oversubscribed": False} for s in ("linear", "wfbp", "mgwfbp") for p in (1, 2)])

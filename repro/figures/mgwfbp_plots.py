@@ -23,6 +23,7 @@ from repro.costs.published_fits import mode_label
 from repro.figures.plots import gantt, scheduler_lines
 from repro.figures.style import (
     DARK_GREY,
+    GAP_FACTOR,
     OVERSUBSCRIBED_HATCH,
     PALETTE,
     add_gap_note,
@@ -249,7 +250,22 @@ def plot_cost_models(table: pd.DataFrame, hop_note: str = "", paper_fits: pd.Dat
     fig.suptitle(title + (f"\n{hop_note}" if hop_note else ""))
     legend_below(fig, axes=[axes[0]], ncol=3 if paper_fits is not None and len(paper_fits) else 4)
     fig.tight_layout()
+    if paper_fits is not None and len(paper_fits):
+        add_gap_note(fig, cost_model_gap_lines(table, paper_fits),
+                     head=f"Paper fits vs the ring line more than {GAP_FACTOR:g}x apart (the lines are the conference "
+                          "paper's per-hop constants, the diamonds the journal's fits of NCCL on V100 clusters: other "
+                          "hardware, and NCCL pipelines its ring):")
     return fig
+
+
+def cost_model_gap_lines(table: pd.DataFrame, paper_fits: pd.DataFrame, algorithm: str = "ring") -> list[str]:
+    """:func:`repro.figures.style.gap_lines` of each paper fit's per-byte b against ``algorithm``'s line at
+    the same P (ns/byte)."""
+    line = table[table["algorithm"] == algorithm].set_index("workers")["b_s_per_byte"]
+    items = [(f"b at P={int(r.workers)}, {r.paper_network}", r.b_s_per_byte, line[r.workers], "")
+             for r in paper_fits.itertuples() if r.workers in line.index]
+    return [ln.replace("measured", "paper fit").replace("predicted", f"{algorithm} line")
+            for ln in gap_lines(items, unit="ns/B", scale=1e9)]
 
 
 def plot_timeline(ops: pd.DataFrame, title: str, cost_mode: str | None = None):

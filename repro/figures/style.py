@@ -418,7 +418,7 @@ def add_gap_note(fig, lines: Sequence[str], *, width_chars: int | None = None, f
         renderer = fig.canvas.get_renderer()
         to_fig = fig.transFigure.inverted()
         y = min(leg.get_window_extent(renderer).transformed(to_fig).y0 for leg in fig.legends) - 0.01
-    head = head or f"Measured vs predicted more than {factor:g}x apart:"
+    head = textwrap.fill(head or f"Measured vs predicted more than {factor:g}x apart:", width)
     body = "\n".join(textwrap.fill(f"• {ln}", width, subsequent_indent="   ") for ln in lines)
     return fig.text(0.02, y, f"{head}\n{body}", ha="left", va="top", fontsize="x-small", color="#8a1c1c",
                     transform=fig.transFigure)
