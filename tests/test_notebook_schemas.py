@@ -1,6 +1,6 @@
 """One parameter schema per notebook (repro.figures.schemas): it agrees with the notebook's parameters
-cell, refuses bad values in one line naming the parameter, and the notebook applies it before it writes
-anything (unknown parameter names included)."""
+cell, which alone holds the defaults, refuses bad values in one line naming the parameter, and the
+notebook applies it before it writes anything (unknown parameter names included)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from repro.figures import params as params_module
 from repro.figures.params import (ParameterError, apply_parameters, injected_parameter_names, list_length,
-                                  notebook_type, parameter_bounds, validate_parameters)
+                                  notebook_defaults, notebook_type, parameter_bounds, validate_parameters)
 from repro.figures.schemas import SCHEMAS, schema_for
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -55,16 +56,68 @@ def test_every_notebook_has_a_schema():
 
 @pytest.mark.parametrize("nb_path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_schema_agrees_with_the_parameters_cell(nb_path):
-    """Same names in the same order, same types, same defaults: the schema cannot drift from the notebook."""
+    """Same names in the same order, same types: the schema cannot drift from the notebook."""
     schema = schema_for(nb_path.stem)
     assert schema.notebook == nb_path.stem
     cell = _parameters_cell(nb_path)
     assert list(schema.model_fields) == list(cell), nb_path.stem
     for name, field in schema.model_fields.items():
-        annotation, default = cell[name]
-        assert notebook_type(field.annotation) == annotation, (nb_path.stem, name)
-        assert field.default == default and type(field.default) is type(default), (nb_path.stem, name)
-    schema()  # the defaults themselves are valid
+        assert notebook_type(field.annotation) == cell[name][0], (nb_path.stem, name)
+
+
+@pytest.mark.parametrize("nb_path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_defaults_live_only_in_the_parameters_cell(nb_path):
+    """No schema field has a default (a schema built from nothing is refused); validate_parameters(schema, {})
+    is the notebook's own defaults, validated; notebook_defaults reads exactly the cell's values."""
+    stem = nb_path.stem
+    schema = schema_for(stem)
+    assert [n for n, f in schema.model_fields.items() if not f.is_required()] == [], stem
+    with pytest.raises(Exception):
+        schema()
+    cell = {name: default for name, (_, default) in _parameters_cell(nb_path).items()}
+    defaults = notebook_defaults(stem)
+    assert list(defaults) == list(cell) and defaults == cell, stem
+    assert [type(v) for v in defaults.values()] == [type(v) for v in cell.values()], stem
+    model = validate_parameters(schema, {})  # the defaults themselves are valid
+    expected = validate_parameters(schema, cell)
+    assert model == expected, stem
+    for name in ("output_dir", "results_dir"):
+        assert getattr(model, name) == ROOT / cell[name], (stem, name)
+    defaults[next(iter(defaults))] = "changed"  # a caller's copy: the next call is the cell again
+    assert notebook_defaults(stem) == cell
+
+
+def test_validate_parameters_fills_only_what_is_missing():
+    model = validate_parameters(schema_for("osp_simulation"), {"staleness": "7"})
+    assert model.staleness == 7 and model.models == notebook_defaults("osp_simulation")["models"]
+
+
+def _fake_notebook(root: Path, stem: str, cell: str, tags=("parameters",)) -> None:
+    (root / "notebooks").mkdir(exist_ok=True)
+    nb = {"cells": [{"cell_type": "code", "metadata": {"tags": list(tags)}, "source": cell, "outputs": [],
+                     "execution_count": None}], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
+    (root / "notebooks" / f"{stem}.ipynb").write_text(json.dumps(nb), encoding="utf-8")
+
+
+@pytest.mark.parametrize("cell, tags, match", [
+    (None, ("parameters",), r"^nb: cannot read the parameters' defaults: notebooks/nb\.ipynb not found"),
+    ("a: int = 1\nb: int = max(1, 2)  # not a literal\n", ("parameters",),
+     r"^b: its default in notebooks/nb\.ipynb is not a literal value \('max\(1, 2\)'\)$"),
+    ("a: int = 1\nimport os\n", ("parameters",), r"^notebooks/nb\.ipynb: the parameters cell may only assign names"),
+    ("a: int = 1\n", (), r"^notebooks/nb\.ipynb: expected one cell tagged 'parameters', found 0$"),
+    ("a: int = (\n", ("parameters",), r"^notebooks/nb\.ipynb: its parameters cell is not valid Python"),
+], ids=["no-notebook", "not-literal", "not-assignment", "no-cell", "syntax"])
+def test_unreadable_defaults_are_one_line(tmp_path, monkeypatch, cell, tags, match):
+    monkeypatch.setattr(params_module, "repo_root", lambda: tmp_path)
+    params_module._read_defaults.cache_clear()
+    try:
+        if cell is not None:
+            _fake_notebook(tmp_path, "nb", cell, tags)
+        with pytest.raises(ParameterError, match=match) as e:
+            notebook_defaults("nb")
+        assert "\n" not in str(e.value)
+    finally:
+        params_module._read_defaults.cache_clear()
 
 
 @pytest.mark.parametrize("nb_path", NOTEBOOKS, ids=lambda p: p.stem)
@@ -114,7 +167,7 @@ def _fields():
 def test_every_parameter_refuses_a_wrong_type_naming_itself(stem, name, kind):
     """2.5 for an int, "maybe" for a bool, "abc" for a number, a number for a string, a bad list item."""
     schema = schema_for(stem)
-    default = schema.model_fields[name].default
+    default = notebook_defaults(stem)[name]
     wrong = f"[{default[0]}, 1]" if kind == "list[str]" and default else _WRONG_TYPE[kind]
     message = _error(schema, {name: wrong})
     assert message.startswith(f"{name}: "), message
@@ -127,7 +180,7 @@ def test_every_parameter_refuses_a_wrong_type_naming_itself(stem, name, kind):
 def test_list_parameters_accept_papermill_strings(stem, name, kind):
     """``-p workers "[4, 16]"`` and ``-p workers 4,16`` hand the notebook strings: both give the list."""
     schema = schema_for(stem)
-    default = schema.model_fields[name].default
+    default = notebook_defaults(stem)[name]
     flow = "[" + ", ".join(map(str, default)) + "]"
     assert getattr(validate_parameters(schema, {name: flow}), name) == default
     if default:
@@ -446,8 +499,7 @@ OWN_CELL = '# Parameters (papermill -p / -y / -f; lists as "[a, b]")\nstaleness:
 
 
 def _namespace(**values):
-    schema = schema_for("osp_simulation")
-    ns = {name: field.default for name, field in schema.model_fields.items()}
+    ns = notebook_defaults("osp_simulation")
     ns.update(values)
     return ns
 

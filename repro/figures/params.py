@@ -8,17 +8,22 @@ anything else is a one-line :class:`ParameterError` naming the parameter and an 
 root, wherever papermill or Jupyter was started. :func:`default_world_sizes`: the rank counts a
 tiny-scale notebook uses by default, no more than this process's CPU cores.
 
-Each notebook declares its parameters in one :class:`NotebookParams` subclass (a module of
-:mod:`repro.figures.schemas`) and checks them in its first code cell with
-``p = apply_parameters(Schema, globals())``, before any rank starts or any file is written: unknown
-names, wrong types (``2.5`` for an int, ``"maybe"`` for a bool), values out of range and unknown choices
-each fail with one :class:`ParameterError` line. Building blocks: :data:`Int`, :data:`Float`,
-:data:`Bool`, :data:`Str`, :data:`PathParam`, :func:`ListOf`, :func:`OneOf`.
+Each notebook's ``parameters`` cell holds its parameters' defaults, and only it. One
+:class:`NotebookParams` subclass (a module of :mod:`repro.figures.schemas`) declares the same names
+with their types, ranges and choices, and no defaults; the notebook checks its values in its first code
+cell with ``p = apply_parameters(Schema, globals())``, before any rank starts or any file is written:
+unknown names, wrong types (``2.5`` for an int, ``"maybe"`` for a bool), values out of range and unknown
+choices each fail with one :class:`ParameterError` line. Code outside a notebook (the figures runner,
+tests) validates a few overrides with :func:`validate_parameters`, which takes every other value from
+the notebook's parameters cell (:func:`notebook_defaults`). Building blocks: :data:`Int`,
+:data:`Float`, :data:`Bool`, :data:`Str`, :data:`PathParam`, :func:`ListOf`, :func:`OneOf`.
 """
 
 from __future__ import annotations
 
 import ast
+import copy
+import functools
 import json
 import os
 from dataclasses import dataclass
@@ -34,9 +39,10 @@ from pydantic_core import PydanticCustomError
 from repro.launch.cpus import available_cpus
 
 __all__ = ["ParameterError", "parse_list", "parse_choice", "resolve_path", "repo_root", "available_cpus",
-           "default_world_sizes", "NotebookParams", "apply_parameters", "validate_parameters",
+           "default_world_sizes", "NotebookParams", "apply_parameters", "validate_parameters", "notebook_defaults",
            "injected_parameter_names", "notebook_type", "Int", "Float", "Bool", "Str", "Name", "PathParam",
-           "ListOf", "OneOf", "InputFolder", "output_folder_problem", "parameter_error", "Bounds", "ListLength", "parameter_bounds", "list_length"]
+           "ListOf", "OneOf", "InputFolder", "output_folder_problem", "parameter_error", "Bounds", "ListLength",
+           "parameter_bounds", "list_length"]
 
 
 class ParameterError(ValueError):
@@ -424,10 +430,11 @@ def notebook_type(annotation: Any) -> str:
 
 class NotebookParams(BaseModel):
     """Base of the notebooks' parameter schemas: every field is a parameter of the notebook's
-    ``parameters`` cell, with the same name, default and type (tests/test_notebook_schemas.py checks
-    that). Unknown fields are refused; defaults are validated too (paths are resolved)."""
+    ``parameters`` cell, with the same name and type, in the same order (tests/test_notebook_schemas.py
+    checks that). Fields have no defaults: the parameters cell holds them (:func:`notebook_defaults`), and
+    :func:`validate_parameters` fills them in. Unknown fields are refused; paths are resolved."""
 
-    model_config = ConfigDict(extra="forbid", validate_default=True, allow_inf_nan=False, frozen=True)
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, frozen=True)
 
     #: the notebook's file stem, for messages
     notebook: ClassVar[str] = ""
@@ -490,13 +497,73 @@ def _error_line(error: Mapping[str, Any], data: Mapping[str, Any],
     return f"{name}: {message} (got {_short(raw)})"
 
 
-def validate_parameters(schema: type[NotebookParams], data: Mapping[str, Any]) -> NotebookParams:
-    """``schema`` built from ``data``, or one :class:`ParameterError` line: ``name: message (got value)``
-    (several errors are joined by ``; `` on that line). A value outside its declared range also names
-    the notebook and the range: ``workers: Input should be less than or equal to 4096; mgwfbp_simulation
-    takes each item of workers in [2, 4096] (got 100000 in '[8, 100000]')``."""
+def _parameters_cell(cells: list, where: str) -> str:
+    """The source of the one code cell tagged ``parameters`` among a notebook's ``cells``."""
+    found = [c for c in cells
+             if c.get("cell_type") == "code" and "parameters" in (c.get("metadata", {}).get("tags") or [])]
+    if len(found) != 1:
+        raise ParameterError(f"{where}: expected one cell tagged 'parameters', found {len(found)}")
+    source = found[0].get("source", "")
+    return "".join(source) if isinstance(source, list) else source
+
+
+@functools.lru_cache(maxsize=None)
+def _read_defaults(stem: str) -> tuple[tuple[str, Any], ...]:
+    """(name, default) pairs of ``notebooks/<stem>.ipynb``'s parameters cell (see :func:`notebook_defaults`)."""
+    root = repo_root()
+    path = root / "notebooks" / f"{stem}.ipynb" if root is not None else None
+    where = f"notebooks/{stem}.ipynb"
+    if path is None or not path.is_file():
+        why = "the package is not a checkout" if root is None else f"no such file under {root}"
+        raise ParameterError(f"{stem}: cannot read the parameters' defaults: {where} not found ({why})")
     try:
-        return schema(**dict(data))
+        cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ParameterError(f"{where}: not a readable notebook ({type(e).__name__}: {e})") from None
+    source = _parameters_cell(cells, where)
+    try:
+        tree = ast.parse(source)
+    except SyntaxError as e:
+        raise ParameterError(f"{where}: its parameters cell is not valid Python (line {e.lineno}: {e.msg})") from None
+    out: list[tuple[str, Any]] = []
+    for node in tree.body:
+        target = node.target if isinstance(node, ast.AnnAssign) else (
+            node.targets[0] if isinstance(node, ast.Assign) and len(node.targets) == 1 else None)
+        if not isinstance(target, ast.Name) or node.value is None:
+            raise ParameterError(f"{where}: the parameters cell may only assign names, one per line "
+                                 f"(line {node.lineno}: {ast.unparse(node)[:80]!r})")
+        try:
+            out.append((target.id, ast.literal_eval(node.value)))
+        except (ValueError, TypeError, SyntaxError):
+            raise ParameterError(f"{target.id}: its default in {where} is not a literal value "
+                                 f"({ast.unparse(node.value)[:80]!r})") from None
+    return tuple(out)
+
+
+def notebook_defaults(stem: str) -> dict[str, Any]:
+    """name -> default of each parameter of ``notebooks/<stem>.ipynb`` (in the repository root,
+    :func:`repo_root`), read from its cell tagged ``parameters``, in the cell's order: the only place the
+    defaults are written. Each line of that cell assigns a literal (``ast.literal_eval``: numbers,
+    strings, booleans, lists...) to one name. A missing notebook, a cell that is not such assignments or a
+    value that is not a literal is one :class:`ParameterError` line. The file is read once per process;
+    each call returns fresh copies (a caller may change the lists)."""
+    return copy.deepcopy(dict(_read_defaults(stem)))
+
+
+def validate_parameters(schema: type[NotebookParams], data: Mapping[str, Any]) -> NotebookParams:
+    """``schema`` built from ``data``, every parameter ``data`` lacks taken from the notebook's parameters
+    cell (:func:`notebook_defaults` of ``schema.notebook``; the notebook is read only when something is
+    missing), or one :class:`ParameterError` line: ``name: message (got value)`` (several errors are
+    joined by ``; `` on that line). A value outside its declared range also names the notebook and the
+    range: ``workers: Input should be less than or equal to 4096; mgwfbp_simulation takes each item of
+    workers in [2, 4096] (got 100000 in '[8, 100000]')``."""
+    data = dict(data)
+    missing = [name for name in schema.model_fields if name not in data]
+    if missing and schema.notebook:
+        defaults = notebook_defaults(schema.notebook)
+        data.update({name: defaults[name] for name in missing if name in defaults})
+    try:
+        return schema(**data)
     except ValidationError as e:
         first: dict[Any, Mapping[str, Any]] = {}  # one error per parameter (the first), then the cross checks
         for err in e.errors():

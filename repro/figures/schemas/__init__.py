@@ -2,9 +2,12 @@
 ``apply_parameters(schema_for("<stem>"), globals())`` (written out in the notebook as an import of the
 schema class from ``repro.figures.schemas.<stem>``).
 
-Each schema declares every parameter of its notebook's ``parameters`` cell, with the same name, default
-and type (tests/test_notebook_schemas.py checks that they agree), plus the ranges and choices the
-notebook needs, so a bad value fails before any rank starts or any file is written. The modules import
+Each schema declares every parameter of its notebook's ``parameters`` cell, with the same name and type
+in the same order (tests/test_notebook_schemas.py checks that they agree), plus the ranges and choices
+the notebook needs, so a bad value fails before any rank starts or any file is written. The defaults
+are written only in the parameters cell: the fields have none, and
+:func:`repro.figures.params.validate_parameters` reads them from the notebook
+(:func:`repro.figures.params.notebook_defaults`). The modules import
 the registries they check against (planners, presets, models), so they are imported one at a time,
 when a notebook or a test asks for one.
 """

@@ -160,7 +160,7 @@ Epochs = _bounded(1, MAX_EPOCHS)
 #: repeats, trials or iterations of a measurement, search or drawn timeline: 1 to :data:`MAX_REPEATS`
 Repeats = _bounded(1, MAX_REPEATS)
 #: interleaved pairs of a timing comparison (repro.studies.timing): 2 (the fewest a ratio's spread needs) to
-#: :data:`MAX_REPEATS`; the notebooks default to 5
+#: :data:`MAX_REPEATS`
 TimingPairs = _bounded(2, MAX_REPEATS)
 #: a seed: 0 to :data:`MAX_SEED`
 Seed = _bounded(0, MAX_SEED)

@@ -17,28 +17,25 @@ Scheduler = OneOf(compare.SCHEDULERS)
 class CompareSchedulersParams(NotebookParams):
     notebook: ClassVar[str] = "compare_schedulers"
 
-    models: ListOf(Name) = ["resnet50", "bert_base", "vgg16"]
-    network_presets: ListOf(Preset) = ["10gbe-derived", "56gbib-derived"]
-    workers: ListOf(SimGPUs) = [8, 16, 32]
-    cost_mode: CostMode = "calibrated"
-    schedulers: ListOf(Scheduler) = ["wfbp", "syncea", "threshold", "horovod", "ddp_buckets", "mgwfbp", "optimal",
-                                     "topk_layerwise", "topk_single", "omgs", "omgs_optimal", "dear_nofusion",
-                                     "dear_threshold", "dear_model", "dear_optimal", "bytescheduler", "ps_bsp",
-                                     "ps_asp", "ps_ssp", "osp", "osp_auto"]
-    density: Density = 0.001
+    models: ListOf(Name)
+    network_presets: ListOf(Preset)
+    workers: ListOf(SimGPUs)
+    cost_mode: CostMode
+    schedulers: ListOf(Scheduler)
+    density: Density
     # seconds per element and log2: OMGS-SGD's P102-100 fit is 2.19e-10; 1e-6 would be ~5000x slower than that GPU
-    topk_gamma_s: Float = Field(2.19e-10, ge=0, le=1e-6)
-    measured_schedulers: ListOf(Scheduler, min_length=0) = ["mgwfbp", "omgs", "dear_threshold", "osp"]
-    measured_model: Model = "tiny_resnet"
-    measured_workers: Ranks = 2
-    link_rate: LinkRateOrLoopback = "100mbit"
-    batch_size: BatchSize = 16
-    steps: Steps = 6
-    warmup_steps: Steps = 2
-    read_only: Bool = False
-    scale: Scale = "tiny"
-    output_dir: PathParam = "results/figures"
-    results_dir: PathParam = "results/data"
+    topk_gamma_s: Float = Field(ge=0, le=1e-6)
+    measured_schedulers: ListOf(Scheduler, min_length=0)
+    measured_model: Model
+    measured_workers: Ranks
+    link_rate: LinkRateOrLoopback
+    batch_size: BatchSize
+    steps: Steps
+    warmup_steps: Steps
+    read_only: Bool
+    scale: Scale
+    output_dir: PathParam
+    results_dir: PathParam
 
     @model_validator(mode="after")
     def _traces_and_nodes(self):

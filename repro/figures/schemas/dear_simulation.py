@@ -15,24 +15,21 @@ from repro.studies import dear_sim as study
 class DearSimulationParams(NotebookParams):
     notebook: ClassVar[str] = "dear_simulation"
 
-    models: ListOf(OneOf(list(study.DEAR_MODELS))) = ["resnet50", "bert_base"]
-    workers: ListOf(SimGPUs) = [8, 64]
-    network_presets: ListOf(Preset) = ["10gbe-dear-derived", "56gbib-dear-derived"]
+    models: ListOf(OneOf(list(study.DEAR_MODELS)))
+    workers: ListOf(SimGPUs)
+    network_presets: ListOf(Preset)
     schedulers: ListOf(OneOf(lambda: planner_names("allreduce") + planner_names("dear")
-                             + planner_names("bytescheduler"))) = [
-        "wfbp", "bytescheduler", "horovod", "ddp_buckets", "mgwfbp", "dear_nofusion", "dear_threshold", "dear_model",
-        "dear_optimal"]
-    summary_network_presets: ListOf(Preset) = ["10gbe-dear64", "56gbib-dear64"]
-    summary_workers: SimGPUs = 64
-    timeline_model: Name = "bert_base"
-    timeline_network_preset: Preset = "56gbib-dear64"
-    timeline_workers: SimGPUs = 64
-    timeline_schedulers: ListOf(OneOf(lambda: planner_names("allreduce") + planner_names("dear"))) = [
-        "wfbp", "dear_threshold"]
-    cost_mode: CostMode = "paper"
-    scale: Scale = "tiny"
-    output_dir: PathParam = "results/figures"
-    results_dir: PathParam = "results/data"
+                             + planner_names("bytescheduler")))
+    summary_network_presets: ListOf(Preset)
+    summary_workers: SimGPUs
+    timeline_model: Name
+    timeline_network_preset: Preset
+    timeline_workers: SimGPUs
+    timeline_schedulers: ListOf(OneOf(lambda: planner_names("allreduce") + planner_names("dear")))
+    cost_mode: CostMode
+    scale: Scale
+    output_dir: PathParam
+    results_dir: PathParam
 
     @model_validator(mode="after")
     def _timeline_trace(self):

@@ -11,7 +11,7 @@ from repro.figures.schemas._common import Scale
 class FidelityParams(NotebookParams):
     notebook: ClassVar[str] = "fidelity"
 
-    scale: Scale = "tiny"
-    refit: Bool = False
-    output_dir: PathParam = "results/figures"
-    results_dir: PathParam = "results/data"
+    scale: Scale
+    refit: Bool
+    output_dir: PathParam
+    results_dir: PathParam

@@ -15,22 +15,21 @@ from repro.studies import mgwfbp_sim as study
 class MgwfbpSimulationParams(NotebookParams):
     notebook: ClassVar[str] = "mgwfbp_simulation"
 
-    models: ListOf(Name) = ["resnet50", "resnet152", "densenet161", "densenet201", "inception_v4", "googlenet",
-                            "vgg16", "bert_base", "bert_large"]
-    gpu: OneOf(estimate_gpus) = "v100"
-    network_presets: ListOf(Preset) = ["10gbe-derived", "56gbib-derived"]
-    workers: ListOf(SimGPUs) = [4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048]
-    schedulers: ListOf(OneOf(lambda: list(PLANNERS))) = ["wfbp", "syncea", "threshold", "mgwfbp", "optimal"]
-    threshold_bytes: ThresholdBytes = 67108864
-    paper_check: Bool = True
-    timeline_model: Name = "googlenet"
-    timeline_network_preset: Preset = "10gbe-v100"
-    timeline_workers: SimGPUs = 16
-    hist_models: ListOf(Name, min_length=0, max_length=2) = ["resnet50", "bert_base"]
-    cost_mode: CostMode = "paper"
-    scale: Scale = "tiny"
-    output_dir: PathParam = "results/figures"
-    results_dir: PathParam = "results/data"
+    models: ListOf(Name)
+    gpu: OneOf(estimate_gpus)
+    network_presets: ListOf(Preset)
+    workers: ListOf(SimGPUs)
+    schedulers: ListOf(OneOf(lambda: list(PLANNERS)))
+    threshold_bytes: ThresholdBytes
+    paper_check: Bool
+    timeline_model: Name
+    timeline_network_preset: Preset
+    timeline_workers: SimGPUs
+    hist_models: ListOf(Name, min_length=0, max_length=2)
+    cost_mode: CostMode
+    scale: Scale
+    output_dir: PathParam
+    results_dir: PathParam
 
     @model_validator(mode="after")
     def _traces_exist(self):

@@ -13,13 +13,13 @@ from repro.figures.schemas._common import MAX_NUMEL, Bytes, Density, Ranks, Repe
 class OmgsMicrobenchParams(NotebookParams):
     notebook: ClassVar[str] = "omgs_microbench"
 
-    density: Density = 0.001
-    topk_numels: ListOf(Annotated[Int, Field(ge=2, le=MAX_NUMEL)]) = [1024, 4096, 16384, 65536, 262144, 1048576, 4194304]
-    world_sizes: ListOf(Ranks) = [2]
-    allgather_max_bytes: Bytes = 4194304
-    repeats: Repeats = 5
-    threads: Threads = 1
-    paper_lines: Bool = True
-    scale: Scale = "tiny"
-    output_dir: PathParam = "results/figures"
-    results_dir: PathParam = "results/data"
+    density: Density
+    topk_numels: ListOf(Annotated[Int, Field(ge=2, le=MAX_NUMEL)])
+    world_sizes: ListOf(Ranks)
+    allgather_max_bytes: Bytes
+    repeats: Repeats
+    threads: Threads
+    paper_lines: Bool
+    scale: Scale
+    output_dir: PathParam
+    results_dir: PathParam

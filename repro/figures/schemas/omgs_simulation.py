@@ -25,27 +25,26 @@ def _preset_or_empty(value: str) -> str:
 class OmgsSimulationParams(NotebookParams):
     notebook: ClassVar[str] = "omgs_simulation"
 
-    models: ListOf(Name) = ["vgg16_cifar", "resnet50", "inception_v4", "lstm_ptb"]
-    gpu: OneOf(estimate_gpus) = "p102"
-    network_preset: Preset = "1gbe-allgather"
-    workers: ListOf(SimGPUs) = [2, 4, 8, 16]
-    densities: ListOf(Density) = [0.001, 0.004, 0.01, 0.05]
-    schedulers: ListOf(OneOf(lambda: planner_names("sparse"))) = ["topk_layerwise", "topk_single", "omgs",
-                                                                  "omgs_optimal"]
-    tiny_skip_models: ListOf(Name, min_length=0) = ["inception_v4"]
-    timeline_model: Name = "lstm_ptb"
-    timeline_workers: SimGPUs = 16
-    runs_dir: InputFolder("none") = ""  # an existing folder, "" (measure here) or "none" (no measured panel)
-    measured_model: Model = "tiny_resnet"
-    measured_world_size: Ranks = 2
-    measured_density: Density = 0.05
-    measured_network_preset: Annotated[Str, AfterValidator(_preset_or_empty)] = "1gbe-allgather"
-    steps: Steps = 3
-    warmup_steps: Steps = 1
-    cost_mode: CostMode = "paper"
-    scale: Scale = "tiny"
-    output_dir: PathParam = "results/figures"
-    results_dir: PathParam = "results/data"
+    models: ListOf(Name)
+    gpu: OneOf(estimate_gpus)
+    network_preset: Preset
+    workers: ListOf(SimGPUs)
+    densities: ListOf(Density)
+    schedulers: ListOf(OneOf(lambda: planner_names("sparse")))
+    tiny_skip_models: ListOf(Name, min_length=0)
+    timeline_model: Name
+    timeline_workers: SimGPUs
+    runs_dir: InputFolder("none")  # an existing folder, "" (measure here) or "none" (no measured panel)
+    measured_model: Model
+    measured_world_size: Ranks
+    measured_density: Density
+    measured_network_preset: Annotated[Str, AfterValidator(_preset_or_empty)]
+    steps: Steps
+    warmup_steps: Steps
+    cost_mode: CostMode
+    scale: Scale
+    output_dir: PathParam
+    results_dir: PathParam
 
     @model_validator(mode="after")
     def _traces_exist(self):

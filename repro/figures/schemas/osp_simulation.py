@@ -17,20 +17,20 @@ OspModel = OneOf(list(OSP_MODELS))
 class OspSimulationParams(NotebookParams):
     notebook: ClassVar[str] = "osp_simulation"
 
-    models: ListOf(OspModel) = ["resnet50", "vgg16", "bert_base", "inception_v4"]
-    sim_link_rates: ListOf(LinkRate) = ["10gbit", "100gbit"]
+    models: ListOf(OspModel)
+    sim_link_rates: ListOf(LinkRate)
     # per-message latency, µs: 50 is a datacentre TCP round trip; 1 s (1e6) is no longer a datacentre network
-    latency_us: Float = Field(50.0, ge=0, le=1e6)
-    sim_workers: SimGPUs = 8
-    servers: Servers = 1
-    stage1_share: Share = 0.5
-    staleness: Staleness = 2
-    stage1_shares: ListOf(Share) = [0.0, 0.25, 0.5, 0.75, 1.0]
-    timeline_model: OspModel = "resnet50"
-    timeline_link_rate: LinkRate = "10gbit"
-    timeline_schedulers: ListOf(OneOf(SIM_METHODS)) = ["ps_bsp", "osp_auto", "osp"]
-    timeline_iterations: Repeats = 3
-    cost_mode: CostMode = "paper"
-    scale: Scale = "tiny"
-    output_dir: PathParam = "results/figures"
-    results_dir: PathParam = "results/data"
+    latency_us: Float = Field(ge=0, le=1e6)
+    sim_workers: SimGPUs
+    servers: Servers
+    stage1_share: Share
+    staleness: Staleness
+    stage1_shares: ListOf(Share)
+    timeline_model: OspModel
+    timeline_link_rate: LinkRate
+    timeline_schedulers: ListOf(OneOf(SIM_METHODS))
+    timeline_iterations: Repeats
+    cost_mode: CostMode
+    scale: Scale
+    output_dir: PathParam
+    results_dir: PathParam

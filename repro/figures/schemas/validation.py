@@ -13,18 +13,17 @@ from repro.core.schedulers import SCHEDULERS
 class ValidationParams(NotebookParams):
     notebook: ClassVar[str] = "validation"
 
-    models: ListOf(Model) = ["tiny_resnet"]
-    schedulers: ListOf(OneOf([s for s in SCHEDULERS if s != "local"])) = ["wfbp", "syncea", "threshold", "mgwfbp",
-                                                                          "optimal", "ddp"]
-    link_rates: ListOf(LinkRateOrLoopback) = ["loopback", "100mbit"]
-    world_sizes: ListOf(Ranks) = [2]
-    batch_size: BatchSize = 32
-    steps: Steps = 10
-    warmup_steps: Steps = 3
-    threshold_bytes: ThresholdBytes = 65536
-    contention_repeats: Repeats = 7
-    require_emulation: Bool = False
-    read_only: Bool = False
-    scale: Scale = "tiny"
-    output_dir: PathParam = "results/figures"
-    results_dir: PathParam = "results/data"
+    models: ListOf(Model)
+    schedulers: ListOf(OneOf([s for s in SCHEDULERS if s != "local"]))
+    link_rates: ListOf(LinkRateOrLoopback)
+    world_sizes: ListOf(Ranks)
+    batch_size: BatchSize
+    steps: Steps
+    warmup_steps: Steps
+    threshold_bytes: ThresholdBytes
+    contention_repeats: Repeats
+    require_emulation: Bool
+    read_only: Bool
+    scale: Scale
+    output_dir: PathParam
+    results_dir: PathParam

@@ -13,9 +13,9 @@ from repro.figures.schemas._common import Scale
 class ValidationPublishedParams(NotebookParams):
     notebook: ClassVar[str] = "validation_published"
 
-    scale: Scale = "tiny"
-    refit: Bool = False
+    scale: Scale
+    refit: Bool
     # least-squares function evaluations per start (only with refit); the cost of a refit grows with it
-    max_nfev: Int = Field(60, ge=5, le=10_000)
-    output_dir: PathParam = "results/figures"
-    results_dir: PathParam = "results/data"
+    max_nfev: Int = Field(ge=5, le=10_000)
+    output_dir: PathParam
+    results_dir: PathParam
