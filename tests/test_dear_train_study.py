@@ -331,3 +331,182 @@ def test_paper_scale_tables_take_the_cost_mode():
     assert thr_c.iteration_s.iloc[0] != thr_p.iteration_s.iloc[0]
     with pytest.raises(ValueError, match="cost_mode must be one of"):
         study.paper_scale_tables(["resnet50"], ["10gbe-dear64"], ["wfbp"], [], 64, cost_mode="x")
+
+
+# ---------------------------------------------------------------------------------------------
+# The notebook's tables (moved from notebooks/dear_training.ipynb): hand-built frames in the shapes the
+# notebook passes, concrete values
+# ---------------------------------------------------------------------------------------------
+
+def test_interleaved_configs_alternate_then_append_the_rest():
+    t = [{"id": f"t{i}"} for i in range(3)]
+    s = [{"id": f"s{i}"} for i in range(3)]
+    ids = lambda cs: [c["id"] for c in cs]  # noqa: E731
+    assert ids(study.interleaved_configs(t, s[:1])) == ["t0", "s0", "t1", "t2"]
+    assert ids(study.interleaved_configs(t[:1], s)) == ["t0", "s0", "s1", "s2"]
+    assert ids(study.interleaved_configs(t[:2], s[:2])) == ["t0", "s0", "t1", "s1"]
+    assert study.interleaved_configs([], []) == []
+
+
+def test_at_workers_and_the_scheduler_selections():
+    table = pd.DataFrame({"scheduler": ["wfbp", "dear_model", "dear_optimal"], "workers": [2, 2, 4]})
+    assert study.at_workers(table, 2).scheduler.tolist() == ["wfbp", "dear_model"]
+    empty = pd.DataFrame()
+    assert study.at_workers(empty, 2) is empty
+    assert study.planner_references(table).scheduler.tolist() == ["dear_model", "dear_optimal"]
+    assert study.breakdown_schedulers(["horovod", "dear_optimal", "wfbp", "fsdp"]) == ["wfbp", "dear_optimal"]
+    assert study.split_dear(["wfbp", "dear_nofusion", "bytescheduler", "dear_model"]) == (
+        ["dear_nofusion", "dear_model"], ["wfbp", "bytescheduler"])
+
+
+def _measured_runs() -> pd.DataFrame:
+    return pd.DataFrame({"model": "tiny_resnet", "scheduler": ["wfbp", "dear_threshold", "wfbp"],
+                         "workers": [2, 2, 4], "iteration_s": [0.2, 0.16, 0.5],
+                         "throughput_samples_s": [160.0, 200.0, 128.0], "predicted_s": [0.25, np.nan, 0.4]})
+
+
+def test_measured_throughput_takes_the_sample_median_and_rescales_the_throughput():
+    samples = pd.DataFrame({"model": "tiny_resnet", "workers": 2, "scheduler": "wfbp",
+                            "iteration_s": [0.1, 0.3, 0.4]})
+    thr = study.measured_throughput(_measured_runs(), samples, 2).set_index("scheduler")
+    assert list(thr.index) == ["wfbp", "dear_threshold"]
+    assert thr.loc["wfbp", "iteration_s"] == pytest.approx(0.3)
+    assert thr.loc["wfbp", "run_iteration_s"] == pytest.approx(0.2)
+    assert thr.loc["wfbp", "samples"] == 3
+    assert thr.loc["wfbp", "throughput_samples_s"] == pytest.approx(160.0 * 0.2 / 0.3)
+    assert thr.loc["wfbp", "prediction_error"] == pytest.approx(0.25 / 0.3 - 1)
+    # no sample of dear_threshold: its run's own values, nothing predicted
+    assert thr.loc["dear_threshold", "samples"] == 0
+    assert thr.loc["dear_threshold", "throughput_samples_s"] == pytest.approx(200.0)
+    assert np.isnan(thr.loc["dear_threshold", "prediction_error"])
+    read = study.measured_throughput(_measured_runs(), None, 4)
+    assert read.iteration_s.tolist() == [0.5] and read.prediction_error.tolist() == [pytest.approx(-0.2)]
+
+
+def test_paper_claim_text():
+    assert study.paper_claim_text("10gbe-dear64") == "83%"
+    assert study.paper_claim_text("56gbib-dear64") == "15%"
+    assert study.paper_claim_text("loopback") == "n/a"
+
+
+def _sim_throughput() -> pd.DataFrame:
+    rows = [("m1", "wfbp", 1.0), ("m1", "bytescheduler", 0.9), ("m1", "dear_nofusion", 0.6), ("m1", "horovod", 0.1),
+            ("m2", "wfbp", 2.0), ("m2", "bytescheduler", 2.2), ("m2", "dear_nofusion", 1.6)]
+    t = pd.DataFrame(rows, columns=["model", "scheduler", "iteration_s"])
+    return t.assign(network="10gbe-dear64", workers=64, throughput=64 * 32 / t.iteration_s, cost_mode="paper")
+
+
+def test_throughput_group_tables_and_its_summary_line():
+    measured = pd.DataFrame({"model": "tiny_resnet", "scheduler": ["wfbp", "bytescheduler", "dear_nofusion", "horovod"],
+                             "iteration_s": [0.2, 0.25, 0.16, 0.1]})
+    names = ["wfbp", "bytescheduler", "dear_nofusion"]
+    sim_rows, speedups, text = study.throughput_group(measured, _sim_throughput(), names, names, model="tiny_resnet",
+                                                      workers=64, cost_mode="paper",
+                                                      networks=["10gbe-dear64", "56gbib-dear64"])
+    assert sorted(set(sim_rows.scheduler)) == sorted(names) and len(sim_rows) == 6  # horovod is not in the group
+    assert speedups.model.tolist() == ["m1", "m2", "all models (max: m1)", "tiny_resnet"]
+    assert speedups.origin.tolist() == ["simulated"] * 3 + ["measured"]
+    assert speedups.speedup_pct.tolist() == pytest.approx([50.0, 25.0, 50.0, 25.0])
+    assert speedups.best_baseline.tolist() == ["bytescheduler", "wfbp", "bytescheduler", "wfbp"]
+    assert text == ("DeAR vs best baseline here - simulated (64 GPUs, paper model), largest over the models: "
+                    "10gbe-dear64 +50% (m1); measured (tiny_resnet): dear_nofusion vs wfbp +25%; paper's claim "
+                    "(Zhang et al., ICDCS 2023), best DeAR vs best of all baselines, 64 GPUs: up to 83% on "
+                    "10gbe-dear64, 15% on 56gbib-dear64")
+
+
+def test_speedup_text_leaves_out_a_missing_measurement():
+    from repro.studies.dear_sim import speedup_summary
+
+    summary = speedup_summary(_sim_throughput())
+    text = study.speedup_text(summary, pd.DataFrame(), model="tiny_resnet", workers=64, cost_mode="paper",
+                              networks=["10gbe-dear64"])
+    # horovod (0.1 s) is the best baseline of m1: DeAR loses there, so m2 (2.0 / 1.6) is the largest
+    assert text == ("DeAR vs best baseline here - simulated (64 GPUs, paper model), largest over the models: "
+                    "10gbe-dear64 +25% (m2); paper's claim (Zhang et al., ICDCS 2023), best DeAR vs best of all "
+                    "baselines, 64 GPUs: up to 83% on 10gbe-dear64")
+
+
+def test_measured_sweep_bounds_and_the_tuning_objectives(trace, cost):
+    sweep = pd.DataFrame({"threshold_bytes": [8192, 32768, 131072, 8192, 524288],
+                          "iteration_s": [0.4, 0.2, 0.3, 0.35, 0.5],
+                          "source": ["measured", "measured", "measured", "simulated", "measured"]})
+    points = study.measured_sweep(sweep)
+    assert points.threshold_bytes.tolist() == [8192, 32768, 131072, 524288]
+    assert study.sweep_bounds(points) == (8192, 524288)
+    objectives = study.tuning_objectives(points, trace, cost)
+    assert list(objectives) == ["measured", "model"]
+    assert objectives["measured"](8192) == pytest.approx(0.4)
+    assert objectives["measured"](16384) == pytest.approx(0.3)  # halfway in log2 between 0.4 and 0.2
+    assert objectives["model"](32768) == pytest.approx(study.model_objective(trace, cost)(32768))
+
+
+def test_paper_trace_cost_is_the_shipped_trace_on_the_preset_itself():
+    from repro.studies.dear_sim import load_traces
+
+    trace, cost = study.paper_trace_cost("bert_base", "10gbe-dear64", 64)
+    assert cost == preset("10gbe-dear64", 64)
+    assert trace.num_layers == load_traces(["bert_base"])["bert_base"].num_layers
+
+
+def test_offline_search_table_adds_the_paper_objective_on_its_bounds():
+    f = lambda t: abs(np.log2(t) - 15.0) + 1.0  # noqa: E731
+    table = study.offline_search_table({"measured": f}, (2**13, 2**19), f, trials=4, seeds=[0, 1])
+    assert list(dict.fromkeys(table.objective)) == ["measured", "paper"]
+    # per objective: bo and random once per seed, grid once; 4 trials each
+    assert table.groupby("objective").size().to_dict() == {"measured": 20, "paper": 20}
+    bounds = table.groupby("objective")[["bounds_low_bytes", "bounds_high_bytes"]].first()
+    assert bounds.loc["measured"].tolist() == [2**13, 2**19]
+    assert bounds.loc["paper"].tolist() == [2**20, 2**28]
+    assert (table.threshold_bytes >= table.bounds_low_bytes).all()
+    assert (table.threshold_bytes <= table.bounds_high_bytes).all()
+
+
+def test_planner_marks_and_their_long_table():
+    measured_marks = pd.DataFrame({"model": "tiny_resnet", "scheduler": ["dear_model", "dear_optimal"],
+                                   "buckets": [3, 2], "measured_s": [0.12, 0.11], "predicted_s": [0.1, 0.09],
+                                   "threshold_bytes": [16384.0, np.nan]})
+    objective = lambda t: t / 1e6  # noqa: E731
+    measured = study.measured_planner_marks(measured_marks, objective)
+    assert list(measured.columns) == ["scheduler", "seconds", "kind"]
+    assert measured.values.tolist() == [["dear_model", 0.12, "measured run"], ["dear_optimal", 0.11, "measured run"],
+                                        ["dear_model", pytest.approx(0.016384), "its threshold on the sweep"]]
+    periods = pd.DataFrame({"scheduler": ["dear_model", "dear_optimal"], "seconds": [0.2, 0.18], "buckets": [4, 3],
+                            "threshold_bytes": [65536.0, np.nan]})
+    marks = study.planner_marks(measured_marks, objective, periods, periods.assign(seconds=[2.0, 1.8]))
+    assert list(marks) == ["measured", "model", "paper"]
+    assert marks["model"].kind.tolist() == ["predicted", "predicted"]
+    table = study.marks_long_table(marks)
+    assert list(table.columns) == ["scheduler", "seconds", "kind", "objective", "buckets", "threshold_bytes"]
+    assert table.objective.tolist() == ["measured"] * 3 + ["model"] * 2 + ["paper"] * 2
+    assert table.seconds.tolist()[3:] == [0.2, 0.18, 2.0, 1.8]
+    assert table.buckets.iloc[:3].isna().all() and table.buckets.iloc[3:].tolist() == [4, 3, 4, 3]
+
+
+def test_best_found_is_each_searchs_last_best():
+    comparison = pd.DataFrame({"objective": "measured", "method": ["bo"] * 3 + ["grid"] * 2, "seed": 0,
+                               "trial": [1, 2, 3, 1, 2], "best_so_far_s": [3.0, 2.0, 2.0, 5.0, 4.0],
+                               "best_threshold_bytes": [10, 20, 20, 40, 50]})
+    found = study.best_found(comparison)
+    assert found.index.tolist() == [("measured", "bo", 0), ("measured", "grid", 0)]
+    assert found.to_dict("list") == {"best_s": [2.0, 4.0], "threshold_bytes": [20, 50]}
+
+
+def test_chosen_trial_text_and_the_live_tuners_range(monkeypatch):
+    live = pd.DataFrame({"trial": [1, 2, 3], "chosen": [False, True, True],
+                         "threshold_bytes": [2**20, 2**17, 2**18], "buckets": [1, 2, 3]})
+    assert study.chosen_trial_text(live) == "chosen 0.125 MiB (2 bucket(s))"
+    assert study.chosen_trial_text(live.assign(chosen=False)) == "no trial chosen"
+    assert study.chosen_trial_text(pd.DataFrame()) == "no trial chosen"
+    monkeypatch.setattr(study, "tuner_options_supported", lambda: True)
+    assert study.live_tuner_range(8192, 524288) == "8192-524288 bytes"
+    monkeypatch.setattr(study, "tuner_options_supported", lambda: False)
+    assert study.live_tuner_range(8192, 524288) == "1-256 MiB, the tuner's default (a run cannot set its range yet)"
+
+
+def test_bo_tuning_titles():
+    titles = plots.bo_tuning_titles("tiny_resnet", (8192, 524288), "tiny scale", workers=64, network="10gbe-dear64",
+                                    tuning_model="bert_base", sim_note="V100")
+    assert titles == {
+        "measured": "measured sweep of tiny_resnet, interpolated in log2(threshold), 8192-524288 bytes (tiny scale)",
+        "model": "DeAR model of the tiny_resnet run (its warm-up trace and fitted cost), 8192-524288 bytes",
+        "paper": "simulated, 64 GPUs, 10gbe-dear64, bert_base (V100), 1-256 MiB"}

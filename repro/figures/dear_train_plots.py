@@ -25,7 +25,7 @@ from repro.figures.style import (EXTRA_COLORS, GAP_FACTOR, OVERSUBSCRIBED_HATCH,
                                  legend_below)
 
 __all__ = ["PRIMITIVE_STYLES", "plot_primitive_cost", "plot_throughput", "plot_breakdown", "plot_buffer_sweep",
-           "plot_bo_tuning"]
+           "plot_bo_tuning", "bo_tuning_titles"]
 
 _PLAIN = FuncFormatter(lambda v, _pos: f"{v:g}")
 # Communication kinds, the same colours in every figure of this module (distinct from each other and from
@@ -614,6 +614,18 @@ def plot_buffer_sweep(measured: pd.DataFrame, references: pd.DataFrame, simulate
 _SEARCH = {"bo": ("Bayesian optimisation", EXTRA_COLORS[1], "-"), "grid": ("grid search", PALETTE[0], "--"),
            "random": ("random search", PALETTE[1], ":")}
 MARK_KINDS: dict[str, object] = {"measured run": "-", "predicted": (0, (1, 1)), "its threshold on the sweep": "--"}
+
+
+def bo_tuning_titles(model: str, bounds: tuple[int, int], measured_note: str, *, workers: int, network: str,
+                     tuning_model: str, sim_note: str) -> dict[str, str]:
+    """The ``titles`` of :func:`plot_bo_tuning`, per objective of the notebook's offline searches:
+    ``measured`` (the sweep of ``model`` interpolated within ``bounds``, bytes), ``model`` (the DeAR model
+    of that run, same bounds) and ``paper`` (simulated at ``workers`` GPUs on preset ``network`` for
+    ``tuning_model``, 1-256 MiB)."""
+    lo, hi = bounds
+    return {"measured": f"measured sweep of {model}, interpolated in log2(threshold), {lo}-{hi} bytes ({measured_note})",
+            "model": f"DeAR model of the {model} run (its warm-up trace and fitted cost), {lo}-{hi} bytes",
+            "paper": f"simulated, {workers} GPUs, {network}, {tuning_model} ({sim_note}), 1-256 MiB"}
 
 
 def plot_bo_tuning(live: pd.DataFrame, comparison: pd.DataFrame, marks: dict[str, pd.DataFrame],

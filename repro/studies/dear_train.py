@@ -24,6 +24,11 @@ reads them.
   each timing run (definition in :data:`MEASURED_DERIVATION`), with the run simulated beside it;
 - :func:`paper_scale_tables`: throughput and breakdown simulated at the paper's 64 GPUs, each plan
   made once (``dear_optimal`` plans take seconds) and shared by both tables.
+- the notebook's tables (``notebooks/dear_training.ipynb``): :func:`measured_throughput` (the runs'
+  throughput at the timing samples' medians), :func:`throughput_group` (a figure group's simulated rows,
+  speedup table and summary line), :func:`offline_search_table`, :func:`planner_marks` /
+  :func:`marks_long_table` and :func:`best_found` (the buffer-size tuning figure), with their small
+  selections (:func:`at_workers`, :func:`measured_sweep`, ...).
 
 Baselines without a plan of ours (``ddp``, ``fsdp``) have no prediction of their own: for ``ddp`` the
 table simulates DDP's default buckets (planner ``ddp_buckets``) on the trace and cost of another run of
@@ -52,7 +57,13 @@ __all__ = ["NOFUSION_SCHEDULERS", "FUSION_SCHEDULERS", "ALL_SCHEDULERS", "PRIMIT
            "time_primitives", "measure_primitives", "primitive_cost_table", "primitive_model_table",
            "measured_breakdown_table", "speedup_vs_best_baseline", "interpolated_objective", "model_objective",
            "search_comparison_table", "planner_marks_table", "paper_scale_tables", "gradient_bytes",
-           "run_trace_cost", "planner_periods", "TUNER_FIELDS", "tuner_options_supported"]
+           "run_trace_cost", "planner_periods", "TUNER_FIELDS", "tuner_options_supported",
+           # the notebook's tables (notebooks/dear_training.ipynb)
+           "PLANNERS", "BREAKDOWN_SCHEDULERS", "PAPER_TUNING_BOUNDS", "interleaved_configs", "at_workers",
+           "breakdown_schedulers", "split_dear", "measured_throughput", "paper_claim_text", "speedup_text",
+           "throughput_group", "planner_references", "measured_sweep", "sweep_bounds", "tuning_objectives",
+           "paper_trace_cost", "offline_search_table", "measured_planner_marks", "planner_marks",
+           "marks_long_table", "best_found", "chosen_trial_text", "live_tuner_range"]
 
 # The DeAR paper's two comparisons (dear.md "Baselines").
 NOFUSION_SCHEDULERS: tuple[str, ...] = ("wfbp", "bytescheduler", "dear_nofusion")
@@ -619,3 +630,215 @@ def paper_scale_tables(models: Sequence[str], networks: Sequence[str], methods: 
         thr["relative_to_best"] = thr["throughput"] / best
         thr["origin"] = "simulated"
     return thr, pd.DataFrame(bd_rows)
+
+
+# ---------------------------------------------------------------------------------------------
+# The notebook's tables (notebooks/dear_training.ipynb): selections, joins and summary lines
+# ---------------------------------------------------------------------------------------------
+
+PLANNERS: tuple[str, ...] = ("dear_model", "dear_optimal")
+BREAKDOWN_SCHEDULERS: tuple[str, ...] = ("wfbp", "mgwfbp", "dear_nofusion", "dear_threshold", "dear_model",
+                                         "dear_optimal")
+PAPER_TUNING_BOUNDS: tuple[int, int] = (2**20, 2**28)  # 1-256 MiB, the released tuner's range
+
+
+def interleaved_configs(timing: Sequence[dict], sweep: Sequence[dict]) -> list[dict]:
+    """The timing runs' and the buffer sweep's run configurations in one list, alternating (a timing run
+    first) while both last, then the rest of the longer list: a slow spell of a shared machine then falls on
+    both groups, not on one only. Input and output: configuration dicts (:func:`throughput_configs`)."""
+    timing, sweep = list(timing), list(sweep)
+    padded = sweep + [None] * len(timing)
+    mixed = [c for pair in zip(timing, padded) for c in pair if c is not None]
+    return mixed + sweep[len(timing):]
+
+
+def at_workers(table: pd.DataFrame, workers: int) -> pd.DataFrame:
+    """The rows of ``table`` at ``workers`` ranks (its ``workers`` column); an empty table is returned as it
+    is (it may have no columns at all)."""
+    return table[table.workers == workers] if len(table) else table
+
+
+def breakdown_schedulers(schedulers: Sequence[str]) -> list[str]:
+    """The schedulers of the breakdown figure (:data:`BREAKDOWN_SCHEDULERS`, in that order) that were run
+    (are in ``schedulers``)."""
+    return [s for s in BREAKDOWN_SCHEDULERS if s in schedulers]
+
+
+def split_dear(names: Sequence[str]) -> tuple[list[str], list[str]]:
+    """(DeAR variants, baselines) of ``names``, order kept; a DeAR variant is a name starting with ``dear``."""
+    dear = [s for s in names if s.startswith("dear")]
+    return dear, [s for s in names if s not in dear]
+
+
+def measured_throughput(throughput: pd.DataFrame, samples: pd.DataFrame | None, workers: int) -> pd.DataFrame:
+    """The measured throughput table the figures draw: the rows of :func:`throughput_table` at ``workers``
+    ranks, with ``iteration_s`` (seconds) replaced by the median of the scheduler's interleaved timing
+    samples (:func:`repro.studies.timing.with_sample_medians`: the run's own median step kept as
+    ``run_iteration_s``, the number of samples as ``samples``), ``throughput_samples_s`` (samples per second
+    over all ranks) rescaled to that iteration, and ``prediction_error = predicted_s / iteration_s - 1`` (a
+    fraction; NaN where nothing was predicted). ``samples`` None or empty (runs read, not made here): each
+    run's own values, ``samples`` 0."""
+    from repro.studies.timing import with_sample_medians
+
+    thr = with_sample_medians(throughput[throughput.workers == workers], samples)
+    thr["throughput_samples_s"] = thr["throughput_samples_s"] * thr["run_iteration_s"] / thr["iteration_s"]
+    thr["prediction_error"] = thr["predicted_s"] / thr["iteration_s"] - 1
+    return thr
+
+
+def paper_claim_text(network: str) -> str:
+    """The paper's headline speedup on ``network``'s kind (a cost preset name; 10GbE or IB), e.g. ``"83%"``
+    (:data:`repro.studies.dear_sim.PAPER_CLAIM_PCT`), or ``"n/a"`` for another kind."""
+    from repro.studies.dear_sim import PAPER_CLAIM_PCT, network_kind
+
+    pct = PAPER_CLAIM_PCT.get(network_kind(network))
+    return f"{pct:g}%" if pct is not None else "n/a"
+
+
+def speedup_text(simulated: pd.DataFrame, measured: pd.DataFrame, *, model: str, workers: int, cost_mode: str,
+                 networks: Sequence[str]) -> str:
+    """One line printed and drawn under a throughput figure's title: the simulated speedup of the best DeAR
+    variant over the best baseline per network (the ``all models`` rows of
+    :func:`repro.studies.dear_sim.speedup_summary` in ``simulated``: the largest over the models, which model
+    in parentheses), the measured one of ``model`` (first row of ``measured``, a
+    :func:`speedup_vs_best_baseline` table; left out when empty), and the paper's claim on each of
+    ``networks``. Percentages rounded to whole numbers."""
+    from repro.costs.published_fits import mode_label
+
+    top = simulated[simulated.model.str.startswith("all models")]
+    parts = [f"simulated ({workers} GPUs, {mode_label(cost_mode)}), largest over the models: "
+             + "; ".join(f"{r.network} {r.speedup_pct:+.0f}% ({r.model.split(': ')[-1].rstrip(')')})"
+                         for r in top.itertuples())]
+    if len(measured):
+        r = measured.iloc[0]
+        parts.append(f"measured ({model}): {r.best_dear} vs {r.best_baseline} {r.speedup_pct:+.0f}%")
+    parts.append("paper's claim (Zhang et al., ICDCS 2023), best DeAR vs best of all baselines, 64 GPUs: up to "
+                 + ", ".join(f"{paper_claim_text(n)} on {n}" for n in networks))
+    return "DeAR vs best baseline here - " + "; ".join(parts)
+
+
+def throughput_group(measured: pd.DataFrame, simulated: pd.DataFrame, measured_names: Sequence[str],
+                     sim_names: Sequence[str], *, model: str, workers: int, cost_mode: str,
+                     networks: Sequence[str]) -> tuple[pd.DataFrame, pd.DataFrame, str]:
+    """One throughput figure's group of schedulers (with or without tensor fusion): ``measured`` is
+    :func:`measured_throughput` (seconds per iteration in ``iteration_s``), ``simulated`` the throughput
+    table of :func:`paper_scale_tables`; ``measured_names`` / ``sim_names`` the group's measured schedulers
+    and simulated methods (DeAR variants: names starting with ``dear``, :func:`split_dear`).
+
+    Returns (``simulated`` rows of the group's methods; the speedup table: the simulated
+    :func:`repro.studies.dear_sim.speedup_summary` of the group's DeAR variants over its baselines, rows
+    ``origin="simulated"``, then the measured :func:`speedup_vs_best_baseline` of the measured DeAR variants
+    over the other measured schedulers per model, ``origin="measured"``; ``speedup_pct`` in percent; the
+    :func:`speedup_text` line). As the notebook always did, the line's measured speedup takes the *simulated*
+    group's DeAR names as DeAR (the same names at the default parameters)."""
+    from repro.studies.dear_sim import speedup_summary
+
+    sim_dear, sim_base = split_dear(sim_names)
+    in_group = measured[measured.scheduler.isin(list(measured_names))]
+    summary = speedup_summary(simulated[simulated.scheduler.isin(sim_dear + sim_base)], dear=sim_dear)
+    text = speedup_text(summary, speedup_vs_best_baseline(in_group, sim_dear), model=model, workers=workers,
+                        cost_mode=cost_mode, networks=networks)
+    measured_summary = speedup_vs_best_baseline(in_group, split_dear(measured_names)[0])
+    speedups = pd.concat([summary.assign(origin="simulated"), measured_summary.assign(origin="measured")],
+                         ignore_index=True)
+    return simulated[simulated.scheduler.isin(list(sim_names))], speedups, text
+
+
+def planner_references(measured: pd.DataFrame) -> pd.DataFrame:
+    """The rows of a throughput table (:func:`measured_throughput`) of the model-based planners
+    (:data:`PLANNERS`): the buffer-sweep figure's horizontal lines."""
+    return measured[measured.scheduler.isin(list(PLANNERS))]
+
+
+def measured_sweep(sweep: pd.DataFrame) -> pd.DataFrame:
+    """The measured points (``source == "measured"``) of :func:`buffer_sweep_table`: threshold_bytes and
+    iteration_s (seconds) per fusion threshold."""
+    return sweep[sweep.source == "measured"]
+
+
+def sweep_bounds(points: pd.DataFrame) -> tuple[int, int]:
+    """(smallest, largest) ``threshold_bytes`` of the sweep's points, in bytes: the offline searches'
+    bounds on the tiny model."""
+    return int(points.threshold_bytes.min()), int(points.threshold_bytes.max())
+
+
+def tuning_objectives(points: pd.DataFrame, trace, cost) -> dict[str, Any]:
+    """The tiny-scale objectives of the offline searches, ``f(threshold_bytes) -> seconds``: ``measured``
+    (the sweep's points joined in log2(threshold), :func:`interpolated_objective`) and ``model`` (the DeAR
+    model's period on the run's warm-up ``trace`` and fitted ``cost``, :func:`model_objective`)."""
+    return {"measured": interpolated_objective(points.threshold_bytes, points.iteration_s),
+            "model": model_objective(trace, cost)}
+
+
+def paper_trace_cost(model: str, network: str, workers: int):
+    """(trace, cost) of the paper-scale tuning objective: the shipped V100 estimate trace of ``model`` and
+    the cost preset ``network`` at ``workers`` GPUs (the preset itself, whatever the cost mode)."""
+    from repro.costs.presets import preset
+    from repro.studies.dear_sim import load_traces
+
+    return load_traces([model])[model], preset(network, workers)
+
+
+def offline_search_table(objectives: dict[str, Any], bounds: tuple[int, int], paper_objective, *, trials: int,
+                         seeds: Sequence[int], paper_bounds: tuple[int, int] = PAPER_TUNING_BOUNDS) -> pd.DataFrame:
+    """BO vs grid vs random search (:func:`search_comparison_table`, its columns) on the tiny-scale
+    ``objectives`` within ``bounds`` (bytes), then on ``paper_objective`` (objective ``paper``) within
+    ``paper_bounds``, in one table."""
+    tiny = search_comparison_table(objectives, bounds, trials=trials, seeds=seeds)
+    paper = search_comparison_table({"paper": paper_objective}, paper_bounds, trials=trials, seeds=seeds)
+    return pd.concat([tiny, paper], ignore_index=True)
+
+
+def measured_planner_marks(marks: pd.DataFrame, objective) -> pd.DataFrame:
+    """Where the planners land on the measured objective, from :func:`planner_marks_table` ``marks``: each
+    run's measured seconds per iteration (kind ``measured run``), then, for a plan with a threshold, the
+    measured ``objective`` (seconds) at that threshold (kind ``its threshold on the sweep``). Columns:
+    scheduler, seconds, kind."""
+    on_sweep = marks[marks.threshold_bytes.notna()]
+    runs = pd.DataFrame({"scheduler": marks.scheduler, "seconds": marks.measured_s, "kind": "measured run"})
+    read_off = pd.DataFrame({"scheduler": on_sweep.scheduler, "kind": "its threshold on the sweep",
+                             "seconds": [objective(t) for t in on_sweep.threshold_bytes]})
+    return pd.concat([runs, read_off], ignore_index=True)
+
+
+def planner_marks(measured_marks: pd.DataFrame, measured_objective, on_model: pd.DataFrame,
+                  on_paper: pd.DataFrame) -> dict[str, pd.DataFrame]:
+    """Per objective of the tuning figure, where ``dear_model`` and ``dear_optimal`` land (the panels'
+    horizontal lines): ``measured`` (:func:`measured_planner_marks`), ``model`` and ``paper``
+    (:func:`planner_periods` on the run's and the paper-scale trace and cost, kind ``predicted``).
+    Seconds per iteration in ``seconds``."""
+    return {"measured": measured_planner_marks(measured_marks, measured_objective),
+            "model": on_model.assign(kind="predicted"),
+            "paper": on_paper.assign(kind="predicted")}
+
+
+def marks_long_table(marks: dict[str, pd.DataFrame]) -> pd.DataFrame:
+    """:func:`planner_marks` as one table, the objective's name in an ``objective`` column (columns: those
+    of the measured marks, then objective, then the predicted marks' buckets and threshold_bytes)."""
+    return pd.concat([m.assign(objective=k) for k, m in marks.items()], ignore_index=True)
+
+
+def best_found(comparison: pd.DataFrame) -> pd.DataFrame:
+    """What each offline search found (:func:`search_comparison_table` rows, trials in order): per
+    objective, method and seed (the index), its best seconds per iteration after the last trial (``best_s``)
+    and the threshold that gave it (``threshold_bytes``)."""
+    return comparison.groupby(["objective", "method", "seed"]).agg(best_s=("best_so_far_s", "last"),
+                                                                   threshold_bytes=("best_threshold_bytes", "last"))
+
+
+def chosen_trial_text(live: pd.DataFrame) -> str:
+    """The live tuner's choice as the figure names it, e.g. ``chosen 0.125 MiB (1 bucket(s))`` (the first
+    trial of :func:`tuning_table` marked ``chosen``; threshold in MiB, 3 significant digits), or ``no trial
+    chosen``."""
+    chosen = live[live.chosen.astype(bool)] if len(live) else live
+    if not len(chosen):
+        return "no trial chosen"
+    return f"chosen {chosen.threshold_bytes.iloc[0] / 2**20:.3g} MiB ({int(chosen.buckets.iloc[0])} bucket(s))"
+
+
+def live_tuner_range(low_bytes: int, high_bytes: int) -> str:
+    """The live tuner's search range as the figure names it: the sweep's ``low-high bytes`` where a run can
+    set the tuner's range (:func:`tuner_options_supported`), otherwise the released tuner's 1-256 MiB."""
+    if tuner_options_supported():
+        return f"{low_bytes}-{high_bytes} bytes"
+    return "1-256 MiB, the tuner's default (a run cannot set its range yet)"
