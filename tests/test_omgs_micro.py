@@ -290,3 +290,11 @@ def test_the_three_figures_draw_log_axes_and_legends_below(tmp_path):
         plt.close(fig)
     labels = [t.get_text() for t in fig.legends[0].get_texts()]
     assert any("published" in t for t in labels)
+
+
+def test_a_fit_error_beyond_half_is_listed_with_its_sizes_and_why():
+    from repro.figures.omgs_micro_plots import fit_error_note
+
+    assert fit_error_note([1024, 4096], [0.2, -0.49], "elements", "why") == ""
+    note = fit_error_note([1024, 4096, 2**20], [-0.79, 0.1, 0.6], "elements", "Because.")
+    assert note == "beyond ±50%: -79% at 1,024 elements, +60% at 1,048,576 elements. Because."

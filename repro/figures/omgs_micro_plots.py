@@ -8,6 +8,7 @@ decades.
 
 from __future__ import annotations
 
+
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
@@ -18,6 +19,7 @@ from repro.figures.style import (
     DARK_GREY,
     KIND_COLORS,
     PALETTE,
+    add_gap_note,
     add_note,
     legend_below,
     mark_oversubscribed,
@@ -53,6 +55,20 @@ def _error_axis(ax, err_pct) -> None:
     ax.set_title("relative error of the fit per size", fontsize="small")
 
 
+#: a fit error beyond this (fraction) is explained on the error panel
+LARGE_FIT_ERROR = 0.5
+
+
+def fit_error_note(sizes, errors, unit: str, why: str) -> str:
+    """A note for an error panel whose largest absolute relative error exceeds :data:`LARGE_FIT_ERROR`:
+    the sizes beyond it with their errors, then ``why``; "" when every error is within it."""
+    far = [(int(n), float(e)) for n, e in zip(sizes, errors) if abs(e) > LARGE_FIT_ERROR]
+    if not far:
+        return ""
+    listed = ", ".join(f"{e * 100:+.0f}% at {n:,} {unit}" for n, e in far)
+    return f"beyond ±{LARGE_FIT_ERROR * 100:.0f}%: {listed}. {why}"
+
+
 def plot_topk_time(per_size: pd.DataFrame, fits: pd.DataFrame, note: str):
     """Left (log-log): measured top-k seconds vs elements d with the fitted ``gamma d log2 d`` and the
     paper's published P102-100 line. Right: the fit's relative error per size."""
@@ -80,9 +96,13 @@ def plot_topk_time(per_size: pd.DataFrame, fits: pd.DataFrame, note: str):
     axes[1].plot(d, err, color=_TOPK, marker="o", ms=5)
     _error_axis(axes[1], err)
     axes[1].set_xlabel("tensor size d (elements)")
+    why = fit_error_note(d, per_size["relative_error"], "elements",
+                         "Each point is the median of the repeats of one size; one γ for sizes over three decades "
+                         "cannot follow both the fixed cost of a call (small d) and the sort (large d).")
     fig.suptitle(f"Top-k selection time vs tensor size ({note})")
     legend_below(fig, axes=[axes[0]], ncol=2)
     fig.tight_layout()
+    add_gap_note(fig, [why] if why else [], head="The fit's error (right):")
     return fig
 
 
@@ -119,6 +139,10 @@ def plot_allgather_fit(errors: pd.DataFrame, fits: pd.DataFrame, note: str):
     axes[0].set_title("T(m) = a + b·P·m: measured fit (solid), published (dashed)", fontsize="small")
     _error_axis(axes[1], errors["relative_error"].to_numpy() * 100)
     axes[1].set_xlabel("message size per worker m (bytes)")
+    why = fit_error_note(errors["bytes_per_worker"], errors["relative_error"], "B",
+                         "Each point is the slowest rank's median of the repeats of one size on shared cores; "
+                         "below a few KiB the loopback all-gather's time has no trend in size, which a + b·P·m "
+                         "cannot follow (a stands for its level).")
     handles, labels = axes[0].get_legend_handles_labels()
     if any_over:
         h = oversubscribed_handle()
@@ -126,6 +150,7 @@ def plot_allgather_fit(errors: pd.DataFrame, fits: pd.DataFrame, note: str):
     fig.suptitle(f"All-gather time vs message size ({note})")
     legend_below(fig, handles, labels, ncol=2)
     fig.tight_layout()
+    add_gap_note(fig, [why] if why else [], head="The fit's error (right):")
     return fig
 
 
