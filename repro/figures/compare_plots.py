@@ -118,7 +118,7 @@ def _panel(ax, table: pd.DataFrame, rows, columns: list[tuple], column_keys: lis
             mark = BEST_MARK if bool(r["best"]) else (BEST_SYNC_MARK if bool(r["best_sync_sgd"]) else "")
             if str(r.get("plan_from", s)) not in ("", "nan", s):
                 mark = HEURISTIC_PLAN_MARK + mark
-            ax.text(j, i, _ratio_text(ratio[i, j], bool(r["best"])) + mark, ha="center", va="center", fontsize=6.3,
+            ax.text(j, i, _ratio_text(ratio[i, j], bool(r["best"])) + mark, ha="center", va="center", fontsize=8,
                     color="white" if lum < 0.45 else "black", fontweight="bold" if mark else "normal")
             if hatch_oversubscribed and bool(r.get("oversubscribed", False)):
                 ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, hatch=OVERSUBSCRIBED_HATCH,
@@ -129,12 +129,12 @@ def _panel(ax, table: pd.DataFrame, rows, columns: list[tuple], column_keys: lis
               interpolation="nearest", vmin=0, vmax=2)
     im = ax.imshow(np.ma.masked_invalid(ratio), cmap=cmap, norm=norm, aspect="auto", interpolation="nearest")
     ax.set_xticks(range(n_c))
-    ax.set_xticklabels([column_label(key) for key in columns], fontsize=6.5)
+    ax.set_xticklabels([column_label(key) for key in columns], fontsize=7.5)
     ax.xaxis.tick_top()
     ax.tick_params(axis="x", length=0, pad=2)
     ax.set_yticks(range(n_r))
     ax.tick_params(axis="y", length=0)
-    ax.set_title(title, fontsize=9, pad=4)
+    ax.set_title(title, fontsize=9.5, pad=4)
     for i, (_, s) in enumerate(rows):
         if s is None:
             ax.axhline(i - 0.5, color="white", lw=2.5)
@@ -172,12 +172,12 @@ def plot_compare(simulated: pd.DataFrame, measured: pd.DataFrame | None = None, 
         m_cols = list(dict.fromkeys(zip(measured["model"], measured["link"], measured["workers"])))
         panels.append(("measured", None))
     widths = [len(sim_cols)] * len(networks) + ([max(1.6, 1.1 * len(m_cols))] if m_cols else [])
-    cell_w, cell_h = 0.62, 0.25
-    fig_w = 3.0 + cell_w * sum(widths) + 0.8
-    fig_h = 1.55 + cell_h * len(rows)
+    cell_w, cell_h = 0.8, 0.31
+    fig_w = 3.4 + cell_w * sum(widths) + 0.9
+    fig_h = 1.8 + cell_h * len(rows)
     fig = plt.figure(figsize=(fig_w, fig_h))
     # Room in inches: row labels left, panel titles and column labels on top, the x labels below.
-    gs = fig.add_gridspec(1, len(panels) + 1, width_ratios=widths + [0.18], wspace=0.06, left=2.9 / fig_w,
+    gs = fig.add_gridspec(1, len(panels) + 1, width_ratios=widths + [0.18], wspace=0.06, left=3.3 / fig_w,
                           right=1 - 0.75 / fig_w, top=1 - 1.05 / fig_h, bottom=0.5 / fig_h)
     norm = LogNorm(vmin=1.0, vmax=max(vmax, 1.01), clip=True)
     cmap = plt.get_cmap(_CMAP)
@@ -213,23 +213,23 @@ def plot_compare(simulated: pd.DataFrame, measured: pd.DataFrame | None = None, 
                    "measured,\ntiny scale", norm, cmap, hatch_oversubscribed=True)
         if k == 0:
             ax.set_yticklabels([(text if s is None else row_label(s, changes.get(s, False))) for text, s in rows],
-                               fontsize=7.2)
+                               fontsize=8)
             for tick, (_, s) in zip(ax.get_yticklabels(), rows):
                 if s is None:
                     tick.set_fontweight("bold")
-                    tick.set_fontsize(7.6)
-            ax.set_ylabel("scheduler (grouped by paper)", fontsize=8)
+                    tick.set_fontsize(8.5)
+            ax.set_ylabel("scheduler (grouped by paper)", fontsize=9)
         else:
             ax.set_yticklabels([])
         ax.set_xlabel("model, workers P; fastest iteration of the column (ms)" if kind == "sim"
-                      else "model, workers, link;\nfastest (ms)", fontsize=7)
+                      else "model, workers, link;\nfastest (ms)", fontsize=8)
     cax = fig.add_subplot(gs[0, -1])
     cb = fig.colorbar(im, cax=cax)
     ticks = [t for t in (1, 1.25, 1.5, 2, 3, 4, 6, 8) if t <= vmax]
     cb.set_ticks(ticks)
     cb.set_ticklabels([f"{t:g}" for t in ticks[:-1]] + [f"\u2265{ticks[-1]:g}"])
-    cb.ax.tick_params(labelsize=7)
-    cb.set_label("iteration time \u00f7 fastest of the column (log scale; 1 = fastest)", fontsize=7.5)
+    cb.ax.tick_params(labelsize=8)
+    cb.set_label("iteration time \u00f7 fastest of the column (log scale; 1 = fastest)", fontsize=8)
     cb.ax.minorticks_off()
     fig.suptitle(title or "Every scheduler of the four papers on one footing: iteration time relative to the fastest",
                  fontsize=10.5, y=1.0, va="bottom")
@@ -252,13 +252,13 @@ def plot_compare(simulated: pd.DataFrame, measured: pd.DataFrame | None = None, 
                              label=f"{HEURISTIC_PLAN_MARK} exact planner's row: a heuristic's plan simulated faster "
                                    "under contention"))
     legend = fig.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=2, frameon=False,
-                        fontsize=7.5, handlelength=1.2)
+                        fontsize=8.5, handlelength=1.2)
     notes = [n for n in (sim_note, exact_note(simulated), measured_note) if n]
     if notes:
         # Under the legend: its bottom edge, known once drawn, in figure coordinates.
         fig.canvas.draw()
         bottom = fig.transFigure.inverted().transform(legend.get_window_extent().p0)[1]
-        wrap = max(80, int(fig_w * 15))
+        wrap = max(80, int(fig_w * 12))
         text = "\n".join(textwrap.fill(n, wrap) for n in notes)
-        fig.text(0.5, bottom - 0.01, text, ha="center", va="top", fontsize=7, style="italic", color="#333333")
+        fig.text(0.5, bottom - 0.01, text, ha="center", va="top", fontsize=8, style="italic", color="#333333")
     return fig
