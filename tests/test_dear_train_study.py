@@ -510,3 +510,10 @@ def test_bo_tuning_titles():
         "measured": "measured sweep of tiny_resnet, interpolated in log2(threshold), 8192-524288 bytes (tiny scale)",
         "model": "DeAR model of the tiny_resnet run (its warm-up trace and fitted cost), 8192-524288 bytes",
         "paper": "simulated, 64 GPUs, 10gbe-dear64, bert_base (V100), 1-256 MiB"}
+
+
+def test_the_live_tuners_starting_threshold_outside_its_range_is_said():
+    live = pd.DataFrame({"trial": [0, 1], "threshold_bytes": [25 * 2**20, 80287]})
+    assert study.starting_trial_text(live, 8192, 524288) == "trial 0: the starting threshold, 25 MiB, outside the range"
+    assert study.starting_trial_text(live, 8192, 2**28) == ""
+    assert study.starting_trial_text(live.iloc[0:0], 8192, 524288) == ""

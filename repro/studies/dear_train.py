@@ -63,7 +63,7 @@ __all__ = ["NOFUSION_SCHEDULERS", "FUSION_SCHEDULERS", "ALL_SCHEDULERS", "PRIMIT
            "breakdown_schedulers", "split_dear", "measured_throughput", "paper_claim_text", "speedup_text",
            "throughput_group", "planner_references", "measured_sweep", "sweep_bounds", "tuning_objectives",
            "paper_trace_cost", "offline_search_table", "measured_planner_marks", "planner_marks",
-           "marks_long_table", "best_found", "chosen_trial_text", "live_tuner_range"]
+           "marks_long_table", "best_found", "chosen_trial_text", "live_tuner_range", "starting_trial_text"]
 
 # The DeAR paper's two comparisons (dear.md "Baselines").
 NOFUSION_SCHEDULERS: tuple[str, ...] = ("wfbp", "bytescheduler", "dear_nofusion")
@@ -834,6 +834,19 @@ def chosen_trial_text(live: pd.DataFrame) -> str:
     if not len(chosen):
         return "no trial chosen"
     return f"chosen {chosen.threshold_bytes.iloc[0] / 2**20:.3g} MiB ({int(chosen.buckets.iloc[0])} bucket(s))"
+
+
+def starting_trial_text(live: pd.DataFrame, low_bytes: int, high_bytes: int) -> str:
+    """What the live tuner's trial 0 is where it lies outside the search range ``low_bytes``-``high_bytes``
+    (it is the run's starting ``threshold_bytes``, not a point the search chose), e.g. ``trial 0: the
+    starting threshold, 25 MiB, outside the range``; "" when it lies inside or there is no trial 0."""
+    first = live[live.trial == 0] if len(live) else live
+    if not len(first):
+        return ""
+    t = int(first.threshold_bytes.iloc[0])
+    if low_bytes <= t <= high_bytes:
+        return ""
+    return f"trial 0: the starting threshold, {t / 2**20:.3g} MiB, outside the range"
 
 
 def live_tuner_range(low_bytes: int, high_bytes: int) -> str:
