@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from repro.core.cost import CostModel, topk_time_s
-from repro.runtime.calibrate import fit_topk, time_topk
+from repro.families.sparse.calibrate import fit_topk, time_topk
 
 
 def test_time_topk_gives_one_positive_median_per_size_without_a_process_group():

@@ -237,7 +237,7 @@ class CostModel:
         if self.topk_gamma_s is None:
             raise CostModelError(
                 f"cost model '{self.source}' (P={self.workers}) has no top-k cost; fit gamma from measured "
-                "top-k times (repro.core.cost.fit_topk_gamma, repro.runtime.calibrate.fit_topk) and use "
+                "top-k times (repro.core.cost.fit_topk_gamma, repro.families.sparse.calibrate.fit_topk) and use "
                 "CostModel.with_topk(gamma), or the preset '1gbe-allgather'")
         return topk_time_s(self.topk_gamma_s, numel)
 

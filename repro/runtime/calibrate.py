@@ -16,8 +16,8 @@ same fit. Sizes are message bytes as :mod:`repro.core.cost` defines them for eac
   as top-k values + indices are exchanged); its fitted line is stored against the gathered bytes
   P * n, as :class:`~repro.core.cost.CostModel` expects.
 
-Top-k selection (OMGS-SGD's ``t_spar``) is a local computation, timed without a process group by
-:func:`time_topk` and fitted to ``gamma * d * log2(d)`` by :func:`fit_topk`.
+Top-k selection (OMGS-SGD's ``t_spar``), a local computation, is timed by the sparse family
+(:mod:`repro.families.sparse.calibrate`).
 """
 
 from __future__ import annotations
@@ -30,13 +30,10 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from repro.core.cost import CostModel, fit_linear, fit_topk_gamma
-from repro.families.sparse.topk import topk_indices
-from repro.families.sparse.simulate import topk_count
+from repro.core.cost import CostModel, fit_linear
 
 __all__ = ["MEASURABLE", "default_sizes_bytes", "rsag_impl", "time_collective", "time_allreduce", "fit_allreduce",
-           "fit_cost_model", "fit_on_ranks",
-           "time_topk", "fit_topk"]
+           "fit_cost_model", "fit_on_ranks", "slowest_median_s", "sync_device"]
 
 MEASURABLE = ("allreduce", "reduce_scatter", "allgather", "sparse_allgather")
 
@@ -67,7 +64,7 @@ _ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_t
 _REDUCE_SCATTER = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
 
-def _sync(device: torch.device) -> None:
+def sync_device(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
@@ -133,11 +130,11 @@ def _medians(kind, sizes_bytes, repeats, warmup, device, dtype, group, world, el
         times = []
         for i in range(warmup + repeats):
             dist.barrier(group=group)
-            _sync(device)
+            sync_device(device)
             t0 = time.perf_counter()
             for _ in range(inner):
                 run()
-            _sync(device)
+            sync_device(device)
             if i >= warmup:
                 times.append((time.perf_counter() - t0) / inner)
         medians.append(statistics.median(times))
@@ -180,50 +177,3 @@ def fit_allreduce(sizes_bytes: Sequence[int], *, repeats: int = 5, device: torch
 def fit_on_ranks(ctx, sizes_bytes: Sequence[int], kinds: Sequence[str], repeats: int = 5) -> dict:
     """Launch target: :func:`fit_cost_model` on every rank; returns the CostModel as a dict."""
     return fit_cost_model(sizes_bytes, kinds, repeats=repeats, device=ctx.device).to_dict()
-
-
-def time_topk(numels: Sequence[int], density: float, *, repeats: int = 5, warmup: int = 2,
-              device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32) -> list[float]:
-    """Median seconds of one top-k selection by magnitude per tensor size (no process group needed).
-
-    One selection is :func:`repro.families.sparse.topk.topk_indices` of ``x.abs()`` (what the sparse
-    executor's compressor runs) with ``k = topk_count(n, density)`` on a random
-    tensor of ``n`` elements (fixed seed; the values are not kept), as a sparse worker does on its
-    gradient before exchanging values and indices. Small tensors are timed as the mean of up to 16
-    back-to-back selections, so the timer's resolution does not dominate.
-    """
-    if not 0.0 < float(density) <= 1.0:
-        raise ValueError(f"density must be in (0, 1], got {density!r}")
-    if repeats < 1 or warmup < 0:
-        raise ValueError(f"need repeats >= 1 and warmup >= 0, got {repeats} and {warmup}")
-    device = torch.device(device)
-    gen = torch.Generator().manual_seed(0)
-    medians = []
-    for n in numels:
-        n = int(n)
-        if n < 1:
-            raise ValueError(f"tensor sizes must be >= 1 element, got {n}")
-        x = torch.randn(n, generator=gen, dtype=torch.float32).to(device=device, dtype=dtype)
-        k = int(topk_count(n, density))
-        inner = int(min(16, max(1, 2**18 // n)))
-        times = []
-        for i in range(warmup + repeats):
-            _sync(device)
-            t0 = time.perf_counter()
-            for _ in range(inner):
-                topk_indices(x.abs(), k)
-            _sync(device)
-            if i >= warmup:
-                times.append((time.perf_counter() - t0) / inner)
-        medians.append(statistics.median(times))
-    return medians
-
-
-def fit_topk(numels: Sequence[int], density: float, *, repeats: int = 5,
-             device: torch.device | str = "cpu") -> tuple[float, list[float]]:
-    """Time top-k selection over ``numels`` (:func:`time_topk`) and fit ``t = gamma * d * log2(d)``
-    (:func:`repro.core.cost.fit_topk_gamma`); returns ``(gamma_s, measured seconds per size)``.
-
-    Use the gamma with :meth:`repro.core.cost.CostModel.with_topk`. Sizes must be >= 2 elements."""
-    seconds = time_topk(numels, density, repeats=repeats, device=device)
-    return fit_topk_gamma(numels, seconds), seconds

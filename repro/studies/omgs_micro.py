@@ -5,7 +5,7 @@ Three measurements behind the figures ``omgs.topk_time``, ``omgs.allgather_fit``
 
 * :func:`measure_topk`: median seconds of one top-k selection by magnitude (``abs()`` +
   :func:`repro.families.sparse.topk.topk_indices` of ``k = ceil(density * d)``) on this machine's CPU, per tensor size ``d``
-  (:func:`repro.runtime.calibrate.time_topk`); :func:`topk_fit_table` fits ``gamma * d * log2(d)``
+  (:func:`repro.families.sparse.calibrate.time_topk`); :func:`topk_fit_table` fits ``gamma * d * log2(d)``
   (:func:`repro.core.cost.fit_topk_gamma`) and sets the paper's published P102-100 gamma beside it.
 * :func:`measure_allgather`: median seconds of an all-gather of ``m`` bytes per worker on ``P`` local
   gloo ranks (:func:`repro.runtime.calibrate.fit_cost_model` with ``kinds=("sparse_allgather",)``),
@@ -61,7 +61,7 @@ def measure_topk(numels: Sequence[int], density: float, *, repeats: int = 5, thr
 
     Columns: ``numel``, ``k``, ``density``, ``measured_s``, ``device`` (``"cpu"``), ``threads`` (torch
     intra-op threads during the timing; ``threads=None`` keeps the current setting), ``repeats``."""
-    from repro.runtime.calibrate import time_topk
+    from repro.families.sparse.calibrate import time_topk
 
     before = torch.get_num_threads()
     if threads is not None:

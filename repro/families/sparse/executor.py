@@ -826,12 +826,13 @@ def calibrate(trace, device, repeats: int, network_cost=None, *, density: float 
       message (``k * 4`` bytes) to the whole model's packed message (``k * (value bytes + 4)``),
       ``k = ceil(density * elements)``: the range this model sends;
     - ``topk_gamma_s``: top-k selections timed on this rank's device
-      (:func:`repro.runtime.calibrate.fit_topk`) over the layer sizes up to the whole model (at most
+      (:func:`repro.families.sparse.calibrate.fit_topk`) over the layer sizes up to the whole model (at most
       2**24 elements), the largest gamma of the ranks (the slowest rank decides).
     """
     from dataclasses import replace
 
-    from repro.runtime.calibrate import fit_cost_model, fit_topk
+    from repro.families.sparse.calibrate import fit_topk
+    from repro.runtime.calibrate import fit_cost_model
     from repro.families.sparse.simulate import value_bytes
 
     density = _check_density(density)
