@@ -56,6 +56,16 @@ def test_the_core_imports_nothing_outside_the_core():
                     f"{path.name} imports {name}"
 
 
+def test_the_shared_runtime_names_no_family():
+    """What every executor shares (repro/runtime) imports no family's module: a family reaches it, not
+    the other way round."""
+    for path in sorted((ROOT / "repro" / "runtime").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            assert not any(n.startswith("repro.families") for n in names), f"{path.name} imports {names}"
+
+
 def test_the_core_and_the_families_planners_and_simulators_never_import_torch():
     families = sorted(p.name for p in (ROOT / "repro" / "families").iterdir() if (p / "__init__.py").is_file())
     assert {"allreduce", "sparse", "dear", "bytescheduler", "ps", "baselines"} <= set(families)
