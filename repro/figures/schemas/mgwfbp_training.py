@@ -35,6 +35,7 @@ class MgwfbpTrainingParams(NotebookParams):
     warmup_steps: Steps
     timing_pairs: TimingPairs
     timing_block_steps: Steps
+    timing_plan_inputs: str  # a recorded-inputs file, a name in data/calibration/, or ""
     convergence_model: Model
     convergence_dataset: Annotated[OneOf(DATASET_NAMES), AfterValidator(_epochs_dataset)]
     convergence_epochs: Epochs
