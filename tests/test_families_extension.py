@@ -115,6 +115,16 @@ print(json.dumps({"families": family_names(), "planners": planner_names("blockin
     assert table["schedulers"]["blocking"]["family"] == "blocking" and "blocking" in table["families"]
 
 
+def test_the_registries_order_does_not_depend_on_what_was_imported_first():
+    """A family's module imported before the registries are read registers its entries first; the
+    registries still list every entry in the families' order (``repro schedulers``, error messages)."""
+    code = ("import json\nfrom repro.core.schedulers import scheduler_names\n"
+            "from repro.core.run_options import RUN_OPTIONS\nprint(json.dumps([scheduler_names(), list(RUN_OPTIONS)]))")
+    plain = json.loads(_run(code, ROOT))
+    first = json.loads(_run("import repro.families.baselines.executors, repro.families.ps\n" + code, ROOT))
+    assert first == plain and plain[0][0] == "wfbp" and plain[0][-1] == "local"
+
+
 def test_a_family_that_fails_to_import_is_named_in_one_line(tmp_path):
     pkg = write_example_family(tmp_path)
     (pkg / "repro_blocking" / "__init__.py").write_text("raise RuntimeError('broken on purpose')\n")

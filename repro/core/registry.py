@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
+import sys
 from importlib.metadata import entry_points
 from typing import Any, Iterator, MutableMapping, TypeVar
 
@@ -22,6 +23,7 @@ BUILTIN_ORDER = ("allreduce", "sparse", "dear", "bytescheduler", "ps", "baseline
 #: the entry-point group under which another package names its family modules
 ENTRY_POINT_GROUP = "repro.families"
 _state = {"loaded": False, "loading": False}
+_REGISTRIES: list["Registry"] = []
 
 V = TypeVar("V")
 
@@ -43,6 +45,8 @@ def load_families() -> None:
                 importlib.import_module(name)
             except Exception as e:
                 raise ImportError(f"family module '{name}' failed to import: {type(e).__name__}: {e}") from e
+        for registry in _REGISTRIES:  # one order whatever was imported first: the families' order
+            registry.reorder(names)
         _state["loaded"] = True
     finally:
         _state["loading"] = False
@@ -54,13 +58,31 @@ class Registry(MutableMapping[str, V]):
     def __init__(self, what: str) -> None:
         self.what = what
         self.entries: dict[str, V] = {}
+        self.origins: dict[str, str] = {}  # name -> the module that registered it
+        _REGISTRIES.append(self)
 
     def add(self, name: str, entry: V, *, replace: bool = False) -> V:
-        """Register ``entry`` under ``name`` (``replace=True`` to redefine an existing name)."""
+        """Register ``entry`` under ``name`` (``replace=True`` to redefine an existing name); the first
+        module outside ``repro.core`` on the call stack is recorded as its origin."""
         if name in self.entries and not replace:
             raise ValueError(f"{self.what} '{name}' is already registered")
         self.entries[name] = entry
+        frame = sys._getframe(1)
+        while frame is not None and str(frame.f_globals.get("__name__", "")).startswith("repro.core"):
+            frame = frame.f_back
+        self.origins[name] = str(frame.f_globals.get("__name__", "")) if frame is not None else ""
         return entry
+
+    def reorder(self, families: list[str]) -> None:
+        """Entries in the order of ``families`` (module names) that registered them, registration order
+        within one; entries of other origins last."""
+        def rank(name: str) -> int:
+            origin = self.origins.get(name, "")
+            return next((i for i, f in enumerate(families) if origin == f or origin.startswith(f + ".")),
+                        len(families))
+
+        order = sorted(self.entries, key=lambda n: (rank(n), list(self.entries).index(n)))
+        self.entries = {n: self.entries[n] for n in order}
 
     def __getitem__(self, name: str) -> V:
         load_families()
