@@ -81,8 +81,7 @@ class Registry(MutableMapping[str, V]):
             return next((i for i, f in enumerate(families) if origin == f or origin.startswith(f + ".")),
                         len(families))
 
-        order = sorted(self.entries, key=lambda n: (rank(n), list(self.entries).index(n)))
-        self.entries = {n: self.entries[n] for n in order}
+        self.entries = dict(sorted(self.entries.items(), key=lambda item: rank(item[0])))  # stable
 
     def __getitem__(self, name: str) -> V:
         load_families()

@@ -186,6 +186,15 @@ def _row(model: str, workers: int, spec: dict[str, Any], pair: int, iteration_s:
             **{k: v for k, v in spec.items() if k not in _SPEC_KEYS}}
 
 
+def _scheduler_options(spec: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+    """``spec``'s scheduler entry and the options of ``spec`` it takes (planner or executor), unset ones left out."""
+    from repro.core.schedulers import get_scheduler
+
+    sched = get_scheduler(spec["scheduler"])
+    allowed = set(sched.planner_options) | set(sched.executor_options)
+    return sched, {k: v for k, v in spec.items() if k in allowed and v is not None}
+
+
 def _steps_target(ctx, model_name: str, specs: list[dict[str, Any]], pairs: int, block_steps: int,
                   warmup_steps: int, batch_size: int, seed: int, fit_repeats: int,
                   plan_input: tuple[Any, Any] | None = None) -> dict[str, Any]:
@@ -200,7 +209,6 @@ def _steps_target(ctx, model_name: str, specs: list[dict[str, Any]], pairs: int,
 
     import repro
     from repro.core.planners import make_plan
-    from repro.core.schedulers import get_scheduler
     from repro.workload.models import build_model, compute_loss, make_batch
 
     torch.manual_seed(seed)
@@ -209,9 +217,7 @@ def _steps_target(ctx, model_name: str, specs: list[dict[str, Any]], pairs: int,
     batches = [make_batch(model_name, batch_size, generator=g) for _ in range(4)]
     copies = []
     for spec in specs:
-        sched = get_scheduler(spec["scheduler"])
-        allowed = set(sched.planner_options) | set(sched.executor_options)
-        options = {k: v for k, v in spec.items() if k in allowed and v is not None}
+        sched, options = _scheduler_options(spec)
         kw = {"wire_dtype": spec["wire_dtype"]} if spec.get("wire_dtype") else {}
         m = copy.deepcopy(base)
         opt = torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9)
@@ -279,16 +285,13 @@ def _record_target(ctx, model_name: str, spec: dict[str, Any], warmup_steps: int
     import torch
 
     import repro
-    from repro.core.schedulers import get_scheduler
     from repro.workload.models import build_model, compute_loss, make_batch
 
     torch.manual_seed(seed)
     model = build_model(model_name)
-    sched = get_scheduler(spec["scheduler"])
+    sched, options = _scheduler_options(spec)
     if not (sched.online and sched.has_plan):
         raise ValueError(f"scheduler '{spec['scheduler']}' does not plan online from a warm-up")
-    allowed = set(sched.planner_options) | set(sched.executor_options)
-    options = {k: v for k, v in spec.items() if k in allowed and v is not None}
     model, opt = repro.distribute(model, torch.optim.SGD(model.parameters(), lr=0.01), spec["scheduler"],
                                   warmup_steps=warmup_steps, fit_repeats=fit_repeats, **options)
     g = torch.Generator().manual_seed(seed + 1 + ctx.rank)
