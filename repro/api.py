@@ -8,42 +8,24 @@ Under torchrun (your process group, model, optimizer, loss and data)::
         optimizer.zero_grad(); loss_fn(model(x), y).backward(); optimizer.step()
     optimizer.flush()  # before evaluating or saving: nothing of the exchange is left in flight
 
-What happens (the same code as ``repro train``, :mod:`repro.runtime.online`):
+* A scheduler that plans trains its first ``warmup_steps`` steps with one exact all-reduce after
+  backward while recording when each gradient is ready; then the ranks average that into a Trace, the
+  family fits its cost model on the live group (or uses ``network`` / ``cost``), rank 0 plans and
+  broadcasts, and the plan's executor takes over (:mod:`repro.runtime.online`, as ``repro train``).
+* A :class:`~repro.core.plan.Plan` (or a plan file from ``repro plan``) is executed from the first step.
+* A baseline (``ddp``, ``fsdp``, ``local``) wraps the model as it would itself: use the returned model.
 
-* a scheduler that plans runs its first ``warmup_steps`` steps with one exact all-reduce after backward
-  while recording when each layer's gradient is ready; at the end of the last warm-up ``step()`` the
-  ranks average that into a Trace, the family fits its cost model on the live group (or uses
-  ``network`` / ``cost``), rank 0 plans and broadcasts, and the plan's executor takes over. The warm-up
-  steps train exactly (averaged gradients);
-* a :class:`~repro.core.plan.Plan` (or a plan file from ``repro plan``) is executed as it is from the first step;
-* a baseline (``ddp``, ``fsdp``, ``local``) wraps the model as it would itself: use the returned model.
-
-The returned model is the one you gave (hooks added), except for baselines that wrap it; its
-``model.module`` is your plain module, one level, as on a DDP wrapper. The returned optimizer is a
-:class:`torch.optim.Optimizer` sharing your optimizer's parameter groups and state: ``step()`` finishes
-the exchange, then steps; ``synchronize()`` finishes this step's exchange early (then unscale or clip);
-``clip_grad_norm_(max_norm)`` clips the exchanged gradients for every family; ``flush()`` finishes
-everything in flight; ``plan`` is the plan being executed (None during the warm-up and for baselines),
-``trace`` and ``cost`` what it was made from, ``last_stamps`` the last step's phase times and
-``executor`` the executor in use (what it measured and recorded); ``remove()`` detaches the hooks. With ``grad_scaler=scaler`` the GradScaler loop works as under DDP.
-
-The all-reduce and sparse families finish the exchange when the backward ends, so ``param.grad`` is the
-averaged gradient when ``backward()`` returns, as under DDP. DeAR, ByteScheduler and the parameter
-servers finish later (their overlap): a gradient changed between ``backward()`` and ``step()`` without
-``synchronize()`` is refused at ``step()`` in one line. Deferred updates (DeAR, ByteScheduler) are applied
-before any use of their parameter in the next forward, with the parameter groups' values of the
-``step()`` that made them; these families are refused with a compiled model. The parameter-server
-family runs with its servers co-located on the training ranks (:mod:`repro.families.ps.colocated`), or
-with ``dedicated_servers=S`` on ranks ``0..S-1`` (gloo), where ``distribute`` serves the run and returns
-with ``optimizer.serving`` True (:mod:`repro.families.ps.dedicated`). Buffers are broadcast from rank 0
-before a training forward; an evaluation forward (``model.eval()``) issues no collective, so ranks may
-evaluate different numbers of batches, or rank 0 alone.
-
-Every option, the model and the optimizer are checked before any collective, in one line, on every rank
-alike; as ``DDP(model)`` does, ``distribute`` first copies the first trainer's parameters and buffers to
-every trainer. Gradient accumulation (``model.no_sync()``), unused parameters, mixed dtypes, autocast,
-one-rank runs, ``torch.compile`` and the refused misuses are described in ``docs/training.md`` ("Your
-own loop through repro.distribute"); ``docs/conformance.md`` is the support table, scheduler by loop.
+The returned model is yours with hooks added (a baseline's wrapper for baselines); ``model.module`` is
+the plain module, as on DDP. The returned :class:`DistributedOptimizer` shares your optimizer's groups
+and state. The all-reduce and sparse families finish the exchange when ``backward()`` returns, as DDP
+does; DeAR, ByteScheduler and the parameter servers finish later (their overlap), so a gradient
+changed before ``step()`` without ``synchronize()`` is refused at ``step()``. Parameter servers run
+co-located on the training ranks, or on ranks ``0..S-1`` with ``dedicated_servers=S`` (gloo; the
+family's :class:`~repro.runtime.serving.DoorServers`). An evaluation forward (``model.eval()``) issues
+no collective. Everything is checked before any collective, in one line, on every rank alike; like
+``DDP(model)``, the first trainer's parameters and buffers are copied to every trainer.
+``docs/training.md`` describes accumulation, unused parameters, AMP, one-rank runs, ``torch.compile``
+and the refused misuses; ``docs/conformance.md`` is the support table.
 """
 
 from __future__ import annotations
@@ -63,7 +45,7 @@ import torch.distributed as dist
 from torch import nn
 
 from repro.core.cost import CostModel
-from repro.core.families import get_family
+from repro.core.families import FAMILIES, get_family
 from repro.costs.presets import preset
 from repro.core.run_options import RUN_OPTIONS, check_run_options, check_wire_dtype
 from repro.core.plan import WIRE_DTYPE_BYTES, Plan, PlanError
@@ -73,6 +55,7 @@ from repro.runtime.executor import (Executor, ExecutorOptions, FoundInfReport, S
                                     scaled_step)
 from repro.runtime.online import StepTimes, grad_abs_mean, measured_trace, plan_online, sync_device
 from repro.runtime.plan_fit import check_plan_fits
+from repro.runtime.serving import Placement
 from repro.core.schedulers import SCHEDULERS, Scheduler, get_scheduler
 from repro.workload.layers import VIEWS, layer_parameters
 
@@ -247,22 +230,6 @@ class _HeldHooks:
             table.update(others)
 
 
-@dataclass(frozen=True)
-class _Placement:
-    """Where a run's ranks are, as :func:`distribute` settles it: ``group``: the process group of the
-    training ranks (None: every rank trains); ``first``: the global rank that plans; ``servers``:
-    dedicated serving ranks before it (they plan alongside, :mod:`repro.families.ps.dedicated`);
-    ``trace_name``: the model's name in the measured trace (``model_name``); ``on_plan``: called on
-    every trainer after planning, before the plan's executor starts (the servers take the trainers'
-    state then)."""
-
-    group: Any = None
-    first: int = 0
-    servers: int = 0
-    trace_name: str | None = None
-    on_plan: Callable[[], None] | None = None
-
-
 class _Door:
     """The state behind a distributed model and optimizer (kept apart from both, as DDP's comm-hook
     states are): the executor in use, the warm-up's measurements, the plan."""
@@ -270,9 +237,9 @@ class _Door:
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: str | None,
                  plan: Plan | None, *, warmup_steps: int, network_cost: CostModel | None, view: str,
                  planner_options: dict[str, Any], executor_options: dict[str, Any], fit_repeats: int,
-                 record_timeline: bool, grad_scaler: Any = None, context: _Placement | None = None) -> None:
+                 record_timeline: bool, grad_scaler: Any = None, context: Placement | None = None) -> None:
         self.model, self.inner = model, optimizer
-        self.context = context or _Placement()
+        self.context = context or Placement()
         self._last_stamps: dict[str, float | None] = {}  # the last training step's phase stamps (see last_stamps)
         # after the warm-up, a GPU's phase stamps are CUDA events (resolved when read), not host enqueue times
         self._phase_clock = make_clock(next(model.parameters()).device)
@@ -785,12 +752,12 @@ def distribute(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: st
     model (``ddp_threshold``: DDP's wrapper) plans at once from the parameters' sizes and wraps now, so
     the returned model is the one that trains; True measures a warm-up on your model first and plans
     from it, as every other scheduler does, and wraps after it: the module to call is then
-    ``optimizer.module`` (it changes at the end of the warm-up). ``dedicated_servers``: for the parameter-server family, ranks
-    ``0..S-1`` serve instead of training (gloo only; :mod:`repro.families.ps.dedicated`): there this call
+    ``optimizer.module`` (it changes at the end of the warm-up). ``dedicated_servers``: for a family with server ranks (the
+    parameter server), ranks ``0..S-1`` serve instead of training (gloo only): there this call
     serves the whole run and returns when every trainer has called ``optimizer.remove()`` (or exited),
     with ``optimizer.serving`` True, so the script skips its loop there. The process group must be
-    initialised (torchrun + ``torch.distributed.init_process_group``); with one rank, see "One rank" in
-    the module docstring. Like DDP, the parameters and buffers of the first trainer (rank 0) are copied
+    initialised (torchrun + ``torch.distributed.init_process_group``); with one rank, a scheduler that
+    plans runs as the baseline with its executor (``docs/training.md``). Like DDP, the parameters and buffers of the first trainer (rank 0) are copied
     to every trainer here, so the replicas start equal whatever each rank's initialisation. Misuse is
     refused here, before any collective, with a ValueError of one line starting ``repro.distribute:``.
 
@@ -816,10 +783,11 @@ def distribute(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: st
                                      planner_options=run.planner_options, network_cost=network_cost,
                                      fit_repeats=fit_repeats)
     # the executor (the door's), then the wrapped optimizer
-    placement = _Placement(trace_name=model_name)
+    placement = Placement(trace_name=model_name)
     if dedicated_servers:
-        placement = _place_dedicated(model, optimizer, run, dedicated_servers, network_cost, view, fit_repeats,
-                                     model_name)
+        placement = run.servers.place(model, optimizer, dedicated=dedicated_servers, name=run.name, plan=run.plan,
+                                      planner_options=run.planner_options, network_cost=network_cost, view=view,
+                                      fit_repeats=fit_repeats, model_name=model_name)
         if isinstance(placement, torch.optim.Optimizer):  # a serving rank: the run is over here
             return model, placement
     else:
@@ -828,7 +796,10 @@ def distribute(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: st
                  view=view, planner_options=run.planner_options, executor_options=run.executor_options,
                  fit_repeats=fit_repeats, record_timeline=record_timeline, grad_scaler=grad_scaler,
                  context=placement)
-    return door.ex.module, _wrap_optimizer(model, optimizer, door, dedicated_servers)
+    dopt = _wrap_optimizer(model, optimizer, door)
+    if run.servers is not None:
+        run.servers.attach(dopt, dedicated_servers)
+    return door.ex.module, dopt
 
 
 # ---------------------------------------------------------------------------------------------
@@ -913,6 +884,11 @@ class _Run:
     executor_options: dict[str, Any] = field(default_factory=dict)
 
     @property
+    def servers(self) -> Any:
+        """The family's server ranks under distribute (:class:`repro.runtime.serving.DoorServers`), or None."""
+        return get_family(self.family).hook("door_servers") if self.family is not None else None
+
+    @property
     def alone(self) -> bool:
         """A job of one rank with a scheduler that would plan: it runs as :func:`_one_rank_scheduler` says."""
         return self.world == 1 and self.plan is None and self.sched is not None and self.sched.has_plan
@@ -967,19 +943,21 @@ def _check_placement(run: _Run, model: nn.Module, options: dict[str, Any], grad_
     backend, co-located servers' count; and whether the returned model is the one that trains (an
     executor that wraps the model is planned now, from the parameters' sizes, unless
     ``wrap_after_warmup``). ``options`` is updated."""
-    if dedicated_servers:
-        options.update(_check_dedicated(dedicated_servers, run.family, run.name, run.plan, options, grad_scaler))
-        run.trainers = run.world - dedicated_servers
+    if dedicated_servers and run.servers is None:
+        with_servers = [f.name for f in FAMILIES.values() if f.door_servers is not None]
+        able = [n for n, s in SCHEDULERS.items() if s.family in with_servers]
+        _fail(f"dedicated_servers applies to a family with server ranks ({', '.join(with_servers)}: "
+              f"{', '.join(able)}), not to {run.name or 'a ' + str(run.family) + ' plan'}")
     if run.family is not None:
         _check_device_tensors_on_backend(model, run.family, run.name)
-        if get_family(run.family).hook("server") is not None and not dedicated_servers:  # servers on the ranks
-            from repro.families.ps.colocated import colocated_options
-
-            try:
-                options.update(colocated_options(run.plan, run.sched.planner_options if run.sched else (), options,
-                                                 run.world))
-            except ValueError as e:
-                _fail(str(e))
+    if run.servers is not None:
+        try:
+            options.update(run.servers.settle_options(
+                dedicated_servers, name=run.name, plan=run.plan, grad_scaler=grad_scaler, options=options,
+                planner_options=run.sched.planner_options if run.sched else (), world=run.world))
+        except ValueError as e:
+            _fail(str(e))
+        run.trainers = run.world - dedicated_servers
     sched = run.sched
     if (not wrap_after_warmup and sched is not None and sched.has_plan and run.plan is None
             and run.executor_class.module is not Executor.module):
@@ -1076,32 +1054,7 @@ def _network_cost(network: str | None, cost: Any, trainers: int) -> CostModel | 
     return model
 
 
-def _place_dedicated(model: nn.Module, optimizer: torch.optim.Optimizer, run: _Run, servers: int,
-                     network_cost: CostModel | None, view: str, fit_repeats: int,
-                     model_name: str | None) -> "_Placement | torch.optim.Optimizer":
-    """``dedicated_servers``: ranks ``0..servers-1`` serve the run here and get a
-    :class:`~repro.families.ps.dedicated.ServingRankOptimizer`; the trainers get their placement, the first
-    trainer's state broadcast to them (and, with a given plan, to the servers)."""
-    from repro.families.ps import dedicated as ps_dedicated
-
-    group = ps_dedicated.trainer_group(servers)
-    if dist.get_rank() < servers:
-        tables = ps_dedicated.serve_until_done(model, optimizer, run.name, run.plan, servers=servers, view=view,
-                                               planner_options=run.planner_options, network_cost=network_cost,
-                                               fit_repeats=fit_repeats)
-        return ps_dedicated.ServingRankOptimizer(optimizer, servers, tables)
-    broadcast_module_state(model, servers, group)
-    if run.plan is not None:  # no warm-up: the servers take the first trainer's state now
-        ps_dedicated.share_trainer_state(model, optimizer, servers)
-        on_plan = None
-    else:
-        def on_plan() -> None:
-            ps_dedicated.share_trainer_state(model, optimizer, servers)
-    return _Placement(group=group, first=servers, servers=servers, trace_name=model_name, on_plan=on_plan)
-
-
-def _wrap_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer, door: _Door,
-                    dedicated_servers: int) -> DistributedOptimizer:
+def _wrap_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer, door: _Door) -> DistributedOptimizer:
     """The returned optimizer; the model gets DDP's ``no_sync`` and ``module`` (unless a baseline's wrapper
     has its own), and the given optimizer refuses direct steps while the door is live."""
     if door.ex.module is model:
@@ -1109,52 +1062,16 @@ def _wrap_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer, door: _D
         _give_module(model)
     dopt = DistributedOptimizer(optimizer, door)
     _refuse_direct_steps(optimizer, door)
-    if dedicated_servers:
-        from repro.families.ps.dedicated import stop_at_exit
-
-        stop_at_exit(dopt)
     return dopt
 
 
 def _check_device_tensors_on_backend(model: nn.Module, family: str, name: str | None) -> None:
     """A family whose executor cannot pass CUDA tensors to gloo (``Family.gloo_cpu_only``) refused in one
     line when ``model`` is on a GPU and the process group is gloo."""
-    from repro.core.families import get_family
-
     why = get_family(family).gloo_cpu_only
     if why and dist.get_backend() == "gloo" and any(p.is_cuda for p in model.parameters()):
         _fail(f"{name or 'a ' + family + ' plan'} cannot train a CUDA model over gloo: {why}; use the nccl "
               "backend (one GPU per rank) or keep the model on the CPU")
-
-
-def _check_dedicated(servers: int, family: str | None, name: str | None, plan: Plan | None,
-                     options: dict[str, Any], grad_scaler: Any) -> dict[str, Any]:
-    """``dedicated_servers`` checked before any collective (one line each); the scheduler's ``servers``
-    option set to it."""
-    from repro.core.families import get_family
-
-    if family is None or get_family(family).hook("server") is None:
-        _fail(f"dedicated_servers applies to the parameter-server family (ps_*, osp*), not to "
-              f"{name or 'a ' + str(family) + ' plan'}")
-    if dist.get_backend() == "nccl":
-        _fail("dedicated servers talk point to point from one thread per worker, which NCCL does not support: "
-              "use the gloo backend, or the co-located servers (dedicated_servers=0, the default)")
-    world = dist.get_world_size()
-    if servers >= world:
-        _fail(f"dedicated_servers={servers} leaves no trainer among the job's {world} rank(s)")
-    if grad_scaler is not None:
-        _fail("grad_scaler goes with the co-located servers (dedicated_servers=0): dedicated servers apply the "
-              "pushed gradients without a scaler's verdict")
-    if plan is not None:
-        if int(plan.option("servers")) != servers:
-            _fail(f"the plan has {plan.option('servers')} server(s), dedicated_servers={servers}")
-        return options
-    options = dict(options)
-    given = options.setdefault("servers", servers)
-    if given != servers:
-        _fail(f"servers={given} but dedicated_servers={servers}: with dedicated servers each serving rank is one "
-              "server (leave servers out)")
-    return options
 
 
 def _sizes_trace(model: nn.Module, view: str) -> Any:

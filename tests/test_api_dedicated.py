@@ -112,7 +112,7 @@ def test_dedicated_servers_refusals_are_one_line(one_rank):
 
     model = nn.Linear(4, 2)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    cases = [({"scheduler": "mgwfbp", "dedicated_servers": 1}, "applies to the parameter-server family"),
+    cases = [({"scheduler": "mgwfbp", "dedicated_servers": 1}, "applies to a family with server ranks .ps: ps_bsp, ps_asp"),
              ({"scheduler": "ps_bsp", "dedicated_servers": 1}, "leaves no trainer among the job's 1 rank"),
              ({"scheduler": "ps_bsp", "dedicated_servers": -1}, "dedicated_servers must be an integer >= 0"),
              ({"scheduler": "ps_bsp", "dedicated_servers": True}, "dedicated_servers must be an integer >= 0")]

@@ -23,6 +23,8 @@ never compares family names. An entry supplies:
   the state the trainers reached at the end of the warm-up; the other ranks train (their
   collectives go over a process group of the training ranks only) and the executor talks to the
   servers. The dict holds tidy tables the servers recorded (name -> rows), written with the run.
+  ``door_servers`` places the same servers under :func:`repro.distribute`
+  (:class:`repro.runtime.serving.DoorServers`).
 - **CUDA tensors over gloo** (``gloo_cpu_only``): why its executor cannot run a CUDA model on the gloo
   backend, or None when it can; ``repro train``'s config check and :func:`repro.distribute` refuse such
   a run in one line before any collective.
@@ -124,6 +126,7 @@ class Family:
     check_plan: str | None = None        # "module:fn", fn(plan) raising ValueError across options and buckets
     calibrate: str | None = None         # "module:fn", fn(trace, device, repeats, network_cost, **options) -> CostModel
     server: str | None = None            # "module:fn", fn(ctx, cfg, model, optimizer, plan) -> dict: serving ranks
+    door_servers: str | None = None      # "module:obj", repro.runtime.serving.DoorServers: its servers in distribute
     executor_options: tuple[str, ...] = ()  # run options (repro.core.run_options) its executor takes as keywords
     gloo_cpu_only: str | None = None     # why its executor on gloo cannot take CUDA tensors (None: it can)
     _cache: dict = field(default_factory=dict, compare=False, repr=False)

@@ -62,6 +62,7 @@ register_family(Family(
     executor=EXECUTOR,
     calibrate="repro.families.ps.executor:calibrate",
     server="repro.families.ps.executor:serve",
+    door_servers="repro.families.ps.door:DOOR_SERVERS",
     gloo_cpu_only="gloo's reduce and gather (its co-located pushes) and send/recv (its dedicated servers') read "
                   "CUDA memory as host memory (an H200 run failed with 'writev: Bad address')",
 ))
