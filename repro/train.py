@@ -3,29 +3,13 @@
     torchrun --nproc-per-node 4 -m repro.train --model resnet50 --scheduler mgwfbp --steps 100 \
         --batch-size 32 --results-dir results/data/runs
 
-Every scheduler is an entry of :mod:`repro.core.schedulers` (``repro schedulers`` lists them): its
-planner (if any) makes a Plan and its executor (:mod:`repro.runtime.executor`) runs it. This loop
-(:func:`run_training`) is a client of the public door, :func:`repro.distribute`, like a user's own
-script: the warm-up, online planning and execution below are the door's, not a second implementation;
-what is added here is the measuring (phase stamps, in-run trace, computation-only steps), the
-dedicated serving ranks of the parameter server and the run folder.
-
-Plan schedulers first run ``warmup_steps`` real training steps with one all-reduce after backward
-(SyncEASGD, exact and clean for timing) while per-layer gradient-ready times are recorded; the ranks
-average them into a Trace (layer order = reverse of the ready order). Every plan scheduler gets a
-cost model fitted by timing all-reduces on the live process group (any world size) unless ``network``
-names a preset: online planners (``mgwfbp``, ``optimal``, ``omgs``, ...) plan with it, all record the
-plan's prediction. What is fitted is the plan family's business (its ``calibrate`` hook in
-:mod:`repro.core.families`: the all-reduce line; the sparse all-gather line and the top-k cost). Rank 0
-solves and broadcasts the Plan. Baselines warm up with their own executor.
-
-Rank 0 writes the run folder (:mod:`repro.results.runs`: ``run.json``, ``iterations.csv``, ``epochs.csv``,
-``buckets.csv``, ``trace.json``, ``trace_inrun.json``, ``plan.json``, ``cost.json``), atomically;
-an existing run id is refused unless ``overwrite``.
-
-The run's options (:class:`TrainConfig`) and the ``repro train`` command line live in the torch-free
-:mod:`repro.training.config` (re-exported here), so ``--help`` and the checks made before any rank starts
-do not import torch.
+This loop (:func:`run_training`) is a client of the public door, :func:`repro.distribute`, like a
+user's own script: the warm-up, online planning (on a cost model the plan's family fits on the live
+group unless ``network`` names a preset) and execution are the door's. What it adds is the measuring
+(phase stamps, in-run trace, computation-only steps), the parameter server's serving ranks and the
+run folder (:mod:`repro.results.runs`), written by rank 0 atomically; an existing run id is refused
+unless ``overwrite``. The options (:class:`TrainConfig`) and the command line live in the torch-free
+:mod:`repro.training.config`, so ``--help`` and the checks before any rank starts do not import torch.
 """
 
 from __future__ import annotations
