@@ -87,9 +87,7 @@ NETWORK_LABELS = {"10gbe": "10GbE", "56gbib": "InfiniBand", "100gbib": "InfiniBa
 TIE_RTOL = 1e-9
 
 
-# ---------------------------------------------------------------------------------------------
 # What each scheduler is
-# ---------------------------------------------------------------------------------------------
 
 def group_of(scheduler: str) -> str:
     """The row group (paper) of ``scheduler``."""
@@ -178,9 +176,7 @@ def scheduler_table(schedulers: Sequence[str] = SCHEDULERS, *, density: float = 
     return pd.DataFrame(rows)
 
 
-# ---------------------------------------------------------------------------------------------
 # Simulated at paper scale
-# ---------------------------------------------------------------------------------------------
 
 def resolve_trace(model: str) -> str:
     """The shipped trace of ``model``: a shipped stem as given, or the model's V100 estimate at the papers'
@@ -369,9 +365,7 @@ def best_table(df: pd.DataFrame, keys: Sequence[str]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-# ---------------------------------------------------------------------------------------------
 # Measured at tiny scale
-# ---------------------------------------------------------------------------------------------
 
 def link_name(bandwidth: str | float | None) -> str:
     """``"100mbit"`` for an emulated rate (tc string or bits/s), ``"loopback"`` for none."""

@@ -250,9 +250,7 @@ def paper_speedups() -> pd.DataFrame:
     return pd.read_csv(paper_numbers_path("mgwfbp_conference_speedup")).rename(columns={"solver": "scheduler"})
 
 
-# ---------------------------------------------------------------------------------------------
 # Paper-scale simulated panels of the measured figures (cheap: they run with every tiny run)
-# ---------------------------------------------------------------------------------------------
 
 #: the journal's 16-V100 models (Shi, Chu, Li, "MG-WFBP: Merging Gradients Wisely...", IEEE TPDS 2021, experimental setup) and its two networks, as presets
 #: holding the published fits (10gbe-v100 / 56gbib-v100: a and b of ``paper_allreduce_fits`` at P <= 16)

@@ -162,9 +162,7 @@ def allreduce_fit_errors(times: pd.DataFrame, fits: pd.DataFrame) -> pd.DataFram
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 
-# ---------------------------------------------------------------------------------------------
 # Reading results (a local run or a cluster job's)
-# ---------------------------------------------------------------------------------------------
 
 def load_runs(results_dir: str | Path) -> pd.DataFrame:
     """One row per run under ``<results_dir>/runs``: its summary (iteration, computation-only and exposed

@@ -52,9 +52,7 @@ def default_numels(lo_log2: int = 10, hi_log2: int = 22, step: int = 2) -> list[
     return [2 ** e for e in range(lo_log2, hi_log2 + 1, step)]
 
 
-# ---------------------------------------------------------------------------------------------
 # Top-k selection
-# ---------------------------------------------------------------------------------------------
 
 def measure_topk(numels: Sequence[int], density: float, *, repeats: int = 5, threads: int | None = 1) -> pd.DataFrame:
     """Median seconds of one top-k selection per tensor size on this machine's CPU.
@@ -101,9 +99,7 @@ def topk_fit_table(times: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     return per_size, fits
 
 
-# ---------------------------------------------------------------------------------------------
 # All-gather
-# ---------------------------------------------------------------------------------------------
 
 def allgather_sizes_bytes(numels: Sequence[int], density: float, *, max_bytes: int = 4 * 2**20,
                           extra: int = 4) -> list[int]:
@@ -180,9 +176,7 @@ def allgather_fit_errors(times: pd.DataFrame, fits: pd.DataFrame) -> pd.DataFram
     return pd.concat(frames, ignore_index=True) if frames else times.assign(fitted_s=[], relative_error=[])
 
 
-# ---------------------------------------------------------------------------------------------
 # Top-k vs all-gather
-# ---------------------------------------------------------------------------------------------
 
 def cost_compare_table(topk: pd.DataFrame, allgather: pd.DataFrame, fits: pd.DataFrame,
                        workers: int | None = None) -> pd.DataFrame:
@@ -224,9 +218,7 @@ def cost_compare_table(topk: pd.DataFrame, allgather: pd.DataFrame, fits: pd.Dat
     return pd.DataFrame(rows)
 
 
-# ---------------------------------------------------------------------------------------------
 # Published iteration times
-# ---------------------------------------------------------------------------------------------
 
 def paper_iteration_times() -> pd.DataFrame:
     """OMGS-SGD's published seconds per iteration (16 workers, 1GbE), as shipped:

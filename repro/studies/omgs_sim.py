@@ -296,9 +296,7 @@ def paper_setting_table(traces: Mapping[str, Trace], planners: Iterable[str] = (
     return df
 
 
-# ---------------------------------------------------------------------------------------------
 # The measured panel: run folders whose buckets.csv holds a recorded sparse timeline
-# ---------------------------------------------------------------------------------------------
 
 MEASURED_PLANNERS: tuple[str, ...] = ("topk_layerwise", "topk_single", "omgs")
 

@@ -49,9 +49,7 @@ PAPER_MODELS: tuple[tuple[str, int, float], ...] = (("vgg16_cifar", 32, 0.001), 
 _PAPER_CSV = "omgs_iteration_times"
 
 
-# ---------------------------------------------------------------------------------------------
 # Reading run folders (this study's own, or a cluster job's)
-# ---------------------------------------------------------------------------------------------
 
 def runs_folder(path: str | Path) -> Path:
     """The folder holding the run folders: ``<path>/runs`` (a study folder, as :func:`run_grid` writes)
@@ -85,9 +83,7 @@ def load_epochs(path: str | Path) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True).merge(runs, on="run_id")
 
 
-# ---------------------------------------------------------------------------------------------
 # Configurations
-# ---------------------------------------------------------------------------------------------
 
 def language_dataset(ptb_dir: str | Path | None = None) -> tuple[str, str]:
     """``(dataset, description)`` for the language-model runs: ``"ptb"`` when Penn Treebank is there
@@ -204,9 +200,7 @@ def timing_specs(densities: Sequence[float], schedulers: Sequence[str] = SPARSE_
     return out
 
 
-# ---------------------------------------------------------------------------------------------
 # Convergence
-# ---------------------------------------------------------------------------------------------
 
 def convergence_table(results_dir: str | Path, *, scale: str = "tiny") -> pd.DataFrame:
     """One row per (convergence run, epoch) (at ``scale="paper"`` only the OMGS grid's convergence runs,
@@ -310,9 +304,7 @@ def final_epoch_table(conv: pd.DataFrame) -> pd.DataFrame:
     return last.sort_values(["model", "_o"]).drop(columns="_o").reset_index(drop=True)
 
 
-# ---------------------------------------------------------------------------------------------
 # Breakdown: measured (tiny, real runs)
-# ---------------------------------------------------------------------------------------------
 
 def _median(df: pd.DataFrame | None, col: str) -> float:
     if df is None or col not in df or df[col].dropna().empty:
@@ -451,9 +443,7 @@ def _network_label(bps: Any) -> str:
     return f"emulated {v / 1e6:g} Mbit/s links"
 
 
-# ---------------------------------------------------------------------------------------------
 # Breakdown: simulated at paper scale, and the paper's numbers
-# ---------------------------------------------------------------------------------------------
 
 def paper_trace_stem(model: str, batch_size: int) -> tuple[str, str]:
     """``(trace stem, GPU)`` of the shipped trace for a paper model: the P102-100 estimate (the paper's

@@ -69,9 +69,7 @@ INTERPRETATION_NOTE = ("OSP's text is not available (abstract only): this is the
                        "of its abstract (repro.families.ps.simulate, repro.families.ps.executor), not the paper's algorithm")
 
 
-# ---------------------------------------------------------------------------------------------
 # Traces and networks
-# ---------------------------------------------------------------------------------------------
 
 def find_trace(model: str) -> str:
     """Stem of the shipped V100 estimate trace of ``model`` at the batch of :data:`OSP_MODELS`."""
@@ -171,9 +169,7 @@ def method_name(scheduler: str, lgp: bool = True) -> str:
     return f"{scheduler}_nolgp" if scheduler in ("osp", "osp_auto") and not lgp else scheduler
 
 
-# ---------------------------------------------------------------------------------------------
 # Iteration time and throughput
-# ---------------------------------------------------------------------------------------------
 
 def _options(scheduler: str, servers: int, stage1_share: float, staleness: int) -> dict:
     opts: dict = {"servers": int(servers)}
@@ -305,9 +301,7 @@ def stage_ratio_table(models: Sequence[str] | Mapping[str, Trace], shares: Seque
     return df
 
 
-# ---------------------------------------------------------------------------------------------
 # Timelines
-# ---------------------------------------------------------------------------------------------
 
 def _stage(kind: str) -> str:
     if kind.endswith("stage2"):

@@ -44,9 +44,7 @@ THROUGHPUT_DERIVATION = ("throughput = workers x batch / iteration, iteration = 
 TIME_DERIVATION = "training time at epoch e = sum of the measured step times of epochs 1..e (evaluation excluded)"
 
 
-# ---------------------------------------------------------------------------------------------
 # What to run
-# ---------------------------------------------------------------------------------------------
 
 def variant(scheduler: str, *, stage1_share: float | None = None, lgp: bool = True, staleness: int | None = None
             ) -> dict[str, Any]:
@@ -153,9 +151,7 @@ def run_study(configs: Sequence[dict[str, Any]], workers: int, servers: int, res
     return load_runs(results_dir)
 
 
-# ---------------------------------------------------------------------------------------------
 # Reading runs
-# ---------------------------------------------------------------------------------------------
 
 def variant_label(method: str, stage1_share: float | None = None, staleness: int | None = None,
                   stage1_bytes_share: float | None = None, bytes_range: tuple[float, float] | None = None) -> str:

@@ -351,9 +351,7 @@ def load_plan_inputs(path: str | os.PathLike, models: Sequence[str],
     return inputs, f"the warm-ups recorded in {Path(path).name} ({doc.get('source', 'no source given')})"
 
 
-# ---------------------------------------------------------------------------------------------
 # reading samples
-# ---------------------------------------------------------------------------------------------
 
 def pair_ratios(samples: pd.DataFrame, num: dict[str, Any], den: dict[str, Any],
                 by: Sequence[str] = ("model",)) -> pd.DataFrame:
