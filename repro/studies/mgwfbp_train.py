@@ -156,7 +156,12 @@ def allreduce_fit_errors(times: pd.DataFrame, fits: pd.DataFrame) -> pd.DataFram
 def load_runs(results_dir: str | Path) -> pd.DataFrame:
     """One row per run under ``<results_dir>/runs``: its summary, a few config fields, ``path``,
     ``cpu_count``, ``threads_per_rank`` and ``oversubscribed``; old scheduler names mapped to current ones."""
-    df = runs_table(Path(results_dir) / "runs")
+    return _load_runs_in(Path(results_dir) / "runs")
+
+
+def _load_runs_in(folder: Path) -> pd.DataFrame:
+    """:func:`load_runs` of the run folders directly under ``folder``."""
+    df = runs_table(folder)
     if "scheduler" in df:
         df["scheduler"] = df["scheduler"].map(canonical_name)
     if df.empty:

@@ -43,19 +43,8 @@ def runs_folder(path: str | Path) -> Path:
 
 
 def load_runs(path: str | Path) -> pd.DataFrame:
-    """One row per run under :func:`runs_folder` of ``path``, as :func:`repro.studies.mgwfbp_train.load_runs`.
-    """
-    folder = runs_folder(path)
-    if folder.name == "runs":
-        return mgwfbp_train.load_runs(folder.parent)
-    import tempfile
-
-    with tempfile.TemporaryDirectory() as tmp:  # mgwfbp_train reads <dir>/runs: point a link at the folder
-        (Path(tmp) / "runs").symlink_to(folder.resolve(), target_is_directory=True)
-        df = mgwfbp_train.load_runs(tmp)
-    if len(df):
-        df["path"] = [str(folder / Path(p).name) for p in df["path"]]
-    return df
+    """:func:`repro.studies.mgwfbp_train.load_runs` of the runs under :func:`runs_folder` of ``path``."""
+    return mgwfbp_train._load_runs_in(runs_folder(path))
 
 
 def load_epochs(path: str | Path) -> pd.DataFrame:
