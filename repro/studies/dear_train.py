@@ -228,9 +228,6 @@ def time_primitives(ctx, sizes_bytes: Sequence[int], repeats: int) -> list[dict[
     P, rank = dist.get_world_size(), dist.get_rank()
     stream = CommStream()
 
-    def timed(fn) -> float:
-        return slowest_median_s(fn, repeats)
-
     def rs_ag(buf):
         stream.reduce_scatter(buf)
         stream.all_gather(buf).wait()
@@ -244,7 +241,8 @@ def time_primitives(ctx, sizes_bytes: Sequence[int], repeats: int) -> list[dict[
                              ("reduce_scatter", lambda: stream.reduce_scatter(buf).wait()),
                              ("allgather", lambda: stream.all_gather(buf).wait()),
                              ("rs_plus_ag", lambda: rs_ag(buf))):
-                rows.append({"workers": P, "bytes": n * 4, "primitive": name, "seconds": timed(fn)})
+                rows.append({"workers": P, "bytes": n * 4, "primitive": name,
+                             "seconds": slowest_median_s(fn, repeats)})
     finally:
         stream.close()
     return rows
@@ -291,8 +289,8 @@ def fit_linear_log(nbytes, seconds) -> tuple[float, float]:
     tiny = 1e-30
     x0 = np.log([max(start.a_s, float(y.min()) * 1e-3, tiny), max(start.b_s_per_byte, tiny)])
     res = least_squares(lambda q: np.log(np.exp(q[0]) + np.exp(q[1]) * x) - np.log(y), x0=x0)
-    a, b = (float(v) for v in np.exp(res.x))
-    return a, b
+    a, b = np.exp(res.x)
+    return float(a), float(b)
 
 
 def primitive_cost_table(times: pd.DataFrame) -> pd.DataFrame:
@@ -311,21 +309,16 @@ def primitive_cost_table(times: pd.DataFrame) -> pd.DataFrame:
             h = h.sort_values("bytes")
             n, t = h["bytes"].to_numpy(dtype=float), h["seconds"].to_numpy(dtype=float)
             base = {"workers": int(p), "primitive": prim, "oversubscribed": over}
-            for nb, sec in zip(n, t):
-                rows.append({**base, "bytes": int(nb), "source": "measured", "seconds": float(sec), "a_s": np.nan,
-                             "b_s_per_byte": np.nan, "relative_error": np.nan})
+            rows += [{**base, "bytes": int(nb), "source": "measured", "seconds": float(sec), "a_s": np.nan,
+                      "b_s_per_byte": np.nan, "relative_error": np.nan} for nb, sec in zip(n, t)]
             if len(h) >= 2:
                 a, b = fit_linear_log(n, t)
-                for nb, sec in zip(n, t):
-                    m = float(a + b * nb)
-                    rows.append({**base, "bytes": int(nb), "source": "fit", "seconds": m, "a_s": a,
-                                 "b_s_per_byte": b, "relative_error": m / sec - 1})
+                rows += [{**base, "bytes": int(nb), "source": "fit", "seconds": float(a + b * nb), "a_s": a,
+                          "b_s_per_byte": b, "relative_error": float(a + b * nb) / sec - 1} for nb, sec in zip(n, t)]
             k = 0.5 if prim in ("reduce_scatter", "allgather") else 1.0
-            for nb, sec in zip(n, t):
-                if int(nb) in ar.index:
-                    m = k * float(ar[int(nb)])
-                    rows.append({**base, "bytes": int(nb), "source": "ring model", "seconds": m, "a_s": np.nan,
-                                 "b_s_per_byte": np.nan, "relative_error": m / sec - 1})
+            rows += [{**base, "bytes": int(nb), "source": "ring model", "seconds": k * float(ar[int(nb)]),
+                      "a_s": np.nan, "b_s_per_byte": np.nan, "relative_error": k * float(ar[int(nb)]) / sec - 1}
+                     for nb, sec in zip(n, t) if int(nb) in ar.index]
     return pd.DataFrame(rows)
 
 
