@@ -208,8 +208,7 @@ def convergence_table(results_dir: str | Path, *, scale: str = "tiny") -> pd.Dat
                      "seed": cfg.get("seed"), "lr": cfg.get("lr"), "batch_size": cfg.get("batch_size"),
                      "lm": get_spec(r.model).family == "lm",
                      "oversubscribed": bool(r.get("oversubscribed", False))})
-    meta = pd.DataFrame(meta)
-    df = epochs.merge(meta, on="run_id")
+    df = epochs.merge(pd.DataFrame(meta), on="run_id")
     if "perplexity" not in df:
         df["perplexity"] = np.nan
     if "test_perplexity" in df:  # the runtime's own name, if it records one
@@ -242,8 +241,7 @@ def seed_summary(conv: pd.DataFrame) -> pd.DataFrame:
     grouped = conv.groupby(keys, sort=False)
     out = grouped.first().drop(columns=[*metrics, "seed", "run_id"], errors="ignore").join(grouped[metrics].median())
     for m in metrics:
-        out[f"{m}_min"] = grouped[m].min()
-        out[f"{m}_max"] = grouped[m].max()
+        out[f"{m}_min"], out[f"{m}_max"] = grouped[m].min(), grouped[m].max()
     if "min_elements_sent_per_bucket" in conv:  # the plans differ per seed (online planning): the extremes
         out["min_elements_sent_per_bucket"] = grouped["min_elements_sent_per_bucket"].min()
     if "buckets" in conv:

@@ -145,10 +145,8 @@ def variant_label(method: str, stage1_share: float | None = None, staleness: int
 
     base = method.replace("_nolgp", "")
     suffix = " w/o LGP" if method.endswith("_nolgp") else ""
-    if base == "ps_bsp":
-        return "BSP"
-    if base == "ps_asp":
-        return "ASP"
+    if base in ("ps_bsp", "ps_asp"):
+        return base[3:].upper()
     if base == "ps_ssp":
         return f"SSP (s={int(staleness)})" if staleness is not None and staleness == staleness else "SSP"
     actual = stage1_bytes_share if stage1_bytes_share is not None and stage1_bytes_share == stage1_bytes_share else None
