@@ -352,7 +352,8 @@ def measured_configs(schedulers: Sequence[str] = DEFAULT_MEASURED, model: str = 
         if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < low:
             raise CompareError(f"{name}: must be an integer >= {low}, got {v!r}")
     tag = f"_bw{link_name(bandwidth)}" if bandwidth else ""
-    values = {"density": density, "servers": 1, "staleness": int(staleness), "stage1_share": float(stage1_share)}
+    values = {"density": density, "servers": 1, "staleness": int(staleness),
+              "stage1_share": float(stage1_share)}
     out: dict[int, list[dict[str, Any]]] = {}
     for s in names:
         c: dict[str, Any] = {"model": model, "scheduler": s, "steps": int(steps), "warmup_steps": int(warmup_steps),

@@ -31,7 +31,7 @@ __all__ = ["DEAR_MODELS", "DEAR_METHODS", "BASELINES", "ALL_METHODS", "NOFUSION_
            "breakdown_table", "buffer_sweep", "buffer_sweep_table", "speedup_summary"]
 
 MIB = 2**20
-# The paper's models -> per-GPU batch size (Zhang et al., DeAR, ICDCS 2023, experimental setup); shipped V100 estimate traces.
+# The paper's models -> per-GPU batch size (DeAR, ICDCS 2023); shipped V100 estimate traces.
 DEAR_MODELS: dict[str, int] = {"resnet50": 64, "densenet201": 32, "inception_v4": 64, "bert_base": 64,
                                "bert_large": 32}
 DEAR_METHODS: tuple[str, ...] = ("dear_nofusion", "dear_threshold", "dear_model", "dear_optimal")

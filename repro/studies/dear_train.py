@@ -134,7 +134,7 @@ def _ddp_prediction(runs: pd.DataFrame, r: pd.Series) -> tuple[float | None, str
 
 
 def _timing_runs(results_dir: str | Path, schedulers: Sequence[str] | None) -> pd.DataFrame:
-    """The runs under ``results_dir`` other than the tuning (``dear_bo``) and buffer-sweep (``_t<bytes>``) runs."""
+    """The runs under ``results_dir`` but the tuning (``dear_bo``) and buffer-sweep (``_t<bytes>``) ones."""
     runs = load_runs(results_dir)
     if runs.empty:
         return runs
@@ -314,10 +314,12 @@ def primitive_cost_table(times: pd.DataFrame) -> pd.DataFrame:
             if len(h) >= 2:
                 a, b = fit_linear_log(n, t)
                 rows += [{**base, "bytes": int(nb), "source": "fit", "seconds": float(a + b * nb), "a_s": a,
-                          "b_s_per_byte": b, "relative_error": float(a + b * nb) / sec - 1} for nb, sec in zip(n, t)]
+                          "b_s_per_byte": b, "relative_error": float(a + b * nb) / sec - 1}
+                         for nb, sec in zip(n, t)]
             k = 0.5 if prim in ("reduce_scatter", "allgather") else 1.0
             rows += [{**base, "bytes": int(nb), "source": "ring model", "seconds": k * float(ar[int(nb)]),
-                      "a_s": np.nan, "b_s_per_byte": np.nan, "relative_error": k * float(ar[int(nb)]) / sec - 1}
+                      "a_s": np.nan, "b_s_per_byte": np.nan,
+                      "relative_error": k * float(ar[int(nb)]) / sec - 1}
                      for nb, sec in zip(n, t) if int(nb) in ar.index]
     return pd.DataFrame(rows)
 

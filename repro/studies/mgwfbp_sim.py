@@ -70,7 +70,8 @@ def layer_table(traces: Mapping[str, Trace]) -> pd.DataFrame:
     """One row per layer: model, layer (1-based), name, params, bytes, forward_s, backward_s, device."""
     return pd.DataFrame([{"model": model, "layer": i + 1, "name": layer.name, "params": layer.params,
                           "bytes": layer.bytes, "forward_s": layer.forward_s, "backward_s": layer.backward_s,
-                          "device": t.device} for model, t in traces.items() for i, layer in enumerate(t.layers)])
+                          "device": t.device}
+                         for model, t in traces.items() for i, layer in enumerate(t.layers)])
 
 
 def allreduce_curve(networks: Sequence[str], workers: int, sizes_bytes: Sequence[float]) -> pd.DataFrame:

@@ -174,8 +174,8 @@ def cost_compare_table(topk: pd.DataFrame, allgather: pd.DataFrame, fits: pd.Dat
                    ("paper", PAPER_WORKERS): (float(topk_time_s(PUBLISHED_GAMMA_S, r.numel)),
                                               2 * (paper.a_s + paper.b_s_per_byte * PAPER_WORKERS * nbytes),
                                               paper.a_s)}
-        rows += [{"numel": int(r.numel), "k": k, "density": float(r.density), "setting": setting, "workers": p,
-                  "quantity": q, "seconds": t}
+        rows += [{"numel": int(r.numel), "k": k, "density": float(r.density), "setting": setting,
+                  "workers": p, "quantity": q, "seconds": t}
                  for (setting, p), ts in seconds.items()
                  for q, t in zip(("topk_s", "sparse_allgather_s", "allgather_startup_s"), ts)]
     return pd.DataFrame(rows)

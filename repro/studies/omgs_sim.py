@@ -31,7 +31,7 @@ __all__ = ["SPARSE_PLANNERS", "OMGS_MODELS", "PAPER_CSV", "paper_iterations", "p
            "bucket_table", "explain_case", "timeline_table", "paper_setting_table"]
 
 SPARSE_PLANNERS: tuple[str, ...] = ("topk_layerwise", "topk_single", "omgs", "omgs_optimal")
-# The paper's models (Shi et al., OMGS-SGD, INFOCOM 2020, experimental setup) -> batch size per worker of the shipped traces.
+# The paper's models (OMGS-SGD, INFOCOM 2020) -> batch size per worker of the shipped traces.
 OMGS_MODELS: dict[str, int] = {"vgg16_cifar": 32, "resnet50": 32, "inception_v4": 64, "lstm_ptb": 20}
 PAPER_CSV = "omgs_iteration_times"  # shipped published seconds per iteration (data/paper_numbers)
 
@@ -45,7 +45,8 @@ def paper_iterations() -> pd.DataFrame:
     rows = []
     for r in raw.itertuples():
         cite = f"{r.source}: measured, {r.workers} nodes, {r.network}, {r.paper_model} batch {r.batch_size}"
-        rows += [{"model": r.model, "planner": planner, "workers": int(r.workers), "paper_s": float(t), "citation": cite}
+        rows += [{"model": r.model, "planner": planner, "workers": int(r.workers), "paper_s": float(t),
+                  "citation": cite}
                  for planner, t in (("topk_single", r.topk_sgd_s), ("omgs", r.omgs_sgd_s))]
     return pd.DataFrame(rows)
 

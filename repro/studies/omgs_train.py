@@ -239,7 +239,8 @@ def seed_summary(conv: pd.DataFrame) -> pd.DataFrame:
     keys = ["model", "scheduler", "epoch"]
     metrics = [m for m in METRICS if m in conv]
     grouped = conv.groupby(keys, sort=False)
-    out = grouped.first().drop(columns=[*metrics, "seed", "run_id"], errors="ignore").join(grouped[metrics].median())
+    out = grouped.first().drop(columns=[*metrics, "seed", "run_id"], errors="ignore")
+    out = out.join(grouped[metrics].median())
     for m in metrics:
         out[f"{m}_min"], out[f"{m}_max"] = grouped[m].min(), grouped[m].max()
     if "min_elements_sent_per_bucket" in conv:  # the plans differ per seed (online planning): the extremes

@@ -28,7 +28,8 @@ def predictions_table(*, refit: bool = False, max_nfev: int = 60, rtol: float = 
     """One row per published multi-GPU measurement with the predictions of :data:`PREDICTIONS` and their
     ``*_error`` columns. ``refit=False`` reads the shipped table and raises
     :class:`~repro.costs.published_fits.CalibrationError` when the shipped presets no longer give its
-    ``paper_s`` and ``fit_s`` (within ``rtol``); ``refit=True`` fits and cross-validates afresh (not saved)."""
+    ``paper_s`` and ``fit_s`` (within ``rtol``); ``refit=True`` fits and cross-validates afresh
+    (not saved)."""
     if refit:
         published = C.load_published()
         parts = []

@@ -336,8 +336,8 @@ def pair_ratios(samples: pd.DataFrame, num: dict[str, Any], den: dict[str, Any],
     """Per pair (and ``by`` group): ``iteration_s`` of the ``num`` sample over the ``den`` sample (each
     a dict of column values selecting one sample per pair)."""
     cols = [*by, "pair", "iteration_s"]
-    merged = samples[_matches(samples, num)][cols].merge(samples[_matches(samples, den)][cols], on=[*by, "pair"],
-                                                         suffixes=("_num", "_den"))
+    merged = samples[_matches(samples, num)][cols].merge(samples[_matches(samples, den)][cols],
+                                                         on=[*by, "pair"], suffixes=("_num", "_den"))
     return merged.assign(ratio=merged["iteration_s_num"] / merged["iteration_s_den"])
 
 
