@@ -1,21 +1,13 @@
 """Run folders: the one module that writes and reads them.
 
-A run (one model, one scheduler, one world size; :mod:`repro.train`) leaves ``<results_dir>/<run_id>/``:
-``run.json`` (config, summary, environment; always, written last), ``iterations.csv`` (per-step seconds
-and loss), ``epochs.csv`` (per-epoch loss and accuracy, convergence runs), ``buckets.csv`` (measured
-per-message timeline of the last step, ``--record-timeline``), ``trace.json`` (measured in the warm-up,
-plan schedulers), ``trace_inrun.json`` (measured during the timed steps under the run's own schedule),
-``plan.json`` (the plan executed) and ``cost.json`` (the cost model the plan was solved with).
+A run (:mod:`repro.train`) leaves ``<results_dir>/<run_id>/``: ``run.json`` (config, summary,
+environment; written last), ``iterations.csv`` (per-step seconds and loss), ``epochs.csv`` (convergence
+runs), ``buckets.csv`` (the last step's measured per-message timeline), ``trace.json`` (measured in the
+warm-up), ``trace_inrun.json`` (measured during the timed steps), ``plan.json`` and ``cost.json``. While
+a convergence run trains, ``<run_id>.incomplete/`` holds its completed epochs (:class:`ProgressWriter`).
 
-While a convergence run trains, ``<run_id>.incomplete/`` holds ``epochs.csv`` of the completed epochs
-and ``progress.json``, each replaced atomically per epoch (:func:`load_progress`); it has no
-``run.json`` and is removed when the run folder is written.
-
-Guarantees: a run folder appears only complete (written into a hidden ``.<id>.partial-*`` folder, which
-readers ignore, and renamed into place); an existing run id is refused unless ``overwrite=True``, which
-replaces the old folder whole; a run id is one path component. Readers return typed objects
-(:class:`~repro.core.trace.Trace`, :class:`~repro.core.plan.Plan`, :class:`~repro.core.cost.CostModel`). Never imports
-torch (pandas only for tables).
+A run folder appears only complete (written into a hidden ``.<id>.partial-*`` folder and renamed into
+place); an existing run id is refused unless ``overwrite=True``. Never imports torch.
 """
 
 from __future__ import annotations
@@ -33,7 +25,7 @@ from repro.core.cost import CostModel
 from repro.core.plan import Plan
 from repro.core.trace import Trace
 
-if TYPE_CHECKING:  # pandas is imported where tables are read or written, not with the core
+if TYPE_CHECKING:  # pandas is imported where tables are read or written
     import pandas as pd
 
 __all__ = ["RUN_JSON", "TRACE_JSON", "TRACE_INRUN_JSON", "PLAN_JSON", "COST_JSON", "ITERATIONS_CSV", "EPOCHS_CSV",
@@ -66,7 +58,7 @@ class RunExistsError(RunError):
 
 def check_run_id(run_id: str) -> str:
     """``run_id`` if it is one safe path component: letters, digits and ``_ . = + @ -``, not starting
-    with a dot or dash, at most 200 characters."""
+    with a dot or dash, at most 200 characters; else :class:`RunError`."""
     if not isinstance(run_id, str) or not _ID.match(run_id) or run_id in (".", ".."):
         raise RunError(f"run id {run_id!r} is not allowed: use 1-200 letters, digits and _ . = + @ - "
                        "(no path separators, not starting with '.' or '-')")
@@ -89,10 +81,9 @@ def check_results_dir(results_dir: str | Path) -> Path:
 
 
 def prepare_run(results_dir: str | Path, run_id: str, overwrite: bool = False, *, own_progress: bool = False) -> Path:
-    """Check, before any work, that ``<results_dir>/<run_id>`` can be written: a valid id, a writable
-    results folder (created if missing), and no existing run of that id, complete or stopped part-way,
-    unless ``overwrite`` (``own_progress``: the progress folder is this run's own). Returns the run
-    folder's path."""
+    """The path of run folder ``<results_dir>/<run_id>``, checked before any work: a valid id, a
+    writable results folder (created if missing), and no run of that id, complete or stopped part-way,
+    unless ``overwrite`` (``own_progress``: the progress folder is this run's own)."""
     check_run_id(run_id)
     root = check_results_dir(results_dir)
     final = root / run_id
@@ -106,14 +97,13 @@ def prepare_run(results_dir: str | Path, run_id: str, overwrite: bool = False, *
 
 
 class RunWriter:
-    """Write one run folder atomically. Use as a context manager::
+    """Write one run folder atomically, as a context manager::
 
         with RunWriter(results_dir, run_id) as w:
-            w.table(ITERATIONS_CSV, df); w.trace(trace); ...; w.record({...})
+            w.table(ITERATIONS_CSV, df); w.record({...})
 
-    Files go to a hidden temporary folder; on a clean exit it is renamed to ``<results_dir>/<run_id>``
-    (replacing an existing run whole when ``overwrite``); on an exception it is removed.
-    """
+    Files go to a hidden temporary folder, renamed to ``<results_dir>/<run_id>`` on a clean exit (replacing
+    an existing run whole when ``overwrite``) and removed on an exception."""
 
     def __init__(self, results_dir: str | Path, run_id: str, *, overwrite: bool = False) -> None:
         self.final = prepare_run(results_dir, run_id, overwrite, own_progress=True)
@@ -182,10 +172,8 @@ class RunWriter:
 
 
 class ProgressWriter:
-    """The progress of a convergence run, rewritten after every epoch: ``<run_id>.incomplete/`` with
-    ``epochs.csv`` (the completed epochs) and ``progress.json`` (run id, config, epochs completed).
-    Each file is written beside its final name and renamed into place, so a reader (or a killed run)
-    never sees half a file. :class:`RunWriter` removes the folder once the run is complete."""
+    """A convergence run's progress, rewritten after every epoch: ``<run_id>.incomplete/`` with
+    ``epochs.csv`` and ``progress.json``, each renamed into place whole."""
 
     def __init__(self, results_dir: str | Path, run_id: str) -> None:
         check_run_id(run_id)
@@ -208,13 +196,13 @@ class ProgressWriter:
 
 
 def list_incomplete(results_dir: str | Path) -> list[Path]:
-    """The progress folders of runs under ``results_dir`` that stopped part-way (or are still running)."""
+    """The progress folders of runs under ``results_dir`` that stopped part-way (or are running)."""
     root = Path(results_dir)
     return sorted(p for p in root.glob(f"*{INCOMPLETE}") if (p / PROGRESS_JSON).is_file()) if root.is_dir() else []
 
 
 def load_progress(path: str | Path) -> tuple[dict[str, Any], pd.DataFrame]:
-    """``(progress.json, epochs.csv)`` of a progress folder (see :class:`ProgressWriter`)."""
+    """``(progress.json, epochs.csv)`` of a progress folder; :class:`RunError` if it is not one."""
     import pandas as pd
 
     p = Path(path)
@@ -225,9 +213,7 @@ def load_progress(path: str | Path) -> tuple[dict[str, Any], pd.DataFrame]:
     return info, epochs
 
 
-# ---------------------------------------------------------------------------------------------
 # Reading
-# ---------------------------------------------------------------------------------------------
 
 @dataclass
 class Run:
@@ -309,9 +295,8 @@ def _read_record(folder: Path) -> tuple[dict[str, Any] | None, str | None]:
 
 
 def record_problem(folder: str | Path) -> str | None:
-    """None when ``folder`` holds a finished run (its ``run.json`` parses and has what a finished run writes:
-    ``run_id`` naming this folder, ``config``, and a ``summary`` with :data:`SUMMARY_FIELDS`); else one line
-    naming the file and what is wrong (a missing ``run.json`` included)."""
+    """None when ``folder`` holds a finished run (a ``run.json`` naming this folder, with ``config`` and
+    a ``summary`` with :data:`SUMMARY_FIELDS`); else one line naming the file and what is wrong."""
     f = Path(folder) / RUN_JSON
     if not f.exists():
         return f"{f} does not exist"
@@ -321,8 +306,8 @@ def record_problem(folder: str | Path) -> str | None:
 
 
 def load_run(path: str | Path) -> Run:
-    """The finished run in folder ``path``; :class:`RunError` (one line naming ``run.json`` and what is wrong)
-    when it has no ``run.json`` or a damaged one (empty, not JSON, not the record of a finished run)."""
+    """The finished run in folder ``path``; :class:`RunError` (one line) when its ``run.json`` is missing
+    or damaged."""
     p = Path(path)
     f = p / RUN_JSON
     if not f.is_file():

@@ -25,12 +25,8 @@ __all__ = ["git_revision", "environment", "write_table", "read_table"]
 
 
 def git_revision(cwd: str | Path | None = None) -> str | None:
-    """The repository's HEAD commit (with ``-dirty`` if tracked files changed), or None.
-
-    Read-only: git runs with ``--no-optional-locks`` (and ``GIT_OPTIONAL_LOCKS=0``), so ``git status``
-    does not take ``.git/index.lock`` to write back a refreshed index; recording a result never races
-    with (or blocks) the user's own git commands in the checkout.
-    """
+    """The repository's HEAD commit (with ``-dirty`` if tracked files changed), or None. Read-only (no
+    optional locks), so recording a result never races with the user's own git commands."""
     cwd = Path(cwd) if cwd else Path(repro.__file__).resolve().parent
     env = {**os.environ, "GIT_OPTIONAL_LOCKS": "0"}
     git = ["git", "--no-optional-locks"]
@@ -74,6 +70,7 @@ def write_table(df: pd.DataFrame, results_dir: str | Path, name: str,
 
 
 def read_table(results_dir: str | Path, name: str) -> pd.DataFrame:
+    """``<results_dir>/<name>.csv``; FileNotFoundError if it was not written."""
     p = Path(results_dir) / f"{name}.csv"
     if not p.is_file():
         raise FileNotFoundError(f"result table not found: {p} (run the notebook or job that writes it)")

@@ -1,9 +1,8 @@
-"""What every measured study shares: how many CPU cores the ranks have, and saying when they share them.
+"""What every measured study shares: the CPU cores the ranks have, and saying when they share them.
 
-A rank of the local launcher is a process with ``threads_per_rank`` compute threads (one by default).
-With more ranks than CPU cores, ranks take turns on the cores, and an iteration time measures CPU
-sharing as much as communication. Studies warn (:class:`OversubscriptionWarning`) before launching such
-a world, and their tables carry an ``oversubscribed`` column that the figures mark.
+With more ranks than cores an iteration time measures CPU sharing as much as communication: studies
+warn (:class:`OversubscriptionWarning`) before launching such a world, and their tables carry an
+``oversubscribed`` column that the figures mark.
 """
 
 from __future__ import annotations
@@ -17,10 +16,9 @@ __all__ = ["OversubscriptionWarning", "available_cpus", "is_oversubscribed", "wa
 
 
 def with_oversubscription(df: pd.DataFrame, *, workers: str = "world_size") -> pd.DataFrame:
-    """``df`` with a boolean ``oversubscribed`` column from its ``workers``, ``cpu_count`` and
-    (optional) ``threads_per_rank`` columns (False where the CPU count is unknown). Run summaries
-    count every process of the job in ``ranks`` (a parameter server's world is its workers plus its
-    servers); where that column is filled it is used instead of ``workers``."""
+    """``df`` with a boolean ``oversubscribed`` column from its ``workers`` (or, for ``world_size``, the
+    filled ``ranks``: servers included), ``cpu_count`` and optional ``threads_per_rank`` columns (False
+    where the CPU count is unknown)."""
     if df.empty:
         return df.assign(oversubscribed=pd.Series(dtype=bool))
     cpus = df["cpu_count"] if "cpu_count" in df else pd.Series([None] * len(df), index=df.index)

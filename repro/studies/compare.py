@@ -1,37 +1,7 @@
-"""Every scheduler of the four papers on one footing, as tidy tables (the notebook only calls these and plots).
-
-Two tables, each with a ``best`` flag per configuration:
-
-- :func:`simulated_table` — **simulated at paper scale**: shipped V100 roofline-estimate traces
-  (``<model>_b<batch>_v100-estimate``, not measurements), worker counts P, network presets mapped by
-  ``cost_mode``. Each configuration is one :func:`repro.cli.compare.predict`, the function ``repro compare``
-  calls, with the same defaults (cost mode, servers, options, top-k cost: :mod:`repro.cli.compare`), so the
-  table and ``repro compare`` agree on the same trace, network and P.
-- :func:`measured_table` (after :func:`run_measured`) — **measured at tiny scale** on this machine:
-  each scheduler once on a tiny CPU model, gloo, each rank in its own network namespace behind an
-  emulated link (:mod:`repro.launch.netns`), launched with the training studies' runner
-  (:func:`repro.studies.mgwfbp_train.run_grid`): ``workers`` ranks, plus one serving rank for a
-  parameter-server scheduler. Iteration = the slowest rank's median step time over the timed steps.
-
-Assumptions:
-
-- **Math.** Top-k sparsification (error feedback) and the ASP, SSP and OSP modes change the update of
-  synchronous SGD; ``keeps_sync_sgd`` is False for them and ``math_note`` says how. ``osp_auto`` is marked
-  as OSP even where its rule keeps every byte in stage 1 (``stage1_bytes_share`` = 1 then).
-- **Exact planners under contention.** ``optimal``, ``omgs_optimal`` and ``dear_optimal`` (:data:`EXACT`)
-  search exactly under the contention-free model; the calibrated cost models add contention, under which
-  the exact plan can lose to a heuristic's. The planners return the best of their exact plan and their
-  family's heuristics' plans, simulated under the judging cost model (:mod:`repro.core.judge`):
-  ``plan_from`` names the plan used, ``exact_plan_iteration_s`` the exact plan's own iteration and
-  ``exact_plan_loss_pct`` the difference. :func:`exact_choice` applies the same rule over the table's rows
-  as a safety net.
-- **Best.** Per configuration (simulated: model, network, P; measured: model, link, workers), ``best`` marks
-  the smallest iteration time, ``best_sync_sgd`` the smallest among rows with ``keeps_sync_sgd``; ties
-  within a relative :data:`TIE_RTOL` are all marked. ``relative_to_best`` = iteration / the smallest.
-  Throughput = P x batch / iteration (samples/s over the workers).
-
-Never imports torch (the measured runs start their own processes). Every function returns a
-:class:`pandas.DataFrame` or plain data; nothing here draws.
+"""Every scheduler of the four papers on one footing, as tidy tables with a ``best`` flag per configuration:
+:func:`simulated_table` (paper scale, V100 estimate traces, as ``repro compare`` predicts) and
+:func:`measured_table` (tiny scale on this machine, after :func:`run_measured`). Throughput is
+P x batch / iteration. Design notes: ``docs/design/studies.md``. Never imports torch.
 """
 
 from __future__ import annotations
@@ -74,7 +44,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
 SCHEDULERS: tuple[str, ...] = tuple(s for names in GROUPS.values() for s in names)
 SPARSE: tuple[str, ...] = GROUPS["OMGS-SGD: sparse top-k"]
 PARAMETER_SERVER: tuple[str, ...] = GROUPS["OSP: parameter server"]
-# Exact planners (this package's): optimal under their family's contention-free model (module docstring).
+# Exact under their family's contention-free model (docs/design/studies.md).
 EXACT: tuple[str, ...] = ("optimal", "omgs_optimal", "dear_optimal")
 
 DEFAULT_MODELS: tuple[str, ...] = ("resnet50", "bert_base", "vgg16")
@@ -87,9 +57,7 @@ NETWORK_LABELS = {"10gbe": "10GbE", "56gbib": "InfiniBand", "100gbib": "InfiniBa
 TIE_RTOL = 1e-9
 
 
-# ---------------------------------------------------------------------------------------------
 # What each scheduler is
-# ---------------------------------------------------------------------------------------------
 
 def group_of(scheduler: str) -> str:
     """The row group (paper) of ``scheduler``."""
@@ -100,8 +68,7 @@ def group_of(scheduler: str) -> str:
 
 
 def keeps_sync_sgd(scheduler: str) -> bool:
-    """False for the schedulers that change the update of synchronous SGD (the registry says which:
-    top-k; ASP, SSP, OSP)."""
+    """False for the schedulers that change the update of synchronous SGD (top-k; ASP, SSP, OSP)."""
     group_of(scheduler)
     return not get_scheduler(scheduler).changes_update
 
@@ -120,8 +87,8 @@ def servers_for(workers: int, devices_per_node: int = DEVICES_PER_NODE) -> int:
 
 def plan_options(scheduler: str, workers: int, *, density: float = DEFAULT_DENSITY,
                  staleness: int = DEFAULT_STALENESS, stage1_share: float = DEFAULT_STAGE1_SHARE) -> dict[str, Any]:
-    """Planner options of ``scheduler`` at ``workers`` GPUs in this comparison (:mod:`repro.cli.compare`'s
-    defaults, one server per node of 4): those its planner takes (the registry's ``planner_options``)."""
+    """The planner options of ``scheduler`` at ``workers`` GPUs in this comparison
+    (:mod:`repro.cli.compare`'s defaults, one server per node), restricted to those its planner takes."""
     values = {**DEFAULT_OPTIONS, "density": float(density), "servers": servers_for(workers),
               "staleness": int(staleness), "stage1_share": float(stage1_share)}
     takes = get_scheduler(scheduler).planner_options
@@ -143,8 +110,8 @@ def check_schedulers(schedulers: Sequence[str], *, name: str = "schedulers") -> 
 
 
 def check_workers(workers: Sequence[int], cost_mode: str) -> list[int]:
-    """Worker counts as ints >= 2; calibrated clusters have 4 GPUs per node, so there P must be 2, 4 or a
-    multiple of 4 (whole nodes). Else one line."""
+    """Worker counts as ints >= 2; with calibrated clusters (4 GPUs per node) P must be 2, 4 or a
+    multiple of 4. Else :class:`CompareError`."""
     if isinstance(workers, (int, np.integer)):
         workers = [int(workers)]
     out = []
@@ -178,13 +145,11 @@ def scheduler_table(schedulers: Sequence[str] = SCHEDULERS, *, density: float = 
     return pd.DataFrame(rows)
 
 
-# ---------------------------------------------------------------------------------------------
 # Simulated at paper scale
-# ---------------------------------------------------------------------------------------------
 
 def resolve_trace(model: str) -> str:
-    """The shipped trace of ``model``: a shipped stem as given, or the model's V100 estimate at the papers'
-    batch size (:func:`repro.studies.dear_sim.find_trace`; e.g. ``vgg16`` -> ``vgg16_b32_v100-estimate``)."""
+    """The shipped trace stem of ``model``: a stem as given, or the model's V100 estimate at the
+    papers' batch size (e.g. ``vgg16`` -> ``vgg16_b32_v100-estimate``)."""
     from repro.core.paths import shipped_traces
     from repro.studies.dear_sim import find_trace
 
@@ -215,7 +180,7 @@ def _cost(network: str, workers: int, cost_mode: str, topk_gamma_s: float | None
 
 
 def _cost_name(cost, network: str) -> str:
-    """The cost model's name: the calibrated preset it comes from, or the network preset itself."""
+    """The calibrated preset the cost model comes from, or ``network`` itself."""
     src = str(cost.source)
     if src.startswith("calibrated "):
         return src[len("calibrated "):].split(":", 1)[0].strip()
@@ -227,21 +192,15 @@ def simulated_table(models: Sequence[str] | Mapping[str, Trace] = DEFAULT_MODELS
                     schedulers: Sequence[str] = SCHEDULERS, *, cost_mode: str = DEFAULT_COST_MODE,
                     density: float = DEFAULT_DENSITY, topk_gamma_s: float | None = None,
                     staleness: int = DEFAULT_STALENESS, stage1_share: float = DEFAULT_STAGE1_SHARE) -> pd.DataFrame:
-    """Simulated iteration of every scheduler per model x network x P (tidy; module docstring).
+    """Simulated iteration of every scheduler per model x network x P, each configuration one
+    :func:`repro.cli.compare.predict` as ``repro compare`` makes it.
 
-    ``models``: model names or shipped trace stems (:func:`resolve_trace`), or a mapping name -> Trace;
-    ``networks``: network presets for :func:`repro.costs.published_fits.cost_for_mode` (``cost_mode`` ``"calibrated"``
-    or ``"paper"``); ``topk_gamma_s``: seconds of the top-k cost ``gamma d log2 d`` (None: the cost model's own,
-    else :data:`TOPK_GAMMA_S`). Each configuration is one :func:`repro.cli.compare.predict`, as ``repro
-    compare`` makes it.
-    Columns: model, trace, device, batch_size, network, network_label, cost_mode, cost_model (the calibrated
-    preset standing for ``network``, or ``network`` itself), cost_source, workers,
-    servers (parameter-server rows; NaN elsewhere), density (sparse rows; NaN elsewhere), scheduler, group,
-    family, keeps_sync_sgd, math_note, iteration_s, throughput_samples_s, buckets, stage1_bytes_share
-    (OSP rows), plan_wall_s (seconds planning took here), plan_from, exact_plan_iteration_s and
-    exact_plan_loss_pct (exact planners: module docstring; NaN elsewhere), relative_to_best, best,
-    best_sync_sgd, origin.
-    """
+    ``models``: names or shipped trace stems (:func:`resolve_trace`), or a mapping name -> Trace;
+    ``topk_gamma_s``: seconds of the top-k cost (None: the cost model's own). Columns: model, trace,
+    device, batch_size, network, network_label, cost_mode, cost_model, cost_source, workers, servers and
+    density (NaN where unused), scheduler, group, family, keeps_sync_sgd, math_note, iteration_s,
+    throughput_samples_s, buckets, stage1_bytes_share, plan_wall_s, plan_from, exact_plan_iteration_s,
+    exact_plan_loss_pct, relative_to_best, best, best_sync_sgd, origin."""
     cost_mode = check_cost_mode(cost_mode)
     names = check_schedulers(schedulers)
     ps = check_workers(workers, cost_mode)
@@ -312,11 +271,9 @@ def _family(scheduler: str) -> str:
 
 
 def exact_choice(iterations: Mapping[str, float]) -> dict[str, tuple[str, float]]:
-    """For each exact planner (:data:`EXACT`) among ``iterations`` (scheduler -> simulated iteration
-    seconds of its plan in one configuration, under the judging cost model): ``(plan_from,
-    iteration_s)``, the fastest of its own plan and the plans of the non-exact schedulers of the same
-    plan family (a contiguous bucketing of that family, so inside the exact planner's search space).
-    Ties keep the exact plan."""
+    """``{exact planner: (plan_from, iteration_s)}`` over ``iterations`` (scheduler -> seconds in one
+    configuration): the fastest of its own plan and the non-exact plans of its family; ties keep the
+    exact plan."""
     out: dict[str, tuple[str, float]] = {}
     for s in iterations:
         if s not in EXACT:
@@ -331,9 +288,8 @@ def exact_choice(iterations: Mapping[str, float]) -> dict[str, tuple[str, float]
 
 
 def mark_best(df: pd.DataFrame, keys: Sequence[str]) -> pd.DataFrame:
-    """``df`` with ``relative_to_best`` (iteration_s / the smallest of its configuration ``keys``), ``best``
-    (the smallest, ties within :data:`TIE_RTOL` all marked) and ``best_sync_sgd`` (the smallest among rows
-    with ``keeps_sync_sgd``). Rows without an iteration time (NaN) are never best."""
+    """``df`` with ``relative_to_best`` (iteration_s / the smallest per ``keys``), ``best`` and
+    ``best_sync_sgd`` (ties within :data:`TIE_RTOL` all marked; NaN rows never best)."""
     out = df.copy()
     if out.empty:
         return out.assign(relative_to_best=pd.Series(dtype=float), best=pd.Series(dtype=bool),
@@ -350,9 +306,8 @@ def mark_best(df: pd.DataFrame, keys: Sequence[str]) -> pd.DataFrame:
 
 
 def best_table(df: pd.DataFrame, keys: Sequence[str]) -> pd.DataFrame:
-    """Per configuration: the fastest scheduler(s) overall and among those keeping synchronous SGD's math,
-    their iteration seconds, throughput (samples/s) and how much faster the overall best is
-    (``sync_over_best`` = best_sync iteration / best iteration)."""
+    """Per configuration: the fastest scheduler(s) overall and among those keeping synchronous SGD,
+    their seconds and throughput, and ``sync_over_best`` (best_sync iteration / best iteration)."""
     rows = []
     for key, g in df.groupby(list(keys), sort=False):
         key = key if isinstance(key, tuple) else (key,)
@@ -369,9 +324,7 @@ def best_table(df: pd.DataFrame, keys: Sequence[str]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-# ---------------------------------------------------------------------------------------------
 # Measured at tiny scale
-# ---------------------------------------------------------------------------------------------
 
 def link_name(bandwidth: str | float | None) -> str:
     """``"100mbit"`` for an emulated rate (tc string or bits/s), ``"loopback"`` for none."""
@@ -388,10 +341,8 @@ def measured_configs(schedulers: Sequence[str] = DEFAULT_MEASURED, model: str = 
                      density: float = DEFAULT_DENSITY, staleness: int = DEFAULT_STALENESS,
                      stage1_share: float = DEFAULT_STAGE1_SHARE, fit_repeats: int = 1, seed: int = 0
                      ) -> dict[int, list[dict[str, Any]]]:
-    """:class:`repro.train.TrainConfig` dicts of one timing run per scheduler (synthetic data), by the size of
-    the world that runs them: ``workers`` ranks, or ``1 + workers`` for a parameter-server scheduler (rank 0
-    serves). The online planners fit their cost lines on the live group in the warm-up (``fit_repeats``
-    repeats per size). No computation-only steps (the comparison needs iteration times only)."""
+    """:class:`repro.train.TrainConfig` dicts of one timing run per scheduler, keyed by world size:
+    ``workers`` ranks, or ``1 + workers`` for a parameter-server scheduler (rank 0 serves)."""
     names = check_schedulers(schedulers)
     density = _check_density(density)
     if isinstance(workers, bool) or not isinstance(workers, (int, np.integer)) or workers < 2:
@@ -401,29 +352,27 @@ def measured_configs(schedulers: Sequence[str] = DEFAULT_MEASURED, model: str = 
         if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < low:
             raise CompareError(f"{name}: must be an integer >= {low}, got {v!r}")
     tag = f"_bw{link_name(bandwidth)}" if bandwidth else ""
+    values = {"density": density, "servers": 1, "staleness": int(staleness),
+              "stage1_share": float(stage1_share)}
     out: dict[int, list[dict[str, Any]]] = {}
     for s in names:
         c: dict[str, Any] = {"model": model, "scheduler": s, "steps": int(steps), "warmup_steps": int(warmup_steps),
                              "compute_steps": 0, "batch_size": int(batch_size), "fit_repeats": int(fit_repeats),
                              "seed": int(seed)}
-        world = int(workers)
         takes = get_scheduler(s).planner_options
         served = "servers" in takes  # a parameter server: one serving rank on top of the workers
-        values = {"density": density, "servers": 1, "staleness": int(staleness), "stage1_share": float(stage1_share)}
         c.update({k: v for k, v in values.items() if k in takes})
-        world += int(served)
         c["run_id"] = f"{model}_{s}_w{int(workers)}" + ("_ps1" if served else "") + tag
-        out.setdefault(world, []).append(c)
+        out.setdefault(int(workers) + int(served), []).append(c)
     return out
 
 
 def run_measured(schedulers: Sequence[str], results_dir: str | Path, *, model: str = "tiny_resnet", workers: int = 2,
                  bandwidth: str | None = "100mbit", timeout_s: float = 900, overwrite: bool = True,
                  **config: Any) -> pd.DataFrame:
-    """Run :func:`measured_configs` with :func:`repro.studies.mgwfbp_train.run_grid` (one local world per size,
-    gloo, one thread per rank; ``bandwidth`` e.g. ``"100mbit"``: emulated links, needs root; None:
-    loopback) into ``<results_dir>/runs``; returns :func:`measured_table` of ``results_dir``.
-    ``config``: more :func:`measured_configs` options (steps, warmup_steps, batch_size, density...)."""
+    """Run :func:`measured_configs` with :func:`repro.studies.mgwfbp_train.run_grid` into
+    ``<results_dir>/runs`` (``bandwidth``: emulated links, needs root; None: loopback) and return
+    :func:`measured_table`. ``config``: more :func:`measured_configs` options."""
     from repro.studies.mgwfbp_train import run_grid
     from repro.workload.models import MODEL_NAMES
 
@@ -437,14 +386,12 @@ def run_measured(schedulers: Sequence[str], results_dir: str | Path, *, model: s
 
 def measured_table(results_dir: str | Path, *, density: float = DEFAULT_DENSITY,
                    staleness: int = DEFAULT_STALENESS) -> pd.DataFrame:
-    """One row per measured run of a compared scheduler under ``<results_dir>/runs`` (tidy).
+    """One row per measured run of a compared scheduler under ``<results_dir>/runs``.
 
     Columns: model, scheduler, group, family, keeps_sync_sgd, math_note, workers, servers, ranks, link,
-    cpu_count, oversubscribed (more ranks than CPU cores: the time includes CPU sharing), batch_size,
-    steps, iteration_s (the slowest rank's median over the timed steps), iteration_q25_s /
-    iteration_q75_s (quartiles of the steps one rank recorded: the noise), throughput_samples_s
-    (workers x batch / iteration), predicted_iteration_s (the run's own plan prediction from its
-    warm-up), relative_to_best, best, best_sync_sgd (per model, link, workers), origin."""
+    cpu_count, oversubscribed, batch_size, steps, iteration_s (the slowest rank's median),
+    iteration_q25_s / iteration_q75_s (one rank's quartiles: the noise), throughput_samples_s,
+    predicted_iteration_s, run_id, relative_to_best, best, best_sync_sgd, origin."""
     from repro.studies.mgwfbp_train import load_iterations, load_runs
 
     runs = load_runs(results_dir)

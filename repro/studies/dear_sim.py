@@ -1,28 +1,10 @@
 """The DeAR simulation study as tidy tables (the notebooks only call these and plot).
 
-Iterations are simulated with the torch-free core: :mod:`repro.families.dear.simulate` (DeAR: each bucket's
-reduce-scatter in backward, its all-gather in the next forward, one FIFO communication stream),
-:mod:`repro.families.allreduce.simulate` (WFBP, Horovod with its cycle time, DDP buckets, MG-WFBP) and
-:mod:`repro.families.bytescheduler.simulate` (priority-scheduled chunks across iterations). Planners
-(:mod:`repro.core.planners`): ``wfbp``, ``bytescheduler``, ``horovod``, ``ddp_buckets``, ``mgwfbp``,
-``dear_nofusion``, ``dear_threshold`` (25 MiB) and ``dear_model`` (the threshold the model predicts best,
-this package's addition).
-
-Inputs, and what is an interpretation:
-
-- Per-layer times are **roofline estimates** of a V100 (``<model>_b<batch>_v100-estimate``, the paper's
-  models at its per-GPU batch sizes), not measurements.
-- Costs: ``10gbe-dear64`` / ``56gbib-dear64`` are the DeAR authors' all-reduce fits at P=64 (their IB
-  constants say 56Gb; the paper's testbed is 100Gb IB), reduce-scatter and all-gather each the ring half;
-  ``10gbe-dear-derived`` / ``56gbib-dear-derived`` are per-hop ring constants derived from those fits, valid
-  for any P (used for scaling; equal to the fits at P=64).
-- Throughput is samples per second over all GPUs: ``workers * batch / iteration_s`` (the paper's metric).
-- ``cost_mode`` (:data:`repro.costs.published_fits.COST_MODES`) of every simulation at paper scale: ``"paper"``
-  (default) simulates the presets themselves, the paper's model; ``"calibrated"`` the calibrated cluster
-  and realism of the same network (:func:`repro.costs.published_fits.cost_for_mode`: ``10gbe-*`` -> the fitted
-  10GbE cluster, ``56gbib-*`` -> the fitted 100Gb InfiniBand one). Tables record it in ``cost_mode``.
-
-Every function returns a :class:`pandas.DataFrame` (or plain data); nothing here draws.
+Per-layer times are roofline estimates of a V100 (``<model>_b<batch>_v100-estimate``), not
+measurements. Costs: ``10gbe-dear64`` / ``56gbib-dear64`` are the DeAR authors' all-reduce fits at
+P=64; ``*-dear-derived`` are per-hop ring constants derived from them, valid for any P. Throughput is
+samples per second over all GPUs. ``cost_mode`` ``"paper"`` simulates the presets, ``"calibrated"``
+the calibrated cluster of the same network (:func:`repro.costs.published_fits.cost_for_mode`).
 """
 
 from __future__ import annotations
@@ -49,13 +31,12 @@ __all__ = ["DEAR_MODELS", "DEAR_METHODS", "BASELINES", "ALL_METHODS", "NOFUSION_
            "breakdown_table", "buffer_sweep", "buffer_sweep_table", "speedup_summary"]
 
 MIB = 2**20
-# The paper's models -> per-GPU batch size (Zhang et al., DeAR, ICDCS 2023, experimental setup); shipped V100 estimate traces.
+# The paper's models -> per-GPU batch size (DeAR, ICDCS 2023); shipped V100 estimate traces.
 DEAR_MODELS: dict[str, int] = {"resnet50": 64, "densenet201": 32, "inception_v4": 64, "bert_base": 64,
                                "bert_large": 32}
 DEAR_METHODS: tuple[str, ...] = ("dear_nofusion", "dear_threshold", "dear_model", "dear_optimal")
 BASELINES: tuple[str, ...] = ("wfbp", "bytescheduler", "horovod", "ddp_buckets", "mgwfbp")
-ALL_METHODS: tuple[str, ...] = ("wfbp", "bytescheduler", "horovod", "ddp_buckets", "mgwfbp", "dear_nofusion",
-                                "dear_threshold", "dear_model", "dear_optimal")
+ALL_METHODS: tuple[str, ...] = BASELINES + DEAR_METHODS
 NOFUSION_METHODS: tuple[str, ...] = ("wfbp", "bytescheduler", "dear_nofusion")  # dear.throughput_nofusion
 FUSION_METHODS: tuple[str, ...] = ("horovod", "ddp_buckets", "mgwfbp", "dear_threshold", "dear_model", "dear_optimal")
 PAPER_NETWORKS: tuple[str, ...] = ("10gbe-dear64", "56gbib-dear64")  # the authors' fits, P=64 only
@@ -69,16 +50,13 @@ TRACE_NOTE = "V100 roofline-estimate traces (not measurements)"
 
 
 def figure_scale(table: pd.DataFrame) -> str:
-    """The ``save_figure`` scale of a figure drawn from ``table`` (rows with ``model``): "paper" when every
-    model is one of the paper's (:data:`DEAR_MODELS`, simulated from its traces at the paper's batch, at
-    whatever GPU counts), so the figure is tagged simulated, not "tiny scale"; else "tiny"."""
+    """``"paper"`` when every model of ``table`` is one of :data:`DEAR_MODELS` (simulated at the
+    paper's batch), else ``"tiny"``: the ``save_figure`` scale of a figure drawn from it."""
     models = set(table["model"]) if len(table) and "model" in table else set()
     return "paper" if models and models <= set(DEAR_MODELS) else "tiny"
 
 
-# ---------------------------------------------------------------------------------------------
 # Traces and networks
-# ---------------------------------------------------------------------------------------------
 
 def find_trace(model: str, batch_size: int | None = None) -> str:
     """Stem of the shipped V100 estimate trace of ``model`` at the paper's batch size (or ``batch_size``)."""
@@ -129,13 +107,11 @@ def network_label(network: str) -> str:
     return f"{names.get(k, k)} ({network})"
 
 
-# ---------------------------------------------------------------------------------------------
 # Iteration time and throughput
-# ---------------------------------------------------------------------------------------------
 
 def iteration(trace: Trace, method: str, cost: CostModel, **options) -> dict:
-    """Simulated steady-state iteration of ``method`` (a planner name): iteration_s, buckets,
-    threshold_bytes (DeAR's, NaN otherwise), plan_wall_s (seconds planning took here)."""
+    """Simulated steady-state iteration of planner ``method``: iteration_s, buckets, threshold_bytes
+    (DeAR's, else NaN) and plan_wall_s (seconds planning took)."""
     t0 = time.perf_counter()
     plan = make_plan(method, trace, cost, **options)
     wall = time.perf_counter() - t0
@@ -149,14 +125,11 @@ def throughput_table(models: Sequence[str] | Mapping[str, Trace], networks: Sequ
                      cost_mode: str = "paper") -> pd.DataFrame:
     """Simulated throughput per model x network x workers x method (tidy).
 
-    ``models``: names (shipped V100 estimate traces at the paper's batch sizes) or a mapping name -> trace.
-    Columns: model, device, batch_size, network, workers, scheduler, iteration_s, throughput
-    (samples/s over all GPUs = workers * batch / iteration_s), buckets, threshold_bytes (DeAR plans),
-    relative_to_best (throughput / the best method's at that model, network, workers), plan_wall_s,
-    origin ("simulated"), cost_mode. The simulated halves of ``dear.throughput_nofusion`` (methods
-    :data:`NOFUSION_METHODS`) and ``dear.throughput_fusion`` (:data:`FUSION_METHODS`). ``cost_mode``:
-    ``"paper"`` (the presets) or ``"calibrated"`` (:func:`repro.costs.published_fits.cost_for_mode`).
-    """
+    ``models``: names (shipped traces at the paper's batch sizes) or a mapping name -> trace. Columns:
+    model, device, batch_size, network, workers, scheduler, iteration_s, throughput (samples/s over all
+    GPUs), buckets, threshold_bytes, relative_to_best (throughput / the best method's), plan_wall_s,
+    origin, cost_mode (``"paper"``: the presets; ``"calibrated"``:
+    :func:`repro.costs.published_fits.cost_for_mode`)."""
     check_cost_mode(cost_mode)
     traces = _traces(models)
     ps = [int(workers)] if np.isscalar(workers) else [int(p) for p in workers]
@@ -185,18 +158,15 @@ def throughput_table(models: Sequence[str] | Mapping[str, Trace], networks: Sequ
 def scaling_table(models: Sequence[str] | Mapping[str, Trace], workers: Sequence[int] = SCALING_WORKERS,
                   networks: Sequence[str] = SCALING_NETWORKS, methods: Sequence[str] = ALL_METHODS,
                   cost_mode: str = "paper") -> pd.DataFrame:
-    """``dear.scaling``: :func:`throughput_table` over ``workers`` on the per-hop presets (any P), in
-    ``cost_mode``."""
+    """:func:`throughput_table` over ``workers`` on the per-hop presets (valid for any P)."""
     return throughput_table(models, networks, methods, workers, cost_mode)
 
 
 def speedup_summary(table: pd.DataFrame, dear: Sequence[str] = DEAR_METHODS) -> pd.DataFrame:
-    """Per model x network x workers: the best DeAR variant against the best baseline (every other method
-    in ``table``), as ``speedup_pct = 100 (baseline iteration / DeAR iteration - 1)`` (= throughput ratio);
-    then one ``all models`` row per network and workers with the largest speedup, beside the paper's
-    claim (``paper_claim_pct``: up to 83% on 10GbE, 15% on IB; measured, labelled as the paper's claim).
-    The table's ``cost_mode`` is kept where it has one; a table of several cost modes is summarised per
-    mode."""
+    """Per model x network x workers: the best DeAR variant against the best other method,
+    ``speedup_pct = 100 (baseline iteration / DeAR iteration - 1)``; then one ``all models`` row per
+    network and workers with the largest speedup, beside the paper's claim (``paper_claim_pct``). A table
+    of several cost modes is summarised per mode."""
     if "cost_mode" in table and table["cost_mode"].nunique() > 1:
         return pd.concat([speedup_summary(g, dear) for _, g in table.groupby("cost_mode", sort=False)],
                          ignore_index=True)
@@ -228,9 +198,7 @@ def speedup_summary(table: pd.DataFrame, dear: Sequence[str] = DEAR_METHODS) -> 
     return out
 
 
-# ---------------------------------------------------------------------------------------------
 # Timelines
-# ---------------------------------------------------------------------------------------------
 
 def _ops_frame(res) -> pd.DataFrame:
     df = pd.DataFrame([op.to_dict() for op in res.ops])
@@ -239,27 +207,21 @@ def _ops_frame(res) -> pd.DataFrame:
 
 
 def _dear_iterations(df: pd.DataFrame) -> pd.Series:
-    """Iteration number (1-based) of each op of a DeAR graph: ops after the k-th step barrier (task
-    order) belong to iteration k; the barriers themselves get the iteration they open (0 for the last)."""
+    """Iteration (1-based) of each op of a DeAR graph: ops after the k-th step barrier belong to
+    iteration k; the barriers get the iteration they open (0 for the last)."""
     step = (df["kind"] == "step").cumsum()
     return step.where(step <= step.max() - 1, 0) if len(df) else step
 
 
 def timeline_table(trace: Trace, cost: CostModel, schedulers: Sequence[str] = ("wfbp", "dear_threshold"),
                    network: str = "", cost_mode: str = "paper") -> pd.DataFrame:
-    """``dear.timeline``: simulated ops of one iteration and the next forward, per scheduler.
+    """Simulated ops of one iteration and the next forward, per scheduler.
 
-    - DeAR family: the simulator's graph of two iterations, from the first step barrier (t = 0) to the end
-      of the second iteration's forward: forward 1 (with its all-gathers), backward 1 (with its
-      reduce-scatters), the step barrier, forward 2 (with the all-gathers of iteration 1's buckets).
-    - All-reduce family (WFBP, MG-WFBP, DDP buckets, Horovod): the simulated iteration, plus its forward
-      copied to start at ``iteration_s`` (the next forward waits for every all-reduce).
-
-    Columns: scheduler, stream, row (``compute`` or ``comm``), kind, label, start_s, end_s, iteration
-    (1 or 2), iteration_s (steady-state period), boundary_s (where iteration 2 starts: the step barrier /
-    ``iteration_s``), buckets, workers, network, cost_mode (how ``cost`` was obtained: recorded, not
-    applied). Times in seconds. Zero-length ops (barriers, waits) are left out.
-    """
+    DeAR family: the graph from the first step barrier (t = 0) to the end of the second iteration's
+    forward. All-reduce family: the iteration plus its forward copied to start at ``iteration_s`` (the
+    next forward waits for every all-reduce). Columns: scheduler, stream, row (``compute``/``comm``),
+    kind, label, start_s, end_s, iteration (1 or 2), iteration_s, boundary_s (where iteration 2 starts),
+    buckets, workers, network, cost_mode (recorded, not applied). Zero-length ops are left out."""
     check_cost_mode(cost_mode)
     frames = []
     for name in schedulers:
@@ -293,11 +255,10 @@ def timeline_table(trace: Trace, cost: CostModel, schedulers: Sequence[str] = ("
     return pd.concat(frames, ignore_index=True)
 
 
-# ---------------------------------------------------------------------------------------------
 # Breakdown: computation vs exposed communication
-# ---------------------------------------------------------------------------------------------
 
 def _merge(intervals) -> list[tuple[float, float]]:
+    """The union of ``(start, end)`` intervals as sorted disjoint intervals (empty ones dropped)."""
     out: list[list[float]] = []
     for a, b in sorted(intervals):
         if b <= a:
@@ -317,18 +278,14 @@ _EXPOSED_COLUMN = {"reduce_scatter": "exposed_rs_s", "allgather": "exposed_ag_s"
 
 
 def exposed_breakdown(trace: Trace, plan, cost: CostModel) -> dict:
-    """Computation vs exposed communication in one steady-state period of ``plan`` (simulated ops).
+    """Computation vs exposed communication in one steady-state period of ``plan`` (seconds).
 
-    The period window: DeAR, the last barrier-to-barrier interval of the simulated graph (the
-    iteration's all-gathers, forward, backward and reduce-scatters); all-reduce family, ``[0,
-    iteration_s]``. ``computation_s`` is the time in the window that the compute stream is busy (forward,
-    backward, updates, pre-forward, straggler wait). Every other instant of the window is on the critical
-    path but not covered by computation; it is **exposed** communication, attributed to the kind of the
-    communication op running at that instant (one FIFO stream: at most one): ``exposed_rs_s``,
-    ``exposed_ag_s``, ``exposed_allreduce_s``; ``exposed_idle_s`` is the rest (nothing running, e.g. Horovod
-    waiting for its cycle tick). So computation_s + the exposed columns = iteration_s. Also: the total
-    seconds of each communication kind in the window (``rs_s``, ``ag_s``, ``allreduce_s``).
-    """
+    The window is the last barrier-to-barrier interval (DeAR) or ``[0, iteration_s]`` (all-reduce
+    family). ``computation_s`` is the time the compute stream is busy in it; every other instant is
+    exposed communication, attributed to the kind of the (single, FIFO) communication op running then
+    (``exposed_rs_s``, ``exposed_ag_s``, ``exposed_allreduce_s``), or ``exposed_idle_s`` when none is,
+    so computation_s + the exposed columns = iteration_s. Also the total seconds of each kind in the
+    window (``rs_s``, ``ag_s``, ``allreduce_s``) and ``window_s``."""
     family = plan.family
     res = simulate(trace, plan, cost)
     df = _ops_frame(res)
@@ -360,12 +317,8 @@ def exposed_breakdown(trace: Trace, plan, cost: CostModel) -> dict:
 def breakdown_table(models: Sequence[str] | Mapping[str, Trace], networks: Sequence[str] = PAPER_NETWORKS,
                     schedulers: Sequence[str] = ("wfbp", "dear_threshold", "dear_model"),
                     workers: int = 64, cost_mode: str = "paper") -> pd.DataFrame:
-    """The simulated half of ``dear.breakdown``: per model x network x scheduler, computation vs exposed
-    reduce-scatter / all-gather (DeAR) or exposed all-reduce (WFBP-style), in seconds per iteration, from
-    :func:`exposed_breakdown` (see there for the exact definition). Columns: model, network, workers,
-    scheduler, iteration_s, computation_s, exposed_rs_s, exposed_ag_s, exposed_allreduce_s, exposed_idle_s,
-    rs_s, ag_s, allreduce_s, buckets, cost_mode (``"paper"``: the presets; ``"calibrated"``:
-    :func:`repro.costs.published_fits.cost_for_mode`)."""
+    """:func:`exposed_breakdown` per model x network x scheduler, with model, network, workers,
+    scheduler, buckets and cost_mode columns (``window_s`` dropped)."""
     check_cost_mode(cost_mode)
     traces = _traces(models)
     rows = []
@@ -381,21 +334,16 @@ def breakdown_table(models: Sequence[str] | Mapping[str, Trace], networks: Seque
     return df.drop(columns="window_s") if len(df) else df
 
 
-# ---------------------------------------------------------------------------------------------
 # Buffer (threshold) sweep
-# ---------------------------------------------------------------------------------------------
 
 def buffer_sweep(trace: Trace, cost: CostModel, min_bytes: int = MIB, max_bytes: int = 256 * MIB,
                  points: int = 33) -> pd.DataFrame:
-    """Simulated DeAR period vs fusion threshold for one trace and cost: ``points`` log-spaced thresholds
-    in ``[min_bytes, max_bytes]`` (1-256 MiB by default, the BO tuner's range), 25 MiB (the released
-    default) and every breakpoint of :func:`repro.families.dear.planners.threshold_sweep` in range (the smallest
-    threshold of each distinct bucketing), so the table holds the whole step function. Columns:
-    threshold_bytes, threshold_mib, iteration_s, buckets, point ("grid", "breakpoint", "default"),
-    model_choice (True on the breakpoint ``dear_model`` picks when searching the same range; its period is
-    the table's minimum under the paper model). Under a cost model with realism (calibrated mode) each
-    period is the simulator's (:func:`repro.core.simulate.simulate` of the DeAR plan of those buckets), which the
-    model's choice need not minimise."""
+    """Simulated DeAR period vs fusion threshold: ``points`` log-spaced thresholds in ``[min_bytes,
+    max_bytes]``, the 25 MiB default and every breakpoint of
+    :func:`repro.families.dear.planners.threshold_sweep` in range, so the table holds the whole step
+    function. Columns: threshold_bytes, threshold_mib, iteration_s, buckets, point ("grid",
+    "breakpoint", "default"), model_choice (the breakpoint ``dear_model`` picks). Under a cost model with
+    realism each period is simulated, and the model's choice need not minimise it."""
     nbytes = np.rint(trace.bytes()).astype(np.int64)
     grid = {int(t): "grid" for t in np.rint(np.geomspace(min_bytes, max_bytes, points))}
     for t, _ in threshold_sweep(trace, min_bytes, max_bytes):
@@ -417,9 +365,8 @@ def buffer_sweep(trace: Trace, cost: CostModel, min_bytes: int = MIB, max_bytes:
 def buffer_sweep_table(models: Sequence[str] | Mapping[str, Trace], networks: Sequence[str] = PAPER_NETWORKS,
                        workers: int = 64, min_bytes: int = MIB, max_bytes: int = 256 * MIB,
                        points: int = 33, cost_mode: str = "paper") -> pd.DataFrame:
-    """The simulated half of ``dear.buffer_sweep``: :func:`buffer_sweep` per model x network (tidy, with
-    model, network, workers, the model's throughput at each threshold and ``cost_mode``: ``"paper"``, the
-    presets, or ``"calibrated"``, :func:`repro.costs.published_fits.cost_for_mode`)."""
+    """:func:`buffer_sweep` per model x network, with model, network, workers, throughput and
+    cost_mode columns."""
     check_cost_mode(cost_mode)
     traces = _traces(models)
     frames = []

@@ -1,38 +1,11 @@
 """The DeAR experiments on this machine: real runs of every scheduler the DeAR paper compares, read back
 as tidy tables with the simulator's prediction beside each measurement.
 
-Runs are launched with :func:`repro.studies.mgwfbp_train.run_grid` (one local world per world size,
-optionally on an emulated bandwidth-limited network, :mod:`repro.launch.netns`) and written as run
-folders under ``<results_dir>/runs``; a cluster job writes the same folders with
-``torchrun -m repro.train --scheduler dear_threshold ... --results-dir ...`` and everything below only
-reads them.
-
-- :func:`throughput_configs` / :func:`throughput_table`: iteration seconds and samples per second of each
-  scheduler, measured, with two predictions: ``predicted_s`` (the plan's prediction before the timed
-  steps: warm-up trace + cost model fitted on the live group) and ``simulated_inrun_s`` (the same plan
-  and cost on the trace measured during the timed steps);
-- :func:`buffer_sweep_configs` / :func:`buffer_sweep_table`: DeAR's iteration time per fusion
-  threshold, measured and simulated;
-- :func:`tuning_table` / :func:`trials_to_within`: the buffer-size tuner's trials (``tuning.csv`` of
-  ``dear_bo`` runs) and how many it needed to come within a tolerance of the best measured threshold;
-  :func:`search_comparison_table`: BO against grid and random search (same trial budget, seeds) on an
-  objective given as a function, e.g. :func:`interpolated_objective` of the measured sweep or
-  :func:`model_objective` (the DeAR model's period of the threshold rule's buckets);
-- :func:`measure_primitives` / :func:`primitive_cost_table` / :func:`primitive_model_table`: all-reduce vs
-  ring reduce-scatter vs ring all-gather on the live group, fitted lines and the ring model;
-- :func:`measured_breakdown_table`: computation vs exposed reduce-scatter / all-gather / all-reduce of
-  each timing run (definition in :data:`MEASURED_DERIVATION`), with the run simulated beside it;
-- :func:`paper_scale_tables`: throughput and breakdown simulated at the paper's 64 GPUs, each plan
-  made once (``dear_optimal`` plans take seconds) and shared by both tables.
-- the notebook's tables (``notebooks/dear_training.ipynb``): :func:`measured_throughput` (the runs'
-  throughput at the timing samples' medians), :func:`throughput_group` (a figure group's simulated rows,
-  speedup table and summary line), :func:`offline_search_table`, :func:`planner_marks` /
-  :func:`marks_long_table` and :func:`best_found` (the buffer-size tuning figure), with their small
-  selections (:func:`at_workers`, :func:`measured_sweep`, ...).
-
-Baselines without a plan of ours (``ddp``, ``fsdp``) have no prediction of their own: for ``ddp`` the
-table simulates DDP's default buckets (planner ``ddp_buckets``) on the trace and cost of another run of
-the same model and world (labelled in ``prediction_from``); ``fsdp`` stays unpredicted.
+Runs are launched with :func:`repro.studies.mgwfbp_train.run_grid` and written as run folders under
+``<results_dir>/runs`` (a cluster job writes the same folders with ``torchrun -m repro.train``); the
+tables below only read them. Baselines without a plan of ours have no prediction of their own: ``ddp``
+is predicted by simulating DDP's default buckets (planner ``ddp_buckets``) on the trace and cost of
+another run of the same model and world (named in ``prediction_from``); ``fsdp`` stays unpredicted.
 """
 
 from __future__ import annotations
@@ -72,7 +45,7 @@ ALL_SCHEDULERS: tuple[str, ...] = NOFUSION_SCHEDULERS + FUSION_SCHEDULERS + ("fs
 
 
 def run_id(c: dict[str, Any], world_size: int, bandwidth: str | None = None) -> str:
-    """``<model>_<scheduler>_p<P>[_t<threshold>]_bw<rate>`` (deterministic: a rerun needs overwrite)."""
+    """``<model>_<scheduler>_p<P>[_<run_tag>][_bw<rate>]``; deterministic, so a rerun needs overwrite."""
     parts = [c["model"], c["scheduler"], f"p{world_size}"]
     if c.get("run_tag"):
         parts.append(str(c["run_tag"]))
@@ -95,7 +68,7 @@ def throughput_configs(models: Sequence[str], schedulers: Sequence[str], world_s
                        bandwidth: str | None = None, *, steps: int = 10, batch_size: int = 16,
                        warmup_steps: int = 3, extra: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """One timing run (synthetic data, timeline recorded) per model and scheduler; ``extra``: more
-    :class:`repro.train.TrainConfig` fields for every run (e.g. ``fit_repeats``, ``seed``)."""
+    :class:`repro.train.TrainConfig` fields for every run."""
     return [_config(m, s, world_size, bandwidth, steps=steps, batch_size=batch_size, warmup_steps=warmup_steps,
                     **(extra or {})) for m in models for s in schedulers]
 
@@ -113,9 +86,8 @@ TUNER_FIELDS: tuple[str, ...] = ("tuner_trials", "tuner_min_bytes", "tuner_max_b
 
 
 def tuner_options_supported() -> bool:
-    """True when :class:`repro.train.TrainConfig` can set the live tuner's trials and search range
-    (fields :data:`TUNER_FIELDS`); until then a ``dear_bo`` run uses the tuner's defaults (10 trials,
-    1-256 MiB)."""
+    """True when :class:`repro.train.TrainConfig` has the live tuner's fields :data:`TUNER_FIELDS`;
+    otherwise a ``dear_bo`` run uses the tuner's defaults (10 trials, 1-256 MiB)."""
     from dataclasses import fields
 
     from repro.train import TrainConfig
@@ -127,10 +99,8 @@ def tuning_configs(model: str, world_size: int, bandwidth: str | None = None, *,
                    batch_size: int = 16, warmup_steps: int = 3, trials: int | None = None,
                    bounds_bytes: tuple[int, int] | None = None, extra: dict[str, Any] | None = None
                    ) -> list[dict[str, Any]]:
-    """One ``dear_bo`` run long enough for its trials (see :mod:`repro.families.dear.tuner`: with its
-    defaults, 10 trials after the initial one, each 2 settling + 5 timed steps, so about 77 steps).
-    ``trials`` / ``bounds_bytes`` set the tuner's trial count and search range where
-    :func:`tuner_options_supported`; otherwise they are left out (the run uses the tuner's defaults)."""
+    """One ``dear_bo`` run long enough for its trials (with the tuner's defaults about 77 steps).
+    ``trials`` / ``bounds_bytes`` are passed only where :func:`tuner_options_supported`."""
     tuner: dict[str, Any] = {}
     if (trials is not None or bounds_bytes is not None) and tuner_options_supported():
         if trials is not None:
@@ -150,7 +120,7 @@ def _simulate_run(path: str | Path, trace_kind: str = "inrun") -> float | None:
 
 
 def _ddp_prediction(runs: pd.DataFrame, r: pd.Series) -> tuple[float | None, str | None]:
-    """DDP's default buckets simulated on a same-model, same-world all-reduce run's trace and cost."""
+    """(seconds, scheduler) of DDP's buckets simulated on a same-model, same-world all-reduce run."""
     peers = runs[(runs.model == r.model) & (runs.world_size == r.world_size) & runs.scheduler.isin(["wfbp", "mgwfbp"])]
     for _, p in peers.iterrows():
         run = load_run(p.path)
@@ -163,17 +133,22 @@ def _ddp_prediction(runs: pd.DataFrame, r: pd.Series) -> tuple[float | None, str
     return None, None
 
 
-def throughput_table(results_dir: str | Path, schedulers: Sequence[str] | None = None) -> pd.DataFrame:
-    """Per timing run: measured ``iteration_s`` and ``throughput_samples_s``, ``predicted_s`` (the plan's
-    prediction from the warm-up trace) and ``simulated_inrun_s`` (from the trace measured during the
-    timed steps), with ``prediction_from`` saying whose trace and cost a baseline's prediction used."""
+def _timing_runs(results_dir: str | Path, schedulers: Sequence[str] | None) -> pd.DataFrame:
+    """The runs under ``results_dir`` but the tuning (``dear_bo``) and buffer-sweep (``_t<bytes>``) ones."""
     runs = load_runs(results_dir)
     if runs.empty:
         return runs
-    runs = runs[runs.scheduler != "dear_bo"]
-    runs = runs[~runs.run_id.str.contains(r"_t\d+_|_t\d+$", regex=True)]  # buffer-sweep runs are separate
-    if schedulers is not None:
-        runs = runs[runs.scheduler.isin(list(schedulers))]
+    runs = runs[(runs.scheduler != "dear_bo") & ~runs.run_id.str.contains(r"_t\d+_|_t\d+$", regex=True)]
+    return runs if schedulers is None else runs[runs.scheduler.isin(list(schedulers))]
+
+
+def throughput_table(results_dir: str | Path, schedulers: Sequence[str] | None = None) -> pd.DataFrame:
+    """Per timing run: measured ``iteration_s`` and ``throughput_samples_s``, ``predicted_s`` (the plan's
+    prediction from the warm-up trace), ``simulated_inrun_s`` (on the trace measured during the timed steps)
+    and ``prediction_from`` (whose trace and cost a prediction used)."""
+    runs = _timing_runs(results_dir, schedulers)
+    if runs.empty:
+        return runs
     rows = []
     for _, r in runs.iterrows():
         pred, src = r.get("predicted_iteration_s"), "own plan"
@@ -199,8 +174,8 @@ def _plan_threshold(path: str | Path) -> float:
 
 
 def buffer_sweep_table(results_dir: str | Path) -> pd.DataFrame:
-    """DeAR iteration seconds per threshold: ``measured`` and ``simulated`` (each run's own plan and cost
-    on its in-run trace, else its warm-up trace)."""
+    """DeAR seconds per iteration per threshold, ``source`` ``measured`` and ``simulated`` (the run's
+    own plan and cost on its in-run trace, else its warm-up trace)."""
     runs = load_runs(results_dir)
     if runs.empty:
         return runs
@@ -229,24 +204,21 @@ def tuning_table(results_dir: str | Path) -> pd.DataFrame:
 
 def trials_to_within(trials: pd.DataFrame, best_s: float, tolerance: float = 0.05,
                      value: str = "iteration_s") -> float:
-    """The first trial number (1-based, in trial order) whose ``value`` is within ``tolerance`` of
-    ``best_s`` (e.g. the best of a full measured sweep); NaN if none is."""
+    """The first trial number (1-based) whose ``value`` is within ``tolerance`` of ``best_s``; NaN if
+    none is."""
     ok = np.flatnonzero(trials[value].to_numpy(dtype=float) <= best_s * (1 + tolerance))
     return float(ok[0] + 1) if ok.size else float("nan")
 
 
-# ---------------------------------------------------------------------------------------------
 # Primitives: all-reduce vs ring reduce-scatter vs ring all-gather (dear.primitive_cost)
-# ---------------------------------------------------------------------------------------------
 
 PRIMITIVES: tuple[str, ...] = ("allreduce", "reduce_scatter", "allgather", "rs_plus_ag")
 
 
 def time_primitives(ctx, sizes_bytes: Sequence[int], repeats: int) -> list[dict[str, Any]]:
-    """Per rank (launch target): median seconds of gloo's native ``all_reduce`` and of
-    :class:`repro.runtime.collectives.CommStream`'s ring reduce-scatter, ring all-gather and the two back to
-    back (what DeAR sends per bucket), per size; each repeat starts at a barrier, one warm-up, the slowest
-    rank's median (as ``benchmarks/bench_primitives.py``)."""
+    """Launch target: per size, the slowest rank's median seconds of gloo's ``all_reduce`` and of
+    :class:`repro.runtime.collectives.CommStream`'s ring reduce-scatter, all-gather and the two back to back.
+    """
     import torch
     import torch.distributed as dist
 
@@ -255,9 +227,6 @@ def time_primitives(ctx, sizes_bytes: Sequence[int], repeats: int) -> list[dict[
 
     P, rank = dist.get_world_size(), dist.get_rank()
     stream = CommStream()
-
-    def timed(fn) -> float:
-        return slowest_median_s(fn, repeats)
 
     def rs_ag(buf):
         stream.reduce_scatter(buf)
@@ -272,7 +241,8 @@ def time_primitives(ctx, sizes_bytes: Sequence[int], repeats: int) -> list[dict[
                              ("reduce_scatter", lambda: stream.reduce_scatter(buf).wait()),
                              ("allgather", lambda: stream.all_gather(buf).wait()),
                              ("rs_plus_ag", lambda: rs_ag(buf))):
-                rows.append({"workers": P, "bytes": n * 4, "primitive": name, "seconds": timed(fn)})
+                rows.append({"workers": P, "bytes": n * 4, "primitive": name,
+                             "seconds": slowest_median_s(fn, repeats)})
     finally:
         stream.close()
     return rows
@@ -281,10 +251,9 @@ def time_primitives(ctx, sizes_bytes: Sequence[int], repeats: int) -> list[dict[
 def measure_primitives(world_sizes: Sequence[int], sizes_bytes: Sequence[int], results_dir: str | Path, *,
                        repeats: int = 3, emulate_bandwidth: str | None = None,
                        timeout_s: float = 600) -> pd.DataFrame:
-    """Time the primitives (:func:`time_primitives`) at each world size (> 1) here and write
-    ``primitive_times`` under ``results_dir`` (tidy: workers, bytes, primitive, seconds, cpu_count,
-    threads_per_rank, oversubscribed, emulated_bandwidth). ``bytes`` is the whole buffer (float32, rounded
-    down to a multiple of 4 P); ``emulate_bandwidth`` runs every rank behind an emulated link."""
+    """Time the primitives (:func:`time_primitives`) at each world size > 1 and write table
+    ``primitive_times`` (workers, bytes, primitive, seconds, cpu_count, threads_per_rank, oversubscribed,
+    emulated_bandwidth). ``bytes`` is the whole float32 buffer, rounded down to a multiple of 4 P."""
     from repro.launch.local import launch_local
     from repro.results.tables import write_table
     from repro.studies.common import available_cpus, warn_if_oversubscribed, with_oversubscription
@@ -308,9 +277,8 @@ def measure_primitives(world_sizes: Sequence[int], sizes_bytes: Sequence[int], r
 
 
 def fit_linear_log(nbytes, seconds) -> tuple[float, float]:
-    """The line ``a + b*bytes`` (``a, b >= 0``) minimising the squared log ratios ``log((a + b*x) / y)``,
-    i.e. least squares in log space, started from :func:`repro.core.cost.fit_linear`'s relative-error line.
-    Returns ``(a_s, b_s_per_byte)``."""
+    """``(a_s, b_s_per_byte)`` of the line ``a + b*bytes`` (``a, b >= 0``) fitted by least squares in
+    log space, started from :func:`repro.core.cost.fit_linear`."""
     from scipy.optimize import least_squares
 
     from repro.core.cost import fit_linear
@@ -321,24 +289,18 @@ def fit_linear_log(nbytes, seconds) -> tuple[float, float]:
     tiny = 1e-30
     x0 = np.log([max(start.a_s, float(y.min()) * 1e-3, tiny), max(start.b_s_per_byte, tiny)])
     res = least_squares(lambda q: np.log(np.exp(q[0]) + np.exp(q[1]) * x) - np.log(y), x0=x0)
-    a, b = (float(v) for v in np.exp(res.x))
-    return a, b
+    a, b = np.exp(res.x)
+    return float(a), float(b)
 
 
 def primitive_cost_table(times: pd.DataFrame) -> pd.DataFrame:
-    """Measured seconds per primitive and size beside two models, per world size (tidy):
+    """Measured seconds per primitive, size and world size beside two models: ``fit``
+    (:func:`fit_linear_log` of the primitive's own points; in log space a factor too high costs as much as
+    one too low) and ``ring model`` (reduce-scatter = all-gather = half the all-reduce measured at that
+    size, RS+AG = all of it).
 
-    - ``fit``: the line ``a + b*bytes`` fitted to all of that primitive's own measurements by least squares
-      in log space (:func:`fit_linear_log`: a factor too high costs as much as the same factor too low; the
-      relative-error fit of :func:`repro.core.cost.fit_linear` caps an under-prediction's error at 100% but not an
-      over-prediction's, so on these CPU measurements, where messages under the emulated link's burst are
-      start-up only and a line cannot pass through every size, it sacrificed the largest sizes and missed
-      the 2 MiB points 4-5x);
-    - ``ring model``: what the ring algorithm predicts from the all-reduce measured here at the same size:
-      reduce-scatter = all-gather = half of it, RS+AG = all of it (the same traffic, the same steps).
-
-    Columns: workers, primitive, bytes, source (measured / fit / ring model), seconds, a_s, b_s_per_byte
-    (the fitted line), relative_error (model / measured - 1), oversubscribed."""
+    Columns: workers, primitive, bytes, source, seconds, a_s, b_s_per_byte, relative_error (model /
+    measured - 1), oversubscribed."""
     rows: list[dict[str, Any]] = []
     for p, g in times.groupby("workers"):
         over = bool(g["oversubscribed"].any()) if "oversubscribed" in g else False
@@ -347,29 +309,25 @@ def primitive_cost_table(times: pd.DataFrame) -> pd.DataFrame:
             h = h.sort_values("bytes")
             n, t = h["bytes"].to_numpy(dtype=float), h["seconds"].to_numpy(dtype=float)
             base = {"workers": int(p), "primitive": prim, "oversubscribed": over}
-            for nb, sec in zip(n, t):
-                rows.append({**base, "bytes": int(nb), "source": "measured", "seconds": float(sec), "a_s": np.nan,
-                             "b_s_per_byte": np.nan, "relative_error": np.nan})
+            rows += [{**base, "bytes": int(nb), "source": "measured", "seconds": float(sec), "a_s": np.nan,
+                      "b_s_per_byte": np.nan, "relative_error": np.nan} for nb, sec in zip(n, t)]
             if len(h) >= 2:
                 a, b = fit_linear_log(n, t)
-                for nb, sec in zip(n, t):
-                    m = float(a + b * nb)
-                    rows.append({**base, "bytes": int(nb), "source": "fit", "seconds": m, "a_s": a,
-                                 "b_s_per_byte": b, "relative_error": m / sec - 1})
+                rows += [{**base, "bytes": int(nb), "source": "fit", "seconds": float(a + b * nb), "a_s": a,
+                          "b_s_per_byte": b, "relative_error": float(a + b * nb) / sec - 1}
+                         for nb, sec in zip(n, t)]
             k = 0.5 if prim in ("reduce_scatter", "allgather") else 1.0
-            for nb, sec in zip(n, t):
-                if int(nb) in ar.index:
-                    m = k * float(ar[int(nb)])
-                    rows.append({**base, "bytes": int(nb), "source": "ring model", "seconds": m, "a_s": np.nan,
-                                 "b_s_per_byte": np.nan, "relative_error": m / sec - 1})
+            rows += [{**base, "bytes": int(nb), "source": "ring model", "seconds": k * float(ar[int(nb)]),
+                      "a_s": np.nan, "b_s_per_byte": np.nan,
+                      "relative_error": k * float(ar[int(nb)]) / sec - 1}
+                     for nb, sec in zip(n, t) if int(nb) in ar.index]
     return pd.DataFrame(rows)
 
 
 def primitive_model_table(presets: Sequence[str] = ("10gbe-dear-derived", "56gbib-dear-derived"),
                           workers: Sequence[int] = (2, 4, 8, 16, 32, 64), nbytes: int = 25 * 2**20) -> pd.DataFrame:
-    """The cost model's all-reduce, reduce-scatter and all-gather seconds of one ``nbytes`` message vs the
-    number of workers, per per-hop preset (the DeAR authors' fits at P=64 turned into ring constants,
-    :mod:`repro.core.cost`). Columns: preset, workers, bytes, primitive, seconds, source ("model")."""
+    """The cost model's all-reduce, reduce-scatter and all-gather seconds of one ``nbytes`` message
+    per preset and worker count. Columns: preset, workers, bytes, primitive, seconds, source ("model")."""
     from repro.costs.presets import preset
 
     rows = []
@@ -383,9 +341,7 @@ def primitive_model_table(presets: Sequence[str] = ("10gbe-dear-derived", "56gbi
     return pd.DataFrame(rows)
 
 
-# ---------------------------------------------------------------------------------------------
 # Breakdown: computation vs exposed reduce-scatter / all-gather (measured)
-# ---------------------------------------------------------------------------------------------
 
 MEASURED_DERIVATION = (
     "computation = median over this model's timing runs of their computation-only time (compute_s: steps of "
@@ -397,31 +353,20 @@ MEASURED_DERIVATION = (
     "all of it is exposed all-reduce")
 
 
-def _union_after(intervals: Sequence[tuple[float, float]], t0: float) -> float:
-    merged: list[list[float]] = []
-    for a, b in sorted((max(a, t0), b) for a, b in intervals if b > t0 and a == a and b == b):
-        if merged and a <= merged[-1][1]:
-            merged[-1][1] = max(merged[-1][1], b)
-        else:
-            merged.append([a, b])
-    return float(sum(b - a for a, b in merged))
+_BREAKDOWN_COLUMNS = ("iteration_s", "computation_s", "exposed_rs_s", "exposed_ag_s", "exposed_allreduce_s",
+                      "exposed_idle_s")
 
 
 def measured_breakdown_table(results_dir: str | Path, schedulers: Sequence[str] | None = None) -> pd.DataFrame:
-    """Per timing run (not the sweep or tuning runs): computation vs exposed reduce-scatter, all-gather and
-    all-reduce in seconds per iteration, ``source`` "measured" (see :data:`MEASURED_DERIVATION`, also in
-    the ``derivation`` column) and "simulated" (the run's own in-run trace, plan and fitted cost model,
-    :func:`repro.studies.dear_sim.exposed_breakdown`; DeAR and all-reduce plans only). Columns: model,
-    scheduler, workers, source, iteration_s, computation_s, exposed_rs_s, exposed_ag_s,
-    exposed_allreduce_s, exposed_idle_s, rs_after_backward_s, derivation, oversubscribed."""
-    from repro.studies.dear_sim import exposed_breakdown
+    """Per timing run: computation vs exposed reduce-scatter, all-gather and all-reduce seconds
+    per iteration, ``source`` ``measured`` (:data:`MEASURED_DERIVATION`) and ``simulated`` (the run's in-run
+    trace, plan and cost through :func:`repro.studies.dear_sim.exposed_breakdown`; DeAR and all-reduce
+    plans only)."""
+    from repro.studies.dear_sim import _merge, exposed_breakdown
 
-    runs = load_runs(results_dir)
+    runs = _timing_runs(results_dir, schedulers)
     if runs.empty:
         return pd.DataFrame()
-    runs = runs[(runs.scheduler != "dear_bo") & ~runs.run_id.str.contains(r"_t\d+_|_t\d+$", regex=True)]
-    if schedulers is not None:
-        runs = runs[runs.scheduler.isin(list(schedulers))]
     comp = runs.groupby("model")["compute_s"].median()
     rows = []
     for _, r in runs.iterrows():
@@ -438,7 +383,9 @@ def measured_breakdown_table(results_dir: str | Path, schedulers: Sequence[str] 
                 last = its.iloc[-1]
                 bwd_end = float(last.forward_s + last.backward_call_s)
                 sub = tl[tl["kind"] == "reduce_scatter"]
-                rs_after = _union_after(list(zip(sub.start_s.astype(float), sub.end_s.astype(float))), bwd_end)
+                spans = zip(sub.start_s.astype(float), sub.end_s.astype(float))
+                after = _merge((max(a, bwd_end), b) for a, b in spans if a == a and b == b)
+                rs_after = float(sum(b - a for a, b in after))
             rs = min(exposed, rs_after)
             ag = exposed - rs
         else:
@@ -455,9 +402,7 @@ def measured_breakdown_table(results_dir: str | Path, schedulers: Sequence[str] 
             except Exception:  # noqa: BLE001 - a plan the simulator cannot draw (e.g. Horovod's cycle)
                 continue
             rows.append({"model": r.model, "scheduler": r.scheduler, "workers": int(r.world_size),
-                         "source": "simulated", "iteration_s": b["iteration_s"], "computation_s": b["computation_s"],
-                         "exposed_rs_s": b["exposed_rs_s"], "exposed_ag_s": b["exposed_ag_s"],
-                         "exposed_allreduce_s": b["exposed_allreduce_s"], "exposed_idle_s": b["exposed_idle_s"],
+                         "source": "simulated", **{k: b[k] for k in _BREAKDOWN_COLUMNS},
                          "rs_after_backward_s": np.nan,
                          "derivation": "the run's in-run trace, plan and fitted cost model, simulated "
                                        "(repro.studies.dear_sim.exposed_breakdown)", "oversubscribed": over})
@@ -466,8 +411,8 @@ def measured_breakdown_table(results_dir: str | Path, schedulers: Sequence[str] 
 
 def speedup_vs_best_baseline(table: pd.DataFrame, dear: Sequence[str], value: str = "iteration_s",
                              by: Sequence[str] = ("model",)) -> pd.DataFrame:
-    """Per group: the fastest DeAR variant among ``dear`` against the fastest other scheduler of the table,
-    ``speedup_pct = 100 (baseline / DeAR - 1)`` of ``value`` (seconds per iteration)."""
+    """Per group: the fastest of ``dear`` against the fastest other scheduler,
+    ``speedup_pct = 100 (baseline / DeAR - 1)`` of ``value``."""
     rows = []
     for key, g in table.groupby(list(by), sort=False):
         g = g[g[value].notna()]
@@ -482,12 +427,10 @@ def speedup_vs_best_baseline(table: pd.DataFrame, dear: Sequence[str], value: st
     return pd.DataFrame(rows)
 
 
-# ---------------------------------------------------------------------------------------------
 # Buffer-size tuning: BO vs grid vs random (dear.bo_tuning)
-# ---------------------------------------------------------------------------------------------
 
 def gradient_bytes(results_dir: str | Path, model: str) -> int:
-    """Total gradient bytes of ``model`` as a run of it recorded them (its trace), for scaling thresholds."""
+    """Total gradient bytes of ``model`` from the trace of a run of it."""
     runs = load_runs(results_dir)
     for p in runs[runs.model == model].path if not runs.empty else []:
         t = load_run(p).trace
@@ -497,8 +440,8 @@ def gradient_bytes(results_dir: str | Path, model: str) -> int:
 
 
 def run_trace_cost(results_dir: str | Path, model: str, scheduler: str = "dear_threshold"):
-    """(trace, cost) of the first timing run of ``model`` under ``scheduler`` that recorded both: its
-    warm-up trace (what its plan was made from) and the cost model fitted on its live group."""
+    """(warm-up trace, fitted cost) of the first timing run of ``model`` under ``scheduler`` that
+    recorded both; ValueError if none did."""
     runs = load_runs(results_dir)
     if not runs.empty:
         runs = runs[(runs.model == model) & (runs.scheduler == scheduler)]
@@ -510,8 +453,8 @@ def run_trace_cost(results_dir: str | Path, model: str, scheduler: str = "dear_t
 
 
 def planner_periods(trace, cost, planners: Sequence[str] = ("dear_model", "dear_optimal")) -> pd.DataFrame:
-    """Where the model-based planners land on ``trace`` and ``cost``: each plan's simulated period,
-    buckets and threshold (``dear_model``; NaN for ``dear_optimal``, whose buckets need no threshold)."""
+    """Each planner's simulated period (``seconds``), buckets and threshold (NaN for
+    ``dear_optimal``) on ``trace`` and ``cost``."""
     rows = []
     for name in planners:
         plan = make_plan(name, trace, cost)
@@ -521,9 +464,8 @@ def planner_periods(trace, cost, planners: Sequence[str] = ("dear_model", "dear_
 
 
 def interpolated_objective(thresholds_bytes: Sequence[float], seconds: Sequence[float]):
-    """``f(threshold_bytes) -> seconds``: the measured points joined linearly in log2(threshold), constant
-    beyond the end points (an objective for :func:`repro.families.dear.tuner.tune_offline` made from a
-    measured sweep: a search's trials then cost nothing but land on measured values or between them)."""
+    """``f(threshold_bytes) -> seconds``: the measured points joined linearly in log2(threshold),
+    constant beyond the end points."""
     x = np.log2(np.maximum(np.asarray(thresholds_bytes, dtype=float), 1.0))
     y = np.asarray(seconds, dtype=float)
     order = np.argsort(x)
@@ -536,8 +478,8 @@ def interpolated_objective(thresholds_bytes: Sequence[float], seconds: Sequence[
 
 
 def model_objective(trace, cost):
-    """``f(threshold_bytes) -> seconds``: the DeAR model's period (:func:`repro.families.dear.planners.groups_period_s`)
-    of the threshold rule's buckets (:func:`repro.families.dear.planners.threshold_groups`) on ``trace`` and ``cost``."""
+    """``f(threshold_bytes) -> seconds``: the DeAR model's period of the threshold rule's buckets on
+    ``trace`` and ``cost``."""
     from repro.families.dear.planners import groups_period_s, threshold_groups
 
     nbytes = np.rint(trace.bytes()).astype(np.int64)
@@ -551,10 +493,10 @@ def model_objective(trace, cost):
 def search_comparison_table(objectives: dict[str, Any], bounds: tuple[int, int], trials: int = 8,
                             seeds: Sequence[int] = (0, 1, 2), methods: Sequence[str] = ("bo", "grid", "random"),
                             ) -> pd.DataFrame:
-    """BO, grid and random search (:func:`repro.families.dear.tuner.tune_offline`, ``trials`` evaluations
-    each, the same ``bounds`` in bytes) on each named objective; grid is deterministic and runs once, BO and
-    random once per seed. Columns: objective, method, seed, trial (1-based), threshold_bytes, iteration_s,
-    best_so_far_s, best_threshold_bytes, bounds_low_bytes, bounds_high_bytes."""
+    """BO, grid and random search (:func:`repro.families.dear.tuner.tune_offline`, ``trials``
+    each, within ``bounds`` bytes) on each objective; grid runs once, the others once per seed.
+    Columns: objective, method, seed, trial (1-based), threshold_bytes, iteration_s, best_so_far_s,
+    best_threshold_bytes, bounds_low_bytes, bounds_high_bytes."""
     from repro.families.dear.tuner import tune_offline
 
     frames = []
@@ -574,8 +516,8 @@ def search_comparison_table(objectives: dict[str, Any], bounds: tuple[int, int],
 
 def planner_marks_table(throughput: pd.DataFrame, model: str,
                         schedulers: Sequence[str] = ("dear_model", "dear_optimal")) -> pd.DataFrame:
-    """Where the model-based planners land: measured and predicted seconds per iteration of their timing
-    runs (from :func:`throughput_table`), the buckets, and the threshold when the plan has one."""
+    """Measured and predicted seconds per iteration, buckets and plan threshold of the planners'
+    timing runs in ``throughput``."""
     rows = []
     for _, r in throughput[(throughput.model == model) & throughput.scheduler.isin(list(schedulers))].iterrows():
         rows.append({"model": model, "scheduler": r.scheduler, "buckets": r.buckets,
@@ -585,18 +527,15 @@ def planner_marks_table(throughput: pd.DataFrame, model: str,
     return pd.DataFrame(rows)
 
 
-# ---------------------------------------------------------------------------------------------
 # Paper scale (simulated): throughput and breakdown from one set of plans
-# ---------------------------------------------------------------------------------------------
 
 def paper_scale_tables(models: Sequence[str], networks: Sequence[str], methods: Sequence[str],
                        breakdown_methods: Sequence[str], workers: int = 64,
                        cost_mode: str = "paper") -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(throughput, breakdown) simulated at ``workers`` GPUs on each cost preset, from the shipped V100
-    roofline-estimate traces of ``models`` (:mod:`repro.studies.dear_sim`): the columns of
-    :func:`repro.studies.dear_sim.throughput_table` and :func:`repro.studies.dear_sim.breakdown_table`,
-    each plan made once for both (``dear_optimal``'s exact search takes seconds per model). ``cost_mode``:
-    ``"paper"`` (the presets themselves) or ``"calibrated"`` (:func:`repro.costs.published_fits.cost_for_mode`)."""
+    """(throughput, breakdown) simulated at ``workers`` GPUs per cost preset from the shipped V100
+    traces, with the columns of :func:`repro.studies.dear_sim.throughput_table` and
+    :func:`repro.studies.dear_sim.breakdown_table`; each plan is made once for both. ``cost_mode``:
+    ``"paper"`` or ``"calibrated"`` (:func:`repro.costs.published_fits.cost_for_mode`)."""
     from repro.costs.published_fits import check_cost_mode, cost_for_mode
     from repro.studies.dear_sim import exposed_breakdown, load_traces
 
@@ -632,9 +571,7 @@ def paper_scale_tables(models: Sequence[str], networks: Sequence[str], methods: 
     return thr, pd.DataFrame(bd_rows)
 
 
-# ---------------------------------------------------------------------------------------------
 # The notebook's tables (notebooks/dear_training.ipynb): selections, joins and summary lines
-# ---------------------------------------------------------------------------------------------
 
 PLANNERS: tuple[str, ...] = ("dear_model", "dear_optimal")
 BREAKDOWN_SCHEDULERS: tuple[str, ...] = ("wfbp", "mgwfbp", "dear_nofusion", "dear_threshold", "dear_model",
@@ -643,9 +580,8 @@ PAPER_TUNING_BOUNDS: tuple[int, int] = (2**20, 2**28)  # 1-256 MiB, the released
 
 
 def interleaved_configs(timing: Sequence[dict], sweep: Sequence[dict]) -> list[dict]:
-    """The timing runs' and the buffer sweep's run configurations in one list, alternating (a timing run
-    first) while both last, then the rest of the longer list: a slow spell of a shared machine then falls on
-    both groups, not on one only. Input and output: configuration dicts (:func:`throughput_configs`)."""
+    """Timing and sweep configurations alternating (a timing run first), then the rest of the
+    longer list, so a slow spell of a shared machine falls on both groups."""
     timing, sweep = list(timing), list(sweep)
     padded = sweep + [None] * len(timing)
     mixed = [c for pair in zip(timing, padded) for c in pair if c is not None]
@@ -653,31 +589,25 @@ def interleaved_configs(timing: Sequence[dict], sweep: Sequence[dict]) -> list[d
 
 
 def at_workers(table: pd.DataFrame, workers: int) -> pd.DataFrame:
-    """The rows of ``table`` at ``workers`` ranks (its ``workers`` column); an empty table is returned as it
-    is (it may have no columns at all)."""
+    """The rows at ``workers`` ranks; an empty table (maybe without columns) as it is."""
     return table[table.workers == workers] if len(table) else table
 
 
 def breakdown_schedulers(schedulers: Sequence[str]) -> list[str]:
-    """The schedulers of the breakdown figure (:data:`BREAKDOWN_SCHEDULERS`, in that order) that were run
-    (are in ``schedulers``)."""
+    """The :data:`BREAKDOWN_SCHEDULERS` among ``schedulers``, in that order."""
     return [s for s in BREAKDOWN_SCHEDULERS if s in schedulers]
 
 
 def split_dear(names: Sequence[str]) -> tuple[list[str], list[str]]:
-    """(DeAR variants, baselines) of ``names``, order kept; a DeAR variant is a name starting with ``dear``."""
+    """(DeAR variants: names starting with ``dear``, the others), order kept."""
     dear = [s for s in names if s.startswith("dear")]
     return dear, [s for s in names if s not in dear]
 
 
 def measured_throughput(throughput: pd.DataFrame, samples: pd.DataFrame | None, workers: int) -> pd.DataFrame:
-    """The measured throughput table the figures draw: the rows of :func:`throughput_table` at ``workers``
-    ranks, with ``iteration_s`` (seconds) replaced by the median of the scheduler's interleaved timing
-    samples (:func:`repro.studies.timing.with_sample_medians`: the run's own median step kept as
-    ``run_iteration_s``, the number of samples as ``samples``), ``throughput_samples_s`` (samples per second
-    over all ranks) rescaled to that iteration, and ``prediction_error = predicted_s / iteration_s - 1`` (a
-    fraction; NaN where nothing was predicted). ``samples`` None or empty (runs read, not made here): each
-    run's own values, ``samples`` 0."""
+    """:func:`throughput_table` rows at ``workers`` with ``iteration_s`` the median of the
+    interleaved timing ``samples`` (:func:`repro.studies.timing.with_sample_medians`), throughput and
+    ``prediction_error`` rescaled to it. No samples: each run's own values."""
     from repro.studies.timing import with_sample_medians
 
     thr = with_sample_medians(throughput[throughput.workers == workers], samples)
@@ -687,8 +617,8 @@ def measured_throughput(throughput: pd.DataFrame, samples: pd.DataFrame | None, 
 
 
 def paper_claim_text(network: str) -> str:
-    """The paper's headline speedup on ``network``'s kind (a cost preset name; 10GbE or IB), e.g. ``"83%"``
-    (:data:`repro.studies.dear_sim.PAPER_CLAIM_PCT`), or ``"n/a"`` for another kind."""
+    """The paper's headline speedup on ``network``'s kind (10GbE or IB), e.g. ``"83%"``, or
+    ``"n/a"``."""
     from repro.studies.dear_sim import PAPER_CLAIM_PCT, network_kind
 
     pct = PAPER_CLAIM_PCT.get(network_kind(network))
@@ -697,12 +627,9 @@ def paper_claim_text(network: str) -> str:
 
 def speedup_text(simulated: pd.DataFrame, measured: pd.DataFrame, *, model: str, workers: int, cost_mode: str,
                  networks: Sequence[str]) -> str:
-    """One line printed and drawn under a throughput figure's title: the simulated speedup of the best DeAR
-    variant over the best baseline per network (the ``all models`` rows of
-    :func:`repro.studies.dear_sim.speedup_summary` in ``simulated``: the largest over the models, which model
-    in parentheses), the measured one of ``model`` (first row of ``measured``, a
-    :func:`speedup_vs_best_baseline` table; left out when empty), and the paper's claim on each of
-    ``networks``. Percentages rounded to whole numbers."""
+    """The line under a throughput figure's title: the largest simulated speedup of DeAR over the best
+    baseline per network (``all models`` rows of ``simulated``), the measured one of ``model`` (first row
+    of ``measured``, if any) and the paper's claim on ``networks``."""
     from repro.costs.published_fits import mode_label
 
     top = simulated[simulated.model.str.startswith("all models")]
@@ -720,17 +647,9 @@ def speedup_text(simulated: pd.DataFrame, measured: pd.DataFrame, *, model: str,
 def throughput_group(measured: pd.DataFrame, simulated: pd.DataFrame, measured_names: Sequence[str],
                      sim_names: Sequence[str], *, model: str, workers: int, cost_mode: str,
                      networks: Sequence[str]) -> tuple[pd.DataFrame, pd.DataFrame, str]:
-    """One throughput figure's group of schedulers (with or without tensor fusion): ``measured`` is
-    :func:`measured_throughput` (seconds per iteration in ``iteration_s``), ``simulated`` the throughput
-    table of :func:`paper_scale_tables`; ``measured_names`` / ``sim_names`` the group's measured schedulers
-    and simulated methods (DeAR variants: names starting with ``dear``, :func:`split_dear`).
-
-    Returns (``simulated`` rows of the group's methods; the speedup table: the simulated
-    :func:`repro.studies.dear_sim.speedup_summary` of the group's DeAR variants over its baselines, rows
-    ``origin="simulated"``, then the measured :func:`speedup_vs_best_baseline` of the measured DeAR variants
-    over the other measured schedulers per model, ``origin="measured"``; ``speedup_pct`` in percent; the
-    :func:`speedup_text` line). As the notebook always did, the line's measured speedup takes the *simulated*
-    group's DeAR names as DeAR (the same names at the default parameters)."""
+    """One throughput figure's group of schedulers: (the group's ``simulated`` rows, the speedup
+    table with simulated then measured rows in ``origin``, the :func:`speedup_text` line). The line's
+    measured speedup takes the simulated group's DeAR names as DeAR."""
     from repro.studies.dear_sim import speedup_summary
 
     sim_dear, sim_base = split_dear(sim_names)
@@ -745,34 +664,29 @@ def throughput_group(measured: pd.DataFrame, simulated: pd.DataFrame, measured_n
 
 
 def planner_references(measured: pd.DataFrame) -> pd.DataFrame:
-    """The rows of a throughput table (:func:`measured_throughput`) of the model-based planners
-    (:data:`PLANNERS`): the buffer-sweep figure's horizontal lines."""
+    """The :data:`PLANNERS` rows of a throughput table: the sweep figure's horizontal lines."""
     return measured[measured.scheduler.isin(list(PLANNERS))]
 
 
 def measured_sweep(sweep: pd.DataFrame) -> pd.DataFrame:
-    """The measured points (``source == "measured"``) of :func:`buffer_sweep_table`: threshold_bytes and
-    iteration_s (seconds) per fusion threshold."""
+    """The ``measured`` points of :func:`buffer_sweep_table`."""
     return sweep[sweep.source == "measured"]
 
 
 def sweep_bounds(points: pd.DataFrame) -> tuple[int, int]:
-    """(smallest, largest) ``threshold_bytes`` of the sweep's points, in bytes: the offline searches'
-    bounds on the tiny model."""
+    """(smallest, largest) ``threshold_bytes`` of the sweep's points."""
     return int(points.threshold_bytes.min()), int(points.threshold_bytes.max())
 
 
 def tuning_objectives(points: pd.DataFrame, trace, cost) -> dict[str, Any]:
-    """The tiny-scale objectives of the offline searches, ``f(threshold_bytes) -> seconds``: ``measured``
-    (the sweep's points joined in log2(threshold), :func:`interpolated_objective`) and ``model`` (the DeAR
-    model's period on the run's warm-up ``trace`` and fitted ``cost``, :func:`model_objective`)."""
+    """The tiny-scale objectives ``f(threshold_bytes) -> seconds``: ``measured``
+    (:func:`interpolated_objective`) and ``model`` (:func:`model_objective`)."""
     return {"measured": interpolated_objective(points.threshold_bytes, points.iteration_s),
             "model": model_objective(trace, cost)}
 
 
 def paper_trace_cost(model: str, network: str, workers: int):
-    """(trace, cost) of the paper-scale tuning objective: the shipped V100 estimate trace of ``model`` and
-    the cost preset ``network`` at ``workers`` GPUs (the preset itself, whatever the cost mode)."""
+    """(shipped V100 trace of ``model``, cost preset ``network`` at ``workers`` GPUs)."""
     from repro.costs.presets import preset
     from repro.studies.dear_sim import load_traces
 
@@ -781,19 +695,17 @@ def paper_trace_cost(model: str, network: str, workers: int):
 
 def offline_search_table(objectives: dict[str, Any], bounds: tuple[int, int], paper_objective, *, trials: int,
                          seeds: Sequence[int], paper_bounds: tuple[int, int] = PAPER_TUNING_BOUNDS) -> pd.DataFrame:
-    """BO vs grid vs random search (:func:`search_comparison_table`, its columns) on the tiny-scale
-    ``objectives`` within ``bounds`` (bytes), then on ``paper_objective`` (objective ``paper``) within
-    ``paper_bounds``, in one table."""
+    """:func:`search_comparison_table` on ``objectives`` within ``bounds``, then on
+    ``paper_objective`` (objective ``paper``) within ``paper_bounds``, in one table."""
     tiny = search_comparison_table(objectives, bounds, trials=trials, seeds=seeds)
     paper = search_comparison_table({"paper": paper_objective}, paper_bounds, trials=trials, seeds=seeds)
     return pd.concat([tiny, paper], ignore_index=True)
 
 
 def measured_planner_marks(marks: pd.DataFrame, objective) -> pd.DataFrame:
-    """Where the planners land on the measured objective, from :func:`planner_marks_table` ``marks``: each
-    run's measured seconds per iteration (kind ``measured run``), then, for a plan with a threshold, the
-    measured ``objective`` (seconds) at that threshold (kind ``its threshold on the sweep``). Columns:
-    scheduler, seconds, kind."""
+    """Each planner run's measured seconds (kind ``measured run``) and, for a plan with a
+    threshold, ``objective`` at it (kind ``its threshold on the sweep``). Columns: scheduler, seconds, kind.
+    """
     on_sweep = marks[marks.threshold_bytes.notna()]
     runs = pd.DataFrame({"scheduler": marks.scheduler, "seconds": marks.measured_s, "kind": "measured run"})
     read_off = pd.DataFrame({"scheduler": on_sweep.scheduler, "kind": "its threshold on the sweep",
@@ -803,33 +715,27 @@ def measured_planner_marks(marks: pd.DataFrame, objective) -> pd.DataFrame:
 
 def planner_marks(measured_marks: pd.DataFrame, measured_objective, on_model: pd.DataFrame,
                   on_paper: pd.DataFrame) -> dict[str, pd.DataFrame]:
-    """Per objective of the tuning figure, where ``dear_model`` and ``dear_optimal`` land (the panels'
-    horizontal lines): ``measured`` (:func:`measured_planner_marks`), ``model`` and ``paper``
-    (:func:`planner_periods` on the run's and the paper-scale trace and cost, kind ``predicted``).
-    Seconds per iteration in ``seconds``."""
+    """Per objective (``measured``, ``model``, ``paper``), where ``dear_model`` and ``dear_optimal``
+    land, in ``seconds``."""
     return {"measured": measured_planner_marks(measured_marks, measured_objective),
             "model": on_model.assign(kind="predicted"),
             "paper": on_paper.assign(kind="predicted")}
 
 
 def marks_long_table(marks: dict[str, pd.DataFrame]) -> pd.DataFrame:
-    """:func:`planner_marks` as one table, the objective's name in an ``objective`` column (columns: those
-    of the measured marks, then objective, then the predicted marks' buckets and threshold_bytes)."""
+    """:func:`planner_marks` as one table with an ``objective`` column."""
     return pd.concat([m.assign(objective=k) for k, m in marks.items()], ignore_index=True)
 
 
 def best_found(comparison: pd.DataFrame) -> pd.DataFrame:
-    """What each offline search found (:func:`search_comparison_table` rows, trials in order): per
-    objective, method and seed (the index), its best seconds per iteration after the last trial (``best_s``)
-    and the threshold that gave it (``threshold_bytes``)."""
+    """Per objective, method and seed (the index): the best seconds after the last trial (``best_s``) and
+    its ``threshold_bytes``."""
     return comparison.groupby(["objective", "method", "seed"]).agg(best_s=("best_so_far_s", "last"),
                                                                    threshold_bytes=("best_threshold_bytes", "last"))
 
 
 def chosen_trial_text(live: pd.DataFrame) -> str:
-    """The live tuner's choice as the figure names it, e.g. ``chosen 0.125 MiB (1 bucket(s))`` (the first
-    trial of :func:`tuning_table` marked ``chosen``; threshold in MiB, 3 significant digits), or ``no trial
-    chosen``."""
+    """The live tuner's choice, e.g. ``chosen 0.125 MiB (1 bucket(s))``, or ``no trial chosen``."""
     chosen = live[live.chosen.astype(bool)] if len(live) else live
     if not len(chosen):
         return "no trial chosen"
@@ -837,9 +743,8 @@ def chosen_trial_text(live: pd.DataFrame) -> str:
 
 
 def starting_trial_text(live: pd.DataFrame, low_bytes: int, high_bytes: int) -> str:
-    """What the live tuner's trial 0 is where it lies outside the search range ``low_bytes``-``high_bytes``
-    (it is the run's starting ``threshold_bytes``, not a point the search chose), e.g. ``trial 0: the
-    starting threshold, 25 MiB, outside the range``; "" when it lies inside or there is no trial 0."""
+    """``trial 0: the starting threshold, 25 MiB, outside the range`` when trial 0 lies outside
+    ``low_bytes``-``high_bytes``, else ""."""
     first = live[live.trial == 0] if len(live) else live
     if not len(first):
         return ""
@@ -850,8 +755,7 @@ def starting_trial_text(live: pd.DataFrame, low_bytes: int, high_bytes: int) -> 
 
 
 def live_tuner_range(low_bytes: int, high_bytes: int) -> str:
-    """The live tuner's search range as the figure names it: the sweep's ``low-high bytes`` where a run can
-    set the tuner's range (:func:`tuner_options_supported`), otherwise the released tuner's 1-256 MiB."""
+    """The live tuner's search range as the figure names it."""
     if tuner_options_supported():
         return f"{low_bytes}-{high_bytes} bytes"
     return "1-256 MiB, the tuner's default (a run cannot set its range yet)"

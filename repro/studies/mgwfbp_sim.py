@@ -1,13 +1,8 @@
 """The MG-WFBP simulation study as tidy tables (the notebook only calls these and plots).
 
-Every function returns a :class:`pandas.DataFrame`; nothing here draws. Speedup of P workers is
-``P * t_1 / t_P`` with ``t_1`` the single-worker iteration (forward + backward, no communication) and
-``t_P`` the simulated iteration under a plan and a cost model.
-
-Every simulation at paper scale takes ``cost_mode`` (:data:`repro.costs.published_fits.COST_MODES`): ``"paper"``
-(default) simulates the network presets themselves, the papers' model; ``"calibrated"`` the calibrated
-cluster and realism of the same network (:func:`repro.costs.published_fits.cost_for_mode`). Tables record it in a
-``cost_mode`` column.
+Speedup of P workers is ``P * t_1 / t_P``: ``t_1`` the single-worker iteration (forward + backward),
+``t_P`` the simulated iteration. ``cost_mode`` ``"paper"`` simulates the presets, ``"calibrated"`` the
+calibrated cluster of the same network; tables record it in ``cost_mode``.
 """
 
 from __future__ import annotations
@@ -43,10 +38,8 @@ PAPER_WORKERS: tuple[int, ...] = tuple(2**k for k in range(2, 12))
 
 
 def find_trace(model: str, device: str = "v100-estimate", batch_size: int | None = None) -> str:
-    """Stem of the shipped trace of ``model`` on ``device`` (e.g. "v100-estimate", "k80-estimate", "cpu").
-
-    With several batch sizes shipped, ``batch_size`` (default: the MG-WFBP papers' one) picks one.
-    """
+    """Stem of the shipped trace of ``model`` on ``device`` (e.g. "v100-estimate", "cpu"); with several
+    batch sizes shipped, ``batch_size`` (default: the MG-WFBP papers') picks one."""
     batch = rf"{batch_size}" if batch_size else r"\d+"
     pattern = re.compile(rf"^{re.escape(model)}_b{batch}_{re.escape(device)}$")
     hits = [s for s in shipped_traces() if pattern.match(s)]
@@ -74,14 +67,11 @@ def workers_for(network: str, workers: Iterable[int]) -> list[int]:
 
 
 def layer_table(traces: Mapping[str, Trace]) -> pd.DataFrame:
-    """One row per layer: model, layer (1-based forward index), name, params, bytes, seconds."""
-    rows = []
-    for model, t in traces.items():
-        for i, layer in enumerate(t.layers):
-            rows.append({"model": model, "layer": i + 1, "name": layer.name, "params": layer.params,
-                         "bytes": layer.bytes, "forward_s": layer.forward_s,
-                         "backward_s": layer.backward_s, "device": t.device})
-    return pd.DataFrame(rows)
+    """One row per layer: model, layer (1-based), name, params, bytes, forward_s, backward_s, device."""
+    return pd.DataFrame([{"model": model, "layer": i + 1, "name": layer.name, "params": layer.params,
+                          "bytes": layer.bytes, "forward_s": layer.forward_s, "backward_s": layer.backward_s,
+                          "device": t.device}
+                         for model, t in traces.items() for i, layer in enumerate(t.layers)])
 
 
 def allreduce_curve(networks: Sequence[str], workers: int, sizes_bytes: Sequence[float]) -> pd.DataFrame:
@@ -96,8 +86,8 @@ def allreduce_curve(networks: Sequence[str], workers: int, sizes_bytes: Sequence
 
 def cost_model_table(alpha_s: float, beta_s_per_byte: float, gamma_s_per_byte: float,
                      workers: Sequence[int]) -> pd.DataFrame:
-    """Start-up ``a`` and per-byte ``b`` of every all-reduce algorithm as P grows (with the per-hop
-    constants they are computed from in every row)."""
+    """Start-up ``a_s`` and per-byte ``b_s_per_byte`` of every all-reduce algorithm as P grows, with
+    the per-hop constants in every row."""
     rows = []
     for algo in ALGORITHMS:
         for p in workers:
@@ -109,10 +99,9 @@ def cost_model_table(alpha_s: float, beta_s_per_byte: float, gamma_s_per_byte: f
 
 
 def simulated_iteration_s(trace: Trace, plan, cost: CostModel) -> float:
-    """Seconds per iteration of ``plan`` as the simulator runs it under ``cost``. Under the paper model the
-    planner's own prediction is that simulation (``plan.meta["iteration_s"]``, kept bit for bit); with
-    realism (calibrated mode) the planner plans on its model and :func:`repro.core.simulate.simulate` runs the plan
-    with every effect (e.g. contention slowing computation), which can differ."""
+    """Seconds per iteration of ``plan`` as the simulator runs it under ``cost``: under the paper
+    model the planner's own prediction (``plan.meta["iteration_s"]``, identical), with realism a full
+    simulation, which can differ."""
     if cost.is_paper_model:
         return float(plan.meta["iteration_s"])
     return float(simulate(trace, plan, cost, with_ops=False).iteration_s)
@@ -120,36 +109,28 @@ def simulated_iteration_s(trace: Trace, plan, cost: CostModel) -> float:
 
 def timeline_table(trace: Trace, cost: CostModel, schedulers: Sequence[str], cost_mode: str = "paper"
                    ) -> pd.DataFrame:
-    """Simulated ops of one iteration per scheduler (columns: scheduler, stream, kind, label, start_s,
-    end_s, iteration_s in seconds, cost_mode). ``cost_mode`` names how ``cost`` was obtained
-    (:func:`repro.costs.published_fits.cost_for_mode`); it is recorded, not applied."""
+    """Simulated ops of one iteration per scheduler: scheduler, stream, kind, label, start_s, end_s,
+    iteration_s, cost_mode (recorded, not applied)."""
     check_cost_mode(cost_mode)
     frames = []
     for s in schedulers:
         res = simulate(trace, make_plan(s, trace, cost), cost)
         df = pd.DataFrame([op.to_dict() for op in res.ops])
         df.insert(0, "scheduler", s)
-        df["iteration_s"] = res.iteration_s
-        df["cost_mode"] = cost_mode
-        frames.append(df)
+        frames.append(df.assign(iteration_s=res.iteration_s, cost_mode=cost_mode))
     return pd.concat(frames, ignore_index=True)
 
 
 def speedup_sweep(traces: Mapping[str, Trace], networks: Sequence[str], workers: Sequence[int],
                   schedulers: Sequence[str], threshold_bytes: int | None = None, cost_mode: str = "paper"
                   ) -> pd.DataFrame:
-    """Simulated iteration time and speedup for every model x network preset x P x scheduler.
+    """Simulated iteration time and speedup ``P * t_1 / t_P`` for every model x preset x P x
+    scheduler (t_1: forward + backward), plus ``linear`` rows (``origin`` "ideal") holding P.
 
-    Rows for ``scheduler == "linear"`` hold the ideal speedup P (``origin`` "ideal"; the others are
-    "simulated"). ``relative_to_best`` is a scheduler's speedup over the best scheduler's at the same
-    model, network and P (1 for the best), the view in which 10-30 % gaps stay visible at any P.
-    Worker counts a table preset lacks are skipped (in both modes: the same points). ``threshold_bytes``
-    is passed to the ``threshold`` scheduler. ``cost_mode``: ``"paper"`` (the presets) or
-    ``"calibrated"`` (each preset's calibrated cluster, :func:`repro.costs.published_fits.cost_for_mode`);
-    recorded in the ``cost_mode`` column. Iterations are simulated (:func:`simulated_iteration_s`); in
-    calibrated mode ``optimal`` is the optimum of the planner's model, which the simulation with realism
-    need not keep (another scheduler can come out faster).
-    """
+    ``relative_to_best``: speedup over the best scheduler's at the same model, network and P. Worker
+    counts a preset lacks are skipped. ``threshold_bytes`` goes to the ``threshold`` scheduler. In
+    calibrated mode ``optimal`` is the optimum of the planner's model, which the simulation need not
+    keep."""
     check_cost_mode(cost_mode)
     rows = []
     for model, trace in traces.items():
@@ -180,10 +161,9 @@ def speedup_sweep(traces: Mapping[str, Trace], networks: Sequence[str], workers:
 def sim_speedup_table(sweep: pd.DataFrame, paper: pd.DataFrame | None = None,
                       paper_models: Mapping[str, str] | Sequence[str] = (), network: str = "10gbe-k80"
                       ) -> pd.DataFrame:
-    """Everything ``mgwfbp.sim_speedup`` draws: the sweep plus the published speedups (``origin``
-    "paper", with their ``citation``) placed in the panels of ``paper_models`` (panel model name ->
-    published model name; a list of ``"<model>@<device>"`` names maps each to ``<model>``) on
-    ``network``."""
+    """The sweep plus the published speedups (``origin`` "paper", with ``citation``) placed in the
+    panels of ``paper_models`` (panel -> published model; a list of ``"<model>@<device>"`` maps each to
+    ``<model>``) on ``network``."""
     out = sweep.copy()
     if paper is None or not len(paper_models):
         return out
@@ -214,8 +194,8 @@ def paper_comparison(table: pd.DataFrame) -> pd.DataFrame:
 
 
 def optimal_gap_table(sweep: pd.DataFrame, scheduler: str = "mgwfbp") -> pd.DataFrame:
-    """Per model x network x P: how much slower ``scheduler`` is than the exact optimum (percent); with
-    the sweep's ``cost_mode`` column where it has one."""
+    """Per model x network x P: how much slower ``scheduler`` is than ``optimal`` (``gap_pct``),
+    with ``cost_mode`` where the sweep has one."""
     sim = sweep[sweep["origin"] == "simulated"] if "origin" in sweep else sweep
     keys = ["model", "network", "workers"] + (["cost_mode"] if "cost_mode" in sim else [])
     wide = sim.pivot_table(index=keys, columns="scheduler", values="iteration_s").reset_index()
@@ -226,8 +206,8 @@ def optimal_gap_table(sweep: pd.DataFrame, scheduler: str = "mgwfbp") -> pd.Data
 
 
 def gap_summary(gap: pd.DataFrame, tol_pct: float = 1e-6) -> pd.DataFrame:
-    """How often and by how much the optimum beats MG-WFBP, per model (and overall); per cost mode, with
-    a ``cost_mode`` column, where ``gap`` has one (:func:`optimal_gap_table`)."""
+    """How often and by how much the optimum beats MG-WFBP, per model and overall; per cost mode where
+    ``gap`` has a ``cost_mode`` column."""
     if "cost_mode" in gap:
         return pd.concat([gap_summary(g.drop(columns="cost_mode"), tol_pct).assign(cost_mode=m)
                           for m, g in gap.groupby("cost_mode", sort=False)], ignore_index=True)
@@ -245,40 +225,35 @@ def gap_summary(gap: pd.DataFrame, tol_pct: float = 1e-6) -> pd.DataFrame:
 
 
 def paper_speedups() -> pd.DataFrame:
-    """Published measured speedups of the MG-WFBP conference paper (K80, 10GbE), with their source
-    (columns: model, batch_size, scheduler, workers, speedup, source)."""
+    """Published measured speedups of the MG-WFBP conference paper (K80, 10GbE): model, batch_size,
+    scheduler, workers, speedup, source."""
     return pd.read_csv(paper_numbers_path("mgwfbp_conference_speedup")).rename(columns={"solver": "scheduler"})
 
 
-# ---------------------------------------------------------------------------------------------
 # Paper-scale simulated panels of the measured figures (cheap: they run with every tiny run)
-# ---------------------------------------------------------------------------------------------
 
-#: the journal's 16-V100 models (Shi, Chu, Li, "MG-WFBP: Merging Gradients Wisely...", IEEE TPDS 2021, experimental setup) and its two networks, as presets
-#: holding the published fits (10gbe-v100 / 56gbib-v100: a and b of ``paper_allreduce_fits`` at P <= 16)
+#: the MG-WFBP journal's 16-V100 models and its two networks (presets of its published fits)
 JOURNAL_MODELS: tuple[str, ...] = ("resnet152", "densenet161", "densenet201", "inception_v4")
 JOURNAL_NETWORKS: tuple[str, ...] = ("10gbe-v100", "56gbib-v100")
 JOURNAL_WORKERS = 16
 
 
 def paper_allreduce_fits() -> pd.DataFrame:
-    """The MG-WFBP journal's published all-reduce fits ``a + b*M`` (4 nodes x 4 V100, NCCL) with their
-    source (columns: network, paper_network, workers, a_s, b_s_per_byte, setting, source, where, page)."""
+    """The MG-WFBP journal's published all-reduce fits ``a + b*M`` (4 x 4 V100, NCCL): network,
+    paper_network, workers, a_s, b_s_per_byte, setting, source, where, page."""
     return pd.read_csv(paper_numbers_path("mgwfbp_allreduce_fits"))
 
 
 def journal_headline() -> pd.DataFrame:
-    """The MG-WFBP journal's headline speedups of MG-WFBP over each baseline on 16 V100 (columns:
-    baseline, speedup, workers, gpu, setting, source, where, page)."""
+    """The MG-WFBP journal's headline speedups over each baseline on 16 V100: baseline, speedup,
+    workers, gpu, setting, source, where, page."""
     return pd.read_csv(paper_numbers_path("mgwfbp_journal_headline"))
 
 
 def k80_speedup_table(schedulers: Sequence[str] = ("wfbp", "syncea", "mgwfbp"), workers: Sequence[int] = (2, 4, 8),
                       cost_mode: str = "paper") -> pd.DataFrame:
-    """The conference paper's setting at its own scale: K80-estimate GoogLeNet (b64) and ResNet-50 (b32)
-    simulated on ``10gbe-k80`` at 2-8 nodes (``origin`` "simulated", plus the "ideal" linear rows),
-    beside the paper's measured speedups (``origin`` "paper", with ``citation``); ``model`` is the
-    published model name."""
+    """The conference paper's setting: K80-estimate GoogLeNet and ResNet-50 simulated on
+    ``10gbe-k80`` (plus ideal rows) beside the paper's measured speedups (``origin`` "paper")."""
     traces = load_traces(["googlenet", "resnet50"], "k80-estimate")
     sweep = speedup_sweep(traces, ["10gbe-k80"], list(workers), list(schedulers), cost_mode=cost_mode)
     paper = paper_speedups()
@@ -286,9 +261,8 @@ def k80_speedup_table(schedulers: Sequence[str] = ("wfbp", "syncea", "mgwfbp"), 
 
 
 def k80_verdict_numbers(table: pd.DataFrame, scheduler: str = "mgwfbp", baseline: str = "wfbp") -> pd.DataFrame:
-    """Per model of a table with published and simulated speedups (:func:`k80_speedup_table`,
-    :func:`sim_speedup_table`): ``scheduler``'s speedup over ``baseline`` at the largest published P, as
-    published and as simulated (columns: model, network, workers, paper_ratio, simulated_ratio)."""
+    """Per model: ``scheduler``'s speedup over ``baseline`` at the largest published P, published
+    and simulated (model, network, workers, paper_ratio, simulated_ratio)."""
     if "origin" not in table or not (table["origin"] == "paper").any():
         return pd.DataFrame(columns=["model", "network", "workers", "paper_ratio", "simulated_ratio"])
     rows = []
@@ -311,13 +285,11 @@ def paper_breakdown_table(models: Sequence[str] = JOURNAL_MODELS, networks: Sequ
                           workers: int = JOURNAL_WORKERS, wire_dtypes: Sequence[str] = ("float32", "float16"),
                           schedulers: Sequence[str] = ("wfbp", "syncea", "mgwfbp"), gpu: str = "v100",
                           cost_mode: str = "paper") -> pd.DataFrame:
-    """``mgwfbp.breakdown`` at the journal's scale, simulated: computation vs non-overlapped communication
-    of every model x network x wire dtype x scheduler at ``workers`` GPUs (estimate traces, the published
-    fits as cost model). The journal's FP16 runs compute in half precision too, so a float16 row runs the
-    model's FP16 estimate (``<model>_b<batch>_<gpu>-estimate-fp16``, :func:`compute_trace`) where one is
-    shipped, else the FP32 one; ``compute_dtype`` and ``trace`` say which. Columns as
-    :func:`repro.studies.mgwfbp_train.breakdown_table` (``source`` "simulated", ``scale`` "paper") plus
-    network, iteration_s, cost_mode, compute_dtype, trace."""
+    """Computation vs exposed communication at the journal's scale, simulated, per model x
+    network x wire dtype x scheduler at ``workers`` GPUs. A float16 row runs the FP16 estimate trace
+    where shipped (:func:`compute_trace`; ``compute_dtype`` and ``trace`` say which). Columns as
+    :func:`repro.studies.mgwfbp_train.breakdown_table` plus network, iteration_s, cost_mode, compute_dtype,
+    trace."""
     rows = []
     for model, trace32, net, cost in _journal_settings(models, networks, workers, gpu, cost_mode):
         for dt in wire_dtypes:
@@ -339,10 +311,9 @@ COMPUTE_TRACE_SUFFIX = {"float32": "", "float16": "-fp16"}
 
 
 def compute_trace(model: str, trace32: Trace, wire_dtype: str, gpu: str = "v100") -> tuple[Trace, str, str]:
-    """(trace, its compute dtype, its stem) to simulate ``model`` with gradients of ``wire_dtype`` on the
-    wire: half-precision runs compute in half precision (the MG-WFBP journal's FP16 rows), so float16
-    takes the shipped ``<gpu>-estimate-fp16`` trace at ``trace32``'s batch size; float32, or a model
-    without an FP16 estimate, ``trace32`` itself."""
+    """(trace, compute dtype, stem) to simulate ``model`` with ``wire_dtype`` gradients: float16 takes
+    the shipped ``<gpu>-estimate-fp16`` trace at ``trace32``'s batch where there is one, else
+    ``trace32``."""
     stem32 = f"{model}_b{trace32.batch_size}_{gpu}-estimate"
     suffix = COMPUTE_TRACE_SUFFIX.get(wire_dtype, "")
     if suffix and f"{stem32}{suffix}" in shipped_traces():
@@ -351,8 +322,7 @@ def compute_trace(model: str, trace32: Trace, wire_dtype: str, gpu: str = "v100"
 
 
 def _journal_settings(models: Sequence[str], networks: Sequence[str], workers: int, gpu: str, cost_mode: str):
-    """(model, its estimate trace, network, the network's cost model at ``workers``) for every model x
-    network of a paper-scale panel."""
+    """(model, trace, network, cost at ``workers``) for every model x network of a paper-scale panel."""
     check_cost_mode(cost_mode)
     for model, trace in load_traces(models, f"{gpu}-estimate").items():
         for net in networks:
@@ -361,9 +331,9 @@ def _journal_settings(models: Sequence[str], networks: Sequence[str], workers: i
 
 def headline_comparison(breakdown: pd.DataFrame, headline: pd.DataFrame | None = None,
                         scheduler: str = "mgwfbp") -> pd.DataFrame:
-    """The journal's headline (:func:`journal_headline`) beside the largest simulated speedup of
-    ``scheduler`` over each baseline in ``breakdown`` (:func:`paper_breakdown_table`), and where it
-    occurs (columns: baseline, paper_speedup, simulated_speedup, at, source)."""
+    """The journal's headline beside the largest simulated speedup of ``scheduler`` over each
+    baseline in ``breakdown`` and where it occurs (baseline, paper_speedup, simulated_speedup, at,
+    source)."""
     headline = journal_headline() if headline is None else headline
     rows = []
     for _, h in headline.iterrows():
@@ -387,10 +357,9 @@ def paper_threshold_sweep_table(models: Sequence[str] = JOURNAL_MODELS, networks
                                 thresholds_bytes: Sequence[int] = tuple(2**k for k in range(12, 30, 2)),
                                 references: Sequence[str] = ("mgwfbp", "optimal"), gpu: str = "v100",
                                 cost_mode: str = "paper") -> pd.DataFrame:
-    """``mgwfbp.threshold_sweep`` at the journal's scale, simulated: iteration seconds of fixed-threshold
-    fusion per threshold and of the ``references`` (``threshold_bytes`` empty), FP32, per model x network
-    at ``workers`` GPUs. Columns as :func:`repro.studies.mgwfbp_train.threshold_sweep_table` (``source``
-    "simulated", ``scale`` "paper") plus network and cost_mode."""
+    """Fixed-threshold fusion per threshold and the ``references`` (``threshold_bytes``
+    empty) at the journal's scale, simulated, FP32. Columns as
+    :func:`repro.studies.mgwfbp_train.threshold_sweep_table` plus network and cost_mode."""
     rows = []
     for model, trace, net, cost in _journal_settings(models, networks, workers, gpu, cost_mode):
         base = {"model": model, "network": net, "workers": workers, "source": "simulated", "scale": "paper",

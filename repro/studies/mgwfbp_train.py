@@ -1,9 +1,6 @@
-"""The MG-WFBP training experiments: launch real runs, then read them back as tidy tables.
-
-Launching (this machine): :func:`run_grid` starts one local world per world size and runs every
-(model, scheduler, precision, threshold) configuration in it, one after the other, each writing a
-run folder under ``<results_dir>/runs``. A cluster job writes the same folders with
-``torchrun -m repro.train --results-dir ...``; everything below then only reads.
+"""The MG-WFBP training experiments: launch real runs (:func:`run_grid`, one local world per world size,
+run folders under ``<results_dir>/runs``), then read them back as tidy tables. A cluster job writes the
+same folders with ``torchrun -m repro.train``.
 """
 
 from __future__ import annotations
@@ -16,6 +13,7 @@ import pandas as pd
 from repro.launch.local import launch_local
 from repro.core.cost import fit_linear, relative_errors
 from repro.results.runs import EPOCHS_CSV, ITERATIONS_CSV, list_runs, load_run, runs_table
+from repro.results.tables import write_table
 from repro.core.schedulers import canonical_name
 from repro.core.simulate import simulate
 from repro.studies.common import available_cpus, warn_if_oversubscribed, with_oversubscription
@@ -34,10 +32,9 @@ def run_configs(ctx, configs: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def timing_specs(schedulers: Sequence[str], thresholds_bytes: Sequence[int] = ()) -> list[dict[str, Any]]:
-    """The configurations the MG-WFBP timing samples compare (:func:`repro.studies.timing.interleaved_samples`):
-    ``local`` first (a copy that exchanges nothing: the computation-only step, the t1 of a speedup, timed
-    side by side with the others), each of ``schedulers``, then ``threshold`` at each of ``thresholds_bytes``;
-    all FP32 on the wire (``wire_dtype`` given, so that the samples match FP32 runs)."""
+    """The configurations the MG-WFBP timing samples compare: ``local`` first (the computation-only
+    step, t1 of a speedup), each of ``schedulers``, then ``threshold`` at each of ``thresholds_bytes``;
+    all with FP32 on the wire."""
     return ([{"scheduler": s, "wire_dtype": "float32"} for s in dict.fromkeys(["local", *schedulers])
              if s != "threshold"]
             + [{"scheduler": "threshold", "threshold_bytes": int(t), "wire_dtype": "float32"}
@@ -45,8 +42,7 @@ def timing_specs(schedulers: Sequence[str], thresholds_bytes: Sequence[int] = ()
 
 
 def clear_runs(results_dir: str | Path) -> None:
-    """Remove ``<results_dir>/runs`` (a study's own run folders) so that a fresh execution of a study
-    never mixes its runs with those of an earlier execution with other parameters."""
+    """Remove ``<results_dir>/runs`` so that a study's runs never mix with an earlier execution's."""
     import shutil
 
     root = Path(results_dir) / "runs"
@@ -57,17 +53,14 @@ def clear_runs(results_dir: str | Path) -> None:
 def run_grid(configs: Sequence[dict[str, Any]], world_sizes: Sequence[int], results_dir: str | Path, *,
              emulate_bandwidth: str | None = None, timeout_s: float = 1800, quiet: bool = True,
              overwrite: bool = False) -> pd.DataFrame:
-    """Run every config at every world size on this machine (CPU: gloo, one thread per rank).
+    """Run every config at every world size on this machine (CPU: gloo, one thread per rank) and return
+    :func:`load_runs` of what was written.
 
-    ``configs`` are :class:`repro.train.TrainConfig` keyword dicts; ``results_dir``/``quiet`` are
-    filled in. ``local`` configs run only at P = 1 (the baseline of speedups), all others only at
-    P > 1. ``emulate_bandwidth`` (e.g. ``"100mbit"``) runs each rank in its own network namespace
-    with links shaped to that rate (:mod:`repro.launch.netns`; needs root); run ids then end in
-    ``_bw<rate>`` and the rate is recorded in each run. Run ids are deterministic, so running the
-    same grid twice needs ``overwrite=True`` (each run folder is then replaced whole).
-    A world size above this machine's CPU cores warns (:class:`repro.studies.common.OversubscriptionWarning`);
-    its runs are marked ``oversubscribed`` in :func:`load_runs`. Returns :func:`load_runs` of what was written.
-    """
+    ``configs`` are :class:`repro.train.TrainConfig` keyword dicts. ``local`` configs run only at P = 1,
+    all others only at P > 1. ``emulate_bandwidth`` (e.g. ``"100mbit"``, needs root) shapes each rank's
+    links (:mod:`repro.launch.netns`); run ids then end in ``_bw<rate>``. Run ids are deterministic, so a
+    rerun needs ``overwrite=True``. A world larger than the CPU cores warns and its runs are marked
+    ``oversubscribed``."""
     from repro.launch.netns import parse_bandwidth
     from repro.results.runs import prepare_run
 
@@ -100,7 +93,7 @@ def _run_id(c: dict[str, Any], p: int, bandwidth: str | None = None) -> str:
 
 
 def time_allreduce_sizes(ctx, sizes_bytes: Sequence[int], repeats: int) -> list[float]:
-    """Per rank: median all-reduce seconds per size on the live group (launch target)."""
+    """Launch target: median all-reduce seconds per size on the live group."""
     from repro.runtime.calibrate import time_allreduce
 
     return time_allreduce(sizes_bytes, repeats=repeats, device=ctx.device)
@@ -108,8 +101,8 @@ def time_allreduce_sizes(ctx, sizes_bytes: Sequence[int], repeats: int) -> list[
 
 def measure_allreduce(world_sizes: Sequence[int], sizes_bytes: Sequence[int], results_dir: str | Path, *,
                       repeats: int = 5, emulate_bandwidth: str | None = None, timeout_s: float = 600) -> pd.DataFrame:
-    """Time all-reduces at each world size here and write ``allreduce_times.csv`` (with this machine's
-    ``cpu_count`` and whether the world was ``oversubscribed``; such worlds warn before they start)."""
+    """Time all-reduces at each world size > 1 and write table ``allreduce_times`` (workers, bytes,
+    seconds, cpu_count, threads_per_rank, oversubscribed)."""
     rows = []
     cpus = available_cpus()
     for p in world_sizes:
@@ -123,17 +116,14 @@ def measure_allreduce(world_sizes: Sequence[int], sizes_bytes: Sequence[int], re
     df = pd.DataFrame(rows)
     if not df.empty:
         df = with_oversubscription(df, workers="workers")
-    from repro.results.tables import write_table
-
     write_table(df, results_dir, "allreduce_times", {"world_sizes": list(world_sizes), "repeats": repeats,
                                                      "emulate_bandwidth": emulate_bandwidth})
     return df
 
 
 def allreduce_fit_table(times: pd.DataFrame) -> pd.DataFrame:
-    """Per world size: the line ``a + b*bytes`` fitted to measured times by :func:`repro.core.cost.fit_linear`
-    (relative-error weighting, so the start-up term of small messages counts as much as the bandwidth
-    term of large ones), the largest relative error of the fit over the sizes, and ``oversubscribed``."""
+    """Per world size: the line ``a + b*bytes`` fitted by :func:`repro.core.cost.fit_linear`
+    (relative-error weighting), its largest relative error, and ``oversubscribed``."""
     rows = []
     for p, g in times.groupby("workers"):
         line = fit_linear(g["bytes"], g["seconds"])
@@ -145,13 +135,12 @@ def allreduce_fit_table(times: pd.DataFrame) -> pd.DataFrame:
 
 
 def allreduce_fit_errors(times: pd.DataFrame, fits: pd.DataFrame) -> pd.DataFrame:
-    """Per world size and message size: measured and fitted seconds and the fit's relative error
-    (``fitted / measured - 1``, :func:`repro.core.cost.relative_errors`)."""
+    """Per world size and message size: measured and fitted seconds and ``fitted / measured - 1``."""
+    from repro.core.cost import Linear
+
     frames = []
     for p, g in times.groupby("workers"):
         f = fits[fits["workers"] == p].iloc[0]
-        from repro.core.cost import Linear
-
         line = Linear(float(f["a_s"]), float(f["b_s_per_byte"]))
         g = g.sort_values("bytes")
         frames.append(pd.DataFrame({
@@ -162,16 +151,17 @@ def allreduce_fit_errors(times: pd.DataFrame, fits: pd.DataFrame) -> pd.DataFram
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 
-# ---------------------------------------------------------------------------------------------
 # Reading results (a local run or a cluster job's)
-# ---------------------------------------------------------------------------------------------
 
 def load_runs(results_dir: str | Path) -> pd.DataFrame:
-    """One row per run under ``<results_dir>/runs``: its summary (iteration, computation-only and exposed
-    seconds, ...), a few config fields, its ``path``, the ``cpu_count`` and ``threads_per_rank`` its
-    environment recorded, and ``oversubscribed`` (more ranks x threads than CPU cores); old scheduler names
-    are mapped to current ones."""
-    df = runs_table(Path(results_dir) / "runs")
+    """One row per run under ``<results_dir>/runs``: its summary, a few config fields, ``path``,
+    ``cpu_count``, ``threads_per_rank`` and ``oversubscribed``; old scheduler names mapped to current ones."""
+    return _load_runs_in(Path(results_dir) / "runs")
+
+
+def _load_runs_in(folder: Path) -> pd.DataFrame:
+    """:func:`load_runs` of the run folders directly under ``folder``."""
+    df = runs_table(folder)
     if "scheduler" in df:
         df["scheduler"] = df["scheduler"].map(canonical_name)
     if df.empty:
@@ -201,9 +191,8 @@ def load_epochs(results_dir: str | Path) -> pd.DataFrame:
 
 
 def grid_runs(runs: pd.DataFrame, paper: str, kind: str | None = None, experiment: str | None = None) -> pd.DataFrame:
-    """The rows of ``runs`` (a :func:`load_runs` frame) that are runs of ``paper``'s grid of one ``kind``
-    (``"convergence"``: epochs over a real dataset; ``"throughput"``) and/or ``experiment``, matched by
-    run id (:func:`repro.launch.grid.grid_run_ids`): what a notebook at ``scale="paper"`` draws."""
+    """The rows of ``runs`` that are runs of ``paper``'s grid of one ``kind`` (``"convergence"`` or
+    ``"throughput"``) and/or ``experiment``, matched by run id (:func:`repro.launch.grid.grid_run_ids`)."""
     from repro.launch.grid import grid_run_ids
 
     if runs.empty or "run_id" not in runs:
@@ -213,10 +202,8 @@ def grid_runs(runs: pd.DataFrame, paper: str, kind: str | None = None, experimen
 
 def convergence_epochs(results_dir: str | Path, *, scale: str = "tiny", model: str | None = None,
                        world_size: int | None = None) -> pd.DataFrame:
-    """The epochs of ``mgwfbp.convergence``: at ``scale="paper"`` those of the MG-WFBP grid's convergence
-    runs (data/grids/mgwfbp.yaml, experiment ``convergence``: ResNet-50 on ImageNet, DDP vs MG-WFBP) and
-    nothing else; at ``tiny`` those of ``model`` at ``world_size`` (the notebook's convergence runs).
-    Empty when none has finished."""
+    """The epochs of ``mgwfbp.convergence``: at ``scale="paper"`` those of the MG-WFBP grid's
+    convergence runs only; at ``tiny`` those of ``model`` at ``world_size``. Empty when none has finished."""
     epochs = load_epochs(results_dir)
     if epochs.empty:
         return epochs
@@ -243,8 +230,8 @@ def _flag(r, name: str = "oversubscribed") -> bool:
 
 
 def speedup_table(runs: pd.DataFrame, schedulers: Sequence[str]) -> pd.DataFrame:
-    """Measured speedup ``P * t_1 / t_P`` per model and scheduler; t_1: the one-worker ``local`` run.
-    ``linear`` rows hold the ideal P; ``oversubscribed`` marks runs with more ranks than CPU cores."""
+    """Measured speedup ``P * t_1 / t_P`` per model and scheduler (t_1: the one-worker ``local``
+    run), plus ``linear`` rows holding the ideal P."""
     runs = _timing_runs(runs)
     if "oversubscribed" not in runs:
         runs = with_oversubscription(runs)
@@ -270,9 +257,8 @@ BREAKDOWN_DERIVATION = (
 
 
 def _shared_run(group: pd.DataFrame, prefer: Sequence[str]) -> Any:
-    """The run whose trace and cost model every run of ``group`` is simulated with: the first of ``prefer``
-    (schedulers, in order; FP32 first) that can be simulated, else the first such run by run id; None when
-    no run of the group can be simulated."""
+    """The first run of ``group`` that can be simulated, preferring the schedulers ``prefer`` in order
+    and FP32, then by run id; None when none can."""
     order = {s: i for i, s in enumerate(prefer)}
     g = group.assign(_o=group["scheduler"].map(order).fillna(len(order)),
                      _d=(group["wire_dtype"].fillna("float32") != "float32").astype(int)).sort_values(
@@ -296,13 +282,10 @@ def _simulate_on(shared: Any, plan: Any) -> Any:
 
 def breakdown_table(runs: pd.DataFrame, schedulers: Sequence[str],
                     shared_trace_from: Sequence[str] = ("mgwfbp", "optimal")) -> pd.DataFrame:
-    """Computation vs non-overlapped communication per run, measured and simulated, computation measured
-    the same way for every scheduler of a model (:data:`BREAKDOWN_DERIVATION`): ``computation_s`` is the
-    median of the ``compute_s`` of all runs of the model at its world size, ``exposed_comm_s`` the run's
-    iteration minus it; ``run_compute_s`` keeps the run's own computation-only time, ``computation_runs``
-    how many runs the median is over. Simulated rows: the run's plan on ONE trace and cost model per model
-    and world size, that of the first run of ``shared_trace_from`` (FP32 first) that can be simulated,
-    named in ``trace_from``. Also ``iteration_s`` and ``oversubscribed`` (as in :func:`load_runs`)."""
+    """Computation vs exposed communication per run, measured (:data:`BREAKDOWN_DERIVATION`) and
+    simulated: every run's plan on one trace and cost model per model and world size, that of the first
+    run of ``shared_trace_from`` that can be simulated (``trace_from``). Also ``run_compute_s`` (the run's
+    own computation-only time) and ``computation_runs`` (runs in the median)."""
     rows = []
     runs = _timing_runs(runs)
     runs = runs[runs.scheduler.isin(schedulers)]
@@ -327,17 +310,11 @@ def breakdown_table(runs: pd.DataFrame, schedulers: Sequence[str],
 
 def threshold_sweep_table(runs: pd.DataFrame, references: Sequence[str] = ("wfbp", "syncea", "mgwfbp", "optimal"),
                           shared_trace_from: Sequence[str] = ("mgwfbp", "optimal")) -> pd.DataFrame:
-    """Iteration seconds of the ``threshold`` runs per threshold (``threshold_bytes``) and of the reference
-    schedulers (``threshold_bytes`` empty: drawn as horizontal lines) at the largest world size, FP32, each
-    measured and simulated. Every simulated point is the run's plan on ONE trace and cost model per model
-    (that of the first run of ``shared_trace_from`` that can be simulated, named in ``trace_from``), so the
-    simulated curve differs only by the plans. Rows keep ``run_order`` (the order the runs were made in:
-    the time their environment was recorded, ``time_utc``, to the second, then the run id) and ``buckets``,
-    ``run_compute_s`` (the run's computation-only time: how fast the machine computed during that run),
-    ``computation_s`` (measured rows: that time; simulated rows: the shared trace's computation), and
-    ``same_plan_as``: the reference scheduler whose run executed the same bucketing (e.g. a threshold below
-    every layer's size is WFBP), so that a figure can compare the runs of one plan; ``oversubscribed`` as in
-    :func:`load_runs`."""
+    """Iteration seconds of the ``threshold`` runs per ``threshold_bytes`` and of the
+    ``references`` (``threshold_bytes`` empty) at the largest world size, FP32, measured and simulated on
+    one shared trace and cost model per model (``trace_from``), so the simulated curve differs only by the
+    plans. Also ``run_order`` (by recorded ``time_utc``, then run id), ``buckets``, ``run_compute_s``,
+    ``computation_s`` and ``same_plan_as`` (the reference whose run executed the same bucketing)."""
     runs = _timing_runs(runs)
     p = runs.world_size.max()
     base = runs[(runs.world_size == p) & (runs.wire_dtype == "float32")]
@@ -375,8 +352,7 @@ def threshold_sweep_table(runs: pd.DataFrame, references: Sequence[str] = ("wfbp
 
 
 def _layout(plan: Any) -> tuple | None:
-    """A plan's bucketing (which layers travel together; neither the order of the buckets nor that of the
-    layers within one matters), to tell runs of the same plan apart."""
+    """A plan's bucketing as sets of layers (order-free), to tell runs of the same plan apart."""
     if plan is None:
         return None
     return frozenset(frozenset(b.layers) for b in plan.buckets)

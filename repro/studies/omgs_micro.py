@@ -1,24 +1,6 @@
-"""OMGS-SGD micro-benchmarks: top-k selection time, the sparse all-gather cost, and how they compare.
-
-Three measurements behind the figures ``omgs.topk_time``, ``omgs.allgather_fit`` and
-``omgs.cost_compare`` (notebook ``notebooks/omgs_microbench.ipynb``), each returned as a tidy table:
-
-* :func:`measure_topk`: median seconds of one top-k selection by magnitude (``abs()`` +
-  :func:`repro.families.sparse.topk.topk_indices` of ``k = ceil(density * d)``) on this machine's CPU, per tensor size ``d``
-  (:func:`repro.families.sparse.calibrate.time_topk`); :func:`topk_fit_table` fits ``gamma * d * log2(d)``
-  (:func:`repro.core.cost.fit_topk_gamma`) and sets the paper's published P102-100 gamma beside it.
-* :func:`measure_allgather`: median seconds of an all-gather of ``m`` bytes per worker on ``P`` local
-  gloo ranks (:func:`repro.runtime.calibrate.fit_cost_model` with ``kinds=("sparse_allgather",)``),
-  and the fitted line ``a + b * P * m`` (relative-error weighting), as the paper writes ``T_ag``;
-  :func:`allgather_fit_table` adds the paper's published 1GbE fits (preset ``1gbe-allgather``).
-* :func:`cost_compare_table`: per tensor size, the measured top-k time against the measured time of
-  the tensor's sparse exchange at that density (values and indices: two all-gathers of ``4k`` bytes
-  per worker, the paper's ``t_c = 2 (a + b 4 P k)``) and against the all-gather start-up ``a``; the
-  same three quantities in the paper's setting (P102-100 gamma, 1GbE fit at P=16) from the
-  published numbers.
-
-:func:`paper_iteration_times` reads the paper's published seconds per iteration (shipped with the
-package: ``data/paper_numbers/omgs_iteration_times.csv``).
+"""OMGS-SGD micro-benchmarks as tidy tables: top-k selection time (:func:`measure_topk`, fitted as
+``gamma d log2 d``), the sparse all-gather cost (:func:`measure_allgather`, fitted as ``a + b P m``), and
+how they compare (:func:`cost_compare_table`), each beside the paper's published numbers.
 """
 
 from __future__ import annotations
@@ -52,15 +34,12 @@ def default_numels(lo_log2: int = 10, hi_log2: int = 22, step: int = 2) -> list[
     return [2 ** e for e in range(lo_log2, hi_log2 + 1, step)]
 
 
-# ---------------------------------------------------------------------------------------------
 # Top-k selection
-# ---------------------------------------------------------------------------------------------
 
 def measure_topk(numels: Sequence[int], density: float, *, repeats: int = 5, threads: int | None = 1) -> pd.DataFrame:
-    """Median seconds of one top-k selection per tensor size on this machine's CPU.
-
-    Columns: ``numel``, ``k``, ``density``, ``measured_s``, ``device`` (``"cpu"``), ``threads`` (torch
-    intra-op threads during the timing; ``threads=None`` keeps the current setting), ``repeats``."""
+    """Median seconds of one top-k selection by magnitude per tensor size on this machine's CPU.
+    Columns: numel, k, density, measured_s, device ("cpu"), threads (torch intra-op threads during the
+    timing; None keeps the current setting), repeats."""
     from repro.families.sparse.calibrate import time_topk
 
     before = torch.get_num_threads()
@@ -77,12 +56,9 @@ def measure_topk(numels: Sequence[int], density: float, *, repeats: int = 5, thr
 
 
 def topk_fit_table(times: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """``(per_size, fits)`` of the ``gamma * d * log2(d)`` fit to :func:`measure_topk`'s times.
-
-    ``per_size``: the measured rows with ``fitted_s`` (this machine's gamma), ``relative_error``
-    (``fitted / measured - 1``) and ``published_p102_s`` (the paper's gamma at the same size).
-    ``fits``: one row per gamma: this machine's (``source="measured"``, with the largest absolute
-    relative error) and the paper's (``source="published"``)."""
+    """``(per_size, fits)`` of the ``gamma * d * log2(d)`` fit to :func:`measure_topk`'s times:
+    ``per_size`` adds ``fitted_s``, ``relative_error`` and ``published_p102_s`` (the paper's gamma);
+    ``fits`` has this machine's gamma (``source="measured"``) and the paper's (``"published"``)."""
     from repro.core.cost import fit_topk_gamma
 
     gamma = fit_topk_gamma(times["numel"], times["measured_s"])
@@ -101,15 +77,12 @@ def topk_fit_table(times: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     return per_size, fits
 
 
-# ---------------------------------------------------------------------------------------------
 # All-gather
-# ---------------------------------------------------------------------------------------------
 
 def allgather_sizes_bytes(numels: Sequence[int], density: float, *, max_bytes: int = 4 * 2**20,
                           extra: int = 4) -> list[int]:
-    """Bytes per worker to time: the sparse messages of ``numels`` at ``density`` (``4k`` bytes: the
-    values, or the indices) and ``extra`` geometric sizes up to ``max_bytes`` so the fit sees the
-    bandwidth term as well as the start-up."""
+    """Bytes per worker to time: the sparse messages of ``numels`` at ``density`` (``4k`` bytes)
+    and ``extra`` geometric sizes up to ``max_bytes``, so the fit sees the bandwidth term too."""
     sparse = {int(topk_count(n, density)) * _VALUE_BYTES for n in numels}
     lo = max(sparse) if sparse else 4096
     more = {int(s) // 4 * 4 for s in np.geomspace(lo, max(lo * 2, max_bytes), extra + 1)[1:]} if extra else set()
@@ -118,13 +91,9 @@ def allgather_sizes_bytes(numels: Sequence[int], density: float, *, max_bytes: i
 
 def measure_allgather(world_sizes: Sequence[int], sizes_bytes: Sequence[int], *, repeats: int = 5,
                       timeout_s: float = 300) -> pd.DataFrame:
-    """All-gather times and fitted lines on ``P`` local gloo ranks for each ``P`` in ``world_sizes``.
-
-    Each world runs :func:`repro.runtime.calibrate.fit_on_ranks` with ``("sparse_allgather",)``: every
-    size is timed after a barrier, the slowest rank's median counts. Columns: ``workers``,
-    ``bytes_per_worker``, ``gathered_bytes`` (``P`` times it), ``measured_s``, ``a_s`` and
-    ``b_s_per_byte`` of the world's fitted line (``T = a + b * gathered_bytes``), ``cpu_count``,
-    ``threads_per_rank``, ``oversubscribed`` (more ranks than cores: they also measure CPU sharing)."""
+    """All-gather times and fitted lines ``T = a + b * gathered_bytes`` on P local gloo ranks for
+    each P (the slowest rank's median per size). Columns: workers, bytes_per_worker, gathered_bytes,
+    measured_s, a_s, b_s_per_byte, cpu_count, threads_per_rank, oversubscribed."""
     from repro.launch.local import launch_local
     from repro.core.cost import CostModel
     from repro.runtime.calibrate import fit_on_ranks
@@ -148,10 +117,9 @@ def measure_allgather(world_sizes: Sequence[int], sizes_bytes: Sequence[int], *,
 
 
 def allgather_fit_table(times: pd.DataFrame, published_workers: Sequence[int] | None = None) -> pd.DataFrame:
-    """One line ``T = a + b * P * m`` (``m`` bytes per worker) per row: the measured worlds (refitted
-    here with :func:`repro.core.cost.fit_linear`, the relative-error weighting of the live calibration, with
-    the fit's largest absolute relative error) and the paper's published 1GbE fits (preset
-    ``1gbe-allgather``; ``published_workers`` defaults to all of its P)."""
+    """One line ``T = a + b * P * m`` per row: each measured world refitted with
+    :func:`repro.core.cost.fit_linear` (with its largest relative error), and the paper's published 1GbE
+    fits (``published_workers``: default all of the preset's P)."""
     rows = []
     for p, g in times.groupby("workers"):
         line = fit_linear(g["gathered_bytes"], g["measured_s"])
@@ -180,21 +148,16 @@ def allgather_fit_errors(times: pd.DataFrame, fits: pd.DataFrame) -> pd.DataFram
     return pd.concat(frames, ignore_index=True) if frames else times.assign(fitted_s=[], relative_error=[])
 
 
-# ---------------------------------------------------------------------------------------------
 # Top-k vs all-gather
-# ---------------------------------------------------------------------------------------------
 
 def cost_compare_table(topk: pd.DataFrame, allgather: pd.DataFrame, fits: pd.DataFrame,
                        workers: int | None = None) -> pd.DataFrame:
-    """Per tensor size ``d`` (the sizes of ``topk``): the seconds of top-k selection, of the sparse
-    exchange of its ``k`` values and ``k`` indices (two all-gathers of ``4k`` bytes per worker), and
-    of one all-gather start-up ``a``, measured here (``setting="measured"``: the top-k time as
-    measured, the all-gather time as measured at exactly ``4k`` bytes per worker on ``workers`` ranks,
-    default the largest measured world, ``a`` from that world's fit) and in the paper's setting
-    (``setting="paper"``: gamma of the P102-100, the 1GbE fit at P=16, both published).
+    """Per tensor size of ``topk``: seconds of top-k selection, of the sparse exchange of ``k``
+    values and indices (two all-gathers of ``4k`` bytes per worker) and of one all-gather start-up, as
+    measured here (on ``workers`` ranks, default the largest world) and in the paper's setting.
 
-    Tidy: one row per size, setting and ``quantity`` (``topk_s``, ``sparse_allgather_s``,
-    ``allgather_startup_s``), with ``seconds``, ``numel``, ``k``, ``density``, ``workers``."""
+    Tidy: numel, k, density, setting, workers, quantity (``topk_s``, ``sparse_allgather_s``,
+    ``allgather_startup_s``), seconds. ValueError when a needed all-gather size was not measured."""
     if workers is None:
         workers = int(allgather["workers"].max())
     ag = allgather[allgather["workers"] == workers].set_index("bytes_per_worker")["measured_s"]
@@ -207,31 +170,22 @@ def cost_compare_table(topk: pd.DataFrame, allgather: pd.DataFrame, fits: pd.Dat
         if nbytes not in ag.index:
             raise ValueError(f"no all-gather measured at {nbytes} bytes per worker (k={k} of d={r.numel}); "
                              "time the sizes allgather_sizes_bytes(numels, density) returns")
-        base = {"numel": int(r.numel), "k": k, "density": float(r.density)}
-        rows += [
-            {**base, "setting": "measured", "workers": workers, "quantity": "topk_s", "seconds": float(r.measured_s)},
-            {**base, "setting": "measured", "workers": workers, "quantity": "sparse_allgather_s",
-             "seconds": 2 * float(ag.loc[nbytes])},
-            {**base, "setting": "measured", "workers": workers, "quantity": "allgather_startup_s",
-             "seconds": float(f.a_s)},
-            {**base, "setting": "paper", "workers": PAPER_WORKERS, "quantity": "topk_s",
-             "seconds": float(topk_time_s(PUBLISHED_GAMMA_S, r.numel))},
-            {**base, "setting": "paper", "workers": PAPER_WORKERS, "quantity": "sparse_allgather_s",
-             "seconds": 2 * (paper.a_s + paper.b_s_per_byte * PAPER_WORKERS * nbytes)},
-            {**base, "setting": "paper", "workers": PAPER_WORKERS, "quantity": "allgather_startup_s",
-             "seconds": paper.a_s},
-        ]
+        seconds = {("measured", workers): (float(r.measured_s), 2 * float(ag.loc[nbytes]), float(f.a_s)),
+                   ("paper", PAPER_WORKERS): (float(topk_time_s(PUBLISHED_GAMMA_S, r.numel)),
+                                              2 * (paper.a_s + paper.b_s_per_byte * PAPER_WORKERS * nbytes),
+                                              paper.a_s)}
+        rows += [{"numel": int(r.numel), "k": k, "density": float(r.density), "setting": setting,
+                  "workers": p, "quantity": q, "seconds": t}
+                 for (setting, p), ts in seconds.items()
+                 for q, t in zip(("topk_s", "sparse_allgather_s", "allgather_startup_s"), ts)]
     return pd.DataFrame(rows)
 
 
-# ---------------------------------------------------------------------------------------------
 # Published iteration times
-# ---------------------------------------------------------------------------------------------
 
 def paper_iteration_times() -> pd.DataFrame:
-    """OMGS-SGD's published seconds per iteration (16 workers, 1GbE), as shipped:
-    ``model`` (this package's registry name), ``paper_model``, ``batch_size``, ``topk_sgd_s``,
-    ``omgs_sgd_s``, ``speedup`` (as published), ``workers``, ``network``, ``source``."""
+    """OMGS-SGD's published seconds per iteration as shipped: model, paper_model, batch_size,
+    topk_sgd_s, omgs_sgd_s, speedup, workers, network, source."""
     from repro.core.paths import paper_numbers_path
 
     return pd.read_csv(paper_numbers_path("omgs_iteration_times"))

@@ -1,19 +1,8 @@
 """The OMGS-SGD simulation study as tidy tables (the notebook only calls these and plots).
 
-Sparse iterations are simulated with :mod:`repro.families.sparse.simulate` (top-k on the compute stream, the
-buckets' value and index all-gathers on one FCFS stream) under the ``1gbe-allgather`` preset: the
-paper's fitted all-gather lines for P in {2, 4, 8, 16} with its top-k cost ``gamma d log2 d``
-(gamma = 2.19e-10 s, P102-100). Planners (:mod:`repro.families.sparse.planners`): ``topk_layerwise`` (one top-k
-per layer), ``topk_single`` (TopK-SGD), ``omgs`` (the published merge rule) and ``omgs_optimal`` (the
-exact optimum over contiguous merges, this package's addition).
-
-Every simulation at paper scale takes ``cost_mode`` (:data:`repro.costs.published_fits.COST_MODES`): ``"paper"``
-(default) simulates the preset itself, the paper's model; ``"calibrated"`` its calibrated counterpart
-(:func:`repro.costs.published_fits.cost_for_mode`: for ``1gbe-allgather``, no measured 1GbE cluster exists, so the
-paper's all-gather lines and top-k cost with the realism fitted on 10GbE). Tables record it in a
-``cost_mode`` column.
-
-Every function returns a :class:`pandas.DataFrame` (or plain data); nothing here draws.
+Sparse iterations are simulated under the ``1gbe-allgather`` preset: the paper's fitted all-gather
+lines for P in {2, 4, 8, 16} and its top-k cost ``gamma d log2 d``. ``cost_mode="calibrated"`` adds
+the realism fitted on 10GbE (no measured 1GbE cluster exists); tables record it in ``cost_mode``.
 """
 
 from __future__ import annotations
@@ -42,24 +31,23 @@ __all__ = ["SPARSE_PLANNERS", "OMGS_MODELS", "PAPER_CSV", "paper_iterations", "p
            "bucket_table", "explain_case", "timeline_table", "paper_setting_table"]
 
 SPARSE_PLANNERS: tuple[str, ...] = ("topk_layerwise", "topk_single", "omgs", "omgs_optimal")
-# The paper's models (Shi et al., OMGS-SGD, INFOCOM 2020, experimental setup) -> batch size per worker of the shipped traces.
+# The paper's models (OMGS-SGD, INFOCOM 2020) -> batch size per worker of the shipped traces.
 OMGS_MODELS: dict[str, int] = {"vgg16_cifar": 32, "resnet50": 32, "inception_v4": 64, "lstm_ptb": 20}
 PAPER_CSV = "omgs_iteration_times"  # shipped published seconds per iteration (data/paper_numbers)
 
 
 def paper_iterations() -> pd.DataFrame:
-    """The paper's measured seconds per iteration (16 workers, 1GbE), tidy: model, planner
-    (``topk_single`` for TopK-SGD, ``omgs`` for OMGS-SGD), workers, paper_s, citation."""
+    """The paper's measured seconds per iteration (16 workers, 1GbE): model, planner
+    (``topk_single``, ``omgs``), workers, paper_s, citation."""
     from repro.core.paths import paper_numbers_path
 
     raw = pd.read_csv(paper_numbers_path(PAPER_CSV))
     rows = []
     for r in raw.itertuples():
         cite = f"{r.source}: measured, {r.workers} nodes, {r.network}, {r.paper_model} batch {r.batch_size}"
-        rows += [{"model": r.model, "planner": "topk_single", "workers": int(r.workers), "paper_s": float(r.topk_sgd_s),
-                  "citation": cite},
-                 {"model": r.model, "planner": "omgs", "workers": int(r.workers), "paper_s": float(r.omgs_sgd_s),
-                  "citation": cite}]
+        rows += [{"model": r.model, "planner": planner, "workers": int(r.workers), "paper_s": float(t),
+                  "citation": cite}
+                 for planner, t in (("topk_single", r.topk_sgd_s), ("omgs", r.omgs_sgd_s))]
     return pd.DataFrame(rows)
 
 
@@ -69,8 +57,8 @@ def paper_density(model: str) -> float:
 
 
 def find_trace(model: str, gpus: Sequence[str] = ("p102", "v100")) -> str:
-    """Stem of the shipped estimate trace of ``model``: the first of ``gpus`` that has one (at the
-    paper's batch size when several are shipped). A fallback to a later GPU warns."""
+    """Stem of the shipped estimate trace of ``model`` on the first of ``gpus`` that has one (at the
+    paper's batch size when several are shipped); falling back to a later GPU warns."""
     have = shipped_traces()
     for k, gpu in enumerate(gpus):
         hits = sorted(s for s in have if re.match(rf"^{re.escape(model)}_b\d+_{re.escape(gpu)}-estimate$", s))
@@ -98,24 +86,16 @@ def trace_table(traces: Mapping[str, Trace]) -> pd.DataFrame:
                           "backward_s": t.total_backward_s} for m, t in traces.items()])
 
 
-def _cost(network: str, workers: int, cost_mode: str = "paper") -> CostModel:
-    return cost_for_mode(network, workers, cost_mode)
-
-
 def sparse_sweep(traces: Mapping[str, Trace], workers: Sequence[int], densities: Sequence[float],
                  planners: Sequence[str] = SPARSE_PLANNERS, network: str = "1gbe-allgather",
                  pack: bool = False, cost_mode: str = "paper") -> pd.DataFrame:
-    """Simulated iteration per model x P x density x planner (tidy).
+    """Simulated iteration per model x P x density x planner (worker counts the preset lacks are
+    skipped).
 
     Columns: model, device, batch_size, network, workers, density, planner, iteration_s, buckets,
-    sparsify_s (top-k seconds on the compute stream), optimal_s and gap_pct = 100 (iteration_s /
-    optimal_s - 1) when ``omgs_optimal`` is among ``planners`` (NaN otherwise), plan_wall_s (seconds
-    the planner took here), cost_mode. Worker counts the preset lacks are skipped. ``cost_mode``:
-    ``"paper"`` (the preset) or ``"calibrated"`` (:func:`repro.costs.published_fits.cost_for_mode`). Iterations are
-    simulated (:func:`repro.studies.mgwfbp_sim.simulated_iteration_s`): in calibrated mode ``omgs_optimal``
-    is the optimum of the planner's model, which the simulation with realism need not keep (``gap_pct``
-    can then be negative).
-    """
+    sparsify_s (top-k seconds), plan_wall_s, cost_mode, optimal_s and gap_pct = 100 (iteration_s /
+    optimal_s - 1) (NaN without ``omgs_optimal``). In calibrated mode ``omgs_optimal`` is the optimum of
+    the planner's model, which the simulation need not keep (``gap_pct`` can be negative)."""
     check_cost_mode(cost_mode)
     have = preset_workers(network)
     rows = []
@@ -123,7 +103,7 @@ def sparse_sweep(traces: Mapping[str, Trace], workers: Sequence[int], densities:
         for p in workers:
             if have is not None and p not in have:
                 continue
-            cost = _cost(network, p, cost_mode)
+            cost = cost_for_mode(network, p, cost_mode)
             for d in densities:
                 for name in planners:
                     t0 = time.perf_counter()
@@ -150,8 +130,7 @@ def sparse_sweep(traces: Mapping[str, Trace], workers: Sequence[int], densities:
 
 def gap_summary(sweep: pd.DataFrame, planner: str = "omgs", tol_pct: float = 1e-6) -> pd.DataFrame:
     """Per model (and ``all``): how often and by how much ``planner`` is slower than the optimum, and
-    where it loses most (P, density, its buckets and the optimum's); per cost mode, with a ``cost_mode``
-    column, where ``sweep`` has one."""
+    its worst case; per cost mode where ``sweep`` has a ``cost_mode`` column."""
     if "cost_mode" in sweep:
         return pd.concat([gap_summary(s.drop(columns="cost_mode"), planner, tol_pct).assign(cost_mode=m)
                           for m, s in sweep.groupby("cost_mode", sort=False)], ignore_index=True)
@@ -185,10 +164,9 @@ def worst_case(sweep: pd.DataFrame, planner: str = "omgs", model: str | None = N
 
 def bucket_table(trace: Trace, cost: CostModel, planners: Sequence[str], density: float,
                  pack: bool = False, cost_mode: str = "paper") -> pd.DataFrame:
-    """Per planner and bucket (communication order): its layers (1-based forward numbers), elements,
-    k, the backward seconds of its layers, its top-k (start, end) on the compute stream and its
-    all-gathers (start, end) on the comm stream, simulated; plus the planner's iteration_s (seconds)
-    and ``cost_mode`` (how ``cost`` was obtained; recorded, not applied)."""
+    """Per planner and bucket (communication order): layers (1-based), elements, k, the layers'
+    backward seconds, its simulated top-k and all-gather (start, end), the planner's iteration_s, and
+    ``cost_mode`` (recorded, not applied)."""
     check_cost_mode(cost_mode)
     rows = []
     bwd = trace.backward_s()
@@ -250,10 +228,8 @@ def explain_case(buckets: pd.DataFrame, trace: Trace, cost: CostModel, rule: str
 
 def timeline_table(trace: Trace, cost: CostModel, planners: Sequence[str], density: float,
                    pack: bool = False, cost_mode: str = "paper") -> pd.DataFrame:
-    """Simulated ops of one iteration per planner (columns: planner, stream, row, kind, label, start_s,
-    end_s, iteration_s (seconds), buckets, density, workers, cost_mode). ``row`` splits the compute stream
-    into ``compute`` (forward, backward) and ``sparsify`` (top-k) for drawing; ``stream`` is the
-    simulator's. ``cost_mode`` names how ``cost`` was obtained (recorded, not applied)."""
+    """Simulated ops of one iteration per planner: planner, stream, row (``compute``, ``sparsify`` or
+    ``comm``, for drawing), kind, label, start_s, end_s, iteration_s, buckets, density, workers, cost_mode."""
     check_cost_mode(cost_mode)
     frames = []
     for name in planners:
@@ -262,12 +238,8 @@ def timeline_table(trace: Trace, cost: CostModel, planners: Sequence[str], densi
         df = pd.DataFrame([op.to_dict() for op in res.ops])
         df.insert(0, "planner", name)
         df.insert(2, "row", np.where(df["kind"] == "sparsify", "sparsify", df["stream"]))
-        df["iteration_s"] = res.iteration_s
-        df["buckets"] = plan.num_buckets
-        df["density"] = density
-        df["workers"] = cost.workers
-        df["cost_mode"] = cost_mode
-        frames.append(df)
+        frames.append(df.assign(iteration_s=res.iteration_s, buckets=plan.num_buckets, density=density,
+                                workers=cost.workers, cost_mode=cost_mode))
     return pd.concat(frames, ignore_index=True)
 
 
@@ -275,12 +247,11 @@ def paper_setting_table(traces: Mapping[str, Trace], planners: Iterable[str] = (
                                                                                 "omgs_optimal"),
                         workers: int = 16, network: str = "1gbe-allgather", cost_mode: str = "paper"
                         ) -> pd.DataFrame:
-    """The paper's setting (16 workers, 1GbE, the paper's density per model): simulated seconds per
-    iteration per planner beside the published ones (``paper_s``, NaN where none), tidy, with
-    ``cost_mode`` (``"paper"``: the preset; ``"calibrated"``: :func:`repro.costs.published_fits.cost_for_mode`)."""
+    """The paper's setting (16 workers, 1GbE, its density per model): simulated seconds per
+    planner beside the published ``paper_s`` (NaN where none), with ``simulated_over_paper``."""
     check_cost_mode(cost_mode)
     rows = []
-    cost = _cost(network, workers, cost_mode)
+    cost = cost_for_mode(network, workers, cost_mode)
     for model, trace in traces.items():
         d = paper_density(model)
         for name in planners:
@@ -296,15 +267,13 @@ def paper_setting_table(traces: Mapping[str, Trace], planners: Iterable[str] = (
     return df
 
 
-# ---------------------------------------------------------------------------------------------
 # The measured panel: run folders whose buckets.csv holds a recorded sparse timeline
-# ---------------------------------------------------------------------------------------------
 
 MEASURED_PLANNERS: tuple[str, ...] = ("topk_layerwise", "topk_single", "omgs")
 
 
 def sparse_runtime_available() -> bool:
-    """Whether this checkout has the sparse executor (``repro.families.sparse.executor``)."""
+    """Whether this checkout has ``repro.families.sparse.executor``."""
     import importlib.util
 
     return importlib.util.find_spec("repro.families.sparse.executor") is not None
@@ -314,11 +283,9 @@ def measure_timelines(results_dir, *, model: str = "tiny_resnet", world_size: in
                       planners: Sequence[str] = MEASURED_PLANNERS, density: float = 0.001, batch_size: int = 32,
                       steps: int = 3, warmup_steps: int = 2, network: str | None = None,
                       timeout_s: float = 600) -> pd.DataFrame:
-    """Train ``model`` for a few steps under each sparse planner in one local world of ``world_size``
-    ranks (CPU, gloo), recording the last step's per-bucket timeline; run folders go to
-    ``<results_dir>/runs`` (replaced). The planners use the cost preset ``network`` when given (no
-    calibration), else the all-gather line and top-k cost fitted on the live group. Returns
-    :func:`repro.studies.mgwfbp_train.load_runs` of them."""
+    """Train ``model`` a few steps under each sparse planner in one local world, recording the last
+    step's bucket timeline, into ``<results_dir>/runs`` (replaced). The planners use preset ``network``
+    when given, else the lines fitted on the live group. Returns the runs' table."""
     from repro.studies.mgwfbp_train import run_grid
 
     configs = [{"model": model, "scheduler": p, "batch_size": batch_size, "steps": steps,
@@ -332,8 +299,8 @@ BUCKETS_STEPS_CSV = "buckets_steps.csv"
 
 
 def median_step(iterations: pd.DataFrame, median_s: float | None = None) -> pd.Series:
-    """The row of ``iterations`` (iterations.csv) whose ``iteration_s`` is closest to ``median_s`` (default:
-    the rows' median): the run's typical step; on a tie, the later step."""
+    """The row of ``iterations`` whose ``iteration_s`` is closest to ``median_s`` (default: the median);
+    on a tie, the later step."""
     it = iterations.sort_values("step")
     target = float(median_s) if median_s is not None and np.isfinite(float(median_s)) else float(it["iteration_s"].median())
     dist = (it["iteration_s"] - target).abs().to_numpy()
@@ -341,15 +308,11 @@ def median_step(iterations: pd.DataFrame, median_s: float | None = None) -> pd.S
 
 
 def measured_timeline(runs_root) -> pd.DataFrame:
-    """Ops of one recorded step of every sparse run folder under ``runs_root`` that has a
-    ``buckets.csv``: the step closest to the run's median (:func:`median_step`) when the run recorded every
-    step (``buckets_steps.csv``), else its last; ``drawn_step`` says which and ``median_step`` whether it was
-    chosen so (columns as :func:`timeline_table`, plus model, world_size, cpu_count,
-    threads_per_rank, oversubscribed, run_id). Rows: ``compute`` (forward, the backward call, which
-    includes the top-k selections, and the update), ``sparsify`` (each bucket's compression) and
-    ``comm`` (each bucket's all-gathers, launch to completion). Seconds from the step start.
-    ``iteration_s`` is that one step's; ``median_iteration_s`` the run's median over its ``timed_steps``
-    (its summary: what a speedup of the run is computed from)."""
+    """Ops of one recorded step of every sparse run under ``runs_root`` with a ``buckets.csv``: the
+    step closest to the run's median when every step was recorded (``buckets_steps.csv``), else the last
+    (``drawn_step``, ``median_step``). Columns as :func:`timeline_table` plus median_iteration_s,
+    timed_steps, drawn_step, median_step, model, world_size, cpu_count, threads_per_rank, oversubscribed
+    and run_id; seconds from the step start."""
     from pathlib import Path
 
     from repro.results.runs import BUCKETS_CSV, ITERATIONS_CSV, list_runs

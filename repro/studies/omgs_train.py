@@ -1,22 +1,7 @@
-"""The OMGS-SGD training experiments: real sparse training runs read back as tidy tables, and the
-paper-scale breakdown simulated beside the paper's numbers.
-
-Runs are launched with :func:`repro.studies.mgwfbp_train.run_grid` (one local world per world size,
-optionally on an emulated bandwidth-limited network, :mod:`repro.launch.netns`) and written as run
-folders under ``<results_dir>/runs``; a cluster job writes the same folders with
-``torchrun -m repro.train --scheduler omgs --density ... --results-dir ...`` and everything below only
-reads them.
-
-- :func:`convergence_configs` / :func:`convergence_table`: loss, accuracy (classifiers) or perplexity
-  (language models) per epoch, dense S-SGD (``wfbp``) vs TopK-SGD (``topk_single``) vs OMGS-SGD (``omgs``);
-- :func:`breakdown_configs` / :func:`measured_breakdown_table`: forward / backward / sparsification /
-  communication per iteration of timing runs (``record_timeline=True``), measured, with the same run
-  simulated from its own trace, plan and cost model;
-- :func:`paper_breakdown_table`: the same bars simulated at paper scale (16 workers, the 1GbE all-gather
-  preset, P102-100 traces where shipped) and :func:`paper_iteration_table`: the paper's seconds per
-  iteration (shipped CSV), labelled with their source.
-
-How each measured bar is derived is written into the table (column ``derivation``).
+"""The OMGS-SGD training experiments: real sparse training runs (convergence and timing) read back as
+tidy tables, and the paper-scale breakdown simulated beside the paper's numbers. Runs are launched with
+:func:`repro.studies.mgwfbp_train.run_grid`; a cluster job writes the same run folders. How each
+measured bar is derived is written into the tables (column ``derivation``).
 """
 
 from __future__ import annotations
@@ -49,31 +34,17 @@ PAPER_MODELS: tuple[tuple[str, int, float], ...] = (("vgg16_cifar", 32, 0.001), 
 _PAPER_CSV = "omgs_iteration_times"
 
 
-# ---------------------------------------------------------------------------------------------
 # Reading run folders (this study's own, or a cluster job's)
-# ---------------------------------------------------------------------------------------------
 
 def runs_folder(path: str | Path) -> Path:
-    """The folder holding the run folders: ``<path>/runs`` (a study folder, as :func:`run_grid` writes)
-    if it exists, else ``path`` itself (e.g. a cluster job's ``--results-dir``)."""
+    """``<path>/runs`` if it exists (a study folder), else ``path`` itself (e.g. a cluster job's)."""
     p = Path(path)
     return p / "runs" if (p / "runs").is_dir() else p
 
 
 def load_runs(path: str | Path) -> pd.DataFrame:
-    """One row per run under :func:`runs_folder` of ``path``, as :func:`repro.studies.mgwfbp_train.load_runs`
-    (summary, config fields, ``cpu_count``, ``threads_per_rank``, ``oversubscribed``)."""
-    folder = runs_folder(path)
-    if folder.name == "runs":
-        return mgwfbp_train.load_runs(folder.parent)
-    import tempfile
-
-    with tempfile.TemporaryDirectory() as tmp:  # mgwfbp_train reads <dir>/runs: point a link at the folder
-        (Path(tmp) / "runs").symlink_to(folder.resolve(), target_is_directory=True)
-        df = mgwfbp_train.load_runs(tmp)
-    if len(df):
-        df["path"] = [str(folder / Path(p).name) for p in df["path"]]
-    return df
+    """:func:`repro.studies.mgwfbp_train.load_runs` of the runs under :func:`runs_folder` of ``path``."""
+    return mgwfbp_train._load_runs_in(runs_folder(path))
 
 
 def load_epochs(path: str | Path) -> pd.DataFrame:
@@ -85,17 +56,14 @@ def load_epochs(path: str | Path) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True).merge(runs, on="run_id")
 
 
-# ---------------------------------------------------------------------------------------------
 # Configurations
-# ---------------------------------------------------------------------------------------------
 
 def language_dataset(ptb_dir: str | Path | None = None) -> tuple[str, str]:
-    """``(dataset, description)`` for the language-model runs: ``"ptb"`` when Penn Treebank is there
-    (``ptb_dir``, else ``<data>/ptb``, :func:`repro.core.paths.data_dir`), else ``"pydoc"`` (CPython's
-    ``pydoc_data.topics``, English text shipped with Python).
+    """``(dataset, description)`` for the language-model runs: ``"ptb"`` when Penn Treebank is in
+    ``ptb_dir`` or ``<data>/ptb``, else ``"pydoc"`` (English text shipped with Python).
 
-    A ``ptb_dir`` not named ``ptb`` is linked as ``<tmp>/ptb`` and ``REPRO_DATA_DIR`` pointed there
-    (the training ranks inherit the environment), as :func:`repro.workload.datasets.ptb` reads
+    A ``ptb_dir`` not named ``ptb`` is linked as ``<tmp>/ptb`` and ``REPRO_DATA_DIR`` set to its parent
+    (inherited by the training ranks), since :func:`repro.workload.datasets.ptb` reads
     ``<REPRO_DATA_DIR>/ptb``."""
     from repro.core.paths import data_dir
 
@@ -152,10 +120,9 @@ def convergence_configs(models: dict[str, tuple[str, float]], world_size: int, *
                         seeds: Sequence[int] | int = (0,), warmup_steps: int = 2, lr: float | None = None,
                         lm_lr: float | None = None, schedulers: Sequence[str] = CONVERGENCE_SCHEDULERS,
                         extra: dict[str, Any] | None = None) -> list[dict[str, Any]]:
-    """TrainConfig dicts of the convergence runs: every model (``{model: (dataset, density)}``) with every
-    scheduler and every seed of ``seeds`` (a seed fixes the initial weights and data order, the same for
-    every scheduler), no computation-only steps. ``lr`` and ``lm_lr`` set the learning rate of
-    classifiers and language models (TrainConfig's default if None)."""
+    """TrainConfig dicts of the convergence runs: every model (``{model: (dataset, density)}``) x
+    scheduler x seed, no computation-only steps. ``lr`` / ``lm_lr``: learning rate of classifiers /
+    language models (TrainConfig's default if None)."""
     from repro.workload.models import get_spec
 
     out = []
@@ -178,9 +145,8 @@ def convergence_configs(models: dict[str, tuple[str, float]], world_size: int, *
 def breakdown_configs(models: dict[str, float], world_size: int, *, batch_size: int, steps: int,
                       warmup_steps: int = 2, compute_steps: int = 0, bandwidth: str | None = None,
                       schedulers: Sequence[str] = SPARSE_SCHEDULERS, seed: int = 0) -> list[dict[str, Any]]:
-    """TrainConfig dicts of the timing runs (synthetic data, ``record_timeline=True``): every model
-    (``{model: density}``) with every sparse scheduler; ``compute_steps`` (none by default: the bars come
-    from the run's own steps) time the model without communication or sparsification (``compute_only_s``)."""
+    """TrainConfig dicts of the timing runs (synthetic data, timeline recorded): every model
+    (``{model: density}``) x scheduler."""
     out = []
     for model, density in models.items():
         for s in schedulers:
@@ -193,8 +159,8 @@ def breakdown_configs(models: dict[str, float], world_size: int, *, batch_size: 
 
 
 def timing_specs(densities: Sequence[float], schedulers: Sequence[str] = SPARSE_SCHEDULERS) -> list[dict[str, Any]]:
-    """The configurations the OMGS timing samples compare (:func:`repro.studies.timing.interleaved_samples`):
-    every sparse scheduler of ``schedulers`` at each top-k density of ``densities`` (a dense one once)."""
+    """The configurations the OMGS timing samples compare: every scheduler at each density (a dense
+    one once)."""
     out: list[dict[str, Any]] = []
     for d in dict.fromkeys(float(x) for x in densities):
         for s in schedulers:
@@ -204,18 +170,15 @@ def timing_specs(densities: Sequence[float], schedulers: Sequence[str] = SPARSE_
     return out
 
 
-# ---------------------------------------------------------------------------------------------
 # Convergence
-# ---------------------------------------------------------------------------------------------
 
 def convergence_table(results_dir: str | Path, *, scale: str = "tiny") -> pd.DataFrame:
-    """One row per (convergence run, epoch) (at ``scale="paper"`` only the OMGS grid's convergence runs,
-    data/grids/omgs.yaml: VGG-16/CIFAR-10, ResNet-50/ImageNet, LSTM/PTB; empty while none has finished):
-    model, dataset, scheduler, density, world_size, epoch,
-    train_loss, test_loss (cross-entropy per sample, per token for language models), test_accuracy
-    (classifiers; next-token accuracy for language models when recorded), perplexity (language models:
-    exp(test_loss) unless the run recorded it), buckets and min_elements_sent_per_bucket (sparse runs: the
-    plan's bucket count and the fewest top-k elements a bucket sends), oversubscribed."""
+    """One row per (convergence run, epoch); at ``scale="paper"`` only the OMGS grid's runs.
+
+    Columns: model, dataset, scheduler, density, world_size, epoch, train_loss, test_loss (per sample,
+    per token for language models), test_accuracy, perplexity (language models: exp(test_loss) unless
+    recorded), lm, buckets, min_elements_sent_per_bucket (sparse runs), seed, lr, batch_size,
+    oversubscribed, run_id."""
     epochs = load_epochs(results_dir)
     if epochs.empty:
         return epochs
@@ -226,9 +189,9 @@ def convergence_table(results_dir: str | Path, *, scale: str = "tiny") -> pd.Dat
         epochs = epochs[epochs["run_id"].isin(runs["run_id"])]
         if epochs.empty:
             return epochs.iloc[0:0]
-    meta = []
     from repro.workload.models import get_spec
 
+    meta = []
     for _, r in runs.iterrows():
         run = load_run(r.path)
         cfg = run.config
@@ -245,8 +208,7 @@ def convergence_table(results_dir: str | Path, *, scale: str = "tiny") -> pd.Dat
                      "seed": cfg.get("seed"), "lr": cfg.get("lr"), "batch_size": cfg.get("batch_size"),
                      "lm": get_spec(r.model).family == "lm",
                      "oversubscribed": bool(r.get("oversubscribed", False))})
-    meta = pd.DataFrame(meta)
-    df = epochs.merge(meta, on="run_id")
+    df = epochs.merge(pd.DataFrame(meta), on="run_id")
     if "perplexity" not in df:
         df["perplexity"] = np.nan
     if "test_perplexity" in df:  # the runtime's own name, if it records one
@@ -268,9 +230,8 @@ METRICS = ("train_loss", "test_loss", "test_accuracy", "perplexity")
 
 
 def seed_summary(conv: pd.DataFrame) -> pd.DataFrame:
-    """:func:`convergence_table` summarised over seeds: one row per (model, scheduler, epoch) with each
-    metric's **median** over the seeds (the headline numbers) and its ``<metric>_min`` / ``<metric>_max``
-    (the spread), ``seeds`` (how many runs) and ``seed_list``; the other columns are the first seed's."""
+    """:func:`convergence_table` over seeds: per (model, scheduler, epoch) each metric's median and
+    ``<metric>_min`` / ``<metric>_max``, ``seeds`` and ``seed_list``; other columns are the first seed's."""
     if conv.empty:
         return conv
     if "seed" in conv:  # a run whose config leaves the seed out ran with the default, 0
@@ -278,12 +239,10 @@ def seed_summary(conv: pd.DataFrame) -> pd.DataFrame:
     keys = ["model", "scheduler", "epoch"]
     metrics = [m for m in METRICS if m in conv]
     grouped = conv.groupby(keys, sort=False)
-    out = grouped.first().drop(columns=[m for m in metrics] + ["seed", "run_id"], errors="ignore")
-    med = grouped[metrics].median()
-    out = out.join(med)
+    out = grouped.first().drop(columns=[*metrics, "seed", "run_id"], errors="ignore")
+    out = out.join(grouped[metrics].median())
     for m in metrics:
-        out[f"{m}_min"] = grouped[m].min()
-        out[f"{m}_max"] = grouped[m].max()
+        out[f"{m}_min"], out[f"{m}_max"] = grouped[m].min(), grouped[m].max()
     if "min_elements_sent_per_bucket" in conv:  # the plans differ per seed (online planning): the extremes
         out["min_elements_sent_per_bucket"] = grouped["min_elements_sent_per_bucket"].min()
     if "buckets" in conv:
@@ -295,9 +254,8 @@ def seed_summary(conv: pd.DataFrame) -> pd.DataFrame:
 
 
 def final_epoch_table(conv: pd.DataFrame) -> pd.DataFrame:
-    """The last epoch of each (model, scheduler), as medians over the seeds (:func:`seed_summary`, with
-    the spread), with each sparse scheduler's gap to dense S-SGD (``wfbp``) from those medians:
-    ``test_loss_vs_dense`` (difference) and ``test_accuracy_vs_dense`` (difference)."""
+    """The last epoch of each (model, scheduler) from :func:`seed_summary`, with
+    ``test_loss_vs_dense`` and ``test_accuracy_vs_dense`` (differences to ``wfbp``)."""
     if conv.empty:
         return conv
     conv = seed_summary(conv)
@@ -310,9 +268,7 @@ def final_epoch_table(conv: pd.DataFrame) -> pd.DataFrame:
     return last.sort_values(["model", "_o"]).drop(columns="_o").reset_index(drop=True)
 
 
-# ---------------------------------------------------------------------------------------------
 # Breakdown: measured (tiny, real runs)
-# ---------------------------------------------------------------------------------------------
 
 def _median(df: pd.DataFrame | None, col: str) -> float:
     if df is None or col not in df or df[col].dropna().empty:
@@ -321,9 +277,8 @@ def _median(df: pd.DataFrame | None, col: str) -> float:
 
 
 def _timeline_sparsify_s(buckets: pd.DataFrame | None) -> float | None:
-    """Seconds of top-k selection (with error feedback) in the recorded timeline of the last step: the sum
-    over buckets of ``compress_end_s - compress_start_s`` (:class:`repro.families.sparse.executor.SparseBucketTiming`),
-    None if the timeline has no such columns or values."""
+    """Seconds of top-k selection in the last step's timeline (sum of the buckets' compression
+    times), or None when not recorded."""
     if buckets is None or buckets.empty:
         return None
     for start, end in (("compress_start_s", "compress_end_s"), ("sparsify_start_s", "sparsify_end_s")):
@@ -405,19 +360,10 @@ def _sim_phases(trace, sim) -> dict[str, Any]:
 
 
 def measured_breakdown_table(runs: pd.DataFrame, schedulers: Sequence[str] = SPARSE_SCHEDULERS) -> pd.DataFrame:
-    """Per timing run (synthetic data) of ``schedulers``: seconds per iteration split into ``forward_s``,
-    ``backward_s``, ``sparsify_s``, ``comm_exposed_s`` and ``other_s`` (they add up to ``iteration_s``),
-    one row ``source="measured"`` and one ``source="simulated"`` (the run's own trace, plan and cost model
-    fed to :func:`repro.core.simulate.simulate`).
-
-    Measured bars (rank 0's medians over the timed steps, iterations.csv): forward = ``forward_s``;
-    sparsification = the compression times of the recorded timeline of the last step (``record_timeline``
-    runs; else the top-k cost fitted during the run at the plan's bucket sizes); backward = ``backward_call_s``
-    minus sparsification (top-k runs in the gradient hooks, inside the backward call); communication =
-    ``step_s - update_s`` (waiting for the all-gathers after backward: the part not overlapped); other =
-    ``update_s``. ``iteration_s`` is their sum (``summary_iteration_s``: the run's slowest-rank median).
-    ``derivation`` says which applied; ``oversubscribed`` marks runs with more ranks than CPU cores.
-    """
+    """Per timing run of ``schedulers``: seconds per iteration split into :data:`PHASES`
+    (they add up to ``iteration_s``), ``source`` ``measured`` (:data:`MEASURED_DERIVATION`, rank 0's
+    medians; ``summary_iteration_s`` is the run's slowest-rank median) and ``simulated`` (the run's own
+    trace, plan and cost model). ``derivation`` says which sources applied."""
     if runs.empty:
         return pd.DataFrame()
     if "oversubscribed" not in runs:
@@ -451,13 +397,11 @@ def _network_label(bps: Any) -> str:
     return f"emulated {v / 1e6:g} Mbit/s links"
 
 
-# ---------------------------------------------------------------------------------------------
 # Breakdown: simulated at paper scale, and the paper's numbers
-# ---------------------------------------------------------------------------------------------
 
 def paper_trace_stem(model: str, batch_size: int) -> tuple[str, str]:
-    """``(trace stem, GPU)`` of the shipped trace for a paper model: the P102-100 estimate (the paper's
-    GPU) when shipped, else the V100 estimate of the same batch, else any V100 estimate of the model."""
+    """``(trace stem, GPU)`` for a paper model: the P102-100 estimate when shipped, else the V100
+    estimate of the same batch, else any of the model's."""
     from repro.core.paths import shipped_traces
 
     have = shipped_traces()
@@ -465,23 +409,19 @@ def paper_trace_stem(model: str, batch_size: int) -> tuple[str, str]:
                       (f"{model}_b{batch_size}_v100-estimate", "V100")):
         if stem in have:
             return stem, gpu
-    p102 = sorted(s for s in have if s.startswith(f"{model}_b") and s.endswith("_p102-estimate"))
-    if p102:
-        return p102[0], "P102-100"
-    v100 = sorted(s for s in have if s.startswith(f"{model}_b") and s.endswith("_v100-estimate"))
-    if v100:
-        return v100[0], "V100"
+    for suffix, gpu in (("_p102-estimate", "P102-100"), ("_v100-estimate", "V100")):
+        hits = sorted(s for s in have if s.startswith(f"{model}_b") and s.endswith(suffix))
+        if hits:
+            return hits[0], gpu
     raise FileNotFoundError(f"no shipped trace of {model}")
 
 
 def paper_breakdown_table(models: Sequence[tuple[str, int, float]] = PAPER_MODELS, *, workers: int = 16,
                           network: str = "1gbe-allgather",
                           schedulers: Sequence[str] = SPARSE_SCHEDULERS, cost_mode: str = "paper") -> pd.DataFrame:
-    """Simulated phase seconds (as :func:`measured_breakdown_table`) per paper model (``(model, batch,
-    density)``) and scheduler at ``workers`` workers with the ``network`` preset (all-gather line and the
-    paper's top-k gamma), on the shipped trace :func:`paper_trace_stem` picks (``trace``, ``gpu``).
-    ``cost_mode``: ``"paper"`` (the preset) or ``"calibrated"`` (:func:`repro.costs.published_fits.cost_for_mode`:
-    the 1GbE lines with the realism fitted on 10GbE)."""
+    """Simulated phase seconds (as :func:`measured_breakdown_table`) per paper model
+    ``(model, batch, density)`` and scheduler at ``workers`` on preset ``network``, on the trace
+    :func:`paper_trace_stem` picks. ``cost_mode``: ``"paper"`` or ``"calibrated"``."""
     from repro.costs.published_fits import cost_for_mode
     from repro.core.paths import shipped_trace_path
     from repro.core.planners import make_plan
@@ -512,12 +452,9 @@ _PAPER_CITATION = "OMGS-SGD (Shi et al., INFOCOM 2020): measured s/iteration, 16
 
 
 def paper_iteration_table(path: str | Path | None = None) -> pd.DataFrame:
-    """The paper's seconds per iteration as tidy rows: model (this package's name), scheduler
-    (``topk_single``/``omgs``), workers, iteration_s, source ``"paper"``, citation.
-
-    Reads the shipped ``omgs_iteration_times.csv`` (one row per model: ``model``, ``topk_sgd_s``,
-    ``omgs_sgd_s``, ``workers``, ``source``; or long: ``model``, ``scheduler``, ``iteration_s``). An empty
-    frame (same columns) if it is not shipped."""
+    """The paper's seconds per iteration: model, scheduler (``topk_single``/``omgs``), workers,
+    iteration_s, source ``"paper"``, citation. Reads ``omgs_iteration_times.csv`` (wide: ``topk_sgd_s``,
+    ``omgs_sgd_s``; or long: ``scheduler``, ``iteration_s``); empty (same columns) if not shipped."""
     from repro.core.paths import paper_numbers_path
 
     cols = ["model", "scheduler", "workers", "iteration_s", "source", "citation"]
@@ -542,9 +479,8 @@ def paper_iteration_table(path: str | Path | None = None) -> pd.DataFrame:
 
 
 def breakdown_table(measured: pd.DataFrame, simulated: pd.DataFrame, paper: pd.DataFrame) -> pd.DataFrame:
-    """One tidy table of the figure: measured and run-simulated rows (tiny), paper-scale simulated rows,
-    and the paper's iteration seconds (``source="paper"``, phases empty), with ``panel`` naming where
-    each row is drawn."""
+    """The figure's table: measured and run-simulated rows (tiny), paper-scale simulated rows and the
+    paper's seconds (phases empty), with ``panel`` naming where each row is drawn."""
     frames = []
     if len(measured):
         frames.append(measured.assign(panel="tiny"))

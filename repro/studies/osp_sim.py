@@ -1,34 +1,12 @@
 """The OSP simulation study as tidy tables (the notebooks only call these and plot).
 
-OSP's full text is not available: only its abstract (Chen et al., arXiv 2306.16926). What is simulated
-is this project's interpretation (:mod:`repro.families.ps.simulate`, :mod:`repro.families.ps.planners`): a parameter server
-(PS) with N workers and S server shards, each shard's full-duplex link shared by the N workers; BSP,
-ASP, SSP(s) and OSP's two-stage synchronisation (stage 1 blocking as BSP, stage 2 pushed and pulled in
-the background under the next iteration, one step stale, corrected locally by LGP).
-
-Inputs, and what is an interpretation:
-
-- **Scale**: the paper's "9-node testbed" read as 1 server + 8 workers (:data:`PAPER_SERVERS`,
-  :data:`PAPER_WORKERS`); our reading, not a published configuration.
-- **Per-layer times**: V100 **roofline estimates** of shipped traces (``<model>_b<batch>_v100-estimate``),
-  not measurements. They hold no per-layer gradient magnitudes, so OSP's importance policy here is
-  ``position`` (input-side layers in stage 1 first); the measured runs use ``magnitude``.
-- **Network**: an alpha-beta link per message, ``alpha + n / rate`` (:func:`network_cost`): a rate such
-  as ``"10gbit"`` (10 Gbit/s Ethernet, our choice; the paper's network is not in the abstract) and a
-  per-message latency (50 us by default).
-- **LGP's cost** in the simulator is the stage-2 share of the optimizer's time on the worker; the
-  estimate traces carry no optimizer time, so LGP on and off simulate the same period (LGP is about
-  accuracy, which only the measured runs show).
-- With identical simulated workers (no stragglers) SSP never waits for its bound and equals ASP.
-- Throughput is samples per second over all workers: ``workers * batch / period``.
-- ``cost_mode`` (:data:`repro.costs.published_fits.COST_MODES`, :func:`cost_for_rate`): ``"paper"`` (default) is the
-  alpha-beta link above; ``"calibrated"`` replaces it by the cluster fitted on published measurements of
-  the same network where one exists (10 Gbit/s: the 10GbE cluster; 100 Gbit/s: the 100Gb InfiniBand one;
-  through :func:`repro.costs.published_fits.cost_for_mode`), a push or pull being one message over its inter-node
-  link, with that fit's realism (message overhead, contention); any other rate keeps its alpha-beta link
-  and gains the realism fitted on 10GbE (TCP Ethernet). Tables record it in ``cost_mode``.
-
-Every function returns a :class:`pandas.DataFrame`; nothing here draws.
+What is simulated is this project's interpretation of OSP (abstract only; :mod:`repro.families.ps`): a
+parameter server with N workers and S shards, BSP, ASP, SSP(s) and OSP's two-stage synchronisation.
+Assumptions: the "9-node testbed" read as 1 server + 8 workers; per-layer times are V100 roofline
+estimates, which carry no gradient magnitudes (so OSP's importance policy here is ``position``) and no
+optimizer time (so LGP on and off simulate the same period); links are alpha-beta (:func:`network_cost`)
+or, with ``cost_mode="calibrated"``, fitted clusters (:func:`cost_for_rate`). With identical simulated
+workers SSP never waits and equals ASP. Throughput is ``workers * batch / period``.
 """
 
 from __future__ import annotations
@@ -69,9 +47,7 @@ INTERPRETATION_NOTE = ("OSP's text is not available (abstract only): this is the
                        "of its abstract (repro.families.ps.simulate, repro.families.ps.executor), not the paper's algorithm")
 
 
-# ---------------------------------------------------------------------------------------------
 # Traces and networks
-# ---------------------------------------------------------------------------------------------
 
 def find_trace(model: str) -> str:
     """Stem of the shipped V100 estimate trace of ``model`` at the batch of :data:`OSP_MODELS`."""
@@ -92,8 +68,8 @@ def _traces(models: Sequence[str] | Mapping[str, Trace]) -> dict[str, Trace]:
 
 
 def trace_table(traces: Mapping[str, Trace]) -> pd.DataFrame:
-    """One row per model: batch, layers, gradient MiB, computation seconds per iteration (forward +
-    backward + overheads: what a worker computes), optimizer seconds."""
+    """One row per model: batch, device, layers, gradient MiB, compute_s (what a worker computes per
+    iteration) and update_s (optimizer seconds)."""
     from repro.families.ps.simulate import trace_compute_s
 
     return pd.DataFrame([{"model": m, "batch_size": t.batch_size, "device": t.device, "layers": t.num_layers,
@@ -102,9 +78,9 @@ def trace_table(traces: Mapping[str, Trace]) -> pd.DataFrame:
 
 
 def network_cost(rate: str | float, workers: int = PAPER_WORKERS, latency_s: float = DEFAULT_LATENCY_S) -> CostModel:
-    """The alpha-beta cost model of a link of ``rate`` (a tc-style rate such as ``"10gbit"`` or bits per
-    second) and ``latency_s`` per message, for ``workers`` workers: push = pull = ``latency + bytes x 8 /
-    rate`` (one message alone on a server link; the simulator queues the workers' messages itself)."""
+    """The alpha-beta cost model of a link of ``rate`` (tc-style, e.g. ``"10gbit"``, or bits per second)
+    for ``workers`` workers: push = pull = ``latency_s + bytes x 8 / rate`` (one message alone on a server
+    link; the simulator queues messages itself)."""
     from repro.launch.netns import format_bandwidth, parse_bandwidth
 
     bps = float(parse_bandwidth(rate))
@@ -122,13 +98,10 @@ FALLBACK_CALIBRATION = "10gbe-calibrated"
 
 def cost_for_rate(rate: str | float, workers: int = PAPER_WORKERS, latency_s: float = DEFAULT_LATENCY_S,
                   cost_mode: str = "paper") -> CostModel:
-    """The cost model of a simulated server link of ``rate`` in ``cost_mode``.
-
-    ``"paper"``: :func:`network_cost` (``latency_s`` seconds + bytes x 8 / rate per message). ``"calibrated"``:
-    for a rate in :data:`CALIBRATED_RATE_PRESETS` (10 and 100 Gbit/s) that network's fitted cluster and
-    realism (:func:`repro.costs.published_fits.cost_for_mode`; ``latency_s`` is then the fit's, not the argument);
-    for any other rate, :func:`network_cost` with the realism fitted on 10GbE. ``source`` says which.
-    """
+    """The cost model of a simulated server link of ``rate`` in ``cost_mode``: ``"paper"``:
+    :func:`network_cost`; ``"calibrated"``: the fitted cluster of a rate in :data:`CALIBRATED_RATE_PRESETS`
+    (``latency_s`` ignored), else :func:`network_cost` with the realism of :data:`FALLBACK_CALIBRATION`.
+    ``source`` says which."""
     check_cost_mode(cost_mode)
     paper = network_cost(rate, workers, latency_s)
     if cost_mode == "paper":
@@ -145,8 +118,7 @@ def cost_for_rate(rate: str | float, workers: int = PAPER_WORKERS, latency_s: fl
 
 
 def calibrated_rate_omission(rate: str | float) -> str | None:
-    """``None`` when a link of ``rate`` has a calibrated cluster of its own
-    (:data:`CALIBRATED_RATE_PRESETS`); otherwise why not (for tables holding both cost modes)."""
+    """None when a link of ``rate`` has a calibrated cluster of its own; otherwise why not."""
     from repro.launch.netns import parse_bandwidth
 
     if float(parse_bandwidth(rate)) in CALIBRATED_RATE_PRESETS:
@@ -171,9 +143,7 @@ def method_name(scheduler: str, lgp: bool = True) -> str:
     return f"{scheduler}_nolgp" if scheduler in ("osp", "osp_auto") and not lgp else scheduler
 
 
-# ---------------------------------------------------------------------------------------------
 # Iteration time and throughput
-# ---------------------------------------------------------------------------------------------
 
 def _options(scheduler: str, servers: int, stage1_share: float, staleness: int) -> dict:
     opts: dict = {"servers": int(servers)}
@@ -188,9 +158,8 @@ def _options(scheduler: str, servers: int, stage1_share: float, staleness: int) 
 
 def iteration(trace: Trace, scheduler: str, cost: CostModel, *, servers: int = PAPER_SERVERS,
               stage1_share: float = 0.5, staleness: int = 2) -> dict:
-    """Simulated steady-state period of one PS scheduler: iteration_s, stage1_bytes_share (what the
-    plan's layers actually put in stage 1), stage1_share (requested; osp_auto: the one it chose; 1 for
-    BSP/ASP/SSP), auto_stage2_share (osp_auto), buckets."""
+    """Simulated steady-state period of one PS scheduler: iteration_s, stage1_bytes_share (the plan's),
+    stage1_share (requested; osp_auto: chosen; 1 for BSP/ASP/SSP), auto_stage2_share, buckets."""
     plan = make_plan(scheduler, trace, cost, **_options(scheduler, servers, stage1_share, staleness))
     res = simulate(trace, plan, cost, with_ops=False)
     meta = plan.meta
@@ -203,12 +172,10 @@ def throughput_table(models: Sequence[str] | Mapping[str, Trace], rates: Sequenc
                      methods: Sequence[str] = SIM_METHODS, *, workers: int = PAPER_WORKERS,
                      servers: int = PAPER_SERVERS, stage1_share: float = 0.5, staleness: int = 2,
                      latency_s: float = DEFAULT_LATENCY_S, cost_mode: str = "paper") -> pd.DataFrame:
-    """Simulated throughput per model x network x method (tidy). ``osp`` runs at ``stage1_share``,
-    ``osp_auto`` chooses its own, ``ps_ssp`` at ``staleness``. Columns: model, batch_size, network
-    (rate), network_label, workers, servers, scheduler, method, iteration_s, throughput (samples/s over
-    all workers), speedup_vs_bsp (throughput / BSP's), relative_to_best, stage1_share,
-    stage1_bytes_share, auto_stage2_share, buckets, origin ("simulated"), cost_mode (``"paper"``: the
-    alpha-beta link; ``"calibrated"``: :func:`cost_for_rate`)."""
+    """Simulated throughput per model x network x method. ``osp`` runs at ``stage1_share``,
+    ``osp_auto`` chooses its own. Columns: model, batch_size, network, network_label, workers, servers,
+    scheduler, method, the columns of :func:`iteration`, throughput (samples/s over all workers),
+    speedup_vs_bsp, relative_to_best, origin, cost_mode."""
     check_cost_mode(cost_mode)
     traces = _traces(models)
     rows = []
@@ -235,12 +202,10 @@ def throughput_table(models: Sequence[str] | Mapping[str, Trace], rates: Sequenc
 
 def speedup_summary(table: pd.DataFrame, osp: Sequence[str] = ("osp",),
                     baselines: Sequence[str] = ("ps_bsp", "ps_asp", "ps_ssp")) -> pd.DataFrame:
-    """Per model x network: the best of the ``osp`` schedulers (default the paper's OSP; ``osp_auto`` is
-    ours and is not counted as the paper's method) against BSP and against the best of ``baselines``
-    (the methods the paper compared with; ``speedup_pct = 100 (their period / OSP's - 1)`` = the
-    throughput ratio), then one ``all models`` row per network with the largest of each, beside the
-    paper's claim (``paper_claim_pct``: up to 50%, measured; labelled as the paper's claim). The table's
-    ``cost_mode`` is kept where it has one; a table of several cost modes is summarised per mode."""
+    """Per model x network: the best of ``osp`` (default the paper's OSP only) against BSP and
+    against the best of ``baselines`` (``speedup_pct = 100 (their period / OSP's - 1)``), then one ``all
+    models`` row per network with the largest of each, beside the paper's claim. A table of several cost
+    modes is summarised per mode."""
     if "cost_mode" in table and table["cost_mode"].nunique() > 1:
         return pd.concat([speedup_summary(g, osp, baselines) for _, g in table.groupby("cost_mode", sort=False)],
                          ignore_index=True)
@@ -277,11 +242,9 @@ def speedup_summary(table: pd.DataFrame, osp: Sequence[str] = ("osp",),
 def stage_ratio_table(models: Sequence[str] | Mapping[str, Trace], shares: Sequence[float],
                       rates: Sequence[str] = ("10gbit",), *, workers: int = PAPER_WORKERS, servers: int = PAPER_SERVERS,
                       latency_s: float = DEFAULT_LATENCY_S, cost_mode: str = "paper") -> pd.DataFrame:
-    """OSP's simulated period vs the stage-1 share (``point`` "sweep"), plus osp_auto's choice (``point``
-    "auto") per model x network. Share 1 is BSP's layout. Columns: model, network, network_label,
-    workers, servers, point, stage1_share (requested / chosen), stage1_bytes_share (actual, layer
-    granularity), iteration_s, throughput, speedup_vs_bsp, origin, cost_mode (``"paper"``: the alpha-beta
-    link; ``"calibrated"``: :func:`cost_for_rate`)."""
+    """OSP's simulated period vs the stage-1 share (``point`` "sweep") plus osp_auto's choice
+    ("auto") per model x network. Columns: model, network, network_label, workers, servers, point,
+    stage1_share, stage1_bytes_share, iteration_s, throughput, speedup_vs_bsp, origin, cost_mode."""
     check_cost_mode(cost_mode)
     traces = _traces(models)
     rows = []
@@ -305,33 +268,23 @@ def stage_ratio_table(models: Sequence[str] | Mapping[str, Trace], shares: Seque
     return df
 
 
-# ---------------------------------------------------------------------------------------------
 # Timelines
-# ---------------------------------------------------------------------------------------------
 
 def _stage(kind: str) -> str:
-    if kind.endswith("stage2"):
-        return "stage 2"
-    if kind in ("compute", "lgp"):
-        return ""
-    return "stage 1"
+    return "stage 2" if kind.endswith("stage2") else "" if kind in ("compute", "lgp") else "stage 1"
 
 
 def timeline_table(trace: Trace, cost: CostModel, schedulers: Sequence[str] = ("ps_bsp", "osp_auto"), *,
                    servers: int = PAPER_SERVERS, stage1_share: float = 0.5, iterations: int = 3,
                    first_iteration: int = 2, network: str = "", cost_mode: str = "paper") -> pd.DataFrame:
-    """``osp.timeline``: the simulated ops of ``iterations`` steady-state iterations per scheduler, from
-    the first worker's (``worker0``) compute of iteration ``first_iteration`` (t = 0) to its compute of
-    ``first_iteration + iterations`` (every op overlapping the window, clipped to it).
+    """The simulated ops of ``iterations`` steady-state iterations per scheduler, from ``worker0``'s
+    compute of iteration ``first_iteration`` (t = 0) to that of ``first_iteration + iterations`` (ops
+    clipped to the window; zero-length ops left out).
 
-    Columns: scheduler, stream (``worker<w>``, ``server<s>.in`` pushes, ``server<s>.out`` pulls,
-    ``server<s>.cpu`` updates), kind (compute, lgp, push, pull, update), stage ("stage 1", "stage 2",
-    "" for computation; BSP's messages are all stage 1), worker, iteration (of the op's worker and
-    step), start_s, end_s, iteration_s (the scheduler's steady-state period), window_s,
-    stage1_share / stage1_bytes_share (the plan's), workers, servers, network, cost_mode (how ``cost`` was
-    obtained, :func:`cost_for_rate`: recorded, not applied). Times in seconds. Zero-length ops (an
-    optimizer with no measured time) are left out.
-    """
+    Columns: scheduler, stream (``worker<w>``, ``server<s>.in``/``.out``/``.cpu``), kind (compute, lgp,
+    push, pull, update), stage ("stage 1", "stage 2", "" for computation), worker, iteration, start_s,
+    end_s, iteration_s, window_s, stage1_share, stage1_bytes_share, workers, servers, network, cost_mode
+    (recorded, not applied)."""
     check_cost_mode(cost_mode)
     frames = []
     for name in schedulers:

@@ -1,22 +1,9 @@
 """The OSP experiments on this machine: real parameter-server training runs (BSP, ASP, SSP, OSP with and
-without LGP, at several stage-1 shares and osp_auto's own), read back as tidy tables.
+without LGP, osp_auto) read back as tidy tables.
 
-OSP's full text is not available (abstract only, Chen et al., arXiv 2306.16926): what runs is this
-project's interpretation (``repro.families.ps.executor``; osp.md). Runs are launched with
-:func:`repro.studies.mgwfbp_train.run_grid` in one local world of ``servers + workers`` ranks (ranks
-``0..servers-1`` serve), optionally on an emulated bandwidth-limited network (one network namespace per
-rank, :mod:`repro.launch.netns`), and written as run folders under ``<results_dir>/runs``; a cluster job
-writes the same folders with ``torchrun -m repro.train --scheduler osp --servers 1 --dataset digits
---epochs 3 ... --results-dir ...`` and everything below only reads them.
-
-Every run is a convergence run (a real dataset, ``epochs`` passes) and gives both numbers of the OSP
-figures: the **accuracy** after each epoch (``epochs.csv``) and the **throughput** (the slowest worker's
-median step time during those epochs, ``workers * batch / iteration_s``; data loading of the in-memory
-dataset and the per-epoch evaluation are outside the step). **Training time** at an epoch is the sum of
-the measured step times before it (evaluation excluded).
-
-Oversubscription: a PS world has ``servers + workers`` processes; the run summaries' ``world_size``
-counts the workers only, so :func:`load_runs` recomputes ``oversubscribed`` from the whole world.
+What runs is this project's interpretation of OSP (abstract only; osp.md). A world has ``servers +
+workers`` ranks, ranks ``0..servers-1`` serve. Every run is a convergence run and gives both the
+accuracy per epoch and the throughput (the slowest worker's median step; evaluation excluded).
 """
 
 from __future__ import annotations
@@ -29,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 from repro.results.runs import load_run
-from repro.studies.common import is_oversubscribed
+from repro.studies.common import with_oversubscription
 from repro.studies.mgwfbp_train import clear_runs, load_iterations, run_grid
 from repro.studies.mgwfbp_train import load_runs as _load_runs
 from repro.studies.osp_sim import method_name
@@ -44,14 +31,12 @@ THROUGHPUT_DERIVATION = ("throughput = workers x batch / iteration, iteration = 
 TIME_DERIVATION = "training time at epoch e = sum of the measured step times of epochs 1..e (evaluation excluded)"
 
 
-# ---------------------------------------------------------------------------------------------
 # What to run
-# ---------------------------------------------------------------------------------------------
 
 def variant(scheduler: str, *, stage1_share: float | None = None, lgp: bool = True, staleness: int | None = None
             ) -> dict[str, Any]:
     """One configuration of a PS scheduler as TrainConfig fields: ``osp`` takes ``stage1_share``,
-    ``osp``/``osp_auto`` take ``lgp``, ``ps_ssp`` takes ``staleness``."""
+    ``osp``/``osp_auto`` take ``lgp``, ``ps_ssp`` takes ``staleness`` (default 2)."""
     v: dict[str, Any] = {"scheduler": scheduler}
     if scheduler == "osp":
         if stage1_share is None:
@@ -66,20 +51,16 @@ def variant(scheduler: str, *, stage1_share: float | None = None, lgp: bool = Tr
 
 def default_variants(fixed_share: float = 0.5, ablation_shares: Sequence[float] = (0.0,),
                      ratio_shares: Sequence[float] = (0.0, 0.5), staleness: int = 2) -> list[dict[str, Any]]:
-    """Every run of the OSP notebook, each once: BSP, ASP, SSP(``staleness``); OSP at ``fixed_share``
-    with and without LGP; osp_auto; OSP with and without LGP at each of ``ablation_shares``; OSP at each
-    of ``ratio_shares`` (with LGP). Share 1 is BSP's layout (the ``ps_bsp`` run stands for it)."""
+    """Every run of the OSP notebook, each once: BSP, ASP, SSP; OSP at ``fixed_share`` with and
+    without LGP; osp_auto; OSP with and without LGP at each of ``ablation_shares``; OSP at each of
+    ``ratio_shares`` below 1 (share 1 is BSP's layout)."""
     out = [variant("ps_bsp"), variant("ps_asp"), variant("ps_ssp", staleness=staleness),
            variant("osp", stage1_share=fixed_share), variant("osp", stage1_share=fixed_share, lgp=False),
            variant("osp_auto")]
     for s in ablation_shares:
         out += [variant("osp", stage1_share=s), variant("osp", stage1_share=s, lgp=False)]
     out += [variant("osp", stage1_share=s) for s in ratio_shares if float(s) < 1.0]
-    unique: list[dict[str, Any]] = []
-    for v in out:
-        if v not in unique:
-            unique.append(v)
-    return unique
+    return [v for i, v in enumerate(out) if v not in out[:i]]
 
 
 def _share_tag(share: float) -> str:
@@ -88,7 +69,7 @@ def _share_tag(share: float) -> str:
 
 def run_id(c: dict[str, Any], workers: int, servers: int, bandwidth: str | None = None) -> str:
     """``<model>_<scheduler>[_s<stage-1 %>][_nolgp][_st<staleness>]_ps<servers>w<workers>[_bw<rate>]
-    _<dataset>-e<epochs>`` (deterministic: a rerun needs overwrite)."""
+    _<dataset>-e<epochs>[_seed<n>]`` (deterministic: a rerun needs overwrite)."""
     parts = [c["model"], c["scheduler"]]
     if c["scheduler"] == "osp":
         parts.append(_share_tag(c["stage1_share"]))
@@ -108,19 +89,18 @@ def run_id(c: dict[str, Any], workers: int, servers: int, bandwidth: str | None 
 
 
 def variant_id(rid: str) -> str:
-    """The run id without its seed (``_seed<n>``): what runs of one variant under several seeds share."""
+    """The run id without its ``_seed<n>``: what runs of one variant under several seeds share."""
     return re.sub(r"_seed\d+$", "", str(rid))
 
 
 def seed_of(rid: str) -> int:
-    """The seed in a run id (``_seed<n>``; none: seed 0, the default of :func:`convergence_configs`)."""
+    """The seed in a run id (``_seed<n>``; none: 0)."""
     m = re.search(r"_seed(\d+)$", str(rid))
     return int(m.group(1)) if m else 0
 
 
 def with_seeds(table: pd.DataFrame) -> pd.DataFrame:
-    """``table`` (one row per run, or per run and epoch) with its runs' ``seed`` column: the samples a
-    measured claim bootstraps over (a seed fixes the weights and data order, the same for every method)."""
+    """``table`` with its runs' ``seed`` column (from ``run_id``)."""
     return table.assign(seed=table["run_id"].map(seed_of)) if not table.empty else table
 
 
@@ -128,9 +108,8 @@ def convergence_configs(variants: Sequence[dict[str, Any]], model: str, workers:
                         bandwidth: str | None = None, *, dataset: str = "digits", epochs: int = 3,
                         batch_size: int = 32, warmup_steps: int = 2, importance: str = "magnitude",
                         seeds: Sequence[int] = (0,), extra: dict[str, Any] | None = None) -> list[dict[str, Any]]:
-    """TrainConfig dicts, one per variant and seed: ``epochs`` passes over ``dataset``, ``servers``
-    serving ranks, OSP's ``importance`` policy; a seed fixes the weights and data order, the same for
-    every variant; ``extra``: more fields for every run (e.g. ``fit_repeats``, ``lr``)."""
+    """TrainConfig dicts, one per variant and seed: ``epochs`` passes over ``dataset`` with
+    ``servers`` serving ranks and OSP's ``importance`` policy; ``extra``: more fields for every run."""
     out = []
     for seed in dict.fromkeys(int(x) for x in seeds):
         for v in variants:
@@ -146,33 +125,28 @@ def convergence_configs(variants: Sequence[dict[str, Any]], model: str, workers:
 
 def run_study(configs: Sequence[dict[str, Any]], workers: int, servers: int, results_dir: str | Path, *,
               emulate_bandwidth: str | None = None, timeout_s: float = 1800, overwrite: bool = False) -> pd.DataFrame:
-    """Run ``configs`` in one local world of ``servers + workers`` ranks (see :func:`run_grid`); returns
-    :func:`load_runs` of ``results_dir``."""
+    """Run ``configs`` in one local world of ``servers + workers`` ranks (ranks ``0..servers-1``
+    serve); returns :func:`load_runs`."""
     run_grid(configs, [int(servers) + int(workers)], results_dir, emulate_bandwidth=emulate_bandwidth,
              timeout_s=timeout_s, overwrite=overwrite)
     return load_runs(results_dir)
 
 
-# ---------------------------------------------------------------------------------------------
 # Reading runs
-# ---------------------------------------------------------------------------------------------
 
 def variant_label(method: str, stage1_share: float | None = None, staleness: int | None = None,
                   stage1_bytes_share: float | None = None, bytes_range: tuple[float, float] | None = None) -> str:
-    """Display name of a run: ``BSP``, ``SSP (s=2)``, ``OSP 50%``, ``OSP 50% w/o LGP``, ``OSP auto, ours (88%)``
-    (one quantity everywhere: the share of the gradient **bytes** in stage 1, ``stage1_bytes_share``, the
-    x axis of ``osp.stage_ratio``; the requested share is shown only where the layers make the actual one
-    differ). osp_auto is this package's automatic split, not the paper's OSP ("ours"); ``bytes_range``: its
-    seeds' (min, max) bytes share, written when the seeds chose different shares."""
+    """Display name of a run: ``BSP``, ``SSP (s=2)``, ``OSP 50%``, ``OSP 50% w/o LGP``,
+    ``OSP auto, ours (88%)``. Percentages are of the gradient bytes in stage 1 (``stage1_bytes_share``);
+    the requested share is shown, with the actual one where they differ by more than 2 points.
+    ``bytes_range``: osp_auto's seeds' (min, max) bytes share, shown when they differ."""
     def pct(v):
         return f"{100 * float(v):.0f}%"
 
     base = method.replace("_nolgp", "")
     suffix = " w/o LGP" if method.endswith("_nolgp") else ""
-    if base == "ps_bsp":
-        return "BSP"
-    if base == "ps_asp":
-        return "ASP"
+    if base in ("ps_bsp", "ps_asp"):
+        return base[3:].upper()
     if base == "ps_ssp":
         return f"SSP (s={int(staleness)})" if staleness is not None and staleness == staleness else "SSP"
     actual = stage1_bytes_share if stage1_bytes_share is not None and stage1_bytes_share == stage1_bytes_share else None
@@ -192,11 +166,10 @@ def variant_label(method: str, stage1_share: float | None = None, staleness: int
 
 
 def load_runs(results_dir: str | Path) -> pd.DataFrame:
-    """One row per run under ``<results_dir>/runs`` (:func:`repro.studies.mgwfbp_train.load_runs`) with
-    the PS fields: workers (the summary's ``world_size``), servers, ranks (servers + workers),
-    oversubscribed (recomputed on all ranks), stage1_share (requested; osp_auto: chosen; 1 for
-    BSP/ASP/SSP), stage1_bytes_share (what the plan's layers put in stage 1), lgp, staleness,
-    importance, method (style key: scheduler, ``_nolgp`` without LGP) and label."""
+    """One row per run under ``<results_dir>/runs`` with the PS fields: workers, servers, ranks,
+    oversubscribed (on all ranks), stage1_share (requested; osp_auto: chosen; 1 for BSP/ASP/SSP),
+    stage1_bytes_share (the plan's), lgp, staleness, importance, method (scheduler, ``_nolgp`` without
+    LGP), label and lr."""
     runs = _load_runs(results_dir)
     if runs.empty:
         return runs
@@ -219,17 +192,12 @@ def load_runs(results_dir: str | Path) -> pd.DataFrame:
                      "lr": cfg.get("lr")})
     extra = pd.DataFrame(rows, index=runs.index)
     runs = pd.concat([runs.drop(columns=[c for c in extra.columns if c in runs.columns]), extra], axis=1)
-    cpus = runs["cpu_count"] if "cpu_count" in runs else pd.Series([None] * len(runs), index=runs.index)
-    threads = runs["threads_per_rank"] if "threads_per_rank" in runs else pd.Series([1] * len(runs), index=runs.index)
-    runs["oversubscribed"] = [is_oversubscribed(p, c, t) for p, c, t in zip(runs.ranks, cpus, threads)]
-    return runs
+    return with_oversubscription(runs, workers="ranks")
 
 
 def convergence_runs(runs: pd.DataFrame, scale: str = "tiny") -> pd.DataFrame:
-    """The runs the accuracy figures draw (``osp.accuracy_epochs``, ``osp.accuracy_time``,
-    ``osp.lgp_ablation``, ``osp.stage_ratio``): every run at ``tiny`` (each is a convergence run), and at
-    ``scale="paper"`` only the OSP grid's convergence runs (data/grids/osp.yaml, experiment
-    ``convergence``), never its synthetic throughput runs; empty while none has finished."""
+    """The runs the accuracy figures draw: all at ``tiny``; at ``scale="paper"`` only the OSP
+    grid's convergence runs."""
     if scale != "paper":
         return runs
     from repro.studies.mgwfbp_train import grid_runs
@@ -247,11 +215,9 @@ def _keep(runs: pd.DataFrame) -> list[str]:
 
 
 def throughput_table(results_dir: str | Path, runs: pd.DataFrame | None = None) -> pd.DataFrame:
-    """Per run: measured ``iteration_s`` (see :data:`THROUGHPUT_DERIVATION`), ``compute_s`` (steps of a
-    copy of the model without communication), ``throughput_samples_s``, ``predicted_s`` (the plan's
-    simulated period from its warm-up trace and the push/pull lines fitted on the live job),
-    ``speedup_vs_bsp`` (throughput / the BSP run's of the same model, workers, servers, batch size and
-    link: NaN where that setting has no BSP run), ``comm_bound`` (iteration / computation)."""
+    """Per run: ``iteration_s`` (:data:`THROUGHPUT_DERIVATION`), ``compute_s``,
+    ``throughput_samples_s``, ``predicted_s`` (the plan's simulated period), ``speedup_vs_bsp`` (NaN where
+    the setting has no BSP run), ``comm_bound`` (iteration / computation) and ``prediction_error``."""
     runs = load_runs(results_dir) if runs is None else runs
     if runs.empty:
         return pd.DataFrame()
@@ -267,8 +233,7 @@ _SETTING = ["model", "workers", "servers", "batch_size", "emulated_bandwidth_bps
 
 
 def _bsp_reference(df: pd.DataFrame, column: str) -> pd.Series:
-    """Per row, ``column`` of the BSP run of the same setting (:data:`_SETTING`: a paper-scale folder
-    holds several models and worker counts, so one BSP run is no reference for all); NaN where none."""
+    """Per row, ``column`` of the BSP run of the same setting (:data:`_SETTING`); NaN where none."""
     keys = [k for k in _SETTING if k in df.columns]
     method = "method" if "method" in df.columns else "scheduler"
     bsp = df[df[method] == "ps_bsp"]
@@ -282,8 +247,8 @@ def _bsp_reference(df: pd.DataFrame, column: str) -> pd.Series:
 
 
 def accuracy_table(results_dir: str | Path, runs: pd.DataFrame | None = None) -> pd.DataFrame:
-    """Per run and epoch: test accuracy and loss, train loss, and ``time_s`` (see :data:`TIME_DERIVATION`),
-    with the run's method, label and shares."""
+    """Per run and epoch: test accuracy and loss, train loss, ``time_s`` (:data:`TIME_DERIVATION`)
+    and ``steps``, with the run's method, label and shares."""
     runs = load_runs(results_dir) if runs is None else runs
     if runs.empty:
         return pd.DataFrame()
@@ -297,9 +262,7 @@ def accuracy_table(results_dir: str | Path, runs: pd.DataFrame | None = None) ->
         ep = ep.drop(columns=["run_id"], errors="ignore")
         ep["time_s"] = [float(steps[steps.epoch < e].iteration_s.sum()) for e in ep.epoch]
         ep["steps"] = [int((steps.epoch < e).sum()) for e in ep.epoch]
-        for c in _keep(runs):
-            ep[c] = r[c]
-        frames.append(ep)
+        frames.append(ep.assign(**{c: r[c] for c in _keep(runs)}))
     if not frames:
         return pd.DataFrame()
     out = pd.concat(frames, ignore_index=True)
@@ -323,10 +286,9 @@ def _median_over(table: pd.DataFrame, metrics: Sequence[str], keys: Sequence[str
 
 
 def median_over_seeds(throughput: pd.DataFrame, accuracy: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """The runs of one variant under several seeds (:func:`variant_id`) as one: per variant (and epoch)
-    each metric's **median** over the seeds, with ``<metric>_min`` / ``<metric>_max`` (the spread) and
-    ``seeds``; ``run_id`` is the variant's. The speedup over BSP is recomputed from the medians. The
-    tables the figures and headlines use (no single seed's run stands for a method)."""
+    """The runs of one variant (:func:`variant_id`) as one: per variant (and epoch) each metric's
+    median over seeds, ``<metric>_min`` / ``<metric>_max`` and ``seeds``; ``run_id`` is the variant's and
+    the speedup over BSP is recomputed from the medians."""
     if not throughput.empty:
         throughput = _median_over(throughput, _THROUGHPUT_METRICS, ())
         throughput["speedup_vs_bsp"] = throughput["throughput_samples_s"] / _bsp_reference(throughput,
@@ -343,8 +305,7 @@ def median_over_seeds(throughput: pd.DataFrame, accuracy: pd.DataFrame) -> tuple
 
 
 def _relabel(table: pd.DataFrame) -> pd.DataFrame:
-    """Labels from the medians (the first seed's label would name that seed's share: osp_auto's differs
-    per seed), osp_auto's with its seeds' range of bytes shares."""
+    """Labels from the medians (osp_auto's bytes share differs per seed), with the seeds' range."""
     def one(r):
         rng = ((r.get("stage1_bytes_share_min"), r.get("stage1_bytes_share_max"))
                if "stage1_bytes_share_min" in r.index else None)
@@ -357,8 +318,8 @@ def _relabel(table: pd.DataFrame) -> pd.DataFrame:
 
 
 def lgp_ablation_table(accuracy: pd.DataFrame, shares: Sequence[float]) -> pd.DataFrame:
-    """The accuracy rows of OSP with and without LGP at each of ``shares`` (requested stage-1 share), with
-    the BSP run's rows repeated per share as the reference (``panel_share``: the share of the panel)."""
+    """The accuracy rows of OSP with and without LGP at each of ``shares``, with the BSP rows
+    repeated per share (``panel_share``)."""
     if accuracy.empty:
         return accuracy
     frames = []
@@ -370,12 +331,9 @@ def lgp_ablation_table(accuracy: pd.DataFrame, shares: Sequence[float]) -> pd.Da
 
 
 def stage_ratio_table(throughput: pd.DataFrame, accuracy: pd.DataFrame) -> pd.DataFrame:
-    """Throughput and final accuracy vs stage-1 share, measured: every OSP run with LGP (``point`` "sweep";
-    osp_auto: "auto") and the BSP run as share 1 ("bsp"). Columns: run_id, method, label, point,
-    stage1_share (requested / chosen), stage1_bytes_share (actual), iteration_s, throughput_samples_s,
-    speedup_vs_bsp, final_accuracy, epochs, oversubscribed; from tables of :func:`median_over_seeds`
-    also the seeds' range, ``throughput_samples_s_min``/``_max`` and ``final_accuracy_min``/``_max``
-    (the range of the last epoch's test accuracy), and ``seeds`` (runs per point; 1 for a single run)."""
+    """Throughput and final accuracy vs stage-1 share: every OSP run with LGP (``point`` "sweep",
+    osp_auto "auto") and BSP as share 1 ("bsp"); with :func:`median_over_seeds` tables also the seeds'
+    ranges and ``seeds``."""
     if throughput.empty:
         return pd.DataFrame()
     keep = throughput[(throughput.method.isin(["osp", "osp_auto"])) | (throughput.scheduler == "ps_bsp")].copy()
@@ -395,8 +353,8 @@ def stage_ratio_table(throughput: pd.DataFrame, accuracy: pd.DataFrame) -> pd.Da
 
 
 def summary_table(throughput: pd.DataFrame, accuracy: pd.DataFrame) -> pd.DataFrame:
-    """Per run: throughput, speedup over BSP (percent), final accuracy and its difference from BSP's
-    (percentage points), beside the paper's claim (up to +50% throughput, no accuracy loss; abstract)."""
+    """Per run: throughput, ``speedup_vs_bsp_pct``, final accuracy and ``accuracy_vs_bsp_pts``
+    (percentage points), beside the paper's claim."""
     from repro.studies.osp_sim import PAPER_CLAIM_PCT
 
     if throughput.empty:

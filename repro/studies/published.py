@@ -1,11 +1,9 @@
 """The simulator against published measurements: paper model, calibrated, and cross-validated.
 
-Reads the shipped prediction table (``data/calibration/ddl_benchmarks_predictions.csv``,
-written by ``scripts/fit_calibration.py``) or recomputes it (``refit=True``: two fits and fourteen
-cross-validation fits, about 15 minutes on 2 cores). Either way the paper-model and calibrated
-predictions are recomputed here from the shipped presets and compared with the table, so a table
-left stale by a code change is caught, not drawn. Everything is in seconds per iteration and
-samples per second over all GPUs (batch per GPU x GPUs / seconds). Never imports torch.
+Reads the shipped prediction table (``data/calibration/ddl_benchmarks_predictions.csv``, written by
+``scripts/fit_calibration.py``) or recomputes it (``refit=True``, slow), and checks it against the
+shipped presets so that a stale table is caught, not drawn. Seconds per iteration; samples per second
+over all GPUs. Never imports torch.
 """
 
 from __future__ import annotations
@@ -27,13 +25,11 @@ PREDICTIONS = {
 
 
 def predictions_table(*, refit: bool = False, max_nfev: int = 60, rtol: float = 1e-3) -> pd.DataFrame:
-    """One row per published multi-GPU measurement with the predictions of :data:`PREDICTIONS`.
-
-    ``refit=False`` reads the shipped table and checks that the shipped presets still give its
-    ``paper_s`` and ``fit_s`` (relative tolerance ``rtol``); a mismatch raises naming the rows and
-    how to rebuild. ``refit=True`` fits and cross-validates afresh (slow; the presets it fits are not
-    saved, use ``scripts/fit_calibration.py`` for that).
-    """
+    """One row per published multi-GPU measurement with the predictions of :data:`PREDICTIONS` and their
+    ``*_error`` columns. ``refit=False`` reads the shipped table and raises
+    :class:`~repro.costs.published_fits.CalibrationError` when the shipped presets no longer give its
+    ``paper_s`` and ``fit_s`` (within ``rtol``); ``refit=True`` fits and cross-validates afresh
+    (not saved)."""
     if refit:
         published = C.load_published()
         parts = []

@@ -1,33 +1,10 @@
-"""Measured timing comparisons with an interval: interleaved samples of several schedulers' iteration time.
+"""Measured timing comparisons with an interval: interleaved samples of several schedulers' iteration time
+(modes ``steps`` and ``runs``; design in ``docs/design/studies.md``).
 
-One iteration time from one run on a shared machine drifts by more than the differences the papers claim,
-so a comparison of schedulers here is made from **samples taken side by side**, and the samples are what
-the tables keep (``<paper>_timing_samples``), so that a verdict can carry an interval.
-
-Two designs (``mode``), as in ``benchmarks/bench_runtime.py``:
-
-- ``steps`` (the default): on each rank, one copy of the model per scheduler (each built by
-  :func:`repro.distribute` from the same initial weights) trains in one process, step by step in turn on
-  the same batches, the order reversed every other step (A B, B A, ...; with more schedulers A B C, C B A);
-  each step is timed from ``zero_grad`` to the end of ``step()`` after a barrier, and a step's time is the
-  slowest rank's. After the warm-up (each copy's own: a planning scheduler measures its trace and plans
-  online in it) and one more untimed step, ``pairs`` blocks of ``block_steps`` steps of every copy are
-  timed; a sample is one block of one scheduler (``iteration_s``: the median step of that block), and the
-  samples of one block share its ``pair`` number. Drift of the machine affects every copy of a block alike
-  and cancels in their ratio.
-- ``runs``: whole short training runs (:func:`repro.train.train_worker`: ``warmup_steps`` untimed steps,
-  then ``block_steps`` timed steps, ``iteration_s`` the run's median step, slowest worker), the schedulers
-  in turn and the order reversed every other round (A B, B A, ...), all in one launched world; a round is a
-  ``pair``. For schedulers that cannot share one process, e.g. parameter servers with dedicated server ranks
-  (``servers`` > 0).
-
-The table (:func:`interleaved_samples`): one row per sample with ``model``, ``workers``, ``scheduler``,
-``pair`` (int), ``iteration_s`` (seconds), ``mode``, ``steps`` (steps behind the sample), ``position`` (its
-place in the pair's order, 0 = first; in ``steps`` mode that of the block's first step), ``ranks`` (every
-process of the world, servers included), ``cpu_count``, ``oversubscribed`` (ranks x threads > cores: the
-samples then measure CPU sharing too), ``buckets`` (how many buckets the plan the copy ran had: a
-planning scheduler plans from its own warm-up, so two runs may time different plans; None in ``runs``
-mode) and the schedulers' own options as columns (e.g. ``threshold_bytes``, ``density``). Its parameters (:func:`timing_params`) say how the samples were taken.
+The table (:func:`interleaved_samples`) has one row per sample: ``model``, ``workers``, ``scheduler``,
+``pair``, ``iteration_s`` (seconds), ``mode``, ``steps`` (steps behind the sample), ``position`` (place
+in the pair's order), ``ranks`` (servers included), ``cpu_count``, ``oversubscribed``, ``buckets`` (of
+the plan the copy ran; None in ``runs`` mode) and the schedulers' options as columns.
 """
 
 from __future__ import annotations
@@ -88,8 +65,8 @@ def _check(mode: str, pairs: int, block_steps: int, warmup_steps: int, workers: 
 def timing_params(*, mode: str = "steps", pairs: int = MIN_PAIRS, block_steps: int = 10, warmup_steps: int = 3,
                   batch_size: int = 32, workers: int = 2, servers: int = 0, emulate_bandwidth: str | None = None,
                   cpus: int | None = None) -> dict[str, Any]:
-    """How :func:`interleaved_samples` with these arguments takes its samples (a table's params JSON), with
-    this machine's 1-minute load average now (call it right after sampling: other work on the machine)."""
+    """How :func:`interleaved_samples` with these arguments takes its samples (a table's params JSON),
+    with this machine's 1-minute load average now (call it right after sampling)."""
     cpus = available_cpus() if cpus is None else cpus
     ranks = int(workers) + int(servers)
     over = is_oversubscribed(ranks, cpus, 1)
@@ -116,17 +93,14 @@ def interleaved_samples(models: str | Sequence[str], schedulers: Sequence[str | 
                         extra: dict[str, Any] | None = None, seed: int = 0, fit_repeats: int = 2,
                         plan_inputs: Mapping[str, tuple[Any, Any]] | None = None,
                         timeout_s: float = 1800) -> pd.DataFrame:
-    """Interleaved iteration-time samples of ``schedulers`` (names, or dicts of a ``scheduler`` name and its
-    options, e.g. ``{"scheduler": "threshold", "threshold_bytes": 65536}``) on each of ``models``, in one
-    local world of ``workers`` training ranks (plus ``servers`` serving ranks, ``runs`` mode only), gloo on
-    CPU, one thread per rank; ``emulate_bandwidth`` shapes every rank's links (:mod:`repro.launch.netns`).
-    ``extra``: more :class:`repro.train.TrainConfig` fields for every run (``runs`` mode; e.g. ``lr``,
-    ``compute_steps``). ``fit_repeats``: repeats per message size when a planning scheduler fits its cost
-    model on the live group (:func:`repro.distribute`). ``plan_inputs``: model -> ``(Trace, CostModel)``
-    (``steps`` mode): every scheduler that plans online plans from these instead of its warm-up, so two runs
-    time the same plans (:func:`record_plan_inputs` records them). See the module docstring for the two modes and the
-    columns. Bad arguments raise a ValueError of one line before any rank starts; a world with more ranks
-    than cores warns (:class:`repro.studies.common.OversubscriptionWarning`)."""
+    """Interleaved iteration-time samples of ``schedulers`` (names, or dicts of a ``scheduler``
+    name and its options) on each of ``models``, in one local world of ``workers`` training ranks (plus
+    ``servers`` serving ranks, ``runs`` mode only), gloo on CPU, one thread per rank.
+
+    ``extra``: more :class:`repro.train.TrainConfig` fields (``runs`` mode). ``fit_repeats``: repeats per
+    message size of a live cost fit. ``plan_inputs``: model -> ``(Trace, CostModel)`` the online planners
+    plan from instead of their warm-up (``steps`` mode). Bad arguments raise a one-line ValueError before
+    any rank starts; an oversubscribed world warns."""
     from repro.launch.local import launch_local
 
     models = [models] if isinstance(models, str) else list(models)
@@ -187,7 +161,7 @@ def _row(model: str, workers: int, spec: dict[str, Any], pair: int, iteration_s:
 
 
 def _scheduler_options(spec: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
-    """``spec``'s scheduler entry and the options of ``spec`` it takes (planner or executor), unset ones left out."""
+    """``spec``'s scheduler entry and the (set) options of ``spec`` its planner or executor takes."""
     from repro.core.schedulers import get_scheduler
 
     sched = get_scheduler(spec["scheduler"])
@@ -198,9 +172,8 @@ def _scheduler_options(spec: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
 def _steps_target(ctx, model_name: str, specs: list[dict[str, Any]], pairs: int, block_steps: int,
                   warmup_steps: int, batch_size: int, seed: int, fit_repeats: int,
                   plan_input: tuple[Any, Any] | None = None) -> dict[str, Any]:
-    """Per rank (a :func:`repro.launch.local.launch_local` target): the ``steps`` design; returns each
-    scheduler's timed step seconds in order (``times_s[k][i]``). ``plan_input``: ``(trace, cost)`` the
-    online planners plan from instead of their warm-up."""
+    """Launch target of the ``steps`` design: each scheduler's timed step seconds in order
+    (``times_s[k][i]``) and the buckets of the plan each copy ran."""
     import copy
     import time
 
@@ -265,9 +238,8 @@ def _steps_target(ctx, model_name: str, specs: list[dict[str, Any]], pairs: int,
 def record_plan_inputs(model: str, scheduler: str | dict[str, Any], workers: int, *, warmup_steps: int = 3,
                        batch_size: int = 32, fit_repeats: int = 2, emulate_bandwidth: str | None = None,
                        seed: int = 0, timeout_s: float = 600) -> tuple[Any, Any]:
-    """The ``(Trace, CostModel)`` one online-planning ``scheduler`` measures in its warm-up on ``model`` (a
-    local world of ``workers`` gloo CPU ranks, as :func:`interleaved_samples` runs it): record them once
-    (``Trace.save``, ``CostModel.save``) and pass them as ``plan_inputs`` so every run times the same plans."""
+    """The ``(Trace, CostModel)`` one online-planning ``scheduler`` measures in its warm-up on
+    ``model`` in a local world of ``workers`` ranks, to pass as ``plan_inputs``."""
     from repro.launch.local import launch_local
     from repro.core.cost import CostModel
     from repro.core.trace import Trace
@@ -281,7 +253,7 @@ def record_plan_inputs(model: str, scheduler: str | dict[str, Any], workers: int
 
 def _record_target(ctx, model_name: str, spec: dict[str, Any], warmup_steps: int, batch_size: int, seed: int,
                    fit_repeats: int) -> dict[str, Any]:
-    """Per rank: warm ``spec``'s scheduler up on ``model_name`` and return the trace and cost it planned from."""
+    """Launch target: warm ``spec``'s scheduler up and return the trace and cost it planned from."""
     import torch
 
     import repro
@@ -312,8 +284,8 @@ PLAN_INPUT_SETTINGS = ("workers", "batch_size", "emulate_bandwidth")
 
 def save_plan_inputs(path: str | os.PathLike, inputs: Mapping[str, tuple[Any, Any]], settings: Mapping[str, Any],
                      source: str) -> None:
-    """Write recorded ``inputs`` (model -> ``(Trace, CostModel)``, :func:`record_plan_inputs`) as one JSON
-    with the ``settings`` they were measured under (:data:`PLAN_INPUT_SETTINGS`) and their ``source``."""
+    """Write ``inputs`` (model -> ``(Trace, CostModel)``) as one JSON with the ``settings`` they were
+    measured under (:data:`PLAN_INPUT_SETTINGS`) and their ``source``."""
     from repro.core.outputs import write_output
 
     missing = [k for k in PLAN_INPUT_SETTINGS if k not in settings]
@@ -326,14 +298,12 @@ def save_plan_inputs(path: str | os.PathLike, inputs: Mapping[str, tuple[Any, An
 
 def load_plan_inputs(path: str | os.PathLike, models: Sequence[str],
                      settings: Mapping[str, Any]) -> tuple[dict[str, tuple[Any, Any]], str]:
-    """The recorded inputs of ``models`` in ``path`` (:func:`save_plan_inputs`; a file, or the name of one in the
-    shipped ``data/calibration/``) when they were measured under
-    ``settings``, with a line saying what the planning schedulers of the timing samples plan from; none (an
-    empty dict) when the settings differ or a model is missing: each run then plans from its own warm-up."""
+    """The recorded inputs of ``models`` in ``path`` (a file, or a name in the shipped
+    ``data/calibration/``) and a line saying what the planners plan from; an empty dict when the recorded
+    settings differ or a model is missing (each run then plans from its own warm-up)."""
     from repro.core.cost import CostModel
-    from repro.core.trace import Trace
-
     from repro.core.paths import shipped_path
+    from repro.core.trace import Trace
 
     path = Path(path) if Path(path).is_file() else shipped_path("calibration", str(path))
     if not path.is_file():
@@ -351,27 +321,29 @@ def load_plan_inputs(path: str | os.PathLike, models: Sequence[str],
     return inputs, f"the warm-ups recorded in {Path(path).name} ({doc.get('source', 'no source given')})"
 
 
-# ---------------------------------------------------------------------------------------------
 # reading samples
-# ---------------------------------------------------------------------------------------------
+
+def _matches(df: pd.DataFrame, sel: Mapping[str, Any]) -> pd.Series:
+    """The rows of ``df`` equal to ``sel`` on each of its columns."""
+    keep = pd.Series(True, index=df.index)
+    for c, v in sel.items():
+        keep &= df[c] == v
+    return keep
+
 
 def pair_ratios(samples: pd.DataFrame, num: dict[str, Any], den: dict[str, Any],
                 by: Sequence[str] = ("model",)) -> pd.DataFrame:
-    """Per pair (and ``by`` group): the ratio ``iteration_s`` of the ``num`` sample over the ``den`` sample
-    (each a dict of column values selecting one sample per pair, e.g. ``{"scheduler": "wfbp"}``)."""
-    def pick(sel: dict[str, Any]) -> pd.DataFrame:
-        keep = pd.Series(True, index=samples.index)
-        for c, v in sel.items():
-            keep &= samples[c] == v
-        return samples[keep][[*by, "pair", "iteration_s"]]
-
-    merged = pick(num).merge(pick(den), on=[*by, "pair"], suffixes=("_num", "_den"))
+    """Per pair (and ``by`` group): ``iteration_s`` of the ``num`` sample over the ``den`` sample (each
+    a dict of column values selecting one sample per pair)."""
+    cols = [*by, "pair", "iteration_s"]
+    merged = samples[_matches(samples, num)][cols].merge(samples[_matches(samples, den)][cols],
+                                                         on=[*by, "pair"], suffixes=("_num", "_den"))
     return merged.assign(ratio=merged["iteration_s_num"] / merged["iteration_s_den"])
 
 
 def ratio_summary(ratios: Sequence[float], resamples: int = 4000, seed: int = 0) -> dict[str, float]:
-    """Median of paired ``ratios``, their range and a 95% percentile-bootstrap interval of the median
-    (resampled over pairs, seeded); NaN interval below 2 pairs."""
+    """Median of paired ``ratios``, their range and a seeded 95% percentile-bootstrap interval of the
+    median (NaN below 2 pairs)."""
     r = np.asarray(list(ratios), dtype=float)
     if r.size == 0:
         return {"pairs": 0, "median": float("nan"), "min": float("nan"), "max": float("nan"),
@@ -395,10 +367,8 @@ def config_columns(samples: pd.DataFrame) -> list[str]:
 
 
 def ratio_table(samples: pd.DataFrame, reference: dict[str, Any]) -> pd.DataFrame:
-    """Per model and configuration (scheduler and its options): its ``iteration_s`` over that of
-    ``reference`` (column values selecting one sample per pair, e.g. ``{"scheduler": "mgwfbp"}``), pair by
-    pair, summarised by :func:`ratio_summary` (``median`` > 1: slower than the reference), with the
-    configuration's median ``iteration_s`` over its samples."""
+    """Per model and configuration: :func:`ratio_summary` of its ``iteration_s`` over the
+    ``reference``'s, pair by pair (``median`` > 1: slower), with its median ``iteration_s``."""
     if samples.empty:
         return pd.DataFrame()
     keys = ["scheduler", *config_columns(samples)]
@@ -408,9 +378,7 @@ def ratio_table(samples: pd.DataFrame, reference: dict[str, Any]) -> pd.DataFram
             sel = {k: v for k, v in zip(keys, conf) if not (isinstance(v, float) and v != v)}
             if all(k in sel and sel[k] == v for k, v in reference.items()):  # the reference itself
                 continue
-            ref = g
-            for c, v in reference.items():
-                ref = ref[ref[c] == v]
+            ref = g[_matches(g, reference)]
             merged = h[["pair", "iteration_s"]].merge(ref[["pair", "iteration_s"]], on="pair", suffixes=("", "_ref"))
             summ = ratio_summary(merged["iteration_s"] / merged["iteration_s_ref"])
             rows.append({"model": model, **dict(zip(keys, conf)), "iteration_s": float(h["iteration_s"].median()),
@@ -421,11 +389,10 @@ def ratio_table(samples: pd.DataFrame, reference: dict[str, Any]) -> pd.DataFram
 def with_sample_medians(table: pd.DataFrame, samples: pd.DataFrame | None,
                         keys: Sequence[str] = ("model", "workers", "scheduler"), value: str = "iteration_s"
                         ) -> pd.DataFrame:
-    """``table`` (one row per measured configuration, e.g. one run each) with ``value`` replaced by the
-    median of the matching ``samples``, the row's own value kept as ``run_<value>`` and the number of samples
-    as ``samples`` (0 where none matched: the value is then the row's own). A row matches a configuration of
-    the samples when it equals it on every column of ``keys`` (those present in both) that the configuration
-    sets: an empty option (e.g. ``threshold_bytes`` of a scheduler that takes none) matches any value."""
+    """``table`` with ``value`` replaced by the median of the matching ``samples``, the row's own
+    kept as ``run_<value>`` and the sample count as ``samples`` (0: none matched). A row matches a
+    configuration when equal on every column of ``keys`` it sets (an empty option matches any value); the
+    most specific configuration wins."""
     out = table.copy()
     out[f"run_{value}"] = out[value] if value in out else np.nan
     out["samples"] = 0
@@ -438,9 +405,7 @@ def with_sample_medians(table: pd.DataFrame, samples: pd.DataFrame | None,
         sel = {k: v for k, v in zip(keys, conf) if not pd.isna(v)}
         confs.append((len(sel), sel, float(g[value].median()), int(len(g))))
     for _, sel, med, n in sorted(confs, key=lambda c: c[0]):  # the most specific configuration last, so it wins
-        hit = pd.Series(True, index=out.index)
-        for k, v in sel.items():
-            hit &= out[k] == v
+        hit = _matches(out, sel)
         out.loc[hit, value] = med
         out.loc[hit, "samples"] = n
     return out

@@ -1,25 +1,11 @@
-"""Simulator vs reality: the same plan measured on this machine and simulated from the run's own
-measured trace and the cost model fitted on the same network.
+"""Simulator vs reality: the same plan measured on this machine and simulated from the run's own trace,
+plan and fitted cost model (PyTorch DDP keeps no trace: its prediction uses the MG-WFBP run of the same
+model and network with DDP's default buckets).
 
-Each plan run (see :mod:`repro.train`) saves its trace (warm-up measurement), plan and fitted cost
-model; the simulated iteration is :func:`repro.core.simulate.simulate` of exactly those. PyTorch DDP keeps no
-trace, so its prediction uses the MG-WFBP run of the same model and network with DDP's default
-bucketing (the ``ddp`` planner: 1 MiB first bucket, then 25 MiB).
-
-Three predictions per run:
-
-- ``simulated_s``: the warm-up trace (computation measured without overlapping communication) and the
-  fitted cost model, in the papers' model (perfect overlap): a true prediction;
-- ``simulated_prerun_s``: the same warm-up trace and cost model plus the measured slowdown of
-  computation while communication is in flight (``Realism(contention=c)``, :mod:`repro.core.contention`),
-  with ``c`` measured on the same network and world size before the runs by the microbenchmark
-  :mod:`repro.runtime.contention` (:func:`measure_contention`): everything in it is known before the
-  scheduled run starts;
-- ``simulated_inrun_s``: the per-layer times measured during the run itself under its own schedule
-  (not a prediction: it checks the communication and overlap model alone).
-
-The gap between the first and the third is how much slower computation runs while communication
-overlaps it (CPU contention on a small host); the second predicts that gap.
+Three predictions per run: ``simulated_s`` (warm-up trace, perfect overlap: a true prediction),
+``simulated_prerun_s`` (plus the slowdown of computation under communication, ``Realism(contention=c)``,
+with ``c`` measured before the runs by :func:`measure_contention`: also a prediction) and
+``simulated_inrun_s`` (the per-layer times measured during the run: checks the overlap model alone).
 """
 
 from __future__ import annotations
@@ -46,8 +32,8 @@ CONTENTION_CSV = "contention.csv"
 
 
 def usable_bandwidths(link_rates: Sequence[str], required: bool = False) -> list[str]:
-    """``link_rates`` (``"loopback"`` or tc rates like ``"100mbit"``) minus emulated ones this machine
-    cannot emulate (a warning says why), unless ``required``, in which case the error is raised."""
+    """``link_rates`` minus the emulated ones this machine cannot emulate (a warning says why), or
+    the error raised when ``required``."""
     from repro.launch.netns import EmulationUnavailableError, check_emulation_available
 
     out = []
@@ -67,13 +53,10 @@ def usable_bandwidths(link_rates: Sequence[str], required: bool = False) -> list
 
 def measure_contention(models: Sequence[str], link_rates: Sequence[str], world_sizes: Sequence[int] | int, *,
                        batch_size: int = 32, timeout_s: float = 600.0, **kwargs) -> pd.DataFrame:
-    """The slowdown of each model's forward + backward while all-reduces are in flight
-    (:func:`repro.runtime.contention.measure_contention`) on each network (``"loopback"`` or an
-    emulated rate) and world size, one local launch per (network, world size). One row per message
-    size with a ``network`` column and ``contention`` (:func:`repro.runtime.contention.fit_contention`
-    over the sizes of that model, network and world size, weighted by each size's all-reduce seconds:
-    dimensionless, compute runs ``1 + c`` times slower while communication is in flight). ``kwargs`` go to the microbenchmark (``repeats``,
-    ``steps``, ``sizes_bytes``)."""
+    """The slowdown of each model's forward + backward while all-reduces are in flight, per
+    network and world size > 1: one row per message size with ``network`` and ``contention`` (fitted
+    over the sizes, weighted by their all-reduce seconds: compute runs ``1 + c`` times slower).
+    ``kwargs`` go to the microbenchmark."""
     from repro.runtime.contention import fit_contention, measure_contention_local
 
     sizes = [world_sizes] if isinstance(world_sizes, int) else list(world_sizes)
@@ -92,8 +75,8 @@ def measure_contention(models: Sequence[str], link_rates: Sequence[str], world_s
 
 
 def contention_fits(contention: pd.DataFrame) -> pd.DataFrame:
-    """One row per (model, network, workers) of a :func:`measure_contention` table: the fitted
-    ``contention``, the per-size slowdowns' range and whether the communication covered every kernel."""
+    """One row per (model, network, workers): the fitted ``contention``, the slowdowns' range, the
+    number of sizes and whether communication covered every kernel."""
     if contention is None or contention.empty:
         return pd.DataFrame(columns=["model", "network", "workers", "contention", "min_slowdown", "max_slowdown",
                                      "sizes", "covered"])
@@ -110,14 +93,10 @@ def load_contention(results_dir: str | Path) -> pd.DataFrame | None:
 
 def run_validation(configs: Sequence[dict], link_rates: Sequence[str], world_sizes: Sequence[int] | int,
                    results_dir: str | Path, *, contention: bool | Mapping = True, **kwargs) -> pd.DataFrame:
-    """Run ``configs`` at each of ``world_sizes`` once per link rate (``"loopback"`` or a rate like
-    ``"100mbit"``); ``kwargs`` go to :func:`~repro.studies.mgwfbp_train.run_grid` (e.g. ``overwrite=True``),
-    which warns when a world size exceeds this machine's CPU cores.
-
-    With ``contention`` (True, or a dict of keyword arguments for :func:`measure_contention`), each
-    network's contention is measured first, before its runs (the models of ``configs``, their
-    batch size), and written to ``<results_dir>/contention.csv`` (:func:`load_contention`), so that
-    :func:`validation_table` can make the pre-run prediction."""
+    """Run ``configs`` at each of ``world_sizes`` once per link rate (``kwargs`` go to
+    :func:`~repro.studies.mgwfbp_train.run_grid`). With ``contention`` (True, or keyword arguments for
+    :func:`measure_contention`) each network's contention is measured before its runs and written to
+    ``<results_dir>/contention.csv``; without, a stale file there is removed."""
     sizes = [world_sizes] if isinstance(world_sizes, int) else list(world_sizes)
     ckw = dict(contention) if isinstance(contention, Mapping) else {}
     models = list(dict.fromkeys(c["model"] for c in configs))
@@ -140,16 +119,14 @@ def run_validation(configs: Sequence[dict], link_rates: Sequence[str], world_siz
 
 
 def prerun_cost(cost, contention: float):
-    """``cost`` with the measured ``contention`` (dimensionless slowdown) joined to its realism (the
-    paper model's realism, or the one it already carries, e.g. of a calibrated preset)."""
+    """``cost`` with ``contention`` (dimensionless slowdown) joined to its realism."""
     from dataclasses import replace
 
     return cost.with_realism(replace(cost.realism or Realism(), contention=float(contention)))
 
 
 def _contention_lookup(contention) -> dict[tuple[str, str, int], float]:
-    """{(model, network, workers): c} from a :func:`measure_contention` or :func:`contention_fits` table,
-    or a mapping with those keys (or with ``network`` alone as key: every model and world size)."""
+    """{(model, network, workers): c} from a contention table, or a mapping as given."""
     if contention is None:
         return {}
     if isinstance(contention, Mapping):
@@ -168,12 +145,10 @@ def _network(row) -> str:
 
 
 def validation_table(runs: pd.DataFrame, contention: pd.DataFrame | Mapping | None = None) -> pd.DataFrame:
-    """Measured vs simulated iteration seconds per model, network and scheduler, with the errors
-    (``100 * (simulated / measured - 1)``): ``simulated_s`` (warm-up trace, paper model),
-    ``simulated_prerun_s`` (the same plus ``Realism(contention=c)`` with ``c`` = ``prerun_contention``
-    from ``contention``, a :func:`measure_contention` / :func:`contention_fits` table or a mapping
-    ``{(model, network, workers): c}``; NaN where none was measured) and ``simulated_inrun_s``
-    (in-run trace, paper model)."""
+    """Measured vs simulated iteration seconds per model, network and scheduler, with errors
+    ``100 * (simulated / measured - 1)``: ``simulated_s`` (warm-up trace, paper model),
+    ``simulated_prerun_s`` (plus the pre-run ``contention``, a table or ``{(model, network, workers): c}``;
+    NaN where none) and ``simulated_inrun_s`` (in-run trace)."""
     lookup = _contention_lookup(contention)
     runs = runs.assign(network=[_network(r) for _, r in runs.iterrows()])
     rows = []
