@@ -313,8 +313,6 @@ class CommStream:
             else:
                 self._settle(handle, None)
 
-    # -- ring (gloo, point-to-point) -----------------------------------------------------------------
-
     def _exchange(self, send: torch.Tensor, recv: torch.Tensor, on_chunk=None) -> None:
         """Send ``send`` to rank+1 while receiving ``recv`` from rank-1, in chunks; ``on_chunk(lo, hi)``
         runs as soon as ``recv[lo:hi]`` has arrived."""
@@ -359,8 +357,6 @@ class CommStream:
         shards = flat.chunk(P)
         for s in range(P - 1):
             self._exchange(shards[(r - s) % P], shards[(r - s - 1) % P])
-
-    # -- native ----------------------------------------------------------------------------------------
 
     def _native_reduce_scatter(self, flat: torch.Tensor) -> None:
         shard = flat.chunk(self.world_size)[self.rank]

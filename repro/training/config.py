@@ -11,11 +11,12 @@ import argparse
 import math
 import numbers
 from dataclasses import dataclass, field, fields, make_dataclass
+from pathlib import Path
 from typing import Any, Sequence
 
 from repro.core import ranges
 from repro.cli.help import DefaultsHelpFormatter
-from repro.costs.presets import preset
+from repro.costs.presets import preset_names
 from repro.core.families import get_family
 from repro.core.plan import WIRE_DTYPE_BYTES
 from repro.core.run_options import RUN_OPTIONS, check_run_options, check_wire_dtype, refuse_given_options
@@ -192,10 +193,6 @@ class _CommonConfig:
         if self.warmup_steps < 1 and sched.has_plan and self.plan is None:
             raise ValueError(f"'{self.scheduler}' plans from the warm-up: it needs warmup_steps >= 1")
         if self.network is not None:
-            from repro.costs.presets import preset_names
-
-            from pathlib import Path
-
             if Path(self.network).exists() and not Path(self.network).is_file():  # as read_input words it
                 kind = "a folder" if Path(self.network).is_dir() else "not a regular file (a device, pipe or socket)"
                 raise ValueError(f"--network {self.network} is {kind}, not a cost file")
@@ -413,8 +410,6 @@ def _plan_error(path: str, e: BaseException) -> str:
 
 
 def _is_cost_file(name: str) -> bool:
-    from pathlib import Path
-
     return Path(name).is_file()
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections import Counter
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -277,9 +278,7 @@ def pydoc(split: str = "train", seq_len: int = 35, vocab_size: int = 1000,
     a = round(len(words) * (1 - valid_fraction - test_fraction))
     b = round(len(words) * (1 - test_fraction))
     parts = {"train": words[:a], "valid": words[a:b], "test": words[b:]}
-    counts: dict[str, int] = {}
-    for w in parts["train"]:
-        counts[w] = counts.get(w, 0) + 1
+    counts = Counter(parts["train"])
     counts.pop("<eos>", None)
     ranked = sorted(counts, key=lambda w: -counts[w])   # stable: ties keep first appearance
     vocab = ["<eos>", "<unk>"] + ranked[:vocab_size - 2]
@@ -296,14 +295,7 @@ def synthetic(model_name: str, batch_size: int, num_batches: int, seed: int = 0,
             for _ in range(num_batches)]
 
 
-DATASETS: dict[str, Callable[..., Any]] = {
-    "digits": digits,
-    "cifar10": cifar10,
-    "imagenet": imagenet,
-    "ptb": ptb,
-    "pydoc": pydoc,
-    "synthetic": synthetic,
-}
+DATASETS: dict[str, Callable[..., Any]] = {f.__name__: f for f in (digits, cifar10, imagenet, ptb, pydoc, synthetic)}
 DATASET_NAMES: tuple[str, ...] = tuple(DATASETS)
 
 

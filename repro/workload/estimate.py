@@ -132,7 +132,8 @@ def _tensor_bytes(t: torch.Tensor) -> int:
 
 
 class _RooflineMode(TorchDispatchMode):
-    """Charges every ATen operator its roofline time on a virtual clock."""
+    """Charges every ATen operator its roofline time on a virtual clock; :meth:`stamp` (seconds, FLOPs,
+    bytes so far) is the recorder's clock, read back per component by :func:`_component`."""
 
     def __init__(self, gpu: GpuSpec, dtype: str, compute_efficiency: float,
                  memory_efficiency: float, kernel_overhead_s: float, amp: bool = False,
@@ -213,22 +214,6 @@ def _cast_params(model: torch.nn.Module, params: list) -> list:
     return [p for p in params if isinstance(model.get_submodule(p.owner), kinds)]
 
 
-class _VirtualClock:
-    """Profiler clock whose markers are (seconds, FLOPs, bytes) so far on the roofline mode."""
-
-    def __init__(self, mode: _RooflineMode) -> None:
-        self.mode = mode
-
-    def stamp(self) -> tuple[float, int, int]:
-        return self.mode.stamp()
-
-    def sync(self) -> None:
-        pass
-
-    def elapsed(self, a: tuple[float, int, int], b: tuple[float, int, int]) -> float:
-        return b[0] - a[0]
-
-
 def _component(k: int) -> Callable[[Any, Any], float]:
     return lambda a, b: float(b[k] - a[k])
 
@@ -292,7 +277,7 @@ def estimate_trace(model_name: str, batch_size: int, gpu: str | GpuSpec = "V100"
     amp = amp and dtype != "float32"
     mode = _RooflineMode(spec, dtype, compute_efficiency, memory_efficiency, kernel_overhead_s, amp=amp,
                          tf32_conv=tf32_conv, tensor_core_efficiency=tce)
-    recorder = Recorder(model, params, _VirtualClock(mode))
+    recorder = Recorder(model, params, mode)
     try:
         with mode:
             raw = recorder.run(lambda: compute_loss(model_name, model, inputs, targets, **model_kwargs))

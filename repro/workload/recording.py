@@ -7,6 +7,7 @@ device), so measured and estimated traces follow one convention (:mod:`repro.wor
 from __future__ import annotations
 
 import time
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
@@ -129,9 +130,8 @@ def resolve(raw: RawIteration, elapsed: Callable[[Any, Any], float]) -> Iteratio
     def t(m: Any) -> float:
         return elapsed(raw.start, m)
 
-    return IterationTimeline([(o, t(m)) for o, m in raw.forward_ends], t(raw.forward_end),
-                     t(raw.backward_start), [(i, t(m)) for i, m in raw.grad_ready],
-                     t(raw.backward_end))
+    return IterationTimeline([(o, t(m)) for o, m in raw.forward_ends], t(raw.forward_end), t(raw.backward_start),
+                             [(i, t(m)) for i, m in raw.grad_ready], t(raw.backward_end))
 
 
 def attribute(tl: IterationTimeline, params: list[Param], view: str
@@ -139,9 +139,7 @@ def attribute(tl: IterationTimeline, params: list[Param], view: str
     """Layer names in trace order (reverse of gradient-ready order), forward and backward seconds.
     A layer is ready with its last parameter's gradient; layers that never got one sit first."""
     unit_of = [p.name if view == "tensor" else unit_name(p.owner) for p in params]
-    remaining: dict[str, int] = {}
-    for u in unit_of:
-        remaining[u] = remaining.get(u, 0) + 1
+    remaining = Counter(unit_of)
 
     backward: dict[str, float] = {}
     completed: list[str] = []
@@ -154,8 +152,7 @@ def attribute(tl: IterationTimeline, params: list[Param], view: str
             completed.append(u)
             prev = t
     never = [u for u in remaining if remaining[u] > 0]
-    for u in never:
-        backward[u] = 0.0
+    backward.update(dict.fromkeys(never, 0.0))
     order = never + completed[::-1]
 
     # forward: gaps between consecutive ends of parameter-owning modules; the tail to the last one
