@@ -95,7 +95,6 @@ def time_collective(kind: str, sizes_bytes: Sequence[int], *, repeats: int = 5, 
     device = torch.device(device)
     world = dist.get_world_size(group)
     elem = torch.tensor([], dtype=dtype).element_size()
-    medians = []
     stream = None
     if kind in ("reduce_scatter", "allgather") and rsag_impl(group) == "ring":
         from repro.runtime.collectives import CommStream

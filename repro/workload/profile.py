@@ -15,6 +15,7 @@ recording (:mod:`repro.workload.recording`).
 from __future__ import annotations
 
 import inspect
+import itertools
 import platform
 import statistics
 from typing import Any, Callable
@@ -158,11 +159,8 @@ def profile_model(model: str | nn.Module | None = None, batch_size: int | None =
 
 def _module_device(module: nn.Module) -> torch.device:
     """Where ``module`` lives: its first parameter's (or buffer's) device; the CPU if it has neither."""
-    for t in module.parameters():
-        return t.device
-    for t in module.buffers():
-        return t.device
-    return torch.device("cpu")
+    t = next(itertools.chain(module.parameters(), module.buffers()), None)
+    return t.device if t is not None else torch.device("cpu")
 
 
 def _to_device(obj: Any, dev: torch.device) -> Any:
