@@ -510,11 +510,9 @@ def config_from_argv(argv: Sequence[str], **overrides: Any) -> tuple[TrainConfig
     if args.backend == "nccl" and kw.get("device") == "cpu":
         raise ValueError("--device cpu does not go with --backend nccl, which communicates CUDA tensors only; use "
                          "--backend gloo (or leave it out)")
-    if not (isinstance(args.pg_timeout_s, float) and math.isfinite(args.pg_timeout_s) and args.pg_timeout_s > 0):
-        raise ValueError(f"--pg-timeout-s must be a finite positive number of seconds, got {args.pg_timeout_s}")
-    if not (isinstance(args.join_timeout_s, float) and math.isfinite(args.join_timeout_s) and args.join_timeout_s > 0):
-        raise ValueError(f"--join-timeout-s must be a finite positive number of seconds, got {args.join_timeout_s}")
     for flag, value in (("--pg-timeout-s", args.pg_timeout_s), ("--join-timeout-s", args.join_timeout_s)):
+        if not (isinstance(value, float) and math.isfinite(value) and value > 0):
+            raise ValueError(f"{flag} must be a finite positive number of seconds, got {value}")
         ranges.check(ranges.SECONDS, value, flag, what="option")
     cfg = TrainConfig(**kw)
     _check_given(cfg, args, given)
