@@ -94,7 +94,7 @@ class _CommonConfig:
     dataset: str = _opt("synthetic", "data: synthetic (throughput), digits, cifar10, imagenet, ptb")
     batch_size: int = _opt(32, "samples per rank per step")
     steps: int = _opt(20, "timed steps (synthetic data); ignored when --epochs is given")
-    epochs: int | None = _opt(None, "convergence run: full passes over a real dataset")
+    epochs: int | None = _opt(None, "convergence run: full passes over a real dataset", kind=int)
     warmup_steps: int = _opt(3, "untimed steps first (plan schedulers measure the trace in them)")
     compute_steps: int = _opt(5, "extra steps without communication: the computation-only time")
     view: str = _opt("tensor", "layer granularity of the plan", choices=VIEWS)
@@ -470,8 +470,6 @@ def build_parser(*, suppress_defaults: bool = False) -> argparse.ArgumentParser:
             p.add_argument(flag, action="store_true", **kw)
         elif kind is not None:
             p.add_argument(flag, type=kind, **kw)
-        elif f.name == "epochs":
-            p.add_argument(flag, type=int, **kw)
         elif default is None:
             p.add_argument(flag, type=str, **kw)
         else:
