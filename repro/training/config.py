@@ -30,9 +30,9 @@ __all__ = ["TrainConfig", "VIEWS", "OPTIMIZERS", "REFUSED_OPTIMIZERS", "DEVICES"
 #: layer granularities of a plan (the same as :data:`repro.workload.layers.VIEWS`, which imports torch)
 VIEWS = ("tensor", "module")
 
-#: ``--optimizer`` names (lower case; the option is case-insensitive) -> the ``torch.optim`` class, torch-free
-#: so a bad name is refused before any rank starts. ``sgd`` gets ``lr``, ``momentum`` and ``weight_decay``, the
-#: others ``lr`` and ``weight_decay`` where their constructor takes them.
+#: ``--optimizer`` names (lower case; the option is case-insensitive) -> the ``torch.optim`` class,
+#: torch-free so a bad name is refused before any rank starts. ``sgd`` gets ``lr``, ``momentum`` and
+#: ``weight_decay``, the others ``lr`` and ``weight_decay`` where their constructor takes them.
 OPTIMIZERS: dict[str, str] = {name.lower(): name for name in (
     "SGD", "AdamW", "Adam", "Adamax", "NAdam", "RAdam", "Adagrad", "Adadelta", "Adafactor", "RMSprop", "Rprop",
     "ASGD")}

@@ -52,7 +52,7 @@ def epoch_batches(cfg: Any, rank: int, world: int, device: torch.device, epoch: 
 
 def _epoch_loader(cfg: Any, rank: int, world: int, device: torch.device, epoch: int, num_workers: int | None,
                   skip: int = 0):
-    """Rank ``rank``'s DataLoader of ``epoch``, without its first ``skip`` batches (indices drawn, not loaded)."""
+    """Rank ``rank``'s DataLoader of ``epoch`` without its first ``skip`` batches (drawn, not loaded)."""
     from repro.workload.datasets import get_dataset, make_loader
 
     pinned = device.type == "cuda"

@@ -295,7 +295,8 @@ def synthetic(model_name: str, batch_size: int, num_batches: int, seed: int = 0,
             for _ in range(num_batches)]
 
 
-DATASETS: dict[str, Callable[..., Any]] = {f.__name__: f for f in (digits, cifar10, imagenet, ptb, pydoc, synthetic)}
+DATASETS: dict[str, Callable[..., Any]] = {
+    f.__name__: f for f in (digits, cifar10, imagenet, ptb, pydoc, synthetic)}
 DATASET_NAMES: tuple[str, ...] = tuple(DATASETS)
 
 

@@ -58,7 +58,7 @@ GPU_SPECS: dict[str, GpuSpec] = {g.name: g for g in [
     GpuSpec("K80", 8.73e12 / 2, 8.73e12 / 2, 480e9 / 2, "Tesla K80, one GK210 die (half a board)",
             compute_efficiency=0.35, memory_efficiency=0.7),
     GpuSpec("P100", 10.6e12, 21.2e12, 732e9, "Tesla P100 SXM2"),
-    GpuSpec("V100", 15.7e12, 125e12, 900e9, "Tesla V100 SXM2"),  # the MG-WFBP journal does not say SXM2 or PCIe
+    GpuSpec("V100", 15.7e12, 125e12, 900e9, "Tesla V100 SXM2"),  # MG-WFBP's journal: SXM2 or PCIe?
     GpuSpec("A100", 19.5e12, 312e12, 2039e9, "A100 SXM4 80GB", tf32_flops=156e12, bf16_flops=312e12),
     GpuSpec("H100", 67e12, 989e12, 3.35e12, "H100 SXM5", tf32_flops=494.7e12, bf16_flops=989e12),
     # H100's GH100 compute (Hopper whitepaper's dense peaks) with 4.8 TB/s HBM3e

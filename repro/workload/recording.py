@@ -130,8 +130,9 @@ def resolve(raw: RawIteration, elapsed: Callable[[Any, Any], float]) -> Iteratio
     def t(m: Any) -> float:
         return elapsed(raw.start, m)
 
-    return IterationTimeline([(o, t(m)) for o, m in raw.forward_ends], t(raw.forward_end), t(raw.backward_start),
-                             [(i, t(m)) for i, m in raw.grad_ready], t(raw.backward_end))
+    return IterationTimeline([(o, t(m)) for o, m in raw.forward_ends], t(raw.forward_end),
+                             t(raw.backward_start), [(i, t(m)) for i, m in raw.grad_ready],
+                             t(raw.backward_end))
 
 
 def attribute(tl: IterationTimeline, params: list[Param], view: str
