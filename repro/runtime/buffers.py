@@ -1,10 +1,6 @@
-"""Keep module state (parameters at the start, buffers such as BatchNorm running statistics before
-every forward) consistent across ranks, as DDP does.
-
-PyTorch DDP broadcasts rank 0's parameters and buffers when it wraps a model, and (``broadcast_buffers=
-True``, its default) rank 0's buffers before every forward. :func:`broadcast_module_state` and
-:func:`broadcast_buffers` do the same with one coalesced broadcast per dtype and device (in pieces of at
-most :data:`PIECE_BYTES`), so that plan schedulers and DDP leave identical models behind.
+"""Keep module state consistent across ranks as DDP does: rank 0's parameters and buffers when a model
+is wrapped (:func:`broadcast_module_state`), its buffers (e.g. BatchNorm statistics) before every
+forward (:func:`broadcast_buffers`), so plan schedulers and DDP leave identical models behind.
 """
 
 from __future__ import annotations
@@ -23,11 +19,9 @@ PIECE_BYTES = 256 * 2**20  # at most this much is flattened into one broadcast (
 
 @torch.no_grad()
 def broadcast_tensors(tensors: Iterable[torch.Tensor], src: int = 0, group: dist.ProcessGroup | None = None) -> None:
-    """Overwrite every rank's ``tensors`` with rank ``src``'s (a global rank): per dtype and device, one
-    flattened broadcast per piece of at most :data:`PIECE_BYTES` (bool tensors travel as bytes).
-
-    All but bool tensors go through ``torch.distributed._broadcast_coalesced``, the C++ call DDP syncs its
-    buffers with; bool tensors, and every tensor where that call does not exist, take the pieces."""
+    """Overwrite every rank's ``tensors`` with global rank ``src``'s: through
+    ``dist._broadcast_coalesced`` (DDP's C++ call) where it exists; bool tensors (as bytes), and all
+    where it does not, as one flattened broadcast per dtype, device and piece of :data:`PIECE_BYTES`."""
     tensors = list(tensors)
     coalesced = getattr(dist, "_broadcast_coalesced", None)
     if coalesced is not None and any(t.dtype != torch.bool for t in tensors):
@@ -45,9 +39,7 @@ def broadcast_tensors(tensors: Iterable[torch.Tensor], src: int = 0, group: dist
             sizes[key] = 0
         pieces[-1].append(t)
         sizes[key] = sizes.get(key, 0) + nbytes
-    # every piece's broadcast is in flight at once (one round trip, not one per dtype: tiny_resnet's float32
-    # and int64 buffers took 1.1 ms one after the other on 2 gloo ranks); one C++ call each way per piece
-    # (as DDP's _broadcast_coalesced), not a Python slice and copy per tensor
+    # every piece's broadcast in flight at once: one round trip, not one per dtype
     sent = []
     for pieces in kinds.values():
         for piece in pieces:

@@ -1,23 +1,11 @@
 """Measure collectives on the live process group and fit the cost model for this world and network.
 
-Every rank takes part; each size is timed ``repeats`` times after a barrier (small messages as the
-mean of up to 16 back-to-back calls, to amortise the ranks' skew leaving the barrier) and the slowest
-rank's median counts (an all-reduce of the times with MAX), so all ranks get the same numbers and the
-same fit. Sizes are message bytes as :mod:`repro.core.cost` defines them for each collective:
-
-- ``allreduce``: the tensor's bytes;
-- ``reduce_scatter`` / ``allgather``: the full tensor's bytes, rounded to a multiple of P elements,
-  timed as the executors that send them run them (:func:`rsag_impl`): on gloo the DeAR executor's
-  ring stream (:class:`~repro.runtime.collectives.CommStream`, ring over point-to-point messages,
-  from its own thread: gloo's native reduce-scatter / all-gather are much slower than half an
-  all-reduce, and the executor does not use them), on NCCL the native ``reduce_scatter_single`` /
-  ``all_gather_single`` (or their older names on older torch), which the stream uses there;
-- ``sparse_allgather``: the bytes each worker contributes (``all_gather_single`` of that payload,
-  as top-k values + indices are exchanged); its fitted line is stored against the gathered bytes
-  P * n, as :class:`~repro.core.cost.CostModel` expects.
-
-Top-k selection (OMGS-SGD's ``t_spar``), a local computation, is timed by the sparse family
-(:mod:`repro.families.sparse.calibrate`).
+Every rank takes part; each size is timed ``repeats`` times after a barrier (small messages as the mean
+of up to 16 back-to-back calls, to amortise the ranks' skew leaving the barrier) and the slowest rank's
+median counts, so all ranks get the same fit. Sizes are message bytes as :mod:`repro.core.cost` defines
+them: the tensor's (all-reduce); the full tensor's, a multiple of P elements (reduce-scatter and
+all-gather, run as the executors run them: :func:`rsag_impl`); each worker's contribution
+(``sparse_allgather``, whose line is stored against the gathered bytes P * n).
 """
 
 from __future__ import annotations
@@ -59,25 +47,26 @@ def default_sizes_bytes(max_bytes: int, count: int = 8, min_bytes: int = 4096) -
     return sorted({int(s) // 4 * 4 for s in np.geomspace(min_bytes, hi, count)})
 
 
-# The single-tensor collectives under their current names (torch >= 2.13; the older names warn there).
+# the current names (torch >= 2.13; the older ones warn there)
 _ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 _REDUCE_SCATTER = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
 
 def sync_device(device: torch.device) -> None:
+    """Wait for the device's queued work (a no-op on the CPU)."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
 
 def rsag_impl(group=None) -> str:
-    """How this package's executors run reduce-scatter and all-gather on ``group``'s backend: ``ring``
-    (the CommStream's ring on gloo) or ``native`` (NCCL's own); what :func:`time_collective` times."""
+    """How the executors run reduce-scatter and all-gather on ``group``'s backend: ``ring`` (the
+    CommStream's, on gloo) or ``native``; what :func:`time_collective` times."""
     return "ring" if dist.get_backend(group) == "gloo" else "native"
 
 
 def _op(kind: str, numel: int, world: int, dtype, device, group, stream=None) -> Callable[[], None]:
-    """A closure running one ``kind`` collective on preallocated tensors of the right shapes
-    (``stream``: a CommStream that runs reduce-scatter and all-gather as the executors do)."""
+    """A closure running one ``kind`` collective on preallocated tensors (``stream``: a CommStream that
+    runs reduce-scatter and all-gather)."""
     if kind == "allreduce":
         buf = torch.ones(numel, dtype=dtype, device=device)
         return lambda: dist.all_reduce(buf, group=group)
@@ -106,7 +95,6 @@ def time_collective(kind: str, sizes_bytes: Sequence[int], *, repeats: int = 5, 
     device = torch.device(device)
     world = dist.get_world_size(group)
     elem = torch.tensor([], dtype=dtype).element_size()
-    medians = []
     stream = None
     if kind in ("reduce_scatter", "allgather") and rsag_impl(group) == "ring":
         from repro.runtime.collectives import CommStream
@@ -149,11 +137,8 @@ def time_allreduce(sizes_bytes: Sequence[int], **kwargs) -> list[float]:
 def fit_cost_model(sizes_bytes: Sequence[int], kinds: Sequence[str] = ("allreduce",), *, repeats: int = 5,
                    device: torch.device | str = "cpu", group: dist.ProcessGroup | None = None,
                    source: str | None = None) -> CostModel:
-    """Time each collective of ``kinds`` over ``sizes_bytes`` and fit one line per collective.
-
-    The measurements are kept in ``meta["measurements"]`` ({kind: {"bytes": [...], "seconds": [...]}})
-    so they can be saved with the results and plotted next to the fit.
-    """
+    """Time each collective of ``kinds`` over ``sizes_bytes`` and fit one line per collective; the
+    measurements are kept in ``meta["measurements"]`` ({kind: {"bytes": [...], "seconds": [...]}})."""
     world = dist.get_world_size(group)
     lines, measurements = {}, {}
     for kind in kinds:
@@ -163,7 +148,7 @@ def fit_cost_model(sizes_bytes: Sequence[int], kinds: Sequence[str] = ("allreduc
         measurements[kind] = {"bytes": list(map(int, sizes_bytes)), "seconds": seconds}
     meta: dict = {"measurements": measurements}
     if {"reduce_scatter", "allgather"} & set(kinds):
-        meta["rsag_impl"] = rsag_impl(group)  # how reduce-scatter / all-gather were run (as the executors do)
+        meta["rsag_impl"] = rsag_impl(group)
     return CostModel(world, lines, source=source or f"fitted on the live process group (P={world})", meta=meta)
 
 

@@ -1,39 +1,11 @@
-"""The clock the executors stamp gradient-ready times with: host time on a CPU, CUDA events on a GPU.
+"""Clocks for gradient-ready times, and how consumers wait for and time collectives.
 
-An executor's ``grad_ready_s`` (layer -> when its gradient was ready in the last backward) feeds the
-online planners (:mod:`repro.runtime.online`). The stamp is taken in a
-``register_post_accumulate_grad_hook``, which runs when the *host* reaches that point of the backward.
-On a CPU that is when the gradient was computed; on a GPU it is only when the host *enqueued* the
-kernels, which may be long before the device ran them. So:
-
-- :class:`HostClock` (CPU): ``mark(key)`` keeps ``time.perf_counter()``;
-- :class:`DeviceClock` (CUDA): ``mark(key)`` records a ``torch.cuda.Event(enable_timing=True)`` on the
-  current stream (it completes when the device has done the work queued before it: the gradient);
-  nothing is read back then. The events are resolved when the times are read (after the step), once
-  per step and not per mark: one device synchronize, then one reference event recorded on the idle
-  device with the host time ``h`` right after it completed; a mark's time is
-  ``h - elapsed(mark, reference)``.
-
-Both clocks give seconds on the host's ``time.perf_counter()`` time base, so a ready time minus a host
-stamp taken right after synchronising the device (what the warm-up's phase stamps are, see
-:func:`repro.runtime.online.sync_device` and :meth:`Clock.now`) is a *device* time gap on a GPU, and
-exactly the host gap on a CPU.
-
-:func:`make_clock` picks the clock for a device; :func:`clock_for` is what the executors call (the
-clock given in :class:`~repro.runtime.executor.ExecutorOptions`, else the one for the model's device).
-``clock.ready`` is a live read-only mapping of the resolved times: executors expose it as
-``grad_ready_s``. An executor calls ``clock.end_iteration()`` once per iteration, when its exchange is
-done: the marks stay readable until the next iteration's first mark, which starts afresh, so a layer
-that got no gradient in the last backward has no time (not one left over from an earlier iteration),
-and an iteration in which nothing was marked leaves no times at all.
-
-The same rule for communication: a ``Work`` or future that completes at
-enqueue (NCCL) is not a completion. :func:`waits_for` picks how a consumer waits for a collective
-another thread issued: :class:`HostWaits` (CPU: block on the host until it finished) or
-:class:`StreamWaits` (CUDA: the consumer's current stream waits for an event recorded after the
-collective; the host waits only until it was enqueued). :class:`EventCompletions` learns when device
-work finished (a thread synchronizing events in issue order) and stamps that time on the host base.
-Events, streams and the host clock are injectable, so the CPU tests drive this logic with fakes.
+Every time is seconds on the host's ``time.perf_counter()`` base. On a CPU a hook's host time is when
+the gradient was computed; on a GPU the host only enqueued the kernels, so :class:`DeviceClock` records
+CUDA events and resolves them after the step against a reference event recorded on the idle device.
+Likewise a ``Work`` that completes at enqueue (NCCL) is not a completion: :func:`waits_for`,
+:class:`EventCompletions` and :class:`CollectiveEnds` wait for and stamp device work. Events, streams and
+the host clock are injectable so the CPU tests drive the CUDA logic with fakes (docs/design/runtime.md).
 """
 
 from __future__ import annotations
@@ -91,7 +63,7 @@ class ReadyTimes(Mapping):
 
 
 class HostClock:
-    """``time.perf_counter()`` at each mark (what the executors always did, and what a CPU needs)."""
+    """``time.perf_counter()`` at each mark (the CPU's clock)."""
 
     kind = "host"
 
@@ -124,8 +96,8 @@ class HostClock:
         self._ended = False
 
     def end_iteration(self) -> None:
-        """The iteration is over: its marks stay readable; the next mark starts the next iteration's. An
-        iteration without a mark (ended twice with none between) leaves none, not the one before's."""
+        """The marks stay readable until the next mark, which starts a new iteration; an iteration
+        without a mark leaves none, not the one before's."""
         if self._ended:
             self._times.clear()
         self._ended = True
@@ -136,16 +108,11 @@ def _cuda_event() -> Any:
 
 
 class DeviceClock:
-    """CUDA events at each mark, resolved to host ``perf_counter`` seconds once per step when read.
-
-    Every event is recorded on ``device``'s current stream (``torch.cuda.current_stream(device)``), not
-    the current device's: a rank whose model is on ``cuda:k`` without ``torch.cuda.set_device(k)``
-    (current device ``cuda:0``) marks and resolves on ``cuda:k``.
-
-    ``event_factory`` (a new timing event: ``record(stream)``, ``synchronize()``, ``elapsed_time(other)``
-    in milliseconds), ``current_stream`` (the stream to record on), ``synchronize`` (wait for the device)
-    and ``host_time`` are injectable so that the logic can be driven without a GPU (the CPU tests use
-    events whose times the test sets)."""
+    """CUDA events at each mark, resolved to host ``perf_counter`` seconds once per step when read: one
+    device synchronize, then a reference event recorded on the idle device with host time ``h``; a mark
+    is at ``h - elapsed(mark, reference)``. Events go on ``device``'s current stream (not the current
+    device's). ``event_factory`` (``record(stream)``, ``synchronize()``, ``elapsed_time(other)`` in ms),
+    ``current_stream``, ``synchronize`` and ``host_time`` are injectable (CPU tests)."""
 
     kind = "device"
 
@@ -217,9 +184,7 @@ class DeviceClock:
             self._resolved = None
 
     def end_iteration(self) -> None:
-        """The iteration is over: its marks stay readable; the next mark starts the next iteration's
-        (the events are kept and re-recorded, only the set of live keys starts afresh). An iteration without
-        a mark leaves none."""
+        """As :meth:`HostClock.end_iteration` (the events are kept and re-recorded)."""
         with self._lock:
             if self._ended:
                 self._live.clear()
@@ -246,10 +211,6 @@ def clock_for(model: nn.Module, clock: Any = None) -> Any:
     return clock if clock is not None else make_clock(model_device(model))
 
 
-# -------------------------------------------------------------------------------------------------
-# waiting for, and timing, collectives that another thread issued
-# -------------------------------------------------------------------------------------------------
-
 class HostWaits:
     """CPU: a consumer waits for a collective on the host (``work.wait()``: it has finished then)."""
 
@@ -261,12 +222,9 @@ class HostWaits:
 
 
 class StreamWaits:
-    """CUDA: a consumer orders its *current stream* after a collective, without blocking the host.
-
-    ``wait(work)``: ``work.wait_enqueued()`` (host: until the issuing thread has put the collective on
-    its stream and recorded ``work.event`` after it; no device wait), then
-    ``current_stream().wait_event(work.event)``: kernels the consumer enqueues afterwards run after
-    the collective. ``current_stream`` is injectable (tests: a fake stream recording the waits)."""
+    """CUDA: a consumer orders its *current stream* after a collective, without blocking the host:
+    ``wait(work)`` waits until ``work`` is enqueued (``work.wait_enqueued()``), then makes the current
+    stream wait for ``work.event``. ``current_stream`` is injectable (tests)."""
 
     on_device = True
 
@@ -287,22 +245,12 @@ def waits_for(device: torch.device | str | None) -> HostWaits | StreamWaits:
 
 
 class EventCompletions:
-    """When device work finished, measured on the device: ``watch(event, done)`` hands ``event`` (a
-    CUDA event recorded right after the work, on the stream that ran it) to a thread that waits for the
-    events one after the other, in the order given (``event.synchronize()``; work of one communicator
-    finishes in issue order) and then calls ``done(end_s)``.
-
-    ``end_s`` (seconds, host ``time.perf_counter()`` base): when the device reached ``event``. Right
-    after it completed, a reference event is recorded on a stream of its own (idle: it completes at
-    once) and waited for, and the host time ``h`` taken: ``end_s = h - elapsed(event, reference)``,
-    as :class:`DeviceClock` resolves its marks, without synchronising the device.
-
-    ``event_factory`` (a timing event: ``record(stream)``, ``synchronize()``, ``elapsed_time(other)``
-    in ms), ``stream_factory`` (the reference's stream) and ``host_time`` are injectable (the CPU tests
-    use fake events whose completion the test controls). The thread issues no collective. ``close()``
-    lets watched events finish, then joins it. A ``done`` that raises, or an event whose ``synchronize``
-    raises, is kept in ``error``, handed to ``on_error`` and stops the thread (``done`` is not called for
-    later events)."""
+    """``watch(event, done)``: a thread waits for the watched CUDA events in order (one communicator's work
+    finishes in issue order) and calls ``done(end_s)``, the host-base seconds at which the device reached
+    ``event`` (resolved against a reference event on an idle stream of its own, as :class:`DeviceClock`
+    does, without synchronising the device). The thread issues no collective. A ``done`` or
+    ``synchronize`` that raises is kept in ``error``, handed to ``on_error`` and stops the thread.
+    ``event_factory``, ``stream_factory`` and ``host_time`` are injectable (CPU tests)."""
 
     def __init__(self, device: torch.device | str | None = None, *,
                  event_factory: Callable[[], Any] | None = None,
@@ -366,22 +314,14 @@ class EventCompletions:
 
 
 class CollectiveEnds:
-    """Timeline stamps of asynchronous collectives on the host ``perf_counter`` base, as the device saw
-    them: ``launch(done)`` (the collective's data is ready: issued now) and ``end(work, done)`` (the
-    collective finished) each call ``done(seconds)`` once known.
+    """Timeline stamps (host ``perf_counter`` base) of asynchronous collectives as the device saw them:
+    ``launch(done)`` and ``end(work, done)`` each call ``done(seconds)`` once known.
 
-    - on a CPU, or on a backend whose futures complete when the collective has (gloo): ``launch`` stamps
-      ``time.perf_counter()`` at once and ``end`` from the work's future callback;
-    - on CUDA over NCCL, where a ``Work`` and its future complete at *enqueue*: ``launch`` records an
-      event on the device's current stream, and ``end`` makes a timing stream of its own wait for the
-      collective (``work.wait()`` under that stream: the training stream and the host wait for nothing)
-      and records an event there; an :class:`EventCompletions` thread (no collectives) turns each
-      event into its device time. The stamps therefore arrive after the device got there: read a
-      timeline after :meth:`settle`.
-
-    ``device_events`` chooses the second path (default: ``device`` is CUDA and ``backend`` is nccl).
-    ``event_factory``, ``side_stream``, ``current_stream``, ``stream_context`` and ``completions`` are
-    injectable (the CPU tests drive the NCCL path with fakes)."""
+    Host path (CPU, gloo): ``launch`` stamps now, ``end`` from the work's future callback. Device path
+    (``device_events``; default: CUDA and nccl, whose ``Work`` completes at enqueue): events on the
+    current stream (launch) and on a timing stream that waits for the collective (end), turned into
+    times by an :class:`EventCompletions` thread; read a timeline after :meth:`settle`. The factories,
+    streams and ``completions`` are injectable (CPU tests)."""
 
     def __init__(self, device: torch.device | str | None = None, backend: str | None = None, *,
                  device_events: bool | None = None, event_factory: Callable[[], Any] | None = None,

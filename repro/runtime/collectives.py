@@ -1,29 +1,11 @@
-"""Reduce-scatter and all-gather that cost half an all-reduce each, on a FIFO communication stream.
+"""Reduce-scatter and all-gather costing half an all-reduce each, on a FIFO communication stream.
 
-DeAR splits each all-reduce into a reduce-scatter (RS, in backward) and an all-gather (AG, in the next
-forward). On gloo (CPU), torch's ``reduce_scatter_tensor`` / ``all_gather_into_tensor`` are slower than
-an all-reduce (gloo emulates RS with one), so here they are built as ring algorithms over point-to-point
-messages.
-
-:class:`CommStream` runs collectives asynchronously, one at a time, in submission order, on a background
-thread with a process group of its own; each call returns a :class:`Handle`.
-
-Buffers are flat views: a buffer of ``n`` elements on a group of ``P`` ranks is ``P`` shards of
-``n/P`` elements; shard ``r`` (elements ``[r*n/P, (r+1)*n/P)``) belongs to rank ``r`` (rank within the
-stream's group). ``n`` must be divisible by ``P`` (pad it).
-
-Costs, in the usual alpha-beta model (alpha: seconds per message, beta: seconds per byte, ``n`` the
-buffer's size in bytes):
-
-- ring reduce-scatter: ``P-1`` steps, each rank sends one shard (``n/P`` bytes) to rank+1 and receives
-  one from rank-1, which it adds into its copy: ``(P-1)*alpha + (P-1)/P * n * beta`` (+ the adds);
-- ring all-gather: the same ``P-1`` steps without the adds: ``(P-1)*alpha + (P-1)/P * n * beta``;
-- all-reduce = RS + AG: ``2(P-1)*alpha + 2(P-1)/P * n * beta``.
-
-For ``P = 2`` each is a single exchange of halves between the two ranks.
-
-NCCL: native ``reduce_scatter_tensor`` / ``all_gather_into_tensor`` / ``all_reduce`` on a side CUDA
-stream (docs/gpu_report.md says where that has run).
+:class:`CommStream` runs collectives one at a time, in submission order, on a background thread with a
+process group of its own; each call returns a :class:`Handle`. A buffer of ``n`` elements on ``P``
+ranks is ``P`` shards of ``n/P`` (``n`` divisible by ``P``); shard ``r`` belongs to group rank ``r``.
+On gloo, RS and AG are rings over point-to-point messages (gloo's native ones are slower than an
+all-reduce), each ``(P-1)*alpha + (P-1)/P * n * beta``; on NCCL the native collectives run on a side
+CUDA stream.
 """
 
 from __future__ import annotations
@@ -42,7 +24,7 @@ __all__ = ["CommStream", "Handle", "BACKEND_IMPLS"]
 
 BACKEND_IMPLS = ("auto", "ring", "native")
 
-# torch 2.14 renamed reduce_scatter_tensor / all_gather_into_tensor (the old names warn); same semantics.
+# torch 2.14 renamed these (the old names warn); same semantics.
 _reduce_scatter_tensor = getattr(dist, "reduce_scatter_single", dist.reduce_scatter_tensor)
 _all_gather_into_tensor = getattr(dist, "all_gather_single", dist.all_gather_into_tensor)
 
@@ -52,20 +34,11 @@ _CHUNK_BYTES = 1 << 20
 
 
 class Handle:
-    """One collective submitted to a :class:`CommStream`.
-
-    ``op`` (``"reduce_scatter"``, ``"all_gather"``, ``"all_reduce"``), ``nbytes`` (the buffer's size in
-    bytes), ``submit_s`` / ``start_s`` / ``end_s``: ``time.perf_counter()`` stamps (seconds) of when the op
-    was submitted, started on the stream and finished there (None until then). A failed op has
-    ``end_s`` set too (when it failed).
-
-    On a CUDA stream (NCCL) the op is asynchronous on the device: ``event`` is a CUDA event recorded on
-    the stream's side stream right after the op (None on a CPU stream), set before
-    :meth:`wait_enqueued` returns; a consumer on another CUDA stream orders itself after the op with
-    ``torch.cuda.current_stream().wait_event(handle.event)`` instead of blocking the host
-    (:class:`repro.runtime.clock.StreamWaits`). ``end_s`` is then the host time at which a watcher
-    thread saw that event complete.
-    """
+    """One collective submitted to a :class:`CommStream`: ``op``, ``nbytes`` (the buffer's bytes) and
+    ``perf_counter`` seconds ``submit_s`` / ``start_s`` / ``end_s`` (None until then; a failed op has
+    ``end_s`` too). On NCCL ``event`` is a CUDA event recorded after the op on the side stream, set before
+    :meth:`wait_enqueued` returns (:class:`repro.runtime.clock.StreamWaits` waits on it); ``end_s`` is
+    when a watcher thread saw it complete."""
 
     def __init__(self, op: str, nbytes: int):
         self.op = op
@@ -83,12 +56,8 @@ class Handle:
         return self._done.is_set()
 
     def wait(self, timeout_s: float | None = None) -> None:
-        """Block until the op has finished; then the buffer holds its result.
-
-        A failure on the stream (a peer that died or did not show up within the stream's timeout, a
-        gloo error) is re-raised here as a RuntimeError naming the op. ``timeout_s`` (seconds, None: no
-        limit beyond the stream's own timeout) raises TimeoutError if the op is still running then.
-        """
+        """Block until the op has finished (the buffer then holds its result). A failure on the stream
+        is re-raised as a RuntimeError naming the op; TimeoutError after ``timeout_s`` seconds."""
         if not self._done.wait(timeout_s):
             raise TimeoutError(f"CommStream {self.op} of {self.nbytes} bytes not finished after {timeout_s} s")
         if self._error is not None:
@@ -115,7 +84,7 @@ class Handle:
 
 
 def _default_timeout() -> timedelta | None:
-    """The default group's timeout (what init_process_group was given), or None when it cannot be read."""
+    """The default group's timeout, or None when it cannot be read."""
     try:
         pg = dist.distributed_c10d._get_default_group()
         backend = pg._get_backend(torch.device("cpu") if dist.get_backend(pg) != "nccl" else torch.device("cuda"))
@@ -131,9 +100,8 @@ _SWITCH = {"users": 0, "saved_s": 0.0}
 
 def lower_switch_interval(interval_s: float = 1e-4) -> Callable[[], None]:
     """Lower the interpreter's thread switch interval to at most ``interval_s`` seconds, so a stream
-    thread waiting for the GIL gets it back quickly while the main thread runs Python (see
-    :class:`CommStream`, "The GIL"). Returns a function (idempotent) that gives the interval found by
-    the first user back once every user has called its own."""
+    thread gets the GIL back quickly while the main thread runs Python. Returns an idempotent function
+    that restores the first user's interval once every user has called its own."""
     with _SWITCH_LOCK:
         if _SWITCH["users"] == 0:
             _SWITCH["saved_s"] = sys.getswitchinterval()
@@ -157,35 +125,18 @@ def lower_switch_interval(interval_s: float = 1e-4) -> Callable[[], None]:
 class CommStream:
     """A FIFO communication stream: collectives run one at a time, in submission order, off the main thread.
 
-    ``CommStream(group=None, backend_impl="auto", timeout_s=None)``
+    - ``group``: the ranks to communicate among (None: every rank). The stream makes a process group of
+      its own (``dist.new_group``, collective over the default group: every rank constructs its streams
+      at the same point, in the same order relative to other ``new_group`` calls).
+    - ``backend_impl``: ``"ring"`` (gloo, CPU tensors), ``"native"`` (torch's collectives) or ``"auto"``
+      (ring for RS/AG on gloo, native otherwise; all_reduce native).
+    - ``timeout_s``: bound in seconds on every message (None: the default group's timeout).
 
-    - ``group``: the ranks to communicate among (None: every rank). The stream creates a process group of
-      its own over them (``dist.new_group``), so its traffic never mixes with the main thread's
-      collectives. ``new_group`` is collective over the default group: every rank must construct its
-      CommStreams at the same point of the program, in the same order relative to every other
-      ``new_group`` call.
-    - ``backend_impl``: ``"ring"`` (ring RS / AG over point-to-point messages; gloo, CPU tensors),
-      ``"native"`` (torch's ``reduce_scatter_tensor`` / ``all_gather_into_tensor`` / ``all_reduce``),
-      ``"auto"`` (ring for RS/AG on gloo, native otherwise; all_reduce native). Shard ``r`` belongs to the
-      rank whose rank in the stream's group is ``r`` (``self.rank``).
-    - ``timeout_s``: bound (seconds) on every message of the stream's group: a peer that dies or never
-      submits the matching op makes ``wait()`` raise within about this long. None: the default group's
-      timeout.
-
-    Every rank must submit the same ops (kind, numel, dtype) in the same order; the stream matches them by
-    position. After a failure the stream is broken: the failing op's ``wait()`` raises, ops queued behind
-    it fail too, and later submissions raise RuntimeError at once.
-
-    The stream is a Python thread and needs the GIL between its point-to-point calls; while the main thread
-    runs Python code it waits up to ``sys.getswitchinterval()`` for each re-acquisition, so an executor that
-    overlaps the stream with Python-heavy work should lower the switch interval (process-wide;
-    :func:`lower_switch_interval`, which the DeAR executor uses).
-
-    ``close()`` (idempotent; also on leaving ``with CommStream(...) as s:``) lets queued ops finish and joins
-    the thread. On NCCL the ops run natively on a side CUDA stream that first waits for the submitting
-    thread's current stream; an event recorded after each op (``Handle.event``) is waited for by a watcher
-    thread: ``wait()`` returns once the device has finished the op, ``wait_enqueued()`` once it is on the
-    side stream.
+    Every rank must submit the same ops (kind, numel, dtype) in the same order. After a failure the
+    stream is broken: the op's ``wait()`` raises, queued ops fail too, later submissions raise
+    RuntimeError. The thread needs the GIL between point-to-point calls, so an executor overlapping it
+    with Python-heavy work lowers the switch interval (:func:`lower_switch_interval`). ``close()``
+    (idempotent; also on leaving ``with``) lets queued ops finish and joins the thread.
     """
 
     def __init__(self, group=None, backend_impl: str = "auto", timeout_s: float | None = None):
@@ -210,9 +161,8 @@ class CommStream:
         self._failure: str | None = None
         self._scratch: dict[torch.dtype, torch.Tensor] = {}  # the stream thread's receive buffers (ring RS)
         self._thread = threading.Thread(target=self._run, name=f"CommStream-rank{self.rank}", daemon=True)
-        # CUDA: the stream thread only enqueues (it never waits for the device, so it can enqueue the
-        # next op at once); this thread waits for each op's event, in order, and finishes its handle.
-        # It issues no collective: the stream thread stays the only user of the group.
+        # CUDA: the stream thread only enqueues; this one waits for each op's event, in order, and
+        # finishes its handle. It issues no collective: the stream thread stays the group's only user.
         self._watch_queue: queue.SimpleQueue = queue.SimpleQueue()
         self._watcher = None
         if self._cuda_stream is not None:
@@ -221,39 +171,22 @@ class CommStream:
             self._watcher.start()
         self._thread.start()
 
-    # ----------------------------------------------------------------------------------------------
-    # public ops
-    # ----------------------------------------------------------------------------------------------
-
     def reduce_scatter(self, buffer: torch.Tensor) -> Handle:
-        """Sum-reduce-scatter ``buffer`` in place (async).
-
-        After ``wait()``, shard ``r`` of ``buffer`` on rank ``r`` holds the sum over ranks of that shard;
-        the other shards' contents are unspecified (the ring leaves partial sums there). Cost:
-        ``(P-1)*alpha + (P-1)/P * n * beta`` for a buffer of ``n`` bytes.
-        """
+        """Sum-reduce-scatter ``buffer`` in place (async): after ``wait()`` shard ``r`` on rank ``r`` holds
+        the sum over ranks; the other shards are unspecified."""
         flat = self._check("reduce_scatter", buffer)
         fn = self._ring_reduce_scatter if self._ring else self._native_reduce_scatter
         return self._submit("reduce_scatter", flat, fn)
 
     def all_gather(self, buffer: torch.Tensor) -> Handle:
-        """All-gather ``buffer`` in place (async).
-
-        Before: shard ``r`` on rank ``r`` holds rank ``r``'s data (other shards are ignored). After
-        ``wait()``: every shard holds its owner's data on every rank. Cost:
-        ``(P-1)*alpha + (P-1)/P * n * beta`` for a buffer of ``n`` bytes.
-        """
+        """All-gather ``buffer`` in place (async): shard ``r`` of rank ``r`` reaches every rank."""
         flat = self._check("all_gather", buffer)
         fn = self._ring_all_gather if self._ring else self._native_all_gather
         return self._submit("all_gather", flat, fn)
 
     def all_reduce(self, buffer: torch.Tensor) -> Handle:
-        """Sum-all-reduce ``buffer`` in place (async), for baselines on the same stream.
-
-        ``backend_impl="ring"``: ring RS then ring AG (``numel`` divisible by P). Otherwise native
-        ``all_reduce`` on the stream's group (any numel): gloo's own ring all-reduce is at least as fast as
-        RS+AG (``benchmarks/bench_primitives.py`` measures both).
-        """
+        """Sum-all-reduce ``buffer`` in place (async): ring RS then AG with ``backend_impl="ring"`` (numel
+        divisible by P), else the native all-reduce (any numel; gloo's is at least as fast as RS+AG)."""
         if self.backend_impl == "ring":
             flat = self._check("all_reduce", buffer)
 
@@ -266,10 +199,8 @@ class CommStream:
         return self._submit("all_reduce", flat, fn)
 
     def broadcast(self, buffer: torch.Tensor, src: int = 0) -> Handle:
-        """Overwrite ``buffer`` on every rank with rank ``src``'s (``src``: rank in the stream's group),
-        async, native ``broadcast`` on the stream's group: so that a family issuing everything else on
-        this stream keeps every collective of a step on one thread and in one order on every rank
-        (e.g. DeAR's buffer broadcast before the forward, behind the all-gather in flight)."""
+        """Overwrite ``buffer`` with group rank ``src``'s (async), on this stream so that a family keeps
+        every collective of a step on one thread and in one order on every rank."""
         flat = self._check("broadcast", buffer, divisible=False)
         if not 0 <= int(src) < self.world_size:
             raise ValueError(f"CommStream.broadcast: src must be a rank of the stream's group (0..{self.world_size - 1}), "
@@ -281,8 +212,7 @@ class CommStream:
         return self._submit("broadcast", flat, fn)
 
     def close(self) -> None:
-        """Let queued ops finish, then join the stream's thread (and the CUDA watcher). Idempotent;
-        returns at once when idle."""
+        """Let queued ops finish, then join the threads. Idempotent."""
         with self._lock:
             if self._closed:
                 return
@@ -303,10 +233,6 @@ class CommStream:
     def __repr__(self) -> str:
         impl = "ring" if self._ring else "native"
         return f"CommStream(rank {self.rank} of {self.world_size}, {self.backend}, {impl})"
-
-    # ----------------------------------------------------------------------------------------------
-    # machinery
-    # ----------------------------------------------------------------------------------------------
 
     def _check(self, op: str, buffer, divisible: bool = True) -> torch.Tensor:
         if not isinstance(buffer, torch.Tensor):
@@ -387,13 +313,9 @@ class CommStream:
             else:
                 self._settle(handle, None)
 
-    # -- ring (gloo, point-to-point) -----------------------------------------------------------------
-
     def _exchange(self, send: torch.Tensor, recv: torch.Tensor, on_chunk=None) -> None:
-        """Send ``send`` to rank+1 while receiving ``recv`` (same numel) from rank-1, in chunks.
-
-        ``on_chunk(lo, hi)`` is called as soon as elements ``[lo, hi)`` of ``recv`` have arrived.
-        """
+        """Send ``send`` to rank+1 while receiving ``recv`` from rank-1, in chunks; ``on_chunk(lo, hi)``
+        runs as soon as ``recv[lo:hi]`` has arrived."""
         P, r = self.world_size, self.rank
         n = send.numel()
         step = max(1, _CHUNK_BYTES // send.element_size())
@@ -435,8 +357,6 @@ class CommStream:
         shards = flat.chunk(P)
         for s in range(P - 1):
             self._exchange(shards[(r - s) % P], shards[(r - s - 1) % P])
-
-    # -- native ----------------------------------------------------------------------------------------
 
     def _native_reduce_scatter(self, flat: torch.Tensor) -> None:
         shard = flat.chunk(self.world_size)[self.rank]

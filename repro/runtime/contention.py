@@ -1,41 +1,10 @@
-"""How much slower computation runs while gloo communication is in flight, measured on the live ranks.
+"""Measure on the live ranks how much slower computation runs while gloo communication is in flight.
 
-The simulator's ``Realism.contention`` (:mod:`repro.core.contention`) is a dimensionless slowdown
-``c``: while any collective is in flight, a compute task progresses at ``1/(1+c)`` of its speed
-(its wall time grows by ``1+c``). On a small CPU host the cause is mostly gloo's threads (copies,
-the reduction, socket system calls) competing with the training thread for the cores and the memory
-bandwidth; on a GPU cluster it would be PCIe and memory bandwidth. This module measures ``c`` on the
-live process group (every rank takes part, as in :mod:`repro.runtime.calibrate`):
-
-- **kernel**: ``steps`` forward + backward passes of the training model itself (``model``, a fixed
-  synthetic batch of ``batch_size`` samples per rank; no optimizer step, no gradient exchange), so the
-  computation that is slowed is the one the trace times;
-- **alone**: the kernel's wall seconds on every rank at once after a barrier (all ranks compute,
-  as in a training step; nothing else of ours runs);
-- **with communication**: the same, while a queue of asynchronous ``all_reduce`` calls of
-  ``nbytes`` each keeps the process group busy for the kernel's whole duration (the queue is sized
-  from one all-reduce's measured time to last ~1.5x the kernel; if it drains before the kernel
-  ends, the measurement is retried with a queue twice as long, and the row says whether the
-  communication covered the kernel: ``covered``);
-- the two alternate (alone, with, alone, with, ..., alone: ``repeats`` pairs), so that drift of the
-  machine (other tenants' load) cancels: each ``with`` is divided by the mean of the ``alone`` runs just
-  before and after it, and the slowdown of a size is the median of these ratios minus 1, per rank,
-  then the mean over ranks (identical on every rank).
-
-:func:`fit_contention` reduces the per-size slowdowns to the single ``Realism.contention``: each
-clipped at 0 (a negative value is noise: communication cannot speed compute up), then their mean
-weighted by each size's all-reduce seconds (the slowdown averaged over the time communication is in
-flight; the validation study uses this) or, without weights, their median. The measured slowdown
-can depend on the size (on a small host, large, long transfers slow computation more), so the
-weighting puts it where a plan's communication time goes. The sizes should span the plan's messages
-(a layer's gradient to the whole model's,
-:func:`default_contention_sizes_bytes`); the per-size rows are kept so a size-dependent effect can be
-seen. Run it on the network it is for (loopback and an emulated link differ: on loopback gloo copies
-at memory speed and is CPU-bound; on a slow link it mostly waits).
-
-:func:`measure_contention_local` starts the ranks with :func:`repro.launch.local.launch_local`
-(optionally on an emulated link); :func:`contention_on_ranks` is its launch target. Every wait has a
-timeout (the process group's, and ``wait_timeout_s`` on the queued work), so nothing hangs.
+The result is the simulator's ``Realism.contention`` ``c`` (:mod:`repro.core.contention`, dimensionless:
+compute's wall time is ``1 + c`` times longer while a collective is in flight). Per message size, the
+training model's forward + backward is timed alone and while a queue of async all-reduces keeps the
+group busy, alternating so that machine drift cancels; :func:`fit_contention` reduces the per-size
+slowdowns to one ``c``. Every wait has a timeout. Method: docs/design/runtime.md.
 """
 
 from __future__ import annotations
@@ -46,28 +15,26 @@ import time
 from datetime import timedelta
 from typing import Any, Sequence
 
-import numpy as np
 import torch
 import torch.distributed as dist
+
+from repro.runtime.calibrate import default_sizes_bytes
 
 __all__ = ["CONTENTION_COLUMNS", "default_contention_sizes_bytes", "time_kernel_s", "measure_contention",
            "contention_on_ranks", "measure_contention_local", "fit_contention"]
 
 CONTENTION_COLUMNS = ("model", "batch_size", "workers", "bytes", "kernel_alone_s", "kernel_with_comm_s",
                       "allreduce_s", "queued_allreduces", "covered", "slowdown")
-"""Columns of a contention table: one row per message size. ``kernel_alone_s`` / ``kernel_with_comm_s``:
-median wall seconds of the kernel (``steps`` forward + backward passes; mean over ranks); ``allreduce_s``: one blocking all-reduce of
-``bytes`` alone (slowest rank's median); ``queued_allreduces``: how many were queued per kernel;
-``covered``: the queue was still busy when the kernel ended on every rank and repeat; ``slowdown``:
-``c`` for that size (dimensionless: the median over pairs of ``with / alone - 1``; it can come out
-negative from noise, which :func:`fit_contention` clips)."""
+"""Columns of a contention table, one row per message size: kernel seconds alone and with communication
+(medians, mean over ranks), one all-reduce's seconds (slowest rank), the queue length, whether the queue
+outlasted the kernel on every rank and repeat, and ``slowdown`` (median of ``with / alone - 1``; noise
+can make it negative)."""
 
 
 def default_contention_sizes_bytes(model_bytes: int, count: int = 3, min_bytes: int = 16384) -> list[int]:
     """``count`` geometric all-reduce sizes from ``min_bytes`` (a small layer's gradient) to
-    ``model_bytes`` (one bucket holding the whole model), multiples of 4 bytes."""
-    hi = max(int(model_bytes), 4 * int(min_bytes))
-    return sorted({int(s) // 4 * 4 for s in np.geomspace(min_bytes, hi, count)})
+    ``model_bytes`` (the whole model), multiples of 4 bytes."""
+    return default_sizes_bytes(model_bytes, count, min_bytes)
 
 
 def _kernel(model_name: str, batch_size: int, device: torch.device, **model_kwargs: Any):
@@ -125,9 +92,9 @@ def measure_contention(model: str = "tiny_resnet", sizes_bytes: Sequence[int] | 
                        batch_size: int = 32, steps: int = 1, repeats: int = 7, max_queued: int = 4096,
                        wait_timeout_s: float = 60.0, device: torch.device | str = "cpu", group=None,
                        **model_kwargs: Any) -> list[dict[str, Any]]:
-    """On every rank of ``group`` (all take part): the kernel's slowdown under in-flight all-reduces per
-    size (module docstring); ``sizes_bytes`` default to :func:`default_contention_sizes_bytes` of the
-    model's gradient bytes. Returns rows with :data:`CONTENTION_COLUMNS`, identical on every rank."""
+    """On every rank of ``group``: the kernel's slowdown under in-flight all-reduces per size
+    (``sizes_bytes`` default to :func:`default_contention_sizes_bytes` of the model's gradient bytes).
+    Returns rows with :data:`CONTENTION_COLUMNS`, identical on every rank."""
     if steps < 1 or repeats < 1:
         raise ValueError(f"need steps >= 1 and repeats >= 1, got {steps} and {repeats}")
     device = torch.device(device)
@@ -194,11 +161,9 @@ def contention_on_ranks(ctx, models: Sequence[str], sizes_bytes: Sequence[int] |
 def measure_contention_local(models: Sequence[str] = ("tiny_resnet",), world_size: int = 2, *,
                              emulate_bandwidth: str | None = None, sizes_bytes: Sequence[int] | None = None,
                              timeout_s: float = 600.0, **kwargs: Any):
-    """:func:`measure_contention` of each model on ``world_size`` local gloo ranks (one compute thread
-    each), on loopback or, with ``emulate_bandwidth`` (e.g. ``"100mbit"``, needs root), on an emulated
-    link (:func:`repro.launch.local.launch_local`). Returns a DataFrame with :data:`CONTENTION_COLUMNS`
-    plus ``cpu_count`` and ``oversubscribed`` (more ranks than cores: the slowdown then includes the
-    ranks sharing cores with each other, not only with communication)."""
+    """:func:`measure_contention` of each model on ``world_size`` local gloo ranks, on loopback or an
+    emulated link (``emulate_bandwidth``, e.g. ``"100mbit"``, needs root). Returns a DataFrame with
+    :data:`CONTENTION_COLUMNS` plus ``cpu_count`` and ``oversubscribed`` (more ranks than cores)."""
     import pandas as pd
 
     from repro.launch.local import launch_local
@@ -213,23 +178,16 @@ def measure_contention_local(models: Sequence[str] = ("tiny_resnet",), world_siz
 
 
 def fit_contention(slowdowns: Sequence[float], weights: Sequence[float] | None = None) -> float:
-    """The single ``Realism.contention`` (dimensionless; compute's wall time is ``1 + c`` times longer
-    while communication is in flight) from per-size slowdowns, each clipped at 0 first (communication
-    cannot speed computation up; a negative value is noise).
-
-    Without ``weights``: their median. With ``weights`` (the sizes' all-reduce seconds,
-    ``allreduce_s``): the weighted mean, i.e. the slowdown averaged over the time communication is in
-    flight when each size is sent equally often; on a slow link that is mostly the large messages,
-    which is where a plan's communication time goes. Non-finite values are ignored; none left gives 0
-    (the paper model)."""
-    pairs = [(float(v), 1.0 if weights is None else float(w))
-             for v, w in zip(slowdowns, weights if weights is not None else [1.0] * len(slowdowns))
-             if v is not None and math.isfinite(float(v)) and math.isfinite(1.0 if weights is None else float(w))]
+    """The single ``Realism.contention`` from per-size slowdowns, each clipped at 0 (a negative one is
+    noise): their median, or with ``weights`` (the sizes' ``allreduce_s``) their weighted mean, the
+    slowdown averaged over the time communication is in flight. Non-finite values are ignored; none
+    left gives 0."""
+    ws = weights if weights is not None else [1.0] * len(slowdowns)
+    pairs = [(max(0.0, float(v)), float(w)) for v, w in zip(slowdowns, ws)
+             if v is not None and math.isfinite(float(v)) and math.isfinite(float(w))]
     if not pairs:
         return 0.0
-    if weights is None:
-        return max(0.0, statistics.median(max(0.0, v) for v, _ in pairs))
     total = sum(max(0.0, w) for _, w in pairs)
-    if total <= 0:
-        return max(0.0, statistics.median(max(0.0, v) for v, _ in pairs))
-    return sum(max(0.0, v) * max(0.0, w) for v, w in pairs) / total
+    if weights is None or total <= 0:
+        return statistics.median(v for v, _ in pairs)
+    return sum(v * max(0.0, w) for v, w in pairs) / total

@@ -1,13 +1,8 @@
 """The optimizer wrapper of the families that apply updates themselves, in the next forward (DeAR,
-ByteScheduler): one implementation of ``step`` / ``synchronize`` / ``zero_grad`` / ``state_dict`` for
-both (they had two near-identical copies).
+ByteScheduler; also the sparse family under a GradScaler).
 
-``executor``: anything with ``step(amp=None)`` (what to do at the loop's ``optimizer.step()``),
-``flush()`` (apply every pending update) and, for :meth:`DeferredUpdateOptimizer.synchronize`,
-``synchronize()``: a :class:`~repro.families.dear.executor.DeARExecutor`, the DeAR tuner that owns one, or a
-:class:`~repro.families.bytescheduler.executor.ByteSchedulerExecutor`; also the sparse family's executor under a
-GradScaler (:class:`~repro.families.sparse.executor.SparseScaledOptimizer`: its step takes the verdict over
-every rank, and its updates are not deferred).
+``executor``: anything with ``step(amp=None)``, ``flush()`` (apply every pending update) and, for
+:meth:`DeferredUpdateOptimizer.synchronize`, ``synchronize()``.
 """
 
 from __future__ import annotations
@@ -26,17 +21,15 @@ __all__ = ["ApplyBeforeUse", "DeferredUpdateOptimizer", "hyperparameters", "step
 
 def hyperparameters(optimizer: Any) -> list[dict[str, Any]]:
     """Every param group's hyperparameters now (all keys but ``params``; tensors copied): what a deferred
-    update must be applied with, whatever an LR scheduler or the user sets between ``step()`` and the
-    forward that applies it."""
+    update is applied with, whatever is set between ``step()`` and the forward that applies it."""
     return [{k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in g.items() if k != "params"}
             for g in optimizer.param_groups]
 
 
 @contextlib.contextmanager
 def stepping_with(optimizer: Any, snapshot: list[dict[str, Any]] | None) -> Iterator[None]:
-    """Inside the block the optimizer's groups hold ``snapshot``'s hyperparameters (from
-    :func:`hyperparameters`); the values they held come back after it. Groups added since the snapshot
-    keep theirs. ``None``: nothing changes."""
+    """Inside the block the optimizer's groups hold ``snapshot``'s hyperparameters (groups added since keep
+    theirs); the old values come back after it. ``None``: nothing changes."""
     if snapshot is None:
         yield
         return
@@ -52,8 +45,7 @@ def stepping_with(optimizer: Any, snapshot: list[dict[str, Any]] | None) -> Iter
 
 
 class _ApplyMode(TorchFunctionMode):
-    """During a training forward: before any torch function runs, the pending update of every parameter
-    among its arguments (or whose view is) is applied (:class:`ApplyBeforeUse`)."""
+    """Applies the pending update of every parameter (or view of one) among a torch call's arguments."""
 
     def __init__(self, guard: "ApplyBeforeUse") -> None:
         super().__init__()
@@ -71,16 +63,11 @@ class _ApplyMode(TorchFunctionMode):
 class ApplyBeforeUse:
     """Applies a deferred update before any use of its parameter in a forward.
 
-    The families that apply the last step's updates in the next forward (DeAR, ByteScheduler) do it in
-    forward pre-hooks of the modules that own the parameters; a parameter used outside its owner's
-    forward (``nn.MultiheadAttention``'s ``out_proj``, tied embeddings through ``F.linear(h,
-    emb.weight)``, a parameter of a parent module) would be read before its update. While updates are
-    pending, a training or evaluation forward of ``model`` runs under a torch function mode that looks
-    at every torch call's tensor arguments (and one level of lists, tuples and keyword values): a
-    parameter in ``pending`` (id -> key), or a view of one, has ``apply(key)`` called first. The module
-    pre-hooks still apply in order (and start the next all-gathers early); the mode catches the rest.
-    Outside a forward nothing is watched: code that reads parameters between ``step()`` and the next
-    forward calls ``flush()`` first (``model.state_dict()`` does it itself)."""
+    Module pre-hooks apply updates in order, but a parameter used outside its owner's forward
+    (``MultiheadAttention.out_proj``, tied embeddings, a parent's parameter) would be read stale. While
+    updates are pending, a forward of ``model`` runs under a torch function mode: a tensor argument (or
+    one in a list, tuple or keyword value) that is in ``pending`` (id -> key), or a view of one, gets
+    ``apply(key)`` first. Outside a forward nothing is watched: call ``flush()`` first."""
 
     def __init__(self, model: nn.Module, apply: Callable[[Any], None]) -> None:
         self.pending: dict[int, Any] = {}
@@ -92,9 +79,8 @@ class ApplyBeforeUse:
 
     @contextlib.contextmanager
     def suspended(self) -> Iterator[None]:
-        """Nothing is watched inside (the executor's own optimizer step, which reads and writes the very
-        parameters being updated). When this guard's mode is the innermost torch function mode it is
-        taken off the stack for the block, so the step's many small ops do not each pay a Python call."""
+        """Nothing is watched inside (the executor's own optimizer step); when this guard's mode is the
+        innermost one it is off the stack for the block, so the step's ops pay no Python call."""
         from torch.overrides import _get_current_function_mode, _pop_mode_temporarily
 
         mode = _get_current_function_mode()
@@ -147,18 +133,11 @@ class ApplyBeforeUse:
 
 
 class DeferredUpdateOptimizer:
-    """What the loop calls ``zero_grad()`` and ``step()`` on when the executor applies the updates
-    itself: ``step()`` hands over to ``executor.step()`` (which starts or finishes the exchange and
-    leaves the updates pending); ``state_dict()`` flushes first (the state must include the pending
-    updates); ``zero_grad``, ``param_groups``, ``state`` and every other attribute are the wrapped
-    optimizer's.
-
-    **GradScaler** (``_step_supports_amp_scaling``): ``scaler.step(opt)`` always calls :meth:`step`
-    (with the scale and its own inf check attached, :func:`~repro.runtime.executor.scaled_step`), so
-    every rank takes part in the exchange; the executor's ``step(amp=...)`` decides what to do with
-    them. ``synchronize()`` is the Horovod-style escape hatch: the executor finishes the whole exchange
-    now, so that ``param.grad`` holds the averaged gradient (the same on every rank) for
-    ``scaler.unscale_(opt)``, clipping or inspection before ``step()``."""
+    """The optimizer the loop steps when the executor applies the updates itself: ``step()`` hands over
+    to ``executor.step()`` (updates left pending); ``state_dict()`` flushes first; everything else is
+    the wrapped optimizer's. Under a GradScaler (``_step_supports_amp_scaling``) every rank's
+    ``scaler.step(opt)`` reaches :meth:`step`, with the scale attached. ``synchronize()`` (as Horovod's)
+    finishes the exchange now, so ``param.grad`` holds the averaged gradient before ``step()``."""
 
     _step_supports_amp_scaling = True
     family = "this family"  # named in refusals
@@ -178,7 +157,7 @@ class DeferredUpdateOptimizer:
             self.executor.step(amp=amp)
 
     def synchronize(self) -> None:
-        """Finish this step's exchange now: ``param.grad`` is the averaged gradient (see the class)."""
+        """Finish this step's exchange now: ``param.grad`` is the averaged gradient."""
         self.executor.synchronize()
 
     def zero_grad(self, set_to_none: bool = True) -> None:

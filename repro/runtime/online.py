@@ -1,23 +1,11 @@
 """Online planning, one implementation for ``repro train`` and :func:`repro.distribute`.
 
 A plan scheduler that plans online runs a few warm-up steps with one exact all-reduce after backward
-(SyncEASGD) while its executor records when each layer's gradient is ready; then
-
-1. :func:`measured_trace`: the ranks average the per-step medians into a :class:`~repro.core.trace.Trace`
-   (layer order = reverse of the ready order; the forward total spread evenly over the layers; the
-   measured overheads: buffer broadcast before the forward, straggler wait, optimizer step);
-2. :func:`plan_online`: the family's calibration hook fits a cost model on the live group (or takes
-   the given network cost), the first trainer solves, and the Plan is broadcast, so every rank
-   executes the same plan.
-
-Times are seconds on the host's ``time.perf_counter()`` base. The phase stamps (:class:`StepTimes`)
-are taken after synchronising the device between phases during the warm-up (:func:`sync_device`), so
-on a GPU they are when the device finished each phase. The gradient-ready times come from the
-executor's clock (:mod:`repro.runtime.clock`): on a GPU a CUDA event recorded in each gradient hook,
-resolved after the step against a reference event recorded on the idle device, i.e. when the device
-computed the gradient (not when the host enqueued the backward kernels), on the same base. The
-trace's gaps (``ready - backward_start`` and between layers) are therefore device times on a GPU and
-host times on a CPU.
+while its executor records when each layer's gradient is ready; then :func:`measured_trace` averages
+the ranks' per-step medians into a :class:`~repro.core.trace.Trace` (layer order: reverse of the ready
+order) and :func:`plan_online` fits the cost model, solves on the first trainer and broadcasts the Plan.
+Times are seconds on the host's ``time.perf_counter()`` base; on a GPU the gaps are device times
+(:mod:`repro.runtime.clock`).
 """
 
 from __future__ import annotations
@@ -35,22 +23,16 @@ from repro.core.plan import Plan
 from repro.core.planners import make_plan
 from repro.core.schedulers import get_scheduler
 from repro.core.trace import Layer, Overheads, Trace
+from repro.runtime.calibrate import sync_device
 from repro.workload.layers import layer_parameters
 
 __all__ = ["StepTimes", "sync_device", "gather_rows", "grad_abs_mean", "measured_trace", "plan_online"]
 
 
-def sync_device(device: torch.device) -> None:
-    """Wait for the device's queued work (a no-op on the CPU)."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 @dataclass
 class StepTimes:
-    """``time.perf_counter`` stamps of one step (seconds); during the warm-up each one is taken right
-    after :func:`sync_device`, on the time base the executors' clocks resolve gradient-ready times to
-    (:mod:`repro.runtime.clock`)."""
+    """``time.perf_counter`` stamps of one step (seconds), each taken after :func:`sync_device` during
+    the warm-up: the base the executors' clocks resolve gradient-ready times to."""
 
     start: float          # before before_forward()
     forward_start: float  # after before_forward()
@@ -88,9 +70,8 @@ def measured_trace(model: nn.Module, steps: Sequence[tuple[StepTimes, Mapping[st
                    *, model_name: str, batch_size: int, view: str, update_s: float | None = None, group=None,
                    grad_abs_mean: Mapping[str, float] | None = None) -> Trace:
     """Per-layer backward gaps (median over ``steps``, mean over ranks) as a Trace, with the forward
-    total and the measured overheads (buffer broadcast, straggler wait, optimizer step; ``update_s``
-    overrides the measured update). ``steps``: each step's stamps and its layer -> gradient-ready
-    time. Every trainer of ``group`` calls this (it all-reduces)."""
+    total spread evenly and the measured overheads (``update_s`` overrides the update). ``steps``: each
+    step's stamps and layer -> gradient-ready time. Every trainer of ``group`` calls this."""
     layers = layer_parameters(model, view)
     names = list(layers)
     # a layer with no gradient in a step is written (as zeros) when the exchange finishes: ready at the
@@ -133,14 +114,10 @@ def measured_trace(model: nn.Module, steps: Sequence[tuple[StepTimes, Mapping[st
 def plan_online(scheduler: str, trace: Trace | None, device: torch.device, *,
                 planner_options: Mapping[str, Any] | None = None, network_cost: CostModel | None = None,
                 fit_repeats: int = 5, first: int = 0, servers: int = 0) -> tuple[Plan, CostModel, Trace]:
-    """The first trainer (global rank ``first``) solves ``scheduler``'s planner on ``trace`` (on the
-    wire dtype's bytes when ``planner_options`` names one); the plan is broadcast so every rank
-    executes the same. Serving ranks (the ``servers`` ranks before ``first``, which have no trace) get
-    the trainers' trace first.
-
-    Every plan scheduler gets a cost model from its family's calibration hook (every rank of the job
-    takes part; ``network_cost``, e.g. a preset for the trainers' count, is what a family without a
-    live fit uses): online planners plan with it, all record a prediction. Returns (plan, cost, trace)."""
+    """The first trainer (global rank ``first``) solves ``scheduler``'s planner on ``trace`` with the cost
+    model of its family's calibration hook (every rank takes part; ``network_cost`` for a family without a
+    live fit) and broadcasts the plan. Serving ranks (the ``servers`` before ``first``) get the trace
+    first. Returns (plan, cost, trace), the same on every rank."""
     sched = get_scheduler(scheduler)
     opts = dict(planner_options or {})
     if servers:

@@ -1,5 +1,4 @@
-"""The plan-fits-model rule on a live model: :func:`check_plan_fits`, the torch side of
-:func:`repro.core.plan.plan_fit_refusal` (one rule, one wording, for the door and every executor)."""
+"""The plan-fits-model rule on a live model: the torch side of :func:`repro.core.plan.plan_fit_refusal`."""
 
 from __future__ import annotations
 
@@ -12,10 +11,8 @@ __all__ = ["check_plan_fits"]
 
 
 def check_plan_fits(plan: Plan, model: nn.Module, view: str) -> None:
-    """PlanError (one line, :func:`repro.core.plan.plan_fit_refusal`) unless every layer ``plan`` names is one of
-    ``model``'s in ``view`` and every one of them is in a bucket. :func:`repro.distribute` checks this
-    before any collective; an executor built directly calls it too, so it never runs a plan that does
-    not fit."""
+    """PlanError (one line) unless the layers ``plan`` buckets are exactly ``model``'s in ``view``; checked
+    before any collective, by :func:`repro.distribute` and by an executor built directly."""
     layers = list(layer_parameters(model, view))
     refusal = plan_fit_refusal(plan, layers, view, views=_other_views(model, view, plan, layers))
     if refusal is not None:
@@ -23,7 +20,7 @@ def check_plan_fits(plan: Plan, model: nn.Module, view: str) -> None:
 
 
 def _other_views(model: nn.Module, view: str, plan: Plan, layers: list[str]) -> dict[str, list[str]]:
-    """The model's layers in the views other than ``view``, only computed when the plan names an unknown layer."""
+    """The model's layers in the other views, computed only when the plan names an unknown layer."""
     names = set(layers)
     if all(layer in names for b in plan.buckets for layer in b.layers):
         return {}

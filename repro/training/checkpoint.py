@@ -1,40 +1,13 @@
-"""In-run checkpoints of ``repro train``: a long run that SLURM stops (its time limit, a preemption)
-goes on from where it was instead of from zero.
+"""In-run checkpoints of ``repro train``: a run that SLURM stops goes on from where it was.
 
-When (``--checkpoint-every-min M``, :class:`Checkpointer`): every ``M`` minutes of wall-clock time
-since the run started (or resumed, or last checkpointed), and when SLURM's pre-timeout signal arrives
-(``SIGUSR1``: ``#SBATCH --signal=USR1@<seconds>``, submitit's ``slurm_signal_delay_s``). The signal
-reaches the ranks at different moments, so no rank acts on it alone: at every step boundary the
-training ranks ``all_reduce`` (max) two flags, "a checkpoint is due" and "stop", on a gloo group
-(the training group itself under gloo; a gloo copy of it under NCCL, so that the flags never queue
-behind the gradients' collectives on the GPU streams), outside the timed part of the step. All ranks
-therefore checkpoint after the same step; after a signal they then leave with exit status
-:data:`RESUME_EXIT` (75, EX_TEMPFAIL), and the launcher requeues the job.
-
-What (:func:`save`): after ``optimizer.flush()``, the model's ``state_dict``, the
-:class:`repro.api.DistributedOptimizer`'s ``state_dict`` (the wrapped optimizer's state, the plan, the
-executor's state: every rank calls it, since for the parameter-server families it is a collective),
-the measured trace and fitted cost model, the step counter, the rows of the run's tables so far
-(``iterations.csv``, ``epochs.csv``, ``buckets.csv``, the in-run trace's samples), and per rank its
-RNG states (torch CPU and CUDA, ``random``, numpy) and its data position (epoch, batches taken, the
-synthetic generator's state), gathered to the first trainer. The first trainer writes one file,
-``<results_dir>/<run_id>.incomplete/checkpoint.pt``, beside its final name and ``os.replace``'d
-into place (a reader or a killed job never sees half a file); a barrier follows, so no rank leaves
-before the file is complete. :class:`repro.results.runs.RunWriter` removes that folder with the checkpoint
-once the run folder is written: a finished run has no checkpoint, and is never resumed.
-
-Resume (:func:`load`): a run started with checkpointing on, with an explicit ``--run-id`` and
-``--results-dir``, whose checkpoint exists with the same configuration (the options that change
-what is trained: :func:`same_run`) and whose run folder is not finished, loads it on every rank
-(the first trainer decides, and broadcasts the decision, so ranks never disagree) and goes on from
-the step after it, with no second warm-up or plan. The rest of a resumed run is the uninterrupted
-run's, bit for bit on the CPU (tests/test_train_checkpoint.py); the timed rows of a resumed run come
-from two processes, and the first steps after a resume are cold (caches, allocator).
-
-Not covered: dedicated server ranks (``--servers``, the ``ps_*`` schedulers with serving ranks) and
-executors that refuse a checkpoint (FSDP's): refused in one line when checkpointing is asked for.
-A real dataset's loader workers with random augmentation draw their seeds from the global generator,
-restored here; the skipped batches of a resumed epoch are not loaded (only their indices are drawn).
+:class:`Checkpointer` checkpoints every ``--checkpoint-every-min`` minutes and on SLURM's pre-timeout
+``SIGUSR1``. The signal reaches ranks at different moments, so at every step boundary the trainers
+all-reduce (max) "due" and "stop" flags on a gloo group: all checkpoint after the same step, and after a
+signal leave with :data:`RESUME_EXIT`. The first trainer writes
+``<results_dir>/<run_id>.incomplete/checkpoint.pt`` atomically (model, optimizer, plan, trace, cost, the
+rows so far, every rank's RNG and data position). A rerun with the same configuration, ``--run-id`` and
+``--results-dir`` resumes after that step; a finished run is never resumed. Dedicated server ranks and
+executors that refuse a checkpoint are refused. Details: docs/design/runtime.md.
 """
 
 from __future__ import annotations
@@ -48,6 +21,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -87,10 +61,6 @@ def same_run(saved: dict[str, Any], config: dict[str, Any]) -> bool:
     return all(saved.get(k) == config.get(k) for k in keys)
 
 
-# ---------------------------------------------------------------------------------------------
-# SIGUSR1
-# ---------------------------------------------------------------------------------------------
-
 _SIGNALLED = threading.Event()
 
 
@@ -99,29 +69,20 @@ def _on_signal(signum, frame) -> None:  # noqa: ARG001 - a signal handler's sign
 
 
 def install_signal_handler() -> bool:
-    """Catch ``SIGUSR1`` (set a flag; the ranks act on it at the next step boundary, together). Only the
-    main thread can install it: False elsewhere (e.g. ranks run as threads)."""
+    """Catch ``SIGUSR1`` (the ranks act on it together at the next step boundary); False off the main
+    thread, where it cannot be installed."""
     if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "SIGUSR1"):
         return False
     signal.signal(signal.SIGUSR1, _on_signal)
     return True
 
 
-# ---------------------------------------------------------------------------------------------
-# RNG states
-# ---------------------------------------------------------------------------------------------
-
 def rng_state(device: torch.device) -> dict[str, Any]:
     """This process's random generators: torch's CPU one, the device's CUDA one, ``random``, numpy."""
-    state: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}
+    state: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate(),
+                             "numpy": np.random.get_state()}
     if device.type == "cuda":
         state["cuda"] = torch.cuda.get_rng_state(device)
-    try:
-        import numpy as np
-
-        state["numpy"] = np.random.get_state()
-    except ImportError:  # pragma: no cover - numpy comes with the package
-        pass
     return state
 
 
@@ -131,21 +92,13 @@ def set_rng_state(state: dict[str, Any], device: torch.device) -> None:
     if device.type == "cuda" and "cuda" in state:
         torch.cuda.set_rng_state(state["cuda"], device)
     if "numpy" in state:
-        import numpy as np
-
         np.random.set_state(state["numpy"])
 
 
-# ---------------------------------------------------------------------------------------------
-# When, save, load
-# ---------------------------------------------------------------------------------------------
-
 class Checkpointer:
-    """The checkpoints of one run, on every training rank (made collectively, after the process groups).
-
-    ``every_min``: minutes of wall-clock time between checkpoints (0: only on the signal);
-    ``stop_at_step``: act as if SIGUSR1 reached the first trainer after that step (tests, drills);
-    ``group``: the training ranks' group (None: the world); ``first``: the global rank that writes."""
+    """The checkpoints of one run, made collectively on every training rank: every ``every_min`` minutes
+    (0: only on the signal), and as if SIGUSR1 came after step ``stop_at_step``; ``group``: the training
+    ranks' (None: the world); ``first``: the global rank that writes."""
 
     def __init__(self, results_dir: str | Path, run_id: str, *, every_min: float, stop_at_step: int | None,
                  group: Any, first: int, rank: int, size: int) -> None:
@@ -162,7 +115,6 @@ class Checkpointer:
         self.signal_handled = install_signal_handler()
         _SIGNALLED.clear()
 
-    # ---- when ----
     def due(self, step: int) -> tuple[bool, bool]:
         """After ``step`` steps: (checkpoint now, then stop), the same on every training rank (a collective)."""
         stop = _SIGNALLED.is_set() or (self.stop_at_step is not None and step == self.stop_at_step
@@ -172,7 +124,6 @@ class Checkpointer:
         dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=self.group)
         return bool(flags[0]), bool(flags[1])
 
-    # ---- save ----
     def save(self, *, model: torch.nn.Module, dopt: Any, device: torch.device, data: Any, run: dict[str, Any]) -> None:
         """Write the checkpoint (every training rank calls it; the first one writes, then all meet)."""
         t0 = time.perf_counter()
@@ -192,10 +143,9 @@ class Checkpointer:
         dist.barrier(group=self.group)
         self.since = time.monotonic()
 
-    # ---- load ----
     def load(self, config: dict[str, Any], finished: bool, device: torch.device) -> dict[str, Any] | None:
-        """The checkpoint to resume from (every training rank calls it), or None: none, another run's
-        (different configuration), or a finished run's. The first trainer decides for every rank."""
+        """The checkpoint to resume from (a collective), or None: none, another configuration's, or a
+        finished run's. The first trainer decides for every rank."""
         verdict = [None]
         if dist.get_rank() == self.first:
             verdict[0] = self._verdict(config, finished)

@@ -11,11 +11,12 @@ import argparse
 import math
 import numbers
 from dataclasses import dataclass, field, fields, make_dataclass
+from pathlib import Path
 from typing import Any, Sequence
 
 from repro.core import ranges
 from repro.cli.help import DefaultsHelpFormatter
-from repro.costs.presets import preset
+from repro.costs.presets import preset_names
 from repro.core.families import get_family
 from repro.core.plan import WIRE_DTYPE_BYTES
 from repro.core.run_options import RUN_OPTIONS, check_run_options, check_wire_dtype, refuse_given_options
@@ -29,12 +30,9 @@ __all__ = ["TrainConfig", "VIEWS", "OPTIMIZERS", "REFUSED_OPTIMIZERS", "DEVICES"
 #: layer granularities of a plan (the same as :data:`repro.workload.layers.VIEWS`, which imports torch)
 VIEWS = ("tensor", "module")
 
-#: ``--optimizer`` names (lower case; the option is case-insensitive) -> the ``torch.optim`` class. Kept here,
-#: torch-free, so that a bad name is refused before any rank starts; tests/test_train_optimizers.py checks it
-#: against ``torch.optim`` (every optimizer class there is here or in :data:`REFUSED_OPTIMIZERS`). Adafactor
-#: needs torch >= 2.5: on an older torch the rank says so in one line. ``sgd`` gets ``lr``, ``momentum`` and
-#: ``weight_decay``, ``adamw`` ``lr`` and (decoupled) ``weight_decay``, the others ``lr`` and ``weight_decay``
-#: where their constructor takes them (Rprop has no weight decay), their own defaults for everything else.
+#: ``--optimizer`` names (lower case; the option is case-insensitive) -> the ``torch.optim`` class,
+#: torch-free so a bad name is refused before any rank starts. ``sgd`` gets ``lr``, ``momentum`` and
+#: ``weight_decay``, the others ``lr`` and ``weight_decay`` where their constructor takes them.
 OPTIMIZERS: dict[str, str] = {name.lower(): name for name in (
     "SGD", "AdamW", "Adam", "Adamax", "NAdam", "RAdam", "Adagrad", "Adadelta", "Adafactor", "RMSprop", "Rprop",
     "ASGD")}
@@ -64,10 +62,8 @@ _AMP_FP16_SERVERS = ("its dedicated server ranks apply the pushed gradients with
                      "(repro.distribute takes a scaler with co-located servers only)")
 
 
-#: The plausible range of every numeric common setting (the run options declare theirs in
-#: :mod:`repro.core.run_options`), checked where the config is made, so a number no run can take is refused in one
-#: line naming the flag before any rank starts. A new numeric field without an entry fails
-#: tests/test_train_flags.py. Each bound is argued where the quantity is declared (:mod:`repro.core.ranges`).
+#: The plausible range of every numeric common setting (bounds argued in :mod:`repro.core.ranges`; the run
+#: options declare theirs), checked when the config is made: one line naming the flag.
 FIELD_RANGES: dict[str, ranges.Quantity] = {
     "batch_size": ranges.BATCH_SIZE, "steps": ranges.COUNT, "epochs": ranges.COUNT,
     "warmup_steps": ranges.COUNT, "compute_steps": ranges.COUNT, "fit_repeats": ranges.REPEATS,
@@ -98,7 +94,7 @@ class _CommonConfig:
     dataset: str = _opt("synthetic", "data: synthetic (throughput), digits, cifar10, imagenet, ptb")
     batch_size: int = _opt(32, "samples per rank per step")
     steps: int = _opt(20, "timed steps (synthetic data); ignored when --epochs is given")
-    epochs: int | None = _opt(None, "convergence run: full passes over a real dataset")
+    epochs: int | None = _opt(None, "convergence run: full passes over a real dataset", kind=int)
     warmup_steps: int = _opt(3, "untimed steps first (plan schedulers measure the trace in them)")
     compute_steps: int = _opt(5, "extra steps without communication: the computation-only time")
     view: str = _opt("tensor", "layer granularity of the plan", choices=VIEWS)
@@ -171,7 +167,6 @@ class _CommonConfig:
             raise ValueError(f"unknown view '{self.view}'; choose one of {', '.join(VIEWS)}")
         if self.wire_dtype is not None and self.wire_dtype not in WIRE_DTYPE_BYTES:
             raise ValueError(f"unknown wire dtype '{self.wire_dtype}'; choose one of {', '.join(WIRE_DTYPE_BYTES)}")
-        # the door's rule (repro.distribute); the models here train in float32, so float32 is every scheduler's
         self.wire_dtype = check_wire_dtype(self.wire_dtype, sched)
         self._check_amp(sched)
         for name in ("batch_size", "fit_repeats"):
@@ -198,10 +193,6 @@ class _CommonConfig:
         if self.warmup_steps < 1 and sched.has_plan and self.plan is None:
             raise ValueError(f"'{self.scheduler}' plans from the warm-up: it needs warmup_steps >= 1")
         if self.network is not None:
-            from repro.costs.presets import preset_names
-
-            from pathlib import Path
-
             if Path(self.network).exists() and not Path(self.network).is_file():  # as read_input words it
                 kind = "a folder" if Path(self.network).is_dir() else "not a regular file (a device, pipe or socket)"
                 raise ValueError(f"--network {self.network} is {kind}, not a cost file")
@@ -214,8 +205,7 @@ class _CommonConfig:
         self._check_ranges()  # last: the checks above say what a wrong type or sign means
 
     def _check_ranges(self) -> None:
-        """Every number in its plausible range (:data:`FIELD_RANGES`; one line naming the flag, the value
-        and the range), after the checks above have said what a wrong type or sign means."""
+        """Every number in its plausible range (:data:`FIELD_RANGES`), after the type and sign checks."""
         for name, quantity in FIELD_RANGES.items():
             value = getattr(self, name)
             if value is not None:
@@ -232,8 +222,8 @@ class _CommonConfig:
         self.optimizer = key
 
     def _check_amp(self, sched) -> None:
-        """``amp``: a key of :data:`AMP_DTYPES` (any case, kept in lower case); ``fp16`` refused, in one
-        line, with a scheduler that cannot take the GradScaler it needs."""
+        """``amp``: a key of :data:`AMP_DTYPES` (any case); ``fp16`` refused with a scheduler that cannot take
+        the GradScaler it needs."""
         key = self.amp.lower() if isinstance(self.amp, str) else self.amp
         if key not in AMP_DTYPES:
             raise ValueError(f"unknown amp {self.amp!r}; choose one of {', '.join(AMP_DTYPES)}")
@@ -248,17 +238,15 @@ class _CommonConfig:
                              "(no scaler) or an all-reduce, sparse, DeAR or ByteScheduler scheduler")
 
     def amp_device_check(self, device_type: str) -> None:
-        """``amp`` on ``device_type`` (``cpu``/``cuda``): float16 autocast on a CPU has no LSTM kernel
-        (oneDNN: "could not create a primitive descriptor for the LSTM forward propagation primitive",
-        torch 2.14), so fp16 with an LSTM model on a CPU is refused in one line."""
+        """``amp`` on ``device_type`` (``cpu``/``cuda``): fp16 with an LSTM model on a CPU is refused (torch
+        has no float16 LSTM kernel there)."""
         if self.amp == "fp16" and device_type == "cpu" and model_info(self.model).family == "lm":
             raise ValueError(f"--amp fp16 on a CPU: torch has no float16 LSTM kernel there, and '{self.model}' is an "
                              "LSTM; use --amp bf16 on a CPU, or train on a GPU (--device cuda)")
 
     def _take_plan(self, sched):
-        """``--plan FILE``: load it (one line if it cannot be read), pick the scheduler that runs it and
-        the view its layer names are in; returns the scheduler entry and the plan's wire dtype (a plan fixes
-        its own: ``--wire-dtype`` with another is refused, it would be ignored)."""
+        """``--plan FILE``: load it, take the scheduler that runs it and its view; returns the scheduler
+        entry and the plan's wire dtype (another ``--wire-dtype`` is refused)."""
         from repro.core.outputs import read_input
         from repro.core.plan import Plan, PlanError
 
@@ -323,11 +311,8 @@ class _CommonConfig:
                              "leave --checkpoint-every-min out (or 0)")
 
     def check_plan_layers(self, world_size: int | None = None) -> None:
-        """``--plan``'s layers are the model's (in the plan's view), every one of them, and (given the job's
-        ``world_size``, servers included) the plan was made for its number of workers; checked before any
-        rank starts: the model is built on torch's meta device (no memory, no weights), so even a large one
-        costs little. One line naming the first missing layer and, when the plan says, the model it was
-        made for."""
+        """ValueError unless ``--plan``'s layers are exactly the model's (built on the meta device) and,
+        given the job's ``world_size`` (servers included), the plan is for its number of workers."""
         if self.plan is None:
             return
         from repro.core.outputs import read_input
@@ -353,12 +338,10 @@ class _CommonConfig:
         return (self.servers or 1) if sched.family is not None and get_family(sched.family).server else 0
 
     def check_world(self, world_size: int, backend: str | None = None, device: str | None = None) -> None:
-        """Checks that need the world size (ranks, servers included) and, if given, the process group's
-        ``backend`` (``gloo``/``nccl``) and the ranks' device type (``cpu``/``cuda``; default: ``--device``,
-        else the backend's); made before any step."""
+        """Checks that need the world size (servers included) and, if given, the ``backend`` and the ranks'
+        device type (default: ``--device``, else the backend's); made before any step."""
         sched = get_scheduler(self.scheduler)
         serving = self.serving_ranks()
-        # where the ranks compute: --device, else the backend's (nccl: cuda, gloo: cpu); unknown: not checked
         device = self.device or {"nccl": "cuda", "gloo": "cpu"}.get(backend or "")
         if device is not None:
             self.amp_device_check(device)
@@ -393,7 +376,6 @@ class _CommonConfig:
                                          f"preset that has one or leave --network out to fit on the live group")
 
 
-
 def _option_fields() -> list[tuple[str, Any, Any]]:
     """One field per run option of :data:`repro.core.run_options.RUN_OPTIONS` (declared once, by its family)."""
     out = []
@@ -416,8 +398,7 @@ TrainConfig = make_dataclass(
 
 
 def _plan_error(path: str, e: BaseException) -> str:
-    """The first line of a plan loader's error, naming ``--plan PATH`` once: the loaders name the file
-    themselves (``plan file not found: X``, ``plan X is a folder ...``, ``X: plan field ...``)."""
+    """The first line of a plan loader's error, naming ``--plan PATH`` once (the loaders name the file)."""
     text = str(e).splitlines()[0] if str(e).strip() else type(e).__name__
     if text == f"plan file not found: {path}":
         return f"--plan {path}: no such file"
@@ -429,16 +410,13 @@ def _plan_error(path: str, e: BaseException) -> str:
 
 
 def _is_cost_file(name: str) -> bool:
-    from pathlib import Path
-
     return Path(name).is_file()
 
 
 def step_memory_floor_bytes(model: str, batch_size: int, model_kwargs: dict[str, Any] | None = None) -> int:
-    """A lower bound of one training step's memory on a rank, from the catalogue alone (no torch): the
-    inputs (float32 images; int64 tokens), for a sequence model the float32 logits over its vocabulary, and
-    for BERT one attention-score matrix (seq_len**2 per sample). Real steps need several times more
-    (activations, weights, gradients); this floor only catches a batch no machine could hold."""
+    """A lower bound in bytes of one training step's memory on a rank, from the catalogue alone: the
+    inputs, a sequence model's float32 logits, and BERT's attention scores; catches a batch no machine
+    could hold."""
     info = model_info(model)
     kw = model_kwargs or {}
     if info.family == "vision":
@@ -451,9 +429,8 @@ def step_memory_floor_bytes(model: str, batch_size: int, model_kwargs: dict[str,
 
 
 def check_step_memory(need_per_rank: float, ranks: int, what: str) -> None:
-    """``ranks`` local ranks each needing at least ``need_per_rank`` bytes for a step fit the memory this
-    machine has available, less each rank's own footprint (as ``repro calibrate`` checks its buffers);
-    else ValueError in one line naming ``what`` (the flags that set the size). Unknown memory: no check."""
+    """ValueError naming ``what`` unless ``ranks`` local ranks, each needing ``need_per_rank`` bytes, fit
+    the available memory less each rank's footprint (unknown memory: no check)."""
     from repro.launch.local import RANK_MEMORY_BYTES, available_memory_bytes
 
     avail = available_memory_bytes()
@@ -465,10 +442,6 @@ def check_step_memory(need_per_rank: float, ranks: int, what: str) -> None:
                          f"(inputs and outputs alone), but about {room / 2**30:.1f} GiB are available "
                          f"({avail / 2**30:.1f} GiB less {ranks} x {RANK_MEMORY_BYTES // 2**20} MiB per rank)")
 
-
-# ---------------------------------------------------------------------------------------------
-# Command line (per rank, under torchrun)
-# ---------------------------------------------------------------------------------------------
 
 class _Parser(argparse.ArgumentParser):
     """Bad arguments raise ValueError (one line: ``repro: error: train: ...``), never a usage block."""
@@ -497,10 +470,6 @@ def build_parser(*, suppress_defaults: bool = False) -> argparse.ArgumentParser:
             p.add_argument(flag, action="store_true", **kw)
         elif kind is not None:
             p.add_argument(flag, type=kind, **kw)
-        elif f.name == "scheduler":
-            p.add_argument(flag, type=str, **kw)
-        elif f.name == "epochs":
-            p.add_argument(flag, type=int, **kw)
         elif default is None:
             p.add_argument(flag, type=str, **kw)
         else:
@@ -539,11 +508,9 @@ def config_from_argv(argv: Sequence[str], **overrides: Any) -> tuple[TrainConfig
     if args.backend == "nccl" and kw.get("device") == "cpu":
         raise ValueError("--device cpu does not go with --backend nccl, which communicates CUDA tensors only; use "
                          "--backend gloo (or leave it out)")
-    if not (isinstance(args.pg_timeout_s, float) and math.isfinite(args.pg_timeout_s) and args.pg_timeout_s > 0):
-        raise ValueError(f"--pg-timeout-s must be a finite positive number of seconds, got {args.pg_timeout_s}")
-    if not (isinstance(args.join_timeout_s, float) and math.isfinite(args.join_timeout_s) and args.join_timeout_s > 0):
-        raise ValueError(f"--join-timeout-s must be a finite positive number of seconds, got {args.join_timeout_s}")
     for flag, value in (("--pg-timeout-s", args.pg_timeout_s), ("--join-timeout-s", args.join_timeout_s)):
+        if not (isinstance(value, float) and math.isfinite(value) and value > 0):
+            raise ValueError(f"{flag} must be a finite positive number of seconds, got {value}")
         ranges.check(ranges.SECONDS, value, flag, what="option")
     cfg = TrainConfig(**kw)
     _check_given(cfg, args, given)
@@ -551,10 +518,8 @@ def config_from_argv(argv: Sequence[str], **overrides: Any) -> tuple[TrainConfig
 
 
 def _check_given(cfg: TrainConfig, args: argparse.Namespace, given: set[str]) -> None:
-    """What the user gave that the run would not use is refused in one line (never silently ignored): a
-    run option the scheduler does not take, a ``--scheduler`` other than the one that runs ``--plan``, and
-    ``--fit-repeats`` where no cost model is fitted (a plan, or a scheduler that plans nothing; with
-    ``--network`` a family's hook may still time on the live group, e.g. the top-k cost, so it stays)."""
+    """Refuse what the user gave that the run would not use: a run option the scheduler does not take, a
+    ``--scheduler`` other than ``--plan``'s, ``--fit-repeats`` where no cost model is fitted."""
     if cfg.plan is not None and "scheduler" in given and get_scheduler(args.scheduler).name != cfg.scheduler:
         raise ValueError(f"--scheduler {args.scheduler} disagrees with --plan {cfg.plan}, which '{cfg.scheduler}' "
                          f"runs; leave --scheduler out (the plan says who runs it) or give --scheduler "

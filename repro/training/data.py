@@ -1,13 +1,7 @@
-"""The batches ``repro train`` feeds its ranks: a real dataset's shard, or an endless synthetic stream.
-
-Two rules for a GPU (both hold on the CPU too, where they cost nothing):
-
-* synthetic batches are drawn on the training device by a generator that lives there
-  (``torch.Generator(device)``), so a step never waits for the host to make and copy a batch;
-* real batches come from a :class:`~torch.utils.data.DataLoader` with ``pin_memory`` on CUDA and
-  ``num_workers`` loader processes (:func:`loader_workers`), copied with ``non_blocking=True``.
-
-Both are deterministic given ``seed`` and the rank: a rerun sees the same batches.
+"""The batches ``repro train`` feeds its ranks: a real dataset's shard, or an endless synthetic stream,
+deterministic given ``seed`` and the rank. Synthetic batches are drawn on the training device by a
+generator that lives there; real ones come from a DataLoader (pinned on CUDA, :func:`loader_workers`
+processes) and are copied with ``non_blocking=True``.
 """
 
 from __future__ import annotations
@@ -44,10 +38,9 @@ def loader_workers(device: torch.device, requested: int | None = None) -> int:
 def epoch_batches(cfg: Any, rank: int, world: int, device: torch.device, epoch: int,
                   num_workers: int | None = None, *, generator: torch.Generator | None = None,
                   skip: int = 0) -> Iterator[tuple[Any, Any]]:
-    """(inputs, targets) on ``device`` for one epoch of ``cfg.dataset`` (rank ``rank``'s shard of
-    ``world``), or an endless synthetic stream when ``cfg.dataset`` is ``synthetic`` (drawn with
-    ``generator``, default :func:`batch_generator`). ``skip``: leave out the epoch's first ``skip``
-    batches without loading them (a resumed run; only their indices are drawn)."""
+    """(inputs, targets) on ``device`` for one epoch of rank ``rank``'s shard of ``cfg.dataset``, or an
+    endless synthetic stream (drawn with ``generator``, default :func:`batch_generator`). ``skip``: leave
+    out the epoch's first ``skip`` batches without loading them."""
     if cfg.dataset == "synthetic":
         from repro.workload.models import make_batch
 
@@ -59,8 +52,7 @@ def epoch_batches(cfg: Any, rank: int, world: int, device: torch.device, epoch: 
 
 def _epoch_loader(cfg: Any, rank: int, world: int, device: torch.device, epoch: int, num_workers: int | None,
                   skip: int = 0):
-    """Rank ``rank``'s DataLoader of ``epoch``; from its ``skip``-th batch on when ``skip`` > 0 (the same
-    batches of sample indices as the full epoch's, the first ``skip`` left out before any is loaded)."""
+    """Rank ``rank``'s DataLoader of ``epoch`` without its first ``skip`` batches (drawn, not loaded)."""
     from repro.workload.datasets import get_dataset, make_loader
 
     pinned = device.type == "cuda"
@@ -83,9 +75,8 @@ def _moved(it: Iterator, device: torch.device) -> Iterator[tuple[Any, Any]]:
 
 
 class Batches:
-    """Batches across epoch boundaries; ``epoch`` counts completed passes over the dataset, ``position``
-    the batches taken in the current one. :meth:`state` / :meth:`load_state` carry both (and the
-    synthetic stream's generator) into an in-run checkpoint (:mod:`repro.training.checkpoint`)."""
+    """Batches across epoch boundaries: ``epoch`` completed passes, ``position`` batches taken in the
+    current one; :meth:`state` / :meth:`load_state` carry them into a checkpoint."""
 
     def __init__(self, cfg: Any, rank: int, world: int, device: torch.device, num_workers: int | None = None) -> None:
         self.cfg, self.rank, self.world, self.device = cfg, rank, world, device
@@ -113,9 +104,8 @@ class Batches:
                 "generator": self._gen.get_state() if self._gen is not None else None}
 
     def load_state(self, state: dict[str, Any]) -> None:
-        """Continue from :meth:`state`. A real dataset's iterator of the epoch is made here, at once (its
-        DataLoader draws a seed from torch's global generator when it starts an epoch: the caller restores
-        that generator afterwards, as it was after the original draw)."""
+        """Continue from :meth:`state`. A real dataset's iterator is made at once: its DataLoader draws a
+        seed from torch's global generator, which the caller restores afterwards."""
         self.epoch, self.position = int(state["epoch"]), int(state["position"])
         if self._gen is not None:
             self._gen.set_state(state["generator"])

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import statistics
 from dataclasses import asdict
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -17,12 +17,15 @@ from torch import nn
 
 from repro.results.runs import BUCKETS_CSV, EPOCHS_CSV, ITERATIONS_CSV, TRACE_INRUN_JSON, RunWriter
 
+if TYPE_CHECKING:
+    from repro.training.config import TrainConfig
+
 __all__ = ["timing_row", "evaluate", "summarise", "run_environment", "write_run"]
 
 
 def timing_row(timing: Any, origin_s: float) -> dict[str, Any]:
-    """One ``buckets.csv`` row from an executor's timing record, whatever its fields: its own ``row``
-    (times after ``origin_s``), else :func:`repro.runtime.executor.timing_row`."""
+    """One ``buckets.csv`` row from an executor's timing record (times after ``origin_s``): its own
+    ``row``, else :func:`repro.runtime.executor.timing_row`."""
     if hasattr(timing, "row"):
         return timing.row(origin_s)
     from repro.runtime.executor import timing_row as record_row
@@ -36,18 +39,11 @@ BATCHNORM_BATCHES = 8
 
 @torch.no_grad()
 def batchnorm_statistics(cfg: Any, model: nn.Module, device, group=None, batches: int = BATCHNORM_BATCHES):
-    """Re-estimate every BatchNorm's running mean and variance for the weights about to be evaluated
-    ("precise BN"): reset them, run ``batches`` training batches of this rank's shard forward with only
-    the BatchNorm layers in train mode (a cumulative average: momentum None; the rest of the model, and
-    any exchange hooked on it, in eval mode), and average them over the trainers so that every rank
-    evaluates the same model. Returns what :func:`restore_batchnorm` puts back (None: no BatchNorm, or
-    synthetic data). A loader of its own (seed + 1) leaves the training data order untouched, and the
-    buffers are restored afterwards, so the training trajectory is the same with or without it.
-
-    Why: the running averages (momentum 0.1) describe the weights of the last ~10 steps. Under top-k
-    sparsification with error feedback an entry moves in bursts about every 1/density steps, so the
-    averages lag the weights: measured on tiny_resnet/digits, the same weights scored 27% with the
-    running averages and 58% with re-estimated ones (issue 24's OMGS "non-convergence")."""
+    """Re-estimate every BatchNorm's running statistics for the weights about to be evaluated ("precise
+    BN"): ``batches`` training batches of this rank's shard (a loader of its own, seed + 1) forward with
+    only BatchNorm in train mode (cumulative average), then averaged over the trainers. Returns what
+    :func:`restore_batchnorm` puts back (None: no BatchNorm, or synthetic data), so training is unchanged.
+    The running averages lag the weights when they move in bursts (top-k with error feedback)."""
     from repro.workload.datasets import get_dataset, make_loader
 
     norms = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.track_running_stats]
@@ -88,11 +84,9 @@ def restore_batchnorm(saved) -> None:
 
 @torch.no_grad()
 def evaluate(cfg: TrainConfig, model: nn.Module, epoch: int, rows: list[dict], device, group=None) -> dict[str, Any]:
-    """Loss and accuracy on the dataset's test split (each rank a shard, sums over ranks) and the mean
-    train loss of the epoch, with BatchNorm's statistics re-estimated for these weights first
-    (:func:`batchnorm_statistics`). Classifiers: per-sample cross-entropy and top-1 accuracy. Language models
-    (kind ``lm``): per-token cross-entropy (nats) as ``test_loss``, next-token accuracy as
-    ``test_accuracy`` and ``test_perplexity = exp(test_loss)``."""
+    """Loss and accuracy on the test split (sums over the ranks' shards), after
+    :func:`batchnorm_statistics`, and the epoch's mean train loss. Language models: per-token
+    cross-entropy (nats), next-token accuracy and ``test_perplexity = exp(test_loss)``."""
     from repro.workload.datasets import get_dataset, make_loader
     from repro.workload.models import get_spec
 
@@ -123,9 +117,8 @@ def evaluate(cfg: TrainConfig, model: nn.Module, epoch: int, rows: list[dict], d
 
 
 def summarise(cfg, run_id, rows, compute_times, plan, trace, device, ranks: Any = None) -> dict[str, Any]:
-    """The run's summary: the slowest training rank's median iteration and compute times, and what they
-    give (exposed communication, throughput). ``ranks``: the loop's trainers (group, size, servers); None:
-    every rank trains."""
+    """The run's summary: the slowest training rank's median iteration and compute times (seconds), exposed
+    communication and throughput. ``ranks``: the trainers (group, size, servers); None: every rank."""
     group, world, servers = (ranks.group, ranks.size, ranks.servers) if ranks is not None else \
         (None, dist.get_world_size(), 0)
     iters = [r["iteration_s"] for r in rows]
@@ -142,7 +135,6 @@ def summarise(cfg, run_id, rows, compute_times, plan, trace, device, ranks: Any 
             "backward_call_s": bwd,
             "trace_backward_s": trace.total_backward_s if trace is not None else None,
             "batch_size": cfg.batch_size,
-            # what the exchange sent: a given plan's wire dtype (its executor applies it), else the flag's
             "wire_dtype": (getattr(plan, "wire_dtype", None) or cfg.wire_dtype) or "float32",
             "iteration_s": iteration_s, "compute_s": compute_s,
             "exposed_comm_s": max(0.0, iteration_s - compute_s),
@@ -152,7 +144,7 @@ def summarise(cfg, run_id, rows, compute_times, plan, trace, device, ranks: Any 
 
 
 def run_environment() -> dict[str, Any]:
-    """The environment of this rank worth keeping with a run: versions, devices, CPUs and threads."""
+    """This rank's versions, devices, CPUs and threads."""
     from repro.results.tables import environment
     from repro.launch.cpus import available_cpus
 
@@ -174,7 +166,7 @@ def write_run(cfg, summary, rows, epoch_rows, bucket_rows, trace, inrun_trace, p
             w.table(EPOCHS_CSV, pd.DataFrame(epoch_rows).assign(run_id=run_id))
         if bucket_rows:
             w.table(BUCKETS_CSV, pd.DataFrame(bucket_rows).assign(run_id=run_id))
-        for name, table_rows in (extra_tables or {}).items():  # e.g. a tuner's trials
+        for name, table_rows in (extra_tables or {}).items():
             if table_rows:
                 w.table(f"{name}.csv", pd.DataFrame(table_rows).assign(run_id=run_id))
         if trace is not None:

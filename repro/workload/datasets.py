@@ -1,18 +1,9 @@
 """Datasets for training runs, and a loader that shards them over data-parallel ranks.
 
 Nothing is downloaded: real datasets are read from ``data/datasets/`` (:func:`repro.core.paths.data_dir`;
-``REPRO_DATA_DIR`` overrides it), and a missing one raises :class:`DatasetNotFoundError` naming the file,
-the layout and where to get it. :func:`get_dataset` builds any by name:
-
-* :func:`synthetic`: fixed random batches from the model registry, for throughput runs;
-* :func:`digits`: scikit-learn's 8x8 digits resized to 3x32x32 (tiny-scale convergence runs);
-* :func:`cifar10`: ``cifar10/cifar-10-batches-bin/`` (the standard binary layout);
-* :func:`imagenet`: ``imagenet/{train,val}/<class>/<image>``;
-* :func:`ptb`: Penn Treebank, word level, ``ptb/ptb.{train,valid,test}.txt``;
-* :func:`pydoc`: English text shipped with Python (``pydoc_data.topics``), word level, when PTB is absent.
-
-:func:`make_loader` gives rank ``rank`` of ``world_size`` its shard (a ``DistributedSampler``; no
-process group needed)::
+``REPRO_DATA_DIR`` overrides it), and a missing one raises :class:`DatasetNotFoundError` saying where
+to get it. :func:`get_dataset` builds any of :data:`DATASETS` by name; :func:`make_loader` gives a rank
+its shard::
 
     loader = make_loader(get_dataset("digits", split="train"), 32, rank=rank, world_size=world_size, seed=0)
     loader.sampler.set_epoch(epoch)      # every epoch: a new shuffle, the same on every rank
@@ -22,6 +13,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections import Counter
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -67,10 +59,6 @@ def _root(root: str | Path | None, default: str) -> Path:
     return Path(root) if root is not None else data_dir() / default
 
 
-# ---------------------------------------------------------------------------------------------
-# Image datasets held as uint8 (a quarter of the memory of float32; converted per sample)
-# ---------------------------------------------------------------------------------------------
-
 class UInt8ImageDataset(Dataset):
     """Images ``(N, C, H, W)`` uint8 and labels ``(N,)`` int64; a sample is ``(image, label)`` with
     the image as float32 scaled to [0, 1] and, if ``mean``/``std`` are given, normalised per channel."""
@@ -93,20 +81,12 @@ class UInt8ImageDataset(Dataset):
         return x, self.labels[index]
 
 
-# ---------------------------------------------------------------------------------------------
-# scikit-learn's digits
-# ---------------------------------------------------------------------------------------------
-
 def digits(split: str = "train", image_size: int = 32, channels: int = 3, test_fraction: float = 0.2,
            seed: int = 0) -> TensorDataset:
-    """scikit-learn's handwritten digits (1797 8x8 images, 10 classes) as ``(C, S, S)`` float images.
-
-    Pixels (0..16) are scaled to [0, 1], normalised with the mean and standard deviation of the
-    training split's pixels, resized to ``image_size`` (bilinear) and repeated to ``channels``, so
-    the default 3x32x32 fits ``tiny_resnet`` and ``tiny_vgg``. The train/test split is stratified
-    and depends only on ``test_fraction`` and ``seed`` (``test_fraction=0.2``: 1437 train, 360 test).
-    Samples are in the order of scikit-learn's array.
-    """
+    """scikit-learn's handwritten digits (1797 8x8 images, 10 classes) as ``(C, S, S)`` float images:
+    normalised with the training pixels' mean and std, resized (bilinear) and repeated to ``channels``
+    (3x32x32 fits the tiny vision models). Stratified split from ``test_fraction`` and ``seed``
+    (0.2: 1437 train, 360 test), samples in scikit-learn's order."""
     _check_choice("split", split, ("train", "test"))
     _check_positive_int("image_size", image_size)
     _check_positive_int("channels", channels)
@@ -133,10 +113,6 @@ def digits(split: str = "train", image_size: int = 32, channels: int = 3, test_f
     return TensorDataset(x, torch.from_numpy(labels[idx]))
 
 
-# ---------------------------------------------------------------------------------------------
-# CIFAR-10 (binary version)
-# ---------------------------------------------------------------------------------------------
-
 def _read_cifar_file(path: Path) -> tuple[np.ndarray, np.ndarray]:
     size = path.stat().st_size
     if size == 0 or size % _CIFAR_RECORD:
@@ -153,15 +129,10 @@ def _read_cifar_file(path: Path) -> tuple[np.ndarray, np.ndarray]:
 
 def cifar10(root: str | Path | None = None, split: str = "train", normalize: bool = True
             ) -> UInt8ImageDataset:
-    """CIFAR-10 from the standard binary layout, read with numpy.
-
-    Files: ``<root>/cifar-10-batches-bin/data_batch_{1..5}.bin`` (train, 50,000 images) and
-    ``test_batch.bin`` (test, 10,000); each record is 1 label byte then 3072 bytes of a 3x32x32
-    image in CHW order. ``root`` defaults to ``data/datasets/cifar10``; a ``root`` that directly holds the
-    ``.bin`` files works too. Samples are float32 in [0, 1], normalised with
-    :data:`CIFAR10_MEAN` / :data:`CIFAR10_STD` if ``normalize``; the raw bytes stay in
-    ``dataset.images`` (uint8) and ``dataset.labels``. No augmentation is applied.
-    """
+    """CIFAR-10 from the standard binary layout: ``<root>/cifar-10-batches-bin/data_batch_{1..5}.bin``
+    (train, 50,000) and ``test_batch.bin`` (10,000), or those files directly in ``root`` (default
+    ``data/datasets/cifar10``). Samples are float32 in [0, 1], normalised with :data:`CIFAR10_MEAN` /
+    :data:`CIFAR10_STD` if ``normalize``; no augmentation."""
     _check_choice("split", split, ("train", "test"))
     root = _root(root, "cifar10")
     folder = root / "cifar-10-batches-bin"
@@ -183,18 +154,10 @@ def cifar10(root: str | Path | None = None, split: str = "train", normalize: boo
     return UInt8ImageDataset(images, labels)
 
 
-# ---------------------------------------------------------------------------------------------
-# ImageNet (a folder per class)
-# ---------------------------------------------------------------------------------------------
-
 def imagenet(root: str | Path | None = None, split: str = "train", image_size: int = 224) -> Dataset:
-    """An ImageNet-style folder, ``<root>/<split>/<class>/<image>``, as a torchvision ``ImageFolder``.
-
-    ``root`` defaults to ``data/datasets/imagenet``. Classes are the sub-folder names in sorted order (label
-    = index). Transforms: train = random resized crop to ``image_size`` + horizontal flip; val =
-    resize the short side to ``image_size * 256 / 224`` + center crop; both then to a float tensor
-    normalised with :data:`IMAGENET_MEAN` / :data:`IMAGENET_STD`.
-    """
+    """An ImageNet-style folder, ``<root>/<split>/<class>/<image>`` (``root``: ``data/datasets/imagenet``),
+    as a torchvision ``ImageFolder`` (labels: sorted class folders). Train: random resized crop and flip;
+    val: resize to ``image_size * 256 / 224`` and center crop; both normalised (:data:`IMAGENET_MEAN`)."""
     _check_choice("split", split, ("train", "val"))
     _check_positive_int("image_size", image_size)
     from torchvision import datasets, transforms
@@ -222,10 +185,6 @@ def imagenet(root: str | Path | None = None, split: str = "train", image_size: i
         raise DatasetNotFoundError(f"ImageNet not usable in {folder}: {e}; {hint}") from e
 
 
-# ---------------------------------------------------------------------------------------------
-# Penn Treebank (word level)
-# ---------------------------------------------------------------------------------------------
-
 class TokenSequences(TensorDataset):
     """``(input, target)`` pairs of token-id sequences (targets = inputs shifted by one token);
     ``vocab[i]`` is the word with id ``i``."""
@@ -243,13 +202,9 @@ def _words(path: Path) -> list[str]:
 def ptb(root: str | Path | None = None, split: str = "train", seq_len: int = 35) -> TokenSequences:
     """Penn Treebank, word level, from ``<root>/ptb.{train,valid,test}.txt`` (``root``: ``data/datasets/ptb``).
 
-    Each line's words are followed by ``<eos>``. The vocabulary is built from the training file
-    (ids in order of first appearance; ``<unk>`` is added if absent and stands for any word of
-    valid/test not in it), so every split needs ``ptb.train.txt``; the standard files give 10,000
-    words. The split's token stream is cut into ``len // seq_len`` non-overlapping sequences of
-    ``seq_len`` tokens (the last token only as a target); with the stream ``t``, sample ``i`` is
-    ``(t[i*S : (i+1)*S], t[i*S+1 : (i+1)*S+1])``. Pass ``num_classes=len(dataset.vocab)`` to the
-    language models if the vocabulary differs from theirs.
+    ``<eos>`` ends each line. The vocabulary comes from ``ptb.train.txt`` (ids by first appearance;
+    ``<unk>`` for unknown words). With the token stream ``t`` and ``S = seq_len``, sample ``i`` is
+    ``(t[i*S : (i+1)*S], t[i*S+1 : (i+1)*S+1])``.
     """
     _check_choice("split", split, ("train", "valid", "test"))
     _check_positive_int("seq_len", seq_len)
@@ -282,10 +237,6 @@ def _cut(words: Sequence[str], vocab: Sequence[str], seq_len: int, what: str) ->
     return TokenSequences(stream[:-1].view(n, seq_len), stream[1:].view(n, seq_len), vocab)
 
 
-# ---------------------------------------------------------------------------------------------
-# Python's own help text (pydoc_data.topics, standard library)
-# ---------------------------------------------------------------------------------------------
-
 _PYDOC_WORD = re.compile(r"[a-z]+(?:'[a-z]+)?|[0-9]+")
 
 
@@ -306,21 +257,12 @@ def pydoc_words() -> list[str]:
 
 def pydoc(split: str = "train", seq_len: int = 35, vocab_size: int = 1000,
           valid_fraction: float = 0.1, test_fraction: float = 0.1) -> TokenSequences:
-    """Word-level language-model data from the Python documentation's help texts, nothing downloaded.
+    """Word-level language-model data from the running Python's help texts (``pydoc_data.topics``),
+    nothing downloaded; deterministic for one interpreter.
 
-    The text is ``pydoc_data.topics.topics`` of the running Python's standard library: the reference
-    manual sections that ``help("if")``, ``help("assert")`` and the like print (language keywords,
-    statements, operators, special methods; 79 topics, about 70,000 words, in Python 3.11). It is
-    English technical prose with code, so it differs from PTB's news text; it also changes a little
-    from one Python version to the next (the dataset is deterministic for one interpreter).
-
-    Words: :func:`pydoc_words` (lower case, numbers as ``N``, ``<eos>`` after every line). The
-    stream is split contiguously: the first ``1 - valid_fraction - test_fraction`` of it is
-    ``train``, then ``valid``, then ``test`` (no shuffling). The vocabulary comes from the training
-    part: ``<eos>``, ``<unk>`` and the ``vocab_size - 2`` most frequent other words (ties: first
-    appearance first), so ``len(dataset.vocab) <= vocab_size`` (1000 by default, ``tiny_lstm``'s);
-    every rarer word, and any word of valid/test not in it, is ``<unk>``. Sequences are cut as in
-    :func:`ptb`.
+    The :func:`pydoc_words` stream is split contiguously into train, valid and test. The vocabulary is
+    ``<eos>``, ``<unk>`` and the training part's ``vocab_size - 2`` most frequent other words (ties:
+    first appearance first); any other word is ``<unk>``. Sequences are cut as in :func:`ptb`.
     """
     _check_choice("split", split, ("train", "valid", "test"))
     _check_positive_int("seq_len", seq_len)
@@ -336,43 +278,25 @@ def pydoc(split: str = "train", seq_len: int = 35, vocab_size: int = 1000,
     a = round(len(words) * (1 - valid_fraction - test_fraction))
     b = round(len(words) * (1 - test_fraction))
     parts = {"train": words[:a], "valid": words[a:b], "test": words[b:]}
-    counts: dict[str, int] = {}
-    for w in parts["train"]:
-        counts[w] = counts.get(w, 0) + 1
+    counts = Counter(parts["train"])
     counts.pop("<eos>", None)
     ranked = sorted(counts, key=lambda w: -counts[w])   # stable: ties keep first appearance
     vocab = ["<eos>", "<unk>"] + ranked[:vocab_size - 2]
     return _cut(parts[split], vocab, seq_len, f"pydoc ({split} split)")
 
 
-# ---------------------------------------------------------------------------------------------
-# Synthetic batches
-# ---------------------------------------------------------------------------------------------
-
 def synthetic(model_name: str, batch_size: int, num_batches: int, seed: int = 0,
               device: str | torch.device = "cpu", **model_kwargs: Any) -> list[tuple[Any, Any]]:
-    """``num_batches`` random ``(inputs, targets)`` batches of ``model_name`` (already batched: iterate
-    the list directly, not through :func:`make_loader`), from :func:`repro.workload.models.make_batch` with
-    a generator seeded by ``seed`` (give ranks different seeds for different data).
-    ``model_kwargs`` go to ``make_batch`` (e.g. ``seq_len``)."""
+    """``num_batches`` random ``(inputs, targets)`` batches of ``model_name`` (iterate the list directly,
+    not through :func:`make_loader`) from :func:`repro.workload.models.make_batch`, seeded by ``seed``."""
     _check_positive_int("num_batches", num_batches)
     gen = torch.Generator().manual_seed(seed)
     return [make_batch(model_name, batch_size, device=device, generator=gen, **model_kwargs)
             for _ in range(num_batches)]
 
 
-# ---------------------------------------------------------------------------------------------
-# Registry and loader
-# ---------------------------------------------------------------------------------------------
-
 DATASETS: dict[str, Callable[..., Any]] = {
-    "digits": digits,
-    "cifar10": cifar10,
-    "imagenet": imagenet,
-    "ptb": ptb,
-    "pydoc": pydoc,
-    "synthetic": synthetic,
-}
+    f.__name__: f for f in (digits, cifar10, imagenet, ptb, pydoc, synthetic)}
 DATASET_NAMES: tuple[str, ...] = tuple(DATASETS)
 
 
@@ -387,21 +311,10 @@ def get_dataset(name: str, **kwargs: Any) -> Any:
 def make_loader(dataset: Dataset, batch_size: int, *, rank: int = 0, world_size: int = 1,
                 shuffle: bool = True, seed: int = 0, drop_last: bool = True,
                 num_workers: int = 0, pin_memory: bool = False) -> DataLoader:
-    """A ``DataLoader`` over rank ``rank``'s shard of ``dataset`` (``world_size`` ranks).
-
-    Sharding is ``DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=shuffle,
-    seed=seed, drop_last=drop_last)``: each epoch every rank draws the same permutation (from
-    ``seed`` and the epoch) and takes every ``world_size``-th index from position ``rank``, so the
-    shards are disjoint. Every rank gets the same number of samples and batches, as synchronous
-    training needs: with ``drop_last=True`` the ``len % world_size`` leftover samples and each
-    rank's incomplete last batch are dropped; with ``drop_last=False`` the sampler repeats up to
-    ``world_size - 1`` samples to even the shards out and the last batch may be smaller.
-
-    ``num_workers`` loader processes; ``pin_memory`` (for a CUDA device) pins the batches in page-locked
-    memory, so that ``.to(device, non_blocking=True)`` copies them while the GPU computes.
-
-    Call ``loader.sampler.set_epoch(epoch)`` at the start of every epoch, with the same ``epoch``
-    (and ``seed``) on all ranks: without it every epoch repeats the first epoch's order.
+    """A ``DataLoader`` over rank ``rank``'s shard of ``dataset``: a ``DistributedSampler`` with these
+    arguments, so every rank gets the same number of samples and batches (``drop_last=False`` repeats up
+    to ``world_size - 1`` samples and may end with a smaller batch). ``pin_memory`` is for a CUDA device.
+    Call ``loader.sampler.set_epoch(epoch)`` every epoch, the same on all ranks.
     """
     _check_positive_int("batch_size", batch_size)
     _check_positive_int("world_size", world_size)

@@ -1,27 +1,17 @@
 """Estimate per-layer forward/backward times of a model on a named GPU (no hardware needed).
 
-Every trace produced here is an ESTIMATE, labelled as such: ``device`` reads e.g.
-``"V100 (estimate)"`` and ``extra`` holds ``{"estimate": True, "source": "estimate", "gpu": ...,
-"assumptions": {...}}``. Prefer a measured trace (:func:`repro.workload.profile.profile_model`) when the
-hardware is at hand.
-
-Method: build the model on the meta device and run one training forward + backward on a synthetic batch
-under a ``TorchDispatchMode`` that sees every ATen operator. Per operator, FLOPs come from
-``torch.utils.flop_counter``'s formulas (a multiply-add is 2 FLOPs) and bytes are its tensor inputs and
-outputs (views and allocations are free); backward operators are the real backward kernels. Seconds::
+Every trace here is an ESTIMATE, labelled as such (``device`` e.g. ``"V100 (estimate)"``,
+``extra["estimate"]``, ``extra["assumptions"]``); prefer :func:`repro.workload.profile.profile_model`
+when the hardware is at hand. The model runs one training step on the meta device under a dispatch
+mode that charges every ATen operator (FLOPs from ``torch.utils.flop_counter``, bytes its tensors')::
 
     seconds = max(flops / (peak_flops * COMPUTE_EFFICIENCY),
                   bytes / (memory_bandwidth * MEMORY_EFFICIENCY)) + KERNEL_OVERHEAD_S
 
-with the peak of the operator's kind and dtype (:func:`_op_kind`): 16-bit convolutions and matmuls on
-tensor cores (times :data:`TENSOR_CORE_EFFICIENCY`), float32 matmuls on CUDA cores, float32
-convolutions on TF32 tensor cores where the GPU has them (PyTorch's default), every other operator
-memory-bound. ``amp=True`` (the default) models autocast with float32 master weights: activations
-16-bit, the ops autocast keeps in float32 (:data:`_AUTOCAST_FP32_OPS`) 4-byte, and each weight cast to
-16 bits in forward and its gradient back in backward; ``amp=False`` models pure 16-bit training.
-
-The seconds advance a virtual clock read by the profiler's hooks (:mod:`repro.workload.recording`), so
-time is charged to layers exactly as in a measured trace (:mod:`repro.workload.profile`).
+with the peak of the operator's kind and dtype (16-bit convolutions and matmuls on tensor cores,
+float32 convolutions on TF32 where the GPU has it, the rest memory-bound). The seconds advance a
+virtual clock read by the profiler's hooks (:mod:`repro.workload.recording`), so time is charged to
+layers as in a measured trace.
 """
 
 from __future__ import annotations
@@ -36,7 +26,7 @@ from torch.utils._pytree import tree_leaves
 from torch.utils.flop_counter import FlopCounterMode, flop_registry
 
 from repro.workload.models import build_model, compute_loss, get_spec, make_batch
-from repro.workload.layers import VIEWS, learnable_params, unit_name, unit_sizes
+from repro.workload.layers import _check_view, learnable_params, unit_name, unit_sizes
 from repro.workload.recording import Recorder, attribute, resolve
 from repro.core.trace import Layer, Trace
 
@@ -54,53 +44,27 @@ class GpuSpec:
     fp16_flops: float        # peak fp16 FLOP/s for matmul/conv (tensor cores where present, dense)
     memory_bandwidth: float  # peak memory bandwidth, bytes/s
     variant: str             # which product/variant the numbers are for
-    # Per-GPU overrides of COMPUTE_EFFICIENCY / MEMORY_EFFICIENCY (None: use the module defaults).
-    compute_efficiency: float | None = None
-    memory_efficiency: float | None = None
-    # Dense TF32 tensor-core peak, FLOP/s (None: no TF32; Volta and older).
-    tf32_flops: float | None = None
-    # Dense bf16 tensor-core peak, FLOP/s (None: no bfloat16 support; Volta and older).
-    bf16_flops: float | None = None
+    compute_efficiency: float | None = None  # overrides COMPUTE_EFFICIENCY (None: the default)
+    memory_efficiency: float | None = None   # overrides MEMORY_EFFICIENCY
+    tf32_flops: float | None = None          # dense TF32 tensor-core peak, FLOP/s (None: no TF32)
+    bf16_flops: float | None = None          # dense bf16 tensor-core peak, FLOP/s (None: no bfloat16)
 
 
-# Numbers from the NVIDIA datasheets (boost clocks, dense i.e. without structured sparsity).
+# NVIDIA datasheet peaks (boost clocks, dense); sources and the K80 / P102 assumptions in
+# docs/design/runtime.md.
 GPU_SPECS: dict[str, GpuSpec] = {g.name: g for g in [
-    # Tesla K80 datasheet: 8.73 TFLOPS fp32 with GPU Boost and 480 GB/s for the board, which holds
-    # two GK210 dies; the papers count one die as one GPU, so half of each. Kepler has no fast fp16:
-    # fp16 runs at the fp32 rate.
-    # ASSUMPTION (K80 only): compute efficiency 0.35 and memory efficiency 0.7. Under training load
-    # a K80 die rarely holds its boost clock (autoboost under a 150 W per-die power cap) and
-    # Kepler-era cuDNN reaches a lower fraction of peak; ECC on GDDR5 costs bandwidth. 0.35 puts
-    # ResNet-50 at batch 32 near 50 images/s, the K80 figure of TensorFlow's published benchmarks
-    # (tf_cnn_benchmarks 2017, synthetic data, batch 32: 49.5 images/s per die).
+    # half a board (one GK210 die per GPU, as the papers count); fp16 at the fp32 rate.
+    # ASSUMPTION: efficiencies 0.35 / 0.7 (ResNet-50 batch 32 near tf_cnn_benchmarks' 49.5 images/s)
     GpuSpec("K80", 8.73e12 / 2, 8.73e12 / 2, 480e9 / 2, "Tesla K80, one GK210 die (half a board)",
             compute_efficiency=0.35, memory_efficiency=0.7),
-    # Tesla P100 (SXM2/NVLink) datasheet: 10.6 TFLOPS fp32, 21.2 TFLOPS fp16, 732 GB/s HBM2.
     GpuSpec("P100", 10.6e12, 21.2e12, 732e9, "Tesla P100 SXM2"),
-    # Tesla V100 (SXM2) datasheet: 15.7 TFLOPS fp32, 125 TFLOPS tensor, 900 GB/s HBM2.
-    # (The PCIe card: 14 / 112 TFLOPS, 900 GB/s. The MG-WFBP journal does not say which.)
-    GpuSpec("V100", 15.7e12, 125e12, 900e9, "Tesla V100 SXM2"),
-    # A100 (SXM4 80GB) datasheet: 19.5 TFLOPS fp32, 312 TFLOPS fp16/bf16 tensor, 156 TFLOPS TF32
-    # tensor, 2,039 GB/s HBM2e (dense figures; the datasheet's starred ones are with sparsity).
+    GpuSpec("V100", 15.7e12, 125e12, 900e9, "Tesla V100 SXM2"),  # MG-WFBP's journal: SXM2 or PCIe?
     GpuSpec("A100", 19.5e12, 312e12, 2039e9, "A100 SXM4 80GB", tf32_flops=156e12, bf16_flops=312e12),
-    # H100 (SXM5) datasheet: 67 TFLOPS fp32, 989 TFLOPS fp16/bf16 tensor (1,979 with sparsity),
-    # 494.7 TFLOPS TF32 tensor (989 with sparsity), 3.35 TB/s HBM3.
     GpuSpec("H100", 67e12, 989e12, 3.35e12, "H100 SXM5", tf32_flops=494.7e12, bf16_flops=989e12),
-    # H200 (SXM) datasheet: the H100 SXM's GH100 compute (67 TFLOPS fp32, 989 TFLOPS dense fp16/bf16
-    # tensor, 494.7 dense TF32) with 141 GB HBM3e at 4.8 TB/s. Dense peaks as tabulated from the
-    # Hopper whitepaper at https://glennklockwood.com/garden/processors/h100 (FP32 66.9, TF32 494.7,
-    # FP16/BF16 989.4 TFLOPS); bandwidth from NVIDIA's H200 page (4.8 TB/s). The GPU of the measured
-    # traces data/traces/*_h200-*.json.
+    # H100's GH100 compute (Hopper whitepaper's dense peaks) with 4.8 TB/s HBM3e
     GpuSpec("H200", 66.9e12, 989.4e12, 4.8e12, "H200 SXM 141GB", tf32_flops=494.7e12, bf16_flops=989.4e12),
-    # P102-100, the OMGS-SGD paper's GPU: a GP102 crypto-mining board (no display outputs, PCIe x4)
-    # for which NVIDIA publishes no datasheet. Numbers from the TechPowerUp GPU Database entry as
-    # reproduced at https://sysrqmts.com/gpus/compare/nvidia-jetson-tk1-gpu-vs-nvidia-p102-100 and
-    # https://llmperf.net/categories/gpu/Nvidia-P102-100-GPUs: 3,200 CUDA cores (25 SMs), boost
-    # 1,683 MHz, so 2 * 3200 * 1.683e9 = 10.77 TFLOPS fp32; 5 GB GDDR5X on a 320-bit bus at 11 Gbps,
-    # 440.3 GB/s. ESTIMATE twice over: the peaks are third-party, and the efficiencies are the module
-    # defaults of the datasheet GPUs (no P102-100 training benchmark to tune them against). Pascal
-    # GP102 computes fp16 at 1/64 of the fp32 rate; cuDNN then runs fp16 layers with fp32 arithmetic,
-    # so fp16 is given the fp32 rate (as for the K80).
+    # OMGS-SGD's mining board, no datasheet: third-party peaks (3,200 cores at 1,683 MHz, 440.3 GB/s),
+    # default efficiencies; fp16 at the fp32 rate (cuDNN computes GP102's fp16 layers in fp32)
     GpuSpec("P102", 2 * 3200 * 1.683e9, 2 * 3200 * 1.683e9, 440.3e9,
             "P102-100 (GP102 mining board, 3200 cores, 5 GB GDDR5X; third-party specs)"),
 ]}
@@ -109,35 +73,20 @@ _GPU_ALIASES = {"p102-100": "p102"}  # full product names of table entries, lowe
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
-#: ASSUMPTION: fraction of peak FLOP/s that cuDNN/cuBLAS convolutions and matmuls reach in training
-#: (large fp32 GEMMs and convolutions reach 80-90% of peak on V100-class GPUs, small and 1x1 ones
-#: less). With it the V100 fp32 ResNet-50 estimate at batch 32 is ~360 images/s for forward +
-#: backward, next to the 367 images/s NVIDIA publishes for whole training iterations of ResNet-50
-#: v1.5 in PyTorch on a V100 16GB (DeepLearningExamples, FP32, 1 GPU).
+#: ASSUMPTION: fraction of peak FLOP/s cuDNN/cuBLAS convolutions and matmuls reach in training (V100 fp32
+#: ResNet-50 at batch 32: ~360 images/s, next to NVIDIA's published 367)
 COMPUTE_EFFICIENCY = 0.8
-#: ASSUMPTION: fraction of peak memory bandwidth that elementwise/normalisation kernels reach
-#: (STREAM-like kernels reach 80-90% of the HBM2 datasheet bandwidth).
+#: ASSUMPTION: fraction of peak memory bandwidth elementwise/normalisation kernels reach (STREAM-like)
 MEMORY_EFFICIENCY = 0.85
-#: ASSUMPTION: fixed cost per kernel (launch and tail), seconds, added to every non-view operator.
+#: ASSUMPTION: fixed cost per kernel (launch and tail), seconds, added to every non-view operator
 KERNEL_OVERHEAD_S = 5e-6
-#: ASSUMPTION: fraction of the dense tensor-core peak (fp16/bf16, and TF32 for float32 convolutions
-#: where PyTorch allows it) reached in training, per operator kind (not per model):
-#:
-#: - ``"matmul"``: 0.66. Markidis et al., "NVIDIA Tensor Core Programmability, Performance &
-#:   Precision" (IPDPSW 2018, arXiv 1803.04014) measure cuBLAS mixed-precision GEMM on a V100 at up
-#:   to 83 TFLOPS, 0.66 of the SXM2 datasheet's 125.
-#: - ``"conv"``: 0.5. cuDNN's tensor-core convolutions reach less of the peak than GEMM does
-#:   (im2col/implicit-GEMM tiles, layout transforms of NCHW tensors, many small or 1x1 layers of
-#:   modest channel counts). Checked, not fitted per model, against NVIDIA's published ResNet-50 v1.5
-#:   PyTorch training throughput on one V100 16GB (DeepLearningExamples,
-#:   PyTorch/Classification/ConvNets/resnet50v1.5/README.md, "Training performance: NVIDIA DGX-1
-#:   16GB"): 367 img/s FP32 against 1,200 img/s mixed precision, 3.26x; this model gives 3.31x at batch
-#:   64 and 3.17x at batch 32 (tests/test_estimate.py holds it within a band of 3.26).
+#: ASSUMPTION: fraction of the dense tensor-core peak reached in training, per operator kind: matmul 0.66
+#: (Markidis et al. 2018: cuBLAS GEMM at 83 of a V100's 125 TFLOPS), conv 0.5 (checked against NVIDIA's
+#: ResNet-50 mixed-precision speed-up on a V100; docs/design/runtime.md)
 TENSOR_CORE_EFFICIENCY = {"matmul": 0.66, "conv": 0.5}
 
-#: Operators torch.autocast runs in float32 whatever their inputs (PyTorch docs, "Automatic Mixed
-#: Precision package - torch.amp", "CUDA Ops that can autocast to float32"), as the ATen operators
-#: they reach, with their backward kernels: their tensors are charged 4 bytes per element under amp.
+#: ATen operators (and their backward kernels) torch.autocast runs in float32 whatever their inputs
+#: (PyTorch's amp docs): charged 4 bytes per element under amp.
 _AUTOCAST_FP32_NAMES = (
     "_softmax", "_log_softmax", "_softmax_backward_data", "_log_softmax_backward_data",
     "native_layer_norm", "native_layer_norm_backward", "native_group_norm", "native_group_norm_backward",
@@ -183,7 +132,8 @@ def _tensor_bytes(t: torch.Tensor) -> int:
 
 
 class _RooflineMode(TorchDispatchMode):
-    """Charges every ATen operator its roofline time on a virtual clock."""
+    """Charges every ATen operator its roofline time on a virtual clock; :meth:`stamp` (seconds, FLOPs,
+    bytes so far) is the recorder's clock, read back per component by :func:`_component`."""
 
     def __init__(self, gpu: GpuSpec, dtype: str, compute_efficiency: float,
                  memory_efficiency: float, kernel_overhead_s: float, amp: bool = False,
@@ -264,22 +214,6 @@ def _cast_params(model: torch.nn.Module, params: list) -> list:
     return [p for p in params if isinstance(model.get_submodule(p.owner), kinds)]
 
 
-class _VirtualClock:
-    """Profiler clock whose markers are (seconds, FLOPs, bytes) so far on the roofline mode."""
-
-    def __init__(self, mode: _RooflineMode) -> None:
-        self.mode = mode
-
-    def stamp(self) -> tuple[float, int, int]:
-        return self.mode.stamp()
-
-    def sync(self) -> None:
-        pass
-
-    def elapsed(self, a: tuple[float, int, int], b: tuple[float, int, int]) -> float:
-        return b[0] - a[0]
-
-
 def _component(k: int) -> Callable[[Any, Any], float]:
     return lambda a, b: float(b[k] - a[k])
 
@@ -304,16 +238,13 @@ def estimate_trace(model_name: str, batch_size: int, gpu: str | GpuSpec = "V100"
                    **model_kwargs: Any) -> Trace:
     """Roofline estimate of ``model_name`` at ``batch_size`` on ``gpu``, as a labelled :class:`Trace`.
 
-    ``dtype="float16"`` / ``"bfloat16"`` model 16-bit training on tensor cores: with ``amp=True``
-    (default) autocast with float32 master weights (see the module docstring), with ``amp=False``
-    pure 16-bit training; either way gradient bytes are 2 per parameter (the 16-bit gradients the
-    papers' FP16 runs send). ``tf32_conv`` (default True, PyTorch's default) runs float32
-    convolutions on TF32 tensor cores where the GPU has them. ``tensor_core_efficiency`` overrides
-    :data:`TENSOR_CORE_EFFICIENCY` (a dict with ``"conv"`` and ``"matmul"``). ``forward_from_backward=0.5`` replaces each layer's
-    forward estimate by half its backward estimate (the MG-WFBP conference paper's convention);
-    by default forward times are estimated like backward ones. ``model_kwargs`` go to the model
-    registry (e.g. ``seq_len`` for BERT). ``compute_efficiency`` / ``memory_efficiency`` default to
-    the GPU's override if it has one, else to :data:`COMPUTE_EFFICIENCY` / :data:`MEMORY_EFFICIENCY`.
+    ``dtype="float16"`` / ``"bfloat16"``: 16-bit training on tensor cores, autocast with float32 master
+    weights (``amp=True``) or pure 16-bit; gradient bytes are 2 per parameter either way. ``tf32_conv``
+    runs float32 convolutions on TF32 tensor cores where the GPU has them (PyTorch's default).
+    ``tensor_core_efficiency`` overrides :data:`TENSOR_CORE_EFFICIENCY`; ``compute_efficiency`` /
+    ``memory_efficiency`` default to the GPU's override, else the module's. ``forward_from_backward=0.5``
+    makes each forward half its backward (the MG-WFBP conference paper's convention). ``model_kwargs`` go
+    to the model registry (e.g. ``seq_len``).
     """
     get_spec(model_name)
     spec = get_gpu(gpu)
@@ -321,8 +252,7 @@ def estimate_trace(model_name: str, batch_size: int, gpu: str | GpuSpec = "V100"
         compute_efficiency = spec.compute_efficiency or COMPUTE_EFFICIENCY
     if memory_efficiency is None:
         memory_efficiency = spec.memory_efficiency or MEMORY_EFFICIENCY
-    if view not in VIEWS:
-        raise ValueError(f"unknown view {view!r}; valid views: {', '.join(VIEWS)}")
+    _check_view(view)
     if dtype not in DTYPES:
         raise ValueError(f"unknown dtype {dtype!r}; valid dtypes: {', '.join(DTYPES)}")
     if not isinstance(batch_size, int) or batch_size <= 0:
@@ -347,7 +277,7 @@ def estimate_trace(model_name: str, batch_size: int, gpu: str | GpuSpec = "V100"
     amp = amp and dtype != "float32"
     mode = _RooflineMode(spec, dtype, compute_efficiency, memory_efficiency, kernel_overhead_s, amp=amp,
                          tf32_conv=tf32_conv, tensor_core_efficiency=tce)
-    recorder = Recorder(model, params, _VirtualClock(mode))
+    recorder = Recorder(model, params, mode)
     try:
         with mode:
             raw = recorder.run(lambda: compute_loss(model_name, model, inputs, targets, **model_kwargs))
@@ -358,8 +288,8 @@ def estimate_trace(model_name: str, batch_size: int, gpu: str | GpuSpec = "V100"
     _, fwd_flops, bwd_flops = attribute(resolve(raw, _component(1)), params, view)
     _, fwd_bytes, bwd_bytes = attribute(resolve(raw, _component(2)), params, view)
     if amp:
-        # Master-weight casts (fp32 -> 16-bit in forward, the gradient back in backward): one
-        # memory-bound kernel per cast tensor and pass, 2 + 4 bytes per element, in its layer.
+        # master-weight casts (forward, and the gradient back in backward): one memory-bound kernel per
+        # cast tensor and pass, 2 + 4 bytes per element, in its layer
         cast_units = {u: 0.0 for u in order}
         for p in _cast_params(model, params):
             u = p.name if view == "tensor" else unit_name(p.owner)
@@ -408,11 +338,8 @@ def estimate_trace(model_name: str, batch_size: int, gpu: str | GpuSpec = "V100"
 
 
 def count_flops(model_name: str, batch_size: int, **model_kwargs: Any) -> dict[str, int]:
-    """Training FLOPs (multiply-add = 2) by ``torch.utils.flop_counter.FlopCounterMode`` on meta.
-
-    Returns ``{"forward": ..., "backward": ..., "total": ...}``; forward includes the loss, backward
-    is the difference between forward+backward and forward.
-    """
+    """Training FLOPs (multiply-add = 2) by ``FlopCounterMode`` on the meta device:
+    ``{"forward": ..., "backward": ..., "total": ...}`` (forward includes the loss)."""
     get_spec(model_name)
     model = build_model(model_name, device="meta", **model_kwargs)
     inputs, targets = make_batch(model_name, batch_size, device="meta", **model_kwargs)
@@ -432,12 +359,9 @@ def describe_assumptions() -> dict[str, Any]:
 
 
 def layer_errors(measured: Trace, estimated: Trace) -> list[dict[str, Any]]:
-    """How far ``estimated`` is from ``measured``, layer by layer (in ``measured``'s order).
-
-    Per layer: ``measured_s`` and ``estimated_s``, its forward + backward seconds in each trace, and
-    ``rel_error = estimated_s / measured_s - 1`` (a fraction; None where the measured time is 0).
-    Layers are matched by name, so both traces must be of the same model at the same batch size with
-    the same layer names (the same view); otherwise ValueError, naming what differs."""
+    """Per layer of ``measured`` (by name): forward + backward seconds ``measured_s`` and ``estimated_s``
+    and ``rel_error = estimated_s / measured_s - 1`` (None where measured is 0). ValueError unless both
+    are of the same model, batch size and layer names."""
     if (measured.model, measured.batch_size) != (estimated.model, estimated.batch_size):
         raise ValueError(f"the traces are of different runs: measured {measured.model} at batch "
                          f"{measured.batch_size}, estimated {estimated.model} at batch {estimated.batch_size}")
@@ -457,10 +381,8 @@ def layer_errors(measured: Trace, estimated: Trace) -> list[dict[str, Any]]:
 
 
 def error_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """Summary of :func:`layer_errors`' rows: ``layers``; ``compared`` (layers with a measured time);
-    ``median_abs_rel_error`` (median over those of ``|rel_error|``, a fraction; None if none);
-    ``measured_total_s`` and ``estimated_total_s`` (sums over every layer, seconds); ``total_ratio``
-    (estimated / measured total; None if the measured total is 0)."""
+    """Summary of :func:`layer_errors`' rows: ``layers``, ``compared`` (with a measured time), the median
+    ``|rel_error|``, both totals in seconds and their ratio (None where undefined)."""
     errors = [abs(r["rel_error"]) for r in rows if r["rel_error"] is not None]
     measured = float(sum(r["measured_s"] for r in rows))
     estimated = float(sum(r["estimated_s"] for r in rows))

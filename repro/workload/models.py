@@ -6,21 +6,11 @@ Every model is built from code with random weights (nothing is downloaded)::
     inputs, targets = make_batch("resnet50", 32)
     loss = compute_loss("resnet50", model, inputs, targets)
 
-A :class:`ModelSpec` per name records the model's source, default input size and the papers' per-GPU
-batch size. ``family`` selects batches and losses:
-
-* ``"vision"``: inputs ``(B, C, H, W)`` float, targets ``(B,)`` class ids, cross-entropy. Keywords:
-  ``num_classes``, ``image_size`` (batch only; an int or ``(H, W)``).
-* ``"bert"``: ``BertForPreTraining``; inputs ``{input_ids, token_type_ids}`` (no padding, so no
-  ``attention_mask``), targets ``{labels`` (-100 at unmasked positions), ``next_sentence_label}``;
-  masked-LM + next-sentence loss. Keyword: ``seq_len`` (64 for BERT-Base/Large as in DeAR, 32 tiny).
-* ``"lm"``: word-level LSTM (:class:`LSTMLanguageModel`); inputs and targets ``(B, S)`` token ids,
-  targets shifted by one; cross-entropy over all ``B * S`` positions; every batch starts from a zero
-  hidden state (no truncated-BPTT carry; it changes no layer or gradient size). Keywords: ``seq_len``
-  (35 for lstm_ptb, 16 tiny), ``num_classes`` (vocabulary size), ``dropout`` (model only).
-
-:func:`build_model`, :func:`make_batch` and :func:`compute_loss` take the same keywords and each uses
-the ones it needs, so callers can pass one dict.
+``family`` selects batches and losses: ``"vision"`` (``(B, C, H, W)`` images, class ids,
+cross-entropy; keywords ``num_classes``, ``image_size``), ``"bert"`` (``BertForPreTraining``,
+masked-LM + next-sentence loss; ``seq_len``) and ``"lm"`` (:class:`LSTMLanguageModel`, next-token
+cross-entropy over all positions; ``seq_len``, ``num_classes``, ``dropout``). :func:`build_model`,
+:func:`make_batch` and :func:`compute_loss` take the same keywords, each using the ones it needs.
 """
 
 from __future__ import annotations
@@ -45,10 +35,6 @@ class ModelSpec(ModelInfo):
 
     builder: Callable[..., nn.Module] = field(default=None, kw_only=True)  # type: ignore[assignment]
 
-
-# ---------------------------------------------------------------------------------------------
-# Builders (each runs under ``with torch.device(...)`` so parameters are created on that device).
-# ---------------------------------------------------------------------------------------------
 
 def _torchvision(arch: str, **fixed: Any) -> Callable[..., nn.Module]:
     def build(num_classes: int = 1000) -> nn.Module:
@@ -124,21 +110,28 @@ class TinyResNet(nn.Module):
         return self.fc(x)
 
 
+def _vgg_features(cfg: tuple[Any, ...], batch_norm: bool) -> tuple[nn.Sequential, int]:
+    """3x3 convolutions (each with batch norm if asked, and ReLU) and 2x2 max-pools (``"M"``) on RGB
+    input; the stack and its output channels."""
+    layers: list[nn.Module] = []
+    cin = 3
+    for v in cfg:
+        if v == "M":
+            layers.append(nn.MaxPool2d(2))
+        else:
+            layers += [nn.Conv2d(cin, v, 3, padding=1), *([nn.BatchNorm2d(v)] if batch_norm else []),
+                       nn.ReLU(inplace=True)]
+            cin = v
+    return nn.Sequential(*layers), cin
+
+
 class TinyVGG(nn.Module):
     """A narrow VGG-style net for 32x32 inputs: 3x3 convs + max-pools, then two linear layers."""
 
     def __init__(self, num_classes: int = 10, cfg: tuple[Any, ...] = (16, 16, "M", 32, 32, "M", 64, "M"),
                  hidden: int = 128) -> None:
         super().__init__()
-        layers: list[nn.Module] = []
-        cin = 3
-        for v in cfg:
-            if v == "M":
-                layers.append(nn.MaxPool2d(2))
-            else:
-                layers += [nn.Conv2d(cin, v, 3, padding=1), nn.ReLU(inplace=True)]
-                cin = v
-        self.features = nn.Sequential(*layers)
+        self.features, cin = _vgg_features(cfg, batch_norm=False)
         self.pool = nn.AdaptiveAvgPool2d(4)
         self.classifier = nn.Sequential(nn.Linear(cin * 16, hidden), nn.ReLU(inplace=True),
                                         nn.Linear(hidden, num_classes))
@@ -149,30 +142,16 @@ class TinyVGG(nn.Module):
 
 
 class CifarVGG16(nn.Module):
-    """VGG-16 for 32x32 CIFAR images as the OMGS-SGD authors train it.
-
-    Thirteen 3x3 convolutions (64, 64, M, 128, 128, M, 256 x3, M, 512 x3, M, 512 x3, M; ``M`` a 2x2
-    max-pool), each followed by batch norm and ReLU, then one linear layer 512 -> classes on the
-    1x1x512 map (no 4096-unit classifier). Architecture as in ``models/vgg.py`` of the authors'
-    sparse-SGD code (github.com/hclhkbu/gtopkssgd, Shi et al.; the OMGS-SGD repository
-    github.com/HKBU-HPML/OMGS-SGD builds on the same trainer), itself the widely used CIFAR VGG of
-    kuangliu/pytorch-cifar: 14,728,266 parameters for 10 classes. Written here from that description.
-    """
+    """VGG-16 for 32x32 CIFAR images as the OMGS-SGD authors train it: thirteen 3x3 convolutions with
+    batch norm and ReLU, 2x2 max-pools, then one linear layer 512 -> classes (kuangliu/pytorch-cifar's
+    CIFAR VGG, as in github.com/hclhkbu/gtopkssgd; 14,728,266 parameters for 10 classes)."""
 
     CFG: tuple[Any, ...] = (64, 64, "M", 128, 128, "M", 256, 256, 256, "M",
                             512, 512, 512, "M", 512, 512, 512, "M")
 
     def __init__(self, num_classes: int = 10) -> None:
         super().__init__()
-        layers: list[nn.Module] = []
-        cin = 3
-        for v in self.CFG:
-            if v == "M":
-                layers.append(nn.MaxPool2d(2, 2))
-            else:
-                layers += [nn.Conv2d(cin, v, 3, padding=1), nn.BatchNorm2d(v), nn.ReLU(inplace=True)]
-                cin = v
-        self.features = nn.Sequential(*layers)
+        self.features, cin = _vgg_features(self.CFG, batch_norm=True)
         self.fc = nn.Linear(cin, num_classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -180,14 +159,12 @@ class CifarVGG16(nn.Module):
 
 
 class LSTMLanguageModel(nn.Module):
-    """Word-level LSTM language model: embedding, stacked LSTM layers, linear decoder.
+    """Word-level LSTM language model: embedding, stacked LSTM layers, linear decoder (untied).
 
-    ``forward(tokens)`` maps ``(B, S)`` token ids to ``(B, S, vocab_size)`` logits, starting from a
-    zero hidden state (no state is carried between batches). Each LSTM layer is its own one-layer
-    ``nn.LSTM`` (``lstm.0``, ``lstm.1``, ...), so the profiler's module view has one layer per LSTM
-    layer (one ``nn.LSTM(num_layers=2)`` would hold both in a single module); the parameters are the
-    same. Dropout is applied to the embeddings, between LSTM layers and to the last LSTM output, as
-    in PyTorch's word-language-model example. Embedding and decoder weights are not tied.
+    ``forward(tokens)`` maps ``(B, S)`` token ids to ``(B, S, vocab_size)`` logits from a zero hidden
+    state. Each LSTM layer is its own ``nn.LSTM`` (``lstm.0``, ``lstm.1``, ...), so the module view has
+    one layer per LSTM layer. Dropout on the embeddings, between layers and on the last output, as in
+    PyTorch's word-language-model example.
     """
 
     def __init__(self, vocab_size: int, embed_dim: int, hidden: int, num_layers: int,
@@ -213,10 +190,6 @@ class LSTMLanguageModel(nn.Module):
         return self.decoder(x)
 
 
-# ---------------------------------------------------------------------------------------------
-# The registry
-# ---------------------------------------------------------------------------------------------
-
 _BUILD_KW = ("num_classes", "seq_len", "dropout")   # the keyword arguments builders take
 
 
@@ -232,7 +205,6 @@ def _lstm_lm(vocab: int, embed_dim: int, hidden: int, layers: int,
     return build
 
 
-# The builder of each model of the catalogue (repro.workload.catalog: family, sizes, papers' batch sizes).
 _BUILDERS: dict[str, Callable[..., nn.Module]] = {
     "resnet50": _torchvision("resnet50"),
     "resnet152": _torchvision("resnet152"),
@@ -283,10 +255,6 @@ def count_params(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters() if p.requires_grad)
 
 
-# ---------------------------------------------------------------------------------------------
-# Batches and losses, per family
-# ---------------------------------------------------------------------------------------------
-
 def _rand_kw(device: torch.device, generator: torch.Generator | None) -> tuple[dict[str, Any], bool]:
     """Where to draw random numbers: on the generator's device (then move), else on ``device``."""
     if device.type == "meta" or generator is None:
@@ -314,16 +282,15 @@ def _bert_batch(spec: ModelSpec, batch_size: int, device: torch.device,
     vocab = spec.num_classes
     kw, move = _rand_kw(device, generator)
     input_ids = torch.randint(0, vocab, (batch_size, length), **kw)
-    # Two "sentences": the first half has segment 0, the second half segment 1.
+    # two "sentences": segment 0, then segment 1
     token_type_ids = (torch.arange(length, device=kw["device"]) >= length // 2).long()
     token_type_ids = token_type_ids.expand(batch_size, length).contiguous()
-    # Masked LM: predict random tokens at ~15% of positions (-100 = ignored elsewhere).
+    # masked LM: random tokens at ~15% of positions (-100: ignored)
     masked = torch.rand(batch_size, length, **kw) < mask_prob
     labels = torch.where(masked, torch.randint(0, vocab, (batch_size, length), **kw),
                          torch.full_like(input_ids, -100))
     nsp = torch.randint(0, 2, (batch_size,), **kw)
-    # No attention_mask: there is no padding, so it would be all ones, which transformers treats
-    # like no mask (and checking that reads tensor values, which the meta device cannot).
+    # no attention_mask: without padding it is all ones, and checking that reads values (not on meta)
     inputs = {"input_ids": input_ids, "token_type_ids": token_type_ids}
     targets = {"labels": labels, "next_sentence_label": nsp}
     if move:
@@ -361,7 +328,7 @@ def _bert_loss(model: nn.Module, inputs: Any, targets: Any) -> torch.Tensor:
     return mlm + nsp
 
 
-# family -> (batch function, loss function); a new family adds a row.
+# family -> (batch function, loss function)
 _FAMILIES: dict[str, tuple[Callable[..., tuple[Any, Any]], Callable[..., torch.Tensor]]] = {
     "vision": (_vision_batch, _classifier_loss),
     "bert": (_bert_batch, _bert_loss),

@@ -1,26 +1,21 @@
 """Measure a model's per-layer forward/backward times on the local device and return a Trace.
 
-How time is charged to layers (the simulator's model of backward, measured directly):
-
-* Backward: a post-accumulate-grad hook stamps the clock when each parameter's gradient is ready;
-  ``backward_s`` is the gap since the previous gradient (the first: since ``loss.backward()`` began),
-  so ``sum(backward_s[l:])`` is when layer ``l``'s gradient is ready and parameterless backward work is
-  charged to the preceding parameter-owning layer in forward order. Layers are in the reverse of the
-  observed gradient-ready order (the true forward order for sequential networks).
+* Backward: a post-accumulate-grad hook stamps when each parameter's gradient is ready; ``backward_s``
+  is the gap since the previous one (the first: since ``loss.backward()`` began), so parameterless work
+  is charged to the preceding parameter-owning layer. Layers are in reverse gradient-ready order.
 * Forward: hooks stamp the end of each module that directly owns parameters; ``forward_s`` is the gap
-  since the previous stamp (the tail, e.g. the loss, goes to the last module; repeated runs add up).
+  since the previous stamp (the tail, e.g. the loss, goes to the last module).
 
-Views: ``"tensor"``, one layer per parameter tensor (a module's forward time on its first tensor, 0 on
-the others); ``"module"``, one per parameter-owning module (gradient ready with its last tensor). Tied
-parameters count once (first owner). ``extra["precision"]``: the parameters' dtype or
-``"autocast-<dtype>"``; on CUDA ``extra["tf32"]``: whether TF32 was allowed. Clock: ``time.perf_counter``
-on CPU; on CUDA, ``torch.cuda.Event`` s with one host synchronization per iteration, never inside a
-hook. The same recording (:mod:`repro.workload.recording`) drives :mod:`repro.workload.estimate`.
+Views: ``"tensor"``, one layer per parameter tensor (a module's forward on its first tensor);
+``"module"``, one per parameter-owning module. Tied parameters count once. Clock: ``perf_counter`` on
+CPU, CUDA events on GPU (one host sync per iteration). :mod:`repro.workload.estimate` shares the
+recording (:mod:`repro.workload.recording`).
 """
 
 from __future__ import annotations
 
 import inspect
+import itertools
 import platform
 import statistics
 from typing import Any, Callable
@@ -29,7 +24,7 @@ import torch
 from torch import nn
 
 from repro.core.trace import Layer, Trace
-from repro.workload.layers import VIEWS, learnable_params, unit_sizes
+from repro.workload.layers import VIEWS, _check_view, learnable_params, unit_sizes
 from repro.workload.models import build_model, compute_loss, get_spec, make_batch
 from repro.workload.recording import Clock, CpuClock, CudaClock, IterationTimeline, Recorder, attribute, resolve
 
@@ -38,10 +33,6 @@ __all__ = ["AUTOCAST_DTYPES", "VIEWS", "profile_model"]
 #: dtypes ``profile_model(autocast=...)`` accepts (``torch.autocast`` on CPU and CUDA takes both)
 AUTOCAST_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
 
-
-# ---------------------------------------------------------------------------------------------
-# Public entry point
-# ---------------------------------------------------------------------------------------------
 
 def _check_device(device: str | torch.device) -> torch.device:
     try:
@@ -64,11 +55,6 @@ def _check_device(device: str | torch.device) -> torch.device:
         return torch.device("cuda", index)
     raise ValueError(f"cannot measure on device {device!r}: profile_model measures on 'cpu' or "
                      "'cuda[:N]' (for shapes only use repro.workload.estimate.estimate_trace)")
-
-
-def _check_view(view: str) -> None:
-    if view not in VIEWS:
-        raise ValueError(f"unknown view {view!r}; valid views: {', '.join(VIEWS)}")
 
 
 def _check_autocast(autocast: Any) -> torch.dtype | None:
@@ -111,33 +97,20 @@ def profile_model(model: str | nn.Module | None = None, batch_size: int | None =
                   autocast: str | None = None, **model_kwargs: Any) -> Trace:
     """Measure one model's per-layer forward/backward seconds on ``device``; per-layer medians as a :class:`Trace`.
 
-    Two ways to name the model:
-
     * **A registry name** (or ``model_name=``) with a batch size, ``profile_model("resnet50", 32)``:
-      built with random weights seeded by ``seed`` (torch's global generator) and trained on one
-      synthetic batch; ``model_kwargs`` go to :func:`repro.workload.models.build_model` /
-      :func:`~repro.workload.models.make_batch` (e.g. ``seq_len``). ``device`` defaults to ``"cpu"``.
-    * **Any** :class:`torch.nn.Module` with ``batch=(x, y)`` and ``loss_fn``, e.g.
-      ``profile_model(module, batch=(x, y), loss_fn=nn.functional.cross_entropy, device="cuda")``.
-      ``x`` is a tensor, or a tuple/list/dict of tensors; tensors are copied to ``device``. ``loss_fn``
-      is ``loss_fn(output, y)`` with ``output = module(x)``, or ``loss_fn(module, x, y)`` (told apart by
-      its required positional parameters: 3, the second; else the first) and returns a scalar;
-      ``None`` is cross-entropy on ``module(x)``. Name: the class name unless ``name``; batch size:
-      the first dimension of ``x`` (of its first tensor), which ``batch_size`` must match if given.
-      ``device=None`` measures where the parameters are; another device moves the module there **in
-      place**. Train mode, ``.grad`` tensors and buffers are restored afterwards; parameters are not
-      changed. ``seed`` seeds a forked RNG state, so the caller's is untouched. ``model_kwargs`` are
-      refused.
+      random weights seeded by ``seed``, one synthetic batch; ``model_kwargs`` go to
+      :func:`repro.workload.models.build_model` / ``make_batch``. ``device`` defaults to ``"cpu"``.
+    * **Any** :class:`torch.nn.Module` with ``batch=(x, y)`` (``x`` a tensor, or a tuple/list/dict of
+      them) and ``loss_fn``: ``loss_fn(output, y)`` or ``loss_fn(module, x, y)`` (three required
+      positional parameters), returning a scalar; ``None``: cross-entropy on ``module(x)``. Name: the
+      class name unless ``name``; batch size: the first dimension of ``x``'s first tensor.
+      ``device=None`` measures where the parameters are; another device moves the module there in
+      place. Train mode, gradients, buffers and the caller's RNG state are restored.
 
-    ``autocast``: ``"bfloat16"`` or ``"float16"`` runs each forward and its loss under
-    ``torch.autocast`` (no GradScaler, which changes no kernel's duration), recorded in
-    ``extra["precision"]``; ``None``, the parameters' own precision.
-
-    Units: seconds per layer, medians over ``iters`` timed iterations after ``warmup`` untimed ones (a
-    forward with the loss and a backward each, gradients reset to ``None``, no optimizer step, the batch
-    reused, so data loading is not measured); gradient sizes in bytes of the parameters' dtype (the
-    trace's ``dtype``, ``"mixed"`` if they differ). Only ``requires_grad`` parameters are layers (a
-    module without any is refused); parameters that never get a gradient sit first with zero backward.
+    ``autocast``: ``"bfloat16"`` or ``"float16"`` runs forward and loss under ``torch.autocast`` (no
+    GradScaler), recorded in ``extra["precision"]``. Seconds per layer are medians over ``iters`` timed
+    iterations after ``warmup`` (forward, loss and backward; no optimizer step, no data loading);
+    gradient bytes are in the parameters' dtype (``"mixed"`` if they differ).
     """
     if model is None:
         model = model_name
@@ -186,11 +159,8 @@ def profile_model(model: str | nn.Module | None = None, batch_size: int | None =
 
 def _module_device(module: nn.Module) -> torch.device:
     """Where ``module`` lives: its first parameter's (or buffer's) device; the CPU if it has neither."""
-    for t in module.parameters():
-        return t.device
-    for t in module.buffers():
-        return t.device
-    return torch.device("cpu")
+    t = next(itertools.chain(module.parameters(), module.buffers()), None)
+    return t.device if t is not None else torch.device("cpu")
 
 
 def _to_device(obj: Any, dev: torch.device) -> Any:
@@ -319,9 +289,8 @@ def _check_counts(warmup: Any, iters: Any) -> None:
 def _measure(model: nn.Module, params: list, forward: Callable[[], torch.Tensor], dev: torch.device, view: str,
              warmup: int, iters: int, *, model_name: str, batch_size: int, extra: dict[str, Any],
              autocast: str | None = None) -> Trace:
-    """Time ``warmup + iters`` iterations of ``forward()`` (the loss) and backward; the Trace.
-
-    ``autocast`` only labels the trace (``forward`` already runs under it, see :func:`_autocast_forward`)."""
+    """Time ``warmup + iters`` iterations of ``forward()`` (the loss) and backward; the Trace
+    (``autocast`` only labels it)."""
     clock: Clock = CudaClock(dev) if dev.type == "cuda" else CpuClock()
     recorder = Recorder(model, params, clock)
     timelines: list[IterationTimeline] = []

@@ -1,15 +1,13 @@
 """Record one training iteration's events (forward ends, gradient-ready times) and attribute them to layers.
 
-Shared by the profiler (real clocks: CPU timers or CUDA events) and the roofline estimator (a virtual
-clock on the meta device), so measured and estimated traces follow one convention: a layer's
-``backward_s`` is the gap between its gradient becoming ready and the previous gradient becoming ready,
-and its ``forward_s`` the gap since the previous parameter-owning module finished (see
-:mod:`repro.workload.profile`).
+Shared by the profiler (CPU timers or CUDA events) and the roofline estimator (a virtual clock on the meta
+device), so measured and estimated traces follow one convention (:mod:`repro.workload.profile`).
 """
 
 from __future__ import annotations
 
 import time
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
@@ -21,11 +19,10 @@ from repro.workload.layers import Param, unit_name
 __all__ = ["Clock", "CpuClock", "CudaClock", "RawIteration", "IterationTimeline", "Recorder", "resolve",
            "attribute"]
 
-# ---------------------------------------------------------------------------------------------
-# Clocks: stamp() returns a marker; elapsed(a, b) gives seconds from marker a to marker b.
-# ---------------------------------------------------------------------------------------------
 
 class Clock(Protocol):
+    """``stamp()`` returns a marker; ``elapsed(a, b)`` gives seconds from marker ``a`` to ``b``."""
+
     def stamp(self) -> Any: ...
     def sync(self) -> None: ...
     def elapsed(self, a: Any, b: Any) -> float: ...
@@ -57,10 +54,6 @@ class CudaClock:
     def elapsed(self, a: Any, b: Any) -> float:
         return a.elapsed_time(b) / 1e3
 
-
-# ---------------------------------------------------------------------------------------------
-# Recording one iteration
-# ---------------------------------------------------------------------------------------------
 
 @dataclass
 class RawIteration:
@@ -138,23 +131,17 @@ def resolve(raw: RawIteration, elapsed: Callable[[Any, Any], float]) -> Iteratio
         return elapsed(raw.start, m)
 
     return IterationTimeline([(o, t(m)) for o, m in raw.forward_ends], t(raw.forward_end),
-                     t(raw.backward_start), [(i, t(m)) for i, m in raw.grad_ready],
-                     t(raw.backward_end))
+                             t(raw.backward_start), [(i, t(m)) for i, m in raw.grad_ready],
+                             t(raw.backward_end))
 
-
-# ---------------------------------------------------------------------------------------------
-# Attribution of one timeline to layers
-# ---------------------------------------------------------------------------------------------
 
 def attribute(tl: IterationTimeline, params: list[Param], view: str
                ) -> tuple[list[str], dict[str, float], dict[str, float]]:
-    """Layer names in trace order (reverse of gradient-ready order), forward and backward seconds."""
+    """Layer names in trace order (reverse of gradient-ready order), forward and backward seconds.
+    A layer is ready with its last parameter's gradient; layers that never got one sit first."""
     unit_of = [p.name if view == "tensor" else unit_name(p.owner) for p in params]
-    remaining: dict[str, int] = {}
-    for u in unit_of:
-        remaining[u] = remaining.get(u, 0) + 1
+    remaining = Counter(unit_of)
 
-    # Backward: a unit completes when its last parameter's gradient is ready.
     backward: dict[str, float] = {}
     completed: list[str] = []
     prev = tl.backward_start
@@ -165,13 +152,11 @@ def attribute(tl: IterationTimeline, params: list[Param], view: str
             backward[u] = max(0.0, t - prev)
             completed.append(u)
             prev = t
-    # Units whose gradient never arrived (unused parameters) sit at the input side: ready last.
     never = [u for u in remaining if remaining[u] > 0]
-    for u in never:
-        backward[u] = 0.0
+    backward.update(dict.fromkeys(never, 0.0))
     order = never + completed[::-1]
 
-    # Forward: gaps between consecutive ends of parameter-owning modules; tail to the last one.
+    # forward: gaps between consecutive ends of parameter-owning modules; the tail to the last one
     per_module: dict[str, float] = {}
     prev, last = 0.0, None
     for owner, t in tl.forward_ends:
