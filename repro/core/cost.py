@@ -1,21 +1,15 @@
 """Collective communication cost models: seconds for a message of n bytes among P workers.
 
 A :class:`CostModel` holds one :class:`Linear` (``a + b * n`` seconds) per collective for a fixed
-worker count P. ``n`` is always the argument of the collective's method:
+worker count P. ``n`` is the argument of the collective's method:
 
-- ``allreduce_s(n)``: bytes of the tensor reduced (every worker holds n bytes);
-- ``reduce_scatter_s(n)``, ``allgather_s(n)``: bytes of the *full* tensor (each worker ends with /
-  starts from n / P); a ring all-reduce is one of each;
-- ``sparse_allgather_s(n)``: bytes each worker contributes (values + indices); its line is in the
-  gathered bytes P * n, as OMGS-SGD's ``T_ag(m) = a + b * m * P``;
-- ``push_s(n)``, ``pull_s(n)``: one worker's n-byte message to (from) a parameter server, alone on the link.
+- ``allreduce_s(n)``: bytes of the tensor reduced;
+- ``reduce_scatter_s(n)``, ``allgather_s(n)``: bytes of the *full* tensor;
+- ``sparse_allgather_s(n)``: bytes each worker contributes; the line is on the gathered ``P * n``
+  bytes (OMGS-SGD's ``T_ag(m) = a + b * m * P``);
+- ``push_s(n)``, ``pull_s(n)``: one worker's n-byte message to (from) a parameter server.
 
-It may carry the device's top-k cost, ``topk_s(d) = gamma * d * log2(d)`` seconds for d elements
-(``topk_gamma_s``, OMGS-SGD's ``t_spar``; :func:`fit_topk_gamma`), which sparse planners need beside
-the all-gather line. Sources: fitted lines (:meth:`CostModel.linear`), per-hop alpha, beta, gamma and
-an algorithm (:meth:`CostModel.from_alpha_beta`), least squares over measured (bytes, seconds)
-(:func:`fit_linear`, :meth:`CostModel.fit`), or presets (:func:`repro.costs.presets.preset`). Never imports
-torch.
+It may carry the top-k cost ``topk_s(d) = gamma * d * log2(d)`` seconds (``topk_gamma_s``). Torch-free.
 """
 
 from __future__ import annotations
@@ -70,14 +64,11 @@ class Linear:
 
 
 def fit_linear(nbytes: Iterable[float], seconds: Iterable[float], *, weighting: str = "relative") -> Linear:
-    """Least-squares line ``a + b*bytes`` through measured (bytes, seconds) pairs, with ``a, b >= 0``.
+    """Least-squares line ``a + b*bytes`` through measured (bytes, seconds) pairs, with ``a, b >= 0``
+    exactly (a negative term of the unconstrained optimum is set to 0 and the other refitted).
 
-    ``weighting="relative"`` (default) minimises the sum of squared *relative* errors
-    ``((a + b*x - y) / y)**2``, so a 4 KiB message whose time is dominated by the start-up ``a``
-    counts as much as a 64 MiB one dominated by ``b`` (an unweighted fit lets the largest messages
-    decide and can miss small ones several-fold). ``weighting="absolute"`` is ordinary least squares.
-    The non-negativity constraint is exact: when the unconstrained optimum has a negative term, the
-    best line with that term at 0 is returned.
+    ``weighting="relative"`` (default) minimises squared *relative* errors, so small messages count as
+    much as large ones; ``"absolute"`` is ordinary least squares.
     """
     x = np.asarray(list(nbytes), dtype=float)
     y = np.asarray(list(seconds), dtype=float)
@@ -129,8 +120,7 @@ def topk_time_s(gamma_s: float, numel):
 
 def fit_topk_gamma(numel: Iterable[float], seconds: Iterable[float]) -> float:
     """Least-squares ``gamma`` of ``t = gamma * d * log2(d)`` through measured (elements, seconds)
-    pairs, minimising squared *relative* errors (small and large tensors count alike):
-    ``gamma = sum(x/y) / sum((x/y)**2)`` with ``x = d log2 d``."""
+    pairs, minimising squared *relative* errors."""
     d = np.asarray(list(numel), dtype=float)
     y = np.asarray(list(seconds), dtype=float)
     if d.shape != y.shape or d.size < 1:
@@ -145,11 +135,9 @@ def alpha_beta_lines(workers: int, alpha_s: float, beta_s_per_byte: float,
                      gamma_s_per_byte: float = 0.0, algorithm: str = "ring") -> dict[str, Linear]:
     """Lines of every collective from per-hop latency alpha, transfer beta and reduction gamma.
 
-    All-reduce forms follow the standard analysis (Thakur et al. 2005; Chan et al. 2007) as tabulated
-    in the MG-WFBP paper. Reduce-scatter and all-gather use the matching halves: ring (P-1 steps) for
-    ``ring``, recursive halving / doubling (log2 P steps) otherwise. Push/pull are one message of one
-    worker to (from) a parameter server over one link, ``alpha + beta * n``: the parameter-server
-    simulator (:mod:`repro.families.ps.simulate`) queues the P workers' messages on the server's link itself.
+    All-reduce follows Thakur et al. 2005 / Chan et al. 2007 as tabulated by MG-WFBP; reduce-scatter and
+    all-gather are the matching halves (P-1 steps for ``ring``, log2 P otherwise); push/pull are one
+    worker's message over one link, ``alpha + beta * n``.
     """
     check_workers(workers)
     if algorithm not in ALGORITHMS:
@@ -185,11 +173,9 @@ class CostModel:
     source: str = "custom"
     meta: Mapping[str, object] = field(default_factory=dict, compare=False)
     topk_gamma_s: float | None = None   # top-k selection: gamma * d * log2(d) seconds (None: unknown)
-    # Effects beyond the papers' model (repro.core.realism); None = the paper model. Its message overhead
-    # and copy cost are added to every line that :meth:`line` returns; ``lines`` stay the network's own.
+    # None: the paper model. Its line terms are added by :meth:`line`; ``lines`` stay the network's own.
     realism: Realism | None = None
-    # The file it was read from (CostModel.load), named by errors that only show later, such as a missing
-    # line; not part of the model (not compared, not written).
+    # The file it was read from, named by later errors; not compared, not written.
     path: str | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -359,7 +345,7 @@ class CostModel:
 
     def save(self, path: str | Path) -> None:
         """Write the model (with its fit measurements, if any) as JSON; :meth:`load` reads it back."""
-        write_output(path, self.to_json() + "\n")  # atomic; never replaces a link, FIFO or device
+        write_output(path, self.to_json() + "\n")
 
     @classmethod
     def from_json(cls, text: str) -> "CostModel":

@@ -1,11 +1,7 @@
-"""A cluster as data, for any P: link rates and latencies, nodes, the collective algorithm, and the
-cluster file that holds them (:class:`ClusterDescription`, ``repro cost cluster``).
-
-The parsing of rates and latencies, :func:`cluster_cost_model` (every collective's line for P workers on
-N nodes of G devices) and cluster files live here, below :mod:`repro.costs.presets`, so that
-``repro.costs.presets.preset(path, P)`` builds a cluster file's cost model for any P without an import circle;
-:mod:`repro.costs.cluster_cost` (which also reads presets) re-exports every name and documents the units and
-defaults. Never imports torch.
+"""A cluster as data, for any P: rate and latency parsing, :func:`cluster_cost_model` and cluster
+files (:class:`ClusterDescription`, ``repro cost cluster``). Below :mod:`repro.costs.presets` so that
+presets can build a cluster file's model; :mod:`repro.costs.cluster_cost` re-exports every name.
+Torch-free.
 """
 
 from __future__ import annotations
@@ -115,9 +111,10 @@ def _positive_int(name: str, value: Any) -> int:
 
 def cluster_cost_model(nodes: int, gpus_per_node: int, inter: Link | None, intra: Link | None = None,
                        algorithm: str = "ring", workers: int | None = None) -> CostModel:
-    """Every collective's line for ``workers`` (default: every device, ``nodes x gpus_per_node``) on a
-    cluster of ``nodes`` nodes of ``gpus_per_node`` devices (module docstring). ``inter`` may be None only
-    on one node; ``intra`` None is :func:`default_intra_link`. ``meta["cluster"]`` records the cluster."""
+    """Every collective's line for ``workers`` (default: every device) on ``nodes`` x ``gpus_per_node``
+    devices: :class:`~repro.core.topology.Topology` for ``ring``/``hierarchical``, else the flat
+    algorithm over the slowest link crossed. ``inter`` may be None only on one node; ``intra`` None is
+    :func:`default_intra_link`. ``meta["cluster"]`` records the cluster."""
     nodes = _positive_int("--nodes", nodes)
     gpus_per_node = _positive_int("--gpus-per-node", gpus_per_node)
     if algorithm not in CLUSTER_ALGORITHMS:
@@ -138,7 +135,7 @@ def cluster_cost_model(nodes: int, gpus_per_node: int, inter: Link | None, intra
         n, g = topo.placement(P)
     except CostModelError as e:
         raise CostModelError(f"--workers {P}: {e}") from None
-    if g == 1:  # one device per node: no intra-node hop to wait for (a ring's step is the network's)
+    if g == 1:  # one device per node: no intra-node hop
         intra_used = inter
         topo = Topology(nodes, gpus_per_node, inter, inter)
     else:
@@ -172,7 +169,7 @@ _CLUSTER_KEYS = ("schema", "version", "name", "gpus_per_node", "inter_link", "in
 
 @dataclass(frozen=True)
 class ClusterDescription:
-    """A cluster as a cluster file holds it (module docstring): a cost model for any P."""
+    """A cluster as a cluster file holds it: a cost model for any P."""
 
     gpus_per_node: int
     inter: Link
@@ -198,8 +195,7 @@ class ClusterDescription:
         return math.ceil(int(workers) / self.gpus_per_node)
 
     def cost_model(self, workers: int) -> CostModel:
-        """The cost model for ``workers`` on ``ceil(workers / gpus_per_node)`` nodes
-        (:func:`cluster_cost_model`), with the file's top-k cost."""
+        """The cost model for ``workers`` on ``ceil(workers / gpus_per_node)`` nodes, with the top-k cost."""
         nodes = self.nodes_for(workers)
         if workers > self.gpus_per_node and workers % self.gpus_per_node:
             raise CostModelError(f"P={workers} does not fill whole nodes of {self.gpus_per_node} GPUs (uneven nodes "
@@ -222,8 +218,7 @@ class ClusterDescription:
 
     @classmethod
     def from_dict(cls, data: Any, where: str = "cluster file") -> "ClusterDescription":
-        """A description from a cluster file's JSON; :class:`CostModelError` in one line naming ``where``
-        and the problem."""
+        """A description from a cluster file's JSON; CostModelError naming ``where``."""
         def fail(msg: str) -> CostModelError:
             return CostModelError(f"{where}: {msg}")
 
