@@ -27,11 +27,8 @@ from repro.core.families import COLLECTIVES, is_known_collective, known_collecti
 from repro.core.realism import Realism, RealismError
 from repro.core.outputs import write_output
 
-__all__ = [
-    "COLLECTIVES", "ALGORITHMS", "Linear", "CostModel", "CostModelError", "fit_linear", "relative_errors",
-    "fit_topk_gamma", "topk_time_s",
-    "alpha_beta_lines", "check_workers",
-]
+__all__ = ["COLLECTIVES", "ALGORITHMS", "Linear", "CostModel", "CostModelError", "fit_linear", "relative_errors",
+           "fit_topk_gamma", "topk_time_s", "alpha_beta_lines", "check_workers"]
 
 ALGORITHMS = ("ring", "tree", "recursive_doubling", "halving_doubling")
 
@@ -80,28 +77,22 @@ def fit_linear(nbytes: Iterable[float], seconds: Iterable[float], *, weighting: 
         raise CostModelError("fit data must be finite and non-negative")
     if weighting not in ("relative", "absolute"):
         raise CostModelError(f"weighting must be 'relative' or 'absolute', got {weighting!r}")
-    if weighting == "relative":
-        if np.any(y <= 0):
-            raise CostModelError("a relative-error fit needs positive times")
-        w = 1.0 / y
-    else:
-        w = np.ones_like(y)
+    if weighting == "relative" and np.any(y <= 0):
+        raise CostModelError("a relative-error fit needs positive times")
+    w = 1.0 / y if weighting == "relative" else np.ones_like(y)
     A = np.stack([np.ones_like(x), x], axis=1) * w[:, None]
     t = y * w
 
     def loss(a: float, b: float) -> float:
         return float(np.sum((A @ np.array([a, b]) - t) ** 2))
 
-    candidates = []
     sol, *_ = np.linalg.lstsq(A, t, rcond=None)
     if sol[0] >= 0 and sol[1] >= 0:
-        candidates.append((float(sol[0]), float(sol[1])))
-    else:  # the constrained optimum lies on a boundary: a = 0 or b = 0
-        b0 = float(max(0.0, A[:, 1] @ t / (A[:, 1] @ A[:, 1]))) if np.any(A[:, 1]) else 0.0
-        a0 = float(max(0.0, A[:, 0] @ t / (A[:, 0] @ A[:, 0])))
-        candidates += [(0.0, b0), (a0, 0.0)]
-    a, b = min(candidates, key=lambda ab: loss(*ab))
-    return Linear(a, b)
+        return Linear(float(sol[0]), float(sol[1]))
+    # the constrained optimum lies on a boundary: a = 0 or b = 0
+    b0 = float(max(0.0, A[:, 1] @ t / (A[:, 1] @ A[:, 1]))) if np.any(A[:, 1]) else 0.0
+    a0 = float(max(0.0, A[:, 0] @ t / (A[:, 0] @ A[:, 0])))
+    return Linear(*min([(0.0, b0), (a0, 0.0)], key=lambda ab: loss(*ab)))
 
 
 def relative_errors(line: Linear, nbytes: Iterable[float], seconds: Iterable[float]) -> np.ndarray:
@@ -142,24 +133,18 @@ def alpha_beta_lines(workers: int, alpha_s: float, beta_s_per_byte: float,
     check_workers(workers)
     if algorithm not in ALGORITHMS:
         raise CostModelError(f"unknown algorithm '{algorithm}'; choose one of {', '.join(ALGORITHMS)}")
-    P = workers
+    P, alpha, beta, gamma = workers, alpha_s, beta_s_per_byte, gamma_s_per_byte
     frac = (P - 1) / P
     lg = math.log2(P)
-    if algorithm == "ring":
-        ar = Linear(2 * (P - 1) * alpha_s, 2 * frac * beta_s_per_byte + frac * gamma_s_per_byte)
-        half_a = (P - 1) * alpha_s
-    elif algorithm == "tree":
-        ar = Linear(2 * lg * alpha_s, 2 * lg * (beta_s_per_byte + gamma_s_per_byte))
-        half_a = lg * alpha_s
-    elif algorithm == "recursive_doubling":
-        ar = Linear(lg * alpha_s, lg * (beta_s_per_byte + gamma_s_per_byte))
-        half_a = lg * alpha_s
-    else:  # halving_doubling
-        ar = Linear(2 * lg * alpha_s, 2 * frac * beta_s_per_byte + frac * gamma_s_per_byte)
-        half_a = lg * alpha_s
-    rs = Linear(half_a, frac * (beta_s_per_byte + gamma_s_per_byte))
-    ag = Linear(half_a, frac * beta_s_per_byte)
-    ps = Linear(alpha_s, beta_s_per_byte)
+    ring_b = 2 * frac * beta + frac * gamma
+    ar_a, ar_b, half_a = {"ring": (2 * (P - 1) * alpha, ring_b, (P - 1) * alpha),
+                          "tree": (2 * lg * alpha, 2 * lg * (beta + gamma), lg * alpha),
+                          "recursive_doubling": (lg * alpha, lg * (beta + gamma), lg * alpha),
+                          "halving_doubling": (2 * lg * alpha, ring_b, lg * alpha)}[algorithm]
+    ar = Linear(ar_a, ar_b)
+    rs = Linear(half_a, frac * (beta + gamma))
+    ag = Linear(half_a, frac * beta)
+    ps = Linear(alpha, beta)
     return {"allreduce": ar, "reduce_scatter": rs, "allgather": ag, "sparse_allgather": ag,
             "push": ps, "pull": ps}
 
@@ -191,7 +176,6 @@ class CostModel:
             raise CostModelError(f"unknown collective(s) {sorted(unknown)}; known: {', '.join(known_collectives())}")
         object.__setattr__(self, "lines", dict(self.lines))
 
-    # ---- constructors ----
     @classmethod
     def linear(cls, workers: int, a_s: float, b_s_per_byte: float, collective: str = "allreduce",
                source: str = "linear") -> "CostModel":
@@ -229,9 +213,7 @@ class CostModel:
 
     def with_realism(self, realism: Realism | None) -> "CostModel":
         """A copy carrying ``realism`` (``None`` or an all-off one: the paper model)."""
-        if realism is not None and realism.is_paper_model:
-            realism = None
-        return replace(self, realism=realism)
+        return replace(self, realism=None if realism is None or realism.is_paper_model else realism)
 
     @property
     def is_paper_model(self) -> bool:
@@ -246,11 +228,8 @@ class CostModel:
         return self if r is self.realism else replace(self, realism=r)
 
     def with_line(self, collective: str, line: Linear) -> "CostModel":
-        lines = dict(self.lines)
-        lines[collective] = line
-        return replace(self, lines=lines)
+        return replace(self, lines={**self.lines, collective: line})
 
-    # ---- queries ----
     def line(self, collective: str) -> Linear:
         if not is_known_collective(collective):
             raise CostModelError(f"unknown collective '{collective}'; known: {', '.join(known_collectives())}")
@@ -321,10 +300,8 @@ class CostModel:
             ranges.check(ranges.SECONDS_PER_BYTE, v["b_s_per_byte"], f"lines.{k}.b_s_per_byte", CostModelError,
                          what="cost model field")
             lines[k] = Linear(v["a_s"], v["b_s_per_byte"])
-        workers = ranges.check(ranges.WORKERS, d.get("workers"), "workers", CostModelError, low=2,
-                               what="cost model field")
-        if isinstance(workers, float):
-            workers = int(workers)
+        workers = int(ranges.check(ranges.WORKERS, d.get("workers"), "workers", CostModelError, low=2,
+                                   what="cost model field"))
         meta = d.get("meta", {})
         if not isinstance(meta, Mapping):
             raise CostModelError("malformed cost model JSON: field 'meta' must be an object")

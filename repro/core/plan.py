@@ -116,8 +116,7 @@ class Bucket:
             if not messages:
                 raise PlanError("a bucket needs at least one message")
             object.__setattr__(self, "messages", messages)
-        if self.piece is not None:
-            p = self.piece
+        if (p := self.piece) is not None:
             if (not isinstance(p, (tuple, list)) or len(p) != 2
                     or not all(isinstance(v, int) and not isinstance(v, bool) for v in p)):
                 raise PlanError(f"bucket piece must be [index, count] integers, got {p!r}")
@@ -222,16 +221,14 @@ class Plan:
         whole: set[str] = set()
         pieces: dict[str, dict[int, int]] = {}
         for b in buckets:
+            for name in b.layers:
+                if name in whole or (b.piece is None and name in pieces):
+                    raise PlanError(f"layer '{name}' appears in more than one bucket")
             if b.piece is None:
-                for name in b.layers:
-                    if name in whole or name in pieces:
-                        raise PlanError(f"layer '{name}' appears in more than one bucket")
-                    whole.add(name)
+                whole.update(b.layers)
             else:
                 name = b.layers[0]
                 index, count = b.piece
-                if name in whole:
-                    raise PlanError(f"layer '{name}' appears in more than one bucket")
                 have = pieces.setdefault(name, {})
                 if index in have or any(c != count for c in have.values()):
                     raise PlanError(f"layer '{name}' is split inconsistently: piece [{index}, {count}] "
@@ -242,12 +239,9 @@ class Plan:
             if len(have) != count:
                 raise PlanError(f"layer '{name}' is split into {count} pieces but the plan has "
                                 f"{len(have)} of them")
-        set_ = object.__setattr__
-        set_(self, "buckets", buckets)
-        set_(self, "solver", solver)
-        set_(self, "family", fam.name)
-        set_(self, "_options", tuple(sorted(opts.items())))
-        set_(self, "meta", dict(meta or {}))
+        for name, value in (("buckets", buckets), ("solver", solver), ("family", fam.name),
+                            ("_options", tuple(sorted(opts.items()))), ("meta", dict(meta or {}))):
+            object.__setattr__(self, name, value)
         fam.validate_plan(self)
 
     def __setattr__(self, name: str, value: Any) -> None:
@@ -266,7 +260,6 @@ class Plan:
         opts = f", options={self.options}" if self._options else ""
         return f"Plan(family={self.family!r}, solver={self.solver!r}, buckets={self.num_buckets}{opts})"
 
-    # ---- options ----
     @property
     def options(self) -> dict[str, Any]:
         """The family options set on this plan (validated; defaults are not filled in)."""
@@ -290,7 +283,6 @@ class Plan:
         kw.update(changes)
         return Plan(kw["buckets"], kw["solver"], meta=kw["meta"], family=kw["family"], options=kw["options"])
 
-    # ---- construction from layer indices (what planners produce) ----
     @classmethod
     def from_groups(cls, trace: Trace, groups: Iterable[Sequence[int]], solver: str,
                     collective: str = "allreduce", **kwargs: Any) -> "Plan":
@@ -322,20 +314,14 @@ class Plan:
         carries its share of its layer)."""
         nbytes = layer_wire_bytes(trace, self.wire_dtype)
         params = trace.params()
-        out = []
-        for b, g in zip(self.buckets, self.groups(trace)):
-            if b.piece is None:
-                out.append(float(sum(nbytes[i] for i in g)))
-            else:
-                i = g[0]
-                out.append(float(nbytes[i]) * _piece_fraction(int(params[i]), *b.piece))
-        return out
+        return [float(sum(nbytes[i] for i in g)) if b.piece is None
+                else float(nbytes[g[0]]) * _piece_fraction(int(params[g[0]]), *b.piece)
+                for b, g in zip(self.buckets, self.groups(trace))]
 
     @property
     def num_buckets(self) -> int:
         return len(self.buckets)
 
-    # ---- JSON ----
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {"family": self.family, "solver": self.solver}
         d.update(self.meta)

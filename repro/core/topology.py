@@ -1,21 +1,16 @@
 """A hierarchical cluster: nodes of several devices, a fast link inside a node, the network between.
 
-A job of P workers fills nodes of ``devices_per_node`` in order (``ceil(P / devices_per_node)`` nodes);
-its collectives cross two kinds of :class:`Link`, each a per-message start-up ``alpha_s`` and a per-byte
-``beta_s_per_byte``. :meth:`Topology.cost_model` turns that into the per-collective lines of a
-:class:`~repro.core.cost.CostModel` for P workers. All-reduce algorithms over M bytes:
+A job of P workers fills nodes of ``devices_per_node`` in order. Each :class:`Link` is a per-message
+``alpha_s`` and a per-byte ``beta_s_per_byte``. All-reduce of M bytes (:meth:`Topology.cost_model`):
 
-- ``"ring"`` (flat): one ring over all P devices, placed node by node; each step is as slow as its
-  slowest hop: ``2(P-1)·alpha + 2(P-1)/P·M·beta`` with the slowest hop's alpha and beta (Thakur et
-  al. 2005), which makes the cliff when a job first spans two nodes.
-- ``"hierarchical"`` (NCCL's and Horovod's two-level scheme) on ``n`` nodes of ``g``: reduce-scatter in
-  each node, a ring all-reduce of each ``M/g`` shard across nodes, all-gather in each node:
+- ``"ring"``: one ring over all P devices, each step as slow as its slowest hop:
+  ``2(P-1)·alpha + 2(P-1)/P·M·beta``;
+- ``"hierarchical"`` on ``n`` nodes of ``g``: reduce-scatter in each node, ring all-reduce of each
+  ``M/g`` shard across nodes, all-gather in each node:
   ``2(g-1)·alpha_i + 2(g-1)/g·M·beta_i + 2(n-1)·alpha_e + 2(n-1)/n·(M/g)·beta_e``.
 
-A reduction costs ``gamma_s_per_byte`` per byte reduced (``(P-1)/P·M`` per device). Reduce-scatter and
-all-gather are the halves of the chosen all-reduce; ``push``/``pull`` (a parameter server on another
-node) are one message over the inter link, the intra link on one node. Units: seconds and bytes. Never
-imports torch.
+Reductions cost ``gamma_s_per_byte`` on ``(P-1)/P·M`` bytes. Reduce-scatter and all-gather are the
+halves; push/pull are one message over the inter link (the intra link on one node). Torch-free.
 """
 
 from __future__ import annotations
@@ -59,7 +54,7 @@ class Link:
 @dataclass(frozen=True)
 class Topology:
     """``nodes`` x ``devices_per_node`` devices, an ``intra`` link inside a node and an ``inter`` link
-    between nodes (see the module docstring)."""
+    between nodes."""
 
     nodes: int
     devices_per_node: int
@@ -81,8 +76,8 @@ class Topology:
         return self.nodes * self.devices_per_node
 
     def placement(self, workers: int) -> tuple[int, int]:
-        """(nodes used, workers per node) of a job of ``workers``, filling nodes in order; a job that does
-        not fill its last node is refused (uneven nodes are not modelled)."""
+        """(nodes used, workers per node) of a job of ``workers``, filling nodes in order; a job that
+        does not fill whole nodes raises CostModelError."""
         if isinstance(workers, bool) or not isinstance(workers, int) or workers < 2:
             raise CostModelError(f"number of workers must be an integer >= 2, got {workers!r}")
         if workers > self.devices:

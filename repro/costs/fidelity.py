@@ -225,27 +225,21 @@ def fidelity_rows(rows: pd.DataFrame, before_s: np.ndarray, after_s: np.ndarray,
     and BSP) with the paper, before, after and shipped (default: before) predictions and errors."""
     import pandas as pd
 
-    t = rows[["network", "model", "scheduler", "gpus", "iteration_s"]].copy()
+    t = rows[["network", "model", "scheduler", "gpus", "iteration_s"]].rename(columns={"iteration_s": "published"})
     t["paper"], t["before"], t["after"] = paper_s, before_s, after_s
     t["shipped"] = before_s if shipped_s is None else shipped_s
     t["precision"] = "fp32"   # ddl-benchmarks runs FP32 only
-    out = [t.rename(columns={"iteration_s": "published"}).assign(
-        quantity="iteration_s", what=lambda d: d.scheduler)[
+    out = [t.assign(quantity="iteration_s", what=t.scheduler)[
         ["quantity", "what", "network", "model", "precision", "gpus", "published", *KINDS]]]
-    idx = t.set_index(["network", "model", "gpus", "scheduler"])
     for base in ("wfbp", "syncea"):
         rows_s = []
         for (net, model, g), d in t.groupby(["network", "model", "gpus"]):
             s = d.set_index("scheduler")
-            if "mgwfbp" not in s.index or base not in s.index:
-                continue
-            rows_s.append({"quantity": "speedup", "what": f"mgwfbp/{base}", "network": net, "model": model,
-                           "precision": "fp32", "gpus": int(g),
-                           **{k: float(s.loc[base, k if k != "published" else "iteration_s"]
-                                       / s.loc["mgwfbp", k if k != "published" else "iteration_s"])
-                              for k in ("published", *KINDS)}})
+            if "mgwfbp" in s.index and base in s.index:
+                rows_s.append({"quantity": "speedup", "what": f"mgwfbp/{base}", "network": net, "model": model,
+                               "precision": "fp32", "gpus": int(g),
+                               **{k: float(s.loc[base, k] / s.loc["mgwfbp", k]) for k in ("published", *KINDS)}})
         out.append(pd.DataFrame(rows_s))
-    del idx
     f = pd.concat(out, ignore_index=True)
     for k in KINDS:
         f[f"{k}_error"] = f[k] / f.published - 1
