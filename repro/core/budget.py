@@ -1,9 +1,6 @@
-"""Time budgets of the exact planners (``dear_optimal``, ``omgs_optimal``).
-
-A search runs until its best plan is proven optimal or ``time_budget_s`` wall-clock seconds are
-spent; ``plan.meta`` then records ``optimal`` (the search finished), ``lower_bound_s`` (a proven lower
-bound on the best iteration seconds) and ``gap_pct`` (``(plan - bound) / bound x 100``). A long search
-logs a progress line (INFO) every :data:`PROGRESS_EVERY_S` seconds; a spent budget logs one WARNING.
+"""Time budgets of the exact planners: a search runs until its best plan is proven optimal or
+``time_budget_s`` wall-clock seconds are spent, and ``plan.meta`` records ``optimal``, ``lower_bound_s``
+and ``gap_pct`` (how far above the optimum the plan can be, in percent).
 """
 
 from __future__ import annotations

@@ -1,18 +1,6 @@
-"""The exact planners' last step: judge their plan and their family's heuristic plans under the
-model the simulator applies, and return the fastest.
-
-The exact planners (``optimal``, ``omgs_optimal``, ``dear_optimal``) search the **contention-free**
-timeline: everything :func:`repro.core.simulate.simulate` applies except
-:attr:`repro.core.realism.Realism.contention`, which no exact search covers (docs/design/core.md).
-Without contention a finished search's plan is returned as it is and an unfinished one is compared
-with the heuristics in closed form; with contention every candidate is simulated, the search's plan
-first, then the published heuristic, then the others, while the time budget lasts.
-
-``plan.meta`` records ``plan_from`` (the winning planner), ``iteration_s`` (the winner under the
-judging model), ``exact_plan_iteration_s`` (the search's plan under it), ``search_iteration_s`` (the
-search's plan under the contention-free model), ``candidate_iterations``, ``candidates_skipped`` (when
-the budget ran out), ``exact_under`` and ``judged_by``. ``optimal``, ``lower_bound_s`` and ``gap_pct``
-(:mod:`repro.core.budget`) stay the search's record. Ties keep the search's plan. Torch-free.
+"""The exact planners' last step: judge their plan and their family's heuristic plans under the model
+the simulator applies (contention included, which no exact search covers; docs/design/core.md) and
+return the fastest, recording in ``plan.meta`` which won and why (:func:`judged_best`). Torch-free.
 """
 
 from __future__ import annotations

@@ -60,15 +60,8 @@ def _kind(p: Path) -> str:
         return "missing"
     except NotADirectoryError:
         return "below-file"
-    if stat.S_ISREG(mode):
-        return "regular"
-    if stat.S_ISFIFO(mode):
-        return "fifo"
-    if stat.S_ISCHR(mode):
-        return "chardev"
-    if stat.S_ISDIR(mode):
-        return "dir"
-    return "other"
+    kinds = ((stat.S_ISREG, "regular"), (stat.S_ISFIFO, "fifo"), (stat.S_ISCHR, "chardev"), (stat.S_ISDIR, "dir"))
+    return next((kind for test, kind in kinds if test(mode)), "other")
 
 
 def check_output(path: str | os.PathLike) -> Path:

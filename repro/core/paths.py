@@ -1,9 +1,6 @@
-"""Where files are: the data shipped with the package, and the root of local datasets.
-
-Shipped data is the repository's ``data/`` folder (installed as the package ``repro.shipped``);
-:func:`shipped_dir` is the one place that finds it. Local datasets (never downloaded) are read from
-:func:`data_dir`: ``REPRO_DATA_DIR`` if set, else ``data/datasets/`` of the checkout, else
-``./data/datasets``.
+"""Where files are: the shipped data (the repository's ``data/``, installed as ``repro.shipped``) and
+the root of local datasets (:func:`data_dir`: ``REPRO_DATA_DIR``, else ``data/datasets/`` of the
+checkout, else ``./data/datasets``).
 """
 
 from __future__ import annotations

@@ -148,7 +148,6 @@ class Trace:
             cache[key] = arr
         object.__setattr__(self, "_views", cache)
 
-    # ---- views used by planners and the simulator (numpy, forward order) ----
     @property
     def num_layers(self) -> int:
         return len(self.layers)
@@ -205,7 +204,6 @@ class Trace:
         d.update(changes)
         return Trace(layers=tuple(layers), **d)
 
-    # ---- JSON ----
     def to_dict_header(self) -> dict[str, Any]:
         return {"model": self.model, "batch_size": self.batch_size, "device": self.device,
                 "dtype": self.dtype}
@@ -348,8 +346,8 @@ def _check_layer_bytes(raw: dict[str, Any], i: int, dtype: str) -> None:
                          f"{ranges.show(raw['params'] * size)}")
 
 
-# Extra numbers are checked by suffix (*_s, *_bytes_moved, *_flops) or name (counts below); any other
-# number must be finite.
+# Ranges of extra numbers by key suffix, then the counts by name; any other number must be finite.
+_EXTRA_RANGES = (("_s", ranges.SECONDS), ("_bytes_moved", ranges.BYTES), ("_flops", ranges.FLOPS))
 _EXTRA_COUNTS = ("warmup", "iters", "order_changes", "kernels", "num_threads")
 
 
@@ -365,14 +363,10 @@ def _check_extra_numbers(extra: dict[str, Any], where: str, depth: int = 0) -> N
             raise TraceError(f"trace field '{name}' must be a finite number, got {ranges.show(v)}")
         if depth:  # nested (the estimator's assumptions): finite is all that is known
             continue
-        if key.endswith("_s"):
-            ranges.check(ranges.SECONDS, v, name, TraceError, what="trace field")
-        elif key.endswith("_bytes_moved"):
-            ranges.check(ranges.BYTES, v, name, TraceError, what="trace field")
-        elif key.endswith("_flops"):
-            ranges.check(ranges.FLOPS, v, name, TraceError, what="trace field")
-        elif key in _EXTRA_COUNTS:
-            ranges.check(ranges.COUNT, v, name, TraceError, what="trace field")
+        q = next((q for suffix, q in _EXTRA_RANGES if key.endswith(suffix)),
+                 ranges.COUNT if key in _EXTRA_COUNTS else None)
+        if q is not None:
+            ranges.check(q, v, name, TraceError, what="trace field")
         elif key in ("grad_abs_mean", "seed") and v < 0:
             raise TraceError(f"trace field '{name}' must be >= 0, got {ranges.show(v)}")
 
@@ -388,9 +382,7 @@ def _check_layer(raw: Any, i: int) -> None:
         if typ is str:
             if not isinstance(v, str) or not v:
                 raise TraceError(f"trace field '{where}.{key}' must be a non-empty string")
-        elif typ is int:
-            if not _is_int(v):
-                raise TraceError(f"trace field '{where}.{key}' must be an integer, got {ranges.show(v)}")
-            ranges.check(_LAYER_RANGES[key], v, f"{where}.{key}", TraceError, what="trace field")
-        else:
-            ranges.check(_LAYER_RANGES[key], v, f"{where}.{key}", TraceError, what="trace field")
+            continue
+        if typ is int and not _is_int(v):
+            raise TraceError(f"trace field '{where}.{key}' must be an integer, got {ranges.show(v)}")
+        ranges.check(_LAYER_RANGES[key], v, f"{where}.{key}", TraceError, what="trace field")

@@ -57,10 +57,14 @@ def _scaled_gamma(device: str) -> float:
 TOPK_DEVICES: dict[str, float] = {name: _scaled_gamma(name) for name in _MEMORY}
 
 
+def _device_key(device: str) -> str:
+    return str(device).split("(")[0].strip().upper().replace("P102-100", "P102")
+
+
 def topk_gamma_for_device(device: str, flag: str = "--topk-device") -> tuple[float, str]:
     """(gamma seconds, where it comes from) of top-k selection on ``device`` (case-insensitive;
     ``"V100 (estimate)"`` reads as V100); CostModelError for an unknown one."""
-    key = str(device).split("(")[0].strip().upper().replace("P102-100", "P102")
+    key = _device_key(device)
     if key not in TOPK_DEVICES:
         raise CostModelError(f"{flag}: no top-k cost for device {device!r}; known: {', '.join(TOPK_DEVICES)} "
                              "(or give --topk-gamma S)")
@@ -74,12 +78,8 @@ def topk_gamma_for_device(device: str, flag: str = "--topk-device") -> tuple[flo
 def topk_device_of_trace(trace) -> str | None:
     """The GPU of an estimated trace (``extra["gpu"]``) or a measured one on a known device, else None."""
     extra = getattr(trace, "extra", None) or {}
-    for name in (extra.get("gpu"), getattr(trace, "device", None)):
-        if isinstance(name, str):
-            key = name.split("(")[0].strip().upper().replace("P102-100", "P102")
-            if key in TOPK_DEVICES:
-                return key
-    return None
+    names = (extra.get("gpu"), getattr(trace, "device", None))
+    return next((_device_key(n) for n in names if isinstance(n, str) and _device_key(n) in TOPK_DEVICES), None)
 
 
 # ------------------------------------------------------------------------------------------ sources

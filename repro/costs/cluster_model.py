@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from repro.core import ranges
-from repro.core.cost import ALGORITHMS, CostModel, CostModelError, Linear, alpha_beta_lines
+from repro.core.cost import ALGORITHMS, CostModel, CostModelError, Linear, alpha_beta_lines, check_workers
 from repro.core.outputs import InputPathError, read_input
 from repro.core.topology import TOPOLOGY_ALGORITHMS, Link, Topology
 
@@ -135,14 +135,9 @@ def cluster_cost_model(nodes: int, gpus_per_node: int, inter: Link | None, intra
         n, g = topo.placement(P)
     except CostModelError as e:
         raise CostModelError(f"--workers {P}: {e}") from None
-    if g == 1:  # one device per node: no intra-node hop
-        intra_used = inter
-        topo = Topology(nodes, gpus_per_node, inter, inter)
-    else:
-        intra_used = intra
+    intra_used = inter if g == 1 else intra  # one device per node: no intra-node hop
     if algorithm in TOPOLOGY_ALGORITHMS:
-        cm = topo.cost_model(P, algorithm)
-        lines = dict(cm.lines)
+        lines = dict(Topology(nodes, gpus_per_node, intra_used, inter).cost_model(P, algorithm).lines)
     else:  # a flat algorithm over the slowest link the job crosses
         alpha = max(intra_used.alpha_s, inter.alpha_s) if n > 1 else intra.alpha_s
         beta = max(intra_used.beta_s_per_byte, inter.beta_s_per_byte) if n > 1 else intra.beta_s_per_byte
@@ -187,16 +182,10 @@ class ClusterDescription:
         if g is not None and (isinstance(g, bool) or not isinstance(g, (int, float)) or not 0 <= g < math.inf):
             raise CostModelError(f"topk_gamma_s must be a finite non-negative number of seconds, got {g!r}")
 
-    def nodes_for(self, workers: int) -> int:
-        """Nodes a job of ``workers`` takes: ``ceil(workers / gpus_per_node)``."""
-        from repro.core.cost import check_workers
-
-        check_workers(workers)
-        return math.ceil(int(workers) / self.gpus_per_node)
-
     def cost_model(self, workers: int) -> CostModel:
         """The cost model for ``workers`` on ``ceil(workers / gpus_per_node)`` nodes, with the top-k cost."""
-        nodes = self.nodes_for(workers)
+        check_workers(workers)
+        nodes = math.ceil(int(workers) / self.gpus_per_node)
         if workers > self.gpus_per_node and workers % self.gpus_per_node:
             raise CostModelError(f"P={workers} does not fill whole nodes of {self.gpus_per_node} GPUs (uneven nodes "
                                  "are not modelled)")

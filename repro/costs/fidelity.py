@@ -1,11 +1,9 @@
 """Fidelity: the per-message costs the measured clusters paid, fitted and cross-validated.
 
-Beyond ``a0`` and ``contention`` (:mod:`repro.costs.published_fits`), two costs grow with the job:
-``a1`` (``message_overhead_per_peer_s``) and ``a2`` (``message_overhead_per_in_flight_s``); each
-collective costs ``a0 + a1·(P-1) + a2·in_flight`` beyond its line. :func:`fit_terms` fits ``(a1, a2)``
-shared by both networks and ``a0``/``contention`` factors per network, exactly over a grid, by RMS log
-error; :func:`cross_validate` leaves one network, model or GPU count out; :func:`earns_keep` says
-whether the terms beat refitting ``a0`` and contention alone. Guide: docs/fidelity.md. Torch-free.
+Each collective costs ``a0 + a1·(P-1) + a2·in_flight`` beyond its line (:class:`~repro.core.realism.Realism`).
+:func:`fit_terms` fits ``(a1, a2)`` shared by both networks and ``a0``/``contention`` factors per network
+over a grid; :func:`cross_validate` leaves one network, model or GPU count out; :func:`earns_keep` says
+whether the terms beat refitting ``a0`` and contention alone. Guide: docs/fidelity.md.
 """
 
 from __future__ import annotations
