@@ -91,26 +91,29 @@ def run_tasks(tasks: list[Task], in_order_streams: frozenset[str] | set[str],
         if not is_queue[r]:
             order[r].append(i)
         elif missing[i] == 0:
-            if release[i] <= 0.0:
-                ready[r].append((priorities[i], 0.0, i))  # free time and release time both 0.0
-            else:
-                future[r].append((release[i], priorities[i], i))
-    # Each stream's candidate (start, stream rank, task) or None. ``events`` holds every current
-    # candidate (the very tuple in ``cand``) plus stale ones, dropped when they surface.
-    cand: list[tuple[float, int, int] | None] = [None] * len(streams)
-    events: list[tuple[float, int, int]] = []
-    for r in range(len(streams)):
+            future[r].append((release[i], priorities[i], i))
+    for fu in future:
+        heapify(fu)
+
+    def candidate(r: int, now: float) -> tuple[float, int, int] | None:
+        """Stream r's candidate (start, stream rank, task) once free at ``now``, or None."""
         if is_queue[r]:
-            heapify(ready[r])
-            heapify(future[r])
-            if ready[r]:
-                cand[r] = (0.0, r, ready[r][0][2])
-            elif future[r]:
-                cand[r] = (future[r][0][0], r, future[r][0][2])
-        elif order[r] and not missing[order[r][0]]:
-            cand[r] = (release[order[r][0]], r, order[r][0])
-        if cand[r] is not None:
-            events.append(cand[r])  # type: ignore[arg-type]
+            rd, fu = ready[r], future[r]
+            while fu and fu[0][0] <= now:
+                rel, prio, j = heappop(fu)
+                heappush(rd, (prio, rel, j))
+            if rd:
+                return now, r, rd[0][2]
+            return (fu[0][0], r, fu[0][2]) if fu else None
+        seq, h = order[r], head[r]
+        if h < len(seq) and not missing[seq[h]]:
+            return max(now, release[seq[h]]), r, seq[h]
+        return None
+
+    # ``events`` holds every current candidate (the very tuple in ``cand``) plus stale ones, dropped
+    # when they surface.
+    cand = [candidate(r, 0.0) for r in range(len(streams))]
+    events = [c for c in cand if c is not None]
     heapify(events)
 
     cycle = "task graph has a dependency cycle (or an in-order stream waits on itself)"
@@ -163,24 +166,5 @@ def run_tasks(tasks: list[Task], in_order_streams: frozenset[str] | set[str],
             elif rj != r and order[rj][head[rj]] == j:
                 c = cand[rj] = (max(free[rj], rel), rj, j)
                 heappush(events, c)
-        if is_queue[r]:
-            rd, fu = ready[r], future[r]
-            while fu and fu[0][0] <= e:
-                rel, prio, j = heappop(fu)
-                heappush(rd, (prio, rel, j))
-            if rd:
-                nxt = (e, r, rd[0][2])
-            elif fu:
-                nxt = (fu[0][0], r, fu[0][2])
-            else:
-                nxt = None
-        else:
-            seq = order[r]
-            h = head[r]
-            if h < len(seq) and not missing[seq[h]]:
-                j = seq[h]
-                nxt = (max(e, release[j]), r, j)
-            else:
-                nxt = None
-        cand[r] = nxt
+        nxt = cand[r] = candidate(r, e)
     return [Op(t.stream, t.kind, t.label, start[i], end[i]) for i, t in enumerate(tasks)]
