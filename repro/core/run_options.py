@@ -85,8 +85,6 @@ def check_run_options(values: Mapping[str, Any], scheduler: Any, *, where: str =
     """``values`` (name -> value, None: not set) checked and normalised for ``scheduler``: each by its
     option, options it does not take refused when they have no default, then the group checks (which
     also see ``settings``, e.g. ``{"wire_dtype": "float16"}``). ``where="flag"`` spells options as flags."""
-    from repro.core.schedulers import get_scheduler, scheduler_names
-
     takes = set(scheduler.planner_options) | set(scheduler.executor_options)
     out = dict(values)
     for name, value in values.items():
@@ -95,29 +93,29 @@ def check_run_options(values: Mapping[str, Any], scheduler: Any, *, where: str =
             raise ValueError(f"unknown run option '{name}' (declared: {', '.join(sorted(RUN_OPTIONS))})")
         if value is None:
             continue
+        spelled = option_flag(name) if where == "flag" else name
         if option.refused_elsewhere and name not in takes:
-            takers = [n for n in scheduler_names() if name in get_scheduler(n).planner_options
-                      + get_scheduler(n).executor_options]
-            spelled = option_flag(name) if where == "flag" else name
             scope = f"--scheduler {scheduler.name}" if where == "flag" else f"scheduler {scheduler.name}"
-            raise ValueError(f"{spelled} does not apply to {scope} (it applies to: {', '.join(takers)})")
-        out[name] = option.validate(value, option_flag(name) if where == "flag" else name)
+            raise ValueError(f"{spelled} does not apply to {scope} (it applies to: {', '.join(_listing(name))})")
+        out[name] = option.validate(value, spelled)
     load_families()  # the families' checks across options are registered when they load
     for check in _GROUP_CHECKS:
         check({**(settings or {}), **out})
     return out
 
 
+def _listing(name: str) -> list[str]:
+    """The schedulers listing run option ``name`` in their planner or executor options."""
+    from repro.core.schedulers import SCHEDULERS
+
+    return [n for n, s in SCHEDULERS.items() if name in s.planner_options + s.executor_options]
+
+
 def option_takers(name: str) -> list[str]:
     """The schedulers listing run option ``name``; if none does, every scheduler of its family."""
-    from repro.core.schedulers import get_scheduler, scheduler_names
+    from repro.core.schedulers import SCHEDULERS
 
-    listed = [n for n in scheduler_names() if name in get_scheduler(n).planner_options
-              + get_scheduler(n).executor_options]
-    if listed:
-        return listed
-    family = RUN_OPTIONS[name].family
-    return [n for n in scheduler_names() if get_scheduler(n).family == family]
+    return _listing(name) or [n for n, s in SCHEDULERS.items() if s.family == RUN_OPTIONS[name].family]
 
 
 def refuse_given_options(given: Sequence[str], scheduler: Any) -> None:

@@ -16,7 +16,8 @@ halves; push/pull are one message over the inter link (the intra link on one nod
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from typing import Any
 
 from repro.core.cost import CostModel, CostModelError, Linear
 
@@ -112,6 +113,10 @@ class Topology:
         b = (g - 1) / g * self.intra.beta_s_per_byte + (n - 1) / (n * g) * self.inter.beta_s_per_byte
         return Linear(a, b)
 
+    def to_dict(self) -> dict[str, Any]:
+        return {"nodes": self.nodes, "devices_per_node": self.devices_per_node, "intra": asdict(self.intra),
+                "inter": asdict(self.inter), "gamma_s_per_byte": self.gamma_s_per_byte}
+
     def cost_model(self, workers: int, algorithm: str = "ring") -> CostModel:
         """Every collective's line for ``workers`` on this cluster (the topology is kept in ``meta``)."""
         half = self._halves(workers, algorithm)
@@ -122,9 +127,6 @@ class Topology:
                  "reduce_scatter": Linear(half.a_s, half.b_s_per_byte + gamma),
                  "allgather": half, "sparse_allgather": half,
                  "push": Linear(p2p.alpha_s, p2p.beta_s_per_byte), "pull": Linear(p2p.alpha_s, p2p.beta_s_per_byte)}
-        meta = {"topology": {"nodes": self.nodes, "devices_per_node": self.devices_per_node,
-                             "intra": vars(self.intra), "inter": vars(self.inter),
-                             "gamma_s_per_byte": self.gamma_s_per_byte},
-                "algorithm": algorithm, "nodes_used": n, "workers_per_node": g}
+        meta = {"topology": self.to_dict(), "algorithm": algorithm, "nodes_used": n, "workers_per_node": g}
         return CostModel(workers, lines, source=f"hierarchical cluster {self.nodes}x{self.devices_per_node} "
                          f"({algorithm}, {n} node(s) x {g})", meta=meta)

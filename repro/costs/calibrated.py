@@ -69,13 +69,8 @@ class Calibration:
                 "message_overhead_s": self.realism.message_overhead_s, "contention": self.realism.contention}
 
     def to_dict(self) -> dict[str, Any]:
-        t = self.topology
         return {"name": self.name, "network": self.network, "algorithm": self.algorithm, "source": self.source,
-                "topology": {"nodes": t.nodes, "devices_per_node": t.devices_per_node,
-                             "intra": {"alpha_s": t.intra.alpha_s, "beta_s_per_byte": t.intra.beta_s_per_byte},
-                             "inter": {"alpha_s": t.inter.alpha_s, "beta_s_per_byte": t.inter.beta_s_per_byte},
-                             "gamma_s_per_byte": t.gamma_s_per_byte},
-                "realism": self.realism.to_dict(), "fit": dict(self.fit or {})}
+                "topology": self.topology.to_dict(), "realism": self.realism.to_dict(), "fit": dict(self.fit or {})}
 
     @classmethod
     def from_dict(cls, d: Any) -> "Calibration":
