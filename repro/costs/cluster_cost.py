@@ -190,12 +190,11 @@ def fit_measurements_csv(path: str | Path, workers: int | None = None) -> CostMo
         except ValueError:
             raise CostModelError(f"{p}:{lineno}: bytes, workers and seconds must be numbers, got "
                                  f"{raw['bytes']!r}, {raw['workers']!r}, {raw['seconds']!r}") from None
-        if not (math.isfinite(nbytes) and nbytes > 0):
-            raise CostModelError(f"{p}:{lineno}: bytes must be a positive number, got {raw['bytes']!r}")
-        if not (P.is_integer() and P >= 2):
-            raise CostModelError(f"{p}:{lineno}: workers must be an integer >= 2, got {raw['workers']!r}")
-        if not (math.isfinite(sec) and sec > 0):
-            raise CostModelError(f"{p}:{lineno}: seconds must be a positive number, got {raw['seconds']!r}")
+        for col, ok, what in (("bytes", math.isfinite(nbytes) and nbytes > 0, "a positive number"),
+                              ("workers", P.is_integer() and P >= 2, "an integer >= 2"),
+                              ("seconds", math.isfinite(sec) and sec > 0, "a positive number")):
+            if not ok:
+                raise CostModelError(f"{p}:{lineno}: {col} must be {what}, got {raw[col]!r}")
         for col, q, value, low in (("bytes", ranges.BYTES, nbytes, None), ("workers", ranges.WORKERS, P, 2),
                                    ("seconds", ranges.SECONDS, sec, None)):
             try:
