@@ -27,8 +27,8 @@ from repro.core.families import COLLECTIVES, is_known_collective, known_collecti
 from repro.core.realism import Realism, RealismError
 from repro.core.outputs import write_output
 
-__all__ = ["COLLECTIVES", "ALGORITHMS", "Linear", "CostModel", "CostModelError", "fit_linear", "relative_errors",
-           "fit_topk_gamma", "topk_time_s", "alpha_beta_lines", "check_workers"]
+__all__ = ["COLLECTIVES", "ALGORITHMS", "Linear", "CostModel", "CostModelError", "fit_linear",
+           "relative_errors", "fit_topk_gamma", "topk_time_s", "alpha_beta_lines", "check_workers"]
 
 ALGORITHMS = ("ring", "tree", "recursive_doubling", "halving_doubling")
 

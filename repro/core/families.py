@@ -113,7 +113,6 @@ class Family:
             self._cache[which] = resolve(ref)
         return self._cache[which]
 
-    # ---- plan validation (called by Plan) ----
     def check_options(self, options: Mapping[str, Any]) -> dict[str, Any]:
         known = {o.name: o for o in self.options}
         out = {}
@@ -159,7 +158,6 @@ class Family:
         except ValueError as e:
             raise PlanError(str(e)) from None
 
-    # ---- bytes, simulation, execution ----
     def bytes_per_message(self, trace: Any, plan: Any) -> list[list[float]]:
         """Bytes of every message of every bucket, as :meth:`repro.core.cost.CostModel.time_s` takes them."""
         fn = self.hook("message_bytes")

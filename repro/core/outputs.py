@@ -60,7 +60,8 @@ def _kind(p: Path) -> str:
         return "missing"
     except NotADirectoryError:
         return "below-file"
-    kinds = ((stat.S_ISREG, "regular"), (stat.S_ISFIFO, "fifo"), (stat.S_ISCHR, "chardev"), (stat.S_ISDIR, "dir"))
+    kinds = ((stat.S_ISREG, "regular"), (stat.S_ISFIFO, "fifo"), (stat.S_ISCHR, "chardev"),
+             (stat.S_ISDIR, "dir"))
     return next((kind for test, kind in kinds if test(mode)), "other")
 
 

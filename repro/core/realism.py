@@ -8,7 +8,7 @@ effect is one field of :class:`Realism`, all off in the **paper model**:
   ``per_message_s(P, in_flight) = a0 + a1·(P-1) + a2·in_flight``; ``a0 + a1·(P-1)`` is added to every
   line's ``a``, ``a2`` is applied by the simulator (:mod:`repro.core.contention`);
 - ``copy_s_per_byte``: copying into and out of a fusion buffer, added to every line's ``b``;
-- ``fp16_cast_s_per_byte``: per wire byte of a 16-bit message, added to ``b`` (:meth:`Realism.for_wire_dtype`);
+- ``fp16_cast_s_per_byte``: per wire byte of a 16-bit message, added to ``b``;
 - ``contention``: computation runs ``1 + contention`` times slower while communication is in flight;
 - ``update_s_per_byte``: the optimizer update per gradient byte (without a measured ``update_s``);
 - ``compute_scale``: factor on every layer's compute seconds (:meth:`Realism.scaled_to_measured`).
@@ -84,7 +84,7 @@ class Realism:
 
     def apply_to_trace(self, trace: Any) -> Any:
         """``trace`` with compute scaled by ``compute_scale`` and, without a measured update,
-        ``overheads.update_s = update_s_per_byte x gradient bytes`` (``trace`` itself when nothing changes)."""
+        ``overheads.update_s = update_s_per_byte x gradient bytes`` (``trace`` itself if unchanged)."""
         if self.compute_scale == 1.0 and (self.update_s_per_byte == 0.0 or trace.overheads.update_s > 0):
             return trace
         from repro.core.trace import Overheads

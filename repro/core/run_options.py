@@ -96,7 +96,8 @@ def check_run_options(values: Mapping[str, Any], scheduler: Any, *, where: str =
         spelled = option_flag(name) if where == "flag" else name
         if option.refused_elsewhere and name not in takes:
             scope = f"--scheduler {scheduler.name}" if where == "flag" else f"scheduler {scheduler.name}"
-            raise ValueError(f"{spelled} does not apply to {scope} (it applies to: {', '.join(_listing(name))})")
+            takers = ", ".join(_listing(name))
+            raise ValueError(f"{spelled} does not apply to {scope} (it applies to: {takers})")
         out[name] = option.validate(value, spelled)
     load_families()  # the families' checks across options are registered when they load
     for check in _GROUP_CHECKS:

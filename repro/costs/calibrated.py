@@ -70,7 +70,8 @@ class Calibration:
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "network": self.network, "algorithm": self.algorithm, "source": self.source,
-                "topology": self.topology.to_dict(), "realism": self.realism.to_dict(), "fit": dict(self.fit or {})}
+                "topology": self.topology.to_dict(), "realism": self.realism.to_dict(),
+                "fit": dict(self.fit or {})}
 
     @classmethod
     def from_dict(cls, d: Any) -> "Calibration":

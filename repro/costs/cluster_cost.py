@@ -38,7 +38,6 @@ __all__ = [
     "is_cluster_file", "load_cluster",
 ]
 
-# ------------------------------------------------------------------------------------------ top-k
 PUBLISHED_TOPK_GAMMA_S = 2.19e-10   # OMGS-SGD (INFOCOM 2020): P102-100, density 0.001 (preset 1gbe-allgather)
 _PUBLISHED_TOPK_DEVICE = "P102"
 # Device -> (peak memory bandwidth in bytes/s, efficiency), as repro.workload.estimate.GPU_SPECS.
@@ -78,11 +77,10 @@ def topk_gamma_for_device(device: str, flag: str = "--topk-device") -> tuple[flo
 def topk_device_of_trace(trace) -> str | None:
     """The GPU of an estimated trace (``extra["gpu"]``) or a measured one on a known device, else None."""
     extra = getattr(trace, "extra", None) or {}
-    names = (extra.get("gpu"), getattr(trace, "device", None))
-    return next((_device_key(n) for n in names if isinstance(n, str) and _device_key(n) in TOPK_DEVICES), None)
+    keys = [_device_key(n) for n in (extra.get("gpu"), getattr(trace, "device", None)) if isinstance(n, str)]
+    return next((key for key in keys if key in TOPK_DEVICES), None)
 
 
-# ------------------------------------------------------------------------------------------ sources
 def load_cost(spec: str | Path, workers: int | None, flag: str = "--cost") -> CostModel:
     """A cost model from a preset name or a cluster file (both need ``workers``), or a cost model file
     (whose P must equal ``workers`` when given). A file of that name wins over a preset."""
@@ -112,7 +110,6 @@ def load_cost(spec: str | Path, workers: int | None, flag: str = "--cost") -> Co
     return cost
 
 
-# ------------------------------------------------------------------------------------------ fitting
 _CSV_COLUMNS = {"bytes": ("bytes", "message_bytes", "size_bytes"), "workers": ("workers", "p"),
                 "seconds": ("seconds", "time_s", "seconds_per_collective"), "collective": ("collective",)}
 

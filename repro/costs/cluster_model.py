@@ -155,7 +155,6 @@ def cluster_cost_model(nodes: int, gpus_per_node: int, inter: Link | None, intra
     return CostModel(P, lines, source=f"cluster {n} node(s) x {g} ({algorithm}; {where})", meta={"cluster": cluster})
 
 
-# ------------------------------------------------------------------------------------------ cluster files
 CLUSTER_SCHEMA = "repro.launch"
 CLUSTER_VERSION = 1
 _CLUSTER_KEYS = ("schema", "version", "name", "gpus_per_node", "inter_link", "intra_link", "algorithm",

@@ -1,6 +1,6 @@
 """Fidelity: the per-message costs the measured clusters paid, fitted and cross-validated.
 
-Each collective costs ``a0 + a1·(P-1) + a2·in_flight`` beyond its line (:class:`~repro.core.realism.Realism`).
+Each collective costs ``a0 + a1·(P-1) + a2·in_flight`` beyond its line (:mod:`repro.core.realism`).
 :func:`fit_terms` fits ``(a1, a2)`` shared by both networks and ``a0``/``contention`` factors per network
 over a grid; :func:`cross_validate` leaves one network, model or GPU count out; :func:`earns_keep` says
 whether the terms beat refitting ``a0`` and contention alone. Guide: docs/fidelity.md.
@@ -223,7 +223,8 @@ def fidelity_rows(rows: pd.DataFrame, before_s: np.ndarray, after_s: np.ndarray,
     and BSP) with the paper, before, after and shipped (default: before) predictions and errors."""
     import pandas as pd
 
-    t = rows[["network", "model", "scheduler", "gpus", "iteration_s"]].rename(columns={"iteration_s": "published"})
+    t = rows[["network", "model", "scheduler", "gpus", "iteration_s"]]
+    t = t.rename(columns={"iteration_s": "published"})
     t["paper"], t["before"], t["after"] = paper_s, before_s, after_s
     t["shipped"] = before_s if shipped_s is None else shipped_s
     t["precision"] = "fp32"   # ddl-benchmarks runs FP32 only
@@ -234,9 +235,10 @@ def fidelity_rows(rows: pd.DataFrame, before_s: np.ndarray, after_s: np.ndarray,
         for (net, model, g), d in t.groupby(["network", "model", "gpus"]):
             s = d.set_index("scheduler")
             if "mgwfbp" in s.index and base in s.index:
-                rows_s.append({"quantity": "speedup", "what": f"mgwfbp/{base}", "network": net, "model": model,
-                               "precision": "fp32", "gpus": int(g),
-                               **{k: float(s.loc[base, k] / s.loc["mgwfbp", k]) for k in ("published", *KINDS)}})
+                rows_s.append({"quantity": "speedup", "what": f"mgwfbp/{base}", "network": net,
+                               "model": model, "precision": "fp32", "gpus": int(g),
+                               **{k: float(s.loc[base, k] / s.loc["mgwfbp", k])
+                                  for k in ("published", *KINDS)}})
         out.append(pd.DataFrame(rows_s))
     f = pd.concat(out, ignore_index=True)
     for k in KINDS:
@@ -262,7 +264,6 @@ def fidelity_summary(f: pd.DataFrame, by: Sequence[str] = ("quantity",)) -> pd.D
     return pd.DataFrame(out)
 
 
-# ------------------------------------------------------------------------------------------ pipeline
 FIDELITY_ROWS = pf.SHIPPED_DIR / "fidelity_rows.csv"    # every published number, paper/before/after
 FIDELITY_CV = pf.SHIPPED_DIR / "fidelity_cv.csv"        # the cross-validation table (per split)
 BASE_KEY = "link_fit_realism"   # under fit.per_message_terms: a0 and contention of the link fit

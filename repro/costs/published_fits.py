@@ -60,7 +60,6 @@ PARAMETER_BOUNDS: dict[str, tuple[float, float]] = {
 PARAMETERS = tuple(PARAMETER_BOUNDS)
 
 
-# ------------------------------------------------------------------------------------------ data
 def load_published(path: str | Path | None = None) -> pd.DataFrame:
     """The published measurements as shipped (one row per model, network, method, GPU count)."""
     import pandas as pd
@@ -105,7 +104,6 @@ def _batch_scaled(model: str, batch: int) -> Trace:
     return scaled.replace_layers(scaled.layers, batch_size=int(batch))
 
 
-# ------------------------------------------------------------------------------------------ model
 def _calibration(theta: Mapping[str, float], network: str, algorithm: str, name: str = "",
                  fit_info: Mapping[str, Any] | None = None) -> Calibration:
     topo = Topology(NODES, DEVICES_PER_NODE, Link(theta["intra_alpha_s"], theta["intra_beta_s_per_byte"]),
@@ -117,7 +115,6 @@ def _calibration(theta: Mapping[str, float], network: str, algorithm: str, name:
                               "by repro.costs.published_fits.fit", fit=fit_info)
 
 
-# ------------------------------------------------------------------------------------------ predict
 # Validation-only rows (not fitted): the plan options that match the published setup.
 VALIDATION_SCHEDULERS = ("bytescheduler", "ps_bsp")
 
@@ -161,7 +158,6 @@ def predict(rows: pd.DataFrame, calibration: Calibration | None) -> np.ndarray:
     return out
 
 
-# ------------------------------------------------------------------------------------------ fit
 def _theta(x: np.ndarray) -> dict[str, float]:
     return {k: float(10.0 ** v) for k, v in zip(PARAMETERS, x)}
 
@@ -228,7 +224,6 @@ def cross_validate(rows: pd.DataFrame, *, max_nfev: int = 60) -> pd.DataFrame:
     return out
 
 
-# ------------------------------------------------------------------------------------------ modes
 COST_MODES = ("paper", "calibrated")
 # (preset prefix, calibrated cluster, own cluster?): 1GbE has none and borrows 10GbE's realism.
 _CALIBRATED_FOR = (("10gbe", "10gbe-calibrated", True), ("56gbib", "100gbib-calibrated", True),
