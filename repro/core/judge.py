@@ -12,17 +12,12 @@ from repro.core.plan import Plan
 from repro.core.budget import Search
 from repro.core.trace import Trace
 
-__all__ = ["EXACT_UNDER", "contention_of", "judged_best"]
+__all__ = ["EXACT_UNDER", "judged_best"]
 
 # What the search records about itself (kept whichever plan wins).
 _SEARCH_RECORD = ("optimal", "lower_bound_s", "gap_pct", "labels")
 EXACT_UNDER = ("the contention-free model: the trace's computation (compute scale and update applied), the cost "
                "model's lines with their per-message overhead and copy/cast costs, perfect overlap")
-
-
-def contention_of(cost: CostModel) -> float:
-    """The slowdown of computation while communication is in flight that ``cost`` carries (0: none)."""
-    return float(cost.realism.contention) if cost.realism is not None else 0.0
 
 
 def judged_best(trace: Trace, cost: CostModel, own: Plan, rivals: Sequence[tuple[str, Callable[[], Plan]]],
@@ -32,7 +27,7 @@ def judged_best(trace: Trace, cost: CostModel, own: Plan, rivals: Sequence[tuple
     ``solver`` whose ``meta`` says which won and why (module docstring)."""
     from repro.core.simulate import simulate
 
-    c = contention_of(cost)
+    c = float(cost.realism.contention) if cost.realism is not None else 0.0
     search_s = float(own.meta["iteration_s"])
     finished = own.meta.get("optimal", True) is not False
     if c == 0:

@@ -10,12 +10,10 @@ from importlib import resources
 from pathlib import Path
 
 __all__ = ["data_dir", "shipped_dir", "shipped_path", "traces_dir", "shipped_trace_path", "shipped_traces",
-           "paper_numbers_path", "SHIPPED_KINDS"]
+           "paper_numbers_path"]
 
 _PACKAGE = Path(__file__).resolve().parents[1]  # repro/
 _CHECKOUT = _PACKAGE.parent
-#: the kinds of shipped data, one folder each (data/<kind>/)
-SHIPPED_KINDS = ("traces", "paper_numbers", "calibration", "grids", "claims")
 
 
 def shipped_dir() -> Path:

@@ -11,7 +11,7 @@ import importlib
 import pkgutil
 import sys
 from importlib.metadata import entry_points
-from typing import Any, Iterator, MutableMapping, TypeVar
+from typing import Iterator, MutableMapping, TypeVar
 
 __all__ = ["Registry", "load_families", "BUILTIN_ORDER", "ENTRY_POINT_GROUP"]
 
@@ -95,10 +95,6 @@ class Registry(MutableMapping[str, V]):
     def __len__(self) -> int:
         load_families()
         return len(self.entries)
-
-    def __contains__(self, name: Any) -> bool:
-        load_families()
-        return name in self.entries
 
     def __repr__(self) -> str:
         return f"Registry({self.what}: {', '.join(self)})"
