@@ -8,9 +8,11 @@ cluster (:mod:`repro.costs.calibrated`). Torch-free.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Mapping
 
 from repro.costs.calibrated import calibrated_presets
+from repro.costs.cluster_model import is_cluster_file as _is_cluster_file, load_cluster
 from repro.core.cost import CostModel, CostModelError, Linear, check_workers
 
 __all__ = ["preset", "PRESETS", "preset_names", "preset_workers", "is_calibrated_preset", "is_cost_file",
@@ -85,16 +87,12 @@ def preset_names() -> list[str]:
 
 def is_cost_file(name: str) -> bool:
     """True for an existing ``.json`` path that is not a preset's name (a cost model or cluster file)."""
-    from pathlib import Path
-
     return isinstance(name, str) and name.endswith(".json") and name not in PRESETS and Path(name).is_file()
 
 
 def is_cluster_file(name: str) -> bool:
     """True for a cost file that describes a cluster (``repro cost cluster``; any P)."""
-    from repro.costs.cluster_model import is_cluster_file as _is_cluster
-
-    return is_cost_file(name) and _is_cluster(name)
+    return is_cost_file(name) and _is_cluster_file(name)
 
 
 def is_calibrated_preset(name: str) -> bool:
@@ -104,10 +102,8 @@ def is_calibrated_preset(name: str) -> bool:
 
 def preset_workers(name: str) -> list[int] | None:
     """Worker counts a table preset or a one-P cost file holds, or None for one valid for any P."""
-    if is_cluster_file(name):
-        return None
     if is_cost_file(name):
-        return [CostModel.load(name).workers]
+        return None if is_cluster_file(name) else [CostModel.load(name).workers]
     if is_calibrated_preset(name):
         return None
     p = _get_preset(name)
@@ -119,8 +115,6 @@ def preset(name: str, workers: int) -> CostModel:
     (``*-calibrated``), a cost file (``.json`` of one P, which must be ``workers``) or a cluster file
     (``repro cost cluster``, any P). Unknown names and worker counts raise :class:`CostModelError`."""
     if is_cluster_file(name):
-        from repro.costs.cluster_model import load_cluster
-
         try:
             return load_cluster(name).cost_model(workers)
         except CostModelError as e:
