@@ -1,18 +1,6 @@
-"""Time budgets of the exact planners (``dear_optimal``, ``omgs_optimal``): validation, progress lines
-and the optimality record every such plan carries in ``meta``.
-
-An exact planner searches until it has proven its best plan optimal or until ``time_budget_s``
-seconds (wall clock, from the call) are spent. Either way ``plan.meta`` records
-
-- ``optimal``: True when the search finished (the plan is a proven optimum), False when the budget
-  ran out first;
-- ``lower_bound_s``: a proven lower bound on the best possible iteration seconds (equal to the
-  plan's own when optimal);
-- ``gap_pct``: ``(plan - lower bound) / lower bound x 100``, the most the plan can be above the
-  optimum (0 when optimal).
-
-A search running longer than :data:`PROGRESS_EVERY_S` logs a progress line (INFO) every
-:data:`PROGRESS_EVERY_S` seconds, and a budget that runs out logs one WARNING. Never imports torch.
+"""Time budgets of the exact planners: a search runs until its best plan is proven optimal or
+``time_budget_s`` wall-clock seconds are spent, and ``plan.meta`` records ``optimal``, ``lower_bound_s``
+and ``gap_pct`` (how far above the optimum the plan can be, in percent).
 """
 
 from __future__ import annotations
@@ -39,8 +27,7 @@ def check_time_budget(value) -> float:
 
 
 class Search:
-    """The clock of one exact search: ``expired()`` once the budget is spent, ``progress()`` lines
-    every :data:`PROGRESS_EVERY_S` seconds, ``record()`` the optimality fields of ``meta``."""
+    """The clock of one exact search: ``expired()``, ``progress()`` lines, ``record()`` of ``meta``."""
 
     def __init__(self, planner: str, time_budget_s: float, total: int, log: logging.Logger,
                  unit: str = "layers") -> None:
@@ -57,8 +44,7 @@ class Search:
         return time.perf_counter() >= self.deadline
 
     def progress(self, done: int, best_s: float, bound: Callable[[], float]) -> None:
-        """Log ``done/total`` with the incumbent and a proven bound (``bound()``, only called when a
-        line is due) every :data:`PROGRESS_EVERY_S` seconds."""
+        """Log ``done/total``, the incumbent and ``bound()`` (called only when a line is due)."""
         now = time.perf_counter()
         if now < self._next_line:
             return
@@ -69,8 +55,7 @@ class Search:
 
     def record(self, meta: dict, best_s: float, bound_s: float | None, done: int) -> dict:
         """Add ``optimal``, ``lower_bound_s`` and ``gap_pct`` to ``meta``: a proven optimum when
-        ``bound_s`` is None (the search finished), else the budget ran out at ``done`` of ``total``
-        with ``bound_s`` proven (one WARNING line)."""
+        ``bound_s`` is None, else the budget ran out at ``done`` with ``bound_s`` proven (a WARNING)."""
         if bound_s is None:
             meta.update(optimal=True, lower_bound_s=float(best_s), gap_pct=0.0)
             return meta

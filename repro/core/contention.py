@@ -1,29 +1,11 @@
 """Compute slowed by communication in flight: the engine's schedule with contention.
 
-Measured on real machines (:mod:`repro.runtime.contention` measures it on live ranks): while a collective is
-in flight, computation runs slower, because both share memory bandwidth, PCIe and CPU cores. With a
-slowdown ``c`` (``Realism.contention``), compute progresses at ``1/(1+c)`` of its speed whenever any
-communication task runs. A compute task of ``w`` seconds of work that overlaps communication for
-``o`` seconds of its span therefore takes
-
-    d = w + o · c / (1 + c)
-
-seconds (the work done during the overlap, ``o/(1+c)``, plus the rest at full speed). The overlap
-depends on the schedule, which depends on the durations, so :func:`run_tasks_with_contention` finds
-the fixed point by iteration: schedule with the current durations, measure each compute task's
-overlap with the union of the communication intervals, recompute the durations, until no
-duration moves by more than ``tol_s`` (or ``max_rounds`` rounds; the last schedule is returned).
-Each round contracts the error by at most ``c/(1+c)``. ``c = 0`` is one plain :func:`~repro.core.engine.run_tasks`.
-
-"Compute" tasks are those of the in-order streams; "communication" those of every other (queue)
-stream.
-
-The same fixed point charges the per-message cost that grows with the messages in flight
-(``Realism.message_overhead_per_in_flight_s``, ``a2``): a communication task that starts while
-``q`` other tasks of its stream are released and waiting costs ``a2 · q`` seconds more. Longer
-messages queue more behind them, so the charge and the schedule are found together; the queue at
-each start is re-measured every round (at most ``max_rounds``). ``a2 = 0`` leaves every task as is.
-Never imports torch.
+With a slowdown ``c`` (``Realism.contention``), compute tasks (in-order streams) progress at ``1/(1+c)``
+of their speed while any communication task (queue streams) runs: ``w`` seconds of work overlapping
+communication for ``o`` seconds take ``w + o·c/(1+c)``. Each communication task also costs
+``a2 · q`` more (``Realism.message_overhead_per_in_flight_s``; ``q`` other tasks of its stream waiting
+when it starts). Durations and schedule are found together by fixed-point iteration (design:
+docs/design/core.md). Torch-free.
 """
 
 from __future__ import annotations
@@ -69,8 +51,7 @@ def waiting_at_start(tasks: list[Task], ops: list[Op], in_order_streams: frozens
         if t.stream not in in_order_streams:
             by_stream.setdefault(t.stream, []).append(i)
     for idx in by_stream.values():
-        # A task starts no earlier than its release, so the tasks started by time s are among those
-        # released by s: waiting = released by s - started by s (the task itself cancels).
+        # Tasks started by time s were released by s: waiting = released - started (itself cancels).
         releases = sorted(max([tasks[i].earliest_s] + [ops[d].end_s for d in tasks[i].deps]) for i in idx)
         starts = sorted(ops[i].start_s for i in idx)
         for i in idx:
@@ -82,10 +63,9 @@ def waiting_at_start(tasks: list[Task], ops: list[Op], in_order_streams: frozens
 def run_tasks_with_contention(tasks: list[Task], in_order_streams: frozenset[str] | set[str],
                               contention: float, *, in_flight_s: float = 0.0, tol_s: float = 1e-9,
                               max_rounds: int = 200) -> list[Op]:
-    """Schedule ``tasks`` with in-order (compute) tasks slowed by ``contention`` while any other
-    stream runs a task, and every communication task charged ``in_flight_s`` seconds per other task
-    waiting on its stream when it starts (module docstring). Raises ``ValueError`` for a negative or
-    non-finite slowdown or charge."""
+    """Schedule ``tasks`` with contention and the in-flight charge (module docstring), iterating until
+    no duration moves by more than ``tol_s`` or for ``max_rounds`` rounds (the last schedule is
+    returned). Raises ``ValueError`` for a negative or non-finite slowdown or charge."""
     if not contention >= 0 or contention == float("inf"):
         raise ValueError(f"contention must be a finite non-negative slowdown, got {contention!r}")
     if not in_flight_s >= 0 or in_flight_s == float("inf"):

@@ -1,21 +1,15 @@
 """Collective communication cost models: seconds for a message of n bytes among P workers.
 
 A :class:`CostModel` holds one :class:`Linear` (``a + b * n`` seconds) per collective for a fixed
-worker count P. ``n`` is always the argument of the collective's method:
+worker count P. ``n`` is the argument of the collective's method:
 
-- ``allreduce_s(n)``: bytes of the tensor reduced (every worker holds n bytes);
-- ``reduce_scatter_s(n)``, ``allgather_s(n)``: bytes of the *full* tensor (each worker ends with /
-  starts from n / P); a ring all-reduce is one of each;
-- ``sparse_allgather_s(n)``: bytes each worker contributes (values + indices); its line is in the
-  gathered bytes P * n, as OMGS-SGD's ``T_ag(m) = a + b * m * P``;
-- ``push_s(n)``, ``pull_s(n)``: one worker's n-byte message to (from) a parameter server, alone on the link.
+- ``allreduce_s(n)``: bytes of the tensor reduced;
+- ``reduce_scatter_s(n)``, ``allgather_s(n)``: bytes of the *full* tensor;
+- ``sparse_allgather_s(n)``: bytes each worker contributes; the line is on the gathered ``P * n``
+  bytes (OMGS-SGD's ``T_ag(m) = a + b * m * P``);
+- ``push_s(n)``, ``pull_s(n)``: one worker's n-byte message to (from) a parameter server.
 
-It may carry the device's top-k cost, ``topk_s(d) = gamma * d * log2(d)`` seconds for d elements
-(``topk_gamma_s``, OMGS-SGD's ``t_spar``; :func:`fit_topk_gamma`), which sparse planners need beside
-the all-gather line. Sources: fitted lines (:meth:`CostModel.linear`), per-hop alpha, beta, gamma and
-an algorithm (:meth:`CostModel.from_alpha_beta`), least squares over measured (bytes, seconds)
-(:func:`fit_linear`, :meth:`CostModel.fit`), or presets (:func:`repro.costs.presets.preset`). Never imports
-torch.
+It may carry the top-k cost ``topk_s(d) = gamma * d * log2(d)`` seconds (``topk_gamma_s``). Torch-free.
 """
 
 from __future__ import annotations
@@ -33,11 +27,8 @@ from repro.core.families import COLLECTIVES, is_known_collective, known_collecti
 from repro.core.realism import Realism, RealismError
 from repro.core.outputs import write_output
 
-__all__ = [
-    "COLLECTIVES", "ALGORITHMS", "Linear", "CostModel", "CostModelError", "fit_linear", "relative_errors",
-    "fit_topk_gamma", "topk_time_s",
-    "alpha_beta_lines", "check_workers",
-]
+__all__ = ["COLLECTIVES", "ALGORITHMS", "Linear", "CostModel", "CostModelError", "fit_linear",
+           "relative_errors", "fit_topk_gamma", "topk_time_s", "alpha_beta_lines", "check_workers"]
 
 ALGORITHMS = ("ring", "tree", "recursive_doubling", "halving_doubling")
 
@@ -70,14 +61,11 @@ class Linear:
 
 
 def fit_linear(nbytes: Iterable[float], seconds: Iterable[float], *, weighting: str = "relative") -> Linear:
-    """Least-squares line ``a + b*bytes`` through measured (bytes, seconds) pairs, with ``a, b >= 0``.
+    """Least-squares line ``a + b*bytes`` through measured (bytes, seconds) pairs, with ``a, b >= 0``
+    exactly (a negative term of the unconstrained optimum is set to 0 and the other refitted).
 
-    ``weighting="relative"`` (default) minimises the sum of squared *relative* errors
-    ``((a + b*x - y) / y)**2``, so a 4 KiB message whose time is dominated by the start-up ``a``
-    counts as much as a 64 MiB one dominated by ``b`` (an unweighted fit lets the largest messages
-    decide and can miss small ones several-fold). ``weighting="absolute"`` is ordinary least squares.
-    The non-negativity constraint is exact: when the unconstrained optimum has a negative term, the
-    best line with that term at 0 is returned.
+    ``weighting="relative"`` (default) minimises squared *relative* errors, so small messages count as
+    much as large ones; ``"absolute"`` is ordinary least squares.
     """
     x = np.asarray(list(nbytes), dtype=float)
     y = np.asarray(list(seconds), dtype=float)
@@ -89,28 +77,22 @@ def fit_linear(nbytes: Iterable[float], seconds: Iterable[float], *, weighting: 
         raise CostModelError("fit data must be finite and non-negative")
     if weighting not in ("relative", "absolute"):
         raise CostModelError(f"weighting must be 'relative' or 'absolute', got {weighting!r}")
-    if weighting == "relative":
-        if np.any(y <= 0):
-            raise CostModelError("a relative-error fit needs positive times")
-        w = 1.0 / y
-    else:
-        w = np.ones_like(y)
+    if weighting == "relative" and np.any(y <= 0):
+        raise CostModelError("a relative-error fit needs positive times")
+    w = 1.0 / y if weighting == "relative" else np.ones_like(y)
     A = np.stack([np.ones_like(x), x], axis=1) * w[:, None]
     t = y * w
 
     def loss(a: float, b: float) -> float:
         return float(np.sum((A @ np.array([a, b]) - t) ** 2))
 
-    candidates = []
     sol, *_ = np.linalg.lstsq(A, t, rcond=None)
     if sol[0] >= 0 and sol[1] >= 0:
-        candidates.append((float(sol[0]), float(sol[1])))
-    else:  # the constrained optimum lies on a boundary: a = 0 or b = 0
-        b0 = float(max(0.0, A[:, 1] @ t / (A[:, 1] @ A[:, 1]))) if np.any(A[:, 1]) else 0.0
-        a0 = float(max(0.0, A[:, 0] @ t / (A[:, 0] @ A[:, 0])))
-        candidates += [(0.0, b0), (a0, 0.0)]
-    a, b = min(candidates, key=lambda ab: loss(*ab))
-    return Linear(a, b)
+        return Linear(float(sol[0]), float(sol[1]))
+    # the constrained optimum lies on a boundary: a = 0 or b = 0
+    b0 = float(max(0.0, A[:, 1] @ t / (A[:, 1] @ A[:, 1]))) if np.any(A[:, 1]) else 0.0
+    a0 = float(max(0.0, A[:, 0] @ t / (A[:, 0] @ A[:, 0])))
+    return Linear(*min([(0.0, b0), (a0, 0.0)], key=lambda ab: loss(*ab)))
 
 
 def relative_errors(line: Linear, nbytes: Iterable[float], seconds: Iterable[float]) -> np.ndarray:
@@ -129,8 +111,7 @@ def topk_time_s(gamma_s: float, numel):
 
 def fit_topk_gamma(numel: Iterable[float], seconds: Iterable[float]) -> float:
     """Least-squares ``gamma`` of ``t = gamma * d * log2(d)`` through measured (elements, seconds)
-    pairs, minimising squared *relative* errors (small and large tensors count alike):
-    ``gamma = sum(x/y) / sum((x/y)**2)`` with ``x = d log2 d``."""
+    pairs, minimising squared *relative* errors."""
     d = np.asarray(list(numel), dtype=float)
     y = np.asarray(list(seconds), dtype=float)
     if d.shape != y.shape or d.size < 1:
@@ -145,33 +126,25 @@ def alpha_beta_lines(workers: int, alpha_s: float, beta_s_per_byte: float,
                      gamma_s_per_byte: float = 0.0, algorithm: str = "ring") -> dict[str, Linear]:
     """Lines of every collective from per-hop latency alpha, transfer beta and reduction gamma.
 
-    All-reduce forms follow the standard analysis (Thakur et al. 2005; Chan et al. 2007) as tabulated
-    in the MG-WFBP paper. Reduce-scatter and all-gather use the matching halves: ring (P-1 steps) for
-    ``ring``, recursive halving / doubling (log2 P steps) otherwise. Push/pull are one message of one
-    worker to (from) a parameter server over one link, ``alpha + beta * n``: the parameter-server
-    simulator (:mod:`repro.families.ps.simulate`) queues the P workers' messages on the server's link itself.
+    All-reduce follows Thakur et al. 2005 / Chan et al. 2007 as tabulated by MG-WFBP; reduce-scatter and
+    all-gather are the matching halves (P-1 steps for ``ring``, log2 P otherwise); push/pull are one
+    worker's message over one link, ``alpha + beta * n``.
     """
     check_workers(workers)
     if algorithm not in ALGORITHMS:
         raise CostModelError(f"unknown algorithm '{algorithm}'; choose one of {', '.join(ALGORITHMS)}")
-    P = workers
+    P, alpha, beta, gamma = workers, alpha_s, beta_s_per_byte, gamma_s_per_byte
     frac = (P - 1) / P
     lg = math.log2(P)
-    if algorithm == "ring":
-        ar = Linear(2 * (P - 1) * alpha_s, 2 * frac * beta_s_per_byte + frac * gamma_s_per_byte)
-        half_a = (P - 1) * alpha_s
-    elif algorithm == "tree":
-        ar = Linear(2 * lg * alpha_s, 2 * lg * (beta_s_per_byte + gamma_s_per_byte))
-        half_a = lg * alpha_s
-    elif algorithm == "recursive_doubling":
-        ar = Linear(lg * alpha_s, lg * (beta_s_per_byte + gamma_s_per_byte))
-        half_a = lg * alpha_s
-    else:  # halving_doubling
-        ar = Linear(2 * lg * alpha_s, 2 * frac * beta_s_per_byte + frac * gamma_s_per_byte)
-        half_a = lg * alpha_s
-    rs = Linear(half_a, frac * (beta_s_per_byte + gamma_s_per_byte))
-    ag = Linear(half_a, frac * beta_s_per_byte)
-    ps = Linear(alpha_s, beta_s_per_byte)
+    ring_b = 2 * frac * beta + frac * gamma
+    ar_a, ar_b, half_a = {"ring": (2 * (P - 1) * alpha, ring_b, (P - 1) * alpha),
+                          "tree": (2 * lg * alpha, 2 * lg * (beta + gamma), lg * alpha),
+                          "recursive_doubling": (lg * alpha, lg * (beta + gamma), lg * alpha),
+                          "halving_doubling": (2 * lg * alpha, ring_b, lg * alpha)}[algorithm]
+    ar = Linear(ar_a, ar_b)
+    rs = Linear(half_a, frac * (beta + gamma))
+    ag = Linear(half_a, frac * beta)
+    ps = Linear(alpha, beta)
     return {"allreduce": ar, "reduce_scatter": rs, "allgather": ag, "sparse_allgather": ag,
             "push": ps, "pull": ps}
 
@@ -185,11 +158,9 @@ class CostModel:
     source: str = "custom"
     meta: Mapping[str, object] = field(default_factory=dict, compare=False)
     topk_gamma_s: float | None = None   # top-k selection: gamma * d * log2(d) seconds (None: unknown)
-    # Effects beyond the papers' model (repro.core.realism); None = the paper model. Its message overhead
-    # and copy cost are added to every line that :meth:`line` returns; ``lines`` stay the network's own.
+    # None: the paper model. Its line terms are added by :meth:`line`; ``lines`` stay the network's own.
     realism: Realism | None = None
-    # The file it was read from (CostModel.load), named by errors that only show later, such as a missing
-    # line; not part of the model (not compared, not written).
+    # The file it was read from, named by later errors; not compared, not written.
     path: str | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -205,7 +176,6 @@ class CostModel:
             raise CostModelError(f"unknown collective(s) {sorted(unknown)}; known: {', '.join(known_collectives())}")
         object.__setattr__(self, "lines", dict(self.lines))
 
-    # ---- constructors ----
     @classmethod
     def linear(cls, workers: int, a_s: float, b_s_per_byte: float, collective: str = "allreduce",
                source: str = "linear") -> "CostModel":
@@ -243,9 +213,7 @@ class CostModel:
 
     def with_realism(self, realism: Realism | None) -> "CostModel":
         """A copy carrying ``realism`` (``None`` or an all-off one: the paper model)."""
-        if realism is not None and realism.is_paper_model:
-            realism = None
-        return replace(self, realism=realism)
+        return replace(self, realism=None if realism is None or realism.is_paper_model else realism)
 
     @property
     def is_paper_model(self) -> bool:
@@ -260,11 +228,8 @@ class CostModel:
         return self if r is self.realism else replace(self, realism=r)
 
     def with_line(self, collective: str, line: Linear) -> "CostModel":
-        lines = dict(self.lines)
-        lines[collective] = line
-        return replace(self, lines=lines)
+        return replace(self, lines={**self.lines, collective: line})
 
-    # ---- queries ----
     def line(self, collective: str) -> Linear:
         if not is_known_collective(collective):
             raise CostModelError(f"unknown collective '{collective}'; known: {', '.join(known_collectives())}")
@@ -335,10 +300,8 @@ class CostModel:
             ranges.check(ranges.SECONDS_PER_BYTE, v["b_s_per_byte"], f"lines.{k}.b_s_per_byte", CostModelError,
                          what="cost model field")
             lines[k] = Linear(v["a_s"], v["b_s_per_byte"])
-        workers = ranges.check(ranges.WORKERS, d.get("workers"), "workers", CostModelError, low=2,
-                               what="cost model field")
-        if isinstance(workers, float):
-            workers = int(workers)
+        workers = int(ranges.check(ranges.WORKERS, d.get("workers"), "workers", CostModelError, low=2,
+                                   what="cost model field"))
         meta = d.get("meta", {})
         if not isinstance(meta, Mapping):
             raise CostModelError("malformed cost model JSON: field 'meta' must be an object")
@@ -359,7 +322,7 @@ class CostModel:
 
     def save(self, path: str | Path) -> None:
         """Write the model (with its fit measurements, if any) as JSON; :meth:`load` reads it back."""
-        write_output(path, self.to_json() + "\n")  # atomic; never replaces a link, FIFO or device
+        write_output(path, self.to_json() + "\n")
 
     @classmethod
     def from_json(cls, text: str) -> "CostModel":

@@ -1,31 +1,13 @@
 """A small discrete-event engine: tasks with durations and dependencies on named streams.
 
-Two kinds of stream:
-
-- *in-order* streams (the compute stream) run their tasks in the order given, each as soon as the
-  stream is free and its dependencies have finished;
-- *queue* streams (communication streams) are non-preemptive servers: when free, they run the
-  released task (all dependencies done) with the smallest ``(priority, release time, task index)``,
-  so with equal priorities they serve first-come first-served; if none is released by the time
-  the stream is free, they run the one released earliest (ties by priority, then task index) at
-  its release time.
-
-A task is *released* when all its dependencies have finished and not before its ``earliest_s``
-(an absolute time, 0 by default: e.g. a Horovod-style background cycle that only launches
-messages at its ticks).
-
-The simulation is event-driven: every stream offers a candidate ``(start time, stream rank, task)``
-(streams ranked by sorted name; a queue stream chooses among the tasks released so far) and the
-smallest candidate across streams runs next. Start times therefore never decrease, and a task
-released at the very instant a queue stream frees up competes for it only if the task releasing
-it ran earlier in that order (a zero-length task on a lower-ranked stream, say). Candidates live in
-heaps: one global heap of stream candidates and, per queue stream, one heap of the tasks released
-by its free time and one of those released later; so :func:`run_tasks` takes O((n + e) log n)
-time for ``n`` tasks and ``e`` dependency edges (100,000 tasks in well under a second; see
-``benchmarks/bench_engine.py``). Durations and priorities must not be NaN.
-
-Schedulers of every family build a task graph and hand it to :func:`run_tasks`; nothing here knows
-about layers, buckets or collectives. Never imports torch.
+*In-order* streams (compute) run their tasks in the given order, each once the stream is free and its
+dependencies are done. *Queue* streams (communication) are non-preemptive servers: when free they run
+the released task with the smallest ``(priority, release time, task index)`` (first-come first-served
+at equal priority), else the one released earliest, at its release time. A task is released when its
+dependencies are done and not before its ``earliest_s``. Across streams, the smallest candidate
+``(start, stream rank by sorted name, task)`` runs next; O((n + e) log n) for n tasks and e edges
+(design: docs/design/core.md). Durations and priorities must not be NaN. Knows nothing of layers or
+collectives; torch-free.
 """
 
 from __future__ import annotations
@@ -66,12 +48,11 @@ class Op:
 
 def run_tasks(tasks: list[Task], in_order_streams: frozenset[str] | set[str],
               durations: list[float] | None = None) -> list[Op]:
-    """Schedule ``tasks``; returns one :class:`Op` per task, in task order. ``durations`` (seconds,
-    one per task) replaces the tasks' own ``duration_s`` when given (a re-run with stretched tasks).
+    """Schedule ``tasks``; one :class:`Op` per task, in task order. ``durations`` (seconds, one per
+    task) replaces the tasks' own ``duration_s`` when given.
 
     Raises ``ValueError`` on a negative duration, a dependency on an unknown task, or a dependency
     cycle (including an in-order stream whose next task waits on a later task of that stream).
-    Takes O((n + e) log n) time for ``n`` tasks and ``e`` dependency edges.
     """
     n = len(tasks)
     if durations is None:
@@ -100,47 +81,44 @@ def run_tasks(tasks: list[Task], in_order_streams: frozenset[str] | set[str],
     task_rank = [rank_of[t.stream] for t in tasks]
     priorities = [t.priority for t in tasks]
     free = [0.0] * len(streams)
-    # In-order streams: their tasks in the given order, and the position of the next one to run.
     order: list[list[int]] = [[] for _ in streams]
     head = [0] * len(streams)
-    # Queue streams: released tasks (all dependencies done) in two heaps, split by release time
-    # against the stream's free time (which never decreases): ``ready`` (release <= free) on
-    # (priority, release, index) and ``future`` (release > free) on (release, priority, index).
-    # Whenever a stream's free time moves, tasks it overtook move from ``future`` to ``ready``.
+    # Queue streams: released tasks split against the stream's free time (never decreasing):
+    # ``ready`` (release <= free) on (priority, release, index), ``future`` on (release, priority, index).
     ready: list[list[tuple]] = [[] for _ in streams]
     future: list[list[tuple]] = [[] for _ in streams]
     for i, r in enumerate(task_rank):
         if not is_queue[r]:
             order[r].append(i)
         elif missing[i] == 0:
-            if release[i] <= 0.0:
-                ready[r].append((priorities[i], 0.0, i))  # free time and release time both 0.0
-            else:
-                future[r].append((release[i], priorities[i], i))
-    # Every stream's candidate (start, stream rank, task), or None: for an in-order stream its next
-    # task once released, at max(free, release); for a queue stream the top of ``ready`` at its
-    # free time, else the top of ``future`` at its release time. ``events`` is a heap holding each
-    # current candidate (the very tuple in ``cand``) plus stale ones, dropped when they surface.
-    cand: list[tuple[float, int, int] | None] = [None] * len(streams)
-    events: list[tuple[float, int, int]] = []
-    for r in range(len(streams)):
+            future[r].append((release[i], priorities[i], i))
+    for fu in future:
+        heapify(fu)
+
+    def candidate(r: int, now: float) -> tuple[float, int, int] | None:
+        """Stream r's candidate (start, stream rank, task) once free at ``now``, or None."""
         if is_queue[r]:
-            heapify(ready[r])
-            heapify(future[r])
-            if ready[r]:
-                cand[r] = (0.0, r, ready[r][0][2])
-            elif future[r]:
-                cand[r] = (future[r][0][0], r, future[r][0][2])
-        elif order[r] and not missing[order[r][0]]:
-            cand[r] = (release[order[r][0]], r, order[r][0])
-        if cand[r] is not None:
-            events.append(cand[r])  # type: ignore[arg-type]
+            rd, fu = ready[r], future[r]
+            while fu and fu[0][0] <= now:
+                rel, prio, j = heappop(fu)
+                heappush(rd, (prio, rel, j))
+            if rd:
+                return now, r, rd[0][2]
+            return (fu[0][0], r, fu[0][2]) if fu else None
+        seq, h = order[r], head[r]
+        if h < len(seq) and not missing[seq[h]]:
+            return max(now, release[seq[h]]), r, seq[h]
+        return None
+
+    # ``events`` holds every current candidate (the very tuple in ``cand``) plus stale ones, dropped
+    # when they surface.
+    cand = [candidate(r, 0.0) for r in range(len(streams))]
+    events = [c for c in cand if c is not None]
     heapify(events)
 
     cycle = "task graph has a dependency cycle (or an in-order stream waits on itself)"
     nxt = None  # the new candidate of the stream that ran last, not yet in ``events``
     for _ in range(n):
-        # The smallest current candidate across streams runs next.
         if nxt is not None:
             best = heappushpop(events, nxt)
         elif events:
@@ -168,8 +146,7 @@ def run_tasks(tasks: list[Task], in_order_streams: frozenset[str] | set[str],
             release[j] = max(release[j], e)
             if missing[j]:
                 continue
-            # j is released: file it; if it changes another stream's candidate, push the new one
-            # (stream r's own candidate is recomputed below).
+            # j is released; push another stream's candidate it changes (stream r's is recomputed below)
             rj = task_rank[j]
             rel = release[j]
             if is_queue[rj]:
@@ -189,25 +166,5 @@ def run_tasks(tasks: list[Task], in_order_streams: frozenset[str] | set[str],
             elif rj != r and order[rj][head[rj]] == j:
                 c = cand[rj] = (max(free[rj], rel), rj, j)
                 heappush(events, c)
-        # Stream r's next candidate.
-        if is_queue[r]:
-            rd, fu = ready[r], future[r]
-            while fu and fu[0][0] <= e:
-                rel, prio, j = heappop(fu)
-                heappush(rd, (prio, rel, j))
-            if rd:
-                nxt = (e, r, rd[0][2])
-            elif fu:
-                nxt = (fu[0][0], r, fu[0][2])
-            else:
-                nxt = None
-        else:
-            seq = order[r]
-            h = head[r]
-            if h < len(seq) and not missing[seq[h]]:
-                j = seq[h]
-                nxt = (max(e, release[j]), r, j)
-            else:
-                nxt = None
-        cand[r] = nxt
+        nxt = cand[r] = candidate(r, e)
     return [Op(t.stream, t.kind, t.label, start[i], end[i]) for i, t in enumerate(tasks)]

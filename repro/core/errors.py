@@ -1,6 +1,4 @@
-"""Errors shared by the torch-free core, kept in a module that imports nothing of this package, so that
-the value types and registries that raise them (:mod:`repro.core.plan`, :mod:`repro.core.families`) need not
-import each other for them."""
+"""Errors shared by the torch-free core, in a module that imports nothing of this package."""
 
 from __future__ import annotations
 
@@ -8,4 +6,4 @@ __all__ = ["PlanError"]
 
 
 class PlanError(ValueError):
-    """A plan is malformed or does not fit the trace it is used with (re-exported by :mod:`repro.core.plan`)."""
+    """A plan is malformed or does not fit the trace it is used with."""

@@ -1,40 +1,15 @@
 """The family registry: what each kind of gradient exchange needs from the shared code.
 
-A **family** is a way of moving gradients: all-reduce during backward (MG-WFBP and its baselines),
-and the families later schedulers add (sparse all-gather, reduce-scatter + all-gather across
-iterations, a parameter server). A family is one :class:`Family` entry in :data:`FAMILIES`; the shared
-code (:class:`~repro.core.plan.Plan`, :func:`repro.core.simulate.simulate`, the training loop) consults the entry and
-never compares family names. An entry supplies:
-
-- **plan validation**: the collectives and phases its messages may use, its options (name, meaning,
-  check), an optional structural check of the buckets and an optional check of the whole plan (its
-  options against its buckets);
-- **bytes on the wire** per message (default: every message carries its bucket's gradient bytes);
-- **the simulator's task builder**: ``fn(trace, plan, cost) -> SimGraph`` for the event engine, and
-  optionally a closed form ``fn(trace, plan, cost) -> SimResult | None`` used when no timeline is
-  asked for;
-- **the runtime executor**: a class implementing :class:`repro.runtime.executor.Executor`;
-- **calibration** (optional): ``fn(trace, device, repeats, network_cost, **planner_options) ->
-  CostModel``, called on every rank of a live run before planning, returns what the family's planners
-  need (a fitted line of its collective, the top-k cost, ...); ``network_cost`` is the ``--network``
-  preset's model or None (then fit on the live group);
-- **serving ranks** (optional, the parameter server): ``fn(ctx, cfg, model, optimizer, plan) -> dict``
-  run by the first ``cfg.servers`` ranks instead of the training loop, with the model and optimizer in
-  the state the trainers reached at the end of the warm-up; the other ranks train (their
-  collectives go over a process group of the training ranks only) and the executor talks to the
-  servers. The dict holds tidy tables the servers recorded (name -> rows), written with the run.
-  ``door_servers`` places the same servers under :func:`repro.distribute`
-  (:class:`repro.runtime.serving.DoorServers`).
-- **CUDA tensors over gloo** (``gloo_cpu_only``): why its executor cannot run a CUDA model on the gloo
-  backend, or None when it can; ``repro train``'s config check and :func:`repro.distribute` refuse such
-  a run in one line before any collective.
-
-Hooks are ``"module:attribute"`` strings imported on first use, so this table (and the torch-free
-core) never imports torch, and a family's files are loaded only when a plan of that family is used.
-
-A family registers its entry with :func:`register_family` from its own package's ``__init__``
-(``repro/families/<name>/``, or another package named under the entry-point group ``repro.families``;
-:mod:`repro.core.registry`); docs/extending.md walks through one. Nothing else is edited.
+A **family** is a way of moving gradients (all-reduce during backward, sparse all-gather,
+reduce-scatter + all-gather across iterations, a parameter server), declared as one :class:`Family`
+in :data:`FAMILIES`. The shared code (:class:`~repro.core.plan.Plan`, :func:`repro.core.simulate.simulate`,
+the training loop) consults the entry and never compares family names. Its fields say what the family
+supplies: plan validation (collectives, phases, options, bucket and plan checks), bytes per message,
+the simulator's task builder and closed form, the runtime executor, calibration, serving ranks (``server`` under ``repro train``, ``door_servers``
+under :func:`repro.distribute`), and
+why its executor cannot take CUDA tensors over gloo. Hooks are ``"module:attribute"`` strings
+imported on first use, so the core never imports torch. A family registers itself with
+:func:`register_family` from its package's ``__init__`` (docs/extending.md).
 """
 
 from __future__ import annotations
@@ -44,7 +19,6 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
-from repro.core import ranges
 from repro.core.errors import PlanError
 from repro.core.registry import Registry
 
@@ -110,7 +84,7 @@ def number_option(name: str, doc: str, *, minimum: float | None = None, maximum:
 
 @dataclass(frozen=True)
 class Family:
-    """One family's contract with the shared code (see the module docstring)."""
+    """One family's contract with the shared code. Hooks are ``"module:attribute"`` strings."""
 
     name: str
     doc: str
@@ -118,16 +92,18 @@ class Family:
     collectives: tuple[str, ...]
     phases: tuple[str, ...]
     options: tuple[Option, ...]
-    simulator: str                       # "module:fn", fn(trace, plan, cost) -> repro.core.simulate.SimGraph
-    executor: str                        # "module:Class" implementing repro.runtime.executor.Executor
-    closed_form: str | None = None       # "module:fn", fn(trace, plan, cost) -> SimResult | None
-    message_bytes: str | None = None     # "module:fn", fn(trace, plan) -> [[bytes per message] per bucket]
-    check_buckets: str | None = None     # "module:fn", fn(buckets) raising ValueError on a bad shape
-    check_plan: str | None = None        # "module:fn", fn(plan) raising ValueError across options and buckets
-    calibrate: str | None = None         # "module:fn", fn(trace, device, repeats, network_cost, **options) -> CostModel
-    server: str | None = None            # "module:fn", fn(ctx, cfg, model, optimizer, plan) -> dict: serving ranks
-    door_servers: str | None = None      # "module:obj", repro.runtime.serving.DoorServers: its servers in distribute
-    executor_options: tuple[str, ...] = ()  # run options (repro.core.run_options) its executor takes as keywords
+    simulator: str                       # fn(trace, plan, cost) -> repro.core.simulate.SimGraph
+    executor: str                        # Class implementing repro.runtime.executor.Executor
+    closed_form: str | None = None       # fn(trace, plan, cost) -> SimResult | None
+    message_bytes: str | None = None     # fn(trace, plan) -> [[bytes per message] per bucket]
+    check_buckets: str | None = None     # fn(buckets), ValueError on a bad shape
+    check_plan: str | None = None        # fn(plan), ValueError across options and buckets
+    calibrate: str | None = None         # fn(trace, device, repeats, network_cost, **options) -> CostModel
+    # fn(ctx, cfg, model, optimizer, plan) -> {table name: rows}, run by the first cfg.servers ranks
+    # (model and optimizer as the trainers left them after the warm-up) instead of the training loop
+    server: str | None = None
+    door_servers: str | None = None      # repro.runtime.serving.DoorServers: its server ranks under distribute
+    executor_options: tuple[str, ...] = ()  # run options (repro.core.run_options) its executor takes
     gloo_cpu_only: str | None = None     # why its executor on gloo cannot take CUDA tensors (None: it can)
     _cache: dict = field(default_factory=dict, compare=False, repr=False)
 
@@ -139,7 +115,6 @@ class Family:
             self._cache[which] = resolve(ref)
         return self._cache[which]
 
-    # ---- plan validation (called by Plan) ----
     def check_options(self, options: Mapping[str, Any]) -> dict[str, Any]:
         known = {o.name: o for o in self.options}
         out = {}
@@ -185,7 +160,6 @@ class Family:
         except ValueError as e:
             raise PlanError(str(e)) from None
 
-    # ---- bytes, simulation, execution ----
     def bytes_per_message(self, trace: Any, plan: Any) -> list[list[float]]:
         """Bytes of every message of every bucket, as :meth:`repro.core.cost.CostModel.time_s` takes them."""
         fn = self.hook("message_bytes")
@@ -199,8 +173,9 @@ class Family:
 
     def calibrate_cost(self, trace: Any, device: Any, repeats: int, network_cost: Any = None,
                        **options: Any) -> Any:
-        """The cost model for planning this family on the live group (see the module docstring);
-        without a calibration hook, ``network_cost`` (which must then be given)."""
+        """The cost model for planning this family on the live group (called on every rank before
+        planning; ``network_cost``: the ``--network`` preset's model or None, then fit on the live
+        group). Without a calibration hook, ``network_cost``, which must then be given."""
         fn = self.hook("calibrate")
         if fn is not None:
             return fn(trace, device, repeats, network_cost, **options)
@@ -242,12 +217,10 @@ def register_family(family: Family, *, replace: bool = False) -> Family:
 
 
 def is_known_collective(name: str) -> bool:
-    """Whether ``name`` is a builtin collective or one a registered family declares (builtins need no
-    family loaded: a core module may ask while being imported)."""
+    """Whether ``name`` is a builtin collective (no family loaded) or one a registered family declares."""
     return name in COLLECTIVES or name in known_collectives()
 
 
 def known_collectives() -> tuple[str, ...]:
-    """Every collective a message may use: the builtin ones a cost model can price
-    (:data:`COLLECTIVES`) and those the registered families declare."""
+    """Every collective a message may use: :data:`COLLECTIVES` and those the families declare."""
     return tuple(dict.fromkeys([*COLLECTIVES, *(c for f in FAMILIES.values() for c in f.collectives)]))

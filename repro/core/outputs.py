@@ -1,22 +1,12 @@
 """Writing to a path the user gave, without destroying anything that is there.
 
-Every file this package writes at a user's path (``repro plan -o``, figures, tables, gallery pages)
-goes through :func:`check_output` (before any work) and :func:`write_output` / :func:`output_file`:
-
-* nothing, or a regular file: written to a temporary file in the same folder (``.repro-<8 hex>.tmp``
-  plus the suffix) and renamed over the path, so a reader or a killed run sees the old file or the new;
-* a symbolic link: stays a link; its target is written by these rules (a dangling link creates it
-  when the target's folder exists);
-* a FIFO or a character device (``/dev/null``, ``/dev/stdout``, a terminal): written *into*, as a shell
-  redirection would, never replaced. A FIFO is opened when checked and held until written
-  (:func:`release_outputs` closes it if nothing is written); one with no reader is refused at once;
-* a folder, a block device, a socket, a path below a file, a missing folder, an unwritable place, or
-  text ending in a separator (``newdir/``, which names a folder): refused with one
-  :class:`OutputPathError` line naming the path.
-
-A replaced regular file keeps its permission bits and, where this process may set them, its owner and
-group; a new file gets ``0666`` less the umask. A read-only file is refused unless this process may
-write it anyway (root), and then stays read-only.
+Every file written at a user's path goes through :func:`check_output` (before any work) and
+:func:`write_output` / :func:`output_file`. A regular file is replaced atomically (temporary file in
+the same folder, then rename) keeping its permission bits and, where allowed, owner and group; a new
+file gets ``0666`` less the umask. A symbolic link stays a link and its target is written. A FIFO or
+character device is written into, never replaced (a FIFO with no reader is refused). A folder, block
+device, socket, missing folder, unwritable place or a name ending in a separator is refused with one
+:class:`OutputPathError` line naming the path. Rules in full: docs/design/core.md.
 """
 
 from __future__ import annotations
@@ -35,7 +25,7 @@ __all__ = ["OutputPathError", "InputPathError", "check_output", "write_output", 
 
 _MAX_LINKS = 40  # as the kernel's own limit on symbolic links in one lookup
 
-# FIFOs that check_output opened for writing, by (st_dev, st_ino): written into and closed at the end
+# FIFOs check_output opened for writing, by (st_dev, st_ino)
 _held_fifos: dict[tuple[int, int], int] = {}
 
 
@@ -48,8 +38,8 @@ def _why(e: OSError) -> str:
 
 
 def resolve_output(path: str | os.PathLike) -> Path:
-    """The path that will really be written: ``path`` with its symbolic links followed (a dangling
-    link gives its target). Raises :class:`OutputPathError` for a link loop."""
+    """``path`` with its symbolic links followed (a dangling link gives its target); a link loop
+    raises :class:`OutputPathError`."""
     p = Path(path)
     for _ in range(_MAX_LINKS):
         try:
@@ -63,28 +53,21 @@ def resolve_output(path: str | os.PathLike) -> Path:
 
 
 def _kind(p: Path) -> str:
-    """'missing', 'regular', 'fifo', 'chardev', 'dir' or 'other' (block device, socket)."""
+    """'missing', 'below-file', 'regular', 'fifo', 'chardev', 'dir' or 'other'."""
     try:
         mode = p.stat().st_mode
     except FileNotFoundError:
         return "missing"
     except NotADirectoryError:
         return "below-file"
-    if stat.S_ISREG(mode):
-        return "regular"
-    if stat.S_ISFIFO(mode):
-        return "fifo"
-    if stat.S_ISCHR(mode):
-        return "chardev"
-    if stat.S_ISDIR(mode):
-        return "dir"
-    return "other"
+    kinds = ((stat.S_ISREG, "regular"), (stat.S_ISFIFO, "fifo"), (stat.S_ISCHR, "chardev"),
+             (stat.S_ISDIR, "dir"))
+    return next((kind for test, kind in kinds if test(mode)), "other")
 
 
 def check_output(path: str | os.PathLike) -> Path:
     """Refuse, before any work, an output path that cannot be written by the rules of this module;
-    return the path that will be written (links followed). Writes nothing (the folder's
-    writability is checked with :func:`os.access`, so not even a probe file appears)."""
+    return the path that will be written (links followed). Writes nothing."""
     shown = Path(path)
     text = os.fsdecode(os.fspath(path))
     if text == "":
@@ -128,8 +111,7 @@ def _fifo_key(real: Path) -> tuple[int, int]:
 
 
 def _hold_fifo(real: Path, shown: Path) -> None:
-    """Open the FIFO ``real`` for writing now (once) and keep it open until :func:`_write_into`: refused at
-    once when no process reads it, and a reader sees no end of file while the work runs."""
+    """Open the FIFO ``real`` for writing now (once) and hold it until :func:`_write_into`."""
     key = _fifo_key(real)
     if key in _held_fifos:
         return
@@ -145,8 +127,7 @@ def _hold_fifo(real: Path, shown: Path) -> None:
 
 
 def release_outputs() -> None:
-    """Close the FIFOs :func:`check_output` holds open for a write that is not coming (the command failed
-    after the check); their readers see the end of file."""
+    """Close the FIFOs :func:`check_output` holds open for a write that is not coming."""
     while _held_fifos:
         os.close(_held_fifos.popitem()[1])
 
@@ -179,7 +160,7 @@ def _temp_name(real: Path) -> Path:
 
 
 def _umask() -> int:
-    """This process's umask, read without changing it where Linux says it (``/proc/self/status``)."""
+    """This process's umask, read from ``/proc/self/status`` where it can be (without changing it)."""
     try:
         with open("/proc/self/status", encoding="ascii") as f:
             for line in f:
@@ -193,9 +174,8 @@ def _umask() -> int:
 
 
 def _take_over_metadata(tmp: Path, real: Path) -> None:
-    """Give ``tmp`` what the file it is about to replace has: its permission bits and, where this process
-    may set them, its owner and group; a new file gets ``0666`` less the umask, whatever mode the writer
-    (or ``mkstemp``'s ``0600``) gave the temporary file."""
+    """Give ``tmp`` the mode (and, where allowed, owner and group) of the file it replaces, or ``0666``
+    less the umask for a new file."""
     try:
         old = os.stat(real)
     except FileNotFoundError:
@@ -217,10 +197,8 @@ def _take_over_metadata(tmp: Path, real: Path) -> None:
 
 @contextmanager
 def output_file(path: str | os.PathLike) -> Iterator[Path]:
-    """A temporary path to write the output into; on a clean exit it becomes ``path`` by the rules of
-    this module (renamed over a regular file or a link's target; copied into a FIFO or device); on an
-    exception it is removed and ``path`` is untouched. The temporary path keeps ``path``'s suffix, so
-    writers that pick a format by suffix (``savefig``) work::
+    """A temporary path (with ``path``'s suffix) to write into; on a clean exit it becomes ``path`` by
+    the rules of this module, on an exception it is removed and ``path`` is untouched::
 
         with output_file(out / "fig.png") as tmp:
             fig.savefig(tmp)
@@ -269,9 +247,8 @@ class InputPathError(ValueError):
 
 
 def read_input(kind: str, path: str | os.PathLike, load: Callable[[Path], Any]) -> Any:
-    """``load(path)`` of a ``kind`` JSON file (``"plan"``, ``"cost model"``), every error naming the
-    file: a folder, a device, bytes that are not UTF-8, absurd nesting and an unreadable file are
-    :class:`InputPathError` here; the loader names what it checks itself."""
+    """``load(path)`` of a ``kind`` JSON file (``"plan"``, ``"cost model"``); a folder, a device,
+    non-UTF-8 bytes, absurd nesting and an unreadable file raise :class:`InputPathError` naming it."""
     p = Path(path)
     if p.is_dir():
         raise InputPathError(f"{kind} {p} is a folder, not a {kind} file")

@@ -1,16 +1,6 @@
-"""Where files are: the data shipped with the package, and the root of local datasets.
-
-Shipped data lives in the top-level ``data/`` folder of the repository (traces, published paper
-numbers, calibrated presets, the papers' grids and claims; ``data/README.md`` says where each kind
-comes from). pyproject.toml installs that folder as the package ``repro.shipped``, so a wheel and an
-editable install both carry it; :func:`shipped_dir` is the one place that finds it (through
-:mod:`importlib.resources`, or, in a checkout on ``sys.path`` that is not installed, ``data/`` beside
-the package). Every other module asks this one (:func:`shipped_path`, :func:`traces_dir`, ...) and
-never builds the path itself.
-
-Local datasets (CIFAR-10, ImageNet, PTB; never downloaded) are read from :func:`data_dir`:
-``REPRO_DATA_DIR`` if set, else ``data/datasets/`` of the repository checkout the package runs from
-(git-ignored), else ``./data/datasets`` in the working directory.
+"""Where files are: the shipped data (the repository's ``data/``, installed as ``repro.shipped``) and
+the root of local datasets (:func:`data_dir`: ``REPRO_DATA_DIR``, else ``data/datasets/`` of the
+checkout, else ``./data/datasets``).
 """
 
 from __future__ import annotations
@@ -20,19 +10,16 @@ from importlib import resources
 from pathlib import Path
 
 __all__ = ["data_dir", "shipped_dir", "shipped_path", "traces_dir", "shipped_trace_path", "shipped_traces",
-           "paper_numbers_path", "SHIPPED_KINDS"]
+           "paper_numbers_path"]
 
 _PACKAGE = Path(__file__).resolve().parents[1]  # repro/
 _CHECKOUT = _PACKAGE.parent
-#: the kinds of shipped data, one folder each (data/<kind>/, installed as repro/shipped/<kind>/)
-SHIPPED_KINDS = ("traces", "paper_numbers", "calibration", "grids", "claims")
 
 
 def shipped_dir() -> Path:
-    """The shipped data's folder: ``repro/shipped`` of an installed wheel, ``data/`` of a checkout
-    (installed editable, or on ``sys.path`` without being installed). A checkout's own ``data/`` comes
-    first: another checkout's editable install maps ``repro.shipped`` to *its* data, which a worktree on
-    ``PYTHONPATH`` ahead of it must not read (its grids, traces and claims would be the other's)."""
+    """The shipped data's folder: ``data/`` of a checkout, else ``repro/shipped`` of an installed wheel.
+    A checkout's own ``data/`` comes first: another checkout's editable install maps ``repro.shipped``
+    to *its* data."""
     if (_CHECKOUT / "pyproject.toml").is_file() and (_CHECKOUT / "data").is_dir():
         return _CHECKOUT / "data"
     try:

@@ -1,31 +1,21 @@
 """Plan: which gradients travel together, how, when and in which order.
 
-A :class:`Plan` is the seam between planners (which produce it) and the simulator and runtime (which
-execute it). It names its **family** (:mod:`repro.core.families`: all-reduce, and the families added by
-later schedulers) and holds **buckets** in the order the communication stream should prefer them (for
-the all-reduce family: backward order, output side first). A bucket holds any set of layers,
-contiguous or not, or one **piece** of a single layer (a layer split into ``count`` near-equal chunks,
-as ByteScheduler partitions tensors). Per bucket, its **messages** say what the communication stream
-does with it: the collective, the **phase** it runs in and a **priority** (lower first):
-
-- ``backward``: sent once all the bucket's gradients of this iteration are ready (WFBP, MG-WFBP,
-  DeAR's reduce-scatter, a parameter server's push);
-- ``next_forward``: must complete before the bucket's layers run forward in the next iteration
-  (DeAR's all-gather);
-- ``background``: runs across iterations, off the critical path (OSP's second stage).
-
-Family **options** (the wire dtype, and what later families declare: top-k density, sync mode,
-staleness bound, stage split) are validated by the family's declaration, not kept as free ``meta``;
-``meta`` holds only information such as the planner's ``iteration_s`` prediction. JSON form::
+A :class:`Plan` is what planners produce and the simulator and runtime execute. It names its family
+(:mod:`repro.core.families`) and holds buckets in the order the communication stream should prefer
+them. A bucket holds any set of layers, or one **piece** of a single layer (``count`` near-equal
+chunks by elements). Each of its messages has a collective, a **phase** and a **priority** (lower
+first): ``backward`` (sent once the bucket's gradients are ready), ``next_forward`` (done before its
+layers run forward in the next iteration) or ``background`` (across iterations, off the critical
+path). Family options (wire dtype, density, ...) are validated by the family; ``meta`` holds
+information such as the planner's ``iteration_s``. JSON form::
 
     {"family": "allreduce", "solver": "mgwfbp", "options": {"wire_dtype": "float16"},
      "buckets": [["fc.weight", "fc.bias"], ["conv1.weight"]], "iteration_s": 0.12}
 
-A bucket that is not one backward all-reduce of whole layers at priority 0 is written as an object,
-``{"layers": [...], "messages": [{"collective": "reduce_scatter", "phase": "backward",
-"priority": 0}, ...], "piece": [0, 4]}``. Older plan files still load: no ``family`` means
-all-reduce, a top-level ``wire_dtype`` and a ``collectives`` list are understood. This module never
-imports torch.
+A bucket other than one backward all-reduce of whole layers at priority 0 is an object
+``{"layers": [...], "messages": [{"collective", "phase", "priority"}, ...], "piece": [0, 4]}``. Older
+files still load: no ``family`` means all-reduce; a top-level ``wire_dtype`` and a ``collectives``
+list are understood. Torch-free.
 """
 
 from __future__ import annotations
@@ -126,8 +116,7 @@ class Bucket:
             if not messages:
                 raise PlanError("a bucket needs at least one message")
             object.__setattr__(self, "messages", messages)
-        if self.piece is not None:
-            p = self.piece
+        if (p := self.piece) is not None:
             if (not isinstance(p, (tuple, list)) or len(p) != 2
                     or not all(isinstance(v, int) and not isinstance(v, bool) for v in p)):
                 raise PlanError(f"bucket piece must be [index, count] integers, got {p!r}")
@@ -181,8 +170,7 @@ class Bucket:
 
 
 def layer_wire_bytes(trace: Trace, wire_dtype: str | None = None) -> np.ndarray:
-    """Bytes each layer's gradient occupies on the wire: the trace's bytes, or params x the wire
-    dtype's size. Planners and the simulator both use this, so a plan is solved on the bytes it sends."""
+    """Bytes of each layer's gradient on the wire: the trace's bytes, or params x the wire dtype's size."""
     if wire_dtype is None:
         return trace.bytes()
     try:
@@ -194,7 +182,7 @@ def layer_wire_bytes(trace: Trace, wire_dtype: str | None = None) -> np.ndarray:
 
 def _piece_fraction(params: int, index: int, count: int) -> float:
     """Fraction of a layer's elements in chunk ``index`` of ``count`` (the first ``params % count``
-    chunks hold one element more)."""
+    chunks hold one more)."""
     if params <= 0:
         return 1.0 / count
     base, extra = divmod(params, count)
@@ -204,9 +192,8 @@ def _piece_fraction(params: int, index: int, count: int) -> float:
 class Plan:
     """Ordered buckets of one family, with validated family options. Immutable.
 
-    ``Plan(buckets, solver, wire_dtype, meta, family=..., options=...)``; ``wire_dtype`` is a shortcut
-    for ``options["wire_dtype"]``. Options are checked against the family's declaration
-    (:mod:`repro.core.families`): an unknown option or a bad value raises :class:`PlanError`.
+    ``wire_dtype`` is a shortcut for ``options["wire_dtype"]``. An unknown option, a bad value or a
+    layer in two buckets raises :class:`PlanError`.
     """
 
     __slots__ = ("buckets", "solver", "family", "_options", "meta")
@@ -234,16 +221,14 @@ class Plan:
         whole: set[str] = set()
         pieces: dict[str, dict[int, int]] = {}
         for b in buckets:
+            for name in b.layers:
+                if name in whole or (b.piece is None and name in pieces):
+                    raise PlanError(f"layer '{name}' appears in more than one bucket")
             if b.piece is None:
-                for name in b.layers:
-                    if name in whole or name in pieces:
-                        raise PlanError(f"layer '{name}' appears in more than one bucket")
-                    whole.add(name)
+                whole.update(b.layers)
             else:
                 name = b.layers[0]
                 index, count = b.piece
-                if name in whole:
-                    raise PlanError(f"layer '{name}' appears in more than one bucket")
                 have = pieces.setdefault(name, {})
                 if index in have or any(c != count for c in have.values()):
                     raise PlanError(f"layer '{name}' is split inconsistently: piece [{index}, {count}] "
@@ -254,13 +239,10 @@ class Plan:
             if len(have) != count:
                 raise PlanError(f"layer '{name}' is split into {count} pieces but the plan has "
                                 f"{len(have)} of them")
-        set_ = object.__setattr__
-        set_(self, "buckets", buckets)
-        set_(self, "solver", solver)
-        set_(self, "family", fam.name)
-        set_(self, "_options", tuple(sorted(opts.items())))
-        set_(self, "meta", dict(meta or {}))
-        fam.validate_plan(self)  # checks across options and buckets (e.g. a server per bucket)
+        for name, value in (("buckets", buckets), ("solver", solver), ("family", fam.name),
+                            ("_options", tuple(sorted(opts.items()))), ("meta", dict(meta or {}))):
+            object.__setattr__(self, name, value)
+        fam.validate_plan(self)
 
     def __setattr__(self, name: str, value: Any) -> None:
         raise AttributeError(f"Plan is immutable; build a new one (cannot set '{name}')")
@@ -278,7 +260,6 @@ class Plan:
         opts = f", options={self.options}" if self._options else ""
         return f"Plan(family={self.family!r}, solver={self.solver!r}, buckets={self.num_buckets}{opts})"
 
-    # ---- options ----
     @property
     def options(self) -> dict[str, Any]:
         """The family options set on this plan (validated; defaults are not filled in)."""
@@ -302,7 +283,6 @@ class Plan:
         kw.update(changes)
         return Plan(kw["buckets"], kw["solver"], meta=kw["meta"], family=kw["family"], options=kw["options"])
 
-    # ---- construction from layer indices (what planners produce) ----
     @classmethod
     def from_groups(cls, trace: Trace, groups: Iterable[Sequence[int]], solver: str,
                     collective: str = "allreduce", **kwargs: Any) -> "Plan":
@@ -313,8 +293,7 @@ class Plan:
         return cls(buckets, solver=solver, **kwargs)
 
     def groups(self, trace: Trace) -> list[list[int]]:
-        """Layer indices per bucket; checks that the plan covers every layer of ``trace`` exactly once
-        (a layer split into pieces is covered by all of its pieces)."""
+        """Layer indices per bucket; checks that the plan covers every layer of ``trace`` exactly once."""
         index = trace.index()
         out = []
         for b in self.buckets:
@@ -335,20 +314,14 @@ class Plan:
         carries its share of its layer)."""
         nbytes = layer_wire_bytes(trace, self.wire_dtype)
         params = trace.params()
-        out = []
-        for b, g in zip(self.buckets, self.groups(trace)):
-            if b.piece is None:
-                out.append(float(sum(nbytes[i] for i in g)))
-            else:
-                i = g[0]
-                out.append(float(nbytes[i]) * _piece_fraction(int(params[i]), *b.piece))
-        return out
+        return [float(sum(nbytes[i] for i in g)) if b.piece is None
+                else float(nbytes[g[0]]) * _piece_fraction(int(params[g[0]]), *b.piece)
+                for b, g in zip(self.buckets, self.groups(trace))]
 
     @property
     def num_buckets(self) -> int:
         return len(self.buckets)
 
-    # ---- JSON ----
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {"family": self.family, "solver": self.solver}
         d.update(self.meta)
@@ -361,7 +334,7 @@ class Plan:
         return json.dumps(self.to_dict(), indent=indent, allow_nan=False)
 
     def save(self, path: str | Path) -> None:
-        write_output(path, self.to_json(indent=1) + "\n")  # atomic; never replaces a link, FIFO or device
+        write_output(path, self.to_json(indent=1) + "\n")
 
     @classmethod
     def from_dict(cls, d: Any) -> "Plan":
@@ -413,14 +386,11 @@ class Plan:
 
 def plan_fit_refusal(plan: "Plan", layers: Sequence[str], view: str, *, model: str = "the model",
                      source: str = "the plan", views: Mapping[str, Sequence[str]] | None = None) -> str | None:
-    """Why ``plan`` does not fit a model whose layers in ``view`` are ``layers`` (its names, in order), as
-    one sentence, or None when it fits: every layer a bucket names is one of the model's, and every one
-    of the model's layers is in some bucket (a layer may be in several: pieces). The one wording of this
-    rule for :func:`repro.distribute`, every executor and ``repro train --plan``.
+    """Why ``plan`` does not fit a model whose layers in ``view`` are ``layers``, as one sentence, or None
+    when every layer a bucket names is the model's and every model layer is in some bucket.
 
     ``model``/``source``: how the model and the plan are named (``"--model tiny_vgg"``, ``"--plan p.json"``).
-    ``views``: the model's layers in its other views, by view name; a plan whose layers are the model's in
-    one of them says so. A plan recording another model (``provenance.trace_model``) names it. Torch-free."""
+    ``views``: the model's layers in its other views, by view name, to hint at the view the plan fits."""
     names = set(layers)
     planned = list(dict.fromkeys(layer for b in plan.buckets for layer in b.layers))
     unknown = [layer for layer in planned if layer not in names]
@@ -442,22 +412,19 @@ def plan_fit_refusal(plan: "Plan", layers: Sequence[str], view: str, *, model: s
     return None
 
 
-# Meta numbers a plan file may carry, by the suffix of their key (the planners' predictions and bounds:
-# iteration_s, lower_bound_s, threshold_bytes): the plausible range of each (repro.core.ranges says why).
+# Ranges of a plan's meta numbers by key suffix (iteration_s, lower_bound_s, threshold_bytes)
 _META_RANGES = (("_s", ranges.SECONDS), ("_bytes", ranges.BYTES))
 
 
 def check_plan_workers(plan: "Plan", workers: int, where: str | Path = "plan") -> None:
-    """Refuse to run ``plan`` on ``workers`` ranks when it records (``provenance.workers``) that it was made
-    for another P: its buckets were chosen for that P's costs (a plan for P=3 would run silently on 2 ranks).
-    A plan without a recorded P (written by hand) is not checked."""
+    """Raise :class:`PlanError` when ``plan`` records (``provenance.workers``) another P than ``workers``.
+    A plan without a recorded P is not checked."""
     recorded = (plan.meta.get("provenance") or {}).get("workers")
     if recorded is not None and int(recorded) != int(workers):
         raise PlanError(f"{where}: the plan was made for {recorded} workers (provenance.workers) but this job has "
                         f"{workers}; make it for {workers} (repro plan --workers {workers}) or run {recorded} ranks")
 
 
-#: provenance fields a plan file may carry and the range of each (repro.core.ranges says why)
 _PROVENANCE_RANGES = {"workers": ranges.WORKERS, "batch_size": ranges.BATCH_SIZE, "layers": ranges.COUNT}
 
 
@@ -476,10 +443,8 @@ def _check_provenance(prov: Any) -> None:
 
 
 def _check_meta_numbers(meta: Mapping[str, Any]) -> None:
-    """A plan file's predictions are numbers in range (``iteration_s`` of ``"x"``, NaN or 1e308 is not a
-    prediction), its shares (``stage1_share``, ``stage1_bytes_share``) fractions in [0, 1], its provenance
-    (P, batch, layers, wire dtype) plausible; any other top-level number must at least be finite. ``null``
-    means "not predicted"."""
+    """Predictions in range, ``*_share`` fractions in [0, 1], provenance plausible, any other number
+    finite; ``null`` means "not predicted"."""
     _check_provenance(meta.get("provenance"))
     for key, v in meta.items():
         if key.endswith("_share") and v is not None:

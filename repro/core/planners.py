@@ -1,8 +1,5 @@
-"""Planners (solvers): Trace + CostModel -> Plan. Look one up by name with :func:`make_plan`.
-
-Every planner is a pure function ``fn(trace, cost, **options, wire_dtype=None) -> Plan`` with the rule
-it implements written in its docstring; it never imports torch. Which scheduler uses which planner
-is the scheduler registry's business (:mod:`repro.core.schedulers`).
+"""Planners: Trace + CostModel -> Plan, each a pure function ``fn(trace, cost, **options) -> Plan``
+registered by its family; look one up by name with :func:`make_plan`. Torch-free.
 """
 
 from __future__ import annotations
@@ -23,18 +20,14 @@ PLANNERS: Registry[Callable[..., Plan]] = Registry("planner")
 
 
 def register_planner(name: str, fn: Callable[..., Plan], *, replace: bool = False) -> Callable[..., Plan]:
-    """Add planner ``fn`` under ``name`` (a family package calls this when imported); the family of its plans
-    is ``fn.family``, else its module's ``FAMILY``."""
+    """Add planner ``fn`` under ``name``; its plans' family is ``fn.family``, else its module's ``FAMILY``."""
     if not callable(fn):
         raise TypeError(f"register_planner takes a function, got {type(fn).__name__}")
     return PLANNERS.add(name, fn, replace=replace)
 
 
-
 class _PlannerFamilies(Mapping[str, str]):
-    """Planner name -> the family of the plans it makes, read from :data:`PLANNERS` when asked, so a
-    planner registered later (``PLANNERS[name] = fn``, from any package) has one too: the function's
-    own ``family`` attribute, else its module's ``FAMILY``."""
+    """Planner name -> its plans' family, read from :data:`PLANNERS` when asked."""
 
     def __getitem__(self, name: str) -> str:
         fn = PLANNERS[name]
@@ -51,7 +44,7 @@ class _PlannerFamilies(Mapping[str, str]):
         return len(PLANNERS)
 
 
-#: The family of the plans each planner makes (each planner module names its family as FAMILY).
+#: The family of the plans each planner makes.
 PLANNER_FAMILY: Mapping[str, str] = _PlannerFamilies()
 
 _RENAMED = {"ddp": "'ddp' is PyTorch DDP itself (a runtime baseline, see `repro schedulers`); its default "
@@ -64,16 +57,14 @@ def planner_names(family: str | None = None) -> list[str]:
 
 
 def make_plan(name: str, trace: Trace, cost: CostModel, **options: Any) -> Plan:
-    """Run planner ``name``; ``options`` are passed on (``threshold_bytes`` for ``threshold``,
-    ``wire_dtype`` for the all-reduce planners, ``density`` and ``pack`` for the sparse ones). A cost
-    model with a :class:`~repro.core.realism.Realism` is applied to the trace first, as the simulator does,
-    so the plan is made under the model it will be judged by."""
+    """Run planner ``name`` with ``options`` and record the plan's provenance. A cost model's
+    :class:`~repro.core.realism.Realism` is applied to the trace first, as the simulator does."""
     try:
         fn = PLANNERS[name]
     except (KeyError, TypeError):
         hint = f" ({_RENAMED[name]})" if name in _RENAMED else ""
         raise ValueError(f"unknown solver '{name}'{hint}; choose one of {', '.join(PLANNERS)}") from None
-    if cost.realism is not None:  # plan under the same effects the simulator applies (repro.core.realism)
+    if cost.realism is not None:
         trace = cost.realism.apply_to_trace(trace)
         # The trace side is applied: a planner that simulates its candidates must not apply it again.
         cost = cost.for_wire_dtype(options.get("wire_dtype")).with_realism(
@@ -88,8 +79,7 @@ def make_plan(name: str, trace: Trace, cost: CostModel, **options: Any) -> Plan:
 
 
 def provenance(trace: Trace, cost: CostModel, wire_dtype: str | None = None) -> dict[str, Any]:
-    """Where a plan comes from, as ``plan.meta["provenance"]`` records it: the trace (model, batch,
-    device, layers, and the layer ``view`` its names are in, which an executor must use), the cost
+    """``plan.meta["provenance"]``: the trace (model, batch, device, layers, layer ``view``), the cost
     model's source and P, and the wire dtype."""
     return {"trace_model": trace.model, "batch_size": trace.batch_size, "device": trace.device,
             "layers": trace.num_layers, "view": (trace.extra or {}).get("view"), "cost_source": cost.source,

@@ -1,30 +1,20 @@
 """Realism: the physical effects the papers' model leaves out, as explicit parameters with units.
 
-The papers' model (MG-WFBP, DeAR, OMGS, our reading of OSP) is a trace's compute, a collective's
-``a + b·n`` line and perfect overlap. Each departure of a real cluster is one field of :class:`Realism`,
-all off (0, scale 1) in the **paper model**:
+The papers' model is a trace's compute, a collective's ``a + b·n`` line and perfect overlap. Each
+effect is one field of :class:`Realism`, all off in the **paper model**:
 
-- ``message_overhead_s`` (``a0``): seconds every collective call costs beyond the network's start-up
-  (framework hook, kernel launch, negotiation); added to every line's ``a``.
-- ``message_overhead_per_peer_s`` (``a1``): seconds per collective per worker beyond the first
-  (negotiation and ring start-up); added to the ``a`` of a ``P``-worker model as ``a1·(P-1)``.
-- ``message_overhead_per_in_flight_s`` (``a2``): seconds per collective per *other* message waiting on
-  its stream when it starts; applied by the simulator (:mod:`repro.core.contention`), unseen by planners.
-  Together: ``per_message_s(P, in_flight) = a0 + a1·(P-1) + a2·in_flight``.
-- ``copy_s_per_byte``: seconds per message byte to copy gradients into and out of a fusion buffer;
-  added to every line's ``b``.
-- ``fp16_cast_s_per_byte``: seconds per *wire* byte of a 16-bit message to cast FP32 gradients down and
-  back; added to ``b`` when a plan sends 16-bit gradients (:meth:`Realism.for_wire_dtype`).
-- ``contention`` (``overlap_slowdown``): computation runs ``1 + contention`` times slower while any
-  communication is in flight (:mod:`repro.core.contention`).
-- ``update_s_per_byte``: the optimizer update, seconds per gradient byte, after the last reduction
-  (when the trace has no measured ``overheads.update_s``).
-- ``compute_scale``: factor on every layer's forward and backward seconds, e.g. to match a measured
-  single-device iteration (:meth:`Realism.scaled_to_measured`; roofline estimates miss by 0.7x-1.5x).
+- ``message_overhead_s`` (``a0``), ``message_overhead_per_peer_s`` (``a1``) and
+  ``message_overhead_per_in_flight_s`` (``a2``): seconds per collective beyond the network's line,
+  ``per_message_s(P, in_flight) = a0 + a1·(P-1) + a2·in_flight``; ``a0 + a1·(P-1)`` is added to every
+  line's ``a``, ``a2`` is applied by the simulator (:mod:`repro.core.contention`);
+- ``copy_s_per_byte``: copying into and out of a fusion buffer, added to every line's ``b``;
+- ``fp16_cast_s_per_byte``: per wire byte of a 16-bit message, added to ``b``;
+- ``contention``: computation runs ``1 + contention`` times slower while communication is in flight;
+- ``update_s_per_byte``: the optimizer update per gradient byte (without a measured ``update_s``);
+- ``compute_scale``: factor on every layer's compute seconds (:meth:`Realism.scaled_to_measured`).
 
-A :class:`~repro.core.cost.CostModel` carries a ``Realism`` (``None`` = paper model) whose line terms planners
-plan under; :func:`repro.core.simulate.simulate` and :func:`repro.core.planners.make_plan` apply the trace side
-(:meth:`Realism.apply_to_trace`). The cluster's shape is :mod:`repro.core.topology`. Never imports torch.
+A :class:`~repro.core.cost.CostModel` carries a ``Realism`` (``None``: the paper model);
+:meth:`Realism.apply_to_trace` applies the trace side. Torch-free.
 """
 
 from __future__ import annotations
@@ -44,7 +34,7 @@ class RealismError(ValueError):
 
 @dataclass(frozen=True)
 class Realism:
-    """Effects beyond the papers' model (see the module docstring); the defaults are the paper model."""
+    """Effects beyond the papers' model (module docstring); the defaults are the paper model."""
 
     message_overhead_s: float = 0.0
     copy_s_per_byte: float = 0.0
@@ -66,10 +56,9 @@ class Realism:
 
     @property
     def is_paper_model(self) -> bool:
-        """True when every effect is off (the papers' own model)."""
+        """True when every effect is off."""
         return self == PAPER_MODEL
 
-    # ---- communication side ----
     @property
     def overlap_slowdown(self) -> float:
         """Fractional slowdown of computation while a collective is in flight (``contention``)."""
@@ -82,26 +71,23 @@ class Realism:
                 + self.message_overhead_per_in_flight_s * max(0, int(in_flight)))
 
     def line_extra(self, workers: int = 1) -> tuple[float, float]:
-        """``(seconds, seconds per byte)`` added to every collective line of a ``workers``-worker
-        model: the per-message cost with nothing in flight, and the copy."""
+        """``(seconds, seconds per byte)`` added to every line of a ``workers``-worker model."""
         return self.per_message_s(workers, 0), self.copy_s_per_byte
 
     def for_wire_dtype(self, wire_dtype: str | None) -> "Realism":
-        """This realism for a plan sending ``wire_dtype`` gradients: for 16-bit ones the cast cost per
-        wire byte joins the copy cost (and is then spent), otherwise unchanged."""
+        """This realism for a plan sending ``wire_dtype`` gradients: for 16-bit ones the cast cost joins
+        the copy cost."""
         if wire_dtype in SIXTEEN_BIT_DTYPES and self.fp16_cast_s_per_byte > 0:
             return replace(self, copy_s_per_byte=self.copy_s_per_byte + self.fp16_cast_s_per_byte,
                            fp16_cast_s_per_byte=0.0)
         return self
 
-    # ---- computation side ----
     def apply_to_trace(self, trace: Any) -> Any:
-        """``trace`` with compute scaled by ``compute_scale`` and, when the trace has no measured
-        update, ``overheads.update_s = update_s_per_byte x gradient bytes``. The paper model returns
-        ``trace`` itself."""
+        """``trace`` with compute scaled by ``compute_scale`` and, without a measured update,
+        ``overheads.update_s = update_s_per_byte x gradient bytes`` (``trace`` itself if unchanged)."""
         if self.compute_scale == 1.0 and (self.update_s_per_byte == 0.0 or trace.overheads.update_s > 0):
             return trace
-        from repro.core.trace import Overheads  # local: trace imports nothing of ours
+        from repro.core.trace import Overheads
 
         layers = trace.layers
         if self.compute_scale != 1.0:
@@ -128,7 +114,6 @@ class Realism:
                                f"{measured_iteration_s:.3g} s iteration with a {update:.3g} s update")
         return replace(self, compute_scale=(measured_iteration_s - update) / compute)
 
-    # ---- round trip ----
     def to_dict(self) -> dict[str, float]:
         return asdict(self)
 
@@ -140,7 +125,7 @@ class Realism:
         unknown = sorted(set(d) - known)
         if unknown:
             raise RealismError(f"unknown realism parameter(s) {unknown}; known: {', '.join(sorted(known))}")
-        from repro.core import ranges  # every number a cost file holds has a plausible range
+        from repro.core import ranges
 
         for key, v in d.items():
             q = (ranges.SECONDS_PER_BYTE if key.endswith("_s_per_byte") else ranges.SECONDS if key.endswith("_s")

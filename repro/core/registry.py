@@ -1,11 +1,8 @@
 """The registries' shared mechanism: tables filled by the families themselves, loaded on first use.
 
-Every family is a package that registers its :class:`~repro.core.families.Family`, planners, schedulers and
-run options when imported. :func:`load_families` imports them once: the folders of :mod:`repro.families`
-(this package's, in :data:`BUILTIN_ORDER`, then any other folder by name) and every module named by an
-entry point of group ``repro.families`` (another installed package's families). A :class:`Registry` loads
-them the first time it is read, so ``SCHEDULERS``, ``PLANNERS``, ``FAMILIES`` and ``RUN_OPTIONS`` are
-complete whenever they are looked at, and no table here names a family. Torch-free.
+:func:`load_families` imports every family package once: the folders of :mod:`repro.families`
+(:data:`BUILTIN_ORDER` first, then by name) and the modules of entry-point group ``repro.families``.
+A :class:`Registry` loads them when first read, so no table here names a family. Torch-free.
 """
 
 from __future__ import annotations
@@ -14,7 +11,7 @@ import importlib
 import pkgutil
 import sys
 from importlib.metadata import entry_points
-from typing import Any, Iterator, MutableMapping, TypeVar
+from typing import Iterator, MutableMapping, TypeVar
 
 __all__ = ["Registry", "load_families", "BUILTIN_ORDER", "ENTRY_POINT_GROUP"]
 
@@ -29,8 +26,7 @@ V = TypeVar("V")
 
 
 def load_families() -> None:
-    """Import every family package once (see the module docstring); a family that fails to import is named
-    in one line."""
+    """Import every family package once; one that fails to import is named in an ImportError."""
     if _state["loaded"] or _state["loading"]:
         return
     _state["loading"] = True
@@ -45,7 +41,7 @@ def load_families() -> None:
                 importlib.import_module(name)
             except Exception as e:
                 raise ImportError(f"family module '{name}' failed to import: {type(e).__name__}: {e}") from e
-        for registry in _REGISTRIES:  # one order whatever was imported first: the families' order
+        for registry in _REGISTRIES:  # the families' order, whatever was imported first
             registry.reorder(names)
         _state["loaded"] = True
     finally:
@@ -62,8 +58,8 @@ class Registry(MutableMapping[str, V]):
         _REGISTRIES.append(self)
 
     def add(self, name: str, entry: V, *, replace: bool = False) -> V:
-        """Register ``entry`` under ``name`` (``replace=True`` to redefine an existing name); the first
-        module outside ``repro.core`` on the call stack is recorded as its origin."""
+        """Register ``entry`` under ``name`` (``replace=True`` to redefine one); the first module outside
+        ``repro.core`` on the call stack is recorded as its origin."""
         if name in self.entries and not replace:
             raise ValueError(f"{self.what} '{name}' is already registered")
         self.entries[name] = entry
@@ -74,8 +70,7 @@ class Registry(MutableMapping[str, V]):
         return entry
 
     def reorder(self, families: list[str]) -> None:
-        """Entries in the order of ``families`` (module names) that registered them, registration order
-        within one; entries of other origins last."""
+        """Entries in the order of the ``families`` (module names) that registered them; others last."""
         def rank(name: str) -> int:
             origin = self.origins.get(name, "")
             return next((i for i, f in enumerate(families) if origin == f or origin.startswith(f + ".")),
@@ -100,10 +95,6 @@ class Registry(MutableMapping[str, V]):
     def __len__(self) -> int:
         load_families()
         return len(self.entries)
-
-    def __contains__(self, name: Any) -> bool:
-        load_families()
-        return name in self.entries
 
     def __repr__(self) -> str:
         return f"Registry({self.what}: {', '.join(self)})"

@@ -1,20 +1,11 @@
 """Each family's run options, declared once: name, type, default, unit, help and check.
 
-A *run option* is what a user sets for one scheduler beyond the common settings: ``threshold_bytes``
-of the threshold planners, ``density`` of the sparse family, ``servers`` of the parameter server, the
-DeAR tuner's range... Schedulers (:mod:`repro.core.schedulers`) list the ones they take in
-``planner_options`` / ``executor_options``; everything else derives from the declarations here:
-
-* the fields of :class:`repro.training.config.TrainConfig` (and so ``repro train``'s flags and their help);
-* the checks of :func:`repro.distribute`'s keyword options;
-* the one-line errors, the same wherever a value comes from.
-
-An option with ``default=None`` means "the planner's own default" and is refused for a scheduler that
-does not take it (never silently ignored); an option with a value by default is simply not used by the
-schedulers that do not take it. A family added from another package declares its options with
-:func:`register_run_option` before :mod:`repro.training.config` is imported (its flags then exist).
-
-Torch-free.
+A run option is what a user sets for one scheduler beyond the common settings (``threshold_bytes``,
+``density``, ``servers``...). Schedulers list the ones they take; the fields of
+:class:`repro.training.config.TrainConfig`, ``repro train``'s flags and :func:`repro.distribute`'s checks
+derive from these declarations. An option with ``default=None`` is refused for a scheduler that does
+not take it. A family from another package declares its options with :func:`register_run_option`
+before :mod:`repro.training.config` is imported. Torch-free.
 """
 
 from __future__ import annotations
@@ -34,9 +25,8 @@ __all__ = ["RunOption", "RUN_OPTIONS", "register_run_option", "register_group_ch
 
 @dataclass(frozen=True)
 class RunOption:
-    """One run option. ``kind``: its Python type (int, float, str or bool); ``unit``: of its value
-    (``bytes``, ``s``, a fraction...); ``check(value) -> value`` normalises or raises ValueError with a
-    whole sentence naming the option; ``family``: who declared it (for ``repro schedulers`` and the docs)."""
+    """One run option. ``kind``: int, float, str or bool; ``check(value) -> value`` normalises or raises
+    ValueError naming the option; ``family``: who declared it; ``quantity``: a number's plausible range."""
 
     name: str
     kind: type
@@ -46,12 +36,11 @@ class RunOption:
     unit: str = ""
     choices: tuple[Any, ...] = ()
     check: Callable[[Any], Any] | None = None
-    #: the plausible range of a number (int or float option; every one has one, tests/test_train_flags.py)
     quantity: Quantity | None = None
 
     @property
     def refused_elsewhere(self) -> bool:
-        """Set for a scheduler that does not take it: refused (True for options without a default)."""
+        """Refused for a scheduler that does not take it (options without a default)."""
         return self.default is None
 
     def validate(self, value: Any, spelled: str | None = None) -> Any:
@@ -61,7 +50,7 @@ class RunOption:
         if self.check is None and self.choices and (isinstance(value, (list, dict)) or value not in self.choices):
             raise ValueError(f"unknown {self.name} {value!r}; choose one of {', '.join(map(str, self.choices))}")
         value = self.check(value) if self.check is not None else value
-        if self.quantity is not None:  # after the check: its own words for a wrong type or a negative value
+        if self.quantity is not None:  # after the check, whose words for a wrong type come first
             ranges.check(self.quantity, value, spelled or self.name, what="option")
         return value
 
@@ -80,8 +69,7 @@ def register_run_option(option: RunOption, *, replace: bool = False) -> RunOptio
 
 
 def register_group_check(fn: Callable[[Mapping[str, Any]], None]) -> None:
-    """A check across several options (``fn(values)`` raises ValueError), run after the single ones;
-    ``values`` also holds the run's common settings that such a check may need (``wire_dtype``)."""
+    """A check across options (``fn(values)`` raises ValueError; ``values`` include common settings)."""
     _GROUP_CHECKS.append(fn)
 
 
@@ -94,13 +82,9 @@ def option_flag(name: str) -> str:
 
 def check_run_options(values: Mapping[str, Any], scheduler: Any, *, where: str = "",
                       settings: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """``values`` (option name -> value, None: not set) checked for ``scheduler`` (a
-    :class:`repro.core.schedulers.Scheduler`): each value by its option, options the scheduler does not take
-    refused when they have no default, then the checks across options, which also see ``settings`` (the
-    run's common settings, e.g. ``{"wire_dtype": "float16"}``). Returns the normalised values.
-    ``where``: how the options are spelled for the user (``flag``: ``--stage1-share``; else the name)."""
-    from repro.core.schedulers import get_scheduler, scheduler_names
-
+    """``values`` (name -> value, None: not set) checked and normalised for ``scheduler``: each by its
+    option, options it does not take refused when they have no default, then the group checks (which
+    also see ``settings``, e.g. ``{"wire_dtype": "float16"}``). ``where="flag"`` spells options as flags."""
     takes = set(scheduler.planner_options) | set(scheduler.executor_options)
     out = dict(values)
     for name, value in values.items():
@@ -109,45 +93,39 @@ def check_run_options(values: Mapping[str, Any], scheduler: Any, *, where: str =
             raise ValueError(f"unknown run option '{name}' (declared: {', '.join(sorted(RUN_OPTIONS))})")
         if value is None:
             continue
+        spelled = option_flag(name) if where == "flag" else name
         if option.refused_elsewhere and name not in takes:
-            takers = [n for n in scheduler_names() if name in get_scheduler(n).planner_options
-                      + get_scheduler(n).executor_options]
-            spelled = option_flag(name) if where == "flag" else name
             scope = f"--scheduler {scheduler.name}" if where == "flag" else f"scheduler {scheduler.name}"
-            raise ValueError(f"{spelled} does not apply to {scope} (it applies to: {', '.join(takers)})")
-        out[name] = option.validate(value, option_flag(name) if where == "flag" else name)
+            takers = ", ".join(_listing(name))
+            raise ValueError(f"{spelled} does not apply to {scope} (it applies to: {takers})")
+        out[name] = option.validate(value, spelled)
     load_families()  # the families' checks across options are registered when they load
     for check in _GROUP_CHECKS:
         check({**(settings or {}), **out})
     return out
 
 
-def option_takers(name: str) -> list[str]:
-    """The schedulers that use run option ``name``: those listing it in their planner or executor options;
-    an option no scheduler lists (``server_placement``) is used by every scheduler of its family."""
-    from repro.core.schedulers import get_scheduler, scheduler_names
+def _listing(name: str) -> list[str]:
+    """The schedulers listing run option ``name`` in their planner or executor options."""
+    from repro.core.schedulers import SCHEDULERS
 
-    listed = [n for n in scheduler_names() if name in get_scheduler(n).planner_options
-              + get_scheduler(n).executor_options]
-    if listed:
-        return listed
-    family = RUN_OPTIONS[name].family
-    return [n for n in scheduler_names() if get_scheduler(n).family == family]
+    return [n for n, s in SCHEDULERS.items() if name in s.planner_options + s.executor_options]
+
+
+def option_takers(name: str) -> list[str]:
+    """The schedulers listing run option ``name``; if none does, every scheduler of its family."""
+    from repro.core.schedulers import SCHEDULERS
+
+    return _listing(name) or [n for n, s in SCHEDULERS.items() if s.family == RUN_OPTIONS[name].family]
 
 
 def refuse_given_options(given: Sequence[str], scheduler: Any) -> None:
-    """Each run option in ``given`` (the ones the user set on the command line, defaults or not) that
-    ``scheduler`` does not use is refused in one line naming the schedulers that do: an option with a
-    default is otherwise silently unused there, and a user who typed it expects it to act."""
+    """Refuse each run option in ``given`` (set on the command line) that ``scheduler`` does not use."""
     for name in given:
         if name in RUN_OPTIONS and scheduler.name not in option_takers(name):
             raise ValueError(f"{option_flag(name)} does not apply to --scheduler {scheduler.name} (it applies to: "
                              f"{', '.join(option_takers(name))})")
 
-
-# ---------------------------------------------------------------------------------------------
-# Checks
-# ---------------------------------------------------------------------------------------------
 
 def integer_check(name: str, minimum: int, what: str) -> Callable[[Any], int]:
     """A check that ``name`` is an integer >= ``minimum`` (``what``: how the error describes it)."""
@@ -184,14 +162,9 @@ def boolean_check(name: str) -> Callable[[Any], bool]:
 
 
 def check_wire_dtype(wire_dtype: str | None, scheduler: Any, gradient_dtypes: Sequence[str] = ("float32",)) -> str | None:
-    """The wire dtype ``scheduler`` (a :class:`repro.core.schedulers.Scheduler`) is given, or ValueError in one
-    line. ``wire_dtype``: a name of :data:`repro.core.plan.WIRE_DTYPE_BYTES`, or None (each gradient in its own
-    dtype); ``gradient_dtypes``: the dtypes of the gradients exchanged (by name; ``repro train``'s models:
-    float32). A scheduler that casts its messages (``Scheduler.wire_dtype``) gets ``wire_dtype`` as it is.
-    Any other scheduler sends each gradient in its own dtype: it gets None when ``wire_dtype`` is that
-    dtype for every gradient (nothing to cast, so float32 of a float32 model is accepted by every
-    scheduler), and refuses any other. The same rule and words for :func:`repro.distribute`,
-    ``repro train`` and ``repro grid check``."""
+    """The wire dtype ``scheduler`` is given, or ValueError. A scheduler that casts
+    (``Scheduler.wire_dtype``) gets ``wire_dtype``; any other gets None when ``wire_dtype`` is every
+    gradient's own dtype (``gradient_dtypes``) and refuses it otherwise."""
     from repro.core.plan import WIRE_DTYPE_BYTES
     from repro.core.schedulers import get_scheduler, scheduler_names
 

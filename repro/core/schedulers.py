@@ -1,14 +1,9 @@
 """The scheduler registry: every name a user types (CLI, ``repro train``, notebooks), in one table.
 
-A **scheduler** is what a run uses to exchange gradients. It is either a plan scheduler (a planner of
-:mod:`repro.core.planners` makes a :class:`~repro.core.plan.Plan` of some family, which the family's executor
-runs) or a baseline that executes no plan of ours (PyTorch DDP, no communication at all). Each entry
-says where it comes from and what it supports, and names its runtime executor as a lazily imported
-``"module:Class"`` (this module never imports torch). The training loop (:mod:`repro.train`) reads
-the entry and never compares scheduler names.
-
-``repro schedulers`` prints the table. Each family's package registers its schedulers
-(:func:`register_scheduler`, :mod:`repro.core.registry`); docs/extending.md says how to add one.
+A scheduler is a plan scheduler (a planner of :mod:`repro.core.planners` makes a
+:class:`~repro.core.plan.Plan` that its family's executor runs) or a baseline that executes no plan of
+ours. Executors are lazily imported ``"module:Class"`` strings, so this module never imports torch.
+Family packages register their schedulers (:func:`register_scheduler`; docs/extending.md).
 """
 
 from __future__ import annotations
@@ -25,24 +20,15 @@ __all__ = ["Scheduler", "SCHEDULERS", "ALIASES", "PAPER_NAMES", "get_scheduler",
 
 @dataclass(frozen=True)
 class Scheduler:
-    """One scheduler: its planner or baseline, its executor, its source and capabilities.
+    """One scheduler: its planner or baseline, its executor (``"module:Class"``) and capabilities.
 
-    ``planner``: the planner that makes its plan (None for baselines that execute no plan of ours);
-    ``planner_options``: run options passed on to the planner (e.g. ``threshold_bytes``);
-    ``family``: the family of its plans; ``executor``: ``"module:Class"`` of the runtime executor;
-    ``wire_dtype``: can communicate gradients in another dtype (e.g. float16);
-    ``online``: plans from what the run measures (warm-up trace and a cost model fitted on the live
-    group), so it needs at least two workers or a cost preset; ``needs_cost``: the planner uses a
-    cost model (every plan scheduler still gets one, to record a prediction);
-    ``communicates``: exchanges gradients at all (False only for the one-worker baseline);
-    ``executor_options``: run options (:class:`repro.train.TrainConfig` fields) passed to the executor
-    as keyword arguments of the same name (e.g. the DeAR tuner's trial count and search range);
-    ``update_note``: how the scheduler changes the update of synchronous SGD, "" when it does not (a
-    format string over its options, e.g. ``{density}``: :meth:`changes_update`, :meth:`update_change`);
-    ``sparse_gradients``: exchanges sparse gradients (``nn.Embedding(sparse=True)``) as such; the
-    others fill dense buffers, and :func:`repro.distribute` refuses such a model for them;
-    ``paper_name``: the method's name in its paper, which :func:`get_scheduler` also accepts as this
-    scheduler (see :data:`PAPER_NAMES`).
+    ``planner``: None for baselines that execute no plan of ours; ``planner_options`` and
+    ``executor_options``: run options passed on by name; ``wire_dtype``: can send gradients in another
+    dtype; ``online``: plans from what the run measures (needs two workers or a cost preset);
+    ``needs_cost``: the planner uses a cost model; ``communicates``: False only for the one-worker
+    baseline; ``update_note``: how it changes synchronous SGD's update, a format string over its
+    options ("" when it does not); ``sparse_gradients``: exchanges sparse gradients as such;
+    ``paper_name``: the method's name in its paper, also accepted by :func:`get_scheduler`.
     """
 
     name: str
@@ -94,9 +80,7 @@ ALIASES = {"ddp_plan": "ddp_threshold"}
 
 
 class _PaperNames(Mapping[str, str]):
-    """The methods' names in their papers, where a user would type them and no scheduler has that name
-    (``Scheduler.paper_name``): each means the entry that runs the method as its authors released it.
-    Accepted without a warning; a scheduler's own name stays its name."""
+    """Paper name -> scheduler name (``Scheduler.paper_name``), read from the registry when asked."""
 
     def _table(self) -> dict[str, str]:
         return {s.paper_name: s.name for s in SCHEDULERS.values() if s.paper_name}
@@ -115,8 +99,7 @@ PAPER_NAMES: Mapping[str, str] = _PaperNames()
 
 
 def register_scheduler(scheduler: Scheduler, *, replace: bool = False) -> Scheduler:
-    """Add ``scheduler`` to the registry (a family package calls this when imported); its paper name must
-    not shadow another scheduler's name."""
+    """Add ``scheduler`` to the registry; its paper name must not be another scheduler's name."""
     if not isinstance(scheduler, Scheduler):
         raise TypeError(f"register_scheduler takes a Scheduler, got {type(scheduler).__name__}")
     if scheduler.paper_name and scheduler.paper_name in SCHEDULERS.entries:
@@ -129,8 +112,8 @@ def scheduler_names() -> list[str]:
 
 
 def get_scheduler(name: str) -> Scheduler:
-    """The entry for ``name``: a scheduler's name, a paper's name for its method (:data:`PAPER_NAMES`,
-    e.g. ``dear``), or an old alias (accepted with a DeprecationWarning)."""
+    """The entry for a scheduler's name, a paper name (:data:`PAPER_NAMES`) or an old alias (with a
+    DeprecationWarning)."""
     if isinstance(name, str) and name in PAPER_NAMES:
         return SCHEDULERS[PAPER_NAMES[name]]
     if isinstance(name, str) and name in ALIASES:
@@ -144,8 +127,7 @@ def get_scheduler(name: str) -> Scheduler:
 
 
 def canonical_name(name: str) -> str:
-    """``name`` with old aliases and paper names replaced by the scheduler's name (no warning): for
-    reading results written by older versions."""
+    """``name`` with old aliases and paper names replaced by the scheduler's name (no warning)."""
     return PAPER_NAMES.get(name, ALIASES.get(name, name))
 
 

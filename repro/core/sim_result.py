@@ -12,13 +12,11 @@ __all__ = ["SimGraph", "SimResult"]
 
 @dataclass(frozen=True)
 class SimGraph:
-    """A family's task graph of one iteration (or of several, for families that overlap iterations).
+    """A family's task graph of one iteration (or of several, for families that overlap them).
 
-    ``in_order_streams``: streams that run their tasks in the given order (compute); all others are
-    queue streams (communication). ``forward_s``/``backward_s``: computation seconds of one iteration
-    (overheads included); ``comm_s``: communication seconds of one iteration; ``sparsify_s``: gradient
-    compression (top-k selection) seconds on the compute stream. ``iteration_s`` maps the engine's ops
-    to the iteration time (default: the end of the last op).
+    ``in_order_streams``: compute streams (the others are queue streams); times in seconds per
+    iteration (``forward_s``/``backward_s`` include overheads; ``sparsify_s``: top-k selection on the
+    compute stream). ``iteration_s`` maps the engine's ops to the iteration time (default: last end).
     """
 
     tasks: Sequence[Task]

@@ -1,9 +1,7 @@
 """Trace-based simulation of one training iteration under a Plan and a CostModel.
 
-``simulate(trace, plan, cost)`` looks up the plan's family (:mod:`repro.core.families`), lets the family
-build its task graph and runs it on the event engine (:mod:`repro.core.engine`), or uses the family's
-closed form when no timeline is asked for. It returns a :class:`SimResult` with the iteration time and
-the timed operations (stream, kind, label, start, end) that the Gantt plots draw. Never imports torch.
+:func:`simulate` lets the plan's family build its task graph and runs it on the event engine
+(:mod:`repro.core.engine`), or uses the family's closed form when no timeline is asked for. Torch-free.
 """
 
 from __future__ import annotations
@@ -35,19 +33,16 @@ def comm_times_s(trace: Trace, plan: Plan, cost: CostModel) -> list[float]:
 def simulate(trace: Trace, plan: Plan, cost: CostModel, *, with_ops: bool = True) -> SimResult:
     """Simulate one iteration of ``trace`` under ``plan`` with communication costs from ``cost``.
 
-    The family decides the model (for all-reduce plans: :mod:`repro.families.allreduce.simulate`, MG-WFBP's
-    model). ``with_ops=False`` skips the timeline and uses the family's closed form when it has one
-    (same result, faster). A cost model carrying a :class:`~repro.core.realism.Realism` also scales the
-    trace's computation and adds the optimizer update (:meth:`~repro.core.realism.Realism.apply_to_trace`),
-    charges 16-bit plans the cast cost, slows computation while communication is in flight and charges
-    each message the per-message cost of the messages waiting with it (:mod:`repro.core.contention`;
-    the closed form is then skipped). Raises :class:`~repro.core.plan.PlanError` when the plan does not fit the trace
-    and :class:`~repro.core.cost.CostModelError` when the cost model lacks a collective the plan uses.
+    The plan's family builds the model. ``with_ops=False`` skips the timeline and uses the family's
+    closed form when it has one (same result). A cost model's :class:`~repro.core.realism.Realism`
+    is applied (trace side, cast cost, contention and in-flight charges: :mod:`repro.core.contention`).
+    Raises :class:`~repro.core.plan.PlanError` when the plan does not fit the trace and
+    :class:`~repro.core.cost.CostModelError` when the cost model lacks a collective the plan uses.
     """
     family = get_family(plan.family)
     plan.groups(trace)  # every layer covered exactly once, every name known
     contention = in_flight_s = 0.0
-    if cost.realism is not None:  # effects beyond the papers' model (repro.core.realism)
+    if cost.realism is not None:
         trace = cost.realism.apply_to_trace(trace)
         cost = cost.for_wire_dtype(plan.options.get("wire_dtype"))
         if cost.realism is not None:

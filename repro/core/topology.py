@@ -1,27 +1,23 @@
 """A hierarchical cluster: nodes of several devices, a fast link inside a node, the network between.
 
-A job of P workers fills nodes of ``devices_per_node`` in order (``ceil(P / devices_per_node)`` nodes);
-its collectives cross two kinds of :class:`Link`, each a per-message start-up ``alpha_s`` and a per-byte
-``beta_s_per_byte``. :meth:`Topology.cost_model` turns that into the per-collective lines of a
-:class:`~repro.core.cost.CostModel` for P workers. All-reduce algorithms over M bytes:
+A job of P workers fills nodes of ``devices_per_node`` in order. Each :class:`Link` is a per-message
+``alpha_s`` and a per-byte ``beta_s_per_byte``. All-reduce of M bytes (:meth:`Topology.cost_model`):
 
-- ``"ring"`` (flat): one ring over all P devices, placed node by node; each step is as slow as its
-  slowest hop: ``2(P-1)·alpha + 2(P-1)/P·M·beta`` with the slowest hop's alpha and beta (Thakur et
-  al. 2005), which makes the cliff when a job first spans two nodes.
-- ``"hierarchical"`` (NCCL's and Horovod's two-level scheme) on ``n`` nodes of ``g``: reduce-scatter in
-  each node, a ring all-reduce of each ``M/g`` shard across nodes, all-gather in each node:
+- ``"ring"``: one ring over all P devices, each step as slow as its slowest hop:
+  ``2(P-1)·alpha + 2(P-1)/P·M·beta``;
+- ``"hierarchical"`` on ``n`` nodes of ``g``: reduce-scatter in each node, ring all-reduce of each
+  ``M/g`` shard across nodes, all-gather in each node:
   ``2(g-1)·alpha_i + 2(g-1)/g·M·beta_i + 2(n-1)·alpha_e + 2(n-1)/n·(M/g)·beta_e``.
 
-A reduction costs ``gamma_s_per_byte`` per byte reduced (``(P-1)/P·M`` per device). Reduce-scatter and
-all-gather are the halves of the chosen all-reduce; ``push``/``pull`` (a parameter server on another
-node) are one message over the inter link, the intra link on one node. Units: seconds and bytes. Never
-imports torch.
+Reductions cost ``gamma_s_per_byte`` on ``(P-1)/P·M`` bytes. Reduce-scatter and all-gather are the
+halves; push/pull are one message over the inter link (the intra link on one node). Torch-free.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from typing import Any
 
 from repro.core.cost import CostModel, CostModelError, Linear
 
@@ -59,7 +55,7 @@ class Link:
 @dataclass(frozen=True)
 class Topology:
     """``nodes`` x ``devices_per_node`` devices, an ``intra`` link inside a node and an ``inter`` link
-    between nodes (see the module docstring)."""
+    between nodes."""
 
     nodes: int
     devices_per_node: int
@@ -81,8 +77,8 @@ class Topology:
         return self.nodes * self.devices_per_node
 
     def placement(self, workers: int) -> tuple[int, int]:
-        """(nodes used, workers per node) of a job of ``workers``, filling nodes in order; a job that does
-        not fill its last node is refused (uneven nodes are not modelled)."""
+        """(nodes used, workers per node) of a job of ``workers``, filling nodes in order; a job that
+        does not fill whole nodes raises CostModelError."""
         if isinstance(workers, bool) or not isinstance(workers, int) or workers < 2:
             raise CostModelError(f"number of workers must be an integer >= 2, got {workers!r}")
         if workers > self.devices:
@@ -117,6 +113,10 @@ class Topology:
         b = (g - 1) / g * self.intra.beta_s_per_byte + (n - 1) / (n * g) * self.inter.beta_s_per_byte
         return Linear(a, b)
 
+    def to_dict(self) -> dict[str, Any]:
+        return {"nodes": self.nodes, "devices_per_node": self.devices_per_node, "intra": asdict(self.intra),
+                "inter": asdict(self.inter), "gamma_s_per_byte": self.gamma_s_per_byte}
+
     def cost_model(self, workers: int, algorithm: str = "ring") -> CostModel:
         """Every collective's line for ``workers`` on this cluster (the topology is kept in ``meta``)."""
         half = self._halves(workers, algorithm)
@@ -127,9 +127,6 @@ class Topology:
                  "reduce_scatter": Linear(half.a_s, half.b_s_per_byte + gamma),
                  "allgather": half, "sparse_allgather": half,
                  "push": Linear(p2p.alpha_s, p2p.beta_s_per_byte), "pull": Linear(p2p.alpha_s, p2p.beta_s_per_byte)}
-        meta = {"topology": {"nodes": self.nodes, "devices_per_node": self.devices_per_node,
-                             "intra": vars(self.intra), "inter": vars(self.inter),
-                             "gamma_s_per_byte": self.gamma_s_per_byte},
-                "algorithm": algorithm, "nodes_used": n, "workers_per_node": g}
+        meta = {"topology": self.to_dict(), "algorithm": algorithm, "nodes_used": n, "workers_per_node": g}
         return CostModel(workers, lines, source=f"hierarchical cluster {self.nodes}x{self.devices_per_node} "
                          f"({algorithm}, {n} node(s) x {g})", meta=meta)

@@ -6,13 +6,10 @@ The JSON format every tool of the project reads and writes::
      "layers": [{"name": "conv1.weight", "params": 9408, "bytes": 37632,
                  "forward_s": 1.2e-4, "backward_s": 2.5e-4}, ...]}
 
-Layers are in forward order (index 0 is the input side); a layer is a parameter tensor or a module,
-whatever unit gradients are produced in. ``forward_s``/``backward_s`` are seconds of compute charged to
-the layer such that layer ``l``'s gradient is ready ``sum(backward_s[l:])`` seconds after backward
-starts; ``bytes`` is its gradient's size. Extra keys (top level or per layer) survive a round trip.
-``overheads`` (:class:`Overheads`, optional): measured per-iteration seconds outside the layers
-(buffer broadcast, the slowest rank's lateness, the optimizer step), zero in the papers' model; top-level
-``pre_forward_s`` / ``straggler_s`` / ``update_s`` keys are read as them too. Never imports torch.
+Layer 0 is the input side; layer ``l``'s gradient is ready ``sum(backward_s[l:])`` seconds after
+backward starts. Extra keys (top level or per layer) survive a round trip. ``overheads``
+(:class:`Overheads`, optional; top-level ``pre_forward_s`` / ``straggler_s`` / ``update_s`` are read as
+them too) are measured seconds per iteration outside the layers. Torch-free.
 """
 
 from __future__ import annotations
@@ -64,13 +61,10 @@ class Layer:
 
 @dataclass(frozen=True)
 class Overheads:
-    """Measured seconds per iteration outside the layers' compute (all 0 in the papers' model).
-
-    ``pre_forward_s``: blocking work before the forward (e.g. the buffer broadcast);
-    ``straggler_s``: how much later than the average rank the slowest rank finishes its computation
-    (the last collective completes that much later); ``update_s``: the optimizer step, after the last
-    collective.
-    """
+    """Measured seconds per iteration outside the layers' compute (all 0 in the papers' model):
+    ``pre_forward_s`` (e.g. the buffer broadcast), ``straggler_s`` (how much later than the average
+    rank the slowest one finishes computing) and ``update_s`` (the optimizer step, after the last
+    collective)."""
 
     pre_forward_s: float = 0.0
     straggler_s: float = 0.0
@@ -136,16 +130,15 @@ class Trace:
         for i, layer in enumerate(self.layers):
             _check_layer(layer.to_dict(), i)
         total_s = sum(layer.forward_s + layer.backward_s for layer in self.layers) + self.overheads.total_s
-        if not total_s <= ranges.SECONDS.high:  # each layer is in range; an iteration must be too
+        if not total_s <= ranges.SECONDS.high:
             raise TraceError(f"trace times: the layers' forward_s and backward_s and the overheads add up to "
                              f"{total_s:.4g} s per iteration, outside the plausible range {ranges.SECONDS.range_text()}")
-        for key, q in (("params", ranges.ELEMENTS), ("bytes", ranges.BYTES)):  # exact ints: no int64 overflow
+        for key, q in (("params", ranges.ELEMENTS), ("bytes", ranges.BYTES)):
             total = sum(getattr(layer, key) for layer in self.layers)
             if total > q.high:
                 raise TraceError(f"trace field 'layers[*].{key}' adds up to {ranges.show(total)} for the model, "
                                  f"outside the plausible range {q.range_text()}")
-        # Views the planners and the simulator read many times: computed once (the trace is immutable),
-        # handed out read-only.
+        # Views read many times by planners and the simulator: computed once, handed out read-only.
         names = tuple(layer.name for layer in self.layers)
         cache = {"names": names, "index": {n: i for i, n in enumerate(names)}}
         for key, attr, dtype in (("forward", "forward_s", float), ("backward", "backward_s", float),
@@ -155,7 +148,6 @@ class Trace:
             cache[key] = arr
         object.__setattr__(self, "_views", cache)
 
-    # ---- views used by planners and the simulator (numpy, forward order) ----
     @property
     def num_layers(self) -> int:
         return len(self.layers)
@@ -212,7 +204,6 @@ class Trace:
         d.update(changes)
         return Trace(layers=tuple(layers), **d)
 
-    # ---- JSON ----
     def to_dict_header(self) -> dict[str, Any]:
         return {"model": self.model, "batch_size": self.batch_size, "device": self.device,
                 "dtype": self.dtype}
@@ -229,7 +220,7 @@ class Trace:
         return json.dumps(self.to_dict(), indent=indent, allow_nan=False)
 
     def save(self, path: str | Path) -> None:
-        write_output(path, self.to_json() + "\n")  # atomic; never replaces a link, FIFO or device
+        write_output(path, self.to_json() + "\n")
 
     @classmethod
     def from_dict(cls, d: Any) -> "Trace":
@@ -254,7 +245,7 @@ class Trace:
                                 extra=extra))
         extra = {k: v for k, v in d.items() if k not in _TOP_FIELDS and k != "layers"}
         _check_extra_numbers({k: v for k, v in extra.items() if k != "overheads"}, "")
-        legacy = {k: extra.pop(k) for k in OVERHEAD_FIELDS if k in extra}  # top-level keys are overheads too
+        legacy = {k: extra.pop(k) for k in OVERHEAD_FIELDS if k in extra}
         raw_over = extra.pop("overheads", {})
         if legacy and raw_over:
             raise TraceError("trace has both 'overheads' and top-level " + ", ".join(sorted(legacy)))
@@ -268,7 +259,7 @@ class Trace:
             d = json.loads(text)
         except json.JSONDecodeError as e:
             raise TraceError(f"trace is not valid JSON: {e}") from None
-        except RecursionError:  # e.g. 100000 nested lists: no trace is nested like that
+        except RecursionError:
             raise TraceError("trace JSON is nested too deeply to be a trace") from None
         return cls.from_dict(d)
 
@@ -292,7 +283,7 @@ class Trace:
             return cls.from_json(text)
         except TraceError as e:
             raise TraceError(f"{p}: {e}") from None
-        except (ValueError, TypeError, RecursionError) as e:  # anything else a malformed file can raise
+        except (ValueError, TypeError, RecursionError) as e:
             raise TraceError(f"{p}: not a trace: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
                              ) from None
 
@@ -301,11 +292,8 @@ _SHIPPED_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 
 
 def load_trace(path_or_name: str | Path) -> Trace:
-    """Load a trace from a path, or a shipped trace by stem (e.g. ``"resnet50_b32_v100-estimate"``).
-
-    Something that is neither an existing path nor a ``.json`` name is a shipped trace's name: letters,
-    digits, ``_``, ``.`` and ``-``, never ``..`` or a folder separator, so it cannot name a file outside the
-    shipped folder (``repro traces`` lists the names)."""
+    """Load a trace from a path, or a shipped trace by stem (e.g. ``"resnet50_b32_v100-estimate"``;
+    letters, digits, ``_ . -``, never ``..`` or a separator; ``repro traces`` lists them)."""
     if not str(path_or_name).strip():
         raise TraceError("the trace is empty: give a trace file or a shipped trace name (`repro traces`)")
     p = Path(path_or_name)
@@ -350,9 +338,7 @@ _DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "float8
 
 
 def _check_layer_bytes(raw: dict[str, Any], i: int, dtype: str) -> None:
-    """A layer's gradient ``bytes`` are its ``params`` x the trace's dtype size (both written by the same
-    profiler): ``bytes: 7`` for 432 float32 parameters, or 1728 bytes of 0 parameters, is a broken file.
-    Skipped for ``mixed`` traces, whose layers differ."""
+    """A layer's ``bytes`` must be its ``params`` x the trace's dtype size (not checked for ``mixed``)."""
     size = _DTYPE_BYTES.get(dtype)
     if size is not None and raw["bytes"] != raw["params"] * size:
         raise TraceError(f"trace field 'layers[{i}].bytes' = {ranges.show(raw['bytes'])} does not match its "
@@ -360,10 +346,8 @@ def _check_layer_bytes(raw: dict[str, Any], i: int, dtype: str) -> None:
                          f"{ranges.show(raw['params'] * size)}")
 
 
-#: Numbers a trace may carry besides the typed fields, by name or suffix, with their plausible range:
-#: the profiler's wall times (wall_forward_s, backward_tail_s: seconds), its counts (warmup, iters,
-#: order_changes, kernels, num_threads), the estimator's FLOPs and bytes moved, a measured trace's
-#: grad_abs_mean (a mean |gradient|: any finite number >= 0). Any other number must at least be finite.
+# Ranges of extra numbers by key suffix, then the counts by name; any other number must be finite.
+_EXTRA_RANGES = (("_s", ranges.SECONDS), ("_bytes_moved", ranges.BYTES), ("_flops", ranges.FLOPS))
 _EXTRA_COUNTS = ("warmup", "iters", "order_changes", "kernels", "num_threads")
 
 
@@ -377,16 +361,12 @@ def _check_extra_numbers(extra: dict[str, Any], where: str, depth: int = 0) -> N
             continue
         if isinstance(v, float) and not math.isfinite(v):
             raise TraceError(f"trace field '{name}' must be a finite number, got {ranges.show(v)}")
-        if depth:  # the estimator's assumptions: finite is all that is known
+        if depth:  # nested (the estimator's assumptions): finite is all that is known
             continue
-        if key.endswith("_s"):
-            ranges.check(ranges.SECONDS, v, name, TraceError, what="trace field")
-        elif key.endswith("_bytes_moved"):
-            ranges.check(ranges.BYTES, v, name, TraceError, what="trace field")
-        elif key.endswith("_flops"):
-            ranges.check(ranges.FLOPS, v, name, TraceError, what="trace field")
-        elif key in _EXTRA_COUNTS:
-            ranges.check(ranges.COUNT, v, name, TraceError, what="trace field")
+        q = next((q for suffix, q in _EXTRA_RANGES if key.endswith(suffix)),
+                 ranges.COUNT if key in _EXTRA_COUNTS else None)
+        if q is not None:
+            ranges.check(q, v, name, TraceError, what="trace field")
         elif key in ("grad_abs_mean", "seed") and v < 0:
             raise TraceError(f"trace field '{name}' must be >= 0, got {ranges.show(v)}")
 
@@ -402,9 +382,7 @@ def _check_layer(raw: Any, i: int) -> None:
         if typ is str:
             if not isinstance(v, str) or not v:
                 raise TraceError(f"trace field '{where}.{key}' must be a non-empty string")
-        elif typ is int:
-            if not _is_int(v):
-                raise TraceError(f"trace field '{where}.{key}' must be an integer, got {ranges.show(v)}")
-            ranges.check(_LAYER_RANGES[key], v, f"{where}.{key}", TraceError, what="trace field")
-        else:
-            ranges.check(_LAYER_RANGES[key], v, f"{where}.{key}", TraceError, what="trace field")
+            continue
+        if typ is int and not _is_int(v):
+            raise TraceError(f"trace field '{where}.{key}' must be an integer, got {ranges.show(v)}")
+        ranges.check(_LAYER_RANGES[key], v, f"{where}.{key}", TraceError, what="trace field")

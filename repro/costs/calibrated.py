@@ -1,12 +1,9 @@
-"""The shipped calibrated clusters (``*-calibrated`` presets): what a calibration *is*, and reading them.
+"""The shipped calibrated clusters (``*-calibrated`` presets): the value type and reading them.
 
-A calibration of one network is a hierarchical cluster (:class:`~repro.core.topology.Topology`: an intra-
-and an inter-node link and the all-reduce across them) plus the effects beyond the papers' model
-(:class:`~repro.core.realism.Realism`). This module holds the value type and the shipped files
-(``data/calibration/*-calibrated.json``); fitting them on published measurements is
-:mod:`repro.costs.published_fits`'s job, which sits above the planners and the simulator, while this module
-sits below them, so that :mod:`repro.costs.presets` can serve calibrated presets without an import circle.
-Never imports torch.
+A calibration of one network is a :class:`~repro.core.topology.Topology` plus a
+:class:`~repro.core.realism.Realism`. Fitting them to published measurements is
+:mod:`repro.costs.published_fits`; this module sits below the planners so that
+:mod:`repro.costs.presets` can serve them without an import circle. Torch-free.
 """
 
 from __future__ import annotations
@@ -24,8 +21,7 @@ from repro.core.realism import Realism
 from repro.core.topology import TOPOLOGY_ALGORITHMS, Link, Topology
 from repro.core.trace import Trace
 
-__all__ = ["Calibration", "CalibrationError", "SHIPPED_DIR", "calibrated_presets", "calibrated_preset",
-           "calibrated_cost"]
+__all__ = ["Calibration", "CalibrationError", "SHIPPED_DIR", "calibrated_presets", "calibrated_preset"]
 
 SHIPPED_DIR = shipped_path("calibration")
 
@@ -36,8 +32,8 @@ class CalibrationError(ValueError):
 
 @dataclass(frozen=True)
 class Calibration:
-    """A calibrated network: cluster shape and links, the all-reduce across them, and realism
-    (``compute_scale`` 1: it is set per model from a measured single device)."""
+    """A calibrated network: cluster shape and links, the all-reduce algorithm, and realism
+    (``compute_scale`` 1: set per model from a measured single device)."""
 
     name: str
     network: str
@@ -52,19 +48,16 @@ class Calibration:
             raise CalibrationError(f"unknown algorithm '{self.algorithm}'; choose one of {', '.join(TOPOLOGY_ALGORITHMS)}")
 
     def cost_model(self, workers: int, realism: Realism | None = None) -> CostModel:
-        """Every collective's line for ``workers`` on this cluster, carrying the realism (or ``realism``,
-        e.g. with a model's ``compute_scale``). Beyond the measured cluster's size, nodes of the same
-        kind are added (whole nodes: above one node, ``workers`` must be a multiple of the node size)."""
+        """Every collective's line for ``workers`` on this cluster, carrying ``realism`` (default: its
+        own). Beyond the measured cluster's size, whole nodes of the same kind are added."""
         topo = self.topology
         if isinstance(workers, int) and not isinstance(workers, bool) and workers > topo.devices:
-            # The same nodes and links, as many nodes as the job needs.
             topo = replace(topo, nodes=-(-workers // topo.devices_per_node))
         cm = topo.cost_model(workers, self.algorithm)
         return replace(cm.with_realism(realism or self.realism), source=f"calibrated {self.name}: {cm.source}")
 
     def for_trace(self, trace: Trace, measured_single_s: float | None) -> Realism:
-        """This calibration's realism with computation scaled to a measured single-device iteration
-        of ``trace`` (``None``: the trace's own computation)."""
+        """Its realism scaled to a measured single-device iteration of ``trace`` (None: unscaled)."""
         if measured_single_s is None:
             return self.realism
         return self.realism.scaled_to_measured(trace, measured_single_s)
@@ -76,13 +69,9 @@ class Calibration:
                 "message_overhead_s": self.realism.message_overhead_s, "contention": self.realism.contention}
 
     def to_dict(self) -> dict[str, Any]:
-        t = self.topology
         return {"name": self.name, "network": self.network, "algorithm": self.algorithm, "source": self.source,
-                "topology": {"nodes": t.nodes, "devices_per_node": t.devices_per_node,
-                             "intra": {"alpha_s": t.intra.alpha_s, "beta_s_per_byte": t.intra.beta_s_per_byte},
-                             "inter": {"alpha_s": t.inter.alpha_s, "beta_s_per_byte": t.inter.beta_s_per_byte},
-                             "gamma_s_per_byte": t.gamma_s_per_byte},
-                "realism": self.realism.to_dict(), "fit": dict(self.fit or {})}
+                "topology": self.topology.to_dict(), "realism": self.realism.to_dict(),
+                "fit": dict(self.fit or {})}
 
     @classmethod
     def from_dict(cls, d: Any) -> "Calibration":
@@ -110,17 +99,14 @@ class Calibration:
 
 
 def calibrated_presets() -> dict[str, Calibration]:
-    """The shipped calibrations (``data/calibration/*.json``), by name."""
+    """The shipped calibrations (``data/calibration/*-calibrated.json``), by name."""
     return dict(_load_shipped())
 
 
 @lru_cache(maxsize=1)
 def _load_shipped() -> tuple[tuple[str, Calibration], ...]:
-    out = []
-    for p in sorted(SHIPPED_DIR.glob("*-calibrated.json")):
-        cal = Calibration.load(p)
-        out.append((cal.name, cal))
-    return tuple(out)
+    cals = [Calibration.load(p) for p in sorted(SHIPPED_DIR.glob("*-calibrated.json"))]
+    return tuple((cal.name, cal) for cal in cals)
 
 
 def calibrated_preset(name: str) -> Calibration:
@@ -132,10 +118,3 @@ def calibrated_preset(name: str) -> Calibration:
     raise CostModelError(f"unknown calibrated preset '{name}'; known: {', '.join(presets) or 'none shipped'}")
 
 
-def calibrated_cost(name: str, workers: int, trace: Trace | None = None,
-                    measured_single_s: float | None = None) -> CostModel:
-    """The cost model of shipped calibration ``name`` for ``workers``; with ``trace`` and
-    ``measured_single_s`` its computation is scaled to that measured single-device iteration."""
-    cal = calibrated_preset(name)
-    realism = cal.for_trace(trace, measured_single_s) if trace is not None else cal.realism
-    return cal.cost_model(workers, realism)

@@ -1,28 +1,14 @@
-"""A user's cluster as a cost model: nodes, devices per node, link rates and latencies, top-k cost.
+"""A user's cluster as a cost model (``repro plan/simulate/compare --nodes --gpus-per-node
+--inter-link RATE[@LATENCY] [--intra-link ...] [--algorithm A]``; guide: docs/cli.md).
 
-What ``repro plan``, ``repro simulate`` and ``repro compare`` build from ``--nodes N --gpus-per-node G
---inter-link RATE[@LATENCY] [--intra-link RATE[@LATENCY]] [--algorithm A]`` (guide: docs/cli.md):
-
-- **Units.** A link is a rate and a per-message latency (:class:`~repro.core.topology.Link`:
-  ``beta_s_per_byte = 8 / bits_per_s``, ``alpha_s`` = latency). Rates in bits per second (``25gbit``,
-  ``512kibit``; IEC prefixes are powers of 1024) or bytes per second (``10GB/s``); ``gbps``, ``Gb/s``
-  and ``gb/s`` are refused as ambiguous (:func:`parse_rate`). Latencies need a unit (``5us``,
-  :func:`parse_latency`).
-- **Assumed defaults.** Inter-node latency :data:`DEFAULT_INTER_LATENCY_S` (25 us, between the MG-WFBP
-  fits of 56 Gb InfiniBand, 7.9 us, and 10GbE, 30 us); intra-node latency :data:`DEFAULT_INTRA_LATENCY_S`
-  (5 us); without ``--intra-link``, the intra-node link fitted on the measured V100 cluster
-  (:func:`default_intra_link`, about 4.3 GB/s and 17 us). Reductions cost nothing per byte (``gamma`` = 0).
-- **Collectives** for P workers: :class:`~repro.core.topology.Topology` for ``ring`` and ``hierarchical``;
-  the flat algorithms of :func:`repro.core.cost.alpha_beta_lines` over the slowest link the job crosses.
-  Push and pull cross the inter-node link (the intra-node one on one node).
-- **Top-k** (``gamma * d * log2(d)`` seconds on d elements): ``--topk-gamma S``, or a device of
-  :data:`TOPK_DEVICES`: OMGS-SGD's published P102-100 fit scaled by memory bandwidth, an estimate
-  (:func:`topk_gamma_for_device`).
-
-:func:`fit_measurements_csv` (``repro cost fit``) fits a CSV of measured collectives (message bytes, P,
-seconds, collective) into a cost file for one P. A cluster file (:class:`ClusterDescription`, ``repro
-cost cluster``; format in docs/cluster.md) builds the cost model of any P on ``ceil(P / gpus_per_node)``
-nodes, so everything that takes a preset accepts it. Never imports torch.
+A link is a rate and a per-message latency (``beta_s_per_byte = 8 / bits_per_s``; :func:`parse_rate`,
+:func:`parse_latency`). Assumed defaults: inter-node latency :data:`DEFAULT_INTER_LATENCY_S` (25 us),
+intra-node :data:`DEFAULT_INTRA_LATENCY_S` (5 us), the intra-node link fitted on the measured V100
+cluster (:func:`default_intra_link`), free reductions. Top-k cost: ``--topk-gamma S`` or a device of
+:data:`TOPK_DEVICES` (OMGS-SGD's P102-100 fit scaled by memory bandwidth, an estimate).
+:func:`fit_measurements_csv` fits measured collectives into a cost file for one P; cluster files
+(:class:`ClusterDescription`; docs/cluster.md) serve any P. Re-exports :mod:`repro.costs.cluster_model`.
+Torch-free.
 """
 
 from __future__ import annotations
@@ -43,7 +29,6 @@ from repro.core import ranges
 from repro.core.cost import COLLECTIVES, CostModel, CostModelError, Linear, fit_linear, relative_errors
 from repro.core.outputs import InputPathError, read_input
 from repro.costs.presets import preset, preset_names
-from repro.core.topology import Link  # noqa: F401  (re-exported: the value a link flag gives)
 
 __all__ = [
     "CLUSTER_ALGORITHMS", "DEFAULT_INTER_LATENCY_S", "DEFAULT_INTRA_LATENCY_S", "TOPK_DEVICES",
@@ -53,11 +38,9 @@ __all__ = [
     "is_cluster_file", "load_cluster",
 ]
 
-# ------------------------------------------------------------------------------------------ top-k
 PUBLISHED_TOPK_GAMMA_S = 2.19e-10   # OMGS-SGD (INFOCOM 2020): P102-100, density 0.001 (preset 1gbe-allgather)
 _PUBLISHED_TOPK_DEVICE = "P102"
-# Device -> (peak memory bandwidth, bytes/s; memory efficiency): the numbers of
-# repro.workload.estimate.GPU_SPECS (tests/test_cluster_cost.py checks that they agree).
+# Device -> (peak memory bandwidth in bytes/s, efficiency), as repro.workload.estimate.GPU_SPECS.
 _MEMORY: dict[str, tuple[float, float]] = {
     "K80": (480e9 / 2, 0.7), "P100": (732e9, 0.85), "V100": (900e9, 0.85), "A100": (2039e9, 0.85),
     "H100": (3.35e12, 0.85), "H200": (4.8e12, 0.85), "P102": (440.3e9, 0.85),
@@ -73,10 +56,14 @@ def _scaled_gamma(device: str) -> float:
 TOPK_DEVICES: dict[str, float] = {name: _scaled_gamma(name) for name in _MEMORY}
 
 
+def _device_key(device: str) -> str:
+    return str(device).split("(")[0].strip().upper().replace("P102-100", "P102")
+
+
 def topk_gamma_for_device(device: str, flag: str = "--topk-device") -> tuple[float, str]:
-    """(gamma seconds, where it comes from) of top-k selection on ``device`` (case-insensitive; a
-    trace's ``"V100 (estimate)"`` reads as V100). One line naming the devices for an unknown one."""
-    key = str(device).split("(")[0].strip().upper().replace("P102-100", "P102")
+    """(gamma seconds, where it comes from) of top-k selection on ``device`` (case-insensitive;
+    ``"V100 (estimate)"`` reads as V100); CostModelError for an unknown one."""
+    key = _device_key(device)
     if key not in TOPK_DEVICES:
         raise CostModelError(f"{flag}: no top-k cost for device {device!r}; known: {', '.join(TOPK_DEVICES)} "
                              "(or give --topk-gamma S)")
@@ -90,19 +77,13 @@ def topk_gamma_for_device(device: str, flag: str = "--topk-device") -> tuple[flo
 def topk_device_of_trace(trace) -> str | None:
     """The GPU of an estimated trace (``extra["gpu"]``) or a measured one on a known device, else None."""
     extra = getattr(trace, "extra", None) or {}
-    for name in (extra.get("gpu"), getattr(trace, "device", None)):
-        if isinstance(name, str):
-            key = name.split("(")[0].strip().upper().replace("P102-100", "P102")
-            if key in TOPK_DEVICES:
-                return key
-    return None
+    keys = [_device_key(n) for n in (extra.get("gpu"), getattr(trace, "device", None)) if isinstance(n, str)]
+    return next((key for key in keys if key in TOPK_DEVICES), None)
 
 
-# ------------------------------------------------------------------------------------------ sources
 def load_cost(spec: str | Path, workers: int | None, flag: str = "--cost") -> CostModel:
-    """A cost model from a preset name, a cluster file (any P: ``workers`` needed) or a CostModel JSON
-    file (a file of that name wins). A preset needs ``workers``; a cost file's P must equal ``workers``
-    when given."""
+    """A cost model from a preset name or a cluster file (both need ``workers``), or a cost model file
+    (whose P must equal ``workers`` when given). A file of that name wins over a preset."""
     text = str(spec)
     path = Path(text)
     if not path.exists() and text in preset_names():
@@ -129,16 +110,14 @@ def load_cost(spec: str | Path, workers: int | None, flag: str = "--cost") -> Co
     return cost
 
 
-# ------------------------------------------------------------------------------------------ fitting
 _CSV_COLUMNS = {"bytes": ("bytes", "message_bytes", "size_bytes"), "workers": ("workers", "p"),
                 "seconds": ("seconds", "time_s", "seconds_per_collective"), "collective": ("collective",)}
 
 
 def fit_measurements(rows: list[Mapping[str, Any]], workers: int | None = None, source: str = "fitted") -> CostModel:
-    """One line per collective through ``rows`` of ``{"bytes", "workers", "seconds", "collective"}``
-    (bytes as the collective's method takes them, :mod:`repro.core.cost`; seconds per collective), all of one P
-    (or the rows of ``workers``). :func:`repro.core.cost.fit_linear` (relative errors) fits each line;
-    ``meta`` keeps the measurements (as ``repro calibrate`` does) and each line's worst relative error."""
+    """One :func:`~repro.core.cost.fit_linear` line per collective through ``rows`` of ``{"bytes",
+    "workers", "seconds", "collective"}`` of one P (or of ``workers``); ``meta`` keeps the measurements
+    and each line's worst relative error."""
     ps = sorted({int(r["workers"]) for r in rows})
     if not ps:
         raise CostModelError("no measurements to fit")
@@ -159,7 +138,7 @@ def fit_measurements(rows: list[Mapping[str, Any]], workers: int | None = None, 
             continue
         nbytes = [float(r["bytes"]) for r in mine]
         seconds = [float(r["seconds"]) for r in mine]
-        x = [n * workers for n in nbytes] if kind == "sparse_allgather" else nbytes  # its line is on P*n bytes
+        x = [n * workers for n in nbytes] if kind == "sparse_allgather" else nbytes  # line on P*n bytes
         try:
             lines[kind] = fit_linear(x, seconds)
         except CostModelError as e:
@@ -171,14 +150,12 @@ def fit_measurements(rows: list[Mapping[str, Any]], workers: int | None = None, 
 
 
 def fit_measurements_csv(path: str | Path, workers: int | None = None) -> CostModel:
-    """:func:`fit_measurements` of a CSV file with a header naming the columns ``bytes`` (message bytes),
-    ``workers`` (P), ``seconds`` (one collective's seconds) and ``collective`` (one of
-    :data:`repro.core.cost.COLLECTIVES`); other columns are ignored. Every bad cell is one line naming the file
-    and line."""
+    """:func:`fit_measurements` of a CSV file with columns ``bytes``, ``workers``, ``seconds`` and
+    ``collective`` (others ignored); a bad cell raises CostModelError naming the file and line."""
     p = Path(path)
     if p.is_dir():
         raise CostModelError(f"measurements {p} is a folder, not a measurements file")
-    if p.exists() and not p.is_file():  # the words of repro.core.outputs.read_input (simulate, --plan, --cost)
+    if p.exists() and not p.is_file():
         raise CostModelError(f"measurements {p} is not a regular file (a device, pipe or socket)")
     if not p.is_file():
         raise CostModelError(f"measurements file not found: {p}")
@@ -210,14 +187,13 @@ def fit_measurements_csv(path: str | Path, workers: int | None = None) -> CostMo
         except ValueError:
             raise CostModelError(f"{p}:{lineno}: bytes, workers and seconds must be numbers, got "
                                  f"{raw['bytes']!r}, {raw['workers']!r}, {raw['seconds']!r}") from None
-        if not (math.isfinite(nbytes) and nbytes > 0):
-            raise CostModelError(f"{p}:{lineno}: bytes must be a positive number, got {raw['bytes']!r}")
-        if not (P.is_integer() and P >= 2):
-            raise CostModelError(f"{p}:{lineno}: workers must be an integer >= 2, got {raw['workers']!r}")
-        if not (math.isfinite(sec) and sec > 0):
-            raise CostModelError(f"{p}:{lineno}: seconds must be a positive number, got {raw['seconds']!r}")
+        for col, ok, what in (("bytes", math.isfinite(nbytes) and nbytes > 0, "a positive number"),
+                              ("workers", P.is_integer() and P >= 2, "an integer >= 2"),
+                              ("seconds", math.isfinite(sec) and sec > 0, "a positive number")):
+            if not ok:
+                raise CostModelError(f"{p}:{lineno}: {col} must be {what}, got {raw[col]!r}")
         for col, q, value, low in (("bytes", ranges.BYTES, nbytes, None), ("workers", ranges.WORKERS, P, 2),
-                                   ("seconds", ranges.SECONDS, sec, None)):  # one absurd row wrecks a whole fit
+                                   ("seconds", ranges.SECONDS, sec, None)):
             try:
                 ranges.check(q, value, col, CostModelError, what="column", low=low)
             except CostModelError as e:

@@ -1,11 +1,7 @@
-"""A cluster as data, for any P: link rates and latencies, nodes, the collective algorithm, and the
-cluster file that holds them (:class:`ClusterDescription`, ``repro cost cluster``).
-
-The parsing of rates and latencies, :func:`cluster_cost_model` (every collective's line for P workers on
-N nodes of G devices) and cluster files live here, below :mod:`repro.costs.presets`, so that
-``repro.costs.presets.preset(path, P)`` builds a cluster file's cost model for any P without an import circle;
-:mod:`repro.costs.cluster_cost` (which also reads presets) re-exports every name and documents the units and
-defaults. Never imports torch.
+"""A cluster as data, for any P: rate and latency parsing, :func:`cluster_cost_model` and cluster
+files (:class:`ClusterDescription`, ``repro cost cluster``). Below :mod:`repro.costs.presets` so that
+presets can build a cluster file's model; :mod:`repro.costs.cluster_cost` re-exports every name.
+Torch-free.
 """
 
 from __future__ import annotations
@@ -20,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from repro.core import ranges
-from repro.core.cost import ALGORITHMS, CostModel, CostModelError, Linear, alpha_beta_lines
+from repro.core.cost import ALGORITHMS, CostModel, CostModelError, Linear, alpha_beta_lines, check_workers
 from repro.core.outputs import InputPathError, read_input
 from repro.core.topology import TOPOLOGY_ALGORITHMS, Link, Topology
 
@@ -115,9 +111,10 @@ def _positive_int(name: str, value: Any) -> int:
 
 def cluster_cost_model(nodes: int, gpus_per_node: int, inter: Link | None, intra: Link | None = None,
                        algorithm: str = "ring", workers: int | None = None) -> CostModel:
-    """Every collective's line for ``workers`` (default: every device, ``nodes x gpus_per_node``) on a
-    cluster of ``nodes`` nodes of ``gpus_per_node`` devices (module docstring). ``inter`` may be None only
-    on one node; ``intra`` None is :func:`default_intra_link`. ``meta["cluster"]`` records the cluster."""
+    """Every collective's line for ``workers`` (default: every device) on ``nodes`` x ``gpus_per_node``
+    devices: :class:`~repro.core.topology.Topology` for ``ring``/``hierarchical``, else the flat
+    algorithm over the slowest link crossed. ``inter`` may be None only on one node; ``intra`` None is
+    :func:`default_intra_link`. ``meta["cluster"]`` records the cluster."""
     nodes = _positive_int("--nodes", nodes)
     gpus_per_node = _positive_int("--gpus-per-node", gpus_per_node)
     if algorithm not in CLUSTER_ALGORITHMS:
@@ -138,14 +135,9 @@ def cluster_cost_model(nodes: int, gpus_per_node: int, inter: Link | None, intra
         n, g = topo.placement(P)
     except CostModelError as e:
         raise CostModelError(f"--workers {P}: {e}") from None
-    if g == 1:  # one device per node: no intra-node hop to wait for (a ring's step is the network's)
-        intra_used = inter
-        topo = Topology(nodes, gpus_per_node, inter, inter)
-    else:
-        intra_used = intra
+    intra_used = inter if g == 1 else intra  # one device per node: no intra-node hop
     if algorithm in TOPOLOGY_ALGORITHMS:
-        cm = topo.cost_model(P, algorithm)
-        lines = dict(cm.lines)
+        lines = dict(Topology(nodes, gpus_per_node, intra_used, inter).cost_model(P, algorithm).lines)
     else:  # a flat algorithm over the slowest link the job crosses
         alpha = max(intra_used.alpha_s, inter.alpha_s) if n > 1 else intra.alpha_s
         beta = max(intra_used.beta_s_per_byte, inter.beta_s_per_byte) if n > 1 else intra.beta_s_per_byte
@@ -163,7 +155,6 @@ def cluster_cost_model(nodes: int, gpus_per_node: int, inter: Link | None, intra
     return CostModel(P, lines, source=f"cluster {n} node(s) x {g} ({algorithm}; {where})", meta={"cluster": cluster})
 
 
-# ------------------------------------------------------------------------------------------ cluster files
 CLUSTER_SCHEMA = "repro.launch"
 CLUSTER_VERSION = 1
 _CLUSTER_KEYS = ("schema", "version", "name", "gpus_per_node", "inter_link", "intra_link", "algorithm",
@@ -172,7 +163,7 @@ _CLUSTER_KEYS = ("schema", "version", "name", "gpus_per_node", "inter_link", "in
 
 @dataclass(frozen=True)
 class ClusterDescription:
-    """A cluster as a cluster file holds it (module docstring): a cost model for any P."""
+    """A cluster as a cluster file holds it: a cost model for any P."""
 
     gpus_per_node: int
     inter: Link
@@ -190,17 +181,10 @@ class ClusterDescription:
         if g is not None and (isinstance(g, bool) or not isinstance(g, (int, float)) or not 0 <= g < math.inf):
             raise CostModelError(f"topk_gamma_s must be a finite non-negative number of seconds, got {g!r}")
 
-    def nodes_for(self, workers: int) -> int:
-        """Nodes a job of ``workers`` takes: ``ceil(workers / gpus_per_node)``."""
-        from repro.core.cost import check_workers
-
-        check_workers(workers)
-        return math.ceil(int(workers) / self.gpus_per_node)
-
     def cost_model(self, workers: int) -> CostModel:
-        """The cost model for ``workers`` on ``ceil(workers / gpus_per_node)`` nodes
-        (:func:`cluster_cost_model`), with the file's top-k cost."""
-        nodes = self.nodes_for(workers)
+        """The cost model for ``workers`` on ``ceil(workers / gpus_per_node)`` nodes, with the top-k cost."""
+        check_workers(workers)
+        nodes = math.ceil(int(workers) / self.gpus_per_node)
         if workers > self.gpus_per_node and workers % self.gpus_per_node:
             raise CostModelError(f"P={workers} does not fill whole nodes of {self.gpus_per_node} GPUs (uneven nodes "
                                  "are not modelled)")
@@ -222,8 +206,7 @@ class ClusterDescription:
 
     @classmethod
     def from_dict(cls, data: Any, where: str = "cluster file") -> "ClusterDescription":
-        """A description from a cluster file's JSON; :class:`CostModelError` in one line naming ``where``
-        and the problem."""
+        """A description from a cluster file's JSON; CostModelError naming ``where``."""
         def fail(msg: str) -> CostModelError:
             return CostModelError(f"{where}: {msg}")
 

@@ -1,25 +1,9 @@
 """Fidelity: the per-message costs the measured clusters paid, fitted and cross-validated.
 
-Beyond the calibrated presets' constant per-message overhead ``a0`` and ``contention``
-(:mod:`repro.costs.published_fits`), two costs grow with the job (Echo, arXiv 2412.12487): ``a1``
-(``message_overhead_per_peer_s``, seconds per collective per worker beyond the first) and ``a2``
-(``message_overhead_per_in_flight_s``, seconds per collective per other message waiting on its stream).
-Every collective then costs ``a0 + a1·(P-1) + a2·in_flight`` beyond its network line
-(:meth:`repro.core.realism.Realism.per_message_s`).
-
-**Fit** (:func:`grid_predictions`, :func:`fit_terms`): ``(a1, a2)`` are shared by both measured
-networks (log grids :data:`A1_GRID_S`, :data:`A2_GRID_S`, 0 included); each network keeps its shipped
-links and gets its own ``a0`` and ``contention`` (:data:`A0_FACTORS`, :data:`CONTENTION_FACTORS` times
-the link fit's values, 1 included). Criterion: RMS log error of predicted iteration time over the 72
-all-reduce rows of ddl-benchmarks; exact over the grid.
-
-**Cross-validation** (:func:`cross_validate`): leave one network, model or GPU count out; held-out rows
-are predicted with the four parameters fitted without them, and, as the baseline, with ``a0`` and
-``contention`` alone refitted (a network left out keeps its link fit's). Links stay the link fit's
-under every split, so the error measures how the per-message and interference terms carry over. :func:`earns_keep` says whether the terms beat the
-baseline; only then do the shipped presets carry them. :func:`fidelity_rows` lists every published
-number the simulator predicts (iteration times, MG-WFBP's speedups), under the paper model, the link
-fit and the joint fit. Guide and results: docs/fidelity.md. Never imports torch.
+Each collective costs ``a0 + a1·(P-1) + a2·in_flight`` beyond its line (:mod:`repro.core.realism`).
+:func:`fit_terms` fits ``(a1, a2)`` shared by both networks and ``a0``/``contention`` factors per network
+over a grid; :func:`cross_validate` leaves one network, model or GPU count out; :func:`earns_keep` says
+whether the terms beat refitting ``a0`` and contention alone. Guide: docs/fidelity.md.
 """
 
 from __future__ import annotations
@@ -41,11 +25,10 @@ __all__ = ["TERMS", "A0_FACTORS", "CONTENTION_FACTORS", "A1_GRID_S", "A2_GRID_S"
            "compute"]
 
 TERMS = ("message_overhead_per_peer_s", "message_overhead_per_in_flight_s")
-# Per network, multiples of the link fit's a0 (message_overhead_s) and contention tried with the terms.
+# Per network: multiples of the link fit's a0 and contention tried.
 A0_FACTORS = (0.0, 0.5, 1.0)
 CONTENTION_FACTORS = (0.75, 1.0, 1.25)
-# Shared by both networks: seconds per collective per worker beyond the first (a1), and per other
-# message waiting on the stream (a2).
+# Shared by both networks: a1 and a2, seconds.
 A1_GRID_S = (0.0, 1e-6, 3e-6, 1e-5)
 A2_GRID_S = (0.0, 3e-7, 1e-6, 3e-6)
 SPLITS = ("fit", "network", "model", "gpus")   # all rows in; leave one network / model / GPU count out
@@ -65,8 +48,7 @@ def with_terms(cal: Calibration, terms: Mapping[str, float], fit_info: Mapping[s
 
 
 def with_point(base: Calibration, point: Point, fit_info: Mapping[str, Any] | None = None) -> Calibration:
-    """``base`` (the link fit) with ``a0`` and ``contention`` scaled by the point's factors and the
-    terms ``(a1, a2)`` set."""
+    """``base`` with ``a0`` and ``contention`` scaled by the point's factors and ``(a1, a2)`` set."""
     f0, fc, a1, a2 = point
     cal = replace(base, realism=replace(base.realism, message_overhead_s=f0 * base.realism.message_overhead_s,
                                         contention=fc * base.realism.contention))
@@ -74,8 +56,7 @@ def with_point(base: Calibration, point: Point, fit_info: Mapping[str, Any] | No
 
 
 def point_values(base: Calibration, point: Point) -> dict[str, float]:
-    """The parameter values of a grid point on ``base``: ``message_overhead_s`` (a0), ``contention`` and
-    the two terms, in seconds (contention: a fraction)."""
+    """A grid point's values on ``base``: ``message_overhead_s``, ``contention`` and the two terms."""
     r = with_point(base, point).realism
     return {"message_overhead_s": r.message_overhead_s, "contention": r.contention,
             TERMS[0]: r.message_overhead_per_peer_s, TERMS[1]: r.message_overhead_per_in_flight_s}
@@ -97,8 +78,7 @@ def grid_predictions(rows: pd.DataFrame, base: Mapping[str, Calibration] | None 
                      a0_factors: Sequence[float] = A0_FACTORS, contention_factors: Sequence[float] = CONTENTION_FACTORS,
                      a1_grid: Sequence[float] = A1_GRID_S, a2_grid: Sequence[float] = A2_GRID_S,
                      ) -> dict[str, dict[Point, np.ndarray]]:
-    """Per network of ``rows``: the predicted iteration seconds of its rows (in ``rows`` order) at
-    every grid point, on that network's ``base`` calibration (default :func:`base_calibrations`)."""
+    """``{network: {point: predicted seconds of its rows}}`` on each network's ``base`` calibration."""
     base = dict(base or base_calibrations())
     points = _grid_points(a0_factors, contention_factors, a1_grid, a2_grid)
     out: dict[str, dict[Point, np.ndarray]] = {}
@@ -116,11 +96,9 @@ def _network_masks(rows: pd.DataFrame, grid_pred: Mapping[str, Any]) -> dict[str
 
 def fit_terms(rows: pd.DataFrame, grid_pred: Mapping[str, Mapping[Point, np.ndarray]],
               train: np.ndarray | None = None, terms: bool = True) -> tuple[dict[str, Point], float]:
-    """The joint fit on the ``train`` rows (mask over ``rows``; default all): ``({network: point},
-    rms log error)`` minimising the RMS log error of ``rows.iteration_s``, with ``(a1, a2)`` shared
-    and each network's ``(a0, contention)`` factors its own; ``terms=False`` fits ``a0`` and contention
-    alone (``a1 = a2 = 0``). A network with no training row keeps factors ``(1, 1)``. Ties go to the
-    smaller terms, then to factors nearer the link fit's."""
+    """``({network: point}, rms log error)`` of the joint fit on the ``train`` rows (default all):
+    ``(a1, a2)`` shared, ``(a0, contention)`` factors per network (``(1, 1)`` without training rows);
+    ``terms=False`` keeps ``a1 = a2 = 0``. Ties go to smaller terms, then factors nearer 1."""
     measured = rows.iteration_s.to_numpy(float)
     train = np.ones(len(rows), bool) if train is None else np.asarray(train, bool)
     masks = _network_masks(rows, grid_pred)
@@ -159,10 +137,9 @@ def _base_points(grid_pred: Mapping[str, Any]) -> dict[str, Point]:
 
 
 def cross_validate(rows: pd.DataFrame, grid_pred: Mapping[str, Mapping[Point, np.ndarray]]) -> pd.DataFrame:
-    """One row per (split, held-out value, published row): the prediction before (the link fit's
-    ``a0`` and contention, no terms: they saw every row), without terms (``a0`` and contention refitted
-    without the held-out rows, ``a1 = a2 = 0``) and after (all four fitted without the held-out rows),
-    with relative errors ``predicted / measured - 1`` and the fitted values (after) of every network."""
+    """One row per (split, held-out value, published row): predictions ``before`` (the link fit),
+    ``no_terms`` (``a0`` and contention refitted without the held-out rows) and ``after`` (all four
+    refitted), their relative errors and every network's fitted values."""
     import pandas as pd
 
     before = predict_fitted(rows, grid_pred, _base_points(grid_pred))
@@ -199,10 +176,8 @@ def _stats(err: pd.Series) -> dict[str, Any]:
 
 
 def split_table(cv: pd.DataFrame, base: Mapping[str, Calibration] | None = None) -> pd.DataFrame:
-    """Error per split and held-out value, before and after (the cross-validation table), with the
-    values fitted on the split's training rows: ``a1_s``, ``a2_s`` and per network ``a0_s_<net>`` and
-    ``contention_<net>`` (``base``'s, default :func:`base_calibrations`, times the fitted factors; a
-    network left out keeps its link fit's)."""
+    """Error per split and held-out value, with the values fitted on its training rows (``a1_s``,
+    ``a2_s``, ``a0_s_<net>``, ``contention_<net>``)."""
     import pandas as pd
 
     base = dict(base or base_calibrations())
@@ -225,10 +200,8 @@ def split_table(cv: pd.DataFrame, base: Mapping[str, Calibration] | None = None)
 
 
 def earns_keep(cv: pd.DataFrame) -> dict[str, Any]:
-    """Whether the terms earn their keep: over every held-out row of the leave-one-out splits (network,
-    model, GPU count), the joint fit (after) against ``a0`` and contention refitted alone on the same
-    training rows (no terms): no fewer rows within ±10% and a median |error| no larger, one of them
-    strictly better. The link fit's numbers (before) are reported beside; they saw the held-out rows.
+    """Whether the terms earn their keep: over the held-out rows, ``after`` has no fewer rows within
+    ±10% and no larger median |error| than ``no_terms``, one strictly better.
     ``{"earns": bool, "rows", "<before|no_terms|after>_within_10pct", "<...>_median"}``."""
     d = cv[cv.split != "fit"]
     st = {k: _stats(d[f"{k}_error"]) for k in ("before", "no_terms", "after")}
@@ -246,33 +219,27 @@ KINDS = ("paper", "before", "after", "shipped")
 
 def fidelity_rows(rows: pd.DataFrame, before_s: np.ndarray, after_s: np.ndarray,
                   paper_s: np.ndarray, shipped_s: np.ndarray | None = None) -> pd.DataFrame:
-    """Every published number the simulator predicts: the rows' iteration times and MG-WFBP's
-    speedups over WFBP and over BSP (``syncea``) per network, model and GPU count; with the
-    predictions of the paper model, the link fit (before), the joint fit with the terms (after) and
-    the shipped presets (``shipped_s``; default: before)."""
+    """Every published number the simulator predicts (iteration times; MG-WFBP's speedups over WFBP
+    and BSP) with the paper, before, after and shipped (default: before) predictions and errors."""
     import pandas as pd
 
-    t = rows[["network", "model", "scheduler", "gpus", "iteration_s"]].copy()
+    t = rows[["network", "model", "scheduler", "gpus", "iteration_s"]]
+    t = t.rename(columns={"iteration_s": "published"})
     t["paper"], t["before"], t["after"] = paper_s, before_s, after_s
     t["shipped"] = before_s if shipped_s is None else shipped_s
     t["precision"] = "fp32"   # ddl-benchmarks runs FP32 only
-    out = [t.rename(columns={"iteration_s": "published"}).assign(
-        quantity="iteration_s", what=lambda d: d.scheduler)[
+    out = [t.assign(quantity="iteration_s", what=t.scheduler)[
         ["quantity", "what", "network", "model", "precision", "gpus", "published", *KINDS]]]
-    idx = t.set_index(["network", "model", "gpus", "scheduler"])
     for base in ("wfbp", "syncea"):
         rows_s = []
         for (net, model, g), d in t.groupby(["network", "model", "gpus"]):
             s = d.set_index("scheduler")
-            if "mgwfbp" not in s.index or base not in s.index:
-                continue
-            rows_s.append({"quantity": "speedup", "what": f"mgwfbp/{base}", "network": net, "model": model,
-                           "precision": "fp32", "gpus": int(g),
-                           **{k: float(s.loc[base, k if k != "published" else "iteration_s"]
-                                       / s.loc["mgwfbp", k if k != "published" else "iteration_s"])
-                              for k in ("published", *KINDS)}})
+            if "mgwfbp" in s.index and base in s.index:
+                rows_s.append({"quantity": "speedup", "what": f"mgwfbp/{base}", "network": net,
+                               "model": model, "precision": "fp32", "gpus": int(g),
+                               **{k: float(s.loc[base, k] / s.loc["mgwfbp", k])
+                                  for k in ("published", *KINDS)}})
         out.append(pd.DataFrame(rows_s))
-    del idx
     f = pd.concat(out, ignore_index=True)
     for k in KINDS:
         f[f"{k}_error"] = f[k] / f.published - 1
@@ -297,16 +264,14 @@ def fidelity_summary(f: pd.DataFrame, by: Sequence[str] = ("quantity",)) -> pd.D
     return pd.DataFrame(out)
 
 
-# ------------------------------------------------------------------------------------------ pipeline
 FIDELITY_ROWS = pf.SHIPPED_DIR / "fidelity_rows.csv"    # every published number, paper/before/after
 FIDELITY_CV = pf.SHIPPED_DIR / "fidelity_cv.csv"        # the cross-validation table (per split)
 BASE_KEY = "link_fit_realism"   # under fit.per_message_terms: a0 and contention of the link fit
 
 
 def base_calibrations() -> dict[str, Calibration]:
-    """The link fit of each network: the shipped calibration with the per-message terms off and
-    ``a0``/``contention`` as :func:`repro.costs.published_fits.fit` left them (kept under
-    ``fit.per_message_terms`` when a joint fit replaced them), so that refitting is idempotent."""
+    """Each network's shipped calibration with the terms off and the link fit's ``a0``/``contention``
+    (kept under ``fit.per_message_terms``), so that refitting is idempotent."""
     out = {}
     for n in NETWORKS:
         cal = calibrated_preset(f"{n}-calibrated")
@@ -320,9 +285,8 @@ def base_calibrations() -> dict[str, Calibration]:
 
 def compute(a0_factors: Sequence[float] = A0_FACTORS, contention_factors: Sequence[float] = CONTENTION_FACTORS,
             a1_grid: Sequence[float] = A1_GRID_S, a2_grid: Sequence[float] = A2_GRID_S) -> dict[str, Any]:
-    """Fit jointly on every all-reduce row, cross-validate, and build the report's tables:
-    ``{"points": {network: point}, "rms", "rms_before", "cv": per row, "splits": per split,
-    "verdict": earns_keep(cv), "rows": fidelity rows, "grid": {...}, "base": link fits}``."""
+    """Fit, cross-validate and build the report's tables: ``{"points", "rms", "rms_before", "cv",
+    "splits", "verdict", "rows", "grid", "base"}``."""
     import pandas as pd
 
     rows = pf.calibration_rows()
@@ -334,7 +298,7 @@ def compute(a0_factors: Sequence[float] = A0_FACTORS, contention_factors: Sequen
     table = pd.read_csv(pf.CV_TABLE)
     paper = table[table.fitted.astype(bool)].set_index(["network", "model", "scheduler", "gpus"]).paper_s
     paper_s = paper.reindex(pd.MultiIndex.from_frame(rows[["network", "model", "scheduler", "gpus"]])).to_numpy()
-    if np.isnan(paper_s).any():   # the shipped table lacks a row: predict the paper model afresh
+    if np.isnan(paper_s).any():
         paper_s = pf.predict(rows, None)
     before, after = predict_fitted(rows, g, _base_points(g)), predict_fitted(rows, g, points)
     verdict = earns_keep(cv)

@@ -1,18 +1,18 @@
 """Named cost models: the papers' published fits and the shipped calibrated clusters.
 
-``preset(name, P)`` returns the :class:`~repro.core.cost.CostModel` of a preset for P workers. Two shapes
-of published numbers (the papers' own, each preset citing its source): a table of fitted all-reduce (or all-gather)
-lines per P, or per-hop constants valid for any P. Calibrated presets (``*-calibrated``) are data,
-read by :mod:`repro.costs.calibrated`. This module sits above :mod:`repro.core.cost` (the value type), so that
-neither the cost model nor the calibrated clusters import each other. Never imports torch.
+``preset(name, P)`` returns a preset's :class:`~repro.core.cost.CostModel` for P workers: a table of
+fitted lines per P, per-hop constants valid for any P (each citing its source), or a calibrated
+cluster (:mod:`repro.costs.calibrated`). Torch-free.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Mapping
+from pathlib import Path
+from typing import Mapping
 
 from repro.costs.calibrated import calibrated_presets
+from repro.costs.cluster_model import is_cluster_file as _is_cluster_file, load_cluster
 from repro.core.cost import CostModel, CostModelError, Linear, check_workers
 
 __all__ = ["preset", "PRESETS", "preset_names", "preset_workers", "is_calibrated_preset", "is_cost_file",
@@ -25,8 +25,7 @@ class _TablePreset:
     table: Mapping[int, tuple[float, float]]
     doc: str
     topk_gamma_s: float | None = None
-    # Also give reduce-scatter and all-gather lines, each half the all-reduce line: a ring all-reduce
-    # is a reduce-scatter then an all-gather of (P-1) alpha + (P-1)/P n beta each (DeAR, ICDCS 2023).
+    # Also reduce-scatter and all-gather lines, each half the all-reduce's (a ring all-reduce is one of each)
     ring_halves: bool = False
 
 
@@ -41,11 +40,10 @@ class _HopPreset:
 
 _V100_INTRA = {2: (2.555e-6, 9.838e-11), 4: (4.204e-5, 2.059e-10)}
 
-# Per-hop constants derived from the P=16 fits by inverting the ring formulas
-# (a = 2(P-1) alpha, b = 2(P-1)/P beta). Our interpretation, labelled "derived" in the name.
+# Per-hop constants derived from the P=16 and P=64 fits by inverting the ring formulas
+# (a = 2(P-1) alpha, b = 2(P-1)/P beta): our interpretation, labelled "derived".
 _IB16_A, _IB16_B = 2.358e-4, 4.059e-10
 _E16_A, _E16_B = 9.081e-4, 7.396e-10
-# The same inversion of the DeAR authors' 64-worker fits (a = 2*63 alpha, b = 2*63/64 beta).
 _D64E_A, _D64E_B = 7.04e-3, 9.64e-10
 _D64I_A, _D64I_B = 8.06e-4, 5.89e-10
 
@@ -82,44 +80,30 @@ PRESETS: dict[str, _TablePreset | _HopPreset] = {
 }
 
 
-def _calibrated() -> dict[str, Any]:
-    """The shipped calibrated presets (:mod:`repro.costs.calibrated`)."""
-    return calibrated_presets()
-
-
 def preset_names() -> list[str]:
     """Published presets and the shipped calibrated ones (``*-calibrated``)."""
-    return sorted(PRESETS) + sorted(_calibrated())
+    return sorted(PRESETS) + sorted(calibrated_presets())
 
 
 def is_cost_file(name: str) -> bool:
-    """True for a name that is a cost file: a path ending in ``.json`` that is not a preset's name (a
-    one-P cost model, or a cluster file: :func:`is_cluster_file`)."""
-    from pathlib import Path
-
+    """True for an existing ``.json`` path that is not a preset's name (a cost model or cluster file)."""
     return isinstance(name, str) and name.endswith(".json") and name not in PRESETS and Path(name).is_file()
 
 
 def is_cluster_file(name: str) -> bool:
-    """True for a cost file that describes a cluster (``"schema": "repro.launch"``, ``repro cost cluster``):
-    :func:`preset` builds it for any P."""
-    from repro.costs.cluster_model import is_cluster_file as _is_cluster
-
-    return is_cost_file(name) and _is_cluster(name)
+    """True for a cost file that describes a cluster (``repro cost cluster``; any P)."""
+    return is_cost_file(name) and _is_cluster_file(name)
 
 
 def is_calibrated_preset(name: str) -> bool:
-    """True for a calibrated preset (a hierarchical cluster with realism, fitted to measurements)."""
-    return name not in PRESETS and name in _calibrated()
+    """True for a shipped calibrated preset (``*-calibrated``)."""
+    return name not in PRESETS and name in calibrated_presets()
 
 
 def preset_workers(name: str) -> list[int] | None:
-    """Worker counts a table preset holds, or None for a preset valid for any P (per-hop, calibrated, or a
-    cluster file); a one-P cost file holds its P."""
-    if is_cluster_file(name):
-        return None
+    """Worker counts a table preset or a one-P cost file holds, or None for one valid for any P."""
     if is_cost_file(name):
-        return [CostModel.load(name).workers]
+        return None if is_cluster_file(name) else [CostModel.load(name).workers]
     if is_calibrated_preset(name):
         return None
     p = _get_preset(name)
@@ -127,15 +111,10 @@ def preset_workers(name: str) -> list[int] | None:
 
 
 def preset(name: str, workers: int) -> CostModel:
-    """The cost model ``name`` for ``workers`` workers: a published fit (the paper model), a
-    calibrated preset (``*-calibrated``: :mod:`repro.costs.published_fits`; hierarchical cluster + realism), or
-    a cost file (a ``.json`` path, e.g. from ``repro calibrate`` or ``repro cost fit``: a fit for one
-    P, which must be ``workers``), or a cluster file (``repro cost cluster``: any P, built by
-    :meth:`repro.costs.cluster_cost.ClusterDescription.cost_model` on ``ceil(P / gpus_per_node)`` nodes), so that
-    everything that takes a preset takes the user's cluster."""
+    """The cost model ``name`` for ``workers`` workers: a published preset, a calibrated preset
+    (``*-calibrated``), a cost file (``.json`` of one P, which must be ``workers``) or a cluster file
+    (``repro cost cluster``, any P). Unknown names and worker counts raise :class:`CostModelError`."""
     if is_cluster_file(name):
-        from repro.costs.cluster_model import load_cluster
-
         try:
             return load_cluster(name).cost_model(workers)
         except CostModelError as e:
@@ -149,7 +128,7 @@ def preset(name: str, workers: int) -> CostModel:
         return cost
     if is_calibrated_preset(name):
         check_workers(workers)
-        return _calibrated()[name].cost_model(workers)
+        return calibrated_presets()[name].cost_model(workers)
     p = _get_preset(name)
     check_workers(workers)
     if isinstance(p, _HopPreset):

@@ -1,33 +1,18 @@
-"""Fitting the simulator's cluster to published measurements (offline), and saying how far to trust it.
+"""Fitting the simulator's cluster to published measurements (offline), and how far to trust it.
 
-Not :mod:`repro.runtime.calibrate`, which times a live process group's collectives; this module fits
-tables other people published: ``data/paper_numbers/ddl_benchmarks_measured.csv`` (HKBU-HPML
-ddl-benchmarks, Shi et al., arXiv 2005.13247), iteration times of ResNet-50 (batch 64), BERT-Base (64)
-and BERT-Large (8) on 1-32 GPUs of 8 nodes x 4 GPUs, over 10GbE and 100Gb InfiniBand.
-
-A **calibration** of one network is a :class:`~repro.core.topology.Topology` (intra- and inter-node links,
-``alpha`` seconds per message and ``beta`` seconds per byte; flat ring or two-level all-reduce, the
-better kept) plus a :class:`~repro.core.realism.Realism`, fitted by :func:`fit` over the all-reduce rows::
-
-    minimise  sum_rows  log( sim(trace_m scaled, plan_s under theta, P; theta) / measured )^2
-
-over ``theta = (alpha_intra, beta_intra, alpha_inter, beta_inter, message_overhead_s, contention)`` in
-log space within ``PARAMETER_BOUNDS``, from several starts (:func:`scipy.optimize.least_squares`; each
-row re-plans under theta, so the finite-difference step is large enough to see across plan changes).
-Fixed, not fitted: each model's ``compute_scale`` (to its 1-GPU row), ``update_s_per_byte`` = 6.25e-12
-(SGD with momentum, 5 bytes per gradient byte at about 800 GB/s), ``copy_s_per_byte`` and
-``fp16_cast_s_per_byte`` = 0.
-
-:func:`cross_validate` gives every row's error when it was *not* in the fit (leave one model out, leave
-one worker count out): the error a forecast of an unseen model or size deserves. The **paper model**
-uses the MG-WFBP journal's P=16 fits (presets ``10gbe-derived``, ``56gbib-derived``: 56 Gb, the nearest
-published IB) and the V100 estimate with perfect overlap. Never imports torch; pandas and scipy only where used.
+Fits ``data/paper_numbers/ddl_benchmarks_measured.csv`` (HKBU-HPML ddl-benchmarks, Shi et al., arXiv
+2005.13247: ResNet-50, BERT-Base, BERT-Large on 1-32 GPUs of 8 nodes x 4, over 10GbE and 100Gb IB);
+live process groups are :mod:`repro.runtime.calibrate`'s. A calibration is a
+:class:`~repro.core.topology.Topology` plus a :class:`~repro.core.realism.Realism`; :func:`fit`
+minimises ``sum log(sim / measured)^2`` over the all-reduce rows, in log space within
+:data:`PARAMETER_BOUNDS`, with the better of the flat and hierarchical all-reduce kept.
+:func:`cross_validate` gives each row's error when left out of the fit. The **paper model** uses the
+MG-WFBP journal's P=16 fits and perfect overlap. Design notes: docs/design/core.md. Torch-free.
 """
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
@@ -35,13 +20,12 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
 import numpy as np
 
 from repro.costs.calibrated import (
-    SHIPPED_DIR, Calibration, CalibrationError, calibrated_cost, calibrated_preset, calibrated_presets)
-from repro.core.cost import CostModel, CostModelError
+    SHIPPED_DIR, Calibration, CalibrationError, calibrated_preset, calibrated_presets)
+from repro.core.cost import CostModel
 from repro.costs.presets import preset
 from repro.core.realism import Realism
 from repro.core.topology import TOPOLOGY_ALGORITHMS, Link, Topology
 from repro.core.trace import Trace, load_trace
-from repro.core.outputs import write_output
 from repro.core.paths import shipped_path
 
 if TYPE_CHECKING:  # pandas is imported where tables are read: the presets load without it
@@ -51,24 +35,23 @@ __all__ = [
     "PUBLISHED_CSV", "MODEL_TRACES", "NETWORK_PAPER_PRESETS", "FIT_SCHEDULERS", "PARAMETER_BOUNDS",
     "UPDATE_S_PER_BYTE", "Calibration", "CalibrationError", "load_published", "calibration_rows",
     "model_trace", "predict", "fit", "cross_validate", "calibrated_presets", "calibrated_preset",
-    "calibrated_cost", "SHIPPED_DIR", "VALIDATION_SCHEDULERS", "CV_TABLE", "COST_MODES", "check_cost_mode",
+    "SHIPPED_DIR", "VALIDATION_SCHEDULERS", "CV_TABLE", "COST_MODES", "check_cost_mode",
     "cost_for_mode", "mode_label", "calibrated_omission", "simulate_modes",
 ]
 
 PUBLISHED_CSV = shipped_path("paper_numbers", "ddl_benchmarks_measured.csv")
-# Every published multi-GPU row with its paper-model, calibrated and cross-validated predictions,
-# written by scripts/fit_calibration.py with the shipped presets (see its docstring).
+# Every published multi-GPU row with its predictions (scripts/fit_calibration.py writes it).
 CV_TABLE = SHIPPED_DIR / "ddl_benchmarks_predictions.csv"
 # The shipped trace whose layers stand for each published model (computation scaled to the batch).
 MODEL_TRACES = {"resnet50": "resnet50_b64_v100-estimate", "bert_base": "bert_base_b64_v100-estimate",
                 "bert_large": "bert_large_b32_v100-estimate"}
-# Paper-model network of each published network: the nearest published fit (see the module docstring).
+# Paper-model preset of each published network: the nearest published fit.
 NETWORK_PAPER_PRESETS = {"10gbe": "10gbe-derived", "100gbib": "56gbib-derived"}
 FIT_SCHEDULERS = ("syncea", "wfbp", "mgwfbp")   # BSP-A2A, WFBP-A2A, MG-WFBP: the rows fitted and targeted
 UPDATE_S_PER_BYTE = 5.0 / 800e9
 DEVICES_PER_NODE = 4
 NODES = 8
-# (low, high) of each fitted parameter; physical ranges, searched in log10.
+# (low, high) of each fitted parameter, searched in log10.
 PARAMETER_BOUNDS: dict[str, tuple[float, float]] = {
     "intra_alpha_s": (1e-7, 1e-3), "intra_beta_s_per_byte": (1e-11, 1e-8),
     "inter_alpha_s": (1e-7, 1e-2), "inter_beta_s_per_byte": (1e-11, 1e-8),
@@ -77,7 +60,6 @@ PARAMETER_BOUNDS: dict[str, tuple[float, float]] = {
 PARAMETERS = tuple(PARAMETER_BOUNDS)
 
 
-# ------------------------------------------------------------------------------------------ data
 def load_published(path: str | Path | None = None) -> pd.DataFrame:
     """The published measurements as shipped (one row per model, network, method, GPU count)."""
     import pandas as pd
@@ -90,8 +72,8 @@ def load_published(path: str | Path | None = None) -> pd.DataFrame:
 
 def calibration_rows(published: pd.DataFrame | None = None, network: str | None = None,
                      schedulers: Sequence[str] = FIT_SCHEDULERS) -> pd.DataFrame:
-    """Multi-GPU rows of ``schedulers`` (default: the all-reduce ones) on ``network`` (all if None),
-    with ``single_s``: the same model's measured 1-GPU iteration."""
+    """Multi-GPU rows of ``schedulers`` on ``network`` (all if None), with ``single_s``: the same
+    model's measured 1-GPU iteration."""
     d = load_published() if published is None else published
     single = d[d.gpus == 1].groupby("model").iteration_s.first()
     rows = d[(d.gpus > 1) & d.scheduler.isin(list(schedulers))].copy()
@@ -122,7 +104,6 @@ def _batch_scaled(model: str, batch: int) -> Trace:
     return scaled.replace_layers(scaled.layers, batch_size=int(batch))
 
 
-# ------------------------------------------------------------------------------------------ model
 def _calibration(theta: Mapping[str, float], network: str, algorithm: str, name: str = "",
                  fit_info: Mapping[str, Any] | None = None) -> Calibration:
     topo = Topology(NODES, DEVICES_PER_NODE, Link(theta["intra_alpha_s"], theta["intra_beta_s_per_byte"]),
@@ -134,7 +115,6 @@ def _calibration(theta: Mapping[str, float], network: str, algorithm: str, name:
                               "by repro.costs.published_fits.fit", fit=fit_info)
 
 
-# ------------------------------------------------------------------------------------------ predict
 # Validation-only rows (not fitted): the plan options that match the published setup.
 VALIDATION_SCHEDULERS = ("bytescheduler", "ps_bsp")
 
@@ -156,7 +136,7 @@ def _simulate_row(trace: Trace, scheduler: str, cost: CostModel) -> float:
 
 def predict(rows: pd.DataFrame, calibration: Calibration | None) -> np.ndarray:
     """Predicted seconds per iteration of each row: calibrated (computation scaled to the row's
-    ``single_s``), or with ``calibration=None`` the paper model (module docstring)."""
+    ``single_s``), or with ``calibration=None`` the paper model."""
     out = np.empty(len(rows))
     applied: dict[tuple, tuple[Trace, Realism]] = {}
     for k, r in enumerate(rows.itertuples(index=False)):
@@ -167,7 +147,7 @@ def predict(rows: pd.DataFrame, calibration: Calibration | None) -> np.ndarray:
             except KeyError:
                 raise CalibrationError(f"no paper-model network for '{r.network}'") from None
         else:
-            # Scale the computation once per model (the same as simulate would, every call).
+            # Scale the computation once per model, as simulate would on every call.
             key = (r.model, int(r.batch_size), float(r.single_s))
             if key not in applied:
                 realism = calibration.for_trace(trace, float(r.single_s))
@@ -178,20 +158,19 @@ def predict(rows: pd.DataFrame, calibration: Calibration | None) -> np.ndarray:
     return out
 
 
-# ------------------------------------------------------------------------------------------ fit
 def _theta(x: np.ndarray) -> dict[str, float]:
     return {k: float(10.0 ** v) for k, v in zip(PARAMETERS, x)}
 
 
 def _start_points() -> list[np.ndarray]:
-    # A PCIe-like intra link, a network-like inter link, small overheads.
+    # A PCIe-like intra link, a network-like inter link, small overheads
     return [np.log10([5e-6, 2.5e-10, 5e-5, 1e-9, 5e-5, 0.05])]
 
 
 def fit(rows: pd.DataFrame, network: str | None = None, *, algorithms: Iterable[str] = TOPOLOGY_ALGORITHMS,
         name: str = "", max_nfev: int = 60) -> Calibration:
-    """Least-squares calibration of one network from ``rows`` (module docstring). ``rows`` must hold
-    one network's all-reduce rows with ``single_s`` (:func:`calibration_rows`)."""
+    """Least-squares calibration of one network from its all-reduce ``rows`` with ``single_s``
+    (:func:`calibration_rows`; module docstring)."""
     from scipy.optimize import least_squares
 
     if rows.empty:
@@ -226,9 +205,9 @@ def fit(rows: pd.DataFrame, network: str | None = None, *, algorithms: Iterable[
 
 
 def cross_validate(rows: pd.DataFrame, *, max_nfev: int = 60) -> pd.DataFrame:
-    """Each row's predicted iteration when held out of the fit, under two schemes: leave one model
-    out (``cv_model_s``) and leave one worker count out (``cv_gpus_s``); with ``fit_s`` (all rows in
-    the fit) and the relative errors ``*_error`` = predicted / measured - 1. One network at a time."""
+    """``rows`` with each row's prediction when all rows are fitted (``fit_s``), when its model is left
+    out (``cv_model_s``) and when its worker count is (``cv_gpus_s``), and the relative errors
+    ``*_error``. One network at a time."""
     out = rows.copy()
     full = fit(rows, max_nfev=max_nfev)
     out["fit_s"] = predict(rows, full)
@@ -245,11 +224,8 @@ def cross_validate(rows: pd.DataFrame, *, max_nfev: int = 60) -> pd.DataFrame:
     return out
 
 
-# ------------------------------------------------------------------------------------------ modes
 COST_MODES = ("paper", "calibrated")
-# The calibrated cluster standing for each published network, by preset-name prefix. A network with
-# no calibrated cluster of its own (1GbE) keeps its published lines and gains the realism fitted for
-# the same transport (TCP Ethernet: 10gbe).
+# (preset prefix, calibrated cluster, own cluster?): 1GbE has none and borrows 10GbE's realism.
 _CALIBRATED_FOR = (("10gbe", "10gbe-calibrated", True), ("56gbib", "100gbib-calibrated", True),
                    ("100gbib", "100gbib-calibrated", True), ("1gbe", "10gbe-calibrated", False))
 
@@ -264,13 +240,10 @@ def check_cost_mode(mode: str) -> str:
 def cost_for_mode(preset_name: str, workers: int, mode: str = "paper") -> CostModel:
     """The cost model a simulated figure uses for network preset ``preset_name`` and ``workers``.
 
-    ``"paper"``: the published preset itself (the papers' model: their lines, perfect overlap).
-    ``"calibrated"``: the calibrated cluster of the same network (``10gbe-*`` -> ``10gbe-calibrated``;
-    ``56gbib-*`` and ``100gbib-*`` -> ``100gbib-calibrated``, the measured InfiniBand being 100 Gb)
-    with its realism, keeping the preset's top-k cost; for ``1gbe-*`` (no measured cluster) the
-    published lines with the realism fitted on 10GbE. The computation is the trace's own in both
-    modes (``compute_scale`` 1: the papers' devices are not the measured cluster's). Calibrated
-    models name what they are in ``source``.
+    ``"paper"``: the preset itself. ``"calibrated"``: the calibrated cluster of the same network
+    (``10gbe-*`` -> ``10gbe-calibrated``; ``56gbib-*``, ``100gbib-*`` -> ``100gbib-calibrated``) with
+    the preset's top-k cost; for ``1gbe-*`` the published lines with 10GbE's realism. Computation is
+    the trace's own in both modes.
     """
     check_cost_mode(mode)
     paper = preset(preset_name, workers)
@@ -294,9 +267,7 @@ def mode_label(mode: str) -> str:
     return {"paper": "paper model", "calibrated": "calibrated on ddl-benchmarks"}[check_cost_mode(mode)]
 
 
-# Presets whose network is of a kind the fits cover (by name prefix) but whose cluster is not: their
-# calibrated mode (cost_for_mode) borrows a measured cluster, so tables that hold both modes leave their
-# calibrated rows out, with this reason.
+# Presets of a network kind the fits cover but another cluster: tables leave their calibrated rows out.
 _NOT_THE_MEASURED_CLUSTER = {
     "10gbe-k80": "the MG-WFBP conference's K80 cluster (one GPU per node, its simulator's hop constants) is "
                  "not the measured 8 x 4 V100 cluster, and no measurement of it is public to fit",
@@ -304,9 +275,8 @@ _NOT_THE_MEASURED_CLUSTER = {
 
 
 def calibrated_omission(preset_name: str) -> str | None:
-    """``None`` when network preset ``preset_name`` has a calibrated cluster of its own (fitted to
-    published measurements of the same network: 10GbE, InfiniBand); otherwise one line saying why not
-    (e.g. 1GbE: no measured cluster, its calibrated mode keeps the published lines with borrowed realism)."""
+    """``None`` when network preset ``preset_name`` has a calibrated cluster of its own, else one line
+    saying why not."""
     if preset_name.endswith("-calibrated"):
         return None
     if preset_name in _NOT_THE_MEASURED_CLUSTER:
@@ -322,11 +292,9 @@ def calibrated_omission(preset_name: str) -> str | None:
 def simulate_modes(run: Callable[[list[str], str], "pd.DataFrame"], presets: Sequence[str], drawn_mode: str = "paper",
                    omission: Callable[[str], str | None] = calibrated_omission
                    ) -> tuple["pd.DataFrame", dict[str, str]]:
-    """One simulated table holding both cost modes: ``run(presets, mode)`` (a table with a ``cost_mode``
-    column) for the ``drawn_mode`` (the one the figure draws: every preset), then for the other mode
-    (the paper mode: every preset; the calibrated mode: the presets ``omission`` gives no reason for),
-    concatenated. Returns the table and ``{preset: reason}`` of the calibrated rows left out (for the
-    table's params)."""
+    """One table of both cost modes: ``run(presets, mode)`` for ``drawn_mode`` on every preset, then the
+    other mode (calibrated: only presets ``omission`` gives no reason for), concatenated. Returns the
+    table and ``{preset: reason}`` of the calibrated rows left out."""
     import pandas as pd
 
     check_cost_mode(drawn_mode)
