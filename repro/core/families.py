@@ -5,9 +5,9 @@ reduce-scatter + all-gather across iterations, a parameter server), declared as 
 in :data:`FAMILIES`. The shared code (:class:`~repro.core.plan.Plan`, :func:`repro.core.simulate.simulate`,
 the training loop) consults the entry and never compares family names. Its fields say what the family
 supplies: plan validation (collectives, phases, options, bucket and plan checks), bytes per message,
-the simulator's task builder and closed form, the runtime executor, calibration, serving ranks (``server`` under ``repro train``, ``door_servers``
-under :func:`repro.distribute`), and
-why its executor cannot take CUDA tensors over gloo. Hooks are ``"module:attribute"`` strings
+the simulator's task builder and closed form, the runtime executor, calibration, serving ranks
+(``server`` under ``repro train``, ``door_servers`` under :func:`repro.distribute`), and why its
+executor cannot take CUDA tensors over gloo. Hooks are ``"module:attribute"`` strings
 imported on first use, so the core never imports torch. A family registers itself with
 :func:`register_family` from its package's ``__init__`` (docs/extending.md).
 """
