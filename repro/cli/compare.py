@@ -14,8 +14,7 @@ gets a note saying why. Defaults:
 - top-k cost ``gamma * d * log2(d)`` seconds: ``gamma`` as given, else the cost model's, else
   :data:`TOPK_GAMMA_S` (OMGS-SGD's published fit, the only one published).
 
-Never imports torch.
-"""
+Never imports torch."""
 
 from __future__ import annotations
 
@@ -71,16 +70,14 @@ def network_cost(network: str, workers: int, cost_mode: str = DEFAULT_COST_MODE)
 
 def default_servers(cost: CostModel) -> int:
     """Parameter servers by default: one per node the job uses (``nodes_used`` in the cost model's meta), else
-    ``ceil(P / DEVICES_PER_NODE)``.
-    """
+    ``ceil(P / DEVICES_PER_NODE)``."""
     nodes = (cost.meta.get("cluster") or {}).get("nodes_used") or cost.meta.get("nodes_used")
     return int(nodes) if nodes else max(1, -(-int(cost.workers) // DEVICES_PER_NODE))
 
 
 def with_topk(cost: CostModel, topk_gamma_s: float | None = None, source: str | None = None) -> CostModel:
     """``cost`` with the comparison's top-k cost: ``topk_gamma_s`` seconds when given, else the cost model's
-    own, else :data:`TOPK_GAMMA_S`; ``meta["topk_source"]`` names it (``source``).
-    """
+    own, else :data:`TOPK_GAMMA_S`; ``meta["topk_source"]`` names it (``source``)."""
     if topk_gamma_s is None:
         if cost.topk_gamma_s is not None:
             return cost
@@ -92,8 +89,7 @@ def with_topk(cost: CostModel, topk_gamma_s: float | None = None, source: str | 
 def planner_options(planner: str, *, servers: int, time_budget_s: float,
                     given: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The options ``planner`` gets in a comparison: those of ``servers``, ``time_budget_s`` and ``given``
-    (None values dropped) that its function takes.
-    """
+    (None values dropped) that its function takes."""
     params = inspect.signature(PLANNERS[planner]).parameters
     wanted = {"servers": servers, "time_budget_s": time_budget_s, **{k: v for k, v in (given or {}).items()
                                                                       if v is not None}}
@@ -118,8 +114,7 @@ def _judged_note(meta: Mapping[str, Any], planner: str) -> str:
 
 def _iteration_s(trace: Trace, plan, cost: CostModel) -> float:
     """The simulated iteration of ``plan``, seconds. A parameter-server plan carries its own simulated period
-    (``meta["iteration_s"]``), used unless a realism ``compute_scale`` other than 1 applies.
-    """
+    (``meta["iteration_s"]``), used unless a realism ``compute_scale`` other than 1 applies."""
     from repro.core.simulate import simulate
 
     realism = cost.realism
@@ -135,8 +130,7 @@ def predict(trace: Trace, cost: CostModel, *, servers: int | None = None,
     ``stage1_bytes_share``, ``plan_from`` and ``exact_plan_iteration_s`` (None where not given).
     ``servers``: default :func:`default_servers`; ``options``: overrides of :data:`DEFAULT_OPTIONS` (None
     keeps the default); ``schedulers``: a subset, in the given order. Unknown schedulers or bad
-    ``servers``: ValueError.
-    """
+    ``servers``: ValueError."""
     time_budget_s = check_time_budget(time_budget_s)
     names = list(SCHEDULERS) if schedulers is None else list(dict.fromkeys(schedulers))
     if not names:
@@ -223,8 +217,7 @@ def _fmt(value: Any, digits: int = 4) -> str:
 
 def format_table(records: Sequence[Mapping[str, Any]], header_lines: Sequence[str] = ()) -> str:
     """Aligned columns for a person (scheduler, family, iteration, buckets, speedup, note);
-    ``header_lines`` first, each as a ``#`` comment.
-    """
+    ``header_lines`` first, each as a ``#`` comment."""
     head = ("scheduler", "family", "iteration_s", "buckets", "speedup_over_syncea", "note")
     rows = [[str(r["scheduler"]), _fmt(r["family"]), _fmt(r["iteration_s"]), _fmt(r["buckets"]),
              _fmt(r["speedup_over_syncea"], 3), str(r["note"] or "")] for r in records]

@@ -9,8 +9,7 @@
 
 ``check`` and ``launch`` behave as the notebooks' launchers (:mod:`repro.launch.jobs`): a run that would
 be refused, or a damaged run without ``--overwrite``, launches nothing. Bad input and refusals are one
-line on stderr with exit status 2.
-"""
+line on stderr with exit status 2."""
 
 from __future__ import annotations
 
@@ -106,8 +105,7 @@ def _table(rows: list[dict], columns: Sequence[str]) -> str:
 
 def run_grid_command(args: argparse.Namespace) -> None:
     """Carry out ``repro grid ACTION``; bad input and refusals raise :class:`GridError` / :class:`GridStop`
-    (ValueErrors, one line).
-    """
+    (ValueErrors, one line)."""
     grid = load_grid(args.grid)
     selected = grid.select(getattr(args, "kind", None), getattr(args, "experiment", None))
     if getattr(args, "runs_dir", None) is not None:  # before anything is read or written
@@ -168,8 +166,7 @@ def _resources(args: argparse.Namespace) -> Any:
 
 def _check(grid: Any, selected: list, args: argparse.Namespace) -> None:
     """``repro grid check``: one line per refused run and a summary; with ``--smoke``, one line per stand-in.
-    :class:`GridStop` (exit status 2) when a run is refused or a stand-in fails.
-    """
+    :class:`GridStop` (exit status 2) when a run is refused or a stand-in fails."""
     bad = check_runs(selected, backend=args.backend, device=args.device)
     summary = check_summary(grid.paper, selected, bad, backend=args.backend, device=args.device)
     if args.format == "json" and not args.smoke:

@@ -79,8 +79,7 @@ def _add_cost_flags(p: argparse.ArgumentParser) -> None:
 
 
 def _output_arg(text: str) -> str:
-    """``-o``'s value as typed: kept as text, not a Path, since Path("newdir/") drops the trailing
-    separator that says the user named a folder (refused by :func:`repro.core.outputs.check_output`)."""
+    """``-o``'s value as typed: a Path would drop the trailing separator that says a folder was named."""
     return text
 
 
@@ -105,13 +104,9 @@ def _same_file(a: str | Path, b: str | Path) -> bool:
 
 
 def _check_output(path: str | Path | None, args: argparse.Namespace | None = None, *, stdout: bool = False) -> None:
-    """Refuse, before any work, an output path that cannot be written without harm (see
-    :mod:`repro.core.outputs`: a folder, a path under a file, a missing folder, an unwritable place, a block
-    device or socket; a FIFO or character device is written into, a link's target is written), or one that
-    is the same file as an input of ``args`` (``--trace``, ``--plan``, ``--network``, ``--cost``, the
-    measurements; through links too): writing it would destroy the input. ``-`` and ``/dev/stdout`` are
-    standard output (:data:`STDOUT_NAMES`) for a command whose only output is that text (``stdout``); a
-    command that prints anything else there refuses them."""
+    """Refuse, before any work, an output that cannot be written without harm (:mod:`repro.core.outputs`) or
+    that is the same file as an input of ``args``. ``-`` and ``/dev/stdout`` (:data:`STDOUT_NAMES`) are
+    allowed only for a command whose only output is that text (``stdout``)."""
     if path is None:
         return
     if _is_stdout(path):
@@ -142,8 +137,7 @@ def _write_atomically(path: str | Path, text: str) -> None:
 
 
 def _load_file(kind: str, path: Path, load):
-    """``load(path)`` of a plan or cost-model JSON file, every error naming the file
-    (:func:`repro.core.outputs.read_input`)."""
+    """``load(path)`` of a plan or cost-model file, every error naming the file."""
     from repro.core.outputs import InputPathError, read_input
 
     try:
@@ -159,9 +153,8 @@ def _positive_flag(flag: str, value: int | None) -> int | None:
 
 
 def _flag_in_range(flag: str, quantity, value, low: float | None = None):
-    """``value`` of ``flag`` if it lies in ``quantity``'s plausible range (:mod:`repro.core.ranges`), the range the
-    files these flags end up in (plan, cost and cluster files) are read with, so nothing a command writes
-    is refused when read back; else one :class:`UsageError` line naming the flag, the value and the range."""
+    """``value`` of ``flag`` if it lies in ``quantity``'s plausible range (:mod:`repro.core.ranges`),
+    the range its file is read back with; else one :class:`UsageError` line."""
     from repro.core import ranges
 
     if value is None:
@@ -170,9 +163,7 @@ def _flag_in_range(flag: str, quantity, value, low: float | None = None):
 
 
 def _check_cost_flag_ranges(args: argparse.Namespace) -> None:
-    """The cost flags within the ranges their files are read with: --alpha-s [0, 1e6] s, --beta-s-per-byte
-    [0, 1] s/byte, --workers [2, 1e5], --nodes and --gpus-per-node [1, 1e5] (and N x G at most 1e5 devices),
-    --topk-gamma [0, 1e-3] s."""
+    """The cost flags within the ranges their files are read with."""
     from repro.core import ranges
 
     _flag_in_range("--alpha-s", ranges.SECONDS, args.alpha_s)
@@ -192,8 +183,8 @@ def _check_cost_flag_ranges(args: argparse.Namespace) -> None:
 
 
 def _cost_from_args(args: argparse.Namespace, trace=None) -> CostModel:
-    """The cost model of the cost flags (one source; see :func:`_add_cost_flags`), with a top-k cost from
-    ``--topk-gamma``, ``--topk-device``, the model itself, or ``trace``'s GPU (:mod:`repro.costs.cluster_cost`)."""
+    """The cost model of the cost flags (exactly one source), with a top-k cost from ``--topk-gamma``,
+    ``--topk-device``, the model itself, or ``trace``'s GPU."""
     from dataclasses import replace
 
     from repro.costs.cluster_cost import (
@@ -272,8 +263,7 @@ def _emit(obj: object, out: str | Path | None) -> None:
 
 
 def _is_factory_reference(model: str) -> bool:
-    """``--model`` names the user's own model (``package.module:factory``) rather than a registry model:
-    it has a colon or a dot (registry names have neither)."""
+    """Whether ``--model`` is ``package.module:factory`` (registry names have no colon or dot)."""
     return ":" in model or "." in model
 
 
@@ -295,9 +285,8 @@ def _parse_input_shape(text: str) -> tuple[int, ...]:
 
 
 def _load_factory_model(ref: str):
-    """Import ``package.module``, get ``factory`` (dots walk attributes: ``module:Class.build``), call it with
-    no arguments and return the ``torch.nn.Module`` it makes; a bad reference is one line (UsageError).
-    The current folder is searched first, as ``python -m`` does, so ``mymodels:build`` finds ./mymodels.py."""
+    """Import ``package.module`` (the current folder first, as ``python -m``), walk ``factory``'s dotted
+    attributes, call it with no arguments and return the ``torch.nn.Module``; anything wrong is one line."""
     import importlib
 
     module_name, colon, attr = ref.partition(":")
@@ -344,10 +333,9 @@ def _load_factory_model(ref: str):
 
 
 def _factory_batch(args: argparse.Namespace, model, shape: tuple[int, ...]):
-    """The example batch of a factory model: standard-normal inputs ``(batch, *shape)`` and integer class
-    targets uniform in [0, classes) (seed 0), with classes from ``--num-classes`` or the output's second
-    dimension, read from one forward pass without gradients; a model that cannot take such inputs or does
-    not return ``(batch, classes)`` logits is one line (UsageError). The model is moved to the device."""
+    """A factory model's example batch (moved to ``--device``): standard-normal inputs ``(batch, *shape)`` and
+    class targets in [0, classes), seed 0; a model that does not return ``(batch, classes)`` logits is
+    refused."""
     import torch
 
     from repro.workload.profile import _check_device
@@ -376,8 +364,7 @@ def _factory_batch(args: argparse.Namespace, model, shape: tuple[int, ...]):
 
 
 def cmd_profile(args: argparse.Namespace) -> None:
-    """Profile a registry model, or ``--model package.module:factory`` (a model of your own: see the
-    ``profile`` options' help, and :func:`_load_factory_model` / :func:`_factory_batch`)."""
+    """Profile a registry model, or a model of your own (``--model package.module:factory``)."""
     from repro.core import ranges
     from repro.training.config import check_step_memory, step_memory_floor_bytes
 
@@ -517,9 +504,8 @@ def cmd_simulate(args: argparse.Namespace) -> None:
 
 
 def _compare_cost(args: argparse.Namespace) -> CostModel:
-    """The cost model of ``repro compare``'s flags: a preset name (``--network`` or ``--cost``) mapped by
-    ``--cost-mode`` (:func:`repro.cli.compare.network_cost`), any other source as given; a top-k cost only
-    from ``--topk-gamma`` / ``--topk-device`` or the cost model itself (else compare's default)."""
+    """``repro compare``'s cost model: a preset name mapped by ``--cost-mode``
+    (:func:`repro.cli.compare.network_cost`), any other source as given."""
     from dataclasses import replace
 
     from repro.cli.compare import network_cost
@@ -642,9 +628,8 @@ def _add_local_flags(p: argparse.ArgumentParser) -> None:
 
 
 def _check_local_flags(args: argparse.Namespace) -> None:
-    """``--nproc`` within what this machine can run (a tighter bound than :data:`repro.core.ranges.WORKERS`:
-    :func:`repro.launch.local.max_local_ranks`) and ``--timeout-s`` in its plausible range, before anything
-    else (the memory a batch needs is checked per rank, so the rank count comes first)."""
+    """``--nproc`` within :func:`repro.launch.local.max_local_ranks` and ``--timeout-s`` in its plausible
+    range, before anything else."""
     from repro.core import ranges
     from repro.launch.local import max_local_ranks
 
@@ -658,9 +643,8 @@ def _check_local_flags(args: argparse.Namespace) -> None:
 
 def _launch(args: argparse.Namespace, fn, fn_args: tuple, *, backend: str | None = "gloo",
             pg_timeout_s: float | None = None, serving: int = 0):
-    """Rank 0's result of ``fn(ctx, *fn_args)`` on ``--nproc`` local ranks (launch_local checks the rest).
-    ``serving``: the first ranks serve (role ``server``), the others train (role ``worker``), so that
-    failures name the role."""
+    """Rank 0's result of ``fn(ctx, *fn_args)`` on ``--nproc`` local ranks; the first ``serving`` ranks have
+    role ``server``, the others ``worker``."""
     import math
 
     from repro.launch.local import Role, launch_local
@@ -685,13 +669,8 @@ def _launch(args: argparse.Namespace, fn, fn_args: tuple, *, backend: str | None
 
 
 def cmd_launch(args: argparse.Namespace) -> None:
-    """Train on ``--nproc`` local ranks; the train args' ``--backend`` and ``--pg-timeout-s`` reach the ranks.
-
-    Without ``--backend`` the ranks use gloo (the launcher's default: CPU processes, whatever GPUs there
-    are); ``--backend nccl`` needs CUDA and a GPU per rank, which is checked before any rank starts.
-    The train args' ``--device`` (default: cuda with nccl, else cpu) says where each rank trains;
-    ``--device cuda`` (also with gloo) needs CUDA and a GPU per rank, checked before any rank starts too.
-    """
+    """Train on ``--nproc`` local ranks (gloo unless the train args say ``--backend nccl``); every check of
+    the train args, devices and memory is made before any rank starts."""
     import math
 
     from repro.training.config import config_from_argv
@@ -759,14 +738,7 @@ def cmd_launch(args: argparse.Namespace) -> None:
 
 
 def cmd_calibrate(args: argparse.Namespace) -> None:
-    """Fit a cost model on ``--nproc`` local ranks; every bound is checked before any rank starts.
-
-    ``--sizes`` in [2, 64], ``--repeats`` in [1, 1000], 4 <= ``--min-bytes``, 4 x ``--min-bytes`` <=
-    ``--max-bytes`` (the sizes span that range; nothing is swapped or stretched), ``--nproc`` within what
-    the machine can run, and the largest collective buffers on all ranks (``--nproc`` x ``--max-bytes``,
-    times ``--nproc + 1`` for sparse_allgather, whose gathered buffer is world size x max bytes) within
-    the available memory left after the ranks themselves.
-    """
+    """Fit a cost model on ``--nproc`` local ranks; every bound is checked before any rank starts."""
     from repro.launch.local import RANK_MEMORY_BYTES, available_memory_bytes, max_local_ranks
     from repro.runtime.calibrate import MEASURABLE, default_sizes_bytes, fit_on_ranks
 
@@ -889,8 +861,7 @@ def cmd_presets(args: argparse.Namespace) -> None:
 
 
 def _shipped_trace_headers() -> dict[str, dict]:
-    """Name -> model, batch size, device, dtype, layers, parameters and gradient bytes of every shipped
-    trace (read as JSON; nothing is built)."""
+    """Name -> summary of every shipped trace (read as JSON; nothing is built)."""
     from repro.core.paths import shipped_trace_path, shipped_traces
 
     out = {}

@@ -1,6 +1,5 @@
 """CPU cores this machine gives local ranks, and a warning when ranks would share them (an iteration time
-would then measure CPU sharing as much as communication). Torch-free.
-"""
+would then measure CPU sharing as much as communication). Torch-free."""
 
 from __future__ import annotations
 

@@ -4,8 +4,7 @@
 ``WHERE`` (``join``: before joining the process group; ``stepN``: before timed step ``N``, 0-based) as
 ``KIND`` says: ``config`` raises ValueError (exit 2), ``error`` RuntimeError (exit 1), ``kill`` SIGKILLs
 the process, ``hang`` sleeps an hour. Other ranks and runs without the variable are untouched; a
-malformed value is a one-line ValueError at the first point checked.
-"""
+malformed value is a one-line ValueError at the first point checked."""
 
 from __future__ import annotations
 

@@ -27,8 +27,7 @@ told apart by ``epochs`` (:attr:`RunConfig.kind`). A grid file::
 
 Run ids: ``<model>_<scheduler>_p<P>_<precision>_b<batch>-<hash>`` (:func:`run_id`), so a rerun finds its
 finished runs. Status (:func:`run_status`): ``done``, ``damaged``, ``failed`` or ``pending``. A run on
-this machine: :func:`local_stand_in`. Imports neither torch nor pandas.
-"""
+this machine: :func:`local_stand_in`. Imports neither torch nor pandas."""
 
 from __future__ import annotations
 
@@ -78,8 +77,7 @@ class GridError(ValueError):
 class RunConfig:
     """One run of a grid: ``config`` holds every setting (its canonical JSON gives :attr:`run_id`).
     ``world_size`` is P, the training ranks; ``processes`` adds dedicated server ranks;
-    ``nodes`` x ``procs_per_node`` = ``processes`` (one process per GPU).
-    """
+    ``nodes`` x ``procs_per_node`` = ``processes`` (one process per GPU)."""
 
     config: Mapping[str, Any]
 
@@ -361,8 +359,7 @@ def _canonical(config: Mapping[str, Any]) -> str:
 
 def run_id(config: Mapping[str, Any]) -> str:
     """The run id of a configuration: readable prefix + 10 hex digits of its canonical JSON's SHA-256.
-    Stable across processes and Python versions; any change of any setting gives another id.
-    """
+    Stable across processes and Python versions; any change of any setting gives another id."""
     digest = hashlib.sha256(_canonical(config).encode()).hexdigest()[:10]
     prefix = (f"{config.get('model', 'run')}_{config.get('scheduler', 'x')}_p{config.get('world_size', 0)}_"
               f"{config.get('wire_dtype', 'float32')}_b{config.get('batch_size', 0)}")
@@ -389,8 +386,7 @@ def run_status(runs_dir: str | Path, rid: str) -> str:
     """``done`` if ``<runs_dir>/<rid>/run.json`` is a finished run's record
     (:func:`repro.results.runs.record_problem`), ``damaged`` if that file is there but is not
     (:func:`run_problem` says why), ``failed`` if a launch of it failed and it has not finished since,
-    ``pending`` otherwise.
-    """
+    ``pending`` otherwise."""
     from repro.results.runs import RUN_JSON, record_problem
 
     root = Path(runs_dir)
@@ -423,8 +419,7 @@ def count_status(rows: Sequence[Mapping[str, Any]]) -> dict[str, int]:
 
 def grid_run_ids(paper: str | Path | Grid, kind: str | None = None, experiment: str | None = None) -> list[str]:
     """The run ids of ``paper``'s grid (a key, a grid file or a :class:`Grid`) of one ``kind`` and/or
-    ``experiment``: what a notebook at ``scale="paper"`` reads for a figure.
-    """
+    ``experiment``: what a notebook at ``scale="paper"`` reads for a figure."""
     grid = paper if isinstance(paper, Grid) else load_grid(paper)
     return grid.run_ids(kind, experiment)
 
@@ -432,8 +427,7 @@ def grid_run_ids(paper: str | Path | Grid, kind: str | None = None, experiment: 
 def finished_run_ids(paper: str | Path | Grid, runs_dir: str | Path, kind: str | None = None,
                      experiment: str | None = None) -> tuple[list[str], list[str]]:
     """``(done, not_done)``: the run ids of :func:`grid_run_ids` finished under ``runs_dir``, and the others,
-    each in the grid's order.
-    """
+    each in the grid's order."""
     ids = grid_run_ids(paper, kind, experiment)
     done = [i for i in ids if run_status(runs_dir, i) == "done"]
     return done, [i for i in ids if i not in set(done)]
@@ -441,8 +435,7 @@ def finished_run_ids(paper: str | Path | Grid, runs_dir: str | Path, kind: str |
 
 def _stand_in_ranks(run: RunConfig, max_ranks: int) -> int:
     """Local ranks of ``run``'s stand-in: one per node (one-node run: per process), at most ``max_ranks``, at
-    least 2 workers plus its servers.
-    """
+    least 2 workers plus its servers."""
     servers = run.processes - int(run["world_size"])
     ranks = min(run.nodes if run.nodes > 1 else run.processes, max_ranks)
     need = min(run.processes, servers + 2)
@@ -457,8 +450,7 @@ def local_stand_in(run: RunConfig, *, max_ranks: int = STAND_IN_MAX_RANKS, steps
     model of the same family (:data:`TINY_STAND_INS`) at its own shape, synthetic data for ``steps`` timed
     steps and short settings (4 samples per rank, one warm-up and computation-only step, one fit repeat). The
     scheduler, its options, wire dtype, ``amp``, optimizer, paper and experiment are ``run``'s; the run id
-    is its own. :class:`GridError` when the model has no stand-in or needs more than ``max_ranks``.
-    """
+    is its own. :class:`GridError` when the model has no stand-in or needs more than ``max_ranks``."""
     from repro.workload.catalog import MODEL_NAMES, model_info
 
     model = str(run["model"])
@@ -491,8 +483,7 @@ def _distinct_key(stand_in: RunConfig) -> str:
 def distinct_stand_ins(runs: Iterable[RunConfig], *, max_ranks: int = STAND_IN_MAX_RANKS,
                        steps: int = 2) -> list[tuple[RunConfig, list[RunConfig]]]:
     """One :func:`local_stand_in` per distinct configuration of ``runs`` (:func:`_distinct_key`), each
-    with the runs it stands for, in the order of their first run.
-    """
+    with the runs it stands for, in the order of their first run."""
     groups: dict[str, tuple[RunConfig, list[RunConfig]]] = {}
     for run in runs:
         stand_in = local_stand_in(run, max_ranks=max_ranks, steps=steps)

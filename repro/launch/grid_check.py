@@ -1,6 +1,5 @@
 """``repro grid check``: every run checked before anything is launched (:func:`run_refusal` and friends,
-re-exported from :mod:`repro.launch.jobs`), and stand-ins trained on this machine (:func:`smoke`).
-"""
+re-exported from :mod:`repro.launch.jobs`), and stand-ins trained on this machine (:func:`smoke`)."""
 
 from __future__ import annotations
 
@@ -21,8 +20,7 @@ __all__ = ["BadRuns", "run_refusal", "refusal_line", "check_runs", "refuse_bad_r
 @dataclass(frozen=True)
 class SmokeResult:
     """One stand-in's outcome: ``error`` None when it trained, else the first line of why not; ``seconds``:
-    its wall time (its launch's start-up excluded), NaN when it failed.
-    """
+    its wall time (its launch's start-up excluded), NaN when it failed."""
 
     stand_in: RunConfig
     runs: tuple[RunConfig, ...]
@@ -46,8 +44,7 @@ def stand_in_line(result: SmokeResult) -> str:
 
 def _smoke_ranks(ctx: Any, argvs: Sequence[Sequence[str]], progress: str) -> None:
     """Launch target: train every ``repro train`` argument list of ``argvs`` in turn; after each, rank 0
-    appends its seconds to ``progress``, so the lines there count the stand-ins done when a rank fails.
-    """
+    appends its seconds to ``progress``, so the lines there count the stand-ins done when a rank fails."""
     import torch.distributed as dist
 
     from repro.train import worker_from_argv
@@ -72,8 +69,7 @@ def smoke(groups: Sequence[tuple[RunConfig, Sequence[RunConfig]]], runs_dir: str
     ``runs_dir`` (default: a temporary folder). Stand-ins of one world size share one launch; when one
     fails that launch ends and the next starts after it. ``timeout_s``: per launch, seconds;
     ``on_result(result)`` is called as each result is known. Returns one :class:`SmokeResult` per stand-in,
-    in order.
-    """
+    in order."""
     from repro.launch.local import LaunchTimeoutError, RankFailedError, launch_local
 
     results: dict[int, SmokeResult] = {}

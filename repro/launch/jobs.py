@@ -4,8 +4,7 @@ Every run is one ``torchrun`` of ``repro.train`` per node (:func:`torchrun_argv`
 under ``runs_dir``, which every node must see. Launchers (a notebook's ``launcher``): ``"print"``
 (:func:`write_job_scripts`), ``"local"`` (:func:`launch_local_grid`), ``"slurm"`` (:func:`submit_slurm`).
 Every launcher first refuses, starting nothing, the runs their ranks would refuse (:func:`refuse_bad_runs`,
-:class:`BadRuns`) and damaged runs (:func:`pending_runs`). See docs/design/launch.md.
-"""
+:class:`BadRuns`) and damaged runs (:func:`pending_runs`). See docs/design/launch.md."""
 
 from __future__ import annotations
 
@@ -49,8 +48,7 @@ class GridStop(ValueError):
 def pending_runs(runs: Sequence[RunConfig], runs_dir: str | Path, *, overwrite: bool = False) -> list[RunConfig]:
     """The unfinished runs of ``runs`` (pending or failed), in order; a finished run is never launched.
     A damaged run (its ``run.json`` unreadable or not a finished run's record) raises :class:`BadRuns`
-    (one line per run) unless ``overwrite``: then it is launched again and its folder replaced.
-    """
+    (one line per run) unless ``overwrite``: then it is launched again and its folder replaced."""
     from repro.launch.grid import run_problem
 
     status = {r.run_id: run_status(runs_dir, r.run_id) for r in runs}
@@ -65,8 +63,7 @@ def pending_runs(runs: Sequence[RunConfig], runs_dir: str | Path, *, overwrite: 
 
 def check_folder(what: str, path: str | Path) -> Path:
     """``path`` if it is a folder or can be created as one; else :class:`GridStop`, one line naming ``what``
-    (a file, FIFO or device is never replaced). Nothing is written.
-    """
+    (a file, FIFO or device is never replaced). Nothing is written."""
     p = Path(path)
     if os.path.lexists(p) and not p.is_dir():
         kind = "a file" if p.is_file() else ("a dangling link" if p.is_symlink() and not p.exists()
@@ -98,8 +95,7 @@ def train_argv(run: RunConfig, runs_dir: str | Path, *, backend: str = "nccl", d
     """``-m repro.train`` and every flag of ``run``, its run id, ``--results-dir runs_dir``, backend, device,
     ``--overwrite --quiet``. ``--wire-dtype`` only for a precision other than :data:`DEFAULT_PRECISION`;
     ``--checkpoint-every-min`` (minutes) only when > 0 and the run has no server ranks. A grid-wide option
-    with a default that the scheduler does not take is left out.
-    """
+    with a default that the scheduler does not take is left out."""
     argv = ["-m", "repro.train", "--model", str(run["model"]), "--scheduler", str(run["scheduler"]),
             "--batch-size", str(run["batch_size"])]
     if run["wire_dtype"] != DEFAULT_PRECISION:
@@ -137,8 +133,7 @@ def torchrun_argv(run: RunConfig, runs_dir: str | Path, *, head: str = "$REPRO_H
 
     One node: ``--standalone``. Several: c10d rendezvous at ``head:port`` with ``rdzv_id`` (default the run
     id), no ``--node-rank`` (c10d ranks the nodes, so global rank 0 may be on any node). ``head``, ``port``
-    and ``rdzv_id`` may be shell variables. ``--max-restarts 0``: a failed run is not restarted.
-    """
+    and ``rdzv_id`` may be shell variables. ``--max-restarts 0``: a failed run is not restarted."""
     cmd = [python or sys.executable, "-m", "torch.distributed.run"]
     if run.nodes == 1:
         cmd += ["--standalone", "--nnodes", "1"]
@@ -160,8 +155,7 @@ def shell_command(argv: Sequence[str]) -> str:
 def run_refusal(run: RunConfig, *, backend: str = "nccl", device: str = "cuda") -> str | None:
     """Why the ranks of ``run`` would refuse it at start-up on ``backend``/``device`` (one line), or None:
     ``repro train``'s own checks on the launcher's command line, and the world checks on ``run.processes``
-    ranks. Nothing is started.
-    """
+    ranks. Nothing is started."""
     from repro.training.config import config_from_argv
 
     argv = train_argv(run, "runs", backend=backend, device=device)[2:]
@@ -210,8 +204,7 @@ class BadRuns(GridStop):
 def refuse_bad_runs(runs: Sequence[RunConfig], *, backend: str = "nccl", device: str = "cuda",
                     launcher: str = "") -> None:
     """Raise :class:`BadRuns` when any of ``runs`` would be refused at start-up on ``backend``/``device``.
-    A launcher calls it before it writes, starts or submits anything.
-    """
+    A launcher calls it before it writes, starts or submits anything."""
     bad = check_runs(runs, backend=backend, device=device)
     if not bad:
         return
@@ -235,13 +228,12 @@ _OWN_OPTIONS = {"time": "time_min", "t": "time_min", "partition": "partition", "
 class SlurmResources:
     """What each SLURM job of a grid asks for (launcher ``slurm``; the ``#SBATCH`` lines of ``print``).
 
-    ``time_min``: time limit, minutes; ``signal_s`` seconds before it SIGUSR1 makes the ranks checkpoint and
-    stop, and the job is requeued (at most ``requeues`` times). ``checkpoint_every_min``: also checkpoint
-    every this many minutes (0: only on the signal). ``mem_gb`` is per node; ``cpus_per_task``,
-    ``partition``, ``account``: None = the cluster's default. ``gpus_per_node``: None = the run's ranks per
-    node (on cuda). ``extra``: more sbatch options (``--name=value`` or ``--flag``), none that a field sets.
-    Bad values: :class:`GridStop`, one line.
-    """
+    ``time_min``: time limit, minutes; ``signal_s`` seconds before it SIGUSR1 makes the ranks checkpoint
+    and stop, and the job is requeued (at most ``requeues`` times). ``checkpoint_every_min``: also checkpoint
+    every this many minutes (0: only on the signal). ``mem_gb`` is per node; ``cpus_per_task``, ``partition``,
+    ``account``: None = the cluster's default. ``gpus_per_node``: None = the run's ranks per node (on cuda).
+    ``extra``: more sbatch options (``--name=value`` or ``--flag``), none that a field sets. Bad values:
+    :class:`GridStop`, one line."""
 
     time_min: int = 120
     cpus_per_task: int | None = None
@@ -327,8 +319,7 @@ class SlurmResources:
 
     def submitit_parameters(self, prefix: str = "slurm_") -> dict[str, Any]:
         """``update_parameters`` keywords beyond the job's shape (``prefix``: ``slurm_`` for an AutoExecutor,
-        "" for a SlurmExecutor).
-        """
+        "" for a SlurmExecutor)."""
         out: dict[str, Any] = {f"{prefix}signal_delay_s": self.signal_s, f"{prefix}max_num_timeout": self.requeues}
         if self.cpus_per_task is not None:
             out["cpus_per_task"] = self.cpus_per_task
@@ -350,8 +341,7 @@ _SLURM_KEYS = {f.name for f in fields(SlurmResources)}
 def slurm_resources(spec: "SlurmResources | Mapping[str, Any] | str | None" = None, **overrides: Any) -> SlurmResources:
     """:class:`SlurmResources` from None or "" (defaults), a mapping of its fields, or ``key=value`` items
     separated by spaces or ``;`` (``"time_min=720 mem_gb=64 extra=--qos=high"``; ``extra`` may repeat).
-    ``overrides`` (None skipped) win. Unknown keys and bad values: :class:`GridStop`, one line.
-    """
+    ``overrides`` (None skipped) win. Unknown keys and bad values: :class:`GridStop`, one line."""
     if isinstance(spec, SlurmResources):
         values: dict[str, Any] = asdict(spec)
     elif spec is None or spec == "":
@@ -429,8 +419,7 @@ def write_job_scripts(runs: Sequence[RunConfig], runs_dir: str | Path, jobs_dir:
 
     Each script starts with ``resources``' ``#SBATCH`` lines; on SIGUSR1 it has the ranks checkpoint and
     requeues the job. Multi-node scripts read the first node's host from ``REPRO_HEAD`` (and the rendezvous
-    id from ``REPRO_RDZV_ID``, default the run id); see docs/cluster.md.
-    """
+    id from ``REPRO_RDZV_ID``, default the run id); see docs/cluster.md."""
     import json
 
     refuse_bad_runs(runs, backend="nccl", device="cuda", launcher="print")  # before anything is written
@@ -493,8 +482,7 @@ def launch_local_grid(runs: Sequence[RunConfig], runs_dir: str | Path, logs_dir:
 
     Refused (:class:`GridStop`) before any run starts when a run would be refused at start-up, needs more
     than ``gpus`` GPUs (default :func:`local_gpu_count`) or more than one node. Logs go to
-    ``<logs_dir>/<run_id>.log``; a failed run is marked and the others go on. Returns the status counts.
-    """
+    ``<logs_dir>/<run_id>.log``; a failed run is marked and the others go on. Returns the status counts."""
     todo = pending_runs(runs, runs_dir, overwrite=overwrite)
     refuse_bad_runs(todo, backend="nccl", device="cuda", launcher="local")
     _check_local(todo, local_gpu_count() if gpus is None else gpus)
@@ -508,8 +496,7 @@ def launch_local_grid(runs: Sequence[RunConfig], runs_dir: str | Path, logs_dir:
 
 def quiet_torch_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
     """``env`` (default ``os.environ``) with ``TORCH_CPP_LOG_LEVEL=ERROR`` unless set: when a node fails, c10d
-    logs every closed store or socket with a page of C++ frames; the ranks' own errors say what happened.
-    """
+    logs every closed store or socket with a page of C++ frames; the ranks' own errors say what happened."""
     environ = dict(os.environ if env is None else env)
     environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
     return environ
@@ -554,10 +541,9 @@ def emulate_nodes(run: RunConfig, runs_dir: str | Path, logs_dir: str | Path, *,
     """Run ``run`` as ``run.nodes`` torchrun agents on this machine (c10d on 127.0.0.1:``port``): the
     multi-node path without a cluster. Refused (:class:`BadRuns`) before any agent starts.
 
-    Returns 0 when every agent succeeded, else the first non-zero exit status. Once an agent fails the others
-    have ``_PEERS_GRACE_S`` seconds to stop by themselves, then they are ended, as are agents that outlive
-    ``timeout_s``: none is left behind. Logs: ``<logs_dir>/<run_id>.node<i>.log``.
-    """
+    Returns 0 when every agent succeeded, else the first non-zero exit status. Once an agent fails the
+    others have ``_PEERS_GRACE_S`` seconds to stop by themselves, then they are ended, as are agents that
+    outlive ``timeout_s``: none is left behind. Logs: ``<logs_dir>/<run_id>.node<i>.log``."""
     refuse_bad_runs([run], backend=backend, device=device)
     logs = Path(logs_dir)
     environ = quiet_torch_env(env)
@@ -626,8 +612,7 @@ def _children(pid: int) -> list[int]:
 
 def _forward_usr1(grace_s: float = 0.0) -> bool:
     """Pass SIGUSR1 to this job's torchrun ranks (they checkpoint and stop), then wait up to ``grace_s``
-    seconds for the agent to end; True when it has ended.
-    """
+    seconds for the agent to end; True when it has ended."""
     import signal
 
     agent, ended = _AGENT.get("proc"), _AGENT.get("ended")
@@ -644,8 +629,7 @@ def _forward_usr1(grace_s: float = 0.0) -> bool:
 
 class _NodeJob:
     """What submitit runs on each node. ``checkpoint`` is submitit's pre-timeout hook (on the first task): the
-    ranks checkpoint and stop, and the same call is returned for submitit to requeue.
-    """
+    ranks checkpoint and stop, and the same call is returned for submitit to requeue."""
 
     def __call__(self, task: _NodeTask) -> int:
         return _node_main(task)
@@ -661,8 +645,7 @@ def _node_main(task: _NodeTask) -> int:
     """One node of one run in a submitit job: torchrun with c10d at the allocation's first host and the job id
     as rendezvous id. The node that fails marks the run failed; SLURM's node 0 records the outcome. On
     tasks other than the first this process forwards SIGUSR1 itself. A run stopped by its checkpoint is
-    not marked failed: its requeued job goes on.
-    """
+    not marked failed: its requeued job goes on."""
     import signal
     import threading
 
@@ -794,8 +777,7 @@ def prepare_paper_runs(paper: str | None, *, scale: str, read_only: bool, launch
     or other models' runs are there); else ``"print"`` writes job scripts to ``jobs_dir`` and stops
     (:class:`GridStop`), ``"local"``/``"slurm"`` run the unfinished runs and wait. ``paper=None``: the
     notebook has no paper grid, only ``read_only`` works (``what`` names it). ``how_to_read``: the parameter
-    that reads finished runs, as messages name it. ``slurm``: :func:`slurm_resources`, checked first.
-    """
+    that reads finished runs, as messages name it. ``slurm``: :func:`slurm_resources`, checked first."""
     if launcher not in LAUNCHERS:
         raise GridStop(f"launcher={launcher!r} is not one of local, slurm, print (or '' for none)")
     resources = slurm_resources(slurm)

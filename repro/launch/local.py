@@ -2,8 +2,7 @@
 
 The per-rank set-up shared with torchrun (:class:`DistContext`, :func:`init_distributed`, ...) lives in
 :mod:`repro.launch.torchrun` and is re-exported here. Torch is imported only inside functions, so a
-spawned rank sets its threads and environment (and enters its network namespace) before torch loads.
-"""
+spawned rank sets its threads and environment (and enters its network namespace) before torch loads."""
 
 from __future__ import annotations
 
@@ -27,21 +26,9 @@ from repro.launch.torchrun import (
 
 log = get_logger(__name__)
 
-__all__ = [
-    "DistContext",
-    "DistributedSetupError",
-    "LaunchTimeoutError",
-    "RankFailedError",
-    "Role",
-    "SUPPORTED_BACKENDS",
-    "available_memory_bytes",
-    "distributed",
-    "init_distributed",
-    "launch_local",
-    "max_local_ranks",
-    "shutdown_distributed",
-    "torchrun_command",
-]
+__all__ = ["DistContext", "DistributedSetupError", "LaunchTimeoutError", "RankFailedError", "Role",
+           "SUPPORTED_BACKENDS", "available_memory_bytes", "distributed", "init_distributed", "launch_local",
+           "max_local_ranks", "shutdown_distributed", "torchrun_command"]
 
 # After the first failure, wait this long for the other ranks' reports (so that the root cause, not a
 # peer's "connection closed", is reported), then terminate the rest.
@@ -61,8 +48,7 @@ class RankFailedError(RuntimeError):
     with exit code -9 (SIGKILL) ...``; with roles: ``rank 2 of 3 (role worker, 1 of 2) failed: ...``); the
     rank's traceback follows. Attributes: ``rank``, ``world_size``, ``role``, ``role_rank``, ``exc_type``
     (None when the rank died without raising), ``exitcode``, ``rank_traceback`` and ``other_failures``
-    (first lines of further ranks that failed within the same half second).
-    """
+    (first lines of further ranks that failed within the same half second)."""
 
     def __init__(self, message: str, *, rank: int | None = None, world_size: int | None = None,
                  exc_type: str | None = None, exitcode: int | None = None, rank_traceback: str | None = None,
@@ -85,8 +71,7 @@ class RankFailedError(RuntimeError):
 
 class LaunchTimeoutError(TimeoutError):
     """:func:`launch_local` ran past ``timeout_s``; every rank was killed. ``unfinished``: ranks without a
-    result; ``not_exited``: ranks that returned but had not exited; ``timeout_s``, ``world_size`` as given.
-    """
+    result; ``not_exited``: ranks that returned but had not exited; ``timeout_s``, ``world_size`` as given."""
 
     def __init__(self, message: str, *, unfinished: Sequence[int] = (), not_exited: Sequence[int] = (),
                  timeout_s: float | None = None, world_size: int | None = None):
@@ -100,8 +85,7 @@ class LaunchTimeoutError(TimeoutError):
 @dataclass(frozen=True)
 class Role:
     """``count`` ranks of a :func:`launch_local` run that each call ``fn(ctx, *args, **kwargs)`` (``fn`` at
-    module level); ``name`` (non-empty, unique in a launch) is what they see in ``ctx.role``.
-    """
+    module level); ``name`` (non-empty, unique in a launch) is what they see in ``ctx.role``."""
 
     name: str
     fn: Callable
@@ -119,8 +103,7 @@ class Role:
 
 def available_memory_bytes() -> int | None:
     """Memory this process could still use, bytes: ``MemAvailable``, lowered to the cgroup's limit minus its
-    usage; None when neither can be read.
-    """
+    usage; None when neither can be read."""
     avail = None
     with contextlib.suppress(OSError, ValueError, IndexError):
         for line in Path("/proc/meminfo").read_text().splitlines():
@@ -170,8 +153,7 @@ def _free_task_slots() -> int | None:
 def max_local_ranks() -> tuple[int, str]:
     """How many ranks :func:`launch_local` may start here now, and how that was derived: the smaller of
     available memory / :data:`RANK_MEMORY_BYTES` and free process slots / :data:`RANK_TASKS`; at least 1.
-    A ceiling against runaway values, not a promise that a workload fits.
-    """
+    A ceiling against runaway values, not a promise that a workload fits."""
     limits, reasons = [], []
     avail = available_memory_bytes()
     if avail is not None:
@@ -203,8 +185,7 @@ def _callable_name(fn: Any) -> tuple[str | None, str | None]:
 
 def _pack_target(fn: Callable, args: Sequence, kwargs: Mapping | None, what: str = "fn") -> tuple[bytes, bytes]:
     """Pickle ``fn`` (by reference) and its arguments, with a clear TypeError when the ranks could not import
-    it; ``what`` names the function in messages.
-    """
+    it; ``what`` names the function in messages."""
     if not callable(fn):
         raise TypeError(f"launch_local: {what} must be callable, got {type(fn).__name__}")
     module, qualname = _callable_name(fn)
@@ -238,11 +219,10 @@ def _pack_target(fn: Callable, args: Sequence, kwargs: Mapping | None, what: str
 def _start_store(master_addr: str, world_size: int):
     """Host the rendezvous TCPStore in the launcher on ``master_addr`` only; (store, address, port).
 
-    A TCPStore server binds every interface by itself, so the launcher binds a socket on (``master_addr``, 0)
-    (no free-port race) and hands the store a duplicate of it (``master_listen_fd``; libuv server first, then
-    the older one). The ranks join as clients (``TORCHELASTIC_USE_AGENT_STORE``, as under torchrun), so the
-    store outlives any rank that finishes early.
-    """
+    A TCPStore server binds every interface by itself, so the launcher binds a socket on (``master_addr``,
+    0) (no free-port race) and hands the store a duplicate of it (``master_listen_fd``; libuv server first,
+    then the older one). The ranks join as clients (``TORCHELASTIC_USE_AGENT_STORE``, as under torchrun), so
+    the store outlives any rank that finishes early."""
     import socket
 
     from torch.distributed import TCPStore
@@ -413,9 +393,10 @@ def launch_local(fn: Callable | None = None, world_size: int | None = None, *, r
                  emulate_bandwidth: str | float | None = None, emulate_burst_bytes: int | None = None) -> list:
     """Run ``fn(ctx, *args, **kwargs)`` on ``world_size`` local ranks and return their results in rank order.
 
-    ``roles=[Role("server", serve), Role("worker", work, 4, args=(...))]`` instead of ``fn``/``world_size``/
-    ``args``/``kwargs`` gives the ranks to the roles in order, in one process group; each rank sees
-    ``ctx.role``, ``ctx.role_rank`` and ``ctx.role_world_size`` (and ``ROLE_*`` variables, as under torchrun).
+    ``roles=[Role("server", serve), Role("worker", work, 4, args=(...))]`` instead of
+    ``fn``/``world_size``/ ``args``/``kwargs`` gives the ranks to the roles in order, in one process group;
+    each rank sees ``ctx.role``, ``ctx.role_rank`` and ``ctx.role_world_size`` (and ``ROLE_*`` variables, as
+    under torchrun).
 
     Each rank is a ``spawn`` process with torchrun's variables, ``OMP_NUM_THREADS``/``MKL_NUM_THREADS`` =
     ``threads_per_rank`` and ``env`` (the launcher's variables win); it calls :func:`init_distributed` with
@@ -424,16 +405,15 @@ def launch_local(fn: Callable | None = None, world_size: int | None = None, *, r
     TypeError), timeouts that are not finite positive seconds, more ranks than :func:`max_local_ranks`
     (ValueError), nccl without CUDA or a GPU per rank (:class:`DistributedSetupError`).
 
-    Failures end within a bounded time, every rank reaped: a rank raises or dies → :class:`RankFailedError`;
-    ``timeout_s`` (seconds, start-up included) passes → :class:`LaunchTimeoutError`; KeyboardInterrupt →
-    the ranks are killed and it is re-raised. Remaining ranks get SIGTERM, then SIGKILL after 3 s; a rank
-    whose launcher dies is killed too. ``quiet`` discards the ranks' stdout.
+    Failures end within a bounded time, every rank reaped: a rank raises or dies →
+    :class:`RankFailedError`; ``timeout_s`` (seconds, start-up included) passes → :class:`LaunchTimeoutError`;
+    KeyboardInterrupt → the ranks are killed and it is re-raised. Remaining ranks get SIGTERM, then SIGKILL
+    after 3 s; a rank whose launcher dies is killed too. ``quiet`` discards the ranks' stdout.
 
-    ``emulate_bandwidth`` (a tc rate or bits per second) runs each rank in its own network namespace on links
-    shaped to that rate (:class:`repro.launch.netns.EmulatedNetwork`, bucket ``emulate_burst_bytes``); the
-    store then listens on the bridge, not ``master_addr``. Needs root, ``ip`` and ``tc``, else
-    :class:`repro.launch.netns.EmulationUnavailableError` before anything starts.
-    """
+    ``emulate_bandwidth`` (a tc rate or bits per second) runs each rank in its own network namespace on
+    links shaped to that rate (:class:`repro.launch.netns.EmulatedNetwork`, bucket ``emulate_burst_bytes``);
+    the store then listens on the bridge, not ``master_addr``. Needs root, ``ip`` and ``tc``, else
+    :class:`repro.launch.netns.EmulationUnavailableError` before anything starts."""
     if roles is None:
         if fn is None or world_size is None:
             raise ValueError("launch_local: give either fn and world_size or roles=[Role(name, fn, count), ...]")
@@ -527,8 +507,7 @@ def _launch(ranks: Sequence[tuple[tuple[bytes, bytes], str, int, int]], *, backe
             quiet: bool, labels: Sequence[str], named_roles: bool, namespaces: Sequence[str] | None = None,
             rank_env: Sequence[Mapping[str, str]] | None = None, reported_timeout_s: float | None = None) -> list:
     """:func:`launch_local` once its arguments are checked; ``ranks[r]`` = (pickled function and arguments,
-    role, rank within the role, ranks in the role).
-    """
+    role, rank within the role, ranks in the role)."""
     import multiprocessing as mp
     from multiprocessing.connection import wait
 
@@ -652,8 +631,7 @@ def _flush_std() -> None:
 def _exit_rank(code: int) -> None:
     """Leave the rank without interpreter teardown (a process group's destructors can block or abort with a
     dead peer), but run multiprocessing's exit finalizers first: they unlink the rank's named semaphores,
-    which the launcher's resource tracker would otherwise report as leaked.
-    """
+    which the launcher's resource tracker would otherwise report as leaked."""
     with contextlib.suppress(Exception):
         from multiprocessing import util as mp_util
 
@@ -664,8 +642,7 @@ def _exit_rank(code: int) -> None:
 
 def _thread_lock_for_tqdm() -> None:
     """Give tqdm a thread lock before it makes its own ``multiprocessing.RLock``: a semaphore that a
-    rank killed on a timeout never unregisters, so the launcher's resource tracker would warn of a leak.
-    """
+    rank killed on a timeout never unregisters, so the launcher's resource tracker would warn of a leak."""
     try:
         import threading
 

@@ -4,8 +4,7 @@ Each rank gets a full-duplex link of the chosen bandwidth to a bridge (a non-blo
 (CAP_NET_ADMIN and CAP_SYS_ADMIN), ``ip`` and ``tc`` and the ``veth``, ``bridge`` and ``sch_tbf`` modules
 (:func:`check_emulation_available` says what is missing). A rank enters its namespace with
 :func:`enter_namespace` before it opens any socket (:func:`repro.launch.local.launch_local` does this when
-given ``emulate_bandwidth``). Layout, ``tbf`` parameters and clean-up: docs/design/launch.md.
-"""
+given ``emulate_bandwidth``). Layout, ``tbf`` parameters and clean-up: docs/design/launch.md."""
 
 from __future__ import annotations
 
@@ -29,19 +28,9 @@ from typing import Any, Iterator, Sequence
 
 from repro.core import ranges
 
-__all__ = [
-    "DEFAULT_PREFIX",
-    "EmulatedNetwork",
-    "EmulationError",
-    "EmulationUnavailableError",
-    "check_emulation_available",
-    "cleanup_stale",
-    "default_burst_bytes",
-    "default_limit_bytes",
-    "enter_namespace",
-    "format_bandwidth",
-    "parse_bandwidth",
-]
+__all__ = ["DEFAULT_PREFIX", "EmulatedNetwork", "EmulationError", "EmulationUnavailableError",
+           "check_emulation_available", "cleanup_stale", "default_burst_bytes", "default_limit_bytes",
+           "enter_namespace", "format_bandwidth", "parse_bandwidth"]
 
 DEFAULT_PREFIX = "rpn"
 NAMESPACE_INTERFACE = "eth0"
@@ -86,8 +75,7 @@ def parse_bandwidth(text: str | float | int, flag: str | None = None, *, emulate
 
     Byte spellings (``"mbps"``, ``"gbps"``) are refused: tc reads them as bytes, most people as bits. The
     rate must lie in :data:`repro.core.ranges.BITS_PER_S` and, with ``emulated``, at most
-    :data:`MAX_EMULATED_BPS`; ``flag`` names the value in the one-line ValueError.
-    """
+    :data:`MAX_EMULATED_BPS`; ``flag`` names the value in the one-line ValueError."""
     try:
         return _parse_bandwidth(text, emulated)
     except ValueError as e:
@@ -140,8 +128,7 @@ def _parse_bandwidth(text: str | float | int, emulated: bool) -> float:
 
 def format_bandwidth(bps: float) -> str:
     """A tc-style rate for ``bps`` bits per second (``1.5e9 -> "1.5gbit"``); ``parse_bandwidth`` of it gives
-    back ``bps`` to 6 significant digits.
-    """
+    back ``bps`` to 6 significant digits."""
     bps = float(bps)
     if not math.isfinite(bps) or bps <= 0:
         raise ValueError(f"bandwidth must be positive and finite, got {bps!r}")
@@ -213,8 +200,7 @@ _probe_ok = False
 def check_emulation_available() -> None:
     """Raise :class:`EmulationUnavailableError` unless emulated networks can be built here: Linux, root,
     ``ip`` and ``tc`` found, and a probe in a throw-away namespace (veth, bridge, ``tbf``) succeeds; a
-    success is remembered for the process. Every message ends with how to run without emulation.
-    """
+    success is remembered for the process. Every message ends with how to run without emulation."""
     global _probe_ok
 
     def fail(reason: str) -> None:
@@ -270,8 +256,7 @@ def _libc_setns():
 
 def enter_namespace(name: str) -> None:
     """Move the calling thread (in a fresh process: the process) into network namespace ``name`` (an
-    ``ip netns`` name or a path). Call it before opening any socket; threads started afterwards inherit it.
-    """
+    ``ip netns`` name or a path). Call it before opening any socket; threads started afterwards inherit it."""
     path = name if os.sep in name else os.path.join(_NETNS_DIR, name)
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
@@ -372,8 +357,7 @@ def _remove_objects(namespaces: Sequence[str], links: Sequence[str], bridge: str
 
 def cleanup_stale(prefix: str = DEFAULT_PREFIX) -> list[str]:
     """Remove what dead runs left behind (a run is dead when its registered process has exited); return the
-    names removed. Namespaces and links named like ours that no live run registered are removed too.
-    """
+    names removed. Namespaces and links named like ours that no live run registered are removed too."""
     if not _is_root():
         return []
     removed: list[str] = []
@@ -487,8 +471,7 @@ class EmulatedNetwork:
     (``verify``) and removes everything on exit. ``burst_bytes``/``limit_bytes`` default to
     :func:`default_burst_bytes`/:func:`default_limit_bytes`; ``run_id``: 1-8 lowercase letters/digits
     (random by default); ``subnet``: IPv4 with room for ``world_size + 1`` hosts (a free 10.x.y.0/24 by
-    default); ``prefix``: 1-3 letters; ``mtu``: of the veth links (default 1500).
-    """
+    default); ``prefix``: 1-3 letters; ``mtu``: of the veth links (default 1500)."""
 
     def __init__(self, world_size: int, bandwidth: str | float = "1gbit", burst_bytes: int | None = None,
                  limit_bytes: int | None = None, run_id: str | None = None, *, subnet: str | None = None,

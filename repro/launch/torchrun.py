@@ -11,8 +11,7 @@ peers fail their collective at once, read that line (at most :data:`REPORT_WAIT_
 :class:`PeerFailedError` naming it. Before joining, a roll call on the store ends at once when a peer
 failed, or at ``join_timeout_s`` with :class:`JoinTimeoutError`. Exit statuses (``repro.train.main``):
 2 for a refused configuration (:func:`is_config_error`), also on its peers; 1 for a failure while running.
-Torch is imported only inside functions.
-"""
+Torch is imported only inside functions."""
 
 from __future__ import annotations
 
@@ -29,24 +28,10 @@ from typing import TYPE_CHECKING, Any, Iterator, Sequence
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
-__all__ = [
-    "DEFAULT_ROLE",
-    "DistContext",
-    "DistributedSetupError",
-    "JoinTimeoutError",
-    "PeerFailedError",
-    "REPORT_WAIT_S",
-    "SEEN_WAIT_S",
-    "SUPPORTED_BACKENDS",
-    "is_comm_error",
-    "is_config_error",
-    "report_failure",
-    "check_timeout_s",
-    "distributed",
-    "init_distributed",
-    "shutdown_distributed",
-    "torchrun_command",
-]
+__all__ = ["DEFAULT_ROLE", "DistContext", "DistributedSetupError", "JoinTimeoutError", "PeerFailedError",
+           "REPORT_WAIT_S", "SEEN_WAIT_S", "SUPPORTED_BACKENDS", "is_comm_error", "is_config_error",
+           "report_failure", "check_timeout_s", "distributed", "init_distributed", "shutdown_distributed",
+           "torchrun_command"]
 
 SUPPORTED_BACKENDS = ("gloo", "nccl")
 DEFAULT_ROLE = "worker"
@@ -68,8 +53,7 @@ class DistributedSetupError(RuntimeError):
 
 class JoinTimeoutError(DistributedSetupError):
     """Some ranks did not answer the roll call within ``join_timeout_s``; ``missing``: their global ranks.
-    One line.
-    """
+    One line."""
 
     def __init__(self, message: str, *, missing: Sequence[int] = ()) -> None:
         super().__init__(message)
@@ -79,8 +63,7 @@ class JoinTimeoutError(DistributedSetupError):
 class PeerFailedError(RuntimeError):
     """This rank stops because a peer failed: one line, ``rank R: peer rank Q failed ...; stopping``.
     ``peer``: the rank that failed (None without a report); ``config``: it refused the configuration (the
-    job exits 2); ``line``: its one-line message (None without a report).
-    """
+    job exits 2); ``line``: its one-line message (None without a report)."""
 
     def __init__(self, message: str, *, peer: int | None = None, config: bool = False,
                  line: str | None = None) -> None:
@@ -135,8 +118,7 @@ def _key(name: str) -> str:
 
 def _job_store(connect_timeout_s: float = 10.0) -> Any:
     """The job's store, or None: a client of the agent's store (torchrun, ``launch_local``: it outlives the
-    ranks), else the default process group's store once joined.
-    """
+    ranks), else the default process group's store once joined."""
     global _STORE_CLIENT
     if _STORE_CLIENT is not None:
         return _STORE_CLIENT
@@ -159,8 +141,7 @@ def _job_store(connect_timeout_s: float = 10.0) -> Any:
 
 def report_failure(exc: BaseException, rank: int | None = None) -> bool:
     """Post ``exc`` on the job's store as this rank's failure (the first posted stays); a peer's failure seen
-    here (:func:`is_comm_error`) is not posted. True if posted.
-    """
+    here (:func:`is_comm_error`) is not posted. True if posted."""
     import json
 
     if is_comm_error(exc) or isinstance(exc, (JoinTimeoutError, KeyboardInterrupt)):
@@ -248,8 +229,7 @@ def _peer_failed(rank: int, report: dict | None, exc: BaseException | None = Non
 def peer_failure(exc: BaseException, rank: int) -> PeerFailedError | None:
     """The :class:`PeerFailedError` to stop with when ``exc`` (raised on ``rank``) is a broken or timed-out
     collective, naming the peer that posted its failure (waited for up to :data:`REPORT_WAIT_S`); None for
-    this rank's own failure.
-    """
+    this rank's own failure."""
     if isinstance(exc, PeerFailedError):
         return exc
     if not is_comm_error(exc):
@@ -264,8 +244,7 @@ def peer_failure(exc: BaseException, rank: int) -> PeerFailedError | None:
 def _roll_call(rank: int, world: int, timeout_s: float) -> None:
     """Wait until every rank has arrived on the agent's store; a failure posted meanwhile raises
     :class:`PeerFailedError` at once, ``timeout_s`` :class:`JoinTimeoutError`. Without an agent's store
-    (plain ``env://``) there is no roll call.
-    """
+    (plain ``env://``) there is no roll call."""
     import time
 
     if world == 1 or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
@@ -297,8 +276,7 @@ def _roll_call(rank: int, world: int, timeout_s: float) -> None:
 @dataclass(frozen=True)
 class DistContext:
     """Where this process stands in the default process group. ``role`` (``"worker"`` by default),
-    ``role_rank`` and ``role_world_size`` default to one role holding every rank.
-    """
+    ``role_rank`` and ``role_world_size`` default to one role holding every rank."""
 
     rank: int
     world_size: int
@@ -350,8 +328,7 @@ def _read_env() -> tuple[int, int, int, str, int]:
 
 def _check_master_addr(addr: str, port: int, tries: int = 3) -> None:
     """Refuse an unresolvable ``MASTER_ADDR`` in one line: c10d would retry it until the timeout and then fail
-    with a page of C++ frames.
-    """
+    with a page of C++ frames."""
     import socket
     import time
 
@@ -446,12 +423,11 @@ def init_distributed(backend: str | None = None, device: Any = None, timeout_s: 
                      join_timeout_s: float | None = None) -> DistContext:
     """Join the default process group of a process started by torchrun or ``launch_local``.
 
-    Reads ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT`` and the role variables.
-    ``backend=None``: nccl with CUDA (device ``cuda:LOCAL_RANK``, made current), else gloo; ``device=None``
-    follows the backend (``"cuda"`` means ``cuda:LOCAL_RANK``). ``timeout_s`` bounds every collective and
-    the rendezvous; ``join_timeout_s`` (default ``timeout_s``) the roll call. Bad environment or devices:
-    :class:`DistributedSetupError`; bad arguments: ValueError.
-    """
+    Reads ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT`` and the role
+    variables. ``backend=None``: nccl with CUDA (device ``cuda:LOCAL_RANK``, made current), else gloo;
+    ``device=None`` follows the backend (``"cuda"`` means ``cuda:LOCAL_RANK``). ``timeout_s`` bounds every
+    collective and the rendezvous; ``join_timeout_s`` (default ``timeout_s``) the roll call. Bad environment
+    or devices: :class:`DistributedSetupError`; bad arguments: ValueError."""
     import torch
     import torch.distributed as dist
 
@@ -487,8 +463,7 @@ def shutdown_distributed(failed: bool = False) -> None:
 
     After a success the ranks leave together (a barrier: rank 0 may still be writing the run folder). After
     a failure the group is aborted at once, so a peer blocked in a collective with this rank fails within a
-    second instead of at the process-group timeout.
-    """
+    second instead of at the process-group timeout."""
     global _STORE_CLIENT
     try:
         import torch.distributed as dist
@@ -515,8 +490,7 @@ def distributed(backend: str | None = None, device: Any = None, timeout_s: float
     """``with distributed() as ctx:``: :func:`init_distributed`, then :func:`shutdown_distributed`.
 
     An exception in the block posts this rank's own failure (:func:`report_failure`) and aborts the group;
-    a broken collective becomes a :class:`PeerFailedError` naming the peer. The exception is raised on.
-    """
+    a broken collective becomes a :class:`PeerFailedError` naming the peer. The exception is raised on."""
     try:
         ctx = init_distributed(backend=backend, device=device, timeout_s=timeout_s, join_timeout_s=join_timeout_s)
     except BaseException as exc:
