@@ -19,8 +19,9 @@ from typing import Sequence
 
 from repro.cli.help import DefaultsHelpFormatter
 from repro.core.outputs import OutputPathError, check_output, release_outputs, write_output
+from repro.core import ranges
 from repro.core.cost import CostModel, CostModelError
-from repro.costs.presets import PRESETS, preset, preset_names, preset_workers
+from repro.costs.presets import PRESETS, preset_names, preset_workers
 from repro.core.plan import WIRE_DTYPE_BYTES, Plan, PlanError
 from repro.core.trace import TraceError, load_trace
 
@@ -155,8 +156,6 @@ def _positive_flag(flag: str, value: int | None) -> int | None:
 def _flag_in_range(flag: str, quantity, value, low: float | None = None):
     """``value`` of ``flag`` if it lies in ``quantity``'s plausible range (:mod:`repro.core.ranges`),
     the range its file is read back with; else one :class:`UsageError` line."""
-    from repro.core import ranges
-
     if value is None:
         return None
     return ranges.check(quantity, value, flag, UsageError, low=low, what="flag")
@@ -164,8 +163,6 @@ def _flag_in_range(flag: str, quantity, value, low: float | None = None):
 
 def _check_cost_flag_ranges(args: argparse.Namespace) -> None:
     """The cost flags within the ranges their files are read with."""
-    from repro.core import ranges
-
     _flag_in_range("--alpha-s", ranges.SECONDS, args.alpha_s)
     _flag_in_range("--beta-s-per-byte", ranges.SECONDS_PER_BYTE, args.beta_s_per_byte)
     if args.workers is not None and args.workers >= 2:  # below 2: the message of _cost_from_args
@@ -276,8 +273,6 @@ def _parse_input_shape(text: str) -> tuple[int, ...]:
     if not shape or any(n < 1 for n in shape):
         raise UsageError(f"--input-shape must be positive integers separated by commas (one sample's shape, e.g. "
                          f"3,32,32), got {text!r}")
-    from repro.core import ranges
-
     if math.prod(shape) > ranges.ELEMENTS.high:  # one sample: at most as many elements as a tensor may have
         raise UsageError(f"--input-shape {text} has {ranges.show(math.prod(shape))} elements per sample, outside the "
                          f"plausible range {ranges.ELEMENTS.range_text(1)}")
@@ -365,7 +360,6 @@ def _factory_batch(args: argparse.Namespace, model, shape: tuple[int, ...]):
 
 def cmd_profile(args: argparse.Namespace) -> None:
     """Profile a registry model, or a model of your own (``--model package.module:factory``)."""
-    from repro.core import ranges
     from repro.training.config import check_step_memory, step_memory_floor_bytes
 
     if args.batch_size <= 0:
@@ -497,8 +491,6 @@ def cmd_simulate(args: argparse.Namespace) -> None:
         result = simulate(trace, plan, cost, with_ops=not args.no_ops)
     except PlanError as e:  # the family's own checks of the plan against the trace and cost
         raise UsageError(f"{args.plan}: {e} (trace {args.trace})") from None
-    from repro.core import ranges
-
     ranges.check(ranges.SECONDS, result.iteration_s, "iteration_s", UsageError, what="predicted")
     _emit(result.to_dict(with_ops=not args.no_ops), args.output)
 
@@ -588,8 +580,6 @@ def cmd_cost_cluster(args: argparse.Namespace) -> None:
         DEFAULT_INTER_LATENCY_S, DEFAULT_INTRA_LATENCY_S, ClusterDescription, parse_link,
         topk_gamma_for_device)
 
-    from repro.core import ranges
-
     _positive_flag("--gpus-per-node", args.gpus_per_node)
     _flag_in_range("--gpus-per-node", ranges.WORKERS, args.gpus_per_node)
     if args.topk_gamma is not None and args.topk_gamma >= 0:
@@ -630,7 +620,6 @@ def _add_local_flags(p: argparse.ArgumentParser) -> None:
 def _check_local_flags(args: argparse.Namespace) -> None:
     """``--nproc`` within :func:`repro.launch.local.max_local_ranks` and ``--timeout-s`` in its plausible
     range, before anything else."""
-    from repro.core import ranges
     from repro.launch.local import max_local_ranks
 
     if args.nproc is not None and args.nproc >= 1 and not getattr(args, "torchrun", False):
@@ -645,8 +634,6 @@ def _launch(args: argparse.Namespace, fn, fn_args: tuple, *, backend: str | None
             pg_timeout_s: float | None = None, serving: int = 0):
     """Rank 0's result of ``fn(ctx, *fn_args)`` on ``--nproc`` local ranks; the first ``serving`` ranks have
     role ``server``, the others ``worker``."""
-    import math
-
     from repro.launch.local import Role, launch_local
 
     if args.nproc < 1:
@@ -671,8 +658,6 @@ def _launch(args: argparse.Namespace, fn, fn_args: tuple, *, backend: str | None
 def cmd_launch(args: argparse.Namespace) -> None:
     """Train on ``--nproc`` local ranks (gloo unless the train args say ``--backend nccl``); every check of
     the train args, devices and memory is made before any rank starts."""
-    import math
-
     from repro.training.config import config_from_argv
 
     _check_local_flags(args)

@@ -247,20 +247,19 @@ class SlurmResources:
     requeues: int = 20
 
     def __post_init__(self) -> None:
-        def integer(name: str, low: int, high: int | None = None) -> None:
+        def integer(name: str, low: int, high: float) -> None:
             v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < low or (high is not None and v > high):
-                bound = f"in [{low}, {high}]" if high is not None else f">= {low}"
-                raise GridStop(f"slurm {name}={v!r}: expected an integer {bound}")
+            if isinstance(v, bool) or not isinstance(v, int) or not low <= v <= high:
+                raise GridStop(f"slurm {name}={v!r}: expected an integer in [{low}, {high}]")
 
         # upper bounds: the plausible ranges of repro.core.ranges (minutes, counts, CPUs and GPUs of one node)
         integer("time_min", 1, int(ranges.MINUTES.high))
         integer("signal_s", 1, 65535)
         integer("requeues", 0, int(ranges.COUNT.high))
-        for name in ("cpus_per_task", "gpus_per_node"):
-            if getattr(self, name) is not None:
-                integer(name, 1 if name == "cpus_per_task" else 0,
-                        ranges.CPUS.high if name == "cpus_per_task" else ranges.WORKERS.high)
+        if self.cpus_per_task is not None:
+            integer("cpus_per_task", 1, ranges.CPUS.high)
+        if self.gpus_per_node is not None:
+            integer("gpus_per_node", 0, ranges.WORKERS.high)
         if self.signal_s >= self.time_min * 60:
             raise GridStop(f"slurm signal_s={self.signal_s}: the signal must come before the time limit "
                            f"(time_min={self.time_min} is {self.time_min * 60} s)")
@@ -321,14 +320,9 @@ class SlurmResources:
         """``update_parameters`` keywords beyond the job's shape (``prefix``: ``slurm_`` for an AutoExecutor,
         "" for a SlurmExecutor)."""
         out: dict[str, Any] = {f"{prefix}signal_delay_s": self.signal_s, f"{prefix}max_num_timeout": self.requeues}
-        if self.cpus_per_task is not None:
-            out["cpus_per_task"] = self.cpus_per_task
-        if self.mem_gb is not None:
-            out["mem_gb"] = self.mem_gb
-        if self.partition is not None:
-            out[f"{prefix}partition"] = self.partition
-        if self.account is not None:
-            out[f"{prefix}account"] = self.account
+        optional = {"cpus_per_task": self.cpus_per_task, "mem_gb": self.mem_gb,
+                    f"{prefix}partition": self.partition, f"{prefix}account": self.account}
+        out.update({k: v for k, v in optional.items() if v is not None})
         if self.extra:
             pairs = (e[2:].split("=", 1) for e in self.extra)
             out[f"{prefix}additional_parameters"] = {p[0].replace("-", "_"): (p[1] if len(p) > 1 else True) for p in pairs}

@@ -197,13 +197,11 @@ def _pack_target(fn: Callable, args: Sequence, kwargs: Mapping | None, what: str
     if qualname and "<locals>" in qualname:
         raise TypeError(
             f"launch_local: {what} {qualname} is a nested function or closure, which cannot be imported by the "
-            f"ranks; {advice}"
-        )
+            f"ranks; {advice}")
     if module == "__main__" and not getattr(sys.modules.get("__main__"), "__file__", None):
         raise TypeError(
             f"launch_local: {what} {qualname} is defined in an interactive session or notebook (module __main__ "
-            f"has no file), which the ranks cannot import; {advice}"
-        )
+            f"has no file), which the ranks cannot import; {advice}")
     try:
         fn_bytes = pickle.dumps(fn, protocol=pickle.HIGHEST_PROTOCOL)
     except Exception as e:

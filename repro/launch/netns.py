@@ -97,21 +97,18 @@ def _parse_bandwidth(text: str | float | int, emulated: bool) -> float:
         if not m:
             raise ValueError(
                 f"cannot read bandwidth {text!r}: write a number with a tc rate unit, e.g. '1gbit', '200mbit', "
-                "'500kbit', '10gbit', or a plain number of bits per second such as '1e9'"
-            )
+                "'500kbit', '10gbit', or a plain number of bits per second such as '1e9'")
         value = float(m.group(1))
         unit = m.group(2).lower()
         if unit in _BYTE_UNITS or unit.endswith("/s") or unit in ("b", "kb", "mb", "gb", "k", "m", "g", "t"):
             raise ValueError(
                 f"ambiguous bandwidth unit in {text!r}: use bits per second with tc's units 'bit', 'kbit', "
                 "'mbit', 'gbit', 'tbit' (e.g. '1gbit' for 1 Gb/s Ethernet); tc itself reads 'bps'/'mbps'/'gbps' "
-                "as bytes per second"
-            )
+                "as bytes per second")
         if unit not in _BIT_UNITS:
             raise ValueError(
                 f"unknown bandwidth unit {m.group(2)!r} in {text!r}: use one of bit, kbit, mbit, gbit, tbit "
-                "(powers of 1000) or kibit, mibit, gibit, tibit (powers of 1024)"
-            )
+                "(powers of 1000) or kibit, mibit, gibit, tibit (powers of 1024)")
     bps = value * _BIT_UNITS[unit]
     if not math.isfinite(bps) or bps <= 0:
         raise ValueError(f"bandwidth must be positive and finite, got {text!r}")
@@ -728,5 +725,4 @@ class EmulatedNetwork:
         if errors:
             raise EmulationError(
                 "the emulated network does not carry TCP as expected (a firewall on bridged traffic? check "
-                "iptables FORWARD rules / net.bridge.bridge-nf-call-iptables): " + "; ".join(sorted(errors))
-            )
+                "iptables FORWARD rules / net.bridge.bridge-nf-call-iptables): " + "; ".join(sorted(errors)))

@@ -301,8 +301,7 @@ def _read_env() -> tuple[int, int, int, str, int]:
         which = ", ".join(missing)
         raise DistributedSetupError(
             f"environment variable{'s' if len(missing) > 1 else ''} {which} not set; {_ENV_HINT} "
-            f"(they set {', '.join(_REQUIRED_ENV)})"
-        )
+            f"(they set {', '.join(_REQUIRED_ENV)})")
     values = {}
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT"):
         raw = os.environ[name].strip()
@@ -310,8 +309,7 @@ def _read_env() -> tuple[int, int, int, str, int]:
             values[name] = int(raw)
         except ValueError:
             raise DistributedSetupError(
-                f"environment variable {name}={raw!r} is not an integer; {_ENV_HINT}"
-            ) from None
+                f"environment variable {name}={raw!r} is not an integer; {_ENV_HINT}") from None
     rank, world, local_rank, port = (values[k] for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT"))
     if world < 1:
         raise DistributedSetupError(f"WORLD_SIZE must be at least 1, got {world}")
@@ -342,8 +340,7 @@ def _check_master_addr(addr: str, port: int, tries: int = 3) -> None:
                 continue
             raise DistributedSetupError(
                 f"MASTER_ADDR={addr!r} cannot be resolved ({e.strerror or e}); set it to an address or host name "
-                "of rank 0's machine that every rank can reach"
-            ) from None
+                "of rank 0's machine that every rank can reach") from None
         except (UnicodeError, ValueError) as e:  # e.g. an empty label or a NUL byte
             raise DistributedSetupError(f"MASTER_ADDR={addr!r} is not a host name or address ({e})") from None
 
@@ -396,8 +393,7 @@ def _choose_backend_device(backend: str | None, device: Any, local_rank: int) ->
         if not cuda:
             raise DistributedSetupError(
                 "backend 'nccl' needs CUDA, but torch.cuda.is_available() is False here; "
-                "use backend='gloo' (or None to choose automatically) on a CPU machine"
-            )
+                "use backend='gloo' (or None to choose automatically) on a CPU machine")
         if not dist.is_nccl_available():
             raise DistributedSetupError("backend 'nccl' asked for, but this torch build has no NCCL")
         if dev is None:
@@ -414,8 +410,7 @@ def _choose_backend_device(backend: str | None, device: Any, local_rank: int) ->
         if dev.index >= count:
             raise DistributedSetupError(
                 f"device cuda:{dev.index} (LOCAL_RANK={local_rank}) does not exist: {count} GPU(s) visible; "
-                "start at most one process per visible GPU on each node"
-            )
+                "start at most one process per visible GPU on each node")
     return backend, dev
 
 
