@@ -28,6 +28,7 @@ from typing import Any, Mapping, Sequence
 
 from dataclasses import replace
 
+from repro.cli.help import text_table
 from repro.core.cost import CostModel, CostModelError
 from repro.core.families import get_family
 from repro.core.planners import PLANNER_FAMILY, PLANNERS, make_plan
@@ -221,11 +222,7 @@ def format_table(records: Sequence[Mapping[str, Any]], header_lines: Sequence[st
     head = ("scheduler", "family", "iteration_s", "buckets", "speedup_over_syncea", "note")
     rows = [[str(r["scheduler"]), _fmt(r["family"]), _fmt(r["iteration_s"]), _fmt(r["buckets"]),
              _fmt(r["speedup_over_syncea"], 3), str(r["note"] or "")] for r in records]
-    cells = [list(head)] + rows
-    widths = [max(len(c[i]) for c in cells) for i in range(len(head) - 1)]
-    lines = [f"# {h}" for h in header_lines]
-    lines += ["  ".join([c.ljust(w) for c, w in zip(r, widths)] + [r[-1]]).rstrip() for r in cells]
-    return "\n".join(lines)
+    return "\n".join([f"# {h}" for h in header_lines] + [text_table(rows, head)])
 
 
 def format_csv(records: Sequence[Mapping[str, Any]]) -> str:

@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
+from repro.cli.help import text_table
 from repro.launch.grid import (
     GRID_PAPERS, KINDS, GridError, count_status, distinct_stand_ins, load_grid, run_problem, status_table)
 from repro.launch.grid_check import BadRuns, check_runs, check_summary, refusal_line, smoke, stand_in_line
@@ -97,10 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _table(rows: list[dict], columns: Sequence[str]) -> str:
-    widths = [max(len(c), *(len(str(r[c])) for r in rows)) if rows else len(c) for c in columns]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(columns, widths)).rstrip()]
-    lines += ["  ".join(str(r[c]).ljust(w) for c, w in zip(columns, widths)).rstrip() for r in rows]
-    return "\n".join(lines)
+    return text_table([[str(r[c]) for c in columns] for r in rows], columns)
 
 
 def run_grid_command(args: argparse.Namespace) -> None:

@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from repro.cli.help import DefaultsHelpFormatter
+from repro.cli.help import DefaultsHelpFormatter, text_table as _table
 from repro.core.outputs import OutputPathError, check_output, release_outputs, write_output
 from repro.core import ranges
 from repro.core.cost import CostModel, CostModelError
@@ -791,13 +791,6 @@ def cmd_calibrate(args: argparse.Namespace) -> None:
     if args.emulate_bandwidth:
         cost["meta"]["emulated_bandwidth"] = args.emulate_bandwidth
     _emit(cost, args.output)
-
-
-def _table(rows: Sequence[Sequence[object]], header: Sequence[str]) -> str:
-    """Aligned columns for a person (the last one, often prose, is not padded)."""
-    cells = [[str(c) for c in header]] + [["-" if c is None else str(c) for c in row] for row in rows]
-    widths = [max(len(r[i]) for r in cells) for i in range(len(header) - 1)]
-    return "\n".join("  ".join([c.ljust(w) for c, w in zip(r, widths)] + [r[-1]]).rstrip() for r in cells)
 
 
 def _listing(args: argparse.Namespace, obj: object, table: str) -> None:
