@@ -295,6 +295,17 @@ class DistContext:
             object.__setattr__(self, "role_world_size", self.world_size)
 
 
+def _int_env(name: str, default: int | None = None) -> int:
+    """Integer environment variable ``name`` (``default`` when unset or blank, if given)."""
+    raw = os.environ.get(name, "").strip()
+    if not raw and default is not None:
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise DistributedSetupError(f"environment variable {name}={raw!r} is not an integer; {_ENV_HINT}") from None
+
+
 def _read_env() -> tuple[int, int, int, str, int]:
     missing = [name for name in _REQUIRED_ENV if not os.environ.get(name, "").strip()]
     if missing:
@@ -302,15 +313,7 @@ def _read_env() -> tuple[int, int, int, str, int]:
         raise DistributedSetupError(
             f"environment variable{'s' if len(missing) > 1 else ''} {which} not set; {_ENV_HINT} "
             f"(they set {', '.join(_REQUIRED_ENV)})")
-    values = {}
-    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT"):
-        raw = os.environ[name].strip()
-        try:
-            values[name] = int(raw)
-        except ValueError:
-            raise DistributedSetupError(
-                f"environment variable {name}={raw!r} is not an integer; {_ENV_HINT}") from None
-    rank, world, local_rank, port = (values[k] for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT"))
+    rank, world, local_rank, port = (_int_env(k) for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT"))
     if world < 1:
         raise DistributedSetupError(f"WORLD_SIZE must be at least 1, got {world}")
     if not 0 <= rank < world:
@@ -348,14 +351,7 @@ def _check_master_addr(addr: str, port: int, tries: int = 3) -> None:
 def _read_role(rank: int, world: int) -> tuple[str, int, int]:
     """(role, role_rank, role_world_size) from ``ROLE_NAME``/``ROLE_RANK``/``ROLE_WORLD_SIZE``."""
     name = os.environ.get("ROLE_NAME", "").strip() or DEFAULT_ROLE
-    values = {}
-    for var, default in (("ROLE_RANK", rank), ("ROLE_WORLD_SIZE", world)):
-        raw = os.environ.get(var, "").strip()
-        try:
-            values[var] = int(raw) if raw else default
-        except ValueError:
-            raise DistributedSetupError(f"environment variable {var}={raw!r} is not an integer; {_ENV_HINT}") from None
-    role_rank, role_world = values["ROLE_RANK"], values["ROLE_WORLD_SIZE"]
+    role_rank, role_world = _int_env("ROLE_RANK", rank), _int_env("ROLE_WORLD_SIZE", world)
     if not 1 <= role_world <= world:
         raise DistributedSetupError(f"ROLE_WORLD_SIZE must be in [1, WORLD_SIZE={world}], got {role_world}")
     if not 0 <= role_rank < role_world:
