@@ -229,22 +229,29 @@ def _cost_from_args(args: argparse.Namespace, trace=None) -> CostModel:
             if args.alpha_s is None or args.beta_s_per_byte is None:
                 raise UsageError("--alpha-s and --beta-s-per-byte must be given together")
             cost = CostModel.linear(workers or 2, args.alpha_s, args.beta_s_per_byte, source="cli alpha-beta")
-    if args.topk_gamma is not None and args.topk_device is not None:
-        raise UsageError("give one top-k cost: --topk-gamma S or --topk-device GPU")
-    source = None
-    if args.topk_gamma is not None:
-        g = args.topk_gamma
-        if not (g >= 0 and g < float("inf")):
-            raise UsageError(f"--topk-gamma must be a finite non-negative number of seconds, got {g}")
-        gamma, source = g, f"top-k gamma {g:g} s (--topk-gamma)"
-    elif args.topk_device is not None:
-        gamma, source = topk_gamma_for_device(args.topk_device)
-    elif cost.topk_gamma_s is None and trace is not None and topk_device_of_trace(trace) is not None:
+    gamma, source = _topk_from_flags(args)
+    if source is None and cost.topk_gamma_s is None and trace is not None and topk_device_of_trace(trace) is not None:
         gamma, source = topk_gamma_for_device(topk_device_of_trace(trace))
         source += f", the GPU of trace {trace.model}"
     if source is not None:
         cost = replace(cost.with_topk(gamma), meta={**cost.meta, "topk_source": source})
     return cost
+
+
+def _topk_from_flags(args: argparse.Namespace) -> tuple[float | None, str | None]:
+    """(gamma seconds, where it comes from) of ``--topk-gamma`` or ``--topk-device``; (None, None) without."""
+    from repro.costs.cluster_cost import topk_gamma_for_device
+
+    if args.topk_gamma is not None and args.topk_device is not None:
+        raise UsageError("give one top-k cost: --topk-gamma S or --topk-device GPU")
+    if args.topk_gamma is not None:
+        g = args.topk_gamma
+        if not (g >= 0 and g < float("inf")):
+            raise UsageError(f"--topk-gamma must be a finite non-negative number of seconds, got {g}")
+        return g, f"top-k gamma {g:g} s (--topk-gamma)"
+    if args.topk_device is not None:
+        return topk_gamma_for_device(args.topk_device)
+    return None, None
 
 
 def _emit(obj: object, out: str | Path | None) -> None:
@@ -577,8 +584,7 @@ def cmd_cost_fit(args: argparse.Namespace) -> None:
 def cmd_cost_cluster(args: argparse.Namespace) -> None:
     """Write a cluster file (:class:`repro.costs.cluster_cost.ClusterDescription`): a cost model for any P."""
     from repro.costs.cluster_cost import (
-        DEFAULT_INTER_LATENCY_S, DEFAULT_INTRA_LATENCY_S, ClusterDescription, parse_link,
-        topk_gamma_for_device)
+        DEFAULT_INTER_LATENCY_S, DEFAULT_INTRA_LATENCY_S, ClusterDescription, parse_link)
 
     _positive_flag("--gpus-per-node", args.gpus_per_node)
     _flag_in_range("--gpus-per-node", ranges.WORKERS, args.gpus_per_node)
@@ -587,13 +593,7 @@ def cmd_cost_cluster(args: argparse.Namespace) -> None:
     if args.topk_gamma is not None and args.topk_device is not None:
         raise UsageError("give one top-k cost: --topk-gamma S or --topk-device GPU")
     _check_output(args.output, stdout=True)
-    gamma, source = args.topk_gamma, None
-    if gamma is not None:
-        if not (gamma >= 0 and gamma < float("inf")):
-            raise UsageError(f"--topk-gamma must be a finite non-negative number of seconds, got {gamma}")
-        source = f"top-k gamma {gamma:g} s (--topk-gamma)"
-    elif args.topk_device is not None:
-        gamma, source = topk_gamma_for_device(args.topk_device)
+    gamma, source = _topk_from_flags(args)
     cluster = ClusterDescription(
         gpus_per_node=args.gpus_per_node, inter=parse_link(args.inter_link, "--inter-link", DEFAULT_INTER_LATENCY_S),
         intra=None if args.intra_link is None else parse_link(args.intra_link, "--intra-link", DEFAULT_INTRA_LATENCY_S),
