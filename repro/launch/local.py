@@ -251,15 +251,6 @@ def _start_store(master_addr: str, world_size: int):
     raise DistributedSetupError(f"cannot host the rendezvous store on {master_addr}: {'; '.join(errors)}")
 
 
-def _free_port(master_addr: str) -> int:
-    import socket
-
-    family = socket.AF_INET6 if ":" in master_addr else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as s:
-        s.bind((master_addr, 0))
-        return int(s.getsockname()[1])
-
-
 def _signal_name(code: int) -> str:
     if code is not None and code < 0:
         try:
