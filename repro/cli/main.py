@@ -266,11 +266,6 @@ def _emit(obj: object, out: str | Path | None) -> None:
         print(text)
 
 
-def _is_factory_reference(model: str) -> bool:
-    """Whether ``--model`` is ``package.module:factory`` (registry names have no colon or dot)."""
-    return ":" in model or "." in model
-
-
 def _parse_input_shape(text: str) -> tuple[int, ...]:
     """``--input-shape C,H,W`` (any number of positive integers) as a tuple."""
     try:
@@ -375,7 +370,7 @@ def cmd_profile(args: argparse.Namespace) -> None:
     if not (0 <= args.warmup <= 1000 and 1 <= args.iters <= 10000):
         raise UsageError(f"--warmup must be in [0, 1000] and --iters in [1, 10000], got {args.warmup} and "
                          f"{args.iters}")
-    own = _is_factory_reference(args.model)
+    own = ":" in args.model or "." in args.model  # package.module:factory (registry names have neither)
     if own:
         if args.input_shape is None:
             raise UsageError(f"--model {args.model} (a model of your own) needs --input-shape, one sample's shape, "

@@ -482,6 +482,7 @@ def distributed(backend: str | None = None, device: Any = None, timeout_s: float
 
     An exception in the block posts this rank's own failure (:func:`report_failure`) and aborts the group;
     a broken collective becomes a :class:`PeerFailedError` naming the peer. The exception is raised on."""
+    global _STORE_CLIENT
     try:
         ctx = init_distributed(backend=backend, device=device, timeout_s=timeout_s, join_timeout_s=join_timeout_s)
     except BaseException as exc:
@@ -495,17 +496,12 @@ def distributed(backend: str | None = None, device: Any = None, timeout_s: float
         store = _STORE_CLIENT
         shutdown_distributed(failed=True)  # the peers' collectives with this rank fail now
         if posted:
-            _keep_store(store)
+            _STORE_CLIENT = store  # kept past shutdown, so that the peers can read the failure
             await_peers(ctx.world_size)
         if peer is not None and peer is not exc:
             raise peer from None
         raise
     shutdown_distributed()
-
-
-def _keep_store(store: Any) -> None:
-    global _STORE_CLIENT
-    _STORE_CLIENT = store
 
 
 def torchrun_command(module_args: Sequence[str] | str, nproc_per_node: int | str, nnodes: int | str = 1,
