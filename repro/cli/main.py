@@ -9,11 +9,16 @@ Ctrl-C ends with status 130 and one line; a closed pipe (``repro presets | head`
 from __future__ import annotations
 
 import argparse
+import importlib
+import inspect
 import json
 import math
 import os
+import shutil
 import signal
 import sys
+import tempfile
+import traceback
 from pathlib import Path
 from typing import Sequence
 
@@ -284,8 +289,6 @@ def _parse_input_shape(text: str) -> tuple[int, ...]:
 def _load_factory_model(ref: str):
     """Import ``package.module`` (the current folder first, as ``python -m``), walk ``factory``'s dotted
     attributes, call it with no arguments and return the ``torch.nn.Module``; anything wrong is one line."""
-    import importlib
-
     module_name, colon, attr = ref.partition(":")
     if not colon:
         raise UsageError(f"--model {ref}: not a model name, and a model of your own is written "
@@ -471,8 +474,6 @@ def cmd_plan(args: argparse.Namespace) -> None:
 
 def _planners_taking(option: str) -> list[str]:
     """Planners whose function has a parameter ``option``."""
-    import inspect
-
     from repro.core.planners import PLANNERS
 
     return [n for n, fn in PLANNERS.items() if option in inspect.signature(fn).parameters]
@@ -694,9 +695,6 @@ def cmd_launch(args: argparse.Namespace) -> None:
             prepare_run(cfg.results_dir, cfg.run_id, cfg.overwrite, own_progress=own)
         else:
             check_results_dir(cfg.results_dir)
-    import shutil
-    import tempfile
-
     from repro.train import worker_from_argv
 
     # While rank 0's progress bar is open a file says so: a run that fails or is interrupted there (a killed
@@ -1115,8 +1113,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except Exception as e:  # noqa: BLE001 - a bug still ends in one line (-vv before the command: the traceback)
         if args is not None and args.verbose >= 2:
-            import traceback
-
             traceback.print_exc()
         print(f"repro: error: {type(e).__name__}: {_first_line(e)} (an internal error; please report it)",
               file=sys.stderr)

@@ -8,12 +8,15 @@ Every launcher first refuses, starting nothing, the runs their ranks would refus
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import re
 import shlex
+import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
@@ -414,8 +417,6 @@ def write_job_scripts(runs: Sequence[RunConfig], runs_dir: str | Path, jobs_dir:
     Each script starts with ``resources``' ``#SBATCH`` lines; on SIGUSR1 it has the ranks checkpoint and
     requeues the job. Multi-node scripts read the first node's host from ``REPRO_HEAD`` (and the rendezvous
     id from ``REPRO_RDZV_ID``, default the run id); see docs/cluster.md."""
-    import json
-
     refuse_bad_runs(runs, backend="nccl", device="cuda", launcher="print")  # before anything is written
     res = slurm_resources(resources)
     res.check_runs(runs)
@@ -509,8 +510,6 @@ def _run_logged(argv: Sequence[str], log: Path, timeout_s: float, env: Mapping[s
 
 def _kill(proc: subprocess.Popen) -> None:
     """End a torchrun agent we started and its workers (its own process group)."""
-    import signal
-
     if proc.poll() is None:
         try:
             os.killpg(proc.pid, signal.SIGTERM)
@@ -586,8 +585,6 @@ _AGENT: dict[str, Any] = {}
 
 
 def _ignore_usr1() -> None:  # in the torchrun child before exec: the agent survives SIGUSR1, its ranks catch it
-    import signal
-
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)
 
 
@@ -607,8 +604,6 @@ def _children(pid: int) -> list[int]:
 def _forward_usr1(grace_s: float = 0.0) -> bool:
     """Pass SIGUSR1 to this job's torchrun ranks (they checkpoint and stop), then wait up to ``grace_s``
     seconds for the agent to end; True when it has ended."""
-    import signal
-
     agent, ended = _AGENT.get("proc"), _AGENT.get("ended")
     if agent is None:
         return True
@@ -640,9 +635,6 @@ def _node_main(task: _NodeTask) -> int:
     as rendezvous id. The node that fails marks the run failed; SLURM's node 0 records the outcome. On
     tasks other than the first this process forwards SIGUSR1 itself. A run stopped by its checkpoint is
     not marked failed: its requeued job goes on."""
-    import signal
-    import threading
-
     import submitit
 
     job = submitit.JobEnvironment()

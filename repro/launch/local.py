@@ -7,9 +7,11 @@ spawned rank sets its threads and environment (and enters its network namespace)
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import pickle
 import signal
+import socket
 import sys
 import threading
 import time
@@ -176,8 +178,6 @@ def _check_world_size(world_size: int) -> None:
 
 
 def _callable_name(fn: Any) -> tuple[str | None, str | None]:
-    import functools
-
     while isinstance(fn, functools.partial):
         fn = fn.func
     return getattr(fn, "__module__", None), getattr(fn, "__qualname__", None)
@@ -221,8 +221,6 @@ def _start_store(master_addr: str, world_size: int):
     0) (no free-port race) and hands the store a duplicate of it (``master_listen_fd``; libuv server first,
     then the older one). The ranks join as clients (``TORCHELASTIC_USE_AGENT_STORE``, as under torchrun), so
     the store outlives any rank that finishes early."""
-    import socket
-
     from torch.distributed import TCPStore
 
     try:
@@ -633,8 +631,6 @@ def _thread_lock_for_tqdm() -> None:
     """Give tqdm a thread lock before it makes its own ``multiprocessing.RLock``: a semaphore that a
     rank killed on a timeout never unregisters, so the launcher's resource tracker would warn of a leak."""
     try:
-        import threading
-
         from tqdm import tqdm
     except ImportError:
         return

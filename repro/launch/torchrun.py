@@ -16,11 +16,14 @@ Torch is imported only inside functions."""
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import numbers
 import os
 import shlex
+import socket
 import sys
+import time
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Iterator, Sequence
@@ -142,8 +145,6 @@ def _job_store(connect_timeout_s: float = 10.0) -> Any:
 def report_failure(exc: BaseException, rank: int | None = None) -> bool:
     """Post ``exc`` on the job's store as this rank's failure (the first posted stays); a peer's failure seen
     here (:func:`is_comm_error`) is not posted. True if posted."""
-    import json
-
     if is_comm_error(exc) or isinstance(exc, (JoinTimeoutError, KeyboardInterrupt)):
         return False
     if getattr(exc, "_repro_posted", False):  # posted already (inside distributed(), then again by its caller)
@@ -181,8 +182,6 @@ def await_peers(world_size: int | None = None, wait_s: float = SEEN_WAIT_S) -> N
     """After posting a failure: wait until all ``world_size`` ranks (default ``$WORLD_SIZE``) have seen it, at
     most ``wait_s`` seconds, so that the store (hosted by the failed node's agent) outlives their reading it.
     """
-    import time
-
     store = _STORE_CLIENT
     if store is None:
         return
@@ -197,8 +196,6 @@ def await_peers(world_size: int | None = None, wait_s: float = SEEN_WAIT_S) -> N
 
 def _read_failure(store: Any, wait_s: float = 0.0) -> dict | None:
     """The failure posted on ``store`` (waiting up to ``wait_s`` for one), or None."""
-    import json
-
     key = _key("failure")
     try:
         if wait_s > 0:
@@ -245,8 +242,6 @@ def _roll_call(rank: int, world: int, timeout_s: float) -> None:
     """Wait until every rank has arrived on the agent's store; a failure posted meanwhile raises
     :class:`PeerFailedError` at once, ``timeout_s`` :class:`JoinTimeoutError`. Without an agent's store
     (plain ``env://``) there is no roll call."""
-    import time
-
     if world == 1 or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
         return
     store = _job_store(connect_timeout_s=timeout_s)
@@ -330,9 +325,6 @@ def _read_env() -> tuple[int, int, int, str, int]:
 def _check_master_addr(addr: str, port: int, tries: int = 3) -> None:
     """Refuse an unresolvable ``MASTER_ADDR`` in one line: c10d would retry it until the timeout and then fail
     with a page of C++ frames."""
-    import socket
-    import time
-
     for attempt in range(tries):
         try:
             socket.getaddrinfo(addr, port, type=socket.SOCK_STREAM)
