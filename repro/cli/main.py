@@ -19,11 +19,13 @@ import signal
 import sys
 import tempfile
 import traceback
+from dataclasses import replace
 from pathlib import Path
 from typing import Sequence
 
 from repro.cli.help import DefaultsHelpFormatter, text_table as _table
-from repro.core.outputs import OutputPathError, check_output, release_outputs, write_output
+from repro.core.outputs import (
+    InputPathError, OutputPathError, check_output, read_input, release_outputs, write_output)
 from repro.core import ranges
 from repro.core.cost import CostModel, CostModelError
 from repro.costs.presets import PRESETS, preset_names, preset_workers
@@ -144,8 +146,6 @@ def _write_atomically(path: str | Path, text: str) -> None:
 
 def _load_file(kind: str, path: Path, load):
     """``load(path)`` of a plan or cost-model file, every error naming the file."""
-    from repro.core.outputs import InputPathError, read_input
-
     try:
         return read_input(kind, path, load)
     except InputPathError as e:
@@ -187,8 +187,6 @@ def _check_cost_flag_ranges(args: argparse.Namespace) -> None:
 def _cost_from_args(args: argparse.Namespace, trace=None) -> CostModel:
     """The cost model of the cost flags (exactly one source), with a top-k cost from ``--topk-gamma``,
     ``--topk-device``, the model itself, or ``trace``'s GPU."""
-    from dataclasses import replace
-
     from repro.costs.cluster_cost import (
         CLUSTER_ALGORITHMS, DEFAULT_INTER_LATENCY_S, DEFAULT_INTRA_LATENCY_S, cluster_cost_model,
         load_cost, parse_link, topk_device_of_trace, topk_gamma_for_device)
@@ -501,10 +499,7 @@ def cmd_simulate(args: argparse.Namespace) -> None:
 def _compare_cost(args: argparse.Namespace) -> CostModel:
     """``repro compare``'s cost model: a preset name mapped by ``--cost-mode``
     (:func:`repro.cli.compare.network_cost`), any other source as given."""
-    from dataclasses import replace
-
     from repro.cli.compare import network_cost
-    from repro.costs.presets import PRESETS
 
     cost = _cost_from_args(args, None)
     name = args.network if args.network is not None else args.cost

@@ -24,8 +24,8 @@ from typing import Any, Mapping, Sequence
 
 from repro.core import ranges
 from repro.launch.grid import (
-    DEFAULT_PRECISION, Grid, RunConfig, clear_failed, count_status, load_grid, mark_failed, run_status,
-    status_table)
+    DEFAULT_PRECISION, Grid, RunConfig, clear_failed, count_status, load_grid, mark_failed, run_problem,
+    run_status, status_table)
 
 __all__ = ["LAUNCHERS", "GridStop", "BadRuns", "run_refusal", "refusal_line", "check_runs", "check_summary",
            "refuse_bad_runs", "DEFAULT_PORT", "train_argv", "torchrun_argv", "shell_command", "quiet_torch_env",
@@ -52,8 +52,6 @@ def pending_runs(runs: Sequence[RunConfig], runs_dir: str | Path, *, overwrite: 
     """The unfinished runs of ``runs`` (pending or failed), in order; a finished run is never launched.
     A damaged run (its ``run.json`` unreadable or not a finished run's record) raises :class:`BadRuns`
     (one line per run) unless ``overwrite``: then it is launched again and its folder replaced."""
-    from repro.launch.grid import run_problem
-
     status = {r.run_id: run_status(runs_dir, r.run_id) for r in runs}
     damaged = [r for r in runs if status[r.run_id] == "damaged"]
     if damaged and not overwrite:
