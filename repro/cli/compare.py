@@ -1,33 +1,20 @@
 """One comparison of every scheduler on one trace and one cost model: ``repro compare`` and the
-``compare_schedulers`` notebook's study (:mod:`repro.studies.compare`) both call :func:`predict`, with the
-defaults stated here, so the two give the same predicted time for the same trace, network and P.
+``compare_schedulers`` notebook (:mod:`repro.studies.compare`) both call :func:`predict` with the
+defaults below, so both give the same predicted time for the same trace, network and P.
 
-For each scheduler of the registry (:mod:`repro.core.schedulers`) in its order, :func:`predict` makes the plan its
-planner makes (:func:`repro.core.planners.make_plan`) and simulates one iteration of it (:func:`repro.core.simulate.simulate`).
-:func:`compare` keeps the :data:`FIELDS` of each record: the scheduler, its family, the planner, the predicted
-``iteration_s`` (seconds), the plan's ``buckets``, ``speedup_over_syncea`` (SyncEASGD's iteration / this one),
-``throughput_samples_per_s`` (over all workers), ``plan_wall_s`` (seconds planning took here) and a ``note``:
-why a scheduler could not be planned, that an exact planner's time budget ran out (with the proven gap), that
-an exact planner returned a heuristic's plan because it simulated faster under contention
-(:mod:`repro.core.judge`), or that the scheduler is predicted with another scheduler's planner.
+For each scheduler of the registry, in its order, :func:`predict` plans
+(:func:`repro.core.planners.make_plan`) and simulates one iteration; a scheduler that cannot be planned
+gets a note saying why. Defaults:
 
-The defaults (one set, for the CLI and the notebook):
+- cost mode :data:`DEFAULT_COST_MODE`: a network preset becomes the cluster calibrated on the published
+  measurements (:func:`repro.costs.published_fits.cost_for_mode`); ``"paper"``: its published lines;
+- servers: one per node the job uses, else ``ceil(P / 4)`` (:func:`default_servers`);
+- options :data:`DEFAULT_OPTIONS`, each passed only to the planners that take it; exact planners get
+  ``time_budget_s`` (seconds);
+- top-k cost ``gamma * d * log2(d)`` seconds: ``gamma`` as given, else the cost model's, else
+  :data:`TOPK_GAMMA_S` (OMGS-SGD's published fit, the only one published).
 
-- **Cost mode** :data:`DEFAULT_COST_MODE` (``"calibrated"``): a network preset is mapped by
-  :func:`repro.costs.published_fits.cost_for_mode` to the cluster calibrated on the published ddl-benchmarks
-  measurements (per-message overhead and contention included); ``"paper"``: the preset's published lines.
-- **Servers** (parameter-server planners): one per node the job uses (the cost model's ``nodes_used``), else
-  ``ceil(P / 4)`` (:data:`~repro.costs.published_fits.DEVICES_PER_NODE` GPUs per node, as the calibrated clusters).
-- **Options**: :data:`DEFAULT_OPTIONS` (top-k density 0.001, SSP staleness 2, OSP stage-1 share 0.5 with
-  importance by layer position), each passed only to the planners that take it; exact planners get
-  ``time_budget_s`` (default :data:`~repro.core.budget.DEFAULT_TIME_BUDGET_S`); every other option is
-  the planner's default.
-- **Top-k cost** ``gamma * d * log2(d)`` seconds for d elements: ``gamma`` as given, else the cost model's
-  own, else :data:`TOPK_GAMMA_S`, OMGS-SGD's published fit (a P102-100 GPU; the only published one, so on a
-  faster GPU the sparse family is if anything penalised).
-
-Never imports torch.
-"""
+Never imports torch."""
 
 from __future__ import annotations
 
@@ -41,6 +28,7 @@ from typing import Any, Mapping, Sequence
 
 from dataclasses import replace
 
+from repro.cli.help import text_table
 from repro.core.cost import CostModel, CostModelError
 from repro.core.families import get_family
 from repro.core.planners import PLANNER_FAMILY, PLANNERS, make_plan
@@ -82,15 +70,15 @@ def network_cost(network: str, workers: int, cost_mode: str = DEFAULT_COST_MODE)
 
 
 def default_servers(cost: CostModel) -> int:
-    """Parameter servers by default: one per node the job uses (``cost.meta["cluster"]["nodes_used"]`` or a
-    calibrated cluster's ``meta["nodes_used"]``), else ``ceil(P / DEVICES_PER_NODE)``."""
+    """Parameter servers by default: one per node the job uses (``nodes_used`` in the cost model's meta), else
+    ``ceil(P / DEVICES_PER_NODE)``."""
     nodes = (cost.meta.get("cluster") or {}).get("nodes_used") or cost.meta.get("nodes_used")
     return int(nodes) if nodes else max(1, -(-int(cost.workers) // DEVICES_PER_NODE))
 
 
 def with_topk(cost: CostModel, topk_gamma_s: float | None = None, source: str | None = None) -> CostModel:
-    """``cost`` with the comparison's top-k cost: ``topk_gamma_s`` seconds when given (``source`` says where it
-    comes from), else the cost model's own, else :data:`TOPK_GAMMA_S`. ``meta["topk_source"]`` names it."""
+    """``cost`` with the comparison's top-k cost: ``topk_gamma_s`` seconds when given, else the cost model's
+    own, else :data:`TOPK_GAMMA_S`; ``meta["topk_source"]`` names it (``source``)."""
     if topk_gamma_s is None:
         if cost.topk_gamma_s is not None:
             return cost
@@ -126,10 +114,8 @@ def _judged_note(meta: Mapping[str, Any], planner: str) -> str:
 
 
 def _iteration_s(trace: Trace, plan, cost: CostModel) -> float:
-    """The simulated iteration of ``plan``. A parameter-server plan made with a cost model holds the
-    simulator's period of itself under that model (``meta["iteration_s"]``, :func:`repro.families.ps.planners.ps_plan`);
-    it is used instead of simulating the same plan twice, except with a realism ``compute_scale`` other than 1,
-    which the planner's trace would already carry."""
+    """The simulated iteration of ``plan``, seconds. A parameter-server plan carries its own simulated period
+    (``meta["iteration_s"]``), used unless a realism ``compute_scale`` other than 1 applies."""
     from repro.core.simulate import simulate
 
     realism = cost.realism
@@ -141,11 +127,11 @@ def _iteration_s(trace: Trace, plan, cost: CostModel) -> float:
 def predict(trace: Trace, cost: CostModel, *, servers: int | None = None,
             time_budget_s: float = DEFAULT_TIME_BUDGET_S, options: Mapping[str, Any] | None = None,
             schedulers: Sequence[str] | None = None) -> list[dict[str, Any]]:
-    """One record per scheduler (module docstring): the :data:`FIELDS`, plus ``options`` (what the planner
-    got), ``stage1_bytes_share``, ``plan_from`` and ``exact_plan_iteration_s`` (None where not planned or
-    not given by the plan). ``servers``: default :func:`default_servers`; ``options``: overrides of
-    :data:`DEFAULT_OPTIONS` (None values keep the default); ``schedulers``: a subset, in the given order
-    (default: every scheduler). The cost model gets the default top-k cost (:func:`with_topk`)."""
+    """One record per scheduler: the :data:`FIELDS`, plus ``options`` (what the planner got),
+    ``stage1_bytes_share``, ``plan_from`` and ``exact_plan_iteration_s`` (None where not given).
+    ``servers``: default :func:`default_servers`; ``options``: overrides of :data:`DEFAULT_OPTIONS` (None
+    keeps the default); ``schedulers``: a subset, in the given order. Unknown schedulers or bad
+    ``servers``: ValueError."""
     time_budget_s = check_time_budget(time_budget_s)
     names = list(SCHEDULERS) if schedulers is None else list(dict.fromkeys(schedulers))
     if not names:
@@ -231,16 +217,12 @@ def _fmt(value: Any, digits: int = 4) -> str:
 
 
 def format_table(records: Sequence[Mapping[str, Any]], header_lines: Sequence[str] = ()) -> str:
-    """Aligned columns for a person: scheduler, family, iteration (s), buckets, speedup over SyncEASGD,
-    note; ``header_lines`` first, each as a ``#`` comment."""
+    """Aligned columns for a person (scheduler, family, iteration, buckets, speedup, note);
+    ``header_lines`` first, each as a ``#`` comment."""
     head = ("scheduler", "family", "iteration_s", "buckets", "speedup_over_syncea", "note")
     rows = [[str(r["scheduler"]), _fmt(r["family"]), _fmt(r["iteration_s"]), _fmt(r["buckets"]),
              _fmt(r["speedup_over_syncea"], 3), str(r["note"] or "")] for r in records]
-    cells = [list(head)] + rows
-    widths = [max(len(c[i]) for c in cells) for i in range(len(head) - 1)]
-    lines = [f"# {h}" for h in header_lines]
-    lines += ["  ".join([c.ljust(w) for c, w in zip(r, widths)] + [r[-1]]).rstrip() for r in cells]
-    return "\n".join(lines)
+    return "\n".join([f"# {h}" for h in header_lines] + [text_table(rows, head)])
 
 
 def format_csv(records: Sequence[Mapping[str, Any]]) -> str:

@@ -5,25 +5,11 @@
     repro grid launch mgwfbp --runs-dir DIR --launcher print --jobs-dir JOBS
     repro grid launch osp --kind convergence ... # only the convergence runs (or --experiment NAME)
     repro grid check dear                        # every run through its ranks' start-up checks, none started
-    repro grid check dear --smoke                # ... and one tiny stand-in per distinct configuration trained here
+    repro grid check dear --smoke                # ... and a tiny stand-in per distinct configuration trained
 
-``check`` puts every run through the checks its ranks make at start-up (:func:`repro.launch.jobs.run_refusal`)
-with the launchers' backend and device (nccl, cuda; ``--backend``/``--device`` to change them) and
-prints one line per run that would be refused, then a summary; exit status 2 when any would be.
-``--smoke`` then trains :func:`repro.launch.grid.local_stand_in` of each distinct configuration here
-(gloo, CPU, at most 3 local ranks), one line each. ``launch`` runs the unfinished runs as the notebooks'
-``launcher`` does (:mod:`repro.launch.jobs`), after the same check (a bad run: nothing is launched,
-one line per bad run, exit status 2): ``print`` writes the job scripts, ``local`` uses this node's GPUs,
-``slurm`` submits through submitit and waits. A damaged run (its ``run.json`` empty, not JSON or not a
-finished run's record; ``status`` shows it as ``damaged`` with one line naming the file and what is
-wrong) refuses the launch, one line per damaged run, unless ``--overwrite`` asks to train it again
-(its folder is replaced whole); a finished run is never launched. ``--runs-dir`` and ``--jobs-dir`` must
-be folders (or missing, then created): a file there is refused in one line before anything is written. ``--slurm-time-min``, ``--slurm-cpus-per-task``,
-``--slurm-mem-gb``, ``--slurm-partition``, ``--slurm-account``, ``--slurm-gpus-per-node``, ``--slurm-extra``
-(repeatable), ``--slurm-signal-s``, ``--slurm-requeues`` and ``--checkpoint-every-min`` set what each job
-asks for (:class:`repro.launch.jobs.SlurmResources`; printed as ``#SBATCH`` lines by ``print``). Bad input
-and refusals are one line on stderr with exit status 2.
-"""
+``check`` and ``launch`` behave as the notebooks' launchers (:mod:`repro.launch.jobs`): a run that would
+be refused, or a damaged run without ``--overwrite``, launches nothing. Bad input and refusals are one
+line on stderr with exit status 2."""
 
 from __future__ import annotations
 
@@ -33,6 +19,7 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
+from repro.cli.help import text_table
 from repro.launch.grid import (
     GRID_PAPERS, KINDS, GridError, count_status, distinct_stand_ins, load_grid, run_problem, status_table)
 from repro.launch.grid_check import BadRuns, check_runs, check_summary, refusal_line, smoke, stand_in_line
@@ -44,7 +31,7 @@ __all__ = ["main", "build_parser", "add_grid_parser", "run_grid_command"]
 
 
 def add_grid_parser(sub: Any) -> argparse.ArgumentParser:
-    """Add ``grid`` (show / status / check / launch) to a subparsers action (``repro``'s, or :func:`build_parser`'s)."""
+    """Add ``grid`` (show / status / check / launch) to a subparsers action."""
     parser = sub.add_parser("grid", help="a paper's measured grid: show it, check it, see which runs finished, "
                                          "launch the rest",
                             description="A paper's measured grid (data/grids): show its runs, check them before "
@@ -111,10 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _table(rows: list[dict], columns: Sequence[str]) -> str:
-    widths = [max(len(c), *(len(str(r[c])) for r in rows)) if rows else len(c) for c in columns]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(columns, widths)).rstrip()]
-    lines += ["  ".join(str(r[c]).ljust(w) for c, w in zip(columns, widths)).rstrip() for r in rows]
-    return "\n".join(lines)
+    return text_table([[str(r[c]) for c in columns] for r in rows], columns)
 
 
 def run_grid_command(args: argparse.Namespace) -> None:
@@ -179,8 +163,8 @@ def _resources(args: argparse.Namespace) -> Any:
 
 
 def _check(grid: Any, selected: list, args: argparse.Namespace) -> None:
-    """``repro grid check``: one line per refused run and a summary (stdout); then, with ``--smoke``, one
-    line per stand-in. Raises :class:`GridStop` (exit status 2) when a run is refused or a stand-in fails."""
+    """``repro grid check``: one line per refused run and a summary; with ``--smoke``, one line per stand-in.
+    :class:`GridStop` (exit status 2) when a run is refused or a stand-in fails."""
     bad = check_runs(selected, backend=args.backend, device=args.device)
     summary = check_summary(grid.paper, selected, bad, backend=args.backend, device=args.device)
     if args.format == "json" and not args.smoke:

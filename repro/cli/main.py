@@ -9,18 +9,26 @@ Ctrl-C ends with status 130 and one line; a closed pipe (``repro presets | head`
 from __future__ import annotations
 
 import argparse
+import importlib
+import inspect
 import json
 import math
 import os
+import shutil
 import signal
 import sys
+import tempfile
+import traceback
+from dataclasses import replace
 from pathlib import Path
 from typing import Sequence
 
-from repro.cli.help import DefaultsHelpFormatter
-from repro.core.outputs import OutputPathError, check_output, release_outputs, write_output
+from repro.cli.help import DefaultsHelpFormatter, text_table as _table
+from repro.core.outputs import (
+    InputPathError, OutputPathError, check_output, read_input, release_outputs, write_output)
+from repro.core import ranges
 from repro.core.cost import CostModel, CostModelError
-from repro.costs.presets import PRESETS, preset, preset_names, preset_workers
+from repro.costs.presets import PRESETS, preset_names, preset_workers
 from repro.core.plan import WIRE_DTYPE_BYTES, Plan, PlanError
 from repro.core.trace import TraceError, load_trace
 
@@ -79,8 +87,7 @@ def _add_cost_flags(p: argparse.ArgumentParser) -> None:
 
 
 def _output_arg(text: str) -> str:
-    """``-o``'s value as typed: kept as text, not a Path, since Path("newdir/") drops the trailing
-    separator that says the user named a folder (refused by :func:`repro.core.outputs.check_output`)."""
+    """``-o``'s value as typed: a Path would drop the trailing separator that says a folder was named."""
     return text
 
 
@@ -105,13 +112,9 @@ def _same_file(a: str | Path, b: str | Path) -> bool:
 
 
 def _check_output(path: str | Path | None, args: argparse.Namespace | None = None, *, stdout: bool = False) -> None:
-    """Refuse, before any work, an output path that cannot be written without harm (see
-    :mod:`repro.core.outputs`: a folder, a path under a file, a missing folder, an unwritable place, a block
-    device or socket; a FIFO or character device is written into, a link's target is written), or one that
-    is the same file as an input of ``args`` (``--trace``, ``--plan``, ``--network``, ``--cost``, the
-    measurements; through links too): writing it would destroy the input. ``-`` and ``/dev/stdout`` are
-    standard output (:data:`STDOUT_NAMES`) for a command whose only output is that text (``stdout``); a
-    command that prints anything else there refuses them."""
+    """Refuse, before any work, an output that cannot be written without harm (:mod:`repro.core.outputs`) or
+    that is the same file as an input of ``args``. ``-`` and ``/dev/stdout`` (:data:`STDOUT_NAMES`) are
+    allowed only for a command whose only output is that text (``stdout``)."""
     if path is None:
         return
     if _is_stdout(path):
@@ -142,10 +145,7 @@ def _write_atomically(path: str | Path, text: str) -> None:
 
 
 def _load_file(kind: str, path: Path, load):
-    """``load(path)`` of a plan or cost-model JSON file, every error naming the file
-    (:func:`repro.core.outputs.read_input`)."""
-    from repro.core.outputs import InputPathError, read_input
-
+    """``load(path)`` of a plan or cost-model file, every error naming the file."""
     try:
         return read_input(kind, path, load)
     except InputPathError as e:
@@ -159,22 +159,15 @@ def _positive_flag(flag: str, value: int | None) -> int | None:
 
 
 def _flag_in_range(flag: str, quantity, value, low: float | None = None):
-    """``value`` of ``flag`` if it lies in ``quantity``'s plausible range (:mod:`repro.core.ranges`), the range the
-    files these flags end up in (plan, cost and cluster files) are read with, so nothing a command writes
-    is refused when read back; else one :class:`UsageError` line naming the flag, the value and the range."""
-    from repro.core import ranges
-
+    """``value`` of ``flag`` if it lies in ``quantity``'s plausible range (:mod:`repro.core.ranges`),
+    the range its file is read back with; else one :class:`UsageError` line."""
     if value is None:
         return None
     return ranges.check(quantity, value, flag, UsageError, low=low, what="flag")
 
 
 def _check_cost_flag_ranges(args: argparse.Namespace) -> None:
-    """The cost flags within the ranges their files are read with: --alpha-s [0, 1e6] s, --beta-s-per-byte
-    [0, 1] s/byte, --workers [2, 1e5], --nodes and --gpus-per-node [1, 1e5] (and N x G at most 1e5 devices),
-    --topk-gamma [0, 1e-3] s."""
-    from repro.core import ranges
-
+    """The cost flags within the ranges their files are read with."""
     _flag_in_range("--alpha-s", ranges.SECONDS, args.alpha_s)
     _flag_in_range("--beta-s-per-byte", ranges.SECONDS_PER_BYTE, args.beta_s_per_byte)
     if args.workers is not None and args.workers >= 2:  # below 2: the message of _cost_from_args
@@ -192,10 +185,8 @@ def _check_cost_flag_ranges(args: argparse.Namespace) -> None:
 
 
 def _cost_from_args(args: argparse.Namespace, trace=None) -> CostModel:
-    """The cost model of the cost flags (one source; see :func:`_add_cost_flags`), with a top-k cost from
-    ``--topk-gamma``, ``--topk-device``, the model itself, or ``trace``'s GPU (:mod:`repro.costs.cluster_cost`)."""
-    from dataclasses import replace
-
+    """The cost model of the cost flags (exactly one source), with a top-k cost from ``--topk-gamma``,
+    ``--topk-device``, the model itself, or ``trace``'s GPU."""
     from repro.costs.cluster_cost import (
         CLUSTER_ALGORITHMS, DEFAULT_INTER_LATENCY_S, DEFAULT_INTRA_LATENCY_S, cluster_cost_model,
         load_cost, parse_link, topk_device_of_trace, topk_gamma_for_device)
@@ -241,22 +232,29 @@ def _cost_from_args(args: argparse.Namespace, trace=None) -> CostModel:
             if args.alpha_s is None or args.beta_s_per_byte is None:
                 raise UsageError("--alpha-s and --beta-s-per-byte must be given together")
             cost = CostModel.linear(workers or 2, args.alpha_s, args.beta_s_per_byte, source="cli alpha-beta")
-    if args.topk_gamma is not None and args.topk_device is not None:
-        raise UsageError("give one top-k cost: --topk-gamma S or --topk-device GPU")
-    source = None
-    if args.topk_gamma is not None:
-        g = args.topk_gamma
-        if not (g >= 0 and g < float("inf")):
-            raise UsageError(f"--topk-gamma must be a finite non-negative number of seconds, got {g}")
-        gamma, source = g, f"top-k gamma {g:g} s (--topk-gamma)"
-    elif args.topk_device is not None:
-        gamma, source = topk_gamma_for_device(args.topk_device)
-    elif cost.topk_gamma_s is None and trace is not None and topk_device_of_trace(trace) is not None:
+    gamma, source = _topk_from_flags(args)
+    if source is None and cost.topk_gamma_s is None and trace is not None and topk_device_of_trace(trace) is not None:
         gamma, source = topk_gamma_for_device(topk_device_of_trace(trace))
         source += f", the GPU of trace {trace.model}"
     if source is not None:
         cost = replace(cost.with_topk(gamma), meta={**cost.meta, "topk_source": source})
     return cost
+
+
+def _topk_from_flags(args: argparse.Namespace) -> tuple[float | None, str | None]:
+    """(gamma seconds, where it comes from) of ``--topk-gamma`` or ``--topk-device``; (None, None) without."""
+    from repro.costs.cluster_cost import topk_gamma_for_device
+
+    if args.topk_gamma is not None and args.topk_device is not None:
+        raise UsageError("give one top-k cost: --topk-gamma S or --topk-device GPU")
+    if args.topk_gamma is not None:
+        g = args.topk_gamma
+        if not (g >= 0 and g < float("inf")):
+            raise UsageError(f"--topk-gamma must be a finite non-negative number of seconds, got {g}")
+        return g, f"top-k gamma {g:g} s (--topk-gamma)"
+    if args.topk_device is not None:
+        return topk_gamma_for_device(args.topk_device)
+    return None, None
 
 
 def _emit(obj: object, out: str | Path | None) -> None:
@@ -271,12 +269,6 @@ def _emit(obj: object, out: str | Path | None) -> None:
         print(text)
 
 
-def _is_factory_reference(model: str) -> bool:
-    """``--model`` names the user's own model (``package.module:factory``) rather than a registry model:
-    it has a colon or a dot (registry names have neither)."""
-    return ":" in model or "." in model
-
-
 def _parse_input_shape(text: str) -> tuple[int, ...]:
     """``--input-shape C,H,W`` (any number of positive integers) as a tuple."""
     try:
@@ -286,8 +278,6 @@ def _parse_input_shape(text: str) -> tuple[int, ...]:
     if not shape or any(n < 1 for n in shape):
         raise UsageError(f"--input-shape must be positive integers separated by commas (one sample's shape, e.g. "
                          f"3,32,32), got {text!r}")
-    from repro.core import ranges
-
     if math.prod(shape) > ranges.ELEMENTS.high:  # one sample: at most as many elements as a tensor may have
         raise UsageError(f"--input-shape {text} has {ranges.show(math.prod(shape))} elements per sample, outside the "
                          f"plausible range {ranges.ELEMENTS.range_text(1)}")
@@ -295,11 +285,8 @@ def _parse_input_shape(text: str) -> tuple[int, ...]:
 
 
 def _load_factory_model(ref: str):
-    """Import ``package.module``, get ``factory`` (dots walk attributes: ``module:Class.build``), call it with
-    no arguments and return the ``torch.nn.Module`` it makes; a bad reference is one line (UsageError).
-    The current folder is searched first, as ``python -m`` does, so ``mymodels:build`` finds ./mymodels.py."""
-    import importlib
-
+    """Import ``package.module`` (the current folder first, as ``python -m``), walk ``factory``'s dotted
+    attributes, call it with no arguments and return the ``torch.nn.Module``; anything wrong is one line."""
     module_name, colon, attr = ref.partition(":")
     if not colon:
         raise UsageError(f"--model {ref}: not a model name, and a model of your own is written "
@@ -344,10 +331,9 @@ def _load_factory_model(ref: str):
 
 
 def _factory_batch(args: argparse.Namespace, model, shape: tuple[int, ...]):
-    """The example batch of a factory model: standard-normal inputs ``(batch, *shape)`` and integer class
-    targets uniform in [0, classes) (seed 0), with classes from ``--num-classes`` or the output's second
-    dimension, read from one forward pass without gradients; a model that cannot take such inputs or does
-    not return ``(batch, classes)`` logits is one line (UsageError). The model is moved to the device."""
+    """A factory model's example batch (moved to ``--device``): standard-normal inputs ``(batch, *shape)`` and
+    class targets in [0, classes), seed 0; a model that does not return ``(batch, classes)`` logits is
+    refused."""
     import torch
 
     from repro.workload.profile import _check_device
@@ -376,9 +362,7 @@ def _factory_batch(args: argparse.Namespace, model, shape: tuple[int, ...]):
 
 
 def cmd_profile(args: argparse.Namespace) -> None:
-    """Profile a registry model, or ``--model package.module:factory`` (a model of your own: see the
-    ``profile`` options' help, and :func:`_load_factory_model` / :func:`_factory_batch`)."""
-    from repro.core import ranges
+    """Profile a registry model, or a model of your own (``--model package.module:factory``)."""
     from repro.training.config import check_step_memory, step_memory_floor_bytes
 
     if args.batch_size <= 0:
@@ -387,7 +371,7 @@ def cmd_profile(args: argparse.Namespace) -> None:
     if not (0 <= args.warmup <= 1000 and 1 <= args.iters <= 10000):
         raise UsageError(f"--warmup must be in [0, 1000] and --iters in [1, 10000], got {args.warmup} and "
                          f"{args.iters}")
-    own = _is_factory_reference(args.model)
+    own = ":" in args.model or "." in args.model  # package.module:factory (registry names have neither)
     if own:
         if args.input_shape is None:
             raise UsageError(f"--model {args.model} (a model of your own) needs --input-shape, one sample's shape, "
@@ -488,8 +472,6 @@ def cmd_plan(args: argparse.Namespace) -> None:
 
 def _planners_taking(option: str) -> list[str]:
     """Planners whose function has a parameter ``option``."""
-    import inspect
-
     from repro.core.planners import PLANNERS
 
     return [n for n, fn in PLANNERS.items() if option in inspect.signature(fn).parameters]
@@ -510,20 +492,14 @@ def cmd_simulate(args: argparse.Namespace) -> None:
         result = simulate(trace, plan, cost, with_ops=not args.no_ops)
     except PlanError as e:  # the family's own checks of the plan against the trace and cost
         raise UsageError(f"{args.plan}: {e} (trace {args.trace})") from None
-    from repro.core import ranges
-
     ranges.check(ranges.SECONDS, result.iteration_s, "iteration_s", UsageError, what="predicted")
     _emit(result.to_dict(with_ops=not args.no_ops), args.output)
 
 
 def _compare_cost(args: argparse.Namespace) -> CostModel:
-    """The cost model of ``repro compare``'s flags: a preset name (``--network`` or ``--cost``) mapped by
-    ``--cost-mode`` (:func:`repro.cli.compare.network_cost`), any other source as given; a top-k cost only
-    from ``--topk-gamma`` / ``--topk-device`` or the cost model itself (else compare's default)."""
-    from dataclasses import replace
-
+    """``repro compare``'s cost model: a preset name mapped by ``--cost-mode``
+    (:func:`repro.cli.compare.network_cost`), any other source as given."""
     from repro.cli.compare import network_cost
-    from repro.costs.presets import PRESETS
 
     cost = _cost_from_args(args, None)
     name = args.network if args.network is not None else args.cost
@@ -599,10 +575,7 @@ def cmd_cost_fit(args: argparse.Namespace) -> None:
 def cmd_cost_cluster(args: argparse.Namespace) -> None:
     """Write a cluster file (:class:`repro.costs.cluster_cost.ClusterDescription`): a cost model for any P."""
     from repro.costs.cluster_cost import (
-        DEFAULT_INTER_LATENCY_S, DEFAULT_INTRA_LATENCY_S, ClusterDescription, parse_link,
-        topk_gamma_for_device)
-
-    from repro.core import ranges
+        DEFAULT_INTER_LATENCY_S, DEFAULT_INTRA_LATENCY_S, ClusterDescription, parse_link)
 
     _positive_flag("--gpus-per-node", args.gpus_per_node)
     _flag_in_range("--gpus-per-node", ranges.WORKERS, args.gpus_per_node)
@@ -611,13 +584,7 @@ def cmd_cost_cluster(args: argparse.Namespace) -> None:
     if args.topk_gamma is not None and args.topk_device is not None:
         raise UsageError("give one top-k cost: --topk-gamma S or --topk-device GPU")
     _check_output(args.output, stdout=True)
-    gamma, source = args.topk_gamma, None
-    if gamma is not None:
-        if not (gamma >= 0 and gamma < float("inf")):
-            raise UsageError(f"--topk-gamma must be a finite non-negative number of seconds, got {gamma}")
-        source = f"top-k gamma {gamma:g} s (--topk-gamma)"
-    elif args.topk_device is not None:
-        gamma, source = topk_gamma_for_device(args.topk_device)
+    gamma, source = _topk_from_flags(args)
     cluster = ClusterDescription(
         gpus_per_node=args.gpus_per_node, inter=parse_link(args.inter_link, "--inter-link", DEFAULT_INTER_LATENCY_S),
         intra=None if args.intra_link is None else parse_link(args.intra_link, "--intra-link", DEFAULT_INTRA_LATENCY_S),
@@ -642,10 +609,8 @@ def _add_local_flags(p: argparse.ArgumentParser) -> None:
 
 
 def _check_local_flags(args: argparse.Namespace) -> None:
-    """``--nproc`` within what this machine can run (a tighter bound than :data:`repro.core.ranges.WORKERS`:
-    :func:`repro.launch.local.max_local_ranks`) and ``--timeout-s`` in its plausible range, before anything
-    else (the memory a batch needs is checked per rank, so the rank count comes first)."""
-    from repro.core import ranges
+    """``--nproc`` within :func:`repro.launch.local.max_local_ranks` and ``--timeout-s`` in its plausible
+    range, before anything else."""
     from repro.launch.local import max_local_ranks
 
     if args.nproc is not None and args.nproc >= 1 and not getattr(args, "torchrun", False):
@@ -658,11 +623,8 @@ def _check_local_flags(args: argparse.Namespace) -> None:
 
 def _launch(args: argparse.Namespace, fn, fn_args: tuple, *, backend: str | None = "gloo",
             pg_timeout_s: float | None = None, serving: int = 0):
-    """Rank 0's result of ``fn(ctx, *fn_args)`` on ``--nproc`` local ranks (launch_local checks the rest).
-    ``serving``: the first ranks serve (role ``server``), the others train (role ``worker``), so that
-    failures name the role."""
-    import math
-
+    """Rank 0's result of ``fn(ctx, *fn_args)`` on ``--nproc`` local ranks; the first ``serving`` ranks have
+    role ``server``, the others ``worker``."""
     from repro.launch.local import Role, launch_local
 
     if args.nproc < 1:
@@ -685,15 +647,8 @@ def _launch(args: argparse.Namespace, fn, fn_args: tuple, *, backend: str | None
 
 
 def cmd_launch(args: argparse.Namespace) -> None:
-    """Train on ``--nproc`` local ranks; the train args' ``--backend`` and ``--pg-timeout-s`` reach the ranks.
-
-    Without ``--backend`` the ranks use gloo (the launcher's default: CPU processes, whatever GPUs there
-    are); ``--backend nccl`` needs CUDA and a GPU per rank, which is checked before any rank starts.
-    The train args' ``--device`` (default: cuda with nccl, else cpu) says where each rank trains;
-    ``--device cuda`` (also with gloo) needs CUDA and a GPU per rank, checked before any rank starts too.
-    """
-    import math
-
+    """Train on ``--nproc`` local ranks (gloo unless the train args say ``--backend nccl``); every check of
+    the train args, devices and memory is made before any rank starts."""
     from repro.training.config import config_from_argv
 
     _check_local_flags(args)
@@ -735,9 +690,6 @@ def cmd_launch(args: argparse.Namespace) -> None:
             prepare_run(cfg.results_dir, cfg.run_id, cfg.overwrite, own_progress=own)
         else:
             check_results_dir(cfg.results_dir)
-    import shutil
-    import tempfile
-
     from repro.train import worker_from_argv
 
     # While rank 0's progress bar is open a file says so: a run that fails or is interrupted there (a killed
@@ -759,14 +711,7 @@ def cmd_launch(args: argparse.Namespace) -> None:
 
 
 def cmd_calibrate(args: argparse.Namespace) -> None:
-    """Fit a cost model on ``--nproc`` local ranks; every bound is checked before any rank starts.
-
-    ``--sizes`` in [2, 64], ``--repeats`` in [1, 1000], 4 <= ``--min-bytes``, 4 x ``--min-bytes`` <=
-    ``--max-bytes`` (the sizes span that range; nothing is swapped or stretched), ``--nproc`` within what
-    the machine can run, and the largest collective buffers on all ranks (``--nproc`` x ``--max-bytes``,
-    times ``--nproc + 1`` for sparse_allgather, whose gathered buffer is world size x max bytes) within
-    the available memory left after the ranks themselves.
-    """
+    """Fit a cost model on ``--nproc`` local ranks; every bound is checked before any rank starts."""
     from repro.launch.local import RANK_MEMORY_BYTES, available_memory_bytes, max_local_ranks
     from repro.runtime.calibrate import MEASURABLE, default_sizes_bytes, fit_on_ranks
 
@@ -836,13 +781,6 @@ def cmd_calibrate(args: argparse.Namespace) -> None:
     _emit(cost, args.output)
 
 
-def _table(rows: Sequence[Sequence[object]], header: Sequence[str]) -> str:
-    """Aligned columns for a person (the last one, often prose, is not padded)."""
-    cells = [[str(c) for c in header]] + [["-" if c is None else str(c) for c in row] for row in rows]
-    widths = [max(len(r[i]) for r in cells) for i in range(len(header) - 1)]
-    return "\n".join("  ".join([c.ljust(w) for c, w in zip(r, widths)] + [r[-1]]).rstrip() for r in cells)
-
-
 def _listing(args: argparse.Namespace, obj: object, table: str) -> None:
     """``--format json``: the object for scripts; ``table`` (the default): ``table`` for a person."""
     if args.format == "json":
@@ -889,8 +827,7 @@ def cmd_presets(args: argparse.Namespace) -> None:
 
 
 def _shipped_trace_headers() -> dict[str, dict]:
-    """Name -> model, batch size, device, dtype, layers, parameters and gradient bytes of every shipped
-    trace (read as JSON; nothing is built)."""
+    """Name -> summary of every shipped trace (read as JSON; nothing is built)."""
     from repro.core.paths import shipped_trace_path, shipped_traces
 
     out = {}
@@ -1171,8 +1108,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except Exception as e:  # noqa: BLE001 - a bug still ends in one line (-vv before the command: the traceback)
         if args is not None and args.verbose >= 2:
-            import traceback
-
             traceback.print_exc()
         print(f"repro: error: {type(e).__name__}: {_first_line(e)} (an internal error; please report it)",
               file=sys.stderr)

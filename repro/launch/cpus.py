@@ -1,10 +1,5 @@
-"""How many CPU cores this machine gives local ranks, and saying when ranks would share them.
-
-A rank of the local launcher is a process with ``threads_per_rank`` compute threads (one by default).
-With more ranks than CPU cores, ranks take turns on the cores, and an iteration time measures CPU
-sharing as much as communication: :func:`warn_if_oversubscribed` says so before such a world starts.
-Torch-free.
-"""
+"""CPU cores this machine gives local ranks, and a warning when ranks would share them (an iteration time
+would then measure CPU sharing as much as communication). Torch-free."""
 
 from __future__ import annotations
 

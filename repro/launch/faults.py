@@ -1,24 +1,10 @@
 """Fault injection for the tests of failure handling: make one rank of a run fail on purpose.
 
-**For tests only.** ``REPRO_INJECT_FAULT=RANK:WHERE:KIND`` in a rank's environment makes the rank whose
-global ``RANK`` is ``RANK`` fail at ``WHERE`` in the way ``KIND`` says; every other rank, and every run
-without the variable, is untouched (the check is one dictionary look-up). ``repro.train`` honours it at
-two points:
-
-- ``join``: before the rank joins the process group (:func:`repro.launch.torchrun.init_distributed`);
-- ``stepN``: before timed step ``N`` (0-based) of the training loop.
-
-``KIND``:
-
-- ``config``: raise a :class:`ValueError` (the rank refuses its configuration: exit status 2);
-- ``error``: raise a :class:`RuntimeError` (a failure while running: exit status 1);
-- ``kill``: SIGKILL this process (no report, as the kernel's OOM killer would);
-- ``hang``: sleep for an hour (a rank that never arrives, or stops answering).
-
-Example: ``REPRO_INJECT_FAULT=0:step2:error torchrun ... -m repro.train ...`` makes rank 0 raise
-before its third timed step. A malformed value is refused in one line (ValueError) at the first point
-checked, so a test cannot silently inject nothing. This module imports nothing heavy.
-"""
+**For tests only.** ``REPRO_INJECT_FAULT=RANK:WHERE:KIND`` makes the rank with global ``RANK`` fail at
+``WHERE`` (``join``: before joining the process group; ``stepN``: before timed step ``N``, 0-based) as
+``KIND`` says: ``config`` raises ValueError (exit 2), ``error`` RuntimeError (exit 1), ``kill`` SIGKILLs
+the process, ``hang`` sleeps an hour. Other ranks and runs without the variable are untouched; a
+malformed value is a one-line ValueError at the first point checked."""
 
 from __future__ import annotations
 

@@ -1,60 +1,33 @@
 """A paper's measured grid as data: grid files, the configurations they expand to, run ids, run status.
 
-One YAML file per paper (``data/grids/<paper>.yaml``, shipped with the package) says what the
-paper measured: models with their per-GPU batch sizes (and per-model options such as a top-k density),
-GPU counts ``P``, GPUs per node, schedulers, wire precisions, the networks it ran on and the training
-settings (steps, warm-up, dataset). The notebooks at ``scale="paper"`` and the launchers
-(:mod:`repro.launch.jobs`) read the same file, so what a notebook draws and what a cluster runs cannot
-drift apart.
+One YAML file per paper (``data/grids/<paper>.yaml``) says what the paper measured; the notebooks at
+``scale="paper"`` and the launchers (:mod:`repro.launch.jobs`) read the same file. An experiment is
+**throughput** (synthetic data, timed ``steps``) or **convergence** (``epochs`` over a real dataset),
+told apart by ``epochs`` (:attr:`RunConfig.kind`). A grid file::
 
-Two kinds of experiment: **throughput** runs (synthetic data, ``steps`` timed steps) and **convergence**
-runs (``epochs`` passes over a real ``dataset``: digits, cifar10, imagenet, ptb), told apart by
-``epochs`` (:attr:`RunConfig.kind`). A convergence run leaves ``steps`` out (``repro train`` ignores it
-with ``--epochs``); ``kind: convergence`` on an experiment says so explicitly and is refused without
-``epochs`` and a real dataset. A figure of accuracy or loss at paper scale draws only the convergence
-runs (:func:`grid_run_ids`, ``kind="convergence"``).
-
-A grid file::
-
-    paper: mgwfbp                      # the paper: mgwfbp, omgs, dear or osp
-    notebook: mgwfbp_training          # the notebook that draws these runs (results_dir/<notebook>/runs)
-    source: "..."                      # where the setting comes from (the paper notes), and what is ours
-    networks: ["10GbE", "56Gb InfiniBand"]   # the paper's networks: run the grid once per network
-    gpus_per_node: 4                   # the paper's node size: P GPUs take ceil(P / gpus_per_node) nodes
+    paper: mgwfbp                      # mgwfbp, omgs, dear or osp
+    notebook: mgwfbp_training          # the notebook that draws these runs
+    source: "..."                      # where the setting comes from, and what is ours
+    networks: ["10GbE", "56Gb InfiniBand"]   # run the grid once per network
+    gpus_per_node: 4                   # P GPUs take ceil(P / gpus_per_node) nodes
     train: {dataset: synthetic, steps: 50, warmup_steps: 5}   # repro train options of every run
     experiments:                       # each one a Cartesian product
       - name: speedup
         models: {resnet152: {batch_size: 128}, densenet161: {batch_size: 64}}
-        world_sizes: [1, 16]           # P: training ranks (a parameter server's ranks come on top)
-        schedulers: [wfbp, mgwfbp]     # or a mapping: scheduler -> its own options ({ps_ssp: {staleness: 2}})
-        precisions: [float32, float16] # wire dtypes (repro train --wire-dtype; float32, the models' own, is
-                                       # the default: every scheduler runs it, the launchers pass no flag);
-                                       # what the GPUs compute in is the train option amp (--amp fp16)
-        train: {}                      # options of this experiment only (override the file's; null drops one)
-      - name: convergence              # accuracy vs epoch: a real dataset and epochs instead of steps
-        kind: convergence              # optional (epochs make it one); refused without epochs and a dataset
+        world_sizes: [1, 16]           # P: training ranks (dedicated servers come on top)
+        schedulers: [wfbp, mgwfbp]     # or {ps_ssp: {staleness: 2}}: a scheduler with its own options
+        precisions: [float32, float16] # wire dtypes (float32, the default, passes no flag)
+        train: {}                      # this experiment's options (override the file's; null drops one)
+      - name: convergence
+        kind: convergence              # optional (epochs make it one); needs epochs and a real dataset
         models: {resnet50: {batch_size: 32, lr: 0.2}}   # a model's options may set train options too
         world_sizes: [16]
         schedulers: [ddp, mgwfbp, {osp: {stage1_share: 0.0}}, {osp: {stage1_share: 0.0, lgp: false}}]
-        train: {dataset: imagenet, epochs: 30}   # a list item may be {scheduler: options}: one scheduler
-                                                 # several times with other options
+        train: {dataset: imagenet, epochs: 30}
 
-Run ids derive from the configuration: ``<model>_<scheduler>_p<P>_<precision>_b<batch>-<hash>``, the hash
-being the first 10 hex digits of the SHA-256 of the configuration's canonical JSON. The same
-configuration always gets the same id, so a rerun finds its finished runs (a folder with ``run.json``,
-:mod:`repro.results.runs`) and skips them, and any other change of setting is a new id.
-
-A run on this machine (:func:`local_stand_in`): the same scheduler, options and wire dtype with a
-tiny model of the same kind, a few synthetic steps, on up to :data:`STAND_IN_MAX_RANKS` local ranks;
-:func:`distinct_stand_ins` keeps one per distinct configuration (``repro grid check --smoke`` runs them).
-
-Status of a run (:func:`run_status`): ``done`` (``<runs_dir>/<id>/run.json`` is a finished run's record:
-it parses and has the run id, config and a summary with steps and iteration seconds), ``damaged`` (a
-``run.json`` is there but is empty, not JSON or lacks those fields: :func:`run_problem` says which),
-``failed`` (the launcher left ``<runs_dir>/.grid/<id>.failed``, the exit status and the log's path) or
-``pending``. Launching again runs the failed and pending ones; a damaged one only when asked to overwrite
-it (``repro grid launch --overwrite``), else the launch is refused in one line per damaged run. Imports neither torch nor pandas.
-"""
+Run ids: ``<model>_<scheduler>_p<P>_<precision>_b<batch>-<hash>`` (:func:`run_id`), so a rerun finds its
+finished runs. Status (:func:`run_status`): ``done``, ``damaged``, ``failed`` or ``pending``. A run on
+this machine: :func:`local_stand_in`. Imports neither torch nor pandas."""
 
 from __future__ import annotations
 
@@ -103,11 +76,8 @@ class GridError(ValueError):
 @dataclass(frozen=True)
 class RunConfig:
     """One run of a grid: ``config`` holds every setting (its canonical JSON gives :attr:`run_id`).
-
-    ``world_size`` is P, the training ranks; ``processes`` adds a parameter server's dedicated ranks
-    (``servers``, unless ``server_placement`` is ``colocated``);
-    ``nodes`` x ``procs_per_node`` = ``processes`` (one process per GPU).
-    """
+    ``world_size`` is P, the training ranks; ``processes`` adds dedicated server ranks;
+    ``nodes`` x ``procs_per_node`` = ``processes`` (one process per GPU)."""
 
     config: Mapping[str, Any]
 
@@ -155,10 +125,6 @@ class Grid:
     gpus_per_node: int
     runs: tuple[RunConfig, ...]
     path: Path | None = field(default=None, compare=False)
-
-    @property
-    def max_processes(self) -> int:
-        return max(r.processes for r in self.runs)
 
     def select(self, kind: str | None = None, experiment: str | None = None) -> list[RunConfig]:
         """The runs of one ``kind`` (:data:`KINDS`) and/or one ``experiment`` (by name); all by default."""
@@ -393,9 +359,7 @@ def _canonical(config: Mapping[str, Any]) -> str:
 
 def run_id(config: Mapping[str, Any]) -> str:
     """The run id of a configuration: readable prefix + 10 hex digits of its canonical JSON's SHA-256.
-
-    Stable across processes and Python versions (sorted keys, no floats' repr beyond JSON's); any change
-    of any setting gives another id."""
+    Stable across processes and Python versions; any change of any setting gives another id."""
     digest = hashlib.sha256(_canonical(config).encode()).hexdigest()[:10]
     prefix = (f"{config.get('model', 'run')}_{config.get('scheduler', 'x')}_p{config.get('world_size', 0)}_"
               f"{config.get('wire_dtype', 'float32')}_b{config.get('batch_size', 0)}")
@@ -419,10 +383,10 @@ def clear_failed(runs_dir: str | Path, rid: str) -> None:
 
 
 def run_status(runs_dir: str | Path, rid: str) -> str:
-    """``done`` if ``<runs_dir>/<rid>/run.json`` is the record of a finished run (it parses and has what
-    ``repro train`` writes: :func:`repro.results.runs.record_problem`), ``damaged`` if that file is there but is not
-    (empty, not JSON, fields missing: :func:`run_problem` says which and why), ``failed`` if a launch of it
-    failed (and it has not finished since), ``pending`` otherwise."""
+    """``done`` if ``<runs_dir>/<rid>/run.json`` is a finished run's record
+    (:func:`repro.results.runs.record_problem`), ``damaged`` if that file is there but is not
+    (:func:`run_problem` says why), ``failed`` if a launch of it failed and it has not finished since,
+    ``pending`` otherwise."""
     from repro.results.runs import RUN_JSON, record_problem
 
     root = Path(runs_dir)
@@ -432,8 +396,7 @@ def run_status(runs_dir: str | Path, rid: str) -> str:
 
 
 def run_problem(runs_dir: str | Path, rid: str) -> str | None:
-    """One line naming ``<runs_dir>/<rid>/run.json`` and what is wrong with it, for a ``damaged`` run; None
-    otherwise."""
+    """One line naming a ``damaged`` run's ``run.json`` and what is wrong with it; None otherwise."""
     from repro.results.runs import RUN_JSON, record_problem
 
     folder = Path(runs_dir) / rid
@@ -456,28 +419,23 @@ def count_status(rows: Sequence[Mapping[str, Any]]) -> dict[str, int]:
 
 def grid_run_ids(paper: str | Path | Grid, kind: str | None = None, experiment: str | None = None) -> list[str]:
     """The run ids of ``paper``'s grid (a key, a grid file or a :class:`Grid`) of one ``kind`` and/or
-    ``experiment``: what a notebook at ``scale="paper"`` reads for a figure (``kind="convergence"`` for
-    accuracy and loss curves)."""
+    ``experiment``: what a notebook at ``scale="paper"`` reads for a figure."""
     grid = paper if isinstance(paper, Grid) else load_grid(paper)
     return grid.run_ids(kind, experiment)
 
 
 def finished_run_ids(paper: str | Path | Grid, runs_dir: str | Path, kind: str | None = None,
                      experiment: str | None = None) -> tuple[list[str], list[str]]:
-    """``(done, not_done)``: the run ids of :func:`grid_run_ids` that have finished under ``runs_dir``, and
-    the others (pending or failed), each in the grid's order."""
+    """``(done, not_done)``: the run ids of :func:`grid_run_ids` finished under ``runs_dir``, and the others,
+    each in the grid's order."""
     ids = grid_run_ids(paper, kind, experiment)
     done = [i for i in ids if run_status(runs_dir, i) == "done"]
     return done, [i for i in ids if i not in set(done)]
 
 
-# ---------------------------------------------------------------------------------------------
-# Stand-ins: a grid run on this machine
-# ---------------------------------------------------------------------------------------------
-
 def _stand_in_ranks(run: RunConfig, max_ranks: int) -> int:
-    """Local ranks of ``run``'s stand-in: one per node (a one-node run: one per process), at most
-    ``max_ranks``, and at least what the run needs to exchange anything (2 workers, plus its servers)."""
+    """Local ranks of ``run``'s stand-in: one per node (one-node run: per process), at most ``max_ranks``, at
+    least 2 workers plus its servers."""
     servers = run.processes - int(run["world_size"])
     ranks = min(run.nodes if run.nodes > 1 else run.processes, max_ranks)
     need = min(run.processes, servers + 2)
@@ -488,17 +446,11 @@ def _stand_in_ranks(run: RunConfig, max_ranks: int) -> int:
 
 
 def local_stand_in(run: RunConfig, *, max_ranks: int = STAND_IN_MAX_RANKS, steps: int = 2) -> RunConfig:
-    """``run`` as this machine can run it: one node of local ranks (one per node of ``run``, or per
-    process of a one-node run; at most ``max_ranks``, at least 2 workers plus ``run``'s servers), the tiny
-    model of the same family (:data:`TINY_STAND_INS`: ``tiny_resnet`` for vision CNNs, ``tiny_bert`` for
-    BERT, ``tiny_lstm`` for LSTM language models) at its own shape (the real model's ``seq_len`` etc. are
-    dropped), synthetic data for ``steps`` timed steps (a convergence run's dataset and epochs are
-    dropped), 4 samples per rank, one warm-up step, one computation-only step (none if ``run`` has none)
-    and one repeat per message size when fitting the cost model. The scheduler, its options, the wire
-    dtype, the compute precision (``amp``), the optimizer's settings, the paper and the experiment are
-    ``run``'s. Refused
-    (:class:`GridError`) when the model has no tiny stand-in or the run needs more than ``max_ranks``.
-    The stand-in's run id is its own (its configuration differs)."""
+    """``run`` as this machine can run it: one node of local ranks (:func:`_stand_in_ranks`), the tiny
+    model of the same family (:data:`TINY_STAND_INS`) at its own shape, synthetic data for ``steps`` timed
+    steps and short settings (4 samples per rank, one warm-up and computation-only step, one fit repeat). The
+    scheduler, its options, wire dtype, ``amp``, optimizer, paper and experiment are ``run``'s; the run id
+    is its own. :class:`GridError` when the model has no stand-in or needs more than ``max_ranks``."""
     from repro.workload.catalog import MODEL_NAMES, model_info
 
     model = str(run["model"])
@@ -520,8 +472,7 @@ def local_stand_in(run: RunConfig, *, max_ranks: int = STAND_IN_MAX_RANKS, steps
 
 
 def _distinct_key(stand_in: RunConfig) -> str:
-    """What makes a stand-in another test: its model, scheduler and options, wire dtype, compute
-    precision (``amp``) and ranks."""
+    """What makes a stand-in another test: model, scheduler and options, wire dtype, amp and ranks."""
     from repro.core.run_options import RUN_OPTIONS
 
     keep = {k: v for k, v in stand_in.config.items()
@@ -531,9 +482,8 @@ def _distinct_key(stand_in: RunConfig) -> str:
 
 def distinct_stand_ins(runs: Iterable[RunConfig], *, max_ranks: int = STAND_IN_MAX_RANKS,
                        steps: int = 2) -> list[tuple[RunConfig, list[RunConfig]]]:
-    """One :func:`local_stand_in` per distinct configuration of ``runs`` (the same tiny model, scheduler,
-    scheduler options, wire dtype, amp and local ranks count once, whatever the batch, dataset, optimizer
-    settings or experiment), each with the runs it stands for, in the order of their first run."""
+    """One :func:`local_stand_in` per distinct configuration of ``runs`` (:func:`_distinct_key`), each
+    with the runs it stands for, in the order of their first run."""
     groups: dict[str, tuple[RunConfig, list[RunConfig]]] = {}
     for run in runs:
         stand_in = local_stand_in(run, max_ranks=max_ranks, steps=steps)

@@ -1,15 +1,5 @@
-"""``repro grid check``'s two halves: the check of every run before anything is launched, and stand-ins
-trained on this machine.
-
-The check (:func:`repro.launch.jobs.run_refusal`, :func:`repro.launch.jobs.check_runs`, re-exported
-here) puts each run of a grid through the checks its ranks make at start-up, without starting any; the
-launchers of :mod:`repro.launch.jobs` make it first (:func:`repro.launch.jobs.refuse_bad_runs`).
-
-:func:`smoke` trains one :func:`repro.launch.grid.local_stand_in` per distinct configuration on this
-machine (gloo, CPU): every stand-in of one local world size runs in one launch of that many ranks
-(:func:`repro.launch.local.launch_local`), one after another, each through the same ``repro train``
-arguments a launcher would give it; a stand-in that fails is reported in one line and the others go on.
-"""
+"""``repro grid check``: every run checked before anything is launched (:func:`run_refusal` and friends,
+re-exported from :mod:`repro.launch.jobs`), and stand-ins trained on this machine (:func:`smoke`)."""
 
 from __future__ import annotations
 
@@ -27,14 +17,10 @@ __all__ = ["BadRuns", "run_refusal", "refusal_line", "check_runs", "refuse_bad_r
            "SmokeResult", "smoke", "stand_in_line"]
 
 
-# ---------------------------------------------------------------------------------------------
-# Stand-ins on this machine
-# ---------------------------------------------------------------------------------------------
-
 @dataclass(frozen=True)
 class SmokeResult:
-    """One stand-in's outcome: ``error`` None when it trained, else the first line of why not;
-    ``seconds``: its wall time (start-up of its launch excluded), NaN when it failed."""
+    """One stand-in's outcome: ``error`` None when it trained, else the first line of why not; ``seconds``:
+    its wall time (its launch's start-up excluded), NaN when it failed."""
 
     stand_in: RunConfig
     runs: tuple[RunConfig, ...]
@@ -43,8 +29,7 @@ class SmokeResult:
 
 
 def stand_in_line(result: SmokeResult) -> str:
-    """One line: ok or failed, the stand-in (paper/experiment, scheduler, tiny model, ranks, options) and
-    how many grid runs it stands for."""
+    """One line: ok or failed, the stand-in and how many grid runs it stands for."""
     s = result.stand_in
     from repro.core.run_options import RUN_OPTIONS
 
@@ -58,9 +43,8 @@ def stand_in_line(result: SmokeResult) -> str:
 
 
 def _smoke_ranks(ctx: Any, argvs: Sequence[Sequence[str]], progress: str) -> None:
-    """Launch target: train every ``repro train`` argument list of ``argvs`` in turn. Once every rank has
-    finished one, rank 0 appends its seconds to ``progress`` (one line each), so the count of lines
-    there is the index of the one under way when a rank fails."""
+    """Launch target: train every ``repro train`` argument list of ``argvs`` in turn; after each, rank 0
+    appends its seconds to ``progress``, so the lines there count the stand-ins done when a rank fails."""
     import torch.distributed as dist
 
     from repro.train import worker_from_argv
@@ -81,11 +65,11 @@ def _first_line(e: BaseException) -> str:
 def smoke(groups: Sequence[tuple[RunConfig, Sequence[RunConfig]]], runs_dir: str | Path | None = None, *,
           timeout_s: float = 600.0, pg_timeout_s: float = 60.0, on_result: Any = None) -> list[SmokeResult]:
     """Train each stand-in of ``groups`` (``(stand_in, runs)`` pairs, as from
-    :func:`repro.launch.grid.distinct_stand_ins`) on this machine with gloo on the CPU; their run folders
-    go under ``runs_dir`` (default: a temporary folder, removed afterwards). Stand-ins of one world size
-    share one launch of that many local ranks (one thread each); when one fails, the launch is ended and
-    the next one starts after it. ``timeout_s``: per launch, seconds; ``on_result(result)`` is called as
-    each result is known. Returns one :class:`SmokeResult` per stand-in, in the order given."""
+    :func:`repro.launch.grid.distinct_stand_ins`) on this machine with gloo on the CPU, run folders under
+    ``runs_dir`` (default: a temporary folder). Stand-ins of one world size share one launch; when one
+    fails that launch ends and the next starts after it. ``timeout_s``: per launch, seconds;
+    ``on_result(result)`` is called as each result is known. Returns one :class:`SmokeResult` per stand-in,
+    in order."""
     from repro.launch.local import LaunchTimeoutError, RankFailedError, launch_local
 
     results: dict[int, SmokeResult] = {}

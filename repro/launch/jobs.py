@@ -1,63 +1,22 @@
 """Launch a paper's grid (:mod:`repro.launch.grid`): on this node's GPUs, through SLURM, or as job scripts.
 
-Every run is one ``torchrun`` (``python -m torch.distributed.run``) of ``repro.train`` per node, built by
-:func:`torchrun_argv` with every flag spelled out, writing its run folder under ``runs_dir`` with the
-grid's run id (rank 0 writes it, so ``runs_dir`` must be one folder every node sees: a shared file system).
-Several nodes meet by c10d rendezvous (``--rdzv-backend c10d --rdzv-endpoint HEAD:PORT --rdzv-id ID``):
-the agents agree on node ranks themselves, so no node needs to know its own (and no ``--node-rank`` is
-given: c10d ignores it), and global rank 0 may be on any node.
-
-Launchers (the notebooks' ``launcher`` parameter, :func:`prepare_paper_runs`):
-
-- ``"print"`` (:func:`write_job_scripts`): ``commands.txt`` (one torchrun command per run), one
-  ``<run_id>.sh`` per run (run it once on every node of an allocation; it skips a finished run and marks a
-  failed one) and ``runs.json`` (the configurations), for any scheduler;
-- ``"local"`` (:func:`launch_local_grid`): torchrun on this node's GPUs with NCCL, one run after another;
-  refused in one line, before any run starts, when a run needs more GPUs (or nodes) than this node has;
-- ``"slurm"`` (:func:`submit_slurm`): submitit (``pip install submitit``) submits one SLURM array per
-  node shape; each array task holds ``nodes`` nodes with one task per node, and that task starts torchrun
-  with the job id as the rendezvous id and the first host of the allocation as the endpoint
-  (:func:`_node_main`); :func:`wait_jobs` shows progress until every job has ended.
-
-What each job asks SLURM for is a :class:`SlurmResources` (:func:`slurm_resources`; the notebooks'
-``slurm`` parameter, ``repro grid launch --slurm-*``): time limit (minutes), CPUs per task, memory (GB),
-partition, account, GPUs per node, extra sbatch options. A run longer than the time limit goes on
-across jobs: it checkpoints every ``checkpoint_every_min`` minutes and on SLURM's SIGUSR1
-``signal_s`` seconds before the limit (:mod:`repro.training.checkpoint`), and the job is requeued (submitit's
-checkpoint hook, :class:`_NodeJob`; ``scontrol requeue`` in the printed scripts), up to ``requeues`` times.
-
-:func:`emulate_nodes` runs one configuration as ``nodes`` torchrun agents on this machine (c10d on
-127.0.0.1, gloo on the CPU): the multi-node path, testable without a cluster.
-
-Every launcher first puts the runs it would launch through the checks their ranks make at start-up
-(:func:`refuse_bad_runs`, with its backend and device; ``repro grid check``): :func:`run_refusal`
-parses and checks the launcher's own ``repro train`` command line for a run as each rank does
-(:func:`repro.training.config.config_from_argv`: the scheduler, the options it takes and their values,
-the wire dtype by :func:`repro.distribute`'s rule, the device for the backend, the model's options),
-then against the job's processes and backend (:meth:`repro.training.config.TrainConfig.check_world`:
-enough workers beside the servers, dedicated servers on a backend that can run them, a cost preset for
-that P). Nothing is started. When a run would be refused the launcher writes, starts and submits
-nothing and raises :class:`BadRuns` (a :class:`GridStop`: one line, and one line per bad run in
-``lines``). What only a built model shows (sparse gradients, a model an executor cannot wrap) and what
-only the cluster shows (CUDA, NCCL itself) are not checked; the stand-ins of
-:mod:`repro.launch.grid_check` catch the first kind.
-
-A run is launched only when it is not finished (:func:`repro.launch.grid.run_status`); a failed launch
-leaves ``<runs_dir>/.grid/<run_id>.failed`` and is launched again next time (with ``--overwrite``, which
-replaces only what a stopped run left: a finished run is never launched). A damaged run (a ``run.json``
-that is empty, not JSON or not a finished run's record) refuses the launch, one line per such run, unless
-it is asked to overwrite them (``repro grid launch --overwrite``, ``overwrite=True``): a damaged result
-may be a run killed while its folder was copied, and only the user knows whether to train it again.
-"""
+Every run is one ``torchrun`` of ``repro.train`` per node (:func:`torchrun_argv`), writing its run folder
+under ``runs_dir``, which every node must see. Launchers (a notebook's ``launcher``): ``"print"``
+(:func:`write_job_scripts`), ``"local"`` (:func:`launch_local_grid`), ``"slurm"`` (:func:`submit_slurm`).
+Every launcher first refuses, starting nothing, the runs their ranks would refuse (:func:`refuse_bad_runs`,
+:class:`BadRuns`) and damaged runs (:func:`pending_runs`). See docs/design/launch.md."""
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import re
 import shlex
+import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
@@ -65,8 +24,8 @@ from typing import Any, Mapping, Sequence
 
 from repro.core import ranges
 from repro.launch.grid import (
-    DEFAULT_PRECISION, Grid, RunConfig, clear_failed, count_status, load_grid, mark_failed, run_status,
-    status_table)
+    DEFAULT_PRECISION, Grid, RunConfig, clear_failed, count_status, load_grid, mark_failed, run_problem,
+    run_status, status_table)
 
 __all__ = ["LAUNCHERS", "GridStop", "BadRuns", "run_refusal", "refusal_line", "check_runs", "check_summary",
            "refuse_bad_runs", "DEFAULT_PORT", "train_argv", "torchrun_argv", "shell_command", "quiet_torch_env",
@@ -90,12 +49,9 @@ class GridStop(ValueError):
 
 
 def pending_runs(runs: Sequence[RunConfig], runs_dir: str | Path, *, overwrite: bool = False) -> list[RunConfig]:
-    """The runs of ``runs`` that are not finished (pending or failed), in order. A ``damaged`` run (its
-    ``run.json`` empty, not JSON or not a finished run's record) is refused (:class:`BadRuns`, one line per
-    damaged run naming its file and what is wrong) unless ``overwrite``: then it is launched again and its
-    folder replaced whole by the new run (``repro train --overwrite``). A finished run is never launched."""
-    from repro.launch.grid import run_problem
-
+    """The unfinished runs of ``runs`` (pending or failed), in order; a finished run is never launched.
+    A damaged run (its ``run.json`` unreadable or not a finished run's record) raises :class:`BadRuns`
+    (one line per run) unless ``overwrite``: then it is launched again and its folder replaced."""
     status = {r.run_id: run_status(runs_dir, r.run_id) for r in runs}
     damaged = [r for r in runs if status[r.run_id] == "damaged"]
     if damaged and not overwrite:
@@ -107,9 +63,8 @@ def pending_runs(runs: Sequence[RunConfig], runs_dir: str | Path, *, overwrite: 
 
 
 def check_folder(what: str, path: str | Path) -> Path:
-    """``path`` if it is a folder or can be created as one (a missing folder under folders); else
-    :class:`GridStop`, one line naming ``what`` (the flag or parameter): a regular file, FIFO or device is
-    never replaced by a folder, and nothing is written."""
+    """``path`` if it is a folder or can be created as one; else :class:`GridStop`, one line naming ``what``
+    (a file, FIFO or device is never replaced). Nothing is written."""
     p = Path(path)
     if os.path.lexists(p) and not p.is_dir():
         kind = "a file" if p.is_file() else ("a dangling link" if p.is_symlink() and not p.exists()
@@ -123,16 +78,12 @@ def check_folder(what: str, path: str | Path) -> Path:
     return p
 
 
-# ---------------------------------------------------------------------------------------------
-# Command lines
-# ---------------------------------------------------------------------------------------------
-
 def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
 def has_servers(run: RunConfig) -> bool:
-    """Whether ``run``'s scheduler runs dedicated server ranks under ``repro train`` (no in-run checkpoints)."""
+    """Whether ``run``'s scheduler runs dedicated server ranks (these take no in-run checkpoints)."""
     from repro.core.families import get_family
     from repro.core.schedulers import get_scheduler
 
@@ -142,13 +93,10 @@ def has_servers(run: RunConfig) -> bool:
 
 def train_argv(run: RunConfig, runs_dir: str | Path, *, backend: str = "nccl", device: str = "cuda",
                checkpoint_every_min: float = 0.0) -> list[str]:
-    """``-m repro.train`` and every flag of ``run`` (model, scheduler, batch, its options; ``--wire-dtype``
-    only for a precision other than :data:`~repro.launch.grid.DEFAULT_PRECISION`, the models' own, so
-    that a scheduler that cannot cast is not given one), its run id, ``--results-dir runs_dir``,
-    ``--backend``/``--device`` and ``--overwrite --quiet``; ``--checkpoint-every-min`` (minutes) when
-    ``checkpoint_every_min`` > 0 and the run has no dedicated server ranks (:func:`has_servers`). A run
-    option with a default that the scheduler does not use is left out (a grid sets some, e.g. density, for
-    every scheduler of an experiment)."""
+    """``-m repro.train`` and every flag of ``run``, its run id, ``--results-dir runs_dir``, backend, device,
+    ``--overwrite --quiet``. ``--wire-dtype`` only for a precision other than :data:`DEFAULT_PRECISION`;
+    ``--checkpoint-every-min`` (minutes) only when > 0 and the run has no server ranks. A grid-wide option
+    with a default that the scheduler does not take is left out."""
     argv = ["-m", "repro.train", "--model", str(run["model"]), "--scheduler", str(run["scheduler"]),
             "--batch-size", str(run["batch_size"])]
     if run["wire_dtype"] != DEFAULT_PRECISION:
@@ -167,9 +115,7 @@ def train_argv(run: RunConfig, runs_dir: str | Path, *, backend: str = "nccl", d
             continue  # a grid-wide fit repeat count: unused by a scheduler that fits nothing (ddp, local)
         if sched is not None and key in RUN_OPTIONS and not RUN_OPTIONS[key].refused_elsewhere \
                 and sched.name not in option_takers(key):
-            continue  # a grid's experiment-wide option with a default (e.g. density) is for the schedulers that
-            # take it (repro train refuses a given option its scheduler does not use); one without a default
-            # (servers, staleness) set for another scheduler stays, and is refused as a bad run
+            continue  # a grid-wide option with a default (density); one without (servers) stays, refused
         if isinstance(value, bool):
             argv.append(_flag(key) if value else _flag(f"no_{key}"))
         else:
@@ -184,17 +130,11 @@ def train_argv(run: RunConfig, runs_dir: str | Path, *, backend: str = "nccl", d
 def torchrun_argv(run: RunConfig, runs_dir: str | Path, *, head: str = "$REPRO_HEAD", port: int | str = DEFAULT_PORT,
                   rdzv_id: str | None = None, backend: str = "nccl", device: str = "cuda",
                   python: str | None = None, checkpoint_every_min: float = 0.0) -> list[str]:
-    """The torchrun command of one node of ``run``: the same command on every node.
+    """The torchrun command of one node of ``run`` (the same on every node).
 
-    One node: ``--standalone`` (a private rendezvous). Several: ``--rdzv-backend c10d --rdzv-endpoint
-    HEAD:PORT --rdzv-id ID`` (``rdzv_id`` defaults to the run id; on SLURM pass the job id). There is no
-    ``--node-rank``: c10d ignores it (torchrun warns) and the agents rank the nodes themselves, so global
-    rank 0, which writes the run folder, may be on any node, not necessarily ``head`` (which only serves
-    the rendezvous). That is why ``runs_dir`` must be a folder every node sees; and since every rank
-    leaves only after rank 0 has written the run (the shutdown barrier of
-    :func:`repro.launch.torchrun.shutdown_distributed`), any node whose torchrun exited 0 sees it.
-    ``head``/``port``/``rdzv_id`` may be shell variables (``$REPRO_HEAD``). ``--max-restarts 0``: a failed
-    run is not restarted (its peers stop within seconds, see :mod:`repro.launch.torchrun`)."""
+    One node: ``--standalone``. Several: c10d rendezvous at ``head:port`` with ``rdzv_id`` (default the run
+    id), no ``--node-rank`` (c10d ranks the nodes, so global rank 0 may be on any node). ``head``, ``port``
+    and ``rdzv_id`` may be shell variables. ``--max-restarts 0``: a failed run is not restarted."""
     cmd = [python or sys.executable, "-m", "torch.distributed.run"]
     if run.nodes == 1:
         cmd += ["--standalone", "--nnodes", "1"]
@@ -213,15 +153,10 @@ def shell_command(argv: Sequence[str]) -> str:
     return " ".join(f'"{a}"' if _VAR.search(a) and '"' not in a and "`" not in a else shlex.quote(a) for a in argv)
 
 
-# ---------------------------------------------------------------------------------------------
-# The check every launcher makes first (repro grid check)
-# ---------------------------------------------------------------------------------------------
-
 def run_refusal(run: RunConfig, *, backend: str = "nccl", device: str = "cuda") -> str | None:
-    """Why the ranks of ``run`` would refuse it at start-up on ``backend``/``device`` (one line), or None.
-
-    The checks are ``repro train``'s own on the launcher's command line for ``run``, and the world
-    checks on ``run.processes`` ranks (servers included) with ``backend``; nothing is started."""
+    """Why the ranks of ``run`` would refuse it at start-up on ``backend``/``device`` (one line), or None:
+    ``repro train``'s own checks on the launcher's command line, and the world checks on ``run.processes``
+    ranks. Nothing is started."""
     from repro.training.config import config_from_argv
 
     argv = train_argv(run, "runs", backend=backend, device=device)[2:]
@@ -246,12 +181,8 @@ def refusal_line(run: RunConfig, reason: str) -> str:
 def check_runs(runs: Sequence[RunConfig], *, backend: str = "nccl",
                device: str = "cuda") -> list[tuple[RunConfig, str]]:
     """``(run, reason)`` for every run of ``runs`` that :func:`run_refusal` refuses, in order."""
-    out = []
-    for run in runs:
-        reason = run_refusal(run, backend=backend, device=device)
-        if reason is not None:
-            out.append((run, reason))
-    return out
+    reasons = [(run, run_refusal(run, backend=backend, device=device)) for run in runs]
+    return [(run, reason) for run, reason in reasons if reason is not None]
 
 
 def check_summary(name: str, runs: Sequence[RunConfig], bad: Sequence[tuple[RunConfig, str]], *, backend: str,
@@ -264,8 +195,7 @@ def check_summary(name: str, runs: Sequence[RunConfig], bad: Sequence[tuple[RunC
 
 
 class BadRuns(GridStop):
-    """Runs of a grid that their ranks would refuse: the message is one line (how many, the first one),
-    ``lines`` one line per run (:func:`refusal_line`)."""
+    """Runs their ranks would refuse: a one-line message; ``lines``: one per run (:func:`refusal_line`)."""
 
     def __init__(self, message: str, lines: Sequence[str] = ()) -> None:
         super().__init__(message)
@@ -274,9 +204,8 @@ class BadRuns(GridStop):
 
 def refuse_bad_runs(runs: Sequence[RunConfig], *, backend: str = "nccl", device: str = "cuda",
                     launcher: str = "") -> None:
-    """Raise :class:`BadRuns` (a :class:`GridStop`, one line) when any of ``runs``
-    would be refused at start-up on ``backend``/``device``; return None when none would. A launcher calls
-    it before it writes, starts or submits anything."""
+    """Raise :class:`BadRuns` when any of ``runs`` would be refused at start-up on ``backend``/``device``.
+    A launcher calls it before it writes, starts or submits anything."""
     bad = check_runs(runs, backend=backend, device=device)
     if not bad:
         return
@@ -286,10 +215,6 @@ def refuse_bad_runs(runs: Sequence[RunConfig], *, backend: str = "nccl", device:
                   f"{device}), nothing launched (`repro grid check` lists them); first: {_what(first_run)}: "
                   f"{first_reason}", [refusal_line(r, why) for r, why in bad])
 
-
-# ---------------------------------------------------------------------------------------------
-# SLURM resources (launcher="slurm", and the #SBATCH lines of launcher="print")
-# ---------------------------------------------------------------------------------------------
 
 _SAFE = re.compile(r"[A-Za-z0-9_.,:+-]+")
 #: sbatch options that SlurmResources sets itself (an ``extra`` line may not set them again)
@@ -304,16 +229,12 @@ _OWN_OPTIONS = {"time": "time_min", "t": "time_min", "partition": "partition", "
 class SlurmResources:
     """What each SLURM job of a grid asks for (launcher ``slurm``; the ``#SBATCH`` lines of ``print``).
 
-    ``time_min``: the job's time limit, minutes (``--time``); a run longer than that is stopped
-    ``signal_s`` seconds before the limit by ``SIGUSR1`` (``--signal=USR1@signal_s``), checkpoints
-    (:mod:`repro.training.checkpoint`) and is requeued up to ``requeues`` times, each time going on from its
-    checkpoint. ``checkpoint_every_min``: also checkpoint every this many minutes (0: only on the
-    signal), so that a job killed without the signal (a node failure) loses at most that much.
-    ``cpus_per_task`` (one task per node: the node's CPUs for its ranks and their loaders), ``mem_gb``
-    (per node, GB), ``partition``, ``account``: SLURM's, unset = the cluster's default. ``gpus_per_node``:
-    None = the run's ranks per node (on cuda); a number at least that. ``extra``: more sbatch options,
-    each one ``--name=value`` or ``--flag`` (e.g. ``--qos=high``, ``--constraint=a100``), not one
-    that a field above sets. Every value is checked when made (:class:`GridStop`, one line)."""
+    ``time_min``: time limit, minutes; ``signal_s`` seconds before it SIGUSR1 makes the ranks checkpoint
+    and stop, and the job is requeued (at most ``requeues`` times). ``checkpoint_every_min``: also checkpoint
+    every this many minutes (0: only on the signal). ``mem_gb`` is per node; ``cpus_per_task``, ``partition``,
+    ``account``: None = the cluster's default. ``gpus_per_node``: None = the run's ranks per node (on cuda).
+    ``extra``: more sbatch options (``--name=value`` or ``--flag``), none that a field sets. Bad values:
+    :class:`GridStop`, one line."""
 
     time_min: int = 120
     cpus_per_task: int | None = None
@@ -327,20 +248,19 @@ class SlurmResources:
     requeues: int = 20
 
     def __post_init__(self) -> None:
-        def integer(name: str, low: int, high: int | None = None) -> None:
+        def integer(name: str, low: int, high: float) -> None:
             v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < low or (high is not None and v > high):
-                bound = f"in [{low}, {high}]" if high is not None else f">= {low}"
-                raise GridStop(f"slurm {name}={v!r}: expected an integer {bound}")
+            if isinstance(v, bool) or not isinstance(v, int) or not low <= v <= high:
+                raise GridStop(f"slurm {name}={v!r}: expected an integer in [{low}, {high}]")
 
         # upper bounds: the plausible ranges of repro.core.ranges (minutes, counts, CPUs and GPUs of one node)
         integer("time_min", 1, int(ranges.MINUTES.high))
         integer("signal_s", 1, 65535)
         integer("requeues", 0, int(ranges.COUNT.high))
-        for name in ("cpus_per_task", "gpus_per_node"):
-            if getattr(self, name) is not None:
-                integer(name, 1 if name == "cpus_per_task" else 0,
-                        ranges.CPUS.high if name == "cpus_per_task" else ranges.WORKERS.high)
+        if self.cpus_per_task is not None:
+            integer("cpus_per_task", 1, ranges.CPUS.high)
+        if self.gpus_per_node is not None:
+            integer("gpus_per_node", 0, ranges.WORKERS.high)
         if self.signal_s >= self.time_min * 60:
             raise GridStop(f"slurm signal_s={self.signal_s}: the signal must come before the time limit "
                            f"(time_min={self.time_min} is {self.time_min * 60} s)")
@@ -398,17 +318,12 @@ class SlurmResources:
         return ["#SBATCH " + line for line in [*lines, *self.extra]]
 
     def submitit_parameters(self, prefix: str = "slurm_") -> dict[str, Any]:
-        """``update_parameters`` keywords beyond the job's shape (``prefix``: ``slurm_`` for an
-        AutoExecutor, "" for a SlurmExecutor)."""
+        """``update_parameters`` keywords beyond the job's shape (``prefix``: ``slurm_`` for an AutoExecutor,
+        "" for a SlurmExecutor)."""
         out: dict[str, Any] = {f"{prefix}signal_delay_s": self.signal_s, f"{prefix}max_num_timeout": self.requeues}
-        if self.cpus_per_task is not None:
-            out["cpus_per_task"] = self.cpus_per_task
-        if self.mem_gb is not None:
-            out["mem_gb"] = self.mem_gb
-        if self.partition is not None:
-            out[f"{prefix}partition"] = self.partition
-        if self.account is not None:
-            out[f"{prefix}account"] = self.account
+        optional = {"cpus_per_task": self.cpus_per_task, "mem_gb": self.mem_gb,
+                    f"{prefix}partition": self.partition, f"{prefix}account": self.account}
+        out.update({k: v for k, v in optional.items() if v is not None})
         if self.extra:
             pairs = (e[2:].split("=", 1) for e in self.extra)
             out[f"{prefix}additional_parameters"] = {p[0].replace("-", "_"): (p[1] if len(p) > 1 else True) for p in pairs}
@@ -419,10 +334,9 @@ _SLURM_KEYS = {f.name for f in fields(SlurmResources)}
 
 
 def slurm_resources(spec: "SlurmResources | Mapping[str, Any] | str | None" = None, **overrides: Any) -> SlurmResources:
-    """:class:`SlurmResources` from a notebook's ``slurm`` parameter or the CLI: None or "" (defaults), a
-    mapping of its fields, or a string of ``key=value`` items separated by spaces or ``;`` (e.g.
-    ``"time_min=720 mem_gb=64 partition=gpu extra=--qos=high"``; ``extra`` may repeat). ``overrides``
-    (None values skipped) win. Unknown keys and bad values: :class:`GridStop`, one line."""
+    """:class:`SlurmResources` from None or "" (defaults), a mapping of its fields, or ``key=value`` items
+    separated by spaces or ``;`` (``"time_min=720 mem_gb=64 extra=--qos=high"``; ``extra`` may repeat).
+    ``overrides`` (None skipped) win. Unknown keys and bad values: :class:`GridStop`, one line."""
     if isinstance(spec, SlurmResources):
         values: dict[str, Any] = asdict(spec)
     elif spec is None or spec == "":
@@ -460,10 +374,6 @@ def _parse_value(key: str, text: str) -> Any:
         raise GridStop(f"slurm {key}={text!r}: expected {'an integer' if kinds[key] is int else 'a number'}") from None
 
 
-# ---------------------------------------------------------------------------------------------
-# launcher="print": job scripts for any scheduler
-# ---------------------------------------------------------------------------------------------
-
 _SCRIPT = """#!/usr/bin/env bash
 {sbatch}# {run_id}: {what}
 # Needs {nodes} node(s) x {gpn} GPU(s). Run this script once on every node of the allocation{multi}.
@@ -500,21 +410,11 @@ def write_job_scripts(runs: Sequence[RunConfig], runs_dir: str | Path, jobs_dir:
                       port: int = DEFAULT_PORT, python: str = "python",
                       resources: "SlurmResources | Mapping[str, Any] | str | None" = None) -> Path:
     """Write ``commands.txt``, one ``<run_id>.sh`` per run and ``runs.json`` to ``jobs_dir``; returns it.
-    Nothing is written when a run would be refused at start-up on nccl/cuda
-    (:class:`BadRuns`) or ``resources`` (:func:`slurm_resources`) is bad (:class:`GridStop`).
+    Nothing is written when a run would be refused on nccl/cuda (:class:`BadRuns`) or ``resources`` is bad.
 
-    Each script starts with ``resources``' ``#SBATCH`` lines (time limit, ``--signal=B:USR1@s``,
-    ``--requeue``, GPUs, CPUs, memory, partition, account, extra options), which hold when it is
-    submitted with ``sbatch``; its torchrun command checkpoints every ``checkpoint_every_min`` minutes,
-    and on SIGUSR1 the script passes the signal to the ranks, which checkpoint and stop, then requeues
-    the job (``scontrol requeue``), whose next start goes on from the checkpoint.
-
-    Multi-node scripts read the first node's host from ``REPRO_HEAD`` (and the rendezvous id from
-    ``REPRO_RDZV_ID``, default the run id): ``REPRO_HEAD=node001 bash <run_id>.sh`` on each node, or under
-    SLURM ``REPRO_HEAD=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
-    REPRO_RDZV_ID=$SLURM_JOB_ID srun --ntasks-per-node=1 bash <run_id>.sh``."""
-    import json
-
+    Each script starts with ``resources``' ``#SBATCH`` lines; on SIGUSR1 it has the ranks checkpoint and
+    requeues the job. Multi-node scripts read the first node's host from ``REPRO_HEAD`` (and the rendezvous
+    id from ``REPRO_RDZV_ID``, default the run id); see docs/cluster.md."""
     refuse_bad_runs(runs, backend="nccl", device="cuda", launcher="print")  # before anything is written
     res = slurm_resources(resources)
     res.check_runs(runs)
@@ -547,10 +447,6 @@ def write_job_scripts(runs: Sequence[RunConfig], runs_dir: str | Path, jobs_dir:
     return jobs
 
 
-# ---------------------------------------------------------------------------------------------
-# launcher="local": this node's GPUs
-# ---------------------------------------------------------------------------------------------
-
 def local_gpu_count() -> int:
     """CUDA devices visible to this process (0 without CUDA)."""
     import torch
@@ -577,10 +473,9 @@ def launch_local_grid(runs: Sequence[RunConfig], runs_dir: str | Path, logs_dir:
                       gpus: int | None = None, timeout_s: float = 7200.0, overwrite: bool = False) -> dict[str, int]:
     """Run every unfinished run of ``runs`` with torchrun on this node's GPUs (NCCL), one after another.
 
-    Refused (:class:`GridStop`, one line) before any run starts when a run would be refused at start-up
-    (:class:`BadRuns`), needs more GPUs than ``gpus`` (default:
-    :func:`local_gpu_count`) or more than one node. Each run logs to ``<logs_dir>/<run_id>.log``;
-    a failed one is marked and the others go on. Returns the status counts afterwards."""
+    Refused (:class:`GridStop`) before any run starts when a run would be refused at start-up, needs more
+    than ``gpus`` GPUs (default :func:`local_gpu_count`) or more than one node. Logs go to
+    ``<logs_dir>/<run_id>.log``; a failed run is marked and the others go on. Returns the status counts."""
     todo = pending_runs(runs, runs_dir, overwrite=overwrite)
     refuse_bad_runs(todo, backend="nccl", device="cuda", launcher="local")
     _check_local(todo, local_gpu_count() if gpus is None else gpus)
@@ -593,9 +488,8 @@ def launch_local_grid(runs: Sequence[RunConfig], runs_dir: str | Path, logs_dir:
 
 
 def quiet_torch_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
-    """``env`` (default ``os.environ``) with ``TORCH_CPP_LOG_LEVEL=ERROR`` unless it sets that variable: when a
-    node fails, the other torchrun agents and ranks find the store or a socket closed, and c10d logs each such
-    warning with a page of C++ frames; the ranks' own one-line errors say what happened."""
+    """``env`` (default ``os.environ``) with ``TORCH_CPP_LOG_LEVEL=ERROR`` unless set: when a node fails, c10d
+    logs every closed store or socket with a page of C++ frames; the ranks' own errors say what happened."""
     environ = dict(os.environ if env is None else env)
     environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
     return environ
@@ -614,8 +508,6 @@ def _run_logged(argv: Sequence[str], log: Path, timeout_s: float, env: Mapping[s
 
 def _kill(proc: subprocess.Popen) -> None:
     """End a torchrun agent we started and its workers (its own process group)."""
-    import signal
-
     if proc.poll() is None:
         try:
             os.killpg(proc.pid, signal.SIGTERM)
@@ -637,16 +529,12 @@ def _record(runs_dir: str | Path, run: RunConfig, rc: int, log: Path) -> None:
 
 def emulate_nodes(run: RunConfig, runs_dir: str | Path, logs_dir: str | Path, *, port: int, backend: str = "gloo",
                   device: str = "cpu", timeout_s: float = 600.0, env: Mapping[str, str] | None = None) -> int:
-    """Run ``run`` as ``run.nodes`` torchrun agents on this machine: the multi-node command of
-    :func:`torchrun_argv` with c10d rendezvous on 127.0.0.1:``port``, the same command for every agent
-    (the rendezvous ranks them; ``i`` in the log names is the order they were started in, not a node rank).
+    """Run ``run`` as ``run.nodes`` torchrun agents on this machine (c10d on 127.0.0.1:``port``): the
+    multi-node path without a cluster. Refused (:class:`BadRuns`) before any agent starts.
 
-    Refused (:class:`BadRuns`) before any agent starts when ``run`` would be
-    refused at start-up on ``backend``/``device``. Returns 0 when every agent succeeded, else the first
-    non-zero exit status; once an agent fails the others have ``_PEERS_GRACE_S`` seconds to stop by
-    themselves (their ranks do within seconds, with one line), then they are ended, as are agents that
-    outlive ``timeout_s`` (none is left behind). Logs: ``<logs_dir>/<run_id>.node<i>.log``. The agents run with ``TORCH_CPP_LOG_LEVEL=ERROR``
-    unless ``env`` sets it (see :func:`quiet_torch_env`)."""
+    Returns 0 when every agent succeeded, else the first non-zero exit status. Once an agent fails the
+    others have ``_PEERS_GRACE_S`` seconds to stop by themselves, then they are ended, as are agents that
+    outlive ``timeout_s``: none is left behind. Logs: ``<logs_dir>/<run_id>.node<i>.log``."""
     refuse_bad_runs([run], backend=backend, device=device)
     logs = Path(logs_dir)
     environ = quiet_torch_env(env)
@@ -676,13 +564,9 @@ def emulate_nodes(run: RunConfig, runs_dir: str | Path, logs_dir: str | Path, *,
             f.close()
 
 
-# ---------------------------------------------------------------------------------------------
-# launcher="slurm": submitit
-# ---------------------------------------------------------------------------------------------
-
 @dataclass(frozen=True)
 class _NodeTask:
-    """What one SLURM task (one per node) needs: the run, where its folder goes, how to talk."""
+    """What one SLURM task (one per node) needs."""
 
     run: RunConfig
     runs_dir: str
@@ -699,8 +583,6 @@ _AGENT: dict[str, Any] = {}
 
 
 def _ignore_usr1() -> None:  # in the torchrun child before exec: the agent survives SIGUSR1, its ranks catch it
-    import signal
-
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)
 
 
@@ -718,10 +600,8 @@ def _children(pid: int) -> list[int]:
 
 
 def _forward_usr1(grace_s: float = 0.0) -> bool:
-    """Pass SIGUSR1 to the ranks of this job's torchrun (they checkpoint at their next step boundary
-    and stop), then wait up to ``grace_s`` seconds for the agent to end; True when it has ended."""
-    import signal
-
+    """Pass SIGUSR1 to this job's torchrun ranks (they checkpoint and stop), then wait up to ``grace_s``
+    seconds for the agent to end; True when it has ended."""
     agent, ended = _AGENT.get("proc"), _AGENT.get("ended")
     if agent is None:
         return True
@@ -735,9 +615,8 @@ def _forward_usr1(grace_s: float = 0.0) -> bool:
 
 
 class _NodeJob:
-    """What submitit runs on each node of a run (:func:`_node_main`). ``checkpoint`` is submitit's hook: on
-    SLURM's pre-timeout SIGUSR1 submitit calls it on the job's first task; it has the ranks checkpoint
-    and stop (:func:`_forward_usr1`), and returns the same call for submitit to requeue."""
+    """What submitit runs on each node. ``checkpoint`` is submitit's pre-timeout hook (on the first task): the
+    ranks checkpoint and stop, and the same call is returned for submitit to requeue."""
 
     def __call__(self, task: _NodeTask) -> int:
         return _node_main(task)
@@ -750,17 +629,10 @@ class _NodeJob:
 
 
 def _node_main(task: _NodeTask) -> int:
-    """One node of one run, inside a submitit job: torchrun with c10d rendezvous at the allocation's
-    first host, the job id as the rendezvous id; the node that fails marks the run failed, SLURM's node 0
-    records the outcome (global rank 0 may be on another node: the run folder is on a shared one).
-
-    torchrun ignores SIGUSR1 and its ranks catch it (:mod:`repro.training.checkpoint`). On the first task
-    submitit's handler calls :meth:`_NodeJob.checkpoint`; on the others (which submitit would just end)
-    this process passes the signal on itself and waits for the ranks to stop. A run stopped by its
-    checkpoint is not marked failed: its requeued job goes on from the checkpoint."""
-    import signal
-    import threading
-
+    """One node of one run in a submitit job: torchrun with c10d at the allocation's first host and the job id
+    as rendezvous id. The node that fails marks the run failed; SLURM's node 0 records the outcome. On
+    tasks other than the first this process forwards SIGUSR1 itself. A run stopped by its checkpoint is
+    not marked failed: its requeued job goes on."""
     import submitit
 
     job = submitit.JobEnvironment()
@@ -811,22 +683,14 @@ def submit_slurm(runs: Sequence[RunConfig], runs_dir: str | Path, jobs_dir: str 
                  port: int = DEFAULT_PORT, backend: str = "nccl", device: str = "cuda", timeout_min: int | None = None,
                  resources: "SlurmResources | Mapping[str, Any] | str | None" = None,
                  slurm_parameters: Mapping[str, Any] | None = None, overwrite: bool = False) -> list[Any]:
-    """Submit every unfinished run through submitit: one job array per node shape (nodes x GPUs), one
-    task per node, ``gpus_per_node`` GPUs each; returns the submitit jobs (see :func:`wait_jobs`).
+    """Submit every unfinished run through submitit: one job array per node shape, one task per node;
+    returns the submitit jobs (see :func:`wait_jobs`).
 
-    ``resources`` (:func:`slurm_resources`: time limit in minutes, CPUs per task, memory in GB, partition,
-    account, GPUs per node, extra sbatch options, the pre-timeout signal's lead in seconds, requeues,
-    checkpoint interval in minutes); ``timeout_min``, if given, is its ``time_min``. Each run
-    checkpoints every ``checkpoint_every_min`` minutes and on SLURM's SIGUSR1, and submitit requeues its
-    job (:class:`_NodeJob`), which goes on from the checkpoint.
-    ``executor``: a submitit executor (default ``submitit.AutoExecutor(folder=<jobs_dir>/submitit)``, which
-    is SLURM on a SLURM cluster; ``submitit.LocalExecutor`` runs one-node jobs on this machine): one with a
-    ``cluster`` attribute (an AutoExecutor) gets the ``slurm_``-prefixed keywords; SLURM's own keywords
-    go only to a SLURM executor (``cluster == "slurm"``, or a SlurmExecutor).
-    ``slurm_parameters``: more ``update_parameters`` keywords, passed as they are.
-    Nothing is submitted when a run would be refused at start-up on ``backend``/``device``
-    (:class:`BadRuns`) or a resource is bad (:class:`GridStop`, one line).
-    Without submitit: :class:`GridStop`, one line saying ``pip install submitit``."""
+    ``resources``: :func:`slurm_resources` (``timeout_min``, if given, is its ``time_min``). ``executor``:
+    default ``submitit.AutoExecutor(folder=<jobs_dir>/submitit)``; SLURM's own keywords go only to a SLURM
+    executor. ``slurm_parameters``: more ``update_parameters`` keywords, as they are. Nothing is submitted
+    when a run would be refused (:class:`BadRuns`) or a resource is bad; without submitit: :class:`GridStop`.
+    """
     res = slurm_resources(resources, time_min=timeout_min)
     todo = pending_runs(runs, runs_dir, overwrite=overwrite)
     refuse_bad_runs(todo, backend=backend, device=device, launcher="slurm")
@@ -871,10 +735,6 @@ def wait_jobs(jobs: Sequence[Any], poll_s: float = 10.0, *, quiet: bool = False)
     return len(jobs) - failed, failed
 
 
-# ---------------------------------------------------------------------------------------------
-# The notebooks' gate
-# ---------------------------------------------------------------------------------------------
-
 def _check_finished(grid: Grid, runs_dir: Path) -> None:
     from repro.results.runs import list_runs
 
@@ -896,17 +756,12 @@ def prepare_paper_runs(paper: str | None, *, scale: str, read_only: bool, launch
                        slurm: "SlurmResources | Mapping[str, Any] | str | None" = None) -> bool:
     """What a measured notebook does about ``scale``; returns the ``read_only`` it goes on with.
 
-    ``scale="tiny"``: ``read_only`` as given (a ``launcher`` is refused: it launches the paper's grid).
-    ``scale="paper"``: the paper's grid (``paper``, a key of :data:`GRID_PAPERS`), never this machine's
-    tiny runs. With ``read_only`` the finished runs under ``runs_dir`` are read (refused when none of the
-    grid has finished, or when other models' runs are there); else ``launcher`` decides: ``"print"``
-    writes the job scripts to ``jobs_dir`` and stops the notebook (:class:`GridStop`, one line saying
-    where), ``"local"``/``"slurm"`` run the unfinished runs and wait, then the notebook reads them; no
-    launcher is refused in one line. ``paper=None``: the notebook has no paper grid (it measures this
-    machine), so only ``read_only`` works at paper scale; ``what`` names it in the message.
-    ``how_to_read``: the parameter that reads finished runs, as the messages name it ("" for none).
-    ``slurm``: the notebooks' ``slurm`` parameter (:func:`slurm_resources`: ``"time_min=720 mem_gb=64
-    partition=gpu"``), for ``slurm`` and ``print``; checked first, whatever the launcher (one line)."""
+    ``scale="tiny"``: ``read_only`` as given (a ``launcher`` is refused). ``scale="paper"``: the ``paper``
+    grid. With ``read_only`` its finished runs under ``runs_dir`` are read (refused when none has finished,
+    or other models' runs are there); else ``"print"`` writes job scripts to ``jobs_dir`` and stops
+    (:class:`GridStop`), ``"local"``/``"slurm"`` run the unfinished runs and wait. ``paper=None``: the
+    notebook has no paper grid, only ``read_only`` works (``what`` names it). ``how_to_read``: the parameter
+    that reads finished runs, as messages name it. ``slurm``: :func:`slurm_resources`, checked first."""
     if launcher not in LAUNCHERS:
         raise GridStop(f"launcher={launcher!r} is not one of local, slurm, print (or '' for none)")
     resources = slurm_resources(slurm)

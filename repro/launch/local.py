@@ -1,25 +1,17 @@
-"""The local launcher: ``launch_local`` starts the ranks of a run on this machine and watches them.
+"""The local launcher: :func:`launch_local` starts the ranks of a run on this machine and watches them.
 
-:func:`launch_local` spawns ``world_size`` processes with the variables torchrun would set, calls
-:func:`~repro.launch.torchrun.init_distributed` in each and runs a module-level function
-``fn(ctx, *args, **kwargs)`` there; it returns the per-rank results in rank order, or raises
-:class:`RankFailedError` / :class:`LaunchTimeoutError` within a bounded time when a rank raises, dies or
-hangs (no rank is left behind). ``roles=[Role(...), ...]`` runs different functions on different ranks;
-``emulate_bandwidth`` runs them on an emulated network (:mod:`repro.launch.netns`).
-
-The per-rank set-up shared with torchrun (:class:`DistContext`, :class:`DistributedSetupError`,
-:func:`init_distributed`, :func:`shutdown_distributed`, :func:`distributed`, :func:`torchrun_command`,
-``SUPPORTED_BACKENDS``) lives in :mod:`repro.launch.torchrun` and is re-exported here. This module
-imports torch only inside functions, so a spawned rank sets its thread count and environment (and enters
-its network namespace) before torch is loaded.
-"""
+The per-rank set-up shared with torchrun (:class:`DistContext`, :func:`init_distributed`, ...) lives in
+:mod:`repro.launch.torchrun` and is re-exported here. Torch is imported only inside functions, so a
+spawned rank sets its threads and environment (and enters its network namespace) before torch loads."""
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import pickle
 import signal
+import socket
 import sys
 import threading
 import time
@@ -36,52 +28,29 @@ from repro.launch.torchrun import (
 
 log = get_logger(__name__)
 
-__all__ = [
-    "DistContext",
-    "DistributedSetupError",
-    "LaunchTimeoutError",
-    "RankFailedError",
-    "Role",
-    "SUPPORTED_BACKENDS",
-    "available_memory_bytes",
-    "distributed",
-    "init_distributed",
-    "launch_local",
-    "max_local_ranks",
-    "shutdown_distributed",
-    "torchrun_command",
-]
+__all__ = ["DistContext", "DistributedSetupError", "LaunchTimeoutError", "RankFailedError", "Role",
+           "SUPPORTED_BACKENDS", "available_memory_bytes", "distributed", "init_distributed", "launch_local",
+           "max_local_ranks", "shutdown_distributed", "torchrun_command"]
 
 # After the first failure, wait this long for the other ranks' reports (so that the root cause, not a
-# peer's "connection closed", is the one reported), then terminate the rest.
+# peer's "connection closed", is reported), then terminate the rest.
 _FAILURE_GRACE_S = 0.5
-# Between SIGTERM and SIGKILL when terminating ranks.
-_KILL_GRACE_S = 3.0
-# How often a rank checks that its launcher is still alive (fallback to PR_SET_PDEATHSIG).
-_PARENT_POLL_S = 1.0
-# What one rank costs at least, for the bound on world_size (max_local_ranks): a spawned CPU rank with torch
-# imported and a gloo group holds about 280 MiB of private memory (torch 2.14; its ~400 MiB of shared
-# libraries are mapped once) and runs about 5 threads (gloo's grow with the world size).
+_KILL_GRACE_S = 3.0  # between SIGTERM and SIGKILL
+_PARENT_POLL_S = 1.0  # how often a rank checks that its launcher is alive (besides PR_SET_PDEATHSIG)
+# What one rank costs at least (max_local_ranks): a spawned CPU rank with torch and a gloo group, in
+# private memory and threads.
 RANK_MEMORY_BYTES = 320 * 2**20
 RANK_TASKS = 16
-
-
-# --------------------------------------------------------------------------------------------------
-# Local launcher
-# --------------------------------------------------------------------------------------------------
 
 
 class RankFailedError(RuntimeError):
     """A rank of :func:`launch_local` raised or died.
 
-    The message's first line says which rank and how (``rank 1 of 2 failed: ValueError: boom`` or
-    ``rank 0 of 2 died with exit code -9 (SIGKILL) ...``; a launch with ``roles`` names the role too:
-    ``rank 2 of 3 (role worker, 1 of 2) failed: ...``); the rank's traceback follows. Attributes:
-    ``rank``, ``world_size``, ``role`` and ``role_rank`` (``"worker"`` and ``rank`` in a plain launch),
-    ``exc_type`` (name of the exception class, or None when the rank died without raising), ``exitcode``
-    (when it died), ``rank_traceback`` (the formatted traceback text, or None) and ``other_failures``
-    (first lines about further ranks that failed within the same half second).
-    """
+    The first line says which rank and how (``rank 1 of 2 failed: ValueError: boom``, ``rank 0 of 2 died
+    with exit code -9 (SIGKILL) ...``; with roles: ``rank 2 of 3 (role worker, 1 of 2) failed: ...``); the
+    rank's traceback follows. Attributes: ``rank``, ``world_size``, ``role``, ``role_rank``, ``exc_type``
+    (None when the rank died without raising), ``exitcode``, ``rank_traceback`` and ``other_failures``
+    (first lines of further ranks that failed within the same half second)."""
 
     def __init__(self, message: str, *, rank: int | None = None, world_size: int | None = None,
                  exc_type: str | None = None, exitcode: int | None = None, rank_traceback: str | None = None,
@@ -103,12 +72,8 @@ class RankFailedError(RuntimeError):
 
 
 class LaunchTimeoutError(TimeoutError):
-    """:func:`launch_local` ran past ``timeout_s``; every rank was killed.
-
-    ``unfinished``: ranks that had not returned a result (a launch with ``roles`` names their roles in
-    the message); ``not_exited``: ranks that returned but had not exited; ``timeout_s`` and
-    ``world_size`` as given.
-    """
+    """:func:`launch_local` ran past ``timeout_s``; every rank was killed. ``unfinished``: ranks without a
+    result; ``not_exited``: ranks that returned but had not exited; ``timeout_s``, ``world_size`` as given."""
 
     def __init__(self, message: str, *, unfinished: Sequence[int] = (), not_exited: Sequence[int] = (),
                  timeout_s: float | None = None, world_size: int | None = None):
@@ -121,11 +86,8 @@ class LaunchTimeoutError(TimeoutError):
 
 @dataclass(frozen=True)
 class Role:
-    """``count`` ranks of a :func:`launch_local` run that each call ``fn(ctx, *args, **kwargs)``.
-
-    ``name`` (non-empty, unique within a launch) is what those ranks see in ``ctx.role``; ``fn`` must be a
-    module-level function, as for a plain launch; ``args``/``kwargs`` are sent to every rank of the role.
-    """
+    """``count`` ranks of a :func:`launch_local` run that each call ``fn(ctx, *args, **kwargs)`` (``fn`` at
+    module level); ``name`` (non-empty, unique in a launch) is what they see in ``ctx.role``."""
 
     name: str
     fn: Callable
@@ -142,10 +104,8 @@ class Role:
 
 
 def available_memory_bytes() -> int | None:
-    """Memory this process could still use: ``MemAvailable``, lowered to the cgroup's limit minus its usage.
-
-    None when neither can be read (not Linux and no ``sysconf``).
-    """
+    """Memory this process could still use, bytes: ``MemAvailable``, lowered to the cgroup's limit minus its
+    usage; None when neither can be read."""
     avail = None
     with contextlib.suppress(OSError, ValueError, IndexError):
         for line in Path("/proc/meminfo").read_text().splitlines():
@@ -193,13 +153,9 @@ def _free_task_slots() -> int | None:
 
 
 def max_local_ranks() -> tuple[int, str]:
-    """How many ranks :func:`launch_local` may start on this machine now, and how that was derived.
-
-    The smaller of available memory / :data:`RANK_MEMORY_BYTES` (what a CPU rank with torch and a gloo
-    group costs at least) and the free process slots / :data:`RANK_TASKS` threads per rank; at least 1.
-    This is a ceiling against runaway values (``--nproc 1000000000``), not a promise that a workload
-    fits: ranks that train a model need more memory each.
-    """
+    """How many ranks :func:`launch_local` may start here now, and how that was derived: the smaller of
+    available memory / :data:`RANK_MEMORY_BYTES` and free process slots / :data:`RANK_TASKS`; at least 1.
+    A ceiling against runaway values, not a promise that a workload fits."""
     limits, reasons = [], []
     avail = available_memory_bytes()
     if avail is not None:
@@ -222,18 +178,14 @@ def _check_world_size(world_size: int) -> None:
 
 
 def _callable_name(fn: Any) -> tuple[str | None, str | None]:
-    import functools
-
     while isinstance(fn, functools.partial):
         fn = fn.func
     return getattr(fn, "__module__", None), getattr(fn, "__qualname__", None)
 
 
 def _pack_target(fn: Callable, args: Sequence, kwargs: Mapping | None, what: str = "fn") -> tuple[bytes, bytes]:
-    """Pickle ``fn`` (by reference) and its arguments, with a clear TypeError when that cannot work.
-
-    ``what`` names the function in messages (``"fn"``, or ``"role 'server' fn"``).
-    """
+    """Pickle ``fn`` (by reference) and its arguments, with a clear TypeError when the ranks could not import
+    it; ``what`` names the function in messages."""
     if not callable(fn):
         raise TypeError(f"launch_local: {what} must be callable, got {type(fn).__name__}")
     module, qualname = _callable_name(fn)
@@ -245,13 +197,11 @@ def _pack_target(fn: Callable, args: Sequence, kwargs: Mapping | None, what: str
     if qualname and "<locals>" in qualname:
         raise TypeError(
             f"launch_local: {what} {qualname} is a nested function or closure, which cannot be imported by the "
-            f"ranks; {advice}"
-        )
+            f"ranks; {advice}")
     if module == "__main__" and not getattr(sys.modules.get("__main__"), "__file__", None):
         raise TypeError(
             f"launch_local: {what} {qualname} is defined in an interactive session or notebook (module __main__ "
-            f"has no file), which the ranks cannot import; {advice}"
-        )
+            f"has no file), which the ranks cannot import; {advice}")
     try:
         fn_bytes = pickle.dumps(fn, protocol=pickle.HIGHEST_PROTOCOL)
     except Exception as e:
@@ -265,18 +215,12 @@ def _pack_target(fn: Callable, args: Sequence, kwargs: Mapping | None, what: str
 
 
 def _start_store(master_addr: str, world_size: int):
-    """Host the rendezvous TCPStore in the launcher, listening on ``master_addr`` only; (store, address, port).
+    """Host the rendezvous TCPStore in the launcher on ``master_addr`` only; (store, address, port).
 
-    A TCPStore server binds every interface (``*:PORT``, IPv4 and IPv6) by itself, although the ranks
-    reach it at one address. So the launcher binds and listens a socket on (``master_addr``, 0) — a port
-    the OS picks, so no free-port race — and hands a duplicate of it to the store (``master_listen_fd``;
-    the store owns and closes that one; torch 2.4-2.14 take it with the libuv server, the default, and
-    with the older one, tried second). The returned address is the numeric one bound, which becomes
-    ``MASTER_ADDR``. The ranks join the store as clients (``TORCHELASTIC_USE_AGENT_STORE``, as under
-    torchrun), so it also outlives any rank that finishes early.
-    """
-    import socket
-
+    A TCPStore server binds every interface by itself, so the launcher binds a socket on (``master_addr``,
+    0) (no free-port race) and hands the store a duplicate of it (``master_listen_fd``; libuv server first,
+    then the older one). The ranks join as clients (``TORCHELASTIC_USE_AGENT_STORE``, as under torchrun), so
+    the store outlives any rank that finishes early."""
     from torch.distributed import TCPStore
 
     try:
@@ -303,15 +247,6 @@ def _start_store(master_addr: str, world_size: int):
                 continue
             return store, host, int(port)
     raise DistributedSetupError(f"cannot host the rendezvous store on {master_addr}: {'; '.join(errors)}")
-
-
-def _free_port(master_addr: str) -> int:
-    import socket
-
-    family = socket.AF_INET6 if ":" in master_addr else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as s:
-        s.bind((master_addr, 0))
-        return int(s.getsockname()[1])
 
 
 def _signal_name(code: int) -> str:
@@ -445,44 +380,27 @@ def launch_local(fn: Callable | None = None, world_size: int | None = None, *, r
                  emulate_bandwidth: str | float | None = None, emulate_burst_bytes: int | None = None) -> list:
     """Run ``fn(ctx, *args, **kwargs)`` on ``world_size`` local ranks and return their results in rank order.
 
-    Roles: instead of ``fn``/``world_size``/``args``/``kwargs``, ``roles=[Role("server", serve),
-    Role("worker", work, 4, args=(...))]`` starts ``sum(role.count)`` ranks, given to the roles in order
-    (rank 0 runs ``serve(ctx)``, ranks 1-4 ``work(ctx, ...)``), in one process group. Each rank sees its
-    role in ``ctx.role``, ``ctx.role_rank`` (0-based within the role) and ``ctx.role_world_size`` (and
-    ``ROLE_NAME``, ``ROLE_RANK``, ``ROLE_WORLD_SIZE``, as under torchrun); role ``i``'s results are the
-    slice ``[sum(counts[:i]):sum(counts[:i + 1])]`` of the returned list.
+    ``roles=[Role("server", serve), Role("worker", work, 4, args=(...))]`` instead of
+    ``fn``/``world_size``/ ``args``/``kwargs`` gives the ranks to the roles in order, in one process group;
+    each rank sees ``ctx.role``, ``ctx.role_rank`` and ``ctx.role_world_size`` (and ``ROLE_*`` variables, as
+    under torchrun).
 
-    Each rank is a ``spawn`` process that gets, before torch is imported, ``OMP_NUM_THREADS`` /
-    ``MKL_NUM_THREADS`` = ``threads_per_rank``, ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
-    ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``, the role variables and ``env`` (the launcher's
-    variables win); it calls :func:`init_distributed` with ``backend`` (None: automatic) and
-    ``pg_timeout_s`` and sends its function's (picklable) return value back. The function must be
-    importable by the ranks (module level, or a ``functools.partial`` of one): lambdas, closures and
-    notebook functions are refused up front with a TypeError. Also refused before any rank starts:
-    ``timeout_s`` or ``pg_timeout_s`` not a finite positive number of seconds, more ranks than
-    :func:`max_local_ranks` allows (ValueError), and ``backend="nccl"`` without CUDA or with fewer GPUs
-    than ranks (:class:`DistributedSetupError`).
+    Each rank is a ``spawn`` process with torchrun's variables, ``OMP_NUM_THREADS``/``MKL_NUM_THREADS`` =
+    ``threads_per_rank`` and ``env`` (the launcher's variables win); it calls :func:`init_distributed` with
+    ``backend`` (None: automatic) and ``pg_timeout_s`` and sends back its function's picklable result.
+    Refused before any rank starts: a function the ranks cannot import (lambda, closure, notebook function:
+    TypeError), timeouts that are not finite positive seconds, more ranks than :func:`max_local_ranks`
+    (ValueError), nccl without CUDA or a GPU per rank (:class:`DistributedSetupError`).
 
-    Failures end within a bounded time, with every rank process reaped:
+    Failures end within a bounded time, every rank reaped: a rank raises or dies →
+    :class:`RankFailedError`; ``timeout_s`` (seconds, start-up included) passes → :class:`LaunchTimeoutError`;
+    KeyboardInterrupt → the ranks are killed and it is re-raised. Remaining ranks get SIGTERM, then SIGKILL
+    after 3 s; a rank whose launcher dies is killed too. ``quiet`` discards the ranks' stdout.
 
-    * a rank raises → :class:`RankFailedError` (``rank 1 of 2 failed: ValueError: boom`` and its traceback);
-    * a rank dies without raising → :class:`RankFailedError` (``rank 0 of 2 died with exit code -9 ...``);
-    * ``timeout_s`` (seconds, start-up included) passes → :class:`LaunchTimeoutError` naming the
-      unfinished ranks;
-    * KeyboardInterrupt in the launcher → the ranks are killed and the interrupt re-raised.
-
-    Remaining ranks get SIGTERM, then SIGKILL after 3 s; a rank whose launcher dies is killed too. Rank
-    output goes to the launcher's stdout/stderr; ``quiet=True`` discards the ranks' stdout. The rendezvous
-    store is hosted by the launcher on ``master_addr`` only.
-
-    ``emulate_bandwidth`` (a tc rate such as ``"1gbit"``, or bits per second) puts each rank in its own
-    network namespace behind a bridge, each rank's link limited to that rate in each direction by a ``tbf``
-    qdisc (bucket ``emulate_burst_bytes``, default ``max(rate x 1 ms, 64 KiB)``;
-    :class:`repro.launch.netns.EmulatedNetwork`). The store then listens on the bridge's address
-    (``master_addr`` is not used), and each rank gets ``GLOO_SOCKET_IFNAME`` and
-    ``REPRO_EMULATED_BANDWIDTH_BPS``. The network is removed after the ranks are reaped. Needs root, ``ip``
-    and ``tc``, else :class:`repro.launch.netns.EmulationUnavailableError` before anything starts.
-    """
+    ``emulate_bandwidth`` (a tc rate or bits per second) runs each rank in its own network namespace on
+    links shaped to that rate (:class:`repro.launch.netns.EmulatedNetwork`, bucket ``emulate_burst_bytes``);
+    the store then listens on the bridge, not ``master_addr``. Needs root, ``ip`` and ``tc``, else
+    :class:`repro.launch.netns.EmulationUnavailableError` before anything starts."""
     if roles is None:
         if fn is None or world_size is None:
             raise ValueError("launch_local: give either fn and world_size or roles=[Role(name, fn, count), ...]")
@@ -551,7 +469,7 @@ def launch_local(fn: Callable | None = None, world_size: int | None = None, *, r
 
 
 def _check_backend_devices(backend: str | None, world_size: int) -> None:
-    """NCCL (asked for, or chosen automatically because CUDA is there) needs CUDA and one GPU per rank."""
+    """NCCL (asked for, or automatic with CUDA) needs CUDA and one GPU per rank."""
     if backend is not None and str(backend).lower() != "nccl":
         return
     import torch
@@ -575,10 +493,8 @@ def _launch(ranks: Sequence[tuple[tuple[bytes, bytes], str, int, int]], *, backe
             pg_timeout_s: float, threads_per_rank: int, env: Mapping[str, Any] | None, master_addr: str,
             quiet: bool, labels: Sequence[str], named_roles: bool, namespaces: Sequence[str] | None = None,
             rank_env: Sequence[Mapping[str, str]] | None = None, reported_timeout_s: float | None = None) -> list:
-    """The body of :func:`launch_local` once its arguments are checked (and a network emulated, if asked).
-
-    ``ranks[r]`` = (pickled function and arguments, role, rank within the role, ranks in the role).
-    """
+    """:func:`launch_local` once its arguments are checked; ``ranks[r]`` = (pickled function and arguments,
+    role, rank within the role, ranks in the role)."""
     import multiprocessing as mp
     from multiprocessing.connection import wait
 
@@ -671,11 +587,6 @@ def _launch(ranks: Sequence[tuple[tuple[bytes, bytes], str, int, int]], *, backe
         del store
 
 
-# --------------------------------------------------------------------------------------------------
-# Inside a spawned rank
-# --------------------------------------------------------------------------------------------------
-
-
 def _watch_parent(parent_pid: int) -> None:
     """Die with the launcher: PR_SET_PDEATHSIG where available, plus a polling thread everywhere."""
     if sys.platform.startswith("linux"):
@@ -705,16 +616,9 @@ def _flush_std() -> None:
 
 
 def _exit_rank(code: int) -> None:
-    """Leave the rank without interpreter teardown, after what a normal exit does for multiprocessing.
-
-    ``os._exit`` skips a process group's destructors (which can block or abort with a dead peer), but
-    also multiprocessing's exit finalizers. A spawned rank's named semaphores — tqdm's progress-bar
-    lock is one, ``multiprocessing.RLock`` made under the ``spawn`` start method the rank inherits —
-    are registered with the launcher's resource tracker and unlinked by those finalizers; skipped,
-    the tracker reports "There appear to be N leaked semaphore objects" when the launcher exits. So
-    the finalizers of priority >= 0 (those an interpreter exit runs: semaphore unlinking, pools,
-    managers) run first; the rest of the teardown is still skipped.
-    """
+    """Leave the rank without interpreter teardown (a process group's destructors can block or abort with a
+    dead peer), but run multiprocessing's exit finalizers first: they unlink the rank's named semaphores,
+    which the launcher's resource tracker would otherwise report as leaked."""
     with contextlib.suppress(Exception):
         from multiprocessing import util as mp_util
 
@@ -724,18 +628,24 @@ def _exit_rank(code: int) -> None:
 
 
 def _thread_lock_for_tqdm() -> None:
-    """Give tqdm (the ranks' progress bars) a thread lock before it makes its own: by default it creates a
-    ``multiprocessing.RLock``, a POSIX semaphore registered with the launcher's resource tracker (shared by
-    spawned ranks), and a rank killed on a timeout never unregisters it, so the tracker warns of "1 leaked
-    semaphore objects" when the launcher exits, after the one-line error. A rank is a process of its own:
-    the process lock shares nothing with the other ranks anyway."""
+    """Give tqdm a thread lock before it makes its own ``multiprocessing.RLock``: a semaphore that a
+    rank killed on a timeout never unregisters, so the launcher's resource tracker would warn of a leak."""
     try:
-        import threading
-
         from tqdm import tqdm
     except ImportError:
         return
     tqdm.set_lock(threading.RLock())
+
+
+def _report_failure(conn, exc: BaseException, comm: bool) -> None:
+    """Send ``exc`` to the launcher and leave the rank with status 1 (no interpreter teardown)."""
+    info = {"type": type(exc).__name__, "message": str(exc).strip().splitlines()[0] if str(exc).strip() else "",
+            "traceback": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)),
+            "comm": comm, "time": time.time()}
+    with contextlib.suppress(Exception):
+        conn.send(("error", info))
+        conn.close()
+    _exit_rank(1)
 
 
 def _rank_main(rank: int, payload: tuple[bytes, bytes], conn, env: dict, parent_pid: int, backend: str | None,
@@ -748,13 +658,7 @@ def _rank_main(rank: int, payload: tuple[bytes, bytes], conn, env: dict, parent_
 
             enter_namespace(netns)
         except BaseException as exc:  # noqa: BLE001 - reported like any other failure of the rank
-            info = {"type": type(exc).__name__, "message": str(exc).strip().splitlines()[0] if str(exc).strip() else "",
-                    "traceback": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)),
-                    "comm": False, "time": time.time()}
-            with contextlib.suppress(Exception):
-                conn.send(("error", info))
-                conn.close()
-            _exit_rank(1)
+            _report_failure(conn, exc, comm=False)
     _watch_parent(parent_pid)
     os.environ.update(env)
     _thread_lock_for_tqdm()
@@ -778,14 +682,7 @@ def _rank_main(rank: int, payload: tuple[bytes, bytes], conn, env: dict, parent_
                             f"the launcher: {e}") from e
         conn.send_bytes(data)
     except BaseException as exc:  # noqa: BLE001 - everything goes back to the launcher
-        info = {"type": type(exc).__name__, "message": str(exc).strip().splitlines()[0] if str(exc).strip() else "",
-                "traceback": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)),
-                "comm": is_comm_error(exc), "time": time.time()}
-        with contextlib.suppress(Exception):
-            conn.send(("error", info))
-            conn.close()
-        # Skip interpreter teardown: a process group with a dead peer may block in its destructor.
-        _exit_rank(1)
+        _report_failure(conn, exc, comm=is_comm_error(exc))
     conn.close()
     # The result is delivered. Wait for the peers, then leave without interpreter teardown: destroying
     # a gloo group (or its threads at exit) after a peer has gone can abort the process (SIGABRT,

@@ -1,51 +1,10 @@
 """Emulated slow networks on one Linux machine: one network namespace per rank, a bridge, ``tbf`` shaping.
 
-On loopback communication is almost free, so every scheduler looks the same. The papers' regimes
-(1 Gb/s and 10 Gb/s Ethernet, where communication rivals computation) are reproduced here by putting
-each rank in its own network namespace and shaping its link with a token bucket filter::
-
-    root namespace:   bridge <prefix><id>-b  (address 10.a.b.1/24: the rendezvous store listens here)
-                        |            |            |
-    host-side veths:  <p><id>-0   <p><id>-1   <p><id>-2     tbf: what rank r receives
-                        |            |            |
-    namespaces:       eth0 in      eth0 in      eth0 in     tbf: what rank r sends
-                      <p><id>-0    <p><id>-1    <p><id>-2   (addresses 10.a.b.2, .3, .4)
-
-Every rank therefore has a full-duplex link of the chosen bandwidth to a non-blocking switch, as in the
-papers' clusters: a packet from rank i to rank j passes the ``tbf`` on rank i's namespace-side veth
-(i's uplink) and the one on rank j's host-side veth (j's downlink).
-
-``tbf`` parameters (see :func:`default_burst_bytes`, :func:`default_limit_bytes`):
-
-* ``rate``: the bandwidth. ``tbf`` counts whole frames (Ethernet + IP + TCP headers), so TCP goodput is
-  about 1448/1514 = 95.6 % of the rate with the default MTU of 1500.
-* ``burst`` (bucket size): ``max(rate x 1 ms, 64 KiB)``. ``tbf`` needs a bucket of at least one packet;
-  64 KiB holds a whole GSO/TSO super-packet (veth hands TCP segments of up to 64 KiB to the qdisc), so
-  ``tbf`` never has to split one, and rate x 1 ms keeps the bucket above the kernel timer granularity at
-  high rates. A full bucket lets that many bytes through at line speed, an error of at most 1 ms (or
-  64 KiB / rate) per idle period — under 1 % for messages of megabytes.
-* ``limit`` (queue length in bytes): ``burst + rate x 100 ms``, clamped to [1 MiB, 256 MiB]. A sender's
-  own queue is kept short by TCP (TCP small queues), so the queue only grows where several ranks send to
-  one (incast); a deep queue then delays instead of dropping, so no collective stalls on a
-  retransmission timeout.
-
-No propagation delay is added (that needs ``netem``); the link latency stays that of a veth pair
-(tens of microseconds).
-
-Names and addresses come from a random per-run id and a random 10.a.b.0/24 subnet checked against the
-machine's addresses and routes and against the other live runs, which are recorded (with owner pid and
-process start time) under a registry directory (``/run/repro-netem``) whose lock serialises the choice.
-Everything is removed on exit from the ``with`` block, when setting up fails half-way, at interpreter
-exit (``atexit``) and on SIGTERM; what a killed run (SIGKILL) left behind is removed by
-:func:`cleanup_stale`, which every new :class:`EmulatedNetwork` calls first.
-
-Needs root (CAP_NET_ADMIN and CAP_SYS_ADMIN), ``ip`` and ``tc`` (iproute2) and the ``veth``, ``bridge``
-and ``sch_tbf`` kernel modules; :func:`check_emulation_available` says clearly what is missing.
-Without emulation, run as usual (leave out ``--emulate-bandwidth`` / pass ``emulate_bandwidth=None``).
-
-A rank enters its namespace with :func:`enter_namespace` before it opens any socket;
-:func:`repro.launch.local.launch_local` does this when given ``emulate_bandwidth``.
-"""
+Each rank gets a full-duplex link of the chosen bandwidth to a bridge (a non-blocking switch). Needs root
+(CAP_NET_ADMIN and CAP_SYS_ADMIN), ``ip`` and ``tc`` and the ``veth``, ``bridge`` and ``sch_tbf`` modules
+(:func:`check_emulation_available` says what is missing). A rank enters its namespace with
+:func:`enter_namespace` before it opens any socket (:func:`repro.launch.local.launch_local` does this when
+given ``emulate_bandwidth``). Layout, ``tbf`` parameters and clean-up: docs/design/launch.md."""
 
 from __future__ import annotations
 
@@ -69,19 +28,9 @@ from typing import Any, Iterator, Sequence
 
 from repro.core import ranges
 
-__all__ = [
-    "DEFAULT_PREFIX",
-    "EmulatedNetwork",
-    "EmulationError",
-    "EmulationUnavailableError",
-    "check_emulation_available",
-    "cleanup_stale",
-    "default_burst_bytes",
-    "default_limit_bytes",
-    "enter_namespace",
-    "format_bandwidth",
-    "parse_bandwidth",
-]
+__all__ = ["DEFAULT_PREFIX", "EmulatedNetwork", "EmulationError", "EmulationUnavailableError",
+           "check_emulation_available", "cleanup_stale", "default_burst_bytes", "default_limit_bytes",
+           "enter_namespace", "format_bandwidth", "parse_bandwidth"]
 
 DEFAULT_PREFIX = "rpn"
 NAMESPACE_INTERFACE = "eth0"
@@ -93,9 +42,7 @@ _CLONE_NEWNET = 0x40000000
 _IFNAMSIZ = 15  # usable characters of a Linux interface name
 _CMD_TIMEOUT_S = 20.0
 _MIN_BURST = 64 * 1024
-#: The fastest rate ``tbf`` can shape here: tc reads a bucket (``burst``) as an unsigned 32-bit byte count
-#: ("illegal value for burst" above 2**32 - 1), and the bucket is rate x 1 ms, so at most
-#: 8 x (2**32 - 1) / 1 ms ~ 3.4e13 bit/s (34 Tbit/s; a veth pair moves well under 1 Tbit/s anyway).
+#: The fastest rate ``tbf`` can shape: tc's bucket (rate x 1 ms) is an unsigned 32-bit byte count.
 MAX_EMULATED_BPS = 8 * (2 ** 32 - 1) / 1e-3
 _MIN_LIMIT = 1 << 20
 _MAX_LIMIT = 256 << 20
@@ -111,10 +58,6 @@ class EmulationUnavailableError(EmulationError):
     """Network emulation cannot work here (not root, no ``ip``/``tc``, namespaces not permitted, ...)."""
 
 
-# --------------------------------------------------------------------------------------------------
-# Bandwidths
-# --------------------------------------------------------------------------------------------------
-
 # tc's rate units (tc(8), "RATES"): a bare number and "bit" are bits per second; SI prefixes are
 # powers of 1000, IEC prefixes (kibit, mibit, ...) powers of 1024.
 _BIT_UNITS = {
@@ -127,17 +70,12 @@ _BANDWIDTH_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([a-zA-
 
 
 def parse_bandwidth(text: str | float | int, flag: str | None = None, *, emulated: bool = False) -> float:
-    """Bits per second from a tc-style rate: ``"1gbit"``, ``"200mbit"``, ``"10Gbit"``, ``"500kbit"``,
-    ``"1e9"`` (a bare number is bits per second, as in tc), ``"1.5gbit"``, ``"512kibit"`` (IEC prefixes are
-    powers of 1024), or a positive number. Case-insensitive.
+    """Bits per second from a tc-style rate (``"1gbit"``, ``"512kibit"``: IEC prefixes are powers of 1024;
+    a bare number is bits per second) or a positive number. Case-insensitive.
 
-    Byte-per-second spellings (``"mbps"``, ``"gbps"``) are refused: tc reads ``"1gbps"`` as one gigabyte
-    per second, the common reading is a gigabit, and the difference is a factor of eight.
-
-    The rate must lie in the declared range of link rates (:data:`repro.core.ranges.BITS_PER_S`) and, with
-    ``emulated`` (shaped by ``tc``), at most :data:`MAX_EMULATED_BPS`; ``flag`` (``--emulate-bandwidth``)
-    names the value in the one-line refusal.
-    """
+    Byte spellings (``"mbps"``, ``"gbps"``) are refused: tc reads them as bytes, most people as bits. The
+    rate must lie in :data:`repro.core.ranges.BITS_PER_S` and, with ``emulated``, at most
+    :data:`MAX_EMULATED_BPS`; ``flag`` names the value in the one-line ValueError."""
     try:
         return _parse_bandwidth(text, emulated)
     except ValueError as e:
@@ -159,21 +97,18 @@ def _parse_bandwidth(text: str | float | int, emulated: bool) -> float:
         if not m:
             raise ValueError(
                 f"cannot read bandwidth {text!r}: write a number with a tc rate unit, e.g. '1gbit', '200mbit', "
-                "'500kbit', '10gbit', or a plain number of bits per second such as '1e9'"
-            )
+                "'500kbit', '10gbit', or a plain number of bits per second such as '1e9'")
         value = float(m.group(1))
         unit = m.group(2).lower()
         if unit in _BYTE_UNITS or unit.endswith("/s") or unit in ("b", "kb", "mb", "gb", "k", "m", "g", "t"):
             raise ValueError(
                 f"ambiguous bandwidth unit in {text!r}: use bits per second with tc's units 'bit', 'kbit', "
                 "'mbit', 'gbit', 'tbit' (e.g. '1gbit' for 1 Gb/s Ethernet); tc itself reads 'bps'/'mbps'/'gbps' "
-                "as bytes per second"
-            )
+                "as bytes per second")
         if unit not in _BIT_UNITS:
             raise ValueError(
                 f"unknown bandwidth unit {m.group(2)!r} in {text!r}: use one of bit, kbit, mbit, gbit, tbit "
-                "(powers of 1000) or kibit, mibit, gibit, tibit (powers of 1024)"
-            )
+                "(powers of 1000) or kibit, mibit, gibit, tibit (powers of 1024)")
     bps = value * _BIT_UNITS[unit]
     if not math.isfinite(bps) or bps <= 0:
         raise ValueError(f"bandwidth must be positive and finite, got {text!r}")
@@ -189,8 +124,8 @@ def _parse_bandwidth(text: str | float | int, emulated: bool) -> float:
 
 
 def format_bandwidth(bps: float) -> str:
-    """A tc-style rate for ``bps`` bits per second: ``1e9 -> "1gbit"``, ``2e8 -> "200mbit"``,
-    ``1.5e9 -> "1.5gbit"``; ``parse_bandwidth(format_bandwidth(x))`` gives back ``x`` to 6 significant digits."""
+    """A tc-style rate for ``bps`` bits per second (``1.5e9 -> "1.5gbit"``); ``parse_bandwidth`` of it gives
+    back ``bps`` to 6 significant digits."""
     bps = float(bps)
     if not math.isfinite(bps) or bps <= 0:
         raise ValueError(f"bandwidth must be positive and finite, got {bps!r}")
@@ -201,18 +136,13 @@ def format_bandwidth(bps: float) -> str:
 
 
 def default_burst_bytes(bandwidth_bps: float) -> int:
-    """The ``tbf`` bucket: ``max(rate x 1 ms, 64 KiB)`` bytes (see the module docstring for why)."""
+    """The ``tbf`` bucket: ``max(rate x 1 ms, 64 KiB)`` bytes."""
     return int(max(bandwidth_bps / 8.0 * 1e-3, _MIN_BURST))
 
 
 def default_limit_bytes(bandwidth_bps: float, burst_bytes: int) -> int:
     """The ``tbf`` queue: ``burst + rate x 100 ms`` bytes, clamped to [1 MiB, 256 MiB]."""
     return int(min(max(burst_bytes + bandwidth_bps / 8.0 * 0.1, _MIN_LIMIT), _MAX_LIMIT))
-
-
-# --------------------------------------------------------------------------------------------------
-# Commands
-# --------------------------------------------------------------------------------------------------
 
 
 def _which(tool: str) -> str | None:
@@ -260,22 +190,14 @@ def _list_links() -> list[str]:
     return names
 
 
-# --------------------------------------------------------------------------------------------------
-# Availability
-# --------------------------------------------------------------------------------------------------
-
 _probe_lock = threading.Lock()
 _probe_ok = False
 
 
 def check_emulation_available() -> None:
-    """Raise :class:`EmulationUnavailableError` unless emulated networks can be built here.
-
-    Checks: Linux; running as root; ``ip`` and ``tc`` found (also in /usr/sbin, /sbin); and a probe in a
-    throw-away namespace (create it, add a veth pair, a bridge and a ``tbf`` qdisc, delete it), which
-    catches containers without CAP_SYS_ADMIN / CAP_NET_ADMIN and kernels without the modules. The probe's
-    success is remembered for the process. Every message ends with how to run without emulation.
-    """
+    """Raise :class:`EmulationUnavailableError` unless emulated networks can be built here: Linux, root,
+    ``ip`` and ``tc`` found, and a probe in a throw-away namespace (veth, bridge, ``tbf``) succeeds; a
+    success is remembered for the process. Every message ends with how to run without emulation."""
     global _probe_ok
 
     def fail(reason: str) -> None:
@@ -316,11 +238,6 @@ def check_emulation_available() -> None:
         _probe_ok = True
 
 
-# --------------------------------------------------------------------------------------------------
-# Entering a namespace (in a rank)
-# --------------------------------------------------------------------------------------------------
-
-
 def _libc_setns():
     import ctypes
     import ctypes.util
@@ -335,12 +252,8 @@ def _libc_setns():
 
 
 def enter_namespace(name: str) -> None:
-    """Move the calling thread (in a fresh process: the process) into network namespace ``name``.
-
-    ``name`` is a namespace made by ``ip netns add`` (``/var/run/netns/<name>``) or a path to a namespace
-    file. Call it before the process opens any socket (before ``init_process_group``); threads started
-    afterwards inherit the namespace, threads that already exist do not.
-    """
+    """Move the calling thread (in a fresh process: the process) into network namespace ``name`` (an
+    ``ip netns`` name or a path). Call it before opening any socket; threads started afterwards inherit it."""
     path = name if os.sep in name else os.path.join(_NETNS_DIR, name)
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
@@ -360,11 +273,6 @@ def enter_namespace(name: str) -> None:
                 raise EmulationError(f"setns into network namespace {name!r} failed: {os.strerror(err)}")
     finally:
         os.close(fd)
-
-
-# --------------------------------------------------------------------------------------------------
-# Registry of live runs
-# --------------------------------------------------------------------------------------------------
 
 
 def _state_dir() -> Path:
@@ -445,13 +353,8 @@ def _remove_objects(namespaces: Sequence[str], links: Sequence[str], bridge: str
 
 
 def cleanup_stale(prefix: str = DEFAULT_PREFIX) -> list[str]:
-    """Remove what dead runs left behind; return the names removed.
-
-    A run is dead when the process recorded in its registry file has exited (pid gone, or reused by a
-    process with another start time). Its namespaces, links and bridge are deleted and its file removed.
-    Namespaces and links named like ours (``<prefix><id>-<rank>``, ``<prefix><id>-b``) that no live run
-    has registered are removed as well (a live run registers before it creates anything).
-    """
+    """Remove what dead runs left behind (a run is dead when its registered process has exited); return the
+    names removed. Namespaces and links named like ours that no live run registered are removed too."""
     if not _is_root():
         return []
     removed: list[str] = []
@@ -479,10 +382,6 @@ def cleanup_stale(prefix: str = DEFAULT_PREFIX) -> list[str]:
             removed += [n for n in [*veths, *orphan_ns, *bridges] if n not in removed]
     return removed
 
-
-# --------------------------------------------------------------------------------------------------
-# Subnets
-# --------------------------------------------------------------------------------------------------
 
 _ROUTE_TYPES = {"unicast", "local", "broadcast", "multicast", "throw", "unreachable", "prohibit", "blackhole",
                 "nat", "anycast"}
@@ -514,10 +413,6 @@ def _pick_subnet(taken: Sequence[ipaddress.IPv4Network], rng: random.Random) -> 
     raise EmulationError("found no free 10.x.y.0/24 subnet for the emulated network (all candidates overlap "
                          "addresses or routes of this machine); pass subnet='A.B.C.0/24' explicitly")
 
-
-# --------------------------------------------------------------------------------------------------
-# Backstops: atexit and SIGTERM
-# --------------------------------------------------------------------------------------------------
 
 _active_lock = threading.RLock()
 _active: dict[int, "EmulatedNetwork"] = {}
@@ -564,28 +459,16 @@ def _deactivate(net: "EmulatedNetwork") -> None:
                 _sigterm_installed = False
 
 
-# --------------------------------------------------------------------------------------------------
-# The network
-# --------------------------------------------------------------------------------------------------
-
-
 class EmulatedNetwork:
     """``world_size`` network namespaces joined by a bridge, each rank's link shaped to ``bandwidth``.
 
-    ``with EmulatedNetwork(3, bandwidth="1gbit") as net:`` creates (see the module docstring for the
-    picture) the bridge ``net.bridge`` with address ``net.master_address`` in the root namespace, the
-    namespaces ``net.namespaces[r]`` with interface ``net.interface`` (``eth0``) at
-    ``net.rank_addresses[r]``, and ``tbf`` qdiscs limiting both directions of every rank's link to
-    ``net.bandwidth_bps``; it checks that every namespace reaches the bridge address and its ring
-    neighbour over TCP, and removes everything on exit.
-
-    Parameters: ``bandwidth`` (tc-style rate such as ``"1gbit"``, or bits per second);
-    ``burst_bytes`` / ``limit_bytes`` (``tbf`` bucket and queue; defaults :func:`default_burst_bytes`,
-    :func:`default_limit_bytes`); ``run_id`` (1-8 lowercase letters/digits; random by default);
-    ``subnet`` (an IPv4 network with room for ``world_size + 1`` hosts; a free random 10.x.y.0/24 by
-    default); ``prefix`` (of every name; at most 3 characters); ``mtu`` (of the veth links; the
-    default 1500 is Ethernet's); ``verify`` (the TCP reachability check).
-    """
+    ``with EmulatedNetwork(3, bandwidth="1gbit") as net:`` creates the bridge ``net.bridge`` at
+    ``net.master_address``, the namespaces ``net.namespaces[r]`` with interface ``net.interface`` at
+    ``net.rank_addresses[r]``, and ``tbf`` qdiscs on both directions of every link; checks TCP reachability
+    (``verify``) and removes everything on exit. ``burst_bytes``/``limit_bytes`` default to
+    :func:`default_burst_bytes`/:func:`default_limit_bytes`; ``run_id``: 1-8 lowercase letters/digits
+    (random by default); ``subnet``: IPv4 with room for ``world_size + 1`` hosts (a free 10.x.y.0/24 by
+    default); ``prefix``: 1-3 letters; ``mtu``: of the veth links (default 1500)."""
 
     def __init__(self, world_size: int, bandwidth: str | float = "1gbit", burst_bytes: int | None = None,
                  limit_bytes: int | None = None, run_id: str | None = None, *, subnet: str | None = None,
@@ -637,8 +520,6 @@ class EmulatedNetwork:
         self._owner_pid = os.getpid()
         self._close_lock = threading.RLock()
 
-    # -- names --------------------------------------------------------------------------------------
-
     @property
     def bandwidth(self) -> str:
         """The bandwidth as a tc-style rate (``"1gbit"``)."""
@@ -657,8 +538,6 @@ class EmulatedNetwork:
         return (f"EmulatedNetwork(world_size={self.world_size}, bandwidth={self.bandwidth!r}, run_id={self.run_id!r}, "
                 f"subnet={str(self.subnet) if self.subnet else None!r}, state={self._state!r})")
 
-    # -- enter / exit -------------------------------------------------------------------------------
-
     def __enter__(self) -> "EmulatedNetwork":
         self.open()
         return self
@@ -667,7 +546,7 @@ class EmulatedNetwork:
         self.close()
 
     def open(self) -> "EmulatedNetwork":
-        """Create the network (what ``with`` does on entry); on any failure, remove what was made and raise."""
+        """Create the network (as ``with`` does); on any failure remove what was made and raise."""
         if self._state != "new":
             raise EmulationError(f"an EmulatedNetwork can be opened once; this one is {self._state}")
         check_emulation_available()
@@ -686,7 +565,7 @@ class EmulatedNetwork:
         return self
 
     def _claim(self) -> None:
-        """Pick the run id and subnet and record them, under the registry lock (before creating anything)."""
+        """Pick and record the run id and subnet under the registry lock, before creating anything."""
         rng = random.Random(int.from_bytes(os.urandom(8), "little"))
         with _registry_lock() as d:
             records = [rec for _f, rec in _read_records(d)]
@@ -773,8 +652,6 @@ class EmulatedNetwork:
     def is_open(self) -> bool:
         return self._state == "open"
 
-    # -- helpers ------------------------------------------------------------------------------------
-
     def rank_env(self, rank: int) -> dict[str, str]:
         """Environment for a rank in namespace ``rank``: gloo's interface and the emulated bandwidth."""
         return {"GLOO_SOCKET_IFNAME": self.interface, "REPRO_EMULATED_BANDWIDTH_BPS": repr(self.bandwidth_bps),
@@ -848,5 +725,4 @@ class EmulatedNetwork:
         if errors:
             raise EmulationError(
                 "the emulated network does not carry TCP as expected (a firewall on bridged traffic? check "
-                "iptables FORWARD rules / net.bridge.bridge-nf-call-iptables): " + "; ".join(sorted(errors))
-            )
+                "iptables FORWARD rules / net.bridge.bridge-nf-call-iptables): " + "; ".join(sorted(errors)))

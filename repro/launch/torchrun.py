@@ -1,48 +1,29 @@
 """Per-rank set-up shared by ``torchrun`` and the local launcher (:mod:`repro.launch.local`).
 
-* **A cluster or a multi-GPU box** — ``torchrun`` (``python -m torch.distributed.run``) starts one process
-  per GPU and sets ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR`` and ``MASTER_PORT``; each
-  process calls :func:`init_distributed` (or uses :func:`distributed` as a context manager).
-  :func:`torchrun_command` builds such a command line.
-* **This machine** — :func:`repro.launch.local.launch_local` spawns the ranks, sets the same variables
-  and calls :func:`init_distributed` in each.
+Each process started by torchrun or :func:`repro.launch.local.launch_local` calls
+:func:`init_distributed` (or runs in :func:`distributed`). Backend and device are automatic (NCCL on
+``cuda:LOCAL_RANK`` with CUDA, else gloo on the CPU) unless forced. ``ROLE_NAME``/``ROLE_RANK``/
+``ROLE_WORLD_SIZE`` become :class:`DistContext`'s role fields. ``REPRO_GLOO_IFNAME`` is copied to
+``GLOO_SOCKET_IFNAME`` when that is unset.
 
-Backend and device are chosen automatically — NCCL with one GPU per rank (``cuda:LOCAL_RANK``) when
-CUDA is available, gloo on the CPU otherwise — and either can be forced.
-
-Roles: ``ROLE_NAME``, ``ROLE_RANK`` and ``ROLE_WORLD_SIZE`` (set by torchrun's agent — role ``"default"``
-unless ``--role`` says otherwise — and by ``launch_local``, whose plain launches use ``"worker"``) become
-:attr:`DistContext.role`, ``role_rank`` and ``role_world_size``; without them a process is rank ``RANK``
-of ``WORLD_SIZE`` in role ``"worker"``.
-
-Network interface: gloo picks the interface that the host name resolves to. To choose one, set
-``GLOO_SOCKET_IFNAME`` (read by gloo itself) or ``REPRO_GLOO_IFNAME``; the latter is copied to
-``GLOO_SOCKET_IFNAME`` by :func:`init_distributed` when that is unset, and is otherwise left to gloo.
-
-Failures end fast (:func:`distributed`, which ``repro.train`` runs in). When a rank raises, it posts one
-line about it on the job's store (the torchrun agent's, or :func:`~repro.launch.local.launch_local`'s)
-and aborts its process group instead of waiting for its peers in a barrier; the peers blocked in a
-collective with it then get "connection closed" at once (gloo), read that line (waiting at most
-:data:`REPORT_WAIT_S` for it) and stop with :class:`PeerFailedError`, one line naming the rank that
-failed. Before joining, each rank answers a roll call on that store (:func:`init_distributed`'s
-``join_timeout_s``): a peer that failed before joining ends the wait at once, one that never arrives
-ends it at ``join_timeout_s`` with :class:`JoinTimeoutError`, not at the process-group timeout inside
-gloo's connection set-up. Exit statuses (``repro.train.main``): 2 for a configuration refused (a
-``ValueError``, ``FileNotFoundError`` or :class:`DistributedSetupError`, a :class:`JoinTimeoutError`
-included), also on the peers of a rank that refused it; 1 for a failure while running (its peers: 1).
-
-This module imports torch only inside functions, so a spawned rank can set its thread count and
-environment before torch is loaded.
-"""
+Failures end fast: a rank that raises posts one line on the job's store and aborts its group, so its
+peers fail their collective at once, read that line (at most :data:`REPORT_WAIT_S`) and stop with
+:class:`PeerFailedError` naming it. Before joining, a roll call on the store ends at once when a peer
+failed, or at ``join_timeout_s`` with :class:`JoinTimeoutError`. Exit statuses (``repro.train.main``):
+2 for a refused configuration (:func:`is_config_error`), also on its peers; 1 for a failure while running.
+Torch is imported only inside functions."""
 
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import numbers
 import os
 import shlex
+import socket
 import sys
+import time
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Iterator, Sequence
@@ -50,24 +31,10 @@ from typing import TYPE_CHECKING, Any, Iterator, Sequence
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
-__all__ = [
-    "DEFAULT_ROLE",
-    "DistContext",
-    "DistributedSetupError",
-    "JoinTimeoutError",
-    "PeerFailedError",
-    "REPORT_WAIT_S",
-    "SEEN_WAIT_S",
-    "SUPPORTED_BACKENDS",
-    "is_comm_error",
-    "is_config_error",
-    "report_failure",
-    "check_timeout_s",
-    "distributed",
-    "init_distributed",
-    "shutdown_distributed",
-    "torchrun_command",
-]
+__all__ = ["DEFAULT_ROLE", "DistContext", "DistributedSetupError", "JoinTimeoutError", "PeerFailedError",
+           "REPORT_WAIT_S", "SEEN_WAIT_S", "SUPPORTED_BACKENDS", "is_comm_error", "is_config_error",
+           "report_failure", "check_timeout_s", "distributed", "init_distributed", "shutdown_distributed",
+           "torchrun_command"]
 
 SUPPORTED_BACKENDS = ("gloo", "nccl")
 DEFAULT_ROLE = "worker"
@@ -88,8 +55,8 @@ class DistributedSetupError(RuntimeError):
 
 
 class JoinTimeoutError(DistributedSetupError):
-    """Some ranks did not answer the roll call within ``join_timeout_s`` (not started, hung, or died
-    without a report before joining); ``missing``: their global ranks. The message is one line."""
+    """Some ranks did not answer the roll call within ``join_timeout_s``; ``missing``: their global ranks.
+    One line."""
 
     def __init__(self, message: str, *, missing: Sequence[int] = ()) -> None:
         super().__init__(message)
@@ -98,10 +65,8 @@ class JoinTimeoutError(DistributedSetupError):
 
 class PeerFailedError(RuntimeError):
     """This rank stops because a peer failed: one line, ``rank R: peer rank Q failed ...; stopping``.
-
-    ``peer``: the global rank that failed (None when it left no report: killed, or its store gone);
-    ``config``: that rank refused the configuration (the job exits 2 on every rank, not 1);
-    ``line``: its own one-line message (None without a report)."""
+    ``peer``: the rank that failed (None without a report); ``config``: it refused the configuration (the
+    job exits 2); ``line``: its one-line message (None without a report)."""
 
     def __init__(self, message: str, *, peer: int | None = None, config: bool = False,
                  line: str | None = None) -> None:
@@ -155,8 +120,8 @@ def _key(name: str) -> str:
 
 
 def _job_store(connect_timeout_s: float = 10.0) -> Any:
-    """The job's store, or None: a client of the agent's store (torchrun, ``launch_local``: it exists before
-    any rank joins and outlives them), else the default process group's store once joined."""
+    """The job's store, or None: a client of the agent's store (torchrun, ``launch_local``: it outlives the
+    ranks), else the default process group's store once joined."""
     global _STORE_CLIENT
     if _STORE_CLIENT is not None:
         return _STORE_CLIENT
@@ -178,10 +143,8 @@ def _job_store(connect_timeout_s: float = 10.0) -> Any:
 
 
 def report_failure(exc: BaseException, rank: int | None = None) -> bool:
-    """Post ``exc`` on the job's store as this rank's failure (the first one posted stays), so that the
-    peers name it; a peer's failure seen here (:func:`is_comm_error`) is not posted. True if posted."""
-    import json
-
+    """Post ``exc`` on the job's store as this rank's failure (the first posted stays); a peer's failure seen
+    here (:func:`is_comm_error`) is not posted. True if posted."""
     if is_comm_error(exc) or isinstance(exc, (JoinTimeoutError, KeyboardInterrupt)):
         return False
     if getattr(exc, "_repro_posted", False):  # posted already (inside distributed(), then again by its caller)
@@ -216,10 +179,9 @@ def _mark_seen(store: Any) -> None:
 
 
 def await_peers(world_size: int | None = None, wait_s: float = SEEN_WAIT_S) -> None:
-    """After posting a failure: wait until all ``world_size`` ranks (default ``$WORLD_SIZE``) know of it, or
-    ``wait_s`` seconds, so that the store (the failed node's agent's) outlives their reading it."""
-    import time
-
+    """After posting a failure: wait until all ``world_size`` ranks (default ``$WORLD_SIZE``) have seen it, at
+    most ``wait_s`` seconds, so that the store (hosted by the failed node's agent) outlives their reading it.
+    """
     store = _STORE_CLIENT
     if store is None:
         return
@@ -234,8 +196,6 @@ def await_peers(world_size: int | None = None, wait_s: float = SEEN_WAIT_S) -> N
 
 def _read_failure(store: Any, wait_s: float = 0.0) -> dict | None:
     """The failure posted on ``store`` (waiting up to ``wait_s`` for one), or None."""
-    import json
-
     key = _key("failure")
     try:
         if wait_s > 0:
@@ -264,9 +224,9 @@ def _peer_failed(rank: int, report: dict | None, exc: BaseException | None = Non
 
 
 def peer_failure(exc: BaseException, rank: int) -> PeerFailedError | None:
-    """When ``exc`` (raised on ``rank``) is a broken or timed-out collective: the :class:`PeerFailedError`
-    to stop with, naming the peer that posted its failure (waited for at most :data:`REPORT_WAIT_S`);
-    None for any other exception (this rank's own failure)."""
+    """The :class:`PeerFailedError` to stop with when ``exc`` (raised on ``rank``) is a broken or timed-out
+    collective, naming the peer that posted its failure (waited for up to :data:`REPORT_WAIT_S`); None for
+    this rank's own failure."""
     if isinstance(exc, PeerFailedError):
         return exc
     if not is_comm_error(exc):
@@ -279,12 +239,9 @@ def peer_failure(exc: BaseException, rank: int) -> PeerFailedError | None:
 
 
 def _roll_call(rank: int, world: int, timeout_s: float) -> None:
-    """Wait until every rank has arrived (each sets ``joined/<rank>`` on the agent's store); a failure
-    posted meanwhile ends the wait at once (:class:`PeerFailedError`), ``timeout_s`` (seconds) with
-    :class:`JoinTimeoutError`. Without an agent's store (plain ``env://``, where rank 0 hosts the store
-    inside ``init_process_group``) there is no roll call."""
-    import time
-
+    """Wait until every rank has arrived on the agent's store; a failure posted meanwhile raises
+    :class:`PeerFailedError` at once, ``timeout_s`` :class:`JoinTimeoutError`. Without an agent's store
+    (plain ``env://``) there is no roll call."""
     if world == 1 or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
         return
     store = _job_store(connect_timeout_s=timeout_s)
@@ -313,13 +270,8 @@ def _roll_call(rank: int, world: int, timeout_s: float) -> None:
 
 @dataclass(frozen=True)
 class DistContext:
-    """Where this process stands in the default process group.
-
-    ``role`` is the name of this rank's role (``"worker"`` in a plain ``launch_local`` run, the role of a
-    ``Role`` otherwise, torchrun's ``--role`` under torchrun), ``role_rank`` its index among the ranks of
-    that role and ``role_world_size`` their number; left out, they default to ``"worker"``, ``rank`` and
-    ``world_size`` (one role holding every rank).
-    """
+    """Where this process stands in the default process group. ``role`` (``"worker"`` by default),
+    ``role_rank`` and ``role_world_size`` default to one role holding every rank."""
 
     rank: int
     world_size: int
@@ -338,24 +290,25 @@ class DistContext:
             object.__setattr__(self, "role_world_size", self.world_size)
 
 
+def _int_env(name: str, default: int | None = None) -> int:
+    """Integer environment variable ``name`` (``default`` when unset or blank, if given)."""
+    raw = os.environ.get(name, "").strip()
+    if not raw and default is not None:
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise DistributedSetupError(f"environment variable {name}={raw!r} is not an integer; {_ENV_HINT}") from None
+
+
 def _read_env() -> tuple[int, int, int, str, int]:
     missing = [name for name in _REQUIRED_ENV if not os.environ.get(name, "").strip()]
     if missing:
         which = ", ".join(missing)
         raise DistributedSetupError(
             f"environment variable{'s' if len(missing) > 1 else ''} {which} not set; {_ENV_HINT} "
-            f"(they set {', '.join(_REQUIRED_ENV)})"
-        )
-    values = {}
-    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT"):
-        raw = os.environ[name].strip()
-        try:
-            values[name] = int(raw)
-        except ValueError:
-            raise DistributedSetupError(
-                f"environment variable {name}={raw!r} is not an integer; {_ENV_HINT}"
-            ) from None
-    rank, world, local_rank, port = (values[k] for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT"))
+            f"(they set {', '.join(_REQUIRED_ENV)})")
+    rank, world, local_rank, port = (_int_env(k) for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT"))
     if world < 1:
         raise DistributedSetupError(f"WORLD_SIZE must be at least 1, got {world}")
     if not 0 <= rank < world:
@@ -370,11 +323,8 @@ def _read_env() -> tuple[int, int, int, str, int]:
 
 
 def _check_master_addr(addr: str, port: int, tries: int = 3) -> None:
-    """Refuse a ``MASTER_ADDR`` that does not resolve, in one line, before the rendezvous: c10d would
-    retry it until the timeout, printing a warning per try, and then fail with a page of C++ frames."""
-    import socket
-    import time
-
+    """Refuse an unresolvable ``MASTER_ADDR`` in one line: c10d would retry it until the timeout and then fail
+    with a page of C++ frames."""
     for attempt in range(tries):
         try:
             socket.getaddrinfo(addr, port, type=socket.SOCK_STREAM)
@@ -385,8 +335,7 @@ def _check_master_addr(addr: str, port: int, tries: int = 3) -> None:
                 continue
             raise DistributedSetupError(
                 f"MASTER_ADDR={addr!r} cannot be resolved ({e.strerror or e}); set it to an address or host name "
-                "of rank 0's machine that every rank can reach"
-            ) from None
+                "of rank 0's machine that every rank can reach") from None
         except (UnicodeError, ValueError) as e:  # e.g. an empty label or a NUL byte
             raise DistributedSetupError(f"MASTER_ADDR={addr!r} is not a host name or address ({e})") from None
 
@@ -394,14 +343,7 @@ def _check_master_addr(addr: str, port: int, tries: int = 3) -> None:
 def _read_role(rank: int, world: int) -> tuple[str, int, int]:
     """(role, role_rank, role_world_size) from ``ROLE_NAME``/``ROLE_RANK``/``ROLE_WORLD_SIZE``."""
     name = os.environ.get("ROLE_NAME", "").strip() or DEFAULT_ROLE
-    values = {}
-    for var, default in (("ROLE_RANK", rank), ("ROLE_WORLD_SIZE", world)):
-        raw = os.environ.get(var, "").strip()
-        try:
-            values[var] = int(raw) if raw else default
-        except ValueError:
-            raise DistributedSetupError(f"environment variable {var}={raw!r} is not an integer; {_ENV_HINT}") from None
-    role_rank, role_world = values["ROLE_RANK"], values["ROLE_WORLD_SIZE"]
+    role_rank, role_world = _int_env("ROLE_RANK", rank), _int_env("ROLE_WORLD_SIZE", world)
     if not 1 <= role_world <= world:
         raise DistributedSetupError(f"ROLE_WORLD_SIZE must be in [1, WORLD_SIZE={world}], got {role_world}")
     if not 0 <= role_rank < role_world:
@@ -416,10 +358,8 @@ def _choose_backend_device(backend: str | None, device: Any, local_rank: int) ->
     if backend is not None:
         backend = str(backend).lower()
         if backend not in SUPPORTED_BACKENDS:
-            raise ValueError(
-                f"unknown backend {backend!r}; use one of {', '.join(SUPPORTED_BACKENDS)} "
-                "(or None to choose automatically)"
-            )
+            raise ValueError(f"unknown backend {backend!r}; use one of {', '.join(SUPPORTED_BACKENDS)} "
+                             "(or None to choose automatically)")
     cuda = torch.cuda.is_available()
     dev = None
     if device is not None:
@@ -431,10 +371,8 @@ def _choose_backend_device(backend: str | None, device: Any, local_rank: int) ->
             raise ValueError(f"device must be 'cpu' or 'cuda[:N]', got {device!r}")
         if dev.type == "cuda":
             if not cuda:
-                raise DistributedSetupError(
-                    f"device {device!r} asked for, but CUDA is not available here "
-                    "(torch.cuda.is_available() is False); use device='cpu' or None"
-                )
+                raise DistributedSetupError(f"device {device!r} asked for, but CUDA is not available here "
+                                            "(torch.cuda.is_available() is False); use device='cpu' or None")
             if dev.index is None:
                 dev = torch.device("cuda", local_rank)
     if backend is None:
@@ -443,8 +381,7 @@ def _choose_backend_device(backend: str | None, device: Any, local_rank: int) ->
         if not cuda:
             raise DistributedSetupError(
                 "backend 'nccl' needs CUDA, but torch.cuda.is_available() is False here; "
-                "use backend='gloo' (or None to choose automatically) on a CPU machine"
-            )
+                "use backend='gloo' (or None to choose automatically) on a CPU machine")
         if not dist.is_nccl_available():
             raise DistributedSetupError("backend 'nccl' asked for, but this torch build has no NCCL")
         if dev is None:
@@ -461,8 +398,7 @@ def _choose_backend_device(backend: str | None, device: Any, local_rank: int) ->
         if dev.index >= count:
             raise DistributedSetupError(
                 f"device cuda:{dev.index} (LOCAL_RANK={local_rank}) does not exist: {count} GPU(s) visible; "
-                "start at most one process per visible GPU on each node"
-            )
+                "start at most one process per visible GPU on each node")
     return backend, dev
 
 
@@ -470,16 +406,11 @@ def init_distributed(backend: str | None = None, device: Any = None, timeout_s: 
                      join_timeout_s: float | None = None) -> DistContext:
     """Join the default process group of a process started by torchrun or ``launch_local``.
 
-    Reads ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT`` from the environment
-    (and the role variables, see the module docstring).
-    ``backend=None`` picks ``"nccl"`` when CUDA is available (device ``cuda:LOCAL_RANK``, made current with
-    ``torch.cuda.set_device``) and ``"gloo"`` on the CPU otherwise; ``device=None`` follows the backend
-    (``"cuda"`` without an index means ``cuda:LOCAL_RANK``). ``timeout_s`` (finite, positive) bounds every
-    collective and the rendezvous, so a rank whose peer crashed fails instead of waiting forever.
-    ``join_timeout_s`` (finite, positive; default ``timeout_s``) bounds the roll call before joining, under
-    an agent's store (torchrun, ``launch_local``): :class:`JoinTimeoutError` names the ranks that did not
-    arrive, :class:`PeerFailedError` one that failed before joining (see the module docstring).
-    """
+    Reads ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT`` and the role
+    variables. ``backend=None``: nccl with CUDA (device ``cuda:LOCAL_RANK``, made current), else gloo;
+    ``device=None`` follows the backend (``"cuda"`` means ``cuda:LOCAL_RANK``). ``timeout_s`` bounds every
+    collective and the rendezvous; ``join_timeout_s`` (default ``timeout_s``) the roll call. Bad environment
+    or devices: :class:`DistributedSetupError`; bad arguments: ValueError."""
     import torch
     import torch.distributed as dist
 
@@ -513,10 +444,9 @@ def init_distributed(backend: str | None = None, device: Any = None, timeout_s: 
 def shutdown_distributed(failed: bool = False) -> None:
     """Leave the default process group if there is one; safe to call twice (or without torch).
 
-    After a success (``failed=False``) the ranks leave together (a barrier, bounded by the process-group
-    timeout: rank 0 may still be writing the run folder) and the group is destroyed. After a failure
-    the group is aborted at once, with no barrier: a peer blocked in a collective with this rank then
-    fails within a second (gloo: connection closed) instead of at the process-group timeout."""
+    After a success the ranks leave together (a barrier: rank 0 may still be writing the run folder). After
+    a failure the group is aborted at once, so a peer blocked in a collective with this rank fails within a
+    second instead of at the process-group timeout."""
     global _STORE_CLIENT
     try:
         import torch.distributed as dist
@@ -540,11 +470,11 @@ def shutdown_distributed(failed: bool = False) -> None:
 @contextlib.contextmanager
 def distributed(backend: str | None = None, device: Any = None, timeout_s: float = 300.0,
                 join_timeout_s: float | None = None) -> Iterator[DistContext]:
-    """``with distributed() as ctx:`` — :func:`init_distributed` on entry, :func:`shutdown_distributed` on exit.
+    """``with distributed() as ctx:``: :func:`init_distributed`, then :func:`shutdown_distributed`.
 
-    An exception in the block ends it fast: this rank's own failure is posted on the job's store
-    (:func:`report_failure`) and the group aborted; a broken collective (a peer failed) becomes a
-    :class:`PeerFailedError` naming that peer. Either way the exception is raised on, one line."""
+    An exception in the block posts this rank's own failure (:func:`report_failure`) and aborts the group;
+    a broken collective becomes a :class:`PeerFailedError` naming the peer. The exception is raised on."""
+    global _STORE_CLIENT
     try:
         ctx = init_distributed(backend=backend, device=device, timeout_s=timeout_s, join_timeout_s=join_timeout_s)
     except BaseException as exc:
@@ -558,7 +488,7 @@ def distributed(backend: str | None = None, device: Any = None, timeout_s: float
         store = _STORE_CLIENT
         shutdown_distributed(failed=True)  # the peers' collectives with this rank fail now
         if posted:
-            _keep_store(store)
+            _STORE_CLIENT = store  # kept past shutdown, so that the peers can read the failure
             await_peers(ctx.world_size)
         if peer is not None and peer is not exc:
             raise peer from None
@@ -566,39 +496,20 @@ def distributed(backend: str | None = None, device: Any = None, timeout_s: float
     shutdown_distributed()
 
 
-def _keep_store(store: Any) -> None:
-    global _STORE_CLIENT
-    _STORE_CLIENT = store
-
-
 def torchrun_command(module_args: Sequence[str] | str, nproc_per_node: int | str, nnodes: int | str = 1,
                      node_rank: int | str = 0, rdzv_endpoint: str | None = None, standalone: bool | None = None,
                      *, python: str | None = None) -> list[str]:
-    """The ``python -m torch.distributed.run ...`` command line that starts a run (torchrun).
+    """The ``python -m torch.distributed.run ...`` command line that starts a run.
 
-    ``module_args``: what torchrun runs — ``["repro.train", "--steps", "10"]`` (a module name; ``-m`` is
-    added), ``["-m", "repro.train", ...]`` or ``["path/to/script.py", ...]`` (a ``.py`` file or a path);
-    a string is split with :func:`shlex.split`. ``nproc_per_node``: processes per node (an int, or
-    torchrun's ``"gpu"``/``"cpu"``/``"auto"``). ``standalone=None`` means ``--standalone`` (a private
-    rendezvous on this machine) for one node without ``rdzv_endpoint``. Several nodes need
-    ``rdzv_endpoint="HEAD:PORT"`` (the host of node 0) and each node's ``node_rank`` (static rendezvous);
-    ``nnodes``/``node_rank`` may be shell variables (strings). ``python`` defaults to ``sys.executable``.
+    ``module_args``: a module name (``["repro.train", "--steps", "10"]``; ``-m`` is added), ``["-m", ...]``
+    or a script path; a string is :func:`shlex.split`. ``nproc_per_node``: an int or torchrun's
+    ``"gpu"``/``"cpu"``/``"auto"``. ``standalone=None``: ``--standalone`` for one node without
+    ``rdzv_endpoint``. Several nodes need ``rdzv_endpoint="HEAD:PORT"`` and each node's ``node_rank``;
+    ``nnodes``/``node_rank`` may be shell variables. ``python`` defaults to ``sys.executable``. Bad
+    arguments: ValueError. Example::
 
-    Example::
-
-        >>> torchrun_command(["repro.train", "--steps", "10"], 2, python="python")
-        ['python', '-m', 'torch.distributed.run', '--standalone', '--nnodes', '1', '--nproc-per-node', '2', '-m', 'repro.train', '--steps', '10']
-
-    On SLURM, one task per node (``#SBATCH --nodes=2 --ntasks-per-node=1 --gpus-per-node=4``)::
-
-        HEAD=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
-        srun bash -c "python -m torch.distributed.run --nnodes \\$SLURM_NNODES --node-rank \\$SLURM_NODEID \\
-            --rdzv-endpoint $HEAD:29500 --nproc-per-node 4 -m repro.train ..."
-
-    which is ``" ".join(torchrun_command(["repro.train", ...], 4, nnodes="$SLURM_NNODES",
-    node_rank="$SLURM_NODEID", rdzv_endpoint=f"{head}:29500", python="python"))``
-    (``torchrun --nnodes $SLURM_NNODES --node_rank $SLURM_NODEID --rdzv-endpoint $HEAD:29500 ...`` is the
-    same with the ``torchrun`` script).
+        >>> torchrun_command(["repro.train", "--steps", "10"], 2, python="python")[:6]
+        ['python', '-m', 'torch.distributed.run', '--standalone', '--nnodes', '1']
     """
     parts = shlex.split(module_args) if isinstance(module_args, str) else [str(a) for a in module_args]
     if not parts or parts in (["-m"], ["--module"]):
