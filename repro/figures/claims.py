@@ -1,84 +1,7 @@
-"""The papers' claims as data: what each paper says, our numbers beside it, and a verdict.
-
-The claims live in package data, one YAML file per paper (``data/claims/<paper>.yaml``); each
-claim names the paper's number and where it comes from, the figures that show it, and *how* to compute
-our simulated and measured numbers from the tidy result tables the notebooks write under
-``results_dir`` (:func:`repro.results.tables.write_table`). Nothing here holds a result: every "our number" is
-read from a table, so a verdict changes when the tables do.
-
-A claim (YAML)::
-
-    - id: omgs.speedup_resnet50
-      claim: OMGS-SGD is 1.31x faster than TopK-SGD on ResNet-50 (16 workers, 1GbE)
-      figures: [omgs.breakdown]            # manifest figure ids whose cards carry the verdict
-      paper: {value: 1.31, unit: x, source: "OMGS-SGD paper: 0.666 s / 0.507 s per iteration"}
-      rule: {kind: close, etol: 0.5, neutral: 1.0}
-      judge_by: simulated                  # simulated (default) | measured
-      simulated:                           # a metric (below), or null
-        table: omgs_paper_setting
-        where: {model: resnet50}
-        value: iteration_s
-        num: {planner: topk_single}
-        den: {planner: omgs}
-        as: ratio
-      measured: null                       # a metric; with ``pair`` it is bootstrapped (below)
-      measured_summary: null               # read when the measured metric's table is absent (no interval)
-      settings: {params: {density: cnn_density}, paper: {density: 0.001}, seeds: seed, note: "..."}
-      facts: {buckets: {table: omgs_paper_setting, where: {model: resnet50, planner: omgs}, value: buckets, agg: max}}
-      why: "the published rule puts every layer in {buckets} bucket(s) ..."   # {fact} placeholders
-
-**Metric.** ``table`` (a CSV under ``results_dir``), ``where`` (column -> value or list of values; numbers
-compared with a relative tolerance of 1e-9, because CSV round trips may change the last digit),
-``at_max`` (keep the rows where this column is largest, e.g. the last epoch or the largest P), ``value``
-(the column). Without ``num``/``den``: ``agg`` (median by default; max, min, mean, first) of the value.
-With ``num`` and ``den`` (more filters each): the aggregate of each side, combined ``as`` ``ratio``
-(num / den), ``pct`` (100 (num / den - 1)), ``diff`` (num - den) or ``pts`` (100 (num - den)); with
-``by`` (columns) that is done per group and reduced with ``reduce`` (max by default, min, median); the
-group that gave the number is kept as ``at``.
-
-**Cost modes.** A simulated metric is evaluated twice: on the rows whose ``cost_mode`` is ``paper`` (or
-empty; a table without the column is all paper mode) and on the rows whose ``cost_mode`` is
-``calibrated``. A table without calibrated rows has no calibrated number yet (*not run yet*); a table
-with calibrated rows, but none for a claim whose paper-mode rows are there, has none to give (*n/a (no
-calibrated preset)*). Facts are read from the paper-mode rows.
-
-**Samples** (``pair: <column>``, e.g. ``pair`` in ``<paper>_timing_samples`` or ``seed`` in a
-convergence table). The table holds one row per sample; rows with equal ``pair`` were taken side by
-side, so the statistic resamples pairs: :data:`BOOTSTRAP_RESAMPLES` draws of the distinct pair values
-with replacement (seeded: :data:`BOOTSTRAP_SEED`, so the same table gives the same interval), and for
-each draw every *cell* (the rows of one side that share the values of the ``cells`` columns; by default
-the columns the ``num``/``den`` filters name) gets the median of its values over the drawn pairs; the
-side's ``agg`` (``min`` = the best of several schedulers) combines its cells, then ``as``, ``by`` and
-``reduce`` as above. The number is that statistic on all pairs once; the interval is the 2.5th and
-97.5th percentile over the draws. Columns in ``cells`` that the table lacks are left out. A ``pair``
-metric whose table or pair column is missing gives nothing, and ``measured_summary`` (an ordinary
-metric, e.g. an older summary table) is shown instead, judged *inconclusive (no interval)*.
-
-**Verdict** (the rule set; :data:`RULES_TEXT` says it on the claims page) from the number named by
-``judge_by``, the paper's number and ``rule``, with ``tol = atol``, ``etol * |paper - neutral|`` (a
-share of the paper's effect, so a claimed 2% gain is not "reproduced" by no gain) or ``rtol * |paper|``:
-
-- ``close`` (a number, including "up to N": the maximum over the paper's own models and settings):
-  *reproduced* if ``|ours - paper| <= tol``, on both sides; *direction only* if ours is outside that
-  but on the paper's side of ``neutral`` by more than ``neutral_atol`` (the effect exists, its size
-  differs); else *not reproduced* (no effect, or the opposite);
-- ``at_least`` (the paper states a bound: "at least as fast", "no accuracy loss"): *reproduced* if
-  ``ours >= paper - tol``, else *not reproduced*;
-- ``at_most``: *reproduced* if ``ours <= paper + tol``, else *not reproduced*.
-
-A measured verdict needs an interval: *inconclusive* when fewer than :data:`MIN_SAMPLES` pairs ran or
-the interval straddles one of the rule's thresholds (``paper +- tol``, ``neutral +- neutral_atol``);
-*inconclusive (no interval)* when the number comes from a table without samples. ``testable: false``
-gives *not testable here* (with ``why``); a claim whose judging number is missing (its notebook has not
-run) is *not run yet*.
-
-**Settings** (``settings``): ``params`` (label -> key of the judged table's params JSON, the sidecar
-:func:`repro.results.tables.write_table` writes), ``paper`` (label -> the paper's value), ``seeds`` (a column
-whose distinct values are counted; a ``seeds`` column is read as a count), ``note`` (why the paper's
-setting cannot run here, shown when ours differs from the paper's). Without ``settings`` the params
-``scale``, ``workers``, ``epochs`` and ``density`` are shown where the table recorded one value.
-
-Torch-free; reads CSVs with pandas and numpy only.
+"""The papers' claims as data (``data/claims/<paper>.yaml``): the paper's number, ours computed from the
+result tables under ``results_dir``, and a verdict. Nothing here holds a result: a verdict changes when
+the tables do. The claim format, metrics, bootstrap and verdict rules are described in
+``docs/design/figures.md``. Torch-free.
 """
 
 from __future__ import annotations
@@ -381,7 +304,7 @@ def evaluate_metric(metric: Mapping[str, Any] | None, results_dir: str | Path,
                     cache: dict[str, Any] | None = None, cost_mode: str | None = None) -> dict[str, Any] | None:
     """Our number for ``metric`` from the tables in ``results_dir``: ``{"value", "at", "table"}`` and, for
     a ``pair`` metric, ``"low"``, ``"high"`` (the 95% bootstrap interval) and ``"samples"`` (the number of
-    pairs); None when the table, a column or the rows are missing (module docstring). ``cost_mode``
+    pairs); None when the table, a column or the rows are missing (docs/design/figures.md). ``cost_mode``
     (``paper``, ``calibrated`` or None for all rows) selects a simulated table's rows; a ``calibrated``
     metric gives None on a table without calibrated rows (that mode has not run), and
     ``{"value": None, "reason": NO_CALIBRATED}`` where the mode ran but not for the metric's rows while
@@ -474,8 +397,8 @@ def _side_stat(cells: list[np.ndarray], agg: str) -> np.ndarray | None:
 
 
 def _bootstrap(metric: Mapping[str, Any], df: pd.DataFrame) -> dict[str, Any] | None:
-    """The statistic of a ``pair`` metric on all pairs, and its seeded percentile interval (module
-    docstring); draw 0 is all pairs once, the others are resamples with replacement."""
+    """The statistic of a ``pair`` metric on all pairs, and its seeded percentile interval
+    (docs/design/figures.md); draw 0 is all pairs once, the others are resamples with replacement."""
     pair, value = str(metric["pair"]), str(metric["value"])
     if pair not in df.columns:
         return None
@@ -538,7 +461,7 @@ def metric_key(metric: Mapping[str, Any] | None) -> str:
 # --------------------------------------------------------------------------------------- verdicts
 
 def _tolerance(paper: float | None, rule: Mapping[str, Any]) -> tuple[float, float, float | None]:
-    """``(ref, tol, neutral)`` of ``rule`` for the paper's number (module docstring)."""
+    """``(ref, tol, neutral)`` of ``rule`` for the paper's number (docs/design/figures.md)."""
     neutral = rule.get("neutral")
     ref = float(paper) if paper is not None else float(neutral if neutral is not None else 0.0)
     if "atol" in rule:
@@ -567,7 +490,7 @@ def thresholds(paper: float | None, rule: Mapping[str, Any]) -> list[float]:
 
 def verdict(ours: float | None, paper: float | None, rule: Mapping[str, Any],
             interval: tuple[float, float] | None = None, samples: int | None = None) -> str:
-    """The verdict of ``ours`` against ``paper`` under ``rule`` (module docstring): :data:`NOT_RUN` when
+    """The verdict of ``ours`` against ``paper`` under ``rule`` (docs/design/figures.md): :data:`NOT_RUN` when
     ours is missing; with ``interval`` (a measured number's bootstrap interval over ``samples`` pairs)
     *inconclusive* when fewer than :data:`MIN_SAMPLES` pairs ran or the interval straddles a threshold."""
     if ours is None or (isinstance(ours, float) and math.isnan(ours)):
@@ -705,7 +628,7 @@ def paper_setting_text(claim: Mapping[str, Any]) -> str:
 
 
 def settings_text(claim: Mapping[str, Any], table: str | None, results_dir: Path, cache: dict[str, Any]) -> str:
-    """The settings the verdict depends on, read from ``table``'s params JSON and rows (module docstring),
+    """The settings the verdict depends on, read from ``table``'s params JSON and rows (docs/design/figures.md),
     each beside the paper's value where the claim gives one, then whether that is the paper's setting
     (and the claim's ``note`` when it is not); empty without a table."""
     if not table:
@@ -744,9 +667,9 @@ def settings_text(claim: Mapping[str, Any], table: str | None, results_dir: Path
         if label in wanted:
             continue
         if label in judged_at:  # the value the verdict's metric selects (e.g. one density of a sweep)
-            if not _same_setting(judged_at[label], paper[label]):
-                differs.append(label)
             same = _same_setting(judged_at[label], paper[label])
+            if not same:
+                differs.append(label)
             parts.append(f"{label} {_setting_value(judged_at[label])}"
                          + ("" if same else f" (paper {_setting_value(paper[label])})"))
             continue

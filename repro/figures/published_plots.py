@@ -9,7 +9,6 @@ import pandas as pd
 from matplotlib.lines import Line2D
 
 from repro.figures.style import legend_below, scheduler_color, scheduler_label, scheduler_marker
-from repro.studies.published import PREDICTIONS
 
 __all__ = ["plot_published"]
 
