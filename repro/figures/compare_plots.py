@@ -1,18 +1,6 @@
-"""The figure ``compare.schedulers``: every scheduler of the four papers on one footing, drawn from the tidy
-tables of :mod:`repro.studies.compare`.
-
-One heat map panel per simulated network (columns: model x P) and one for the tiny measured runs (columns:
-model x link). Rows: the schedulers, grouped by paper. Each cell is the scheduler's iteration time divided
-by the fastest of its column (1.00 = the fastest; a log colour scale), written in the cell; the column
-label gives the fastest iteration in milliseconds. A star marks the fastest of the column; a diamond the
-fastest among the schedulers that keep synchronous SGD's update, where that is not the fastest overall.
-Rows of schedulers that change the update (top-k, ASP, SSP, OSP) carry a dagger. Measured cells of runs
-with more ranks than CPU cores are hatched (oversubscribed); schedulers not run are left grey.
-Exact planners (``optimal``, ``omgs_optimal``, ``dear_optimal``: ours) are labelled "ours, exact"; their
-row is the best of their exact plan and their family's heuristic plans under the judging cost model
-(:func:`repro.studies.compare.exact_choice`), and a cell whose plan came from a heuristic (the exact
-plan lost under contention) carries a double dagger; :data:`EXACT_NOTE` says so under the figure.
-The notes and legend are below the axes, never over data. Saving is the caller's job.
+"""The figure ``compare.schedulers``: every scheduler of the four papers on one footing, a heat map of
+iteration time ÷ the fastest of each column, drawn from the tables of :mod:`repro.studies.compare`
+(what the marks mean: ``docs/design/figures.md``). Saving is the caller's job.
 """
 
 from __future__ import annotations

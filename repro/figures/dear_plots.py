@@ -1,11 +1,7 @@
-"""Figures of the DeAR simulation study, each drawn from one tidy table of :mod:`repro.studies.dear_sim`.
-
-Every function takes DataFrames and returns a matplotlib Figure; saving is the caller's job
-(:func:`repro.figures.save_figure`). Conventions of :mod:`repro.figures.style`: one style per scheduler,
-legends below the axes (never over data), notes where curves coincide, and every figure says it is
-simulated, with which cost preset and from which traces (``note``), and in its title which cost mode drew
-it ("paper model" or "calibrated on ddl-benchmarks": the table's ``cost_mode`` column or the ``cost_mode``
-argument; :func:`repro.figures.mgwfbp_plots.cost_mode_label`).
+"""Figures of the DeAR simulation study, each drawn from one tidy table of :mod:`repro.studies.dear_sim`
+and returned as a matplotlib Figure (the caller saves it). Every figure says it is simulated, with which
+preset and traces (``note``), and names its cost mode in the title
+(:func:`repro.figures.mgwfbp_plots.cost_mode_label`).
 """
 
 from __future__ import annotations

@@ -1,11 +1,6 @@
-"""Figures of the DeAR training notebook (``notebooks/dear_training.ipynb``): measured runs at tiny scale
-beside the simulation at the paper's scale, each drawn from tidy tables of
-:mod:`repro.studies.dear_train` and :mod:`repro.studies.dear_sim`.
-
-Every function returns a matplotlib Figure; saving is the caller's (:func:`repro.figures.save_figure`).
-Conventions: one style per method (:func:`repro.figures.dear_plots.method_style`), legends below the axes,
-every panel says whether it is measured or simulated (``*_note`` arguments: the network, ranks and cores
-of the measurement; the preset and traces of the simulation), paper claims labelled as such.
+"""Figures of ``notebooks/dear_training.ipynb``: measured runs at tiny scale beside the simulation at
+the paper's scale, drawn from tables of :mod:`repro.studies.dear_train` and :mod:`repro.studies.dear_sim`
+and returned as matplotlib Figures. Every panel says whether it is measured or simulated (``*_note``).
 """
 
 from __future__ import annotations

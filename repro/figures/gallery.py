@@ -1,21 +1,7 @@
-"""The figure gallery: ``<out>/index.html`` and ``<out>/index.md`` for a results folder.
-
-``write_index(out)`` reads the manifest and ``out/{figures,data,notebooks}`` and writes a page with
-relative links only (nothing fetched): a summary table, then per paper one card per manifest figure
-with its thumbnail, PNG, PDF, data tables (CSV), executed notebook (HTML) and, per claim shown, its verdict
-(:data:`repro.figures.claims.VERDICTS`) with our number against the paper's. Side files:
-``figures/thumbs/<stem>.png`` and ``notebooks/<name>.html``, refreshed when stale.
-
-Status words (:data:`STATES`, the runner's too): ``done`` (its notebook finished a run in this folder
-and the PNG decodes, the PDF is complete and the sidecar is there), ``planned`` (no notebook makes it
-yet), ``failed`` (ran, figure not whole), ``interrupted`` (the run record says so, or an executed copy
-has no run record), ``missing`` (done in the manifest, not run in this folder).
-
-Which tables a figure is drawn from (:func:`figure_tables`), first rule that gives one wins: (1) the
-sidecar's ``tables``; (2) the tables its notebook wrote named ``<stem>`` or ``<stem>_*`` (the card
-also lists the notebook's others, folded); (3) every table its notebook wrote. "Wrote" is the run
-record's list (``notebooks/<name>.run.json``), else, for a notebook run by hand with papermill, the
-tables whose ``data/<name>.json`` time falls between the executed copy's start and end times.
+"""The figure gallery: ``<out>/index.html`` and ``<out>/index.md`` for a results folder, with relative
+links only: per paper one card per manifest figure (thumbnail, PNG, PDF, CSV tables, executed
+notebook, claim verdicts). Status words: :data:`STATES`; which tables a card lists:
+:func:`figure_tables` (rules in ``docs/design/figures.md``).
 """
 
 from __future__ import annotations

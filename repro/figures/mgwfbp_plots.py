@@ -1,11 +1,6 @@
-"""Figures of the MG-WFBP study, each drawn from one tidy table of :mod:`repro.studies.mgwfbp_sim`,
-:mod:`repro.studies.mgwfbp_train` or :mod:`repro.studies.validation`.
-
-Every function takes DataFrames and returns a matplotlib Figure; saving is the caller's job
-(:func:`repro.figures.save_figure`). They follow the conventions of :mod:`repro.figures.style`:
-one style per scheduler, paper values on top, legends below the axes, small multiples, notes where
-curves coincide, oversubscribed measurements marked. Simulated figures say in their title which cost
-mode drew them (:func:`cost_mode_label`: "paper model" or "calibrated on ddl-benchmarks").
+"""Figures of the MG-WFBP study, drawn from tidy tables of :mod:`repro.studies.mgwfbp_sim`,
+:mod:`repro.studies.mgwfbp_train` or :mod:`repro.studies.validation` and returned as matplotlib Figures
+(the caller saves them). Simulated figures name their cost mode in the title (:func:`cost_mode_label`).
 """
 
 from __future__ import annotations

@@ -1,9 +1,5 @@
-"""Figures of the OMGS-SGD micro-benchmarks, each drawn from the tidy tables of
-:mod:`repro.studies.omgs_micro` (the caller saves them with :func:`repro.figures.save_figure`).
-
-Conventions of :mod:`repro.figures.style`: legends below the axes, published values drawn apart
-(dashed lines labelled "published"), oversubscribed measurements ringed, log axes where sizes span
-decades.
+"""Figures of the OMGS-SGD micro-benchmarks, drawn from the tables of :mod:`repro.studies.omgs_micro`
+and returned as matplotlib Figures (the caller saves them).
 """
 
 from __future__ import annotations

@@ -1,10 +1,6 @@
-"""Figures of the OMGS-SGD simulation study, each drawn from one tidy table of
-:mod:`repro.studies.omgs_sim`.
-
-Every function takes DataFrames and returns a matplotlib Figure; saving is the caller's job
-(:func:`repro.figures.save_figure`). Conventions of :mod:`repro.figures.style`: one style per planner,
-legends outside the data, notes where curves coincide; the title of a simulated figure names its cost
-mode ("paper model" or "calibrated on ddl-benchmarks", :func:`repro.figures.mgwfbp_plots.cost_mode_label`).
+"""Figures of the OMGS-SGD simulation study, drawn from tables of :mod:`repro.studies.omgs_sim` and
+returned as matplotlib Figures (the caller saves them); simulated titles name their cost mode
+(:func:`repro.figures.mgwfbp_plots.cost_mode_label`).
 """
 
 from __future__ import annotations

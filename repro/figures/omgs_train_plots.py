@@ -1,8 +1,5 @@
-"""Figures of the OMGS-SGD training study (:mod:`repro.studies.omgs_train`): ``omgs.convergence`` and
-``omgs.breakdown``. Each function takes the study's tidy tables and returns a matplotlib Figure; saving
-is the caller's (:func:`repro.figures.save_figure`). Conventions of :mod:`repro.figures.style`: one style
-per scheduler, paper values as hollow diamonds on top, legends below the axes, notes where curves
-coincide, oversubscribed runs hatched.
+"""Figures ``omgs.convergence`` and ``omgs.breakdown`` of the OMGS-SGD training study, drawn from the
+tables of :mod:`repro.studies.omgs_train` and returned as matplotlib Figures (the caller saves them).
 """
 
 from __future__ import annotations

@@ -1,13 +1,7 @@
-"""Figures of the OSP study, each drawn from the tidy tables of :mod:`repro.studies.osp_sim` and
-:mod:`repro.studies.osp_train`.
-
-Every function takes DataFrames and returns a matplotlib Figure; saving is the caller's job
-(:func:`repro.figures.save_figure`). Conventions of :mod:`repro.figures.style`: one style per scheduler
-(``ps_bsp``, ``ps_asp``, ``ps_ssp``, ``osp``, ``osp_nolgp``, ``osp_auto``), legends below the axes,
-simulated panels say so, measured panels say at which tiny scale, and the paper's claim is drawn
-labelled as the paper's claim (abstract). Simulated titles and panels name the cost mode ("paper model"
-or "calibrated on ddl-benchmarks": the table's ``cost_mode`` column or the ``cost_mode`` argument;
-:func:`repro.figures.mgwfbp_plots.cost_mode_label`).
+"""Figures of the OSP study, drawn from the tables of :mod:`repro.studies.osp_sim` and
+:mod:`repro.studies.osp_train` and returned as matplotlib Figures (the caller saves them). Simulated
+titles name their cost mode (:func:`repro.figures.mgwfbp_plots.cost_mode_label`); the paper's claim is
+drawn labelled as such.
 """
 
 from __future__ import annotations

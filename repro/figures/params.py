@@ -1,22 +1,11 @@
-"""Notebook parameters as papermill users give them.
+"""Notebook parameters as papermill users give them, and the schema machinery that checks them.
 
-``papermill nb.ipynb out.ipynb -p workers "[4, 16]"`` hands the notebook the *string* ``"[4, 16]"``
-(``-p`` never parses lists; ``-y``/``-f`` YAML does). So list parameters accept a list, a JSON/YAML flow
-list (``"[4, 16]"``, ``"[resnet50, vgg16]"``) or ``"4,16"`` (:func:`parse_list`, :func:`ListOf`), and
-anything else is a one-line :class:`ParameterError` naming the parameter and an example. A relative path
-(``output_dir``, ``results_dir``; :func:`resolve_path`, :data:`PathParam`) is relative to the repository
-root, wherever papermill or Jupyter was started. :func:`default_world_sizes`: the rank counts a
-tiny-scale notebook uses by default, no more than this process's CPU cores.
-
-Each notebook's ``parameters`` cell holds its parameters' defaults, and only it. One
-:class:`NotebookParams` subclass (a module of :mod:`repro.figures.schemas`) declares the same names
-with their types, ranges and choices, and no defaults; the notebook checks its values in its first code
-cell with ``p = apply_parameters(Schema, globals())``, before any rank starts or any file is written:
-unknown names, wrong types (``2.5`` for an int, ``"maybe"`` for a bool), values out of range and unknown
-choices each fail with one :class:`ParameterError` line. Code outside a notebook (the figures runner,
-tests) validates a few overrides with :func:`validate_parameters`, which takes every other value from
-the notebook's parameters cell (:func:`notebook_defaults`). Building blocks: :data:`Int`,
-:data:`Float`, :data:`Bool`, :data:`Str`, :data:`PathParam`, :func:`ListOf`, :func:`OneOf`.
+``papermill -p workers "[4, 16]"`` passes a *string*, so list parameters accept a list, a JSON/YAML flow
+list or ``"4,16"`` (:func:`parse_list`, :func:`ListOf`); a relative path is relative to the repository
+root (:func:`resolve_path`). A notebook's ``parameters`` cell holds the defaults; a
+:class:`NotebookParams` subclass (:mod:`repro.figures.schemas`) declares types, ranges and choices, and
+the notebook's first cell checks its values with ``apply_parameters(Schema, globals())``. Every bad value
+is one :class:`ParameterError` line. How and why: ``docs/design/figures.md``.
 """
 
 from __future__ import annotations

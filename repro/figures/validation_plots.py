@@ -1,10 +1,6 @@
-"""Figures of the validation study (:mod:`repro.studies.validation`): simulated vs measured iteration.
-
-:func:`plot_sim_vs_real` draws both predictions of every run against its measurement: the warm-up
-trace in the papers' model (``simulated_s``) and the pre-run prediction with the measured contention
-(``simulated_prerun_s``), plus, where present, the in-run-trace check (``simulated_inrun_s``). It
-follows :mod:`repro.figures.style`: one style per scheduler, legend below the axes, oversubscribed
-runs ringed (points) or hatched (bars).
+"""Figures of the validation study (:mod:`repro.studies.validation`): simulated vs measured iteration,
+both predictions of every run (``simulated_s``, ``simulated_prerun_s``; ``simulated_inrun_s`` where
+present) against its measurement.
 """
 
 from __future__ import annotations
