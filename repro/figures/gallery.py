@@ -20,22 +20,9 @@ from repro.core.outputs import output_file, write_output
 
 from .manifest import FigureEntry, load_manifest, paper_titles
 
-__all__ = [
-    "STATES",
-    "STATE_HELP",
-    "Card",
-    "run_record_path",
-    "read_run_record",
-    "write_run_record",
-    "notebook_html_path",
-    "render_notebook_html",
-    "make_thumbnail",
-    "notebook_tables",
-    "figure_tables",
-    "collect_cards",
-    "figure_problem",
-    "write_index",
-]
+__all__ = ["STATES", "STATE_HELP", "Card", "run_record_path", "read_run_record", "write_run_record",
+           "notebook_html_path", "render_notebook_html", "make_thumbnail", "notebook_tables", "figure_tables",
+           "collect_cards", "figure_problem", "write_index"]
 
 STATES: tuple[str, ...] = ("done", "planned", "failed", "interrupted", "missing")
 STATE_HELP: dict[str, str] = {
@@ -94,11 +81,8 @@ def render_notebook_html(ipynb: str | Path, html_path: str | Path | None = None)
 
 
 def make_thumbnail(png: str | Path, thumb: str | Path, box: tuple[int, int] = THUMB_BOX) -> Path:
-    """Write a copy of ``png`` downscaled to fit ``box`` (aspect kept, never upscaled); return its path.
-
-    Transparency is flattened onto white and the result stored with a 256-colour palette: plots
-    look the same and the file is a few times smaller than a true-colour one.
-    """
+    """Write a copy of ``png`` downscaled to fit ``box`` (aspect kept, never upscaled), flattened onto white
+    with a 256-colour palette; return its path."""
     from PIL import Image
 
     thumb = Path(thumb)
@@ -152,7 +136,8 @@ def _tables_in_time_window(data_dir: Path, executed: Path) -> list[str]:
 
 
 def notebook_tables(out: str | Path, notebook: str, record: dict[str, Any] | None = None) -> list[str]:
-    """Names of the ``data/`` tables written by ``notebook`` in ``out`` (see the module docstring)."""
+    """Names of the ``data/`` tables written by ``notebook`` in ``out``: its run record's list, else those
+    written while its executed copy ran (a notebook run by hand with papermill)."""
     out = Path(out)
     data_dir = out / "data"
     if record is None:
@@ -172,19 +157,15 @@ def _sidecar_table_name(item: Any) -> str | None:
 
 def figure_tables(out: str | Path, entry: FigureEntry, sidecar: dict[str, Any] | None = None,
                   record: dict[str, Any] | None = None) -> tuple[list[str], list[str], str]:
-    """The tables ``entry`` is drawn from: ``(present names, absent names, rule)``.
-
-    ``rule`` is ``"sidecar"``, ``"name"`` or ``"notebook"`` (the three rules of the module docstring),
-    or ``""`` when none gives a table. Absent names come only from a sidecar naming a missing table.
-    With rule ``"name"`` the figure may be drawn from more tables than those named like it (paper
-    values, reference lines): the gallery lists the notebook's other tables too, folded away.
-    """
+    """The tables ``entry`` is drawn from: ``(present names, absent names, rule)``, by the first rule that
+    gives one: ``"sidecar"`` (its sidecar's ``tables``; absent names only come from it), ``"name"`` (tables
+    its notebook wrote named ``<stem>`` or ``<stem>_*``), ``"notebook"`` (all its notebook wrote), else
+    ``""``."""
     out = Path(out)
     data_dir = out / "data"
     listed = (sidecar or {}).get("tables")
     if isinstance(listed, (list, tuple)) and listed:
-        names = [n for n in (_sidecar_table_name(t) for t in listed) if n]
-        names = list(dict.fromkeys(names))
+        names = list(dict.fromkeys(n for n in (_sidecar_table_name(t) for t in listed) if n))
         present = [n for n in names if (data_dir / f"{n}.csv").is_file()]
         if names:
             return present, [n for n in names if n not in present], "sidecar"
@@ -424,10 +405,7 @@ def write_index(out: str | Path, *, manifest: str | Path | None = None,
     header = (f"Generated {date} · repro {__version__} · git {_git_revision(where)} · "
               f"{len(cards)} figures: " + ", ".join(f"{counts[s]} {s}" for s in STATES
                                                     if counts[s] or s != "interrupted"))  # rare: said when there
-    papers: list[str] = []
-    for c in cards:
-        if c.entry.paper not in papers:
-            papers.append(c.entry.paper)
+    papers = list(dict.fromkeys(c.entry.paper for c in cards))
     md_path, html_path = out / "index.md", out / "index.html"
     write_output(md_path, _render_md(cards, papers, titles, header))
     write_output(html_path, _render_html(cards, papers, titles, header))
