@@ -195,7 +195,7 @@ def all_claims(directory: str | Path | None = None) -> list[dict[str, Any]]:
 
 
 
-# --------------------------------------------------------------------------------------- metrics
+# -- metrics
 
 def _read(results_dir: Path, table: str, cache: dict[str, Any]) -> pd.DataFrame | None:
     if table not in cache:
@@ -458,7 +458,7 @@ def metric_key(metric: Mapping[str, Any] | None) -> str:
     return hashlib.sha1(text.encode("utf-8")).hexdigest()[:10]
 
 
-# --------------------------------------------------------------------------------------- verdicts
+# -- verdicts
 
 def _tolerance(paper: float | None, rule: Mapping[str, Any]) -> tuple[float, float, float | None]:
     """``(ref, tol, neutral)`` of ``rule`` for the paper's number (docs/design/figures.md)."""
@@ -807,7 +807,7 @@ def figure_verdicts(figure_id: str, results_dir: str | Path | None,
     return out
 
 
-# ------------------------------------------------------------------------------------------ docs
+# -- docs
 
 SNAPSHOT_COLUMNS: tuple[str, ...] = (
     "paper", "claim_id", "claim", "figures", "paper_text", "paper_source", "paper_setting", "judged_by", "tables",

@@ -71,9 +71,7 @@ def _note_text(fig, text: str, y_in: float, width: int = 150) -> None:
              fontsize="x-small", style="italic", color="#333333")
 
 
-# ---------------------------------------------------------------------------------------------
-# dear.timeline
-# ---------------------------------------------------------------------------------------------
+# -- dear.timeline
 
 def _drawable(ops: pd.DataFrame, span_s: float, min_label_frac: float = 0.035) -> pd.DataFrame:
     """Ops ready for :func:`gantt` (``row`` as the stream): back-to-back computation of one kind merged
@@ -151,9 +149,7 @@ def plot_timeline(ops: pd.DataFrame, title: str, note: str = "", cost_mode: str 
     return fig
 
 
-# ---------------------------------------------------------------------------------------------
-# dear.scaling and the throughput bars
-# ---------------------------------------------------------------------------------------------
+# -- dear.scaling and the throughput bars
 
 def _coinciding(sub: pd.DataFrame, names: Sequence[str], x: str = "workers", rtol: float = 1e-3) -> list[str]:
     t = sub.pivot_table(index=x, columns="scheduler", values="throughput")
@@ -321,9 +317,7 @@ def plot_throughput(table: pd.DataFrame, note: str = "", title: str = "Throughpu
     return fig
 
 
-# ---------------------------------------------------------------------------------------------
-# dear.breakdown and dear.buffer_sweep (simulated halves)
-# ---------------------------------------------------------------------------------------------
+# -- dear.breakdown and dear.buffer_sweep (simulated halves)
 
 _BREAKDOWN = (("computation_s", "computation", "#bdbdbd"),
               ("exposed_rs_s", "exposed reduce-scatter", kind_color("reduce_scatter")),

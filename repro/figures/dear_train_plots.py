@@ -72,9 +72,7 @@ def _bytes_label(v: float) -> str:
     return f"{v:g} B"
 
 
-# ---------------------------------------------------------------------------------------------
-# dear.primitive_cost
-# ---------------------------------------------------------------------------------------------
+# -- dear.primitive_cost
 
 def plot_primitive_cost(cost: pd.DataFrame, model: pd.DataFrame, measured_note: str, model_note: str):
     """Left (one panel per measured world size): measured seconds of each primitive vs message size
@@ -173,9 +171,7 @@ def primitive_outlier_lines(cost: pd.DataFrame, factor: float = GAP_FACTOR) -> l
     return [ln.replace(" predicted", " fitted") for ln in gap_lines(items, factor=factor)]
 
 
-# ---------------------------------------------------------------------------------------------
-# dear.throughput_nofusion / dear.throughput_fusion
-# ---------------------------------------------------------------------------------------------
+# -- dear.throughput_nofusion / dear.throughput_fusion
 
 def _prediction_reason(row, factor: float) -> str:
     """Why a measured run's iteration is far from its plan's prediction, as far as its own columns tell:
@@ -383,9 +379,7 @@ def plot_throughput(measured: pd.DataFrame, simulated: pd.DataFrame, schedulers:
     return fig
 
 
-# ---------------------------------------------------------------------------------------------
-# dear.breakdown
-# ---------------------------------------------------------------------------------------------
+# -- dear.breakdown
 
 _PARTS = (("computation_s", "computation", "#bdbdbd"),
           ("exposed_rs_s", "exposed reduce-scatter", _RS),
@@ -517,9 +511,7 @@ def plot_breakdown(measured: pd.DataFrame, simulated: pd.DataFrame, measured_not
     return fig
 
 
-# ---------------------------------------------------------------------------------------------
-# dear.buffer_sweep
-# ---------------------------------------------------------------------------------------------
+# -- dear.buffer_sweep
 
 def plot_buffer_sweep(measured: pd.DataFrame, references: pd.DataFrame, simulated: pd.DataFrame,
                       measured_note: str, sim_note: str):
@@ -602,9 +594,7 @@ def plot_buffer_sweep(measured: pd.DataFrame, references: pd.DataFrame, simulate
     return fig
 
 
-# ---------------------------------------------------------------------------------------------
-# dear.bo_tuning
-# ---------------------------------------------------------------------------------------------
+# -- dear.bo_tuning
 
 _SEARCH = {"bo": ("Bayesian optimisation", EXTRA_COLORS[1], "-"), "grid": ("grid search", PALETTE[0], "--"),
            "random": ("random search", PALETTE[1], ":")}

@@ -35,7 +35,7 @@ STATE_HELP: dict[str, str] = {
 THUMB_BOX: tuple[int, int] = (640, 520)  # 2x a card's picture area, for sharp thumbnails on HiDPI
 
 
-# ------------------------------------------------------------------------------------ side files
+# -- side files
 
 def run_record_path(out: str | Path, notebook: str) -> Path:
     """``<out>/notebooks/<name>.run.json``: what the runner did with ``notebook`` in ``out``."""
@@ -102,7 +102,7 @@ def _fresh(derived: Path, source: Path) -> bool:
     return derived.is_file() and derived.stat().st_mtime_ns >= source.stat().st_mtime_ns
 
 
-# ---------------------------------------------------------------------------------------- tables
+# -- tables
 
 def _table_names_in(data_dir: Path) -> list[str]:
     return sorted(p.stem for p in data_dir.glob("*.csv")) if data_dir.is_dir() else []
@@ -178,7 +178,7 @@ def figure_tables(out: str | Path, entry: FigureEntry, sidecar: dict[str, Any] |
     return [], [], ""
 
 
-# ----------------------------------------------------------------------------------------- cards
+# -- cards
 
 @dataclass
 class Card:
@@ -371,7 +371,7 @@ def _notebook_link(out: Path, notebook: str, warn: Callable[[str], None]) -> str
     return _rel(out, page)
 
 
-# ----------------------------------------------------------------------------------------- index
+# -- index
 
 def _git_revision(where: Path) -> str:
     env = dict(os.environ, GIT_OPTIONAL_LOCKS="0")

@@ -390,9 +390,7 @@ def plot_optimal_gap(gap: pd.DataFrame, cost_mode: str | None = None):
     return fig
 
 
-# ---------------------------------------------------------------------------------------------
-# Measured (training) figures
-# ---------------------------------------------------------------------------------------------
+# -- Measured (training) figures
 
 def _paper_fit_panel(ax, paper_fits: pd.DataFrame) -> list:
     """The published a + b*M lines (one colour per P; 10GbE solid, 56Gb IB dashed; identical intra-node

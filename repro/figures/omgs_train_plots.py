@@ -55,9 +55,7 @@ def _ordered(names) -> list[str]:
     return [s for s in _ORDER if s in names] + [s for s in names if s not in _ORDER]
 
 
-# ---------------------------------------------------------------------------------------------
-# omgs.convergence
-# ---------------------------------------------------------------------------------------------
+# -- omgs.convergence
 
 def _metric_columns(sub: pd.DataFrame) -> list[tuple[str, str, str]]:
     """(column, axis label, panel title) of the three panels of one model."""
@@ -127,9 +125,7 @@ def plot_convergence(conv: pd.DataFrame, notes: dict[str, str] | None = None, ti
     return fig
 
 
-# ---------------------------------------------------------------------------------------------
-# omgs.breakdown
-# ---------------------------------------------------------------------------------------------
+# -- omgs.breakdown
 
 #: points from a paper diamond's centre (size 90 pt², half-diagonal about 6.7 pt) to the bar label above it
 _DIAMOND_CLEAR_PT = 7.5

@@ -71,9 +71,7 @@ def _simulated_what(simulated: pd.DataFrame, cost_mode: str | None) -> str:
     return f"simulated ({mode})" if mode else "simulated"
 
 
-# ---------------------------------------------------------------------------------------------
-# osp.timeline
-# ---------------------------------------------------------------------------------------------
+# -- osp.timeline
 
 def _stream_names(workers: int) -> dict[str, str]:
     return {"worker0": "worker 1: compute", f"worker{workers - 1}": f"worker {workers}: compute",
@@ -164,9 +162,7 @@ def auto_slower_note(ops: pd.DataFrame) -> str:
             "does not fully hide still shortens the period while the server links are not saturated.")
 
 
-# ---------------------------------------------------------------------------------------------
-# osp.throughput
-# ---------------------------------------------------------------------------------------------
+# -- osp.throughput
 
 def _claim_line(ax, y: float) -> None:
     ax.axhline(y, color=CLAIM_COLOR, ls=(0, (5, 2)), lw=1.2, zorder=9)
@@ -311,9 +307,7 @@ def _gap_note(measured: pd.DataFrame) -> tuple[list[str], str]:
     return lines, head + ":"
 
 
-# ---------------------------------------------------------------------------------------------
-# osp.accuracy_epochs / osp.accuracy_time / osp.lgp_ablation
-# ---------------------------------------------------------------------------------------------
+# -- osp.accuracy_epochs / osp.accuracy_time / osp.lgp_ablation
 
 def _line_kw(method: str) -> dict:
     st = method_style(method)
@@ -431,9 +425,7 @@ def plot_lgp_ablation(table: pd.DataFrame, title: str, note: str = ""):
     return fig
 
 
-# ---------------------------------------------------------------------------------------------
-# osp.stage_ratio
-# ---------------------------------------------------------------------------------------------
+# -- osp.stage_ratio
 
 def _seed_range(ax, measured: pd.DataFrame, column: str, scale: float, color: str) -> str:
     """Each point's range over its seeds (``<column>_min``/``_max`` of a table of medians over seeds) as an

@@ -140,7 +140,7 @@ def default_world_sizes(max_ranks: int = 4, cpus: int | None = None) -> list[int
     return sizes
 
 
-# ------------------------------------------------------------------------------------------ schemas
+# -- schemas
 
 def _items(value: Any, name: str) -> list:
     """The items of a list parameter, unconverted (the inputs :func:`parse_list` accepts)."""

@@ -526,7 +526,7 @@ def _run_locked(out: Path, entries: Sequence[FigureEntry], notebooks: list[str],
     return report
 
 
-# -------------------------------------------------------------------------------------------- CLI
+# -- CLI
 
 def _print_manifest(entries: Sequence[FigureEntry], titles: dict[str, str], status: str | None) -> None:
     shown = [e for e in entries if status is None or e.status == status]

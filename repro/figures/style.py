@@ -255,7 +255,7 @@ def kind_color(kind: str) -> str:
     return KIND_COLORS.get(key) or _hashed_color(key)
 
 
-# ------------------------------------------------------------------------------------ layout helpers
+# -- layout helpers
 
 def panel_figsize(n_panels: int, *, ncols: int | None = None, panel: tuple[float, float] = (3.4, 2.8),
                   max_cols: int = 4, extra_height: float = 0.9) -> tuple[int, int, tuple[float, float]]:
