@@ -136,7 +136,7 @@ def _panel(ax, table: pd.DataFrame, rows, columns: list[tuple], column_keys: lis
 
 def plot_compare(simulated: pd.DataFrame, measured: pd.DataFrame | None = None, *, sim_note: str = "",
                  measured_note: str = "", vmax: float = 4.0, title: str | None = None):
-    """The ``compare.schedulers`` figure (module docstring) from :func:`repro.studies.compare.simulated_table`
+    """The ``compare.schedulers`` figure from :func:`repro.studies.compare.simulated_table`
     and :func:`repro.studies.compare.measured_table` (None or empty: no measured panel). ``vmax``: the ratio
     at which the colour scale saturates (the number in the cell stays exact)."""
     if simulated is None or simulated.empty:

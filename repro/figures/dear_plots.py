@@ -103,11 +103,9 @@ def _titled(title: str, table: pd.DataFrame, cost_mode: str | None) -> str:
 
 
 def plot_timeline(ops: pd.DataFrame, title: str, note: str = "", cost_mode: str | None = None):
-    """One Gantt chart per scheduler (rows: computation, communication) on one shared time axis (ms):
-    one iteration and the next forward. A dashed line marks where the next iteration starts (DeAR: the
-    step barrier, after the last reduce-scatter; WFBP-style: after the last all-reduce); the steady-state
-    period is written in each panel's title. ``ops`` is :func:`repro.studies.dear_sim.timeline_table`;
-    ``note`` (e.g. the cost preset and traces) goes under the title."""
+    """One Gantt chart per scheduler on a shared time axis (ms): one iteration and the next forward, a
+    dashed line where the next iteration starts, the steady-state period in each title. ``ops``:
+    :func:`repro.studies.dear_sim.timeline_table`; ``note`` goes under the title."""
     schedulers = _ordered(ops["scheduler"])
     n = len(schedulers)
     fig = plt.figure(figsize=(11.5, 1.55 * n + 1.9))
@@ -251,10 +249,9 @@ RELEASED = ("dear_nofusion", "dear_threshold")  # DeAR as the authors released i
 
 
 def scaling_headline_text(table: pd.DataFrame) -> str:
-    """The DeAR paper's headline (up to +83% on 10GbE, +15% on 100Gb IB over the best baseline, 64 GPUs;
-    :data:`repro.studies.dear_sim.PAPER_CLAIM_PCT`) beside DeAR as released against the best non-DeAR
-    method at the table's largest P, largest over the models, per network, with the verdicts of the
-    claims ``dear.headline_10gbe`` / ``dear.headline_ib``; "" when the table lacks either side."""
+    """The DeAR paper's headline (:data:`repro.studies.dear_sim.PAPER_CLAIM_PCT`) beside DeAR as released
+    vs the best baseline at the table's largest P, per network, with the verdicts of ``dear.headline_10gbe``
+    / ``dear.headline_ib``; "" when the table lacks either side."""
     from repro.figures.claims import claim_verdict
     from repro.studies.dear_sim import PAPER_CLAIM_PCT, network_kind
 

@@ -75,12 +75,10 @@ def _bytes_label(v: float) -> str:
 # -- dear.primitive_cost
 
 def plot_primitive_cost(cost: pd.DataFrame, model: pd.DataFrame, measured_note: str, model_note: str):
-    """Left (one panel per measured world size): measured seconds of each primitive vs message size
-    (points), its fitted line (solid) and the ring model from the measured all-reduce (dashed: RS = AG =
-    half of the all-reduce measured at the same size). Right: the cost model's seconds of one message vs P
-    for the per-hop presets.
-    ``cost``: :func:`repro.studies.dear_train.primitive_cost_table`; ``model``:
-    :func:`repro.studies.dear_train.primitive_model_table`."""
+    """Per measured world size, each primitive's measured seconds vs message size with its fitted line and
+    the ring model (RS = AG = half the measured all-reduce, dashed); last panel, the cost model's seconds of
+    one message vs P per preset. ``cost``: :func:`repro.studies.dear_train.primitive_cost_table`;
+    ``model``: :func:`repro.studies.dear_train.primitive_model_table`."""
     ps = sorted(set(cost["workers"])) if len(cost) else []
     n = len(ps) + 1
     fig, axes = plt.subplots(1, n, figsize=(4.6 * n, 4.2), squeeze=False)
@@ -150,10 +148,8 @@ MARKER_SPREAD = 0.12  # log2 units between the primitives' markers at one size
 
 
 def primitive_outlier_lines(cost: pd.DataFrame, factor: float = GAP_FACTOR) -> list[str]:
-    """:func:`repro.figures.style.gap_lines` of every measured point of ``cost``
-    (:func:`repro.studies.dear_train.primitive_cost_table`) against its primitive's fitted line at the same
-    size, one line per point more than ``factor`` apart; a point slower than a larger message of the same
-    primitive says so (start-up noise, not size)."""
+    """:func:`repro.figures.style.gap_lines` of each measured point of ``cost`` more than ``factor`` off its
+    primitive's fitted line, saying so when it is slower than a larger message (start-up noise)."""
     if not len(cost):
         return []
     items = []
@@ -331,10 +327,9 @@ def unmodelled_note(measured: pd.DataFrame, schedulers: Sequence[str], simulated
 def plot_throughput(measured: pd.DataFrame, simulated: pd.DataFrame, schedulers: Sequence[str],
                     sim_schedulers: Sequence[str], title: str, measured_note: str, sim_note: str,
                     summary: str = ""):
-    """Left: measured throughput (bars; hollow diamonds: the throughput each run's plan predicted before
-    its timed steps) of ``schedulers``; right, one panel per network: simulated throughput at the paper's
-    scale of ``sim_schedulers`` divided by the best of them per model. ``summary``: our speedup beside the
-    paper's claim (drawn under the title). ``measured``: :func:`repro.studies.dear_train.throughput_table`;
+    """Measured throughput of ``schedulers`` (bars; diamonds: each plan's prediction), then per network
+    the simulated throughput of ``sim_schedulers`` at the paper's scale ÷ the best per model; ``summary``
+    goes under the title. ``measured``: :func:`repro.studies.dear_train.throughput_table`;
     ``simulated``: :func:`repro.studies.dear_train.paper_scale_tables` (throughput)."""
     nets = list(dict.fromkeys(simulated["network"])) if len(simulated) else []
     n = 1 + len(nets)
@@ -445,11 +440,10 @@ def short_label(name: str) -> str:
 
 
 def plot_breakdown(measured: pd.DataFrame, simulated: pd.DataFrame, measured_note: str, sim_note: str):
-    """Stacked bars, ms per iteration: computation, exposed reduce-scatter, exposed all-gather, exposed
-    all-reduce. Left: each measured timing run (solid, outlined in its method's colour) beside the same
-    run simulated from its own trace, plan and cost (hatched). Right, one panel per network: the paper's
-    models simulated at its scale. ``measured``: :func:`repro.studies.dear_train.measured_breakdown_table`;
-    ``simulated``: :func:`repro.studies.dear_train.paper_scale_tables` (breakdown)."""
+    """Stacked bars, ms per iteration (computation, exposed reduce-scatter, all-gather, all-reduce): each
+    measured run beside its own simulation (hatched), then per network the paper's models simulated at its
+    scale. ``measured``: :func:`repro.studies.dear_train.measured_breakdown_table`; ``simulated``:
+    :func:`repro.studies.dear_train.paper_scale_tables` (breakdown)."""
     nets = list(dict.fromkeys(simulated["network"])) if len(simulated) else []
     n = 1 + len(nets)
     fig, axes = plt.subplots(1, n, figsize=(4.5 * n + 0.8, 4.8), squeeze=False,
@@ -515,12 +509,10 @@ def plot_breakdown(measured: pd.DataFrame, simulated: pd.DataFrame, measured_not
 
 def plot_buffer_sweep(measured: pd.DataFrame, references: pd.DataFrame, simulated: pd.DataFrame,
                       measured_note: str, sim_note: str):
-    """Left: DeAR's iteration (ms) vs fusion threshold, measured (points, solid) and each run simulated
-    from its own trace and cost (dashed); horizontal lines: the model-based planners' runs, measured.
-    Right, one panel per network: simulated at the paper's scale, iteration ÷ the model's best threshold,
-    one line per model, with ``dear_model``'s choice (star) and the 25 MiB default (circle).
-    ``measured``: :func:`repro.studies.dear_train.buffer_sweep_table`; ``references``: rows of
-    :func:`repro.studies.dear_train.throughput_table` to draw as lines; ``simulated``:
+    """DeAR's iteration vs fusion threshold, measured and each run simulated (dashed), ``references``
+    (rows of :func:`repro.studies.dear_train.throughput_table`) as horizontal lines; then per network the
+    paper-scale simulation ÷ each model's best threshold, ``dear_model``'s choice starred. ``measured``:
+    :func:`repro.studies.dear_train.buffer_sweep_table`; ``simulated``:
     :func:`repro.studies.dear_sim.buffer_sweep_table`."""
     nets = list(dict.fromkeys(simulated["network"])) if len(simulated) else []
     n = 1 + len(nets)
@@ -615,13 +607,10 @@ def bo_tuning_titles(model: str, bounds: tuple[int, int], measured_note: str, *,
 
 def plot_bo_tuning(live: pd.DataFrame, comparison: pd.DataFrame, marks: dict[str, pd.DataFrame],
                    live_note: str, titles: dict[str, str]):
-    """Left: the live ``dear_bo`` run's trials, measured seconds per iteration per trial (the chosen one
-    ringed; each point labelled with its threshold). Then one panel per objective of ``comparison``
-    (:func:`repro.studies.dear_train.search_comparison_table`): best-so-far seconds vs trial of BO, grid
-    and random search (one thin line per seed, their median thick), and horizontal lines where the
-    model-based planners land (``marks[objective]``: rows scheduler, seconds, kind, one of
-    :data:`MARK_KINDS`: colour by planner, line style by kind). ``titles``:
-    objective -> panel title (says measured / simulated and how the objective was made)."""
+    """The live ``dear_bo`` run's trials (the chosen one ringed), then per objective of ``comparison``
+    (:func:`repro.studies.dear_train.search_comparison_table`) the best-so-far seconds vs trial of BO, grid
+    and random search (thin per seed, thick median), with ``marks[objective]`` (rows scheduler, seconds,
+    kind in :data:`MARK_KINDS`) as horizontal lines; ``titles``: objective -> panel title."""
     objectives = list(dict.fromkeys(comparison["objective"])) if len(comparison) else []
     n = 1 + len(objectives)
     ncol = 2 if n > 2 else n

@@ -50,13 +50,10 @@ def _text_color(rgba) -> str:
 
 def plot_optimal_gap(sweep: pd.DataFrame, rule: str = "omgs", paper_density: dict | None = None,
                      cost_mode: str | None = None):
-    """Top row, one heatmap per model: how much slower the published rule is than the exact optimum
-    (percent) over workers x density, each cell also giving the rule's and the optimum's bucket counts.
-    Bottom row, per model: every planner's iteration time divided by the optimum's vs workers, at the
-    paper's density of that model (``paper_density``: model -> density; default: the smallest density).
-
-    ``sweep`` is :func:`repro.studies.omgs_sim.sparse_sweep` (with ``omgs_optimal``). The title names the
-    cost mode (``cost_mode``, else the sweep's ``cost_mode`` column)."""
+    """Per model, a heat map over workers x density of the published rule's gap to the exact optimum (%,
+    with both bucket counts), and below it every planner's iteration ÷ the optimum's vs workers at
+    ``paper_density[model]`` (default: the smallest density). ``sweep``:
+    :func:`repro.studies.omgs_sim.sparse_sweep` with ``omgs_optimal``."""
     models = list(dict.fromkeys(sweep["model"]))
     n = len(models)
     fig, axes = plt.subplots(2, n, figsize=(max(3.3 * n, 6.6), 7.4), squeeze=False,
@@ -198,16 +195,11 @@ def paper_timeline_text(ops: pd.DataFrame, paper: pd.DataFrame | None, claim_id:
 
 def plot_timeline(ops: pd.DataFrame, title: str, measured: pd.DataFrame | None = None, measured_title: str = "",
                   cost_mode: str | None = None, paper: pd.DataFrame | None = None, claim_id: str = ""):
-    """One Gantt chart per planner, rows computation (forward, backward), sparsification (top-k on the
-    compute stream, drawn on its own row) and communication (all-gathers), on one shared time axis, each
-    with its iteration time marked and written. ``ops`` is :func:`repro.studies.omgs_sim.timeline_table`.
-
-    ``measured`` (optional, same columns; from :func:`repro.studies.omgs_sim.measured_timeline`) adds
-    one panel per planner below, on its own time axis, titled ``measured_title``. The title ends with the
-    simulated panels' cost mode (``cost_mode``, else ``ops``'s ``cost_mode`` column). ``paper``
-    (:func:`repro.studies.omgs_sim.paper_iterations` rows of the timeline's model) draws the paper's
-    measured iteration of TopK-SGD and OMGS-SGD as dotted grey lines on their panels, "paper (source)", and
-    a line under the title with both ratios and the verdict of ``claim_id``."""
+    """One Gantt chart per planner (computation, sparsification, communication) on a shared time axis, its
+    iteration marked. ``ops``: :func:`repro.studies.omgs_sim.timeline_table`; ``measured`` (same columns,
+    :func:`repro.studies.omgs_sim.measured_timeline`) adds a panel per planner titled ``measured_title``;
+    ``paper`` (:func:`repro.studies.omgs_sim.paper_iterations`) draws the published iterations and, under
+    the title, both ratios with the verdict of ``claim_id``."""
     planners = [p for p in PLANNER_ORDER if p in set(ops["planner"])] + \
                [p for p in dict.fromkeys(ops["planner"]) if p not in PLANNER_ORDER]
     mplanners = []
@@ -334,9 +326,8 @@ def _one_step_text(sub: pd.DataFrame) -> str:
 
 
 def _drawable(ops: pd.DataFrame, span_s: float, min_label_frac: float = 0.045) -> pd.DataFrame:
-    """Ops ready for :func:`gantt`: ``row`` as the stream; back-to-back ops of one kind on the computation
-    row merged into one bar (a hundred 1 ms layers are otherwise only white edges); only top-k bars at
-    least ``min_label_frac`` of ``span_s`` wide keep their bucket label."""
+    """Ops ready for :func:`gantt` (``row`` as the stream): back-to-back computation of one kind merged into
+    one bar; only top-k bars at least ``min_label_frac`` of ``span_s`` wide keep their label."""
     out = []
     for r in ops.sort_values("start_s").to_dict("records"):
         r = {**r, "stream": r["row"]}

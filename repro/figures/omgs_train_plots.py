@@ -68,16 +68,10 @@ def _metric_columns(sub: pd.DataFrame) -> list[tuple[str, str, str]]:
 
 
 def plot_convergence(conv: pd.DataFrame, notes: dict[str, str] | None = None, title_note: str = ""):
-    """One row per model (dataset and density in the row heading): training loss, test loss, and test
-    accuracy (classifiers) or test perplexity (language models) per epoch, dense S-SGD vs TopK-SGD vs
-    OMGS-SGD.
-
-    ``conv`` is :func:`repro.studies.omgs_train.convergence_table` (one row per run and epoch); with
-    several seeds each curve is the median over them (:func:`~repro.studies.omgs_train.seed_summary`) in
-    a band from the least to the largest seed's value. ``notes`` adds text to a model's row heading. The
-    first scheduler is drawn with big hollow markers under the others' small filled ones, and curves that
-    coincide are named above their panel. Big hollow markers for the first schedulers and small filled
-    ones for the last keep coinciding curves visible."""
+    """One row per model: training loss, test loss and test accuracy (or perplexity) per epoch per
+    scheduler. ``conv``: :func:`repro.studies.omgs_train.convergence_table`; several seeds give the median
+    in a min-max band; ``notes`` adds text to a model's row heading. Coinciding curves stay visible and
+    are named above their panel."""
     from repro.studies.omgs_train import seed_summary
 
     conv = seed_summary(conv)
@@ -144,10 +138,9 @@ _PAPER_REASON = ("our simulation runs on {gpu} traces that are roofline estimate
 
 
 def breakdown_gap_lines(table: pd.DataFrame) -> list[str]:
-    """:func:`repro.figures.style.gap_lines` for :func:`plot_breakdown`'s table: each tiny run's measured
-    parts (over 1 ms) and total against the same run simulated; each paper-scale simulated total against
-    the paper's measured time; and a line wherever the measured order of TopK-SGD and OMGS-SGD is the
-    opposite of the simulated one."""
+    """:func:`repro.figures.style.gap_lines` for :func:`plot_breakdown`'s table (tiny runs' parts over 1 ms
+    and totals vs their simulation, paper-scale totals vs the paper's), plus a line wherever TopK-SGD and
+    OMGS-SGD rank the other way measured than simulated."""
     out: list[str] = []
     if "panel" not in table:
         return out
@@ -254,13 +247,10 @@ def _bars(ax, rows: pd.DataFrame, unit: float, unit_name: str, paper: pd.DataFra
 
 
 def plot_breakdown(table: pd.DataFrame, tiny_note: str = "", paper_note: str = ""):
-    """Left: measured at tiny scale (solid bars) beside each run simulated from its own trace, plan and
-    cost model (lighter, dashed edges), ms. Right: simulated at paper scale (lighter, dashed edges), s,
-    with the paper's measured seconds per iteration as hollow diamonds. Bars stack forward, backward,
-    sparsification, non-overlapped communication and the optimizer update; the number on a bar is its
-    total. Oversubscribed runs (more ranks than CPU cores) are hatched.
-
-    ``table`` is :func:`repro.studies.omgs_train.breakdown_table` (column ``panel``: tiny / paper)."""
+    """Stacked bars (forward, backward, sparsification, exposed communication, update; total on top):
+    tiny-scale runs measured beside their simulation (ms), and the paper scale simulated (s) with the
+    paper's iterations as diamonds; oversubscribed runs hatched. ``table``:
+    :func:`repro.studies.omgs_train.breakdown_table` (column ``panel``: tiny / paper)."""
     tiny = table[(table["panel"] == "tiny")] if "panel" in table else table.iloc[0:0]
     paper_sim = table[(table["panel"] == "paper") & (table["source"] == "simulated")] if "panel" in table else table
     paper_vals = table[(table["panel"] == "paper") & (table["source"] == "paper")] if "panel" in table else None

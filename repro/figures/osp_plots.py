@@ -80,12 +80,9 @@ def _stream_names(workers: int) -> dict[str, str]:
 
 
 def plot_timeline(ops: pd.DataFrame, title: str, note: str = "", cost_mode: str | None = None):
-    """One Gantt chart per scheduler on a shared time axis (ms): the first and the last worker's
-    computation, the server's incoming link (every worker's push, one after the other) and outgoing link
-    (pulls). Messages are coloured by stage (BSP: all stage 1; OSP: stage 1 blocking, stage 2 under the
-    next iteration); dashed lines: where worker 1 starts each iteration. ``ops`` is
-    :func:`repro.studies.osp_sim.timeline_table` (one server). The title ends with the cost mode
-    (``cost_mode``, else the table's column)."""
+    """One Gantt chart per scheduler on a shared time axis (ms): the first and last worker's computation
+    and the server's incoming (pushes) and outgoing (pulls) link, messages coloured by stage, dashed lines
+    where worker 1 starts each iteration. ``ops``: :func:`repro.studies.osp_sim.timeline_table`."""
     schedulers = [s for s in dict.fromkeys(ops["scheduler"])]
     n = len(schedulers)
     workers = int(ops["workers"].iloc[0])
@@ -176,13 +173,10 @@ def _bar_style(method: str) -> dict:
 
 def plot_throughput(measured: pd.DataFrame, simulated: pd.DataFrame, measured_note: str, sim_note: str,
                     summary: str = "", claim_pct: float = 50.0, cost_mode: str | None = None):
-    """Top: measured throughput of every run (bars; hollow: OSP without LGP; hatched: oversubscribed),
-    the speedup over BSP written on each bar, hollow diamonds: each run's plan's prediction, and the
-    paper's claim drawn at (1 + claim) x BSP's measured throughput. Bottom, one panel per network:
-    simulated throughput divided by BSP's per model, with the claim at 1 + claim. ``measured``:
-    :func:`repro.studies.osp_train.throughput_table`; ``simulated``:
-    :func:`repro.studies.osp_sim.throughput_table`. The simulated panels name their cost mode
-    (``cost_mode``, else ``simulated``'s column)."""
+    """Measured throughput of every run (bars with their speedup over BSP; diamonds: each plan's
+    prediction; the paper's claim at (1 + claim) x BSP), then per network the simulated throughput ÷ BSP's.
+    ``measured``: :func:`repro.studies.osp_train.throughput_table`; ``simulated``:
+    :func:`repro.studies.osp_sim.throughput_table`."""
     nets = list(dict.fromkeys(simulated["network"])) if len(simulated) else []
     sim_what = _simulated_what(simulated, cost_mode)
     ncol = max(1, len(nets))
@@ -464,13 +458,10 @@ def _band_visibility(ax, measured: pd.DataFrame, column: str, scale: float, unit
 
 def plot_stage_ratio(measured: pd.DataFrame, simulated: pd.DataFrame, measured_note: str, sim_note: str,
                      note: str = "", cost_mode: str | None = None):
-    """Top: measured throughput and final accuracy vs the share of the gradient bytes in stage 1 (OSP with
-    LGP; share 1 is the BSP run; the star: osp_auto's share). Bottom, one panel per network: simulated
-    throughput ÷ BSP's vs the share per model, osp_auto's choice starred. ``measured``:
-    :func:`repro.studies.osp_train.stage_ratio_table` (of medians over seeds: each point's range over its
-    seeds drawn as an error bar and a band, and said in the panel titles; one seed: the titles say so); ``simulated``:
-    :func:`repro.studies.osp_sim.stage_ratio_table`. The simulated panels name their cost mode
-    (``cost_mode``, else ``simulated``'s column)."""
+    """Measured throughput and final accuracy vs the stage-1 share (share 1: BSP; star: osp_auto's), each
+    point's range over seeds drawn as a band; then per network the simulated throughput ÷ BSP's vs the
+    share. ``measured``: :func:`repro.studies.osp_train.stage_ratio_table`; ``simulated``:
+    :func:`repro.studies.osp_sim.stage_ratio_table`."""
     nets = list(dict.fromkeys(simulated["network"])) if len(simulated) else []
     sim_what = _simulated_what(simulated, cost_mode)
     ncol = max(2, len(nets))

@@ -39,14 +39,10 @@ def _num(df: pd.DataFrame, column: str) -> pd.Series:
 
 
 def plot_sim_vs_real(table: pd.DataFrame, note: str, band_pct: float = 10.0):
-    """``table``: :func:`repro.studies.validation.validation_table`. Left: predicted vs measured
-    iteration (ms; y = x, grey band +-``band_pct``%): hollow (larger) markers the warm-up paper model,
-    filled the pre-run prediction with measured contention, a thin line joining the two of one run; where
-    they coincide (no overlap to slow) the ring surrounds the filled marker (colour: scheduler, marker:
-    network). Right: the error of each run, per model and network (tick labels
-    give the measured contention ``c``): per scheduler a light bar (warm-up, paper model) and a solid
-    bar beside it (pre-run), white diamonds the in-run-trace check. Runs without a pre-run prediction
-    show the paper model only. One legend below both panels."""
+    """Predicted vs measured iteration (ms; y = x with a ±``band_pct``% band; hollow: the warm-up paper
+    model, filled: the pre-run prediction with measured contention), and each run's error per model and
+    network (light bar: paper model, solid: pre-run, diamonds: in-run-trace check). ``table``:
+    :func:`repro.studies.validation.validation_table`."""
     fig, axes = plt.subplots(1, 2, figsize=(13, 5.4), gridspec_kw={"width_ratios": [1, 1.6]})
     nets = list(dict.fromkeys(table.network))
     net_marker = {n: _NET_MARKERS[i % len(_NET_MARKERS)] for i, n in enumerate(nets)}
