@@ -15,7 +15,7 @@ from matplotlib.colors import LogNorm
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch, Rectangle
 
-from repro.figures.style import OVERSUBSCRIBED_HATCH, OVERSUBSCRIBED_LABEL, scheduler_label
+from repro.figures.style import OVERSUBSCRIBED_HATCH, OVERSUBSCRIBED_LABEL, ms_text, scheduler_label
 from repro.studies.compare import EXACT, GROUPS, SCHEDULERS
 
 __all__ = ["BEST_MARK", "BEST_SYNC_MARK", "CHANGES_MATH_MARK", "HEURISTIC_PLAN_MARK", "EXACT_NOTE", "row_label",
@@ -71,10 +71,6 @@ def _rows(names: Sequence[str]) -> list[tuple[str, str | None]]:
             out.append((group, None))
             out += [(s, s) for s in present]
     return out
-
-
-def _ms(v: float) -> str:
-    return f"{v * 1e3:.0f} ms" if v >= 0.1 else f"{v * 1e3:.1f} ms"
 
 
 NEAR_TIE = 5e-4  # a cell within this relative distance of the fastest but not it is written "≈1"
@@ -183,7 +179,7 @@ def plot_compare(simulated: pd.DataFrame, measured: pd.DataFrame | None = None, 
             def label(key, best=best):
                 m, p = key
                 b = best.get((m, p))
-                return f"{m}\nP={p}\n{_ms(b)}" if b is not None else f"{m}\nP={p}"
+                return f"{m}\nP={p}\n{ms_text(b)}" if b is not None else f"{m}\nP={p}"
 
             label_net = str(t["network_label"].iloc[0]) if "network_label" in t else net
             used = str(t["cost_model"].iloc[0]) if "cost_model" in t else net
@@ -195,7 +191,7 @@ def plot_compare(simulated: pd.DataFrame, measured: pd.DataFrame | None = None, 
 
             def mlabel(key, best=mbest):
                 m, link, w = key
-                return f"{m}\n{w} workers\n{link}\n{_ms(best.get((m, link, w)))}"
+                return f"{m}\n{w} workers\n{link}\n{ms_text(best.get((m, link, w)))}"
 
             _panel(ax, measured, rows, m_cols, ["model", "link", "workers"], mlabel,
                    "measured,\ntiny scale", norm, cmap, hatch_oversubscribed=True)

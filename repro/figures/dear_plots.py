@@ -18,7 +18,7 @@ from matplotlib.ticker import FuncFormatter
 
 from repro.figures.mgwfbp_plots import cost_mode_label
 from repro.figures.plots import gantt
-from repro.figures.style import PALETTE, kind_color, legend_below, scheduler_style
+from repro.figures.style import PALETTE, kind_color, legend_below, ms_text, ordered, scheduler_style
 
 __all__ = ["METHOD_ORDER", "method_style", "method_label", "plot_timeline", "plot_scaling",
            "plot_throughput", "plot_breakdown", "plot_buffer_sweep"]
@@ -54,15 +54,6 @@ def method_style(name: str) -> dict:
 
 def method_label(name: str) -> str:
     return method_style(name)["label"]
-
-
-def _ordered(names) -> list[str]:
-    names = list(dict.fromkeys(names))
-    return [m for m in METHOD_ORDER if m in names] + [m for m in names if m not in METHOD_ORDER]
-
-
-def _ms(v: float) -> str:
-    return f"{v * 1e3:.0f} ms" if v >= 0.1 else f"{v * 1e3:.1f} ms"
 
 
 def _note_text(fig, text: str, y_in: float, width: int = 150) -> None:
@@ -106,7 +97,7 @@ def plot_timeline(ops: pd.DataFrame, title: str, note: str = "", cost_mode: str 
     """One Gantt chart per scheduler on a shared time axis (ms): one iteration and the next forward, a
     dashed line where the next iteration starts, the steady-state period in each title. ``ops``:
     :func:`repro.studies.dear_sim.timeline_table`; ``note`` goes under the title."""
-    schedulers = _ordered(ops["scheduler"])
+    schedulers = ordered(ops["scheduler"], METHOD_ORDER)
     n = len(schedulers)
     fig = plt.figure(figsize=(11.5, 1.55 * n + 1.9))
     gs = fig.add_gridspec(n, 1, hspace=0.55)
@@ -123,8 +114,8 @@ def plot_timeline(ops: pd.DataFrame, title: str, note: str = "", cost_mode: str 
         ax.text(bnd * 1e3, -0.62, " next iteration →", ha="left", va="bottom", fontsize="x-small",
                 color="black", clip_on=False)
         nb = int(sub["buckets"].iloc[0])
-        ax.set_title(f"{method_label(s)}: {nb} bucket{'s' if nb != 1 else ''}, iteration (period) {_ms(it)}",
-                     fontsize="small", loc="left")
+        ax.set_title(f"{method_label(s)}: {nb} bucket{'s' if nb != 1 else ''}, iteration (period) "
+                     f"{ms_text(it)}", fontsize="small", loc="left")
         ax.set_yticklabels([_ROW_NAMES[r] for r in ("compute", "comm")], fontsize="small")
         if i < n - 1:
             ax.tick_params(labelbottom=False)
@@ -175,7 +166,7 @@ def plot_scaling(table: pd.DataFrame, note: str = "", cost_mode: str | None = No
     P (where gaps of a few percent stay visible). ``table`` is :func:`repro.studies.dear_sim.scaling_table`."""
     models = list(dict.fromkeys(table["model"]))
     nets = list(dict.fromkeys(table["network"]))
-    names = _ordered(table["scheduler"])
+    names = ordered(table["scheduler"], METHOD_ORDER)
     ncol, nrow = len(models), len(nets)
     w, h = max(3.1 * ncol, 7.0), 3.9 * nrow + 1.9
     fig = plt.figure(figsize=(w, h))
@@ -292,7 +283,7 @@ def plot_throughput(table: pd.DataFrame, note: str = "", title: str = "Throughpu
     ``table`` is :func:`repro.studies.dear_sim.throughput_table` at one worker count."""
     models = list(dict.fromkeys(table["model"]))
     nets = list(dict.fromkeys(table["network"]))
-    names = _ordered(table["scheduler"])
+    names = ordered(table["scheduler"], METHOD_ORDER)
     fig, axes = plt.subplots(1, len(nets), figsize=(max(5.5 * len(nets), 7), 4.4), squeeze=False)
     width = 0.8 / len(names)
     for ax, net in zip(axes[0], nets):
@@ -328,7 +319,7 @@ def plot_breakdown(table: pd.DataFrame, note: str = "", cost_mode: str | None = 
     one panel per network. ``table`` is :func:`repro.studies.dear_sim.breakdown_table`."""
     nets = list(dict.fromkeys(table["network"]))
     models = list(dict.fromkeys(table["model"]))
-    names = _ordered(table["scheduler"])
+    names = ordered(table["scheduler"], METHOD_ORDER)
     fig, axes = plt.subplots(1, len(nets), figsize=(max(5.5 * len(nets), 7), 4.6), squeeze=False)
     width = 0.8 / len(names)
     for ax, net in zip(axes[0], nets):

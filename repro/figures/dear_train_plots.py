@@ -5,7 +5,6 @@ and returned as matplotlib Figures. Every panel says whether it is measured or s
 
 from __future__ import annotations
 
-import textwrap
 from typing import Sequence
 
 import matplotlib.pyplot as plt
@@ -16,8 +15,8 @@ from matplotlib.patches import Patch
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
 from repro.figures.dear_plots import method_label, method_style
-from repro.figures.style import (EXTRA_COLORS, GAP_FACTOR, OVERSUBSCRIBED_HATCH, PALETTE, add_gap_note, gap_lines,
-                                 legend_below)
+from repro.figures.style import (EXTRA_COLORS, GAP_FACTOR, OVERSUBSCRIBED_HATCH, PALETTE, add_gap_note,
+                                 gap_lines, legend_below, ordered, wrap_paragraphs)
 
 __all__ = ["PRIMITIVE_STYLES", "plot_primitive_cost", "plot_throughput", "plot_breakdown", "plot_buffer_sweep",
            "plot_bo_tuning", "bo_tuning_titles"]
@@ -36,11 +35,6 @@ _MEASURED_ORDER = ("wfbp", "bytescheduler", "horovod", "ddp", "ddp_buckets", "mg
                    "dear_threshold", "dear_model", "dear_optimal", "dear_bo", "fsdp")
 
 
-def _ordered(names) -> list[str]:
-    names = list(dict.fromkeys(names))
-    return [m for m in _MEASURED_ORDER if m in names] + [m for m in names if m not in _MEASURED_ORDER]
-
-
 def _label(name: str) -> str:
     if name == "ddp":
         return "PyTorch DDP"
@@ -51,10 +45,6 @@ def _label(name: str) -> str:
 
 def _color(name: str) -> str:
     return method_style(name)["color"]
-
-
-def _wrap(text: str, width: int = 110) -> str:
-    return "\n".join(textwrap.fill(p, width) for p in text.split("\n"))
 
 
 def _log_ms(ax) -> None:
@@ -106,8 +96,8 @@ def plot_primitive_cost(cost: pd.DataFrame, model: pd.DataFrame, measured_note: 
         ax.set_xlabel("message (bytes of float32)")
         ax.set_ylabel("time (ms)")
         over = bool(sub["oversubscribed"].any()) if "oversubscribed" in sub else False
-        ax.set_title(_wrap(f"measured, P={p}" + (" (oversubscribed)" if over else "") + f"\n{measured_note}", 55),
-                     fontsize="small")
+        ax.set_title(wrap_paragraphs(f"measured, P={p}" + (" (oversubscribed)" if over else "")
+                                     + f"\n{measured_note}", 55), fontsize="small")
     ax = axes[-1]
     presets = list(dict.fromkeys(model["preset"])) if len(model) else []
     dashes = ["-", ":", "-.", "--"]
@@ -119,7 +109,8 @@ def plot_primitive_cost(cost: pd.DataFrame, model: pd.DataFrame, measured_note: 
                     ls=dashes[k % 4], lw=1.3 if prim == "allreduce" else 1.0)
     if len(model):
         nb = int(model["bytes"].iloc[0])
-        ax.set_title(_wrap(f"model: one {_bytes_label(nb)} message vs P\n{model_note}", 55), fontsize="small")
+        ax.set_title(wrap_paragraphs(f"model: one {_bytes_label(nb)} message vs P\n{model_note}", 55),
+                     fontsize="small")
         ax.text(0.98, 0.02, "reduce-scatter and all-gather\ncoincide (each half the ring)", transform=ax.transAxes,
                 ha="right", va="bottom", fontsize="x-small", style="italic")
     ax.set_xscale("log", base=2)
@@ -194,7 +185,7 @@ def _measured_throughput_panel(ax, measured: pd.DataFrame, schedulers: Sequence[
     """Draw the measured bars and predicted diamonds; return the (label, measured, predicted, reason) items
     of :func:`repro.figures.style.gap_lines` (iteration seconds)."""
     items = []
-    names = [s for s in _ordered(measured["scheduler"]) if s in schedulers]
+    names = [s for s in ordered(measured["scheduler"], _MEASURED_ORDER) if s in schedulers]
     models = list(dict.fromkeys(measured["model"]))
     width = 0.8 / max(1, len(names))
     top = 0.0
@@ -221,7 +212,7 @@ def _measured_throughput_panel(ax, measured: pd.DataFrame, schedulers: Sequence[
     ax.set_xticks(range(len(models)))
     ax.set_xticklabels(models, fontsize="small")
     ax.set_ylabel("samples/s (all ranks)")
-    ax.set_title(_wrap(f"measured: {note}; {throughput_statistic(measured)}", 40), fontsize="small")
+    ax.set_title(wrap_paragraphs(f"measured: {note}; {throughput_statistic(measured)}", 40), fontsize="small")
     return items
 
 
@@ -248,7 +239,7 @@ def drift_lines(measured: pd.DataFrame, schedulers: Sequence[str] | None = None,
         return []
     sub = measured if schedulers is None else measured[measured["scheduler"].isin(list(schedulers))]
     items = [(f"{_label(r.scheduler)} ({r.model})", r.iteration_s, r.run_iteration_s, "")
-             for r in sub.itertuples() if r.scheduler in set(_ordered(sub["scheduler"]))]
+             for r in sub.itertuples() if r.scheduler in set(ordered(sub["scheduler"], _MEASURED_ORDER))]
     return [ln.replace(" predicted (", " whole run (").replace(": measured ", ": samples' median ")
             for ln in gap_lines(items, factor=factor)]
 
@@ -256,7 +247,7 @@ def drift_lines(measured: pd.DataFrame, schedulers: Sequence[str] | None = None,
 def _simulated_relative_panels(axes, simulated: pd.DataFrame, schedulers: Sequence[str], note: str) -> None:
     nets = list(dict.fromkeys(simulated["network"]))
     models = list(dict.fromkeys(simulated["model"]))
-    names = [s for s in _ordered(simulated["scheduler"]) if s in schedulers]
+    names = [s for s in ordered(simulated["scheduler"], _MEASURED_ORDER) if s in schedulers]
     sub_all = simulated[simulated["scheduler"].isin(names)].copy()
     sub_all["rel"] = sub_all["throughput"] / sub_all.groupby(["model", "network"])["throughput"].transform("max")
     width = 0.8 / max(1, len(names))
@@ -271,7 +262,7 @@ def _simulated_relative_panels(axes, simulated: pd.DataFrame, schedulers: Sequen
         ax.set_xticklabels(models, fontsize="x-small", rotation=25)
         ax.set_ylabel("throughput ÷ best (ratio)")
         p = int(sub["workers"].iloc[0]) if len(sub) else 0
-        ax.set_title(_wrap(f"simulated, {p} GPUs, {net}: {note}", 48), fontsize="small")
+        ax.set_title(wrap_paragraphs(f"simulated, {p} GPUs, {net}: {note}", 48), fontsize="small")
 
 
 RELEASED_DEAR: tuple[str, ...] = ("dear_nofusion", "dear_threshold")  # the authors' method, as released
@@ -307,7 +298,7 @@ def unmodelled_note(measured: pd.DataFrame, schedulers: Sequence[str], simulated
     or without a simulated bar (absent from ``simulated``); "" when every one has both."""
     if not len(measured):
         return ""
-    names = [s for s in _ordered(measured["scheduler"]) if s in schedulers]
+    names = [s for s in ordered(measured["scheduler"], _MEASURED_ORDER) if s in schedulers]
     sim = set(simulated["scheduler"]) if len(simulated) and "scheduler" in simulated else set()
     parts = []
     for s in names:
@@ -338,7 +329,7 @@ def plot_throughput(measured: pd.DataFrame, simulated: pd.DataFrame, schedulers:
     axes = axes[0]
     gaps = gap_lines(_measured_throughput_panel(axes[0], measured, schedulers, measured_note))
     _simulated_relative_panels(axes[1:], simulated, sim_schedulers, sim_note)
-    names = _ordered([*schedulers, *sim_schedulers])
+    names = ordered([*schedulers, *sim_schedulers], _MEASURED_ORDER)
     handles = [Patch(facecolor=_color(s), label=_label(s)) for s in names]
     handles.append(Line2D([], [], marker="D", ls="", markerfacecolor="white", markeredgecolor="black",
                           label="measured runs: the plan's prediction"))
@@ -356,7 +347,7 @@ def plot_throughput(measured: pd.DataFrame, simulated: pd.DataFrame, schedulers:
                                                                                                  drawn))
              if t and t.strip()]
     if paras:
-        text = "\n".join(_wrap(p, int(15 * fig.get_figwidth())) for p in paras)
+        text = "\n".join(wrap_paragraphs(p, int(15 * fig.get_figwidth())) for p in paras)
         fig.text(0.5, 0.94, text, ha="center", va="top", fontsize="small", style="italic", color="#333333")
         top = 0.93 - 0.042 * (text.count("\n") + 1)
     legend_below(fig, handles, ncol=4)
@@ -450,7 +441,7 @@ def plot_breakdown(measured: pd.DataFrame, simulated: pd.DataFrame, measured_not
                              gridspec_kw={"width_ratios": [1.0] + [1.25] * len(nets)})
     axes = axes[0]
     ax = axes[0]
-    names = _ordered(measured["scheduler"]) if len(measured) else []
+    names = ordered(measured["scheduler"], _MEASURED_ORDER) if len(measured) else []
     top = 0.0
     for k, s in enumerate(names):
         for j, src in enumerate(("measured", "simulated")):
@@ -464,9 +455,9 @@ def plot_breakdown(measured: pd.DataFrame, simulated: pd.DataFrame, measured_not
     ax.set_ylim(0, top * 1.08 if top else 1)
     ax.set_ylabel("ms per iteration")
     model = ", ".join(dict.fromkeys(measured["model"])) if len(measured) else ""
-    ax.set_title(_wrap(f"measured ({model}): {measured_note}; {BREAKDOWN_STATISTIC}; left bar measured, right bar "
-                       "(hatched) the run simulated", 56), fontsize="small")
-    sim_names = _ordered(simulated["scheduler"]) if len(simulated) else []
+    ax.set_title(wrap_paragraphs(f"measured ({model}): {measured_note}; {BREAKDOWN_STATISTIC}; left bar "
+                                 "measured, right bar (hatched) the run simulated", 56), fontsize="small")
+    sim_names = ordered(simulated["scheduler"], _MEASURED_ORDER) if len(simulated) else []
     models = list(dict.fromkeys(simulated["model"])) if len(simulated) else []
     width = 0.8 / max(1, len(sim_names))
     for ax, net in zip(axes[1:], nets):
@@ -490,13 +481,14 @@ def plot_breakdown(measured: pd.DataFrame, simulated: pd.DataFrame, measured_not
         ax.set_xticklabels(models, fontsize="x-small")
         ax.tick_params(axis="x", which="major", length=0, pad=pad)
         ax.set_ylabel("ms per iteration")
-        ax.set_title(_wrap(f"simulated, {int(sub['workers'].iloc[0])} GPUs, {net}: {sim_note}", 52), fontsize="small")
+        ax.set_title(wrap_paragraphs(f"simulated, {int(sub['workers'].iloc[0])} GPUs, {net}: {sim_note}", 52),
+                     fontsize="small")
     seen = [(lab, c) for col, lab, c in _PARTS
             if any(col in t and t[col].fillna(0).abs().sum() > 0 for t in (measured, simulated))]
     handles = [Patch(facecolor=c, edgecolor="#666666", label=lab) for lab, c in seen]
     handles += [Patch(facecolor="white", edgecolor=_color(s), linewidth=1.5,
                       label=f"outline: {_label(s)}" + (f" ('{short_label(s)}' under its bars)" if s in sim_names else ""))
-                for s in _ordered([*names, *sim_names])]
+                for s in ordered([*names, *sim_names], _MEASURED_ORDER)]
     handles.append(Patch(facecolor="white", edgecolor="#666666", hatch="///", label="measured run, simulated"))
     fig.suptitle("Computation vs exposed reduce-scatter vs exposed all-gather", fontsize="medium")
     legend_below(fig, handles, ncol=4)
@@ -544,7 +536,7 @@ def plot_buffer_sweep(measured: pd.DataFrame, references: pd.DataFrame, simulate
     ax.set_ylim(0, max([float(measured["iteration_s"].max()) if len(measured) else 0.0]
                        + [float(v) for v in references["iteration_s"]]) * 1e3 * 1.12)
     model = ", ".join(dict.fromkeys(measured["model"])) if len(measured) else ""
-    ax.set_title(_wrap(f"measured ({model}; numbers: buckets): {measured_note}; points and lines: "
+    ax.set_title(wrap_paragraphs(f"measured ({model}; numbers: buckets): {measured_note}; points and lines: "
                        f"{BREAKDOWN_STATISTIC.split(': ', 1)[1]}", 52), fontsize="small")
     models = list(dict.fromkeys(simulated["model"])) if len(simulated) else []
     colors = [PALETTE[i] for i in (0, 1, 2, 3, 5)] + [PALETTE[9]]
@@ -565,7 +557,7 @@ def plot_buffer_sweep(measured: pd.DataFrame, references: pd.DataFrame, simulate
         ax.set_xlabel("fusion threshold (MiB)")
         ax.set_ylabel("iteration ÷ the model's best (ratio)")
         p = int(simulated["workers"].iloc[0])
-        ax.set_title(_wrap(f"simulated, {p} GPUs, {net}: {sim_note}", 52), fontsize="small")
+        ax.set_title(wrap_paragraphs(f"simulated, {p} GPUs, {net}: {sim_note}", 52), fontsize="small")
     handles = [Line2D([], [], color=PALETTE[0], marker="o", lw=1.4, label="DeAR threshold runs, measured"),
                Line2D([], [], color=PALETTE[0], ls="--", lw=1.4, label="the same runs, simulated")]
     handles += [Line2D([], [], color=_color(s), ls=method_style(s)["linestyle"], label=f"{_label(s)}, measured run")
@@ -637,7 +629,7 @@ def plot_bo_tuning(live: pd.DataFrame, comparison: pd.DataFrame, marks: dict[str
         ax.text(0.5, 0.5, "no dear_bo run", ha="center", transform=ax.transAxes)
     ax.set_xlabel("trial")
     ax.set_ylabel("iteration (ms)")
-    ax.set_title(_wrap(f"measured, live dear_bo run: {live_note}", 60), fontsize="small")
+    ax.set_title(wrap_paragraphs(f"measured, live dear_bo run: {live_note}", 60), fontsize="small")
     for ax, obj in zip(axes[1:n], objectives):
         sub = comparison[comparison["objective"] == obj]
         for m, (lab, c, ls) in _SEARCH.items():
@@ -652,7 +644,7 @@ def plot_bo_tuning(live: pd.DataFrame, comparison: pd.DataFrame, marks: dict[str
             ax.axhline(r.seconds * 1e3, color=_color(r.scheduler), lw=1.2, ls=MARK_KINDS.get(r.kind, "-"))
         ax.set_xlabel("trial")
         ax.set_ylabel("best iteration so far (ms)")
-        ax.set_title(_wrap(titles.get(obj, obj), 60), fontsize="small")
+        ax.set_title(wrap_paragraphs(titles.get(obj, obj), 60), fontsize="small")
     handles = [Line2D([], [], color=c, ls=ls, lw=1.8, label=f"{lab} (median over seeds; thin: each seed)")
                for lab, c, ls in _SEARCH.values()]
     handles += [Line2D([], [], color=_SEARCH["bo"][1], marker="h", lw=1.0, label="live BO trial, measured"),

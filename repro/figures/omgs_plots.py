@@ -18,7 +18,7 @@ from matplotlib.ticker import FuncFormatter, NullFormatter
 
 from repro.figures.mgwfbp_plots import cost_mode_label
 from repro.figures.plots import gantt
-from repro.figures.style import PALETTE, flat_brackets, legend_below, scheduler_style
+from repro.figures.style import PALETTE, flat_brackets, legend_below, ms_text, scheduler_style
 
 __all__ = ["PLANNER_ORDER", "planner_style", "planner_label", "plot_optimal_gap", "plot_timeline"]
 
@@ -165,10 +165,6 @@ def _equal_points(sub: pd.DataFrame, names: Sequence[str]) -> str:
     return "; ".join(out)
 
 
-def _ms(v: float) -> str:
-    return f"{v * 1e3:.0f} ms" if v >= 0.1 else f"{v * 1e3:.1f} ms"
-
-
 def paper_timeline_text(ops: pd.DataFrame, paper: pd.DataFrame | None, claim_id: str = "") -> str:
     """TopK-SGD ÷ OMGS-SGD, published (``paper``: :func:`repro.studies.omgs_sim.paper_iterations` rows of the
     timeline's model) beside simulated (``ops``), with the verdict of ``claim_id``; "" without both."""
@@ -189,8 +185,9 @@ def paper_timeline_text(ops: pd.DataFrame, paper: pd.DataFrame | None, claim_id:
             v = ""
     src = str(paper["citation"].iloc[0]).split(" (")[0] if "citation" in paper else "paper"
     return (f"TopK-SGD ÷ OMGS-SGD, paper ({src}, measured, {int(paper['workers'].iloc[0])} workers): "
-            f"{pub['topk_single']:.3f} s ÷ {pub['omgs']:.3f} s = {pr:.2f}x; simulated: {_ms(sim['topk_single'])} ÷ "
-            f"{_ms(sim['omgs'])} = {sr:.2f}x{v}. Dotted grey lines: the paper's iteration times.")
+            f"{pub['topk_single']:.3f} s ÷ {pub['omgs']:.3f} s = {pr:.2f}x; simulated: "
+            f"{ms_text(sim['topk_single'])} ÷ {ms_text(sim['omgs'])} = {sr:.2f}x{v}. Dotted grey lines: the "
+            "paper's iteration times.")
 
 
 def plot_timeline(ops: pd.DataFrame, title: str, measured: pd.DataFrame | None = None, measured_title: str = "",
@@ -224,16 +221,16 @@ def plot_timeline(ops: pd.DataFrame, title: str, measured: pd.DataFrame | None =
               label_min_width_frac=0.0)
         it = float(sub["iteration_s"].iloc[0])
         ax.axvline(it * 1e3, color="black", lw=1.0, ls="--")
-        ax.text(it * 1e3, 0, f" {_ms(it)}", ha="left", va="center", fontsize="small", fontweight="bold")
+        ax.text(it * 1e3, 0, f" {ms_text(it)}", ha="left", va="center", fontsize="small", fontweight="bold")
         nb = int(sub["buckets"].iloc[0]) if "buckets" in sub else 0
         pub = paper[paper["planner"] == p] if paper is not None and len(paper) else None
         extra = ""
         if pub is not None and len(pub):
             ps = float(pub["paper_s"].iloc[0])
             ax.axvline(ps * 1e3, color="0.45", lw=1.6, ls=":", zorder=5)
-            extra = f"; paper (OMGS-SGD INFOCOM'20, measured): {_ms(ps)}"
-        ax.set_title(f"{planner_label(p)}: {nb} bucket{'s' if nb != 1 else ''}, iteration {_ms(it)} (simulated)"
-                     + extra, fontsize="small", loc="left")
+            extra = f"; paper (OMGS-SGD INFOCOM'20, measured): {ms_text(ps)}"
+        ax.set_title(f"{planner_label(p)}: {nb} bucket{'s' if nb != 1 else ''}, iteration {ms_text(it)} "
+                     f"(simulated){extra}", fontsize="small", loc="left")
         ax.set_yticklabels(["computation", "top-k", "all-gather"], fontsize="small")
         if i < n_sim - 1:
             ax.tick_params(labelbottom=False)
@@ -300,7 +297,7 @@ def tie_text(ops: pd.DataFrame, rtol: float = 0.01) -> str:
             x, y = float(its[a]), float(its[b])
             if abs(x - y) <= rtol * max(x, y):
                 parts.append(f"{planner_label(a)} and {planner_label(b)} tie in the simulation "
-                             f"({_ms(x)} vs {_ms(y)}, within {rtol:.0%}).")
+                             f"({ms_text(x)} vs {ms_text(y)}, within {rtol:.0%}).")
     return " ".join(parts)
 
 
@@ -312,16 +309,16 @@ def _one_step_text(sub: pd.DataFrame) -> str:
     """A measured panel's title tail: the one step drawn, and the run's median step beside it when the
     table has it (:func:`repro.studies.omgs_sim.measured_timeline`)."""
     it = float(sub["iteration_s"].iloc[0]) if "iteration_s" in sub else float("nan")
-    text = f"one step, {_ms(it)}"
+    text = f"one step, {ms_text(it)}"
     med = float(sub["median_iteration_s"].iloc[0]) if "median_iteration_s" in sub else float("nan")
     if "median_step" in sub and bool(sub["median_step"].iloc[0]) and np.isfinite(med):
         n = int(sub["timed_steps"].iloc[0]) if "timed_steps" in sub else 0
-        return (f"step {int(sub['drawn_step'].iloc[0]) + 1}{f' of {n}' if n else ''}, {_ms(it)}: the one closest "
-                f"to the run's median step ({_ms(med)})")
+        return (f"step {int(sub['drawn_step'].iloc[0]) + 1}{f' of {n}' if n else ''}, {ms_text(it)}: the one "
+                f"closest to the run's median step ({ms_text(med)})")
     med = float(sub["median_iteration_s"].iloc[0]) if "median_iteration_s" in sub else float("nan")
     if np.isfinite(med):
         n = int(sub["timed_steps"].iloc[0]) if "timed_steps" in sub else 0
-        text += f" (the run's median step{f' of {n}' if n else ''}: {_ms(med)})"
+        text += f" (the run's median step{f' of {n}' if n else ''}: {ms_text(med)})"
     return text
 
 

@@ -11,20 +11,9 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 from matplotlib.transforms import blended_transform_factory
 
-from repro.figures.style import (
-    DARK_GREY,
-    OVERSUBSCRIBED_HATCH,
-    PALETTE,
-    add_gap_note,
-    add_note,
-    coinciding_lines,
-    gap_lines,
-    kind_color,
-    legend_below,
-    oversubscribed_handle,
-    paper_marker_style,
-    scheduler_style,
-)
+from repro.figures.style import (DARK_GREY, OVERSUBSCRIBED_HATCH, PALETTE, add_gap_note, add_note,
+                                 coinciding_lines, gap_lines, kind_color, legend_below, ordered,
+                                 oversubscribed_handle, paper_marker_style, scheduler_style)
 
 __all__ = ["STYLE_KEYS", "LABELS", "PHASE_STYLES", "omgs_style", "plot_convergence", "plot_breakdown"]
 
@@ -48,11 +37,6 @@ def omgs_style(scheduler: str) -> dict:
     st = scheduler_style(STYLE_KEYS.get(scheduler, scheduler))
     st["label"] = LABELS.get(scheduler, st["label"])
     return st
-
-
-def _ordered(names) -> list[str]:
-    names = list(dict.fromkeys(names))
-    return [s for s in _ORDER if s in names] + [s for s in names if s not in _ORDER]
 
 
 # -- omgs.convergence
@@ -90,7 +74,7 @@ def plot_convergence(conv: pd.DataFrame, notes: dict[str, str] | None = None, ti
         axes = sf.subplots(1, 3)
         first = first if first is not None else axes[0]
         for ax, (col, ylabel, title) in zip(axes, _metric_columns(sub)):
-            names = _ordered(sub["scheduler"])
+            names = ordered(sub["scheduler"], _ORDER)
             n = len(names)
             for k, s in enumerate(names):
                 g = sub[sub["scheduler"] == s].sort_values("epoch")
@@ -201,7 +185,7 @@ def _bars(ax, rows: pd.DataFrame, unit: float, unit_name: str, paper: pd.DataFra
     for m in models:
         sub = rows[rows["model"] == m]
         start = x
-        for s in _ordered(sub["scheduler"]):
+        for s in ordered(sub["scheduler"], _ORDER):
             for source in ("measured", "simulated"):
                 for _, r in sub[(sub["scheduler"] == s) & (sub["source"] == source)].iterrows():
                     over = bool(r.get("oversubscribed", False))

@@ -6,7 +6,6 @@ drawn labelled as such.
 
 from __future__ import annotations
 
-import textwrap
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
@@ -15,8 +14,9 @@ from matplotlib.patches import Patch
 
 from repro.figures.mgwfbp_plots import cost_mode_label
 from repro.figures.plots import gantt
-from repro.figures.style import (DARK_GREY, EXTRA_COLORS, OVERSUBSCRIBED_HATCH, PALETTE, add_gap_note, gap_lines,
-                                 kind_color, legend_below, scheduler_style)
+from repro.figures.style import (DARK_GREY, EXTRA_COLORS, OVERSUBSCRIBED_HATCH, PALETTE, add_gap_note,
+                                 gap_lines, kind_color, legend_below, ms_text, ordered, scheduler_style,
+                                 wrap_paragraphs)
 
 __all__ = ["METHOD_ORDER", "STAGE_COLORS", "method_style", "method_label", "plot_timeline", "plot_throughput",
            "plot_accuracy", "plot_lgp_ablation", "plot_stage_ratio"]
@@ -39,19 +39,6 @@ def method_label(name: str) -> str:
     return method_style(name)["label"]
 
 
-def _order(names) -> list[str]:
-    names = list(dict.fromkeys(names))
-    return [m for m in METHOD_ORDER if m in names] + [m for m in names if m not in METHOD_ORDER]
-
-
-def _wrap(text: str, width: int) -> str:
-    return "\n".join(textwrap.fill(p, width) for p in text.split("\n"))
-
-
-def _ms(v: float) -> str:
-    return f"{v * 1e3:.0f} ms" if v >= 0.1 else f"{v * 1e3:.1f} ms"
-
-
 def _head(fig, title: str, note: str, width_chars: int, panel_title_lines: int = 1, pad: float = 0.45) -> float:
     """Suptitle and an italic note under it; returns the top of the axes area (figure fraction), leaving
     room for ``panel_title_lines`` lines of axes titles."""
@@ -60,7 +47,7 @@ def _head(fig, title: str, note: str, width_chars: int, panel_title_lines: int =
     room = pad + 0.2 * panel_title_lines
     if not note:
         return 1 - room / h
-    text = _wrap(note, width_chars)
+    text = wrap_paragraphs(note, width_chars)
     fig.text(0.5, 1 - 0.38 / h, text, ha="center", va="top", fontsize="small", style="italic", color="#333333")
     return 1 - (room + 0.05 + 0.19 * (text.count("\n") + 1)) / h
 
@@ -113,7 +100,8 @@ def plot_timeline(ops: pd.DataFrame, title: str, note: str = "", cost_mode: str 
         what = method_label(s)
         if s in ("osp", "osp_auto"):
             what += f", stage 1 = {100 * float(r['stage1_bytes_share']):.0f}% of the gradient bytes"
-        ax.set_title(f"{what}: period {_ms(float(r['iteration_s']))} per iteration", fontsize="small", loc="left")
+        ax.set_title(f"{what}: period {ms_text(float(r['iteration_s']))} per iteration", fontsize="small",
+                     loc="left")
         ax.tick_params(axis="y", labelsize="x-small")
         if i < n - 1:
             ax.tick_params(labelbottom=False)
@@ -153,10 +141,11 @@ def auto_slower_note(ops: pd.DataFrame) -> str:
     if float(a["iteration_s"]) <= float(b["iteration_s"]):
         return ""
     return (f"Why osp_auto is slower: its stage 1 = {100 * float(a['stage1_bytes_share']):.0f}% of the bytes gives a "
-            f"period of {_ms(float(a['iteration_s']))}, longer than {method_label(best)} at "
-            f"{100 * float(b['stage1_bytes_share']):.0f}% ({_ms(float(b['iteration_s']))}). Its rule keeps stage 2 small "
-            "enough to hide behind one computation and does not search for the fastest share; a larger stage 2 that "
-            "does not fully hide still shortens the period while the server links are not saturated.")
+            f"period of {ms_text(float(a['iteration_s']))}, longer than {method_label(best)} at "
+            f"{100 * float(b['stage1_bytes_share']):.0f}% ({ms_text(float(b['iteration_s']))}). Its rule "
+            "keeps stage 2 small enough to hide behind one computation and does not search for the fastest "
+            "share; a larger stage 2 that does not fully hide still shortens the period while the server "
+            "links are not saturated.")
 
 
 # -- osp.throughput
@@ -226,13 +215,13 @@ def plot_throughput(measured: pd.DataFrame, simulated: pd.DataFrame, measured_no
     ax.set_ylabel("throughput\n(samples/s, all workers)")
     extra = "; all runs oversubscribed (more ranks than CPU cores)" if all_over else ""
     extra += "; error bars: the seeds' range (min-max)" if seeds > 1 else "; one seed"
-    panel_title = _wrap(f"measured: {measured_note}; ×: throughput ÷ BSP's{extra}", 125)
+    panel_title = wrap_paragraphs(f"measured: {measured_note}; ×: throughput ÷ BSP's{extra}", 125)
     ax.set_title(panel_title, fontsize="small")
     for j, net in enumerate(nets):
         a = fig.add_subplot(gs[1, j])
         sub = simulated[simulated["network"] == net]
         models = list(dict.fromkeys(sub["model"]))
-        names = _order(sub["method"])
+        names = ordered(sub["method"], METHOD_ORDER)
         width = 0.8 / len(names)
         for k, s in enumerate(names):
             g = sub[sub["method"] == s].set_index("model").reindex(models)
@@ -247,7 +236,7 @@ def plot_throughput(measured: pd.DataFrame, simulated: pd.DataFrame, measured_no
             a.set_ylabel("throughput ÷ BSP's\n(simulated)")
         label = sub["network_label"].iloc[0] if "network_label" in sub else net
         a.set_title(f"{sim_what}, {label} link, 1 server + {int(sub['workers'].iloc[0])} workers", fontsize="small")
-    names = _order(list(m["method"]) + (list(simulated["method"]) if len(simulated) else []))
+    names = ordered(list(m["method"]) + (list(simulated["method"]) if len(simulated) else []), METHOD_ORDER)
     handles = [Patch(**_bar_style(s), label=method_label(s)) for s in names]
     handles.append(Line2D([], [], marker="D", ls="", markerfacecolor="white", markeredgecolor="black",
                           label="its plan's predicted throughput (on the bar)"))

@@ -23,7 +23,7 @@ __all__ = [
     "gap_lines", "add_gap_note", "use_style", "canonical_scheduler", "scheduler_color", "scheduler_label",
     "scheduler_marker", "scheduler_style", "paper_marker_style", "paper_handle", "kind_color",
     "panel_figsize", "legend_below", "legend_outside", "add_note", "coinciding_lines", "flat_brackets",
-    "mark_oversubscribed", "oversubscribed_handle",
+    "mark_oversubscribed", "oversubscribed_handle", "ordered", "ms_text", "wrap_paragraphs",
 ]
 
 # seaborn.color_palette("colorblind") (Okabe-Ito based), fixed here.
@@ -253,6 +253,24 @@ def kind_color(kind: str) -> str:
     key = {"all_reduce": "allreduce", "all_gather": "allgather", "reducescatter": "reduce_scatter",
            "fwd": "forward", "bwd": "backward"}.get(key, key)
     return KIND_COLORS.get(key) or _hashed_color(key)
+
+
+def ordered(names: Iterable[str], order: Sequence[str]) -> list[str]:
+    """``names`` once each: those in ``order`` first, in its order, then the others as they come."""
+    names = list(dict.fromkeys(names))
+    return [m for m in order if m in names] + [m for m in names if m not in order]
+
+
+def ms_text(seconds: float) -> str:
+    """Seconds as milliseconds for a title: ``"123 ms"``, or ``"12.3 ms"`` below 0.1 s."""
+    return f"{seconds * 1e3:.0f} ms" if seconds >= 0.1 else f"{seconds * 1e3:.1f} ms"
+
+
+def wrap_paragraphs(text: str, width: int) -> str:
+    """Each line of ``text`` wrapped to ``width`` characters."""
+    import textwrap
+
+    return "\n".join(textwrap.fill(p, width) for p in text.split("\n"))
 
 
 # -- layout helpers
