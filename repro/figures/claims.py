@@ -302,13 +302,11 @@ def _reduce(found: list[tuple[float, str]], how: str) -> tuple[float, str]:
 
 def evaluate_metric(metric: Mapping[str, Any] | None, results_dir: str | Path,
                     cache: dict[str, Any] | None = None, cost_mode: str | None = None) -> dict[str, Any] | None:
-    """Our number for ``metric`` from the tables in ``results_dir``: ``{"value", "at", "table"}`` and, for
-    a ``pair`` metric, ``"low"``, ``"high"`` (the 95% bootstrap interval) and ``"samples"`` (the number of
-    pairs); None when the table, a column or the rows are missing (docs/design/figures.md). ``cost_mode``
-    (``paper``, ``calibrated`` or None for all rows) selects a simulated table's rows; a ``calibrated``
-    metric gives None on a table without calibrated rows (that mode has not run), and
-    ``{"value": None, "reason": NO_CALIBRATED}`` where the mode ran but not for the metric's rows while
-    the paper mode has them (no calibrated preset for that setting)."""
+    """Our number for ``metric`` from the tables in ``results_dir``: ``{"value", "at", "table"}``, plus
+    ``"low"``, ``"high"`` (95% bootstrap interval) and ``"samples"`` for a ``pair`` metric; None when the
+    table, a column or the rows are missing. ``cost_mode`` (``paper``, ``calibrated``, None: all rows)
+    selects a simulated table's rows; ``{"value": None, "reason": NO_CALIBRATED}`` where the calibrated
+    mode ran, but not for this metric's rows while the paper mode has them."""
     if not metric:
         return None
     cache = {} if cache is None else cache
@@ -537,9 +535,8 @@ def judge(claim: Mapping[str, Any], simulated: float | None, measured: float | N
 
 
 def claim_verdict(claim_id: str, ours: float | None, directory: str | Path | None = None) -> str:
-    """The verdict word of claim ``claim_id`` (``<paper>.<name>``) for the simulated number ``ours``,
-    under the claim's own paper value and rule: what a figure says beside a number it computed itself
-    (e.g. from a paper-scale panel), judged as the gallery card judges the claim's table."""
+    """The verdict word of claim ``claim_id`` (``<paper>.<name>``) for a simulated number ``ours`` a figure
+    computed itself, under the claim's paper value and rule; :class:`ClaimsError` for an unknown claim."""
     paper = claim_id.split(".", 1)[0]
     for c in load_claims(paper, directory):
         if c["id"] == claim_id:
@@ -755,13 +752,10 @@ def _cell(metric: Any, got: dict[str, Any] | None, unit: str, calibrated: bool =
 
 def claims_table(results_dir: str | Path | None, papers: Sequence[str] = PAPERS,
                  directory: str | Path | None = None) -> pd.DataFrame:
-    """One row per claim of ``papers``: paper, claim_id, claim, figures, paper_value, unit, paper_text,
-    paper_source, paper_setting, simulated (paper presets; + simulated_at, the group that gave it),
-    calibrated (calibrated presets), measured (+ measured_at, measured_low / measured_high / measured_samples:
-    the bootstrap interval and its pairs), the ``*_text`` cells as the docs show them, verdict,
-    verdict_calibrated, judged_by, why (with our facts filled in), settings_text, tables, and the
-    fingerprints simulated_key / measured_key / why_key of the definitions that gave them.
-    ``results_dir`` None (or a folder without the tables): every number "not measured yet"."""
+    """One row per claim of ``papers``: the paper's number and setting, ours under the paper presets
+    (``simulated``), the calibrated ones and measured (with its bootstrap interval), their ``*_text`` cells
+    as the docs show them, both verdicts, ``why``, ``settings_text``, ``tables`` and the definitions'
+    fingerprints. ``results_dir`` None (or without the tables): every number "not measured yet"."""
     rd = Path(results_dir) if results_dir is not None else Path("/nonexistent-results-dir")
     cache: dict[str, Any] = {}
     rows = [_evaluate(c, rd, cache) for p in papers for c in load_claims(p, directory)]
@@ -856,10 +850,8 @@ def _disagree(r: Any) -> bool:
 
 
 def claims_markdown(snap: pd.DataFrame, directory: str | Path | None = None) -> str:
-    """The docs page (``docs/claims.md``) from a :func:`snapshot`: the rule set once, the claims where the
-    paper and calibrated presets disagree, one table per paper (paper's number, ours under the paper
-    and the calibrated presets, measured with its interval, verdict, settings), each claim's "why", and
-    where the numbers come from."""
+    """The docs page ``docs/claims.md`` from a :func:`snapshot`: the rules, the claims whose paper and
+    calibrated verdicts disagree, one table per paper with each claim's "why", and the numbers' source."""
     lines = ["# The papers' claims, reproduced or not", "", _DOC_INTRO, "## Verdict rules", "", RULES_TEXT]
     split = [r for r in snap.itertuples() if _disagree(r)]
     lines += ["## Where the paper and calibrated presets disagree", ""]

@@ -113,10 +113,8 @@ def declared_parameters(notebook_path: str | Path) -> list[str]:
 
 def parameters_by_notebook(entries: Sequence[FigureEntry], notebooks: Sequence[str],
                            params: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """The parameters each notebook gets: those of ``params`` it declares. A parameter that no
-    selected notebook declares is refused (:class:`FiguresError`, naming it and the notebooks), so a
-    typo is never reported as applied; the runner's own (``output_dir``, ``results_dir``, ``scale``)
-    go to every notebook that declares them."""
+    """The parameters each notebook gets: those of ``params`` it declares; :class:`FiguresInputError` for a
+    parameter (other than the runner's own) that no selected notebook declares, so a typo never passes."""
     paths = {e.notebook: e.notebook_path for e in entries}
     declared = {nb: set(declared_parameters(paths[nb])) for nb in notebooks}
     user = [k for k in params if k not in (*RESERVED_PARAMETERS, "scale")]
@@ -378,10 +376,8 @@ def _execute(src: Path, dst: Path, params: dict[str, Any], cwd: Path, kernel_nam
 
 def figure_claim_verdicts(entries: Sequence[FigureEntry], data_dir: Path,
                           say: Callable[[str], None] = _say) -> dict[str, list[dict[str, str]]]:
-    """The one-line verdicts of the papers' claims each figure of ``entries`` shows
-    (:func:`repro.figures.claims.figure_verdicts`, computed from the tables in ``data_dir`` after its
-    notebook ran), by figure id; figures whose paper makes no claim they show are left out. A broken
-    claims file costs a warning, not the run."""
+    """Figure id -> :func:`repro.figures.claims.figure_verdicts` from the tables in ``data_dir``, for the
+    figures of ``entries`` that show a claim; a broken claims file costs a warning, not the run."""
     from .claims import ClaimsError, figure_verdicts
 
     out: dict[str, list[dict[str, str]]] = {}
