@@ -15,6 +15,7 @@ from matplotlib.patches import Patch
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
 from repro.figures.dear_plots import method_label, method_style
+from repro.figures.plots import flag_column
 from repro.figures.style import (EXTRA_COLORS, GAP_FACTOR, OVERSUBSCRIBED_HATCH, PALETTE, add_gap_note,
                                  gap_lines, legend_below, ordered, wrap_paragraphs)
 
@@ -193,8 +194,7 @@ def _measured_throughput_panel(ax, measured: pd.DataFrame, schedulers: Sequence[
         g = measured[measured["scheduler"] == s].set_index("model").reindex(models)
         x = np.arange(len(models)) + (k - (len(names) - 1) / 2) * width
         thr = g["throughput_samples_s"].to_numpy(dtype=float)
-        over = g["oversubscribed"].fillna(False).astype(bool).to_numpy() if "oversubscribed" in g else \
-            np.zeros(len(models), bool)
+        over = flag_column(g)
         ax.bar(x, thr, width * 0.92, color=_color(s), edgecolor="white",
                hatch=[OVERSUBSCRIBED_HATCH if o else None for o in over])
         pred = (thr * g["iteration_s"].to_numpy(dtype=float) / g["predicted_s"].to_numpy(dtype=float))

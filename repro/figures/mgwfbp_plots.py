@@ -15,7 +15,7 @@ from matplotlib.patches import Patch
 from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator
 
 from repro.costs.published_fits import mode_label
-from repro.figures.plots import gantt, scheduler_lines
+from repro.figures.plots import flag_column, gantt, scheduler_lines
 from repro.figures.style import (
     DARK_GREY,
     GAP_FACTOR,
@@ -133,12 +133,6 @@ def _pack_parts(text: str, width: int) -> list[str]:
             lines.append(cur + ";")
             cur = part
     return lines + [cur]
-
-
-def _flags(df: pd.DataFrame, column: str = "oversubscribed") -> np.ndarray:
-    if column not in df:
-        return np.zeros(len(df), dtype=bool)
-    return df[column].fillna(False).astype(bool).to_numpy()
 
 
 def plot_layer_sizes(layers: pd.DataFrame, curve: pd.DataFrame, hist_models: Sequence[str]):
@@ -439,7 +433,7 @@ def plot_allreduce_fit(errors: pd.DataFrame, fits: pd.DataFrame, note: str, pape
     for k, (p, g) in enumerate(errors.groupby("workers")):
         st = series_style(k)
         f = fits[fits["workers"] == p].iloc[0]
-        over = bool(_flags(g).any())
+        over = bool(flag_column(g).any())
         any_over |= over
         tag = " (oversubscribed)" if over else ""
         axes[0].scatter(g["bytes"], g["measured_s"] * 1e3, color=st["color"], marker=st["marker"], s=26, zorder=3,
@@ -533,7 +527,7 @@ def plot_real_speedup(speedup: pd.DataFrame, note: str, paper: pd.DataFrame | No
     if pub_models:
         h = paper_handle("paper (MG-WFBP INFOCOM'19, measured; hollow diamonds); lines in the K80 panels: simulated")
         handles, labels = handles + [h], labels + [h.get_label()]
-    if _flags(speedup).any():
+    if flag_column(speedup).any():
         h = oversubscribed_handle()
         handles, labels = handles + [h], labels + [h.get_label()]
     title = f"Speedup over one worker, measured ({note})"
@@ -560,7 +554,7 @@ def _breakdown_bars(ax, sub: pd.DataFrame, names: Sequence[str], dtypes: Sequenc
             for _, row in sub[(sub.scheduler == sched) & (sub.wire_dtype == dt)].iterrows():
                 x = i + (k - (n - 1) / 2) * width
                 comp, comm = row.computation_s * 1e3, row.exposed_comm_s * 1e3
-                hatch = OVERSUBSCRIBED_HATCH if _flags(pd.DataFrame([row])).any() else None
+                hatch = OVERSUBSCRIBED_HATCH if flag_column(pd.DataFrame([row])).any() else None
                 kw = {"width": width * 0.95, "alpha": 1.0 if k == 0 else 0.5, "edgecolor": "white", "linewidth": 0.5,
                       "hatch": hatch}
                 ax.bar(x, comp, color=PALETTE[0], **kw)
@@ -685,7 +679,7 @@ def plot_breakdown(breakdown: pd.DataFrame, note: str, paper_scale: pd.DataFrame
     handles += [Patch(facecolor=DARK_GREY, alpha=1.0 if k == 0 else 0.5,
                       label=f"every panel: {['left', 'right', 'third'][min(k, 2)]} bar{' (lighter)' if k else ''} "
                             f"{_fp(dt)}") for k, dt in enumerate(all_dtypes)]
-    if _flags(breakdown).any():
+    if flag_column(breakdown).any():
         handles.append(oversubscribed_handle("bar"))
     line = headline_claim_text(headline) if with_paper else ""
     fig.suptitle(f"Iteration breakdown, measured and simulated ({note})"
@@ -720,9 +714,9 @@ def _threshold_panel(ax, sub: pd.DataFrame, sources: Sequence[tuple[str, str, st
             continue
         ax.plot(s.threshold_bytes, s.iteration_s * 1e3, ls=ls, marker=st["marker"], ms=5, color=st["color"],
                 markerfacecolor=mfc or st["color"], label=f"{st['label']} ({source})")
-        if _flags(s).any():
+        if flag_column(s).any():
             any_over = True
-            mark_oversubscribed(ax, s.threshold_bytes[_flags(s)], s.iteration_s[_flags(s)] * 1e3)
+            mark_oversubscribed(ax, s.threshold_bytes[flag_column(s)], s.iteration_s[flag_column(s)] * 1e3)
     for _, r in sub[sub.scheduler != "threshold"].iterrows():
         rs = scheduler_style(r.scheduler)
         ax.axhline(r.iteration_s * 1e3, color=rs["color"], ls="-" if r.source == "measured" else "--",
@@ -779,7 +773,8 @@ def plot_threshold_sweep(sweep: pd.DataFrame, refs: pd.DataFrame | None = None, 
         src = ", ".join(dict.fromkeys(sub["trace_from"].dropna().astype(str))) if "trace_from" in sub else ""
         ax.set_title(f"{m}{f', P={p}' if p else ''}: measured and simulated{' (tiny)' if tiny else ''}"
                      + (f"\nsimulated: every point on one trace and cost model,\nthose of run {src}" if src else "")
-                     + ("\n(every run oversubscribed)" if len(sub) and _flags(sub).all() else ""), fontsize="x-small")
+                     + ("\n(every run oversubscribed)" if len(sub) and flag_column(sub).all() else ""),
+                     fontsize="x-small")
         gaps += same_plan_lines(sub) + _sweep_gap_lines(sub)
     for ax in axes[0][len(models):]:
         ax.set_visible(False)

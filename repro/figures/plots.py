@@ -8,11 +8,20 @@ from typing import Any, Iterable, Mapping, Sequence
 from .style import (OVERSUBSCRIBED_HATCH, kind_color, legend_outside, mark_oversubscribed, oversubscribed_handle,
                     scheduler_style)
 
-__all__ = ["gantt", "scheduler_lines", "stacked_bars", "OVERSUBSCRIBED_COLUMN"]
+__all__ = ["gantt", "scheduler_lines", "stacked_bars", "OVERSUBSCRIBED_COLUMN", "flag_column"]
 
 OVERSUBSCRIBED_COLUMN = "oversubscribed"
 
 _OP_FIELDS = ("stream", "kind", "label", "start_s", "end_s")
+
+
+def flag_column(df, column: str | None = OVERSUBSCRIBED_COLUMN):
+    """``df[column]`` as a boolean numpy array; missing values, and a missing column, are False."""
+    import numpy as np
+
+    if not column or column not in df:
+        return np.zeros(len(df), dtype=bool)
+    return df[column].fillna(False).astype(bool).to_numpy()
 
 
 def _field(op: Any, name: str, default: Any = None) -> Any:
@@ -118,11 +127,10 @@ def scheduler_lines(ax, df, *, x: str, y: str, hue: str = "scheduler", order: Se
         if not markers and kw["linestyle"]:
             kw["marker"] = ""
         ax.plot(sub[x].to_numpy(), sub[y].to_numpy(), **kw)
-        if mark and mark in sub.columns:
-            flag = sub[mark].fillna(False).astype(bool).to_numpy()
-            if flag.any():
-                mark_oversubscribed(ax, sub[x].to_numpy()[flag], sub[y].to_numpy()[flag])
-                marked = True
+        flag = flag_column(sub, mark)
+        if flag.any():
+            mark_oversubscribed(ax, sub[x].to_numpy()[flag], sub[y].to_numpy()[flag])
+            marked = True
     if logx:
         from matplotlib.ticker import FuncFormatter
 
@@ -149,8 +157,7 @@ def stacked_bars(ax, df, *, x: str, parts: Sequence[str], colors: Mapping[str, s
 
     pos = np.arange(len(df))
     bottom = np.zeros(len(df))
-    flags = (df[mark].fillna(False).astype(bool).to_numpy() if mark and mark in df.columns
-             else np.zeros(len(df), dtype=bool))
+    flags = flag_column(df, mark)
     for part in parts:
         vals = df[part].to_numpy(dtype=float)
         c = (colors or {}).get(part) or kind_color(part)

@@ -11,6 +11,7 @@ import pandas as pd
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
+from repro.figures.plots import flag_column
 from repro.figures.style import (
     DARK_GREY,
     OVERSUBSCRIBED_HATCH,
@@ -26,12 +27,6 @@ __all__ = ["plot_sim_vs_real", "SCHEDULER_ORDER"]
 SCHEDULER_ORDER = ["wfbp", "syncea", "threshold", "ddp_buckets", "mgwfbp", "optimal", "ddp", "ddp_threshold"]
 _NET_MARKERS = ["o", "s", "^", "v", "D", "P"]
 PAPER_ALPHA = 0.35  # the warm-up paper model's bars: the scheduler's colour, light
-
-
-def _flags(df: pd.DataFrame, column: str = "oversubscribed") -> np.ndarray:
-    if column not in df:
-        return np.zeros(len(df), dtype=bool)
-    return df[column].fillna(False).astype(bool).to_numpy()
 
 
 def _num(df: pd.DataFrame, column: str) -> pd.Series:
@@ -65,7 +60,7 @@ def plot_sim_vs_real(table: pd.DataFrame, note: str, band_pct: float = 10.0):
                        linewidths=0.4, zorder=4)
             for x, y0, y1 in zip(m_ms[ok], p_ms[ok], pr[ok]):
                 ax.plot([x, x], [y0, y1], color=color, lw=0.8, alpha=0.6, zorder=2)
-        over = _flags(g)
+        over = flag_column(g)
         if over.any():
             mark_oversubscribed(ax, m_ms[over], (pr.where(ok, p_ms))[over])
     values = pd.concat([table.measured_s, table.simulated_s, prerun.dropna()])
@@ -95,7 +90,7 @@ def plot_sim_vs_real(table: pd.DataFrame, note: str, band_pct: float = 10.0):
         g = t[t.scheduler == s].set_index("case").reindex(cases)
         xs = np.arange(len(cases)) + (k - (len(schedulers) - 1) / 2) * w
         color = scheduler_style(s)["color"]
-        over = g.get("oversubscribed", pd.Series(False, index=g.index)).fillna(False).astype(bool).to_numpy()
+        over = flag_column(g)
         paper_x = xs - half / 2 if has_prerun else xs
         bars = [ax.bar(paper_x, g.error_pct, half, color=color, alpha=PAPER_ALPHA, edgecolor=color, linewidth=0.6)]
         if has_prerun:
@@ -128,7 +123,7 @@ def plot_sim_vs_real(table: pd.DataFrame, note: str, band_pct: float = 10.0):
         handles.append(Line2D([], [], ls="", marker="D", markerfacecolor="white", markeredgecolor="black",
                               label="from the in-run trace (check)"))
     handles.append(Patch(facecolor="grey", alpha=0.15, label=f"±{band_pct:g}%"))
-    if _flags(table).any():
+    if flag_column(table).any():
         handles.append(oversubscribed_handle("bar"))
     fig.suptitle(f"Predicted vs measured iteration time ({note})")
     legend_below(fig, handles, ncol=4)
