@@ -145,39 +145,17 @@ SCHEDULER_COLORS: dict[str, str] = {k: v.color for k, v in STYLES.items()}
 SCHEDULER_LABELS: dict[str, str] = {k: v.label for k, v in STYLES.items()}
 
 _ALIASES: dict[str, str] = {
-    "syncea_sgd": "syncea",
-    "synceasgd": "syncea",
-    "mg_wfbp": "mgwfbp",
-    "optimum": "optimal",
-    "exact": "optimal",
-    "exact_dp": "optimal",
-    "published": "paper",
-    "ideal": "linear",
-    "s_sgd": "ssgd",
-    "dense": "ssgd",
-    "topk": "topk_single",
-    "topk_sgd": "topk_single",
-    "omgs_sgd": "omgs",
-    "osp_no_lgp": "osp_nolgp",
-    "osp_without_lgp": "osp_nolgp",
-    "ddp_plan": "ddp_threshold",
-    "none": "local",
+    "syncea_sgd": "syncea", "synceasgd": "syncea", "mg_wfbp": "mgwfbp", "optimum": "optimal",
+    "exact": "optimal", "exact_dp": "optimal", "published": "paper", "ideal": "linear", "s_sgd": "ssgd",
+    "dense": "ssgd", "topk": "topk_single", "topk_sgd": "topk_single", "omgs_sgd": "omgs",
+    "osp_no_lgp": "osp_nolgp", "osp_without_lgp": "osp_nolgp", "ddp_plan": "ddp_threshold", "none": "local",
 }
 
 # Gantt-chart colours per operation kind.
 KIND_COLORS: dict[str, str] = {
-    "forward": PALETTE[9],
-    "backward": PALETTE[0],
-    "allreduce": PALETTE[3],
-    "reduce_scatter": PALETTE[1],
-    "allgather": PALETTE[2],
-    "sparsify": PALETTE[4],
-    "update": PALETTE[5],
-    "push": PALETTE[3],
-    "pull": PALETTE[2],
-    "comm": PALETTE[3],
-    "wait": "#d9d9d9",
-    "idle": "#d9d9d9",
+    "forward": PALETTE[9], "backward": PALETTE[0], "allreduce": PALETTE[3], "reduce_scatter": PALETTE[1],
+    "allgather": PALETTE[2], "sparsify": PALETTE[4], "update": PALETTE[5], "push": PALETTE[3],
+    "pull": PALETTE[2], "comm": PALETTE[3], "wait": "#d9d9d9", "idle": "#d9d9d9",
 }
 
 _HASH_MARKERS = ("o", "s", "^", "v", "D", "P", "X", "<", ">")
@@ -452,34 +430,20 @@ def oversubscribed_handle(kind: str = "marker", label: str = OVERSUBSCRIBED_LABE
                   markeredgewidth=1.1, label=label)
 
 
+_RC_PARAMS: dict[str, Any] = {
+    "figure.figsize": (6.4, 4.0), "figure.dpi": 100, "savefig.dpi": 150, "savefig.bbox": "tight",
+    "axes.titlesize": "medium", "axes.titleweight": "bold", "figure.titlesize": "large",
+    "figure.titleweight": "bold", "axes.labelsize": "medium", "legend.fontsize": "small",
+    "legend.title_fontsize": "small", "legend.frameon": False, "grid.linewidth": 0.6, "lines.linewidth": 1.8,
+    "lines.markersize": 5,
+    "pdf.fonttype": 42, "ps.fonttype": 42, "svg.fonttype": "none",  # embedded TrueType: text stays editable
+}
+
+
 def use_style(*, context: str = "notebook", font_scale: float = 1.0) -> None:
     """Apply the project's style (seaborn whitegrid, colour-blind palette) to rcParams; idempotent, never
     changes the backend."""
     import seaborn as sns
 
-    sns.set_theme(
-        context=context,
-        style="whitegrid",
-        palette=[c for c in PALETTE if c != PALETTE[8]],
-        font_scale=font_scale,
-        rc={
-            "figure.figsize": (6.4, 4.0),
-            "figure.dpi": 100,
-            "savefig.dpi": 150,
-            "savefig.bbox": "tight",
-            "axes.titlesize": "medium",
-            "axes.titleweight": "bold",
-            "figure.titlesize": "large",
-            "figure.titleweight": "bold",
-            "axes.labelsize": "medium",
-            "legend.fontsize": "small",
-            "legend.title_fontsize": "small",
-            "legend.frameon": False,
-            "grid.linewidth": 0.6,
-            "lines.linewidth": 1.8,
-            "lines.markersize": 5,
-            "pdf.fonttype": 42,  # embed TrueType: text stays editable/searchable in the PDF
-            "ps.fonttype": 42,
-            "svg.fonttype": "none",
-        },
-    )
+    sns.set_theme(context=context, style="whitegrid", palette=[c for c in PALETTE if c != PALETTE[8]],
+                  font_scale=font_scale, rc=_RC_PARAMS)
