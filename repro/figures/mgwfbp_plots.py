@@ -16,25 +16,10 @@ from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator
 
 from repro.costs.published_fits import mode_label
 from repro.figures.plots import flag_column, gantt, scheduler_lines
-from repro.figures.style import (
-    DARK_GREY,
-    GAP_FACTOR,
-    OVERSUBSCRIBED_HATCH,
-    PALETTE,
-    add_gap_note,
-    add_note,
-    coinciding_lines,
-    flat_brackets,
-    gap_lines,
-    legend_below,
-    mark_oversubscribed,
-    oversubscribed_handle,
-    panel_figsize,
-    paper_handle,
-    paper_marker_style,
-    scheduler_label,
-    scheduler_style,
-)
+from repro.figures.style import (DARK_GREY, GAP_FACTOR, OVERSUBSCRIBED_HATCH, PALETTE, add_gap_note, add_note,
+                                 coinciding_lines, flat_brackets, gap_lines, legend_below,
+                                 mark_oversubscribed, oversubscribed_handle, panel_figsize, paper_handle,
+                                 paper_marker_style, scheduler_label, scheduler_style)
 
 __all__ = ["plot_layer_sizes", "plot_cost_models", "plot_timeline", "plot_sim_speedup", "plot_optimal_gap",
            "plot_allreduce_fit", "plot_real_speedup", "plot_breakdown", "plot_threshold_sweep", "plot_convergence",

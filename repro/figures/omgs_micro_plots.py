@@ -11,16 +11,8 @@ import pandas as pd
 from matplotlib.lines import Line2D
 
 from repro.core.cost import topk_time_s
-from repro.figures.style import (
-    DARK_GREY,
-    KIND_COLORS,
-    PALETTE,
-    add_gap_note,
-    add_note,
-    legend_below,
-    mark_oversubscribed,
-    oversubscribed_handle,
-)
+from repro.figures.style import (DARK_GREY, KIND_COLORS, PALETTE, add_gap_note, add_note, legend_below,
+                                 mark_oversubscribed, oversubscribed_handle)
 
 __all__ = ["plot_topk_time", "plot_allgather_fit", "plot_cost_compare", "crossover_numel", "workers_color"]
 

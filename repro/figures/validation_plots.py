@@ -12,15 +12,8 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
 from repro.figures.plots import flag_column
-from repro.figures.style import (
-    DARK_GREY,
-    OVERSUBSCRIBED_HATCH,
-    legend_below,
-    mark_oversubscribed,
-    oversubscribed_handle,
-    scheduler_label,
-    scheduler_style,
-)
+from repro.figures.style import (DARK_GREY, OVERSUBSCRIBED_HATCH, legend_below, mark_oversubscribed,
+                                 oversubscribed_handle, scheduler_label, scheduler_style)
 
 __all__ = ["plot_sim_vs_real", "SCHEDULER_ORDER"]
 
