@@ -625,9 +625,9 @@ def paper_setting_text(claim: Mapping[str, Any]) -> str:
 
 
 def settings_text(claim: Mapping[str, Any], table: str | None, results_dir: Path, cache: dict[str, Any]) -> str:
-    """The settings the verdict depends on, read from ``table``'s params JSON and rows (docs/design/figures.md),
-    each beside the paper's value where the claim gives one, then whether that is the paper's setting
-    (and the claim's ``note`` when it is not); empty without a table."""
+    """The settings the verdict depends on, read from ``table``'s params JSON and rows
+    (docs/design/figures.md), each beside the paper's value where the claim gives one, then whether that
+    is the paper's setting (and the claim's ``note`` when it is not); empty without a table."""
     if not table:
         return ""
     spec = claim.get("settings") or {}

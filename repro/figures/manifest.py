@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
-__all__ = ["STATUSES", "PAPER_TITLES", "ManifestError", "FigureEntry", "default_manifest_path", "load_manifest",
-           "done_notebooks", "paper_titles"]
+__all__ = ["STATUSES", "PAPER_TITLES", "ManifestError", "FigureEntry", "default_manifest_path",
+           "load_manifest", "done_notebooks", "paper_titles"]
 
 STATUSES: tuple[str, ...] = ("done", "planned")
 REQUIRED_KEYS: tuple[str, ...] = ("id", "notebook", "stem", "status", "kind", "title")

@@ -45,7 +45,8 @@ def _convert(item: Any, item_type: type, name: str, raw: Any) -> Any:
     what = _TYPE_NAMES.get(item_type, item_type.__name__)
     if item_type in (int, float):
         if not isinstance(item, bool):
-            if isinstance(item, int) or (isinstance(item, float) and (item_type is float or item.is_integer())):
+            whole = isinstance(item, float) and (item_type is float or item.is_integer())
+            if isinstance(item, int) or whole:
                 return item_type(item)
             if isinstance(item, str):
                 try:

@@ -32,8 +32,8 @@ from .manifest import STATUSES, FigureEntry, ManifestError, done_notebooks, load
 
 __all__ = ["FiguresError", "FiguresInputError", "check_notebook_parameters", "RunReport", "KERNEL_NAME",
            "KERNEL_DISPLAY_NAME", "check_kernel", "select_notebooks", "notebook_parameters",
-           "declared_parameters", "parameters_by_notebook", "check_out_folder", "out_folder_lock", "missing_figures",
-           "figure_claim_verdicts", "run", "write_index", "main"]
+           "declared_parameters", "parameters_by_notebook", "check_out_folder", "out_folder_lock",
+           "missing_figures", "figure_claim_verdicts", "run", "write_index", "main"]
 
 RESERVED_PARAMETERS = ("output_dir", "results_dir")
 DEFAULT_SCALE = "tiny"
