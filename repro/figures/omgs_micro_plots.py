@@ -4,7 +4,6 @@ and returned as matplotlib Figures (the caller saves them).
 
 from __future__ import annotations
 
-
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd

@@ -70,7 +70,7 @@ def plot_timeline(ops: pd.DataFrame, title: str, note: str = "", cost_mode: str 
     """One Gantt chart per scheduler on a shared time axis (ms): the first and last worker's computation
     and the server's incoming (pushes) and outgoing (pulls) link, messages coloured by stage, dashed lines
     where worker 1 starts each iteration. ``ops``: :func:`repro.studies.osp_sim.timeline_table`."""
-    schedulers = [s for s in dict.fromkeys(ops["scheduler"])]
+    schedulers = list(dict.fromkeys(ops["scheduler"]))
     n = len(schedulers)
     workers = int(ops["workers"].iloc[0])
     names = _stream_names(workers)
@@ -92,7 +92,7 @@ def plot_timeline(ops: pd.DataFrame, title: str, note: str = "", cost_mode: str 
         streams = [k for k in names if k in set(sub["stream"])]
         draw = sub.assign(stream=sub["stream"].map(names), kind=sub["kind_drawn"])
         gantt(ax, draw, streams=[names[k] for k in streams], legend=False, label_min_width_frac=0.022,
-              kind_colors={k: c for k, c in STAGE_COLORS.items()}, fontsize=6)
+              kind_colors=dict(STAGE_COLORS), fontsize=6)
         starts = sub[(sub["stream"] == "worker0") & is_compute]["start_s"]
         for t in sorted(set(starts.round(12))) + [float(sub["window_s"].iloc[0])]:
             ax.axvline(t * 1e3, color="black", lw=0.9, ls="--", zorder=5)
