@@ -15,36 +15,12 @@ From the shell: ``python -m repro.figures run --out results`` (``make figures``)
 from .manifest import FigureEntry, ManifestError, done_notebooks, load_manifest
 from .plots import gantt, scheduler_lines, stacked_bars
 from .save import SCALES, SOURCES, figure_stem, save_figure, tag_title
-from .style import (
-    KIND_COLORS,
-    SCHEDULER_COLORS,
-    SCHEDULER_LABELS,
-    kind_color,
-    scheduler_color,
-    scheduler_label,
-    scheduler_style,
-    use_style,
-)
+from .style import (KIND_COLORS, SCHEDULER_COLORS, SCHEDULER_LABELS, kind_color, scheduler_color,
+                    scheduler_label, scheduler_style, use_style)
 
 __all__ = [
-    "use_style",
-    "scheduler_color",
-    "scheduler_label",
-    "scheduler_style",
-    "kind_color",
-    "SCHEDULER_COLORS",
-    "SCHEDULER_LABELS",
-    "KIND_COLORS",
-    "save_figure",
-    "tag_title",
-    "figure_stem",
-    "SCALES",
-    "SOURCES",
-    "gantt",
-    "scheduler_lines",
-    "stacked_bars",
-    "FigureEntry",
-    "ManifestError",
-    "load_manifest",
+    "use_style", "scheduler_color", "scheduler_label", "scheduler_style", "kind_color", "SCHEDULER_COLORS",
+    "SCHEDULER_LABELS", "KIND_COLORS", "save_figure", "tag_title", "figure_stem", "SCALES", "SOURCES",
+    "gantt", "scheduler_lines", "stacked_bars", "FigureEntry", "ManifestError", "load_manifest",
     "done_notebooks",
 ]

@@ -1,84 +1,7 @@
-"""The papers' claims as data: what each paper says, our numbers beside it, and a verdict.
-
-The claims live in package data, one YAML file per paper (``data/claims/<paper>.yaml``); each
-claim names the paper's number and where it comes from, the figures that show it, and *how* to compute
-our simulated and measured numbers from the tidy result tables the notebooks write under
-``results_dir`` (:func:`repro.results.tables.write_table`). Nothing here holds a result: every "our number" is
-read from a table, so a verdict changes when the tables do.
-
-A claim (YAML)::
-
-    - id: omgs.speedup_resnet50
-      claim: OMGS-SGD is 1.31x faster than TopK-SGD on ResNet-50 (16 workers, 1GbE)
-      figures: [omgs.breakdown]            # manifest figure ids whose cards carry the verdict
-      paper: {value: 1.31, unit: x, source: "OMGS-SGD paper: 0.666 s / 0.507 s per iteration"}
-      rule: {kind: close, etol: 0.5, neutral: 1.0}
-      judge_by: simulated                  # simulated (default) | measured
-      simulated:                           # a metric (below), or null
-        table: omgs_paper_setting
-        where: {model: resnet50}
-        value: iteration_s
-        num: {planner: topk_single}
-        den: {planner: omgs}
-        as: ratio
-      measured: null                       # a metric; with ``pair`` it is bootstrapped (below)
-      measured_summary: null               # read when the measured metric's table is absent (no interval)
-      settings: {params: {density: cnn_density}, paper: {density: 0.001}, seeds: seed, note: "..."}
-      facts: {buckets: {table: omgs_paper_setting, where: {model: resnet50, planner: omgs}, value: buckets, agg: max}}
-      why: "the published rule puts every layer in {buckets} bucket(s) ..."   # {fact} placeholders
-
-**Metric.** ``table`` (a CSV under ``results_dir``), ``where`` (column -> value or list of values; numbers
-compared with a relative tolerance of 1e-9, because CSV round trips may change the last digit),
-``at_max`` (keep the rows where this column is largest, e.g. the last epoch or the largest P), ``value``
-(the column). Without ``num``/``den``: ``agg`` (median by default; max, min, mean, first) of the value.
-With ``num`` and ``den`` (more filters each): the aggregate of each side, combined ``as`` ``ratio``
-(num / den), ``pct`` (100 (num / den - 1)), ``diff`` (num - den) or ``pts`` (100 (num - den)); with
-``by`` (columns) that is done per group and reduced with ``reduce`` (max by default, min, median); the
-group that gave the number is kept as ``at``.
-
-**Cost modes.** A simulated metric is evaluated twice: on the rows whose ``cost_mode`` is ``paper`` (or
-empty; a table without the column is all paper mode) and on the rows whose ``cost_mode`` is
-``calibrated``. A table without calibrated rows has no calibrated number yet (*not run yet*); a table
-with calibrated rows, but none for a claim whose paper-mode rows are there, has none to give (*n/a (no
-calibrated preset)*). Facts are read from the paper-mode rows.
-
-**Samples** (``pair: <column>``, e.g. ``pair`` in ``<paper>_timing_samples`` or ``seed`` in a
-convergence table). The table holds one row per sample; rows with equal ``pair`` were taken side by
-side, so the statistic resamples pairs: :data:`BOOTSTRAP_RESAMPLES` draws of the distinct pair values
-with replacement (seeded: :data:`BOOTSTRAP_SEED`, so the same table gives the same interval), and for
-each draw every *cell* (the rows of one side that share the values of the ``cells`` columns; by default
-the columns the ``num``/``den`` filters name) gets the median of its values over the drawn pairs; the
-side's ``agg`` (``min`` = the best of several schedulers) combines its cells, then ``as``, ``by`` and
-``reduce`` as above. The number is that statistic on all pairs once; the interval is the 2.5th and
-97.5th percentile over the draws. Columns in ``cells`` that the table lacks are left out. A ``pair``
-metric whose table or pair column is missing gives nothing, and ``measured_summary`` (an ordinary
-metric, e.g. an older summary table) is shown instead, judged *inconclusive (no interval)*.
-
-**Verdict** (the rule set; :data:`RULES_TEXT` says it on the claims page) from the number named by
-``judge_by``, the paper's number and ``rule``, with ``tol = atol``, ``etol * |paper - neutral|`` (a
-share of the paper's effect, so a claimed 2% gain is not "reproduced" by no gain) or ``rtol * |paper|``:
-
-- ``close`` (a number, including "up to N": the maximum over the paper's own models and settings):
-  *reproduced* if ``|ours - paper| <= tol``, on both sides; *direction only* if ours is outside that
-  but on the paper's side of ``neutral`` by more than ``neutral_atol`` (the effect exists, its size
-  differs); else *not reproduced* (no effect, or the opposite);
-- ``at_least`` (the paper states a bound: "at least as fast", "no accuracy loss"): *reproduced* if
-  ``ours >= paper - tol``, else *not reproduced*;
-- ``at_most``: *reproduced* if ``ours <= paper + tol``, else *not reproduced*.
-
-A measured verdict needs an interval: *inconclusive* when fewer than :data:`MIN_SAMPLES` pairs ran or
-the interval straddles one of the rule's thresholds (``paper +- tol``, ``neutral +- neutral_atol``);
-*inconclusive (no interval)* when the number comes from a table without samples. ``testable: false``
-gives *not testable here* (with ``why``); a claim whose judging number is missing (its notebook has not
-run) is *not run yet*.
-
-**Settings** (``settings``): ``params`` (label -> key of the judged table's params JSON, the sidecar
-:func:`repro.results.tables.write_table` writes), ``paper`` (label -> the paper's value), ``seeds`` (a column
-whose distinct values are counted; a ``seeds`` column is read as a count), ``note`` (why the paper's
-setting cannot run here, shown when ours differs from the paper's). Without ``settings`` the params
-``scale``, ``workers``, ``epochs`` and ``density`` are shown where the table recorded one value.
-
-Torch-free; reads CSVs with pandas and numpy only.
+"""The papers' claims as data (``data/claims/<paper>.yaml``): the paper's number, ours computed from the
+result tables under ``results_dir``, and a verdict. Nothing here holds a result: a verdict changes when
+the tables do. The claim format, metrics, bootstrap and verdict rules are described in
+``docs/design/figures.md``. Torch-free.
 """
 
 from __future__ import annotations
@@ -272,7 +195,7 @@ def all_claims(directory: str | Path | None = None) -> list[dict[str, Any]]:
 
 
 
-# --------------------------------------------------------------------------------------- metrics
+# -- metrics
 
 def _read(results_dir: Path, table: str, cache: dict[str, Any]) -> pd.DataFrame | None:
     if table not in cache:
@@ -379,13 +302,11 @@ def _reduce(found: list[tuple[float, str]], how: str) -> tuple[float, str]:
 
 def evaluate_metric(metric: Mapping[str, Any] | None, results_dir: str | Path,
                     cache: dict[str, Any] | None = None, cost_mode: str | None = None) -> dict[str, Any] | None:
-    """Our number for ``metric`` from the tables in ``results_dir``: ``{"value", "at", "table"}`` and, for
-    a ``pair`` metric, ``"low"``, ``"high"`` (the 95% bootstrap interval) and ``"samples"`` (the number of
-    pairs); None when the table, a column or the rows are missing (module docstring). ``cost_mode``
-    (``paper``, ``calibrated`` or None for all rows) selects a simulated table's rows; a ``calibrated``
-    metric gives None on a table without calibrated rows (that mode has not run), and
-    ``{"value": None, "reason": NO_CALIBRATED}`` where the mode ran but not for the metric's rows while
-    the paper mode has them (no calibrated preset for that setting)."""
+    """Our number for ``metric`` from the tables in ``results_dir``: ``{"value", "at", "table"}``, plus
+    ``"low"``, ``"high"`` (95% bootstrap interval) and ``"samples"`` for a ``pair`` metric; None when the
+    table, a column or the rows are missing. ``cost_mode`` (``paper``, ``calibrated``, None: all rows)
+    selects a simulated table's rows; ``{"value": None, "reason": NO_CALIBRATED}`` where the calibrated
+    mode ran, but not for this metric's rows while the paper mode has them."""
     if not metric:
         return None
     cache = {} if cache is None else cache
@@ -474,8 +395,8 @@ def _side_stat(cells: list[np.ndarray], agg: str) -> np.ndarray | None:
 
 
 def _bootstrap(metric: Mapping[str, Any], df: pd.DataFrame) -> dict[str, Any] | None:
-    """The statistic of a ``pair`` metric on all pairs, and its seeded percentile interval (module
-    docstring); draw 0 is all pairs once, the others are resamples with replacement."""
+    """The statistic of a ``pair`` metric on all pairs, and its seeded percentile interval
+    (docs/design/figures.md); draw 0 is all pairs once, the others are resamples with replacement."""
     pair, value = str(metric["pair"]), str(metric["value"])
     if pair not in df.columns:
         return None
@@ -535,10 +456,10 @@ def metric_key(metric: Mapping[str, Any] | None) -> str:
     return hashlib.sha1(text.encode("utf-8")).hexdigest()[:10]
 
 
-# --------------------------------------------------------------------------------------- verdicts
+# -- verdicts
 
 def _tolerance(paper: float | None, rule: Mapping[str, Any]) -> tuple[float, float, float | None]:
-    """``(ref, tol, neutral)`` of ``rule`` for the paper's number (module docstring)."""
+    """``(ref, tol, neutral)`` of ``rule`` for the paper's number (docs/design/figures.md)."""
     neutral = rule.get("neutral")
     ref = float(paper) if paper is not None else float(neutral if neutral is not None else 0.0)
     if "atol" in rule:
@@ -567,7 +488,7 @@ def thresholds(paper: float | None, rule: Mapping[str, Any]) -> list[float]:
 
 def verdict(ours: float | None, paper: float | None, rule: Mapping[str, Any],
             interval: tuple[float, float] | None = None, samples: int | None = None) -> str:
-    """The verdict of ``ours`` against ``paper`` under ``rule`` (module docstring): :data:`NOT_RUN` when
+    """The verdict of ``ours`` against ``paper`` under ``rule`` (docs/design/figures.md): :data:`NOT_RUN` when
     ours is missing; with ``interval`` (a measured number's bootstrap interval over ``samples`` pairs)
     *inconclusive* when fewer than :data:`MIN_SAMPLES` pairs ran or the interval straddles a threshold."""
     if ours is None or (isinstance(ours, float) and math.isnan(ours)):
@@ -614,9 +535,8 @@ def judge(claim: Mapping[str, Any], simulated: float | None, measured: float | N
 
 
 def claim_verdict(claim_id: str, ours: float | None, directory: str | Path | None = None) -> str:
-    """The verdict word of claim ``claim_id`` (``<paper>.<name>``) for the simulated number ``ours``,
-    under the claim's own paper value and rule: what a figure says beside a number it computed itself
-    (e.g. from a paper-scale panel), judged as the gallery card judges the claim's table."""
+    """The verdict word of claim ``claim_id`` (``<paper>.<name>``) for a simulated number ``ours`` a figure
+    computed itself, under the claim's paper value and rule; :class:`ClaimsError` for an unknown claim."""
     paper = claim_id.split(".", 1)[0]
     for c in load_claims(paper, directory):
         if c["id"] == claim_id:
@@ -705,9 +625,9 @@ def paper_setting_text(claim: Mapping[str, Any]) -> str:
 
 
 def settings_text(claim: Mapping[str, Any], table: str | None, results_dir: Path, cache: dict[str, Any]) -> str:
-    """The settings the verdict depends on, read from ``table``'s params JSON and rows (module docstring),
-    each beside the paper's value where the claim gives one, then whether that is the paper's setting
-    (and the claim's ``note`` when it is not); empty without a table."""
+    """The settings the verdict depends on, read from ``table``'s params JSON and rows
+    (docs/design/figures.md), each beside the paper's value where the claim gives one, then whether that
+    is the paper's setting (and the claim's ``note`` when it is not); empty without a table."""
     if not table:
         return ""
     spec = claim.get("settings") or {}
@@ -744,9 +664,9 @@ def settings_text(claim: Mapping[str, Any], table: str | None, results_dir: Path
         if label in wanted:
             continue
         if label in judged_at:  # the value the verdict's metric selects (e.g. one density of a sweep)
-            if not _same_setting(judged_at[label], paper[label]):
-                differs.append(label)
             same = _same_setting(judged_at[label], paper[label])
+            if not same:
+                differs.append(label)
             parts.append(f"{label} {_setting_value(judged_at[label])}"
                          + ("" if same else f" (paper {_setting_value(paper[label])})"))
             continue
@@ -832,13 +752,10 @@ def _cell(metric: Any, got: dict[str, Any] | None, unit: str, calibrated: bool =
 
 def claims_table(results_dir: str | Path | None, papers: Sequence[str] = PAPERS,
                  directory: str | Path | None = None) -> pd.DataFrame:
-    """One row per claim of ``papers``: paper, claim_id, claim, figures, paper_value, unit, paper_text,
-    paper_source, paper_setting, simulated (paper presets; + simulated_at, the group that gave it),
-    calibrated (calibrated presets), measured (+ measured_at, measured_low / measured_high / measured_samples:
-    the bootstrap interval and its pairs), the ``*_text`` cells as the docs show them, verdict,
-    verdict_calibrated, judged_by, why (with our facts filled in), settings_text, tables, and the
-    fingerprints simulated_key / measured_key / why_key of the definitions that gave them.
-    ``results_dir`` None (or a folder without the tables): every number "not measured yet"."""
+    """One row per claim of ``papers``: the paper's number and setting, ours under the paper presets
+    (``simulated``), the calibrated ones and measured (with its bootstrap interval), their ``*_text`` cells
+    as the docs show them, both verdicts, ``why``, ``settings_text``, ``tables`` and the definitions'
+    fingerprints. ``results_dir`` None (or without the tables): every number "not measured yet"."""
     rd = Path(results_dir) if results_dir is not None else Path("/nonexistent-results-dir")
     cache: dict[str, Any] = {}
     rows = [_evaluate(c, rd, cache) for p in papers for c in load_claims(p, directory)]
@@ -884,7 +801,7 @@ def figure_verdicts(figure_id: str, results_dir: str | Path | None,
     return out
 
 
-# ------------------------------------------------------------------------------------------ docs
+# -- docs
 
 SNAPSHOT_COLUMNS: tuple[str, ...] = (
     "paper", "claim_id", "claim", "figures", "paper_text", "paper_source", "paper_setting", "judged_by", "tables",
@@ -933,10 +850,8 @@ def _disagree(r: Any) -> bool:
 
 
 def claims_markdown(snap: pd.DataFrame, directory: str | Path | None = None) -> str:
-    """The docs page (``docs/claims.md``) from a :func:`snapshot`: the rule set once, the claims where the
-    paper and calibrated presets disagree, one table per paper (paper's number, ours under the paper
-    and the calibrated presets, measured with its interval, verdict, settings), each claim's "why", and
-    where the numbers come from."""
+    """The docs page ``docs/claims.md`` from a :func:`snapshot`: the rules, the claims whose paper and
+    calibrated verdicts disagree, one table per paper with each claim's "why", and the numbers' source."""
     lines = ["# The papers' claims, reproduced or not", "", _DOC_INTRO, "## Verdict rules", "", RULES_TEXT]
     split = [r for r in snap.itertuples() if _disagree(r)]
     lines += ["## Where the paper and calibrated presets disagree", ""]

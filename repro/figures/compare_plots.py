@@ -1,18 +1,6 @@
-"""The figure ``compare.schedulers``: every scheduler of the four papers on one footing, drawn from the tidy
-tables of :mod:`repro.studies.compare`.
-
-One heat map panel per simulated network (columns: model x P) and one for the tiny measured runs (columns:
-model x link). Rows: the schedulers, grouped by paper. Each cell is the scheduler's iteration time divided
-by the fastest of its column (1.00 = the fastest; a log colour scale), written in the cell; the column
-label gives the fastest iteration in milliseconds. A star marks the fastest of the column; a diamond the
-fastest among the schedulers that keep synchronous SGD's update, where that is not the fastest overall.
-Rows of schedulers that change the update (top-k, ASP, SSP, OSP) carry a dagger. Measured cells of runs
-with more ranks than CPU cores are hatched (oversubscribed); schedulers not run are left grey.
-Exact planners (``optimal``, ``omgs_optimal``, ``dear_optimal``: ours) are labelled "ours, exact"; their
-row is the best of their exact plan and their family's heuristic plans under the judging cost model
-(:func:`repro.studies.compare.exact_choice`), and a cell whose plan came from a heuristic (the exact
-plan lost under contention) carries a double dagger; :data:`EXACT_NOTE` says so under the figure.
-The notes and legend are below the axes, never over data. Saving is the caller's job.
+"""The figure ``compare.schedulers``: every scheduler of the four papers on one footing, a heat map of
+iteration time ÷ the fastest of each column, drawn from the tables of :mod:`repro.studies.compare`
+(what the marks mean: ``docs/design/figures.md``). Saving is the caller's job.
 """
 
 from __future__ import annotations
@@ -27,7 +15,7 @@ from matplotlib.colors import LogNorm
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch, Rectangle
 
-from repro.figures.style import OVERSUBSCRIBED_HATCH, OVERSUBSCRIBED_LABEL, scheduler_label
+from repro.figures.style import OVERSUBSCRIBED_HATCH, OVERSUBSCRIBED_LABEL, ms_text, scheduler_label
 from repro.studies.compare import EXACT, GROUPS, SCHEDULERS
 
 __all__ = ["BEST_MARK", "BEST_SYNC_MARK", "CHANGES_MATH_MARK", "HEURISTIC_PLAN_MARK", "EXACT_NOTE", "row_label",
@@ -83,10 +71,6 @@ def _rows(names: Sequence[str]) -> list[tuple[str, str | None]]:
             out.append((group, None))
             out += [(s, s) for s in present]
     return out
-
-
-def _ms(v: float) -> str:
-    return f"{v * 1e3:.0f} ms" if v >= 0.1 else f"{v * 1e3:.1f} ms"
 
 
 NEAR_TIE = 5e-4  # a cell within this relative distance of the fastest but not it is written "≈1"
@@ -148,7 +132,7 @@ def _panel(ax, table: pd.DataFrame, rows, columns: list[tuple], column_keys: lis
 
 def plot_compare(simulated: pd.DataFrame, measured: pd.DataFrame | None = None, *, sim_note: str = "",
                  measured_note: str = "", vmax: float = 4.0, title: str | None = None):
-    """The ``compare.schedulers`` figure (module docstring) from :func:`repro.studies.compare.simulated_table`
+    """The ``compare.schedulers`` figure from :func:`repro.studies.compare.simulated_table`
     and :func:`repro.studies.compare.measured_table` (None or empty: no measured panel). ``vmax``: the ratio
     at which the colour scale saturates (the number in the cell stays exact)."""
     if simulated is None or simulated.empty:
@@ -195,7 +179,7 @@ def plot_compare(simulated: pd.DataFrame, measured: pd.DataFrame | None = None, 
             def label(key, best=best):
                 m, p = key
                 b = best.get((m, p))
-                return f"{m}\nP={p}\n{_ms(b)}" if b is not None else f"{m}\nP={p}"
+                return f"{m}\nP={p}\n{ms_text(b)}" if b is not None else f"{m}\nP={p}"
 
             label_net = str(t["network_label"].iloc[0]) if "network_label" in t else net
             used = str(t["cost_model"].iloc[0]) if "cost_model" in t else net
@@ -207,7 +191,7 @@ def plot_compare(simulated: pd.DataFrame, measured: pd.DataFrame | None = None, 
 
             def mlabel(key, best=mbest):
                 m, link, w = key
-                return f"{m}\n{w} workers\n{link}\n{_ms(best.get((m, link, w)))}"
+                return f"{m}\n{w} workers\n{link}\n{ms_text(best.get((m, link, w)))}"
 
             _panel(ax, measured, rows, m_cols, ["model", "link", "workers"], mlabel,
                    "measured,\ntiny scale", norm, cmap, hatch_oversubscribed=True)

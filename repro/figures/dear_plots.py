@@ -1,11 +1,7 @@
-"""Figures of the DeAR simulation study, each drawn from one tidy table of :mod:`repro.studies.dear_sim`.
-
-Every function takes DataFrames and returns a matplotlib Figure; saving is the caller's job
-(:func:`repro.figures.save_figure`). Conventions of :mod:`repro.figures.style`: one style per scheduler,
-legends below the axes (never over data), notes where curves coincide, and every figure says it is
-simulated, with which cost preset and from which traces (``note``), and in its title which cost mode drew
-it ("paper model" or "calibrated on ddl-benchmarks": the table's ``cost_mode`` column or the ``cost_mode``
-argument; :func:`repro.figures.mgwfbp_plots.cost_mode_label`).
+"""Figures of the DeAR simulation study, each drawn from one tidy table of :mod:`repro.studies.dear_sim`
+and returned as a matplotlib Figure (the caller saves it). Every figure says it is simulated, with which
+preset and traces (``note``), and names its cost mode in the title
+(:func:`repro.figures.mgwfbp_plots.cost_mode_label`).
 """
 
 from __future__ import annotations
@@ -22,7 +18,7 @@ from matplotlib.ticker import FuncFormatter
 
 from repro.figures.mgwfbp_plots import cost_mode_label
 from repro.figures.plots import gantt
-from repro.figures.style import PALETTE, kind_color, legend_below, scheduler_style
+from repro.figures.style import PALETTE, kind_color, legend_below, ms_text, ordered, scheduler_style
 
 __all__ = ["METHOD_ORDER", "method_style", "method_label", "plot_timeline", "plot_scaling",
            "plot_throughput", "plot_breakdown", "plot_buffer_sweep"]
@@ -60,24 +56,13 @@ def method_label(name: str) -> str:
     return method_style(name)["label"]
 
 
-def _ordered(names) -> list[str]:
-    names = list(dict.fromkeys(names))
-    return [m for m in METHOD_ORDER if m in names] + [m for m in names if m not in METHOD_ORDER]
-
-
-def _ms(v: float) -> str:
-    return f"{v * 1e3:.0f} ms" if v >= 0.1 else f"{v * 1e3:.1f} ms"
-
-
 def _note_text(fig, text: str, y_in: float, width: int = 150) -> None:
     """An italic note ``y_in`` inches from the bottom of the figure."""
     fig.text(0.5, y_in / fig.get_figheight(), textwrap.fill(text, width), ha="center", va="top",
              fontsize="x-small", style="italic", color="#333333")
 
 
-# ---------------------------------------------------------------------------------------------
-# dear.timeline
-# ---------------------------------------------------------------------------------------------
+# -- dear.timeline
 
 def _drawable(ops: pd.DataFrame, span_s: float, min_label_frac: float = 0.035) -> pd.DataFrame:
     """Ops ready for :func:`gantt` (``row`` as the stream): back-to-back computation of one kind merged
@@ -109,12 +94,10 @@ def _titled(title: str, table: pd.DataFrame, cost_mode: str | None) -> str:
 
 
 def plot_timeline(ops: pd.DataFrame, title: str, note: str = "", cost_mode: str | None = None):
-    """One Gantt chart per scheduler (rows: computation, communication) on one shared time axis (ms):
-    one iteration and the next forward. A dashed line marks where the next iteration starts (DeAR: the
-    step barrier, after the last reduce-scatter; WFBP-style: after the last all-reduce); the steady-state
-    period is written in each panel's title. ``ops`` is :func:`repro.studies.dear_sim.timeline_table`;
-    ``note`` (e.g. the cost preset and traces) goes under the title."""
-    schedulers = _ordered(ops["scheduler"])
+    """One Gantt chart per scheduler on a shared time axis (ms): one iteration and the next forward, a
+    dashed line where the next iteration starts, the steady-state period in each title. ``ops``:
+    :func:`repro.studies.dear_sim.timeline_table`; ``note`` goes under the title."""
+    schedulers = ordered(ops["scheduler"], METHOD_ORDER)
     n = len(schedulers)
     fig = plt.figure(figsize=(11.5, 1.55 * n + 1.9))
     gs = fig.add_gridspec(n, 1, hspace=0.55)
@@ -131,8 +114,8 @@ def plot_timeline(ops: pd.DataFrame, title: str, note: str = "", cost_mode: str 
         ax.text(bnd * 1e3, -0.62, " next iteration →", ha="left", va="bottom", fontsize="x-small",
                 color="black", clip_on=False)
         nb = int(sub["buckets"].iloc[0])
-        ax.set_title(f"{method_label(s)}: {nb} bucket{'s' if nb != 1 else ''}, iteration (period) {_ms(it)}",
-                     fontsize="small", loc="left")
+        ax.set_title(f"{method_label(s)}: {nb} bucket{'s' if nb != 1 else ''}, iteration (period) "
+                     f"{ms_text(it)}", fontsize="small", loc="left")
         ax.set_yticklabels([_ROW_NAMES[r] for r in ("compute", "comm")], fontsize="small")
         if i < n - 1:
             ax.tick_params(labelbottom=False)
@@ -155,9 +138,7 @@ def plot_timeline(ops: pd.DataFrame, title: str, note: str = "", cost_mode: str 
     return fig
 
 
-# ---------------------------------------------------------------------------------------------
-# dear.scaling and the throughput bars
-# ---------------------------------------------------------------------------------------------
+# -- dear.scaling and the throughput bars
 
 def _coinciding(sub: pd.DataFrame, names: Sequence[str], x: str = "workers", rtol: float = 1e-3) -> list[str]:
     t = sub.pivot_table(index=x, columns="scheduler", values="throughput")
@@ -185,7 +166,7 @@ def plot_scaling(table: pd.DataFrame, note: str = "", cost_mode: str | None = No
     P (where gaps of a few percent stay visible). ``table`` is :func:`repro.studies.dear_sim.scaling_table`."""
     models = list(dict.fromkeys(table["model"]))
     nets = list(dict.fromkeys(table["network"]))
-    names = _ordered(table["scheduler"])
+    names = ordered(table["scheduler"], METHOD_ORDER)
     ncol, nrow = len(models), len(nets)
     w, h = max(3.1 * ncol, 7.0), 3.9 * nrow + 1.9
     fig = plt.figure(figsize=(w, h))
@@ -259,10 +240,9 @@ RELEASED = ("dear_nofusion", "dear_threshold")  # DeAR as the authors released i
 
 
 def scaling_headline_text(table: pd.DataFrame) -> str:
-    """The DeAR paper's headline (up to +83% on 10GbE, +15% on 100Gb IB over the best baseline, 64 GPUs;
-    :data:`repro.studies.dear_sim.PAPER_CLAIM_PCT`) beside DeAR as released against the best non-DeAR
-    method at the table's largest P, largest over the models, per network, with the verdicts of the
-    claims ``dear.headline_10gbe`` / ``dear.headline_ib``; "" when the table lacks either side."""
+    """The DeAR paper's headline (:data:`repro.studies.dear_sim.PAPER_CLAIM_PCT`) beside DeAR as released
+    vs the best baseline at the table's largest P, per network, with the verdicts of ``dear.headline_10gbe``
+    / ``dear.headline_ib``; "" when the table lacks either side."""
     from repro.figures.claims import claim_verdict
     from repro.studies.dear_sim import PAPER_CLAIM_PCT, network_kind
 
@@ -303,7 +283,7 @@ def plot_throughput(table: pd.DataFrame, note: str = "", title: str = "Throughpu
     ``table`` is :func:`repro.studies.dear_sim.throughput_table` at one worker count."""
     models = list(dict.fromkeys(table["model"]))
     nets = list(dict.fromkeys(table["network"]))
-    names = _ordered(table["scheduler"])
+    names = ordered(table["scheduler"], METHOD_ORDER)
     fig, axes = plt.subplots(1, len(nets), figsize=(max(5.5 * len(nets), 7), 4.4), squeeze=False)
     width = 0.8 / len(names)
     for ax, net in zip(axes[0], nets):
@@ -325,9 +305,7 @@ def plot_throughput(table: pd.DataFrame, note: str = "", title: str = "Throughpu
     return fig
 
 
-# ---------------------------------------------------------------------------------------------
-# dear.breakdown and dear.buffer_sweep (simulated halves)
-# ---------------------------------------------------------------------------------------------
+# -- dear.breakdown and dear.buffer_sweep (simulated halves)
 
 _BREAKDOWN = (("computation_s", "computation", "#bdbdbd"),
               ("exposed_rs_s", "exposed reduce-scatter", kind_color("reduce_scatter")),
@@ -341,7 +319,7 @@ def plot_breakdown(table: pd.DataFrame, note: str = "", cost_mode: str | None = 
     one panel per network. ``table`` is :func:`repro.studies.dear_sim.breakdown_table`."""
     nets = list(dict.fromkeys(table["network"]))
     models = list(dict.fromkeys(table["model"]))
-    names = _ordered(table["scheduler"])
+    names = ordered(table["scheduler"], METHOD_ORDER)
     fig, axes = plt.subplots(1, len(nets), figsize=(max(5.5 * len(nets), 7), 4.6), squeeze=False)
     width = 0.8 / len(names)
     for ax, net in zip(axes[0], nets):

@@ -1,16 +1,10 @@
-"""Figures of the DeAR training notebook (``notebooks/dear_training.ipynb``): measured runs at tiny scale
-beside the simulation at the paper's scale, each drawn from tidy tables of
-:mod:`repro.studies.dear_train` and :mod:`repro.studies.dear_sim`.
-
-Every function returns a matplotlib Figure; saving is the caller's (:func:`repro.figures.save_figure`).
-Conventions: one style per method (:func:`repro.figures.dear_plots.method_style`), legends below the axes,
-every panel says whether it is measured or simulated (``*_note`` arguments: the network, ranks and cores
-of the measurement; the preset and traces of the simulation), paper claims labelled as such.
+"""Figures of ``notebooks/dear_training.ipynb``: measured runs at tiny scale beside the simulation at
+the paper's scale, drawn from tables of :mod:`repro.studies.dear_train` and :mod:`repro.studies.dear_sim`
+and returned as matplotlib Figures. Every panel says whether it is measured or simulated (``*_note``).
 """
 
 from __future__ import annotations
 
-import textwrap
 from typing import Sequence
 
 import matplotlib.pyplot as plt
@@ -21,8 +15,9 @@ from matplotlib.patches import Patch
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
 from repro.figures.dear_plots import method_label, method_style
-from repro.figures.style import (EXTRA_COLORS, GAP_FACTOR, OVERSUBSCRIBED_HATCH, PALETTE, add_gap_note, gap_lines,
-                                 legend_below)
+from repro.figures.plots import flag_column
+from repro.figures.style import (EXTRA_COLORS, GAP_FACTOR, OVERSUBSCRIBED_HATCH, PALETTE, add_gap_note,
+                                 gap_lines, legend_below, ordered, wrap_paragraphs)
 
 __all__ = ["PRIMITIVE_STYLES", "plot_primitive_cost", "plot_throughput", "plot_breakdown", "plot_buffer_sweep",
            "plot_bo_tuning", "bo_tuning_titles"]
@@ -41,11 +36,6 @@ _MEASURED_ORDER = ("wfbp", "bytescheduler", "horovod", "ddp", "ddp_buckets", "mg
                    "dear_threshold", "dear_model", "dear_optimal", "dear_bo", "fsdp")
 
 
-def _ordered(names) -> list[str]:
-    names = list(dict.fromkeys(names))
-    return [m for m in _MEASURED_ORDER if m in names] + [m for m in names if m not in _MEASURED_ORDER]
-
-
 def _label(name: str) -> str:
     if name == "ddp":
         return "PyTorch DDP"
@@ -56,10 +46,6 @@ def _label(name: str) -> str:
 
 def _color(name: str) -> str:
     return method_style(name)["color"]
-
-
-def _wrap(text: str, width: int = 110) -> str:
-    return "\n".join(textwrap.fill(p, width) for p in text.split("\n"))
 
 
 def _log_ms(ax) -> None:
@@ -77,17 +63,13 @@ def _bytes_label(v: float) -> str:
     return f"{v:g} B"
 
 
-# ---------------------------------------------------------------------------------------------
-# dear.primitive_cost
-# ---------------------------------------------------------------------------------------------
+# -- dear.primitive_cost
 
 def plot_primitive_cost(cost: pd.DataFrame, model: pd.DataFrame, measured_note: str, model_note: str):
-    """Left (one panel per measured world size): measured seconds of each primitive vs message size
-    (points), its fitted line (solid) and the ring model from the measured all-reduce (dashed: RS = AG =
-    half of the all-reduce measured at the same size). Right: the cost model's seconds of one message vs P
-    for the per-hop presets.
-    ``cost``: :func:`repro.studies.dear_train.primitive_cost_table`; ``model``:
-    :func:`repro.studies.dear_train.primitive_model_table`."""
+    """Per measured world size, each primitive's measured seconds vs message size with its fitted line and
+    the ring model (RS = AG = half the measured all-reduce, dashed); last panel, the cost model's seconds of
+    one message vs P per preset. ``cost``: :func:`repro.studies.dear_train.primitive_cost_table`;
+    ``model``: :func:`repro.studies.dear_train.primitive_model_table`."""
     ps = sorted(set(cost["workers"])) if len(cost) else []
     n = len(ps) + 1
     fig, axes = plt.subplots(1, n, figsize=(4.6 * n, 4.2), squeeze=False)
@@ -115,8 +97,8 @@ def plot_primitive_cost(cost: pd.DataFrame, model: pd.DataFrame, measured_note: 
         ax.set_xlabel("message (bytes of float32)")
         ax.set_ylabel("time (ms)")
         over = bool(sub["oversubscribed"].any()) if "oversubscribed" in sub else False
-        ax.set_title(_wrap(f"measured, P={p}" + (" (oversubscribed)" if over else "") + f"\n{measured_note}", 55),
-                     fontsize="small")
+        ax.set_title(wrap_paragraphs(f"measured, P={p}" + (" (oversubscribed)" if over else "")
+                                     + f"\n{measured_note}", 55), fontsize="small")
     ax = axes[-1]
     presets = list(dict.fromkeys(model["preset"])) if len(model) else []
     dashes = ["-", ":", "-.", "--"]
@@ -128,7 +110,8 @@ def plot_primitive_cost(cost: pd.DataFrame, model: pd.DataFrame, measured_note: 
                     ls=dashes[k % 4], lw=1.3 if prim == "allreduce" else 1.0)
     if len(model):
         nb = int(model["bytes"].iloc[0])
-        ax.set_title(_wrap(f"model: one {_bytes_label(nb)} message vs P\n{model_note}", 55), fontsize="small")
+        ax.set_title(wrap_paragraphs(f"model: one {_bytes_label(nb)} message vs P\n{model_note}", 55),
+                     fontsize="small")
         ax.text(0.98, 0.02, "reduce-scatter and all-gather\ncoincide (each half the ring)", transform=ax.transAxes,
                 ha="right", va="bottom", fontsize="x-small", style="italic")
     ax.set_xscale("log", base=2)
@@ -157,10 +140,8 @@ MARKER_SPREAD = 0.12  # log2 units between the primitives' markers at one size
 
 
 def primitive_outlier_lines(cost: pd.DataFrame, factor: float = GAP_FACTOR) -> list[str]:
-    """:func:`repro.figures.style.gap_lines` of every measured point of ``cost``
-    (:func:`repro.studies.dear_train.primitive_cost_table`) against its primitive's fitted line at the same
-    size, one line per point more than ``factor`` apart; a point slower than a larger message of the same
-    primitive says so (start-up noise, not size)."""
+    """:func:`repro.figures.style.gap_lines` of each measured point of ``cost`` more than ``factor`` off its
+    primitive's fitted line, saying so when it is slower than a larger message (start-up noise)."""
     if not len(cost):
         return []
     items = []
@@ -178,9 +159,7 @@ def primitive_outlier_lines(cost: pd.DataFrame, factor: float = GAP_FACTOR) -> l
     return [ln.replace(" predicted", " fitted") for ln in gap_lines(items, factor=factor)]
 
 
-# ---------------------------------------------------------------------------------------------
-# dear.throughput_nofusion / dear.throughput_fusion
-# ---------------------------------------------------------------------------------------------
+# -- dear.throughput_nofusion / dear.throughput_fusion
 
 def _prediction_reason(row, factor: float) -> str:
     """Why a measured run's iteration is far from its plan's prediction, as far as its own columns tell:
@@ -207,7 +186,7 @@ def _measured_throughput_panel(ax, measured: pd.DataFrame, schedulers: Sequence[
     """Draw the measured bars and predicted diamonds; return the (label, measured, predicted, reason) items
     of :func:`repro.figures.style.gap_lines` (iteration seconds)."""
     items = []
-    names = [s for s in _ordered(measured["scheduler"]) if s in schedulers]
+    names = [s for s in ordered(measured["scheduler"], _MEASURED_ORDER) if s in schedulers]
     models = list(dict.fromkeys(measured["model"]))
     width = 0.8 / max(1, len(names))
     top = 0.0
@@ -215,8 +194,7 @@ def _measured_throughput_panel(ax, measured: pd.DataFrame, schedulers: Sequence[
         g = measured[measured["scheduler"] == s].set_index("model").reindex(models)
         x = np.arange(len(models)) + (k - (len(names) - 1) / 2) * width
         thr = g["throughput_samples_s"].to_numpy(dtype=float)
-        over = g["oversubscribed"].fillna(False).astype(bool).to_numpy() if "oversubscribed" in g else \
-            np.zeros(len(models), bool)
+        over = flag_column(g)
         ax.bar(x, thr, width * 0.92, color=_color(s), edgecolor="white",
                hatch=[OVERSUBSCRIBED_HATCH if o else None for o in over])
         pred = (thr * g["iteration_s"].to_numpy(dtype=float) / g["predicted_s"].to_numpy(dtype=float))
@@ -234,7 +212,7 @@ def _measured_throughput_panel(ax, measured: pd.DataFrame, schedulers: Sequence[
     ax.set_xticks(range(len(models)))
     ax.set_xticklabels(models, fontsize="small")
     ax.set_ylabel("samples/s (all ranks)")
-    ax.set_title(_wrap(f"measured: {note}; {throughput_statistic(measured)}", 40), fontsize="small")
+    ax.set_title(wrap_paragraphs(f"measured: {note}; {throughput_statistic(measured)}", 40), fontsize="small")
     return items
 
 
@@ -261,7 +239,7 @@ def drift_lines(measured: pd.DataFrame, schedulers: Sequence[str] | None = None,
         return []
     sub = measured if schedulers is None else measured[measured["scheduler"].isin(list(schedulers))]
     items = [(f"{_label(r.scheduler)} ({r.model})", r.iteration_s, r.run_iteration_s, "")
-             for r in sub.itertuples() if r.scheduler in set(_ordered(sub["scheduler"]))]
+             for r in sub.itertuples() if r.scheduler in set(ordered(sub["scheduler"], _MEASURED_ORDER))]
     return [ln.replace(" predicted (", " whole run (").replace(": measured ", ": samples' median ")
             for ln in gap_lines(items, factor=factor)]
 
@@ -269,7 +247,7 @@ def drift_lines(measured: pd.DataFrame, schedulers: Sequence[str] | None = None,
 def _simulated_relative_panels(axes, simulated: pd.DataFrame, schedulers: Sequence[str], note: str) -> None:
     nets = list(dict.fromkeys(simulated["network"]))
     models = list(dict.fromkeys(simulated["model"]))
-    names = [s for s in _ordered(simulated["scheduler"]) if s in schedulers]
+    names = [s for s in ordered(simulated["scheduler"], _MEASURED_ORDER) if s in schedulers]
     sub_all = simulated[simulated["scheduler"].isin(names)].copy()
     sub_all["rel"] = sub_all["throughput"] / sub_all.groupby(["model", "network"])["throughput"].transform("max")
     width = 0.8 / max(1, len(names))
@@ -284,7 +262,7 @@ def _simulated_relative_panels(axes, simulated: pd.DataFrame, schedulers: Sequen
         ax.set_xticklabels(models, fontsize="x-small", rotation=25)
         ax.set_ylabel("throughput ÷ best (ratio)")
         p = int(sub["workers"].iloc[0]) if len(sub) else 0
-        ax.set_title(_wrap(f"simulated, {p} GPUs, {net}: {note}", 48), fontsize="small")
+        ax.set_title(wrap_paragraphs(f"simulated, {p} GPUs, {net}: {note}", 48), fontsize="small")
 
 
 RELEASED_DEAR: tuple[str, ...] = ("dear_nofusion", "dear_threshold")  # the authors' method, as released
@@ -320,7 +298,7 @@ def unmodelled_note(measured: pd.DataFrame, schedulers: Sequence[str], simulated
     or without a simulated bar (absent from ``simulated``); "" when every one has both."""
     if not len(measured):
         return ""
-    names = [s for s in _ordered(measured["scheduler"]) if s in schedulers]
+    names = [s for s in ordered(measured["scheduler"], _MEASURED_ORDER) if s in schedulers]
     sim = set(simulated["scheduler"]) if len(simulated) and "scheduler" in simulated else set()
     parts = []
     for s in names:
@@ -340,10 +318,9 @@ def unmodelled_note(measured: pd.DataFrame, schedulers: Sequence[str], simulated
 def plot_throughput(measured: pd.DataFrame, simulated: pd.DataFrame, schedulers: Sequence[str],
                     sim_schedulers: Sequence[str], title: str, measured_note: str, sim_note: str,
                     summary: str = ""):
-    """Left: measured throughput (bars; hollow diamonds: the throughput each run's plan predicted before
-    its timed steps) of ``schedulers``; right, one panel per network: simulated throughput at the paper's
-    scale of ``sim_schedulers`` divided by the best of them per model. ``summary``: our speedup beside the
-    paper's claim (drawn under the title). ``measured``: :func:`repro.studies.dear_train.throughput_table`;
+    """Measured throughput of ``schedulers`` (bars; diamonds: each plan's prediction), then per network
+    the simulated throughput of ``sim_schedulers`` at the paper's scale ÷ the best per model; ``summary``
+    goes under the title. ``measured``: :func:`repro.studies.dear_train.throughput_table`;
     ``simulated``: :func:`repro.studies.dear_train.paper_scale_tables` (throughput)."""
     nets = list(dict.fromkeys(simulated["network"])) if len(simulated) else []
     n = 1 + len(nets)
@@ -352,7 +329,7 @@ def plot_throughput(measured: pd.DataFrame, simulated: pd.DataFrame, schedulers:
     axes = axes[0]
     gaps = gap_lines(_measured_throughput_panel(axes[0], measured, schedulers, measured_note))
     _simulated_relative_panels(axes[1:], simulated, sim_schedulers, sim_note)
-    names = _ordered([*schedulers, *sim_schedulers])
+    names = ordered([*schedulers, *sim_schedulers], _MEASURED_ORDER)
     handles = [Patch(facecolor=_color(s), label=_label(s)) for s in names]
     handles.append(Line2D([], [], marker="D", ls="", markerfacecolor="white", markeredgecolor="black",
                           label="measured runs: the plan's prediction"))
@@ -370,7 +347,7 @@ def plot_throughput(measured: pd.DataFrame, simulated: pd.DataFrame, schedulers:
                                                                                                  drawn))
              if t and t.strip()]
     if paras:
-        text = "\n".join(_wrap(p, int(15 * fig.get_figwidth())) for p in paras)
+        text = "\n".join(wrap_paragraphs(p, int(15 * fig.get_figwidth())) for p in paras)
         fig.text(0.5, 0.94, text, ha="center", va="top", fontsize="small", style="italic", color="#333333")
         top = 0.93 - 0.042 * (text.count("\n") + 1)
     legend_below(fig, handles, ncol=4)
@@ -388,9 +365,7 @@ def plot_throughput(measured: pd.DataFrame, simulated: pd.DataFrame, schedulers:
     return fig
 
 
-# ---------------------------------------------------------------------------------------------
-# dear.breakdown
-# ---------------------------------------------------------------------------------------------
+# -- dear.breakdown
 
 _PARTS = (("computation_s", "computation", "#bdbdbd"),
           ("exposed_rs_s", "exposed reduce-scatter", _RS),
@@ -456,18 +431,17 @@ def short_label(name: str) -> str:
 
 
 def plot_breakdown(measured: pd.DataFrame, simulated: pd.DataFrame, measured_note: str, sim_note: str):
-    """Stacked bars, ms per iteration: computation, exposed reduce-scatter, exposed all-gather, exposed
-    all-reduce. Left: each measured timing run (solid, outlined in its method's colour) beside the same
-    run simulated from its own trace, plan and cost (hatched). Right, one panel per network: the paper's
-    models simulated at its scale. ``measured``: :func:`repro.studies.dear_train.measured_breakdown_table`;
-    ``simulated``: :func:`repro.studies.dear_train.paper_scale_tables` (breakdown)."""
+    """Stacked bars, ms per iteration (computation, exposed reduce-scatter, all-gather, all-reduce): each
+    measured run beside its own simulation (hatched), then per network the paper's models simulated at its
+    scale. ``measured``: :func:`repro.studies.dear_train.measured_breakdown_table`; ``simulated``:
+    :func:`repro.studies.dear_train.paper_scale_tables` (breakdown)."""
     nets = list(dict.fromkeys(simulated["network"])) if len(simulated) else []
     n = 1 + len(nets)
     fig, axes = plt.subplots(1, n, figsize=(4.5 * n + 0.8, 4.8), squeeze=False,
                              gridspec_kw={"width_ratios": [1.0] + [1.25] * len(nets)})
     axes = axes[0]
     ax = axes[0]
-    names = _ordered(measured["scheduler"]) if len(measured) else []
+    names = ordered(measured["scheduler"], _MEASURED_ORDER) if len(measured) else []
     top = 0.0
     for k, s in enumerate(names):
         for j, src in enumerate(("measured", "simulated")):
@@ -481,9 +455,9 @@ def plot_breakdown(measured: pd.DataFrame, simulated: pd.DataFrame, measured_not
     ax.set_ylim(0, top * 1.08 if top else 1)
     ax.set_ylabel("ms per iteration")
     model = ", ".join(dict.fromkeys(measured["model"])) if len(measured) else ""
-    ax.set_title(_wrap(f"measured ({model}): {measured_note}; {BREAKDOWN_STATISTIC}; left bar measured, right bar "
-                       "(hatched) the run simulated", 56), fontsize="small")
-    sim_names = _ordered(simulated["scheduler"]) if len(simulated) else []
+    ax.set_title(wrap_paragraphs(f"measured ({model}): {measured_note}; {BREAKDOWN_STATISTIC}; left bar "
+                                 "measured, right bar (hatched) the run simulated", 56), fontsize="small")
+    sim_names = ordered(simulated["scheduler"], _MEASURED_ORDER) if len(simulated) else []
     models = list(dict.fromkeys(simulated["model"])) if len(simulated) else []
     width = 0.8 / max(1, len(sim_names))
     for ax, net in zip(axes[1:], nets):
@@ -507,13 +481,14 @@ def plot_breakdown(measured: pd.DataFrame, simulated: pd.DataFrame, measured_not
         ax.set_xticklabels(models, fontsize="x-small")
         ax.tick_params(axis="x", which="major", length=0, pad=pad)
         ax.set_ylabel("ms per iteration")
-        ax.set_title(_wrap(f"simulated, {int(sub['workers'].iloc[0])} GPUs, {net}: {sim_note}", 52), fontsize="small")
+        ax.set_title(wrap_paragraphs(f"simulated, {int(sub['workers'].iloc[0])} GPUs, {net}: {sim_note}", 52),
+                     fontsize="small")
     seen = [(lab, c) for col, lab, c in _PARTS
             if any(col in t and t[col].fillna(0).abs().sum() > 0 for t in (measured, simulated))]
     handles = [Patch(facecolor=c, edgecolor="#666666", label=lab) for lab, c in seen]
     handles += [Patch(facecolor="white", edgecolor=_color(s), linewidth=1.5,
                       label=f"outline: {_label(s)}" + (f" ('{short_label(s)}' under its bars)" if s in sim_names else ""))
-                for s in _ordered([*names, *sim_names])]
+                for s in ordered([*names, *sim_names], _MEASURED_ORDER)]
     handles.append(Patch(facecolor="white", edgecolor="#666666", hatch="///", label="measured run, simulated"))
     fig.suptitle("Computation vs exposed reduce-scatter vs exposed all-gather", fontsize="medium")
     legend_below(fig, handles, ncol=4)
@@ -522,18 +497,14 @@ def plot_breakdown(measured: pd.DataFrame, simulated: pd.DataFrame, measured_not
     return fig
 
 
-# ---------------------------------------------------------------------------------------------
-# dear.buffer_sweep
-# ---------------------------------------------------------------------------------------------
+# -- dear.buffer_sweep
 
 def plot_buffer_sweep(measured: pd.DataFrame, references: pd.DataFrame, simulated: pd.DataFrame,
                       measured_note: str, sim_note: str):
-    """Left: DeAR's iteration (ms) vs fusion threshold, measured (points, solid) and each run simulated
-    from its own trace and cost (dashed); horizontal lines: the model-based planners' runs, measured.
-    Right, one panel per network: simulated at the paper's scale, iteration ÷ the model's best threshold,
-    one line per model, with ``dear_model``'s choice (star) and the 25 MiB default (circle).
-    ``measured``: :func:`repro.studies.dear_train.buffer_sweep_table`; ``references``: rows of
-    :func:`repro.studies.dear_train.throughput_table` to draw as lines; ``simulated``:
+    """DeAR's iteration vs fusion threshold, measured and each run simulated (dashed), ``references``
+    (rows of :func:`repro.studies.dear_train.throughput_table`) as horizontal lines; then per network the
+    paper-scale simulation ÷ each model's best threshold, ``dear_model``'s choice starred. ``measured``:
+    :func:`repro.studies.dear_train.buffer_sweep_table`; ``simulated``:
     :func:`repro.studies.dear_sim.buffer_sweep_table`."""
     nets = list(dict.fromkeys(simulated["network"])) if len(simulated) else []
     n = 1 + len(nets)
@@ -565,7 +536,7 @@ def plot_buffer_sweep(measured: pd.DataFrame, references: pd.DataFrame, simulate
     ax.set_ylim(0, max([float(measured["iteration_s"].max()) if len(measured) else 0.0]
                        + [float(v) for v in references["iteration_s"]]) * 1e3 * 1.12)
     model = ", ".join(dict.fromkeys(measured["model"])) if len(measured) else ""
-    ax.set_title(_wrap(f"measured ({model}; numbers: buckets): {measured_note}; points and lines: "
+    ax.set_title(wrap_paragraphs(f"measured ({model}; numbers: buckets): {measured_note}; points and lines: "
                        f"{BREAKDOWN_STATISTIC.split(': ', 1)[1]}", 52), fontsize="small")
     models = list(dict.fromkeys(simulated["model"])) if len(simulated) else []
     colors = [PALETTE[i] for i in (0, 1, 2, 3, 5)] + [PALETTE[9]]
@@ -586,7 +557,7 @@ def plot_buffer_sweep(measured: pd.DataFrame, references: pd.DataFrame, simulate
         ax.set_xlabel("fusion threshold (MiB)")
         ax.set_ylabel("iteration ÷ the model's best (ratio)")
         p = int(simulated["workers"].iloc[0])
-        ax.set_title(_wrap(f"simulated, {p} GPUs, {net}: {sim_note}", 52), fontsize="small")
+        ax.set_title(wrap_paragraphs(f"simulated, {p} GPUs, {net}: {sim_note}", 52), fontsize="small")
     handles = [Line2D([], [], color=PALETTE[0], marker="o", lw=1.4, label="DeAR threshold runs, measured"),
                Line2D([], [], color=PALETTE[0], ls="--", lw=1.4, label="the same runs, simulated")]
     handles += [Line2D([], [], color=_color(s), ls=method_style(s)["linestyle"], label=f"{_label(s)}, measured run")
@@ -607,9 +578,7 @@ def plot_buffer_sweep(measured: pd.DataFrame, references: pd.DataFrame, simulate
     return fig
 
 
-# ---------------------------------------------------------------------------------------------
-# dear.bo_tuning
-# ---------------------------------------------------------------------------------------------
+# -- dear.bo_tuning
 
 _SEARCH = {"bo": ("Bayesian optimisation", EXTRA_COLORS[1], "-"), "grid": ("grid search", PALETTE[0], "--"),
            "random": ("random search", PALETTE[1], ":")}
@@ -630,13 +599,10 @@ def bo_tuning_titles(model: str, bounds: tuple[int, int], measured_note: str, *,
 
 def plot_bo_tuning(live: pd.DataFrame, comparison: pd.DataFrame, marks: dict[str, pd.DataFrame],
                    live_note: str, titles: dict[str, str]):
-    """Left: the live ``dear_bo`` run's trials, measured seconds per iteration per trial (the chosen one
-    ringed; each point labelled with its threshold). Then one panel per objective of ``comparison``
-    (:func:`repro.studies.dear_train.search_comparison_table`): best-so-far seconds vs trial of BO, grid
-    and random search (one thin line per seed, their median thick), and horizontal lines where the
-    model-based planners land (``marks[objective]``: rows scheduler, seconds, kind, one of
-    :data:`MARK_KINDS`: colour by planner, line style by kind). ``titles``:
-    objective -> panel title (says measured / simulated and how the objective was made)."""
+    """The live ``dear_bo`` run's trials (the chosen one ringed), then per objective of ``comparison``
+    (:func:`repro.studies.dear_train.search_comparison_table`) the best-so-far seconds vs trial of BO, grid
+    and random search (thin per seed, thick median), with ``marks[objective]`` (rows scheduler, seconds,
+    kind in :data:`MARK_KINDS`) as horizontal lines; ``titles``: objective -> panel title."""
     objectives = list(dict.fromkeys(comparison["objective"])) if len(comparison) else []
     n = 1 + len(objectives)
     ncol = 2 if n > 2 else n
@@ -663,7 +629,7 @@ def plot_bo_tuning(live: pd.DataFrame, comparison: pd.DataFrame, marks: dict[str
         ax.text(0.5, 0.5, "no dear_bo run", ha="center", transform=ax.transAxes)
     ax.set_xlabel("trial")
     ax.set_ylabel("iteration (ms)")
-    ax.set_title(_wrap(f"measured, live dear_bo run: {live_note}", 60), fontsize="small")
+    ax.set_title(wrap_paragraphs(f"measured, live dear_bo run: {live_note}", 60), fontsize="small")
     for ax, obj in zip(axes[1:n], objectives):
         sub = comparison[comparison["objective"] == obj]
         for m, (lab, c, ls) in _SEARCH.items():
@@ -678,7 +644,7 @@ def plot_bo_tuning(live: pd.DataFrame, comparison: pd.DataFrame, marks: dict[str
             ax.axhline(r.seconds * 1e3, color=_color(r.scheduler), lw=1.2, ls=MARK_KINDS.get(r.kind, "-"))
         ax.set_xlabel("trial")
         ax.set_ylabel("best iteration so far (ms)")
-        ax.set_title(_wrap(titles.get(obj, obj), 60), fontsize="small")
+        ax.set_title(wrap_paragraphs(titles.get(obj, obj), 60), fontsize="small")
     handles = [Line2D([], [], color=c, ls=ls, lw=1.8, label=f"{lab} (median over seeds; thin: each seed)")
                for lab, c, ls in _SEARCH.values()]
     handles += [Line2D([], [], color=_SEARCH["bo"][1], marker="h", lw=1.0, label="live BO trial, measured"),

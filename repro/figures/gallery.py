@@ -1,21 +1,7 @@
-"""The figure gallery: ``<out>/index.html`` and ``<out>/index.md`` for a results folder.
-
-``write_index(out)`` reads the manifest and ``out/{figures,data,notebooks}`` and writes a page with
-relative links only (nothing fetched): a summary table, then per paper one card per manifest figure
-with its thumbnail, PNG, PDF, data tables (CSV), executed notebook (HTML) and, per claim shown, its verdict
-(:data:`repro.figures.claims.VERDICTS`) with our number against the paper's. Side files:
-``figures/thumbs/<stem>.png`` and ``notebooks/<name>.html``, refreshed when stale.
-
-Status words (:data:`STATES`, the runner's too): ``done`` (its notebook finished a run in this folder
-and the PNG decodes, the PDF is complete and the sidecar is there), ``planned`` (no notebook makes it
-yet), ``failed`` (ran, figure not whole), ``interrupted`` (the run record says so, or an executed copy
-has no run record), ``missing`` (done in the manifest, not run in this folder).
-
-Which tables a figure is drawn from (:func:`figure_tables`), first rule that gives one wins: (1) the
-sidecar's ``tables``; (2) the tables its notebook wrote named ``<stem>`` or ``<stem>_*`` (the card
-also lists the notebook's others, folded); (3) every table its notebook wrote. "Wrote" is the run
-record's list (``notebooks/<name>.run.json``), else, for a notebook run by hand with papermill, the
-tables whose ``data/<name>.json`` time falls between the executed copy's start and end times.
+"""The figure gallery: ``<out>/index.html`` and ``<out>/index.md`` for a results folder, with relative
+links only: per paper one card per manifest figure (thumbnail, PNG, PDF, CSV tables, executed
+notebook, claim verdicts). Status words: :data:`STATES`; which tables a card lists:
+:func:`figure_tables` (rules in ``docs/design/figures.md``).
 """
 
 from __future__ import annotations
@@ -34,22 +20,9 @@ from repro.core.outputs import output_file, write_output
 
 from .manifest import FigureEntry, load_manifest, paper_titles
 
-__all__ = [
-    "STATES",
-    "STATE_HELP",
-    "Card",
-    "run_record_path",
-    "read_run_record",
-    "write_run_record",
-    "notebook_html_path",
-    "render_notebook_html",
-    "make_thumbnail",
-    "notebook_tables",
-    "figure_tables",
-    "collect_cards",
-    "figure_problem",
-    "write_index",
-]
+__all__ = ["STATES", "STATE_HELP", "Card", "run_record_path", "read_run_record", "write_run_record",
+           "notebook_html_path", "render_notebook_html", "make_thumbnail", "notebook_tables", "figure_tables",
+           "collect_cards", "figure_problem", "write_index"]
 
 STATES: tuple[str, ...] = ("done", "planned", "failed", "interrupted", "missing")
 STATE_HELP: dict[str, str] = {
@@ -62,7 +35,7 @@ STATE_HELP: dict[str, str] = {
 THUMB_BOX: tuple[int, int] = (640, 520)  # 2x a card's picture area, for sharp thumbnails on HiDPI
 
 
-# ------------------------------------------------------------------------------------ side files
+# -- side files
 
 def run_record_path(out: str | Path, notebook: str) -> Path:
     """``<out>/notebooks/<name>.run.json``: what the runner did with ``notebook`` in ``out``."""
@@ -108,11 +81,8 @@ def render_notebook_html(ipynb: str | Path, html_path: str | Path | None = None)
 
 
 def make_thumbnail(png: str | Path, thumb: str | Path, box: tuple[int, int] = THUMB_BOX) -> Path:
-    """Write a copy of ``png`` downscaled to fit ``box`` (aspect kept, never upscaled); return its path.
-
-    Transparency is flattened onto white and the result stored with a 256-colour palette: plots
-    look the same and the file is a few times smaller than a true-colour one.
-    """
+    """Write a copy of ``png`` downscaled to fit ``box`` (aspect kept, never upscaled), flattened onto white
+    with a 256-colour palette; return its path."""
     from PIL import Image
 
     thumb = Path(thumb)
@@ -132,7 +102,7 @@ def _fresh(derived: Path, source: Path) -> bool:
     return derived.is_file() and derived.stat().st_mtime_ns >= source.stat().st_mtime_ns
 
 
-# ---------------------------------------------------------------------------------------- tables
+# -- tables
 
 def _table_names_in(data_dir: Path) -> list[str]:
     return sorted(p.stem for p in data_dir.glob("*.csv")) if data_dir.is_dir() else []
@@ -166,7 +136,8 @@ def _tables_in_time_window(data_dir: Path, executed: Path) -> list[str]:
 
 
 def notebook_tables(out: str | Path, notebook: str, record: dict[str, Any] | None = None) -> list[str]:
-    """Names of the ``data/`` tables written by ``notebook`` in ``out`` (see the module docstring)."""
+    """Names of the ``data/`` tables written by ``notebook`` in ``out``: its run record's list, else those
+    written while its executed copy ran (a notebook run by hand with papermill)."""
     out = Path(out)
     data_dir = out / "data"
     if record is None:
@@ -186,19 +157,15 @@ def _sidecar_table_name(item: Any) -> str | None:
 
 def figure_tables(out: str | Path, entry: FigureEntry, sidecar: dict[str, Any] | None = None,
                   record: dict[str, Any] | None = None) -> tuple[list[str], list[str], str]:
-    """The tables ``entry`` is drawn from: ``(present names, absent names, rule)``.
-
-    ``rule`` is ``"sidecar"``, ``"name"`` or ``"notebook"`` (the three rules of the module docstring),
-    or ``""`` when none gives a table. Absent names come only from a sidecar naming a missing table.
-    With rule ``"name"`` the figure may be drawn from more tables than those named like it (paper
-    values, reference lines): the gallery lists the notebook's other tables too, folded away.
-    """
+    """The tables ``entry`` is drawn from: ``(present names, absent names, rule)``, by the first rule that
+    gives one: ``"sidecar"`` (its sidecar's ``tables``; absent names only come from it), ``"name"`` (tables
+    its notebook wrote named ``<stem>`` or ``<stem>_*``), ``"notebook"`` (all its notebook wrote), else
+    ``""``."""
     out = Path(out)
     data_dir = out / "data"
     listed = (sidecar or {}).get("tables")
     if isinstance(listed, (list, tuple)) and listed:
-        names = [n for n in (_sidecar_table_name(t) for t in listed) if n]
-        names = list(dict.fromkeys(names))
+        names = list(dict.fromkeys(n for n in (_sidecar_table_name(t) for t in listed) if n))
         present = [n for n in names if (data_dir / f"{n}.csv").is_file()]
         if names:
             return present, [n for n in names if n not in present], "sidecar"
@@ -211,7 +178,7 @@ def figure_tables(out: str | Path, entry: FigureEntry, sidecar: dict[str, Any] |
     return [], [], ""
 
 
-# ----------------------------------------------------------------------------------------- cards
+# -- cards
 
 @dataclass
 class Card:
@@ -404,7 +371,7 @@ def _notebook_link(out: Path, notebook: str, warn: Callable[[str], None]) -> str
     return _rel(out, page)
 
 
-# ----------------------------------------------------------------------------------------- index
+# -- index
 
 def _git_revision(where: Path) -> str:
     env = dict(os.environ, GIT_OPTIONAL_LOCKS="0")
@@ -438,10 +405,7 @@ def write_index(out: str | Path, *, manifest: str | Path | None = None,
     header = (f"Generated {date} · repro {__version__} · git {_git_revision(where)} · "
               f"{len(cards)} figures: " + ", ".join(f"{counts[s]} {s}" for s in STATES
                                                     if counts[s] or s != "interrupted"))  # rare: said when there
-    papers: list[str] = []
-    for c in cards:
-        if c.entry.paper not in papers:
-            papers.append(c.entry.paper)
+    papers = list(dict.fromkeys(c.entry.paper for c in cards))
     md_path, html_path = out / "index.md", out / "index.html"
     write_output(md_path, _render_md(cards, papers, titles, header))
     write_output(html_path, _render_html(cards, papers, titles, header))

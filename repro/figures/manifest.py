@@ -13,8 +13,8 @@ Format::
         title: One iteration, WFBP vs SyncEASGD vs MG-WFBP
         notes: optional free text shown in the index
 
-A ``done`` entry's notebook must exist; ids and stems are unique. ``done``: a notebook makes the
-figure; ``planned``: none does yet (a results folder's words: :data:`repro.figures.gallery.STATES`).
+``done``: a notebook (which must exist) makes the figure; ``planned``: none does yet. Ids and stems
+are unique.
 """
 
 from __future__ import annotations
@@ -24,28 +24,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
-__all__ = [
-    "STATUSES",
-    "PAPER_TITLES",
-    "ManifestError",
-    "FigureEntry",
-    "default_manifest_path",
-    "load_manifest",
-    "done_notebooks",
-    "paper_titles",
-]
+__all__ = ["STATUSES", "PAPER_TITLES", "ManifestError", "FigureEntry", "default_manifest_path",
+           "load_manifest", "done_notebooks", "paper_titles"]
 
 STATUSES: tuple[str, ...] = ("done", "planned")
 REQUIRED_KEYS: tuple[str, ...] = ("id", "notebook", "stem", "status", "kind", "title")
 OPTIONAL_KEYS: tuple[str, ...] = ("notes",)
 
-PAPER_TITLES: dict[str, str] = {
-    "mgwfbp": "MG-WFBP",
-    "omgs": "OMGS-SGD",
-    "dear": "DeAR",
-    "osp": "OSP",
-    "validation": "Across papers",
-}
+PAPER_TITLES: dict[str, str] = {"mgwfbp": "MG-WFBP", "omgs": "OMGS-SGD", "dear": "DeAR", "osp": "OSP",
+                                "validation": "Across papers"}
 
 _ID_RE = re.compile(r"^[a-z0-9_]+\.[a-z0-9_]+$")
 _STEM_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_\-]*$")
@@ -120,18 +107,13 @@ def _raw(path: str | Path | None) -> tuple[Path, dict[str, Any]]:
 def paper_titles(path: str | Path | None = None) -> dict[str, str]:
     """Section titles by id prefix: the built-in ones updated by the manifest's ``papers`` mapping."""
     _, data = _raw(path)
-    titles = dict(PAPER_TITLES)
-    titles.update({str(k): str(v) for k, v in (data.get("papers") or {}).items()})
-    return titles
+    return {**PAPER_TITLES, **{str(k): str(v) for k, v in (data.get("papers") or {}).items()}}
 
 
 def load_manifest(path: str | Path | None = None, *, check_files: bool = True) -> list[FigureEntry]:
-    """Read and validate the manifest (default :func:`default_manifest_path`); entries in file order.
-
-    Raises :class:`ManifestError` on a missing key, an unknown key or status, a duplicate id or stem,
-    a malformed id, an id prefix without a paper title, or (with ``check_files``) a ``done`` entry
-    whose notebook does not exist.
-    """
+    """The manifest's entries in file order (default :func:`default_manifest_path`), validated:
+    :class:`ManifestError` on a missing or unknown key, an unknown status or paper prefix, a malformed or
+    duplicate id or stem, or (with ``check_files``) a ``done`` entry whose notebook does not exist."""
     p, data = _raw(path)
     titles = paper_titles(p)
     nb_dir = p.resolve().parent
@@ -187,8 +169,4 @@ def done_notebooks(entries: Iterable[FigureEntry] | None = None) -> list[str]:
     """Notebooks (relative names) with at least one ``done`` figure, each once, in manifest order."""
     if entries is None:
         entries = load_manifest()
-    out: list[str] = []
-    for e in entries:
-        if e.done and e.notebook not in out:
-            out.append(e.notebook)
-    return out
+    return list(dict.fromkeys(e.notebook for e in entries if e.done))

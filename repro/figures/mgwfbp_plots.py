@@ -1,11 +1,6 @@
-"""Figures of the MG-WFBP study, each drawn from one tidy table of :mod:`repro.studies.mgwfbp_sim`,
-:mod:`repro.studies.mgwfbp_train` or :mod:`repro.studies.validation`.
-
-Every function takes DataFrames and returns a matplotlib Figure; saving is the caller's job
-(:func:`repro.figures.save_figure`). They follow the conventions of :mod:`repro.figures.style`:
-one style per scheduler, paper values on top, legends below the axes, small multiples, notes where
-curves coincide, oversubscribed measurements marked. Simulated figures say in their title which cost
-mode drew them (:func:`cost_mode_label`: "paper model" or "calibrated on ddl-benchmarks").
+"""Figures of the MG-WFBP study, drawn from tidy tables of :mod:`repro.studies.mgwfbp_sim`,
+:mod:`repro.studies.mgwfbp_train` or :mod:`repro.studies.validation` and returned as matplotlib Figures
+(the caller saves them). Simulated figures name their cost mode in the title (:func:`cost_mode_label`).
 """
 
 from __future__ import annotations
@@ -20,26 +15,11 @@ from matplotlib.patches import Patch
 from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator
 
 from repro.costs.published_fits import mode_label
-from repro.figures.plots import gantt, scheduler_lines
-from repro.figures.style import (
-    DARK_GREY,
-    GAP_FACTOR,
-    OVERSUBSCRIBED_HATCH,
-    PALETTE,
-    add_gap_note,
-    add_note,
-    coinciding_lines,
-    flat_brackets,
-    gap_lines,
-    legend_below,
-    mark_oversubscribed,
-    oversubscribed_handle,
-    panel_figsize,
-    paper_handle,
-    paper_marker_style,
-    scheduler_label,
-    scheduler_style,
-)
+from repro.figures.plots import flag_column, gantt, scheduler_lines
+from repro.figures.style import (DARK_GREY, GAP_FACTOR, OVERSUBSCRIBED_HATCH, PALETTE, add_gap_note, add_note,
+                                 coinciding_lines, flat_brackets, gap_lines, legend_below,
+                                 mark_oversubscribed, oversubscribed_handle, panel_figsize, paper_handle,
+                                 paper_marker_style, scheduler_label, scheduler_style)
 
 __all__ = ["plot_layer_sizes", "plot_cost_models", "plot_timeline", "plot_sim_speedup", "plot_optimal_gap",
            "plot_allreduce_fit", "plot_real_speedup", "plot_breakdown", "plot_threshold_sweep", "plot_convergence",
@@ -95,10 +75,8 @@ def _net_label(net: str) -> str:
 
 
 def k80_verdict_text(table: pd.DataFrame) -> str:
-    """One line per published model of a table with the conference paper's speedups (``origin`` "paper"):
-    MG-WFBP over WFBP at the largest published P, as published and as simulated, with the verdict of the
-    claim ``mgwfbp.k80_<model>`` (:func:`repro.figures.claims.claim_verdict`); a simulated ratio within
-    1% of 1 is called a tie. "" without published rows."""
+    """MG-WFBP ÷ WFBP at the largest published P per published model, as published and simulated, with
+    claim ``mgwfbp.k80_<model>``'s verdict (a ratio within 1% of 1 is a tie); "" without published rows."""
     from repro.figures.claims import claim_verdict
     from repro.studies.mgwfbp_sim import k80_verdict_numbers
 
@@ -141,16 +119,6 @@ def _pack_parts(text: str, width: int) -> list[str]:
             cur = part
     return lines + [cur]
 
-
-def _flags(df: pd.DataFrame, column: str = "oversubscribed") -> np.ndarray:
-    if column not in df:
-        return np.zeros(len(df), dtype=bool)
-    return df[column].fillna(False).astype(bool).to_numpy()
-
-
-# ---------------------------------------------------------------------------------------------
-# Simulation figures
-# ---------------------------------------------------------------------------------------------
 
 def plot_layer_sizes(layers: pd.DataFrame, curve: pd.DataFrame, hist_models: Sequence[str]):
     """Small multiples of parameters per learnable layer (log y, shared), one panel per model; below,
@@ -212,10 +180,8 @@ def plot_layer_sizes(layers: pd.DataFrame, curve: pd.DataFrame, hist_models: Seq
 
 
 def plot_cost_models(table: pd.DataFrame, hop_note: str = "", paper_fits: pd.DataFrame | None = None):
-    """Start-up a and per-byte b of each all-reduce algorithm as P grows (two panels); coinciding
-    algorithms are drawn in different dashes and markers and named in a note on their panel. With
-    ``paper_fits`` (:func:`repro.studies.mgwfbp_sim.paper_allreduce_fits`): the MG-WFBP journal's fitted
-    a and b per P and network as hollow diamonds, "paper (source)"."""
+    """Start-up a and per-byte b of each all-reduce algorithm vs P (two panels; coinciding algorithms named
+    in a note), with ``paper_fits`` (:func:`repro.studies.mgwfbp_sim.paper_allreduce_fits`) as diamonds."""
     fig, axes = plt.subplots(1, 2, figsize=(9.6, 4.3 if paper_fits is not None and len(paper_fits) else 4.0))
     for algo, g in table.groupby("algorithm", sort=False):
         st = ALGORITHM_STYLES.get(algo, {"color": DARK_GREY, "marker": "x", "linestyle": "-", "mfc": None,
@@ -291,14 +257,10 @@ def plot_timeline(ops: pd.DataFrame, title: str, cost_mode: str | None = None):
 
 def plot_sim_speedup(table: pd.DataFrame, paper: pd.DataFrame | None = None,
                      paper_models: Mapping[str, str] | Sequence[str] = (), cost_mode: str | None = None):
-    """Speedup vs workers, one cell per model x network: on top the speedup (log-log, as in the paper)
-    with published values as hollow diamonds drawn above the simulated lines; below, each scheduler's
-    speedup relative to the best one at that P (linear axis), where 10-30 % gaps stay visible.
-
-    ``table`` is :func:`repro.studies.mgwfbp_sim.sim_speedup_table` (the sweep, with ``origin``
-    "paper" rows for published values); a bare sweep plus ``paper`` and ``paper_models`` works too.
-    The title names the cost mode (``cost_mode``, else the table's column; :func:`cost_mode_label`).
-    """
+    """Speedup vs workers, one cell per model x network: the speedup (log-log) with published values as
+    hollow diamonds, and below it each scheduler's speedup ÷ the best at that P. ``table``:
+    :func:`repro.studies.mgwfbp_sim.sim_speedup_table` (``origin`` "paper" rows are published values), or
+    a bare sweep plus ``paper`` and ``paper_models``. The title names the cost mode."""
     from repro.studies.mgwfbp_sim import sim_speedup_table
 
     if paper is not None:
@@ -320,7 +282,7 @@ def plot_sim_speedup(table: pd.DataFrame, paper: pd.DataFrame | None = None,
     order = ["linear", "wfbp", "syncea", "threshold", "ddp_buckets", "mgwfbp", "optimal"]
     for i, (model, net) in enumerate(combos):
         cell = outer[i // ncol, i % ncol].subgridspec(2, 1, height_ratios=[2.1, 1], hspace=0.08)
-        ax, axr = fig.add_subplot(cell[0]), None
+        ax = fig.add_subplot(cell[0])
         axr = fig.add_subplot(cell[1], sharex=ax)
         sub = drawn[(drawn["model"] == model) & (drawn["network"] == net)]
         names = [s for s in order if s in set(sub["scheduler"])] + \
@@ -407,9 +369,7 @@ def plot_optimal_gap(gap: pd.DataFrame, cost_mode: str | None = None):
     return fig
 
 
-# ---------------------------------------------------------------------------------------------
-# Measured (training) figures
-# ---------------------------------------------------------------------------------------------
+# -- Measured (training) figures
 
 def _paper_fit_panel(ax, paper_fits: pd.DataFrame) -> list:
     """The published a + b*M lines (one colour per P; 10GbE solid, 56Gb IB dashed; identical intra-node
@@ -440,14 +400,10 @@ def _paper_fit_panel(ax, paper_fits: pd.DataFrame) -> list:
 
 
 def plot_allreduce_fit(errors: pd.DataFrame, fits: pd.DataFrame, note: str, paper_fits: pd.DataFrame | None = None):
-    """Left (log-log): measured all-reduce seconds vs bytes per world size with the fitted a + b*M line
-    (relative-error fit). Middle: the fit's relative error per message size. Oversubscribed world sizes
-    (more ranks than CPU cores) are ringed and named in the legend. Right, with ``paper_fits``
-    (:func:`repro.studies.mgwfbp_sim.paper_allreduce_fits`): the MG-WFBP journal's published fits, the
-    lines the paper draws on its measurements, labelled "paper (source)".
-
-    ``errors`` is :func:`repro.studies.mgwfbp_train.allreduce_fit_errors` (columns workers, bytes,
-    measured_s, fitted_s, relative_error, oversubscribed); ``fits`` is ``allreduce_fit_table``.
+    """Measured all-reduce seconds vs bytes per world size with the fitted a + b*M line (log-log), the
+    fit's relative error per size, and with ``paper_fits``
+    (:func:`repro.studies.mgwfbp_sim.paper_allreduce_fits`) the journal's published fits. ``errors``:
+    :func:`repro.studies.mgwfbp_train.allreduce_fit_errors`; ``fits``: ``allreduce_fit_table``.
     """
     if "measured_s" not in errors and "seconds" in errors:  # raw times
         from repro.studies.mgwfbp_train import allreduce_fit_errors
@@ -462,7 +418,7 @@ def plot_allreduce_fit(errors: pd.DataFrame, fits: pd.DataFrame, note: str, pape
     for k, (p, g) in enumerate(errors.groupby("workers")):
         st = series_style(k)
         f = fits[fits["workers"] == p].iloc[0]
-        over = bool(_flags(g).any())
+        over = bool(flag_column(g).any())
         any_over |= over
         tag = " (oversubscribed)" if over else ""
         axes[0].scatter(g["bytes"], g["measured_s"] * 1e3, color=st["color"], marker=st["marker"], s=26, zorder=3,
@@ -502,11 +458,9 @@ def plot_allreduce_fit(errors: pd.DataFrame, fits: pd.DataFrame, note: str, pape
 
 
 def plot_real_speedup(speedup: pd.DataFrame, note: str, paper: pd.DataFrame | None = None):
-    """Measured speedup vs workers per model (one panel each, "tiny" at tiny scale); oversubscribed
-    points ringed. With ``paper`` (:func:`repro.studies.mgwfbp_sim.k80_speedup_table`): one more panel
-    per published model, the conference paper's measured speedups (8 K80 nodes, 10GbE; hollow diamonds,
-    "paper (source)") beside our simulation of the same setting (lines, "simulated"), and a line under
-    the title with MG-WFBP ÷ WFBP at 8 nodes, published and simulated, and the claim's verdict."""
+    """Measured speedup vs workers, one panel per model. With ``paper``
+    (:func:`repro.studies.mgwfbp_sim.k80_speedup_table`): a panel per published model with the conference
+    paper's speedups beside our simulation of that setting, and the claim's verdict under the title."""
     models = list(dict.fromkeys(speedup["model"]))
     pub_models = [] if paper is None or not len(paper) else \
         list(dict.fromkeys(paper[paper["origin"] == "paper"]["model"]))
@@ -558,7 +512,7 @@ def plot_real_speedup(speedup: pd.DataFrame, note: str, paper: pd.DataFrame | No
     if pub_models:
         h = paper_handle("paper (MG-WFBP INFOCOM'19, measured; hollow diamonds); lines in the K80 panels: simulated")
         handles, labels = handles + [h], labels + [h.get_label()]
-    if _flags(speedup).any():
+    if flag_column(speedup).any():
         h = oversubscribed_handle()
         handles, labels = handles + [h], labels + [h.get_label()]
     title = f"Speedup over one worker, measured ({note})"
@@ -585,7 +539,7 @@ def _breakdown_bars(ax, sub: pd.DataFrame, names: Sequence[str], dtypes: Sequenc
             for _, row in sub[(sub.scheduler == sched) & (sub.wire_dtype == dt)].iterrows():
                 x = i + (k - (n - 1) / 2) * width
                 comp, comm = row.computation_s * 1e3, row.exposed_comm_s * 1e3
-                hatch = OVERSUBSCRIBED_HATCH if _flags(pd.DataFrame([row])).any() else None
+                hatch = OVERSUBSCRIBED_HATCH if flag_column(pd.DataFrame([row])).any() else None
                 kw = {"width": width * 0.95, "alpha": 1.0 if k == 0 else 0.5, "edgecolor": "white", "linewidth": 0.5,
                       "hatch": hatch}
                 ax.bar(x, comp, color=PALETTE[0], **kw)
@@ -650,20 +604,14 @@ def headline_claim_text(headline: pd.DataFrame | None) -> str:
 
 def plot_breakdown(breakdown: pd.DataFrame, note: str, paper_scale: pd.DataFrame | None = None,
                    headline: pd.DataFrame | None = None):
-    """Stacked bars of computation and non-overlapped communication, ms per iteration. Every panel has the
-    same bar meaning: per scheduler one bar per wire dtype, FP32 left, FP16 right (lighter).
+    """Stacked bars of computation and non-overlapped communication, ms per iteration; per scheduler one
+    bar per wire dtype (FP32 left, FP16 right and lighter) in every panel.
 
-    Upper rows, one per model (``breakdown``: :func:`repro.studies.mgwfbp_train.breakdown_table`): left the
-    runs measured (computation one number per model, said under the panel title), right the same runs'
-    plans simulated on one shared trace and cost model (``trace_from``), on a shared y axis. Oversubscribed
-    runs are hatched. Measured iterations more than 2x from their simulation get a computed note
-    (:func:`repro.figures.style.gap_lines`).
-
-    With ``paper_scale`` (:func:`repro.studies.mgwfbp_sim.paper_breakdown_table`): below, the journal's
-    setting simulated (16 V100, estimate traces, published fits), one panel per network and model. With
-    ``headline`` (:func:`repro.studies.mgwfbp_sim.journal_headline`) the paper's 1.7x / 1.2x are written
-    under the title as published, with where the claims page judges them; no gain of ours is printed in a
-    title (the claims' numbers come from another table)."""
+    One row per model of ``breakdown`` (:func:`repro.studies.mgwfbp_train.breakdown_table`): measured runs
+    left, their plans simulated on one shared trace right; oversubscribed runs hatched, gaps beyond 2x noted.
+    With ``paper_scale`` (:func:`repro.studies.mgwfbp_sim.paper_breakdown_table`): the journal's setting
+    simulated below; with ``headline`` (:func:`repro.studies.mgwfbp_sim.journal_headline`) the paper's
+    claims under the title, as published."""
     models = list(dict.fromkeys(breakdown["model"]))
     dtypes = _dtypes(breakdown)
     with_paper = paper_scale is not None and len(paper_scale) > 0
@@ -716,7 +664,7 @@ def plot_breakdown(breakdown: pd.DataFrame, note: str, paper_scale: pd.DataFrame
     handles += [Patch(facecolor=DARK_GREY, alpha=1.0 if k == 0 else 0.5,
                       label=f"every panel: {['left', 'right', 'third'][min(k, 2)]} bar{' (lighter)' if k else ''} "
                             f"{_fp(dt)}") for k, dt in enumerate(all_dtypes)]
-    if _flags(breakdown).any():
+    if flag_column(breakdown).any():
         handles.append(oversubscribed_handle("bar"))
     line = headline_claim_text(headline) if with_paper else ""
     fig.suptitle(f"Iteration breakdown, measured and simulated ({note})"
@@ -751,9 +699,9 @@ def _threshold_panel(ax, sub: pd.DataFrame, sources: Sequence[tuple[str, str, st
             continue
         ax.plot(s.threshold_bytes, s.iteration_s * 1e3, ls=ls, marker=st["marker"], ms=5, color=st["color"],
                 markerfacecolor=mfc or st["color"], label=f"{st['label']} ({source})")
-        if _flags(s).any():
+        if flag_column(s).any():
             any_over = True
-            mark_oversubscribed(ax, s.threshold_bytes[_flags(s)], s.iteration_s[_flags(s)] * 1e3)
+            mark_oversubscribed(ax, s.threshold_bytes[flag_column(s)], s.iteration_s[flag_column(s)] * 1e3)
     for _, r in sub[sub.scheduler != "threshold"].iterrows():
         rs = scheduler_style(r.scheduler)
         ax.axhline(r.iteration_s * 1e3, color=rs["color"], ls="-" if r.source == "measured" else "--",
@@ -785,14 +733,11 @@ def threshold_verdict_text(paper_scale: pd.DataFrame) -> str:
 
 def plot_threshold_sweep(sweep: pd.DataFrame, refs: pd.DataFrame | None = None, note: str = "",
                          paper_scale: pd.DataFrame | None = None):
-    """Iteration time vs fusion threshold (measured solid, simulated dashed), with the reference
-    schedulers (MG-WFBP, the optimum) as horizontal lines; legend below the panels.
-
-    ``sweep`` is :func:`repro.studies.mgwfbp_train.threshold_sweep_table` (reference rows have no
-    ``threshold_bytes``); a separate ``refs`` table is accepted too. With ``paper_scale``
-    (:func:`repro.studies.mgwfbp_sim.paper_threshold_sweep_table`): below, one row of panels per network
-    with the journal's models simulated at its scale, and a line under the title with the verdict.
-    """
+    """Iteration time vs fusion threshold (measured solid, simulated dashed), the reference schedulers as
+    horizontal lines. ``sweep``: :func:`repro.studies.mgwfbp_train.threshold_sweep_table` (reference rows
+    without ``threshold_bytes``, or given apart as ``refs``). With ``paper_scale``
+    (:func:`repro.studies.mgwfbp_sim.paper_threshold_sweep_table`): a row per network below, and the verdict
+    under the title."""
     if refs is not None and len(refs):
         sweep = pd.concat([sweep, refs.assign(threshold_bytes=np.nan)], ignore_index=True)
     sweep = sweep.assign(threshold_bytes=pd.to_numeric(sweep["threshold_bytes"], errors="coerce"))
@@ -813,7 +758,8 @@ def plot_threshold_sweep(sweep: pd.DataFrame, refs: pd.DataFrame | None = None, 
         src = ", ".join(dict.fromkeys(sub["trace_from"].dropna().astype(str))) if "trace_from" in sub else ""
         ax.set_title(f"{m}{f', P={p}' if p else ''}: measured and simulated{' (tiny)' if tiny else ''}"
                      + (f"\nsimulated: every point on one trace and cost model,\nthose of run {src}" if src else "")
-                     + ("\n(every run oversubscribed)" if len(sub) and _flags(sub).all() else ""), fontsize="x-small")
+                     + ("\n(every run oversubscribed)" if len(sub) and flag_column(sub).all() else ""),
+                     fontsize="x-small")
         gaps += same_plan_lines(sub) + _sweep_gap_lines(sub)
     for ax in axes[0][len(models):]:
         ax.set_visible(False)
@@ -846,10 +792,8 @@ def plot_threshold_sweep(sweep: pd.DataFrame, refs: pd.DataFrame | None = None, 
 
 
 def same_plan_lines(sub: pd.DataFrame, factor: float = 2.0) -> list[str]:
-    """Threshold runs that executed the same bucketing as a reference run (``same_plan_as`` of
-    :func:`repro.studies.mgwfbp_train.threshold_sweep_table`) but measured more than ``factor`` apart from
-    it: one plan, two timings, so the gap is the machine's, not the threshold's; each line gives both
-    times and the runs' order (``run_order``, 0 = first made)."""
+    """One line per threshold run that executed a reference run's bucketing (``same_plan_as``) but measured
+    more than ``factor`` apart from it (the gap is the machine's), with both times and the runs' order."""
     if "same_plan_as" not in sub:
         return []
     meas = sub[sub.source == "measured"]
@@ -881,10 +825,8 @@ def _compute_clause(run, ref) -> str:
 
 
 def _sweep_gap_lines(sub: pd.DataFrame) -> list[str]:
-    """:func:`repro.figures.style.gap_lines` of each measured point against its simulation on the shared trace,
-    with the run's computation-only time beside the shared trace's computation where the table has them
-    (``computation_s``): a run that computed slower or faster than the trace was measured at explains its
-    gap without any communication. More than two such points are summed up in one line."""
+    """:func:`repro.figures.style.gap_lines` of each measured point against its simulation on the shared
+    trace, with both computation times where recorded; more than two such lines are summed up in one."""
     key = ["scheduler", "threshold_bytes"]
     s = sub.assign(threshold_bytes=sub["threshold_bytes"].fillna(-1))
     meas = s[s.source == "measured"].drop_duplicates(key).set_index(key)
@@ -922,9 +864,8 @@ def convergence_extent_text(epochs: pd.DataFrame) -> str:
 
 
 def plot_convergence(epochs: pd.DataFrame, note: str):
-    """Test accuracy vs epoch per scheduler. S-SGD (PyTorch DDP) and MG-WFBP make identical updates, so
-    their curves coincide: the first is drawn with large hollow markers, the next with small filled ones
-    on top, and a note on the figure says that they coincide."""
+    """Test accuracy vs epoch per scheduler; coinciding curves (S-SGD and MG-WFBP make identical updates)
+    stay visible (large hollow markers under small filled ones) and a note says they coincide."""
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     for k, (s, g) in enumerate(epochs.groupby("scheduler", sort=False)):
         st = scheduler_style(s)

@@ -1,13 +1,8 @@
-"""Figures of the OMGS-SGD micro-benchmarks, each drawn from the tidy tables of
-:mod:`repro.studies.omgs_micro` (the caller saves them with :func:`repro.figures.save_figure`).
-
-Conventions of :mod:`repro.figures.style`: legends below the axes, published values drawn apart
-(dashed lines labelled "published"), oversubscribed measurements ringed, log axes where sizes span
-decades.
+"""Figures of the OMGS-SGD micro-benchmarks, drawn from the tables of :mod:`repro.studies.omgs_micro`
+and returned as matplotlib Figures (the caller saves them).
 """
 
 from __future__ import annotations
-
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -15,16 +10,8 @@ import pandas as pd
 from matplotlib.lines import Line2D
 
 from repro.core.cost import topk_time_s
-from repro.figures.style import (
-    DARK_GREY,
-    KIND_COLORS,
-    PALETTE,
-    add_gap_note,
-    add_note,
-    legend_below,
-    mark_oversubscribed,
-    oversubscribed_handle,
-)
+from repro.figures.style import (DARK_GREY, KIND_COLORS, PALETTE, add_gap_note, add_note, legend_below,
+                                 mark_oversubscribed, oversubscribed_handle)
 
 __all__ = ["plot_topk_time", "plot_allgather_fit", "plot_cost_compare", "crossover_numel", "workers_color"]
 

@@ -1,10 +1,6 @@
-"""Figures of the OMGS-SGD simulation study, each drawn from one tidy table of
-:mod:`repro.studies.omgs_sim`.
-
-Every function takes DataFrames and returns a matplotlib Figure; saving is the caller's job
-(:func:`repro.figures.save_figure`). Conventions of :mod:`repro.figures.style`: one style per planner,
-legends outside the data, notes where curves coincide; the title of a simulated figure names its cost
-mode ("paper model" or "calibrated on ddl-benchmarks", :func:`repro.figures.mgwfbp_plots.cost_mode_label`).
+"""Figures of the OMGS-SGD simulation study, drawn from tables of :mod:`repro.studies.omgs_sim` and
+returned as matplotlib Figures (the caller saves them); simulated titles name their cost mode
+(:func:`repro.figures.mgwfbp_plots.cost_mode_label`).
 """
 
 from __future__ import annotations
@@ -22,7 +18,7 @@ from matplotlib.ticker import FuncFormatter, NullFormatter
 
 from repro.figures.mgwfbp_plots import cost_mode_label
 from repro.figures.plots import gantt
-from repro.figures.style import PALETTE, flat_brackets, legend_below, scheduler_style
+from repro.figures.style import PALETTE, flat_brackets, legend_below, ms_text, scheduler_style
 
 __all__ = ["PLANNER_ORDER", "planner_style", "planner_label", "plot_optimal_gap", "plot_timeline"]
 
@@ -54,13 +50,10 @@ def _text_color(rgba) -> str:
 
 def plot_optimal_gap(sweep: pd.DataFrame, rule: str = "omgs", paper_density: dict | None = None,
                      cost_mode: str | None = None):
-    """Top row, one heatmap per model: how much slower the published rule is than the exact optimum
-    (percent) over workers x density, each cell also giving the rule's and the optimum's bucket counts.
-    Bottom row, per model: every planner's iteration time divided by the optimum's vs workers, at the
-    paper's density of that model (``paper_density``: model -> density; default: the smallest density).
-
-    ``sweep`` is :func:`repro.studies.omgs_sim.sparse_sweep` (with ``omgs_optimal``). The title names the
-    cost mode (``cost_mode``, else the sweep's ``cost_mode`` column)."""
+    """Per model, a heat map over workers x density of the published rule's gap to the exact optimum (%,
+    with both bucket counts), and below it every planner's iteration ÷ the optimum's vs workers at
+    ``paper_density[model]`` (default: the smallest density). ``sweep``:
+    :func:`repro.studies.omgs_sim.sparse_sweep` with ``omgs_optimal``."""
     models = list(dict.fromkeys(sweep["model"]))
     n = len(models)
     fig, axes = plt.subplots(2, n, figsize=(max(3.3 * n, 6.6), 7.4), squeeze=False,
@@ -172,10 +165,6 @@ def _equal_points(sub: pd.DataFrame, names: Sequence[str]) -> str:
     return "; ".join(out)
 
 
-def _ms(v: float) -> str:
-    return f"{v * 1e3:.0f} ms" if v >= 0.1 else f"{v * 1e3:.1f} ms"
-
-
 def paper_timeline_text(ops: pd.DataFrame, paper: pd.DataFrame | None, claim_id: str = "") -> str:
     """TopK-SGD ÷ OMGS-SGD, published (``paper``: :func:`repro.studies.omgs_sim.paper_iterations` rows of the
     timeline's model) beside simulated (``ops``), with the verdict of ``claim_id``; "" without both."""
@@ -196,22 +185,18 @@ def paper_timeline_text(ops: pd.DataFrame, paper: pd.DataFrame | None, claim_id:
             v = ""
     src = str(paper["citation"].iloc[0]).split(" (")[0] if "citation" in paper else "paper"
     return (f"TopK-SGD ÷ OMGS-SGD, paper ({src}, measured, {int(paper['workers'].iloc[0])} workers): "
-            f"{pub['topk_single']:.3f} s ÷ {pub['omgs']:.3f} s = {pr:.2f}x; simulated: {_ms(sim['topk_single'])} ÷ "
-            f"{_ms(sim['omgs'])} = {sr:.2f}x{v}. Dotted grey lines: the paper's iteration times.")
+            f"{pub['topk_single']:.3f} s ÷ {pub['omgs']:.3f} s = {pr:.2f}x; simulated: "
+            f"{ms_text(sim['topk_single'])} ÷ {ms_text(sim['omgs'])} = {sr:.2f}x{v}. Dotted grey lines: the "
+            "paper's iteration times.")
 
 
 def plot_timeline(ops: pd.DataFrame, title: str, measured: pd.DataFrame | None = None, measured_title: str = "",
                   cost_mode: str | None = None, paper: pd.DataFrame | None = None, claim_id: str = ""):
-    """One Gantt chart per planner, rows computation (forward, backward), sparsification (top-k on the
-    compute stream, drawn on its own row) and communication (all-gathers), on one shared time axis, each
-    with its iteration time marked and written. ``ops`` is :func:`repro.studies.omgs_sim.timeline_table`.
-
-    ``measured`` (optional, same columns; from :func:`repro.studies.omgs_sim.measured_timeline`) adds
-    one panel per planner below, on its own time axis, titled ``measured_title``. The title ends with the
-    simulated panels' cost mode (``cost_mode``, else ``ops``'s ``cost_mode`` column). ``paper``
-    (:func:`repro.studies.omgs_sim.paper_iterations` rows of the timeline's model) draws the paper's
-    measured iteration of TopK-SGD and OMGS-SGD as dotted grey lines on their panels, "paper (source)", and
-    a line under the title with both ratios and the verdict of ``claim_id``."""
+    """One Gantt chart per planner (computation, sparsification, communication) on a shared time axis, its
+    iteration marked. ``ops``: :func:`repro.studies.omgs_sim.timeline_table`; ``measured`` (same columns,
+    :func:`repro.studies.omgs_sim.measured_timeline`) adds a panel per planner titled ``measured_title``;
+    ``paper`` (:func:`repro.studies.omgs_sim.paper_iterations`) draws the published iterations and, under
+    the title, both ratios with the verdict of ``claim_id``."""
     planners = [p for p in PLANNER_ORDER if p in set(ops["planner"])] + \
                [p for p in dict.fromkeys(ops["planner"]) if p not in PLANNER_ORDER]
     mplanners = []
@@ -236,16 +221,16 @@ def plot_timeline(ops: pd.DataFrame, title: str, measured: pd.DataFrame | None =
               label_min_width_frac=0.0)
         it = float(sub["iteration_s"].iloc[0])
         ax.axvline(it * 1e3, color="black", lw=1.0, ls="--")
-        ax.text(it * 1e3, 0, f" {_ms(it)}", ha="left", va="center", fontsize="small", fontweight="bold")
+        ax.text(it * 1e3, 0, f" {ms_text(it)}", ha="left", va="center", fontsize="small", fontweight="bold")
         nb = int(sub["buckets"].iloc[0]) if "buckets" in sub else 0
         pub = paper[paper["planner"] == p] if paper is not None and len(paper) else None
         extra = ""
         if pub is not None and len(pub):
             ps = float(pub["paper_s"].iloc[0])
             ax.axvline(ps * 1e3, color="0.45", lw=1.6, ls=":", zorder=5)
-            extra = f"; paper (OMGS-SGD INFOCOM'20, measured): {_ms(ps)}"
-        ax.set_title(f"{planner_label(p)}: {nb} bucket{'s' if nb != 1 else ''}, iteration {_ms(it)} (simulated)"
-                     + extra, fontsize="small", loc="left")
+            extra = f"; paper (OMGS-SGD INFOCOM'20, measured): {ms_text(ps)}"
+        ax.set_title(f"{planner_label(p)}: {nb} bucket{'s' if nb != 1 else ''}, iteration {ms_text(it)} "
+                     f"(simulated){extra}", fontsize="small", loc="left")
         ax.set_yticklabels(["computation", "top-k", "all-gather"], fontsize="small")
         if i < n_sim - 1:
             ax.tick_params(labelbottom=False)
@@ -312,7 +297,7 @@ def tie_text(ops: pd.DataFrame, rtol: float = 0.01) -> str:
             x, y = float(its[a]), float(its[b])
             if abs(x - y) <= rtol * max(x, y):
                 parts.append(f"{planner_label(a)} and {planner_label(b)} tie in the simulation "
-                             f"({_ms(x)} vs {_ms(y)}, within {rtol:.0%}).")
+                             f"({ms_text(x)} vs {ms_text(y)}, within {rtol:.0%}).")
     return " ".join(parts)
 
 
@@ -324,23 +309,22 @@ def _one_step_text(sub: pd.DataFrame) -> str:
     """A measured panel's title tail: the one step drawn, and the run's median step beside it when the
     table has it (:func:`repro.studies.omgs_sim.measured_timeline`)."""
     it = float(sub["iteration_s"].iloc[0]) if "iteration_s" in sub else float("nan")
-    text = f"one step, {_ms(it)}"
+    text = f"one step, {ms_text(it)}"
     med = float(sub["median_iteration_s"].iloc[0]) if "median_iteration_s" in sub else float("nan")
     if "median_step" in sub and bool(sub["median_step"].iloc[0]) and np.isfinite(med):
         n = int(sub["timed_steps"].iloc[0]) if "timed_steps" in sub else 0
-        return (f"step {int(sub['drawn_step'].iloc[0]) + 1}{f' of {n}' if n else ''}, {_ms(it)}: the one closest "
-                f"to the run's median step ({_ms(med)})")
+        return (f"step {int(sub['drawn_step'].iloc[0]) + 1}{f' of {n}' if n else ''}, {ms_text(it)}: the one "
+                f"closest to the run's median step ({ms_text(med)})")
     med = float(sub["median_iteration_s"].iloc[0]) if "median_iteration_s" in sub else float("nan")
     if np.isfinite(med):
         n = int(sub["timed_steps"].iloc[0]) if "timed_steps" in sub else 0
-        text += f" (the run's median step{f' of {n}' if n else ''}: {_ms(med)})"
+        text += f" (the run's median step{f' of {n}' if n else ''}: {ms_text(med)})"
     return text
 
 
 def _drawable(ops: pd.DataFrame, span_s: float, min_label_frac: float = 0.045) -> pd.DataFrame:
-    """Ops ready for :func:`gantt`: ``row`` as the stream; back-to-back ops of one kind on the computation
-    row merged into one bar (a hundred 1 ms layers are otherwise only white edges); only top-k bars at
-    least ``min_label_frac`` of ``span_s`` wide keep their bucket label."""
+    """Ops ready for :func:`gantt` (``row`` as the stream): back-to-back computation of one kind merged into
+    one bar; only top-k bars at least ``min_label_frac`` of ``span_s`` wide keep their label."""
     out = []
     for r in ops.sort_values("start_s").to_dict("records"):
         r = {**r, "stream": r["row"]}

@@ -1,8 +1,5 @@
-"""Figures of the OMGS-SGD training study (:mod:`repro.studies.omgs_train`): ``omgs.convergence`` and
-``omgs.breakdown``. Each function takes the study's tidy tables and returns a matplotlib Figure; saving
-is the caller's (:func:`repro.figures.save_figure`). Conventions of :mod:`repro.figures.style`: one style
-per scheduler, paper values as hollow diamonds on top, legends below the axes, notes where curves
-coincide, oversubscribed runs hatched.
+"""Figures ``omgs.convergence`` and ``omgs.breakdown`` of the OMGS-SGD training study, drawn from the
+tables of :mod:`repro.studies.omgs_train` and returned as matplotlib Figures (the caller saves them).
 """
 
 from __future__ import annotations
@@ -14,20 +11,9 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 from matplotlib.transforms import blended_transform_factory
 
-from repro.figures.style import (
-    DARK_GREY,
-    OVERSUBSCRIBED_HATCH,
-    PALETTE,
-    add_gap_note,
-    add_note,
-    coinciding_lines,
-    gap_lines,
-    kind_color,
-    legend_below,
-    oversubscribed_handle,
-    paper_marker_style,
-    scheduler_style,
-)
+from repro.figures.style import (DARK_GREY, OVERSUBSCRIBED_HATCH, PALETTE, add_gap_note, add_note,
+                                 coinciding_lines, gap_lines, kind_color, legend_below, ordered,
+                                 oversubscribed_handle, paper_marker_style, scheduler_style)
 
 __all__ = ["STYLE_KEYS", "LABELS", "PHASE_STYLES", "omgs_style", "plot_convergence", "plot_breakdown"]
 
@@ -53,14 +39,7 @@ def omgs_style(scheduler: str) -> dict:
     return st
 
 
-def _ordered(names) -> list[str]:
-    names = list(dict.fromkeys(names))
-    return [s for s in _ORDER if s in names] + [s for s in names if s not in _ORDER]
-
-
-# ---------------------------------------------------------------------------------------------
-# omgs.convergence
-# ---------------------------------------------------------------------------------------------
+# -- omgs.convergence
 
 def _metric_columns(sub: pd.DataFrame) -> list[tuple[str, str, str]]:
     """(column, axis label, panel title) of the three panels of one model."""
@@ -73,16 +52,10 @@ def _metric_columns(sub: pd.DataFrame) -> list[tuple[str, str, str]]:
 
 
 def plot_convergence(conv: pd.DataFrame, notes: dict[str, str] | None = None, title_note: str = ""):
-    """One row per model (dataset and density in the row heading): training loss, test loss, and test
-    accuracy (classifiers) or test perplexity (language models) per epoch, dense S-SGD vs TopK-SGD vs
-    OMGS-SGD.
-
-    ``conv`` is :func:`repro.studies.omgs_train.convergence_table` (one row per run and epoch); with
-    several seeds each curve is the median over them (:func:`~repro.studies.omgs_train.seed_summary`) in
-    a band from the least to the largest seed's value. ``notes`` adds text to a model's row heading. The
-    first scheduler is drawn with big hollow markers under the others' small filled ones, and curves that
-    coincide are named above their panel. Big hollow markers for the first schedulers and small filled
-    ones for the last keep coinciding curves visible."""
+    """One row per model: training loss, test loss and test accuracy (or perplexity) per epoch per
+    scheduler. ``conv``: :func:`repro.studies.omgs_train.convergence_table`; several seeds give the median
+    in a min-max band; ``notes`` adds text to a model's row heading. Coinciding curves stay visible and
+    are named above their panel."""
     from repro.studies.omgs_train import seed_summary
 
     conv = seed_summary(conv)
@@ -101,7 +74,7 @@ def plot_convergence(conv: pd.DataFrame, notes: dict[str, str] | None = None, ti
         axes = sf.subplots(1, 3)
         first = first if first is not None else axes[0]
         for ax, (col, ylabel, title) in zip(axes, _metric_columns(sub)):
-            names = _ordered(sub["scheduler"])
+            names = ordered(sub["scheduler"], _ORDER)
             n = len(names)
             for k, s in enumerate(names):
                 g = sub[sub["scheduler"] == s].sort_values("epoch")
@@ -130,9 +103,7 @@ def plot_convergence(conv: pd.DataFrame, notes: dict[str, str] | None = None, ti
     return fig
 
 
-# ---------------------------------------------------------------------------------------------
-# omgs.breakdown
-# ---------------------------------------------------------------------------------------------
+# -- omgs.breakdown
 
 #: points from a paper diamond's centre (size 90 pt², half-diagonal about 6.7 pt) to the bar label above it
 _DIAMOND_CLEAR_PT = 7.5
@@ -151,10 +122,9 @@ _PAPER_REASON = ("our simulation runs on {gpu} traces that are roofline estimate
 
 
 def breakdown_gap_lines(table: pd.DataFrame) -> list[str]:
-    """:func:`repro.figures.style.gap_lines` for :func:`plot_breakdown`'s table: each tiny run's measured
-    parts (over 1 ms) and total against the same run simulated; each paper-scale simulated total against
-    the paper's measured time; and a line wherever the measured order of TopK-SGD and OMGS-SGD is the
-    opposite of the simulated one."""
+    """:func:`repro.figures.style.gap_lines` for :func:`plot_breakdown`'s table (tiny runs' parts over 1 ms
+    and totals vs their simulation, paper-scale totals vs the paper's), plus a line wherever TopK-SGD and
+    OMGS-SGD rank the other way measured than simulated."""
     out: list[str] = []
     if "panel" not in table:
         return out
@@ -215,7 +185,7 @@ def _bars(ax, rows: pd.DataFrame, unit: float, unit_name: str, paper: pd.DataFra
     for m in models:
         sub = rows[rows["model"] == m]
         start = x
-        for s in _ordered(sub["scheduler"]):
+        for s in ordered(sub["scheduler"], _ORDER):
             for source in ("measured", "simulated"):
                 for _, r in sub[(sub["scheduler"] == s) & (sub["source"] == source)].iterrows():
                     over = bool(r.get("oversubscribed", False))
@@ -261,13 +231,10 @@ def _bars(ax, rows: pd.DataFrame, unit: float, unit_name: str, paper: pd.DataFra
 
 
 def plot_breakdown(table: pd.DataFrame, tiny_note: str = "", paper_note: str = ""):
-    """Left: measured at tiny scale (solid bars) beside each run simulated from its own trace, plan and
-    cost model (lighter, dashed edges), ms. Right: simulated at paper scale (lighter, dashed edges), s,
-    with the paper's measured seconds per iteration as hollow diamonds. Bars stack forward, backward,
-    sparsification, non-overlapped communication and the optimizer update; the number on a bar is its
-    total. Oversubscribed runs (more ranks than CPU cores) are hatched.
-
-    ``table`` is :func:`repro.studies.omgs_train.breakdown_table` (column ``panel``: tiny / paper)."""
+    """Stacked bars (forward, backward, sparsification, exposed communication, update; total on top):
+    tiny-scale runs measured beside their simulation (ms), and the paper scale simulated (s) with the
+    paper's iterations as diamonds; oversubscribed runs hatched. ``table``:
+    :func:`repro.studies.omgs_train.breakdown_table` (column ``panel``: tiny / paper)."""
     tiny = table[(table["panel"] == "tiny")] if "panel" in table else table.iloc[0:0]
     paper_sim = table[(table["panel"] == "paper") & (table["source"] == "simulated")] if "panel" in table else table
     paper_vals = table[(table["panel"] == "paper") & (table["source"] == "paper")] if "panel" in table else None

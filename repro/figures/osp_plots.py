@@ -1,18 +1,11 @@
-"""Figures of the OSP study, each drawn from the tidy tables of :mod:`repro.studies.osp_sim` and
-:mod:`repro.studies.osp_train`.
-
-Every function takes DataFrames and returns a matplotlib Figure; saving is the caller's job
-(:func:`repro.figures.save_figure`). Conventions of :mod:`repro.figures.style`: one style per scheduler
-(``ps_bsp``, ``ps_asp``, ``ps_ssp``, ``osp``, ``osp_nolgp``, ``osp_auto``), legends below the axes,
-simulated panels say so, measured panels say at which tiny scale, and the paper's claim is drawn
-labelled as the paper's claim (abstract). Simulated titles and panels name the cost mode ("paper model"
-or "calibrated on ddl-benchmarks": the table's ``cost_mode`` column or the ``cost_mode`` argument;
-:func:`repro.figures.mgwfbp_plots.cost_mode_label`).
+"""Figures of the OSP study, drawn from the tables of :mod:`repro.studies.osp_sim` and
+:mod:`repro.studies.osp_train` and returned as matplotlib Figures (the caller saves them). Simulated
+titles name their cost mode (:func:`repro.figures.mgwfbp_plots.cost_mode_label`); the paper's claim is
+drawn labelled as such.
 """
 
 from __future__ import annotations
 
-import textwrap
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
@@ -21,8 +14,9 @@ from matplotlib.patches import Patch
 
 from repro.figures.mgwfbp_plots import cost_mode_label
 from repro.figures.plots import gantt
-from repro.figures.style import (DARK_GREY, EXTRA_COLORS, OVERSUBSCRIBED_HATCH, PALETTE, add_gap_note, gap_lines,
-                                 kind_color, legend_below, scheduler_style)
+from repro.figures.style import (DARK_GREY, EXTRA_COLORS, OVERSUBSCRIBED_HATCH, PALETTE, add_gap_note,
+                                 gap_lines, kind_color, legend_below, ms_text, ordered, scheduler_style,
+                                 wrap_paragraphs)
 
 __all__ = ["METHOD_ORDER", "STAGE_COLORS", "method_style", "method_label", "plot_timeline", "plot_throughput",
            "plot_accuracy", "plot_lgp_ablation", "plot_stage_ratio"]
@@ -45,19 +39,6 @@ def method_label(name: str) -> str:
     return method_style(name)["label"]
 
 
-def _order(names) -> list[str]:
-    names = list(dict.fromkeys(names))
-    return [m for m in METHOD_ORDER if m in names] + [m for m in names if m not in METHOD_ORDER]
-
-
-def _wrap(text: str, width: int) -> str:
-    return "\n".join(textwrap.fill(p, width) for p in text.split("\n"))
-
-
-def _ms(v: float) -> str:
-    return f"{v * 1e3:.0f} ms" if v >= 0.1 else f"{v * 1e3:.1f} ms"
-
-
 def _head(fig, title: str, note: str, width_chars: int, panel_title_lines: int = 1, pad: float = 0.45) -> float:
     """Suptitle and an italic note under it; returns the top of the axes area (figure fraction), leaving
     room for ``panel_title_lines`` lines of axes titles."""
@@ -66,7 +47,7 @@ def _head(fig, title: str, note: str, width_chars: int, panel_title_lines: int =
     room = pad + 0.2 * panel_title_lines
     if not note:
         return 1 - room / h
-    text = _wrap(note, width_chars)
+    text = wrap_paragraphs(note, width_chars)
     fig.text(0.5, 1 - 0.38 / h, text, ha="center", va="top", fontsize="small", style="italic", color="#333333")
     return 1 - (room + 0.05 + 0.19 * (text.count("\n") + 1)) / h
 
@@ -77,9 +58,7 @@ def _simulated_what(simulated: pd.DataFrame, cost_mode: str | None) -> str:
     return f"simulated ({mode})" if mode else "simulated"
 
 
-# ---------------------------------------------------------------------------------------------
-# osp.timeline
-# ---------------------------------------------------------------------------------------------
+# -- osp.timeline
 
 def _stream_names(workers: int) -> dict[str, str]:
     return {"worker0": "worker 1: compute", f"worker{workers - 1}": f"worker {workers}: compute",
@@ -88,13 +67,10 @@ def _stream_names(workers: int) -> dict[str, str]:
 
 
 def plot_timeline(ops: pd.DataFrame, title: str, note: str = "", cost_mode: str | None = None):
-    """One Gantt chart per scheduler on a shared time axis (ms): the first and the last worker's
-    computation, the server's incoming link (every worker's push, one after the other) and outgoing link
-    (pulls). Messages are coloured by stage (BSP: all stage 1; OSP: stage 1 blocking, stage 2 under the
-    next iteration); dashed lines: where worker 1 starts each iteration. ``ops`` is
-    :func:`repro.studies.osp_sim.timeline_table` (one server). The title ends with the cost mode
-    (``cost_mode``, else the table's column)."""
-    schedulers = [s for s in dict.fromkeys(ops["scheduler"])]
+    """One Gantt chart per scheduler on a shared time axis (ms): the first and last worker's computation
+    and the server's incoming (pushes) and outgoing (pulls) link, messages coloured by stage, dashed lines
+    where worker 1 starts each iteration. ``ops``: :func:`repro.studies.osp_sim.timeline_table`."""
+    schedulers = list(dict.fromkeys(ops["scheduler"]))
     n = len(schedulers)
     workers = int(ops["workers"].iloc[0])
     names = _stream_names(workers)
@@ -116,7 +92,7 @@ def plot_timeline(ops: pd.DataFrame, title: str, note: str = "", cost_mode: str 
         streams = [k for k in names if k in set(sub["stream"])]
         draw = sub.assign(stream=sub["stream"].map(names), kind=sub["kind_drawn"])
         gantt(ax, draw, streams=[names[k] for k in streams], legend=False, label_min_width_frac=0.022,
-              kind_colors={k: c for k, c in STAGE_COLORS.items()}, fontsize=6)
+              kind_colors=dict(STAGE_COLORS), fontsize=6)
         starts = sub[(sub["stream"] == "worker0") & is_compute]["start_s"]
         for t in sorted(set(starts.round(12))) + [float(sub["window_s"].iloc[0])]:
             ax.axvline(t * 1e3, color="black", lw=0.9, ls="--", zorder=5)
@@ -124,7 +100,8 @@ def plot_timeline(ops: pd.DataFrame, title: str, note: str = "", cost_mode: str 
         what = method_label(s)
         if s in ("osp", "osp_auto"):
             what += f", stage 1 = {100 * float(r['stage1_bytes_share']):.0f}% of the gradient bytes"
-        ax.set_title(f"{what}: period {_ms(float(r['iteration_s']))} per iteration", fontsize="small", loc="left")
+        ax.set_title(f"{what}: period {ms_text(float(r['iteration_s']))} per iteration", fontsize="small",
+                     loc="left")
         ax.tick_params(axis="y", labelsize="x-small")
         if i < n - 1:
             ax.tick_params(labelbottom=False)
@@ -164,15 +141,14 @@ def auto_slower_note(ops: pd.DataFrame) -> str:
     if float(a["iteration_s"]) <= float(b["iteration_s"]):
         return ""
     return (f"Why osp_auto is slower: its stage 1 = {100 * float(a['stage1_bytes_share']):.0f}% of the bytes gives a "
-            f"period of {_ms(float(a['iteration_s']))}, longer than {method_label(best)} at "
-            f"{100 * float(b['stage1_bytes_share']):.0f}% ({_ms(float(b['iteration_s']))}). Its rule keeps stage 2 small "
-            "enough to hide behind one computation and does not search for the fastest share; a larger stage 2 that "
-            "does not fully hide still shortens the period while the server links are not saturated.")
+            f"period of {ms_text(float(a['iteration_s']))}, longer than {method_label(best)} at "
+            f"{100 * float(b['stage1_bytes_share']):.0f}% ({ms_text(float(b['iteration_s']))}). Its rule "
+            "keeps stage 2 small enough to hide behind one computation and does not search for the fastest "
+            "share; a larger stage 2 that does not fully hide still shortens the period while the server "
+            "links are not saturated.")
 
 
-# ---------------------------------------------------------------------------------------------
-# osp.throughput
-# ---------------------------------------------------------------------------------------------
+# -- osp.throughput
 
 def _claim_line(ax, y: float) -> None:
     ax.axhline(y, color=CLAIM_COLOR, ls=(0, (5, 2)), lw=1.2, zorder=9)
@@ -186,13 +162,10 @@ def _bar_style(method: str) -> dict:
 
 def plot_throughput(measured: pd.DataFrame, simulated: pd.DataFrame, measured_note: str, sim_note: str,
                     summary: str = "", claim_pct: float = 50.0, cost_mode: str | None = None):
-    """Top: measured throughput of every run (bars; hollow: OSP without LGP; hatched: oversubscribed),
-    the speedup over BSP written on each bar, hollow diamonds: each run's plan's prediction, and the
-    paper's claim drawn at (1 + claim) x BSP's measured throughput. Bottom, one panel per network:
-    simulated throughput divided by BSP's per model, with the claim at 1 + claim. ``measured``:
-    :func:`repro.studies.osp_train.throughput_table`; ``simulated``:
-    :func:`repro.studies.osp_sim.throughput_table`. The simulated panels name their cost mode
-    (``cost_mode``, else ``simulated``'s column)."""
+    """Measured throughput of every run (bars with their speedup over BSP; diamonds: each plan's
+    prediction; the paper's claim at (1 + claim) x BSP), then per network the simulated throughput ÷ BSP's.
+    ``measured``: :func:`repro.studies.osp_train.throughput_table`; ``simulated``:
+    :func:`repro.studies.osp_sim.throughput_table`."""
     nets = list(dict.fromkeys(simulated["network"])) if len(simulated) else []
     sim_what = _simulated_what(simulated, cost_mode)
     ncol = max(1, len(nets))
@@ -242,13 +215,13 @@ def plot_throughput(measured: pd.DataFrame, simulated: pd.DataFrame, measured_no
     ax.set_ylabel("throughput\n(samples/s, all workers)")
     extra = "; all runs oversubscribed (more ranks than CPU cores)" if all_over else ""
     extra += "; error bars: the seeds' range (min-max)" if seeds > 1 else "; one seed"
-    panel_title = _wrap(f"measured: {measured_note}; ×: throughput ÷ BSP's{extra}", 125)
+    panel_title = wrap_paragraphs(f"measured: {measured_note}; ×: throughput ÷ BSP's{extra}", 125)
     ax.set_title(panel_title, fontsize="small")
     for j, net in enumerate(nets):
         a = fig.add_subplot(gs[1, j])
         sub = simulated[simulated["network"] == net]
         models = list(dict.fromkeys(sub["model"]))
-        names = _order(sub["method"])
+        names = ordered(sub["method"], METHOD_ORDER)
         width = 0.8 / len(names)
         for k, s in enumerate(names):
             g = sub[sub["method"] == s].set_index("model").reindex(models)
@@ -263,7 +236,7 @@ def plot_throughput(measured: pd.DataFrame, simulated: pd.DataFrame, measured_no
             a.set_ylabel("throughput ÷ BSP's\n(simulated)")
         label = sub["network_label"].iloc[0] if "network_label" in sub else net
         a.set_title(f"{sim_what}, {label} link, 1 server + {int(sub['workers'].iloc[0])} workers", fontsize="small")
-    names = _order(list(m["method"]) + (list(simulated["method"]) if len(simulated) else []))
+    names = ordered(list(m["method"]) + (list(simulated["method"]) if len(simulated) else []), METHOD_ORDER)
     handles = [Patch(**_bar_style(s), label=method_label(s)) for s in names]
     handles.append(Line2D([], [], marker="D", ls="", markerfacecolor="white", markeredgecolor="black",
                           label="its plan's predicted throughput (on the bar)"))
@@ -317,9 +290,7 @@ def _gap_note(measured: pd.DataFrame) -> tuple[list[str], str]:
     return lines, head + ":"
 
 
-# ---------------------------------------------------------------------------------------------
-# osp.accuracy_epochs / osp.accuracy_time / osp.lgp_ablation
-# ---------------------------------------------------------------------------------------------
+# -- osp.accuracy_epochs / osp.accuracy_time / osp.lgp_ablation
 
 def _line_kw(method: str) -> dict:
     st = method_style(method)
@@ -437,9 +408,7 @@ def plot_lgp_ablation(table: pd.DataFrame, title: str, note: str = ""):
     return fig
 
 
-# ---------------------------------------------------------------------------------------------
-# osp.stage_ratio
-# ---------------------------------------------------------------------------------------------
+# -- osp.stage_ratio
 
 def _seed_range(ax, measured: pd.DataFrame, column: str, scale: float, color: str) -> str:
     """Each point's range over its seeds (``<column>_min``/``_max`` of a table of medians over seeds) as an
@@ -478,13 +447,10 @@ def _band_visibility(ax, measured: pd.DataFrame, column: str, scale: float, unit
 
 def plot_stage_ratio(measured: pd.DataFrame, simulated: pd.DataFrame, measured_note: str, sim_note: str,
                      note: str = "", cost_mode: str | None = None):
-    """Top: measured throughput and final accuracy vs the share of the gradient bytes in stage 1 (OSP with
-    LGP; share 1 is the BSP run; the star: osp_auto's share). Bottom, one panel per network: simulated
-    throughput ÷ BSP's vs the share per model, osp_auto's choice starred. ``measured``:
-    :func:`repro.studies.osp_train.stage_ratio_table` (of medians over seeds: each point's range over its
-    seeds drawn as an error bar and a band, and said in the panel titles; one seed: the titles say so); ``simulated``:
-    :func:`repro.studies.osp_sim.stage_ratio_table`. The simulated panels name their cost mode
-    (``cost_mode``, else ``simulated``'s column)."""
+    """Measured throughput and final accuracy vs the stage-1 share (share 1: BSP; star: osp_auto's), each
+    point's range over seeds drawn as a band; then per network the simulated throughput ÷ BSP's vs the
+    share. ``measured``: :func:`repro.studies.osp_train.stage_ratio_table`; ``simulated``:
+    :func:`repro.studies.osp_sim.stage_ratio_table`."""
     nets = list(dict.fromkeys(simulated["network"])) if len(simulated) else []
     sim_what = _simulated_what(simulated, cost_mode)
     ncol = max(2, len(nets))

@@ -1,22 +1,11 @@
-"""Notebook parameters as papermill users give them.
+"""Notebook parameters as papermill users give them, and the schema machinery that checks them.
 
-``papermill nb.ipynb out.ipynb -p workers "[4, 16]"`` hands the notebook the *string* ``"[4, 16]"``
-(``-p`` never parses lists; ``-y``/``-f`` YAML does). So list parameters accept a list, a JSON/YAML flow
-list (``"[4, 16]"``, ``"[resnet50, vgg16]"``) or ``"4,16"`` (:func:`parse_list`, :func:`ListOf`), and
-anything else is a one-line :class:`ParameterError` naming the parameter and an example. A relative path
-(``output_dir``, ``results_dir``; :func:`resolve_path`, :data:`PathParam`) is relative to the repository
-root, wherever papermill or Jupyter was started. :func:`default_world_sizes`: the rank counts a
-tiny-scale notebook uses by default, no more than this process's CPU cores.
-
-Each notebook's ``parameters`` cell holds its parameters' defaults, and only it. One
-:class:`NotebookParams` subclass (a module of :mod:`repro.figures.schemas`) declares the same names
-with their types, ranges and choices, and no defaults; the notebook checks its values in its first code
-cell with ``p = apply_parameters(Schema, globals())``, before any rank starts or any file is written:
-unknown names, wrong types (``2.5`` for an int, ``"maybe"`` for a bool), values out of range and unknown
-choices each fail with one :class:`ParameterError` line. Code outside a notebook (the figures runner,
-tests) validates a few overrides with :func:`validate_parameters`, which takes every other value from
-the notebook's parameters cell (:func:`notebook_defaults`). Building blocks: :data:`Int`,
-:data:`Float`, :data:`Bool`, :data:`Str`, :data:`PathParam`, :func:`ListOf`, :func:`OneOf`.
+``papermill -p workers "[4, 16]"`` passes a *string*, so list parameters accept a list, a JSON/YAML flow
+list or ``"4,16"`` (:func:`parse_list`, :func:`ListOf`); a relative path is relative to the repository
+root (:func:`resolve_path`). A notebook's ``parameters`` cell holds the defaults; a
+:class:`NotebookParams` subclass (:mod:`repro.figures.schemas`) declares types, ranges and choices, and
+the notebook's first cell checks its values with ``apply_parameters(Schema, globals())``. Every bad value
+is one :class:`ParameterError` line. How and why: ``docs/design/figures.md``.
 """
 
 from __future__ import annotations
@@ -54,30 +43,18 @@ _TYPE_NAMES = {int: "integers", float: "numbers", str: "strings"}
 
 def _convert(item: Any, item_type: type, name: str, raw: Any) -> Any:
     what = _TYPE_NAMES.get(item_type, item_type.__name__)
-    if item_type is int:
-        if isinstance(item, bool):
-            raise ParameterError(f"{name}: {item!r} is not an integer (in {raw!r}); expected a list of {what}")
-        if isinstance(item, int):
-            return item
-        if isinstance(item, float) and item.is_integer():
-            return int(item)
-        if isinstance(item, str):
-            try:
-                return int(item.strip().replace("_", ""))
-            except ValueError:
-                pass
-        raise ParameterError(f"{name}: {item!r} is not an integer (in {raw!r}); expected a list of {what}")
-    if item_type is float:
-        if isinstance(item, bool):
-            raise ParameterError(f"{name}: {item!r} is not a number (in {raw!r}); expected a list of {what}")
-        if isinstance(item, (int, float)):
-            return float(item)
-        if isinstance(item, str):
-            try:
-                return float(item.strip())
-            except ValueError:
-                pass
-        raise ParameterError(f"{name}: {item!r} is not a number (in {raw!r}); expected a list of {what}")
+    if item_type in (int, float):
+        if not isinstance(item, bool):
+            whole = isinstance(item, float) and (item_type is float or item.is_integer())
+            if isinstance(item, int) or whole:
+                return item_type(item)
+            if isinstance(item, str):
+                try:
+                    return item_type(item.strip().replace("_", "") if item_type is int else item.strip())
+                except ValueError:
+                    pass
+        kind = "an integer" if item_type is int else "a number"
+        raise ParameterError(f"{name}: {item!r} is not {kind} (in {raw!r}); expected a list of {what}")
     if item_type is str:
         if isinstance(item, str) and item.strip():
             return item.strip()
@@ -107,13 +84,10 @@ def _load_flow_list(text: str, name: str) -> Any:
 def parse_list(value: Any, item_type: type = str, *, name: str = "parameter", allow_empty: bool = False,
                choices: Sequence[Any] | None = None, check: Callable[[Any], bool] | None = None,
                check_msg: str = "") -> list:
-    """``value`` as a list of ``item_type`` (``int``, ``float`` or ``str``).
-
-    Accepted: a list or tuple; a JSON/YAML flow list given as a string (``"[4, 16]"``,
-    ``'["resnet50", "vgg16"]'``, ``"[resnet50, vgg16]"``); a comma-separated string (``"4,16"``) or
-    a single item (``"resnet50"``, ``4``). Items are converted (``"16"`` -> 16 for ints); ``choices``
-    and ``check`` (a predicate, described by ``check_msg``) validate each item. Anything else raises
-    :class:`ParameterError` with a one-line message naming ``name``.
+    """``value`` as a list of ``item_type`` (``int``, ``float`` or ``str``), from a list or tuple, a
+    JSON/YAML flow list (``"[4, 16]"``, ``"[resnet50, vgg16]"``), a comma-separated string (``"4,16"``) or a
+    single item; items are converted (``"16"`` -> 16) and checked against ``choices`` and ``check``
+    (described by ``check_msg``). Anything else: a one-line :class:`ParameterError` naming ``name``.
     """
     raw = value
     value = _items(value, name)
@@ -167,12 +141,10 @@ def default_world_sizes(max_ranks: int = 4, cpus: int | None = None) -> list[int
     return sizes
 
 
-# ------------------------------------------------------------------------------------------ schemas
+# -- schemas
 
 def _items(value: Any, name: str) -> list:
-    """The items of a list parameter, unconverted: a list or tuple; a JSON/YAML flow list given as text
-    (``"[4, 16]"``, ``"[resnet50, vgg16]"``); a comma-separated string (``"4,16"``) or a single number
-    or word. Anything else: a :class:`ParameterError` naming ``name``."""
+    """The items of a list parameter, unconverted (the inputs :func:`parse_list` accepts)."""
     raw = value
     if isinstance(value, str):
         text = value.strip()
@@ -234,9 +206,8 @@ def _kind(path: Path) -> str:
 
 
 def output_folder_problem(path: Path) -> str | None:
-    """Why ``path`` cannot be an output folder, or None: it must be a folder, or be creatable (its first
-    existing parent a writable folder). A file, a device (``/dev/null``), a FIFO or a socket is refused;
-    nothing is created."""
+    """Why ``path`` cannot be an output folder (it must be a writable folder, or its first existing parent
+    must be one), or None; nothing is created."""
     try:
         if path.exists():
             if not path.is_dir():
@@ -290,17 +261,14 @@ Bool = Annotated[bool, BeforeValidator(_bool)]
 Str = Annotated[str, StringConstraints(strip_whitespace=True)]
 #: A non-empty string (a name: model, preset, scheduler, rate).
 Name = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1)]
-#: An output folder given as a string; the schema turns it into an absolute :class:`~pathlib.Path`
-#: (:func:`resolve_path`: relative paths are relative to the repository root). It must be a folder or be
-#: creatable (:func:`output_folder_problem`): a file, ``/dev/null`` or a FIFO is refused before any output.
+#: An output folder (string), made an absolute :class:`~pathlib.Path` (:func:`resolve_path`); it must be a
+#: folder or creatable (:func:`output_folder_problem`).
 PathParam = Annotated[Path, BeforeValidator(_path), AfterValidator(_output_folder)]
 
 
 def InputFolder(*keep: str) -> Any:
     """An input folder given as a string: empty (the notebook's default), one of the words ``keep`` (any
-    case, e.g. ``"none"``), or an existing folder, which the schema turns into an absolute path (relative
-    paths are relative to the repository root, as for :data:`PathParam`). A missing folder or a file is
-    refused before the notebook reads anything."""
+    case), or an existing folder, made absolute (:func:`resolve_path`)."""
     words = tuple(k.lower() for k in keep)
     return Annotated[Str, AfterValidator(lambda v: _input_folder(v, keep=words))]
 
@@ -323,9 +291,8 @@ def OneOf(choices: Iterable[Any] | Callable[[], Iterable[Any]], item: Any = None
 
 
 def ListOf(item: Any, *, min_length: int = 1, max_length: int | None = None) -> Any:
-    """A list of ``item`` (a type such as :data:`Int`, ``Annotated[int, Field(ge=2)]``, :func:`OneOf`)
-    that also accepts papermill's strings (``"[4, 16]"``, ``"4,16"``, ``"resnet50"``), with at least
-    ``min_length`` items (0: may be empty) and, where the notebook documents a limit, at most ``max_length``."""
+    """A list of ``item`` (e.g. :data:`Int`, :func:`OneOf`) that also accepts papermill's strings
+    (:func:`parse_list`), with ``min_length`` (0: may be empty) to ``max_length`` (None: any) items."""
     def split(value: Any, info: ValidationInfo) -> list:
         name = info.field_name or "parameter"
         try:
@@ -429,10 +396,9 @@ def notebook_type(annotation: Any) -> str:
 
 
 class NotebookParams(BaseModel):
-    """Base of the notebooks' parameter schemas: every field is a parameter of the notebook's
-    ``parameters`` cell, with the same name and type, in the same order (tests/test_notebook_schemas.py
-    checks that). Fields have no defaults: the parameters cell holds them (:func:`notebook_defaults`), and
-    :func:`validate_parameters` fills them in. Unknown fields are refused; paths are resolved."""
+    """Base of the notebooks' parameter schemas: one field per parameter of the notebook's ``parameters``
+    cell, same name, type and order, without defaults (the cell holds them: :func:`notebook_defaults`).
+    Unknown fields are refused; paths are resolved."""
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False, frozen=True)
 
@@ -455,8 +421,8 @@ _RANGE_ERRORS = {"greater_than", "greater_than_equal", "less_than", "less_than_e
 
 
 def _range_note(schema: type[NotebookParams] | None, name: str, error: Mapping[str, Any]) -> str:
-    """``; <notebook> takes <name> in [lo, hi]`` for a value out of a declared range (or a list of the
-    wrong length), so the line names the notebook and the range; empty for other errors."""
+    """``; <notebook> takes <name> in [lo, hi]`` for a value out of its declared range (or a list of the
+    wrong length); empty for other errors."""
     field = schema.model_fields.get(name) if schema is not None else None
     if field is None:
         return ""
@@ -541,22 +507,17 @@ def _read_defaults(stem: str) -> tuple[tuple[str, Any], ...]:
 
 
 def notebook_defaults(stem: str) -> dict[str, Any]:
-    """name -> default of each parameter of ``notebooks/<stem>.ipynb`` (in the repository root,
-    :func:`repo_root`), read from its cell tagged ``parameters``, in the cell's order: the only place the
-    defaults are written. Each line of that cell assigns a literal (``ast.literal_eval``: numbers,
-    strings, booleans, lists...) to one name. A missing notebook, a cell that is not such assignments or a
-    value that is not a literal is one :class:`ParameterError` line. The file is read once per process;
-    each call returns fresh copies (a caller may change the lists)."""
+    """name -> default of each parameter of ``notebooks/<stem>.ipynb`` (under :func:`repo_root`), in the
+    order of its cell tagged ``parameters``, where each line assigns a literal to one name; otherwise one
+    :class:`ParameterError` line. Read once per process; each call returns fresh copies."""
     return copy.deepcopy(dict(_read_defaults(stem)))
 
 
 def validate_parameters(schema: type[NotebookParams], data: Mapping[str, Any]) -> NotebookParams:
-    """``schema`` built from ``data``, every parameter ``data`` lacks taken from the notebook's parameters
-    cell (:func:`notebook_defaults` of ``schema.notebook``; the notebook is read only when something is
-    missing), or one :class:`ParameterError` line: ``name: message (got value)`` (several errors are
-    joined by ``; `` on that line). A value outside its declared range also names the notebook and the
-    range: ``workers: Input should be less than or equal to 4096; mgwfbp_simulation takes each item of
-    workers in [2, 4096] (got 100000 in '[8, 100000]')``."""
+    """``schema`` built from ``data``, the parameters it lacks taken from :func:`notebook_defaults`, or one
+    :class:`ParameterError` line, ``name: message (got value)`` per bad parameter joined by ``; ``; a value
+    out of range also names the notebook and the range (``...; mgwfbp_simulation takes each item of
+    workers in [2, 4096] (got 100000 in '[8, 100000]')``)."""
     data = dict(data)
     missing = [name for name in schema.model_fields if name not in data]
     if missing and schema.notebook:
@@ -598,9 +559,8 @@ def _assigned_names(source: str) -> list[str]:
 
 
 def injected_parameter_names(namespace: Mapping[str, Any]) -> list[str]:
-    """Names assigned in papermill's injected parameters cell(s): the executed cells (IPython's ``In``)
-    whose first line is ``# Parameters`` (the notebooks' own parameters cell begins
-    ``# Parameters (papermill ...``). Empty outside IPython."""
+    """Names assigned in papermill's injected cells (IPython's ``In`` cells whose first line is exactly
+    ``# Parameters``); empty outside IPython."""
     cells = namespace.get("In")
     if not isinstance(cells, (list, tuple)):
         return []
@@ -615,15 +575,10 @@ def injected_parameter_names(namespace: Mapping[str, Any]) -> list[str]:
 
 
 def apply_parameters(schema: type[NotebookParams], namespace: MutableMapping[str, Any]) -> NotebookParams:
-    """Check a notebook's parameters, all at once, before it does anything.
-
-    1. Any name papermill injected (``-p NAME VALUE``) that ``schema`` does not declare is refused,
-       naming it and listing the declared ones.
-    2. The declared parameters found in ``namespace`` (a notebook's ``globals()``) are validated:
-       a bad one is one :class:`ParameterError` line, ``name: message (got value)``.
-    3. The normalised values (parsed lists, resolved paths) are written back into ``namespace``, so
-       the rest of the notebook uses them; the validated model is returned.
-    """
+    """Check a notebook's parameters (``namespace``: its ``globals()``) before it does anything and return
+    the validated model: a name papermill injected that ``schema`` does not declare, or a bad value, is one
+    :class:`ParameterError` line; the normalised values (parsed lists, resolved paths) are written back
+    into ``namespace``."""
     declared = list(schema.model_fields)
     unknown = [n for n in injected_parameter_names(namespace) if n not in schema.model_fields]
     if unknown:

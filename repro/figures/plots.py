@@ -1,7 +1,5 @@
-"""Small plot helpers shared by the notebooks: Gantt timelines, per-scheduler lines, stacked bars.
-
-All of them draw on a given ``Axes`` and return it; they work under the Agg backend.
-"""
+"""Plot helpers shared by the notebooks (Gantt timelines, per-scheduler lines, stacked bars); each draws
+on a given ``Axes`` and returns it."""
 
 from __future__ import annotations
 
@@ -10,11 +8,20 @@ from typing import Any, Iterable, Mapping, Sequence
 from .style import (OVERSUBSCRIBED_HATCH, kind_color, legend_outside, mark_oversubscribed, oversubscribed_handle,
                     scheduler_style)
 
-__all__ = ["gantt", "scheduler_lines", "stacked_bars", "OVERSUBSCRIBED_COLUMN"]
+__all__ = ["gantt", "scheduler_lines", "stacked_bars", "OVERSUBSCRIBED_COLUMN", "flag_column"]
 
 OVERSUBSCRIBED_COLUMN = "oversubscribed"
 
 _OP_FIELDS = ("stream", "kind", "label", "start_s", "end_s")
+
+
+def flag_column(df, column: str | None = OVERSUBSCRIBED_COLUMN):
+    """``df[column]`` as a boolean numpy array; missing values, and a missing column, are False."""
+    import numpy as np
+
+    if not column or column not in df:
+        return np.zeros(len(df), dtype=bool)
+    return df[column].fillna(False).astype(bool).to_numpy()
 
 
 def _field(op: Any, name: str, default: Any = None) -> Any:
@@ -49,34 +56,23 @@ def _text_color(hex_color: str) -> str:
     return "black" if 0.299 * r + 0.587 * g + 0.114 * b > 0.55 else "white"
 
 
-def gantt(
-    ax,
-    ops: Iterable[Any],
-    *,
-    streams: Sequence[str] | None = None,
-    label_min_width_frac: float = 0.03,
-    kind_colors: Mapping[str, str] | None = None,
-    bar_height: float = 0.7,
-    legend: bool = True,
-    fontsize: float = 7,
-):
-    """Draw a Gantt chart of operations on ``ax`` (x axis in milliseconds); return ``ax``.
+def gantt(ax, ops: Iterable[Any], *, streams: Sequence[str] | None = None, label_min_width_frac: float = 0.03,
+          kind_colors: Mapping[str, str] | None = None, bar_height: float = 0.7, legend: bool = True,
+          fontsize: float = 7):
+    """A Gantt chart of operations on ``ax`` (x axis in ms); returns ``ax``.
 
-    Each op is a dict or object with ``stream``, ``kind``, ``label``, ``start_s``, ``end_s`` (a
-    DataFrame with those columns works too). One row per stream, in ``streams`` order or, by default,
-    in order of first appearance with "compute" first; the first row is drawn on top. Bars are
-    coloured by kind (:func:`repro.figures.style.kind_color` unless ``kind_colors`` overrides it), and
-    an op's label is written inside its bar when the bar is at least ``label_min_width_frac`` of the
-    time span wide.
+    Each op is a dict or object (or DataFrame row) with ``stream``, ``kind``, ``label``, ``start_s``,
+    ``end_s``; ValueError for a missing field, an op ending before it starts, or a stream not in
+    ``streams``. One row per stream, top to bottom in ``streams`` order (default: first appearance,
+    "compute" first). Bars are coloured by kind (``kind_colors`` over
+    :func:`repro.figures.style.kind_color`); labels go inside bars at least ``label_min_width_frac`` of
+    the span wide.
     """
     from matplotlib.patches import Patch
 
     items = _normalize_ops(ops)
     if streams is None:
-        seen: list[str] = []
-        for d in items:
-            if d["stream"] not in seen:
-                seen.append(d["stream"])
+        seen = list(dict.fromkeys(d["stream"] for d in items))
         streams = sorted(seen, key=lambda s: (s != "compute", seen.index(s)))
     else:
         streams = list(streams)
@@ -89,15 +85,11 @@ def gantt(
     def color(kind: str) -> str:
         return colors.get(kind) or kind_color(kind)
 
-    t0 = min((d["start_s"] for d in items), default=0.0)
+    t0 = min(min((d["start_s"] for d in items), default=0.0), 0.0)
     t1 = max((d["end_s"] for d in items), default=0.0)
-    t0 = min(t0, 0.0)
     span_ms = max((t1 - t0) * 1e3, 1e-12)
-
-    kinds: list[str] = []
+    kinds = list(dict.fromkeys(d["kind"] for d in items))
     for d in items:
-        if d["kind"] not in kinds:
-            kinds.append(d["kind"])
         left, width = d["start_s"] * 1e3, (d["end_s"] - d["start_s"]) * 1e3
         c = color(d["kind"])
         y = row[d["stream"]]
@@ -114,36 +106,17 @@ def gantt(
     ax.grid(axis="y", visible=False)
     if legend and kinds:
         handles = [Patch(facecolor=color(k), label=k.replace("_", "-")) for k in kinds]
-        # outside on the right: never collides with titles or bars
         ax.legend(handles=handles, loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False,
                   fontsize="small", handlelength=1.2, borderaxespad=0.2)
     return ax
 
 
-def scheduler_lines(
-    ax,
-    df,
-    *,
-    x: str,
-    y: str,
-    hue: str = "scheduler",
-    order: Sequence[str] | None = None,
-    logx: bool = False,
-    base: float = 2,
-    markers: bool = True,
-    legend: bool = True,
-    mark: str | None = OVERSUBSCRIBED_COLUMN,
-):
-    """One line per scheduler (``hue`` column of the DataFrame ``df``), sorted by ``x``; return ``ax``.
-
-    Colours, display names, markers, line styles and drawing order come from
-    :func:`repro.figures.style.scheduler_style`, so "linear" is dashed grey, "optimal" dotted black
-    (above the line it often equals) and every scheduler has its own marker. Rows whose boolean
-    column ``mark`` (default ``"oversubscribed"``) is true are ringed
-    (:func:`repro.figures.style.mark_oversubscribed`) and the legend says what the ring means.
-    The legend goes right of the axes, outside the data. Suits speedup-vs-workers and
-    time-vs-size plots.
-    """
+def scheduler_lines(ax, df, *, x: str, y: str, hue: str = "scheduler", order: Sequence[str] | None = None,
+                    logx: bool = False, base: float = 2, markers: bool = True, legend: bool = True,
+                    mark: str | None = OVERSUBSCRIBED_COLUMN):
+    """One line per scheduler (``hue`` column of ``df``), sorted by ``x``, styled by
+    :func:`repro.figures.style.scheduler_style`; returns ``ax``. Rows whose boolean column ``mark`` is
+    true are ringed and the legend (right of the axes) says what the ring means."""
     names = list(order) if order is not None else list(dict.fromkeys(df[hue]))
     marked = False
     for name in names:
@@ -154,11 +127,10 @@ def scheduler_lines(
         if not markers and kw["linestyle"]:
             kw["marker"] = ""
         ax.plot(sub[x].to_numpy(), sub[y].to_numpy(), **kw)
-        if mark and mark in sub.columns:
-            flag = sub[mark].fillna(False).astype(bool).to_numpy()
-            if flag.any():
-                mark_oversubscribed(ax, sub[x].to_numpy()[flag], sub[y].to_numpy()[flag])
-                marked = True
+        flag = flag_column(sub, mark)
+        if flag.any():
+            mark_oversubscribed(ax, sub[x].to_numpy()[flag], sub[y].to_numpy()[flag])
+            marked = True
     if logx:
         from matplotlib.ticker import FuncFormatter
 
@@ -175,31 +147,17 @@ def scheduler_lines(
     return ax
 
 
-def stacked_bars(
-    ax,
-    df,
-    *,
-    x: str,
-    parts: Sequence[str],
-    colors: Mapping[str, str] | None = None,
-    labels: Mapping[str, str] | None = None,
-    width: float = 0.75,
-    legend: bool = True,
-    mark: str | None = OVERSUBSCRIBED_COLUMN,
-):
-    """Stacked bars, one per row of ``df``: ``x`` names the bar, ``parts`` are the stacked columns.
-
-    Colours default to :func:`repro.figures.style.kind_color` of the part name (so "backward",
-    "allreduce"... match the Gantt charts). Rows whose boolean column ``mark`` is true are hatched
-    (:data:`repro.figures.style.OVERSUBSCRIBED_HATCH`). The legend goes right of the axes. Suits
-    computation vs exposed-communication breakdowns.
-    """
+def stacked_bars(ax, df, *, x: str, parts: Sequence[str], colors: Mapping[str, str] | None = None,
+                 labels: Mapping[str, str] | None = None, width: float = 0.75, legend: bool = True,
+                 mark: str | None = OVERSUBSCRIBED_COLUMN):
+    """Stacked bars, one per row of ``df``: ``x`` names the bar, ``parts`` are the stacked columns, coloured
+    by :func:`repro.figures.style.kind_color` unless ``colors`` says; rows whose boolean column ``mark``
+    is true are hatched. Returns ``ax``."""
     import numpy as np
 
     pos = np.arange(len(df))
     bottom = np.zeros(len(df))
-    flags = (df[mark].fillna(False).astype(bool).to_numpy() if mark and mark in df.columns
-             else np.zeros(len(df), dtype=bool))
+    flags = flag_column(df, mark)
     for part in parts:
         vals = df[part].to_numpy(dtype=float)
         c = (colors or {}).get(part) or kind_color(part)

@@ -9,7 +9,6 @@ import pandas as pd
 from matplotlib.lines import Line2D
 
 from repro.figures.style import legend_below, scheduler_color, scheduler_label, scheduler_marker
-from repro.studies.published import PREDICTIONS
 
 __all__ = ["plot_published"]
 
@@ -61,7 +60,6 @@ def plot_published(long: pd.DataFrame, title: str = "", y_limit_pct: float = 60.
             ax.set_xlabel("GPUs (4 per node)")
             ax.set_ylabel("samples/s (all GPUs)")
             ax.grid(alpha=0.3)
-    # Error strips.
     rng = np.random.default_rng(0)
     for c, net in enumerate(networks):
         ax = axes[-1][c]

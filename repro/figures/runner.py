@@ -1,26 +1,12 @@
-"""Run the figure notebooks with papermill, check their outputs, and write the figure gallery.
+"""``python -m repro.figures {run,index,list}``: run the figure notebooks with papermill, check their
+figures, and write the gallery.
 
-``python -m repro.figures run --out results`` (what ``make figures`` does):
-
-1. reads the manifest (``notebooks/figures.yaml``) and picks every notebook with a ``done`` figure (or
-   those named by ``--only``: a figure id, a stem, a notebook or a paper prefix);
-2. checks that the ``repro`` Jupyter kernel exists and imports ``repro`` (else one line on how to
-   register it);
-3. executes each notebook once in the notebooks folder with ``output_dir = <out>/figures``,
-   ``results_dir = <out>/data``, ``scale = "tiny"`` and its share of ``--parameters-json``; writes the
-   executed copy, ``<name>.html`` and the run record ``<name>.run.json`` (status, seconds, error, tables
-   written, claim verdicts from :mod:`repro.figures.claims`) to ``<out>/notebooks/``, with a progress
-   line every 30 s;
-4. checks every declared figure is whole in ``<out>/figures/`` (PNG decodes, PDF complete, sidecar
-   there) and prints one line per figure: id, status, file;
-5. writes the gallery (:mod:`repro.figures.gallery`).
-
-Everything is checked before anything is deleted, written or started, each notebook's parameters
-against its schema (:mod:`repro.figures.schemas`) included. Exit status: 2 and one line for bad input
-(an option, a parameter, the manifest, the kernel, ``--out``); 1 when a notebook or figure fails; 130
-on Ctrl-C (the kernel is killed, see :func:`_engine`; records say ``interrupted``). A lock file
-(``<out>/.repro-figures.lock``) refuses a second runner into the same folder. ``index`` rebuilds only
-the gallery; ``list`` prints the manifest. Status words: :data:`repro.figures.gallery.STATES`.
+``run`` executes every notebook with a ``done`` figure (or those ``--only`` names) with
+``output_dir = <out>/figures``, ``results_dir = <out>/data`` and ``scale = "tiny"``, writes the executed
+copy, its HTML and a run record to ``<out>/notebooks/``, checks every declared figure is whole, and
+writes the gallery. Every input (options, parameters against their schemas, manifest, kernel, ``--out``)
+is checked before anything is deleted, written or started. Exit status: 2 for bad input, 1 when a
+notebook or figure fails, 130 on Ctrl-C. A lock file refuses a second runner into the same folder.
 """
 
 from __future__ import annotations
@@ -40,36 +26,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
-from .gallery import (
-    figure_problem,
-    notebook_html_path,
-    render_notebook_html,
-    run_record_path,
-    write_index,
-    write_run_record,
-)
+from .gallery import (figure_problem, notebook_html_path, render_notebook_html, run_record_path, write_index,
+                      write_run_record)
 from .manifest import STATUSES, FigureEntry, ManifestError, done_notebooks, load_manifest, paper_titles
 
-__all__ = [
-    "FiguresError",
-    "FiguresInputError",
-    "check_notebook_parameters",
-    "RunReport",
-    "KERNEL_NAME",
-    "KERNEL_DISPLAY_NAME",
-    "check_kernel",
-    "select_notebooks",
-    "notebook_parameters",
-    "declared_parameters",
-    "parameters_by_notebook",
-    "check_out_folder",
-    "out_folder_lock",
-    "missing_figures",
-    "figure_claim_verdicts",
-    "run",
-    "write_index",
-    "main",
-]
+__all__ = ["FiguresError", "FiguresInputError", "check_notebook_parameters", "RunReport", "KERNEL_NAME",
+           "KERNEL_DISPLAY_NAME", "check_kernel", "select_notebooks", "notebook_parameters",
+           "declared_parameters", "parameters_by_notebook", "check_out_folder", "out_folder_lock",
+           "missing_figures", "figure_claim_verdicts", "run", "write_index", "main"]
 
 RESERVED_PARAMETERS = ("output_dir", "results_dir")
 DEFAULT_SCALE = "tiny"
@@ -105,19 +69,16 @@ def _say(msg: str) -> None:
 
 
 def select_notebooks(entries: Sequence[FigureEntry], only: Iterable[str] | None = None) -> list[str]:
-    """Notebooks to run: all with a ``done`` figure, or those matching ``only``.
-
-    Each token of ``only`` may be a figure id, a stem, a notebook (with or without ``.ipynb``) or a
-    paper prefix (``mgwfbp``). Naming a planned figure or matching nothing raises :class:`FiguresError`.
-    """
+    """Notebooks to run: all with a ``done`` figure, or those matching a token of ``only`` (a figure id,
+    stem, notebook with or without ``.ipynb``, or paper prefix); :class:`FiguresInputError` for a token
+    naming a planned figure or matching nothing."""
     done = done_notebooks(entries)
     if not only:
         return done
     chosen: set[str] = set()
     for token in only:
         t = token.strip()
-        hits = [e for e in entries
-                if t in (e.id, e.stem, e.notebook, Path(e.notebook).stem, e.paper)]
+        hits = [e for e in entries if t in (e.id, e.stem, e.notebook, Path(e.notebook).stem, e.paper)]
         exact_planned = [e for e in hits if not e.done and t in (e.id, e.stem)]
         if exact_planned:
             raise FiguresInputError(f"'{t}' is planned, not done: {exact_planned[0].notebook} does not make it yet")
@@ -135,12 +96,8 @@ def notebook_parameters(out: str | Path, parameters: dict[str, Any] | None = Non
     clash = [k for k in RESERVED_PARAMETERS if k in user]
     if clash:
         raise FiguresInputError(f"parameter(s) {', '.join(clash)} are set by --out and cannot be overridden")
-    params: dict[str, Any] = {
-        "output_dir": str(out / "figures"),
-        "results_dir": str(out / "data"),
-        "scale": DEFAULT_SCALE,
-    }
-    params.update(user)
+    params = {"output_dir": str(out / "figures"), "results_dir": str(out / "data"), "scale": DEFAULT_SCALE,
+              **user}
     if params["scale"] not in ("tiny", "paper"):
         raise FiguresInputError(f"scale must be 'tiny' or 'paper', got {params['scale']!r}")
     return params
@@ -156,10 +113,8 @@ def declared_parameters(notebook_path: str | Path) -> list[str]:
 
 def parameters_by_notebook(entries: Sequence[FigureEntry], notebooks: Sequence[str],
                            params: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """The parameters each notebook gets: those of ``params`` it declares. A parameter that no
-    selected notebook declares is refused (:class:`FiguresError`, naming it and the notebooks), so a
-    typo is never reported as applied; the runner's own (``output_dir``, ``results_dir``, ``scale``)
-    go to every notebook that declares them."""
+    """The parameters each notebook gets: those of ``params`` it declares; :class:`FiguresInputError` for a
+    parameter (other than the runner's own) that no selected notebook declares, so a typo never passes."""
     paths = {e.notebook: e.notebook_path for e in entries}
     declared = {nb: set(declared_parameters(paths[nb])) for nb in notebooks}
     user = [k for k in params if k not in (*RESERVED_PARAMETERS, "scale")]
@@ -172,10 +127,9 @@ def parameters_by_notebook(entries: Sequence[FigureEntry], notebooks: Sequence[s
 
 
 def check_notebook_parameters(nb_params: dict[str, dict[str, Any]]) -> None:
-    """Check each notebook's parameters against its schema (:mod:`repro.figures.schemas`), as the
-    notebook's first code cell would, before any kernel starts or any file is written: a bad value is
-    one :class:`FiguresInputError` line naming the notebook, the parameter, the value and the range.
-    A notebook without a schema (not one of the project's) is left to its own checks."""
+    """Check each notebook's parameters against its schema (:mod:`repro.figures.schemas`) as its first cell
+    would: a bad value is one :class:`FiguresInputError` line naming the notebook, the parameter, the value
+    and the range. A notebook without a schema is left to its own checks."""
     from .params import ParameterError, validate_parameters
     from .schemas import SCHEMAS, schema_for
 
@@ -190,8 +144,8 @@ def check_notebook_parameters(nb_params: dict[str, dict[str, Any]]) -> None:
 
 
 def check_out_folder(out: str | Path) -> Path:
-    """The output folder, resolved, if the runner can write there; :class:`FiguresError` (one line)
-    when it is a file, lies below a file, or is not writable (a read-only mount). Creates nothing."""
+    """The output folder, resolved, if the runner can write there; :class:`FiguresInputError` (one line)
+    when it is a file, lies below a file, or is not writable. Creates nothing."""
     out = Path(out).resolve()
     if out.exists():
         if not out.is_dir():
@@ -271,12 +225,9 @@ def _display_path(p: Path) -> str:
 
 
 def check_kernel(name: str = KERNEL_NAME, cwd: str | Path | None = None) -> Path:
-    """Check that Jupyter kernel ``name`` is installed and its Python imports ``repro``; return its folder.
-
-    The import is tried in ``cwd`` (the notebooks folder, where the notebooks run), and only when the
-    kernel runs another interpreter than this one. Raises :class:`FiguresError` with one line saying
-    how to register the kernel.
-    """
+    """The folder of Jupyter kernel ``name``, checked to be installed and, when it runs another interpreter
+    than this one, to import ``repro`` in ``cwd``; :class:`FiguresInputError` with one line saying how to
+    register it otherwise."""
     try:
         from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
     except ImportError:
@@ -349,14 +300,9 @@ _ENGINE_REGISTERED = False
 
 
 def _engine() -> str:
-    """Name of papermill's nbclient engine with one change, registered on first use: on Ctrl-C the kernel
-    is killed before the client is torn down, instead of being interrupted and asked to shut down.
-
-    papermill's own client interrupts the busy kernel and at once sends it a shutdown request; the kernel
-    then replies to the interrupted cell on a socket the shutdown just closed, and prints a zmq traceback
-    ("Socket operation on non-socket") on the runner's stderr, before ``repro.figures: interrupted``.
-    The user asked to stop, so the kernel (and what it started, its process group) gets SIGKILL: nothing
-    more from it, and no kernel left behind."""
+    """Name of papermill's nbclient engine, registered on first use, with one change: on Ctrl-C the kernel
+    gets SIGKILL before the client is torn down. (papermill interrupts it and asks it to shut down at once;
+    the kernel then answers on the closed socket and prints a zmq traceback.)"""
     global _ENGINE_REGISTERED
     if _ENGINE_REGISTERED:
         return _ENGINE
@@ -430,10 +376,8 @@ def _execute(src: Path, dst: Path, params: dict[str, Any], cwd: Path, kernel_nam
 
 def figure_claim_verdicts(entries: Sequence[FigureEntry], data_dir: Path,
                           say: Callable[[str], None] = _say) -> dict[str, list[dict[str, str]]]:
-    """The one-line verdicts of the papers' claims each figure of ``entries`` shows
-    (:func:`repro.figures.claims.figure_verdicts`, computed from the tables in ``data_dir`` after its
-    notebook ran), by figure id; figures whose paper makes no claim they show are left out. A broken
-    claims file costs a warning, not the run."""
+    """Figure id -> :func:`repro.figures.claims.figure_verdicts` from the tables in ``data_dir``, for the
+    figures of ``entries`` that show a claim; a broken claims file costs a warning, not the run."""
     from .claims import ClaimsError, figure_verdicts
 
     out: dict[str, list[dict[str, str]]] = {}
@@ -451,9 +395,8 @@ def figure_claim_verdicts(entries: Sequence[FigureEntry], data_dir: Path,
 def _record_interrupted(out: Path, nb: str, params: dict[str, Any], kernel_name: str, started: _dt.datetime,
                         seconds: float, tables: list[str], manifest: str | Path | None,
                         entries: Sequence[FigureEntry]) -> None:
-    """After Ctrl-C stopped ``nb``: its run record with status ``interrupted`` and a fresh gallery, so
-    the folder shows the stop as such (not as a failure). A second Ctrl-C, or an error while writing,
-    leaves them as they are: the user asked to stop."""
+    """After Ctrl-C stopped ``nb``: its run record says ``interrupted`` and the gallery is rewritten; a
+    second Ctrl-C or an error while writing leaves them as they are."""
     try:
         write_run_record(out, nb, {"status": "interrupted", "error": f"{nb} was interrupted (Ctrl-C) after "
                                    f"{_duration(seconds)}", "seconds": round(seconds, 3),
@@ -468,25 +411,16 @@ def _table_stamps(data_dir: Path) -> dict[str, int]:
     return {p.stem: p.stat().st_mtime_ns for p in data_dir.glob("*.csv")}
 
 
-def run(
-    out: str | Path,
-    *,
-    only: Iterable[str] | None = None,
-    parameters: dict[str, Any] | None = None,
-    manifest: str | Path | None = None,
-    kernel_name: str = KERNEL_NAME,
-    log_output: bool = False,
-    execution_timeout: float | None = None,
-    say: Callable[[str], None] = _say,
-    heartbeat_s: float = HEARTBEAT_S,
-) -> RunReport:
-    """Execute the selected notebooks, verify their figures, write the gallery; raise on any failure.
+def run(out: str | Path, *, only: Iterable[str] | None = None, parameters: dict[str, Any] | None = None,
+        manifest: str | Path | None = None, kernel_name: str = KERNEL_NAME, log_output: bool = False,
+        execution_timeout: float | None = None, say: Callable[[str], None] = _say,
+        heartbeat_s: float = HEARTBEAT_S) -> RunReport:
+    """Execute the selected notebooks, verify their figures, write the gallery.
 
-    Raises :class:`FiguresError` (one-line message naming failed notebooks and missing files) after
-    writing the gallery, or before running anything when the kernel is missing;
-    :class:`repro.figures.manifest.ManifestError` for a bad manifest.
+    Raises :class:`FiguresInputError` for bad input before anything is written or run,
+    :class:`repro.figures.manifest.ManifestError` for a bad manifest, and :class:`FiguresError` (one line
+    naming failed notebooks and missing files) after writing the gallery.
     """
-    # Every option is checked before anything is deleted or written.
     if execution_timeout is not None and not (math.isfinite(execution_timeout) and execution_timeout > 0):
         raise FiguresInputError(f"--cell-timeout must be a finite positive number of seconds, got {execution_timeout}")
     if not (math.isfinite(heartbeat_s) and heartbeat_s >= 0):
@@ -541,8 +475,7 @@ def _run_locked(out: Path, entries: Sequence[FigureEntry], notebooks: list[str],
             raise
         dt = time.perf_counter() - t0
         report.seconds[nb] = dt
-        after = _table_stamps(data_dir)
-        tables = sorted(t for t, stamp in after.items() if before.get(t) != stamp)
+        tables = sorted(t for t, stamp in _table_stamps(data_dir).items() if before.get(t) != stamp)
         if dst.is_file():
             report.executed.append(dst)
             try:
@@ -589,7 +522,7 @@ def _run_locked(out: Path, entries: Sequence[FigureEntry], notebooks: list[str],
     return report
 
 
-# -------------------------------------------------------------------------------------------- CLI
+# -- CLI
 
 def _print_manifest(entries: Sequence[FigureEntry], titles: dict[str, str], status: str | None) -> None:
     shown = [e for e in entries if status is None or e.status == status]

@@ -1,14 +1,5 @@
-"""Save a figure as PNG + PDF with a JSON sidecar describing where its numbers come from.
-
-Every notebook saves its figures through :func:`save_figure`::
-
-    save_figure(fig, "mgwfbp.timeline", output_dir, scale=scale, source="simulated",
-                caption="One ResNet-50 iteration on 16 workers, 10GbE.")
-
-writes ``<output_dir>/mgwfbp_timeline.png``, ``.pdf`` and ``.json``. The sidecar is what the figure
-index (``results/index.md``) reads. A figure made at tiny scale says so in its title, and one drawn
-from the simulator says "simulated" (see :func:`tag_title`).
-"""
+"""Save a figure as PNG + PDF with a JSON sidecar (read by the figure index) saying where its numbers
+come from; every notebook saves its figures through :func:`save_figure`."""
 
 from __future__ import annotations
 
@@ -36,10 +27,8 @@ def figure_stem(fig_id: str) -> str:
 
 
 def normalize_source(source: str | Iterable[str]) -> str | list[str]:
-    """Validate ``source``: one of :data:`SOURCES` or a non-empty list of them (duplicates dropped).
-
-    A one-element list comes back as a plain string.
-    """
+    """``source`` validated: one of :data:`SOURCES`, or a non-empty list of them with duplicates dropped
+    (one element comes back as a plain string); ValueError otherwise."""
     if isinstance(source, str):
         items = [source]
     else:
@@ -49,12 +38,10 @@ def normalize_source(source: str | Iterable[str]) -> str | list[str]:
             raise ValueError(f"source must be a string or a list of strings, got {source!r}") from None
     if not items:
         raise ValueError(f"source must not be empty; use one or more of {', '.join(SOURCES)}")
-    out: list[str] = []
     for s in items:
         if not isinstance(s, str) or s not in SOURCES:
             raise ValueError(f"unknown figure source {s!r}; expected one of {', '.join(SOURCES)}")
-        if s not in out:
-            out.append(s)
+    out = list(dict.fromkeys(items))
     return out[0] if len(out) == 1 else out
 
 
@@ -76,24 +63,18 @@ def _suptitle(fig) -> str:
 
 
 def _title_texts(fig) -> list[str]:
-    texts = [_suptitle(fig)]
-    for sub in getattr(fig, "subfigs", []) or []:
-        texts.append(_suptitle(sub))
+    texts = [_suptitle(fig)] + [_suptitle(sub) for sub in getattr(fig, "subfigs", []) or []]
     for ax in fig.axes:
         texts.extend(ax.get_title(loc=loc) for loc in ("center", "left", "right"))
     return [t for t in texts if t]
 
 
 def tag_title(fig, *, scale: str, source: str | Iterable[str]) -> str:
-    """Make the figure's title state what it is, and return the resulting title text.
+    """Tag the figure's title and return the resulting title text (idempotent).
 
-    Rules (case-insensitive, in this order):
-
-    * ``scale == "tiny"`` and no title/suptitle contains "tiny": append ``" (tiny scale)"``;
-    * ``"simulated"`` in ``source`` and no title/suptitle contains "simulated": append ``" (simulated)"``.
-
-    Tags are appended to the suptitle if there is one; else, for a single-axes figure, to its title;
-    else a suptitle is created. Applying it twice changes nothing.
+    Appends ``(tiny scale)`` when ``scale == "tiny"`` and ``(simulated)`` when ``source`` includes it,
+    unless some title already says so (case-insensitive): to the suptitle if there is one, else to a
+    single axes' title, else to a new suptitle.
     """
     if scale not in SCALES:
         raise ValueError(f"unknown figure scale {scale!r}; expected one of {', '.join(SCALES)}")
@@ -107,51 +88,32 @@ def tag_title(fig, *, scale: str, source: str | Iterable[str]) -> str:
         tags.append("(simulated)")
 
     sup = _suptitle(fig)
-    if sup:
-        target = "suptitle"
-        current = sup
-    elif len(fig.axes) == 1:
-        target = "axes"
-        current = fig.axes[0].get_title()
-    else:
-        target = "suptitle"
-        current = ""
+    on_axes = not sup and len(fig.axes) == 1
+    current = fig.axes[0].get_title() if on_axes else sup
     if not tags:
         return current or " ".join(_title_texts(fig))
     new = " ".join([current] + tags) if current else " ".join(tags)
-    if target == "axes":
+    if on_axes:
         fig.axes[0].set_title(new)
     elif sup:
         fig._suptitle.set_text(new)
-    else:
-        # A fresh suptitle sits just above the figure so it cannot overlap axes titles.
+    else:  # just above the figure, so it cannot overlap axes titles
         fig.suptitle(new, y=1.0, va="bottom")
     return new
 
 
-def save_figure(
-    fig,
-    fig_id: str,
-    out_dir: str | Path,
-    *,
-    scale: str,
-    source: str | Iterable[str],
-    caption: str = "",
-    paper_numbers: str | None = None,
-    stem: str | None = None,
-    dpi: int = 150,
-    tables: Iterable[str] = (),
-) -> dict[str, Any]:
+def save_figure(fig, fig_id: str, out_dir: str | Path, *, scale: str, source: str | Iterable[str],
+                caption: str = "", paper_numbers: str | None = None, stem: str | None = None, dpi: int = 150,
+                tables: Iterable[str] = ()) -> dict[str, Any]:
     """Write ``<out_dir>/<stem>.png``, ``<stem>.pdf`` and the sidecar ``<stem>.json``; return the sidecar.
 
     ``scale`` is ``"tiny"`` or ``"paper"``; ``source`` is one of ``measured``, ``simulated``,
     ``estimate``, ``model``, ``trace`` or a list of them; ``paper_numbers`` is a short note naming the
     published numbers drawn in the figure and where they come from (None when there are none).
-    ``tables`` names the result tables (``repro.results.tables.write_table`` names, i.e. CSV stems under the
-    results folder) holding everything the figure draws, paper values and reference lines included.
-    The figure's title is tagged first (see :func:`tag_title`). The figure is not closed. A picture
-    more than :data:`MAX_ASPECT` times wider than high (or higher than wide) gives a warning: use
-    small multiples or a legend below instead of a long strip.
+    ``tables`` names the result tables (CSV stems of ``repro.results.tables.write_table``) holding
+    everything the figure draws. The title is tagged first (:func:`tag_title`); the figure is not
+    closed. A picture more than :data:`MAX_ASPECT` times wider than high (or higher than wide) warns.
+    ValueError for a bad id, scale, source, caption, table name or stem.
     """
     if not isinstance(fig_id, str) or not fig_id.strip():
         raise ValueError(f"figure id must be a non-empty string, got {fig_id!r}")
@@ -175,8 +137,7 @@ def save_figure(
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     png, pdf, side = out / f"{stem}.png", out / f"{stem}.pdf", out / f"{stem}.json"
-    # Each file is written beside its name and renamed into place, the sidecar last: a figure whose
-    # sidecar exists is whole, and a run killed part-way leaves the old files or none, never half a file.
+    # Written beside and renamed into place, the sidecar last: a figure whose sidecar exists is whole.
     with output_file(png) as tmp:
         fig.savefig(tmp, dpi=dpi, bbox_inches="tight")
         width, height = png_size(tmp)
@@ -188,22 +149,12 @@ def save_figure(
         warnings.warn(f"figure {fig_id} is {width}x{height} px (aspect > {MAX_ASPECT:g}:1): hard to read in the "
                       "gallery; use small multiples or a legend below the axes", stacklevel=2)
 
-    try:
-        from repro import __version__ as version
-    except Exception:  # pragma: no cover - repro is always importable here
-        version = None
+    from repro import __version__ as version
+
     sidecar: dict[str, Any] = {
-        "id": fig_id,
-        "stem": stem,
-        "title": title,
-        "scale": scale,
-        "source": src,
-        "caption": caption,
-        "paper_numbers": paper_numbers,
-        "files": [png.name, pdf.name],
-        "tables": tables,
-        "size_px": [width, height],
-        "repro_version": version,
+        "id": fig_id, "stem": stem, "title": title, "scale": scale, "source": src, "caption": caption,
+        "paper_numbers": paper_numbers, "files": [png.name, pdf.name], "tables": tables,
+        "size_px": [width, height], "repro_version": version,
     }
     write_output(side, json.dumps(sidecar, indent=2) + "\n")
     return sidecar

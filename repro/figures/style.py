@@ -1,21 +1,14 @@
-"""One plotting convention for every figure of the project.
+"""One plotting convention for every figure of the project; call :func:`use_style` once per notebook.
 
-Call :func:`use_style` once at the top of a notebook. Every scheduler (the four papers', the baselines,
-published "paper" values and the ideal "linear" reference) has one fixed :class:`SchedulerStyle`: a
-colour from a colour-blind-safe palette (Okabe-Ito plus three of Paul Tol's muted colours), a marker, a
-line style, a display name and a drawing order; every (colour, marker) pair is unique, so a scheduler
-looks the same in every figure::
+Every scheduler has one fixed :class:`SchedulerStyle` (colour-blind-safe colour, marker, line style,
+display name, drawing order), unique per (colour, marker) pair, so it looks the same in every figure::
 
     ax.plot(p, speedup, **scheduler_style("mgwfbp"))      # color, label, linestyle, marker, zorder
 
-Rules every figure follows: paper values as hollow diamonds on top (:func:`paper_marker_style`,
-:data:`PAPER_ZORDER`); coinciding curves kept visible by line style and marker, and said on the figure
-(:func:`coinciding_lines`, :func:`add_note`); legends never over data (:func:`legend_below`,
-:func:`legend_outside`); bounded aspect ratios (:func:`panel_figsize`, :data:`MAX_ASPECT`); every
-measured ÷ predicted gap beyond :data:`GAP_FACTOR` either way written under the axes with its reason
-(:func:`gap_lines`, :func:`add_gap_note`); oversubscribed measurements (more ranks than CPU cores)
-ringed (:func:`mark_oversubscribed`) or hatched (:data:`OVERSUBSCRIBED_HATCH`), with
-:func:`oversubscribed_handle` as legend entry. Unknown names get a deterministic colour.
+Rules every figure follows: paper values as hollow diamonds on top; coinciding curves kept visible and
+named in a note; legends never over data; bounded aspect ratios (:data:`MAX_ASPECT`); measured ÷
+predicted gaps beyond :data:`GAP_FACTOR` written under the axes with their reason; oversubscribed
+measurements (more ranks than CPU cores) ringed or hatched. Unknown names get a deterministic colour.
 """
 
 from __future__ import annotations
@@ -25,38 +18,12 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
 __all__ = [
-    "PALETTE",
-    "EXTRA_COLORS",
-    "SchedulerStyle",
-    "STYLES",
-    "FAMILIES",
-    "SCHEDULER_COLORS",
-    "SCHEDULER_LABELS",
-    "KIND_COLORS",
-    "PAPER_ZORDER",
-    "MAX_ASPECT",
-    "OVERSUBSCRIBED_HATCH",
-    "OVERSUBSCRIBED_LABEL",
-    "GAP_FACTOR",
-    "gap_lines",
-    "add_gap_note",
-    "use_style",
-    "canonical_scheduler",
-    "scheduler_color",
-    "scheduler_label",
-    "scheduler_marker",
-    "scheduler_style",
-    "paper_marker_style",
-    "paper_handle",
-    "kind_color",
-    "panel_figsize",
-    "legend_below",
-    "legend_outside",
-    "add_note",
-    "coinciding_lines",
-    "flat_brackets",
-    "mark_oversubscribed",
-    "oversubscribed_handle",
+    "PALETTE", "EXTRA_COLORS", "SchedulerStyle", "STYLES", "FAMILIES", "SCHEDULER_COLORS", "SCHEDULER_LABELS",
+    "KIND_COLORS", "PAPER_ZORDER", "MAX_ASPECT", "OVERSUBSCRIBED_HATCH", "OVERSUBSCRIBED_LABEL", "GAP_FACTOR",
+    "gap_lines", "add_gap_note", "use_style", "canonical_scheduler", "scheduler_color", "scheduler_label",
+    "scheduler_marker", "scheduler_style", "paper_marker_style", "paper_handle", "kind_color",
+    "panel_figsize", "legend_below", "legend_outside", "add_note", "coinciding_lines", "flat_brackets",
+    "mark_oversubscribed", "oversubscribed_handle", "ordered", "ms_text", "wrap_paragraphs",
 ]
 
 # seaborn.color_palette("colorblind") (Okabe-Ito based), fixed here.
@@ -114,16 +81,11 @@ class SchedulerStyle:
     zorder: float = _METHOD_ZORDER
 
     def plot_kwargs(self) -> dict[str, Any]:
-        """Keyword arguments for ``ax.plot``."""
         return {"color": self.color, "label": self.label, "linestyle": self.linestyle,
                 "marker": self.marker, "zorder": self.zorder}
 
 
-def _s(color: str, marker: str, linestyle: Any, label: str, family: str,
-       zorder: float = _METHOD_ZORDER) -> SchedulerStyle:
-    return SchedulerStyle(color, marker, linestyle, label, family, zorder)
-
-
+_s = SchedulerStyle
 STYLES: dict[str, SchedulerStyle] = {
     # all-reduce family (MG-WFBP): repro.core.schedulers.SCHEDULERS
     "wfbp": _s(PALETTE[0], "o", _LONG_DASH, "WFBP", "allreduce"),
@@ -183,39 +145,17 @@ SCHEDULER_COLORS: dict[str, str] = {k: v.color for k, v in STYLES.items()}
 SCHEDULER_LABELS: dict[str, str] = {k: v.label for k, v in STYLES.items()}
 
 _ALIASES: dict[str, str] = {
-    "syncea_sgd": "syncea",
-    "synceasgd": "syncea",
-    "mg_wfbp": "mgwfbp",
-    "optimum": "optimal",
-    "exact": "optimal",
-    "exact_dp": "optimal",
-    "published": "paper",
-    "ideal": "linear",
-    "s_sgd": "ssgd",
-    "dense": "ssgd",
-    "topk": "topk_single",
-    "topk_sgd": "topk_single",
-    "omgs_sgd": "omgs",
-    "osp_no_lgp": "osp_nolgp",
-    "osp_without_lgp": "osp_nolgp",
-    "ddp_plan": "ddp_threshold",
-    "none": "local",
+    "syncea_sgd": "syncea", "synceasgd": "syncea", "mg_wfbp": "mgwfbp", "optimum": "optimal",
+    "exact": "optimal", "exact_dp": "optimal", "published": "paper", "ideal": "linear", "s_sgd": "ssgd",
+    "dense": "ssgd", "topk": "topk_single", "topk_sgd": "topk_single", "omgs_sgd": "omgs",
+    "osp_no_lgp": "osp_nolgp", "osp_without_lgp": "osp_nolgp", "ddp_plan": "ddp_threshold", "none": "local",
 }
 
 # Gantt-chart colours per operation kind.
 KIND_COLORS: dict[str, str] = {
-    "forward": PALETTE[9],
-    "backward": PALETTE[0],
-    "allreduce": PALETTE[3],
-    "reduce_scatter": PALETTE[1],
-    "allgather": PALETTE[2],
-    "sparsify": PALETTE[4],
-    "update": PALETTE[5],
-    "push": PALETTE[3],
-    "pull": PALETTE[2],
-    "comm": PALETTE[3],
-    "wait": "#d9d9d9",
-    "idle": "#d9d9d9",
+    "forward": PALETTE[9], "backward": PALETTE[0], "allreduce": PALETTE[3], "reduce_scatter": PALETTE[1],
+    "allgather": PALETTE[2], "sparsify": PALETTE[4], "update": PALETTE[5], "push": PALETTE[3],
+    "pull": PALETTE[2], "comm": PALETTE[3], "wait": "#d9d9d9", "idle": "#d9d9d9",
 }
 
 _HASH_MARKERS = ("o", "s", "^", "v", "D", "P", "X", "<", ">")
@@ -270,11 +210,8 @@ def scheduler_style(name: str) -> dict[str, Any]:
 
 
 def paper_marker_style(name: str | None = None, *, size: float = 80) -> dict[str, Any]:
-    """Keyword arguments for ``ax.scatter`` of published values of scheduler ``name``.
-
-    Large hollow diamonds edged in the scheduler's colour (dark grey without a name), drawn above
-    every line and marker, so the simulated/measured point of the same colour stays visible inside.
-    """
+    """``ax.scatter`` keywords for published values: large hollow diamonds edged in ``name``'s colour
+    (dark grey without a name), above every line so the point of the same colour stays visible inside."""
     color = scheduler_color(name) if name else DARK_GREY
     return {"marker": STYLES["paper"].marker, "s": size, "facecolors": "none", "edgecolors": color,
             "linewidths": 1.6, "zorder": PAPER_ZORDER}
@@ -296,14 +233,30 @@ def kind_color(kind: str) -> str:
     return KIND_COLORS.get(key) or _hashed_color(key)
 
 
-# ------------------------------------------------------------------------------------ layout helpers
+def ordered(names: Iterable[str], order: Sequence[str]) -> list[str]:
+    """``names`` once each: those in ``order`` first, in its order, then the others as they come."""
+    names = list(dict.fromkeys(names))
+    return [m for m in order if m in names] + [m for m in names if m not in order]
+
+
+def ms_text(seconds: float) -> str:
+    """Seconds as milliseconds for a title: ``"123 ms"``, or ``"12.3 ms"`` below 0.1 s."""
+    return f"{seconds * 1e3:.0f} ms" if seconds >= 0.1 else f"{seconds * 1e3:.1f} ms"
+
+
+def wrap_paragraphs(text: str, width: int) -> str:
+    """Each line of ``text`` wrapped to ``width`` characters."""
+    import textwrap
+
+    return "\n".join(textwrap.fill(p, width) for p in text.split("\n"))
+
+
+# -- layout helpers
 
 def panel_figsize(n_panels: int, *, ncols: int | None = None, panel: tuple[float, float] = (3.4, 2.8),
                   max_cols: int = 4, extra_height: float = 0.9) -> tuple[int, int, tuple[float, float]]:
-    """``(nrows, ncols, figsize)`` for ``n_panels`` small multiples of size ``panel`` (inches).
-
-    At most ``max_cols`` columns; ``extra_height`` leaves room for a title and a legend below.
-    """
+    """``(nrows, ncols, figsize)`` for ``n_panels`` small multiples of ``panel`` inches, at most ``max_cols``
+    columns; ``extra_height`` (inches) leaves room for a title and a legend below."""
     n = max(1, int(n_panels))
     cols = max(1, min(ncols or max_cols, n))
     rows = -(-n // cols)
@@ -312,11 +265,10 @@ def panel_figsize(n_panels: int, *, ncols: int | None = None, panel: tuple[float
 
 def legend_below(fig, handles: Sequence[Any] | None = None, labels: Sequence[str] | None = None, *,
                  ncol: int | None = None, axes: Sequence[Any] | None = None, max_ncol: int = 5, **kwargs):
-    """One legend for the whole figure, centred under the axes (never over data).
+    """One legend for the whole figure, centred under the axes; returns it (None without handles).
 
-    Without ``handles``, the unique handles of ``axes`` (default: all of the figure's axes) are used.
-    Call it after the axes are drawn and before ``fig.tight_layout``; ``save_figure`` saves with a
-    tight bounding box, so the legend is always inside the picture. Returns the legend (or None).
+    Without ``handles``, the unique handles of ``axes`` (default: all of the figure's axes). Call it
+    before ``fig.tight_layout``.
     """
     if handles is None:
         seen: dict[str, Any] = {}
@@ -347,12 +299,8 @@ def legend_outside(ax, handles: Sequence[Any] | None = None, labels: Sequence[st
 
 
 def add_note(ax, text: str, *, loc: str = "above", fontsize: str = "x-small"):
-    """A short note on the figure (e.g. "S-SGD and MG-WFBP coincide").
-
-    ``loc="above"`` (default) writes it between the axes and their title, outside the data area (the
-    title is moved up to make room: set the title first); ``"upper left"``, ``"lower right"``... write it inside the axes,
-    boxed, for a corner known to be empty.
-    """
+    """A short note: ``loc="above"`` between the axes and their title (set the title first: it is moved
+    up), or boxed inside the axes in a corner (``"upper left"``, ``"lower right"``...)."""
     if loc == "above":
         title = ax.get_title()
         if title:
@@ -404,10 +352,9 @@ def gap_lines(items: Iterable[tuple[str, float, float, str]], *, factor: float =
 
 def add_gap_note(fig, lines: Sequence[str], *, width_chars: int | None = None, factor: float = GAP_FACTOR,
                  head: str | None = None):
-    """Write :func:`gap_lines`' lines at the bottom of the figure, under its axes and under the legends
-    :func:`legend_below` placed there (call this after them; ``save_figure``'s tight bounding box keeps the
-    text in the picture), below ``head`` (default: "Measured vs predicted more than <factor>x apart:");
-    nothing when ``lines`` is empty. Returns the text artist (or None)."""
+    """:func:`gap_lines`' lines under the figure's axes and legends (call it after :func:`legend_below`),
+    below ``head`` (default "Measured vs predicted more than <factor>x apart:"); returns the text artist,
+    None when ``lines`` is empty."""
     import textwrap
 
     if not lines:
@@ -483,36 +430,20 @@ def oversubscribed_handle(kind: str = "marker", label: str = OVERSUBSCRIBED_LABE
                   markeredgewidth=1.1, label=label)
 
 
-def use_style(*, context: str = "notebook", font_scale: float = 1.0) -> None:
-    """Apply the project's style (seaborn whitegrid + colour-blind palette) to matplotlib's rcParams.
+_RC_PARAMS: dict[str, Any] = {
+    "figure.figsize": (6.4, 4.0), "figure.dpi": 100, "savefig.dpi": 150, "savefig.bbox": "tight",
+    "axes.titlesize": "medium", "axes.titleweight": "bold", "figure.titlesize": "large",
+    "figure.titleweight": "bold", "axes.labelsize": "medium", "legend.fontsize": "small",
+    "legend.title_fontsize": "small", "legend.frameon": False, "grid.linewidth": 0.6, "lines.linewidth": 1.8,
+    "lines.markersize": 5,
+    "pdf.fonttype": 42, "ps.fonttype": 42, "svg.fonttype": "none",  # embedded TrueType: text stays editable
+}
 
-    Safe under the Agg backend and idempotent; it never changes the backend.
-    """
+
+def use_style(*, context: str = "notebook", font_scale: float = 1.0) -> None:
+    """Apply the project's style (seaborn whitegrid, colour-blind palette) to rcParams; idempotent, never
+    changes the backend."""
     import seaborn as sns
 
-    sns.set_theme(
-        context=context,
-        style="whitegrid",
-        palette=[c for c in PALETTE if c != PALETTE[8]],
-        font_scale=font_scale,
-        rc={
-            "figure.figsize": (6.4, 4.0),
-            "figure.dpi": 100,
-            "savefig.dpi": 150,
-            "savefig.bbox": "tight",
-            "axes.titlesize": "medium",
-            "axes.titleweight": "bold",
-            "figure.titlesize": "large",
-            "figure.titleweight": "bold",
-            "axes.labelsize": "medium",
-            "legend.fontsize": "small",
-            "legend.title_fontsize": "small",
-            "legend.frameon": False,
-            "grid.linewidth": 0.6,
-            "lines.linewidth": 1.8,
-            "lines.markersize": 5,
-            "pdf.fonttype": 42,  # embed TrueType: text stays editable/searchable in the PDF
-            "ps.fonttype": 42,
-            "svg.fonttype": "none",
-        },
-    )
+    sns.set_theme(context=context, style="whitegrid", palette=[c for c in PALETTE if c != PALETTE[8]],
+                  font_scale=font_scale, rc=_RC_PARAMS)

@@ -1,10 +1,6 @@
-"""Figures of the validation study (:mod:`repro.studies.validation`): simulated vs measured iteration.
-
-:func:`plot_sim_vs_real` draws both predictions of every run against its measurement: the warm-up
-trace in the papers' model (``simulated_s``) and the pre-run prediction with the measured contention
-(``simulated_prerun_s``), plus, where present, the in-run-trace check (``simulated_inrun_s``). It
-follows :mod:`repro.figures.style`: one style per scheduler, legend below the axes, oversubscribed
-runs ringed (points) or hatched (bars).
+"""Figures of the validation study (:mod:`repro.studies.validation`): simulated vs measured iteration,
+both predictions of every run (``simulated_s``, ``simulated_prerun_s``; ``simulated_inrun_s`` where
+present) against its measurement.
 """
 
 from __future__ import annotations
@@ -15,15 +11,9 @@ import pandas as pd
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
-from repro.figures.style import (
-    DARK_GREY,
-    OVERSUBSCRIBED_HATCH,
-    legend_below,
-    mark_oversubscribed,
-    oversubscribed_handle,
-    scheduler_label,
-    scheduler_style,
-)
+from repro.figures.plots import flag_column
+from repro.figures.style import (DARK_GREY, OVERSUBSCRIBED_HATCH, legend_below, mark_oversubscribed,
+                                 oversubscribed_handle, scheduler_label, scheduler_style)
 
 __all__ = ["plot_sim_vs_real", "SCHEDULER_ORDER"]
 
@@ -32,25 +22,15 @@ _NET_MARKERS = ["o", "s", "^", "v", "D", "P"]
 PAPER_ALPHA = 0.35  # the warm-up paper model's bars: the scheduler's colour, light
 
 
-def _flags(df: pd.DataFrame, column: str = "oversubscribed") -> np.ndarray:
-    if column not in df:
-        return np.zeros(len(df), dtype=bool)
-    return df[column].fillna(False).astype(bool).to_numpy()
-
-
 def _num(df: pd.DataFrame, column: str) -> pd.Series:
     return pd.to_numeric(df[column], errors="coerce") if column in df else pd.Series(np.nan, index=df.index)
 
 
 def plot_sim_vs_real(table: pd.DataFrame, note: str, band_pct: float = 10.0):
-    """``table``: :func:`repro.studies.validation.validation_table`. Left: predicted vs measured
-    iteration (ms; y = x, grey band +-``band_pct``%): hollow (larger) markers the warm-up paper model,
-    filled the pre-run prediction with measured contention, a thin line joining the two of one run; where
-    they coincide (no overlap to slow) the ring surrounds the filled marker (colour: scheduler, marker:
-    network). Right: the error of each run, per model and network (tick labels
-    give the measured contention ``c``): per scheduler a light bar (warm-up, paper model) and a solid
-    bar beside it (pre-run), white diamonds the in-run-trace check. Runs without a pre-run prediction
-    show the paper model only. One legend below both panels."""
+    """Predicted vs measured iteration (ms; y = x with a ±``band_pct``% band; hollow: the warm-up paper
+    model, filled: the pre-run prediction with measured contention), and each run's error per model and
+    network (light bar: paper model, solid: pre-run, diamonds: in-run-trace check). ``table``:
+    :func:`repro.studies.validation.validation_table`."""
     fig, axes = plt.subplots(1, 2, figsize=(13, 5.4), gridspec_kw={"width_ratios": [1, 1.6]})
     nets = list(dict.fromkeys(table.network))
     net_marker = {n: _NET_MARKERS[i % len(_NET_MARKERS)] for i, n in enumerate(nets)}
@@ -73,7 +53,7 @@ def plot_sim_vs_real(table: pd.DataFrame, note: str, band_pct: float = 10.0):
                        linewidths=0.4, zorder=4)
             for x, y0, y1 in zip(m_ms[ok], p_ms[ok], pr[ok]):
                 ax.plot([x, x], [y0, y1], color=color, lw=0.8, alpha=0.6, zorder=2)
-        over = _flags(g)
+        over = flag_column(g)
         if over.any():
             mark_oversubscribed(ax, m_ms[over], (pr.where(ok, p_ms))[over])
     values = pd.concat([table.measured_s, table.simulated_s, prerun.dropna()])
@@ -103,7 +83,7 @@ def plot_sim_vs_real(table: pd.DataFrame, note: str, band_pct: float = 10.0):
         g = t[t.scheduler == s].set_index("case").reindex(cases)
         xs = np.arange(len(cases)) + (k - (len(schedulers) - 1) / 2) * w
         color = scheduler_style(s)["color"]
-        over = g.get("oversubscribed", pd.Series(False, index=g.index)).fillna(False).astype(bool).to_numpy()
+        over = flag_column(g)
         paper_x = xs - half / 2 if has_prerun else xs
         bars = [ax.bar(paper_x, g.error_pct, half, color=color, alpha=PAPER_ALPHA, edgecolor=color, linewidth=0.6)]
         if has_prerun:
@@ -136,7 +116,7 @@ def plot_sim_vs_real(table: pd.DataFrame, note: str, band_pct: float = 10.0):
         handles.append(Line2D([], [], ls="", marker="D", markerfacecolor="white", markeredgecolor="black",
                               label="from the in-run trace (check)"))
     handles.append(Patch(facecolor="grey", alpha=0.15, label=f"±{band_pct:g}%"))
-    if _flags(table).any():
+    if flag_column(table).any():
         handles.append(oversubscribed_handle("bar"))
     fig.suptitle(f"Predicted vs measured iteration time ({note})")
     legend_below(fig, handles, ncol=4)

@@ -1,15 +1,7 @@
-"""One parameter schema per notebook: ``notebooks/<stem>.ipynb`` checks its parameters with
-``apply_parameters(schema_for("<stem>"), globals())`` (written out in the notebook as an import of the
-schema class from ``repro.figures.schemas.<stem>``).
-
-Each schema declares every parameter of its notebook's ``parameters`` cell, with the same name and type
-in the same order (tests/test_notebook_schemas.py checks that they agree), plus the ranges and choices
-the notebook needs, so a bad value fails before any rank starts or any file is written. The defaults
-are written only in the parameters cell: the fields have none, and
-:func:`repro.figures.params.validate_parameters` reads them from the notebook
-(:func:`repro.figures.params.notebook_defaults`). The modules import
-the registries they check against (planners, presets, models), so they are imported one at a time,
-when a notebook or a test asks for one.
+"""One parameter schema per notebook, in ``repro.figures.schemas.<stem>``: ``notebooks/<stem>.ipynb`` checks
+its parameters with ``apply_parameters(<Schema>, globals())``. Each schema declares its notebook's
+parameters (same names, types and order as the ``parameters`` cell, no defaults) with their ranges and
+choices. The modules import the registries they check against, so each is imported only when asked for.
 """
 
 from __future__ import annotations

@@ -14,11 +14,11 @@ from repro.core.run_options import RUN_OPTIONS
 from repro.figures.params import Float, Int, Name, OneOf, Str
 from repro.workload.models import MODEL_NAMES
 
-__all__ = ["SCALES", "Scale", "Launcher", "Slurm",
-           "CostMode", "Preset", "Model", "LinkRate", "LinkRateOrLoopback", "Share",
-           "Density", "SimGPUs", "Ranks", "RanksFrom1", "Servers", "BatchSize", "Steps", "Epochs", "Repeats",
-           "Seed", "TimingPairs", "Staleness", "Bytes", "ThresholdBytes", "LearningRate", "Threads", "MAX_SIM_GPUS", "MAX_RANKS",
-           "MAX_BYTES", "MAX_BATCH", "MAX_STEPS", "MAX_EPOCHS", "MAX_REPEATS", "MAX_NUMEL", "MAX_SEED", "estimate_gpus"]
+__all__ = ["SCALES", "Scale", "Launcher", "Slurm", "CostMode", "Preset", "Model", "LinkRate",
+           "LinkRateOrLoopback", "Share", "Density", "SimGPUs", "Ranks", "RanksFrom1", "Servers", "BatchSize",
+           "Steps", "Epochs", "Repeats", "Seed", "TimingPairs", "Staleness", "Bytes", "ThresholdBytes",
+           "LearningRate", "Threads", "MAX_SIM_GPUS", "MAX_RANKS", "MAX_BYTES", "MAX_BATCH", "MAX_STEPS",
+           "MAX_EPOCHS", "MAX_REPEATS", "MAX_NUMEL", "MAX_SEED", "estimate_gpus"]
 
 SCALES = ("tiny", "paper")
 #: ``tiny`` or ``paper`` (each notebook says what it changes)
@@ -85,9 +85,8 @@ LinkRateOrLoopback = Annotated[Str, AfterValidator(_rate_or_loopback)]
 
 
 def _run_option(name: str, base):
-    """A notebook parameter checked by run option ``name``'s own check (:mod:`repro.core.run_options`, where
-    each family declares its options once): the same rule and message as ``repro train`` and
-    :func:`repro.distribute`."""
+    """A notebook parameter checked by run option ``name``'s own check (:mod:`repro.core.run_options`): the
+    same rule and message as ``repro train``."""
     option = RUN_OPTIONS[name]
 
     def check(value):
@@ -99,37 +98,26 @@ def _run_option(name: str, base):
     return Annotated[base, AfterValidator(check)]
 
 
-# Every numeric notebook parameter has a plausible range, upper bound included, checked with the rest
-# before a notebook writes anything or starts a rank (tests/test_notebook_schemas.py fails on a numeric
-# parameter without one). A value past a bound is a typo or a unit slip (1e12 workers, a batch of 1e12),
-# which would otherwise fail late: cells into a notebook, or inside a rank with an allocation error.
-# Why each bound is where it is:
+# Every numeric parameter has a plausible range (tests/test_notebook_schemas.py requires one): a value
+# past it is a typo or a unit slip that would otherwise fail late, inside a rank. Why each bound:
 
-#: The largest simulated GPU count: MG-WFBP's scaling sweep, the largest P of the four papers' simulations,
-#: goes to 2048 GPUs (their largest real cluster is DeAR's 64); twice that leaves room for one more doubling.
+#: MG-WFBP's scaling sweep, the papers' largest simulated P, is 2048 GPUs; one more doubling
 MAX_SIM_GPUS = 4096
-#: The most real ranks (processes) of a measured run, here or in a cluster job: the papers' largest real
-#: cluster is 64 GPUs (DeAR); each rank holds its own copy of the model, so 128 is already twice any
-#: measured setting and far beyond a CPU machine's cores.
+#: the papers' largest real cluster is 64 GPUs (DeAR); each rank holds a model copy
 MAX_RANKS = 128
-#: The largest byte count (bucket threshold, message size): BERT-Large's whole fp32 gradient (the largest
-#: model of the papers, ~1.34 GB) fits under 2 GiB, so no bucket or single message can plausibly be larger;
-#: measured sizes are allocated in every rank.
+#: BERT-Large's whole fp32 gradient (~1.34 GB) fits under 2 GiB: no bucket or message is larger
 MAX_BYTES = 2**31
-#: The largest per-rank batch: the papers' largest per-GPU batch is 128 (MG-WFBP's ResNet-152 and
-#: Inception-v4); eight times that still fits a tiny model on a CPU rank, 1e12 samples fails to allocate.
+#: the papers' largest per-GPU batch is 128; 1e12 samples fails to allocate
 MAX_BATCH = 1024
-#: The most steps of a timed run (also warm-up and tuner steps): the notebooks time 2 to 80 steps; 10,000 is
-#: 125 times the most, far beyond what a figure needs.
+#: the notebooks time 2 to 80 steps
 MAX_STEPS = 10_000
-#: The most epochs of a convergence run: the papers' longest schedules are ImageNet's 90 and CIFAR's ~160
-#: epochs; 300 is nearly twice the longer.
+#: the papers' longest schedules are ~160 epochs (CIFAR)
 MAX_EPOCHS = 300
-#: The most repeats or trials of a measurement or search (median of 3 to 7 in the notebooks; 8 search trials).
+#: repeats or trials of a measurement or search (the notebooks use 3 to 8)
 MAX_REPEATS = 1000
-#: The most tensor elements of the top-k timing: BERT-Large's ~340 M parameters are under 2**29 (2 GiB fp32).
+#: BERT-Large's ~340 M parameters are under 2**29
 MAX_NUMEL = 2**29
-#: The largest seed: numpy's and torch's seeds are 32-bit.
+#: numpy's and torch's seeds are 32-bit
 MAX_SEED = 2**32 - 1
 
 
@@ -137,8 +125,7 @@ def _bounded(lo: int, hi: int, *, base=Int):
     return Annotated[base, Field(ge=lo, le=hi)]
 
 
-#: a fraction in [0, 1] (OSP's stage-1 share: run option ``stage1_share``); ``ge``/``le`` declare the range
-#: the run option's own check (which speaks first) enforces
+#: a fraction in [0, 1] (run option ``stage1_share``; ``ge``/``le`` declare the range its check enforces)
 Share = Annotated[_run_option("stage1_share", Float), Field(ge=0, le=1)]
 #: a top-k density in (0, 1] (run option ``density``)
 Density = Annotated[_run_option("density", Float), Field(gt=0, le=1)]
@@ -148,8 +135,7 @@ SimGPUs = _bounded(2, MAX_SIM_GPUS)
 Ranks = _bounded(2, MAX_RANKS)
 #: real ranks where 1 is the single-worker baseline: 1 to :data:`MAX_RANKS`
 RanksFrom1 = _bounded(1, MAX_RANKS)
-#: parameter-server shards: at least 1, at most 64 (OSP's testbed has 1 server for 8 workers; a shard per
-#: worker of the largest real cluster is 64)
+#: parameter-server shards: 1 to 64 (a shard per worker of the largest real cluster)
 Servers = _bounded(1, 64)
 #: samples per rank and step: 1 to :data:`MAX_BATCH`
 BatchSize = _bounded(1, MAX_BATCH)
@@ -159,20 +145,17 @@ Steps = _bounded(1, MAX_STEPS)
 Epochs = _bounded(1, MAX_EPOCHS)
 #: repeats, trials or iterations of a measurement, search or drawn timeline: 1 to :data:`MAX_REPEATS`
 Repeats = _bounded(1, MAX_REPEATS)
-#: interleaved pairs of a timing comparison (repro.studies.timing): 2 (the fewest a ratio's spread needs) to
-#: :data:`MAX_REPEATS`
+#: interleaved pairs of a timing comparison: 2 (the fewest a ratio's spread needs) to :data:`MAX_REPEATS`
 TimingPairs = _bounded(2, MAX_REPEATS)
 #: a seed: 0 to :data:`MAX_SEED`
 Seed = _bounded(0, MAX_SEED)
-#: SSP's staleness bound, iterations: 0 to 100 (the papers use single digits; more than 100 iterations ahead
-#: is asynchronous training in all but name)
+#: SSP's staleness bound, iterations: 0 to 100 (the papers use single digits)
 Staleness = _bounded(0, 100)
 #: a byte count (message size, bucket threshold): 1 to :data:`MAX_BYTES`
 Bytes = _bounded(1, MAX_BYTES)
 #: a bucket threshold where 0 means "no merging": 0 to :data:`MAX_BYTES`
 ThresholdBytes = _bounded(0, MAX_BYTES)
-#: a learning rate: above 0, at most 100 (the classic PTB LSTM recipe starts at 20, CNN SGD at 0.1 per 256
-#: samples; 100 is five times the largest)
+#: a learning rate in (0, 100] (the PTB LSTM recipe starts at 20)
 LearningRate = Annotated[Float, Field(gt=0, le=100)]
 #: torch CPU threads: 1 to 256 (more than any CPU node's cores)
 Threads = _bounded(1, 256)
