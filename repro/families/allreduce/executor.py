@@ -1,36 +1,10 @@
-"""Run an all-reduce Plan: per-bucket flat buffers filled by gradient hooks, async all-reduce per bucket.
+"""Run an all-reduce Plan with Python gradient hooks: per-bucket flat buffers, one async all-reduce per
+bucket, launched strictly in plan order so that every rank issues the same sequence.
 
-Contract of :class:`BucketedAllReduce`:
-
-- every layer of the model (in the plan's ``view``) appears in exactly one bucket of the plan;
-- during ``loss.backward()`` a post-accumulate-grad hook copies each gradient into its bucket's flat
-  buffer, divided by the world size on the way (as DDP's reducer; with a wire dtype, e.g. float16, it is
-  cast first and the bucket is divided at launch, in that dtype); a bucket's asynchronous
-  ``all_reduce`` starts when its last gradient has arrived, in the plan's bucket order (a bucket never
-  overtakes an earlier one, so every rank issues the same sequence);
-- :meth:`finish` waits for every bucket and hands the averaged gradients to ``param.grad`` (views of
-  the bucket buffer when the wire dtype is the parameter's);
-- **unused parameters**: a parameter whose ``.grad`` is None at :meth:`finish` contributes zeros, and
-  one "had a gradient" flag per parameter travels with the gradients, so a parameter no rank had a
-  gradient for keeps ``.grad`` None: DDP's ``find_unused_parameters=True`` behaviour;
-- **mixed dtypes**: without a wire dtype a bucket keeps one flat buffer per parameter dtype and sends
-  one all-reduce per buffer (each gradient summed in its own dtype, as DDP); with a wire dtype the
-  bucket is one buffer of that dtype, cast back to each parameter's dtype. ``BucketTiming.bytes`` is
-  the bucket's gradient bytes on the wire (flags not counted).
-
-:class:`ScheduledOptimizer` wraps any optimizer so that ``step()`` first calls :meth:`finish`. Each
-layer's gradient-ready time of the last iteration is in ``grad_ready_s`` (:mod:`repro.runtime.clock`,
-``perf_counter`` seconds); with ``record_timeline=True`` so are each bucket's launch and completion
-times (:class:`~repro.runtime.clock.CollectiveEnds`; read after ``settle_timings()``).
-
-**Horovod's cycle time** (plan option ``cycle_s``, the ``horovod`` planner's plans): ticks every
-``cycle_s`` seconds from the backward start (``cycle_origin_s``; after :meth:`finish` in
-``last_cycle_origin_s``). A background thread launches at each tick the buckets complete by then, in
-plan order, so a bucket complete at ``r`` goes out at the first tick at or after ``r`` (the simulator's
-``ceil(r / cycle_s) * cycle_s``, :mod:`repro.families.allreduce.simulate`), later when an earlier bucket holds it
-back. :meth:`finish` waits for the remaining buckets' tick (at most one cycle after the last gradient).
-Every launch is under one lock, so one thread issues a collective at a time and the plan order is
-kept. Without ``cycle_s`` the gradient hooks launch the buckets.
+Gradients are divided by the world size on the way into the buffer (as DDP's reducer); a parameter no
+rank had a gradient for keeps ``.grad`` None (DDP's ``find_unused_parameters=True``); with the plan
+option ``cycle_s`` a background thread launches complete buckets at Horovod-style ticks. Times are
+``perf_counter`` seconds. Details: docs/design/families.md.
 """
 
 from __future__ import annotations

@@ -1,11 +1,9 @@
 """Planners of the all-reduce family: bucket contiguous layers, send each bucket by all-reduce.
 
-All take a :class:`~repro.core.trace.Trace`, a :class:`~repro.core.cost.CostModel` and the ``wire_dtype`` the
-gradients travel in (None: the trace's dtype), and return an all-reduce :class:`~repro.core.plan.Plan`
-whose buckets are in backward (communication) order. Every planner solves on the bytes actually sent
-(``layer_wire_bytes``), so under float16 ``optimal`` is optimal for float16 messages. Each plan's
-``meta["iteration_s"]`` is its simulated iteration time under the same model (MG-WFBP's), equal to
-``simulate(trace, plan, cost).iteration_s``.
+Each takes a :class:`~repro.core.trace.Trace`, a :class:`~repro.core.cost.CostModel` and the ``wire_dtype``
+(None: the trace's dtype; planners solve on the bytes sent), and returns an all-reduce
+:class:`~repro.core.plan.Plan` with buckets in backward (communication) order and
+``meta["iteration_s"] == simulate(trace, plan, cost).iteration_s``.
 """
 
 from __future__ import annotations

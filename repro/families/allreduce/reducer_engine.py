@@ -1,34 +1,10 @@
-"""Run an all-reduce Plan on PyTorch's own C++ reducer (``torch.distributed.Reducer``, DDP's engine).
+"""Run an all-reduce Plan on PyTorch's C++ reducer (``torch.distributed.Reducer``, DDP's engine).
 
-A gradient hook written in Python costs a Python call per parameter inside the backward; this engine
-hands the plan's buckets to DDP's reducer, which marks gradients ready in C++, so the exchange runs at
-DDP's speed while the buckets stay the plan's, in the plan's order.
-
-Contract (the same as :class:`repro.families.allreduce.executor.BucketedAllReduce`'s where both apply;
-:class:`ReducerAllReduce`):
-
-- **Buckets**: the reducer gets the parameters in plan order with one cap per bucket equal to its exact
-  bytes (``bucket_bytes_cap_list``); it is rebuilt once at construction (never later) and the resulting
-  membership is checked against the plan (:class:`~repro.core.plan.PlanError` when it differs). Buckets are
-  all-reduced in plan order.
-- **Averaging**: the reducer multiplies each gradient by ``1 / world_size`` into the bucket and copies
-  the average back into ``param.grad`` (DDP's default: the parameters are DDP's bit for bit). No Python
-  runs per gradient or per bucket (a Python comm hook only for ``record_timeline``).
-- **Per iteration**: ``prepare_for_forward`` before the forward and ``prepare_for_backward`` when a
-  training forward with autograd on ends; nothing while :meth:`hold` is on (the door's ``no_sync``).
-- **Unused parameters**: the plan's last bucket ends with one "had a gradient" flag per parameter; at
-  the end of the backward every parameter this rank has no gradient for is marked ready (zeros), then
-  the flags, which completes the last bucket, so every rank issues the same all-reduces. A parameter no
-  rank had a gradient for keeps ``.grad`` None, as under ``find_unused_parameters=True``. A backward
-  that never reaches the output tensors (a loss from parameters alone) is finished by :meth:`finish`.
-- **Times**: on a CPU, each layer's gradient-ready time comes from the reducer's per-parameter stamps
-  (``get_backward_stats``), shifted to the ``time.perf_counter()`` base; on other devices none are kept.
-  With ``record_timeline`` a comm hook per bucket stamps its launch and completion on the host.
-
-What it does not run (:func:`unfit_reason` names it, and the all-reduce executor then uses the Python
-hook engine): plans with a wire dtype, Horovod's cycle time or split layers; models whose parameters do
-not share one dtype and device, with sparse-gradient embeddings, or with an empty parameter; an explicit
-clock; a device other than the CPU.
+The plan's buckets, in plan order, are handed to the reducer with one exact byte cap each, so the
+exchange runs at DDP's speed with the plan's buckets; averaging, unused parameters and ``.grad`` are
+DDP's bit for bit. :func:`unfit_reason` names what it cannot run (wire dtypes, cycle times, split
+layers, mixed dtypes/devices, sparse gradients, an explicit clock, a non-CPU device); the all-reduce
+executor then uses its Python hooks. Details: docs/design/families.md.
 """
 
 from __future__ import annotations

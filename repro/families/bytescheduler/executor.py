@@ -1,48 +1,10 @@
-"""Run a ByteScheduler plan: chunked all-reduces served by priority under a credit, each layer updated as
-its chunks complete (Peng et al., SOSP 2019, as DeAR's baselines use it; the model is
-:mod:`repro.families.bytescheduler.simulate`).
+"""Run a ByteScheduler plan: chunked all-reduces served by priority under a credit (``credit_bytes`` in
+flight at most), each layer updated just before its next forward once its chunks are reduced.
 
-A plan of the ``bytescheduler`` family lists **chunks**: a whole layer, or piece ``(index, count)`` of
-one layer (near-equal by elements, the first ``numel % count`` one element longer, as
-:func:`repro.core.plan._piece_fraction`), each with one all-reduce message whose ``priority`` is the layer's
-forward index (lower = more urgent). Option ``credit_bytes``: the bytes of chunks in flight at most (the
-planner's defaults are the paper's runs: 16,000,000 with 4,000,000-parameter partitions).
-
-How :class:`ByteSchedulerExecutor` runs it, per rank:
-
-- **backward**: a post-accumulate-grad hook copies each gradient into its layer's flat buffer; a layer's
-  chunks become *ready* when its last gradient has arrived;
-- **scheduler** (a background thread, the only issuer of collectives on the executor's two process
-  groups): issues ready chunks' asynchronous ``all_reduce`` (sums) in strict priority order (ties by
-  readiness) while the bytes in flight stay within the credit (one chunk is always allowed when none is
-  in flight);
-- **update**: the wrapped optimizer's ``step()`` only marks every layer's update as pending; before a
-  module holding parameters of layer ``l`` runs in the next forward, a pre-hook waits for ``l``'s chunks,
-  divides by the world size ``P`` and steps the optimizer with only ``l``'s ``.grad`` set (equal to a
-  whole-model step for optimizers with per-parameter state, as torch's). :meth:`flush` applies
-  everything pending;
-- buffers are broadcast from rank 0 before every forward (as DDP does);
-- mixed precision: with ``ex.wrap_optimizer(optimizer, grad_scaler=scaler)``, ``step()`` waits for every
-  chunk, decides the skip on the all-reduced sums (the same on every rank), tells the scaler's
-  ``update()``, and the layer-wise updates apply ``sum / P / scale``; ``opt.synchronize()`` finishes
-  the exchange early for ``scaler.unscale_(opt)`` and clipping.
-
-**Same collectives on every rank.** Rank 0 decides: its scheduler thread picks the chunks to issue (its
-own readiness and completions) and broadcasts their ids on a control group (gloo); every other rank's
-scheduler thread waits until those chunks are ready locally and issues them in the decided order, so
-every rank issues the same all-reduces in the same order on the data group. The buffer broadcast
-before each forward is one more decision of rank 0, so it too sits at the same place on every rank
-(``tests/test_comm_order.py`` records the sequences). Decisions never wait on a later iteration, so
-every broadcast is matched.
-
-**Completion is measured where the work runs** (:class:`HostComm`, :class:`CudaComm`): a gloo
-``Work``'s future completes when the data is there; on CUDA, where an NCCL ``Work`` completes at enqueue,
-the scheduler thread issues on a side stream and records an event after each all-reduce, which a
-watcher thread (:class:`~repro.runtime.clock.EventCompletions`) waits for in issue order: a chunk's
-bytes leave the credit (:func:`pick_chunks`) only when the device has finished it.
-
-With ``record_timeline`` ``timings`` holds per chunk of the last iteration a :class:`ChunkTiming`
-(layer, piece, bytes, priority, and ``time.perf_counter()`` seconds: ready, decided, launched, completed).
+Rank 0's scheduler thread decides which chunks to issue and broadcasts their ids on a gloo control
+group; every rank issues the same all-reduces in that order (the buffer broadcast before each forward
+is one more decision). A chunk leaves the credit when the device has finished it (:class:`HostComm`,
+:class:`CudaComm`). Details: docs/design/families.md.
 """
 
 from __future__ import annotations

@@ -1,50 +1,11 @@
-"""Run a DeAR plan: reduce-scatter in backward, all-gather in the next forward, updates just in time.
+"""Run a DeAR plan: reduce-scatter (RS) in backward, all-gather (AG) in the next forward, each bucket's
+parameters updated right after its AG (Zhang et al., ICDCS 2023).
 
-DeAR (Zhang et al., IEEE ICDCS 2023, arXiv 2302.12445) splits each bucket's all-reduce into a
-reduce-scatter (RS), launched in backward as soon as the bucket's gradients are ready, and an all-gather
-(AG), deferred to the next iteration's forward just before the bucket's layers run; the bucket's
-parameters are updated right after its AG. :class:`DeARExecutor` runs a ``"dear"`` plan (contiguous
-runs of layers in forward order, bucket 0 on the input side) under the executor contract
-(:mod:`repro.runtime.executor`):
-
-- one flat buffer per bucket, padded with zeros to a multiple of P, filled by a post-accumulate-grad hook
-  per parameter; a complete bucket's RS goes to one FIFO :class:`~repro.runtime.collectives.CommStream`,
-  bucket K-1 first (every rank submits the same sequence). Each buffer carries one flag per parameter
-  (1 where this rank had a gradient): a missing gradient counts as zeros, and a parameter no rank had a
-  gradient for gets no update (DDP's ``find_unused_parameters`` rule);
-- the wrapped optimizer's ``step()`` waits for every RS, submits AG(0) and updates nothing;
-- a forward pre-hook on every module owning a parameter of bucket k applies every pending bucket up to
-  k in order (wait AG(j), submit AG(j+1), divide the gathered sum by P, run the optimizer on bucket j's
-  parameters only); parameters used outside their module's forward are covered by
-  :class:`~repro.runtime.deferred.ApplyBeforeUse`. Each update is applied exactly once, also in a
-  ``no_grad`` forward.
-
-The optimizer steps once per bucket, with only that bucket's ``.grad`` set: this equals one whole-model
-step for optimizers that skip parameters without a gradient and keep per-parameter state (torch's SGD,
-Adam, AdamW). Each update uses the param groups' values saved at the ``step()`` that made it
-(:func:`~repro.runtime.deferred.hyperparameters`). A global gradient-norm clip needs the exchanged
-gradient: ``optimizer.clip_grad_norm_`` (through :meth:`DeARExecutor.synchronize`). One backward per
-``step()``: a gradient arriving twice for a parameter before ``step()`` raises.
-
-**Mixed precision**: with ``ex.wrap_optimizer(optimizer, grad_scaler=scaler)``, ``step()`` decides the
-skip on the reduce-scattered gradient (the same verdict on every rank), tells the scaler's ``update()``,
-and the next forward's updates apply ``sum / P / scale``; ``opt.synchronize()`` finishes the exchange
-early for ``scaler.unscale_(opt)`` and clipping.
-
-``flush()`` waits for all communication and applies every pending update (the authors' code drops the
-last iteration's update). ``remove()`` flushes, removes every hook and closes the stream (unless it was
-handed in).
-
-**One thread, one order**: every collective of the executor (RS, AG, the GradScaler verdict, the buffer
-broadcast from rank 0 before each forward) goes through its :class:`CommStream`, so every rank issues
-the same collectives in the same order from one thread (``tests/test_comm_order.py`` records them). On
-GPUs (NCCL) buffers live on the parameters' device; the stream's side stream waits for an event recorded
-at submission, and the main thread waits through :func:`repro.runtime.clock.waits_for` (on CUDA its
-stream waits for the op's event; the host does not block on the all-gather).
-
-:func:`calibrate` is the family's calibration hook (:mod:`repro.core.families`): ``reduce_scatter`` and
-``allgather`` lines of a ``--network`` preset, or fitted by timing :class:`CommStream` RS and AG on the
-live group.
+The optimizer's ``step()`` waits for every RS and submits AG(0); a forward pre-hook applies the pending
+buckets in order, one optimizer step per bucket with only its ``.grad`` set (equal to a whole-model step
+for torch's per-parameter optimizers). Every collective goes through one
+:class:`~repro.runtime.collectives.CommStream`, so every rank issues the same sequence from one thread.
+``flush()`` applies every pending update. Details: docs/design/families.md.
 """
 
 from __future__ import annotations

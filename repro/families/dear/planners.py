@@ -1,20 +1,6 @@
-"""Planners of the DeAR family (Zhang et al., IEEE ICDCS 2023, arXiv 2302.12445): contiguous buckets in
-forward order.
-
-Every plan's buckets are runs of consecutive layers, input side first; each sends a backward
-reduce-scatter and a next-forward all-gather (:mod:`repro.families.dear.simulate`). ``meta["iteration_s"]`` is the
-plan's steady-state period under the model, equal to ``simulate(trace, plan, cost).iteration_s``.
-
-- :func:`dear_nofusion`: one layer per bucket ("DeAR without tensor fusion");
-- :func:`dear_threshold`: the released code's fixed-threshold fusion (25 MB by default);
-- :func:`dear_model`: beyond the paper, the threshold the simulator predicts best, exact over every
-  bucketing the threshold rule can produce (:func:`threshold_sweep` enumerates them all), i.e. over
-  the very search space the Bayesian-optimisation tuner explores with live measurements;
-- :func:`dear_optimal`: beyond the paper, the exact optimum over every contiguous bucketing (a
-  dynamic program). On the paper's models at 64 workers it is 2-23% faster than the best threshold
-  bucketing: e.g. ResNet-50 on 10GbE gets buckets of 0.7, 19, 53 and 25 MiB (forward order), a
-  small first bucket whose all-gather, which nothing can hide, is short — one threshold cannot make
-  that.
+"""Planners of the DeAR family: contiguous buckets of layers in forward order (input side first), each
+sending a backward reduce-scatter and a next-forward all-gather. ``meta["iteration_s"]`` is the plan's
+steady-state period, equal to ``simulate(trace, plan, cost).iteration_s``.
 """
 
 from __future__ import annotations

@@ -1,33 +1,10 @@
-"""DeAR with its buffer size tuned live by Bayesian optimisation (scheduler ``dear_bo``).
+"""DeAR with its bucket threshold tuned live by Bayesian optimisation (scheduler ``dear_bo``).
 
-The DeAR authors' released code tunes one scalar, the bucket threshold (buffer size, bytes), with
-Bayesian optimisation over measured iteration times (Zhang et al., *DeAR*, IEEE ICDCS 2023, arXiv
-2302.12445). Here:
-
-- search space: ``x = log2(threshold bytes)`` over ``bounds`` (1-256 MiB by default);
-- a Gaussian process (``bayes_opt`` 3.4, its default Matern-2.5 GP) with expected improvement
-  (``acquisition.ExpectedImprovement(xi=0.1)``), ``trials`` suggestions (10 by default) after the
-  initial plan's threshold has been measured (trial 0, registered when it lies within the bounds);
-- the objective of a threshold is ``-`` its mean iteration time: after regrouping the buckets the run
-  settles for ``settle_steps`` steps (2), then ``trial_steps`` (5) iteration times are measured
-  (``time.perf_counter`` between the ends of consecutive ``step()`` calls) and the slowest rank's mean
-  (an all-reduce MAX) counts. The GP sees it divided by trial 0's time (a monotone rescaling, so that
-  ``xi`` is a fraction of the initial iteration time whatever the model); ``xi = 0.1`` explores
-  enough not to stop at a bound of the search space. The GP runs on rank 0 between trials, outside the
-  measured steps;
-- rank 0 runs the optimiser and broadcasts the next threshold; every rank regroups identically between
-  steps (:func:`repro.families.dear.planners.threshold_groups` over its layers' bytes in the plan's forward
-  order): the current :class:`~repro.families.dear.executor.DeARExecutor` is flushed (every reduce-scatter is
-  complete after ``step()``; the flush gathers and applies every pending update, so no gradient and no
-  update is lost), its hooks removed, and a new one built on the same communication stream;
-- after the trials the best measured threshold is kept for the rest of the run.
-
-The object the loop got from ``wrap_optimizer`` stays valid across regroupings (it forwards to whichever
-executor is current). ``tables()`` returns ``{"tuning": rows}`` with columns ``trial``,
-``threshold_bytes`` (None for an initial plan without a threshold), ``buckets``, ``iteration_s`` (mean),
-``best_so_far_s``, ``source`` (``"initial"`` / ``"bo"``) and ``chosen`` (the row whose bucketing the
-rest of the run uses). :func:`tune_offline` runs the same search (and grid or random search) on any
-objective without torch.distributed, for comparisons on a simulated or measured objective.
+Search space ``log2(threshold bytes)`` within ``bounds``; a GP with expected improvement (``bayes_opt``)
+on rank 0 proposes ``trials`` thresholds after the initial one; each is scored by the slowest rank's
+mean iteration time over ``trial_steps`` steps after ``settle_steps``. Every rank regroups identically
+between steps (flush, rebuild on the same stream: no gradient or update lost); the best is kept.
+:func:`tune_offline` runs the same search on any objective without torch.distributed.
 """
 
 from __future__ import annotations

@@ -1,67 +1,11 @@
-"""The parameter server co-located on the training ranks (as BytePS places its servers): every rank
-trains *and* serves the plan's shard with its own index, over collectives only.
+"""The parameter server co-located on the training ranks: every rank trains and serves the plan's shard
+with its own index (server ``s`` is rank ``s``), over collectives only, so it runs on NCCL.
 
-Used by :class:`repro.families.ps.executor.PSExecutor` when ``ExecutorOptions.group`` is None (the whole job
-trains; what :func:`repro.distribute` builds), so a 2-rank job runs every PS scheduler. Server ``s`` of
-a ``"ps"`` plan is rank ``s`` (``servers`` <= world size; :func:`colocated_options` makes it the world
-size by default). The owner of a bucket holds its optimizer state (the user's optimizer, stepped on the
-owner only for the owner's parameters, as a sharded optimizer).
-
-**Correct on NCCL by construction**: nothing but collectives on one process group, issued from the
-training thread in an order fixed by the plan and the step, so every rank issues the same sequence. Per
-step ``t``:
-
-1. ``after_backward``: the lagged buckets of step ``t - 1`` are finished (wait for their push, the owner
-   updates its master copy, one asynchronous ``broadcast`` per lagged bucket, plan order);
-2. the optimizer's ``step()``: one push per bucket in plan order (asynchronous): ``reduce`` to the owner
-   (sum) under BSP/OSP, ``gather`` to the owner under ASP/SSP; the fresh buckets' pushes are waited for,
-   the owner updates, then one ``broadcast`` per fresh bucket from its owner, waited for and installed.
-   After ``optimizer.synchronize()`` under BSP/OSP nothing is pushed at the step: that call already
-   all-reduced every bucket;
-3. ``before_forward`` of step ``t``: the pulls due now are installed (no collective but the buffer
-   broadcast from rank 0), then OSP's LGP correction.
-
-A push is the bucket's flat gradient (the parameters' dtype, on their device) followed by one "had a
-gradient" flag per parameter; there is no header (the protocol is the plan).
-
-**The math** (the same as the dedicated servers of :mod:`repro.families.ps.executor`; written references in
-``tests/test_runtime_ps.py``). ``W_t``: the servers' parameters after ``t`` updates; N ranks. A bucket
-with lag ``L`` is computed on at iteration ``c`` with ``W_{max(c - L, 0)}``:
-
-- **BSP**: ``L = 0``; ``W_{t+1} = opt(W_t, (g_0 + ... + g_{N-1}) / N)``; a rank without a gradient for a
-  parameter counts zeros, and a parameter no rank had a gradient for gets no update (DDP with
-  ``find_unused_parameters=True``);
-- **OSP**: stage-1 buckets ``L = 0``, stage-2 buckets ``L = 1`` (their push and pull overlap the next
-  iteration); with LGP, the stage-2 parameters of iteration ``c >= 1`` are corrected by the gradient
-  this rank pushed last, ``w - lr * g_local(c - 1)`` (``lr``: the parameter's group's at that step);
-- **ASP**: each rank's gradient is applied on its own, scaled by 1/N, one optimizer step per rank in
-  rank order; pulls fresh (``L = 0``): the ASP execution in which all N pushes of a round arrive before
-  any pull is answered (the dedicated servers' SSP(0));
-- **SSP(s)**: ASP's update, pulls lagged by ``L = s``: SSP's bound at its worst case, deterministic.
-
-An owner updates a lagged bucket on a **master copy** (its training copy holds the stale or
-LGP-corrected values). Every update uses the parameter groups' settings (lr, momentum, ...) of the step
-its gradients belong to. ``flush()`` finishes the lagged buckets and installs every pull, after which
-every rank holds ``W_t`` (a collective when lagged work is pending: call it on every rank).
-
-**Mixed precision** (``grad_scaler=scaler``): one ``all_reduce`` (max) of the ranks' inf/nan verdicts;
-then either every rank skips the step (no push, no update; the scaler backs off everywhere,
-:class:`~repro.runtime.executor.FoundInfReport`) or every rank pushes its gradient times ``1/scale``
-(as it is, when ``scaler.unscale_`` already unscaled it).
-
-**Changing gradients before the step** (clipping): ``optimizer.synchronize()`` first (a collective), then
-change ``param.grad``: under BSP/OSP it holds the average over the ranks (DDP's rule), under ASP/SSP this
-rank's own gradient. A gradient changed without ``synchronize()`` is refused at the step with one
-ValueError line, before anything is pushed.
-
-**Checkpoints**: ``optimizer.state_dict()`` returns the whole state on every rank, each parameter's from
-its owner (one ``all_gather_object``: every rank calls it), marked with
-:data:`repro.families.ps.layout.GATHERED_KEY`; every rank loads the whole dict, and a gathered dict with
-entries removed is refused in one line. The optimizer passed in does the same while this executor is
-attached.
-
-Dedicated server ranks are :mod:`repro.families.ps.executor` (``repro train`` / ``repro launch``, or
-:func:`repro.distribute` with ``dedicated_servers``).
+Per step, in an order fixed by the plan: ``after_backward`` finishes the lagged buckets of the previous
+step; the optimizer's ``step()`` pushes every bucket to its owner (``reduce`` under BSP/OSP, ``gather``
+under ASP/SSP), the owners update and broadcast the fresh buckets; ``before_forward`` installs the pulls
+due and applies OSP's LGP correction. Same math as the dedicated servers (:mod:`.executor`).
+``optimizer.state_dict()`` gathers the whole state on every rank. Details: docs/design/families.md.
 """
 
 from __future__ import annotations

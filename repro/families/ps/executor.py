@@ -1,61 +1,13 @@
-"""A parameter server on torch.distributed: S server ranks, N workers, BSP / ASP / SSP(s) / OSP.
+"""A parameter server on torch.distributed: S server ranks, N workers, BSP / ASP / SSP(s) / OSP (as
+interpreted in ``docs/interpretations.md``).
 
-This package's reading of OSP (Chen et al., *OSP: Boosting Distributed Model Training with 2-stage
-Synchronization*, arXiv 2306.16926; only the abstract is published, so what runs here is the
-interpretation in ``docs/interpretations.md``). Ranks ``0..S-1`` serve (:func:`serve`), ranks
-``S..S+N-1`` train with :class:`PSExecutor`. A ``"ps"`` plan (:mod:`repro.families.ps.planners`) gives each
-bucket (the layers of one stage held by one server) its server; everything travels point to point on
-the default process group (``isend``/``irecv``; the workers' own collectives use a group of the workers).
-
-**Wire protocol**, per worker step ``t`` and server ``s`` (tags: 0 for headers, ``1 + b`` for bucket
-``b``): a header ``[STEP, t, nbytes]`` (``nbytes`` > 0: the pickled parameter-group settings follow,
-sent whenever they changed), then per bucket of the server, in plan order, the push (flat gradient and
-one "had a gradient" flag per parameter), each answered with the bucket's flat parameters (pull).
-``[FETCH, t, 0]`` asks for every bucket's current parameters; ``[STATE, t, 0]`` for the optimizer state
-of the server's parameters (a length, then ``torch.save`` bytes); ``[LOAD, t, nbytes]`` installs an
-optimizer state dict or bucket values; ``[STOP, t, 0]`` ends the server's thread for that worker. Each
-server runs one thread per worker, updates serialised by one lock; under BSP/OSP a step's stage-1
-buckets are answered before its stage-2 pushes are awaited. A server thread that fails ends
-:func:`serve` with an error naming that worker's rank.
-
-**Server**: a full copy of the model and the run's optimizer, with the trainers' state at the end of the
-warm-up; it updates only its shard's parameters, one bucket at a time (per-bucket steps equal one
-whole-model step for optimizers with per-parameter state, as torch's).
-
-- **BSP** and OSP's stages: a bucket's update waits for all N gradients of the step, summed in worker
-  order and divided by N; a missing gradient counts as zeros, and a parameter no worker had a gradient
-  for gets no update (DDP's ``find_unused_parameters`` rule);
-- **ASP**: each worker's gradient is applied on its own as it arrives, scaled by 1/N; the worker gets the
-  values right after;
-- **SSP(s)**: ASP, except that the answer to worker w's step ``t`` waits until every worker's gradients
-  of step ``t - s`` are applied. Every answer is recorded (``server_clocks`` table).
-
-Every update uses the parameter-group settings that came with its step's header (BSP/OSP: the first
-worker's; ASP/SSP: that worker's).
-
-**Worker** (:class:`PSExecutor`; ``ExecutorOptions.group`` must be the workers' own group): the wrapped
-optimizer's ``step()`` pushes every bucket and posts its pulls, then waits for the stage-1 pulls.
-Gradients changed between backward and the step are refused (one ValueError line) unless
-``synchronize()`` came first (BSP/OSP: it all-reduces the gradients over the workers; ASP/SSP: each
-worker's own). Stage-2 (OSP) pulls of step ``t`` are installed in ``before_forward`` of step ``t + 2``,
-so their traffic overlaps iteration ``t + 1``. **LGP** (``lgp`` on): ``before_forward`` of step ``t + 1``
-installs the freshest stage-2 values and corrects them with this worker's stage-2 gradient of step
-``t``: ``w <- w - lr * g_local``. ``flush()`` waits for everything and installs the last values; under
-ASP/SSP the workers then fetch the servers' values, and the first worker's buffers are broadcast.
-``remove()`` flushes and stops the worker's server threads.
-
-**Checkpoints**: while a worker is attached, its optimizer's ``state_dict()`` gathers every server's
-state (``STATE``; a collective of the workers) and ``load_state_dict()`` sends the loaded dict to every
-server (``LOAD``); the model's ``load_state_dict()`` sends every server its buckets' values. A gathered
-dict with entries removed is refused in one line (:func:`repro.families.ps.layout.check_whole`).
-
-**Co-located servers**: with ``ExecutorOptions.group`` None, ``PSExecutor(...)`` is a
-:class:`repro.families.ps.colocated.ColocatedPSExecutor` (the same math over collectives; the path for
-NCCL). The dedicated servers serve each worker from a thread of its own, point to point on one
-communicator, which NCCL does not support: on the nccl backend they refuse to start, in one line.
-
-:func:`calibrate` (the family's calibration hook) times ping-pongs between server 0 and the first worker
-and fits ``push`` = ``pull`` = half the round trip (a symmetric link).
+Ranks ``0..S-1`` serve (:func:`serve`, one thread per worker, updates under one lock), ranks ``S..``
+train with :class:`PSExecutor`; pushes and pulls travel point to point (``isend``/``irecv``, tag 0 for
+headers ``[kind, t, nbytes]``, ``1 + b`` for bucket ``b``). Stage-2 (OSP) pulls of step ``t`` are
+installed before the forward of step ``t + 2``; LGP corrects stale values with the local gradient.
+With ``ExecutorOptions.group`` None, ``PSExecutor(...)`` is a
+:class:`~repro.families.ps.colocated.ColocatedPSExecutor`. Dedicated servers refuse nccl. :func:`calibrate`
+fits ``push`` = ``pull`` = half a ping-pong's round trip. Protocol and math: docs/design/families.md.
 """
 
 from __future__ import annotations

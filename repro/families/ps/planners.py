@@ -1,26 +1,11 @@
-"""Planners of the parameter-server family (OSP: Chen et al., arXiv 2306.16926; only the abstract is
-published, this package implements the interpretation in ``docs/interpretations.md`` and says so).
+"""Planners of the parameter-server family (OSP: Chen et al., arXiv 2306.16926, as interpreted in
+``docs/interpretations.md``).
 
-A PS plan says, for every layer, which **server shard** holds it and in which **stage** it is
-synchronised, and how the cluster synchronises (``mode``):
-
-- shards are balanced by bytes: layers, largest first, each to the shard holding the fewest bytes so
-  far (ties: the lower shard), so each of the S servers holds about 1/S of the model;
-- one bucket per (stage, shard): the layers of that stage held by that shard, in forward order, with
-  two messages, a ``push`` of their gradients and a ``pull`` of their new values. Stage 1 buckets use
-  phase ``backward`` (blocking: the next iteration waits for their pull), stage 2 buckets phase
-  ``background`` (overlapped with the next iteration, one step stale);
-- ``bsp``, ``asp``, ``ssp`` put every layer in stage 1; ``osp`` puts the most important layers, up to
-  ``stage1_share`` of the gradient bytes, in stage 1 and the rest in stage 2. In importance order, a
-  layer joins stage 1 when at least half of its bytes still fit within what is left of the share; a
-  layer that does not fit is passed over and less important, smaller ones may still join (a greedy
-  fill). A share of 1 is BSP's layout and a share of 0 puts everything in stage 2.
-
-Importance policies (docs/osp.md): ``position`` (input-side layers first: the next forward needs them
-first) and ``magnitude`` (largest mean absolute gradient per element first, from the magnitudes a
-measured trace records per layer as ``grad_abs_mean``). ``osp_auto`` chooses the share by this package's
-rule (:func:`repro.families.ps.simulate.auto_stage2_share`: the largest stage-2 share whose traffic hides behind
-one computation under the cost model). ``meta["iteration_s"]`` is the simulated steady-state period.
+A plan puts each layer on a server shard (layers largest first, each to the shard with the fewest bytes;
+ties: the lower shard) and in a stage: one bucket per (stage, shard) with a ``push`` and a ``pull``;
+stage 1 (phase ``backward``) blocks the next iteration, stage 2 (``background``) overlaps it. ``osp``
+fills stage 1 greedily in importance order (``position`` or ``magnitude``) up to ``stage1_share`` of the
+bytes. ``meta["iteration_s"]`` is the simulated steady-state period.
 """
 
 from __future__ import annotations

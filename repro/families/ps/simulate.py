@@ -1,32 +1,10 @@
-"""A parameter-server cluster over several iterations: BSP, ASP, SSP(s) and OSP's two-stage
-synchronisation (Chen et al., *OSP*, arXiv 2306.16926; only the abstract is published, this is the
-interpretation in ``docs/interpretations.md``).
+"""A parameter-server cluster over several iterations: BSP, ASP, SSP(s) and OSP's two stages (as
+interpreted in ``docs/interpretations.md``).
 
-N workers and S server shards. Each shard holds ``1/S`` of every gradient's bytes (balanced by bytes);
-every server shard has one full-duplex link that all N workers share, modelled as two queue streams
-(``server<s>.in`` for pushes, ``server<s>.out`` for pulls: one message at a time, so N concurrent pushes
-take N message times) and one queue stream for its optimizer (``server<s>.cpu``). Workers' own links
-are not a bottleneck (a non-blocking switch). A message of ``b`` bytes takes ``line(b)`` seconds on its
-server link.
-
-Per iteration ``i`` of worker ``w`` (compute on the in-order stream ``worker<w>``):
-
-- **BSP**: compute; push to every shard; the shard's update waits for all N pushes of the iteration;
-  every worker pulls the new values; its next compute waits for its pulls.
-- **ASP**: as BSP, but each push is applied on its own (no barrier) and the worker pulls right after
-  its own gradient is applied.
-- **SSP(s)**: ASP, and the compute of iteration i also waits until every worker's gradient of
-  iteration ``i - s - 1`` is applied (no worker runs more than s iterations ahead of the slowest).
-- **OSP(r)**: BSP on the stage-1 share ``r`` of the bytes (blocking); the stage-2 share ``1 - r`` is
-  pushed, aggregated and pulled in the background with a lower priority on the server links, and the
-  compute of iteration ``i + 1`` waits only for stage 2 of iteration ``i - 1`` (those parameters are
-  one step stale; LGP corrects them locally, ``lgp_s`` seconds on the worker). ``r = 1`` is BSP.
-  :func:`auto_stage2_share` is this package's automatic split (docs/osp.md) (the largest stage-2 share whose traffic hides behind one
-  computation); the simulation shows it is not always the fastest split: a larger stage 2 that does
-  not fully hide can still shorten the period while the server links are not saturated.
-
-The steady-state period is the mean, over workers, of the interval between the starts of their
-computes from iteration ``warmup`` to the last. Never imports torch.
+N workers, S shards; each shard has one push and one pull queue (a message at a time, ``line(b)``
+seconds) and one optimizer queue; workers' links are not a bottleneck. The steady-state period is the
+mean, over workers, of the interval between their compute starts from iteration ``warmup`` on.
+Per-mode rules: docs/design/families.md. Torch-free.
 """
 
 from __future__ import annotations

@@ -1,41 +1,11 @@
 """Run a ``sparse`` Plan: top-k sparsified gradients with error feedback (OMGS-SGD, TopK-SGD).
 
-The exchange has three parts, state kept apart from the algorithm (GRACE's compressor / memory /
-communicator split):
-
-- a :class:`Compressor` turns a flat gradient into ``(values, indices)`` and adds such pairs back into
-  a dense tensor in one fixed order on every device (:func:`deterministic_index_add_`);
-  :class:`TopKCompressor` keeps the ``k`` entries of largest magnitude, indices as int32;
-  ``k = ceil(density * n)`` per bucket (:func:`repro.families.sparse.simulate.topk_count`), or under the plan's
-  ``topk_scope`` "model" the same total split between the buckets by where the model's largest entries
-  were the step before (:func:`budget_counts`, :func:`allocate_budget`);
-- a :class:`Memory` holds what a worker did not send: ``compensate(key, flat)`` adds the residual to
-  the new gradient, ``update(key, compensated, indices)`` keeps ``compensated`` with the sent entries
-  zeroed (:class:`ResidualMemory`: sent values plus new residual equal ``gradient + old residual``
-  bit for bit);
-- an :class:`AllGatherCommunicator` all-gathers every worker's values and indices asynchronously (two
-  all-gathers, or one packed message) and hands back the ``P * k`` gathered pairs.
-
-:class:`SparseExecutor` runs a plan under :mod:`repro.runtime.executor`'s contract: a post-accumulate-grad
-hook copies each gradient into its bucket's flat buffer; a complete bucket (strictly in plan order) is
-compensated and compressed **on the calling thread** (the paper's sparsification on the compute stream)
-and its all-gathers are launched. ``after_backward`` waits for them, adds the ``P`` contributions in
-worker order, divides by ``P`` and hands the result to ``param.grad``: every worker applies the same
-sparse average, bit for bit.
-
-**Mixed precision** (``wrap_optimizer(optimizer, grad_scaler=scaler)``): each bucket is unscaled
-(``* 1/S``, exact) before compensation, so residuals, top-k and the exchange are in the gradient's own
-units; ``param.grad`` gets the average times ``S``, as DDP's, so ``scaler.unscale_`` and clipping after
-``optimizer.synchronize()`` work as usual. One all-reduce (max) of every rank's inf/nan verdict decides
-the step: a skipped step puts the residuals back (:meth:`Memory.keep` / :meth:`Memory.undo`) and tells
-the scaler's ``update()`` (:class:`~repro.runtime.executor.FoundInfReport`).
-
-With ``record_timeline`` each bucket's :class:`SparseBucketTiming` holds the compression's start and end
-and the communication's launch and end (``perf_counter`` seconds; read after ``settle_timings()``).
-
-:func:`calibrate` is the family's calibration hook (:mod:`repro.core.families`): the sparse all-gather line
-fitted on the live group over the message sizes this model sends, and the top-k cost measured on this
-rank's device.
+A :class:`Compressor` selects ``(values, indices)``, a :class:`Memory` keeps the residual, an
+:class:`AllGatherCommunicator` all-gathers the pairs. A complete bucket (strictly in plan order) is
+compressed on the calling thread and its all-gathers launched; ``after_backward`` adds the ``P``
+contributions in worker order (:func:`deterministic_index_add_`) and divides by ``P``, so every worker
+applies the same average bit for bit. Under a GradScaler buckets are unscaled before compensation and
+one all-reduce (max) of the inf/nan verdicts decides the step. Details: docs/design/families.md.
 """
 
 from __future__ import annotations

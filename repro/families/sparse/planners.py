@@ -1,19 +1,9 @@
-"""Planners of the sparse family (OMGS-SGD: Shi et al., IEEE INFOCOM 2020): which layers share one top-k.
+"""Planners of the sparse family (OMGS-SGD, Shi et al., INFOCOM 2020): which layers share one top-k.
 
-All take a :class:`~repro.core.trace.Trace`, a :class:`~repro.core.cost.CostModel` that knows the sparse
-all-gather line and the top-k cost (``topk_s``), the ``density`` (k = ceil(density x elements) per
-bucket) and ``pack`` (False: values and indices in two all-gathers, as the paper; True: one packed
-all-gather), and ``topk_scope`` (the plan's option: each bucket its own ``ceil(density x elements)``,
-"bucket", or that total split between buckets each step, "model"; see :mod:`repro.families.sparse.executor`).
-They return a ``sparse`` :class:`~repro.core.plan.Plan` of contiguous buckets in backward order whose ``meta["iteration_s"]`` is the simulated iteration (:mod:`repro.families.sparse.simulate`), equal to
-``simulate(trace, plan, cost).iteration_s``.
-
-- :func:`topk_layerwise`: one top-k and all-gather per layer, pipelined with backward;
-- :func:`topk_single`: TopK-SGD, one global top-k after the whole backward;
-- :func:`omgs`: the published OMGS merge rule;
-- :func:`omgs_optimal`: the exact optimum over contiguous groupings (this package's addition).
-
-Never imports torch.
+Each takes a trace, a cost model with the ``sparse_allgather`` line and ``topk_s``, the ``density``
+(``k = ceil(density x elements)`` per bucket), ``pack`` (one packed all-gather instead of two) and
+``topk_scope``, and returns a ``sparse`` plan of contiguous buckets in backward order with
+``meta["iteration_s"] == simulate(trace, plan, cost).iteration_s``. Torch-free.
 """
 
 from __future__ import annotations

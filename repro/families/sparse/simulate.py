@@ -1,29 +1,10 @@
-"""The sparse family's iteration model (OMGS-SGD: Shi et al., *Communication-Efficient Distributed Deep
-Learning with Merged Gradient Sparsification on GPUs*, IEEE INFOCOM 2020; its timeline model).
+"""The sparse family's iteration model (OMGS-SGD, Shi et al., INFOCOM 2020).
 
-Forward runs layers 1..L, then backward L..1 on the compute stream. When the last (input-most)
-layer of a bucket has produced its gradient, the bucket's top-k selection runs **on the compute
-stream** (it blocks the next layer's backward) for ``t_spar(d) = gamma d log2 d`` seconds, ``d`` the
-bucket's elements; then its values and indices are all-gathered on one FCFS communication stream.
-In the paper's notation, for buckets of single (possibly merged) layers::
-
-    tau_b(L) = 0;   tau_s(l) = tau_b(l) + t_b(l);   tau_b(l-1) = tau_s(l) + t_s(l)
-    tau_c(L) = tau_s(L) + t_s(L);   tau_c(l) = max(tau_c(l+1) + t_c(l+1), tau_s(l) + t_s(l))
-    t_iter = t_f + tau_c(1) + t_c(1)
-
-A bucket sends ``k = ceil(density * d)`` values (the gradient's dtype, 4 bytes for float32) and
-``k`` int32 indices: two all-gather messages as in the paper (``t_c = 2 (a + b 4 P k)``), or one
-packed message of both (one start-up). The all-gather line is the cost model's
-``sparse_allgather`` (:mod:`repro.core.cost`: bytes per worker, line in gathered bytes).
-
-The simulator times each bucket at ``k = ceil(density * d)`` also for a plan whose ``topk_scope`` is
-"model" (the executor then moves entries between buckets from step to step, the total unchanged):
-start-ups and total bytes are the same, only the per-bucket sizes of a given step differ.
-
-A measured trace's :class:`~repro.core.trace.Overheads` are added as in the all-reduce family. Two
-implementations of one model, checked against each other by the tests: :func:`build_graph` (the
-event-engine graph, gives the timeline) and :func:`sparse_iteration_s` (the closed form planners
-call). This module never imports torch.
+When a bucket's last gradient is ready its top-k runs on the compute stream (``gamma d log2 d``
+seconds, ``d`` elements), then ``k = ceil(density * d)`` values and int32 indices are all-gathered on
+one FCFS stream (two messages, or one packed). ``topk_scope`` "model" is timed as "bucket" (same
+start-ups and total bytes). :func:`build_graph` (event graph) and :func:`sparse_iteration_s` (closed
+form) agree. Torch-free.
 """
 
 from __future__ import annotations
