@@ -321,12 +321,9 @@ class BucketedAllReduce:
 
 
 def allreduce_launcher(group: dist.ProcessGroup | None = None):
-    """``launch(tensor) -> Work``: start an asynchronous SUM all-reduce of ``tensor`` on ``group`` (None: the
-    default group) by the process group's own ``allreduce``, which is what ``dist.all_reduce(tensor,
-    group=group, async_op=True)`` calls after its argument checks (Python paid once per bucket in the
-    middle of the backward); the executor's buffers are dense tensors of one dtype on the group's device, so
-    there is nothing for them to find (a complex buffer goes through ``dist.all_reduce``). A torch whose
-    process group lacks ``allreduce`` (or its options) gets ``dist.all_reduce`` itself."""
+    """``launch(tensor) -> Work``: an asynchronous SUM all-reduce on ``group`` through the process group's
+    own ``allreduce`` (skipping ``dist.all_reduce``'s per-call checks; the buffers are dense, one dtype).
+    Falls back to ``dist.all_reduce`` where the process group lacks it."""
     pg = group if group is not None else dist.group.WORLD
     options_type = getattr(dist, "AllreduceOptions", None)
     if options_type is None or not hasattr(pg, "allreduce"):
@@ -369,17 +366,12 @@ class ScheduledOptimizer:
 
 
 class AllReduceExecutor(Executor):
-    """The all-reduce family's executor under the executor contract, on the options' group of training
-    ranks: buffers are broadcast from its first rank before every forward (as DDP does),
-    ``after_backward`` waits for every bucket and hands the averaged gradients over.
-
-    Two engines run the plan, with the same results (DDP's parameters; tests pin both):
-    ``"reducer"``, PyTorch's C++ reducer given the plan's buckets
-    (:class:`repro.families.allreduce.reducer_engine.ReducerAllReduce`: DDP's speed, no Python call per gradient),
-    and ``"hooks"``, :class:`BucketedAllReduce` (Python gradient hooks: wire dtypes, mixed dtypes,
-    Horovod's cycle time, explicit clocks, GPUs). ``engine="auto"`` (the default) takes the reducer
-    wherever it runs the plan (:func:`repro.families.allreduce.reducer_engine.unfit_reason`), else the hooks;
-    ``self.engine`` says which ran."""
+    """The all-reduce family's executor: buffers broadcast from the group's first rank before every forward,
+    averaged gradients handed over in ``after_backward``. ``engine``: ``"reducer"``
+    (:class:`~repro.families.allreduce.reducer_engine.ReducerAllReduce`), ``"hooks"``
+    (:class:`BucketedAllReduce`) or ``"auto"`` (the reducer wherever
+    :func:`~repro.families.allreduce.reducer_engine.unfit_reason` allows); ``self.engine`` says which ran.
+    Both give DDP's parameters."""
 
     finishes_in_backward = True  # the exchange is waited for after backward anyway (Executor)
 

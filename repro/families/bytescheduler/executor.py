@@ -47,13 +47,9 @@ class ChunkTiming:
     end_s: float = float("nan")
 
     def row(self, origin_s: float) -> dict:
-        """One ``buckets.csv`` row: time stamps in seconds after ``origin_s``, ``launch_s`` as ``start_s``.
-        On CUDA (completions stamped by a watcher thread) a chunk of this iteration (its gradients
-        ready) that is not yet seen complete is waited for first, whether or not the scheduler thread
-        has issued it yet (at most 60 s; NaN after that): ``step()`` returns before the last chunks are
-        issued, and a row read then would have no ``start_s`` nor ``end_s``. On a
-        CPU its ``start_s`` / ``end_s`` are NaN until then (gloo completes a chunk only when the next
-        forward waits for it)."""
+        """One ``buckets.csv`` row: seconds after ``origin_s``, ``launch_s`` as ``start_s``. On CUDA a ready
+        chunk not yet seen complete is waited for first (at most 60 s, then NaN); on a CPU its times are NaN
+        until it completes."""
         done = self.__dict__.get("_done")
         if done is not None and self.ready_s == self.ready_s:
             done.wait(60.0)
@@ -157,17 +153,11 @@ class HostComm:
 
 
 class CudaComm:
-    """The same on CUDA (NCCL), where a ``Work`` and its future complete at *enqueue*: the scheduler
-    thread issues on a side stream of its own (so that ``work.wait()`` makes only that stream wait for
-    NCCL's, never the training's), first waiting for the event recorded when the chunk was ready (its
-    gradients copied on the training's stream); after the work it records an event on the side stream.
-    Completion is that event, waited for in issue order by an :class:`~repro.runtime.clock.EventCompletions`
-    thread (which issues no collective), so the credit is released when the device finished the
-    all-reduce and ``end_s`` is when it did. Consumers make their current stream wait for the event
-    (no host block).
-
-    ``event_factory``, ``side_stream``, ``current_stream`` and ``completions`` are injectable (the CPU
-    tests drive the executor's credit and timeline with fakes)."""
+    """:class:`HostComm` on CUDA, where an NCCL ``Work`` completes at enqueue: issues on a side stream
+    (after the chunk's ready event) and records an event after each all-reduce; an
+    :class:`~repro.runtime.clock.EventCompletions` thread waits for those in issue order, so the credit is
+    released when the device has finished. ``event_factory``, ``side_stream``, ``current_stream`` and
+    ``completions`` are injectable (the CPU tests use fakes)."""
 
     on_device = True
 
@@ -337,28 +327,13 @@ class ByteSchedulerExecutor(Executor):
         return LayerwiseOptimizer(optimizer, self)
 
     def step(self, amp: ScaledStep | None = None) -> None:
-        """The wrapped optimizer's ``step()``: mark every layer's update pending (applied in the next
-        forward); nothing is waited for.
+        """The wrapped optimizer's ``step()``: mark every layer's update pending; nothing is waited for.
 
-        Under ``torch.amp.GradScaler`` (``amp``: what ``scaler.step(opt)`` attached; every rank calls
-        this every step, skipped or not):
-
-        - the skip needs the whole exchanged gradient, so this waits for every chunk's all-reduce (the
-          chunks still in flight no longer overlap the next forward) and checks the sums for inf/nan
-          (one flag over every layer, read once: one host sync per step).
-          The all-reduced sums are the same on every rank, so is the verdict; and an inf/nan in any
-          rank's own gradient makes its sum inf/nan (IEEE: inf + finite = inf, inf - inf = nan, nan + x
-          = nan), so the verdict covers GradScaler's check of this rank's ``param.grad``;
-        - found: no layer is updated (optimizer state untouched), as ``GradScaler.step`` skips
-          ``optimizer.step()``; else each layer's averaged gradient is multiplied by GradScaler's
-          ``1 / scale`` just before its update (``sum / P * inv_scale``, the order DDP + GradScaler use);
-        - the verdict goes to the scaler's ``update()`` (:class:`~repro.runtime.executor.FoundInfReport`,
-          hence ``wrap_optimizer(opt, grad_scaler=scaler)``), so it backs off on every rank or on none;
-        - ``scaler.unscale_(opt)`` before ``scaler.step(opt)`` is refused unless :meth:`synchronize` ran.
-
-        After :meth:`synchronize`: one optimizer step on ``param.grad`` (unscaled first when GradScaler
-        has not yet; skipped when it found an inf/nan, a verdict the same on every rank).
-        """
+        Under a GradScaler (``amp``; every rank calls this every step) it waits for every chunk and decides
+        the skip on the all-reduced sums (the same verdict on every rank; any rank's inf/nan makes its sum
+        non-finite), reports it to the scaler's ``update()``, and the layer-wise updates apply
+        ``sum / P * inv_scale``. ``scaler.unscale_`` first is refused unless :meth:`synchronize` ran; after
+        it, one optimizer step on ``param.grad``."""
         if self._optimizer is None:
             raise RuntimeError("ByteSchedulerExecutor: call wrap_optimizer(optimizer) before stepping")
         if self._synchronized:
@@ -727,12 +702,8 @@ class ByteSchedulerExecutor(Executor):
 
 
 class LayerwiseOptimizer(DeferredUpdateOptimizer):
-    """What the loop steps under ByteScheduler: ``step()`` only marks every layer's update as pending
-    (the executor applies each in the next forward, or in ``flush()``); ``state_dict()`` flushes first;
-    ``zero_grad`` and the rest are the wrapped optimizer's; GradScaler and ``synchronize()`` as
-    :class:`~repro.runtime.deferred.DeferredUpdateOptimizer` (shared with DeAR) and
-    :meth:`ByteSchedulerExecutor.step` say.
-
+    """What the loop steps under ByteScheduler: ``step()`` marks every layer's update pending (applied in
+    the next forward or ``flush()``); ``state_dict()`` flushes first; the rest is the wrapped optimizer's.
     ``LayerwiseOptimizer(optimizer, executor)`` (this argument order, kept for callers)."""
 
     family = "ByteScheduler"

@@ -98,26 +98,17 @@ class _Bucket:
 
 
 class DeAROptimizer(DeferredUpdateOptimizer):
-    """What the loop calls ``zero_grad()`` and ``step()`` on: ``step()`` finishes the reduce-scatters and
-    starts the all-gather of bucket 0; the update itself happens bucket by bucket in the next forward
-    (or at :meth:`DeARExecutor.flush`). ``executor``: anything with ``step()`` and ``flush()`` (a
-    :class:`DeARExecutor`, or the tuner that owns one; GradScaler and :meth:`synchronize` need a
-    :class:`DeARExecutor`). The wrapper itself is the one ByteScheduler shares
-    (:class:`~repro.runtime.deferred.DeferredUpdateOptimizer`): with ``synchronize()`` first, ``step()``
-    applies ``param.grad`` in one optimizer step (no update in the next forward; the all-gathers do not
-    overlap it)."""
+    """What the loop steps: ``step()`` finishes the reduce-scatters and starts AG(0); the update happens
+    bucket by bucket in the next forward (or at :meth:`DeARExecutor.flush`). ``executor``: anything with
+    ``step()`` and ``flush()`` (a :class:`DeARExecutor`, or the tuner owning one). After ``synchronize()``
+    ``step()`` applies ``param.grad`` in one optimizer step."""
 
     family = "DeAR"
 
 
 class DeARExecutor(Executor):
-    """The DeAR family's executor (see the module docstring).
-
-    ``DeARExecutor(model, plan, options, stream=None)``: ``stream`` lets a caller share one
-    :class:`CommStream` across executors (the tuner regroups without making a process group per
-    trial); otherwise the executor makes its own (collective: every rank builds it at the same point)
-    and closes it in :meth:`remove`.
-    """
+    """The DeAR family's executor. ``stream``: a :class:`CommStream` shared across executors (the tuner's);
+    otherwise it makes its own (collectively) and closes it in :meth:`remove`."""
 
     def __init__(self, model: nn.Module, plan: Plan | None = None, options: ExecutorOptions | None = None,
                  *, stream=None) -> None:
@@ -264,27 +255,11 @@ class DeARExecutor(Executor):
     def step(self, amp: ScaledStep | None = None) -> None:
         """The wrapped optimizer's ``step()``: finish the reduce-scatters, start AG(0), update nothing.
 
-        Under ``torch.amp.GradScaler`` (``amp``: what ``scaler.step(opt)`` attached; every rank calls
-        this every step, skipped or not, so the collectives stay matched):
-
-        - the skip is decided on the exchanged gradient, the same way on every rank: each rank checks
-          its reduce-scattered shard (the sum over ranks: an inf/nan of any rank's gradient, or a sum
-          that overflowed, is non-finite there) and adds GradScaler's check of its own ``param.grad``;
-          one all-reduce of these counts on the stream gives every rank the same verdict;
-        - found: no bucket is updated (no all-gather; optimizer state untouched), as ``GradScaler.step``
-          skips ``optimizer.step()``; else every bucket's averaged gradient is multiplied by
-          GradScaler's ``1 / scale`` just before its update in the next forward (``sum / P * inv_scale``,
-          the order DDP + GradScaler use);
-        - the verdict goes to the scaler's ``update()`` (:class:`~repro.runtime.executor.FoundInfReport`,
-          hence ``wrap_optimizer(opt, grad_scaler=scaler)``); it covers GradScaler's own local check,
-          so ``update()`` backs off on every rank or on none;
-        - ``scaler.unscale_(opt)`` before ``scaler.step(opt)`` is refused (it would unscale this rank's
-          local ``param.grad``, not the exchanged gradient) unless :meth:`synchronize` ran first.
-
-        After :meth:`synchronize`: one optimizer step on ``param.grad`` (unscaled first when GradScaler
-        has not yet; skipped when it found an inf/nan: ``param.grad`` is the same on every rank, so its
-        check agrees everywhere).
-        """
+        Under a GradScaler (``amp``; every rank calls this every step) the skip is decided on the
+        reduce-scattered shards plus GradScaler's local check, one all-reduce on the stream giving every rank
+        the same verdict, reported to the scaler's ``update()``; a skipped step updates no bucket, else each
+        bucket applies ``sum / P * inv_scale`` in the next forward. ``scaler.unscale_`` first is refused
+        unless :meth:`synchronize` ran; after it, one optimizer step on ``param.grad``."""
         if self._optimizer is None:
             raise RuntimeError("DeARExecutor: call wrap_optimizer(optimizer) before stepping")
         if self._synchronized:
@@ -595,14 +570,10 @@ def time_stream_collectives(sizes_bytes, *, repeats: int = 3, warmup: int = 1,
 
 
 def calibrate(trace, device, repeats: int, network_cost=None, **_options):
-    """The DeAR family's calibration hook (:mod:`repro.core.families`).
-
-    With ``network_cost`` (a ``--network`` preset): it must have ``reduce_scatter`` and ``allgather``
-    lines (else :class:`repro.core.cost.CostModelError` naming the missing one) and is returned. Otherwise
-    both lines are fitted (:func:`repro.core.cost.fit_linear`, bytes of the full buffer -> seconds) by timing
-    :class:`CommStream` RS and AG on the live group (:func:`time_stream_collectives`) for sizes from
-    4 KiB up to the model's gradient bytes (at most 64 MiB). Every rank calls it and gets the same model.
-    """
+    """The DeAR family's calibration hook: ``network_cost`` if given (it must have ``reduce_scatter`` and
+    ``allgather`` lines, else :class:`repro.core.cost.CostModelError`), else both lines fitted (bytes of the
+    full buffer -> seconds) from :class:`CommStream` RS and AG timed on the live group, 4 KiB up to the
+    model's gradient bytes (at most 64 MiB). Every rank calls it and gets the same model."""
     from repro.core.cost import CostModel, fit_linear
     from repro.runtime.calibrate import default_sizes_bytes
 

@@ -86,13 +86,8 @@ def dear_tasks(names: Sequence[str], forward_s: np.ndarray, backward_s: np.ndarr
                update_s: Sequence[float], pre_forward_s: float = 0.0, straggler_s: float = 0.0,
                iterations: int = ITERATIONS) -> tuple[list[Task], list[int]]:
     """Task graph of ``iterations`` DeAR iterations, and the task index of every step barrier
-    (``iterations + 1`` of them: before each iteration and after the last).
-
-    Per iteration: the ``step`` barrier (compute, ``straggler_s``; after the previous iteration's
-    reduce-scatters), [pre-forward], then per bucket k a zero-length ``wait`` (after AG(k)), which
-    launches AG(k+1), the bucket's ``update`` and its layers' forward; then backward L..1, each
-    bucket's reduce-scatter after its layers' backward. AG(1) follows the barrier.
-    """
+    (``iterations + 1``). Per bucket a zero-length ``wait`` after AG(k) launches AG(k+1), then the bucket's
+    ``update`` and forward; each reduce-scatter follows its layers' backward."""
     L = len(names)
     tasks: list[Task] = []
     barriers: list[int] = []

@@ -79,13 +79,10 @@ class ThresholdBO:
 def tune_offline(objective: Callable[[int], float], method: str = "bo", trials: int = DEFAULT_TRIALS,
                  bounds: Sequence[float] = DEFAULT_BOUNDS, seed: int = 0, initial: int | None = None,
                  xi: float = DEFAULT_XI) -> list[dict[str, Any]]:
-    """Search a threshold minimising ``objective(threshold_bytes) -> seconds``, without torch.distributed.
-
-    ``method``: ``"bo"`` (the live tuner's settings, :class:`ThresholdBO`), ``"grid"`` (``trials``
-    thresholds evenly spaced in log2 over ``bounds``) or ``"random"`` (uniform in log2, seeded).
-    ``initial``: a threshold evaluated first (trial 0, source ``"initial"``), as the live tuner measures
-    the plan it was given. Returns one row per evaluation: ``trial``, ``threshold_bytes``,
-    ``iteration_s``, ``best_so_far_s``, ``best_threshold_bytes``, ``source``. Deterministic for a seed."""
+    """Search a threshold minimising ``objective(threshold_bytes) -> seconds`` without torch.distributed:
+    ``method`` ``"bo"`` (:class:`ThresholdBO`), ``"grid"`` (log2-spaced) or ``"random"`` (seeded);
+    ``initial`` is evaluated first. One row per evaluation: ``trial``, ``threshold_bytes``,
+    ``iteration_s``, ``best_so_far_s``, ``best_threshold_bytes``, ``source``."""
     if method not in METHODS:
         raise ValueError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
     if trials < 0:
@@ -125,13 +122,9 @@ def tune_offline(objective: Callable[[int], float], method: str = "bo", trials: 
 
 
 class DeARTunedExecutor(Executor):
-    """DeAR whose bucket threshold is tuned by Bayesian optimisation while training (module docstring).
-
-    ``DeARTunedExecutor(model, plan, options, *, trials=10, settle_steps=2, trial_steps=5,
-    bounds=(1 MiB, 256 MiB), seed=0, xi=0.1)``; ``plan``: the starting DeAR plan (its
-    ``meta["threshold_bytes"]``, if any, is trial 0's threshold). Every rank builds it at the same point
-    (it makes one communication stream, shared by the executors of every trial).
-    """
+    """DeAR whose bucket threshold is tuned by Bayesian optimisation while training. ``plan``: the starting
+    DeAR plan (its ``meta["threshold_bytes"]``, if any, is trial 0). Every rank builds it at the same point
+    (it makes the communication stream shared by every trial's executor)."""
 
     def __init__(self, model: nn.Module, plan: Plan | None = None, options: ExecutorOptions | None = None, *,
                  trials: int = DEFAULT_TRIALS, settle_steps: int = 2, trial_steps: int = 5,

@@ -203,12 +203,9 @@ class ColocatedPSExecutor(Executor):
         return merge_shards(state_dict, dict(enumerate(shards)), owned)
 
     def synchronize(self) -> None:
-        """Finish this step's exchange early, DDP's way: under BSP and OSP every bucket's gradients and
-        flags are all-reduced, and ``param.grad`` becomes the average over the ranks on every rank
-        (None where no rank had a gradient), which the step then applies as it is (after the user's
-        clipping or ``scaler.unscale_``; nothing else is pushed). Under ASP and SSP each rank's own
-        gradient is its own update, so ``param.grad`` stays this rank's gradient (a clip clips what
-        this rank pushes). A collective (every rank calls it, between backward and step)."""
+        """Finish this step's exchange early (a collective, between backward and step): under BSP/OSP
+        ``param.grad`` becomes the average over the ranks (None where no rank had one), applied as it
+        is at the step; under ASP/SSP it stays this rank's own gradient."""
         if not self._push_due or self._synced:
             return
         self._synced = True
@@ -313,12 +310,9 @@ class ColocatedPSExecutor(Executor):
             self.timings = timings
 
     def _apply(self, buckets: list[_Bucket], averaged: bool, hyper: list[dict] | None = None) -> None:
-        """The owner's update of ``buckets`` (all its own, their pushes complete): lagged ones on their
-        masters; BSP/OSP one step with the summed gradient / N (``averaged``: already the average),
-        ASP/SSP one step per rank's gradient / N in rank order; a parameter whose flag is 0 (no rank,
-        or under ASP/SSP not that rank, had a gradient) gets no gradient in that step. ``hyper``: the
-        parameter groups' settings of the step the gradients belong to (lagged buckets), used for this
-        update and then put back."""
+        """The owner's update of its ``buckets`` (pushes complete): lagged ones on their masters; BSP/OSP one
+        step with the sum / N (``averaged``: already the average), ASP/SSP one step per rank in rank order; a
+        flag 0 means no gradient. ``hyper``: the groups' settings of the gradients' step, put back after."""
         if not buckets:
             return
         if self._optimizer is None:

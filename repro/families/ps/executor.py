@@ -658,16 +658,11 @@ def serve(ctx: Any, cfg: Any, model: nn.Module, optimizer: Any, plan: Plan) -> d
 # ---------------------------------------------------------------------------------------------
 
 def calibrate(trace, device, repeats: int, network_cost=None, servers: int = 1, **_options):
-    """The PS family's calibration hook: the ``push``/``pull`` lines of a ``--network`` preset, else
-    fitted from ping-pongs of n bytes (a buffer on ``device``) between rank 0 (a server) and a worker,
-    4 KiB up to the model's bytes (at most 64 MiB): push = pull = half the median round trip. Every rank
-    of the job calls it and gets the same model. Dedicated servers (``servers`` < world size, as
-    ``repro train`` runs them): the worker is rank ``servers``, for N = world - servers workers.
-    Co-located servers (:func:`repro.distribute`), recognised by ``servers`` >= world size (its
-    default) or by fewer than 2 ranks left to be dedicated workers (a dedicated job has at least 2):
-    the worker is rank 1 (or ``servers``), for N = world workers. (Co-located with fewer servers than
-    ranks and at least 2 ranks besides them is fitted as the dedicated case: the same link, but
-    N = world - servers.)"""
+    """The PS family's calibration hook: the ``push``/``pull`` lines of ``network_cost``, else push = pull =
+    half the median round trip of ping-pongs (4 KiB up to the model's bytes, at most 64 MiB) between rank 0
+    and a worker: rank ``servers`` with N = world - servers for dedicated servers, rank 1 (or ``servers``)
+    with N = world when co-located (``servers`` >= world, or fewer than 2 ranks left to train). Every rank
+    calls it and gets the same model."""
     from repro.core.cost import CostModel, fit_linear
     from repro.runtime.calibrate import default_sizes_bytes
     from repro.runtime.online import sync_device

@@ -198,12 +198,9 @@ def set_hyperparameters(optimizer: Any, saved: list[dict]) -> None:
 
 
 class GradChangeWatch:
-    """Notices a ``param.grad`` changed between backward and the push: a post-accumulate-grad hook on
-    each parameter records its gradient tensor and version counter when backward leaves it;
-    :meth:`changed` names the parameters whose gradient is another tensor or was modified in place
-    since (``clip_grad_norm_``, ``mul_``, ...). ``GradScaler.unscale_`` does not advance the version
-    counter (torch's fused unscale kernel), so an unscale alone is not seen (it is linear: pushing
-    unscaled gradients is exact)."""
+    """Notices a ``param.grad`` replaced or modified in place between backward and the push (tensor
+    identity and version counter). ``GradScaler.unscale_`` does not bump the version counter, so an
+    unscale alone is not seen (harmless: it is linear)."""
 
     def __init__(self, params: list[torch.Tensor]) -> None:
         self._seen: dict[int, tuple[torch.Tensor, torch.Tensor, int]] = {}

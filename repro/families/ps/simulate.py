@@ -65,12 +65,10 @@ def ps_tasks(compute_s: Sequence[float], grad_bytes: float, push: Callable[[floa
              pull: Callable[[float], float], setting: PSSetting, update_s: float = 0.0,
              lgp_s: float = 0.0, stage_bytes: Sequence[Sequence[float]] | None = None
              ) -> tuple[list[Task], list[list[int]]]:
-    """The task graph of ``setting.iterations`` iterations (module docstring) and the compute task of
-    every worker and iteration. ``compute_s[w]``: worker w's forward + backward seconds;
-    ``grad_bytes``: the model's gradient (= parameter) bytes; ``push``/``pull``: seconds of one message
-    of that many bytes on a server link; ``update_s``: the optimizer's seconds for the whole model.
-    ``stage_bytes``: the bytes each shard holds per stage, ``[[stage 1 bytes per shard], [stage 2 bytes
-    per shard]]`` (a plan's layout); by default ``stage1_share`` of ``grad_bytes`` split evenly."""
+    """The task graph of ``setting.iterations`` iterations and the compute task of every worker and
+    iteration. Seconds: ``compute_s[w]``, ``push``/``pull`` (one message of ``grad_bytes``), ``update_s``
+    (whole model). ``stage_bytes``: ``[[stage 1 bytes per shard], [stage 2 bytes per shard]]`` (default:
+    ``stage1_share`` of ``grad_bytes`` split evenly)."""
     N, S, M = setting.workers, setting.servers, setting.iterations
     if len(compute_s) != N:
         raise ValueError(f"compute_s has {len(compute_s)} entries for {N} workers")

@@ -49,25 +49,10 @@ def _check_density(density: Any) -> float:
 
 def deterministic_index_add_(out: torch.Tensor, indices: torch.Tensor, values: torch.Tensor,
                              blocks: int | None = None) -> torch.Tensor:
-    """``out[indices[i]] += values[i]`` for every ``i``, in place, in one fixed order on every device.
-
-    ``out.index_add_`` over repeated indices is a scatter-add: on CUDA the repeated indices are added
-    with atomics in whatever order the threads run, so the float sum of an index several workers sent
-    differs from run to run and from replica to replica, and nothing re-synchronises the replicas'
-    parameters afterwards. Here every element gets its additions in the order its pairs are given,
-    ``((out + v_first) + v_second) + ...``, by construction: each ``index_add_`` below adds pairs of
-    **distinct** indices (one addition per element, whatever order the threads run in) and the calls
-    run one after the other. That is also the order of the CPU ``index_add_`` (a sequential loop), so
-    on the CPU the result is the same bit for bit.
-
-    - ``blocks=B``: the pairs are ``B`` equal runs, each with distinct indices (what ``B`` workers'
-      :meth:`Compressor.compress` calls give, gathered worker 0 first): one ``index_add_`` per run, in
-      order. Costs what one ``index_add_`` of all pairs costs. (Were a run's indices repeated after
-      all, the sum would still be right, only that run's repeats added in an unspecified order.)
-    - ``blocks=None`` (any pairs): a **stable** sort by index keeps each index's pairs in the given
-      order; round ``j`` adds the ``j``-th pair of every index. Rounds: the largest multiplicity of an
-      index. Costs two sorts of the pairs and a host synchronisation.
-    """
+    """``out[indices[i]] += values[i]`` in place, each element's additions in the order its pairs are given,
+    on every device (CUDA's ``index_add_`` adds repeated indices in any order; the CPU's result is the same
+    bit for bit). ``blocks=B``: the pairs are ``B`` equal runs with distinct indices each (one
+    ``index_add_`` per run, no extra cost); None: any pairs (two stable sorts and a host sync)."""
     if indices.dim() != 1 or values.dim() != 1 or indices.numel() != values.numel():
         raise ValueError("deterministic_index_add_ takes 1-D indices and values of one length")
     n = indices.numel()
@@ -245,16 +230,10 @@ class Exchange:
 
 
 class AllGatherCommunicator:
-    """All-gathers every worker's ``(values, indices)`` of equal ``k`` on ``group``.
-
-    ``start(values, indices, packed)`` launches asynchronously: two all-gathers (values, then
-    indices), or with ``packed`` one all-gather of both (4-byte values bit-cast to int32 next to the
-    indices; other value sizes as raw bytes). ``finish(exchange)`` waits and returns the ``P * k``
-    gathered values and int32 indices, worker 0's first: it waits for the all-gathers' own futures (on
-    NCCL those make the current stream wait for the collective). ``on_message_end(m, end_s)`` (if given)
-    is called with the message number and when that all-gather finished (``ends``, a
-    :class:`~repro.runtime.clock.CollectiveEnds`: device time on NCCL, whose futures complete at enqueue;
-    called from a communication or timing thread)."""
+    """All-gathers every worker's ``(values, indices)`` of equal ``k`` on ``group``: ``start`` launches two
+    all-gathers, or one ``packed`` (values bit-cast next to the indices); ``finish`` waits and returns the
+    ``P * k`` gathered values and int32 indices, worker 0's first. ``on_message_end(m, end_s)`` is called
+    (from another thread) when message ``m`` ended, timed by ``ends``."""
 
     def __init__(self, group: dist.ProcessGroup | None = None, ends: CollectiveEnds | None = None) -> None:
         self.group = group
@@ -311,22 +290,10 @@ _BUDGET_MIN_SAMPLE = 1024  # at least this many from each bucket (all of a small
 
 def budget_counts(compensated: list[torch.Tensor], sent: list[torch.Tensor], total: int,
                   sample: int = BUDGET_SAMPLE) -> torch.Tensor:
-    """Per bucket, how many of this worker's entries lie among the ``total`` largest magnitudes of the
-    whole model: the entries of ``|compensated[b]|`` at or above one threshold ``tau``, an estimate of
-    the model-wide ``total``-th largest magnitude (int64 tensor, one count per bucket, on the buckets'
-    device).
-
-    ``compensated[b]``: bucket b's gradient plus residual (1-D), ``sent[b]``: the values it sent this
-    step (its ``k_b`` largest magnitudes; ``sum k_b == total``). Nothing model-wide is sorted: bucket b
-    is described by strided samples, of its sent values (all at or above ``m_b``, the smallest one
-    sent; each sampled value weighing ``k_b / samples``) and of its other entries (those of a strided
-    sample of ``compensated[b]`` below ``m_b``, each weighing ``numel / samples``), about ``sample``
-    of each over the model and at least 1024 of each per bucket (every one of a smaller set). ``tau``
-    is the largest sampled value at which the weights at or above it reach ``total``. The counts are
-    then exact for that ``tau``: from the sent values where ``tau >= m_b``, else by comparing every
-    entry of the bucket (only buckets whose share was too small pay that pass). Cost: a sort of the
-    samples and one comparison per sent value or entry counted. Deterministic: the same tensors give
-    the same counts on every device."""
+    """Per bucket, how many of this worker's entries lie among the ``total`` largest magnitudes of the model
+    (int64 tensor on the buckets' device), counted against one threshold estimated from strided samples of
+    the sent values and the unsent entries (about ``sample`` of each). ``compensated[b]``: gradient plus
+    residual, ``sent[b]``: the values it sent (``sum k_b == total``). Deterministic across devices."""
     if len(compensated) != len(sent) or not compensated:
         raise ValueError("budget_counts takes one compensated tensor and one sent tensor per bucket")
     numel = sum(c.numel() for c in compensated)
@@ -452,24 +419,13 @@ def _check_plan(model: nn.Module, plan: Plan | None, view: str) -> dict[str, lis
 
 
 class SparseExecutor(Executor):
-    """The sparse family's executor (see the module docstring). ``compressor`` and ``memory`` default
-    to :class:`TopKCompressor` at the plan's density and :class:`ResidualMemory`.
+    """The sparse family's executor; ``compressor`` and ``memory`` default to :class:`TopKCompressor` at the
+    plan's density and :class:`ResidualMemory`.
 
-    The plan's ``topk_scope`` says how many entries each bucket sends (``k_b``):
-
-    - ``"bucket"`` (the default; OMGS-SGD as published): ``k_b = compressor.count(n_b)``, i.e.
-      ``ceil(density * n_b)``, every step;
-    - ``"model"``: the same total ``K = sum_b ceil(density * n_b)`` each step, split between the buckets
-      by where the model's ``K`` largest magnitudes of gradient + residual were in the step before (the
-      first step after the executor starts uses the ``"bucket"`` split). After each backward every rank
-      counts, per bucket, its entries at or above an estimate of its model-wide ``K``-th largest
-      magnitude (:func:`budget_counts`); one all-reduce (sum, int64, started after the buckets'
-      all-gathers and waited at the next step's first bucket) gives every rank the same counts, and
-      :func:`allocate_budget` makes the next step's ``k_b`` from them (at least 1, at most ``n_b``).
-      So the selection follows TopK-SGD's model-wide top-k one step late, while each bucket is still
-      compressed and sent during backward. With one bucket, or when ``K`` is every element, both
-      scopes are the same and nothing is counted. A step a GradScaler skips leaves the split as it was.
-    """
+    The plan's ``topk_scope``: ``"bucket"`` sends ``ceil(density * n_b)`` per bucket; ``"model"`` the same
+    total, split each step by where the model's largest magnitudes were the step before
+    (:func:`budget_counts`, one int64 all-reduce after the all-gathers, :func:`allocate_budget`; the first
+    step and a skipped step keep the split)."""
 
     finishes_in_backward = True  # the exchange is waited for after backward anyway (Executor)
 
@@ -788,17 +744,10 @@ def _geometric(lo: float, hi: float, count: int) -> list[int]:
 
 
 def calibrate(trace, device, repeats: int, network_cost=None, *, density: float = 0.001, **_: Any):
-    """The cost model the sparse planners need, measured on the live group (every rank calls it).
-
-    - the ``sparse_allgather`` line: ``network_cost``'s (a ``--network`` preset; one without that line
-      raises :class:`repro.core.cost.CostModelError`), else fitted on the live group
-      (:func:`repro.runtime.calibrate.fit_cost_model`) over message sizes from the smallest layer's index
-      message (``k * 4`` bytes) to the whole model's packed message (``k * (value bytes + 4)``),
-      ``k = ceil(density * elements)``: the range this model sends;
-    - ``topk_gamma_s``: top-k selections timed on this rank's device
-      (:func:`repro.families.sparse.calibrate.fit_topk`) over the layer sizes up to the whole model (at most
-      2**24 elements), the largest gamma of the ranks (the slowest rank decides).
-    """
+    """The cost model the sparse planners need (every rank calls it): the ``sparse_allgather`` line of
+    ``network_cost`` (:class:`repro.core.cost.CostModelError` without it), else fitted on the live group over
+    the message sizes this model sends; ``topk_gamma_s`` timed on this rank's device up to the whole model
+    (at most 2**24 elements), the largest over the ranks."""
     from dataclasses import replace
 
     from repro.families.sparse.calibrate import fit_topk
