@@ -30,9 +30,9 @@ from repro.families.sparse.simulate import INDEX_BYTES, TOPK_SCOPES, topk_count
 from repro.runtime.plan_fit import check_plan_fits
 from repro.workload.layers import layer_parameters
 
-__all__ = ["deterministic_index_add_", "Compressor", "TopKCompressor", "Memory", "NoMemory", "ResidualMemory", "AllGatherCommunicator",
-           "Exchange", "SparseBucketTiming", "SparseExecutor", "SparseScaledOptimizer", "calibrate", "budget_counts",
-           "allocate_budget", "TOPK_SCOPES"]
+__all__ = ["deterministic_index_add_", "Compressor", "TopKCompressor", "Memory", "ResidualMemory",
+           "AllGatherCommunicator", "Exchange", "SparseBucketTiming", "SparseExecutor", "SparseScaledOptimizer",
+           "calibrate", "budget_counts", "allocate_budget", "TOPK_SCOPES"]
 
 INDEX_DTYPE = torch.int32  # indices on the wire (INDEX_BYTES bytes each)
 assert torch.tensor([], dtype=INDEX_DTYPE).element_size() == INDEX_BYTES
@@ -76,10 +76,6 @@ def deterministic_index_add_(out: torch.Tensor, indices: torch.Tensor, values: t
     return out
 
 
-# ---------------------------------------------------------------------------------------------
-# Compressor
-# ---------------------------------------------------------------------------------------------
-
 class Compressor(ABC):
     """Flat gradient -> ``(values, indices)`` (indices int32, 1-D, each at most once) and back."""
 
@@ -95,11 +91,8 @@ class Compressor(ABC):
     @staticmethod
     def decompress(values: torch.Tensor, indices: torch.Tensor, out: torch.Tensor,
                    blocks: int | None = None) -> torch.Tensor:
-        """Add ``values`` at ``indices`` into the dense flat tensor ``out`` (in place; repeated indices
-        add up) and return ``out``, with :func:`deterministic_index_add_`: every element's additions
-        happen in the order its pairs are given, on every device. ``blocks``: the pairs are that many
-        :meth:`compress` outputs one after the other (the executor's ``P`` gathered ones, worker 0
-        first), each with distinct indices, which makes the fixed order cost nothing extra."""
+        """Add ``values`` at ``indices`` into the flat tensor ``out`` in place and return it
+        (:func:`deterministic_index_add_`; ``blocks``: that many :meth:`compress` outputs in a row)."""
         return deterministic_index_add_(out, indices, values, blocks)
 
 
@@ -130,10 +123,6 @@ class TopKCompressor(Compressor):
         return f"TopKCompressor(density={self.density})"
 
 
-# ---------------------------------------------------------------------------------------------
-# Memory (error feedback)
-# ---------------------------------------------------------------------------------------------
-
 class Memory(ABC):
     """What a worker holds back between iterations, per key (a bucket)."""
 
@@ -149,8 +138,7 @@ class Memory(ABC):
         """Forget everything held back."""
 
     def keep(self, key: Any) -> None:
-        """Remember ``key``'s state now, so that :meth:`undo` can put it back (a step a GradScaler
-        skips must leave no trace: its gradient is discarded, as under DDP). Nothing by default."""
+        """Remember ``key``'s state for :meth:`undo` (a step a GradScaler skips leaves no trace)."""
 
     def undo(self) -> None:
         """Put back every state :meth:`keep` remembered since the last :meth:`commit`."""
@@ -159,20 +147,9 @@ class Memory(ABC):
         """Forget what :meth:`keep` remembered: this step's changes stay."""
 
 
-class NoMemory(Memory):
-    """No error feedback: unsent entries are dropped."""
-
-    def compensate(self, key: Any, flat: torch.Tensor) -> torch.Tensor:
-        return flat
-
-    def update(self, key: Any, compensated: torch.Tensor, indices: torch.Tensor) -> None:
-        pass
-
-
 class ResidualMemory(Memory):
-    """Error feedback (residual accumulation as in TopK-SGD): ``compensate`` adds the residual to the
-    gradient **in place** and returns it; ``update`` keeps ``residual = compensated`` with the sent
-    entries set to zero. The residual of a key starts at zero."""
+    """Error feedback as in TopK-SGD: ``compensate`` adds the residual (initially zero) in place;
+    ``update`` keeps ``compensated`` with the sent entries zeroed."""
 
     def __init__(self) -> None:
         self.residuals: dict[Any, torch.Tensor] = {}
@@ -213,10 +190,6 @@ class ResidualMemory(Memory):
     def commit(self) -> None:
         self._kept.clear()
 
-
-# ---------------------------------------------------------------------------------------------
-# Communicator
-# ---------------------------------------------------------------------------------------------
 
 @dataclass
 class Exchange:
@@ -279,10 +252,6 @@ class AllGatherCommunicator:
         values = rows[:, :vb].clone(memory_format=torch.contiguous_format).view(ex.value_dtype).reshape(-1)
         return values, rows[:, vb:].clone(memory_format=torch.contiguous_format).view(INDEX_DTYPE).reshape(-1)
 
-
-# ---------------------------------------------------------------------------------------------
-# Top-k scope "model": one budget shared by the buckets
-# ---------------------------------------------------------------------------------------------
 
 BUDGET_SAMPLE = 65536  # magnitudes sampled (about) to estimate the model-wide threshold
 _BUDGET_MIN_SAMPLE = 1024  # at least this many from each bucket (all of a smaller one)
@@ -368,16 +337,10 @@ def allocate_budget(counts: list[int], sizes: list[int], total: int) -> list[int
     return k
 
 
-# ---------------------------------------------------------------------------------------------
-# Executor
-# ---------------------------------------------------------------------------------------------
-
 @dataclass
 class SparseBucketTiming(BucketTiming):
-    """One bucket of the last iteration: ``bytes`` each worker sends (values + indices), ``numel`` and
-    ``k`` elements, ``messages`` all-gathers; the compression's ``compress_start_s`` / ``compress_end_s``
-    and the communication's ``launch_s`` / ``end_s`` (seconds, host ``perf_counter`` base; the device's
-    times on NCCL)."""
+    """One bucket of the last iteration: ``bytes`` each worker sends (values + indices), ``numel``,
+    ``k``, ``messages`` all-gathers, and the compression's start and end (``perf_counter`` seconds)."""
 
     numel: int = 0
     k: int = 0
@@ -475,11 +438,9 @@ class SparseExecutor(Executor):
         self._inv_scale: torch.Tensor | None = None
         self._nonfinite: torch.Tensor | None = None  # inf/nan seen in this backward's buckets (0-d bool)
         self._synchronized = False
-        self.timings = []
-        for i, b in enumerate(self._buckets):
-            n, k = b.buffer.numel(), b.k
-            self.timings.append(SparseBucketTiming(i, b.layers, k * (b.buffer.element_size() + INDEX_BYTES),
-                                                   numel=n, k=k, messages=1 if b.packed else 2))
+        self.timings = [SparseBucketTiming(i, b.layers, b.k * (b.buffer.element_size() + INDEX_BYTES),
+                                           numel=b.buffer.numel(), k=b.k, messages=1 if b.packed else 2)
+                        for i, b in enumerate(self._buckets)]
         self.clock = clock_for(model, self.options.clock)
         self.grad_ready_s = self.clock.ready  # layer -> ready time, resolved when read
         self._handles = [s.param.register_post_accumulate_grad_hook(self._hook(s)) for s in self._slots]
@@ -729,10 +690,6 @@ def _stamp_end(timing: SparseBucketTiming, end_s: float) -> None:
     if math.isnan(timing.end_s) or end_s > timing.end_s:
         timing.end_s = end_s
 
-
-# ---------------------------------------------------------------------------------------------
-# Calibration hook of the family
-# ---------------------------------------------------------------------------------------------
 
 def _geometric(lo: float, hi: float, count: int) -> list[int]:
     import numpy as np
