@@ -21,9 +21,9 @@ from repro.runtime.buffers import broadcast_buffers
 from repro.runtime.clock import CollectiveEnds, model_device
 from repro.runtime.executor import Executor, ExecutorOptions, FoundInfReport, ScaledStep, scaled_step
 from repro.families.ps.layout import (
-    GradChangeWatch, HandOverOptimizer, PSTiming, _Bucket, _flatten_into, _unflatten_from, average_into_grads,
-    begin_step, check_whole, fill_push, grad_changed_error, hyperparameters, merge_shards, param_indices,
-    ps_layout, push_numel, set_grads_from, set_hyperparameters)
+    GradChangeWatch, HandOverOptimizer, PSTiming, _Bucket, _flatten_into, _unflatten_from, _views,
+    average_into_grads, begin_step, check_whole, fill_push, grad_changed_error, hyperparameters, merge_shards,
+    param_indices, param_lrs, ps_layout, push_numel, set_grads_from, set_hyperparameters)
 
 __all__ = ["ColocatedPSExecutor", "ColocatedPSOptimizer", "ScaledColocatedPSOptimizer", "colocated_options",
            "bucket_lag"]
@@ -59,15 +59,6 @@ def bucket_lag(mode: str, stage: int, staleness: int) -> int:
     if mode == "ssp":
         return int(staleness)
     return 0
-
-
-def _views(flat: torch.Tensor, params: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-    out, off = [], 0
-    for p in params:
-        n = p.numel()
-        out.append(flat[off:off + n].view_as(p))
-        off += n
-    return out
 
 
 class ColocatedPSOptimizer(HandOverOptimizer):
@@ -261,12 +252,6 @@ class ColocatedPSExecutor(Executor):
         self._finish_lagged()
         self._push_due = True  # the pushes go at the step: after clipping, and after a GradScaler's verdict
 
-    def _lrs(self, b: _Bucket) -> list[float]:
-        """Each of ``b``'s parameters' learning rate now (its parameter group's)."""
-        group_of = {id(p): float(g["lr"]) for g in self._optimizer.param_groups for p in g["params"]}
-        first = float(self._optimizer.param_groups[0]["lr"])
-        return [group_of.get(id(p), first) for p in b.params]
-
     def _push_all(self, inv_scale: torch.Tensor | None = None, synced: bool = False) -> None:
         """One push per bucket in plan order (asynchronous); ``inv_scale``: unscale first. ``synced``:
         :meth:`synchronize` averaged the gradients into ``param.grad`` (BSP/OSP): nothing is sent, each
@@ -289,7 +274,7 @@ class ColocatedPSExecutor(Executor):
                 if self.lgp and b.stage == 2:   # a reduce may overwrite a non-owner's input (gloo): keep a copy
                     local = self._local_buf[b.index]
                     local.copy_(buf[:b.numel])
-                    local2.append((b, local, self._lrs(b)))
+                    local2.append((b, local, param_lrs(self._optimizer, b.params)))
                 if self.options.record_timeline:
                     timing = PSTiming(b.index, b.stage, b.server, buf.numel() * buf.element_size(), float("nan"))
                     self._ends.launch(lambda s, timing=timing: setattr(timing, "launch_s", s))

@@ -25,9 +25,9 @@ from torch import nn
 from repro.core.plan import Plan
 from repro.runtime.executor import Executor, ExecutorOptions, scaled_step
 from repro.families.ps.layout import (
-    GradChangeWatch, HandOverOptimizer, PSTiming, _Bucket, _flatten_into, _unflatten_from, average_into_grads,
-    begin_step, check_whole, fill_push, grad_changed_error, hyperparameters, merge_shards, param_indices,
-    ps_layout, push_numel, set_grads_from, set_hyperparameters)
+    GradChangeWatch, HandOverOptimizer, PSTiming, _Bucket, _flatten_into, _unflatten_from, _views,
+    average_into_grads, begin_step, check_whole, fill_push, grad_changed_error, hyperparameters, merge_shards,
+    param_indices, param_lrs, ps_layout, push_numel, set_grads_from, set_hyperparameters)
 
 __all__ = ["PSExecutor", "PSOptimizer", "PSPeerSilentError", "PSTiming", "serve", "calibrate", "ps_layout", "STEP",
            "FETCH", "STOP", "STATE", "LOAD"]
@@ -39,9 +39,8 @@ _REPLY_TAG = (1 << 20) + 1   # a byte answer's length (then the bytes on _REPLY_
 
 
 def _header(kind: int, step: int, device: torch.device | str = "cpu", nbytes: int = 0) -> torch.Tensor:
-    """A ``[kind, step, nbytes]`` header, int64 on ``device`` (the data's device, so a backend that
-    moves device tensors only can carry it); ``nbytes`` > 0: a byte payload follows (tag
-    ``_BLOB_TAG``)."""
+    """A ``[kind, step, nbytes]`` int64 header on the data's ``device``; ``nbytes`` > 0: a payload follows
+    on ``_BLOB_TAG``."""
     return torch.tensor([kind, step, nbytes], dtype=torch.int64, device=device)
 
 
@@ -57,7 +56,7 @@ def _from_bytes(buf: torch.Tensor) -> Any:
 
 
 def _send_blob(buf: torch.Tensor, dst: int) -> None:
-    """Send a byte tensor whose length the receiver does not know: its length, then the bytes."""
+    """Send a byte tensor of a length the receiver does not know: the length, then the bytes."""
     dist.isend(torch.tensor([buf.numel()], dtype=torch.int64, device=buf.device), dst=dst, tag=_REPLY_TAG).wait()
     dist.isend(buf, dst=dst, tag=_REPLY_TAG + 1).wait()
 
@@ -78,8 +77,8 @@ def _refuse_nccl(who: str) -> None:
 
 
 class PSPeerSilentError(RuntimeError):
-    """A peer sent nothing within the process-group timeout. Worded so that the launcher reports it
-    first (it names the silent rank), ahead of the communication errors it causes elsewhere."""
+    """A peer sent nothing within the process-group timeout (names the silent rank; the launcher reports
+    it ahead of the errors it causes elsewhere)."""
 
 
 def _silent(exc: BaseException) -> bool:
@@ -98,16 +97,9 @@ def _wait(handle: Any, who: str, peer: str) -> None:
         raise
 
 
-# ---------------------------------------------------------------------------------------------
-# Worker
-# ---------------------------------------------------------------------------------------------
-
 class PSOptimizer(HandOverOptimizer):
-    """What the training loop steps on a PS worker: ``step()`` pushes and installs the stage-1 values
-    pulled from the servers (the servers applied the optimizer); ``synchronize()`` is
-    :meth:`PSExecutor.synchronize`; ``zero_grad`` passes through. ``_step_supports_amp_scaling``
-    (so that :func:`repro.distribute` calls ``synchronize()`` here): a GradScaler's step is refused in
-    one line (dedicated servers take none)."""
+    """What the loop steps on a PS worker: ``step()`` pushes and installs the stage-1 pulls;
+    ``synchronize()`` is :meth:`PSExecutor.synchronize`. A GradScaler's step is refused in one line."""
 
     _step_supports_amp_scaling = True
 
@@ -119,9 +111,8 @@ class PSOptimizer(HandOverOptimizer):
 
 
 class PSExecutor(Executor):
-    """A PS worker (module docstring). Built on ranks ``servers..world-1`` with a ``"ps"`` plan and the
-    workers' group; with no group (the whole job trains) it is a
-    :class:`~repro.families.ps.colocated.ColocatedPSExecutor` instead (servers co-located)."""
+    """A PS worker on ranks ``servers..world-1`` with a ``"ps"`` plan and the workers' group; with no group
+    it is a :class:`~repro.families.ps.colocated.ColocatedPSExecutor` instead."""
 
     def __new__(cls, model: nn.Module, plan: Plan | None = None, options: ExecutorOptions | None = None,
                 *args: Any, **kwargs: Any):
@@ -169,8 +160,8 @@ class PSExecutor(Executor):
 
     # ---- the executor contract ----
     def wrap_optimizer(self, optimizer: Any) -> PSOptimizer:
-        """What the loop steps. ``optimizer``'s ``state_dict()`` fetches the servers' state from here on
-        and its ``load_state_dict()`` sends the state to them (module docstring: Checkpoints)."""
+        """What the loop steps; ``optimizer``'s ``state_dict()`` / ``load_state_dict()`` now fetch from /
+        send to the servers."""
         for h in self._opt_hooks:
             h.remove()
         self._optimizer = optimizer
@@ -188,37 +179,24 @@ class PSExecutor(Executor):
         if self.lgp and self._local2:
             with torch.no_grad():
                 for bucket, grad, lrs in self._local2:
-                    off = 0
-                    for p, lr in zip(bucket.params, lrs):
-                        n = p.numel()
-                        p.add_(grad[off:off + n].view_as(p), alpha=-lr)
-                        off += n
+                    for p, g, lr in zip(bucket.params, _views(grad, bucket.params), lrs):
+                        p.add_(g, alpha=-lr)
             self._local2 = []
-
-    def _lrs(self, b: _Bucket) -> list[float]:
-        """Each of ``b``'s parameters' learning rate now (its parameter group's)."""
-        group_of = {id(p): float(g["lr"]) for g in self._optimizer.param_groups for p in g["params"]}
-        first = float(self._optimizer.param_groups[0]["lr"])
-        return [group_of.get(id(p), first) for p in b.params]
 
     def after_backward(self) -> None:
         self._push_due = True   # the pushes go at the step: after synchronize() and clipping
 
     def synchronize(self) -> None:
-        """Under BSP and OSP: all-reduce every bucket's gradients and flags over the workers' group, so
-        that ``param.grad`` is the average on every worker (None where no worker had a gradient) and a
-        change of it (clipping) is what the step pushes (every worker then pushes the same average,
-        which the servers average again). Under ASP/SSP ``param.grad`` stays this worker's own. A
-        collective of the workers (each calls it between backward and step)."""
+        """A collective of the workers between backward and step: under BSP/OSP ``param.grad`` becomes the
+        average over the workers (None where none had a gradient), which the step pushes as it is; under
+        ASP/SSP it stays this worker's own."""
         if not self._push_due or self._synced:
             return
         self._synced = True
         self._watch.clear()
         if self.mode in ("asp", "ssp"):
             return
-        for w in self._sends:    # the push buffers are reused: last step's sends must be done
-            _wait(w, f"worker rank {self.rank}", "a server")
-        self._sends = []
+        self._drain_sends()
         average_into_grads(self.buckets, self._push, self.group, self.workers)
 
     def _step(self, amp: Any) -> None:
@@ -251,9 +229,7 @@ class PSExecutor(Executor):
 
     def _push_all(self, synced: bool) -> None:
         t = self.step_index
-        for w in self._sends:            # the push buffers are reused: last step's sends must be done
-            _wait(w, f"worker rank {self.rank}", "a server")
-        self._sends = []
+        self._drain_sends()
         settings = self._settings()
         blob = (torch.frombuffer(bytearray(settings), dtype=torch.uint8).to(self.device) if settings else None)
         for s in range(self.servers):
@@ -287,10 +263,16 @@ class PSExecutor(Executor):
             else:
                 self._stage2.setdefault(t, []).append((b, handle, recv))
                 if self.lgp:   # read (not written) while it is sent
-                    local2.append((b, buf[:b.numel], self._lrs(b)))
+                    local2.append((b, buf[:b.numel], param_lrs(self._optimizer, b.params)))
         self._local2 = local2
         if self.options.record_timeline:
             self.timings = timings
+
+    def _drain_sends(self) -> None:
+        """Wait for this worker's sends (the push buffers are reused)."""
+        for w in self._sends:
+            _wait(w, f"worker rank {self.rank}", "a server")
+        self._sends = []
 
     def _install(self, pending) -> None:
         for bucket, handle, buf in pending:
@@ -306,10 +288,8 @@ class PSExecutor(Executor):
         self.step_index += 1
 
     def flush(self) -> None:
-        """Wait for every pull, install the last aggregated values; ASP/SSP: barrier, then fetch; then
-        the first worker's buffers. A collective of the workers, except when nothing (no training
-        forward, no step) happened since the last flush: then it does nothing, so that after
-        ``optimizer.state_dict()`` on every worker the first one alone may call ``model.state_dict()``."""
+        """Install every pull (ASP/SSP: the servers' current values), then the first worker's buffers. A
+        collective of the workers, unless nothing happened since the last flush (then a no-op)."""
         if self._stopped or self._flushed:
             return
         self._install(self._stage1)
@@ -317,9 +297,7 @@ class PSExecutor(Executor):
         for t in sorted(self._stage2):
             self._install(self._stage2.pop(t))
         self._local2 = []
-        for w in self._sends:
-            _wait(w, f"worker rank {self.rank}", "a server")
-        self._sends = []
+        self._drain_sends()
         if self.mode in ("asp", "ssp"):
             dist.barrier(group=self.group)
             self._fetch()
@@ -355,15 +333,11 @@ class PSExecutor(Executor):
         """Nothing of this worker in flight (its pulls installed, its sends done)."""
         if self._push_due or self._stage1:
             raise RuntimeError("the optimizer's state between backward and step(): call step() first")
-        for w in self._sends:
-            _wait(w, f"worker rank {self.rank}", "a server")
-        self._sends = []
+        self._drain_sends()
 
     def _fetch_state(self, optimizer: Any, state_dict: dict) -> dict:
-        """The whole optimizer state: each server's shard (a ``STATE`` request to every server), merged;
-        then a barrier of the workers, so that no worker's next push reaches a server before every
-        worker has its copy. Every worker calls it, after a flush (``repro.distribute``'s
-        ``optimizer.state_dict()`` flushes first)."""
+        """The whole optimizer state, merged from every server's shard; then a barrier, so that no push
+        reaches a server before every worker has its copy. Every worker calls it, after a flush."""
         self._quiet()
         index = param_indices(optimizer)
         owned = {index[id(p)]: b.server for b in self.buckets for p in b.params if id(p) in index}
@@ -408,10 +382,6 @@ class PSExecutor(Executor):
         self._opt_hooks = []
 
 
-# ---------------------------------------------------------------------------------------------
-# Server
-# ---------------------------------------------------------------------------------------------
-
 class _PeerFailed(RuntimeError):
     """Raised in a server thread that stops because another one failed (that one's error is reported)."""
 
@@ -443,10 +413,8 @@ class _Server:
         self.clock_rows: list[dict[str, Any]] = []
         self.errors: list[BaseException] = []
         self.t0 = time.perf_counter()
-        # Buffers allocated once (fresh large allocations page-fault on every step): the sum of a
-        # bucket's N gradients; its aggregated values by step parity (the pulls of step t are sent
-        # while step t+1 aggregates; step t+2 starts only once every thread has seen them out); and
-        # one snapshot per (worker thread, bucket) for ASP/SSP/FETCH answers, reused once sent.
+        # Buffers allocated once: the sum of a bucket's N gradients; its aggregated values by step parity
+        # (step t's pulls are sent while step t+1 aggregates); one snapshot per (worker, bucket).
         def zeros(b: _Bucket) -> torch.Tensor:
             return torch.zeros(b.numel, device=b.params[0].device)
 
@@ -458,10 +426,9 @@ class _Server:
     # ---- optimizer on one bucket ----
     def _apply(self, bucket: _Bucket, grad: torch.Tensor, out: torch.Tensor | None = None,
                settings: list[dict] | None = None) -> torch.Tensor | None:
-        """Set the bucket's gradients to views of ``grad`` (a push: gradients then flags; which the
-        optimizer may change: it is not used afterwards; None where the flag is 0), step with the
-        parameter groups' ``settings`` of the gradients' step (the server's own when None; put back
-        afterwards), clear; with ``out``, copy the bucket's new values into it."""
+        """One optimizer step on ``bucket`` with the push ``grad`` (gradients then flags) under the
+        groups' ``settings`` of its step (None: the server's own); with ``out``, the new values copied
+        into it."""
         with self.update_lock:
             set_grads_from(grad, bucket)
             now = None
@@ -652,10 +619,6 @@ def serve(ctx: Any, cfg: Any, model: nn.Module, optimizer: Any, plan: Plan) -> d
         raise server.errors[0]
     return {"server_clocks": server.clock_rows} if server.clock_rows else {}
 
-
-# ---------------------------------------------------------------------------------------------
-# Calibration
-# ---------------------------------------------------------------------------------------------
 
 def calibrate(trace, device, repeats: int, network_cost=None, servers: int = 1, **_options):
     """The PS family's calibration hook: the ``push``/``pull`` lines of ``network_cost``, else push = pull =
