@@ -32,10 +32,8 @@ __all__ = ["DeARExecutor", "DeARTiming", "DeAROptimizer", "calibrate", "time_str
 
 @dataclass
 class DeARTiming:
-    """One message of the last iteration: ``kind`` ``"reduce_scatter"`` (this step's backward) or
-    ``"allgather"`` (this step's forward, for the previous step's gradients). Times are
-    ``time.perf_counter()`` seconds: ``launch_s`` when submitted, ``start_s`` / ``end_s`` when it ran on
-    the communication stream."""
+    """One message of the last iteration, ``kind`` ``"reduce_scatter"`` or ``"allgather"``:
+    ``perf_counter`` seconds when submitted (``launch_s``) and when it ran on the stream."""
 
     bucket: int
     kind: str
@@ -51,9 +49,8 @@ class DeARTiming:
         return timing_row(self, origin_s)
 
     def fill(self, handle) -> None:
-        """Take the stamps of ``handle`` (its :class:`~repro.runtime.collectives.Handle`); one still
-        running on the device (CUDA: the consumer did not wait for it on the host) is read at
-        :meth:`settle`."""
+        """Take the stamps of ``handle`` (a :class:`~repro.runtime.collectives.Handle`); one still running
+        on the device is read at :meth:`settle`."""
         self.launch_s = handle.submit_s
         self.start_s = handle.start_s if handle.start_s is not None else float("nan")
         self.end_s = handle.end_s if handle.end_s is not None else float("nan")
@@ -171,8 +168,6 @@ class DeARExecutor(Executor):
                             + [DeARTiming(k, "allgather", b.layers, nbytes[k]) for k, b in enumerate(self._buckets)])
         self.clock = clock_for(model, self.options.clock)
         self.grad_ready_s = self.clock.ready  # layer -> ready time, resolved when read
-        # how the main thread waits for the stream's collectives: on the host (CPU), or by making its
-        # current CUDA stream wait for the event recorded after each (no host block in forward)
         self._waits = waits_for(self._buckets[0].buffer.device)
 
         self._hyper: list[dict[str, Any]] | None = None  # the groups' hyperparameters at the last step()
@@ -197,18 +192,13 @@ class DeARExecutor(Executor):
         bucket.pending = len(bucket.slots)
         self._buckets.append(bucket)
 
-    # ---------------------------------------------------------------------------------------------
-    # contract
-    # ---------------------------------------------------------------------------------------------
-
     @property
     def num_buckets(self) -> int:
         return len(self._buckets)
 
     def wrap_optimizer(self, optimizer: Any, grad_scaler: Any = None) -> DeAROptimizer:
-        """The optimizer the loop steps. ``grad_scaler``: the ``torch.amp.GradScaler`` the loop steps it
-        with (needed for ``scaler.step(opt)`` without :meth:`synchronize`: its ``update()`` must learn
-        the verdict on the exchanged gradient, see :meth:`step`)."""
+        """The optimizer the loop steps; ``grad_scaler``: the GradScaler stepping it, which learns the
+        verdict on the exchanged gradient (:meth:`step`)."""
         self.set_optimizer(optimizer)
         self._wrapper = DeAROptimizer(self, optimizer)
         if grad_scaler is not None:
@@ -228,10 +218,9 @@ class DeARExecutor(Executor):
 
     @torch.no_grad()
     def _broadcast_buffers(self) -> None:
-        """:func:`~repro.runtime.buffers.broadcast_buffers` on the communication stream, not on the
-        default group from this thread: every collective of a step then goes through one thread and one
-        FIFO (behind the all-gather of bucket 0 that ``step()`` submitted), in the same order on every
-        rank (NCCL: two threads driving two communicators could interleave differently per rank)."""
+        """Rank 0's buffers, broadcast on the communication stream (behind ``step()``'s AG(0)): every
+        collective goes through one thread and one FIFO, in the same order on every rank (two threads
+        on two NCCL communicators could interleave differently per rank)."""
         groups: dict[tuple[torch.dtype, torch.device], list[torch.Tensor]] = {}
         for b in self.model.buffers():
             groups.setdefault((b.dtype, b.device), []).append(b)
@@ -241,14 +230,11 @@ class DeARExecutor(Executor):
             jobs.append((bufs, flat, self.stream.broadcast(flat, src=0)))
         for bufs, flat, handle in jobs:
             self._waits.wait(handle)
-            offset = 0
-            for b in bufs:
-                b.copy_(flat[offset:offset + b.numel()].view_as(b))
-                offset += b.numel()
+            for b, v in zip(bufs, flat.split([b.numel() for b in bufs])):
+                b.copy_(v.view_as(b))
 
     def after_backward(self) -> None:
-        """Every gradient is in its bucket (unused parameters as zeros) and every RS submitted; the
-        exchange finishes in ``step()``."""
+        """Every gradient in its bucket (missing ones as zeros), every RS submitted."""
         if self._in_backward:
             self._fill_unwritten()
 
@@ -295,9 +281,8 @@ class DeARExecutor(Executor):
             self._submit_ag(0)
 
     def _found_inf(self, amp: ScaledStep) -> bool:
-        """Whether any rank's exchanged shard (or GradScaler's check of any rank's ``param.grad``) has an
-        inf/nan: one all-reduce of per-rank counts on the stream (after every RS, the same position on
-        every rank)."""
+        """Whether any rank's exchanged shard or ``param.grad`` has an inf/nan (one all-reduce of per-rank
+        counts on the stream, after every RS)."""
         P, rank = self.world_size, self.stream.rank
         device = self._buckets[0].buffer.device
         count = torch.zeros((), dtype=torch.float32, device=device)
@@ -309,11 +294,9 @@ class DeARExecutor(Executor):
         return bool(counts.sum().item() > 0)
 
     def synchronize(self) -> None:
-        """Finish this step's exchange now (every RS, then every AG, waited): ``param.grad`` of every
-        parameter some rank had a gradient for is its averaged gradient (a view of the bucket, the same
-        on every rank), the others' None. The next :meth:`step` applies ``param.grad`` in one optimizer
-        step instead of bucket by bucket in the next forward. For ``scaler.unscale_(opt)``, gradient
-        clipping or inspection before ``step()``."""
+        """Finish this step's exchange now: ``param.grad`` becomes the averaged gradient (a view of the
+        bucket; None where no rank had one), which the next :meth:`step` applies in one optimizer step.
+        For ``scaler.unscale_(opt)`` or clipping before ``step()``."""
         if self._synchronized:
             return
         if self._optimizer is None:
@@ -373,10 +356,6 @@ class DeARExecutor(Executor):
         """Buckets whose update is still to be applied."""
         return [b.index for b in self._buckets if b.update_pending]
 
-    # ---------------------------------------------------------------------------------------------
-    # hooks
-    # ---------------------------------------------------------------------------------------------
-
     def _grad_hook(self, slot: _Slot):
         def hook(param: torch.Tensor) -> None:
             self.clock.mark(slot.layer)
@@ -393,10 +372,6 @@ class DeARExecutor(Executor):
             if self._first_pending <= last_bucket:
                 self._apply_through(last_bucket)
         return hook
-
-    # ---------------------------------------------------------------------------------------------
-    # machinery
-    # ---------------------------------------------------------------------------------------------
 
     def _start_backward(self) -> None:
         if not self._in_backward:
@@ -438,7 +413,7 @@ class DeARExecutor(Executor):
         handle, bucket.rs = bucket.rs, None
         self._waits.wait(handle)
         if self.timings:
-            self._record(self.timings[bucket.index], handle)
+            self.timings[bucket.index].fill(handle)
 
     def _submit_ag(self, upto: int) -> None:
         """Submit the all-gathers of buckets ``_next_ag .. upto`` (those with a pending update)."""
@@ -471,7 +446,7 @@ class DeARExecutor(Executor):
         handle, bucket.ag = bucket.ag, None
         self._waits.wait(handle)  # CPU: on the host; CUDA: this stream waits for AG(k)'s event, the host does not
         if self.timings:
-            self._record(self.timings[len(self._buckets) + k], handle)
+            self.timings[len(self._buckets) + k].fill(handle)
         bucket.buffer.div_(self.world_size)
         if bucket.inv_scale is not None:  # GradScaler: sum / P * (1 / scale), as DDP + GradScaler
             bucket.grads.mul_(bucket.inv_scale)
@@ -483,10 +458,8 @@ class DeARExecutor(Executor):
 
     @torch.no_grad()
     def _step_bucket(self, bucket: _Bucket) -> None:
-        """One optimizer step on bucket k's parameters only: each parameter group's ``params`` is swapped
-        for its members in the bucket for the step (so the step visits the bucket's parameters, not the
-        whole model: one bucket per layer costs one step's work in all, not one per layer), with the
-        averaged gradients as their ``grad``; the lists and the gradients the loop held come back after."""
+        """One optimizer step on the bucket's parameters only (each group's ``params`` swapped for its
+        members in the bucket, so a step costs the bucket's work); groups and gradients restored after."""
         if self._optimizer is None:
             raise RuntimeError("DeARExecutor: an update is pending but no optimizer was given (wrap_optimizer)")
         groups = self._optimizer.param_groups
@@ -520,21 +493,13 @@ class DeARExecutor(Executor):
             cached = self._subsets[bucket.index] = (key, [[p for p in g["params"] if id(p) in mine] for g in groups])
         return cached[1]
 
-    @staticmethod
-    def _record(timing: DeARTiming, handle) -> None:
-        timing.fill(handle)
 
-
-# -------------------------------------------------------------------------------------------------
-# calibration
-# -------------------------------------------------------------------------------------------------
 
 def time_stream_collectives(sizes_bytes, *, repeats: int = 3, warmup: int = 1,
                             device: torch.device | str = "cpu", stream=None) -> dict[str, list[float]]:
-    """Median seconds of a :class:`CommStream` reduce-scatter and all-gather per buffer size (bytes of
-    the full float32 buffer, rounded to a multiple of P elements), the slowest rank's median (an
-    all-reduce MAX), identical on every rank. Small buffers are timed as the mean of up to 16
-    back-to-back ops. Every rank calls it at the same point (it makes a stream unless given one)."""
+    """The slowest rank's median seconds of a :class:`CommStream` reduce-scatter and all-gather per size
+    (bytes of the full float32 buffer), the same on every rank; small buffers timed as the mean of up to
+    16 back-to-back ops. Every rank calls it at the same point."""
     from repro.runtime.collectives import CommStream
 
     device = torch.device(device)
