@@ -73,10 +73,8 @@ def _output_tensors(output: Any) -> list[torch.Tensor]:
 
 
 class ReducerAllReduce:
-    """Execute all-reduce ``plan`` on ``model``'s gradients with ``torch.distributed.Reducer`` (module
-    docstring). Same surface as :class:`repro.families.allreduce.executor.BucketedAllReduce`: ``finish()``,
-    ``remove()``, ``grad_ready_s``, ``timings``, ``clock``; plus ``prepare_for_forward()`` and
-    ``hold(held)``."""
+    """Execute all-reduce ``plan`` on ``model``'s gradients with ``torch.distributed.Reducer``; the
+    surface of :class:`repro.families.allreduce.executor.BucketedAllReduce`."""
 
     def __init__(self, model: nn.Module, plan: Plan, *, view: str = "tensor", group: Any = None,
                  record_timeline: bool = False) -> None:
@@ -101,9 +99,8 @@ class ReducerAllReduce:
             bucket_indices.append(list(range(at, at + n)))
             caps.append(sum(p.numel() * p.element_size() for p in self._params[at:at + n]))
             at += n
-        # the flags close the plan's last bucket (the input side: its gradients are the backward's last, so
-        # waiting for the end of the backward costs it little); in a bucket of their own, one more small
-        # all-reduce after the last one measured about 2% of a step on tiny_vgg
+        # the flags close the plan's last bucket (the input side, whose gradients come last anyway):
+        # a bucket of their own would cost one more all-reduce
         bucket_indices[-1].append(at)
         flag_bytes = self._flags.numel() * self._flags.element_size()
         caps[-1] += flag_bytes
@@ -138,7 +135,6 @@ class ReducerAllReduce:
             raise PlanError(f"the C++ reducer formed {len(got)} bucket(s) where the plan has {len(bucket_indices)} "
                             "(or other members); run it on the Python hook engine (engine='hooks')")
 
-    # ---- per iteration ----
     def hold(self, held: bool) -> None:
         """While held (``no_sync``), forwards prepare no exchange: the backward accumulates locally."""
         self._held = held
@@ -162,9 +158,8 @@ class ReducerAllReduce:
             torch.autograd.Variable._execution_engine.queue_callback(self._at_backward_end)
 
     def _at_backward_end(self) -> None:
-        """Every gradient of this backward has arrived: mark what this rank had none for (zeros) and the
-        flags (1 per parameter, 0 for those), which completes the last bucket (inside the backward's final
-        callbacks, where the reducer can queue its own finalisation)."""
+        """At the end of the backward (where the reducer can still queue its finalisation): mark the
+        parameters this rank had no gradient for, then the flags, which completes the last bucket."""
         if self._missing is not None:
             return
         missing = [i for i, p in enumerate(self._params) if p.grad is None]
@@ -222,8 +217,7 @@ class ReducerAllReduce:
         self._stamp(missing)
 
     def _stamp(self, missing) -> None:
-        """``grad_ready_s`` of this iteration from the reducer's stamps (parameters in ``missing`` had no
-        gradient: a layer none of whose parameters had one gets no time, as under the hook engine)."""
+        """``grad_ready_s`` of this iteration from the reducer's stamps (``missing`` parameters excluded)."""
         if not self._stamp_ready:
             return
         stats = self._reducer.get_backward_stats()
