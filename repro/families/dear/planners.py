@@ -365,7 +365,7 @@ def dear_optimal(trace: Trace, cost: CostModel, *, time_budget_s: float = DEFAUL
                     nodes.append((int(C[t, 4]), L, int(C[t, 5])))
                     best_bounds = _bounds_from(nodes, len(nodes) - 1)
                 continue
-            # exact normalisations (the docstring): every next bucket's all-gather is at least layer i's,
+            # exact normalisations (docs/design): every next bucket's all-gather is at least layer i's,
             # the remaining reduce-scatters end after S + W[i], and S cannot matter any more
             # once M is past all that the remaining reduce-scatters can add
             C[:, 1] = np.maximum(C[:, 1], head_ag[i])
@@ -431,7 +431,7 @@ def dear_optimal(trace: Trace, cost: CostModel, *, time_budget_s: float = DEFAUL
     root = float(np.min(lower_bound(np.maximum(model.pre, np.atleast_1d(model.ag(n0))), cum_c[j],
                                     np.atleast_1d(model.rs(n0)), ready[0] + np.atleast_1d(model.rs(n0)), j)))
     log.debug("dear_optimal: root bound %.9g s, incumbent %.9g s", root + model.straggler, best + model.straggler)
-    # the exact pass's incumbent: a dive from every first bucket (a heuristic; see the docstring)
+    # the exact pass's incumbent: a dive from every first bucket (a heuristic)
     stopped = None
     if DIVE_WIDTH:
         S0 = np.atleast_1d(model.rs(n0))

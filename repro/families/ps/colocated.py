@@ -52,8 +52,8 @@ def colocated_options(plan: Plan | None, planner_options: Sequence[str], options
 
 
 def bucket_lag(mode: str, stage: int, staleness: int) -> int:
-    """Iterations between a push and the forward that uses its pulled values, minus one (see the module
-    docstring): 0 = fresh (installed by the optimizer's step)."""
+    """Iterations between a push and the forward that uses its pulled values, minus one: 0 = fresh
+    (installed by the optimizer's step), 1 = OSP's stage 2, ``staleness`` under SSP."""
     if mode == "osp":
         return 1 if stage == 2 else 0
     if mode == "ssp":
@@ -62,11 +62,9 @@ def bucket_lag(mode: str, stage: int, staleness: int) -> int:
 
 
 class ColocatedPSOptimizer(HandOverOptimizer):
-    """What the loop steps: ``step()`` is :meth:`ColocatedPSExecutor.scaled_step` (push, owners
-    update, everyone installs); ``synchronize()`` is :meth:`ColocatedPSExecutor.synchronize`.
-    ``_step_supports_amp_scaling``: ``scaler.step`` always calls ``step()``, with its scale and inf
-    check attached, so every rank joins the verdict (module docstring); a GradScaler that was not given
-    to the executor is refused there."""
+    """What the loop steps: ``step()`` is :meth:`ColocatedPSExecutor.scaled_step`, ``synchronize()``
+    :meth:`ColocatedPSExecutor.synchronize`; ``scaler.step`` always calls ``step()`` (with its verdict
+    attached), so every rank joins the verdict."""
 
     _step_supports_amp_scaling = True
 
@@ -147,12 +145,20 @@ class ColocatedPSExecutor(Executor):
                 _unflatten_from(buf, b.params)
                 self._free[b.index].append(buf)
         self._master = {b.index: self._zeros(b) for b in self._mine if self.lag[b.index]}
+        self._sync_masters()
+
+    def _sync_masters(self) -> None:
         self._resync = False
         for b in self._mine:
             if b.index in self._master:
                 _flatten_into(self._master[b.index], [p.detach() for p in b.params])
 
-    # ---- helpers ----
+    def _install(self, pulls: list[tuple[_Bucket, Any, torch.Tensor]]) -> None:
+        for b, work, buf in pulls:
+            work.wait()
+            _unflatten_from(buf, b.params)
+            self._free[b.index].append(buf)
+
     def _global(self, rank: int) -> int:
         return rank if self.group is None else dist.get_global_rank(self.group, rank)
 
@@ -168,11 +174,9 @@ class ColocatedPSExecutor(Executor):
     def _owns(self, b: _Bucket) -> bool:
         return b.server == self.rank
 
-    # ---- the executor contract ----
     def wrap_optimizer(self, optimizer: Any, grad_scaler: Any = None) -> HandOverOptimizer:
-        """What the loop steps; with an enabled ``grad_scaler`` the pushes wait for its verdict (module
-        docstring). ``optimizer``'s ``state_dict()`` gathers the shards from here on, and its
-        ``load_state_dict()`` refuses a gathered dict with a shard's part removed (module docstring)."""
+        """What the loop steps; with an enabled ``grad_scaler`` the pushes wait for its verdict.
+        ``optimizer.state_dict()`` now gathers the shards; ``load_state_dict()`` refuses a partial one."""
         for h in self._opt_hooks:
             h.remove()
         self._optimizer = optimizer
@@ -207,8 +211,7 @@ class ColocatedPSExecutor(Executor):
 
     def scaled_step(self, amp: ScaledStep | None) -> None:
         """The optimizer's step: push this rank's ``param.grad`` and finish the fresh buckets. Under a
-        GradScaler (``amp``: what ``scaler.step`` attached) first the verdict over every rank (one
-        all-reduce): push unscaled, or skip everywhere (module docstring)."""
+        GradScaler (``amp``) first one all-reduce of the verdict: push unscaled, or skip everywhere."""
         synced, changed = begin_step(self)
         if amp is not None and self._scaler is None:
             raise ValueError("parameter server: a GradScaler stepped this optimizer but was not given to it: pass it "
@@ -233,14 +236,8 @@ class ColocatedPSExecutor(Executor):
             broadcast_buffers(self.model, src=self._buffer_src, group=self.group)
         c = self.step_index
         if self._resync:  # after a flush (or a load) the parameters are the servers' model: masters follow
-            for b in self._mine:
-                if b.index in self._master:
-                    _flatten_into(self._master[b.index], [p.detach() for p in b.params])
-            self._resync = False
-        for b, work, buf in self._pulls.pop(c, []):
-            work.wait()
-            _unflatten_from(buf, b.params)
-            self._free[b.index].append(buf)
+            self._sync_masters()
+        self._install(self._pulls.pop(c, []))
         if self.lgp and self._local2:
             with torch.no_grad():
                 for b, grad, lrs in self._local2:
@@ -253,9 +250,8 @@ class ColocatedPSExecutor(Executor):
         self._push_due = True  # the pushes go at the step: after clipping, and after a GradScaler's verdict
 
     def _push_all(self, inv_scale: torch.Tensor | None = None, synced: bool = False) -> None:
-        """One push per bucket in plan order (asynchronous); ``inv_scale``: unscale first. ``synced``:
-        :meth:`synchronize` averaged the gradients into ``param.grad`` (BSP/OSP): nothing is sent, each
-        owner takes its buckets' ``param.grad`` as the average."""
+        """One async push per bucket in plan order; ``inv_scale``: unscale first. ``synced`` (BSP/OSP):
+        ``param.grad`` is the average already, nothing is sent."""
         t = self.step_index
         timings = []
         local2 = []
@@ -395,10 +391,7 @@ class ColocatedPSExecutor(Executor):
             raise RuntimeError("flush() between backward and step(): call step() first")
         self._finish_lagged()
         for c in sorted(self._pulls):
-            for b, work, buf in self._pulls.pop(c):
-                work.wait()
-                _unflatten_from(buf, b.params)
-                self._free[b.index].append(buf)
+            self._install(self._pulls.pop(c))
         self._local2 = []
         self._resync = True
 

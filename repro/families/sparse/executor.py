@@ -533,7 +533,7 @@ class SparseExecutor(Executor):
     # ---- the executor contract ----
     def wrap_optimizer(self, optimizer: Any, grad_scaler: Any = None) -> Any:
         """The optimizer itself; with an enabled ``grad_scaler`` a :class:`SparseScaledOptimizer` whose
-        ``step`` takes the scaler's verdict over every rank (module docstring)."""
+        ``step`` takes the scaler's verdict over every rank."""
         self._optimizer = optimizer
         if grad_scaler is None or not grad_scaler.is_enabled():
             return optimizer

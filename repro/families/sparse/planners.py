@@ -194,7 +194,7 @@ def omgs_optimal(trace: Trace, cost: CostModel, density: float = 0.001, *, pack:
     sparB = np.atleast_1d(c.spar_s(pB))
     cumS = np.concatenate([[0.0], np.cumsum(sparB)])
     fixed = trace.total_forward_s + trace.overheads.total_s
-    # the incumbent: the better of layer-wise and single top-k, in closed form (the docstring)
+    # the incumbent: the better of layer-wise and single top-k, in closed form
     incumbent = min(groups_time_s(trace, g, cost, density, pack)
                     for g in ([[i] for i in reversed(range(L))], [list(reversed(range(L)))]))
     min_comm = float(c.comm_s(pB[L - 1]))  # the last group holds layer 0 (no message if it has no parameters)
@@ -217,7 +217,7 @@ def omgs_optimal(trace: Trace, cost: CostModel, density: float = 0.001, *, pack:
     step = FIRST_STEP
     max_states = None  # the states a round may store (none: no limit)
     growth = GROWTH
-    while True:  # rounds of the search, under upper bounds rising to the incumbent (see the docstring)
+    while True:  # rounds of the search, under upper bounds rising to the incumbent (docs/design)
         target = min(incumbent, proven + step * max(proven, 1e-9))  # (a zero bound still rises)
         out = _omgs_round(L, fresh(target), c, cumP, cumT, cumS, sparB, tbB, comm_rest, spar_rest, min_comm,
                           groups_bound, search, incumbent, proven, fixed, max_states)
@@ -365,7 +365,7 @@ class _CountBound:
                 k = min(z, top + 1) - f - 1
                 row = np.minimum(row, np.min(p1[:k, None] + np.maximum(G[f + 1:f + 1 + k], Bm[f + 1:f + 1 + k]),
                                              axis=0))
-            if top < L:  # every longer group [f, g), g > top (it has elements), split at top: the docstring
+            if top < L:  # every longer group [f, g), g > top (it has elements), split at top (docs/design)
                 row = np.minimum(row, float(p1[-1]) + np.maximum(G[top], Bm[f]))
             G[f] = np.minimum.accumulate(row)
         slack = 1 - 1e-10
@@ -419,7 +419,7 @@ def _omgs_round(L, upper, c, cumP, cumT, cumS, sparB, tbB, comm_rest, spar_rest,
         # retire states that cannot start a useful group ending at f or later: this bound only grows with f
         retire = np.maximum(busy + comm_rest[e], C2 + (cumT[L] - cumT[f]) + (cumS[L] - cumS[f]) + min_comm) > upper
         # retire states whose group [e, f) is beaten by a state of the last step's (e' = f - 1) in both
-        # C' and max(M, C'): that stays so for every later end (see the docstring), so every later
+        # C' and max(M, C'): that stays so for every later end (docs/design), so every later
         # group from them is dominated
         old_n = int(np.searchsorted(e, f - 1))  # active is ordered by prefix length
         if 0 < old_n < len(e):
