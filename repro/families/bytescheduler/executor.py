@@ -91,11 +91,7 @@ class _Layer:
         self.buffer = torch.zeros(self.numel + len(params), dtype=dtype, device=params[0].device)
         self.flags = self.buffer[self.numel:]
         self.local_missing = False  # this rank had no gradient for some parameter this iteration
-        self.views = []
-        offset = 0
-        for p in params:
-            self.views.append(self.buffer[offset:offset + p.numel()])
-            offset += p.numel()
+        self.views = list(self.buffer[:self.numel].split([p.numel() for p in params]))
         self.written = [False] * len(params)
         self.pending = len(params)
         self.chunks: list[_Chunk] = []
@@ -105,10 +101,9 @@ class _Layer:
 
 
 def pick_chunks(ready: list, in_flight_bytes: int, credit_bytes: int) -> list:
-    """Which of ``ready`` (objects with ``nbytes``, most urgent first) to issue now: a prefix, while the
-    bytes in flight (``in_flight_bytes``: issued or decided, not yet *completed*) plus the picked stay
-    within ``credit_bytes``; one chunk is always allowed when nothing is in flight. Strict priority: a
-    chunk that does not fit holds back every less urgent one."""
+    """The prefix of ``ready`` (objects with ``nbytes``, most urgent first) to issue now: while the bytes
+    in flight (decided or issued, not completed) stay within ``credit_bytes``, one chunk always allowed
+    when nothing is in flight. A chunk that does not fit holds back every less urgent one."""
     pick = []
     for c in ready:
         if in_flight_bytes + c.nbytes <= credit_bytes or (in_flight_bytes == 0 and not pick):
@@ -121,8 +116,7 @@ def pick_chunks(ready: list, in_flight_bytes: int, credit_bytes: int) -> list:
 
 class HostComm:
     """How the scheduler thread issues collectives and learns they finished, on a CPU (gloo): an async
-    ``all_reduce``; finished when its future completes (gloo completes it when the data is there).
-    Consumers wait on the host (``work.wait()``)."""
+    ``all_reduce``, finished when its future completes; consumers wait on the host."""
 
     on_device = False
 
@@ -140,8 +134,7 @@ class HostComm:
         work.get_future().then(lambda _f: done(time.perf_counter()))
 
     def run(self, fn, after: Any) -> Any:
-        """Run ``fn()`` (collectives on the scheduler thread) after ``after``; returns what a consumer
-        waits for (None on a CPU: ``fn`` has finished when this returns)."""
+        """Run ``fn()`` after ``after``; returns what a consumer waits for (None on a CPU)."""
         fn()
         return None
 
@@ -215,8 +208,7 @@ class ByteSchedulerExecutor(Executor):
 
     def __init__(self, model: nn.Module, plan: Plan | None = None, options: ExecutorOptions | None = None, *,
                  comm: HostComm | CudaComm | None = None) -> None:
-        """``comm``: how collectives are issued and completions learnt (None: :class:`CudaComm` for a
-        model on CUDA, else :class:`HostComm`; tests inject fakes)."""
+        """``comm``: how collectives are issued (None: :class:`CudaComm` on CUDA, else :class:`HostComm`)."""
         super().__init__(model, plan, options)
         if plan is None:
             raise PlanError("the ByteScheduler executor needs a plan (planner 'bytescheduler')")
@@ -315,11 +307,9 @@ class ByteSchedulerExecutor(Executor):
                                         name="bytescheduler", daemon=True)
         self._thread.start()
 
-    # ---- executor contract ----
     def wrap_optimizer(self, optimizer: Any, grad_scaler: Any = None) -> "LayerwiseOptimizer":
-        """The optimizer the loop steps. ``grad_scaler``: the ``torch.amp.GradScaler`` the loop steps it
-        with (needed for ``scaler.step(opt)`` without ``synchronize()``: its ``update()`` must learn the
-        verdict on the exchanged gradient, see :meth:`step`)."""
+        """The optimizer the loop steps; ``grad_scaler``: the GradScaler stepping it, which learns the
+        verdict on the exchanged gradient (:meth:`step`)."""
         self._optimizer = optimizer
         if grad_scaler is not None:
             device = next(iter(self._layers.values())).buffer.device
@@ -362,10 +352,9 @@ class ByteSchedulerExecutor(Executor):
                 layer.inv_scale = amp.inv_scale
 
     def synchronize(self) -> None:
-        """Finish this step's exchange now (every chunk's all-reduce waited): ``param.grad`` of every
-        parameter is its averaged gradient (a view of the layer's buffer, the same on every rank). The
-        next :meth:`step` applies ``param.grad`` in one optimizer step instead of layer by layer in the
-        next forward. For ``scaler.unscale_(opt)``, gradient clipping or inspection before ``step()``."""
+        """Finish this step's exchange now: ``param.grad`` becomes the averaged gradient (a view of the
+        layer's buffer), which the next :meth:`step` applies in one optimizer step. For
+        ``scaler.unscale_(opt)`` or clipping before ``step()``."""
         if self._synchronized:
             return
         self._arm()
@@ -393,9 +382,8 @@ class ByteSchedulerExecutor(Executor):
             self._optimizer.step()
 
     def before_forward(self) -> None:
-        """Rank 0's buffers on every rank (as DDP), broadcast by the scheduler thread: it is the only
-        thread issuing collectives, and rank 0 decides when (the broadcast is one more decision on the
-        control group), so every rank issues it at the same place among the all-reduces."""
+        """Rank 0's buffers on every rank, broadcast by the scheduler thread where rank 0 decides (at the
+        same place among the all-reduces on every rank)."""
         if not self._buffers or not self.sync_buffers:
             return
         with self._cond:
@@ -443,7 +431,6 @@ class ByteSchedulerExecutor(Executor):
             h.remove()
         self._hooks = []
 
-    # ---- backward ----
     def _grad_hook(self, layer: _Layer, k: int):
         def hook(param: torch.Tensor) -> None:
             self._backward_seen = True
@@ -484,9 +471,8 @@ class ByteSchedulerExecutor(Executor):
                 self._cond.notify_all()
 
     def _fill_missing(self) -> None:
-        """After a backward: parameters that got no gradient contribute zeros (as DDP's unused
-        parameters); a layer whose last update is still pending (it was in neither pass) is updated
-        first."""
+        """After a backward: parameters without a gradient contribute zeros; a layer whose last update is
+        still pending is updated first."""
         if not self._backward_seen:
             return
         for layer in self._layers.values():
@@ -504,7 +490,6 @@ class ByteSchedulerExecutor(Executor):
                 layer.armed = True
                 self._use_guard.add(layer.params, layer)
 
-    # ---- next forward ----
     def _pre_forward_hook(self, layers: list[_Layer]):
         def hook(module, args) -> None:
             for layer in layers:
@@ -513,8 +498,8 @@ class ByteSchedulerExecutor(Executor):
         return hook
 
     def _wait(self, layer: _Layer) -> None:
-        """Wait for every chunk of ``layer``: issued, then (CPU) completed and its completion callback
-        run on the host, or (CUDA) the calling thread's stream ordered after each chunk's event."""
+        """Wait for every chunk of ``layer`` to be issued and completed (CUDA: this thread's stream
+        ordered after each chunk's event)."""
         with self._cond:
             while any(c.state != _ISSUED for c in layer.chunks):
                 if self._error is not None:
@@ -531,8 +516,7 @@ class ByteSchedulerExecutor(Executor):
                 self._cond.wait(timeout=1.0)
 
     def _reset(self, layer: _Layer) -> None:
-        """``layer``'s exchange is over (applied, skipped or handed to ``param.grad``): ready for the next
-        backward."""
+        """``layer``'s exchange is over: ready for the next backward."""
         with self._cond:
             for c in layer.chunks:
                 c.state = _IDLE
@@ -547,8 +531,8 @@ class ByteSchedulerExecutor(Executor):
 
     @staticmethod
     def _used(layer: _Layer) -> list[bool]:
-        """Per parameter of ``layer``: whether some rank had a gradient for it (its flag, summed over the
-        ranks, read only when this rank lacked one: a device-to-host copy on GPUs)."""
+        """Per parameter: whether some rank had a gradient for it (the flags are read only when this rank
+        lacked one: a device-to-host copy on GPUs)."""
         if not layer.local_missing:
             return [True] * len(layer.params)
         return (layer.flags > 0).tolist()
@@ -584,13 +568,9 @@ class ByteSchedulerExecutor(Executor):
             p.grad = g
         self._reset(layer)
 
-    # ---- scheduler thread ----
     def _pick(self) -> list[_Chunk]:
-        """Rank 0, under the lock: ready chunks by (priority, readiness) while the credit allows
-        (:func:`pick_chunks`; bytes in flight until their all-reduce *completed*, on the device on CUDA)."""
+        """Rank 0, under the lock: ready chunks by (priority, readiness) while the credit allows."""
         ready = sorted((c for c in self._chunks if c.state == _READY), key=lambda c: (c.priority, c.seq))
-        if not ready:
-            return []
         return pick_chunks(ready, self._in_flight_bytes, self.credit_bytes)
 
     def _buffers_wanted(self) -> bool:
@@ -688,8 +668,8 @@ class ByteSchedulerExecutor(Executor):
         self._comm.on_complete(work, event, lambda end_s, c=c, gen=gen: self._completed(c, gen, end_s))
 
     def _completed(self, c: _Chunk, gen: int, end_s: float) -> None:
-        """``c``'s all-reduce of issue ``gen`` finished at ``end_s``: its bytes leave the credit (always:
-        every issue completes once); its ``done`` and ``end_s`` only if it was not issued again since."""
+        """``c``'s all-reduce of issue ``gen`` finished at ``end_s``: its bytes leave the credit; ``done``
+        and ``end_s`` are set unless it was issued again since."""
         with self._cond:
             self._in_flight_bytes -= c.nbytes
             if c.gen == gen:

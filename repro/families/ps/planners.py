@@ -41,7 +41,8 @@ def shard_layers(layer_bytes, servers: int) -> list[int]:
 
 
 def importance_order(trace: Trace, importance: str) -> list[int]:
-    """Layer indices, most important first (see the module docstring)."""
+    """Layer indices, most important first: ``position`` (input side first) or ``magnitude`` (largest
+    measured mean |gradient| first)."""
     if importance == "position":
         return list(range(trace.num_layers))
     if importance == "magnitude":
@@ -103,7 +104,8 @@ def ps_plan(trace: Trace, cost: CostModel | None, mode: str, servers: int = 1, *
         return plan
     from repro.core.simulate import simulate
 
-    return plan.replace(meta={**plan.meta, "iteration_s": simulate(trace, plan, cost, with_ops=False).iteration_s})
+    period = simulate(trace, plan, cost, with_ops=False).iteration_s
+    return plan.replace(meta={**plan.meta, "iteration_s": period})
 
 
 def ps_bsp(trace: Trace, cost: CostModel, servers: int = 1) -> Plan:
@@ -138,8 +140,8 @@ def osp(trace: Trace, cost: CostModel, servers: int = 1, stage1_share: float = 0
 
 def osp_auto(trace: Trace, cost: CostModel, servers: int = 1, importance: str = "position",
              lgp: bool = True) -> Plan:
-    """OSP with this package's automatic split (docs/osp.md): the largest stage-2 share whose push and pull traffic (N
-    workers on each shard's link) hides behind one iteration's computation under ``cost``."""
+    """OSP with this package's automatic split (docs/osp.md): the largest stage-2 share whose push and
+    pull traffic (N workers on each shard's link) hides behind one iteration's computation."""
     from repro.families.ps.simulate import auto_stage2_share, trace_compute_s
 
     share2 = auto_stage2_share(trace_compute_s(trace), float(trace.total_bytes), cost.line("push"),

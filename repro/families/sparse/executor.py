@@ -31,8 +31,8 @@ from repro.runtime.plan_fit import check_plan_fits
 from repro.workload.layers import layer_parameters
 
 __all__ = ["deterministic_index_add_", "Compressor", "TopKCompressor", "Memory", "ResidualMemory",
-           "AllGatherCommunicator", "Exchange", "SparseBucketTiming", "SparseExecutor", "SparseScaledOptimizer",
-           "calibrate", "budget_counts", "allocate_budget", "TOPK_SCOPES"]
+           "AllGatherCommunicator", "Exchange", "SparseBucketTiming", "SparseExecutor",
+           "SparseScaledOptimizer", "calibrate", "budget_counts", "allocate_budget", "TOPK_SCOPES"]
 
 INDEX_DTYPE = torch.int32  # indices on the wire (INDEX_BYTES bytes each)
 assert torch.tensor([], dtype=INDEX_DTYPE).element_size() == INDEX_BYTES
