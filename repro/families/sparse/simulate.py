@@ -13,12 +13,12 @@ from typing import Sequence
 
 import numpy as np
 
-from repro.families.allreduce.simulate import bucket_label
+from repro.families.allreduce.simulate import bucket_label, fifo_comm_end_s
 from repro.core.engine import Task
 from repro.core.sim_result import SimGraph, SimResult
 
-__all__ = ["INDEX_BYTES", "TOPK_SCOPES", "topk_count", "bucket_numels", "value_bytes", "message_bytes", "check_buckets",
-           "sparse_times_s", "sparse_iteration_s", "sparse_tasks", "build_graph", "closed_form"]
+__all__ = ["INDEX_BYTES", "TOPK_SCOPES", "topk_count", "bucket_numels", "value_bytes", "message_bytes",
+           "check_buckets", "sparse_times_s", "sparse_iteration_s", "sparse_tasks", "build_graph", "closed_form"]
 
 INDEX_BYTES = 4  # int32 indices on the wire
 TOPK_SCOPES = ("bucket", "model")  # a sparse plan's topk_scope option (repro.families.sparse.executor.SparseExecutor)
@@ -45,9 +45,8 @@ def value_bytes(trace) -> float:
 
 
 def message_bytes(trace, plan) -> list[list[float]]:
-    """Per bucket: ``[k * value_bytes, k * 4]`` (values, indices) or ``[k * (value_bytes + 4)]`` packed.
-
-    Bytes are per worker, as :meth:`repro.core.cost.CostModel.sparse_allgather_s` takes them."""
+    """Per bucket, bytes per worker: ``[k * value_bytes, k * 4]`` (values, indices) or
+    ``[k * (value_bytes + 4)]`` packed."""
     density = _density(plan)
     vb = value_bytes(trace)
     out = []
@@ -82,7 +81,7 @@ def sparse_times_s(trace, plan, cost) -> tuple[list[float], list[list[float]]]:
     return spar, message_times_s(trace, plan, cost)
 
 
-def _compute_order(L: int, groups: Sequence[Sequence[int]]) -> dict[int, list[int]]:
+def _compute_order(groups: Sequence[Sequence[int]]) -> dict[int, list[int]]:
     """Buckets whose top-k runs right after layer ``i``'s backward (their input-most layer)."""
     after: dict[int, list[int]] = {}
     for k, g in enumerate(groups):
@@ -95,7 +94,7 @@ def sparse_iteration_s(forward_total_s: float, backward_s: np.ndarray, groups: S
     """Iteration seconds: backward with each bucket's top-k after its input-most layer, then one FCFS
     stream of the buckets' all-gathers (``comm_s``: a bucket's total; ties in plan order)."""
     bwd = np.asarray(backward_s, dtype=float)
-    after = _compute_order(len(bwd), groups)
+    after = _compute_order(groups)
     t = 0.0
     ready = [0.0] * len(groups)
     for i in range(len(bwd) - 1, -1, -1):
@@ -103,9 +102,7 @@ def sparse_iteration_s(forward_total_s: float, backward_s: np.ndarray, groups: S
         for k in after.get(i, ()):
             t += float(spar_s[k])
             ready[k] = t
-    end = 0.0
-    for k in sorted(range(len(groups)), key=lambda k: (ready[k], k)):
-        end = max(end, ready[k]) + float(comm_s[k])
+    end = fifo_comm_end_s(ready, [float(c) for c in comm_s])
     return float(fixed_s + forward_total_s + max(t, end))
 
 
@@ -116,7 +113,7 @@ def sparse_tasks(names: Sequence[str], forward_s: np.ndarray, backward_s: np.nda
     """Task graph: [pre-forward], forward, backward with each bucket's ``sparsify`` task after its
     input-most layer, one ``sparse_allgather`` task per message, [the update after the last one]."""
     L = len(names)
-    after = _compute_order(L, groups)
+    after = _compute_order(groups)
     tasks = [Task("compute", "pre_forward", "pre", pre_forward_s)] if pre_forward_s else []
     tasks += [Task("compute", "forward", names[i], float(forward_s[i])) for i in range(L)]
     spar_task: dict[int, int] = {}
