@@ -92,8 +92,6 @@ def allreduce_tasks(names: Sequence[str], forward_s: np.ndarray, backward_s: np.
     return tasks
 
 
-# ---- the family's hooks ----------------------------------------------------------------------------
-
 def check_buckets(buckets) -> None:
     """All-reduce buckets carry exactly one message (a backward all-reduce)."""
     for i, b in enumerate(buckets):

@@ -494,7 +494,6 @@ class DeARExecutor(Executor):
         return cached[1]
 
 
-
 def time_stream_collectives(sizes_bytes, *, repeats: int = 3, warmup: int = 1,
                             device: torch.device | str = "cpu", stream=None) -> dict[str, list[float]]:
     """The slowest rank's median seconds of a :class:`CommStream` reduce-scatter and all-gather per size

@@ -176,7 +176,6 @@ class DeARTunedExecutor(Executor):
         self._intervals: list[float] = []
         self._last: float | None = None
 
-    # ---- contract ----
     def wrap_optimizer(self, optimizer: Any, grad_scaler: Any = None) -> Any:
         """As :meth:`DeARExecutor.wrap_optimizer` (every executor of a trial gets the optimizer and the
         scaler)."""
@@ -224,7 +223,6 @@ class DeARTunedExecutor(Executor):
         """True while trials are still being measured."""
         return self._tuning
 
-    # ---- tuning ----
     def _sync_views(self) -> None:
         self.grad_ready_s = self.executor.grad_ready_s
         self.timings = self.executor.timings

@@ -158,7 +158,6 @@ class PSExecutor(Executor):
         self.bytes_pushed = 0
         self.bytes_pulled = 0
 
-    # ---- the executor contract ----
     def wrap_optimizer(self, optimizer: Any) -> PSOptimizer:
         """What the loop steps; ``optimizer``'s ``state_dict()`` / ``load_state_dict()`` now fetch from /
         send to the servers."""
@@ -319,7 +318,6 @@ class PSExecutor(Executor):
         for buf in buffers:
             dist.broadcast(buf, src=first, group=self.group)
 
-    # ---- checkpoints: the servers hold the optimizer's state and the parameters ----
     def _ask(self, server: int, kind: int, payload: Any = None) -> Any:
         """One request to ``server`` (``STATE``, or ``LOAD`` with ``payload``) and its answer."""
         blob = None if payload is None else _to_bytes(payload, self.device)
@@ -423,7 +421,6 @@ class _Server:
         self._result = {b.index: [zeros(b), zeros(b)] for b in self.buckets}
         self._own = [{b.index: zeros(b) for b in self.buckets} for _ in range(workers)]
 
-    # ---- optimizer on one bucket ----
     def _apply(self, bucket: _Bucket, grad: torch.Tensor, out: torch.Tensor | None = None,
                settings: list[dict] | None = None) -> torch.Tensor | None:
         """One optimizer step on ``bucket`` with the push ``grad`` (gradients then flags) under the
@@ -489,7 +486,6 @@ class _Server:
                 del self.aggregates[key]
             return agg.result
 
-    # ---- one thread per worker ----
     def run_worker(self, worker: int) -> None:
         try:
             self._loop(worker)

@@ -445,7 +445,6 @@ class SparseExecutor(Executor):
         self.grad_ready_s = self.clock.ready  # layer -> ready time, resolved when read
         self._handles = [s.param.register_post_accumulate_grad_hook(self._hook(s)) for s in self._slots]
 
-    # ---- during backward ----
     def _hook(self, slot: _Slot):
         def hook(param: torch.Tensor) -> None:
             self.clock.mark(slot.layer)
@@ -530,7 +529,6 @@ class SparseExecutor(Executor):
         self._nonfinite |= ~torch.isfinite(flat).all()
         flat.mul_(self._inv_scale.to(flat.dtype))
 
-    # ---- the executor contract ----
     def wrap_optimizer(self, optimizer: Any, grad_scaler: Any = None) -> Any:
         """The optimizer itself; with an enabled ``grad_scaler`` a :class:`SparseScaledOptimizer` whose
         ``step`` takes the scaler's verdict over every rank."""
