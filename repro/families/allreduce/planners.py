@@ -25,12 +25,14 @@ FAMILY = "allreduce"
 
 
 def groups_time_s(trace: Trace, groups: Sequence[Sequence[int]], cost: CostModel,
-                  wire_dtype: str | None = None) -> float:
-    """Simulated iteration seconds of all-reduce ``groups`` (layer indices, communication order)."""
+                  wire_dtype: str | None = None, cycle_s: float | None = None) -> float:
+    """Simulated iteration seconds of all-reduce ``groups`` (layer indices, communication order);
+    ``cycle_s``: launched only at Horovod's cycle ticks."""
     nbytes = layer_wire_bytes(trace, wire_dtype)
     sizes = np.array([float(nbytes[list(g)].sum()) for g in groups])
     comm = np.atleast_1d(cost.allreduce_s(sizes)).tolist()  # one vectorised call, same float arithmetic
-    return fifo_iteration_s(trace.total_forward_s, trace.backward_s(), groups, comm, trace.overheads.total_s)
+    return fifo_iteration_s(trace.total_forward_s, trace.backward_s(), groups, comm, trace.overheads.total_s,
+                            cycle_s)
 
 
 def _plan(trace: Trace, groups: list[list[int]], cost: CostModel, solver: str, wire_dtype: str | None,
@@ -75,11 +77,8 @@ def _check_bytes(name: str, value) -> None:
 
 def threshold(trace: Trace, cost: CostModel, threshold_bytes: int = 25 * 2**20, *,
               wire_dtype: str | None = None) -> Plan:
-    """Greedy fixed-size fusion (Horovod/DDP style) in backward order.
-
-    Layers are appended to the open bucket; the bucket closes once it holds ``threshold_bytes`` (on
-    the wire) or more. ``threshold_bytes == 0`` reproduces WFBP.
-    """
+    """Greedy fusion (Horovod/DDP style) in backward order: a bucket closes once it holds
+    ``threshold_bytes`` (on the wire) or more; ``threshold_bytes == 0`` reproduces WFBP."""
     _check_bytes("threshold_bytes", threshold_bytes)
     groups = _fuse(trace, threshold_bytes, threshold_bytes, wire_dtype)
     return _plan(trace, groups, cost, "threshold", wire_dtype, threshold_bytes=int(threshold_bytes))
@@ -117,8 +116,7 @@ def horovod(trace: Trace, cost: CostModel, threshold_bytes: int = 64 * 2**20, cy
         else:
             groups.append([i])
             size = float(nbytes[i])
-    comm = np.atleast_1d(cost.allreduce_s(np.array([float(nbytes[g].sum()) for g in groups]))).tolist()
-    t = fifo_iteration_s(trace.total_forward_s, trace.backward_s(), groups, comm, trace.overheads.total_s, cycle_s)
+    t = groups_time_s(trace, groups, cost, wire_dtype, cycle_s)
     return Plan.from_groups(trace, groups, "horovod", options={"wire_dtype": wire_dtype, "cycle_s": float(cycle_s)},
                             meta={"iteration_s": t, "threshold_bytes": int(threshold_bytes)})
 
