@@ -25,6 +25,7 @@ from repro.runtime.buffers import broadcast_buffers
 from repro.runtime.clock import CollectiveEnds, clock_for, model_device
 from repro.runtime.deferred import DeferredUpdateOptimizer
 from repro.runtime.executor import Executor, ExecutorOptions, FoundInfReport, ScaledStep, check_scaled_step
+from repro.families.sparse.planners import _check_density
 from repro.families.sparse.topk import topk_indices
 from repro.families.sparse.simulate import INDEX_BYTES, TOPK_SCOPES, topk_count
 from repro.runtime.plan_fit import check_plan_fits
@@ -39,12 +40,6 @@ assert torch.tensor([], dtype=INDEX_DTYPE).element_size() == INDEX_BYTES
 
 # the single-tensor all-gather under its current name (older torch: all_gather_into_tensor)
 _ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-
-
-def _check_density(density: Any) -> float:
-    if isinstance(density, bool) or not isinstance(density, (int, float)) or not 0 < density <= 1:
-        raise ValueError(f"density must be a number in (0, 1], got {density!r}")
-    return float(density)
 
 
 def deterministic_index_add_(out: torch.Tensor, indices: torch.Tensor, values: torch.Tensor,

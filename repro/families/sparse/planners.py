@@ -79,9 +79,10 @@ class SparseCosts:
         return self.cost.sparse_allgather_s(k * self.value_bytes) + self.cost.sparse_allgather_s(k * INDEX_BYTES)
 
 
-def _check_density(density) -> None:
+def _check_density(density) -> float:
     if isinstance(density, bool) or not isinstance(density, (int, float)) or not 0 < density <= 1:
         raise ValueError(f"density must be a number in (0, 1], got {density!r}")
+    return float(density)
 
 
 def groups_time_s(trace: Trace, groups: Sequence[Sequence[int]], cost: CostModel, density: float,
