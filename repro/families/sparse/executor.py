@@ -405,17 +405,14 @@ class SparseExecutor(Executor):
         self._buckets: list[_Bucket] = []
         self._slots: list[_Slot] = []
         for i, b in enumerate(plan.buckets):
-            params = [p for name in b.layers for _, p in layers[name]]
-            numel = sum(p.numel() for p in params)
-            bucket = _Bucket(tuple(b.layers), torch.zeros(numel, dtype=params[0].dtype, device=params[0].device),
+            members = [(name, p) for name in b.layers for _, p in layers[name]]
+            numel = sum(p.numel() for _, p in members)
+            first = members[0][1]
+            bucket = _Bucket(tuple(b.layers), torch.zeros(numel, dtype=first.dtype, device=first.device),
                              packed=len(b.messages) == 1)
-            offset = 0
-            for name in b.layers:
-                for _, p in layers[name]:
-                    slot = _Slot(i, p, name, bucket.buffer[offset:offset + p.numel()])
-                    bucket.slots.append(slot)
-                    self._slots.append(slot)
-                    offset += p.numel()
+            views = bucket.buffer.split([p.numel() for _, p in members])
+            bucket.slots = [_Slot(i, p, name, v) for (name, p), v in zip(members, views)]
+            self._slots += bucket.slots
             bucket.pending = len(bucket.slots)
             bucket.k = self.compressor.count(numel)
             self._buckets.append(bucket)
