@@ -1,10 +1,6 @@
 """Run an all-reduce Plan with Python gradient hooks: per-bucket flat buffers, one async all-reduce per
-bucket, launched strictly in plan order so that every rank issues the same sequence.
-
-Gradients are divided by the world size on the way into the buffer (as DDP's reducer); a parameter no
-rank had a gradient for keeps ``.grad`` None (DDP's ``find_unused_parameters=True``); with the plan
-option ``cycle_s`` a background thread launches complete buckets at Horovod-style ticks. Times are
-``perf_counter`` seconds. Details: docs/design/families.md.
+bucket, launched strictly in plan order (every rank issues the same sequence); averaging and unused
+parameters as DDP's. Plan option ``cycle_s``: launches at Horovod-style ticks. See docs/design/families.md.
 """
 
 from __future__ import annotations

@@ -1,10 +1,7 @@
-"""The all-reduce family's iteration model (MG-WFBP, Shi, Chu, Li; INFOCOM 2019 / TPDS 2021).
-
-Forward, then backward on the compute stream; a bucket is ready when its last gradient is; one FCFS
-communication stream (ties: plan order). Iteration seconds ``= t_f + max(t_b, end of the last
-all-reduce from backward start)`` plus the trace's overheads. With ``cycle_s`` a bucket ready at ``r``
-is released at ``ceil(r / cycle_s) * cycle_s``. :func:`allreduce_tasks` (event graph) and
-:func:`fifo_iteration_s` (closed form) implement the same model; the tests check they agree.
+"""The all-reduce family's iteration model (MG-WFBP): one FCFS stream of bucket all-reduces behind the
+backward, ``t_f + max(t_b, end of the last all-reduce)`` plus the trace's overheads; with ``cycle_s``
+a bucket is released at its next tick. :func:`allreduce_tasks` (event graph) and
+:func:`fifo_iteration_s` (closed form) implement the same model.
 """
 
 from __future__ import annotations

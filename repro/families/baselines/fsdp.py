@@ -1,10 +1,6 @@
-"""PyTorch FSDP2 (``fully_shard``, ``reshard_after_forward=False``) under the executor contract (``fsdp``).
-
-The executor shards a *copy* of the model (one ``fully_shard`` unit per top-level child holding
-parameters, tied ones together, then the root); :meth:`FSDPExecutor.flush` copies the full parameters
-and buffers back into the original, so evaluation and the caller see a plain model. The loop's
-optimizer is rebuilt over the sharded parameters with the same hyperparameters. Where ``fully_shard``
-refuses, one ValueError line before any step. Details: docs/design/families.md.
+"""PyTorch FSDP2 (``fully_shard``, ``reshard_after_forward=False``) under the executor contract, on a
+sharded *copy* of the model: :meth:`FSDPExecutor.flush` copies the full parameters and buffers back,
+so the caller keeps a plain model. See docs/design/families.md.
 """
 
 from __future__ import annotations

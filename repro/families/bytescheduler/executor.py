@@ -1,10 +1,6 @@
-"""Run a ByteScheduler plan: chunked all-reduces served by priority under a credit (``credit_bytes`` in
-flight at most), each layer updated just before its next forward once its chunks are reduced.
-
-Rank 0's scheduler thread decides which chunks to issue and broadcasts their ids on a gloo control
-group; every rank issues the same all-reduces in that order (the buffer broadcast before each forward
-is one more decision). A chunk leaves the credit when the device has finished it (:class:`HostComm`,
-:class:`CudaComm`). Details: docs/design/families.md.
+"""Run a ByteScheduler plan: chunked all-reduces issued by priority within a credit (``credit_bytes``),
+each layer updated just before its next forward. Rank 0's scheduler thread decides and broadcasts the
+order on a gloo control group, so every rank issues the same collectives. See docs/design/families.md.
 """
 
 from __future__ import annotations

@@ -1,11 +1,7 @@
-"""Run a DeAR plan: reduce-scatter (RS) in backward, all-gather (AG) in the next forward, each bucket's
-parameters updated right after its AG (Zhang et al., ICDCS 2023).
-
-The optimizer's ``step()`` waits for every RS and submits AG(0); a forward pre-hook applies the pending
-buckets in order, one optimizer step per bucket with only its ``.grad`` set (equal to a whole-model step
-for torch's per-parameter optimizers). Every collective goes through one
-:class:`~repro.runtime.collectives.CommStream`, so every rank issues the same sequence from one thread.
-``flush()`` applies every pending update. Details: docs/design/families.md.
+"""Run a DeAR plan (Zhang et al., ICDCS 2023): reduce-scatter in backward, all-gather in the next
+forward, each bucket updated right after its all-gather by an optimizer step on its parameters alone.
+Every collective goes through one :class:`~repro.runtime.collectives.CommStream` (one thread, one
+order on every rank). See docs/design/families.md.
 """
 
 from __future__ import annotations

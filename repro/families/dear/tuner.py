@@ -1,10 +1,6 @@
-"""DeAR with its bucket threshold tuned live by Bayesian optimisation (scheduler ``dear_bo``).
-
-Search space ``log2(threshold bytes)`` within ``bounds``; a GP with expected improvement (``bayes_opt``)
-on rank 0 proposes ``trials`` thresholds after the initial one; each is scored by the slowest rank's
-mean iteration time over ``trial_steps`` steps after ``settle_steps``. Every rank regroups identically
-between steps (flush, rebuild on the same stream: no gradient or update lost); the best is kept.
-:func:`tune_offline` runs the same search on any objective without torch.distributed.
+"""DeAR with its bucket threshold tuned live by Bayesian optimisation (scheduler ``dear_bo``): rank 0's
+GP proposes thresholds, every rank regroups identically between steps (no gradient or update lost) and
+the best measured one is kept. :func:`tune_offline` runs the same search without torch.distributed.
 """
 
 from __future__ import annotations

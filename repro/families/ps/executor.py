@@ -1,13 +1,7 @@
-"""A parameter server on torch.distributed: S server ranks, N workers, BSP / ASP / SSP(s) / OSP (as
-interpreted in ``docs/interpretations.md``).
-
-Ranks ``0..S-1`` serve (:func:`serve`, one thread per worker, updates under one lock), ranks ``S..``
-train with :class:`PSExecutor`; pushes and pulls travel point to point (``isend``/``irecv``, tag 0 for
-headers ``[kind, t, nbytes]``, ``1 + b`` for bucket ``b``). Stage-2 (OSP) pulls of step ``t`` are
-installed before the forward of step ``t + 2``; LGP corrects stale values with the local gradient.
-With ``ExecutorOptions.group`` None, ``PSExecutor(...)`` is a
-:class:`~repro.families.ps.colocated.ColocatedPSExecutor`. Dedicated servers refuse nccl. :func:`calibrate`
-fits ``push`` = ``pull`` = half a ping-pong's round trip. Protocol and math: docs/design/families.md.
+"""A parameter server on torch.distributed (BSP / ASP / SSP(s) / OSP, docs/interpretations.md): ranks
+``0..S-1`` serve (:func:`serve`, one thread per worker), the others train with :class:`PSExecutor`,
+point to point; with ``ExecutorOptions.group`` None it is the co-located
+:class:`~repro.families.ps.colocated.ColocatedPSExecutor`. Protocol and math: docs/design/families.md.
 """
 
 from __future__ import annotations

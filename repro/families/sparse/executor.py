@@ -1,11 +1,7 @@
-"""Run a ``sparse`` Plan: top-k sparsified gradients with error feedback (OMGS-SGD, TopK-SGD).
-
-A :class:`Compressor` selects ``(values, indices)``, a :class:`Memory` keeps the residual, an
-:class:`AllGatherCommunicator` all-gathers the pairs. A complete bucket (strictly in plan order) is
-compressed on the calling thread and its all-gathers launched; ``after_backward`` adds the ``P``
-contributions in worker order (:func:`deterministic_index_add_`) and divides by ``P``, so every worker
-applies the same average bit for bit. Under a GradScaler buckets are unscaled before compensation and
-one all-reduce (max) of the inf/nan verdicts decides the step. Details: docs/design/families.md.
+"""Run a ``sparse`` Plan: top-k sparsified gradients with error feedback (OMGS-SGD, TopK-SGD). Buckets
+are compressed in plan order on the calling thread and all-gathered; ``after_backward`` sums the ``P``
+contributions in worker order (:func:`deterministic_index_add_`), so every worker applies the same
+average bit for bit. See docs/design/families.md.
 """
 
 from __future__ import annotations
