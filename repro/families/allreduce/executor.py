@@ -408,9 +408,8 @@ class AllReduceExecutor(Executor):
 
 
 def calibrate(trace, device, repeats: int, network_cost=None, **_options):
-    """The all-reduce family's calibration hook: ``network_cost`` (which must have an all-reduce line,
-    else :class:`repro.core.cost.CostModelError`), else ``a + b * bytes`` fitted on the live group from
-    4 KiB up to the model's gradient bytes (at most 64 MiB). Every rank gets the same model."""
+    """The all-reduce family's calibration hook: ``network_cost`` (with an all-reduce line), else
+    ``a + b * bytes`` fitted on the live group, 4 KiB to min(model bytes, 64 MiB); the same on every rank."""
     from repro.runtime.calibrate import default_sizes_bytes, fit_allreduce
 
     if network_cost is not None:

@@ -26,8 +26,7 @@ CHECKPOINT_REFUSAL = ("fsdp: the optimizer's state lives in the sharded copy; ch
 
 class ShardedOptimizer:
     """The optimizer over the sharded parameters, stepping with the hyperparameters the user's optimizer
-    holds at each ``step()`` (an LR scheduler, or the user, changes the user's param groups: the groups
-    correspond one to one). Everything else is the sharded optimizer's."""
+    holds at each ``step()`` (its groups correspond one to one); everything else is the sharded one's."""
 
     def __init__(self, user: torch.optim.Optimizer, sharded: torch.optim.Optimizer) -> None:
         self.user = user
@@ -118,9 +117,8 @@ class FSDPExecutor(Executor):
     checkpoint_refusal = CHECKPOINT_REFUSAL
 
     def wrap_optimizer(self, optimizer: Any, grad_scaler: Any = None) -> Any:
-        """The same optimizer class and hyperparameters over the sharded parameters (see the module).
-        A GradScaler is refused: its unscale and inf check would have to run on the DTensor shards with
-        a verdict agreed over the ranks (torch's ShardedGradScaler, used with FSDP2 directly)."""
+        """The same optimizer class and hyperparameters over the sharded parameters. A GradScaler is
+        refused (it would need a verdict over DTensor shards: torch's ShardedGradScaler)."""
         if grad_scaler is not None:
             raise ValueError("fsdp: grad_scaler is not supported through repro.distribute (the gradients are "
                              "DTensor shards); train in bfloat16 autocast without a scaler, or use FSDP2 with "

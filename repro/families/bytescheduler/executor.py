@@ -43,9 +43,8 @@ class ChunkTiming:
     end_s: float = float("nan")
 
     def row(self, origin_s: float) -> dict:
-        """One ``buckets.csv`` row: seconds after ``origin_s``, ``launch_s`` as ``start_s``. On CUDA a ready
-        chunk not yet seen complete is waited for first (at most 60 s, then NaN); on a CPU its times are NaN
-        until it completes."""
+        """One ``buckets.csv`` row: seconds after ``origin_s``, ``launch_s`` as ``start_s`` (CUDA: a ready
+        chunk is waited for first, at most 60 s; NaN for what has not completed)."""
         done = self.__dict__.get("_done")
         if done is not None and self.ready_s == self.ready_s:
             done.wait(60.0)
@@ -679,8 +678,7 @@ class ByteSchedulerExecutor(Executor):
 
 class LayerwiseOptimizer(DeferredUpdateOptimizer):
     """What the loop steps under ByteScheduler: ``step()`` marks every layer's update pending (applied in
-    the next forward or ``flush()``); ``state_dict()`` flushes first; the rest is the wrapped optimizer's.
-    ``LayerwiseOptimizer(optimizer, executor)`` (this argument order, kept for callers)."""
+    the next forward or ``flush()``); note the argument order ``(optimizer, executor)``."""
 
     family = "ByteScheduler"
 

@@ -118,9 +118,8 @@ def tune_offline(objective: Callable[[int], float], method: str = "bo", trials: 
 
 
 class DeARTunedExecutor(Executor):
-    """DeAR whose bucket threshold is tuned by Bayesian optimisation while training. ``plan``: the starting
-    DeAR plan (its ``meta["threshold_bytes"]``, if any, is trial 0). Every rank builds it at the same point
-    (it makes the communication stream shared by every trial's executor)."""
+    """DeAR whose bucket threshold is tuned while training; ``plan``: the starting plan (trial 0). Every
+    rank builds it at the same point (it makes the stream every trial's executor shares)."""
 
     def __init__(self, model: nn.Module, plan: Plan | None = None, options: ExecutorOptions | None = None, *,
                  trials: int = DEFAULT_TRIALS, settle_steps: int = 2, trial_steps: int = 5,

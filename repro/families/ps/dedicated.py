@@ -76,9 +76,8 @@ def stop_at_exit(optimizer: Any) -> None:
 
 
 class ServingRankOptimizer(torch.optim.Optimizer):
-    """What ``distribute()`` returns as the optimizer on a serving rank, after the run: ``serving`` is
-    True, ``tables`` holds what the server recorded (e.g. SSP's ``server_clocks``); stepping it is
-    refused (the loop is the trainers')."""
+    """The optimizer ``distribute()`` returns on a serving rank after the run: ``serving`` True,
+    ``tables`` what the server recorded (SSP's ``server_clocks``); stepping it is refused."""
 
     serving = True
 

@@ -229,9 +229,8 @@ def param_indices(optimizer: Any) -> dict[int, int]:
 
 
 def merge_shards(state_dict: dict, shards: dict[int, dict], owned: dict[int, int]) -> dict:
-    """``state_dict`` with the state of every parameter a server owns (``owned``: index -> server)
-    taken from that server's shard (``shards``: server -> {index: state}; absent there: no state);
-    a parameter no server owns keeps this rank's entry. Marked with :data:`GATHERED_KEY`."""
+    """``state_dict`` with each owned parameter's state (``owned``: index -> server) from its server's
+    shard (``shards``: server -> {index: state}); others keep this rank's. Marked :data:`GATHERED_KEY`."""
     state = {i: s for i, s in state_dict["state"].items() if i not in owned}
     for i, server in owned.items():
         if i in shards.get(server, {}):

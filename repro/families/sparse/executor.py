@@ -533,9 +533,8 @@ class SparseExecutor(Executor):
         self._synchronized = True
 
     def step(self, amp: ScaledStep | None = None) -> None:
-        """The optimizer's step under a GradScaler (``amp``: what ``scaler.step`` attached): skipped on
-        every rank when any rank saw an inf/nan (residuals put back), else the unscaled average
-        applied. Every rank calls it (one all-reduce)."""
+        """The optimizer's step under a GradScaler (``amp``), called on every rank (one all-reduce):
+        skipped everywhere if any rank saw an inf/nan (residuals put back), else the unscaled average."""
         if amp is None:  # optimizer.step() without scaler.step: the gradients are this step's, unscaled
             self.memory.commit()
             if self._scale is not None:
@@ -608,9 +607,8 @@ class SparseExecutor(Executor):
         self.clock.end_iteration()  # a layer with no gradient in the next backward gets no time
 
     def state_dict(self) -> dict[str, Any]:
-        """The error-feedback residuals (what each bucket held back), by bucket index, and under
-        ``topk_scope`` "model" the next step's split (``k_b`` per bucket); a checkpoint without them would
-        resume with different gradients. Only :class:`ResidualMemory` keeps residuals."""
+        """What a checkpoint needs to resume the same gradients: the residuals by bucket index (of a
+        :class:`ResidualMemory`) and, under ``topk_scope`` "model", the next step's split."""
         state: dict[str, Any] = {}
         if self._shared_budget:
             state["split"] = self.split
@@ -657,9 +655,8 @@ class SparseExecutor(Executor):
 
 
 class SparseScaledOptimizer(DeferredUpdateOptimizer):
-    """What the loop steps under a GradScaler: ``step()`` is :meth:`SparseExecutor.step` with the
-    scaler's attributes (``_step_supports_amp_scaling``: ``scaler.step`` always calls it, so every rank
-    joins the verdict's all-reduce); everything else is the wrapped optimizer's."""
+    """What the loop steps under a GradScaler: ``step()`` is :meth:`SparseExecutor.step` (``scaler.step``
+    always calls it, so every rank joins the verdict); the rest is the wrapped optimizer's."""
 
     family = "the sparse family"
 
