@@ -81,9 +81,8 @@ register_run_option(RunOption(
 
 
 def reducer_engine_refusal(values: Mapping[str, Any]) -> str | None:
-    """Why ``engine='reducer'`` cannot run with these settings (one sentence), or None: a wire dtype
-    (``wire_dtype``), or a GPU (``device`` 'cuda', or ``backend`` 'nccl'), where it has not run yet. The
-    same words from ``repro train``'s check and from :func:`repro.distribute`."""
+    """Why ``engine='reducer'`` cannot run with these settings (a wire dtype, a GPU), in one sentence,
+    or None; the same words for ``repro train``'s check and :func:`repro.distribute`."""
     if values.get("engine") != "reducer":
         return None
     wire = values.get("wire_dtype")

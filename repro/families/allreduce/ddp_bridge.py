@@ -1,36 +1,12 @@
-"""The DDP bridge: run an all-reduce Plan's buckets with PyTorch DDP itself, and check that DDP did.
+"""Run an all-reduce Plan's buckets with PyTorch DDP itself, and check that DDP did::
 
-For people who keep ``torch.nn.parallel.DistributedDataParallel`` (its reducer, comm hooks, tooling)
-but want a planner's buckets (MG-WFBP, the optimum, ...)::
-
-    from repro import ddp_bucket_caps, check_ddp_buckets
     caps_mb = ddp_bucket_caps(plan, model)               # one cap per plan bucket, in MiB
     ddp = DistributedDataParallel(model, bucket_cap_mb_list=caps_mb)
     ... two training iterations (DDP rebuilds its buckets at the start of the second forward) ...
     check_ddp_buckets(ddp, plan)                         # one line naming the first bucket that differs
 
-How DDP (with ``bucket_cap_mb_list``; torch 2.14 has it) forms buckets, read from its source and checked by the
-tests: it walks the parameters in an order, adding each to the open bucket of its (dtype, device), and
-closes the bucket once its bytes reach the current cap (``size >= cap``), then moves to the next cap
-of the list (the last cap repeats). The first iteration walks the parameters in ``model.parameters()``
-order (the input side first) and reverses the resulting buckets; unless ``find_unused_parameters=True``
-(without ``static_graph``), DDP then *rebuilds* its buckets once, at the start of the second forward,
-walking the parameters in the order their gradients became ready in the first backward (the output side
-first). So a cap equal to a plan bucket's exact gradient bytes closes DDP's bucket on the plan bucket's
-last parameter, provided the caps come in the order of the walk that counts:
-
-- rebuilt buckets (the default, and ``static_graph=True``): the plan's order (its bucket 0 is the first
-  to be reduced, the output side); the first iteration still runs DDP's initial buckets;
-- ``find_unused_parameters=True`` without ``static_graph``: DDP never rebuilds, so the caps come in the
-  reverse of the plan's order (walked from the input side) and hold from the first iteration on.
-
-Caps are in MiB as DDP takes them: ``bytes / 2**20`` (exact in binary floating point, so DDP's
-``int(cap_mb * 2**20)`` gives back the exact bytes). Limits: the plan must be an all-reduce plan of whole
-layers covering the model (in ``view``), its buckets must be contiguous in the gradient-ready (or, for
-``find_unused_parameters``, parameter) order, and the model's parameters must share one dtype (DDP
-buckets each dtype apart, with a cap list each). A plan with a ``wire_dtype`` is bucketed on the
-parameters' own bytes (DDP's buckets hold the parameters' dtype; a compression comm hook halves them on
-the wire afterwards).
+Needs an all-reduce plan of whole layers covering the model, buckets contiguous in the order DDP walks
+the parameters, and one parameter dtype. How DDP forms buckets: docs/design/families.md.
 """
 
 from __future__ import annotations

@@ -1,36 +1,6 @@
-"""Run an all-reduce Plan: per-bucket flat buffers filled by gradient hooks, async all-reduce per bucket.
-
-Contract of :class:`BucketedAllReduce`:
-
-- every layer of the model (in the plan's ``view``) appears in exactly one bucket of the plan;
-- during ``loss.backward()`` a post-accumulate-grad hook copies each gradient into its bucket's flat
-  buffer, divided by the world size on the way (as DDP's reducer; with a wire dtype, e.g. float16, it is
-  cast first and the bucket is divided at launch, in that dtype); a bucket's asynchronous
-  ``all_reduce`` starts when its last gradient has arrived, in the plan's bucket order (a bucket never
-  overtakes an earlier one, so every rank issues the same sequence);
-- :meth:`finish` waits for every bucket and hands the averaged gradients to ``param.grad`` (views of
-  the bucket buffer when the wire dtype is the parameter's);
-- **unused parameters**: a parameter whose ``.grad`` is None at :meth:`finish` contributes zeros, and
-  one "had a gradient" flag per parameter travels with the gradients, so a parameter no rank had a
-  gradient for keeps ``.grad`` None: DDP's ``find_unused_parameters=True`` behaviour;
-- **mixed dtypes**: without a wire dtype a bucket keeps one flat buffer per parameter dtype and sends
-  one all-reduce per buffer (each gradient summed in its own dtype, as DDP); with a wire dtype the
-  bucket is one buffer of that dtype, cast back to each parameter's dtype. ``BucketTiming.bytes`` is
-  the bucket's gradient bytes on the wire (flags not counted).
-
-:class:`ScheduledOptimizer` wraps any optimizer so that ``step()`` first calls :meth:`finish`. Each
-layer's gradient-ready time of the last iteration is in ``grad_ready_s`` (:mod:`repro.runtime.clock`,
-``perf_counter`` seconds); with ``record_timeline=True`` so are each bucket's launch and completion
-times (:class:`~repro.runtime.clock.CollectiveEnds`; read after ``settle_timings()``).
-
-**Horovod's cycle time** (plan option ``cycle_s``, the ``horovod`` planner's plans): ticks every
-``cycle_s`` seconds from the backward start (``cycle_origin_s``; after :meth:`finish` in
-``last_cycle_origin_s``). A background thread launches at each tick the buckets complete by then, in
-plan order, so a bucket complete at ``r`` goes out at the first tick at or after ``r`` (the simulator's
-``ceil(r / cycle_s) * cycle_s``, :mod:`repro.families.allreduce.simulate`), later when an earlier bucket holds it
-back. :meth:`finish` waits for the remaining buckets' tick (at most one cycle after the last gradient).
-Every launch is under one lock, so one thread issues a collective at a time and the plan order is
-kept. Without ``cycle_s`` the gradient hooks launch the buckets.
+"""Run an all-reduce Plan with Python gradient hooks: per-bucket flat buffers, one async all-reduce per
+bucket, launched strictly in plan order (every rank issues the same sequence); averaging and unused
+parameters as DDP's. Plan option ``cycle_s``: launches at Horovod-style ticks. See docs/design/families.md.
 """
 
 from __future__ import annotations
@@ -54,7 +24,7 @@ from repro.families.allreduce.reducer_engine import ReducerAllReduce, unfit_reas
 from repro.runtime.plan_fit import check_plan_fits
 from repro.workload.layers import layer_parameters
 
-__all__ = ["AllReduceExecutor", "BucketedAllReduce", "ScheduledOptimizer", "BucketTiming", "calibrate"]
+__all__ = ["AllReduceExecutor", "BucketedAllReduce", "BucketTiming", "calibrate"]
 
 _TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 assert set(_TORCH_DTYPES) == set(WIRE_DTYPE_BYTES)
@@ -134,8 +104,7 @@ class BucketedAllReduce:
         self._all_reduce = allreduce_launcher(group)
         # the timeline's stamps: device times on NCCL (its futures complete at enqueue), host times on gloo
         self._ends = CollectiveEnds(model_device(model), dist.get_backend(group)) if record_timeline else None
-        # the world size as a 0-dim tensor: dividing by it is the division by the int (the same quotient in
-        # every float dtype; tests/test_allreduce_divisor.py), without wrapping a Python scalar on every call
+        # a 0-dim tensor: the same quotient as dividing by the int, without wrapping a scalar per call
         self._divisor = torch.tensor(float(self.world_size), dtype=torch.float64)
         cycle_s = plan.option("cycle_s")
         if cycle_s is not None and not (isinstance(cycle_s, (int, float)) and not isinstance(cycle_s, bool)
@@ -154,14 +123,12 @@ class BucketedAllReduce:
         self.grad_ready_s = self.clock.ready  # layer -> ready time, resolved when read
         self._handles = [slot.param.register_post_accumulate_grad_hook(self._hook(slot)) for slot in self._slots]
 
-    # ---- the engine surface the executor calls (the reducer engine's; nothing to do here) ----
     def prepare_for_forward(self) -> None:
         """Nothing: the gradient hooks need no preparation."""
 
     def hold(self, held: bool) -> None:
         """Nothing: under ``no_sync`` the caller takes these hooks off (``repro.api``'s held hooks)."""
 
-    # ---- hooks ----
     def _hook(self, slot: _Slot):
         mark, layer, write = self.clock.mark, slot.layer, self._write
         if self.cycle_s is None:
@@ -184,9 +151,8 @@ class BucketedAllReduce:
         return hook
 
     def _write(self, slot: _Slot) -> bool:
-        """Put ``slot``'s gradient into its bucket (divided by the world size when the bucket has no wire
-        dtype: one pass instead of a copy and a division of the whole bucket at launch, the same
-        arithmetic); True when that completed the bucket."""
+        """Put ``slot``'s gradient into its bucket (divided by the world size there without a wire dtype:
+        one pass, the same arithmetic as dividing at launch); True when that completed the bucket."""
         if slot.written:
             raise RuntimeError(f"gradient of a parameter in layer '{slot.layer}' arrived twice in one "
                                "iteration; call step() (finish()) between backward passes")
@@ -209,7 +175,6 @@ class BucketedAllReduce:
             return True
         return False
 
-    # ---- Horovod cycle time ----
     def _start_ticker(self) -> None:
         if self._ticker is None or not self._ticker.is_alive():
             self._ticker = threading.Thread(target=self._tick_loop, name="horovod-cycle", daemon=True)
@@ -224,9 +189,8 @@ class BucketedAllReduce:
         return self._next < len(self._buckets) and self._buckets[self._next].pending == 0
 
     def _tick_loop(self) -> None:
-        """Background loop of one iteration: at each tick after a bucket became complete, launch the
-        complete buckets (plan order); ends when every bucket is launched (the next iteration's first
-        hook starts a new loop) or the executor is removed."""
+        """One iteration's cycle loop: at each tick, launch the buckets complete by then (plan order);
+        ends when all are launched or the executor is removed."""
         while True:
             with self._wake:
                 while not self._closed and self._next < len(self._buckets) and not self._launchable():
@@ -277,7 +241,6 @@ class BucketedAllReduce:
                 bucket.works.append(work)
             self._next += 1
 
-    # ---- step ----
     def finish(self) -> None:
         """Wait for all buckets of this iteration and write averaged gradients into ``.grad``."""
         if self.cycle_s is None:
@@ -307,16 +270,15 @@ class BucketedAllReduce:
         for bucket in self._buckets:
             for work in bucket.works:
                 work.wait()
-            # a parameter no rank had a gradient for keeps none (as DDP leaves it); only a rank that missed
-            # one itself can see such a flag, so only there are the flags read (a device sync on GPUs)
+            # only a rank that missed a gradient can see a parameter no rank had one for: only there are
+            # the flags read (a device sync on GPUs)
             used = (bucket.flags > 0).tolist() if bucket.missing else None
             for slot in bucket.slots:
                 slot.written = False
                 if used is not None and not used[slot.flag]:
                     slot.param.grad = None
                     continue
-                # same dtype: the gradient becomes a view of the bucket (no copy; the next backward
-                # writes a fresh gradient, or accumulates into this view, and the hook copies it in)
+                # same dtype: the gradient becomes a view of the bucket (no copy)
                 slot.param.grad = slot.grad_view if slot.grad_view is not None else \
                     slot.view.view_as(slot.param).to(slot.param.dtype)
             bucket.pending = len(bucket.slots)
@@ -340,19 +302,15 @@ class BucketedAllReduce:
             self._ends.close()
 
     def settle_timings(self) -> None:
-        """Wait until the last iteration's timeline stamps have arrived (device times on NCCL come from
-        a thread that waits for the device)."""
+        """Wait until the last iteration's timeline stamps have arrived."""
         if self._ends is not None:
             self._ends.settle()
 
 
 def allreduce_launcher(group: dist.ProcessGroup | None = None):
-    """``launch(tensor) -> Work``: start an asynchronous SUM all-reduce of ``tensor`` on ``group`` (None: the
-    default group) by the process group's own ``allreduce``, which is what ``dist.all_reduce(tensor,
-    group=group, async_op=True)`` calls after its argument checks (Python paid once per bucket in the
-    middle of the backward); the executor's buffers are dense tensors of one dtype on the group's device, so
-    there is nothing for them to find (a complex buffer goes through ``dist.all_reduce``). A torch whose
-    process group lacks ``allreduce`` (or its options) gets ``dist.all_reduce`` itself."""
+    """``launch(tensor) -> Work``: an asynchronous SUM all-reduce on ``group`` through the process group's
+    own ``allreduce`` (skipping ``dist.all_reduce``'s per-call checks; the buffers are dense, one dtype).
+    Falls back to ``dist.all_reduce`` where the process group lacks it."""
     pg = group if group is not None else dist.group.WORLD
     options_type = getattr(dist, "AllreduceOptions", None)
     if options_type is None or not hasattr(pg, "allreduce"):
@@ -371,41 +329,19 @@ def allreduce_launcher(group: dist.ProcessGroup | None = None):
 
 
 def _ended(timing: BucketTiming, ends: list[float], i: int, end_s: float) -> None:
-    """A bucket's message ``i`` completed at ``end_s``: the bucket's ``end_s`` is its last message's
-    completion."""
+    """A bucket's message ``i`` completed at ``end_s``; the bucket ends with its last message."""
     ends[i] = end_s
     if all(math.isfinite(e) for e in ends):
         timing.end_s = max(ends)
 
 
-class ScheduledOptimizer:
-    """``step()`` = wait for the gradient exchange, then the wrapped optimizer's step."""
-
-    def __init__(self, optimizer: torch.optim.Optimizer, sync: BucketedAllReduce | None) -> None:
-        self.optimizer = optimizer
-        self.sync = sync
-
-    def step(self) -> None:
-        if self.sync is not None:
-            self.sync.finish()
-        self.optimizer.step()
-
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        self.optimizer.zero_grad(set_to_none=set_to_none)
-
-
 class AllReduceExecutor(Executor):
-    """The all-reduce family's executor under the executor contract, on the options' group of training
-    ranks: buffers are broadcast from its first rank before every forward (as DDP does),
-    ``after_backward`` waits for every bucket and hands the averaged gradients over.
-
-    Two engines run the plan, with the same results (DDP's parameters; tests pin both):
-    ``"reducer"``, PyTorch's C++ reducer given the plan's buckets
-    (:class:`repro.families.allreduce.reducer_engine.ReducerAllReduce`: DDP's speed, no Python call per gradient),
-    and ``"hooks"``, :class:`BucketedAllReduce` (Python gradient hooks: wire dtypes, mixed dtypes,
-    Horovod's cycle time, explicit clocks, GPUs). ``engine="auto"`` (the default) takes the reducer
-    wherever it runs the plan (:func:`repro.families.allreduce.reducer_engine.unfit_reason`), else the hooks;
-    ``self.engine`` says which ran."""
+    """The all-reduce family's executor: buffers broadcast from the group's first rank before every forward,
+    averaged gradients handed over in ``after_backward``. ``engine``: ``"reducer"``
+    (:class:`~repro.families.allreduce.reducer_engine.ReducerAllReduce`), ``"hooks"``
+    (:class:`BucketedAllReduce`) or ``"auto"`` (the reducer wherever
+    :func:`~repro.families.allreduce.reducer_engine.unfit_reason` allows); ``self.engine`` says which ran.
+    Both give DDP's parameters."""
 
     finishes_in_backward = True  # the exchange is waited for after backward anyway (Executor)
 
@@ -442,10 +378,8 @@ class AllReduceExecutor(Executor):
     @classmethod
     def check_run_options(cls, options: Mapping[str, Any], plan: Plan | None = None,
                           model: nn.Module | None = None) -> None:
-        """What can be refused before a plan exists (``repro.distribute`` calls this before its warm-up):
-        ``engine='reducer'`` with a wire dtype (given as an option or in ``plan``), on a model on a GPU
-        (:func:`repro.families.allreduce.reducer_engine_refusal`, the words of ``repro train``'s check), or with a
-        cycle time in ``plan``."""
+        """Refuse before a plan exists (``repro.distribute``'s check) ``engine='reducer'`` with a wire
+        dtype, on a GPU (:func:`repro.families.allreduce.reducer_engine_refusal`) or with a cycle time."""
         if options.get("engine") != "reducer":
             return
         params = list(model.parameters()) if model is not None else []
@@ -466,8 +400,7 @@ class AllReduceExecutor(Executor):
         self.sync.finish()
 
     def hold_exchange(self, held: bool) -> None:
-        """``no_sync``: while held, backward passes accumulate locally (the hook engine's hooks are taken
-        off by the caller; the reducer is simply not prepared)."""
+        """``no_sync``: while held, backward passes accumulate locally."""
         self.sync.hold(held)
 
     def remove(self) -> None:
@@ -475,10 +408,8 @@ class AllReduceExecutor(Executor):
 
 
 def calibrate(trace, device, repeats: int, network_cost=None, **_options):
-    """The all-reduce family's calibration hook (:mod:`repro.core.families`): ``network_cost`` (a
-    ``--network`` preset; one without an all-reduce line raises :class:`repro.core.cost.CostModelError`),
-    else ``a + b * bytes`` fitted by timing all-reduces on the live group from 4 KiB up to the model's
-    gradient bytes (at most 64 MiB). Every rank calls it and gets the same model."""
+    """The all-reduce family's calibration hook: ``network_cost`` (with an all-reduce line), else
+    ``a + b * bytes`` fitted on the live group, 4 KiB to min(model bytes, 64 MiB); the same on every rank."""
     from repro.runtime.calibrate import default_sizes_bytes, fit_allreduce
 
     if network_cost is not None:

@@ -1,34 +1,10 @@
-"""Run an all-reduce Plan on PyTorch's own C++ reducer (``torch.distributed.Reducer``, DDP's engine).
+"""Run an all-reduce Plan on PyTorch's C++ reducer (``torch.distributed.Reducer``, DDP's engine).
 
-A gradient hook written in Python costs a Python call per parameter inside the backward; this engine
-hands the plan's buckets to DDP's reducer, which marks gradients ready in C++, so the exchange runs at
-DDP's speed while the buckets stay the plan's, in the plan's order.
-
-Contract (the same as :class:`repro.families.allreduce.executor.BucketedAllReduce`'s where both apply;
-:class:`ReducerAllReduce`):
-
-- **Buckets**: the reducer gets the parameters in plan order with one cap per bucket equal to its exact
-  bytes (``bucket_bytes_cap_list``); it is rebuilt once at construction (never later) and the resulting
-  membership is checked against the plan (:class:`~repro.core.plan.PlanError` when it differs). Buckets are
-  all-reduced in plan order.
-- **Averaging**: the reducer multiplies each gradient by ``1 / world_size`` into the bucket and copies
-  the average back into ``param.grad`` (DDP's default: the parameters are DDP's bit for bit). No Python
-  runs per gradient or per bucket (a Python comm hook only for ``record_timeline``).
-- **Per iteration**: ``prepare_for_forward`` before the forward and ``prepare_for_backward`` when a
-  training forward with autograd on ends; nothing while :meth:`hold` is on (the door's ``no_sync``).
-- **Unused parameters**: the plan's last bucket ends with one "had a gradient" flag per parameter; at
-  the end of the backward every parameter this rank has no gradient for is marked ready (zeros), then
-  the flags, which completes the last bucket, so every rank issues the same all-reduces. A parameter no
-  rank had a gradient for keeps ``.grad`` None, as under ``find_unused_parameters=True``. A backward
-  that never reaches the output tensors (a loss from parameters alone) is finished by :meth:`finish`.
-- **Times**: on a CPU, each layer's gradient-ready time comes from the reducer's per-parameter stamps
-  (``get_backward_stats``), shifted to the ``time.perf_counter()`` base; on other devices none are kept.
-  With ``record_timeline`` a comm hook per bucket stamps its launch and completion on the host.
-
-What it does not run (:func:`unfit_reason` names it, and the all-reduce executor then uses the Python
-hook engine): plans with a wire dtype, Horovod's cycle time or split layers; models whose parameters do
-not share one dtype and device, with sparse-gradient embeddings, or with an empty parameter; an explicit
-clock; a device other than the CPU.
+The plan's buckets, in plan order, are handed to the reducer with one exact byte cap each, so the
+exchange runs at DDP's speed with the plan's buckets; averaging, unused parameters and ``.grad`` are
+DDP's bit for bit. :func:`unfit_reason` names what it cannot run (wire dtypes, cycle times, split
+layers, mixed dtypes/devices, sparse gradients, an explicit clock, a non-CPU device); the all-reduce
+executor then uses its Python hooks. Details: docs/design/families.md.
 """
 
 from __future__ import annotations
@@ -97,10 +73,8 @@ def _output_tensors(output: Any) -> list[torch.Tensor]:
 
 
 class ReducerAllReduce:
-    """Execute all-reduce ``plan`` on ``model``'s gradients with ``torch.distributed.Reducer`` (module
-    docstring). Same surface as :class:`repro.families.allreduce.executor.BucketedAllReduce`: ``finish()``,
-    ``remove()``, ``grad_ready_s``, ``timings``, ``clock``; plus ``prepare_for_forward()`` and
-    ``hold(held)``."""
+    """Execute all-reduce ``plan`` on ``model``'s gradients with ``torch.distributed.Reducer``; the
+    surface of :class:`repro.families.allreduce.executor.BucketedAllReduce`."""
 
     def __init__(self, model: nn.Module, plan: Plan, *, view: str = "tensor", group: Any = None,
                  record_timeline: bool = False) -> None:
@@ -125,9 +99,8 @@ class ReducerAllReduce:
             bucket_indices.append(list(range(at, at + n)))
             caps.append(sum(p.numel() * p.element_size() for p in self._params[at:at + n]))
             at += n
-        # the flags close the plan's last bucket (the input side: its gradients are the backward's last, so
-        # waiting for the end of the backward costs it little); in a bucket of their own, one more small
-        # all-reduce after the last one measured about 2% of a step on tiny_vgg
+        # the flags close the plan's last bucket (the input side, whose gradients come last anyway):
+        # a bucket of their own would cost one more all-reduce
         bucket_indices[-1].append(at)
         flag_bytes = self._flags.numel() * self._flags.element_size()
         caps[-1] += flag_bytes
@@ -162,7 +135,6 @@ class ReducerAllReduce:
             raise PlanError(f"the C++ reducer formed {len(got)} bucket(s) where the plan has {len(bucket_indices)} "
                             "(or other members); run it on the Python hook engine (engine='hooks')")
 
-    # ---- per iteration ----
     def hold(self, held: bool) -> None:
         """While held (``no_sync``), forwards prepare no exchange: the backward accumulates locally."""
         self._held = held
@@ -186,9 +158,8 @@ class ReducerAllReduce:
             torch.autograd.Variable._execution_engine.queue_callback(self._at_backward_end)
 
     def _at_backward_end(self) -> None:
-        """Every gradient of this backward has arrived: mark what this rank had none for (zeros) and the
-        flags (1 per parameter, 0 for those), which completes the last bucket (inside the backward's final
-        callbacks, where the reducer can queue its own finalisation)."""
+        """At the end of the backward (where the reducer can still queue its finalisation): mark the
+        parameters this rank had no gradient for, then the flags, which completes the last bucket."""
         if self._missing is not None:
             return
         missing = [i for i, p in enumerate(self._params) if p.grad is None]
@@ -246,8 +217,7 @@ class ReducerAllReduce:
         self._stamp(missing)
 
     def _stamp(self, missing) -> None:
-        """``grad_ready_s`` of this iteration from the reducer's stamps (parameters in ``missing`` had no
-        gradient: a layer none of whose parameters had one gets no time, as under the hook engine)."""
+        """``grad_ready_s`` of this iteration from the reducer's stamps (``missing`` parameters excluded)."""
         if not self._stamp_ready:
             return
         stats = self._reducer.get_backward_stats()

@@ -1,23 +1,7 @@
-"""The all-reduce family's iteration model (MG-WFBP: Shi, Chu, Li, IEEE INFOCOM 2019, arXiv 1811.11141;
-IEEE TPDS 2021, arXiv 1912.09268).
-
-Forward runs layers 1..L, then backward L..1 on the compute stream. A bucket becomes ready when the
-last of its gradients is produced; one communication stream serves ready buckets first-come
-first-served (ties: plan order). Iteration time = forward + backward + the communication not hidden
-behind backward, i.e. ``t_f + max(t_b, end of the last all-reduce measured from backward start)``.
-
-A measured trace's :class:`~repro.core.trace.Overheads` (seconds; 0 in the papers' model) are added:
-``pre_forward_s`` before the forward, ``straggler_s`` + ``update_s`` after the last all-reduce.
-
-With the plan option ``cycle_s`` (Horovod's cycle time), messages are launched by a background loop
-that wakes every ``cycle_s`` seconds: a bucket ready at ``r`` (from backward start) is released at
-the next tick ``ceil(r / cycle_s) * cycle_s`` (ticks aligned with the backward start; Horovod's are
-free-running, so this is the average case only to within half a cycle).
-
-Two implementations of the same model: :func:`allreduce_tasks` builds the event-engine task graph
-(gives the full timeline), :func:`fifo_iteration_s` is the closed-form recursion the planners call
-thousands of times. Tests check that they agree. :func:`build_graph`, :func:`closed_form` and
-:func:`check_buckets` are the family's hooks (:mod:`repro.core.families`).
+"""The all-reduce family's iteration model (MG-WFBP): one FCFS stream of bucket all-reduces behind the
+backward, ``t_f + max(t_b, end of the last all-reduce)`` plus the trace's overheads; with ``cycle_s``
+a bucket is released at its next tick. :func:`allreduce_tasks` (event graph) and
+:func:`fifo_iteration_s` (closed form) implement the same model.
 """
 
 from __future__ import annotations
@@ -104,8 +88,6 @@ def allreduce_tasks(names: Sequence[str], forward_s: np.ndarray, backward_s: np.
                           deps=tuple(range(len(tasks) - len(groups), len(tasks)))))
     return tasks
 
-
-# ---- the family's hooks ----------------------------------------------------------------------------
 
 def check_buckets(buckets) -> None:
     """All-reduce buckets carry exactly one message (a backward all-reduce)."""

@@ -17,12 +17,8 @@ class LocalExecutor(Executor):
 
 
 class TorchDDPExecutor(Executor):
-    """PyTorch ``DistributedDataParallel`` (its own buckets, hooks and buffer broadcast).
-
-    Without a plan, DDP's defaults; with one, DDP is given the plan's bucket sizes through
-    ``bucket_cap_mb_list`` (:func:`ddp_caps_mb`; DDP keeps its own bucket order and membership rules).
-    DDP synchronises inside ``loss.backward()``, so every hook of the contract is a no-op.
-    """
+    """PyTorch ``DistributedDataParallel``: its defaults, or with a plan the plan's bucket sizes
+    (:func:`ddp_caps_mb`). DDP synchronises inside ``loss.backward()``, so the contract's hooks do nothing."""
 
     finishes_in_backward = True  # DDP itself: param.grad is averaged when backward() returns
 
@@ -41,17 +37,10 @@ class TorchDDPExecutor(Executor):
 
 
 def ddp_caps_mb(plan: Plan, model: nn.Module, view: str) -> list[float]:
-    """DDP's ``bucket_cap_mb_list`` for ``plan`` (MiB).
-
-    A ``threshold`` plan is DDP's own rule: walking the gradients in the order they become ready, a bucket
-    closes once it holds ``threshold_bytes`` or more. DDP walks the order it observes in its first
-    backward, which a plan made before training cannot know (``repro.distribute`` plans ``ddp_threshold``
-    from the parameters' sizes, in registration order; BERT's prediction head, tied to the word embedding,
-    is not ready in that order). One cap, the threshold (DDP repeats the last cap), makes DDP form the
-    threshold plan of the order that actually happens; a cap per plan bucket made it merge buckets
-    instead (tiny_bert on 2 ranks: 9 buckets where the plan of the measured order has 16). So: one cap
-    for a threshold plan of single-dtype parameters in the tensor view sent in their own dtype; the
-    exact bytes of each bucket (:func:`repro.ddp_bucket_caps`' rule) for any other plan."""
+    """DDP's ``bucket_cap_mb_list`` for ``plan`` (MiB): one cap, the threshold, for a ``threshold`` plan of
+    single-dtype parameters in the tensor view sent in their own dtype (DDP then applies the rule to the
+    gradient order it observes, which a plan made before training cannot know); else each bucket's exact
+    bytes (:func:`repro.ddp_bucket_caps`' rule)."""
     threshold = plan.meta.get("threshold_bytes")  # the threshold planner records it there
     dtypes = {p.dtype for p in model.parameters() if p.requires_grad}
     if (plan.solver == "threshold" and isinstance(threshold, int) and threshold > 0 and plan.wire_dtype is None

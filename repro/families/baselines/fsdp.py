@@ -1,36 +1,6 @@
-"""PyTorch FSDP2 (``torch.distributed.fsdp.fully_shard``) under the executor contract (scheduler ``fsdp``).
-
-What a user would pick instead of DeAR today: reduce-scatter of gradients in backward,
-all-gather of parameters in the forward, here with ``reshard_after_forward=False`` (parameters stay
-unsharded from the forward to the backward; after the backward they are resharded, and the next
-forward all-gathers them again). ``fully_shard`` is applied to every top-level child module that holds
-parameters (a layer or a block of the model; children that share a parameter, tied weights, together:
-:func:`fsdp_units`), then to the root (which takes whatever parameters are left, e.g. the root's own).
-
-FSDP2 runs on CPU with gloo in torch 2.14 (device mesh ``init_device_mesh("cpu", (world,))``): checked
-by the tests (parameters after several steps equal PyTorch DDP's). Where ``fully_shard`` refuses (no
-distributed group, another backend without the collectives it needs), the executor raises one
-ValueError naming the reason before any step.
-
-**A sharded copy.** ``fully_shard`` converts a module in place (its class becomes ``FSDP<Class>``, its
-parameters DTensor shards), and there is no public way back. The training loop evaluates, and
-returns, the model object it built (plain tensors expected by everything after training), so the
-executor shards a *copy* of the model (``module``, what the loop calls in the forward) and leaves
-the original plain: rank 0's parameters and buffers are broadcast into the copy first (as DDP does
-at construction), and :meth:`flush` (called before every evaluation, before a checkpoint and at the
-end) all-gathers the full parameters (``DTensor.full_tensor()``) and copies them, and the buffers,
-into the original model. So evaluation runs on the original, unsharded model (no FSDP collectives,
-any number of batches per rank), and after :meth:`remove` the original model holds the trained
-parameters. The cost is one more copy of the model's memory (irrelevant for the models run here).
-
-**The optimizer.** The loop builds its optimizer over the original parameters before the executor
-exists; :meth:`wrap_optimizer` returns a new optimizer of the same class over the sharded parameters
-with the same hyperparameters: ``defaults`` for the constructor and each param group's own settings
-(the groups map parameter by parameter through their names). An optimizer that already holds state
-(momentum buffers) is refused, since that state is the unsharded tensors'.
-
-Buffers (BatchNorm statistics) are not synchronised by FSDP; :meth:`before_forward` broadcasts rank
-0's, as DDP does. ``after_backward`` does nothing: FSDP reduce-scatters inside ``backward()``.
+"""PyTorch FSDP2 (``fully_shard``, ``reshard_after_forward=False``) under the executor contract, on a
+sharded *copy* of the model: :meth:`FSDPExecutor.flush` copies the full parameters and buffers back,
+so the caller keeps a plain model. See docs/design/families.md.
 """
 
 from __future__ import annotations
@@ -56,8 +26,7 @@ CHECKPOINT_REFUSAL = ("fsdp: the optimizer's state lives in the sharded copy; ch
 
 class ShardedOptimizer:
     """The optimizer over the sharded parameters, stepping with the hyperparameters the user's optimizer
-    holds at each ``step()`` (an LR scheduler, or the user, changes the user's param groups: the groups
-    correspond one to one). Everything else is the sharded optimizer's."""
+    holds at each ``step()`` (its groups correspond one to one); everything else is the sharded one's."""
 
     def __init__(self, user: torch.optim.Optimizer, sharded: torch.optim.Optimizer) -> None:
         self.user = user
@@ -148,9 +117,8 @@ class FSDPExecutor(Executor):
     checkpoint_refusal = CHECKPOINT_REFUSAL
 
     def wrap_optimizer(self, optimizer: Any, grad_scaler: Any = None) -> Any:
-        """The same optimizer class and hyperparameters over the sharded parameters (see the module).
-        A GradScaler is refused: its unscale and inf check would have to run on the DTensor shards with
-        a verdict agreed over the ranks (torch's ShardedGradScaler, used with FSDP2 directly)."""
+        """The same optimizer class and hyperparameters over the sharded parameters. A GradScaler is
+        refused (it would need a verdict over DTensor shards: torch's ShardedGradScaler)."""
         if grad_scaler is not None:
             raise ValueError("fsdp: grad_scaler is not supported through repro.distribute (the gradients are "
                              "DTensor shards); train in bfloat16 autocast without a scaler, or use FSDP2 with "

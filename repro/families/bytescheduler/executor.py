@@ -1,48 +1,6 @@
-"""Run a ByteScheduler plan: chunked all-reduces served by priority under a credit, each layer updated as
-its chunks complete (Peng et al., SOSP 2019, as DeAR's baselines use it; the model is
-:mod:`repro.families.bytescheduler.simulate`).
-
-A plan of the ``bytescheduler`` family lists **chunks**: a whole layer, or piece ``(index, count)`` of
-one layer (near-equal by elements, the first ``numel % count`` one element longer, as
-:func:`repro.core.plan._piece_fraction`), each with one all-reduce message whose ``priority`` is the layer's
-forward index (lower = more urgent). Option ``credit_bytes``: the bytes of chunks in flight at most (the
-planner's defaults are the paper's runs: 16,000,000 with 4,000,000-parameter partitions).
-
-How :class:`ByteSchedulerExecutor` runs it, per rank:
-
-- **backward**: a post-accumulate-grad hook copies each gradient into its layer's flat buffer; a layer's
-  chunks become *ready* when its last gradient has arrived;
-- **scheduler** (a background thread, the only issuer of collectives on the executor's two process
-  groups): issues ready chunks' asynchronous ``all_reduce`` (sums) in strict priority order (ties by
-  readiness) while the bytes in flight stay within the credit (one chunk is always allowed when none is
-  in flight);
-- **update**: the wrapped optimizer's ``step()`` only marks every layer's update as pending; before a
-  module holding parameters of layer ``l`` runs in the next forward, a pre-hook waits for ``l``'s chunks,
-  divides by the world size ``P`` and steps the optimizer with only ``l``'s ``.grad`` set (equal to a
-  whole-model step for optimizers with per-parameter state, as torch's). :meth:`flush` applies
-  everything pending;
-- buffers are broadcast from rank 0 before every forward (as DDP does);
-- mixed precision: with ``ex.wrap_optimizer(optimizer, grad_scaler=scaler)``, ``step()`` waits for every
-  chunk, decides the skip on the all-reduced sums (the same on every rank), tells the scaler's
-  ``update()``, and the layer-wise updates apply ``sum / P / scale``; ``opt.synchronize()`` finishes
-  the exchange early for ``scaler.unscale_(opt)`` and clipping.
-
-**Same collectives on every rank.** Rank 0 decides: its scheduler thread picks the chunks to issue (its
-own readiness and completions) and broadcasts their ids on a control group (gloo); every other rank's
-scheduler thread waits until those chunks are ready locally and issues them in the decided order, so
-every rank issues the same all-reduces in the same order on the data group. The buffer broadcast
-before each forward is one more decision of rank 0, so it too sits at the same place on every rank
-(``tests/test_comm_order.py`` records the sequences). Decisions never wait on a later iteration, so
-every broadcast is matched.
-
-**Completion is measured where the work runs** (:class:`HostComm`, :class:`CudaComm`): a gloo
-``Work``'s future completes when the data is there; on CUDA, where an NCCL ``Work`` completes at enqueue,
-the scheduler thread issues on a side stream and records an event after each all-reduce, which a
-watcher thread (:class:`~repro.runtime.clock.EventCompletions`) waits for in issue order: a chunk's
-bytes leave the credit (:func:`pick_chunks`) only when the device has finished it.
-
-With ``record_timeline`` ``timings`` holds per chunk of the last iteration a :class:`ChunkTiming`
-(layer, piece, bytes, priority, and ``time.perf_counter()`` seconds: ready, decided, launched, completed).
+"""Run a ByteScheduler plan: chunked all-reduces issued by priority within a credit (``credit_bytes``),
+each layer updated just before its next forward. Rank 0's scheduler thread decides and broadcasts the
+order on a gloo control group, so every rank issues the same collectives. See docs/design/families.md.
 """
 
 from __future__ import annotations
@@ -85,13 +43,8 @@ class ChunkTiming:
     end_s: float = float("nan")
 
     def row(self, origin_s: float) -> dict:
-        """One ``buckets.csv`` row: time stamps in seconds after ``origin_s``, ``launch_s`` as ``start_s``.
-        On CUDA (completions stamped by a watcher thread) a chunk of this iteration (its gradients
-        ready) that is not yet seen complete is waited for first, whether or not the scheduler thread
-        has issued it yet (at most 60 s; NaN after that): ``step()`` returns before the last chunks are
-        issued, and a row read then would have no ``start_s`` nor ``end_s``. On a
-        CPU its ``start_s`` / ``end_s`` are NaN until then (gloo completes a chunk only when the next
-        forward waits for it)."""
+        """One ``buckets.csv`` row: seconds after ``origin_s``, ``launch_s`` as ``start_s`` (CUDA: a ready
+        chunk is waited for first, at most 60 s; NaN for what has not completed)."""
         done = self.__dict__.get("_done")
         if done is not None and self.ready_s == self.ready_s:
             done.wait(60.0)
@@ -133,11 +86,7 @@ class _Layer:
         self.buffer = torch.zeros(self.numel + len(params), dtype=dtype, device=params[0].device)
         self.flags = self.buffer[self.numel:]
         self.local_missing = False  # this rank had no gradient for some parameter this iteration
-        self.views = []
-        offset = 0
-        for p in params:
-            self.views.append(self.buffer[offset:offset + p.numel()])
-            offset += p.numel()
+        self.views = list(self.buffer[:self.numel].split([p.numel() for p in params]))
         self.written = [False] * len(params)
         self.pending = len(params)
         self.chunks: list[_Chunk] = []
@@ -147,10 +96,9 @@ class _Layer:
 
 
 def pick_chunks(ready: list, in_flight_bytes: int, credit_bytes: int) -> list:
-    """Which of ``ready`` (objects with ``nbytes``, most urgent first) to issue now: a prefix, while the
-    bytes in flight (``in_flight_bytes``: issued or decided, not yet *completed*) plus the picked stay
-    within ``credit_bytes``; one chunk is always allowed when nothing is in flight. Strict priority: a
-    chunk that does not fit holds back every less urgent one."""
+    """The prefix of ``ready`` (objects with ``nbytes``, most urgent first) to issue now: while the bytes
+    in flight (decided or issued, not completed) stay within ``credit_bytes``, one chunk always allowed
+    when nothing is in flight. A chunk that does not fit holds back every less urgent one."""
     pick = []
     for c in ready:
         if in_flight_bytes + c.nbytes <= credit_bytes or (in_flight_bytes == 0 and not pick):
@@ -163,8 +111,7 @@ def pick_chunks(ready: list, in_flight_bytes: int, credit_bytes: int) -> list:
 
 class HostComm:
     """How the scheduler thread issues collectives and learns they finished, on a CPU (gloo): an async
-    ``all_reduce``; finished when its future completes (gloo completes it when the data is there).
-    Consumers wait on the host (``work.wait()``)."""
+    ``all_reduce``, finished when its future completes; consumers wait on the host."""
 
     on_device = False
 
@@ -182,8 +129,7 @@ class HostComm:
         work.get_future().then(lambda _f: done(time.perf_counter()))
 
     def run(self, fn, after: Any) -> Any:
-        """Run ``fn()`` (collectives on the scheduler thread) after ``after``; returns what a consumer
-        waits for (None on a CPU: ``fn`` has finished when this returns)."""
+        """Run ``fn()`` after ``after``; returns what a consumer waits for (None on a CPU)."""
         fn()
         return None
 
@@ -195,17 +141,11 @@ class HostComm:
 
 
 class CudaComm:
-    """The same on CUDA (NCCL), where a ``Work`` and its future complete at *enqueue*: the scheduler
-    thread issues on a side stream of its own (so that ``work.wait()`` makes only that stream wait for
-    NCCL's, never the training's), first waiting for the event recorded when the chunk was ready (its
-    gradients copied on the training's stream); after the work it records an event on the side stream.
-    Completion is that event, waited for in issue order by an :class:`~repro.runtime.clock.EventCompletions`
-    thread (which issues no collective), so the credit is released when the device finished the
-    all-reduce and ``end_s`` is when it did. Consumers make their current stream wait for the event
-    (no host block).
-
-    ``event_factory``, ``side_stream``, ``current_stream`` and ``completions`` are injectable (the CPU
-    tests drive the executor's credit and timeline with fakes)."""
+    """:class:`HostComm` on CUDA, where an NCCL ``Work`` completes at enqueue: issues on a side stream
+    (after the chunk's ready event) and records an event after each all-reduce; an
+    :class:`~repro.runtime.clock.EventCompletions` thread waits for those in issue order, so the credit is
+    released when the device has finished. ``event_factory``, ``side_stream``, ``current_stream`` and
+    ``completions`` are injectable (the CPU tests use fakes)."""
 
     on_device = True
 
@@ -263,8 +203,7 @@ class ByteSchedulerExecutor(Executor):
 
     def __init__(self, model: nn.Module, plan: Plan | None = None, options: ExecutorOptions | None = None, *,
                  comm: HostComm | CudaComm | None = None) -> None:
-        """``comm``: how collectives are issued and completions learnt (None: :class:`CudaComm` for a
-        model on CUDA, else :class:`HostComm`; tests inject fakes)."""
+        """``comm``: how collectives are issued (None: :class:`CudaComm` on CUDA, else :class:`HostComm`)."""
         super().__init__(model, plan, options)
         if plan is None:
             raise PlanError("the ByteScheduler executor needs a plan (planner 'bytescheduler')")
@@ -363,11 +302,9 @@ class ByteSchedulerExecutor(Executor):
                                         name="bytescheduler", daemon=True)
         self._thread.start()
 
-    # ---- executor contract ----
     def wrap_optimizer(self, optimizer: Any, grad_scaler: Any = None) -> "LayerwiseOptimizer":
-        """The optimizer the loop steps. ``grad_scaler``: the ``torch.amp.GradScaler`` the loop steps it
-        with (needed for ``scaler.step(opt)`` without ``synchronize()``: its ``update()`` must learn the
-        verdict on the exchanged gradient, see :meth:`step`)."""
+        """The optimizer the loop steps; ``grad_scaler``: the GradScaler stepping it, which learns the
+        verdict on the exchanged gradient (:meth:`step`)."""
         self._optimizer = optimizer
         if grad_scaler is not None:
             device = next(iter(self._layers.values())).buffer.device
@@ -375,28 +312,13 @@ class ByteSchedulerExecutor(Executor):
         return LayerwiseOptimizer(optimizer, self)
 
     def step(self, amp: ScaledStep | None = None) -> None:
-        """The wrapped optimizer's ``step()``: mark every layer's update pending (applied in the next
-        forward); nothing is waited for.
+        """The wrapped optimizer's ``step()``: mark every layer's update pending; nothing is waited for.
 
-        Under ``torch.amp.GradScaler`` (``amp``: what ``scaler.step(opt)`` attached; every rank calls
-        this every step, skipped or not):
-
-        - the skip needs the whole exchanged gradient, so this waits for every chunk's all-reduce (the
-          chunks still in flight no longer overlap the next forward) and checks the sums for inf/nan
-          (one flag over every layer, read once: one host sync per step).
-          The all-reduced sums are the same on every rank, so is the verdict; and an inf/nan in any
-          rank's own gradient makes its sum inf/nan (IEEE: inf + finite = inf, inf - inf = nan, nan + x
-          = nan), so the verdict covers GradScaler's check of this rank's ``param.grad``;
-        - found: no layer is updated (optimizer state untouched), as ``GradScaler.step`` skips
-          ``optimizer.step()``; else each layer's averaged gradient is multiplied by GradScaler's
-          ``1 / scale`` just before its update (``sum / P * inv_scale``, the order DDP + GradScaler use);
-        - the verdict goes to the scaler's ``update()`` (:class:`~repro.runtime.executor.FoundInfReport`,
-          hence ``wrap_optimizer(opt, grad_scaler=scaler)``), so it backs off on every rank or on none;
-        - ``scaler.unscale_(opt)`` before ``scaler.step(opt)`` is refused unless :meth:`synchronize` ran.
-
-        After :meth:`synchronize`: one optimizer step on ``param.grad`` (unscaled first when GradScaler
-        has not yet; skipped when it found an inf/nan, a verdict the same on every rank).
-        """
+        Under a GradScaler (``amp``; every rank calls this every step) it waits for every chunk and decides
+        the skip on the all-reduced sums (the same verdict on every rank; any rank's inf/nan makes its sum
+        non-finite), reports it to the scaler's ``update()``, and the layer-wise updates apply
+        ``sum / P * inv_scale``. ``scaler.unscale_`` first is refused unless :meth:`synchronize` ran; after
+        it, one optimizer step on ``param.grad``."""
         if self._optimizer is None:
             raise RuntimeError("ByteSchedulerExecutor: call wrap_optimizer(optimizer) before stepping")
         if self._synchronized:
@@ -425,10 +347,9 @@ class ByteSchedulerExecutor(Executor):
                 layer.inv_scale = amp.inv_scale
 
     def synchronize(self) -> None:
-        """Finish this step's exchange now (every chunk's all-reduce waited): ``param.grad`` of every
-        parameter is its averaged gradient (a view of the layer's buffer, the same on every rank). The
-        next :meth:`step` applies ``param.grad`` in one optimizer step instead of layer by layer in the
-        next forward. For ``scaler.unscale_(opt)``, gradient clipping or inspection before ``step()``."""
+        """Finish this step's exchange now: ``param.grad`` becomes the averaged gradient (a view of the
+        layer's buffer), which the next :meth:`step` applies in one optimizer step. For
+        ``scaler.unscale_(opt)`` or clipping before ``step()``."""
         if self._synchronized:
             return
         self._arm()
@@ -456,9 +377,8 @@ class ByteSchedulerExecutor(Executor):
             self._optimizer.step()
 
     def before_forward(self) -> None:
-        """Rank 0's buffers on every rank (as DDP), broadcast by the scheduler thread: it is the only
-        thread issuing collectives, and rank 0 decides when (the broadcast is one more decision on the
-        control group), so every rank issues it at the same place among the all-reduces."""
+        """Rank 0's buffers on every rank, broadcast by the scheduler thread where rank 0 decides (at the
+        same place among the all-reduces on every rank)."""
         if not self._buffers or not self.sync_buffers:
             return
         with self._cond:
@@ -506,7 +426,6 @@ class ByteSchedulerExecutor(Executor):
             h.remove()
         self._hooks = []
 
-    # ---- backward ----
     def _grad_hook(self, layer: _Layer, k: int):
         def hook(param: torch.Tensor) -> None:
             self._backward_seen = True
@@ -547,9 +466,8 @@ class ByteSchedulerExecutor(Executor):
                 self._cond.notify_all()
 
     def _fill_missing(self) -> None:
-        """After a backward: parameters that got no gradient contribute zeros (as DDP's unused
-        parameters); a layer whose last update is still pending (it was in neither pass) is updated
-        first."""
+        """After a backward: parameters without a gradient contribute zeros; a layer whose last update is
+        still pending is updated first."""
         if not self._backward_seen:
             return
         for layer in self._layers.values():
@@ -567,7 +485,6 @@ class ByteSchedulerExecutor(Executor):
                 layer.armed = True
                 self._use_guard.add(layer.params, layer)
 
-    # ---- next forward ----
     def _pre_forward_hook(self, layers: list[_Layer]):
         def hook(module, args) -> None:
             for layer in layers:
@@ -576,8 +493,8 @@ class ByteSchedulerExecutor(Executor):
         return hook
 
     def _wait(self, layer: _Layer) -> None:
-        """Wait for every chunk of ``layer``: issued, then (CPU) completed and its completion callback
-        run on the host, or (CUDA) the calling thread's stream ordered after each chunk's event."""
+        """Wait for every chunk of ``layer`` to be issued and completed (CUDA: this thread's stream
+        ordered after each chunk's event)."""
         with self._cond:
             while any(c.state != _ISSUED for c in layer.chunks):
                 if self._error is not None:
@@ -594,8 +511,7 @@ class ByteSchedulerExecutor(Executor):
                 self._cond.wait(timeout=1.0)
 
     def _reset(self, layer: _Layer) -> None:
-        """``layer``'s exchange is over (applied, skipped or handed to ``param.grad``): ready for the next
-        backward."""
+        """``layer``'s exchange is over: ready for the next backward."""
         with self._cond:
             for c in layer.chunks:
                 c.state = _IDLE
@@ -610,8 +526,8 @@ class ByteSchedulerExecutor(Executor):
 
     @staticmethod
     def _used(layer: _Layer) -> list[bool]:
-        """Per parameter of ``layer``: whether some rank had a gradient for it (its flag, summed over the
-        ranks, read only when this rank lacked one: a device-to-host copy on GPUs)."""
+        """Per parameter: whether some rank had a gradient for it (the flags are read only when this rank
+        lacked one: a device-to-host copy on GPUs)."""
         if not layer.local_missing:
             return [True] * len(layer.params)
         return (layer.flags > 0).tolist()
@@ -647,13 +563,9 @@ class ByteSchedulerExecutor(Executor):
             p.grad = g
         self._reset(layer)
 
-    # ---- scheduler thread ----
     def _pick(self) -> list[_Chunk]:
-        """Rank 0, under the lock: ready chunks by (priority, readiness) while the credit allows
-        (:func:`pick_chunks`; bytes in flight until their all-reduce *completed*, on the device on CUDA)."""
+        """Rank 0, under the lock: ready chunks by (priority, readiness) while the credit allows."""
         ready = sorted((c for c in self._chunks if c.state == _READY), key=lambda c: (c.priority, c.seq))
-        if not ready:
-            return []
         return pick_chunks(ready, self._in_flight_bytes, self.credit_bytes)
 
     def _buffers_wanted(self) -> bool:
@@ -751,8 +663,8 @@ class ByteSchedulerExecutor(Executor):
         self._comm.on_complete(work, event, lambda end_s, c=c, gen=gen: self._completed(c, gen, end_s))
 
     def _completed(self, c: _Chunk, gen: int, end_s: float) -> None:
-        """``c``'s all-reduce of issue ``gen`` finished at ``end_s``: its bytes leave the credit (always:
-        every issue completes once); its ``done`` and ``end_s`` only if it was not issued again since."""
+        """``c``'s all-reduce of issue ``gen`` finished at ``end_s``: its bytes leave the credit; ``done``
+        and ``end_s`` are set unless it was issued again since."""
         with self._cond:
             self._in_flight_bytes -= c.nbytes
             if c.gen == gen:
@@ -765,13 +677,8 @@ class ByteSchedulerExecutor(Executor):
 
 
 class LayerwiseOptimizer(DeferredUpdateOptimizer):
-    """What the loop steps under ByteScheduler: ``step()`` only marks every layer's update as pending
-    (the executor applies each in the next forward, or in ``flush()``); ``state_dict()`` flushes first;
-    ``zero_grad`` and the rest are the wrapped optimizer's; GradScaler and ``synchronize()`` as
-    :class:`~repro.runtime.deferred.DeferredUpdateOptimizer` (shared with DeAR) and
-    :meth:`ByteSchedulerExecutor.step` say.
-
-    ``LayerwiseOptimizer(optimizer, executor)`` (this argument order, kept for callers)."""
+    """What the loop steps under ByteScheduler: ``step()`` marks every layer's update pending (applied in
+    the next forward or ``flush()``); note the argument order ``(optimizer, executor)``."""
 
     family = "ByteScheduler"
 

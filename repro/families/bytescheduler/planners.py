@@ -1,10 +1,6 @@
-"""Planner of the ByteScheduler family (Peng et al., SOSP 2019, as DeAR's baselines use it).
-
-Each layer's gradient is partitioned into chunks of at most ``partition_params`` elements (a layer
-with ``p`` parameters becomes ``ceil(p / partition_params)`` near-equal pieces); every chunk is one
-all-reduce whose priority is its layer's forward index (input side first: the next forward needs it
-first). The plan lists chunks in backward order; the simulator (:mod:`repro.families.bytescheduler.simulate`) and
-the runtime serve them by priority. ``meta["iteration_s"]`` is the simulated steady-state period.
+"""Planner of the ByteScheduler family: each layer split into chunks of at most ``partition_params``
+elements, each one all-reduce with its layer's forward index as priority (input side first), listed in
+backward order. ``meta["iteration_s"]`` is the simulated steady-state period.
 """
 
 from __future__ import annotations

@@ -1,26 +1,9 @@
-"""The ByteScheduler family's iteration model (priority scheduling across iterations, after
-Peng et al., SOSP 2019, as DeAR's baselines use it).
+"""The ByteScheduler family's iteration model (Peng et al., SOSP 2019, as DeAR's baselines use it).
 
-Layers' gradients are all-reduced in **chunks** (a plan bucket is a whole layer or one piece of a
-layer) on one communication stream that, whenever it is free, starts the released chunk of highest
-priority (lowest ``priority``; the planner gives input-side layers the most urgent priorities); ties
-go to the chunk released first. Each layer's update is applied as soon as all its chunks are
-reduced, and the **next iteration's forward of a layer waits only for that layer** (its update), so
-the next forward can start while output-side chunks are still in flight; the backward of the next
-iteration follows its forward. Over iterations::
-
-    forward_i(l)  starts after forward_i(l-1) and after update_{i-1}(l) = all chunks of l in
-                  iteration i-1 reduced (+ u_l)
-    chunk_i(l, c) released when backward_i(l) ends; served by priority, then release time
-
-The credit (bytes in flight) is not modelled beyond one chunk: the link is one serial server, so the
-stream is preemptible at chunk boundaries (with the paper's settings the credit, 16,000,000 bytes,
-is one 4,000,000-parameter float32 chunk). The schedule is not the same every iteration (the comm
-backlog carries over), so :func:`build_graph` simulates :data:`ITERATIONS` iterations and the
-iteration time is the mean interval between the starts of the first layer's forward in iterations
-1..ITERATIONS-1 (iteration 0, which waits for nothing, is left out). A measured trace's ``update_s`` is split over
-layers by parameter count (``u_l``), ``pre_forward_s`` precedes each forward and ``straggler_s``
-follows each backward. Never imports torch.
+Chunks are all-reduced on one stream that starts the released chunk of lowest ``priority`` (ties:
+released first); a layer's next forward waits only for its own chunks and update. The schedule varies
+between iterations, so :func:`build_graph` simulates :data:`ITERATIONS` iterations and reports the mean
+interval between the starts of iterations 1.. . The credit is not modelled beyond one chunk. Torch-free.
 """
 
 from __future__ import annotations

@@ -40,10 +40,8 @@ register_family(Family(
 for _name in ("dear_nofusion", "dear_threshold", "dear_model", "dear_optimal"):
     register_planner(_name, getattr(planners, _name))
 
-# "dear" (the paper's name) is dear_threshold: the authors' released code runs DeAR with threshold fusion by
-# default (its benchmark scripts import dopt_rsag, THRESHOLD 25 MB, our rule; the Bayesian-optimisation variant,
-# dopt_rsag_bo, is commented out there): dear_bo is the tuned variant, dear_nofusion the paper's "DeAR w/o TF",
-# dear_model and dear_optimal this package's planners.
+# "dear" (the paper's name) is dear_threshold: the authors' released code runs threshold fusion (25 MB) by
+# default; dear_bo is the tuned variant, dear_nofusion the paper's "DeAR w/o TF".
 for _s in (
     Scheduler("dear_threshold", "DeAR: reduce-scatter in backward, all-gather in the next forward, buckets of "
               "consecutive layers below --threshold-bytes (25 MiB by default)", DEAR, EXECUTOR,

@@ -1,50 +1,7 @@
-"""Run a DeAR plan: reduce-scatter in backward, all-gather in the next forward, updates just in time.
-
-DeAR (Zhang et al., IEEE ICDCS 2023, arXiv 2302.12445) splits each bucket's all-reduce into a
-reduce-scatter (RS), launched in backward as soon as the bucket's gradients are ready, and an all-gather
-(AG), deferred to the next iteration's forward just before the bucket's layers run; the bucket's
-parameters are updated right after its AG. :class:`DeARExecutor` runs a ``"dear"`` plan (contiguous
-runs of layers in forward order, bucket 0 on the input side) under the executor contract
-(:mod:`repro.runtime.executor`):
-
-- one flat buffer per bucket, padded with zeros to a multiple of P, filled by a post-accumulate-grad hook
-  per parameter; a complete bucket's RS goes to one FIFO :class:`~repro.runtime.collectives.CommStream`,
-  bucket K-1 first (every rank submits the same sequence). Each buffer carries one flag per parameter
-  (1 where this rank had a gradient): a missing gradient counts as zeros, and a parameter no rank had a
-  gradient for gets no update (DDP's ``find_unused_parameters`` rule);
-- the wrapped optimizer's ``step()`` waits for every RS, submits AG(0) and updates nothing;
-- a forward pre-hook on every module owning a parameter of bucket k applies every pending bucket up to
-  k in order (wait AG(j), submit AG(j+1), divide the gathered sum by P, run the optimizer on bucket j's
-  parameters only); parameters used outside their module's forward are covered by
-  :class:`~repro.runtime.deferred.ApplyBeforeUse`. Each update is applied exactly once, also in a
-  ``no_grad`` forward.
-
-The optimizer steps once per bucket, with only that bucket's ``.grad`` set: this equals one whole-model
-step for optimizers that skip parameters without a gradient and keep per-parameter state (torch's SGD,
-Adam, AdamW). Each update uses the param groups' values saved at the ``step()`` that made it
-(:func:`~repro.runtime.deferred.hyperparameters`). A global gradient-norm clip needs the exchanged
-gradient: ``optimizer.clip_grad_norm_`` (through :meth:`DeARExecutor.synchronize`). One backward per
-``step()``: a gradient arriving twice for a parameter before ``step()`` raises.
-
-**Mixed precision**: with ``ex.wrap_optimizer(optimizer, grad_scaler=scaler)``, ``step()`` decides the
-skip on the reduce-scattered gradient (the same verdict on every rank), tells the scaler's ``update()``,
-and the next forward's updates apply ``sum / P / scale``; ``opt.synchronize()`` finishes the exchange
-early for ``scaler.unscale_(opt)`` and clipping.
-
-``flush()`` waits for all communication and applies every pending update (the authors' code drops the
-last iteration's update). ``remove()`` flushes, removes every hook and closes the stream (unless it was
-handed in).
-
-**One thread, one order**: every collective of the executor (RS, AG, the GradScaler verdict, the buffer
-broadcast from rank 0 before each forward) goes through its :class:`CommStream`, so every rank issues
-the same collectives in the same order from one thread (``tests/test_comm_order.py`` records them). On
-GPUs (NCCL) buffers live on the parameters' device; the stream's side stream waits for an event recorded
-at submission, and the main thread waits through :func:`repro.runtime.clock.waits_for` (on CUDA its
-stream waits for the op's event; the host does not block on the all-gather).
-
-:func:`calibrate` is the family's calibration hook (:mod:`repro.core.families`): ``reduce_scatter`` and
-``allgather`` lines of a ``--network`` preset, or fitted by timing :class:`CommStream` RS and AG on the
-live group.
+"""Run a DeAR plan (Zhang et al., ICDCS 2023): reduce-scatter in backward, all-gather in the next
+forward, each bucket updated right after its all-gather by an optimizer step on its parameters alone.
+Every collective goes through one :class:`~repro.runtime.collectives.CommStream` (one thread, one
+order on every rank). See docs/design/families.md.
 """
 
 from __future__ import annotations
@@ -71,10 +28,8 @@ __all__ = ["DeARExecutor", "DeARTiming", "DeAROptimizer", "calibrate", "time_str
 
 @dataclass
 class DeARTiming:
-    """One message of the last iteration: ``kind`` ``"reduce_scatter"`` (this step's backward) or
-    ``"allgather"`` (this step's forward, for the previous step's gradients). Times are
-    ``time.perf_counter()`` seconds: ``launch_s`` when submitted, ``start_s`` / ``end_s`` when it ran on
-    the communication stream."""
+    """One message of the last iteration, ``kind`` ``"reduce_scatter"`` or ``"allgather"``:
+    ``perf_counter`` seconds when submitted (``launch_s``) and when it ran on the stream."""
 
     bucket: int
     kind: str
@@ -90,9 +45,8 @@ class DeARTiming:
         return timing_row(self, origin_s)
 
     def fill(self, handle) -> None:
-        """Take the stamps of ``handle`` (its :class:`~repro.runtime.collectives.Handle`); one still
-        running on the device (CUDA: the consumer did not wait for it on the host) is read at
-        :meth:`settle`."""
+        """Take the stamps of ``handle`` (a :class:`~repro.runtime.collectives.Handle`); one still running
+        on the device is read at :meth:`settle`."""
         self.launch_s = handle.submit_s
         self.start_s = handle.start_s if handle.start_s is not None else float("nan")
         self.end_s = handle.end_s if handle.end_s is not None else float("nan")
@@ -137,26 +91,17 @@ class _Bucket:
 
 
 class DeAROptimizer(DeferredUpdateOptimizer):
-    """What the loop calls ``zero_grad()`` and ``step()`` on: ``step()`` finishes the reduce-scatters and
-    starts the all-gather of bucket 0; the update itself happens bucket by bucket in the next forward
-    (or at :meth:`DeARExecutor.flush`). ``executor``: anything with ``step()`` and ``flush()`` (a
-    :class:`DeARExecutor`, or the tuner that owns one; GradScaler and :meth:`synchronize` need a
-    :class:`DeARExecutor`). The wrapper itself is the one ByteScheduler shares
-    (:class:`~repro.runtime.deferred.DeferredUpdateOptimizer`): with ``synchronize()`` first, ``step()``
-    applies ``param.grad`` in one optimizer step (no update in the next forward; the all-gathers do not
-    overlap it)."""
+    """What the loop steps: ``step()`` finishes the reduce-scatters and starts AG(0); the update happens
+    bucket by bucket in the next forward (or at :meth:`DeARExecutor.flush`). ``executor``: anything with
+    ``step()`` and ``flush()`` (a :class:`DeARExecutor`, or the tuner owning one). After ``synchronize()``
+    ``step()`` applies ``param.grad`` in one optimizer step."""
 
     family = "DeAR"
 
 
 class DeARExecutor(Executor):
-    """The DeAR family's executor (see the module docstring).
-
-    ``DeARExecutor(model, plan, options, stream=None)``: ``stream`` lets a caller share one
-    :class:`CommStream` across executors (the tuner regroups without making a process group per
-    trial); otherwise the executor makes its own (collective: every rank builds it at the same point)
-    and closes it in :meth:`remove`.
-    """
+    """The DeAR family's executor. ``stream``: a :class:`CommStream` shared across executors (the tuner's);
+    otherwise it makes its own (collectively) and closes it in :meth:`remove`."""
 
     def __init__(self, model: nn.Module, plan: Plan | None = None, options: ExecutorOptions | None = None,
                  *, stream=None) -> None:
@@ -219,8 +164,6 @@ class DeARExecutor(Executor):
                             + [DeARTiming(k, "allgather", b.layers, nbytes[k]) for k, b in enumerate(self._buckets)])
         self.clock = clock_for(model, self.options.clock)
         self.grad_ready_s = self.clock.ready  # layer -> ready time, resolved when read
-        # how the main thread waits for the stream's collectives: on the host (CPU), or by making its
-        # current CUDA stream wait for the event recorded after each (no host block in forward)
         self._waits = waits_for(self._buckets[0].buffer.device)
 
         self._hyper: list[dict[str, Any]] | None = None  # the groups' hyperparameters at the last step()
@@ -245,18 +188,13 @@ class DeARExecutor(Executor):
         bucket.pending = len(bucket.slots)
         self._buckets.append(bucket)
 
-    # ---------------------------------------------------------------------------------------------
-    # contract
-    # ---------------------------------------------------------------------------------------------
-
     @property
     def num_buckets(self) -> int:
         return len(self._buckets)
 
     def wrap_optimizer(self, optimizer: Any, grad_scaler: Any = None) -> DeAROptimizer:
-        """The optimizer the loop steps. ``grad_scaler``: the ``torch.amp.GradScaler`` the loop steps it
-        with (needed for ``scaler.step(opt)`` without :meth:`synchronize`: its ``update()`` must learn
-        the verdict on the exchanged gradient, see :meth:`step`)."""
+        """The optimizer the loop steps; ``grad_scaler``: the GradScaler stepping it, which learns the
+        verdict on the exchanged gradient (:meth:`step`)."""
         self.set_optimizer(optimizer)
         self._wrapper = DeAROptimizer(self, optimizer)
         if grad_scaler is not None:
@@ -276,10 +214,9 @@ class DeARExecutor(Executor):
 
     @torch.no_grad()
     def _broadcast_buffers(self) -> None:
-        """:func:`~repro.runtime.buffers.broadcast_buffers` on the communication stream, not on the
-        default group from this thread: every collective of a step then goes through one thread and one
-        FIFO (behind the all-gather of bucket 0 that ``step()`` submitted), in the same order on every
-        rank (NCCL: two threads driving two communicators could interleave differently per rank)."""
+        """Rank 0's buffers, broadcast on the communication stream (behind ``step()``'s AG(0)): every
+        collective goes through one thread and one FIFO, in the same order on every rank (two threads
+        on two NCCL communicators could interleave differently per rank)."""
         groups: dict[tuple[torch.dtype, torch.device], list[torch.Tensor]] = {}
         for b in self.model.buffers():
             groups.setdefault((b.dtype, b.device), []).append(b)
@@ -289,41 +226,22 @@ class DeARExecutor(Executor):
             jobs.append((bufs, flat, self.stream.broadcast(flat, src=0)))
         for bufs, flat, handle in jobs:
             self._waits.wait(handle)
-            offset = 0
-            for b in bufs:
-                b.copy_(flat[offset:offset + b.numel()].view_as(b))
-                offset += b.numel()
+            for b, v in zip(bufs, flat.split([b.numel() for b in bufs])):
+                b.copy_(v.view_as(b))
 
     def after_backward(self) -> None:
-        """Every gradient is in its bucket (unused parameters as zeros) and every RS submitted; the
-        exchange finishes in ``step()``."""
+        """Every gradient in its bucket (missing ones as zeros), every RS submitted."""
         if self._in_backward:
             self._fill_unwritten()
 
     def step(self, amp: ScaledStep | None = None) -> None:
         """The wrapped optimizer's ``step()``: finish the reduce-scatters, start AG(0), update nothing.
 
-        Under ``torch.amp.GradScaler`` (``amp``: what ``scaler.step(opt)`` attached; every rank calls
-        this every step, skipped or not, so the collectives stay matched):
-
-        - the skip is decided on the exchanged gradient, the same way on every rank: each rank checks
-          its reduce-scattered shard (the sum over ranks: an inf/nan of any rank's gradient, or a sum
-          that overflowed, is non-finite there) and adds GradScaler's check of its own ``param.grad``;
-          one all-reduce of these counts on the stream gives every rank the same verdict;
-        - found: no bucket is updated (no all-gather; optimizer state untouched), as ``GradScaler.step``
-          skips ``optimizer.step()``; else every bucket's averaged gradient is multiplied by
-          GradScaler's ``1 / scale`` just before its update in the next forward (``sum / P * inv_scale``,
-          the order DDP + GradScaler use);
-        - the verdict goes to the scaler's ``update()`` (:class:`~repro.runtime.executor.FoundInfReport`,
-          hence ``wrap_optimizer(opt, grad_scaler=scaler)``); it covers GradScaler's own local check,
-          so ``update()`` backs off on every rank or on none;
-        - ``scaler.unscale_(opt)`` before ``scaler.step(opt)`` is refused (it would unscale this rank's
-          local ``param.grad``, not the exchanged gradient) unless :meth:`synchronize` ran first.
-
-        After :meth:`synchronize`: one optimizer step on ``param.grad`` (unscaled first when GradScaler
-        has not yet; skipped when it found an inf/nan: ``param.grad`` is the same on every rank, so its
-        check agrees everywhere).
-        """
+        Under a GradScaler (``amp``; every rank calls this every step) the skip is decided on the
+        reduce-scattered shards plus GradScaler's local check, one all-reduce on the stream giving every rank
+        the same verdict, reported to the scaler's ``update()``; a skipped step updates no bucket, else each
+        bucket applies ``sum / P * inv_scale`` in the next forward. ``scaler.unscale_`` first is refused
+        unless :meth:`synchronize` ran; after it, one optimizer step on ``param.grad``."""
         if self._optimizer is None:
             raise RuntimeError("DeARExecutor: call wrap_optimizer(optimizer) before stepping")
         if self._synchronized:
@@ -359,9 +277,8 @@ class DeARExecutor(Executor):
             self._submit_ag(0)
 
     def _found_inf(self, amp: ScaledStep) -> bool:
-        """Whether any rank's exchanged shard (or GradScaler's check of any rank's ``param.grad``) has an
-        inf/nan: one all-reduce of per-rank counts on the stream (after every RS, the same position on
-        every rank)."""
+        """Whether any rank's exchanged shard or ``param.grad`` has an inf/nan (one all-reduce of per-rank
+        counts on the stream, after every RS)."""
         P, rank = self.world_size, self.stream.rank
         device = self._buckets[0].buffer.device
         count = torch.zeros((), dtype=torch.float32, device=device)
@@ -373,11 +290,9 @@ class DeARExecutor(Executor):
         return bool(counts.sum().item() > 0)
 
     def synchronize(self) -> None:
-        """Finish this step's exchange now (every RS, then every AG, waited): ``param.grad`` of every
-        parameter some rank had a gradient for is its averaged gradient (a view of the bucket, the same
-        on every rank), the others' None. The next :meth:`step` applies ``param.grad`` in one optimizer
-        step instead of bucket by bucket in the next forward. For ``scaler.unscale_(opt)``, gradient
-        clipping or inspection before ``step()``."""
+        """Finish this step's exchange now: ``param.grad`` becomes the averaged gradient (a view of the
+        bucket; None where no rank had one), which the next :meth:`step` applies in one optimizer step.
+        For ``scaler.unscale_(opt)`` or clipping before ``step()``."""
         if self._synchronized:
             return
         if self._optimizer is None:
@@ -437,10 +352,6 @@ class DeARExecutor(Executor):
         """Buckets whose update is still to be applied."""
         return [b.index for b in self._buckets if b.update_pending]
 
-    # ---------------------------------------------------------------------------------------------
-    # hooks
-    # ---------------------------------------------------------------------------------------------
-
     def _grad_hook(self, slot: _Slot):
         def hook(param: torch.Tensor) -> None:
             self.clock.mark(slot.layer)
@@ -457,10 +368,6 @@ class DeARExecutor(Executor):
             if self._first_pending <= last_bucket:
                 self._apply_through(last_bucket)
         return hook
-
-    # ---------------------------------------------------------------------------------------------
-    # machinery
-    # ---------------------------------------------------------------------------------------------
 
     def _start_backward(self) -> None:
         if not self._in_backward:
@@ -502,7 +409,7 @@ class DeARExecutor(Executor):
         handle, bucket.rs = bucket.rs, None
         self._waits.wait(handle)
         if self.timings:
-            self._record(self.timings[bucket.index], handle)
+            self.timings[bucket.index].fill(handle)
 
     def _submit_ag(self, upto: int) -> None:
         """Submit the all-gathers of buckets ``_next_ag .. upto`` (those with a pending update)."""
@@ -535,7 +442,7 @@ class DeARExecutor(Executor):
         handle, bucket.ag = bucket.ag, None
         self._waits.wait(handle)  # CPU: on the host; CUDA: this stream waits for AG(k)'s event, the host does not
         if self.timings:
-            self._record(self.timings[len(self._buckets) + k], handle)
+            self.timings[len(self._buckets) + k].fill(handle)
         bucket.buffer.div_(self.world_size)
         if bucket.inv_scale is not None:  # GradScaler: sum / P * (1 / scale), as DDP + GradScaler
             bucket.grads.mul_(bucket.inv_scale)
@@ -547,10 +454,8 @@ class DeARExecutor(Executor):
 
     @torch.no_grad()
     def _step_bucket(self, bucket: _Bucket) -> None:
-        """One optimizer step on bucket k's parameters only: each parameter group's ``params`` is swapped
-        for its members in the bucket for the step (so the step visits the bucket's parameters, not the
-        whole model: one bucket per layer costs one step's work in all, not one per layer), with the
-        averaged gradients as their ``grad``; the lists and the gradients the loop held come back after."""
+        """One optimizer step on the bucket's parameters only (each group's ``params`` swapped for its
+        members in the bucket, so a step costs the bucket's work); groups and gradients restored after."""
         if self._optimizer is None:
             raise RuntimeError("DeARExecutor: an update is pending but no optimizer was given (wrap_optimizer)")
         groups = self._optimizer.param_groups
@@ -584,21 +489,12 @@ class DeARExecutor(Executor):
             cached = self._subsets[bucket.index] = (key, [[p for p in g["params"] if id(p) in mine] for g in groups])
         return cached[1]
 
-    @staticmethod
-    def _record(timing: DeARTiming, handle) -> None:
-        timing.fill(handle)
-
-
-# -------------------------------------------------------------------------------------------------
-# calibration
-# -------------------------------------------------------------------------------------------------
 
 def time_stream_collectives(sizes_bytes, *, repeats: int = 3, warmup: int = 1,
                             device: torch.device | str = "cpu", stream=None) -> dict[str, list[float]]:
-    """Median seconds of a :class:`CommStream` reduce-scatter and all-gather per buffer size (bytes of
-    the full float32 buffer, rounded to a multiple of P elements), the slowest rank's median (an
-    all-reduce MAX), identical on every rank. Small buffers are timed as the mean of up to 16
-    back-to-back ops. Every rank calls it at the same point (it makes a stream unless given one)."""
+    """The slowest rank's median seconds of a :class:`CommStream` reduce-scatter and all-gather per size
+    (bytes of the full float32 buffer), the same on every rank; small buffers timed as the mean of up to
+    16 back-to-back ops. Every rank calls it at the same point."""
     from repro.runtime.collectives import CommStream
 
     device = torch.device(device)
@@ -634,14 +530,10 @@ def time_stream_collectives(sizes_bytes, *, repeats: int = 3, warmup: int = 1,
 
 
 def calibrate(trace, device, repeats: int, network_cost=None, **_options):
-    """The DeAR family's calibration hook (:mod:`repro.core.families`).
-
-    With ``network_cost`` (a ``--network`` preset): it must have ``reduce_scatter`` and ``allgather``
-    lines (else :class:`repro.core.cost.CostModelError` naming the missing one) and is returned. Otherwise
-    both lines are fitted (:func:`repro.core.cost.fit_linear`, bytes of the full buffer -> seconds) by timing
-    :class:`CommStream` RS and AG on the live group (:func:`time_stream_collectives`) for sizes from
-    4 KiB up to the model's gradient bytes (at most 64 MiB). Every rank calls it and gets the same model.
-    """
+    """The DeAR family's calibration hook: ``network_cost`` if given (it must have ``reduce_scatter`` and
+    ``allgather`` lines, else :class:`repro.core.cost.CostModelError`), else both lines fitted (bytes of the
+    full buffer -> seconds) from :class:`CommStream` RS and AG timed on the live group, 4 KiB up to the
+    model's gradient bytes (at most 64 MiB). Every rank calls it and gets the same model."""
     from repro.core.cost import CostModel, fit_linear
     from repro.runtime.calibrate import default_sizes_bytes
 

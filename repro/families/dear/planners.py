@@ -1,20 +1,6 @@
-"""Planners of the DeAR family (Zhang et al., IEEE ICDCS 2023, arXiv 2302.12445): contiguous buckets in
-forward order.
-
-Every plan's buckets are runs of consecutive layers, input side first; each sends a backward
-reduce-scatter and a next-forward all-gather (:mod:`repro.families.dear.simulate`). ``meta["iteration_s"]`` is the
-plan's steady-state period under the model, equal to ``simulate(trace, plan, cost).iteration_s``.
-
-- :func:`dear_nofusion`: one layer per bucket ("DeAR without tensor fusion");
-- :func:`dear_threshold`: the released code's fixed-threshold fusion (25 MB by default);
-- :func:`dear_model`: beyond the paper, the threshold the simulator predicts best, exact over every
-  bucketing the threshold rule can produce (:func:`threshold_sweep` enumerates them all), i.e. over
-  the very search space the Bayesian-optimisation tuner explores with live measurements;
-- :func:`dear_optimal`: beyond the paper, the exact optimum over every contiguous bucketing (a
-  dynamic program). On the paper's models at 64 workers it is 2-23% faster than the best threshold
-  bucketing: e.g. ResNet-50 on 10GbE gets buckets of 0.7, 19, 53 and 25 MiB (forward order), a
-  small first bucket whose all-gather, which nothing can hide, is short — one threshold cannot make
-  that.
+"""Planners of the DeAR family: contiguous buckets of layers in forward order (input side first), each
+sending a backward reduce-scatter and a next-forward all-gather. ``meta["iteration_s"]`` is the plan's
+steady-state period, equal to ``simulate(trace, plan, cost).iteration_s``.
 """
 
 from __future__ import annotations
@@ -95,14 +81,9 @@ def _sweep_bounds(nbytes: np.ndarray, lo: int, hi: int) -> Iterator[tuple[int, n
 
 def threshold_sweep(trace: Trace, min_threshold_bytes: int = 0,
                     max_threshold_bytes: int | None = None) -> Iterator[tuple[int, list[list[int]]]]:
-    """Every distinct bucketing :func:`threshold_groups` makes for thresholds in
-    ``[min_threshold_bytes, max_threshold_bytes]``, with the smallest threshold giving it.
-
-    The bucketing only changes when the threshold passes ``bytes(bucket k) + bytes(next layer)`` for
-    some bucket k (then bucket k absorbs that layer); so from each bucketing the next one starts at
-    ``min_k (bytes(bucket k) + bytes(first layer of bucket k+1)) + 1`` bytes. No bucketing is missed
-    and none is repeated.
-    """
+    """Every distinct bucketing :func:`threshold_groups` makes for thresholds in ``[min_threshold_bytes,
+    max_threshold_bytes]``, each with the smallest threshold giving it (the next bucketing starts at
+    ``min_k (bytes(bucket k) + bytes(first layer of bucket k+1)) + 1``)."""
     nbytes = _layer_bytes(trace)
     top = int(nbytes.sum()) + 1 if max_threshold_bytes is None else int(max_threshold_bytes)
     for t, b in _sweep_bounds(nbytes, int(min_threshold_bytes), top):
@@ -169,12 +150,9 @@ def _groups(bounds: Sequence[int]) -> list[list[int]]:
 
 def _best_threshold(trace: Trace, cost: CostModel, model: "_Model", lo: int, hi: int | None,
                     deadline: float | None = None, chunk: int = 256):
-    """``(threshold, bounds, candidates, complete)`` of :func:`dear_model`'s choice (None: no
-    threshold in range). The sweep's bucketings are evaluated in batches (:meth:`_Model.periods`);
-    those within 1e-9 of the batch minimum are evaluated again with :func:`groups_period_s` in
-    threshold order, so the choice (the first strict minimum) is exactly the one a one-by-one sweep
-    makes. With a ``deadline`` (``time.perf_counter()`` seconds) the sweep stops there (``complete``
-    False) and the best bucketing swept so far is returned."""
+    """``(threshold, bounds, candidates, complete)`` of :func:`dear_model`'s choice (None: no threshold in
+    range): the first strict minimum in threshold order, as a one-by-one sweep. Past ``deadline``
+    (``perf_counter`` seconds) the best so far, ``complete`` False."""
     nbytes = _layer_bytes(trace)
     top = int(nbytes.sum()) + 1 if hi is None else hi
     best = None  # (exact period, threshold, bounds)
@@ -211,12 +189,9 @@ def _best_threshold(trace: Trace, cost: CostModel, model: "_Model", lo: int, hi:
 
 
 class _Model:
-    """The DeAR period of contiguous bucketings given as boundaries ``[0, b_1, ..., L]``, vectorised:
-    ``period = phi_K + c_K + M + straggler`` with ``phi_1 = max(pre, a_1)``,
-    ``phi_{k+1} = phi_k + max(c_k, a_{k+1})``, ``M = max_k (r_k + S_k)`` (``c_k = u_k + f_k``,
-    ``a_k = T_ag(n_k)``, ``S_k = sum_{j<=k} T_rs(n_j)``, ``r_k`` the backward seconds from bucket k's
-    first layer to the output): the reduce-scatters are served K..1, so the last ends at
-    ``max_k (r_k + S_k)`` (which is at least ``r_1 = sum b``). Equal to :func:`groups_period_s`."""
+    """The DeAR period of bucketings given as boundaries ``[0, b_1, ..., L]``, vectorised:
+    ``phi_K + c_K + M + straggler``, ``phi_1 = max(pre, a_1)``, ``phi_{k+1} = phi_k + max(c_k, a_{k+1})``,
+    ``M = max_k (r_k + S_k)``. Equal to :func:`groups_period_s`."""
 
     def __init__(self, trace: Trace, cost: CostModel) -> None:
         o = trace.overheads
@@ -261,46 +236,15 @@ class _Model:
 
 
 def dear_optimal(trace: Trace, cost: CostModel, *, time_budget_s: float = DEFAULT_TIME_BUDGET_S) -> Plan:
-    """Exact minimum of the DeAR period over **every** contiguous bucketing (not only those of the
-    threshold rule), by a label-setting dynamic program with dominance and bound pruning.
+    """Exact minimum of the DeAR period over every contiguous bucketing (a label-setting dynamic program
+    with dominance and bound pruning; docs/design/families.md), exact under the contention-free model.
 
-    The period of a bucketing is ``phi_K + c_K + M`` (+ the straggler) as in :class:`_Model`. Buckets are
-    chosen left to right (input side first). A partial bucketing whose last bucket ends before layer ``i``
-    is the label ``(phi, c, S, M)`` of its last bucket's forward start ``phi`` and compute ``c`` and its
-    running ``S`` and ``M``; a continuation adds ``max(c, a')`` to ``phi`` and ends the reduce-scatters at
-    ``max(M, S + X)``. Exact reductions:
-
-    - normalisation at ``i``: ``c`` is raised to layer i's all-gather (every next bucket's is at least
-      that), ``M`` to the least end of the remaining reduce-scatters ``S + W[i]`` (:func:`_least_rs_end`),
-      and ``S`` set to 0 once it cannot matter;
-    - dominance (:func:`_pareto`): a label is dropped when another has ``phi`` and ``phi + c`` no larger
-      and ``S`` and ``M`` no larger up to that label's forward lead;
-    - bounds: a label whose lower bound (the least the forward can take, all-gather stalls included,
-      :class:`_Stalls`, plus the least end of the reduce-scatters) is not below the incumbent is pruned,
-      and a label only makes next buckets up to the last end whose bound is below the incumbent.
-
-    The first incumbent is the released code's 25 MiB threshold bucketing; *dives* (:data:`DIVE_WIDTH`
-    labels per depth, repeated after every :data:`DIVE_EVERY` new labels) look for better ones, so the
-    exact pass works under a tight incumbent. Exactness does not depend on the dives: every incumbent is a
-    real bucketing whose period is computed in closed form (:meth:`_Model.period`), and the exact pass
-    only drops dominated labels or labels whose bound is not below it. Among bucketings with the same
-    period (to rounding), which one is returned is the search's choice.
-
-    **Exact under** the contention-free model: the trace's computation (with a realism's compute scale and
-    update, as :func:`repro.core.planners.make_plan` applies them), the reduce-scatter and all-gather lines with
-    their per-message overhead and copy costs (:meth:`repro.core.cost.CostModel.line`), perfect overlap. Under a
-    realism with **contention** (the calibrated presets) the search's plan and the plans of ``dear_model``,
-    ``dear_threshold`` and ``dear_nofusion`` are each simulated and the fastest is returned
-    (:func:`repro.core.judge.judged_best`: ``meta["plan_from"]`` names it, ``meta["iteration_s"]`` is
-    its simulated period, ``meta["exact_plan_iteration_s"]`` the search plan's; ``optimal``,
-    ``lower_bound_s`` and ``gap_pct`` describe the search under its contention-free model).
-
-    ``time_budget_s`` (seconds of wall clock, finite and positive) bounds the search: when it runs out, the
-    best bucketing found so far is returned (never worse than :func:`dear_threshold`) with
-    ``meta["optimal"] = False``, its proven ``meta["gap_pct"]`` above the optimum and
-    ``meta["lower_bound_s"]`` (the least bound of the labels not yet expanded), and one WARNING is logged; a
-    finished search records ``optimal: True, gap_pct: 0`` (:mod:`repro.core.budget`).
-    """
+    Under a realism with contention the search's plan and those of ``dear_model``, ``dear_threshold`` and
+    ``dear_nofusion`` are simulated and the fastest is returned (:func:`repro.core.judge.judged_best`:
+    ``meta["plan_from"]``, ``meta["iteration_s"]``, ``meta["exact_plan_iteration_s"]``). When
+    ``time_budget_s`` (wall-clock seconds) runs out, the best bucketing so far (never worse than
+    :func:`dear_threshold`) is returned with ``meta["optimal"] = False``, ``gap_pct`` and ``lower_bound_s``,
+    and one WARNING is logged (:mod:`repro.core.budget`)."""
     search = Search("dear_optimal", time_budget_s, trace.num_layers, log)
     model = _Model(trace, cost)
     L = model.L
@@ -319,13 +263,9 @@ def dear_optimal(trace: Trace, cost: CostModel, *, time_budget_s: float = DEFAUL
     stalls = _Stalls(model)
 
     def lower_bound(phi, c, S, M, j):
-        """A lower bound on the period (without the straggler) of any completion of a partial bucketing
-        whose last bucket (forward compute ``c``, forward start ``phi``) ends before layer ``j``: the
-        forward ends at ``phi + c + forward(j..L-1)`` plus the least the all-gathers can stall it
-        (:class:`_Stalls`, exact for the forward alone); the reduce-scatters from layer j on end no
-        earlier than ``S + W[j]``, their least end on their own (:func:`_least_rs_end`). (As the totals,
-        it is computed in floating point: bucketings better than the incumbent by rounding only, 1e-15 s,
-        are not pursued.)"""
+        """A lower bound on the period (without straggler) of any completion of a partial bucketing whose last
+        bucket (compute ``c``, start ``phi``) ends before layer ``j``: the forward with its least stalls
+        (:class:`_Stalls`) against the least end of the remaining reduce-scatters (:func:`_least_rs_end`)."""
         if np.isscalar(j) and j == L:
             return phi + c + M
         jj = np.minimum(j, L)  # at L: no compute, no stall left, and S + W[L] = -inf
@@ -337,12 +277,8 @@ def dear_optimal(trace: Trace, cost: CostModel, *, time_budget_s: float = DEFAUL
         return phi + c + ((cum_c[L] - cum_c[j]) + stalls.after(i, j)) + np.maximum(M, S + W[j])
 
     def dive(I, P, Cc, S, M, best: float, width: int):
-        """A beam by depth (a heuristic: it only finds bucketings, never prunes the exact pass) from the
-        labels ``(I, P, Cc, S, M)`` (end position, phi, c, S, M; phi of a first bucket included): each
-        depth makes every next bucket of its labels and keeps the ``width`` of least lower bound under
-        ``best``, at most one per end position (ties: the furthest). Returns None or ``(total, q,
-        ends)``: the least total found below ``best - 1e-15``, from start label ``q`` through the
-        bucket ends ``ends`` (the last is L)."""
+        """A beam search by depth (finds bucketings, never prunes): keeps ``width`` labels of least
+        bound under ``best`` per depth, one per end position. Returns None or ``(total, q, ends)``."""
         found = None
         levels: list[tuple[np.ndarray, np.ndarray]] = []  # per depth: (end positions, index of the parent)
         parent = np.full(len(I), -1)
@@ -429,7 +365,7 @@ def dear_optimal(trace: Trace, cost: CostModel, *, time_budget_s: float = DEFAUL
                     nodes.append((int(C[t, 4]), L, int(C[t, 5])))
                     best_bounds = _bounds_from(nodes, len(nodes) - 1)
                 continue
-            # exact normalisations (the docstring): every next bucket's all-gather is at least layer i's,
+            # exact normalisations (docs/design): every next bucket's all-gather is at least layer i's,
             # the remaining reduce-scatters end after S + W[i], and S cannot matter any more
             # once M is past all that the remaining reduce-scatters can add
             C[:, 1] = np.maximum(C[:, 1], head_ag[i])
@@ -495,7 +431,7 @@ def dear_optimal(trace: Trace, cost: CostModel, *, time_budget_s: float = DEFAUL
     root = float(np.min(lower_bound(np.maximum(model.pre, np.atleast_1d(model.ag(n0))), cum_c[j],
                                     np.atleast_1d(model.rs(n0)), ready[0] + np.atleast_1d(model.rs(n0)), j)))
     log.debug("dear_optimal: root bound %.9g s, incumbent %.9g s", root + model.straggler, best + model.straggler)
-    # the exact pass's incumbent: a dive from every first bucket (a heuristic; see the docstring)
+    # the exact pass's incumbent: a dive from every first bucket (a heuristic)
     stopped = None
     if DIVE_WIDTH:
         S0 = np.atleast_1d(model.rs(n0))
@@ -536,16 +472,9 @@ def _pending_bound(cand: list[list[np.ndarray]], i: int, best: float, lower_boun
 
 
 class _Stalls:
-    """The least the all-gathers can stall the forward after a bucket of compute ``t`` that ends
-    before layer ``j``, over every bucketing of layers ``j..L-1`` (the forward alone, exactly):
-    ``least(j, t) = min_w [(T_ag(j..w-1) - t)^+ + G(j, w)]``, ``G(y, z) = least(z, compute(y..z-1))``,
-    ``G(y, L) = 0``. Since ``T_ag(j..w-1)`` grows with w, the minimum is
-    ``min(min_{w <= w*} G(j, w), min_{w > w*} (T_ag(j..w-1) + G(j, w)) - t)`` with w* the last w whose
-    all-gather is at most t: a prefix minimum and a suffix minimum per j, one binary search per
-    query. O(L^2 log L) time; O(L^2) memory, the tables kept as flat rows (one per bucket start,
-    ``L(L+1)/2`` floats each): 6 x 4 L(L+1) bytes while building (24 MB at 1000 layers), 5 x 4 L(L+1)
-    bytes after (``G`` kept: the stall after a given bucket, :meth:`after`, is one read); beyond
-    :data:`STALL_LAYERS` layers only the next all-gather's stall ``(T_ag(layer j) - t)^+`` is used."""
+    """The least the all-gathers can stall the forward after a bucket of compute ``t`` ending before layer
+    ``j``, over every bucketing of ``j..L-1``: ``least(j, t) = min_w [(T_ag(j..w-1) - t)^+ + G(j, w)]``.
+    O(L^2 log L) time, O(L^2) memory; beyond :data:`STALL_LAYERS` layers only the next all-gather's stall."""
 
     def __init__(self, model: _Model) -> None:
         L = self.L = model.L
@@ -634,16 +563,9 @@ def _least_rs_end(model: _Model) -> np.ndarray:
 
 
 def _pareto(C: np.ndarray, block: int = 64) -> np.ndarray:
-    """Rows of ``C`` not dominated by another row (of equal rows, one is kept). Row ``x`` dominates
-    ``y`` when ``phi_x <= phi_y``, ``phi_x + c_x <= phi_y + c_y`` and, with the forward lead
-    ``d = min(phi_y - phi_x, phi_y + c_y - phi_x - c_x)``, ``S_x <= S_y + d`` and ``M_x <= M_y + d``:
-    every continuation adds ``max(c, a)`` to ``phi`` (so at least ``d`` more for y) and ends the
-    reduce-scatters at ``max(M, S + X)``, at most ``d`` later for x.
-
-    Rows are sorted lexicographically by (phi, phi + c, S, M), so a row can only be dominated by an
-    earlier one (a later one with ``d = 0`` must be equal). The first ``block`` sorted rows are
-    reduced among themselves, then every later row is checked against their survivors, and so on
-    (the relation is transitive, so dropped ones are harmless)."""
+    """Rows of ``C`` (phi, c, S, M) not dominated by another (one of equal rows kept): ``x`` dominates ``y``
+    when ``phi_x <= phi_y``, ``phi_x + c_x <= phi_y + c_y`` and ``S_x``, ``M_x`` exceed ``S_y``, ``M_y`` by
+    at most the forward lead ``d``. Reduced block by block over the lexicographically sorted rows."""
     keys = np.stack([C[:, 0], C[:, 0] + C[:, 1], C[:, 2], C[:, 3]], axis=1)
     if len(keys) <= 1:
         return C

@@ -1,35 +1,13 @@
-"""The DeAR family's iteration model (Zhang et al., *DeAR*, IEEE ICDCS 2023, arXiv 2302.12445; its
-timeline model).
+"""The DeAR family's iteration model (Zhang et al., ICDCS 2023): per bucket (forward order) a
+reduce-scatter in backward and an all-gather in the next forward, on one FCFS stream.
 
-A DeAR plan's buckets are contiguous runs of layers in **forward order** (bucket 1 holds the input
-layer). Each bucket sends two messages: a reduce-scatter in backward, as soon as all its gradients
-are ready, and an all-gather in the *next* iteration's forward, just before its layers run. One
-communication stream serves both (first come, first served). With forward seconds ``f_k``,
-backward seconds ``b_j`` per layer, ``n_k`` bytes and ``u_k`` the update of bucket k's parameters
-(applied in the next forward, just before the bucket runs)::
+Steady-state period (seconds; ``T_B = max(sum_j b_j, e_1)`` the step barrier, ``e_1`` the end of the
+last reduce-scatter)::
 
-    backward (k = K..1):  r_k = sum of b_j over the layers from bucket k's first layer to the output
-    RS stream:            s_k = max(r_k, e_{k+1});  e_k = s_k + T_rs(n_k)
-    step barrier:         T_B = max(sum_j b_j, e_1)
-    next forward:         g_1 = T_B + T_ag(n_1);  phi_1 = g_1           (bucket 1's forward starts)
-                          g_{k+1} = phi_k + T_ag(n_{k+1})               (AG(k+1) launched at phi_k)
-                          phi_{k+1} = max(phi_k + u_k + f_k, g_{k+1})
+    period = max(pre, T_ag(n_1)) + sum_{k<K} max(u_k + f_k, T_ag(n_{k+1})) + u_K + f_K + T_B + straggler
 
-Every iteration repeats the same pattern from its step barrier (all all-gathers of an iteration end
-before its backward starts, and all reduce-scatters before the barrier), so the steady-state period
-is one barrier-to-barrier interval::
-
-    period = max(pre, T_ag(n_1)) + sum_{k<K} max(u_k + f_k, T_ag(n_{k+1})) + u_K + f_K
-             + max(sum_j b_j, e_1) + straggler
-
-(``pre``: the measured pre-forward seconds, e.g. the buffer broadcast, which runs while AG(1) is in
-flight; ``straggler``: the measured wait for the slowest rank, before the barrier). A trace's
-measured optimizer ``update_s`` is split over buckets by parameter count (``u_k``; 0 in the paper's
-model). Two implementations, checked against each other by the tests: :func:`build_graph` (an
-event-engine graph of :data:`ITERATIONS` iterations; the period is the last barrier-to-barrier
-interval) and :func:`dear_period_s` (the closed form above, which planners call). Message bytes are
-the buckets' gradient bytes (the runtime's padding to a multiple of P elements is ignored). Never
-imports torch.
+:func:`dear_period_s` is this closed form, :func:`build_graph` the event graph of :data:`ITERATIONS`
+iterations; the tests check they agree. Message bytes ignore the runtime's padding. Torch-free.
 """
 
 from __future__ import annotations
@@ -108,13 +86,8 @@ def dear_tasks(names: Sequence[str], forward_s: np.ndarray, backward_s: np.ndarr
                update_s: Sequence[float], pre_forward_s: float = 0.0, straggler_s: float = 0.0,
                iterations: int = ITERATIONS) -> tuple[list[Task], list[int]]:
     """Task graph of ``iterations`` DeAR iterations, and the task index of every step barrier
-    (``iterations + 1`` of them: before each iteration and after the last).
-
-    Per iteration: the ``step`` barrier (compute, ``straggler_s``; after the previous iteration's
-    reduce-scatters), [pre-forward], then per bucket k a zero-length ``wait`` (after AG(k)), which
-    launches AG(k+1), the bucket's ``update`` and its layers' forward; then backward L..1, each
-    bucket's reduce-scatter after its layers' backward. AG(1) follows the barrier.
-    """
+    (``iterations + 1``). Per bucket a zero-length ``wait`` after AG(k) launches AG(k+1), then the bucket's
+    ``update`` and forward; each reduce-scatter follows its layers' backward."""
     L = len(names)
     tasks: list[Task] = []
     barriers: list[int] = []

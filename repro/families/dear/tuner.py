@@ -1,33 +1,6 @@
-"""DeAR with its buffer size tuned live by Bayesian optimisation (scheduler ``dear_bo``).
-
-The DeAR authors' released code tunes one scalar, the bucket threshold (buffer size, bytes), with
-Bayesian optimisation over measured iteration times (Zhang et al., *DeAR*, IEEE ICDCS 2023, arXiv
-2302.12445). Here:
-
-- search space: ``x = log2(threshold bytes)`` over ``bounds`` (1-256 MiB by default);
-- a Gaussian process (``bayes_opt`` 3.4, its default Matern-2.5 GP) with expected improvement
-  (``acquisition.ExpectedImprovement(xi=0.1)``), ``trials`` suggestions (10 by default) after the
-  initial plan's threshold has been measured (trial 0, registered when it lies within the bounds);
-- the objective of a threshold is ``-`` its mean iteration time: after regrouping the buckets the run
-  settles for ``settle_steps`` steps (2), then ``trial_steps`` (5) iteration times are measured
-  (``time.perf_counter`` between the ends of consecutive ``step()`` calls) and the slowest rank's mean
-  (an all-reduce MAX) counts. The GP sees it divided by trial 0's time (a monotone rescaling, so that
-  ``xi`` is a fraction of the initial iteration time whatever the model); ``xi = 0.1`` explores
-  enough not to stop at a bound of the search space. The GP runs on rank 0 between trials, outside the
-  measured steps;
-- rank 0 runs the optimiser and broadcasts the next threshold; every rank regroups identically between
-  steps (:func:`repro.families.dear.planners.threshold_groups` over its layers' bytes in the plan's forward
-  order): the current :class:`~repro.families.dear.executor.DeARExecutor` is flushed (every reduce-scatter is
-  complete after ``step()``; the flush gathers and applies every pending update, so no gradient and no
-  update is lost), its hooks removed, and a new one built on the same communication stream;
-- after the trials the best measured threshold is kept for the rest of the run.
-
-The object the loop got from ``wrap_optimizer`` stays valid across regroupings (it forwards to whichever
-executor is current). ``tables()`` returns ``{"tuning": rows}`` with columns ``trial``,
-``threshold_bytes`` (None for an initial plan without a threshold), ``buckets``, ``iteration_s`` (mean),
-``best_so_far_s``, ``source`` (``"initial"`` / ``"bo"``) and ``chosen`` (the row whose bucketing the
-rest of the run uses). :func:`tune_offline` runs the same search (and grid or random search) on any
-objective without torch.distributed, for comparisons on a simulated or measured objective.
+"""DeAR with its bucket threshold tuned live by Bayesian optimisation (scheduler ``dear_bo``): rank 0's
+GP proposes thresholds, every rank regroups identically between steps (no gradient or update lost) and
+the best measured one is kept. :func:`tune_offline` runs the same search without torch.distributed.
 """
 
 from __future__ import annotations
@@ -102,13 +75,10 @@ class ThresholdBO:
 def tune_offline(objective: Callable[[int], float], method: str = "bo", trials: int = DEFAULT_TRIALS,
                  bounds: Sequence[float] = DEFAULT_BOUNDS, seed: int = 0, initial: int | None = None,
                  xi: float = DEFAULT_XI) -> list[dict[str, Any]]:
-    """Search a threshold minimising ``objective(threshold_bytes) -> seconds``, without torch.distributed.
-
-    ``method``: ``"bo"`` (the live tuner's settings, :class:`ThresholdBO`), ``"grid"`` (``trials``
-    thresholds evenly spaced in log2 over ``bounds``) or ``"random"`` (uniform in log2, seeded).
-    ``initial``: a threshold evaluated first (trial 0, source ``"initial"``), as the live tuner measures
-    the plan it was given. Returns one row per evaluation: ``trial``, ``threshold_bytes``,
-    ``iteration_s``, ``best_so_far_s``, ``best_threshold_bytes``, ``source``. Deterministic for a seed."""
+    """Search a threshold minimising ``objective(threshold_bytes) -> seconds`` without torch.distributed:
+    ``method`` ``"bo"`` (:class:`ThresholdBO`), ``"grid"`` (log2-spaced) or ``"random"`` (seeded);
+    ``initial`` is evaluated first. One row per evaluation: ``trial``, ``threshold_bytes``,
+    ``iteration_s``, ``best_so_far_s``, ``best_threshold_bytes``, ``source``."""
     if method not in METHODS:
         raise ValueError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
     if trials < 0:
@@ -148,13 +118,8 @@ def tune_offline(objective: Callable[[int], float], method: str = "bo", trials: 
 
 
 class DeARTunedExecutor(Executor):
-    """DeAR whose bucket threshold is tuned by Bayesian optimisation while training (module docstring).
-
-    ``DeARTunedExecutor(model, plan, options, *, trials=10, settle_steps=2, trial_steps=5,
-    bounds=(1 MiB, 256 MiB), seed=0, xi=0.1)``; ``plan``: the starting DeAR plan (its
-    ``meta["threshold_bytes"]``, if any, is trial 0's threshold). Every rank builds it at the same point
-    (it makes one communication stream, shared by the executors of every trial).
-    """
+    """DeAR whose bucket threshold is tuned while training; ``plan``: the starting plan (trial 0). Every
+    rank builds it at the same point (it makes the stream every trial's executor shares)."""
 
     def __init__(self, model: nn.Module, plan: Plan | None = None, options: ExecutorOptions | None = None, *,
                  trials: int = DEFAULT_TRIALS, settle_steps: int = 2, trial_steps: int = 5,
@@ -206,7 +171,6 @@ class DeARTunedExecutor(Executor):
         self._intervals: list[float] = []
         self._last: float | None = None
 
-    # ---- contract ----
     def wrap_optimizer(self, optimizer: Any, grad_scaler: Any = None) -> Any:
         """As :meth:`DeARExecutor.wrap_optimizer` (every executor of a trial gets the optimizer and the
         scaler)."""
@@ -254,7 +218,6 @@ class DeARTunedExecutor(Executor):
         """True while trials are still being measured."""
         return self._tuning
 
-    # ---- tuning ----
     def _sync_views(self) -> None:
         self.grad_ready_s = self.executor.grad_ready_s
         self.timings = self.executor.timings

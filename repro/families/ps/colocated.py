@@ -1,67 +1,11 @@
-"""The parameter server co-located on the training ranks (as BytePS places its servers): every rank
-trains *and* serves the plan's shard with its own index, over collectives only.
+"""The parameter server co-located on the training ranks: every rank trains and serves the plan's shard
+with its own index (server ``s`` is rank ``s``), over collectives only, so it runs on NCCL.
 
-Used by :class:`repro.families.ps.executor.PSExecutor` when ``ExecutorOptions.group`` is None (the whole job
-trains; what :func:`repro.distribute` builds), so a 2-rank job runs every PS scheduler. Server ``s`` of
-a ``"ps"`` plan is rank ``s`` (``servers`` <= world size; :func:`colocated_options` makes it the world
-size by default). The owner of a bucket holds its optimizer state (the user's optimizer, stepped on the
-owner only for the owner's parameters, as a sharded optimizer).
-
-**Correct on NCCL by construction**: nothing but collectives on one process group, issued from the
-training thread in an order fixed by the plan and the step, so every rank issues the same sequence. Per
-step ``t``:
-
-1. ``after_backward``: the lagged buckets of step ``t - 1`` are finished (wait for their push, the owner
-   updates its master copy, one asynchronous ``broadcast`` per lagged bucket, plan order);
-2. the optimizer's ``step()``: one push per bucket in plan order (asynchronous): ``reduce`` to the owner
-   (sum) under BSP/OSP, ``gather`` to the owner under ASP/SSP; the fresh buckets' pushes are waited for,
-   the owner updates, then one ``broadcast`` per fresh bucket from its owner, waited for and installed.
-   After ``optimizer.synchronize()`` under BSP/OSP nothing is pushed at the step: that call already
-   all-reduced every bucket;
-3. ``before_forward`` of step ``t``: the pulls due now are installed (no collective but the buffer
-   broadcast from rank 0), then OSP's LGP correction.
-
-A push is the bucket's flat gradient (the parameters' dtype, on their device) followed by one "had a
-gradient" flag per parameter; there is no header (the protocol is the plan).
-
-**The math** (the same as the dedicated servers of :mod:`repro.families.ps.executor`; written references in
-``tests/test_runtime_ps.py``). ``W_t``: the servers' parameters after ``t`` updates; N ranks. A bucket
-with lag ``L`` is computed on at iteration ``c`` with ``W_{max(c - L, 0)}``:
-
-- **BSP**: ``L = 0``; ``W_{t+1} = opt(W_t, (g_0 + ... + g_{N-1}) / N)``; a rank without a gradient for a
-  parameter counts zeros, and a parameter no rank had a gradient for gets no update (DDP with
-  ``find_unused_parameters=True``);
-- **OSP**: stage-1 buckets ``L = 0``, stage-2 buckets ``L = 1`` (their push and pull overlap the next
-  iteration); with LGP, the stage-2 parameters of iteration ``c >= 1`` are corrected by the gradient
-  this rank pushed last, ``w - lr * g_local(c - 1)`` (``lr``: the parameter's group's at that step);
-- **ASP**: each rank's gradient is applied on its own, scaled by 1/N, one optimizer step per rank in
-  rank order; pulls fresh (``L = 0``): the ASP execution in which all N pushes of a round arrive before
-  any pull is answered (the dedicated servers' SSP(0));
-- **SSP(s)**: ASP's update, pulls lagged by ``L = s``: SSP's bound at its worst case, deterministic.
-
-An owner updates a lagged bucket on a **master copy** (its training copy holds the stale or
-LGP-corrected values). Every update uses the parameter groups' settings (lr, momentum, ...) of the step
-its gradients belong to. ``flush()`` finishes the lagged buckets and installs every pull, after which
-every rank holds ``W_t`` (a collective when lagged work is pending: call it on every rank).
-
-**Mixed precision** (``grad_scaler=scaler``): one ``all_reduce`` (max) of the ranks' inf/nan verdicts;
-then either every rank skips the step (no push, no update; the scaler backs off everywhere,
-:class:`~repro.runtime.executor.FoundInfReport`) or every rank pushes its gradient times ``1/scale``
-(as it is, when ``scaler.unscale_`` already unscaled it).
-
-**Changing gradients before the step** (clipping): ``optimizer.synchronize()`` first (a collective), then
-change ``param.grad``: under BSP/OSP it holds the average over the ranks (DDP's rule), under ASP/SSP this
-rank's own gradient. A gradient changed without ``synchronize()`` is refused at the step with one
-ValueError line, before anything is pushed.
-
-**Checkpoints**: ``optimizer.state_dict()`` returns the whole state on every rank, each parameter's from
-its owner (one ``all_gather_object``: every rank calls it), marked with
-:data:`repro.families.ps.layout.GATHERED_KEY`; every rank loads the whole dict, and a gathered dict with
-entries removed is refused in one line. The optimizer passed in does the same while this executor is
-attached.
-
-Dedicated server ranks are :mod:`repro.families.ps.executor` (``repro train`` / ``repro launch``, or
-:func:`repro.distribute` with ``dedicated_servers``).
+Per step, in an order fixed by the plan: ``after_backward`` finishes the lagged buckets of the previous
+step; the optimizer's ``step()`` pushes every bucket to its owner (``reduce`` under BSP/OSP, ``gather``
+under ASP/SSP), the owners update and broadcast the fresh buckets; ``before_forward`` installs the pulls
+due and applies OSP's LGP correction. Same math as the dedicated servers (:mod:`.executor`).
+``optimizer.state_dict()`` gathers the whole state on every rank. Details: docs/design/families.md.
 """
 
 from __future__ import annotations
@@ -77,9 +21,9 @@ from repro.runtime.buffers import broadcast_buffers
 from repro.runtime.clock import CollectiveEnds, model_device
 from repro.runtime.executor import Executor, ExecutorOptions, FoundInfReport, ScaledStep, scaled_step
 from repro.families.ps.layout import (
-    GradChangeWatch, HandOverOptimizer, PSTiming, _Bucket, _flatten_into, _unflatten_from, average_into_grads,
-    begin_step, check_whole, fill_push, grad_changed_error, hyperparameters, merge_shards, param_indices,
-    ps_layout, push_numel, set_grads_from, set_hyperparameters)
+    GradChangeWatch, HandOverOptimizer, PSTiming, _Bucket, _flatten_into, _unflatten_from, _views,
+    average_into_grads, begin_step, check_whole, fill_push, grad_changed_error, hyperparameters, merge_shards,
+    param_indices, param_lrs, ps_layout, push_numel, set_grads_from, set_hyperparameters)
 
 __all__ = ["ColocatedPSExecutor", "ColocatedPSOptimizer", "ScaledColocatedPSOptimizer", "colocated_options",
            "bucket_lag"]
@@ -108,8 +52,8 @@ def colocated_options(plan: Plan | None, planner_options: Sequence[str], options
 
 
 def bucket_lag(mode: str, stage: int, staleness: int) -> int:
-    """Iterations between a push and the forward that uses its pulled values, minus one (see the module
-    docstring): 0 = fresh (installed by the optimizer's step)."""
+    """Iterations between a push and the forward that uses its pulled values, minus one: 0 = fresh
+    (installed by the optimizer's step), 1 = OSP's stage 2, ``staleness`` under SSP."""
     if mode == "osp":
         return 1 if stage == 2 else 0
     if mode == "ssp":
@@ -117,21 +61,10 @@ def bucket_lag(mode: str, stage: int, staleness: int) -> int:
     return 0
 
 
-def _views(flat: torch.Tensor, params: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-    out, off = [], 0
-    for p in params:
-        n = p.numel()
-        out.append(flat[off:off + n].view_as(p))
-        off += n
-    return out
-
-
 class ColocatedPSOptimizer(HandOverOptimizer):
-    """What the loop steps: ``step()`` is :meth:`ColocatedPSExecutor.scaled_step` (push, owners
-    update, everyone installs); ``synchronize()`` is :meth:`ColocatedPSExecutor.synchronize`.
-    ``_step_supports_amp_scaling``: ``scaler.step`` always calls ``step()``, with its scale and inf
-    check attached, so every rank joins the verdict (module docstring); a GradScaler that was not given
-    to the executor is refused there."""
+    """What the loop steps: ``step()`` is :meth:`ColocatedPSExecutor.scaled_step`, ``synchronize()``
+    :meth:`ColocatedPSExecutor.synchronize`; ``scaler.step`` always calls ``step()`` (with its verdict
+    attached), so every rank joins the verdict."""
 
     _step_supports_amp_scaling = True
 
@@ -212,12 +145,20 @@ class ColocatedPSExecutor(Executor):
                 _unflatten_from(buf, b.params)
                 self._free[b.index].append(buf)
         self._master = {b.index: self._zeros(b) for b in self._mine if self.lag[b.index]}
+        self._sync_masters()
+
+    def _sync_masters(self) -> None:
         self._resync = False
         for b in self._mine:
             if b.index in self._master:
                 _flatten_into(self._master[b.index], [p.detach() for p in b.params])
 
-    # ---- helpers ----
+    def _install(self, pulls: list[tuple[_Bucket, Any, torch.Tensor]]) -> None:
+        for b, work, buf in pulls:
+            work.wait()
+            _unflatten_from(buf, b.params)
+            self._free[b.index].append(buf)
+
     def _global(self, rank: int) -> int:
         return rank if self.group is None else dist.get_global_rank(self.group, rank)
 
@@ -233,11 +174,9 @@ class ColocatedPSExecutor(Executor):
     def _owns(self, b: _Bucket) -> bool:
         return b.server == self.rank
 
-    # ---- the executor contract ----
     def wrap_optimizer(self, optimizer: Any, grad_scaler: Any = None) -> HandOverOptimizer:
-        """What the loop steps; with an enabled ``grad_scaler`` the pushes wait for its verdict (module
-        docstring). ``optimizer``'s ``state_dict()`` gathers the shards from here on, and its
-        ``load_state_dict()`` refuses a gathered dict with a shard's part removed (module docstring)."""
+        """What the loop steps; with an enabled ``grad_scaler`` the pushes wait for its verdict.
+        ``optimizer.state_dict()`` now gathers the shards; ``load_state_dict()`` refuses a partial one."""
         for h in self._opt_hooks:
             h.remove()
         self._optimizer = optimizer
@@ -259,12 +198,9 @@ class ColocatedPSExecutor(Executor):
         return merge_shards(state_dict, dict(enumerate(shards)), owned)
 
     def synchronize(self) -> None:
-        """Finish this step's exchange early, DDP's way: under BSP and OSP every bucket's gradients and
-        flags are all-reduced, and ``param.grad`` becomes the average over the ranks on every rank
-        (None where no rank had a gradient), which the step then applies as it is (after the user's
-        clipping or ``scaler.unscale_``; nothing else is pushed). Under ASP and SSP each rank's own
-        gradient is its own update, so ``param.grad`` stays this rank's gradient (a clip clips what
-        this rank pushes). A collective (every rank calls it, between backward and step)."""
+        """Finish this step's exchange early (a collective, between backward and step): under BSP/OSP
+        ``param.grad`` becomes the average over the ranks (None where no rank had one), applied as it
+        is at the step; under ASP/SSP it stays this rank's own gradient."""
         if not self._push_due or self._synced:
             return
         self._synced = True
@@ -275,8 +211,7 @@ class ColocatedPSExecutor(Executor):
 
     def scaled_step(self, amp: ScaledStep | None) -> None:
         """The optimizer's step: push this rank's ``param.grad`` and finish the fresh buckets. Under a
-        GradScaler (``amp``: what ``scaler.step`` attached) first the verdict over every rank (one
-        all-reduce): push unscaled, or skip everywhere (module docstring)."""
+        GradScaler (``amp``) first one all-reduce of the verdict: push unscaled, or skip everywhere."""
         synced, changed = begin_step(self)
         if amp is not None and self._scaler is None:
             raise ValueError("parameter server: a GradScaler stepped this optimizer but was not given to it: pass it "
@@ -301,14 +236,8 @@ class ColocatedPSExecutor(Executor):
             broadcast_buffers(self.model, src=self._buffer_src, group=self.group)
         c = self.step_index
         if self._resync:  # after a flush (or a load) the parameters are the servers' model: masters follow
-            for b in self._mine:
-                if b.index in self._master:
-                    _flatten_into(self._master[b.index], [p.detach() for p in b.params])
-            self._resync = False
-        for b, work, buf in self._pulls.pop(c, []):
-            work.wait()
-            _unflatten_from(buf, b.params)
-            self._free[b.index].append(buf)
+            self._sync_masters()
+        self._install(self._pulls.pop(c, []))
         if self.lgp and self._local2:
             with torch.no_grad():
                 for b, grad, lrs in self._local2:
@@ -320,16 +249,9 @@ class ColocatedPSExecutor(Executor):
         self._finish_lagged()
         self._push_due = True  # the pushes go at the step: after clipping, and after a GradScaler's verdict
 
-    def _lrs(self, b: _Bucket) -> list[float]:
-        """Each of ``b``'s parameters' learning rate now (its parameter group's)."""
-        group_of = {id(p): float(g["lr"]) for g in self._optimizer.param_groups for p in g["params"]}
-        first = float(self._optimizer.param_groups[0]["lr"])
-        return [group_of.get(id(p), first) for p in b.params]
-
     def _push_all(self, inv_scale: torch.Tensor | None = None, synced: bool = False) -> None:
-        """One push per bucket in plan order (asynchronous); ``inv_scale``: unscale first. ``synced``:
-        :meth:`synchronize` averaged the gradients into ``param.grad`` (BSP/OSP): nothing is sent, each
-        owner takes its buckets' ``param.grad`` as the average."""
+        """One async push per bucket in plan order; ``inv_scale``: unscale first. ``synced`` (BSP/OSP):
+        ``param.grad`` is the average already, nothing is sent."""
         t = self.step_index
         timings = []
         local2 = []
@@ -348,7 +270,7 @@ class ColocatedPSExecutor(Executor):
                 if self.lgp and b.stage == 2:   # a reduce may overwrite a non-owner's input (gloo): keep a copy
                     local = self._local_buf[b.index]
                     local.copy_(buf[:b.numel])
-                    local2.append((b, local, self._lrs(b)))
+                    local2.append((b, local, param_lrs(self._optimizer, b.params)))
                 if self.options.record_timeline:
                     timing = PSTiming(b.index, b.stage, b.server, buf.numel() * buf.element_size(), float("nan"))
                     self._ends.launch(lambda s, timing=timing: setattr(timing, "launch_s", s))
@@ -369,12 +291,9 @@ class ColocatedPSExecutor(Executor):
             self.timings = timings
 
     def _apply(self, buckets: list[_Bucket], averaged: bool, hyper: list[dict] | None = None) -> None:
-        """The owner's update of ``buckets`` (all its own, their pushes complete): lagged ones on their
-        masters; BSP/OSP one step with the summed gradient / N (``averaged``: already the average),
-        ASP/SSP one step per rank's gradient / N in rank order; a parameter whose flag is 0 (no rank,
-        or under ASP/SSP not that rank, had a gradient) gets no gradient in that step. ``hyper``: the
-        parameter groups' settings of the step the gradients belong to (lagged buckets), used for this
-        update and then put back."""
+        """The owner's update of its ``buckets`` (pushes complete): lagged ones on their masters; BSP/OSP one
+        step with the sum / N (``averaged``: already the average), ASP/SSP one step per rank in rank order; a
+        flag 0 means no gradient. ``hyper``: the groups' settings of the gradients' step, put back after."""
         if not buckets:
             return
         if self._optimizer is None:
@@ -472,10 +391,7 @@ class ColocatedPSExecutor(Executor):
             raise RuntimeError("flush() between backward and step(): call step() first")
         self._finish_lagged()
         for c in sorted(self._pulls):
-            for b, work, buf in self._pulls.pop(c):
-                work.wait()
-                _unflatten_from(buf, b.params)
-                self._free[b.index].append(buf)
+            self._install(self._pulls.pop(c))
         self._local2 = []
         self._resync = True
 

@@ -1,21 +1,10 @@
-"""Dedicated server ranks under :func:`repro.distribute` (``dedicated_servers=S``): the job's ranks
-``0..S-1`` serve the parameter server's shards (:func:`repro.families.ps.executor.serve`) instead of training,
-ranks ``S..`` train with :class:`repro.families.ps.executor.PSExecutor` on a process group of their own.
+"""Dedicated server ranks under :func:`repro.distribute` (``dedicated_servers=S``): ranks ``0..S-1``
+serve (:func:`repro.families.ps.executor.serve`), ranks ``S..`` train with
+:class:`repro.families.ps.executor.PSExecutor` on a group of their own.
 
-Every rank runs the user's script. On a serving rank ``distribute()`` does what ``repro train``'s
-serving ranks do, in the same order as the trainers so that every collective pairs up:
-
-1. the trainers' process group is made (``dist.new_group``, collectively, by :func:`trainer_group`);
-2. with a plan given: the first trainer's model and optimizer state are shared at once
-   (:func:`share_trainer_state`); otherwise the server takes part in online planning
-   (:func:`repro.runtime.online.plan_online` with no trace: the trainers' comes by broadcast) and then
-   in the state hand-over at the end of the trainers' warm-up;
-3. it serves until every trainer has sent its stop (the trainers' ``optimizer.remove()``, or at the
-   latest when a trainer's interpreter exits: :func:`stop_at_exit`), then ``distribute()`` returns
-   ``(model, optimizer)`` where ``optimizer.serving`` is True and stepping it is refused in one line.
-
-The dedicated servers talk point to point from one thread per worker, which NCCL does not support:
-on nccl they are refused before anything starts (use the co-located servers, the default).
+A serving rank makes the same collectives as ``repro train``'s, in the same order: the trainers' group,
+the state hand-over (or online planning), then serving until every trainer stops;
+``distribute()`` then returns ``(model, optimizer)`` with ``optimizer.serving`` True. Refused on nccl.
 """
 
 from __future__ import annotations
@@ -87,9 +76,8 @@ def stop_at_exit(optimizer: Any) -> None:
 
 
 class ServingRankOptimizer(torch.optim.Optimizer):
-    """What ``distribute()`` returns as the optimizer on a serving rank, after the run: ``serving`` is
-    True, ``tables`` holds what the server recorded (e.g. SSP's ``server_clocks``); stepping it is
-    refused (the loop is the trainers')."""
+    """The optimizer ``distribute()`` returns on a serving rank after the run: ``serving`` True,
+    ``tables`` what the server recorded (SSP's ``server_clocks``); stepping it is refused."""
 
     serving = True
 

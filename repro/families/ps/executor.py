@@ -1,61 +1,7 @@
-"""A parameter server on torch.distributed: S server ranks, N workers, BSP / ASP / SSP(s) / OSP.
-
-This package's reading of OSP (Chen et al., *OSP: Boosting Distributed Model Training with 2-stage
-Synchronization*, arXiv 2306.16926; only the abstract is published, so what runs here is the
-interpretation in ``docs/interpretations.md``). Ranks ``0..S-1`` serve (:func:`serve`), ranks
-``S..S+N-1`` train with :class:`PSExecutor`. A ``"ps"`` plan (:mod:`repro.families.ps.planners`) gives each
-bucket (the layers of one stage held by one server) its server; everything travels point to point on
-the default process group (``isend``/``irecv``; the workers' own collectives use a group of the workers).
-
-**Wire protocol**, per worker step ``t`` and server ``s`` (tags: 0 for headers, ``1 + b`` for bucket
-``b``): a header ``[STEP, t, nbytes]`` (``nbytes`` > 0: the pickled parameter-group settings follow,
-sent whenever they changed), then per bucket of the server, in plan order, the push (flat gradient and
-one "had a gradient" flag per parameter), each answered with the bucket's flat parameters (pull).
-``[FETCH, t, 0]`` asks for every bucket's current parameters; ``[STATE, t, 0]`` for the optimizer state
-of the server's parameters (a length, then ``torch.save`` bytes); ``[LOAD, t, nbytes]`` installs an
-optimizer state dict or bucket values; ``[STOP, t, 0]`` ends the server's thread for that worker. Each
-server runs one thread per worker, updates serialised by one lock; under BSP/OSP a step's stage-1
-buckets are answered before its stage-2 pushes are awaited. A server thread that fails ends
-:func:`serve` with an error naming that worker's rank.
-
-**Server**: a full copy of the model and the run's optimizer, with the trainers' state at the end of the
-warm-up; it updates only its shard's parameters, one bucket at a time (per-bucket steps equal one
-whole-model step for optimizers with per-parameter state, as torch's).
-
-- **BSP** and OSP's stages: a bucket's update waits for all N gradients of the step, summed in worker
-  order and divided by N; a missing gradient counts as zeros, and a parameter no worker had a gradient
-  for gets no update (DDP's ``find_unused_parameters`` rule);
-- **ASP**: each worker's gradient is applied on its own as it arrives, scaled by 1/N; the worker gets the
-  values right after;
-- **SSP(s)**: ASP, except that the answer to worker w's step ``t`` waits until every worker's gradients
-  of step ``t - s`` are applied. Every answer is recorded (``server_clocks`` table).
-
-Every update uses the parameter-group settings that came with its step's header (BSP/OSP: the first
-worker's; ASP/SSP: that worker's).
-
-**Worker** (:class:`PSExecutor`; ``ExecutorOptions.group`` must be the workers' own group): the wrapped
-optimizer's ``step()`` pushes every bucket and posts its pulls, then waits for the stage-1 pulls.
-Gradients changed between backward and the step are refused (one ValueError line) unless
-``synchronize()`` came first (BSP/OSP: it all-reduces the gradients over the workers; ASP/SSP: each
-worker's own). Stage-2 (OSP) pulls of step ``t`` are installed in ``before_forward`` of step ``t + 2``,
-so their traffic overlaps iteration ``t + 1``. **LGP** (``lgp`` on): ``before_forward`` of step ``t + 1``
-installs the freshest stage-2 values and corrects them with this worker's stage-2 gradient of step
-``t``: ``w <- w - lr * g_local``. ``flush()`` waits for everything and installs the last values; under
-ASP/SSP the workers then fetch the servers' values, and the first worker's buffers are broadcast.
-``remove()`` flushes and stops the worker's server threads.
-
-**Checkpoints**: while a worker is attached, its optimizer's ``state_dict()`` gathers every server's
-state (``STATE``; a collective of the workers) and ``load_state_dict()`` sends the loaded dict to every
-server (``LOAD``); the model's ``load_state_dict()`` sends every server its buckets' values. A gathered
-dict with entries removed is refused in one line (:func:`repro.families.ps.layout.check_whole`).
-
-**Co-located servers**: with ``ExecutorOptions.group`` None, ``PSExecutor(...)`` is a
-:class:`repro.families.ps.colocated.ColocatedPSExecutor` (the same math over collectives; the path for
-NCCL). The dedicated servers serve each worker from a thread of its own, point to point on one
-communicator, which NCCL does not support: on the nccl backend they refuse to start, in one line.
-
-:func:`calibrate` (the family's calibration hook) times ping-pongs between server 0 and the first worker
-and fits ``push`` = ``pull`` = half the round trip (a symmetric link).
+"""A parameter server on torch.distributed (BSP / ASP / SSP(s) / OSP, docs/interpretations.md): ranks
+``0..S-1`` serve (:func:`serve`, one thread per worker), the others train with :class:`PSExecutor`,
+point to point; with ``ExecutorOptions.group`` None it is the co-located
+:class:`~repro.families.ps.colocated.ColocatedPSExecutor`. Protocol and math: docs/design/families.md.
 """
 
 from __future__ import annotations
@@ -73,9 +19,9 @@ from torch import nn
 from repro.core.plan import Plan
 from repro.runtime.executor import Executor, ExecutorOptions, scaled_step
 from repro.families.ps.layout import (
-    GradChangeWatch, HandOverOptimizer, PSTiming, _Bucket, _flatten_into, _unflatten_from, average_into_grads,
-    begin_step, check_whole, fill_push, grad_changed_error, hyperparameters, merge_shards, param_indices,
-    ps_layout, push_numel, set_grads_from, set_hyperparameters)
+    GradChangeWatch, HandOverOptimizer, PSTiming, _Bucket, _flatten_into, _unflatten_from, _views,
+    average_into_grads, begin_step, check_whole, fill_push, grad_changed_error, hyperparameters, merge_shards,
+    param_indices, param_lrs, ps_layout, push_numel, set_grads_from, set_hyperparameters)
 
 __all__ = ["PSExecutor", "PSOptimizer", "PSPeerSilentError", "PSTiming", "serve", "calibrate", "ps_layout", "STEP",
            "FETCH", "STOP", "STATE", "LOAD"]
@@ -87,9 +33,8 @@ _REPLY_TAG = (1 << 20) + 1   # a byte answer's length (then the bytes on _REPLY_
 
 
 def _header(kind: int, step: int, device: torch.device | str = "cpu", nbytes: int = 0) -> torch.Tensor:
-    """A ``[kind, step, nbytes]`` header, int64 on ``device`` (the data's device, so a backend that
-    moves device tensors only can carry it); ``nbytes`` > 0: a byte payload follows (tag
-    ``_BLOB_TAG``)."""
+    """A ``[kind, step, nbytes]`` int64 header on the data's ``device``; ``nbytes`` > 0: a payload follows
+    on ``_BLOB_TAG``."""
     return torch.tensor([kind, step, nbytes], dtype=torch.int64, device=device)
 
 
@@ -105,7 +50,7 @@ def _from_bytes(buf: torch.Tensor) -> Any:
 
 
 def _send_blob(buf: torch.Tensor, dst: int) -> None:
-    """Send a byte tensor whose length the receiver does not know: its length, then the bytes."""
+    """Send a byte tensor of a length the receiver does not know: the length, then the bytes."""
     dist.isend(torch.tensor([buf.numel()], dtype=torch.int64, device=buf.device), dst=dst, tag=_REPLY_TAG).wait()
     dist.isend(buf, dst=dst, tag=_REPLY_TAG + 1).wait()
 
@@ -126,8 +71,8 @@ def _refuse_nccl(who: str) -> None:
 
 
 class PSPeerSilentError(RuntimeError):
-    """A peer sent nothing within the process-group timeout. Worded so that the launcher reports it
-    first (it names the silent rank), ahead of the communication errors it causes elsewhere."""
+    """A peer sent nothing within the process-group timeout (names the silent rank; the launcher reports
+    it ahead of the errors it causes elsewhere)."""
 
 
 def _silent(exc: BaseException) -> bool:
@@ -146,16 +91,9 @@ def _wait(handle: Any, who: str, peer: str) -> None:
         raise
 
 
-# ---------------------------------------------------------------------------------------------
-# Worker
-# ---------------------------------------------------------------------------------------------
-
 class PSOptimizer(HandOverOptimizer):
-    """What the training loop steps on a PS worker: ``step()`` pushes and installs the stage-1 values
-    pulled from the servers (the servers applied the optimizer); ``synchronize()`` is
-    :meth:`PSExecutor.synchronize`; ``zero_grad`` passes through. ``_step_supports_amp_scaling``
-    (so that :func:`repro.distribute` calls ``synchronize()`` here): a GradScaler's step is refused in
-    one line (dedicated servers take none)."""
+    """What the loop steps on a PS worker: ``step()`` pushes and installs the stage-1 pulls;
+    ``synchronize()`` is :meth:`PSExecutor.synchronize`. A GradScaler's step is refused in one line."""
 
     _step_supports_amp_scaling = True
 
@@ -167,9 +105,8 @@ class PSOptimizer(HandOverOptimizer):
 
 
 class PSExecutor(Executor):
-    """A PS worker (module docstring). Built on ranks ``servers..world-1`` with a ``"ps"`` plan and the
-    workers' group; with no group (the whole job trains) it is a
-    :class:`~repro.families.ps.colocated.ColocatedPSExecutor` instead (servers co-located)."""
+    """A PS worker on ranks ``servers..world-1`` with a ``"ps"`` plan and the workers' group; with no group
+    it is a :class:`~repro.families.ps.colocated.ColocatedPSExecutor` instead."""
 
     def __new__(cls, model: nn.Module, plan: Plan | None = None, options: ExecutorOptions | None = None,
                 *args: Any, **kwargs: Any):
@@ -215,10 +152,9 @@ class PSExecutor(Executor):
         self.bytes_pushed = 0
         self.bytes_pulled = 0
 
-    # ---- the executor contract ----
     def wrap_optimizer(self, optimizer: Any) -> PSOptimizer:
-        """What the loop steps. ``optimizer``'s ``state_dict()`` fetches the servers' state from here on
-        and its ``load_state_dict()`` sends the state to them (module docstring: Checkpoints)."""
+        """What the loop steps; ``optimizer``'s ``state_dict()`` / ``load_state_dict()`` now fetch from /
+        send to the servers."""
         for h in self._opt_hooks:
             h.remove()
         self._optimizer = optimizer
@@ -236,37 +172,24 @@ class PSExecutor(Executor):
         if self.lgp and self._local2:
             with torch.no_grad():
                 for bucket, grad, lrs in self._local2:
-                    off = 0
-                    for p, lr in zip(bucket.params, lrs):
-                        n = p.numel()
-                        p.add_(grad[off:off + n].view_as(p), alpha=-lr)
-                        off += n
+                    for p, g, lr in zip(bucket.params, _views(grad, bucket.params), lrs):
+                        p.add_(g, alpha=-lr)
             self._local2 = []
-
-    def _lrs(self, b: _Bucket) -> list[float]:
-        """Each of ``b``'s parameters' learning rate now (its parameter group's)."""
-        group_of = {id(p): float(g["lr"]) for g in self._optimizer.param_groups for p in g["params"]}
-        first = float(self._optimizer.param_groups[0]["lr"])
-        return [group_of.get(id(p), first) for p in b.params]
 
     def after_backward(self) -> None:
         self._push_due = True   # the pushes go at the step: after synchronize() and clipping
 
     def synchronize(self) -> None:
-        """Under BSP and OSP: all-reduce every bucket's gradients and flags over the workers' group, so
-        that ``param.grad`` is the average on every worker (None where no worker had a gradient) and a
-        change of it (clipping) is what the step pushes (every worker then pushes the same average,
-        which the servers average again). Under ASP/SSP ``param.grad`` stays this worker's own. A
-        collective of the workers (each calls it between backward and step)."""
+        """A collective of the workers between backward and step: under BSP/OSP ``param.grad`` becomes the
+        average over the workers (None where none had a gradient), which the step pushes as it is; under
+        ASP/SSP it stays this worker's own."""
         if not self._push_due or self._synced:
             return
         self._synced = True
         self._watch.clear()
         if self.mode in ("asp", "ssp"):
             return
-        for w in self._sends:    # the push buffers are reused: last step's sends must be done
-            _wait(w, f"worker rank {self.rank}", "a server")
-        self._sends = []
+        self._drain_sends()
         average_into_grads(self.buckets, self._push, self.group, self.workers)
 
     def _step(self, amp: Any) -> None:
@@ -299,9 +222,7 @@ class PSExecutor(Executor):
 
     def _push_all(self, synced: bool) -> None:
         t = self.step_index
-        for w in self._sends:            # the push buffers are reused: last step's sends must be done
-            _wait(w, f"worker rank {self.rank}", "a server")
-        self._sends = []
+        self._drain_sends()
         settings = self._settings()
         blob = (torch.frombuffer(bytearray(settings), dtype=torch.uint8).to(self.device) if settings else None)
         for s in range(self.servers):
@@ -335,10 +256,16 @@ class PSExecutor(Executor):
             else:
                 self._stage2.setdefault(t, []).append((b, handle, recv))
                 if self.lgp:   # read (not written) while it is sent
-                    local2.append((b, buf[:b.numel], self._lrs(b)))
+                    local2.append((b, buf[:b.numel], param_lrs(self._optimizer, b.params)))
         self._local2 = local2
         if self.options.record_timeline:
             self.timings = timings
+
+    def _drain_sends(self) -> None:
+        """Wait for this worker's sends (the push buffers are reused)."""
+        for w in self._sends:
+            _wait(w, f"worker rank {self.rank}", "a server")
+        self._sends = []
 
     def _install(self, pending) -> None:
         for bucket, handle, buf in pending:
@@ -354,10 +281,8 @@ class PSExecutor(Executor):
         self.step_index += 1
 
     def flush(self) -> None:
-        """Wait for every pull, install the last aggregated values; ASP/SSP: barrier, then fetch; then
-        the first worker's buffers. A collective of the workers, except when nothing (no training
-        forward, no step) happened since the last flush: then it does nothing, so that after
-        ``optimizer.state_dict()`` on every worker the first one alone may call ``model.state_dict()``."""
+        """Install every pull (ASP/SSP: the servers' current values), then the first worker's buffers. A
+        collective of the workers, unless nothing happened since the last flush (then a no-op)."""
         if self._stopped or self._flushed:
             return
         self._install(self._stage1)
@@ -365,9 +290,7 @@ class PSExecutor(Executor):
         for t in sorted(self._stage2):
             self._install(self._stage2.pop(t))
         self._local2 = []
-        for w in self._sends:
-            _wait(w, f"worker rank {self.rank}", "a server")
-        self._sends = []
+        self._drain_sends()
         if self.mode in ("asp", "ssp"):
             dist.barrier(group=self.group)
             self._fetch()
@@ -389,7 +312,6 @@ class PSExecutor(Executor):
         for buf in buffers:
             dist.broadcast(buf, src=first, group=self.group)
 
-    # ---- checkpoints: the servers hold the optimizer's state and the parameters ----
     def _ask(self, server: int, kind: int, payload: Any = None) -> Any:
         """One request to ``server`` (``STATE``, or ``LOAD`` with ``payload``) and its answer."""
         blob = None if payload is None else _to_bytes(payload, self.device)
@@ -403,15 +325,11 @@ class PSExecutor(Executor):
         """Nothing of this worker in flight (its pulls installed, its sends done)."""
         if self._push_due or self._stage1:
             raise RuntimeError("the optimizer's state between backward and step(): call step() first")
-        for w in self._sends:
-            _wait(w, f"worker rank {self.rank}", "a server")
-        self._sends = []
+        self._drain_sends()
 
     def _fetch_state(self, optimizer: Any, state_dict: dict) -> dict:
-        """The whole optimizer state: each server's shard (a ``STATE`` request to every server), merged;
-        then a barrier of the workers, so that no worker's next push reaches a server before every
-        worker has its copy. Every worker calls it, after a flush (``repro.distribute``'s
-        ``optimizer.state_dict()`` flushes first)."""
+        """The whole optimizer state, merged from every server's shard; then a barrier, so that no push
+        reaches a server before every worker has its copy. Every worker calls it, after a flush."""
         self._quiet()
         index = param_indices(optimizer)
         owned = {index[id(p)]: b.server for b in self.buckets for p in b.params if id(p) in index}
@@ -456,10 +374,6 @@ class PSExecutor(Executor):
         self._opt_hooks = []
 
 
-# ---------------------------------------------------------------------------------------------
-# Server
-# ---------------------------------------------------------------------------------------------
-
 class _PeerFailed(RuntimeError):
     """Raised in a server thread that stops because another one failed (that one's error is reported)."""
 
@@ -491,10 +405,8 @@ class _Server:
         self.clock_rows: list[dict[str, Any]] = []
         self.errors: list[BaseException] = []
         self.t0 = time.perf_counter()
-        # Buffers allocated once (fresh large allocations page-fault on every step): the sum of a
-        # bucket's N gradients; its aggregated values by step parity (the pulls of step t are sent
-        # while step t+1 aggregates; step t+2 starts only once every thread has seen them out); and
-        # one snapshot per (worker thread, bucket) for ASP/SSP/FETCH answers, reused once sent.
+        # Buffers allocated once: the sum of a bucket's N gradients; its aggregated values by step parity
+        # (step t's pulls are sent while step t+1 aggregates); one snapshot per (worker, bucket).
         def zeros(b: _Bucket) -> torch.Tensor:
             return torch.zeros(b.numel, device=b.params[0].device)
 
@@ -503,13 +415,11 @@ class _Server:
         self._result = {b.index: [zeros(b), zeros(b)] for b in self.buckets}
         self._own = [{b.index: zeros(b) for b in self.buckets} for _ in range(workers)]
 
-    # ---- optimizer on one bucket ----
     def _apply(self, bucket: _Bucket, grad: torch.Tensor, out: torch.Tensor | None = None,
                settings: list[dict] | None = None) -> torch.Tensor | None:
-        """Set the bucket's gradients to views of ``grad`` (a push: gradients then flags; which the
-        optimizer may change: it is not used afterwards; None where the flag is 0), step with the
-        parameter groups' ``settings`` of the gradients' step (the server's own when None; put back
-        afterwards), clear; with ``out``, copy the bucket's new values into it."""
+        """One optimizer step on ``bucket`` with the push ``grad`` (gradients then flags) under the
+        groups' ``settings`` of its step (None: the server's own); with ``out``, the new values copied
+        into it."""
         with self.update_lock:
             set_grads_from(grad, bucket)
             now = None
@@ -570,7 +480,6 @@ class _Server:
                 del self.aggregates[key]
             return agg.result
 
-    # ---- one thread per worker ----
     def run_worker(self, worker: int) -> None:
         try:
             self._loop(worker)
@@ -701,21 +610,12 @@ def serve(ctx: Any, cfg: Any, model: nn.Module, optimizer: Any, plan: Plan) -> d
     return {"server_clocks": server.clock_rows} if server.clock_rows else {}
 
 
-# ---------------------------------------------------------------------------------------------
-# Calibration
-# ---------------------------------------------------------------------------------------------
-
 def calibrate(trace, device, repeats: int, network_cost=None, servers: int = 1, **_options):
-    """The PS family's calibration hook: the ``push``/``pull`` lines of a ``--network`` preset, else
-    fitted from ping-pongs of n bytes (a buffer on ``device``) between rank 0 (a server) and a worker,
-    4 KiB up to the model's bytes (at most 64 MiB): push = pull = half the median round trip. Every rank
-    of the job calls it and gets the same model. Dedicated servers (``servers`` < world size, as
-    ``repro train`` runs them): the worker is rank ``servers``, for N = world - servers workers.
-    Co-located servers (:func:`repro.distribute`), recognised by ``servers`` >= world size (its
-    default) or by fewer than 2 ranks left to be dedicated workers (a dedicated job has at least 2):
-    the worker is rank 1 (or ``servers``), for N = world workers. (Co-located with fewer servers than
-    ranks and at least 2 ranks besides them is fitted as the dedicated case: the same link, but
-    N = world - servers.)"""
+    """The PS family's calibration hook: the ``push``/``pull`` lines of ``network_cost``, else push = pull =
+    half the median round trip of ping-pongs (4 KiB up to the model's bytes, at most 64 MiB) between rank 0
+    and a worker: rank ``servers`` with N = world - servers for dedicated servers, rank 1 (or ``servers``)
+    with N = world when co-located (``servers`` >= world, or fewer than 2 ranks left to train). Every rank
+    calls it and gets the same model."""
     from repro.core.cost import CostModel, fit_linear
     from repro.runtime.calibrate import default_sizes_bytes
     from repro.runtime.online import sync_device

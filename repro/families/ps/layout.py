@@ -21,10 +21,8 @@ __all__ = ["PSTiming", "ps_layout", "HandOverOptimizer"]
 
 @dataclass
 class PSTiming:
-    """One bucket of the last step (``--record-timeline``): when its push was launched and when its pull
-    finished (seconds on the host ``perf_counter`` base; on NCCL the device's times, from CUDA events,
-    delivered by ``settle_timings()``). A stage-2 pull is installed two steps later, after this step's
-    record was taken, so its ``end_s`` stays None."""
+    """One bucket of the last step: when its push was launched and its pull finished (``perf_counter``
+    seconds; device times on NCCL, after ``settle_timings()``); ``end_s`` stays None for stage 2."""
 
     bucket: int
     stage: int
@@ -60,27 +58,36 @@ def ps_layout(model: nn.Module, plan: Plan, view: str) -> list[_Bucket]:
     return out
 
 
-def _flatten_into(buf: torch.Tensor, tensors) -> None:
-    off = 0
+def _views(flat: torch.Tensor, tensors) -> list[torch.Tensor]:
+    """Consecutive views of ``flat`` shaped as ``tensors``."""
+    out, off = [], 0
     for t in tensors:
-        n = t.numel()
-        buf[off:off + n].copy_(t.reshape(-1))
-        off += n
+        out.append(flat[off:off + t.numel()].view_as(t))
+        off += t.numel()
+    return out
+
+
+def _flatten_into(buf: torch.Tensor, tensors) -> None:
+    for v, t in zip(_views(buf, tensors), tensors):
+        v.copy_(t)
 
 
 def _unflatten_from(buf: torch.Tensor, params) -> None:
-    off = 0
     with torch.no_grad():
-        for p in params:
-            n = p.numel()
-            p.copy_(buf[off:off + n].view_as(p))
-            off += n
+        for p, v in zip(params, _views(buf, params)):
+            p.copy_(v)
+
+
+def param_lrs(optimizer: Any, params) -> list[float]:
+    """Each parameter's learning rate now (its group's; the first group's if it is in none)."""
+    group_of = {id(p): float(g["lr"]) for g in optimizer.param_groups for p in g["params"]}
+    first = float(optimizer.param_groups[0]["lr"])
+    return [group_of.get(id(p), first) for p in params]
 
 
 class HandOverOptimizer:
-    """What the loop steps on a parameter-server rank: the servers apply the optimizer, so ``step()``
-    only hands over to the executor (``finish()``: install what the servers computed); ``zero_grad``,
-    ``param_groups``, ``state_dict`` and ``load_state_dict`` are the wrapped optimizer's."""
+    """What the loop steps on a parameter-server rank: ``step()`` hands over to the executor's
+    ``finish()``; everything else is the wrapped optimizer's."""
 
     def __init__(self, executor: Any, optimizer: Any, finish: Callable[[], None]) -> None:
         self.executor = executor
@@ -104,37 +111,29 @@ class HandOverOptimizer:
         self.optimizer.load_state_dict(state)
 
 
-# ---------------------------------------------------------------------------------------------
-# What a push carries besides the gradient, and what the owners keep for the user's optimizer
-# ---------------------------------------------------------------------------------------------
-
 def push_numel(bucket: _Bucket) -> int:
-    """Elements of one push of ``bucket``: its flat gradient, then one "had a gradient" flag per
-    parameter (1 or 0 in the gradient's dtype; summed over the ranks by a reduce, a count)."""
+    """Elements of one push of ``bucket``: its flat gradient, then one "had a gradient" flag (1 or 0)
+    per parameter."""
     return bucket.numel + len(bucket.params)
 
 
 def fill_push(buf: torch.Tensor, bucket: _Bucket) -> None:
     """``buf`` (:func:`push_numel` elements) <- this rank's gradients of ``bucket`` (zeros where
     ``param.grad`` is None) and their flags (1 where it is not)."""
-    grads, flags = buf[:bucket.numel], buf[bucket.numel:]
-    off = 0
-    for i, p in enumerate(bucket.params):
-        n = p.numel()
+    flags = buf[bucket.numel:]
+    for i, (p, v) in enumerate(zip(bucket.params, _views(buf, bucket.params))):
         if p.grad is None:
-            grads[off:off + n].zero_()
+            v.zero_()
             flags[i] = 0
         else:
-            grads[off:off + n].copy_(p.grad.reshape(-1))
+            v.copy_(p.grad)
             flags[i] = 1
-        off += n
 
 
 def average_into_grads(buckets: list[_Bucket], push: dict[int, torch.Tensor], group: Any, divisor: int) -> int:
-    """``synchronize()`` under BSP/OSP: every bucket's gradients and "had a gradient" flags
-    (:func:`fill_push` into ``push[bucket.index]``) all-reduced over ``group`` and divided by ``divisor``
-    (the ranks that push); ``param.grad`` becomes that average (None stays None where no rank had a
-    gradient). A collective of ``group``. Returns the bytes all-reduced."""
+    """``synchronize()`` under BSP/OSP, a collective of ``group``: every bucket's push all-reduced and
+    divided by ``divisor``; ``param.grad`` becomes that average (None where no rank had a gradient).
+    Returns the bytes all-reduced."""
     import torch.distributed as dist
 
     works = []
@@ -147,25 +146,18 @@ def average_into_grads(buckets: list[_Bucket], push: dict[int, torch.Tensor], gr
         for b, buf, work in works:
             work.wait()
             buf[:b.numel].div_(divisor)
-            off = 0
-            for p, used in zip(b.params, (buf[b.numel:] > 0).tolist()):
-                n = p.numel()
-                if used:
-                    v = buf[off:off + n].view_as(p)
-                    if p.grad is None:
-                        p.grad = v.clone()
-                    else:
-                        p.grad.copy_(v)
-                off += n
+            for p, v, used in zip(b.params, _views(buf, b.params), (buf[b.numel:] > 0).tolist()):
+                if used and p.grad is None:
+                    p.grad = v.clone()
+                elif used:
+                    p.grad.copy_(v)
             nbytes += buf.numel() * buf.element_size()
     return nbytes
 
 
 def begin_step(ex: Any) -> tuple[bool, int]:
-    """The start of a parameter-server executor's step (co-located or dedicated: both keep ``_push_due``,
-    ``_synced`` and ``_watch``): refuse a step without a backward, consume the step (a refused step is
-    dropped, so ``flush()`` and ``remove()`` still work); returns whether ``synchronize()`` ran this step
-    and how many gradients changed since backward without it (0 after it)."""
+    """Start a PS executor's step (either kind: ``_push_due``, ``_synced``, ``_watch``): refuse one
+    without a backward, consume it; returns ``(synchronize() ran, gradients changed without it)``."""
     if not ex._push_due:
         raise RuntimeError("step() without after_backward(): the parameter server has no gradient to apply")
     synced, ex._synced = ex._synced, False
@@ -176,16 +168,11 @@ def begin_step(ex: Any) -> tuple[bool, int]:
 
 
 def set_grads_from(buf: torch.Tensor, bucket: _Bucket) -> None:
-    """Set ``bucket``'s ``param.grad`` to views of a push's gradient part where its flag (a count)
-    is positive, None where no rank had a gradient (the optimizer then leaves the parameter, and its
-    state, alone: DDP's ``find_unused_parameters`` rule)."""
-    grads, flags = buf[:bucket.numel], buf[bucket.numel:]
-    used = (flags > 0).tolist()
-    off = 0
-    for p, u in zip(bucket.params, used):
-        n = p.numel()
-        p.grad = grads[off:off + n].view_as(p) if u else None
-        off += n
+    """Set ``bucket``'s ``param.grad`` to views of a push's gradients where its flag (a count) is
+    positive, else None (the optimizer leaves the parameter alone: DDP's unused-parameter rule)."""
+    used = (buf[bucket.numel:] > 0).tolist()
+    for p, v, u in zip(bucket.params, _views(buf, bucket.params), used):
+        p.grad = v if u else None
 
 
 def set_hyperparameters(optimizer: Any, saved: list[dict]) -> None:
@@ -198,12 +185,9 @@ def set_hyperparameters(optimizer: Any, saved: list[dict]) -> None:
 
 
 class GradChangeWatch:
-    """Notices a ``param.grad`` changed between backward and the push: a post-accumulate-grad hook on
-    each parameter records its gradient tensor and version counter when backward leaves it;
-    :meth:`changed` names the parameters whose gradient is another tensor or was modified in place
-    since (``clip_grad_norm_``, ``mul_``, ...). ``GradScaler.unscale_`` does not advance the version
-    counter (torch's fused unscale kernel), so an unscale alone is not seen (it is linear: pushing
-    unscaled gradients is exact)."""
+    """Notices a ``param.grad`` replaced or modified in place between backward and the push (tensor
+    identity and version counter). ``GradScaler.unscale_`` does not bump the version counter, so an
+    unscale alone is not seen (harmless: it is linear)."""
 
     def __init__(self, params: list[torch.Tensor]) -> None:
         self._seen: dict[int, tuple[torch.Tensor, torch.Tensor, int]] = {}
@@ -235,10 +219,6 @@ def grad_changed_error(count: int) -> ValueError:
         "pushed), or use optimizer.clip_grad_norm_(max_norm)")
 
 
-# ---------------------------------------------------------------------------------------------
-# The optimizer's state, whole on every rank (each server's shard holds its parameters' part)
-# ---------------------------------------------------------------------------------------------
-
 #: key of a gathered state dict: the indices of the parameters that had state when it was gathered
 GATHERED_KEY = "ps_gathered_state"
 
@@ -249,9 +229,8 @@ def param_indices(optimizer: Any) -> dict[int, int]:
 
 
 def merge_shards(state_dict: dict, shards: dict[int, dict], owned: dict[int, int]) -> dict:
-    """``state_dict`` with the state of every parameter a server owns (``owned``: index -> server)
-    taken from that server's shard (``shards``: server -> {index: state}; absent there: no state);
-    a parameter no server owns keeps this rank's entry. Marked with :data:`GATHERED_KEY`."""
+    """``state_dict`` with each owned parameter's state (``owned``: index -> server) from its server's
+    shard (``shards``: server -> {index: state}); others keep this rank's. Marked :data:`GATHERED_KEY`."""
     state = {i: s for i, s in state_dict["state"].items() if i not in owned}
     for i, server in owned.items():
         if i in shards.get(server, {}):

@@ -1,26 +1,11 @@
-"""Planners of the parameter-server family (OSP: Chen et al., arXiv 2306.16926; only the abstract is
-published, this package implements the interpretation in ``docs/interpretations.md`` and says so).
+"""Planners of the parameter-server family (OSP: Chen et al., arXiv 2306.16926, as interpreted in
+``docs/interpretations.md``).
 
-A PS plan says, for every layer, which **server shard** holds it and in which **stage** it is
-synchronised, and how the cluster synchronises (``mode``):
-
-- shards are balanced by bytes: layers, largest first, each to the shard holding the fewest bytes so
-  far (ties: the lower shard), so each of the S servers holds about 1/S of the model;
-- one bucket per (stage, shard): the layers of that stage held by that shard, in forward order, with
-  two messages, a ``push`` of their gradients and a ``pull`` of their new values. Stage 1 buckets use
-  phase ``backward`` (blocking: the next iteration waits for their pull), stage 2 buckets phase
-  ``background`` (overlapped with the next iteration, one step stale);
-- ``bsp``, ``asp``, ``ssp`` put every layer in stage 1; ``osp`` puts the most important layers, up to
-  ``stage1_share`` of the gradient bytes, in stage 1 and the rest in stage 2. In importance order, a
-  layer joins stage 1 when at least half of its bytes still fit within what is left of the share; a
-  layer that does not fit is passed over and less important, smaller ones may still join (a greedy
-  fill). A share of 1 is BSP's layout and a share of 0 puts everything in stage 2.
-
-Importance policies (docs/osp.md): ``position`` (input-side layers first: the next forward needs them
-first) and ``magnitude`` (largest mean absolute gradient per element first, from the magnitudes a
-measured trace records per layer as ``grad_abs_mean``). ``osp_auto`` chooses the share by this package's
-rule (:func:`repro.families.ps.simulate.auto_stage2_share`: the largest stage-2 share whose traffic hides behind
-one computation under the cost model). ``meta["iteration_s"]`` is the simulated steady-state period.
+A plan puts each layer on a server shard (layers largest first, each to the shard with the fewest bytes;
+ties: the lower shard) and in a stage: one bucket per (stage, shard) with a ``push`` and a ``pull``;
+stage 1 (phase ``backward``) blocks the next iteration, stage 2 (``background``) overlaps it. ``osp``
+fills stage 1 greedily in importance order (``position`` or ``magnitude``) up to ``stage1_share`` of the
+bytes. ``meta["iteration_s"]`` is the simulated steady-state period.
 """
 
 from __future__ import annotations
@@ -56,7 +41,8 @@ def shard_layers(layer_bytes, servers: int) -> list[int]:
 
 
 def importance_order(trace: Trace, importance: str) -> list[int]:
-    """Layer indices, most important first (see the module docstring)."""
+    """Layer indices, most important first: ``position`` (input side first) or ``magnitude`` (largest
+    measured mean |gradient| first)."""
     if importance == "position":
         return list(range(trace.num_layers))
     if importance == "magnitude":
@@ -118,7 +104,8 @@ def ps_plan(trace: Trace, cost: CostModel | None, mode: str, servers: int = 1, *
         return plan
     from repro.core.simulate import simulate
 
-    return plan.replace(meta={**plan.meta, "iteration_s": simulate(trace, plan, cost, with_ops=False).iteration_s})
+    period = simulate(trace, plan, cost, with_ops=False).iteration_s
+    return plan.replace(meta={**plan.meta, "iteration_s": period})
 
 
 def ps_bsp(trace: Trace, cost: CostModel, servers: int = 1) -> Plan:
@@ -153,8 +140,8 @@ def osp(trace: Trace, cost: CostModel, servers: int = 1, stage1_share: float = 0
 
 def osp_auto(trace: Trace, cost: CostModel, servers: int = 1, importance: str = "position",
              lgp: bool = True) -> Plan:
-    """OSP with this package's automatic split (docs/osp.md): the largest stage-2 share whose push and pull traffic (N
-    workers on each shard's link) hides behind one iteration's computation under ``cost``."""
+    """OSP with this package's automatic split (docs/osp.md): the largest stage-2 share whose push and
+    pull traffic (N workers on each shard's link) hides behind one iteration's computation."""
     from repro.families.ps.simulate import auto_stage2_share, trace_compute_s
 
     share2 = auto_stage2_share(trace_compute_s(trace), float(trace.total_bytes), cost.line("push"),

@@ -1,32 +1,10 @@
-"""A parameter-server cluster over several iterations: BSP, ASP, SSP(s) and OSP's two-stage
-synchronisation (Chen et al., *OSP*, arXiv 2306.16926; only the abstract is published, this is the
-interpretation in ``docs/interpretations.md``).
+"""A parameter-server cluster over several iterations: BSP, ASP, SSP(s) and OSP's two stages (as
+interpreted in ``docs/interpretations.md``).
 
-N workers and S server shards. Each shard holds ``1/S`` of every gradient's bytes (balanced by bytes);
-every server shard has one full-duplex link that all N workers share, modelled as two queue streams
-(``server<s>.in`` for pushes, ``server<s>.out`` for pulls: one message at a time, so N concurrent pushes
-take N message times) and one queue stream for its optimizer (``server<s>.cpu``). Workers' own links
-are not a bottleneck (a non-blocking switch). A message of ``b`` bytes takes ``line(b)`` seconds on its
-server link.
-
-Per iteration ``i`` of worker ``w`` (compute on the in-order stream ``worker<w>``):
-
-- **BSP**: compute; push to every shard; the shard's update waits for all N pushes of the iteration;
-  every worker pulls the new values; its next compute waits for its pulls.
-- **ASP**: as BSP, but each push is applied on its own (no barrier) and the worker pulls right after
-  its own gradient is applied.
-- **SSP(s)**: ASP, and the compute of iteration i also waits until every worker's gradient of
-  iteration ``i - s - 1`` is applied (no worker runs more than s iterations ahead of the slowest).
-- **OSP(r)**: BSP on the stage-1 share ``r`` of the bytes (blocking); the stage-2 share ``1 - r`` is
-  pushed, aggregated and pulled in the background with a lower priority on the server links, and the
-  compute of iteration ``i + 1`` waits only for stage 2 of iteration ``i - 1`` (those parameters are
-  one step stale; LGP corrects them locally, ``lgp_s`` seconds on the worker). ``r = 1`` is BSP.
-  :func:`auto_stage2_share` is this package's automatic split (docs/osp.md) (the largest stage-2 share whose traffic hides behind one
-  computation); the simulation shows it is not always the fastest split: a larger stage 2 that does
-  not fully hide can still shorten the period while the server links are not saturated.
-
-The steady-state period is the mean, over workers, of the interval between the starts of their
-computes from iteration ``warmup`` to the last. Never imports torch.
+N workers, S shards; each shard has one push and one pull queue (a message at a time, ``line(b)``
+seconds) and one optimizer queue; workers' links are not a bottleneck. The steady-state period is the
+mean, over workers, of the interval between their compute starts from iteration ``warmup`` on.
+Per-mode rules: docs/design/families.md. Torch-free.
 """
 
 from __future__ import annotations
@@ -87,12 +65,9 @@ def ps_tasks(compute_s: Sequence[float], grad_bytes: float, push: Callable[[floa
              pull: Callable[[float], float], setting: PSSetting, update_s: float = 0.0,
              lgp_s: float = 0.0, stage_bytes: Sequence[Sequence[float]] | None = None
              ) -> tuple[list[Task], list[list[int]]]:
-    """The task graph of ``setting.iterations`` iterations (module docstring) and the compute task of
-    every worker and iteration. ``compute_s[w]``: worker w's forward + backward seconds;
-    ``grad_bytes``: the model's gradient (= parameter) bytes; ``push``/``pull``: seconds of one message
-    of that many bytes on a server link; ``update_s``: the optimizer's seconds for the whole model.
-    ``stage_bytes``: the bytes each shard holds per stage, ``[[stage 1 bytes per shard], [stage 2 bytes
-    per shard]]`` (a plan's layout); by default ``stage1_share`` of ``grad_bytes`` split evenly."""
+    """The task graph of ``setting.iterations`` iterations and the compute task of every worker and
+    iteration (seconds: ``compute_s[w]``, ``push``/``pull`` of a message, ``update_s`` of the model).
+    ``stage_bytes``: bytes per shard of stage 1 and 2 (default: ``stage1_share`` split evenly)."""
     N, S, M = setting.workers, setting.servers, setting.iterations
     if len(compute_s) != N:
         raise ValueError(f"compute_s has {len(compute_s)} entries for {N} workers")
@@ -128,24 +103,24 @@ def ps_tasks(compute_s: Sequence[float], grad_bytes: float, push: Callable[[floa
                 deps = [compute_dep]
             compute[w][i] = add(Task(f"worker{w}", "compute", f"w{w} i{i}", float(compute_s[w]), deps=tuple(deps)))
         for stage, shard_bytes in stages:
-            kind = "" if len(stages) == 1 else f" stage{stage + 1}"
+            kind = "" if len(stages) == 1 else f"_stage{stage + 1}"
             for s in range(S):
                 nbytes = shard_bytes[s]
                 if nbytes <= 0.0:
                     continue
-                pushed = [add(Task(f"server{s}.in", "push" + kind.replace(" ", "_"), f"w{w} i{i}", push(nbytes),
+                pushed = [add(Task(f"server{s}.in", "push" + kind, f"w{w} i{i}", push(nbytes),
                                    deps=(compute[w][i],), priority=float(stage))) for w in range(N)]
                 upd = update_s * nbytes / grad_bytes if grad_bytes > 0 else 0.0
                 if mode in ("asp", "ssp"):
                     updates = [add(Task(f"server{s}.cpu", "update", f"w{w} i{i}", upd, deps=(pushed[w],)))
                                for w in range(N)]
                 else:
-                    u = add(Task(f"server{s}.cpu", "update" + kind.replace(" ", "_"), f"i{i}", upd,
+                    u = add(Task(f"server{s}.cpu", "update" + kind, f"i{i}", upd,
                                  deps=tuple(pushed), priority=float(stage)))
                     updates = [u] * N
                 for w in range(N):
                     applied.setdefault((w, i), []).append(updates[w])
-                    p = add(Task(f"server{s}.out", "pull" + kind.replace(" ", "_"), f"w{w} i{i}", pull(nbytes),
+                    p = add(Task(f"server{s}.out", "pull" + kind, f"w{w} i{i}", pull(nbytes),
                                  deps=(updates[w],), priority=float(stage)))
                     pulls.setdefault((stage, w, i), []).append(p)
     return tasks, compute
@@ -168,11 +143,9 @@ def simulate_ps(compute_s: Sequence[float], grad_bytes: float, push: Callable[[f
 def auto_stage2_share(compute_s: float, grad_bytes: float, push: Callable[[float], float],
                       pull: Callable[[float], float], workers: int, servers: int = 1,
                       resolution: float = 1e-3) -> float:
-    """OSP's automatic split (this package's rule, docs/osp.md): the largest stage-2 share ``x`` whose communication hides behind
-    the next iteration's computation, ``N * (push(x n / S) + pull(x n / S)) <= compute_s`` (each server
-    shard serves every worker's stage-2 push and then its pull once per iteration; counting them one after
-    the other is conservative, since the link is full duplex); bisection to ``resolution``.
-    0 when even a tiny share does not hide, 1 when everything does."""
+    """OSP's automatic split (this package's rule, docs/osp.md): the largest stage-2 share ``x`` whose
+    traffic hides behind the next computation, ``N * (push(x n / S) + pull(x n / S)) <= compute_s``
+    (conservative: the link is full duplex), bisected to ``resolution``; 0 or 1 at the ends."""
     def fits(x: float) -> bool:
         b = x * grad_bytes / servers
         return workers * (push(b) + pull(b)) <= compute_s
@@ -187,10 +160,6 @@ def auto_stage2_share(compute_s: float, grad_bytes: float, push: Callable[[float
         lo, hi = (mid, hi) if fits(mid) else (lo, mid)
     return lo
 
-
-# ---------------------------------------------------------------------------------------------
-# The family's simulator: a PS plan (repro.families.ps.planners) on a trace and a cost model
-# ---------------------------------------------------------------------------------------------
 
 def trace_compute_s(trace) -> float:
     """One worker's computation per iteration: forward, backward and the measured pre-forward and
@@ -241,10 +210,9 @@ def plan_setting(plan, workers: int, iterations: int = 8, warmup: int = 2) -> PS
 
 
 def build_graph(trace, plan, cost, iterations: int = 8, warmup: int = 2) -> SimGraph:
-    """The event-engine graph of a PS plan: ``cost.workers`` identical workers computing the trace,
-    each bucket's push and pull on its shard's link (``cost``'s ``push``/``pull`` lines: one message
-    alone on a link), the optimizer (the trace's ``update_s``, by bytes) on the shard; LGP, when on,
-    costs the stage-2 share of one update on the worker. The iteration time is the steady-state period."""
+    """The event-engine graph of a PS plan: ``cost.workers`` identical workers, each bucket's push and
+    pull on its shard's link, the optimizer (``update_s`` split by bytes) on the shard, LGP the stage-2
+    share of one update on the worker. The iteration time is the steady-state period."""
     layout = plan_layout(plan)
     setting = plan_setting(plan, cost.workers, iterations, warmup)
     nbytes = plan.bucket_bytes(trace)

@@ -22,14 +22,9 @@ __all__ = ["time_topk", "fit_topk"]
 
 def time_topk(numels: Sequence[int], density: float, *, repeats: int = 5, warmup: int = 2,
               device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32) -> list[float]:
-    """Median seconds of one top-k selection by magnitude per tensor size (no process group needed).
-
-    One selection is :func:`repro.families.sparse.topk.topk_indices` of ``x.abs()`` (what the sparse
-    executor's compressor runs) with ``k = topk_count(n, density)`` on a random
-    tensor of ``n`` elements (fixed seed; the values are not kept), as a sparse worker does on its
-    gradient before exchanging values and indices. Small tensors are timed as the mean of up to 16
-    back-to-back selections, so the timer's resolution does not dominate.
-    """
+    """Median seconds of one :func:`~repro.families.sparse.topk.topk_indices` selection by magnitude per
+    tensor size (``k = topk_count(n, density)``, a seeded random tensor); small tensors are timed as the
+    mean of up to 16 back-to-back runs. No process group needed."""
     if not 0.0 < float(density) <= 1.0:
         raise ValueError(f"density must be in (0, 1], got {density!r}")
     if repeats < 1 or warmup < 0:

@@ -1,41 +1,7 @@
-"""Run a ``sparse`` Plan: top-k sparsified gradients with error feedback (OMGS-SGD, TopK-SGD).
-
-The exchange has three parts, state kept apart from the algorithm (GRACE's compressor / memory /
-communicator split):
-
-- a :class:`Compressor` turns a flat gradient into ``(values, indices)`` and adds such pairs back into
-  a dense tensor in one fixed order on every device (:func:`deterministic_index_add_`);
-  :class:`TopKCompressor` keeps the ``k`` entries of largest magnitude, indices as int32;
-  ``k = ceil(density * n)`` per bucket (:func:`repro.families.sparse.simulate.topk_count`), or under the plan's
-  ``topk_scope`` "model" the same total split between the buckets by where the model's largest entries
-  were the step before (:func:`budget_counts`, :func:`allocate_budget`);
-- a :class:`Memory` holds what a worker did not send: ``compensate(key, flat)`` adds the residual to
-  the new gradient, ``update(key, compensated, indices)`` keeps ``compensated`` with the sent entries
-  zeroed (:class:`ResidualMemory`: sent values plus new residual equal ``gradient + old residual``
-  bit for bit);
-- an :class:`AllGatherCommunicator` all-gathers every worker's values and indices asynchronously (two
-  all-gathers, or one packed message) and hands back the ``P * k`` gathered pairs.
-
-:class:`SparseExecutor` runs a plan under :mod:`repro.runtime.executor`'s contract: a post-accumulate-grad
-hook copies each gradient into its bucket's flat buffer; a complete bucket (strictly in plan order) is
-compensated and compressed **on the calling thread** (the paper's sparsification on the compute stream)
-and its all-gathers are launched. ``after_backward`` waits for them, adds the ``P`` contributions in
-worker order, divides by ``P`` and hands the result to ``param.grad``: every worker applies the same
-sparse average, bit for bit.
-
-**Mixed precision** (``wrap_optimizer(optimizer, grad_scaler=scaler)``): each bucket is unscaled
-(``* 1/S``, exact) before compensation, so residuals, top-k and the exchange are in the gradient's own
-units; ``param.grad`` gets the average times ``S``, as DDP's, so ``scaler.unscale_`` and clipping after
-``optimizer.synchronize()`` work as usual. One all-reduce (max) of every rank's inf/nan verdict decides
-the step: a skipped step puts the residuals back (:meth:`Memory.keep` / :meth:`Memory.undo`) and tells
-the scaler's ``update()`` (:class:`~repro.runtime.executor.FoundInfReport`).
-
-With ``record_timeline`` each bucket's :class:`SparseBucketTiming` holds the compression's start and end
-and the communication's launch and end (``perf_counter`` seconds; read after ``settle_timings()``).
-
-:func:`calibrate` is the family's calibration hook (:mod:`repro.core.families`): the sparse all-gather line
-fitted on the live group over the message sizes this model sends, and the top-k cost measured on this
-rank's device.
+"""Run a ``sparse`` Plan: top-k sparsified gradients with error feedback (OMGS-SGD, TopK-SGD). Buckets
+are compressed in plan order on the calling thread and all-gathered; ``after_backward`` sums the ``P``
+contributions in worker order (:func:`deterministic_index_add_`), so every worker applies the same
+average bit for bit. See docs/design/families.md.
 """
 
 from __future__ import annotations
@@ -55,14 +21,15 @@ from repro.runtime.buffers import broadcast_buffers
 from repro.runtime.clock import CollectiveEnds, clock_for, model_device
 from repro.runtime.deferred import DeferredUpdateOptimizer
 from repro.runtime.executor import Executor, ExecutorOptions, FoundInfReport, ScaledStep, check_scaled_step
+from repro.families.sparse.planners import _check_density
 from repro.families.sparse.topk import topk_indices
 from repro.families.sparse.simulate import INDEX_BYTES, TOPK_SCOPES, topk_count
 from repro.runtime.plan_fit import check_plan_fits
 from repro.workload.layers import layer_parameters
 
-__all__ = ["deterministic_index_add_", "Compressor", "TopKCompressor", "Memory", "NoMemory", "ResidualMemory", "AllGatherCommunicator",
-           "Exchange", "SparseBucketTiming", "SparseExecutor", "SparseScaledOptimizer", "calibrate", "budget_counts",
-           "allocate_budget", "TOPK_SCOPES"]
+__all__ = ["deterministic_index_add_", "Compressor", "TopKCompressor", "Memory", "ResidualMemory",
+           "AllGatherCommunicator", "Exchange", "SparseBucketTiming", "SparseExecutor",
+           "SparseScaledOptimizer", "calibrate", "budget_counts", "allocate_budget", "TOPK_SCOPES"]
 
 INDEX_DTYPE = torch.int32  # indices on the wire (INDEX_BYTES bytes each)
 assert torch.tensor([], dtype=INDEX_DTYPE).element_size() == INDEX_BYTES
@@ -71,33 +38,12 @@ assert torch.tensor([], dtype=INDEX_DTYPE).element_size() == INDEX_BYTES
 _ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 
-def _check_density(density: Any) -> float:
-    if isinstance(density, bool) or not isinstance(density, (int, float)) or not 0 < density <= 1:
-        raise ValueError(f"density must be a number in (0, 1], got {density!r}")
-    return float(density)
-
-
 def deterministic_index_add_(out: torch.Tensor, indices: torch.Tensor, values: torch.Tensor,
                              blocks: int | None = None) -> torch.Tensor:
-    """``out[indices[i]] += values[i]`` for every ``i``, in place, in one fixed order on every device.
-
-    ``out.index_add_`` over repeated indices is a scatter-add: on CUDA the repeated indices are added
-    with atomics in whatever order the threads run, so the float sum of an index several workers sent
-    differs from run to run and from replica to replica, and nothing re-synchronises the replicas'
-    parameters afterwards. Here every element gets its additions in the order its pairs are given,
-    ``((out + v_first) + v_second) + ...``, by construction: each ``index_add_`` below adds pairs of
-    **distinct** indices (one addition per element, whatever order the threads run in) and the calls
-    run one after the other. That is also the order of the CPU ``index_add_`` (a sequential loop), so
-    on the CPU the result is the same bit for bit.
-
-    - ``blocks=B``: the pairs are ``B`` equal runs, each with distinct indices (what ``B`` workers'
-      :meth:`Compressor.compress` calls give, gathered worker 0 first): one ``index_add_`` per run, in
-      order. Costs what one ``index_add_`` of all pairs costs. (Were a run's indices repeated after
-      all, the sum would still be right, only that run's repeats added in an unspecified order.)
-    - ``blocks=None`` (any pairs): a **stable** sort by index keeps each index's pairs in the given
-      order; round ``j`` adds the ``j``-th pair of every index. Rounds: the largest multiplicity of an
-      index. Costs two sorts of the pairs and a host synchronisation.
-    """
+    """``out[indices[i]] += values[i]`` in place, each element's additions in the order its pairs are given,
+    on every device (CUDA's ``index_add_`` adds repeated indices in any order; the CPU's result is the same
+    bit for bit). ``blocks=B``: the pairs are ``B`` equal runs with distinct indices each (one
+    ``index_add_`` per run, no extra cost); None: any pairs (two stable sorts and a host sync)."""
     if indices.dim() != 1 or values.dim() != 1 or indices.numel() != values.numel():
         raise ValueError("deterministic_index_add_ takes 1-D indices and values of one length")
     n = indices.numel()
@@ -121,10 +67,6 @@ def deterministic_index_add_(out: torch.Tensor, indices: torch.Tensor, values: t
     return out
 
 
-# ---------------------------------------------------------------------------------------------
-# Compressor
-# ---------------------------------------------------------------------------------------------
-
 class Compressor(ABC):
     """Flat gradient -> ``(values, indices)`` (indices int32, 1-D, each at most once) and back."""
 
@@ -140,11 +82,8 @@ class Compressor(ABC):
     @staticmethod
     def decompress(values: torch.Tensor, indices: torch.Tensor, out: torch.Tensor,
                    blocks: int | None = None) -> torch.Tensor:
-        """Add ``values`` at ``indices`` into the dense flat tensor ``out`` (in place; repeated indices
-        add up) and return ``out``, with :func:`deterministic_index_add_`: every element's additions
-        happen in the order its pairs are given, on every device. ``blocks``: the pairs are that many
-        :meth:`compress` outputs one after the other (the executor's ``P`` gathered ones, worker 0
-        first), each with distinct indices, which makes the fixed order cost nothing extra."""
+        """Add ``values`` at ``indices`` into the flat tensor ``out`` in place and return it
+        (:func:`deterministic_index_add_`; ``blocks``: that many :meth:`compress` outputs in a row)."""
         return deterministic_index_add_(out, indices, values, blocks)
 
 
@@ -175,10 +114,6 @@ class TopKCompressor(Compressor):
         return f"TopKCompressor(density={self.density})"
 
 
-# ---------------------------------------------------------------------------------------------
-# Memory (error feedback)
-# ---------------------------------------------------------------------------------------------
-
 class Memory(ABC):
     """What a worker holds back between iterations, per key (a bucket)."""
 
@@ -194,8 +129,7 @@ class Memory(ABC):
         """Forget everything held back."""
 
     def keep(self, key: Any) -> None:
-        """Remember ``key``'s state now, so that :meth:`undo` can put it back (a step a GradScaler
-        skips must leave no trace: its gradient is discarded, as under DDP). Nothing by default."""
+        """Remember ``key``'s state for :meth:`undo` (a step a GradScaler skips leaves no trace)."""
 
     def undo(self) -> None:
         """Put back every state :meth:`keep` remembered since the last :meth:`commit`."""
@@ -204,20 +138,9 @@ class Memory(ABC):
         """Forget what :meth:`keep` remembered: this step's changes stay."""
 
 
-class NoMemory(Memory):
-    """No error feedback: unsent entries are dropped."""
-
-    def compensate(self, key: Any, flat: torch.Tensor) -> torch.Tensor:
-        return flat
-
-    def update(self, key: Any, compensated: torch.Tensor, indices: torch.Tensor) -> None:
-        pass
-
-
 class ResidualMemory(Memory):
-    """Error feedback (residual accumulation as in TopK-SGD): ``compensate`` adds the residual to the
-    gradient **in place** and returns it; ``update`` keeps ``residual = compensated`` with the sent
-    entries set to zero. The residual of a key starts at zero."""
+    """Error feedback as in TopK-SGD: ``compensate`` adds the residual (initially zero) in place;
+    ``update`` keeps ``compensated`` with the sent entries zeroed."""
 
     def __init__(self) -> None:
         self.residuals: dict[Any, torch.Tensor] = {}
@@ -259,10 +182,6 @@ class ResidualMemory(Memory):
         self._kept.clear()
 
 
-# ---------------------------------------------------------------------------------------------
-# Communicator
-# ---------------------------------------------------------------------------------------------
-
 @dataclass
 class Exchange:
     """One bucket's all-gather(s) in flight: ``futures`` complete when the gathered buffers are filled."""
@@ -275,16 +194,10 @@ class Exchange:
 
 
 class AllGatherCommunicator:
-    """All-gathers every worker's ``(values, indices)`` of equal ``k`` on ``group``.
-
-    ``start(values, indices, packed)`` launches asynchronously: two all-gathers (values, then
-    indices), or with ``packed`` one all-gather of both (4-byte values bit-cast to int32 next to the
-    indices; other value sizes as raw bytes). ``finish(exchange)`` waits and returns the ``P * k``
-    gathered values and int32 indices, worker 0's first: it waits for the all-gathers' own futures (on
-    NCCL those make the current stream wait for the collective). ``on_message_end(m, end_s)`` (if given)
-    is called with the message number and when that all-gather finished (``ends``, a
-    :class:`~repro.runtime.clock.CollectiveEnds`: device time on NCCL, whose futures complete at enqueue;
-    called from a communication or timing thread)."""
+    """All-gathers every worker's ``(values, indices)`` of equal ``k`` on ``group``: ``start`` launches two
+    all-gathers, or one ``packed`` (values bit-cast next to the indices); ``finish`` waits and returns the
+    ``P * k`` gathered values and int32 indices, worker 0's first. ``on_message_end(m, end_s)`` is called
+    (from another thread) when message ``m`` ended, timed by ``ends``."""
 
     def __init__(self, group: dist.ProcessGroup | None = None, ends: CollectiveEnds | None = None) -> None:
         self.group = group
@@ -331,32 +244,16 @@ class AllGatherCommunicator:
         return values, rows[:, vb:].clone(memory_format=torch.contiguous_format).view(INDEX_DTYPE).reshape(-1)
 
 
-# ---------------------------------------------------------------------------------------------
-# Top-k scope "model": one budget shared by the buckets
-# ---------------------------------------------------------------------------------------------
-
 BUDGET_SAMPLE = 65536  # magnitudes sampled (about) to estimate the model-wide threshold
 _BUDGET_MIN_SAMPLE = 1024  # at least this many from each bucket (all of a smaller one)
 
 
 def budget_counts(compensated: list[torch.Tensor], sent: list[torch.Tensor], total: int,
                   sample: int = BUDGET_SAMPLE) -> torch.Tensor:
-    """Per bucket, how many of this worker's entries lie among the ``total`` largest magnitudes of the
-    whole model: the entries of ``|compensated[b]|`` at or above one threshold ``tau``, an estimate of
-    the model-wide ``total``-th largest magnitude (int64 tensor, one count per bucket, on the buckets'
-    device).
-
-    ``compensated[b]``: bucket b's gradient plus residual (1-D), ``sent[b]``: the values it sent this
-    step (its ``k_b`` largest magnitudes; ``sum k_b == total``). Nothing model-wide is sorted: bucket b
-    is described by strided samples, of its sent values (all at or above ``m_b``, the smallest one
-    sent; each sampled value weighing ``k_b / samples``) and of its other entries (those of a strided
-    sample of ``compensated[b]`` below ``m_b``, each weighing ``numel / samples``), about ``sample``
-    of each over the model and at least 1024 of each per bucket (every one of a smaller set). ``tau``
-    is the largest sampled value at which the weights at or above it reach ``total``. The counts are
-    then exact for that ``tau``: from the sent values where ``tau >= m_b``, else by comparing every
-    entry of the bucket (only buckets whose share was too small pay that pass). Cost: a sort of the
-    samples and one comparison per sent value or entry counted. Deterministic: the same tensors give
-    the same counts on every device."""
+    """Per bucket, how many of this worker's entries lie among the ``total`` largest magnitudes of the model
+    (int64 tensor on the buckets' device), counted against one threshold estimated from strided samples of
+    the sent values and the unsent entries (about ``sample`` of each). ``compensated[b]``: gradient plus
+    residual, ``sent[b]``: the values it sent (``sum k_b == total``). Deterministic across devices."""
     if len(compensated) != len(sent) or not compensated:
         raise ValueError("budget_counts takes one compensated tensor and one sent tensor per bucket")
     numel = sum(c.numel() for c in compensated)
@@ -431,16 +328,10 @@ def allocate_budget(counts: list[int], sizes: list[int], total: int) -> list[int
     return k
 
 
-# ---------------------------------------------------------------------------------------------
-# Executor
-# ---------------------------------------------------------------------------------------------
-
 @dataclass
 class SparseBucketTiming(BucketTiming):
-    """One bucket of the last iteration: ``bytes`` each worker sends (values + indices), ``numel`` and
-    ``k`` elements, ``messages`` all-gathers; the compression's ``compress_start_s`` / ``compress_end_s``
-    and the communication's ``launch_s`` / ``end_s`` (seconds, host ``perf_counter`` base; the device's
-    times on NCCL)."""
+    """One bucket of the last iteration: ``bytes`` each worker sends (values + indices), ``numel``,
+    ``k``, ``messages`` all-gathers, and the compression's start and end (``perf_counter`` seconds)."""
 
     numel: int = 0
     k: int = 0
@@ -482,24 +373,13 @@ def _check_plan(model: nn.Module, plan: Plan | None, view: str) -> dict[str, lis
 
 
 class SparseExecutor(Executor):
-    """The sparse family's executor (see the module docstring). ``compressor`` and ``memory`` default
-    to :class:`TopKCompressor` at the plan's density and :class:`ResidualMemory`.
+    """The sparse family's executor; ``compressor`` and ``memory`` default to :class:`TopKCompressor` at the
+    plan's density and :class:`ResidualMemory`.
 
-    The plan's ``topk_scope`` says how many entries each bucket sends (``k_b``):
-
-    - ``"bucket"`` (the default; OMGS-SGD as published): ``k_b = compressor.count(n_b)``, i.e.
-      ``ceil(density * n_b)``, every step;
-    - ``"model"``: the same total ``K = sum_b ceil(density * n_b)`` each step, split between the buckets
-      by where the model's ``K`` largest magnitudes of gradient + residual were in the step before (the
-      first step after the executor starts uses the ``"bucket"`` split). After each backward every rank
-      counts, per bucket, its entries at or above an estimate of its model-wide ``K``-th largest
-      magnitude (:func:`budget_counts`); one all-reduce (sum, int64, started after the buckets'
-      all-gathers and waited at the next step's first bucket) gives every rank the same counts, and
-      :func:`allocate_budget` makes the next step's ``k_b`` from them (at least 1, at most ``n_b``).
-      So the selection follows TopK-SGD's model-wide top-k one step late, while each bucket is still
-      compressed and sent during backward. With one bucket, or when ``K`` is every element, both
-      scopes are the same and nothing is counted. A step a GradScaler skips leaves the split as it was.
-    """
+    The plan's ``topk_scope``: ``"bucket"`` sends ``ceil(density * n_b)`` per bucket; ``"model"`` the same
+    total, split each step by where the model's largest magnitudes were the step before
+    (:func:`budget_counts`, one int64 all-reduce after the all-gathers, :func:`allocate_budget`; the first
+    step and a skipped step keep the split)."""
 
     finishes_in_backward = True  # the exchange is waited for after backward anyway (Executor)
 
@@ -521,17 +401,14 @@ class SparseExecutor(Executor):
         self._buckets: list[_Bucket] = []
         self._slots: list[_Slot] = []
         for i, b in enumerate(plan.buckets):
-            params = [p for name in b.layers for _, p in layers[name]]
-            numel = sum(p.numel() for p in params)
-            bucket = _Bucket(tuple(b.layers), torch.zeros(numel, dtype=params[0].dtype, device=params[0].device),
+            members = [(name, p) for name in b.layers for _, p in layers[name]]
+            numel = sum(p.numel() for _, p in members)
+            first = members[0][1]
+            bucket = _Bucket(tuple(b.layers), torch.zeros(numel, dtype=first.dtype, device=first.device),
                              packed=len(b.messages) == 1)
-            offset = 0
-            for name in b.layers:
-                for _, p in layers[name]:
-                    slot = _Slot(i, p, name, bucket.buffer[offset:offset + p.numel()])
-                    bucket.slots.append(slot)
-                    self._slots.append(slot)
-                    offset += p.numel()
+            views = bucket.buffer.split([p.numel() for _, p in members])
+            bucket.slots = [_Slot(i, p, name, v) for (name, p), v in zip(members, views)]
+            self._slots += bucket.slots
             bucket.pending = len(bucket.slots)
             bucket.k = self.compressor.count(numel)
             self._buckets.append(bucket)
@@ -549,16 +426,13 @@ class SparseExecutor(Executor):
         self._inv_scale: torch.Tensor | None = None
         self._nonfinite: torch.Tensor | None = None  # inf/nan seen in this backward's buckets (0-d bool)
         self._synchronized = False
-        self.timings = []
-        for i, b in enumerate(self._buckets):
-            n, k = b.buffer.numel(), b.k
-            self.timings.append(SparseBucketTiming(i, b.layers, k * (b.buffer.element_size() + INDEX_BYTES),
-                                                   numel=n, k=k, messages=1 if b.packed else 2))
+        self.timings = [SparseBucketTiming(i, b.layers, b.k * (b.buffer.element_size() + INDEX_BYTES),
+                                           numel=b.buffer.numel(), k=b.k, messages=1 if b.packed else 2)
+                        for i, b in enumerate(self._buckets)]
         self.clock = clock_for(model, self.options.clock)
         self.grad_ready_s = self.clock.ready  # layer -> ready time, resolved when read
         self._handles = [s.param.register_post_accumulate_grad_hook(self._hook(s)) for s in self._slots]
 
-    # ---- during backward ----
     def _hook(self, slot: _Slot):
         def hook(param: torch.Tensor) -> None:
             self.clock.mark(slot.layer)
@@ -643,10 +517,9 @@ class SparseExecutor(Executor):
         self._nonfinite |= ~torch.isfinite(flat).all()
         flat.mul_(self._inv_scale.to(flat.dtype))
 
-    # ---- the executor contract ----
     def wrap_optimizer(self, optimizer: Any, grad_scaler: Any = None) -> Any:
         """The optimizer itself; with an enabled ``grad_scaler`` a :class:`SparseScaledOptimizer` whose
-        ``step`` takes the scaler's verdict over every rank (module docstring)."""
+        ``step`` takes the scaler's verdict over every rank."""
         self._optimizer = optimizer
         if grad_scaler is None or not grad_scaler.is_enabled():
             return optimizer
@@ -660,9 +533,8 @@ class SparseExecutor(Executor):
         self._synchronized = True
 
     def step(self, amp: ScaledStep | None = None) -> None:
-        """The optimizer's step under a GradScaler (``amp``: what ``scaler.step`` attached): skipped on
-        every rank when any rank saw an inf/nan (residuals put back), else the unscaled average
-        applied. Every rank calls it (one all-reduce)."""
+        """The optimizer's step under a GradScaler (``amp``), called on every rank (one all-reduce):
+        skipped everywhere if any rank saw an inf/nan (residuals put back), else the unscaled average."""
         if amp is None:  # optimizer.step() without scaler.step: the gradients are this step's, unscaled
             self.memory.commit()
             if self._scale is not None:
@@ -735,9 +607,8 @@ class SparseExecutor(Executor):
         self.clock.end_iteration()  # a layer with no gradient in the next backward gets no time
 
     def state_dict(self) -> dict[str, Any]:
-        """The error-feedback residuals (what each bucket held back), by bucket index, and under
-        ``topk_scope`` "model" the next step's split (``k_b`` per bucket); a checkpoint without them would
-        resume with different gradients. Only :class:`ResidualMemory` keeps residuals."""
+        """What a checkpoint needs to resume the same gradients: the residuals by bucket index (of a
+        :class:`ResidualMemory`) and, under ``topk_scope`` "model", the next step's split."""
         state: dict[str, Any] = {}
         if self._shared_budget:
             state["split"] = self.split
@@ -784,9 +655,8 @@ class SparseExecutor(Executor):
 
 
 class SparseScaledOptimizer(DeferredUpdateOptimizer):
-    """What the loop steps under a GradScaler: ``step()`` is :meth:`SparseExecutor.step` with the
-    scaler's attributes (``_step_supports_amp_scaling``: ``scaler.step`` always calls it, so every rank
-    joins the verdict's all-reduce); everything else is the wrapped optimizer's."""
+    """What the loop steps under a GradScaler: ``step()`` is :meth:`SparseExecutor.step` (``scaler.step``
+    always calls it, so every rank joins the verdict); the rest is the wrapped optimizer's."""
 
     family = "the sparse family"
 
@@ -804,10 +674,6 @@ def _stamp_end(timing: SparseBucketTiming, end_s: float) -> None:
         timing.end_s = end_s
 
 
-# ---------------------------------------------------------------------------------------------
-# Calibration hook of the family
-# ---------------------------------------------------------------------------------------------
-
 def _geometric(lo: float, hi: float, count: int) -> list[int]:
     import numpy as np
 
@@ -818,17 +684,10 @@ def _geometric(lo: float, hi: float, count: int) -> list[int]:
 
 
 def calibrate(trace, device, repeats: int, network_cost=None, *, density: float = 0.001, **_: Any):
-    """The cost model the sparse planners need, measured on the live group (every rank calls it).
-
-    - the ``sparse_allgather`` line: ``network_cost``'s (a ``--network`` preset; one without that line
-      raises :class:`repro.core.cost.CostModelError`), else fitted on the live group
-      (:func:`repro.runtime.calibrate.fit_cost_model`) over message sizes from the smallest layer's index
-      message (``k * 4`` bytes) to the whole model's packed message (``k * (value bytes + 4)``),
-      ``k = ceil(density * elements)``: the range this model sends;
-    - ``topk_gamma_s``: top-k selections timed on this rank's device
-      (:func:`repro.families.sparse.calibrate.fit_topk`) over the layer sizes up to the whole model (at most
-      2**24 elements), the largest gamma of the ranks (the slowest rank decides).
-    """
+    """The cost model the sparse planners need (every rank calls it): the ``sparse_allgather`` line of
+    ``network_cost`` (:class:`repro.core.cost.CostModelError` without it), else fitted on the live group over
+    the message sizes this model sends; ``topk_gamma_s`` timed on this rank's device up to the whole model
+    (at most 2**24 elements), the largest over the ranks."""
     from dataclasses import replace
 
     from repro.families.sparse.calibrate import fit_topk

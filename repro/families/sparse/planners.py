@@ -1,19 +1,9 @@
-"""Planners of the sparse family (OMGS-SGD: Shi et al., IEEE INFOCOM 2020): which layers share one top-k.
+"""Planners of the sparse family (OMGS-SGD, Shi et al., INFOCOM 2020): which layers share one top-k.
 
-All take a :class:`~repro.core.trace.Trace`, a :class:`~repro.core.cost.CostModel` that knows the sparse
-all-gather line and the top-k cost (``topk_s``), the ``density`` (k = ceil(density x elements) per
-bucket) and ``pack`` (False: values and indices in two all-gathers, as the paper; True: one packed
-all-gather), and ``topk_scope`` (the plan's option: each bucket its own ``ceil(density x elements)``,
-"bucket", or that total split between buckets each step, "model"; see :mod:`repro.families.sparse.executor`).
-They return a ``sparse`` :class:`~repro.core.plan.Plan` of contiguous buckets in backward order whose ``meta["iteration_s"]`` is the simulated iteration (:mod:`repro.families.sparse.simulate`), equal to
-``simulate(trace, plan, cost).iteration_s``.
-
-- :func:`topk_layerwise`: one top-k and all-gather per layer, pipelined with backward;
-- :func:`topk_single`: TopK-SGD, one global top-k after the whole backward;
-- :func:`omgs`: the published OMGS merge rule;
-- :func:`omgs_optimal`: the exact optimum over contiguous groupings (this package's addition).
-
-Never imports torch.
+Each takes a trace, a cost model with the ``sparse_allgather`` line and ``topk_s``, the ``density``
+(``k = ceil(density x elements)`` per bucket), ``pack`` (one packed all-gather instead of two) and
+``topk_scope``, and returns a ``sparse`` plan of contiguous buckets in backward order with
+``meta["iteration_s"] == simulate(trace, plan, cost).iteration_s``. Torch-free.
 """
 
 from __future__ import annotations
@@ -89,9 +79,10 @@ class SparseCosts:
         return self.cost.sparse_allgather_s(k * self.value_bytes) + self.cost.sparse_allgather_s(k * INDEX_BYTES)
 
 
-def _check_density(density) -> None:
+def _check_density(density) -> float:
     if isinstance(density, bool) or not isinstance(density, (int, float)) or not 0 < density <= 1:
         raise ValueError(f"density must be a number in (0, 1], got {density!r}")
+    return float(density)
 
 
 def groups_time_s(trace: Trace, groups: Sequence[Sequence[int]], cost: CostModel, density: float,
@@ -144,27 +135,13 @@ def topk_single(trace: Trace, cost: CostModel, density: float = 0.001, *, pack: 
 
 def omgs(trace: Trace, cost: CostModel, density: float = 0.001, *, pack: bool = False,
          topk_scope: str = "bucket") -> Plan:
-    """The published OMGS-SGD merge rule (Shi et al., INFOCOM 2020).
-
-    ``topk_scope`` (the plan's option, what the executor selects; the merge rule times every bucket at
-    ``k = ceil(density x elements)`` either way): "bucket" (the default) is the paper's per-bucket
-    ``ceil(density x elements)``; "model", this package's variant, splits the model's budget between
-    the buckets by where its largest entries were the step before, so that OMGS selects as TopK-SGD
-    does whatever the buckets (docs/omgs.md, "Selection").
-
-    Walk l = L down to 2. Layer l holds what was merged into it so far (elements ``p_l``, backward
-    ``t_b(l)``, top-k ``t_s(l) = t_spar(p_l)``, all-gather ``t_c(l)``). With the start times of the
-    timeline model (``tau_s(l)``: its top-k may start; ``tau_c(l)``: its all-gather starts), merge l
-    into l-1 iff the extra waiting is smaller than the communication saved::
+    """The published OMGS-SGD merge rule (Shi et al., INFOCOM 2020): walking l = L..2, merge layer l into
+    l-1 iff the extra waiting ``t_w`` is below the communication saved ``t_save``::
 
         t_w    = t_b(l-1) + t_spar(p_l + p_{l-1}) - t_spar(p_l) - t_spar(p_{l-1}) - (tau_c(l) - tau_s(l) - t_s(l))
         t_save = t_c(p_l) + t_c(p_{l-1}) - t_c(p_l + p_{l-1})
-        merge iff t_w < t_save
 
-    After a merge, l's elements and backward time move to l-1 and start times are recomputed (layers
-    after l are final, so the start times are carried forward incrementally: O(L)). Not the authors'
-    script's fixed 8192-element threshold.
-    """
+    ``topk_scope`` only sets the plan's option (the rule times buckets at ``ceil(density x elements)``)."""
     _check_scope(topk_scope)
     c = SparseCosts(trace, cost, density, pack)
     p = trace.params().astype(float)
@@ -198,43 +175,15 @@ def omgs(trace: Trace, cost: CostModel, density: float = 0.001, *, pack: bool = 
 
 def omgs_optimal(trace: Trace, cost: CostModel, density: float = 0.001, *, pack: bool = False,
                  time_budget_s: float = DEFAULT_TIME_BUDGET_S, topk_scope: str = "bucket") -> Plan:
-    """Exact minimum iteration time over all contiguous groupings of the sparse timeline.
+    """Exact minimum iteration time over contiguous groupings of the sparse timeline (a Pareto search on
+    the compute and communication streams' free times; docs/design/families.md), exact under the
+    contention-free model.
 
-    ``topk_scope``: as :func:`omgs` (default "bucket"; the search times buckets at ``ceil(density x
-    elements)`` either way).
-
-    A bucket's top-k occupies the compute stream, so a bigger bucket also delays later layers' backward
-    (the MG-WFBP argument does not carry over). The state after grouping the first ``e`` layers in
-    backward order is a pair (``C``: compute stream free, ``M``: communication stream free, seconds from
-    backward start); grouping layers ``e..f-1`` next gives ``C' = C + t_b(e..f-1) + t_spar(d)``,
-    ``M' = max(M, C') + t_c(d)``. Both are non-decreasing in ``C`` and ``M``, so keeping each prefix's
-    Pareto front of (C, M) is exact, and the optimum is the least ``M`` after all L layers
-    (``t_iter = t_f + M``). Exact reductions prune states: a raised ``M`` where the next group's top-k
-    cannot start earlier; ``C`` dropped once communication can never again wait for computation; lower
-    bounds (:class:`_CountBound` where fewer than :data:`COUNT_MAX_GROUPS` groups fit, else
-    :class:`_GroupsBound`) against an upper bound; and dominance between groups of growing end. The upper
-    bound rises in rounds from the root's lower bound (:data:`FIRST_STEP`, :data:`GROWTH`) up to the
-    incumbent (the better of layer-wise and single top-k, tightened by the OMGS rule's plan where that
-    can matter); a round that finds a grouping has found the optimum, and a round that stores too many
-    states (:data:`ABORT_STATES`, :data:`ABORT_MIN_STATES`) is aborted and retried with a smaller margin
-    (:data:`ABORT_SHRINK`, :data:`ABORT_GROWTH`). Only finished rounds count, so exactness does not depend
-    on the round schedule.
-
-    **Exact under** the contention-free model: the trace's computation (with a realism's compute scale and
-    update, as :func:`repro.core.planners.make_plan` applies them), the sparse all-gather line with its
-    per-message overhead and copy costs (:meth:`repro.core.cost.CostModel.line`), the top-k cost, perfect
-    overlap. Under a realism with **contention** (the calibrated presets) the search's plan and the plans
-    of ``omgs``, ``topk_layerwise`` and ``topk_single`` are each simulated and the fastest is returned
-    (:func:`repro.core.judge.judged_best`: ``meta["plan_from"]`` names it, ``meta["iteration_s"]`` is
-    its simulated iteration, ``meta["exact_plan_iteration_s"]`` the search plan's; ``optimal``,
-    ``lower_bound_s`` and ``gap_pct`` describe the search under its contention-free model).
-
-    ``time_budget_s`` (seconds of wall clock, finite and positive) bounds the search: when it runs out, the
-    best of the simple plans (never worse than the OMGS rule, layer-wise or single top-k) is returned with
-    ``meta["optimal"] = False``, its proven ``meta["gap_pct"]`` above the optimum and
-    ``meta["lower_bound_s"]``, and one WARNING is logged; a finished search records ``optimal: True,
-    gap_pct: 0`` (:mod:`repro.core.budget`).
-    """
+    Under a realism with contention the search's plan and those of ``omgs``, ``topk_layerwise`` and
+    ``topk_single`` are simulated and the fastest is returned (:func:`repro.core.judge.judged_best`). When
+    ``time_budget_s`` (wall-clock seconds) runs out, the best simple plan is returned with
+    ``meta["optimal"] = False``, ``gap_pct`` and ``lower_bound_s``, and one WARNING is logged
+    (:mod:`repro.core.budget`)."""
     _check_scope(topk_scope)
     search = Search("omgs_optimal", time_budget_s, trace.num_layers, log)
     c = SparseCosts(trace, cost, density, pack)
@@ -246,7 +195,7 @@ def omgs_optimal(trace: Trace, cost: CostModel, density: float = 0.001, *, pack:
     sparB = np.atleast_1d(c.spar_s(pB))
     cumS = np.concatenate([[0.0], np.cumsum(sparB)])
     fixed = trace.total_forward_s + trace.overheads.total_s
-    # the incumbent: the better of layer-wise and single top-k, in closed form (the docstring)
+    # the incumbent: the better of layer-wise and single top-k, in closed form
     incumbent = min(groups_time_s(trace, g, cost, density, pack)
                     for g in ([[i] for i in reversed(range(L))], [list(reversed(range(L)))]))
     min_comm = float(c.comm_s(pB[L - 1]))  # the last group holds layer 0 (no message if it has no parameters)
@@ -269,7 +218,7 @@ def omgs_optimal(trace: Trace, cost: CostModel, density: float = 0.001, *, pack:
     step = FIRST_STEP
     max_states = None  # the states a round may store (none: no limit)
     growth = GROWTH
-    while True:  # rounds of the search, under upper bounds rising to the incumbent (see the docstring)
+    while True:  # rounds of the search, under upper bounds rising to the incumbent (docs/design)
         target = min(incumbent, proven + step * max(proven, 1e-9))  # (a zero bound still rises)
         out = _omgs_round(L, fresh(target), c, cumP, cumT, cumS, sparB, tbB, comm_rest, spar_rest, min_comm,
                           groups_bound, search, incumbent, proven, fixed, max_states)
@@ -315,12 +264,8 @@ def _groups_of(cuts: list[int], L: int) -> list[list[int]]:
 
 
 class _GroupsBound:
-    """A lower bound on the final ``M`` of every completion of states ``(C, M)`` after prefix ``f``
-    (backward order), taking the number m of remaining groups into account: the communication
-    stream needs ``M + m t_c0 + t_c1 (k of the rest)`` at least (t_c is affine in k, subadditive),
-    the compute stream ``C + t_b(rest) + max(sum of per-layer t_spar, m t_spar(rest / m)) + t_c(layer 0)``
-    (t_spar is convex, so Jensen's inequality bounds m groups' top-k). The first grows with m, the
-    second shrinks, so the least over m of their maximum is found by one binary search per state."""
+    """A lower bound on the final ``M`` of completions of states ``(C, M)`` after prefix ``f``, minimised
+    over the number of remaining groups (one binary search per state)."""
 
     def __init__(self, c: SparseCosts, cumP, cumT, cumS, min_comm: float, params) -> None:
         self.c, self.cumP, self.cumT, self.cumS, self.min_comm = c, cumP, cumT, cumS, min_comm
@@ -365,37 +310,10 @@ COUNT_MAX_GROUPS = 256  # the count bound is skipped when more groups than this 
 
 
 class _CountBound:
-    """A lower bound on the final ``M`` of every completion of states ``(C, M)`` after prefix ``f``
-    that keeps track of how many groups the rest is cut into: tighter than :class:`_GroupsBound` where
-    communication dominates.
-
-    The rest's value from a state is ``C + F(f, M - C)`` (the recursion only depends on ``M - C``
-    past ``C``); a grouping of the rest with first group ``[f, g)`` (compute ``p1``, communication
-    ``p2``) followed by a grouping of ``g..L`` that ends its compute ``A`` after its start and needs
-    ``B`` seconds of communication ends at ``max(C + p1 + max(A, p2 + B), M + p2 + B)``. A group with
-    parameters costs at least ``t_c0 + t_c1 k`` with ``k >= density x elements`` (``t_c`` is affine in
-    k), so a rest cut into m groups with parameters needs ``B >= Bm(f, m) = m t_c0 + t_c1 density
-    (elements of the rest)``. The table ``G(f, m) = min_g p1(f, g) + max(G(g, m'), p2(f, g) + Bm(g,
-    m'))`` (``m' = m - 1``, or m when the group has no parameters; ``G(L, 0) = 0``) is at most the
-    ``A`` of every grouping of the rest into m groups with parameters, by induction from the output
-    side, since the right side is non-decreasing in A and B. So the final ``M >= min_m max(C + G(f, m), M + Bm(f, m))``:
-    this is :meth:`__call__`. Exact up to the rounding of k (under ``t_c1`` per group).
-
-    Groups ``[f, g)`` up to :data:`COUNT_WINDOW` layers long are evaluated one by one; every longer
-    one is covered at once by splitting it at ``h = f + COUNT_WINDOW``: ``p1(f, g) >= p1(f, h) +
-    p1(h, g)`` (t_b adds up, t_spar is convex with ``t_spar(0) = 0``, so superadditive) and ``p2(f, g)
-    >= p2(h, g)`` (more elements, no fewer values), so its value is at least ``p1(f, h) + G(h, m)``
-    (the same count m: ``G(h, m)`` is at most the value of ``[h, g)`` followed by the same rest, also
-    when ``[h, g)`` has no elements, as G is a running minimum over m); and at least ``p1(f, h) +
-    Bm(f, m)`` (``p2(f, g) + Bm(g, m - 1) >= Bm(f, m)``). ``G`` is
-    stored as its running minimum over m (a pair with more groups and no smaller A never gives a
-    smaller bound, and a lower table only lowers the bound). A count m with ``Bm(0, m)`` above the
-    search's upper bound ``upper`` (on M) can never be within it (the communication stream alone
-    needs ``(groups before + m) t_c0 + t_c1 density (all elements)``), so counts stop there; with more
-    than :data:`COUNT_MAX_GROUPS` the bound is not built (:attr:`usable` False; also when
-    ``expired()`` says the time budget ran out while building). Tables are floats;
-    ``G`` and ``Bm`` are lowered by a relative 1e-10 so that rounding cannot lift the bound above a
-    grouping's value."""
+    """A lower bound on the final ``M`` of completions of states ``(C, M)`` after prefix ``f`` that tracks
+    how many groups the rest is cut into (tighter than :class:`_GroupsBound` where communication
+    dominates); :attr:`usable` False where more than :data:`COUNT_MAX_GROUPS` groups fit or the budget ran
+    out. Derivation: docs/design/families.md."""
 
     @staticmethod
     def _counts(c: SparseCosts, cumP, upper: float) -> tuple[float, float, float, float]:
@@ -448,7 +366,7 @@ class _CountBound:
                 k = min(z, top + 1) - f - 1
                 row = np.minimum(row, np.min(p1[:k, None] + np.maximum(G[f + 1:f + 1 + k], Bm[f + 1:f + 1 + k]),
                                              axis=0))
-            if top < L:  # every longer group [f, g), g > top (it has elements), split at top: the docstring
+            if top < L:  # every longer group [f, g), g > top (it has elements), split at top (docs/design)
                 row = np.minimum(row, float(p1[-1]) + np.maximum(G[top], Bm[f]))
             G[f] = np.minimum.accumulate(row)
         slack = 1 - 1e-10
@@ -502,7 +420,7 @@ def _omgs_round(L, upper, c, cumP, cumT, cumS, sparB, tbB, comm_rest, spar_rest,
         # retire states that cannot start a useful group ending at f or later: this bound only grows with f
         retire = np.maximum(busy + comm_rest[e], C2 + (cumT[L] - cumT[f]) + (cumS[L] - cumS[f]) + min_comm) > upper
         # retire states whose group [e, f) is beaten by a state of the last step's (e' = f - 1) in both
-        # C' and max(M, C'): that stays so for every later end (see the docstring), so every later
+        # C' and max(M, C'): that stays so for every later end (docs/design), so every later
         # group from them is dominated
         old_n = int(np.searchsorted(e, f - 1))  # active is ordered by prefix length
         if 0 < old_n < len(e):

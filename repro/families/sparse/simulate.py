@@ -1,29 +1,10 @@
-"""The sparse family's iteration model (OMGS-SGD: Shi et al., *Communication-Efficient Distributed Deep
-Learning with Merged Gradient Sparsification on GPUs*, IEEE INFOCOM 2020; its timeline model).
+"""The sparse family's iteration model (OMGS-SGD, Shi et al., INFOCOM 2020).
 
-Forward runs layers 1..L, then backward L..1 on the compute stream. When the last (input-most)
-layer of a bucket has produced its gradient, the bucket's top-k selection runs **on the compute
-stream** (it blocks the next layer's backward) for ``t_spar(d) = gamma d log2 d`` seconds, ``d`` the
-bucket's elements; then its values and indices are all-gathered on one FCFS communication stream.
-In the paper's notation, for buckets of single (possibly merged) layers::
-
-    tau_b(L) = 0;   tau_s(l) = tau_b(l) + t_b(l);   tau_b(l-1) = tau_s(l) + t_s(l)
-    tau_c(L) = tau_s(L) + t_s(L);   tau_c(l) = max(tau_c(l+1) + t_c(l+1), tau_s(l) + t_s(l))
-    t_iter = t_f + tau_c(1) + t_c(1)
-
-A bucket sends ``k = ceil(density * d)`` values (the gradient's dtype, 4 bytes for float32) and
-``k`` int32 indices: two all-gather messages as in the paper (``t_c = 2 (a + b 4 P k)``), or one
-packed message of both (one start-up). The all-gather line is the cost model's
-``sparse_allgather`` (:mod:`repro.core.cost`: bytes per worker, line in gathered bytes).
-
-The simulator times each bucket at ``k = ceil(density * d)`` also for a plan whose ``topk_scope`` is
-"model" (the executor then moves entries between buckets from step to step, the total unchanged):
-start-ups and total bytes are the same, only the per-bucket sizes of a given step differ.
-
-A measured trace's :class:`~repro.core.trace.Overheads` are added as in the all-reduce family. Two
-implementations of one model, checked against each other by the tests: :func:`build_graph` (the
-event-engine graph, gives the timeline) and :func:`sparse_iteration_s` (the closed form planners
-call). This module never imports torch.
+When a bucket's last gradient is ready its top-k runs on the compute stream (``gamma d log2 d``
+seconds, ``d`` elements), then ``k = ceil(density * d)`` values and int32 indices are all-gathered on
+one FCFS stream (two messages, or one packed). ``topk_scope`` "model" is timed as "bucket" (same
+start-ups and total bytes). :func:`build_graph` (event graph) and :func:`sparse_iteration_s` (closed
+form) agree. Torch-free.
 """
 
 from __future__ import annotations
@@ -32,12 +13,12 @@ from typing import Sequence
 
 import numpy as np
 
-from repro.families.allreduce.simulate import bucket_label
+from repro.families.allreduce.simulate import bucket_label, fifo_comm_end_s
 from repro.core.engine import Task
 from repro.core.sim_result import SimGraph, SimResult
 
-__all__ = ["INDEX_BYTES", "TOPK_SCOPES", "topk_count", "bucket_numels", "value_bytes", "message_bytes", "check_buckets",
-           "sparse_times_s", "sparse_iteration_s", "sparse_tasks", "build_graph", "closed_form"]
+__all__ = ["INDEX_BYTES", "TOPK_SCOPES", "topk_count", "bucket_numels", "value_bytes", "message_bytes",
+           "check_buckets", "sparse_times_s", "sparse_iteration_s", "sparse_tasks", "build_graph", "closed_form"]
 
 INDEX_BYTES = 4  # int32 indices on the wire
 TOPK_SCOPES = ("bucket", "model")  # a sparse plan's topk_scope option (repro.families.sparse.executor.SparseExecutor)
@@ -64,9 +45,8 @@ def value_bytes(trace) -> float:
 
 
 def message_bytes(trace, plan) -> list[list[float]]:
-    """Per bucket: ``[k * value_bytes, k * 4]`` (values, indices) or ``[k * (value_bytes + 4)]`` packed.
-
-    Bytes are per worker, as :meth:`repro.core.cost.CostModel.sparse_allgather_s` takes them."""
+    """Per bucket, bytes per worker: ``[k * value_bytes, k * 4]`` (values, indices) or
+    ``[k * (value_bytes + 4)]`` packed."""
     density = _density(plan)
     vb = value_bytes(trace)
     out = []
@@ -101,7 +81,7 @@ def sparse_times_s(trace, plan, cost) -> tuple[list[float], list[list[float]]]:
     return spar, message_times_s(trace, plan, cost)
 
 
-def _compute_order(L: int, groups: Sequence[Sequence[int]]) -> dict[int, list[int]]:
+def _compute_order(groups: Sequence[Sequence[int]]) -> dict[int, list[int]]:
     """Buckets whose top-k runs right after layer ``i``'s backward (their input-most layer)."""
     after: dict[int, list[int]] = {}
     for k, g in enumerate(groups):
@@ -114,7 +94,7 @@ def sparse_iteration_s(forward_total_s: float, backward_s: np.ndarray, groups: S
     """Iteration seconds: backward with each bucket's top-k after its input-most layer, then one FCFS
     stream of the buckets' all-gathers (``comm_s``: a bucket's total; ties in plan order)."""
     bwd = np.asarray(backward_s, dtype=float)
-    after = _compute_order(len(bwd), groups)
+    after = _compute_order(groups)
     t = 0.0
     ready = [0.0] * len(groups)
     for i in range(len(bwd) - 1, -1, -1):
@@ -122,9 +102,7 @@ def sparse_iteration_s(forward_total_s: float, backward_s: np.ndarray, groups: S
         for k in after.get(i, ()):
             t += float(spar_s[k])
             ready[k] = t
-    end = 0.0
-    for k in sorted(range(len(groups)), key=lambda k: (ready[k], k)):
-        end = max(end, ready[k]) + float(comm_s[k])
+    end = fifo_comm_end_s(ready, [float(c) for c in comm_s])
     return float(fixed_s + forward_total_s + max(t, end))
 
 
@@ -135,7 +113,7 @@ def sparse_tasks(names: Sequence[str], forward_s: np.ndarray, backward_s: np.nda
     """Task graph: [pre-forward], forward, backward with each bucket's ``sparsify`` task after its
     input-most layer, one ``sparse_allgather`` task per message, [the update after the last one]."""
     L = len(names)
-    after = _compute_order(L, groups)
+    after = _compute_order(groups)
     tasks = [Task("compute", "pre_forward", "pre", pre_forward_s)] if pre_forward_s else []
     tasks += [Task("compute", "forward", names[i], float(forward_s[i])) for i in range(L)]
     spar_task: dict[int, int] = {}
