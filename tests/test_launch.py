@@ -506,12 +506,20 @@ def test_init_distributed_without_environment_names_the_variable(no_dist_env):
         init_distributed()
 
 
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def _single_rank_env(monkeypatch, port=None):
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setenv("WORLD_SIZE", "1")
     monkeypatch.setenv("LOCAL_RANK", "0")
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
-    monkeypatch.setenv("MASTER_PORT", str(port or launch._free_port("127.0.0.1")))
+    monkeypatch.setenv("MASTER_PORT", str(port or _free_port()))
     monkeypatch.delenv("TORCHELASTIC_USE_AGENT_STORE", raising=False)
 
 
