@@ -4,7 +4,7 @@ one line naming it, not at the process-group timeout; a rank that never arrives 
 --join-timeout-s. Exit statuses: 2 for a refused configuration (on the peers too), 1 otherwise.
 
 The end-to-end tests run two torchrun agents with c10d rendezvous on 127.0.0.1 (the emulated two-node
-path of repro.launch.jobs), one gloo rank each, and make one rank fail with the test-only hook
+path of repro.grids.jobs), one gloo rank each, and make one rank fail with the test-only hook
 REPRO_INJECT_FAULT (repro.launch.faults)."""
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ import pytest
 
 from repro.launch import faults
 from repro.launch import torchrun
-from repro.launch.grid import parse_grid
-from repro.launch.jobs import emulate_nodes, quiet_torch_env, torchrun_argv, write_job_scripts
+from repro.grids.grid import parse_grid
+from repro.grids.jobs import emulate_nodes, quiet_torch_env, torchrun_argv, write_job_scripts
 from repro.launch.torchrun import JoinTimeoutError, PeerFailedError, is_config_error, peer_failure, report_failure
 
 
@@ -165,7 +165,7 @@ def _agents(tmp_path: Path, fault: str, extra: list[str], *, nodes: int = 2, gra
         last = time.monotonic()
         codes = [p.poll() for p in procs]
     finally:
-        from repro.launch.jobs import _kill
+        from repro.grids.jobs import _kill
 
         for p in procs:
             _kill(p)

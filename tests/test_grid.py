@@ -1,4 +1,4 @@
-"""The papers' grids as data (repro.launch.grid): shipped files that agree with the paper notes and with
+"""The papers' grids as data (repro.grids.grid): shipped files that agree with the paper notes and with
 `repro train`, run ids derived from the configuration, and the done / failed / pending status that makes a
 relaunch skip finished runs and redo failed ones."""
 
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from repro.launch.grid import (
+from repro.grids.grid import (
     GRID_PAPERS, GridError, RunConfig, clear_failed, count_status, grid_path, grids_dir, load_grid,
     mark_failed, parse_grid, run_id, run_status, status_table)
 from repro.results.runs import check_run_id
@@ -122,7 +122,7 @@ def test_convergence_experiments_parse_and_refuse_what_cannot_run():
 
 def test_every_grid_run_passes_repro_trains_checks():
     """What the launchers run is accepted by `repro train` (flags, per-scheduler options, world size)."""
-    from repro.launch.jobs import train_argv
+    from repro.grids.jobs import train_argv
     from repro.train import config_from_argv
 
     for paper in GRID_PAPERS:
@@ -196,7 +196,7 @@ def _finish(runs_dir: Path, rid: str) -> None:
 
 
 def test_status_done_failed_pending(tmp_path):
-    from repro.launch.jobs import pending_runs
+    from repro.grids.jobs import pending_runs
 
     grid = _grid()
     a, b, c, d = grid.run_ids()
@@ -262,8 +262,8 @@ def test_grid_cli_show_status_and_print(tmp_path, capsys):
 
 @pytest.mark.parametrize("content", ["{broken", "", "[]", '{"run_id": "x"}'])
 def test_a_damaged_run_json_is_not_done(tmp_path, content):
-    from repro.launch.grid import run_problem
-    from repro.launch.jobs import BadRuns, pending_runs
+    from repro.grids.grid import run_problem
+    from repro.grids.jobs import BadRuns, pending_runs
     from repro.results.runs import RunError, list_runs, load_run
 
     grid = _grid()
@@ -322,7 +322,7 @@ def test_a_job_script_runs_a_damaged_run_and_skips_a_finished_one(tmp_path):
     import subprocess
     import sys
 
-    from repro.launch.jobs import write_job_scripts
+    from repro.grids.jobs import write_job_scripts
 
     grid = _grid()
     a, b = grid.runs[:2]

@@ -1,6 +1,6 @@
-"""`repro grid check` (repro.launch.grid_check): every run of a grid through the checks its ranks make at
+"""`repro grid check` (repro.grids.check): every run of a grid through the checks its ranks make at
 start-up, none started, one line per refused run, exit status 2; the launchers make the same check first
-and launch nothing when a run is bad. And the stand-ins (repro.launch.grid.local_stand_in): every
+and launch nothing when a run is bad. And the stand-ins (repro.grids.grid.local_stand_in): every
 distinct configuration of every shipped grid trains a few steps on this machine."""
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from repro.launch.grid import (
+from repro.grids.grid import (
     GRID_PAPERS, GridError, distinct_stand_ins, load_grid, local_stand_in, parse_grid, run_status)
-from repro.launch.grid_check import BadRuns, check_runs, run_refusal, smoke, stand_in_line
-from repro.launch.jobs import (
+from repro.grids.check import BadRuns, check_runs, run_refusal, smoke, stand_in_line
+from repro.grids.jobs import (
     GridStop, launch_local_grid, prepare_paper_runs, refuse_bad_runs, submit_slurm, write_job_scripts)
 
 # One good run (wfbp) and three that their ranks would refuse: an unknown scheduler, an option the
@@ -244,7 +244,7 @@ def test_a_two_node_grid_run_of_a_scheduler_that_cannot_cast_finishes(tmp_path):
     agents, c10d on 127.0.0.1, the command the launchers build for a float32 grid run."""
     import os
 
-    from repro.launch.jobs import emulate_nodes
+    from repro.grids.jobs import emulate_nodes
 
     run = parse_grid({"paper": "t", "notebook": "nb", "gpus_per_node": 1,
                       "train": {"steps": 2, "warmup_steps": 1, "compute_steps": 0, "fit_repeats": 1},

@@ -91,3 +91,23 @@ def test_the_library_never_imports_the_studies_figures_or_cli():
     upward = sorted(f"{m} -> {t}" for m, p in files.items() if not _upper(m) and m != "repro"
                     for t in _imports(p, set(files)) if _upper(t))
     assert not upward, "upward imports: " + ", ".join(upward)
+
+
+def _part(module: str) -> str:
+    """The part of the package a module belongs to: its folder under repro/ (``repro.launch``), or itself for a
+    module at the root (``repro.api``)."""
+    parts = module.split(".")
+    return ".".join(parts[:2]) if len(parts) > 1 else module
+
+
+def test_the_packages_folders_import_each_other_without_a_circle():
+    """Read folder by folder (core, costs, launch, runtime, families, api, training, grids, cli, ...), the
+    imports form layers: no folder imports one that imports it back, however long the way round."""
+    files = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for m, p in files.items():
+        graph.setdefault(_part(m), set()).update(_part(t) for t in _imports(p, set(files)) if _part(t) != _part(m))
+    graph.pop("repro", None)  # the package's face: lazy names for users, imported by no layer for itself
+    graph = {m: targets - {"repro"} for m, targets in graph.items()}
+    cycle = _cycle(graph)
+    assert cycle is None, "folders in a circle: " + " -> ".join(cycle)

@@ -1,4 +1,4 @@
-"""Launching a paper's grid (repro.launch.jobs): job scripts for any scheduler, this node's GPUs, SLURM
+"""Launching a paper's grid (repro.grids.jobs): job scripts for any scheduler, this node's GPUs, SLURM
 through submitit, the notebooks' gate at scale="paper" — and the multi-node path run here as two torchrun
 "nodes" that meet by c10d rendezvous on 127.0.0.1 and write the same run folder as one node."""
 
@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from repro.launch.grid import load_grid, mark_failed, parse_grid, run_status
-from repro.launch.jobs import (
+from repro.grids.grid import load_grid, mark_failed, parse_grid, run_status
+from repro.grids.jobs import (
     GridStop, emulate_nodes, launch_local_grid, prepare_paper_runs, submit_slurm, torchrun_argv,
     write_job_scripts)
 
@@ -152,7 +152,7 @@ def test_slurm_path_through_submitits_local_executor(tmp_path):
     executor = submitit.LocalExecutor(folder=tmp_path / "submitit")
     jobs = submit_slurm([run], tmp_path / "runs", tmp_path / "jobs", executor=executor, backend="gloo",
                         device="cpu", port=_free_port(), timeout_min=10)
-    from repro.launch.jobs import wait_jobs
+    from repro.grids.jobs import wait_jobs
 
     logs = lambda: "".join(p.read_text()[-1500:] for p in sorted((tmp_path / "jobs" / "logs").glob("*.log")))
     assert wait_jobs(jobs, poll_s=0.5, quiet=True) == (1, 0), logs()
@@ -206,7 +206,7 @@ def test_a_failed_run_is_relaunched_and_a_finished_one_is_not(tmp_path):
     mark_failed(runs, b.run_id, "exit status 1")
     write_job_scripts(grid.runs, runs, tmp_path / "jobs")  # every run given: the scripts still skip done ones
     assert "if finished; then" in (tmp_path / "jobs" / f"{a.run_id}.sh").read_text()
-    from repro.launch.jobs import pending_runs
+    from repro.grids.jobs import pending_runs
 
     assert [r.run_id for r in pending_runs(grid.runs, runs)] == [b.run_id]
 
@@ -304,7 +304,7 @@ def test_slurm_resources_reach_submitit_and_the_runs_checkpoint(tmp_path):
     fn, (task,) = ex.submitted[0]
     assert callable(getattr(fn, "checkpoint", None))  # submitit's requeue hook
     assert task.checkpoint_every_min == 45.0 and 0 < task.grace_s < 300
-    from repro.launch.jobs import torchrun_argv
+    from repro.grids.jobs import torchrun_argv
 
     argv = torchrun_argv(run, "/r", checkpoint_every_min=task.checkpoint_every_min)
     assert argv[argv.index("--checkpoint-every-min") + 1] == "45"

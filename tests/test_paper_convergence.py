@@ -8,7 +8,7 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from repro.launch.grid import finished_run_ids, grid_run_ids, load_grid
+from repro.grids.grid import finished_run_ids, grid_run_ids, load_grid
 from repro.results.runs import EPOCHS_CSV, ITERATIONS_CSV, RunWriter
 
 

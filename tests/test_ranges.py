@@ -243,7 +243,7 @@ experiments:
     ({"steps": "1.0e+300"}, "'train.steps' = 1e+300 is outside the plausible range [0, 1e9]"),
 ])
 def test_grid_numbers_out_of_range_are_refused(tmp_path, values, expected):
-    from repro.launch.grid import GridError, load_grid
+    from repro.grids.grid import GridError, load_grid
 
     kw = {"gpn": 4, "steps": 10, "batch": 32, "p": 4, **values}
     p = tmp_path / "g.yaml"

@@ -15,8 +15,8 @@ import json
 
 import pytest
 
-from repro.launch.jobs import run_refusal
-from repro.launch.grid import parse_grid
+from repro.grids.jobs import run_refusal
+from repro.grids.grid import parse_grid
 from repro.training.config import TrainConfig, config_from_argv
 
 TOL = 1e-5

@@ -232,7 +232,7 @@ def test_distribute_with_a_fifo_plan_says_not_a_regular_file(tmp_path):
 
 
 def test_slurm_resources_are_bounded():
-    from repro.launch.jobs import GridStop, slurm_resources
+    from repro.grids.jobs import GridStop, slurm_resources
 
     with pytest.raises(GridStop, match=r"cpus_per_task=100000000: expected an integer in \[1, 4096\]"):
         slurm_resources(None, cpus_per_task=100000000)

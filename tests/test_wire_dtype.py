@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from repro.launch.grid import load_grid, parse_grid
-from repro.launch.jobs import train_argv
+from repro.grids.grid import load_grid, parse_grid
+from repro.grids.jobs import train_argv
 from repro.core.run_options import check_wire_dtype
 from repro.core.schedulers import get_scheduler, scheduler_names
 from repro.training.config import TrainConfig, config_from_argv

@@ -28,7 +28,7 @@ from typing import Any, Mapping, Sequence
 
 from dataclasses import replace
 
-from repro.cli.help import text_table
+from repro.core.text import text_table
 from repro.core.cost import CostModel, CostModelError
 from repro.core.families import get_family
 from repro.core.planners import PLANNER_FAMILY, PLANNERS, make_plan

@@ -7,7 +7,7 @@
     repro grid check dear                        # every run through its ranks' start-up checks, none started
     repro grid check dear --smoke                # ... and a tiny stand-in per distinct configuration trained
 
-``check`` and ``launch`` behave as the notebooks' launchers (:mod:`repro.launch.jobs`): a run that would
+``check`` and ``launch`` behave as the notebooks' launchers (:mod:`repro.grids.jobs`): a run that would
 be refused, or a damaged run without ``--overwrite``, launches nothing. Bad input and refusals are one
 line on stderr with exit status 2."""
 
@@ -19,11 +19,11 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
-from repro.cli.help import text_table
-from repro.launch.grid import (
+from repro.core.text import text_table
+from repro.grids.grid import (
     GRID_PAPERS, KINDS, GridError, count_status, distinct_stand_ins, load_grid, run_problem, status_table)
-from repro.launch.grid_check import BadRuns, check_runs, check_summary, refusal_line, smoke, stand_in_line
-from repro.launch.jobs import (
+from repro.grids.check import BadRuns, check_runs, check_summary, refusal_line, smoke, stand_in_line
+from repro.grids.jobs import (
     GridStop, check_folder, launch_local_grid, pending_runs, slurm_resources, submit_slurm, wait_jobs,
     write_job_scripts)
 
@@ -55,7 +55,7 @@ def add_grid_parser(sub: Any) -> argparse.ArgumentParser:
                            help="the device the runs will train on (the launchers': cuda)")
             p.add_argument("--smoke", action="store_true",
                            help="then train one tiny stand-in per distinct configuration on this machine (gloo, "
-                                "CPU, at most 3 local ranks, 2 steps; repro.launch.grid.local_stand_in)")
+                                "CPU, at most 3 local ranks, 2 steps; repro.grids.grid.local_stand_in)")
             p.add_argument("--smoke-dir", type=Path,
                            help="write the stand-ins' run folders here (default: a temporary folder, removed)")
         if name not in ("show", "check"):
@@ -154,7 +154,7 @@ def run_grid_command(args: argparse.Namespace) -> None:
 
 
 def _resources(args: argparse.Namespace) -> Any:
-    """The ``--slurm-*`` flags as :class:`repro.launch.jobs.SlurmResources` (GridStop, one line, if bad)."""
+    """The ``--slurm-*`` flags as :class:`repro.grids.jobs.SlurmResources` (GridStop, one line, if bad)."""
     names = ("time_min", "cpus_per_task", "mem_gb", "partition", "account", "gpus_per_node", "signal_s", "requeues")
     values = {name: getattr(args, f"slurm_{name}") for name in names}
     values["extra"] = tuple(args.slurm_extra) if args.slurm_extra else None

@@ -23,7 +23,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Sequence
 
-from repro.cli.help import DefaultsHelpFormatter, text_table as _table
+from repro.core.text import DefaultsHelpFormatter, text_table as _table
 from repro.core.outputs import (
     InputPathError, OutputPathError, check_output, read_input, release_outputs, write_output)
 from repro.core import ranges

@@ -192,8 +192,8 @@ def load_epochs(results_dir: str | Path) -> pd.DataFrame:
 
 def grid_runs(runs: pd.DataFrame, paper: str, kind: str | None = None, experiment: str | None = None) -> pd.DataFrame:
     """The rows of ``runs`` that are runs of ``paper``'s grid of one ``kind`` (``"convergence"`` or
-    ``"throughput"``) and/or ``experiment``, matched by run id (:func:`repro.launch.grid.grid_run_ids`)."""
-    from repro.launch.grid import grid_run_ids
+    ``"throughput"``) and/or ``experiment``, matched by run id (:func:`repro.grids.grid.grid_run_ids`)."""
+    from repro.grids.grid import grid_run_ids
 
     if runs.empty or "run_id" not in runs:
         return runs
@@ -208,7 +208,7 @@ def convergence_epochs(results_dir: str | Path, *, scale: str = "tiny", model: s
     if epochs.empty:
         return epochs
     if scale == "paper":
-        from repro.launch.grid import grid_run_ids
+        from repro.grids.grid import grid_run_ids
 
         return epochs[epochs["run_id"].isin(grid_run_ids("mgwfbp", "convergence"))].reset_index(drop=True)
     keep = pd.Series(True, index=epochs.index)

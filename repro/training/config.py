@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from repro.core import ranges
-from repro.cli.help import DefaultsHelpFormatter
+from repro.core.text import DefaultsHelpFormatter
 from repro.costs.presets import preset_names
 from repro.core.families import get_family
 from repro.core.plan import WIRE_DTYPE_BYTES

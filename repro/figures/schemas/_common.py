@@ -8,7 +8,7 @@ from typing import Annotated
 from pydantic import AfterValidator, Field
 
 from repro.costs.published_fits import COST_MODES
-from repro.launch.jobs import LAUNCHERS
+from repro.grids.jobs import LAUNCHERS
 from repro.costs.presets import PRESETS
 from repro.core.run_options import RUN_OPTIONS
 from repro.figures.params import Float, Int, Name, OneOf, Str
@@ -24,12 +24,12 @@ SCALES = ("tiny", "paper")
 #: ``tiny`` or ``paper`` (each notebook says what it changes)
 Scale = OneOf(SCALES)
 #: how a measured notebook at ``scale="paper"`` runs the paper's grid: "" (none), local, slurm, print
-#: (repro.launch.jobs.LAUNCHERS)
+#: (repro.grids.jobs.LAUNCHERS)
 Launcher = OneOf(LAUNCHERS, Str)
 
 
 def _slurm(value: str) -> str:
-    from repro.launch.jobs import slurm_resources
+    from repro.grids.jobs import slurm_resources
 
     try:
         slurm_resources(value)  # one line: the bad item and what it should be
@@ -38,7 +38,7 @@ def _slurm(value: str) -> str:
     return value
 
 
-#: what each SLURM job of a grid asks for: ``key=value`` items (repro.launch.jobs.slurm_resources), "" = defaults
+#: what each SLURM job of a grid asks for: ``key=value`` items (repro.grids.jobs.slurm_resources), "" = defaults
 Slurm = Annotated[Str, AfterValidator(_slurm)]
 #: ``paper`` or ``calibrated`` (repro.costs.published_fits.COST_MODES)
 CostMode = OneOf(COST_MODES)

@@ -40,6 +40,6 @@ class OmgsTrainingParams(NotebookParams):
     runs_dir: InputFolder()  # an existing cluster job's folder to read, or "": train here
     scale: Scale
     launcher: Launcher
-    slurm: Slurm  # what each SLURM job asks for (key=value items; repro.launch.jobs.slurm_resources)
+    slurm: Slurm  # what each SLURM job asks for (key=value items; repro.grids.jobs.slurm_resources)
     output_dir: PathParam
     results_dir: PathParam

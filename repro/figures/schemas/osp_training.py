@@ -42,6 +42,6 @@ class OspTrainingParams(NotebookParams):
     cost_mode: CostMode
     scale: Scale
     launcher: Launcher
-    slurm: Slurm  # what each SLURM job asks for (key=value items; repro.launch.jobs.slurm_resources)
+    slurm: Slurm  # what each SLURM job asks for (key=value items; repro.grids.jobs.slurm_resources)
     output_dir: PathParam
     results_dir: PathParam

@@ -1,7 +1,7 @@
 """A paper's measured grid as data: grid files, the configurations they expand to, run ids, run status.
 
 One YAML file per paper (``data/grids/<paper>.yaml``) says what the paper measured; the notebooks at
-``scale="paper"`` and the launchers (:mod:`repro.launch.jobs`) read the same file. An experiment is
+``scale="paper"`` and the launchers (:mod:`repro.grids.jobs`) read the same file. An experiment is
 **throughput** (synthetic data, timed ``steps``) or **convergence** (``epochs`` over a real dataset),
 told apart by ``epochs`` (:attr:`RunConfig.kind`). A grid file::
 

@@ -1,5 +1,5 @@
 """``repro grid check``: every run checked before anything is launched (:func:`run_refusal` and friends,
-re-exported from :mod:`repro.launch.jobs`), and stand-ins trained on this machine (:func:`smoke`)."""
+re-exported from :mod:`repro.grids.jobs`), and stand-ins trained on this machine (:func:`smoke`)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from repro.launch.grid import RunConfig
-from repro.launch.jobs import (
+from repro.grids.grid import RunConfig
+from repro.grids.jobs import (
     BadRuns, check_runs, check_summary, refusal_line, refuse_bad_runs, run_refusal, train_argv)
 
 __all__ = ["BadRuns", "run_refusal", "refusal_line", "check_runs", "refuse_bad_runs", "check_summary",
@@ -65,7 +65,7 @@ def _first_line(e: BaseException) -> str:
 def smoke(groups: Sequence[tuple[RunConfig, Sequence[RunConfig]]], runs_dir: str | Path | None = None, *,
           timeout_s: float = 600.0, pg_timeout_s: float = 60.0, on_result: Any = None) -> list[SmokeResult]:
     """Train each stand-in of ``groups`` (``(stand_in, runs)`` pairs, as from
-    :func:`repro.launch.grid.distinct_stand_ins`) on this machine with gloo on the CPU, run folders under
+    :func:`repro.grids.grid.distinct_stand_ins`) on this machine with gloo on the CPU, run folders under
     ``runs_dir`` (default: a temporary folder). Stand-ins of one world size share one launch; when one
     fails that launch ends and the next starts after it. ``timeout_s``: per launch, seconds;
     ``on_result(result)`` is called as each result is known. Returns one :class:`SmokeResult` per stand-in,

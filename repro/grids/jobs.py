@@ -1,4 +1,4 @@
-"""Launch a paper's grid (:mod:`repro.launch.grid`): on this node's GPUs, through SLURM, or as job scripts.
+"""Launch a paper's grid (:mod:`repro.grids.grid`): on this node's GPUs, through SLURM, or as job scripts.
 
 Every run is one ``torchrun`` of ``repro.train`` per node (:func:`torchrun_argv`), writing its run folder
 under ``runs_dir``, which every node must see. Launchers (a notebook's ``launcher``): ``"print"``
@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from repro.core import ranges
-from repro.launch.grid import (
+from repro.grids.grid import (
     DEFAULT_PRECISION, Grid, RunConfig, clear_failed, count_status, load_grid, mark_failed, run_problem,
     run_status, status_table)
 
@@ -385,8 +385,8 @@ set -uo pipefail
 # c10d's warnings about a closed store or socket (a node failed) carry pages of C++ frames; WARNING shows them
 export TORCH_CPP_LOG_LEVEL="${{TORCH_CPP_LOG_LEVEL:-ERROR}}"
 RUNS_DIR={runs_dir_q}
-# finished: run.json is a finished run's record (a damaged one is not: repro.launch.grid.run_status)
-finished() {{ {python_q} -c 'import sys; from repro.launch.grid import run_status; sys.exit(run_status(*sys.argv[1:]) != "done")' "$RUNS_DIR" {run_id} 2>/dev/null; }}
+# finished: run.json is a finished run's record (a damaged one is not: repro.grids.grid.run_status)
+finished() {{ {python_q} -c 'import sys; from repro.grids.grid import run_status; sys.exit(run_status(*sys.argv[1:]) != "done")' "$RUNS_DIR" {run_id} 2>/dev/null; }}
 if finished; then echo "{run_id}: finished already"; exit 0; fi
 {head_check}(trap '' USR1; exec {cmd}) &
 agent=$!
