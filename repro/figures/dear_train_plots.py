@@ -17,7 +17,7 @@ from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 from repro.figures.dear_plots import method_label, method_style
 from repro.figures.plots import flag_column
 from repro.figures.style import (EXTRA_COLORS, GAP_FACTOR, OVERSUBSCRIBED_HATCH, PALETTE, add_gap_note,
-                                 gap_lines, legend_below, ordered, wrap_paragraphs)
+                                 fit_titles, gap_lines, legend_below, ordered, wrap_paragraphs)
 
 __all__ = ["PRIMITIVE_STYLES", "plot_primitive_cost", "plot_throughput", "plot_breakdown", "plot_buffer_sweep",
            "plot_bo_tuning", "bo_tuning_titles"]
@@ -212,8 +212,18 @@ def _measured_throughput_panel(ax, measured: pd.DataFrame, schedulers: Sequence[
     ax.set_xticks(range(len(models)))
     ax.set_xticklabels(models, fontsize="small")
     ax.set_ylabel("samples/s (all ranks)")
-    ax.set_title(wrap_paragraphs(f"measured: {note}; {throughput_statistic(measured)}", 40), fontsize="small")
+    ax.set_title(wrap_paragraphs(_measured_title(measured, note), 40), fontsize="small")
     return items
+
+
+def _measured_title(measured: pd.DataFrame, note: str) -> str:
+    return f"measured: {note}; {throughput_statistic(measured)}"
+
+
+def _simulated_title(simulated: pd.DataFrame, net: str, note: str) -> str:
+    sub = simulated[simulated["network"] == net] if len(simulated) else simulated
+    p = int(sub["workers"].iloc[0]) if len(sub) else 0
+    return f"simulated, {p} GPUs, {net}: {note}"
 
 
 DRIFT_FACTOR = 1.5  # the runs' own medians vs the interleaved samples' median, beyond which the figure says so
@@ -261,8 +271,7 @@ def _simulated_relative_panels(axes, simulated: pd.DataFrame, schedulers: Sequen
         ax.set_xticks(range(len(models)))
         ax.set_xticklabels(models, fontsize="x-small", rotation=25)
         ax.set_ylabel("throughput ÷ best (ratio)")
-        p = int(sub["workers"].iloc[0]) if len(sub) else 0
-        ax.set_title(wrap_paragraphs(f"simulated, {p} GPUs, {net}: {note}", 48), fontsize="small")
+        ax.set_title(wrap_paragraphs(_simulated_title(sub, net, note), 48), fontsize="small")
 
 
 RELEASED_DEAR: tuple[str, ...] = ("dear_nofusion", "dear_threshold")  # the authors' method, as released
@@ -351,7 +360,11 @@ def plot_throughput(measured: pd.DataFrame, simulated: pd.DataFrame, schedulers:
         fig.text(0.5, 0.94, text, ha="center", va="top", fontsize="small", style="italic", color="#333333")
         top = 0.93 - 0.042 * (text.count("\n") + 1)
     legend_below(fig, handles, ncol=4)
-    fig.tight_layout(rect=(0, 0, 1, top))
+    # each panel's title wrapped to its own width: tight_layout leaves a title's width out, so a wider one
+    # would reach over the next panel's y label
+    titles = [(axes[0], _measured_title(measured, measured_note))]
+    titles += [(ax, _simulated_title(simulated, net, sim_note)) for ax, net in zip(axes[1:], nets)]
+    fit_titles(fig, titles, rect=(0, 0, 1, top))
     drift = drift_lines(measured, schedulers)
     if drift:
         drift = [f"the interleaved samples' median vs each whole run's own median more than {DRIFT_FACTOR:g}x "
@@ -425,6 +438,24 @@ _SHORT = {"wfbp": "WFBP", "mgwfbp": "MG-WFBP", "dear_nofusion": "DeAR nf", "dear
           "ddp_buckets": "DDP bkt", "ddp": "DDP", "fsdp": "FSDP2", "dear_bo": "DeAR BO"}
 
 
+BAR_LABEL_GAP = 3.0  # points between the axis and a bar's label
+TICK_LABEL_GAP = 6.0  # points between the longest bar label and the tick labels under it
+
+
+def bar_labels_under(ax, xs: Sequence[float], texts: Sequence[str], *, fontsize: float = 6) -> float:
+    """Each of ``texts`` under the bar at ``xs``, written downwards from :data:`BAR_LABEL_GAP` points below
+    the axis; returns the tick-label pad (points) that puts ``ax``'s x tick labels :data:`TICK_LABEL_GAP`
+    under the longest, as drawn (measured, not guessed from the number of characters)."""
+    renderer = ax.figure.canvas.get_renderer()
+    longest = 0.0
+    for x, t in zip(xs, texts):
+        a = ax.annotate(t, (x, 0), xycoords=ax.get_xaxis_transform(), xytext=(0, -BAR_LABEL_GAP),
+                        textcoords="offset points", rotation=90, ha="center", va="top", fontsize=fontsize,
+                        annotation_clip=False)
+        longest = max(longest, a.get_window_extent(renderer).height * 72.0 / ax.figure.dpi)
+    return BAR_LABEL_GAP + longest + TICK_LABEL_GAP
+
+
 def short_label(name: str) -> str:
     """A few characters naming a method under its bar (:data:`_SHORT`, else the scheduler's name)."""
     return _SHORT.get(name, name)
@@ -472,14 +503,10 @@ def plot_breakdown(measured: pd.DataFrame, simulated: pd.DataFrame, measured_not
                     ticks.append(x)
                     tick_names.append(short_label(s))
         ax.set_ylim(0, float(sub["iteration_s"].max()) * 1e3 * 1.06)
-        # each bar's scheduler as a label under it; the model names further down
-        under = ax.get_xaxis_transform()
-        for x, t in zip(ticks, tick_names):
-            ax.text(x, -0.015, t, transform=under, rotation=90, ha="center", va="top", fontsize=6)
-        pad = 4 + 3.6 * max([len(t) for t in tick_names] + [0])
+        # each bar's scheduler as a label under it; the model names further down, below the longest one
         ax.set_xticks(range(len(models)))
         ax.set_xticklabels(models, fontsize="x-small")
-        ax.tick_params(axis="x", which="major", length=0, pad=pad)
+        ax.tick_params(axis="x", which="major", length=0, pad=bar_labels_under(ax, ticks, tick_names))
         ax.set_ylabel("ms per iteration")
         ax.set_title(wrap_paragraphs(f"simulated, {int(sub['workers'].iloc[0])} GPUs, {net}: {sim_note}", 52),
                      fontsize="small")
@@ -597,6 +624,46 @@ def bo_tuning_titles(model: str, bounds: tuple[int, int], measured_note: str, *,
             "paper": f"simulated, {workers} GPUs, {network}, {tuning_model} ({sim_note}), 1-256 MiB"}
 
 
+CHOSEN_RING_S = 160.0  # scatter size (points²) of the ring around the chosen trial
+TRIAL_LABEL_GAP = 4.0   # points between a trial's marker (or its ring) and its threshold label
+
+
+def trial_label_sides(live: pd.DataFrame) -> list[str]:
+    """Per row of ``live`` (sorted by trial), where its threshold label goes so that the dashed best-so-far
+    steps cross none: "below" the trials that lowered the best so far (the step down to them rises
+    straight above them), "above" the others (the best-so-far line runs level below them)."""
+    best = live["best_so_far_s"].to_numpy(dtype=float)
+    it = live["iteration_s"].to_numpy(dtype=float)
+    out = []
+    for k in range(len(live)):
+        lowered = k > 0 and best[k] < best[k - 1] and np.isclose(it[k], best[k])
+        out.append("below" if lowered else "above")
+    return out
+
+
+def _trial_labels(ax, live: pd.DataFrame) -> None:
+    """Each trial's threshold (MiB) written along the y axis beside its marker (:func:`trial_label_sides`),
+    clear of the chosen trial's ring; a label that would run under the x axis goes above, shifted right of
+    the step."""
+    renderer = ax.figure.canvas.get_renderer()
+    to_pts = 72.0 / ax.figure.dpi
+    ring = np.sqrt(CHOSEN_RING_S) / 2  # ring radius, points
+    marker = 3.5
+    for r, side in zip(live.itertuples(), trial_label_sides(live)):
+        t = r.threshold_bytes
+        txt = f"{float(t) / 2**20:.3g}" if t == t and t is not None else "initial"
+        gap = (ring if bool(r.chosen) else marker) + TRIAL_LABEL_GAP
+        xy = (r.trial, r.iteration_s * 1e3)
+        a = ax.annotate(txt, xy, fontsize=6.5, rotation=90, xytext=(0, -gap if side == "below" else gap),
+                        textcoords="offset points", ha="center", va="top" if side == "below" else "bottom")
+        if side == "below":
+            room = (ax.transData.transform(xy)[1] - ax.get_window_extent(renderer).y0) * to_pts
+            if room < gap + a.get_window_extent(renderer).height * to_pts:  # no room under it: above, beside the step
+                a.set_position((gap * 0.6, gap))
+                a.set_ha("left")
+                a.set_va("bottom")
+
+
 def plot_bo_tuning(live: pd.DataFrame, comparison: pd.DataFrame, marks: dict[str, pd.DataFrame],
                    live_note: str, titles: dict[str, str]):
     """The live ``dear_bo`` run's trials (the chosen one ringed), then per objective of ``comparison``
@@ -617,14 +684,12 @@ def plot_bo_tuning(live: pd.DataFrame, comparison: pd.DataFrame, marks: dict[str
         ax.plot(live["trial"], live["iteration_s"] * 1e3, color=_SEARCH["bo"][1], marker="h", lw=1.0)
         ax.plot(live["trial"], live["best_so_far_s"] * 1e3, color="black", lw=1.0, ls="--", drawstyle="steps-post")
         ch = live[live["chosen"].astype(bool)]
-        ax.scatter(ch["trial"], ch["iteration_s"] * 1e3, s=160, facecolor="none", edgecolor="black", zorder=5)
-        for r in live.itertuples():
-            t = r.threshold_bytes
-            txt = f"{float(t) / 2**20:.3g}" if t == t and t is not None else "initial"
-            ax.annotate(txt, (r.trial, r.iteration_s * 1e3), fontsize=6.5, rotation=90, xytext=(0, 6),
-                        textcoords="offset points", ha="center", va="bottom")
+        ax.scatter(ch["trial"], ch["iteration_s"] * 1e3, s=CHOSEN_RING_S, facecolor="none", edgecolor="black",
+                   zorder=5)
         top = float(live["iteration_s"].max()) * 1e3
         ax.set_ylim(0, top * 1.3)
+        fig.canvas.draw_idle()
+        _trial_labels(ax, live)
     else:
         ax.text(0.5, 0.5, "no dear_bo run", ha="center", transform=ax.transAxes)
     ax.set_xlabel("trial")

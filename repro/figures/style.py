@@ -24,6 +24,7 @@ __all__ = [
     "scheduler_marker", "scheduler_style", "paper_marker_style", "paper_handle", "kind_color",
     "panel_figsize", "legend_below", "legend_outside", "add_note", "coinciding_lines", "flat_brackets",
     "mark_oversubscribed", "oversubscribed_handle", "ordered", "ms_text", "wrap_paragraphs",
+    "HiddenMarker", "hidden_markers", "hidden_markers_text", "fit_title", "fit_titles", "sparse_log_ticks",
 ]
 
 # seaborn.color_palette("colorblind") (Okabe-Ito based), fixed here.
@@ -303,8 +304,9 @@ def add_note(ax, text: str, *, loc: str = "above", fontsize: str = "x-small"):
     up), or boxed inside the axes in a corner (``"upper left"``, ``"lower right"``...)."""
     if loc == "above":
         title = ax.get_title()
-        if title:
-            ax.set_title(title, pad=ax.title.get_fontsize() * 1.35 + 4)
+        if title:  # moved up, in its own font size (set_title alone would reset it to the default)
+            size = ax.title.get_fontsize()
+            ax.set_title(title, pad=size * 1.35 + 4, fontsize=size)
         return ax.annotate(text, xy=(0.5, 1.0), xycoords="axes fraction", xytext=(0, 3), textcoords="offset points",
                            ha="center", va="bottom", fontsize=fontsize, style="italic", color="#333333")
     x, ha = (0.98, "right") if "right" in loc else (0.02, "left")
@@ -447,3 +449,126 @@ def use_style(*, context: str = "notebook", font_scale: float = 1.0) -> None:
 
     sns.set_theme(context=context, style="whitegrid", palette=[c for c in PALETTE if c != PALETTE[8]],
                   font_scale=font_scale, rc=_RC_PARAMS)
+
+
+# -- markers hidden under other markers
+
+@dataclass(frozen=True)
+class HiddenMarker:
+    """A marker of line ``under`` drawn (nearly) under one of line ``over`` at ``x``, with both y values."""
+
+    under: str
+    over: str
+    x: float
+    y_under: float
+    y_over: float
+
+
+def _has_markers(line) -> bool:
+    m = line.get_marker()
+    return line.get_visible() and m not in (None, "", " ", "None", "none") and line.get_markersize() > 0
+
+
+def hidden_markers(ax, *, overlap: float = 0.5, labelled_only: bool = True) -> list[HiddenMarker]:
+    """The markers of ``ax``'s lines that another line's marker covers: two markers whose centres are
+    closer than ``overlap`` times the larger one's size (on screen, with ``ax``'s current limits and
+    size: call it once the limits are set), the one drawn first (lower zorder, else earlier) ``under``.
+    Lines without markers, hidden ones and (with ``labelled_only``) those whose label starts with "_" are
+    left out; points with a missing value are skipped."""
+    import numpy as np
+
+    lines = [ln for ln in ax.get_lines() if _has_markers(ln)
+             and not (labelled_only and (not ln.get_label() or ln.get_label().startswith("_")))]
+    order = {id(ln): k for k, ln in enumerate(ax.get_lines())}
+    lines.sort(key=lambda ln: (ln.get_zorder(), order[id(ln)]))  # drawing order: later ones on top
+    to_pts = 72.0 / ax.figure.dpi
+    pts = []
+    for ln in lines:
+        x, y = (np.asarray(v, dtype=float) for v in ln.get_data())
+        with np.errstate(all="ignore"):
+            xy = ax.transData.transform(np.column_stack([x, y])) * to_pts if x.size else np.empty((0, 2))
+        pts.append((x, y, xy))
+    out = []
+    for i, a in enumerate(lines):
+        xa, ya, pa = pts[i]
+        for j in range(i + 1, len(lines)):
+            b = lines[j]
+            xb, yb, pb = pts[j]
+            limit = overlap * max(a.get_markersize(), b.get_markersize())
+            for k in range(len(xa)):
+                if not np.all(np.isfinite(pa[k])):
+                    continue
+                d = np.hypot(*(pb - pa[k]).T) if len(pb) else np.empty(0)
+                near = np.flatnonzero(np.isfinite(d) & (d < limit))
+                if near.size:
+                    m = near[np.argmin(d[near])]
+                    out.append(HiddenMarker(a.get_label(), b.get_label(), float(xa[k]), float(ya[k]), float(yb[m])))
+    return out
+
+
+def hidden_markers_text(hidden: Sequence[HiddenMarker], *, x_text=None, y_text=None, skip=()) -> str:
+    """One clause per pair of lines of :func:`hidden_markers`: ``"WFBP under SyncEASGD at 2 (1.15 vs 1.15)"``
+    (``x_text(x)`` and ``y_text(y)`` format the values, ``:g`` and 3 significant digits by default), "at
+    every point" where no other marker of the two lines is apart; pairs in ``skip`` ((a, b) either way:
+    already named, e.g. coinciding lines) left out. "" when there is none."""
+    x_text = x_text or (lambda v: f"{v:g}")
+    y_text = y_text or (lambda v: f"{v:.3g}")
+    skip = {frozenset(p) for p in skip}
+    groups: dict[tuple[str, str], list[HiddenMarker]] = {}
+    for h in hidden:
+        if frozenset((h.under, h.over)) not in skip:
+            groups.setdefault((h.under, h.over), []).append(h)
+    parts = []
+    for (under, over), hs in groups.items():
+        where = ", ".join(f"{x_text(h.x)} ({y_text(h.y_under)} vs {y_text(h.y_over)})" for h in hs)
+        parts.append(f"{under} under {over} at {where}")
+    return "; ".join(parts)
+
+
+# -- text that fits
+
+def fit_title(ax, text: str, *, fontsize: Any = "small", min_chars: int = 12, **kwargs):
+    """``text`` as ``ax``'s title, each paragraph wrapped at the most characters whose widest line is no
+    wider than the axes as they are now (call it after the layout, then lay out again: the title may have
+    gained lines), so the title never reaches over a neighbour's labels. Returns the title."""
+    renderer = ax.figure.canvas.get_renderer()
+    limit = ax.get_window_extent(renderer).width
+    longest = max((len(p) for p in text.split("\n")), default=0)
+    width = max(longest, min_chars)
+    while True:
+        ax.set_title(wrap_paragraphs(text, width), fontsize=fontsize, **kwargs)
+        if width <= min_chars or ax.title.get_window_extent(renderer).width <= limit:
+            return ax.title
+        width -= max(1, width // 20)
+
+
+def fit_titles(fig, titles: Sequence[tuple[Any, str]], *, fontsize: Any = "small", rounds: int = 3, **layout):
+    """:func:`fit_title` for each ``(ax, text)`` of ``titles``, alternating with ``fig.tight_layout(**layout)``
+    until no title changes (at most ``rounds`` times)."""
+    fig.tight_layout(**layout)
+    for _ in range(rounds):
+        before = [ax.get_title() for ax, _ in titles]
+        for ax, text in titles:
+            fit_title(ax, text, fontsize=fontsize)
+        fig.tight_layout(**layout)
+        if [ax.get_title() for ax, _ in titles] == before:
+            break
+
+
+def sparse_log_ticks(axis, *, max_ticks: int = 7) -> None:
+    """Major ticks of a log ``axis`` (``ax.yaxis``, ``ax.xaxis``) at 1, 2, 5 x 10^k where at most
+    ``max_ticks`` fit in its current limits, else at 1 and 3, else at powers of ten only (every second,
+    third... decade as needed), labelled plainly (``200``, ``0.005``); minor ticks unlabelled. Call it once
+    the limits are set."""
+    import math
+
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    lo, hi = sorted(axis.get_view_interval())
+    decades = math.log10(hi / lo) if lo > 0 and hi > lo else 1.0
+    for subs in ((1.0, 2.0, 5.0), (1.0, 3.0), (1.0,)):
+        if decades * len(subs) <= max_ticks:
+            break
+    axis.set_major_locator(LogLocator(base=10, subs=subs, numticks=max_ticks + 2))
+    axis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:g}"))
+    axis.set_minor_formatter(NullFormatter())
