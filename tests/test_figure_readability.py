@@ -105,3 +105,36 @@ def test_trial_labels_go_below_the_trials_that_lowered_the_best():
     live = pd.DataFrame({"trial": [0, 1, 2, 3], "iteration_s": [0.047, 0.029, 0.055, 0.028],
                          "best_so_far_s": [0.047, 0.029, 0.029, 0.028]})
     assert dtp.trial_label_sides(live) == ["above", "below", "above", "below"]
+
+
+def test_real_speedup_says_top_panel_and_names_hidden_markers():
+    from repro.figures import mgwfbp_plots as mp
+
+    speedup = pd.DataFrame({"model": "tiny_resnet", "scheduler": ["wfbp", "syncea", "mgwfbp", "linear", "linear"],
+                            "workers": [2, 2, 2, 1, 2], "speedup": [1.1545, 1.1515, 1.56, 1.0, 2.0]})
+    from repro.studies import mgwfbp_sim
+
+    fig = mp.plot_real_speedup(speedup, "tiny scale", mgwfbp_sim.k80_speedup_table())
+    assert "top panel measured" in fig._suptitle.get_text() and "top panels" not in fig._suptitle.get_text()
+    top = fig.axes[0]
+    notes = " ".join(t.get_text() for t in top.texts).replace("\n", " ")
+    assert "WFBP under SyncEASGD at 2 workers" in notes
+    bottom = [ax for ax in fig.axes if ax.get_visible()][1]
+    assert bottom.title.get_fontsize() == top.title.get_fontsize()  # a note above keeps the title's size
+
+
+def test_cost_compare_names_a_hidden_marker_and_the_allgather_formula_stays_whole():
+    from repro.figures import omgs_micro_plots as om
+
+    rows = []
+    for d, t, ag in ((1024, 0.001, 0.3), (1048576, 1.95, 1.98), (4194304, 6.0, 0.5)):
+        rows += [{"setting": "measured", "numel": d, "quantity": "topk_s", "seconds": t / 1e3},
+                 {"setting": "measured", "numel": d, "quantity": "sparse_allgather_s", "seconds": ag / 1e3},
+                 {"setting": "measured", "numel": d, "quantity": "allgather_startup_s", "seconds": 0.26e-3}]
+    table = pd.DataFrame(rows).assign(density=0.001, workers=2)
+    fig = om.plot_cost_compare(table, "n", paper=False)
+    notes = " ".join(t.get_text() for t in fig.axes[0].texts).replace("\n", " ")
+    assert "under sparse all-gather" in notes and "d = 1,048,576" in notes
+    import textwrap
+    wrapped = textwrap.fill("x " * 40 + f"which {om.AG_FORMULA} cannot follow", 50)
+    assert any(om.AG_FORMULA in line for line in wrapped.split("\n"))

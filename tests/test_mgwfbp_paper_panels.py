@@ -230,7 +230,7 @@ def test_real_speedup_title_says_which_panels_are_simulated():
                              "oversubscribed": False} for s in ("linear", "wfbp", "mgwfbp") for p in (1, 2)])
     fig = mp.plot_real_speedup(speedup, "tiny scale, test", study.k80_speedup_table())
     title = fig._suptitle.get_text().replace("\n", " ")
-    assert "top panels measured" in title and "bottom panels simulated" in title
+    assert "top panel measured" in title and "bottom panels simulated" in title  # one measured model: one panel
     plt.close(fig)
 
 

@@ -17,9 +17,10 @@ from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator
 from repro.costs.published_fits import mode_label
 from repro.figures.plots import flag_column, gantt, scheduler_lines
 from repro.figures.style import (DARK_GREY, GAP_FACTOR, OVERSUBSCRIBED_HATCH, PALETTE, add_gap_note, add_note,
-                                 coinciding_lines, flat_brackets, gap_lines, legend_below,
+                                 coinciding_lines, flat_brackets, gap_lines, hidden_markers, hidden_markers_text,
+                                 legend_below, sparse_log_ticks,
                                  mark_oversubscribed, oversubscribed_handle, panel_figsize, paper_handle,
-                                 paper_marker_style, scheduler_label, scheduler_style)
+                                 paper_marker_style, scheduler_label, scheduler_style, wrap_paragraphs)
 
 __all__ = ["plot_layer_sizes", "plot_cost_models", "plot_timeline", "plot_sim_speedup", "plot_optimal_gap",
            "plot_allreduce_fit", "plot_real_speedup", "plot_breakdown", "plot_threshold_sweep", "plot_convergence",
@@ -212,6 +213,8 @@ def plot_cost_models(table: pd.DataFrame, hop_note: str = "", paper_fits: pd.Dat
                 ax.scatter(g["workers"], g[col] * scale, **{**paper_marker_style(None, size=60 if k else 90),
                                                             "edgecolors": color},
                            label=f"paper fit, {net} (MG-WFBP TPDS'21, V100, NCCL)")
+    for ax in axes:  # ticks thinned to what the decades drawn leave room for (1, 2, 5 x 10^k on a short range)
+        sparse_log_ticks(ax.yaxis)
     title = "All-reduce cost T(M) = a + b·M by algorithm"
     fig.suptitle(title + (f"\n{hop_note}" if hop_note else ""))
     legend_below(fig, axes=[axes[0]], ncol=3 if paper_fits is not None and len(paper_fits) else 4)
@@ -499,9 +502,6 @@ def plot_real_speedup(speedup: pd.DataFrame, note: str, paper: pd.DataFrame | No
         b = pub["batch_size"].dropna()
         ax.set_title(f"{m}{f' (batch {int(b.iloc[0])})' if len(b) else ''}, K80, 10GbE:\n"
                      "paper (INFOCOM'19, measured) vs simulated", fontsize="small")
-        same = coinciding_lines(ax)
-        if same:
-            add_note(ax, "; ".join(f"simulated {a} = {b}: drawn on top of each other" for a, b in same))
     handles, labels = axes.flat[0].get_legend_handles_labels()
     seen = set(labels)
     for ax in list(axes.flat)[len(models):]:
@@ -517,15 +517,33 @@ def plot_real_speedup(speedup: pd.DataFrame, note: str, paper: pd.DataFrame | No
         handles, labels = handles + [h], labels + [h.get_label()]
     title = f"Speedup over one worker, measured ({note})"
     if pub_models:  # the bottom panels are our simulation of the paper's K80 setting, not measurements
-        title = (f"Speedup over one worker: {'top' if models else 'no'} panels measured ({note}); "
-                 "bottom panels simulated (K80 setting) vs the paper's measured diamonds")
+        top = f"{_panels(len(models), 'top')} measured ({note})" if models else "no panel measured"
+        title = (f"Speedup over one worker: {top}; {_panels(len(pub_models), 'bottom')} simulated (K80 setting) "
+                 "vs the paper's measured diamonds")
     verdicts = k80_verdict_text(paper) if pub_models else ""
     width = max(60, int((4.0 * n + 0.6) * 11))
     fig.suptitle("\n".join(_pack_parts(title, width) + _pack_parts(verdicts, width)),
                  fontsize="medium" if verdicts else None)
     legend_below(fig, handles, labels, ncol=min(len(handles), 4))
     fig.tight_layout()
+    for k, ax in enumerate(axes.flat):  # with the final limits and sizes: markers on top of others named
+        simulated = k >= len(models)
+        same = coinciding_lines(ax)
+        notes = [f"{'simulated ' if simulated else ''}{a} = {b}: drawn on top of each other" for a, b in same]
+        unit = "K80 nodes" if simulated else "workers"
+        hidden = hidden_markers_text(hidden_markers(ax), skip=same, x_text=lambda v, u=unit: f"{v:g} {u}",
+                                     y_text=lambda v: f"{v:.3g}x")
+        if hidden:
+            notes.append(f"{'simulated ' if simulated else ''}markers drawn on top of each other: {hidden}")
+        if notes:
+            add_note(ax, wrap_paragraphs("; ".join(notes), 56))
+    fig.tight_layout()
     return fig
+
+
+def _panels(n: int, where: str) -> str:
+    """``"top panel"`` or ``"top panels"``: as many as there are."""
+    return f"{where} panel{'s' if n != 1 else ''}"
 
 
 def _breakdown_bars(ax, sub: pd.DataFrame, names: Sequence[str], dtypes: Sequence[str]) -> None:

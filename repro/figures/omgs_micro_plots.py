@@ -4,18 +4,22 @@ and returned as matplotlib Figures (the caller saves them).
 
 from __future__ import annotations
 
+import textwrap
+
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 from matplotlib.lines import Line2D
 
 from repro.core.cost import topk_time_s
-from repro.figures.style import (DARK_GREY, KIND_COLORS, PALETTE, add_gap_note, add_note, legend_below,
-                                 mark_oversubscribed, oversubscribed_handle)
+from repro.figures.style import (DARK_GREY, KIND_COLORS, PALETTE, add_gap_note, add_note, hidden_markers,
+                                 hidden_markers_text, legend_below, mark_oversubscribed, oversubscribed_handle)
 
 __all__ = ["plot_topk_time", "plot_allgather_fit", "plot_cost_compare", "crossover_numel", "workers_color"]
 
 _TOPK = KIND_COLORS["sparsify"]
+# the all-gather line's formula, with no-break spaces: a wrapped note never splits it
+AG_FORMULA = "a\u00a0+\u00a0b·P·m"
 _AG = KIND_COLORS["allgather"]
 _WORKER_COLORS = {2: PALETTE[0], 3: PALETTE[1], 4: PALETTE[2], 8: PALETTE[3], 16: PALETTE[4]}
 _MARKERS = ("o", "s", "^", "D", "v")
@@ -128,8 +132,8 @@ def plot_allgather_fit(errors: pd.DataFrame, fits: pd.DataFrame, note: str):
     axes[1].set_xlabel("message size per worker m (bytes)")
     why = fit_error_note(errors["bytes_per_worker"], errors["relative_error"], "B",
                          "Each point is the slowest rank's median of the repeats of one size on shared cores; "
-                         "below a few KiB the loopback all-gather's time has no trend in size, which a + b·P·m "
-                         "cannot follow (a stands for its level).")
+                         "below a few KiB the loopback all-gather's time has no trend in size, which "
+                         f"{AG_FORMULA} cannot follow (a stands for its level).")
     handles, labels = axes[0].get_legend_handles_labels()
     if any_over:
         h = oversubscribed_handle()
@@ -170,7 +174,7 @@ def plot_cost_compare(table: pd.DataFrame, note: str, *, paper: bool = True):
         for q, (_label, color, marker) in _QUANTITIES.items():
             g = sub[sub["quantity"] == q].sort_values("numel")
             ax.plot(g["numel"], g["seconds"] * 1e3, color=color, ls=ls, lw=lw,
-                    marker=marker if setting == "measured" else None, ms=5)
+                    marker=marker if setting == "measured" else None, ms=5, label=f"{_label} ({setting})")
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("tensor size d (elements)")
@@ -189,9 +193,14 @@ def plot_cost_compare(table: pd.DataFrame, note: str, *, paper: bool = True):
         d = crossover_numel(table, setting)
         if d is not None:
             notes.append(f"{d:,} ({'measured' if setting == 'measured' else 'paper setting'})")
-    if notes:
-        add_note(ax, "first size d whose top-k time exceeds the start-up: " + ", ".join(notes))
     fig.suptitle(f"Top-k selection vs sparse all-gather vs all-gather start-up\n({note})")
     legend_below(fig, handles, ncol=1)
     fig.tight_layout()
+    lines = ["first size d whose top-k time exceeds the start-up: " + ", ".join(notes)] if notes else []
+    hidden = hidden_markers_text(hidden_markers(ax), x_text=lambda v: f"d = {v:,.0f}", y_text=lambda v: f"{v:.3g} ms")
+    if hidden:  # with the final limits: a marker under another one named, not silently lost
+        lines.append("markers drawn on top of each other: " + hidden)
+    if lines:
+        add_note(ax, "\n".join(textwrap.fill(t, 100) for t in lines))
+        fig.tight_layout()
     return fig

@@ -304,9 +304,13 @@ def add_note(ax, text: str, *, loc: str = "above", fontsize: str = "x-small"):
     up), or boxed inside the axes in a corner (``"upper left"``, ``"lower right"``...)."""
     if loc == "above":
         title = ax.get_title()
-        if title:  # moved up, in its own font size (set_title alone would reset it to the default)
+        if title:  # moved up over every line of the note, in its own font size (set_title alone resets it)
+            from matplotlib.font_manager import FontProperties
+
             size = ax.title.get_fontsize()
-            ax.set_title(title, pad=size * 1.35 + 4, fontsize=size)
+            note_pts = FontProperties(size=fontsize).get_size_in_points()
+            lines = text.count("\n") + 1
+            ax.set_title(title, pad=max(size * 1.35 + 4, lines * note_pts * 1.3 + 6), fontsize=size)
         return ax.annotate(text, xy=(0.5, 1.0), xycoords="axes fraction", xytext=(0, 3), textcoords="offset points",
                            ha="center", va="bottom", fontsize=fontsize, style="italic", color="#333333")
     x, ha = (0.98, "right") if "right" in loc else (0.02, "left")
