@@ -138,3 +138,28 @@ def test_cost_compare_names_a_hidden_marker_and_the_allgather_formula_stays_whol
     import textwrap
     wrapped = textwrap.fill("x " * 40 + f"which {om.AG_FORMULA} cannot follow", 50)
     assert any(om.AG_FORMULA in line for line in wrapped.split("\n"))
+
+
+def _acc_rows():
+    rows = []
+    for method, label, accs, t in (("ps_bsp", "BSP", (0.5, 0.7, 0.9), 2.2), ("ps_asp", "ASP", (0.4, 0.6, 0.8), 1.7),
+                                   ("ps_ssp", "SSP (s=2)", (0.4, 0.6, 0.8), 1.7)):
+        for e, a in enumerate(accs, start=1):
+            rows.append({"run_id": method, "method": method, "label": label, "epoch": e, "stage1_bytes_share": 0.0,
+                         "test_accuracy": a, "train_loss": 2.0 - a, "time_s": t * e})
+    return pd.DataFrame(rows)
+
+
+@pytest.mark.parametrize("x", ["epoch", "time_s"])
+def test_accuracy_keeps_a_coinciding_curve_visible_and_says_so(x):
+    from repro.figures import osp_plots
+
+    fig = osp_plots.plot_accuracy(_acc_rows(), x, "t", "n")
+    asp = [ln for ln in fig.axes[0].get_lines() if ln.get_label() == "ASP"][0]
+    ssp = [ln for ln in fig.axes[0].get_lines() if ln.get_label() == "SSP (s=2)"][0]
+    assert asp.get_markersize() > ssp.get_markersize() and asp.get_markerfacecolor() == "none"
+    assert asp.get_linewidth() > ssp.get_linewidth()
+    text = " ".join(t.get_text() for t in fig.texts)
+    assert "ASP under SSP (s=2): every point of both panels" in text
+    bsp = [ln for ln in fig.axes[0].get_lines() if ln.get_label() == "BSP"][0]
+    assert bsp.get_markerfacecolor() != "none"  # apart from the others: drawn as usual

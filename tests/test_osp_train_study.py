@@ -337,12 +337,13 @@ def test_accuracy_note_compares_with_bsp_and_names_osp_auto_ours():
     assert np.abs(a - b).sum() > 0.5  # ASP and OSP auto told apart
 
 
-def test_stage_ratio_says_when_the_band_is_too_thin():
+def test_stage_ratio_says_when_the_band_is_thin_and_how_thin():
     fig, ax = plt.subplots()
     ax.set_ylim(0, 1000)
     m = pd.DataFrame({"point": ["sweep", "bsp"], "throughput_samples_s_min": [700.0, 600.0],
                       "throughput_samples_s_max": [710.0, 620.0], "seeds": [3, 3]})
-    assert "too thin to see" in plots._band_visibility(ax, m, "throughput_samples_s", 1.0, "samples/s")
+    line = plots._band_visibility(ax, m, "throughput_samples_s", 1.0, "samples/s")
+    assert "at most 20 samples/s wide (2% of the axis)" in line and "too thin to see" not in line  # drawn: seen
     ax.set_ylim(0, 100)
     assert plots._band_visibility(ax, m, "throughput_samples_s", 1.0, "samples/s") == ""
 

@@ -15,8 +15,8 @@ from matplotlib.patches import Patch
 from repro.figures.mgwfbp_plots import cost_mode_label
 from repro.figures.plots import gantt
 from repro.figures.style import (DARK_GREY, EXTRA_COLORS, OVERSUBSCRIBED_HATCH, PALETTE, add_gap_note,
-                                 gap_lines, kind_color, legend_below, ms_text, ordered, scheduler_style,
-                                 wrap_paragraphs)
+                                 gap_lines, hidden_markers, kind_color, legend_below, ms_text, ordered,
+                                 scheduler_style, wrap_paragraphs)
 
 __all__ = ["METHOD_ORDER", "STAGE_COLORS", "method_style", "method_label", "plot_timeline", "plot_throughput",
            "plot_accuracy", "plot_lgp_ablation", "plot_stage_ratio"]
@@ -324,8 +324,8 @@ def plot_accuracy(acc: pd.DataFrame, x: str, title: str, note: str = "", claim: 
         r = g.iloc[0]
         kw = _line_kw(r.method)
         xs = g[x].to_numpy(dtype=float)
-        axes[0].plot(xs, 100 * g["test_accuracy"], **kw)
-        axes[1].plot(xs, g["train_loss"], **kw)
+        axes[0].plot(xs, 100 * g["test_accuracy"], **kw, label=r.label)
+        axes[1].plot(xs, g["train_loss"], **kw, label=r.label)
         _seed_band(axes[0], xs, g, "test_accuracy", kw, 100)
         _seed_band(axes[1], xs, g, "train_loss", kw)
         handles.append(Line2D([], [], **kw, label=r.label))
@@ -342,9 +342,53 @@ def plot_accuracy(acc: pd.DataFrame, x: str, title: str, note: str = "", claim: 
     axes[1].set_ylim(bottom=0)
     text = "\n".join(t for t in (note, claim, accuracy_vs_bsp_note(acc) if claim else "") if t)
     top = _head(fig, title, text, 150, panel_title_lines=0, pad=0.05)
-    legend_below(fig, handles, ncol=min(len(handles), 5))
+    legend = legend_below(fig, handles, ncol=min(len(handles), 5))
     fig.tight_layout(rect=(0, 0, 1, top))
+    hidden = _keep_hidden_curves_visible(axes, legend)
+    if hidden:
+        fig.tight_layout(rect=(0, 0, 1, top))
+        add_gap_note(fig, hidden, head="Curves drawn on top of each other (the one underneath: larger hollow "
+                                        "markers and a wider line):", color="#333333")
     return fig
+
+
+_PANEL_NAMES = ("test accuracy", "train loss")
+
+
+def _keep_hidden_curves_visible(axes, legend=None) -> list[str]:
+    """Find the curves whose every marker a later curve covers in a panel (:func:`repro.figures.style.
+    hidden_markers`, with the final limits); draw each such curve underneath with hollow markers and a wider
+    line, larger the more curves lie over it (in every panel and in ``legend``), and return one line per
+    pair: "ASP under SSP (s=2): every point of both panels (the curves coincide)" or of which panel."""
+    npts = {ln.get_label(): len(ln.get_xdata()) for ln in axes[0].get_lines()}
+    pairs: dict[tuple[str, str], list[str]] = {}
+    for ax, name in zip(axes, _PANEL_NAMES):
+        at: dict[tuple[str, str], set] = {}
+        for h in hidden_markers(ax):
+            at.setdefault((h.under, h.over), set()).add(h.x)
+        for (u, o), xs in at.items():
+            if len(xs) == npts.get(u, -1):  # every marker of u covered: the curve is hidden
+                pairs.setdefault((u, o), []).append(name)
+    if not pairs:
+        return []
+    depth: dict[str, int] = {}
+    for u, _ in pairs:
+        depth[u] = depth.get(u, 0) + 1
+    artists = [ln for ax in axes for ln in ax.get_lines()]
+    if legend is not None:
+        artists += list(getattr(legend, "legend_handles", None) or getattr(legend, "legendHandles", []))
+    for ln in artists:
+        d = depth.get(ln.get_label(), 0)
+        if d:
+            ln.set_markersize(6 + 4 * d)
+            ln.set_markerfacecolor("none")
+            ln.set_markeredgewidth(1.6)
+            ln.set_linewidth(1.6 + 1.2 * d)
+    out = []
+    for (u, o), names in pairs.items():
+        where = "both panels (the curves coincide)" if len(names) == len(axes) else f"the {names[0]} panel"
+        out.append(f"{u} under {o}: every point of {where}")
+    return out
 
 
 def accuracy_vs_bsp_note(acc: pd.DataFrame) -> str:
@@ -432,8 +476,10 @@ def _seed_range(ax, measured: pd.DataFrame, column: str, scale: float, color: st
 
 def _band_visibility(ax, measured: pd.DataFrame, column: str, scale: float, unit: str,
                      min_frac: float = 0.03) -> str:
-    """A line saying the band is too thin to see when the seeds' band along the OSP sweep
-    is at most ``min_frac`` of the axis' height everywhere (call after the y limits are set); "" else."""
+    """A line giving the seeds' band along the OSP sweep's width (in ``unit`` and as a share of the axis'
+    height) when it is at most ``min_frac`` of the axis' height everywhere, so a thin band is not read as no
+    spread (call after the y limits are set); "" else. It says how thin, not that it cannot be seen: a fill
+    that thin is still drawn."""
     lo, hi = f"{column}_min", f"{column}_max"
     if lo not in measured or hi not in measured or "seeds" not in measured or int(measured["seeds"].max()) < 2:
         return ""
@@ -442,7 +488,9 @@ def _band_visibility(ax, measured: pd.DataFrame, column: str, scale: float, unit
     y0, y1 = ax.get_ylim()
     if widths.empty or y1 <= y0 or float(widths.max()) > min_frac * (y1 - y0):
         return ""
-    return f"\nthe OSP line's band (at most {float(widths.max()):.2g} {unit} wide) is too thin to see"
+    share = float(widths.max()) / (y1 - y0)
+    return (f"\nthe OSP line's band is thin: at most {float(widths.max()):.2g} {unit} wide "
+            f"({100 * share:.0f}% of the axis)")
 
 
 def plot_stage_ratio(measured: pd.DataFrame, simulated: pd.DataFrame, measured_note: str, sim_note: str,
@@ -460,8 +508,10 @@ def plot_stage_ratio(measured: pd.DataFrame, simulated: pd.DataFrame, measured_n
     osp_kw = _line_kw("osp")
     auto_kw = {"marker": "*", "s": 190, "color": method_style("osp_auto")["color"], "edgecolor": "black",
                "zorder": 8, "linewidths": 0.8}
+    # OSP's and BSP's markers above osp_auto's larger star: where it chose one of their shares, the star
+    # rings the marker instead of covering it
     bsp_kw = {"marker": method_style("ps_bsp")["marker"], "s": 60, "color": method_style("ps_bsp")["color"],
-              "zorder": 7}
+              "zorder": 9}
     over = bool(measured["oversubscribed"].fillna(False).astype(bool).any()) if len(measured) else False
     title_lines = 2
     for j, (col, ylab, scale) in enumerate((("throughput_samples_s", "throughput (samples/s, all workers)", 1.0),
@@ -471,7 +521,7 @@ def plot_stage_ratio(measured: pd.DataFrame, simulated: pd.DataFrame, measured_n
         a.plot(sweep.stage1_bytes_share * 100, sweep[col] * scale, **{**osp_kw, "marker": ""})
         osp_pts = sweep[sweep.point == "sweep"]
         a.scatter(osp_pts.stage1_bytes_share * 100, osp_pts[col] * scale, marker=osp_kw["marker"],
-                  color=osp_kw["color"], s=45, zorder=7)
+                  color=osp_kw["color"], s=45, zorder=9, edgecolor="white", linewidths=0.6)
         b = measured[measured.point == "bsp"]
         a.scatter(b.stage1_bytes_share * 100, b[col] * scale, **bsp_kw)
         au = measured[measured.point == "auto"]
@@ -515,7 +565,7 @@ def plot_stage_ratio(measured: pd.DataFrame, simulated: pd.DataFrame, measured_n
     handles = [Line2D([], [], **{**osp_kw, "label": "OSP (with LGP), measured"}),
                Line2D([], [], ls="", marker=bsp_kw["marker"], color=bsp_kw["color"], label="BSP (= stage 1 at 100%)"),
                Line2D([], [], ls="", marker="*", markersize=13, markerfacecolor="white", markeredgecolor="black",
-                      label="osp_auto's share (filled in the line's colour)")]
+                      label="osp_auto's share (line's colour; under OSP's, BSP's marker)")]
     handles += list(model_handles.values())
     text = "\n".join(t for t in (f"measured: {measured_note}", f"simulated: {sim_note}", note) if t)
     top = _head(fig, "Throughput and accuracy vs the share of the gradient synchronised in stage 1", text,

@@ -357,10 +357,10 @@ def gap_lines(items: Iterable[tuple[str, float, float, str]], *, factor: float =
 
 
 def add_gap_note(fig, lines: Sequence[str], *, width_chars: int | None = None, factor: float = GAP_FACTOR,
-                 head: str | None = None):
+                 head: str | None = None, color: str = "#8a1c1c"):
     """:func:`gap_lines`' lines under the figure's axes and legends (call it after :func:`legend_below`),
-    below ``head`` (default "Measured vs predicted more than <factor>x apart:"); returns the text artist,
-    None when ``lines`` is empty."""
+    below ``head`` (default "Measured vs predicted more than <factor>x apart:"), in ``color`` (red for gaps);
+    returns the text artist, None when ``lines`` is empty."""
     import textwrap
 
     if not lines:
@@ -373,7 +373,7 @@ def add_gap_note(fig, lines: Sequence[str], *, width_chars: int | None = None, f
         y = min(leg.get_window_extent(renderer).transformed(to_fig).y0 for leg in fig.legends) - 0.01
     head = textwrap.fill(head or f"Measured vs predicted more than {factor:g}x apart:", width)
     body = "\n".join(textwrap.fill(f"• {ln}", width, subsequent_indent="   ") for ln in lines)
-    return fig.text(0.02, y, f"{head}\n{body}", ha="left", va="top", fontsize="x-small", color="#8a1c1c",
+    return fig.text(0.02, y, f"{head}\n{body}", ha="left", va="top", fontsize="x-small", color=color,
                     transform=fig.transFigure)
 
 
