@@ -255,32 +255,19 @@ def count_params(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters() if p.requires_grad)
 
 
-def _rand_kw(device: torch.device, generator: torch.Generator | None) -> tuple[dict[str, Any], bool]:
-    """Where to draw random numbers: on the generator's device (then move), else on ``device``."""
-    if device.type == "meta" or generator is None:
-        return {"device": device}, False
-    return {"device": generator.device, "generator": generator}, generator.device != device
-
-
-def _vision_batch(spec: ModelSpec, batch_size: int, device: torch.device,
-                  generator: torch.Generator | None, num_classes: int | None = None,
+def _vision_batch(spec: ModelSpec, batch_size: int, kw: dict[str, Any], num_classes: int | None = None,
                   image_size: int | tuple[int, int] | None = None) -> tuple[Any, Any]:
     c, h, w = spec.input_size
     if image_size is not None:
         h, w = (image_size, image_size) if isinstance(image_size, int) else tuple(image_size)
     classes = num_classes or spec.num_classes
-    kw, move = _rand_kw(device, generator)
-    x = torch.randn(batch_size, c, h, w, **kw)
-    y = torch.randint(0, classes, (batch_size,), **kw)
-    return (x.to(device), y.to(device)) if move else (x, y)
+    return torch.randn(batch_size, c, h, w, **kw), torch.randint(0, classes, (batch_size,), **kw)
 
 
-def _bert_batch(spec: ModelSpec, batch_size: int, device: torch.device,
-                generator: torch.Generator | None, seq_len: int | None = None,
+def _bert_batch(spec: ModelSpec, batch_size: int, kw: dict[str, Any], seq_len: int | None = None,
                 mask_prob: float = 0.15) -> tuple[Any, Any]:
     length = seq_len or spec.input_size[0]
     vocab = spec.num_classes
-    kw, move = _rand_kw(device, generator)
     input_ids = torch.randint(0, vocab, (batch_size, length), **kw)
     # two "sentences": segment 0, then segment 1
     token_type_ids = (torch.arange(length, device=kw["device"]) >= length // 2).long()
@@ -291,23 +278,15 @@ def _bert_batch(spec: ModelSpec, batch_size: int, device: torch.device,
                          torch.full_like(input_ids, -100))
     nsp = torch.randint(0, 2, (batch_size,), **kw)
     # no attention_mask: without padding it is all ones, and checking that reads values (not on meta)
-    inputs = {"input_ids": input_ids, "token_type_ids": token_type_ids}
-    targets = {"labels": labels, "next_sentence_label": nsp}
-    if move:
-        inputs = {k: v.to(device) for k, v in inputs.items()}
-        targets = {k: v.to(device) for k, v in targets.items()}
-    return inputs, targets
+    return {"input_ids": input_ids, "token_type_ids": token_type_ids}, {"labels": labels, "next_sentence_label": nsp}
 
 
-def _lm_batch(spec: ModelSpec, batch_size: int, device: torch.device,
-              generator: torch.Generator | None, seq_len: int | None = None,
+def _lm_batch(spec: ModelSpec, batch_size: int, kw: dict[str, Any], seq_len: int | None = None,
               num_classes: int | None = None, dropout: float | None = None) -> tuple[Any, Any]:
     length = seq_len or spec.input_size[0]
     vocab = num_classes or spec.num_classes
-    kw, move = _rand_kw(device, generator)
     stream = torch.randint(0, vocab, (batch_size, length + 1), **kw)
-    inputs, targets = stream[:, :-1].contiguous(), stream[:, 1:].contiguous()   # next tokens
-    return (inputs.to(device), targets.to(device)) if move else (inputs, targets)
+    return stream[:, :-1].contiguous(), stream[:, 1:].contiguous()   # next tokens
 
 
 def _classifier_loss(model: nn.Module, inputs: Any, targets: Any) -> torch.Tensor:
@@ -328,7 +307,7 @@ def _bert_loss(model: nn.Module, inputs: Any, targets: Any) -> torch.Tensor:
     return mlm + nsp
 
 
-# family -> (batch function, loss function)
+# family -> (batch function: fn(spec, batch_size, torch.randn/randint keywords, **kwargs), loss function)
 _FAMILIES: dict[str, tuple[Callable[..., tuple[Any, Any]], Callable[..., torch.Tensor]]] = {
     "vision": (_vision_batch, _classifier_loss),
     "bert": (_bert_batch, _bert_loss),
@@ -343,8 +322,14 @@ def make_batch(name: str, batch_size: int, device: str | torch.device = "cpu",
     _check_kwargs(spec, kwargs)
     if not isinstance(batch_size, int) or batch_size <= 0:
         raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
-    batch_fn = _FAMILIES[spec.family][0]
-    return batch_fn(spec, batch_size, torch.device(device), generator, **kwargs)
+    device = torch.device(device)
+    if device.type == "meta" or generator is None:
+        return _FAMILIES[spec.family][0](spec, batch_size, {"device": device}, **kwargs)
+    # drawn on the generator's device, then moved
+    batch = _FAMILIES[spec.family][0](spec, batch_size, {"device": generator.device, "generator": generator}, **kwargs)
+    if generator.device == device:
+        return batch
+    return tuple({k: v.to(device) for k, v in t.items()} if isinstance(t, dict) else t.to(device) for t in batch)
 
 
 def compute_loss(name: str, model: nn.Module, inputs: Any, targets: Any, **kwargs: Any) -> torch.Tensor:
