@@ -149,9 +149,7 @@ def cifar10(root: str | Path | None = None, split: str = "train", normalize: boo
     parts = [_read_cifar_file(folder / name) for name in names]
     images = torch.from_numpy(np.concatenate([p[0] for p in parts]))
     labels = torch.from_numpy(np.concatenate([p[1] for p in parts]))
-    if normalize:
-        return UInt8ImageDataset(images, labels, CIFAR10_MEAN, CIFAR10_STD)
-    return UInt8ImageDataset(images, labels)
+    return UInt8ImageDataset(images, labels, *((CIFAR10_MEAN, CIFAR10_STD) if normalize else ()))
 
 
 def imagenet(root: str | Path | None = None, split: str = "train", image_size: int = 224) -> Dataset:
@@ -170,15 +168,9 @@ def imagenet(root: str | Path | None = None, split: str = "train", image_size: i
             f"into class folders like the training ones (or pass root=..., or set REPRO_DATA_DIR)")
     if not folder.is_dir() or not any(p.is_dir() for p in folder.iterdir()):
         raise DatasetNotFoundError(f"ImageNet not found: expected class folders in {folder}; {hint}")
-    normalize = transforms.Normalize(IMAGENET_MEAN, IMAGENET_STD)
-    if split == "train":
-        transform = transforms.Compose([transforms.RandomResizedCrop(image_size),
-                                        transforms.RandomHorizontalFlip(),
-                                        transforms.ToTensor(), normalize])
-    else:
-        transform = transforms.Compose([transforms.Resize(round(image_size * 256 / 224)),
-                                        transforms.CenterCrop(image_size),
-                                        transforms.ToTensor(), normalize])
+    crop = ([transforms.RandomResizedCrop(image_size), transforms.RandomHorizontalFlip()] if split == "train"
+            else [transforms.Resize(round(image_size * 256 / 224)), transforms.CenterCrop(image_size)])
+    transform = transforms.Compose([*crop, transforms.ToTensor(), transforms.Normalize(IMAGENET_MEAN, IMAGENET_STD)])
     try:
         return datasets.ImageFolder(str(folder), transform=transform)
     except FileNotFoundError as e:   # e.g. a class folder without any image

@@ -16,9 +16,10 @@ layers as in a measured trace.
 
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import asdict, dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -124,16 +125,12 @@ def get_gpu(gpu: str | GpuSpec) -> GpuSpec:
 
 def _tensor_bytes(t: torch.Tensor) -> int:
     """Bytes a kernel touches for ``t``: broadcast (stride-0) dimensions count once."""
-    n = 1
-    for size, stride in zip(t.shape, t.stride()):
-        if stride != 0:
-            n *= size
-    return n * t.element_size()
+    return math.prod(size for size, stride in zip(t.shape, t.stride()) if stride != 0) * t.element_size()
 
 
 class _RooflineMode(TorchDispatchMode):
     """Charges every ATen operator its roofline time on a virtual clock; :meth:`stamp` (seconds, FLOPs,
-    bytes so far) is the recorder's clock, read back per component by :func:`_component`."""
+    bytes so far) is the recorder's clock, read back per component."""
 
     def __init__(self, gpu: GpuSpec, dtype: str, compute_efficiency: float,
                  memory_efficiency: float, kernel_overhead_s: float, amp: bool = False,
@@ -141,7 +138,6 @@ class _RooflineMode(TorchDispatchMode):
         super().__init__()
         self.rates = _flop_rates(gpu, dtype, compute_efficiency, tf32_conv,
                                  tensor_core_efficiency or TENSOR_CORE_EFFICIENCY)
-        self.flop_rate = self.rates["matmul"]
         self.byte_rate = gpu.memory_bandwidth * memory_efficiency
         self.overhead = kernel_overhead_s
         self.amp = amp and dtype != "float32"
@@ -189,11 +185,6 @@ def _half_peak(gpu: GpuSpec, dtype: str) -> float:
     return gpu.fp16_flops
 
 
-def _has_tensor_cores(gpu: GpuSpec) -> bool:
-    """Whether the 16-bit peak is a tensor-core one (more than 4x fp32: V100 and later)."""
-    return gpu.fp16_flops > 4 * gpu.fp32_flops
-
-
 def _flop_rates(gpu: GpuSpec, dtype: str, compute_efficiency: float, tf32_conv: bool,
                 tensor_core_efficiency: dict[str, float]) -> dict[str, float]:
     """Achieved FLOP/s of ``{"conv": ..., "matmul": ...}`` operators in ``dtype`` on ``gpu``."""
@@ -202,7 +193,9 @@ def _flop_rates(gpu: GpuSpec, dtype: str, compute_efficiency: float, tf32_conv: 
         conv = gpu.tf32_flops * tensor_core_efficiency["conv"] if tf32_conv and gpu.tf32_flops else cuda
         return {"conv": conv, "matmul": cuda}
     peak = _half_peak(gpu, dtype)
-    if not _has_tensor_cores(gpu):   # P100's 2x fp16, or fp16 at the fp32 rate: CUDA-core efficiency
+    # a tensor-core peak is more than 4x fp32 (V100 and later); P100's 2x fp16, or fp16 at the fp32 rate:
+    # CUDA-core efficiency
+    if gpu.fp16_flops <= 4 * gpu.fp32_flops:
         return {"conv": peak * compute_efficiency, "matmul": peak * compute_efficiency}
     return {k: peak * tensor_core_efficiency[k] for k in ("conv", "matmul")}
 
@@ -212,10 +205,6 @@ def _cast_params(model: torch.nn.Module, params: list) -> list:
     (normalisation and embedding layers run with their float32 weights)."""
     kinds = (torch.nn.modules.conv._ConvNd, torch.nn.Linear)
     return [p for p in params if isinstance(model.get_submodule(p.owner), kinds)]
-
-
-def _component(k: int) -> Callable[[Any, Any], float]:
-    return lambda a, b: float(b[k] - a[k])
 
 
 def _meta_batch(model_name: str, batch_size: int, dtype: torch.dtype, model_kwargs: dict) -> tuple:
@@ -284,9 +273,9 @@ def estimate_trace(model_name: str, batch_size: int, gpu: str | GpuSpec = "V100"
     finally:
         recorder.close()
 
-    order, fwd, bwd = attribute(resolve(raw, _component(0)), params, view)
-    _, fwd_flops, bwd_flops = attribute(resolve(raw, _component(1)), params, view)
-    _, fwd_bytes, bwd_bytes = attribute(resolve(raw, _component(2)), params, view)
+    # per component of the stamps: seconds, FLOPs, bytes
+    (order, fwd, bwd), (_, fwd_flops, bwd_flops), (_, fwd_bytes, bwd_bytes) = (
+        attribute(resolve(raw, lambda a, b, k=k: float(b[k] - a[k])), params, view) for k in range(3))
     if amp:
         # master-weight casts (forward, and the gradient back in backward): one memory-bound kernel per
         # cast tensor and pass, 2 + 4 bytes per element, in its layer

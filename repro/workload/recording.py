@@ -173,10 +173,8 @@ def attribute(tl: IterationTimeline, params: list[Param], view: str
     else:
         position = {u: i for i, u in enumerate(order)}
         first_tensor: dict[str, str] = {}
-        for p in params:
-            cur = first_tensor.get(p.owner)
-            if cur is None or position[p.name] < position[cur]:
-                first_tensor[p.owner] = p.name
+        for p in sorted(params, key=lambda q: position[q.name]):
+            first_tensor.setdefault(p.owner, p.name)
         for owner, s in per_module.items():
             forward[first_tensor[owner]] += s
     return order, forward, backward
