@@ -155,10 +155,6 @@ def _write_into(real: Path, shown: Path, data: bytes) -> None:
         os.close(fd)
 
 
-def _temp_name(real: Path) -> Path:
-    return real.parent / f".repro-{uuid.uuid4().hex[:8]}.tmp{real.suffix[:16]}"
-
-
 def _umask() -> int:
     """This process's umask, read from ``/proc/self/status`` where it can be (without changing it)."""
     try:
@@ -211,7 +207,7 @@ def output_file(path: str | os.PathLike) -> Iterator[Path]:
         os.close(fd)
         tmp = Path(name)
     else:
-        tmp = _temp_name(real)
+        tmp = real.parent / f".repro-{uuid.uuid4().hex[:8]}.tmp{real.suffix[:16]}"
     try:
         yield tmp
         if special:

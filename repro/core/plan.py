@@ -42,10 +42,6 @@ PHASES = ("backward", "next_forward", "background")
 DEFAULT_FAMILY = "allreduce"
 
 
-def _finite_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
 @dataclass(frozen=True)
 class Message:
     """One collective the communication stream runs for a bucket: what, in which phase, how urgent."""
@@ -59,7 +55,8 @@ class Message:
             raise PlanError(f"unknown collective '{self.collective}'; known: {', '.join(known_collectives())}")
         if self.phase not in PHASES:
             raise PlanError(f"unknown phase '{self.phase}'; known: {', '.join(PHASES)}")
-        if not _finite_number(self.priority):
+        p = self.priority
+        if isinstance(p, bool) or not isinstance(p, (int, float)) or not math.isfinite(p):
             raise PlanError(f"message priority must be a finite number, got {self.priority!r}")
         object.__setattr__(self, "priority", float(self.priority))
 

@@ -87,8 +87,6 @@ class Realism:
         ``overheads.update_s = update_s_per_byte x gradient bytes`` (``trace`` itself if unchanged)."""
         if self.compute_scale == 1.0 and (self.update_s_per_byte == 0.0 or trace.overheads.update_s > 0):
             return trace
-        from repro.core.trace import Overheads
-
         layers = trace.layers
         if self.compute_scale != 1.0:
             k = self.compute_scale
@@ -96,8 +94,7 @@ class Realism:
                       for layer in layers]
         o = trace.overheads
         if self.update_s_per_byte > 0 and o.update_s == 0:
-            o = Overheads(pre_forward_s=o.pre_forward_s, straggler_s=o.straggler_s,
-                          update_s=self.update_s_per_byte * float(trace.total_bytes))
+            o = replace(o, update_s=self.update_s_per_byte * float(trace.total_bytes))
         return trace.replace_layers(layers, overheads=o)
 
     def scaled_to_measured(self, trace: Any, measured_iteration_s: float) -> "Realism":

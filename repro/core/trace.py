@@ -123,7 +123,7 @@ class Trace:
         _check_top(self.to_dict_header())
         if not self.layers:
             raise TraceError("trace field 'layers' is empty: a trace needs at least one layer")
-        names = [layer.name for layer in self.layers]
+        names = tuple(layer.name for layer in self.layers)
         if len(set(names)) != len(names):
             dup = sorted({n for n in names if names.count(n) > 1})[:3]
             raise TraceError(f"trace field 'layers' has duplicate layer names: {dup}")
@@ -139,7 +139,6 @@ class Trace:
                 raise TraceError(f"trace field 'layers[*].{key}' adds up to {ranges.show(total)} for the model, "
                                  f"outside the plausible range {q.range_text()}")
         # Views read many times by planners and the simulator: computed once, handed out read-only.
-        names = tuple(layer.name for layer in self.layers)
         cache = {"names": names, "index": {n: i for i, n in enumerate(names)}}
         for key, attr, dtype in (("forward", "forward_s", float), ("backward", "backward_s", float),
                                  ("bytes", "bytes", float), ("params", "params", np.int64)):

@@ -46,14 +46,9 @@ _MEMORY: dict[str, tuple[float, float]] = {
     "H100": (3.35e12, 0.85), "H200": (4.8e12, 0.85), "P102": (440.3e9, 0.85),
 }
 
-
-def _scaled_gamma(device: str) -> float:
-    bw, eff = _MEMORY[device]
-    ref_bw, ref_eff = _MEMORY[_PUBLISHED_TOPK_DEVICE]
-    return PUBLISHED_TOPK_GAMMA_S * (ref_bw * ref_eff) / (bw * eff)
-
-
-TOPK_DEVICES: dict[str, float] = {name: _scaled_gamma(name) for name in _MEMORY}
+_REF_BW, _REF_EFF = _MEMORY[_PUBLISHED_TOPK_DEVICE]
+TOPK_DEVICES: dict[str, float] = {name: PUBLISHED_TOPK_GAMMA_S * (_REF_BW * _REF_EFF) / (bw * eff)
+                                  for name, (bw, eff) in _MEMORY.items()}
 
 
 def _device_key(device: str) -> str:

@@ -155,9 +155,8 @@ def cross_validate(rows: pd.DataFrame, grid_pred: Mapping[str, Mapping[Point, np
             d = rows[held][["network", "model", "scheduler", "gpus", "iteration_s"]].copy()
             d.insert(0, "held_out", str(v))
             d.insert(0, "split", split)
-            d["before_s"] = before[held]
-            d["no_terms_s"] = no_terms[held]
-            d["after_s"] = after[held]
+            for k, pred in (("before", before), ("no_terms", no_terms), ("after", after)):
+                d[f"{k}_s"] = pred[held]
             for k in ("before", "no_terms", "after"):
                 d[f"{k}_error"] = d[f"{k}_s"] / d.iteration_s - 1
             pt = d.network.map(points)
@@ -183,18 +182,16 @@ def split_table(cv: pd.DataFrame, base: Mapping[str, Calibration] | None = None)
     base = dict(base or base_calibrations())
     out = []
     for (split, v), d in cv.groupby(["split", "held_out"], sort=False):
-        b, nt, a = _stats(d.before_error), _stats(d.no_terms_error), _stats(d.after_error)
-        row = {"split": split, "held_out": v, "rows": b["rows"],
+        row = {"split": split, "held_out": v, "rows": len(d),
                "a1_s": float(d[TERMS[0]].iloc[0]), "a2_s": float(d[TERMS[1]].iloc[0])}
         for net in sorted(base):
             if f"a0_factor_{net}" in d:
                 row[f"a0_s_{net}"] = float(d[f"a0_factor_{net}"].iloc[0]) * base[net].realism.message_overhead_s
                 row[f"contention_{net}"] = float(d[f"contention_factor_{net}"].iloc[0]) * base[net].realism.contention
-        row.update({"before_median": b["median_abs_error"], "before_max": b["max_abs_error"],
-                    "before_within_10pct": b["within_10pct"], "no_terms_median": nt["median_abs_error"],
-                    "no_terms_max": nt["max_abs_error"], "no_terms_within_10pct": nt["within_10pct"],
-                    "after_median": a["median_abs_error"], "after_max": a["max_abs_error"],
-                    "after_within_10pct": a["within_10pct"]})
+        for k in ("before", "no_terms", "after"):
+            s = _stats(d[f"{k}_error"])
+            row.update({f"{k}_median": s["median_abs_error"], f"{k}_max": s["max_abs_error"],
+                        f"{k}_within_10pct": s["within_10pct"]})
         out.append(row)
     return pd.DataFrame(out)
 

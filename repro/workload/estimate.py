@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
+from torch.utils._pytree import tree_leaves, tree_map
 from torch.utils.flop_counter import FlopCounterMode, flop_registry
 
 from repro.workload.models import build_model, compute_loss, get_spec, make_batch
@@ -200,24 +200,6 @@ def _flop_rates(gpu: GpuSpec, dtype: str, compute_efficiency: float, tf32_conv: 
     return {k: peak * tensor_core_efficiency[k] for k in ("conv", "matmul")}
 
 
-def _cast_params(model: torch.nn.Module, params: list) -> list:
-    """The parameters autocast casts to 16 bits in forward: those of convolutions and linear layers
-    (normalisation and embedding layers run with their float32 weights)."""
-    kinds = (torch.nn.modules.conv._ConvNd, torch.nn.Linear)
-    return [p for p in params if isinstance(model.get_submodule(p.owner), kinds)]
-
-
-def _meta_batch(model_name: str, batch_size: int, dtype: torch.dtype, model_kwargs: dict) -> tuple:
-    inputs, targets = make_batch(model_name, batch_size, device="meta", **model_kwargs)
-
-    def cast(t: Any) -> Any:
-        return t.to(dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() else t
-
-    if isinstance(inputs, dict):
-        return {k: cast(v) for k, v in inputs.items()}, targets
-    return cast(inputs), targets
-
-
 def estimate_trace(model_name: str, batch_size: int, gpu: str | GpuSpec = "V100", view: str = "module",
                    dtype: str = "float32", *, forward_from_backward: float | None = None,
                    compute_efficiency: float | None = None,
@@ -261,7 +243,8 @@ def estimate_trace(model_name: str, batch_size: int, gpu: str | GpuSpec = "V100"
 
     torch_dtype = DTYPES[dtype]
     model = build_model(model_name, device="meta", **model_kwargs).to(torch_dtype)
-    inputs, targets = _meta_batch(model_name, batch_size, torch_dtype, model_kwargs)
+    inputs, targets = make_batch(model_name, batch_size, device="meta", **model_kwargs)
+    inputs = tree_map(lambda t: t.to(torch_dtype) if t.is_floating_point() else t, inputs)   # a tensor or a dict
     params = learnable_params(model)
     amp = amp and dtype != "float32"
     mode = _RooflineMode(spec, dtype, compute_efficiency, memory_efficiency, kernel_overhead_s, amp=amp,
@@ -278,11 +261,13 @@ def estimate_trace(model_name: str, batch_size: int, gpu: str | GpuSpec = "V100"
         attribute(resolve(raw, lambda a, b, k=k: float(b[k] - a[k])), params, view) for k in range(3))
     if amp:
         # master-weight casts (forward, and the gradient back in backward): one memory-bound kernel per
-        # cast tensor and pass, 2 + 4 bytes per element, in its layer
+        # cast tensor and pass, 2 + 4 bytes per element, in its layer. Autocast casts the parameters of
+        # convolutions and linear layers (normalisation and embedding layers run with their float32 weights).
         cast_units = {u: 0.0 for u in order}
-        for p in _cast_params(model, params):
-            u = p.name if view == "tensor" else unit_name(p.owner)
-            cast_units[u] += p.tensor.numel() * 6 / mode.byte_rate + kernel_overhead_s
+        for p in params:
+            if isinstance(model.get_submodule(p.owner), (torch.nn.modules.conv._ConvNd, torch.nn.Linear)):
+                u = p.name if view == "tensor" else unit_name(p.owner)
+                cast_units[u] += p.tensor.numel() * 6 / mode.byte_rate + kernel_overhead_s
         fwd = {u: fwd[u] + cast_units[u] for u in order}
         bwd = {u: bwd[u] + cast_units[u] for u in order}
     if forward_from_backward is not None:

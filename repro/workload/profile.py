@@ -125,18 +125,17 @@ def profile_model(model: str | nn.Module | None = None, batch_size: int | None =
     if not isinstance(model, str):
         raise ValueError(f"model must be a registry name (str) or a torch.nn.Module, got "
                          f"{type(model).__name__}")
-    if batch is not None or loss_fn is not None or name is not None:
-        given = [k for k, v in (("batch", batch), ("loss_fn", loss_fn), ("name", name)) if v is not None]
+    given = [k for k, v in (("batch", batch), ("loss_fn", loss_fn), ("name", name)) if v is not None]
+    if given:
         raise ValueError(f"{', '.join(given)} apply to a torch.nn.Module; registry model {model!r} makes its own "
                          "batch and loss (give batch_size)")
     if batch_size is None:
         raise ValueError(f"batch_size is needed for registry model {model!r}")
     model_name = model
-    device = "cpu" if device is None else device
     get_spec(model_name)
     _check_view(view)
     amp_dtype = _check_autocast(autocast)
-    dev = _check_device(device)
+    dev = _check_device("cpu" if device is None else device)
     if not isinstance(batch_size, int) or batch_size <= 0:
         raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
     _check_counts(warmup, iters)
