@@ -179,11 +179,7 @@ def _first_tensor(obj: Any) -> torch.Tensor | None:
     if isinstance(obj, torch.Tensor):
         return obj
     values = obj.values() if isinstance(obj, dict) else obj if isinstance(obj, (tuple, list)) else ()
-    for v in values:
-        t = _first_tensor(v)
-        if t is not None:
-            return t
-    return None
+    return next((t for t in map(_first_tensor, values) if t is not None), None)
 
 
 def _batch_size_of(x: Any) -> int:
