@@ -627,14 +627,16 @@ def settings_text(claim: Mapping[str, Any], table: str | None, results_dir: Path
                                          if k in params and not isinstance(params[k], (list, dict))})
     paper = dict(spec.get("paper") or {})
     parts, differs = [], []
-    for label, key in wanted.items():
-        ours = params.get(key)
+
+    def setting(label: str, ours: Any) -> None:  # ours beside the paper's value where the claim gives one
         text = f"{label} {'not recorded' if ours is None else _setting_value(ours)}"
-        if label in paper:
-            if ours is None or not _same_setting(ours, paper[label]):
-                differs.append(label)
-                text += f" (paper {_setting_value(paper[label])})"
+        if label in paper and (ours is None or not _same_setting(ours, paper[label])):
+            differs.append(label)
+            text += f" (paper {_setting_value(paper[label])})"
         parts.append(text)
+
+    for label, key in wanted.items():
+        setting(label, params.get(key))
     col = spec.get("seeds")
     if col and df is not None and col not in df.columns and "seed" in df.columns:
         col = "seed"  # per-seed rows where the claim named a summary's count column
@@ -647,17 +649,8 @@ def settings_text(claim: Mapping[str, Any], table: str | None, results_dir: Path
             parts.append("seeds not recorded")
     judged_at = (claim.get("measured") or claim.get("simulated") or {}).get("where") or {}
     for label in paper:
-        if label in wanted:
-            continue
-        if label in judged_at:  # the value the verdict's metric selects (e.g. one density of a sweep)
-            same = _same_setting(judged_at[label], paper[label])
-            if not same:
-                differs.append(label)
-            parts.append(f"{label} {_setting_value(judged_at[label])}"
-                         + ("" if same else f" (paper {_setting_value(paper[label])})"))
-            continue
-        differs.append(label)
-        parts.append(f"{label} not recorded (paper {_setting_value(paper[label])})")
+        if label not in wanted:  # the value the verdict's metric selects (e.g. one density of a sweep)
+            setting(label, judged_at.get(label))
     out = ", ".join(parts) or "no settings recorded"
     if paper and not differs:
         return out + "; at the paper's setting"
