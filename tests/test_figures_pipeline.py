@@ -601,7 +601,7 @@ def test_runner_refuses_a_kernel_without_repro(demo_manifest, tmp_path, monkeypa
 def test_heartbeat_says_elapsed_time_and_cell(tmp_path):
     import time as _time
 
-    from repro.figures.runner import _Heartbeat
+    from repro.figures.runner import _heartbeat
 
     executed = tmp_path / "nb.ipynb"
     executed.write_text(json.dumps({"cells": [
@@ -610,13 +610,13 @@ def test_heartbeat_says_elapsed_time_and_cell(tmp_path):
         {"cell_type": "code", "metadata": {"papermill": {"status": "running"}}},
         {"cell_type": "code", "metadata": {"papermill": {"status": "pending"}}}]}))
     said: list[str] = []
-    with _Heartbeat("[2/3] nb.ipynb:", executed, said.append, every=0.05):
+    with _heartbeat("[2/3] nb.ipynb:", executed, said.append, every=0.05):
         _time.sleep(0.3)
     assert said and all(re.fullmatch(r"\[2/3\] nb\.ipynb: running \d+ s, cell 2/3", m) for m in said), said
     n = len(said)
     _time.sleep(0.15)
     assert len(said) == n, "stops with the notebook"
-    with _Heartbeat("x:", tmp_path / "absent.ipynb", said.append, every=0):
+    with _heartbeat("x:", tmp_path / "absent.ipynb", said.append, every=0):
         _time.sleep(0.1)
     assert len(said) == n, "every=0 says nothing"
 

@@ -11,9 +11,10 @@ import json
 import math
 import re
 import warnings
+from collections import defaultdict
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -177,16 +178,18 @@ def _load_file(path: str) -> tuple[str, tuple[dict[str, Any], ...]]:
 def load_claims(paper: str, directory: str | Path | None = None) -> list[dict[str, Any]]:
     """The claims of ``paper`` (``mgwfbp``, ``omgs``, ``dear``, ``osp``), validated; :class:`ClaimsError`
     for an unknown paper or a malformed file."""
-    d = Path(directory) if directory is not None else claims_dir()
-    p = d / f"{paper}.yaml"
+    p = _claims_file(paper, directory)
     if not p.is_file():
         raise ClaimsError(f"no claims file for paper {paper!r}: {p} (known: {', '.join(PAPERS)})")
     return [dict(c) for c in _load_file(str(p.resolve()))[1]]
 
 
 def paper_title(paper: str, directory: str | Path | None = None) -> str:
-    d = Path(directory) if directory is not None else claims_dir()
-    return _load_file(str((d / f"{paper}.yaml").resolve()))[0]
+    return _load_file(str(_claims_file(paper, directory).resolve()))[0]
+
+
+def _claims_file(paper: str, directory: str | Path | None) -> Path:
+    return (Path(directory) if directory is not None else claims_dir()) / f"{paper}.yaml"
 
 
 def all_claims(directory: str | Path | None = None) -> list[dict[str, Any]]:
@@ -294,6 +297,24 @@ def _groups(metric: Mapping[str, Any], df: pd.DataFrame) -> list[tuple[str, pd.D
             for key, g in df.groupby(by, sort=False)]
 
 
+def _per_group(metric: Mapping[str, Any], df: pd.DataFrame, side: Callable[[pd.DataFrame], Any]) -> list | None:
+    """``(combined, at)`` per ``by`` group: ``as`` of ``side`` (a statistic of rows, None for none) on the
+    group's ``num`` and ``den`` rows, where both have one; None when a ``by`` column is missing."""
+    groups = _groups(metric, df)
+    if groups is None:
+        return None
+    how = str(metric.get("as", "ratio"))
+    out = []
+    for at, g in groups:
+        num, den = _filter(g, metric["num"]), _filter(g, metric["den"])
+        if num is None or den is None:
+            continue
+        a, b = side(num), side(den)
+        if a is not None and b is not None:
+            out.append((_combine(a, b, how), at))
+    return out
+
+
 def _reduce(found: list[tuple[float, str]], how: str) -> tuple[float, str]:
     if how == "median":
         return float(np.median([v for v, _ in found])), f"median of {len(found)}"
@@ -339,21 +360,8 @@ def _metric_value(metric: Mapping[str, Any], df: pd.DataFrame) -> dict[str, Any]
     if "num" not in metric:
         v = _agg(df[value], agg)
         return None if v is None else {"value": v, "at": "", "table": str(metric["table"])}
-    how = str(metric.get("as", "ratio"))
-    groups = _groups(metric, df)
-    if groups is None:
-        return None
-    found: list[tuple[float, str]] = []
-    for at, g in groups:
-        num, den = _filter(g, metric["num"]), _filter(g, metric["den"])
-        if num is None or den is None:
-            continue
-        a, b = _agg(num[value], agg), _agg(den[value], agg)
-        if a is None or b is None or ((how in ("ratio", "pct")) and b == 0):
-            continue
-        v = float(_combine(a, b, how))
-        if math.isfinite(v):
-            found.append((v, at))
+    per_group = _per_group(metric, df, lambda rows: _agg(rows[value], agg))
+    found = [(float(v), at) for v, at in per_group or [] if math.isfinite(v)]  # x/0: inf or NaN, dropped
     if not found:
         return None
     v, at = _reduce(found, str(metric.get("reduce", "max")))
@@ -383,15 +391,16 @@ def _cell_medians(side: pd.DataFrame, cells: list[str], pair: str, value: str, p
     return out
 
 
+_NAN_STATS = {"min": np.nanmin, "max": np.nanmax, "mean": np.nanmean, "median": np.nanmedian}
+
+
 def _side_stat(cells: list[np.ndarray], agg: str) -> np.ndarray | None:
     if not cells:
         return None
     m = np.vstack(cells)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
-        if agg in ("min", "max", "mean", "median"):
-            return {"min": np.nanmin, "max": np.nanmax, "mean": np.nanmean, "median": np.nanmedian}[agg](m, axis=0)
-        return m[0]  # first
+        return _NAN_STATS[agg](m, axis=0) if agg in _NAN_STATS else m[0]  # else: first
 
 
 def _bootstrap(metric: Mapping[str, Any], df: pd.DataFrame) -> dict[str, Any] | None:
@@ -408,29 +417,17 @@ def _bootstrap(metric: Mapping[str, Any], df: pd.DataFrame) -> dict[str, Any] | 
     rng = np.random.default_rng(BOOTSTRAP_SEED)
     draws = np.vstack([np.arange(n)[None, :], rng.integers(0, n, size=(BOOTSTRAP_RESAMPLES, n))])
     agg = str(metric.get("agg", "median"))
-    table = str(metric["table"])
+    cells = list(metric.get("cells") or dict.fromkeys([*metric.get("num", {}), *metric.get("den", {})]))
+
+    def side(rows: pd.DataFrame) -> np.ndarray | None:  # per draw; None for no rows
+        return _side_stat(_cell_medians(rows, cells, pair, value, pairs, draws), agg)
+
     if "num" not in metric:
-        cells = list(metric.get("cells") or [])
-        stat = _side_stat(_cell_medians(df, cells, pair, value, pairs, draws), agg)
-        per_group = None if stat is None else [(stat, "")]
+        stat = side(df)
+        found = [] if stat is None else [(stat, "")]
     else:
-        how = str(metric.get("as", "ratio"))
-        cells = list(metric.get("cells") or dict.fromkeys([*metric["num"], *metric["den"]]))
-        groups = _groups(metric, df)
-        if groups is None:
-            return None
-        per_group = []
-        for at, g in groups:
-            num, den = _filter(g, metric["num"]), _filter(g, metric["den"])
-            if num is None or den is None or num.empty or den.empty:
-                continue
-            a = _side_stat(_cell_medians(num, cells, pair, value, pairs, draws), agg)
-            b = _side_stat(_cell_medians(den, cells, pair, value, pairs, draws), agg)
-            if a is None or b is None:
-                continue
-            per_group.append((np.asarray(_combine(a, b, how), float), at))
-    per_group = [(np.where(np.isfinite(v), v, np.nan), at) for v, at in (per_group or [])
-                 if math.isfinite(float(v[0]))]
+        found = _per_group(metric, df, side) or []
+    per_group = [(np.where(np.isfinite(v), v, np.nan), at) for v, at in found if math.isfinite(float(v[0]))]
     if not per_group:
         return None
     red = str(metric.get("reduce", "max"))
@@ -438,13 +435,13 @@ def _bootstrap(metric: Mapping[str, Any], df: pd.DataFrame) -> dict[str, Any] | 
     m = np.vstack([v for v, _ in per_group])
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
-        stats = {"max": np.nanmax, "min": np.nanmin, "median": np.nanmedian}[red](m, axis=0)[1:]
+        stats = _NAN_STATS[red](m, axis=0)[1:]
     stats = stats[np.isfinite(stats)]
     if stats.size == 0:
         return None
     half = 100.0 * (1.0 - BOOTSTRAP_LEVEL) / 2.0
     low, high = (float(x) for x in np.percentile(stats, [half, 100.0 - half]))
-    return {"value": point, "at": at, "table": table, "low": low, "high": high, "samples": n}
+    return {"value": point, "at": at, "table": str(metric["table"]), "low": low, "high": high, "samples": n}
 
 
 def metric_key(metric: Mapping[str, Any] | None) -> str:
@@ -548,15 +545,8 @@ def format_number(value: float | None, unit: str = "") -> str:
     """``1.31x``, ``+23.1%``, ``-0.4 pts``, ``12 s``...; ``—`` for None."""
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "—"
-    if unit == "x":
-        return f"{value:.2f}x"
-    if unit == "%":
-        return f"{value:+.1f}%"
-    if unit == "pts":
-        return f"{value:+.1f} pts"
-    if unit in ("", None):
-        return f"{value:.3g}"
-    return f"{value:.3g} {unit}"
+    fmt = _UNIT_FORMATS.get(unit or "")
+    return fmt.format(value) if fmt else f"{value:.3g} {unit}"
 
 
 def format_interval(low: float, high: float, samples: int, unit: str = "") -> str:
@@ -564,6 +554,7 @@ def format_interval(low: float, high: float, samples: int, unit: str = "") -> st
     return f"[{format_number(low, unit)}, {format_number(high, unit)}], {samples} pair{'s' * (samples != 1)}"
 
 
+_UNIT_FORMATS = {"x": "{:.2f}x", "%": "{:+.1f}%", "pts": "{:+.1f} pts", "": "{:.3g}"}
 _NUMBER = re.compile(r"^[+-]?(\d+(\.\d*)?|\.\d+)")
 
 
@@ -573,15 +564,10 @@ def parse_number(text: str) -> float | None:
     return float(m.group(0)) if m else None
 
 
-class _Facts(dict):
-    def __missing__(self, key: str) -> str:
-        return "?"
-
-
 def _why(claim: Mapping[str, Any], facts: Mapping[str, Any]) -> str:
     text = " ".join(str(claim.get("why") or "").split())
     try:
-        return text.format_map(_Facts(facts))
+        return text.format_map(defaultdict(lambda: "?", facts))
     except (ValueError, IndexError):
         return text
 
@@ -641,14 +627,16 @@ def settings_text(claim: Mapping[str, Any], table: str | None, results_dir: Path
                                          if k in params and not isinstance(params[k], (list, dict))})
     paper = dict(spec.get("paper") or {})
     parts, differs = [], []
-    for label, key in wanted.items():
-        ours = params.get(key)
+
+    def setting(label: str, ours: Any) -> None:  # ours beside the paper's value where the claim gives one
         text = f"{label} {'not recorded' if ours is None else _setting_value(ours)}"
-        if label in paper:
-            if ours is None or not _same_setting(ours, paper[label]):
-                differs.append(label)
-                text += f" (paper {_setting_value(paper[label])})"
+        if label in paper and (ours is None or not _same_setting(ours, paper[label])):
+            differs.append(label)
+            text += f" (paper {_setting_value(paper[label])})"
         parts.append(text)
+
+    for label, key in wanted.items():
+        setting(label, params.get(key))
     col = spec.get("seeds")
     if col and df is not None and col not in df.columns and "seed" in df.columns:
         col = "seed"  # per-seed rows where the claim named a summary's count column
@@ -661,17 +649,8 @@ def settings_text(claim: Mapping[str, Any], table: str | None, results_dir: Path
             parts.append("seeds not recorded")
     judged_at = (claim.get("measured") or claim.get("simulated") or {}).get("where") or {}
     for label in paper:
-        if label in wanted:
-            continue
-        if label in judged_at:  # the value the verdict's metric selects (e.g. one density of a sweep)
-            same = _same_setting(judged_at[label], paper[label])
-            if not same:
-                differs.append(label)
-            parts.append(f"{label} {_setting_value(judged_at[label])}"
-                         + ("" if same else f" (paper {_setting_value(paper[label])})"))
-            continue
-        differs.append(label)
-        parts.append(f"{label} not recorded (paper {_setting_value(paper[label])})")
+        if label not in wanted:  # the value the verdict's metric selects (e.g. one density of a sweep)
+            setting(label, judged_at.get(label))
     out = ", ".join(parts) or "no settings recorded"
     if paper and not differs:
         return out + "; at the paper's setting"
@@ -756,10 +735,14 @@ def claims_table(results_dir: str | Path | None, papers: Sequence[str] = PAPERS,
     (``simulated``), the calibrated ones and measured (with its bootstrap interval), their ``*_text`` cells
     as the docs show them, both verdicts, ``why``, ``settings_text``, ``tables`` and the definitions'
     fingerprints. ``results_dir`` None (or without the tables): every number "not measured yet"."""
+    return pd.DataFrame(_evaluate_all([c for p in papers for c in load_claims(p, directory)], results_dir))
+
+
+def _evaluate_all(claims: list[dict[str, Any]], results_dir: str | Path | None) -> list[dict[str, Any]]:
+    """:func:`_evaluate` of each claim, the tables read once (no folder: none read)."""
     rd = Path(results_dir) if results_dir is not None else Path("/nonexistent-results-dir")
     cache: dict[str, Any] = {}
-    rows = [_evaluate(c, rd, cache) for p in papers for c in load_claims(p, directory)]
-    return pd.DataFrame(rows)
+    return [_evaluate(c, rd, cache) for c in claims]
 
 
 def figure_claims(figure_id: str, directory: str | Path | None = None) -> list[dict[str, Any]]:
@@ -789,16 +772,8 @@ def figure_verdicts(figure_id: str, results_dir: str | Path | None,
                     directory: str | Path | None = None) -> list[dict[str, str]]:
     """``[{"claim_id", "verdict", "line"}]`` for the claims shown by ``figure_id`` (empty when its paper
     makes no claim it shows), computed from the tables in ``results_dir``."""
-    claims = figure_claims(figure_id, directory)
-    if not claims:
-        return []
-    rd = Path(results_dir) if results_dir is not None else Path("/nonexistent-results-dir")
-    cache: dict[str, Any] = {}
-    out = []
-    for c in claims:
-        row = _evaluate(c, rd, cache)
-        out.append({"claim_id": row["claim_id"], "verdict": row["verdict"], "line": verdict_line(row)})
-    return out
+    return [{"claim_id": row["claim_id"], "verdict": row["verdict"], "line": verdict_line(row)}
+            for row in _evaluate_all(figure_claims(figure_id, directory), results_dir)]
 
 
 # -- docs

@@ -104,10 +104,6 @@ def _fresh(derived: Path, source: Path) -> bool:
 
 # -- tables
 
-def _table_names_in(data_dir: Path) -> list[str]:
-    return sorted(p.stem for p in data_dir.glob("*.csv")) if data_dir.is_dir() else []
-
-
 def _parse_time(value: Any) -> _dt.datetime | None:
     if not isinstance(value, str) or not value:
         return None
@@ -127,7 +123,7 @@ def _tables_in_time_window(data_dir: Path, executed: Path) -> list[str]:
         return []
     slack = _dt.timedelta(seconds=1)  # time_utc is rounded down to whole seconds
     names = []
-    for name in _table_names_in(data_dir):
+    for name in sorted(p.stem for p in data_dir.glob("*.csv")):
         meta = _read_json(data_dir / f"{name}.json") or {}
         t = _parse_time((meta.get("environment") or {}).get("time_utc"))
         if t is not None and start - slack <= t <= end + slack:
@@ -306,9 +302,7 @@ def collect_cards(out: str | Path, entries: Sequence[FigureEntry], *,
             card.error = "its run stopped part-way (no run record): interrupted"
         elif state == "failed" and problem:
             card.error = problem
-        png_ok = _png_problem(files["png"]) is None
-        pdf_ok = _pdf_problem(files["pdf"]) is None
-        if png_ok:
+        if _png_problem(files["png"]) is None:
             card.png = _rel(out, files["png"])
             thumb = out / "figures" / "thumbs" / files["png"].name
             try:
@@ -318,9 +312,9 @@ def collect_cards(out: str | Path, entries: Sequence[FigureEntry], *,
             except Exception as exc:  # a PNG Pillow cannot read: show the full picture instead
                 warn(f"warning: no thumbnail for {e.id}: {type(exc).__name__}: {exc}")
                 card.thumb = card.png
-        if pdf_ok:
+        if _pdf_problem(files["pdf"]) is None:
             card.pdf = _rel(out, files["pdf"])
-        side = _read_json(files["json"]) if files["json"].is_file() else None
+        side = _read_json(files["json"])
         if side:
             card.scale = str(side["scale"]) if side.get("scale") else None
             card.source = _source_text(side.get("source"))
@@ -341,17 +335,23 @@ def collect_cards(out: str | Path, entries: Sequence[FigureEntry], *,
 def _card_claims(out: Path, entry: FigureEntry, record: dict[str, Any] | None,
                  warn: Callable[[str], None]) -> list[dict[str, str]]:
     """The claim verdicts of ``entry``: those its run record holds (the runner stored them after the
-    notebook ran), else computed now from ``<out>/data`` (:func:`repro.figures.claims.figure_verdicts`)."""
-    stored = ((record or {}).get("claims") or {}).get(entry.id) if isinstance((record or {}).get("claims"), dict) \
-        else None
+    notebook ran), else computed now from ``<out>/data``."""
+    claims = (record or {}).get("claims")
+    stored = claims.get(entry.id) if isinstance(claims, dict) else None
     if isinstance(stored, list):
         return [{k: str(v.get(k, "")) for k in ("claim_id", "verdict", "line")} for v in stored if isinstance(v, dict)]
+    return _claim_verdicts(entry.id, out / "data", warn)
+
+
+def _claim_verdicts(figure_id: str, data_dir: Path, warn: Callable[[str], None]) -> list[dict[str, str]]:
+    """:func:`repro.figures.claims.figure_verdicts` from the tables in ``data_dir``; a broken claims file
+    costs a warning, not the run."""
     from .claims import ClaimsError, figure_verdicts
 
     try:
-        return figure_verdicts(entry.id, out / "data")
+        return figure_verdicts(figure_id, data_dir)
     except (ClaimsError, OSError, ValueError) as exc:
-        warn(f"warning: no claim verdict for {entry.id}: {' '.join(str(exc).split())[:200]}")
+        warn(f"warning: no claim verdict for {figure_id}: {' '.join(str(exc).split())[:200]}")
         return []
 
 
@@ -424,10 +424,24 @@ def _tables_label(card: Card) -> str:
     return f"tables of {card.entry.notebook}" if card.tables_rule == "notebook" else "data"
 
 
+def _links(c: Card, link: Callable[[str, str], str], text: Callable[[str], str], notebook: str) -> list[str]:
+    """A card's links (PNG, PDF, its tables, its notebook) in a page's markup: ``link(href, label)``,
+    ``text(words)``; ``notebook`` is the notebook's name as that page writes it."""
+    links = [link(path, kind) for path, kind in ((c.png, "PNG"), (c.pdf, "PDF")) if path]
+    if c.tables:
+        links.append(f"{text(_tables_label(c))}: " + ", ".join(link(t, Path(t).name) for t in c.tables))
+    links.append(f"notebook: {link(c.notebook_html, notebook) if c.notebook_html else text(notebook)}")
+    return links
+
+
 # -- Markdown
 
 def _md_cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
+
+
+def _md_link(href: str, label: str) -> str:
+    return f"[{label}]({_href(href)})"
 
 
 def _md_card(c: Card) -> str:
@@ -441,22 +455,10 @@ def _md_card(c: Card) -> str:
         parts.append(f"scale: {c.scale or '?'} · source: {_md_cell(c.source or '?')}")
     else:
         parts.append(f"kind: {_md_cell(e.kind)}")
-    links = []
-    if c.png:
-        links.append(f"[PNG]({_href(c.png)})")
-    if c.pdf:
-        links.append(f"[PDF]({_href(c.pdf)})")
-    if c.tables:
-        csvs = ", ".join(f"[{Path(t).name}]({_href(t)})" for t in c.tables)
-        links.append(f"{_tables_label(c)}: {csvs}")
-    if c.notebook_html:
-        links.append(f"notebook: [{_md_cell(e.notebook)}]({_href(c.notebook_html)})")
-    else:
-        links.append(f"notebook: {_md_cell(e.notebook)}")
-    parts.append(" · ".join(links))
+    parts.append(" · ".join(_links(c, _md_link, str, _md_cell(e.notebook))))
     if c.other_tables:
         parts.append(f"other tables of {_md_cell(e.notebook)}: "
-                     + ", ".join(f"[{Path(t).name}]({_href(t)})" for t in c.other_tables))
+                     + ", ".join(_md_link(t, Path(t).name) for t in c.other_tables))
     if c.tables_absent:
         parts.append("tables not found: " + ", ".join(c.tables_absent))
     for v in c.claims:
@@ -545,6 +547,10 @@ def _verdict_badge(verdict: str) -> str:
             f'(repro.figures.claims)">{html.escape(verdict)}</span>')
 
 
+def _html_link(href: str, label: str) -> str:
+    return f'<a href="{html.escape(_href(href))}">{html.escape(label)}</a>'
+
+
 def _html_card(c: Card) -> str:
     esc = html.escape
     e = c.entry
@@ -561,21 +567,9 @@ def _html_card(c: Card) -> str:
         out.append(f'<p class="meta">scale: {esc(c.scale or "?")} · source: {esc(c.source or "?")}</p>')
     else:
         out.append(f'<p class="meta">kind: {esc(e.kind)}</p>')
-    links = []
-    if c.png:
-        links.append(f'<a href="{esc(_href(c.png))}">PNG</a>')
-    if c.pdf:
-        links.append(f'<a href="{esc(_href(c.pdf))}">PDF</a>')
-    if c.tables:
-        csvs = ", ".join(f'<a href="{esc(_href(t))}">{esc(Path(t).name)}</a>' for t in c.tables)
-        links.append(f"{esc(_tables_label(c))}: {csvs}")
-    if c.notebook_html:
-        links.append(f'notebook: <a href="{esc(_href(c.notebook_html))}">{esc(e.notebook)}</a>')
-    else:
-        links.append(f"notebook: {esc(e.notebook)}")
-    out.append(f'<p class="links">{" · ".join(links)}</p>')
+    out.append(f'<p class="links">{" · ".join(_links(c, _html_link, esc, e.notebook))}</p>')
     if c.other_tables:
-        csvs = ", ".join(f'<a href="{esc(_href(t))}">{esc(Path(t).name)}</a>' for t in c.other_tables)
+        csvs = ", ".join(_html_link(t, Path(t).name) for t in c.other_tables)
         out.append(f'<details class="more"><summary>{len(c.other_tables)} other table(s) of '
                    f"{esc(e.notebook)}</summary><p>{csvs}</p></details>")
     if c.tables_absent:

@@ -80,22 +80,16 @@ def default_manifest_path() -> Path:
     return Path(__file__).resolve().parents[2] / "notebooks" / "figures.yaml"
 
 
-def _read_yaml(path: Path) -> Any:
+def _raw(path: str | Path | None) -> tuple[Path, dict[str, Any]]:
     import yaml
 
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ManifestError(f"figure manifest not found: {path}") from None
-    try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        raise ManifestError(f"{path}: not valid YAML: {e}") from None
-
-
-def _raw(path: str | Path | None) -> tuple[Path, dict[str, Any]]:
     p = Path(path) if path is not None else default_manifest_path()
-    data = _read_yaml(p)
+    try:
+        data = yaml.safe_load(p.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ManifestError(f"figure manifest not found: {p}") from None
+    except yaml.YAMLError as e:
+        raise ManifestError(f"{p}: not valid YAML: {e}") from None
     if not isinstance(data, dict) or not isinstance(data.get("figures"), list):
         raise ManifestError(f"{p}: expected a mapping with a 'figures' list")
     papers = data.get("papers") or {}

@@ -13,6 +13,7 @@ from __future__ import annotations
 import ast
 import copy
 import functools
+import itertools
 import json
 import os
 from dataclasses import dataclass
@@ -89,9 +90,7 @@ def parse_list(value: Any, item_type: type = str, *, name: str = "parameter", al
     single item; items are converted (``"16"`` -> 16) and checked against ``choices`` and ``check``
     (described by ``check_msg``). Anything else: a one-line :class:`ParameterError` naming ``name``.
     """
-    raw = value
-    value = _items(value, name)
-    out = [_convert(item, item_type, name, raw) for item in value]
+    out = [_convert(item, item_type, name, value) for item in _items(value, name)]
     if not out and not allow_empty:
         raise ParameterError(f"{name}: the list is empty; give at least one value, e.g. -p {name} '[...]'")
     for item in out:
@@ -134,11 +133,7 @@ def default_world_sizes(max_ranks: int = 4, cpus: int | None = None) -> list[int
     """Real rank counts for a tiny-scale run: 1 (the baseline) and powers of two up to
     ``min(max_ranks, cores)``, so no rank shares a core: ``[1, 2]`` on 2 cores, ``[1, 2, 4]`` on 4+."""
     limit = min(max_ranks, cpus if cpus is not None else available_cpus())
-    sizes, p = [1], 2
-    while p <= limit:
-        sizes.append(p)
-        p *= 2
-    return sizes
+    return [1, *itertools.takewhile(lambda p: p <= limit, (2 ** k for k in itertools.count(1)))]
 
 
 # -- schemas
@@ -163,11 +158,6 @@ def _items(value: Any, name: str) -> list:
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         return [value]
     raise ParameterError(f"{name}: expected a list, got {type(value).__name__} {raw!r}")
-
-
-def _strip_name(message: str, name: str) -> str:
-    prefix = f"{name}: "
-    return message[len(prefix):] if message.startswith(prefix) else message
 
 
 def _reject_bool(value: Any) -> Any:
@@ -273,15 +263,11 @@ def InputFolder(*keep: str) -> Any:
     return Annotated[Str, AfterValidator(lambda v: _input_folder(v, keep=words))]
 
 
-def _choices(choices: Iterable[Any] | Callable[[], Iterable[Any]]) -> list:
-    return list(choices() if callable(choices) else choices)
-
-
 def OneOf(choices: Iterable[Any] | Callable[[], Iterable[Any]], item: Any = None) -> Any:
     """A value (default type: :data:`Name`) that must be one of ``choices`` (a sequence, or a callable
     returning one, read when validating: a registry)."""
     def check(value: Any) -> Any:
-        allowed = _choices(choices)
+        allowed = list(choices() if callable(choices) else choices)
         if value not in allowed:
             raise PydanticCustomError("unknown_choice", f"unknown value {value!r}; choose from "
                                       f"{', '.join(map(str, allowed))}")
@@ -298,7 +284,7 @@ def ListOf(item: Any, *, min_length: int = 1, max_length: int | None = None) -> 
         try:
             items = _items(value, name)
         except ParameterError as e:
-            raise PydanticCustomError("not_a_list", _strip_name(str(e), name)) from None
+            raise PydanticCustomError("not_a_list", str(e).removeprefix(f"{name}: ")) from None
         if len(items) < min_length:
             if not items:
                 raise PydanticCustomError("empty_list", "the list is empty; give at least one value, e.g. -p {name} "
@@ -408,7 +394,8 @@ class NotebookParams(BaseModel):
 
 def parameter_error(name: str, message: str) -> PydanticCustomError:
     """An error for a schema's model validator (checks across parameters), naming ``name``."""
-    return PydanticCustomError("parameter", "{name}: {message}", {"name": name, "message": _strip_name(message, name)})
+    return PydanticCustomError("parameter", "{name}: {message}",
+                               {"name": name, "message": message.removeprefix(f"{name}: ")})
 
 
 def _short(value: Any, limit: int = 120) -> str:
@@ -427,7 +414,7 @@ def _range_note(schema: type[NotebookParams] | None, name: str, error: Mapping[s
     if field is None:
         return ""
     where = schema.notebook or "this notebook"
-    if error.get("type") == "long_list" or error.get("type") == "short_list":
+    if error.get("type") in ("long_list", "short_list"):
         length = list_length(field)
         if length is None:
             return ""
@@ -454,7 +441,7 @@ def _error_line(error: Mapping[str, Any], data: Mapping[str, Any],
     if not loc:  # a model validator: its message names the parameter(s)
         return message
     name = str(loc[0])
-    message = _strip_name(message, name) + _range_note(schema, name, error)
+    message = message.removeprefix(f"{name}: ") + _range_note(schema, name, error)
     if error.get("type") == "missing":
         return f"{name}: missing"
     raw = data.get(name, error.get("input"))

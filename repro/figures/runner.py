@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
+import functools
 import json
 import math
 import os
@@ -26,8 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
-from .gallery import (figure_problem, notebook_html_path, render_notebook_html, run_record_path, write_index,
-                      write_run_record)
+from .gallery import (_claim_verdicts, figure_problem, notebook_html_path, render_notebook_html, run_record_path,
+                      write_index, write_run_record)
 from .manifest import STATUSES, FigureEntry, ManifestError, done_notebooks, load_manifest, paper_titles
 
 __all__ = ["FiguresError", "FiguresInputError", "check_notebook_parameters", "RunReport", "KERNEL_NAME",
@@ -200,14 +201,8 @@ def missing_figures(entries: Sequence[FigureEntry], notebooks: Iterable[str],
     """Descriptions of the declared figures of ``notebooks`` that are not whole (see
     :func:`repro.figures.gallery.figure_problem`: PNG decodes, PDF complete, sidecar present)."""
     nbs = set(notebooks)
-    problems = []
-    for e in entries:
-        if not (e.done and e.notebook in nbs):
-            continue
-        problem = figure_problem(e.files(figures_dir))
-        if problem:
-            problems.append(f"{problem} ({e.id}, from {e.notebook})")
-    return problems
+    problems = ((e, figure_problem(e.files(figures_dir))) for e in entries if e.done and e.notebook in nbs)
+    return [f"{problem} ({e.id}, from {e.notebook})" for e, problem in problems if problem]
 
 
 def _install_hint(name: str) -> str:
@@ -264,30 +259,27 @@ def _cell_progress(executed: Path) -> str:
     return ""
 
 
-class _Heartbeat:
-    """Says every ``every`` seconds how long a notebook has been running (and which cell), until stopped."""
+@contextmanager
+def _heartbeat(prefix: str, executed: Path, say: Callable[[str], None], every: float):
+    """Says every ``every`` seconds (0: never) how long a notebook has been running (and which cell),
+    until the block ends."""
+    t0 = time.perf_counter()
+    stop = threading.Event()
 
-    def __init__(self, prefix: str, executed: Path, say: Callable[[str], None], every: float):
-        self.prefix, self.executed, self.say, self.every = prefix, executed, say, every
-        self.t0 = time.perf_counter()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="repro-figures-heartbeat", daemon=True)
+    def loop() -> None:
+        while not stop.wait(every):
+            cell = _cell_progress(executed)
+            say(f"{prefix} running {_duration(time.perf_counter() - t0)}" + (f", {cell}" if cell else ""))
 
-    def __enter__(self) -> "_Heartbeat":
-        if self.every > 0:
-            self._thread.start()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join()
-
-    def _loop(self) -> None:
-        while not self._stop.wait(self.every):
-            cell = _cell_progress(self.executed)
-            self.say(f"{self.prefix} running {_duration(time.perf_counter() - self.t0)}"
-                     + (f", {cell}" if cell else ""))
+    thread = threading.Thread(target=loop, name="repro-figures-heartbeat", daemon=True)
+    if every > 0:
+        thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        if thread.is_alive():
+            thread.join()
 
 
 def _duration(seconds: float) -> str:
@@ -295,19 +287,12 @@ def _duration(seconds: float) -> str:
     return f"{s} s" if s < 60 else f"{s // 60}m{s % 60:02d}s"
 
 
-_ENGINE = "repro-nbclient"
-_ENGINE_REGISTERED = False
-
-
+@functools.cache
 def _engine() -> str:
     """Name of papermill's nbclient engine, registered on first use, with one change: on Ctrl-C the kernel
     gets SIGKILL before the client is torn down. (papermill interrupts it and asks it to shut down at once;
     the kernel then answers on the closed socket and prints a zmq traceback.)"""
-    global _ENGINE_REGISTERED
-    if _ENGINE_REGISTERED:
-        return _ENGINE
     import signal
-    from contextlib import contextmanager as _contextmanager
 
     from nbclient.util import ensure_async, run_sync
     from papermill.clientwrap import PapermillNotebookClient
@@ -316,7 +301,7 @@ def _engine() -> str:
     from papermill.utils import merge_kwargs, remove_args
 
     class Client(PapermillNotebookClient):
-        @_contextmanager
+        @contextmanager
         def setup_kernel(self, **kwargs: Any):
             with super().setup_kernel(**kwargs):
                 try:
@@ -345,9 +330,8 @@ def _engine() -> str:
                 stdout_file=stdout_file, stderr_file=stderr_file)
             return Client(nb_man, **final_kwargs).execute()
 
-    papermill_engines.register(_ENGINE, Engine)
-    _ENGINE_REGISTERED = True
-    return _ENGINE
+    papermill_engines.register("repro-nbclient", Engine)
+    return "repro-nbclient"
 
 
 def _execute(src: Path, dst: Path, params: dict[str, Any], cwd: Path, kernel_name: str,
@@ -357,13 +341,10 @@ def _execute(src: Path, dst: Path, params: dict[str, Any], cwd: Path, kernel_nam
     from papermill.exceptions import PapermillExecutionError
 
     dst.parent.mkdir(parents=True, exist_ok=True)
-    kwargs: dict[str, Any] = {}
-    if execution_timeout is not None:
-        kwargs["execution_timeout"] = execution_timeout
     try:
         pm.execute_notebook(str(src), str(dst), parameters=params, kernel_name=kernel_name,
                             engine_name=_engine(), cwd=str(cwd), progress_bar=False, log_output=log_output,
-                            **kwargs)
+                            execution_timeout=execution_timeout)
     except PapermillExecutionError as e:
         evalue = " ".join(str(e.evalue).split())[:300]
         return f"{src.name} failed in cell {e.exec_count}: {e.ename}: {evalue} (see {dst.with_suffix('.html')})"
@@ -378,18 +359,8 @@ def figure_claim_verdicts(entries: Sequence[FigureEntry], data_dir: Path,
                           say: Callable[[str], None] = _say) -> dict[str, list[dict[str, str]]]:
     """Figure id -> :func:`repro.figures.claims.figure_verdicts` from the tables in ``data_dir``, for the
     figures of ``entries`` that show a claim; a broken claims file costs a warning, not the run."""
-    from .claims import ClaimsError, figure_verdicts
-
-    out: dict[str, list[dict[str, str]]] = {}
-    for e in entries:
-        try:
-            v = figure_verdicts(e.id, data_dir)
-        except (ClaimsError, OSError, ValueError) as exc:
-            say(f"warning: no claim verdict for {e.id}: {' '.join(str(exc).split())[:200]}")
-            continue
-        if v:
-            out[e.id] = v
-    return out
+    verdicts = ((e.id, _claim_verdicts(e.id, data_dir, say)) for e in entries)
+    return {fid: v for fid, v in verdicts if v}
 
 
 def _record_interrupted(out: Path, nb: str, params: dict[str, Any], kernel_name: str, started: _dt.datetime,
@@ -453,20 +424,18 @@ def _run_locked(out: Path, entries: Sequence[FigureEntry], notebooks: list[str],
     n = len(notebooks)
     for i, nb in enumerate(notebooks, 1):
         declared = [e for e in entries if e.done and e.notebook == nb]
-        for e in declared:  # stale files from an earlier run must not pass the check
-            for p in e.files(fig_dir).values():
-                p.unlink(missing_ok=True)
         src = declared[0].notebook_path
         dst = nb_out / nb
-        for stale in (dst, notebook_html_path(out, nb), run_record_path(out, nb)):
-            stale.unlink(missing_ok=True)
+        figures = [p for e in declared for p in e.files(fig_dir).values()]
+        for stale in (*figures, dst, notebook_html_path(out, nb), run_record_path(out, nb)):
+            stale.unlink(missing_ok=True)  # stale files from an earlier run must not pass the check
         prefix = f"[{i}/{n}] {nb}:"
         say(f"{prefix} {len(declared)} figure(s), running ...")
         before = _table_stamps(data_dir)
         started = _dt.datetime.now(_dt.timezone.utc)
         t0 = time.perf_counter()
         try:
-            with _Heartbeat(prefix, dst, say, heartbeat_s):
+            with _heartbeat(prefix, dst, say, heartbeat_s):
                 err = _execute(src, dst, nb_params[nb], src.parent, kernel_name, log_output, execution_timeout)
         except KeyboardInterrupt:  # Ctrl-C: the record and the gallery say "interrupted", then exit 130
             _record_interrupted(out, nb, nb_params[nb], kernel_name, started, time.perf_counter() - t0,
@@ -595,12 +564,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             _print_manifest(load_manifest(args.manifest, check_files=False),
                             paper_titles(args.manifest), args.status)
-    except (FiguresInputError, ManifestError) as e:  # bad input: nothing was written, nothing ran
+    except (FiguresError, ManifestError) as e:  # bad input (2): nothing was written, nothing ran
         print(f"repro.figures: error: {' '.join(str(e).split())}", file=sys.stderr)
-        return 2
-    except FiguresError as e:
-        print(f"repro.figures: error: {' '.join(str(e).split())}", file=sys.stderr)
-        return 1
+        return 2 if isinstance(e, (FiguresInputError, ManifestError)) else 1
     except OSError as e:  # e.g. the disk filled up or a folder vanished mid-run: one line, not a traceback
         where = f" ({e.filename})" if getattr(e, "filename", None) else ""
         print(f"repro.figures: error: {e.strerror or e}{where}", file=sys.stderr)

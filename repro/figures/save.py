@@ -55,10 +55,7 @@ def png_size(path: str | Path) -> tuple[int, int]:
 
 
 def _suptitle(fig) -> str:
-    getter = getattr(fig, "get_suptitle", None)
-    if getter is not None:
-        return getter()
-    st = getattr(fig, "_suptitle", None)
+    st = getattr(fig, "_suptitle", None)  # what Figure.get_suptitle (matplotlib >= 3.8) reads
     return st.get_text() if st is not None else ""
 
 
@@ -124,9 +121,7 @@ def save_figure(fig, fig_id: str, out_dir: str | Path, *, scale: str, source: st
         raise ValueError(f"caption must be a string, got {type(caption).__name__}")
     if paper_numbers is not None and not isinstance(paper_numbers, str):
         raise ValueError(f"paper_numbers must be a string or None, got {type(paper_numbers).__name__}")
-    if isinstance(tables, str):
-        tables = [tables]
-    tables = list(tables)
+    tables = [tables] if isinstance(tables, str) else list(tables)
     if not all(isinstance(t, str) and _STEM_RE.match(t) for t in tables):
         raise ValueError(f"tables must be result table names (plain file stems), got {tables!r}")
     stem = figure_stem(fig_id) if stem is None else stem
