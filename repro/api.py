@@ -294,11 +294,8 @@ class _Door:
 
     # ---- the executor in use ----
     def _start(self, plan: Plan | None) -> None:
-        sched = get_scheduler(self.scheduler) if self.scheduler else None
-        if sched is None:  # a plan given on its own: its family's executor
-            cls = get_family(plan.family).executor_class()
-        else:
-            cls = sched.executor_class()
+        cls = (get_scheduler(self.scheduler) if self.scheduler  # a plan given on its own: its family's executor
+               else get_family(plan.family)).executor_class()
         self.plan = plan
         before, forward_hooks = _grad_hook_keys(self.model), _forward_pre_hook_count(self.model)
         self.ex = cls(self.model, plan, self.options, **self.executor_options)
@@ -309,10 +306,8 @@ class _Door:
                             self.ex.module.register_forward_hook(self._after_forward)]
         self._check_compiled()
         takes_scaler = "grad_scaler" in inspect.signature(self.ex.wrap_optimizer).parameters
-        if self.grad_scaler is not None and takes_scaler:  # the family unscales and skips itself
-            self.run_opt = self.ex.wrap_optimizer(self.inner, grad_scaler=self.grad_scaler)
-        else:
-            self.run_opt = self.ex.wrap_optimizer(self.inner)
+        scaler = {"grad_scaler": self.grad_scaler} if self.grad_scaler is not None and takes_scaler else {}
+        self.run_opt = self.ex.wrap_optimizer(self.inner, **scaler)  # with a scaler: the family unscales and skips
 
     def _check_compiled(self) -> None:
         """Refuse an executor that acts in its forward pre-hooks (DeAR and ByteScheduler apply the last
@@ -430,11 +425,9 @@ class _Door:
         if self.synchronized:
             return
         self._stamp("backward_end")
+        self.ex.after_backward()
         if getattr(self.run_opt, "_step_supports_amp_scaling", False) and hasattr(self.run_opt, "synchronize"):
-            self.ex.after_backward()
             self.run_opt.synchronize()  # the family's own (DeAR, ByteScheduler finish their exchange here)
-        else:
-            self.ex.after_backward()
         self.synchronized = True
 
     def step(self, closure: Callable[[], Any] | None, outer: torch.optim.Optimizer) -> Any:
@@ -1079,10 +1072,8 @@ def _sizes_trace(model: nn.Module, view: str) -> Any:
     with their gradient sizes and no times: what a planner that plans from sizes alone needs."""
     from repro.core.trace import Layer, Trace
 
-    layers = []
-    for name, params in layer_parameters(model, view).items():
-        numel = sum(p.numel() for _, p in params)
-        layers.append(Layer(name, numel, sum(p.numel() * p.element_size() for _, p in params), 0.0, 0.0))
+    layers = [Layer(name, sum(p.numel() for _, p in params), sum(p.numel() * p.element_size() for _, p in params),
+                    0.0, 0.0) for name, params in layer_parameters(model, view).items()]
     dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
     return Trace(type(model).__name__, 1, str(next(model.parameters()).device), dtype, layers,
                  extra={"source": "parameter sizes", "view": view})
