@@ -281,12 +281,12 @@ class _CommonConfig:
         if bad:
             raise ValueError(f"model '{self.model}' does not take {', '.join(bad)} (it takes: "
                              f"{', '.join(spec.kwargs) or 'nothing'})")
-        for name in ("seq_len", "num_classes"):
+        for name, quantity in MODEL_KWARG_RANGES.items():
             v = self.model_kwargs.get(name)
-            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
-                raise ValueError(f"{name} must be a positive integer, got {v!r}")
             if v is not None:
-                ranges.check(MODEL_KWARG_RANGES[name], v, _flag(name), what="option")
+                if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                    raise ValueError(f"{name} must be a positive integer, got {v!r}")
+                ranges.check(quantity, v, _flag(name), what="option")
 
     @property
     def checkpointing(self) -> bool:
