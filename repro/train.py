@@ -46,8 +46,6 @@ from repro.core.families import get_family
 from repro.log import get_logger
 from repro.core.plan import Plan, check_plan_workers
 from repro.results.runs import ProgressWriter, prepare_run
-from repro.families.baselines.executors import LocalExecutor
-from repro.runtime.executor import Executor
 from repro.runtime.online import StepTimes, measured_trace, sync_device
 from repro.core.schedulers import get_scheduler
 from repro.core.trace import Trace
@@ -93,32 +91,27 @@ class _Precision:
         return torch.amp.GradScaler(self.device_type) if self.amp == "fp16" else None
 
 
-def _step(ex: Executor, opt: torch.optim.Optimizer, batch, loss_of, device: torch.device, precision: _Precision,
-          scaler: Any = None) -> StepTimes:
-    """One training step under the executor contract, its stamps host enqueue times on a GPU (the
-    device is synchronised only before and after the step). The forward and loss run under
-    ``precision``'s autocast; ``scaler``: its GradScaler (fp16), which scales the loss and steps ``opt``
-    (the update's phase then holds its unscale and inf/nan check)."""
+def _timed_step(module: nn.Module, opt: Any, batch, loss_of, device: torch.device, precision: _Precision,
+                scaler: Any = None) -> tuple[float, float, torch.Tensor]:
+    """One training step as a user's loop makes it (zero_grad, forward, backward, step) between two
+    device synchronisations: ``(start, end, loss)``, host ``perf_counter`` seconds. The forward and
+    loss run under ``precision``'s autocast; ``scaler`` (fp16): the GradScaler loop,
+    ``scaler.scale(loss).backward(); scaler.step(opt); scaler.update()``, its work inside the step."""
     x, y = batch
     opt.zero_grad(set_to_none=True)
     sync_device(device)
     t0 = time.perf_counter()
-    ex.before_forward()
-    tf = time.perf_counter()
     with precision.autocast():
-        loss = loss_of(ex.module, x, y)
-    tb = time.perf_counter()
-    (scaler.scale(loss) if scaler is not None else loss).backward()
-    tw = time.perf_counter()
-    ex.after_backward()
-    tu = time.perf_counter()
+        loss = loss_of(module, x, y)
     if scaler is not None:
+        scaler.scale(loss).backward()
         scaler.step(opt)
         scaler.update()
     else:
+        loss.backward()
         opt.step()
     sync_device(device)
-    return StepTimes(t0, tf, tb, tw, tu, time.perf_counter(), float(loss.detach()))
+    return t0, time.perf_counter(), loss
 
 
 # ---------------------------------------------------------------------------------------------
@@ -194,24 +187,9 @@ def _door_step(dopt: Any, batch, loss_of, device: torch.device, precision: _Prec
     ``wrap_after_warmup``); its phase stamps are the door's (``dopt.last_stamps``): when the device reached
     each phase (synchronised stamps in the warm-up, where they make the trace; CUDA events after it on
     a GPU), so the phase columns of ``iterations.csv`` and the in-run trace are device times.
-    ``precision``/``scaler`` (``--amp``): the forward and loss under autocast, and for fp16 the GradScaler
-    loop, ``scaler.scale(loss).backward(); scaler.step(dopt); scaler.update()``; the step's end stamp
-    is after ``update()``, so the iteration time holds the scaler's work. The recorded loss is unscaled."""
-    x, y = batch
-    dopt.zero_grad(set_to_none=True)
-    sync_device(device)
-    t0 = time.perf_counter()
-    with precision.autocast():
-        loss = loss_of(dopt.module, x, y)
-    if scaler is not None:
-        scaler.scale(loss).backward()
-        scaler.step(dopt)
-        scaler.update()
-    else:
-        loss.backward()
-        dopt.step()
-    sync_device(device)
-    end = time.perf_counter()
+    ``precision``/``scaler`` (``--amp``): as :func:`_timed_step`; the step's end stamp is after
+    ``update()``, so the iteration time holds the scaler's work. The recorded loss is unscaled."""
+    t0, end, loss = _timed_step(dopt.module, dopt, batch, loss_of, device, precision, scaler)
     s = dopt.last_stamps
     return StepTimes(s.get("start", t0), s.get("forward_start", t0), s.get("backward_start", t0),
                      s.get("backward_end", end), s.get("exchange_end", end), end, float(loss.detach()))
@@ -307,7 +285,11 @@ def run_training(ctx, cfg: TrainConfig) -> tuple[nn.Module, dict[str, Any]]:
     # warmup_steps steps measure the trace under exact SyncEASGD steps, then it plans online ----
     scaler = precision.scaler()  # --amp fp16: the loop's GradScaler (None otherwise)
     _, dopt = _distribute(cfg, model, opt, ranks, scaler)
-    ckpt = _checkpointer(cfg, run_id, ranks) if cfg.checkpointing else None
+    ckpt = None
+    if cfg.checkpointing:  # every training rank (a collective when it makes a gloo group)
+        ckpt = Checkpointer(cfg.results_dir, run_id, every_min=cfg.checkpoint_every_min,
+                            stop_at_step=cfg.checkpoint_stop_at_step, group=ranks.group, first=ranks.first,
+                            rank=ranks.rank, size=ranks.size)
     resumed = ckpt.load(asdict(cfg), (Path(cfg.results_dir) / run_id / "run.json").is_file(), device) \
         if ckpt is not None else None
     if resumed is None:
@@ -404,14 +386,13 @@ def run_training(ctx, cfg: TrainConfig) -> tuple[nn.Module, dict[str, Any]]:
     if cfg.compute_steps:
         solo = copy.deepcopy(model)
         solo_opt = _make_optimizer(cfg, solo.parameters())
-        alone = LocalExecutor(solo)
         solo_scaler = precision.scaler()  # the same precision as the timed steps (fp16: a scaler of its own)
         if solo_scaler is not None and scaler is not None:
             solo_scaler.load_state_dict(scaler.state_dict())  # from the run's scale, not from 2**16 again
         for i in range(cfg.compute_steps + 1):  # the first one warms the momentum buffers up
-            st = _step(alone, solo_opt, data.next(), loss_of, device, precision, solo_scaler)
+            start, end, _ = _timed_step(solo, solo_opt, data.next(), loss_of, device, precision, solo_scaler)
             if i:
-                compute_times.append(st.end - st.start)
+                compute_times.append(end - start)
         del solo, solo_opt
 
     inrun_trace = None
@@ -434,13 +415,6 @@ def run_training(ctx, cfg: TrainConfig) -> tuple[nn.Module, dict[str, Any]]:
     if ranks.servers:
         summary = _share_summary(summary, ranks)
     return model, summary
-
-
-def _checkpointer(cfg: TrainConfig, run_id: str, ranks: _Ranks) -> Checkpointer:
-    """The run's in-run checkpoints (every training rank; a collective when it makes a gloo group)."""
-    return Checkpointer(cfg.results_dir, run_id, every_min=cfg.checkpoint_every_min,
-                        stop_at_step=cfg.checkpoint_stop_at_step, group=ranks.group, first=ranks.first,
-                        rank=ranks.rank, size=ranks.size)
 
 
 def _collect_server_tables(tables: dict[str, list], ranks: _Ranks) -> dict[str, list]:

@@ -465,15 +465,12 @@ def build_parser(*, suppress_defaults: bool = False) -> argparse.ArgumentParser:
             kw["choices"] = list(f.metadata["choices"])
         kind = f.metadata.get("kind")
         if kind is bool or (isinstance(default, bool) and default):
-            p.add_argument(flag, action=argparse.BooleanOptionalAction, **kw)
+            kw["action"] = argparse.BooleanOptionalAction
         elif isinstance(default, bool):
-            p.add_argument(flag, action="store_true", **kw)
-        elif kind is not None:
-            p.add_argument(flag, type=kind, **kw)
-        elif default is None:
-            p.add_argument(flag, type=str, **kw)
+            kw["action"] = "store_true"
         else:
-            p.add_argument(flag, type=type(default), **kw)
+            kw["type"] = kind if kind is not None else str if default is None else type(default)
+        p.add_argument(flag, **kw)
     p.add_argument("--seq-len", type=int, help="sequence length of the BERT and LSTM models (positive; default: "
                                                "the model's)")
     p.add_argument("--backend", choices=["gloo", "nccl"], help="force a backend (default: nccl with CUDA, else gloo)")
