@@ -93,13 +93,9 @@ def _is_compiled(model: nn.Module) -> bool:
 
 
 def _model_refusal(model: nn.Module, optimizer: torch.optim.Optimizer) -> str | None:
-    """Why no scheduler can train ``model`` with ``optimizer`` (one sentence), or None: a model repro already
-    distributed (it carries the package's ``no_sync``), a model with no trainable parameter, parameters on
-    several devices (every executor keeps a rank's buffers on the model's one device), parameters or
-    buffers on the meta device (no values to train or to broadcast), or trainable parameters in the
-    optimizer that are not the model's (nothing would exchange their gradients, so each rank would
-    update them alone and the replicas would drift apart; DDP accepts them silently). Reads only the
-    model and the optimizer, so every rank decides alike, before any collective."""
+    """Why no scheduler can train ``model`` with ``optimizer`` (one sentence, each case's reason in its
+    message; DDP accepts foreign trainable parameters silently), or None. Reads only the model and the
+    optimizer, so every rank decides alike, before any collective."""
     held = model.__dict__.get("no_sync")
     if isinstance(getattr(held, "__self__", None), _Door):  # the no_sync distribute attached
         return ("the model is already distributed by repro (an earlier repro.distribute returned it): keep using "
@@ -164,12 +160,9 @@ def _from_this_package(frame: Any) -> bool:
 
 def _refuse_direct_steps(optimizer: torch.optim.Optimizer, door: "_Door") -> None:
     """While ``door`` is live (until ``remove()``, or until nothing holds it), ``step()`` of the optimizer
-    given to distribute is refused unless this package calls it (the returned optimizer, finishing the
-    exchange first; the executors' per-bucket and deferred updates): stepped by the user's loop it would
-    update with this rank's own gradients, the exchange still in flight, and the next backward would
-    fail deep inside the executor. Stepping the returned optimizer next finishes the refused iteration.
-    The hook holds the door weakly: an optimizer kept after its door is gone keeps none of the
-    executor's buffers alive."""
+    given to distribute is refused unless this package calls it: stepped by the user's loop it would
+    update with this rank's own gradients, the exchange still in flight. Stepping the returned optimizer
+    next finishes the refused iteration. The hook holds the door weakly (keeps no buffers alive)."""
     live = weakref.ref(door)
 
     def before_step(opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:

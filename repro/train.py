@@ -213,8 +213,6 @@ def _make_optimizer(cfg: TrainConfig, params) -> torch.optim.Optimizer:
     from repro.training.config import OPTIMIZERS
 
     name = cfg.optimizer.lower()
-    if name == "adamw":
-        return torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
     if name == "sgd":
         return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
     cls_name = OPTIMIZERS.get(name, cfg.optimizer)
