@@ -482,10 +482,7 @@ class _Door:
 
     @property
     def last_stamps(self) -> dict[str, float]:
-        """The last training step's phase stamps (``start``, ``forward_start``, ``backward_start``,
-        ``backward_end``, ``exchange_end``), seconds on the host ``perf_counter`` base: when the device
-        reached each point (on a GPU after the warm-up, CUDA events read back here: one device
-        synchronize) or the host did (on a CPU, where the two are the same)."""
+        """:attr:`DistributedOptimizer.last_stamps` (a GPU's CUDA events read back here: one device synchronize)."""
         stamps = dict(self._last_stamps)
         if any(v is None for v in stamps.values()):
             ready = self._phase_clock.resolve()
