@@ -756,8 +756,10 @@ def distribute(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: st
     run = _choose(scheduler, model, view)  # the scheduler, or a given plan (which fits the model)
     _check_placement(run, model, options, grad_scaler, dedicated_servers, wrap_after_warmup)
     _check_options(run, model, options, wire_dtype)
-    if run.alone:  # nothing to exchange, no network to plan for
-        _run_alone(run, network, cost)
+    if run.alone:  # nothing to exchange, no network to plan for: _one_rank_scheduler's baseline, with no options
+        run.name = _one_rank_scheduler(run.name, run.sched, network, cost)
+        run.sched, run.plan_now = get_scheduler(run.name), False
+        run.planner_options, run.executor_options = {}, {}
     _check_executor_can_run(run, model)
     network_cost = _network_cost(network, cost, run.trainers)
     # the plan (every check is made: the collectives start here, on every rank alike)
@@ -1009,13 +1011,6 @@ def _check_wire(run: _Run, model: nn.Module, wire_dtype: Any) -> str | None:
         return check_wire_dtype(wire_dtype, run.sched, sorted(own))
     except ValueError as e:
         _fail(str(e))
-
-
-def _run_alone(run: _Run, network: Any, cost: Any) -> None:
-    """A job of one rank: ``run`` becomes :func:`_one_rank_scheduler`'s baseline, with no options."""
-    run.name = _one_rank_scheduler(run.name, run.sched, network, cost)
-    run.sched, run.plan_now = get_scheduler(run.name), False
-    run.planner_options, run.executor_options = {}, {}
 
 
 def _network_cost(network: str | None, cost: Any, trainers: int) -> CostModel | None:
