@@ -93,13 +93,9 @@ def _is_compiled(model: nn.Module) -> bool:
 
 
 def _model_refusal(model: nn.Module, optimizer: torch.optim.Optimizer) -> str | None:
-    """Why no scheduler can train ``model`` with ``optimizer`` (one sentence), or None: a model repro already
-    distributed (it carries the package's ``no_sync``), a model with no trainable parameter, parameters on
-    several devices (every executor keeps a rank's buffers on the model's one device), parameters or
-    buffers on the meta device (no values to train or to broadcast), or trainable parameters in the
-    optimizer that are not the model's (nothing would exchange their gradients, so each rank would
-    update them alone and the replicas would drift apart; DDP accepts them silently). Reads only the
-    model and the optimizer, so every rank decides alike, before any collective."""
+    """Why no scheduler can train ``model`` with ``optimizer`` (one sentence, each case's reason in its
+    message; DDP accepts foreign trainable parameters silently), or None. Reads only the model and the
+    optimizer, so every rank decides alike, before any collective."""
     held = model.__dict__.get("no_sync")
     if isinstance(getattr(held, "__self__", None), _Door):  # the no_sync distribute attached
         return ("the model is already distributed by repro (an earlier repro.distribute returned it): keep using "
@@ -164,12 +160,9 @@ def _from_this_package(frame: Any) -> bool:
 
 def _refuse_direct_steps(optimizer: torch.optim.Optimizer, door: "_Door") -> None:
     """While ``door`` is live (until ``remove()``, or until nothing holds it), ``step()`` of the optimizer
-    given to distribute is refused unless this package calls it (the returned optimizer, finishing the
-    exchange first; the executors' per-bucket and deferred updates): stepped by the user's loop it would
-    update with this rank's own gradients, the exchange still in flight, and the next backward would
-    fail deep inside the executor. Stepping the returned optimizer next finishes the refused iteration.
-    The hook holds the door weakly: an optimizer kept after its door is gone keeps none of the
-    executor's buffers alive."""
+    given to distribute is refused unless this package calls it: stepped by the user's loop it would
+    update with this rank's own gradients, the exchange still in flight. Stepping the returned optimizer
+    next finishes the refused iteration. The hook holds the door weakly (keeps no buffers alive)."""
     live = weakref.ref(door)
 
     def before_step(opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
@@ -294,11 +287,8 @@ class _Door:
 
     # ---- the executor in use ----
     def _start(self, plan: Plan | None) -> None:
-        sched = get_scheduler(self.scheduler) if self.scheduler else None
-        if sched is None:  # a plan given on its own: its family's executor
-            cls = get_family(plan.family).executor_class()
-        else:
-            cls = sched.executor_class()
+        cls = (get_scheduler(self.scheduler) if self.scheduler  # a plan given on its own: its family's executor
+               else get_family(plan.family)).executor_class()
         self.plan = plan
         before, forward_hooks = _grad_hook_keys(self.model), _forward_pre_hook_count(self.model)
         self.ex = cls(self.model, plan, self.options, **self.executor_options)
@@ -309,10 +299,8 @@ class _Door:
                             self.ex.module.register_forward_hook(self._after_forward)]
         self._check_compiled()
         takes_scaler = "grad_scaler" in inspect.signature(self.ex.wrap_optimizer).parameters
-        if self.grad_scaler is not None and takes_scaler:  # the family unscales and skips itself
-            self.run_opt = self.ex.wrap_optimizer(self.inner, grad_scaler=self.grad_scaler)
-        else:
-            self.run_opt = self.ex.wrap_optimizer(self.inner)
+        scaler = {"grad_scaler": self.grad_scaler} if self.grad_scaler is not None and takes_scaler else {}
+        self.run_opt = self.ex.wrap_optimizer(self.inner, **scaler)  # with a scaler: the family unscales and skips
 
     def _check_compiled(self) -> None:
         """Refuse an executor that acts in its forward pre-hooks (DeAR and ByteScheduler apply the last
@@ -430,11 +418,9 @@ class _Door:
         if self.synchronized:
             return
         self._stamp("backward_end")
+        self.ex.after_backward()
         if getattr(self.run_opt, "_step_supports_amp_scaling", False) and hasattr(self.run_opt, "synchronize"):
-            self.ex.after_backward()
             self.run_opt.synchronize()  # the family's own (DeAR, ByteScheduler finish their exchange here)
-        else:
-            self.ex.after_backward()
         self.synchronized = True
 
     def step(self, closure: Callable[[], Any] | None, outer: torch.optim.Optimizer) -> Any:
@@ -496,10 +482,7 @@ class _Door:
 
     @property
     def last_stamps(self) -> dict[str, float]:
-        """The last training step's phase stamps (``start``, ``forward_start``, ``backward_start``,
-        ``backward_end``, ``exchange_end``), seconds on the host ``perf_counter`` base: when the device
-        reached each point (on a GPU after the warm-up, CUDA events read back here: one device
-        synchronize) or the host did (on a CPU, where the two are the same)."""
+        """:attr:`DistributedOptimizer.last_stamps` (a GPU's CUDA events read back here: one device synchronize)."""
         stamps = dict(self._last_stamps)
         if any(v is None for v in stamps.values()):
             ready = self._phase_clock.resolve()
@@ -773,8 +756,10 @@ def distribute(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: st
     run = _choose(scheduler, model, view)  # the scheduler, or a given plan (which fits the model)
     _check_placement(run, model, options, grad_scaler, dedicated_servers, wrap_after_warmup)
     _check_options(run, model, options, wire_dtype)
-    if run.alone:  # nothing to exchange, no network to plan for
-        _run_alone(run, network, cost)
+    if run.alone:  # nothing to exchange, no network to plan for: _one_rank_scheduler's baseline, with no options
+        run.name = _one_rank_scheduler(run.name, run.sched, network, cost)
+        run.sched, run.plan_now = get_scheduler(run.name), False
+        run.planner_options, run.executor_options = {}, {}
     _check_executor_can_run(run, model)
     network_cost = _network_cost(network, cost, run.trainers)
     # the plan (every check is made: the collectives start here, on every rank alike)
@@ -1028,13 +1013,6 @@ def _check_wire(run: _Run, model: nn.Module, wire_dtype: Any) -> str | None:
         _fail(str(e))
 
 
-def _run_alone(run: _Run, network: Any, cost: Any) -> None:
-    """A job of one rank: ``run`` becomes :func:`_one_rank_scheduler`'s baseline, with no options."""
-    run.name = _one_rank_scheduler(run.name, run.sched, network, cost)
-    run.sched, run.plan_now = get_scheduler(run.name), False
-    run.planner_options, run.executor_options = {}, {}
-
-
 def _network_cost(network: str | None, cost: Any, trainers: int) -> CostModel | None:
     """The cost model ``network`` (a preset for ``trainers`` ranks) or ``cost`` (a CostModel or its file)
     gives, or None (the family fits one on the live group)."""
@@ -1079,10 +1057,8 @@ def _sizes_trace(model: nn.Module, view: str) -> Any:
     with their gradient sizes and no times: what a planner that plans from sizes alone needs."""
     from repro.core.trace import Layer, Trace
 
-    layers = []
-    for name, params in layer_parameters(model, view).items():
-        numel = sum(p.numel() for _, p in params)
-        layers.append(Layer(name, numel, sum(p.numel() * p.element_size() for _, p in params), 0.0, 0.0))
+    layers = [Layer(name, sum(p.numel() for _, p in params), sum(p.numel() * p.element_size() for _, p in params),
+                    0.0, 0.0) for name, params in layer_parameters(model, view).items()]
     dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
     return Trace(type(model).__name__, 1, str(next(model.parameters()).device), dtype, layers,
                  extra={"source": "parameter sizes", "view": view})

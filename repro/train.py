@@ -33,6 +33,7 @@ import os
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, Sequence
 
 import torch
@@ -45,8 +46,6 @@ from repro.core.families import get_family
 from repro.log import get_logger
 from repro.core.plan import Plan, check_plan_workers
 from repro.results.runs import ProgressWriter, prepare_run
-from repro.families.baselines.executors import LocalExecutor
-from repro.runtime.executor import Executor
 from repro.runtime.online import StepTimes, measured_trace, sync_device
 from repro.core.schedulers import get_scheduler
 from repro.core.trace import Trace
@@ -92,44 +91,27 @@ class _Precision:
         return torch.amp.GradScaler(self.device_type) if self.amp == "fp16" else None
 
 
-def _step(ex: Executor, opt: torch.optim.Optimizer, batch, loss_of, device: torch.device, *,
-          sync_phases: bool = False, precision: _Precision | None = None, scaler: Any = None) -> StepTimes:
-    """One training step under the executor contract. ``sync_phases`` synchronises the device between
-    phases (exact phase times on a GPU, used while measuring the trace): each stamp is then the host
-    ``perf_counter`` right after the device finished the phase, the time base the executor's clock
-    resolves its CUDA-event gradient-ready times to (:mod:`repro.runtime.clock`), so the trace's gaps
-    are device times. Without it the stamps are host enqueue times on a GPU (the in-run trace).
-    ``precision``: the forward and loss under its autocast; ``scaler``: its GradScaler (fp16), which
-    scales the loss and steps ``opt`` (the update's phase then holds its unscale and inf/nan check)."""
+def _timed_step(module: nn.Module, opt: Any, batch, loss_of, device: torch.device, precision: _Precision,
+                scaler: Any = None) -> tuple[float, float, torch.Tensor]:
+    """One training step as a user's loop makes it (zero_grad, forward, backward, step) between two
+    device synchronisations: ``(start, end, loss)``, host ``perf_counter`` seconds. The forward and
+    loss run under ``precision``'s autocast; ``scaler`` (fp16): the GradScaler loop,
+    ``scaler.scale(loss).backward(); scaler.step(opt); scaler.update()``, its work inside the step."""
     x, y = batch
     opt.zero_grad(set_to_none=True)
     sync_device(device)
     t0 = time.perf_counter()
-    ex.before_forward()
-    if sync_phases:
-        sync_device(device)
-    tf = time.perf_counter()
-    if precision is not None:
-        with precision.autocast():
-            loss = loss_of(ex.module, x, y)
-    else:
-        loss = loss_of(ex.module, x, y)
-    if sync_phases:
-        sync_device(device)
-    tb = time.perf_counter()
-    (scaler.scale(loss) if scaler is not None else loss).backward()
-    tw = time.perf_counter()
-    ex.after_backward()
-    if sync_phases:
-        sync_device(device)
-    tu = time.perf_counter()
+    with precision.autocast():
+        loss = loss_of(module, x, y)
     if scaler is not None:
+        scaler.scale(loss).backward()
         scaler.step(opt)
         scaler.update()
     else:
+        loss.backward()
         opt.step()
     sync_device(device)
-    return StepTimes(t0, tf, tb, tw, tu, time.perf_counter(), float(loss.detach()))
+    return t0, time.perf_counter(), loss
 
 
 # ---------------------------------------------------------------------------------------------
@@ -178,7 +160,6 @@ def _distribute(cfg: TrainConfig, model: nn.Module, opt: torch.optim.Optimizer, 
     a step with an inf/nan gradient, and backs the scale off, together."""
     from repro.api import distribute
 
-    sched = get_scheduler(cfg.scheduler)
     kw: dict[str, Any] = {"warmup_steps": max(1, cfg.warmup_steps), "view": cfg.view, "fit_repeats": cfg.fit_repeats,
                           "record_timeline": cfg.record_timeline, "model_name": cfg.model,
                           "dedicated_servers": ranks.servers, "wrap_after_warmup": True}
@@ -187,53 +168,31 @@ def _distribute(cfg: TrainConfig, model: nn.Module, opt: torch.optim.Optimizer, 
     if cfg.network is not None:  # a preset name, or a cost file (its name wins, as everywhere)
         kw["cost" if Path(cfg.network).is_file() else "network"] = cfg.network
     if cfg.plan is not None:  # a given plan, executed as it is (the door checks it fits the model)
-        plan = Plan.load(cfg.plan)
-        check_plan_workers(plan, ranks.size, cfg.plan)  # a plan for P=3 never runs silently on 2 ranks
-        options = {name: getattr(cfg, name) for name in get_family(plan.family).executor_options
-                   if getattr(cfg, name) is not None}  # what its family's executor takes (e.g. engine)
-        return distribute(model, opt, plan, **kw, **options)
-    options = {name: getattr(cfg, name) for name in sched.planner_options + sched.executor_options
-               if getattr(cfg, name) is not None}
-    if cfg.wire_dtype:
-        kw["wire_dtype"] = cfg.wire_dtype
-    return distribute(model, opt, cfg.scheduler, **kw, **options)
+        scheduler = Plan.load(cfg.plan)
+        check_plan_workers(scheduler, ranks.size, cfg.plan)  # a plan for P=3 never runs silently on 2 ranks
+        takes = get_family(scheduler.family).executor_options  # what its family's executor takes (e.g. engine)
+    else:
+        sched, scheduler = get_scheduler(cfg.scheduler), cfg.scheduler
+        takes = sched.planner_options + sched.executor_options
+        if cfg.wire_dtype:
+            kw["wire_dtype"] = cfg.wire_dtype
+    options = {name: getattr(cfg, name) for name in takes if getattr(cfg, name) is not None}
+    return distribute(model, opt, scheduler, **kw, **options)
 
 
-def _door_step(dopt: Any, batch, loss_of, device: torch.device, precision: _Precision | None = None,
+def _door_step(dopt: Any, batch, loss_of, device: torch.device, precision: _Precision,
                scaler: Any = None) -> StepTimes:
     """One training step as a user's loop makes it (zero_grad, forward, backward, step) with the door's
     optimizer and the module it says to call (``dopt.module``: a wrapping executor's after the warm-up,
     ``wrap_after_warmup``); its phase stamps are the door's (``dopt.last_stamps``): when the device reached
     each phase (synchronised stamps in the warm-up, where they make the trace; CUDA events after it on
     a GPU), so the phase columns of ``iterations.csv`` and the in-run trace are device times.
-    ``precision``/``scaler`` (``--amp``): the forward and loss under autocast, and for fp16 the GradScaler
-    loop, ``scaler.scale(loss).backward(); scaler.step(dopt); scaler.update()``; the step's end stamp
-    is after ``update()``, so the iteration time holds the scaler's work. The recorded loss is unscaled."""
-    x, y = batch
-    dopt.zero_grad(set_to_none=True)
-    sync_device(device)
-    t0 = time.perf_counter()
-    if precision is not None:
-        with precision.autocast():
-            loss = loss_of(dopt.module, x, y)
-    else:
-        loss = loss_of(dopt.module, x, y)
-    if scaler is not None:
-        scaler.scale(loss).backward()
-        scaler.step(dopt)
-        scaler.update()
-    else:
-        loss.backward()
-        dopt.step()
-    sync_device(device)
-    end = time.perf_counter()
+    ``precision``/``scaler`` (``--amp``): as :func:`_timed_step`; the step's end stamp is after
+    ``update()``, so the iteration time holds the scaler's work. The recorded loss is unscaled."""
+    t0, end, loss = _timed_step(dopt.module, dopt, batch, loss_of, device, precision, scaler)
     s = dopt.last_stamps
     return StepTimes(s.get("start", t0), s.get("forward_start", t0), s.get("backward_start", t0),
                      s.get("backward_end", end), s.get("exchange_end", end), end, float(loss.detach()))
-
-
-def _runtime_trace(cfg: TrainConfig, model: nn.Module, steps, device: torch.device, **kw) -> Trace:
-    return measured_trace(model, steps, device, model_name=cfg.model, batch_size=cfg.batch_size, view=cfg.view, **kw)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -254,8 +213,6 @@ def _make_optimizer(cfg: TrainConfig, params) -> torch.optim.Optimizer:
     from repro.training.config import OPTIMIZERS
 
     name = cfg.optimizer.lower()
-    if name == "adamw":
-        return torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
     if name == "sgd":
         return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
     cls_name = OPTIMIZERS.get(name, cfg.optimizer)
@@ -326,7 +283,11 @@ def run_training(ctx, cfg: TrainConfig) -> tuple[nn.Module, dict[str, Any]]:
     # warmup_steps steps measure the trace under exact SyncEASGD steps, then it plans online ----
     scaler = precision.scaler()  # --amp fp16: the loop's GradScaler (None otherwise)
     _, dopt = _distribute(cfg, model, opt, ranks, scaler)
-    ckpt = _checkpointer(cfg, run_id, ranks) if cfg.checkpointing else None
+    ckpt = None
+    if cfg.checkpointing:  # every training rank (a collective when it makes a gloo group)
+        ckpt = Checkpointer(cfg.results_dir, run_id, every_min=cfg.checkpoint_every_min,
+                            stop_at_step=cfg.checkpoint_stop_at_step, group=ranks.group, first=ranks.first,
+                            rank=ranks.rank, size=ranks.size)
     resumed = ckpt.load(asdict(cfg), (Path(cfg.results_dir) / run_id / "run.json").is_file(), device) \
         if ckpt is not None else None
     if resumed is None:
@@ -423,19 +384,19 @@ def run_training(ctx, cfg: TrainConfig) -> tuple[nn.Module, dict[str, Any]]:
     if cfg.compute_steps:
         solo = copy.deepcopy(model)
         solo_opt = _make_optimizer(cfg, solo.parameters())
-        alone = LocalExecutor(solo)
         solo_scaler = precision.scaler()  # the same precision as the timed steps (fp16: a scaler of its own)
         if solo_scaler is not None and scaler is not None:
             solo_scaler.load_state_dict(scaler.state_dict())  # from the run's scale, not from 2**16 again
         for i in range(cfg.compute_steps + 1):  # the first one warms the momentum buffers up
-            st = _step(alone, solo_opt, data.next(), loss_of, device, precision=precision, scaler=solo_scaler)
+            start, end, _ = _timed_step(solo, solo_opt, data.next(), loss_of, device, precision, solo_scaler)
             if i:
-                compute_times.append(st.end - st.start)
+                compute_times.append(end - start)
         del solo, solo_opt
 
     inrun_trace = None
     if trace is not None and inrun and cfg.epochs is None:
-        inrun_trace = _runtime_trace(cfg, model, inrun, device, update_s=trace.overheads.update_s, group=ranks.group)
+        inrun_trace = measured_trace(model, inrun, device, model_name=cfg.model, batch_size=cfg.batch_size,
+                                     view=cfg.view, update_s=trace.overheads.update_s, group=ranks.group)
         inrun_trace.extra["method"] += f"; measured during the timed steps under '{cfg.scheduler}'"
     summary = _summarise(cfg, run_id, rows, compute_times, plan, trace, device, ranks)
     summary["engine"] = engine
@@ -452,13 +413,6 @@ def run_training(ctx, cfg: TrainConfig) -> tuple[nn.Module, dict[str, Any]]:
     if ranks.servers:
         summary = _share_summary(summary, ranks)
     return model, summary
-
-
-def _checkpointer(cfg: TrainConfig, run_id: str, ranks: _Ranks) -> Checkpointer:
-    """The run's in-run checkpoints (every training rank; a collective when it makes a gloo group)."""
-    return Checkpointer(cfg.results_dir, run_id, every_min=cfg.checkpoint_every_min,
-                        stop_at_step=cfg.checkpoint_stop_at_step, group=ranks.group, first=ranks.first,
-                        rank=ranks.rank, size=ranks.size)
 
 
 def _collect_server_tables(tables: dict[str, list], ranks: _Ranks) -> dict[str, list]:
@@ -532,15 +486,7 @@ def _end_progress_lines() -> None:
 def _progress(enabled: bool, total: int | None, cfg: TrainConfig):
     if enabled:
         return _Progress(total, f"{cfg.model}/{cfg.scheduler}")
-
-    class _Null:
-        def update(self, n):
-            pass
-
-        def close(self):
-            pass
-
-    return _Null()
+    return SimpleNamespace(update=lambda n: None, close=lambda: None)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -598,11 +544,7 @@ def main(argv: Sequence[str] | None = None, *, hard_exit: bool = False) -> int:
     except Preempted as e:  # SLURM's pre-timeout signal: checkpointed on every rank; the launcher requeues
         _end_progress_lines()
         print(f"repro: stopped: rank {os.environ.get('RANK', '?')}: {e}", file=sys.stderr)
-        if hard_exit:
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(RESUME_EXIT)
-        return RESUME_EXIT
+        return leave(RESUME_EXIT)
     except KeyboardInterrupt:
         _end_progress_lines()
         print("repro: interrupted", file=sys.stderr)

@@ -331,9 +331,6 @@ def runs_table(results_dir: str | Path) -> pd.DataFrame:
     """One row per run: its summary plus a few config fields and the folder's ``path``."""
     import pandas as pd
 
-    rows = []
-    for run in list_runs(results_dir):
-        cfg = run.config
-        rows.append({"run_id": run.run_id, **run.summary, "threshold_bytes": cfg.get("threshold_bytes"),
-                     "dataset": cfg.get("dataset"), "epochs": cfg.get("epochs"), "path": str(run.path)})
-    return pd.DataFrame(rows)
+    return pd.DataFrame([{"run_id": run.run_id, **run.summary, "threshold_bytes": run.config.get("threshold_bytes"),
+                          "dataset": run.config.get("dataset"), "epochs": run.config.get("epochs"),
+                          "path": str(run.path)} for run in list_runs(results_dir)])

@@ -21,14 +21,14 @@ import torch.distributed as dist
 from repro.core.cost import CostModel, fit_linear
 
 __all__ = ["MEASURABLE", "default_sizes_bytes", "rsag_impl", "time_collective", "time_allreduce", "fit_allreduce",
-           "fit_cost_model", "fit_on_ranks", "slowest_median_s", "sync_device"]
+           "fit_cost_model", "fit_on_ranks", "median_s", "slowest_median_s", "sync_device"]
 
 MEASURABLE = ("allreduce", "reduce_scatter", "allgather", "sparse_allgather")
 
 
-def slowest_median_s(fn: Callable[[], object], repeats: int, group=None) -> float:
-    """Seconds of ``fn()`` on this group: ``repeats`` runs after one warm-up, each starting at a barrier;
-    the median per rank, then the slowest rank's (identical on every rank)."""
+def median_s(fn: Callable[[], object], repeats: int, group=None) -> float:
+    """This rank's median seconds of ``fn()``: ``repeats`` runs after one warm-up, each starting at a barrier
+    of ``group``."""
     samples = []
     for i in range(repeats + 1):
         dist.barrier(group=group)
@@ -36,7 +36,13 @@ def slowest_median_s(fn: Callable[[], object], repeats: int, group=None) -> floa
         fn()
         if i:
             samples.append(time.perf_counter() - t0)
-    med = torch.tensor([statistics.median(samples)], dtype=torch.float64)
+    return statistics.median(samples)
+
+
+def slowest_median_s(fn: Callable[[], object], repeats: int, group=None) -> float:
+    """Seconds of ``fn()`` on this group: :func:`median_s` per rank, then the slowest rank's (identical on
+    every rank)."""
+    med = torch.tensor([median_s(fn, repeats, group)], dtype=torch.float64)
     dist.all_reduce(med, op=dist.ReduceOp.MAX, group=group)
     return float(med.item())
 
@@ -45,11 +51,6 @@ def default_sizes_bytes(max_bytes: int, count: int = 8, min_bytes: int = 4096) -
     """Geometric message sizes from ``min_bytes`` to ``max_bytes`` (multiples of 4 bytes)."""
     hi = max(int(max_bytes), min_bytes * 4)
     return sorted({int(s) // 4 * 4 for s in np.geomspace(min_bytes, hi, count)})
-
-
-# the current names (torch >= 2.13; the older ones warn there)
-_ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-_REDUCE_SCATTER = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
 
 def sync_device(device: torch.device) -> None:
@@ -70,21 +71,21 @@ def _op(kind: str, numel: int, world: int, dtype, device, group, stream=None) ->
     if kind == "allreduce":
         buf = torch.ones(numel, dtype=dtype, device=device)
         return lambda: dist.all_reduce(buf, group=group)
-    if kind in ("reduce_scatter", "allgather") and stream is not None:
-        full = torch.ones(max(world, numel // world * world), dtype=dtype, device=device)
-        if kind == "reduce_scatter":
-            return lambda: stream.reduce_scatter(full).wait()
-        return lambda: stream.all_gather(full).wait()
+    from repro.runtime.collectives import _all_gather_into_tensor, _reduce_scatter_tensor
+
     if kind in ("reduce_scatter", "allgather"):
         full = torch.ones(max(world, numel // world * world), dtype=dtype, device=device)
+        if stream is not None:
+            run = stream.reduce_scatter if kind == "reduce_scatter" else stream.all_gather
+            return lambda: run(full).wait()
         shard = torch.empty(full.numel() // world, dtype=dtype, device=device)
         if kind == "reduce_scatter":
-            return lambda: _REDUCE_SCATTER(shard, full, group=group)
-        return lambda: _ALL_GATHER(full, shard, group=group)
+            return lambda: _reduce_scatter_tensor(shard, full, group=group)
+        return lambda: _all_gather_into_tensor(full, shard, group=group)
     if kind == "sparse_allgather":
         mine = torch.ones(numel, dtype=dtype, device=device)
         gathered = torch.empty(numel * world, dtype=dtype, device=device)
-        return lambda: _ALL_GATHER(gathered, mine, group=group)
+        return lambda: _all_gather_into_tensor(gathered, mine, group=group)
     raise ValueError(f"cannot measure collective '{kind}'; measurable: {', '.join(MEASURABLE)}")
 
 

@@ -195,9 +195,7 @@ class DeviceClock:
 def make_clock(device: torch.device | str | None) -> HostClock | DeviceClock:
     """The clock for ``device``: :class:`DeviceClock` on CUDA, :class:`HostClock` otherwise."""
     device = torch.device(device if device is not None else "cpu")
-    if device.type == "cuda":
-        return DeviceClock(device)
-    return HostClock()
+    return DeviceClock(device) if device.type == "cuda" else HostClock()
 
 
 def model_device(model: nn.Module) -> torch.device:

@@ -269,11 +269,10 @@ class CommStream:
             if item is None:
                 return
             handle, flat, fn, ready = item
+            handle.start_s = time.perf_counter()
             if self._failure is not None:
-                handle.start_s = time.perf_counter()
                 handle._finish(RuntimeError(f"not run: an earlier op failed: {self._failure}"))
                 continue
-            handle.start_s = time.perf_counter()
             try:
                 if self._cuda_stream is not None:
                     with torch.cuda.device(flat.device), torch.cuda.stream(self._cuda_stream):

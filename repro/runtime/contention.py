@@ -18,7 +18,7 @@ from typing import Any, Sequence
 import torch
 import torch.distributed as dist
 
-from repro.runtime.calibrate import default_sizes_bytes
+from repro.runtime.calibrate import default_sizes_bytes, median_s
 
 __all__ = ["CONTENTION_COLUMNS", "default_contention_sizes_bytes", "time_kernel_s", "measure_contention",
            "contention_on_ranks", "measure_contention_local", "fit_contention"]
@@ -64,18 +64,6 @@ def time_kernel_s(run, steps: int) -> float:
     return time.perf_counter() - t0
 
 
-def _allreduce_s(buf: torch.Tensor, group, repeats: int = 5) -> float:
-    """Median seconds of one blocking all-reduce of ``buf`` on this rank (after one warm-up)."""
-    times = []
-    for i in range(repeats + 1):
-        dist.barrier(group=group)
-        t0 = time.perf_counter()
-        dist.all_reduce(buf, group=group)
-        if i:
-            times.append(time.perf_counter() - t0)
-    return statistics.median(times)
-
-
 def _with_comm_s(run, steps: int, buf: torch.Tensor, queued: int, group, wait_timeout_s: float) -> tuple[float, bool]:
     """Kernel seconds while ``queued`` async all-reduces of ``buf`` are in flight; and whether the
     last one was still running when the kernel ended (the queue covered the whole kernel)."""
@@ -108,7 +96,7 @@ def measure_contention(model: str = "tiny_resnet", sizes_bytes: Sequence[int] | 
     local = []  # per size: [alone median, with median, allreduce seconds, queued, covered, slowdown]
     for nbytes in sizes:
         buf = torch.zeros(max(1, nbytes // 4), dtype=torch.float32, device=device)
-        comm_s = _allreduce_s(buf, group)
+        comm_s = median_s(lambda: dist.all_reduce(buf, group=group), 5, group)  # one blocking all-reduce, this rank
         # The same queue length on every rank (the slowest rank's estimate), or the ranks would stop
         # issuing at different counts and the collectives would not match.
         est = torch.tensor([math.ceil(1.5 * alone_first / max(comm_s, 1e-6)) + 2], dtype=torch.float64)
@@ -133,29 +121,21 @@ def measure_contention(model: str = "tiny_resnet", sizes_bytes: Sequence[int] | 
         alone.append(before)
         local.append([statistics.median(alone), statistics.median(with_comm), comm_s, float(queued),
                       1.0 if covered else 0.0, statistics.median(ratios) - 1.0])
-    mine = torch.tensor(local, dtype=torch.float64)
-    summed = mine.clone()
-    dist.all_reduce(summed, group=group)  # means over ranks (alone, with)
-    slowest = mine.clone()
-    dist.all_reduce(slowest, op=dist.ReduceOp.MAX, group=group)  # all-reduce time: the slowest rank's
-    least = mine.clone()
-    dist.all_reduce(least, op=dist.ReduceOp.MIN, group=group)  # covered: only if on every rank
-    rows = []
-    for i, nbytes in enumerate(sizes):
-        rows.append({"model": model, "batch_size": batch_size, "workers": world, "bytes": nbytes,
-                     "kernel_alone_s": float(summed[i, 0]) / world, "kernel_with_comm_s": float(summed[i, 1]) / world,
-                     "allreduce_s": float(slowest[i, 2]), "queued_allreduces": int(slowest[i, 3]),
-                     "covered": bool(least[i, 4] > 0.5), "slowdown": float(summed[i, 5]) / world})
-    return rows
+    # sums for the means over ranks (alone, with), the slowest rank's all-reduce time, covered only if on every rank
+    summed, slowest, least = (torch.tensor(local, dtype=torch.float64) for _ in range(3))
+    for reduced, op in ((summed, dist.ReduceOp.SUM), (slowest, dist.ReduceOp.MAX), (least, dist.ReduceOp.MIN)):
+        dist.all_reduce(reduced, op=op, group=group)
+    return [{"model": model, "batch_size": batch_size, "workers": world, "bytes": nbytes,
+             "kernel_alone_s": float(summed[i, 0]) / world, "kernel_with_comm_s": float(summed[i, 1]) / world,
+             "allreduce_s": float(slowest[i, 2]), "queued_allreduces": int(slowest[i, 3]),
+             "covered": bool(least[i, 4] > 0.5), "slowdown": float(summed[i, 5]) / world}
+            for i, nbytes in enumerate(sizes)]
 
 
 def contention_on_ranks(ctx, models: Sequence[str], sizes_bytes: Sequence[int] | None = None,
                         **kwargs: Any) -> list[dict[str, Any]]:
     """Launch target: :func:`measure_contention` for each of ``models`` in turn on this rank."""
-    rows = []
-    for m in models:
-        rows += measure_contention(m, sizes_bytes, device=ctx.device, **kwargs)
-    return rows
+    return [row for m in models for row in measure_contention(m, sizes_bytes, device=ctx.device, **kwargs)]
 
 
 def measure_contention_local(models: Sequence[str] = ("tiny_resnet",), world_size: int = 2, *,

@@ -150,11 +150,7 @@ class DeferredUpdateOptimizer:
         if closure is not None:
             raise ValueError(f"{self.family}: step() takes no closure here (the optimizer repro.distribute returns "
                              "evaluates one)")
-        amp = scaled_step(self)
-        if amp is None:
-            self.executor.step()
-        else:
-            self.executor.step(amp=amp)
+        self.executor.step(amp=scaled_step(self))
 
     def synchronize(self) -> None:
         """Finish this step's exchange now: ``param.grad`` is the averaged gradient."""

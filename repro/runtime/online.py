@@ -125,8 +125,6 @@ def plan_online(scheduler: str, trace: Trace | None, device: torch.device, *,
         dist.broadcast_object_list(box, src=first)
         trace = Trace.from_dict(box[0])
     cost = get_family(sched.family).calibrate_cost(trace, device, fit_repeats, network_cost, **opts)
-    payload: list[Any] = [None]
-    if dist.get_rank() == first:
-        payload[0] = make_plan(sched.planner, trace, cost, **opts).to_dict()
+    payload: list[Any] = [make_plan(sched.planner, trace, cost, **opts).to_dict() if dist.get_rank() == first else None]
     dist.broadcast_object_list(payload, src=first)
     return Plan.from_dict(payload[0]), cost, trace

@@ -146,9 +146,7 @@ class Checkpointer:
     def load(self, config: dict[str, Any], finished: bool, device: torch.device) -> dict[str, Any] | None:
         """The checkpoint to resume from (a collective), or None: none, another configuration's, or a
         finished run's. The first trainer decides for every rank."""
-        verdict = [None]
-        if dist.get_rank() == self.first:
-            verdict[0] = self._verdict(config, finished)
+        verdict = [self._verdict(config, finished) if dist.get_rank() == self.first else None]
         dist.broadcast_object_list(verdict, src=self.first, group=self.group)
         if verdict[0] != "resume":
             if verdict[0]:

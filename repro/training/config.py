@@ -281,12 +281,12 @@ class _CommonConfig:
         if bad:
             raise ValueError(f"model '{self.model}' does not take {', '.join(bad)} (it takes: "
                              f"{', '.join(spec.kwargs) or 'nothing'})")
-        for name in ("seq_len", "num_classes"):
+        for name, quantity in MODEL_KWARG_RANGES.items():
             v = self.model_kwargs.get(name)
-            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
-                raise ValueError(f"{name} must be a positive integer, got {v!r}")
             if v is not None:
-                ranges.check(MODEL_KWARG_RANGES[name], v, _flag(name), what="option")
+                if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                    raise ValueError(f"{name} must be a positive integer, got {v!r}")
+                ranges.check(quantity, v, _flag(name), what="option")
 
     @property
     def checkpointing(self) -> bool:
@@ -465,15 +465,12 @@ def build_parser(*, suppress_defaults: bool = False) -> argparse.ArgumentParser:
             kw["choices"] = list(f.metadata["choices"])
         kind = f.metadata.get("kind")
         if kind is bool or (isinstance(default, bool) and default):
-            p.add_argument(flag, action=argparse.BooleanOptionalAction, **kw)
+            kw["action"] = argparse.BooleanOptionalAction
         elif isinstance(default, bool):
-            p.add_argument(flag, action="store_true", **kw)
-        elif kind is not None:
-            p.add_argument(flag, type=kind, **kw)
-        elif default is None:
-            p.add_argument(flag, type=str, **kw)
+            kw["action"] = "store_true"
         else:
-            p.add_argument(flag, type=type(default), **kw)
+            kw["type"] = kind if kind is not None else str if default is None else type(default)
+        p.add_argument(flag, **kw)
     p.add_argument("--seq-len", type=int, help="sequence length of the BERT and LSTM models (positive; default: "
                                                "the model's)")
     p.add_argument("--backend", choices=["gloo", "nccl"], help="force a backend (default: nccl with CUDA, else gloo)")

@@ -162,13 +162,10 @@ def write_run(cfg, summary, rows, epoch_rows, bucket_rows, trace, inrun_trace, p
     run_id = summary["run_id"]
     with RunWriter(cfg.results_dir, run_id, overwrite=cfg.overwrite) as w:
         w.table(ITERATIONS_CSV, pd.DataFrame(rows).assign(run_id=run_id))
-        if epoch_rows:
-            w.table(EPOCHS_CSV, pd.DataFrame(epoch_rows).assign(run_id=run_id))
-        if bucket_rows:
-            w.table(BUCKETS_CSV, pd.DataFrame(bucket_rows).assign(run_id=run_id))
-        for name, table_rows in (extra_tables or {}).items():
+        extra = [(f"{name}.csv", table_rows) for name, table_rows in (extra_tables or {}).items()]
+        for name, table_rows in [(EPOCHS_CSV, epoch_rows), (BUCKETS_CSV, bucket_rows), *extra]:
             if table_rows:
-                w.table(f"{name}.csv", pd.DataFrame(table_rows).assign(run_id=run_id))
+                w.table(name, pd.DataFrame(table_rows).assign(run_id=run_id))
         if trace is not None:
             w.trace(trace)
         if inrun_trace is not None:
