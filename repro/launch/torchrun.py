@@ -430,11 +430,10 @@ def init_distributed(backend: str | None = None, device: Any = None, timeout_s: 
     if ifname and not os.environ.get("GLOO_SOCKET_IFNAME"):
         os.environ["GLOO_SOCKET_IFNAME"] = ifname
 
-    kwargs: dict[str, Any] = {}
     if dev.type == "cuda":
         torch.cuda.set_device(dev)
-    if backend == "nccl":
-        kwargs["device_id"] = dev  # binds the communicator to this rank's GPU (eager NCCL init)
+    # nccl: device_id binds the communicator to this rank's GPU (eager NCCL init)
+    kwargs = {"device_id": dev} if backend == "nccl" else {}
     _roll_call(rank, world, join_timeout_s)
     dist.init_process_group(backend=backend, init_method="env://", timeout=timedelta(seconds=timeout_s), **kwargs)
     return DistContext(rank=rank, world_size=world, local_rank=local_rank, backend=backend, device=dev,
