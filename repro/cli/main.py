@@ -415,7 +415,7 @@ def cmd_profile(args: argparse.Namespace) -> None:
 
 
 def cmd_plan(args: argparse.Namespace) -> None:
-    from repro.core.planners import make_plan
+    from repro.core.planners import PLANNERS, make_plan
 
     _check_output(args.output, args, stdout=True)
     given = {"threshold_bytes": args.threshold_bytes, "wire_dtype": args.wire_dtype,  # wire dtype: the planner
@@ -425,7 +425,7 @@ def cmd_plan(args: argparse.Namespace) -> None:
              "importance": args.importance, "lgp": False if args.no_lgp else None}
     options = {k: v for k, v in given.items() if v is not None}
     for name in options:
-        takers = _planners_taking(name)
+        takers = [n for n, fn in PLANNERS.items() if name in inspect.signature(fn).parameters]
         if args.solver not in takers:
             flag = "--no-lgp" if name == "lgp" else "--" + name.replace("_", "-")
             raise UsageError(f"{flag} does not apply to --solver {args.solver} (it applies to: {', '.join(takers)})")
@@ -441,13 +441,6 @@ def cmd_plan(args: argparse.Namespace) -> None:
         raise UsageError(f"the plan would not load back ({_first_line(e)}); check the cost flags "
                          "(--alpha-s, --beta-s-per-byte, --network, --cost)") from None
     _emit(out, args.output)
-
-
-def _planners_taking(option: str) -> list[str]:
-    """Planners whose function has a parameter ``option``."""
-    from repro.core.planners import PLANNERS
-
-    return [n for n, fn in PLANNERS.items() if option in inspect.signature(fn).parameters]
 
 
 def cmd_simulate(args: argparse.Namespace) -> None:
