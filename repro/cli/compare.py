@@ -135,10 +135,9 @@ def predict(trace: Trace, cost: CostModel, *, servers: int | None = None,
     records = []
     for name in names + ([BASELINE] if BASELINE not in names else []):  # the baseline of the speedups
         entry = SCHEDULERS[name]
-        rec: dict[str, Any] = {"scheduler": name, "family": entry.family, "planner": entry.planner,
-                               "iteration_s": None, "buckets": None, "speedup_over_syncea": None,
-                               "throughput_samples_per_s": None, "plan_wall_s": None, "note": "", "options": {},
-                               "stage1_bytes_share": None, "plan_from": None, "exact_plan_iteration_s": None}
+        rec: dict[str, Any] = {**dict.fromkeys(FIELDS), "scheduler": name, "family": entry.family,
+                               "planner": entry.planner, "note": "", "options": {}, "stage1_bytes_share": None,
+                               "plan_from": None, "exact_plan_iteration_s": None}
         if not entry.has_plan:
             rec["note"] = "a runtime baseline that executes no plan of ours: nothing to predict"
             records.append(rec)

@@ -304,15 +304,10 @@ class SlurmResources:
         """The ``#SBATCH`` lines of one job of ``run`` (one task per node)."""
         lines = [f"--job-name={run.run_id}", f"--nodes={run.nodes}", "--ntasks-per-node=1",
                  f"--time={self.time_min}", f"--signal=B:USR1@{self.signal_s}", "--requeue"]
-        gpus = self.gpus_for(run, device)
-        if gpus:
-            lines.append(f"--gpus-per-node={gpus}")
-        if self.cpus_per_task is not None:
-            lines.append(f"--cpus-per-task={self.cpus_per_task}")
-        if self.mem_gb is not None:
-            lines.append(f"--mem={int(math.ceil(self.mem_gb * 1024))}M")
-        lines += [f"--partition={self.partition}"] * (self.partition is not None)
-        lines += [f"--account={self.account}"] * (self.account is not None)
+        optional = {"gpus-per-node": self.gpus_for(run, device) or None, "cpus-per-task": self.cpus_per_task,
+                    "mem": None if self.mem_gb is None else f"{int(math.ceil(self.mem_gb * 1024))}M",
+                    "partition": self.partition, "account": self.account}
+        lines += [f"--{option}={value}" for option, value in optional.items() if value is not None]
         return ["#SBATCH " + line for line in [*lines, *self.extra]]
 
     def submitit_parameters(self, prefix: str = "slurm_") -> dict[str, Any]:
