@@ -106,10 +106,9 @@ def run_grid_command(args: argparse.Namespace) -> None:
     (ValueErrors, one line)."""
     grid = load_grid(args.grid)
     selected = grid.select(getattr(args, "kind", None), getattr(args, "experiment", None))
-    if getattr(args, "runs_dir", None) is not None:  # before anything is read or written
-        check_folder("--runs-dir", args.runs_dir)
-    if getattr(args, "jobs_dir", None) is not None:
-        check_folder("--jobs-dir", args.jobs_dir)
+    for attr in ("runs_dir", "jobs_dir"):  # before anything is read or written
+        if getattr(args, attr, None) is not None:
+            check_folder("--" + attr.replace("_", "-"), getattr(args, attr))
     if args.grid_action == "show":
         rows = [{"run_id": r.run_id, "experiment": r.experiment, "kind": r.kind, **{k: r[k] for k in (
             "model", "scheduler", "world_size", "wire_dtype", "batch_size")},

@@ -211,9 +211,9 @@ def _cost_from_args(args: argparse.Namespace, trace=None) -> CostModel:
             cost = load_cost(args.network, workers, "--network")
         elif args.cost is not None:
             cost = load_cost(args.cost, workers, "--cost")
+        elif args.alpha_s is None or args.beta_s_per_byte is None:
+            raise UsageError("--alpha-s and --beta-s-per-byte must be given together")
         else:
-            if args.alpha_s is None or args.beta_s_per_byte is None:
-                raise UsageError("--alpha-s and --beta-s-per-byte must be given together")
             cost = CostModel.linear(workers or 2, args.alpha_s, args.beta_s_per_byte, source="cli alpha-beta")
     gamma, source = _topk_from_flags(args)
     if source is None and cost.topk_gamma_s is None and trace is not None and topk_device_of_trace(trace) is not None:

@@ -686,8 +686,7 @@ class EmulatedNetwork:
                     ring_ready.abort()
 
         def to_bridge(rank: int) -> None:
-            with socket.create_connection((self.master_address, port), timeout=timeout_s):
-                pass
+            socket.create_connection((self.master_address, port), timeout=timeout_s).close()
 
         ring_ports: dict[int, int] = {}
         ring_ready = threading.Barrier(self.world_size, timeout=timeout_s) if self.world_size > 1 else None
