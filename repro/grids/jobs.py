@@ -8,6 +8,7 @@ Every launcher first refuses, starting nothing, the runs their ranks would refus
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -493,10 +494,8 @@ def _kill(proc: subprocess.Popen) -> None:
             os.killpg(proc.pid, signal.SIGTERM)
             proc.wait(timeout=15)
         except (ProcessLookupError, subprocess.TimeoutExpired):
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
             proc.wait()
 
 
@@ -592,10 +591,8 @@ def _forward_usr1(grace_s: float = 0.0) -> bool:
         return True
     _AGENT["stopping"] = True
     for pid in _children(agent.pid):
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGUSR1)
-        except ProcessLookupError:
-            pass
     return ended.wait(grace_s) if grace_s > 0 else ended.is_set()
 
 

@@ -304,9 +304,8 @@ def _int_env(name: str, default: int | None = None) -> int:
 def _read_env() -> tuple[int, int, int, str, int]:
     missing = [name for name in _REQUIRED_ENV if not os.environ.get(name, "").strip()]
     if missing:
-        which = ", ".join(missing)
         raise DistributedSetupError(
-            f"environment variable{'s' if len(missing) > 1 else ''} {which} not set; {_ENV_HINT} "
+            f"environment variable{'s' if len(missing) > 1 else ''} {', '.join(missing)} not set; {_ENV_HINT} "
             f"(they set {', '.join(_REQUIRED_ENV)})")
     rank, world, local_rank, port = (_int_env(k) for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT"))
     if world < 1:
