@@ -155,10 +155,9 @@ def run_grid_command(args: argparse.Namespace) -> None:
 def _resources(args: argparse.Namespace) -> Any:
     """The ``--slurm-*`` flags as :class:`repro.grids.jobs.SlurmResources` (GridStop, one line, if bad)."""
     names = ("time_min", "cpus_per_task", "mem_gb", "partition", "account", "gpus_per_node", "signal_s", "requeues")
-    values = {name: getattr(args, f"slurm_{name}") for name in names}
-    values["extra"] = tuple(args.slurm_extra) if args.slurm_extra else None
-    values["checkpoint_every_min"] = args.checkpoint_every_min
-    return slurm_resources(None, **values)
+    return slurm_resources(None, **{name: getattr(args, f"slurm_{name}") for name in names},
+                           extra=tuple(args.slurm_extra) if args.slurm_extra else None,
+                           checkpoint_every_min=args.checkpoint_every_min)
 
 
 def _check(grid: Any, selected: list, args: argparse.Namespace) -> None:
