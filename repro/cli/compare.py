@@ -29,7 +29,7 @@ from typing import Any, Mapping, Sequence
 from dataclasses import replace
 
 from repro.core.text import text_table
-from repro.core.cost import CostModel, CostModelError
+from repro.core.cost import CostModel
 from repro.core.families import get_family
 from repro.core.planners import PLANNER_FAMILY, PLANNERS, make_plan
 from repro.core.budget import DEFAULT_TIME_BUDGET_S, check_time_budget
@@ -97,22 +97,6 @@ def planner_options(planner: str, *, servers: int, time_budget_s: float,
     return {k: v for k, v in wanted.items() if k in params}
 
 
-def _budget_note(meta: Mapping[str, Any], budget_s: float) -> str:
-    if meta.get("optimal") is False:
-        return (f"time budget of {budget_s:g} s spent: at most {float(meta.get('gap_pct', math.nan)):.2f}% above "
-                "the optimum")
-    return ""
-
-
-def _judged_note(meta: Mapping[str, Any], planner: str) -> str:
-    """For an exact planner whose own plan lost under the judging model (contention) to a heuristic's."""
-    won = meta.get("plan_from")
-    if not won or won == planner:
-        return ""
-    return (f"plan of {won}: faster under contention than the exact search's own plan "
-            f"({float(meta.get('exact_plan_iteration_s', math.nan)):.4g} s)")
-
-
 def _iteration_s(trace: Trace, plan, cost: CostModel) -> float:
     """The simulated iteration of ``plan``, seconds. A parameter-server plan carries its own simulated period
     (``meta["iteration_s"]``), used unless a realism ``compute_scale`` other than 1 applies."""
@@ -151,10 +135,9 @@ def predict(trace: Trace, cost: CostModel, *, servers: int | None = None,
     records = []
     for name in names + ([BASELINE] if BASELINE not in names else []):  # the baseline of the speedups
         entry = SCHEDULERS[name]
-        rec: dict[str, Any] = {"scheduler": name, "family": entry.family, "planner": entry.planner,
-                               "iteration_s": None, "buckets": None, "speedup_over_syncea": None,
-                               "throughput_samples_per_s": None, "plan_wall_s": None, "note": "", "options": {},
-                               "stage1_bytes_share": None, "plan_from": None, "exact_plan_iteration_s": None}
+        rec: dict[str, Any] = {**dict.fromkeys(FIELDS), "scheduler": name, "family": entry.family,
+                               "planner": entry.planner, "note": "", "options": {}, "stage1_bytes_share": None,
+                               "plan_from": None, "exact_plan_iteration_s": None}
         if not entry.has_plan:
             rec["note"] = "a runtime baseline that executes no plan of ours: nothing to predict"
             records.append(rec)
@@ -182,10 +165,13 @@ def predict(trace: Trace, cost: CostModel, *, servers: int | None = None,
                        stage1_bytes_share=plan.meta.get("stage1_bytes_share"),
                        plan_from=plan.meta.get("plan_from", name),
                        exact_plan_iteration_s=plan.meta.get("exact_plan_iteration_s"))
-            notes.append(_budget_note(plan.meta, time_budget_s))
-            notes.append(_judged_note(plan.meta, entry.planner))
-        except CostModelError as e:
-            notes = [f"not planned: {_first_line(e)}"]
+            if plan.meta.get("optimal") is False:
+                notes.append(f"time budget of {time_budget_s:g} s spent: at most "
+                             f"{float(plan.meta.get('gap_pct', math.nan)):.2f}% above the optimum")
+            won = plan.meta.get("plan_from")
+            if won and won != entry.planner:  # an exact planner's own plan lost under contention to a heuristic's
+                notes.append(f"plan of {won}: faster under contention than the exact search's own plan "
+                             f"({float(plan.meta.get('exact_plan_iteration_s', math.nan)):.4g} s)")
         except Exception as e:  # noqa: BLE001 - every reason is a note, never a traceback
             notes = [f"not planned: {_first_line(e)}"]
         rec["note"] = "; ".join(n for n in notes if n)
@@ -230,6 +216,5 @@ def format_csv(records: Sequence[Mapping[str, Any]]) -> str:
     buf = io.StringIO()
     writer = csv.DictWriter(buf, fieldnames=list(FIELDS), lineterminator="\n")
     writer.writeheader()
-    for r in records:
-        writer.writerow({k: ("" if r.get(k) is None else r.get(k)) for k in FIELDS})
+    writer.writerows({k: ("" if r.get(k) is None else r.get(k)) for k in FIELDS} for r in records)
     return buf.getvalue().rstrip("\n")

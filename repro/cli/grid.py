@@ -106,10 +106,9 @@ def run_grid_command(args: argparse.Namespace) -> None:
     (ValueErrors, one line)."""
     grid = load_grid(args.grid)
     selected = grid.select(getattr(args, "kind", None), getattr(args, "experiment", None))
-    if getattr(args, "runs_dir", None) is not None:  # before anything is read or written
-        check_folder("--runs-dir", args.runs_dir)
-    if getattr(args, "jobs_dir", None) is not None:
-        check_folder("--jobs-dir", args.jobs_dir)
+    for attr in ("runs_dir", "jobs_dir"):  # before anything is read or written
+        if getattr(args, attr, None) is not None:
+            check_folder("--" + attr.replace("_", "-"), getattr(args, attr))
     if args.grid_action == "show":
         rows = [{"run_id": r.run_id, "experiment": r.experiment, "kind": r.kind, **{k: r[k] for k in (
             "model", "scheduler", "world_size", "wire_dtype", "batch_size")},
@@ -156,10 +155,9 @@ def run_grid_command(args: argparse.Namespace) -> None:
 def _resources(args: argparse.Namespace) -> Any:
     """The ``--slurm-*`` flags as :class:`repro.grids.jobs.SlurmResources` (GridStop, one line, if bad)."""
     names = ("time_min", "cpus_per_task", "mem_gb", "partition", "account", "gpus_per_node", "signal_s", "requeues")
-    values = {name: getattr(args, f"slurm_{name}") for name in names}
-    values["extra"] = tuple(args.slurm_extra) if args.slurm_extra else None
-    values["checkpoint_every_min"] = args.checkpoint_every_min
-    return slurm_resources(None, **values)
+    return slurm_resources(None, **{name: getattr(args, f"slurm_{name}") for name in names},
+                           extra=tuple(args.slurm_extra) if args.slurm_extra else None,
+                           checkpoint_every_min=args.checkpoint_every_min)
 
 
 def _check(grid: Any, selected: list, args: argparse.Namespace) -> None:

@@ -24,8 +24,7 @@ from pathlib import Path
 from typing import Sequence
 
 from repro.core.text import DefaultsHelpFormatter, text_table as _table
-from repro.core.outputs import (
-    InputPathError, OutputPathError, check_output, read_input, release_outputs, write_output)
+from repro.core.outputs import check_output, read_input, release_outputs, write_output
 from repro.core import ranges
 from repro.core.cost import CostModel, CostModelError
 from repro.costs.presets import PRESETS, preset_names, preset_workers
@@ -86,11 +85,7 @@ def _add_cost_flags(p: argparse.ArgumentParser) -> None:
                                                         "A100, H100, P102)")
 
 
-def _output_arg(text: str) -> str:
-    """``-o``'s value as typed: a Path would drop the trailing separator that says a folder was named."""
-    return text
-
-
+# -o is kept as typed (no type=Path: a Path would drop the trailing separator that says a folder was named).
 #: ``-o`` values that mean this process's standard output: written to it directly (a pipe, a terminal or a file
 #: the shell opened), never replaced by a file (``/dev/stdout`` on a pipe links to no path a file could replace)
 STDOUT_NAMES = ("-", "/dev/stdout", "/dev/fd/1", "/proc/self/fd/1")
@@ -127,29 +122,17 @@ def _check_output(path: str | Path | None, args: argparse.Namespace | None = Non
         if given is not None and _same_file(path, given):
             raise UsageError(f"-o {path} is the same file as {flag} {given}: writing it would destroy the input; "
                              "give another output file")
-    try:
-        check_output(path)
-    except OutputPathError as e:
-        raise UsageError(str(e)) from None
+    check_output(path)  # an OutputPathError is a ValueError: one line, as a UsageError
 
 
-def _write_atomically(path: str | Path, text: str) -> None:
-    if _is_stdout(path):  # written into the stream as it is (a pipe, a terminal, a file the shell opened)
+def _write_atomically(path: str | Path | None, text: str) -> None:
+    """``text`` to the file ``path``, atomically; to standard output without ``-o`` (None) or for ``-`` and
+    :data:`STDOUT_NAMES`, written into the stream as it is (a pipe, a terminal, a file the shell opened)."""
+    if path is None or _is_stdout(path):
         sys.stdout.write(text)
         sys.stdout.flush()
         return
-    try:
-        write_output(path, text)
-    except OutputPathError as e:
-        raise UsageError(str(e)) from None
-
-
-def _load_file(kind: str, path: Path, load):
-    """``load(path)`` of a plan or cost-model file, every error naming the file."""
-    try:
-        return read_input(kind, path, load)
-    except InputPathError as e:
-        raise UsageError(str(e)) from None
+    write_output(path, text)
 
 
 def _positive_flag(flag: str, value: int | None) -> int | None:
@@ -228,9 +211,9 @@ def _cost_from_args(args: argparse.Namespace, trace=None) -> CostModel:
             cost = load_cost(args.network, workers, "--network")
         elif args.cost is not None:
             cost = load_cost(args.cost, workers, "--cost")
+        elif args.alpha_s is None or args.beta_s_per_byte is None:
+            raise UsageError("--alpha-s and --beta-s-per-byte must be given together")
         else:
-            if args.alpha_s is None or args.beta_s_per_byte is None:
-                raise UsageError("--alpha-s and --beta-s-per-byte must be given together")
             cost = CostModel.linear(workers or 2, args.alpha_s, args.beta_s_per_byte, source="cli alpha-beta")
     gamma, source = _topk_from_flags(args)
     if source is None and cost.topk_gamma_s is None and trace is not None and topk_device_of_trace(trace) is not None:
@@ -263,10 +246,7 @@ def _emit(obj: object, out: str | Path | None) -> None:
     except ValueError:
         raise UsageError("the result holds a non-finite number (NaN or infinity); check the inputs' times "
                          "and costs") from None
-    if out is not None:
-        _write_atomically(out, text + "\n")
-    else:
-        print(text)
+    _write_atomically(out, text + "\n")
 
 
 def _parse_input_shape(text: str) -> tuple[int, ...]:
@@ -381,12 +361,9 @@ def cmd_profile(args: argparse.Namespace) -> None:
             raise UsageError(f"--num-classes must be positive, got {args.num_classes}")
         if args.num_classes is not None:
             ranges.check(ranges.CLASSES, args.num_classes, "--num-classes", UsageError, what="option")
-        need = 4 * args.batch_size * math.prod(shape)  # the float32 input batch alone
-        if args.device == "cpu":
-            try:
-                check_step_memory(need, 1, f"--batch-size {args.batch_size} --input-shape {args.input_shape}")
-            except ValueError as e:
-                raise UsageError(str(e)) from None
+        if args.device == "cpu":  # the float32 input batch alone
+            check_step_memory(4 * args.batch_size * math.prod(shape), 1,
+                              f"--batch-size {args.batch_size} --input-shape {args.input_shape}")
         if args.estimate_gpu:
             raise UsageError("--estimate-gpu estimates registry models only (`repro models`); measure a model of "
                              "your own on this machine's --device")
@@ -399,11 +376,8 @@ def cmd_profile(args: argparse.Namespace) -> None:
         except ValueError as e:
             raise UsageError(f"{_first_line(e)}; or a model of your own as package.module:factory") from None
         if args.device == "cpu" and not args.estimate_gpu:  # a batch this machine cannot hold: one line now
-            try:
-                check_step_memory(step_memory_floor_bytes(args.model, args.batch_size), 1,
-                                  f"--model {args.model} --batch-size {args.batch_size}")
-            except ValueError as e:
-                raise UsageError(str(e)) from None
+            check_step_memory(step_memory_floor_bytes(args.model, args.batch_size), 1,
+                              f"--model {args.model} --batch-size {args.batch_size}")
         for flag, value in (("--input-shape", args.input_shape), ("--num-classes", args.num_classes)):
             if value is not None:
                 raise UsageError(f"{flag} is for a model of your own (--model package.module:factory); registry "
@@ -416,25 +390,24 @@ def cmd_profile(args: argparse.Namespace) -> None:
             raise UsageError("--autocast is for measuring; the estimate's precision is its dtype (fp32 here; "
                              "repro.workload.estimate.estimate_trace(dtype='float16') in Python)")
     _check_output(args.output)
-    if own:
-        from repro.workload.profile import profile_model
-
-        x, y, classes = _factory_batch(args, module, shape)
-        import torch.nn.functional as F
-
-        trace = profile_model(module, batch=(x, y), loss_fn=F.cross_entropy, device=args.device, view=args.view,
-                              warmup=args.warmup, iters=args.iters, autocast=args.autocast)
-        trace.extra.update({"factory": args.model, "input_shape": list(shape), "num_classes": classes,
-                            "loss": "cross_entropy"})
-    elif args.estimate_gpu:
+    if args.estimate_gpu:  # (a registry model: checked above)
         from repro.workload.estimate import estimate_trace
 
         trace = estimate_trace(args.model, args.batch_size, gpu=args.estimate_gpu, view=args.view)
     else:
         from repro.workload.profile import profile_model
 
-        trace = profile_model(args.model, args.batch_size, device=args.device, view=args.view,
-                              warmup=args.warmup, iters=args.iters, autocast=args.autocast)
+        measure = dict(device=args.device, view=args.view, warmup=args.warmup, iters=args.iters,
+                       autocast=args.autocast)
+        if own:
+            x, y, classes = _factory_batch(args, module, shape)
+            import torch.nn.functional as F
+
+            trace = profile_model(module, batch=(x, y), loss_fn=F.cross_entropy, **measure)
+            trace.extra.update({"factory": args.model, "input_shape": list(shape), "num_classes": classes,
+                                "loss": "cross_entropy"})
+        else:
+            trace = profile_model(args.model, args.batch_size, **measure)
     _write_atomically(args.output, trace.to_json() + "\n")
     print(json.dumps({"output": str(args.output), "model": trace.model, "device": trace.device,
                       "layers": trace.num_layers, "forward_s": trace.total_forward_s,
@@ -442,7 +415,7 @@ def cmd_profile(args: argparse.Namespace) -> None:
 
 
 def cmd_plan(args: argparse.Namespace) -> None:
-    from repro.core.planners import make_plan
+    from repro.core.planners import PLANNERS, make_plan
 
     _check_output(args.output, args, stdout=True)
     given = {"threshold_bytes": args.threshold_bytes, "wire_dtype": args.wire_dtype,  # wire dtype: the planner
@@ -452,7 +425,7 @@ def cmd_plan(args: argparse.Namespace) -> None:
              "importance": args.importance, "lgp": False if args.no_lgp else None}
     options = {k: v for k, v in given.items() if v is not None}
     for name in options:
-        takers = _planners_taking(name)
+        takers = [n for n, fn in PLANNERS.items() if name in inspect.signature(fn).parameters]
         if args.solver not in takers:
             flag = "--no-lgp" if name == "lgp" else "--" + name.replace("_", "-")
             raise UsageError(f"{flag} does not apply to --solver {args.solver} (it applies to: {', '.join(takers)})")
@@ -470,19 +443,12 @@ def cmd_plan(args: argparse.Namespace) -> None:
     _emit(out, args.output)
 
 
-def _planners_taking(option: str) -> list[str]:
-    """Planners whose function has a parameter ``option``."""
-    from repro.core.planners import PLANNERS
-
-    return [n for n, fn in PLANNERS.items() if option in inspect.signature(fn).parameters]
-
-
 def cmd_simulate(args: argparse.Namespace) -> None:
     from repro.core.simulate import simulate
 
     _check_output(args.output, args, stdout=True)
     trace = load_trace(args.trace)
-    plan = _load_file("plan", args.plan, Plan.load)
+    plan = read_input("plan", args.plan, Plan.load)  # every error names the file
     try:
         plan.groups(trace)  # the plan's layers are the trace's: else one line naming both files
     except PlanError as e:
@@ -555,10 +521,7 @@ def cmd_compare(args: argparse.Namespace) -> None:
                   f"P={cost.workers}, cost: {cost.source}",
                   str(cost.meta.get("topk_source", f"top-k gamma {cost.topk_gamma_s:g} s"))]
         text = format_table(records, header)
-    if args.output is not None:
-        _write_atomically(args.output, text + "\n")
-    else:
-        print(text)
+    _write_atomically(args.output, text + "\n")
 
 
 def cmd_cost_fit(args: argparse.Namespace) -> None:
@@ -592,10 +555,8 @@ def cmd_cost_cluster(args: argparse.Namespace) -> None:
     for p in (2, args.gpus_per_node, 2 * args.gpus_per_node):  # a description no P can use fails here
         if p >= 2:
             cluster.cost_model(p)
-    try:  # what --cost / --network and the notebooks' presets will read: refused now, not there
-        ClusterDescription.from_dict(json.loads(cluster.to_json()), "the cluster file to write")
-    except (CostModelError, ValueError) as e:
-        raise UsageError(_first_line(e)) from None
+    # what --cost / --network and the notebooks' presets will read: refused now, not there
+    ClusterDescription.from_dict(json.loads(cluster.to_json()), "the cluster file to write")
     _emit(cluster.to_dict(), args.output)
 
 
@@ -712,7 +673,7 @@ def cmd_launch(args: argparse.Namespace) -> None:
 
 def cmd_calibrate(args: argparse.Namespace) -> None:
     """Fit a cost model on ``--nproc`` local ranks; every bound is checked before any rank starts."""
-    from repro.launch.local import RANK_MEMORY_BYTES, available_memory_bytes, max_local_ranks
+    from repro.launch.local import RANK_MEMORY_BYTES, available_memory_bytes
     from repro.runtime.calibrate import MEASURABLE, default_sizes_bytes, fit_on_ranks
 
     _check_local_flags(args)
@@ -734,19 +695,15 @@ def cmd_calibrate(args: argparse.Namespace) -> None:
         args.nproc = int(os.environ["WORLD_SIZE"])
     elif args.nproc is None:
         raise UsageError("calibrate needs --nproc N (ranks to start here), or --torchrun under torchrun")
-    if args.nproc < 2:
+    if args.nproc < 2:  # (more than this machine can run: _check_local_flags)
         raise UsageError("calibrate needs --nproc 2 or more")
-    limit, why = max_local_ranks()
-    if not args.torchrun and args.nproc > limit:
-        raise UsageError(f"--nproc {args.nproc} is more than this machine can run: at most {limit} ranks ({why})")
     if not 2 <= args.sizes <= 64:
         raise UsageError(f"--sizes must be between 2 and 64 (message sizes to fit a line through), got {args.sizes}")
     if not 1 <= args.repeats <= 1000:
         raise UsageError(f"--repeats must be between 1 and 1000, got {args.repeats}")
-    if args.min_bytes < 4:
-        raise UsageError(f"--min-bytes must be at least 4 (one float32 element), got {args.min_bytes}")
-    if args.max_bytes < 4:
-        raise UsageError(f"--max-bytes must be at least 4 (one float32 element), got {args.max_bytes}")
+    for flag, value in (("--min-bytes", args.min_bytes), ("--max-bytes", args.max_bytes)):
+        if value < 4:
+            raise UsageError(f"{flag} must be at least 4 (one float32 element), got {value}")
     if args.min_bytes > args.max_bytes:
         raise UsageError(f"--min-bytes ({args.min_bytes}) must not exceed --max-bytes ({args.max_bytes})")
     if args.max_bytes < 4 * args.min_bytes:
@@ -902,7 +859,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "the parameters' own precision")
     p.add_argument("--warmup", type=int, default=3, help="untimed iterations first (at most 1000)")
     p.add_argument("--iters", type=int, default=10, help="timed iterations (per-layer medians; at most 10000)")
-    p.add_argument("-o", "--output", type=_output_arg, required=True, help="trace JSON file to write")
+    p.add_argument("-o", "--output", required=True, help="trace JSON file to write")
     p.set_defaults(func=cmd_profile)
 
     from repro.core.planners import planner_names
@@ -931,7 +888,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--importance", choices=["position", "magnitude"], help="osp*: which layers go to stage 1 first "
                    "(magnitude needs a trace measured in a run; planner default position)")
     p.add_argument("--no-lgp", action="store_true", help="osp*: no local-gradient correction of stale parameters")
-    p.add_argument("-o", "--output", type=_output_arg, help="write the plan here instead of stdout")
+    p.add_argument("-o", "--output", help="write the plan here instead of stdout")
     _add_cost_flags(p)
     p.set_defaults(func=cmd_plan)
 
@@ -941,7 +898,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--trace", required=True, help="trace JSON file or shipped trace name")
     p.add_argument("--plan", required=True, type=Path, help="plan JSON file (from `repro plan`)")
     p.add_argument("--no-ops", action="store_true", help="omit the timeline")
-    p.add_argument("-o", "--output", type=_output_arg, help="write the result here instead of stdout")
+    p.add_argument("-o", "--output", help="write the result here instead of stdout")
     _add_cost_flags(p)
     p.set_defaults(func=cmd_simulate)
 
@@ -968,7 +925,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--time-budget-s", type=float, default=10.0,
                    help="exact planners (dear_optimal, omgs_optimal): seconds each may search before returning "
                         "its best plan with a proven gap")
-    p.add_argument("-o", "--output", type=_output_arg, help="write the result here instead of stdout")
+    p.add_argument("-o", "--output", help="write the result here instead of stdout")
     _add_cost_flags(p)
     p.set_defaults(func=cmd_compare)
 
@@ -987,7 +944,7 @@ def build_parser() -> argparse.ArgumentParser:
                                         "the CostModel JSON.")
     f.add_argument("measurements", type=Path, help="the CSV file")
     f.add_argument("--workers", type=int, help="fit the rows of this P (needed when the file has several)")
-    f.add_argument("-o", "--output", type=_output_arg, help="write the cost file here instead of stdout")
+    f.add_argument("-o", "--output", help="write the cost file here instead of stdout")
     f.set_defaults(func=cmd_cost_fit)
     c = cost_sub.add_parser("cluster", help="write a cluster file: a cost model for any P (links, node size)",
                             description="Write a cluster file (JSON, schema repro.launch, version 1): the node size, "
@@ -1008,7 +965,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--topk-device", metavar="GPU", help="top-k gamma of this GPU from the device table (K80, P100, "
                                                         "V100, A100, H100, P102)")
     c.add_argument("--name", help="a name for the cluster, recorded in the file and its cost models")
-    c.add_argument("-o", "--output", type=_output_arg, help="write the cluster file here instead of stdout")
+    c.add_argument("-o", "--output", help="write the cluster file here instead of stdout")
     c.set_defaults(func=cmd_cost_cluster)
 
     sub.add_parser("train", help="train one model with one scheduler, per rank (under torchrun); "
@@ -1048,7 +1005,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-bytes", type=int, default=16 * 2**20, help="largest message, bytes (>= 4 x --min-bytes)")
     p.add_argument("--sizes", type=int, default=8, help="number of message sizes, geometric (2-64)")
     p.add_argument("--repeats", type=int, default=5, help="timings per size (1-1000); the median counts")
-    p.add_argument("-o", "--output", type=_output_arg, help="write the CostModel JSON here instead of stdout")
+    p.add_argument("-o", "--output", help="write the CostModel JSON here instead of stdout")
     p.set_defaults(func=cmd_calibrate)
 
     listings = [

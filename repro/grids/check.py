@@ -58,10 +58,6 @@ def _smoke_ranks(ctx: Any, argvs: Sequence[Sequence[str]], progress: str) -> Non
                 f.write(f"{time.perf_counter() - t0:.3f}\n")
 
 
-def _first_line(e: BaseException) -> str:
-    return (str(e).splitlines() or [type(e).__name__])[0]
-
-
 def smoke(groups: Sequence[tuple[RunConfig, Sequence[RunConfig]]], runs_dir: str | Path | None = None, *,
           timeout_s: float = 600.0, pg_timeout_s: float = 60.0, on_result: Any = None) -> list[SmokeResult]:
     """Train each stand-in of ``groups`` (``(stand_in, runs)`` pairs, as from
@@ -88,7 +84,7 @@ def smoke(groups: Sequence[tuple[RunConfig, Sequence[RunConfig]]], runs_dir: str
                     launch_local(_smoke_ranks, world, args=(argvs, str(progress)), backend="gloo",
                                  timeout_s=timeout_s, pg_timeout_s=pg_timeout_s, quiet=True)
                 except (RankFailedError, LaunchTimeoutError) as e:
-                    error = _first_line(e)
+                    error = (str(e).splitlines() or [type(e).__name__])[0]
                 seconds = [float(x) for x in progress.read_text().split()]
                 for k, i in enumerate(todo[:len(seconds)]):
                     _record(results, groups, i, None, seconds[k], on_result)

@@ -407,10 +407,9 @@ def status_table(grid: Grid | Iterable[RunConfig], runs_dir: str | Path) -> list
     """One row per run of ``grid`` (a :class:`Grid` or runs): run_id, status, model, scheduler, P,
     precision, batch, nodes, processes."""
     runs = grid.runs if isinstance(grid, Grid) else list(grid)
-    return [{"run_id": r.run_id, "status": run_status(runs_dir, r.run_id), "model": r["model"],
-             "scheduler": r["scheduler"], "world_size": r["world_size"], "wire_dtype": r["wire_dtype"],
-             "batch_size": r["batch_size"], "nodes": r.nodes, "processes": r.processes}
-            for r in runs]
+    return [{"run_id": r.run_id, "status": run_status(runs_dir, r.run_id),
+             **{k: r[k] for k in ("model", "scheduler", "world_size", "wire_dtype", "batch_size")},
+             "nodes": r.nodes, "processes": r.processes} for r in runs]
 
 
 def count_status(rows: Sequence[Mapping[str, Any]]) -> dict[str, int]:

@@ -8,6 +8,7 @@ Every launcher first refuses, starting nothing, the runs their ranks would refus
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -38,7 +39,6 @@ LAUNCHERS = ("", "local", "slurm", "print")
 DEFAULT_PORT = 29500
 #: seconds :func:`emulate_nodes` leaves the other agents, after one failed, to stop by themselves
 _PEERS_GRACE_S = 30.0
-_SUBMITIT_HINT = "pip install submitit (or pip install 'repro[cluster]')"
 
 
 class GridStop(ValueError):
@@ -264,16 +264,15 @@ class SlurmResources:
         if self.signal_s >= self.time_min * 60:
             raise GridStop(f"slurm signal_s={self.signal_s}: the signal must come before the time limit "
                            f"(time_min={self.time_min} is {self.time_min * 60} s)")
-        for name in ("mem_gb", "checkpoint_every_min"):
+        for name, what, bound in (("mem_gb", "a positive number of GB", ranges.MEMORY_GB),
+                                  ("checkpoint_every_min", "a number of minutes >= 0 (0: only on the signal)",
+                                   ranges.MINUTES)):
             v = getattr(self, name)
             if v is None:
                 continue
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0 or \
                     (name == "mem_gb" and v == 0):
-                what = ("a positive number of GB" if name == "mem_gb"
-                        else "a number of minutes >= 0 (0: only on the signal)")
                 raise GridStop(f"slurm {name}={v!r}: expected {what}")
-            bound = ranges.MEMORY_GB if name == "mem_gb" else ranges.MINUTES
             if v > bound.high:
                 raise GridStop(f"slurm {name}={v!r}: outside the plausible range {bound.range_text()}")
         for name in ("partition", "account"):
@@ -306,15 +305,10 @@ class SlurmResources:
         """The ``#SBATCH`` lines of one job of ``run`` (one task per node)."""
         lines = [f"--job-name={run.run_id}", f"--nodes={run.nodes}", "--ntasks-per-node=1",
                  f"--time={self.time_min}", f"--signal=B:USR1@{self.signal_s}", "--requeue"]
-        gpus = self.gpus_for(run, device)
-        if gpus:
-            lines.append(f"--gpus-per-node={gpus}")
-        if self.cpus_per_task is not None:
-            lines.append(f"--cpus-per-task={self.cpus_per_task}")
-        if self.mem_gb is not None:
-            lines.append(f"--mem={int(math.ceil(self.mem_gb * 1024))}M")
-        lines += [f"--partition={self.partition}"] * (self.partition is not None)
-        lines += [f"--account={self.account}"] * (self.account is not None)
+        optional = {"gpus-per-node": self.gpus_for(run, device) or None, "cpus-per-task": self.cpus_per_task,
+                    "mem": None if self.mem_gb is None else f"{int(math.ceil(self.mem_gb * 1024))}M",
+                    "partition": self.partition, "account": self.account}
+        lines += [f"--{option}={value}" for option, value in optional.items() if value is not None]
         return ["#SBATCH " + line for line in [*lines, *self.extra]]
 
     def submitit_parameters(self, prefix: str = "slurm_") -> dict[str, Any]:
@@ -454,16 +448,6 @@ def local_gpu_count() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
-def _check_local(runs: Sequence[RunConfig], gpus: int) -> None:
-    for run in runs:
-        if run.nodes > 1:
-            raise GridStop(f"launcher='local' runs on this node only, but {run.run_id} needs {run.nodes} nodes x "
-                           f"{run.procs_per_node} GPUs: use launcher='slurm' or 'print'")
-        if run.processes > gpus:
-            raise GridStop(f"launcher='local' needs {run.processes} GPU(s) for {run.run_id} (P={run['world_size']}), "
-                           f"but this node has {gpus}: use launcher='slurm' or 'print'")
-
-
 def _log_path(logs_dir: Path, run: RunConfig, suffix: str = "") -> Path:
     logs_dir.mkdir(parents=True, exist_ok=True)
     return logs_dir / f"{run.run_id}{suffix}.log"
@@ -478,12 +462,20 @@ def launch_local_grid(runs: Sequence[RunConfig], runs_dir: str | Path, logs_dir:
     ``<logs_dir>/<run_id>.log``; a failed run is marked and the others go on. Returns the status counts."""
     todo = pending_runs(runs, runs_dir, overwrite=overwrite)
     refuse_bad_runs(todo, backend="nccl", device="cuda", launcher="local")
-    _check_local(todo, local_gpu_count() if gpus is None else gpus)
+    gpus = local_gpu_count() if gpus is None else gpus
+    for run in todo:
+        if run.nodes > 1:
+            raise GridStop(f"launcher='local' runs on this node only, but {run.run_id} needs {run.nodes} nodes x "
+                           f"{run.procs_per_node} GPUs: use launcher='slurm' or 'print'")
+        if run.processes > gpus:
+            raise GridStop(f"launcher='local' needs {run.processes} GPU(s) for {run.run_id} (P={run['world_size']}), "
+                           f"but this node has {gpus}: use launcher='slurm' or 'print'")
     logs = Path(logs_dir)
     for i, run in enumerate(todo, 1):
         print(f"[{i}/{len(todo)}] {run.run_id}", flush=True)
-        rc = _run_logged(torchrun_argv(run, runs_dir, backend="nccl", device="cuda"), _log_path(logs, run), timeout_s)
-        _record(runs_dir, run, rc, _log_path(logs, run))
+        log = _log_path(logs, run)
+        rc = _run_agents(torchrun_argv(run, runs_dir, backend="nccl", device="cuda"), [log], timeout_s)
+        _record(runs_dir, run, rc, log)
     return count_status(status_table(runs, runs_dir))
 
 
@@ -495,17 +487,6 @@ def quiet_torch_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
     return environ
 
 
-def _run_logged(argv: Sequence[str], log: Path, timeout_s: float, env: Mapping[str, str] | None = None) -> int:
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(list(argv), stdout=out, stderr=subprocess.STDOUT, env=quiet_torch_env(env),
-                                start_new_session=True)
-        try:
-            return proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            _kill(proc)
-            return 124
-
-
 def _kill(proc: subprocess.Popen) -> None:
     """End a torchrun agent we started and its workers (its own process group)."""
     if proc.poll() is None:
@@ -513,10 +494,8 @@ def _kill(proc: subprocess.Popen) -> None:
             os.killpg(proc.pid, signal.SIGTERM)
             proc.wait(timeout=15)
         except (ProcessLookupError, subprocess.TimeoutExpired):
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
             proc.wait()
 
 
@@ -536,15 +515,20 @@ def emulate_nodes(run: RunConfig, runs_dir: str | Path, logs_dir: str | Path, *,
     others have ``_PEERS_GRACE_S`` seconds to stop by themselves, then they are ended, as are agents that
     outlive ``timeout_s``: none is left behind. Logs: ``<logs_dir>/<run_id>.node<i>.log``."""
     refuse_bad_runs([run], backend=backend, device=device)
-    logs = Path(logs_dir)
-    environ = quiet_torch_env(env)
     argv = torchrun_argv(run, runs_dir, head="127.0.0.1", port=port, backend=backend, device=device)
+    return _run_agents(argv, [_log_path(Path(logs_dir), run, f".node{i}") for i in range(run.nodes)], timeout_s, env)
+
+
+def _run_agents(argv: Sequence[str], logs: Sequence[Path], timeout_s: float,
+                env: Mapping[str, str] | None = None) -> int:
+    """One agent of ``argv`` per log file (in its own session); 0 when every one succeeded, else the first
+    non-zero exit status (124: ``timeout_s`` passed). See :func:`emulate_nodes`."""
     procs, files = [], []
     try:
-        for i in range(run.nodes):
-            out = open(_log_path(logs, run, f".node{i}"), "wb")
+        for log in logs:
+            out = open(log, "wb")
             files.append(out)
-            procs.append(subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=environ,
+            procs.append(subprocess.Popen(list(argv), stdout=out, stderr=subprocess.STDOUT, env=quiet_torch_env(env),
                                           start_new_session=True))
         deadline = time.monotonic() + timeout_s
         first_failure = None
@@ -607,10 +591,8 @@ def _forward_usr1(grace_s: float = 0.0) -> bool:
         return True
     _AGENT["stopping"] = True
     for pid in _children(agent.pid):
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGUSR1)
-        except ProcessLookupError:
-            pass
     return ended.wait(grace_s) if grace_s > 0 else ended.is_set()
 
 
@@ -635,6 +617,8 @@ def _node_main(task: _NodeTask) -> int:
     not marked failed: its requeued job goes on."""
     import submitit
 
+    from repro.training.checkpoint import checkpoint_path
+
     job = submitit.JobEnvironment()
     head = job.hostnames[0] if task.run.nodes > 1 else "127.0.0.1"
     # two array tasks may share a head node: offset the rendezvous port by the job id (same on every node)
@@ -654,7 +638,7 @@ def _node_main(task: _NodeTask) -> int:
             pass
     rc = proc.returncode
     stopped = _AGENT.get("stopping") and rc != 0 and run_status(task.runs_dir, task.run.run_id) != "done" and \
-        _checkpoint_file(task).is_file()
+        checkpoint_path(task.runs_dir, task.run.run_id).is_file()
     _AGENT.clear()
     if stopped:  # checkpointed on SLURM's signal: the requeued job goes on
         return rc
@@ -663,20 +647,6 @@ def _node_main(task: _NodeTask) -> int:
     if rc != 0:
         raise RuntimeError(f"{task.run.run_id}: torchrun exited with status {rc} on {job.hostname} (log {log})")
     return rc
-
-
-def _checkpoint_file(task: _NodeTask) -> Path:
-    from repro.training.checkpoint import checkpoint_path
-
-    return checkpoint_path(task.runs_dir, task.run.run_id)
-
-
-def _submitit():
-    try:
-        import submitit
-    except ImportError:
-        raise GridStop(f"launcher='slurm' submits through submitit, which is not installed: {_SUBMITIT_HINT}") from None
-    return submitit
 
 
 def submit_slurm(runs: Sequence[RunConfig], runs_dir: str | Path, jobs_dir: str | Path, *, executor: Any = None,
@@ -696,7 +666,12 @@ def submit_slurm(runs: Sequence[RunConfig], runs_dir: str | Path, jobs_dir: str 
     refuse_bad_runs(todo, backend=backend, device=device, launcher="slurm")
     res.check_runs(todo, device)
     if executor is None:  # an executor given (a test's fake) needs no submitit here
-        executor = _submitit().AutoExecutor(folder=Path(jobs_dir) / "submitit")
+        try:
+            import submitit
+        except ImportError:
+            raise GridStop("launcher='slurm' submits through submitit, which is not installed: pip install submitit "
+                           "(or pip install 'repro[cluster]')") from None
+        executor = submitit.AutoExecutor(folder=Path(jobs_dir) / "submitit")
     logs = Path(jobs_dir) / "logs"
     shapes: dict[tuple[int, int], list[RunConfig]] = {}
     for run in todo:

@@ -47,11 +47,8 @@ def maybe_fail(where: str, rank: int | None = None) -> None:
     target, point, kind = spec
     if rank != target or point != where:
         return
-    what = f"fault injected by {ENV} on rank {rank} at {where}"
-    if kind == "config":
-        raise ValueError(what)
-    if kind == "error":
-        raise RuntimeError(what)
+    if kind in ("config", "error"):
+        raise {"config": ValueError, "error": RuntimeError}[kind](f"fault injected by {ENV} on rank {rank} at {where}")
     if kind == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
     time.sleep(3600.0)  # hang

@@ -171,24 +171,15 @@ def max_local_ranks() -> tuple[int, str]:
     return max(1, min(limits)), "; ".join(reasons)
 
 
-def _check_world_size(world_size: int) -> None:
-    limit, why = max_local_ranks()
-    if world_size > limit:
-        raise ValueError(f"world_size {world_size} is more than this machine can run: at most {limit} ranks ({why})")
-
-
-def _callable_name(fn: Any) -> tuple[str | None, str | None]:
-    while isinstance(fn, functools.partial):
-        fn = fn.func
-    return getattr(fn, "__module__", None), getattr(fn, "__qualname__", None)
-
-
 def _pack_target(fn: Callable, args: Sequence, kwargs: Mapping | None, what: str = "fn") -> tuple[bytes, bytes]:
     """Pickle ``fn`` (by reference) and its arguments, with a clear TypeError when the ranks could not import
     it; ``what`` names the function in messages."""
     if not callable(fn):
         raise TypeError(f"launch_local: {what} must be callable, got {type(fn).__name__}")
-    module, qualname = _callable_name(fn)
+    inner = fn
+    while isinstance(inner, functools.partial):
+        inner = inner.func
+    module, qualname = getattr(inner, "__module__", None), getattr(inner, "__qualname__", None)
     advice = ("launch_local runs fn in freshly spawned processes, which import it by name: define it with "
               "`def` at the top level of an importable .py module and import it from there")
     if qualname and "<lambda>" in qualname:
@@ -249,12 +240,10 @@ def _start_store(master_addr: str, world_size: int):
     raise DistributedSetupError(f"cannot host the rendezvous store on {master_addr}: {'; '.join(errors)}")
 
 
-def _signal_name(code: int) -> str:
-    if code is not None and code < 0:
-        try:
+def _signal_name(code: int | None) -> str:
+    with contextlib.suppress(ValueError):  # a number that names no signal: nothing
+        if code is not None and code < 0:
             return f" ({signal.Signals(-code).name})"
-        except ValueError:
-            return ""
     return ""
 
 
@@ -283,19 +272,16 @@ class _Supervisor:
     failed_ranks: set = field(default_factory=set)
 
     def read(self, rank: int) -> None:
-        conn = self.conns[rank]
+        self.awaiting.discard(rank)  # a rank sends one message at most
         try:
-            msg = conn.recv()
+            msg = self.conns[rank].recv()
         except EOFError:
-            self.awaiting.discard(rank)
             return
         except Exception as e:  # the result could not be unpickled here
-            self.awaiting.discard(rank)
             self._fail(_Failure(rank, 0, f"{self.labels[rank]} failed: its result could not be "
                                 f"unpickled in the launcher: {type(e).__name__}: {e}", time.time(),
                                 exc_type=type(e).__name__))
             return
-        self.awaiting.discard(rank)
         if msg[0] == "ok":
             self.results[rank] = msg[1]
         else:
@@ -310,11 +296,10 @@ class _Supervisor:
         proc = self.procs[rank]
         proc.join(timeout=1.0)
         # Everything the rank sent before exiting is in the pipe now.
-        while rank in self.awaiting:
-            if not self.conns[rank].poll(0):
-                self.awaiting.discard(rank)
-                break
-            self.read(rank)
+        if rank in self.awaiting:
+            if self.conns[rank].poll(0):
+                self.read(rank)
+            self.awaiting.discard(rank)
         if rank in self.failed_ranks:
             return
         code = proc.exitcode
@@ -428,22 +413,20 @@ def launch_local(fn: Callable | None = None, world_size: int | None = None, *, r
     pg_timeout_s = check_timeout_s("pg_timeout_s", pg_timeout_s)
     if backend is not None and str(backend).lower() not in SUPPORTED_BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; use one of {', '.join(SUPPORTED_BACKENDS)} or None")
-    if roles is None:
+    named_roles = roles is not None
+    if not named_roles:
         roles = [Role(DEFAULT_ROLE, fn, world_size, args, kwargs)]
-        named_roles = False
         payloads = [_pack_target(fn, args, kwargs)]
     else:
-        named_roles = True
         payloads = [_pack_target(role.fn, role.args, role.kwargs, what=f"role {role.name!r} fn") for role in roles]
         world_size = sum(role.count for role in roles)
-    _check_world_size(world_size)  # before anything per rank is built
+    limit, why = max_local_ranks()  # before anything per rank is built
+    if world_size > limit:
+        raise ValueError(f"world_size {world_size} is more than this machine can run: at most {limit} ranks ({why})")
     _check_backend_devices(backend, world_size)
     ranks = [(payload, role.name, i, role.count) for role, payload in zip(roles, payloads) for i in range(role.count)]
-    if named_roles:
-        labels = [f"rank {r} of {world_size} (role {name}, {i} of {count})"
-                  for r, (_p, name, i, count) in enumerate(ranks)]
-    else:
-        labels = [f"rank {r} of {world_size}" for r in range(world_size)]
+    labels = [f"rank {r} of {world_size}" + (f" (role {name}, {i} of {count})" if named_roles else "")
+              for r, (_p, name, i, count) in enumerate(ranks)]
     common = dict(backend=backend, pg_timeout_s=pg_timeout_s, threads_per_rank=threads_per_rank, env=env,
                   quiet=quiet, labels=labels, named_roles=named_roles)
     if emulate_bandwidth is None:
@@ -500,8 +483,7 @@ def _launch(ranks: Sequence[tuple[tuple[bytes, bytes], str, int, int]], *, backe
 
     world_size = len(ranks)
     log.info("starting %d rank(s) (backend %s, timeout %g s)", world_size, backend or "auto", timeout_s)
-    if reported_timeout_s is None:
-        reported_timeout_s = timeout_s
+    reported_timeout_s = reported_timeout_s or timeout_s
     start = time.monotonic()
     deadline = start + timeout_s
     store, master_host, port = _start_store(master_addr, world_size)
@@ -627,16 +609,6 @@ def _exit_rank(code: int) -> None:
     os._exit(code)
 
 
-def _thread_lock_for_tqdm() -> None:
-    """Give tqdm a thread lock before it makes its own ``multiprocessing.RLock``: a semaphore that a
-    rank killed on a timeout never unregisters, so the launcher's resource tracker would warn of a leak."""
-    try:
-        from tqdm import tqdm
-    except ImportError:
-        return
-    tqdm.set_lock(threading.RLock())
-
-
 def _report_failure(conn, exc: BaseException, comm: bool) -> None:
     """Send ``exc`` to the launcher and leave the rank with status 1 (no interpreter teardown)."""
     info = {"type": type(exc).__name__, "message": str(exc).strip().splitlines()[0] if str(exc).strip() else "",
@@ -661,7 +633,12 @@ def _rank_main(rank: int, payload: tuple[bytes, bytes], conn, env: dict, parent_
             _report_failure(conn, exc, comm=False)
     _watch_parent(parent_pid)
     os.environ.update(env)
-    _thread_lock_for_tqdm()
+    # tqdm gets a thread lock before it makes its own multiprocessing.RLock: a semaphore that a rank killed on a
+    # timeout never unregisters, so the launcher's resource tracker would warn of a leak.
+    with contextlib.suppress(ImportError):
+        from tqdm import tqdm
+
+        tqdm.set_lock(threading.RLock())
     if quiet:
         _flush_std()
         devnull = os.open(os.devnull, os.O_WRONLY)

@@ -155,6 +155,8 @@ def _is_root() -> bool:
 
 
 def _run(argv: Sequence[str], *, check: bool = True) -> subprocess.CompletedProcess:
+    """Run ``argv`` (its tool found by :func:`_which`); EmulationError unless it succeeds (with ``check``)."""
+    argv = [_which(argv[0]) or argv[0], *argv[1:]]
     try:
         proc = subprocess.run(list(argv), capture_output=True, text=True, timeout=_CMD_TIMEOUT_S,
                               stdin=subprocess.DEVNULL)
@@ -169,11 +171,11 @@ def _run(argv: Sequence[str], *, check: bool = True) -> subprocess.CompletedProc
 
 
 def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
-    return _run([_which("ip") or "ip", *args], check=check)
+    return _run(["ip", *args], check=check)
 
 
 def _tc(*args: str, check: bool = True) -> subprocess.CompletedProcess:
-    return _run([_which("tc") or "tc", *args], check=check)
+    return _run(["tc", *args], check=check)
 
 
 def _list_namespaces() -> list[str]:
@@ -225,8 +227,7 @@ def check_emulation_available() -> None:
         ]
         try:
             for what, argv in steps:
-                tool = _which(argv[0]) or argv[0]
-                proc = _run([tool, *argv[1:]], check=False)
+                proc = _run(argv, check=False)
                 if proc.returncode != 0:
                     detail = (proc.stderr or proc.stdout).strip().replace("\n", "; ")
                     fail(f"could not {what} ({' '.join(argv)}: {detail})")
@@ -333,10 +334,6 @@ def _read_records(d: Path) -> list[tuple[Path, dict]]:
     return records
 
 
-def _name_pattern(prefix: str) -> re.Pattern:
-    return re.compile(rf"^{re.escape(prefix)}([a-z0-9]+)-(b|\d+)$")
-
-
 def _remove_objects(namespaces: Sequence[str], links: Sequence[str], bridge: str | None) -> list[str]:
     """Delete host-side links (which takes their peers along), namespaces and the bridge; return problems."""
     problems = []
@@ -358,7 +355,7 @@ def cleanup_stale(prefix: str = DEFAULT_PREFIX) -> list[str]:
     if not _is_root():
         return []
     removed: list[str] = []
-    pattern = _name_pattern(prefix)
+    pattern = re.compile(rf"^{re.escape(prefix)}([a-z0-9]+)-(b|\d+)$")  # <prefix><run id>-<rank or b>
     with _registry_lock() as d:
         live_ids = set()
         for f, rec in _read_records(d):
@@ -659,7 +656,7 @@ class EmulatedNetwork:
 
     def run_in(self, rank: int, argv: Sequence[str], check: bool = True) -> subprocess.CompletedProcess:
         """Run a command inside rank ``rank``'s namespace (``ip netns exec``)."""
-        return _run([_which("ip") or "ip", "netns", "exec", self.namespaces[rank], *argv], check=check)
+        return _ip("netns", "exec", self.namespaces[rank], *argv, check=check)
 
     def check_connectivity(self, timeout_s: float = 5.0) -> None:
         """TCP from every namespace to the bridge address and to the next rank's address, else EmulationError."""
@@ -689,8 +686,7 @@ class EmulatedNetwork:
                     ring_ready.abort()
 
         def to_bridge(rank: int) -> None:
-            with socket.create_connection((self.master_address, port), timeout=timeout_s):
-                pass
+            socket.create_connection((self.master_address, port), timeout=timeout_s).close()
 
         ring_ports: dict[int, int] = {}
         ring_ready = threading.Barrier(self.world_size, timeout=timeout_s) if self.world_size > 1 else None

@@ -304,9 +304,8 @@ def _int_env(name: str, default: int | None = None) -> int:
 def _read_env() -> tuple[int, int, int, str, int]:
     missing = [name for name in _REQUIRED_ENV if not os.environ.get(name, "").strip()]
     if missing:
-        which = ", ".join(missing)
         raise DistributedSetupError(
-            f"environment variable{'s' if len(missing) > 1 else ''} {which} not set; {_ENV_HINT} "
+            f"environment variable{'s' if len(missing) > 1 else ''} {', '.join(missing)} not set; {_ENV_HINT} "
             f"(they set {', '.join(_REQUIRED_ENV)})")
     rank, world, local_rank, port = (_int_env(k) for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT"))
     if world < 1:
@@ -430,11 +429,10 @@ def init_distributed(backend: str | None = None, device: Any = None, timeout_s: 
     if ifname and not os.environ.get("GLOO_SOCKET_IFNAME"):
         os.environ["GLOO_SOCKET_IFNAME"] = ifname
 
-    kwargs: dict[str, Any] = {}
     if dev.type == "cuda":
         torch.cuda.set_device(dev)
-    if backend == "nccl":
-        kwargs["device_id"] = dev  # binds the communicator to this rank's GPU (eager NCCL init)
+    # nccl: device_id binds the communicator to this rank's GPU (eager NCCL init)
+    kwargs = {"device_id": dev} if backend == "nccl" else {}
     _roll_call(rank, world, join_timeout_s)
     dist.init_process_group(backend=backend, init_method="env://", timeout=timedelta(seconds=timeout_s), **kwargs)
     return DistContext(rank=rank, world_size=world, local_rank=local_rank, backend=backend, device=dev,
