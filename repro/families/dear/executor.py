@@ -248,10 +248,7 @@ class DeARExecutor(Executor):
             self._step_synchronized(amp)
             return
         check_scaled_step(amp, self._found_inf_report, "DeAR")
-        self._start_backward()   # no gradient at all this iteration: still every AG before the RS
-        self._fill_unwritten()
-        for bucket in self._buckets:
-            self._wait_rs(bucket)
+        self._finish_rs()
         skip = False
         if amp is not None:
             skip = self._found_inf(amp)
@@ -261,12 +258,7 @@ class DeARExecutor(Executor):
             bucket.inv_scale = None if amp is None else amp.inv_scale
             if skip:
                 bucket.local_missing = False
-            for slot in bucket.slots:
-                slot.written = False
-            bucket.pending = len(bucket.slots)
-        self._next_rs = len(self._buckets) - 1
-        self._in_backward = False
-        self.clock.end_iteration()  # a layer with no gradient in the next backward gets no time
+        self._end_backward()
         K = len(self._buckets)
         self._next_ag = K if skip else 0
         self._first_pending = K if skip else 0
@@ -297,10 +289,7 @@ class DeARExecutor(Executor):
             return
         if self._optimizer is None:
             raise RuntimeError("DeARExecutor: call wrap_optimizer(optimizer) before synchronize()")
-        self._start_backward()
-        self._fill_unwritten()
-        for bucket in self._buckets:
-            self._wait_rs(bucket)
+        self._finish_rs()
         handles = [self.stream.all_gather(bucket.buffer) for bucket in self._buckets]
         for bucket, handle in zip(self._buckets, handles):
             self._waits.wait(handle)
@@ -321,13 +310,25 @@ class DeARExecutor(Executor):
                             bucket.grads.mul_(amp.inv_scale)
                 self._optimizer.step()
         finally:
-            for bucket in self._buckets:
-                for slot in bucket.slots:
-                    slot.written = False
-                bucket.pending = len(bucket.slots)
-            self._next_rs = len(self._buckets) - 1
-            self._in_backward = False
-            self.clock.end_iteration()  # a layer with no gradient in the next backward gets no time
+            self._end_backward()
+
+    def _finish_rs(self) -> None:
+        """Every gradient in its bucket (missing ones as zeros) and every RS done; with no gradient at all
+        this iteration, still every AG before the RS."""
+        self._start_backward()
+        self._fill_unwritten()
+        for bucket in self._buckets:
+            self._wait_rs(bucket)
+
+    def _end_backward(self) -> None:
+        """Every bucket ready for the next backward's gradients."""
+        for bucket in self._buckets:
+            for slot in bucket.slots:
+                slot.written = False
+            bucket.pending = len(bucket.slots)
+        self._next_rs = len(self._buckets) - 1
+        self._in_backward = False
+        self.clock.end_iteration()  # a layer with no gradient in the next backward gets no time
 
     def flush(self) -> None:
         """Wait for all communication and apply every pending update (in bucket order)."""
