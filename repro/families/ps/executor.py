@@ -297,20 +297,22 @@ class PSExecutor(Executor):
         self._broadcast_buffers()
         self._flushed = True
 
+    def _tell_servers(self, kind: int) -> None:
+        """Send every server a ``kind`` header (waited for at the next :meth:`_drain_sends`)."""
+        self._sends += [dist.isend(_header(kind, self.step_index, self.device), dst=s, tag=_HEADER_TAG)
+                        for s in range(self.servers)]
+
     def _fetch(self) -> None:
-        sends = [dist.isend(_header(FETCH, self.step_index, self.device), dst=s, tag=_HEADER_TAG)
-                 for s in range(self.servers)]
+        self._tell_servers(FETCH)
         pending = [(b, dist.irecv(self._pull[0][b.index], src=b.server, tag=1 + b.index), self._pull[0][b.index])
                    for b in self.buckets]
         self._install(pending)
-        for w in sends:
-            _wait(w, f"worker rank {self.rank}", "a server")
+        self._drain_sends()
 
     def _broadcast_buffers(self) -> None:
         buffers = [b for b in self.model.buffers() if b.is_floating_point() or b.dtype == torch.int64]
-        first = self.servers
         for buf in buffers:
-            dist.broadcast(buf, src=first, group=self.group)
+            dist.broadcast(buf, src=self.servers, group=self.group)
 
     def _ask(self, server: int, kind: int, payload: Any = None) -> Any:
         """One request to ``server`` (``STATE``, or ``LOAD`` with ``payload``) and its answer."""
@@ -362,10 +364,8 @@ class PSExecutor(Executor):
         if self._stopped:
             return
         self.flush()
-        sends = [dist.isend(_header(STOP, self.step_index, self.device), dst=s, tag=_HEADER_TAG)
-                 for s in range(self.servers)]
-        for w in sends:
-            _wait(w, f"worker rank {self.rank}", "a server")
+        self._tell_servers(STOP)
+        self._drain_sends()
         self._stopped = True
         self._watch.remove()
         self._load_hook.remove()
