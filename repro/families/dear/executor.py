@@ -143,11 +143,14 @@ class DeARExecutor(Executor):
                 bucket = _Bucket(k, names, torch.zeros(padded, dtype=dtype, device=device))
                 offset = 0
                 for name, p in members:
-                    slot = _Slot(k, p, name, bucket.buffer[offset:offset + p.numel()])
+                    slot = _Slot(k, p, name, bucket.buffer[offset:offset + p.numel()], flag=len(bucket.slots))
                     bucket.slots.append(slot)
                     self._slots.append(slot)
                     offset += p.numel()
-                self._finish_bucket(bucket, offset)
+                bucket.grads = bucket.buffer[:offset]
+                bucket.flags = bucket.buffer[offset:offset + len(bucket.slots)]
+                bucket.pending = len(bucket.slots)
+                self._buckets.append(bucket)
         K = len(self._buckets)
         self._next_rs = K - 1          # next bucket whose RS is submitted (descending)
         self._next_ag = K              # next bucket whose AG is submitted (ascending); K: none pending
@@ -159,9 +162,8 @@ class DeARExecutor(Executor):
         self._synchronized = False     # synchronize() ran: param.grad holds this step's averaged gradient
         self.timings: list[DeARTiming] = []
         if self.options.record_timeline:
-            nbytes = [b.buffer.numel() * b.buffer.element_size() for b in self._buckets]
-            self.timings = ([DeARTiming(k, "reduce_scatter", b.layers, nbytes[k]) for k, b in enumerate(self._buckets)]
-                            + [DeARTiming(k, "allgather", b.layers, nbytes[k]) for k, b in enumerate(self._buckets)])
+            self.timings = [DeARTiming(b.index, kind, b.layers, b.buffer.numel() * b.buffer.element_size())
+                            for kind in ("reduce_scatter", "allgather") for b in self._buckets]
         self.clock = clock_for(model, self.options.clock)
         self.grad_ready_s = self.clock.ready  # layer -> ready time, resolved when read
         self._waits = waits_for(self._buckets[0].buffer.device)
@@ -178,15 +180,6 @@ class DeARExecutor(Executor):
             owned = sorted({bucket_of[id(p)] for p in module.parameters(recurse=False) if id(p) in bucket_of})
             if owned:
                 self._handles.append(module.register_forward_pre_hook(self._pre_hook(max(owned))))
-
-    def _finish_bucket(self, bucket: _Bucket, offset: int) -> None:
-        """``bucket``'s gradient part (its slots fill ``offset`` elements) and flags; appended."""
-        bucket.grads = bucket.buffer[:offset]
-        bucket.flags = bucket.buffer[offset:offset + len(bucket.slots)]
-        for i, slot in enumerate(bucket.slots):
-            slot.flag = i
-        bucket.pending = len(bucket.slots)
-        self._buckets.append(bucket)
 
     @property
     def num_buckets(self) -> int:
@@ -435,23 +428,20 @@ class DeARExecutor(Executor):
     def _apply(self, bucket: _Bucket) -> None:
         """Wait AG(k), start AG(k+1), average, and step the optimizer on bucket k's parameters only."""
         with self._use_guard.suspended():  # its own reads and writes of the parameters are not uses
-            self._apply_unwatched(bucket)
-
-    def _apply_unwatched(self, bucket: _Bucket) -> None:
-        k = bucket.index
-        self._submit_ag(k + 1)  # AG(k+1) overlaps bucket k's forward
-        handle, bucket.ag = bucket.ag, None
-        self._waits.wait(handle)  # CPU: on the host; CUDA: this stream waits for AG(k)'s event, the host does not
-        if self.timings:
-            self.timings[len(self._buckets) + k].fill(handle)
-        bucket.buffer.div_(self.world_size)
-        if bucket.inv_scale is not None:  # GradScaler: sum / P * (1 / scale), as DDP + GradScaler
-            bucket.grads.mul_(bucket.inv_scale)
-            bucket.inv_scale = None
-        self._step_bucket(bucket)
-        bucket.update_pending = False
-        self._use_guard.discard(slot.param for slot in bucket.slots)
-        self._advance_first_pending()
+            k = bucket.index
+            self._submit_ag(k + 1)  # AG(k+1) overlaps bucket k's forward
+            handle, bucket.ag = bucket.ag, None
+            self._waits.wait(handle)  # CPU: on the host; CUDA: this stream waits for AG(k)'s event, the host does not
+            if self.timings:
+                self.timings[len(self._buckets) + k].fill(handle)
+            bucket.buffer.div_(self.world_size)
+            if bucket.inv_scale is not None:  # GradScaler: sum / P * (1 / scale), as DDP + GradScaler
+                bucket.grads.mul_(bucket.inv_scale)
+                bucket.inv_scale = None
+            self._step_bucket(bucket)
+            bucket.update_pending = False
+            self._use_guard.discard(slot.param for slot in bucket.slots)
+            self._advance_first_pending()
 
     @torch.no_grad()
     def _step_bucket(self, bucket: _Bucket) -> None:
