@@ -185,22 +185,17 @@ class BucketedAllReduce:
         k = math.ceil((now - self.cycle_origin_s) / self.cycle_s - 1e-9)
         return self.cycle_origin_s + max(k, 0) * self.cycle_s
 
-    def _launchable(self) -> bool:
-        return self._next < len(self._buckets) and self._buckets[self._next].pending == 0
-
     def _tick_loop(self) -> None:
         """One iteration's cycle loop: at each tick, launch the buckets complete by then (plan order);
         ends when all are launched or the executor is removed."""
         while True:
             with self._wake:
-                while not self._closed and self._next < len(self._buckets) and not self._launchable():
+                while (not self._closed and self._next < len(self._buckets)
+                       and self._buckets[self._next].pending != 0):
                     self._wake.wait()
                 if self._closed or self._next >= len(self._buckets):
                     return
-                tick = self._next_tick_s(time.perf_counter())
-            delay = tick - time.perf_counter()
-            if delay > 0:
-                time.sleep(delay)
+            tick = self._sleep_to_tick()
             with self._wake:
                 if self._closed:
                     return
