@@ -362,16 +362,6 @@ class _Bucket:
     sent: torch.Tensor | None = None          # ... and the values sent, until after_backward counts them
 
 
-def _check_plan(model: nn.Module, plan: Plan | None, view: str) -> dict[str, list[tuple[str, nn.Parameter]]]:
-    if plan is None:
-        raise PlanError("the sparse executor needs a plan")
-    if plan.family != "sparse":
-        raise PlanError(f"SparseExecutor executes 'sparse' plans, got a '{plan.family}' plan "
-                        f"(solver '{plan.solver}')")
-    check_plan_fits(plan, model, view)
-    return layer_parameters(model, view)
-
-
 class SparseExecutor(Executor):
     """The sparse family's executor; ``compressor`` and ``memory`` default to :class:`TopKCompressor` at the
     plan's density and :class:`ResidualMemory`.
@@ -387,7 +377,13 @@ class SparseExecutor(Executor):
                  group: dist.ProcessGroup | None = None, compressor: Compressor | None = None,
                  memory: Memory | None = None) -> None:
         super().__init__(model, plan, options)
-        layers = _check_plan(model, plan, self.options.view)
+        if plan is None:
+            raise PlanError("the sparse executor needs a plan")
+        if plan.family != "sparse":
+            raise PlanError(f"SparseExecutor executes 'sparse' plans, got a '{plan.family}' plan "
+                            f"(solver '{plan.solver}')")
+        check_plan_fits(plan, model, self.options.view)
+        layers = layer_parameters(model, self.options.view)
         if not dist.is_initialized():
             raise RuntimeError("torch.distributed is not initialised: start ranks with repro.launch.local")
         self.compressor = compressor or TopKCompressor(plan.option("density"))
