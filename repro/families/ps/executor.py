@@ -203,7 +203,9 @@ class PSExecutor(Executor):
             raise grad_changed_error(changed)
         self._flushed = False
         self._push_all(synced)
-        self._install_stage_one()
+        self._install(self._stage1)
+        self._stage1 = []
+        self.step_index += 1
 
     def _check_loaded(self, optimizer: Any, state_dict: dict) -> dict:
         self._loaded = check_whole(state_dict)
@@ -274,11 +276,6 @@ class PSExecutor(Executor):
             for t in self.timings:
                 if t.bucket == bucket.index and t.end_s is None and bucket.stage == 1:
                     t.end_s = time.perf_counter()
-
-    def _install_stage_one(self) -> None:
-        self._install(self._stage1)
-        self._stage1 = []
-        self.step_index += 1
 
     def flush(self) -> None:
         """Install every pull (ASP/SSP: the servers' current values), then the first worker's buffers. A
