@@ -145,7 +145,9 @@ class BucketedAllReduce:
             with self._wake:
                 if self.cycle_origin_s is None:  # first gradient of the iteration: the backward start
                     self.cycle_origin_s = now
-                    self._start_ticker()
+                    if self._ticker is None or not self._ticker.is_alive():
+                        self._ticker = threading.Thread(target=self._tick_loop, name="horovod-cycle", daemon=True)
+                        self._ticker.start()
                 self._write(slot)
                 self._wake.notify_all()
         return hook
@@ -175,32 +177,17 @@ class BucketedAllReduce:
             return True
         return False
 
-    def _start_ticker(self) -> None:
-        if self._ticker is None or not self._ticker.is_alive():
-            self._ticker = threading.Thread(target=self._tick_loop, name="horovod-cycle", daemon=True)
-            self._ticker.start()
-
-    def _next_tick_s(self, now: float) -> float:
-        """The first tick at or after ``now`` (ticks every cycle_s from ``cycle_origin_s``)."""
-        k = math.ceil((now - self.cycle_origin_s) / self.cycle_s - 1e-9)
-        return self.cycle_origin_s + max(k, 0) * self.cycle_s
-
-    def _launchable(self) -> bool:
-        return self._next < len(self._buckets) and self._buckets[self._next].pending == 0
-
     def _tick_loop(self) -> None:
         """One iteration's cycle loop: at each tick, launch the buckets complete by then (plan order);
         ends when all are launched or the executor is removed."""
         while True:
             with self._wake:
-                while not self._closed and self._next < len(self._buckets) and not self._launchable():
+                while (not self._closed and self._next < len(self._buckets)
+                       and self._buckets[self._next].pending != 0):
                     self._wake.wait()
                 if self._closed or self._next >= len(self._buckets):
                     return
-                tick = self._next_tick_s(time.perf_counter())
-            delay = tick - time.perf_counter()
-            if delay > 0:
-                time.sleep(delay)
+            tick = self._sleep_to_tick()
             with self._wake:
                 if self._closed:
                     return
@@ -209,7 +196,9 @@ class BucketedAllReduce:
                 self._launch_ready(upto_s=tick)
 
     def _sleep_to_tick(self) -> float:
-        tick = self._next_tick_s(time.perf_counter())
+        """Sleep until the first tick at or after now (ticks every cycle_s from ``cycle_origin_s``); returns it."""
+        k = math.ceil((time.perf_counter() - self.cycle_origin_s) / self.cycle_s - 1e-9)
+        tick = self.cycle_origin_s + max(k, 0) * self.cycle_s
         delay = tick - time.perf_counter()
         if delay > 0:
             time.sleep(delay)

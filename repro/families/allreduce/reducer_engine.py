@@ -110,7 +110,13 @@ class ReducerAllReduce:
         # the one rebuild, now, from the plan's order (every rank does it: it broadcasts rank 0's buckets)
         self._reducer._push_all_rebuilt_params()
         self._reducer._rebuild_buckets()
-        self._check_buckets(reducer_params, bucket_indices)
+        # the reducer's buckets after its rebuild must be the plan's (membership and order)
+        position = {id(p): i for i, p in enumerate(reducer_params)}
+        got = [[position.get(id(p), -1) for p in gb.parameters()] for gb in self._reducer._get_zeros_like_grad_buckets()]
+        if got != bucket_indices:
+            self._reducer._remove_autograd_hooks()
+            raise PlanError(f"the C++ reducer formed {len(got)} bucket(s) where the plan has {len(bucket_indices)} "
+                            "(or other members); run it on the Python hook engine (engine='hooks')")
         self._reducer._set_ddp_runtime_logging_sample_rate(1)  # a ready stamp per parameter every iteration
         self.timings = [BucketTiming(k, tuple(b.layers), caps[k] - (flag_bytes if k == len(caps) - 1 else 0))
                         for k, b in enumerate(plan.buckets)]
@@ -125,15 +131,6 @@ class ReducerAllReduce:
         self._missing: list[int] | None = None  # set once this iteration's flags are marked
         self._prepare_s = math.nan
         self._forward_hook = model.register_forward_hook(self._after_forward)
-
-    def _check_buckets(self, reducer_params: list[torch.Tensor], bucket_indices: list[list[int]]) -> None:
-        """The reducer's buckets after its rebuild are the plan's (membership and order), else PlanError."""
-        position = {id(p): i for i, p in enumerate(reducer_params)}
-        got = [[position.get(id(p), -1) for p in gb.parameters()] for gb in self._reducer._get_zeros_like_grad_buckets()]
-        if got != bucket_indices:
-            self._reducer._remove_autograd_hooks()
-            raise PlanError(f"the C++ reducer formed {len(got)} bucket(s) where the plan has {len(bucket_indices)} "
-                            "(or other members); run it on the Python hook engine (engine='hooks')")
 
     def hold(self, held: bool) -> None:
         """While held (``no_sync``), forwards prepare no exchange: the backward accumulates locally."""

@@ -97,13 +97,12 @@ def check_buckets(buckets) -> None:
 
 
 def _inputs(trace, plan, cost):
-    return plan.groups(trace), comm_times_s(trace, plan, cost), trace.forward_s(), trace.backward_s()
+    return plan.groups(trace), comm_times_s(trace, plan, cost), trace.forward_s(), trace.backward_s(), trace.overheads
 
 
 def build_graph(trace, plan, cost) -> SimGraph:
     """The event-engine graph of one all-reduce iteration (priorities from the plan's messages)."""
-    groups, comm, fwd, bwd = _inputs(trace, plan, cost)
-    o = trace.overheads
+    groups, comm, fwd, bwd, o = _inputs(trace, plan, cost)
     tasks = allreduce_tasks(trace.names, fwd, bwd, groups, comm, pre_forward_s=o.pre_forward_s,
                             update_s=o.after_backward_s,
                             priorities=[b.messages[0].priority for b in plan.buckets],
@@ -116,8 +115,7 @@ def closed_form(trace, plan, cost) -> SimResult | None:
     """:func:`fifo_iteration_s` when every bucket has the same priority (pure FCFS); else None."""
     if len({b.messages[0].priority for b in plan.buckets}) > 1:
         return None
-    groups, comm, fwd, bwd = _inputs(trace, plan, cost)
-    o = trace.overheads
+    groups, comm, fwd, bwd, o = _inputs(trace, plan, cost)
     t = fifo_iteration_s(float(fwd.sum()), bwd, groups, comm, o.total_s, plan.option("cycle_s"))
     return SimResult(iteration_s=t, forward_s=float(fwd.sum()) + o.pre_forward_s,
                      backward_s=float(bwd.sum()) + o.after_backward_s, comm_s=float(np.sum(comm)))

@@ -160,13 +160,11 @@ class FSDPExecutor(Executor):
         """Copy the full (all-gathered) parameters and the buffers into the original model."""
         from torch.distributed.tensor import DTensor
 
-        originals = dict(self.model.named_parameters())
+        params, buffers = dict(self.model.named_parameters()), dict(self.model.named_buffers())
         for name, p in self._sharded.named_parameters():
-            full = p.full_tensor() if isinstance(p, DTensor) else p
-            originals[name].copy_(full)
-        originals_b = dict(self.model.named_buffers())
+            params[name].copy_(p.full_tensor() if isinstance(p, DTensor) else p)
         for name, b in self._sharded.named_buffers():
-            originals_b[name].copy_(b)
+            buffers[name].copy_(b)
 
     def remove(self) -> None:
         """Leave the original model holding the trained parameters and drop the sharded copy."""

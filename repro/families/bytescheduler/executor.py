@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -18,7 +18,8 @@ from repro.core.plan import Plan, PlanError
 from repro.runtime.buffers import broadcast_buffers
 from repro.runtime.clock import EventCompletions, clock_for
 from repro.runtime.deferred import ApplyBeforeUse, DeferredUpdateOptimizer, hyperparameters, stepping_with
-from repro.runtime.executor import Executor, ExecutorOptions, FoundInfReport, ScaledStep, check_scaled_step
+from repro.runtime.executor import (
+    Executor, ExecutorOptions, FoundInfReport, ScaledStep, check_scaled_step, timing_row)
 from repro.runtime.plan_fit import check_plan_fits
 from repro.workload.layers import layer_parameters
 
@@ -48,13 +49,7 @@ class ChunkTiming:
         done = self.__dict__.get("_done")
         if done is not None and self.ready_s == self.ready_s:
             done.wait(60.0)
-        out = {}
-        for f in fields(self):
-            v = getattr(self, f.name)
-            if f.name.endswith("_s"):
-                v = v - origin_s
-            out["start_s" if f.name == "launch_s" else f.name] = v
-        return out
+        return timing_row(self, origin_s, {"launch_s": "start_s"})
 
 
 class _Chunk:
@@ -219,11 +214,8 @@ class ByteSchedulerExecutor(Executor):
         check_plan_fits(plan, model, self.options.view)
         layers = layer_parameters(model, self.options.view)
         self._layers: dict[str, _Layer] = {}
-        pieces: dict[str, list] = {}
-        for b in plan.buckets:
-            if len(b.layers) != 1 or len(b.messages) != 1 or b.collective != "allreduce":
-                raise PlanError("a ByteScheduler chunk is one layer (or one piece of it) with one all-reduce")
-            pieces.setdefault(b.layers[0], []).append(b)
+        if any(len(b.layers) != 1 or len(b.messages) != 1 or b.collective != "allreduce" for b in plan.buckets):
+            raise PlanError("a ByteScheduler chunk is one layer (or one piece of it) with one all-reduce")
         self._chunks: list[_Chunk] = []
         for b in plan.buckets:  # chunk ids in plan order
             name = b.layers[0]
@@ -290,11 +282,7 @@ class ByteSchedulerExecutor(Executor):
                 self._hooks.append(p.register_post_accumulate_grad_hook(self._grad_hook(layer, k)))
         owner: dict[int, _Layer] = {id(p): layer for layer in self._layers.values() for p in layer.params}
         for m in model.modules():
-            mine = []
-            for p in m.parameters(recurse=False):
-                layer = owner.get(id(p))
-                if layer is not None and layer not in mine:
-                    mine.append(layer)
+            mine = list(dict.fromkeys(owner[id(p)] for p in m.parameters(recurse=False) if id(p) in owner))
             if mine:
                 mine.sort(key=lambda lay: min(c.priority for c in lay.chunks))
                 self._hooks.append(m.register_forward_pre_hook(self._pre_forward_hook(mine)))
@@ -358,10 +346,7 @@ class ByteSchedulerExecutor(Executor):
                 continue
             self._wait(layer)
             layer.buffer.div_(self.world_size)
-            used = self._used(layer)
-            for p, v, u in zip(layer.params, layer.views, used):
-                avg = v.view_as(p)
-                p.grad = None if not u else avg if avg.dtype == p.dtype else avg.to(p.dtype)
+            self._set_grads(layer)
             self._reset(layer)
         self._synchronized = True
 
@@ -525,52 +510,40 @@ class ByteSchedulerExecutor(Executor):
         self._use_guard.discard(layer.params)
 
     @staticmethod
-    def _used(layer: _Layer) -> list[bool]:
-        """Per parameter: whether some rank had a gradient for it (the flags are read only when this rank
-        lacked one: a device-to-host copy on GPUs)."""
-        if not layer.local_missing:
-            return [True] * len(layer.params)
-        return (layer.flags > 0).tolist()
+    def _set_grads(layer: _Layer) -> None:
+        """``param.grad`` <- the layer's averaged buffer (a view, cast if its dtype differs), None where no
+        rank had a gradient (the flags are read only when this rank lacked one: a device-to-host copy on
+        GPUs)."""
+        used = (layer.flags > 0).tolist() if layer.local_missing else [True] * len(layer.params)
+        for p, v, u in zip(layer.params, layer.views, used):
+            avg = v.view_as(p)
+            p.grad = None if not u else avg if avg.dtype == p.dtype else avg.to(p.dtype)
 
     def _apply(self, layer: _Layer) -> None:
         """Wait for ``layer``'s chunks and take the wrapped optimizer's step on its parameters alone."""
         with self._use_guard.suspended():  # its own reads and writes of the parameters are not uses
-            self._apply_unwatched(layer)
-
-    def _apply_unwatched(self, layer: _Layer) -> None:
-        self._wait(layer)
-        layer.buffer.div_(self.world_size)
-        if layer.inv_scale is not None:  # GradScaler: sum / P * (1 / scale), as DDP + GradScaler
-            layer.buffer.mul_(layer.inv_scale)
-        opt = self._optimizer
-        if opt is None:
-            raise RuntimeError("ByteSchedulerExecutor applies updates itself: call wrap_optimizer(optimizer) "
-                               "and step() the returned optimizer")
-        mine = {id(p) for p in layer.params}
-        saved = []
-        for group in opt.param_groups:
-            for p in group["params"]:
-                if p.grad is not None and id(p) not in mine:
-                    saved.append((p, p.grad))
-                    p.grad = None
-        own = [(p, p.grad) for p in layer.params]
-        for p, v, u in zip(layer.params, layer.views, self._used(layer)):
-            avg = v.view_as(p)
-            p.grad = None if not u else avg if avg.dtype == p.dtype else avg.to(p.dtype)
-        with stepping_with(opt, self._hyper):
-            opt.step()
-        for p, g in own + saved:
-            p.grad = g
-        self._reset(layer)
-
-    def _pick(self) -> list[_Chunk]:
-        """Rank 0, under the lock: ready chunks by (priority, readiness) while the credit allows."""
-        ready = sorted((c for c in self._chunks if c.state == _READY), key=lambda c: (c.priority, c.seq))
-        return pick_chunks(ready, self._in_flight_bytes, self.credit_bytes)
-
-    def _buffers_wanted(self) -> bool:
-        """Under the lock: a buffer broadcast this rank asked for that is not yet decided / received."""
-        return self._buf_requested > self._buf_decided
+            self._wait(layer)
+            layer.buffer.div_(self.world_size)
+            if layer.inv_scale is not None:  # GradScaler: sum / P * (1 / scale), as DDP + GradScaler
+                layer.buffer.mul_(layer.inv_scale)
+            opt = self._optimizer
+            if opt is None:
+                raise RuntimeError("ByteSchedulerExecutor applies updates itself: call wrap_optimizer(optimizer) "
+                                   "and step() the returned optimizer")
+            mine = {id(p) for p in layer.params}
+            saved = []
+            for group in opt.param_groups:
+                for p in group["params"]:
+                    if p.grad is not None and id(p) not in mine:
+                        saved.append((p, p.grad))
+                        p.grad = None
+            own = [(p, p.grad) for p in layer.params]
+            self._set_grads(layer)
+            with stepping_with(opt, self._hyper):
+                opt.step()
+            for p, g in own + saved:
+                p.grad = g
+            self._reset(layer)
 
     def _decide_loop(self) -> None:
         buf_id = len(self._chunks)  # the control message's id of "broadcast the buffers now"
@@ -581,30 +554,26 @@ class ByteSchedulerExecutor(Executor):
                     while True:
                         if self._closed:
                             return
-                        if self._buffers_wanted():  # the forward waits for it: before any chunk
+                        if self._buf_requested > self._buf_decided:  # the forward waits for it: before any chunk
                             self._buf_decided += 1
                             pick = None
                             break
-                        pick = self._pick()
+                        # ready chunks by (priority, readiness) while the credit allows
+                        ready = sorted((c for c in self._chunks if c.state == _READY),
+                                       key=lambda c: (c.priority, c.seq))
+                        pick = pick_chunks(ready, self._in_flight_bytes, self.credit_bytes)
                         if pick:
                             break
                         self._cond.wait()
                     if pick is not None:
-                        now = time.perf_counter()
-                        for c in pick:
-                            c.state = _DECIDED
-                            c.timing.decided_s = now
-                            self._in_flight_bytes += c.nbytes
-                if pick is None:
-                    msg[0] = 1
-                    msg[1] = buf_id
-                    dist.broadcast(msg, src=0, group=self._ctrl)
-                    self._broadcast_buffers()
-                    continue
-                msg[0] = len(pick)
-                msg[1:1 + len(pick)] = torch.tensor([c.id for c in pick], dtype=torch.int64)
+                        self._decide(pick)
+                ids = [buf_id] if pick is None else [c.id for c in pick]
+                msg[0] = len(ids)
+                msg[1:1 + len(ids)] = torch.tensor(ids, dtype=torch.int64)
                 dist.broadcast(msg, src=0, group=self._ctrl)
-                for c in pick:
+                if pick is None:
+                    self._broadcast_buffers()
+                for c in pick or ():
                     self._issue(c)
         except BaseException as e:  # surfaced in the main thread by _apply
             self._fail(e)
@@ -615,7 +584,7 @@ class ByteSchedulerExecutor(Executor):
         try:
             while True:
                 with self._cond:
-                    while not self._closed and not self._buffers_wanted() \
+                    while not self._closed and self._buf_requested <= self._buf_decided \
                             and not any(c.state == _READY for c in self._chunks):
                         self._cond.wait()
                     if self._closed:
@@ -624,7 +593,7 @@ class ByteSchedulerExecutor(Executor):
                 for cid in msg[1:1 + int(msg[0])].tolist():
                     if cid == buf_id:
                         with self._cond:
-                            while not self._buffers_wanted():
+                            while self._buf_requested <= self._buf_decided:  # not yet asked for here
                                 if self._closed:
                                     return
                                 self._cond.wait()
@@ -637,9 +606,7 @@ class ByteSchedulerExecutor(Executor):
                             if self._closed:
                                 return
                             self._cond.wait()
-                        c.state = _DECIDED
-                        c.timing.decided_s = time.perf_counter()
-                        self._in_flight_bytes += c.nbytes
+                        self._decide([c])
                     self._issue(c)
         except BaseException as e:
             self._fail(e)
@@ -649,6 +616,14 @@ class ByteSchedulerExecutor(Executor):
             if self._error is None:
                 self._error = e
             self._cond.notify_all()
+
+    def _decide(self, chunks: list[_Chunk]) -> None:
+        """Under the lock: ``chunks`` are decided (their bytes enter the credit)."""
+        now = time.perf_counter()
+        for c in chunks:
+            c.state = _DECIDED
+            c.timing.decided_s = now
+            self._in_flight_bytes += c.nbytes
 
     def _issue(self, c: _Chunk) -> None:
         c.timing.launch_s = time.perf_counter()

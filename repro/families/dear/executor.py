@@ -143,11 +143,14 @@ class DeARExecutor(Executor):
                 bucket = _Bucket(k, names, torch.zeros(padded, dtype=dtype, device=device))
                 offset = 0
                 for name, p in members:
-                    slot = _Slot(k, p, name, bucket.buffer[offset:offset + p.numel()])
+                    slot = _Slot(k, p, name, bucket.buffer[offset:offset + p.numel()], flag=len(bucket.slots))
                     bucket.slots.append(slot)
                     self._slots.append(slot)
                     offset += p.numel()
-                self._finish_bucket(bucket, offset)
+                bucket.grads = bucket.buffer[:offset]
+                bucket.flags = bucket.buffer[offset:offset + len(bucket.slots)]
+                bucket.pending = len(bucket.slots)
+                self._buckets.append(bucket)
         K = len(self._buckets)
         self._next_rs = K - 1          # next bucket whose RS is submitted (descending)
         self._next_ag = K              # next bucket whose AG is submitted (ascending); K: none pending
@@ -159,9 +162,8 @@ class DeARExecutor(Executor):
         self._synchronized = False     # synchronize() ran: param.grad holds this step's averaged gradient
         self.timings: list[DeARTiming] = []
         if self.options.record_timeline:
-            nbytes = [b.buffer.numel() * b.buffer.element_size() for b in self._buckets]
-            self.timings = ([DeARTiming(k, "reduce_scatter", b.layers, nbytes[k]) for k, b in enumerate(self._buckets)]
-                            + [DeARTiming(k, "allgather", b.layers, nbytes[k]) for k, b in enumerate(self._buckets)])
+            self.timings = [DeARTiming(b.index, kind, b.layers, b.buffer.numel() * b.buffer.element_size())
+                            for kind in ("reduce_scatter", "allgather") for b in self._buckets]
         self.clock = clock_for(model, self.options.clock)
         self.grad_ready_s = self.clock.ready  # layer -> ready time, resolved when read
         self._waits = waits_for(self._buckets[0].buffer.device)
@@ -178,15 +180,6 @@ class DeARExecutor(Executor):
             owned = sorted({bucket_of[id(p)] for p in module.parameters(recurse=False) if id(p) in bucket_of})
             if owned:
                 self._handles.append(module.register_forward_pre_hook(self._pre_hook(max(owned))))
-
-    def _finish_bucket(self, bucket: _Bucket, offset: int) -> None:
-        """``bucket``'s gradient part (its slots fill ``offset`` elements) and flags; appended."""
-        bucket.grads = bucket.buffer[:offset]
-        bucket.flags = bucket.buffer[offset:offset + len(bucket.slots)]
-        for i, slot in enumerate(bucket.slots):
-            slot.flag = i
-        bucket.pending = len(bucket.slots)
-        self._buckets.append(bucket)
 
     @property
     def num_buckets(self) -> int:
@@ -248,10 +241,7 @@ class DeARExecutor(Executor):
             self._step_synchronized(amp)
             return
         check_scaled_step(amp, self._found_inf_report, "DeAR")
-        self._start_backward()   # no gradient at all this iteration: still every AG before the RS
-        self._fill_unwritten()
-        for bucket in self._buckets:
-            self._wait_rs(bucket)
+        self._finish_rs()
         skip = False
         if amp is not None:
             skip = self._found_inf(amp)
@@ -261,12 +251,7 @@ class DeARExecutor(Executor):
             bucket.inv_scale = None if amp is None else amp.inv_scale
             if skip:
                 bucket.local_missing = False
-            for slot in bucket.slots:
-                slot.written = False
-            bucket.pending = len(bucket.slots)
-        self._next_rs = len(self._buckets) - 1
-        self._in_backward = False
-        self.clock.end_iteration()  # a layer with no gradient in the next backward gets no time
+        self._end_backward()
         K = len(self._buckets)
         self._next_ag = K if skip else 0
         self._first_pending = K if skip else 0
@@ -297,10 +282,7 @@ class DeARExecutor(Executor):
             return
         if self._optimizer is None:
             raise RuntimeError("DeARExecutor: call wrap_optimizer(optimizer) before synchronize()")
-        self._start_backward()
-        self._fill_unwritten()
-        for bucket in self._buckets:
-            self._wait_rs(bucket)
+        self._finish_rs()
         handles = [self.stream.all_gather(bucket.buffer) for bucket in self._buckets]
         for bucket, handle in zip(self._buckets, handles):
             self._waits.wait(handle)
@@ -321,13 +303,25 @@ class DeARExecutor(Executor):
                             bucket.grads.mul_(amp.inv_scale)
                 self._optimizer.step()
         finally:
-            for bucket in self._buckets:
-                for slot in bucket.slots:
-                    slot.written = False
-                bucket.pending = len(bucket.slots)
-            self._next_rs = len(self._buckets) - 1
-            self._in_backward = False
-            self.clock.end_iteration()  # a layer with no gradient in the next backward gets no time
+            self._end_backward()
+
+    def _finish_rs(self) -> None:
+        """Every gradient in its bucket (missing ones as zeros) and every RS done; with no gradient at all
+        this iteration, still every AG before the RS."""
+        self._start_backward()
+        self._fill_unwritten()
+        for bucket in self._buckets:
+            self._wait_rs(bucket)
+
+    def _end_backward(self) -> None:
+        """Every bucket ready for the next backward's gradients."""
+        for bucket in self._buckets:
+            for slot in bucket.slots:
+                slot.written = False
+            bucket.pending = len(bucket.slots)
+        self._next_rs = len(self._buckets) - 1
+        self._in_backward = False
+        self.clock.end_iteration()  # a layer with no gradient in the next backward gets no time
 
     def flush(self) -> None:
         """Wait for all communication and apply every pending update (in bucket order)."""
@@ -434,23 +428,20 @@ class DeARExecutor(Executor):
     def _apply(self, bucket: _Bucket) -> None:
         """Wait AG(k), start AG(k+1), average, and step the optimizer on bucket k's parameters only."""
         with self._use_guard.suspended():  # its own reads and writes of the parameters are not uses
-            self._apply_unwatched(bucket)
-
-    def _apply_unwatched(self, bucket: _Bucket) -> None:
-        k = bucket.index
-        self._submit_ag(k + 1)  # AG(k+1) overlaps bucket k's forward
-        handle, bucket.ag = bucket.ag, None
-        self._waits.wait(handle)  # CPU: on the host; CUDA: this stream waits for AG(k)'s event, the host does not
-        if self.timings:
-            self.timings[len(self._buckets) + k].fill(handle)
-        bucket.buffer.div_(self.world_size)
-        if bucket.inv_scale is not None:  # GradScaler: sum / P * (1 / scale), as DDP + GradScaler
-            bucket.grads.mul_(bucket.inv_scale)
-            bucket.inv_scale = None
-        self._step_bucket(bucket)
-        bucket.update_pending = False
-        self._use_guard.discard(slot.param for slot in bucket.slots)
-        self._advance_first_pending()
+            k = bucket.index
+            self._submit_ag(k + 1)  # AG(k+1) overlaps bucket k's forward
+            handle, bucket.ag = bucket.ag, None
+            self._waits.wait(handle)  # CPU: on the host; CUDA: this stream waits for AG(k)'s event, the host does not
+            if self.timings:
+                self.timings[len(self._buckets) + k].fill(handle)
+            bucket.buffer.div_(self.world_size)
+            if bucket.inv_scale is not None:  # GradScaler: sum / P * (1 / scale), as DDP + GradScaler
+                bucket.grads.mul_(bucket.inv_scale)
+                bucket.inv_scale = None
+            self._step_bucket(bucket)
+            bucket.update_pending = False
+            self._use_guard.discard(slot.param for slot in bucket.slots)
+            self._advance_first_pending()
 
     @torch.no_grad()
     def _step_bucket(self, bucket: _Bucket) -> None:

@@ -87,7 +87,7 @@ def threshold_sweep(trace: Trace, min_threshold_bytes: int = 0,
     nbytes = _layer_bytes(trace)
     top = int(nbytes.sum()) + 1 if max_threshold_bytes is None else int(max_threshold_bytes)
     for t, b in _sweep_bounds(nbytes, int(min_threshold_bytes), top):
-        yield t, [list(range(x, y)) for x, y in zip(b[:-1].tolist(), b[1:].tolist())]
+        yield t, _groups(b)
 
 
 def groups_period_s(trace: Trace, groups: Sequence[Sequence[int]], cost: CostModel) -> float:
@@ -334,10 +334,6 @@ def dear_optimal(trace: Trace, cost: CostModel, *, time_budget_s: float = DEFAUL
         # the incumbent when the label's position comes
         cand: list[list[np.ndarray]] = [[] for _ in range(L + 1)]
         nodes: list[tuple[int, int, int]] = []  # kept labels: (start, end, parent id)
-        j = np.arange(1, L + 1)
-        n0 = cum_n[j] - cum_n[0]
-        S0 = np.atleast_1d(model.rs(n0))
-        phi0, c0, M0 = np.maximum(model.pre, np.atleast_1d(model.ag(n0))), cum_c[j] - cum_c[0], ready[0] + S0
         first = np.stack([phi0, c0, S0, M0, np.zeros(L), np.full(L, -1.0), child_bound(phi0, c0, S0, M0, 0, j)],
                          axis=1)
         for k in range(L):
@@ -426,17 +422,16 @@ def dear_optimal(trace: Trace, cost: CostModel, *, time_budget_s: float = DEFAUL
                 cand[int(js[col])].append(part)
         return best, best_bounds, len(nodes), stopped, cand
 
+    # the labels of every first bucket [0, j)
     j = np.arange(1, L + 1)
-    n0 = cum_n[j]
-    root = float(np.min(lower_bound(np.maximum(model.pre, np.atleast_1d(model.ag(n0))), cum_c[j],
-                                    np.atleast_1d(model.rs(n0)), ready[0] + np.atleast_1d(model.rs(n0)), j)))
+    S0 = np.atleast_1d(model.rs(cum_n[j]))
+    phi0, c0, M0 = np.maximum(model.pre, np.atleast_1d(model.ag(cum_n[j]))), cum_c[j], ready[0] + S0
+    root = float(np.min(lower_bound(phi0, c0, S0, M0, j)))
     log.debug("dear_optimal: root bound %.9g s, incumbent %.9g s", root + model.straggler, best + model.straggler)
     # the exact pass's incumbent: a dive from every first bucket (a heuristic)
     stopped = None
     if DIVE_WIDTH:
-        S0 = np.atleast_1d(model.rs(n0))
-        got = dive(j, np.maximum(model.pre, np.atleast_1d(model.ag(n0))), cum_c[j], S0, ready[0] + S0, best,
-                   DIVE_WIDTH)
+        got = dive(j, phi0, c0, S0, M0, best, DIVE_WIDTH)
         if got is not None and model.period([0, *got[2]]) - model.straggler < best:
             best_bounds = [0, *got[2]]
             best = model.period(best_bounds) - model.straggler
@@ -449,9 +444,7 @@ def dear_optimal(trace: Trace, cost: CostModel, *, time_budget_s: float = DEFAUL
     else:
         best, best_bounds, labels, stopped, cand = run(best, best_bounds)
         proven = None if stopped is None else _pending_bound(cand, stopped, best, lower_bound)
-    groups = [list(range(x, y)) for x, y in zip(best_bounds[:-1], best_bounds[1:])]
-    meta = {"labels": labels}
-    plan = dear_plan(trace, groups, cost, "dear_optimal", **meta)
+    plan = dear_plan(trace, _groups(best_bounds), cost, "dear_optimal", labels=labels)
     bound = None if proven is None else proven + model.straggler
     search.record(plan.meta, plan.meta["iteration_s"], bound, 0 if stopped is None else stopped - 1)
     rivals = [("dear_model", lambda: dear_model(trace, cost)), ("dear_threshold", lambda: dear_threshold(trace, cost)),

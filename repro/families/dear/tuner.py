@@ -183,10 +183,7 @@ class DeARTunedExecutor(Executor):
 
     def step(self, amp: Any = None) -> None:
         """The loop's optimizer step: the current executor's, then the tuner measures (and may regroup)."""
-        if amp is None:
-            self.executor.step()
-        else:
-            self.executor.step(amp=amp)
+        self.executor.step(amp)
         self._after_step()
 
     def synchronize(self) -> None:

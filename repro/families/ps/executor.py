@@ -203,7 +203,9 @@ class PSExecutor(Executor):
             raise grad_changed_error(changed)
         self._flushed = False
         self._push_all(synced)
-        self._install_stage_one()
+        self._install(self._stage1)
+        self._stage1 = []
+        self.step_index += 1
 
     def _check_loaded(self, optimizer: Any, state_dict: dict) -> dict:
         self._loaded = check_whole(state_dict)
@@ -275,11 +277,6 @@ class PSExecutor(Executor):
                 if t.bucket == bucket.index and t.end_s is None and bucket.stage == 1:
                     t.end_s = time.perf_counter()
 
-    def _install_stage_one(self) -> None:
-        self._install(self._stage1)
-        self._stage1 = []
-        self.step_index += 1
-
     def flush(self) -> None:
         """Install every pull (ASP/SSP: the servers' current values), then the first worker's buffers. A
         collective of the workers, unless nothing happened since the last flush (then a no-op)."""
@@ -297,20 +294,22 @@ class PSExecutor(Executor):
         self._broadcast_buffers()
         self._flushed = True
 
+    def _tell_servers(self, kind: int) -> None:
+        """Send every server a ``kind`` header (waited for at the next :meth:`_drain_sends`)."""
+        self._sends += [dist.isend(_header(kind, self.step_index, self.device), dst=s, tag=_HEADER_TAG)
+                        for s in range(self.servers)]
+
     def _fetch(self) -> None:
-        sends = [dist.isend(_header(FETCH, self.step_index, self.device), dst=s, tag=_HEADER_TAG)
-                 for s in range(self.servers)]
+        self._tell_servers(FETCH)
         pending = [(b, dist.irecv(self._pull[0][b.index], src=b.server, tag=1 + b.index), self._pull[0][b.index])
                    for b in self.buckets]
         self._install(pending)
-        for w in sends:
-            _wait(w, f"worker rank {self.rank}", "a server")
+        self._drain_sends()
 
     def _broadcast_buffers(self) -> None:
         buffers = [b for b in self.model.buffers() if b.is_floating_point() or b.dtype == torch.int64]
-        first = self.servers
         for buf in buffers:
-            dist.broadcast(buf, src=first, group=self.group)
+            dist.broadcast(buf, src=self.servers, group=self.group)
 
     def _ask(self, server: int, kind: int, payload: Any = None) -> Any:
         """One request to ``server`` (``STATE``, or ``LOAD`` with ``payload``) and its answer."""
@@ -362,10 +361,8 @@ class PSExecutor(Executor):
         if self._stopped:
             return
         self.flush()
-        sends = [dist.isend(_header(STOP, self.step_index, self.device), dst=s, tag=_HEADER_TAG)
-                 for s in range(self.servers)]
-        for w in sends:
-            _wait(w, f"worker rank {self.rank}", "a server")
+        self._tell_servers(STOP)
+        self._drain_sends()
         self._stopped = True
         self._watch.remove()
         self._load_hook.remove()

@@ -60,11 +60,8 @@ def ps_layout(model: nn.Module, plan: Plan, view: str) -> list[_Bucket]:
 
 def _views(flat: torch.Tensor, tensors) -> list[torch.Tensor]:
     """Consecutive views of ``flat`` shaped as ``tensors``."""
-    out, off = [], 0
-    for t in tensors:
-        out.append(flat[off:off + t.numel()].view_as(t))
-        off += t.numel()
-    return out
+    sizes = [t.numel() for t in tensors]
+    return [v.view_as(t) for v, t in zip(flat[:sum(sizes)].split(sizes), tensors)]
 
 
 def _flatten_into(buf: torch.Tensor, tensors) -> None:

@@ -132,12 +132,14 @@ def simulate_ps(compute_s: Sequence[float], grad_bytes: float, push: Callable[[f
     """Run :func:`ps_tasks` on the event engine; the period is the mean over workers of the interval
     between compute starts, from iteration ``setting.warmup`` to the last."""
     tasks, compute = ps_tasks(compute_s, grad_bytes, push, pull, setting, update_s, lgp_s)
-    N = setting.workers
-    ops = run_tasks(tasks, frozenset(f"worker{w}" for w in range(N)))
+    ops = run_tasks(tasks, frozenset(f"worker{w}" for w in range(setting.workers)))
+    return PSResult(_period(ops, compute, setting), ops, compute)
+
+
+def _period(ops: list[Op], compute: list[list[int]], setting: PSSetting) -> float:
+    """The mean over workers of the interval between compute starts, from iteration ``warmup`` to the last."""
     first, last = setting.warmup, setting.iterations - 1
-    period = float(np.mean([(ops[compute[w][last]].start_s - ops[compute[w][first]].start_s) / (last - first)
-                            for w in range(N)]))
-    return PSResult(period, ops, compute)
+    return float(np.mean([(ops[row[last]].start_s - ops[row[first]].start_s) / (last - first) for row in compute]))
 
 
 def auto_stage2_share(compute_s: float, grad_bytes: float, push: Callable[[float], float],
@@ -229,13 +231,9 @@ def build_graph(trace, plan, cost, iterations: int = 8, warmup: int = 2) -> SimG
     push, pull = cost.line("push"), cost.line("pull")
     tasks, comp = ps_tasks([compute] * setting.workers, total, push, pull, setting, update_s, lgp_s,
                            stage_bytes=stage_bytes)
-    first, last = setting.warmup, setting.iterations - 1
-
-    def period(ops: list[Op]) -> float:
-        return float(np.mean([(ops[row[last]].start_s - ops[row[first]].start_s) / (last - first) for row in comp]))
-
     comm = sum(push(b) + pull(b) for b in nbytes)
     o = trace.overheads
     return SimGraph(tasks, frozenset(f"worker{w}" for w in range(setting.workers)),
                     forward_s=trace.total_forward_s + o.pre_forward_s,
-                    backward_s=trace.total_backward_s + o.straggler_s, comm_s=float(comm), iteration_s=period)
+                    backward_s=trace.total_backward_s + o.straggler_s, comm_s=float(comm),
+                    iteration_s=lambda ops: _period(ops, comp, setting))

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 import torch
@@ -23,7 +23,7 @@ from repro.runtime.deferred import DeferredUpdateOptimizer
 from repro.runtime.executor import Executor, ExecutorOptions, FoundInfReport, ScaledStep, check_scaled_step
 from repro.families.sparse.planners import _check_density
 from repro.families.sparse.topk import topk_indices
-from repro.families.sparse.simulate import INDEX_BYTES, TOPK_SCOPES, topk_count
+from repro.families.sparse.simulate import INDEX_BYTES, TOPK_SCOPES, topk_count, value_bytes
 from repro.runtime.plan_fit import check_plan_fits
 from repro.workload.layers import layer_parameters
 
@@ -278,12 +278,9 @@ def budget_counts(compensated: list[torch.Tensor], sent: list[torch.Tensor], tot
     cum = torch.cumsum(torch.cat(weights)[order], 0)
     at = int(torch.searchsorted(cum, torch.tensor([float(total)], dtype=torch.float64, device=cum.device)).item())
     tau = float(values_all[order[min(at, order.numel() - 1)]])
-    counts = []
-    for flat, values, floor in zip(compensated, sent, torch.stack(floors).tolist()):
-        if tau >= floor:
-            counts.append((values.detach().abs().float() >= tau).sum())
-        else:
-            counts.append((flat.detach().abs().float() >= tau).sum())
+    # a threshold at or above the bucket's least sent value is counted among the sent values, else over the bucket
+    counts = [((values if tau >= floor else flat).detach().abs().float() >= tau).sum()
+              for flat, values, floor in zip(compensated, sent, torch.stack(floors).tolist())]
     return torch.stack(counts).to(torch.int64)
 
 
@@ -362,16 +359,6 @@ class _Bucket:
     sent: torch.Tensor | None = None          # ... and the values sent, until after_backward counts them
 
 
-def _check_plan(model: nn.Module, plan: Plan | None, view: str) -> dict[str, list[tuple[str, nn.Parameter]]]:
-    if plan is None:
-        raise PlanError("the sparse executor needs a plan")
-    if plan.family != "sparse":
-        raise PlanError(f"SparseExecutor executes 'sparse' plans, got a '{plan.family}' plan "
-                        f"(solver '{plan.solver}')")
-    check_plan_fits(plan, model, view)
-    return layer_parameters(model, view)
-
-
 class SparseExecutor(Executor):
     """The sparse family's executor; ``compressor`` and ``memory`` default to :class:`TopKCompressor` at the
     plan's density and :class:`ResidualMemory`.
@@ -387,7 +374,13 @@ class SparseExecutor(Executor):
                  group: dist.ProcessGroup | None = None, compressor: Compressor | None = None,
                  memory: Memory | None = None) -> None:
         super().__init__(model, plan, options)
-        layers = _check_plan(model, plan, self.options.view)
+        if plan is None:
+            raise PlanError("the sparse executor needs a plan")
+        if plan.family != "sparse":
+            raise PlanError(f"SparseExecutor executes 'sparse' plans, got a '{plan.family}' plan "
+                            f"(solver '{plan.solver}')")
+        check_plan_fits(plan, model, self.options.view)
+        layers = layer_parameters(model, self.options.view)
         if not dist.is_initialized():
             raise RuntimeError("torch.distributed is not initialised: start ranks with repro.launch.local")
         self.compressor = compressor or TopKCompressor(plan.option("density"))
@@ -475,10 +468,8 @@ class SparseExecutor(Executor):
                 bucket.compensated, bucket.sent = flat, values
             if timing is not None:
                 self._ends.launch(lambda t, timing=timing: _stamp_launch(timing, t))
-                bucket.exchange = self.comm.start(values, indices, bucket.packed,
-                                                  lambda _m, end_s, t=timing: _stamp_end(t, end_s))
-            else:
-                bucket.exchange = self.comm.start(values, indices, bucket.packed)
+            on_end = None if timing is None else (lambda _m, end_s, t=timing: _stamp_end(t, end_s))
+            bucket.exchange = self.comm.start(values, indices, bucket.packed, on_end)
             self._next += 1
 
     def _settle_split(self) -> None:
@@ -688,11 +679,8 @@ def calibrate(trace, device, repeats: int, network_cost=None, *, density: float 
     ``network_cost`` (:class:`repro.core.cost.CostModelError` without it), else fitted on the live group over
     the message sizes this model sends; ``topk_gamma_s`` timed on this rank's device up to the whole model
     (at most 2**24 elements), the largest over the ranks."""
-    from dataclasses import replace
-
     from repro.families.sparse.calibrate import fit_topk
     from repro.runtime.calibrate import fit_cost_model
-    from repro.families.sparse.simulate import value_bytes
 
     density = _check_density(density)
     params = [int(n) for n in trace.params() if n > 0]

@@ -271,9 +271,7 @@ class _GroupsBound:
         self.c, self.cumP, self.cumT, self.cumS, self.min_comm = c, cumP, cumT, cumS, min_comm
         self.spar_f = c.fast()[0]
         self.L = len(cumP) - 1
-        line = c.cost.line("sparse_allgather")
-        per_k = line.b_s_per_byte * c.cost.workers * (c.value_bytes + INDEX_BYTES)
-        start = line.a_s * (1 if c.pack else 2)
+        per_k, start, _, _ = _CountBound._counts(c, cumP, 0.0)
         if np.any(np.asarray(params) <= 0):  # a group of parameter-free layers sends nothing
             start = 0.0
         self.start, self.per_k = start, per_k
@@ -295,14 +293,18 @@ class _GroupsBound:
     def __call__(self, C: np.ndarray, M: np.ndarray, f: int) -> np.ndarray:
         if f >= self.L:
             return M.copy()
-        X, Y, D = self.tables(f)
-        k = np.searchsorted(D, C - M, side="left")     # first m (index) where the comm side reaches the compute side
-        R = len(X)
-        at = np.minimum(k, R - 1)
-        before = np.maximum(k - 1, 0)
-        cand_x = np.where(k < R, np.maximum(M + X[at], C + Y[at]), np.inf)
-        cand_y = np.where(k > 0, np.maximum(M + X[before], C + Y[before]), np.inf)
-        return np.minimum(cand_x, cand_y)
+        return _least_max(*self.tables(f), C, M)
+
+
+def _least_max(X: np.ndarray, Y: np.ndarray, D: np.ndarray, C: np.ndarray, M: np.ndarray) -> np.ndarray:
+    """Per state, ``min_m max(M + X[m], C + Y[m])`` given ``D = X - Y`` non-decreasing: at the first ``m``
+    where the communication side ``M + X`` reaches the compute side ``C + Y``, or the one before."""
+    k = np.searchsorted(D, C - M, side="left")
+    R = len(D)
+    at, before = np.minimum(k, R - 1), np.maximum(k - 1, 0)
+    cand_x = np.where(k < R, np.maximum(M + X[at], C + Y[at]), np.inf)
+    cand_y = np.where(k > 0, np.maximum(M + X[before], C + Y[before]), np.inf)
+    return np.minimum(cand_x, cand_y)
 
 
 COUNT_WINDOW = 64   # group lengths the count bound evaluates one by one (longer ones: one split bound)
@@ -375,13 +377,7 @@ class _CountBound:
         self.root = float(self(np.zeros(1), np.zeros(1), 0)[0])
 
     def __call__(self, C: np.ndarray, M: np.ndarray, f: int) -> np.ndarray:
-        G, B, D = self.G[f], self.Bm[f], self.D[f]
-        k = np.searchsorted(D, C - M, side="left")  # first m where the communication side is the larger
-        R = len(D)
-        at, before = np.minimum(k, R - 1), np.maximum(k - 1, 0)
-        cand_x = np.where(k < R, np.maximum(C + G[at], M + B[at]), np.inf)
-        cand_y = np.where(k > 0, np.maximum(C + G[before], M + B[before]), np.inf)
-        return np.minimum(cand_x, cand_y)
+        return _least_max(self.Bm[f], self.G[f], self.D[f], C, M)
 
 
 def _omgs_round(L, upper, c, cumP, cumT, cumS, sparB, tbB, comm_rest, spar_rest, min_comm, groups_bound,

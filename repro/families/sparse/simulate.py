@@ -134,12 +134,14 @@ def sparse_tasks(names: Sequence[str], forward_s: np.ndarray, backward_s: np.nda
     return tasks
 
 
+def _inputs(trace, plan, cost):
+    return (plan.groups(trace), *sparse_times_s(trace, plan, cost), trace.forward_s(), trace.backward_s(),
+            trace.overheads)
+
+
 def build_graph(trace, plan, cost) -> SimGraph:
     """The event-engine graph of one sparse iteration (priorities from the buckets' first message)."""
-    groups = plan.groups(trace)
-    spar, msgs = sparse_times_s(trace, plan, cost)
-    fwd, bwd = trace.forward_s(), trace.backward_s()
-    o = trace.overheads
+    groups, spar, msgs, fwd, bwd, o = _inputs(trace, plan, cost)
     tasks = sparse_tasks(trace.names, fwd, bwd, groups, spar, msgs,
                          priorities=[b.messages[0].priority for b in plan.buckets],
                          pre_forward_s=o.pre_forward_s, update_s=o.after_backward_s)
@@ -152,10 +154,7 @@ def closed_form(trace, plan, cost) -> SimResult | None:
     """:func:`sparse_iteration_s` when every message has the same priority (pure FCFS); else None."""
     if len({m.priority for b in plan.buckets for m in b.messages}) > 1:
         return None
-    groups = plan.groups(trace)
-    spar, msgs = sparse_times_s(trace, plan, cost)
-    fwd, bwd = trace.forward_s(), trace.backward_s()
-    o = trace.overheads
+    groups, spar, msgs, fwd, bwd, o = _inputs(trace, plan, cost)
     comm = [sum(row) for row in msgs]
     t = sparse_iteration_s(float(fwd.sum()), bwd, groups, spar, comm, o.total_s)
     return SimResult(iteration_s=t, forward_s=float(fwd.sum()) + o.pre_forward_s,
