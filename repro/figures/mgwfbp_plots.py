@@ -12,15 +12,15 @@ import numpy as np
 import pandas as pd
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
-from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator
+from matplotlib.ticker import FuncFormatter, MaxNLocator
 
 from repro.costs.published_fits import mode_label
 from repro.figures.plots import flag_column, gantt, scheduler_lines
 from repro.figures.style import (DARK_GREY, GAP_FACTOR, OVERSUBSCRIBED_HATCH, PALETTE, add_gap_note, add_note,
                                  coinciding_lines, flat_brackets, gap_lines, hidden_markers, hidden_markers_text,
-                                 legend_below, sparse_log_ticks,
-                                 mark_oversubscribed, oversubscribed_handle, panel_figsize, paper_handle,
-                                 paper_marker_style, scheduler_label, scheduler_style, wrap_paragraphs)
+                                 legend_below, mark_oversubscribed, ordered, oversubscribed_handle, panel_figsize,
+                                 paper_handle, paper_marker_style, scheduler_label, scheduler_style, sparse_log_ticks,
+                                 wrap_paragraphs)
 
 __all__ = ["plot_layer_sizes", "plot_cost_models", "plot_timeline", "plot_sim_speedup", "plot_optimal_gap",
            "plot_allreduce_fit", "plot_real_speedup", "plot_breakdown", "plot_threshold_sweep", "plot_convergence",
@@ -196,9 +196,6 @@ def plot_cost_models(table: pd.DataFrame, hop_note: str = "", paper_fits: pd.Dat
                               (axes[1], "per-byte b (ns/byte)", "per-byte b")):
         _log2_x(ax)
         ax.set_yscale("log")
-        ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
-        ax.yaxis.set_major_formatter(_PLAIN)
-        ax.yaxis.set_minor_formatter(FuncFormatter(lambda v, _pos: ""))
         ax.set_xlabel("workers P")
         ax.set_ylabel(ylabel)
         ax.set_title(title)
@@ -288,8 +285,7 @@ def plot_sim_speedup(table: pd.DataFrame, paper: pd.DataFrame | None = None,
         ax = fig.add_subplot(cell[0])
         axr = fig.add_subplot(cell[1], sharex=ax)
         sub = drawn[(drawn["model"] == model) & (drawn["network"] == net)]
-        names = [s for s in order if s in set(sub["scheduler"])] + \
-                [s for s in dict.fromkeys(sub["scheduler"]) if s not in order]
+        names = ordered(sub["scheduler"], order)
         scheduler_lines(ax, sub, x="workers", y="speedup", hue="scheduler", order=names, logx=True, legend=False)
         rel = sub[sub["origin"] == "simulated"]
         scheduler_lines(axr, rel, x="workers", y="relative_to_best", hue="scheduler",
@@ -446,16 +442,12 @@ def plot_allreduce_fit(errors: pd.DataFrame, fits: pd.DataFrame, note: str, pape
     axes[1].set_xlabel("message bytes")
     axes[1].set_ylabel("fit error: fitted / measured - 1 (%)")
     axes[1].set_title("relative error of the fit per size", fontsize="small")
-    handles, labels = axes[0].get_legend_handles_labels()
-    if any_over:
-        h = oversubscribed_handle()
-        handles, labels = handles + [h], labels + [h.get_label()]
+    handles = axes[0].get_legend_handles_labels()[0] + ([oversubscribed_handle()] if any_over else [])
     if with_paper:
-        ph = _paper_fit_panel(axes[2], paper_fits)
-        handles, labels = handles + ph, labels + [h.get_label() for h in ph]
+        handles += _paper_fit_panel(axes[2], paper_fits)
     fig.suptitle(f"All-reduce on the live process group ({note})"
                  + ("; right: the paper's fitted lines" if with_paper else ""))
-    legend_below(fig, handles, labels, ncol=3 if with_paper else 2)
+    legend_below(fig, handles, ncol=3 if with_paper else 2)
     fig.tight_layout()
     return fig
 
@@ -468,53 +460,42 @@ def plot_real_speedup(speedup: pd.DataFrame, note: str, paper: pd.DataFrame | No
     pub_models = [] if paper is None or not len(paper) else \
         list(dict.fromkeys(paper[paper["origin"] == "paper"]["model"]))
     n = max(len(models), len(pub_models))  # columns; the published panels get a row of their own
-    grid, axes = plt.subplots(2 if pub_models else 1, n, figsize=(4.0 * n + 0.6, 7.6 if pub_models else 3.8),
-                              squeeze=False)
-    fig = grid
+    fig, axes = plt.subplots(2 if pub_models else 1, n, figsize=(4.0 * n + 0.6, 7.6 if pub_models else 3.8),
+                             squeeze=False)
     for ax in list(axes[0][len(models):]) + (list(axes[1][len(pub_models):]) if pub_models else []):
         ax.set_visible(False)
     axes = np.array(list(axes[0][:len(models)]) + (list(axes[1][:len(pub_models)]) if pub_models else []))
     order = ["linear", "wfbp", "syncea", "threshold", "ddp_buckets", "ddp", "ddp_threshold", "mgwfbp", "optimal"]
     tiny = "tiny" in note
-    for ax, m in zip(axes.flat, models):
-        sub = speedup[speedup.model == m]
-        names = [s for s in order if s in set(sub.scheduler)] + [s for s in dict.fromkeys(sub.scheduler)
-                                                                  if s not in order]
+    panels = [(m, speedup[speedup.model == m], None) for m in models] + \
+        [(m, g[g.origin != "paper"], g[g.origin == "paper"]) for m in pub_models for g in [paper[paper.model == m]]]
+    for ax, (m, sub, pub) in zip(axes.flat, panels):
+        names = ordered(sub.scheduler, order) if pub is None else [s for s in order if s in set(sub.scheduler)]
         scheduler_lines(ax, sub, x="workers", y="speedup", hue="scheduler", order=names, logx=True, legend=False)
         ax.set_yscale("log", base=2)
         ax.yaxis.set_major_formatter(_PLAIN)
-        ax.set_xticks(sorted(set(sub.workers)))
+        ax.set_xticks(sorted(set(sub.workers if pub is None else pub.workers)))
         ax.set_ylabel("speedup (log scale)")
-        ax.set_xlabel("workers (ranks)")
-        ax.set_title(f"{m} (ours, measured{', tiny' if tiny else ''})", fontsize="small")
-    for ax, m in zip(list(axes.flat)[len(models):], pub_models):
-        sub = paper[(paper.model == m) & (paper.origin != "paper")]
-        names = [s for s in order if s in set(sub.scheduler)]
-        scheduler_lines(ax, sub, x="workers", y="speedup", hue="scheduler", order=names, logx=True, legend=False)
-        pub = paper[(paper.model == m) & (paper.origin == "paper")]
+        if pub is None:
+            ax.set_xlabel("workers (ranks)")
+            ax.set_title(f"{m} (ours, measured{', tiny' if tiny else ''})", fontsize="small")
+            continue
         for s_, g in pub.groupby("scheduler"):
             ax.scatter(g["workers"], g["speedup"], **paper_marker_style(s_, size=80))
-        ax.set_yscale("log", base=2)
-        ax.yaxis.set_major_formatter(_PLAIN)
-        ax.set_xticks(sorted(set(pub.workers)))
-        ax.set_ylabel("speedup (log scale)")
         ax.set_xlabel("K80 nodes")
         b = pub["batch_size"].dropna()
         ax.set_title(f"{m}{f' (batch {int(b.iloc[0])})' if len(b) else ''}, K80, 10GbE:\n"
                      "paper (INFOCOM'19, measured) vs simulated", fontsize="small")
-    handles, labels = axes.flat[0].get_legend_handles_labels()
-    seen = set(labels)
-    for ax in list(axes.flat)[len(models):]:
+    handles = {}  # label -> handle: the first panel's, then the published panels' new ones
+    for ax in [axes.flat[0], *list(axes.flat)[len(models):]]:
         for h, lab in zip(*ax.get_legend_handles_labels()):
-            if lab not in seen:
-                seen.add(lab)
-                handles, labels = handles + [h], labels + [lab]
+            handles.setdefault(lab, h)
+    handles = list(handles.values())
     if pub_models:
-        h = paper_handle("paper (MG-WFBP INFOCOM'19, measured; hollow diamonds); lines in the K80 panels: simulated")
-        handles, labels = handles + [h], labels + [h.get_label()]
+        handles.append(paper_handle("paper (MG-WFBP INFOCOM'19, measured; hollow diamonds); lines in the K80 panels: "
+                                    "simulated"))
     if flag_column(speedup).any():
-        h = oversubscribed_handle()
-        handles, labels = handles + [h], labels + [h.get_label()]
+        handles.append(oversubscribed_handle())
     title = f"Speedup over one worker, measured ({note})"
     if pub_models:  # the bottom panels are our simulation of the paper's K80 setting, not measurements
         top = f"{_panels(len(models), 'top')} measured ({note})" if models else "no panel measured"
@@ -524,7 +505,7 @@ def plot_real_speedup(speedup: pd.DataFrame, note: str, paper: pd.DataFrame | No
     width = max(60, int((4.0 * n + 0.6) * 11))
     fig.suptitle("\n".join(_pack_parts(title, width) + _pack_parts(verdicts, width)),
                  fontsize="medium" if verdicts else None)
-    legend_below(fig, handles, labels, ncol=min(len(handles), 4))
+    legend_below(fig, handles, ncol=min(len(handles), 4))
     fig.tight_layout()
     for k, ax in enumerate(axes.flat):  # with the final limits and sizes: markers on top of others named
         simulated = k >= len(models)
@@ -571,8 +552,7 @@ _BREAKDOWN_ORDER = ("wfbp", "syncea", "threshold", "ddp_buckets", "ddp", "mgwfbp
 
 
 def _dtypes(table: pd.DataFrame) -> list[str]:
-    present = list(dict.fromkeys(table["wire_dtype"].fillna("float32")))
-    return [d for d in ("float32", "float16") if d in present] + [d for d in present if d not in ("float32", "float16")]
+    return ordered(table["wire_dtype"].fillna("float32"), ("float32", "float16"))
 
 
 def _fp(dt: str) -> str:
@@ -645,8 +625,7 @@ def plot_breakdown(breakdown: pd.DataFrame, note: str, paper_scale: pd.DataFrame
     tiny = "tiny" in note
     for r, m in enumerate(models):
         sub_m = breakdown[breakdown.model == m]
-        names = [s for s in _BREAKDOWN_ORDER if s in set(sub_m.scheduler)] + \
-                [s for s in dict.fromkeys(sub_m.scheduler) if s not in _BREAKDOWN_ORDER]
+        names = ordered(sub_m.scheduler, _BREAKDOWN_ORDER)
         p = int(sub_m.workers.max()) if len(sub_m) else 0
         first = None
         for c, source in enumerate(("measured", "simulated")):
@@ -792,18 +771,15 @@ def plot_threshold_sweep(sweep: pd.DataFrame, refs: pd.DataFrame | None = None, 
                 add_note(ax, "MG-WFBP and Optimal coincide")
         for ax in axes[r][len(pmodels):]:
             ax.set_visible(False)
-    handles, labels = [], []
+    handles = {}
     for ax in axes.flat:
         for h, lab in zip(*ax.get_legend_handles_labels()):
-            if lab not in labels:
-                handles, labels = handles + [h], labels + [lab]
-    if any_over:
-        h = oversubscribed_handle()
-        handles, labels = handles + [h], labels + [h.get_label()]
+            handles.setdefault(lab, h)
+    handles = list(handles.values()) + ([oversubscribed_handle()] if any_over else [])
     line = threshold_verdict_text(paper_scale) if with_paper else ""
     fig.suptitle(f"Iteration time vs fixed fusion threshold, measured and simulated ({note})"
                  + (f"\n{_wrap_line(line, 4.2 * ncols)}" if line else ""))
-    legend_below(fig, handles, labels, ncol=3)
+    legend_below(fig, handles, ncol=3)
     fig.tight_layout()
     add_gap_note(fig, gaps, head="More than 2x apart (measured vs measured of one plan, or vs simulated):")
     return fig
