@@ -24,18 +24,12 @@ def flag_column(df, column: str | None = OVERSUBSCRIBED_COLUMN):
     return df[column].fillna(False).astype(bool).to_numpy()
 
 
-def _field(op: Any, name: str, default: Any = None) -> Any:
-    if isinstance(op, Mapping):
-        return op.get(name, default)
-    return getattr(op, name, default)
-
-
 def _normalize_ops(ops: Any) -> list[dict[str, Any]]:
     if hasattr(ops, "to_dict") and hasattr(ops, "columns"):  # a pandas DataFrame
         ops = ops.to_dict("records")
     out = []
     for i, op in enumerate(ops):
-        d = {k: _field(op, k) for k in _OP_FIELDS}
+        d = {k: op.get(k) if isinstance(op, Mapping) else getattr(op, k, None) for k in _OP_FIELDS}
         for k in ("stream", "kind", "start_s", "end_s"):
             if d[k] is None:
                 raise ValueError(f"operation {i} has no '{k}': {op!r}")
@@ -139,11 +133,7 @@ def scheduler_lines(ax, df, *, x: str, y: str, hue: str = "scheduler", order: Se
     ax.set_xlabel(x)
     ax.set_ylabel(y)
     if legend and names:
-        handles, labels = ax.get_legend_handles_labels()
-        if marked:
-            h = oversubscribed_handle()
-            handles, labels = handles + [h], labels + [h.get_label()]
-        legend_outside(ax, handles, labels)
+        legend_outside(ax, ax.get_legend_handles_labels()[0] + ([oversubscribed_handle()] if marked else []))
     return ax
 
 
@@ -171,9 +161,5 @@ def stacked_bars(ax, df, *, x: str, parts: Sequence[str], colors: Mapping[str, s
     ax.set_xticklabels([str(v) for v in df[x]])
     ax.grid(axis="x", visible=False)
     if legend and len(parts):
-        handles, labs = ax.get_legend_handles_labels()
-        if flags.any():
-            h = oversubscribed_handle("bar")
-            handles, labs = handles + [h], labs + [h.get_label()]
-        legend_outside(ax, handles, labs)
+        legend_outside(ax, ax.get_legend_handles_labels()[0] + ([oversubscribed_handle("bar")] if flags.any() else []))
     return ax

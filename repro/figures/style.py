@@ -175,10 +175,7 @@ def canonical_scheduler(name: str) -> str:
     if key in _ALIASES:
         return _ALIASES[key]
     squashed = key.replace("_", "")
-    for k in STYLES:
-        if k.replace("_", "") == squashed:
-            return k
-    return _ALIASES.get(squashed, key)
+    return next((k for k in STYLES if k.replace("_", "") == squashed), _ALIASES.get(squashed, key))
 
 
 def _style(name: str) -> SchedulerStyle:
