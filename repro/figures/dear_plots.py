@@ -17,7 +17,7 @@ from matplotlib.patches import Patch
 from matplotlib.ticker import FuncFormatter
 
 from repro.figures.mgwfbp_plots import cost_mode_label
-from repro.figures.plots import gantt
+from repro.figures.plots import _gantt_ops, gantt
 from repro.figures.style import PALETTE, kind_color, legend_below, ms_text, ordered, scheduler_style
 
 __all__ = ["METHOD_ORDER", "method_style", "method_label", "plot_timeline", "plot_scaling",
@@ -58,24 +58,6 @@ def method_label(name: str) -> str:
 
 # -- dear.timeline
 
-def _drawable(ops: pd.DataFrame, span_s: float, min_label_frac: float = 0.035) -> pd.DataFrame:
-    """Ops ready for :func:`gantt` (``row`` as the stream): back-to-back computation of one kind merged
-    into one bar; communication bars keep their bucket label when wide enough."""
-    out: list[dict] = []
-    for r in ops.sort_values("start_s", kind="stable").to_dict("records"):
-        r = {**r, "stream": r["row"]}
-        if r["row"] != "comm" or (r["end_s"] - r["start_s"]) < min_label_frac * span_s:
-            r["label"] = ""
-        if r["row"] == "compute":
-            last = next((o for o in reversed(out) if o["stream"] == "compute"), None)
-            if (last is not None and last["kind"] == r["kind"]
-                    and abs(last["end_s"] - r["start_s"]) <= 1e-9 * max(1.0, span_s)):
-                last["end_s"] = r["end_s"]
-                continue
-        out.append(r)
-    return pd.DataFrame(out)
-
-
 def _titled(title: str, table: pd.DataFrame, cost_mode: str | None) -> str:
     """``title`` with the cost mode (``cost_mode``, else the table's column): a closing "(simulated)"
     becomes "(simulated, <mode>)", any other title gains "(<mode>)"."""
@@ -101,8 +83,9 @@ def plot_timeline(ops: pd.DataFrame, title: str, note: str = "", cost_mode: str 
         ax = fig.add_subplot(gs[i], sharex=axes[0] if axes else None)
         axes.append(ax)
         sub = ops[ops["scheduler"] == s]
-        gantt(ax, _drawable(sub, t_end), streams=["compute", "comm"], legend=False, label_min_width_frac=0.0,
-              fontsize=6.5)
+        # communication bars keep their bucket label when wide enough
+        gantt(ax, _gantt_ops(sub, t_end, "comm", 0.035, "stable"), streams=["compute", "comm"], legend=False,
+              label_min_width_frac=0.0, fontsize=6.5)
         it, bnd = float(sub["iteration_s"].iloc[0]), float(sub["boundary_s"].iloc[0])
         ax.axvline(bnd * 1e3, color="black", lw=1.1, ls="--", zorder=5)
         ax.text(bnd * 1e3, -0.62, " next iteration →", ha="left", va="bottom", fontsize="x-small",

@@ -6,6 +6,7 @@ returned as matplotlib Figures (the caller saves them); simulated titles name th
 from __future__ import annotations
 
 import textwrap
+from functools import partial
 from typing import Sequence
 
 import matplotlib.pyplot as plt
@@ -17,8 +18,9 @@ from matplotlib.patches import Patch
 from matplotlib.ticker import FuncFormatter, NullFormatter
 
 from repro.figures.mgwfbp_plots import cost_mode_label
-from repro.figures.plots import gantt
-from repro.figures.style import PALETTE, flat_brackets, legend_below, ms_text, scheduler_style
+from repro.figures.plots import _gantt_ops, gantt
+from repro.figures.style import (PALETTE, flat_brackets, kind_color, legend_below, ms_text, ordered,
+                                 scheduler_style)
 
 __all__ = ["PLANNER_ORDER", "planner_style", "planner_label", "plot_optimal_gap", "plot_timeline"]
 
@@ -140,7 +142,7 @@ def plot_optimal_gap(sweep: pd.DataFrame, rule: str = "omgs", paper_density: dic
 
 
 def _line_kw(name: str) -> dict:
-    st = {k: v for k, v in planner_style(name).items()}
+    st = planner_style(name)
     if name == "topk_single":  # hollow and larger: visible around the rule's markers where they coincide
         st.update(markerfacecolor="none", markersize=10, markeredgewidth=1.5, zorder=2.4)
     elif name == "omgs_optimal":
@@ -197,12 +199,8 @@ def plot_timeline(ops: pd.DataFrame, title: str, measured: pd.DataFrame | None =
     :func:`repro.studies.omgs_sim.measured_timeline`) adds a panel per planner titled ``measured_title``;
     ``paper`` (:func:`repro.studies.omgs_sim.paper_iterations`) draws the published iterations and, under
     the title, both ratios with the verdict of ``claim_id``."""
-    planners = [p for p in PLANNER_ORDER if p in set(ops["planner"])] + \
-               [p for p in dict.fromkeys(ops["planner"]) if p not in PLANNER_ORDER]
-    mplanners = []
-    if measured is not None and len(measured):
-        mplanners = [p for p in PLANNER_ORDER if p in set(measured["planner"])] + \
-                    [p for p in dict.fromkeys(measured["planner"]) if p not in PLANNER_ORDER]
+    planners = ordered(ops["planner"], PLANNER_ORDER)
+    mplanners = ordered(measured["planner"], PLANNER_ORDER) if measured is not None and len(measured) else []
     rows = ["compute", "sparsify", "comm"]
     n_sim, n_meas = len(planners), len(mplanners)
     head_text = textwrap.fill((measured_title or "measured") + ". " + SINGLE_STEP_NOTE, 105, break_on_hyphens=False)
@@ -268,7 +266,7 @@ def plot_timeline(ops: pd.DataFrame, title: str, measured: pd.DataFrame | None =
     kinds = [k for k in ("forward", "backward", "sparsify", "sparse_allgather", "update") if k in seen]
     names = {"forward": "forward", "backward": "backward", "sparsify": "top-k selection (compute stream)",
              "sparse_allgather": "all-gather of values / indices", "update": "update (measured)"}
-    handles = [Patch(facecolor=_KIND_COLORS.get(k) or _kind(k), label=names[k]) for k in kinds]
+    handles = [Patch(facecolor=_KIND_COLORS.get(k) or kind_color(k), label=names[k]) for k in kinds]
     handles.append(Line2D([], [], color="black", ls="--", lw=1.0, label="iteration end"))
     line = paper_timeline_text(ops, paper, claim_id)
     if line:
@@ -315,32 +313,11 @@ def _one_step_text(sub: pd.DataFrame) -> str:
         n = int(sub["timed_steps"].iloc[0]) if "timed_steps" in sub else 0
         return (f"step {int(sub['drawn_step'].iloc[0]) + 1}{f' of {n}' if n else ''}, {ms_text(it)}: the one "
                 f"closest to the run's median step ({ms_text(med)})")
-    med = float(sub["median_iteration_s"].iloc[0]) if "median_iteration_s" in sub else float("nan")
     if np.isfinite(med):
         n = int(sub["timed_steps"].iloc[0]) if "timed_steps" in sub else 0
         text += f" (the run's median step{f' of {n}' if n else ''}: {ms_text(med)})"
     return text
 
 
-def _drawable(ops: pd.DataFrame, span_s: float, min_label_frac: float = 0.045) -> pd.DataFrame:
-    """Ops ready for :func:`gantt` (``row`` as the stream): back-to-back computation of one kind merged into
-    one bar; only top-k bars at least ``min_label_frac`` of ``span_s`` wide keep their label."""
-    out = []
-    for r in ops.sort_values("start_s").to_dict("records"):
-        r = {**r, "stream": r["row"]}
-        if r["row"] != "sparsify" or (r["end_s"] - r["start_s"]) < min_label_frac * span_s:
-            r["label"] = ""
-        if r["row"] == "compute":  # the last computation bar (other rows interleave in time order)
-            last = next((o for o in reversed(out) if o["stream"] == "compute"), None)
-            if (last is not None and last["kind"] == r["kind"]
-                    and abs(last["end_s"] - r["start_s"]) <= 1e-9 * max(1.0, span_s)):
-                last["end_s"] = r["end_s"]
-                continue
-        out.append(r)
-    return pd.DataFrame(out)
-
-
-def _kind(kind: str) -> str:
-    from repro.figures.style import kind_color
-
-    return kind_color(kind)
+# ops ready for gantt: only top-k bars at least 4.5% of the span wide keep their label
+_drawable = partial(_gantt_ops, label_row="sparsify", min_label_frac=0.045)

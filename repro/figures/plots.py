@@ -42,6 +42,27 @@ def _normalize_ops(ops: Any) -> list[dict[str, Any]]:
     return out
 
 
+def _gantt_ops(ops, span_s: float, label_row: str, min_label_frac: float, sort_kind: str = "quicksort"):
+    """Ops of a table with a ``row`` column ready for :func:`gantt` (``row`` as the stream), in start order
+    (sorted with ``sort_kind``): back-to-back computation of one kind merged into one bar; only bars of
+    ``label_row`` at least ``min_label_frac`` of ``span_s`` wide keep their label."""
+    import pandas as pd
+
+    out: list[dict] = []
+    for r in ops.sort_values("start_s", kind=sort_kind).to_dict("records"):
+        r = {**r, "stream": r["row"]}
+        if r["row"] != label_row or (r["end_s"] - r["start_s"]) < min_label_frac * span_s:
+            r["label"] = ""
+        if r["row"] == "compute":  # the last computation bar (other rows interleave in time order)
+            last = next((o for o in reversed(out) if o["stream"] == "compute"), None)
+            if (last is not None and last["kind"] == r["kind"]
+                    and abs(last["end_s"] - r["start_s"]) <= 1e-9 * max(1.0, span_s)):
+                last["end_s"] = r["end_s"]
+                continue
+        out.append(r)
+    return pd.DataFrame(out)
+
+
 def _text_color(hex_color: str) -> str:
     h = hex_color.lstrip("#")
     if len(h) != 6:
