@@ -88,9 +88,7 @@ def _panel(ax, table: pd.DataFrame, rows, columns: list[tuple], column_keys: lis
     n_r, n_c = len(rows), len(columns)
     ratio = np.full((n_r, n_c), np.nan)
     for j, key in enumerate(columns):
-        sel = np.ones(len(table), dtype=bool)
-        for k, v in zip(column_keys, key):
-            sel &= (table[k] == v).to_numpy()
+        sel = np.logical_and.reduce([(table[k] == v).to_numpy() for k, v in zip(column_keys, key)])
         col = table[sel].set_index("scheduler")
         for i, (_, s) in enumerate(rows):
             if s is None or s not in col.index:
@@ -141,10 +139,7 @@ def plot_compare(simulated: pd.DataFrame, measured: pd.DataFrame | None = None, 
     tables = [simulated] + ([measured] if measured is not None else [])
     names = set().union(*(set(t["scheduler"]) for t in tables))
     rows = _rows([s for s in SCHEDULERS if s in names])
-    changes = {}
-    for t in tables:
-        for s, k in zip(t["scheduler"], t["keeps_sync_sgd"]):
-            changes[s] = not bool(k)
+    changes = {s: not bool(k) for t in tables for s, k in zip(t["scheduler"], t["keeps_sync_sgd"])}
 
     networks = list(dict.fromkeys(simulated["network"]))
     models = list(dict.fromkeys(simulated["model"]))

@@ -134,12 +134,8 @@ def plot_allgather_fit(errors: pd.DataFrame, fits: pd.DataFrame, note: str):
                          "Each point is the slowest rank's median of the repeats of one size on shared cores; "
                          "below a few KiB the loopback all-gather's time has no trend in size, which "
                          f"{AG_FORMULA} cannot follow (a stands for its level).")
-    handles, labels = axes[0].get_legend_handles_labels()
-    if any_over:
-        h = oversubscribed_handle()
-        handles, labels = handles + [h], labels + [h.get_label()]
     fig.suptitle(f"All-gather time vs message size ({note})")
-    legend_below(fig, handles, labels, ncol=2)
+    legend_below(fig, axes[0].get_legend_handles_labels()[0] + ([oversubscribed_handle()] if any_over else []), ncol=2)
     fig.tight_layout()
     add_gap_note(fig, [why] if why else [], head="The fit's error (right):")
     return fig

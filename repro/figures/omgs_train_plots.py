@@ -7,13 +7,12 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
-from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 from matplotlib.transforms import blended_transform_factory
 
 from repro.figures.style import (DARK_GREY, OVERSUBSCRIBED_HATCH, PALETTE, add_gap_note, add_note,
                                  coinciding_lines, gap_lines, kind_color, legend_below, ordered,
-                                 oversubscribed_handle, paper_marker_style, scheduler_style)
+                                 oversubscribed_handle, paper_handle, paper_marker_style, scheduler_style)
 
 __all__ = ["STYLE_KEYS", "LABELS", "PHASE_STYLES", "omgs_style", "plot_convergence", "plot_breakdown"]
 
@@ -256,9 +255,7 @@ def plot_breakdown(table: pd.DataFrame, tiny_note: str = "", paper_note: str = "
                 Patch(facecolor=grey, alpha=0.5, edgecolor=DARK_GREY, linestyle="--",
                       label="simulated (light colours, dashed edge)")]
     if paper_vals is not None and len(paper_vals):
-        handles.append(Line2D([], [], ls="", marker="D", markersize=8, markerfacecolor="none",
-                              markeredgecolor=DARK_GREY, markeredgewidth=1.6,
-                              label="paper, measured iteration time (hollow diamond, scheduler's colour)"))
+        handles.append(paper_handle("paper, measured iteration time (hollow diamond, scheduler's colour)"))
     if any_over:
         handles.append(oversubscribed_handle("bar"))
     fig.suptitle("Iteration breakdown: TopK-SGD vs OMGS-SGD (number on a bar: its total per iteration)")

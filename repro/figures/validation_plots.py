@@ -13,7 +13,7 @@ from matplotlib.patches import Patch
 
 from repro.figures.plots import flag_column
 from repro.figures.style import (DARK_GREY, OVERSUBSCRIBED_HATCH, legend_below, mark_oversubscribed,
-                                 oversubscribed_handle, scheduler_label, scheduler_style)
+                                 ordered, oversubscribed_handle, scheduler_label, scheduler_style)
 
 __all__ = ["plot_sim_vs_real", "SCHEDULER_ORDER"]
 
@@ -34,8 +34,7 @@ def plot_sim_vs_real(table: pd.DataFrame, note: str, band_pct: float = 10.0):
     fig, axes = plt.subplots(1, 2, figsize=(13, 5.4), gridspec_kw={"width_ratios": [1, 1.6]})
     nets = list(dict.fromkeys(table.network))
     net_marker = {n: _NET_MARKERS[i % len(_NET_MARKERS)] for i, n in enumerate(nets)}
-    schedulers = [s for s in SCHEDULER_ORDER if s in set(table.scheduler)] + \
-                 [s for s in dict.fromkeys(table.scheduler) if s not in SCHEDULER_ORDER]
+    schedulers = ordered(table.scheduler, SCHEDULER_ORDER)
     prerun = _num(table, "simulated_prerun_s")
     has_prerun = bool(prerun.notna().any())
 
