@@ -94,11 +94,8 @@ def plot_timeline(ops: pd.DataFrame, title: str, note: str = "", cost_mode: str 
         ax.set_title(f"{method_label(s)}: {nb} bucket{'s' if nb != 1 else ''}, iteration (period) "
                      f"{ms_text(it)}", fontsize="small", loc="left")
         ax.set_yticklabels([_ROW_NAMES[r] for r in ("compute", "comm")], fontsize="small")
-        if i < n - 1:
-            ax.tick_params(labelbottom=False)
-            ax.set_xlabel("")
-        else:
-            ax.set_xlabel("time since the iteration start (ms), simulated")
+        ax.tick_params(labelbottom=i == n - 1)  # one time axis: labelled under the last panel
+        ax.set_xlabel("time since the iteration start (ms), simulated" if i == n - 1 else "")
     axes[0].set_xlim(0, t_end * 1e3 * 1.02)
     kinds = [k for k in ("forward", "backward", "allreduce", "reduce_scatter", "allgather", "update", "pre_forward")
              if k in set(ops["kind"])]

@@ -230,11 +230,8 @@ def plot_timeline(ops: pd.DataFrame, title: str, measured: pd.DataFrame | None =
         ax.set_title(f"{planner_label(p)}: {nb} bucket{'s' if nb != 1 else ''}, iteration {ms_text(it)} "
                      f"(simulated){extra}", fontsize="small", loc="left")
         ax.set_yticklabels(["computation", "top-k", "all-gather"], fontsize="small")
-        if i < n_sim - 1:
-            ax.tick_params(labelbottom=False)
-            ax.set_xlabel("")
-        else:
-            ax.set_xlabel("time since the iteration start (ms), simulated")
+        ax.tick_params(labelbottom=i == n_sim - 1)  # one time axis: labelled under the last panel
+        ax.set_xlabel("time since the iteration start (ms), simulated" if i == n_sim - 1 else "")
     p_end = float(paper["paper_s"].max()) if paper is not None and len(paper) else 0.0
     sim_axes[0].set_xlim(0, max(t_end, p_end) * 1e3 * 1.08)
     if n_meas:
@@ -256,11 +253,8 @@ def plot_timeline(ops: pd.DataFrame, title: str, measured: pd.DataFrame | None =
             if np.isfinite(it):
                 ax.axvline(it * 1e3, color="black", lw=1.0, ls="--")
             ax.set_title(f"{planner_label(p)}, measured: {_one_step_text(sub)}", fontsize="small", loc="left")
-            if i < n_meas - 1:
-                ax.tick_params(labelbottom=False)
-                ax.set_xlabel("")
-            else:
-                ax.set_xlabel("time since the step start (ms), measured")
+            ax.tick_params(labelbottom=i == n_meas - 1)  # one time axis: labelled under the last panel
+            ax.set_xlabel("time since the step start (ms), measured" if i == n_meas - 1 else "")
         m_axes[0].set_xlim(0, max(m_end, float(measured["iteration_s"].max())) * 1e3 * 1.08)
     seen = set(ops["kind"]) | (set(measured["kind"]) if n_meas else set())
     kinds = [k for k in ("forward", "backward", "sparsify", "sparse_allgather", "update") if k in seen]

@@ -103,11 +103,8 @@ def plot_timeline(ops: pd.DataFrame, title: str, note: str = "", cost_mode: str 
         ax.set_title(f"{what}: period {ms_text(float(r['iteration_s']))} per iteration", fontsize="small",
                      loc="left")
         ax.tick_params(axis="y", labelsize="x-small")
-        if i < n - 1:
-            ax.tick_params(labelbottom=False)
-            ax.set_xlabel("")
-        else:
-            ax.set_xlabel("time since worker 1 starts an iteration in steady state (ms), simulated")
+        ax.tick_params(labelbottom=i == n - 1)  # one time axis: labelled under the last panel
+        ax.set_xlabel("time since worker 1 starts an iteration in steady state (ms), simulated" if i == n - 1 else "")
     axes[0].set_xlim(0, span * 1e3 * 1.005)
     kinds = [k for k in ("compute", "stage 1", "stage 2", "lgp", "update")
              if k in set(ops["stage"].replace("", np.nan).dropna()) | set(ops["kind"])]
