@@ -55,10 +55,6 @@ def cost_mode_label(table: pd.DataFrame | None = None, cost_mode: str | None = N
     return " + ".join(mode_label(m) for m in dict.fromkeys(table["cost_mode"].dropna()))
 
 
-def _with_mode(text: str, label: str) -> str:
-    return f"{text} ({label})" if label else text
-
-
 def series_style(i: int) -> dict:
     """The i-th style for series that are not schedulers (networks, world sizes, models)."""
     return {"color": _SERIES_COLORS[i % len(_SERIES_COLORS)], "marker": _SERIES_MARKERS[i % len(_SERIES_MARKERS)],
@@ -250,7 +246,8 @@ def plot_timeline(ops: pd.DataFrame, title: str, cost_mode: str | None = None):
         if i < len(schedulers) - 1:
             ax.set_xlabel("")
     axes[0].set_xlim(0, ops["end_s"].max() * 1e3 * 1.01)
-    fig.suptitle(flat_brackets(_with_mode(title, cost_mode_label(ops, cost_mode))))
+    mode = cost_mode_label(ops, cost_mode)
+    fig.suptitle(flat_brackets(f"{title} ({mode})" if mode else title))
     fig.tight_layout()
     return fig
 

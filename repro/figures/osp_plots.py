@@ -60,12 +60,6 @@ def _simulated_what(simulated: pd.DataFrame, cost_mode: str | None) -> str:
 
 # -- osp.timeline
 
-def _stream_names(workers: int) -> dict[str, str]:
-    return {"worker0": "worker 1: compute", f"worker{workers - 1}": f"worker {workers}: compute",
-            "server0.in": "server in-link: push", "server0.out": "server out-link: pull",
-            "server0.cpu": "server: update"}
-
-
 def plot_timeline(ops: pd.DataFrame, title: str, note: str = "", cost_mode: str | None = None):
     """One Gantt chart per scheduler on a shared time axis (ms): the first and last worker's computation
     and the server's incoming (pushes) and outgoing (pulls) link, messages coloured by stage, dashed lines
@@ -73,7 +67,9 @@ def plot_timeline(ops: pd.DataFrame, title: str, note: str = "", cost_mode: str 
     schedulers = list(dict.fromkeys(ops["scheduler"]))
     n = len(schedulers)
     workers = int(ops["workers"].iloc[0])
-    names = _stream_names(workers)
+    names = {"worker0": "worker 1: compute", f"worker{workers - 1}": f"worker {workers}: compute",
+             "server0.in": "server in-link: push", "server0.out": "server out-link: pull",
+             "server0.cpu": "server: update"}
     fig_h = 1.9 * n + 2.0
     fig = plt.figure(figsize=(12.0, fig_h))
     gs = fig.add_gridspec(n, 1, hspace=0.62)
