@@ -16,7 +16,7 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 from matplotlib.ticker import FuncFormatter
 
-from repro.figures.mgwfbp_plots import cost_mode_label
+from repro.figures.mgwfbp_plots import _log2_x, cost_mode_label
 from repro.figures.plots import _gantt_ops, gantt
 from repro.figures.style import PALETTE, kind_color, legend_below, ms_text, ordered, scheduler_style
 
@@ -26,7 +26,6 @@ __all__ = ["METHOD_ORDER", "method_style", "method_label", "plot_timeline", "plo
 METHOD_ORDER: tuple[str, ...] = ("wfbp", "bytescheduler", "horovod", "ddp_buckets", "mgwfbp", "dear_nofusion",
                                  "dear_threshold", "dear_model", "dear_optimal", "dear_bo", "fsdp")
 
-_PLAIN = FuncFormatter(lambda v, _pos: f"{v:g}")
 _THOUSANDS = FuncFormatter(lambda v, _pos: f"{v / 1e3:g}")
 
 _LABELS = {"ddp_buckets": "DDP buckets (25 MiB)", "horovod": "Horovod (64 MiB fusion, 5 ms cycle)",
@@ -163,8 +162,7 @@ def plot_scaling(table: pd.DataFrame, note: str = "", cost_mode: str | None = No
                 ax.plot(g["workers"], g["throughput"], **kw)
                 axr.plot(g["workers"], g["relative_to_best"], **kw)
             for a in (ax, axr):
-                a.set_xscale("log", base=2)
-                a.xaxis.set_major_formatter(_PLAIN)
+                _log2_x(a)
                 a.set_xticks(ps)
                 a.tick_params(labelsize="x-small")
             ax.set_ylim(0, float(sub["throughput"].max()) * 1.08)
@@ -343,8 +341,7 @@ def plot_buffer_sweep(table: pd.DataFrame, note: str = "", cost_mode: str | None
             d = g[g["point"] == "default"]
             ax.scatter(d["threshold_mib"], d["iteration_s"] * 1e3, marker="o", s=40, facecolor="none",
                        edgecolor="black", zorder=5)
-        ax.set_xscale("log", base=2)
-        ax.xaxis.set_major_formatter(_PLAIN)
+        _log2_x(ax)
         ax.set_xlabel("fusion threshold (MiB)", fontsize="small")
         ax.set_title(m, fontsize="small")
     axes[0, 0].set_ylabel("iteration (ms)")

@@ -15,6 +15,7 @@ from matplotlib.patches import Patch
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
 from repro.figures.dear_plots import method_label, method_style
+from repro.figures.mgwfbp_plots import _PLAIN, _log2_x
 from repro.figures.plots import flag_column
 from repro.figures.style import (EXTRA_COLORS, GAP_FACTOR, OVERSUBSCRIBED_HATCH, PALETTE, add_gap_note,
                                  fit_titles, gap_lines, legend_below, ordered, wrap_paragraphs)
@@ -22,7 +23,6 @@ from repro.figures.style import (EXTRA_COLORS, GAP_FACTOR, OVERSUBSCRIBED_HATCH,
 __all__ = ["PRIMITIVE_STYLES", "plot_primitive_cost", "plot_throughput", "plot_breakdown", "plot_buffer_sweep",
            "plot_bo_tuning", "bo_tuning_titles"]
 
-_PLAIN = FuncFormatter(lambda v, _pos: f"{v:g}")
 # Communication kinds, the same colours in every figure of this module (distinct from each other and from
 # the computation grey; kind_color's all-reduce and reduce-scatter are two oranges).
 _RS, _AG, _AR = PALETTE[9], PALETTE[2], PALETTE[3]
@@ -114,9 +114,8 @@ def plot_primitive_cost(cost: pd.DataFrame, model: pd.DataFrame, measured_note: 
                      fontsize="small")
         ax.text(0.98, 0.02, "reduce-scatter and all-gather\ncoincide (each half the ring)", transform=ax.transAxes,
                 ha="right", va="bottom", fontsize="x-small", style="italic")
-    ax.set_xscale("log", base=2)
+    _log2_x(ax)
     _log_ms(ax)
-    ax.xaxis.set_major_formatter(_PLAIN)
     ax.set_xlabel("workers P")
     ax.set_ylabel("time (ms)")
     handles = [Line2D([], [], color=st["color"], marker=st["marker"], ls="", label=st["label"])
@@ -556,8 +555,7 @@ def plot_buffer_sweep(measured: pd.DataFrame, references: pd.DataFrame, simulate
         if t == t and t is not None:  # a planner that chose a threshold: where it lands on the x axis
             ax.scatter([t / 1024], [r.iteration_s * 1e3], marker="*", s=130, color=_color(r.scheduler),
                        edgecolor="black", linewidth=0.6, zorder=6)
-    ax.set_xscale("log", base=2)
-    ax.xaxis.set_major_formatter(_PLAIN)
+    _log2_x(ax)
     ax.set_xlabel("fusion threshold (KiB)")
     ax.set_ylabel("iteration (ms)")
     ax.set_ylim(0, max([float(measured["iteration_s"].max()) if len(measured) else 0.0]
@@ -579,8 +577,7 @@ def plot_buffer_sweep(measured: pd.DataFrame, references: pd.DataFrame, simulate
             d = g[g["point"] == "default"]
             ax.scatter(d["threshold_mib"], d["iteration_s"] / best, marker="o", s=30, facecolor="none", edgecolor=c,
                        zorder=5)
-        ax.set_xscale("log", base=2)
-        ax.xaxis.set_major_formatter(_PLAIN)
+        _log2_x(ax)
         ax.set_xlabel("fusion threshold (MiB)")
         ax.set_ylabel("iteration ÷ the model's best (ratio)")
         p = int(simulated["workers"].iloc[0])

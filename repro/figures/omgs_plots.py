@@ -15,9 +15,9 @@ import pandas as pd
 from matplotlib.colors import Normalize
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
-from matplotlib.ticker import FuncFormatter, NullFormatter
+from matplotlib.ticker import NullFormatter
 
-from repro.figures.mgwfbp_plots import cost_mode_label
+from repro.figures.mgwfbp_plots import _PLAIN, _log2_x, cost_mode_label
 from repro.figures.plots import _gantt_ops, gantt
 from repro.figures.style import (PALETTE, flat_brackets, kind_color, legend_below, ms_text, ordered,
                                  scheduler_style)
@@ -25,8 +25,6 @@ from repro.figures.style import (PALETTE, flat_brackets, kind_color, legend_belo
 __all__ = ["PLANNER_ORDER", "planner_style", "planner_label", "plot_optimal_gap", "plot_timeline"]
 
 PLANNER_ORDER: tuple[str, ...] = ("topk_layerwise", "topk_single", "omgs", "omgs_optimal")
-
-_PLAIN = FuncFormatter(lambda v, _pos: f"{v:g}")
 
 # The sparse planners in the project's fixed styles (repro.figures.style), with labels saying which
 # rule each is.
@@ -100,8 +98,7 @@ def plot_optimal_gap(sweep: pd.DataFrame, rule: str = "omgs", paper_density: dic
         for name in names:
             s = sub[sub["planner"] == name].sort_values("workers")
             ax.plot(s["workers"], s["iteration_s"] / s["optimal_s"], **_line_kw(name))
-        ax.set_xscale("log", base=2)
-        ax.xaxis.set_major_formatter(_PLAIN)
+        _log2_x(ax)
         ax.set_xticks(ps)
         ax.set_yscale("log")
         ratio = sub["iteration_s"] / sub["optimal_s"]
