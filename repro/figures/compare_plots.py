@@ -120,8 +120,7 @@ def _panel(ax, table: pd.DataFrame, rows, columns: list[tuple], column_keys: lis
     for i, (_, s) in enumerate(rows):
         if s is None:
             ax.axhline(i - 0.5, color="white", lw=2.5)
-    ax.set_xlim(-0.5, n_c - 0.5)
-    ax.set_ylim(n_r - 0.5, -0.5)
+    ax.set(xlim=(-0.5, n_c - 0.5), ylim=(n_r - 0.5, -0.5))
     ax.grid(False)
     for spine in ax.spines.values():
         spine.set_visible(False)

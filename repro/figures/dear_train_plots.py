@@ -94,8 +94,7 @@ def plot_primitive_cost(cost: pd.DataFrame, model: pd.DataFrame, measured_note: 
         _log_ms(ax)
         ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _p: _bytes_label(v)))
         ax.tick_params(axis="x", labelsize="x-small", rotation=20)
-        ax.set_xlabel("message (bytes of float32)")
-        ax.set_ylabel("time (ms)")
+        ax.set(xlabel="message (bytes of float32)", ylabel="time (ms)")
         over = bool(sub["oversubscribed"].any()) if "oversubscribed" in sub else False
         ax.set_title(wrap_paragraphs(f"measured, P={p}" + (" (oversubscribed)" if over else "")
                                      + f"\n{measured_note}", 55), fontsize="small")
@@ -116,8 +115,7 @@ def plot_primitive_cost(cost: pd.DataFrame, model: pd.DataFrame, measured_note: 
                 ha="right", va="bottom", fontsize="x-small", style="italic")
     _log2_x(ax)
     _log_ms(ax)
-    ax.set_xlabel("workers P")
-    ax.set_ylabel("time (ms)")
+    ax.set(xlabel="workers P", ylabel="time (ms)")
     handles = [Line2D([], [], color=st["color"], marker=st["marker"], ls="", label=st["label"])
                for st in PRIMITIVE_STYLES.values()]
     handles += [Line2D([], [], color="#555555", lw=1.2,
@@ -207,8 +205,7 @@ def _measured_throughput_panel(ax, measured: pd.DataFrame, schedulers: Sequence[
             if row.notna().any():
                 items.append((f"{_label(s)} ({m}) iteration", row["iteration_s"], row["predicted_s"],
                               _prediction_reason(row, GAP_FACTOR)))
-    ax.set_ylim(0, top * 1.12 if top > 0 else 1)
-    ax.set_xticks(range(len(models)))
+    ax.set(ylim=(0, top * 1.12 if top > 0 else 1), xticks=range(len(models)))
     ax.set_xticklabels(models, fontsize="small")
     ax.set_ylabel("samples/s (all ranks)")
     ax.set_title(wrap_paragraphs(_measured_title(measured, note), 40), fontsize="small")
@@ -365,12 +362,11 @@ def plot_throughput(measured: pd.DataFrame, simulated: pd.DataFrame, schedulers:
     titles += [(ax, _simulated_title(simulated, net, sim_note)) for ax, net in zip(axes[1:], nets)]
     fit_titles(fig, titles, rect=(0, 0, 1, top))
     drift = drift_lines(measured, schedulers)
+    head = None
     if drift:
         drift = [f"the interleaved samples' median vs each whole run's own median more than {DRIFT_FACTOR:g}x "
                  "apart (whole runs measured minutes apart on shared cores; the side-by-side samples cancel that "
                  "drift): " + "; ".join(drift)]
-    head = None
-    if drift:
         head = (f"Measured vs predicted more than {GAP_FACTOR:g}x apart, and measured statistics that disagree:"
                 if gaps else "Measured statistics that disagree:")
     add_gap_note(fig, gaps + drift, head=head)
@@ -482,8 +478,7 @@ def plot_breakdown(measured: pd.DataFrame, simulated: pd.DataFrame, measured_not
             top = max(top, h)
     ax.set_xticks(range(len(names)))
     ax.set_xticklabels([_label(s) for s in names], fontsize="x-small", rotation=35, ha="right")
-    ax.set_ylim(0, top * 1.08 if top else 1)
-    ax.set_ylabel("ms per iteration")
+    ax.set(ylim=(0, top * 1.08 if top else 1), ylabel="ms per iteration")
     model = ", ".join(dict.fromkeys(measured["model"])) if len(measured) else ""
     ax.set_title(wrap_paragraphs(f"measured ({model}): {measured_note}; {BREAKDOWN_STATISTIC}; left bar "
                                  "measured, right bar (hatched) the run simulated", 56), fontsize="small")
@@ -556,8 +551,7 @@ def plot_buffer_sweep(measured: pd.DataFrame, references: pd.DataFrame, simulate
             ax.scatter([t / 1024], [r.iteration_s * 1e3], marker="*", s=130, color=_color(r.scheduler),
                        edgecolor="black", linewidth=0.6, zorder=6)
     _log2_x(ax)
-    ax.set_xlabel("fusion threshold (KiB)")
-    ax.set_ylabel("iteration (ms)")
+    ax.set(xlabel="fusion threshold (KiB)", ylabel="iteration (ms)")
     ax.set_ylim(0, max([float(measured["iteration_s"].max()) if len(measured) else 0.0]
                        + [float(v) for v in references["iteration_s"]]) * 1e3 * 1.12)
     model = ", ".join(dict.fromkeys(measured["model"])) if len(measured) else ""
@@ -578,8 +572,7 @@ def plot_buffer_sweep(measured: pd.DataFrame, references: pd.DataFrame, simulate
             ax.scatter(d["threshold_mib"], d["iteration_s"] / best, marker="o", s=30, facecolor="none", edgecolor=c,
                        zorder=5)
         _log2_x(ax)
-        ax.set_xlabel("fusion threshold (MiB)")
-        ax.set_ylabel("iteration ÷ the model's best (ratio)")
+        ax.set(xlabel="fusion threshold (MiB)", ylabel="iteration ÷ the model's best (ratio)")
         p = int(simulated["workers"].iloc[0])
         ax.set_title(wrap_paragraphs(f"simulated, {p} GPUs, {net}: {sim_note}", 52), fontsize="small")
     handles = [Line2D([], [], color=PALETTE[0], marker="o", lw=1.4, label="DeAR threshold runs, measured"),
@@ -631,11 +624,8 @@ def trial_label_sides(live: pd.DataFrame) -> list[str]:
     straight above them), "above" the others (the best-so-far line runs level below them)."""
     best = live["best_so_far_s"].to_numpy(dtype=float)
     it = live["iteration_s"].to_numpy(dtype=float)
-    out = []
-    for k in range(len(live)):
-        lowered = k > 0 and best[k] < best[k - 1] and np.isclose(it[k], best[k])
-        out.append("below" if lowered else "above")
-    return out
+    return ["below" if k > 0 and best[k] < best[k - 1] and np.isclose(it[k], best[k]) else "above"
+            for k in range(len(live))]
 
 
 def _trial_labels(ax, live: pd.DataFrame) -> None:
@@ -689,8 +679,7 @@ def plot_bo_tuning(live: pd.DataFrame, comparison: pd.DataFrame, marks: dict[str
         _trial_labels(ax, live)
     else:
         ax.text(0.5, 0.5, "no dear_bo run", ha="center", transform=ax.transAxes)
-    ax.set_xlabel("trial")
-    ax.set_ylabel("iteration (ms)")
+    ax.set(xlabel="trial", ylabel="iteration (ms)")
     ax.set_title(wrap_paragraphs(f"measured, live dear_bo run: {live_note}", 60), fontsize="small")
     for ax, obj in zip(axes[1:n], objectives):
         sub = comparison[comparison["objective"] == obj]
@@ -704,8 +693,7 @@ def plot_bo_tuning(live: pd.DataFrame, comparison: pd.DataFrame, marks: dict[str
             ax.plot(piv.index, piv.median(axis=1) * 1e3, color=c, lw=1.8, ls=ls, drawstyle="steps-post")
         for r in marks.get(obj, pd.DataFrame()).itertuples():
             ax.axhline(r.seconds * 1e3, color=_color(r.scheduler), lw=1.2, ls=MARK_KINDS.get(r.kind, "-"))
-        ax.set_xlabel("trial")
-        ax.set_ylabel("best iteration so far (ms)")
+        ax.set(xlabel="trial", ylabel="best iteration so far (ms)")
         ax.set_title(wrap_paragraphs(titles.get(obj, obj), 60), fontsize="small")
     handles = [Line2D([], [], color=c, ls=ls, lw=1.8, label=f"{lab} (median over seeds; thin: each seed)")
                for lab, c, ls in _SEARCH.values()]

@@ -135,9 +135,7 @@ def plot_layer_sizes(layers: pd.DataFrame, curve: pd.DataFrame, hist_models: Seq
         first = first or ax
         sub = layers[layers["model"] == m]
         ax.vlines(sub["layer"], 1, sub["params"], color=PALETTE[0], lw=max(0.4, min(2.0, 160 / max(len(sub), 1))))
-        ax.set_yscale("log")
-        ax.set_ylim(1, vmax * 3)
-        ax.set_xlim(0, len(sub) + 1)
+        ax.set(yscale="log", ylim=(1, vmax * 3), xlim=(0, len(sub) + 1))
         ax.xaxis.set_major_locator(MaxNLocator(integer=True, nbins=6))
         ax.set_title(f"{m}: {len(sub)} layers, {sub['params'].sum() / 1e6:.1f}M", fontsize="small")
         ax.tick_params(labelsize="x-small")
@@ -155,9 +153,7 @@ def plot_layer_sizes(layers: pd.DataFrame, curve: pd.DataFrame, hist_models: Seq
         axh = fig.add_subplot(bottom[0, j])
         sub = layers[layers["model"] == m]
         axh.hist(sub["bytes"], bins=bins, color=PALETTE[7], alpha=0.8)
-        axh.set_xscale("log")
-        axh.set_xlabel("gradient bytes per layer")
-        axh.set_ylabel("layers")
+        axh.set(xscale="log", xlabel="gradient bytes per layer", ylabel="layers")
         axh.set_title(f"{m}: layer sizes and all-reduce time", fontsize="small")
         axt = axh.twinx()
         for k, (net, c) in enumerate(curve.groupby("network", sort=False)):
@@ -166,8 +162,7 @@ def plot_layer_sizes(layers: pd.DataFrame, curve: pd.DataFrame, hist_models: Seq
                              label=f"all-reduce time, {net} (P={int(c['workers'].iloc[0])})")
             if j == 0:
                 handles.append(line)
-        axt.set_yscale("log")
-        axt.set_ylabel("all-reduce time (ms)")
+        axt.set(yscale="log", ylabel="all-reduce time (ms)")
         axt.grid(False)
     handles.insert(0, Patch(facecolor=PALETTE[7], alpha=0.8, label="layers per size bin (left axis)"))
     fig.suptitle("Gradient size per learnable layer", y=0.995)
@@ -191,10 +186,7 @@ def plot_cost_models(table: pd.DataFrame, hop_note: str = "", paper_fits: pd.Dat
     for ax, ylabel, title in ((axes[0], "start-up a (ms)", "start-up a"),
                               (axes[1], "per-byte b (ns/byte)", "per-byte b")):
         _log2_x(ax)
-        ax.set_yscale("log")
-        ax.set_xlabel("workers P")
-        ax.set_ylabel(ylabel)
-        ax.set_title(title)
+        ax.set(yscale="log", xlabel="workers P", ylabel=ylabel, title=title)
         same = coinciding_lines(ax)
         if same:
             add_note(ax, "; ".join(f"{a} = {b}: drawn on top of each other" for a, b in same))
@@ -297,8 +289,7 @@ def plot_sim_speedup(table: pd.DataFrame, paper: pd.DataFrame | None = None,
         ax.tick_params(labelbottom=False, labelsize="x-small")
         ax.set_xlabel("")
         ax.set_ylabel("speedup" if i % ncol == 0 else "", fontsize="small")
-        axr.set_ylim(0, 1.08)
-        axr.set_yticks([0, 0.5, 1.0])
+        axr.set(ylim=(0, 1.08), yticks=[0, 0.5, 1.0])
         axr.tick_params(labelsize="x-small")
         axr.set_ylabel("÷ best" if i % ncol == 0 else "", fontsize="small")
         axr.set_xlabel("workers", fontsize="small")
@@ -345,9 +336,7 @@ def plot_optimal_gap(gap: pd.DataFrame, cost_mode: str | None = None):
         ax.scatter(g["gap_pct"], y, s=14, color=st["color"], marker=st["marker"], alpha=0.85, label=net, lw=0)
     ax.set_yticks(range(len(models)))
     ax.set_yticklabels(models, fontsize="small")
-    ax.set_ylim(len(models) - 0.5, -0.5)
-    ax.set_xlabel("MG-WFBP slower than the optimum (%)")
-    ax.set_ylabel("")
+    ax.set(ylim=(len(models) - 0.5, -0.5), xlabel="MG-WFBP slower than the optimum (%)", ylabel="")
     ax.set_title("every model x network x P", fontsize="small")
     for k, (net, g) in enumerate(gap.groupby("network", sort=False)):
         st = series_style(nets.index(net))
@@ -355,8 +344,7 @@ def plot_optimal_gap(gap: pd.DataFrame, cost_mode: str | None = None):
         axes[1].plot(m.index, m.to_numpy(), color=st["color"], marker=st["marker"], ls=st["linestyle"], ms=4,
                      label=net)
     _log2_x(axes[1])
-    axes[1].set_xlabel("workers P")
-    axes[1].set_ylabel("largest gap over models (%)")
+    axes[1].set(xlabel="workers P", ylabel="largest gap over models (%)")
     axes[1].set_title("worst case per P", fontsize="small")
     mode = cost_mode_label(gap, cost_mode)
     fig.suptitle(f"Gap of the MG-WFBP rule to the exact optimal merge (simulated{', ' + mode if mode else ''})")
@@ -386,10 +374,7 @@ def _paper_fit_panel(ax, paper_fits: pd.DataFrame) -> list:
                         label=f"paper P={int(r.workers)}, {nets}: a={r.a_s * 1e6:.3g} µs, "
                               f"b={r.b_s_per_byte * 1e9:.3g} ns/B")
         handles.append(line)
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlabel("message bytes")
-    ax.set_ylabel("all-reduce time (ms)")
+    ax.set(xscale="log", yscale="log", xlabel="message bytes", ylabel="all-reduce time (ms)")
     src = str(paper_fits["source"].iloc[0]).split(" (")[0] if len(paper_fits) else ""
     ax.set_title(f"paper ({src}): published fits,\n4 nodes x 4 V100, NCCL", fontsize="small")
     return handles
@@ -427,17 +412,12 @@ def plot_allreduce_fit(errors: pd.DataFrame, fits: pd.DataFrame, note: str, pape
         if over:
             mark_oversubscribed(axes[0], g["bytes"], g["measured_s"] * 1e3)
             mark_oversubscribed(axes[1], g["bytes"], g["relative_error"] * 100)
-    axes[0].set_xscale("log")
-    axes[0].set_yscale("log")
-    axes[0].set_xlabel("message bytes")
-    axes[0].set_ylabel("all-reduce time (ms)")
+    axes[0].set(xscale="log", yscale="log", xlabel="message bytes", ylabel="all-reduce time (ms)")
     axes[0].set_title("ours: measured and fitted (relative-error fit)", fontsize="small")
     axes[1].set_xscale("log")
     axes[1].axhline(0, color="black", lw=0.8)
     lim = max(5.0, float(np.nanmax(np.abs(errors["relative_error"]))) * 100 * 1.25) if len(errors) else 5.0
-    axes[1].set_ylim(-lim, lim)
-    axes[1].set_xlabel("message bytes")
-    axes[1].set_ylabel("fit error: fitted / measured - 1 (%)")
+    axes[1].set(ylim=(-lim, lim), xlabel="message bytes", ylabel="fit error: fitted / measured - 1 (%)")
     axes[1].set_title("relative error of the fit per size", fontsize="small")
     handles = axes[0].get_legend_handles_labels()[0] + ([oversubscribed_handle()] if any_over else [])
     if with_paper:
@@ -471,8 +451,7 @@ def plot_real_speedup(speedup: pd.DataFrame, note: str, paper: pd.DataFrame | No
         scheduler_lines(ax, sub, x="workers", y="speedup", hue="scheduler", order=names, logx=True, legend=False)
         ax.set_yscale("log", base=2)
         ax.yaxis.set_major_formatter(_PLAIN)
-        ax.set_xticks(sorted(set(sub.workers if pub is None else pub.workers)))
-        ax.set_ylabel("speedup (log scale)")
+        ax.set(xticks=sorted(set(sub.workers if pub is None else pub.workers)), ylabel="speedup (log scale)")
         if pub is None:
             ax.set_xlabel("workers (ranks)")
             ax.set_title(f"{m} (ours, measured{', tiny' if tiny else ''})", fontsize="small")
@@ -702,8 +681,7 @@ def _threshold_panel(ax, sub: pd.DataFrame, sources: Sequence[tuple[str, str, st
                    lw=1.2 if r.scheduler != "optimal" else 1.6, zorder=rs["zorder"],
                    label=f"{rs['label']} ({r.source})")
     ax.set_xscale("log", base=2)
-    ax.set_xlabel("fusion threshold (bytes)")
-    ax.set_ylabel("iteration (ms)")
+    ax.set(xlabel="fusion threshold (bytes)", ylabel="iteration (ms)")
     return any_over
 
 
@@ -866,9 +844,7 @@ def plot_convergence(epochs: pd.DataFrame, note: str):
         ax.plot(g.epoch, g.test_accuracy, color=st["color"], marker=st["marker"], ms=11 if big else 5,
                 markerfacecolor="none" if big else st["color"], markeredgewidth=1.6 if big else 1.0,
                 ls=st["linestyle"], lw=2.6 if big else 1.4, zorder=2 + k, label=label)
-    ax.set_xlabel("epoch")
-    ax.set_xticks(sorted(set(epochs.epoch)))
-    ax.set_ylabel("test accuracy")
+    ax.set(xlabel="epoch", xticks=sorted(set(epochs.epoch)), ylabel="test accuracy")
     ax.set_title(f"Convergence ({note}; {convergence_extent_text(epochs)})", fontsize="small")
     same = coinciding_lines(ax, rtol=1e-9)
     if same:

@@ -99,8 +99,7 @@ def plot_optimal_gap(sweep: pd.DataFrame, rule: str = "omgs", paper_density: dic
             s = sub[sub["planner"] == name].sort_values("workers")
             ax.plot(s["workers"], s["iteration_s"] / s["optimal_s"], **_line_kw(name))
         _log2_x(ax)
-        ax.set_xticks(ps)
-        ax.set_yscale("log")
+        ax.set(xticks=ps, yscale="log")
         ratio = sub["iteration_s"] / sub["optimal_s"]
         hi = max(float(ratio.max()) * 1.15, 1.3)
         # Below 1 only where a planner beats the planning model's optimum in the simulation (calibrated mode).

@@ -86,8 +86,7 @@ def plot_convergence(conv: pd.DataFrame, notes: dict[str, str] | None = None, ti
                 if seeds > 1 and f"{col}_min" in g:
                     ax.fill_between(g["epoch"], g[f"{col}_min"], g[f"{col}_max"], color=st["color"], alpha=0.15,
                                     lw=0, zorder=1)
-            ax.set_xlabel("epoch")
-            ax.set_xticks(sorted(set(int(e) for e in sub["epoch"])))
+            ax.set(xlabel="epoch", xticks=sorted(set(int(e) for e in sub["epoch"])))
             ax.set_ylabel(ylabel, fontsize="small")
             ax.set_title(title, fontsize="small")
             same = coinciding_lines(ax, rtol=1e-6)
@@ -220,8 +219,7 @@ def _bars(ax, rows: pd.DataFrame, unit: float, unit_name: str, paper: pd.DataFra
     ax.set_xticks(ticks)
     ax.set_xticklabels(labels, fontsize=7.5)
     ax.grid(axis="x", visible=False)
-    ax.set_ylim(0, top * 1.16 if top > 0 else 1)
-    ax.set_ylabel(f"time per iteration ({unit_name})")
+    ax.set(ylim=(0, top * 1.16 if top > 0 else 1), ylabel=f"time per iteration ({unit_name})")
     trans = blended_transform_factory(ax.transData, ax.transAxes)
     for cx, m in centres:
         ax.text(cx, -0.2, m, transform=trans, ha="center", va="top", fontsize="small", fontweight="bold")

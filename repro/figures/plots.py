@@ -116,8 +116,7 @@ def gantt(ax, ops: Iterable[Any], *, streams: Sequence[str] | None = None, label
     ax.set_yticks(range(len(streams)))
     ax.set_yticklabels(streams)
     ax.set_ylim(len(streams) - 0.5, -0.5)  # first stream on top
-    ax.set_xlim(t0 * 1e3, (t0 * 1e3 + span_ms * 1.01) if items else 1.0)
-    ax.set_xlabel("time (ms)")
+    ax.set(xlim=(t0 * 1e3, (t0 * 1e3 + span_ms * 1.01) if items else 1.0), xlabel="time (ms)")
     ax.grid(axis="y", visible=False)
     if legend and kinds:
         handles = [Patch(facecolor=color(k), label=k.replace("_", "-")) for k in kinds]
@@ -151,8 +150,7 @@ def scheduler_lines(ax, df, *, x: str, y: str, hue: str = "scheduler", order: Se
 
         ax.set_xscale("log", base=base)
         ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:g}"))  # 16, not 2^4
-    ax.set_xlabel(x)
-    ax.set_ylabel(y)
+    ax.set(xlabel=x, ylabel=y)
     if legend and names:
         legend_outside(ax, ax.get_legend_handles_labels()[0] + ([oversubscribed_handle()] if marked else []))
     return ax

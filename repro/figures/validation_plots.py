@@ -60,10 +60,7 @@ def plot_sim_vs_real(table: pd.DataFrame, note: str, band_pct: float = 10.0):
     x = np.array([lo, hi])
     ax.plot(x, x, color="black", lw=1)
     ax.fill_between(x, x * (1 - band_pct / 100), x * (1 + band_pct / 100), color="grey", alpha=0.15, lw=0)
-    ax.set_xlim(lo, hi)
-    ax.set_ylim(lo, hi)
-    ax.set_xlabel("measured iteration (ms)")
-    ax.set_ylabel("predicted iteration (ms)")
+    ax.set(xlim=(lo, hi), ylim=(lo, hi), xlabel="measured iteration (ms)", ylabel="predicted iteration (ms)")
     ax.set_title("each point: one run", fontsize="small")
 
     ax = axes[1]
