@@ -110,8 +110,7 @@ def _panel(ax, table: pd.DataFrame, rows, columns: list[tuple], column_keys: lis
     ax.imshow(background, cmap=plt.matplotlib.colors.ListedColormap([_MISSING]), aspect="auto",
               interpolation="nearest", vmin=0, vmax=2)
     im = ax.imshow(np.ma.masked_invalid(ratio), cmap=cmap, norm=norm, aspect="auto", interpolation="nearest")
-    ax.set_xticks(range(n_c))
-    ax.set_xticklabels([column_label(key) for key in columns], fontsize=7.5)
+    ax.set_xticks(range(n_c), [column_label(key) for key in columns], fontsize=7.5)
     ax.xaxis.tick_top()
     ax.tick_params(axis="x", length=0, pad=2)
     ax.set_yticks(range(n_r))

@@ -281,8 +281,7 @@ def _network_bars(table: pd.DataFrame, names: Sequence[str], height: float, ylab
         for k, s in enumerate(names):
             bars(ax, sub, np.arange(len(models)) + (k - (len(names) - 1) / 2) * width, width,
                  sub[sub["scheduler"] == s].set_index("model").reindex(models), s)
-        ax.set_xticks(range(len(models)))
-        ax.set_xticklabels(models, fontsize="small", rotation=20)
+        ax.set_xticks(range(len(models)), models, fontsize="small", rotation=20)
         ax.set_ylabel(ylabel)
         ax.set_title(f"{net}, P={int(sub['workers'].iloc[0])}", fontsize="small")
     return fig

@@ -264,8 +264,7 @@ def _simulated_relative_panels(axes, simulated: pd.DataFrame, schedulers: Sequen
             ax.bar(np.arange(len(models)) + (k - (len(names) - 1) / 2) * width, g["rel"], width * 0.92,
                    color=_color(s), edgecolor="white")
         ax.set_ylim(0.0, 1.06)  # from 0: bar heights compare as ratios
-        ax.set_xticks(range(len(models)))
-        ax.set_xticklabels(models, fontsize="x-small", rotation=25)
+        ax.set_xticks(range(len(models)), models, fontsize="x-small", rotation=25)
         ax.set_ylabel("throughput ÷ best (ratio)")
         ax.set_title(wrap_paragraphs(_simulated_title(sub, net, note), 48), fontsize="small")
 
@@ -476,8 +475,7 @@ def plot_breakdown(measured: pd.DataFrame, simulated: pd.DataFrame, measured_not
                 continue
             h = _stack(ax, k + (j - 0.5) * 0.4, g.iloc[0], 0.38, _color(s), hatch=None if src == "measured" else "///")
             top = max(top, h)
-    ax.set_xticks(range(len(names)))
-    ax.set_xticklabels([_label(s) for s in names], fontsize="x-small", rotation=35, ha="right")
+    ax.set_xticks(range(len(names)), [_label(s) for s in names], fontsize="x-small", rotation=35, ha="right")
     ax.set(ylim=(0, top * 1.08 if top else 1), ylabel="ms per iteration")
     model = ", ".join(dict.fromkeys(measured["model"])) if len(measured) else ""
     ax.set_title(wrap_paragraphs(f"measured ({model}): {measured_note}; {BREAKDOWN_STATISTIC}; left bar "
@@ -498,8 +496,7 @@ def plot_breakdown(measured: pd.DataFrame, simulated: pd.DataFrame, measured_not
                     tick_names.append(short_label(s))
         ax.set_ylim(0, float(sub["iteration_s"].max()) * 1e3 * 1.06)
         # each bar's scheduler as a label under it; the model names further down, below the longest one
-        ax.set_xticks(range(len(models)))
-        ax.set_xticklabels(models, fontsize="x-small")
+        ax.set_xticks(range(len(models)), models, fontsize="x-small")
         ax.tick_params(axis="x", which="major", length=0, pad=bar_labels_under(ax, ticks, tick_names))
         ax.set_ylabel("ms per iteration")
         ax.set_title(wrap_paragraphs(f"simulated, {int(sub['workers'].iloc[0])} GPUs, {net}: {sim_note}", 52),

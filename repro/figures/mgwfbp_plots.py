@@ -334,8 +334,7 @@ def plot_optimal_gap(gap: pd.DataFrame, cost_mode: str | None = None):
         y = y - 0.4 + step * (k + 0.5) + rng.uniform(-step / 3, step / 3, size=len(y))
         st = series_style(k)
         ax.scatter(g["gap_pct"], y, s=14, color=st["color"], marker=st["marker"], alpha=0.85, label=net, lw=0)
-    ax.set_yticks(range(len(models)))
-    ax.set_yticklabels(models, fontsize="small")
+    ax.set_yticks(range(len(models)), models, fontsize="small")
     ax.set(ylim=(len(models) - 0.5, -0.5), xlabel="MG-WFBP slower than the optimum (%)", ylabel="")
     ax.set_title("every model x network x P", fontsize="small")
     for k, (net, g) in enumerate(gap.groupby("network", sort=False)):
@@ -519,8 +518,7 @@ def _breakdown_bars(ax, sub: pd.DataFrame, names: Sequence[str], dtypes: Sequenc
                       "hatch": hatch}
                 ax.bar(x, comp, color=PALETTE[0], **kw)
                 ax.bar(x, comm, bottom=comp, color=PALETTE[3], **kw)
-    ax.set_xticks(range(len(names)))
-    ax.set_xticklabels([scheduler_label(n) for n in names], fontsize="small")
+    ax.set_xticks(range(len(names)), [scheduler_label(n) for n in names], fontsize="small")
     ax.grid(axis="x", visible=False)
 
 

@@ -80,10 +80,8 @@ def plot_optimal_gap(sweep: pd.DataFrame, rule: str = "omgs", paper_density: dic
                 ob = int(opt.get((m, p, d), -1))
                 ax.text(b, a, f"{v:.1f}%\n{int(nb.iloc[a, b])} vs {ob}", ha="center", va="center", fontsize=7.5,
                         color=_text_color(cmap(norm(v))))
-        ax.set_xticks(range(len(ds)))
-        ax.set_xticklabels([f"{d:g}" for d in ds], fontsize="x-small")
-        ax.set_yticks(range(len(ps)))
-        ax.set_yticklabels([str(p) for p in ps], fontsize="small")
+        ax.set_xticks(range(len(ds)), [f"{d:g}" for d in ds], fontsize="x-small")
+        ax.set_yticks(range(len(ps)), [str(p) for p in ps], fontsize="small")
         ax.grid(False)
         ax.set_xlabel("density (k / elements)", fontsize="small")
         if j == 0:

@@ -216,8 +216,7 @@ def _bars(ax, rows: pd.DataFrame, unit: float, unit_name: str, paper: pd.DataFra
                     x += 1.0
         centres.append(((start + x - 1.0) / 2, m))
         x += 0.6
-    ax.set_xticks(ticks)
-    ax.set_xticklabels(labels, fontsize=7.5)
+    ax.set_xticks(ticks, labels, fontsize=7.5)
     ax.grid(axis="x", visible=False)
     ax.set(ylim=(0, top * 1.16 if top > 0 else 1), ylabel=f"time per iteration ({unit_name})")
     trans = blended_transform_factory(ax.transData, ax.transAxes)

@@ -113,8 +113,7 @@ def gantt(ax, ops: Iterable[Any], *, streams: Sequence[str] | None = None, label
             ax.text(left + width / 2, y, d["label"], ha="center", va="center", fontsize=fontsize,
                     color=_text_color(c), clip_on=True)
 
-    ax.set_yticks(range(len(streams)))
-    ax.set_yticklabels(streams)
+    ax.set_yticks(range(len(streams)), streams)
     ax.set_ylim(len(streams) - 0.5, -0.5)  # first stream on top
     ax.set(xlim=(t0 * 1e3, (t0 * 1e3 + span_ms * 1.01) if items else 1.0), xlabel="time (ms)")
     ax.grid(axis="y", visible=False)
@@ -176,8 +175,7 @@ def stacked_bars(ax, df, *, x: str, parts: Sequence[str], colors: Mapping[str, s
             if flag:
                 bar.set_hatch(OVERSUBSCRIBED_HATCH)
         bottom = bottom + vals
-    ax.set_xticks(pos)
-    ax.set_xticklabels([str(v) for v in df[x]])
+    ax.set_xticks(pos, [str(v) for v in df[x]])
     ax.grid(axis="x", visible=False)
     if legend and len(parts):
         legend_outside(ax, ax.get_legend_handles_labels()[0] + ([oversubscribed_handle("bar")] if flags.any() else []))
