@@ -121,8 +121,7 @@ def _panel(ax, table: pd.DataFrame, rows, columns: list[tuple], column_keys: lis
             ax.axhline(i - 0.5, color="white", lw=2.5)
     ax.set(xlim=(-0.5, n_c - 0.5), ylim=(n_r - 0.5, -0.5))
     ax.grid(False)
-    for spine in ax.spines.values():
-        spine.set_visible(False)
+    ax.spines[:].set_visible(False)
     return im
 
 
