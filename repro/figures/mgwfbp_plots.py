@@ -174,14 +174,16 @@ def plot_layer_sizes(layers: pd.DataFrame, curve: pd.DataFrame, hist_models: Seq
 def plot_cost_models(table: pd.DataFrame, hop_note: str = "", paper_fits: pd.DataFrame | None = None):
     """Start-up a and per-byte b of each all-reduce algorithm vs P (two panels; coinciding algorithms named
     in a note), with ``paper_fits`` (:func:`repro.studies.mgwfbp_sim.paper_allreduce_fits`) as diamonds."""
-    fig, axes = plt.subplots(1, 2, figsize=(9.6, 4.3 if paper_fits is not None and len(paper_fits) else 4.0))
+    with_paper = paper_fits is not None and len(paper_fits) > 0
+    columns = ((0, "a_s", 1e3), (1, "b_s_per_byte", 1e9))  # panel, column, scale to ms and ns/byte
+    fig, axes = plt.subplots(1, 2, figsize=(9.6, 4.3 if with_paper else 4.0))
     for algo, g in table.groupby("algorithm", sort=False):
         st = ALGORITHM_STYLES.get(algo, {"color": DARK_GREY, "marker": "x", "linestyle": "-", "mfc": None,
                                          "label": algo.replace("_", " ")})
         g = g.sort_values("workers")
-        for ax, col, scale in ((axes[0], "a_s", 1e3), (axes[1], "b_s_per_byte", 1e9)):
+        for i, col, scale in columns:
             kw = {"markerfacecolor": st["mfc"]} if st["mfc"] else {}
-            ax.plot(g["workers"], g[col] * scale, marker=st["marker"], ms=6 if st["mfc"] else 4,
+            axes[i].plot(g["workers"], g[col] * scale, marker=st["marker"], ms=6 if st["mfc"] else 4,
                     color=st["color"], ls=st["linestyle"], lw=1.6, label=st["label"], **kw)
     for ax, ylabel, title in ((axes[0], "start-up a (ms)", "start-up a"),
                               (axes[1], "per-byte b (ns/byte)", "per-byte b")):
@@ -190,21 +192,20 @@ def plot_cost_models(table: pd.DataFrame, hop_note: str = "", paper_fits: pd.Dat
         same = coinciding_lines(ax)
         if same:
             add_note(ax, "; ".join(f"{a} = {b}: drawn on top of each other" for a, b in same))
-    if paper_fits is not None and len(paper_fits):
+    if with_paper:
         for k, (net, g) in enumerate(paper_fits.groupby("paper_network", sort=False)):
             g = g.sort_values("workers")
             color = series_style(k + 4)["color"]
-            for ax, col, scale in ((axes[0], "a_s", 1e3), (axes[1], "b_s_per_byte", 1e9)):
-                ax.scatter(g["workers"], g[col] * scale, **{**paper_marker_style(None, size=60 if k else 90),
-                                                            "edgecolors": color},
-                           label=f"paper fit, {net} (MG-WFBP TPDS'21, V100, NCCL)")
+            for i, col, scale in columns:
+                axes[i].scatter(g["workers"], g[col] * scale, **{**paper_marker_style(None, size=60 if k else 90),
+                                                                 "edgecolors": color},
+                                label=f"paper fit, {net} (MG-WFBP TPDS'21, V100, NCCL)")
     for ax in axes:  # ticks thinned to what the decades drawn leave room for (1, 2, 5 x 10^k on a short range)
         sparse_log_ticks(ax.yaxis)
-    title = "All-reduce cost T(M) = a + b·M by algorithm"
-    fig.suptitle(title + (f"\n{hop_note}" if hop_note else ""))
-    legend_below(fig, axes=[axes[0]], ncol=3 if paper_fits is not None and len(paper_fits) else 4)
+    fig.suptitle("All-reduce cost T(M) = a + b·M by algorithm" + (f"\n{hop_note}" if hop_note else ""))
+    legend_below(fig, axes=[axes[0]], ncol=3 if with_paper else 4)
     fig.tight_layout()
-    if paper_fits is not None and len(paper_fits):
+    if with_paper:
         add_gap_note(fig, cost_model_gap_lines(table, paper_fits),
                      head=f"Paper fits vs the ring line more than {GAP_FACTOR:g}x apart (the lines are the conference "
                           "paper's per-hop constants, the diamonds the journal's fits of NCCL on V100 clusters: other "
