@@ -327,8 +327,7 @@ def plot_accuracy(acc: pd.DataFrame, x: str, title: str, note: str = "", claim: 
         else:
             a.set_xlim(left=0)
     axes[0].set(ylabel="test accuracy (%)", ylim=(0, 100))
-    axes[1].set_ylabel("train loss (mean over the epoch)")
-    axes[1].set_ylim(bottom=0)
+    axes[1].set(ylabel="train loss (mean over the epoch)", ylim=(0, None))
     text = "\n".join(t for t in (note, claim, accuracy_vs_bsp_note(acc) if claim else "") if t)
     top = _head(fig, title, text, 150, panel_title_lines=0, pad=0.05)
     legend = legend_below(fig, handles, ncol=min(len(handles), 5))
