@@ -88,9 +88,7 @@ def _panel(ax, table: pd.DataFrame, rows, columns: list[tuple], column_keys: lis
     n_r, n_c = len(rows), len(columns)
     ratio = np.full((n_r, n_c), np.nan)
     for j, key in enumerate(columns):
-        sel = np.ones(len(table), dtype=bool)
-        for k, v in zip(column_keys, key):
-            sel &= (table[k] == v).to_numpy()
+        sel = np.logical_and.reduce([(table[k] == v).to_numpy() for k, v in zip(column_keys, key)])
         col = table[sel].set_index("scheduler")
         for i, (_, s) in enumerate(rows):
             if s is None or s not in col.index:
@@ -112,8 +110,7 @@ def _panel(ax, table: pd.DataFrame, rows, columns: list[tuple], column_keys: lis
     ax.imshow(background, cmap=plt.matplotlib.colors.ListedColormap([_MISSING]), aspect="auto",
               interpolation="nearest", vmin=0, vmax=2)
     im = ax.imshow(np.ma.masked_invalid(ratio), cmap=cmap, norm=norm, aspect="auto", interpolation="nearest")
-    ax.set_xticks(range(n_c))
-    ax.set_xticklabels([column_label(key) for key in columns], fontsize=7.5)
+    ax.set_xticks(range(n_c), [column_label(key) for key in columns], fontsize=7.5)
     ax.xaxis.tick_top()
     ax.tick_params(axis="x", length=0, pad=2)
     ax.set_yticks(range(n_r))
@@ -122,11 +119,9 @@ def _panel(ax, table: pd.DataFrame, rows, columns: list[tuple], column_keys: lis
     for i, (_, s) in enumerate(rows):
         if s is None:
             ax.axhline(i - 0.5, color="white", lw=2.5)
-    ax.set_xlim(-0.5, n_c - 0.5)
-    ax.set_ylim(n_r - 0.5, -0.5)
+    ax.set(xlim=(-0.5, n_c - 0.5), ylim=(n_r - 0.5, -0.5))
     ax.grid(False)
-    for spine in ax.spines.values():
-        spine.set_visible(False)
+    ax.spines[:].set_visible(False)
     return im
 
 
@@ -141,10 +136,7 @@ def plot_compare(simulated: pd.DataFrame, measured: pd.DataFrame | None = None, 
     tables = [simulated] + ([measured] if measured is not None else [])
     names = set().union(*(set(t["scheduler"]) for t in tables))
     rows = _rows([s for s in SCHEDULERS if s in names])
-    changes = {}
-    for t in tables:
-        for s, k in zip(t["scheduler"], t["keeps_sync_sgd"]):
-            changes[s] = not bool(k)
+    changes = {s: not bool(k) for t in tables for s, k in zip(t["scheduler"], t["keeps_sync_sgd"])}
 
     networks = list(dict.fromkeys(simulated["network"]))
     models = list(dict.fromkeys(simulated["model"]))

@@ -16,8 +16,8 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 from matplotlib.ticker import FuncFormatter
 
-from repro.figures.mgwfbp_plots import cost_mode_label
-from repro.figures.plots import gantt
+from repro.figures.mgwfbp_plots import _log2_x, cost_mode_label
+from repro.figures.plots import _gantt_ops, gantt
 from repro.figures.style import PALETTE, kind_color, legend_below, ms_text, ordered, scheduler_style
 
 __all__ = ["METHOD_ORDER", "method_style", "method_label", "plot_timeline", "plot_scaling",
@@ -26,7 +26,6 @@ __all__ = ["METHOD_ORDER", "method_style", "method_label", "plot_timeline", "plo
 METHOD_ORDER: tuple[str, ...] = ("wfbp", "bytescheduler", "horovod", "ddp_buckets", "mgwfbp", "dear_nofusion",
                                  "dear_threshold", "dear_model", "dear_optimal", "dear_bo", "fsdp")
 
-_PLAIN = FuncFormatter(lambda v, _pos: f"{v:g}")
 _THOUSANDS = FuncFormatter(lambda v, _pos: f"{v / 1e3:g}")
 
 _LABELS = {"ddp_buckets": "DDP buckets (25 MiB)", "horovod": "Horovod (64 MiB fusion, 5 ms cycle)",
@@ -56,31 +55,7 @@ def method_label(name: str) -> str:
     return method_style(name)["label"]
 
 
-def _note_text(fig, text: str, y_in: float, width: int = 150) -> None:
-    """An italic note ``y_in`` inches from the bottom of the figure."""
-    fig.text(0.5, y_in / fig.get_figheight(), textwrap.fill(text, width), ha="center", va="top",
-             fontsize="x-small", style="italic", color="#333333")
-
-
 # -- dear.timeline
-
-def _drawable(ops: pd.DataFrame, span_s: float, min_label_frac: float = 0.035) -> pd.DataFrame:
-    """Ops ready for :func:`gantt` (``row`` as the stream): back-to-back computation of one kind merged
-    into one bar; communication bars keep their bucket label when wide enough."""
-    out: list[dict] = []
-    for r in ops.sort_values("start_s", kind="stable").to_dict("records"):
-        r = {**r, "stream": r["row"]}
-        if r["row"] != "comm" or (r["end_s"] - r["start_s"]) < min_label_frac * span_s:
-            r["label"] = ""
-        if r["row"] == "compute":
-            last = next((o for o in reversed(out) if o["stream"] == "compute"), None)
-            if (last is not None and last["kind"] == r["kind"]
-                    and abs(last["end_s"] - r["start_s"]) <= 1e-9 * max(1.0, span_s)):
-                last["end_s"] = r["end_s"]
-                continue
-        out.append(r)
-    return pd.DataFrame(out)
-
 
 def _titled(title: str, table: pd.DataFrame, cost_mode: str | None) -> str:
     """``title`` with the cost mode (``cost_mode``, else the table's column): a closing "(simulated)"
@@ -107,8 +82,9 @@ def plot_timeline(ops: pd.DataFrame, title: str, note: str = "", cost_mode: str 
         ax = fig.add_subplot(gs[i], sharex=axes[0] if axes else None)
         axes.append(ax)
         sub = ops[ops["scheduler"] == s]
-        gantt(ax, _drawable(sub, t_end), streams=["compute", "comm"], legend=False, label_min_width_frac=0.0,
-              fontsize=6.5)
+        # communication bars keep their bucket label when wide enough
+        gantt(ax, _gantt_ops(sub, t_end, "comm", 0.035, "stable"), streams=["compute", "comm"], legend=False,
+              label_min_width_frac=0.0, fontsize=6.5)
         it, bnd = float(sub["iteration_s"].iloc[0]), float(sub["boundary_s"].iloc[0])
         ax.axvline(bnd * 1e3, color="black", lw=1.1, ls="--", zorder=5)
         ax.text(bnd * 1e3, -0.62, " next iteration →", ha="left", va="bottom", fontsize="x-small",
@@ -117,11 +93,8 @@ def plot_timeline(ops: pd.DataFrame, title: str, note: str = "", cost_mode: str 
         ax.set_title(f"{method_label(s)}: {nb} bucket{'s' if nb != 1 else ''}, iteration (period) "
                      f"{ms_text(it)}", fontsize="small", loc="left")
         ax.set_yticklabels([_ROW_NAMES[r] for r in ("compute", "comm")], fontsize="small")
-        if i < n - 1:
-            ax.tick_params(labelbottom=False)
-            ax.set_xlabel("")
-        else:
-            ax.set_xlabel("time since the iteration start (ms), simulated")
+        ax.tick_params(labelbottom=i == n - 1)  # one time axis: labelled under the last panel
+        ax.set_xlabel("time since the iteration start (ms), simulated" if i == n - 1 else "")
     axes[0].set_xlim(0, t_end * 1e3 * 1.02)
     kinds = [k for k in ("forward", "backward", "allreduce", "reduce_scatter", "allgather", "update", "pre_forward")
              if k in set(ops["kind"])]
@@ -189,8 +162,7 @@ def plot_scaling(table: pd.DataFrame, note: str = "", cost_mode: str | None = No
                 ax.plot(g["workers"], g["throughput"], **kw)
                 axr.plot(g["workers"], g["relative_to_best"], **kw)
             for a in (ax, axr):
-                a.set_xscale("log", base=2)
-                a.xaxis.set_major_formatter(_PLAIN)
+                _log2_x(a)
                 a.set_xticks(ps)
                 a.tick_params(labelsize="x-small")
             ax.set_ylim(0, float(sub["throughput"].max()) * 1.08)
@@ -220,16 +192,15 @@ def plot_scaling(table: pd.DataFrame, note: str = "", cost_mode: str | None = No
              color="#333333")
     headline = scaling_headline_text(table)
     if headline:
-        import textwrap
-
         headline = "\n".join(textwrap.wrap(headline, int(15 * w)))
         fig.text(0.5, 1 - (0.62 + 0.17 * note.count("\n") + (0.17 if note else 0)) / h, headline, ha="center",
                  va="top", fontsize="small", color="#333333")
     legend_below(fig, handles, ncol=min(len(handles), 4))
     bottom = 1.05
     if same_notes:
-        _note_text(fig, "Drawn on top of each other (equal at every P): " + "; ".join(same_notes), 0.32,
-                   width=int(16 * w))
+        fig.text(0.5, 0.32 / h, textwrap.fill("Drawn on top of each other (equal at every P): " + "; ".join(same_notes),
+                                              int(16 * w)), ha="center", va="top", fontsize="x-small", style="italic",
+                 color="#333333")
         bottom = 1.15
     fig.subplots_adjust(top=1 - (1.05 + (0.2 if ib else 0) + (0.2 * (headline.count("\n") + 1) if headline else 0)) / h,
                         bottom=bottom / h, left=0.07, right=0.985)
@@ -281,27 +252,38 @@ def plot_throughput(table: pd.DataFrame, note: str = "", title: str = "Throughpu
     """Grouped bars (simulated only): throughput per model, one bar per method, one panel per network
     (``dear.throughput_nofusion`` / ``dear.throughput_fusion`` without their measured halves).
     ``table`` is :func:`repro.studies.dear_sim.throughput_table` at one worker count."""
-    models = list(dict.fromkeys(table["model"]))
-    nets = list(dict.fromkeys(table["network"]))
     names = ordered(table["scheduler"], METHOD_ORDER)
-    fig, axes = plt.subplots(1, len(nets), figsize=(max(5.5 * len(nets), 7), 4.4), squeeze=False)
-    width = 0.8 / len(names)
-    for ax, net in zip(axes[0], nets):
-        sub = table[table["network"] == net]
-        for k, s in enumerate(names):
-            g = sub[sub["scheduler"] == s].set_index("model").reindex(models)
-            ax.bar(np.arange(len(models)) + (k - (len(names) - 1) / 2) * width, g["throughput"], width,
-                   color=method_style(s)["color"], label=method_label(s), edgecolor="white", linewidth=0.5)
-        ax.set_xticks(range(len(models)))
-        ax.set_xticklabels(models, fontsize="small", rotation=20)
+
+    def bars(ax, sub, x, width, g, s):
+        ax.bar(x, g["throughput"], width, color=method_style(s)["color"], label=method_label(s), edgecolor="white",
+               linewidth=0.5)
+
+    fig = _network_bars(table, names, 4.4, "throughput (1000 samples/s)", bars)
+    for ax in fig.axes:
         ax.yaxis.set_major_formatter(_THOUSANDS)
-        ax.set_ylabel("throughput (1000 samples/s)")
-        p = int(sub["workers"].iloc[0])
-        ax.set_title(f"{net}, P={p}", fontsize="small")
     fig.suptitle(_titled(title, table, cost_mode) + (f"\n{note}" if note else ""), fontsize="medium")
     legend_below(fig, [Patch(facecolor=method_style(s)["color"], label=method_label(s)) for s in names],
                  ncol=min(len(names), 4))
     fig.tight_layout()
+    return fig
+
+
+def _network_bars(table: pd.DataFrame, names: Sequence[str], height: float, ylabel: str, bars):
+    """One panel per network of ``table``: per model a group of bars, ``bars(ax, sub, x, width, g, s)``
+    drawing method ``s``'s (``g``: its rows of the network's ``sub`` indexed by model, ``x``: their
+    positions). Returns the figure."""
+    models = list(dict.fromkeys(table["model"]))
+    nets = list(dict.fromkeys(table["network"]))
+    fig, axes = plt.subplots(1, len(nets), figsize=(max(5.5 * len(nets), 7), height), squeeze=False)
+    width = 0.8 / len(names)
+    for ax, net in zip(axes[0], nets):
+        sub = table[table["network"] == net]
+        for k, s in enumerate(names):
+            bars(ax, sub, np.arange(len(models)) + (k - (len(names) - 1) / 2) * width, width,
+                 sub[sub["scheduler"] == s].set_index("model").reindex(models), s)
+        ax.set_xticks(range(len(models)), models, fontsize="small", rotation=20)
+        ax.set_ylabel(ylabel)
+        ax.set_title(f"{net}, P={int(sub['workers'].iloc[0])}", fontsize="small")
     return fig
 
 
@@ -317,26 +299,17 @@ _BREAKDOWN = (("computation_s", "computation", "#bdbdbd"),
 def plot_breakdown(table: pd.DataFrame, note: str = "", cost_mode: str | None = None):
     """Stacked bars per model and scheduler: computation vs exposed communication (ms per iteration),
     one panel per network. ``table`` is :func:`repro.studies.dear_sim.breakdown_table`."""
-    nets = list(dict.fromkeys(table["network"]))
-    models = list(dict.fromkeys(table["model"]))
     names = ordered(table["scheduler"], METHOD_ORDER)
-    fig, axes = plt.subplots(1, len(nets), figsize=(max(5.5 * len(nets), 7), 4.6), squeeze=False)
-    width = 0.8 / len(names)
-    for ax, net in zip(axes[0], nets):
-        sub = table[table["network"] == net]
-        for k, s in enumerate(names):
-            g = sub[sub["scheduler"] == s].set_index("model").reindex(models)
-            x = np.arange(len(models)) + (k - (len(names) - 1) / 2) * width
-            bottom = np.zeros(len(models))
-            for col, _, c in _BREAKDOWN:
-                v = g[col].fillna(0).to_numpy() * 1e3
-                ax.bar(x, v, width * 0.92, bottom=bottom, color=c, edgecolor=method_style(s)["color"], linewidth=1.0)
-                bottom += v
+
+    def bars(ax, sub, x, width, g, s):
+        bottom = np.zeros(len(x))
+        for col, _, c in _BREAKDOWN:
+            v = g[col].fillna(0).to_numpy() * 1e3
+            ax.bar(x, v, width * 0.92, bottom=bottom, color=c, edgecolor=method_style(s)["color"], linewidth=1.0)
+            bottom += v
         ax.set_ylim(0, float(sub["iteration_s"].max()) * 1e3 * 1.06)  # stacked bars: autoscale may clip the top
-        ax.set_xticks(range(len(models)))
-        ax.set_xticklabels(models, fontsize="small", rotation=20)
-        ax.set_ylabel("ms per iteration")
-        ax.set_title(f"{net}, P={int(sub['workers'].iloc[0])}", fontsize="small")
+
+    fig = _network_bars(table, names, 4.6, "ms per iteration", bars)
     seen = [(col, lab, c) for col, lab, c in _BREAKDOWN if col in table and table[col].abs().sum() > 0]
     handles = [Patch(facecolor=c, edgecolor="#666666", label=lab) for _, lab, c in seen]
     handles += [Patch(facecolor="white", edgecolor=method_style(s)["color"], linewidth=1.5,
@@ -367,8 +340,7 @@ def plot_buffer_sweep(table: pd.DataFrame, note: str = "", cost_mode: str | None
             d = g[g["point"] == "default"]
             ax.scatter(d["threshold_mib"], d["iteration_s"] * 1e3, marker="o", s=40, facecolor="none",
                        edgecolor="black", zorder=5)
-        ax.set_xscale("log", base=2)
-        ax.xaxis.set_major_formatter(_PLAIN)
+        _log2_x(ax)
         ax.set_xlabel("fusion threshold (MiB)", fontsize="small")
         ax.set_title(m, fontsize="small")
     axes[0, 0].set_ylabel("iteration (ms)")

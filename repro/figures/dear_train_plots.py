@@ -15,6 +15,7 @@ from matplotlib.patches import Patch
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
 from repro.figures.dear_plots import method_label, method_style
+from repro.figures.mgwfbp_plots import _PLAIN, _log2_x
 from repro.figures.plots import flag_column
 from repro.figures.style import (EXTRA_COLORS, GAP_FACTOR, OVERSUBSCRIBED_HATCH, PALETTE, add_gap_note,
                                  fit_titles, gap_lines, legend_below, ordered, wrap_paragraphs)
@@ -22,7 +23,6 @@ from repro.figures.style import (EXTRA_COLORS, GAP_FACTOR, OVERSUBSCRIBED_HATCH,
 __all__ = ["PRIMITIVE_STYLES", "plot_primitive_cost", "plot_throughput", "plot_breakdown", "plot_buffer_sweep",
            "plot_bo_tuning", "bo_tuning_titles"]
 
-_PLAIN = FuncFormatter(lambda v, _pos: f"{v:g}")
 # Communication kinds, the same colours in every figure of this module (distinct from each other and from
 # the computation grey; kind_color's all-reduce and reduce-scatter are two oranges).
 _RS, _AG, _AR = PALETTE[9], PALETTE[2], PALETTE[3]
@@ -94,8 +94,7 @@ def plot_primitive_cost(cost: pd.DataFrame, model: pd.DataFrame, measured_note: 
         _log_ms(ax)
         ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _p: _bytes_label(v)))
         ax.tick_params(axis="x", labelsize="x-small", rotation=20)
-        ax.set_xlabel("message (bytes of float32)")
-        ax.set_ylabel("time (ms)")
+        ax.set(xlabel="message (bytes of float32)", ylabel="time (ms)")
         over = bool(sub["oversubscribed"].any()) if "oversubscribed" in sub else False
         ax.set_title(wrap_paragraphs(f"measured, P={p}" + (" (oversubscribed)" if over else "")
                                      + f"\n{measured_note}", 55), fontsize="small")
@@ -114,11 +113,9 @@ def plot_primitive_cost(cost: pd.DataFrame, model: pd.DataFrame, measured_note: 
                      fontsize="small")
         ax.text(0.98, 0.02, "reduce-scatter and all-gather\ncoincide (each half the ring)", transform=ax.transAxes,
                 ha="right", va="bottom", fontsize="x-small", style="italic")
-    ax.set_xscale("log", base=2)
+    _log2_x(ax)
     _log_ms(ax)
-    ax.xaxis.set_major_formatter(_PLAIN)
-    ax.set_xlabel("workers P")
-    ax.set_ylabel("time (ms)")
+    ax.set(xlabel="workers P", ylabel="time (ms)")
     handles = [Line2D([], [], color=st["color"], marker=st["marker"], ls="", label=st["label"])
                for st in PRIMITIVE_STYLES.values()]
     handles += [Line2D([], [], color="#555555", lw=1.2,
@@ -208,8 +205,7 @@ def _measured_throughput_panel(ax, measured: pd.DataFrame, schedulers: Sequence[
             if row.notna().any():
                 items.append((f"{_label(s)} ({m}) iteration", row["iteration_s"], row["predicted_s"],
                               _prediction_reason(row, GAP_FACTOR)))
-    ax.set_ylim(0, top * 1.12 if top > 0 else 1)
-    ax.set_xticks(range(len(models)))
+    ax.set(ylim=(0, top * 1.12 if top > 0 else 1), xticks=range(len(models)))
     ax.set_xticklabels(models, fontsize="small")
     ax.set_ylabel("samples/s (all ranks)")
     ax.set_title(wrap_paragraphs(_measured_title(measured, note), 40), fontsize="small")
@@ -268,8 +264,7 @@ def _simulated_relative_panels(axes, simulated: pd.DataFrame, schedulers: Sequen
             ax.bar(np.arange(len(models)) + (k - (len(names) - 1) / 2) * width, g["rel"], width * 0.92,
                    color=_color(s), edgecolor="white")
         ax.set_ylim(0.0, 1.06)  # from 0: bar heights compare as ratios
-        ax.set_xticks(range(len(models)))
-        ax.set_xticklabels(models, fontsize="x-small", rotation=25)
+        ax.set_xticks(range(len(models)), models, fontsize="x-small", rotation=25)
         ax.set_ylabel("throughput ÷ best (ratio)")
         ax.set_title(wrap_paragraphs(_simulated_title(sub, net, note), 48), fontsize="small")
 
@@ -366,12 +361,11 @@ def plot_throughput(measured: pd.DataFrame, simulated: pd.DataFrame, schedulers:
     titles += [(ax, _simulated_title(simulated, net, sim_note)) for ax, net in zip(axes[1:], nets)]
     fit_titles(fig, titles, rect=(0, 0, 1, top))
     drift = drift_lines(measured, schedulers)
+    head = None
     if drift:
         drift = [f"the interleaved samples' median vs each whole run's own median more than {DRIFT_FACTOR:g}x "
                  "apart (whole runs measured minutes apart on shared cores; the side-by-side samples cancel that "
                  "drift): " + "; ".join(drift)]
-    head = None
-    if drift:
         head = (f"Measured vs predicted more than {GAP_FACTOR:g}x apart, and measured statistics that disagree:"
                 if gaps else "Measured statistics that disagree:")
     add_gap_note(fig, gaps + drift, head=head)
@@ -481,10 +475,8 @@ def plot_breakdown(measured: pd.DataFrame, simulated: pd.DataFrame, measured_not
                 continue
             h = _stack(ax, k + (j - 0.5) * 0.4, g.iloc[0], 0.38, _color(s), hatch=None if src == "measured" else "///")
             top = max(top, h)
-    ax.set_xticks(range(len(names)))
-    ax.set_xticklabels([_label(s) for s in names], fontsize="x-small", rotation=35, ha="right")
-    ax.set_ylim(0, top * 1.08 if top else 1)
-    ax.set_ylabel("ms per iteration")
+    ax.set_xticks(range(len(names)), [_label(s) for s in names], fontsize="x-small", rotation=35, ha="right")
+    ax.set(ylim=(0, top * 1.08 if top else 1), ylabel="ms per iteration")
     model = ", ".join(dict.fromkeys(measured["model"])) if len(measured) else ""
     ax.set_title(wrap_paragraphs(f"measured ({model}): {measured_note}; {BREAKDOWN_STATISTIC}; left bar "
                                  "measured, right bar (hatched) the run simulated", 56), fontsize="small")
@@ -504,8 +496,7 @@ def plot_breakdown(measured: pd.DataFrame, simulated: pd.DataFrame, measured_not
                     tick_names.append(short_label(s))
         ax.set_ylim(0, float(sub["iteration_s"].max()) * 1e3 * 1.06)
         # each bar's scheduler as a label under it; the model names further down, below the longest one
-        ax.set_xticks(range(len(models)))
-        ax.set_xticklabels(models, fontsize="x-small")
+        ax.set_xticks(range(len(models)), models, fontsize="x-small")
         ax.tick_params(axis="x", which="major", length=0, pad=bar_labels_under(ax, ticks, tick_names))
         ax.set_ylabel("ms per iteration")
         ax.set_title(wrap_paragraphs(f"simulated, {int(sub['workers'].iloc[0])} GPUs, {net}: {sim_note}", 52),
@@ -556,10 +547,8 @@ def plot_buffer_sweep(measured: pd.DataFrame, references: pd.DataFrame, simulate
         if t == t and t is not None:  # a planner that chose a threshold: where it lands on the x axis
             ax.scatter([t / 1024], [r.iteration_s * 1e3], marker="*", s=130, color=_color(r.scheduler),
                        edgecolor="black", linewidth=0.6, zorder=6)
-    ax.set_xscale("log", base=2)
-    ax.xaxis.set_major_formatter(_PLAIN)
-    ax.set_xlabel("fusion threshold (KiB)")
-    ax.set_ylabel("iteration (ms)")
+    _log2_x(ax)
+    ax.set(xlabel="fusion threshold (KiB)", ylabel="iteration (ms)")
     ax.set_ylim(0, max([float(measured["iteration_s"].max()) if len(measured) else 0.0]
                        + [float(v) for v in references["iteration_s"]]) * 1e3 * 1.12)
     model = ", ".join(dict.fromkeys(measured["model"])) if len(measured) else ""
@@ -579,10 +568,8 @@ def plot_buffer_sweep(measured: pd.DataFrame, references: pd.DataFrame, simulate
             d = g[g["point"] == "default"]
             ax.scatter(d["threshold_mib"], d["iteration_s"] / best, marker="o", s=30, facecolor="none", edgecolor=c,
                        zorder=5)
-        ax.set_xscale("log", base=2)
-        ax.xaxis.set_major_formatter(_PLAIN)
-        ax.set_xlabel("fusion threshold (MiB)")
-        ax.set_ylabel("iteration ÷ the model's best (ratio)")
+        _log2_x(ax)
+        ax.set(xlabel="fusion threshold (MiB)", ylabel="iteration ÷ the model's best (ratio)")
         p = int(simulated["workers"].iloc[0])
         ax.set_title(wrap_paragraphs(f"simulated, {p} GPUs, {net}: {sim_note}", 52), fontsize="small")
     handles = [Line2D([], [], color=PALETTE[0], marker="o", lw=1.4, label="DeAR threshold runs, measured"),
@@ -634,11 +621,8 @@ def trial_label_sides(live: pd.DataFrame) -> list[str]:
     straight above them), "above" the others (the best-so-far line runs level below them)."""
     best = live["best_so_far_s"].to_numpy(dtype=float)
     it = live["iteration_s"].to_numpy(dtype=float)
-    out = []
-    for k in range(len(live)):
-        lowered = k > 0 and best[k] < best[k - 1] and np.isclose(it[k], best[k])
-        out.append("below" if lowered else "above")
-    return out
+    return ["below" if k > 0 and best[k] < best[k - 1] and np.isclose(it[k], best[k]) else "above"
+            for k in range(len(live))]
 
 
 def _trial_labels(ax, live: pd.DataFrame) -> None:
@@ -692,8 +676,7 @@ def plot_bo_tuning(live: pd.DataFrame, comparison: pd.DataFrame, marks: dict[str
         _trial_labels(ax, live)
     else:
         ax.text(0.5, 0.5, "no dear_bo run", ha="center", transform=ax.transAxes)
-    ax.set_xlabel("trial")
-    ax.set_ylabel("iteration (ms)")
+    ax.set(xlabel="trial", ylabel="iteration (ms)")
     ax.set_title(wrap_paragraphs(f"measured, live dear_bo run: {live_note}", 60), fontsize="small")
     for ax, obj in zip(axes[1:n], objectives):
         sub = comparison[comparison["objective"] == obj]
@@ -707,8 +690,7 @@ def plot_bo_tuning(live: pd.DataFrame, comparison: pd.DataFrame, marks: dict[str
             ax.plot(piv.index, piv.median(axis=1) * 1e3, color=c, lw=1.8, ls=ls, drawstyle="steps-post")
         for r in marks.get(obj, pd.DataFrame()).itertuples():
             ax.axhline(r.seconds * 1e3, color=_color(r.scheduler), lw=1.2, ls=MARK_KINDS.get(r.kind, "-"))
-        ax.set_xlabel("trial")
-        ax.set_ylabel("best iteration so far (ms)")
+        ax.set(xlabel="trial", ylabel="best iteration so far (ms)")
         ax.set_title(wrap_paragraphs(titles.get(obj, obj), 60), fontsize="small")
     handles = [Line2D([], [], color=c, ls=ls, lw=1.8, label=f"{lab} (median over seeds; thin: each seed)")
                for lab, c, ls in _SEARCH.values()]

@@ -48,8 +48,7 @@ def plot_fidelity(rows: Any, title: str) -> Any:
         ax.set_xlabel(f"published {unit}\n(ddl-benchmarks, arXiv 2005.13247, measured)")
         ax.set_ylabel(f"simulated {unit}")
         ax.set_title("iteration time" if q == "iteration_s" else "MG-WFBP over WFBP and over BSP")
-    handles, labels = axes[0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="lower center", ncol=3, fontsize=8, frameon=False)
+    fig.legend(*axes[0].get_legend_handles_labels(), loc="lower center", ncol=3, fontsize=8, frameon=False)
     fig.suptitle(title)
     fig.tight_layout(rect=(0, 0.12, 1, 0.95))
     return fig

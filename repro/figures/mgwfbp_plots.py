@@ -12,15 +12,15 @@ import numpy as np
 import pandas as pd
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
-from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator
+from matplotlib.ticker import FuncFormatter, MaxNLocator
 
 from repro.costs.published_fits import mode_label
 from repro.figures.plots import flag_column, gantt, scheduler_lines
 from repro.figures.style import (DARK_GREY, GAP_FACTOR, OVERSUBSCRIBED_HATCH, PALETTE, add_gap_note, add_note,
                                  coinciding_lines, flat_brackets, gap_lines, hidden_markers, hidden_markers_text,
-                                 legend_below, sparse_log_ticks,
-                                 mark_oversubscribed, oversubscribed_handle, panel_figsize, paper_handle,
-                                 paper_marker_style, scheduler_label, scheduler_style, wrap_paragraphs)
+                                 legend_below, mark_oversubscribed, ordered, oversubscribed_handle, panel_figsize,
+                                 paper_handle, paper_marker_style, scheduler_label, scheduler_style, sparse_log_ticks,
+                                 wrap_paragraphs)
 
 __all__ = ["plot_layer_sizes", "plot_cost_models", "plot_timeline", "plot_sim_speedup", "plot_optimal_gap",
            "plot_allreduce_fit", "plot_real_speedup", "plot_breakdown", "plot_threshold_sweep", "plot_convergence",
@@ -53,10 +53,6 @@ def cost_mode_label(table: pd.DataFrame | None = None, cost_mode: str | None = N
     if table is None or "cost_mode" not in table:
         return ""
     return " + ".join(mode_label(m) for m in dict.fromkeys(table["cost_mode"].dropna()))
-
-
-def _with_mode(text: str, label: str) -> str:
-    return f"{text} ({label})" if label else text
 
 
 def series_style(i: int) -> dict:
@@ -139,9 +135,7 @@ def plot_layer_sizes(layers: pd.DataFrame, curve: pd.DataFrame, hist_models: Seq
         first = first or ax
         sub = layers[layers["model"] == m]
         ax.vlines(sub["layer"], 1, sub["params"], color=PALETTE[0], lw=max(0.4, min(2.0, 160 / max(len(sub), 1))))
-        ax.set_yscale("log")
-        ax.set_ylim(1, vmax * 3)
-        ax.set_xlim(0, len(sub) + 1)
+        ax.set(yscale="log", ylim=(1, vmax * 3), xlim=(0, len(sub) + 1))
         ax.xaxis.set_major_locator(MaxNLocator(integer=True, nbins=6))
         ax.set_title(f"{m}: {len(sub)} layers, {sub['params'].sum() / 1e6:.1f}M", fontsize="small")
         ax.tick_params(labelsize="x-small")
@@ -159,9 +153,7 @@ def plot_layer_sizes(layers: pd.DataFrame, curve: pd.DataFrame, hist_models: Seq
         axh = fig.add_subplot(bottom[0, j])
         sub = layers[layers["model"] == m]
         axh.hist(sub["bytes"], bins=bins, color=PALETTE[7], alpha=0.8)
-        axh.set_xscale("log")
-        axh.set_xlabel("gradient bytes per layer")
-        axh.set_ylabel("layers")
+        axh.set(xscale="log", xlabel="gradient bytes per layer", ylabel="layers")
         axh.set_title(f"{m}: layer sizes and all-reduce time", fontsize="small")
         axt = axh.twinx()
         for k, (net, c) in enumerate(curve.groupby("network", sort=False)):
@@ -170,8 +162,7 @@ def plot_layer_sizes(layers: pd.DataFrame, curve: pd.DataFrame, hist_models: Seq
                              label=f"all-reduce time, {net} (P={int(c['workers'].iloc[0])})")
             if j == 0:
                 handles.append(line)
-        axt.set_yscale("log")
-        axt.set_ylabel("all-reduce time (ms)")
+        axt.set(yscale="log", ylabel="all-reduce time (ms)")
         axt.grid(False)
     handles.insert(0, Patch(facecolor=PALETTE[7], alpha=0.8, label="layers per size bin (left axis)"))
     fig.suptitle("Gradient size per learnable layer", y=0.995)
@@ -183,43 +174,38 @@ def plot_layer_sizes(layers: pd.DataFrame, curve: pd.DataFrame, hist_models: Seq
 def plot_cost_models(table: pd.DataFrame, hop_note: str = "", paper_fits: pd.DataFrame | None = None):
     """Start-up a and per-byte b of each all-reduce algorithm vs P (two panels; coinciding algorithms named
     in a note), with ``paper_fits`` (:func:`repro.studies.mgwfbp_sim.paper_allreduce_fits`) as diamonds."""
-    fig, axes = plt.subplots(1, 2, figsize=(9.6, 4.3 if paper_fits is not None and len(paper_fits) else 4.0))
+    with_paper = paper_fits is not None and len(paper_fits) > 0
+    columns = ((0, "a_s", 1e3), (1, "b_s_per_byte", 1e9))  # panel, column, scale to ms and ns/byte
+    fig, axes = plt.subplots(1, 2, figsize=(9.6, 4.3 if with_paper else 4.0))
     for algo, g in table.groupby("algorithm", sort=False):
         st = ALGORITHM_STYLES.get(algo, {"color": DARK_GREY, "marker": "x", "linestyle": "-", "mfc": None,
                                          "label": algo.replace("_", " ")})
         g = g.sort_values("workers")
-        for ax, col, scale in ((axes[0], "a_s", 1e3), (axes[1], "b_s_per_byte", 1e9)):
+        for i, col, scale in columns:
             kw = {"markerfacecolor": st["mfc"]} if st["mfc"] else {}
-            ax.plot(g["workers"], g[col] * scale, marker=st["marker"], ms=6 if st["mfc"] else 4,
+            axes[i].plot(g["workers"], g[col] * scale, marker=st["marker"], ms=6 if st["mfc"] else 4,
                     color=st["color"], ls=st["linestyle"], lw=1.6, label=st["label"], **kw)
     for ax, ylabel, title in ((axes[0], "start-up a (ms)", "start-up a"),
                               (axes[1], "per-byte b (ns/byte)", "per-byte b")):
         _log2_x(ax)
-        ax.set_yscale("log")
-        ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
-        ax.yaxis.set_major_formatter(_PLAIN)
-        ax.yaxis.set_minor_formatter(FuncFormatter(lambda v, _pos: ""))
-        ax.set_xlabel("workers P")
-        ax.set_ylabel(ylabel)
-        ax.set_title(title)
+        ax.set(yscale="log", xlabel="workers P", ylabel=ylabel, title=title)
         same = coinciding_lines(ax)
         if same:
             add_note(ax, "; ".join(f"{a} = {b}: drawn on top of each other" for a, b in same))
-    if paper_fits is not None and len(paper_fits):
+    if with_paper:
         for k, (net, g) in enumerate(paper_fits.groupby("paper_network", sort=False)):
             g = g.sort_values("workers")
             color = series_style(k + 4)["color"]
-            for ax, col, scale in ((axes[0], "a_s", 1e3), (axes[1], "b_s_per_byte", 1e9)):
-                ax.scatter(g["workers"], g[col] * scale, **{**paper_marker_style(None, size=60 if k else 90),
-                                                            "edgecolors": color},
-                           label=f"paper fit, {net} (MG-WFBP TPDS'21, V100, NCCL)")
+            for i, col, scale in columns:
+                axes[i].scatter(g["workers"], g[col] * scale, **{**paper_marker_style(None, size=60 if k else 90),
+                                                                 "edgecolors": color},
+                                label=f"paper fit, {net} (MG-WFBP TPDS'21, V100, NCCL)")
     for ax in axes:  # ticks thinned to what the decades drawn leave room for (1, 2, 5 x 10^k on a short range)
         sparse_log_ticks(ax.yaxis)
-    title = "All-reduce cost T(M) = a + b·M by algorithm"
-    fig.suptitle(title + (f"\n{hop_note}" if hop_note else ""))
-    legend_below(fig, axes=[axes[0]], ncol=3 if paper_fits is not None and len(paper_fits) else 4)
+    fig.suptitle("All-reduce cost T(M) = a + b·M by algorithm" + (f"\n{hop_note}" if hop_note else ""))
+    legend_below(fig, axes=[axes[0]], ncol=3 if with_paper else 4)
     fig.tight_layout()
-    if paper_fits is not None and len(paper_fits):
+    if with_paper:
         add_gap_note(fig, cost_model_gap_lines(table, paper_fits),
                      head=f"Paper fits vs the ring line more than {GAP_FACTOR:g}x apart (the lines are the conference "
                           "paper's per-hop constants, the diamonds the journal's fits of NCCL on V100 clusters: other "
@@ -253,7 +239,8 @@ def plot_timeline(ops: pd.DataFrame, title: str, cost_mode: str | None = None):
         if i < len(schedulers) - 1:
             ax.set_xlabel("")
     axes[0].set_xlim(0, ops["end_s"].max() * 1e3 * 1.01)
-    fig.suptitle(flat_brackets(_with_mode(title, cost_mode_label(ops, cost_mode))))
+    mode = cost_mode_label(ops, cost_mode)
+    fig.suptitle(flat_brackets(f"{title} ({mode})" if mode else title))
     fig.tight_layout()
     return fig
 
@@ -288,8 +275,7 @@ def plot_sim_speedup(table: pd.DataFrame, paper: pd.DataFrame | None = None,
         ax = fig.add_subplot(cell[0])
         axr = fig.add_subplot(cell[1], sharex=ax)
         sub = drawn[(drawn["model"] == model) & (drawn["network"] == net)]
-        names = [s for s in order if s in set(sub["scheduler"])] + \
-                [s for s in dict.fromkeys(sub["scheduler"]) if s not in order]
+        names = ordered(sub["scheduler"], order)
         scheduler_lines(ax, sub, x="workers", y="speedup", hue="scheduler", order=names, logx=True, legend=False)
         rel = sub[sub["origin"] == "simulated"]
         scheduler_lines(axr, rel, x="workers", y="relative_to_best", hue="scheduler",
@@ -304,8 +290,7 @@ def plot_sim_speedup(table: pd.DataFrame, paper: pd.DataFrame | None = None,
         ax.tick_params(labelbottom=False, labelsize="x-small")
         ax.set_xlabel("")
         ax.set_ylabel("speedup" if i % ncol == 0 else "", fontsize="small")
-        axr.set_ylim(0, 1.08)
-        axr.set_yticks([0, 0.5, 1.0])
+        axr.set(ylim=(0, 1.08), yticks=[0, 0.5, 1.0])
         axr.tick_params(labelsize="x-small")
         axr.set_ylabel("÷ best" if i % ncol == 0 else "", fontsize="small")
         axr.set_xlabel("workers", fontsize="small")
@@ -350,11 +335,8 @@ def plot_optimal_gap(gap: pd.DataFrame, cost_mode: str | None = None):
         y = y - 0.4 + step * (k + 0.5) + rng.uniform(-step / 3, step / 3, size=len(y))
         st = series_style(k)
         ax.scatter(g["gap_pct"], y, s=14, color=st["color"], marker=st["marker"], alpha=0.85, label=net, lw=0)
-    ax.set_yticks(range(len(models)))
-    ax.set_yticklabels(models, fontsize="small")
-    ax.set_ylim(len(models) - 0.5, -0.5)
-    ax.set_xlabel("MG-WFBP slower than the optimum (%)")
-    ax.set_ylabel("")
+    ax.set_yticks(range(len(models)), models, fontsize="small")
+    ax.set(ylim=(len(models) - 0.5, -0.5), xlabel="MG-WFBP slower than the optimum (%)", ylabel="")
     ax.set_title("every model x network x P", fontsize="small")
     for k, (net, g) in enumerate(gap.groupby("network", sort=False)):
         st = series_style(nets.index(net))
@@ -362,8 +344,7 @@ def plot_optimal_gap(gap: pd.DataFrame, cost_mode: str | None = None):
         axes[1].plot(m.index, m.to_numpy(), color=st["color"], marker=st["marker"], ls=st["linestyle"], ms=4,
                      label=net)
     _log2_x(axes[1])
-    axes[1].set_xlabel("workers P")
-    axes[1].set_ylabel("largest gap over models (%)")
+    axes[1].set(xlabel="workers P", ylabel="largest gap over models (%)")
     axes[1].set_title("worst case per P", fontsize="small")
     mode = cost_mode_label(gap, cost_mode)
     fig.suptitle(f"Gap of the MG-WFBP rule to the exact optimal merge (simulated{', ' + mode if mode else ''})")
@@ -393,10 +374,7 @@ def _paper_fit_panel(ax, paper_fits: pd.DataFrame) -> list:
                         label=f"paper P={int(r.workers)}, {nets}: a={r.a_s * 1e6:.3g} µs, "
                               f"b={r.b_s_per_byte * 1e9:.3g} ns/B")
         handles.append(line)
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlabel("message bytes")
-    ax.set_ylabel("all-reduce time (ms)")
+    ax.set(xscale="log", yscale="log", xlabel="message bytes", ylabel="all-reduce time (ms)")
     src = str(paper_fits["source"].iloc[0]).split(" (")[0] if len(paper_fits) else ""
     ax.set_title(f"paper ({src}): published fits,\n4 nodes x 4 V100, NCCL", fontsize="small")
     return handles
@@ -434,28 +412,19 @@ def plot_allreduce_fit(errors: pd.DataFrame, fits: pd.DataFrame, note: str, pape
         if over:
             mark_oversubscribed(axes[0], g["bytes"], g["measured_s"] * 1e3)
             mark_oversubscribed(axes[1], g["bytes"], g["relative_error"] * 100)
-    axes[0].set_xscale("log")
-    axes[0].set_yscale("log")
-    axes[0].set_xlabel("message bytes")
-    axes[0].set_ylabel("all-reduce time (ms)")
+    axes[0].set(xscale="log", yscale="log", xlabel="message bytes", ylabel="all-reduce time (ms)")
     axes[0].set_title("ours: measured and fitted (relative-error fit)", fontsize="small")
     axes[1].set_xscale("log")
     axes[1].axhline(0, color="black", lw=0.8)
     lim = max(5.0, float(np.nanmax(np.abs(errors["relative_error"]))) * 100 * 1.25) if len(errors) else 5.0
-    axes[1].set_ylim(-lim, lim)
-    axes[1].set_xlabel("message bytes")
-    axes[1].set_ylabel("fit error: fitted / measured - 1 (%)")
+    axes[1].set(ylim=(-lim, lim), xlabel="message bytes", ylabel="fit error: fitted / measured - 1 (%)")
     axes[1].set_title("relative error of the fit per size", fontsize="small")
-    handles, labels = axes[0].get_legend_handles_labels()
-    if any_over:
-        h = oversubscribed_handle()
-        handles, labels = handles + [h], labels + [h.get_label()]
+    handles = axes[0].get_legend_handles_labels()[0] + ([oversubscribed_handle()] if any_over else [])
     if with_paper:
-        ph = _paper_fit_panel(axes[2], paper_fits)
-        handles, labels = handles + ph, labels + [h.get_label() for h in ph]
+        handles += _paper_fit_panel(axes[2], paper_fits)
     fig.suptitle(f"All-reduce on the live process group ({note})"
                  + ("; right: the paper's fitted lines" if with_paper else ""))
-    legend_below(fig, handles, labels, ncol=3 if with_paper else 2)
+    legend_below(fig, handles, ncol=3 if with_paper else 2)
     fig.tight_layout()
     return fig
 
@@ -468,53 +437,41 @@ def plot_real_speedup(speedup: pd.DataFrame, note: str, paper: pd.DataFrame | No
     pub_models = [] if paper is None or not len(paper) else \
         list(dict.fromkeys(paper[paper["origin"] == "paper"]["model"]))
     n = max(len(models), len(pub_models))  # columns; the published panels get a row of their own
-    grid, axes = plt.subplots(2 if pub_models else 1, n, figsize=(4.0 * n + 0.6, 7.6 if pub_models else 3.8),
-                              squeeze=False)
-    fig = grid
+    fig, axes = plt.subplots(2 if pub_models else 1, n, figsize=(4.0 * n + 0.6, 7.6 if pub_models else 3.8),
+                             squeeze=False)
     for ax in list(axes[0][len(models):]) + (list(axes[1][len(pub_models):]) if pub_models else []):
         ax.set_visible(False)
     axes = np.array(list(axes[0][:len(models)]) + (list(axes[1][:len(pub_models)]) if pub_models else []))
     order = ["linear", "wfbp", "syncea", "threshold", "ddp_buckets", "ddp", "ddp_threshold", "mgwfbp", "optimal"]
     tiny = "tiny" in note
-    for ax, m in zip(axes.flat, models):
-        sub = speedup[speedup.model == m]
-        names = [s for s in order if s in set(sub.scheduler)] + [s for s in dict.fromkeys(sub.scheduler)
-                                                                  if s not in order]
+    panels = [(m, speedup[speedup.model == m], None) for m in models] + \
+        [(m, g[g.origin != "paper"], g[g.origin == "paper"]) for m in pub_models for g in [paper[paper.model == m]]]
+    for ax, (m, sub, pub) in zip(axes.flat, panels):
+        names = ordered(sub.scheduler, order) if pub is None else [s for s in order if s in set(sub.scheduler)]
         scheduler_lines(ax, sub, x="workers", y="speedup", hue="scheduler", order=names, logx=True, legend=False)
         ax.set_yscale("log", base=2)
         ax.yaxis.set_major_formatter(_PLAIN)
-        ax.set_xticks(sorted(set(sub.workers)))
-        ax.set_ylabel("speedup (log scale)")
-        ax.set_xlabel("workers (ranks)")
-        ax.set_title(f"{m} (ours, measured{', tiny' if tiny else ''})", fontsize="small")
-    for ax, m in zip(list(axes.flat)[len(models):], pub_models):
-        sub = paper[(paper.model == m) & (paper.origin != "paper")]
-        names = [s for s in order if s in set(sub.scheduler)]
-        scheduler_lines(ax, sub, x="workers", y="speedup", hue="scheduler", order=names, logx=True, legend=False)
-        pub = paper[(paper.model == m) & (paper.origin == "paper")]
+        ax.set(xticks=sorted(set(sub.workers if pub is None else pub.workers)), ylabel="speedup (log scale)")
+        if pub is None:
+            ax.set_xlabel("workers (ranks)")
+            ax.set_title(f"{m} (ours, measured{', tiny' if tiny else ''})", fontsize="small")
+            continue
         for s_, g in pub.groupby("scheduler"):
             ax.scatter(g["workers"], g["speedup"], **paper_marker_style(s_, size=80))
-        ax.set_yscale("log", base=2)
-        ax.yaxis.set_major_formatter(_PLAIN)
-        ax.set_xticks(sorted(set(pub.workers)))
-        ax.set_ylabel("speedup (log scale)")
         ax.set_xlabel("K80 nodes")
         b = pub["batch_size"].dropna()
         ax.set_title(f"{m}{f' (batch {int(b.iloc[0])})' if len(b) else ''}, K80, 10GbE:\n"
                      "paper (INFOCOM'19, measured) vs simulated", fontsize="small")
-    handles, labels = axes.flat[0].get_legend_handles_labels()
-    seen = set(labels)
-    for ax in list(axes.flat)[len(models):]:
+    handles = {}  # label -> handle: the first panel's, then the published panels' new ones
+    for ax in [axes.flat[0], *list(axes.flat)[len(models):]]:
         for h, lab in zip(*ax.get_legend_handles_labels()):
-            if lab not in seen:
-                seen.add(lab)
-                handles, labels = handles + [h], labels + [lab]
+            handles.setdefault(lab, h)
+    handles = list(handles.values())
     if pub_models:
-        h = paper_handle("paper (MG-WFBP INFOCOM'19, measured; hollow diamonds); lines in the K80 panels: simulated")
-        handles, labels = handles + [h], labels + [h.get_label()]
+        handles.append(paper_handle("paper (MG-WFBP INFOCOM'19, measured; hollow diamonds); lines in the K80 panels: "
+                                    "simulated"))
     if flag_column(speedup).any():
-        h = oversubscribed_handle()
-        handles, labels = handles + [h], labels + [h.get_label()]
+        handles.append(oversubscribed_handle())
     title = f"Speedup over one worker, measured ({note})"
     if pub_models:  # the bottom panels are our simulation of the paper's K80 setting, not measurements
         top = f"{_panels(len(models), 'top')} measured ({note})" if models else "no panel measured"
@@ -524,7 +481,7 @@ def plot_real_speedup(speedup: pd.DataFrame, note: str, paper: pd.DataFrame | No
     width = max(60, int((4.0 * n + 0.6) * 11))
     fig.suptitle("\n".join(_pack_parts(title, width) + _pack_parts(verdicts, width)),
                  fontsize="medium" if verdicts else None)
-    legend_below(fig, handles, labels, ncol=min(len(handles), 4))
+    legend_below(fig, handles, ncol=min(len(handles), 4))
     fig.tight_layout()
     for k, ax in enumerate(axes.flat):  # with the final limits and sizes: markers on top of others named
         simulated = k >= len(models)
@@ -562,8 +519,7 @@ def _breakdown_bars(ax, sub: pd.DataFrame, names: Sequence[str], dtypes: Sequenc
                       "hatch": hatch}
                 ax.bar(x, comp, color=PALETTE[0], **kw)
                 ax.bar(x, comm, bottom=comp, color=PALETTE[3], **kw)
-    ax.set_xticks(range(len(names)))
-    ax.set_xticklabels([scheduler_label(n) for n in names], fontsize="small")
+    ax.set_xticks(range(len(names)), [scheduler_label(n) for n in names], fontsize="small")
     ax.grid(axis="x", visible=False)
 
 
@@ -571,8 +527,7 @@ _BREAKDOWN_ORDER = ("wfbp", "syncea", "threshold", "ddp_buckets", "ddp", "mgwfbp
 
 
 def _dtypes(table: pd.DataFrame) -> list[str]:
-    present = list(dict.fromkeys(table["wire_dtype"].fillna("float32")))
-    return [d for d in ("float32", "float16") if d in present] + [d for d in present if d not in ("float32", "float16")]
+    return ordered(table["wire_dtype"].fillna("float32"), ("float32", "float16"))
 
 
 def _fp(dt: str) -> str:
@@ -645,8 +600,7 @@ def plot_breakdown(breakdown: pd.DataFrame, note: str, paper_scale: pd.DataFrame
     tiny = "tiny" in note
     for r, m in enumerate(models):
         sub_m = breakdown[breakdown.model == m]
-        names = [s for s in _BREAKDOWN_ORDER if s in set(sub_m.scheduler)] + \
-                [s for s in dict.fromkeys(sub_m.scheduler) if s not in _BREAKDOWN_ORDER]
+        names = ordered(sub_m.scheduler, _BREAKDOWN_ORDER)
         p = int(sub_m.workers.max()) if len(sub_m) else 0
         first = None
         for c, source in enumerate(("measured", "simulated")):
@@ -726,8 +680,7 @@ def _threshold_panel(ax, sub: pd.DataFrame, sources: Sequence[tuple[str, str, st
                    lw=1.2 if r.scheduler != "optimal" else 1.6, zorder=rs["zorder"],
                    label=f"{rs['label']} ({r.source})")
     ax.set_xscale("log", base=2)
-    ax.set_xlabel("fusion threshold (bytes)")
-    ax.set_ylabel("iteration (ms)")
+    ax.set(xlabel="fusion threshold (bytes)", ylabel="iteration (ms)")
     return any_over
 
 
@@ -792,18 +745,15 @@ def plot_threshold_sweep(sweep: pd.DataFrame, refs: pd.DataFrame | None = None, 
                 add_note(ax, "MG-WFBP and Optimal coincide")
         for ax in axes[r][len(pmodels):]:
             ax.set_visible(False)
-    handles, labels = [], []
+    handles = {}
     for ax in axes.flat:
         for h, lab in zip(*ax.get_legend_handles_labels()):
-            if lab not in labels:
-                handles, labels = handles + [h], labels + [lab]
-    if any_over:
-        h = oversubscribed_handle()
-        handles, labels = handles + [h], labels + [h.get_label()]
+            handles.setdefault(lab, h)
+    handles = list(handles.values()) + ([oversubscribed_handle()] if any_over else [])
     line = threshold_verdict_text(paper_scale) if with_paper else ""
     fig.suptitle(f"Iteration time vs fixed fusion threshold, measured and simulated ({note})"
                  + (f"\n{_wrap_line(line, 4.2 * ncols)}" if line else ""))
-    legend_below(fig, handles, labels, ncol=3)
+    legend_below(fig, handles, ncol=3)
     fig.tight_layout()
     add_gap_note(fig, gaps, head="More than 2x apart (measured vs measured of one plan, or vs simulated):")
     return fig
@@ -893,9 +843,7 @@ def plot_convergence(epochs: pd.DataFrame, note: str):
         ax.plot(g.epoch, g.test_accuracy, color=st["color"], marker=st["marker"], ms=11 if big else 5,
                 markerfacecolor="none" if big else st["color"], markeredgewidth=1.6 if big else 1.0,
                 ls=st["linestyle"], lw=2.6 if big else 1.4, zorder=2 + k, label=label)
-    ax.set_xlabel("epoch")
-    ax.set_xticks(sorted(set(epochs.epoch)))
-    ax.set_ylabel("test accuracy")
+    ax.set(xlabel="epoch", xticks=sorted(set(epochs.epoch)), ylabel="test accuracy")
     ax.set_title(f"Convergence ({note}; {convergence_extent_text(epochs)})", fontsize="small")
     same = coinciding_lines(ax, rtol=1e-9)
     if same:

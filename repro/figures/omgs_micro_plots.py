@@ -41,8 +41,7 @@ def _error_axis(ax, err_pct) -> None:
     ax.axhline(0, color="black", lw=0.8)
     ax.set_xscale("log")
     lim = max(10.0, float(np.nanmax(np.abs(err_pct))) * 1.25) if len(err_pct) else 10.0
-    ax.set_ylim(-lim, lim)
-    ax.set_ylabel("fit error: fitted / measured - 1 (%)")
+    ax.set(ylim=(-lim, lim), ylabel="fit error: fitted / measured - 1 (%)")
     ax.set_title("relative error of the fit per size", fontsize="small")
 
 
@@ -75,10 +74,7 @@ def plot_topk_time(per_size: pd.DataFrame, fits: pd.DataFrame, note: str):
             label=f"fit γ·d·log2(d), γ = {_gamma_text(mine.gamma_s)}")
     ax.plot(x, topk_time_s(pub.gamma_s, x) * 1e3, color=DARK_GREY, ls="--", lw=1.4,
             label=f"published: P102-100 GPU, γ = {_gamma_text(pub.gamma_s)} (OMGS-SGD)")
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlabel("tensor size d (elements)")
-    ax.set_ylabel("top-k selection time (ms)")
+    ax.set(xscale="log", yscale="log", xlabel="tensor size d (elements)", ylabel="top-k selection time (ms)")
     density = per_size["density"].iloc[0]
     ax.set_title(f"exact top-k of |x| (repro.families.sparse.topk), k = ⌈{density:g}·d⌉", fontsize="small")
     if abs(mine.gamma_s / pub.gamma_s - 1) < 0.25:
@@ -123,10 +119,7 @@ def plot_allgather_fit(errors: pd.DataFrame, fits: pd.DataFrame, note: str):
         p = int(f.workers)
         axes[0].plot(x, (f.a_s + f.b_s_per_byte * p * x) * 1e3, color=workers_color(p), ls="--", lw=1.2,
                      label=f"published 1GbE P={p}: a = {f.a_s * 1e3:.1f} ms, b = {f.b_s_per_byte * 1e9:.0f} ns/B")
-    axes[0].set_xscale("log")
-    axes[0].set_yscale("log")
-    axes[0].set_xlabel("message size per worker m (bytes)")
-    axes[0].set_ylabel("all-gather time (ms)")
+    axes[0].set(xscale="log", yscale="log", xlabel="message size per worker m (bytes)", ylabel="all-gather time (ms)")
     axes[0].set_title("T(m) = a + b·P·m: measured fit (solid), published (dashed)", fontsize="small")
     _error_axis(axes[1], errors["relative_error"].to_numpy() * 100)
     axes[1].set_xlabel("message size per worker m (bytes)")
@@ -134,12 +127,8 @@ def plot_allgather_fit(errors: pd.DataFrame, fits: pd.DataFrame, note: str):
                          "Each point is the slowest rank's median of the repeats of one size on shared cores; "
                          "below a few KiB the loopback all-gather's time has no trend in size, which "
                          f"{AG_FORMULA} cannot follow (a stands for its level).")
-    handles, labels = axes[0].get_legend_handles_labels()
-    if any_over:
-        h = oversubscribed_handle()
-        handles, labels = handles + [h], labels + [h.get_label()]
     fig.suptitle(f"All-gather time vs message size ({note})")
-    legend_below(fig, handles, labels, ncol=2)
+    legend_below(fig, axes[0].get_legend_handles_labels()[0] + ([oversubscribed_handle()] if any_over else []), ncol=2)
     fig.tight_layout()
     add_gap_note(fig, [why] if why else [], head="The fit's error (right):")
     return fig
@@ -175,10 +164,7 @@ def plot_cost_compare(table: pd.DataFrame, note: str, *, paper: bool = True):
             g = sub[sub["quantity"] == q].sort_values("numel")
             ax.plot(g["numel"], g["seconds"] * 1e3, color=color, ls=ls, lw=lw,
                     marker=marker if setting == "measured" else None, ms=5, label=f"{_label} ({setting})")
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlabel("tensor size d (elements)")
-    ax.set_ylabel("time (ms)")
+    ax.set(xscale="log", yscale="log", xlabel="tensor size d (elements)", ylabel="time (ms)")
     density = table["density"].iloc[0]
     measured_p = int(table.loc[table["setting"] == "measured", "workers"].iloc[0])
     ax.set_title(f"density {density:g} (k = ⌈{density:g}·d⌉); measured on P={measured_p} local ranks",

@@ -6,6 +6,7 @@ returned as matplotlib Figures (the caller saves them); simulated titles name th
 from __future__ import annotations
 
 import textwrap
+from functools import partial
 from typing import Sequence
 
 import matplotlib.pyplot as plt
@@ -14,17 +15,16 @@ import pandas as pd
 from matplotlib.colors import Normalize
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
-from matplotlib.ticker import FuncFormatter, NullFormatter
+from matplotlib.ticker import NullFormatter
 
-from repro.figures.mgwfbp_plots import cost_mode_label
-from repro.figures.plots import gantt
-from repro.figures.style import PALETTE, flat_brackets, legend_below, ms_text, scheduler_style
+from repro.figures.mgwfbp_plots import _PLAIN, _log2_x, cost_mode_label
+from repro.figures.plots import _gantt_ops, gantt
+from repro.figures.style import (PALETTE, flat_brackets, kind_color, legend_below, ms_text, ordered,
+                                 scheduler_style)
 
 __all__ = ["PLANNER_ORDER", "planner_style", "planner_label", "plot_optimal_gap", "plot_timeline"]
 
 PLANNER_ORDER: tuple[str, ...] = ("topk_layerwise", "topk_single", "omgs", "omgs_optimal")
-
-_PLAIN = FuncFormatter(lambda v, _pos: f"{v:g}")
 
 # The sparse planners in the project's fixed styles (repro.figures.style), with labels saying which
 # rule each is.
@@ -80,10 +80,8 @@ def plot_optimal_gap(sweep: pd.DataFrame, rule: str = "omgs", paper_density: dic
                 ob = int(opt.get((m, p, d), -1))
                 ax.text(b, a, f"{v:.1f}%\n{int(nb.iloc[a, b])} vs {ob}", ha="center", va="center", fontsize=7.5,
                         color=_text_color(cmap(norm(v))))
-        ax.set_xticks(range(len(ds)))
-        ax.set_xticklabels([f"{d:g}" for d in ds], fontsize="x-small")
-        ax.set_yticks(range(len(ps)))
-        ax.set_yticklabels([str(p) for p in ps], fontsize="small")
+        ax.set_xticks(range(len(ds)), [f"{d:g}" for d in ds], fontsize="x-small")
+        ax.set_yticks(range(len(ps)), [str(p) for p in ps], fontsize="small")
         ax.grid(False)
         ax.set_xlabel("density (k / elements)", fontsize="small")
         if j == 0:
@@ -98,10 +96,8 @@ def plot_optimal_gap(sweep: pd.DataFrame, rule: str = "omgs", paper_density: dic
         for name in names:
             s = sub[sub["planner"] == name].sort_values("workers")
             ax.plot(s["workers"], s["iteration_s"] / s["optimal_s"], **_line_kw(name))
-        ax.set_xscale("log", base=2)
-        ax.xaxis.set_major_formatter(_PLAIN)
-        ax.set_xticks(ps)
-        ax.set_yscale("log")
+        _log2_x(ax)
+        ax.set(xticks=ps, yscale="log")
         ratio = sub["iteration_s"] / sub["optimal_s"]
         hi = max(float(ratio.max()) * 1.15, 1.3)
         # Below 1 only where a planner beats the planning model's optimum in the simulation (calibrated mode).
@@ -140,7 +136,7 @@ def plot_optimal_gap(sweep: pd.DataFrame, rule: str = "omgs", paper_density: dic
 
 
 def _line_kw(name: str) -> dict:
-    st = {k: v for k, v in planner_style(name).items()}
+    st = planner_style(name)
     if name == "topk_single":  # hollow and larger: visible around the rule's markers where they coincide
         st.update(markerfacecolor="none", markersize=10, markeredgewidth=1.5, zorder=2.4)
     elif name == "omgs_optimal":
@@ -197,12 +193,8 @@ def plot_timeline(ops: pd.DataFrame, title: str, measured: pd.DataFrame | None =
     :func:`repro.studies.omgs_sim.measured_timeline`) adds a panel per planner titled ``measured_title``;
     ``paper`` (:func:`repro.studies.omgs_sim.paper_iterations`) draws the published iterations and, under
     the title, both ratios with the verdict of ``claim_id``."""
-    planners = [p for p in PLANNER_ORDER if p in set(ops["planner"])] + \
-               [p for p in dict.fromkeys(ops["planner"]) if p not in PLANNER_ORDER]
-    mplanners = []
-    if measured is not None and len(measured):
-        mplanners = [p for p in PLANNER_ORDER if p in set(measured["planner"])] + \
-                    [p for p in dict.fromkeys(measured["planner"]) if p not in PLANNER_ORDER]
+    planners = ordered(ops["planner"], PLANNER_ORDER)
+    mplanners = ordered(measured["planner"], PLANNER_ORDER) if measured is not None and len(measured) else []
     rows = ["compute", "sparsify", "comm"]
     n_sim, n_meas = len(planners), len(mplanners)
     head_text = textwrap.fill((measured_title or "measured") + ". " + SINGLE_STEP_NOTE, 105, break_on_hyphens=False)
@@ -232,11 +224,8 @@ def plot_timeline(ops: pd.DataFrame, title: str, measured: pd.DataFrame | None =
         ax.set_title(f"{planner_label(p)}: {nb} bucket{'s' if nb != 1 else ''}, iteration {ms_text(it)} "
                      f"(simulated){extra}", fontsize="small", loc="left")
         ax.set_yticklabels(["computation", "top-k", "all-gather"], fontsize="small")
-        if i < n_sim - 1:
-            ax.tick_params(labelbottom=False)
-            ax.set_xlabel("")
-        else:
-            ax.set_xlabel("time since the iteration start (ms), simulated")
+        ax.tick_params(labelbottom=i == n_sim - 1)  # one time axis: labelled under the last panel
+        ax.set_xlabel("time since the iteration start (ms), simulated" if i == n_sim - 1 else "")
     p_end = float(paper["paper_s"].max()) if paper is not None and len(paper) else 0.0
     sim_axes[0].set_xlim(0, max(t_end, p_end) * 1e3 * 1.08)
     if n_meas:
@@ -258,17 +247,14 @@ def plot_timeline(ops: pd.DataFrame, title: str, measured: pd.DataFrame | None =
             if np.isfinite(it):
                 ax.axvline(it * 1e3, color="black", lw=1.0, ls="--")
             ax.set_title(f"{planner_label(p)}, measured: {_one_step_text(sub)}", fontsize="small", loc="left")
-            if i < n_meas - 1:
-                ax.tick_params(labelbottom=False)
-                ax.set_xlabel("")
-            else:
-                ax.set_xlabel("time since the step start (ms), measured")
+            ax.tick_params(labelbottom=i == n_meas - 1)  # one time axis: labelled under the last panel
+            ax.set_xlabel("time since the step start (ms), measured" if i == n_meas - 1 else "")
         m_axes[0].set_xlim(0, max(m_end, float(measured["iteration_s"].max())) * 1e3 * 1.08)
     seen = set(ops["kind"]) | (set(measured["kind"]) if n_meas else set())
     kinds = [k for k in ("forward", "backward", "sparsify", "sparse_allgather", "update") if k in seen]
     names = {"forward": "forward", "backward": "backward", "sparsify": "top-k selection (compute stream)",
              "sparse_allgather": "all-gather of values / indices", "update": "update (measured)"}
-    handles = [Patch(facecolor=_KIND_COLORS.get(k) or _kind(k), label=names[k]) for k in kinds]
+    handles = [Patch(facecolor=_KIND_COLORS.get(k) or kind_color(k), label=names[k]) for k in kinds]
     handles.append(Line2D([], [], color="black", ls="--", lw=1.0, label="iteration end"))
     line = paper_timeline_text(ops, paper, claim_id)
     if line:
@@ -315,32 +301,11 @@ def _one_step_text(sub: pd.DataFrame) -> str:
         n = int(sub["timed_steps"].iloc[0]) if "timed_steps" in sub else 0
         return (f"step {int(sub['drawn_step'].iloc[0]) + 1}{f' of {n}' if n else ''}, {ms_text(it)}: the one "
                 f"closest to the run's median step ({ms_text(med)})")
-    med = float(sub["median_iteration_s"].iloc[0]) if "median_iteration_s" in sub else float("nan")
     if np.isfinite(med):
         n = int(sub["timed_steps"].iloc[0]) if "timed_steps" in sub else 0
         text += f" (the run's median step{f' of {n}' if n else ''}: {ms_text(med)})"
     return text
 
 
-def _drawable(ops: pd.DataFrame, span_s: float, min_label_frac: float = 0.045) -> pd.DataFrame:
-    """Ops ready for :func:`gantt` (``row`` as the stream): back-to-back computation of one kind merged into
-    one bar; only top-k bars at least ``min_label_frac`` of ``span_s`` wide keep their label."""
-    out = []
-    for r in ops.sort_values("start_s").to_dict("records"):
-        r = {**r, "stream": r["row"]}
-        if r["row"] != "sparsify" or (r["end_s"] - r["start_s"]) < min_label_frac * span_s:
-            r["label"] = ""
-        if r["row"] == "compute":  # the last computation bar (other rows interleave in time order)
-            last = next((o for o in reversed(out) if o["stream"] == "compute"), None)
-            if (last is not None and last["kind"] == r["kind"]
-                    and abs(last["end_s"] - r["start_s"]) <= 1e-9 * max(1.0, span_s)):
-                last["end_s"] = r["end_s"]
-                continue
-        out.append(r)
-    return pd.DataFrame(out)
-
-
-def _kind(kind: str) -> str:
-    from repro.figures.style import kind_color
-
-    return kind_color(kind)
+# ops ready for gantt: only top-k bars at least 4.5% of the span wide keep their label
+_drawable = partial(_gantt_ops, label_row="sparsify", min_label_frac=0.045)

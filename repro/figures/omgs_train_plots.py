@@ -7,13 +7,12 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
-from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 from matplotlib.transforms import blended_transform_factory
 
 from repro.figures.style import (DARK_GREY, OVERSUBSCRIBED_HATCH, PALETTE, add_gap_note, add_note,
                                  coinciding_lines, gap_lines, kind_color, legend_below, ordered,
-                                 oversubscribed_handle, paper_marker_style, scheduler_style)
+                                 oversubscribed_handle, paper_handle, paper_marker_style, scheduler_style)
 
 __all__ = ["STYLE_KEYS", "LABELS", "PHASE_STYLES", "omgs_style", "plot_convergence", "plot_breakdown"]
 
@@ -87,8 +86,7 @@ def plot_convergence(conv: pd.DataFrame, notes: dict[str, str] | None = None, ti
                 if seeds > 1 and f"{col}_min" in g:
                     ax.fill_between(g["epoch"], g[f"{col}_min"], g[f"{col}_max"], color=st["color"], alpha=0.15,
                                     lw=0, zorder=1)
-            ax.set_xlabel("epoch")
-            ax.set_xticks(sorted(set(int(e) for e in sub["epoch"])))
+            ax.set(xlabel="epoch", xticks=sorted(set(int(e) for e in sub["epoch"])))
             ax.set_ylabel(ylabel, fontsize="small")
             ax.set_title(title, fontsize="small")
             same = coinciding_lines(ax, rtol=1e-6)
@@ -218,11 +216,9 @@ def _bars(ax, rows: pd.DataFrame, unit: float, unit_name: str, paper: pd.DataFra
                     x += 1.0
         centres.append(((start + x - 1.0) / 2, m))
         x += 0.6
-    ax.set_xticks(ticks)
-    ax.set_xticklabels(labels, fontsize=7.5)
+    ax.set_xticks(ticks, labels, fontsize=7.5)
     ax.grid(axis="x", visible=False)
-    ax.set_ylim(0, top * 1.16 if top > 0 else 1)
-    ax.set_ylabel(f"time per iteration ({unit_name})")
+    ax.set(ylim=(0, top * 1.16 if top > 0 else 1), ylabel=f"time per iteration ({unit_name})")
     trans = blended_transform_factory(ax.transData, ax.transAxes)
     for cx, m in centres:
         ax.text(cx, -0.2, m, transform=trans, ha="center", va="top", fontsize="small", fontweight="bold")
@@ -256,9 +252,7 @@ def plot_breakdown(table: pd.DataFrame, tiny_note: str = "", paper_note: str = "
                 Patch(facecolor=grey, alpha=0.5, edgecolor=DARK_GREY, linestyle="--",
                       label="simulated (light colours, dashed edge)")]
     if paper_vals is not None and len(paper_vals):
-        handles.append(Line2D([], [], ls="", marker="D", markersize=8, markerfacecolor="none",
-                              markeredgecolor=DARK_GREY, markeredgewidth=1.6,
-                              label="paper, measured iteration time (hollow diamond, scheduler's colour)"))
+        handles.append(paper_handle("paper, measured iteration time (hollow diamond, scheduler's colour)"))
     if any_over:
         handles.append(oversubscribed_handle("bar"))
     fig.suptitle("Iteration breakdown: TopK-SGD vs OMGS-SGD (number on a bar: its total per iteration)")

@@ -60,12 +60,6 @@ def _simulated_what(simulated: pd.DataFrame, cost_mode: str | None) -> str:
 
 # -- osp.timeline
 
-def _stream_names(workers: int) -> dict[str, str]:
-    return {"worker0": "worker 1: compute", f"worker{workers - 1}": f"worker {workers}: compute",
-            "server0.in": "server in-link: push", "server0.out": "server out-link: pull",
-            "server0.cpu": "server: update"}
-
-
 def plot_timeline(ops: pd.DataFrame, title: str, note: str = "", cost_mode: str | None = None):
     """One Gantt chart per scheduler on a shared time axis (ms): the first and last worker's computation
     and the server's incoming (pushes) and outgoing (pulls) link, messages coloured by stage, dashed lines
@@ -73,7 +67,9 @@ def plot_timeline(ops: pd.DataFrame, title: str, note: str = "", cost_mode: str 
     schedulers = list(dict.fromkeys(ops["scheduler"]))
     n = len(schedulers)
     workers = int(ops["workers"].iloc[0])
-    names = _stream_names(workers)
+    names = {"worker0": "worker 1: compute", f"worker{workers - 1}": f"worker {workers}: compute",
+             "server0.in": "server in-link: push", "server0.out": "server out-link: pull",
+             "server0.cpu": "server: update"}
     fig_h = 1.9 * n + 2.0
     fig = plt.figure(figsize=(12.0, fig_h))
     gs = fig.add_gridspec(n, 1, hspace=0.62)
@@ -103,11 +99,8 @@ def plot_timeline(ops: pd.DataFrame, title: str, note: str = "", cost_mode: str 
         ax.set_title(f"{what}: period {ms_text(float(r['iteration_s']))} per iteration", fontsize="small",
                      loc="left")
         ax.tick_params(axis="y", labelsize="x-small")
-        if i < n - 1:
-            ax.tick_params(labelbottom=False)
-            ax.set_xlabel("")
-        else:
-            ax.set_xlabel("time since worker 1 starts an iteration in steady state (ms), simulated")
+        ax.tick_params(labelbottom=i == n - 1)  # one time axis: labelled under the last panel
+        ax.set_xlabel("time since worker 1 starts an iteration in steady state (ms), simulated" if i == n - 1 else "")
     axes[0].set_xlim(0, span * 1e3 * 1.005)
     kinds = [k for k in ("compute", "stage 1", "stage 2", "lgp", "update")
              if k in set(ops["stage"].replace("", np.nan).dropna()) | set(ops["kind"])]
@@ -208,9 +201,7 @@ def plot_throughput(measured: pd.DataFrame, simulated: pd.DataFrame, measured_no
         top = max([top] + [float(v) for v in preds])
     if "throughput_samples_s_max" in m:
         top = max([top] + [float(v) for v in m["throughput_samples_s_max"].dropna()])
-    ax.set_ylim(0, top * 1.12)
-    ax.set_xlim(-0.6, len(m) - 0.3)
-    ax.set_xticks(range(len(m)))
+    ax.set(ylim=(0, top * 1.12), xlim=(-0.6, len(m) - 0.3), xticks=range(len(m)))
     ax.set_xticklabels(m["label"], fontsize="small", rotation=18, ha="right")
     ax.set_ylabel("throughput\n(samples/s, all workers)")
     extra = "; all runs oversubscribed (more ranks than CPU cores)" if all_over else ""
@@ -229,8 +220,7 @@ def plot_throughput(measured: pd.DataFrame, simulated: pd.DataFrame, measured_no
                   color=method_style(s)["color"], edgecolor="white", linewidth=0.4)
         _claim_line(a, 1 + claim_pct / 100)
         a.axhline(1.0, color="black", lw=0.8)
-        a.set_ylim(0, max(float(sub["speedup_vs_bsp"].max()), 1 + claim_pct / 100) * 1.1)
-        a.set_xticks(range(len(models)))
+        a.set(ylim=(0, max(float(sub["speedup_vs_bsp"].max()), 1 + claim_pct / 100) * 1.1), xticks=range(len(models)))
         a.set_xticklabels(models, fontsize="small", rotation=15)
         if j == 0:
             a.set_ylabel("throughput ÷ BSP's\n(simulated)")
@@ -336,10 +326,8 @@ def plot_accuracy(acc: pd.DataFrame, x: str, title: str, note: str = "", claim: 
             a.set_xticks(sorted(set(acc["epoch"].astype(int))))
         else:
             a.set_xlim(left=0)
-    axes[0].set_ylabel("test accuracy (%)")
-    axes[0].set_ylim(0, 100)
-    axes[1].set_ylabel("train loss (mean over the epoch)")
-    axes[1].set_ylim(bottom=0)
+    axes[0].set(ylabel="test accuracy (%)", ylim=(0, 100))
+    axes[1].set(ylabel="train loss (mean over the epoch)", ylim=(0, None))
     text = "\n".join(t for t in (note, claim, accuracy_vs_bsp_note(acc) if claim else "") if t)
     top = _head(fig, title, text, 150, panel_title_lines=0, pad=0.05)
     legend = legend_below(fig, handles, ncol=min(len(handles), 5))
@@ -437,9 +425,7 @@ def plot_lgp_ablation(table: pd.DataFrame, title: str, note: str = ""):
             mean[r.method] = 100 * float(g["test_accuracy"].mean())
             name = "BSP (reference)" if r.method == "ps_bsp" else method_label(r.method)
             seen.setdefault(name, Line2D([], [], **kw, label=name))
-        a.set_ylim(0, 100)
-        a.set_xticks(sorted(set(sub["epoch"].astype(int))))
-        a.set_xlabel("epoch")
+        a.set(ylim=(0, 100), xticks=sorted(set(sub["epoch"].astype(int))), xlabel="epoch")
         diff = final.get("osp", np.nan) - final.get("osp_nolgp", np.nan)
         dmean = mean.get("osp", np.nan) - mean.get("osp_nolgp", np.nan)
         a.set_title(f"stage 1 = {100 * s:.0f}% of the bytes ({100 - 100 * s:.0f}% one step stale)\n"
@@ -555,8 +541,7 @@ def plot_stage_ratio(measured: pd.DataFrame, simulated: pd.DataFrame, measured_n
             a.scatter(au.stage1_bytes_share * 100, au.speedup_vs_bsp, **{**auto_kw, "color": c, "s": 150})
             model_handles.setdefault(model, Line2D([], [], color=c, marker=mk, lw=1.4, label=model))
         a.axhline(1.0, color="black", lw=0.8)
-        a.set_xlim(-5, 105)
-        a.set_ylim(0, max(1.1, float(sub.speedup_vs_bsp.max()) * 1.12))
+        a.set(xlim=(-5, 105), ylim=(0, max(1.1, float(sub.speedup_vs_bsp.max()) * 1.12)))
         a.set_xlabel("share of the gradient bytes in stage 1 (%)", fontsize="small")
         if j == 0:
             a.set_ylabel("throughput ÷ BSP's (simulated)", fontsize="small")

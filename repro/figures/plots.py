@@ -24,18 +24,12 @@ def flag_column(df, column: str | None = OVERSUBSCRIBED_COLUMN):
     return df[column].fillna(False).astype(bool).to_numpy()
 
 
-def _field(op: Any, name: str, default: Any = None) -> Any:
-    if isinstance(op, Mapping):
-        return op.get(name, default)
-    return getattr(op, name, default)
-
-
 def _normalize_ops(ops: Any) -> list[dict[str, Any]]:
     if hasattr(ops, "to_dict") and hasattr(ops, "columns"):  # a pandas DataFrame
         ops = ops.to_dict("records")
     out = []
     for i, op in enumerate(ops):
-        d = {k: _field(op, k) for k in _OP_FIELDS}
+        d = {k: op.get(k) if isinstance(op, Mapping) else getattr(op, k, None) for k in _OP_FIELDS}
         for k in ("stream", "kind", "start_s", "end_s"):
             if d[k] is None:
                 raise ValueError(f"operation {i} has no '{k}': {op!r}")
@@ -46,6 +40,27 @@ def _normalize_ops(ops: Any) -> list[dict[str, Any]]:
         d["label"] = "" if d["label"] is None else str(d["label"])
         out.append(d)
     return out
+
+
+def _gantt_ops(ops, span_s: float, label_row: str, min_label_frac: float, sort_kind: str = "quicksort"):
+    """Ops of a table with a ``row`` column ready for :func:`gantt` (``row`` as the stream), in start order
+    (sorted with ``sort_kind``): back-to-back computation of one kind merged into one bar; only bars of
+    ``label_row`` at least ``min_label_frac`` of ``span_s`` wide keep their label."""
+    import pandas as pd
+
+    out: list[dict] = []
+    for r in ops.sort_values("start_s", kind=sort_kind).to_dict("records"):
+        r = {**r, "stream": r["row"]}
+        if r["row"] != label_row or (r["end_s"] - r["start_s"]) < min_label_frac * span_s:
+            r["label"] = ""
+        if r["row"] == "compute":  # the last computation bar (other rows interleave in time order)
+            last = next((o for o in reversed(out) if o["stream"] == "compute"), None)
+            if (last is not None and last["kind"] == r["kind"]
+                    and abs(last["end_s"] - r["start_s"]) <= 1e-9 * max(1.0, span_s)):
+                last["end_s"] = r["end_s"]
+                continue
+        out.append(r)
+    return pd.DataFrame(out)
 
 
 def _text_color(hex_color: str) -> str:
@@ -98,11 +113,9 @@ def gantt(ax, ops: Iterable[Any], *, streams: Sequence[str] | None = None, label
             ax.text(left + width / 2, y, d["label"], ha="center", va="center", fontsize=fontsize,
                     color=_text_color(c), clip_on=True)
 
-    ax.set_yticks(range(len(streams)))
-    ax.set_yticklabels(streams)
+    ax.set_yticks(range(len(streams)), streams)
     ax.set_ylim(len(streams) - 0.5, -0.5)  # first stream on top
-    ax.set_xlim(t0 * 1e3, (t0 * 1e3 + span_ms * 1.01) if items else 1.0)
-    ax.set_xlabel("time (ms)")
+    ax.set(xlim=(t0 * 1e3, (t0 * 1e3 + span_ms * 1.01) if items else 1.0), xlabel="time (ms)")
     ax.grid(axis="y", visible=False)
     if legend and kinds:
         handles = [Patch(facecolor=color(k), label=k.replace("_", "-")) for k in kinds]
@@ -136,14 +149,9 @@ def scheduler_lines(ax, df, *, x: str, y: str, hue: str = "scheduler", order: Se
 
         ax.set_xscale("log", base=base)
         ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:g}"))  # 16, not 2^4
-    ax.set_xlabel(x)
-    ax.set_ylabel(y)
+    ax.set(xlabel=x, ylabel=y)
     if legend and names:
-        handles, labels = ax.get_legend_handles_labels()
-        if marked:
-            h = oversubscribed_handle()
-            handles, labels = handles + [h], labels + [h.get_label()]
-        legend_outside(ax, handles, labels)
+        legend_outside(ax, ax.get_legend_handles_labels()[0] + ([oversubscribed_handle()] if marked else []))
     return ax
 
 
@@ -167,13 +175,8 @@ def stacked_bars(ax, df, *, x: str, parts: Sequence[str], colors: Mapping[str, s
             if flag:
                 bar.set_hatch(OVERSUBSCRIBED_HATCH)
         bottom = bottom + vals
-    ax.set_xticks(pos)
-    ax.set_xticklabels([str(v) for v in df[x]])
+    ax.set_xticks(pos, [str(v) for v in df[x]])
     ax.grid(axis="x", visible=False)
     if legend and len(parts):
-        handles, labs = ax.get_legend_handles_labels()
-        if flags.any():
-            h = oversubscribed_handle("bar")
-            handles, labs = handles + [h], labs + [h.get_label()]
-        legend_outside(ax, handles, labs)
+        legend_outside(ax, ax.get_legend_handles_labels()[0] + ([oversubscribed_handle("bar")] if flags.any() else []))
     return ax

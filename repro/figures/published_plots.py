@@ -57,8 +57,7 @@ def plot_published(long: pd.DataFrame, title: str = "", y_limit_pct: float = 60.
             ax.get_xaxis().set_major_formatter(plt.ScalarFormatter())
             ax.set_ylim(bottom=0)
             ax.set_title(f"{_MODEL_TITLES.get(model, model)} — {_NETWORK_TITLES.get(net, net)}", fontsize="small")
-            ax.set_xlabel("GPUs (4 per node)")
-            ax.set_ylabel("samples/s (all GPUs)")
+            ax.set(xlabel="GPUs (4 per node)", ylabel="samples/s (all GPUs)")
             ax.grid(alpha=0.3)
     rng = np.random.default_rng(0)
     for c, net in enumerate(networks):
@@ -92,9 +91,8 @@ def plot_published(long: pd.DataFrame, title: str = "", y_limit_pct: float = 60.
         ax.set_xticks(range(len(kinds)))
         ax.set_xticklabels([_STRIP_SHORT[k] + (f"\n({n} off scale)" if n else "") for k, n in zip(kinds, n_off)],
                            fontsize="x-small")
-        ax.set_xlim(-0.5, len(kinds) - 0.5)
-        ax.set_ylim(-y_limit_pct, y_limit_pct)
-        ax.set_ylabel("iteration time error (%)\npredicted / measured − 1\n(▲ at the edge: off scale)")
+        ax.set(xlim=(-0.5, len(kinds) - 0.5), ylim=(-y_limit_pct, y_limit_pct),
+               ylabel="iteration time error (%)\npredicted / measured − 1\n(▲ at the edge: off scale)")
         ax.set_title(f"Every row, {_NETWORK_TITLES.get(net, net)}: error (grey band ±10%)", fontsize="small", pad=24)
         ax.grid(axis="y", alpha=0.3)
     handles = [Line2D([], [], color=scheduler_color(s), marker=scheduler_marker(s), lw=1.4, label=_label(m, s))

@@ -175,10 +175,7 @@ def canonical_scheduler(name: str) -> str:
     if key in _ALIASES:
         return _ALIASES[key]
     squashed = key.replace("_", "")
-    for k in STYLES:
-        if k.replace("_", "") == squashed:
-            return k
-    return _ALIASES.get(squashed, key)
+    return next((k for k in STYLES if k.replace("_", "") == squashed), _ALIASES.get(squashed, key))
 
 
 def _style(name: str) -> SchedulerStyle:
@@ -493,11 +490,8 @@ def hidden_markers(ax, *, overlap: float = 0.5, labelled_only: bool = True) -> l
             xy = ax.transData.transform(np.column_stack([x, y])) * to_pts if x.size else np.empty((0, 2))
         pts.append((x, y, xy))
     out = []
-    for i, a in enumerate(lines):
-        xa, ya, pa = pts[i]
-        for j in range(i + 1, len(lines)):
-            b = lines[j]
-            xb, yb, pb = pts[j]
+    for i, (a, (xa, ya, pa)) in enumerate(zip(lines, pts)):
+        for b, (_, yb, pb) in zip(lines[i + 1:], pts[i + 1:]):
             limit = overlap * max(a.get_markersize(), b.get_markersize())
             for k in range(len(xa)):
                 if not np.all(np.isfinite(pa[k])):
@@ -537,8 +531,7 @@ def fit_title(ax, text: str, *, fontsize: Any = "small", min_chars: int = 12, **
     gained lines), so the title never reaches over a neighbour's labels. Returns the title."""
     renderer = ax.figure.canvas.get_renderer()
     limit = ax.get_window_extent(renderer).width
-    longest = max((len(p) for p in text.split("\n")), default=0)
-    width = max(longest, min_chars)
+    width = max(*map(len, text.split("\n")), min_chars)
     while True:
         ax.set_title(wrap_paragraphs(text, width), fontsize=fontsize, **kwargs)
         if width <= min_chars or ax.title.get_window_extent(renderer).width <= limit:

@@ -13,7 +13,7 @@ from matplotlib.patches import Patch
 
 from repro.figures.plots import flag_column
 from repro.figures.style import (DARK_GREY, OVERSUBSCRIBED_HATCH, legend_below, mark_oversubscribed,
-                                 oversubscribed_handle, scheduler_label, scheduler_style)
+                                 ordered, oversubscribed_handle, scheduler_label, scheduler_style)
 
 __all__ = ["plot_sim_vs_real", "SCHEDULER_ORDER"]
 
@@ -34,8 +34,7 @@ def plot_sim_vs_real(table: pd.DataFrame, note: str, band_pct: float = 10.0):
     fig, axes = plt.subplots(1, 2, figsize=(13, 5.4), gridspec_kw={"width_ratios": [1, 1.6]})
     nets = list(dict.fromkeys(table.network))
     net_marker = {n: _NET_MARKERS[i % len(_NET_MARKERS)] for i, n in enumerate(nets)}
-    schedulers = [s for s in SCHEDULER_ORDER if s in set(table.scheduler)] + \
-                 [s for s in dict.fromkeys(table.scheduler) if s not in SCHEDULER_ORDER]
+    schedulers = ordered(table.scheduler, SCHEDULER_ORDER)
     prerun = _num(table, "simulated_prerun_s")
     has_prerun = bool(prerun.notna().any())
 
@@ -61,10 +60,7 @@ def plot_sim_vs_real(table: pd.DataFrame, note: str, band_pct: float = 10.0):
     x = np.array([lo, hi])
     ax.plot(x, x, color="black", lw=1)
     ax.fill_between(x, x * (1 - band_pct / 100), x * (1 + band_pct / 100), color="grey", alpha=0.15, lw=0)
-    ax.set_xlim(lo, hi)
-    ax.set_ylim(lo, hi)
-    ax.set_xlabel("measured iteration (ms)")
-    ax.set_ylabel("predicted iteration (ms)")
+    ax.set(xlim=(lo, hi), ylim=(lo, hi), xlabel="measured iteration (ms)", ylabel="predicted iteration (ms)")
     ax.set_title("each point: one run", fontsize="small")
 
     ax = axes[1]
@@ -99,8 +95,7 @@ def plot_sim_vs_real(table: pd.DataFrame, note: str, band_pct: float = 10.0):
             ax.scatter(xs, inrun, marker="D", s=22, facecolors="white", edgecolors="black", linewidths=1.0, zorder=5)
     ax.axhspan(-band_pct, band_pct, color="grey", alpha=0.15, lw=0)
     ax.axhline(0, color="black", lw=0.8)
-    ax.set_xticks(range(len(cases)))
-    ax.set_xticklabels(labels, fontsize="small")
+    ax.set_xticks(range(len(cases)), labels, fontsize="small")
     ax.set_ylabel("(predicted - measured) / measured (%)")
     ax.set_title("prediction error per run", fontsize="small")
     ax.grid(axis="x", visible=False)
