@@ -78,8 +78,16 @@ def load_traces(models: Sequence[str]) -> dict[str, Trace]:
     return {m: load_trace(find_trace(m)) for m in models}
 
 
-def _traces(models: Sequence[str] | Mapping[str, Trace]) -> dict[str, Trace]:
-    return dict(models) if isinstance(models, Mapping) else load_traces(list(models))
+def _settings(models: Sequence[str] | Mapping[str, Trace], networks: Sequence[str], workers: int | Sequence[int],
+              cost_mode: str):
+    """(model, trace, network, P, cost) for every model x network x worker count."""
+    check_cost_mode(cost_mode)
+    traces = dict(models) if isinstance(models, Mapping) else load_traces(list(models))
+    ps = [int(workers)] if np.isscalar(workers) else [int(p) for p in workers]
+    for model, trace in traces.items():
+        for net in networks:
+            for p in ps:
+                yield model, trace, net, p, cost_for_mode(net, p, cost_mode)
 
 
 def trace_table(traces: Mapping[str, Trace]) -> pd.DataFrame:
@@ -93,11 +101,7 @@ def trace_table(traces: Mapping[str, Trace]) -> pd.DataFrame:
 def network_kind(network: str) -> str:
     """``"10gbe"`` or ``"ib"`` (the key of :data:`PAPER_CLAIM_PCT`) of a cost preset name."""
     n = network.lower()
-    if "10gbe" in n:
-        return "10gbe"
-    if "ib" in n:
-        return "ib"
-    return n
+    return next((kind for kind in ("10gbe", "ib") if kind in n), n)
 
 
 def network_label(network: str) -> str:
@@ -130,19 +134,12 @@ def throughput_table(models: Sequence[str] | Mapping[str, Trace], networks: Sequ
     GPUs), buckets, threshold_bytes, relative_to_best (throughput / the best method's), plan_wall_s,
     origin, cost_mode (``"paper"``: the presets; ``"calibrated"``:
     :func:`repro.costs.published_fits.cost_for_mode`)."""
-    check_cost_mode(cost_mode)
-    traces = _traces(models)
-    ps = [int(workers)] if np.isscalar(workers) else [int(p) for p in workers]
     rows = []
-    for model, trace in traces.items():
-        for net in networks:
-            for p in ps:
-                cost = cost_for_mode(net, p, cost_mode)
-                for m in methods:
-                    r = iteration(trace, m, cost)
-                    rows.append({"model": model, "device": trace.device, "batch_size": trace.batch_size,
-                                 "network": net, "workers": p, "scheduler": m, **r,
-                                 "throughput": p * trace.batch_size / r["iteration_s"]})
+    for model, trace, net, p, cost in _settings(models, networks, workers, cost_mode):
+        for m in methods:
+            r = iteration(trace, m, cost)
+            rows.append({"model": model, "device": trace.device, "batch_size": trace.batch_size, "network": net,
+                         "workers": p, "scheduler": m, **r, "throughput": p * trace.batch_size / r["iteration_s"]})
     df = pd.DataFrame(rows)
     if df.empty:
         return df
@@ -319,17 +316,12 @@ def breakdown_table(models: Sequence[str] | Mapping[str, Trace], networks: Seque
                     workers: int = 64, cost_mode: str = "paper") -> pd.DataFrame:
     """:func:`exposed_breakdown` per model x network x scheduler, with model, network, workers,
     scheduler, buckets and cost_mode columns (``window_s`` dropped)."""
-    check_cost_mode(cost_mode)
-    traces = _traces(models)
     rows = []
-    for model, trace in traces.items():
-        for net in networks:
-            cost = cost_for_mode(net, workers, cost_mode)
-            for s in schedulers:
-                plan = make_plan(s, trace, cost)
-                rows.append({"model": model, "network": net, "workers": int(workers), "scheduler": s,
-                             **exposed_breakdown(trace, plan, cost), "buckets": plan.num_buckets,
-                             "cost_mode": cost_mode})
+    for model, trace, net, p, cost in _settings(models, networks, workers, cost_mode):
+        for s in schedulers:
+            plan = make_plan(s, trace, cost)
+            rows.append({"model": model, "network": net, "workers": p, "scheduler": s,
+                         **exposed_breakdown(trace, plan, cost), "buckets": plan.num_buckets, "cost_mode": cost_mode})
     df = pd.DataFrame(rows)
     return df.drop(columns="window_s") if len(df) else df
 
@@ -367,17 +359,11 @@ def buffer_sweep_table(models: Sequence[str] | Mapping[str, Trace], networks: Se
                        points: int = 33, cost_mode: str = "paper") -> pd.DataFrame:
     """:func:`buffer_sweep` per model x network, with model, network, workers, throughput and
     cost_mode columns."""
-    check_cost_mode(cost_mode)
-    traces = _traces(models)
     frames = []
-    for model, trace in traces.items():
-        for net in networks:
-            cost = cost_for_mode(net, workers, cost_mode)
-            df = buffer_sweep(trace, cost, min_bytes, max_bytes, points)
-            df.insert(0, "model", model)
-            df.insert(1, "network", net)
-            df.insert(2, "workers", int(workers))
-            df["throughput"] = workers * trace.batch_size / df["iteration_s"]
-            df["cost_mode"] = cost_mode
-            frames.append(df)
+    for model, trace, net, p, cost in _settings(models, networks, workers, cost_mode):
+        df = buffer_sweep(trace, cost, min_bytes, max_bytes, points)
+        df.insert(0, "model", model)
+        df.insert(1, "network", net)
+        df.insert(2, "workers", p)
+        frames.append(df.assign(throughput=p * trace.batch_size / df["iteration_s"], cost_mode=cost_mode))
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()

@@ -536,33 +536,26 @@ def paper_scale_tables(models: Sequence[str], networks: Sequence[str], methods: 
     traces, with the columns of :func:`repro.studies.dear_sim.throughput_table` and
     :func:`repro.studies.dear_sim.breakdown_table`; each plan is made once for both. ``cost_mode``:
     ``"paper"`` or ``"calibrated"`` (:func:`repro.costs.published_fits.cost_for_mode`)."""
-    from repro.costs.published_fits import check_cost_mode, cost_for_mode
-    from repro.studies.dear_sim import exposed_breakdown, load_traces
+    from repro.studies.dear_sim import _settings, exposed_breakdown
 
-    check_cost_mode(cost_mode)
-    traces = load_traces(list(models))
     thr_rows, bd_rows = [], []
-    for model, trace in traces.items():
-        for net in networks:
-            cost = cost_for_mode(net, workers, cost_mode)
-            for m in dict.fromkeys([*methods, *breakdown_methods]):
-                t0 = time.perf_counter()
-                plan = make_plan(m, trace, cost)
-                wall = time.perf_counter() - t0
-                if m in methods:
-                    res = simulate(trace, plan, cost, with_ops=False)
-                    thr_rows.append({"model": model, "device": trace.device, "batch_size": trace.batch_size,
-                                     "network": net, "workers": int(workers), "scheduler": m,
-                                     "iteration_s": float(res.iteration_s),
-                                     "throughput": workers * trace.batch_size / float(res.iteration_s),
-                                     "buckets": plan.num_buckets,
-                                     "threshold_bytes": float(plan.meta.get("threshold_bytes", np.nan)),
-                                     "plan_wall_s": wall, "cost_mode": cost_mode})
-                if m in breakdown_methods:
-                    b = exposed_breakdown(trace, plan, cost)
-                    b.pop("window_s", None)
-                    bd_rows.append({"model": model, "network": net, "workers": int(workers), "scheduler": m, **b,
-                                    "buckets": plan.num_buckets, "cost_mode": cost_mode})
+    for model, trace, net, p, cost in _settings(list(models), networks, workers, cost_mode):
+        for m in dict.fromkeys([*methods, *breakdown_methods]):
+            t0 = time.perf_counter()
+            plan = make_plan(m, trace, cost)
+            wall = time.perf_counter() - t0
+            if m in methods:
+                it = float(simulate(trace, plan, cost, with_ops=False).iteration_s)
+                thr_rows.append({"model": model, "device": trace.device, "batch_size": trace.batch_size,
+                                 "network": net, "workers": p, "scheduler": m, "iteration_s": it,
+                                 "throughput": workers * trace.batch_size / it, "buckets": plan.num_buckets,
+                                 "threshold_bytes": float(plan.meta.get("threshold_bytes", np.nan)),
+                                 "plan_wall_s": wall, "cost_mode": cost_mode})
+            if m in breakdown_methods:
+                b = exposed_breakdown(trace, plan, cost)
+                b.pop("window_s", None)
+                bd_rows.append({"model": model, "network": net, "workers": p, "scheduler": m, **b,
+                                "buckets": plan.num_buckets, "cost_mode": cost_mode})
     thr = pd.DataFrame(thr_rows)
     if len(thr):
         best = thr.groupby(["model", "network", "workers"])["throughput"].transform("max")
