@@ -172,17 +172,18 @@ def _load_runs_in(folder: Path) -> pd.DataFrame:
     return with_oversubscription(df) if "world_size" in df else df
 
 
-def _concat(results_dir: str | Path, name: str) -> pd.DataFrame:
-    frames = [t for r in list_runs(Path(results_dir) / "runs") if (t := r.table(name)) is not None]
+def _concat(folder: Path, name: str) -> pd.DataFrame:
+    """Table ``name`` of every run folder under ``folder``, concatenated."""
+    frames = [t for r in list_runs(folder) if (t := r.table(name)) is not None]
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 
 def load_iterations(results_dir: str | Path) -> pd.DataFrame:
-    return _concat(results_dir, ITERATIONS_CSV)
+    return _concat(Path(results_dir) / "runs", ITERATIONS_CSV)
 
 
 def load_epochs(results_dir: str | Path) -> pd.DataFrame:
-    epochs = _concat(results_dir, EPOCHS_CSV)
+    epochs = _concat(Path(results_dir) / "runs", EPOCHS_CSV)
     if epochs.empty:
         return epochs
     runs = load_runs(results_dir)
@@ -211,12 +212,11 @@ def convergence_epochs(results_dir: str | Path, *, scale: str = "tiny", model: s
         from repro.grids.grid import grid_run_ids
 
         return epochs[epochs["run_id"].isin(grid_run_ids("mgwfbp", "convergence"))].reset_index(drop=True)
-    keep = pd.Series(True, index=epochs.index)
     if model is not None:
-        keep &= epochs["model"] == model
+        epochs = epochs[epochs["model"] == model]
     if world_size is not None:
-        keep &= epochs["world_size"] == world_size
-    return epochs[keep].reset_index(drop=True)
+        epochs = epochs[epochs["world_size"] == world_size]
+    return epochs.reset_index(drop=True)
 
 
 def _timing_runs(runs: pd.DataFrame) -> pd.DataFrame:
@@ -241,10 +241,8 @@ def speedup_table(runs: pd.DataFrame, schedulers: Sequence[str]) -> pd.DataFrame
         if r.model in single.index and r.world_size > 1 and r.scheduler != "threshold":
             rows.append({"model": r.model, "scheduler": r.scheduler, "workers": r.world_size,
                          "speedup": r.world_size * single[r.model] / r.iteration_s, "oversubscribed": _flag(r)})
-    for model, t1 in single.items():
-        for p in sorted(set(runs.world_size)):
-            rows.append({"model": model, "scheduler": "linear", "workers": p, "speedup": float(p),
-                         "oversubscribed": False})
+    rows += [{"model": model, "scheduler": "linear", "workers": p, "speedup": float(p), "oversubscribed": False}
+             for model in single.index for p in sorted(set(runs.world_size))]
     return pd.DataFrame(rows)
 
 
