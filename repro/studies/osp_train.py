@@ -17,9 +17,10 @@ import pandas as pd
 
 from repro.results.runs import load_run
 from repro.studies.common import with_oversubscription
-from repro.studies.mgwfbp_train import clear_runs, load_iterations, run_grid
+from repro.launch.netns import format_bandwidth, parse_bandwidth
+from repro.studies.mgwfbp_train import clear_runs, grid_runs, load_iterations, run_grid
 from repro.studies.mgwfbp_train import load_runs as _load_runs
-from repro.studies.osp_sim import method_name
+from repro.studies.osp_sim import PAPER_CLAIM_PCT, method_name
 
 __all__ = ["clear_runs", "run_grid", "variant", "default_variants", "run_id", "seed_of", "with_seeds",
            "convergence_configs", "run_study",
@@ -79,8 +80,6 @@ def run_id(c: dict[str, Any], workers: int, servers: int, bandwidth: str | None 
         parts.append(f"st{c.get('staleness', 2)}")
     parts.append(f"ps{servers}w{workers}")
     if bandwidth:
-        from repro.launch.netns import format_bandwidth, parse_bandwidth
-
         parts.append("bw" + format_bandwidth(parse_bandwidth(bandwidth)))
     parts.append(f"{c.get('dataset', 'digits')}-e{c.get('epochs')}")
     if c.get("seed"):
@@ -198,11 +197,7 @@ def load_runs(results_dir: str | Path) -> pd.DataFrame:
 def convergence_runs(runs: pd.DataFrame, scale: str = "tiny") -> pd.DataFrame:
     """The runs the accuracy figures draw: all at ``tiny``; at ``scale="paper"`` only the OSP
     grid's convergence runs."""
-    if scale != "paper":
-        return runs
-    from repro.studies.mgwfbp_train import grid_runs
-
-    return grid_runs(runs, "osp", "convergence")
+    return grid_runs(runs, "osp", "convergence") if scale == "paper" else runs
 
 
 _RUN_COLUMNS = ["run_id", "model", "scheduler", "method", "label", "workers", "servers", "ranks", "stage1_share",
@@ -355,8 +350,6 @@ def stage_ratio_table(throughput: pd.DataFrame, accuracy: pd.DataFrame) -> pd.Da
 def summary_table(throughput: pd.DataFrame, accuracy: pd.DataFrame) -> pd.DataFrame:
     """Per run: throughput, ``speedup_vs_bsp_pct``, final accuracy and ``accuracy_vs_bsp_pts``
     (percentage points), beside the paper's claim."""
-    from repro.studies.osp_sim import PAPER_CLAIM_PCT
-
     if throughput.empty:
         return pd.DataFrame()
     final = accuracy.sort_values("epoch").groupby("run_id").last() if len(accuracy) else pd.DataFrame()

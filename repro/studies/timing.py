@@ -325,10 +325,7 @@ def load_plan_inputs(path: str | os.PathLike, models: Sequence[str],
 
 def _matches(df: pd.DataFrame, sel: Mapping[str, Any]) -> pd.Series:
     """The rows of ``df`` equal to ``sel`` on each of its columns."""
-    keep = pd.Series(True, index=df.index)
-    for c, v in sel.items():
-        keep &= df[c] == v
-    return keep
+    return df[list(sel)].eq(pd.Series(sel, dtype=object)).all(axis=1)
 
 
 def pair_ratios(samples: pd.DataFrame, num: dict[str, Any], den: dict[str, Any],
@@ -346,8 +343,7 @@ def ratio_summary(ratios: Sequence[float], resamples: int = 4000, seed: int = 0)
     median (NaN below 2 pairs)."""
     r = np.asarray(list(ratios), dtype=float)
     if r.size == 0:
-        return {"pairs": 0, "median": float("nan"), "min": float("nan"), "max": float("nan"),
-                "ci_low": float("nan"), "ci_high": float("nan")}
+        return {"pairs": 0, **dict.fromkeys(("median", "min", "max", "ci_low", "ci_high"), float("nan"))}
     lo = hi = float("nan")
     if r.size >= 2:
         meds = np.median(r[np.random.default_rng(seed).integers(0, r.size, size=(resamples, r.size))], axis=1)
