@@ -5,14 +5,18 @@ same folders with ``torchrun -m repro.train``.
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from typing import Any, Sequence
 
 import pandas as pd
 
+from repro.core.cost import Linear, fit_linear, relative_errors
+from repro.core.plan import PlanError
+from repro.grids.grid import grid_run_ids
 from repro.launch.local import launch_local
-from repro.core.cost import fit_linear, relative_errors
-from repro.results.runs import EPOCHS_CSV, ITERATIONS_CSV, list_runs, load_run, runs_table
+from repro.launch.netns import format_bandwidth, parse_bandwidth
+from repro.results.runs import EPOCHS_CSV, ITERATIONS_CSV, list_runs, load_run, prepare_run, runs_table
 from repro.results.tables import write_table
 from repro.core.schedulers import canonical_name
 from repro.core.simulate import simulate
@@ -43,8 +47,6 @@ def timing_specs(schedulers: Sequence[str], thresholds_bytes: Sequence[int] = ()
 
 def clear_runs(results_dir: str | Path) -> None:
     """Remove ``<results_dir>/runs`` so that a study's runs never mix with an earlier execution's."""
-    import shutil
-
     root = Path(results_dir) / "runs"
     if root.is_dir():
         shutil.rmtree(root)
@@ -61,9 +63,6 @@ def run_grid(configs: Sequence[dict[str, Any]], world_sizes: Sequence[int], resu
     links (:mod:`repro.launch.netns`); run ids then end in ``_bw<rate>``. Run ids are deterministic, so a
     rerun needs ``overwrite=True``. A world larger than the CPU cores warns and its runs are marked
     ``oversubscribed``."""
-    from repro.launch.netns import parse_bandwidth
-    from repro.results.runs import prepare_run
-
     runs = Path(results_dir) / "runs"
     for p in world_sizes:
         bw = emulate_bandwidth if p > 1 else None
@@ -82,8 +81,6 @@ def run_grid(configs: Sequence[dict[str, Any]], world_sizes: Sequence[int], resu
 def _run_id(c: dict[str, Any], p: int, bandwidth: str | None = None) -> str:
     parts = [c.get("model", "model"), c.get("scheduler", "s"), f"p{p}", c.get("wire_dtype") or "float32"]
     if bandwidth and p > 1:
-        from repro.launch.netns import format_bandwidth, parse_bandwidth
-
         parts.append("bw" + format_bandwidth(parse_bandwidth(bandwidth)))
     if c.get("scheduler") == "threshold":
         parts.append(f"t{c.get('threshold_bytes')}")
@@ -136,8 +133,6 @@ def allreduce_fit_table(times: pd.DataFrame) -> pd.DataFrame:
 
 def allreduce_fit_errors(times: pd.DataFrame, fits: pd.DataFrame) -> pd.DataFrame:
     """Per world size and message size: measured and fitted seconds and ``fitted / measured - 1``."""
-    from repro.core.cost import Linear
-
     frames = []
     for p, g in times.groupby("workers"):
         f = fits[fits["workers"] == p].iloc[0]
@@ -194,8 +189,6 @@ def load_epochs(results_dir: str | Path) -> pd.DataFrame:
 def grid_runs(runs: pd.DataFrame, paper: str, kind: str | None = None, experiment: str | None = None) -> pd.DataFrame:
     """The rows of ``runs`` that are runs of ``paper``'s grid of one ``kind`` (``"convergence"`` or
     ``"throughput"``) and/or ``experiment``, matched by run id (:func:`repro.grids.grid.grid_run_ids`)."""
-    from repro.grids.grid import grid_run_ids
-
     if runs.empty or "run_id" not in runs:
         return runs
     return runs[runs["run_id"].isin(grid_run_ids(paper, kind, experiment))]
@@ -209,8 +202,6 @@ def convergence_epochs(results_dir: str | Path, *, scale: str = "tiny", model: s
     if epochs.empty:
         return epochs
     if scale == "paper":
-        from repro.grids.grid import grid_run_ids
-
         return epochs[epochs["run_id"].isin(grid_run_ids("mgwfbp", "convergence"))].reset_index(drop=True)
     if model is not None:
         epochs = epochs[epochs["model"] == model]
@@ -270,8 +261,6 @@ def _shared_run(group: pd.DataFrame, prefer: Sequence[str]) -> Any:
 
 def _simulate_on(shared: Any, plan: Any) -> Any:
     """``plan`` simulated on ``shared``'s trace and cost model (None when it does not fit that trace)."""
-    from repro.core.plan import PlanError
-
     try:
         return simulate(shared.trace, plan, shared.cost, with_ops=False)
     except PlanError:
