@@ -182,11 +182,8 @@ def speedup_summary(table: pd.DataFrame, dear: Sequence[str] = DEAR_METHODS) -> 
     out = pd.DataFrame(rows)
     if out.empty:
         return out
-    tops = []
-    for (net, p), g in out.groupby(["network", "workers"], sort=False):
-        top = g.loc[g["speedup_pct"].idxmax()]
-        tops.append({**top.to_dict(), "model": f"all models (max: {top['model']})"})
-    out = pd.concat([out, pd.DataFrame(tops)], ignore_index=True)
+    tops = out.loc[out.groupby(["network", "workers"], sort=False)["speedup_pct"].idxmax()]
+    out = pd.concat([out, tops.assign(model="all models (max: " + tops["model"] + ")")], ignore_index=True)
     out["paper_claim_pct"] = [PAPER_CLAIM_PCT.get(network_kind(n), np.nan) for n in out["network"]]
     out["paper_claim"] = [f"up to {c:g}% (paper's claim, measured)" if np.isfinite(c) else ""
                           for c in out["paper_claim_pct"]]
@@ -267,10 +264,6 @@ def _merge(intervals) -> list[tuple[float, float]]:
     return [(a, b) for a, b in out]
 
 
-def _overlap(a: float, b: float, merged: Sequence[tuple[float, float]]) -> float:
-    return float(sum(max(0.0, min(b, y) - max(a, x)) for x, y in merged))
-
-
 _EXPOSED_COLUMN = {"reduce_scatter": "exposed_rs_s", "allgather": "exposed_ag_s", "allreduce": "exposed_allreduce_s"}
 
 
@@ -305,7 +298,7 @@ def exposed_breakdown(trace: Trace, plan, cost: CostModel) -> dict:
         if b <= a or r.kind not in _EXPOSED_COLUMN:
             continue
         out[total[r.kind]] += b - a
-        out[_EXPOSED_COLUMN[r.kind]] += (b - a) - _overlap(a, b, busy)
+        out[_EXPOSED_COLUMN[r.kind]] += (b - a) - sum(max(0.0, min(b, y) - max(a, x)) for x, y in busy)
     out["exposed_idle_s"] = max(0.0, out["window_s"] - out["computation_s"] - out["exposed_rs_s"]
                                 - out["exposed_ag_s"] - out["exposed_allreduce_s"])
     return out
