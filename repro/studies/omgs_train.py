@@ -89,16 +89,12 @@ def language_dataset(ptb_dir: str | Path | None = None) -> tuple[str, str]:
     return "pydoc", "pydoc text (CPython's pydoc_data.topics; Penn Treebank not found)"
 
 
-def _fmt_density(density: float) -> str:
-    return f"{density:g}".replace("-", "m")
-
-
 def run_id(c: dict[str, Any], world_size: int, bandwidth: str | None = None) -> str:
     """Deterministic run id of a config: model, scheduler, P, density (sparse), link, dataset and epochs,
     and the seed when it is not 0."""
     parts = [c["model"], c["scheduler"], f"p{world_size}"]
     if "density" in get_scheduler(c["scheduler"]).planner_options and c.get("density") is not None:
-        parts.append(f"d{_fmt_density(float(c['density']))}")
+        parts.append(f"d{float(c['density']):g}".replace("-", "m"))
     if bandwidth and world_size > 1:
         from repro.launch.netns import format_bandwidth, parse_bandwidth
 

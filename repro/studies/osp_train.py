@@ -64,16 +64,14 @@ def default_variants(fixed_share: float = 0.5, ablation_shares: Sequence[float] 
     return [v for i, v in enumerate(out) if v not in out[:i]]
 
 
-def _share_tag(share: float) -> str:
-    return f"s{round(100 * float(share)):d}" if abs(100 * share - round(100 * share)) < 1e-9 else f"s{share:g}"
-
-
 def run_id(c: dict[str, Any], workers: int, servers: int, bandwidth: str | None = None) -> str:
     """``<model>_<scheduler>[_s<stage-1 %>][_nolgp][_st<staleness>]_ps<servers>w<workers>[_bw<rate>]
     _<dataset>-e<epochs>[_seed<n>]`` (deterministic: a rerun needs overwrite)."""
     parts = [c["model"], c["scheduler"]]
     if c["scheduler"] == "osp":
-        parts.append(_share_tag(c["stage1_share"]))
+        share = c["stage1_share"]
+        whole = abs(100 * share - round(100 * share)) < 1e-9  # a whole percentage
+        parts.append(f"s{round(100 * float(share)):d}" if whole else f"s{share:g}")
     if c["scheduler"] in ("osp", "osp_auto") and not c.get("lgp", True):
         parts.append("nolgp")
     if c["scheduler"] == "ps_ssp":

@@ -135,18 +135,15 @@ def _contention_lookup(contention) -> dict[tuple[str, str, int], float]:
             for r in contention.drop_duplicates(["model", "network", "workers"]).itertuples()}
 
 
-def _network(row) -> str:
-    bw = row.get("emulated_bandwidth_bps")
-    return format_bandwidth(bw) if isinstance(bw, (int, float)) and bw == bw and bw else LOOPBACK
-
-
 def validation_table(runs: pd.DataFrame, contention: pd.DataFrame | Mapping | None = None) -> pd.DataFrame:
     """Measured vs simulated iteration seconds per model, network and scheduler, with errors
     ``100 * (simulated / measured - 1)``: ``simulated_s`` (warm-up trace, paper model),
     ``simulated_prerun_s`` (plus the pre-run ``contention``, a table or ``{(model, network, workers): c}``;
     NaN where none) and ``simulated_inrun_s`` (in-run trace)."""
     lookup = _contention_lookup(contention)
-    runs = runs.assign(network=[_network(r) for _, r in runs.iterrows()])
+    bws = [r.get("emulated_bandwidth_bps") for _, r in runs.iterrows()]
+    runs = runs.assign(network=[format_bandwidth(bw) if isinstance(bw, (int, float)) and bw == bw and bw else LOOPBACK
+                                for bw in bws])
     rows = []
     for _, r in runs.iterrows():
         run = load_run(r.path)
