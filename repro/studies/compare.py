@@ -215,10 +215,8 @@ def simulated_table(models: Sequence[str] | Mapping[str, Trace] = DEFAULT_MODELS
             models = [models]
         if not list(models):
             raise CompareError("models: give at least one model")
-        traces = {}
-        for m in models:
-            stem = resolve_trace(m)
-            traces[m] = (stem, load_trace(stem))
+        stems = {m: resolve_trace(m) for m in models}
+        traces = {m: (stem, load_trace(stem)) for m, stem in stems.items()}
     info = scheduler_table(names, density=density, staleness=staleness).set_index("scheduler")
     rows = []
     for model, (stem, trace) in traces.items():
