@@ -125,11 +125,9 @@ def prerun_cost(cost, contention: float):
 
 def _contention_lookup(contention) -> dict[tuple[str, str, int], float]:
     """{(model, network, workers): c} from a contention table, or a mapping as given."""
-    if contention is None:
-        return {}
     if isinstance(contention, Mapping):
         return dict(contention)
-    if contention.empty:
+    if contention is None or contention.empty:
         return {}
     return {(str(r.model), str(r.network), int(r.workers)): float(r.contention)
             for r in contention.drop_duplicates(["model", "network", "workers"]).itertuples()}
