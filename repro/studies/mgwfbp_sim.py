@@ -150,8 +150,7 @@ def speedup_sweep(traces: Mapping[str, Trace], networks: Sequence[str], workers:
         return df
     sim = df["origin"] == "simulated"
     best = df[sim].groupby(["model", "network", "workers"])["speedup"].transform("max")
-    df["relative_to_best"] = np.nan
-    df.loc[sim, "relative_to_best"] = df.loc[sim, "speedup"] / best
+    df["relative_to_best"] = df.loc[sim, "speedup"] / best  # NaN on the ideal rows
     return df
 
 
