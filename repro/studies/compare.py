@@ -17,9 +17,14 @@ from repro.cli.compare import (
     DEFAULT_COST_MODE, DEFAULT_DENSITY, DEFAULT_OPTIONS, DEFAULT_STAGE1_SHARE, DEFAULT_STALENESS,
     TOPK_GAMMA_S, TOPK_GAMMA_SOURCE, network_cost, predict, with_topk)
 from repro.costs.published_fits import DEVICES_PER_NODE, check_cost_mode
+from repro.core.cost import CostModelError
+from repro.core.paths import shipped_traces
 from repro.core.planners import PLANNER_FAMILY
 from repro.core.schedulers import get_scheduler
 from repro.core.trace import Trace, load_trace
+from repro.launch.netns import format_bandwidth, parse_bandwidth
+from repro.studies.dear_sim import find_trace
+from repro.studies.mgwfbp_train import load_iterations, load_runs, run_grid
 
 __all__ = ["CompareError", "EXACT", "exact_choice", "GROUPS", "SCHEDULERS", "SPARSE", "PARAMETER_SERVER", "DEFAULT_MODELS",
            "DEFAULT_NETWORKS", "DEFAULT_WORKERS", "DEFAULT_DENSITY", "DEFAULT_STALENESS", "DEFAULT_STAGE1_SHARE",
@@ -138,9 +143,8 @@ def scheduler_table(schedulers: Sequence[str] = SCHEDULERS, *, density: float = 
     """One row per compared scheduler: group, family (of its plans), paper, keeps_sync_sgd, math_note."""
     rows = []
     for s in check_schedulers(schedulers):
-        entry = get_scheduler(s)
-        rows.append({"scheduler": s, "group": group_of(s), "family": PLANNER_FAMILY[entry.planner or s],
-                     "paper": entry.paper, "keeps_sync_sgd": keeps_sync_sgd(s),
+        rows.append({"scheduler": s, "group": group_of(s), "family": _family(s),
+                     "paper": get_scheduler(s).paper, "keeps_sync_sgd": keeps_sync_sgd(s),
                      "math_note": math_note(s, density=density, staleness=staleness)})
     return pd.DataFrame(rows)
 
@@ -150,9 +154,6 @@ def scheduler_table(schedulers: Sequence[str] = SCHEDULERS, *, density: float = 
 def resolve_trace(model: str) -> str:
     """The shipped trace stem of ``model``: a stem as given, or the model's V100 estimate at the
     papers' batch size (e.g. ``vgg16`` -> ``vgg16_b32_v100-estimate``)."""
-    from repro.core.paths import shipped_traces
-    from repro.studies.dear_sim import find_trace
-
     if model in set(shipped_traces()):
         return model
     try:
@@ -163,15 +164,10 @@ def resolve_trace(model: str) -> str:
 
 def network_label(network: str) -> str:
     """``10GbE`` / ``InfiniBand`` for a preset name (the name itself when unknown)."""
-    for prefix, label in NETWORK_LABELS.items():
-        if network.startswith(prefix):
-            return label
-    return network
+    return next((label for prefix, label in NETWORK_LABELS.items() if network.startswith(prefix)), network)
 
 
 def _cost(network: str, workers: int, cost_mode: str, topk_gamma_s: float | None = None):
-    from repro.core.cost import CostModelError
-
     try:
         return with_topk(network_cost(network, workers, cost_mode), topk_gamma_s)
     except (CostModelError, ValueError) as e:
@@ -219,10 +215,8 @@ def simulated_table(models: Sequence[str] | Mapping[str, Trace] = DEFAULT_MODELS
             models = [models]
         if not list(models):
             raise CompareError("models: give at least one model")
-        traces = {}
-        for m in models:
-            stem = resolve_trace(m)
-            traces[m] = (stem, load_trace(stem))
+        stems = {m: resolve_trace(m) for m in models}
+        traces = {m: (stem, load_trace(stem)) for m, stem in stems.items()}
     info = scheduler_table(names, density=density, staleness=staleness).set_index("scheduler")
     rows = []
     for model, (stem, trace) in traces.items():
@@ -330,8 +324,6 @@ def link_name(bandwidth: str | float | None) -> str:
     """``"100mbit"`` for an emulated rate (tc string or bits/s), ``"loopback"`` for none."""
     if bandwidth is None or bandwidth == "loopback" or (isinstance(bandwidth, float) and math.isnan(bandwidth)):
         return "loopback"
-    from repro.launch.netns import format_bandwidth, parse_bandwidth
-
     bps = parse_bandwidth(bandwidth) if isinstance(bandwidth, str) else float(bandwidth)
     return format_bandwidth(bps)
 
@@ -373,7 +365,6 @@ def run_measured(schedulers: Sequence[str], results_dir: str | Path, *, model: s
     """Run :func:`measured_configs` with :func:`repro.studies.mgwfbp_train.run_grid` into
     ``<results_dir>/runs`` (``bandwidth``: emulated links, needs root; None: loopback) and return
     :func:`measured_table`. ``config``: more :func:`measured_configs` options."""
-    from repro.studies.mgwfbp_train import run_grid
     from repro.workload.models import MODEL_NAMES
 
     if model not in MODEL_NAMES:
@@ -392,8 +383,6 @@ def measured_table(results_dir: str | Path, *, density: float = DEFAULT_DENSITY,
     cpu_count, oversubscribed, batch_size, steps, iteration_s (the slowest rank's median),
     iteration_q25_s / iteration_q75_s (one rank's quartiles: the noise), throughput_samples_s,
     predicted_iteration_s, run_id, relative_to_best, best, best_sync_sgd, origin."""
-    from repro.studies.mgwfbp_train import load_iterations, load_runs
-
     runs = load_runs(results_dir)
     if runs.empty:
         raise CompareError(f"no measured runs under {Path(results_dir) / 'runs'} (run run_measured first)")
@@ -405,10 +394,8 @@ def measured_table(results_dir: str | Path, *, density: float = DEFAULT_DENSITY,
                            staleness=staleness).set_index("scheduler")
     rows = []
     for _, r in runs.iterrows():
-        servers = r.get("servers")
-        servers = int(servers) if servers is not None and servers == servers else 0
-        ranks = r.get("ranks")
-        ranks = int(ranks) if ranks is not None and ranks == ranks else int(r.world_size) + servers
+        servers = int(r["servers"]) if pd.notna(r.get("servers")) else 0
+        ranks = int(r["ranks"]) if pd.notna(r.get("ranks")) else int(r.world_size) + servers
         rows.append({"model": r.model, "scheduler": r.scheduler, **info.loc[r.scheduler].to_dict(),
                      "workers": int(r.world_size), "servers": servers, "ranks": ranks,
                      "link": link_name(r.get("emulated_bandwidth_bps")), "cpu_count": r.get("cpu_count"),

@@ -78,8 +78,16 @@ def load_traces(models: Sequence[str]) -> dict[str, Trace]:
     return {m: load_trace(find_trace(m)) for m in models}
 
 
-def _traces(models: Sequence[str] | Mapping[str, Trace]) -> dict[str, Trace]:
-    return dict(models) if isinstance(models, Mapping) else load_traces(list(models))
+def _settings(models: Sequence[str] | Mapping[str, Trace], networks: Sequence[str], workers: int | Sequence[int],
+              cost_mode: str):
+    """(model, trace, network, P, cost) for every model x network x worker count."""
+    check_cost_mode(cost_mode)
+    traces = dict(models) if isinstance(models, Mapping) else load_traces(list(models))
+    ps = [int(workers)] if np.isscalar(workers) else [int(p) for p in workers]
+    for model, trace in traces.items():
+        for net in networks:
+            for p in ps:
+                yield model, trace, net, p, cost_for_mode(net, p, cost_mode)
 
 
 def trace_table(traces: Mapping[str, Trace]) -> pd.DataFrame:
@@ -93,11 +101,7 @@ def trace_table(traces: Mapping[str, Trace]) -> pd.DataFrame:
 def network_kind(network: str) -> str:
     """``"10gbe"`` or ``"ib"`` (the key of :data:`PAPER_CLAIM_PCT`) of a cost preset name."""
     n = network.lower()
-    if "10gbe" in n:
-        return "10gbe"
-    if "ib" in n:
-        return "ib"
-    return n
+    return next((kind for kind in ("10gbe", "ib") if kind in n), n)
 
 
 def network_label(network: str) -> str:
@@ -130,19 +134,12 @@ def throughput_table(models: Sequence[str] | Mapping[str, Trace], networks: Sequ
     GPUs), buckets, threshold_bytes, relative_to_best (throughput / the best method's), plan_wall_s,
     origin, cost_mode (``"paper"``: the presets; ``"calibrated"``:
     :func:`repro.costs.published_fits.cost_for_mode`)."""
-    check_cost_mode(cost_mode)
-    traces = _traces(models)
-    ps = [int(workers)] if np.isscalar(workers) else [int(p) for p in workers]
     rows = []
-    for model, trace in traces.items():
-        for net in networks:
-            for p in ps:
-                cost = cost_for_mode(net, p, cost_mode)
-                for m in methods:
-                    r = iteration(trace, m, cost)
-                    rows.append({"model": model, "device": trace.device, "batch_size": trace.batch_size,
-                                 "network": net, "workers": p, "scheduler": m, **r,
-                                 "throughput": p * trace.batch_size / r["iteration_s"]})
+    for model, trace, net, p, cost in _settings(models, networks, workers, cost_mode):
+        for m in methods:
+            r = iteration(trace, m, cost)
+            rows.append({"model": model, "device": trace.device, "batch_size": trace.batch_size, "network": net,
+                         "workers": p, "scheduler": m, **r, "throughput": p * trace.batch_size / r["iteration_s"]})
     df = pd.DataFrame(rows)
     if df.empty:
         return df
@@ -185,11 +182,8 @@ def speedup_summary(table: pd.DataFrame, dear: Sequence[str] = DEAR_METHODS) -> 
     out = pd.DataFrame(rows)
     if out.empty:
         return out
-    tops = []
-    for (net, p), g in out.groupby(["network", "workers"], sort=False):
-        top = g.loc[g["speedup_pct"].idxmax()]
-        tops.append({**top.to_dict(), "model": f"all models (max: {top['model']})"})
-    out = pd.concat([out, pd.DataFrame(tops)], ignore_index=True)
+    tops = out.loc[out.groupby(["network", "workers"], sort=False)["speedup_pct"].idxmax()]
+    out = pd.concat([out, tops.assign(model="all models (max: " + tops["model"] + ")")], ignore_index=True)
     out["paper_claim_pct"] = [PAPER_CLAIM_PCT.get(network_kind(n), np.nan) for n in out["network"]]
     out["paper_claim"] = [f"up to {c:g}% (paper's claim, measured)" if np.isfinite(c) else ""
                           for c in out["paper_claim_pct"]]
@@ -270,10 +264,6 @@ def _merge(intervals) -> list[tuple[float, float]]:
     return [(a, b) for a, b in out]
 
 
-def _overlap(a: float, b: float, merged: Sequence[tuple[float, float]]) -> float:
-    return float(sum(max(0.0, min(b, y) - max(a, x)) for x, y in merged))
-
-
 _EXPOSED_COLUMN = {"reduce_scatter": "exposed_rs_s", "allgather": "exposed_ag_s", "allreduce": "exposed_allreduce_s"}
 
 
@@ -308,7 +298,7 @@ def exposed_breakdown(trace: Trace, plan, cost: CostModel) -> dict:
         if b <= a or r.kind not in _EXPOSED_COLUMN:
             continue
         out[total[r.kind]] += b - a
-        out[_EXPOSED_COLUMN[r.kind]] += (b - a) - _overlap(a, b, busy)
+        out[_EXPOSED_COLUMN[r.kind]] += (b - a) - sum(max(0.0, min(b, y) - max(a, x)) for x, y in busy)
     out["exposed_idle_s"] = max(0.0, out["window_s"] - out["computation_s"] - out["exposed_rs_s"]
                                 - out["exposed_ag_s"] - out["exposed_allreduce_s"])
     return out
@@ -319,17 +309,12 @@ def breakdown_table(models: Sequence[str] | Mapping[str, Trace], networks: Seque
                     workers: int = 64, cost_mode: str = "paper") -> pd.DataFrame:
     """:func:`exposed_breakdown` per model x network x scheduler, with model, network, workers,
     scheduler, buckets and cost_mode columns (``window_s`` dropped)."""
-    check_cost_mode(cost_mode)
-    traces = _traces(models)
     rows = []
-    for model, trace in traces.items():
-        for net in networks:
-            cost = cost_for_mode(net, workers, cost_mode)
-            for s in schedulers:
-                plan = make_plan(s, trace, cost)
-                rows.append({"model": model, "network": net, "workers": int(workers), "scheduler": s,
-                             **exposed_breakdown(trace, plan, cost), "buckets": plan.num_buckets,
-                             "cost_mode": cost_mode})
+    for model, trace, net, p, cost in _settings(models, networks, workers, cost_mode):
+        for s in schedulers:
+            plan = make_plan(s, trace, cost)
+            rows.append({"model": model, "network": net, "workers": p, "scheduler": s,
+                         **exposed_breakdown(trace, plan, cost), "buckets": plan.num_buckets, "cost_mode": cost_mode})
     df = pd.DataFrame(rows)
     return df.drop(columns="window_s") if len(df) else df
 
@@ -367,17 +352,11 @@ def buffer_sweep_table(models: Sequence[str] | Mapping[str, Trace], networks: Se
                        points: int = 33, cost_mode: str = "paper") -> pd.DataFrame:
     """:func:`buffer_sweep` per model x network, with model, network, workers, throughput and
     cost_mode columns."""
-    check_cost_mode(cost_mode)
-    traces = _traces(models)
     frames = []
-    for model, trace in traces.items():
-        for net in networks:
-            cost = cost_for_mode(net, workers, cost_mode)
-            df = buffer_sweep(trace, cost, min_bytes, max_bytes, points)
-            df.insert(0, "model", model)
-            df.insert(1, "network", net)
-            df.insert(2, "workers", int(workers))
-            df["throughput"] = workers * trace.batch_size / df["iteration_s"]
-            df["cost_mode"] = cost_mode
-            frames.append(df)
+    for model, trace, net, p, cost in _settings(models, networks, workers, cost_mode):
+        df = buffer_sweep(trace, cost, min_bytes, max_bytes, points)
+        df.insert(0, "model", model)
+        df.insert(1, "network", net)
+        df.insert(2, "workers", p)
+        frames.append(df.assign(throughput=p * trace.batch_size / df["iteration_s"], cost_mode=cost_mode))
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()

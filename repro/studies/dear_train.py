@@ -15,14 +15,25 @@ from typing import Any, Sequence
 
 import math
 import time
+from itertools import zip_longest
 
 import numpy as np
 import pandas as pd
 
+from repro.core.cost import fit_linear
 from repro.core.planners import make_plan
-from repro.results.runs import load_run
 from repro.core.simulate import simulate
+from repro.costs.presets import preset
+from repro.costs.published_fits import mode_label
+from repro.launch.local import launch_local
+from repro.launch.netns import format_bandwidth, parse_bandwidth
+from repro.results.runs import load_run
+from repro.results.tables import write_table
+from repro.studies.common import available_cpus, warn_if_oversubscribed, with_oversubscription
+from repro.studies.dear_sim import (
+    PAPER_CLAIM_PCT, _merge, _settings, exposed_breakdown, load_traces, network_kind, speedup_summary)
 from repro.studies.mgwfbp_train import clear_runs, load_runs, run_grid
+from repro.studies.timing import with_sample_medians
 
 __all__ = ["NOFUSION_SCHEDULERS", "FUSION_SCHEDULERS", "ALL_SCHEDULERS", "PRIMITIVES", "MEASURED_DERIVATION",
            "clear_runs", "run_grid", "load_runs", "run_id", "throughput_configs", "buffer_sweep_configs",
@@ -50,8 +61,6 @@ def run_id(c: dict[str, Any], world_size: int, bandwidth: str | None = None) -> 
     if c.get("run_tag"):
         parts.append(str(c["run_tag"]))
     if bandwidth:
-        from repro.launch.netns import format_bandwidth, parse_bandwidth
-
         parts.append("bw" + format_bandwidth(parse_bandwidth(bandwidth)))
     return "_".join(parts)
 
@@ -152,6 +161,8 @@ def throughput_table(results_dir: str | Path, schedulers: Sequence[str] | None =
     rows = []
     for _, r in runs.iterrows():
         pred, src = r.get("predicted_iteration_s"), "own plan"
+        plan = load_run(r.path).plan
+        threshold = plan.meta.get("threshold_bytes") if plan is not None else None
         if pred is None or pred != pred:
             pred, src = _ddp_prediction(runs, r) if r.scheduler == "ddp" else (None, None)
             src = f"ddp_buckets on the {src} run's trace" if src else None
@@ -160,17 +171,12 @@ def throughput_table(results_dir: str | Path, schedulers: Sequence[str] | None =
                      "iteration_s": r.iteration_s, "compute_s": r.compute_s,
                      "throughput_samples_s": r.throughput_samples_s, "predicted_s": pred,
                      "simulated_inrun_s": _simulate_run(r.path), "prediction_from": src,
-                     "buckets": r.get("buckets"), "plan_threshold_bytes": _plan_threshold(r.path),
+                     "buckets": r.get("buckets"),
+                     "plan_threshold_bytes": np.nan if threshold is None else float(threshold),
                      "oversubscribed": bool(r.get("oversubscribed", False))})
     df = pd.DataFrame(rows)
     df["prediction_error"] = df["predicted_s"] / df["iteration_s"] - 1
     return df
-
-
-def _plan_threshold(path: str | Path) -> float:
-    plan = load_run(path).plan
-    t = plan.meta.get("threshold_bytes") if plan is not None else None
-    return float(t) if t is not None else float("nan")
 
 
 def buffer_sweep_table(results_dir: str | Path) -> pd.DataFrame:
@@ -254,10 +260,6 @@ def measure_primitives(world_sizes: Sequence[int], sizes_bytes: Sequence[int], r
     """Time the primitives (:func:`time_primitives`) at each world size > 1 and write table
     ``primitive_times`` (workers, bytes, primitive, seconds, cpu_count, threads_per_rank, oversubscribed,
     emulated_bandwidth). ``bytes`` is the whole float32 buffer, rounded down to a multiple of 4 P."""
-    from repro.launch.local import launch_local
-    from repro.results.tables import write_table
-    from repro.studies.common import available_cpus, warn_if_oversubscribed, with_oversubscription
-
     rows: list[dict[str, Any]] = []
     cpus = available_cpus()
     for p in world_sizes:
@@ -280,8 +282,6 @@ def fit_linear_log(nbytes, seconds) -> tuple[float, float]:
     """``(a_s, b_s_per_byte)`` of the line ``a + b*bytes`` (``a, b >= 0``) fitted by least squares in
     log space, started from :func:`repro.core.cost.fit_linear`."""
     from scipy.optimize import least_squares
-
-    from repro.core.cost import fit_linear
 
     x = np.asarray(nbytes, dtype=float)
     y = np.asarray(seconds, dtype=float)
@@ -328,8 +328,6 @@ def primitive_model_table(presets: Sequence[str] = ("10gbe-dear-derived", "56gbi
                           workers: Sequence[int] = (2, 4, 8, 16, 32, 64), nbytes: int = 25 * 2**20) -> pd.DataFrame:
     """The cost model's all-reduce, reduce-scatter and all-gather seconds of one ``nbytes`` message
     per preset and worker count. Columns: preset, workers, bytes, primitive, seconds, source ("model")."""
-    from repro.costs.presets import preset
-
     rows = []
     for name in presets:
         for p in workers:
@@ -362,8 +360,6 @@ def measured_breakdown_table(results_dir: str | Path, schedulers: Sequence[str] 
     per iteration, ``source`` ``measured`` (:data:`MEASURED_DERIVATION`) and ``simulated`` (the run's in-run
     trace, plan and cost through :func:`repro.studies.dear_sim.exposed_breakdown`; DeAR and all-reduce
     plans only)."""
-    from repro.studies.dear_sim import _merge, exposed_breakdown
-
     runs = _timing_runs(results_dir, schedulers)
     if runs.empty:
         return pd.DataFrame()
@@ -536,33 +532,24 @@ def paper_scale_tables(models: Sequence[str], networks: Sequence[str], methods: 
     traces, with the columns of :func:`repro.studies.dear_sim.throughput_table` and
     :func:`repro.studies.dear_sim.breakdown_table`; each plan is made once for both. ``cost_mode``:
     ``"paper"`` or ``"calibrated"`` (:func:`repro.costs.published_fits.cost_for_mode`)."""
-    from repro.costs.published_fits import check_cost_mode, cost_for_mode
-    from repro.studies.dear_sim import exposed_breakdown, load_traces
-
-    check_cost_mode(cost_mode)
-    traces = load_traces(list(models))
     thr_rows, bd_rows = [], []
-    for model, trace in traces.items():
-        for net in networks:
-            cost = cost_for_mode(net, workers, cost_mode)
-            for m in dict.fromkeys([*methods, *breakdown_methods]):
-                t0 = time.perf_counter()
-                plan = make_plan(m, trace, cost)
-                wall = time.perf_counter() - t0
-                if m in methods:
-                    res = simulate(trace, plan, cost, with_ops=False)
-                    thr_rows.append({"model": model, "device": trace.device, "batch_size": trace.batch_size,
-                                     "network": net, "workers": int(workers), "scheduler": m,
-                                     "iteration_s": float(res.iteration_s),
-                                     "throughput": workers * trace.batch_size / float(res.iteration_s),
-                                     "buckets": plan.num_buckets,
-                                     "threshold_bytes": float(plan.meta.get("threshold_bytes", np.nan)),
-                                     "plan_wall_s": wall, "cost_mode": cost_mode})
-                if m in breakdown_methods:
-                    b = exposed_breakdown(trace, plan, cost)
-                    b.pop("window_s", None)
-                    bd_rows.append({"model": model, "network": net, "workers": int(workers), "scheduler": m, **b,
-                                    "buckets": plan.num_buckets, "cost_mode": cost_mode})
+    for model, trace, net, p, cost in _settings(list(models), networks, workers, cost_mode):
+        for m in dict.fromkeys([*methods, *breakdown_methods]):
+            t0 = time.perf_counter()
+            plan = make_plan(m, trace, cost)
+            wall = time.perf_counter() - t0
+            if m in methods:
+                it = float(simulate(trace, plan, cost, with_ops=False).iteration_s)
+                thr_rows.append({"model": model, "device": trace.device, "batch_size": trace.batch_size,
+                                 "network": net, "workers": p, "scheduler": m, "iteration_s": it,
+                                 "throughput": workers * trace.batch_size / it, "buckets": plan.num_buckets,
+                                 "threshold_bytes": float(plan.meta.get("threshold_bytes", np.nan)),
+                                 "plan_wall_s": wall, "cost_mode": cost_mode})
+            if m in breakdown_methods:
+                b = exposed_breakdown(trace, plan, cost)
+                b.pop("window_s", None)
+                bd_rows.append({"model": model, "network": net, "workers": p, "scheduler": m, **b,
+                                "buckets": plan.num_buckets, "cost_mode": cost_mode})
     thr = pd.DataFrame(thr_rows)
     if len(thr):
         best = thr.groupby(["model", "network", "workers"])["throughput"].transform("max")
@@ -582,10 +569,7 @@ PAPER_TUNING_BOUNDS: tuple[int, int] = (2**20, 2**28)  # 1-256 MiB, the released
 def interleaved_configs(timing: Sequence[dict], sweep: Sequence[dict]) -> list[dict]:
     """Timing and sweep configurations alternating (a timing run first), then the rest of the
     longer list, so a slow spell of a shared machine falls on both groups."""
-    timing, sweep = list(timing), list(sweep)
-    padded = sweep + [None] * len(timing)
-    mixed = [c for pair in zip(timing, padded) for c in pair if c is not None]
-    return mixed + sweep[len(timing):]
+    return [c for pair in zip_longest(timing, sweep) for c in pair if c is not None]
 
 
 def at_workers(table: pd.DataFrame, workers: int) -> pd.DataFrame:
@@ -608,8 +592,6 @@ def measured_throughput(throughput: pd.DataFrame, samples: pd.DataFrame | None, 
     """:func:`throughput_table` rows at ``workers`` with ``iteration_s`` the median of the
     interleaved timing ``samples`` (:func:`repro.studies.timing.with_sample_medians`), throughput and
     ``prediction_error`` rescaled to it. No samples: each run's own values."""
-    from repro.studies.timing import with_sample_medians
-
     thr = with_sample_medians(throughput[throughput.workers == workers], samples)
     thr["throughput_samples_s"] = thr["throughput_samples_s"] * thr["run_iteration_s"] / thr["iteration_s"]
     thr["prediction_error"] = thr["predicted_s"] / thr["iteration_s"] - 1
@@ -619,8 +601,6 @@ def measured_throughput(throughput: pd.DataFrame, samples: pd.DataFrame | None, 
 def paper_claim_text(network: str) -> str:
     """The paper's headline speedup on ``network``'s kind (10GbE or IB), e.g. ``"83%"``, or
     ``"n/a"``."""
-    from repro.studies.dear_sim import PAPER_CLAIM_PCT, network_kind
-
     pct = PAPER_CLAIM_PCT.get(network_kind(network))
     return f"{pct:g}%" if pct is not None else "n/a"
 
@@ -630,8 +610,6 @@ def speedup_text(simulated: pd.DataFrame, measured: pd.DataFrame, *, model: str,
     """The line under a throughput figure's title: the largest simulated speedup of DeAR over the best
     baseline per network (``all models`` rows of ``simulated``), the measured one of ``model`` (first row
     of ``measured``, if any) and the paper's claim on ``networks``."""
-    from repro.costs.published_fits import mode_label
-
     top = simulated[simulated.model.str.startswith("all models")]
     parts = [f"simulated ({workers} GPUs, {mode_label(cost_mode)}), largest over the models: "
              + "; ".join(f"{r.network} {r.speedup_pct:+.0f}% ({r.model.split(': ')[-1].rstrip(')')})"
@@ -650,8 +628,6 @@ def throughput_group(measured: pd.DataFrame, simulated: pd.DataFrame, measured_n
     """One throughput figure's group of schedulers: (the group's ``simulated`` rows, the speedup
     table with simulated then measured rows in ``origin``, the :func:`speedup_text` line). The line's
     measured speedup takes the simulated group's DeAR names as DeAR."""
-    from repro.studies.dear_sim import speedup_summary
-
     sim_dear, sim_base = split_dear(sim_names)
     in_group = measured[measured.scheduler.isin(list(measured_names))]
     summary = speedup_summary(simulated[simulated.scheduler.isin(sim_dear + sim_base)], dear=sim_dear)
@@ -687,9 +663,6 @@ def tuning_objectives(points: pd.DataFrame, trace, cost) -> dict[str, Any]:
 
 def paper_trace_cost(model: str, network: str, workers: int):
     """(shipped V100 trace of ``model``, cost preset ``network`` at ``workers`` GPUs)."""
-    from repro.costs.presets import preset
-    from repro.studies.dear_sim import load_traces
-
     return load_traces([model])[model], preset(network, workers)
 
 

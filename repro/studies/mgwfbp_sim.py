@@ -76,12 +76,9 @@ def layer_table(traces: Mapping[str, Trace]) -> pd.DataFrame:
 
 def allreduce_curve(networks: Sequence[str], workers: int, sizes_bytes: Sequence[float]) -> pd.DataFrame:
     """All-reduce seconds of each preset at ``workers`` over message sizes."""
-    rows = []
-    for net in networks:
-        cost = preset(net, workers)
-        for n, t in zip(sizes_bytes, cost.allreduce_s(np.asarray(sizes_bytes, dtype=float))):
-            rows.append({"network": net, "workers": workers, "bytes": float(n), "allreduce_s": float(t)})
-    return pd.DataFrame(rows)
+    sizes = np.asarray(sizes_bytes, dtype=float)
+    return pd.DataFrame([{"network": net, "workers": workers, "bytes": float(n), "allreduce_s": float(t)}
+                         for net in networks for n, t in zip(sizes_bytes, preset(net, workers).allreduce_s(sizes))])
 
 
 def cost_model_table(alpha_s: float, beta_s_per_byte: float, gamma_s_per_byte: float,
@@ -153,8 +150,7 @@ def speedup_sweep(traces: Mapping[str, Trace], networks: Sequence[str], workers:
         return df
     sim = df["origin"] == "simulated"
     best = df[sim].groupby(["model", "network", "workers"])["speedup"].transform("max")
-    df["relative_to_best"] = np.nan
-    df.loc[sim, "relative_to_best"] = df.loc[sim, "speedup"] / best
+    df["relative_to_best"] = df.loc[sim, "speedup"] / best  # NaN on the ideal rows
     return df
 
 
@@ -336,17 +332,16 @@ def headline_comparison(breakdown: pd.DataFrame, headline: pd.DataFrame | None =
     source)."""
     headline = journal_headline() if headline is None else headline
     rows = []
+    wide = (breakdown.pivot_table(index=["model", "network", "wire_dtype"], columns="scheduler", values="iteration_s")
+            if len(breakdown) else pd.DataFrame())
     for _, h in headline.iterrows():
         best, at = float("nan"), ""
-        keys = ["model", "network", "wire_dtype"]
-        if len(breakdown):
-            wide = breakdown.pivot_table(index=keys, columns="scheduler", values="iteration_s")
-            if {h.baseline, scheduler} <= set(wide.columns):
-                r = (wide[h.baseline] / wide[scheduler]).dropna()
-                if len(r):
-                    best = float(r.max())
-                    m, n, d = r.idxmax()
-                    at = f"{m}, {n}, {str(d).replace('float', 'FP')}"
+        if {h.baseline, scheduler} <= set(wide.columns):
+            r = (wide[h.baseline] / wide[scheduler]).dropna()
+            if len(r):
+                best = float(r.max())
+                m, n, d = r.idxmax()
+                at = f"{m}, {n}, {str(d).replace('float', 'FP')}"
         rows.append({"baseline": h.baseline, "paper_speedup": float(h.speedup), "simulated_speedup": best,
                      "at": at, "source": f"{h.source}, {h['where']}"})
     return pd.DataFrame(rows)

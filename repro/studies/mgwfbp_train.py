@@ -5,14 +5,18 @@ same folders with ``torchrun -m repro.train``.
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from typing import Any, Sequence
 
 import pandas as pd
 
+from repro.core.cost import Linear, fit_linear, relative_errors
+from repro.core.plan import PlanError
+from repro.grids.grid import grid_run_ids
 from repro.launch.local import launch_local
-from repro.core.cost import fit_linear, relative_errors
-from repro.results.runs import EPOCHS_CSV, ITERATIONS_CSV, list_runs, load_run, runs_table
+from repro.launch.netns import format_bandwidth, parse_bandwidth
+from repro.results.runs import EPOCHS_CSV, ITERATIONS_CSV, list_runs, load_run, prepare_run, runs_table
 from repro.results.tables import write_table
 from repro.core.schedulers import canonical_name
 from repro.core.simulate import simulate
@@ -43,8 +47,6 @@ def timing_specs(schedulers: Sequence[str], thresholds_bytes: Sequence[int] = ()
 
 def clear_runs(results_dir: str | Path) -> None:
     """Remove ``<results_dir>/runs`` so that a study's runs never mix with an earlier execution's."""
-    import shutil
-
     root = Path(results_dir) / "runs"
     if root.is_dir():
         shutil.rmtree(root)
@@ -61,9 +63,6 @@ def run_grid(configs: Sequence[dict[str, Any]], world_sizes: Sequence[int], resu
     links (:mod:`repro.launch.netns`); run ids then end in ``_bw<rate>``. Run ids are deterministic, so a
     rerun needs ``overwrite=True``. A world larger than the CPU cores warns and its runs are marked
     ``oversubscribed``."""
-    from repro.launch.netns import parse_bandwidth
-    from repro.results.runs import prepare_run
-
     runs = Path(results_dir) / "runs"
     for p in world_sizes:
         bw = emulate_bandwidth if p > 1 else None
@@ -82,8 +81,6 @@ def run_grid(configs: Sequence[dict[str, Any]], world_sizes: Sequence[int], resu
 def _run_id(c: dict[str, Any], p: int, bandwidth: str | None = None) -> str:
     parts = [c.get("model", "model"), c.get("scheduler", "s"), f"p{p}", c.get("wire_dtype") or "float32"]
     if bandwidth and p > 1:
-        from repro.launch.netns import format_bandwidth, parse_bandwidth
-
         parts.append("bw" + format_bandwidth(parse_bandwidth(bandwidth)))
     if c.get("scheduler") == "threshold":
         parts.append(f"t{c.get('threshold_bytes')}")
@@ -136,8 +133,6 @@ def allreduce_fit_table(times: pd.DataFrame) -> pd.DataFrame:
 
 def allreduce_fit_errors(times: pd.DataFrame, fits: pd.DataFrame) -> pd.DataFrame:
     """Per world size and message size: measured and fitted seconds and ``fitted / measured - 1``."""
-    from repro.core.cost import Linear
-
     frames = []
     for p, g in times.groupby("workers"):
         f = fits[fits["workers"] == p].iloc[0]
@@ -172,17 +167,18 @@ def _load_runs_in(folder: Path) -> pd.DataFrame:
     return with_oversubscription(df) if "world_size" in df else df
 
 
-def _concat(results_dir: str | Path, name: str) -> pd.DataFrame:
-    frames = [t for r in list_runs(Path(results_dir) / "runs") if (t := r.table(name)) is not None]
+def _concat(folder: Path, name: str) -> pd.DataFrame:
+    """Table ``name`` of every run folder under ``folder``, concatenated."""
+    frames = [t for r in list_runs(folder) if (t := r.table(name)) is not None]
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 
 def load_iterations(results_dir: str | Path) -> pd.DataFrame:
-    return _concat(results_dir, ITERATIONS_CSV)
+    return _concat(Path(results_dir) / "runs", ITERATIONS_CSV)
 
 
 def load_epochs(results_dir: str | Path) -> pd.DataFrame:
-    epochs = _concat(results_dir, EPOCHS_CSV)
+    epochs = _concat(Path(results_dir) / "runs", EPOCHS_CSV)
     if epochs.empty:
         return epochs
     runs = load_runs(results_dir)
@@ -193,8 +189,6 @@ def load_epochs(results_dir: str | Path) -> pd.DataFrame:
 def grid_runs(runs: pd.DataFrame, paper: str, kind: str | None = None, experiment: str | None = None) -> pd.DataFrame:
     """The rows of ``runs`` that are runs of ``paper``'s grid of one ``kind`` (``"convergence"`` or
     ``"throughput"``) and/or ``experiment``, matched by run id (:func:`repro.grids.grid.grid_run_ids`)."""
-    from repro.grids.grid import grid_run_ids
-
     if runs.empty or "run_id" not in runs:
         return runs
     return runs[runs["run_id"].isin(grid_run_ids(paper, kind, experiment))]
@@ -208,15 +202,12 @@ def convergence_epochs(results_dir: str | Path, *, scale: str = "tiny", model: s
     if epochs.empty:
         return epochs
     if scale == "paper":
-        from repro.grids.grid import grid_run_ids
-
         return epochs[epochs["run_id"].isin(grid_run_ids("mgwfbp", "convergence"))].reset_index(drop=True)
-    keep = pd.Series(True, index=epochs.index)
     if model is not None:
-        keep &= epochs["model"] == model
+        epochs = epochs[epochs["model"] == model]
     if world_size is not None:
-        keep &= epochs["world_size"] == world_size
-    return epochs[keep].reset_index(drop=True)
+        epochs = epochs[epochs["world_size"] == world_size]
+    return epochs.reset_index(drop=True)
 
 
 def _timing_runs(runs: pd.DataFrame) -> pd.DataFrame:
@@ -241,10 +232,8 @@ def speedup_table(runs: pd.DataFrame, schedulers: Sequence[str]) -> pd.DataFrame
         if r.model in single.index and r.world_size > 1 and r.scheduler != "threshold":
             rows.append({"model": r.model, "scheduler": r.scheduler, "workers": r.world_size,
                          "speedup": r.world_size * single[r.model] / r.iteration_s, "oversubscribed": _flag(r)})
-    for model, t1 in single.items():
-        for p in sorted(set(runs.world_size)):
-            rows.append({"model": model, "scheduler": "linear", "workers": p, "speedup": float(p),
-                         "oversubscribed": False})
+    rows += [{"model": model, "scheduler": "linear", "workers": p, "speedup": float(p), "oversubscribed": False}
+             for model in single.index for p in sorted(set(runs.world_size))]
     return pd.DataFrame(rows)
 
 
@@ -272,8 +261,6 @@ def _shared_run(group: pd.DataFrame, prefer: Sequence[str]) -> Any:
 
 def _simulate_on(shared: Any, plan: Any) -> Any:
     """``plan`` simulated on ``shared``'s trace and cost model (None when it does not fit that trace)."""
-    from repro.core.plan import PlanError
-
     try:
         return simulate(shared.trace, plan, shared.cost, with_ops=False)
     except PlanError:

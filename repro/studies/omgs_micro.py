@@ -11,9 +11,14 @@ import numpy as np
 import pandas as pd
 import torch
 
-from repro.core.cost import fit_linear, relative_errors, topk_time_s
+from repro.core.cost import CostModel, fit_linear, fit_topk_gamma, relative_errors, topk_time_s
+from repro.core.paths import paper_numbers_path
 from repro.costs.presets import preset, preset_workers
+from repro.families.sparse.calibrate import time_topk
 from repro.families.sparse.simulate import INDEX_BYTES, topk_count
+from repro.launch.local import launch_local
+from repro.runtime.calibrate import fit_on_ranks
+from repro.studies.common import available_cpus, warn_if_oversubscribed, with_oversubscription
 
 __all__ = ["PUBLISHED_GAMMA_S", "PUBLISHED_NETWORK", "PAPER_WORKERS", "default_numels", "measure_topk",
            "topk_fit_table", "allgather_sizes_bytes", "measure_allgather", "allgather_fit_table",
@@ -40,8 +45,6 @@ def measure_topk(numels: Sequence[int], density: float, *, repeats: int = 5, thr
     """Median seconds of one top-k selection by magnitude per tensor size on this machine's CPU.
     Columns: numel, k, density, measured_s, device ("cpu"), threads (torch intra-op threads during the
     timing; None keeps the current setting), repeats."""
-    from repro.families.sparse.calibrate import time_topk
-
     before = torch.get_num_threads()
     if threads is not None:
         torch.set_num_threads(int(threads))
@@ -59,8 +62,6 @@ def topk_fit_table(times: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     """``(per_size, fits)`` of the ``gamma * d * log2(d)`` fit to :func:`measure_topk`'s times:
     ``per_size`` adds ``fitted_s``, ``relative_error`` and ``published_p102_s`` (the paper's gamma);
     ``fits`` has this machine's gamma (``source="measured"``) and the paper's (``"published"``)."""
-    from repro.core.cost import fit_topk_gamma
-
     gamma = fit_topk_gamma(times["numel"], times["measured_s"])
     fitted = topk_time_s(gamma, times["numel"].to_numpy())
     per_size = times.assign(fitted_s=fitted, relative_error=fitted / times["measured_s"].to_numpy() - 1.0,
@@ -94,11 +95,6 @@ def measure_allgather(world_sizes: Sequence[int], sizes_bytes: Sequence[int], *,
     """All-gather times and fitted lines ``T = a + b * gathered_bytes`` on P local gloo ranks for
     each P (the slowest rank's median per size). Columns: workers, bytes_per_worker, gathered_bytes,
     measured_s, a_s, b_s_per_byte, cpu_count, threads_per_rank, oversubscribed."""
-    from repro.launch.local import launch_local
-    from repro.core.cost import CostModel
-    from repro.runtime.calibrate import fit_on_ranks
-    from repro.studies.common import available_cpus, warn_if_oversubscribed, with_oversubscription
-
     cpus = available_cpus()
     rows = []
     for p in world_sizes:
@@ -186,6 +182,4 @@ def cost_compare_table(topk: pd.DataFrame, allgather: pd.DataFrame, fits: pd.Dat
 def paper_iteration_times() -> pd.DataFrame:
     """OMGS-SGD's published seconds per iteration as shipped: model, paper_model, batch_size,
     topk_sgd_s, omgs_sgd_s, speedup, workers, network, source."""
-    from repro.core.paths import paper_numbers_path
-
     return pd.read_csv(paper_numbers_path("omgs_iteration_times"))

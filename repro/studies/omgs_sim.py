@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 import time
 import warnings
+from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
 import numpy as np
@@ -17,13 +18,14 @@ import pandas as pd
 
 from repro.costs.published_fits import check_cost_mode, cost_for_mode
 from repro.core.cost import CostModel
-from repro.costs.presets import preset_workers
-from repro.core.paths import shipped_traces
+from repro.core.paths import paper_numbers_path, shipped_traces
 from repro.core.planners import make_plan
 from repro.core.simulate import simulate
 from repro.families.allreduce.simulate import bucket_label
 from repro.families.sparse.simulate import bucket_numels, sparse_times_s
-from repro.studies.mgwfbp_sim import simulated_iteration_s
+from repro.results.runs import BUCKETS_CSV, ITERATIONS_CSV, list_runs
+from repro.studies.common import is_oversubscribed
+from repro.studies.mgwfbp_sim import simulated_iteration_s, workers_for
 from repro.core.trace import Trace, load_trace
 
 __all__ = ["SPARSE_PLANNERS", "OMGS_MODELS", "PAPER_CSV", "paper_iterations", "paper_density",
@@ -39,8 +41,6 @@ PAPER_CSV = "omgs_iteration_times"  # shipped published seconds per iteration (d
 def paper_iterations() -> pd.DataFrame:
     """The paper's measured seconds per iteration (16 workers, 1GbE): model, planner
     (``topk_single``, ``omgs``), workers, paper_s, citation."""
-    from repro.core.paths import paper_numbers_path
-
     raw = pd.read_csv(paper_numbers_path(PAPER_CSV))
     rows = []
     for r in raw.itertuples():
@@ -97,12 +97,9 @@ def sparse_sweep(traces: Mapping[str, Trace], workers: Sequence[int], densities:
     optimal_s - 1) (NaN without ``omgs_optimal``). In calibrated mode ``omgs_optimal`` is the optimum of
     the planner's model, which the simulation need not keep (``gap_pct`` can be negative)."""
     check_cost_mode(cost_mode)
-    have = preset_workers(network)
     rows = []
     for model, trace in traces.items():
-        for p in workers:
-            if have is not None and p not in have:
-                continue
+        for p in workers_for(network, workers):
             cost = cost_for_mode(network, p, cost_mode)
             for d in densities:
                 for name in planners:
@@ -118,13 +115,9 @@ def sparse_sweep(traces: Mapping[str, Trace], workers: Sequence[int], densities:
     if df.empty:
         return df
     keys = ["model", "workers", "density"]
-    if "omgs_optimal" in set(df["planner"]):
-        opt = df[df["planner"] == "omgs_optimal"].set_index(keys)["iteration_s"].rename("optimal_s")
-        df = df.join(opt, on=keys)
-        df["gap_pct"] = 100.0 * (df["iteration_s"] / df["optimal_s"] - 1.0)
-    else:
-        df["optimal_s"] = np.nan
-        df["gap_pct"] = np.nan
+    opt = df[df["planner"] == "omgs_optimal"].set_index(keys)["iteration_s"].rename("optimal_s")
+    df = df.join(opt, on=keys)  # NaN without omgs_optimal
+    df["gap_pct"] = 100.0 * (df["iteration_s"] / df["optimal_s"] - 1.0)
     return df
 
 
@@ -313,11 +306,6 @@ def measured_timeline(runs_root) -> pd.DataFrame:
     (``drawn_step``, ``median_step``). Columns as :func:`timeline_table` plus median_iteration_s,
     timed_steps, drawn_step, median_step, model, world_size, cpu_count, threads_per_rank, oversubscribed
     and run_id; seconds from the step start."""
-    from pathlib import Path
-
-    from repro.results.runs import BUCKETS_CSV, ITERATIONS_CSV, list_runs
-    from repro.studies.common import is_oversubscribed
-
     frames = []
     for run in list_runs(Path(runs_root)):
         b, it = run.table(BUCKETS_CSV), run.table(ITERATIONS_CSV)

@@ -14,7 +14,14 @@ from typing import Any, Sequence
 import numpy as np
 import pandas as pd
 
-from repro.results.runs import BUCKETS_CSV, EPOCHS_CSV, ITERATIONS_CSV, list_runs, load_run
+from repro.core.paths import data_dir, paper_numbers_path, shipped_trace_path, shipped_traces
+from repro.core.planners import make_plan
+from repro.core.schedulers import get_scheduler
+from repro.core.simulate import simulate
+from repro.core.trace import Trace
+from repro.costs.published_fits import cost_for_mode
+from repro.families.sparse.simulate import bucket_numels, topk_count
+from repro.results.runs import BUCKETS_CSV, EPOCHS_CSV, ITERATIONS_CSV, load_run
 from repro.studies import mgwfbp_train
 from repro.studies.common import with_oversubscription
 from repro.studies.mgwfbp_train import clear_runs, run_grid
@@ -49,11 +56,10 @@ def load_runs(path: str | Path) -> pd.DataFrame:
 
 def load_epochs(path: str | Path) -> pd.DataFrame:
     """Every run's ``epochs.csv`` with its model, scheduler and world size."""
-    frames = [t for r in list_runs(runs_folder(path)) if (t := r.table(EPOCHS_CSV)) is not None]
-    if not frames:
-        return pd.DataFrame()
-    runs = load_runs(path)[["run_id", "model", "scheduler", "world_size"]]
-    return pd.concat(frames, ignore_index=True).merge(runs, on="run_id")
+    epochs = mgwfbp_train._concat(runs_folder(path), EPOCHS_CSV)
+    if epochs.columns.empty:  # no run has an epochs.csv
+        return epochs
+    return epochs.merge(load_runs(path)[["run_id", "model", "scheduler", "world_size"]], on="run_id")
 
 
 # Configurations
@@ -65,8 +71,6 @@ def language_dataset(ptb_dir: str | Path | None = None) -> tuple[str, str]:
     A ``ptb_dir`` not named ``ptb`` is linked as ``<tmp>/ptb`` and ``REPRO_DATA_DIR`` set to its parent
     (inherited by the training ranks), since :func:`repro.workload.datasets.ptb` reads
     ``<REPRO_DATA_DIR>/ptb``."""
-    from repro.core.paths import data_dir
-
     if ptb_dir:
         d = Path(ptb_dir).expanduser().resolve()
         if not (d / "ptb.train.txt").is_file():
@@ -85,18 +89,12 @@ def language_dataset(ptb_dir: str | Path | None = None) -> tuple[str, str]:
     return "pydoc", "pydoc text (CPython's pydoc_data.topics; Penn Treebank not found)"
 
 
-def _fmt_density(density: float) -> str:
-    return f"{density:g}".replace("-", "m")
-
-
 def run_id(c: dict[str, Any], world_size: int, bandwidth: str | None = None) -> str:
     """Deterministic run id of a config: model, scheduler, P, density (sparse), link, dataset and epochs,
     and the seed when it is not 0."""
-    from repro.core.schedulers import get_scheduler
-
     parts = [c["model"], c["scheduler"], f"p{world_size}"]
     if "density" in get_scheduler(c["scheduler"]).planner_options and c.get("density") is not None:
-        parts.append(f"d{_fmt_density(float(c['density']))}")
+        parts.append(f"d{float(c['density']):g}".replace("-", "m"))
     if bandwidth and world_size > 1:
         from repro.launch.netns import format_bandwidth, parse_bandwidth
 
@@ -109,8 +107,6 @@ def run_id(c: dict[str, Any], world_size: int, bandwidth: str | None = None) -> 
 
 
 def _with_density(c: dict[str, Any], density: float) -> dict[str, Any]:
-    from repro.core.schedulers import get_scheduler
-
     if get_scheduler(c["scheduler"]).family == "sparse":
         return {**c, "density": float(density)}
     return c
@@ -199,8 +195,6 @@ def convergence_table(results_dir: str | Path, *, scale: str = "tiny") -> pd.Dat
         numels = _bucket_numels(run) if sparse else None
         sent = None
         if numels and cfg.get("density"):
-            from repro.families.sparse.simulate import topk_count
-
             sent = int(min(topk_count(n, float(cfg["density"])) for n in numels))
         meta.append({"run_id": r.run_id, "dataset": cfg.get("dataset"),
                      "density": cfg.get("density") if sparse else None,
@@ -291,11 +285,7 @@ def _timeline_sparsify_s(buckets: pd.DataFrame | None) -> float | None:
 
 def _bucket_numels(run) -> list[int] | None:
     trace, plan = run.trace, run.plan
-    if trace is None or plan is None:
-        return None
-    from repro.families.sparse.simulate import bucket_numels
-
-    return bucket_numels(trace, plan)
+    return None if trace is None or plan is None else bucket_numels(trace, plan)
 
 
 MEASURED_DERIVATION = (
@@ -339,8 +329,6 @@ def _measured_row(r: pd.Series) -> dict[str, Any] | None:
 def _simulated_row(run) -> dict[str, Any] | None:
     if not run.can_simulate:
         return None
-    from repro.core.simulate import simulate
-
     trace, plan, cost = run.trace, run.plan, run.cost
     try:
         sim = simulate(trace, plan, cost, with_ops=False)
@@ -368,7 +356,7 @@ def measured_breakdown_table(runs: pd.DataFrame, schedulers: Sequence[str] = SPA
         return pd.DataFrame()
     if "oversubscribed" not in runs:
         runs = with_oversubscription(runs)
-    timing = runs[runs["dataset"].fillna("synthetic") == "synthetic"] if "dataset" in runs else runs
+    timing = mgwfbp_train._timing_runs(runs)
     rows = []
     for _, r in timing[timing["scheduler"].isin(schedulers)].iterrows():
         run = load_run(r.path)
@@ -402,8 +390,6 @@ def _network_label(bps: Any) -> str:
 def paper_trace_stem(model: str, batch_size: int) -> tuple[str, str]:
     """``(trace stem, GPU)`` for a paper model: the P102-100 estimate when shipped, else the V100
     estimate of the same batch, else any of the model's."""
-    from repro.core.paths import shipped_traces
-
     have = shipped_traces()
     for stem, gpu in ((f"{model}_b{batch_size}_p102-estimate", "P102-100"),
                       (f"{model}_b{batch_size}_v100-estimate", "V100")):
@@ -422,12 +408,6 @@ def paper_breakdown_table(models: Sequence[tuple[str, int, float]] = PAPER_MODEL
     """Simulated phase seconds (as :func:`measured_breakdown_table`) per paper model
     ``(model, batch, density)`` and scheduler at ``workers`` on preset ``network``, on the trace
     :func:`paper_trace_stem` picks. ``cost_mode``: ``"paper"`` or ``"calibrated"``."""
-    from repro.costs.published_fits import cost_for_mode
-    from repro.core.paths import shipped_trace_path
-    from repro.core.planners import make_plan
-    from repro.core.simulate import simulate
-    from repro.core.trace import Trace
-
     cost = cost_for_mode(network, workers, cost_mode)
     rows = []
     for model, batch, density in models:
@@ -455,8 +435,6 @@ def paper_iteration_table(path: str | Path | None = None) -> pd.DataFrame:
     """The paper's seconds per iteration: model, scheduler (``topk_single``/``omgs``), workers,
     iteration_s, source ``"paper"``, citation. Reads ``omgs_iteration_times.csv`` (wide: ``topk_sgd_s``,
     ``omgs_sgd_s``; or long: ``scheduler``, ``iteration_s``); empty (same columns) if not shipped."""
-    from repro.core.paths import paper_numbers_path
-
     cols = ["model", "scheduler", "workers", "iteration_s", "source", "citation"]
     try:
         p = Path(path) if path else paper_numbers_path(_PAPER_CSV)

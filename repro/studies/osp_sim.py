@@ -17,11 +17,12 @@ from typing import Mapping, Sequence
 import numpy as np
 import pandas as pd
 
-from repro.costs.published_fits import check_cost_mode, cost_for_mode
+from repro.costs.published_fits import calibrated_preset, check_cost_mode, cost_for_mode
 from repro.core.cost import CostModel
 from repro.core.planners import make_plan
 from repro.core.simulate import simulate
 from repro.core.trace import Trace, load_trace
+from repro.launch.netns import format_bandwidth, parse_bandwidth
 
 __all__ = ["OSP_MODELS", "SIM_METHODS", "PAPER_SERVERS", "PAPER_WORKERS", "PAPER_CLAIM_PCT", "PAPER_CLAIM_SOURCE",
            "PAPER_CLAIM_SHORT", "SCALE_NOTE", "TRACE_NOTE", "INTERPRETATION_NOTE", "DEFAULT_LATENCY_S",
@@ -63,10 +64,6 @@ def load_traces(models: Sequence[str]) -> dict[str, Trace]:
     return {m: load_trace(find_trace(m)) for m in models}
 
 
-def _traces(models: Sequence[str] | Mapping[str, Trace]) -> dict[str, Trace]:
-    return dict(models) if isinstance(models, Mapping) else load_traces(list(models))
-
-
 def trace_table(traces: Mapping[str, Trace]) -> pd.DataFrame:
     """One row per model: batch, device, layers, gradient MiB, compute_s (what a worker computes per
     iteration) and update_s (optimizer seconds)."""
@@ -81,8 +78,6 @@ def network_cost(rate: str | float, workers: int = PAPER_WORKERS, latency_s: flo
     """The alpha-beta cost model of a link of ``rate`` (tc-style, e.g. ``"10gbit"``, or bits per second)
     for ``workers`` workers: push = pull = ``latency_s + bytes x 8 / rate`` (one message alone on a server
     link; the simulator queues messages itself)."""
-    from repro.launch.netns import format_bandwidth, parse_bandwidth
-
     bps = float(parse_bandwidth(rate))
     if not latency_s >= 0:
         raise ValueError(f"latency must be >= 0 seconds, got {latency_s!r}")
@@ -106,9 +101,6 @@ def cost_for_rate(rate: str | float, workers: int = PAPER_WORKERS, latency_s: fl
     paper = network_cost(rate, workers, latency_s)
     if cost_mode == "paper":
         return paper
-    from repro.costs.published_fits import calibrated_preset
-    from repro.launch.netns import parse_bandwidth
-
     name = CALIBRATED_RATE_PRESETS.get(float(parse_bandwidth(rate)))
     if name is not None:
         return cost_for_mode(name, int(workers), cost_mode)
@@ -119,8 +111,6 @@ def cost_for_rate(rate: str | float, workers: int = PAPER_WORKERS, latency_s: fl
 
 def calibrated_rate_omission(rate: str | float) -> str | None:
     """None when a link of ``rate`` has a calibrated cluster of its own; otherwise why not."""
-    from repro.launch.netns import parse_bandwidth
-
     if float(parse_bandwidth(rate)) in CALIBRATED_RATE_PRESETS:
         return None
     return (f"no measured network of {network_label(rate)} to fit (its calibrated mode would keep the alpha-beta "
@@ -129,8 +119,6 @@ def calibrated_rate_omission(rate: str | float) -> str | None:
 
 def network_label(rate: str | float) -> str:
     """``"10gbit"`` -> ``"10 Gbit/s"``."""
-    from repro.launch.netns import parse_bandwidth
-
     bps = float(parse_bandwidth(rate))
     for unit, scale in (("Gbit/s", 1e9), ("Mbit/s", 1e6), ("kbit/s", 1e3)):
         if bps >= scale:
@@ -146,14 +134,20 @@ def method_name(scheduler: str, lgp: bool = True) -> str:
 # Iteration time and throughput
 
 def _options(scheduler: str, servers: int, stage1_share: float, staleness: int) -> dict:
-    opts: dict = {"servers": int(servers)}
-    if scheduler == "ps_ssp":
-        opts["staleness"] = int(staleness)
-    if scheduler == "osp":
-        opts.update(stage1_share=float(stage1_share), importance="position")
-    if scheduler == "osp_auto":
-        opts["importance"] = "position"
-    return opts
+    own = {"ps_ssp": {"staleness": int(staleness)},
+           "osp": {"stage1_share": float(stage1_share), "importance": "position"},
+           "osp_auto": {"importance": "position"}}
+    return {"servers": int(servers), **own.get(scheduler, {})}
+
+
+def _settings(models: Sequence[str] | Mapping[str, Trace], rates: Sequence[str], workers: int, latency_s: float,
+              cost_mode: str):
+    """(model, trace, rate, cost) for every model x link rate."""
+    check_cost_mode(cost_mode)
+    traces = dict(models) if isinstance(models, Mapping) else load_traces(list(models))
+    for model, trace in traces.items():
+        for rate in rates:
+            yield model, trace, rate, cost_for_rate(rate, workers, latency_s, cost_mode)
 
 
 def iteration(trace: Trace, scheduler: str, cost: CostModel, *, servers: int = PAPER_SERVERS,
@@ -176,18 +170,14 @@ def throughput_table(models: Sequence[str] | Mapping[str, Trace], rates: Sequenc
     ``osp_auto`` chooses its own. Columns: model, batch_size, network, network_label, workers, servers,
     scheduler, method, the columns of :func:`iteration`, throughput (samples/s over all workers),
     speedup_vs_bsp, relative_to_best, origin, cost_mode."""
-    check_cost_mode(cost_mode)
-    traces = _traces(models)
     rows = []
-    for model, trace in traces.items():
-        for rate in rates:
-            cost = cost_for_rate(rate, workers, latency_s, cost_mode)
-            for m in methods:
-                r = iteration(trace, m, cost, servers=servers, stage1_share=stage1_share, staleness=staleness)
-                rows.append({"model": model, "batch_size": trace.batch_size, "network": str(rate),
-                             "network_label": network_label(rate), "workers": int(workers), "servers": int(servers),
-                             "scheduler": m, "method": method_name(m), **r,
-                             "throughput": workers * trace.batch_size / r["iteration_s"]})
+    for model, trace, rate, cost in _settings(models, rates, workers, latency_s, cost_mode):
+        for m in methods:
+            r = iteration(trace, m, cost, servers=servers, stage1_share=stage1_share, staleness=staleness)
+            rows.append({"model": model, "batch_size": trace.batch_size, "network": str(rate),
+                         "network_label": network_label(rate), "workers": int(workers), "servers": int(servers),
+                         "scheduler": m, "method": method_name(m), **r,
+                         "throughput": workers * trace.batch_size / r["iteration_s"]})
     df = pd.DataFrame(rows)
     if df.empty:
         return df
@@ -226,12 +216,11 @@ def speedup_summary(table: pd.DataFrame, osp: Sequence[str] = ("osp",),
     out = pd.DataFrame(rows)
     if out.empty:
         return out
-    tops = []
-    for net, g in out.groupby("network", sort=False):
-        top = g.loc[g.speedup_vs_bsp_pct.idxmax()]
-        tops.append({**top.to_dict(), "model": f"all models (max vs BSP: {top['model']})",
-                     "speedup_vs_best_other_pct": float(g.speedup_vs_best_other_pct.max())})
-    out = pd.concat([out, pd.DataFrame(tops)], ignore_index=True)
+    by_network = out.groupby("network", sort=False)
+    tops = out.loc[by_network.speedup_vs_bsp_pct.idxmax()]
+    tops = tops.assign(model="all models (max vs BSP: " + tops["model"] + ")",
+                       speedup_vs_best_other_pct=tops["network"].map(by_network.speedup_vs_best_other_pct.max()))
+    out = pd.concat([out, tops], ignore_index=True)
     out["paper_claim_pct"] = PAPER_CLAIM_PCT
     out["paper_claim"] = f"up to {PAPER_CLAIM_PCT:g}% (paper's claim, abstract; measured, baselines unnamed)"
     if mode is not None:
@@ -245,22 +234,17 @@ def stage_ratio_table(models: Sequence[str] | Mapping[str, Trace], shares: Seque
     """OSP's simulated period vs the stage-1 share (``point`` "sweep") plus osp_auto's choice
     ("auto") per model x network. Columns: model, network, network_label, workers, servers, point,
     stage1_share, stage1_bytes_share, iteration_s, throughput, speedup_vs_bsp, origin, cost_mode."""
-    check_cost_mode(cost_mode)
-    traces = _traces(models)
     rows = []
-    for model, trace in traces.items():
-        for rate in rates:
-            cost = cost_for_rate(rate, workers, latency_s, cost_mode)
-            bsp = iteration(trace, "ps_bsp", cost, servers=servers)["iteration_s"]
-            points = [("sweep", "osp", float(s)) for s in shares] + [("auto", "osp_auto", np.nan)]
-            for point, sched, share in points:
-                r = iteration(trace, sched, cost, servers=servers, stage1_share=0.5 if share != share else share)
-                rows.append({"model": model, "network": str(rate), "network_label": network_label(rate),
-                             "workers": int(workers), "servers": int(servers), "point": point,
-                             "stage1_share": r["stage1_share"], "stage1_bytes_share": r["stage1_bytes_share"],
-                             "iteration_s": r["iteration_s"],
-                             "throughput": workers * trace.batch_size / r["iteration_s"],
-                             "speedup_vs_bsp": bsp / r["iteration_s"]})
+    points = [("sweep", "osp", float(s)) for s in shares] + [("auto", "osp_auto", np.nan)]
+    for model, trace, rate, cost in _settings(models, rates, workers, latency_s, cost_mode):
+        bsp = iteration(trace, "ps_bsp", cost, servers=servers)["iteration_s"]
+        for point, sched, share in points:
+            r = iteration(trace, sched, cost, servers=servers, stage1_share=0.5 if share != share else share)
+            rows.append({"model": model, "network": str(rate), "network_label": network_label(rate),
+                         "workers": int(workers), "servers": int(servers), "point": point,
+                         "stage1_share": r["stage1_share"], "stage1_bytes_share": r["stage1_bytes_share"],
+                         "iteration_s": r["iteration_s"], "throughput": workers * trace.batch_size / r["iteration_s"],
+                         "speedup_vs_bsp": bsp / r["iteration_s"]})
     df = pd.DataFrame(rows)
     if len(df):
         df["origin"] = "simulated"

@@ -17,9 +17,10 @@ import pandas as pd
 
 from repro.results.runs import load_run
 from repro.studies.common import with_oversubscription
-from repro.studies.mgwfbp_train import clear_runs, load_iterations, run_grid
+from repro.launch.netns import format_bandwidth, parse_bandwidth
+from repro.studies.mgwfbp_train import clear_runs, grid_runs, load_iterations, run_grid
 from repro.studies.mgwfbp_train import load_runs as _load_runs
-from repro.studies.osp_sim import method_name
+from repro.studies.osp_sim import PAPER_CLAIM_PCT, method_name
 
 __all__ = ["clear_runs", "run_grid", "variant", "default_variants", "run_id", "seed_of", "with_seeds",
            "convergence_configs", "run_study",
@@ -63,24 +64,20 @@ def default_variants(fixed_share: float = 0.5, ablation_shares: Sequence[float] 
     return [v for i, v in enumerate(out) if v not in out[:i]]
 
 
-def _share_tag(share: float) -> str:
-    return f"s{round(100 * float(share)):d}" if abs(100 * share - round(100 * share)) < 1e-9 else f"s{share:g}"
-
-
 def run_id(c: dict[str, Any], workers: int, servers: int, bandwidth: str | None = None) -> str:
     """``<model>_<scheduler>[_s<stage-1 %>][_nolgp][_st<staleness>]_ps<servers>w<workers>[_bw<rate>]
     _<dataset>-e<epochs>[_seed<n>]`` (deterministic: a rerun needs overwrite)."""
     parts = [c["model"], c["scheduler"]]
     if c["scheduler"] == "osp":
-        parts.append(_share_tag(c["stage1_share"]))
+        share = c["stage1_share"]
+        whole = abs(100 * share - round(100 * share)) < 1e-9  # a whole percentage
+        parts.append(f"s{round(100 * float(share)):d}" if whole else f"s{share:g}")
     if c["scheduler"] in ("osp", "osp_auto") and not c.get("lgp", True):
         parts.append("nolgp")
     if c["scheduler"] == "ps_ssp":
         parts.append(f"st{c.get('staleness', 2)}")
     parts.append(f"ps{servers}w{workers}")
     if bandwidth:
-        from repro.launch.netns import format_bandwidth, parse_bandwidth
-
         parts.append("bw" + format_bandwidth(parse_bandwidth(bandwidth)))
     parts.append(f"{c.get('dataset', 'digits')}-e{c.get('epochs')}")
     if c.get("seed"):
@@ -198,11 +195,7 @@ def load_runs(results_dir: str | Path) -> pd.DataFrame:
 def convergence_runs(runs: pd.DataFrame, scale: str = "tiny") -> pd.DataFrame:
     """The runs the accuracy figures draw: all at ``tiny``; at ``scale="paper"`` only the OSP
     grid's convergence runs."""
-    if scale != "paper":
-        return runs
-    from repro.studies.mgwfbp_train import grid_runs
-
-    return grid_runs(runs, "osp", "convergence")
+    return grid_runs(runs, "osp", "convergence") if scale == "paper" else runs
 
 
 _RUN_COLUMNS = ["run_id", "model", "scheduler", "method", "label", "workers", "servers", "ranks", "stage1_share",
@@ -355,8 +348,6 @@ def stage_ratio_table(throughput: pd.DataFrame, accuracy: pd.DataFrame) -> pd.Da
 def summary_table(throughput: pd.DataFrame, accuracy: pd.DataFrame) -> pd.DataFrame:
     """Per run: throughput, ``speedup_vs_bsp_pct``, final accuracy and ``accuracy_vs_bsp_pts``
     (percentage points), beside the paper's claim."""
-    from repro.studies.osp_sim import PAPER_CLAIM_PCT
-
     if throughput.empty:
         return pd.DataFrame()
     final = accuracy.sort_values("epoch").groupby("run_id").last() if len(accuracy) else pd.DataFrame()

@@ -72,13 +72,10 @@ def long_table(table: pd.DataFrame) -> pd.DataFrame:
     for col, label in PREDICTIONS.items():
         if col not in table:
             continue
-        part = table[keep].copy()
-        part["prediction"] = label
-        part["predicted_s"] = table[col]
+        part = table[keep].assign(prediction=label, predicted_s=table[col])
         part = part[part.predicted_s.notna()]
-        part["predicted_samples_per_s"] = part.batch_size * part.gpus / part.predicted_s
-        part["error"] = part.predicted_s / part.iteration_s - 1.0
-        out.append(part)
+        out.append(part.assign(predicted_samples_per_s=part.batch_size * part.gpus / part.predicted_s,
+                               error=part.predicted_s / part.iteration_s - 1.0))
     return pd.concat(out, ignore_index=True).rename(columns={"iteration_s": "measured_s",
                                                              "samples_per_s": "measured_samples_per_s"})
 

@@ -18,7 +18,14 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import pandas as pd
 
+from repro.core.cost import CostModel
+from repro.core.outputs import write_output
+from repro.core.paths import shipped_path
+from repro.core.schedulers import get_scheduler
+from repro.core.trace import Trace
+from repro.launch.local import launch_local
 from repro.studies.common import available_cpus, is_oversubscribed, warn_if_oversubscribed
+from repro.studies.mgwfbp_train import run_configs
 
 __all__ = ["MODES", "MIN_PAIRS", "BASE_COLUMNS", "interleaved_samples", "record_plan_inputs", "save_plan_inputs", "load_plan_inputs",
            "PLAN_INPUT_SETTINGS", "timing_params", "pair_ratios",
@@ -101,8 +108,6 @@ def interleaved_samples(models: str | Sequence[str], schedulers: Sequence[str | 
     message size of a live cost fit. ``plan_inputs``: model -> ``(Trace, CostModel)`` the online planners
     plan from instead of their warm-up (``steps`` mode). Bad arguments raise a one-line ValueError before
     any rank starts; an oversubscribed world warns."""
-    from repro.launch.local import launch_local
-
     models = [models] if isinstance(models, str) else list(models)
     if not models:
         raise ValueError("no model to time")
@@ -137,8 +142,6 @@ def interleaved_samples(models: str | Sequence[str], schedulers: Sequence[str | 
                         "fit_repeats": int(fit_repeats),
                         **({"servers": int(servers)} if servers else {}), **(extra or {}), **specs[k]}
                        for r in order for k in r]
-            from repro.studies.mgwfbp_train import run_configs
-
             summaries = launch_local(run_configs, ranks, args=(configs,), timeout_s=timeout_s, quiet=True,
                                      emulate_bandwidth=emulate_bandwidth)[0]
             it = iter(summaries)
@@ -162,8 +165,6 @@ def _row(model: str, workers: int, spec: dict[str, Any], pair: int, iteration_s:
 
 def _scheduler_options(spec: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
     """``spec``'s scheduler entry and the (set) options of ``spec`` its planner or executor takes."""
-    from repro.core.schedulers import get_scheduler
-
     sched = get_scheduler(spec["scheduler"])
     allowed = set(sched.planner_options) | set(sched.executor_options)
     return sched, {k: v for k, v in spec.items() if k in allowed and v is not None}
@@ -240,10 +241,6 @@ def record_plan_inputs(model: str, scheduler: str | dict[str, Any], workers: int
                        seed: int = 0, timeout_s: float = 600) -> tuple[Any, Any]:
     """The ``(Trace, CostModel)`` one online-planning ``scheduler`` measures in its warm-up on
     ``model`` in a local world of ``workers`` ranks, to pass as ``plan_inputs``."""
-    from repro.launch.local import launch_local
-    from repro.core.cost import CostModel
-    from repro.core.trace import Trace
-
     spec = _specs([scheduler, "wfbp"])[0]
     out = launch_local(_record_target, int(workers), args=(model, spec, int(warmup_steps), int(batch_size),
                                                           int(seed), int(fit_repeats)),
@@ -286,8 +283,6 @@ def save_plan_inputs(path: str | os.PathLike, inputs: Mapping[str, tuple[Any, An
                      source: str) -> None:
     """Write ``inputs`` (model -> ``(Trace, CostModel)``) as one JSON with the ``settings`` they were
     measured under (:data:`PLAN_INPUT_SETTINGS`) and their ``source``."""
-    from repro.core.outputs import write_output
-
     missing = [k for k in PLAN_INPUT_SETTINGS if k not in settings]
     if missing:
         raise ValueError(f"plan-input settings miss {', '.join(missing)}")
@@ -301,10 +296,6 @@ def load_plan_inputs(path: str | os.PathLike, models: Sequence[str],
     """The recorded inputs of ``models`` in ``path`` (a file, or a name in the shipped
     ``data/calibration/``) and a line saying what the planners plan from; an empty dict when the recorded
     settings differ or a model is missing (each run then plans from its own warm-up)."""
-    from repro.core.cost import CostModel
-    from repro.core.paths import shipped_path
-    from repro.core.trace import Trace
-
     path = Path(path) if Path(path).is_file() else shipped_path("calibration", str(path))
     if not path.is_file():
         raise FileNotFoundError(f"no recorded plan inputs at {path}")
@@ -325,10 +316,7 @@ def load_plan_inputs(path: str | os.PathLike, models: Sequence[str],
 
 def _matches(df: pd.DataFrame, sel: Mapping[str, Any]) -> pd.Series:
     """The rows of ``df`` equal to ``sel`` on each of its columns."""
-    keep = pd.Series(True, index=df.index)
-    for c, v in sel.items():
-        keep &= df[c] == v
-    return keep
+    return df[list(sel)].eq(pd.Series(sel, dtype=object)).all(axis=1)
 
 
 def pair_ratios(samples: pd.DataFrame, num: dict[str, Any], den: dict[str, Any],
@@ -346,8 +334,7 @@ def ratio_summary(ratios: Sequence[float], resamples: int = 4000, seed: int = 0)
     median (NaN below 2 pairs)."""
     r = np.asarray(list(ratios), dtype=float)
     if r.size == 0:
-        return {"pairs": 0, "median": float("nan"), "min": float("nan"), "max": float("nan"),
-                "ci_low": float("nan"), "ci_high": float("nan")}
+        return {"pairs": 0, **dict.fromkeys(("median", "min", "max", "ci_low", "ci_high"), float("nan"))}
     lo = hi = float("nan")
     if r.size >= 2:
         meds = np.median(r[np.random.default_rng(seed).integers(0, r.size, size=(resamples, r.size))], axis=1)

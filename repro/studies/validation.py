@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from dataclasses import replace
 from pathlib import Path
 from typing import Mapping, Sequence
 
@@ -21,6 +22,7 @@ from repro.core.planners import make_plan
 from repro.core.realism import Realism
 from repro.results.runs import load_run
 from repro.core.simulate import simulate
+from repro.launch.netns import EmulationUnavailableError, check_emulation_available, format_bandwidth
 from repro.studies.mgwfbp_train import load_runs, run_grid
 
 __all__ = ["usable_bandwidths", "run_validation", "validation_table", "speedup_comparison", "measure_contention",
@@ -34,8 +36,6 @@ CONTENTION_CSV = "contention.csv"
 def usable_bandwidths(link_rates: Sequence[str], required: bool = False) -> list[str]:
     """``link_rates`` minus the emulated ones this machine cannot emulate (a warning says why), or
     the error raised when ``required``."""
-    from repro.launch.netns import EmulationUnavailableError, check_emulation_available
-
     out = []
     for net in link_rates:
         if net == LOOPBACK:
@@ -120,28 +120,17 @@ def run_validation(configs: Sequence[dict], link_rates: Sequence[str], world_siz
 
 def prerun_cost(cost, contention: float):
     """``cost`` with ``contention`` (dimensionless slowdown) joined to its realism."""
-    from dataclasses import replace
-
     return cost.with_realism(replace(cost.realism or Realism(), contention=float(contention)))
 
 
 def _contention_lookup(contention) -> dict[tuple[str, str, int], float]:
     """{(model, network, workers): c} from a contention table, or a mapping as given."""
-    if contention is None:
-        return {}
     if isinstance(contention, Mapping):
         return dict(contention)
-    if contention.empty:
+    if contention is None or contention.empty:
         return {}
     return {(str(r.model), str(r.network), int(r.workers)): float(r.contention)
             for r in contention.drop_duplicates(["model", "network", "workers"]).itertuples()}
-
-
-def _network(row) -> str:
-    from repro.launch.netns import format_bandwidth
-
-    bw = row.get("emulated_bandwidth_bps")
-    return format_bandwidth(bw) if isinstance(bw, (int, float)) and bw == bw and bw else LOOPBACK
 
 
 def validation_table(runs: pd.DataFrame, contention: pd.DataFrame | Mapping | None = None) -> pd.DataFrame:
@@ -150,7 +139,9 @@ def validation_table(runs: pd.DataFrame, contention: pd.DataFrame | Mapping | No
     ``simulated_prerun_s`` (plus the pre-run ``contention``, a table or ``{(model, network, workers): c}``;
     NaN where none) and ``simulated_inrun_s`` (in-run trace)."""
     lookup = _contention_lookup(contention)
-    runs = runs.assign(network=[_network(r) for _, r in runs.iterrows()])
+    bws = [r.get("emulated_bandwidth_bps") for _, r in runs.iterrows()]
+    runs = runs.assign(network=[format_bandwidth(bw) if isinstance(bw, (int, float)) and bw == bw and bw else LOOPBACK
+                                for bw in bws])
     rows = []
     for _, r in runs.iterrows():
         run = load_run(r.path)
@@ -167,9 +158,8 @@ def validation_table(runs: pd.DataFrame, contention: pd.DataFrame | Mapping | No
         else:
             continue
         sim = simulate(trace, plan, cost, with_ops=False)
-        over = r.get("oversubscribed")
         row = {"model": r.model, "network": r.network, "workers": r.world_size, "scheduler": r.scheduler,
-               "oversubscribed": bool(over) if over is not None and over == over else False,
+               "oversubscribed": bool(r.get("oversubscribed")) if pd.notna(r.get("oversubscribed")) else False,
                "buckets": plan.num_buckets, "measured_s": r.iteration_s, "simulated_s": sim.iteration_s,
                "error_pct": 100.0 * (sim.iteration_s / r.iteration_s - 1.0),
                "prerun_contention": math.nan, "simulated_prerun_s": math.nan, "error_prerun_pct": math.nan,
