@@ -134,10 +134,14 @@ def method_name(scheduler: str, lgp: bool = True) -> str:
 # Iteration time and throughput
 
 def _options(scheduler: str, servers: int, stage1_share: float, staleness: int) -> dict:
-    own = {"ps_ssp": {"staleness": int(staleness)},
-           "osp": {"stage1_share": float(stage1_share), "importance": "position"},
-           "osp_auto": {"importance": "position"}}
-    return {"servers": int(servers), **own.get(scheduler, {})}
+    opts: dict = {"servers": int(servers)}
+    if scheduler == "ps_ssp":
+        opts["staleness"] = int(staleness)
+    if scheduler == "osp":
+        opts.update(stage1_share=float(stage1_share), importance="position")
+    if scheduler == "osp_auto":
+        opts["importance"] = "position"
+    return opts
 
 
 def _settings(models: Sequence[str] | Mapping[str, Trace], rates: Sequence[str], workers: int, latency_s: float,
