@@ -80,3 +80,14 @@ def test_dedicated_servers_are_refused_on_nccl_before_any_rank_starts():
     cfg.check_world(3, backend="gloo")
     cfg.check_world(3)
     TrainConfig(scheduler="mgwfbp").check_world(3, backend="nccl")  # no serving ranks: nothing to refuse
+
+
+def test_the_world_check_judges_the_device_it_is_given():
+    """``check_world(device=...)`` (the ranks' device type, as a grid job asks before it starts any) is the
+    device judged, before ``--device`` and the backend's own: CUDA tensors over gloo are refused for a family
+    whose gloo collectives read CPU tensors only, whatever the config's own device says."""
+    cfg = TrainConfig(scheduler="dear_threshold")
+    with pytest.raises(ValueError, match="'dear_threshold' cannot train CUDA tensors over gloo"):
+        cfg.check_world(2, backend="gloo", device="cuda")
+    cfg.check_world(2, backend="gloo", device="cpu")
+    cfg.check_world(2, backend="gloo")  # gloo's own device: the CPU

@@ -342,14 +342,14 @@ class _CommonConfig:
         device type (default: ``--device``, else the backend's); made before any step."""
         sched = get_scheduler(self.scheduler)
         serving = self.serving_ranks()
-        device = self.device or {"nccl": "cuda", "gloo": "cpu"}.get(backend or "")
+        device = device or self.device or {"nccl": "cuda", "gloo": "cpu"}.get(backend or "")
         if device is not None:
             self.amp_device_check(device)
         if serving and backend == "nccl":
             raise ValueError(f"'{self.scheduler}' runs {serving} dedicated server rank(s), which serve each worker "
                              "from a thread of its own, point to point, and NCCL does not support that: they need "
                              "the gloo backend, or --server-placement colocated")
-        device = device or self.device or ("cuda" if backend == "nccl" else "cpu")
+        device = device or "cpu"
         family = get_family(sched.family) if sched.family is not None else None
         if backend == "gloo" and device.startswith("cuda") and family is not None and family.gloo_cpu_only:
             raise ValueError(f"'{self.scheduler}' cannot train CUDA tensors over gloo: {family.gloo_cpu_only}; use "
