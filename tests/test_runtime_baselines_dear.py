@@ -50,7 +50,8 @@ def _make_opt(kind: str, params):
 
 
 def _run(model_name: str, opt_kind: str, make_executor, steps: int = STEPS, flush: bool = True) -> dict:
-    """``steps`` steps under the executor contract (as repro.train._step) on this rank's batches."""
+    """``steps`` steps under the executor contract (before_forward, forward, backward, after_backward, step) on
+    this rank's batches."""
     from repro.workload.models import build_model, compute_loss, make_batch
 
     torch.manual_seed(0)
